@@ -1,0 +1,244 @@
+//! The `replay` report: tcpreplay's summary lines, extended with what tcpreplay does not say
+//! (connections, timing error, the interface's own counters), and the same figures as JSON.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::hist::{fmt_ns, Percentiles};
+
+/// Bumped whenever a JSON field changes meaning or disappears (docs/schema/replay.schema.json).
+pub const REPLAY_SCHEMA_VERSION: u32 = 1;
+
+/// Everything a replay run reports. Field names are the `--json` contract.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplayReport {
+    pub schema_version: u32,
+    /// Interface name, or the output file for `-w`.
+    pub output: String,
+    /// True when `-w` wrote a file instead of sending.
+    pub dry_run: bool,
+    pub packets: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub rate_bps: f64,
+    pub rate_mbps: f64,
+    pub rate_pps: f64,
+    pub loops_completed: u64,
+    pub flows: FlowStats,
+    /// How late packets left against their intended send time; absent at top speed.
+    pub timing: Option<TimingError>,
+    pub device: DeviceStats,
+    /// The interface's own tx counters over the run (what the kernel says it sent).
+    pub interface: Option<IfDelta>,
+    /// Packets that got an Ethernet header because their link type had none.
+    pub ethernet_added: u64,
+    pub ethernet_src: Option<String>,
+    pub ethernet_dst: Option<String>,
+    /// Why the run ended early, if it did (an input error, an interrupt).
+    pub stopped_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct FlowStats {
+    /// Flows as tcpreplay counts them: per direction.
+    pub flows: u64,
+    pub flows_per_sec: f64,
+    pub flow_packets: u64,
+    pub non_flow_packets: u64,
+    /// A flow and its reverse counted once.
+    pub connections: u64,
+    pub connections_per_sec: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct TimingError {
+    pub paced_packets: u64,
+    pub late_p50_ns: u64,
+    pub late_p99_ns: u64,
+    pub late_max_ns: u64,
+    pub late_mean_ns: u64,
+}
+
+impl TimingError {
+    pub fn from_percentiles(p: &Percentiles) -> TimingError {
+        TimingError {
+            paced_packets: p.count,
+            late_p50_ns: p.p50_ns,
+            late_p99_ns: p.p99_ns,
+            late_max_ns: p.max_ns,
+            late_mean_ns: p.mean_ns,
+        }
+    }
+}
+
+/// tcpreplay's "Statistics for network device" block.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct DeviceStats {
+    pub successful: u64,
+    pub failed: u64,
+    pub truncated: u64,
+    pub retried_enobufs: u64,
+    pub retried_eagain: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct IfDelta {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub tx_dropped: u64,
+    pub tx_errors: u64,
+}
+
+impl ReplayReport {
+    /// The human summary, in tcpreplay's words where tcpreplay has words.
+    pub fn human(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "Actual: {} packets ({} bytes) sent in {:.6} seconds",
+            self.packets, self.bytes, self.seconds
+        );
+        let _ = writeln!(
+            s,
+            "Rated: {:.1} Bps, {:.2} Mbps, {:.2} pps",
+            self.rate_bps, self.rate_mbps, self.rate_pps
+        );
+        let f = &self.flows;
+        let _ = writeln!(
+            s,
+            "Flows: {} flows, {:.2} fps, {} flow packets, {} non-flow",
+            f.flows, f.flows_per_sec, f.flow_packets, f.non_flow_packets
+        );
+        let _ = writeln!(
+            s,
+            "Connections: {} connections, {:.2} cps",
+            f.connections, f.connections_per_sec
+        );
+        match &self.timing {
+            Some(t) => {
+                let _ = writeln!(
+                    s,
+                    "Timing: {} paced packets, late by p50 {}, p99 {}, max {}",
+                    t.paced_packets,
+                    fmt_ns(t.late_p50_ns),
+                    fmt_ns(t.late_p99_ns),
+                    fmt_ns(t.late_max_ns)
+                );
+            }
+            None => {
+                let _ = writeln!(s, "Timing: top speed, not paced");
+            }
+        }
+        if self.ethernet_added > 0 {
+            let _ = writeln!(
+                s,
+                "Ethernet: header added to {} packets (src {}, dst {})",
+                self.ethernet_added,
+                self.ethernet_src.as_deref().unwrap_or("?"),
+                self.ethernet_dst.as_deref().unwrap_or("?")
+            );
+        }
+        if self.dry_run {
+            let _ = writeln!(s, "Written to file: {}", self.output);
+        } else {
+            let _ = writeln!(s, "Statistics for network device: {}", self.output);
+        }
+        let d = &self.device;
+        let _ = writeln!(s, "\tSuccessful packets:        {}", d.successful);
+        let _ = writeln!(s, "\tFailed packets:            {}", d.failed);
+        let _ = writeln!(s, "\tTruncated packets:         {}", d.truncated);
+        let _ = writeln!(s, "\tRetried packets (ENOBUFS): {}", d.retried_enobufs);
+        let _ = writeln!(s, "\tRetried packets (EAGAIN):  {}", d.retried_eagain);
+        if let Some(i) = &self.interface {
+            let _ = writeln!(
+                s,
+                "Interface counters over the run: tx_packets {}, tx_bytes {}, tx_dropped {}, tx_errors {}",
+                i.tx_packets, i.tx_bytes, i.tx_dropped, i.tx_errors
+            );
+        }
+        if let Some(why) = &self.stopped_by {
+            let _ = writeln!(s, "Stopped early: {why}");
+        }
+        s
+    }
+
+    pub fn json(&self) -> String {
+        let mut v = self.clone();
+        v.schema_version = REPLAY_SCHEMA_VERSION;
+        serde_json::to_string_pretty(&v).expect("report serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ReplayReport {
+        ReplayReport {
+            output: "veth0".into(),
+            packets: 179,
+            bytes: 69000,
+            seconds: 0.5,
+            rate_bps: 138000.0,
+            rate_mbps: 1.104,
+            rate_pps: 358.0,
+            loops_completed: 1,
+            flows: FlowStats {
+                flows: 45,
+                flows_per_sec: 90.0,
+                flow_packets: 166,
+                non_flow_packets: 13,
+                connections: 26,
+                connections_per_sec: 52.0,
+            },
+            timing: Some(TimingError {
+                paced_packets: 179,
+                late_p50_ns: 2_100,
+                late_p99_ns: 9_800,
+                late_max_ns: 31_000,
+                late_mean_ns: 3_000,
+            }),
+            device: DeviceStats {
+                successful: 179,
+                ..Default::default()
+            },
+            interface: Some(IfDelta {
+                tx_packets: 179,
+                tx_bytes: 69000,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn human_summary_exact_text() {
+        let expected = "\
+Actual: 179 packets (69000 bytes) sent in 0.500000 seconds
+Rated: 138000.0 Bps, 1.10 Mbps, 358.00 pps
+Flows: 45 flows, 90.00 fps, 166 flow packets, 13 non-flow
+Connections: 26 connections, 52.00 cps
+Timing: 179 paced packets, late by p50 2.1 us, p99 9.8 us, max 31.0 us
+Statistics for network device: veth0
+\tSuccessful packets:        179
+\tFailed packets:            0
+\tTruncated packets:         0
+\tRetried packets (ENOBUFS): 0
+\tRetried packets (EAGAIN):  0
+Interface counters over the run: tx_packets 179, tx_bytes 69000, tx_dropped 0, tx_errors 0
+";
+        assert_eq!(sample().human(), expected);
+    }
+
+    #[test]
+    fn json_has_stable_fields() {
+        let v: serde_json::Value = serde_json::from_str(&sample().json()).unwrap();
+        assert_eq!(v["schema_version"], REPLAY_SCHEMA_VERSION);
+        assert_eq!(v["packets"], 179);
+        assert_eq!(v["flows"]["flows"], 45);
+        assert_eq!(v["device"]["successful"], 179);
+        assert_eq!(v["timing"]["late_p99_ns"], 9800);
+        assert_eq!(v["interface"]["tx_packets"], 179);
+    }
+}
