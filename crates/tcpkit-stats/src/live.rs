@@ -47,7 +47,7 @@ impl Monitor {
     /// `--stats` blocks; the progress line shows only its first line).
     pub fn start(
         opts: MonitorOptions,
-        mut line: impl FnMut(Duration) -> String + Send + 'static,
+        line: impl FnMut(Duration) -> String + Send + 'static,
     ) -> Monitor {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let progress = opts.progress && std::io::stderr().is_terminal();
@@ -59,7 +59,7 @@ impl Monitor {
             };
         }
         let stop2 = Arc::clone(&stop);
-        let mut line: LineFn = Box::new(move |d| line(d));
+        let mut line: LineFn = Box::new(line);
         let handle = std::thread::Builder::new()
             .name("tcpkit-monitor".into())
             .spawn(move || run(opts.stats_every, progress, &stop2, &mut line))
