@@ -1,1 +1,38 @@
-//! tcpkit-lab
+//! tcpkit-lab: the network-namespace lab used by tcpkit's integration tests, benchmarks and
+//! README demo.
+//!
+//! A [`Lab`] creates hosts (network namespaces named `tk<pid>x<n><name>`), joins them with
+//! veth [`Link`]s (addressed from 198.18.0.0/15 and fd00::/8 only, optionally shaped with
+//! tbf), runs processes and captures inside them, and removes all of it on drop, also when
+//! the test panicked. Leftovers of killed runs are swept by the next lab
+//! ([`sweep_leftovers`]). The root namespace is never modified.
+//!
+//! The lab drives iproute2 (`ip`, `tc`), `ethtool` and `tcpdump`; tests use the lab instead
+//! of calling them by hand.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), tcpkit_lab::LabError> {
+//! let (_lab, a, _b, _link) = tcpkit_lab::Lab::pair("doc")?;
+//! a.run(&["ping", "-c1", "198.18.0.2"])?;
+//! # Ok(()) }
+//! ```
+
+mod cmd;
+mod error;
+mod host;
+mod lab;
+mod link;
+mod proc;
+mod sweep;
+mod tcpdump;
+
+pub use error::LabError;
+pub use host::Host;
+pub use lab::{Lab, KEEP_ENV};
+pub use link::{in_test_range, IfStats, Iface, Link, LinkOpts, Tbf, IFNAME_MAX};
+pub use proc::{Proc, STOP_GRACE};
+pub use sweep::{netns_name, owner_pid, sweep_leftovers, NETNS_PREFIX};
+pub use tcpdump::{Capture, Tcpdump};
+
+/// Re-exported so callers can name signals for [`Proc::signal`] without their own nix.
+pub use nix::sys::signal::Signal;
