@@ -1,1 +1,68 @@
-//! tcpkit-wire
+//! tcpkit-wire: packet views, link-type conversion, rewriting and flow keys.
+//!
+//! This crate is the one place in tcpkit that indexes packet bytes. Untrusted frames enter
+//! through functions that check every offset against the buffer and pass anything they do not
+//! understand (MPLS, unknown ethertypes, cut headers) through untouched; nothing here panics on
+//! bad input (the `rewrite` fuzz target and its corpus test hold us to that).
+//!
+//! - [`LinkType`] and [`to_ethernet`]: turn a captured frame of any supported DLT into Ethernet.
+//! - [`Rewriter`]: what `tcpkit replay` does to each frame, matched byte for byte against
+//!   Debian's tcprewrite 4.4.3 (see the [`rewrite`] module docs for the behaviours matched and
+//!   the few tcprewrite bugs deliberately not copied).
+//! - [`flow_key`], [`shard_hash`], [`unique_ip`]: tcpreplay-style flow counting, sharding a
+//!   capture over threads, and per-loop unique flows.
+
+mod csum;
+mod flow;
+mod fuzz;
+mod link;
+mod parse;
+pub mod rewrite;
+mod types;
+
+pub use flow::{flow_key, shard_hash, unique_ip, ConnKey, FlowKey};
+pub use fuzz::fuzz_rewrite;
+pub use link::{to_ethernet, LinkType};
+pub use rewrite::{RewriteConfig, RewriteOutcome, Rewriter};
+pub use types::{Cidr, IpMap, MacAddr, PortMap, TtlEdit, VlanEdit};
+
+/// Why a frame or a piece of text could not be handled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// A header needed for the requested operation is cut short.
+    #[error("{layer} header truncated at offset {offset}: need {need} bytes, have {have}")]
+    Truncated {
+        layer: &'static str,
+        offset: usize,
+        need: usize,
+        have: usize,
+    },
+    /// A pcap link type (DLT) tcpkit cannot convert to Ethernet.
+    #[error("unsupported link type DLT {0}")]
+    UnsupportedDlt(u32),
+    /// A link-layer header names a payload we cannot carry in Ethernet.
+    #[error("{link}: unsupported {what} {value:#x} at offset {offset}")]
+    Unsupported {
+        link: &'static str,
+        what: &'static str,
+        value: u32,
+        offset: usize,
+    },
+    /// Text given for an option (MAC, CIDR, map, TTL) is not valid.
+    #[error("invalid {what} {text:?}: {why}")]
+    Parse {
+        what: &'static str,
+        text: String,
+        why: String,
+    },
+}
+
+impl WireError {
+    pub(crate) fn parse(what: &'static str, text: &str, why: impl Into<String>) -> WireError {
+        WireError::Parse {
+            what,
+            text: text.to_owned(),
+            why: why.into(),
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Flow keys (tcpreplay's flow counting), connection keys for sharding, and `--unique-ip`.
+//!
+//! tcpreplay 4.4.3 (`src/common/flows.c`) counts a packet as a *flow packet* when it is IPv4
+//! or IPv6 of any protocol; everything else (ARP, LLDP, ...) is a *non-flow* packet. Its key
+//! is (src ip, dst ip, protocol, src port, dst port), direction-specific, with TCP/UDP ports,
+//! ICMP/ICMPv6 (type, code) in the port slots, and 0/0 for other protocols. [`flow_key`]
+//! follows that, with three deliberate differences: it is exact (tcpreplay hashes, then
+//! compares the entry); it skips every IPv6 extension header (tcpreplay only hop-by-hop);
+//! and non-first fragments, or packets whose L4 header is cut short, get ports 0/0 where
+//! tcpreplay reads payload bytes or calls the packet invalid.
+
+use std::net::IpAddr;
+
+use crate::parse::{self, be16, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
+use crate::rewrite::{read_addr, set_addr};
+
+/// Direction-specific 5-tuple of one packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub proto: u8,
+    pub src_port: u16,
+    pub dst_port: u16,
+}
+
+/// The same for both directions of a connection: the lower (ip, port) endpoint first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnKey {
+    pub a: (IpAddr, u16),
+    pub b: (IpAddr, u16),
+    pub proto: u8,
+}
+
+impl FlowKey {
+    pub fn connection(&self) -> ConnKey {
+        let s = (self.src, self.src_port);
+        let d = (self.dst, self.dst_port);
+        let (a, b) = if s <= d { (s, d) } else { (d, s) };
+        ConnKey {
+            a,
+            b,
+            proto: self.proto,
+        }
+    }
+
+    /// The key of the opposite direction.
+    pub fn reversed(&self) -> FlowKey {
+        FlowKey {
+            src: self.dst,
+            dst: self.src,
+            proto: self.proto,
+            src_port: self.dst_port,
+            dst_port: self.src_port,
+        }
+    }
+}
+
+/// The exact flow key of an Ethernet frame; `None` for non-IP ("non-flow") frames.
+pub fn flow_key(frame: &[u8]) -> Option<FlowKey> {
+    let ip = parse::ip(frame)?;
+    let (s, d) = if ip.v6 { (8, 24) } else { (12, 16) };
+    let src = read_addr(frame, ip.off + s, ip.v6)?;
+    let dst = read_addr(frame, ip.off + d, ip.v6)?;
+    let (src_port, dst_port) = match ip.proto {
+        _ if !ip.has_l4 => (0, 0),
+        PROTO_TCP | PROTO_UDP => match ip.ports_at(frame) {
+            Some(at) => (be16(frame, at)?, be16(frame, at + 2)?),
+            None => (0, 0),
+        },
+        PROTO_ICMP | PROTO_ICMPV6 if ip.l4 + 2 <= ip.end => {
+            (u16::from(frame[ip.l4]), u16::from(frame[ip.l4 + 1]))
+        }
+        _ => (0, 0),
+    };
+    Some(FlowKey {
+        src,
+        dst,
+        proto: ip.proto,
+        src_port,
+        dst_port,
+    })
+}
+
+/// A 64-bit hash equal for both directions of a connection, for sharding a capture over
+/// threads (not a key: collisions only put two connections on one thread). Non-IP frames
+/// hash their unordered MAC pair.
+pub fn shard_hash(frame: &[u8]) -> u64 {
+    let mut h = Fnv::default();
+    match flow_key(frame) {
+        Some(k) => {
+            let c = k.connection();
+            for (ip, port) in [c.a, c.b] {
+                match ip {
+                    IpAddr::V4(a) => h.write(&a.octets()),
+                    IpAddr::V6(a) => h.write(&a.octets()),
+                }
+                h.write(&port.to_be_bytes());
+            }
+            h.write(&[c.proto]);
+        }
+        None => {
+            let (Some(d), Some(s)) = (frame.get(0..6), frame.get(6..12)) else {
+                return 0;
+            };
+            let (x, y) = if d <= s { (d, s) } else { (s, d) };
+            h.write(x);
+            h.write(y);
+        }
+    }
+    h.finish()
+}
+
+/// FNV-1a with a final avalanche (splitmix64), so the low bits spread well when the caller
+/// takes the hash modulo a small thread count.
+#[derive(Debug)]
+struct Fnv(u64);
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+impl Fnv {
+    fn write(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        let mut z = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// tcpreplay `--unique-ip`: make loop `loop_no`'s flows new flows.
+///
+/// Mapping: an IPv4 address, read as a big-endian u32, has `loop_no` added (wrapping); an
+/// IPv6 address has `loop_no` added to its low 32 bits (wrapping inside them, so the /96
+/// stays). It is a bijection for each loop, loop 0 is the identity, and since both source and
+/// destination move the same way both directions of a connection stay one connection. The
+/// IPv4 header, TCP, UDP and ICMPv6 checksums are updated incrementally. ARP and non-IP
+/// frames are left alone; cut headers are left alone.
+pub fn unique_ip(frame: &mut [u8], loop_no: u32) {
+    if loop_no == 0 {
+        return;
+    }
+    let Some(ip) = parse::ip(frame) else { return };
+    let rels: [usize; 2] = if ip.v6 { [8, 24] } else { [12, 16] };
+    for rel in rels {
+        let at = ip.off + rel;
+        match read_addr(frame, at, ip.v6) {
+            Some(IpAddr::V4(a)) => {
+                let n = u32::from(a).wrapping_add(loop_no).to_be_bytes();
+                set_addr(frame, &ip, at, &n);
+            }
+            Some(IpAddr::V6(a)) => {
+                let mut o = a.octets();
+                let low = u32::from_be_bytes([o[12], o[13], o[14], o[15]]).wrapping_add(loop_no);
+                o[12..16].copy_from_slice(&low.to_be_bytes());
+                set_addr(frame, &ip, at, &o);
+            }
+            None => {}
+        }
+    }
+}
