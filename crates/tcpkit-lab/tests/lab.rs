@@ -1,0 +1,337 @@
+//! The lab against real namespaces: every test builds its own uniquely named hosts and
+//! checks afterwards that none of its namespaces remain.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tcpkit_lab::{owner_pid, sweep_leftovers, Lab, LinkOpts, Tbf};
+
+fn assert_gone(names: &[String]) {
+    assert!(!names.is_empty());
+    for n in names {
+        assert!(
+            !Path::new("/run/netns").join(n).exists(),
+            "namespace {n} still exists"
+        );
+    }
+}
+
+fn pid_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[test]
+fn pair_pings_v4_and_v6_and_cleans_up() {
+    let (lab, a, b, link) = Lab::pair("ping").unwrap();
+    let names = lab.namespaces().to_vec();
+    assert_eq!(names.len(), 2);
+    assert!(names
+        .iter()
+        .all(|n| owner_pid(n) == Some(std::process::id())));
+    assert_eq!(link.a.host, a.netns());
+    assert_eq!(link.b.host, b.netns());
+    assert_eq!(link.a.mtu, 1500);
+    assert_ne!(link.a.mac, link.b.mac);
+    assert!(link.a.name.len() <= 15);
+
+    a.run(&["ping", "-c1", "-W2", "198.18.0.2"]).unwrap();
+    a.run(&["ping", "-6", "-c1", "-W2", "fd00:18::2"]).unwrap();
+    b.run(&["ping", "-c1", "-W2", "198.18.0.1"]).unwrap();
+
+    let sa = a.ifstats(&link.a.name).unwrap();
+    let sb = b.ifstats(&link.b.name).unwrap();
+    assert!(sa.tx_packets >= 3 && sb.rx_packets >= 3, "{sa:?} {sb:?}");
+
+    // A failing command names itself and its stderr.
+    let e = a.run(&["ping", "-c1", "-W1", "198.18.0.99"]).unwrap_err();
+    assert!(e.to_string().contains("ping -c1"), "{e}");
+
+    drop(lab);
+    assert_gone(&names);
+}
+
+#[test]
+fn spawned_process_is_killed_on_drop() {
+    let mut lab = Lab::new("spawn").unwrap();
+    let h = lab.host("h").unwrap();
+    let p = h
+        .spawn(
+            &mut lab,
+            "sleeper",
+            &["sh", "-c", "echo started; exec sleep 600"],
+        )
+        .unwrap();
+    // A grandchild that escapes the process group is still killed via the namespace.
+    let escaped = h
+        .spawn(&mut lab, "escaper", &["setsid", "-f", "sleep", "601"])
+        .unwrap();
+    assert!(escaped
+        .wait_timeout(Duration::from_secs(5))
+        .unwrap()
+        .is_some());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !p.log().contains("started") {
+        assert!(
+            Instant::now() < deadline,
+            "no output in {}",
+            p.log_path().display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pids = Command::new("ip")
+        .args(["netns", "pids", h.netns()])
+        .output()
+        .unwrap();
+    let inside: Vec<u32> = String::from_utf8_lossy(&pids.stdout)
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    assert!(inside.contains(&p.pid()), "{inside:?}");
+    assert!(inside.len() >= 2, "escaped sleep not found: {inside:?}");
+
+    let names = lab.namespaces().to_vec();
+    drop(lab);
+    assert!(!pid_exists(p.pid()), "sleeper {} survived", p.pid());
+    // The escaped sleep is not our child: give init a moment to reap it.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while inside.iter().any(|&pid| pid_exists(pid) && pid != p.pid()) {
+        assert!(Instant::now() < deadline, "a process survived: {inside:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_gone(&names);
+}
+
+#[test]
+fn proc_stop_and_exit_status() {
+    let mut lab = Lab::new("stop").unwrap();
+    let h = lab.host("h").unwrap();
+    let p = h.spawn(&mut lab, "sleeper", &["sleep", "600"]).unwrap();
+    let st = p.stop().unwrap();
+    assert_eq!(st.signal(), Some(libc::SIGTERM));
+    let q = h
+        .spawn(&mut lab, "quick", &["sh", "-c", "echo hi; exit 4"])
+        .unwrap();
+    let st = q.wait_timeout(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!(st.code(), Some(4));
+    assert_eq!(q.log(), "hi\n");
+    assert!(q.log_path().starts_with(lab.dir()));
+    let names = lab.namespaces().to_vec();
+    lab.close().unwrap();
+    assert_gone(&names);
+}
+
+#[test]
+fn panic_with_live_lab_cleans_up() {
+    let names = std::sync::Mutex::new(Vec::new());
+    let dir = std::sync::Mutex::new(None);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let (mut lab, a, _b, _link) = Lab::pair("panic").unwrap();
+        a.spawn(&mut lab, "sleeper", &["sleep", "600"]).unwrap();
+        *names.lock().unwrap() = lab.namespaces().to_vec();
+        *dir.lock().unwrap() = Some(lab.dir().to_path_buf());
+        panic!("deliberate panic with a lab alive");
+    }));
+    assert!(r.is_err());
+    assert_gone(&names.lock().unwrap());
+    if std::env::var("TCPKIT_LAB_KEEP").is_err() {
+        let d = dir.lock().unwrap().clone().unwrap();
+        assert!(!d.exists(), "{} kept", d.display());
+    }
+}
+
+#[test]
+fn sweep_removes_namespace_of_dead_pid() {
+    // A pid that certainly belonged to a process that has exited.
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let name = tcpkit_lab::netns_name(dead, 0, "sweepme");
+    let st = Command::new("ip")
+        .args(["netns", "add", &name])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut inside = Command::new("ip")
+        .args(["netns", "exec", &name, "sleep", "600"])
+        .spawn()
+        .unwrap();
+    // Wait until the sleep is really inside before sweeping.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = Command::new("ip")
+            .args(["netns", "pids", &name])
+            .output()
+            .unwrap();
+        if !out.stdout.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A concurrent Lab::new in another test may sweep it first; either way it must go.
+    sweep_leftovers().unwrap();
+    let st = inside.wait().unwrap();
+    assert_eq!(st.signal(), Some(libc::SIGKILL));
+    assert_gone(&[name]);
+}
+
+/// Sends `bytes` from A to B over TCP and returns how long until B had read all of it.
+fn transfer(a: &tcpkit_lab::Host, b: &tcpkit_lab::Host, bytes: usize) -> Duration {
+    let listener = b.enter(|| TcpListener::bind("198.18.0.2:0").unwrap());
+    let addr = listener.local_addr().unwrap();
+    let rx = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut got = 0;
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        got
+    });
+    let data = vec![0x5au8; bytes];
+    let start = Instant::now();
+    a.enter(|| {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        s.write_all(&data).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    });
+    let got = rx.join().unwrap();
+    let took = start.elapsed();
+    assert_eq!(got, bytes);
+    took
+}
+
+#[test]
+fn tbf_shapes_the_link() {
+    const BYTES: usize = 2_000_000;
+    let mut lab = Lab::new("tbf").unwrap();
+    let a = lab.host("a").unwrap();
+    let b = lab.host("b").unwrap();
+    let opts = LinkOpts {
+        tbf: Some(Tbf {
+            rate_bit_s: 10_000_000,
+            burst_bytes: 32_000,
+            latency_ms: 50,
+        }),
+        ..LinkOpts::pair()
+    };
+    lab.link(&a, &b, &opts).unwrap();
+    let shaped = transfer(&a, &b, BYTES);
+    assert!(
+        shaped >= Duration::from_millis(1200) && shaped <= Duration::from_secs(3),
+        "2 MB at 10 Mbit/s took {shaped:?}"
+    );
+
+    let c = lab.host("c").unwrap();
+    let d = lab.host("d").unwrap();
+    lab.link(&c, &d, &LinkOpts::pair()).unwrap();
+    let free = transfer(&c, &d, BYTES);
+    eprintln!("2 MB: shaped {shaped:?}, unshaped {free:?}");
+    assert!(free * 4 < shaped, "unshaped {free:?} vs shaped {shaped:?}");
+
+    let names = lab.namespaces().to_vec();
+    drop(lab);
+    assert_gone(&names);
+}
+
+#[test]
+fn tcpdump_captures_everything_sent_after_start() {
+    let (mut lab, a, b, link) = Lab::pair("tcpdump").unwrap();
+    let rx = b.enter(|| UdpSocket::bind("198.18.0.2:0").unwrap());
+    let dst: SocketAddr = rx.local_addr().unwrap();
+    let filter = format!("udp port {}", dst.port());
+    let cap = lab.tcpdump(&b, &link.b.name, &filter).unwrap();
+    a.enter(|| {
+        let tx = UdpSocket::bind((Ipv4Addr::new(198, 18, 0, 1), 0)).unwrap();
+        for i in 0..10u8 {
+            tx.send_to(&[i; 100], dst).unwrap();
+        }
+    });
+    // All ten arrived at the socket, so all ten passed the interface before stop().
+    rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 200];
+    for _ in 0..10 {
+        rx.recv_from(&mut buf).unwrap();
+    }
+    let c = cap.stop().unwrap();
+    assert!(c.captured >= 10, "{c:?}");
+    assert_eq!(c.dropped_by_kernel, 0, "{c:?}");
+    let lines = c.text().unwrap();
+    let udp = lines
+        .iter()
+        .filter(|l| l.contains("UDP, length 100"))
+        .count();
+    assert_eq!(udp, 10, "{lines:#?}");
+    assert!(c.path.starts_with(lab.dir()));
+    let names = lab.namespaces().to_vec();
+    drop(lab);
+    assert_gone(&names);
+}
+
+#[test]
+fn tcpdump_on_missing_interface_fails_with_reason() {
+    let mut lab = Lab::new("tcpdumpbad").unwrap();
+    let h = lab.host("h").unwrap();
+    let e = lab.tcpdump(&h, "nosuchif0", "").unwrap_err().to_string();
+    assert!(e.contains("tcpdump") && e.contains("nosuchif0"), "{e}");
+    let names = lab.namespaces().to_vec();
+    drop(lab);
+    assert_gone(&names);
+}
+
+fn tso(h: &tcpkit_lab::Host, ifname: &str) -> String {
+    let out = h.run(&["ethtool", "-k", ifname]).unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("tcp-segmentation-offload:"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn offloads_off_by_default_and_on_when_asked() {
+    let (mut lab, a, b, link) = Lab::pair("offload").unwrap();
+    assert_eq!(tso(&a, &link.a.name), "tcp-segmentation-offload: off");
+    assert_eq!(tso(&b, &link.b.name), "tcp-segmentation-offload: off");
+    let opts = LinkOpts {
+        offloads: true,
+        mtu: Some(9000),
+        ..LinkOpts::default()
+    };
+    let l2 = lab.link(&a, &b, &opts).unwrap();
+    assert_eq!(l2.a.name, "eth1");
+    assert_eq!(l2.a.mtu, 9000);
+    assert_eq!(l2.b.mtu, 9000);
+    assert_eq!(tso(&a, &l2.a.name), "tcp-segmentation-offload: on");
+    let names = lab.namespaces().to_vec();
+    drop(lab);
+    assert_gone(&names);
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let mut lab = Lab::new("badinput").unwrap();
+    let a = lab.host("a").unwrap();
+    let b = lab.host("b").unwrap();
+    assert!(lab.host("no/slash").is_err());
+    let opts = LinkOpts {
+        addr_a: vec!["192.168.1.1/24".into()],
+        ..LinkOpts::default()
+    };
+    let e = lab.link(&a, &b, &opts).unwrap_err().to_string();
+    assert!(e.contains("outside"), "{e}");
+    assert!(a.run(&[]).is_err());
+    assert!(a.spawn(&mut lab, "empty", &[]).is_err());
+    assert!(a.ifstats("nosuchif0").is_err());
+    let names = lab.namespaces().to_vec();
+    drop(lab);
+    assert_gone(&names);
+}
