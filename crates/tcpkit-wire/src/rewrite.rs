@@ -2,7 +2,8 @@
 //!
 //! Behaviours of tcprewrite 4.4.3 found by running it on generated captures and matched here
 //! (the test `tests/tcprewrite.rs` compares byte for byte, option by option):
-//! - `--enet-smac/--enet-dmac` set the MACs of every Ethernet frame, ARP included.
+//! - `--enet-smac/--enet-dmac` set the MACs of every Ethernet II frame, ARP included; 802.3
+//!   (length-field) frames are left alone, also by VLAN add.
 //! - `--enet-vlan add` pushes a new outermost 802.1Q tag (TCI = pri<<13 | cfi<<12 | tag) on
 //!   every frame, even an already tagged one; `del` removes the outermost 802.1Q tag.
 //!   tcprewrite corrupts frames unless all of `--enet-vlan-tag/-pri/-cfi` are given, so
@@ -113,14 +114,17 @@ impl Rewriter {
             });
         }
         out.edited = true;
-        if let Some(m) = c.dst_mac {
+        // tcprewrite leaves 802.3 frames (a length, not an ethertype, at offset 12: LLC, IS-IS,
+        // STP) as they are; so do we.
+        let ethernet2 = be16(buf, 12).is_some_and(|t| t >= 0x600);
+        if let (Some(m), true) = (c.dst_mac, ethernet2) {
             buf[0..6].copy_from_slice(&m.0);
         }
-        if let Some(m) = c.src_mac {
+        if let (Some(m), true) = (c.src_mac, ethernet2) {
             buf[6..12].copy_from_slice(&m.0);
         }
         match c.vlan {
-            Some(VlanEdit::Add { vid, pcp, cfi }) => {
+            Some(VlanEdit::Add { vid, pcp, cfi }) if ethernet2 => {
                 let tci = (u16::from(pcp & 7) << 13) | (u16::from(cfi) << 12) | (vid & 0x0fff);
                 let len = buf.len();
                 buf.resize(len + 4, 0);
