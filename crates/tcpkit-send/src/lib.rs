@@ -1,1 +1,60 @@
-//! tcpkit-send
+//! tcpkit-send: packet output.
+//!
+//! Every way a packet leaves tcpkit is a [`Sink`]: [`AfPacketSink`] puts whole link-layer
+//! frames on an interface with batched `sendmmsg` on an AF_PACKET socket; [`PcapFileSink`]
+//! writes them to a pcap file instead (dry runs, `-w`, tests). Sinks count every frame
+//! ([`SendCounters`]): a frame is sent, truncated or failed, never dropped silently.
+//! [`if_info`] and [`if_counters`] describe an interface of the calling thread's network
+//! namespace.
+
+mod afpacket;
+mod error;
+mod file;
+mod iface;
+
+pub use afpacket::{AfPacketOpts, AfPacketSink};
+pub use error::SendError;
+pub use file::PcapFileSink;
+pub use iface::{if_counters, if_info, IfCounters, IfInfo};
+
+/// What a sink did with the frames it was given. `successful + failed + truncated` is the
+/// number of frames offered.
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendCounters {
+    /// Frames sent whole.
+    pub successful: u64,
+    /// Frames not sent (too big for the MTU, malformed, or the interface failed).
+    pub failed: u64,
+    /// Frames of which the kernel took fewer bytes than asked.
+    pub truncated: u64,
+    /// Times a send was retried after ENOBUFS (a full device queue).
+    pub retried_enobufs: u64,
+    /// Times a send was retried after EAGAIN (a full socket buffer).
+    pub retried_eagain: u64,
+    /// Bytes sent (link-layer frames, without FCS).
+    pub bytes: u64,
+}
+
+/// One link-layer frame to send.
+#[derive(Clone, Copy, Debug)]
+pub struct Frame<'a> {
+    /// The frame, starting at the link-layer header.
+    pub data: &'a [u8],
+    /// The timestamp it would have had (ns since the epoch): used by file sinks.
+    pub ts_ns: u64,
+}
+
+/// Where frames go.
+pub trait Sink {
+    /// Send frames in order; returns when all were sent or counted as failed. Never drops
+    /// silently. An `Err` means the sink cannot go on (the interface went away, the disk is
+    /// full); the frames not sent by then are counted as failed.
+    fn send_batch(&mut self, frames: &[Frame<'_>]) -> Result<(), SendError>;
+    /// Totals since the sink was opened.
+    fn counters(&self) -> SendCounters;
+    /// Push out anything buffered.
+    fn flush(&mut self) -> Result<(), SendError>;
+}
+
+#[cfg(test)]
+mod testnet;

@@ -1,0 +1,508 @@
+//! AF_PACKET output: whole link-layer frames onto one interface, batched with `sendmmsg`.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use crate::{if_info, Frame, IfInfo, SendCounters, SendError, Sink};
+
+/// `PACKET_QDISC_BYPASS` from <linux/if_packet.h> (not exported by libc for Linux targets).
+const PACKET_QDISC_BYPASS: libc::c_int = 20;
+/// `SO_SNDBUFFORCE` from <asm-generic/socket.h> (not exported by libc for Linux targets).
+const SO_SNDBUFFORCE: libc::c_int = 32;
+
+/// How long one frame may keep failing with ENOBUFS/EAGAIN before it is counted as failed: a
+/// queue that stays full for this long is stuck, and blocking forever would hide it.
+const STUCK_AFTER: Duration = Duration::from_secs(1);
+/// ENOBUFS comes from a full device queue, which has no wakeup to poll for: wait this long.
+const ENOBUFS_PAUSE: Duration = Duration::from_micros(50);
+
+/// Options of [`AfPacketSink::open`].
+#[derive(Clone, Copy, Debug)]
+pub struct AfPacketOpts {
+    /// Hand frames straight to the driver, skipping the qdisc (PACKET_QDISC_BYPASS): faster,
+    /// but no traffic shaping and ENOBUFS when the device queue is full.
+    pub qdisc_bypass: bool,
+    /// Frames per `sendmmsg` call (at least 1).
+    pub batch: usize,
+    /// Socket send buffer in bytes (SO_SNDBUFFORCE, falling back to SO_SNDBUF without
+    /// CAP_NET_ADMIN); None keeps the system default.
+    pub sndbuf: Option<usize>,
+}
+
+impl Default for AfPacketOpts {
+    fn default() -> Self {
+        AfPacketOpts {
+            qdisc_bypass: false,
+            batch: 32,
+            sndbuf: None,
+        }
+    }
+}
+
+/// Sends frames on one interface through an AF_PACKET SOCK_RAW socket.
+///
+/// The socket is bound with protocol 0, so it only sends: the kernel does not hand it a copy of
+/// every frame on the interface. The `mmsghdr`/`iovec` arrays are allocated once, at open.
+#[derive(Debug)]
+pub struct AfPacketSink {
+    fd: OwnedFd,
+    info: IfInfo,
+    hdrs: Vec<libc::mmsghdr>,
+    iovs: Vec<libc::iovec>,
+    counters: SendCounters,
+}
+
+// SAFETY: the raw pointers in `hdrs` point into `iovs` (a heap buffer owned by this struct and
+// never resized) and, only during `send_batch`, into the caller's frames; nothing is shared
+// with another thread.
+unsafe impl Send for AfPacketSink {}
+
+fn setsockopt_int(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: passes a pointer to an int we own, with its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl AfPacketSink {
+    /// Opens a send-only AF_PACKET socket on `ifname` (of the calling thread's namespace).
+    pub fn open(ifname: &str, opts: AfPacketOpts) -> Result<Self, SendError> {
+        let info = if_info(ifname)?;
+        // SAFETY: plain socket(2); protocol 0 = receive nothing.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(SendError::sys(
+                ifname,
+                "socket(AF_PACKET)",
+                io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: raw is a fresh fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+
+        if let Some(size) = opts.sndbuf {
+            let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+            // FORCE lifts the wmem_max cap but needs CAP_NET_ADMIN; without it take what the
+            // cap allows rather than fail.
+            if let Err(e) = setsockopt_int(&fd, libc::SOL_SOCKET, SO_SNDBUFFORCE, size) {
+                if e.raw_os_error() != Some(libc::EPERM) {
+                    return Err(SendError::sys(ifname, "setsockopt(SO_SNDBUFFORCE)", e));
+                }
+                setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, size)
+                    .map_err(|e| SendError::sys(ifname, "setsockopt(SO_SNDBUF)", e))?;
+            }
+        }
+        if opts.qdisc_bypass {
+            setsockopt_int(&fd, libc::SOL_PACKET, PACKET_QDISC_BYPASS, 1)
+                .map_err(|e| SendError::sys(ifname, "setsockopt(PACKET_QDISC_BYPASS)", e))?;
+        }
+
+        // SAFETY: sockaddr_ll is plain old data.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as libc::c_ushort;
+        sll.sll_protocol = 0;
+        sll.sll_ifindex = info.ifindex as libc::c_int;
+        // SAFETY: passes a sockaddr_ll we own, with its size.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(SendError::sys(
+                ifname,
+                "bind(AF_PACKET)",
+                io::Error::last_os_error(),
+            ));
+        }
+
+        let batch = opts.batch.clamp(1, 1024);
+        let iovs = vec![
+            libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            };
+            batch
+        ];
+        // SAFETY: mmsghdr is plain old data; the iov pointers are set just below.
+        let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; batch];
+        for (h, iov) in hdrs.iter_mut().zip(&iovs) {
+            // No msg_name: the socket's bound interface is the destination.
+            h.msg_hdr.msg_iov = (iov as *const libc::iovec).cast_mut();
+            h.msg_hdr.msg_iovlen = 1;
+        }
+        Ok(AfPacketSink {
+            fd,
+            info,
+            hdrs,
+            iovs,
+            counters: SendCounters::default(),
+        })
+    }
+
+    /// The interface this sink sends on.
+    pub fn info(&self) -> &IfInfo {
+        &self.info
+    }
+
+    /// Sends one chunk of at most `batch` frames. On a fatal error returns it with the index of
+    /// the first frame not accounted for.
+    fn send_chunk(&mut self, chunk: &[Frame<'_>]) -> Result<(), (usize, io::Error)> {
+        let n = chunk.len();
+        for ((iov, h), f) in self.iovs.iter_mut().zip(self.hdrs.iter_mut()).zip(chunk) {
+            // The kernel only reads through this pointer (sendmmsg); *mut is the C signature.
+            iov.iov_base = f.data.as_ptr().cast_mut().cast();
+            iov.iov_len = f.data.len();
+            h.msg_len = 0;
+        }
+        let mut i = 0;
+        let mut stuck_since: Option<std::time::Instant> = None;
+        while i < n {
+            let pending = &mut self.hdrs[i..n];
+            // SAFETY: `pending` holds n - i initialised headers whose iovecs point at frames
+            // borrowed for this call.
+            let rc = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    pending.as_mut_ptr(),
+                    pending.len() as libc::c_uint,
+                    0,
+                )
+            };
+            if rc > 0 {
+                let sent = rc as usize;
+                for (h, f) in self.hdrs[i..i + sent].iter().zip(&chunk[i..i + sent]) {
+                    let len = h.msg_len as usize;
+                    if len < f.data.len() {
+                        self.counters.truncated += 1;
+                    } else {
+                        self.counters.successful += 1;
+                    }
+                    self.counters.bytes += len as u64;
+                }
+                i += sent;
+                stuck_since = None;
+                continue;
+            }
+            // sendmmsg reports an error only for the first message of the call, so the error
+            // below is about chunk[i].
+            let err = if rc == 0 {
+                io::Error::from_raw_os_error(libc::EAGAIN)
+            } else {
+                io::Error::last_os_error()
+            };
+            match err.raw_os_error() {
+                Some(libc::EINTR) => {}
+                // Too big for the MTU, or shorter than a link-layer header: this frame only.
+                Some(libc::EMSGSIZE | libc::EINVAL) => {
+                    self.counters.failed += 1;
+                    i += 1;
+                    stuck_since = None;
+                }
+                Some(code @ (libc::ENOBUFS | libc::EAGAIN)) => {
+                    let since = *stuck_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() > STUCK_AFTER {
+                        self.counters.failed += 1;
+                        i += 1;
+                        stuck_since = None;
+                        continue;
+                    }
+                    if code == libc::ENOBUFS {
+                        self.counters.retried_enobufs += 1;
+                        std::thread::sleep(ENOBUFS_PAUSE);
+                    } else {
+                        self.counters.retried_eagain += 1;
+                        let mut pfd = libc::pollfd {
+                            fd: self.fd.as_raw_fd(),
+                            events: libc::POLLOUT,
+                            revents: 0,
+                        };
+                        // SAFETY: one pollfd we own. A poll error just means we retry sooner.
+                        unsafe { libc::poll(&mut pfd, 1, 100) };
+                    }
+                }
+                _ => return Err((i, err)),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Sink for AfPacketSink {
+    fn send_batch(&mut self, frames: &[Frame<'_>]) -> Result<(), SendError> {
+        let batch = self.hdrs.len();
+        for (c, chunk) in frames.chunks(batch).enumerate() {
+            if let Err((i, err)) = self.send_chunk(chunk) {
+                let done = c * batch + i;
+                self.counters.failed += (frames.len() - done) as u64;
+                return Err(SendError::sys(&self.info.name, "sendmmsg", err));
+            }
+        }
+        Ok(())
+    }
+
+    fn counters(&self) -> SendCounters {
+        self.counters
+    }
+
+    /// Nothing is buffered in user space: every frame was handed to the kernel.
+    fn flush(&mut self) -> Result<(), SendError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testnet::TestNet;
+
+    /// IEEE 802 local experimental ethertype: nothing else on the link uses it.
+    const ETHERTYPE: u16 = 0x88b5;
+
+    fn frame(dst: [u8; 6], src: [u8; 6], seq: u32, len: usize) -> Vec<u8> {
+        let mut f = vec![0xa5u8; len];
+        f[..6].copy_from_slice(&dst);
+        f[6..12].copy_from_slice(&src);
+        f[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
+        f[14..18].copy_from_slice(&seq.to_be_bytes());
+        f
+    }
+
+    /// An AF_PACKET socket receiving only our ethertype on `ifname`.
+    fn receiver(ifname: &str) -> OwnedFd {
+        let info = if_info(ifname).expect("receiver interface");
+        let proto = ETHERTYPE.to_be();
+        // SAFETY: socket/setsockopt/bind with values we own.
+        unsafe {
+            let raw = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, libc::c_int::from(proto));
+            assert!(raw >= 0, "receiver socket: {}", io::Error::last_os_error());
+            let fd = OwnedFd::from_raw_fd(raw);
+            setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20).expect("rcvbuf");
+            let tv = libc::timeval {
+                tv_sec: 2,
+                tv_usec: 0,
+            };
+            libc::setsockopt(
+                raw,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+            sll.sll_family = libc::AF_PACKET as libc::c_ushort;
+            sll.sll_protocol = proto;
+            sll.sll_ifindex = info.ifindex as libc::c_int;
+            let rc = libc::bind(
+                raw,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            );
+            assert_eq!(rc, 0, "receiver bind: {}", io::Error::last_os_error());
+            fd
+        }
+    }
+
+    fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
+        // SAFETY: receives into a buffer we own.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        usize::try_from(n).ok()
+    }
+
+    fn send_and_check(opts: AfPacketOpts) {
+        let net = TestNet::new();
+        let (a, b) = (net.a.clone(), net.b.clone());
+        net.run_in(move || {
+            let rx = receiver(&b);
+            let mut sink = AfPacketSink::open(&a, opts).expect("open");
+            let src = sink.info().mac.expect("veth mac");
+            let dst = if_info(&b).expect("peer").mac.expect("peer mac");
+            let before = crate::if_counters(&a).expect("counters");
+            // 300 frames of varied sizes, up to a full 1514-byte frame.
+            let frames: Vec<Vec<u8>> = (0..300u32)
+                .map(|i| frame(dst, src, i, 60 + (i as usize * 37) % 1455))
+                .collect();
+            let refs: Vec<Frame<'_>> = frames.iter().map(|d| Frame { data: d, ts_ns: 0 }).collect();
+            for part in refs.chunks(100) {
+                sink.send_batch(part).expect("send");
+            }
+            let c = sink.counters();
+            assert_eq!(c.successful, 300);
+            assert_eq!(c.failed + c.truncated, 0);
+            let total: u64 = frames.iter().map(|f| f.len() as u64).sum();
+            assert_eq!(c.bytes, total);
+
+            let mut buf = vec![0u8; 2048];
+            for (i, f) in frames.iter().enumerate() {
+                let n = recv(&rx, &mut buf).unwrap_or_else(|| panic!("frame {i} never arrived"));
+                assert_eq!(&buf[..n], &f[..], "frame {i} differs or is out of order");
+            }
+            let after = crate::if_counters(&a).expect("counters");
+            assert_eq!(after.tx_packets - before.tx_packets, 300);
+            assert_eq!(after.tx_bytes - before.tx_bytes, total);
+        });
+    }
+
+    #[test]
+    fn frames_arrive_byte_identical_and_in_order() {
+        send_and_check(AfPacketOpts {
+            batch: 16,
+            ..AfPacketOpts::default()
+        });
+    }
+
+    #[test]
+    fn qdisc_bypass_batch_one_and_sndbuf() {
+        send_and_check(AfPacketOpts {
+            qdisc_bypass: true,
+            batch: 1,
+            sndbuf: Some(4 << 20),
+        });
+    }
+
+    #[test]
+    fn oversize_frames_count_as_failed_and_the_rest_go_on() {
+        let net = TestNet::new();
+        let (a, b) = (net.a.clone(), net.b.clone());
+        net.run_in(move || {
+            let rx = receiver(&b);
+            let mut sink = AfPacketSink::open(&a, AfPacketOpts::default()).expect("open");
+            let src = sink.info().mac.expect("mac");
+            let dst = [0xff; 6];
+            let mtu = sink.info().mtu as usize;
+            let frames = [
+                frame(dst, src, 0, 64),
+                frame(dst, src, 1, mtu + 15), // one byte over MTU + Ethernet header
+                frame(dst, src, 2, mtu + 14),
+                frame(dst, src, 3, 9000),
+                frame(dst, src, 4, 64),
+            ];
+            let refs: Vec<Frame<'_>> = frames.iter().map(|d| Frame { data: d, ts_ns: 0 }).collect();
+            sink.send_batch(&refs).expect("send");
+            let c = sink.counters();
+            assert_eq!((c.successful, c.failed, c.truncated), (3, 2, 0));
+            let mut buf = vec![0u8; 10000];
+            for i in [0, 2, 4] {
+                let n = recv(&rx, &mut buf).expect("frame");
+                assert_eq!(&buf[..n], &frames[i][..], "frame {i}");
+            }
+        });
+    }
+
+    #[test]
+    fn missing_interface() {
+        let e = AfPacketSink::open("tknosuch0", AfPacketOpts::default()).map(|_| ());
+        assert_eq!(
+            e.map_err(|e| e.to_string()),
+            Err("tknosuch0: no such network interface".into())
+        );
+    }
+
+    /// Capabilities are per thread: drop CAP_NET_RAW from this thread's effective set and the
+    /// socket call fails with EPERM, reported with the hint.
+    #[test]
+    fn eperm_without_cap_net_raw() {
+        #[repr(C)]
+        struct CapHeader {
+            version: u32,
+            pid: libc::c_int,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct CapData {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const CAP_V3: u32 = 0x2008_0522;
+        const CAP_NET_RAW: u32 = 13;
+        let out = std::thread::spawn(|| {
+            let mut hdr = CapHeader {
+                version: CAP_V3,
+                pid: 0,
+            };
+            let mut data = [CapData::default(); 2];
+            // SAFETY: capget/capset with a v3 header and two data structs, for this thread.
+            unsafe {
+                assert_eq!(
+                    libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()),
+                    0
+                );
+                data[0].effective &= !(1 << CAP_NET_RAW);
+                assert_eq!(libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()), 0);
+            }
+            AfPacketSink::open("lo", AfPacketOpts::default())
+                .map(|_| ())
+                .map_err(|e| (e.to_string(), e.raw_os_error()))
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(
+            out,
+            Err((
+                "lo: socket(AF_PACKET) (needs root or CAP_NET_RAW)".to_string(),
+                Some(libc::EPERM)
+            ))
+        );
+    }
+
+    /// Top speed with 64-byte frames on a veth pair (nobody listening on the peer). Run with
+    /// `cargo test -p tcpkit-send --release -- --ignored --nocapture topspeed`.
+    #[test]
+    #[ignore = "benchmark: prints numbers"]
+    fn topspeed_veth_64_byte_frames() {
+        let net = TestNet::new();
+        let (a, b) = (net.a.clone(), net.b.clone());
+        net.run_in(move || {
+            let dst = if_info(&b).expect("peer").mac.expect("mac");
+            for bypass in [false, true] {
+                for batch in [1usize, 32, 64] {
+                    let opts = AfPacketOpts {
+                        qdisc_bypass: bypass,
+                        batch,
+                        sndbuf: None,
+                    };
+                    let mut sink = AfPacketSink::open(&a, opts).expect("open");
+                    let src = sink.info().mac.expect("mac");
+                    let frames: Vec<Vec<u8>> =
+                        (0..1024u32).map(|i| frame(dst, src, i, 64)).collect();
+                    let refs: Vec<Frame<'_>> = frames
+                        .iter()
+                        .map(|d| Frame { data: d, ts_ns: 0 })
+                        .collect();
+                    let start = std::time::Instant::now();
+                    while start.elapsed() < Duration::from_secs(1) {
+                        sink.send_batch(&refs).expect("send");
+                    }
+                    let secs = start.elapsed().as_secs_f64();
+                    let c = sink.counters();
+                    println!(
+                        "qdisc_bypass {bypass:5} batch {batch:2}: {:>9.0} pps (failed {}, enobufs retries {})",
+                        c.successful as f64 / secs,
+                        c.failed,
+                        c.retried_enobufs
+                    );
+                }
+            }
+        });
+    }
+}
