@@ -338,12 +338,26 @@ impl<W: Write> PcapNgWriter<W> {
         self.write_block(OPB, &[&hdr, data])
     }
 
-    /// Writes a simple packet block (interface 0, no timestamp). `data` should be
-    /// `min(orig_len, snaplen)` bytes: a reader takes that many.
+    /// Writes a simple packet block (interface 0, no timestamp). It stores
+    /// `min(orig_len, snaplen)` bytes, as readers expect: `data` longer than interface 0's
+    /// snaplen is cut to it, and `data` shorter than that amount is refused (readers would
+    /// take the padding for packet bytes).
     pub fn write_spb(&mut self, data: &[u8], orig_len: u32) -> io::Result<()> {
-        if self.interfaces.is_empty() {
+        let Some(iface) = self.interfaces.first() else {
             return Err(invalid("a simple packet block needs interface 0"));
+        };
+        let mut keep = data.len();
+        let mut want = orig_len as usize;
+        if iface.snaplen != 0 {
+            keep = keep.min(iface.snaplen as usize);
+            want = want.min(iface.snaplen as usize);
         }
+        if keep != want {
+            return Err(invalid(
+                "a simple packet block holds min(orig_len, snaplen) bytes",
+            ));
+        }
+        let data = data.get(..keep).unwrap_or(data);
         self.write_block(SPB, &[&u32_bytes(orig_len, self.be), data])
     }
 
@@ -480,5 +494,7 @@ mod tests {
         assert_eq!(id, 0);
         assert!(w.write_epb(0, 9_000_000_000, &[1], 1).is_err());
         w.write_epb(0, 10_000_000_000, &[1], 1).unwrap();
+        assert!(w.write_spb(&[1, 2], 3).is_err());
+        w.write_spb(&[1, 2, 3], 3).unwrap();
     }
 }

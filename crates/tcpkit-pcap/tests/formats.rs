@@ -361,6 +361,27 @@ fn pcapng_structural_errors() {
     );
     assert_eq!(err.packet_number(), Some(2));
 
+    // A simple packet block holding more than min(orig_len, snaplen): the rest is ignored;
+    // holding less (orig_len 9, snaplen 0, 8 bytes held): what it holds.
+    let mut w = tcpkit_pcap::PcapNgWriter::new(Vec::new(), false).unwrap();
+    w.add_interface(1, 4, tcpkit_pcap::TsResolution::Pow10(6), 0)
+        .unwrap();
+    w.write_raw_block(3, &[6, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8])
+        .unwrap();
+    w.new_section(false).unwrap();
+    w.add_interface(1, 0, tcpkit_pcap::TsResolution::Pow10(6), 0)
+        .unwrap();
+    w.write_raw_block(3, &[9, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8])
+        .unwrap();
+    let file = CaptureFile::from_bytes("x.pcapng", w.finish().unwrap()).unwrap();
+    let (got, err) = read_all(&file);
+    assert!(err.is_none());
+    assert_eq!(got[0].data, [1, 2, 3, 4]);
+    assert_eq!(
+        (got[1].data, got[1].orig_len),
+        (&[1, 2, 3, 4, 5, 6, 7, 8][..], 9)
+    );
+
     // A simple packet block with no interface 0.
     let mut w = tcpkit_pcap::PcapNgWriter::new(Vec::new(), false).unwrap();
     w.write_raw_block(3, &[1, 0, 0, 0, 9, 0, 0, 0]).unwrap();

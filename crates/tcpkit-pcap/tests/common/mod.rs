@@ -115,7 +115,7 @@ pub fn multi_pcapng() -> (Vec<u8>, Vec<Want>) {
     // A simple packet block carries no timestamp: it gets the previous packet's.
     w.write_spb(&[9, 8, 7], 3).unwrap();
     want.push((1, 1514, T0 + 125_000_000, vec![9, 8, 7], 3));
-    // Holding more than the snaplen: a reader takes min(orig_len, snaplen) bytes.
+    // Longer than the snaplen: the writer stores (and a reader takes) min(orig_len, snaplen).
     let big: Vec<u8> = (0..1600).map(|i| i as u8).collect();
     w.write_spb(&big, 1600).unwrap();
     want.push((1, 1514, T0 + 125_000_000, big[..1514].to_vec(), 1600));
