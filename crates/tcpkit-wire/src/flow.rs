@@ -165,3 +165,85 @@ pub fn unique_ip(frame: &mut [u8], loop_no: u32) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp4(src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16) -> Vec<u8> {
+        let mut b = vec![0u8; 54];
+        b[12..14].copy_from_slice(&[8, 0]);
+        b[14..24].copy_from_slice(&[0x45, 0, 0, 40, 0, 1, 0, 0, 64, 6]);
+        b[26..30].copy_from_slice(&src);
+        b[30..34].copy_from_slice(&dst);
+        b[34..36].copy_from_slice(&sp.to_be_bytes());
+        b[36..38].copy_from_slice(&dp.to_be_bytes());
+        b[46] = 0x50;
+        let ip = parse::ip(&b).unwrap();
+        crate::rewrite::fix_checksums(&mut b, &ip);
+        b
+    }
+
+    fn valid(b: &[u8]) -> bool {
+        let mut c = b.to_vec();
+        crate::Rewriter::new(crate::RewriteConfig {
+            fixcsum: true,
+            ..Default::default()
+        })
+        .apply(&mut c)
+        .unwrap();
+        c == b
+    }
+
+    #[test]
+    fn keys_and_connections() {
+        let a = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1234, 80);
+        let b = tcp4([10, 0, 0, 2], [10, 0, 0, 1], 80, 1234);
+        let (ka, kb) = (flow_key(&a).unwrap(), flow_key(&b).unwrap());
+        assert_ne!(ka, kb);
+        assert_eq!(ka.reversed(), kb);
+        assert_eq!(ka.connection(), kb.connection());
+        assert_eq!((ka.src_port, ka.dst_port, ka.proto), (1234, 80, 6));
+        assert_eq!(shard_hash(&a), shard_hash(&b));
+        assert_ne!(
+            shard_hash(&a),
+            shard_hash(&tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1235, 80))
+        );
+        let mut arp = vec![0u8; 42];
+        arp[12..14].copy_from_slice(&[8, 6]);
+        assert_eq!(flow_key(&arp), None);
+        let mut arp2 = arp.clone();
+        arp2[0..6].copy_from_slice(&[1; 6]);
+        let mut arp3 = arp.clone();
+        arp3[6..12].copy_from_slice(&[1; 6]);
+        assert_eq!(shard_hash(&arp2), shard_hash(&arp3));
+    }
+
+    #[test]
+    fn unique_ip_is_consistent() {
+        let a = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1234, 80);
+        let b = tcp4([10, 0, 0, 2], [10, 0, 0, 1], 80, 1234);
+        let mut a0 = a.clone();
+        unique_ip(&mut a0, 0);
+        assert_eq!(a0, a);
+        let (mut a1, mut b1) = (a.clone(), b.clone());
+        unique_ip(&mut a1, 1);
+        unique_ip(&mut b1, 1);
+        assert_ne!(a1, a);
+        assert_eq!(&a1[26..34], &[10, 0, 0, 2, 10, 0, 0, 3]);
+        assert!(valid(&a1) && valid(&b1));
+        assert_eq!(
+            flow_key(&a1).unwrap().connection(),
+            flow_key(&b1).unwrap().connection()
+        );
+        assert_ne!(
+            flow_key(&a1).unwrap().connection(),
+            flow_key(&a).unwrap().connection()
+        );
+        for n in 0..a.len() {
+            let mut c = a[..n].to_vec();
+            unique_ip(&mut c, 7);
+            let _ = shard_hash(&c);
+        }
+    }
+}
