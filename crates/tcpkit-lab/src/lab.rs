@@ -134,10 +134,12 @@ impl Lab {
         // Recorded before anything else can fail, so drop deletes it in any case.
         self.namespaces.push(netns.clone());
         cmd::run_args("ip", &["-n", &netns, "link", "set", "lo", "up"])?;
-        Ok(Host {
+        let host = Host {
             name: name.to_string(),
             netns,
-        })
+        };
+        host.try_enter(new_netns_sysctls)??;
+        Ok(host)
     }
 
     fn next_ifname(&mut self, host: &Host) -> String {
@@ -305,6 +307,25 @@ impl Drop for Lab {
             );
         }
     }
+}
+
+/// IPv6 settings for every interface later created in a fresh namespace; written through
+/// /proc/sys from a thread inside it (sysctls under net/ follow the writer's namespace).
+/// - accept_dad=0: link-local addresses are usable the moment a link is up, not ~1 s later
+///   (`nodad` on the configured addresses does not cover them, and neighbour discovery and
+///   the first packets otherwise fail while they are tentative).
+/// - router_solicitations=0: no router solicitations cluttering captures.
+const NEW_NETNS_SYSCTLS: &[(&str, &str)] = &[
+    ("/proc/sys/net/ipv6/conf/all/accept_dad", "0"),
+    ("/proc/sys/net/ipv6/conf/default/accept_dad", "0"),
+    ("/proc/sys/net/ipv6/conf/default/router_solicitations", "0"),
+];
+
+fn new_netns_sysctls() -> Result<(), LabError> {
+    for (path, value) in NEW_NETNS_SYSCTLS {
+        std::fs::write(path, value).map_err(|e| LabError::io(format!("write {path}"), e))?;
+    }
+    Ok(())
 }
 
 impl LinkOpts {

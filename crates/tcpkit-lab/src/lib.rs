@@ -25,6 +25,7 @@ mod link;
 mod proc;
 mod sweep;
 mod tcpdump;
+mod topology;
 
 pub use error::LabError;
 pub use host::Host;
@@ -33,6 +34,7 @@ pub use link::{in_test_range, IfStats, Iface, Link, LinkOpts, Tbf, IFNAME_MAX};
 pub use proc::{Proc, STOP_GRACE};
 pub use sweep::{netns_name, owner_pid, sweep_leftovers, NETNS_PREFIX};
 pub use tcpdump::{Capture, Tcpdump};
+pub use topology::{MULTIPATH_A4, MULTIPATH_A6, MULTIPATH_B4, MULTIPATH_B6, MULTIPATH_MAX};
 
 /// Re-exported so callers can name signals for [`Proc::signal`] without their own nix.
 pub use nix::sys::signal::Signal;

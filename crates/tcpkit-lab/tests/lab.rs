@@ -38,6 +38,12 @@ fn pair_pings_v4_and_v6_and_cleans_up() {
     assert_ne!(link.a.mac, link.b.mac);
     assert!(link.a.name.len() <= 15);
 
+    // No address, link-local included, is left tentative (DAD) once the link is returned.
+    let tentative = a
+        .run(&["ip", "-6", "addr", "show", "dev", &link.a.name, "tentative"])
+        .unwrap();
+    assert!(tentative.stdout.is_empty(), "{tentative:?}");
+
     a.run(&["ping", "-c1", "-W2", "198.18.0.2"]).unwrap();
     a.run(&["ping", "-6", "-c1", "-W2", "fd00:18::2"]).unwrap();
     b.run(&["ping", "-c1", "-W2", "198.18.0.1"]).unwrap();
@@ -331,6 +337,94 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(a.run(&[]).is_err());
     assert!(a.spawn(&mut lab, "empty", &[]).is_err());
     assert!(a.ifstats("nosuchif0").is_err());
+    let names = lab.namespaces().to_vec();
+    drop(lab);
+    assert_gone(&names);
+}
+
+/// Set in the child run by `without_caps_lab_fails_with_one_line`.
+const UNPRIV_CHILD: &str = "TCPKIT_LAB_TEST_UNPRIV_CHILD";
+
+#[test]
+fn without_caps_lab_fails_with_one_line() {
+    if std::env::var_os(UNPRIV_CHILD).is_some() {
+        // In the child, which runs without CAP_NET_ADMIN and CAP_SYS_ADMIN.
+        let e = Lab::new("unpriv").unwrap_err();
+        assert_eq!(
+            format!("{e:?}"),
+            "tcpkit-lab: needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) to create network namespaces"
+        );
+        return;
+    }
+    // Re-run just this test as root minus the two capabilities: exec recomputes the
+    // capability sets from the bounding set, so the child really lacks them.
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--bounding-set", "-net_admin,-sys_admin", "--"])
+        .arg(exe)
+        .args([
+            "--exact",
+            "without_caps_lab_fails_with_one_line",
+            "--test-threads=1",
+        ])
+        .env(UNPRIV_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn multipath_spreads_connections_over_all_links() {
+    use tcpkit_lab::{MULTIPATH_A4, MULTIPATH_B4, MULTIPATH_B6};
+    let (lab, a, b, links) = Lab::multipath("multipath", 2, None).unwrap();
+    assert_eq!(links.len(), 2);
+    a.run(&["ping", "-c1", "-W2", "-I", MULTIPATH_A4, MULTIPATH_B4])
+        .unwrap();
+    a.run(&["ping", "-6", "-c1", "-W2", MULTIPATH_B6]).unwrap();
+    for (i, l) in links.iter().enumerate() {
+        let peer = format!("198.18.{}.2", i + 1);
+        a.run(&["ping", "-c1", "-W2", "-I", &l.a.name, &peer])
+            .unwrap();
+    }
+
+    let before: Vec<u64> = links
+        .iter()
+        .map(|l| a.ifstats(&l.a.name).unwrap().tx_bytes)
+        .collect();
+    let listener = b.enter(|| TcpListener::bind((MULTIPATH_B4, 0)).unwrap());
+    let dst = listener.local_addr().unwrap();
+    const FLOWS: usize = 32;
+    const CHUNK: usize = 100_000;
+    let rx = std::thread::spawn(move || {
+        let mut total = 0;
+        for _ in 0..FLOWS {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = Vec::new();
+            total += s.read_to_end(&mut buf).unwrap();
+        }
+        total
+    });
+    a.enter(|| {
+        for _ in 0..FLOWS {
+            let mut sock = TcpStream::connect(dst).unwrap();
+            sock.write_all(&[7u8; CHUNK]).unwrap();
+        }
+    });
+    assert_eq!(rx.join().unwrap(), FLOWS * CHUNK);
+    for (l, b0) in links.iter().zip(before) {
+        let sent = a.ifstats(&l.a.name).unwrap().tx_bytes - b0;
+        // 32 flows hashed over 2 paths: each path carries several of them.
+        assert!(
+            sent > 2 * CHUNK as u64,
+            "{} carried only {sent} bytes",
+            l.a.name
+        );
+    }
     let names = lab.namespaces().to_vec();
     drop(lab);
     assert_gone(&names);
