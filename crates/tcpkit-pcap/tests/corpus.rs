@@ -138,11 +138,20 @@ fn iterate_a_million_packets() {
         w.write_packet(T0 + i * 1000, &data, 64).unwrap();
     }
     w.finish().unwrap();
-    for preload in [false, true] {
+    let ng_path = dir.path().join("million.pcapng");
+    let out = std::io::BufWriter::new(std::fs::File::create(&ng_path).unwrap());
+    let mut w = tcpkit_pcap::PcapNgWriter::new(out, false).unwrap();
+    w.add_interface(1, 65535, tcpkit_pcap::TsResolution::Pow10(9), 0)
+        .unwrap();
+    for i in 0..1_000_000u64 {
+        w.write_epb(0, T0 + i * 1000, &data, 64).unwrap();
+    }
+    w.finish().unwrap();
+    for (path, preload) in [(&path, false), (&path, true), (&ng_path, false)] {
         let file = if preload {
-            CaptureFile::read_into_memory(&path).unwrap()
+            CaptureFile::read_into_memory(path).unwrap()
         } else {
-            CaptureFile::open(&path).unwrap()
+            CaptureFile::open(path).unwrap()
         };
         for round in 0..3 {
             let start = Instant::now();
@@ -157,7 +166,8 @@ fn iterate_a_million_packets() {
             assert_eq!((n, bytes), (1_000_000, 64_000_000));
             std::hint::black_box(ts);
             eprintln!(
-                "preload={preload} round {round}: {n} packets in {:.1} ms = {:.1} Mpackets/s",
+                "{} preload={preload} round {round}: {n} packets in {:.1} ms = {:.1} Mpackets/s",
+                path.display(),
                 secs * 1e3,
                 n as f64 / secs / 1e6
             );

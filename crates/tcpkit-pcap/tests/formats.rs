@@ -244,6 +244,10 @@ fn truncated_final_record_comes_after_the_good_packets() {
             third - 10
         )
     );
+    let mut items = file.packets();
+    items.next();
+    assert_eq!(items.offset(), boundaries(&full)[1] as u64);
+
     let file = CaptureFile::from_bytes("capture.pcap", full[..third_off + 5].to_vec()).unwrap();
     let err = read_all(&file).1.unwrap();
     assert_eq!(
@@ -435,6 +439,15 @@ fn open_errors_name_the_file_and_keep_the_io_error() {
             html.display()
         )
     );
+
+    let nowhere = dir.path().join("no/such/dir/out.pcap");
+    let err = PcapWriter::create(&nowhere, 1, 0, false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("{}: cannot create", nowhere.display())
+    );
+    assert_eq!(err.path(), nowhere);
+    assert!(err.source().is_some());
 
     // A directory opens but cannot be read.
     let err = CaptureFile::open(dir.path()).unwrap_err();
