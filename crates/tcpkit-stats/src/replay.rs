@@ -126,6 +126,9 @@ impl ReplayReport {
                     fmt_ns(t.late_max_ns)
                 );
             }
+            None if self.dry_run => {
+                let _ = writeln!(s, "Timing: dry run, timestamps written as scheduled");
+            }
             None => {
                 let _ = writeln!(s, "Timing: top speed, not paced");
             }

@@ -1,1 +1,102 @@
-fn main() {}
+//! `tcpkit`: parses the command line, runs one job, prints its report. Nothing else lives here.
+
+mod replay;
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tcpkit",
+    version,
+    about = "Replay, copy, load and spread TCP traffic: one tool for network and SRE tests"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Send pcap/pcapng captures out of an interface (tcpreplay's job): at their own timing, a
+    /// multiple of it, a set pps/Mbps, or top speed; loops, unique IPs per loop, rewriting.
+    Replay(replay::Args),
+}
+
+/// Set by SIGINT/SIGTERM: jobs stop cleanly and still print their report.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+/// How a job failed, as DESIGN.md fixes it: one line on stderr, exit 2 for usage, 1 at runtime.
+pub(crate) enum Failure {
+    Usage(String),
+    Runtime(String),
+}
+
+/// An error and its sources on one line: "what: why: underlying cause", each said once.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = c.source();
+    }
+    s
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    install_signal_handlers();
+    let (name, result) = match cli.cmd {
+        Cmd::Replay(args) => ("replay", replay::main(args, &INTERRUPTED)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(msg)) => {
+            eprintln!("tcpkit {name}: {msg}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(msg)) => {
+            eprintln!("tcpkit {name}: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_lists_only_existing_subcommands() {
+        let names: Vec<String> = Cli::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .collect();
+        assert_eq!(names, ["replay"]);
+    }
+}

@@ -1,0 +1,68 @@
+//! The resolved run: every cross-flag check has happened before a [`Config`] exists, so the
+//! engine never sees a combination it would have to reject.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tcpkit_pace::Rate;
+use tcpkit_wire::{MacAddr, RewriteConfig};
+
+/// Where frames go.
+#[derive(Debug, Clone)]
+pub enum Output {
+    /// An interface through AF_PACKET.
+    Interface { name: String, qdisc_bypass: bool },
+    /// `-w`: a pcap file with the timestamps the frames would have had, instead of sending.
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub inputs: Vec<PathBuf>,
+    pub output: Output,
+    pub rate: Rate,
+    pub max_sleep: Option<Duration>,
+    /// 0 = forever.
+    pub loops: u64,
+    pub loop_delay: Duration,
+    /// Stop after this many packets in all.
+    pub limit: Option<u64>,
+    pub duration: Option<Duration>,
+    /// `-K`: the whole input in memory before the first packet leaves.
+    pub preload: bool,
+    pub unique_ip: bool,
+    pub rewrite: RewriteConfig,
+    /// Source/destination MAC of the Ethernet header given to frames whose link type has none.
+    /// `None`: the interface's own address (zero for `-w`) and broadcast.
+    pub l2_src: Option<MacAddr>,
+    pub l2_dst: Option<MacAddr>,
+    /// Senders at top speed; flows are sharded so order within a connection holds.
+    pub threads: usize,
+    /// sendmmsg batch size.
+    pub batch: usize,
+    pub flow_expiry: Option<Duration>,
+}
+
+impl Config {
+    /// The defaults tcpreplay users expect: the capture's own timing, once, one thread.
+    pub fn new(inputs: Vec<PathBuf>, output: Output) -> Config {
+        Config {
+            inputs,
+            output,
+            rate: Rate::Capture { multiplier: 1.0 },
+            max_sleep: None,
+            loops: 1,
+            loop_delay: Duration::ZERO,
+            limit: None,
+            duration: None,
+            preload: false,
+            unique_ip: false,
+            rewrite: RewriteConfig::default(),
+            l2_src: None,
+            l2_dst: None,
+            threads: 1,
+            batch: 64,
+            flow_expiry: None,
+        }
+    }
+}

@@ -1,0 +1,615 @@
+//! The worker loop: one composition of (inputs × loops) → frame → schedule × stop conditions →
+//! batched sink. Every mode (capture timing, rates, top speed, dry run, sharded threads) is this
+//! one loop with different parts plugged in, never a copy of it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tcpkit_pace::{now_ns, Pacer, Rate, Schedule};
+use tcpkit_pcap::{CaptureFile, PcapError};
+use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters, SendError, Sink};
+use tcpkit_stats::{
+    DeviceStats, FlowStats, FlowTable, Histogram, IfDelta, LiveCounters, ReplayReport, TimingError,
+    REPLAY_SCHEMA_VERSION,
+};
+use tcpkit_wire::{
+    flow_key, shard_hash, to_ethernet, unique_ip, ConnKey, FlowKey, LinkType, MacAddr, Rewriter,
+};
+
+use crate::config::{Config, Output};
+
+/// Ethernet's link type, the one every frame we emit has.
+const DLT_EN10MB: u32 = 1;
+/// Longer waits are cut into pieces this long so an interrupt or the end of `--duration` is
+/// seen promptly even inside a long capture gap.
+const WAIT_SLICE_NS: u64 = 50_000_000;
+
+/// A run that started: its report, and the error that ended it early, if any (the report still
+/// counts what was sent before it).
+#[derive(Debug)]
+pub struct Outcome {
+    pub report: ReplayReport,
+    pub error: Option<ReplayError>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Input(#[from] PcapError),
+    #[error("{path}: packet {number}: {what}")]
+    Packet {
+        path: String,
+        number: u64,
+        what: String,
+    },
+    #[error(transparent)]
+    Send(#[from] SendError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Runs a replay. `Err` means nothing was sent (setup failed); a failure after sending began
+/// comes back inside the [`Outcome`] with the counts so far.
+pub fn run(
+    cfg: &Config,
+    interrupt: &AtomicBool,
+    live: &LiveCounters,
+) -> Result<Outcome, ReplayError> {
+    if cfg.inputs.is_empty() {
+        return Err(ReplayError::Setup("no input file given".into()));
+    }
+    if cfg.threads > 1 && !matches!(cfg.rate, Rate::Topspeed) {
+        return Err(ReplayError::Setup(
+            "--threads above 1 needs --topspeed".into(),
+        ));
+    }
+    let files = cfg
+        .inputs
+        .iter()
+        .map(|p| {
+            if cfg.preload {
+                CaptureFile::read_into_memory(p)
+            } else {
+                CaptureFile::open(p)
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let (if_mac, if_before, dry_run, out_name) = match &cfg.output {
+        Output::Interface { name, .. } => {
+            let info = tcpkit_send::if_info(name)?;
+            if !info.is_ethernet {
+                return Err(ReplayError::Setup(format!(
+                    "{name}: not an Ethernet interface; replay sends Ethernet frames"
+                )));
+            }
+            let before = tcpkit_send::if_counters(name).ok();
+            (info.mac.map(MacAddr), before, false, name.clone())
+        }
+        Output::File(p) => (None, None, true, p.display().to_string()),
+    };
+    let l2_src = cfg.l2_src.or(if_mac).unwrap_or(MacAddr([0; 6]));
+    let l2_dst = cfg.l2_dst.unwrap_or(MacAddr::BROADCAST);
+
+    let shared = Shared {
+        cfg,
+        files: &files,
+        rewriter: Rewriter::new(cfg.rewrite.clone()),
+        l2_src,
+        l2_dst,
+        interrupt,
+        live,
+        reserved: AtomicU64::new(0),
+        abort: AtomicBool::new(false),
+        start_ns: now_ns(),
+    };
+
+    let threads = cfg.threads.max(1);
+    let mut sinks: Vec<Box<dyn Sink + Send>> = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        sinks.push(match &cfg.output {
+            Output::Interface { name, qdisc_bypass } => Box::new(AfPacketSink::open(
+                name,
+                AfPacketOpts {
+                    qdisc_bypass: *qdisc_bypass,
+                    batch: cfg.batch,
+                    ..AfPacketOpts::default()
+                },
+            )?),
+            Output::File(p) => Box::new(PcapFileSink::create(p, DLT_EN10MB)?),
+        });
+    }
+
+    let results: Vec<WorkerResult> = if threads == 1 {
+        let sink = sinks.pop().expect("one sink");
+        vec![Worker::new(&shared, 0, 1, sink).run()]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = sinks
+                .into_iter()
+                .enumerate()
+                .map(|(i, sink)| {
+                    let shared = &shared;
+                    s.spawn(move || Worker::new(shared, i, threads, sink).run())
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| WorkerResult::panicked()))
+                .collect()
+        })
+    };
+    let end_ns = now_ns();
+
+    Ok(report(
+        cfg, &shared, results, end_ns, dry_run, out_name, if_before, if_mac,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    cfg: &Config,
+    shared: &Shared<'_>,
+    results: Vec<WorkerResult>,
+    end_ns: u64,
+    dry_run: bool,
+    out_name: String,
+    if_before: Option<tcpkit_send::IfCounters>,
+    if_mac: Option<MacAddr>,
+) -> Outcome {
+    let mut dev = SendCounters::default();
+    let mut hist = Histogram::new();
+    let (mut flows, mut flow_packets, mut non_flow, mut conns) = (0, 0, 0, 0);
+    let (mut eth_added, mut loops, mut virt_ns) = (0, u64::MAX, 0);
+    let mut error = None;
+    let mut stopped_by = None;
+    for r in results {
+        dev.successful += r.counters.successful;
+        dev.failed += r.counters.failed;
+        dev.truncated += r.counters.truncated;
+        dev.retried_enobufs += r.counters.retried_enobufs;
+        dev.retried_eagain += r.counters.retried_eagain;
+        dev.bytes += r.counters.bytes;
+        hist.merge(&r.late);
+        flows += r.flows.flows;
+        flow_packets += r.flows.flow_packets;
+        non_flow += r.flows.non_flow_packets;
+        conns += r.conns.flows;
+        eth_added += r.eth_added;
+        loops = loops.min(r.loops_completed);
+        virt_ns = virt_ns.max(r.last_offset_ns);
+        if error.is_none() {
+            error = r.error;
+        }
+        if stopped_by.is_none() {
+            stopped_by = r.stopped_by;
+        }
+    }
+    // A dry run takes no time of its own: its duration is the span of the timestamps it wrote.
+    let seconds = if dry_run {
+        virt_ns as f64 / 1e9
+    } else {
+        (end_ns - shared.start_ns) as f64 / 1e9
+    };
+    let (bps, mbps, pps) = tcpkit_stats::rates(dev.successful, dev.bytes, seconds);
+    let per_sec = |n: u64| {
+        if seconds > 0.0 {
+            n as f64 / seconds
+        } else {
+            0.0
+        }
+    };
+    let interface = match (&cfg.output, if_before) {
+        (Output::Interface { name, .. }, Some(b)) => {
+            tcpkit_send::if_counters(name).ok().map(|a| IfDelta {
+                tx_packets: a.tx_packets.saturating_sub(b.tx_packets),
+                tx_bytes: a.tx_bytes.saturating_sub(b.tx_bytes),
+                tx_dropped: a.tx_dropped.saturating_sub(b.tx_dropped),
+                tx_errors: a.tx_errors.saturating_sub(b.tx_errors),
+            })
+        }
+        _ => None,
+    };
+    if let Some(e) = &error {
+        stopped_by = Some(e.to_string());
+    }
+    let paced = !matches!(cfg.rate, Rate::Topspeed) && !dry_run;
+    let report = ReplayReport {
+        schema_version: REPLAY_SCHEMA_VERSION,
+        output: out_name,
+        dry_run,
+        packets: dev.successful,
+        bytes: dev.bytes,
+        seconds,
+        rate_bps: bps,
+        rate_mbps: mbps,
+        rate_pps: pps,
+        loops_completed: if loops == u64::MAX { 0 } else { loops },
+        flows: FlowStats {
+            flows,
+            flows_per_sec: per_sec(flows),
+            flow_packets,
+            non_flow_packets: non_flow,
+            connections: conns,
+            connections_per_sec: per_sec(conns),
+        },
+        timing: paced.then(|| TimingError::from_percentiles(&hist.percentiles())),
+        device: DeviceStats {
+            successful: dev.successful,
+            failed: dev.failed,
+            truncated: dev.truncated,
+            retried_enobufs: dev.retried_enobufs,
+            retried_eagain: dev.retried_eagain,
+        },
+        interface,
+        ethernet_added: eth_added,
+        ethernet_src: (eth_added > 0).then(|| {
+            let who = match (cfg.l2_src, if_mac) {
+                (Some(_), _) => "--src-mac",
+                (None, Some(_)) => "the interface's address",
+                (None, None) => "no interface: zero",
+            };
+            format!("{} ({who})", shared.l2_src)
+        }),
+        ethernet_dst: (eth_added > 0).then(|| shared.l2_dst.to_string()),
+        stopped_by,
+    };
+    Outcome { report, error }
+}
+
+/// What every worker reads.
+struct Shared<'a> {
+    cfg: &'a Config,
+    files: &'a [CaptureFile],
+    rewriter: Rewriter,
+    l2_src: MacAddr,
+    l2_dst: MacAddr,
+    interrupt: &'a AtomicBool,
+    live: &'a LiveCounters,
+    /// Packets claimed against `--limit` by all workers.
+    reserved: AtomicU64,
+    /// Set by a worker that failed, so the others stop too.
+    abort: AtomicBool,
+    start_ns: u64,
+}
+
+struct WorkerResult {
+    counters: SendCounters,
+    late: Histogram,
+    flows: FlowTable<FlowKey>,
+    conns: FlowTable<ConnKey>,
+    eth_added: u64,
+    loops_completed: u64,
+    last_offset_ns: u64,
+    error: Option<ReplayError>,
+    stopped_by: Option<String>,
+}
+
+impl WorkerResult {
+    fn panicked() -> WorkerResult {
+        WorkerResult {
+            counters: SendCounters::default(),
+            late: Histogram::new(),
+            flows: FlowTable::new(None),
+            conns: FlowTable::new(None),
+            eth_added: 0,
+            loops_completed: 0,
+            last_offset_ns: 0,
+            error: Some(ReplayError::Setup("a sender thread panicked".into())),
+            stopped_by: None,
+        }
+    }
+}
+
+/// Why a worker stops before its inputs and loops are done.
+enum Stop {
+    Limit,
+    Duration,
+    Interrupted,
+    Aborted,
+    Failed(ReplayError),
+}
+
+struct Worker<'a> {
+    sh: &'a Shared<'a>,
+    shard: usize,
+    shards: usize,
+    sink: Box<dyn Sink + Send + 'a>,
+    schedule: Schedule,
+    pacer: Pacer,
+    end_ns: Option<u64>,
+    bufs: Vec<Vec<u8>>,
+    /// Per slot of the batch: when the frame was due (absolute ns), if paced.
+    due: Vec<Option<u64>>,
+    ts: Vec<u64>,
+    n: usize,
+    late: Histogram,
+    flows: FlowTable<FlowKey>,
+    conns: FlowTable<ConnKey>,
+    eth_added: u64,
+    /// Dry run: the capture time the first packet had, so written timestamps read like the input.
+    base_ts: Option<u64>,
+    last_offset_ns: u64,
+}
+
+impl<'a> Worker<'a> {
+    fn new(
+        sh: &'a Shared<'a>,
+        shard: usize,
+        shards: usize,
+        sink: Box<dyn Sink + Send + 'a>,
+    ) -> Self {
+        let cfg = sh.cfg;
+        let batch = cfg.batch.max(1);
+        let expiry = cfg.flow_expiry.map(|d| d.as_nanos() as u64);
+        Worker {
+            sh,
+            shard,
+            shards,
+            sink,
+            schedule: Schedule::new(cfg.rate, cfg.max_sleep.map(|d| d.as_nanos() as u64)),
+            pacer: Pacer::default(),
+            end_ns: cfg.duration.map(|d| sh.start_ns + d.as_nanos() as u64),
+            // Frames up to a jumbo frame fit without reallocating; larger ones grow a slot once.
+            bufs: (0..batch).map(|_| Vec::with_capacity(9216 + 64)).collect(),
+            due: vec![None; batch],
+            ts: vec![0; batch],
+            n: 0,
+            late: Histogram::new(),
+            flows: FlowTable::new(expiry),
+            conns: FlowTable::new(expiry),
+            eth_added: 0,
+            base_ts: None,
+            last_offset_ns: 0,
+        }
+    }
+
+    fn run(mut self) -> WorkerResult {
+        let (loops_completed, stop) = self.run_loops();
+        let flushed = self.flush();
+        let mut error = None;
+        let mut stopped_by = None;
+        match stop {
+            Some(Stop::Failed(e)) => {
+                self.sh.abort.store(true, Ordering::SeqCst);
+                error = Some(e);
+            }
+            Some(Stop::Interrupted) => stopped_by = Some("interrupted".to_string()),
+            _ => {}
+        }
+        if let Err(e) = flushed.and_then(|()| self.sink.flush().map_err(ReplayError::from)) {
+            error.get_or_insert(e);
+        }
+        WorkerResult {
+            counters: self.sink.counters(),
+            late: self.late,
+            flows: self.flows,
+            conns: self.conns,
+            eth_added: self.eth_added,
+            loops_completed,
+            last_offset_ns: self.last_offset_ns,
+            error,
+            stopped_by,
+        }
+    }
+
+    fn run_loops(&mut self) -> (u64, Option<Stop>) {
+        let cfg = self.sh.cfg;
+        let mut loop_no: u64 = 0;
+        loop {
+            for (fi, file) in self.sh.files.iter().enumerate() {
+                if loop_no > 0 || fi > 0 {
+                    // A new file follows the last one at once; a new loop after --loopdelay-ms.
+                    let gap = if fi == 0 {
+                        cfg.loop_delay.as_nanos() as u64
+                    } else {
+                        0
+                    };
+                    self.schedule.restart_timeline(gap);
+                }
+                if let Some(stop) = self.send_file(file, loop_no) {
+                    return (loop_no, Some(stop));
+                }
+            }
+            loop_no += 1;
+            if cfg.loops != 0 && loop_no >= cfg.loops {
+                return (loop_no, None);
+            }
+        }
+    }
+
+    fn send_file(&mut self, file: &CaptureFile, loop_no: u64) -> Option<Stop> {
+        let sh = self.sh;
+        let cfg = sh.cfg;
+        let path = file.path().display().to_string();
+        // One cached conversion per link type change, not one lookup per packet.
+        let mut link_cache: Option<(u32, LinkType)> = None;
+        for (i, pkt) in file.packets().enumerate() {
+            let pkt = match pkt {
+                Ok(p) => p,
+                Err(e) => return Some(Stop::Failed(e.into())),
+            };
+            if i % 64 == 0 {
+                if sh.interrupt.load(Ordering::Relaxed) {
+                    return Some(Stop::Interrupted);
+                }
+                if sh.abort.load(Ordering::Relaxed) {
+                    return Some(Stop::Aborted);
+                }
+            }
+            let link = match link_cache {
+                Some((dlt, l)) if dlt == pkt.linktype => l,
+                _ => match LinkType::from_dlt(pkt.linktype) {
+                    Ok(l) => {
+                        link_cache = Some((pkt.linktype, l));
+                        l
+                    }
+                    Err(e) => {
+                        return Some(Stop::Failed(ReplayError::Packet {
+                            path,
+                            number: pkt.number,
+                            what: e.to_string(),
+                        }))
+                    }
+                },
+            };
+            if self.shards > 1
+                && link == LinkType::Ethernet
+                && shard_hash(pkt.data) % self.shards as u64 != self.shard as u64
+            {
+                continue;
+            }
+            let mut slot = self.n;
+            let buf = &mut self.bufs[slot];
+            if link == LinkType::Ethernet {
+                buf.clear();
+                buf.extend_from_slice(pkt.data);
+            } else {
+                if let Err(e) = to_ethernet(link, pkt.data, sh.l2_src, sh.l2_dst, buf) {
+                    return Some(Stop::Failed(ReplayError::Packet {
+                        path,
+                        number: pkt.number,
+                        what: e.to_string(),
+                    }));
+                }
+                if self.shards > 1 && shard_hash(buf) % self.shards as u64 != self.shard as u64 {
+                    continue;
+                }
+                self.eth_added += 1;
+            }
+            if let Some(limit) = cfg.limit {
+                let claimed = if self.shards > 1 {
+                    sh.reserved.fetch_add(1, Ordering::Relaxed)
+                } else {
+                    let r = sh.reserved.load(Ordering::Relaxed);
+                    sh.reserved.store(r + 1, Ordering::Relaxed);
+                    r
+                };
+                if claimed >= limit {
+                    return Some(Stop::Limit);
+                }
+            }
+            if cfg.unique_ip && loop_no > 0 {
+                unique_ip(buf, loop_no as u32);
+            }
+            if let Err(e) = sh.rewriter.apply(buf) {
+                return Some(Stop::Failed(ReplayError::Packet {
+                    path,
+                    number: pkt.number,
+                    what: e.to_string(),
+                }));
+            }
+            let wire_len = buf.len() as u32;
+            let offset = self.schedule.next(pkt.ts_ns, wire_len);
+            let base = *self.base_ts.get_or_insert(pkt.ts_ns);
+            let mut sent_at = pkt.ts_ns;
+            match (offset, &cfg.output) {
+                (Some(off), Output::File(_)) => {
+                    sent_at = base.saturating_add(off);
+                    self.last_offset_ns = off;
+                    if let Some(limit_ns) = cfg.duration.map(|d| d.as_nanos() as u64) {
+                        if off > limit_ns {
+                            return Some(Stop::Duration);
+                        }
+                    }
+                    self.due[slot] = None;
+                }
+                (None, Output::File(_)) => {
+                    self.last_offset_ns = pkt.ts_ns.saturating_sub(base);
+                    self.due[slot] = None;
+                }
+                (Some(off), Output::Interface { .. }) => {
+                    let due = sh.start_ns + off;
+                    if let Some(stop) = self.wait(due) {
+                        return Some(stop);
+                    }
+                    // Waiting sent the frames batched before this one; move it to the
+                    // first free slot so the batch stays contiguous.
+                    if self.n != slot {
+                        self.bufs.swap(slot, self.n);
+                        slot = self.n;
+                    }
+                    self.due[slot] = Some(due);
+                }
+                (None, Output::Interface { .. }) => {
+                    self.due[slot] = None;
+                    if let Some(end) = self.end_ns {
+                        if now_ns() >= end {
+                            return Some(Stop::Duration);
+                        }
+                    }
+                }
+            }
+            // Flows are counted on what leaves, after --unique-ip and rewriting.
+            let key = flow_key(&self.bufs[slot]);
+            self.flows.observe(key, sent_at);
+            self.conns.observe(key.map(|k| k.connection()), sent_at);
+            self.ts[slot] = sent_at;
+            self.n += 1;
+            if self.n == self.bufs.len() {
+                if let Err(e) = self.flush() {
+                    return Some(Stop::Failed(e));
+                }
+            }
+        }
+        None
+    }
+
+    /// Waits until `due`, sending what is batched first so no frame waits for a later one.
+    fn wait(&mut self, due: u64) -> Option<Stop> {
+        loop {
+            let now = now_ns();
+            if due <= now {
+                return None;
+            }
+            if self.n > 0 {
+                if let Err(e) = self.flush() {
+                    return Some(Stop::Failed(e));
+                }
+                continue;
+            }
+            if self.sh.interrupt.load(Ordering::Relaxed) {
+                return Some(Stop::Interrupted);
+            }
+            if self.sh.abort.load(Ordering::Relaxed) {
+                return Some(Stop::Aborted);
+            }
+            let end = self.end_ns.unwrap_or(u64::MAX);
+            if now >= end {
+                return Some(Stop::Duration);
+            }
+            let target = due.min(end).min(now + WAIT_SLICE_NS);
+            self.pacer.wait_until(target);
+            if target == due {
+                return None;
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), ReplayError> {
+        if self.n == 0 {
+            return Ok(());
+        }
+        let now = now_ns();
+        let mut bytes = 0u64;
+        for i in 0..self.n {
+            if let Some(due) = self.due[i] {
+                self.late.record(now.saturating_sub(due));
+            }
+            bytes += self.bufs[i].len() as u64;
+        }
+        let frames: Vec<Frame<'_>> = self.bufs[..self.n]
+            .iter()
+            .zip(&self.ts)
+            .map(|(b, &ts_ns)| Frame { data: b, ts_ns })
+            .collect();
+        let before = self.sink.counters().failed;
+        let r = self.sink.send_batch(&frames);
+        let failed = self.sink.counters().failed - before;
+        self.sh
+            .live
+            .add(self.n as u64 - failed.min(self.n as u64), bytes);
+        self.sh.live.failed.fetch_add(failed, Ordering::Relaxed);
+        self.n = 0;
+        r.map_err(ReplayError::from)
+    }
+}

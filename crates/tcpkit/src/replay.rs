@@ -1,0 +1,541 @@
+//! `tcpkit replay`: what the user typed (clap, tcpreplay's and tcprewrite's option names), then
+//! the resolved `tcpkit_replay::Config` where every cross-flag check happens.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{ArgGroup, Parser, ValueEnum};
+use tcpkit_replay::{Config, MacAddr, Output, Rate};
+use tcpkit_stats::{LiveCounters, Monitor, MonitorOptions};
+
+use crate::Failure;
+
+#[derive(Debug, Parser)]
+#[command(group(ArgGroup::new("out").required(true).args(["intf1", "write"])))]
+#[command(group(ArgGroup::new("timing").args(["multiplier", "pps", "mbps", "topspeed"])))]
+pub struct Args {
+    /// Capture files (pcap or pcapng), sent one after the other.
+    #[arg(required = true, value_name = "PCAP")]
+    pub files: Vec<PathBuf>,
+
+    /// Interface to send out of (AF_PACKET; needs root or CAP_NET_RAW).
+    #[arg(short = 'i', long = "intf1", value_name = "IFACE")]
+    pub intf1: Option<String>,
+
+    /// Write what would be sent (after rewriting) to this pcap file, with the timestamps it
+    /// would have had, instead of sending. Nothing waits: a dry run takes no wall-clock time.
+    #[arg(short = 'w', long = "write", value_name = "FILE")]
+    pub write: Option<PathBuf>,
+
+    /// Replay at the capture's own timing multiplied by F (2.0 = twice as fast).
+    #[arg(short = 'x', long, value_name = "F")]
+    pub multiplier: Option<f64>,
+
+    /// Replay at N packets per second (fractions allowed).
+    #[arg(short = 'p', long, value_name = "N")]
+    pub pps: Option<f64>,
+
+    /// Replay at M megabits per second (frame bytes, as tcpreplay counts).
+    #[arg(short = 'M', long, value_name = "M")]
+    pub mbps: Option<f64>,
+
+    /// Replay as fast as possible.
+    #[arg(short = 't', long)]
+    pub topspeed: bool,
+
+    /// With --pps: send packets in bursts of K, each burst at its due time.
+    #[arg(long, value_name = "K", requires = "pps")]
+    pub pps_multi: Option<u32>,
+
+    /// Cap every gap of the capture's timing at MS milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub maxsleep: Option<f64>,
+
+    /// Send the inputs N times (0 = forever).
+    #[arg(short = 'l', long = "loop", value_name = "N", default_value_t = 1)]
+    pub loops: u64,
+
+    /// Pause MS milliseconds between loops.
+    #[arg(long = "loopdelay-ms", value_name = "MS", default_value_t = 0)]
+    pub loopdelay_ms: u64,
+
+    /// Stop after N packets in all.
+    #[arg(short = 'L', long, value_name = "N")]
+    pub limit: Option<u64>,
+
+    /// Stop after SECS seconds.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+
+    /// Load the whole input into memory before sending (memory ≈ the files' size).
+    #[arg(short = 'K', long, visible_alias = "preload-pcap")]
+    pub preload: bool,
+
+    /// Make every loop's flows new flows: IPv4/IPv6 addresses are shifted per loop
+    /// (checksums kept valid).
+    #[arg(long)]
+    pub unique_ip: bool,
+
+    /// Sender threads (top speed only); flows are sharded by their 5-tuple so order within a
+    /// connection holds.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub threads: usize,
+
+    /// Frames per sendmmsg call.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub batch: usize,
+
+    /// Bypass the interface's qdisc (PACKET_QDISC_BYPASS): faster, but tc shaping is skipped.
+    #[arg(long)]
+    pub qdisc_bypass: bool,
+
+    /// A flow idle for SECS (capture time) counts as a new flow when it comes back.
+    #[arg(long, value_name = "SECS")]
+    pub flow_expiry: Option<f64>,
+
+    /// Source MAC of every frame; also the source of the Ethernet header given to frames whose
+    /// link type has none (default: the interface's own address).
+    #[arg(long, visible_alias = "enet-smac", value_name = "MAC")]
+    pub src_mac: Option<MacAddr>,
+
+    /// Destination MAC of every frame; also the destination of the Ethernet header given to
+    /// frames whose link type has none (default: broadcast).
+    #[arg(long, visible_alias = "enet-dmac", value_name = "MAC")]
+    pub dst_mac: Option<MacAddr>,
+
+    /// Rewrite source IPs: CIDR:CIDR[,CIDR:CIDR...] (tcprewrite's syntax; IPv6 in brackets).
+    #[arg(long, value_name = "MAP")]
+    pub srcipmap: Option<String>,
+
+    /// Rewrite destination IPs: CIDR:CIDR[,CIDR:CIDR...].
+    #[arg(long, value_name = "MAP")]
+    pub dstipmap: Option<String>,
+
+    /// Rewrite TCP/UDP ports: FROM:TO[,FROM:TO...] (FROM may be a range LO-HI).
+    #[arg(long, value_name = "MAP")]
+    pub portmap: Option<String>,
+
+    /// Truncate frames longer than --mtu (IP lengths and checksums fixed).
+    #[arg(long)]
+    pub mtu_trunc: bool,
+
+    /// The MTU for --mtu-trunc.
+    #[arg(long, value_name = "N", default_value_t = 1500, requires = "mtu_trunc")]
+    pub mtu: u16,
+
+    /// Recompute IP/TCP/UDP/ICMP checksums of every packet.
+    #[arg(long)]
+    pub fixcsum: bool,
+
+    /// Add or remove an 802.1Q VLAN tag.
+    #[arg(long, value_name = "MODE")]
+    pub enet_vlan: Option<VlanMode>,
+
+    /// VLAN id for --enet-vlan add.
+    #[arg(long, value_name = "VID")]
+    pub enet_vlan_tag: Option<u16>,
+
+    /// VLAN priority (PCP, 0-7) for --enet-vlan add.
+    #[arg(long, value_name = "PCP", default_value_t = 0)]
+    pub enet_vlan_pri: u8,
+
+    /// VLAN CFI/DEI bit (0 or 1) for --enet-vlan add.
+    #[arg(long, value_name = "CFI", default_value_t = 0)]
+    pub enet_vlan_cfi: u8,
+
+    /// Set the IPv4 TTL / IPv6 hop limit: N sets it, +N raises it, -N lowers it.
+    #[arg(long, value_name = "[+-]N", allow_hyphen_values = true)]
+    pub ttl: Option<String>,
+
+    /// Print the running totals every N seconds.
+    #[arg(long, value_name = "N")]
+    pub stats: Option<f64>,
+
+    /// Print the report as one JSON document (docs/schema/replay.schema.json) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum VlanMode {
+    Add,
+    Del,
+}
+
+fn secs(flag: &str, v: f64) -> Result<Duration, Failure> {
+    if !v.is_finite() || !(0.0..=1e9).contains(&v) {
+        return Err(Failure::Usage(format!(
+            "{flag} {v}: must be a number of seconds from 0 to 1e9"
+        )));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn positive(flag: &str, v: f64) -> Result<f64, Failure> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(Failure::Usage(format!(
+            "{flag} {v}: must be a positive number"
+        )));
+    }
+    Ok(v)
+}
+
+/// Every check that involves more than one flag, or a value's meaning, happens here.
+pub fn resolve(a: &Args) -> Result<Config, Failure> {
+    use tcpkit_replay::{IpMap, PortMap, TtlEdit, VlanEdit};
+    let output = match (&a.intf1, &a.write) {
+        (Some(i), None) => Output::Interface {
+            name: i.clone(),
+            qdisc_bypass: a.qdisc_bypass,
+        },
+        (None, Some(w)) => Output::File(w.clone()),
+        _ => {
+            return Err(Failure::Usage(
+                "give one of -i/--intf1 or -w/--write".into(),
+            ))
+        }
+    };
+    if a.qdisc_bypass && a.write.is_some() {
+        return Err(Failure::Usage("--qdisc-bypass needs -i/--intf1".into()));
+    }
+    let rate = if a.topspeed {
+        Rate::Topspeed
+    } else if let Some(p) = a.pps {
+        let burst = a.pps_multi.unwrap_or(1);
+        if burst == 0 {
+            return Err(Failure::Usage("--pps-multi 0: must be at least 1".into()));
+        }
+        Rate::Pps {
+            pps: positive("--pps", p)?,
+            burst,
+        }
+    } else if let Some(m) = a.mbps {
+        Rate::Mbps(positive("--mbps", m)?)
+    } else {
+        Rate::Capture {
+            multiplier: positive("--multiplier", a.multiplier.unwrap_or(1.0))?,
+        }
+    };
+    if a.threads == 0 || a.threads > 64 {
+        return Err(Failure::Usage(format!(
+            "--threads {}: must be 1 to 64",
+            a.threads
+        )));
+    }
+    if a.threads > 1 && !a.topspeed {
+        return Err(Failure::Usage(
+            "--threads above 1 needs --topspeed (paced replay is one ordered stream)".into(),
+        ));
+    }
+    if a.threads > 1 && a.write.is_some() {
+        return Err(Failure::Usage(
+            "--threads above 1 needs -i/--intf1 (one output file is one stream)".into(),
+        ));
+    }
+    if a.batch == 0 || a.batch > 1024 {
+        return Err(Failure::Usage(format!(
+            "--batch {}: must be 1 to 1024",
+            a.batch
+        )));
+    }
+    let mut cfg = Config::new(a.files.clone(), output);
+    cfg.rate = rate;
+    cfg.max_sleep = a
+        .maxsleep
+        .map(|ms| secs("--maxsleep", ms / 1000.0))
+        .transpose()?;
+    cfg.loops = a.loops;
+    cfg.loop_delay = Duration::from_millis(a.loopdelay_ms);
+    cfg.limit = a.limit;
+    if a.limit == Some(0) {
+        return Err(Failure::Usage("--limit 0: must be at least 1".into()));
+    }
+    cfg.duration = a.duration.map(|d| secs("--duration", d)).transpose()?;
+    cfg.preload = a.preload;
+    cfg.unique_ip = a.unique_ip;
+    cfg.threads = a.threads;
+    cfg.batch = a.batch;
+    cfg.flow_expiry = a
+        .flow_expiry
+        .map(|s| secs("--flow-expiry", s))
+        .transpose()?;
+    cfg.l2_src = a.src_mac;
+    cfg.l2_dst = a.dst_mac;
+
+    let rw = &mut cfg.rewrite;
+    rw.src_mac = a.src_mac;
+    rw.dst_mac = a.dst_mac;
+    let bad = |flag: &str, v: &str, e: &dyn std::fmt::Display| {
+        Failure::Usage(format!("{flag} '{v}': {e}"))
+    };
+    if let Some(m) = &a.srcipmap {
+        rw.srcipmap = IpMap::parse_list(m).map_err(|e| bad("--srcipmap", m, &e))?;
+    }
+    if let Some(m) = &a.dstipmap {
+        rw.dstipmap = IpMap::parse_list(m).map_err(|e| bad("--dstipmap", m, &e))?;
+    }
+    if let Some(m) = &a.portmap {
+        rw.portmap = Some(m.parse::<PortMap>().map_err(|e| bad("--portmap", m, &e))?);
+    }
+    if a.mtu_trunc {
+        if a.mtu < 68 {
+            return Err(Failure::Usage(format!(
+                "--mtu {}: must be at least 68",
+                a.mtu
+            )));
+        }
+        rw.mtu_trunc = Some(a.mtu);
+    }
+    rw.fixcsum = a.fixcsum;
+    rw.vlan = match a.enet_vlan {
+        None => {
+            if a.enet_vlan_tag.is_some() {
+                return Err(Failure::Usage(
+                    "--enet-vlan-tag needs --enet-vlan add".into(),
+                ));
+            }
+            None
+        }
+        Some(VlanMode::Del) => Some(VlanEdit::Remove),
+        Some(VlanMode::Add) => {
+            let vid = a
+                .enet_vlan_tag
+                .ok_or_else(|| Failure::Usage("--enet-vlan add needs --enet-vlan-tag".into()))?;
+            if vid > 4095 {
+                return Err(Failure::Usage(format!(
+                    "--enet-vlan-tag {vid}: must be 0 to 4095"
+                )));
+            }
+            if a.enet_vlan_pri > 7 {
+                return Err(Failure::Usage(format!(
+                    "--enet-vlan-pri {}: must be 0 to 7",
+                    a.enet_vlan_pri
+                )));
+            }
+            if a.enet_vlan_cfi > 1 {
+                return Err(Failure::Usage(format!(
+                    "--enet-vlan-cfi {}: must be 0 or 1",
+                    a.enet_vlan_cfi
+                )));
+            }
+            Some(VlanEdit::Add {
+                vid,
+                pcp: a.enet_vlan_pri,
+                cfi: a.enet_vlan_cfi == 1,
+            })
+        }
+    };
+    if let Some(t) = &a.ttl {
+        rw.ttl = Some(t.parse::<TtlEdit>().map_err(|e| bad("--ttl", t, &e))?);
+    }
+    Ok(cfg)
+}
+
+pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
+    let cfg = resolve(&args)?;
+    let live = Arc::new(LiveCounters::default());
+    let mut monitor = {
+        let live = Arc::clone(&live);
+        let opts = MonitorOptions {
+            stats_every: args
+                .stats
+                .map(|s| secs("--stats", s))
+                .transpose()?
+                .filter(|d| !d.is_zero()),
+            progress: !args.json,
+        };
+        Monitor::start(opts, move |elapsed| {
+            let p = live.packets.load(Ordering::Relaxed);
+            let b = live.bytes.load(Ordering::Relaxed);
+            let s = elapsed.as_secs_f64();
+            let (bps, mbps, pps) = tcpkit_stats::rates(p, b, s);
+            format!(
+                "Actual: {p} packets ({b} bytes) sent in {s:.6} seconds\nRated: {bps:.1} Bps, {mbps:.2} Mbps, {pps:.2} pps"
+            )
+        })
+    };
+    let result = tcpkit_replay::run(&cfg, interrupt, &live);
+    monitor.stop();
+    let outcome = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    let text = if args.json {
+        outcome.report.json() + "\n"
+    } else {
+        outcome.report.human()
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+    match outcome.error {
+        Some(e) => Err(Failure::Runtime(crate::chain(&e))),
+        None if interrupt.load(Ordering::Relaxed) => Err(Failure::Runtime("interrupted".into())),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let mut v = vec!["replay"];
+        v.extend_from_slice(args);
+        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
+        resolve(&a).map_err(|f| match f {
+            Failure::Usage(m) | Failure::Runtime(m) => m,
+        })
+    }
+
+    #[test]
+    fn every_flag_parses() {
+        let c = parse(&[
+            "-i",
+            "eth7",
+            "-t",
+            "-K",
+            "--loop",
+            "50",
+            "--unique-ip",
+            "--threads",
+            "2",
+            "--batch",
+            "32",
+            "--qdisc-bypass",
+            "--flow-expiry",
+            "30",
+            "--src-mac",
+            "02:00:00:00:00:01",
+            "--dst-mac",
+            "02:00:00:00:00:02",
+            "--srcipmap",
+            "10.0.0.0/8:198.18.0.0/8",
+            "--dstipmap",
+            "192.168.0.0/16:198.19.0.0/16",
+            "--portmap",
+            "80:8080",
+            "--mtu-trunc",
+            "--mtu",
+            "1400",
+            "--fixcsum",
+            "--enet-vlan",
+            "add",
+            "--enet-vlan-tag",
+            "7",
+            "--enet-vlan-pri",
+            "3",
+            "--enet-vlan-cfi",
+            "1",
+            "--ttl",
+            "+1",
+            "-L",
+            "1000",
+            "--duration",
+            "2.5",
+            "--loopdelay-ms",
+            "10",
+            "--stats",
+            "1",
+            "--json",
+            "a.pcap",
+            "b.pcapng",
+        ])
+        .unwrap();
+        assert!(matches!(c.rate, Rate::Topspeed));
+        assert_eq!(
+            (c.loops, c.threads, c.batch, c.limit),
+            (50, 2, 32, Some(1000))
+        );
+        assert!(c.preload && c.unique_ip);
+        assert_eq!(c.rewrite.mtu_trunc, Some(1400));
+        assert_eq!(c.inputs.len(), 2);
+        assert_eq!(c.duration, Some(Duration::from_millis(2500)));
+        assert!(matches!(
+            c.output,
+            Output::Interface {
+                qdisc_bypass: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn rates_parse() {
+        assert!(
+            matches!(parse(&["-i", "x", "-p", "100.5", "f"]).unwrap().rate, Rate::Pps { pps, burst: 1 } if pps == 100.5)
+        );
+        assert!(matches!(
+            parse(&["-i", "x", "-p", "10", "--pps-multi", "4", "f"])
+                .unwrap()
+                .rate,
+            Rate::Pps { burst: 4, .. }
+        ));
+        assert!(
+            matches!(parse(&["-i", "x", "-M", "3500", "f"]).unwrap().rate, Rate::Mbps(m) if m == 3500.0)
+        );
+        assert!(
+            matches!(parse(&["-i", "x", "-x", "2.0", "f"]).unwrap().rate, Rate::Capture { multiplier } if multiplier == 2.0)
+        );
+        assert!(
+            matches!(parse(&["-w", "o.pcap", "f"]).unwrap().rate, Rate::Capture { multiplier } if multiplier == 1.0)
+        );
+        assert_eq!(
+            parse(&["-i", "x", "--maxsleep", "5", "f"])
+                .unwrap()
+                .max_sleep,
+            Some(Duration::from_millis(5))
+        );
+        assert!(parse(&["-i", "x", "--preload-pcap", "f"]).unwrap().preload);
+        assert!(parse(&["-i", "x", "--enet-smac", "02:00:00:00:00:09", "f"])
+            .unwrap()
+            .l2_src
+            .is_some());
+        assert!(matches!(
+            parse(&["-i", "x", "--ttl", "-1", "f"]).unwrap().rewrite.ttl,
+            Some(tcpkit_replay::TtlEdit::Decrease(1))
+        ));
+        assert!(matches!(
+            parse(&["-i", "x", "--enet-vlan", "del", "f"])
+                .unwrap()
+                .rewrite
+                .vlan,
+            Some(tcpkit_replay::VlanEdit::Remove)
+        ));
+    }
+
+    #[test]
+    fn bad_combinations_say_which_flag() {
+        let e = |args: &[&str]| parse(args).unwrap_err();
+        assert!(e(&["f"]).contains("--intf1"));
+        assert!(e(&["-i", "x", "-w", "o", "f"]).contains("cannot be used"));
+        assert!(e(&["-i", "x", "-t", "-p", "5", "f"]).contains("cannot be used"));
+        assert!(e(&["-i", "x", "-p", "0", "f"]).contains("--pps 0"));
+        assert!(e(&["-i", "x", "-p", "-3", "f"]).contains("--pps"));
+        assert!(e(&["-i", "x", "-M", "nan", "f"]).contains("--mbps"));
+        assert!(e(&["-i", "x", "--threads", "2", "f"]).contains("--topspeed"));
+        assert!(e(&["-w", "o", "-t", "--threads", "2", "f"]).contains("-i/--intf1"));
+        assert!(
+            e(&["-i", "x", "--srcipmap", "10.0.0.0/8", "f"]).starts_with("--srcipmap '10.0.0.0/8'")
+        );
+        assert!(e(&["-i", "x", "--portmap", "x:1", "f"]).starts_with("--portmap"));
+        assert!(e(&["-i", "x", "--src-mac", "zz", "f"]).contains("--src-mac"));
+        assert!(e(&["-i", "x", "--enet-vlan", "add", "f"]).contains("--enet-vlan-tag"));
+        assert!(e(&[
+            "-i",
+            "x",
+            "--enet-vlan",
+            "add",
+            "--enet-vlan-tag",
+            "5000",
+            "f"
+        ])
+        .contains("4095"));
+        assert!(e(&["-i", "x", "--ttl", "abc", "f"]).starts_with("--ttl"));
+        assert!(e(&["-i", "x", "--duration", "-1", "f"]).contains("--duration"));
+        assert!(e(&["-i", "x", "--limit", "0", "f"]).contains("--limit 0"));
+        assert!(e(&["-i", "x", "--batch", "0", "f"]).contains("--batch"));
+        assert!(e(&["-i", "x"]).contains("PCAP"));
+        assert!(e(&["-w", "o", "--qdisc-bypass", "f"]).contains("--qdisc-bypass"));
+    }
+}

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets everything up and runs the demo: a two-host lab in network namespaces where
+# `tcpkit replay` sends a bundled capture to a host that records it with tcpdump; both sides'
+# counts are printed. Extra arguments go to `tcpkit replay` (e.g. --pps 200, --loop 3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cargo build --release --quiet -p tcpkit -p tcpkit-lab --bins --examples
+exec target/release/examples/demo "$@"

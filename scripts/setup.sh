@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what tcpkit's build, tests, demo and benchmarks need on a fresh Debian machine, and
+# nothing more. Idempotent: a second run installs nothing.
+set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "setup.sh: run as root (it installs Debian packages)" >&2; exit 1; }
+
+pkgs=(
+  iproute2 iputils-ping ethtool procps psmisc   # the lab: namespaces, veth, tc, ping, process tools
+  tcpdump tshark                                # what went on the wire
+  tcpreplay                                     # tcpreplay/tcprewrite: peer and oracle
+  libpcap-dev clang pkg-config                  # filter compilation, BPF programs
+  time                                          # /usr/bin/time -v for peak memory in benchmarks
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # tshark asks whether non-root users may capture; the answer does not matter for root.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "setup.sh: cargo not found (install Rust with rustup)" >&2; exit 1; }
