@@ -429,3 +429,61 @@ fn multipath_spreads_connections_over_all_links() {
     drop(lab);
     assert_gone(&names);
 }
+
+/// Set in the child run by `sweep_cleans_up_after_a_killed_test_process`.
+const KILLED_CHILD: &str = "TCPKIT_LAB_TEST_KILLED_CHILD";
+
+#[test]
+fn sweep_cleans_up_after_a_killed_test_process() {
+    use std::io::BufRead;
+    if std::env::var_os(KILLED_CHILD).is_some() {
+        // In the child: build a lab with a process in it, report, and wait to be SIGKILLed,
+        // so Drop never runs.
+        let (mut lab, a, _b, _l) = Lab::pair("killed").unwrap();
+        let p = a.spawn(&mut lab, "orphan", &["sleep", "600"]).unwrap();
+        println!("NETNS {}", lab.namespaces().join(" "));
+        println!("PID {}", p.pid());
+        std::thread::sleep(Duration::from_secs(600));
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args([
+            "--exact",
+            "sweep_cleans_up_after_a_killed_test_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(KILLED_CHILD, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut names = Vec::new();
+    let mut orphan = 0u32;
+    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines {
+        let line = line.unwrap();
+        if let Some(n) = line.strip_prefix("NETNS ") {
+            names = n.split(' ').map(str::to_string).collect();
+        }
+        if let Some(p) = line.strip_prefix("PID ") {
+            orphan = p.parse().unwrap();
+            break;
+        }
+    }
+    assert_eq!(names.len(), 2);
+    assert!(pid_exists(orphan));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for n in &names {
+        assert!(Path::new("/run/netns").join(n).exists(), "{n} vanished early");
+    }
+    // Another test's Lab::new may sweep concurrently; either way they must end up gone.
+    sweep_leftovers().unwrap();
+    assert_gone(&names);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pid_exists(orphan) {
+        assert!(Instant::now() < deadline, "orphan {orphan} survived the sweep");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

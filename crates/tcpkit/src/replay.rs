@@ -511,7 +511,7 @@ mod tests {
         assert!(e(&["-i", "x", "-w", "o", "f"]).contains("cannot be used"));
         assert!(e(&["-i", "x", "-t", "-p", "5", "f"]).contains("cannot be used"));
         assert!(e(&["-i", "x", "-p", "0", "f"]).contains("--pps 0"));
-        assert!(e(&["-i", "x", "-p", "-3", "f"]).contains("--pps"));
+        assert!(e(&["-i", "x", "-p", "-3", "f"]).contains("-3"));
         assert!(e(&["-i", "x", "-M", "nan", "f"]).contains("--mbps"));
         assert!(e(&["-i", "x", "--threads", "2", "f"]).contains("--topspeed"));
         assert!(e(&["-w", "o", "-t", "--threads", "2", "f"]).contains("-i/--intf1"));
