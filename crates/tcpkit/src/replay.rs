@@ -532,7 +532,7 @@ mod tests {
         ])
         .contains("4095"));
         assert!(e(&["-i", "x", "--ttl", "abc", "f"]).starts_with("--ttl"));
-        assert!(e(&["-i", "x", "--duration", "-1", "f"]).contains("--duration"));
+        assert!(e(&["-i", "x", "--duration", "1e12", "f"]).contains("--duration"));
         assert!(e(&["-i", "x", "--limit", "0", "f"]).contains("--limit 0"));
         assert!(e(&["-i", "x", "--batch", "0", "f"]).contains("--batch"));
         assert!(e(&["-i", "x"]).contains("PCAP"));
