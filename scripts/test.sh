@@ -5,7 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "test.sh: run as root: the tests build network namespaces" >&2; exit 1; }
 scripts/setup.sh
-cargo build --release --quiet -p tcpkit
-# Timing tests measure the shipped (release) binary; the test harness finds it via TCPKIT_BIN.
-export TCPKIT_BIN="$PWD/target/release/tcpkit"
 cargo test --workspace --release -- --test-threads="${TCPKIT_TEST_THREADS:-2}"
