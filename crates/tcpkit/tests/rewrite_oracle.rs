@@ -289,16 +289,14 @@ fn generated_frames() -> Vec<Vec<u8>> {
     // whole datagram, the second only payload.
     let mut whole = v4(A4, B4, 17, 64, udp(53, 40001, &pattern(64, 3)));
     fix_checksums(&mut whole);
-    let dgram = whole[34..].to_vec();
-    frames.push(v4(A4, B4, 17, 64, Vec::new()));
-    let n = frames.len() - 1;
-    frames[n] = eth(
+    let dgram = &whole[34..];
+    frames.push(eth(
         MAC_B,
         MAC_A,
         None,
         0x0800,
         &ipv4(A4, B4, 17, 64, 0x2000, &dgram[..40]),
-    );
+    ));
     frames.push(eth(
         MAC_B,
         MAC_A,
@@ -644,6 +642,8 @@ fn mask_known_bugs(
 
 struct Compared {
     equal: usize,
+    /// Frames the option changed, equal to tcprewrite's without any mask.
+    changed_equal: usize,
     masked: Vec<(usize, Vec<&'static str>)>,
 }
 
@@ -657,6 +657,7 @@ fn compare(input: &Path, ours_args: &[&str], theirs_args: &[&str], opts: Opts) -
     assert_eq!(theirs.len(), src.len(), "{name}: tcprewrite's packet count");
     let mut res = Compared {
         equal: 0,
+        changed_equal: 0,
         masked: Vec::new(),
     };
     let mut diffs = Vec::new();
@@ -681,6 +682,9 @@ fn compare(input: &Path, ours_args: &[&str], theirs_args: &[&str], opts: Opts) -
             ));
         } else if masked.is_empty() {
             res.equal += 1;
+            if o.data != i.data {
+                res.changed_equal += 1;
+            }
         } else {
             res.masked.push((n + 1, masked));
         }
@@ -701,17 +705,34 @@ fn gen_input() -> (tempfile::TempDir, PathBuf) {
     (dir, p)
 }
 
+/// One option pair on both inputs. The option must have changed some frames, and some of
+/// those must equal tcprewrite's without any mask: an option we ignored cannot pass.
 fn check_option(ours: &[&str], theirs: &[&str], opts: Opts) {
     let (_d, g) = gen_input();
-    let c = compare(&g, ours, theirs, opts);
+    let a = compare(&g, ours, theirs, opts);
     eprintln!(
-        "generated {ours:?}: {} equal, masked {:?}",
-        c.equal, c.masked
+        "generated {ours:?}: {} equal ({} changed), masked {:?}",
+        a.equal, a.changed_equal, a.masked
     );
-    let c = compare(&testdata("tcpreplay-test.pcap"), ours, theirs, opts);
+    let b = compare(&testdata("tcpreplay-test.pcap"), ours, theirs, opts);
     eprintln!(
-        "tcpreplay-test {ours:?}: {} equal, masked {:?}",
-        c.equal, c.masked
+        "tcpreplay-test {ours:?}: {} equal ({} changed), masked {:?}",
+        b.equal, b.changed_equal, b.masked
+    );
+    assert!(
+        a.changed_equal + b.changed_equal > 0,
+        "{ours:?} changed no frame, or none equal to tcprewrite's"
+    );
+    // Masks are for a few odd frames, not a way around the comparison.
+    assert!(
+        a.equal >= 9,
+        "{ours:?}: only {} generated frames equal without a mask",
+        a.equal
+    );
+    assert!(
+        b.equal >= 140,
+        "{ours:?}: only {} tcpreplay-test.pcap frames equal without a mask",
+        b.equal
     );
 }
 
@@ -906,4 +927,246 @@ fn combination() {
             maps_ip: true,
         },
     );
+}
+
+/// The generated capture's checksums are right by Wireshark's count too, so tcprewrite's
+/// recomputing them changes nothing and every comparison above is about the option.
+#[test]
+fn generated_capture_has_right_checksums() {
+    let (_d, g) = gen_input();
+    let o = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(&g)
+        .args([
+            "-o",
+            "ip.check_checksum:TRUE",
+            "-o",
+            "tcp.check_checksum:TRUE",
+            "-o",
+            "udp.check_checksum:TRUE",
+        ])
+        .args([
+            "-T",
+            "fields",
+            "-e",
+            "ip.checksum.status",
+            "-e",
+            "tcp.checksum.status",
+            "-e",
+            "udp.checksum.status",
+            "-e",
+            "icmp.checksum.status",
+            "-e",
+            "icmpv6.checksum.status",
+        ])
+        .output()
+        .expect("tshark is needed to check the generated capture");
+    assert!(o.status.success(), "tshark: {}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), generated_frames().len());
+    // Status 1 = good, 0 = bad, 2 = not checked (fragments); every frame but ARP has one.
+    let good = lines
+        .iter()
+        .filter(|l| l.split(['\t', ',']).any(|s| s == "1"))
+        .count();
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.split(['\t', ',']).any(|s| s == "0")),
+        "bad checksum in:\n{text}"
+    );
+    assert_eq!(good, lines.len() - 1, "{text}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Link types without Ethernet: -w gives every frame an Ethernet header.
+
+/// Runs `tcpkit replay -t -w` on `input` and checks every output frame is
+/// `dst | src | ethertype | payload` of its input frame, with the input's timestamp.
+fn check_ethernet_added(
+    input: &Path,
+    extra: &[&str],
+    src: [u8; 6],
+    dst: [u8; 6],
+    payload: impl Fn(&[u8]) -> (u16, Vec<u8>),
+) {
+    let dir = tempdir();
+    let out = dir.path().join("out.pcap");
+    let src_frames = read_frames(input);
+    assert!(!src_frames.is_empty());
+    let ours = tcpkit_w(input, &out, extra);
+    assert_eq!(ours.len(), src_frames.len(), "{}", input.display());
+    for (n, (i, o)) in src_frames.iter().zip(&ours).enumerate() {
+        let (et, body) = payload(&i.data);
+        let mut want = dst.to_vec();
+        want.extend_from_slice(&src);
+        want.extend_from_slice(&et.to_be_bytes());
+        want.extend_from_slice(&body);
+        assert_eq!(
+            o.linktype,
+            1,
+            "{} packet {}: link type",
+            input.display(),
+            n + 1
+        );
+        assert_eq!(
+            hex(&o.data),
+            hex(&want),
+            "{} packet {}",
+            input.display(),
+            n + 1
+        );
+        assert_eq!(
+            o.ts_ns,
+            i.ts_ns,
+            "{} packet {}: timestamp",
+            input.display(),
+            n + 1
+        );
+    }
+    // The same, as tcpdump reads it: Ethernet, source zero / destination broadcast by default.
+    let t = Command::new("tcpdump")
+        .args(["-nn", "-e", "-r"])
+        .arg(&out)
+        .output()
+        .expect("tcpdump");
+    assert!(t.status.success(), "tcpdump -r: {}", stderr(&t));
+    assert!(
+        String::from_utf8_lossy(&t.stderr).contains("link-type EN10MB"),
+        "{}",
+        stderr(&t)
+    );
+    let text = String::from_utf8_lossy(&t.stdout);
+    let macs = format!("{} > {}", macstr(&src), macstr(&dst));
+    assert_eq!(
+        text.lines().filter(|l| l.contains(&macs)).count(),
+        ours.len(),
+        "tcpdump -e:\n{text}"
+    );
+}
+
+fn macstr(m: &[u8]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+const ZERO: [u8; 6] = [0; 6];
+const BCAST: [u8; 6] = [0xff; 6];
+
+/// The IP packets of the generated capture (no ARP, no VLAN) with their ethertypes.
+fn ip_packets() -> Vec<(u16, Vec<u8>)> {
+    generated_frames()
+        .into_iter()
+        .filter_map(|f| match be16(&f, 12) {
+            et @ (0x0800 | 0x86dd) => Some((et, f[14..].to_vec())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn write_link(path: &Path, dlt: u32, frames: &[Vec<u8>]) {
+    let ts = timestamps(frames.len());
+    let f: Vec<(u64, Vec<u8>)> = ts.into_iter().zip(frames.iter().cloned()).collect();
+    common::write_pcap(path, dlt, &f);
+}
+
+fn ip_ethertype(p: &[u8]) -> u16 {
+    match p[0] >> 4 {
+        4 => 0x0800,
+        6 => 0x86dd,
+        v => panic!("IP version {v}"),
+    }
+}
+
+#[test]
+fn dlt_null_gets_ethernet_header() {
+    let input = testdata("zeek-redis-pipelining-dlt-null.pcap");
+    assert_eq!(
+        read_frames(&input)[0].linktype,
+        0,
+        "the test capture is DLT_NULL"
+    );
+    // DLT_NULL: a 4-byte address family in the writer's byte order; 2 = IPv4.
+    let payload = |d: &[u8]| {
+        let fam = u32::from_le_bytes(d[0..4].try_into().unwrap());
+        let fam = if fam > 0xffff {
+            u32::from_be_bytes(d[0..4].try_into().unwrap())
+        } else {
+            fam
+        };
+        let et = match fam {
+            2 => 0x0800,
+            10 | 24 | 28 | 30 => 0x86dd,
+            f => panic!("family {f}"),
+        };
+        (et, d[4..].to_vec())
+    };
+    check_ethernet_added(&input, &[], ZERO, BCAST, payload);
+    let (s, d) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0xb]);
+    check_ethernet_added(
+        &input,
+        &["--src-mac", &macstr(&s), "--dst-mac", &macstr(&d)],
+        s,
+        d,
+        payload,
+    );
+}
+
+#[test]
+fn raw_ip_gets_ethernet_header() {
+    let pkts = ip_packets();
+    assert!(pkts.iter().any(|p| p.0 == 0x86dd) && pkts.iter().any(|p| p.0 == 0x0800));
+    let dir = tempdir();
+    // DLT 101 (LINKTYPE_RAW): IPv4 and IPv6, told apart by the version nibble.
+    let raw = dir.path().join("raw101.pcap");
+    write_link(
+        &raw,
+        101,
+        &pkts.iter().map(|p| p.1.clone()).collect::<Vec<_>>(),
+    );
+    check_ethernet_added(&raw, &[], ZERO, BCAST, |d| (ip_ethertype(d), d.to_vec()));
+    // DLT 228 (LINKTYPE_IPV4): IPv4 only.
+    let v4 = dir.path().join("ipv4-228.pcap");
+    write_link(
+        &v4,
+        228,
+        &pkts
+            .iter()
+            .filter(|p| p.0 == 0x0800)
+            .map(|p| p.1.clone())
+            .collect::<Vec<_>>(),
+    );
+    check_ethernet_added(&v4, &[], ZERO, BCAST, |d| (0x0800, d.to_vec()));
+    let s = [2, 0, 0, 0, 0, 0x11];
+    check_ethernet_added(&v4, &["--src-mac", &macstr(&s)], s, BCAST, |d| {
+        (0x0800, d.to_vec())
+    });
+}
+
+#[test]
+fn linux_sll_gets_ethernet_header() {
+    // Linux cooked v1: packet type, ARPHRD, address length, 8 address bytes, protocol.
+    let frames: Vec<Vec<u8>> = ip_packets()
+        .into_iter()
+        .enumerate()
+        .map(|(n, (et, ip))| {
+            let mut f = vec![0, if n % 2 == 0 { 0 } else { 4 }, 0, 1, 0, 6];
+            f.extend_from_slice(&[0x02, 0x42, 0xac, 0x11, 0, n as u8, 0, 0]);
+            f.extend_from_slice(&et.to_be_bytes());
+            f.extend_from_slice(&ip);
+            f
+        })
+        .collect();
+    let dir = tempdir();
+    let sll = dir.path().join("sll.pcap");
+    write_link(&sll, 113, &frames);
+    check_ethernet_added(&sll, &[], ZERO, BCAST, |d| (be16(d, 14), d[16..].to_vec()));
+    // Rewriting applies to the frame with its new header: the destination asked for.
+    let d = [2, 0, 0, 0, 0, 0x22];
+    check_ethernet_added(&sll, &["--dst-mac", &macstr(&d)], ZERO, d, |x| {
+        (be16(x, 14), x[16..].to_vec())
+    });
 }
