@@ -100,7 +100,7 @@ pub fn run(
         live,
         reserved: AtomicU64::new(0),
         abort: AtomicBool::new(false),
-        start_ns: now_ns(),
+        start_ns: AtomicU64::new(0),
     };
 
     let threads = cfg.threads.max(1);
@@ -139,6 +139,9 @@ pub fn run(
         })
     };
     let end_ns = now_ns();
+    if shared.start_ns.load(Ordering::SeqCst) == 0 {
+        shared.start_ns.store(end_ns, Ordering::SeqCst);
+    }
 
     Ok(report(
         cfg, &shared, results, end_ns, dry_run, out_name, if_before, if_mac,
@@ -188,7 +191,7 @@ fn report(
     let seconds = if dry_run {
         virt_ns as f64 / 1e9
     } else {
-        (end_ns - shared.start_ns) as f64 / 1e9
+        end_ns.saturating_sub(shared.start_ns.load(Ordering::SeqCst)) as f64 / 1e9
     };
     let (bps, mbps, pps) = tcpkit_stats::rates(dev.successful, dev.bytes, seconds);
     let per_sec = |n: u64| {
@@ -269,7 +272,26 @@ struct Shared<'a> {
     reserved: AtomicU64,
     /// Set by a worker that failed, so the others stop too.
     abort: AtomicBool,
-    start_ns: u64,
+    /// The run's time zero: when the first packet was ready to leave (0 until then). Taken
+    /// then, not at setup, so opening sockets never makes the first packets late.
+    start_ns: AtomicU64,
+}
+
+impl Shared<'_> {
+    fn start(&self) -> u64 {
+        let s = self.start_ns.load(Ordering::Acquire);
+        if s != 0 {
+            return s;
+        }
+        let now = now_ns();
+        match self
+            .start_ns
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => now,
+            Err(earlier) => earlier,
+        }
+    }
 }
 
 struct WorkerResult {
@@ -316,6 +338,8 @@ struct Worker<'a> {
     sink: Box<dyn Sink + Send + 'a>,
     schedule: Schedule,
     pacer: Pacer,
+    /// The run's time zero as this worker knows it (0 until its first packet).
+    t0: u64,
     end_ns: Option<u64>,
     bufs: Vec<Vec<u8>>,
     /// Per slot of the batch: when the frame was due (absolute ns), if paced.
@@ -348,7 +372,8 @@ impl<'a> Worker<'a> {
             sink,
             schedule: Schedule::new(cfg.rate, cfg.max_sleep.map(|d| d.as_nanos() as u64)),
             pacer: Pacer::default(),
-            end_ns: cfg.duration.map(|d| sh.start_ns + d.as_nanos() as u64),
+            t0: 0,
+            end_ns: None,
             // Frames up to a jumbo frame fit without reallocating; larger ones grow a slot once.
             bufs: (0..batch).map(|_| Vec::with_capacity(9216 + 64)).collect(),
             due: vec![None; batch],
@@ -436,6 +461,10 @@ impl<'a> Worker<'a> {
                     return Some(Stop::Aborted);
                 }
             }
+            if self.t0 == 0 {
+                self.t0 = sh.start();
+                self.end_ns = cfg.duration.map(|d| self.t0 + d.as_nanos() as u64);
+            }
             let link = match link_cache {
                 Some((dlt, l)) if dlt == pkt.linktype => l,
                 _ => match LinkType::from_dlt(pkt.linktype) {
@@ -518,7 +547,7 @@ impl<'a> Worker<'a> {
                     self.due[slot] = None;
                 }
                 (Some(off), Output::Interface { .. }) => {
-                    let due = sh.start_ns + off;
+                    let due = self.t0 + off;
                     if let Some(stop) = self.wait(due) {
                         return Some(stop);
                     }

@@ -1,0 +1,152 @@
+//! Rates as the receiver sees them: tcpdump's kernel timestamps on the far end of the link, not
+//! the sender's own report. CI tolerance 1 % over at least 2 s (bench/replay measures tighter).
+
+mod common;
+
+use common::{udp_frame, write_pcap, Frame, ReplayLab};
+
+fn capture_of(n: u32, len: usize, gap_ns: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("rate.pcap");
+    let frames: Vec<(u64, Vec<u8>)> = (0..n)
+        .map(|i| {
+            (
+                1_700_000_000_000_000_000 + u64::from(i) * gap_ns,
+                udp_frame(i, len, [198, 18, 0, 1], [198, 18, 0, 2]),
+            )
+        })
+        .collect();
+    write_pcap(&p, 1, &frames);
+    (dir, p)
+}
+
+fn span_s(frames: &[Frame]) -> f64 {
+    (frames.last().unwrap().ts_ns - frames[0].ts_ns) as f64 / 1e9
+}
+
+fn run(tag: &str, file: &std::path::Path, args: &[&str]) -> (String, Vec<Frame>) {
+    let mut lab = ReplayLab::new(tag);
+    let f = file.to_str().unwrap().to_string();
+    let (out, frames) = lab.capture(|l| {
+        let mut a = args.to_vec();
+        a.push(&f);
+        l.replay(&a)
+    });
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    (common::stdout(&out), frames)
+}
+
+fn within(got: f64, want: f64, tol: f64) {
+    let err = (got - want).abs() / want;
+    assert!(
+        err <= tol,
+        "got {got}, want {want}: error {:.4} % > {:.2} %",
+        err * 100.0,
+        tol * 100.0
+    );
+}
+
+#[test]
+fn pps_rate_at_the_receiver() {
+    let (_d, p) = capture_of(2_501, 100, 1_000);
+    let (_, got) = run("ratepps", &p, &["--pps", "1000"]);
+    assert_eq!(got.len(), 2_501);
+    // 2500 gaps at 1 ms.
+    within((got.len() - 1) as f64 / span_s(&got), 1000.0, 0.01);
+}
+
+#[test]
+fn fractional_pps_is_honoured() {
+    let (_d, p) = capture_of(6, 60, 1_000);
+    let (_, got) = run("ratefrac", &p, &["--pps", "2.5"]);
+    assert_eq!(got.len(), 6);
+    within(span_s(&got), 2.0, 0.01);
+}
+
+#[test]
+fn mbps_rate_at_the_receiver() {
+    // 1000-byte frames at 4 Mbit/s: 500 frames/s; 1001 frames = 2 s.
+    let (_d, p) = capture_of(1_001, 1_000, 1_000);
+    let (_, got) = run("ratembps", &p, &["--mbps", "4"]);
+    assert_eq!(got.len(), 1_001);
+    // Bits of every frame but the last, over the span (a frame is due when the bits before
+    // it have had their time).
+    let bits: u64 = got[..got.len() - 1]
+        .iter()
+        .map(|f| f.data.len() as u64 * 8)
+        .sum();
+    within(bits as f64 / span_s(&got) / 1e6, 4.0, 0.01);
+}
+
+#[test]
+fn multiplier_compresses_the_capture_timing() {
+    // 1001 frames 4 ms apart: 4 s of capture, 2 s at -x 2.0.
+    let (_d, p) = capture_of(1_001, 80, 4_000_000);
+    let (_, got) = run("ratex", &p, &["-x", "2.0"]);
+    assert_eq!(got.len(), 1_001);
+    within(span_s(&got), 2.0, 0.01);
+    // Every gap, not just the total: no packet more than 1 ms off its place.
+    let t0 = got[0].ts_ns;
+    for (i, f) in got.iter().enumerate() {
+        let want = i as u64 * 2_000_000;
+        let off = (f.ts_ns - t0).abs_diff(want);
+        assert!(
+            off < 1_000_000,
+            "frame {i} arrived {off} ns off its schedule"
+        );
+    }
+}
+
+#[test]
+fn capture_timing_by_default_and_maxsleep_caps_gaps() {
+    // Two bursts 1.5 s apart; default timing keeps the gap, --maxsleep 100 cuts it to 0.1 s.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gap.pcap");
+    let mut frames = Vec::new();
+    for i in 0..10u32 {
+        let t = if i < 5 {
+            u64::from(i) * 1_000_000
+        } else {
+            1_500_000_000 + u64::from(i) * 1_000_000
+        };
+        frames.push((t, udp_frame(i, 60, [198, 18, 0, 1], [198, 18, 0, 2])));
+    }
+    write_pcap(&p, 1, &frames);
+    let (_, got) = run("ratecap", &p, &[]);
+    within(span_s(&got), 1.509, 0.01);
+    let (_, got) = run("ratemax", &p, &["--maxsleep", "100"]);
+    within(span_s(&got), 0.108, 0.05);
+}
+
+#[test]
+fn pps_multi_sends_bursts() {
+    let (_d, p) = capture_of(40, 60, 1_000);
+    let (_, got) = run("ratemulti", &p, &["--pps", "100", "--pps-multi", "5"]);
+    assert_eq!(got.len(), 40);
+    // Bursts of 5 every 50 ms: gaps inside a burst are tiny, between bursts ~50 ms.
+    for (i, w) in got.windows(2).enumerate() {
+        let gap = w[1].ts_ns - w[0].ts_ns;
+        if (i + 1) % 5 == 0 {
+            assert!(
+                (45_000_000..55_000_000).contains(&gap),
+                "gap {i} between bursts: {gap} ns"
+            );
+        } else {
+            assert!(gap < 2_000_000, "gap {i} inside a burst: {gap} ns");
+        }
+    }
+}
+
+#[test]
+fn timing_error_is_reported() {
+    let (_d, p) = capture_of(200, 60, 1_000);
+    let (out, _) = run("ratelate", &p, &["--pps", "500"]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("Timing: "))
+        .expect("Timing line");
+    assert!(
+        line.starts_with("Timing: 200 paced packets, late by p50 "),
+        "{line}"
+    );
+}
