@@ -8,11 +8,12 @@
 //! namespace.
 
 mod afpacket;
+mod ring;
 mod error;
 mod file;
 mod iface;
 
-pub use afpacket::{AfPacketOpts, AfPacketSink};
+pub use afpacket::{AfPacketOpts, AfPacketSink, TxMode};
 pub use error::SendError;
 pub use file::PcapFileSink;
 pub use iface::{if_counters, if_info, IfCounters, IfInfo};
