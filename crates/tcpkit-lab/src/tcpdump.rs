@@ -34,6 +34,9 @@ pub(crate) fn argv(iface: &str, file: &str, filter: &str) -> Vec<String> {
         "nano",
         "-Z",
         "root",
+        // 64 MiB of kernel ring (in KiB): top-speed bursts must not overrun the capture.
+        "-B",
+        "65536",
     ]
     .iter()
     .map(|s| s.to_string())

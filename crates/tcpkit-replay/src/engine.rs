@@ -430,6 +430,13 @@ impl<'a> Worker<'a> {
                         0
                     };
                     self.schedule.restart_timeline(gap);
+                    // At top speed there is no schedule to carry the pause: wait it out here.
+                    let live = matches!(cfg.output, Output::Interface { .. });
+                    if gap > 0 && live && matches!(cfg.rate, Rate::Topspeed) {
+                        if let Some(stop) = self.wait(now_ns() + gap) {
+                            return (loop_no, Some(stop));
+                        }
+                    }
                 }
                 if let Some(stop) = self.send_file(file, loop_no) {
                     return (loop_no, Some(stop));
