@@ -446,44 +446,61 @@ fn sweep_cleans_up_after_a_killed_test_process() {
         std::thread::sleep(Duration::from_secs(600));
         return;
     }
+    // Kills the child even when an assertion below fails, so no test process is left behind.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .args([
-            "--exact",
-            "sweep_cleans_up_after_a_killed_test_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(KILLED_CHILD, "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(exe)
+            .args([
+                "--exact",
+                "sweep_cleans_up_after_a_killed_test_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(KILLED_CHILD, "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut names = Vec::new();
     let mut orphan = 0u32;
-    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let lines = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
+    // libtest may print "test NAME ... " on the same line before the test's own output.
     for line in lines {
         let line = line.unwrap();
-        if let Some(n) = line.strip_prefix("NETNS ") {
+        if let Some((_, n)) = line.split_once("NETNS ") {
             names = n.split(' ').map(str::to_string).collect();
         }
-        if let Some(p) = line.strip_prefix("PID ") {
-            orphan = p.parse().unwrap();
+        if let Some((_, p)) = line.split_once("PID ") {
+            orphan = p.trim().parse().unwrap();
             break;
         }
     }
     assert_eq!(names.len(), 2);
     assert!(pid_exists(orphan));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
     for n in &names {
-        assert!(Path::new("/run/netns").join(n).exists(), "{n} vanished early");
+        assert!(
+            Path::new("/run/netns").join(n).exists(),
+            "{n} vanished early"
+        );
     }
     // Another test's Lab::new may sweep concurrently; either way they must end up gone.
     sweep_leftovers().unwrap();
     assert_gone(&names);
     let deadline = Instant::now() + Duration::from_secs(2);
     while pid_exists(orphan) {
-        assert!(Instant::now() < deadline, "orphan {orphan} survived the sweep");
+        assert!(
+            Instant::now() < deadline,
+            "orphan {orphan} survived the sweep"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
