@@ -106,6 +106,7 @@ impl Tcpdump {
     /// Stops the capture with SIGINT (tcpdump then flushes the file and prints its
     /// counters), waits for it to exit and returns the counters.
     pub fn stop(self) -> Result<Capture, LabError> {
+        self.drain()?;
         self.proc.signal(Signal::SIGINT)?;
         let status = match wait_timeout(&self.proc.state, TCPDUMP_TIMEOUT, "tcpdump")? {
             Some(s) => s,
@@ -152,6 +153,48 @@ impl Capture {
     }
 }
 
+impl Tcpdump {
+    /// Waits until tcpdump has written every packet the kernel queued for it. SIGINT makes
+    /// tcpdump leave its loop without reading what is still in the ring, so packets sent
+    /// just before stop() would be counted "received by filter" but never written. SIGUSR1
+    /// makes tcpdump print its counters; once captured == received, the ring is empty.
+    fn drain(&self) -> Result<(), LabError> {
+        let start = Instant::now();
+        while start.elapsed() < TCPDUMP_TIMEOUT {
+            let before = self.proc.log().len();
+            self.proc.signal(Signal::SIGUSR1)?;
+            std::thread::sleep(Duration::from_millis(10));
+            let log = self.proc.log();
+            if self.proc.try_status()?.is_some() {
+                return Ok(());
+            }
+            let Some(fresh) = log.get(before..) else {
+                continue;
+            };
+            if let Some((captured, received)) = parse_progress(fresh) {
+                if captured >= received {
+                    return Ok(());
+                }
+            }
+        }
+        // Not fatal: stop() still reports the counters, and the caller sees the shortfall.
+        Ok(())
+    }
+}
+
+/// Parses tcpdump's SIGUSR1 line "tcpdump: N packets captured, M packets received by
+/// filter, K packets dropped by kernel" (the last one in `log`): (N, M).
+pub(crate) fn parse_progress(log: &str) -> Option<(u64, u64)> {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("received by filter,"))?;
+    let line = line.strip_prefix("tcpdump: ").unwrap_or(line);
+    let mut parts = line.split(", ");
+    let num = |p: Option<&str>| p?.split(' ').next()?.parse::<u64>().ok();
+    Some((num(parts.next())?, num(parts.next())?))
+}
+
 /// Parses tcpdump's exit summary: (captured, received by filter, dropped by kernel).
 pub(crate) fn parse_counters(log: &str) -> Option<(u64, u64, u64)> {
     let find = |suffix: &str| {
@@ -185,11 +228,21 @@ mod tests {
     }
 
     #[test]
+    fn progress_from_sigusr1_line() {
+        let log = "tcpdump: listening on eth0\n\
+                   tcpdump: 1 packet captured, 10 packets received by filter, 0 packets dropped by kernel\n";
+        assert_eq!(parse_progress(log), Some((1, 10)));
+        assert_eq!(parse_progress("10 packets captured\n"), None);
+    }
+
+    #[test]
     fn argv_has_capture_flags_and_optional_filter() {
         let v = argv("eth0", "/tmp/x.pcap", "udp port 9");
         assert_eq!(v.last().map(String::as_str), Some("udp port 9"));
         assert!(v.iter().any(|a| a == "--immediate-mode"));
-        let v = argv("eth0", "/tmp/x.pcap", "  ");
-        assert_eq!(v.last().map(String::as_str), Some("root"));
+        let with = argv("eth0", "/tmp/x.pcap", "udp");
+        let without = argv("eth0", "/tmp/x.pcap", "  ");
+        assert_eq!(without.len() + 1, with.len());
+        assert_eq!(without[..], with[..without.len()]);
     }
 }
