@@ -58,7 +58,7 @@ impl FlowKey {
 
 /// The exact flow key of an Ethernet frame; `None` for non-IP ("non-flow") frames.
 pub fn flow_key(frame: &[u8]) -> Option<FlowKey> {
-    let ip = parse::ip(frame)?;
+    let ip = parse::ip_through_mpls(frame)?;
     let (s, d) = if ip.v6 { (8, 24) } else { (12, 16) };
     let src = read_addr(frame, ip.off + s, ip.v6)?;
     let dst = read_addr(frame, ip.off + d, ip.v6)?;

@@ -90,6 +90,33 @@ pub(crate) fn ip(buf: &[u8]) -> Option<IpLayout> {
     }
 }
 
+/// Like [`ip`], but also looks through an MPLS label stack (to its bottom-of-stack label,
+/// then IPv4 or IPv6 by the version nibble), as tcpreplay does when it counts flows. The
+/// rewriter does not use this: tcprewrite leaves what is inside MPLS alone.
+pub(crate) fn ip_through_mpls(buf: &[u8]) -> Option<IpLayout> {
+    let (et, mut off) = ethernet(buf)?;
+    match et {
+        ETHERTYPE_IPV4 => ipv4(buf, off),
+        ETHERTYPE_IPV6 => ipv6(buf, off),
+        0x8847 | 0x8848 => {
+            // At most 16 labels, so a frame full of labels cannot make us loop long.
+            for _ in 0..16 {
+                let bottom = buf.get(off + 2)? & 0x01 != 0;
+                off += 4;
+                if bottom {
+                    return match buf.get(off)? >> 4 {
+                        4 => ipv4(buf, off),
+                        6 => ipv6(buf, off),
+                        _ => None,
+                    };
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
 fn ipv4(buf: &[u8], off: usize) -> Option<IpLayout> {
     let vihl = *buf.get(off)?;
     let ihl = usize::from(vihl & 0x0f) * 4;
@@ -170,4 +197,38 @@ fn ipv6(buf: &[u8], off: usize) -> Option<IpLayout> {
         has_l4,
         fragmented,
     })
+}
+
+#[cfg(test)]
+mod mpls_tests {
+    use super::*;
+
+    fn frame(labels: &[[u8; 4]], ip: &[u8]) -> Vec<u8> {
+        let mut f = vec![0xa5; 12];
+        f.extend_from_slice(&[0x88, 0x47]);
+        for l in labels {
+            f.extend_from_slice(l);
+        }
+        f.extend_from_slice(ip);
+        f
+    }
+
+    #[test]
+    fn walks_the_label_stack_to_the_ip_header() {
+        let mut ip = vec![
+            0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ];
+        ip.extend_from_slice(&[0, 53, 0, 54, 0, 8, 0, 0]);
+        let f = frame(&[[0, 0x10, 0x00, 64], [0, 0x20, 0x01, 64]], &ip);
+        let l = ip_through_mpls(&f).expect("IPv4 under two labels");
+        assert_eq!((l.off, l.proto, l.v6), (22, 17, false));
+        assert!(
+            ip(&f).is_none(),
+            "the rewriter's view does not look inside MPLS"
+        );
+        for cut in 0..f.len() {
+            let _ = ip_through_mpls(&f[..cut]);
+        }
+        assert!(ip_through_mpls(&frame(&[[0, 0x10, 0x01, 64]], &[0x00; 20])).is_none());
+    }
 }
