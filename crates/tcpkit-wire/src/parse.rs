@@ -215,11 +215,11 @@ mod mpls_tests {
 
     #[test]
     fn walks_the_label_stack_to_the_ip_header() {
-        let mut ip = vec![
+        let mut pkt = vec![
             0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
         ];
-        ip.extend_from_slice(&[0, 53, 0, 54, 0, 8, 0, 0]);
-        let f = frame(&[[0, 0x10, 0x00, 64], [0, 0x20, 0x01, 64]], &ip);
+        pkt.extend_from_slice(&[0, 53, 0, 54, 0, 8, 0, 0]);
+        let f = frame(&[[0, 0x10, 0x00, 64], [0, 0x20, 0x01, 64]], &pkt);
         let l = ip_through_mpls(&f).expect("IPv4 under two labels");
         assert_eq!((l.off, l.proto, l.v6), (22, 17, false));
         assert!(
