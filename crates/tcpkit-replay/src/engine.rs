@@ -35,10 +35,13 @@ pub struct Outcome {
 pub enum ReplayError {
     #[error(transparent)]
     Input(#[from] PcapError),
-    #[error("{path}: packet {number}: {what}")]
+    /// A packet the capture holds but we cannot send as it is; `offset` is the record's byte
+    /// offset in the file, `what` says what is wrong inside the packet.
+    #[error("{path}: packet {number} at byte offset {offset}: {what}")]
     Packet {
         path: String,
         number: u64,
+        offset: u64,
         what: String,
     },
     #[error(transparent)]
@@ -213,7 +216,7 @@ fn report(
         _ => None,
     };
     if let Some(e) = &error {
-        stopped_by = Some(e.to_string());
+        stopped_by = Some(chain(e));
     }
     let paced = !matches!(cfg.rate, Rate::Topspeed) && !dry_run;
     let report = ReplayReport {
@@ -257,6 +260,21 @@ fn report(
         stopped_by,
     };
     Outcome { report, error }
+}
+
+/// An error with its sources, each said once, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = c.source();
+    }
+    s
 }
 
 /// What every worker reads.
@@ -483,6 +501,7 @@ impl<'a> Worker<'a> {
                         return Some(Stop::Failed(ReplayError::Packet {
                             path,
                             number: pkt.number,
+                            offset: pkt.offset,
                             what: e.to_string(),
                         }))
                     }
@@ -504,6 +523,7 @@ impl<'a> Worker<'a> {
                     return Some(Stop::Failed(ReplayError::Packet {
                         path,
                         number: pkt.number,
+                        offset: pkt.offset,
                         what: e.to_string(),
                     }));
                 }
@@ -531,6 +551,7 @@ impl<'a> Worker<'a> {
                 return Some(Stop::Failed(ReplayError::Packet {
                     path,
                     number: pkt.number,
+                    offset: pkt.offset,
                     what: e.to_string(),
                 }));
             }

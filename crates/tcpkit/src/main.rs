@@ -5,7 +5,7 @@ mod replay;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -63,7 +63,30 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        // --help and --version are not errors: clap prints them as it always does.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            // One line, as every other error: "tcpkit <cmd>: <what was wrong>".
+            let known = |a: &String| Cli::command().get_subcommands().any(|c| c.get_name() == a);
+            let cmd = std::env::args().nth(1).filter(known);
+            // clap's message up to its usage block, folded onto one line.
+            let text = e.to_string();
+            let what: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.is_empty() && !l.starts_with("Usage:"))
+                .collect();
+            let what = what.join(" ");
+            let first = what.strip_prefix("error: ").unwrap_or(&what);
+            match cmd {
+                Some(c) => eprintln!("tcpkit {c}: {first} (see 'tcpkit {c} --help')"),
+                None => eprintln!("tcpkit: {first} (see 'tcpkit --help')"),
+            }
+            return ExitCode::from(2);
+        }
+    };
     install_signal_handlers();
     let (name, result) = match cli.cmd {
         Cmd::Replay(args) => ("replay", replay::main(args, &INTERRUPTED)),
@@ -84,7 +107,6 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     #[test]
     fn cli_is_consistent() {

@@ -317,3 +317,49 @@ fn json_matches_the_committed_schema() {
     bad["packets"] = Value::from("12");
     assert!(std::panic::catch_unwind(|| check(&schema, &bad, "bad")).is_err());
 }
+
+/// tcpreplay 4.4.3 is the oracle for flow counting: the same flows and flow packets on the
+/// public captures (its "unique non-flow" line leaves out packets it could not decode, so
+/// only flows and flow packets are compared).
+#[test]
+fn flows_are_counted_as_tcpreplay_counts_them() {
+    let lab = ReplayLab::new("flows");
+    let field = |s: &str, after: &str| -> u64 {
+        let line = s
+            .lines()
+            .find(|l| l.starts_with("Flows: "))
+            .unwrap_or_else(|| panic!("no Flows line:\n{s}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let i = words
+            .iter()
+            .position(|w| *w == after)
+            .unwrap_or_else(|| panic!("no '{after}' in {line}"));
+        words[i - 1].parse().unwrap()
+    };
+    for name in [
+        "tcpreplay-test.pcap",
+        "trex-http_get.pcap",
+        "zeek-dns-tcp-keepalive.pcap",
+    ] {
+        let f = testdata(name);
+        let f = f.to_str().unwrap();
+        let ours = stdout(&lab.replay(&["-t", f]));
+        let theirs = lab
+            .tx
+            .command(&["tcpreplay", "-i", &lab.link.a.name, "-t", f])
+            .output()
+            .expect("tcpreplay");
+        let theirs = stdout(&theirs);
+        assert_eq!(
+            field(&ours, "flows,"),
+            field(&theirs, "flows,"),
+            "{name}: flows\nours: {ours}\ntheirs: {theirs}"
+        );
+        let ours_fp = field(&ours, "flow");
+        let theirs_fp = field(&theirs, "unique");
+        assert_eq!(
+            ours_fp, theirs_fp,
+            "{name}: flow packets\nours: {ours}\ntheirs: {theirs}"
+        );
+    }
+}
