@@ -184,7 +184,7 @@ fn median(mut runs: Vec<Run>) -> Run {
     runs[runs.len() / 2].clone()
 }
 
-/// Writes `n` frames to `path`: UDP/IPv4 from 1024 sources to 16 destinations (16384 flows),
+/// Writes `n` frames to `path`: UDP/IPv4, 16384 flows (1024 sources x 16 destinations),
 /// sizes cycling through `sizes` (Ethernet frame length without FCS), 1 µs apart.
 fn write_capture(path: &Path, sizes: &[usize], n: u32) -> Result<(u64, u64)> {
     let mut w = PcapWriter::create(path, 1, 0, true)?;
@@ -192,12 +192,14 @@ fn write_capture(path: &Path, sizes: &[usize], n: u32) -> Result<(u64, u64)> {
     let mut bytes = 0;
     for i in 0..n {
         let len = sizes[i as usize % sizes.len()];
-        let src = [10, 0, (i >> 8 & 3) as u8, i as u8];
-        let dst = [10, 1, 0, (i >> 10 & 15) as u8];
+        // Every field is a function of the flow number, so there are exactly 16384 flows.
+        let flow = i % 16384;
+        let src = [10, 0, (flow >> 8 & 3) as u8, flow as u8];
+        let dst = [10, 1, 0, (flow >> 10) as u8];
         // Unicast to an address nobody has: the receiver drops it at the IP layer.
         let b = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
             .ipv4(src, dst, 64)
-            .udp(1024 + (i % 1000) as u16, 9);
+            .udp(1024 + (flow % 1000) as u16, 9);
         let payload = vec![0x5a; len - 42];
         buf.clear();
         b.write(&mut buf, &payload)?;
