@@ -1,0 +1,1 @@
+//! `tcpkit echo` (being written).

@@ -1,0 +1,10 @@
+//! `tcpkit load`, `echo`, `tune` and `merge`: find the limit of a TCP server with many
+//! clients. `load` opens connections and sends queries on an open-loop schedule
+//! (`tcpkit-pace`), measuring each answer's latency from its intended send time
+//! (`tcpkit-stats`); `echo` is the reference server; `tune` explains the host limits that stop
+//! either from holding many connections; `merge` joins the reports of several client hosts.
+
+pub mod echo;
+pub mod load;
+pub mod merge;
+pub mod tune;

@@ -1,0 +1,1 @@
+//! `tcpkit load` (being written).

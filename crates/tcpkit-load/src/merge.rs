@@ -1,0 +1,1 @@
+//! `tcpkit merge` (being written).

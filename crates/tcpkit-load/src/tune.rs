@@ -1,0 +1,1 @@
+//! `tcpkit tune` (being written).
