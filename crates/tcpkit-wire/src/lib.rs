@@ -13,6 +13,7 @@
 //!   capture over threads, and per-loop unique flows.
 
 mod csum;
+pub mod dns;
 mod flow;
 mod fuzz;
 mod link;
