@@ -1,6 +1,15 @@
-//! HDR histograms of nanosecond values (timing error, latency), mergeable per worker.
+//! HDR histograms of nanosecond values (timing error, latency), mergeable per worker, and
+//! their serialized forms: HDR V2 (deflate) in base64, the encoding of HdrHistogram interval
+//! logs, so a report can carry its histograms to `tcpkit merge` and a log can be read by the
+//! HdrHistogram tools.
 
-use serde::Serialize;
+use std::io::Write as _;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
+use hdrhistogram::serialization::{Deserializer, Serializer as _, V2DeflateSerializer};
+use serde::{Deserialize, Serialize};
 
 /// Values from 1 ns to one hour at 3 significant digits: ~200 KiB, allocated once per worker.
 #[derive(Debug, Clone)]
@@ -47,6 +56,45 @@ impl Histogram {
         self.inner.value_at_quantile(q)
     }
 
+    /// Forgets every value (interval histograms are reused, never reallocated).
+    pub fn clear(&mut self) {
+        self.inner.reset();
+    }
+
+    /// HDR V2 compressed encoding in base64: what HdrHistogram interval logs carry, and what
+    /// load reports carry so that runs can be merged without losing precision.
+    pub fn to_base64(&self) -> String {
+        let mut bytes = Vec::new();
+        // Serializing into a Vec cannot fail for a histogram of u64 counts; an empty string
+        // (decoded as an empty histogram) keeps this total if it ever did.
+        if V2DeflateSerializer::new()
+            .serialize(&self.inner, &mut bytes)
+            .is_err()
+        {
+            return String::new();
+        }
+        base64_encode(&bytes)
+    }
+
+    /// Reads [`Histogram::to_base64`] (or any HDR V2 / V2-deflate histogram in base64). An empty
+    /// string is an empty histogram.
+    pub fn from_base64(text: &str) -> Result<Histogram, HistDecodeError> {
+        if text.is_empty() {
+            return Ok(Histogram::new());
+        }
+        let bytes = base64_decode(text).ok_or(HistDecodeError::Base64)?;
+        let h: hdrhistogram::Histogram<u64> = Deserializer::new()
+            .deserialize(&mut bytes.as_slice())
+            .map_err(|e| HistDecodeError::Hdr(format!("{e:?}")))?;
+        let mut out = Histogram::new();
+        // Re-recorded into our bounds, so merging never fails on foreign bounds.
+        for v in h.iter_recorded() {
+            out.inner
+                .saturating_record_n(v.value_iterated_to().max(1), v.count_at_value());
+        }
+        Ok(out)
+    }
+
     pub fn percentiles(&self) -> Percentiles {
         let h = &self.inner;
         if h.is_empty() {
@@ -65,8 +113,104 @@ impl Histogram {
     }
 }
 
+/// Why a serialized histogram could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HistDecodeError {
+    Base64,
+    Hdr(String),
+}
+
+impl std::fmt::Display for HistDecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HistDecodeError::Base64 => f.write_str("histogram: not valid base64"),
+            HistDecodeError::Hdr(why) => write!(f, "histogram: not an HDR V2 histogram: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for HistDecodeError {}
+
+/// An HdrHistogram interval log (the format of `HistogramLogProcessor` and `hdr-plot`):
+/// a header with the start time, then one line per interval and tag.
+#[derive(Debug)]
+pub struct HdrLog {
+    out: std::io::BufWriter<std::fs::File>,
+}
+
+impl HdrLog {
+    /// Creates `path` and writes the header; interval start times are offsets from `start`.
+    pub fn create(path: &Path, start: SystemTime) -> std::io::Result<HdrLog> {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+        let mut ser = V2DeflateSerializer::new();
+        IntervalLogWriterBuilder::new()
+            .add_comment("tcpkit load: latency in ns; tags: intended (from the intended send time), sent (from the actual send time)")
+            .with_start_time(start)
+            .with_base_time(start)
+            .begin_log_with(&mut out, &mut ser)?;
+        Ok(HdrLog { out })
+    }
+
+    /// Appends one interval histogram, `offset` after the log's base time, lasting `length`.
+    pub fn write(
+        &mut self,
+        h: &Histogram,
+        offset: Duration,
+        length: Duration,
+        tag: &str,
+    ) -> std::io::Result<()> {
+        let mut ser = V2DeflateSerializer::new();
+        // A builder with no comments and no times writes no header: this only appends.
+        let mut w = IntervalLogWriterBuilder::new().begin_log_with(&mut self.out, &mut ser)?;
+        w.write_histogram(&h.inner, offset, length, Tag::new(tag))
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding (RFC 4648), as HdrHistogram logs use. Kept here rather than
+/// as a dependency: twenty lines, used only off the hot path.
+fn base64_encode(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for (i, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
+            if i <= c.len() {
+                s.push(char::from(B64[(n >> shift) as usize & 63]));
+            } else {
+                s.push('=');
+            }
+        }
+    }
+    s
+}
+
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let t = text.trim_end_matches('=').as_bytes();
+    let mut out = Vec::with_capacity(t.len() * 3 / 4);
+    let mut acc = 0u32;
+    let mut bits = 0u32;
+    for &b in t {
+        let v = B64.iter().position(|&x| x == b)? as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
 /// The percentiles every report prints (wrk2's set), in ns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Percentiles {
     pub count: u64,
     pub mean_ns: u64,
@@ -129,6 +273,68 @@ mod tests {
     #[test]
     fn empty_is_zero() {
         assert_eq!(Histogram::new().percentiles(), Percentiles::default());
+    }
+
+    #[test]
+    fn base64_round_trips_rfc4648_vectors() {
+        for (plain, enc) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64_encode(plain.as_bytes()), enc);
+            assert_eq!(base64_decode(enc).unwrap(), plain.as_bytes());
+        }
+        assert_eq!(base64_decode("Zm9v!"), None);
+    }
+
+    #[test]
+    fn serialized_histogram_round_trips() {
+        let mut h = Histogram::new();
+        for v in [1u64, 1_000, 250_000, 7_000_000_000] {
+            h.record(v);
+        }
+        let text = h.to_base64();
+        let back = Histogram::from_base64(&text).unwrap();
+        assert_eq!(back.percentiles(), h.percentiles());
+        assert_eq!(Histogram::from_base64("").unwrap().count(), 0);
+        assert!(Histogram::from_base64("AAAA").is_err());
+        assert!(matches!(
+            Histogram::from_base64("not base64!"),
+            Err(HistDecodeError::Base64)
+        ));
+    }
+
+    #[test]
+    fn interval_log_is_readable_by_the_hdr_parser() {
+        use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+        let dir = std::env::temp_dir().join(format!("tcpkit-hdrlog-{}", std::process::id()));
+        let mut h = Histogram::new();
+        h.record(5_000);
+        h.record(9_000);
+        {
+            let mut log = HdrLog::create(&dir, SystemTime::now()).unwrap();
+            log.write(&h, Duration::from_secs(1), Duration::from_secs(1), "intended")
+                .unwrap();
+            log.write(&h, Duration::from_secs(1), Duration::from_secs(1), "sent")
+                .unwrap();
+            log.flush().unwrap();
+        }
+        let text = std::fs::read(&dir).unwrap();
+        let _ = std::fs::remove_file(&dir);
+        let mut tags = Vec::new();
+        for e in IntervalLogIterator::new(&text) {
+            if let Ok(LogEntry::Interval(i)) = e {
+                let back = Histogram::from_base64(i.encoded_histogram()).unwrap();
+                assert_eq!(back.count(), 2);
+                tags.push(i.tag().map(|t| t.as_str().to_string()));
+            }
+        }
+        assert_eq!(tags, [Some("intended".into()), Some("sent".into())]);
     }
 
     #[test]

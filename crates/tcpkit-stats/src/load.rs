@@ -1,0 +1,358 @@
+//! The `load` report: connections, queries, rates, schedule lag, answer codes, errors with
+//! their hints, and the two latency distributions (from the intended send time, wrk2's
+//! "corrected" one, and from the actual send time), printed as wrk2 prints them. The JSON form
+//! carries both histograms serialized (HDR V2 deflate, base64) and the wall-time window, so
+//! `tcpkit merge` can join the runs of several processes or hosts into one.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hist::{fmt_ns, Percentiles};
+
+/// Bumped whenever a JSON field changes meaning or disappears (docs/schema/load.schema.json).
+pub const LOAD_SCHEMA_VERSION: u32 = 1;
+
+/// Everything a load run reports. Field names are the `--json` contract.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LoadReport {
+    pub schema_version: u32,
+    /// `HOST:PORT` as given, and the address it resolved to.
+    pub target: String,
+    /// What each query is (`dns A example.com`, `echo 64 bytes`, ...).
+    pub payload: String,
+    /// Runs merged into this report (1 for one `tcpkit load`, whatever its processes).
+    pub runs: u32,
+    pub processes: u32,
+    pub threads: u32,
+    /// Wall time (ns since the Unix epoch) when the query phase began and ended.
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    /// Length of the query phase (the union of the merged windows).
+    pub seconds: f64,
+    /// How long opening the connections took before the query phase.
+    pub connect_seconds: f64,
+    pub connections: ConnStats,
+    pub queries: QueryStats,
+    pub rates: Rates,
+    pub lag: LagStats,
+    /// Answers by code: DNS RCODE names, HTTP status codes, `ERR` for Redis errors, `ok`
+    /// for payloads without codes.
+    pub codes: BTreeMap<String, u64>,
+    /// Failed socket calls by errno name (`ECONNREFUSED`, `EMFILE`, ...) and protocol
+    /// errors by kind.
+    pub errors: BTreeMap<String, u64>,
+    /// One line per limit that was hit, saying what to change.
+    pub hints: Vec<String>,
+    /// Latency from each query's intended send time (includes time spent behind schedule).
+    pub latency: Percentiles,
+    /// Latency from each query's actual send time (what the server and network took).
+    pub latency_sent: Percentiles,
+    pub histograms: Histograms,
+    pub per_query: Option<PerQueryStats>,
+    /// Why this run counts as failed (exit status 1); absent when it did what was asked.
+    pub failure: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ConnStats {
+    /// `-c` as asked.
+    pub asked: u64,
+    /// Most connections open at once.
+    pub peak_open: u64,
+    pub open_at_end: u64,
+    /// Connects started, successful ones, and failed ones (refused, unreachable, timed out).
+    pub attempts: u64,
+    pub established: u64,
+    pub failed: u64,
+    /// Failed connects that timed out (`--connect-timeout`); included in `failed`.
+    pub timeouts: u64,
+    /// Connects retried after a failure.
+    pub retries: u64,
+    /// Connections the server closed or reset during the run.
+    pub closed_by_server: u64,
+    /// Connections re-opened during the query phase (after a close, or `--queries-per-conn`).
+    pub reconnects: u64,
+    /// Source addresses × local ports: the most connections this host can open to the target.
+    pub reachable_max: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct QueryStats {
+    /// Intended send times that fell inside the query phase.
+    pub scheduled: u64,
+    pub sent: u64,
+    pub answered: u64,
+    /// Queries unanswered after `--timeout`.
+    pub timeouts: u64,
+    /// Queries outstanding on a connection that closed or failed.
+    pub lost: u64,
+    /// Queries still unanswered when the run ended (after waiting up to `--timeout`).
+    pub unanswered_at_end: u64,
+    /// Answers that broke the protocol (bad DNS, echo bytes that differ, garbage); each
+    /// closes its connection (the stream cannot be trusted past it).
+    pub malformed: u64,
+    /// Well-formed answers that matched no outstanding query (late after a timeout, unknown ID).
+    pub unmatched: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Rates {
+    /// Mean rate asked over the query phase; absent when no rate was asked (idle connections).
+    pub asked_qps: Option<f64>,
+    pub sent_qps: f64,
+    pub answered_qps: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LagStats {
+    /// Scheduled queries never sent because the client was behind.
+    pub behind: u64,
+    /// Largest distance between now and the oldest unsent intended send time.
+    pub max_ns: u64,
+    /// That distance when the query phase ended.
+    pub end_ns: u64,
+}
+
+/// Both histograms, HDR V2 deflate in base64 (`Histogram::to_base64`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Histograms {
+    pub intended: String,
+    pub sent: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PerQueryStats {
+    pub path: String,
+    pub lines: u64,
+    /// Lines not written because the writer thread fell behind (the run is never slowed).
+    pub dropped: u64,
+}
+
+fn pct_block(s: &mut String, title: &str, p: &Percentiles) {
+    let _ = writeln!(s, "  {title}");
+    for (q, v) in [
+        ("50.000%", p.p50_ns),
+        ("90.000%", p.p90_ns),
+        ("99.000%", p.p99_ns),
+        ("99.900%", p.p999_ns),
+        ("99.990%", p.p9999_ns),
+        ("100.000%", p.max_ns),
+    ] {
+        let _ = writeln!(s, " {q:>8}  {:>10}", fmt_ns(v));
+    }
+}
+
+impl LoadReport {
+    /// The human summary: counts first, then wrk2's latency distribution.
+    pub fn human(&self) -> String {
+        let mut s = String::new();
+        let c = &self.connections;
+        let q = &self.queries;
+        let _ = writeln!(
+            s,
+            "Target: {}, {}, {} threads in {} process{}{}",
+            self.target,
+            self.payload,
+            self.threads,
+            self.processes,
+            if self.processes == 1 { "" } else { "es" },
+            if self.runs > 1 {
+                format!(", {} runs merged", self.runs)
+            } else {
+                String::new()
+            }
+        );
+        let _ = writeln!(
+            s,
+            "Connections: {} asked, {} peak open, {} open at end (opened in {:.3} s, reachable max {})",
+            c.asked, c.peak_open, c.open_at_end, self.connect_seconds, c.reachable_max
+        );
+        let _ = writeln!(
+            s,
+            "Connects: {} attempts, {} established, {} failed ({} timed out), {} retries, {} closed by server, {} reconnects",
+            c.attempts, c.established, c.failed, c.timeouts, c.retries, c.closed_by_server, c.reconnects
+        );
+        let _ = writeln!(
+            s,
+            "Queries: {} sent, {} answered in {:.3} s; {} timeouts, {} lost, {} unanswered at end, {} malformed, {} unmatched",
+            q.sent, q.answered, self.seconds, q.timeouts, q.lost, q.unanswered_at_end, q.malformed, q.unmatched
+        );
+        let asked = match self.rates.asked_qps {
+            Some(r) => format!("asked {r:.1} q/s, "),
+            None => "no rate asked (idle connections), ".into(),
+        };
+        let _ = writeln!(
+            s,
+            "Rate: {asked}sent {:.1} q/s, answered {:.1} q/s",
+            self.rates.sent_qps, self.rates.answered_qps
+        );
+        let _ = writeln!(
+            s,
+            "Schedule lag: max {}, at end {}, {} of {} scheduled queries not sent",
+            fmt_ns(self.lag.max_ns),
+            fmt_ns(self.lag.end_ns),
+            self.lag.behind,
+            q.scheduled
+        );
+        let _ = writeln!(
+            s,
+            "Bytes: {} sent, {} received",
+            q.bytes_sent, q.bytes_received
+        );
+        if !self.codes.is_empty() {
+            let codes: Vec<String> = self.codes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(s, "Answers: {}", codes.join(", "));
+        }
+        if !self.errors.is_empty() {
+            let errs: Vec<String> = self
+                .errors
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            let _ = writeln!(s, "Errors: {}", errs.join(", "));
+        }
+        for h in &self.hints {
+            let _ = writeln!(s, "Hint: {h}");
+        }
+        if let Some(p) = &self.per_query {
+            let _ = writeln!(
+                s,
+                "Per-query log: {} lines to {}, {} dropped",
+                p.lines, p.path, p.dropped
+            );
+        }
+        pct_block(
+            &mut s,
+            "Latency Distribution (HdrHistogram - Recorded Latency, from intended send time)",
+            &self.latency,
+        );
+        pct_block(
+            &mut s,
+            "Latency Distribution (HdrHistogram - Uncorrected Latency, from actual send time)",
+            &self.latency_sent,
+        );
+        if let Some(f) = &self.failure {
+            let _ = writeln!(s, "Failed: {f}");
+        }
+        s
+    }
+
+    pub fn json(&self) -> String {
+        let mut v = self.clone();
+        v.schema_version = LOAD_SCHEMA_VERSION;
+        serde_json::to_string_pretty(&v).expect("report serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> LoadReport {
+        let p = Percentiles {
+            count: 3000,
+            mean_ns: 60_000,
+            p50_ns: 52_000,
+            p90_ns: 80_000,
+            p99_ns: 120_000,
+            p999_ns: 900_000,
+            p9999_ns: 2_000_000,
+            max_ns: 12_500_000,
+        };
+        LoadReport {
+            target: "198.18.0.2:4242".into(),
+            payload: "echo 16 bytes".into(),
+            runs: 1,
+            processes: 1,
+            threads: 2,
+            seconds: 3.0,
+            connect_seconds: 0.01,
+            connections: ConnStats {
+                asked: 10,
+                peak_open: 10,
+                open_at_end: 10,
+                attempts: 11,
+                established: 10,
+                failed: 1,
+                retries: 1,
+                reachable_max: 28232,
+                ..Default::default()
+            },
+            queries: QueryStats {
+                scheduled: 3000,
+                sent: 3000,
+                answered: 2999,
+                unanswered_at_end: 1,
+                bytes_sent: 48000,
+                bytes_received: 47984,
+                ..Default::default()
+            },
+            rates: Rates {
+                asked_qps: Some(1000.0),
+                sent_qps: 1000.0,
+                answered_qps: 999.7,
+            },
+            lag: LagStats {
+                behind: 0,
+                max_ns: 45_000,
+                end_ns: 0,
+            },
+            codes: [("ok".to_string(), 2999)].into_iter().collect(),
+            errors: [("ECONNREFUSED".to_string(), 1)].into_iter().collect(),
+            latency: p,
+            latency_sent: Percentiles {
+                max_ns: 1_000_000,
+                ..p
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn human_summary_exact_text() {
+        let expected = "\
+Target: 198.18.0.2:4242, echo 16 bytes, 2 threads in 1 process
+Connections: 10 asked, 10 peak open, 10 open at end (opened in 0.010 s, reachable max 28232)
+Connects: 11 attempts, 10 established, 1 failed (0 timed out), 1 retries, 0 closed by server, 0 reconnects
+Queries: 3000 sent, 2999 answered in 3.000 s; 0 timeouts, 0 lost, 1 unanswered at end, 0 malformed, 0 unmatched
+Rate: asked 1000.0 q/s, sent 1000.0 q/s, answered 999.7 q/s
+Schedule lag: max 45.0 us, at end 0.0 us, 0 of 3000 scheduled queries not sent
+Bytes: 48000 sent, 47984 received
+Answers: ok 2999
+Errors: ECONNREFUSED 1
+  Latency Distribution (HdrHistogram - Recorded Latency, from intended send time)
+  50.000%     52.0 us
+  90.000%     80.0 us
+  99.000%    120.0 us
+  99.900%    900.0 us
+  99.990%   2000.0 us
+ 100.000%    12.50 ms
+  Latency Distribution (HdrHistogram - Uncorrected Latency, from actual send time)
+  50.000%     52.0 us
+  90.000%     80.0 us
+  99.000%    120.0 us
+  99.900%    900.0 us
+  99.990%   2000.0 us
+ 100.000%   1000.0 us
+";
+        assert_eq!(sample().human(), expected);
+    }
+
+    #[test]
+    fn json_round_trips_and_has_stable_fields() {
+        let text = sample().json();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["schema_version"], LOAD_SCHEMA_VERSION);
+        assert_eq!(v["queries"]["answered"], 2999);
+        assert_eq!(v["rates"]["asked_qps"], 1000.0);
+        assert_eq!(v["latency"]["p99_ns"], 120_000);
+        assert_eq!(v["codes"]["ok"], 2999);
+        let back: LoadReport = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.queries.sent, 3000);
+        assert_eq!(back.latency, sample().latency);
+    }
+}
