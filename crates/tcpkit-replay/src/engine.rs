@@ -12,7 +12,7 @@ use tcpkit_stats::{
     REPLAY_SCHEMA_VERSION,
 };
 use tcpkit_wire::{
-    flow_key, shard_hash, to_ethernet, unique_ip, ConnKey, FlowKey, LinkType, MacAddr, Rewriter,
+    flow_key, shard_hash, to_ethernet, unique_ip, FlowKey, LinkType, MacAddr, Rewriter,
 };
 
 use crate::config::{Config, Output};
@@ -165,6 +165,7 @@ fn report(
     let mut dev = SendCounters::default();
     let mut hist = Histogram::new();
     let (mut flows, mut flow_packets, mut non_flow, mut conns) = (0, 0, 0, 0);
+    let mut last_send = 0u64;
     let (mut eth_added, mut loops, mut virt_ns) = (0, u64::MAX, 0);
     let mut error = None;
     let mut stopped_by = None;
@@ -179,7 +180,8 @@ fn report(
         flows += r.flows.flows;
         flow_packets += r.flows.flow_packets;
         non_flow += r.flows.non_flow_packets;
-        conns += r.conns.flows;
+        conns += r.flows.connections;
+        last_send = last_send.max(r.last_send_ns);
         eth_added += r.eth_added;
         loops = loops.min(r.loops_completed);
         virt_ns = virt_ns.max(r.last_offset_ns);
@@ -194,7 +196,9 @@ fn report(
     let seconds = if dry_run {
         virt_ns as f64 / 1e9
     } else {
-        end_ns.saturating_sub(shared.start_ns.load(Ordering::SeqCst)) as f64 / 1e9
+        // Up to the last frame handed to the kernel, as tcpreplay measures.
+        let end = if last_send > 0 { last_send } else { end_ns };
+        end.saturating_sub(shared.start_ns.load(Ordering::SeqCst)) as f64 / 1e9
     };
     let (bps, mbps, pps) = tcpkit_stats::rates(dev.successful, dev.bytes, seconds);
     let per_sec = |n: u64| {
@@ -316,10 +320,12 @@ struct WorkerResult {
     counters: SendCounters,
     late: Histogram,
     flows: FlowTable<FlowKey>,
-    conns: FlowTable<ConnKey>,
     eth_added: u64,
     loops_completed: u64,
     last_offset_ns: u64,
+    /// When the last frame was handed to the kernel (0 if none): the run's end, so closing
+    /// sockets and joining threads is not counted as sending time.
+    last_send_ns: u64,
     error: Option<ReplayError>,
     stopped_by: Option<String>,
 }
@@ -330,10 +336,10 @@ impl WorkerResult {
             counters: SendCounters::default(),
             late: Histogram::new(),
             flows: FlowTable::new(None),
-            conns: FlowTable::new(None),
             eth_added: 0,
             loops_completed: 0,
             last_offset_ns: 0,
+            last_send_ns: 0,
             error: Some(ReplayError::Setup("a sender thread panicked".into())),
             stopped_by: None,
         }
@@ -360,14 +366,17 @@ struct Worker<'a> {
     t0: u64,
     end_ns: Option<u64>,
     bufs: Vec<Vec<u8>>,
+    /// Per slot of the batch: the frame itself when it goes out exactly as captured (no copy
+    /// into `bufs`), else None and the frame is in `bufs`.
+    direct: Vec<Option<&'a [u8]>>,
     /// Per slot of the batch: when the frame was due (absolute ns), if paced.
     due: Vec<Option<u64>>,
     ts: Vec<u64>,
     n: usize,
     late: Histogram,
     flows: FlowTable<FlowKey>,
-    conns: FlowTable<ConnKey>,
     eth_added: u64,
+    last_send_ns: u64,
     /// Dry run: the capture time the first packet had, so written timestamps read like the input.
     base_ts: Option<u64>,
     last_offset_ns: u64,
@@ -394,13 +403,14 @@ impl<'a> Worker<'a> {
             end_ns: None,
             // Frames up to a jumbo frame fit without reallocating; larger ones grow a slot once.
             bufs: (0..batch).map(|_| Vec::with_capacity(9216 + 64)).collect(),
+            direct: vec![None; batch],
             due: vec![None; batch],
             ts: vec![0; batch],
             n: 0,
             late: Histogram::new(),
             flows: FlowTable::new(expiry),
-            conns: FlowTable::new(expiry),
             eth_added: 0,
+            last_send_ns: 0,
             base_ts: None,
             last_offset_ns: 0,
         }
@@ -426,10 +436,10 @@ impl<'a> Worker<'a> {
             counters: self.sink.counters(),
             late: self.late,
             flows: self.flows,
-            conns: self.conns,
             eth_added: self.eth_added,
             loops_completed,
             last_offset_ns: self.last_offset_ns,
+            last_send_ns: self.last_send_ns,
             error,
             stopped_by,
         }
@@ -467,10 +477,11 @@ impl<'a> Worker<'a> {
         }
     }
 
-    fn send_file(&mut self, file: &CaptureFile, loop_no: u64) -> Option<Stop> {
+    fn send_file(&mut self, file: &'a CaptureFile, loop_no: u64) -> Option<Stop> {
         let sh = self.sh;
         let cfg = sh.cfg;
         let path = file.path().display().to_string();
+        let identity = sh.rewriter.is_identity();
         // One cached conversion per link type change, not one lookup per packet.
         let mut link_cache: Option<(u32, LinkType)> = None;
         for (i, pkt) in file.packets().enumerate() {
@@ -514,12 +525,36 @@ impl<'a> Worker<'a> {
                 continue;
             }
             let mut slot = self.n;
-            let buf = &mut self.bufs[slot];
-            if link == LinkType::Ethernet {
-                buf.clear();
-                buf.extend_from_slice(pkt.data);
+            // Frames that leave exactly as captured are sent from the capture's own bytes.
+            let as_captured =
+                link == LinkType::Ethernet && identity && !(cfg.unique_ip && loop_no > 0);
+            if as_captured {
+                self.direct[slot] = Some(pkt.data);
             } else {
-                if let Err(e) = to_ethernet(link, pkt.data, sh.l2_src, sh.l2_dst, buf) {
+                self.direct[slot] = None;
+                let buf = &mut self.bufs[slot];
+                if link == LinkType::Ethernet {
+                    buf.clear();
+                    buf.extend_from_slice(pkt.data);
+                } else {
+                    if let Err(e) = to_ethernet(link, pkt.data, sh.l2_src, sh.l2_dst, buf) {
+                        return Some(Stop::Failed(ReplayError::Packet {
+                            path,
+                            number: pkt.number,
+                            offset: pkt.offset,
+                            what: e.to_string(),
+                        }));
+                    }
+                    if self.shards > 1 && shard_hash(buf) % self.shards as u64 != self.shard as u64
+                    {
+                        continue;
+                    }
+                    self.eth_added += 1;
+                }
+                if cfg.unique_ip && loop_no > 0 {
+                    unique_ip(buf, loop_no as u32);
+                }
+                if let Err(e) = sh.rewriter.apply(buf) {
                     return Some(Stop::Failed(ReplayError::Packet {
                         path,
                         number: pkt.number,
@@ -527,10 +562,6 @@ impl<'a> Worker<'a> {
                         what: e.to_string(),
                     }));
                 }
-                if self.shards > 1 && shard_hash(buf) % self.shards as u64 != self.shard as u64 {
-                    continue;
-                }
-                self.eth_added += 1;
             }
             if let Some(limit) = cfg.limit {
                 let claimed = if self.shards > 1 {
@@ -544,18 +575,7 @@ impl<'a> Worker<'a> {
                     return Some(Stop::Limit);
                 }
             }
-            if cfg.unique_ip && loop_no > 0 {
-                unique_ip(buf, loop_no as u32);
-            }
-            if let Err(e) = sh.rewriter.apply(buf) {
-                return Some(Stop::Failed(ReplayError::Packet {
-                    path,
-                    number: pkt.number,
-                    offset: pkt.offset,
-                    what: e.to_string(),
-                }));
-            }
-            let wire_len = buf.len() as u32;
+            let wire_len = self.frame(slot).len() as u32;
             let offset = self.schedule.next(pkt.ts_ns, wire_len);
             let base = *self.base_ts.get_or_insert(pkt.ts_ns);
             let mut sent_at = pkt.ts_ns;
@@ -583,6 +603,7 @@ impl<'a> Worker<'a> {
                     // first free slot so the batch stays contiguous.
                     if self.n != slot {
                         self.bufs.swap(slot, self.n);
+                        self.direct.swap(slot, self.n);
                         slot = self.n;
                     }
                     self.due[slot] = Some(due);
@@ -597,9 +618,8 @@ impl<'a> Worker<'a> {
                 }
             }
             // Flows are counted on what leaves, after --unique-ip and rewriting.
-            let key = flow_key(&self.bufs[slot]);
-            self.flows.observe(key, sent_at);
-            self.conns.observe(key.map(|k| k.connection()), sent_at);
+            let key = flow_key(self.frame(slot));
+            self.flows.observe(key.map(|k| (k, k.reversed())), sent_at);
             self.ts[slot] = sent_at;
             self.n += 1;
             if self.n == self.bufs.len() {
@@ -642,6 +662,14 @@ impl<'a> Worker<'a> {
         }
     }
 
+    /// The frame in batch slot `i`.
+    fn frame(&self, i: usize) -> &[u8] {
+        match self.direct[i] {
+            Some(d) => d,
+            None => &self.bufs[i],
+        }
+    }
+
     fn flush(&mut self) -> Result<(), ReplayError> {
         if self.n == 0 {
             return Ok(());
@@ -652,15 +680,20 @@ impl<'a> Worker<'a> {
             if let Some(due) = self.due[i] {
                 self.late.record(now.saturating_sub(due));
             }
-            bytes += self.bufs[i].len() as u64;
+            bytes += self.frame(i).len() as u64;
         }
-        let frames: Vec<Frame<'_>> = self.bufs[..self.n]
-            .iter()
-            .zip(&self.ts)
-            .map(|(b, &ts_ns)| Frame { data: b, ts_ns })
+        // One small list per batch (not per frame): the sink takes borrowed frames.
+        let (direct, bufs, ts) = (&self.direct, &self.bufs, &self.ts);
+        let frames: Vec<Frame<'_>> = (0..self.n)
+            .map(|i| Frame {
+                data: direct[i].unwrap_or(&bufs[i]),
+                ts_ns: ts[i],
+            })
             .collect();
         let before = self.sink.counters().failed;
         let r = self.sink.send_batch(&frames);
+        drop(frames);
+        self.last_send_ns = now_ns();
         let failed = self.sink.counters().failed - before;
         self.sh
             .live
