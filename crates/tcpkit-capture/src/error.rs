@@ -1,0 +1,147 @@
+//! The error type of this crate: one line naming the interface (or filter expression, or
+//! option) and the syscall or reason.
+//!
+//! As in tcpkit-send, the `io::Error` of a failed syscall is the `source()` and is not repeated
+//! in `Display`, so printing the chain (as `tcpkit`'s main does) gives one line:
+//! `eth0: socket(AF_PACKET) (needs root or CAP_NET_RAW): Operation not permitted (os error 1)`.
+
+use std::io;
+
+/// Why opening or reading a capture failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureError {
+    /// The interface does not exist in the calling thread's network namespace.
+    #[error("{ifname}: no such network interface")]
+    NoSuchInterface {
+        /// The name asked for.
+        ifname: String,
+    },
+    /// A syscall on the capture socket failed.
+    #[error("{ifname}: {call}{}", hint(call, source))]
+    Sys {
+        /// The interface ("any" for all).
+        ifname: String,
+        /// The syscall, with its key argument: `socket(AF_PACKET)`, `setsockopt(PACKET_RX_RING)`.
+        call: &'static str,
+        /// The operating system's reason.
+        #[source]
+        source: io::Error,
+    },
+    /// libpcap could not compile the filter expression.
+    #[error("filter {expr:?}: {reason}")]
+    Filter {
+        /// The expression as given.
+        expr: String,
+        /// libpcap's reason, e.g. `syntax error`.
+        reason: String,
+    },
+    /// An option cannot work, e.g. a ring block that is not a multiple of the page size.
+    #[error("{ifname}: {what}")]
+    Invalid {
+        /// The interface the capture was for.
+        ifname: String,
+        /// The option and why it cannot work.
+        what: String,
+    },
+    /// The interface's link layer is one this crate cannot filter or describe.
+    #[error("{ifname}: unsupported link type (ARPHRD {hatype}); Ethernet, loopback and raw IP are")]
+    UnsupportedLink {
+        /// The interface.
+        ifname: String,
+        /// The kernel's hardware type (ARPHRD_*).
+        hatype: u16,
+    },
+    /// The kernel handed back a ring block whose layout does not add up. Never expected; the
+    /// capture stops instead of reading outside the block.
+    #[error("{ifname}: ring block {block}: {what}")]
+    Ring {
+        /// The interface.
+        ifname: String,
+        /// The block's index in the ring.
+        block: usize,
+        /// What did not add up.
+        what: &'static str,
+    },
+}
+
+impl CaptureError {
+    pub(crate) fn sys(ifname: &str, call: &'static str, source: io::Error) -> CaptureError {
+        CaptureError::Sys {
+            ifname: ifname.to_owned(),
+            call,
+            source,
+        }
+    }
+
+    pub(crate) fn invalid(ifname: &str, what: String) -> CaptureError {
+        CaptureError::Invalid {
+            ifname: ifname.to_owned(),
+            what,
+        }
+    }
+
+    /// The errno behind this error, if a syscall failed.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            CaptureError::Sys { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// What the user can do about a permission error: packet sockets need CAP_NET_RAW.
+fn hint(call: &str, err: &io::Error) -> &'static str {
+    let denied = matches!(err.raw_os_error(), Some(libc::EPERM | libc::EACCES));
+    if denied && call.starts_with("socket") {
+        " (needs root or CAP_NET_RAW)"
+    } else {
+        ""
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eperm_on_socket_names_the_capability() {
+        let e = CaptureError::sys(
+            "eth0",
+            "socket(AF_PACKET)",
+            io::Error::from_raw_os_error(libc::EPERM),
+        );
+        assert_eq!(
+            e.to_string(),
+            "eth0: socket(AF_PACKET) (needs root or CAP_NET_RAW)"
+        );
+        let src = std::error::Error::source(&e).map(|s| s.to_string());
+        assert_eq!(src.as_deref(), Some("Operation not permitted (os error 1)"));
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+    }
+
+    #[test]
+    fn other_errors_have_no_hint() {
+        let e = CaptureError::sys(
+            "eth1",
+            "setsockopt(PACKET_RX_RING)",
+            io::Error::from_raw_os_error(libc::ENOMEM),
+        );
+        assert_eq!(e.to_string(), "eth1: setsockopt(PACKET_RX_RING)");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
+    }
+
+    #[test]
+    fn messages_are_one_line() {
+        let e = CaptureError::Filter {
+            expr: "tcp port".into(),
+            reason: "syntax error".into(),
+        };
+        assert_eq!(e.to_string(), "filter \"tcp port\": syntax error");
+        let e = CaptureError::NoSuchInterface {
+            ifname: "eth9".into(),
+        };
+        assert_eq!(e.to_string(), "eth9: no such network interface");
+        assert_eq!(e.raw_os_error(), None);
+    }
+}
