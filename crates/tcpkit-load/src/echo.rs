@@ -1,1 +1,285 @@
-//! `tcpkit echo` (being written).
+//! `tcpkit echo`: the reference server that `tcpkit load` measures against (tcpscaler's
+//! tcpserver, with bounded memory).
+//!
+//! One mio `Poll` (edge-triggered epoll) per thread, each thread with its own `SO_REUSEPORT`
+//! listener per address, so the kernel spreads new connections over threads (and over worker
+//! processes, see [`procs`]) without a shared accept queue. A connection costs its socket plus a
+//! 16-byte slab slot ([`conn`]); bytes that cannot be written back at once are kept in a buffer
+//! allocated only while they are pending and capped by `max_conn_buf`: a client that never
+//! reads stops being read (back-pressure) instead of growing the server. In DNS mode every
+//! complete length-prefixed query gets its answer, in order.
+//!
+//! Counters are per thread ([`Live`]), written by their thread only and summed by readers, so the
+//! hot path never shares a cache line.
+
+mod conn;
+pub mod procs;
+mod report;
+mod sock;
+
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub use report::{EchoReport, ECHO_SCHEMA_VERSION};
+pub use sock::raise_nofile_limit;
+
+/// The port `tcpkit echo` listens on when none is given (tcpscaler's tcpserver uses it too).
+pub const DEFAULT_PORT: u16 = 4242;
+/// Default per-connection buffer cap (`--max-conn-buf`).
+pub const DEFAULT_MAX_CONN_BUF: usize = 16 * 1024;
+/// Smallest `--max-conn-buf`: a DNS query (≤ 271 bytes + EDNS) must fit half of it.
+pub const MIN_MAX_CONN_BUF: usize = 1024;
+/// Largest `--max-conn-buf`: one read's scratch buffer per thread has this size.
+pub const MAX_MAX_CONN_BUF: usize = 64 * 1024 * 1024;
+/// How long accepting pauses after EMFILE/ENFILE: long enough not to spin on a full fd table,
+/// short enough that a freed descriptor is used promptly.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(5);
+
+/// What the server answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Writes back every byte it reads.
+    Echo,
+    /// Answers DNS-over-TCP queries: A → `a`, AAAA → `aaaa`, other types NOERROR without answer.
+    Dns { a: Ipv4Addr, aaaa: Ipv6Addr },
+}
+
+/// A resolved `tcpkit echo` run; every cross-flag check happened before this was built.
+#[derive(Debug, Clone)]
+pub struct EchoConfig {
+    /// Addresses to listen on. `[::]` listens dual-stack (IPV6_V6ONLY off).
+    pub listen: Vec<SocketAddr>,
+    /// Whether `listen` is the default `[::]`, which falls back to `0.0.0.0` on a host
+    /// without IPv6.
+    pub listen_is_default: bool,
+    /// Event-loop threads (each with its own listener per address).
+    pub threads: usize,
+    pub mode: Mode,
+    /// Most bytes held for one connection (pending output plus a partial query).
+    pub max_conn_buf: usize,
+    /// Stop after this long; otherwise at the stop flag.
+    pub duration: Option<Duration>,
+    /// "K/N" when this process is worker K of N (shown in the report).
+    pub worker: Option<(u32, u32)>,
+}
+
+impl EchoConfig {
+    /// Listens on `[::]:port` (dual stack), echo mode, one thread per core, default buffer.
+    pub fn new(port: u16) -> EchoConfig {
+        EchoConfig {
+            listen: vec![SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))],
+            listen_is_default: true,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            mode: Mode::Echo,
+            max_conn_buf: DEFAULT_MAX_CONN_BUF,
+            duration: None,
+            worker: None,
+        }
+    }
+}
+
+/// Why the server could not start or keep running. Failures of single connections are
+/// counted, never returned.
+#[derive(Debug, thiserror::Error)]
+pub enum EchoError {
+    #[error("{what} {addr}")]
+    Socket {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("worker {worker}: {why}")]
+    Worker { worker: String, why: String },
+}
+
+impl EchoError {
+    pub(crate) fn io(what: &'static str, source: io::Error) -> EchoError {
+        EchoError::Io { what, source }
+    }
+}
+
+/// One thread's counters. Only its thread writes them (load + store, no locked add); the
+/// alignment keeps two threads' counters off one cache line.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub struct ThreadCounters {
+    pub accepted: AtomicU64,
+    pub closed: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub answered: AtomicU64,
+    pub malformed: AtomicU64,
+    pub accept_errors: AtomicU64,
+    pub fd_exhausted: AtomicU64,
+}
+
+#[inline]
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    // Single writer: a plain load/store is exact and cheaper than fetch_add.
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
+/// The sum over threads at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub accepted: u64,
+    pub closed: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub answered: u64,
+    pub malformed: u64,
+    pub accept_errors: u64,
+    pub fd_exhausted: u64,
+}
+
+impl Totals {
+    /// Connections open now.
+    pub fn open(&self) -> u64 {
+        self.accepted.saturating_sub(self.closed)
+    }
+}
+
+/// Live counters of a run, readable from another thread (`--stats`).
+#[derive(Debug)]
+pub struct Live {
+    threads: Box<[ThreadCounters]>,
+}
+
+impl Live {
+    pub fn new(threads: usize) -> Live {
+        Live {
+            threads: (0..threads.max(1))
+                .map(|_| ThreadCounters::default())
+                .collect(),
+        }
+    }
+
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for c in self.threads.iter() {
+            let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            t.accepted += g(&c.accepted);
+            t.closed += g(&c.closed);
+            t.bytes_in += g(&c.bytes_in);
+            t.bytes_out += g(&c.bytes_out);
+            t.answered += g(&c.answered);
+            t.malformed += g(&c.malformed);
+            t.accept_errors += g(&c.accept_errors);
+            t.fd_exhausted += g(&c.fd_exhausted);
+        }
+        t
+    }
+
+    /// The `--stats` line.
+    pub fn line(&self, mode: Mode, elapsed: Duration) -> String {
+        let t = self.totals();
+        let mut s = format!(
+            "[{:7.1}s] open {}, accepted {}, bytes in {}, bytes out {}",
+            elapsed.as_secs_f64(),
+            t.open(),
+            t.accepted,
+            t.bytes_in,
+            t.bytes_out
+        );
+        if matches!(mode, Mode::Dns { .. }) {
+            s.push_str(&format!(
+                ", answered {}, malformed {}",
+                t.answered, t.malformed
+            ));
+        }
+        if t.fd_exhausted > 0 {
+            s.push_str(&format!(", out of fds {}", t.fd_exhausted));
+        }
+        s
+    }
+}
+
+/// Shared by all threads of a run: when to stop, and the one-time hint.
+pub(crate) struct Shared<'a> {
+    pub stop: &'a AtomicBool,
+    pub deadline: Option<Instant>,
+    pub fd_limit: u64,
+    pub hint_given: AtomicBool,
+    pub hint: &'a (dyn Fn(&str) + Sync),
+}
+
+/// Runs the server until `stop` is set or the duration ends, then reports. `live` must have
+/// at least `cfg.threads` thread slots. `hint` receives one-line advice (printed by the binary
+/// as `tcpkit echo: <hint>`), at most once per kind per run.
+pub fn run(
+    cfg: &EchoConfig,
+    stop: &AtomicBool,
+    live: &Live,
+    hint: &(dyn Fn(&str) + Sync),
+) -> Result<EchoReport, EchoError> {
+    let fd_limit = raise_nofile_limit().map_err(|e| EchoError::io("raise RLIMIT_NOFILE", e))?;
+    let threads = cfg.threads.clamp(1, live.threads.len());
+    // Bind everything before serving anything, so a port in use is one error at start.
+    let (listen, per_thread) = sock::bind_all(cfg, threads)?;
+    let start = Instant::now();
+    let shared = Shared {
+        stop,
+        deadline: cfg.duration.map(|d| start + d),
+        fd_limit,
+        hint_given: AtomicBool::new(false),
+        hint,
+    };
+    let results: Vec<Result<(), EchoError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = per_thread
+            .into_iter()
+            .zip(live.threads.iter())
+            .enumerate()
+            .map(|(i, (listeners, counters))| {
+                let shared = &shared;
+                std::thread::Builder::new()
+                    .name(format!("tcpkit-echo-{i}"))
+                    .spawn_scoped(s, move || {
+                        conn::serve(cfg, listeners, counters, shared).inspect_err(|_| {
+                            // One thread failing stops the others: the run is broken.
+                            shared.stop.store(true, Ordering::SeqCst);
+                        })
+                    })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(EchoError::io(
+                        "event-loop thread",
+                        io::Error::other("panicked"),
+                    ))
+                }),
+                Err(e) => Err(EchoError::io("spawn event-loop thread", e)),
+            })
+            .collect()
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    for r in results {
+        r?;
+    }
+    let t = live.totals();
+    let stopped_by = if stop.load(Ordering::Relaxed) {
+        "signal"
+    } else {
+        "duration"
+    };
+    Ok(EchoReport::new(
+        cfg,
+        &listen,
+        threads as u32,
+        fd_limit,
+        seconds,
+        &t,
+        stopped_by,
+    ))
+}

@@ -1,0 +1,452 @@
+//! One event-loop thread of `tcpkit echo`: accepting, the connection slab, and what happens
+//! to a connection's bytes (echoed, or answered as DNS queries) under back-pressure.
+//!
+//! Reads go into one scratch buffer per thread. Only what cannot be handled at once (output
+//! the peer has no room for, the start of a query whose end has not arrived) is copied into
+//! the connection's own [`Pending`] buffers, which exist only while they hold bytes. While a
+//! connection has output pending it is not read: its peer's writes then fill the socket
+//! buffers and block, which is the back-pressure that bounds server memory.
+
+use std::io::{ErrorKind, Read, Write};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+use tcpkit_wire::dns;
+
+use super::{bump, EchoConfig, EchoError, Mode, Shared, ThreadCounters, ACCEPT_BACKOFF};
+
+/// Tokens from here up name listeners; below, slab slots.
+const LISTENER_BASE: usize = usize::MAX / 2;
+/// Longest sleep in `poll`, so a stop flag set by a signal handled on another thread is seen
+/// promptly.
+const TICK: Duration = Duration::from_millis(100);
+/// Bytes a DNS answer can add to its query: an AAAA record behind a name pointer.
+const DNS_ANSWER_GROWTH: usize = 2 + 10 + 16;
+
+/// Bytes a connection could not finish with yet. Boxed so an idle connection pays one
+/// pointer for it.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Output not yet written, from `out_pos`.
+    output: Vec<u8>,
+    out_pos: usize,
+    /// DNS mode: the start of a query whose end has not arrived.
+    input: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    pending: Option<Box<Pending>>,
+}
+
+// What an idle connection costs in user memory: a descriptor and a null pointer (the fd's
+// niche makes the Option free), plus 8 bytes in the free list once its slot is reused.
+const _: () = assert!(std::mem::size_of::<Option<Conn>>() <= 16);
+
+impl Conn {
+    /// Frees the pending buffers once they are empty: an idle connection holds no buffer.
+    fn release_if_empty(&mut self) {
+        if self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.out_pos >= p.output.len() && p.input.is_empty())
+        {
+            self.pending = None;
+        }
+    }
+
+    fn pending_mut(&mut self) -> &mut Pending {
+        self.pending.get_or_insert_with(Box::default)
+    }
+}
+
+/// Connections by token: a Vec of slots and a free list, so a slot is reused in O(1) and a
+/// token stays valid exactly as long as its connection.
+#[derive(Debug, Default)]
+struct Slab {
+    slots: Vec<Option<Conn>>,
+    free: Vec<usize>,
+}
+
+impl Slab {
+    fn insert(&mut self, c: Conn) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(c);
+                i
+            }
+            None => {
+                self.slots.push(Some(c));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, i: usize) -> Option<Conn> {
+        let c = self.slots.get_mut(i)?.take()?;
+        self.free.push(i);
+        Some(c)
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut Conn> {
+        self.slots.get_mut(i)?.as_mut()
+    }
+}
+
+/// What a round of work on a connection ended with.
+enum Next {
+    /// Nothing more until the next event.
+    Wait,
+    /// Close it (peer closed, error, or malformed query).
+    Close,
+}
+
+struct Loop<'a> {
+    mode: Mode,
+    max_buf: usize,
+    scratch: Vec<u8>,
+    out: Vec<u8>,
+    c: &'a ThreadCounters,
+}
+
+pub(super) fn serve(
+    cfg: &EchoConfig,
+    mut listeners: Vec<TcpListener>,
+    counters: &ThreadCounters,
+    shared: &Shared<'_>,
+) -> Result<(), EchoError> {
+    let mut poll = Poll::new().map_err(|e| EchoError::io("epoll_create", e))?;
+    for (i, l) in listeners.iter_mut().enumerate() {
+        poll.registry()
+            .register(l, Token(LISTENER_BASE + i), Interest::READABLE)
+            .map_err(|e| EchoError::io("register listener with epoll", e))?;
+    }
+    let mut events = Events::with_capacity(1024);
+    let mut slab = Slab::default();
+    let mut lp = Loop {
+        mode: cfg.mode,
+        max_buf: cfg.max_conn_buf,
+        scratch: vec![0; cfg.max_conn_buf],
+        out: Vec::with_capacity(cfg.max_conn_buf),
+        c: counters,
+    };
+    let mut backoff_until: Option<Instant> = None;
+    loop {
+        if shared.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let now = Instant::now();
+        if shared.deadline.is_some_and(|d| now >= d) {
+            break;
+        }
+        // Accepting was paused for lack of descriptors: once the pause is over, try again
+        // (edge-triggered listeners report nothing for connections already queued).
+        if backoff_until.is_some_and(|t| now >= t) {
+            backoff_until = None;
+            for l in &listeners {
+                backoff_until = accept_all(l, &poll, &mut slab, &lp, shared);
+                if backoff_until.is_some() {
+                    break;
+                }
+            }
+        }
+        let mut timeout = TICK;
+        for t in [shared.deadline, backoff_until].into_iter().flatten() {
+            timeout = timeout.min(t.saturating_duration_since(now));
+        }
+        if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+            if e.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(EchoError::io("epoll_wait", e));
+        }
+        for ev in events.iter() {
+            let t = ev.token().0;
+            if t >= LISTENER_BASE {
+                if backoff_until.is_none() {
+                    if let Some(l) = listeners.get(t - LISTENER_BASE) {
+                        backoff_until = accept_all(l, &poll, &mut slab, &lp, shared);
+                    }
+                }
+                continue;
+            }
+            let Some(conn) = slab.get_mut(t) else {
+                continue;
+            };
+            if let Next::Close = lp.work(conn) {
+                if let Some(c) = slab.remove(t) {
+                    // Dropping the stream closes it, which also removes it from epoll.
+                    drop(c);
+                    bump(&counters.closed, 1);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Accepts until the queue is empty. Returns when accepting should resume if the process ran
+/// out of descriptors (never spin on EMFILE: the queue stays full until a descriptor frees).
+fn accept_all(
+    l: &TcpListener,
+    poll: &Poll,
+    slab: &mut Slab,
+    lp: &Loop<'_>,
+    shared: &Shared<'_>,
+) -> Option<Instant> {
+    loop {
+        match l.accept() {
+            Ok((stream, _)) => {
+                // Answers are small and each matters for latency: no Nagle delay.
+                let _ = stream.set_nodelay(true);
+                let i = slab.insert(Conn {
+                    stream,
+                    pending: None,
+                });
+                let Some(c) = slab.get_mut(i) else { continue };
+                // Readable and writable from the start: with edge triggering that costs one
+                // extra event per connection and saves a re-registration per blocked write.
+                if poll
+                    .registry()
+                    .register(
+                        &mut c.stream,
+                        Token(i),
+                        Interest::READABLE | Interest::WRITABLE,
+                    )
+                    .is_err()
+                {
+                    slab.remove(i);
+                    bump(&lp.c.accept_errors, 1);
+                    continue;
+                }
+                bump(&lp.c.accepted, 1);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                bump(&lp.c.fd_exhausted, 1);
+                if !shared.hint_given.swap(true, Ordering::Relaxed) {
+                    let n = shared.fd_limit;
+                    (shared.hint)(&format!(
+                        "out of file descriptors (limit {n}): more than {n} connections need --procs or a higher hard limit (tcpkit tune --role server)"
+                    ));
+                }
+                return Some(Instant::now() + ACCEPT_BACKOFF);
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM)) => {
+                // The kernel is short of memory: the same pause, rather than a busy loop.
+                bump(&lp.c.accept_errors, 1);
+                return Some(Instant::now() + ACCEPT_BACKOFF);
+            }
+            Err(_) => {
+                // ECONNABORTED and friends: that connection is gone, the next may be fine.
+                bump(&lp.c.accept_errors, 1);
+            }
+        }
+    }
+}
+
+/// `write` until done or the socket is full; returns bytes written, or None if the connection
+/// failed.
+fn write_some(stream: &mut TcpStream, buf: &[u8]) -> Option<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match stream.write(&buf[done..]) {
+            Ok(0) => return None,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Some(done)
+}
+
+/// One `read`: Some(n > 0) bytes, Some(0) for nothing now, None for closed or failed.
+fn read_some(stream: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
+    loop {
+        match stream.read(buf) {
+            Ok(0) => return None,
+            Ok(n) => return Some(n),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Some(0),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+impl Loop<'_> {
+    /// Writes pending output. False when it could not all be written (wait for writable).
+    fn flush(&self, conn: &mut Conn) -> Result<bool, ()> {
+        let Some(p) = conn.pending.as_mut() else {
+            return Ok(true);
+        };
+        if p.out_pos < p.output.len() {
+            let n = write_some(&mut conn.stream, &p.output[p.out_pos..]).ok_or(())?;
+            bump(&self.c.bytes_out, n as u64);
+            p.out_pos += n;
+            if p.out_pos < p.output.len() {
+                return Ok(false);
+            }
+            p.output = Vec::new();
+            p.out_pos = 0;
+        }
+        conn.release_if_empty();
+        Ok(true)
+    }
+
+    /// Writes `data` now; keeps what the socket has no room for.
+    fn send(&self, conn: &mut Conn, data: &[u8]) -> Result<(), ()> {
+        let n = write_some(&mut conn.stream, data).ok_or(())?;
+        bump(&self.c.bytes_out, n as u64);
+        if n < data.len() {
+            let p = conn.pending_mut();
+            p.output.clear();
+            p.output.extend_from_slice(&data[n..]);
+            p.out_pos = 0;
+        }
+        Ok(())
+    }
+
+    /// Everything a readiness event allows: flush, then read and answer until the socket is
+    /// empty (edge-triggered: nothing else will tell us) or the peer stops reading.
+    fn work(&mut self, conn: &mut Conn) -> Next {
+        let r = match self.mode {
+            Mode::Echo => self.echo(conn),
+            Mode::Dns { .. } => self.dns(conn),
+        };
+        r.unwrap_or(Next::Close)
+    }
+
+    fn echo(&mut self, conn: &mut Conn) -> Result<Next, ()> {
+        loop {
+            if !self.flush(conn)? {
+                return Ok(Next::Wait);
+            }
+            // At most max_buf per read, so what is left over never exceeds max_buf.
+            let n = read_some(&mut conn.stream, &mut self.scratch).ok_or(())?;
+            if n == 0 {
+                return Ok(Next::Wait);
+            }
+            bump(&self.c.bytes_in, n as u64);
+            let n = write_some(&mut conn.stream, &self.scratch[..n]).map(|w| (w, n));
+            let (w, n) = n.ok_or(())?;
+            bump(&self.c.bytes_out, w as u64);
+            if w < n {
+                let p = conn.pending_mut();
+                p.output.extend_from_slice(&self.scratch[w..n]);
+                p.out_pos = 0;
+                return Ok(Next::Wait);
+            }
+        }
+    }
+
+    /// DNS: input is taken in windows of half the buffer and answers are built up to the
+    /// other half, so a connection holds at most about `max_buf` bytes.
+    fn dns(&mut self, conn: &mut Conn) -> Result<Next, ()> {
+        let Mode::Dns { a, aaaa } = self.mode else {
+            return Err(());
+        };
+        let window = self.max_buf / 2;
+        loop {
+            if !self.flush(conn)? {
+                return Ok(Next::Wait);
+            }
+            // The start of a query left from last time goes first.
+            let mut have = 0;
+            if let Some(p) = conn.pending.as_mut() {
+                have = p.input.len();
+                self.scratch[..have].copy_from_slice(&p.input);
+                p.input = Vec::new();
+                conn.release_if_empty();
+            }
+            if dns::tcp_message_len(&self.scratch[..have]).is_none() {
+                if have >= window {
+                    // A query longer than the buffer cannot be answered within the bound.
+                    bump(&self.c.malformed, 1);
+                    return Ok(Next::Close);
+                }
+                let n = match read_some(&mut conn.stream, &mut self.scratch[have..window]) {
+                    Some(n) => n,
+                    None => return Ok(Next::Close),
+                };
+                bump(&self.c.bytes_in, n as u64);
+                if n == 0 {
+                    self.keep_input(conn, have);
+                    return Ok(Next::Wait);
+                }
+                have += n;
+            }
+            // Answer every complete query, in order, while the answers fit their half.
+            let mut used = 0;
+            self.out.clear();
+            let mut bad = false;
+            while let Some(len) = dns::tcp_message_len(&self.scratch[used..have]) {
+                if !self.out.is_empty() && self.out.len() + len + DNS_ANSWER_GROWTH > window {
+                    break;
+                }
+                let msg = &self.scratch[used + 2..used + len];
+                match dns::parse_query(msg) {
+                    Ok(q) => {
+                        dns::write_tcp_response(&mut self.out, msg, &q, a, aaaa);
+                        bump(&self.c.answered, 1);
+                    }
+                    Err(_) => {
+                        bump(&self.c.malformed, 1);
+                        bad = true;
+                        break;
+                    }
+                }
+                used += len;
+            }
+            let out = std::mem::take(&mut self.out);
+            let sent = self.send(conn, &out);
+            self.out = out;
+            sent?;
+            if bad {
+                // The answers before it are sent (as far as the socket takes them); the
+                // connection goes, because its byte stream can no longer be trusted.
+                return Ok(Next::Close);
+            }
+            if used < have {
+                self.scratch.copy_within(used..have, 0);
+                self.keep_input(conn, have - used);
+            }
+        }
+    }
+
+    fn keep_input(&mut self, conn: &mut Conn, n: usize) {
+        if n > 0 {
+            let p = conn.pending_mut();
+            p.input.clear();
+            p.input.extend_from_slice(&self.scratch[..n]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slab_reuses_slots() {
+        let mut s = Slab::default();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
+        let mk = || Conn {
+            stream: TcpStream::from_std(std::net::TcpStream::connect(a).unwrap()),
+            pending: None,
+        };
+        let i = s.insert(mk());
+        let j = s.insert(mk());
+        assert_ne!(i, j);
+        assert!(s.remove(i).is_some());
+        assert!(s.remove(i).is_none());
+        assert_eq!(s.insert(mk()), i);
+        assert!(s.get_mut(j).is_some());
+        assert!(s.get_mut(99).is_none());
+    }
+}

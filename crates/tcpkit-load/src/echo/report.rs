@@ -1,0 +1,212 @@
+//! What `tcpkit echo` prints at exit: the human summary and the `--json` document
+//! (docs/schema/echo.schema.json), and the merge of worker processes' reports into one.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::{EchoConfig, Mode, Totals};
+
+/// Changes when a field changes meaning or disappears.
+pub const ECHO_SCHEMA_VERSION: u32 = 1;
+
+/// One run of `tcpkit echo` (all processes and threads together).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EchoReport {
+    pub schema_version: u32,
+    /// "echo" or "dns".
+    pub mode: String,
+    /// Addresses listened on, as bound.
+    pub listen: Vec<String>,
+    pub processes: u32,
+    /// Event-loop threads over all processes.
+    pub threads: u32,
+    /// RLIMIT_NOFILE of each process after raising it to the hard limit.
+    pub fd_limit: u64,
+    /// Wall-clock seconds served (the longest process).
+    pub seconds: f64,
+    pub accepted: u64,
+    pub closed: u64,
+    /// Connections still open when the server stopped.
+    pub open_at_exit: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// DNS queries answered (0 in echo mode).
+    pub answered: u64,
+    /// Connections closed for a malformed or oversized DNS query.
+    pub malformed: u64,
+    /// accept() failures other than running out of descriptors.
+    pub accept_errors: u64,
+    /// accept() calls that failed with EMFILE/ENFILE (each followed by a short pause).
+    pub fd_exhausted: u64,
+    /// "duration" or "signal".
+    pub stopped_by: String,
+}
+
+impl EchoReport {
+    pub(super) fn new(
+        cfg: &EchoConfig,
+        listen: &[SocketAddr],
+        threads: u32,
+        fd_limit: u64,
+        seconds: f64,
+        t: &Totals,
+        stopped_by: &str,
+    ) -> EchoReport {
+        EchoReport {
+            schema_version: ECHO_SCHEMA_VERSION,
+            mode: match cfg.mode {
+                Mode::Echo => "echo",
+                Mode::Dns { .. } => "dns",
+            }
+            .into(),
+            listen: listen.iter().map(ToString::to_string).collect(),
+            processes: 1,
+            threads,
+            fd_limit,
+            seconds,
+            accepted: t.accepted,
+            closed: t.closed,
+            open_at_exit: t.open(),
+            bytes_in: t.bytes_in,
+            bytes_out: t.bytes_out,
+            answered: t.answered,
+            malformed: t.malformed,
+            accept_errors: t.accept_errors,
+            fd_exhausted: t.fd_exhausted,
+            stopped_by: stopped_by.into(),
+        }
+    }
+
+    /// One report from several processes' reports: counts add up, time is the longest, the
+    /// fd limit is the smallest (the one that binds), and a signal to any process is a
+    /// signal to the run. None for an empty list.
+    pub fn merge(parts: &[EchoReport]) -> Option<EchoReport> {
+        let (first, rest) = parts.split_first()?;
+        let mut m = first.clone();
+        for r in rest {
+            m.processes += r.processes;
+            m.threads += r.threads;
+            m.fd_limit = m.fd_limit.min(r.fd_limit);
+            m.seconds = m.seconds.max(r.seconds);
+            m.accepted += r.accepted;
+            m.closed += r.closed;
+            m.open_at_exit += r.open_at_exit;
+            m.bytes_in += r.bytes_in;
+            m.bytes_out += r.bytes_out;
+            m.answered += r.answered;
+            m.malformed += r.malformed;
+            m.accept_errors += r.accept_errors;
+            m.fd_exhausted += r.fd_exhausted;
+            if r.stopped_by == "signal" {
+                m.stopped_by = r.stopped_by.clone();
+            }
+        }
+        Some(m)
+    }
+
+    /// One line of JSON (workers print it for their parent; `--json` prints it).
+    pub fn json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The human summary.
+    pub fn human(&self) -> String {
+        let mut s = format!(
+            "Connections: {} accepted, {} closed, {} open at exit\nBytes: {} in, {} out\n",
+            self.accepted, self.closed, self.open_at_exit, self.bytes_in, self.bytes_out
+        );
+        if self.mode == "dns" {
+            s.push_str(&format!(
+                "DNS: {} queries answered, {} connections closed for a malformed query\n",
+                self.answered, self.malformed
+            ));
+        }
+        s.push_str(&format!(
+            "Accept failures: {} ({} for lack of file descriptors)\n",
+            self.accept_errors + self.fd_exhausted,
+            self.fd_exhausted
+        ));
+        let plural = |n: u32, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "es" });
+        s.push_str(&format!(
+            "Served {:.3} seconds on {} ({}, {} threads, fd limit {}); stopped by {}\n",
+            self.seconds,
+            self.listen.join(" "),
+            plural(self.processes, "process"),
+            self.threads,
+            self.fd_limit,
+            self.stopped_by
+        ));
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> EchoReport {
+        EchoReport {
+            schema_version: 1,
+            mode: "dns".into(),
+            listen: vec!["[::]:4242".into()],
+            processes: 1,
+            threads: 2,
+            fd_limit: 20000,
+            seconds: 10.0004,
+            accepted: 1000,
+            closed: 990,
+            open_at_exit: 10,
+            bytes_in: 123_456,
+            bytes_out: 234_567,
+            answered: 5000,
+            malformed: 1,
+            accept_errors: 2,
+            fd_exhausted: 3,
+            stopped_by: "signal".into(),
+        }
+    }
+
+    #[test]
+    fn human_summary_exact_text() {
+        assert_eq!(
+            sample().human(),
+            "Connections: 1000 accepted, 990 closed, 10 open at exit\n\
+             Bytes: 123456 in, 234567 out\n\
+             DNS: 5000 queries answered, 1 connections closed for a malformed query\n\
+             Accept failures: 5 (3 for lack of file descriptors)\n\
+             Served 10.000 seconds on [::]:4242 (1 process, 2 threads, fd limit 20000); stopped by signal\n"
+        );
+        let mut e = sample();
+        e.mode = "echo".into();
+        e.processes = 2;
+        assert!(!e.human().contains("DNS:"));
+        assert!(e.human().contains("(2 processes, 2 threads"));
+    }
+
+    #[test]
+    fn merge_adds_counts_and_keeps_the_binding_limit() {
+        let a = sample();
+        let mut b = sample();
+        b.fd_limit = 1024;
+        b.seconds = 11.0;
+        b.stopped_by = "duration".into();
+        let m = EchoReport::merge(&[a.clone(), b]).unwrap();
+        assert_eq!((m.processes, m.threads), (2, 4));
+        assert_eq!((m.accepted, m.answered, m.fd_exhausted), (2000, 10000, 6));
+        assert_eq!(m.fd_limit, 1024);
+        assert_eq!(m.seconds, 11.0);
+        assert_eq!(m.stopped_by, "signal");
+        assert_eq!(EchoReport::merge(std::slice::from_ref(&a)).unwrap(), a);
+        assert!(EchoReport::merge(&[]).is_none());
+    }
+
+    #[test]
+    fn json_round_trips() {
+        let a = sample();
+        let back: EchoReport = serde_json::from_str(&a.json()).unwrap();
+        assert_eq!(back, a);
+        assert!(!a.json().contains('\n'));
+    }
+}

@@ -1,0 +1,356 @@
+//! `tcpkit echo`: what the user typed (clap), then the resolved `tcpkit_load::echo::EchoConfig`
+//! and how the run is shaped (worker processes, live lines, report format).
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tcpkit_load::echo::{self, EchoConfig, EchoReport, Live, Mode};
+use tcpkit_stats::{Monitor, MonitorOptions};
+
+use crate::Failure;
+
+/// The reference server: echoes bytes back or answers DNS-over-TCP queries, with bounded
+/// memory per connection. Runs until SIGINT/SIGTERM (then prints its report and exits 0) or
+/// for --duration.
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// Port to listen on (for --listen addresses given without one).
+    #[arg(long, value_name = "N", default_value_t = echo::DEFAULT_PORT)]
+    pub port: u16,
+
+    /// Address to listen on: IP or IP:PORT ([IPv6]:PORT); repeat for several. Default [::],
+    /// which takes IPv4 and IPv6 (IPv4 only on a host without IPv6).
+    #[arg(long, value_name = "ADDR[:PORT]")]
+    pub listen: Vec<String>,
+
+    /// Event-loop threads, each with its own SO_REUSEPORT listener (default: one per core).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+
+    /// Answer DNS-over-TCP queries (2-byte length prefix) instead of echoing: A and AAAA get
+    /// one answer (--dns-a, --dns-aaaa), other types NOERROR without answer; pipelined queries
+    /// are answered in order; a malformed query closes its connection.
+    #[arg(long)]
+    pub dns: bool,
+
+    /// The address in A answers (--dns).
+    #[arg(
+        long,
+        value_name = "IP",
+        requires = "dns",
+        default_value = "198.18.0.53"
+    )]
+    pub dns_a: Ipv4Addr,
+
+    /// The address in AAAA answers (--dns).
+    #[arg(
+        long,
+        value_name = "IP",
+        requires = "dns",
+        default_value = "fd00:53::53"
+    )]
+    pub dns_aaaa: Ipv6Addr,
+
+    /// Print connections open, accepted, bytes in/out (and DNS answers) every N seconds.
+    #[arg(long, value_name = "N")]
+    pub stats: Option<f64>,
+
+    /// Print the report at exit as one JSON document (docs/schema/echo.schema.json).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Stop after SECS seconds.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+
+    /// Serve from N processes sharing the port (SO_REUSEPORT), for more connections than one
+    /// process's file-descriptor limit allows; they report as one.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub procs: u32,
+
+    /// Most bytes held for one connection; a client that does not read its answers is not
+    /// read either once this much is pending (back-pressure).
+    #[arg(long, value_name = "BYTES", default_value_t = echo::DEFAULT_MAX_CONN_BUF)]
+    pub max_conn_buf: usize,
+
+    /// Internal: this process is worker K of N started by --procs (prints its report as JSON).
+    #[arg(long, value_name = "K/N", hide = true)]
+    pub worker: Option<String>,
+}
+
+/// How the run is carried out, beside what the server does.
+#[derive(Debug)]
+pub struct Run {
+    pub procs: u32,
+    pub stats: Option<Duration>,
+    pub json: bool,
+    pub worker: Option<(u32, u32)>,
+}
+
+fn usage(msg: String) -> Failure {
+    Failure::Usage(msg)
+}
+
+fn parse_listen(text: &str, port: u16) -> Result<SocketAddr, Failure> {
+    if let Ok(sa) = text.parse::<SocketAddr>() {
+        if sa.port() == 0 {
+            return Err(usage(format!(
+                "--listen '{text}': port 0 is not a port to serve on"
+            )));
+        }
+        return Ok(sa);
+    }
+    let bare = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .unwrap_or(text);
+    bare.parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, port))
+        .map_err(|_| {
+            usage(format!(
+                "--listen '{text}': not an address: give IP or IP:PORT ([IPv6]:PORT)"
+            ))
+        })
+}
+
+fn parse_worker(text: &str) -> Result<(u32, u32), Failure> {
+    let bad = || usage(format!("--worker '{text}': expected K/N with 1 <= K <= N"));
+    let (k, n) = text.split_once('/').ok_or_else(bad)?;
+    let (k, n) = (
+        k.parse::<u32>().map_err(|_| bad())?,
+        n.parse::<u32>().map_err(|_| bad())?,
+    );
+    if k == 0 || k > n {
+        return Err(bad());
+    }
+    Ok((k, n))
+}
+
+fn secs(flag: &str, v: f64) -> Result<Duration, Failure> {
+    if !v.is_finite() || !(0.0..=1e9).contains(&v) {
+        return Err(usage(format!(
+            "{flag} {v}: must be a number of seconds from 0 to 1e9"
+        )));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// Every check that involves more than one flag, or a value's meaning, happens here.
+pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
+    if a.port == 0 {
+        return Err(usage("--port 0: give a port from 1 to 65535".into()));
+    }
+    let mut cfg = EchoConfig::new(a.port);
+    if !a.listen.is_empty() {
+        cfg.listen = a
+            .listen
+            .iter()
+            .map(|l| parse_listen(l, a.port))
+            .collect::<Result<_, _>>()?;
+        cfg.listen_is_default = false;
+    }
+    if let Some(t) = a.threads {
+        if !(1..=1024).contains(&t) {
+            return Err(usage(format!("--threads {t}: must be 1 to 1024")));
+        }
+        cfg.threads = t;
+    }
+    if a.dns {
+        cfg.mode = Mode::Dns {
+            a: a.dns_a,
+            aaaa: a.dns_aaaa,
+        };
+    }
+    if !(echo::MIN_MAX_CONN_BUF..=echo::MAX_MAX_CONN_BUF).contains(&a.max_conn_buf) {
+        return Err(usage(format!(
+            "--max-conn-buf {}: must be {} to {} bytes",
+            a.max_conn_buf,
+            echo::MIN_MAX_CONN_BUF,
+            echo::MAX_MAX_CONN_BUF
+        )));
+    }
+    cfg.max_conn_buf = a.max_conn_buf;
+    cfg.duration = a.duration.map(|d| secs("--duration", d)).transpose()?;
+    if !(1..=256).contains(&a.procs) {
+        return Err(usage(format!("--procs {}: must be 1 to 256", a.procs)));
+    }
+    let worker = a.worker.as_deref().map(parse_worker).transpose()?;
+    cfg.worker = worker;
+    let stats = a
+        .stats
+        .map(|s| secs("--stats", s))
+        .transpose()?
+        .filter(|d| !d.is_zero());
+    let run = Run {
+        // A worker is one process whatever --procs its parent was given.
+        procs: if worker.is_some() { 1 } else { a.procs },
+        stats,
+        json: a.json,
+        worker,
+    };
+    Ok((cfg, run))
+}
+
+fn print(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
+    let (cfg, run) = resolve(&args)?;
+    let report = if run.procs > 1 {
+        let exe = std::env::current_exe()
+            .map_err(|e| Failure::Runtime(format!("find own executable for --procs: {e}")))?;
+        let argv: Vec<_> = std::env::args_os().skip(1).collect();
+        echo::procs::run_workers(&exe, &argv, run.procs, interrupt)
+            .map_err(|e| Failure::Runtime(crate::chain(&e)))?
+    } else {
+        serve(&cfg, &run, interrupt)?
+    };
+    // A server stopped by its operator (SIGINT/SIGTERM) has done its job: exit 0.
+    if run.worker.is_some() || run.json {
+        print(&(report.json() + "\n"));
+    } else {
+        print(&report.human());
+    }
+    Ok(())
+}
+
+fn serve(cfg: &EchoConfig, run: &Run, interrupt: &AtomicBool) -> Result<EchoReport, Failure> {
+    let live = Arc::new(Live::new(cfg.threads));
+    let mut monitor = {
+        let live = Arc::clone(&live);
+        let mode = cfg.mode;
+        let prefix = run
+            .worker
+            .map(|(k, n)| format!("worker {k}/{n} "))
+            .unwrap_or_default();
+        Monitor::start(
+            MonitorOptions {
+                stats_every: run.stats,
+                progress: !run.json && run.worker.is_none(),
+            },
+            move |elapsed| format!("{prefix}{}", live.line(mode, elapsed)),
+        )
+    };
+    let hint = |m: &str| eprintln!("tcpkit echo: {m}");
+    let result = echo::run(cfg, interrupt, &live, &hint);
+    monitor.stop();
+    result.map_err(|e| Failure::Runtime(crate::chain(&e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<(EchoConfig, Run), String> {
+        let mut v = vec!["echo"];
+        v.extend_from_slice(args);
+        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
+        resolve(&a).map_err(|f| match f {
+            Failure::Usage(m) | Failure::Runtime(m) => m,
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let (c, r) = parse(&[]).unwrap();
+        assert_eq!(c.listen, vec!["[::]:4242".parse::<SocketAddr>().unwrap()]);
+        assert!(c.listen_is_default);
+        assert_eq!(c.mode, Mode::Echo);
+        assert_eq!(c.max_conn_buf, 16384);
+        assert!(c.threads >= 1);
+        assert_eq!((r.procs, r.json, r.stats, r.worker), (1, false, None, None));
+        assert_eq!(c.duration, None);
+    }
+
+    #[test]
+    fn every_flag_parses() {
+        let (c, r) = parse(&[
+            "--port",
+            "53",
+            "--listen",
+            "198.18.0.2",
+            "--listen",
+            "[fd00:18::2]:5353",
+            "--listen",
+            "[::1]",
+            "--threads",
+            "3",
+            "--dns",
+            "--dns-a",
+            "10.1.2.3",
+            "--dns-aaaa",
+            "fd00::1",
+            "--stats",
+            "0.5",
+            "--json",
+            "--duration",
+            "2.5",
+            "--procs",
+            "4",
+            "--max-conn-buf",
+            "4096",
+            "--worker",
+            "2/4",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.listen,
+            vec![
+                "198.18.0.2:53".parse::<SocketAddr>().unwrap(),
+                "[fd00:18::2]:5353".parse().unwrap(),
+                "[::1]:53".parse().unwrap()
+            ]
+        );
+        assert!(!c.listen_is_default);
+        assert_eq!(c.threads, 3);
+        assert_eq!(
+            c.mode,
+            Mode::Dns {
+                a: Ipv4Addr::new(10, 1, 2, 3),
+                aaaa: "fd00::1".parse().unwrap()
+            }
+        );
+        assert_eq!(c.max_conn_buf, 4096);
+        assert_eq!(c.duration, Some(Duration::from_millis(2500)));
+        assert_eq!(c.worker, Some((2, 4)));
+        assert_eq!(r.stats, Some(Duration::from_millis(500)));
+        assert!(r.json);
+        // A worker is one process.
+        assert_eq!(r.procs, 1);
+        assert_eq!(parse(&["--procs", "4"]).unwrap().1.procs, 4);
+        let (c, _) = parse(&["--dns"]).unwrap();
+        assert_eq!(
+            c.mode,
+            Mode::Dns {
+                a: Ipv4Addr::new(198, 18, 0, 53),
+                aaaa: "fd00:53::53".parse().unwrap()
+            }
+        );
+    }
+
+    #[test]
+    fn bad_values_say_which_flag() {
+        let e = |args: &[&str]| parse(args).unwrap_err();
+        assert!(e(&["--port", "70000"]).contains("--port"));
+        assert!(e(&["--port", "0"]).contains("--port 0"));
+        assert!(e(&["--listen", "garbage"]).starts_with("--listen 'garbage': not an address"));
+        assert!(e(&["--listen", "1.2.3.4:0"]).contains("port 0"));
+        assert!(e(&["--threads", "0"]).contains("--threads 0"));
+        assert!(e(&["--dns-a", "1.2.3.4"]).contains("--dns"));
+        assert!(e(&["--dns", "--dns-a", "::1"]).contains("--dns-a"));
+        assert!(e(&["--max-conn-buf", "10"]).contains("--max-conn-buf 10"));
+        assert!(e(&["--duration", "-1"]).contains("--duration"));
+        assert!(e(&["--stats", "nan"]).contains("--stats"));
+        assert!(e(&["--procs", "0"]).contains("--procs 0"));
+        assert!(e(&["--worker", "3/2"]).contains("--worker '3/2'"));
+        assert!(e(&["--worker", "0/2"]).contains("K/N"));
+        assert!(e(&["--worker", "x"]).contains("K/N"));
+    }
+}
