@@ -1,1 +1,571 @@
-//! `tcpkit load` (being written).
+//! `tcpkit load`: many TCP connections to one server, queries at an asked rate on an
+//! open-loop schedule, each answer's latency from its intended and from its actual send time.
+//!
+//! The parts: [`Config`] (resolved flags) → [`plan`] (what the host allows: ports × source
+//! addresses, file descriptors → processes and threads) → one event loop per thread
+//! (`engine`), or several worker processes that each run a share and report back as JSON
+//! (`procs`) → one [`LoadReport`], judged: a run that could not do what was asked (no
+//! connection, fewer connections than asked, rate not met by more than 1 %, no answers,
+//! malformed answers) carries the reason in `failure`.
+
+mod config;
+mod engine;
+mod perquery;
+mod procs;
+mod profile;
+mod proto;
+mod sock;
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tcpkit_stats::{
+    ConnStats, Histogram, Histograms, LagStats, LoadReport, PerQueryStats, QueryStats, Rates,
+};
+
+pub use config::{
+    parse_duration, parse_ramp, parse_sources, parse_steps, resolve_target, ArrivalKind, Config,
+    Payload, Procs, RateProfile, ResponseEnd, MAX_SOURCES,
+};
+pub use perquery::HEADER as PER_QUERY_HEADER;
+
+use config::{share, share_offset};
+
+/// Why a load run could not start or go on.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("resolve {target}")]
+    Resolve {
+        target: String,
+        #[source]
+        source: io::Error,
+    },
+    /// `-c` above what the host can reach: a usage error, found before any connection.
+    #[error("-c {asked}: at most {max} connections can reach {target} from here ({sources} source address{plural} x {ports} local ports in net.ipv4.ip_local_port_range {lo}-{hi}); add addresses with --source or widen the port range (tcpkit tune --role client)")]
+    Unreachable {
+        asked: u64,
+        max: u64,
+        target: String,
+        sources: u64,
+        plural: &'static str,
+        ports: u64,
+        lo: u16,
+        hi: u16,
+    },
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path}")]
+    File {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("worker process {k}: {why}")]
+    Worker { k: u32, why: String },
+}
+
+impl LoadError {
+    /// True for errors about what was asked (exit status 2), not about the run.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, LoadError::Unreachable { .. })
+    }
+}
+
+/// Live counters: one slot per event-loop thread (or per worker process in the parent),
+/// written with relaxed stores by their owner and summed by the live line.
+#[derive(Debug)]
+pub struct Live {
+    slots: Box<[LiveSlot]>,
+}
+
+#[derive(Debug, Default)]
+pub struct LiveSlot {
+    pub open: AtomicU64,
+    pub sent: AtomicU64,
+    pub answered: AtomicU64,
+    pub errors: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub lag_ns: AtomicU64,
+}
+
+/// A sum of the live slots (lag: the largest).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveTotals {
+    pub open: u64,
+    pub sent: u64,
+    pub answered: u64,
+    pub errors: u64,
+    pub timeouts: u64,
+    pub lag_ns: u64,
+}
+
+/// Slots for threads of one process or worker processes of one run.
+const LIVE_SLOTS: usize = 256;
+
+impl Default for Live {
+    fn default() -> Self {
+        Live::new()
+    }
+}
+
+impl Live {
+    pub fn new() -> Live {
+        Live {
+            slots: (0..LIVE_SLOTS).map(|_| LiveSlot::default()).collect(),
+        }
+    }
+
+    pub(crate) fn slot(&self, i: usize) -> &LiveSlot {
+        &self.slots[i % LIVE_SLOTS]
+    }
+
+    pub fn totals(&self) -> LiveTotals {
+        let mut t = LiveTotals::default();
+        for s in self.slots.iter() {
+            t.open += s.open.load(Ordering::Relaxed);
+            t.sent += s.sent.load(Ordering::Relaxed);
+            t.answered += s.answered.load(Ordering::Relaxed);
+            t.errors += s.errors.load(Ordering::Relaxed);
+            t.timeouts += s.timeouts.load(Ordering::Relaxed);
+            t.lag_ns = t.lag_ns.max(s.lag_ns.load(Ordering::Relaxed));
+        }
+        t
+    }
+
+    pub(crate) fn set(&self, i: usize, t: &LiveTotals) {
+        let s = self.slot(i);
+        s.open.store(t.open, Ordering::Relaxed);
+        s.sent.store(t.sent, Ordering::Relaxed);
+        s.answered.store(t.answered, Ordering::Relaxed);
+        s.errors.store(t.errors, Ordering::Relaxed);
+        s.timeouts.store(t.timeouts, Ordering::Relaxed);
+        s.lag_ns.store(t.lag_ns, Ordering::Relaxed);
+    }
+}
+
+/// What the host allows and how the run is spread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Source addresses × local ports.
+    pub reachable_max: u64,
+    /// Soft `RLIMIT_NOFILE` after raising it to the hard limit.
+    pub nofile: u64,
+    pub procs: u32,
+    /// Event-loop threads per process.
+    pub threads: usize,
+}
+
+/// Most worker processes.
+pub const MAX_PROCS: u32 = 256;
+
+/// Checks `-c` against the reachable maximum, raises `RLIMIT_NOFILE`, and chooses processes
+/// (enough that each stays under its descriptor limit, unless `--procs` says) and threads.
+pub fn plan(cfg: &Config) -> Result<Plan, LoadError> {
+    let (lo, hi) = sock::local_port_range();
+    let ports = u64::from(hi - lo) + 1;
+    let sources = cfg.sources.len().max(1) as u64;
+    let reachable_max = sources * ports;
+    if cfg.connections > reachable_max {
+        return Err(LoadError::Unreachable {
+            asked: cfg.connections,
+            max: reachable_max,
+            target: cfg.addr.to_string(),
+            sources,
+            plural: if sources == 1 { "" } else { "es" },
+            ports,
+            lo,
+            hi,
+        });
+    }
+    let nofile = sock::raise_nofile();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let guess_threads = if cfg.threads == 0 { cores } else { cfg.threads };
+    let cap = nofile.saturating_sub(sock::fd_margin(guess_threads)).max(1);
+    let procs = match (cfg.worker, cfg.procs) {
+        (Some(_), _) => 1,
+        (None, Procs::Fixed(n)) => n.max(1),
+        (None, Procs::Auto) => cfg.connections.div_ceil(cap).clamp(1, u64::from(MAX_PROCS)) as u32,
+    };
+    let threads = if cfg.threads == 0 {
+        (cores / procs as usize).max(1)
+    } else {
+        cfg.threads
+    };
+    Ok(Plan {
+        reachable_max,
+        nofile,
+        procs,
+        threads,
+    })
+}
+
+/// Extra facts the verdict quotes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct Details {
+    pub connect_error: Option<String>,
+    pub bad_answer: Option<String>,
+}
+
+/// Runs the load. In a worker (`cfg.worker`), runs its share and prints JSON lines for the
+/// parent; with several processes, starts the workers and merges their reports.
+pub fn run(cfg: &Config, interrupt: &AtomicBool, live: &Live) -> Result<LoadReport, LoadError> {
+    let plan = plan(cfg)?;
+    if let Some((k, n)) = cfg.worker {
+        let stop = AtomicBool::new(false);
+        let result = std::thread::scope(|s| {
+            s.spawn(|| procs::live_loop(live, &stop));
+            let r = run_share(cfg, &plan, k, n, interrupt, live);
+            stop.store(true, Ordering::Relaxed);
+            r
+        });
+        let (report, details) = result?;
+        procs::print_final(&report, &details);
+        return Ok(report);
+    }
+    let (mut report, details) = if plan.procs > 1 {
+        procs::run_parent(cfg, &plan, interrupt, live)?
+    } else {
+        run_share(cfg, &plan, 0, 1, interrupt, live)?
+    };
+    judge(&mut report, &details);
+    Ok(report)
+}
+
+/// Appends `.K` to a per-process output path when there are several processes.
+fn per_proc_path(p: &std::path::Path, k: u32, n: u32) -> std::path::PathBuf {
+    if n <= 1 {
+        return p.to_path_buf();
+    }
+    let mut s = p.as_os_str().to_os_string();
+    s.push(format!(".{k}"));
+    s.into()
+}
+
+/// Runs worker `k` of `n`'s share of the connections, rate and queries in this process.
+fn run_share(
+    cfg: &Config,
+    plan: &Plan,
+    k: u32,
+    n: u32,
+    interrupt: &AtomicBool,
+    live: &Live,
+) -> Result<(LoadReport, Details), LoadError> {
+    let (kk, nn) = (u64::from(k), u64::from(n));
+    let conns = share(cfg.connections, nn, kk);
+    let threads = plan.threads.clamp(1, (conns.max(1)) as usize).min(LIVE_SLOTS);
+    let wall_start = Arc::new(AtomicU64::new(0));
+    let per_query = match &cfg.per_query {
+        Some(p) => {
+            let path = per_proc_path(p, k, n);
+            Some(
+                perquery::PerQuery::start(&path, Arc::clone(&wall_start)).map_err(|e| {
+                    LoadError::File {
+                        path: path.display().to_string(),
+                        source: e,
+                    }
+                })?,
+            )
+        }
+        None => None,
+    };
+    let hdr_log = match &cfg.hdr_log {
+        Some(p) => {
+            let path = per_proc_path(p, k, n);
+            Some(Mutex::new(
+                tcpkit_stats::HdrLog::create(&path, std::time::SystemTime::now()).map_err(
+                    |e| LoadError::File {
+                        path: path.display().to_string(),
+                        source: e,
+                    },
+                )?,
+            ))
+        }
+        None => None,
+    };
+    let shared = engine::Shared {
+        cfg,
+        proto: proto::Proto::new(&cfg.payload),
+        interrupt,
+        live,
+        threads,
+        conns,
+        conn_offset: share_offset(cfg.connections, nn, kk),
+        thread_offset: kk * LIVE_SLOTS as u64,
+        rate_share: if cfg.connections == 0 {
+            0.0
+        } else {
+            conns as f64 / cfg.connections as f64
+        },
+        queries: cfg.queries.map(|q| share(q, nn, kk)),
+        connected: AtomicUsize::new(0),
+        start: AtomicU64::new(0),
+        wall_start: Arc::clone(&wall_start),
+        open: AtomicU64::new(0),
+        peak_open: AtomicU64::new(0),
+        hdr_log,
+    };
+    let began = tcpkit_pace::now_ns();
+    let outs: Vec<Result<engine::ThreadOut, LoadError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let sink = per_query.as_ref().and_then(perquery::PerQuery::sink);
+                let sh = &shared;
+                std::thread::Builder::new()
+                    .name(format!("tcpkit-load-{t}"))
+                    .spawn_scoped(s, move || engine::run_thread(sh, t, sink))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(LoadError::Io {
+                        what: "event-loop thread",
+                        source: io::Error::other("panicked"),
+                    })
+                }),
+                Err(e) => Err(LoadError::Io {
+                    what: "spawn event-loop thread",
+                    source: e,
+                }),
+            })
+            .collect()
+    });
+    let mut threads_out = Vec::with_capacity(outs.len());
+    for o in outs {
+        threads_out.push(o?);
+    }
+    if let Some(log) = &shared.hdr_log {
+        if let Ok(mut l) = log.lock() {
+            let _ = l.flush();
+        }
+    }
+    let per_query = match per_query {
+        Some(pq) => {
+            let path = pq.path().display().to_string();
+            let (lines, dropped) = pq.finish().map_err(|e| LoadError::File {
+                path: path.clone(),
+                source: e,
+            })?;
+            Some(PerQueryStats {
+                path,
+                lines,
+                dropped,
+            })
+        }
+        None => None,
+    };
+    Ok(assemble(
+        cfg,
+        plan,
+        &shared,
+        threads_out,
+        began,
+        per_query,
+    ))
+}
+
+fn assemble(
+    cfg: &Config,
+    plan: &Plan,
+    sh: &engine::Shared<'_>,
+    outs: Vec<engine::ThreadOut>,
+    began: u64,
+    per_query: Option<PerQueryStats>,
+) -> (LoadReport, Details) {
+    let start = sh.start.load(Ordering::SeqCst);
+    let mut hi = Histogram::new();
+    let mut hs = Histogram::new();
+    let mut codes = vec![0u64; outs.first().map_or(0, |o| o.codes.len())];
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    let mut c = engine::Counters::default();
+    let mut details = Details::default();
+    let mut connected_at = began;
+    let mut stopped_at = start;
+    for o in &outs {
+        hi.merge(&o.hist_intended);
+        hs.merge(&o.hist_sent);
+        for (a, b) in codes.iter_mut().zip(&o.codes) {
+            *a += b;
+        }
+        for (k, v) in &o.errors {
+            *errors.entry((*k).to_string()).or_insert(0) += v;
+        }
+        if details.connect_error.is_none() {
+            details.connect_error.clone_from(&o.first_connect_error);
+        }
+        if details.bad_answer.is_none() {
+            details.bad_answer.clone_from(&o.first_bad);
+        }
+        let t = &o.c;
+        c.attempts += t.attempts;
+        c.established += t.established;
+        c.failed += t.failed;
+        c.connect_timeouts += t.connect_timeouts;
+        c.retries += t.retries;
+        c.closed_by_server += t.closed_by_server;
+        c.reconnects += t.reconnects;
+        c.scheduled += t.scheduled;
+        c.sent += t.sent;
+        c.answered += t.answered;
+        c.timeouts += t.timeouts;
+        c.lost += t.lost;
+        c.unanswered_at_end += t.unanswered_at_end;
+        c.malformed += t.malformed;
+        c.unmatched += t.unmatched;
+        c.bytes_sent += t.bytes_sent;
+        c.bytes_received += t.bytes_received;
+        c.behind += t.behind;
+        c.lag_max = c.lag_max.max(t.lag_max);
+        c.lag_end = c.lag_end.max(t.lag_end);
+        c.open_at_end += t.open_at_end;
+        connected_at = connected_at.max(o.connected_at);
+        stopped_at = stopped_at.max(t.stopped_at);
+    }
+    let seconds = if start == 0 {
+        0.0
+    } else {
+        stopped_at.saturating_sub(start) as f64 / 1e9
+    };
+    let per_sec = |n: u64| if seconds > 0.0 { n as f64 / seconds } else { 0.0 };
+    let proto = &sh.proto;
+    let codes: BTreeMap<String, u64> = codes
+        .iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 0)
+        .map(|(i, &n)| (proto.code_name(i as u16), n))
+        .fold(BTreeMap::new(), |mut m, (k, v)| {
+            *m.entry(k).or_insert(0) += v;
+            m
+        });
+    let mut hints: Vec<String> = Vec::new();
+    for k in errors.keys() {
+        if let Some(h) = sock::hint(k) {
+            if !hints.iter().any(|x| x == h) {
+                hints.push(h.to_string());
+            }
+        }
+    }
+    let wall_start = sh.wall_start.load(Ordering::SeqCst);
+    let report = LoadReport {
+        schema_version: tcpkit_stats::LOAD_SCHEMA_VERSION,
+        target: format!("{} ({})", cfg.target, cfg.addr),
+        payload: cfg.payload.describe(),
+        runs: 1,
+        processes: 1,
+        threads: sh.threads as u32,
+        start_unix_ns: wall_start,
+        end_unix_ns: wall_start + (seconds * 1e9) as u64,
+        seconds,
+        connect_seconds: connected_at.saturating_sub(began) as f64 / 1e9,
+        connections: ConnStats {
+            asked: sh.conns,
+            peak_open: sh.peak_open.load(Ordering::Relaxed),
+            open_at_end: c.open_at_end,
+            attempts: c.attempts,
+            established: c.established,
+            failed: c.failed,
+            timeouts: c.connect_timeouts,
+            retries: c.retries,
+            closed_by_server: c.closed_by_server,
+            reconnects: c.reconnects,
+            reachable_max: plan.reachable_max,
+        },
+        queries: QueryStats {
+            scheduled: c.scheduled,
+            sent: c.sent,
+            answered: c.answered,
+            timeouts: c.timeouts,
+            lost: c.lost,
+            unanswered_at_end: c.unanswered_at_end,
+            malformed: c.malformed,
+            unmatched: c.unmatched,
+            bytes_sent: c.bytes_sent,
+            bytes_received: c.bytes_received,
+        },
+        rates: Rates {
+            asked_qps: cfg
+                .rate
+                .as_ref()
+                .map(|r| if seconds > 0.0 { r.expected(seconds) / seconds * sh.rate_share } else { 0.0 }),
+            sent_qps: per_sec(c.sent),
+            answered_qps: per_sec(c.answered),
+        },
+        lag: LagStats {
+            behind: c.behind,
+            max_ns: c.lag_max,
+            end_ns: c.lag_end,
+        },
+        codes,
+        errors,
+        hints,
+        latency: hi.percentiles(),
+        latency_sent: hs.percentiles(),
+        histograms: Histograms {
+            intended: hi.to_base64(),
+            sent: hs.to_base64(),
+        },
+        per_query,
+        failure: None,
+    };
+    (report, details)
+}
+
+/// The verdict: the first way the run fell short of what was asked, or None.
+pub(crate) fn judge(r: &mut LoadReport, d: &Details) {
+    let c = &r.connections;
+    let q = &r.queries;
+    let why = if c.asked > 0 && c.established == 0 {
+        Some(format!(
+            "could not connect to {}: {} ({} attempts)",
+            r.target,
+            d.connect_error.as_deref().unwrap_or("no connection opened"),
+            c.attempts
+        ))
+    } else if c.peak_open < c.asked {
+        let top = r
+            .errors
+            .iter()
+            .max_by_key(|(_, v)| **v)
+            .map(|(k, v)| format!("{k} x{v}"))
+            .unwrap_or_else(|| "interrupted".into());
+        let hint = r
+            .hints
+            .first()
+            .map(|h| format!("; {h}"))
+            .unwrap_or_default();
+        Some(format!(
+            "only {} of {} connections were open at once ({top}){hint}",
+            c.peak_open, c.asked
+        ))
+    } else if q.scheduled > 0 && (q.scheduled - q.sent.min(q.scheduled)) * 100 > q.scheduled {
+        Some(format!(
+            "asked rate not met: {} of {} scheduled queries sent ({:.1} %), schedule lag up to {:.1} ms",
+            q.sent,
+            q.scheduled,
+            q.sent as f64 * 100.0 / q.scheduled as f64,
+            r.lag.max_ns as f64 / 1e6
+        ))
+    } else if q.sent > 0 && q.answered == 0 {
+        Some(format!(
+            "no answers: {} queries sent, {} timed out, {} lost, {} unanswered at end",
+            q.sent, q.timeouts, q.lost, q.unanswered_at_end
+        ))
+    } else if q.malformed > 0 {
+        Some(format!(
+            "{} malformed answers (first: {})",
+            q.malformed,
+            d.bad_answer.as_deref().unwrap_or("?")
+        ))
+    } else {
+        None
+    };
+    r.failure = why;
+}

@@ -1,0 +1,492 @@
+//! The resolved `load` configuration (no clap types: the binary resolves its flags into this),
+//! the parsers for the values that have a syntax of their own (`--rate-steps`, `--ramp`,
+//! `--source`), and the share of a run that one worker process takes.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tcpkit_wire::dns::Name;
+
+use super::LoadError;
+
+/// What each query is and how its answer ends.
+#[derive(Debug, Clone)]
+pub enum Payload {
+    /// DNS over TCP: queries for `names` in turn (type `qtype`), IDs per connection from 0,
+    /// answers matched by ID.
+    Dns { names: Vec<Name>, qtype: u16 },
+    /// `len` random bytes; the answer is the same bytes, checked.
+    Echo { len: u32 },
+    /// The bytes of a file; the answer ends after `ResponseEnd`.
+    File { query: Vec<u8>, end: ResponseEnd },
+    /// RESP `PING`; the answer is `+PONG\r\n` (or a `-ERR` line, counted as ERR).
+    RedisPing,
+    /// `GET path HTTP/1.1` with a Host header, keep-alive.
+    HttpGet { path: String, host: String },
+}
+
+/// Where an answer to a `--payload-file` query ends.
+#[derive(Debug, Clone)]
+pub enum ResponseEnd {
+    /// After this many bytes.
+    Len(u64),
+    /// After this byte string (included).
+    Delim(Vec<u8>),
+}
+
+impl Payload {
+    /// One line for the summary.
+    pub fn describe(&self) -> String {
+        match self {
+            Payload::Dns { names, qtype } => {
+                let t = match *qtype {
+                    1 => "A".to_string(),
+                    28 => "AAAA".into(),
+                    n => format!("TYPE{n}"),
+                };
+                if names.len() == 1 {
+                    format!("dns {t} {}", name_text(&names[0]))
+                } else {
+                    format!("dns {t}, {} names", names.len())
+                }
+            }
+            Payload::Echo { len } => format!("echo {len} bytes"),
+            Payload::File { query, end } => match end {
+                ResponseEnd::Len(n) => format!("file of {} bytes, {n}-byte answers", query.len()),
+                ResponseEnd::Delim(d) => format!(
+                    "file of {} bytes, answers end with {:?}",
+                    query.len(),
+                    String::from_utf8_lossy(d)
+                ),
+            },
+            Payload::RedisPing => "redis PING".into(),
+            Payload::HttpGet { path, .. } => format!("http GET {path}"),
+        }
+    }
+}
+
+/// A name in wire form back to text, for the summary.
+fn name_text(n: &Name) -> String {
+    let w = n.as_wire();
+    let mut out = String::new();
+    let mut i = 0;
+    while let Some(&l) = w.get(i) {
+        if l == 0 {
+            break;
+        }
+        let label = w.get(i + 1..i + 1 + usize::from(l)).unwrap_or_default();
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out.push_str(&String::from_utf8_lossy(label));
+        i += 1 + usize::from(l);
+    }
+    if out.is_empty() {
+        ".".into()
+    } else {
+        out
+    }
+}
+
+/// The asked rate over the query phase, in queries per second in all.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RateProfile {
+    Constant(f64),
+    /// `(length, rate)` steps one after the other; the last rate holds after them.
+    Steps(Vec<(Duration, f64)>),
+    /// From `from` to `to` linearly over `over`, then `to`.
+    Ramp { from: f64, to: f64, over: Duration },
+}
+
+impl RateProfile {
+    /// The same profile at `share` of the rate (a thread's or a worker's part).
+    pub fn scaled(&self, share: f64) -> RateProfile {
+        match self {
+            RateProfile::Constant(r) => RateProfile::Constant(r * share),
+            RateProfile::Steps(s) => {
+                RateProfile::Steps(s.iter().map(|&(d, r)| (d, r * share)).collect())
+            }
+            RateProfile::Ramp { from, to, over } => RateProfile::Ramp {
+                from: from * share,
+                to: to * share,
+                over: *over,
+            },
+        }
+    }
+
+    /// The natural length of the profile (steps' sum, ramp's length), used when no
+    /// `--duration` is given.
+    pub fn length(&self) -> Option<Duration> {
+        match self {
+            RateProfile::Constant(_) => None,
+            RateProfile::Steps(s) => Some(s.iter().map(|(d, _)| *d).sum()),
+            RateProfile::Ramp { over, .. } => Some(*over),
+        }
+    }
+
+    /// Expected number of queries in the first `t` seconds (the integral of the rate).
+    pub fn expected(&self, t: f64) -> f64 {
+        match self {
+            RateProfile::Constant(r) => r * t,
+            RateProfile::Steps(s) => {
+                let mut left = t;
+                let mut n = 0.0;
+                let mut last = 0.0;
+                for &(d, r) in s {
+                    let d = d.as_secs_f64();
+                    n += r * left.min(d);
+                    left -= d.min(left);
+                    last = r;
+                }
+                n + last * left
+            }
+            RateProfile::Ramp { from, to, over } => {
+                let big_t = over.as_secs_f64();
+                let u = t.min(big_t);
+                let a = if big_t > 0.0 {
+                    (to - from) / (2.0 * big_t)
+                } else {
+                    0.0
+                };
+                from * u + a * u * u + to * (t - u)
+            }
+        }
+    }
+}
+
+/// `10s:1000,10s:5000[,...]`: each step a duration (s, ms or m suffix; plain = seconds) and a
+/// rate (≥ 0, at least one positive).
+pub fn parse_steps(text: &str) -> Result<RateProfile, String> {
+    let mut steps = Vec::new();
+    for part in text.split(',') {
+        let (d, r) = part
+            .split_once(':')
+            .ok_or_else(|| format!("step {part:?}: expected DURATION:RATE, e.g. 10s:1000"))?;
+        let d = parse_duration(d).map_err(|e| format!("step {part:?}: {e}"))?;
+        let r: f64 = r
+            .trim()
+            .parse()
+            .map_err(|_| format!("step {part:?}: rate {r:?} is not a number"))?;
+        if !r.is_finite() || r < 0.0 {
+            return Err(format!("step {part:?}: rate must be 0 or more"));
+        }
+        if d.is_zero() {
+            return Err(format!("step {part:?}: duration must be above 0"));
+        }
+        steps.push((d, r));
+    }
+    if !steps.iter().any(|&(_, r)| r > 0.0) {
+        return Err("no step has a rate above 0".into());
+    }
+    Ok(RateProfile::Steps(steps))
+}
+
+/// `FROM..TO/DURATION`, e.g. `1000..100000/60s`.
+pub fn parse_ramp(text: &str) -> Result<RateProfile, String> {
+    let (rates, d) = text
+        .split_once('/')
+        .ok_or_else(|| format!("{text:?}: expected FROM..TO/DURATION, e.g. 1000..100000/60s"))?;
+    let (a, b) = rates
+        .split_once("..")
+        .ok_or_else(|| format!("{text:?}: expected FROM..TO/DURATION, e.g. 1000..100000/60s"))?;
+    let num = |s: &str| -> Result<f64, String> {
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("{text:?}: rate {s:?} is not a number"))?;
+        if !v.is_finite() || v < 0.0 {
+            return Err(format!("{text:?}: rates must be 0 or more"));
+        }
+        Ok(v)
+    };
+    let (from, to) = (num(a)?, num(b)?);
+    let over = parse_duration(d).map_err(|e| format!("{text:?}: {e}"))?;
+    if over.is_zero() {
+        return Err(format!("{text:?}: the ramp must last more than 0 s"));
+    }
+    if from <= 0.0 && to <= 0.0 {
+        return Err(format!("{text:?}: one end of the ramp must be above 0"));
+    }
+    Ok(RateProfile::Ramp { from, to, over })
+}
+
+/// `1.5`, `1.5s`, `250ms`, `2m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let (num, mult) = if let Some(v) = t.strip_suffix("ms") {
+        (v, 1e-3)
+    } else if let Some(v) = t.strip_suffix('s') {
+        (v, 1.0)
+    } else if let Some(v) = t.strip_suffix('m') {
+        (v, 60.0)
+    } else {
+        (t, 1.0)
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("duration {text:?}: expected seconds like 10s, 250ms or 2m"))?;
+    let secs = v * mult;
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+        return Err(format!("duration {text:?}: must be 0 to 1e9 seconds"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Most source addresses `--source` may name (a /16 of IPv4): enough for 4 million
+/// connections to one server port.
+pub const MAX_SOURCES: usize = 65_536;
+
+/// `--source`: comma-separated addresses and CIDR prefixes. A prefix stands for all its
+/// addresses, except, for IPv4 prefixes up to /30, its network and broadcast addresses.
+pub fn parse_sources(text: &str) -> Result<Vec<IpAddr>, String> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (addr, prefix) = match part.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (part, None),
+        };
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{part:?}: not an IP address or CIDR prefix"))?;
+        let bits: u32 = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix: u32 = match prefix {
+            None => bits,
+            Some(p) => p
+                .parse()
+                .ok()
+                .filter(|p| *p <= bits)
+                .ok_or_else(|| format!("{part:?}: prefix length must be 0 to {bits}"))?,
+        };
+        let host_bits = bits - prefix;
+        if host_bits > 16 {
+            return Err(format!(
+                "{part:?}: more than {MAX_SOURCES} addresses; give a longer prefix"
+            ));
+        }
+        let count = 1u128 << host_bits;
+        let base = match addr {
+            IpAddr::V4(a) => u128::from(u32::from(a)) & !(count - 1),
+            IpAddr::V6(a) => u128::from(a) & !(count - 1),
+        };
+        let skip_ends = addr.is_ipv4() && host_bits >= 2;
+        for i in 0..count {
+            if skip_ends && (i == 0 || i == count - 1) {
+                continue;
+            }
+            let v = base + i;
+            out.push(match addr {
+                IpAddr::V4(_) => IpAddr::V4((v as u32).into()),
+                IpAddr::V6(_) => IpAddr::V6(v.into()),
+            });
+        }
+        if out.len() > MAX_SOURCES {
+            return Err(format!("more than {MAX_SOURCES} source addresses"));
+        }
+    }
+    if out.is_empty() {
+        return Err("no source address given".into());
+    }
+    Ok(out)
+}
+
+/// `HOST:PORT` (or `[v6]:PORT`) to its first address; a name that does not resolve is an
+/// error that names it.
+pub fn resolve_target(target: &str) -> Result<SocketAddr, LoadError> {
+    let mut addrs = target.to_socket_addrs().map_err(|e| LoadError::Resolve {
+        target: target.to_string(),
+        source: e,
+    })?;
+    addrs.next().ok_or_else(|| LoadError::Resolve {
+        target: target.to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no address"),
+    })
+}
+
+/// How many worker processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Procs {
+    /// One, or as many as the file-descriptor limit needs.
+    Auto,
+    Fixed(u32),
+}
+
+/// Arrival process of the queries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArrivalKind {
+    Poisson { seed: u64 },
+    Constant,
+}
+
+/// Everything a `load` run needs, checked.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// As typed, for the report and the HTTP Host header.
+    pub target: String,
+    pub addr: SocketAddr,
+    pub connections: u64,
+    /// New connections per second, in all.
+    pub connect_rate: f64,
+    pub connect_timeout: Duration,
+    /// Connect retries per connection before it is given up (during the opening ramp).
+    pub retries: u32,
+    /// Source addresses, used in turn; empty = the kernel chooses.
+    pub sources: Vec<IpAddr>,
+    /// None: connections only, no queries (idle connections).
+    pub rate: Option<RateProfile>,
+    pub arrivals: ArrivalKind,
+    pub duration: Option<Duration>,
+    pub queries: Option<u64>,
+    pub queries_per_conn: Option<u64>,
+    pub payload: Payload,
+    /// A query unanswered for this long counts as a timeout; also the longest wait for
+    /// answers after the last query.
+    pub timeout: Duration,
+    pub per_query: Option<PathBuf>,
+    pub hdr_log: Option<PathBuf>,
+    /// Event-loop threads per process; 0 = one per core.
+    pub threads: usize,
+    pub procs: Procs,
+    /// Set in a worker process: its index and the number of workers.
+    pub worker: Option<(u32, u32)>,
+    /// The arguments (after the binary's path) that re-run this command; a worker is started
+    /// with these plus `--worker K/N`.
+    pub worker_argv: Vec<std::ffi::OsString>,
+}
+
+impl Config {
+    /// A config with the defaults of the command line: DNS A example.com, 1 connection,
+    /// 1000 connects/s, no rate.
+    pub fn new(target: String, addr: SocketAddr) -> Config {
+        Config {
+            target,
+            addr,
+            connections: 1,
+            connect_rate: 1000.0,
+            connect_timeout: Duration::from_secs(3),
+            retries: 3,
+            sources: Vec::new(),
+            rate: None,
+            arrivals: ArrivalKind::Poisson { seed: 42 },
+            duration: None,
+            queries: None,
+            queries_per_conn: None,
+            payload: Payload::Dns {
+                names: vec!["example.com".parse().expect("static name is valid")],
+                qtype: 1,
+            },
+            timeout: Duration::from_secs(2),
+            per_query: None,
+            hdr_log: None,
+            threads: 0,
+            procs: Procs::Auto,
+            worker: None,
+            worker_argv: Vec::new(),
+        }
+    }
+
+    /// How long the query phase lasts: `--duration`, else the rate profile's own length.
+    pub fn phase_length(&self) -> Option<Duration> {
+        self.duration
+            .or_else(|| self.rate.as_ref().and_then(RateProfile::length))
+    }
+}
+
+/// `part` of `total` split in `n` near-equal shares: the first `total % n` get one more.
+pub(crate) fn share(total: u64, n: u64, part: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    total / n + u64::from(part < total % n)
+}
+
+/// Sum of the shares before `part`: where `part`'s share starts.
+pub(crate) fn share_offset(total: u64, n: u64, part: u64) -> u64 {
+    (0..part).map(|p| share(total, n, p)).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_parse_and_integrate() {
+        let p = parse_steps("10s:1000,500ms:5000").unwrap();
+        assert_eq!(
+            p,
+            RateProfile::Steps(vec![
+                (Duration::from_secs(10), 1000.0),
+                (Duration::from_millis(500), 5000.0)
+            ])
+        );
+        assert_eq!(p.length(), Some(Duration::from_millis(10_500)));
+        assert!((p.expected(10.5) - 12_500.0).abs() < 1e-6);
+        // After the last step its rate holds.
+        assert!((p.expected(11.5) - 17_500.0).abs() < 1e-6);
+        for bad in ["10s", "x:1", "1s:-1", "0s:5", "1s:0", "1s:abc"] {
+            assert!(parse_steps(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ramp_parses_and_integrates() {
+        let p = parse_ramp("1000..3000/2s").unwrap();
+        assert_eq!(
+            p,
+            RateProfile::Ramp {
+                from: 1000.0,
+                to: 3000.0,
+                over: Duration::from_secs(2)
+            }
+        );
+        // Mean rate 2000 over 2 s, then 3000/s.
+        assert!((p.expected(2.0) - 4000.0).abs() < 1e-6);
+        assert!((p.expected(3.0) - 7000.0).abs() < 1e-6);
+        for bad in ["1000..3000", "1000/2s", "a..b/2s", "0..0/2s", "1..2/0s"] {
+            assert!(parse_ramp(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn sources_expand_prefixes_and_lists() {
+        let v = parse_sources("10.0.0.0/29").unwrap();
+        assert_eq!(v.len(), 6, "network and broadcast left out: {v:?}");
+        assert_eq!(v[0], "10.0.0.1".parse::<IpAddr>().unwrap());
+        let v = parse_sources("10.0.0.5/31,10.0.0.9, fd00::1/127").unwrap();
+        assert_eq!(v.len(), 5);
+        assert_eq!(parse_sources("10.0.0.7/32").unwrap().len(), 1);
+        assert!(parse_sources("10.0.0.0/8").is_err());
+        assert!(parse_sources("10.0.0.0/33").is_err());
+        assert!(parse_sources("nope").is_err());
+        assert!(parse_sources("").is_err());
+    }
+
+    #[test]
+    fn shares_add_up() {
+        let n = 7;
+        let total = 100;
+        let sum: u64 = (0..n).map(|p| share(total, n, p)).sum();
+        assert_eq!(sum, total);
+        assert_eq!(share_offset(total, n, 0), 0);
+        assert_eq!(share_offset(total, n, 2), 30);
+    }
+
+    #[test]
+    fn names_print_back() {
+        let p = Payload::Dns {
+            names: vec!["example.com".parse().unwrap()],
+            qtype: 1,
+        };
+        assert_eq!(p.describe(), "dns A example.com");
+    }
+}

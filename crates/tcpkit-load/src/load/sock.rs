@@ -1,0 +1,167 @@
+//! The host limits `load` runs into, and the non-blocking connect from a chosen source
+//! address: `RLIMIT_NOFILE`, `ip_local_port_range`, `IP_BIND_ADDRESS_NO_PORT`, and errno names
+//! with the hint that goes with each.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the soft limit in force.
+pub(crate) fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    lim.rlim_cur
+}
+
+/// Descriptors a process keeps for itself (stdio, epoll and timer fds per thread, files).
+pub(crate) fn fd_margin(threads: usize) -> u64 {
+    64 + 4 * threads as u64
+}
+
+/// `net.ipv4.ip_local_port_range` of this network namespace (it applies to IPv6 too).
+pub(crate) fn local_port_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|v| v.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .filter(|(lo, hi)| lo <= hi)
+        .unwrap_or((32768, 60999))
+}
+
+/// Starts a non-blocking connect to `to` from `from` (the port left to connect time with
+/// `IP_BIND_ADDRESS_NO_PORT`, so one address serves every destination port range).
+pub(crate) fn connect(to: SocketAddr, from: Option<IpAddr>) -> io::Result<mio::net::TcpStream> {
+    let s = Socket::new(
+        Domain::for_address(to),
+        Type::STREAM.nonblocking().cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    s.set_tcp_nodelay(true)?;
+    if let Some(src) = from {
+        let one: libc::c_int = 1;
+        // SAFETY: a valid socket, an int option, its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_BIND_ADDRESS_NO_PORT,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        s.bind(&SocketAddr::new(src, 0).into())?;
+    }
+    match s.connect(&to.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(mio::net::TcpStream::from_std(s.into()))
+}
+
+/// The errno's name, as the report counts it.
+pub(crate) fn errno_name(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => "ECONNREFUSED",
+        Some(libc::ECONNRESET) => "ECONNRESET",
+        Some(libc::ETIMEDOUT) => "ETIMEDOUT",
+        Some(libc::EMFILE) => "EMFILE",
+        Some(libc::ENFILE) => "ENFILE",
+        Some(libc::EADDRNOTAVAIL) => "EADDRNOTAVAIL",
+        Some(libc::EADDRINUSE) => "EADDRINUSE",
+        Some(libc::ENETUNREACH) => "ENETUNREACH",
+        Some(libc::EHOSTUNREACH) => "EHOSTUNREACH",
+        Some(libc::EPIPE) => "EPIPE",
+        Some(libc::ENOBUFS) => "ENOBUFS",
+        Some(libc::ENOMEM) => "ENOMEM",
+        Some(libc::EACCES) => "EACCES",
+        Some(libc::EPERM) => "EPERM",
+        Some(libc::EINVAL) => "EINVAL",
+        _ => "other socket error",
+    }
+}
+
+/// The one-line hint for a limit an errno says was hit.
+pub(crate) fn hint(name: &str) -> Option<&'static str> {
+    match name {
+        "EMFILE" | "ENFILE" => Some(
+            "out of file descriptors (EMFILE/ENFILE): run more processes with --procs N, or raise the limits (tcpkit tune --role client)",
+        ),
+        "EADDRNOTAVAIL" | "EADDRINUSE" => Some(
+            "out of local ports or addresses (EADDRNOTAVAIL): add source addresses with --source, or widen net.ipv4.ip_local_port_range (tcpkit tune --role client)",
+        ),
+        "connect timeout" => Some(
+            "connects timed out: the server's accept queue may be full (somaxconn, tcp_max_syn_backlog) or SYN cookies in use; lower --connect-rate or run tcpkit tune --role server on the server",
+        ),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nofile_is_raised_to_the_hard_limit() {
+        let got = raise_nofile();
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: reads into a local struct.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!(got, lim.rlim_cur);
+        assert_eq!(lim.rlim_cur, lim.rlim_max);
+    }
+
+    #[test]
+    fn port_range_is_read() {
+        let (lo, hi) = local_port_range();
+        assert!(lo > 0 && lo <= hi);
+    }
+
+    #[test]
+    fn refused_connect_reports_econnrefused() {
+        // A port nobody listens on: bind one, learn its number, close it.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let s = connect(addr, Some("127.0.0.1".parse().unwrap())).unwrap();
+        let mut err = None;
+        for _ in 0..100 {
+            if let Ok(Some(e)) = s.take_error() {
+                err = Some(e);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let e = err.expect("the connect fails");
+        assert_eq!(errno_name(&e), "ECONNREFUSED");
+        assert!(hint("EMFILE").unwrap().contains("--procs"));
+        assert!(hint("EADDRNOTAVAIL").unwrap().contains("--source"));
+    }
+}
