@@ -31,6 +31,7 @@ pub use config::{
     Payload, Procs, RateProfile, ResponseEnd, MAX_SOURCES,
 };
 pub use perquery::HEADER as PER_QUERY_HEADER;
+pub use tcpkit_wire::dns::{qtype_from_str, Name as DnsName};
 
 use config::{share, share_offset};
 

@@ -1,6 +1,8 @@
 //! `tcpkit`: parses the command line, runs one job, prints its report. Nothing else lives here.
 
 mod echo;
+mod load;
+mod merge;
 mod replay;
 
 use std::process::ExitCode;
@@ -31,6 +33,11 @@ enum Cmd {
     /// The reference server: echo bytes back or answer DNS-over-TCP queries, many connections
     /// with bounded memory each (tcpserver's job).
     Echo(echo::Args),
+    /// Many TCP connections to one server and queries at a set rate (tcpclient, wrk2):
+    /// open-loop schedule, latency from the intended and the actual send time, lag reported.
+    Load(load::Args),
+    /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
+    Merge(merge::Args),
 }
 
 /// Set by SIGINT/SIGTERM: jobs stop cleanly and still print their report.
@@ -99,6 +106,8 @@ fn main() -> ExitCode {
     let (name, result) = match cli.cmd {
         Cmd::Replay(args) => ("replay", replay::main(args, &INTERRUPTED)),
         Cmd::Echo(args) => ("echo", echo::main(args, &INTERRUPTED)),
+        Cmd::Load(args) => ("load", load::main(args, &INTERRUPTED)),
+        Cmd::Merge(args) => ("merge", merge::main(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -128,6 +137,6 @@ mod tests {
             .get_subcommands()
             .map(|c| c.get_name().to_string())
             .collect();
-        assert_eq!(names, ["replay", "echo"]);
+        assert_eq!(names, ["replay", "echo", "load", "merge"]);
     }
 }

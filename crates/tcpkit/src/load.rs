@@ -1,0 +1,708 @@
+//! `tcpkit load`: what the user typed (clap; tcpclient's short options where it has them),
+//! then the resolved `tcpkit_load::load::Config` where every cross-flag check happens.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::{ArgGroup, Parser, ValueEnum};
+use tcpkit_load::load::{
+    self as lib, parse_duration, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config,
+    Live, LiveTotals, Payload, Procs, RateProfile, ResponseEnd,
+};
+use tcpkit_stats::{Monitor, MonitorOptions};
+
+use crate::Failure;
+
+/// Load a TCP server with many connections and queries at a set rate (tcpclient, wrk2): an
+/// open-loop schedule (intended send times from one start, never waiting for answers), latency
+/// from the intended and from the actual send time, lag reported when the client falls behind.
+#[derive(Debug, Parser)]
+#[command(group(ArgGroup::new("payload").args(["dns", "echo_bytes", "payload_file", "redis_ping", "http_get"])))]
+#[command(group(ArgGroup::new("rates").args(["rate", "rate_steps", "ramp"])))]
+pub struct Args {
+    /// The server, HOST:PORT (a name, an IPv4 address, or [IPv6]:PORT).
+    #[arg(value_name = "HOST:PORT")]
+    pub target: String,
+
+    /// Connections to hold open.
+    #[arg(short = 'c', long, value_name = "N", default_value_t = 1)]
+    pub connections: u64,
+
+    /// New connections per second while opening them (and when reopening).
+    #[arg(long, value_name = "N", default_value_t = 1000.0)]
+    pub connect_rate: f64,
+
+    /// A connect not finished after this long fails (and is retried).
+    #[arg(long, value_name = "DURATION", default_value = "3s")]
+    pub connect_timeout: String,
+
+    /// Retries of a failed connect while opening, per connection (all are counted).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub connect_retries: u32,
+
+    /// Source addresses, used in turn: a list of IPs and/or CIDR prefixes
+    /// (10.0.0.0/28,10.0.1.5). Each must be on this host; ports are chosen at connect time
+    /// (IP_BIND_ADDRESS_NO_PORT), so each address brings a whole local port range.
+    #[arg(long, value_name = "LIST")]
+    pub source: Option<String>,
+
+    /// Queries per second in all, spread over the connections. Without a rate (or steps or a
+    /// ramp) the connections are held idle.
+    #[arg(short = 'r', long, value_name = "QPS")]
+    pub rate: Option<f64>,
+
+    /// Arrival process of the queries: poisson (exponential gaps, as tcpclient) or constant.
+    #[arg(long, value_name = "KIND", default_value = "poisson")]
+    pub arrivals: ArrivalsArg,
+
+    /// Seed of the Poisson arrivals (runs with the same seed send at the same times).
+    #[arg(long, value_name = "N", default_value_t = 42)]
+    pub seed: u64,
+
+    /// Rate steps, one after the other: "10s:1000,10s:5000" (the last rate holds after them;
+    /// without --duration the run lasts the steps' sum).
+    #[arg(long, value_name = "STEPS")]
+    pub rate_steps: Option<String>,
+
+    /// A linear rate ramp: "1000..100000/60s" (then the last rate holds; without --duration
+    /// the run lasts the ramp).
+    #[arg(long, value_name = "FROM..TO/DURATION")]
+    pub ramp: Option<String>,
+
+    /// Length of the query phase (after the connections are open): 10, 10s, 500ms, 2m.
+    #[arg(short = 't', long, value_name = "DURATION")]
+    pub duration: Option<String>,
+
+    /// Stop after N queries in all.
+    #[arg(short = 'n', long, value_name = "N")]
+    pub queries: Option<u64>,
+
+    /// Close and reopen a connection after K queries on it (connection churn).
+    #[arg(long, value_name = "K")]
+    pub queries_per_conn: Option<u64>,
+
+    /// DNS over TCP (the default payload): 2-byte length prefix, per-connection IDs, answers
+    /// matched by ID in any order, RCODEs counted.
+    #[arg(long)]
+    pub dns: bool,
+
+    /// Name to query (--dns).
+    #[arg(long, value_name = "NAME", default_value = "example.com")]
+    pub qname: String,
+
+    /// Names to query in turn, one per line (--dns; # starts a comment).
+    #[arg(long, value_name = "FILE", conflicts_with = "qname")]
+    pub qname_file: Option<PathBuf>,
+
+    /// Query type (--dns): A, AAAA, MX, TXT, ..., or a number.
+    #[arg(long, value_name = "TYPE", default_value = "A")]
+    pub qtype: String,
+
+    /// N random bytes per query; the answer must be the same bytes (checked).
+    #[arg(long, value_name = "N")]
+    pub echo_bytes: Option<u32>,
+
+    /// Send the bytes of FILE as each query; the answer ends after --response-len bytes or at
+    /// --response-delim.
+    #[arg(long, value_name = "FILE")]
+    pub payload_file: Option<PathBuf>,
+
+    /// Answers to --payload-file queries are N bytes long.
+    #[arg(long, value_name = "N", requires = "payload_file", conflicts_with = "response_delim")]
+    pub response_len: Option<u64>,
+
+    /// Answers to --payload-file queries end with STR (escapes \r \n \t \\ \xHH).
+    #[arg(long, value_name = "STR", requires = "payload_file")]
+    pub response_delim: Option<String>,
+
+    /// Redis PING (RESP); the answer must be +PONG (a -ERR line is counted as ERR).
+    #[arg(long)]
+    pub redis_ping: bool,
+
+    /// HTTP/1.1 GET of PATH with keep-alive and a Host header; answers end by Content-Length
+    /// or chunked encoding; status codes counted.
+    #[arg(long, value_name = "PATH")]
+    pub http_get: Option<String>,
+
+    /// A query unanswered after this long counts as a timeout; also the longest wait for
+    /// answers after the last query.
+    #[arg(long, value_name = "DURATION", default_value = "2s")]
+    pub timeout: String,
+
+    /// Write one CSV line per query and answer to FILE (columns:
+    /// type,timestamp,connection_id,query_id,intended_ns,sent_ns,latency_us,rtt_us), from a
+    /// thread of its own; lines it cannot keep up with are dropped and counted. With several
+    /// processes each writes FILE.K.
+    #[arg(short = 'R', long, value_name = "FILE")]
+    pub per_query: Option<PathBuf>,
+
+    /// Write an HdrHistogram interval log (one line per second and thread, tags "intended" and
+    /// "sent") to FILE. With several processes each writes FILE.K.
+    #[arg(long, value_name = "FILE")]
+    pub hdr_log: Option<PathBuf>,
+
+    /// Event-loop threads per process (default: one per core); connections and rate are
+    /// shared out between them.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+
+    /// Worker processes (default: as many as the file-descriptor limit needs); connections and
+    /// rate are shared out and the run reports as one.
+    #[arg(long, value_name = "N")]
+    pub procs: Option<u32>,
+
+    /// Print the live line (connections open, sent/s, answered/s, errors, timeouts, lag) every
+    /// N seconds on stdout; on a terminal it is always shown on stderr.
+    #[arg(long, value_name = "N")]
+    pub stats: Option<f64>,
+
+    /// Print the report as one JSON document (docs/schema/load.schema.json) instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Internal: this process is worker K of N (with T threads) started by the parent.
+    #[arg(long, value_name = "K/N/T", hide = true)]
+    pub worker: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ArrivalsArg {
+    Poisson,
+    Constant,
+}
+
+fn usage(msg: impl Into<String>) -> Failure {
+    Failure::Usage(msg.into())
+}
+
+fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
+    parse_duration(text).map_err(|e| usage(format!("{flag}: {e}")))
+}
+
+fn positive(flag: &str, v: f64) -> Result<f64, Failure> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(usage(format!("{flag} {v}: must be a positive number")));
+    }
+    Ok(v)
+}
+
+/// `\r \n \t \\ \0 \xHH` in a delimiter given on the command line.
+fn unescape(text: &str) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' {
+            out.push(b[i]);
+            i += 1;
+            continue;
+        }
+        match b.get(i + 1) {
+            Some(b'r') => out.push(b'\r'),
+            Some(b'n') => out.push(b'\n'),
+            Some(b't') => out.push(b'\t'),
+            Some(b'0') => out.push(0),
+            Some(b'\\') => out.push(b'\\'),
+            Some(b'x') => {
+                let hex = text
+                    .get(i + 2..i + 4)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| format!("{text:?}: \\x needs two hex digits"))?;
+                out.push(hex);
+                i += 2;
+            }
+            _ => return Err(format!("{text:?}: unknown escape at byte {i}")),
+        }
+        i += 2;
+    }
+    Ok(out)
+}
+
+/// `K/N/T`: worker K (from 0) of N, with T threads.
+fn parse_worker(text: &str) -> Result<(u32, u32, usize), Failure> {
+    let bad = || usage(format!("--worker '{text}': expected K/N/T with K < N"));
+    let mut it = text.split('/');
+    let k: u32 = it.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+    let n: u32 = it.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+    let t: usize = it.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+    if k >= n || t == 0 || it.next().is_some() {
+        return Err(bad());
+    }
+    Ok((k, n, t))
+}
+
+/// The payload flags into a [`Payload`].
+fn payload(a: &Args) -> Result<Payload, Failure> {
+    if let Some(n) = a.echo_bytes {
+        if !(1..=1 << 20).contains(&n) {
+            return Err(usage(format!("--echo-bytes {n}: must be 1 to 1048576")));
+        }
+        return Ok(Payload::Echo { len: n });
+    }
+    if let Some(f) = &a.payload_file {
+        let query = std::fs::read(f).map_err(|e| {
+            Failure::Runtime(format!("--payload-file {}: {}", f.display(), e))
+        })?;
+        if query.is_empty() {
+            return Err(usage(format!("--payload-file {}: the file is empty", f.display())));
+        }
+        let end = match (a.response_len, &a.response_delim) {
+            (Some(0), _) => return Err(usage("--response-len 0: must be at least 1")),
+            (Some(n), _) => ResponseEnd::Len(n),
+            (None, Some(d)) => {
+                let d = unescape(d).map_err(|e| usage(format!("--response-delim {e}")))?;
+                if d.is_empty() {
+                    return Err(usage("--response-delim: must not be empty"));
+                }
+                ResponseEnd::Delim(d)
+            }
+            (None, None) => {
+                return Err(usage(
+                    "--payload-file needs --response-len N or --response-delim STR to know where an answer ends",
+                ))
+            }
+        };
+        return Ok(Payload::File { query, end });
+    }
+    if a.redis_ping {
+        return Ok(Payload::RedisPing);
+    }
+    if let Some(path) = &a.http_get {
+        if !path.starts_with('/') || path.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+            return Err(usage(format!(
+                "--http-get {path:?}: expected an absolute path without spaces, like /index.html"
+            )));
+        }
+        let host = a
+            .target
+            .strip_suffix(":80")
+            .unwrap_or(&a.target)
+            .to_string();
+        return Ok(Payload::HttpGet {
+            path: path.clone(),
+            host,
+        });
+    }
+    let qtype = lib::qtype_from_str(&a.qtype).map_err(|e| usage(format!("--qtype: {e}")))?;
+    let names = match &a.qname_file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).map_err(|e| {
+                Failure::Runtime(format!("--qname-file {}: {}", f.display(), e))
+            })?;
+            let mut names = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                let l = line.split('#').next().unwrap_or("").trim();
+                if l.is_empty() {
+                    continue;
+                }
+                names.push(l.parse::<lib::DnsName>().map_err(|e| {
+                    usage(format!("--qname-file {} line {}: {e}", f.display(), n + 1))
+                })?);
+            }
+            if names.is_empty() {
+                return Err(usage(format!("--qname-file {}: no names in it", f.display())));
+            }
+            names
+        }
+        None => vec![a
+            .qname
+            .parse::<lib::DnsName>()
+            .map_err(|e| usage(format!("--qname: {e}")))?],
+    };
+    Ok(Payload::Dns { names, qtype })
+}
+
+/// Every check that involves more than one flag, or a value's meaning, happens here. The
+/// target is resolved here too (an unresolvable name is a runtime error, exit 1).
+pub fn resolve(a: &Args) -> Result<Config, Failure> {
+    if !a.target.contains(':') {
+        return Err(usage(format!(
+            "'{}': expected HOST:PORT (e.g. 198.18.0.2:53)",
+            a.target
+        )));
+    }
+    let payload = payload(a)?;
+    if a.connections == 0 {
+        return Err(usage("-c 0: at least one connection"));
+    }
+    let connect_rate = positive("--connect-rate", a.connect_rate)?;
+    let rate = match (&a.rate, &a.rate_steps, &a.ramp) {
+        (Some(r), _, _) => Some(RateProfile::Constant(positive("--rate", *r)?)),
+        (_, Some(s), _) => Some(parse_steps(s).map_err(|e| usage(format!("--rate-steps {e}")))?),
+        (_, _, Some(r)) => Some(parse_ramp(r).map_err(|e| usage(format!("--ramp {e}")))?),
+        _ => None,
+    };
+    if rate.is_none() && a.queries.is_some() {
+        return Err(usage("-n/--queries needs a rate (-r, --rate-steps or --ramp)"));
+    }
+    if a.queries == Some(0) {
+        return Err(usage("-n 0: at least one query"));
+    }
+    if a.queries_per_conn == Some(0) {
+        return Err(usage("--queries-per-conn 0: at least one query"));
+    }
+    if let Some(t) = a.threads {
+        if !(1..=256).contains(&t) {
+            return Err(usage(format!("--threads {t}: must be 1 to 256")));
+        }
+    }
+    if let Some(p) = a.procs {
+        if !(1..=lib::MAX_PROCS).contains(&p) {
+            return Err(usage(format!("--procs {p}: must be 1 to {}", lib::MAX_PROCS)));
+        }
+    }
+    let timeout = duration("--timeout", &a.timeout)?;
+    if timeout.is_zero() {
+        return Err(usage("--timeout: must be above 0"));
+    }
+    let connect_timeout = duration("--connect-timeout", &a.connect_timeout)?;
+    if connect_timeout.is_zero() {
+        return Err(usage("--connect-timeout: must be above 0"));
+    }
+    let dur = a
+        .duration
+        .as_deref()
+        .map(|d| duration("--duration", d))
+        .transpose()?;
+    if dur.is_some_and(|d| d.is_zero()) {
+        return Err(usage("--duration: must be above 0"));
+    }
+    let addr = lib::resolve_target(&a.target).map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    let mut cfg = Config::new(a.target.clone(), addr);
+    cfg.connections = a.connections;
+    cfg.connect_rate = connect_rate;
+    cfg.connect_timeout = connect_timeout;
+    cfg.retries = a.connect_retries;
+    if let Some(s) = &a.source {
+        cfg.sources = parse_sources(s).map_err(|e| usage(format!("--source {e}")))?;
+        if let Some(bad) = cfg.sources.iter().find(|s| s.is_ipv4() != addr.is_ipv4()) {
+            return Err(usage(format!(
+                "--source {bad}: not the address family of {addr}"
+            )));
+        }
+    }
+    cfg.rate = rate;
+    cfg.arrivals = match a.arrivals {
+        ArrivalsArg::Poisson => ArrivalKind::Poisson { seed: a.seed },
+        ArrivalsArg::Constant => ArrivalKind::Constant,
+    };
+    cfg.duration = dur;
+    cfg.queries = a.queries;
+    cfg.queries_per_conn = a.queries_per_conn;
+    cfg.payload = payload;
+    cfg.timeout = timeout;
+    cfg.per_query = a.per_query.clone();
+    cfg.hdr_log = a.hdr_log.clone();
+    cfg.threads = a.threads.unwrap_or(0);
+    cfg.procs = a.procs.map_or(Procs::Auto, Procs::Fixed);
+    if let Some(w) = &a.worker {
+        let (k, n, t) = parse_worker(w)?;
+        cfg.worker = Some((k, n));
+        cfg.threads = t;
+    }
+    // A worker is started with the same arguments (plus --worker).
+    cfg.worker_argv = std::env::args_os()
+        .skip(1)
+        .collect::<Vec<_>>();
+    Ok(cfg)
+}
+
+/// The live line: connections open, sent and answered per second since the last line,
+/// errors, timeouts, lag.
+fn live_line(now: LiveTotals, prev: &mut (LiveTotals, Duration), elapsed: Duration) -> String {
+    let dt = (elapsed - prev.1).as_secs_f64();
+    let rate = |a: u64, b: u64| {
+        if dt > 0.0 {
+            a.saturating_sub(b) as f64 / dt
+        } else {
+            0.0
+        }
+    };
+    let line = format!(
+        "[{:>6.1}s] conns {} open | sent {:.0}/s | answered {:.0}/s | errors {} | timeouts {} | lag {:.1} ms",
+        elapsed.as_secs_f64(),
+        now.open,
+        rate(now.sent, prev.0.sent),
+        rate(now.answered, prev.0.answered),
+        now.errors,
+        now.timeouts,
+        now.lag_ns as f64 / 1e6
+    );
+    *prev = (now, elapsed);
+    line
+}
+
+pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
+    let cfg = resolve(&args)?;
+    let live = Arc::new(Live::new());
+    if cfg.worker.is_some() {
+        // A worker talks JSON lines to its parent; the library prints them.
+        return lib::run(&cfg, interrupt, &live)
+            .map(drop)
+            .map_err(|e| Failure::Runtime(crate::chain(&e)));
+    }
+    let stats_every = match args.stats {
+        Some(s) if !s.is_finite() || s < 0.0 => {
+            return Err(usage(format!("--stats {s}: must be a number of seconds")))
+        }
+        Some(s) if s > 0.0 => Some(Duration::from_secs_f64(s)),
+        _ => None,
+    };
+    let mut monitor = {
+        let live = Arc::clone(&live);
+        let prev = Mutex::new((LiveTotals::default(), Duration::ZERO));
+        Monitor::start(
+            MonitorOptions {
+                stats_every,
+                progress: !args.json,
+            },
+            move |elapsed| {
+                let mut p = prev.lock().unwrap_or_else(|e| e.into_inner());
+                live_line(live.totals(), &mut p, elapsed)
+            },
+        )
+    };
+    let result = lib::run(&cfg, interrupt, &live);
+    monitor.stop();
+    let report = result.map_err(|e| {
+        if e.is_usage() {
+            Failure::Usage(crate::chain(&e))
+        } else {
+            Failure::Runtime(crate::chain(&e))
+        }
+    })?;
+    let text = if args.json {
+        report.json() + "\n"
+    } else {
+        report.human()
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+    match &report.failure {
+        Some(f) => Err(Failure::Runtime(f.clone())),
+        None if interrupt.load(std::sync::atomic::Ordering::Relaxed) => {
+            Err(Failure::Runtime("interrupted".into()))
+        }
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let mut v = vec!["load"];
+        v.extend_from_slice(args);
+        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
+        resolve(&a).map_err(|f| match f {
+            Failure::Usage(m) | Failure::Runtime(m) => m,
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&["127.0.0.1:53"]).unwrap();
+        assert_eq!(c.connections, 1);
+        assert_eq!(c.connect_rate, 1000.0);
+        assert_eq!(c.connect_timeout, Duration::from_secs(3));
+        assert_eq!(c.retries, 3);
+        assert_eq!(c.arrivals, ArrivalKind::Poisson { seed: 42 });
+        assert_eq!(c.timeout, Duration::from_secs(2));
+        assert!(c.rate.is_none());
+        assert_eq!(c.procs, Procs::Auto);
+        assert_eq!(c.payload.describe(), "dns A example.com");
+    }
+
+    #[test]
+    fn every_flag_parses() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = dir.path().join("names");
+        std::fs::write(&names, "a.example\n# comment\nb.example\n").unwrap();
+        let names = names.to_str().unwrap();
+        let c = parse(&[
+            "127.0.0.1:53",
+            "-c",
+            "10",
+            "--connect-rate",
+            "50",
+            "--connect-timeout",
+            "500ms",
+            "--connect-retries",
+            "1",
+            "--source",
+            "127.0.0.1,127.0.0.2/31",
+            "-r",
+            "100",
+            "--arrivals",
+            "constant",
+            "-t",
+            "3",
+            "-n",
+            "20",
+            "--queries-per-conn",
+            "5",
+            "--dns",
+            "--qname-file",
+            names,
+            "--qtype",
+            "AAAA",
+            "--timeout",
+            "1.5",
+            "-R",
+            "/tmp/q.csv",
+            "--hdr-log",
+            "/tmp/h.hlog",
+            "--threads",
+            "2",
+            "--procs",
+            "3",
+            "--stats",
+            "1",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(c.connections, 10);
+        assert_eq!(c.connect_rate, 50.0);
+        assert_eq!(c.connect_timeout, Duration::from_millis(500));
+        assert_eq!(c.retries, 1);
+        assert_eq!(c.sources.len(), 3);
+        assert_eq!(c.rate, Some(RateProfile::Constant(100.0)));
+        assert_eq!(c.arrivals, ArrivalKind::Constant);
+        assert_eq!(c.duration, Some(Duration::from_secs(3)));
+        assert_eq!(c.queries, Some(20));
+        assert_eq!(c.queries_per_conn, Some(5));
+        assert_eq!(c.payload.describe(), "dns AAAA, 2 names");
+        assert_eq!(c.timeout, Duration::from_millis(1500));
+        assert_eq!(c.per_query, Some(PathBuf::from("/tmp/q.csv")));
+        assert_eq!(c.hdr_log, Some(PathBuf::from("/tmp/h.hlog")));
+        assert_eq!(c.threads, 2);
+        assert_eq!(c.procs, Procs::Fixed(3));
+        let c = parse(&["127.0.0.1:53", "--seed", "7", "--rate", "1"]).unwrap();
+        assert_eq!(c.arrivals, ArrivalKind::Poisson { seed: 7 });
+        let c = parse(&["127.0.0.1:53", "--qname", "x.test", "--qtype", "MX"]).unwrap();
+        assert_eq!(c.payload.describe(), "dns TYPE15 x.test");
+    }
+
+    #[test]
+    fn payloads_parse() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("q");
+        std::fs::write(&f, "hello").unwrap();
+        let f = f.to_str().unwrap();
+        let c = parse(&["127.0.0.1:7", "--echo-bytes", "64"]).unwrap();
+        assert!(matches!(c.payload, Payload::Echo { len: 64 }));
+        let c = parse(&["127.0.0.1:7", "--payload-file", f, "--response-len", "9"]).unwrap();
+        assert!(matches!(c.payload, Payload::File { end: ResponseEnd::Len(9), .. }));
+        let c = parse(&["127.0.0.1:7", "--payload-file", f, "--response-delim", "\\r\\n\\x00"])
+            .unwrap();
+        match c.payload {
+            Payload::File {
+                end: ResponseEnd::Delim(d),
+                query,
+            } => {
+                assert_eq!(d, b"\r\n\0");
+                assert_eq!(query, b"hello");
+            }
+            other => panic!("{other:?}"),
+        }
+        let c = parse(&["127.0.0.1:6379", "--redis-ping"]).unwrap();
+        assert!(matches!(c.payload, Payload::RedisPing));
+        let c = parse(&["127.0.0.1:80", "--http-get", "/a?b=1"]).unwrap();
+        match c.payload {
+            Payload::HttpGet { path, host } => {
+                assert_eq!(path, "/a?b=1");
+                assert_eq!(host, "127.0.0.1");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rate_profiles_parse() {
+        let c = parse(&["127.0.0.1:53", "--rate-steps", "1s:100,2s:200"]).unwrap();
+        assert_eq!(
+            c.rate,
+            Some(RateProfile::Steps(vec![
+                (Duration::from_secs(1), 100.0),
+                (Duration::from_secs(2), 200.0)
+            ]))
+        );
+        assert_eq!(c.phase_length(), Some(Duration::from_secs(3)));
+        let c = parse(&["127.0.0.1:53", "--ramp", "10..1000/5s"]).unwrap();
+        assert_eq!(c.phase_length(), Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("q");
+        std::fs::write(&f, "x").unwrap();
+        let f = f.to_str().unwrap();
+        for (args, want) in [
+            (vec!["127.0.0.1"], "HOST:PORT"),
+            (vec!["127.0.0.1:53", "-c", "0"], "-c 0"),
+            (vec!["127.0.0.1:53", "-r", "0"], "--rate"),
+            (vec!["127.0.0.1:53", "-r", "5", "--ramp", "1..2/1s"], "cannot be used"),
+            (vec!["127.0.0.1:53", "--rate-steps", "1s"], "--rate-steps"),
+            (vec!["127.0.0.1:53", "--ramp", "1..2"], "--ramp"),
+            (vec!["127.0.0.1:53", "-n", "5"], "needs a rate"),
+            (vec!["127.0.0.1:53", "--echo-bytes", "0"], "--echo-bytes"),
+            (vec!["127.0.0.1:53", "--echo-bytes", "8", "--redis-ping"], "cannot be used"),
+            (vec!["127.0.0.1:53", "--payload-file", f], "--response-len"),
+            (vec!["127.0.0.1:53", "--response-len", "3"], "--payload-file"),
+            (vec!["127.0.0.1:53", "--http-get", "x y"], "--http-get"),
+            (vec!["127.0.0.1:53", "--qname", "a..b"], "--qname"),
+            (vec!["127.0.0.1:53", "--qtype", "BOGUS"], "--qtype"),
+            (vec!["127.0.0.1:53", "--timeout", "0"], "--timeout"),
+            (vec!["127.0.0.1:53", "--source", "fd00::1"], "address family"),
+            (vec!["127.0.0.1:53", "--source", "x"], "--source"),
+            (vec!["127.0.0.1:53", "--threads", "0"], "--threads"),
+            (vec!["127.0.0.1:53", "--procs", "0"], "--procs"),
+            (vec!["127.0.0.1:53", "-t", "soon"], "--duration"),
+            (vec!["127.0.0.1:53", "--arrivals", "bursty"], "invalid value"),
+            (vec!["127.0.0.1:53", "--worker", "3/2/1"], "--worker"),
+        ] {
+            let mut v = args.clone();
+            v.insert(0, "load");
+            let e = parse(&args).unwrap_err();
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn worker_flag_sets_the_share() {
+        let c = parse(&["127.0.0.1:53", "--worker", "1/3/2"]).unwrap();
+        assert_eq!(c.worker, Some((1, 3)));
+        assert_eq!(c.threads, 2);
+    }
+
+    #[test]
+    fn live_line_shows_rates_since_the_last_line() {
+        let mut prev = (LiveTotals::default(), Duration::ZERO);
+        let now = LiveTotals {
+            open: 5,
+            sent: 200,
+            answered: 190,
+            errors: 1,
+            timeouts: 2,
+            lag_ns: 1_500_000,
+        };
+        let l = live_line(now, &mut prev, Duration::from_secs(2));
+        assert_eq!(
+            l,
+            "[   2.0s] conns 5 open | sent 100/s | answered 95/s | errors 1 | timeouts 2 | lag 1.5 ms"
+        );
+    }
+
+    #[test]
+    fn unescape_escapes() {
+        assert_eq!(unescape("a\\r\\n\\t\\\\\\x41").unwrap(), b"a\r\n\t\\A");
+        assert!(unescape("\\q").is_err());
+        assert!(unescape("\\x4").is_err());
+    }
+}

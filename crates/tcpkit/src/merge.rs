@@ -1,0 +1,56 @@
+//! `tcpkit merge`: the reports of load runs made at the same time (from several client hosts)
+//! joined into one summary: counts summed, histograms merged, rates over the union of the
+//! runs' wall-clock windows.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::Failure;
+
+/// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts loading one
+/// server) into one report.
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// Reports written by `tcpkit load --json`.
+    #[arg(required = true, value_name = "REPORT.json")]
+    pub files: Vec<PathBuf>,
+
+    /// Print the merged report as one JSON document (docs/schema/load.schema.json).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn main(args: Args) -> Result<(), Failure> {
+    let mut reports = Vec::with_capacity(args.files.len());
+    for f in &args.files {
+        reports.push(
+            tcpkit_load::merge::read_report(f).map_err(|e| Failure::Runtime(crate::chain(&e)))?,
+        );
+    }
+    let merged = tcpkit_load::merge::merge_reports(&reports)
+        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    let text = if args.json {
+        merged.json() + "\n"
+    } else {
+        merged.human()
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_parses() {
+        let a = Args::try_parse_from(["merge", "a.json", "b.json", "--json"]).unwrap();
+        assert_eq!(a.files, [PathBuf::from("a.json"), PathBuf::from("b.json")]);
+        assert!(a.json);
+        assert!(Args::try_parse_from(["merge"]).is_err());
+    }
+}
