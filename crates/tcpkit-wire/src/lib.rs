@@ -19,6 +19,7 @@ mod fuzz;
 mod link;
 mod parse;
 pub mod rewrite;
+pub mod tcp;
 mod types;
 
 pub use flow::{flow_key, shard_hash, unique_ip, ConnKey, FlowKey};
