@@ -26,6 +26,8 @@ const ARPHRD_RAWIP: u16 = 519;
 /// Where the `sockaddr_ll` sits after each packet's `tpacket3_hdr`.
 const SLL_OFF: usize = (std::mem::size_of::<libc::tpacket3_hdr>() + libc::TPACKET_ALIGNMENT - 1)
     & !(libc::TPACKET_ALIGNMENT - 1);
+/// The kernel packs V3 packets in a block at this alignment (V3_ALIGNMENT in af_packet.c).
+const V3_ALIGNMENT: usize = 8;
 /// Offset of `block_status` in `struct tpacket_block_desc` (after `version`, `offset_to_priv`).
 const BLOCK_STATUS_OFF: usize = 8;
 /// Nominal frame size for `tpacket_req3`. V3 packs packets back to back in a block and does
@@ -41,6 +43,8 @@ const FRAME_SIZE: u32 = 2048;
 pub struct Capture {
     fd: OwnedFd,
     ifname: String,
+    /// The bound interface's index; 0 for "any".
+    ifindex: u32,
     linktype: u32,
     map: NonNull<u8>,
     map_len: usize,
@@ -74,8 +78,7 @@ fn setsockopt_bytes(
     len: usize,
 ) -> io::Result<()> {
     // SAFETY: `ptr` points to `len` bytes the caller owns for the duration of the call.
-    let rc =
-        unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, ptr, len as libc::socklen_t) };
+    let rc = unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, ptr, len as libc::socklen_t) };
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -221,9 +224,9 @@ impl Capture {
                 mr_alen: 0,
                 mr_address: [0; 8],
             };
-            setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mreq).map_err(
-                |e| CaptureError::sys(ifname, "setsockopt(PACKET_ADD_MEMBERSHIP, PROMISC)", e),
-            )?;
+            setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mreq).map_err(|e| {
+                CaptureError::sys(ifname, "setsockopt(PACKET_ADD_MEMBERSHIP, PROMISC)", e)
+            })?;
         }
 
         let req = libc::tpacket_req3 {
@@ -268,6 +271,7 @@ impl Capture {
         let cap = Capture {
             fd,
             ifname: ifname.to_owned(),
+            ifindex: index,
             linktype,
             map,
             map_len,
@@ -340,6 +344,10 @@ impl Capture {
     ///
     /// A block retires when it is full or `block_timeout_ms` after its first packet, so that
     /// is the latency between a packet's arrival and its delivery here.
+    ///
+    /// While the interface is down this waits as usual (the kernel resumes the capture when it
+    /// comes back up); once the interface is deleted it fails with
+    /// [`CaptureError::NoSuchInterface`].
     pub fn next_block(
         &mut self,
         timeout: Duration,
@@ -395,12 +403,49 @@ impl Capture {
                 return Err(CaptureError::sys(&self.ifname, "poll", err));
             }
             if pfd.revents & libc::POLLERR != 0 {
-                // The socket's pending error, e.g. ENETDOWN or ENODEV when the interface went
-                // down or away: reading SO_ERROR also clears it.
+                // Reading SO_ERROR also clears it.
                 if let Some(err) = self.take_socket_error()? {
-                    return Err(CaptureError::sys(&self.ifname, "poll", err));
+                    self.check_link_error(err)?;
                 }
             }
+        }
+    }
+
+    /// The kernel reports ENETDOWN both when the interface goes down (it re-attaches the
+    /// socket when the interface comes back up, so waiting on is right) and when it is
+    /// deleted (nothing will ever arrive again: an error). Which one it was is told by the
+    /// name still leading to the same index in the socket's namespace (the calling thread
+    /// may be in another one).
+    fn check_link_error(&self, err: io::Error) -> Result<(), CaptureError> {
+        if err.raw_os_error() != Some(libc::ENETDOWN) || self.ifindex == 0 {
+            return Err(CaptureError::sys(&self.ifname, "poll", err));
+        }
+        // SAFETY: ifreq is plain old data; all zeroes is a valid (empty) request.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        // The name was checked at open: shorter than IFNAMSIZ, no NUL.
+        for (dst, &src) in req.ifr_name.iter_mut().zip(self.ifname.as_bytes()) {
+            *dst = src as libc::c_char;
+        }
+        // SAFETY: SIOCGIFINDEX reads and writes one ifreq, which we own.
+        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::SIOCGIFINDEX as _, &mut req) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ENODEV) => CaptureError::NoSuchInterface {
+                    ifname: self.ifname.clone(),
+                },
+                _ => CaptureError::sys(&self.ifname, "ioctl(SIOCGIFINDEX)", e),
+            });
+        }
+        // SAFETY: SIOCGIFINDEX filled the ifindex member of the union.
+        if unsafe { req.ifr_ifru.ifru_ifindex } as u32 == self.ifindex {
+            Ok(())
+        } else {
+            // Deleted and replaced by another interface of the same name, which this socket
+            // is not bound to.
+            Err(CaptureError::NoSuchInterface {
+                ifname: self.ifname.clone(),
+            })
         }
     }
 
@@ -448,11 +493,11 @@ impl Capture {
         let hdr_len = std::mem::size_of::<libc::tpacket3_hdr>();
         let sll_len = std::mem::size_of::<libc::sockaddr_ll>();
         for n in 0..num {
-            if off % libc::TPACKET_ALIGNMENT != 0 || off + SLL_OFF + sll_len > self.block_size {
+            if off % V3_ALIGNMENT != 0 || off + SLL_OFF + sll_len > self.block_size {
                 return Err(bad("packet header outside the block"));
             }
-            // SAFETY: in bounds (checked above) and 16-byte aligned within a page-aligned
-            // block; tpacket3_hdr is plain old data.
+            // SAFETY: in bounds (checked above) and 8-byte aligned within a page-aligned
+            // block (tpacket3_hdr needs 4); it is plain old data.
             let h = unsafe { &*base.add(off).cast::<libc::tpacket3_hdr>() };
             debug_assert!(hdr_len <= SLL_OFF);
             let mac = off + usize::from(h.tp_mac);
@@ -460,8 +505,8 @@ impl Capture {
             if mac < off + SLL_OFF + sll_len || mac + snap > self.block_size {
                 return Err(bad("packet data outside the block"));
             }
-            // SAFETY: in bounds (checked above); sockaddr_ll is plain old data and 4-byte
-            // aligned at a 16-byte-aligned offset + 48.
+            // SAFETY: in bounds (checked above); sockaddr_ll is plain old data and needs 4-byte
+            // alignment, which an 8-byte-aligned offset + 48 has.
             let sll = unsafe { &*base.add(off + SLL_OFF).cast::<libc::sockaddr_ll>() };
             // SAFETY: [mac, mac + snap) lies inside the block (checked above), which stays
             // ours and unchanged until `walk` returns.

@@ -45,7 +45,9 @@ pub enum CaptureError {
         what: String,
     },
     /// The interface's link layer is one this crate cannot filter or describe.
-    #[error("{ifname}: unsupported link type (ARPHRD {hatype}); Ethernet, loopback and raw IP are")]
+    #[error(
+        "{ifname}: unsupported link type (ARPHRD {hatype}); Ethernet, loopback and raw IP are"
+    )]
     UnsupportedLink {
         /// The interface.
         ifname: String,

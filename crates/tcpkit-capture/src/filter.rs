@@ -213,7 +213,10 @@ mod tests {
         let e = compile_filter("tcp\0", LINKTYPE_ETHERNET, 65535).unwrap_err();
         assert_eq!(e.to_string(), "filter \"tcp\\0\": contains a NUL byte");
         let e = compile_filter("tcp", LINKTYPE_ETHERNET, 0).unwrap_err();
-        assert_eq!(e.to_string(), "filter \"tcp\": snaplen 0 would capture nothing");
+        assert_eq!(
+            e.to_string(),
+            "filter \"tcp\": snaplen 0 would capture nothing"
+        );
     }
 
     #[test]

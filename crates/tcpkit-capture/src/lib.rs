@@ -135,12 +135,30 @@ mod tests {
 
     #[test]
     fn direction_from_every_pkttype() {
-        assert_eq!(Direction::from_pkttype(libc::PACKET_HOST), Direction::Incoming);
-        assert_eq!(Direction::from_pkttype(libc::PACKET_BROADCAST), Direction::Incoming);
-        assert_eq!(Direction::from_pkttype(libc::PACKET_MULTICAST), Direction::Incoming);
-        assert_eq!(Direction::from_pkttype(libc::PACKET_OTHERHOST), Direction::Incoming);
-        assert_eq!(Direction::from_pkttype(libc::PACKET_OUTGOING), Direction::Outgoing);
-        assert_eq!(Direction::from_pkttype(libc::PACKET_LOOPBACK), Direction::Other);
+        assert_eq!(
+            Direction::from_pkttype(libc::PACKET_HOST),
+            Direction::Incoming
+        );
+        assert_eq!(
+            Direction::from_pkttype(libc::PACKET_BROADCAST),
+            Direction::Incoming
+        );
+        assert_eq!(
+            Direction::from_pkttype(libc::PACKET_MULTICAST),
+            Direction::Incoming
+        );
+        assert_eq!(
+            Direction::from_pkttype(libc::PACKET_OTHERHOST),
+            Direction::Incoming
+        );
+        assert_eq!(
+            Direction::from_pkttype(libc::PACKET_OUTGOING),
+            Direction::Outgoing
+        );
+        assert_eq!(
+            Direction::from_pkttype(libc::PACKET_LOOPBACK),
+            Direction::Other
+        );
         assert_eq!(Direction::from_pkttype(200), Direction::Other);
     }
 }
