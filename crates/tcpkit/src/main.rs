@@ -22,10 +22,6 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "parsed once at start; boxing the large Args buys nothing"
-)]
 enum Cmd {
     /// Send pcap/pcapng captures out of an interface (tcpreplay's job): at their own timing, a
     /// multiple of it, a set pps/Mbps, or top speed; loops, unique IPs per loop, rewriting.
