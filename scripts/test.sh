@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "test.sh: run as root: the tests build network namespaces" >&2; exit 1; }
 scripts/setup.sh
-cargo test --workspace --release -- --test-threads="${TCPKIT_TEST_THREADS:-2}"
+cargo test --workspace --release --no-fail-fast -- --test-threads="${TCPKIT_TEST_THREADS:-2}"
