@@ -128,13 +128,14 @@ impl EchoReport {
             self.accept_errors + self.fd_exhausted,
             self.fd_exhausted
         ));
-        let plural = |n: u32, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "es" });
+        let plural =
+            |n: u32, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         s.push_str(&format!(
-            "Served {:.3} seconds on {} ({}, {} threads, fd limit {}); stopped by {}\n",
+            "Served {:.3} seconds on {} ({}, {}, fd limit {}); stopped by {}\n",
             self.seconds,
             self.listen.join(" "),
-            plural(self.processes, "process"),
-            self.threads,
+            plural(self.processes, "process", "processes"),
+            plural(self.threads, "thread", "threads"),
             self.fd_limit,
             self.stopped_by
         ));
@@ -183,6 +184,8 @@ mod tests {
         e.processes = 2;
         assert!(!e.human().contains("DNS:"));
         assert!(e.human().contains("(2 processes, 2 threads"));
+        e.threads = 1;
+        assert!(e.human().contains("(2 processes, 1 thread, fd limit"));
     }
 
     #[test]
