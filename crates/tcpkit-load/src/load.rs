@@ -260,7 +260,10 @@ fn run_share(
 ) -> Result<(LoadReport, Details), LoadError> {
     let (kk, nn) = (u64::from(k), u64::from(n));
     let conns = share(cfg.connections, nn, kk);
-    let threads = plan.threads.clamp(1, (conns.max(1)) as usize).min(LIVE_SLOTS);
+    let threads = plan
+        .threads
+        .clamp(1, (conns.max(1)) as usize)
+        .min(LIVE_SLOTS);
     let wall_start = Arc::new(AtomicU64::new(0));
     let per_query = match &cfg.per_query {
         Some(p) => {
@@ -280,12 +283,12 @@ fn run_share(
         Some(p) => {
             let path = per_proc_path(p, k, n);
             Some(Mutex::new(
-                tcpkit_stats::HdrLog::create(&path, std::time::SystemTime::now()).map_err(
-                    |e| LoadError::File {
+                tcpkit_stats::HdrLog::create(&path, std::time::SystemTime::now()).map_err(|e| {
+                    LoadError::File {
                         path: path.display().to_string(),
                         source: e,
-                    },
-                )?,
+                    }
+                })?,
             ))
         }
         None => None,
@@ -363,14 +366,7 @@ fn run_share(
         }
         None => None,
     };
-    Ok(assemble(
-        cfg,
-        plan,
-        &shared,
-        threads_out,
-        began,
-        per_query,
-    ))
+    Ok(assemble(cfg, plan, &shared, threads_out, began, per_query))
 }
 
 fn assemble(
@@ -435,7 +431,13 @@ fn assemble(
     } else {
         stopped_at.saturating_sub(start) as f64 / 1e9
     };
-    let per_sec = |n: u64| if seconds > 0.0 { n as f64 / seconds } else { 0.0 };
+    let per_sec = |n: u64| {
+        if seconds > 0.0 {
+            n as f64 / seconds
+        } else {
+            0.0
+        }
+    };
     let proto = &sh.proto;
     let codes: BTreeMap<String, u64> = codes
         .iter()
@@ -492,10 +494,13 @@ fn assemble(
             bytes_received: c.bytes_received,
         },
         rates: Rates {
-            asked_qps: cfg
-                .rate
-                .as_ref()
-                .map(|r| if seconds > 0.0 { r.expected(seconds) / seconds * sh.rate_share } else { 0.0 }),
+            asked_qps: cfg.rate.as_ref().map(|r| {
+                if seconds > 0.0 {
+                    r.expected(seconds) / seconds * sh.rate_share
+                } else {
+                    0.0
+                }
+            }),
             sent_qps: per_sec(c.sent),
             answered_qps: per_sec(c.answered),
         },
@@ -530,6 +535,13 @@ pub(crate) fn judge(r: &mut LoadReport, d: &Details) {
             d.connect_error.as_deref().unwrap_or("no connection opened"),
             c.attempts
         ))
+    } else if q.malformed > 0 {
+        // The root cause when it happens: each one closed a connection.
+        Some(format!(
+            "{} malformed answers (first: {})",
+            q.malformed,
+            d.bad_answer.as_deref().unwrap_or("?")
+        ))
     } else if c.peak_open < c.asked {
         let top = r
             .errors
@@ -558,12 +570,6 @@ pub(crate) fn judge(r: &mut LoadReport, d: &Details) {
         Some(format!(
             "no answers: {} queries sent, {} timed out, {} lost, {} unanswered at end",
             q.sent, q.timeouts, q.lost, q.unanswered_at_end
-        ))
-    } else if q.malformed > 0 {
-        Some(format!(
-            "{} malformed answers (first: {})",
-            q.malformed,
-            d.bad_answer.as_deref().unwrap_or("?")
         ))
     } else {
         None

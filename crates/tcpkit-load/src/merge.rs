@@ -202,7 +202,9 @@ mod tests {
                 asked_qps: Some(sent as f64 / secs as f64),
                 ..Default::default()
             },
-            codes: [("ok".to_string(), values.len() as u64)].into_iter().collect(),
+            codes: [("ok".to_string(), values.len() as u64)]
+                .into_iter()
+                .collect(),
             latency: h.percentiles(),
             histograms: tcpkit_stats::Histograms {
                 intended: h.to_base64(),
@@ -227,7 +229,11 @@ mod tests {
         assert_eq!(m.rates.asked_qps, Some(15.0));
         // 90 values at 1 µs and 10 at 1 ms: p50 is 1 µs, p99 is 1 ms.
         assert!(m.latency.p50_ns.abs_diff(1_000) <= 1, "{:?}", m.latency);
-        assert!(m.latency.p99_ns.abs_diff(1_000_000) <= 1_000, "{:?}", m.latency);
+        assert!(
+            m.latency.p99_ns.abs_diff(1_000_000) <= 1_000,
+            "{:?}",
+            m.latency
+        );
         assert_eq!(m.latency.count, 100);
     }
 

@@ -318,8 +318,13 @@ mod tests {
         h.record(9_000);
         {
             let mut log = HdrLog::create(&dir, SystemTime::now()).unwrap();
-            log.write(&h, Duration::from_secs(1), Duration::from_secs(1), "intended")
-                .unwrap();
+            log.write(
+                &h,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+                "intended",
+            )
+            .unwrap();
             log.write(&h, Duration::from_secs(1), Duration::from_secs(1), "sent")
                 .unwrap();
             log.flush().unwrap();

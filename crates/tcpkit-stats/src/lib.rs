@@ -12,11 +12,11 @@ mod replay;
 
 pub use flows::FlowTable;
 pub use hist::{HdrLog, HistDecodeError, Histogram, Percentiles};
+pub use live::{LiveCounters, Monitor, MonitorOptions};
 pub use load::{
     ConnStats, Histograms, LagStats, LoadReport, PerQueryStats, QueryStats, Rates,
     LOAD_SCHEMA_VERSION,
 };
-pub use live::{LiveCounters, Monitor, MonitorOptions};
 pub use replay::{
     DeviceStats, FlowStats, IfDelta, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
 };

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Parser, ValueEnum};
 use tcpkit_load::load::{
-    self as lib, parse_duration, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config,
-    Live, LiveTotals, Payload, Procs, RateProfile, ResponseEnd,
+    self as lib, parse_duration, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config, Live,
+    LiveTotals, Payload, Procs, RateProfile, ResponseEnd,
 };
 use tcpkit_stats::{Monitor, MonitorOptions};
 
@@ -111,7 +111,12 @@ pub struct Args {
     pub payload_file: Option<PathBuf>,
 
     /// Answers to --payload-file queries are N bytes long.
-    #[arg(long, value_name = "N", requires = "payload_file", conflicts_with = "response_delim")]
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "payload_file",
+        conflicts_with = "response_delim"
+    )]
     pub response_len: Option<u64>,
 
     /// Answers to --payload-file queries end with STR (escapes \r \n \t \\ \xHH).
@@ -243,11 +248,13 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
         return Ok(Payload::Echo { len: n });
     }
     if let Some(f) = &a.payload_file {
-        let query = std::fs::read(f).map_err(|e| {
-            Failure::Runtime(format!("--payload-file {}: {}", f.display(), e))
-        })?;
+        let query = std::fs::read(f)
+            .map_err(|e| Failure::Runtime(format!("--payload-file {}: {}", f.display(), e)))?;
         if query.is_empty() {
-            return Err(usage(format!("--payload-file {}: the file is empty", f.display())));
+            return Err(usage(format!(
+                "--payload-file {}: the file is empty",
+                f.display()
+            )));
         }
         let end = match (a.response_len, &a.response_delim) {
             (Some(0), _) => return Err(usage("--response-len 0: must be at least 1")),
@@ -271,7 +278,11 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
         return Ok(Payload::RedisPing);
     }
     if let Some(path) = &a.http_get {
-        if !path.starts_with('/') || path.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+        if !path.starts_with('/')
+            || path
+                .bytes()
+                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        {
             return Err(usage(format!(
                 "--http-get {path:?}: expected an absolute path without spaces, like /index.html"
             )));
@@ -289,9 +300,8 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
     let qtype = lib::qtype_from_str(&a.qtype).map_err(|e| usage(format!("--qtype: {e}")))?;
     let names = match &a.qname_file {
         Some(f) => {
-            let text = std::fs::read_to_string(f).map_err(|e| {
-                Failure::Runtime(format!("--qname-file {}: {}", f.display(), e))
-            })?;
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| Failure::Runtime(format!("--qname-file {}: {}", f.display(), e)))?;
             let mut names = Vec::new();
             for (n, line) in text.lines().enumerate() {
                 let l = line.split('#').next().unwrap_or("").trim();
@@ -303,7 +313,10 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
                 })?);
             }
             if names.is_empty() {
-                return Err(usage(format!("--qname-file {}: no names in it", f.display())));
+                return Err(usage(format!(
+                    "--qname-file {}: no names in it",
+                    f.display()
+                )));
             }
             names
         }
@@ -336,7 +349,9 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
         _ => None,
     };
     if rate.is_none() && a.queries.is_some() {
-        return Err(usage("-n/--queries needs a rate (-r, --rate-steps or --ramp)"));
+        return Err(usage(
+            "-n/--queries needs a rate (-r, --rate-steps or --ramp)",
+        ));
     }
     if a.queries == Some(0) {
         return Err(usage("-n 0: at least one query"));
@@ -351,7 +366,10 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     }
     if let Some(p) = a.procs {
         if !(1..=lib::MAX_PROCS).contains(&p) {
-            return Err(usage(format!("--procs {p}: must be 1 to {}", lib::MAX_PROCS)));
+            return Err(usage(format!(
+                "--procs {p}: must be 1 to {}",
+                lib::MAX_PROCS
+            )));
         }
     }
     let timeout = duration("--timeout", &a.timeout)?;
@@ -404,9 +422,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
         cfg.threads = t;
     }
     // A worker is started with the same arguments (plus --worker).
-    cfg.worker_argv = std::env::args_os()
-        .skip(1)
-        .collect::<Vec<_>>();
+    cfg.worker_argv = std::env::args_os().skip(1).collect::<Vec<_>>();
     Ok(cfg)
 }
 
@@ -597,9 +613,21 @@ mod tests {
         let c = parse(&["127.0.0.1:7", "--echo-bytes", "64"]).unwrap();
         assert!(matches!(c.payload, Payload::Echo { len: 64 }));
         let c = parse(&["127.0.0.1:7", "--payload-file", f, "--response-len", "9"]).unwrap();
-        assert!(matches!(c.payload, Payload::File { end: ResponseEnd::Len(9), .. }));
-        let c = parse(&["127.0.0.1:7", "--payload-file", f, "--response-delim", "\\r\\n\\x00"])
-            .unwrap();
+        assert!(matches!(
+            c.payload,
+            Payload::File {
+                end: ResponseEnd::Len(9),
+                ..
+            }
+        ));
+        let c = parse(&[
+            "127.0.0.1:7",
+            "--payload-file",
+            f,
+            "--response-delim",
+            "\\r\\n\\x00",
+        ])
+        .unwrap();
         match c.payload {
             Payload::File {
                 end: ResponseEnd::Delim(d),
@@ -647,24 +675,39 @@ mod tests {
             (vec!["127.0.0.1"], "HOST:PORT"),
             (vec!["127.0.0.1:53", "-c", "0"], "-c 0"),
             (vec!["127.0.0.1:53", "-r", "0"], "--rate"),
-            (vec!["127.0.0.1:53", "-r", "5", "--ramp", "1..2/1s"], "cannot be used"),
+            (
+                vec!["127.0.0.1:53", "-r", "5", "--ramp", "1..2/1s"],
+                "cannot be used",
+            ),
             (vec!["127.0.0.1:53", "--rate-steps", "1s"], "--rate-steps"),
             (vec!["127.0.0.1:53", "--ramp", "1..2"], "--ramp"),
             (vec!["127.0.0.1:53", "-n", "5"], "needs a rate"),
             (vec!["127.0.0.1:53", "--echo-bytes", "0"], "--echo-bytes"),
-            (vec!["127.0.0.1:53", "--echo-bytes", "8", "--redis-ping"], "cannot be used"),
+            (
+                vec!["127.0.0.1:53", "--echo-bytes", "8", "--redis-ping"],
+                "cannot be used",
+            ),
             (vec!["127.0.0.1:53", "--payload-file", f], "--response-len"),
-            (vec!["127.0.0.1:53", "--response-len", "3"], "--payload-file"),
+            (
+                vec!["127.0.0.1:53", "--response-len", "3"],
+                "--payload-file",
+            ),
             (vec!["127.0.0.1:53", "--http-get", "x y"], "--http-get"),
             (vec!["127.0.0.1:53", "--qname", "a..b"], "--qname"),
             (vec!["127.0.0.1:53", "--qtype", "BOGUS"], "--qtype"),
             (vec!["127.0.0.1:53", "--timeout", "0"], "--timeout"),
-            (vec!["127.0.0.1:53", "--source", "fd00::1"], "address family"),
+            (
+                vec!["127.0.0.1:53", "--source", "fd00::1"],
+                "address family",
+            ),
             (vec!["127.0.0.1:53", "--source", "x"], "--source"),
             (vec!["127.0.0.1:53", "--threads", "0"], "--threads"),
             (vec!["127.0.0.1:53", "--procs", "0"], "--procs"),
             (vec!["127.0.0.1:53", "-t", "soon"], "--duration"),
-            (vec!["127.0.0.1:53", "--arrivals", "bursty"], "invalid value"),
+            (
+                vec!["127.0.0.1:53", "--arrivals", "bursty"],
+                "invalid value",
+            ),
             (vec!["127.0.0.1:53", "--worker", "3/2/1"], "--worker"),
         ] {
             let mut v = args.clone();

@@ -96,7 +96,11 @@ pub enum RateProfile {
     /// `(length, rate)` steps one after the other; the last rate holds after them.
     Steps(Vec<(Duration, f64)>),
     /// From `from` to `to` linearly over `over`, then `to`.
-    Ramp { from: f64, to: f64, over: Duration },
+    Ramp {
+        from: f64,
+        to: f64,
+        over: Duration,
+    },
 }
 
 impl RateProfile {

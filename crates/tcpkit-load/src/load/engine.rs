@@ -288,7 +288,8 @@ impl Worker<'_, '_> {
     }
 
     fn run(&mut self, poll: &mut Poll, events: &mut Events, timer: &TimerFd) {
-        let sweep_every = (self.sh.cfg.timeout.as_nanos() as u64 / 20).clamp(10_000_000, 100_000_000);
+        let sweep_every =
+            (self.sh.cfg.timeout.as_nanos() as u64 / 20).clamp(10_000_000, 100_000_000);
         let mut next_sweep = 0u64;
         loop {
             let mut now = now_ns();
@@ -468,8 +469,9 @@ impl Worker<'_, '_> {
             let kind = match cfg.arrivals {
                 super::config::ArrivalKind::Poisson { seed } => {
                     super::config::ArrivalKind::Poisson {
-                        seed: seed ^ (self.sh.thread_offset + self.t as u64 + 1)
-                            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                        seed: seed
+                            ^ (self.sh.thread_offset + self.t as u64 + 1)
+                                .wrapping_mul(0x9E37_79B9_7F4A_7C15),
                     }
                 }
                 k => k,
@@ -501,7 +503,7 @@ impl Worker<'_, '_> {
                     due = self.start.saturating_add(a.next_ns());
                 }
                 self.c.behind = behind;
-                self.c.lag_end = if self.next_due < end { end - self.next_due } else { 0 };
+                self.c.lag_end = end.saturating_sub(self.next_due);
             }
         }
         self.c.scheduled = self.c.sent + self.c.behind;
@@ -541,7 +543,11 @@ impl Worker<'_, '_> {
         if self.next_due <= now {
             let lag = now - self.next_due;
             self.c.lag_max = self.c.lag_max.max(lag);
-            self.sh.live.slot(self.live_slot()).lag_ns.store(lag, Ordering::Relaxed);
+            self.sh
+                .live
+                .slot(self.live_slot())
+                .lag_ns
+                .store(lag, Ordering::Relaxed);
         }
     }
 
@@ -651,10 +657,11 @@ impl Worker<'_, '_> {
             };
             match connect(self.sh.cfg.addr, src) {
                 Ok(mut s) => {
-                    if let Err(e) =
-                        poll.registry()
-                            .register(&mut s, Token(i), Interest::READABLE | Interest::WRITABLE)
-                    {
+                    if let Err(e) = poll.registry().register(
+                        &mut s,
+                        Token(i),
+                        Interest::READABLE | Interest::WRITABLE,
+                    ) {
                         self.connect_failed(i, &e, now);
                         continue;
                     }
@@ -723,7 +730,9 @@ impl Worker<'_, '_> {
                     return;
                 }
                 c.state = State::Open;
-                c.retries = 0;
+                if self.phase == Phase::Running {
+                    c.retries = 0;
+                }
                 c.on_conn = 0;
                 c.retiring = false;
                 if c.was_open {
@@ -916,7 +925,11 @@ impl Worker<'_, '_> {
             self.open -= 1;
             self.sh.open.fetch_sub(1, Ordering::Relaxed);
         }
-        if matches!(self.phase, Phase::Running | Phase::Connecting) {
+        if self.phase == Phase::Connecting {
+            // While opening, a connection the server drops counts against the retries like
+            // a failed connect, so the opening phase ends even if the server drops them all.
+            self.retry_later(i, now);
+        } else if self.phase == Phase::Running {
             c.state = State::Idle;
             // A connection the server closed is reopened at once (paced by the connect rate);
             // after an error, after the retry delay.
@@ -944,13 +957,17 @@ impl Worker<'_, '_> {
                     self.c.failed += 1;
                     self.count_error("connect timeout");
                     if self.first_connect_error.is_none() {
-                        self.first_connect_error =
-                            Some(format!("no answer within {:?}", self.sh.cfg.connect_timeout));
+                        self.first_connect_error = Some(format!(
+                            "no answer within {:?}",
+                            self.sh.cfg.connect_timeout
+                        ));
                     }
                     self.retry_later(i, now);
                 }
                 State::Open if !c.pending.is_empty() && self.start != 0 => {
-                    let Some(front) = c.pending.front() else { continue };
+                    let Some(front) = c.pending.front() else {
+                        continue;
+                    };
                     if at.saturating_sub(front.sent) < qt {
                         continue;
                     }
@@ -1039,8 +1056,18 @@ impl Worker<'_, '_> {
             if self.start != 0 && (hi.count() > 0 || hs.count() > 0) {
                 if let Ok(mut log) = log.lock() {
                     let from = next.saturating_sub(1_000_000_000 + self.start);
-                    let _ = log.write(hi, Duration::from_nanos(from), Duration::from_secs(1), "intended");
-                    let _ = log.write(hs, Duration::from_nanos(from), Duration::from_secs(1), "sent");
+                    let _ = log.write(
+                        hi,
+                        Duration::from_nanos(from),
+                        Duration::from_secs(1),
+                        "intended",
+                    );
+                    let _ = log.write(
+                        hs,
+                        Duration::from_nanos(from),
+                        Duration::from_secs(1),
+                        "sent",
+                    );
                 }
             }
         }

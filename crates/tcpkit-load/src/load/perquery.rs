@@ -20,7 +20,8 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-pub const HEADER: &str = "type,timestamp,connection_id,query_id,intended_ns,sent_ns,latency_us,rtt_us\n";
+pub const HEADER: &str =
+    "type,timestamp,connection_id,query_id,intended_ns,sent_ns,latency_us,rtt_us\n";
 
 /// Records per batch, and batches the channel holds: 64 × 1024 records of slack (~3 MiB).
 const BATCH: usize = 1024;
@@ -219,7 +220,10 @@ mod tests {
             at: 81_750,
         };
         format_line(&mut s, &r, 1_700_000_000_000_000_000);
-        assert_eq!(s, "answer,1700000000.000081750,3,9,1000,1500,80.750,80.250\n");
+        assert_eq!(
+            s,
+            "answer,1700000000.000081750,3,9,1000,1500,80.750,80.250\n"
+        );
         format_line(
             &mut s,
             &Rec {
@@ -250,7 +254,10 @@ mod tests {
         for _ in 0..3 * BATCH * BATCHES {
             sink.push(rec);
         }
-        assert!(t.elapsed() < std::time::Duration::from_secs(2), "never blocks");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "never blocks"
+        );
         drop(sink);
         let (lines, dropped) = pq.finish().unwrap();
         assert_eq!(lines + dropped, (3 * BATCH * BATCHES) as u64);

@@ -97,7 +97,9 @@ pub(crate) fn run_parent(
     let done = AtomicBool::new(false);
     let statuses = std::thread::scope(|s| {
         for (k, child) in children.iter_mut().enumerate() {
-            let Some(out) = child.stdout.take() else { continue };
+            let Some(out) = child.stdout.take() else {
+                continue;
+            };
             let results = &results;
             s.spawn(move || {
                 for line in BufReader::new(out).lines() {

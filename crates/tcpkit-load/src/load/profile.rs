@@ -115,7 +115,7 @@ impl ArrivalTimes {
 }
 
 fn to_ns(t: f64) -> u64 {
-    if t.is_finite() && t >= 0.0 && t < 1.8e19 {
+    if (0.0..1.8e19).contains(&t) {
         t as u64
     } else {
         u64::MAX

@@ -77,12 +77,26 @@ pub(crate) struct Proto {
 
 #[derive(Debug)]
 enum Kind {
-    Dns { names: Vec<dns::Name>, qtype: u16 },
-    Echo { len: u32 },
-    FileLen { query: Vec<u8>, len: u64 },
-    FileDelim { query: Vec<u8>, delim: Vec<u8>, fail: Vec<u32> },
+    Dns {
+        names: Vec<dns::Name>,
+        qtype: u16,
+    },
+    Echo {
+        len: u32,
+    },
+    FileLen {
+        query: Vec<u8>,
+        len: u64,
+    },
+    FileDelim {
+        query: Vec<u8>,
+        delim: Vec<u8>,
+        fail: Vec<u32>,
+    },
     Redis,
-    Http { request: Vec<u8> },
+    Http {
+        request: Vec<u8>,
+    },
 }
 
 impl Proto {
@@ -177,7 +191,7 @@ impl Proto {
                 let mut d = data;
                 while !d.is_empty() {
                     let Some(head) = pending.get(out.len()) else {
-                        return Err(unsolicited(d.len()));
+                        return Err(unsolicited(d));
                     };
                     let want = u64::from(*len) - rx.a;
                     let n = (want.min(d.len() as u64)) as usize;
@@ -203,7 +217,7 @@ impl Proto {
                 let mut d = data;
                 while !d.is_empty() {
                     if pending.len() <= out.len() {
-                        return Err(unsolicited(d.len()));
+                        return Err(unsolicited(d));
                     }
                     let n = ((len - rx.a).min(d.len() as u64)) as usize;
                     rx.a += n as u64;
@@ -218,7 +232,7 @@ impl Proto {
             Kind::FileDelim { delim, fail, .. } => {
                 for &byte in data {
                     if pending.len() <= out.len() {
-                        return Err(unsolicited(data.len()));
+                        return Err(unsolicited(data));
                     }
                     let mut m = rx.b as usize;
                     while m > 0 && delim[m] != byte {
@@ -245,7 +259,7 @@ impl Proto {
             Kind::Redis => {
                 for &byte in data {
                     if pending.len() <= out.len() {
-                        return Err(unsolicited(data.len()));
+                        return Err(unsolicited(data));
                     }
                     if rx.phase == 1 {
                         // An error reply (`-ERR ...\r\n`): skip to the end of its line.
@@ -281,7 +295,7 @@ impl Proto {
             Kind::Http { .. } => {
                 for &byte in data {
                     if pending.len() <= out.len() && rx.phase == H_HEAD && rx.a == 0 {
-                        return Err(unsolicited(data.len()));
+                        return Err(unsolicited(data));
                     }
                     if let Some(code) = feed_http(rx, rbuf, byte)? {
                         out.push(Answer { id: None, code });
@@ -293,10 +307,17 @@ impl Proto {
     }
 }
 
-fn unsolicited(n: usize) -> BadAnswer {
+/// Bytes nobody asked for; the first of them are quoted (a server often says why, e.g.
+/// Redis in protected mode).
+fn unsolicited(data: &[u8]) -> BadAnswer {
+    let head = &data[..data.len().min(60)];
     bad(
         "unsolicited bytes",
-        format!("{n} bytes arrived with no query in flight"),
+        format!(
+            "{} bytes arrived with no query in flight: \"{}\"",
+            data.len(),
+            head.escape_ascii()
+        ),
     )
 }
 
@@ -304,7 +325,8 @@ fn feed_dns(rbuf: &mut Vec<u8>, data: &[u8], out: &mut Vec<Answer>) -> Result<()
     fn take(rest: &mut &[u8], out: &mut Vec<Answer>) -> Result<(), BadAnswer> {
         while let Some(len) = dns::tcp_message_len(rest) {
             let msg = &rest[2..len];
-            let v = dns::parse_response(msg).map_err(|e| bad("malformed DNS answer", e.to_string()))?;
+            let v =
+                dns::parse_response(msg).map_err(|e| bad("malformed DNS answer", e.to_string()))?;
             out.push(Answer {
                 id: Some(v.id),
                 code: u16::from(v.rcode),
@@ -438,12 +460,9 @@ fn header(rx: &mut Rx, line: &[u8]) -> Result<(), BadAnswer> {
     let (name, value) = (&line[..colon], &line[colon + 1..]);
     let value = std::str::from_utf8(value).unwrap_or("").trim();
     if name.eq_ignore_ascii_case(b"content-length") {
-        let n: u64 = value.parse().map_err(|_| {
-            bad(
-                "malformed HTTP answer",
-                format!("Content-Length {value:?}"),
-            )
-        })?;
+        let n: u64 = value
+            .parse()
+            .map_err(|_| bad("malformed HTTP answer", format!("Content-Length {value:?}")))?;
         if n > MAX_OPEN_ANSWER {
             return Err(bad("oversized answer", format!("Content-Length {n}")));
         }
@@ -633,7 +652,10 @@ mod tests {
             .feed(&mut rx, &mut rbuf, &pend(2), 7, &bad_stream, &mut out)
             .unwrap_err();
         assert_eq!(e.kind, "echo mismatch");
-        assert!(e.detail.contains("query 1") && e.detail.contains("byte 4"), "{e:?}");
+        assert!(
+            e.detail.contains("query 1") && e.detail.contains("byte 4"),
+            "{e:?}"
+        );
         // Bytes nobody asked for.
         let (mut rx, mut out) = (Rx::default(), Vec::new());
         let e = p
@@ -687,7 +709,9 @@ mod tests {
         let mut big = vec![0xff, 0xff];
         big.extend(std::iter::repeat_n(0xa5u8, 65535));
         let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
-        assert!(p.feed(&mut rx, &mut rbuf, &pend(1), 0, &big, &mut out).is_err());
+        assert!(p
+            .feed(&mut rx, &mut rbuf, &pend(1), 0, &big, &mut out)
+            .is_err());
     }
 
     #[test]
@@ -740,12 +764,26 @@ HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n";
         assert_eq!(codes, [200, 404, 204]);
         let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
         let e = p
-            .feed(&mut rx, &mut rbuf, &pend(1), 0, b"SSH-2.0-OpenSSH\r\n", &mut out)
+            .feed(
+                &mut rx,
+                &mut rbuf,
+                &pend(1),
+                0,
+                b"SSH-2.0-OpenSSH\r\n",
+                &mut out,
+            )
             .unwrap_err();
         assert_eq!(e.kind, "malformed HTTP answer");
         let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
         let e = p
-            .feed(&mut rx, &mut rbuf, &pend(1), 0, b"HTTP/1.0 200 OK\r\n\r\n", &mut out)
+            .feed(
+                &mut rx,
+                &mut rbuf,
+                &pend(1),
+                0,
+                b"HTTP/1.0 200 OK\r\n\r\n",
+                &mut out,
+            )
             .unwrap_err();
         assert!(e.detail.contains("without Content-Length"), "{e:?}");
     }

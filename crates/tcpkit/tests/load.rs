@@ -1,0 +1,1112 @@
+//! `tcpkit load` as users run it: the real binary in lab host a, a real server in host b
+//! (`tcpkit echo`, redis-server, nginx, or a misbehaving server written here), checked by
+//! its report, its exit status, its per-query file and what the server saw.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::tcpkit;
+use serde_json::Value;
+use tcpkit_lab::{Host, Lab, Proc};
+
+/// Host b of `Lab::pair`.
+const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+
+/// Rate and distribution checks run one at a time: two load runs and two servers on two
+/// cores would measure each other.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+struct Pair {
+    lab: Lab,
+    cli: Host,
+    srv: Host,
+}
+
+fn pair(tag: &str) -> Pair {
+    let (lab, cli, srv, _link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
+    Pair { lab, cli, srv }
+}
+
+impl Pair {
+    /// Starts `argv` in the server host and waits until `port` accepts connections.
+    fn server(&mut self, name: &str, argv: &[&str], port: u16) -> Proc {
+        let p = self
+            .srv
+            .spawn(&mut self.lab, name, argv)
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_port(&self.cli, port, &p);
+        p
+    }
+
+    /// `tcpkit echo --port PORT ARGS`.
+    fn echo(&mut self, port: u16, args: &[&str]) -> Proc {
+        let port_s = port.to_string();
+        let mut argv = vec![tcpkit(), "echo", "--port", &port_s, "--threads", "1"];
+        argv.extend_from_slice(args);
+        self.server("echo", &argv, port)
+    }
+
+    /// `tcpkit load ARGS` in the client host; panics if it runs past `limit`.
+    fn load(&self, args: &[&str], limit: Duration) -> Output {
+        run_limited(
+            self.cli.command(&[&[tcpkit(), "load"], args].concat()),
+            limit,
+        )
+    }
+
+    /// A server written here, in the server host: `serve` gets each accepted connection on a
+    /// thread of its own.
+    fn test_server(&self, serve: fn(TcpStream)) -> u16 {
+        let l = self
+            .srv
+            .enter(|| TcpListener::bind((SRV, 0)))
+            .expect("bind in the server host");
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                std::thread::spawn(move || serve(s));
+            }
+        });
+        port
+    }
+}
+
+fn wait_port(cli: &Host, port: u16, p: &Proc) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let up = cli.enter(|| loop {
+        if TcpStream::connect_timeout(&SocketAddr::from((SRV, port)), Duration::from_millis(200))
+            .is_ok()
+        {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    });
+    assert!(up, "server never listened on {port}: {}", p.log());
+}
+
+/// Runs `cmd` to completion; a run past `limit` is a hang: killed, and the test fails.
+fn run_limited(mut cmd: Command, limit: Duration) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start tcpkit");
+    let pid = child.id();
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            // The command is its own process group (Host::command): end all of it.
+            // SAFETY: kill(2) on a process group we started.
+            unsafe {
+                libc::kill(-(pid as i32), libc::SIGKILL);
+            }
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "tcpkit load ran past {limit:?} (a hang): stdout {} stderr {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): stdout {} stderr {}", stdout(o), stderr(o)))
+}
+
+fn u(v: &Value, path: &str) -> u64 {
+    let mut x = v;
+    for k in path.split('.') {
+        x = &x[k];
+    }
+    x.as_u64()
+        .unwrap_or_else(|| panic!("{path} is not a count in {v:#}"))
+}
+
+/// sent = answered + every query counted as not answered.
+fn assert_accounted(r: &Value) {
+    let sent = u(r, "queries.sent");
+    let not = u(r, "queries.timeouts") + u(r, "queries.lost") + u(r, "queries.unanswered_at_end");
+    assert_eq!(u(r, "queries.answered"), sent - not, "{r:#}");
+}
+
+const SRV_PORT: &str = "198.18.0.2";
+
+fn target(port: u16) -> String {
+    format!("{SRV_PORT}:{port}")
+}
+
+#[test]
+fn echo_across_a_veth_answers_all_at_the_asked_rate() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = pair("ldrate");
+    p.echo(4242, &[]);
+    let t = target(4242);
+    let o = p.load(
+        &[
+            &t,
+            "--echo-bytes",
+            "64",
+            "-c",
+            "20",
+            "-r",
+            "2000",
+            "--arrivals",
+            "constant",
+            "-t",
+            "3",
+            "--json",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    assert_accounted(&r);
+    let sent = u(&r, "queries.sent") as f64;
+    // 3 s at 2000/s; the schedule is absolute, so a late thread catches up.
+    assert!((sent - 6000.0).abs() / 6000.0 < 0.02, "sent {sent}: {r:#}");
+    assert_eq!(u(&r, "queries.answered"), u(&r, "queries.sent"));
+    assert_eq!(u(&r, "queries.malformed"), 0);
+    assert_eq!(u(&r, "connections.peak_open"), 20);
+    assert_eq!(r["codes"]["ok"], r["queries"]["answered"]);
+    assert_eq!(
+        u(&r, "queries.bytes_received"),
+        64 * u(&r, "queries.answered")
+    );
+    let achieved = r["rates"]["sent_qps"].as_f64().unwrap();
+    assert!((achieved - 2000.0).abs() / 2000.0 < 0.02, "{achieved}");
+    assert!(r["failure"].is_null());
+    assert!(u(&r, "latency.count") == u(&r, "queries.answered"));
+    assert!(u(&r, "latency.p50_ns") > 0 && u(&r, "latency.p50_ns") <= u(&r, "latency.max_ns"));
+    assert!(u(&r, "latency_sent.p50_ns") <= u(&r, "latency.p50_ns") + 1_000);
+}
+
+/// Kolmogorov–Smirnov distance of the sorted sample `gaps` to the exponential law with mean
+/// `mean`.
+fn ks_exponential(gaps: &mut [f64], mean: f64) -> f64 {
+    gaps.sort_by(f64::total_cmp);
+    let n = gaps.len() as f64;
+    let mut d: f64 = 0.0;
+    for (i, g) in gaps.iter().enumerate() {
+        let f = 1.0 - (-g / mean).exp();
+        d = d
+            .max(((i + 1) as f64 / n - f).abs())
+            .max((f - i as f64 / n).abs());
+    }
+    d
+}
+
+/// Intended send times (ns after the start) of the `query` lines of a per-query file.
+fn intended_times(csv: &str) -> Vec<u64> {
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("type,timestamp,connection_id,query_id,intended_ns,sent_ns,latency_us,rtt_us")
+    );
+    let mut t: Vec<u64> = lines
+        .filter(|l| l.starts_with("query,"))
+        .map(|l| l.split(',').nth(4).unwrap().parse().unwrap())
+        .collect();
+    t.sort_unstable();
+    t
+}
+
+#[test]
+fn poisson_send_times_are_exponential_and_constant_ones_equal() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = pair("ldks");
+    p.echo(4243, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let t = target(4243);
+    let csv = dir.path().join("q.csv");
+    let csv_s = csv.to_str().unwrap();
+    let o = p.load(
+        &[
+            &t,
+            "--echo-bytes",
+            "16",
+            "-c",
+            "8",
+            "-r",
+            "3000",
+            "-t",
+            "2",
+            "-R",
+            csv_s,
+            "--json",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(u(&r, "per_query.dropped"), 0);
+    // One line per query and one per answer.
+    assert_eq!(
+        u(&r, "per_query.lines"),
+        u(&r, "queries.sent") + u(&r, "queries.answered")
+    );
+    assert_eq!(text.lines().count() as u64, u(&r, "per_query.lines") + 1);
+    let times = intended_times(&text);
+    assert_eq!(times.len() as u64, u(&r, "queries.sent"));
+    // The threads' processes together are one Poisson process of the whole rate.
+    let mut gaps: Vec<f64> = times.windows(2).map(|w| (w[1] - w[0]) as f64).collect();
+    let n = gaps.len() as f64;
+    let d = ks_exponential(&mut gaps, 1e9 / 3000.0);
+    // 1 % critical value.
+    assert!(d < 1.628 / n.sqrt(), "KS distance {d} over {n} gaps");
+    // And the gaps are not just any spread: constant arrivals fail the same test.
+    let o = p.load(
+        &[
+            &t,
+            "--echo-bytes",
+            "16",
+            "-c",
+            "8",
+            "-r",
+            "3000",
+            "-t",
+            "1",
+            "-R",
+            csv_s,
+            "--arrivals",
+            "constant",
+            "--threads",
+            "1",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let times = intended_times(&std::fs::read_to_string(&csv).unwrap());
+    let gaps: Vec<u64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.len() > 2900, "{}", gaps.len());
+    assert!(
+        gaps.iter().all(|&g| g.abs_diff(333_333) <= 1),
+        "constant gaps: {:?}",
+        &gaps[..10]
+    );
+    let mut fg: Vec<f64> = gaps.iter().map(|&g| g as f64).collect();
+    assert!(ks_exponential(&mut fg, 1e9 / 3000.0) > 0.2);
+}
+
+#[test]
+fn dns_against_tcpkit_echo_matches_ids_and_counts_rcodes() {
+    let mut p = pair("lddns");
+    p.echo(5353, &["--dns"]);
+    let dir = tempfile::tempdir().unwrap();
+    let names = dir.path().join("names");
+    std::fs::write(&names, "a.example\nb.example\n").unwrap();
+    let t = target(5353);
+    let o = p.load(
+        &[
+            &t,
+            "-c",
+            "4",
+            "-r",
+            "500",
+            "-t",
+            "1",
+            "--qname-file",
+            names.to_str().unwrap(),
+            "--qtype",
+            "AAAA",
+            "--json",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    assert_accounted(&r);
+    assert!(u(&r, "queries.answered") > 400, "{r:#}");
+    assert_eq!(r["codes"]["NOERROR"], r["queries"]["answered"]);
+    assert_eq!(r["payload"], "dns AAAA, 2 names");
+    assert_eq!(u(&r, "queries.unmatched"), 0);
+}
+
+#[test]
+fn redis_ping_against_redis_server() {
+    let mut p = pair("ldredis");
+    let redis = "/usr/bin/redis-server";
+    assert!(
+        std::path::Path::new(redis).exists(),
+        "this test needs redis-server (apt-get install redis-server)"
+    );
+    p.server(
+        "redis",
+        &[
+            redis,
+            "--port",
+            "6390",
+            "--bind",
+            "198.18.0.2",
+            "--protected-mode",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        6390,
+    );
+    let o = p.load(
+        &[
+            &target(6390),
+            "--redis-ping",
+            "-c",
+            "3",
+            "-r",
+            "300",
+            "-t",
+            "1",
+            "--json",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    assert_accounted(&r);
+    assert!(u(&r, "queries.answered") > 250);
+    assert_eq!(r["codes"]["PONG"], r["queries"]["answered"]);
+}
+
+#[test]
+fn http_get_against_nginx_keeps_connections_alive() {
+    let mut p = pair("ldhttp");
+    let nginx = "/usr/sbin/nginx";
+    assert!(
+        std::path::Path::new(nginx).exists(),
+        "this test needs nginx (apt-get install nginx-light)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("www");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("hello.txt"), "hello from the lab\n").unwrap();
+    let conf = dir.path().join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "user root; daemon off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{ access_log off; keepalive_requests 100000;\n\
+               client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
+               uwsgi_temp_path {d}; scgi_temp_path {d};\n\
+               server {{ listen 198.18.0.2:8088; root {r}; }} }}\n",
+            d = dir.path().display(),
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    p.server("nginx", &[nginx, "-c", conf.to_str().unwrap()], 8088);
+    let o = p.load(
+        &[
+            &target(8088),
+            "--http-get",
+            "/hello.txt",
+            "-c",
+            "3",
+            "-r",
+            "300",
+            "-t",
+            "1",
+            "--json",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    assert_accounted(&r);
+    assert!(u(&r, "queries.answered") > 250);
+    assert_eq!(r["codes"]["200"], r["queries"]["answered"]);
+    // Keep-alive: no connection was reopened.
+    assert_eq!(u(&r, "connections.attempts"), 3);
+    // A missing page is an answer too, counted by status.
+    let o = p.load(
+        &[
+            &target(8088),
+            "--http-get",
+            "/nope",
+            "-c",
+            "1",
+            "-r",
+            "100",
+            "-t",
+            "1",
+            "--json",
+        ],
+        Duration::from_secs(15),
+    );
+    let r = json(&o);
+    assert_eq!(r["codes"]["404"], r["queries"]["answered"]);
+}
+
+#[test]
+fn payload_file_by_length_and_by_delimiter_against_echo() {
+    let mut p = pair("ldfile");
+    p.echo(4244, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("q");
+    std::fs::write(&f, "GET one thing\r\n").unwrap();
+    let f = f.to_str().unwrap();
+    let t = target(4244);
+    for extra in [["--response-len", "15"], ["--response-delim", "\\r\\n"]] {
+        let mut args = vec![
+            &t as &str,
+            "--payload-file",
+            f,
+            "-c",
+            "2",
+            "-r",
+            "200",
+            "-t",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(&extra);
+        let o = p.load(&args, Duration::from_secs(15));
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        let r = json(&o);
+        assert_accounted(&r);
+        assert!(u(&r, "queries.answered") > 150, "{extra:?}: {r:#}");
+    }
+}
+
+#[test]
+fn rate_steps_ramps_query_limits_and_churn() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = pair("ldsteps");
+    p.echo(4245, &[]);
+    let t = target(4245);
+    // 1 s at 500/s then 1 s at 1500/s: 2000 in the steps' 2 s.
+    let o = p.load(
+        &[
+            &t,
+            "--echo-bytes",
+            "8",
+            "-c",
+            "4",
+            "--rate-steps",
+            "1s:500,1s:1500",
+            "--arrivals",
+            "constant",
+            "--json",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    assert!(u(&r, "queries.sent").abs_diff(2000) <= 40, "{r:#}");
+    assert!((r["seconds"].as_f64().unwrap() - 2.0).abs() < 0.05);
+    // A ramp 0..2000 over 2 s: 2000 queries, three quarters of them in the second half.
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("q.csv");
+    let o = p.load(
+        &[
+            &t,
+            "--echo-bytes",
+            "8",
+            "-c",
+            "4",
+            "--ramp",
+            "0..2000/2s",
+            "--arrivals",
+            "constant",
+            "-R",
+            csv.to_str().unwrap(),
+            "--json",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let times = intended_times(&std::fs::read_to_string(&csv).unwrap());
+    assert!(times.len().abs_diff(2000) <= 40, "{}", times.len());
+    let late = times.iter().filter(|&&t| t >= 1_000_000_000).count();
+    assert!(late.abs_diff(1500) <= 40, "{late}");
+    // -n stops after exactly N; --queries-per-conn reopens connections.
+    let o = p.load(
+        &[
+            &t,
+            "--echo-bytes",
+            "8",
+            "-c",
+            "2",
+            "-r",
+            "400",
+            "-n",
+            "100",
+            "--queries-per-conn",
+            "10",
+            "--json",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    assert_eq!(u(&r, "queries.sent"), 100);
+    assert_eq!(u(&r, "queries.answered"), 100);
+    assert!(u(&r, "connections.reconnects") >= 8, "{r:#}");
+    assert!(u(&r, "connections.attempts") >= 10);
+}
+
+#[test]
+fn json_report_matches_the_committed_schema_and_merges() {
+    let mut p = pair("ldjson");
+    p.echo(4246, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let t = target(4246);
+    let hlog = dir.path().join("h.hlog");
+    let mut reports = Vec::new();
+    for i in 0..2 {
+        let o = p.load(
+            &[
+                &t,
+                "--echo-bytes",
+                "32",
+                "-c",
+                "3",
+                "-r",
+                "300",
+                "-t",
+                "1",
+                "--json",
+                "--hdr-log",
+                hlog.to_str().unwrap(),
+            ],
+            Duration::from_secs(15),
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        let path = dir.path().join(format!("r{i}.json"));
+        std::fs::write(&path, &o.stdout).unwrap();
+        reports.push(path);
+    }
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/schema/load.schema.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let a: Value = serde_json::from_slice(&std::fs::read(&reports[0]).unwrap()).unwrap();
+    let b: Value = serde_json::from_slice(&std::fs::read(&reports[1]).unwrap()).unwrap();
+    check(&schema, &schema, &a, "report");
+    // The interval log: a header and lines tagged per latency kind.
+    let log = std::fs::read_to_string(&hlog).unwrap();
+    assert!(log.contains("#[StartTime:"), "{log}");
+    assert!(log.lines().any(|l| l.starts_with("Tag=intended,")), "{log}");
+    assert!(log.lines().any(|l| l.starts_with("Tag=sent,")), "{log}");
+    // merge: counts summed, histograms merged, rate over the union of the two windows.
+    let o = Command::new(tcpkit())
+        .args([
+            "merge",
+            reports[0].to_str().unwrap(),
+            reports[1].to_str().unwrap(),
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = json(&o);
+    check(&schema, &schema, &m, "merged");
+    assert_eq!(u(&m, "runs"), 2);
+    for k in [
+        "queries.sent",
+        "queries.answered",
+        "connections.asked",
+        "latency.count",
+    ] {
+        assert_eq!(u(&m, k), u(&a, k) + u(&b, k), "{k}");
+    }
+    let window = (u(&b, "end_unix_ns") - u(&a, "start_unix_ns")) as f64 / 1e9;
+    assert!((m["seconds"].as_f64().unwrap() - window).abs() < 1e-6);
+    let rate = m["rates"]["sent_qps"].as_f64().unwrap();
+    assert!((rate - u(&m, "queries.sent") as f64 / window).abs() < 1e-6);
+    assert!(
+        u(&m, "latency.max_ns")
+            >= u(&a, "latency.max_ns").max(u(&b, "latency.max_ns")) * 999 / 1000
+    );
+    // The human form of the merge.
+    let o = Command::new(tcpkit())
+        .args([
+            "merge",
+            reports[0].to_str().unwrap(),
+            reports[1].to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let text = stdout(&o);
+    assert!(text.contains("2 runs merged"), "{text}");
+    assert!(text.contains(" 99.000%"), "{text}");
+    // Not a report: one line naming the file.
+    let o = Command::new(tcpkit())
+        .args(["merge", hlog.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.starts_with("tcpkit merge: ") && e.contains("h.hlog") && e.lines().count() == 1,
+        "{e}"
+    );
+}
+
+/// Checks `v` against the subset of JSON Schema load.schema.json uses (type, const, minimum,
+/// required, properties, additionalProperties as false or a schema, items, $ref to $defs).
+fn check(root: &Value, schema: &Value, v: &Value, at: &str) {
+    if let Some(r) = schema["$ref"].as_str() {
+        let name = r.trim_start_matches("#/$defs/");
+        return check(root, &root["$defs"][name], v, at);
+    }
+    let types: Vec<&str> = match &schema["type"] {
+        Value::String(t) => vec![t.as_str()],
+        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => vec![],
+    };
+    let ty = match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    let ok =
+        types.is_empty() || types.contains(&ty) || (ty == "integer" && types.contains(&"number"));
+    assert!(ok, "{at}: {ty} where the schema says {types:?}");
+    if let Some(c) = schema.get("const") {
+        assert_eq!(c, v, "{at}: const");
+    }
+    if let (Some(min), Some(n)) = (schema.get("minimum").and_then(Value::as_f64), v.as_f64()) {
+        assert!(n >= min, "{at}: {n} < {min}");
+    }
+    if let (Some(items), Value::Array(a)) = (schema.get("items"), v) {
+        for (i, x) in a.iter().enumerate() {
+            check(root, items, x, &format!("{at}[{i}]"));
+        }
+    }
+    if let Value::Object(obj) = v {
+        for r in schema["required"].as_array().into_iter().flatten() {
+            assert!(obj.contains_key(r.as_str().unwrap()), "{at}: missing {r}");
+        }
+        let props = schema["properties"].as_object();
+        for (k, val) in obj {
+            match (
+                props.and_then(|p| p.get(k)),
+                &schema["additionalProperties"],
+            ) {
+                (Some(s), _) => check(root, s, val, &format!("{at}.{k}")),
+                (None, Value::Bool(false)) => panic!("{at}: unknown field {k}"),
+                (None, extra @ Value::Object(_)) => check(root, extra, val, &format!("{at}.{k}")),
+                (None, _) => {}
+            }
+        }
+    }
+}
+
+#[test]
+fn several_processes_and_source_addresses_report_as_one_run() {
+    let mut p = pair("ldprocs");
+    p.echo(4247, &[]);
+    // Ten local ports only: 30 connections need three source addresses.
+    p.cli
+        .sysctl("net.ipv4.ip_local_port_range", "40000 40009")
+        .unwrap();
+    let link = p
+        .cli
+        .run(&["ip", "-o", "-4", "addr", "show", "to", "198.18.0.1"])
+        .unwrap();
+    let dev = String::from_utf8_lossy(&link.stdout)
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    for a in ["198.18.0.11/24", "198.18.0.12/24", "198.18.0.13/24"] {
+        p.cli.run(&["ip", "addr", "add", a, "dev", &dev]).unwrap();
+    }
+    let t = target(4247);
+    // Without the sources, -c 30 is refused up front, with the reason.
+    let o = p.load(
+        &[&t, "--echo-bytes", "8", "-c", "30"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.starts_with("tcpkit load: -c 30: at most 10 connections")
+            && e.contains("--source")
+            && e.lines().count() == 1,
+        "{e}"
+    );
+    let o = p.load(
+        &[
+            &t,
+            "--echo-bytes",
+            "8",
+            "-c",
+            "30",
+            "--source",
+            "198.18.0.11,198.18.0.12,198.18.0.13",
+            "--procs",
+            "2",
+            "-r",
+            "600",
+            "-t",
+            "1",
+            "--json",
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    assert_eq!(u(&r, "processes"), 2);
+    assert_eq!(u(&r, "runs"), 1);
+    assert_eq!(u(&r, "connections.peak_open"), 30, "{r:#}");
+    assert_eq!(u(&r, "connections.reachable_max"), 30);
+    assert_accounted(&r);
+    assert!(u(&r, "queries.answered") > 500, "{r:#}");
+    assert!(r["failure"].is_null(), "{r:#}");
+}
+
+#[test]
+fn live_line_every_second_and_human_summary() {
+    let mut p = pair("ldlive");
+    p.echo(4248, &[]);
+    let o = p.load(
+        &[
+            &target(4248),
+            "--echo-bytes",
+            "8",
+            "-c",
+            "2",
+            "-r",
+            "100",
+            "-t",
+            "2.5",
+            "--stats",
+            "1",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let live: Vec<&str> = text.lines().filter(|l| l.contains("conns ")).collect();
+    assert!(live.len() >= 2, "{text}");
+    assert!(
+        live[1].contains("conns 2 open") && live[1].contains("answered "),
+        "{text}"
+    );
+    for want in [
+        "Connections: 2 asked",
+        "Rate: asked 100.0 q/s",
+        "Schedule lag:",
+        "Latency Distribution",
+        "100.000%",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+}
+
+// ---- Faults: each counted, said clearly, never a panic or a hang past the duration. ----
+
+fn fault_run(p: &Pair, port: u16, args: &[&str]) -> (Output, Value) {
+    let t = target(port);
+    let mut a = vec![&t as &str];
+    a.extend_from_slice(args);
+    a.push("--json");
+    let o = p.load(&a, Duration::from_secs(15));
+    let r = json(&o);
+    (o, r)
+}
+
+fn failure_line(o: &Output) -> String {
+    let e = stderr(o);
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    assert!(e.starts_with("tcpkit load: "), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+    e
+}
+
+#[test]
+fn server_closing_connections_mid_run_is_counted_and_reconnected() {
+    let p = pair("ldclose");
+    // Echoes 5 queries of 8 bytes, then closes.
+    let port = p.test_server(|mut s| {
+        let mut buf = [0u8; 8];
+        for _ in 0..5 {
+            if s.read_exact(&mut buf).is_err() || s.write_all(&buf).is_err() {
+                return;
+            }
+        }
+    });
+    let (o, r) = fault_run(
+        &p,
+        port,
+        &["--echo-bytes", "8", "-c", "2", "-r", "200", "-t", "1"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(u(&r, "connections.closed_by_server") >= 10, "{r:#}");
+    assert!(u(&r, "connections.reconnects") >= 10, "{r:#}");
+    assert_accounted(&r);
+    assert!(u(&r, "queries.answered") > 100);
+}
+
+#[test]
+fn server_that_never_answers_gives_timeouts_and_a_failed_run() {
+    let p = pair("ldmute");
+    let port = p.test_server(|mut s| {
+        let mut buf = [0u8; 4096];
+        while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    let t0 = Instant::now();
+    let (o, r) = fault_run(
+        &p,
+        port,
+        &["-c", "2", "-r", "100", "-t", "1.5", "--timeout", "500ms"],
+    );
+    // 1.5 s of queries, then at most the timeout waiting for answers.
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(failure_line(&o).contains("no answers"), "{}", stderr(&o));
+    assert!(u(&r, "queries.timeouts") > 50, "{r:#}");
+    assert_eq!(u(&r, "queries.answered"), 0);
+    assert_accounted(&r);
+}
+
+#[test]
+fn garbage_from_an_echo_peer_is_counted_as_malformed() {
+    let p = pair("ldgarb");
+    let port = p.test_server(|mut s| {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                return;
+            }
+            for b in &mut buf[..n] {
+                *b ^= 0x5a;
+            }
+            if s.write_all(&buf[..n]).is_err() {
+                return;
+            }
+        }
+    });
+    let (o, r) = fault_run(
+        &p,
+        port,
+        &["--echo-bytes", "16", "-c", "2", "-r", "100", "-t", "1"],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let e = failure_line(&o);
+    assert!(e.contains("malformed answers (first: echo mismatch"), "{e}");
+    assert!(u(&r, "queries.malformed") > 10, "{r:#}");
+    assert!(u(&r, "errors.echo mismatch") > 10);
+    assert_eq!(u(&r, "queries.answered"), 0);
+    // A server that talks first and hangs up (Redis in protected mode does): the opening
+    // phase still ends, and the reason quotes what the server said.
+    let rude = p.test_server(|mut s| {
+        let _ = s.write_all(b"-DENIED protected mode\r\n");
+    });
+    let t0 = Instant::now();
+    let (o, r) = fault_run(
+        &p,
+        rude,
+        &[
+            "--redis-ping",
+            "-c",
+            "3",
+            "-r",
+            "100",
+            "-t",
+            "1",
+            "--connect-retries",
+            "2",
+        ],
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(o.status.code(), Some(1));
+    let e = failure_line(&o);
+    assert!(
+        e.contains("unsolicited bytes") && e.contains("-DENIED protected mode"),
+        "{e}"
+    );
+    assert!(u(&r, "queries.malformed") >= 3, "{r:#}");
+}
+
+#[test]
+fn malformed_and_oversized_dns_answers_are_counted() {
+    let p = pair("ldbaddns");
+    // Answers each query with a length-prefixed message of junk.
+    let junk = p.test_server(|mut s| {
+        let mut len = [0u8; 2];
+        while s.read_exact(&mut len).is_ok() {
+            let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
+            if s.read_exact(&mut q).is_err() {
+                return;
+            }
+            if s.write_all(&[0, 5, 1, 2, 3, 4, 5]).is_err() {
+                return;
+            }
+        }
+    });
+    let (o, r) = fault_run(&p, junk, &["-c", "1", "-r", "50", "-t", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        failure_line(&o).contains("malformed DNS answer"),
+        "{}",
+        stderr(&o)
+    );
+    // Each closes its connection, reopened after the retry delay.
+    assert!(u(&r, "queries.malformed") > 3, "{r:#}");
+    // The largest message the length prefix allows, all junk: refused, not a hang or a crash.
+    let big = p.test_server(|mut s| {
+        let mut buf = [0u8; 512];
+        if s.read(&mut buf).is_err() {
+            return;
+        }
+        let mut m = vec![0xa5u8; 65537];
+        m[0] = 0xff;
+        m[1] = 0xff;
+        let _ = s.write_all(&m);
+        let _ = s.read(&mut buf);
+    });
+    let (o, r) = fault_run(&p, big, &["-c", "1", "-r", "20", "-t", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(u(&r, "queries.malformed") >= 1, "{r:#}");
+}
+
+#[test]
+fn unresolvable_host_and_refused_port() {
+    let p = pair("ldrefuse");
+    let o = p.load(
+        &["nosuch.invalid:53", "-r", "10", "-t", "1"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let e = failure_line(&o);
+    assert!(
+        e.starts_with("tcpkit load: resolve nosuch.invalid:53: "),
+        "{e}"
+    );
+    // Nobody listens on this port of the server host.
+    let (o, r) = fault_run(
+        &p,
+        9,
+        &["-c", "3", "-r", "10", "-t", "1", "--connect-retries", "2"],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let e = failure_line(&o);
+    assert!(
+        e.contains("could not connect to 198.18.0.2:9") && e.contains("refused"),
+        "{e}"
+    );
+    // Three connections, each tried three times.
+    assert_eq!(u(&r, "connections.attempts"), 9, "{r:#}");
+    assert_eq!(u(&r, "connections.retries"), 6);
+    assert_eq!(u(&r, "errors.ECONNREFUSED"), 9);
+}
+
+#[test]
+fn out_of_descriptors_and_out_of_ports_say_what_to_change() {
+    let mut p = pair("ldlimits");
+    p.echo(4249, &[]);
+    let t = target(4249);
+    // 80 descriptors: a few dozen connections fit, 150 do not (one process forced).
+    let mut argv = vec!["prlimit", "--nofile=80", "--", tcpkit(), "load", &t];
+    argv.extend_from_slice(&[
+        "--echo-bytes",
+        "8",
+        "-c",
+        "150",
+        "--procs",
+        "1",
+        "--threads",
+        "1",
+        "-r",
+        "100",
+        "-t",
+        "1",
+        "--json",
+        "--connect-retries",
+        "1",
+    ]);
+    let o = run_limited(p.cli.command(&argv), Duration::from_secs(15));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = failure_line(&o);
+    assert!(
+        e.contains("only ") && e.contains("EMFILE") && e.contains("--procs"),
+        "{e}"
+    );
+    let r = json(&o);
+    assert!(u(&r, "errors.EMFILE") > 0);
+    assert!(r["hints"][0].as_str().unwrap().contains("tcpkit tune"));
+    // Without --procs the same limit is met by more processes.
+    let mut argv = vec!["prlimit", "--nofile=80", "--", tcpkit(), "load", &t];
+    argv.extend_from_slice(&[
+        "--echo-bytes",
+        "8",
+        "-c",
+        "150",
+        "--threads",
+        "1",
+        "-r",
+        "100",
+        "-t",
+        "1",
+        "--json",
+    ]);
+    let o = run_limited(p.cli.command(&argv), Duration::from_secs(20));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    assert!(u(&r, "processes") >= 10, "{r:#}");
+    assert_eq!(u(&r, "connections.peak_open"), 150);
+    // Ten local ports, five of them held by listeners: connects run out of ports.
+    p.cli
+        .sysctl("net.ipv4.ip_local_port_range", "40000 40009")
+        .unwrap();
+    let held: Vec<TcpListener> = p.cli.enter(|| {
+        (40000..40005)
+            .map(|port| TcpListener::bind(("198.18.0.1", port)).unwrap())
+            .collect()
+    });
+    let (o, r) = fault_run(
+        &p,
+        4249,
+        &[
+            "--echo-bytes",
+            "8",
+            "-c",
+            "10",
+            "-r",
+            "50",
+            "-t",
+            "1",
+            "--connect-retries",
+            "1",
+        ],
+    );
+    drop(held);
+    assert_eq!(o.status.code(), Some(1));
+    let e = failure_line(&o);
+    assert!(
+        e.contains("only 5 of 10") && e.contains("EADDRNOTAVAIL") && e.contains("--source"),
+        "{e}"
+    );
+    assert!(u(&r, "errors.EADDRNOTAVAIL") >= 5, "{r:#}");
+    assert!(u(&r, "queries.answered") > 0);
+}
