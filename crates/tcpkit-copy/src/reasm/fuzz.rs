@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 
 use tcpkit_wire::tcp::{Flags, Options, Segment};
 
-use super::{Dir, Event, SessionId, Tracker, TrackerConfig};
+use super::{Dir, Event, SessionId, Tracker, TrackerConfig, TrackerStats};
 
 /// Byte of connection `conn`, direction `dir` (0: from the high port), at sequence `seq`.
 pub(crate) fn byte_at(conn: usize, dir: usize, seq: u32) -> u8 {
@@ -66,7 +66,14 @@ struct Seen {
 /// The first byte picks the configuration: bit 0 `only_full`, bit 1 no server ports, bit 2
 /// no retransmission check ring. Must never panic.
 pub fn fuzz_reasm(data: &[u8]) {
-    let [cfg_bits, rest @ ..] = data else { return };
+    run(data);
+}
+
+/// The fuzz body, returning the tracker's counters so tests can see what a seed exercised.
+fn run(data: &[u8]) -> TrackerStats {
+    let [cfg_bits, rest @ ..] = data else {
+        return TrackerStats::default();
+    };
     let mut t = Tracker::new(TrackerConfig {
         server_ports: if cfg_bits & 2 == 0 {
             vec![80]
@@ -155,6 +162,7 @@ pub fn fuzz_reasm(data: &[u8]) {
     );
     assert_eq!(t.stats().sessions_open, 0);
     assert_eq!(t.stats().buffered_bytes, 0);
+    t.stats().clone()
 }
 
 fn check(seen: &mut HashMap<SessionId, Seen>, events: impl Iterator<Item = Event>, bytes: bool) {
@@ -217,5 +225,112 @@ fn check(seen: &mut HashMap<SessionId, Seen>, events: impl Iterator<Item = Event
                 s.closed = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seeds reach every way a session ends and every kind of odd segment; a corpus that
+    /// stopped doing so would leave the fuzzer far from them.
+    #[test]
+    fn the_seed_corpus_exercises_every_outcome() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/reasm");
+        let mut all = TrackerStats::default();
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let s = run(&std::fs::read(e.unwrap().path()).unwrap());
+            all.closed_fin += s.closed_fin;
+            all.closed_rst += s.closed_rst;
+            all.closed_idle += s.closed_idle;
+            all.closed_lost_data += s.closed_lost_data;
+            all.closed_shed += s.closed_shed;
+            all.table_full += s.table_full;
+            all.sessions_joined_mid_stream += s.sessions_joined_mid_stream;
+            all.conflicting_bytes += s.conflicting_bytes;
+            all.conflicting_fins += s.conflicting_fins;
+            all.out_of_order_segments += s.out_of_order_segments;
+            all.retransmitted_bytes += s.retransmitted_bytes;
+            all.truncated_segments += s.truncated_segments;
+            all.untracked_frames += s.untracked_frames;
+            all.not_tcp_frames += s.not_tcp_frames;
+            all.after_close_frames += s.after_close_frames;
+            all.out_of_window_segments += s.out_of_window_segments;
+        }
+        let zero: Vec<_> = format!("{all:?}")
+            .trim_start_matches("TrackerStats { ")
+            .trim_end_matches(" }")
+            .split(", ")
+            .filter(|f| f.ends_with(": 0"))
+            .map(str::to_owned)
+            .collect();
+        let expected_zero = [
+            "frames: 0",
+            "fragment_frames: 0",
+            "sessions_seen: 0",
+            "sessions_open: 0",
+            "bytes_client_to_server: 0",
+            "bytes_server_to_client: 0",
+            "overlapping_bytes: 0",
+            "undelivered_bytes: 0",
+            "buffered_bytes: 0",
+            "memory_bytes: 0",
+        ];
+        let missed: Vec<_> = zero
+            .iter()
+            .filter(|f| !expected_zero.contains(&f.as_str()))
+            .collect();
+        assert!(missed.is_empty(), "no seed reaches {missed:?}");
+    }
+
+    #[test]
+    #[should_panic(expected = "wrong byte")]
+    fn the_checker_catches_a_wrong_byte() {
+        let (client, server) = endpoints(0);
+        let id = SessionId(1);
+        let open = Event::Open {
+            id,
+            client,
+            server,
+            syn_seen: true,
+            ts_ns: 0,
+        };
+        let seq = 77;
+        let data = Event::Data {
+            id,
+            dir: Dir::ClientToServer,
+            seq,
+            offset: 0,
+            bytes: bytes::Bytes::from(vec![byte_at(0, 0, seq), !byte_at(0, 0, seq + 1)]),
+            ts_ns: 0,
+        };
+        check(&mut HashMap::new(), [open, data].into_iter(), true);
+    }
+
+    #[test]
+    #[should_panic(expected = "not contiguous")]
+    fn the_checker_catches_a_gap() {
+        let (client, server) = endpoints(0);
+        let id = SessionId(1);
+        let open = Event::Open {
+            id,
+            client,
+            server,
+            syn_seen: true,
+            ts_ns: 0,
+        };
+        let data = |seq: u32, offset| Event::Data {
+            id,
+            dir: Dir::ClientToServer,
+            seq,
+            offset,
+            bytes: bytes::Bytes::from(vec![byte_at(0, 0, seq)]),
+            ts_ns: 0,
+        };
+        check(
+            &mut HashMap::new(),
+            [open, data(5, 0), data(7, 2)].into_iter(),
+            true,
+        );
     }
 }

@@ -144,3 +144,30 @@ proptest! {
         prop_assert_eq!(stream(&out, Dir::ClientToServer), data[first..].to_vec());
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// A stable stand-in for a fuzzing run: random inputs through the fuzz body, whose own
+    /// checks (contiguity, byte values, one open and one close per session) must hold.
+    #[test]
+    fn fuzz_body_holds_on_random_inputs(data in proptest::collection::vec(any::<u8>(), 0..3000)) {
+        fuzz_reasm(&data);
+    }
+
+    /// The same with inputs made only of segment records near one another, which random
+    /// bytes rarely produce: many overlaps, FINs, RSTs and SYNs on the same sequence range.
+    #[test]
+    fn fuzz_body_holds_on_dense_segments(cfg in 0u8..8, recs in proptest::collection::vec(
+        (0u8..64, 0u16..600, any::<u8>(), 0u16..600, 0u8..20), 0..200)) {
+        let mut data = vec![cfg];
+        for (op, seq, len, ack, dt) in recs {
+            data.push(op);
+            data.extend_from_slice(&seq.to_be_bytes());
+            data.push(len);
+            data.extend_from_slice(&ack.to_be_bytes());
+            data.push(dt);
+        }
+        fuzz_reasm(&data);
+    }
+}
