@@ -14,6 +14,8 @@
 //!
 //! [`Segment::emit`] builds an Ethernet + IPv4/IPv6 + TCP frame with correct checksums from the
 //! parsed form (for tests, fuzzing and synthesized packets); parse(emit(s)) gives back `s`.
+//! The `reasm` fuzz target (tcpkit-copy) feeds both emitted and arbitrary frames through
+//! [`Segment::parse`].
 
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
