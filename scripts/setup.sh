@@ -9,7 +9,8 @@ pkgs=(
   tcpdump tshark                                # what went on the wire
   tcpreplay                                     # tcpreplay/tcprewrite: peer and oracle
   libpcap-dev clang pkg-config                  # filter compilation, BPF programs
-  time                                          # /usr/bin/time -v for peak memory in benchmarks
+  time util-linux                               # /usr/bin/time for peak memory; prlimit
+  redis-server nginx unbound dnsperf            # real servers and the load peer for tests and benchmarks
 )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -21,6 +22,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   # tshark asks whether non-root users may capture; the answer does not matter for root.
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
   apt-get update -qq
+  # Servers are started by the tests inside their own namespaces, never as host services:
+  # keep their packages from starting daemons in the root namespace while installing.
+  policy=/usr/sbin/policy-rc.d
+  had_policy=0; [ -e "$policy" ] && had_policy=1
+  [ "$had_policy" = 1 ] || { printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"; }
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  [ "$had_policy" = 1 ] || rm -f "$policy"
 fi
 command -v cargo >/dev/null || { echo "setup.sh: cargo not found (install Rust with rustup)" >&2; exit 1; }
