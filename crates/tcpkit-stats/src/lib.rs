@@ -4,12 +4,17 @@
 //! Nothing here sends or parses packets; the jobs feed it numbers. Hot paths touch only plain
 //! integers and per-thread histograms; the live line reads shared atomics from its own thread.
 
+mod copy;
 mod flows;
 mod hist;
 mod live;
 mod load;
 mod replay;
 
+pub use copy::{
+    CaptureStats, CopyReport, FailStats, LatencyStats, MemoryStats, RequestStats, SessionStats,
+    COPY_SCHEMA_VERSION,
+};
 pub use flows::FlowTable;
 pub use hist::{HdrLog, HistDecodeError, Histogram, Percentiles};
 pub use live::{LiveCounters, Monitor, MonitorOptions};

@@ -1,0 +1,1173 @@
+//! Relay mode: each captured client session replayed over an ordinary TCP connection from the
+//! copy host to the target.
+//!
+//! One thread, one mio loop: frames come from the live capture (its ring's fd is in the loop)
+//! or from a capture file at its own pace (`--speed`, `--max-idle`, `--loop`); the
+//! reassembler ([`crate::reasm::Tracker`]) turns them into session events; each selected
+//! session (rules, `-r` sampling) gets `-n` connections to its target ([`Conn`]), each with
+//! its own queue of the client's bytes cut into requests. A request is the client bytes
+//! between two turns of the server; per connection the next request is sent only after the
+//! target answered the previous one, and after the think time the client really had (from
+//! the end of the server's turn to the request's first byte), unless `--no-wait`. A session
+//! whose server spoke first waits for the target's own greeting. A session joined mid-stream
+//! is copied from its next request boundary (the first client bytes after a server turn).
+//!
+//! Nothing is ever sent toward a client: the only sockets are connections to the targets.
+//!
+//! Faults: a refused connect is retried with an exponential back-off shared by every
+//! connection to that target (one probe per back-off step, so a down target sees a trickle of
+//! SYNs, not a storm), until the session's `--timeout`; a reset, a close while requests
+//! remain, an answer not coming within `--timeout`, bytes the capture lost, and memory over
+//! `--max-memory` each end the copy with their own count. Every copy ends exactly once:
+//! completed, failed by one cause, or open at the end of the run.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use mio::net::TcpStream;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use rustc_hash::FxHashMap;
+use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
+use tcpkit_pace::now_ns;
+use tcpkit_pcap::{CaptureFile, PcapError};
+use tcpkit_stats::{CopyReport, Histogram};
+use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
+
+use crate::reasm::{CloseKind, Dir, Event, SessionId, Tracker, TrackerConfig};
+use crate::rules::{self, Rule};
+use crate::sample::Sampler;
+
+/// What the relay does with the sessions it sees.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelayConfig {
+    pub rules: Vec<Rule>,
+    /// `-n`: independent connections per session.
+    pub copies: u32,
+    pub sampler: Sampler,
+    /// Start each connection with a PROXY v2 header naming the original client and server.
+    pub proxy_protocol: bool,
+    /// Send each request as soon as it is captured, without waiting for the target's answer.
+    pub no_wait: bool,
+    /// Only sessions whose SYN was seen.
+    pub only_full: bool,
+    /// Request bytes waiting for the target plus reassembly buffers, at most.
+    pub max_memory: usize,
+    /// How long a connect (with its retries) or an awaited answer may take.
+    pub timeout_ns: u64,
+}
+
+/// Where frames come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Live capture on an interface ("any" for all).
+    Live { ifname: String },
+    /// A pcap or pcapng file, at its own pace divided by `speed`, gaps capped at
+    /// `max_idle_ns`, `loops` times.
+    File {
+        path: PathBuf,
+        speed: f64,
+        max_idle_ns: Option<u64>,
+        loops: u32,
+    },
+}
+
+/// Why the relay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("capture on {ifname}")]
+    Capture {
+        ifname: String,
+        #[source]
+        source: CaptureError,
+    },
+    #[error("input")]
+    File(#[source] PcapError),
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> RelayError {
+    move |source| RelayError::Io { what, source }
+}
+
+/// Counters the relay publishes for the live line (relaxed stores once per loop turn).
+#[derive(Debug, Default)]
+pub struct Live {
+    pub sessions_seen: AtomicU64,
+    pub copies: AtomicU64,
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    pub open: AtomicU64,
+    pub requests_copied: AtomicU64,
+    pub requests_answered: AtomicU64,
+    pub kernel_drops: AtomicU64,
+    pub held_bytes: AtomicU64,
+}
+
+impl Live {
+    /// One line: sessions, requests with the loss ratio, capture drops, memory held.
+    pub fn line(&self, elapsed: Duration) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (c, a) = (g(&self.requests_copied), g(&self.requests_answered));
+        let loss = if c == 0 {
+            0.0
+        } else {
+            c.saturating_sub(a) as f64 * 100.0 / c as f64
+        };
+        format!(
+            "{:.1}s sessions {} seen, {} copies, {} open, {} completed, {} failed | requests {} copied, {} answered, loss {:.3} % | kernel drops {} | held {} KiB",
+            elapsed.as_secs_f64(),
+            g(&self.sessions_seen),
+            g(&self.copies),
+            g(&self.open),
+            g(&self.completed),
+            g(&self.failed),
+            c,
+            a,
+            loss,
+            g(&self.kernel_drops),
+            g(&self.held_bytes) / 1024
+        )
+    }
+}
+
+/// The first request of a turn: how it is paced.
+#[derive(Debug, Clone, Copy)]
+struct ReqStart {
+    /// The client's think time: from the server's last byte to this request's first.
+    think_ns: u64,
+    /// Sent only after the target answered (the server had a turn before it).
+    wait_answer: bool,
+}
+
+#[derive(Debug)]
+enum Item {
+    Data {
+        bytes: Bytes,
+        start: Option<ReqStart>,
+    },
+    End {
+        wait_answer: bool,
+        lost: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Waiting for the target's back-off to allow a connect.
+    Backoff,
+    Connecting,
+    Up,
+    /// Our FIN is sent; reading until the target closes.
+    Closing,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Completed,
+    Refused,
+    Reset,
+    Timeout,
+    ClosedEarly,
+    LostData,
+    Shed,
+    OpenAtEnd,
+}
+
+#[derive(Debug)]
+struct Conn {
+    gen: u32,
+    target: SocketAddr,
+    sock: Option<TcpStream>,
+    state: State,
+    queue: VecDeque<Item>,
+    /// Bytes of the front item already written.
+    off: usize,
+    /// Request bytes queued (counted against the memory limit).
+    held: usize,
+    /// Give up connecting after this.
+    connect_deadline: u64,
+    retry_at: u64,
+    refused: bool,
+    /// The target sent bytes since the last request started (or since connecting).
+    answered: bool,
+    /// Requests started and not answered yet.
+    unanswered: u64,
+    last_rx_ns: u64,
+    last_write_ns: u64,
+    eof: bool,
+    close_deadline: u64,
+    /// What the end will count as once the connection is closed.
+    ending: Outcome,
+    timer_at: u64,
+}
+
+/// A session being copied, on the capture side.
+#[derive(Debug)]
+struct Sess {
+    conns: Vec<(usize, u32)>,
+    syn_seen: bool,
+    /// Joined mid-stream and no server turn seen yet: client bytes are skipped.
+    skipping: bool,
+    /// The server spoke since the last request began.
+    server_turn: bool,
+    /// The last bytes were the client's: a request is in progress.
+    in_request: bool,
+    requests: u64,
+    last_client_ts: u64,
+    last_server_ts: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct TargetState {
+    /// Consecutive refused connects.
+    streak: u32,
+    /// No connect before this.
+    next_try: u64,
+}
+
+const CAPTURE: Token = Token(usize::MAX);
+/// How long a closing connection waits for the target's FIN before it is dropped.
+const CLOSE_LINGER_NS: u64 = 1_000_000_000;
+
+fn backoff_ns(streak: u32) -> u64 {
+    (20_000_000u64 << streak.min(16).saturating_sub(1)).min(1_000_000_000)
+}
+
+fn realtime_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no memory effects.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    pages * page
+}
+
+/// The relay: sessions, connections, timers, counters.
+struct Relay<'a> {
+    cfg: &'a RelayConfig,
+    poll: Poll,
+    sessions: FxHashMap<SessionId, Sess>,
+    conns: Vec<Option<Conn>>,
+    gens: Vec<u32>,
+    free: Vec<usize>,
+    timers: BinaryHeap<Reverse<(u64, usize, u32)>>,
+    targets: FxHashMap<SocketAddr, TargetState>,
+    start_ns: u64,
+    held: usize,
+    open: u64,
+    scratch: Vec<u8>,
+    report: CopyReport,
+    orig: Histogram,
+    target_lat: Histogram,
+    /// Think times are divided by this (offline `--speed`).
+    speed: f64,
+}
+
+impl<'a> Relay<'a> {
+    fn new(cfg: &'a RelayConfig, speed: f64) -> Result<Relay<'a>, RelayError> {
+        Ok(Relay {
+            cfg,
+            poll: Poll::new().map_err(io_err("create the event loop (epoll)"))?,
+            sessions: FxHashMap::default(),
+            conns: Vec::new(),
+            gens: Vec::new(),
+            free: Vec::new(),
+            timers: BinaryHeap::new(),
+            targets: FxHashMap::default(),
+            start_ns: now_ns(),
+            held: 0,
+            open: 0,
+            scratch: vec![0; 64 << 10],
+            report: CopyReport::default(),
+            orig: Histogram::new(),
+            target_lat: Histogram::new(),
+            speed,
+        })
+    }
+
+    fn tracker_config(&self) -> TrackerConfig {
+        TrackerConfig {
+            server_ports: rules::server_ports(&self.cfg.rules),
+            only_full: self.cfg.only_full,
+            max_buffered_total: (self.cfg.max_memory / 4).max(1 << 16),
+            max_buffered_per_dir: (self.cfg.max_memory / 16).clamp(1 << 14, 4 << 20),
+            ..TrackerConfig::default()
+        }
+    }
+
+    // ---- capture side -------------------------------------------------------------------
+
+    fn on_events(&mut self, events: &mut Vec<Event>, tracker_mem: u64) {
+        let now = now_ns();
+        for ev in events.drain(..) {
+            match ev {
+                Event::Open {
+                    id,
+                    client,
+                    server,
+                    syn_seen,
+                    ..
+                } => self.open_session(id, client, server, syn_seen, now),
+                Event::Data {
+                    id,
+                    dir,
+                    bytes,
+                    ts_ns,
+                    ..
+                } => self.session_data(id, dir, &bytes, ts_ns, now, tracker_mem),
+                Event::Close { id, how, .. } => self.close_session(id, how, now),
+            }
+        }
+    }
+
+    fn open_session(
+        &mut self,
+        id: SessionId,
+        client: SocketAddr,
+        server: SocketAddr,
+        syn_seen: bool,
+        now: u64,
+    ) {
+        let Some(rule) = rules::rule_for(&self.cfg.rules, server).copied() else {
+            return;
+        };
+        let s = &mut self.report.sessions;
+        s.seen += 1;
+        if !syn_seen {
+            s.joined_mid_stream += 1;
+        }
+        if !self
+            .cfg
+            .sampler
+            .selects(client, server, now.saturating_sub(self.start_ns))
+        {
+            s.sampled_out += 1;
+            return;
+        }
+        s.selected += 1;
+        let mut conns = Vec::with_capacity(self.cfg.copies as usize);
+        for _ in 0..self.cfg.copies {
+            let idx = self.new_conn(rule.target, client, server, now);
+            conns.push((idx, self.gens[idx]));
+        }
+        self.sessions.insert(
+            id,
+            Sess {
+                conns,
+                syn_seen,
+                skipping: !syn_seen,
+                server_turn: false,
+                in_request: false,
+                requests: 0,
+                last_client_ts: 0,
+                last_server_ts: None,
+            },
+        );
+        for i in 0..self.cfg.copies as usize {
+            let idx = self.sessions[&id].conns[i].0;
+            self.start_connect(idx, now);
+        }
+    }
+
+    fn session_data(
+        &mut self,
+        id: SessionId,
+        dir: Dir,
+        bytes: &Bytes,
+        ts: u64,
+        now: u64,
+        tracker_mem: u64,
+    ) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        match dir {
+            Dir::ServerToClient => {
+                s.skipping = false;
+                if s.in_request {
+                    self.orig.record(ts.saturating_sub(s.last_client_ts));
+                    s.in_request = false;
+                }
+                s.server_turn = true;
+                s.last_server_ts = Some(ts);
+            }
+            Dir::ClientToServer => {
+                if s.skipping {
+                    self.report.requests.bytes_skipped_joining += bytes.len() as u64;
+                    return;
+                }
+                let start = if s.in_request {
+                    None
+                } else {
+                    let r = ReqStart {
+                        think_ns: s.last_server_ts.map_or(0, |t| ts.saturating_sub(t)),
+                        wait_answer: s.server_turn && (s.requests > 0 || s.syn_seen),
+                    };
+                    s.requests += 1;
+                    s.in_request = true;
+                    s.server_turn = false;
+                    self.report.requests.at_source += u64::from(self.cfg.copies);
+                    Some(r)
+                };
+                s.last_client_ts = ts;
+                // One copy out of the reassembler's shared block, shared by the -n copies.
+                let data = Bytes::copy_from_slice(bytes);
+                let conns = s.conns.clone();
+                let over = self.held + data.len() * conns.len() + tracker_mem as usize
+                    > self.cfg.max_memory;
+                if over {
+                    self.shed_session(id, now);
+                    return;
+                }
+                for (idx, gen) in conns {
+                    if let Some(c) = self.conn_mut(idx, gen) {
+                        c.queue.push_back(Item::Data {
+                            bytes: data.clone(),
+                            start,
+                        });
+                        c.held += data.len();
+                        self.held += data.len();
+                        self.pump(idx, now);
+                    }
+                }
+                let peak = self.held as u64 + tracker_mem;
+                let m = &mut self.report.memory;
+                m.peak_held_bytes = m.peak_held_bytes.max(peak);
+            }
+        }
+    }
+
+    fn close_session(&mut self, id: SessionId, how: CloseKind, now: u64) {
+        let Some(s) = self.sessions.remove(&id) else {
+            return;
+        };
+        let lost = matches!(how, CloseKind::LostData { .. });
+        if matches!(how, CloseKind::Shed) {
+            for (idx, gen) in s.conns {
+                if self.conn_mut(idx, gen).is_some() {
+                    self.end_conn(idx, Outcome::Shed);
+                }
+            }
+            return;
+        }
+        // Wait for the target's answer to the last request if the server answered it.
+        let wait_answer = s.server_turn && s.requests > 0;
+        for (idx, gen) in s.conns {
+            if let Some(c) = self.conn_mut(idx, gen) {
+                c.queue.push_back(Item::End { wait_answer, lost });
+                self.pump(idx, now);
+            }
+        }
+    }
+
+    fn shed_session(&mut self, id: SessionId, _now: u64) {
+        if let Some(s) = self.sessions.remove(&id) {
+            for (idx, gen) in s.conns {
+                if self.conn_mut(idx, gen).is_some() {
+                    self.end_conn(idx, Outcome::Shed);
+                }
+            }
+        }
+    }
+
+    // ---- connections --------------------------------------------------------------------
+
+    fn conn_mut(&mut self, idx: usize, gen: u32) -> Option<&mut Conn> {
+        self.conns
+            .get_mut(idx)
+            .and_then(Option::as_mut)
+            .filter(|c| c.gen == gen)
+    }
+
+    fn new_conn(
+        &mut self,
+        target: SocketAddr,
+        client: SocketAddr,
+        server: SocketAddr,
+        now: u64,
+    ) -> usize {
+        let idx = self.free.pop().unwrap_or_else(|| {
+            self.conns.push(None);
+            self.gens.push(0);
+            self.conns.len() - 1
+        });
+        self.gens[idx] = self.gens[idx].wrapping_add(1);
+        let mut queue = VecDeque::new();
+        if self.cfg.proxy_protocol {
+            let mut h = Vec::with_capacity(crate::proxy::header_len(client, server));
+            crate::proxy::emit(client, server, &mut h);
+            queue.push_back(Item::Data {
+                bytes: Bytes::from(h),
+                start: None,
+            });
+        }
+        self.conns[idx] = Some(Conn {
+            gen: self.gens[idx],
+            target,
+            sock: None,
+            state: State::Backoff,
+            queue,
+            off: 0,
+            held: 0,
+            connect_deadline: now + self.cfg.timeout_ns,
+            retry_at: now,
+            refused: false,
+            answered: false,
+            unanswered: 0,
+            last_rx_ns: now,
+            last_write_ns: now,
+            eof: false,
+            close_deadline: 0,
+            ending: Outcome::Completed,
+            timer_at: 0,
+        });
+        self.report.sessions.copies += 1;
+        self.open += 1;
+        idx
+    }
+
+    fn arm(&mut self, idx: usize, at: u64) {
+        let Some(c) = self.conns[idx].as_mut() else {
+            return;
+        };
+        if c.timer_at != at {
+            c.timer_at = at;
+            self.timers.push(Reverse((at, idx, c.gen)));
+        }
+    }
+
+    /// Connects now if the target's back-off allows, or waits for it.
+    fn start_connect(&mut self, idx: usize, now: u64) {
+        let Some(c) = self.conns[idx].as_mut() else {
+            return;
+        };
+        let t = self.targets.entry(c.target).or_default();
+        if now < t.next_try {
+            if t.next_try >= c.connect_deadline {
+                let how = if c.refused || t.streak > 0 {
+                    Outcome::Refused
+                } else {
+                    Outcome::Timeout
+                };
+                self.end_conn(idx, how);
+                return;
+            }
+            c.state = State::Backoff;
+            c.retry_at = t.next_try;
+            let at = c.retry_at;
+            self.arm(idx, at);
+            return;
+        }
+        if t.streak > 0 {
+            // One probe per back-off step: the others wait for its result.
+            t.next_try = now + backoff_ns(t.streak);
+        }
+        match TcpStream::connect(c.target) {
+            Ok(mut s) => {
+                if self
+                    .poll
+                    .registry()
+                    .register(&mut s, Token(idx), Interest::READABLE | Interest::WRITABLE)
+                    .is_err()
+                {
+                    self.end_conn(idx, Outcome::Reset);
+                    return;
+                }
+                let _ = s.set_nodelay(true);
+                c.sock = Some(s);
+                c.state = State::Connecting;
+                let at = c.connect_deadline;
+                self.arm(idx, at);
+            }
+            Err(e) => self.connect_failed(idx, &e, now),
+        }
+    }
+
+    fn connect_failed(&mut self, idx: usize, e: &io::Error, now: u64) {
+        let Some(c) = self.conns[idx].as_mut() else {
+            return;
+        };
+        if let Some(mut s) = c.sock.take() {
+            let _ = self.poll.registry().deregister(&mut s);
+        }
+        let refused = matches!(
+            e.raw_os_error(),
+            Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH)
+        );
+        if !refused {
+            // Out of ports or descriptors, or the like: not the target's doing, but the copy
+            // cannot be made; counted as a reset of the attempt.
+            self.end_conn(idx, Outcome::Reset);
+            return;
+        }
+        c.refused = true;
+        let t = self.targets.entry(c.target).or_default();
+        t.streak = t.streak.saturating_add(1);
+        t.next_try = t.next_try.max(now + backoff_ns(t.streak));
+        self.start_connect(idx, now);
+    }
+
+    fn connected(&mut self, idx: usize, now: u64) {
+        let Some(c) = self.conns[idx].as_mut() else {
+            return;
+        };
+        let Some(s) = c.sock.as_ref() else { return };
+        match s.take_error() {
+            Ok(Some(e)) | Err(e) => return self.connect_failed(idx, &e, now),
+            Ok(None) => {}
+        }
+        match s.peer_addr() {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+            Err(e) => return self.connect_failed(idx, &e, now),
+        }
+        c.state = State::Up;
+        c.last_write_ns = now;
+        c.last_rx_ns = now;
+        let t = self.targets.entry(c.target).or_default();
+        t.streak = 0;
+        t.next_try = 0;
+    }
+
+    fn end_conn(&mut self, idx: usize, how: Outcome) {
+        let Some(mut c) = self.conns[idx].take() else {
+            return;
+        };
+        if let Some(mut s) = c.sock.take() {
+            let _ = self.poll.registry().deregister(&mut s);
+        }
+        self.held -= c.held;
+        self.open -= 1;
+        self.free.push(idx);
+        let s = &mut self.report.sessions;
+        let f = &mut s.failed;
+        match how {
+            Outcome::Completed => s.completed += 1,
+            Outcome::Refused => f.target_refused += 1,
+            Outcome::Reset => f.reset += 1,
+            Outcome::Timeout => f.timeout += 1,
+            Outcome::ClosedEarly => f.closed_early += 1,
+            Outcome::LostData => f.lost_capture_data += 1,
+            Outcome::Shed => f.shed += 1,
+            Outcome::OpenAtEnd => s.open_at_end += 1,
+        }
+    }
+
+    fn on_io(&mut self, idx: usize, now: u64) {
+        let Some(c) = self.conns.get(idx).and_then(Option::as_ref) else {
+            return;
+        };
+        if c.state == State::Connecting {
+            self.connected(idx, now);
+        }
+        self.read(idx, now);
+        self.pump(idx, now);
+    }
+
+    fn read(&mut self, idx: usize, now: u64) {
+        let no_wait = self.cfg.no_wait;
+        let Some(c) = self.conns[idx].as_mut() else {
+            return;
+        };
+        if !matches!(c.state, State::Up | State::Closing) {
+            return;
+        }
+        let Some(s) = c.sock.as_mut() else { return };
+        loop {
+            match s.read(&mut self.scratch) {
+                Ok(0) => {
+                    c.eof = true;
+                    break;
+                }
+                Ok(n) => {
+                    self.report.requests.bytes_answered += n as u64;
+                    if c.unanswered > 0 {
+                        self.target_lat.record(now.saturating_sub(c.last_write_ns));
+                        // Waiting, one request is outstanding; with --no-wait an answer
+                        // stands for every request before it on the stream.
+                        let k = if no_wait { c.unanswered } else { 1 };
+                        self.report.requests.answered += k;
+                        c.unanswered -= k;
+                    }
+                    c.answered = true;
+                    c.last_rx_ns = now;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.end_conn(idx, Outcome::Reset);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Moves connection `idx` as far as it can go now; arms its timer when it must wait.
+    fn pump(&mut self, idx: usize, now: u64) {
+        let (no_wait, timeout, speed) = (self.cfg.no_wait, self.cfg.timeout_ns, self.speed);
+        loop {
+            let Some(c) = self.conns[idx].as_mut() else {
+                return;
+            };
+            match c.state {
+                State::Backoff => {
+                    if now >= c.retry_at {
+                        self.start_connect(idx, now);
+                    }
+                    return;
+                }
+                State::Connecting => {
+                    if now >= c.connect_deadline {
+                        let how = if c.refused {
+                            Outcome::Refused
+                        } else {
+                            Outcome::Timeout
+                        };
+                        self.end_conn(idx, how);
+                    }
+                    return;
+                }
+                State::Closing => {
+                    if c.eof || now >= c.close_deadline {
+                        let how = c.ending;
+                        self.end_conn(idx, how);
+                    } else {
+                        let at = c.close_deadline;
+                        self.arm(idx, at);
+                    }
+                    return;
+                }
+                State::Up => {}
+            }
+            let Some(front) = c.queue.front_mut() else {
+                return;
+            };
+            match front {
+                Item::Data { bytes, start } => {
+                    if c.eof {
+                        self.end_conn(idx, Outcome::ClosedEarly);
+                        return;
+                    }
+                    if let Some(r) = *start {
+                        if r.wait_answer && !no_wait {
+                            if !c.answered {
+                                let dl = c.last_write_ns + timeout;
+                                if now >= dl {
+                                    self.end_conn(idx, Outcome::Timeout);
+                                } else {
+                                    self.arm(idx, dl);
+                                }
+                                return;
+                            }
+                            let at = c.last_rx_ns + (r.think_ns as f64 / speed) as u64;
+                            if now < at {
+                                self.arm(idx, at);
+                                return;
+                            }
+                        }
+                        *start = None;
+                        c.answered = false;
+                        c.unanswered += 1;
+                        self.report.requests.copied += 1;
+                    }
+                    let Some(s) = c.sock.as_mut() else { return };
+                    match s.write(&bytes[c.off..]) {
+                        Ok(n) => {
+                            c.off += n;
+                            c.last_write_ns = now;
+                            self.report.requests.bytes_copied += n as u64;
+                            if c.off == bytes.len() {
+                                let len = bytes.len();
+                                c.queue.pop_front();
+                                c.off = 0;
+                                c.held -= len;
+                                self.held -= len;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => {
+                            self.end_conn(idx, Outcome::Reset);
+                            return;
+                        }
+                    }
+                }
+                Item::End { wait_answer, lost } => {
+                    let lost = *lost;
+                    if *wait_answer && !no_wait && c.unanswered > 0 && !c.eof {
+                        let dl = c.last_write_ns + timeout;
+                        if now >= dl {
+                            self.end_conn(idx, Outcome::Timeout);
+                        } else {
+                            self.arm(idx, dl);
+                        }
+                        return;
+                    }
+                    c.queue.pop_front();
+                    if let Some(s) = c.sock.as_ref() {
+                        let _ = s.shutdown(Shutdown::Write);
+                    }
+                    c.state = State::Closing;
+                    c.close_deadline = now + CLOSE_LINGER_NS;
+                    c.ending = if lost {
+                        Outcome::LostData
+                    } else {
+                        Outcome::Completed
+                    };
+                }
+            }
+        }
+    }
+
+    fn fire_timers(&mut self, now: u64) {
+        while let Some(Reverse((at, idx, gen))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let live = self.conns[idx]
+                .as_mut()
+                .filter(|c| c.gen == gen && c.timer_at == at);
+            if let Some(c) = live {
+                c.timer_at = 0;
+                self.pump(idx, now);
+            }
+        }
+    }
+
+    /// Timers, then one wait for I/O of at most `max_wait`, then the I/O.
+    fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), RelayError> {
+        self.fire_timers(now_ns());
+        let now = now_ns();
+        let mut wait = max_wait;
+        if let Some(Reverse((at, _, _))) = self.timers.peek() {
+            wait = wait.min(Duration::from_nanos(at.saturating_sub(now)));
+        }
+        match self.poll.poll(events, Some(wait)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err("wait for events (epoll_wait)")(e)),
+        }
+        let now = now_ns();
+        for ev in events.iter() {
+            if ev.token() != CAPTURE {
+                self.on_io(ev.token().0, now);
+            }
+        }
+        self.fire_timers(now);
+        Ok(())
+    }
+
+    fn publish(&self, live: &Live) {
+        let s = &self.report.sessions;
+        let f = &s.failed;
+        let st = |a: &AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
+        st(&live.sessions_seen, s.seen);
+        st(&live.copies, s.copies);
+        st(&live.completed, s.completed);
+        st(
+            &live.failed,
+            f.target_refused + f.reset + f.timeout + f.closed_early + f.lost_capture_data + f.shed,
+        );
+        st(&live.open, self.open);
+        st(&live.requests_copied, self.report.requests.copied);
+        st(&live.requests_answered, self.report.requests.answered);
+        st(&live.held_bytes, self.held as u64);
+        st(&live.kernel_drops, self.report.capture.kernel_drops);
+    }
+
+    /// After the input ended: lets the connections finish (each waits at most `--timeout`
+    /// for an answer and a second for the target's FIN), then counts the rest as open.
+    fn drain(
+        &mut self,
+        events: &mut Events,
+        stop: &AtomicBool,
+        live: &Live,
+    ) -> Result<(), RelayError> {
+        let deadline = now_ns() + self.cfg.timeout_ns + 2 * CLOSE_LINGER_NS;
+        let interrupted_at = stop.load(Ordering::Relaxed);
+        while self.open > 0 && now_ns() < deadline {
+            // Interrupted again during the drain: stop at once.
+            if !interrupted_at && stop.load(Ordering::Relaxed) {
+                break;
+            }
+            self.step(events, Duration::from_millis(50))?;
+            self.publish(live);
+        }
+        for idx in 0..self.conns.len() {
+            if self.conns[idx].is_some() {
+                self.end_conn(idx, Outcome::OpenAtEnd);
+            }
+        }
+        Ok(())
+    }
+
+    fn tracker_stats(&mut self, t: &Tracker) {
+        let s = t.stats();
+        let c = &mut self.report.capture;
+        c.not_tcp += s.not_tcp_frames;
+        c.retransmitted_bytes += s.retransmitted_bytes;
+        c.out_of_order_segments += s.out_of_order_segments;
+        c.sessions_with_lost_data += s.closed_lost_data;
+        c.sessions_not_tracked += s.table_full;
+    }
+
+    fn finish(mut self, seconds: f64) -> CopyReport {
+        let mut r = std::mem::take(&mut self.report);
+        r.mode = "relay".into();
+        r.rules = self.cfg.rules.iter().map(ToString::to_string).collect();
+        r.copies_per_session = self.cfg.copies;
+        r.sample_percent = self.cfg.sampler.percent;
+        r.seconds = seconds;
+        r.latency.original = self.orig.percentiles();
+        r.latency.target = self.target_lat.percentiles();
+        r.memory.limit_bytes = self.cfg.max_memory as u64;
+        r.memory.rss_bytes = rss_bytes();
+        r.finish();
+        r
+    }
+}
+
+/// Runs the relay until the input ends (a file), `stop` is set, or `duration` passes; then
+/// lets the copies finish and returns the report. A capture file that turns out truncated
+/// ends the input early with the reason in `failure`.
+pub fn run(
+    cfg: &RelayConfig,
+    input: &Input,
+    duration: Option<Duration>,
+    stop: &AtomicBool,
+    live: &Live,
+) -> Result<CopyReport, RelayError> {
+    let start = now_ns();
+    let end_at = duration.map(|d| start + d.as_nanos() as u64);
+    let past_end = |now: u64| stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now >= e);
+    let speed = match input {
+        Input::File { speed, .. } => *speed,
+        Input::Live { .. } => 1.0,
+    };
+    let mut relay = Relay::new(cfg, speed)?;
+    let mut events = Events::with_capacity(1024);
+    let mut evs: Vec<Event> = Vec::new();
+    let mut eth: Vec<u8> = Vec::new();
+    match input {
+        Input::Live { ifname } => {
+            let filter = rules::capture_filter(&cfg.rules);
+            let cap_err = |source| RelayError::Capture {
+                ifname: ifname.clone(),
+                source,
+            };
+            let mut cap = Capture::open(
+                ifname,
+                &CaptureOpts {
+                    filter: Some(filter.clone()),
+                    ..CaptureOpts::default()
+                },
+            )
+            .map_err(cap_err)?;
+            relay.report.source = format!("live {ifname}");
+            relay.report.filter = filter;
+            let link = LinkType::from_dlt(cap.linktype()).unwrap_or(LinkType::Ethernet);
+            let fd = cap.as_fd().as_raw_fd();
+            relay
+                .poll
+                .registry()
+                .register(&mut SourceFd(&fd), CAPTURE, Interest::READABLE)
+                .map_err(io_err("watch the capture socket (epoll_ctl)"))?;
+            let mut tracker = Tracker::new(relay.tracker_config());
+            let mut last_stats = 0u64;
+            let mut packets = 0u64;
+            while !past_end(now_ns()) {
+                // Every retired block, a bounded number per turn so connections get served.
+                for _ in 0..64 {
+                    let n = cap
+                        .next_block(Duration::ZERO, |p| {
+                            packets += 1;
+                            let frame = if link == LinkType::Ethernet {
+                                p.data
+                            } else if to_ethernet(
+                                link,
+                                p.data,
+                                MacAddr([0; 6]),
+                                MacAddr([0; 6]),
+                                &mut eth,
+                            )
+                            .is_ok()
+                            {
+                                &eth
+                            } else {
+                                return;
+                            };
+                            tracker.push(p.ts_ns, frame, &mut evs);
+                        })
+                        .map_err(cap_err)?;
+                    let mem = tracker.stats().memory_bytes;
+                    relay.on_events(&mut evs, mem);
+                    if n == 0 {
+                        break;
+                    }
+                }
+                tracker.tick(realtime_ns(), &mut evs);
+                let mem = tracker.stats().memory_bytes;
+                relay.on_events(&mut evs, mem);
+                relay.step(&mut events, Duration::from_millis(10))?;
+                let now = now_ns();
+                if now >= last_stats + 250_000_000 {
+                    last_stats = now;
+                    if let Ok(st) = cap.stats() {
+                        relay.report.capture.kernel_drops = st.drops;
+                    }
+                }
+                relay.publish(live);
+            }
+            tracker.finish(&mut evs);
+            relay.on_events(&mut evs, 0);
+            if let Ok(st) = cap.stats() {
+                relay.report.capture.kernel_drops = st.drops;
+            }
+            relay.report.capture.packets = packets;
+            relay.tracker_stats(&tracker);
+            drop(cap);
+        }
+        Input::File {
+            path,
+            speed,
+            max_idle_ns,
+            loops,
+        } => {
+            relay.report.source = format!("file {}", path.display());
+            let file = CaptureFile::open(path).map_err(RelayError::File)?;
+            let wall0 = now_ns();
+            // Capture time mapped onto the wall clock: gaps capped, divided by the speed.
+            let mut virt: u64 = 0;
+            let mut packets = 0u64;
+            'loops: for _ in 0..*loops {
+                let mut tracker = Tracker::new(relay.tracker_config());
+                let mut it = file.packets().peekable();
+                let mut last_ts: Option<u64> = None;
+                let mut due_last = wall0 + (virt as f64 / speed) as u64;
+                loop {
+                    let now = now_ns();
+                    if past_end(now) {
+                        tracker.finish(&mut evs);
+                        relay.on_events(&mut evs, 0);
+                        relay.tracker_stats(&tracker);
+                        break 'loops;
+                    }
+                    // Feed every frame that is due.
+                    let mut ended = false;
+                    let mut wait = Duration::from_millis(50);
+                    loop {
+                        let p = match it.peek() {
+                            None => {
+                                ended = true;
+                                break;
+                            }
+                            Some(Err(_)) => {
+                                if let Some(Err(e)) = it.next() {
+                                    relay.report.failure = Some(crate_chain(&e));
+                                }
+                                ended = true;
+                                break;
+                            }
+                            Some(Ok(p)) => *p,
+                        };
+                        let gap = last_ts.map_or(0, |l| p.ts_ns.saturating_sub(l));
+                        let gap = max_idle_ns.map_or(gap, |m| gap.min(m));
+                        let due = wall0 + ((virt + gap) as f64 / speed) as u64;
+                        if due > now {
+                            wait = Duration::from_nanos(due - now);
+                            break;
+                        }
+                        it.next();
+                        virt += gap;
+                        last_ts = Some(p.ts_ns.max(last_ts.unwrap_or(0)));
+                        due_last = due;
+                        packets += 1;
+                        let frame = match LinkType::from_dlt(p.linktype) {
+                            Ok(LinkType::Ethernet) => p.data,
+                            Ok(l)
+                                if to_ethernet(
+                                    l,
+                                    p.data,
+                                    MacAddr([0; 6]),
+                                    MacAddr([0; 6]),
+                                    &mut eth,
+                                )
+                                .is_ok() =>
+                            {
+                                &eth
+                            }
+                            _ => {
+                                relay.report.capture.not_tcp += 1;
+                                continue;
+                            }
+                        };
+                        tracker.push(p.ts_ns, frame, &mut evs);
+                        let mem = tracker.stats().memory_bytes;
+                        relay.on_events(&mut evs, mem);
+                    }
+                    if ended {
+                        tracker.finish(&mut evs);
+                        relay.on_events(&mut evs, 0);
+                        relay.tracker_stats(&tracker);
+                        if relay.report.failure.is_some() {
+                            break 'loops;
+                        }
+                        break;
+                    }
+                    // The capture's clock runs on while we wait for the next frame, so holes
+                    // and idle sessions time out as they would have.
+                    if let Some(l) = last_ts {
+                        let ahead = (now_ns().saturating_sub(due_last) as f64 * speed) as u64;
+                        tracker.tick(l + ahead, &mut evs);
+                        relay.on_events(&mut evs, tracker.stats().memory_bytes);
+                    }
+                    relay.step(&mut events, wait.min(Duration::from_millis(50)))?;
+                    relay.publish(live);
+                }
+            }
+            relay.report.capture.packets = packets;
+        }
+    }
+    relay.drain(&mut events, stop, live)?;
+    relay.publish(live);
+    let secs = (now_ns() - start) as f64 / 1e9;
+    Ok(relay.finish(secs))
+}
+
+fn crate_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = c.source();
+    }
+    s
+}

@@ -1,0 +1,380 @@
+//! The `copy` report: sessions seen, copied, completed and failed by cause; requests and bytes
+//! copied and answered with tcpcopy's request loss ratio; the original servers' latency beside
+//! the target's; what the capture lost (kernel drops are never hidden); memory. The JSON form
+//! is docs/schema/copy.schema.json.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hist::{fmt_ns, Percentiles};
+
+/// Bumped whenever a JSON field changes meaning or disappears (docs/schema/copy.schema.json).
+pub const COPY_SCHEMA_VERSION: u32 = 1;
+
+/// Everything a copy run reports. Field names are the `--json` contract.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CopyReport {
+    pub schema_version: u32,
+    /// `relay`.
+    pub mode: String,
+    /// `live IFACE` or `file PATH`.
+    pub source: String,
+    /// The kernel filter expression of a live capture (empty offline).
+    pub filter: String,
+    /// The `-x` rules, one per entry.
+    pub rules: Vec<String>,
+    /// `-n`: independent copies of each session.
+    pub copies_per_session: u32,
+    /// `-r`: percentage of sessions copied.
+    pub sample_percent: f64,
+    /// How long the copy ran.
+    pub seconds: f64,
+    pub sessions: SessionStats,
+    pub requests: RequestStats,
+    pub latency: LatencyStats,
+    pub capture: CaptureStats,
+    pub memory: MemoryStats,
+    /// The nice value the copy ran at (`--nice`).
+    pub nice: i32,
+    /// Why the run failed (exit status 1); absent when it did what was asked.
+    pub failure: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionStats {
+    /// Client sessions to a copied server seen in the capture.
+    pub seen: u64,
+    /// Of those, joined mid-stream (open before the capture saw their SYN).
+    pub joined_mid_stream: u64,
+    /// Left out by `-r` sampling (or its ramp).
+    pub sampled_out: u64,
+    /// Chosen for copying.
+    pub selected: u64,
+    /// Connections to the target made for them: `selected` × `-n`. Each ends completed,
+    /// failed, or open at the end.
+    pub copies: u64,
+    pub completed: u64,
+    pub failed: FailStats,
+    /// Copies still running when the copy stopped (cut at the end of the run).
+    pub open_at_end: u64,
+}
+
+/// Failed copies by cause.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FailStats {
+    /// The target refused the connection, through every retry.
+    pub target_refused: u64,
+    /// The target reset the connection (or a send failed).
+    pub reset: u64,
+    /// The target did not answer a request, or a connect, within `--timeout`.
+    pub timeout: u64,
+    /// The target closed the connection while the session still had requests.
+    pub closed_early: u64,
+    /// The capture lost bytes of the session (a hole not filled in time): the session is
+    /// copied up to the hole and ended there.
+    pub lost_capture_data: u64,
+    /// Ended to stay within `--max-memory` (or the reassembler's buffer limits).
+    pub shed: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RequestStats {
+    /// Requests (client bytes between two server turns) of the selected sessions seen in the
+    /// capture, once per copy.
+    pub at_source: u64,
+    /// Requests sent to the target.
+    pub copied: u64,
+    /// Requests the target answered.
+    pub answered: u64,
+    /// tcpcopy's request loss ratio: (copied − answered) / copied, in percent.
+    pub loss_ratio_percent: f64,
+    pub bytes_copied: u64,
+    pub bytes_answered: u64,
+    /// Client bytes of sessions joined mid-stream before their first whole request (skipped).
+    pub bytes_skipped_joining: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LatencyStats {
+    /// The production server's: from a request's last captured byte to the first byte of
+    /// its answer in the capture.
+    pub original: Percentiles,
+    /// The target's: from a request's last byte written to the first byte of the answer.
+    pub target: Percentiles,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CaptureStats {
+    /// Packets the capture read (frames of the file offline).
+    pub packets: u64,
+    /// Packets the kernel dropped because the capture ring was full (live only).
+    pub kernel_drops: u64,
+    /// Not TCP/IP, or a cut TCP header.
+    pub not_tcp: u64,
+    /// Bytes seen again after they were delivered (retransmissions).
+    pub retransmitted_bytes: u64,
+    pub out_of_order_segments: u64,
+    /// Sessions whose bytes had a hole the capture never filled.
+    pub sessions_with_lost_data: u64,
+    /// Sessions not tracked because the session table was full.
+    pub sessions_not_tracked: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MemoryStats {
+    /// `--max-memory`.
+    pub limit_bytes: u64,
+    /// Resident set size of the process at the end.
+    pub rss_bytes: u64,
+    /// Largest amount of request bytes waiting to be sent to the target plus reassembly
+    /// buffers, the figure held under the limit.
+    pub peak_held_bytes: u64,
+}
+
+fn pct(v: f64) -> String {
+    format!("{v:.3} %")
+}
+
+fn bytes(n: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+impl CopyReport {
+    /// Fills the derived figures (loss ratio) and the schema version.
+    pub fn finish(&mut self) {
+        self.schema_version = COPY_SCHEMA_VERSION;
+        let r = &mut self.requests;
+        r.loss_ratio_percent = if r.copied == 0 {
+            0.0
+        } else {
+            r.copied.saturating_sub(r.answered) as f64 * 100.0 / r.copied as f64
+        };
+    }
+
+    /// The human summary.
+    pub fn human(&self) -> String {
+        let mut s = String::new();
+        let ss = &self.sessions;
+        let f = &ss.failed;
+        let r = &self.requests;
+        let c = &self.capture;
+        let _ = writeln!(
+            s,
+            "Copy: {} from {}, {} rule{} ({}), {} cop{} per session, {} % of sessions, {:.3} s",
+            self.mode,
+            self.source,
+            self.rules.len(),
+            if self.rules.len() == 1 { "" } else { "s" },
+            self.rules.join(", "),
+            self.copies_per_session,
+            if self.copies_per_session == 1 {
+                "y"
+            } else {
+                "ies"
+            },
+            self.sample_percent,
+            self.seconds
+        );
+        let _ = writeln!(
+            s,
+            "Sessions: {} seen ({} joined mid-stream), {} sampled out, {} selected, {} copies: {} completed, {} failed, {} open at end",
+            ss.seen,
+            ss.joined_mid_stream,
+            ss.sampled_out,
+            ss.selected,
+            ss.copies,
+            ss.completed,
+            f.target_refused + f.reset + f.timeout + f.closed_early + f.lost_capture_data + f.shed,
+            ss.open_at_end
+        );
+        let _ = writeln!(
+            s,
+            "Failed: {} target refused, {} reset, {} timeout, {} closed early, {} lost capture data, {} shed",
+            f.target_refused, f.reset, f.timeout, f.closed_early, f.lost_capture_data, f.shed
+        );
+        let _ = writeln!(
+            s,
+            "Requests: {} at source, {} copied, {} answered; request loss ratio {}",
+            r.at_source,
+            r.copied,
+            r.answered,
+            pct(r.loss_ratio_percent)
+        );
+        let _ = writeln!(
+            s,
+            "Bytes: {} copied, {} answered, {} skipped joining mid-stream",
+            r.bytes_copied, r.bytes_answered, r.bytes_skipped_joining
+        );
+        let _ = writeln!(
+            s,
+            "Capture: {} packets, {} dropped by the kernel, {} not TCP, {} retransmitted bytes, {} out of order, {} sessions with lost data, {} not tracked",
+            c.packets,
+            c.kernel_drops,
+            c.not_tcp,
+            c.retransmitted_bytes,
+            c.out_of_order_segments,
+            c.sessions_with_lost_data,
+            c.sessions_not_tracked
+        );
+        let _ = writeln!(
+            s,
+            "Memory: {} resident, {} held at peak, limit {}; nice {}",
+            bytes(self.memory.rss_bytes),
+            bytes(self.memory.peak_held_bytes),
+            bytes(self.memory.limit_bytes),
+            self.nice
+        );
+        let o = &self.latency.original;
+        let t = &self.latency.target;
+        let _ = writeln!(
+            s,
+            "  Latency{:>19}{:>13}   ({} / {} requests)",
+            "original", "target", o.count, t.count
+        );
+        for (q, a, b) in [
+            ("50.000%", o.p50_ns, t.p50_ns),
+            ("90.000%", o.p90_ns, t.p90_ns),
+            ("99.000%", o.p99_ns, t.p99_ns),
+            ("99.900%", o.p999_ns, t.p999_ns),
+            ("100.000%", o.max_ns, t.max_ns),
+        ] {
+            let _ = writeln!(s, "  {q:<8}{:>18}{:>13}", fmt_ns(a), fmt_ns(b));
+        }
+        if let Some(f) = &self.failure {
+            let _ = writeln!(s, "Failed: {f}");
+        }
+        s
+    }
+
+    pub fn json(&self) -> String {
+        let mut v = self.clone();
+        v.finish();
+        serde_json::to_string_pretty(&v).expect("report serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> CopyReport {
+        let mut r = CopyReport {
+            schema_version: 0,
+            mode: "relay".into(),
+            source: "live eth1".into(),
+            filter: "tcp and (port 80)".into(),
+            rules: vec!["80-198.18.2.2:8080".into()],
+            copies_per_session: 2,
+            sample_percent: 50.0,
+            seconds: 2.5,
+            sessions: SessionStats {
+                seen: 10,
+                joined_mid_stream: 1,
+                sampled_out: 5,
+                selected: 5,
+                copies: 10,
+                completed: 7,
+                failed: FailStats {
+                    target_refused: 1,
+                    reset: 1,
+                    timeout: 0,
+                    closed_early: 0,
+                    lost_capture_data: 1,
+                    shed: 0,
+                },
+                open_at_end: 0,
+            },
+            requests: RequestStats {
+                at_source: 2000,
+                copied: 2000,
+                answered: 1999,
+                loss_ratio_percent: 0.0,
+                bytes_copied: 160_000,
+                bytes_answered: 500_000,
+                bytes_skipped_joining: 40,
+            },
+            latency: LatencyStats {
+                original: Percentiles {
+                    count: 1000,
+                    mean_ns: 60_000,
+                    p50_ns: 50_000,
+                    p90_ns: 80_000,
+                    p99_ns: 120_000,
+                    p999_ns: 900_000,
+                    p9999_ns: 1_000_000,
+                    max_ns: 12_500_000,
+                },
+                target: Percentiles {
+                    count: 1999,
+                    p50_ns: 70_000,
+                    ..Percentiles::default()
+                },
+            },
+            capture: CaptureStats {
+                packets: 9000,
+                kernel_drops: 3,
+                ..CaptureStats::default()
+            },
+            memory: MemoryStats {
+                limit_bytes: 1 << 30,
+                rss_bytes: 12 << 20,
+                peak_held_bytes: 2048,
+            },
+            nice: 10,
+            failure: None,
+        };
+        r.finish();
+        r
+    }
+
+    #[test]
+    fn loss_ratio_is_tcpcopys() {
+        let r = sample();
+        assert_eq!(r.requests.loss_ratio_percent, 0.05);
+        let mut z = CopyReport::default();
+        z.finish();
+        assert_eq!(z.requests.loss_ratio_percent, 0.0);
+        assert_eq!(z.schema_version, COPY_SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn human_summary_exact_text() {
+        assert_eq!(
+            sample().human(),
+            "Copy: relay from live eth1, 1 rule (80-198.18.2.2:8080), 2 copies per session, 50 % of sessions, 2.500 s\n\
+             Sessions: 10 seen (1 joined mid-stream), 5 sampled out, 5 selected, 10 copies: 7 completed, 3 failed, 0 open at end\n\
+             Failed: 1 target refused, 1 reset, 0 timeout, 0 closed early, 1 lost capture data, 0 shed\n\
+             Requests: 2000 at source, 2000 copied, 1999 answered; request loss ratio 0.050 %\n\
+             Bytes: 160000 copied, 500000 answered, 40 skipped joining mid-stream\n\
+             Capture: 9000 packets, 3 dropped by the kernel, 0 not TCP, 0 retransmitted bytes, 0 out of order, 0 sessions with lost data, 0 not tracked\n\
+             Memory: 12.0 MiB resident, 2.0 KiB held at peak, limit 1.0 GiB; nice 10\n  \
+             Latency           original       target   (1000 / 1999 requests)\n  \
+             50.000%            50.0 us      70.0 us\n  \
+             90.000%            80.0 us       0.0 us\n  \
+             99.000%           120.0 us       0.0 us\n  \
+             99.900%           900.0 us       0.0 us\n  \
+             100.000%          12.50 ms       0.0 us\n"
+        );
+    }
+
+    #[test]
+    fn json_round_trips() {
+        let r = sample();
+        let back: CopyReport = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(back.sessions.failed.lost_capture_data, 1);
+        assert_eq!(back.requests.loss_ratio_percent, 0.05);
+        assert_eq!(back.schema_version, COPY_SCHEMA_VERSION);
+    }
+}
