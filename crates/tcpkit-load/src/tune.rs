@@ -206,7 +206,9 @@ mod tests {
         );
         let empty = Facts::fixture(&[]);
         assert!(hint_with(Limit::Ports, Role::Client, &empty).starts_with("out of local ports: "));
-        assert!(hint_with(Limit::Conntrack, Role::Client, &empty).contains("nf_conntrack_max unknown"));
+        assert!(
+            hint_with(Limit::Conntrack, Role::Client, &empty).contains("nf_conntrack_max unknown")
+        );
     }
 
     #[test]
@@ -219,7 +221,10 @@ mod tests {
         assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
         let h = hint(Limit::Nofile, Role::Server);
         assert!(
-            h.contains(&format!("(limit {} per process)", facts::limit_text(lim.rlim_cur))),
+            h.contains(&format!(
+                "(limit {} per process)",
+                facts::limit_text(lim.rlim_cur)
+            )),
             "{h}"
         );
     }

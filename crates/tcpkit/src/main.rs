@@ -4,6 +4,7 @@ mod echo;
 mod load;
 mod merge;
 mod replay;
+mod tune;
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +35,10 @@ enum Cmd {
     Load(load::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),
+    /// What stops this host from holding many connections (file-descriptor limits, queues,
+    /// conntrack, ports, socket memory): each setting OK or CHANGE with the exact command;
+    /// --apply makes the changes it can.
+    Tune(tune::Args),
 }
 
 /// Set by SIGINT/SIGTERM: jobs stop cleanly and still print their report.
@@ -104,6 +109,7 @@ fn main() -> ExitCode {
         Cmd::Echo(args) => ("echo", echo::main(args, &INTERRUPTED)),
         Cmd::Load(args) => ("load", load::main(args, &INTERRUPTED)),
         Cmd::Merge(args) => ("merge", merge::main(args)),
+        Cmd::Tune(args) => ("tune", tune::main(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -133,6 +139,6 @@ mod tests {
             .get_subcommands()
             .map(|c| c.get_name().to_string())
             .collect();
-        assert_eq!(names, ["replay", "echo", "load", "merge"]);
+        assert_eq!(names, ["replay", "echo", "load", "merge", "tune"]);
     }
 }

@@ -79,8 +79,8 @@ fn write_sysctl(root: &Path, key: &str, value: &str) -> Result<(), String> {
         });
     }
     // The kernel may clamp a value it accepted; only what it kept counts as applied.
-    let kept = std::fs::read_to_string(&path)
-        .map_err(|e| format!("read back {}: {e}", path.display()))?;
+    let kept =
+        std::fs::read_to_string(&path).map_err(|e| format!("read back {}: {e}", path.display()))?;
     let kept = kept.split_whitespace().collect::<Vec<_>>().join(" ");
     if kept != value {
         return Err(format!("the kernel kept {kept} instead of {value}"));

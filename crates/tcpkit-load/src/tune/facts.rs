@@ -159,7 +159,13 @@ fn nofile() -> (u64, u64) {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return (0, 0);
     }
-    let conv = |v: libc::rlim_t| if v == libc::RLIM_INFINITY { u64::MAX } else { v };
+    let conv = |v: libc::rlim_t| {
+        if v == libc::RLIM_INFINITY {
+            u64::MAX
+        } else {
+            v
+        }
+    };
     (conv(lim.rlim_cur), conv(lim.rlim_max))
 }
 

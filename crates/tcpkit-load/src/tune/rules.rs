@@ -146,7 +146,7 @@ fn hidden(key: &str, wanted: String, why: String) -> Check {
         status: Status::Check,
         current: None,
         wanted,
-        why: format!("not shown here (a host-wide setting seen from a network namespace, or its module is not loaded): read it on the host; {why}"),
+        why: format!("host-wide (or its module is not loaded), so not shown in this network namespace: read it on the host; {why}"),
         command: Some(format!("sysctl {key}")),
         fix: None,
     }
@@ -276,7 +276,12 @@ fn port_range(n: u64, f: &Facts) -> (Check, Option<u64>) {
         plural(sources, "source address", "source addresses")
     );
     let check = if sources <= 1 || (lo <= wlo && hi >= whi) {
-        ok(key, current, format!(">= {n} ports, or {wanted_value}"), why)
+        ok(
+            key,
+            current,
+            format!(">= {n} ports, or {wanted_value}"),
+            why,
+        )
     } else {
         why.push_str(&format!(
             "; {wlo}-{whi} needs {at_widest} (keep listening ports out with net.ipv4.ip_local_reserved_ports)"
@@ -316,7 +321,7 @@ fn conntrack(cfg: &TuneConfig, f: &Facts) -> Check {
         key,
         cfg.connections + count,
         format!(
-            "nf_conntrack is loaded: if a firewall rule here tracks connections ({count} tracked now), each takes an entry and new ones are dropped when the table is full; or keep port {} out of it: {}",
+            "nf_conntrack is loaded: if a firewall rule here tracks connections ({count} tracked now), each takes an entry and new ones are dropped when the table is full; or keep port {} out of it in this namespace with `{}`",
             cfg.port,
             notrack(cfg)
         ),
@@ -476,11 +481,16 @@ mod tests {
                 value: "65535".into()
             })
         );
-        assert_eq!(find(&e, "net.ipv4.tcp_max_syn_backlog").status, Status::Change);
+        assert_eq!(
+            find(&e, "net.ipv4.tcp_max_syn_backlog").status,
+            Status::Change
+        );
         assert_eq!(find(&e, "net.ipv4.tcp_syncookies").status, Status::Ok);
         let ct = find(&e, "net.netfilter.nf_conntrack_max");
         assert_eq!(ct.status, Status::Change);
-        assert!(ct.why.contains("nft add rule inet raw pre tcp dport 4242 notrack"));
+        assert!(ct
+            .why
+            .contains("nft add rule inet raw pre tcp dport 4242 notrack"));
         // 2 pages per socket (4096 + 4096 bytes).
         assert_eq!(e.memory_pages, 2_000_000);
         let m = find(&e, "net.ipv4.tcp_mem");

@@ -1,0 +1,176 @@
+//! `tcpkit tune`: what the user typed (clap), resolved into `tcpkit_load::tune::TuneConfig`,
+//! and the report printed with the exit status it implies.
+
+use std::io::Write;
+use std::path::Path;
+
+use clap::{Parser, ValueEnum};
+use tcpkit_load::tune::{self, Role, TuneConfig};
+
+use crate::Failure;
+
+/// Checks and explains what stops this host, in its current network namespace, from holding
+/// many TCP connections: each setting as OK or CHANGE with the exact command. Exits 0 when
+/// nothing needs a change, 1 when something does.
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// Which end of the connections this host is: server (accepts them) or client (opens
+    /// them).
+    #[arg(long, value_enum, value_name = "ROLE")]
+    pub role: RoleArg,
+
+    /// Connections this host must hold at once.
+    #[arg(long, value_name = "N", default_value_t = tune::DEFAULT_CONNECTIONS)]
+    pub connections: u64,
+
+    /// The server's port, for the conntrack NOTRACK rule.
+    #[arg(long, value_name = "P", default_value_t = tune::DEFAULT_PORT)]
+    pub port: u16,
+
+    /// Make the changes that can be made from here (sysctls, written under /proc/sys and
+    /// read back), say which and why not the others, and judge the host again.
+    #[arg(long)]
+    pub apply: bool,
+
+    /// Print the report as one JSON document (docs/schema/tune.schema.json).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RoleArg {
+    Server,
+    Client,
+}
+
+/// How the run is carried out, beside what is checked.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Run {
+    pub apply: bool,
+    pub json: bool,
+}
+
+/// Every check of a value's meaning happens here.
+pub fn resolve(a: &Args) -> Result<(TuneConfig, Run), Failure> {
+    if !(1..=tune::MAX_CONNECTIONS).contains(&a.connections) {
+        return Err(Failure::Usage(format!(
+            "--connections {}: must be 1 to {}",
+            a.connections,
+            tune::MAX_CONNECTIONS
+        )));
+    }
+    if a.port == 0 {
+        return Err(Failure::Usage(
+            "--port 0: give a port from 1 to 65535".into(),
+        ));
+    }
+    let role = match a.role {
+        RoleArg::Server => Role::Server,
+        RoleArg::Client => Role::Client,
+    };
+    Ok((
+        TuneConfig {
+            role,
+            connections: a.connections,
+            port: a.port,
+        },
+        Run {
+            apply: a.apply,
+            json: a.json,
+        },
+    ))
+}
+
+pub fn main(args: Args) -> Result<(), Failure> {
+    let (cfg, run) = resolve(&args)?;
+    let report = tune::run(&cfg, run.apply, Path::new(tune::PROC_SYS));
+    let text = if run.json {
+        report.json() + "\n"
+    } else {
+        report.human()
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+    match report.verdict() {
+        None => Ok(()),
+        Some(v) => Err(Failure::Runtime(v)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<(TuneConfig, Run), String> {
+        let mut v = vec!["tune"];
+        v.extend_from_slice(args);
+        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
+        resolve(&a).map_err(|f| match f {
+            Failure::Usage(m) | Failure::Runtime(m) => m,
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let (c, r) = parse(&["--role", "server"]).unwrap();
+        assert_eq!(
+            c,
+            TuneConfig {
+                role: Role::Server,
+                connections: 1_000_000,
+                port: 4242
+            }
+        );
+        assert_eq!(
+            r,
+            Run {
+                apply: false,
+                json: false
+            }
+        );
+    }
+
+    #[test]
+    fn every_flag_parses() {
+        let (c, r) = parse(&[
+            "--role",
+            "client",
+            "--connections",
+            "45000",
+            "--port",
+            "53",
+            "--apply",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(
+            c,
+            TuneConfig {
+                role: Role::Client,
+                connections: 45_000,
+                port: 53
+            }
+        );
+        assert_eq!(
+            r,
+            Run {
+                apply: true,
+                json: true
+            }
+        );
+    }
+
+    #[test]
+    fn bad_values_say_which_flag() {
+        let e = |args: &[&str]| parse(args).unwrap_err();
+        assert!(e(&[]).contains("--role"));
+        assert!(e(&["--role", "both"]).contains("'both'"));
+        assert!(e(&["--role", "server", "--connections", "0"]).contains("--connections 0"));
+        assert!(e(&["--role", "server", "--connections", "-5"]).contains("'-5'"));
+        assert!(e(&["--role", "server", "--connections", "2000000000"])
+            .contains("--connections 2000000000: must be 1 to 1000000000"));
+        assert!(e(&["--role", "server", "--port", "0"]).contains("--port 0"));
+        assert!(e(&["--role", "server", "--port", "70000"]).contains("--port"));
+    }
+}
