@@ -3,6 +3,7 @@
 //! and against a real resolver for the DNS wire format.
 
 mod common;
+use common::schema;
 #[path = "common/unbound.rs"]
 mod unbound;
 
@@ -457,67 +458,9 @@ fn procs_2_serve_one_port_and_report_one_total() {
     );
 }
 
-/// Checks `v` against the subset of JSON Schema our schemas use (type, const, enum, minimum,
-/// required, properties, items, additionalProperties: false).
-fn check(schema: &Value, v: &Value, at: &str) {
-    let types: Vec<&str> = match &schema["type"] {
-        Value::String(t) => vec![t.as_str()],
-        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
-        _ => vec![],
-    };
-    let ty = match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    };
-    let ok =
-        types.is_empty() || types.contains(&ty) || (ty == "integer" && types.contains(&"number"));
-    assert!(ok, "{at}: {ty} where the schema says {types:?}");
-    if let Some(c) = schema.get("const") {
-        assert_eq!(c, v, "{at}: const");
-    }
-    if let Some(Value::Array(e)) = schema.get("enum") {
-        assert!(e.contains(v), "{at}: {v} not in {e:?}");
-    }
-    if let (Some(min), Some(n)) = (schema.get("minimum").and_then(Value::as_f64), v.as_f64()) {
-        assert!(n >= min, "{at}: {n} < {min}");
-    }
-    if let (Some(items), Value::Array(a)) = (schema.get("items"), v) {
-        for (i, x) in a.iter().enumerate() {
-            check(items, x, &format!("{at}[{i}]"));
-        }
-    }
-    if let Value::Object(obj) = v {
-        for r in schema["required"].as_array().into_iter().flatten() {
-            assert!(obj.contains_key(r.as_str().unwrap()), "{at}: missing {r}");
-        }
-        let props = schema["properties"].as_object();
-        for (k, val) in obj {
-            match props.and_then(|p| p.get(k)) {
-                Some(s) => check(s, val, &format!("{at}.{k}")),
-                None => assert!(
-                    schema["additionalProperties"] != Value::Bool(false),
-                    "{at}: unknown field {k}"
-                ),
-            }
-        }
-    }
-}
-
 #[test]
 fn json_matches_the_committed_schema() {
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../docs/schema/echo.schema.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let schema = schema::load("echo");
     for args in [
         vec!["--json", "--duration", "0.5"],
         vec!["--json", "--duration", "0.5", "--dns", "--port", "53"],
@@ -530,7 +473,7 @@ fn json_matches_the_committed_schema() {
             .expect("--duration did not end the run");
         assert!(st.success());
         let j = report(&e.proc.log());
-        check(&schema, &j, "report");
+        schema::check(&schema, &j, "report");
         assert_eq!(j["stopped_by"], "duration");
         assert_eq!(j["accepted"], PROBES);
         let s = j["seconds"].as_f64().unwrap();

@@ -3,6 +3,7 @@
 //! its report, its exit status, its per-query file and what the server saw.
 
 mod common;
+use common::schema;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -595,17 +596,10 @@ fn json_report_matches_the_committed_schema_and_merges() {
         std::fs::write(&path, &o.stdout).unwrap();
         reports.push(path);
     }
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../docs/schema/load.schema.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let schema = schema::load("load");
     let a: Value = serde_json::from_slice(&std::fs::read(&reports[0]).unwrap()).unwrap();
     let b: Value = serde_json::from_slice(&std::fs::read(&reports[1]).unwrap()).unwrap();
-    check(&schema, &schema, &a, "report");
+    schema::check(&schema, &a, "report");
     // The interval log: a header and lines tagged per latency kind.
     let log = std::fs::read_to_string(&hlog).unwrap();
     assert!(log.contains("#[StartTime:"), "{log}");
@@ -623,7 +617,7 @@ fn json_report_matches_the_committed_schema_and_merges() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let m = json(&o);
-    check(&schema, &schema, &m, "merged");
+    schema::check(&schema, &m, "merged");
     assert_eq!(u(&m, "runs"), 2);
     for k in [
         "queries.sent",
@@ -664,60 +658,6 @@ fn json_report_matches_the_committed_schema_and_merges() {
         e.starts_with("tcpkit merge: ") && e.contains("h.hlog") && e.lines().count() == 1,
         "{e}"
     );
-}
-
-/// Checks `v` against the subset of JSON Schema load.schema.json uses (type, const, minimum,
-/// required, properties, additionalProperties as false or a schema, items, $ref to $defs).
-fn check(root: &Value, schema: &Value, v: &Value, at: &str) {
-    if let Some(r) = schema["$ref"].as_str() {
-        let name = r.trim_start_matches("#/$defs/");
-        return check(root, &root["$defs"][name], v, at);
-    }
-    let types: Vec<&str> = match &schema["type"] {
-        Value::String(t) => vec![t.as_str()],
-        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
-        _ => vec![],
-    };
-    let ty = match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    };
-    let ok =
-        types.is_empty() || types.contains(&ty) || (ty == "integer" && types.contains(&"number"));
-    assert!(ok, "{at}: {ty} where the schema says {types:?}");
-    if let Some(c) = schema.get("const") {
-        assert_eq!(c, v, "{at}: const");
-    }
-    if let (Some(min), Some(n)) = (schema.get("minimum").and_then(Value::as_f64), v.as_f64()) {
-        assert!(n >= min, "{at}: {n} < {min}");
-    }
-    if let (Some(items), Value::Array(a)) = (schema.get("items"), v) {
-        for (i, x) in a.iter().enumerate() {
-            check(root, items, x, &format!("{at}[{i}]"));
-        }
-    }
-    if let Value::Object(obj) = v {
-        for r in schema["required"].as_array().into_iter().flatten() {
-            assert!(obj.contains_key(r.as_str().unwrap()), "{at}: missing {r}");
-        }
-        let props = schema["properties"].as_object();
-        for (k, val) in obj {
-            match (
-                props.and_then(|p| p.get(k)),
-                &schema["additionalProperties"],
-            ) {
-                (Some(s), _) => check(root, s, val, &format!("{at}.{k}")),
-                (None, Value::Bool(false)) => panic!("{at}: unknown field {k}"),
-                (None, extra @ Value::Object(_)) => check(root, extra, val, &format!("{at}.{k}")),
-                (None, _) => {}
-            }
-        }
-    }
 }
 
 #[test]

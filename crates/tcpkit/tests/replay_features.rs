@@ -2,6 +2,7 @@
 //! from the receiver and from the report.
 
 mod common;
+use common::schema;
 
 use std::collections::HashMap;
 
@@ -231,59 +232,9 @@ fn stats_lines_appear_during_the_run() {
     assert!((3..=5).contains(&actual), "{actual} Actual: lines\n{s}");
 }
 
-/// Checks `v` against the subset of JSON Schema our schemas use (type, const, minimum,
-/// required, properties, additionalProperties: false).
-fn check(schema: &Value, v: &Value, at: &str) {
-    let types: Vec<&str> = match &schema["type"] {
-        Value::String(t) => vec![t.as_str()],
-        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
-        _ => vec![],
-    };
-    let ty = match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    };
-    let ok =
-        types.is_empty() || types.contains(&ty) || (ty == "integer" && types.contains(&"number"));
-    assert!(ok, "{at}: {ty} where the schema says {types:?}");
-    if let Some(c) = schema.get("const") {
-        assert_eq!(c, v, "{at}: const");
-    }
-    if let (Some(min), Some(n)) = (schema.get("minimum").and_then(Value::as_f64), v.as_f64()) {
-        assert!(n >= min, "{at}: {n} < {min}");
-    }
-    if let Value::Object(obj) = v {
-        for r in schema["required"].as_array().into_iter().flatten() {
-            assert!(obj.contains_key(r.as_str().unwrap()), "{at}: missing {r}");
-        }
-        let props = schema["properties"].as_object();
-        for (k, val) in obj {
-            match props.and_then(|p| p.get(k)) {
-                Some(s) => check(s, val, &format!("{at}.{k}")),
-                None => assert!(
-                    schema["additionalProperties"] != Value::Bool(false),
-                    "{at}: unknown field {k}"
-                ),
-            }
-        }
-    }
-}
-
 #[test]
 fn json_matches_the_committed_schema() {
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../docs/schema/replay.schema.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let schema = schema::load("replay");
     let f = testdata("zeek-redis-pipelining-dlt-null.pcap");
     let lab = ReplayLab::new("json");
     for args in [vec!["--pps", "1000", "--json"], vec!["-t", "--json"]] {
@@ -292,7 +243,7 @@ fn json_matches_the_committed_schema() {
         let out = lab.replay(&a);
         assert!(out.status.success());
         let j = json(&out);
-        check(&schema, &j, "report");
+        schema::check(&schema, &j, "report");
         assert_eq!(j["packets"], 12);
         assert_eq!(j["ethernet_added"], 12);
     }
@@ -306,16 +257,16 @@ fn json_matches_the_committed_schema() {
     ]);
     assert!(out.status.success());
     let j = json(&out);
-    check(&schema, &j, "report");
+    schema::check(&schema, &j, "report");
     assert_eq!(j["dry_run"], true);
     assert!(j["interface"].is_null() && j["timing"].is_null());
     // The checker is not vacuous: it rejects an unknown field and a wrong type.
     let mut bad = j.clone();
     bad["surprise"] = Value::from(1);
-    assert!(std::panic::catch_unwind(|| check(&schema, &bad, "bad")).is_err());
+    assert!(std::panic::catch_unwind(|| schema::check(&schema, &bad, "bad")).is_err());
     let mut bad = j;
     bad["packets"] = Value::from("12");
-    assert!(std::panic::catch_unwind(|| check(&schema, &bad, "bad")).is_err());
+    assert!(std::panic::catch_unwind(|| schema::check(&schema, &bad, "bad")).is_err());
 }
 
 /// tcpreplay 4.4.3 is the oracle for flow counting: the same flows and flow packets on the

@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod schema;
+
 use tcpkit_lab::{Host, Lab, Link, LinkOpts};
 
 /// The binary cargo built for these tests (release under scripts/test.sh).
