@@ -82,7 +82,7 @@ pub enum Input {
 /// Why the relay could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
-    #[error("capture on {ifname}")]
+    #[error("capture")]
     Capture {
         ifname: String,
         #[source]
@@ -239,6 +239,8 @@ struct TargetState {
 }
 
 const CAPTURE: Token = Token(usize::MAX);
+/// How far behind the wall clock the live capture's reassembler is ticked (see its use).
+const TICK_LAG_NS: u64 = 250_000_000;
 /// How long a closing connection waits for the target's FIN before it is dropped.
 const CLOSE_LINGER_NS: u64 = 1_000_000_000;
 
@@ -1029,7 +1031,10 @@ pub fn run(
                         break;
                     }
                 }
-                tracker.tick(realtime_ns(), &mut evs);
+                // The tracker stamps events with the latest time it knows: ticking it to the
+                // wall clock would stamp frames still in the ring (a block retires up to its
+                // timeout late) with a later time, and the original latencies would shrink.
+                tracker.tick(realtime_ns().saturating_sub(TICK_LAG_NS), &mut evs);
                 let mem = tracker.stats().memory_bytes;
                 relay.on_events(&mut evs, mem);
                 relay.step(&mut events, Duration::from_millis(10))?;

@@ -1,5 +1,6 @@
 //! `tcpkit`: parses the command line, runs one job, prints its report. Nothing else lives here.
 
+mod copy;
 mod echo;
 mod load;
 mod merge;
@@ -33,6 +34,9 @@ enum Cmd {
     /// Many TCP connections to one server and queries at a set rate (tcpclient, wrk2):
     /// open-loop schedule, latency from the intended and the actual send time, lag reported.
     Load(load::Args),
+    /// Copy live TCP sessions (or a capture's) to a test server without touching production
+    /// (tcpcopy's job), in relay mode: reassembled and replayed over ordinary connections.
+    Copy(copy::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),
     /// What stops this host from holding many connections (file-descriptor limits, queues,
@@ -109,6 +113,7 @@ fn main() -> ExitCode {
         Cmd::Echo(args) => ("echo", echo::main(args, &INTERRUPTED)),
         Cmd::Load(args) => ("load", load::main(args, &INTERRUPTED)),
         Cmd::Merge(args) => ("merge", merge::main(args)),
+        Cmd::Copy(args) => ("copy", copy::main(args, &INTERRUPTED)),
         Cmd::Tune(args) => ("tune", tune::main(args)),
     };
     match result {
@@ -139,6 +144,6 @@ mod tests {
             .get_subcommands()
             .map(|c| c.get_name().to_string())
             .collect();
-        assert_eq!(names, ["replay", "echo", "load", "merge", "tune"]);
+        assert_eq!(names, ["replay", "echo", "load", "copy", "merge", "tune"]);
     }
 }

@@ -1,0 +1,450 @@
+//! `tcpkit copy`: what the user typed (clap), then the resolved `tcpkit_copy::relay`
+//! configuration and how the run is shown (live line, `--stats`, summary or `--json`).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tcpkit_copy::relay::{self, Input, Live, RelayConfig};
+use tcpkit_copy::rules;
+use tcpkit_copy::sample::Sampler;
+use tcpkit_stats::{Monitor, MonitorOptions};
+
+use crate::Failure;
+
+/// Copy live TCP sessions (or those of a capture file) to a test server, in relay mode: each
+/// client session's bytes are reassembled from a passive capture and replayed over an ordinary
+/// connection from this host to the target, paced like the client (next request after the
+/// target's answer, with the client's think time). Nothing is sent toward a client.
+/// Runs until SIGINT/SIGTERM, --duration, or the end of --input; then prints its report.
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// Copy rules `[srcIP:]port-targetIP:port`, comma-separated or repeated: sessions to
+    /// server `port` (on `srcIP` only, when given) are replayed to `targetIP:port`.
+    #[arg(short = 'x', long = "copy", value_name = "RULES", required = true)]
+    pub rules: Vec<String>,
+
+    /// Interface to capture on (live mode); "any" for all.
+    #[arg(
+        short = 'i',
+        long = "capture",
+        value_name = "IFACE",
+        default_value = "any"
+    )]
+    pub capture: String,
+
+    /// Copy the sessions of a pcap or pcapng file instead of a live capture.
+    #[arg(long, value_name = "FILE", conflicts_with = "capture")]
+    pub input: Option<PathBuf>,
+
+    /// With --input: play the file F times as fast as it was captured (think times too).
+    #[arg(long, value_name = "F", default_value_t = 1.0, requires = "input")]
+    pub speed: f64,
+
+    /// With --input: cap every gap between packets at S seconds.
+    #[arg(long, value_name = "S", requires = "input")]
+    pub max_idle: Option<f64>,
+
+    /// With --input: play the file N times (each time as new sessions).
+    #[arg(
+        long = "loop",
+        value_name = "N",
+        default_value_t = 1,
+        requires = "input"
+    )]
+    pub loops: u32,
+
+    /// Copy each session N times, as N independent connections.
+    #[arg(short = 'n', value_name = "N", default_value_t = 1)]
+    pub copies: u32,
+
+    /// Copy PCT percent of the sessions, chosen by their exact client and server address (a
+    /// session is wholly in or out, the same in every run).
+    #[arg(short = 'r', value_name = "PCT", default_value_t = 100.0)]
+    pub percent: f64,
+
+    /// Ramp the sampling percentage from 0 to -r over S seconds.
+    #[arg(long, value_name = "S")]
+    pub ramp: Option<f64>,
+
+    /// Start each connection to the target with a PROXY protocol v2 header carrying the
+    /// original client's and server's addresses.
+    #[arg(long)]
+    pub proxy_protocol: bool,
+
+    /// Only copy sessions whose SYN was seen (not those open when copying started).
+    #[arg(long)]
+    pub only_full: bool,
+
+    /// Send each request as captured, without waiting for the target's answer to the previous.
+    #[arg(long)]
+    pub no_wait: bool,
+
+    /// How long connecting to the target (with retries while it refuses) and waiting for an
+    /// answer the next request needs may take before the session counts as failed.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub timeout: f64,
+
+    /// Request bytes waiting for the target plus reassembly buffers, at most (K, M, G
+    /// suffixes; default an eighth of RAM). Over it, sessions are shed and counted.
+    #[arg(long, value_name = "BYTES")]
+    pub max_memory: Option<String>,
+
+    /// Lower this process's CPU priority by N (0 to keep it), so production goes first.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub nice: i32,
+
+    /// Stop after SECS seconds.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+
+    /// Print a line of counters every N seconds.
+    #[arg(long, value_name = "N")]
+    pub stats: Option<f64>,
+
+    /// Print the report as one JSON document (docs/schema/copy.schema.json).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How the run is shown and bounded, beside what the relay does.
+#[derive(Debug)]
+pub struct Run {
+    pub input: Input,
+    pub duration: Option<Duration>,
+    pub stats: Option<Duration>,
+    pub json: bool,
+    pub nice: i32,
+}
+
+fn usage(msg: String) -> Failure {
+    Failure::Usage(msg)
+}
+
+fn secs(flag: &str, v: f64, min: f64) -> Result<Duration, Failure> {
+    if !v.is_finite() || v < min || v > 1e9 {
+        return Err(usage(format!(
+            "{flag} {v}: must be a number of seconds from {min} to 1e9"
+        )));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// `1048576`, `64K`, `512M`, `2G` (powers of 1024).
+fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let (num, mult) = match t.char_indices().last()? {
+        (i, 'k' | 'K') => (&t[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&t[..i], 1 << 20),
+        (i, 'g' | 'G') => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+fn mem_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+        })
+        .map_or(1 << 30, |kib| kib * 1024)
+}
+
+/// Every check that involves more than one flag, or a value's meaning, happens here.
+pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
+    let rules = rules::parse_rules(a.rules.iter().map(String::as_str))
+        .map_err(|e| usage(format!("-x: {e}")))?;
+    if !(1..=1000).contains(&a.copies) {
+        return Err(usage(format!("-n {}: must be 1 to 1000", a.copies)));
+    }
+    if !a.percent.is_finite() || !(0.0..=100.0).contains(&a.percent) {
+        return Err(usage(format!(
+            "-r {}: must be a percentage from 0 to 100",
+            a.percent
+        )));
+    }
+    let ramp = a.ramp.map(|r| secs("--ramp", r, 0.0)).transpose()?;
+    let timeout = secs("--timeout", a.timeout, 0.01)?;
+    let max_memory = match &a.max_memory {
+        Some(t) => {
+            let b = parse_bytes(t).ok_or_else(|| {
+                usage(format!(
+                    "--max-memory '{t}': expected a number of bytes, optionally with K, M or G"
+                ))
+            })?;
+            if b < 1 << 20 {
+                return Err(usage(format!("--max-memory '{t}': at least 1M")));
+            }
+            b
+        }
+        None => (mem_total() / 8).max(64 << 20),
+    };
+    if !(0..=19).contains(&a.nice) {
+        return Err(usage(format!("--nice {}: must be 0 to 19", a.nice)));
+    }
+    let input = match &a.input {
+        Some(path) => {
+            if !a.speed.is_finite() || a.speed <= 0.0 || a.speed > 1e6 {
+                return Err(usage(format!(
+                    "--speed {}: must be above 0 and at most 1e6",
+                    a.speed
+                )));
+            }
+            if a.loops == 0 {
+                return Err(usage("--loop 0: play the file at least once".into()));
+            }
+            Input::File {
+                path: path.clone(),
+                speed: a.speed,
+                max_idle_ns: a
+                    .max_idle
+                    .map(|m| secs("--max-idle", m, 0.0).map(|d| d.as_nanos() as u64))
+                    .transpose()?,
+                loops: a.loops,
+            }
+        }
+        None => {
+            if a.capture.is_empty() || a.capture.len() > 15 {
+                return Err(usage(format!(
+                    "-i '{}': an interface name has 1 to 15 characters",
+                    a.capture
+                )));
+            }
+            Input::Live {
+                ifname: a.capture.clone(),
+            }
+        }
+    };
+    let cfg = RelayConfig {
+        rules,
+        copies: a.copies,
+        sampler: Sampler {
+            percent: a.percent,
+            ramp_ns: ramp.map_or(0, |d| d.as_nanos() as u64),
+        },
+        proxy_protocol: a.proxy_protocol,
+        no_wait: a.no_wait,
+        only_full: a.only_full,
+        max_memory: usize::try_from(max_memory).unwrap_or(usize::MAX),
+        timeout_ns: timeout.as_nanos() as u64,
+    };
+    let run = Run {
+        input,
+        duration: a.duration.map(|d| secs("--duration", d, 0.0)).transpose()?,
+        stats: a
+            .stats
+            .map(|s| secs("--stats", s, 0.0))
+            .transpose()?
+            .filter(|d| !d.is_zero()),
+        json: a.json,
+        nice: a.nice,
+    };
+    Ok((cfg, run))
+}
+
+/// Lowers the process's priority by `by`; returns the nice value it runs at.
+fn lower_priority(by: i32) -> i32 {
+    // SAFETY: getpriority/setpriority on the calling process only.
+    unsafe {
+        let now = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if by > 0 {
+            let _ = libc::setpriority(libc::PRIO_PROCESS, 0, (now + by).min(19));
+        }
+        libc::getpriority(libc::PRIO_PROCESS, 0)
+    }
+}
+
+fn print(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
+    let (cfg, run) = resolve(&args)?;
+    let nice = lower_priority(run.nice);
+    let live = Arc::new(Live::default());
+    let mut monitor = {
+        let live = Arc::clone(&live);
+        Monitor::start(
+            MonitorOptions {
+                stats_every: run.stats,
+                progress: !run.json,
+            },
+            move |elapsed| live.line(elapsed),
+        )
+    };
+    let result = relay::run(&cfg, &run.input, run.duration, interrupt, &live);
+    monitor.stop();
+    let mut report = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    report.nice = nice;
+    if run.json {
+        print(&(report.json() + "\n"));
+    } else {
+        print(&report.human());
+    }
+    match report.failure {
+        Some(f) => Err(Failure::Runtime(f)),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<(RelayConfig, Run), String> {
+        let mut v = vec!["copy"];
+        v.extend_from_slice(args);
+        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
+        resolve(&a).map_err(|f| match f {
+            Failure::Usage(m) | Failure::Runtime(m) => m,
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let (c, r) = parse(&["-x", "80-10.0.1.5:8080"]).unwrap();
+        assert_eq!(c.rules.len(), 1);
+        assert_eq!(c.copies, 1);
+        assert_eq!(
+            c.sampler,
+            Sampler {
+                percent: 100.0,
+                ramp_ns: 0
+            }
+        );
+        assert!(!c.proxy_protocol && !c.no_wait && !c.only_full);
+        assert_eq!(c.timeout_ns, 10_000_000_000);
+        assert!(c.max_memory >= 64 << 20);
+        assert_eq!(
+            r.input,
+            Input::Live {
+                ifname: "any".into()
+            }
+        );
+        assert_eq!(
+            (r.duration, r.stats, r.json, r.nice),
+            (None, None, false, 10)
+        );
+    }
+
+    #[test]
+    fn every_flag_parses() {
+        let (c, r) = parse(&[
+            "-x",
+            "80-10.0.1.5:8080,6379-10.0.1.5:6379",
+            "-x",
+            "10.0.0.1:3306-10.0.1.6:3306",
+            "-n",
+            "3",
+            "-r",
+            "50",
+            "--ramp",
+            "2.5",
+            "--proxy-protocol",
+            "--only-full",
+            "--no-wait",
+            "--timeout",
+            "1.5",
+            "--max-memory",
+            "64M",
+            "--nice",
+            "0",
+            "--duration",
+            "3",
+            "--stats",
+            "0.5",
+            "--json",
+            "-i",
+            "eth1",
+        ])
+        .unwrap();
+        assert_eq!(c.rules.len(), 3);
+        assert_eq!(c.copies, 3);
+        assert_eq!(
+            c.sampler,
+            Sampler {
+                percent: 50.0,
+                ramp_ns: 2_500_000_000
+            }
+        );
+        assert!(c.proxy_protocol && c.no_wait && c.only_full);
+        assert_eq!(c.timeout_ns, 1_500_000_000);
+        assert_eq!(c.max_memory, 64 << 20);
+        assert_eq!(
+            r.input,
+            Input::Live {
+                ifname: "eth1".into()
+            }
+        );
+        assert_eq!(r.duration, Some(Duration::from_secs(3)));
+        assert_eq!(r.stats, Some(Duration::from_millis(500)));
+        assert!(r.json);
+        assert_eq!(r.nice, 0);
+        let (_, r) = parse(&[
+            "-x",
+            "80-10.0.1.5:80",
+            "--input",
+            "x.pcap",
+            "--speed",
+            "4",
+            "--max-idle",
+            "0.5",
+            "--loop",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(
+            r.input,
+            Input::File {
+                path: "x.pcap".into(),
+                speed: 4.0,
+                max_idle_ns: Some(500_000_000),
+                loops: 3
+            }
+        );
+        assert_eq!(parse_bytes("2G"), Some(2 << 30));
+        assert_eq!(parse_bytes("64k"), Some(64 << 10));
+        assert_eq!(parse_bytes("12345"), Some(12345));
+        assert_eq!(parse_bytes("x"), None);
+    }
+
+    #[test]
+    fn bad_values_say_which_flag() {
+        let e = |args: &[&str]| {
+            let mut v = vec!["-x", "80-10.0.1.5:8080"];
+            v.extend_from_slice(args);
+            parse(&v).unwrap_err()
+        };
+        assert!(parse(&[]).unwrap_err().contains("--copy"));
+        assert!(parse(&["-x", "80"])
+            .unwrap_err()
+            .starts_with("-x: rule '80'"));
+        assert!(e(&["-n", "0"]).contains("-n 0"));
+        assert!(e(&["-r", "101"]).contains("-r 101"));
+        assert!(e(&["-r", "nan"]).contains("-r NaN"));
+        assert!(e(&["--ramp=-1"]).contains("--ramp -1"));
+        assert!(e(&["--timeout", "0"]).contains("--timeout 0"));
+        assert!(e(&["--max-memory", "lots"]).contains("--max-memory 'lots'"));
+        assert!(e(&["--max-memory", "1000"]).contains("at least 1M"));
+        assert!(e(&["--nice", "20"]).contains("--nice 20"));
+        assert!(e(&["--duration", "inf"]).contains("--duration"));
+        assert!(e(&["--stats=-2"]).contains("--stats"));
+        assert!(e(&["-i", "a-very-long-interface-name"]).contains("1 to 15"));
+        assert!(e(&["--speed", "2"]).contains("--input"));
+        assert!(e(&["--max-idle", "2"]).contains("--input"));
+        assert!(e(&["--loop", "2"]).contains("--input"));
+        assert!(e(&["--input", "f", "--speed", "0"]).contains("--speed 0"));
+        assert!(e(&["--input", "f", "--loop", "0"]).contains("--loop 0"));
+        assert!(e(&["--input", "f", "--max-idle=-1"]).contains("--max-idle -1"));
+        assert!(e(&["--input", "f", "-i", "eth0"]).contains("cannot be used with"));
+    }
+}

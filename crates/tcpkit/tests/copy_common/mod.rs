@@ -1,0 +1,321 @@
+//! The copy lab shared by the copy tests: clients → online (nginx, redis-server; `copy` runs
+//! here, with a second link) → target (the same servers). The clients have no route to the
+//! target, and a test can watch the clients' link to prove nothing from the target reaches it.
+#![allow(dead_code, reason = "each test file uses a different subset")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tcpkit_lab::{Host, Lab, Link, LinkOpts, Proc};
+
+pub const CLIENT: &str = "198.18.1.1";
+pub const ONLINE: &str = "198.18.1.2";
+pub const ONLINE_T: &str = "198.18.2.1";
+pub const TARGET: &str = "198.18.2.2";
+pub const NGINX: &str = "/usr/sbin/nginx";
+pub const REDIS: &str = "/usr/bin/redis-server";
+
+pub fn tcpkit() -> &'static str {
+    env!("CARGO_BIN_EXE_tcpkit")
+}
+
+pub struct CopyLab {
+    pub lab: Lab,
+    pub clients: Host,
+    pub online: Host,
+    pub target: Host,
+    pub cli_link: Link,
+    pub tgt_link: Link,
+    pub dir: tempfile::TempDir,
+}
+
+/// Which address each server logs as the client.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Log {
+    Peer,
+    ProxyProtocol,
+}
+
+impl CopyLab {
+    pub fn new(tag: &str) -> CopyLab {
+        for bin in [NGINX, REDIS] {
+            assert!(
+                Path::new(bin).exists(),
+                "the copy tests need {bin} (apt-get install nginx-light redis-server)"
+            );
+        }
+        let mut lab = Lab::new(tag).unwrap_or_else(|e| panic!("{e}"));
+        let clients = lab.host("cli").expect("host");
+        let online = lab.host("onl").expect("host");
+        let target = lab.host("tgt").expect("host");
+        let cli_link = lab
+            .link(
+                &clients,
+                &online,
+                &LinkOpts {
+                    addr_a: vec![format!("{CLIENT}/24")],
+                    addr_b: vec![format!("{ONLINE}/24")],
+                    ..LinkOpts::default()
+                },
+            )
+            .expect("link");
+        let tgt_link = lab
+            .link(
+                &online,
+                &target,
+                &LinkOpts {
+                    addr_a: vec![format!("{ONLINE_T}/24")],
+                    addr_b: vec![format!("{TARGET}/24")],
+                    ..LinkOpts::default()
+                },
+            )
+            .expect("link");
+        CopyLab {
+            lab,
+            clients,
+            online,
+            target,
+            cli_link,
+            tgt_link,
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    /// The online host's interface toward the clients (what `copy` captures).
+    pub fn capture_if(&self) -> String {
+        self.cli_link.b.name.clone()
+    }
+
+    fn host(&self, online: bool) -> (&Host, &'static str, &'static str) {
+        if online {
+            (&self.online, ONLINE, "online")
+        } else {
+            (&self.target, TARGET, "target")
+        }
+    }
+
+    /// nginx on port 8080 serving /hello.txt, one access-log line per request:
+    /// `client_addr client_port status request`.
+    pub fn nginx(&mut self, online: bool, log: Log) -> (Proc, PathBuf) {
+        let (host, ip, name) = self.host(online);
+        let host = host.clone();
+        let d = self.dir.path().join(format!("nginx-{name}"));
+        let _ = std::fs::create_dir_all(d.join("www"));
+        std::fs::write(d.join("www/hello.txt"), "hello from the lab\n").unwrap();
+        let access = d.join("access.log");
+        let (fmt, pp) = match log {
+            Log::Peer => ("$remote_addr $remote_port $status \"$request\"", ""),
+            Log::ProxyProtocol => (
+                "$proxy_protocol_addr $proxy_protocol_port $status \"$request\"",
+                " proxy_protocol",
+            ),
+        };
+        let conf = d.join("nginx.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "user root; daemon off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
+                 events {{ worker_connections 1024; }}\n\
+                 http {{ log_format t '{fmt}'; access_log {a} t; keepalive_requests 100000;\n\
+                   client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
+                   uwsgi_temp_path {d}; scgi_temp_path {d};\n\
+                   server {{ listen {ip}:8080{pp}; root {d}/www; }} }}\n",
+                d = d.display(),
+                a = access.display(),
+            ),
+        )
+        .unwrap();
+        let p = host
+            .spawn(
+                &mut self.lab,
+                &format!("nginx-{name}"),
+                &[NGINX, "-c", conf.to_str().unwrap()],
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_port(&host, ip, 8080, &p);
+        (p, access)
+    }
+
+    /// redis-server on port 6379, nothing saved.
+    pub fn redis(&mut self, online: bool) -> Proc {
+        let (host, ip, name) = self.host(online);
+        let host = host.clone();
+        let p = host
+            .spawn(
+                &mut self.lab,
+                &format!("redis-{name}"),
+                &[
+                    REDIS,
+                    "--port",
+                    "6379",
+                    "--bind",
+                    ip,
+                    "--protected-mode",
+                    "no",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ],
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_port(&host, ip, 6379, &p);
+        p
+    }
+
+    /// Starts `tcpkit copy ARGS` in the online host and returns once its capture is open.
+    pub fn copy(&self, args: &[&str]) -> Child {
+        let mut argv = vec![tcpkit(), "copy"];
+        argv.extend_from_slice(args);
+        // The capture is bound (ring and filter in place) once a packet socket shows the
+        // interface's index; "any" shows 0.
+        let ifindex = match argv.iter().position(|a| *a == "-i") {
+            Some(i) if argv[i + 1] != "any" => self.cli_link.b.ifindex,
+            _ => 0,
+        };
+        let before = packet_sockets(&self.online, ifindex);
+        let mut cmd = self.online.command(&argv);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start tcpkit copy");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while packet_sockets(&self.online, ifindex) <= before {
+            if let Ok(Some(st)) = child.try_wait() {
+                let o = child.wait_with_output().unwrap();
+                panic!(
+                    "copy exited {st} before capturing: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+            assert!(Instant::now() < deadline, "copy never opened its capture");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    }
+
+    /// `ARGV` in the clients host, to completion.
+    pub fn client(&self, argv: &[&str]) -> Output {
+        run_limited(self.clients.command(argv), Duration::from_secs(20))
+    }
+
+    /// `tcpkit load ONLINE:PORT ARGS` in the clients host.
+    pub fn load(&self, port: u16, args: &[&str]) -> Output {
+        let t = format!("{ONLINE}:{port}");
+        let mut argv = vec![tcpkit(), "load", &t];
+        argv.extend_from_slice(args);
+        let o = self.client(&argv);
+        assert!(
+            o.status.success(),
+            "load failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        o
+    }
+}
+
+/// Packet sockets bound to interface `ifindex` in `host`'s namespace (the copy's capture is
+/// one). /proc/net/packet: sk RefCnt Type Proto Iface R Rmem User Inode.
+fn packet_sockets(host: &Host, ifindex: u32) -> usize {
+    host.run(&["cat", "/proc/net/packet"])
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .skip(1)
+                .filter(|l| l.split_whitespace().nth(4) == Some(&ifindex.to_string()))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+pub fn wait_port(host: &Host, ip: &str, port: u16, p: &Proc) {
+    let addr: std::net::SocketAddr = format!("{ip}:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let up = host.enter(|| loop {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    });
+    assert!(up, "{} never listened on {addr}: {}", p.name(), p.log());
+}
+
+/// Runs `cmd` to completion; a run past `limit` is a hang: killed, and the test fails.
+pub fn run_limited(mut cmd: Command, limit: Duration) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().expect("start");
+    wait_limited(child, limit)
+}
+
+pub fn wait_limited(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let o = child.wait_with_output().expect("output");
+            panic!(
+                "still running after {limit:?}: stdout {} stderr {}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout {} stderr {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+pub fn u(v: &Value, path: &str) -> u64 {
+    let mut x = v;
+    for k in path.split('.') {
+        x = &x[k];
+    }
+    x.as_u64()
+        .unwrap_or_else(|| panic!("{path} is not a count in {v:#}"))
+}
+
+pub fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every copy ended exactly one way.
+pub fn assert_accounted(r: &Value) {
+    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
+    let ended = u(r, "sessions.completed")
+        + f("target_refused")
+        + f("reset")
+        + f("timeout")
+        + f("closed_early")
+        + f("lost_capture_data")
+        + f("shed")
+        + u(r, "sessions.open_at_end");
+    assert_eq!(ended, u(r, "sessions.copies"), "{r:#}");
+    assert_eq!(
+        u(r, "sessions.copies"),
+        u(r, "sessions.selected") * u(r, "copies_per_session"),
+        "{r:#}"
+    );
+    assert_eq!(
+        u(r, "sessions.selected") + u(r, "sessions.sampled_out"),
+        u(r, "sessions.seen"),
+        "{r:#}"
+    );
+}
