@@ -246,3 +246,227 @@ fn redis_set_workload_leaves_the_same_keys_on_the_target() {
         "{r:#}"
     );
 }
+
+#[test]
+fn sessions_open_before_the_copy_are_joined_at_a_request_boundary_and_only_full_skips_them() {
+    let mut l = CopyLab::new("cpjoin");
+    let (_on, on_log) = l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let rule = format!("8080-{TARGET}:8080");
+    std::thread::scope(|s| {
+        // Keep-alive connections opened before the copy starts, running 3 s.
+        let load = s.spawn(|| {
+            l.load(
+                8080,
+                &[
+                    "--http-get",
+                    "/hello.txt",
+                    "-c",
+                    "2",
+                    "-r",
+                    "300",
+                    "-t",
+                    "3",
+                ],
+            )
+        });
+        std::thread::sleep(Duration::from_millis(700));
+        let c = l.copy(&[
+            "-x",
+            &rule,
+            "-i",
+            &l.capture_if(),
+            "--duration",
+            "1",
+            "--json",
+        ]);
+        let r = copy_done(c);
+        let target = lines(&tg_log);
+        // Joined: both connections, from their next request on, every copied request whole.
+        assert_eq!(u(&r, "sessions.joined_mid_stream"), 2, "{r:#}");
+        assert_eq!(u(&r, "sessions.completed"), 2, "{r:#}");
+        assert!(
+            target.len() > 200,
+            "{} requests at the target: {r:#}",
+            target.len()
+        );
+        assert_eq!(count_200(&target), target.len(), "{target:?}");
+        assert_eq!(
+            u(&r, "requests.answered"),
+            u(&r, "requests.copied"),
+            "{r:#}"
+        );
+        // --only-full: the same open connections are left alone.
+        let c = l.copy(&[
+            "-x",
+            &rule,
+            "-i",
+            &l.capture_if(),
+            "--duration",
+            "0.5",
+            "--only-full",
+            "--json",
+        ]);
+        let r = copy_done(c);
+        assert_eq!(u(&r, "sessions.seen"), 0, "{r:#}");
+        assert_eq!(lines(&tg_log).len(), target.len());
+        load.join().unwrap();
+    });
+    assert!(lines(&on_log).len() > lines(&tg_log).len());
+}
+
+#[test]
+fn sampling_keeps_whole_sessions_and_proxy_protocol_carries_the_client() {
+    let mut l = CopyLab::new("cpsample");
+    let (_on, on_log) = l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = l.nginx(false, Log::ProxyProtocol);
+    let rule = format!("8080-{TARGET}:8080");
+    let c = l.copy(&[
+        "-x",
+        &rule,
+        "-i",
+        &l.capture_if(),
+        "-r",
+        "50",
+        "--proxy-protocol",
+        "--duration",
+        "3",
+        "--json",
+    ]);
+    // 40 connections of several requests each (2 loads of 2, reconnecting every 5 requests).
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                l.load(
+                    8080,
+                    &[
+                        "--http-get",
+                        "/hello.txt",
+                        "-c",
+                        "2",
+                        "-r",
+                        "100",
+                        "-t",
+                        "2",
+                        "--queries-per-conn",
+                        "5",
+                    ],
+                )
+            });
+        }
+    });
+    let r = copy_done(c);
+    check_schema(&r);
+    // Per client port: requests online, requests at the target (the PROXY header's source).
+    let per_port = |log: &[String]| {
+        let mut m = std::collections::BTreeMap::<u16, usize>::new();
+        for l in log {
+            let mut f = l.split(' ');
+            let ip = f.next().unwrap();
+            assert_eq!(ip, CLIENT, "{l}");
+            *m.entry(f.next().unwrap().parse().unwrap()).or_default() += 1;
+        }
+        m
+    };
+    let on = per_port(&lines(&on_log));
+    let tg = per_port(&lines(&tg_log));
+    let server: std::net::SocketAddr = format!("{ONLINE}:8080").parse().unwrap();
+    let sampler = tcpkit_copy::sample::Sampler {
+        percent: 50.0,
+        ramp_ns: 0,
+    };
+    let mut copied = 0;
+    for (port, n) in &on {
+        let client = std::net::SocketAddr::new(CLIENT.parse().unwrap(), *port);
+        let want = sampler.selects(client, server, 0);
+        // Wholly in (every request, under the client's own address) or wholly out.
+        assert_eq!(
+            tg.get(port).copied().unwrap_or(0),
+            if want { *n } else { 0 },
+            "port {port}"
+        );
+        copied += usize::from(want);
+    }
+    assert!(on.len() >= 30, "{} client connections", on.len());
+    assert!(
+        copied * 5 >= on.len() && copied * 5 <= on.len() * 4,
+        "{copied} of {} copied",
+        on.len()
+    );
+    // The report counts sessions, the logs connections that made a request (load may open
+    // one at the end that never sends; a client port can also be reused).
+    let (sel, out) = (u(&r, "sessions.selected"), u(&r, "sessions.sampled_out"));
+    assert!(sel >= copied as u64 && sel <= copied as u64 + 2, "{r:#}");
+    assert!(
+        out >= (on.len() - copied) as u64 && out <= (on.len() - copied) as u64 + 2,
+        "{r:#}"
+    );
+}
+
+#[test]
+fn n_3_sends_every_request_three_times_over_independent_connections() {
+    let mut l = CopyLab::new("cpn3");
+    let (_on, on_log) = l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let rule = format!("8080-{TARGET}:8080");
+    let c = l.copy(&[
+        "-x",
+        &rule,
+        "-i",
+        &l.capture_if(),
+        "-n",
+        "3",
+        "--duration",
+        "3",
+        "--stats",
+        "0.5",
+        "--json",
+    ]);
+    l.load(
+        8080,
+        &[
+            "--http-get",
+            "/hello.txt",
+            "-c",
+            "2",
+            "-r",
+            "300",
+            "-t",
+            "2",
+            "--queries-per-conn",
+            "20",
+        ],
+    );
+    let o = wait_limited(c, Duration::from_secs(15));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // --stats lines come before the JSON document.
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let doc = text.find("{\n").expect("a JSON document");
+    let stats: Vec<&str> = text[..doc].lines().collect();
+    assert!(
+        stats.len() >= 3
+            && stats
+                .iter()
+                .all(|s| s.contains("requests") && s.contains("loss")),
+        "{stats:?}"
+    );
+    let r: serde_json::Value = serde_json::from_str(&text[doc..]).unwrap();
+    assert_accounted(&r);
+    let (on, tg) = (lines(&on_log), lines(&tg_log));
+    assert!(on.len() > 300);
+    assert_eq!(tg.len(), 3 * on.len(), "{r:#}");
+    assert_eq!(u(&r, "sessions.copies"), 3 * u(&r, "sessions.selected"));
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    // Three distinct connections per session: no source port used twice at once.
+    let mut ports: Vec<&str> = tg.iter().map(|l| l.split(' ').nth(1).unwrap()).collect();
+    ports.dedup();
+    assert!(
+        ports.len() >= 3 * on.len() / 20,
+        "{} connections",
+        ports.len()
+    );
+}
