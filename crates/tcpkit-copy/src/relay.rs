@@ -286,10 +286,12 @@ struct Relay<'a> {
     target_lat: Histogram,
     /// Think times are divided by this (offline `--speed`).
     speed: f64,
+    /// Think times are capped at this (offline `--max-idle`), like the gaps between frames.
+    max_think_ns: u64,
 }
 
 impl<'a> Relay<'a> {
-    fn new(cfg: &'a RelayConfig, speed: f64) -> Result<Relay<'a>, RelayError> {
+    fn new(cfg: &'a RelayConfig, speed: f64, max_think_ns: u64) -> Result<Relay<'a>, RelayError> {
         Ok(Relay {
             cfg,
             poll: Poll::new().map_err(io_err("create the event loop (epoll)"))?,
@@ -307,6 +309,7 @@ impl<'a> Relay<'a> {
             orig: Histogram::new(),
             target_lat: Histogram::new(),
             speed,
+            max_think_ns,
         })
     }
 
@@ -425,7 +428,10 @@ impl<'a> Relay<'a> {
                     None
                 } else {
                     let r = ReqStart {
-                        think_ns: s.last_server_ts.map_or(0, |t| ts.saturating_sub(t)),
+                        think_ns: s
+                            .last_server_ts
+                            .map_or(0, |t| ts.saturating_sub(t))
+                            .min(self.max_think_ns),
                         wait_answer: s.server_turn && (s.requests > 0 || s.syn_seen),
                     };
                     s.requests += 1;
@@ -966,11 +972,13 @@ pub fn run(
     let start = now_ns();
     let end_at = duration.map(|d| start + d.as_nanos() as u64);
     let past_end = |now: u64| stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now >= e);
-    let speed = match input {
-        Input::File { speed, .. } => *speed,
-        Input::Live { .. } => 1.0,
+    let (speed, max_think) = match input {
+        Input::File {
+            speed, max_idle_ns, ..
+        } => (*speed, max_idle_ns.unwrap_or(u64::MAX)),
+        Input::Live { .. } => (1.0, u64::MAX),
     };
-    let mut relay = Relay::new(cfg, speed)?;
+    let mut relay = Relay::new(cfg, speed, max_think)?;
     let mut events = Events::with_capacity(1024);
     let mut evs: Vec<Event> = Vec::new();
     let mut eth: Vec<u8> = Vec::new();

@@ -1,0 +1,534 @@
+//! `tcpkit copy` when things go wrong, and offline: target down at start and mid-run, a target
+//! that never answers (--timeout, --no-wait), memory over --max-memory, captures with lost
+//! packets, --speed / --max-idle / --loop / --ramp, bad rules and interfaces.
+
+mod copy_common;
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use copy_common::*;
+use tcpkit_wire::tcp::{Flags, Options, Segment};
+
+fn run_copy(
+    l: &CopyLab,
+    args: &[&str],
+    limit: Duration,
+) -> (std::process::Output, serde_json::Value) {
+    let mut argv = vec![tcpkit(), "copy"];
+    argv.extend_from_slice(args);
+    let o = run_limited(l.online.command(&argv), limit);
+    assert!(
+        o.status.success(),
+        "copy failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = json(&o);
+    assert_accounted(&r);
+    (o, r)
+}
+
+fn syns_to(frames: &Path, ip: &str) -> usize {
+    let ip: std::net::IpAddr = ip.parse().unwrap();
+    let f = tcpkit_pcap::CaptureFile::open(frames).unwrap();
+    f.packets()
+        .filter_map(|p| Segment::parse(p.unwrap().data).ok())
+        .filter(|s| s.dst.ip() == ip && s.flags.has(Flags::SYN) && !s.flags.has(Flags::ACK))
+        .count()
+}
+
+#[test]
+fn target_down_at_start_and_mid_run_is_counted_without_a_syn_storm_and_recovers() {
+    let mut l = CopyLab::new("cpdown");
+    let (_on, _) = l.nginx(true, Log::Peer);
+    let rule = format!("8080-{TARGET}:8080");
+    let (online, tif) = (l.online.clone(), l.tgt_link.a.name.clone());
+    let c = l.copy(&[
+        "-x",
+        &rule,
+        "-i",
+        &l.capture_if(),
+        "--timeout",
+        "1",
+        "--duration",
+        "5.5",
+        "--json",
+    ]);
+    // Down at start: 50 sessions of one request each, while the SYNs toward it are counted.
+    let dump = l.lab.tcpdump(&online, &tif, "tcp").expect("tcpdump");
+    l.load(
+        8080,
+        &[
+            "--http-get",
+            "/hello.txt",
+            "-r",
+            "50",
+            "-t",
+            "1",
+            "--queries-per-conn",
+            "1",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    let down = dump.stop().expect("tcpdump");
+    let syns = syns_to(&down.path, TARGET);
+    // Comes up: keep-alive sessions; goes down under them; comes back.
+    let (tg, tg_log) = l.nginx(false, Log::Peer);
+    std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            l.load(
+                8080,
+                &[
+                    "--http-get",
+                    "/hello.txt",
+                    "-c",
+                    "2",
+                    "-r",
+                    "100",
+                    "-t",
+                    "1",
+                ],
+            )
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        tg.stop().expect("stop nginx");
+        load.join().unwrap();
+    });
+    let before = lines(&tg_log).len();
+    let (_tg2, _) = l.nginx(false, Log::Peer);
+    l.load(
+        8080,
+        &[
+            "--http-get",
+            "/hello.txt",
+            "-r",
+            "50",
+            "-t",
+            "1",
+            "--queries-per-conn",
+            "1",
+        ],
+    );
+    let r = {
+        let o = wait_limited(c, Duration::from_secs(15));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        json(&o)
+    };
+    assert_accounted(&r);
+    let f = |k: &str| u(&r, &format!("sessions.failed.{k}"));
+    assert!(f("target_refused") >= 40, "{r:#}");
+    // One probe per back-off step, not one SYN per session (nor a retry storm).
+    assert!(
+        syns < 25,
+        "{syns} SYNs toward the target while it was down: {r:#}"
+    );
+    assert!(f("reset") + f("closed_early") + f("timeout") >= 1, "{r:#}");
+    // Back up: the last phase's sessions went through.
+    assert!(u(&r, "sessions.completed") >= 30, "{r:#}");
+    assert!(
+        lines(&tg_log).len() >= before + 30,
+        "{} then {}",
+        before,
+        lines(&tg_log).len()
+    );
+}
+
+/// A pcap of `sessions` client sessions to ONLINE:8080, each with `requests` requests of
+/// `size` bytes answered by 20 bytes, 10 ms apart; `drop` leaves out the nth client data
+/// segment of the first session (a hole the capture never filled).
+fn synth_pcap(path: &Path, sessions: u16, requests: u32, size: usize, drop: Option<u32>) -> u64 {
+    let server: SocketAddr = format!("{ONLINE}:8080").parse().unwrap();
+    let mut ts: u64 = 1_700_000_000_000_000_000;
+    let mut frames: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut put = |ts: u64,
+                   src: SocketAddr,
+                   dst: SocketAddr,
+                   seq: u32,
+                   ack: u32,
+                   flags: u8,
+                   payload: &[u8]| {
+        let s = Segment {
+            src,
+            dst,
+            seq,
+            ack,
+            flags: Flags(flags),
+            window: 65535,
+            options: Options::default(),
+            payload: 0..0,
+            payload_len: 0,
+        };
+        let mut buf = Vec::new();
+        s.emit(payload, &mut buf).unwrap();
+        frames.push((ts, buf));
+    };
+    let (syn, ack, psh_ack, fin_ack) = (0x02u8, 0x10u8, 0x18u8, 0x11u8);
+    let start = ts;
+    for k in 0..sessions {
+        let client: SocketAddr = format!("{CLIENT}:{}", 40000 + k).parse().unwrap();
+        let (mut cs, mut ss) = (1000u32, 5000u32);
+        put(ts, client, server, cs, 0, syn, &[]);
+        put(ts + 10_000, server, client, ss, cs + 1, syn | ack, &[]);
+        put(ts + 20_000, client, server, cs + 1, ss + 1, ack, &[]);
+        cs += 1;
+        ss += 1;
+        ts += 100_000;
+        let mut n = 0;
+        for _ in 0..requests {
+            let body = vec![b'a' + (k % 26) as u8; size];
+            for chunk in body.chunks(1400) {
+                if !(k == 0 && drop == Some(n)) {
+                    put(ts, client, server, cs, ss, psh_ack, chunk);
+                }
+                n += 1;
+                cs += chunk.len() as u32;
+                ts += 10_000;
+            }
+            ts += 200_000;
+            put(
+                ts,
+                server,
+                client,
+                ss,
+                cs,
+                psh_ack,
+                b"answer to a request\n",
+            );
+            ss += 20;
+            ts += 10_000_000;
+        }
+        put(ts, client, server, cs, ss, fin_ack, &[]);
+        put(ts + 10_000, server, client, ss, cs + 1, fin_ack, &[]);
+        put(ts + 20_000, client, server, cs + 1, ss + 1, ack, &[]);
+        ts += 1_000_000;
+    }
+    let mut w = tcpkit_pcap::PcapWriter::create(path, 1, 65535, true).unwrap();
+    for (t, f) in &frames {
+        w.write_packet(*t, f, f.len() as u32).unwrap();
+    }
+    w.finish().unwrap();
+    ts - start
+}
+
+/// A server in the target that reads everything and never answers; returns the bytes read.
+fn silent_server(l: &CopyLab, port: u16) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+    let got = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let g = got.clone();
+    let listener = l
+        .target
+        .enter(|| TcpListener::bind(format!("{TARGET}:{port}")))
+        .unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let mut b = [0u8; 65536];
+                while let Ok(n) = s.read(&mut b) {
+                    if n == 0 {
+                        break;
+                    }
+                    g.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+                // Keep the connection open until the peer closes: silence, not a close.
+                std::thread::sleep(Duration::from_secs(30));
+            });
+        }
+    });
+    got
+}
+
+#[test]
+fn a_target_that_never_answers_times_out_and_no_wait_sends_everything() {
+    let l = CopyLab::new("cpsilent");
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("s.pcap");
+    synth_pcap(&pcap, 2, 3, 100, None);
+    let got = silent_server(&l, 9090);
+    let rule = "8080-198.18.2.2:9090";
+    let p = pcap.to_str().unwrap();
+    // Waiting for answers: one request each, then --timeout.
+    let t = Instant::now();
+    let (_, r) = run_copy(
+        &l,
+        &["-x", rule, "--input", p, "--timeout", "0.5", "--json"],
+        Duration::from_secs(10),
+    );
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    assert_eq!(u(&r, "sessions.failed.timeout"), 2, "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 2, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 0, "{r:#}");
+    assert_eq!(r["requests"]["loss_ratio_percent"].as_f64(), Some(100.0));
+    assert_eq!(u(&r, "requests.at_source"), 6, "{r:#}");
+    // Original latency from the capture: 200 µs + the request's own span.
+    assert_eq!(u(&r, "latency.original.count"), 6, "{r:#}");
+    assert!(
+        (200_000..260_000).contains(&u(&r, "latency.original.p50_ns")),
+        "{r:#}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(got.load(std::sync::atomic::Ordering::Relaxed), 200);
+    // --no-wait: every request, as captured.
+    let (_, r) = run_copy(
+        &l,
+        &[
+            "-x",
+            rule,
+            "--input",
+            p,
+            "--no-wait",
+            "--timeout",
+            "0.5",
+            "--json",
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(u(&r, "requests.copied"), 6, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 2, "{r:#}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(got.load(std::sync::atomic::Ordering::Relaxed), 200 + 600);
+}
+
+#[test]
+fn memory_over_the_limit_sheds_sessions_and_keeps_going() {
+    let l = CopyLab::new("cpshed");
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("big.pcap");
+    // 6 sessions of 3 requests of 1 MB; the target never answers, so requests 2 and 3 wait.
+    synth_pcap(&pcap, 6, 3, 1 << 20, None);
+    let _got = silent_server(&l, 9090);
+    let (_, r) = run_copy(
+        &l,
+        &[
+            "-x",
+            "8080-198.18.2.2:9090",
+            "--input",
+            pcap.to_str().unwrap(),
+            "--max-memory",
+            "2M",
+            "--timeout",
+            "1",
+            "--json",
+        ],
+        Duration::from_secs(10),
+    );
+    assert!(u(&r, "sessions.failed.shed") >= 3, "{r:#}");
+    assert!(u(&r, "memory.peak_held_bytes") <= 2 << 20, "{r:#}");
+    assert_eq!(u(&r, "memory.limit_bytes"), 2 << 20);
+    check_schema(&r);
+}
+
+#[test]
+fn offline_capture_with_a_lost_segment_is_counted_not_hung_and_speed_idle_loop_ramp_work() {
+    let mut l = CopyLab::new("cpfile");
+    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let dir = tempfile::tempdir().unwrap();
+    let rule = format!("8080-{TARGET}:8080");
+    // Real HTTP requests: 4 sessions of 5 GETs, 100 ms apart (a 2 s capture).
+    let get = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
+    let pcap = dir.path().join("http.pcap");
+    {
+        let mut w = tcpkit_pcap::PcapWriter::create(&pcap, 1, 65535, true).unwrap();
+        let server: SocketAddr = format!("{ONLINE}:8080").parse().unwrap();
+        let mut buf = Vec::new();
+        let mut frames = Vec::new();
+        for k in 0..4u16 {
+            let client: SocketAddr = format!("{CLIENT}:{}", 41000 + k).parse().unwrap();
+            let mut ts = 1_700_000_000_000_000_000u64 + u64::from(k) * 1_000_000;
+            let (mut cs, mut ss) = (1u32, 9u32);
+            let mut seg = |ts: u64, fwd: bool, seq, ack, fl: u8, pl: &[u8]| {
+                let (src, dst) = if fwd {
+                    (client, server)
+                } else {
+                    (server, client)
+                };
+                let s = Segment {
+                    src,
+                    dst,
+                    seq,
+                    ack,
+                    flags: Flags(fl),
+                    window: 65535,
+                    options: Options::default(),
+                    payload: 0..0,
+                    payload_len: 0,
+                };
+                buf.clear();
+                s.emit(pl, &mut buf).unwrap();
+                frames.push((ts, buf.clone()));
+            };
+            seg(ts, true, cs - 1, 0, 0x02, &[]);
+            seg(ts + 1000, false, ss - 1, cs, 0x12, &[]);
+            for _ in 0..5 {
+                ts += 100_000_000;
+                seg(ts, true, cs, ss, 0x18, get);
+                cs += get.len() as u32;
+                seg(
+                    ts + 100_000,
+                    false,
+                    ss,
+                    cs,
+                    0x18,
+                    b"HTTP/1.1 200 OK\r\n\r\n",
+                );
+                ss += 19;
+            }
+            seg(ts + 1_000_000, true, cs, ss, 0x11, &[]);
+            seg(ts + 1_100_000, false, ss, cs + 1, 0x11, &[]);
+        }
+        frames.sort_by_key(|f| f.0);
+        // One client data segment of the first session never made it into the capture.
+        let lost = frames
+            .iter()
+            .position(|(_, f)| {
+                let s = Segment::parse(f).unwrap();
+                s.src.port() == 41000 && !s.payload.is_empty() && s.seq > 1
+            })
+            .unwrap();
+        frames.remove(lost);
+        for (ts, f) in &frames {
+            w.write_packet(*ts, f, f.len() as u32).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    let p = pcap.to_str().unwrap();
+    let t = Instant::now();
+    let (_, r) = run_copy(
+        &l,
+        &["-x", &rule, "--input", p, "--json"],
+        Duration::from_secs(10),
+    );
+    let secs1 = t.elapsed().as_secs_f64();
+    assert_eq!(u(&r, "sessions.failed.lost_capture_data"), 1, "{r:#}");
+    assert_eq!(u(&r, "capture.sessions_with_lost_data"), 1, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 3, "{r:#}");
+    // Session 1 is copied up to the hole (its first request), the others whole.
+    assert_eq!(lines(&tg_log).len(), 1 + 3 * 5, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 16, "{r:#}");
+    assert_eq!(u(&r, "nice"), 10);
+    assert!(r["source"].as_str().unwrap().starts_with("file "));
+    assert!(secs1 >= 0.5, "played at the capture's pace: {secs1}");
+    check_schema(&r);
+    // --speed 4 --loop 2: twice the requests, in less time; --max-idle caps the 100 ms gaps.
+    let t = Instant::now();
+    let (_, r) = run_copy(
+        &l,
+        &[
+            "-x", &rule, "--input", p, "--speed", "4", "--loop", "2", "--json",
+        ],
+        Duration::from_secs(10),
+    );
+    let secs4 = t.elapsed().as_secs_f64();
+    assert_eq!(u(&r, "requests.answered"), 32, "{r:#}");
+    assert_eq!(lines(&tg_log).len(), 16 * 3);
+    assert!(
+        secs4 < secs1,
+        "--speed 4 --loop 2 took {secs4} s, --speed 1 {secs1} s"
+    );
+    let t = Instant::now();
+    let (_, r) = run_copy(
+        &l,
+        &["-x", &rule, "--input", p, "--max-idle", "0.001", "--json"],
+        Duration::from_secs(10),
+    );
+    assert!(
+        t.elapsed().as_secs_f64() < secs1 / 2.0,
+        "{:?} vs {secs1}",
+        t.elapsed()
+    );
+    assert_eq!(u(&r, "requests.answered"), 16, "{r:#}");
+    // --ramp: at the start of a long ramp nothing is copied yet.
+    let (_, r) = run_copy(
+        &l,
+        &[
+            "-x",
+            &rule,
+            "--input",
+            p,
+            "--ramp",
+            "1000",
+            "--max-idle",
+            "0.001",
+            "--json",
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(u(&r, "sessions.selected"), 0, "{r:#}");
+    assert_eq!(u(&r, "sessions.sampled_out"), 4, "{r:#}");
+    // A truncated file: what came before is copied, then exit 1 naming the file.
+    let bytes = std::fs::read(&pcap).unwrap();
+    let cut = dir.path().join("cut.pcap");
+    std::fs::write(&cut, &bytes[..bytes.len() - 30]).unwrap();
+    let o = run_limited(
+        l.online.command(&[
+            tcpkit(),
+            "copy",
+            "-x",
+            &rule,
+            "--input",
+            cut.to_str().unwrap(),
+            "--max-idle",
+            "0.001",
+            "--json",
+        ]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.starts_with("tcpkit copy: ") && err.contains("cut.pcap") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(json(&o)["failure"].is_string());
+}
+
+#[test]
+fn bad_rules_and_interfaces_are_one_line_errors() {
+    let l = CopyLab::new("cpbad");
+    let run = |args: &[&str]| {
+        let mut argv = vec![tcpkit(), "copy"];
+        argv.extend_from_slice(args);
+        run_limited(l.online.command(&argv), Duration::from_secs(10))
+    };
+    for (args, code, want) in [
+        (
+            vec!["-x", "80"],
+            2,
+            "tcpkit copy: -x: rule '80': no '-' between source and target",
+        ),
+        (
+            vec!["-x", "80-nowhere:80"],
+            2,
+            "tcpkit copy: -x: rule '80-nowhere:80': target 'nowhere:80' is not IP:port",
+        ),
+        (
+            vec!["-x", "80-1.2.3.4:80,80-1.2.3.5:80"],
+            2,
+            "copies the same server",
+        ),
+        (
+            vec!["-x", "80-198.18.2.2:80", "-i", "nosuch0"],
+            1,
+            "tcpkit copy: capture: nosuch0: no such network interface",
+        ),
+        (
+            vec!["-x", "80-198.18.2.2:80", "--input", "/nonexistent.pcap"],
+            1,
+            "tcpkit copy: input: /nonexistent.pcap",
+        ),
+        (
+            vec![],
+            2,
+            "tcpkit copy: the following required arguments were not provided: --copy",
+        ),
+    ] {
+        let o = run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+}
