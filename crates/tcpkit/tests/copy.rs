@@ -97,6 +97,20 @@ fn http_keepalive_and_new_connections_copied_with_loss_under_a_thousandth_and_no
         (a.join().unwrap(), b.join().unwrap())
     });
     drop(ka);
+    // The copy's CPU while it copied (user + system ticks of its process so far).
+    let ticks = std::fs::read_to_string(format!("/proc/{}/stat", c.id()))
+        .ok()
+        .and_then(|st| {
+            let f: Vec<u64> = st
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            Some(f.iter().sum::<u64>())
+        });
     let r = copy_done(c);
     let cap = dump.stop().expect("tcpdump");
     let online = lines(&on_log);
@@ -117,6 +131,15 @@ fn http_keepalive_and_new_connections_copied_with_loss_under_a_thousandth_and_no
         target.len()
     );
     assert!(target.len() <= online.len());
+    if let Some(t) = ticks {
+        eprintln!(
+            "copy: {} requests online, {} at the target (loss {:.4} %), copy CPU {:.1} % of a core over the ~2.1 s of load",
+            online.len(),
+            target.len(),
+            loss * 100.0,
+            t as f64 / 100.0 / 2.1 * 100.0
+        );
+    }
     // The target saw only the copy host.
     assert!(
         target.iter().all(|l| l.starts_with(ONLINE_T)),
