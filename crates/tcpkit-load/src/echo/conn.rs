@@ -176,7 +176,10 @@ pub(super) fn serve(
             let Some(conn) = slab.get_mut(t) else {
                 continue;
             };
-            if let Next::Close = lp.work(conn) {
+            // A peer's FIN (or an error) must be read to be seen; otherwise a short read
+            // means the socket is empty and the next bytes raise a new edge.
+            let hup = ev.is_read_closed() || ev.is_error();
+            if let Next::Close = lp.work(conn, hup) {
                 if let Some(c) = slab.remove(t) {
                     // Dropping the stream closes it, which also removes it from epoll.
                     drop(c);
@@ -312,16 +315,18 @@ impl Loop<'_> {
     }
 
     /// Everything a readiness event allows: flush, then read and answer until the socket is
-    /// empty (edge-triggered: nothing else will tell us) or the peer stops reading.
-    fn work(&mut self, conn: &mut Conn) -> Next {
+    /// empty (edge-triggered: nothing else will tell us) or the peer stops reading. A read
+    /// shorter than asked emptied the socket, so the read that would only say EAGAIN is
+    /// skipped (it was one recv in two under load) unless `hup` says a FIN waits behind.
+    fn work(&mut self, conn: &mut Conn, hup: bool) -> Next {
         let r = match self.mode {
-            Mode::Echo => self.echo(conn),
-            Mode::Dns { .. } => self.dns(conn),
+            Mode::Echo => self.echo(conn, hup),
+            Mode::Dns { .. } => self.dns(conn, hup),
         };
         r.unwrap_or(Next::Close)
     }
 
-    fn echo(&mut self, conn: &mut Conn) -> Result<Next, ()> {
+    fn echo(&mut self, conn: &mut Conn, hup: bool) -> Result<Next, ()> {
         loop {
             if !self.flush(conn)? {
                 return Ok(Next::Wait);
@@ -341,17 +346,31 @@ impl Loop<'_> {
                 p.out_pos = 0;
                 return Ok(Next::Wait);
             }
+            if n < self.scratch.len() && !hup {
+                return Ok(Next::Wait);
+            }
         }
     }
 
     /// DNS: input is taken in windows of half the buffer and answers are built up to the
     /// other half, so a connection holds at most about `max_buf` bytes.
-    fn dns(&mut self, conn: &mut Conn) -> Result<Next, ()> {
+    fn dns(&mut self, conn: &mut Conn, hup: bool) -> Result<Next, ()> {
         let Mode::Dns { a, aaaa } = self.mode else {
             return Err(());
         };
         let window = self.max_buf / 2;
+        let mut drained = false;
         loop {
+            // The socket was emptied and everything read is answered and written (a complete
+            // query kept back because the answers filled their half still goes round again).
+            if drained
+                && !hup
+                && conn.pending.as_ref().is_none_or(|p| {
+                    p.out_pos >= p.output.len() && dns::tcp_message_len(&p.input).is_none()
+                })
+            {
+                return Ok(Next::Wait);
+            }
             if !self.flush(conn)? {
                 return Ok(Next::Wait);
             }
@@ -378,6 +397,7 @@ impl Loop<'_> {
                     self.keep_input(conn, have);
                     return Ok(Next::Wait);
                 }
+                drained = n < window - have;
                 have += n;
             }
             // Answer every complete query, in order, while the answers fit their half.
