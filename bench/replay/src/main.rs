@@ -6,6 +6,9 @@
 //! rates, CPU and memory. Rates are measured three ways: the tool's own report, the receiving
 //! veth's rx counter, and (at 100k pps) a tcpdump on the receiver. Prints one table and writes
 //! it to bench/results/replay-YYYY-MM-DD.md.
+//!
+//! `tcpkit-bench load`: `tcpkit load` and dnsperf against `tcpkit echo --dns` and unbound; idle
+//! memory and concurrent connections (see [`load`]).
 
 use std::fmt::Write as _;
 use std::io::Read;
@@ -17,6 +20,8 @@ use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Host, Lab, LinkOpts};
 use tcpkit_pcap::{CaptureFile, PcapWriter};
 
+mod load;
+
 /// Packets in each generated capture.
 const PACKETS: u32 = 1_000_000;
 /// Top-speed runs per tool; the median is reported (the machine is shared and noisy).
@@ -26,8 +31,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
         Some("replay") => replay(&args[1..]),
+        Some("load") => load::load(&args[1..]),
         _ => {
-            eprintln!("usage: tcpkit-bench replay");
+            eprintln!("usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N]");
             std::process::exit(2);
         }
     };

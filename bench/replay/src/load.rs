@@ -1,0 +1,635 @@
+//! `tcpkit-bench load`: `tcpkit load` beside Debian's dnsperf 2.10 (TCP mode), each against
+//! `tcpkit echo --dns` and against Debian's unbound (local zone, TCP), in a lab pair (client
+//! host `a`, server host `b`, one veth). Reports the highest rate answered as asked (< 1 %
+//! short) at 5 and at 2,000 connections from a short search, latency percentiles at half that
+//! rate, user-space memory per idle connection of load and echo at 100k connections, and (unless
+//! `--skip-max-conns`) how many concurrent connections one load run holds against one echo run
+//! here (target 1,000,000). Prints one table and writes it to bench/results/load-DATE.md.
+
+use std::fmt::Write as _;
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use tcpkit_lab::{Host, Lab, Proc};
+
+const SRV: &str = "198.18.0.2";
+const ECHO_PORT: u16 = 5300;
+const UNBOUND_PORT: u16 = 53;
+/// Port of the echo used for the idle-memory and max-connections steps.
+const IDLE_PORT: u16 = 4242;
+/// The name unbound's local zone answers; both tools ask it of both servers.
+const QNAME: &str = "www.example";
+/// Length of one search step and of the latency run.
+const STEP_S: f64 = 2.0;
+/// A process here may hold this many descriptors (RLIMIT_NOFILE's hard limit).
+const FDS_PER_PROC: u64 = 19_000;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Client {
+    Tcpkit,
+    Dnsperf,
+}
+
+/// One run's outcome, from either tool's report.
+#[derive(Default, Clone)]
+struct Outcome {
+    answered: u64,
+    asked: f64,
+    /// Latency percentiles in µs: 50, 90, 99, 99.9, max (dnsperf: computed from its -v lines).
+    lat: Option<[f64; 5]>,
+    note: String,
+}
+
+impl Outcome {
+    /// Answered at least 99 % of what the rate asked for in the step.
+    fn as_asked(&self) -> bool {
+        self.answered as f64 >= 0.99 * self.asked
+    }
+}
+
+struct Env {
+    tcpkit: String,
+    cli: Host,
+    dir: std::path::PathBuf,
+}
+
+/// Runs `argv` in `host` to the end (killed past `limit`); returns exit success, stdout, stderr.
+fn run_in(host: &Host, argv: &[&str], limit: Duration) -> Result<(bool, String, String)> {
+    let mut cmd = host.command(argv);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().with_context(|| format!("spawn {argv:?}"))?;
+    let mut out_pipe = child.stdout.take().context("stdout")?;
+    let mut err_pipe = child.stderr.take().context("stderr")?;
+    let outs = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out_pipe.read_to_string(&mut s);
+        s
+    });
+    let errs = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err_pipe.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if Instant::now() > deadline {
+            // Host::command makes the command its own process group: end all of it.
+            // SAFETY: kill(2) on the process group of a child we started.
+            unsafe {
+                libc::kill(-(child.id() as i32), libc::SIGKILL);
+            }
+            break child.wait()?;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = outs.join().unwrap_or_default();
+    let err = errs.join().unwrap_or_default();
+    Ok((status.success(), out, err))
+}
+
+fn wait_port(host: &Host, port: u16, p: &Proc) -> Result<()> {
+    let addr: SocketAddr = format!("{SRV}:{port}").parse()?;
+    let up = host.enter(|| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    });
+    if !up {
+        bail!("{} never listened on {port}: {}", p.name(), p.log());
+    }
+    Ok(())
+}
+
+fn json_u(v: &serde_json::Value, path: &str) -> u64 {
+    path.split('.')
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0)
+}
+
+/// One run of `client` at `rate` over `conns` connections to `port` for `secs`.
+fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -> Result<Outcome> {
+    let asked = rate as f64 * secs;
+    let (c, r, p, s) = (
+        conns.to_string(),
+        rate.to_string(),
+        port.to_string(),
+        format!("{secs}"),
+    );
+    let limit = Duration::from_secs_f64(secs + 20.0);
+    match client {
+        Client::Tcpkit => {
+            let target = format!("{SRV}:{p}");
+            let argv = [
+                env.tcpkit.as_str(),
+                "load",
+                &target,
+                "--dns",
+                "--qname",
+                QNAME,
+                "-c",
+                &c,
+                "--connect-rate",
+                "50000",
+                "-r",
+                &r,
+                "-t",
+                &s,
+                "--threads",
+                "1",
+                "--json",
+            ];
+            let (_, out, err) = run_in(&env.cli, &argv, limit)?;
+            let v: serde_json::Value = serde_json::from_str(&out)
+                .with_context(|| format!("tcpkit load report: {out} {err}"))?;
+            let l = |k: &str| json_u(&v, &format!("latency.{k}")) as f64 / 1e3;
+            Ok(Outcome {
+                answered: json_u(&v, "queries.answered"),
+                asked,
+                lat: Some([l("p50_ns"), l("p90_ns"), l("p99_ns"), l("p999_ns"), l("max_ns")]),
+                note: format!(
+                    "lag max {:.2} ms",
+                    json_u(&v, "lag.max_ns") as f64 / 1e6
+                ),
+            })
+        }
+        Client::Dnsperf => {
+            let data = env.dir.join("dnsperf.txt");
+            let data = data.to_str().context("path")?;
+            let argv = [
+                "dnsperf", "-s", SRV, "-p", &p, "-m", "tcp", "-c", &c, "-Q", &r, "-l", &s, "-d",
+                data, "-q", "20000", "-t", "2", "-v",
+            ];
+            let (_, out, err) = run_in(&env.cli, &argv, limit)?;
+            let num = |label: &str| {
+                out.lines()
+                    .find(|l| l.trim_start().starts_with(label))
+                    .and_then(|l| l.split(':').nth(1))
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.parse::<f64>().ok())
+            };
+            let Some(done) = num("Queries completed") else {
+                bail!("dnsperf printed no statistics: {}", err.trim());
+            };
+            // -v prints one "> RCODE name type latency_s" line per answer.
+            let mut lat: Vec<f64> = out
+                .lines()
+                .filter_map(|l| l.strip_prefix("> "))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .map(|s| s * 1e6)
+                .collect();
+            lat.sort_by(f64::total_cmp);
+            let pct = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+            Ok(Outcome {
+                answered: done as u64,
+                asked,
+                lat: (!lat.is_empty()).then(|| [pct(0.5), pct(0.9), pct(0.99), pct(0.999), pct(1.0)]),
+                note: format!(
+                    "{} lost",
+                    num("Queries lost").map_or(0, |v| v as u64)
+                ),
+            })
+        }
+    }
+}
+
+/// Highest rate answered as asked: up `ladder` until a rate is not (or, when its first rate
+/// is not, down by ×0.6 until one is, at most 4 steps), then one step halfway between the
+/// last good and the first bad rate. Returns the rate and what each step gave.
+fn search(env: &Env, client: Client, port: u16, conns: u32, ladder: &[u64]) -> Result<(u64, String)> {
+    let mut steps = String::new();
+    let mut step = |rate: u64| -> Result<bool> {
+        let o = one(env, client, port, conns, rate, STEP_S)?;
+        let _ = write!(
+            steps,
+            "{}k:{:.0}%{} ",
+            rate / 1000,
+            o.answered as f64 * 100.0 / o.asked,
+            if o.as_asked() { "" } else { "✗" }
+        );
+        Ok(o.as_asked())
+    };
+    let (mut good, mut bad) = (0u64, None);
+    for &rate in ladder {
+        if step(rate)? {
+            good = rate;
+        } else {
+            bad = Some(rate);
+            break;
+        }
+    }
+    if good == 0 {
+        let mut rate = ladder.first().copied().unwrap_or(1000);
+        for _ in 0..4 {
+            rate = (rate * 6 / 10 / 1000 * 1000).max(1000);
+            if step(rate)? {
+                good = rate;
+                break;
+            }
+            bad = Some(rate);
+        }
+    }
+    if let Some(b) = bad.filter(|_| good > 0) {
+        let mid = (good + b) / 2 / 1000 * 1000;
+        if mid > good && step(mid)? {
+            good = mid;
+        }
+    }
+    Ok((good, steps.trim().to_string()))
+}
+
+/// The process `pid` and all its descendants.
+fn tree(pid: u32) -> Vec<u32> {
+    let mut parent: Vec<(u32, u32)> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            // The fields after the command (which may hold spaces) start past the last ')'.
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            if let Some(pp) = rest.split_whitespace().nth(1).and_then(|v| v.parse().ok()) {
+                parent.push((p, pp));
+            }
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let me = out[i];
+        out.extend(parent.iter().filter(|(_, pp)| *pp == me).map(|(p, _)| *p));
+        i += 1;
+    }
+    out
+}
+
+/// Anonymous resident memory (heap, stacks; not the shared binary) of `pid`'s tree, bytes.
+fn rss_anon(pid: u32) -> u64 {
+    tree(pid)
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find(|l| l.starts_with("RssAnon:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum::<u64>()
+        * 1024
+}
+
+/// TCP sockets in use in `host`'s network namespace (its /proc/net/sockstat "TCP: inuse").
+fn tcp_inuse(host: &Host) -> u64 {
+    // thread-self: /proc/self/net would show the namespace of the process's main thread.
+    host.enter(|| std::fs::read_to_string("/proc/thread-self/net/sockstat"))
+        .ok()
+        .and_then(|s| {
+            let l = s.lines().find(|l| l.starts_with("TCP:"))?;
+            let mut it = l.split_whitespace();
+            it.position(|w| w == "inuse")?;
+            it.next()?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// What one idle hold gave.
+struct Hold {
+    peak_open: u64,
+    load_rss: u64,
+    echo_rss_growth: u64,
+    connect_s: f64,
+    wall_s: f64,
+    why: String,
+}
+
+/// `conns` idle connections from `load` (procs chosen by it, from `sources`) to an echo of
+/// enough processes, held `hold_s`; RSS sampled while held.
+fn hold(
+    env: &Env,
+    lab: &mut Lab,
+    srv: &Host,
+    conns: u64,
+    sources: &str,
+    hold_s: u32,
+    limit: Duration,
+) -> Result<Hold> {
+    let t0 = Instant::now();
+    let procs = conns.div_ceil(FDS_PER_PROC).max(1).to_string();
+    let port = IDLE_PORT.to_string();
+    let echo = srv.spawn(
+        lab,
+        &format!("echo-idle-{conns}"),
+        &[&env.tcpkit, "echo", "--port", &port, "--procs", &procs, "--threads", "1"],
+    )?;
+    wait_port(&env.cli, IDLE_PORT, &echo)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let echo_base = rss_anon(echo.pid());
+    let target = format!("{SRV}:{IDLE_PORT}");
+    let (c, t) = (conns.to_string(), hold_s.to_string());
+    let argv = [
+        env.tcpkit.as_str(),
+        "load",
+        &target,
+        "--echo-bytes",
+        "16",
+        "-c",
+        &c,
+        "--connect-rate",
+        "100000",
+        "--connect-timeout",
+        "30s",
+        "--source",
+        sources,
+        "-t",
+        &t,
+        "--json",
+    ];
+    let mut cmd = env.cli.command(&argv);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().context("spawn tcpkit load")?;
+    let mut out_pipe = child.stdout.take().context("stdout")?;
+    let mut err_pipe = child.stderr.take().context("stderr")?;
+    let outs = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out_pipe.read_to_string(&mut s);
+        s
+    });
+    let errs = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err_pipe.read_to_string(&mut s);
+        s
+    });
+    let (mut load_rss, mut echo_rss, mut peak_sockets) = (0, 0, 0);
+    let t_start = Instant::now();
+    let mut interrupted = false;
+    loop {
+        if child.try_wait()?.is_some() {
+            break;
+        }
+        let (sig, after) = if interrupted {
+            (libc::SIGKILL, limit + Duration::from_secs(20))
+        } else {
+            // SIGINT first: load stops opening and still reports what it reached.
+            (libc::SIGINT, limit)
+        };
+        if t_start.elapsed() > after {
+            // SAFETY: kill(2) on the process group of a child we started.
+            unsafe {
+                libc::kill(-(child.id() as i32), sig);
+            }
+            if interrupted {
+                let _ = child.wait();
+                break;
+            }
+            interrupted = true;
+        }
+        // Peak over the run: the connections are all open during the hold, which is when
+        // both sides are largest.
+        load_rss = load_rss.max(rss_anon(child.id()));
+        echo_rss = echo_rss.max(rss_anon(echo.pid()));
+        peak_sockets = peak_sockets.max(tcp_inuse(&env.cli));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let out = outs.join().unwrap_or_default();
+    let err = errs.join().unwrap_or_default();
+    let _ = echo.stop();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    let why = v
+        .get("failure")
+        .and_then(|f| f.as_str())
+        .map(str::to_string)
+        .unwrap_or_else(|| err.lines().last().unwrap_or("").to_string());
+    let why = if interrupted {
+        format!("opening stopped by the bench's {} s limit ({why})", limit.as_secs())
+    } else {
+        why
+    };
+    Ok(Hold {
+        // The client host's own count when load was stopped before it could report.
+        peak_open: json_u(&v, "connections.peak_open").max(peak_sockets),
+        load_rss,
+        echo_rss_growth: echo_rss.saturating_sub(echo_base),
+        connect_s: v.get("connect_seconds").and_then(|s| s.as_f64()).unwrap_or(0.0),
+        wall_s: t0.elapsed().as_secs_f64(),
+        why,
+    })
+}
+
+fn us(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1} ms", v / 1e3)
+    } else {
+        format!("{v:.0} µs")
+    }
+}
+
+fn lat_cell(o: &Outcome) -> String {
+    match o.lat {
+        Some(l) => format!(
+            "{} / {} / {} / {} / {}",
+            us(l[0]),
+            us(l[1]),
+            us(l[2]),
+            us(l[3]),
+            us(l[4])
+        ),
+        None => "no answers".into(),
+    }
+}
+
+pub(crate) fn load(args: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let skip_max = args.iter().any(|a| a == "--skip-max-conns");
+    let max_conns: u64 = args
+        .iter()
+        .position(|a| a == "--max-conns")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse())
+        .transpose()
+        .context("--max-conns N")?
+        .unwrap_or(1_000_000);
+    let tcpkit = crate::tcpkit_binary()?;
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let (mut lab, cli, srv, link) = Lab::pair("bload")?;
+    let dir = lab.dir().to_path_buf();
+    std::fs::write(dir.join("dnsperf.txt"), format!("{QNAME} A\n"))?;
+    // Room for many connections: the listen queue and the client's port range (per netns).
+    srv.sysctl("net.core.somaxconn", "65535")?;
+    srv.sysctl("net.ipv4.tcp_max_syn_backlog", "65535")?;
+    cli.sysctl("net.ipv4.ip_local_port_range", "1024 65535")?;
+    let env = Env {
+        tcpkit: tcpkit.to_str().context("path")?.to_string(),
+        cli,
+        dir: dir.clone(),
+    };
+
+    let echo = srv.spawn(
+        &mut lab,
+        "echo-dns",
+        &[
+            &env.tcpkit, "echo", "--dns", "--port", "5300", "--threads", "1",
+        ],
+    )?;
+    wait_port(&env.cli, ECHO_PORT, &echo)?;
+    let conf = dir.join("unbound.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "server:\n  interface: {SRV}@{UNBOUND_PORT}\n  port: {UNBOUND_PORT}\n  do-ip4: yes\n  do-ip6: no\n  do-udp: yes\n  do-tcp: yes\n  incoming-num-tcp: 4096\n  num-threads: 1\n  chroot: \"\"\n  username: \"\"\n  directory: \"{d}\"\n  pidfile: \"{d}/unbound.pid\"\n  use-syslog: no\n  logfile: \"\"\n  verbosity: 0\n  access-control: 198.18.0.0/15 allow\n  local-zone: \"example.\" static\n  local-data: \"{QNAME}. A 198.18.0.53\"\nremote-control:\n  control-enable: no\n",
+            d = dir.display()
+        ),
+    )?;
+    let conf_s = conf.to_str().context("path")?;
+    let unbound = srv.spawn(&mut lab, "unbound", &["unbound", "-d", "-c", conf_s])?;
+    wait_port(&env.cli, UNBOUND_PORT, &unbound)?;
+
+    let mut md = String::from(
+        "| measurement | tcpkit load | dnsperf 2.10 (-m tcp) |\n|---|---|---|\n",
+    );
+    // Ladders: from below what each pair reached in trial runs, ×1.4 per step.
+    let ladder = |from: u64| -> Vec<u64> {
+        let mut v = vec![from];
+        for _ in 0..4 {
+            let n = *v.last().unwrap_or(&from) * 14 / 10 / 1000 * 1000;
+            v.push(n);
+        }
+        v
+    };
+    for (server, port, start_tk, start_dp) in [
+        ("tcpkit echo --dns (1 thread)", ECHO_PORT, 400_000, 60_000),
+        ("unbound 1.17.1 (1 thread, local zone)", UNBOUND_PORT, 30_000, 30_000),
+    ] {
+        let _ = writeln!(md, "| **against {server}** | | |");
+        for conns in [5u32, 2000] {
+            eprintln!("{server}, {conns} connections: searching ...");
+            let (tk, tk_steps) = search(&env, Client::Tcpkit, port, conns, &ladder(start_tk))?;
+            let (dp, dp_steps) = search(&env, Client::Dnsperf, port, conns, &ladder(start_dp))?;
+            let _ = writeln!(
+                md,
+                "| highest rate answered as asked (≥ 99 %), {conns} conns | **{}k q/s** <br>steps {tk_steps} | **{}k q/s** <br>steps {dp_steps} |",
+                tk / 1000,
+                dp / 1000
+            );
+            let mut cells = Vec::new();
+            for (client, best) in [(Client::Tcpkit, tk), (Client::Dnsperf, dp)] {
+                let half = (best / 2).max(1000);
+                let o = one(&env, client, port, conns, half, STEP_S)?;
+                cells.push(format!("at {}k: {} ({})", half / 1000, lat_cell(&o), o.note));
+            }
+            let _ = writeln!(
+                md,
+                "| latency p50 / p90 / p99 / p99.9 / max at 50 % of that, {conns} conns | {} | {} |",
+                cells[0], cells[1]
+            );
+        }
+    }
+    let _ = echo.stop();
+    let _ = unbound.stop();
+
+    // Source addresses for the idle steps: 64,512 ports each.
+    let iface = link.a.name.clone();
+    let n_src = max_conns.div_ceil(60_000).max(2) + 1;
+    let mut sources = Vec::new();
+    for k in 0..n_src {
+        let ip = format!("198.18.0.{}", 100 + k);
+        env.cli
+            .run(&["ip", "addr", "add", &format!("{ip}/32"), "dev", &iface])?;
+        sources.push(ip);
+    }
+    let all_sources = sources.join(",");
+    let _ = writeln!(md, "| **idle connections (load --echo-bytes 16, no rate) against tcpkit echo** | | |");
+    eprintln!("100k idle connections ...");
+    let small = hold(&env, &mut lab, &srv, 1_000, &all_sources, 1, Duration::from_secs(60))?;
+    let big = hold(&env, &mut lab, &srv, 100_000, &all_sources, 2, Duration::from_secs(90))?;
+    let per = |big: u64, small: u64| {
+        big.saturating_sub(small) as f64 / (100_000.0 - 1_000.0)
+    };
+    let _ = writeln!(
+        md,
+        "| user memory per idle connection at 100k (RssAnon growth 1k → 100k / 99k) | load: **{:.0} B** ({} open; {:.1} MiB vs {:.1} MiB) <br>echo: **{:.0} B** ({:.1} MiB growth) | dnsperf: not measured (its -c is clients of one query stream, not idle connections) |",
+        per(big.load_rss, small.load_rss),
+        big.peak_open,
+        big.load_rss as f64 / 1048576.0,
+        small.load_rss as f64 / 1048576.0,
+        big.echo_rss_growth as f64 / 100_000.0,
+        big.echo_rss_growth as f64 / 1048576.0,
+    );
+    if skip_max {
+        let _ = writeln!(md, "| concurrent connections reached | skipped (--skip-max-conns) | |");
+    } else {
+        eprintln!("{max_conns} idle connections ...");
+        let h = hold(&env, &mut lab, &srv, max_conns, &all_sources, 5, Duration::from_secs(150))?;
+        let _ = writeln!(
+            md,
+            "| concurrent connections reached (asked {max_conns}, {} source addresses, one load run with its --procs vs echo --procs {}) | **{}** in {:.0} s of opening ({:.0} s in all); load {:.0} MiB, echo +{:.0} MiB user memory{} | |",
+            n_src,
+            max_conns.div_ceil(FDS_PER_PROC),
+            h.peak_open,
+            h.connect_s,
+            h.wall_s,
+            h.load_rss as f64 / 1048576.0,
+            h.echo_rss_growth as f64 / 1048576.0,
+            if h.why.is_empty() { String::new() } else { format!("; stopped by: {}", h.why) }
+        );
+    }
+    let _ = writeln!(
+        md,
+        "| tcpkit echo vs a Debian echo server | none installed serves raw TCP echo at these connection counts (no inetd/xinetd/socat in the image; their echo is one process or fork per connection) | |"
+    );
+    println!("{md}");
+    lab.close()?;
+
+    let mut cmd = String::from("cargo run --release -p tcpkit-bench -- load");
+    for a in args {
+        cmd.push(' ');
+        cmd.push_str(a);
+    }
+    let date = crate::today();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let doc = format!(
+        "# tcpkit load + echo vs dnsperf and unbound — {date}\n\n\
+         Command: `{cmd}` (from the workspace root, as root)\n\n\
+         Machine: Linux {}, {cpus} CPUs shared by client and server; load average at start: {}; \
+         whole bench took {:.0} s.\n\
+         Lab: two namespaces on one veth pair (198.18.0.1 → 198.18.0.2). Servers run 1 thread; \
+         tcpkit load runs `--threads 1`, dnsperf its default (1 thread, `-q 20000` outstanding).\n\
+         Search: {STEP_S} s steps up a ×1.4 ladder, stopping at the first rate not answered as \
+         asked (answered < 99 % of rate × time), then one step halfway back; ✗ marks the failed \
+         step. tcpkit's latency is from the intended send time (open loop, no coordinated \
+         omission); dnsperf's is from its actual send time (its `-v` lines).\n\n\
+         {md}",
+        kernel.trim(),
+        loadavg.trim(),
+        started.elapsed().as_secs_f64()
+    );
+    let out = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../results")
+        .join(format!("load-{date}.md"));
+    std::fs::write(&out, doc).with_context(|| format!("write {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({:.0} s)",
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
