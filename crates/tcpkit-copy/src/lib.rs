@@ -5,11 +5,18 @@
 //! - [`rules`]: the `-x` rules, the server ports tracked and the live capture's filter.
 //! - [`sample`]: `-r` / `--ramp`, session-consistent sampling.
 //! - [`proxy`]: the PROXY v2 header of `--proxy-protocol`.
+//! - [`control`]: the protocol between `copy --transparent` and `intercept`.
+//! - [`transparent`]: transparent mode, the client's TCP played through a raw socket, the
+//!   target's answers seen through intercept.
+//! - [`intercept`]: `tcpkit intercept`, which catches the target's answers on the assistant.
 //! - [`relay`]: relay mode, live or from a file: sessions replayed over ordinary TCP
 //!   connections to the target, paced like the clients, with the report.
 
+pub mod control;
+pub mod intercept;
 pub mod proxy;
 pub mod reasm;
 pub mod relay;
 pub mod rules;
 pub mod sample;
+pub mod transparent;

@@ -37,8 +37,41 @@ pub struct CopyReport {
     pub memory: MemoryStats,
     /// The nice value the copy ran at (`--nice`).
     pub nice: i32,
+    /// Transparent mode's own figures (absent in relay mode, and then not in the JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transparent: Option<TransparentStats>,
     /// Why the run failed (exit status 1); absent when it did what was asked.
     pub failure: Option<String>,
+}
+
+/// Transparent mode: the control connection to intercept and the client TCP copy plays.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TransparentStats {
+    /// intercept's control address.
+    pub intercept: String,
+    /// `-c`: the prefix client addresses were moved into (empty: the clients' own).
+    pub client_addr: String,
+    /// Copies failed because the control connection was lost while they ran (their answers
+    /// could no longer be seen); they count among the failed sessions.
+    pub control_lost: u64,
+    /// Times the control connection was lost.
+    pub control_losses: u64,
+    /// Times it was (re)established after a loss.
+    pub control_reconnects: u64,
+    /// The target's answers (headers) received from intercept.
+    pub answers_received: u64,
+    /// Segments sent to the targets through the raw socket.
+    pub segments_sent: u64,
+    /// Of those, retransmissions (an RTO passed without an acknowledgement).
+    pub retransmitted_segments: u64,
+    /// Segments the raw socket refused (retransmitted later).
+    pub send_errors: u64,
+    /// Ports passed over because their 4-tuple was in use by another copy.
+    pub port_collisions: u64,
+    /// Copies not made because every port of the pool was in use (counted as shed).
+    pub ports_exhausted: u64,
+    /// Copies of sessions open before copying started, given a handshake of their own.
+    pub synthesized_handshakes: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -196,7 +229,13 @@ impl CopyReport {
             ss.selected,
             ss.copies,
             ss.completed,
-            f.target_refused + f.reset + f.timeout + f.closed_early + f.lost_capture_data + f.shed,
+            f.target_refused
+                + f.reset
+                + f.timeout
+                + f.closed_early
+                + f.lost_capture_data
+                + f.shed
+                + self.transparent.as_ref().map_or(0, |t| t.control_lost),
             ss.open_at_end
         );
         let _ = writeln!(
@@ -236,6 +275,28 @@ impl CopyReport {
             bytes(self.memory.limit_bytes),
             self.nice
         );
+        if let Some(t) = &self.transparent {
+            let _ = writeln!(
+                s,
+                "Transparent: intercept {}{}, {} answers received; control lost {} times ({} copies failed for it), {} reconnects; {} segments sent, {} retransmitted, {} send errors; {} port collisions avoided, {} pool exhausted; {} synthesized handshakes",
+                t.intercept,
+                if t.client_addr.is_empty() {
+                    String::new()
+                } else {
+                    format!(", clients as {}", t.client_addr)
+                },
+                t.answers_received,
+                t.control_losses,
+                t.control_lost,
+                t.control_reconnects,
+                t.segments_sent,
+                t.retransmitted_segments,
+                t.send_errors,
+                t.port_collisions,
+                t.ports_exhausted,
+                t.synthesized_handshakes
+            );
+        }
         let o = &self.latency.original;
         let t = &self.latency.target;
         let _ = writeln!(
@@ -333,6 +394,7 @@ mod tests {
                 peak_held_bytes: 2048,
             },
             nice: 10,
+            transparent: None,
             failure: None,
         };
         r.finish();
@@ -367,6 +429,32 @@ mod tests {
              99.900%           900.0 us       0.0 us\n  \
              100.000%          12.50 ms       0.0 us\n"
         );
+    }
+
+    #[test]
+    fn transparent_line_only_in_transparent_mode() {
+        let mut r = sample();
+        r.transparent = Some(TransparentStats {
+            intercept: "198.18.3.2:36524".into(),
+            client_addr: "10.9.0.0/16".into(),
+            control_lost: 2,
+            control_losses: 1,
+            control_reconnects: 1,
+            answers_received: 900,
+            segments_sent: 1000,
+            retransmitted_segments: 3,
+            ..TransparentStats::default()
+        });
+        let h = r.human();
+        assert!(h.contains("7 completed, 5 failed, 0 open at end\n"), "{h}");
+        assert!(
+            h.contains("\nTransparent: intercept 198.18.3.2:36524, clients as 10.9.0.0/16, 900 answers received; control lost 1 times (2 copies failed for it), 1 reconnects; 1000 segments sent, 3 retransmitted, 0 send errors; 0 port collisions avoided, 0 pool exhausted; 0 synthesized handshakes\n  Latency"),
+            "{h}"
+        );
+        assert!(!sample().human().contains("Transparent"));
+        assert!(!sample().json().contains("transparent"));
+        let back: CopyReport = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(back.transparent.map(|t| t.control_lost), Some(2));
     }
 
     #[test]

@@ -13,7 +13,7 @@ mod replay;
 
 pub use copy::{
     CaptureStats, CopyReport, FailStats, LatencyStats, MemoryStats, RequestStats, SessionStats,
-    COPY_SCHEMA_VERSION,
+    TransparentStats, COPY_SCHEMA_VERSION,
 };
 pub use flows::FlowTable;
 pub use hist::{HdrLog, HistDecodeError, Histogram, Percentiles};

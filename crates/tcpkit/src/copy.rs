@@ -2,6 +2,7 @@
 //! configuration and how the run is shown (live line, `--stats`, summary or `--json`).
 
 use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use clap::Parser;
 use tcpkit_copy::relay::{self, Input, Live, RelayConfig};
 use tcpkit_copy::rules;
 use tcpkit_copy::sample::Sampler;
+use tcpkit_copy::transparent::{self, Cidr, TransparentConfig};
 use tcpkit_stats::{Monitor, MonitorOptions};
 
 use crate::Failure;
@@ -108,6 +110,28 @@ pub struct Args {
     /// Print the report as one JSON document (docs/schema/copy.schema.json).
     #[arg(long)]
     pub json: bool,
+
+    /// Transparent mode (tcpcopy's): the target sees the clients' own addresses (or -c's).
+    /// Copy plays the client's TCP through a raw socket; the target must route the clients'
+    /// addresses to an assistant host running `tcpkit intercept`, which returns the headers
+    /// of the target's answers (--intercept). Live capture only.
+    #[arg(long, requires = "intercept")]
+    pub transparent: bool,
+
+    /// With --transparent: intercept's control address, ASSISTANT_IP[:PORT] (port 36524 when
+    /// none is given; [v6addr]:PORT for IPv6).
+    #[arg(long, value_name = "ASSISTANT[:PORT]", requires = "transparent")]
+    pub intercept: Option<String>,
+
+    /// With --transparent: the target sees the client addresses moved into this prefix, their
+    /// host bits kept (10.9.0.0/16 turns 198.18.1.7 into 10.9.1.7); route it to the assistant.
+    #[arg(
+        short = 'c',
+        long = "client-addr",
+        value_name = "CIDR",
+        requires = "transparent"
+    )]
+    pub client_addr: Option<String>,
 }
 
 /// How the run is shown and bounded, beside what the relay does.
@@ -118,6 +142,63 @@ pub struct Run {
     pub stats: Option<Duration>,
     pub json: bool,
     pub nice: i32,
+    /// `--transparent`: how copies reach the target and its answers come back.
+    pub transparent: Option<TransparentConfig>,
+}
+
+/// `--transparent`, `--intercept`, `-c`: checked against the rest of the flags.
+fn resolve_transparent(
+    a: &Args,
+    rules: &[rules::Rule],
+) -> Result<Option<TransparentConfig>, Failure> {
+    if !a.transparent {
+        return Ok(None);
+    }
+    let conflicts = [
+        (a.input.is_some(), "--input (it needs a live capture)"),
+        (
+            a.proxy_protocol,
+            "--proxy-protocol (the target sees the client itself)",
+        ),
+    ];
+    if let Some((_, what)) = conflicts.iter().find(|(on, _)| *on) {
+        return Err(usage(format!("--transparent cannot be used with {what}")));
+    }
+    let text = a.intercept.as_deref().unwrap_or_default();
+    let intercept = text
+        .parse::<SocketAddr>()
+        .or_else(|_| {
+            text.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+                .map(|ip| SocketAddr::new(ip, tcpkit_copy::control::DEFAULT_PORT))
+        })
+        .map_err(|_| {
+            usage(format!(
+                "--intercept '{text}': expected an IP address with an optional :PORT"
+            ))
+        })?;
+    let client_cidr = match &a.client_addr {
+        Some(t) => {
+            let c: Cidr = t.parse().map_err(|e| usage(format!("-c '{t}': {e}")))?;
+            if let Some(r) = rules
+                .iter()
+                .find(|r| r.target.is_ipv4() != c.addr().is_ipv4())
+            {
+                return Err(usage(format!(
+                    "-c '{t}': the target {} is of the other address family",
+                    r.target
+                )));
+            }
+            Some(c)
+        }
+        None => None,
+    };
+    Ok(Some(TransparentConfig {
+        intercept,
+        client_cidr,
+        port_pool: transparent::DEFAULT_PORT_POOL,
+    }))
 }
 
 fn usage(msg: String) -> Failure {
@@ -245,6 +326,7 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
             .filter(|d| !d.is_zero()),
         json: a.json,
         nice: a.nice,
+        transparent: resolve_transparent(a, &cfg.rules)?,
     };
     Ok((cfg, run))
 }
@@ -281,9 +363,16 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             move |elapsed| live.line(elapsed),
         )
     };
-    let result = relay::run(&cfg, &run.input, run.duration, interrupt, &live);
+    let result = match (&run.transparent, &run.input) {
+        (Some(t), Input::Live { ifname }) => {
+            transparent::run(&cfg, t, ifname, run.duration, interrupt, &live)
+                .map_err(|e| Failure::Runtime(crate::chain(&e)))
+        }
+        _ => relay::run(&cfg, &run.input, run.duration, interrupt, &live)
+            .map_err(|e| Failure::Runtime(crate::chain(&e))),
+    };
     monitor.stop();
-    let mut report = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    let mut report = result?;
     report.nice = nice;
     if run.json {
         print(&(report.json() + "\n"));
@@ -446,5 +535,98 @@ mod tests {
         assert!(e(&["--input", "f", "--loop", "0"]).contains("--loop 0"));
         assert!(e(&["--input", "f", "--max-idle=-1"]).contains("--max-idle -1"));
         assert!(e(&["--input", "f", "-i", "eth0"]).contains("cannot be used with"));
+    }
+}
+
+#[cfg(test)]
+mod transparent_flags {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Option<TransparentConfig>, String> {
+        let mut v = vec!["copy", "-x", "80-198.18.2.2:8080"];
+        v.extend_from_slice(args);
+        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
+        resolve(&a)
+            .map(|(_, r)| r.transparent)
+            .map_err(|f| match f {
+                Failure::Usage(m) | Failure::Runtime(m) => m,
+            })
+    }
+
+    #[test]
+    fn off_by_default() {
+        assert_eq!(parse(&[]).unwrap(), None);
+    }
+
+    #[test]
+    fn every_transparent_flag_parses() {
+        let t = parse(&["--transparent", "--intercept", "198.18.3.2"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.intercept, "198.18.3.2:36524".parse().unwrap());
+        assert_eq!(t.client_cidr, None);
+        assert_eq!(t.port_pool, transparent::DEFAULT_PORT_POOL);
+        let t = parse(&[
+            "--transparent",
+            "--intercept",
+            "198.18.3.2:4000",
+            "-c",
+            "10.9.0.0/16",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(t.intercept, "198.18.3.2:4000".parse().unwrap());
+        assert_eq!(t.client_cidr, Some("10.9.0.0/16".parse().unwrap()));
+        let t = parse(&[
+            "--transparent",
+            "--intercept",
+            "[fd00::9]",
+            "--client-addr",
+            "10.1.2.3",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(t.intercept, "[fd00::9]:36524".parse().unwrap());
+        let t = parse(&["--transparent", "--intercept", "[fd00::9]:77"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.intercept, "[fd00::9]:77".parse().unwrap());
+    }
+
+    #[test]
+    fn bad_combinations_say_which_flag() {
+        let e = |args: &[&str]| parse(args).unwrap_err();
+        assert!(e(&["--transparent"]).contains("--intercept"));
+        assert!(e(&["--intercept", "1.2.3.4"]).contains("--transparent"));
+        assert!(e(&["-c", "10.0.0.0/8"]).contains("--transparent"));
+        assert!(e(&["--transparent", "--intercept", "assistant"])
+            .contains("--intercept 'assistant': expected an IP address"));
+        assert!(e(&[
+            "--transparent",
+            "--intercept",
+            "1.2.3.4",
+            "-c",
+            "10.0.0.0/99"
+        ])
+        .starts_with("-c '10.0.0.0/99'"));
+        assert!(
+            e(&["--transparent", "--intercept", "1.2.3.4", "-c", "fd00::/64"])
+                .contains("other address family")
+        );
+        assert!(e(&[
+            "--transparent",
+            "--intercept",
+            "1.2.3.4",
+            "--input",
+            "f.pcap"
+        ])
+        .contains("--transparent cannot be used with --input"));
+        assert!(e(&[
+            "--transparent",
+            "--intercept",
+            "1.2.3.4",
+            "--proxy-protocol"
+        ])
+        .contains("--proxy-protocol"));
     }
 }

@@ -2,6 +2,7 @@
 
 mod copy;
 mod echo;
+mod intercept;
 mod load;
 mod merge;
 mod replay;
@@ -37,6 +38,9 @@ enum Cmd {
     /// Copy live TCP sessions (or a capture's) to a test server without touching production
     /// (tcpcopy's job), in relay mode: reassembled and replayed over ordinary connections.
     Copy(copy::Args),
+    /// On the assistant host of `copy --transparent`: catch the target's answers (never
+    /// forwarded) and return their headers to the copies over a control connection.
+    Intercept(intercept::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),
     /// What stops this host from holding many connections (file-descriptor limits, queues,
@@ -114,6 +118,7 @@ fn main() -> ExitCode {
         Cmd::Load(args) => ("load", load::main(args, &INTERRUPTED)),
         Cmd::Merge(args) => ("merge", merge::main(args)),
         Cmd::Copy(args) => ("copy", copy::main(args, &INTERRUPTED)),
+        Cmd::Intercept(args) => ("intercept", intercept::main(args, &INTERRUPTED)),
         Cmd::Tune(args) => ("tune", tune::main(args)),
     };
     match result {
@@ -144,6 +149,17 @@ mod tests {
             .get_subcommands()
             .map(|c| c.get_name().to_string())
             .collect();
-        assert_eq!(names, ["replay", "echo", "load", "copy", "merge", "tune"]);
+        assert_eq!(
+            names,
+            [
+                "replay",
+                "echo",
+                "load",
+                "copy",
+                "intercept",
+                "merge",
+                "tune"
+            ]
+        );
     }
 }

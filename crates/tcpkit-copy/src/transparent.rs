@@ -1,0 +1,1631 @@
+//! Transparent mode (tcpcopy's): the target sees the clients' own addresses.
+//!
+//! The capture side is relay mode's (live ring, [`crate::reasm::Tracker`], rules, `-r`
+//! sampling, requests cut at server turns, the client's think time); the difference is how a
+//! copy reaches the target. Here copy plays the client's TCP itself through a raw IP socket
+//! (IP_HDRINCL, IPv4 and IPv6): the SYN carries the client's address (or its `-c` rewrite),
+//! port and ISN; the target answers toward that address, its route sends the answers to the
+//! assistant host, and `tcpkit intercept` there returns their headers over the control
+//! connection ([`crate::control`]). From those headers each copy ([`Flow`]) learns the
+//! target's sequence numbers and acknowledgements: it ACKs the target's data, sends the next
+//! request once the previous one was answered (plus the think time), retransmits what was not
+//! acknowledged (go-back-N from the oldest byte, exponential RTO), and ends with a FIN — or a
+//! RST when it must give up, so the target never keeps a half-open connection of ours.
+//!
+//! Sessions open before copying started get a handshake of their own (a fresh ISN) and are
+//! copied from their next request boundary. With `-n N` copy 1 keeps the client's port when
+//! that 4-tuple is free and every other copy takes a port from an explicit pool, round-robin,
+//! skipping every port whose (client address, port, target) is in use — never tcpcopy's
+//! random port shift, which collides.
+//!
+//! The control connection lost (intercept restarted, the assistant unreachable): every copy
+//! that had sent its SYN can no longer see its answers, so it is reset and counted as failed
+//! by that cause; copy reconnects with a back-off, and new sessions wait for it (their SYN is
+//! held) up to `--timeout`.
+//!
+//! Nothing is ever sent toward a client: raw packets go to the targets only.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mio::net::TcpStream;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use rustc_hash::FxHashMap;
+use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
+use tcpkit_pace::now_ns;
+use tcpkit_stats::{CopyReport, Histogram, TransparentStats};
+use tcpkit_wire::tcp::{Flags, Options, Segment};
+/// The `-c` prefix type, for callers that do not depend on tcpkit-wire.
+pub use tcpkit_wire::Cidr;
+use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
+
+use crate::control::{ControlError, Msg, PacketHdr, VERSION};
+use crate::reasm::{CloseKind, Dir, Event, SessionId, Tracker, TrackerConfig};
+use crate::relay::{Live, RelayConfig};
+use crate::rules;
+
+/// What transparent mode adds to the relay's configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransparentConfig {
+    /// intercept's control address.
+    pub intercept: SocketAddr,
+    /// `-c`: client addresses moved into this prefix (their host bits kept).
+    pub client_cidr: Option<Cidr>,
+    /// Source ports of `-n` copies beyond the first: `lo..=hi`.
+    pub port_pool: (u16, u16),
+}
+
+/// The pool of `-n` copies' source ports when none is given: above the registered ports and
+/// below Linux's default ephemeral range, so a copy's port is rarely a live client's.
+pub const DEFAULT_PORT_POOL: (u16, u16) = (10_000, 32_767);
+
+/// Why transparent mode could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum TransparentError {
+    #[error("intercept {addr} unreachable")]
+    Unreachable {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("intercept {addr} refused this copy: {reason}")]
+    Refused { addr: SocketAddr, reason: String },
+    #[error("intercept {addr} does not speak the control protocol: {why}")]
+    NotIntercept { addr: SocketAddr, why: String },
+    #[error("capture")]
+    Capture {
+        ifname: String,
+        #[source]
+        source: CaptureError,
+    },
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> TransparentError {
+    move |source| TransparentError::Io { what, source }
+}
+
+/// `ip` moved into `cidr`: the prefix's network bits, `ip`'s host bits. Another family is
+/// kept as it is (resolve refuses a `-c` whose family matches no rule's target).
+pub fn map_client(ip: IpAddr, cidr: &Cidr) -> IpAddr {
+    let p = u32::from(cidr.prefix());
+    match (ip, cidr.addr()) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
+            IpAddr::V4(Ipv4Addr::from(
+                (u32::from(n) & mask) | (u32::from(a) & !mask),
+            ))
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
+            IpAddr::V6(Ipv6Addr::from(
+                (u128::from(n) & mask) | (u128::from(a) & !mask),
+            ))
+        }
+        _ => ip,
+    }
+}
+
+/// `a` is after `b` in sequence space.
+fn seq_gt(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ReqStart {
+    think_ns: u64,
+    wait_answer: bool,
+}
+
+#[derive(Debug)]
+enum Item {
+    Data {
+        bytes: Bytes,
+        start: Option<ReqStart>,
+    },
+    End {
+        wait_answer: bool,
+        lost: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum St {
+    /// The control connection is down: the SYN waits for it.
+    WaitControl,
+    SynSent,
+    Established,
+    /// Our FIN is sent; waiting for its ACK and the target's FIN.
+    Closing,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Completed,
+    Refused,
+    Reset,
+    Timeout,
+    ClosedEarly,
+    LostData,
+    Shed,
+    ControlLost,
+    OpenAtEnd,
+}
+
+/// One copy: the client's TCP, played toward the target.
+#[derive(Debug)]
+struct Flow {
+    gen: u32,
+    /// The address the target sees.
+    client: SocketAddr,
+    target: SocketAddr,
+    st: St,
+    isn: u32,
+    snd_una: u32,
+    snd_nxt: u32,
+    rcv_nxt: u32,
+    /// Sequence number of our FIN, once sent.
+    fin_seq: Option<u32>,
+    fin_acked: bool,
+    peer_fin: bool,
+    peer_win: u32,
+    mss: usize,
+    /// Stream bytes from `snd_una` on: in flight, then not sent yet.
+    buf: Vec<u8>,
+    queue: VecDeque<Item>,
+    /// Request bytes held (queue and `buf`), counted against the memory limit.
+    held: usize,
+    answered: bool,
+    unanswered: u64,
+    last_rx_ns: u64,
+    last_write_ns: u64,
+    /// Retransmission: when, the current timeout, and the last time anything was acked.
+    rto_at: u64,
+    rto_ns: u64,
+    progress_ns: u64,
+    /// WaitControl/SynSent: give up after this; Closing: reset after this.
+    deadline: u64,
+    ending: Outcome,
+    timer_at: u64,
+}
+
+/// A session being copied, on the capture side (as relay mode's).
+#[derive(Debug)]
+struct Sess {
+    flows: Vec<(usize, u32)>,
+    syn_seen: bool,
+    skipping: bool,
+    server_turn: bool,
+    in_request: bool,
+    requests: u64,
+    last_client_ts: u64,
+    last_server_ts: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CtlState {
+    Down { retry_at: u64 },
+    Connecting,
+    Hello,
+    Up,
+}
+
+/// The control connection to intercept.
+#[derive(Debug)]
+struct Control {
+    addr: SocketAddr,
+    sock: Option<TcpStream>,
+    st: CtlState,
+    inbuf: Vec<u8>,
+    last_rx_ns: u64,
+    backoff: u32,
+}
+
+const CAPTURE: Token = Token(usize::MAX);
+const CONTROL: Token = Token(usize::MAX - 1);
+const TICK_LAG_NS: u64 = 250_000_000;
+const CLOSE_LINGER_NS: u64 = 1_000_000_000;
+/// First retransmission timeout (Linux's minimum RTO is 200 ms; the SYN's is 1 s).
+const RTO_NS: u64 = 200_000_000;
+const SYN_RTO_NS: u64 = 1_000_000_000;
+const RTO_MAX_NS: u64 = 4_000_000_000;
+/// intercept pings every second: three missed means it is gone.
+const CONTROL_SILENCE_NS: u64 = 3_000_000_000;
+/// Our receive window (no window scaling is offered: we keep none of the target's bytes).
+const WINDOW: u16 = 65_535;
+/// The most bytes in flight toward the target, whatever its window.
+const MAX_FLIGHT: u32 = 256 << 10;
+/// Bytes of the Ethernet II header [`Segment::emit`] writes before the IP header.
+const EMIT_ETH_LEN: usize = 14;
+/// SYNs seen whose session has not opened yet, at most (a SYN flood cannot grow it).
+const MAX_PENDING_SYNS: usize = 1 << 16;
+
+fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn raw_socket(v6: bool) -> io::Result<OwnedFd> {
+    let fam = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned at once.
+    let fd = unsafe {
+        libc::socket(
+            fam,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_RAW,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by socket(2) and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sends one IP packet (header included) to `dst` through a raw socket.
+fn send_raw(fd: &OwnedFd, dst: IpAddr, pkt: &[u8]) -> io::Result<()> {
+    let r = match dst {
+        IpAddr::V4(a) => {
+            let sa = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: 0,
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: pkt and sa outlive the call; the lengths are theirs.
+            unsafe {
+                libc::sendto(
+                    fd.as_raw_fd(),
+                    pkt.as_ptr().cast(),
+                    pkt.len(),
+                    0,
+                    (&sa as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+        }
+        IpAddr::V6(a) => {
+            // SAFETY: all-zero is a valid sockaddr_in6.
+            let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_addr.s6_addr = a.octets();
+            // SAFETY: as above.
+            unsafe {
+                libc::sendto(
+                    fd.as_raw_fd(),
+                    pkt.as_ptr().cast(),
+                    pkt.len(),
+                    0,
+                    (&sa as *const libc::sockaddr_in6).cast(),
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            }
+        }
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Connects to intercept, says Hello and waits for the Welcome: the check at start, so an
+/// unreachable or foreign intercept is one clear error instead of copies that never answer.
+pub fn handshake(
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<std::net::TcpStream, TransparentError> {
+    let unreachable = |source| TransparentError::Unreachable { addr, source };
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(unreachable)?;
+    let _ = s.set_nodelay(true);
+    s.set_read_timeout(Some(timeout)).map_err(unreachable)?;
+    let mut hello = Vec::new();
+    Msg::Hello {
+        version: VERSION,
+        max_payload: 0,
+    }
+    .emit(&mut hello);
+    s.write_all(&hello).map_err(unreachable)?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    let deadline = Instant::now() + timeout;
+    loop {
+        match Msg::parse(&buf) {
+            Ok((Msg::Welcome { version }, _)) if version == VERSION => break,
+            Ok((Msg::Refuse { reason, .. }, _)) => {
+                return Err(TransparentError::Refused {
+                    addr,
+                    reason: reason.to_string(),
+                })
+            }
+            Ok((m, _)) => {
+                return Err(TransparentError::NotIntercept {
+                    addr,
+                    why: format!("answered {m:?} to our Hello"),
+                })
+            }
+            Err(ControlError::Truncated { .. }) => {}
+            Err(e) => {
+                return Err(TransparentError::NotIntercept {
+                    addr,
+                    why: e.to_string(),
+                })
+            }
+        }
+        if Instant::now() > deadline || buf.len() > 4096 {
+            return Err(TransparentError::NotIntercept {
+                addr,
+                why: "no Welcome in time".into(),
+            });
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => {
+                return Err(TransparentError::NotIntercept {
+                    addr,
+                    why: "closed the connection after our Hello".into(),
+                })
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(TransparentError::NotIntercept {
+                    addr,
+                    why: "no Welcome in time".into(),
+                })
+            }
+            Err(e) => {
+                return Err(TransparentError::NotIntercept {
+                    addr,
+                    why: format!("the connection failed after our Hello: {e}"),
+                })
+            }
+        }
+    }
+    // Anything intercept sent after its Welcome is read by the loop: none is expected before
+    // the first SYN, so it is dropped here with the handshake's buffer.
+    s.set_nonblocking(true).map_err(unreachable)?;
+    Ok(s)
+}
+
+struct Engine<'a> {
+    cfg: &'a RelayConfig,
+    t: &'a TransparentConfig,
+    poll: Poll,
+    raw4: Option<OwnedFd>,
+    raw6: Option<OwnedFd>,
+    ctl: Control,
+    sessions: FxHashMap<SessionId, Sess>,
+    flows: Vec<Option<Flow>>,
+    gens: Vec<u32>,
+    free: Vec<usize>,
+    /// (client as the target sees it, target) → flow: exact 4-tuples, so answers never go
+    /// to the wrong copy and no two copies share one.
+    by_tuple: FxHashMap<(SocketAddr, SocketAddr), (usize, u32)>,
+    timers: BinaryHeap<Reverse<(u64, usize, u32)>>,
+    pool_next: u16,
+    /// SYNs' ISNs by (client, server), until their session opens.
+    syn_isn: FxHashMap<(SocketAddr, SocketAddr), u32>,
+    start_ns: u64,
+    held: usize,
+    open: u64,
+    pkt: Vec<u8>,
+    report: CopyReport,
+    ts: TransparentStats,
+    orig: Histogram,
+    target_lat: Histogram,
+}
+
+impl<'a> Engine<'a> {
+    fn tracker_config(&self) -> TrackerConfig {
+        TrackerConfig {
+            server_ports: rules::server_ports(&self.cfg.rules),
+            only_full: self.cfg.only_full,
+            max_buffered_total: (self.cfg.max_memory / 4).max(1 << 16),
+            max_buffered_per_dir: (self.cfg.max_memory / 16).clamp(1 << 14, 4 << 20),
+            ..TrackerConfig::default()
+        }
+    }
+
+    // ---- capture side -------------------------------------------------------------------
+
+    fn on_events(&mut self, events: &mut Vec<Event>, tracker_mem: u64) {
+        let now = now_ns();
+        for ev in events.drain(..) {
+            match ev {
+                Event::Open {
+                    id,
+                    client,
+                    server,
+                    syn_seen,
+                    ..
+                } => self.open_session(id, client, server, syn_seen, now),
+                Event::Data {
+                    id,
+                    dir,
+                    bytes,
+                    ts_ns,
+                    ..
+                } => self.session_data(id, dir, &bytes, ts_ns, now, tracker_mem),
+                Event::Close { id, how, .. } => self.close_session(id, how, now),
+            }
+        }
+    }
+
+    fn open_session(
+        &mut self,
+        id: SessionId,
+        client: SocketAddr,
+        server: SocketAddr,
+        syn_seen: bool,
+        now: u64,
+    ) {
+        let isn = self.syn_isn.remove(&(client, server));
+        let Some(rule) = rules::rule_for(&self.cfg.rules, server).copied() else {
+            return;
+        };
+        let s = &mut self.report.sessions;
+        s.seen += 1;
+        if !syn_seen {
+            s.joined_mid_stream += 1;
+        }
+        if !self
+            .cfg
+            .sampler
+            .selects(client, server, now.saturating_sub(self.start_ns))
+        {
+            s.sampled_out += 1;
+            return;
+        }
+        s.selected += 1;
+        let ip = match &self.t.client_cidr {
+            Some(c) => map_client(client.ip(), c),
+            None => client.ip(),
+        };
+        // The client's own ISN when its SYN was seen; otherwise a handshake of our own, with
+        // an ISN from the clock as a TCP stack picks one.
+        let isn = match isn {
+            Some(i) => i,
+            None => {
+                self.ts.synthesized_handshakes += u64::from(self.cfg.copies);
+                (now >> 6) as u32 ^ (u32::from(client.port()) << 16)
+            }
+        };
+        let mut flows = Vec::with_capacity(self.cfg.copies as usize);
+        for k in 0..self.cfg.copies {
+            let Some(port) = self.pick_port(ip, client.port(), rule.target, k == 0) else {
+                self.ts.ports_exhausted += 1;
+                self.report.sessions.copies += 1;
+                self.report.sessions.failed.shed += 1;
+                continue;
+            };
+            let idx = self.new_flow(SocketAddr::new(ip, port), rule.target, isn, now);
+            flows.push((idx, self.gens[idx]));
+        }
+        self.sessions.insert(
+            id,
+            Sess {
+                flows: flows.clone(),
+                syn_seen,
+                skipping: !syn_seen,
+                server_turn: false,
+                in_request: false,
+                requests: 0,
+                last_client_ts: 0,
+                last_server_ts: None,
+            },
+        );
+        for (idx, _) in flows {
+            self.pump(idx, now);
+        }
+    }
+
+    /// The client's own port for the first copy when its 4-tuple is free; otherwise (and
+    /// for every other copy) the next free port of the pool.
+    fn pick_port(&mut self, ip: IpAddr, own: u16, target: SocketAddr, first: bool) -> Option<u16> {
+        if first {
+            if !self
+                .by_tuple
+                .contains_key(&(SocketAddr::new(ip, own), target))
+            {
+                return Some(own);
+            }
+            self.ts.port_collisions += 1;
+        }
+        let (lo, hi) = self.t.port_pool;
+        let n = u32::from(hi - lo) + 1;
+        for _ in 0..n {
+            let p = self.pool_next.clamp(lo, hi);
+            self.pool_next = if p >= hi { lo } else { p + 1 };
+            if !self
+                .by_tuple
+                .contains_key(&(SocketAddr::new(ip, p), target))
+            {
+                return Some(p);
+            }
+            self.ts.port_collisions += 1;
+        }
+        None
+    }
+
+    fn session_data(
+        &mut self,
+        id: SessionId,
+        dir: Dir,
+        bytes: &Bytes,
+        ts: u64,
+        now: u64,
+        tracker_mem: u64,
+    ) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        match dir {
+            Dir::ServerToClient => {
+                s.skipping = false;
+                if s.in_request {
+                    self.orig.record(ts.saturating_sub(s.last_client_ts));
+                    s.in_request = false;
+                }
+                s.server_turn = true;
+                s.last_server_ts = Some(ts);
+            }
+            Dir::ClientToServer => {
+                if s.skipping {
+                    self.report.requests.bytes_skipped_joining += bytes.len() as u64;
+                    return;
+                }
+                let start = if s.in_request {
+                    None
+                } else {
+                    let r = ReqStart {
+                        think_ns: s.last_server_ts.map_or(0, |t| ts.saturating_sub(t)),
+                        wait_answer: s.server_turn && (s.requests > 0 || s.syn_seen),
+                    };
+                    s.requests += 1;
+                    s.in_request = true;
+                    s.server_turn = false;
+                    self.report.requests.at_source += s.flows.len() as u64;
+                    Some(r)
+                };
+                s.last_client_ts = ts;
+                let data = Bytes::copy_from_slice(bytes);
+                let flows = s.flows.clone();
+                if self.held + data.len() * flows.len() + tracker_mem as usize > self.cfg.max_memory
+                {
+                    if let Some(s) = self.sessions.remove(&id) {
+                        for (idx, gen) in s.flows {
+                            if self.flow_mut(idx, gen).is_some() {
+                                self.end_flow(idx, Outcome::Shed, true);
+                            }
+                        }
+                    }
+                    return;
+                }
+                for (idx, gen) in flows {
+                    if let Some(f) = self.flow_mut(idx, gen) {
+                        f.queue.push_back(Item::Data {
+                            bytes: data.clone(),
+                            start,
+                        });
+                        f.held += data.len();
+                        self.held += data.len();
+                        self.pump(idx, now);
+                    }
+                }
+                let peak = self.held as u64 + tracker_mem;
+                let m = &mut self.report.memory;
+                m.peak_held_bytes = m.peak_held_bytes.max(peak);
+            }
+        }
+    }
+
+    fn close_session(&mut self, id: SessionId, how: CloseKind, now: u64) {
+        let Some(s) = self.sessions.remove(&id) else {
+            return;
+        };
+        if matches!(how, CloseKind::Shed) {
+            for (idx, gen) in s.flows {
+                if self.flow_mut(idx, gen).is_some() {
+                    self.end_flow(idx, Outcome::Shed, true);
+                }
+            }
+            return;
+        }
+        let lost = matches!(how, CloseKind::LostData { .. });
+        let wait_answer = s.server_turn && s.requests > 0;
+        for (idx, gen) in s.flows {
+            if let Some(f) = self.flow_mut(idx, gen) {
+                f.queue.push_back(Item::End { wait_answer, lost });
+                self.pump(idx, now);
+            }
+        }
+    }
+
+    // ---- flows --------------------------------------------------------------------------
+
+    fn flow_mut(&mut self, idx: usize, gen: u32) -> Option<&mut Flow> {
+        self.flows
+            .get_mut(idx)
+            .and_then(Option::as_mut)
+            .filter(|f| f.gen == gen)
+    }
+
+    fn new_flow(&mut self, client: SocketAddr, target: SocketAddr, isn: u32, now: u64) -> usize {
+        let idx = self.free.pop().unwrap_or_else(|| {
+            self.flows.push(None);
+            self.gens.push(0);
+            self.flows.len() - 1
+        });
+        self.gens[idx] = self.gens[idx].wrapping_add(1);
+        let gen = self.gens[idx];
+        self.flows[idx] = Some(Flow {
+            gen,
+            client,
+            target,
+            st: St::WaitControl,
+            isn,
+            snd_una: isn,
+            snd_nxt: isn,
+            rcv_nxt: 0,
+            fin_seq: None,
+            fin_acked: false,
+            peer_fin: false,
+            peer_win: 0,
+            mss: 536,
+            buf: Vec::new(),
+            queue: VecDeque::new(),
+            held: 0,
+            answered: false,
+            unanswered: 0,
+            last_rx_ns: now,
+            last_write_ns: now,
+            rto_at: 0,
+            rto_ns: SYN_RTO_NS,
+            progress_ns: now,
+            deadline: now + self.cfg.timeout_ns,
+            ending: Outcome::Completed,
+            timer_at: 0,
+        });
+        self.by_tuple.insert((client, target), (idx, gen));
+        self.report.sessions.copies += 1;
+        self.open += 1;
+        idx
+    }
+
+    fn arm(&mut self, idx: usize, at: u64) {
+        let Some(f) = self.flows[idx].as_mut() else {
+            return;
+        };
+        if at != 0 && (f.timer_at == 0 || at < f.timer_at || f.timer_at < now_ns()) {
+            f.timer_at = at;
+            self.timers.push(Reverse((at, idx, f.gen)));
+        }
+    }
+
+    /// Builds and sends one segment of flow `idx`; `payload` is `buf[off..off+len]`.
+    fn send(&mut self, idx: usize, flags: Flags, seq: u32, off: usize, len: usize) {
+        let Some(f) = self.flows[idx].as_ref() else {
+            return;
+        };
+        let syn = flags.has(Flags::SYN);
+        let seg = Segment {
+            src: f.client,
+            dst: f.target,
+            seq,
+            ack: if syn { 0 } else { f.rcv_nxt },
+            flags,
+            window: WINDOW,
+            options: Options {
+                mss: syn.then_some(1460),
+                ..Options::default()
+            },
+            payload: 0..0,
+            payload_len: 0,
+        };
+        let payload = f.buf.get(off..off + len).unwrap_or(&[]);
+        self.pkt.clear();
+        if seg.emit(payload, &mut self.pkt).is_err() {
+            self.ts.send_errors += 1;
+            return;
+        }
+        let fd = if f.target.is_ipv6() {
+            self.raw6.as_ref()
+        } else {
+            self.raw4.as_ref()
+        };
+        let ip = self.pkt.get(EMIT_ETH_LEN..).unwrap_or(&[]);
+        match fd.map(|fd| send_raw(fd, f.target.ip(), ip)) {
+            Some(Ok(())) => self.ts.segments_sent += 1,
+            // Counted; the retransmission timer sends it again.
+            _ => self.ts.send_errors += 1,
+        }
+    }
+
+    fn send_rst(&mut self, idx: usize) {
+        let Some(f) = self.flows[idx].as_ref() else {
+            return;
+        };
+        if f.st == St::WaitControl {
+            return;
+        }
+        let seq = f.snd_nxt;
+        self.send(idx, Flags::RST | Flags::ACK, seq, 0, 0);
+    }
+
+    fn end_flow(&mut self, idx: usize, how: Outcome, rst: bool) {
+        if rst {
+            self.send_rst(idx);
+        }
+        let Some(f) = self.flows[idx].take() else {
+            return;
+        };
+        self.by_tuple.remove(&(f.client, f.target));
+        self.held -= f.held;
+        self.open -= 1;
+        self.free.push(idx);
+        let s = &mut self.report.sessions;
+        let fl = &mut s.failed;
+        match how {
+            Outcome::Completed => s.completed += 1,
+            Outcome::Refused => fl.target_refused += 1,
+            Outcome::Reset => fl.reset += 1,
+            Outcome::Timeout => fl.timeout += 1,
+            Outcome::ClosedEarly => fl.closed_early += 1,
+            Outcome::LostData => fl.lost_capture_data += 1,
+            Outcome::Shed => fl.shed += 1,
+            Outcome::ControlLost => self.ts.control_lost += 1,
+            Outcome::OpenAtEnd => s.open_at_end += 1,
+        }
+    }
+
+    /// Sends what the window allows of `buf` past `snd_nxt`.
+    fn transmit(&mut self, idx: usize, now: u64) {
+        loop {
+            let Some(f) = self.flows[idx].as_mut() else {
+                return;
+            };
+            let flight = f.snd_nxt.wrapping_sub(f.snd_una);
+            let unsent = f.buf.len().saturating_sub(flight as usize);
+            // A closed window still lets one segment through when nothing is in flight: the
+            // probe that learns when it opens.
+            let win = f
+                .peer_win
+                .min(MAX_FLIGHT)
+                .max(if flight == 0 { 1 } else { 0 });
+            if unsent == 0 || flight >= win {
+                return;
+            }
+            let len = unsent.min(f.mss).min((win - flight) as usize);
+            let (seq, off) = (f.snd_nxt, flight as usize);
+            f.snd_nxt = f.snd_nxt.wrapping_add(len as u32);
+            f.last_write_ns = now;
+            if f.rto_at == 0 {
+                f.rto_at = now + f.rto_ns;
+            }
+            let at = f.rto_at;
+            self.report.requests.bytes_copied += len as u64;
+            self.send(idx, Flags::ACK | Flags::PSH, seq, off, len);
+            self.arm(idx, at);
+        }
+    }
+
+    /// Moves flow `idx` as far as it can go now; arms its timer when it must wait.
+    fn pump(&mut self, idx: usize, now: u64) {
+        let (no_wait, timeout) = (self.cfg.no_wait, self.cfg.timeout_ns);
+        let ctl_up = self.ctl.st == CtlState::Up;
+        loop {
+            let Some(f) = self.flows[idx].as_mut() else {
+                return;
+            };
+            match f.st {
+                St::WaitControl => {
+                    if ctl_up {
+                        f.st = St::SynSent;
+                        f.rto_ns = SYN_RTO_NS;
+                        f.rto_at = now + SYN_RTO_NS;
+                        f.snd_nxt = f.isn.wrapping_add(1);
+                        f.deadline = now + timeout;
+                        let (isn, at) = (f.isn, f.rto_at);
+                        self.send(idx, Flags::SYN, isn, 0, 0);
+                        self.arm(idx, at);
+                    } else if now >= f.deadline {
+                        self.end_flow(idx, Outcome::ControlLost, false);
+                    } else {
+                        let at = f.deadline;
+                        self.arm(idx, at);
+                    }
+                    return;
+                }
+                St::SynSent => {
+                    if now >= f.deadline {
+                        self.end_flow(idx, Outcome::Timeout, true);
+                    } else if now >= f.rto_at {
+                        f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
+                        f.rto_at = now + f.rto_ns;
+                        let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
+                        self.ts.retransmitted_segments += 1;
+                        self.send(idx, Flags::SYN, isn, 0, 0);
+                        self.arm(idx, at);
+                    } else {
+                        let at = f.rto_at.min(f.deadline);
+                        self.arm(idx, at);
+                    }
+                    return;
+                }
+                St::Closing => {
+                    if f.fin_acked && f.peer_fin {
+                        let how = f.ending;
+                        self.end_flow(idx, how, false);
+                    } else if now >= f.deadline {
+                        // The target never finished closing: reset it so it keeps nothing.
+                        let how = f.ending;
+                        self.end_flow(idx, how, true);
+                    } else {
+                        if !f.fin_acked && now >= f.rto_at {
+                            f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
+                            f.rto_at = now + f.rto_ns;
+                            let seq = f.fin_seq.unwrap_or(f.snd_nxt);
+                            self.ts.retransmitted_segments += 1;
+                            self.send(idx, Flags::FIN | Flags::ACK, seq, 0, 0);
+                        }
+                        let Some(f) = self.flows[idx].as_ref() else {
+                            return;
+                        };
+                        let at = if f.fin_acked {
+                            f.deadline
+                        } else {
+                            f.deadline.min(f.rto_at)
+                        };
+                        self.arm(idx, at);
+                    }
+                    return;
+                }
+                St::Established => {}
+            }
+            // Retransmission: nothing acked for an RTO, so everything from the oldest byte
+            // goes again (go-back-N), unless nothing moved for the whole --timeout.
+            if f.snd_una != f.snd_nxt && f.rto_at != 0 && now >= f.rto_at {
+                if now.saturating_sub(f.progress_ns) >= timeout {
+                    self.end_flow(idx, Outcome::Timeout, true);
+                    return;
+                }
+                f.snd_nxt = f.snd_una;
+                f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
+                f.rto_at = 0;
+                self.ts.retransmitted_segments += 1;
+            }
+            self.transmit(idx, now);
+            let Some(f) = self.flows[idx].as_mut() else {
+                return;
+            };
+            let Some(front) = f.queue.front_mut() else {
+                return;
+            };
+            match front {
+                Item::Data { bytes, start } => {
+                    if f.peer_fin {
+                        self.end_flow(idx, Outcome::ClosedEarly, true);
+                        return;
+                    }
+                    if let Some(r) = *start {
+                        if r.wait_answer && !no_wait {
+                            if !f.answered {
+                                let dl = f.last_write_ns.max(f.progress_ns) + timeout;
+                                if now >= dl {
+                                    self.end_flow(idx, Outcome::Timeout, true);
+                                } else {
+                                    self.arm(idx, dl);
+                                }
+                                return;
+                            }
+                            let at = f.last_rx_ns + r.think_ns;
+                            if now < at {
+                                self.arm(idx, at);
+                                return;
+                            }
+                        }
+                        *start = None;
+                        f.answered = false;
+                        f.unanswered += 1;
+                        self.report.requests.copied += 1;
+                    }
+                    f.buf.extend_from_slice(bytes);
+                    f.queue.pop_front();
+                    // Continue: the bytes go out with the next transmit.
+                }
+                Item::End { wait_answer, lost } => {
+                    let lost = *lost;
+                    if *wait_answer && !no_wait && f.unanswered > 0 && !f.peer_fin {
+                        let dl = f.last_write_ns.max(f.progress_ns) + timeout;
+                        if now >= dl {
+                            self.end_flow(idx, Outcome::Timeout, true);
+                        } else {
+                            self.arm(idx, dl);
+                        }
+                        return;
+                    }
+                    if !f.buf.is_empty() {
+                        // Everything acked first; the ACK's arrival pumps again.
+                        let at = if f.rto_at == 0 {
+                            now + f.rto_ns
+                        } else {
+                            f.rto_at
+                        };
+                        self.arm(idx, at);
+                        return;
+                    }
+                    f.queue.pop_front();
+                    let seq = f.snd_nxt;
+                    f.fin_seq = Some(seq);
+                    f.snd_nxt = seq.wrapping_add(1);
+                    f.st = St::Closing;
+                    f.rto_ns = RTO_NS;
+                    f.rto_at = now + RTO_NS;
+                    f.deadline = now + CLOSE_LINGER_NS;
+                    f.ending = if lost {
+                        Outcome::LostData
+                    } else {
+                        Outcome::Completed
+                    };
+                    self.send(idx, Flags::FIN | Flags::ACK, seq, 0, 0);
+                }
+            }
+        }
+    }
+
+    /// One answer of the target, as intercept saw it.
+    fn on_answer(&mut self, h: &PacketHdr, now: u64) {
+        self.ts.answers_received += 1;
+        let Some(&(idx, gen)) = self.by_tuple.get(&(h.dst, h.src)) else {
+            return;
+        };
+        let no_wait = self.cfg.no_wait;
+        // Borrowed field by field (not through flow_mut) so the counters stay reachable.
+        let Some(f) = self
+            .flows
+            .get_mut(idx)
+            .and_then(Option::as_mut)
+            .filter(|f| f.gen == gen)
+        else {
+            return;
+        };
+        let flags = Flags(h.flags);
+        if flags.has(Flags::RST) {
+            let how = match f.st {
+                St::SynSent => Outcome::Refused,
+                St::Closing if f.fin_acked => f.ending,
+                _ => Outcome::Reset,
+            };
+            // A RST in answer to our SYN must acknowledge it; any other must be in window.
+            let valid = match f.st {
+                St::SynSent => h.ack == f.isn.wrapping_add(1),
+                _ => !seq_gt(f.rcv_nxt, h.seq.wrapping_add(1)) || h.seq == f.rcv_nxt,
+            };
+            if valid {
+                self.end_flow(idx, how, false);
+            }
+            return;
+        }
+        match f.st {
+            St::WaitControl => return,
+            St::SynSent => {
+                if !(flags.has(Flags::SYN) && flags.has(Flags::ACK))
+                    || h.ack != f.isn.wrapping_add(1)
+                {
+                    return;
+                }
+                f.rcv_nxt = h.seq.wrapping_add(1);
+                f.snd_una = h.ack;
+                f.snd_nxt = h.ack;
+                f.mss = usize::from(h.mss.unwrap_or(536).clamp(88, 1460));
+                f.peer_win = u32::from(h.window);
+                f.st = St::Established;
+                f.rto_ns = RTO_NS;
+                f.rto_at = 0;
+                f.progress_ns = now;
+                f.last_rx_ns = now;
+                f.last_write_ns = now;
+                let seq = f.snd_nxt;
+                self.send(idx, Flags::ACK, seq, 0, 0);
+                self.pump(idx, now);
+                return;
+            }
+            St::Established | St::Closing => {}
+        }
+        if flags.has(Flags::SYN) {
+            // Our ACK of its SYN-ACK was lost: the target sent it again.
+            let seq = f.snd_nxt;
+            self.send(idx, Flags::ACK, seq, 0, 0);
+            return;
+        }
+        if flags.has(Flags::ACK) && seq_gt(h.ack, f.snd_una) && !seq_gt(h.ack, f.snd_nxt) {
+            let data_end = f.fin_seq.unwrap_or(f.snd_nxt.wrapping_add(1));
+            let upto = if seq_gt(h.ack, data_end) {
+                data_end
+            } else {
+                h.ack
+            };
+            let n = (upto.wrapping_sub(f.snd_una) as usize).min(f.buf.len());
+            f.buf.drain(..n);
+            f.held -= n.min(f.held);
+            self.held -= n.min(self.held);
+            if f.fin_seq.is_some_and(|s| h.ack == s.wrapping_add(1)) {
+                f.fin_acked = true;
+            }
+            f.snd_una = h.ack;
+            f.progress_ns = now;
+            f.rto_ns = if f.st == St::Closing {
+                f.rto_ns
+            } else {
+                RTO_NS
+            };
+            f.rto_at = if f.snd_una == f.snd_nxt {
+                0
+            } else {
+                now + f.rto_ns
+            };
+        }
+        f.peer_win = u32::from(h.window);
+        let len = u32::from(h.payload_len);
+        let mut ack_now = false;
+        if len > 0 {
+            let end = h.seq.wrapping_add(len);
+            if !seq_gt(h.seq, f.rcv_nxt) && seq_gt(end, f.rcv_nxt) {
+                let new = end.wrapping_sub(f.rcv_nxt);
+                f.rcv_nxt = end;
+                self.report.requests.bytes_answered += u64::from(new);
+                if f.unanswered > 0 {
+                    self.target_lat.record(now.saturating_sub(f.last_write_ns));
+                    let k = if no_wait { f.unanswered } else { 1 };
+                    self.report.requests.answered += k;
+                    f.unanswered -= k;
+                }
+                f.answered = true;
+                f.last_rx_ns = now;
+            }
+            // Every data segment is acknowledged, in order or not: a duplicate ACK is what
+            // makes the target send the missing bytes again.
+            ack_now = true;
+        }
+        if flags.has(Flags::FIN) && h.seq.wrapping_add(len) == f.rcv_nxt && !f.peer_fin {
+            f.rcv_nxt = f.rcv_nxt.wrapping_add(1);
+            f.peer_fin = true;
+            ack_now = true;
+        }
+        if ack_now {
+            let seq = f.snd_nxt;
+            self.send(idx, Flags::ACK, seq, 0, 0);
+        }
+        self.pump(idx, now);
+    }
+
+    // ---- control connection ---------------------------------------------------------------
+
+    fn control_lost(&mut self, now: u64) {
+        if let Some(mut s) = self.ctl.sock.take() {
+            let _ = self.poll.registry().deregister(&mut s);
+        }
+        let was_up = self.ctl.st == CtlState::Up;
+        self.ctl.inbuf.clear();
+        self.ctl.backoff = self.ctl.backoff.saturating_add(1);
+        let wait = (100_000_000u64 << self.ctl.backoff.min(4)).min(1_000_000_000);
+        self.ctl.st = CtlState::Down {
+            retry_at: now + wait,
+        };
+        if !was_up {
+            return;
+        }
+        self.ts.control_losses += 1;
+        // Copies past their SYN cannot see their answers any more: reset and counted.
+        for idx in 0..self.flows.len() {
+            if self.flows[idx]
+                .as_ref()
+                .is_some_and(|f| f.st != St::WaitControl)
+            {
+                self.end_flow(idx, Outcome::ControlLost, true);
+            }
+        }
+    }
+
+    fn control_connect(&mut self, now: u64) {
+        match TcpStream::connect(self.ctl.addr) {
+            Ok(mut s) => {
+                if self
+                    .poll
+                    .registry()
+                    .register(&mut s, CONTROL, Interest::READABLE | Interest::WRITABLE)
+                    .is_err()
+                {
+                    return self.control_lost(now);
+                }
+                self.ctl.sock = Some(s);
+                self.ctl.st = CtlState::Connecting;
+                self.ctl.last_rx_ns = now;
+            }
+            Err(_) => self.control_lost(now),
+        }
+    }
+
+    fn control_io(&mut self, now: u64) {
+        if self.ctl.st == CtlState::Connecting {
+            let Some(s) = self.ctl.sock.as_mut() else {
+                return;
+            };
+            match s.peer_addr() {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => {
+                    if let Ok(Some(_)) | Err(_) = s.take_error() {
+                        return self.control_lost(now);
+                    }
+                    return;
+                }
+                Err(_) => return self.control_lost(now),
+            }
+            let mut hello = Vec::new();
+            Msg::Hello {
+                version: VERSION,
+                max_payload: 0,
+            }
+            .emit(&mut hello);
+            // 11 bytes into an empty socket buffer: written whole or the connection is broken.
+            if !matches!(s.write(&hello), Ok(n) if n == hello.len()) {
+                return self.control_lost(now);
+            }
+            self.ctl.st = CtlState::Hello;
+            self.ctl.last_rx_ns = now;
+        }
+        let mut chunk = [0u8; 16 << 10];
+        loop {
+            let Some(s) = self.ctl.sock.as_mut() else {
+                return;
+            };
+            match s.read(&mut chunk) {
+                Ok(0) => return self.control_lost(now),
+                Ok(n) => {
+                    self.ctl.inbuf.extend_from_slice(&chunk[..n]);
+                    self.ctl.last_rx_ns = now;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return self.control_lost(now),
+            }
+        }
+        let buf = std::mem::take(&mut self.ctl.inbuf);
+        let mut at = 0;
+        let mut broken = false;
+        let mut welcomed = false;
+        while at < buf.len() {
+            match Msg::parse(&buf[at..]) {
+                Ok((m, n)) => {
+                    at += n;
+                    match m {
+                        Msg::Packet { hdr, .. } if self.ctl.st == CtlState::Up => {
+                            self.on_answer(&hdr, now)
+                        }
+                        Msg::Ping => {}
+                        Msg::Welcome { version } if version == VERSION => {
+                            self.ctl.st = CtlState::Up;
+                            self.ctl.backoff = 0;
+                            self.ts.control_reconnects += 1;
+                            welcomed = true;
+                        }
+                        _ => {
+                            broken = true;
+                            break;
+                        }
+                    }
+                }
+                Err(ControlError::Truncated { .. }) => break,
+                Err(_) => {
+                    broken = true;
+                    break;
+                }
+            }
+        }
+        if broken {
+            return self.control_lost(now);
+        }
+        let mut buf = buf;
+        buf.drain(..at);
+        self.ctl.inbuf = buf;
+        if welcomed {
+            // The SYNs held while the control connection was down go now.
+            for idx in 0..self.flows.len() {
+                if self.flows[idx]
+                    .as_ref()
+                    .is_some_and(|f| f.st == St::WaitControl)
+                {
+                    self.pump(idx, now);
+                }
+            }
+        }
+    }
+
+    fn control_tick(&mut self, now: u64) {
+        match self.ctl.st {
+            CtlState::Down { retry_at } if now >= retry_at => self.control_connect(now),
+            CtlState::Connecting | CtlState::Hello | CtlState::Up
+                if now.saturating_sub(self.ctl.last_rx_ns) > CONTROL_SILENCE_NS =>
+            {
+                self.control_lost(now)
+            }
+            _ => {}
+        }
+    }
+
+    // ---- loop -----------------------------------------------------------------------------
+
+    fn fire_timers(&mut self, now: u64) {
+        while let Some(Reverse((at, idx, gen))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(f) = self.flows[idx]
+                .as_mut()
+                .filter(|f| f.gen == gen && f.timer_at == at)
+            {
+                f.timer_at = 0;
+                self.pump(idx, now);
+            }
+        }
+    }
+
+    fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), TransparentError> {
+        let now = now_ns();
+        self.fire_timers(now);
+        self.control_tick(now);
+        let mut wait = max_wait;
+        if let Some(Reverse((at, _, _))) = self.timers.peek() {
+            wait = wait.min(Duration::from_nanos(at.saturating_sub(now)));
+        }
+        match self.poll.poll(events, Some(wait)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err("wait for events (epoll_wait)")(e)),
+        }
+        let now = now_ns();
+        if events.iter().any(|e| e.token() == CONTROL) {
+            self.control_io(now);
+        }
+        self.fire_timers(now);
+        Ok(())
+    }
+
+    fn publish(&self, live: &Live) {
+        let s = &self.report.sessions;
+        let f = &s.failed;
+        let st = |a: &std::sync::atomic::AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
+        st(&live.sessions_seen, s.seen);
+        st(&live.copies, s.copies);
+        st(&live.completed, s.completed);
+        st(
+            &live.failed,
+            f.target_refused
+                + f.reset
+                + f.timeout
+                + f.closed_early
+                + f.lost_capture_data
+                + f.shed
+                + self.ts.control_lost,
+        );
+        st(&live.open, self.open);
+        st(&live.requests_copied, self.report.requests.copied);
+        st(&live.requests_answered, self.report.requests.answered);
+        st(&live.held_bytes, self.held as u64);
+        st(&live.kernel_drops, self.report.capture.kernel_drops);
+    }
+
+    fn drain(
+        &mut self,
+        events: &mut Events,
+        stop: &AtomicBool,
+        live: &Live,
+    ) -> Result<(), TransparentError> {
+        let deadline = now_ns() + self.cfg.timeout_ns + 2 * CLOSE_LINGER_NS;
+        let interrupted_at = stop.load(Ordering::Relaxed);
+        while self.open > 0 && now_ns() < deadline {
+            if !interrupted_at && stop.load(Ordering::Relaxed) {
+                break;
+            }
+            self.step(events, Duration::from_millis(20))?;
+            self.publish(live);
+        }
+        for idx in 0..self.flows.len() {
+            if self.flows[idx].is_some() {
+                self.end_flow(idx, Outcome::OpenAtEnd, true);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs transparent mode on a live capture of `ifname` until `stop` is set or `duration`
+/// passes; then lets the copies finish and returns the report. Fails at start when intercept
+/// is unreachable or refuses, or a raw socket cannot be opened (root or CAP_NET_RAW).
+pub fn run(
+    cfg: &RelayConfig,
+    t: &TransparentConfig,
+    ifname: &str,
+    duration: Option<Duration>,
+    stop: &AtomicBool,
+    live: &Live,
+) -> Result<CopyReport, TransparentError> {
+    let start = now_ns();
+    let ctl_sock = handshake(t.intercept, Duration::from_secs(2))?;
+    let want4 = cfg.rules.iter().any(|r| r.target.is_ipv4());
+    let want6 = cfg.rules.iter().any(|r| r.target.is_ipv6());
+    let raw4 = want4
+        .then(|| raw_socket(false))
+        .transpose()
+        .map_err(io_err("open a raw IPv4 socket (needs root or CAP_NET_RAW)"))?;
+    let raw6 = want6
+        .then(|| raw_socket(true))
+        .transpose()
+        .map_err(io_err("open a raw IPv6 socket (needs root or CAP_NET_RAW)"))?;
+    let poll = Poll::new().map_err(io_err("create the event loop (epoll)"))?;
+    let mut ctl_sock = TcpStream::from_std(ctl_sock);
+    poll.registry()
+        .register(
+            &mut ctl_sock,
+            CONTROL,
+            Interest::READABLE | Interest::WRITABLE,
+        )
+        .map_err(io_err("watch the control connection (epoll_ctl)"))?;
+    let mut e = Engine {
+        cfg,
+        t,
+        poll,
+        raw4,
+        raw6,
+        ctl: Control {
+            addr: t.intercept,
+            sock: Some(ctl_sock),
+            st: CtlState::Up,
+            inbuf: Vec::new(),
+            last_rx_ns: start,
+            backoff: 0,
+        },
+        sessions: FxHashMap::default(),
+        flows: Vec::new(),
+        gens: Vec::new(),
+        free: Vec::new(),
+        by_tuple: FxHashMap::default(),
+        timers: BinaryHeap::new(),
+        pool_next: t.port_pool.0,
+        syn_isn: FxHashMap::default(),
+        start_ns: start,
+        held: 0,
+        open: 0,
+        pkt: Vec::with_capacity(2048),
+        report: CopyReport::default(),
+        ts: TransparentStats {
+            intercept: t.intercept.to_string(),
+            client_addr: t
+                .client_cidr
+                .map(|c| format!("{}/{}", c.addr(), c.prefix()))
+                .unwrap_or_default(),
+            ..TransparentStats::default()
+        },
+        orig: Histogram::new(),
+        target_lat: Histogram::new(),
+    };
+    let end_at = duration.map(|d| start + d.as_nanos() as u64);
+    let past_end = |now: u64| stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now >= e);
+    let filter = rules::capture_filter(&cfg.rules);
+    let cap_err = |source| TransparentError::Capture {
+        ifname: ifname.to_string(),
+        source,
+    };
+    let mut cap = Capture::open(
+        ifname,
+        &CaptureOpts {
+            filter: Some(filter.clone()),
+            ..CaptureOpts::default()
+        },
+    )
+    .map_err(cap_err)?;
+    e.report.source = format!("live {ifname}");
+    e.report.filter = filter;
+    let link = LinkType::from_dlt(cap.linktype()).unwrap_or(LinkType::Ethernet);
+    let fd = cap.as_fd().as_raw_fd();
+    e.poll
+        .registry()
+        .register(&mut SourceFd(&fd), CAPTURE, Interest::READABLE)
+        .map_err(io_err("watch the capture socket (epoll_ctl)"))?;
+    let mut tracker = Tracker::new(e.tracker_config());
+    let mut events = Events::with_capacity(1024);
+    let mut evs: Vec<Event> = Vec::new();
+    let mut eth: Vec<u8> = Vec::new();
+    let mut last_stats = 0u64;
+    let mut packets = 0u64;
+    let server_ports = rules::server_ports(&cfg.rules);
+    while !past_end(now_ns()) {
+        for _ in 0..64 {
+            let syn_isn = &mut e.syn_isn;
+            let n = cap
+                .next_block(Duration::ZERO, |p| {
+                    packets += 1;
+                    let frame = if link == LinkType::Ethernet {
+                        p.data
+                    } else if to_ethernet(link, p.data, MacAddr([0; 6]), MacAddr([0; 6]), &mut eth)
+                        .is_ok()
+                    {
+                        &eth
+                    } else {
+                        return;
+                    };
+                    // The client's ISN, for a SYN that carries it; the session opens in push.
+                    if let Ok(s) = Segment::parse(frame) {
+                        if s.flags.0 & (Flags::SYN.0 | Flags::ACK.0) == Flags::SYN.0
+                            && server_ports.contains(&s.dst.port())
+                        {
+                            if syn_isn.len() >= MAX_PENDING_SYNS {
+                                syn_isn.clear();
+                            }
+                            syn_isn.insert((s.src, s.dst), s.seq);
+                        }
+                    }
+                    tracker.push(p.ts_ns, frame, &mut evs);
+                })
+                .map_err(cap_err)?;
+            let mem = tracker.stats().memory_bytes;
+            e.on_events(&mut evs, mem);
+            if n == 0 {
+                break;
+            }
+        }
+        // As in relay mode: ticked behind the wall clock so frames still in the ring keep
+        // their capture times.
+        tracker.tick(realtime_ns().saturating_sub(TICK_LAG_NS), &mut evs);
+        let mem = tracker.stats().memory_bytes;
+        e.on_events(&mut evs, mem);
+        e.step(&mut events, Duration::from_millis(5))?;
+        let now = now_ns();
+        if now >= last_stats + 250_000_000 {
+            last_stats = now;
+            if let Ok(st) = cap.stats() {
+                e.report.capture.kernel_drops = st.drops;
+            }
+        }
+        e.publish(live);
+    }
+    tracker.finish(&mut evs);
+    e.on_events(&mut evs, 0);
+    if let Ok(st) = cap.stats() {
+        e.report.capture.kernel_drops = st.drops;
+    }
+    e.report.capture.packets = packets;
+    let s = tracker.stats();
+    let c = &mut e.report.capture;
+    c.not_tcp += s.not_tcp_frames;
+    c.retransmitted_bytes += s.retransmitted_bytes;
+    c.out_of_order_segments += s.out_of_order_segments;
+    c.sessions_with_lost_data += s.closed_lost_data;
+    c.sessions_not_tracked += s.table_full;
+    drop(cap);
+    e.drain(&mut events, stop, live)?;
+    e.publish(live);
+    let mut r = std::mem::take(&mut e.report);
+    r.mode = "transparent".into();
+    r.rules = cfg.rules.iter().map(ToString::to_string).collect();
+    r.copies_per_session = cfg.copies;
+    r.sample_percent = cfg.sampler.percent;
+    r.seconds = (now_ns() - start) as f64 / 1e9;
+    r.latency.original = e.orig.percentiles();
+    r.latency.target = e.target_lat.percentiles();
+    r.memory.limit_bytes = cfg.max_memory as u64;
+    r.transparent = Some(std::mem::take(&mut e.ts));
+    r.finish();
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_addresses_map_into_the_prefix_keeping_host_bits() {
+        let c: Cidr = "10.9.0.0/16".parse().unwrap();
+        assert_eq!(
+            map_client("198.18.1.7".parse().unwrap(), &c),
+            "10.9.1.7".parse::<IpAddr>().unwrap()
+        );
+        let c: Cidr = "10.9.8.7/32".parse().unwrap();
+        assert_eq!(
+            map_client("198.18.1.7".parse().unwrap(), &c),
+            "10.9.8.7".parse::<IpAddr>().unwrap()
+        );
+        let c: Cidr = "fd00:99::/64".parse().unwrap();
+        assert_eq!(
+            map_client("fd00:18:1::5".parse().unwrap(), &c),
+            "fd00:99::5".parse::<IpAddr>().unwrap()
+        );
+        // Another family is left alone.
+        assert_eq!(
+            map_client("198.18.1.7".parse().unwrap(), &c),
+            "198.18.1.7".parse::<IpAddr>().unwrap()
+        );
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert_eq!(
+            map_client("198.18.1.7".parse().unwrap(), &all),
+            "198.18.1.7".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn sequence_comparison_wraps() {
+        assert!(seq_gt(1, 0));
+        assert!(seq_gt(5, u32::MAX - 5));
+        assert!(!seq_gt(u32::MAX - 5, 5));
+        assert!(!seq_gt(7, 7));
+    }
+
+    #[test]
+    fn handshake_with_nothing_listening_is_unreachable() {
+        // A port just released by a listener of our own: nothing listens there now.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let e = handshake(addr, Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(e, TransparentError::Unreachable { .. }), "{e}");
+    }
+
+    #[test]
+    fn handshake_with_a_foreign_server_says_so() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut hello = [0u8; 11];
+            let _ = s.read_exact(&mut hello);
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        });
+        let e = handshake(addr, Duration::from_secs(1)).unwrap_err();
+        t.join().unwrap();
+        assert!(matches!(e, TransparentError::NotIntercept { .. }), "{e}");
+    }
+
+    #[test]
+    fn handshake_refused_for_another_version_carries_the_reason() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = Vec::new();
+            Msg::Refuse {
+                version: 9,
+                reason: "copy speaks 1, this intercept speaks 9",
+            }
+            .emit(&mut b);
+            let _ = s.write_all(&b);
+        });
+        let e = handshake(addr, Duration::from_secs(1)).unwrap_err();
+        t.join().unwrap();
+        assert_eq!(
+            e.to_string(),
+            format!("intercept {addr} refused this copy: copy speaks 1, this intercept speaks 9")
+        );
+    }
+}

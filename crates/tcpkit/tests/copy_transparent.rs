@@ -1,0 +1,347 @@
+//! `tcpkit copy --transparent` with `tcpkit intercept`, in the copy lab plus an assistant:
+//! clients → online (nginx; copy runs here) → target (nginx; routes the clients' subnet via
+//! the assistant) → assistant (intercept). The online host reaches intercept's control port
+//! over a management link of its own, so the target needs no forwarding.
+
+mod copy_common;
+
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
+
+use copy_common::*;
+use serde_json::Value;
+use tcpkit_lab::{Host, LinkOpts, Proc, Signal};
+
+const TGT_A: &str = "198.18.3.1";
+const ASSIST: &str = "198.18.3.2";
+const ONLINE_M: &str = "198.18.4.1";
+const ASSIST_M: &str = "198.18.4.2";
+
+struct TLab {
+    l: CopyLab,
+    assistant: Host,
+    /// The assistant's interface toward the target (where intercept captures).
+    ast_if: String,
+    port: u16,
+}
+
+fn free_port() -> u16 {
+    // Unique per test process and test, inside each test's own namespaces anyway.
+    30_000 + (std::process::id() % 20_000) as u16
+}
+
+impl TLab {
+    fn new(tag: &str) -> TLab {
+        let mut l = CopyLab::new(tag);
+        let assistant = l.lab.host("ast").expect("host");
+        let target = l.target.clone();
+        let online = l.online.clone();
+        let tl = l
+            .lab
+            .link(
+                &target,
+                &assistant,
+                &LinkOpts {
+                    addr_a: vec![format!("{TGT_A}/24")],
+                    addr_b: vec![format!("{ASSIST}/24")],
+                    ..LinkOpts::default()
+                },
+            )
+            .expect("link");
+        l.lab
+            .link(
+                &online,
+                &assistant,
+                &LinkOpts {
+                    addr_a: vec![format!("{ONLINE_M}/24")],
+                    addr_b: vec![format!("{ASSIST_M}/24")],
+                    ..LinkOpts::default()
+                },
+            )
+            .expect("link");
+        // The target answers the clients' subnet through the assistant, and accepts their
+        // packets arriving from the online side (strict reverse-path filtering would not).
+        target
+            .run(&["ip", "route", "add", "198.18.1.0/24", "via", ASSIST])
+            .expect("route");
+        for k in ["all", "default", &l.tgt_link.b.name] {
+            target
+                .sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")
+                .expect("rp_filter");
+        }
+        assistant
+            .sysctl("net.ipv4.ip_forward", "0")
+            .expect("sysctl");
+        TLab {
+            l,
+            assistant,
+            ast_if: tl.b.name.clone(),
+            port: free_port(),
+        }
+    }
+
+    fn intercept_args(&self) -> Vec<String> {
+        vec![
+            tcpkit().into(),
+            "intercept".into(),
+            "--capture".into(),
+            self.ast_if.clone(),
+            "--filter".into(),
+            "src port 8080".into(),
+            "--listen".into(),
+            format!("{ASSIST_M}:{}", self.port),
+            "--json".into(),
+        ]
+    }
+
+    /// Starts intercept and waits for its control port.
+    fn intercept(&mut self, name: &str) -> Proc {
+        let argv = self.intercept_args();
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let assistant = self.assistant.clone();
+        let p = assistant
+            .spawn(&mut self.l.lab, name, &argv)
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_port(&self.assistant, ASSIST_M, self.port, &p);
+        p
+    }
+
+    fn intercept_addr(&self) -> String {
+        format!("{ASSIST_M}:{}", self.port)
+    }
+
+    fn copy(&self, extra: &[&str]) -> Child {
+        let rule = format!("8080-{TARGET}:8080");
+        let cap = self.l.capture_if();
+        let ia = self.intercept_addr();
+        let mut args = vec![
+            "--transparent",
+            "-x",
+            &rule,
+            "--intercept",
+            &ia,
+            "-i",
+            &cap,
+            "--timeout",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        self.l.copy(&args)
+    }
+}
+
+fn copy_done(c: Child) -> Value {
+    let o = wait_limited(c, Duration::from_secs(15));
+    assert!(
+        o.status.success(),
+        "copy failed: {} {}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let r = json(&o);
+    accounted(&r);
+    r
+}
+
+/// Every copy ended exactly one way (control_lost counts among the failures here).
+fn accounted(r: &Value) {
+    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
+    let ended = u(r, "sessions.completed")
+        + f("target_refused")
+        + f("reset")
+        + f("timeout")
+        + f("closed_early")
+        + f("lost_capture_data")
+        + f("shed")
+        + u(r, "transparent.control_lost")
+        + u(r, "sessions.open_at_end");
+    assert_eq!(ended, u(r, "sessions.copies"), "{r:#}");
+}
+
+/// `tcpkit load` of HTTP GETs from the clients host to the online nginx.
+fn load(clients: &Host, rate: &str, secs: &str, per_conn: Option<&str>) -> Output {
+    let t = format!("{ONLINE}:8080");
+    let mut a = vec![
+        tcpkit(),
+        "load",
+        &t,
+        "--http-get",
+        "/hello.txt",
+        "-c",
+        "2",
+        "-r",
+        rate,
+        "-t",
+        secs,
+    ];
+    if let Some(q) = per_conn {
+        a.extend_from_slice(&["--queries-per-conn", q]);
+    }
+    let o = run_limited(clients.command(&a), Duration::from_secs(20));
+    assert!(
+        o.status.success(),
+        "load failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// One line, `tcpkit <cmd>: ...`, and exit status 1.
+fn one_line_failure(o: &Output, prefix: &str, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with(prefix) && err.contains(needle), "{err}");
+}
+
+#[test]
+fn transparent_http_target_sees_the_clients_with_loss_under_a_thousandth_and_nothing_reaches_them()
+{
+    let start = Instant::now();
+    let mut t = TLab::new("cptrhttp");
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let icp = t.intercept("intercept");
+    let ifname = t.l.cli_link.a.name.clone();
+    let clients = t.l.clients.clone();
+    let dump = t.l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
+    let c = t.copy(&["--duration", "3"]);
+    std::thread::scope(|s| {
+        let a = s.spawn(|| load(&clients, "300", "2", None));
+        let b = s.spawn(|| load(&clients, "150", "2", Some("1")));
+        a.join().unwrap();
+        b.join().unwrap();
+    });
+    let r = copy_done(c);
+    let cap = dump.stop().expect("tcpdump");
+    icp.signal(Signal::SIGINT).unwrap();
+    icp.wait_timeout(Duration::from_secs(5)).unwrap();
+    let online = lines(&on_log);
+    let target = lines(&tg_log);
+    assert!(online.len() > 800, "{} requests online", online.len());
+    // Every request at the target came from the clients' own address.
+    assert!(
+        target.iter().all(|l| l.starts_with(&format!("{CLIENT} "))),
+        "{:?}",
+        &target[..target.len().min(3)]
+    );
+    assert!(target.iter().all(|l| l.contains(" 200 ")), "{target:?}");
+    let loss = (online.len() as f64 - target.len() as f64) / online.len() as f64;
+    eprintln!(
+        "transparent: {} requests online, {} at the target (loss {:.4} %), {:.1} s",
+        online.len(),
+        target.len(),
+        loss * 100.0,
+        start.elapsed().as_secs_f64()
+    );
+    assert!(loss <= 0.001, "loss {loss}: {r:#}");
+    assert_eq!(r["mode"], "transparent");
+    assert_eq!(
+        u(&r, "requests.answered"),
+        u(&r, "requests.copied"),
+        "{r:#}"
+    );
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    assert_eq!(u(&r, "transparent.control_lost"), 0, "{r:#}");
+    assert!(u(&r, "transparent.answers_received") > 0, "{r:#}");
+    // Nothing from the target or the assistant on the clients' link, ever: only the
+    // clients and the online host talk there.
+    let text = cap.text().expect("tcpdump -r");
+    assert!(text.len() > 1000, "{} packets", text.len());
+    for l in &text {
+        for bad in [TARGET, TGT_A, ASSIST, ASSIST_M, ONLINE_T, ONLINE_M] {
+            assert!(!l.contains(&format!(" {bad}.")), "{l}");
+        }
+    }
+    let ilog = icp.log();
+    assert!(ilog.contains("\"copies_connected\": 1"), "{ilog}");
+}
+
+#[test]
+fn transparent_survives_an_intercept_restart_counting_the_copies_it_cut() {
+    let mut t = TLab::new("cptrrst");
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let first = t.intercept("intercept1");
+    let c = t.copy(&["--duration", "5"]);
+    let clients = t.l.clients.clone();
+    std::thread::scope(|s| {
+        let a = s.spawn(|| load(&clients, "100", "4", None));
+        let b = s.spawn(|| load(&clients, "50", "4", Some("1")));
+        std::thread::sleep(Duration::from_millis(1200));
+        first.signal(Signal::SIGKILL).unwrap();
+        first.wait_timeout(Duration::from_secs(5)).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let _second = t.intercept("intercept2");
+        // Each target-log line written after the restart is a copy that got through.
+        let before = lines(&tg_log).len();
+        a.join().unwrap();
+        b.join().unwrap();
+        let r = copy_done(c);
+        let after = lines(&tg_log).len();
+        eprintln!(
+            "restart: online {} target {} (before restart {before}) {}",
+            lines(&on_log).len(),
+            after,
+            r["transparent"]
+        );
+        assert!(u(&r, "transparent.control_losses") >= 1, "{r:#}");
+        assert!(u(&r, "transparent.control_reconnects") >= 1, "{r:#}");
+        // The keep-alive sessions in flight at the kill are cut (counted as control_lost);
+        // the new connections of the 50/s load go on being copied after the restart.
+        assert!(u(&r, "transparent.control_lost") >= 2, "{r:#}");
+        assert!(
+            after > before + 60,
+            "copying resumed: {before} -> {after} {r:#}"
+        );
+        assert!(u(&r, "sessions.completed") > 0, "{r:#}");
+    });
+}
+
+#[test]
+fn intercept_refuses_to_start_on_a_forwarding_host() {
+    let t = TLab::new("cptrfwd");
+    t.assistant
+        .sysctl("net.ipv4.ip_forward", "1")
+        .expect("sysctl");
+    let argv = t.intercept_args();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let o = run_limited(t.assistant.command(&argv), Duration::from_secs(5));
+    one_line_failure(
+        &o,
+        "tcpkit intercept: forwarding is on (net.ipv4.ip_forward=1)",
+        "sysctl -w net.ipv4.ip_forward=0",
+    );
+}
+
+#[test]
+fn copy_with_intercept_unreachable_at_start_is_one_line() {
+    let t = TLab::new("cptrunr");
+    let rule = format!("8080-{TARGET}:8080");
+    let ia = t.intercept_addr();
+    let cap = t.l.capture_if();
+    let o = run_limited(
+        t.l.online.command(&[
+            tcpkit(),
+            "copy",
+            "--transparent",
+            "-x",
+            &rule,
+            "--intercept",
+            &ia,
+            "-i",
+            &cap,
+        ]),
+        Duration::from_secs(10),
+    );
+    one_line_failure(
+        &o,
+        &format!("tcpkit copy: intercept {ia} unreachable: "),
+        "refused",
+    );
+}
