@@ -4,6 +4,8 @@
 //! over a management link of its own, so the target needs no forwarding.
 
 mod copy_common;
+#[path = "common/schema.rs"]
+mod schema;
 
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
@@ -258,8 +260,48 @@ fn transparent_http_target_sees_the_clients_with_loss_under_a_thousandth_and_not
             assert!(!l.contains(&format!(" {bad}.")), "{l}");
         }
     }
+    // intercept's report, against its committed schema.
     let ilog = icp.log();
-    assert!(ilog.contains("\"copies_connected\": 1"), "{ilog}");
+    let (a, b) = (ilog.find('{').unwrap(), ilog.rfind('}').unwrap());
+    let ir: Value = serde_json::from_str(&ilog[a..=b]).unwrap_or_else(|e| panic!("{e}: {ilog}"));
+    schema::check(&schema::load("intercept"), &ir, "intercept");
+    assert_eq!(u(&ir, "copies_connected"), 1, "{ir:#}");
+    assert!(
+        u(&ir, "sent") >= u(&r, "transparent.answers_received"),
+        "{ir:#}"
+    );
+    assert_eq!(ir["failure"], Value::Null);
+}
+
+#[test]
+fn transparent_n3_copies_each_session_three_times_on_distinct_ports() {
+    let mut t = TLab::new("cptrn3");
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let c = t.copy(&["--duration", "2.5", "-n", "3"]);
+    let clients = t.l.clients.clone();
+    load(&clients, "100", "1.5", Some("1"));
+    let r = copy_done(c);
+    let online = lines(&on_log);
+    let target = lines(&tg_log);
+    eprintln!("-n 3: online {} target {}", online.len(), target.len());
+    assert!(online.len() >= 100, "{}", online.len());
+    assert_eq!(target.len(), 3 * online.len(), "{r:#}");
+    // Every copy of a session had its own 4-tuple: the ports at the target are distinct.
+    let mut ports: Vec<&str> = target
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    assert_eq!(ports.len(), target.len(), "{r:#}");
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    assert_eq!(u(&r, "sessions.copies"), 3 * u(&r, "sessions.selected"));
 }
 
 #[test]
