@@ -205,10 +205,13 @@ impl CopyLab {
         let mut argv = vec![tcpkit(), "load", &t];
         argv.extend_from_slice(args);
         let o = self.client(&argv);
+        // The load is only traffic for the copy to see: a load that fell behind its rate on a
+        // busy machine (exit 1, "asked rate not met") still made the requests it reports.
+        let err = String::from_utf8_lossy(&o.stderr);
         assert!(
-            o.status.success(),
-            "load failed: {}",
-            String::from_utf8_lossy(&o.stderr)
+            o.status.success()
+                || (o.status.code() == Some(1) && err.contains("asked rate not met")),
+            "load failed: {err}"
         );
         o
     }
