@@ -11,9 +11,15 @@
 //! - [`intercept`]: `tcpkit intercept`, which catches the target's answers on the assistant.
 //! - [`relay`]: relay mode, live or from a file: sessions replayed over ordinary TCP
 //!   connections to the target, paced like the clients, with the report.
+//! - [`diff`]: `--diff`, the target's answers compared with the original server's.
+//! - [`metrics`]: `--metrics`, the live counters for Prometheus over HTTP.
+//! - [`check`]: `copy --check`, what usually breaks a copy setup, verified with its fix.
 
+pub mod check;
 pub mod control;
+pub mod diff;
 pub mod intercept;
+pub mod metrics;
 pub mod proxy;
 pub mod reasm;
 pub mod relay;

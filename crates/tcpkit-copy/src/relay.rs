@@ -27,6 +27,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -41,6 +42,7 @@ use tcpkit_pcap::{CaptureFile, PcapError};
 use tcpkit_stats::{CopyReport, Histogram};
 use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
 
+use crate::diff::{ConnMeta, DiffConfig, DiffConn, Differ, OrigSide};
 use crate::reasm::{CloseKind, Dir, Event, SessionId, Tracker, TrackerConfig};
 use crate::rules::{self, Rule};
 use crate::sample::Sampler;
@@ -62,6 +64,8 @@ pub struct RelayConfig {
     pub max_memory: usize,
     /// How long a connect (with its retries) or an awaited answer may take.
     pub timeout_ns: u64,
+    /// `--diff`: compare the target's answers with the original ones.
+    pub diff: Option<DiffConfig>,
 }
 
 /// Where frames come from.
@@ -114,6 +118,11 @@ pub struct Live {
     pub requests_answered: AtomicU64,
     pub kernel_drops: AtomicU64,
     pub held_bytes: AtomicU64,
+    pub bytes_copied: AtomicU64,
+    pub bytes_answered: AtomicU64,
+    pub diff_compared: AtomicU64,
+    pub diff_equal: AtomicU64,
+    pub diff_different: AtomicU64,
 }
 
 impl Live {
@@ -212,6 +221,8 @@ struct Conn {
     /// What the end will count as once the connection is closed.
     ending: Outcome,
     timer_at: u64,
+    /// `--diff`: this copy's answers, paired with the original ones.
+    diff: Option<Box<DiffConn>>,
 }
 
 /// A session being copied, on the capture side.
@@ -228,6 +239,8 @@ struct Sess {
     requests: u64,
     last_client_ts: u64,
     last_server_ts: Option<u64>,
+    /// `--diff`: the original server's answers, cut at request starts.
+    diff: Option<OrigSide>,
 }
 
 #[derive(Debug, Default)]
@@ -288,6 +301,7 @@ struct Relay<'a> {
     speed: f64,
     /// Think times are capped at this (offline `--max-idle`), like the gaps between frames.
     max_think_ns: u64,
+    differ: Option<Differ>,
 }
 
 impl<'a> Relay<'a> {
@@ -310,6 +324,12 @@ impl<'a> Relay<'a> {
             target_lat: Histogram::new(),
             speed,
             max_think_ns,
+            differ: cfg
+                .diff
+                .clone()
+                .map(Differ::new)
+                .transpose()
+                .map_err(io_err("create the --diff-out file"))?,
         })
     }
 
@@ -374,9 +394,18 @@ impl<'a> Relay<'a> {
         }
         s.selected += 1;
         let mut conns = Vec::with_capacity(self.cfg.copies as usize);
-        for _ in 0..self.cfg.copies {
+        for copy in 1..=self.cfg.copies {
             let idx = self.new_conn(rule.target, client, server, now);
             conns.push((idx, self.gens[idx]));
+            if let (Some(d), Some(c)) = (self.differ.as_ref(), self.conns[idx].as_mut()) {
+                c.diff = Some(Box::new(d.conn(ConnMeta {
+                    session: id.0,
+                    copy,
+                    client,
+                    server,
+                    target: rule.target,
+                })));
+            }
         }
         self.sessions.insert(
             id,
@@ -389,6 +418,7 @@ impl<'a> Relay<'a> {
                 requests: 0,
                 last_client_ts: 0,
                 last_server_ts: None,
+                diff: self.differ.as_ref().map(|d| d.original(syn_seen)),
             },
         );
         for i in 0..self.cfg.copies as usize {
@@ -418,15 +448,22 @@ impl<'a> Relay<'a> {
                 }
                 s.server_turn = true;
                 s.last_server_ts = Some(ts);
+                if let Some(d) = s.diff.as_mut() {
+                    d.server_bytes(bytes);
+                }
             }
             Dir::ClientToServer => {
                 if s.skipping {
                     self.report.requests.bytes_skipped_joining += bytes.len() as u64;
                     return;
                 }
+                let mut answer = None;
                 let start = if s.in_request {
                     None
                 } else {
+                    if let (Some(d), Some(df)) = (s.diff.as_mut(), self.differ.as_ref()) {
+                        answer = d.request_starts(df, bytes);
+                    }
                     let r = ReqStart {
                         think_ns: s
                             .last_server_ts
@@ -444,7 +481,8 @@ impl<'a> Relay<'a> {
                 // One copy out of the reassembler's shared block, shared by the -n copies.
                 let data = Bytes::copy_from_slice(bytes);
                 let conns = s.conns.clone();
-                let over = self.held + data.len() * conns.len() + tracker_mem as usize
+                let diff_held = self.differ.as_ref().map_or(0, Differ::held_bytes);
+                let over = self.held + data.len() * conns.len() + tracker_mem as usize + diff_held
                     > self.cfg.max_memory;
                 if over {
                     self.shed_session(id, now);
@@ -452,6 +490,14 @@ impl<'a> Relay<'a> {
                 }
                 for (idx, gen) in conns {
                     if let Some(c) = self.conn_mut(idx, gen) {
+                        if let Some(d) = c.diff.as_mut() {
+                            if let Some((k, r)) = &answer {
+                                d.original(*k, Rc::clone(r));
+                            }
+                            if start.is_some() {
+                                d.request_queued(&data);
+                            }
+                        }
                         c.queue.push_back(Item::Data {
                             bytes: data.clone(),
                             start,
@@ -461,7 +507,7 @@ impl<'a> Relay<'a> {
                         self.pump(idx, now);
                     }
                 }
-                let peak = self.held as u64 + tracker_mem;
+                let peak = (self.held + diff_held) as u64 + tracker_mem;
                 let m = &mut self.report.memory;
                 m.peak_held_bytes = m.peak_held_bytes.max(peak);
             }
@@ -483,8 +529,12 @@ impl<'a> Relay<'a> {
         }
         // Wait for the target's answer to the last request if the server answered it.
         let wait_answer = s.server_turn && s.requests > 0;
+        let answer = s.diff.and_then(OrigSide::close);
         for (idx, gen) in s.conns {
             if let Some(c) = self.conn_mut(idx, gen) {
+                if let (Some(d), Some((k, r))) = (c.diff.as_mut(), &answer) {
+                    d.original(*k, Rc::clone(r));
+                }
                 c.queue.push_back(Item::End { wait_answer, lost });
                 self.pump(idx, now);
             }
@@ -551,6 +601,7 @@ impl<'a> Relay<'a> {
             close_deadline: 0,
             ending: Outcome::Completed,
             timer_at: 0,
+            diff: None,
         });
         self.report.sessions.copies += 1;
         self.open += 1;
@@ -667,6 +718,9 @@ impl<'a> Relay<'a> {
         if let Some(mut s) = c.sock.take() {
             let _ = self.poll.registry().deregister(&mut s);
         }
+        if let (Some(d), Some(df)) = (c.diff.take(), self.differ.as_mut()) {
+            d.closed(df, how == Outcome::Completed);
+        }
         self.held -= c.held;
         self.open -= 1;
         self.free.push(idx);
@@ -712,6 +766,9 @@ impl<'a> Relay<'a> {
                 }
                 Ok(n) => {
                     self.report.requests.bytes_answered += n as u64;
+                    if let Some(d) = c.diff.as_mut() {
+                        d.target_bytes(&self.scratch[..n]);
+                    }
                     if c.unanswered > 0 {
                         self.target_lat.record(now.saturating_sub(c.last_write_ns));
                         // Waiting, one request is outstanding; with --no-wait an answer
@@ -790,6 +847,15 @@ impl<'a> Relay<'a> {
                                 }
                                 return;
                             }
+                            // --diff: an answer arriving in pieces is not cut by the next
+                            // request (bounded by a short silence).
+                            if c.diff.as_ref().is_some_and(|d| !d.answer_whole()) {
+                                let at = c.last_rx_ns + crate::diff::SETTLE_NS;
+                                if now < at {
+                                    self.arm(idx, at);
+                                    return;
+                                }
+                            }
                             let at = c.last_rx_ns + (r.think_ns as f64 / speed) as u64;
                             if now < at {
                                 self.arm(idx, at);
@@ -800,6 +866,9 @@ impl<'a> Relay<'a> {
                         c.answered = false;
                         c.unanswered += 1;
                         self.report.requests.copied += 1;
+                        if let (Some(d), Some(df)) = (c.diff.as_deref_mut(), self.differ.as_mut()) {
+                            d.request_sent(df);
+                        }
                     }
                     let Some(s) = c.sock.as_mut() else { return };
                     match s.write(&bytes[c.off..]) {
@@ -905,6 +974,13 @@ impl<'a> Relay<'a> {
         st(&live.requests_answered, self.report.requests.answered);
         st(&live.held_bytes, self.held as u64);
         st(&live.kernel_drops, self.report.capture.kernel_drops);
+        st(&live.bytes_copied, self.report.requests.bytes_copied);
+        st(&live.bytes_answered, self.report.requests.bytes_answered);
+        if let Some(d) = self.differ.as_ref().map(Differ::stats) {
+            st(&live.diff_compared, d.compared);
+            st(&live.diff_equal, d.equal);
+            st(&live.diff_different, d.different);
+        }
     }
 
     /// After the input ended: lets the connections finish (each waits at most `--timeout`
@@ -954,6 +1030,7 @@ impl<'a> Relay<'a> {
         r.latency.target = self.target_lat.percentiles();
         r.memory.limit_bytes = self.cfg.max_memory as u64;
         r.memory.rss_bytes = rss_bytes();
+        r.diff = self.differ.as_mut().map(Differ::finish);
         r.finish();
         r
     }

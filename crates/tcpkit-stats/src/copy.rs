@@ -37,6 +37,8 @@ pub struct CopyReport {
     pub memory: MemoryStats,
     /// The nice value the copy ran at (`--nice`).
     pub nice: i32,
+    /// `--diff`: the target's answers compared with the original server's (absent without it).
+    pub diff: Option<DiffStats>,
     /// Transparent mode's own figures (absent in relay mode, and then not in the JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transparent: Option<TransparentStats>,
@@ -165,6 +167,30 @@ pub struct MemoryStats {
     pub peak_held_bytes: u64,
 }
 
+/// `--diff`: per request, the target's answer against the original one.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DiffStats {
+    /// `bytes` or `http` (`--diff-mode`).
+    pub mode: String,
+    /// Pairs of answers compared.
+    pub compared: u64,
+    pub equal: u64,
+    pub different: u64,
+    /// Of the compared, those with a body over `cap_bytes`, compared by length and hash
+    /// (`--diff-ignore` does not apply to such a body).
+    pub compared_by_hash: u64,
+    /// Body bytes kept per answer.
+    pub cap_bytes: u64,
+    /// Requests sent whose answer was cut by a failed copy or the end of the run.
+    pub not_compared: u64,
+    /// Differences written to `out` (at most `--diff-max`).
+    pub written: u64,
+    /// `--diff-out`.
+    pub out: Option<String>,
+    /// Why writing `out` stopped, if it did (the comparisons went on).
+    pub write_error: Option<String>,
+}
+
 fn pct(v: f64) -> String {
     format!("{v:.3} %")
 }
@@ -275,6 +301,24 @@ impl CopyReport {
             bytes(self.memory.limit_bytes),
             self.nice
         );
+        if let Some(d) = &self.diff {
+            let _ = writeln!(
+                s,
+                "Diff ({}): {} compared, {} equal, {} different ({} written{}), {} over {} compared by length and hash, {} not compared",
+                d.mode,
+                d.compared,
+                d.equal,
+                d.different,
+                d.written,
+                d.out.as_ref().map(|o| format!(" to {o}")).unwrap_or_default(),
+                d.compared_by_hash,
+                bytes(d.cap_bytes),
+                d.not_compared
+            );
+            if let Some(e) = &d.write_error {
+                let _ = writeln!(s, "Diff: writing the differences stopped: {e}");
+            }
+        }
         if let Some(t) = &self.transparent {
             let _ = writeln!(
                 s,
@@ -394,6 +438,7 @@ mod tests {
                 peak_held_bytes: 2048,
             },
             nice: 10,
+            diff: None,
             transparent: None,
             failure: None,
         };
@@ -429,6 +474,29 @@ mod tests {
              99.900%           900.0 us       0.0 us\n  \
              100.000%          12.50 ms       0.0 us\n"
         );
+    }
+
+    #[test]
+    fn diff_line_only_with_diff() {
+        let mut r = sample();
+        r.diff = Some(DiffStats {
+            mode: "http".into(),
+            compared: 100,
+            equal: 97,
+            different: 3,
+            compared_by_hash: 1,
+            cap_bytes: 64 << 10,
+            not_compared: 2,
+            written: 3,
+            out: Some("d.jsonl".into()),
+            write_error: None,
+        });
+        let h = r.human();
+        assert!(
+            h.contains("\nDiff (http): 100 compared, 97 equal, 3 different (3 written to d.jsonl), 1 over 64.0 KiB compared by length and hash, 2 not compared\n  Latency"),
+            "{h}"
+        );
+        assert!(!sample().human().contains("Diff"));
     }
 
     #[test]

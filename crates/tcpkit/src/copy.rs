@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use tcpkit_copy::diff::{self, DiffConfig, DiffMode};
+use tcpkit_copy::metrics;
 use tcpkit_copy::relay::{self, Input, Live, RelayConfig};
 use tcpkit_copy::rules;
 use tcpkit_copy::sample::Sampler;
@@ -132,6 +134,45 @@ pub struct Args {
         requires = "transparent"
     )]
     pub client_addr: Option<String>,
+
+    /// Compare each request's answer from the target with the original server's (from the
+    /// capture) and count equal and different answers. Each next request then waits until
+    /// the target's answer looks whole (or 50 ms of silence). Not with --no-wait.
+    #[arg(long)]
+    pub diff: bool,
+
+    /// What --diff compares: `bytes` (every byte) or `http` (status line, headers as a set,
+    /// de-chunked body of HTTP/1.x answers; anything else as bytes).
+    #[arg(long, value_name = "MODE", default_value = "bytes", requires = "diff")]
+    pub diff_mode: String,
+
+    /// A regular expression for what legitimately differs (repeatable). Bytes mode: every
+    /// match is removed from both answers before comparing (^ and $ match at line starts and
+    /// ends). http mode: header lines it matches (e.g. '^Date:') are left out of both.
+    #[arg(long, value_name = "REGEX", requires = "diff")]
+    pub diff_ignore: Vec<String>,
+
+    /// Write the first differences, one JSON object per line with both answers (escaped) and
+    /// the session and request ids, to FILE.
+    #[arg(long, value_name = "FILE", requires = "diff")]
+    pub diff_out: Option<PathBuf>,
+
+    /// With --diff-out: write at most N differences (all are counted).
+    #[arg(long, value_name = "N", default_value_t = 100, requires = "diff_out")]
+    pub diff_max: u64,
+
+    /// Serve the live counters (sessions, requests, bytes, loss ratio, capture drops,
+    /// memory) in Prometheus' text format at http://ADDR/metrics while copying, e.g.
+    /// 127.0.0.1:9100.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+
+    /// Verify, without copying, what usually breaks a copy setup with these same flags
+    /// (capture permission and interface, each target reachable, conntrack headroom, the
+    /// memory limit, --diff-out, --metrics) and print one OK/FAIL line per check with the
+    /// fix. Exit status 0 when all are OK, 1 otherwise.
+    #[arg(long)]
+    pub check: bool,
 }
 
 /// How the run is shown and bounded, beside what the relay does.
@@ -142,6 +183,10 @@ pub struct Run {
     pub stats: Option<Duration>,
     pub json: bool,
     pub nice: i32,
+    /// `--metrics`.
+    pub metrics: Option<SocketAddr>,
+    /// `--check`: verify the setup instead of copying.
+    pub check: bool,
     /// `--transparent`: how copies reach the target and its answers come back.
     pub transparent: Option<TransparentConfig>,
 }
@@ -160,6 +205,7 @@ fn resolve_transparent(
             a.proxy_protocol,
             "--proxy-protocol (the target sees the client itself)",
         ),
+        (a.diff, "--diff (answers' payload is not carried back yet)"),
     ];
     if let Some((_, what)) = conflicts.iter().find(|(on, _)| *on) {
         return Err(usage(format!("--transparent cannot be used with {what}")));
@@ -303,6 +349,40 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
             }
         }
     };
+    let diff = if a.diff {
+        if a.no_wait {
+            return Err(usage(
+                "--diff with --no-wait: answers are paired with requests by waiting for each"
+                    .into(),
+            ));
+        }
+        let mode = match a.diff_mode.as_str() {
+            "bytes" => DiffMode::Bytes,
+            "http" => DiffMode::Http,
+            m => return Err(usage(format!("--diff-mode '{m}': expected bytes or http"))),
+        };
+        let ignore = a
+            .diff_ignore
+            .iter()
+            .map(|p| {
+                diff::ignore_pattern(p).map_err(|e| {
+                    let why = e.to_string().replace('\n', " ");
+                    usage(format!(
+                        "--diff-ignore '{p}': {}",
+                        why.split_whitespace().collect::<Vec<_>>().join(" ")
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Some(DiffConfig {
+            mode,
+            ignore,
+            max_written: a.diff_max,
+            out: a.diff_out.clone(),
+        })
+    } else {
+        None
+    };
     let cfg = RelayConfig {
         rules,
         copies: a.copies,
@@ -315,6 +395,7 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
         only_full: a.only_full,
         max_memory: usize::try_from(max_memory).unwrap_or(usize::MAX),
         timeout_ns: timeout.as_nanos() as u64,
+        diff,
     };
     let run = Run {
         input,
@@ -326,9 +407,41 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
             .filter(|d| !d.is_zero()),
         json: a.json,
         nice: a.nice,
+        metrics: a
+            .metrics
+            .as_deref()
+            .map(|m| {
+                m.parse::<SocketAddr>().map_err(|_| {
+                    usage(format!(
+                        "--metrics '{m}': expected IP:PORT, e.g. 127.0.0.1:9100 or [::1]:9100"
+                    ))
+                })
+            })
+            .transpose()?,
+        check: a.check,
         transparent: resolve_transparent(a, &cfg.rules)?,
     };
     Ok((cfg, run))
+}
+
+/// `--check`: one line per check (or a JSON array with --json); exit 1 when one failed.
+fn check(cfg: &RelayConfig, run: &Run) -> Result<(), Failure> {
+    let checks = tcpkit_copy::check::run(cfg, &run.input, run.metrics);
+    if run.json {
+        print(&(tcpkit_copy::check::json(&checks) + "\n"));
+    } else {
+        let text: String = checks.iter().map(|c| c.line() + "\n").collect();
+        print(&text);
+    }
+    let failed = checks.iter().filter(|c| !c.ok).count();
+    if failed == 0 {
+        Ok(())
+    } else {
+        Err(Failure::Runtime(format!(
+            "--check: {failed} of {} checks failed",
+            checks.len()
+        )))
+    }
 }
 
 /// Lowers the process's priority by `by`; returns the nice value it runs at.
@@ -351,8 +464,23 @@ fn print(text: &str) {
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let (cfg, run) = resolve(&args)?;
-    let nice = lower_priority(run.nice);
+    if run.check {
+        return check(&cfg, &run);
+    }
     let live = Arc::new(Live::default());
+    // Serves until this function returns, so the final counters can still be scraped.
+    let _metrics = run
+        .metrics
+        .map(|addr| {
+            let info = metrics::Info {
+                limit_bytes: cfg.max_memory as u64,
+                diff: cfg.diff.is_some(),
+            };
+            metrics::start(addr, Arc::clone(&live), info)
+                .map_err(|e| Failure::Runtime(format!("--metrics {addr}: {e}")))
+        })
+        .transpose()?;
+    let nice = lower_priority(run.nice);
     let mut monitor = {
         let live = Arc::clone(&live);
         Monitor::start(
@@ -628,5 +756,81 @@ mod transparent_flags {
             "--proxy-protocol"
         ])
         .contains("--proxy-protocol"));
+        assert!(e(&["--transparent", "--intercept", "1.2.3.4", "--diff"]).contains("--diff"));
+    }
+}
+
+#[cfg(test)]
+mod diff_metrics_check_flags {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<(RelayConfig, Run), String> {
+        let mut v = vec!["copy", "-x", "80-198.18.2.2:8080"];
+        v.extend_from_slice(args);
+        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
+        resolve(&a).map_err(|f| match f {
+            Failure::Usage(m) | Failure::Runtime(m) => m,
+        })
+    }
+
+    #[test]
+    fn off_by_default() {
+        let (c, r) = parse(&[]).unwrap();
+        assert_eq!(c.diff, None);
+        assert_eq!((r.metrics, r.check), (None, false));
+    }
+
+    #[test]
+    fn every_diff_flag_parses() {
+        let (c, _) = parse(&["--diff"]).unwrap();
+        let d = c.diff.unwrap();
+        assert_eq!((d.mode, d.max_written, d.out), (DiffMode::Bytes, 100, None));
+        assert!(d.ignore.is_empty());
+        let (c, _) = parse(&[
+            "--diff",
+            "--diff-mode",
+            "http",
+            "--diff-ignore",
+            "^Date:",
+            "--diff-ignore",
+            "(?i)^x-request-id:",
+            "--diff-out",
+            "d.jsonl",
+            "--diff-max",
+            "7",
+        ])
+        .unwrap();
+        let d = c.diff.unwrap();
+        assert_eq!(d.mode, DiffMode::Http);
+        let pats: Vec<&str> = d.ignore.iter().map(|r| r.as_str()).collect();
+        assert_eq!(pats, ["^Date:", "(?i)^x-request-id:"]);
+        assert_eq!(d.out, Some(PathBuf::from("d.jsonl")));
+        assert_eq!(d.max_written, 7);
+    }
+
+    #[test]
+    fn bad_diff_flags_say_which() {
+        let e = |args: &[&str]| parse(args).unwrap_err();
+        assert!(e(&["--diff-mode", "http"]).contains("--diff"));
+        assert!(e(&["--diff-ignore", "x"]).contains("--diff"));
+        assert!(e(&["--diff-out", "f"]).contains("--diff"));
+        assert!(e(&["--diff", "--diff-max", "3"]).contains("--diff-out"));
+        assert!(e(&["--diff", "--diff-mode", "xml"])
+            .contains("--diff-mode 'xml': expected bytes or http"));
+        let m = e(&["--diff", "--diff-ignore", "("]);
+        assert!(m.starts_with("--diff-ignore '(': "), "{m}");
+        assert!(!m.contains('\n'), "one line: {m}");
+        assert!(e(&["--diff", "--no-wait"]).contains("--diff with --no-wait"));
+    }
+
+    #[test]
+    fn metrics_and_check_parse() {
+        let (_, r) = parse(&["--metrics", "127.0.0.1:9100", "--check"]).unwrap();
+        assert_eq!(r.metrics, Some("127.0.0.1:9100".parse().unwrap()));
+        assert!(r.check);
+        let (_, r) = parse(&["--metrics", "[::1]:0"]).unwrap();
+        assert_eq!(r.metrics, Some("[::1]:0".parse().unwrap()));
+        let m = parse(&["--metrics", "9100"]).unwrap_err();
+        assert!(m.contains("--metrics '9100': expected IP:PORT"), "{m}");
     }
 }

@@ -1,0 +1,373 @@
+//! `tcpkit copy --check`: what usually breaks a copy setup, verified before copying, each with
+//! the way to fix it. The checks do what the run would do (open the same capture with the
+//! same filter, connect to each target) rather than guess from configuration, so an OK means
+//! the run gets past that point.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
+use tcpkit_pcap::CaptureFile;
+
+use crate::relay::{Input, RelayConfig};
+use crate::rules;
+
+/// One check's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// What was checked, e.g. `target 10.0.1.5:8080`.
+    pub name: String,
+    pub ok: bool,
+    /// What was found.
+    pub detail: String,
+    /// How to fix it (failed checks only).
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn ok(name: impl Into<String>, detail: impl Into<String>) -> Check {
+        Check {
+            name: name.into(),
+            ok: true,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    fn fail(name: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check {
+            name: name.into(),
+            ok: false,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    /// `OK   name: detail` or `FAIL name: detail; fix: how`.
+    pub fn line(&self) -> String {
+        match &self.fix {
+            Some(f) if !self.ok => format!("FAIL {}: {}; fix: {}", self.name, self.detail, f),
+            _ => format!("OK   {}: {}", self.name, self.detail),
+        }
+    }
+}
+
+/// Every check for a relay run with this configuration, in the order a run meets them.
+pub fn run(cfg: &RelayConfig, input: &Input, metrics: Option<SocketAddr>) -> Vec<Check> {
+    let mut out = vec![match input {
+        Input::Live { ifname } => capture(ifname, &rules::capture_filter(&cfg.rules)),
+        Input::File { path, .. } => file(path),
+    }];
+    let mut targets: Vec<SocketAddr> = cfg.rules.iter().map(|r| r.target).collect();
+    targets.sort();
+    targets.dedup();
+    let wait = Duration::from_nanos(cfg.timeout_ns).min(Duration::from_secs(3));
+    out.extend(targets.into_iter().map(|t| target(t, wait)));
+    out.push(conntrack(Path::new("/proc/sys/net/netfilter")));
+    out.push(memory(
+        cfg.max_memory as u64,
+        mem_available(),
+        cgroup_limit(),
+    ));
+    if let Some(d) = cfg.diff.as_ref().and_then(|d| d.out.as_deref()) {
+        out.push(diff_out(d));
+    }
+    if let Some(a) = metrics {
+        out.push(metrics_addr(a));
+    }
+    out
+}
+
+/// Opens the capture the run would open: privilege, interface and filter in one go.
+pub fn capture(ifname: &str, filter: &str) -> Check {
+    let name = format!("capture on {ifname}");
+    let opts = CaptureOpts {
+        filter: Some(filter.to_string()),
+        ..CaptureOpts::default()
+    };
+    match Capture::open(ifname, &opts) {
+        Ok(c) => {
+            drop(c);
+            Check::ok(
+                name,
+                format!("packet socket, ring and filter '{filter}' in place"),
+            )
+        }
+        Err(CaptureError::NoSuchInterface { .. }) => Check::fail(
+            name,
+            "no such interface in this network namespace",
+            "pick one from `ip -br link` (the one production traffic arrives on), or -i any",
+        ),
+        Err(e @ CaptureError::Sys { .. })
+            if matches!(
+                std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<io::Error>())
+                    .and_then(io::Error::raw_os_error),
+                Some(libc::EPERM | libc::EACCES)
+            ) =>
+        {
+            Check::fail(
+                name,
+                "no permission to capture (needs CAP_NET_RAW)",
+                "run as root, or `setcap cap_net_raw,cap_net_admin+ep $(command -v tcpkit)`",
+            )
+        }
+        Err(e) => Check::fail(
+            name,
+            chain(&e),
+            "see the reason; a capture needs CAP_NET_RAW and an interface that is up",
+        ),
+    }
+}
+
+fn file(path: &Path) -> Check {
+    let name = format!("input {}", path.display());
+    match CaptureFile::open(path) {
+        Ok(f) => Check::ok(
+            name,
+            format!("{:?}, {} bytes", f.format(), f.len_bytes()).to_lowercase(),
+        ),
+        Err(e) => Check::fail(
+            name,
+            chain(&e),
+            "give a readable pcap or pcapng file (tcpdump -w writes one)",
+        ),
+    }
+}
+
+/// A plain TCP connect, as each copy makes.
+pub fn target(t: SocketAddr, wait: Duration) -> Check {
+    let name = format!("target {t}");
+    let start = Instant::now();
+    match TcpStream::connect_timeout(&t, wait) {
+        Ok(_) => Check::ok(
+            name,
+            format!("connected in {:.1} ms", start.elapsed().as_secs_f64() * 1e3),
+        ),
+        Err(e) => {
+            let fix = match e.raw_os_error() {
+                Some(libc::ECONNREFUSED) => {
+                    "nothing listens there: start the server on the target, or correct the -x rule's address and port"
+                }
+                Some(libc::ENETUNREACH | libc::EHOSTUNREACH) => {
+                    "no route from this host: `ip route get` the target's address, add a route or fix the address"
+                }
+                _ if e.kind() == io::ErrorKind::TimedOut => {
+                    "no answer to the SYN: a firewall or security group drops it, or the host is down; allow this host to reach the port"
+                }
+                _ => "see the reason; the copy connects to the target like any client",
+            };
+            Check::fail(name, format!("connect: {e}"), fix)
+        }
+    }
+}
+
+fn read_u64(p: &Path) -> Option<u64> {
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+/// Connections to the target are tracked by this host's conntrack when it is loaded; a full
+/// table drops new ones, production's included.
+pub fn conntrack(dir: &Path) -> Check {
+    let name = "conntrack";
+    let (Some(count), Some(max)) = (
+        read_u64(&dir.join("nf_conntrack_count")),
+        read_u64(&dir.join("nf_conntrack_max")),
+    ) else {
+        return Check::ok(name, "nf_conntrack not loaded here: no table to fill");
+    };
+    let detail = format!("{count} of {max} entries in use");
+    if max == 0 || count.saturating_mul(5) >= max.saturating_mul(4) {
+        Check::fail(
+            name,
+            format!("{detail}: under 20 % headroom, and every copy adds an entry"),
+            format!(
+                "sysctl -w net.netfilter.nf_conntrack_max={}",
+                (max.max(count) * 2).max(65536)
+            ),
+        )
+    } else {
+        Check::ok(name, detail)
+    }
+}
+
+fn meminfo(key: &str) -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let l = m.lines().find(|l| l.starts_with(key))?;
+    l.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|k| k * 1024)
+}
+
+fn mem_available() -> u64 {
+    meminfo("MemAvailable:").unwrap_or(u64::MAX)
+}
+
+/// The memory.max of this process's cgroup (v2), when it has one.
+fn cgroup_limit() -> Option<u64> {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = cg.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let max = std::fs::read_to_string(format!("/sys/fs/cgroup{path}/memory.max")).ok()?;
+    max.trim().parse().ok()
+}
+
+/// `--max-memory` must fit in what the host (and the cgroup) can give, or the kernel kills
+/// the copy before it sheds sessions.
+pub fn memory(limit: u64, available: u64, cgroup: Option<u64>) -> Check {
+    let name = "memory limit";
+    let room = cgroup.map_or(available, |c| c.min(available));
+    let mib = |b: u64| b >> 20;
+    let detail = format!(
+        "--max-memory {} MiB, {} MiB available{}",
+        mib(limit),
+        mib(available),
+        cgroup.map_or(String::new(), |c| format!(", cgroup limit {} MiB", mib(c)))
+    );
+    // Buffers are not the whole process: leave a quarter for the rest of it.
+    if limit.saturating_mul(4) > room.saturating_mul(3) {
+        Check::fail(
+            name,
+            format!("{detail}: over three quarters of it"),
+            format!("--max-memory {}M", (mib(room) / 2).max(1)),
+        )
+    } else {
+        Check::ok(name, detail)
+    }
+}
+
+fn diff_out(p: &Path) -> Check {
+    let name = format!("--diff-out {}", p.display());
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    // SAFETY: a valid NUL-terminated path for the duration of the call.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0 {
+        Check::ok(name, "its directory is writable")
+    } else {
+        let e = io::Error::last_os_error();
+        Check::fail(
+            name,
+            format!("{}: {e}", dir.display()),
+            "choose a file in a directory that exists and this user can write",
+        )
+    }
+}
+
+fn metrics_addr(a: SocketAddr) -> Check {
+    let name = format!("--metrics {a}");
+    match TcpListener::bind(a) {
+        Ok(_) => Check::ok(name, "address free"),
+        Err(e) => Check::fail(
+            name,
+            format!("bind: {e}"),
+            "choose a free port (`ss -ltn` lists those in use) and an address of this host",
+        ),
+    }
+}
+
+/// The checks as a JSON array of {name, ok, detail, fix}.
+pub fn json(checks: &[Check]) -> String {
+    serde_json::to_string_pretty(checks).unwrap_or_else(|_| "[]".into())
+}
+
+/// An error and its sources on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_say_ok_or_fail_with_the_fix() {
+        assert_eq!(Check::ok("a", "b").line(), "OK   a: b");
+        assert_eq!(Check::fail("a", "b", "c").line(), "FAIL a: b; fix: c");
+    }
+
+    #[test]
+    fn a_refused_target_says_to_start_the_server() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
+        assert!(target(a, Duration::from_secs(1)).ok);
+        drop(l);
+        let c = target(a, Duration::from_secs(1));
+        assert!(!c.ok);
+        assert!(c.line().contains("start the server"), "{}", c.line());
+    }
+
+    #[test]
+    fn conntrack_headroom() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(conntrack(d.path()).ok);
+        std::fs::write(d.path().join("nf_conntrack_count"), "100\n").unwrap();
+        std::fs::write(d.path().join("nf_conntrack_max"), "1000\n").unwrap();
+        assert!(conntrack(d.path()).ok);
+        std::fs::write(d.path().join("nf_conntrack_count"), "900\n").unwrap();
+        let c = conntrack(d.path());
+        assert!(!c.ok);
+        assert!(c.line().contains("nf_conntrack_max=65536"), "{}", c.line());
+    }
+
+    #[test]
+    fn memory_limit_against_the_host_and_cgroup() {
+        let g = 1u64 << 30;
+        assert!(memory(g, 8 * g, None).ok);
+        let c = memory(7 * g, 8 * g, None);
+        assert!(
+            !c.ok && c.line().ends_with("fix: --max-memory 4096M"),
+            "{}",
+            c.line()
+        );
+        let c = memory(g, 8 * g, Some(g));
+        assert!(
+            !c.ok && c.line().contains("cgroup limit 1024 MiB"),
+            "{}",
+            c.line()
+        );
+    }
+
+    #[test]
+    fn a_missing_interface_or_file_says_so() {
+        let c = capture("nosuchif0", "tcp");
+        assert!(!c.ok);
+        // Without privilege the socket fails before the interface is looked up.
+        assert!(
+            c.line().contains("ip -br link") || c.line().contains("CAP_NET_RAW"),
+            "{}",
+            c.line()
+        );
+        let c = file(Path::new("/nonexistent.pcap"));
+        assert!(
+            !c.ok && c.line().contains("/nonexistent.pcap"),
+            "{}",
+            c.line()
+        );
+    }
+
+    #[test]
+    fn diff_out_and_metrics_address() {
+        assert!(diff_out(Path::new("d.jsonl")).ok);
+        assert!(!diff_out(Path::new("/nonexistent/dir/d.jsonl")).ok);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = metrics_addr(l.local_addr().unwrap());
+        assert!(!c.ok && c.line().contains("ss -ltn"), "{}", c.line());
+    }
+}

@@ -1,0 +1,370 @@
+//! `--metrics ADDR`: the relay's live counters in Prometheus' text exposition format, served
+//! over HTTP/1.0 (`GET /metrics`) by a small responder on its own thread.
+//!
+//! The responder only reads the [`Live`] atomics the relay already publishes once per loop
+//! turn, so a scrape never touches the relay's thread. One connection is served at a time,
+//! each bounded by a short read timeout and request size: a scraper is one client, and a
+//! stuck one must not keep the thread.
+
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::relay::Live;
+
+/// Figures fixed for the run, exported beside the counters.
+#[derive(Debug, Clone, Copy)]
+pub struct Info {
+    /// `--max-memory`.
+    pub limit_bytes: u64,
+    /// `--diff` is on (its counters are exported).
+    pub diff: bool,
+}
+
+/// The running responder; stops and joins its thread on [`Metrics::stop`] or drop.
+#[derive(Debug)]
+pub struct Metrics {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Binds `addr` (the error is the caller's to report: address in use, no permission) and
+/// starts serving.
+pub fn start(addr: SocketAddr, live: Arc<Live>, info: Info) -> io::Result<Metrics> {
+    let listener = TcpListener::bind(addr)?;
+    let addr = listener.local_addr()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let started = Instant::now();
+    let thread = std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || serve(&listener, &live, info, started, &flag))?;
+    Ok(Metrics {
+        addr,
+        stop,
+        thread: Some(thread),
+    })
+}
+
+impl Metrics {
+    /// The address bound (the port chosen when ADDR said 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Waits for a connection for at most `ms` (so the stop flag is seen within that).
+fn readable(l: &TcpListener, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: l.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
+
+fn serve(l: &TcpListener, live: &Live, info: Info, started: Instant, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        if !readable(l, 200) {
+            continue;
+        }
+        if let Ok((s, _)) = l.accept() {
+            // A client that fails mid-request is its own problem; the next one is served.
+            let _ = answer(s, live, info, started);
+        }
+    }
+}
+
+fn answer(mut s: TcpStream, live: &Live, info: Info, started: Instant) -> io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+        if req.len() > 8192 {
+            respond(
+                &mut s,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request too large\n",
+            )?;
+            // Read what the client still sends, so closing does not reset the answer away.
+            s.shutdown(std::net::Shutdown::Write)?;
+            let mut left = 1 << 16;
+            while left > 0 {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left -= n.min(left),
+                }
+            }
+            return Ok(());
+        }
+    }
+    let line = req.split(|&c| c == b'\n').next().unwrap_or_default();
+    let mut parts = line.split(|&c| c == b' ');
+    let (method, path) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
+    let path = path.split(|&c| c == b'?').next().unwrap_or_default();
+    match (method, path) {
+        (b"GET", b"/metrics") => respond(
+            &mut s,
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            &exposition(live, info, started.elapsed()),
+        ),
+        (b"GET", _) => respond(&mut s, "404 Not Found", "text/plain", "try /metrics\n"),
+        _ => respond(
+            &mut s,
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET /metrics\n",
+        ),
+    }
+}
+
+fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> io::Result<()> {
+    let head = format!(
+        "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body.as_bytes())?;
+    s.flush()
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no memory effects.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    pages * page
+}
+
+/// The exposition text: one `# HELP`, `# TYPE` and sample per metric.
+pub fn exposition(live: &Live, info: Info, elapsed: Duration) -> String {
+    let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let (copied, answered) = (g(&live.requests_copied), g(&live.requests_answered));
+    let loss = if copied == 0 {
+        0.0
+    } else {
+        copied.saturating_sub(answered) as f64 / copied as f64
+    };
+    let mut m: Vec<(&str, &str, &str, String)> = vec![
+        (
+            "seconds",
+            "gauge",
+            "Seconds since the copy started.",
+            format!("{:.3}", elapsed.as_secs_f64()),
+        ),
+        (
+            "sessions_seen_total",
+            "counter",
+            "Client sessions to a copied server seen in the capture.",
+            g(&live.sessions_seen).to_string(),
+        ),
+        (
+            "copies_total",
+            "counter",
+            "Connections to the target made for selected sessions (-n per session).",
+            g(&live.copies).to_string(),
+        ),
+        (
+            "copies_open",
+            "gauge",
+            "Copies running now.",
+            g(&live.open).to_string(),
+        ),
+        (
+            "copies_completed_total",
+            "counter",
+            "Copies that sent every request, got every awaited answer and closed.",
+            g(&live.completed).to_string(),
+        ),
+        (
+            "copies_failed_total",
+            "counter",
+            "Copies that failed (refused, reset, timeout, closed early, lost capture data, shed).",
+            g(&live.failed).to_string(),
+        ),
+        (
+            "requests_copied_total",
+            "counter",
+            "Requests sent to the target.",
+            copied.to_string(),
+        ),
+        (
+            "requests_answered_total",
+            "counter",
+            "Requests the target answered.",
+            answered.to_string(),
+        ),
+        (
+            "request_loss_ratio",
+            "gauge",
+            "tcpcopy's request loss ratio: (copied - answered) / copied.",
+            format!("{loss}"),
+        ),
+        (
+            "bytes_copied_total",
+            "counter",
+            "Request bytes sent to the target.",
+            g(&live.bytes_copied).to_string(),
+        ),
+        (
+            "bytes_answered_total",
+            "counter",
+            "Bytes the target answered.",
+            g(&live.bytes_answered).to_string(),
+        ),
+        (
+            "capture_kernel_drops_total",
+            "counter",
+            "Packets the kernel dropped for want of capture ring space.",
+            g(&live.kernel_drops).to_string(),
+        ),
+        (
+            "memory_held_bytes",
+            "gauge",
+            "Request bytes waiting for the target (the figure kept under --max-memory).",
+            g(&live.held_bytes).to_string(),
+        ),
+        (
+            "memory_limit_bytes",
+            "gauge",
+            "--max-memory.",
+            info.limit_bytes.to_string(),
+        ),
+        (
+            "memory_resident_bytes",
+            "gauge",
+            "Resident set size of the copy process.",
+            rss_bytes().to_string(),
+        ),
+    ];
+    if info.diff {
+        m.push((
+            "diff_compared_total",
+            "counter",
+            "Answers compared with the original server's (--diff).",
+            g(&live.diff_compared).to_string(),
+        ));
+        m.push((
+            "diff_equal_total",
+            "counter",
+            "Answers equal to the original server's.",
+            g(&live.diff_equal).to_string(),
+        ));
+        m.push((
+            "diff_different_total",
+            "counter",
+            "Answers different from the original server's.",
+            g(&live.diff_different).to_string(),
+        ));
+    }
+    let mut s = String::with_capacity(4096);
+    for (name, ty, help, v) in m {
+        let _ = writeln!(s, "# HELP tcpkit_copy_{name} {help}\n# TYPE tcpkit_copy_{name} {ty}\ntcpkit_copy_{name} {v}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(addr: SocketAddr, req: &str) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn serves_the_counters_and_refuses_the_rest() {
+        let live = Arc::new(Live::default());
+        live.requests_copied.store(1000, Ordering::Relaxed);
+        live.requests_answered.store(999, Ordering::Relaxed);
+        let info = Info {
+            limit_bytes: 1 << 20,
+            diff: true,
+        };
+        let mut m = start("127.0.0.1:0".parse().unwrap(), Arc::clone(&live), info).unwrap();
+        let r = get(m.addr(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.0 200 OK\r\n"), "{r}");
+        assert!(r.contains("Content-Type: text/plain; version=0.0.4"));
+        assert!(
+            r.contains("\ntcpkit_copy_requests_copied_total 1000\n"),
+            "{r}"
+        );
+        assert!(
+            r.contains("\ntcpkit_copy_request_loss_ratio 0.001\n"),
+            "{r}"
+        );
+        assert!(r.contains("# TYPE tcpkit_copy_diff_equal_total counter\n"));
+        // Every sample line has a HELP and TYPE line before it, and a value that parses.
+        let body = &r[r.find("\r\n\r\n").unwrap() + 4..];
+        for l in body.lines().filter(|l| !l.starts_with('#')) {
+            let (name, v) = l.split_once(' ').unwrap();
+            assert!(v.parse::<f64>().is_ok(), "{l}");
+            assert!(body.contains(&format!("# TYPE {name} ")), "{l}");
+        }
+        assert!(get(m.addr(), "GET / HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 404"));
+        assert!(get(m.addr(), "POST /metrics HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 405"));
+        let big = format!("GET /metrics HTTP/1.0\r\nX: {}\r\n\r\n", "a".repeat(9000));
+        assert!(get(m.addr(), &big).starts_with("HTTP/1.0 431"));
+        // A client that connects and says nothing does not keep others out for long.
+        let _idle = TcpStream::connect(m.addr()).unwrap();
+        let t = Instant::now();
+        assert!(get(m.addr(), "GET /metrics HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 200"));
+        assert!(t.elapsed() < Duration::from_secs(4));
+        m.stop();
+        assert!(TcpStream::connect(m.addr()).is_err());
+    }
+
+    #[test]
+    fn an_address_in_use_is_an_error() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let e = start(
+            l.local_addr().unwrap(),
+            Arc::new(Live::default()),
+            Info {
+                limit_bytes: 0,
+                diff: false,
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+    }
+}

@@ -1,0 +1,394 @@
+//! `tcpkit copy --diff` in the copy lab: the target's nginx serves one file with a different
+//! body (found, exactly those requests), and answers whose Date differs from the capture's
+//! (ignored only when asked, in each mode); --diff-out / --diff-max; the report's schema.
+
+mod copy_common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use copy_common::*;
+use serde_json::Value;
+use tcpkit_wire::tcp::{Flags, Options, Segment};
+
+/// Same length on both servers, different bytes: only the body differs.
+const ORIGINAL: &str = "original body\n";
+const CHANGED: &str = "changed! body\n";
+const SAME: &str = "the same on both servers\n";
+
+/// Writes `files` into the `name` nginx's root with one fixed mtime, so Last-Modified and
+/// ETag agree between the servers.
+fn serve(l: &CopyLab, name: &str, files: &[(&str, &str)]) {
+    let www = l.dir.path().join(format!("nginx-{name}/www"));
+    for (f, body) in files {
+        let p = www.join(f);
+        std::fs::write(&p, body).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+            .unwrap();
+    }
+}
+
+/// The target nginx's whole answer to GET `path`.
+fn fetch(l: &CopyLab, path: &str) -> Vec<u8> {
+    let addr: SocketAddr = format!("{TARGET}:8080").parse().unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    l.target.enter(|| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        out
+    })
+}
+
+/// `answer` with its Date value replaced by one from another day (same length).
+fn old_date(answer: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8(answer.to_vec()).unwrap();
+    let i = text.find("\r\nDate: ").expect("a Date header") + 8;
+    let j = i + text[i..].find("\r\n").unwrap();
+    assert_eq!(j - i, 29, "{text}");
+    format!("{}Sat, 01 Jan 2000 00:00:00 GMT{}", &text[..i], &text[j..]).into_bytes()
+}
+
+/// A capture of `sessions` keep-alive sessions to ONLINE:8080, each asking for each path of
+/// `gets` in turn and getting the answer beside it.
+fn capture(path: &Path, sessions: u16, gets: &[(&str, Vec<u8>)]) {
+    let server: SocketAddr = format!("{ONLINE}:8080").parse().unwrap();
+    let mut frames = Vec::new();
+    let mut buf = Vec::new();
+    for k in 0..sessions {
+        let client: SocketAddr = format!("{CLIENT}:{}", 42000 + k).parse().unwrap();
+        let mut ts = 1_700_000_000_000_000_000u64 + u64::from(k) * 1_000_000;
+        let (mut cs, mut ss) = (1u32, 9u32);
+        let mut seg = |ts: u64, fwd: bool, seq, ack, fl: u8, pl: &[u8]| {
+            let (src, dst) = if fwd {
+                (client, server)
+            } else {
+                (server, client)
+            };
+            let s = Segment {
+                src,
+                dst,
+                seq,
+                ack,
+                flags: Flags(fl),
+                window: 65535,
+                options: Options::default(),
+                payload: 0..0,
+                payload_len: 0,
+            };
+            buf.clear();
+            s.emit(pl, &mut buf).unwrap();
+            frames.push((ts, buf.clone()));
+        };
+        seg(ts, true, cs - 1, 0, 0x02, &[]);
+        seg(ts + 1000, false, ss - 1, cs, 0x12, &[]);
+        for (path, answer) in gets {
+            ts += 20_000_000;
+            let get = format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n");
+            seg(ts, true, cs, ss, 0x18, get.as_bytes());
+            cs += get.len() as u32;
+            // The answer in two segments, as nginx sends a head and a file.
+            let cut = answer.len() / 2;
+            seg(ts + 100_000, false, ss, cs, 0x18, &answer[..cut]);
+            seg(
+                ts + 150_000,
+                false,
+                ss + cut as u32,
+                cs,
+                0x18,
+                &answer[cut..],
+            );
+            ss += answer.len() as u32;
+        }
+        seg(ts + 1_000_000, true, cs, ss, 0x11, &[]);
+        seg(ts + 1_100_000, false, ss, cs + 1, 0x11, &[]);
+    }
+    frames.sort_by_key(|f| f.0);
+    let mut w = tcpkit_pcap::PcapWriter::create(path, 1, 65535, true).unwrap();
+    for (ts, f) in &frames {
+        w.write_packet(*ts, f, f.len() as u32).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+fn run(l: &CopyLab, args: &[&str]) -> std::process::Output {
+    let mut argv = vec![tcpkit(), "copy"];
+    argv.extend_from_slice(args);
+    run_limited(l.online.command(&argv), Duration::from_secs(20))
+}
+
+fn diff_of(o: &std::process::Output) -> Value {
+    assert!(
+        o.status.success(),
+        "copy failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = json(o);
+    assert_accounted(&r);
+    check_schema(&r);
+    r["diff"].clone()
+}
+
+fn counts(d: &Value) -> (u64, u64, u64) {
+    (u(d, "compared"), u(d, "equal"), u(d, "different"))
+}
+
+fn records(p: &Path) -> Vec<Value> {
+    lines(p)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_date_differs_and_is_ignored_only_when_asked_a_changed_body_is_found() {
+    let mut l = CopyLab::new("cpdiffo");
+    let (_tg, _) = l.nginx(false, Log::Peer);
+    serve(&l, "target", &[("same.txt", SAME), ("other.txt", CHANGED)]);
+    let same = fetch(&l, "/same.txt");
+    let other = fetch(&l, "/other.txt");
+    assert!(same.ends_with(SAME.as_bytes()) && other.ends_with(CHANGED.as_bytes()));
+    // The production answers, as captured: another day's Date; other.txt's body differs.
+    let orig_same = old_date(&same);
+    let mut orig_other = old_date(&other);
+    let n = orig_other.len();
+    orig_other[n - CHANGED.len()..].copy_from_slice(ORIGINAL.as_bytes());
+    // Our requests say keep-alive (no Connection: close): nginx's answers then differ from
+    // the fetched ones in that header alone, which the capture must match.
+    let ka = |a: Vec<u8>| {
+        String::from_utf8(a)
+            .unwrap()
+            .replace("Connection: close", "Connection: keep-alive")
+            .into_bytes()
+    };
+    let (orig_same, orig_other) = (ka(orig_same), ka(orig_other));
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("prod.pcap");
+    // 3 sessions x (same, other, same): 6 answers alike but for the Date, 3 with a new body.
+    capture(
+        &pcap,
+        3,
+        &[
+            ("/same.txt", orig_same),
+            ("/other.txt", orig_other),
+            ("/same.txt", ka(same.clone())),
+        ][..],
+    );
+    // The third answer of each session is the target's own (Date from the fetch): it may
+    // differ from the copy's answer by a second; every check below tolerates exactly that
+    // by counting only the first two answers of each session where it matters.
+    let p = pcap.to_str().unwrap();
+    let rule = format!("8080-{TARGET}:8080");
+    let base = ["-x", &rule, "--input", p, "--speed", "10", "--json"];
+    let with = |extra: &[&str]| {
+        let mut v = base.to_vec();
+        v.extend_from_slice(extra);
+        diff_of(&run(&l, &v))
+    };
+
+    // Bytes, nothing ignored: the old Date makes the first two answers of each session differ.
+    let d = with(&["--diff"]);
+    assert_eq!(d["mode"], "bytes");
+    assert_eq!(u(&d, "compared"), 9, "{d:#}");
+    assert!(u(&d, "different") >= 6, "{d:#}");
+    assert_eq!(u(&d, "equal") + u(&d, "different"), 9);
+    assert_eq!(u(&d, "written"), 0);
+    assert_eq!(d["out"], Value::Null);
+
+    // Bytes with the Date line blanked: only other.txt's body differs.
+    let d = with(&["--diff", "--diff-ignore", "^Date:.*$"]);
+    assert_eq!(counts(&d), (9, 6, 3), "{d:#}");
+
+    // http, nothing ignored: the headers differ (Date).
+    let d = with(&["--diff", "--diff-mode", "http"]);
+    assert_eq!(d["mode"], "http");
+    assert!(u(&d, "different") >= 6, "{d:#}");
+
+    // http without Date: exactly the three changed bodies; the first of them written.
+    let out = dir.path().join("diffs.jsonl");
+    let o = out.to_str().unwrap();
+    let d = with(&[
+        "--diff",
+        "--diff-mode",
+        "http",
+        "--diff-ignore",
+        "^Date:",
+        "--diff-out",
+        o,
+        "--diff-max",
+        "2",
+    ]);
+    assert_eq!(counts(&d), (9, 6, 3), "{d:#}");
+    assert_eq!((u(&d, "written"), u(&d, "compared_by_hash")), (2, 0));
+    assert_eq!(d["out"], o);
+    let recs = records(&out);
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        assert_eq!(r["reason"], "body", "{r:#}");
+        assert_eq!(
+            r["request"], 2,
+            "other.txt is each session's second request"
+        );
+        assert_eq!(
+            (&r["copy"], &r["message"]),
+            (&Value::from(1), &Value::from(1))
+        );
+        assert_eq!(r["target"], format!("{TARGET}:8080"));
+        assert_eq!(r["server"], format!("{ONLINE}:8080"));
+        let (a, b) = (
+            r["original"]["text"].as_str().unwrap(),
+            r["target_response"]["text"].as_str().unwrap(),
+        );
+        assert!(
+            a.starts_with("HTTP/1.1 200 OK\r\n") && a.ends_with(ORIGINAL),
+            "{a}"
+        );
+        assert!(b.ends_with(CHANGED), "{b}");
+        assert_eq!(r["original"]["length"], r["target_response"]["length"]);
+    }
+    let s: Vec<u64> = recs.iter().map(|r| u(r, "session")).collect();
+    assert_ne!(s[0], s[1], "one difference per session");
+
+    // A name's case in a pattern matters unless it says (?i); several patterns add up.
+    let d = with(&["--diff", "--diff-mode", "http", "--diff-ignore", "^date:"]);
+    assert!(u(&d, "different") >= 6, "{d:#}");
+    let d = with(&[
+        "--diff",
+        "--diff-mode",
+        "http",
+        "--diff-ignore",
+        "(?i)^date:",
+        "--diff-ignore",
+        "^ETag:",
+    ]);
+    assert_eq!(counts(&d), (9, 6, 3), "{d:#}");
+
+    // -n 2: every copy compared on its own.
+    let d = with(&["--diff", "--diff-ignore", "^Date:.*$", "-n", "2"]);
+    assert_eq!(counts(&d), (18, 12, 6), "{d:#}");
+
+    // The human summary says it in one line.
+    let mut argv = vec![tcpkit(), "copy", "-x", &rule, "--input", p, "--speed", "10"];
+    argv.extend_from_slice(&["--diff", "--diff-mode", "http", "--diff-ignore", "^Date:"]);
+    let h = run_limited(l.online.command(&argv), Duration::from_secs(20));
+    let text = String::from_utf8_lossy(&h.stdout);
+    assert!(
+        text.contains("\nDiff (http): 9 compared, 6 equal, 3 different (0 written), 0 over 64.0 KiB compared by length and hash, 0 not compared\n"),
+        "{text}"
+    );
+    // Without --diff the report has none.
+    let o = run(&l, &base);
+    assert_eq!(json(&o)["diff"], Value::Null);
+}
+
+#[test]
+fn live_copy_finds_exactly_the_requests_for_the_changed_file() {
+    let mut l = CopyLab::new("cpdiffl");
+    let (_on, on_log) = l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    serve(&l, "online", &[("same.txt", SAME), ("other.txt", ORIGINAL)]);
+    serve(&l, "target", &[("same.txt", SAME), ("other.txt", CHANGED)]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("diffs.jsonl");
+    let rule = format!("8080-{TARGET}:8080");
+    let c = l.copy(&[
+        "-x",
+        &rule,
+        "-i",
+        &l.capture_if(),
+        "--duration",
+        "3",
+        "--json",
+        "--diff",
+        "--diff-mode",
+        "http",
+        "--diff-ignore",
+        "^Date:",
+        "--diff-out",
+        out.to_str().unwrap(),
+        "--diff-max",
+        "3",
+    ]);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            l.load(
+                8080,
+                &[
+                    "--http-get",
+                    "/same.txt",
+                    "-c",
+                    "2",
+                    "-r",
+                    "300",
+                    "-t",
+                    "1.5",
+                ],
+            )
+        });
+        s.spawn(|| {
+            l.load(
+                8080,
+                &[
+                    "--http-get",
+                    "/other.txt",
+                    "-c",
+                    "1",
+                    "-r",
+                    "40",
+                    "-t",
+                    "1.5",
+                ],
+            )
+        });
+        // A new connection per request too.
+        s.spawn(|| {
+            l.load(
+                8080,
+                &[
+                    "--http-get",
+                    "/other.txt",
+                    "-c",
+                    "1",
+                    "-r",
+                    "20",
+                    "-t",
+                    "1.5",
+                    "--queries-per-conn",
+                    "1",
+                ],
+            )
+        });
+    });
+    let o = wait_limited(c, Duration::from_secs(20));
+    let d = diff_of(&o);
+    let r = json(&o);
+    let count = |log: &Path, f: &str| lines(log).iter().filter(|x| x.contains(f)).count() as u64;
+    let (same_t, other_t) = (count(&tg_log, "/same.txt"), count(&tg_log, "/other.txt"));
+    assert!(count(&on_log, "/other.txt") >= 80, "{r:#}");
+    assert_eq!(u(&r, "sessions.open_at_end"), 0, "{r:#}");
+    // Exactly the requests for other.txt differ; every same.txt answer is equal.
+    assert_eq!(counts(&d), (same_t + other_t, same_t, other_t), "{d:#}");
+    assert_eq!(u(&d, "not_compared"), 0);
+    assert_eq!(u(&d, "written"), 3);
+    let recs = records(&out);
+    assert_eq!(recs.len(), 3);
+    for x in &recs {
+        assert_eq!(x["reason"], "body");
+        assert!(x["original"]["text"].as_str().unwrap().ends_with(ORIGINAL));
+        assert!(x["target_response"]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with(CHANGED));
+        assert_eq!(
+            x["client"].as_str().unwrap().split(':').next(),
+            Some(CLIENT)
+        );
+    }
+}
