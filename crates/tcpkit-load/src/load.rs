@@ -265,6 +265,17 @@ fn run_share(
         .clamp(1, (conns.max(1)) as usize)
         .min(LIVE_SLOTS);
     let wall_start = Arc::new(AtomicU64::new(0));
+    let start = Arc::new(AtomicU64::new(0));
+    // One of several processes: the parent releases all of them into the query phase at once.
+    let ready = (n > 1).then(|| {
+        let ready = Arc::new(AtomicBool::new(false));
+        procs::await_release(
+            Arc::clone(&ready),
+            Arc::clone(&start),
+            Arc::clone(&wall_start),
+        );
+        ready
+    });
     let per_query = match &cfg.per_query {
         Some(p) => {
             let path = per_proc_path(p, k, n);
@@ -309,8 +320,9 @@ fn run_share(
         },
         queries: cfg.queries.map(|q| share(q, nn, kk)),
         connected: AtomicUsize::new(0),
-        start: AtomicU64::new(0),
+        start: Arc::clone(&start),
         wall_start: Arc::clone(&wall_start),
+        ready: ready.clone(),
         open: AtomicU64::new(0),
         peak_open: AtomicU64::new(0),
         hdr_log,

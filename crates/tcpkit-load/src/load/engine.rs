@@ -110,7 +110,11 @@ pub(crate) struct Shared<'a> {
     /// Threads done opening connections; the last one sets the common start.
     pub connected: AtomicUsize,
     /// CLOCK_MONOTONIC ns of the query phase's start; 0 until set.
-    pub start: AtomicU64,
+    pub start: Arc<AtomicU64>,
+    /// In a worker process: set when all this process's threads are done opening; the
+    /// parent then sets `start` for every worker at once (see `procs::release`), so the
+    /// processes of one run share one query phase.
+    pub ready: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Wall-clock ns of the same instant.
     pub wall_start: Arc<AtomicU64>,
     /// Connections open now in this process, and the most at once.
@@ -368,14 +372,18 @@ impl Worker<'_, '_> {
                         self.phase = Phase::Waiting;
                         let done = self.sh.connected.fetch_add(1, Ordering::SeqCst) + 1;
                         if done == self.sh.threads {
-                            // The last thread sets the common start, a little ahead so every
-                            // thread sees it before its first send is due.
-                            let wall = std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map(|d| d.as_nanos() as u64)
-                                .unwrap_or(0);
-                            self.sh.wall_start.store(wall + 2_000_000, Ordering::SeqCst);
-                            self.sh.start.store(now + 2_000_000, Ordering::SeqCst);
+                            if let Some(ready) = &self.sh.ready {
+                                ready.store(true, Ordering::SeqCst);
+                            } else {
+                                // The last thread sets the common start, a little ahead so every
+                                // thread sees it before its first send is due.
+                                let wall = std::time::SystemTime::now()
+                                    .duration_since(std::time::UNIX_EPOCH)
+                                    .map(|d| d.as_nanos() as u64)
+                                    .unwrap_or(0);
+                                self.sh.wall_start.store(wall + 2_000_000, Ordering::SeqCst);
+                                self.sh.start.store(now + 2_000_000, Ordering::SeqCst);
+                            }
                         }
                     }
                 }

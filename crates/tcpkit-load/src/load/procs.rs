@@ -5,9 +5,9 @@
 //! shows the summed live line, forwards interrupts, and merges the reports into one run.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -18,6 +18,8 @@ use super::{Config, Details, Live, LiveTotals, LoadError, Plan};
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Line {
+    /// All of this worker's connections are settled; it waits for `go` on its stdin.
+    Ready,
     Live(LiveTotals),
     Report {
         report: Box<LoadReport>,
@@ -39,6 +41,81 @@ pub(crate) fn live_loop(live: &Live, stop: &AtomicBool) {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{text}");
             let _ = out.flush();
+        }
+    }
+}
+
+/// How far ahead of "now" the parent sets the common start, so every worker has read it
+/// before its first query is due.
+const RELEASE_AHEAD_NS: u64 = 20_000_000;
+
+/// In a worker: once `ready` (all threads settled), tells the parent and waits for its `go
+/// MONO_NS WALL_NS` line, then sets the query phase's start. Runs on a detached thread: a
+/// parent that never answers must not keep the process alive, so on EOF (the parent is
+/// gone) the worker starts on its own.
+pub(crate) fn await_release(ready: Arc<AtomicBool>, start: Arc<AtomicU64>, wall: Arc<AtomicU64>) {
+    let start2 = Arc::clone(&start);
+    let spawned = std::thread::Builder::new()
+        .name("tcpkit-load-release".into())
+        .spawn(move || {
+            let start = start2;
+            while !ready.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            if let Ok(text) = serde_json::to_string(&Line::Ready) {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{text}");
+                let _ = out.flush();
+            }
+            let mut line = String::new();
+            let got = std::io::stdin()
+                .read_line(&mut line)
+                .ok()
+                .filter(|&n| n > 0);
+            let mut it = line.split_whitespace();
+            match (got, it.next(), it.next(), it.next()) {
+                (Some(_), Some("go"), Some(m), Some(w)) => {
+                    if let (Ok(m), Ok(w)) = (m.parse(), w.parse()) {
+                        wall.store(w, Ordering::SeqCst);
+                        start.store(m, Ordering::SeqCst);
+                        return;
+                    }
+                    start_alone(&start, &wall);
+                }
+                _ => start_alone(&start, &wall),
+            }
+        });
+    if spawned.is_err() {
+        // No thread: do not wait for a parent we cannot hear.
+        ready_fallback(&start);
+    }
+}
+
+fn start_alone(start: &AtomicU64, wall: &AtomicU64) {
+    wall.store(wall_ns() + 2_000_000, Ordering::SeqCst);
+    start.store(tcpkit_pace::now_ns() + 2_000_000, Ordering::SeqCst);
+}
+
+fn ready_fallback(start: &AtomicU64) {
+    start.store(tcpkit_pace::now_ns() + 2_000_000, Ordering::SeqCst);
+}
+
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// In the parent: once every worker is ready or gone, sends all of them one common start
+/// (CLOCK_MONOTONIC is the same clock in every process of a host).
+fn release(stdins: &mut [Option<ChildStdin>]) {
+    let mono = tcpkit_pace::now_ns() + RELEASE_AHEAD_NS;
+    let wall = wall_ns() + RELEASE_AHEAD_NS;
+    for s in stdins.iter_mut() {
+        if let Some(mut w) = s.take() {
+            let _ = writeln!(w, "go {mono} {wall}");
+            let _ = w.flush();
         }
     }
 }
@@ -74,7 +151,7 @@ pub(crate) fn run_parent(
         cmd.args(&cfg.worker_argv)
             .arg("--worker")
             .arg(format!("{k}/{n}/{}", plan.threads))
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         match cmd.spawn() {
@@ -91,6 +168,10 @@ pub(crate) fn run_parent(
             }
         }
     }
+    let mut stdins: Vec<Option<ChildStdin>> = children.iter_mut().map(|c| c.stdin.take()).collect();
+    // Workers ready for the query phase, or gone (a worker that ended before it was ready
+    // must not keep the others waiting).
+    let settled = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<(LoadReport, Details)>>> =
         Mutex::new((0..n).map(|_| None).collect());
     let pids: Vec<i32> = children.iter().map(|c| c.id() as i32).collect();
@@ -101,10 +182,16 @@ pub(crate) fn run_parent(
                 continue;
             };
             let results = &results;
+            let settled = &settled;
             s.spawn(move || {
+                let mut was_ready = false;
                 for line in BufReader::new(out).lines() {
                     let Ok(line) = line else { break };
                     match serde_json::from_str::<Line>(&line) {
+                        Ok(Line::Ready) => {
+                            was_ready = true;
+                            settled.fetch_add(1, Ordering::SeqCst);
+                        }
                         Ok(Line::Live(t)) => live.set(k, &t),
                         Ok(Line::Report { report, details }) => {
                             if let Ok(mut r) = results.lock() {
@@ -115,13 +202,23 @@ pub(crate) fn run_parent(
                         Err(_) => {}
                     }
                 }
+                if !was_ready {
+                    settled.fetch_add(1, Ordering::SeqCst);
+                }
             });
         }
         // Forward an interrupt to the workers (they stop and report, like one process).
         let done = &done;
+        let settled = &settled;
+        let stdins = &mut stdins;
         s.spawn(move || {
             let mut sent = false;
+            let mut released = false;
             while !done.load(Ordering::Relaxed) {
+                if !released && settled.load(Ordering::SeqCst) >= stdins.len() {
+                    release(stdins);
+                    released = true;
+                }
                 if !sent && interrupt.load(Ordering::Relaxed) {
                     for &pid in &pids {
                         let _ = nix::sys::signal::kill(
