@@ -20,6 +20,7 @@ use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Host, Lab, LinkOpts};
 use tcpkit_pcap::{CaptureFile, PcapWriter};
 
+mod copy;
 mod load;
 
 /// Packets in each generated capture.
@@ -32,8 +33,9 @@ fn main() {
     let r = match args.first().map(String::as_str) {
         Some("replay") => replay(&args[1..]),
         Some("load") => load::load(&args[1..]),
+        Some("copy") => copy::copy(&args[1..]),
         _ => {
-            eprintln!("usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N]");
+            eprintln!("usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] | copy");
             std::process::exit(2);
         }
     };
