@@ -203,6 +203,54 @@ impl Live {
     }
 }
 
+/// The kernel's listen-queue counters in this network namespace (`/proc/self/net/netstat`,
+/// TcpExt): connections dropped because the accept or SYN queue was full, and SYN cookies
+/// sent (the kernel's "possible SYN flooding" state). None when it cannot be read.
+/// The file stays open and is re-read from its start: a server out of descriptors (when a
+/// full queue is most likely) could not open it again.
+fn listen_queue_drops(f: &mut std::fs::File, text: &mut String) -> Option<u64> {
+    use std::io::{Read, Seek};
+    text.clear();
+    f.rewind().ok()?;
+    f.read_to_string(text).ok()?;
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let names: Vec<&str> = lines.next()?.split_whitespace().collect();
+    let values: Vec<&str> = lines.next()?.split_whitespace().collect();
+    let mut sum = 0u64;
+    for (n, v) in names.iter().zip(&values) {
+        if matches!(*n, "ListenOverflows" | "ListenDrops" | "SyncookiesSent") {
+            sum += v.parse::<u64>().ok()?;
+        }
+    }
+    Some(sum)
+}
+
+/// Watches the listen-queue counters while the server runs and says once, in one line, when
+/// connections were dropped or answered with SYN cookies because a queue was full: the
+/// clients then see slow or failed connects that the server's own counters never show.
+fn watch_listen_queue(sh: &Shared<'_>, done: &AtomicBool) {
+    let Ok(mut f) = std::fs::File::open("/proc/self/net/netstat") else {
+        return;
+    };
+    let mut text = String::new();
+    let Some(base) = listen_queue_drops(&mut f, &mut text) else {
+        return;
+    };
+    while !done.load(Ordering::SeqCst) && !sh.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let now = listen_queue_drops(&mut f, &mut text).unwrap_or(base);
+        if now > base {
+            let advice =
+                crate::tune::hint(crate::tune::Limit::SynBacklog, crate::tune::Role::Server);
+            (sh.hint)(&format!(
+                "{} connections overflowed the listen queue: {advice}",
+                now - base
+            ));
+            return;
+        }
+    }
+}
+
 /// Shared by all threads of a run: when to stop, and the one-time hint.
 pub(crate) struct Shared<'a> {
     pub stop: &'a AtomicBool,
@@ -233,7 +281,9 @@ pub fn run(
         hint_given: AtomicBool::new(false),
         hint,
     };
+    let done = AtomicBool::new(false);
     let results: Vec<Result<(), EchoError>> = std::thread::scope(|s| {
+        let watch = s.spawn(|| watch_listen_queue(&shared, &done));
         let handles: Vec<_> = per_thread
             .into_iter()
             .zip(live.threads.iter())
@@ -250,7 +300,7 @@ pub fn run(
                     })
             })
             .collect();
-        handles
+        let results = handles
             .into_iter()
             .map(|h| match h {
                 Ok(h) => h.join().unwrap_or_else(|_| {
@@ -261,7 +311,10 @@ pub fn run(
                 }),
                 Err(e) => Err(EchoError::io("spawn event-loop thread", e)),
             })
-            .collect()
+            .collect();
+        done.store(true, Ordering::SeqCst);
+        let _ = watch.join();
+        results
     });
     let seconds = start.elapsed().as_secs_f64();
     for r in results {

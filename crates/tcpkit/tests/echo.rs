@@ -633,3 +633,47 @@ fn idle_connection_memory() {
         "{per:.0} bytes of user memory per idle connection"
     );
 }
+
+/// A full listen queue drops connections the server never sees: echo watches the kernel's
+/// counters and says so once, with the settings to change.
+#[test]
+fn listen_queue_overflow_is_hinted_once() {
+    let (mut lab, cli, srv_host, _link) = Lab::pair("echosyn").unwrap_or_else(|e| panic!("{e}"));
+    // A tiny accept queue, and too few descriptors to drain it: connects pile up and overflow.
+    srv_host.sysctl("net.core.somaxconn", "4").unwrap();
+    let proc = srv_host
+        .spawn(
+            &mut lab,
+            "echo",
+            &[
+                "prlimit",
+                "--nofile=32:32",
+                tcpkit(),
+                "echo",
+                "--threads",
+                "1",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_millis(300));
+    let conns: Vec<TcpStream> = cli.enter(|| {
+        (0..80)
+            .filter_map(|_| TcpStream::connect_timeout(&srv(4242), Duration::from_millis(50)).ok())
+            .collect()
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let want = "connections overflowed the listen queue: ";
+    while !proc.log().contains(want) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = proc.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(want)).collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].starts_with("tcpkit echo: "), "{}", lines[0]);
+    assert!(
+        lines[0].contains("tcpkit tune --role server"),
+        "{}",
+        lines[0]
+    );
+    drop(conns);
+}
