@@ -132,8 +132,10 @@ fn load(env: &Env, rate: u32, new_conn: bool) -> Result<Load> {
         &t,
         "--json",
     ];
+    // Reopening is paced by --connect-rate (1000/s by default): as fast as the queries here.
+    let reopen = (rate + rate / 5).to_string();
     if new_conn {
-        argv.extend_from_slice(&["--queries-per-conn", "1"]);
+        argv.extend_from_slice(&["--queries-per-conn", "1", "--connect-rate", &reopen]);
     }
     let o = env
         .cli
@@ -399,7 +401,7 @@ pub fn copy(_args: &[String]) -> Result<()> {
          Machine: Linux {}, {cpus} CPUs (clients, both nginx and the copy share them); load average at start: {}; whole bench took {:.0} s.\n\
          Lab: clients → online (nginx 1 worker, `tcpkit copy -x 8080-{TARGET}:8080 -i <clients' link>`) → target (nginx 1 worker); veth links.\n\
          Rates: `tcpkit load --http-get /index.html` (612 B) for {RUN_S} s, open loop, latency from the intended send time;\n\
-         keep-alive over rate/500 connections (4–40), a new connection per request with `--queries-per-conn 1` over 64.\n\
+         keep-alive over rate/500 connections (4–40), a new connection per request with `--queries-per-conn 1 --connect-rate 1.2×rate` over 64.\n\
          Debian's wrk has no fixed-rate mode and no connection-per-request mode, so it only runs the last row.\n\
          Request loss = (online access-log lines − target access-log lines) / online lines, during the run with the copy.\n\
          Copy CPU = the copy's user+system time over the load's wall time; RSS = its VmHWM. Latency = the clients' view of\n\

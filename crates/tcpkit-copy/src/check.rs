@@ -14,6 +14,7 @@ use tcpkit_pcap::CaptureFile;
 
 use crate::relay::{Input, RelayConfig};
 use crate::rules;
+use crate::transparent::TransparentError;
 
 /// One check's outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,8 +56,14 @@ impl Check {
     }
 }
 
-/// Every check for a relay run with this configuration, in the order a run meets them.
-pub fn run(cfg: &RelayConfig, input: &Input, metrics: Option<SocketAddr>) -> Vec<Check> {
+/// Every check for a run with this configuration, in the order a run meets them;
+/// `intercept` is `--transparent`'s control address.
+pub fn run(
+    cfg: &RelayConfig,
+    input: &Input,
+    metrics: Option<SocketAddr>,
+    intercept: Option<SocketAddr>,
+) -> Vec<Check> {
     let mut out = vec![match input {
         Input::Live { ifname } => capture(ifname, &rules::capture_filter(&cfg.rules)),
         Input::File { path, .. } => file(path),
@@ -66,6 +73,9 @@ pub fn run(cfg: &RelayConfig, input: &Input, metrics: Option<SocketAddr>) -> Vec
     targets.dedup();
     let wait = Duration::from_nanos(cfg.timeout_ns).min(Duration::from_secs(3));
     out.extend(targets.into_iter().map(|t| target(t, wait)));
+    if let Some(a) = intercept {
+        out.push(intercept_check(a, wait));
+    }
     out.push(conntrack(Path::new("/proc/sys/net/netfilter")));
     out.push(memory(
         cfg.max_memory as u64,
@@ -167,6 +177,35 @@ pub fn target(t: SocketAddr, wait: Duration) -> Check {
 
 fn read_u64(p: &Path) -> Option<u64> {
     std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+/// `--transparent`: the Hello/Welcome exchange the run starts with, so the intercept is
+/// reachable, is a tcpkit intercept, and speaks this build's control protocol version.
+pub fn intercept_check(a: SocketAddr, wait: Duration) -> Check {
+    let name = format!("intercept {a}");
+    match crate::transparent::handshake(a, wait) {
+        Ok(_) => Check::ok(
+            name,
+            format!(
+                "welcomed this copy, control protocol version {}",
+                crate::control::VERSION
+            ),
+        ),
+        Err(e) => {
+            let fix = match &e {
+                TransparentError::Refused { .. } => {
+                    "run the same tcpkit version on this host and the assistant"
+                }
+                TransparentError::NotIntercept { .. } => {
+                    "something else listens there: give --intercept the assistant's address and `tcpkit intercept --listen` port"
+                }
+                _ => {
+                    "start `tcpkit intercept` on the assistant, and let this host reach its control port (firewall, route)"
+                }
+            };
+            Check::fail(name, chain(&e), fix)
+        }
+    }
 }
 
 /// Connections to the target are tracked by this host's conntrack when it is loaded; a full
@@ -357,6 +396,62 @@ mod tests {
         let c = file(Path::new("/nonexistent.pcap"));
         assert!(
             !c.ok && c.line().contains("/nonexistent.pcap"),
+            "{}",
+            c.line()
+        );
+    }
+
+    #[test]
+    fn intercept_welcome_refusal_and_strangers() {
+        use crate::control::{Msg, VERSION};
+        use std::io::{Read, Write};
+        // A one-connection server answering the Hello with `answer`.
+        let serve = |answer: Vec<u8>| {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let a = l.local_addr().unwrap();
+            let t = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let mut b = [0u8; 64];
+                let _ = s.read(&mut b);
+                s.write_all(&answer).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+            });
+            (a, t)
+        };
+        let mut w = Vec::new();
+        Msg::Welcome { version: VERSION }.emit(&mut w);
+        let (a, t) = serve(w);
+        let c = intercept_check(a, Duration::from_secs(2));
+        assert!(c.ok, "{}", c.line());
+        t.join().unwrap();
+        let mut r = Vec::new();
+        Msg::Refuse {
+            version: VERSION + 1,
+            reason: "version 2 only",
+        }
+        .emit(&mut r);
+        let (a, t) = serve(r);
+        let c = intercept_check(a, Duration::from_secs(2));
+        assert!(
+            !c.ok && c.line().contains("same tcpkit version"),
+            "{}",
+            c.line()
+        );
+        t.join().unwrap();
+        let (a, t) = serve(b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec());
+        let c = intercept_check(a, Duration::from_secs(2));
+        assert!(
+            !c.ok && c.line().contains("something else listens"),
+            "{}",
+            c.line()
+        );
+        t.join().unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
+        drop(l);
+        let c = intercept_check(a, Duration::from_secs(1));
+        assert!(
+            !c.ok && c.line().contains("start `tcpkit intercept`"),
             "{}",
             c.line()
         );

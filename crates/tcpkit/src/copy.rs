@@ -168,8 +168,9 @@ pub struct Args {
     pub metrics: Option<String>,
 
     /// Verify, without copying, what usually breaks a copy setup with these same flags
-    /// (capture permission and interface, each target reachable, conntrack headroom, the
-    /// memory limit, --diff-out, --metrics) and print one OK/FAIL line per check with the
+    /// (capture permission and interface, each target reachable, with --transparent the
+    /// intercept reachable and of the same protocol version, conntrack headroom, the memory
+    /// limit, --diff-out, --metrics) and print one OK/FAIL line per check with the
     /// fix. Exit status 0 when all are OK, 1 otherwise.
     #[arg(long)]
     pub check: bool,
@@ -426,7 +427,8 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
 
 /// `--check`: one line per check (or a JSON array with --json); exit 1 when one failed.
 fn check(cfg: &RelayConfig, run: &Run) -> Result<(), Failure> {
-    let checks = tcpkit_copy::check::run(cfg, &run.input, run.metrics);
+    let intercept = run.transparent.as_ref().map(|t| t.intercept);
+    let checks = tcpkit_copy::check::run(cfg, &run.input, run.metrics, intercept);
     if run.json {
         print(&(tcpkit_copy::check::json(&checks) + "\n"));
     } else {

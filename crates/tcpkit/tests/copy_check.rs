@@ -1,6 +1,7 @@
 //! `tcpkit copy --check` in the copy lab: the target down is a FAIL with its fix and exit 1;
 //! with everything in place every line is OK and the exit status 0; a wrong interface, a
-//! memory limit past the host's and a busy --metrics address each say how to fix them.
+//! memory limit past the host's, a busy --metrics address and (--transparent) an intercept
+//! that is not there each say how to fix them.
 
 mod copy_common;
 
@@ -118,6 +119,28 @@ fn wrong_interface_memory_and_metrics_address_each_say_the_fix() {
         "{out}"
     );
     assert!(out.contains(&format!("OK   target {TARGET}:8080")));
+    // --transparent: the intercept's handshake is checked too (none runs here).
+    let cap = l.capture_if();
+    let (code, out, _) = check(
+        &l,
+        &[
+            "-x",
+            &rule,
+            "-i",
+            &cap,
+            "--transparent",
+            "--intercept",
+            TARGET,
+        ],
+    );
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.lines().any(
+            |x| x.starts_with(&format!("FAIL intercept {TARGET}:36524: "))
+                && x.contains("; fix: start `tcpkit intercept` on the assistant")
+        ),
+        "{out}"
+    );
     // Offline: the input file is checked instead of the capture.
     let (code, out, _) = check(&l, &["-x", &rule, "--input", "/nonexistent.pcap"]);
     assert_eq!(code, Some(1));
