@@ -10,7 +10,7 @@ pkgs=(
   tcpreplay                                     # tcpreplay/tcprewrite: peer and oracle
   libpcap-dev clang pkg-config                  # filter compilation, BPF programs
   time util-linux                               # /usr/bin/time for peak memory; prlimit
-  redis-server nginx unbound dnsperf            # real servers and the load peer for tests and benchmarks
+  redis-server nginx unbound dnsperf wrk        # real servers and load peers for tests and benchmarks
 )
 missing=()
 for p in "${pkgs[@]}"; do
