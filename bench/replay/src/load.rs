@@ -158,11 +158,14 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
             Ok(Outcome {
                 answered: json_u(&v, "queries.answered"),
                 asked,
-                lat: Some([l("p50_ns"), l("p90_ns"), l("p99_ns"), l("p999_ns"), l("max_ns")]),
-                note: format!(
-                    "lag max {:.2} ms",
-                    json_u(&v, "lag.max_ns") as f64 / 1e6
-                ),
+                lat: Some([
+                    l("p50_ns"),
+                    l("p90_ns"),
+                    l("p99_ns"),
+                    l("p999_ns"),
+                    l("max_ns"),
+                ]),
+                note: format!("lag max {:.2} ms", json_u(&v, "lag.max_ns") as f64 / 1e6),
             })
         }
         Client::Dnsperf => {
@@ -195,11 +198,9 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
             Ok(Outcome {
                 answered: done as u64,
                 asked,
-                lat: (!lat.is_empty()).then(|| [pct(0.5), pct(0.9), pct(0.99), pct(0.999), pct(1.0)]),
-                note: format!(
-                    "{} lost",
-                    num("Queries lost").map_or(0, |v| v as u64)
-                ),
+                lat: (!lat.is_empty())
+                    .then(|| [pct(0.5), pct(0.9), pct(0.99), pct(0.999), pct(1.0)]),
+                note: format!("{} lost", num("Queries lost").map_or(0, |v| v as u64)),
             })
         }
     }
@@ -208,7 +209,13 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
 /// Highest rate answered as asked: up `ladder` until a rate is not (or, when its first rate
 /// is not, down by ×0.6 until one is, at most 4 steps), then one step halfway between the
 /// last good and the first bad rate. Returns the rate and what each step gave.
-fn search(env: &Env, client: Client, port: u16, conns: u32, ladder: &[u64]) -> Result<(u64, String)> {
+fn search(
+    env: &Env,
+    client: Client,
+    port: u16,
+    conns: u32,
+    ladder: &[u64],
+) -> Result<(u64, String)> {
     let mut steps = String::new();
     let mut step = |rate: u64| -> Result<bool> {
         let o = one(env, client, port, conns, rate, STEP_S)?;
@@ -336,7 +343,16 @@ fn hold(
     let echo = srv.spawn(
         lab,
         &format!("echo-idle-{conns}"),
-        &[&env.tcpkit, "echo", "--port", &port, "--procs", &procs, "--threads", "1"],
+        &[
+            &env.tcpkit,
+            "echo",
+            "--port",
+            &port,
+            "--procs",
+            &procs,
+            "--threads",
+            "1",
+        ],
     )?;
     wait_port(&env.cli, IDLE_PORT, &echo)?;
     std::thread::sleep(Duration::from_millis(300));
@@ -417,7 +433,10 @@ fn hold(
         .map(str::to_string)
         .unwrap_or_else(|| err.lines().last().unwrap_or("").to_string());
     let why = if interrupted {
-        format!("opening stopped by the bench's {} s limit ({why})", limit.as_secs())
+        format!(
+            "opening stopped by the bench's {} s limit ({why})",
+            limit.as_secs()
+        )
     } else {
         why
     };
@@ -426,7 +445,10 @@ fn hold(
         peak_open: json_u(&v, "connections.peak_open").max(peak_sockets),
         load_rss,
         echo_rss_growth: echo_rss.saturating_sub(echo_base),
-        connect_s: v.get("connect_seconds").and_then(|s| s.as_f64()).unwrap_or(0.0),
+        connect_s: v
+            .get("connect_seconds")
+            .and_then(|s| s.as_f64())
+            .unwrap_or(0.0),
         wall_s: t0.elapsed().as_secs_f64(),
         why,
     })
@@ -484,7 +506,13 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         &mut lab,
         "echo-dns",
         &[
-            &env.tcpkit, "echo", "--dns", "--port", "5300", "--threads", "1",
+            &env.tcpkit,
+            "echo",
+            "--dns",
+            "--port",
+            "5300",
+            "--threads",
+            "1",
         ],
     )?;
     wait_port(&env.cli, ECHO_PORT, &echo)?;
@@ -500,9 +528,8 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
     let unbound = srv.spawn(&mut lab, "unbound", &["unbound", "-d", "-c", conf_s])?;
     wait_port(&env.cli, UNBOUND_PORT, &unbound)?;
 
-    let mut md = String::from(
-        "| measurement | tcpkit load | dnsperf 2.10 (-m tcp) |\n|---|---|---|\n",
-    );
+    let mut md =
+        String::from("| measurement | tcpkit load | dnsperf 2.10 (-m tcp) |\n|---|---|---|\n");
     // Ladders: from below what each pair reached in trial runs, ×1.4 per step.
     let ladder = |from: u64| -> Vec<u64> {
         let mut v = vec![from];
@@ -514,7 +541,12 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
     };
     for (server, port, start_tk, start_dp) in [
         ("tcpkit echo --dns (1 thread)", ECHO_PORT, 400_000, 60_000),
-        ("unbound 1.17.1 (1 thread, local zone)", UNBOUND_PORT, 30_000, 30_000),
+        (
+            "unbound 1.17.1 (1 thread, local zone)",
+            UNBOUND_PORT,
+            30_000,
+            30_000,
+        ),
     ] {
         let _ = writeln!(md, "| **against {server}** | | |");
         for conns in [5u32, 2000] {
@@ -531,7 +563,12 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
             for (client, best) in [(Client::Tcpkit, tk), (Client::Dnsperf, dp)] {
                 let half = (best / 2).max(1000);
                 let o = one(&env, client, port, conns, half, STEP_S)?;
-                cells.push(format!("at {}k: {} ({})", half / 1000, lat_cell(&o), o.note));
+                cells.push(format!(
+                    "at {}k: {} ({})",
+                    half / 1000,
+                    lat_cell(&o),
+                    o.note
+                ));
             }
             let _ = writeln!(
                 md,
@@ -554,13 +591,30 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         sources.push(ip);
     }
     let all_sources = sources.join(",");
-    let _ = writeln!(md, "| **idle connections (load --echo-bytes 16, no rate) against tcpkit echo** | | |");
+    let _ = writeln!(
+        md,
+        "| **idle connections (load --echo-bytes 16, no rate) against tcpkit echo** | | |"
+    );
     eprintln!("100k idle connections ...");
-    let small = hold(&env, &mut lab, &srv, 1_000, &all_sources, 1, Duration::from_secs(60))?;
-    let big = hold(&env, &mut lab, &srv, 100_000, &all_sources, 2, Duration::from_secs(90))?;
-    let per = |big: u64, small: u64| {
-        big.saturating_sub(small) as f64 / (100_000.0 - 1_000.0)
-    };
+    let small = hold(
+        &env,
+        &mut lab,
+        &srv,
+        1_000,
+        &all_sources,
+        1,
+        Duration::from_secs(60),
+    )?;
+    let big = hold(
+        &env,
+        &mut lab,
+        &srv,
+        100_000,
+        &all_sources,
+        2,
+        Duration::from_secs(90),
+    )?;
+    let per = |big: u64, small: u64| big.saturating_sub(small) as f64 / (100_000.0 - 1_000.0);
     let _ = writeln!(
         md,
         "| user memory per idle connection at 100k (RssAnon growth 1k → 100k / 99k) | load: **{:.0} B** ({} open; {:.1} MiB vs {:.1} MiB) <br>echo: **{:.0} B** ({:.1} MiB growth) | dnsperf: not measured (its -c is clients of one query stream, not idle connections) |",
@@ -572,10 +626,21 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         big.echo_rss_growth as f64 / 1048576.0,
     );
     if skip_max {
-        let _ = writeln!(md, "| concurrent connections reached | skipped (--skip-max-conns) | |");
+        let _ = writeln!(
+            md,
+            "| concurrent connections reached | skipped (--skip-max-conns) | |"
+        );
     } else {
         eprintln!("{max_conns} idle connections ...");
-        let h = hold(&env, &mut lab, &srv, max_conns, &all_sources, 5, Duration::from_secs(150))?;
+        let h = hold(
+            &env,
+            &mut lab,
+            &srv,
+            max_conns,
+            &all_sources,
+            5,
+            Duration::from_secs(150),
+        )?;
         let _ = writeln!(
             md,
             "| concurrent connections reached (asked {max_conns}, {} source addresses, one load run with its --procs vs echo --procs {}) | **{}** in {:.0} s of opening ({:.0} s in all); load {:.0} MiB, echo +{:.0} MiB user memory{} | |",

@@ -35,7 +35,9 @@ fn main() {
         Some("load") => load::load(&args[1..]),
         Some("copy") => copy::copy(&args[1..]),
         _ => {
-            eprintln!("usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] | copy");
+            eprintln!(
+                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] | copy"
+            );
             std::process::exit(2);
         }
     };

@@ -8,10 +8,10 @@
 //! namespace.
 
 mod afpacket;
-mod ring;
 mod error;
 mod file;
 mod iface;
+mod ring;
 
 pub use afpacket::{AfPacketOpts, AfPacketSink, TxMode};
 pub use error::SendError;
