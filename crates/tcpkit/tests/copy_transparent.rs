@@ -4,12 +4,11 @@
 //! over a management link of its own, so the target needs no forwarding.
 
 mod copy_common;
-#[path = "common/schema.rs"]
-mod schema;
 
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
+use copy_common::schema;
 use copy_common::*;
 use serde_json::Value;
 use tcpkit_lab::{Host, LinkOpts, Proc, Signal};

@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Output;
 
-use common::{run, stderr, stdout, tcpkit};
+use common::{run, schema, stderr, stdout, tcpkit};
 use serde_json::Value;
 use tcpkit_lab::{Host, Lab};
 
@@ -224,86 +224,17 @@ fn host_wide_settings_are_not_applied_from_a_namespace() {
     );
 }
 
-/// Checks `v` against the subset of JSON Schema our schemas use (type, const, enum, minimum,
-/// required, properties, items, additionalProperties: false, and `$ref` to `#/$defs/...`).
-fn check(schema: &Value, v: &Value, at: &str) {
-    check_in(schema, schema, v, at);
-}
-
-fn check_in(root: &Value, schema: &Value, v: &Value, at: &str) {
-    if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
-        let target = r
-            .strip_prefix('#')
-            .and_then(|p| root.pointer(p))
-            .unwrap_or_else(|| panic!("{at}: $ref {r} does not resolve"));
-        return check_in(root, target, v, at);
-    }
-    let types: Vec<&str> = match &schema["type"] {
-        Value::String(t) => vec![t.as_str()],
-        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
-        _ => vec![],
-    };
-    let ty = match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    };
-    let ok =
-        types.is_empty() || types.contains(&ty) || (ty == "integer" && types.contains(&"number"));
-    assert!(ok, "{at}: {ty} where the schema says {types:?}");
-    if let Some(c) = schema.get("const") {
-        assert_eq!(c, v, "{at}: const");
-    }
-    if let Some(Value::Array(e)) = schema.get("enum") {
-        assert!(e.contains(v), "{at}: {v} not in {e:?}");
-    }
-    if let (Some(min), Some(n)) = (schema.get("minimum").and_then(Value::as_f64), v.as_f64()) {
-        assert!(n >= min, "{at}: {n} < {min}");
-    }
-    if let (Some(items), Value::Array(a)) = (schema.get("items"), v) {
-        for (i, x) in a.iter().enumerate() {
-            check_in(root, items, x, &format!("{at}[{i}]"));
-        }
-    }
-    if let Value::Object(obj) = v {
-        for r in schema["required"].as_array().into_iter().flatten() {
-            assert!(obj.contains_key(r.as_str().unwrap()), "{at}: missing {r}");
-        }
-        let props = schema["properties"].as_object();
-        for (k, val) in obj {
-            match props.and_then(|p| p.get(k)) {
-                Some(s) => check_in(root, s, val, &format!("{at}.{k}")),
-                None => assert!(
-                    schema["additionalProperties"] != Value::Bool(false),
-                    "{at}: unknown field {k}"
-                ),
-            }
-        }
-    }
-}
-
 #[test]
 fn json_matches_the_committed_schema() {
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../docs/schema/tune.schema.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let schema = schema::load("tune");
     // The checker must be able to fail: a document missing a field is refused, and so is
     // a check (reached through $ref) with a status the schema does not know.
-    let refused = std::panic::catch_unwind(|| check(&schema, &serde_json::json!({}), "$"));
+    let refused = std::panic::catch_unwind(|| schema::check(&schema, &serde_json::json!({}), "$"));
     assert!(refused.is_err());
     let bad_check = serde_json::json!([{"setting": "x", "status": "MAYBE", "current": null,
         "wanted": "1", "why": "w", "command": null, "appliable": false}]);
     let refused = std::panic::catch_unwind(|| {
-        check_in(
+        schema::check_part(
             &schema,
             &schema["properties"]["checks"],
             &bad_check,
@@ -321,7 +252,7 @@ fn json_matches_the_committed_schema() {
         vec!["--role", "server", "--connections", "1000", "--json"],
     ] {
         let j = json(&tune(&h, &args));
-        check(&schema, &j, "$");
+        schema::check(&schema, &j, "$");
         assert_eq!(j["after_apply"], Value::Null);
     }
     let o = apply(
@@ -330,7 +261,7 @@ fn json_matches_the_committed_schema() {
         &[],
     );
     let j = json(&o);
-    check(&schema, &j, "$");
+    schema::check(&schema, &j, "$");
     for c in j["after_apply"].as_array().unwrap() {
         seen_after = true;
         if c["setting"] == "net.core.somaxconn" {

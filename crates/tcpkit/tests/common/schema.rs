@@ -19,6 +19,12 @@ pub fn check(schema: &Value, v: &Value, at: &str) {
     walk(schema, schema, v, at);
 }
 
+/// Checks `v` against one part of `root` (e.g. `root["properties"]["checks"]`), following
+/// `$ref`s into `root`'s `$defs`.
+pub fn check_part(root: &Value, part: &Value, v: &Value, at: &str) {
+    walk(root, part, v, at);
+}
+
 fn walk(root: &Value, schema: &Value, v: &Value, at: &str) {
     if let Some(r) = schema["$ref"].as_str() {
         let name = r.trim_start_matches("#/$defs/");

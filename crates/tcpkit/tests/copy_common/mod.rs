@@ -3,6 +3,9 @@
 //! target, and a test can watch the clients' link to prove nothing from the target reaches it.
 #![allow(dead_code, reason = "each test file uses a different subset")]
 
+#[path = "../common/schema.rs"]
+pub mod schema;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -323,67 +326,7 @@ pub fn assert_accounted(r: &Value) {
     );
 }
 
-/// Checks `v` against the subset of JSON Schema copy.schema.json uses (type, const, minimum,
-/// required, properties, additionalProperties false, items, $ref to $defs).
+/// Checks a copy report against the committed docs/schema/copy.schema.json.
 pub fn check_schema(v: &Value) {
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../docs/schema/copy.schema.json"
-        ))
-        .expect("read the schema"),
-    )
-    .expect("schema is JSON");
-    check(&schema, &schema, v, "report");
-}
-
-fn check(root: &Value, schema: &Value, v: &Value, at: &str) {
-    if let Some(r) = schema["$ref"].as_str() {
-        let name = r.trim_start_matches("#/$defs/");
-        return check(root, &root["$defs"][name], v, at);
-    }
-    let types: Vec<&str> = match &schema["type"] {
-        Value::String(s) => vec![s.as_str()],
-        Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
-        _ => vec![],
-    };
-    let ty = match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    };
-    let ok =
-        types.is_empty() || types.contains(&ty) || (ty == "integer" && types.contains(&"number"));
-    assert!(ok, "{at}: {ty} where the schema says {types:?}");
-    if let Some(c) = schema.get("const") {
-        assert_eq!(v, c, "{at}");
-    }
-    if let (Some(min), Some(n)) = (schema.get("minimum").and_then(Value::as_f64), v.as_f64()) {
-        assert!(n >= min, "{at}: {n} < {min}");
-    }
-    if let (Some(items), Value::Array(a)) = (schema.get("items"), v) {
-        for (i, x) in a.iter().enumerate() {
-            check(root, items, x, &format!("{at}[{i}]"));
-        }
-    }
-    if let Value::Object(o) = v {
-        for r in schema["required"].as_array().into_iter().flatten() {
-            let k = r.as_str().unwrap();
-            assert!(o.contains_key(k), "{at}: missing {k}");
-        }
-        let props = schema["properties"].as_object();
-        for (k, x) in o {
-            match props.and_then(|p| p.get(k)) {
-                Some(s) => check(root, s, x, &format!("{at}.{k}")),
-                None => assert!(
-                    schema["additionalProperties"] != Value::Bool(false),
-                    "{at}: {k} is not in the schema"
-                ),
-            }
-        }
-    }
+    schema::check(&schema::load("copy"), v, "report");
 }
