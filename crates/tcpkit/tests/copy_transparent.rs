@@ -142,6 +142,8 @@ fn copy_done(c: Child) -> Value {
     );
     let r = json(&o);
     accounted(&r);
+    check_schema(&r);
+    assert!(r["transparent"].is_object(), "no transparent section: {r:#}");
     r
 }
 
