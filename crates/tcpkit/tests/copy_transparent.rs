@@ -143,7 +143,10 @@ fn copy_done(c: Child) -> Value {
     let r = json(&o);
     accounted(&r);
     check_schema(&r);
-    assert!(r["transparent"].is_object(), "no transparent section: {r:#}");
+    assert!(
+        r["transparent"].is_object(),
+        "no transparent section: {r:#}"
+    );
     r
 }
 
