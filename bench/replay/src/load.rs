@@ -487,6 +487,16 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         .transpose()
         .context("--max-conns N")?
         .unwrap_or(1_000_000);
+    // How long the concurrent-connections step may spend opening (opening a million
+    // connections with ~100 processes on 2 CPUs takes minutes).
+    let open_secs: u64 = args
+        .iter()
+        .position(|a| a == "--open-secs")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse())
+        .transpose()
+        .context("--open-secs N")?
+        .unwrap_or(150);
     let tcpkit = crate::tcpkit_binary()?;
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let (mut lab, cli, srv, link) = Lab::pair("bload")?;
@@ -639,7 +649,7 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
             max_conns,
             &all_sources,
             5,
-            Duration::from_secs(150),
+            Duration::from_secs(open_secs),
         )?;
         let _ = writeln!(
             md,
