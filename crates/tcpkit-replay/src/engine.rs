@@ -19,6 +19,8 @@ use crate::config::{Config, Output};
 
 /// Ethernet's link type, the one every frame we emit has.
 const DLT_EN10MB: u32 = 1;
+/// Frames handed to the sink per call, listed on the stack (see `Worker::flush`).
+const SEND_CHUNK: usize = 64;
 /// Longer waits are cut into pieces this long so an interrupt or the end of `--duration` is
 /// seen promptly even inside a long capture gap.
 const WAIT_SLICE_NS: u64 = 50_000_000;
@@ -682,17 +684,31 @@ impl<'a> Worker<'a> {
             }
             bytes += self.frame(i).len() as u64;
         }
-        // One small list per batch (not per frame): the sink takes borrowed frames.
+        // The sink takes borrowed frames; they are listed on the stack, SEND_CHUNK at a time,
+        // so a paced run (a batch of one per packet) allocates nothing per packet.
         let (direct, bufs, ts) = (&self.direct, &self.bufs, &self.ts);
-        let frames: Vec<Frame<'_>> = (0..self.n)
-            .map(|i| Frame {
-                data: direct[i].unwrap_or(&bufs[i]),
-                ts_ns: ts[i],
-            })
-            .collect();
         let before = self.sink.counters().failed;
-        let r = self.sink.send_batch(&frames);
-        drop(frames);
+        let mut r = Ok(());
+        for start in (0..self.n).step_by(SEND_CHUNK) {
+            let len = (self.n - start).min(SEND_CHUNK);
+            let frames: [Frame<'_>; SEND_CHUNK] = std::array::from_fn(|i| {
+                if i < len {
+                    Frame {
+                        data: direct[start + i].unwrap_or(&bufs[start + i]),
+                        ts_ns: ts[start + i],
+                    }
+                } else {
+                    Frame {
+                        data: &[],
+                        ts_ns: 0,
+                    }
+                }
+            });
+            r = self.sink.send_batch(&frames[..len]);
+            if r.is_err() {
+                break;
+            }
+        }
         self.last_send_ns = now_ns();
         let failed = self.sink.counters().failed - before;
         self.sh
