@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime};
 
 use copy_common::*;
 use serde_json::Value;
-use tcpkit_wire::tcp::{Flags, Options, Segment};
 
 /// Same length on both servers, different bytes: only the body differs.
 const ORIGINAL: &str = "original body\n";
@@ -59,63 +58,19 @@ fn old_date(answer: &[u8]) -> Vec<u8> {
 /// A capture of `sessions` keep-alive sessions to ONLINE:8080, each asking for each path of
 /// `gets` in turn and getting the answer beside it.
 fn capture(path: &Path, sessions: u16, gets: &[(&str, Vec<u8>)]) {
-    let server: SocketAddr = format!("{ONLINE}:8080").parse().unwrap();
-    let mut frames = Vec::new();
-    let mut buf = Vec::new();
-    for k in 0..sessions {
-        let client: SocketAddr = format!("{CLIENT}:{}", 42000 + k).parse().unwrap();
-        let mut ts = 1_700_000_000_000_000_000u64 + u64::from(k) * 1_000_000;
-        let (mut cs, mut ss) = (1u32, 9u32);
-        let mut seg = |ts: u64, fwd: bool, seq, ack, fl: u8, pl: &[u8]| {
-            let (src, dst) = if fwd {
-                (client, server)
-            } else {
-                (server, client)
-            };
-            let s = Segment {
-                src,
-                dst,
-                seq,
-                ack,
-                flags: Flags(fl),
-                window: 65535,
-                options: Options::default(),
-                payload: 0..0,
-                payload_len: 0,
-            };
-            buf.clear();
-            s.emit(pl, &mut buf).unwrap();
-            frames.push((ts, buf.clone()));
-        };
-        seg(ts, true, cs - 1, 0, 0x02, &[]);
-        seg(ts + 1000, false, ss - 1, cs, 0x12, &[]);
-        for (path, answer) in gets {
-            ts += 20_000_000;
-            let get = format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n");
-            seg(ts, true, cs, ss, 0x18, get.as_bytes());
-            cs += get.len() as u32;
-            // The answer in two segments, as nginx sends a head and a file.
-            let cut = answer.len() / 2;
-            seg(ts + 100_000, false, ss, cs, 0x18, &answer[..cut]);
-            seg(
-                ts + 150_000,
-                false,
-                ss + cut as u32,
-                cs,
-                0x18,
-                &answer[cut..],
-            );
-            ss += answer.len() as u32;
-        }
-        seg(ts + 1_000_000, true, cs, ss, 0x11, &[]);
-        seg(ts + 1_100_000, false, ss, cs + 1, 0x11, &[]);
-    }
-    frames.sort_by_key(|f| f.0);
-    let mut w = tcpkit_pcap::PcapWriter::create(path, 1, 65535, true).unwrap();
-    for (ts, f) in &frames {
-        w.write_packet(*ts, f, f.len() as u32).unwrap();
-    }
-    w.finish().unwrap();
+    let requests: Vec<String> = gets
+        .iter()
+        .map(|(p, _)| format!("GET {p} HTTP/1.1\r\nHost: t\r\n\r\n"))
+        .collect();
+    let turns: Vec<(&[u8], &[u8])> = requests
+        .iter()
+        .zip(gets)
+        .map(|(r, (_, a))| (r.as_bytes(), a.as_slice()))
+        .collect();
+    write_frames(
+        path,
+        &http_session_frames(sessions, 42000, 20_000_000, &turns),
+    );
 }
 
 fn run(l: &CopyLab, args: &[&str]) -> std::process::Output {

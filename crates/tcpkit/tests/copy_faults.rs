@@ -330,55 +330,8 @@ fn offline_capture_with_a_lost_segment_is_counted_not_hung_and_speed_idle_loop_r
     let get = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
     let pcap = dir.path().join("http.pcap");
     {
-        let mut w = tcpkit_pcap::PcapWriter::create(&pcap, 1, 65535, true).unwrap();
-        let server: SocketAddr = format!("{ONLINE}:8080").parse().unwrap();
-        let mut buf = Vec::new();
-        let mut frames = Vec::new();
-        for k in 0..4u16 {
-            let client: SocketAddr = format!("{CLIENT}:{}", 41000 + k).parse().unwrap();
-            let mut ts = 1_700_000_000_000_000_000u64 + u64::from(k) * 1_000_000;
-            let (mut cs, mut ss) = (1u32, 9u32);
-            let mut seg = |ts: u64, fwd: bool, seq, ack, fl: u8, pl: &[u8]| {
-                let (src, dst) = if fwd {
-                    (client, server)
-                } else {
-                    (server, client)
-                };
-                let s = Segment {
-                    src,
-                    dst,
-                    seq,
-                    ack,
-                    flags: Flags(fl),
-                    window: 65535,
-                    options: Options::default(),
-                    payload: 0..0,
-                    payload_len: 0,
-                };
-                buf.clear();
-                s.emit(pl, &mut buf).unwrap();
-                frames.push((ts, buf.clone()));
-            };
-            seg(ts, true, cs - 1, 0, 0x02, &[]);
-            seg(ts + 1000, false, ss - 1, cs, 0x12, &[]);
-            for _ in 0..5 {
-                ts += 100_000_000;
-                seg(ts, true, cs, ss, 0x18, get);
-                cs += get.len() as u32;
-                seg(
-                    ts + 100_000,
-                    false,
-                    ss,
-                    cs,
-                    0x18,
-                    b"HTTP/1.1 200 OK\r\n\r\n",
-                );
-                ss += 19;
-            }
-            seg(ts + 1_000_000, true, cs, ss, 0x11, &[]);
-            seg(ts + 1_100_000, false, ss, cs + 1, 0x11, &[]);
-        }
-        frames.sort_by_key(|f| f.0);
+        let answer: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
+        let mut frames = http_session_frames(4, 41000, 100_000_000, &[(get.as_slice(), answer); 5]);
         // One client data segment of the first session never made it into the capture.
         let lost = frames
             .iter()
@@ -388,10 +341,7 @@ fn offline_capture_with_a_lost_segment_is_counted_not_hung_and_speed_idle_loop_r
             })
             .unwrap();
         frames.remove(lost);
-        for (ts, f) in &frames {
-            w.write_packet(*ts, f, f.len() as u32).unwrap();
-        }
-        w.finish().unwrap();
+        write_frames(&pcap, &frames);
     }
     let p = pcap.to_str().unwrap();
     let t = Instant::now();

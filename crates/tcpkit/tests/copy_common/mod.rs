@@ -330,3 +330,76 @@ pub fn assert_accounted(r: &Value) {
 pub fn check_schema(v: &Value) {
     schema::check(&schema::load("copy"), v, "report");
 }
+
+/// The frames of `sessions` whole keep-alive HTTP sessions from CLIENT:`first_port`+k to
+/// ONLINE:8080, in capture order: a handshake, then for each `(request, answer)` of `turns`,
+/// `gap_ns` after the previous one, the request and the answer in two segments (as nginx
+/// sends a head and a file), then FINs. For offline-mode tests that need known captures.
+pub fn http_session_frames(
+    sessions: u16,
+    first_port: u16,
+    gap_ns: u64,
+    turns: &[(&[u8], &[u8])],
+) -> Vec<(u64, Vec<u8>)> {
+    use tcpkit_wire::tcp::{Flags, Options, Segment};
+    let server: std::net::SocketAddr = format!("{ONLINE}:8080").parse().unwrap();
+    let mut frames = Vec::new();
+    let mut buf = Vec::new();
+    for k in 0..sessions {
+        let client: std::net::SocketAddr = format!("{CLIENT}:{}", first_port + k).parse().unwrap();
+        let mut ts = 1_700_000_000_000_000_000u64 + u64::from(k) * 1_000_000;
+        let (mut cs, mut ss) = (1u32, 9u32);
+        let mut seg = |ts: u64, fwd: bool, seq, ack, fl: u8, pl: &[u8]| {
+            let (src, dst) = if fwd {
+                (client, server)
+            } else {
+                (server, client)
+            };
+            let s = Segment {
+                src,
+                dst,
+                seq,
+                ack,
+                flags: Flags(fl),
+                window: 65535,
+                options: Options::default(),
+                payload: 0..0,
+                payload_len: 0,
+            };
+            buf.clear();
+            s.emit(pl, &mut buf).unwrap();
+            frames.push((ts, buf.clone()));
+        };
+        seg(ts, true, cs - 1, 0, 0x02, &[]);
+        seg(ts + 1000, false, ss - 1, cs, 0x12, &[]);
+        for (request, answer) in turns {
+            ts += gap_ns;
+            seg(ts, true, cs, ss, 0x18, request);
+            cs += request.len() as u32;
+            let cut = answer.len() / 2;
+            seg(ts + 100_000, false, ss, cs, 0x18, &answer[..cut]);
+            seg(
+                ts + 150_000,
+                false,
+                ss + cut as u32,
+                cs,
+                0x18,
+                &answer[cut..],
+            );
+            ss += answer.len() as u32;
+        }
+        seg(ts + 1_000_000, true, cs, ss, 0x11, &[]);
+        seg(ts + 1_100_000, false, ss, cs + 1, 0x11, &[]);
+    }
+    frames.sort_by_key(|f| f.0);
+    frames
+}
+
+/// Writes `frames` as an Ethernet pcap with nanosecond timestamps.
+pub fn write_frames(path: &Path, frames: &[(u64, Vec<u8>)]) {
+    let mut w = tcpkit_pcap::PcapWriter::create(path, 1, 65535, true).unwrap();
+    for (ts, f) in frames {
+        w.write_packet(*ts, f, f.len() as u32).unwrap();
+    }
+    w.finish().unwrap();
+}
