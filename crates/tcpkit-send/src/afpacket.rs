@@ -473,9 +473,15 @@ mod tests {
                 let n = recv(&rx, &mut buf).unwrap_or_else(|| panic!("frame {i} never arrived"));
                 assert_eq!(&buf[..n], &f[..], "frame {i} differs or is out of order");
             }
+            // The kernel may add a frame or two of its own on a fresh link (IPv6 router
+            // solicitation, MLD): the interface counts at least ours, and not many more.
             let after = crate::if_counters(&a).expect("counters");
-            assert_eq!(after.tx_packets - before.tx_packets, 300);
-            assert_eq!(after.tx_bytes - before.tx_bytes, total);
+            let sent = after.tx_packets - before.tx_packets;
+            assert!(
+                (300..=304).contains(&sent),
+                "interface sent {sent} frames for our 300"
+            );
+            assert!(after.tx_bytes - before.tx_bytes >= total);
         });
     }
 
