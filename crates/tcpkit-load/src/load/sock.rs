@@ -58,6 +58,7 @@ pub(crate) fn connect(to: SocketAddr, from: Option<IpAddr>) -> io::Result<mio::n
         Some(Protocol::TCP),
     )?;
     s.set_tcp_nodelay(true)?;
+    sequential_ports(&s);
     if let Some(src) = from {
         let one: libc::c_int = 1;
         // SAFETY: a valid socket, an int option, its size.
@@ -81,6 +82,33 @@ pub(crate) fn connect(to: SocketAddr, from: Option<IpAddr>) -> io::Result<mio::n
         Err(e) => return Err(e),
     }
     Ok(mio::net::TcpStream::from_std(s.into()))
+}
+
+/// `IP_LOCAL_PORT_RANGE` from `linux/in.h` (Linux 6.3); not in the libc crate.
+const IP_LOCAL_PORT_RANGE: libc::c_int = 51;
+
+/// Makes `connect()` pick this socket's port by one sequential scan of the whole range.
+///
+/// Without a per-socket range the kernel hands out ports of one parity first and, once those
+/// are used up, scans all of them again before each connect that takes the other parity: past
+/// half the range each connect costs ~32k probes, and opening a million connections crawled
+/// from ~19k/s to ~250/s at exactly 50 % of (source addresses x ports). With any per-socket
+/// range set, `__inet_hash_connect` steps by 1 and continues from where the last connect to
+/// the same destination stopped. The range asked, 1..=65535, is clamped by the kernel to
+/// `ip_local_port_range`, so it changes which ports are tried first, never which may be used.
+/// Older kernels refuse the option; they keep their own order.
+fn sequential_ports(s: &Socket) {
+    let range: u32 = (65535 << 16) | 1;
+    // SAFETY: a valid socket, a u32 option, its size. A failure leaves the kernel's default.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_IP,
+            IP_LOCAL_PORT_RANGE,
+            (&range as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        );
+    }
 }
 
 /// The errno's name, as the report counts it.
