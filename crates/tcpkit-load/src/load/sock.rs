@@ -173,6 +173,28 @@ mod tests {
     }
 
     #[test]
+    fn connects_ask_for_sequential_ports_on_both_families() {
+        for to in ["127.0.0.1:0", "[::1]:0"] {
+            let l = std::net::TcpListener::bind(to).unwrap();
+            let s = connect(l.local_addr().unwrap(), None).unwrap();
+            let mut range: u32 = 0;
+            let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+            // SAFETY: a valid socket, a u32 to read into, its size.
+            let rc = unsafe {
+                libc::getsockopt(
+                    s.as_raw_fd(),
+                    libc::IPPROTO_IP,
+                    IP_LOCAL_PORT_RANGE,
+                    (&mut range as *mut u32).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0, "{to}: {}", io::Error::last_os_error());
+            assert_eq!(range, (65535 << 16) | 1, "{to}");
+        }
+    }
+
+    #[test]
     fn refused_connect_reports_econnrefused() {
         // A port nobody listens on: bind one, learn its number, close it.
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
