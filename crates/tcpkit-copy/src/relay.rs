@@ -669,9 +669,8 @@ impl<'a> Relay<'a> {
         let Some(c) = self.conns[idx].as_mut() else {
             return;
         };
-        if let Some(mut s) = c.sock.take() {
-            let _ = self.poll.registry().deregister(&mut s);
-        }
+        // Closing the descriptor takes it out of the epoll set: no deregister call.
+        drop(c.sock.take());
         let refused = matches!(
             e.raw_os_error(),
             Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH)
@@ -694,14 +693,12 @@ impl<'a> Relay<'a> {
             return;
         };
         let Some(s) = c.sock.as_ref() else { return };
+        // The socket was registered edge-triggered while connecting, so its first event is
+        // the end of the handshake: SO_ERROR alone tells success from failure (no
+        // getpeername to ask again whether it is connected).
         match s.take_error() {
             Ok(Some(e)) | Err(e) => return self.connect_failed(idx, &e, now),
             Ok(None) => {}
-        }
-        match s.peer_addr() {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
-            Err(e) => return self.connect_failed(idx, &e, now),
         }
         c.state = State::Up;
         c.last_write_ns = now;
@@ -715,9 +712,8 @@ impl<'a> Relay<'a> {
         let Some(mut c) = self.conns[idx].take() else {
             return;
         };
-        if let Some(mut s) = c.sock.take() {
-            let _ = self.poll.registry().deregister(&mut s);
-        }
+        // Closing the descriptor takes it out of the epoll set: no deregister call.
+        drop(c.sock.take());
         if let (Some(d), Some(df)) = (c.diff.take(), self.differ.as_mut()) {
             d.closed(df, how == Outcome::Completed);
         }
@@ -738,18 +734,24 @@ impl<'a> Relay<'a> {
         }
     }
 
-    fn on_io(&mut self, idx: usize, now: u64) {
+    fn on_io(&mut self, idx: usize, now: u64, readable: bool, hup: bool) {
         let Some(c) = self.conns.get(idx).and_then(Option::as_ref) else {
             return;
         };
         if c.state == State::Connecting {
             self.connected(idx, now);
         }
-        self.read(idx, now);
+        if readable {
+            self.read(idx, now, hup);
+        }
         self.pump(idx, now);
     }
 
-    fn read(&mut self, idx: usize, now: u64) {
+    /// Reads what the target sent. A read shorter than the buffer emptied the socket (more
+    /// data would raise a new edge), so the read that could only say EAGAIN is skipped unless
+    /// `hup` says a FIN or an error waits behind the data: with a new connection per request
+    /// that read was 1.7 of the copy's 12 syscalls per session.
+    fn read(&mut self, idx: usize, now: u64, hup: bool) {
         let no_wait = self.cfg.no_wait;
         let Some(c) = self.conns[idx].as_mut() else {
             return;
@@ -779,6 +781,9 @@ impl<'a> Relay<'a> {
                     }
                     c.answered = true;
                     c.last_rx_ns = now;
+                    if n < self.scratch.len() && !hup {
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -951,7 +956,11 @@ impl<'a> Relay<'a> {
         let now = now_ns();
         for ev in events.iter() {
             if ev.token() != CAPTURE {
-                self.on_io(ev.token().0, now);
+                // A FIN or an error already queued must be read to be seen; an event that
+                // only says writable (a connect that finished) has nothing to read.
+                let hup = ev.is_read_closed() || ev.is_error();
+                let readable = ev.is_readable() || hup;
+                self.on_io(ev.token().0, now, readable, hup);
             }
         }
         self.fire_timers(now);
