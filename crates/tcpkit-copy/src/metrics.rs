@@ -175,11 +175,8 @@ fn rss_bytes() -> u64 {
 pub fn exposition(live: &Live, info: Info, elapsed: Duration) -> String {
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let (copied, answered) = (g(&live.requests_copied), g(&live.requests_answered));
-    let loss = if copied == 0 {
-        0.0
-    } else {
-        copied.saturating_sub(answered) as f64 / copied as f64
-    };
+    let at_source = g(&live.requests_at_source);
+    let loss = tcpkit_stats::loss_ratio_percent(at_source, answered) / 100.0;
     let mut m: Vec<(&str, &str, &str, String)> = vec![
         (
             "seconds",
@@ -224,6 +221,12 @@ pub fn exposition(live: &Live, info: Info, elapsed: Duration) -> String {
             copied.to_string(),
         ),
         (
+            "requests_at_source_total",
+            "counter",
+            "Requests of the copied sessions seen at the source, once per copy.",
+            at_source.to_string(),
+        ),
+        (
             "requests_answered_total",
             "counter",
             "Requests the target answered.",
@@ -232,7 +235,7 @@ pub fn exposition(live: &Live, info: Info, elapsed: Duration) -> String {
         (
             "request_loss_ratio",
             "gauge",
-            "tcpcopy's request loss ratio: (copied - answered) / copied.",
+            "tcpcopy's request loss ratio: (at the source - answered) / at the source.",
             format!("{loss}"),
         ),
         (
@@ -314,6 +317,7 @@ mod tests {
     #[test]
     fn serves_the_counters_and_refuses_the_rest() {
         let live = Arc::new(Live::default());
+        live.requests_at_source.store(1000, Ordering::Relaxed);
         live.requests_copied.store(1000, Ordering::Relaxed);
         live.requests_answered.store(999, Ordering::Relaxed);
         let info = Info {

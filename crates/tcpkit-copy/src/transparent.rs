@@ -1331,6 +1331,7 @@ impl<'a> Engine<'a> {
                 + self.ts.control_lost,
         );
         st(&live.open, self.open);
+        st(&live.requests_at_source, self.report.requests.at_source);
         st(&live.requests_copied, self.report.requests.copied);
         st(&live.requests_answered, self.report.requests.answered);
         st(&live.held_bytes, self.held as u64);

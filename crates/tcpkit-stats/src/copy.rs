@@ -122,7 +122,9 @@ pub struct RequestStats {
     pub copied: u64,
     /// Requests the target answered.
     pub answered: u64,
-    /// tcpcopy's request loss ratio: (copied − answered) / copied, in percent.
+    /// The request loss ratio as tcpcopy defines it: (requests at the source − requests the
+    /// target answered) / requests at the source, in percent. Requests that were never copied
+    /// (their session failed to connect, was shed, or ended early) count as lost.
     pub loss_ratio_percent: f64,
     pub bytes_copied: u64,
     pub bytes_answered: u64,
@@ -210,16 +212,21 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// (at the source − answered) / at the source, in percent; 0 when nothing was seen.
+pub fn loss_ratio_percent(at_source: u64, answered: u64) -> f64 {
+    if at_source == 0 {
+        0.0
+    } else {
+        at_source.saturating_sub(answered) as f64 * 100.0 / at_source as f64
+    }
+}
+
 impl CopyReport {
     /// Fills the derived figures (loss ratio) and the schema version.
     pub fn finish(&mut self) {
         self.schema_version = COPY_SCHEMA_VERSION;
         let r = &mut self.requests;
-        r.loss_ratio_percent = if r.copied == 0 {
-            0.0
-        } else {
-            r.copied.saturating_sub(r.answered) as f64 * 100.0 / r.copied as f64
-        };
+        r.loss_ratio_percent = loss_ratio_percent(r.at_source, r.answered);
     }
 
     /// The human summary.
@@ -453,6 +460,14 @@ mod tests {
         let mut z = CopyReport::default();
         z.finish();
         assert_eq!(z.requests.loss_ratio_percent, 0.0);
+        // Requests whose sessions never reached the target are lost too: at 20k new
+        // connections/s the copy once said 0 % with a third of the sessions failed.
+        let mut f = CopyReport::default();
+        f.requests.at_source = 100;
+        f.requests.copied = 60;
+        f.requests.answered = 60;
+        f.finish();
+        assert_eq!(f.requests.loss_ratio_percent, 40.0);
         assert_eq!(z.schema_version, COPY_SCHEMA_VERSION);
     }
 

@@ -12,8 +12,8 @@ mod load;
 mod replay;
 
 pub use copy::{
-    CaptureStats, CopyReport, DiffStats, FailStats, LatencyStats, MemoryStats, RequestStats,
-    SessionStats, TransparentStats, COPY_SCHEMA_VERSION,
+    loss_ratio_percent, CaptureStats, CopyReport, DiffStats, FailStats, LatencyStats, MemoryStats,
+    RequestStats, SessionStats, TransparentStats, COPY_SCHEMA_VERSION,
 };
 pub use flows::FlowTable;
 pub use hist::{HdrLog, HistDecodeError, Histogram, Percentiles};
