@@ -9,12 +9,16 @@
 //! with ab -k. tcpcopy is not packaged in Debian; its figures from the issue are printed
 //! beside ours for reference. Prints one table and writes it to bench/results/copy-DATE.md.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Host, Lab, LinkOpts, Proc};
+use tcpkit_pcap::CaptureFile;
+use tcpkit_wire::tcp::Segment;
 
 const CLIENT: &str = "198.18.1.1";
 const ONLINE: &str = "198.18.1.2";
@@ -108,6 +112,81 @@ struct Load {
     note: String,
 }
 
+/// A tcpdump of the online server's clients' link, buffered (no `-U`, no immediate mode, as
+/// the lab's exact-capture tcpdump has): a write per packet cost the 2 CPUs so much that the
+/// load generator fell behind with no copy running. Headers only.
+fn wire_dump(env: &Env, lab: &mut Lab, tag: &str) -> Result<(Proc, PathBuf)> {
+    let path = lab.dir().join(format!("wire-{tag}.pcap"));
+    let file = path.to_str().context("lab path")?.to_string();
+    let p = env.onl.spawn(
+        lab,
+        &format!("tcpdump-{tag}"),
+        &[
+            "tcpdump",
+            "-i",
+            &env.cap_if,
+            "-w",
+            &file,
+            "-s",
+            "128",
+            "-nn",
+            "--time-stamp-precision",
+            "nano",
+            "-B",
+            "65536",
+            "tcp port 8080",
+        ],
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !p.log().contains("listening on") {
+        if Instant::now() > deadline || p.try_status()?.is_some() {
+            bail!("tcpdump did not start: {}", p.log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((p, path))
+}
+
+/// Stops a [`wire_dump`] and reads the online server's latency from it: per connection, from
+/// a request's first segment to its answer's first. None when tcpdump dropped packets.
+fn wire_stop(p: Proc, path: &Path) -> Result<Option<(f64, f64)>> {
+    p.stop()?;
+    let dropped: u64 = p
+        .log()
+        .lines()
+        .find_map(|l| l.strip_suffix(" packets dropped by kernel"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    if dropped > 0 {
+        return Ok(None);
+    }
+    let f = CaptureFile::open(path)?;
+    let mut pending: HashMap<(SocketAddr, SocketAddr), u64> = HashMap::new();
+    let mut lat = Vec::new();
+    for pkt in f.packets() {
+        let pkt = pkt?;
+        let Ok(seg) = Segment::parse(pkt.data) else {
+            continue;
+        };
+        if seg.payload_len == 0 {
+            continue;
+        }
+        if seg.dst.port() == 8080 {
+            pending.entry((seg.src, seg.dst)).or_insert(pkt.ts_ns);
+        } else if let Some(t0) = pending.remove(&(seg.dst, seg.src)) {
+            lat.push(pkt.ts_ns.saturating_sub(t0));
+        }
+    }
+    drop(f);
+    let _ = std::fs::remove_file(path);
+    lat.sort_unstable();
+    let pct = |q: f64| {
+        lat.get(((lat.len().max(1) - 1) as f64 * q).round() as usize)
+            .map_or(f64::NAN, |&v| v as f64 / 1e3)
+    };
+    Ok((!lat.is_empty()).then(|| (pct(0.5), pct(0.99))))
+}
+
 /// `tcpkit load` at `rate` for RUN_S against the online nginx.
 fn load(env: &Env, rate: u32, new_conn: bool) -> Result<Load> {
     let conns = if new_conn {
@@ -187,9 +266,22 @@ struct Row {
     online: u64,
     target: u64,
     cpu_pct: f64,
+    /// The copy's CPU per request it copied (µs).
+    cpu_per_req_us: Option<f64>,
     rss_mb: f64,
     base: Load,
     with: Load,
+    /// The online server's latency on its wire (p50, p99 µs): no copy, and copying.
+    wire: [Option<(f64, f64)>; 2],
+}
+
+/// Waits for a copy and returns its JSON report.
+fn copy_report(copy: Child) -> Result<serde_json::Value> {
+    let o = copy.wait_with_output().context("wait for tcpkit copy")?;
+    if !o.status.success() {
+        bail!("tcpkit copy: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    serde_json::from_slice(&o.stdout).context("tcpkit copy --json")
 }
 
 impl Row {
@@ -203,7 +295,31 @@ impl Row {
 }
 
 /// One rate and kind: without the copy, then with it.
-fn scenario(env: &Env, rate: u32, new_conn: bool) -> Result<Row> {
+/// The online server's latency on its wire, with no copy and with one: two more runs, each
+/// under a tcpdump, kept apart from the runs that give the loss, the copy's CPU and the
+/// clients' view (a tcpdump costs these 2 CPUs enough to move those).
+fn wire_pair(
+    env: &Env,
+    lab: &mut Lab,
+    rate: u32,
+    new_conn: bool,
+) -> Result<[Option<(f64, f64)>; 2]> {
+    let tag = format!("{}-{rate}", if new_conn { "new" } else { "ka" });
+    let (dump, path) = wire_dump(env, lab, &format!("{tag}-base"))?;
+    load(env, rate, new_conn)?;
+    let base = wire_stop(dump, &path)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let (dump, path) = wire_dump(env, lab, &format!("{tag}-copy"))?;
+    let copy = start_copy(env, RUN_S + 1.0)?;
+    load(env, rate, new_conn)?;
+    copy_report(copy)?;
+    let with = wire_stop(dump, &path)?;
+    std::thread::sleep(Duration::from_millis(300));
+    Ok([base, with])
+}
+
+fn scenario(env: &Env, lab: &mut Lab, rate: u32, new_conn: bool) -> Result<Row> {
+    let wire = wire_pair(env, lab, rate, new_conn)?;
     let base = load(env, rate, new_conn)?;
     std::thread::sleep(Duration::from_millis(300));
     let (on0, tg0) = (log_lines(&env.on_log), log_lines(&env.tg_log));
@@ -214,10 +330,8 @@ fn scenario(env: &Env, rate: u32, new_conn: bool) -> Result<Row> {
     let with = load(env, rate, new_conn)?;
     let (cpu1, hwm) = usage(pid);
     let secs = t0.elapsed().as_secs_f64();
-    let o = copy.wait_with_output().context("wait for tcpkit copy")?;
-    if !o.status.success() {
-        bail!("tcpkit copy: {}", String::from_utf8_lossy(&o.stderr));
-    }
+    let report = copy_report(copy)?;
+    let copied = report["requests"]["copied"].as_u64().unwrap_or(0);
     // nginx flushes its access log every 100 ms.
     std::thread::sleep(Duration::from_millis(300));
     Ok(Row {
@@ -230,9 +344,11 @@ fn scenario(env: &Env, rate: u32, new_conn: bool) -> Result<Row> {
         online: log_lines(&env.on_log) - on0,
         target: log_lines(&env.tg_log) - tg0,
         cpu_pct: (cpu1 - cpu0) * 100.0 / secs,
+        cpu_per_req_us: (copied > 0).then(|| (cpu1 - cpu0) * 1e6 / copied as f64),
         rss_mb: hwm as f64 / 1024.0,
         base,
         with,
+        wire,
     })
 }
 
@@ -255,7 +371,8 @@ fn wrk_row(env: &Env) -> Result<Row> {
     let (cpu1, hwm) = usage(pid);
     let secs = t0.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&o.stdout).to_string();
-    let _ = copy.wait_with_output();
+    let report = copy_report(copy)?;
+    let copied = report["requests"]["copied"].as_u64().unwrap_or(0);
     std::thread::sleep(Duration::from_millis(300));
     let lat = |q: &str| -> f64 {
         text.lines()
@@ -281,6 +398,7 @@ fn wrk_row(env: &Env) -> Result<Row> {
         online,
         target: log_lines(&env.tg_log) - tg0,
         cpu_pct: (cpu1 - cpu0) * 100.0 / secs,
+        cpu_per_req_us: (copied > 0).then(|| (cpu1 - cpu0) * 1e6 / copied as f64),
         rss_mb: hwm as f64 / 1024.0,
         base: Load::default(),
         with: Load {
@@ -288,6 +406,7 @@ fn wrk_row(env: &Env) -> Result<Row> {
             p99_us: lat("99%"),
             note: String::new(),
         },
+        wire: [None, None],
     })
 }
 
@@ -349,15 +468,15 @@ pub fn copy(_args: &[String]) -> Result<()> {
                     "keep-alive"
                 }
             );
-            rows.push(scenario(&env, rate, new_conn)?);
+            rows.push(scenario(&env, &mut lab, rate, new_conn)?);
         }
     }
     eprintln!("wrk keep-alive at its top rate ...");
     rows.push(wrk_row(&env)?);
 
     let mut t = String::new();
-    t.push_str("| traffic | rate | requests online | at target | request loss | copy CPU (% of a core) | copy peak RSS | online p50 / p99 without copy | with copy |\n");
-    t.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    t.push_str("| traffic | rate | requests online | at target | request loss | copy CPU (% of a core; per request) | copy peak RSS | online server on its wire p50 / p99: no copy | copying | clients' view p50 / p99: no copy | copying |\n");
+    t.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &rows {
         let lat = |l: &Load| {
             if l.p50_us == 0.0 {
@@ -366,13 +485,21 @@ pub fn copy(_args: &[String]) -> Result<()> {
                 format!("{:.0} / {:.0} µs", l.p50_us, l.p99_us)
             }
         };
+        let wire = |w: Option<(f64, f64)>| match w {
+            Some((p50, p99)) => format!("{p50:.0} / {p99:.0} µs"),
+            None => "—".to_string(),
+        };
+        let per = r
+            .cpu_per_req_us
+            .map(|u| format!("; {u:.0} µs"))
+            .unwrap_or_default();
         let note = [&r.base.note, &r.with.note]
             .iter()
             .filter(|n| !n.is_empty())
             .map(|n| format!(" ({n})"))
             .collect::<String>();
         t.push_str(&format!(
-            "| {} | {} req/s | {} | {} | {:.4} % | {:.1} % | {:.1} MB | {} | {}{} |\n",
+            "| {} | {} req/s | {} | {} | {:.4} % | {:.1} %{per} | {:.1} MB | {} | {} | {} | {}{} |\n",
             r.what,
             r.asked,
             r.online,
@@ -380,15 +507,17 @@ pub fn copy(_args: &[String]) -> Result<()> {
             r.loss_pct(),
             r.cpu_pct,
             r.rss_mb,
+            wire(r.wire[0]),
+            wire(r.wire[1]),
             lat(&r.base),
             lat(&r.with),
             note
         ));
     }
     t.push_str(
-        "| tcpcopy 1.3 + intercept (issue text, not run: not packaged in Debian) | keep-alive, ab -k ~45–50k req/s | | | 0 % | | | | |\n\
-         | tcpcopy 1.3 + intercept (issue text) | new connection per request, ab -c10/-c50 | | | 6–12 % | | | | |\n\
-         | tcpcopy (its README) | 2 × 2.18k req/s → one target | | | 0.0375 % | ~9 % | | | |\n",
+        "| tcpcopy 1.3 + intercept (issue text, not run: not packaged in Debian) | keep-alive, ab -k ~45–50k req/s | | | 0 % | | | | | | |\n\
+         | tcpcopy 1.3 + intercept (issue text) | new connection per request, ab -c10/-c50 | | | 6–12 % | | | | | | |\n\
+         | tcpcopy (its README) | 2 × 2.18k req/s → one target | | | 0.0375 % | ~9 % | | | | | |\n",
     );
     println!("{t}");
     let cmd = "cargo run --release -p tcpkit-bench -- copy";
@@ -404,8 +533,15 @@ pub fn copy(_args: &[String]) -> Result<()> {
          keep-alive over rate/500 connections (4–40), a new connection per request with `--queries-per-conn 1 --connect-rate 1.2×rate` over 64.\n\
          Debian's wrk has no fixed-rate mode and no connection-per-request mode, so it only runs the last row.\n\
          Request loss = (online access-log lines − target access-log lines) / online lines, during the run with the copy.\n\
-         Copy CPU = the copy's user+system time over the load's wall time; RSS = its VmHWM. Latency = the clients' view of\n\
-         the online server, without the copy running and with it. tcpcopy is not packaged in Debian: its figures are quoted\n\
+         Copy CPU = the copy's user+system time over the load's wall time, and per request copied; RSS = its VmHWM.\n\
+         Latency, with no copy running and with the copy: \"on its wire\" is the online server's own, from a request's\n\
+         first segment to its answer's first on the server's interface (a buffered tcpdump, headers only, in two runs of\n\
+         their own: its CPU moves the other figures);\n\
+         \"clients' view\" is the load generator's, from each request's intended send time. The clients, both nginx, the\n\
+         copy and the target's TCP stack share 2 CPUs: on veth the target's stack runs as softirq in the sender's context,\n\
+         charged to no process, so `--nice` cannot put it behind production, and the load generator falls behind its own\n\
+         schedule when the CPUs run short (its run-queue wait at 5k new connections/s: ~0.3 s in 3 s with no copy, ~1.2 s\n\
+         copying). On a real network the target's stack runs on the target host. tcpcopy is not packaged in Debian: its figures are quoted\n\
          from the issue for reference, measured on another setup.\n\n\
          {t}",
         kernel.trim(),
