@@ -35,7 +35,25 @@ struct Env {
     cap_if: String,
     on_log: PathBuf,
     tg_log: PathBuf,
+    /// intercept's control address on the assistant (transparent mode).
+    intercept: String,
 }
+
+/// How the copy reaches the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Ordinary TCP connections from the online host.
+    Relay,
+    /// The clients' own addresses through a raw socket; answers caught by intercept.
+    Transparent,
+}
+
+/// Target ↔ assistant, and online ↔ assistant (the copy's control connection to intercept).
+const TGT_A: &str = "198.18.3.1";
+const ASSIST: &str = "198.18.3.2";
+const ONLINE_M: &str = "198.18.4.1";
+const ASSIST_M: &str = "198.18.4.2";
+const INTERCEPT_PORT: u16 = 7878;
 
 /// nginx on `ip`:8080 serving a 612-byte /index.html (nginx's own page size), one access-log
 /// line per request, with enough connections and workers for 20k new connections a second.
@@ -187,6 +205,38 @@ fn wire_stop(p: Proc, path: &Path) -> Result<Option<(f64, f64)>> {
     Ok((!lat.is_empty()).then(|| (pct(0.5), pct(0.99))))
 }
 
+/// `tcpkit intercept` on the assistant, catching the target's answers on `ifname`; returns
+/// once its control port accepts.
+fn start_intercept(env: &Env, lab: &mut Lab, ast: &Host, ifname: &str) -> Result<Proc> {
+    let tk = env.tcpkit.to_str().unwrap_or_default();
+    let listen = env.intercept.clone();
+    let p = ast.spawn(
+        lab,
+        "intercept",
+        &[
+            tk,
+            "intercept",
+            "--capture",
+            ifname,
+            "--filter",
+            "src port 8080",
+            "--listen",
+            &listen,
+        ],
+    )?;
+    let addr: SocketAddr = listen.parse()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ast
+        .enter(|| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
+    {
+        if Instant::now() > deadline || p.try_status()?.is_some() {
+            bail!("intercept never listened: {}", p.log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(p)
+}
+
 /// `tcpkit load` at `rate` for RUN_S against the online nginx.
 fn load(env: &Env, rate: u32, new_conn: bool) -> Result<Load> {
     let conns = if new_conn {
@@ -234,23 +284,27 @@ fn load(env: &Env, rate: u32, new_conn: bool) -> Result<Load> {
 }
 
 /// `tcpkit copy` on the online host until `secs`; returns once its capture is up.
-fn start_copy(env: &Env, secs: f64) -> Result<Child> {
+fn start_copy(env: &Env, secs: f64, mode: Mode) -> Result<Child> {
     let rule = format!("8080-{TARGET}:8080");
     let d = secs.to_string();
     let tk = env.tcpkit.to_str().unwrap_or_default();
+    let mut argv = vec![
+        tk,
+        "copy",
+        "-x",
+        &rule,
+        "-i",
+        &env.cap_if,
+        "--duration",
+        &d,
+        "--json",
+    ];
+    if mode == Mode::Transparent {
+        argv.extend_from_slice(&["--transparent", "--intercept", &env.intercept]);
+    }
     let child = env
         .onl
-        .command(&[
-            tk,
-            "copy",
-            "-x",
-            &rule,
-            "-i",
-            &env.cap_if,
-            "--duration",
-            &d,
-            "--json",
-        ])
+        .command(&argv)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -273,6 +327,8 @@ struct Row {
     with: Load,
     /// The online server's latency on its wire (p50, p99 µs): no copy, and copying.
     wire: [Option<(f64, f64)>; 2],
+    /// Transparent mode: intercept's CPU (% of a core) while copying, and its peak RSS (MB).
+    intercept: Option<(f64, f64)>,
 }
 
 /// Waits for a copy and returns its JSON report.
@@ -303,14 +359,15 @@ fn wire_pair(
     lab: &mut Lab,
     rate: u32,
     new_conn: bool,
+    mode: Mode,
 ) -> Result<[Option<(f64, f64)>; 2]> {
-    let tag = format!("{}-{rate}", if new_conn { "new" } else { "ka" });
+    let tag = format!("{}-{rate}-{mode:?}", if new_conn { "new" } else { "ka" });
     let (dump, path) = wire_dump(env, lab, &format!("{tag}-base"))?;
     load(env, rate, new_conn)?;
     let base = wire_stop(dump, &path)?;
     std::thread::sleep(Duration::from_millis(300));
     let (dump, path) = wire_dump(env, lab, &format!("{tag}-copy"))?;
-    let copy = start_copy(env, RUN_S + 1.0)?;
+    let copy = start_copy(env, RUN_S + 1.0, mode)?;
     load(env, rate, new_conn)?;
     copy_report(copy)?;
     let with = wire_stop(dump, &path)?;
@@ -318,28 +375,48 @@ fn wire_pair(
     Ok([base, with])
 }
 
-fn scenario(env: &Env, lab: &mut Lab, rate: u32, new_conn: bool) -> Result<Row> {
-    let wire = wire_pair(env, lab, rate, new_conn)?;
+fn scenario(
+    env: &Env,
+    lab: &mut Lab,
+    rate: u32,
+    new_conn: bool,
+    mode: Mode,
+    intercept: Option<&Proc>,
+) -> Result<Row> {
+    let wire = wire_pair(env, lab, rate, new_conn, mode)?;
     let base = load(env, rate, new_conn)?;
     std::thread::sleep(Duration::from_millis(300));
     let (on0, tg0) = (log_lines(&env.on_log), log_lines(&env.tg_log));
-    let copy = start_copy(env, RUN_S + 1.0)?;
+    let copy = start_copy(env, RUN_S + 1.0, mode)?;
     let pid = copy.id();
     let (cpu0, _) = usage(pid);
+    let icpu0 = intercept.map(|p| usage(p.pid()).0);
     let t0 = Instant::now();
     let with = load(env, rate, new_conn)?;
     let (cpu1, hwm) = usage(pid);
     let secs = t0.elapsed().as_secs_f64();
+    let intercept = intercept.zip(icpu0).map(|(p, c0)| {
+        let (c1, ihwm) = usage(p.pid());
+        ((c1 - c0) * 100.0 / secs, ihwm as f64 / 1024.0)
+    });
     let report = copy_report(copy)?;
     let copied = report["requests"]["copied"].as_u64().unwrap_or(0);
     // nginx flushes its access log every 100 ms.
     std::thread::sleep(Duration::from_millis(300));
     Ok(Row {
-        what: if new_conn {
-            "new connection per request".into()
-        } else {
-            "keep-alive".into()
-        },
+        what: format!(
+            "{}{}",
+            if new_conn {
+                "new connection per request"
+            } else {
+                "keep-alive"
+            },
+            if mode == Mode::Transparent {
+                ", transparent"
+            } else {
+                ""
+            }
+        ),
         asked: format!("{}k", rate / 1000),
         online: log_lines(&env.on_log) - on0,
         target: log_lines(&env.tg_log) - tg0,
@@ -349,6 +426,7 @@ fn scenario(env: &Env, lab: &mut Lab, rate: u32, new_conn: bool) -> Result<Row> 
         base,
         with,
         wire,
+        intercept,
     })
 }
 
@@ -357,7 +435,7 @@ fn wrk_row(env: &Env) -> Result<Row> {
     let url = format!("http://{ONLINE}:8080/index.html");
     let d = format!("{}s", RUN_S as u32);
     let (on0, tg0) = (log_lines(&env.on_log), log_lines(&env.tg_log));
-    let copy = start_copy(env, RUN_S + 1.5)?;
+    let copy = start_copy(env, RUN_S + 1.5, Mode::Relay)?;
     let pid = copy.id();
     let (cpu0, _) = usage(pid);
     let t0 = Instant::now();
@@ -407,6 +485,7 @@ fn wrk_row(env: &Env) -> Result<Row> {
             note: String::new(),
         },
         wire: [None, None],
+        intercept: None,
     })
 }
 
@@ -447,6 +526,34 @@ pub fn copy(_args: &[String]) -> Result<()> {
         h.sysctl("net.core.somaxconn", "4096")?;
         h.sysctl("net.ipv4.tcp_max_syn_backlog", "8192")?;
     }
+    // Transparent mode: the target answers the clients' subnet through the assistant, where
+    // intercept catches the answers; the copy reaches intercept over a link of its own.
+    let ast = lab.host("ast")?;
+    let ast_link = lab.link(
+        &tgt,
+        &ast,
+        &LinkOpts {
+            addr_a: vec![format!("{TGT_A}/24")],
+            addr_b: vec![format!("{ASSIST}/24")],
+            ..LinkOpts::default()
+        },
+    )?;
+    lab.link(
+        &onl,
+        &ast,
+        &LinkOpts {
+            addr_a: vec![format!("{ONLINE_M}/24")],
+            addr_b: vec![format!("{ASSIST_M}/24")],
+            ..LinkOpts::default()
+        },
+    )?;
+    tgt.run(&["ip", "route", "add", "198.18.1.0/24", "via", ASSIST])?;
+    for k in ["all", "default"] {
+        // The clients' packets arrive from the online side: strict reverse-path filtering
+        // would drop them.
+        tgt.sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")?;
+    }
+    ast.sysctl("net.ipv4.ip_forward", "0")?;
     let (_on, on_log) = nginx(&mut lab, &onl, ONLINE, "online")?;
     let (_tg, tg_log) = nginx(&mut lab, &tgt, TARGET, "target")?;
     let env = Env {
@@ -456,27 +563,41 @@ pub fn copy(_args: &[String]) -> Result<()> {
         cap_if: cli_link.b.name.clone(),
         on_log,
         tg_log,
+        intercept: format!("{ASSIST_M}:{INTERCEPT_PORT}"),
     };
     let mut rows = Vec::new();
-    for new_conn in [false, true] {
-        for rate in [1000, 5000, 20_000] {
-            eprintln!(
-                "{} at {rate} req/s ...",
-                if new_conn {
-                    "new connection per request"
-                } else {
-                    "keep-alive"
-                }
-            );
-            rows.push(scenario(&env, &mut lab, rate, new_conn)?);
+    for mode in [Mode::Relay, Mode::Transparent] {
+        let intercept = match mode {
+            Mode::Relay => None,
+            Mode::Transparent => Some(start_intercept(&env, &mut lab, &ast, &ast_link.b.name)?),
+        };
+        for new_conn in [false, true] {
+            for rate in [1000, 5000, 20_000] {
+                eprintln!(
+                    "{mode:?}: {} at {rate} req/s ...",
+                    if new_conn {
+                        "new connection per request"
+                    } else {
+                        "keep-alive"
+                    }
+                );
+                rows.push(scenario(
+                    &env,
+                    &mut lab,
+                    rate,
+                    new_conn,
+                    mode,
+                    intercept.as_ref(),
+                )?);
+            }
         }
     }
     eprintln!("wrk keep-alive at its top rate ...");
     rows.push(wrk_row(&env)?);
 
     let mut t = String::new();
-    t.push_str("| traffic | rate | requests online | at target | request loss | copy CPU (% of a core; per request) | copy peak RSS | online server on its wire p50 / p99: no copy | copying | clients' view p50 / p99: no copy | copying |\n");
-    t.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    t.push_str("| traffic | rate | requests online | at target | request loss | copy CPU (% of a core; per request) | copy peak RSS | intercept CPU; peak RSS | online server on its wire p50 / p99: no copy | copying | clients' view p50 / p99: no copy | copying |\n");
+    t.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &rows {
         let lat = |l: &Load| {
             if l.p50_us == 0.0 {
@@ -499,7 +620,7 @@ pub fn copy(_args: &[String]) -> Result<()> {
             .map(|n| format!(" ({n})"))
             .collect::<String>();
         t.push_str(&format!(
-            "| {} | {} req/s | {} | {} | {:.4} % | {:.1} %{per} | {:.1} MB | {} | {} | {} | {}{} |\n",
+            "| {} | {} req/s | {} | {} | {:.4} % | {:.1} %{per} | {:.1} MB | {} | {} | {} | {} | {}{} |\n",
             r.what,
             r.asked,
             r.online,
@@ -507,6 +628,8 @@ pub fn copy(_args: &[String]) -> Result<()> {
             r.loss_pct(),
             r.cpu_pct,
             r.rss_mb,
+            r.intercept
+                .map_or("—".to_string(), |(c, m)| format!("{c:.1} %; {m:.1} MB")),
             wire(r.wire[0]),
             wire(r.wire[1]),
             lat(&r.base),
@@ -515,9 +638,9 @@ pub fn copy(_args: &[String]) -> Result<()> {
         ));
     }
     t.push_str(
-        "| tcpcopy 1.3 + intercept (issue text, not run: not packaged in Debian) | keep-alive, ab -k ~45–50k req/s | | | 0 % | | | | | | |\n\
-         | tcpcopy 1.3 + intercept (issue text) | new connection per request, ab -c10/-c50 | | | 6–12 % | | | | | | |\n\
-         | tcpcopy (its README) | 2 × 2.18k req/s → one target | | | 0.0375 % | ~9 % | | | | | |\n",
+        "| tcpcopy 1.3 + intercept (issue text, not run: not packaged in Debian) | keep-alive, ab -k ~45–50k req/s | | | 0 % | | | | | | | |\n\
+         | tcpcopy 1.3 + intercept (issue text) | new connection per request, ab -c10/-c50 | | | 6–12 % | | | | | | | |\n\
+         | tcpcopy (its README) | 2 × 2.18k req/s → one target | | | 0.0375 % | ~9 % | | | | | | |\n",
     );
     println!("{t}");
     let cmd = "cargo run --release -p tcpkit-bench -- copy";
@@ -525,10 +648,13 @@ pub fn copy(_args: &[String]) -> Result<()> {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let md = format!(
-        "# tcpkit copy (relay mode) — {date}\n\n\
+        "# tcpkit copy (relay and transparent modes) — {date}\n\n\
          Command: `{cmd}` (from the workspace root, as root)\n\n\
          Machine: Linux {}, {cpus} CPUs (clients, both nginx and the copy share them); load average at start: {}; whole bench took {:.0} s.\n\
          Lab: clients → online (nginx 1 worker, `tcpkit copy -x 8080-{TARGET}:8080 -i <clients' link>`) → target (nginx 1 worker); veth links.\n\
+         Transparent rows: `--transparent --intercept {ASSIST_M}:{INTERCEPT_PORT}`; the target routes the clients' subnet via an\n\
+         assistant host where `tcpkit intercept --capture <target link> --filter 'src port 8080'` runs (its CPU over the load's\n\
+         wall time, its peak RSS over the whole bench).\n\
          Rates: `tcpkit load --http-get /index.html` (612 B) for {RUN_S} s, open loop, latency from the intended send time;\n\
          keep-alive over rate/500 connections (4–40), a new connection per request with `--queries-per-conn 1 --connect-rate 1.2×rate` over 64.\n\
          Debian's wrk has no fixed-rate mode and no connection-per-request mode, so it only runs the last row.\n\
