@@ -391,3 +391,231 @@ fn copy_with_intercept_unreachable_at_start_is_one_line() {
         "refused",
     );
 }
+
+/// `tcpkit copy --transparent ARGS` in the online host, to completion (offline runs).
+fn copy_offline(t: &TLab, args: &[&str]) -> Output {
+    let rule = format!("8080-{TARGET}:8080");
+    let ia = t.intercept_addr();
+    let mut argv = vec![
+        tcpkit(),
+        "copy",
+        "--transparent",
+        "-x",
+        &rule,
+        "--intercept",
+        &ia,
+        "--timeout",
+        "2",
+        "--json",
+    ];
+    argv.extend_from_slice(args);
+    run_limited(t.l.online.command(&argv), Duration::from_secs(30))
+}
+
+#[test]
+fn transparent_diff_live_finds_exactly_the_requests_for_the_changed_file() {
+    let mut t = TLab::new("cptrdfl");
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    // big.txt spans many segments (and GSO-sized ones on the veth): equal only if every byte
+    // came back through intercept, in order.
+    let big: String = (0..150_000u32)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect();
+    for (name, other) in [("online", ORIGINAL), ("target", CHANGED)] {
+        serve(
+            &t.l,
+            name,
+            &[("same.txt", SAME), ("other.txt", other), ("big.txt", &big)],
+        );
+    }
+    let _icp = t.intercept("intercept");
+    let ifname = t.l.cli_link.a.name.clone();
+    let clients = t.l.clients.clone();
+    let dump = t.l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
+    let out = t.l.dir.path().join("diffs.jsonl");
+    let c = t.copy(&[
+        "--duration",
+        "3",
+        "--diff",
+        "--diff-mode",
+        "http",
+        "--diff-ignore",
+        "^Date:",
+        "--diff-out",
+        out.to_str().unwrap(),
+        "--diff-max",
+        "3",
+    ]);
+    let get = |path: &'static str, rate: &'static str, per_conn: Option<&'static str>| {
+        let mut a = vec!["--http-get", path, "-c", "1", "-r", rate, "-t", "1.5"];
+        if let Some(q) = per_conn {
+            a.extend_from_slice(&["--queries-per-conn", q]);
+        }
+        t.l.load(8080, &a);
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| get("/same.txt", "200", None));
+        s.spawn(|| get("/other.txt", "40", None));
+        // A new connection per request too.
+        s.spawn(|| get("/other.txt", "20", Some("1")));
+        s.spawn(|| get("/big.txt", "20", None));
+    });
+    let r = copy_done(c);
+    let cap = dump.stop().expect("tcpdump");
+    let d = r["diff"].clone();
+    let count =
+        |log: &std::path::Path, f: &str| lines(log).iter().filter(|x| x.contains(f)).count() as u64;
+    let (same_t, other_t, big_t) = (
+        count(&tg_log, "/same.txt"),
+        count(&tg_log, "/other.txt"),
+        count(&tg_log, "/big.txt"),
+    );
+    eprintln!(
+        "transparent diff: online {} target same {same_t} other {other_t} big {big_t}: {d}",
+        lines(&on_log).len()
+    );
+    assert!(count(&on_log, "/other.txt") >= 60, "{r:#}");
+    assert!(big_t >= 20, "{r:#}");
+    assert_eq!(u(&r, "sessions.open_at_end"), 0, "{r:#}");
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    // Exactly the requests for other.txt differ; every same.txt and big.txt answer is equal.
+    assert_eq!(
+        counts(&d),
+        (same_t + other_t + big_t, same_t + big_t, other_t),
+        "{d:#}"
+    );
+    assert_eq!(u(&d, "compared_by_hash"), big_t, "{d:#}");
+    assert_eq!(u(&d, "not_compared"), 0);
+    assert_eq!(u(&d, "written"), 3);
+    let recs = records(&out);
+    assert_eq!(recs.len(), 3);
+    for x in &recs {
+        assert_eq!(x["reason"], "body");
+        assert!(x["original"]["text"].as_str().unwrap().ends_with(ORIGINAL));
+        assert!(x["target_response"]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with(CHANGED));
+        assert_eq!(
+            x["client"].as_str().unwrap().split(':').next(),
+            Some(CLIENT)
+        );
+    }
+    // The answers' bytes went to copy over the control connection, never to the clients.
+    let text = cap.text().expect("tcpdump -r");
+    assert!(text.len() > 500, "{} packets", text.len());
+    for l in &text {
+        for bad in [TARGET, TGT_A, ASSIST, ASSIST_M, ONLINE_T, ONLINE_M] {
+            assert!(!l.contains(&format!(" {bad}.")), "{l}");
+        }
+    }
+}
+
+#[test]
+fn transparent_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed_body() {
+    let mut t = TLab::new("cptrdfo");
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    serve(
+        &t.l,
+        "target",
+        &[("same.txt", SAME), ("other.txt", CHANGED)],
+    );
+    let same = fetch(&t.l, "/same.txt");
+    let other = fetch(&t.l, "/other.txt");
+    assert!(same.ends_with(SAME.as_bytes()) && other.ends_with(CHANGED.as_bytes()));
+    // The production answers, as captured: another day's Date; other.txt's body differs; as
+    // in copy_diff, the copies' keep-alive requests get "Connection: keep-alive".
+    let ka = |a: Vec<u8>| {
+        String::from_utf8(a)
+            .unwrap()
+            .replace("Connection: close", "Connection: keep-alive")
+            .into_bytes()
+    };
+    let orig_same = ka(old_date(&same));
+    let mut orig_other = old_date(&other);
+    let n = orig_other.len();
+    orig_other[n - CHANGED.len()..].copy_from_slice(ORIGINAL.as_bytes());
+    let orig_other = ka(orig_other);
+    let gets = [
+        ("/same.txt", orig_same),
+        ("/other.txt", orig_other),
+        ("/same.txt", ka(same.clone())),
+    ];
+    let _icp = t.intercept("intercept");
+    let dir = tempfile::tempdir().unwrap();
+    let before = lines(&tg_log).len();
+    // Each run plays its own capture (its own client ports), so no run's 4-tuples meet the
+    // previous run's at the target.
+    let mut runs = 0u16;
+    let mut with = |extra: &[&str]| {
+        let pcap = dir.path().join(format!("prod{runs}.pcap"));
+        diff_capture(&pcap, 3, 42000 + 10 * runs, &gets);
+        runs += 1;
+        let p = pcap.to_str().unwrap().to_string();
+        let mut v = vec!["--input", &p, "--speed", "10"];
+        v.extend_from_slice(extra);
+        let o = copy_offline(&t, &v);
+        let r = json(&o);
+        assert_eq!(r["mode"], "transparent", "{r:#}");
+        assert_eq!(
+            u(&r, "sessions.completed"),
+            u(&r, "sessions.copies"),
+            "{r:#}"
+        );
+        diff_of(&o)
+    };
+
+    // Bytes, nothing ignored: the old Date makes the first two answers of each session differ.
+    let d = with(&["--diff"]);
+    assert_eq!(d["mode"], "bytes");
+    assert_eq!(u(&d, "compared"), 9, "{d:#}");
+    assert!(u(&d, "different") >= 6, "{d:#}");
+    // Bytes with the Date line blanked: only other.txt's body differs.
+    let d = with(&["--diff", "--diff-ignore", "^Date:.*$"]);
+    assert_eq!(counts(&d), (9, 6, 3), "{d:#}");
+    // http, nothing ignored: the headers differ (Date).
+    let d = with(&["--diff", "--diff-mode", "http"]);
+    assert!(u(&d, "different") >= 6, "{d:#}");
+    // http without Date: exactly the three changed bodies; two of them written.
+    let out = dir.path().join("diffs.jsonl");
+    let o = out.to_str().unwrap();
+    let d = with(&[
+        "--diff",
+        "--diff-mode",
+        "http",
+        "--diff-ignore",
+        "^Date:",
+        "--diff-out",
+        o,
+        "--diff-max",
+        "2",
+    ]);
+    assert_eq!(counts(&d), (9, 6, 3), "{d:#}");
+    assert_eq!(u(&d, "written"), 2);
+    let recs = records(&out);
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        assert_eq!(r["reason"], "body", "{r:#}");
+        assert_eq!(r["request"], 2, "{r:#}");
+        assert!(r["original"]["text"].as_str().unwrap().ends_with(ORIGINAL));
+        assert!(r["target_response"]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with(CHANGED));
+    }
+    // Every request of the 4 runs reached the target, from the capture's client address.
+    let target = lines(&tg_log);
+    let copied = &target[before..];
+    assert_eq!(copied.len(), 4 * 9, "{copied:#?}");
+    assert!(
+        copied
+            .iter()
+            .all(|l| l.starts_with(&format!("{CLIENT} 420"))),
+        "{copied:#?}"
+    );
+}
