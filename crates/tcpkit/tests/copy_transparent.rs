@@ -17,13 +17,23 @@ const TGT_A: &str = "198.18.3.1";
 const ASSIST: &str = "198.18.3.2";
 const ONLINE_M: &str = "198.18.4.1";
 const ASSIST_M: &str = "198.18.4.2";
+const CLIENT6: &str = "fd00:18:1::1";
+const ONLINE6: &str = "fd00:18:1::2";
+const ONLINE6_T: &str = "fd00:18:2::1";
+const TARGET6: &str = "fd00:18:2::2";
+const TGT6_A: &str = "fd00:18:3::1";
+const ASSIST6: &str = "fd00:18:3::2";
 
 struct TLab {
     l: CopyLab,
     assistant: Host,
     /// The assistant's interface toward the target (where intercept captures).
     ast_if: String,
+    /// The target's interface toward the assistant.
+    tgt_ast_if: String,
     port: u16,
+    /// What intercept catches: the target's answers from this port.
+    answers_port: u16,
 }
 
 fn free_port() -> u16 {
@@ -77,8 +87,43 @@ impl TLab {
             l,
             assistant,
             ast_if: tl.b.name.clone(),
+            tgt_ast_if: tl.a.name.clone(),
             port: free_port(),
+            answers_port: 8080,
         }
+    }
+
+    /// IPv6 beside IPv4 on every link of the copy path (the control connection stays on the
+    /// IPv4 management link): clients CLIENT6, online ONLINE6 / ONLINE6_T, target TARGET6,
+    /// which routes the clients' prefix via the assistant ASSIST6.
+    fn add_v6(&self) {
+        let l = &self.l;
+        for (h, addr, ifname) in [
+            (&l.clients, CLIENT6, &l.cli_link.a.name),
+            (&l.online, ONLINE6, &l.cli_link.b.name),
+            (&l.online, ONLINE6_T, &l.tgt_link.a.name),
+            (&l.target, TARGET6, &l.tgt_link.b.name),
+            (&l.target, TGT6_A, &self.tgt_ast_if),
+            (&self.assistant, ASSIST6, &self.ast_if),
+        ] {
+            h.run(&[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                ifname,
+                "nodad",
+            ])
+            .expect("ip -6 addr");
+        }
+        l.target
+            .run(&["ip", "-6", "route", "add", "fd00:18:1::/64", "via", ASSIST6])
+            .expect("route");
+        self.assistant
+            .sysctl("net.ipv6.conf.all.forwarding", "0")
+            .expect("sysctl");
     }
 
     fn intercept_args(&self) -> Vec<String> {
@@ -88,7 +133,7 @@ impl TLab {
             "--capture".into(),
             self.ast_if.clone(),
             "--filter".into(),
-            "src port 8080".into(),
+            format!("src port {}", self.answers_port),
             "--listen".into(),
             format!("{ASSIST_M}:{}", self.port),
             "--json".into(),
@@ -618,4 +663,116 @@ fn transparent_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed
             .all(|l| l.starts_with(&format!("{CLIENT} 420"))),
         "{copied:#?}"
     );
+}
+
+#[test]
+fn transparent_ipv6_target_sees_the_clients_with_loss_under_a_thousandth_and_nothing_reaches_them()
+{
+    let mut t = TLab::new("cptr6");
+    t.add_v6();
+    let (_on, on_log) = t.l.nginx_also_on(true, Log::Peer, Some(ONLINE6));
+    let (_tg, tg_log) = t.l.nginx_also_on(false, Log::Peer, Some(TARGET6));
+    let icp = t.intercept("intercept");
+    let ifname = t.l.cli_link.a.name.clone();
+    let clients = t.l.clients.clone();
+    let dump = t.l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
+    let rule = format!("8080-[{TARGET6}]:8080");
+    let cap = t.l.capture_if();
+    let ia = t.intercept_addr();
+    let c = t.l.copy(&[
+        "--transparent",
+        "-x",
+        &rule,
+        "--intercept",
+        &ia,
+        "-i",
+        &cap,
+        "--timeout",
+        "2",
+        "--json",
+        "--duration",
+        "3",
+    ]);
+    let load6 = |rate: &str, per_conn: Option<&str>| {
+        let t = format!("[{ONLINE6}]:8080");
+        let mut a = vec![
+            tcpkit(),
+            "load",
+            &t,
+            "--http-get",
+            "/hello.txt",
+            "-c",
+            "2",
+            "-r",
+            rate,
+            "-t",
+            "2",
+        ];
+        if let Some(q) = per_conn {
+            a.extend_from_slice(&["--queries-per-conn", q]);
+        }
+        let o = run_limited(clients.command(&a), Duration::from_secs(20));
+        assert!(
+            o.status.success(),
+            "load failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    std::thread::scope(|s| {
+        let a = s.spawn(|| load6("300", None));
+        let b = s.spawn(|| load6("150", Some("1")));
+        a.join().unwrap();
+        b.join().unwrap();
+    });
+    let r = copy_done(c);
+    let cap = dump.stop().expect("tcpdump");
+    icp.signal(Signal::SIGINT).unwrap();
+    icp.wait_timeout(Duration::from_secs(5)).unwrap();
+    let online = lines(&on_log);
+    let target = lines(&tg_log);
+    assert!(online.len() > 800, "{} requests online", online.len());
+    assert!(
+        online.iter().all(|l| l.starts_with(&format!("{CLIENT6} "))),
+        "{:?}",
+        &online[..online.len().min(3)]
+    );
+    // Every request at the target came from the clients' own IPv6 address.
+    assert!(
+        target.iter().all(|l| l.starts_with(&format!("{CLIENT6} "))),
+        "{:?}",
+        &target[..target.len().min(3)]
+    );
+    assert!(target.iter().all(|l| l.contains(" 200 ")), "{target:?}");
+    let loss = (online.len() as f64 - target.len() as f64) / online.len() as f64;
+    eprintln!(
+        "transparent IPv6: {} requests online, {} at the target (loss {:.4} %)",
+        online.len(),
+        target.len(),
+        loss * 100.0
+    );
+    assert!(loss <= 0.001, "loss {loss}: {r:#}");
+    assert_eq!(r["rules"][0], format!("8080-[{TARGET6}]:8080"), "{r:#}");
+    assert_eq!(
+        u(&r, "requests.answered"),
+        u(&r, "requests.copied"),
+        "{r:#}"
+    );
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    assert_eq!(u(&r, "transparent.send_errors"), 0, "{r:#}");
+    // Nothing from the target or the assistant on the clients' link, in either family.
+    let text = cap.text().expect("tcpdump -r");
+    assert!(text.len() > 1000, "{} packets", text.len());
+    assert!(text.iter().any(|l| l.contains(&format!(" {CLIENT6}."))));
+    for l in &text {
+        for bad in [
+            TARGET, TGT_A, ASSIST, ASSIST_M, ONLINE_T, ONLINE_M, TARGET6, TGT6_A, ASSIST6,
+            ONLINE6_T,
+        ] {
+            assert!(!l.contains(&format!(" {bad}.")), "{l}");
+        }
+    }
 }

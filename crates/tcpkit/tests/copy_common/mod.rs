@@ -104,8 +104,14 @@ impl CopyLab {
     /// nginx on port 8080 serving /hello.txt, one access-log line per request:
     /// `client_addr client_port status request`.
     pub fn nginx(&mut self, online: bool, log: Log) -> (Proc, PathBuf) {
+        self.nginx_also_on(online, log, None)
+    }
+
+    /// [`CopyLab::nginx`], listening on `[v6]:8080` too when given.
+    pub fn nginx_also_on(&mut self, online: bool, log: Log, v6: Option<&str>) -> (Proc, PathBuf) {
         let (host, ip, name) = self.host(online);
         let host = host.clone();
+        let listen6 = v6.map_or(String::new(), |a| format!(" listen [{a}]:8080;"));
         let d = self.dir.path().join(format!("nginx-{name}"));
         let _ = std::fs::create_dir_all(d.join("www"));
         std::fs::write(d.join("www/hello.txt"), "hello from the lab\n").unwrap();
@@ -126,7 +132,7 @@ impl CopyLab {
                  http {{ log_format t '{fmt}'; access_log {a} t; keepalive_requests 100000;\n\
                    client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
                    uwsgi_temp_path {d}; scgi_temp_path {d};\n\
-                   server {{ listen {ip}:8080{pp}; root {d}/www; }} }}\n",
+                   server {{ listen {ip}:8080{pp};{listen6} root {d}/www; }} }}\n",
                 d = d.display(),
                 a = access.display(),
             ),
@@ -140,6 +146,9 @@ impl CopyLab {
             )
             .unwrap_or_else(|e| panic!("{e}"));
         wait_port(&host, ip, 8080, &p);
+        if let Some(a) = v6 {
+            wait_port(&host, &format!("[{a}]"), 8080, &p);
+        }
         (p, access)
     }
 
