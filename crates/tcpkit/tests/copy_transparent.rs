@@ -776,3 +776,86 @@ fn transparent_ipv6_target_sees_the_clients_with_loss_under_a_thousandth_and_not
         }
     }
 }
+
+#[test]
+fn transparent_redis_set_workload_leaves_the_same_keys_on_the_target() {
+    let mut t = TLab::new("cptrrds");
+    t.answers_port = 6379;
+    let _on = t.l.redis(true);
+    let _tg = t.l.redis(false);
+    let _icp = t.intercept("intercept");
+    let ifname = t.l.cli_link.a.name.clone();
+    let clients = t.l.clients.clone();
+    let dump = t.l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
+    let rule = format!("6379-{TARGET}:6379");
+    let cap = t.l.capture_if();
+    let ia = t.intercept_addr();
+    let c = t.l.copy(&[
+        "--transparent",
+        "-x",
+        &rule,
+        "--intercept",
+        &ia,
+        "-i",
+        &cap,
+        "--timeout",
+        "2",
+        "--json",
+        "--duration",
+        "4",
+    ]);
+    let o = t.l.client(&[
+        "redis-benchmark",
+        "-h",
+        ONLINE,
+        "-p",
+        "6379",
+        "-t",
+        "set",
+        "-r",
+        "20000",
+        "-n",
+        "8000",
+        "-c",
+        "5",
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = copy_done(c);
+    let cap = dump.stop().expect("tcpdump");
+    let on = redis_keys(&t.l.online, ONLINE);
+    let tg = redis_keys(&t.l.target, TARGET);
+    eprintln!(
+        "transparent redis: {} keys online, {} on the target; {} requests copied, {} answered",
+        on.len(),
+        tg.len(),
+        u(&r, "requests.copied"),
+        u(&r, "requests.answered")
+    );
+    assert!(on.len() > 5000, "{} keys online", on.len());
+    let missing: Vec<&String> = on.iter().filter(|k| tg.binary_search(k).is_err()).collect();
+    assert!(
+        missing.is_empty() && on.len() == tg.len(),
+        "{} keys online, {} on the target, missing {:?}: {r:#}",
+        on.len(),
+        tg.len(),
+        &missing[..missing.len().min(5)]
+    );
+    assert!(u(&r, "requests.copied") >= 8000, "{r:#}");
+    assert_eq!(
+        u(&r, "requests.copied"),
+        u(&r, "requests.answered"),
+        "{r:#}"
+    );
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    let text = cap.text().expect("tcpdump -r");
+    for l in &text {
+        for bad in [TARGET, TGT_A, ASSIST, ASSIST_M, ONLINE_T, ONLINE_M] {
+            assert!(!l.contains(&format!(" {bad}.")), "{l}");
+        }
+    }
+}

@@ -231,6 +231,19 @@ impl CopyLab {
     }
 }
 
+/// The keys of the redis at `ip` (in `host`), sorted.
+pub fn redis_keys(host: &Host, ip: &str) -> Vec<String> {
+    let o = host
+        .run(&["redis-cli", "-h", ip, "--scan"])
+        .expect("redis-cli");
+    let mut k: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    k.sort();
+    k
+}
+
 /// Packet sockets bound to interface `ifindex` in `host`'s namespace (the copy's capture is
 /// one). /proc/net/packet: sk RefCnt Type Proto Iface R Rmem User Inode.
 fn packet_sockets(host: &Host, ifindex: u32) -> usize {
