@@ -859,3 +859,69 @@ fn transparent_redis_set_workload_leaves_the_same_keys_on_the_target() {
         }
     }
 }
+
+#[test]
+fn transparent_offline_plays_a_capture_with_its_clients_addresses_looped() {
+    let mut t = TLab::new("cptrfile");
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let get = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
+    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 19\r\n\r\nhello from the lab\n";
+    let turns: Vec<(&[u8], &[u8])> = vec![(get, answer); 3];
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("prod.pcap");
+    // 5 sessions of 3 requests 1 s apart, from CLIENT:43000..43004.
+    write_frames(&pcap, &http_session_frames(5, 43000, 1_000_000_000, &turns));
+    let p = pcap.to_str().unwrap();
+    let started = Instant::now();
+    let o = copy_offline(
+        &t,
+        &[
+            "--input",
+            p,
+            "--speed",
+            "4",
+            "--max-idle",
+            "0.1",
+            "--loop",
+            "2",
+        ],
+    );
+    let took = started.elapsed();
+    assert!(
+        o.status.success(),
+        "copy failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = json(&o);
+    accounted(&r);
+    check_schema(&r);
+    assert_eq!(r["mode"], "transparent");
+    assert_eq!(r["source"], format!("file {p}"));
+    assert_eq!(u(&r, "sessions.seen"), 10, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 10, "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 30, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 30, "{r:#}");
+    // Every request reached the target from the capture's client address; the first loop's
+    // copies keep the clients' own ports.
+    let target = lines(&tg_log);
+    assert_eq!(target.len(), 30, "{target:#?}");
+    assert!(
+        target.iter().all(|l| l.starts_with(&format!("{CLIENT} "))),
+        "{target:#?}"
+    );
+    for port in 43000..43005 {
+        assert!(
+            target.iter().any(|l| l.contains(&format!(" {port} "))),
+            "{port}: {target:#?}"
+        );
+    }
+    // The 1 s between requests, capped at 100 ms by --max-idle and divided by 4: two loops
+    // of three turns play in 6 x 25 ms, not the 6 s of the capture (1.5 s if --max-idle
+    // were ignored, 0.6 s if --speed were).
+    eprintln!("offline transparent: {took:?} {}", r["transparent"]);
+    assert!(
+        took >= Duration::from_millis(150) && took < Duration::from_millis(500),
+        "{took:?}"
+    );
+}
