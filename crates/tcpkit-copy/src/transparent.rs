@@ -231,7 +231,10 @@ const RTO_MAX_NS: u64 = 4_000_000_000;
 /// intercept pings every second: three missed means it is gone.
 const CONTROL_SILENCE_NS: u64 = 3_000_000_000;
 /// Our receive window (no window scaling is offered: we keep none of the target's bytes).
-const WINDOW: u16 = 65_535;
+/// Below 64 KiB by a frame header's worth, so any one segment of the target's, a GSO one
+/// included (the window bounds it), fits a control frame whole and `--diff` never has to
+/// wait for the target to resend bytes intercept had to cut.
+const WINDOW: u16 = (crate::control::MAX_BODY - crate::control::packet_fixed(true)) as u16;
 /// The most bytes in flight toward the target, whatever its window.
 const MAX_FLIGHT: u32 = 256 << 10;
 /// Bytes of the Ethernet II header [`Segment::emit`] writes before the IP header.
