@@ -183,7 +183,7 @@ fn read_u64(p: &Path) -> Option<u64> {
 /// reachable, is a tcpkit intercept, and speaks this build's control protocol version.
 pub fn intercept_check(a: SocketAddr, wait: Duration) -> Check {
     let name = format!("intercept {a}");
-    match crate::transparent::handshake(a, wait) {
+    match crate::transparent::handshake(a, wait, 0) {
         Ok(_) => Check::ok(
             name,
             format!(

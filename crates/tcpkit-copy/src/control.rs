@@ -36,7 +36,7 @@ const T_PING: u8 = 5;
 
 /// Bytes of a [`PacketHdr`] before its payload: family, two addresses, ports, seq, ack,
 /// flags, window, MSS, window scale, declared payload length.
-const fn packet_fixed(v6: bool) -> usize {
+pub const fn packet_fixed(v6: bool) -> usize {
     1 + if v6 { 32 } else { 8 } + 4 + 8 + 1 + 2 + 2 + 1 + 2
 }
 

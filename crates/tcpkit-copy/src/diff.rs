@@ -731,6 +731,7 @@ impl Differ {
             flat_t: VecDeque::new(),
             orig_msgs: 0,
             tgt_msgs: 0,
+            orig_later: VecDeque::new(),
             heads: VecDeque::new(),
             cur: Acc::new(self.cfg.mode, false, &self.total),
             index: 0,
@@ -863,9 +864,14 @@ pub struct DiffConn {
     /// and place in its batch.
     flat_o: VecDeque<(u64, usize, Rc<Resp>)>,
     flat_t: VecDeque<(u64, usize, Rc<Resp>)>,
-    /// Http mode: messages of the original answers so far, and of the target's taken.
+    /// Http mode: messages of the original answers up to the request in flight, and of the
+    /// target's taken.
     orig_msgs: usize,
     tgt_msgs: usize,
+    /// Http mode: message counts of original answers to requests not sent yet (a copy that
+    /// lags the capture has several): they count toward `orig_msgs` once their request is
+    /// the one in flight, not before, or every answer would look short of them.
+    orig_later: VecDeque<(u64, usize)>,
     /// Whether each request queued and not sent yet is a HEAD.
     heads: VecDeque<bool>,
     cur: Acc,
@@ -881,7 +887,11 @@ impl DiffConn {
     /// The original answer `index` (http mode: messages completed by then), from the capture.
     pub fn original(&mut self, index: u64, r: Rc<Resp>) {
         if self.http() {
-            self.orig_msgs += r.msgs.len();
+            if index <= self.index {
+                self.orig_msgs += r.msgs.len();
+            } else {
+                self.orig_later.push_back((index, r.msgs.len()));
+            }
             for i in 0..r.msgs.len() {
                 self.flat_o.push_back((index, i, Rc::clone(&r)));
             }
@@ -910,8 +920,8 @@ impl DiffConn {
     }
 
     /// The target's answer to the request in flight looks whole: in http mode no message is
-    /// half received and there are as many as the original server sent so far; otherwise it
-    /// is at least as long as the original answer.
+    /// half received and there are as many as the original server sent up to that request;
+    /// otherwise it is at least as long as the original answer.
     pub fn answer_whole(&self) -> bool {
         if self.http() && self.cur.http != Http::Opaque {
             let (whole, partial) = self.cur.http_progress();
@@ -926,6 +936,13 @@ impl DiffConn {
         let head_req = self.heads.pop_front().unwrap_or(false);
         let k = self.index;
         self.index += 1;
+        while let Some(&(i, n)) = self.orig_later.front() {
+            if i > self.index {
+                break;
+            }
+            self.orig_msgs += n;
+            self.orig_later.pop_front();
+        }
         if self.http() {
             let batch = self.cur.take_done();
             if self.cur.at_boundary() {

@@ -2,6 +2,7 @@
 //!
 //! - [`reasm`]: TCP session tracking and exact byte-stream reassembly of captured packets, the
 //!   part every copy mode stands on (relay mode replays the reassembled client streams).
+//! - [`feed`]: the input of every copy mode, a live capture or a capture file at its pace.
 //! - [`rules`]: the `-x` rules, the server ports tracked and the live capture's filter.
 //! - [`sample`]: `-r` / `--ramp`, session-consistent sampling.
 //! - [`proxy`]: the PROXY v2 header of `--proxy-protocol`.
@@ -18,6 +19,7 @@
 pub mod check;
 pub mod control;
 pub mod diff;
+pub mod feed;
 pub mod intercept;
 pub mod metrics;
 pub mod proxy;
@@ -26,3 +28,4 @@ pub mod relay;
 pub mod rules;
 pub mod sample;
 pub mod transparent;
+mod turns;

@@ -25,27 +25,24 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use mio::net::TcpStream;
-use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use rustc_hash::FxHashMap;
-use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
 use tcpkit_pace::now_ns;
-use tcpkit_pcap::{CaptureFile, PcapError};
 use tcpkit_stats::{CopyReport, Histogram};
-use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
 
-use crate::diff::{ConnMeta, DiffConfig, DiffConn, Differ, OrigSide};
-use crate::reasm::{CloseKind, Dir, Event, SessionId, Tracker, TrackerConfig};
+use crate::diff::{ConnMeta, DiffConfig, DiffConn, Differ};
+use crate::feed::{self, FeedError, CAPTURE};
+use crate::reasm::{CloseKind, Dir, Event, SessionId, TrackerConfig};
 use crate::rules::{self, Rule};
 use crate::sample::Sampler;
+use crate::turns::{ClientBytes, ReqStart, Turns};
 
 /// What the relay does with the sessions it sees.
 #[derive(Debug, Clone, PartialEq)]
@@ -86,14 +83,9 @@ pub enum Input {
 /// Why the relay could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
-    #[error("capture")]
-    Capture {
-        ifname: String,
-        #[source]
-        source: CaptureError,
-    },
-    #[error("input")]
-    File(#[source] PcapError),
+    /// The capture or the capture file.
+    #[error(transparent)]
+    Input(#[from] FeedError),
     #[error("{what}")]
     Io {
         what: &'static str,
@@ -147,15 +139,6 @@ impl Live {
             g(&self.held_bytes) / 1024
         )
     }
-}
-
-/// The first request of a turn: how it is paced.
-#[derive(Debug, Clone, Copy)]
-struct ReqStart {
-    /// The client's think time: from the server's last byte to this request's first.
-    think_ns: u64,
-    /// Sent only after the target answered (the server had a turn before it).
-    wait_answer: bool,
 }
 
 #[derive(Debug)]
@@ -226,18 +209,7 @@ struct Conn {
 #[derive(Debug)]
 struct Sess {
     conns: Vec<(usize, u32)>,
-    syn_seen: bool,
-    /// Joined mid-stream and no server turn seen yet: client bytes are skipped.
-    skipping: bool,
-    /// The server spoke since the last request began.
-    server_turn: bool,
-    /// The last bytes were the client's: a request is in progress.
-    in_request: bool,
-    requests: u64,
-    last_client_ts: u64,
-    last_server_ts: Option<u64>,
-    /// `--diff`: the original server's answers, cut at request starts.
-    diff: Option<OrigSide>,
+    turns: Turns,
 }
 
 #[derive(Debug, Default)]
@@ -248,25 +220,13 @@ struct TargetState {
     next_try: u64,
 }
 
-const CAPTURE: Token = Token(usize::MAX);
-/// How far behind the wall clock the live capture's reassembler is ticked (see its use).
-const TICK_LAG_NS: u64 = 250_000_000;
 /// How long a closing connection waits for the target's FIN before it is dropped.
 const CLOSE_LINGER_NS: u64 = 1_000_000_000;
-/// Capture handled per turn of the live loop before the connections are served.
-const CAPTURE_SLICE_NS: u64 = 2_000_000;
 /// Polls per turn while each fills the event buffer (bounds a turn; the rest waits one turn).
 const MAX_POLLS_PER_STEP: usize = 16;
 
 fn backoff_ns(streak: u32) -> u64 {
     (20_000_000u64 << streak.min(16).saturating_sub(1)).min(1_000_000_000)
-}
-
-fn realtime_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }
 
 fn rss_bytes() -> u64 {
@@ -412,14 +372,7 @@ impl<'a> Relay<'a> {
             id,
             Sess {
                 conns,
-                syn_seen,
-                skipping: !syn_seen,
-                server_turn: false,
-                in_request: false,
-                requests: 0,
-                last_client_ts: 0,
-                last_server_ts: None,
-                diff: self.differ.as_ref().map(|d| d.original(syn_seen)),
+                turns: Turns::new(syn_seen, self.differ.as_ref()),
             },
         );
         for i in 0..self.cfg.copies as usize {
@@ -442,43 +395,25 @@ impl<'a> Relay<'a> {
         };
         match dir {
             Dir::ServerToClient => {
-                s.skipping = false;
-                if s.in_request {
-                    self.orig.record(ts.saturating_sub(s.last_client_ts));
-                    s.in_request = false;
-                }
-                s.server_turn = true;
-                s.last_server_ts = Some(ts);
-                if let Some(d) = s.diff.as_mut() {
-                    d.server_bytes(bytes);
+                if let Some(lat) = s.turns.server(bytes, ts) {
+                    self.orig.record(lat);
                 }
             }
             Dir::ClientToServer => {
-                if s.skipping {
-                    self.report.requests.bytes_skipped_joining += bytes.len() as u64;
-                    return;
-                }
-                let mut answer = None;
-                let start = if s.in_request {
-                    None
-                } else {
-                    if let (Some(d), Some(df)) = (s.diff.as_mut(), self.differ.as_ref()) {
-                        answer = d.request_starts(df, bytes);
-                    }
-                    let r = ReqStart {
-                        think_ns: s
-                            .last_server_ts
-                            .map_or(0, |t| ts.saturating_sub(t))
-                            .min(self.max_think_ns),
-                        wait_answer: s.server_turn && (s.requests > 0 || s.syn_seen),
+                let (start, answer) =
+                    match s
+                        .turns
+                        .client(bytes, ts, self.max_think_ns, self.differ.as_ref())
+                    {
+                        ClientBytes::Skipped => {
+                            self.report.requests.bytes_skipped_joining += bytes.len() as u64;
+                            return;
+                        }
+                        ClientBytes::Copy { start, answer } => (start, answer),
                     };
-                    s.requests += 1;
-                    s.in_request = true;
-                    s.server_turn = false;
+                if start.is_some() {
                     self.report.requests.at_source += u64::from(self.cfg.copies);
-                    Some(r)
-                };
-                s.last_client_ts = ts;
+                }
                 // One copy out of the reassembler's shared block, shared by the -n copies.
                 let data = Bytes::copy_from_slice(bytes);
                 let conns = s.conns.clone();
@@ -529,8 +464,7 @@ impl<'a> Relay<'a> {
             return;
         }
         // Wait for the target's answer to the last request if the server answered it.
-        let wait_answer = s.server_turn && s.requests > 0;
-        let answer = s.diff.and_then(OrigSide::close);
+        let (wait_answer, answer) = s.turns.close();
         for (idx, gen) in s.conns {
             if let Some(c) = self.conn_mut(idx, gen) {
                 if let (Some(d), Some((k, r))) = (c.diff.as_mut(), &answer) {
@@ -1034,16 +968,6 @@ impl<'a> Relay<'a> {
         Ok(())
     }
 
-    fn tracker_stats(&mut self, t: &Tracker) {
-        let s = t.stats();
-        let c = &mut self.report.capture;
-        c.not_tcp += s.not_tcp_frames;
-        c.retransmitted_bytes += s.retransmitted_bytes;
-        c.out_of_order_segments += s.out_of_order_segments;
-        c.sessions_with_lost_data += s.closed_lost_data;
-        c.sessions_not_tracked += s.table_full;
-    }
-
     fn finish(mut self, seconds: f64) -> CopyReport {
         let mut r = std::mem::take(&mut self.report);
         r.mode = "relay".into();
@@ -1061,6 +985,33 @@ impl<'a> Relay<'a> {
     }
 }
 
+impl feed::Consumer for Relay<'_> {
+    type Error = RelayError;
+    const LIVE_WAIT: Duration = Duration::from_millis(10);
+
+    fn rules(&self) -> &[Rule] {
+        &self.cfg.rules
+    }
+    fn tracker_config(&self) -> TrackerConfig {
+        Relay::tracker_config(self)
+    }
+    fn registry(&self) -> &mio::Registry {
+        self.poll.registry()
+    }
+    fn report(&mut self) -> &mut CopyReport {
+        &mut self.report
+    }
+    fn on_events(&mut self, evs: &mut Vec<Event>, tracker_mem: u64) {
+        Relay::on_events(self, evs, tracker_mem)
+    }
+    fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), RelayError> {
+        Relay::step(self, events, max_wait)
+    }
+    fn publish(&self, live: &Live) {
+        Relay::publish(self, live)
+    }
+}
+
 /// Runs the relay until the input ends (a file), `stop` is set, or `duration` passes; then
 /// lets the copies finish and returns the report. A capture file that turns out truncated
 /// ends the input early with the reason in `failure`.
@@ -1073,218 +1024,12 @@ pub fn run(
 ) -> Result<CopyReport, RelayError> {
     let start = now_ns();
     let end_at = duration.map(|d| start + d.as_nanos() as u64);
-    let past_end = |now: u64| stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now >= e);
-    let (speed, max_think) = match input {
-        Input::File {
-            speed, max_idle_ns, ..
-        } => (*speed, max_idle_ns.unwrap_or(u64::MAX)),
-        Input::Live { .. } => (1.0, u64::MAX),
-    };
+    let (speed, max_think) = feed::pace(input);
     let mut relay = Relay::new(cfg, speed, max_think)?;
     let mut events = Events::with_capacity(1024);
-    let mut evs: Vec<Event> = Vec::new();
-    let mut eth: Vec<u8> = Vec::new();
-    match input {
-        Input::Live { ifname } => {
-            let filter = rules::capture_filter(&cfg.rules);
-            let cap_err = |source| RelayError::Capture {
-                ifname: ifname.clone(),
-                source,
-            };
-            let mut cap = Capture::open(
-                ifname,
-                &CaptureOpts {
-                    filter: Some(filter.clone()),
-                    ..CaptureOpts::default()
-                },
-            )
-            .map_err(cap_err)?;
-            relay.report.source = format!("live {ifname}");
-            relay.report.filter = filter;
-            let link = LinkType::from_dlt(cap.linktype()).unwrap_or(LinkType::Ethernet);
-            let fd = cap.as_fd().as_raw_fd();
-            relay
-                .poll
-                .registry()
-                .register(&mut SourceFd(&fd), CAPTURE, Interest::READABLE)
-                .map_err(io_err("watch the capture socket (epoll_ctl)"))?;
-            let mut tracker = Tracker::new(relay.tracker_config());
-            let mut last_stats = 0u64;
-            let mut packets = 0u64;
-            while !past_end(now_ns()) {
-                // Retired blocks for at most CAPTURE_SLICE_NS (at least one), then the
-                // connections: a block can hold hundreds of new sessions, each a connect().
-                let slice_end = now_ns() + CAPTURE_SLICE_NS;
-                for _ in 0..64 {
-                    let n = cap
-                        .next_block(Duration::ZERO, |p| {
-                            packets += 1;
-                            let frame = if link == LinkType::Ethernet {
-                                p.data
-                            } else if to_ethernet(
-                                link,
-                                p.data,
-                                MacAddr([0; 6]),
-                                MacAddr([0; 6]),
-                                &mut eth,
-                            )
-                            .is_ok()
-                            {
-                                &eth
-                            } else {
-                                return;
-                            };
-                            tracker.push(p.ts_ns, frame, &mut evs);
-                        })
-                        .map_err(cap_err)?;
-                    let mem = tracker.stats().memory_bytes;
-                    relay.on_events(&mut evs, mem);
-                    if n == 0 || now_ns() >= slice_end {
-                        break;
-                    }
-                }
-                // The tracker stamps events with the latest time it knows: ticking it to the
-                // wall clock would stamp frames still in the ring (a block retires up to its
-                // timeout late) with a later time, and the original latencies would shrink.
-                tracker.tick(realtime_ns().saturating_sub(TICK_LAG_NS), &mut evs);
-                let mem = tracker.stats().memory_bytes;
-                relay.on_events(&mut evs, mem);
-                relay.step(&mut events, Duration::from_millis(10))?;
-                let now = now_ns();
-                if now >= last_stats + 250_000_000 {
-                    last_stats = now;
-                    if let Ok(st) = cap.stats() {
-                        relay.report.capture.kernel_drops = st.drops;
-                    }
-                }
-                relay.publish(live);
-            }
-            tracker.finish(&mut evs);
-            relay.on_events(&mut evs, 0);
-            if let Ok(st) = cap.stats() {
-                relay.report.capture.kernel_drops = st.drops;
-            }
-            relay.report.capture.packets = packets;
-            relay.tracker_stats(&tracker);
-            drop(cap);
-        }
-        Input::File {
-            path,
-            speed,
-            max_idle_ns,
-            loops,
-        } => {
-            relay.report.source = format!("file {}", path.display());
-            let file = CaptureFile::open(path).map_err(RelayError::File)?;
-            let wall0 = now_ns();
-            // Capture time mapped onto the wall clock: gaps capped, divided by the speed.
-            let mut virt: u64 = 0;
-            let mut packets = 0u64;
-            'loops: for _ in 0..*loops {
-                let mut tracker = Tracker::new(relay.tracker_config());
-                let mut it = file.packets().peekable();
-                let mut last_ts: Option<u64> = None;
-                let mut due_last = wall0 + (virt as f64 / speed) as u64;
-                loop {
-                    let now = now_ns();
-                    if past_end(now) {
-                        tracker.finish(&mut evs);
-                        relay.on_events(&mut evs, 0);
-                        relay.tracker_stats(&tracker);
-                        break 'loops;
-                    }
-                    // Feed every frame that is due.
-                    let mut ended = false;
-                    let mut wait = Duration::from_millis(50);
-                    loop {
-                        let p = match it.peek() {
-                            None => {
-                                ended = true;
-                                break;
-                            }
-                            Some(Err(_)) => {
-                                if let Some(Err(e)) = it.next() {
-                                    relay.report.failure = Some(crate_chain(&e));
-                                }
-                                ended = true;
-                                break;
-                            }
-                            Some(Ok(p)) => *p,
-                        };
-                        let gap = last_ts.map_or(0, |l| p.ts_ns.saturating_sub(l));
-                        let gap = max_idle_ns.map_or(gap, |m| gap.min(m));
-                        let due = wall0 + ((virt + gap) as f64 / speed) as u64;
-                        if due > now {
-                            wait = Duration::from_nanos(due - now);
-                            break;
-                        }
-                        it.next();
-                        virt += gap;
-                        last_ts = Some(p.ts_ns.max(last_ts.unwrap_or(0)));
-                        due_last = due;
-                        packets += 1;
-                        let frame = match LinkType::from_dlt(p.linktype) {
-                            Ok(LinkType::Ethernet) => p.data,
-                            Ok(l)
-                                if to_ethernet(
-                                    l,
-                                    p.data,
-                                    MacAddr([0; 6]),
-                                    MacAddr([0; 6]),
-                                    &mut eth,
-                                )
-                                .is_ok() =>
-                            {
-                                &eth
-                            }
-                            _ => {
-                                relay.report.capture.not_tcp += 1;
-                                continue;
-                            }
-                        };
-                        tracker.push(p.ts_ns, frame, &mut evs);
-                        let mem = tracker.stats().memory_bytes;
-                        relay.on_events(&mut evs, mem);
-                    }
-                    if ended {
-                        tracker.finish(&mut evs);
-                        relay.on_events(&mut evs, 0);
-                        relay.tracker_stats(&tracker);
-                        if relay.report.failure.is_some() {
-                            break 'loops;
-                        }
-                        break;
-                    }
-                    // The capture's clock runs on while we wait for the next frame, so holes
-                    // and idle sessions time out as they would have.
-                    if let Some(l) = last_ts {
-                        let ahead = (now_ns().saturating_sub(due_last) as f64 * speed) as u64;
-                        tracker.tick(l + ahead, &mut evs);
-                        relay.on_events(&mut evs, tracker.stats().memory_bytes);
-                    }
-                    relay.step(&mut events, wait.min(Duration::from_millis(50)))?;
-                    relay.publish(live);
-                }
-            }
-            relay.report.capture.packets = packets;
-        }
-    }
+    feed::run(&mut relay, input, end_at, stop, live, &mut events)?;
     relay.drain(&mut events, stop, live)?;
     relay.publish(live);
     let secs = (now_ns() - start) as f64 / 1e9;
     Ok(relay.finish(secs))
-}
-
-fn crate_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        src = c.source();
-    }
-    s
 }

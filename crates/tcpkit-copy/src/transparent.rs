@@ -29,27 +29,28 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use mio::net::TcpStream;
-use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use rustc_hash::FxHashMap;
-use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
 use tcpkit_pace::now_ns;
 use tcpkit_stats::{CopyReport, Histogram, TransparentStats};
 use tcpkit_wire::tcp::{Flags, Options, Segment};
 /// The `-c` prefix type, for callers that do not depend on tcpkit-wire.
 pub use tcpkit_wire::Cidr;
-use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
 
 use crate::control::{ControlError, Msg, PacketHdr, VERSION};
-use crate::reasm::{CloseKind, Dir, Event, SessionId, Tracker, TrackerConfig};
-use crate::relay::{Live, RelayConfig};
-use crate::rules;
+use crate::diff::{ConnMeta, DiffConn, Differ};
+use crate::feed::{self, FeedError};
+use crate::reasm::{CloseKind, Dir, Event, SessionId, TrackerConfig};
+use crate::relay::{Input, Live, RelayConfig};
+use crate::rules::{self, Rule};
+use crate::turns::{ClientBytes, ReqStart, Turns};
 
 /// What transparent mode adds to the relay's configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,12 +80,9 @@ pub enum TransparentError {
     Refused { addr: SocketAddr, reason: String },
     #[error("intercept {addr} does not speak the control protocol: {why}")]
     NotIntercept { addr: SocketAddr, why: String },
-    #[error("capture")]
-    Capture {
-        ifname: String,
-        #[source]
-        source: CaptureError,
-    },
+    /// The capture or the capture file.
+    #[error(transparent)]
+    Input(#[from] FeedError),
     #[error("{what}")]
     Io {
         what: &'static str,
@@ -121,12 +119,6 @@ pub fn map_client(ip: IpAddr, cidr: &Cidr) -> IpAddr {
 /// `a` is after `b` in sequence space.
 fn seq_gt(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) > 0
-}
-
-#[derive(Debug, Clone, Copy)]
-struct ReqStart {
-    think_ns: u64,
-    wait_answer: bool,
 }
 
 #[derive(Debug)]
@@ -199,19 +191,16 @@ struct Flow {
     deadline: u64,
     ending: Outcome,
     timer_at: u64,
+    /// `--diff`: this copy's answers (the payload intercept carried), paired with the
+    /// original ones.
+    diff: Option<Box<DiffConn>>,
 }
 
-/// A session being copied, on the capture side (as relay mode's).
+/// A session being copied, on the capture side.
 #[derive(Debug)]
 struct Sess {
     flows: Vec<(usize, u32)>,
-    syn_seen: bool,
-    skipping: bool,
-    server_turn: bool,
-    in_request: bool,
-    requests: u64,
-    last_client_ts: u64,
-    last_server_ts: Option<u64>,
+    turns: Turns,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,9 +222,7 @@ struct Control {
     backoff: u32,
 }
 
-const CAPTURE: Token = Token(usize::MAX);
 const CONTROL: Token = Token(usize::MAX - 1);
-const TICK_LAG_NS: u64 = 250_000_000;
 const CLOSE_LINGER_NS: u64 = 1_000_000_000;
 /// First retransmission timeout (Linux's minimum RTO is 200 ms; the SYN's is 1 s).
 const RTO_NS: u64 = 200_000_000;
@@ -244,20 +231,20 @@ const RTO_MAX_NS: u64 = 4_000_000_000;
 /// intercept pings every second: three missed means it is gone.
 const CONTROL_SILENCE_NS: u64 = 3_000_000_000;
 /// Our receive window (no window scaling is offered: we keep none of the target's bytes).
-const WINDOW: u16 = 65_535;
+/// Below 64 KiB by a frame header's worth, so any one segment of the target's, a GSO one
+/// included (the window bounds it), fits a control frame whole and `--diff` never has to
+/// wait for the target to resend bytes intercept had to cut.
+const WINDOW: u16 = (crate::control::MAX_BODY - crate::control::packet_fixed(true)) as u16;
 /// The most bytes in flight toward the target, whatever its window.
 const MAX_FLIGHT: u32 = 256 << 10;
 /// Bytes of the Ethernet II header [`Segment::emit`] writes before the IP header.
 const EMIT_ETH_LEN: usize = 14;
 /// SYNs seen whose session has not opened yet, at most (a SYN flood cannot grow it).
 const MAX_PENDING_SYNS: usize = 1 << 16;
-
-fn realtime_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
+/// With `--diff`, the payload asked of intercept: all of every answer. intercept cuts only
+/// what a control frame cannot hold, and a copy acknowledges only the bytes it was given, so
+/// the target sends anything cut again.
+const DIFF_PAYLOAD: u16 = u16::MAX;
 
 fn raw_socket(v6: bool) -> io::Result<OwnedFd> {
     let fam = if v6 { libc::AF_INET6 } else { libc::AF_INET };
@@ -325,11 +312,13 @@ fn send_raw(fd: &OwnedFd, dst: IpAddr, pkt: &[u8]) -> io::Result<()> {
     }
 }
 
-/// Connects to intercept, says Hello and waits for the Welcome: the check at start, so an
-/// unreachable or foreign intercept is one clear error instead of copies that never answer.
+/// Connects to intercept, says Hello (asking for `max_payload` bytes of each answer) and
+/// waits for the Welcome: the check at start, so an unreachable or foreign intercept is one
+/// clear error instead of copies that never answer.
 pub fn handshake(
     addr: SocketAddr,
     timeout: Duration,
+    max_payload: u16,
 ) -> Result<std::net::TcpStream, TransparentError> {
     let unreachable = |source| TransparentError::Unreachable { addr, source };
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(unreachable)?;
@@ -338,7 +327,7 @@ pub fn handshake(
     let mut hello = Vec::new();
     Msg::Hello {
         version: VERSION,
-        max_payload: 0,
+        max_payload,
     }
     .emit(&mut hello);
     s.write_all(&hello).map_err(unreachable)?;
@@ -434,9 +423,24 @@ struct Engine<'a> {
     ts: TransparentStats,
     orig: Histogram,
     target_lat: Histogram,
+    server_ports: Vec<u16>,
+    /// Think times are divided by this (offline `--speed`).
+    speed: f64,
+    /// Think times are capped at this (offline `--max-idle`), like the gaps between frames.
+    max_think_ns: u64,
+    differ: Option<Differ>,
 }
 
 impl<'a> Engine<'a> {
+    /// Payload bytes of each answer asked of intercept: none unless answers are compared.
+    fn max_payload(&self) -> u16 {
+        if self.differ.is_some() {
+            DIFF_PAYLOAD
+        } else {
+            0
+        }
+    }
+
     fn tracker_config(&self) -> TrackerConfig {
         TrackerConfig {
             server_ports: rules::server_ports(&self.cfg.rules),
@@ -521,18 +525,21 @@ impl<'a> Engine<'a> {
             };
             let idx = self.new_flow(SocketAddr::new(ip, port), rule.target, isn, now);
             flows.push((idx, self.gens[idx]));
+            if let (Some(d), Some(f)) = (self.differ.as_ref(), self.flows[idx].as_mut()) {
+                f.diff = Some(Box::new(d.conn(ConnMeta {
+                    session: id.0,
+                    copy: k + 1,
+                    client,
+                    server,
+                    target: rule.target,
+                })));
+            }
         }
         self.sessions.insert(
             id,
             Sess {
                 flows: flows.clone(),
-                syn_seen,
-                skipping: !syn_seen,
-                server_turn: false,
-                in_request: false,
-                requests: 0,
-                last_client_ts: 0,
-                last_server_ts: None,
+                turns: Turns::new(syn_seen, self.differ.as_ref()),
             },
         );
         for (idx, _) in flows {
@@ -582,36 +589,30 @@ impl<'a> Engine<'a> {
         };
         match dir {
             Dir::ServerToClient => {
-                s.skipping = false;
-                if s.in_request {
-                    self.orig.record(ts.saturating_sub(s.last_client_ts));
-                    s.in_request = false;
+                if let Some(lat) = s.turns.server(bytes, ts) {
+                    self.orig.record(lat);
                 }
-                s.server_turn = true;
-                s.last_server_ts = Some(ts);
             }
             Dir::ClientToServer => {
-                if s.skipping {
-                    self.report.requests.bytes_skipped_joining += bytes.len() as u64;
-                    return;
-                }
-                let start = if s.in_request {
-                    None
-                } else {
-                    let r = ReqStart {
-                        think_ns: s.last_server_ts.map_or(0, |t| ts.saturating_sub(t)),
-                        wait_answer: s.server_turn && (s.requests > 0 || s.syn_seen),
+                let (start, answer) =
+                    match s
+                        .turns
+                        .client(bytes, ts, self.max_think_ns, self.differ.as_ref())
+                    {
+                        ClientBytes::Skipped => {
+                            self.report.requests.bytes_skipped_joining += bytes.len() as u64;
+                            return;
+                        }
+                        ClientBytes::Copy { start, answer } => (start, answer),
                     };
-                    s.requests += 1;
-                    s.in_request = true;
-                    s.server_turn = false;
+                if start.is_some() {
                     self.report.requests.at_source += s.flows.len() as u64;
-                    Some(r)
-                };
-                s.last_client_ts = ts;
+                }
                 let data = Bytes::copy_from_slice(bytes);
                 let flows = s.flows.clone();
-                if self.held + data.len() * flows.len() + tracker_mem as usize > self.cfg.max_memory
+                let diff_held = self.differ.as_ref().map_or(0, Differ::held_bytes);
+                if self.held + data.len() * flows.len() + tracker_mem as usize + diff_held
+                    > self.cfg.max_memory
                 {
                     if let Some(s) = self.sessions.remove(&id) {
                         for (idx, gen) in s.flows {
@@ -624,6 +625,14 @@ impl<'a> Engine<'a> {
                 }
                 for (idx, gen) in flows {
                     if let Some(f) = self.flow_mut(idx, gen) {
+                        if let Some(d) = f.diff.as_mut() {
+                            if let Some((k, r)) = &answer {
+                                d.original(*k, Rc::clone(r));
+                            }
+                            if start.is_some() {
+                                d.request_queued(&data);
+                            }
+                        }
                         f.queue.push_back(Item::Data {
                             bytes: data.clone(),
                             start,
@@ -633,7 +642,7 @@ impl<'a> Engine<'a> {
                         self.pump(idx, now);
                     }
                 }
-                let peak = self.held as u64 + tracker_mem;
+                let peak = (self.held + diff_held) as u64 + tracker_mem;
                 let m = &mut self.report.memory;
                 m.peak_held_bytes = m.peak_held_bytes.max(peak);
             }
@@ -653,9 +662,12 @@ impl<'a> Engine<'a> {
             return;
         }
         let lost = matches!(how, CloseKind::LostData { .. });
-        let wait_answer = s.server_turn && s.requests > 0;
+        let (wait_answer, answer) = s.turns.close();
         for (idx, gen) in s.flows {
             if let Some(f) = self.flow_mut(idx, gen) {
+                if let (Some(d), Some((k, r))) = (f.diff.as_mut(), &answer) {
+                    d.original(*k, Rc::clone(r));
+                }
                 f.queue.push_back(Item::End { wait_answer, lost });
                 self.pump(idx, now);
             }
@@ -706,6 +718,7 @@ impl<'a> Engine<'a> {
             deadline: now + self.cfg.timeout_ns,
             ending: Outcome::Completed,
             timer_at: 0,
+            diff: None,
         });
         self.by_tuple.insert((client, target), (idx, gen));
         self.report.sessions.copies += 1;
@@ -777,9 +790,12 @@ impl<'a> Engine<'a> {
         if rst {
             self.send_rst(idx);
         }
-        let Some(f) = self.flows[idx].take() else {
+        let Some(mut f) = self.flows[idx].take() else {
             return;
         };
+        if let (Some(d), Some(df)) = (f.diff.take(), self.differ.as_mut()) {
+            d.closed(df, how == Outcome::Completed);
+        }
         self.by_tuple.remove(&(f.client, f.target));
         self.held -= f.held;
         self.open -= 1;
@@ -832,7 +848,7 @@ impl<'a> Engine<'a> {
 
     /// Moves flow `idx` as far as it can go now; arms its timer when it must wait.
     fn pump(&mut self, idx: usize, now: u64) {
-        let (no_wait, timeout) = (self.cfg.no_wait, self.cfg.timeout_ns);
+        let (no_wait, timeout, speed) = (self.cfg.no_wait, self.cfg.timeout_ns, self.speed);
         let ctl_up = self.ctl.st == CtlState::Up;
         loop {
             let Some(f) = self.flows[idx].as_mut() else {
@@ -939,7 +955,16 @@ impl<'a> Engine<'a> {
                                 }
                                 return;
                             }
-                            let at = f.last_rx_ns + r.think_ns;
+                            // --diff: an answer arriving in pieces is not cut by the next
+                            // request (bounded by a short silence).
+                            if f.diff.as_ref().is_some_and(|d| !d.answer_whole()) {
+                                let at = f.last_rx_ns + crate::diff::SETTLE_NS;
+                                if now < at {
+                                    self.arm(idx, at);
+                                    return;
+                                }
+                            }
+                            let at = f.last_rx_ns + (r.think_ns as f64 / speed) as u64;
                             if now < at {
                                 self.arm(idx, at);
                                 return;
@@ -949,6 +974,9 @@ impl<'a> Engine<'a> {
                         f.answered = false;
                         f.unanswered += 1;
                         self.report.requests.copied += 1;
+                        if let (Some(d), Some(df)) = (f.diff.as_deref_mut(), self.differ.as_mut()) {
+                            d.request_sent(df);
+                        }
                     }
                     f.buf.extend_from_slice(bytes);
                     f.queue.pop_front();
@@ -994,13 +1022,14 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// One answer of the target, as intercept saw it.
-    fn on_answer(&mut self, h: &PacketHdr, now: u64) {
+    /// One answer of the target, as intercept saw it (`payload`: what it carried of it).
+    fn on_answer(&mut self, h: &PacketHdr, payload: &[u8], now: u64) {
         self.ts.answers_received += 1;
         let Some(&(idx, gen)) = self.by_tuple.get(&(h.dst, h.src)) else {
             return;
         };
         let no_wait = self.cfg.no_wait;
+        let diffing = self.differ.is_some();
         // Borrowed field by field (not through flow_mut) so the counters stay reachable.
         let Some(f) = self
             .flows
@@ -1088,11 +1117,27 @@ impl<'a> Engine<'a> {
         }
         f.peer_win = u32::from(h.window);
         let len = u32::from(h.payload_len);
+        // With --diff a byte counts as received only when intercept carried it: the bytes
+        // past what a frame held are not acknowledged and come again. Only the segment that
+        // holds the next byte is taken (a later one is not kept: the duplicate ACK below
+        // makes the target send the gap, and the segment after it, again). Copy is the
+        // receiving TCP here, so in-order delivery is exact with no buffer at all; the
+        // capture side's reassembler must keep out-of-order bytes only because nobody
+        // retransmits for a passive observer.
+        let have = if diffing {
+            (payload.len() as u32).min(len)
+        } else {
+            len
+        };
         let mut ack_now = false;
         if len > 0 {
-            let end = h.seq.wrapping_add(len);
+            let end = h.seq.wrapping_add(have);
             if !seq_gt(h.seq, f.rcv_nxt) && seq_gt(end, f.rcv_nxt) {
                 let new = end.wrapping_sub(f.rcv_nxt);
+                if let Some(d) = f.diff.as_mut() {
+                    let skip = f.rcv_nxt.wrapping_sub(h.seq) as usize;
+                    d.target_bytes(payload.get(skip..).unwrap_or(&[]));
+                }
                 f.rcv_nxt = end;
                 self.report.requests.bytes_answered += u64::from(new);
                 if f.unanswered > 0 {
@@ -1169,6 +1214,7 @@ impl<'a> Engine<'a> {
 
     fn control_io(&mut self, now: u64) {
         if self.ctl.st == CtlState::Connecting {
+            let max_payload = self.max_payload();
             let Some(s) = self.ctl.sock.as_mut() else {
                 return;
             };
@@ -1185,7 +1231,7 @@ impl<'a> Engine<'a> {
             let mut hello = Vec::new();
             Msg::Hello {
                 version: VERSION,
-                max_payload: 0,
+                max_payload,
             }
             .emit(&mut hello);
             // 11 bytes into an empty socket buffer: written whole or the connection is broken.
@@ -1220,8 +1266,8 @@ impl<'a> Engine<'a> {
                 Ok((m, n)) => {
                     at += n;
                     match m {
-                        Msg::Packet { hdr, .. } if self.ctl.st == CtlState::Up => {
-                            self.on_answer(&hdr, now)
+                        Msg::Packet { hdr, payload } if self.ctl.st == CtlState::Up => {
+                            self.on_answer(&hdr, payload, now)
                         }
                         Msg::Ping => {}
                         Msg::Welcome { version } if version == VERSION => {
@@ -1336,6 +1382,13 @@ impl<'a> Engine<'a> {
         st(&live.requests_answered, self.report.requests.answered);
         st(&live.held_bytes, self.held as u64);
         st(&live.kernel_drops, self.report.capture.kernel_drops);
+        st(&live.bytes_copied, self.report.requests.bytes_copied);
+        st(&live.bytes_answered, self.report.requests.bytes_answered);
+        if let Some(d) = self.differ.as_ref().map(Differ::stats) {
+            st(&live.diff_compared, d.compared);
+            st(&live.diff_equal, d.equal);
+            st(&live.diff_different, d.different);
+        }
     }
 
     fn drain(
@@ -1362,19 +1415,67 @@ impl<'a> Engine<'a> {
     }
 }
 
-/// Runs transparent mode on a live capture of `ifname` until `stop` is set or `duration`
-/// passes; then lets the copies finish and returns the report. Fails at start when intercept
-/// is unreachable or refuses, or a raw socket cannot be opened (root or CAP_NET_RAW).
+impl feed::Consumer for Engine<'_> {
+    type Error = TransparentError;
+    const LIVE_WAIT: Duration = Duration::from_millis(5);
+
+    fn rules(&self) -> &[Rule] {
+        &self.cfg.rules
+    }
+    fn tracker_config(&self) -> TrackerConfig {
+        Engine::tracker_config(self)
+    }
+    fn registry(&self) -> &mio::Registry {
+        self.poll.registry()
+    }
+    fn report(&mut self) -> &mut CopyReport {
+        &mut self.report
+    }
+    /// The client's ISN, for a SYN that carries it; the session opens with the tracker's event.
+    fn frame(&mut self, frame: &[u8]) {
+        if let Ok(s) = Segment::parse(frame) {
+            if s.flags.0 & (Flags::SYN.0 | Flags::ACK.0) == Flags::SYN.0
+                && self.server_ports.contains(&s.dst.port())
+            {
+                if self.syn_isn.len() >= MAX_PENDING_SYNS {
+                    self.syn_isn.clear();
+                }
+                self.syn_isn.insert((s.src, s.dst), s.seq);
+            }
+        }
+    }
+    fn on_events(&mut self, evs: &mut Vec<Event>, tracker_mem: u64) {
+        Engine::on_events(self, evs, tracker_mem)
+    }
+    fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), TransparentError> {
+        Engine::step(self, events, max_wait)
+    }
+    fn publish(&self, live: &Live) {
+        Engine::publish(self, live)
+    }
+}
+
+/// Runs transparent mode on `input` (a live capture or a capture file at its pace) until it
+/// ends, `stop` is set or `duration` passes; then lets the copies finish and returns the
+/// report. Fails at start when intercept is unreachable or refuses, or a raw socket cannot be
+/// opened (root or CAP_NET_RAW).
 pub fn run(
     cfg: &RelayConfig,
     t: &TransparentConfig,
-    ifname: &str,
+    input: &Input,
     duration: Option<Duration>,
     stop: &AtomicBool,
     live: &Live,
 ) -> Result<CopyReport, TransparentError> {
     let start = now_ns();
-    let ctl_sock = handshake(t.intercept, Duration::from_secs(2))?;
+    let differ = cfg
+        .diff
+        .clone()
+        .map(Differ::new)
+        .transpose()
+        .map_err(io_err("create the --diff-out file"))?;
+    let max_payload = if differ.is_some() { DIFF_PAYLOAD } else { 0 };
+    let ctl_sock = handshake(t.intercept, Duration::from_secs(2), max_payload)?;
     let want4 = cfg.rules.iter().any(|r| r.target.is_ipv4());
     let want6 = cfg.rules.iter().any(|r| r.target.is_ipv6());
     let raw4 = want4
@@ -1394,6 +1495,7 @@ pub fn run(
             Interest::READABLE | Interest::WRITABLE,
         )
         .map_err(io_err("watch the control connection (epoll_ctl)"))?;
+    let (speed, max_think_ns) = feed::pace(input);
     let mut e = Engine {
         cfg,
         t,
@@ -1431,101 +1533,14 @@ pub fn run(
         },
         orig: Histogram::new(),
         target_lat: Histogram::new(),
+        server_ports: rules::server_ports(&cfg.rules),
+        speed,
+        max_think_ns,
+        differ,
     };
     let end_at = duration.map(|d| start + d.as_nanos() as u64);
-    let past_end = |now: u64| stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now >= e);
-    let filter = rules::capture_filter(&cfg.rules);
-    let cap_err = |source| TransparentError::Capture {
-        ifname: ifname.to_string(),
-        source,
-    };
-    let mut cap = Capture::open(
-        ifname,
-        &CaptureOpts {
-            filter: Some(filter.clone()),
-            ..CaptureOpts::default()
-        },
-    )
-    .map_err(cap_err)?;
-    e.report.source = format!("live {ifname}");
-    e.report.filter = filter;
-    let link = LinkType::from_dlt(cap.linktype()).unwrap_or(LinkType::Ethernet);
-    let fd = cap.as_fd().as_raw_fd();
-    e.poll
-        .registry()
-        .register(&mut SourceFd(&fd), CAPTURE, Interest::READABLE)
-        .map_err(io_err("watch the capture socket (epoll_ctl)"))?;
-    let mut tracker = Tracker::new(e.tracker_config());
     let mut events = Events::with_capacity(1024);
-    let mut evs: Vec<Event> = Vec::new();
-    let mut eth: Vec<u8> = Vec::new();
-    let mut last_stats = 0u64;
-    let mut packets = 0u64;
-    let server_ports = rules::server_ports(&cfg.rules);
-    while !past_end(now_ns()) {
-        for _ in 0..64 {
-            let syn_isn = &mut e.syn_isn;
-            let n = cap
-                .next_block(Duration::ZERO, |p| {
-                    packets += 1;
-                    let frame = if link == LinkType::Ethernet {
-                        p.data
-                    } else if to_ethernet(link, p.data, MacAddr([0; 6]), MacAddr([0; 6]), &mut eth)
-                        .is_ok()
-                    {
-                        &eth
-                    } else {
-                        return;
-                    };
-                    // The client's ISN, for a SYN that carries it; the session opens in push.
-                    if let Ok(s) = Segment::parse(frame) {
-                        if s.flags.0 & (Flags::SYN.0 | Flags::ACK.0) == Flags::SYN.0
-                            && server_ports.contains(&s.dst.port())
-                        {
-                            if syn_isn.len() >= MAX_PENDING_SYNS {
-                                syn_isn.clear();
-                            }
-                            syn_isn.insert((s.src, s.dst), s.seq);
-                        }
-                    }
-                    tracker.push(p.ts_ns, frame, &mut evs);
-                })
-                .map_err(cap_err)?;
-            let mem = tracker.stats().memory_bytes;
-            e.on_events(&mut evs, mem);
-            if n == 0 {
-                break;
-            }
-        }
-        // As in relay mode: ticked behind the wall clock so frames still in the ring keep
-        // their capture times.
-        tracker.tick(realtime_ns().saturating_sub(TICK_LAG_NS), &mut evs);
-        let mem = tracker.stats().memory_bytes;
-        e.on_events(&mut evs, mem);
-        e.step(&mut events, Duration::from_millis(5))?;
-        let now = now_ns();
-        if now >= last_stats + 250_000_000 {
-            last_stats = now;
-            if let Ok(st) = cap.stats() {
-                e.report.capture.kernel_drops = st.drops;
-            }
-        }
-        e.publish(live);
-    }
-    tracker.finish(&mut evs);
-    e.on_events(&mut evs, 0);
-    if let Ok(st) = cap.stats() {
-        e.report.capture.kernel_drops = st.drops;
-    }
-    e.report.capture.packets = packets;
-    let s = tracker.stats();
-    let c = &mut e.report.capture;
-    c.not_tcp += s.not_tcp_frames;
-    c.retransmitted_bytes += s.retransmitted_bytes;
-    c.out_of_order_segments += s.out_of_order_segments;
-    c.sessions_with_lost_data += s.closed_lost_data;
-    c.sessions_not_tracked += s.table_full;
-    drop(cap);
+    feed::run(&mut e, input, end_at, stop, live, &mut events)?;
     e.drain(&mut events, stop, live)?;
     e.publish(live);
     let mut r = std::mem::take(&mut e.report);
@@ -1538,6 +1553,7 @@ pub fn run(
     r.latency.target = e.target_lat.percentiles();
     r.memory.limit_bytes = cfg.max_memory as u64;
     r.transparent = Some(std::mem::take(&mut e.ts));
+    r.diff = e.differ.as_mut().map(Differ::finish);
     r.finish();
     Ok(r)
 }
@@ -1589,7 +1605,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         drop(l);
-        let e = handshake(addr, Duration::from_secs(1)).unwrap_err();
+        let e = handshake(addr, Duration::from_secs(1), 0).unwrap_err();
         assert!(matches!(e, TransparentError::Unreachable { .. }), "{e}");
     }
 
@@ -1603,7 +1619,7 @@ mod tests {
             let _ = s.read_exact(&mut hello);
             let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
         });
-        let e = handshake(addr, Duration::from_secs(1)).unwrap_err();
+        let e = handshake(addr, Duration::from_secs(1), 0).unwrap_err();
         t.join().unwrap();
         assert!(matches!(e, TransparentError::NotIntercept { .. }), "{e}");
     }
@@ -1622,7 +1638,7 @@ mod tests {
             .emit(&mut b);
             let _ = s.write_all(&b);
         });
-        let e = handshake(addr, Duration::from_secs(1)).unwrap_err();
+        let e = handshake(addr, Duration::from_secs(1), 0).unwrap_err();
         t.join().unwrap();
         assert_eq!(
             e.to_string(),

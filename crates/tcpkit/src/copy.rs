@@ -116,7 +116,8 @@ pub struct Args {
     /// Transparent mode (tcpcopy's): the target sees the clients' own addresses (or -c's).
     /// Copy plays the client's TCP through a raw socket; the target must route the clients'
     /// addresses to an assistant host running `tcpkit intercept`, which returns the headers
-    /// of the target's answers (--intercept). Live capture only.
+    /// of the target's answers (--intercept), and their bytes too with --diff. Live capture
+    /// or --input; IPv4 and IPv6.
     #[arg(long, requires = "intercept")]
     pub transparent: bool,
 
@@ -200,16 +201,11 @@ fn resolve_transparent(
     if !a.transparent {
         return Ok(None);
     }
-    let conflicts = [
-        (a.input.is_some(), "--input (it needs a live capture)"),
-        (
-            a.proxy_protocol,
-            "--proxy-protocol (the target sees the client itself)",
-        ),
-        (a.diff, "--diff (answers' payload is not carried back yet)"),
-    ];
-    if let Some((_, what)) = conflicts.iter().find(|(on, _)| *on) {
-        return Err(usage(format!("--transparent cannot be used with {what}")));
+    if a.proxy_protocol {
+        return Err(usage(
+            "--transparent cannot be used with --proxy-protocol (the target sees the client itself)"
+                .into(),
+        ));
     }
     let text = a.intercept.as_deref().unwrap_or_default();
     let intercept = text
@@ -493,12 +489,10 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             move |elapsed| live.line(elapsed),
         )
     };
-    let result = match (&run.transparent, &run.input) {
-        (Some(t), Input::Live { ifname }) => {
-            transparent::run(&cfg, t, ifname, run.duration, interrupt, &live)
-                .map_err(|e| Failure::Runtime(crate::chain(&e)))
-        }
-        _ => relay::run(&cfg, &run.input, run.duration, interrupt, &live)
+    let result = match &run.transparent {
+        Some(t) => transparent::run(&cfg, t, &run.input, run.duration, interrupt, &live)
+            .map_err(|e| Failure::Runtime(crate::chain(&e))),
+        None => relay::run(&cfg, &run.input, run.duration, interrupt, &live)
             .map_err(|e| Failure::Runtime(crate::chain(&e))),
     };
     monitor.stop();
@@ -683,6 +677,15 @@ mod transparent_flags {
             })
     }
 
+    fn parse_all(args: &[&str]) -> Result<(RelayConfig, Run), String> {
+        let mut v = vec!["copy", "-x", "80-198.18.2.2:8080"];
+        v.extend_from_slice(args);
+        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
+        resolve(&a).map_err(|f| match f {
+            Failure::Usage(m) | Failure::Runtime(m) => m,
+        })
+    }
+
     #[test]
     fn off_by_default() {
         assert_eq!(parse(&[]).unwrap(), None);
@@ -747,18 +750,61 @@ mod transparent_flags {
             "--transparent",
             "--intercept",
             "1.2.3.4",
-            "--input",
-            "f.pcap"
+            "--proxy-protocol"
         ])
-        .contains("--transparent cannot be used with --input"));
+        .contains("--proxy-protocol"));
+        // --diff needs answers' bytes back, and waiting for each: --no-wait is refused as in
+        // relay mode.
         assert!(e(&[
             "--transparent",
             "--intercept",
             "1.2.3.4",
-            "--proxy-protocol"
+            "--diff",
+            "--no-wait"
         ])
-        .contains("--proxy-protocol"));
-        assert!(e(&["--transparent", "--intercept", "1.2.3.4", "--diff"]).contains("--diff"));
+        .contains("--diff with --no-wait"));
+    }
+
+    #[test]
+    fn transparent_takes_diff_and_an_input_file() {
+        let (c, r) = parse_all(&[
+            "--transparent",
+            "--intercept",
+            "198.18.3.2",
+            "--diff",
+            "--diff-mode",
+            "http",
+            "--diff-ignore",
+            "^Date:",
+            "--diff-out",
+            "d.jsonl",
+            "--diff-max",
+            "5",
+            "--input",
+            "f.pcap",
+            "--speed",
+            "2",
+            "--max-idle",
+            "0.5",
+            "--loop",
+            "3",
+        ])
+        .unwrap();
+        assert!(r.transparent.is_some());
+        let d = c.diff.unwrap();
+        assert_eq!(d.mode, DiffMode::Http);
+        assert_eq!(d.ignore.len(), 1);
+        assert_eq!(d.max_written, 5);
+        assert_eq!(d.out, Some(PathBuf::from("d.jsonl")));
+        assert_eq!(
+            r.input,
+            Input::File {
+                path: PathBuf::from("f.pcap"),
+                speed: 2.0,
+                max_idle_ns: Some(500_000_000),
+                loops: 3,
+            }
+        );
     }
 }
 

@@ -16,7 +16,7 @@ use crate::Failure;
 
 /// On the assistant host of `tcpkit copy --transparent`: catch the target's answers to the
 /// copied sessions (the target routes the clients' addresses here) and return their TCP/IP
-/// headers to the copies that connect. The answers are never forwarded: forwarding must be
+/// headers (and payload, to a copy that asks: `copy --diff`) to the copies that connect. The answers are never forwarded: forwarding must be
 /// off in this host (checked at start and every second). Runs until SIGINT/SIGTERM.
 #[derive(Debug, Parser)]
 pub struct Args {

@@ -36,10 +36,12 @@ enum Cmd {
     /// open-loop schedule, latency from the intended and the actual send time, lag reported.
     Load(load::Args),
     /// Copy live TCP sessions (or a capture's) to a test server without touching production
-    /// (tcpcopy's job), in relay mode: reassembled and replayed over ordinary connections.
+    /// (tcpcopy's job): reassembled and replayed over ordinary connections (relay mode), or
+    /// with the clients' own addresses through a raw socket (--transparent, with intercept).
     Copy(copy::Args),
     /// On the assistant host of `copy --transparent`: catch the target's answers (never
-    /// forwarded) and return their headers to the copies over a control connection.
+    /// forwarded) and return their headers (and bytes, for `copy --diff`) to the copies over
+    /// a control connection.
     Intercept(intercept::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),

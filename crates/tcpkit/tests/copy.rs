@@ -240,19 +240,8 @@ fn redis_set_workload_leaves_the_same_keys_on_the_target() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r = copy_done(c);
-    let keys = |h: &tcpkit_lab::Host, ip: &str| {
-        let o = h
-            .run(&["redis-cli", "-h", ip, "--scan"])
-            .expect("redis-cli");
-        let mut k: Vec<String> = String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect();
-        k.sort();
-        k
-    };
-    let on = keys(&l.online, ONLINE);
-    let tg = keys(&l.target, TARGET);
+    let on = redis_keys(&l.online, ONLINE);
+    let tg = redis_keys(&l.target, TARGET);
     assert!(on.len() > 900, "{} keys online", on.len());
     let missing: Vec<&String> = on.iter().filter(|k| tg.binary_search(k).is_err()).collect();
     assert!(

@@ -4,102 +4,16 @@
 
 mod copy_common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use copy_common::*;
 use serde_json::Value;
-
-/// Same length on both servers, different bytes: only the body differs.
-const ORIGINAL: &str = "original body\n";
-const CHANGED: &str = "changed! body\n";
-const SAME: &str = "the same on both servers\n";
-
-/// Writes `files` into the `name` nginx's root with one fixed mtime, so Last-Modified and
-/// ETag agree between the servers.
-fn serve(l: &CopyLab, name: &str, files: &[(&str, &str)]) {
-    let www = l.dir.path().join(format!("nginx-{name}/www"));
-    for (f, body) in files {
-        let p = www.join(f);
-        std::fs::write(&p, body).unwrap();
-        std::fs::File::options()
-            .write(true)
-            .open(&p)
-            .unwrap()
-            .set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
-            .unwrap();
-    }
-}
-
-/// The target nginx's whole answer to GET `path`.
-fn fetch(l: &CopyLab, path: &str) -> Vec<u8> {
-    let addr: SocketAddr = format!("{TARGET}:8080").parse().unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    l.target.enter(|| {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(req.as_bytes()).unwrap();
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).unwrap();
-        out
-    })
-}
-
-/// `answer` with its Date value replaced by one from another day (same length).
-fn old_date(answer: &[u8]) -> Vec<u8> {
-    let text = String::from_utf8(answer.to_vec()).unwrap();
-    let i = text.find("\r\nDate: ").expect("a Date header") + 8;
-    let j = i + text[i..].find("\r\n").unwrap();
-    assert_eq!(j - i, 29, "{text}");
-    format!("{}Sat, 01 Jan 2000 00:00:00 GMT{}", &text[..i], &text[j..]).into_bytes()
-}
-
-/// A capture of `sessions` keep-alive sessions to ONLINE:8080, each asking for each path of
-/// `gets` in turn and getting the answer beside it.
-fn capture(path: &Path, sessions: u16, gets: &[(&str, Vec<u8>)]) {
-    let requests: Vec<String> = gets
-        .iter()
-        .map(|(p, _)| format!("GET {p} HTTP/1.1\r\nHost: t\r\n\r\n"))
-        .collect();
-    let turns: Vec<(&[u8], &[u8])> = requests
-        .iter()
-        .zip(gets)
-        .map(|(r, (_, a))| (r.as_bytes(), a.as_slice()))
-        .collect();
-    write_frames(
-        path,
-        &http_session_frames(sessions, 42000, 20_000_000, &turns),
-    );
-}
 
 fn run(l: &CopyLab, args: &[&str]) -> std::process::Output {
     let mut argv = vec![tcpkit(), "copy"];
     argv.extend_from_slice(args);
     run_limited(l.online.command(&argv), Duration::from_secs(20))
-}
-
-fn diff_of(o: &std::process::Output) -> Value {
-    assert!(
-        o.status.success(),
-        "copy failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let r = json(o);
-    assert_accounted(&r);
-    check_schema(&r);
-    r["diff"].clone()
-}
-
-fn counts(d: &Value) -> (u64, u64, u64) {
-    (u(d, "compared"), u(d, "equal"), u(d, "different"))
-}
-
-fn records(p: &Path) -> Vec<Value> {
-    lines(p)
-        .iter()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]
@@ -127,9 +41,10 @@ fn a_date_differs_and_is_ignored_only_when_asked_a_changed_body_is_found() {
     let dir = tempfile::tempdir().unwrap();
     let pcap = dir.path().join("prod.pcap");
     // 3 sessions x (same, other, same): 6 answers alike but for the Date, 3 with a new body.
-    capture(
+    diff_capture(
         &pcap,
         3,
+        42000,
         &[
             ("/same.txt", orig_same),
             ("/other.txt", orig_other),

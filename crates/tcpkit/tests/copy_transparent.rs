@@ -17,13 +17,23 @@ const TGT_A: &str = "198.18.3.1";
 const ASSIST: &str = "198.18.3.2";
 const ONLINE_M: &str = "198.18.4.1";
 const ASSIST_M: &str = "198.18.4.2";
+const CLIENT6: &str = "fd00:18:1::1";
+const ONLINE6: &str = "fd00:18:1::2";
+const ONLINE6_T: &str = "fd00:18:2::1";
+const TARGET6: &str = "fd00:18:2::2";
+const TGT6_A: &str = "fd00:18:3::1";
+const ASSIST6: &str = "fd00:18:3::2";
 
 struct TLab {
     l: CopyLab,
     assistant: Host,
     /// The assistant's interface toward the target (where intercept captures).
     ast_if: String,
+    /// The target's interface toward the assistant.
+    tgt_ast_if: String,
     port: u16,
+    /// What intercept catches: the target's answers from this port.
+    answers_port: u16,
 }
 
 fn free_port() -> u16 {
@@ -77,8 +87,43 @@ impl TLab {
             l,
             assistant,
             ast_if: tl.b.name.clone(),
+            tgt_ast_if: tl.a.name.clone(),
             port: free_port(),
+            answers_port: 8080,
         }
+    }
+
+    /// IPv6 beside IPv4 on every link of the copy path (the control connection stays on the
+    /// IPv4 management link): clients CLIENT6, online ONLINE6 / ONLINE6_T, target TARGET6,
+    /// which routes the clients' prefix via the assistant ASSIST6.
+    fn add_v6(&self) {
+        let l = &self.l;
+        for (h, addr, ifname) in [
+            (&l.clients, CLIENT6, &l.cli_link.a.name),
+            (&l.online, ONLINE6, &l.cli_link.b.name),
+            (&l.online, ONLINE6_T, &l.tgt_link.a.name),
+            (&l.target, TARGET6, &l.tgt_link.b.name),
+            (&l.target, TGT6_A, &self.tgt_ast_if),
+            (&self.assistant, ASSIST6, &self.ast_if),
+        ] {
+            h.run(&[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                ifname,
+                "nodad",
+            ])
+            .expect("ip -6 addr");
+        }
+        l.target
+            .run(&["ip", "-6", "route", "add", "fd00:18:1::/64", "via", ASSIST6])
+            .expect("route");
+        self.assistant
+            .sysctl("net.ipv6.conf.all.forwarding", "0")
+            .expect("sysctl");
     }
 
     fn intercept_args(&self) -> Vec<String> {
@@ -88,7 +133,7 @@ impl TLab {
             "--capture".into(),
             self.ast_if.clone(),
             "--filter".into(),
-            "src port 8080".into(),
+            format!("src port {}", self.answers_port),
             "--listen".into(),
             format!("{ASSIST_M}:{}", self.port),
             "--json".into(),
@@ -389,5 +434,494 @@ fn copy_with_intercept_unreachable_at_start_is_one_line() {
         &o,
         &format!("tcpkit copy: intercept {ia} unreachable: "),
         "refused",
+    );
+}
+
+/// `tcpkit copy --transparent ARGS` in the online host, to completion (offline runs).
+fn copy_offline(t: &TLab, args: &[&str]) -> Output {
+    let rule = format!("8080-{TARGET}:8080");
+    let ia = t.intercept_addr();
+    let mut argv = vec![
+        tcpkit(),
+        "copy",
+        "--transparent",
+        "-x",
+        &rule,
+        "--intercept",
+        &ia,
+        "--timeout",
+        "2",
+        "--json",
+    ];
+    argv.extend_from_slice(args);
+    run_limited(t.l.online.command(&argv), Duration::from_secs(30))
+}
+
+#[test]
+fn transparent_diff_live_finds_exactly_the_requests_for_the_changed_file() {
+    let mut t = TLab::new("cptrdfl");
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    // big.txt spans many segments (and GSO-sized ones on the veth): equal only if every byte
+    // came back through intercept, in order.
+    let big: String = (0..150_000u32)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect();
+    for (name, other) in [("online", ORIGINAL), ("target", CHANGED)] {
+        serve(
+            &t.l,
+            name,
+            &[("same.txt", SAME), ("other.txt", other), ("big.txt", &big)],
+        );
+    }
+    let _icp = t.intercept("intercept");
+    let ifname = t.l.cli_link.a.name.clone();
+    let clients = t.l.clients.clone();
+    let dump = t.l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
+    let out = t.l.dir.path().join("diffs.jsonl");
+    let c = t.copy(&[
+        "--duration",
+        "3",
+        "--diff",
+        "--diff-mode",
+        "http",
+        "--diff-ignore",
+        "^Date:",
+        "--diff-out",
+        out.to_str().unwrap(),
+        "--diff-max",
+        "3",
+    ]);
+    let get = |path: &'static str, rate: &'static str, per_conn: Option<&'static str>| {
+        let mut a = vec!["--http-get", path, "-c", "1", "-r", rate, "-t", "1.5"];
+        if let Some(q) = per_conn {
+            a.extend_from_slice(&["--queries-per-conn", q]);
+        }
+        t.l.load(8080, &a);
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| get("/same.txt", "200", None));
+        s.spawn(|| get("/other.txt", "40", None));
+        // A new connection per request too.
+        s.spawn(|| get("/other.txt", "20", Some("1")));
+        s.spawn(|| get("/big.txt", "20", None));
+    });
+    let r = copy_done(c);
+    let cap = dump.stop().expect("tcpdump");
+    let d = r["diff"].clone();
+    let count =
+        |log: &std::path::Path, f: &str| lines(log).iter().filter(|x| x.contains(f)).count() as u64;
+    let (same_t, other_t, big_t) = (
+        count(&tg_log, "/same.txt"),
+        count(&tg_log, "/other.txt"),
+        count(&tg_log, "/big.txt"),
+    );
+    eprintln!(
+        "transparent diff: online {} target same {same_t} other {other_t} big {big_t}: {d}",
+        lines(&on_log).len()
+    );
+    assert!(count(&on_log, "/other.txt") >= 60, "{r:#}");
+    assert!(big_t >= 20, "{r:#}");
+    assert_eq!(u(&r, "sessions.open_at_end"), 0, "{r:#}");
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    // Exactly the requests for other.txt differ; every same.txt and big.txt answer is equal.
+    assert_eq!(
+        counts(&d),
+        (same_t + other_t + big_t, same_t + big_t, other_t),
+        "{d:#}"
+    );
+    assert_eq!(u(&d, "compared_by_hash"), big_t, "{d:#}");
+    assert_eq!(u(&d, "not_compared"), 0);
+    assert_eq!(u(&d, "written"), 3);
+    let recs = records(&out);
+    assert_eq!(recs.len(), 3);
+    for x in &recs {
+        assert_eq!(x["reason"], "body");
+        assert!(x["original"]["text"].as_str().unwrap().ends_with(ORIGINAL));
+        assert!(x["target_response"]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with(CHANGED));
+        assert_eq!(
+            x["client"].as_str().unwrap().split(':').next(),
+            Some(CLIENT)
+        );
+    }
+    // The answers' bytes went to copy over the control connection, never to the clients.
+    let text = cap.text().expect("tcpdump -r");
+    assert!(text.len() > 500, "{} packets", text.len());
+    for l in &text {
+        for bad in [TARGET, TGT_A, ASSIST, ASSIST_M, ONLINE_T, ONLINE_M] {
+            assert!(!l.contains(&format!(" {bad}.")), "{l}");
+        }
+    }
+}
+
+#[test]
+fn transparent_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed_body() {
+    let mut t = TLab::new("cptrdfo");
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    serve(
+        &t.l,
+        "target",
+        &[("same.txt", SAME), ("other.txt", CHANGED)],
+    );
+    let same = fetch(&t.l, "/same.txt");
+    let other = fetch(&t.l, "/other.txt");
+    assert!(same.ends_with(SAME.as_bytes()) && other.ends_with(CHANGED.as_bytes()));
+    // The production answers, as captured: another day's Date; other.txt's body differs; as
+    // in copy_diff, the copies' keep-alive requests get "Connection: keep-alive".
+    let ka = |a: Vec<u8>| {
+        String::from_utf8(a)
+            .unwrap()
+            .replace("Connection: close", "Connection: keep-alive")
+            .into_bytes()
+    };
+    let orig_same = ka(old_date(&same));
+    let mut orig_other = old_date(&other);
+    let n = orig_other.len();
+    orig_other[n - CHANGED.len()..].copy_from_slice(ORIGINAL.as_bytes());
+    let orig_other = ka(orig_other);
+    let gets = [
+        ("/same.txt", orig_same),
+        ("/other.txt", orig_other),
+        ("/same.txt", ka(same.clone())),
+    ];
+    let _icp = t.intercept("intercept");
+    let dir = tempfile::tempdir().unwrap();
+    let before = lines(&tg_log).len();
+    // Each run plays its own capture (its own client ports), so no run's 4-tuples meet the
+    // previous run's at the target.
+    let mut runs = 0u16;
+    let mut with = |extra: &[&str]| {
+        let pcap = dir.path().join(format!("prod{runs}.pcap"));
+        diff_capture(&pcap, 3, 42000 + 10 * runs, &gets);
+        runs += 1;
+        let p = pcap.to_str().unwrap().to_string();
+        let mut v = vec!["--input", &p, "--speed", "10"];
+        v.extend_from_slice(extra);
+        let o = copy_offline(&t, &v);
+        let r = json(&o);
+        assert_eq!(r["mode"], "transparent", "{r:#}");
+        assert_eq!(
+            u(&r, "sessions.completed"),
+            u(&r, "sessions.copies"),
+            "{r:#}"
+        );
+        diff_of(&o)
+    };
+
+    // Bytes, nothing ignored: the old Date makes the first two answers of each session differ.
+    let d = with(&["--diff"]);
+    assert_eq!(d["mode"], "bytes");
+    assert_eq!(u(&d, "compared"), 9, "{d:#}");
+    assert!(u(&d, "different") >= 6, "{d:#}");
+    // Bytes with the Date line blanked: only other.txt's body differs.
+    let d = with(&["--diff", "--diff-ignore", "^Date:.*$"]);
+    assert_eq!(counts(&d), (9, 6, 3), "{d:#}");
+    // http, nothing ignored: the headers differ (Date).
+    let d = with(&["--diff", "--diff-mode", "http"]);
+    assert!(u(&d, "different") >= 6, "{d:#}");
+    // http without Date: exactly the three changed bodies; two of them written.
+    let out = dir.path().join("diffs.jsonl");
+    let o = out.to_str().unwrap();
+    let d = with(&[
+        "--diff",
+        "--diff-mode",
+        "http",
+        "--diff-ignore",
+        "^Date:",
+        "--diff-out",
+        o,
+        "--diff-max",
+        "2",
+    ]);
+    assert_eq!(counts(&d), (9, 6, 3), "{d:#}");
+    assert_eq!(u(&d, "written"), 2);
+    let recs = records(&out);
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        assert_eq!(r["reason"], "body", "{r:#}");
+        assert_eq!(r["request"], 2, "{r:#}");
+        assert!(r["original"]["text"].as_str().unwrap().ends_with(ORIGINAL));
+        assert!(r["target_response"]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with(CHANGED));
+    }
+    // Every request of the 4 runs reached the target, from the capture's client address.
+    let target = lines(&tg_log);
+    let copied = &target[before..];
+    assert_eq!(copied.len(), 4 * 9, "{copied:#?}");
+    assert!(
+        copied
+            .iter()
+            .all(|l| l.starts_with(&format!("{CLIENT} 420"))),
+        "{copied:#?}"
+    );
+}
+
+#[test]
+fn transparent_ipv6_target_sees_the_clients_with_loss_under_a_thousandth_and_nothing_reaches_them()
+{
+    let mut t = TLab::new("cptr6");
+    t.add_v6();
+    let (_on, on_log) = t.l.nginx_also_on(true, Log::Peer, Some(ONLINE6));
+    let (_tg, tg_log) = t.l.nginx_also_on(false, Log::Peer, Some(TARGET6));
+    let icp = t.intercept("intercept");
+    let ifname = t.l.cli_link.a.name.clone();
+    let clients = t.l.clients.clone();
+    let dump = t.l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
+    let rule = format!("8080-[{TARGET6}]:8080");
+    let cap = t.l.capture_if();
+    let ia = t.intercept_addr();
+    let c = t.l.copy(&[
+        "--transparent",
+        "-x",
+        &rule,
+        "--intercept",
+        &ia,
+        "-i",
+        &cap,
+        "--timeout",
+        "2",
+        "--json",
+        "--duration",
+        "3",
+    ]);
+    let load6 = |rate: &str, per_conn: Option<&str>| {
+        let t = format!("[{ONLINE6}]:8080");
+        let mut a = vec![
+            tcpkit(),
+            "load",
+            &t,
+            "--http-get",
+            "/hello.txt",
+            "-c",
+            "2",
+            "-r",
+            rate,
+            "-t",
+            "2",
+        ];
+        if let Some(q) = per_conn {
+            a.extend_from_slice(&["--queries-per-conn", q]);
+        }
+        let o = run_limited(clients.command(&a), Duration::from_secs(20));
+        assert!(
+            o.status.success(),
+            "load failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    std::thread::scope(|s| {
+        let a = s.spawn(|| load6("300", None));
+        let b = s.spawn(|| load6("150", Some("1")));
+        a.join().unwrap();
+        b.join().unwrap();
+    });
+    let r = copy_done(c);
+    let cap = dump.stop().expect("tcpdump");
+    icp.signal(Signal::SIGINT).unwrap();
+    icp.wait_timeout(Duration::from_secs(5)).unwrap();
+    let online = lines(&on_log);
+    let target = lines(&tg_log);
+    assert!(online.len() > 800, "{} requests online", online.len());
+    assert!(
+        online.iter().all(|l| l.starts_with(&format!("{CLIENT6} "))),
+        "{:?}",
+        &online[..online.len().min(3)]
+    );
+    // Every request at the target came from the clients' own IPv6 address.
+    assert!(
+        target.iter().all(|l| l.starts_with(&format!("{CLIENT6} "))),
+        "{:?}",
+        &target[..target.len().min(3)]
+    );
+    assert!(target.iter().all(|l| l.contains(" 200 ")), "{target:?}");
+    let loss = (online.len() as f64 - target.len() as f64) / online.len() as f64;
+    eprintln!(
+        "transparent IPv6: {} requests online, {} at the target (loss {:.4} %)",
+        online.len(),
+        target.len(),
+        loss * 100.0
+    );
+    assert!(loss <= 0.001, "loss {loss}: {r:#}");
+    assert_eq!(r["rules"][0], format!("8080-[{TARGET6}]:8080"), "{r:#}");
+    assert_eq!(
+        u(&r, "requests.answered"),
+        u(&r, "requests.copied"),
+        "{r:#}"
+    );
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    assert_eq!(u(&r, "transparent.send_errors"), 0, "{r:#}");
+    // Nothing from the target or the assistant on the clients' link, in either family.
+    let text = cap.text().expect("tcpdump -r");
+    assert!(text.len() > 1000, "{} packets", text.len());
+    assert!(text.iter().any(|l| l.contains(&format!(" {CLIENT6}."))));
+    for l in &text {
+        for bad in [
+            TARGET, TGT_A, ASSIST, ASSIST_M, ONLINE_T, ONLINE_M, TARGET6, TGT6_A, ASSIST6,
+            ONLINE6_T,
+        ] {
+            assert!(!l.contains(&format!(" {bad}.")), "{l}");
+        }
+    }
+}
+
+#[test]
+fn transparent_redis_set_workload_leaves_the_same_keys_on_the_target() {
+    let mut t = TLab::new("cptrrds");
+    t.answers_port = 6379;
+    let _on = t.l.redis(true);
+    let _tg = t.l.redis(false);
+    let _icp = t.intercept("intercept");
+    let ifname = t.l.cli_link.a.name.clone();
+    let clients = t.l.clients.clone();
+    let dump = t.l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
+    let rule = format!("6379-{TARGET}:6379");
+    let cap = t.l.capture_if();
+    let ia = t.intercept_addr();
+    let c = t.l.copy(&[
+        "--transparent",
+        "-x",
+        &rule,
+        "--intercept",
+        &ia,
+        "-i",
+        &cap,
+        "--timeout",
+        "2",
+        "--json",
+        "--duration",
+        "4",
+    ]);
+    let o = t.l.client(&[
+        "redis-benchmark",
+        "-h",
+        ONLINE,
+        "-p",
+        "6379",
+        "-t",
+        "set",
+        "-r",
+        "20000",
+        "-n",
+        "8000",
+        "-c",
+        "5",
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = copy_done(c);
+    let cap = dump.stop().expect("tcpdump");
+    let on = redis_keys(&t.l.online, ONLINE);
+    let tg = redis_keys(&t.l.target, TARGET);
+    eprintln!(
+        "transparent redis: {} keys online, {} on the target; {} requests copied, {} answered",
+        on.len(),
+        tg.len(),
+        u(&r, "requests.copied"),
+        u(&r, "requests.answered")
+    );
+    assert!(on.len() > 5000, "{} keys online", on.len());
+    let missing: Vec<&String> = on.iter().filter(|k| tg.binary_search(k).is_err()).collect();
+    assert!(
+        missing.is_empty() && on.len() == tg.len(),
+        "{} keys online, {} on the target, missing {:?}: {r:#}",
+        on.len(),
+        tg.len(),
+        &missing[..missing.len().min(5)]
+    );
+    assert!(u(&r, "requests.copied") >= 8000, "{r:#}");
+    assert_eq!(
+        u(&r, "requests.copied"),
+        u(&r, "requests.answered"),
+        "{r:#}"
+    );
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    let text = cap.text().expect("tcpdump -r");
+    for l in &text {
+        for bad in [TARGET, TGT_A, ASSIST, ASSIST_M, ONLINE_T, ONLINE_M] {
+            assert!(!l.contains(&format!(" {bad}.")), "{l}");
+        }
+    }
+}
+
+#[test]
+fn transparent_offline_plays_a_capture_with_its_clients_addresses_looped() {
+    let mut t = TLab::new("cptrfile");
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let get = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
+    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 19\r\n\r\nhello from the lab\n";
+    let turns: Vec<(&[u8], &[u8])> = vec![(get, answer); 3];
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("prod.pcap");
+    // 5 sessions of 3 requests 1 s apart, from CLIENT:43000..43004.
+    write_frames(&pcap, &http_session_frames(5, 43000, 1_000_000_000, &turns));
+    let p = pcap.to_str().unwrap();
+    let started = Instant::now();
+    let o = copy_offline(
+        &t,
+        &[
+            "--input",
+            p,
+            "--speed",
+            "4",
+            "--max-idle",
+            "0.1",
+            "--loop",
+            "2",
+        ],
+    );
+    let took = started.elapsed();
+    assert!(
+        o.status.success(),
+        "copy failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = json(&o);
+    accounted(&r);
+    check_schema(&r);
+    assert_eq!(r["mode"], "transparent");
+    assert_eq!(r["source"], format!("file {p}"));
+    assert_eq!(u(&r, "sessions.seen"), 10, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 10, "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 30, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 30, "{r:#}");
+    // Every request reached the target from the capture's client address; the first loop's
+    // copies keep the clients' own ports.
+    let target = lines(&tg_log);
+    assert_eq!(target.len(), 30, "{target:#?}");
+    assert!(
+        target.iter().all(|l| l.starts_with(&format!("{CLIENT} "))),
+        "{target:#?}"
+    );
+    for port in 43000..43005 {
+        assert!(
+            target.iter().any(|l| l.contains(&format!(" {port} "))),
+            "{port}: {target:#?}"
+        );
+    }
+    // The 1 s between requests, capped at 100 ms by --max-idle and divided by 4: two loops
+    // of three turns play in 6 x 25 ms, not the 6 s of the capture (1.5 s if --max-idle
+    // were ignored, 0.6 s if --speed were).
+    eprintln!("offline transparent: {took:?} {}", r["transparent"]);
+    assert!(
+        took >= Duration::from_millis(150) && took < Duration::from_millis(500),
+        "{took:?}"
     );
 }

@@ -330,3 +330,47 @@ fn pipelined_answers_are_compared_message_by_message() {
         (2, 1, 1)
     );
 }
+
+/// A copy behind the capture by several requests (transparent mode's first handshake goes
+/// through intercept): the answer in flight looks whole once it holds its own message, not
+/// only once it holds as many as every original answer captured so far.
+#[test]
+fn a_copy_lagging_the_capture_sees_each_answer_whole_on_its_own() {
+    let mut d = Differ::new(cfg(DiffMode::Http, &["^Date:"])).unwrap();
+    let a: SocketAddr = "10.0.0.1:1".parse().unwrap();
+    let mut orig = d.original(true);
+    let mut conn = d.conn(ConnMeta {
+        session: 1,
+        copy: 1,
+        client: a,
+        server: a,
+        target: a,
+    });
+    let get = b"GET /a HTTP/1.1\r\n\r\n";
+    // The capture runs four requests ahead of the copy.
+    for _ in 0..4 {
+        if let Some((k, r)) = orig.request_starts(&d, get) {
+            conn.original(k, r);
+        }
+        conn.request_queued(get);
+        orig.server_bytes(A);
+    }
+    let (k, r) = orig.request_starts(&d, get).unwrap();
+    conn.original(k, r);
+    conn.request_queued(get);
+    // The copy sends its first request; the target's answer is one message, as the
+    // original's first was.
+    conn.request_sent(&mut d);
+    assert!(!conn.answer_whole());
+    conn.target_bytes(&B[..20]);
+    assert!(!conn.answer_whole(), "half a message");
+    conn.target_bytes(&B[20..]);
+    assert!(conn.answer_whole());
+    conn.request_sent(&mut d);
+    assert!(!conn.answer_whole());
+    conn.target_bytes(A);
+    assert!(conn.answer_whole());
+    conn.request_sent(&mut d);
+    assert_eq!(d.stats().compared, 2);
+    assert_eq!(d.stats().equal, 2);
+}

@@ -6,9 +6,11 @@
 #[path = "../common/schema.rs"]
 pub mod schema;
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 use tcpkit_lab::{Host, Lab, Link, LinkOpts, Proc};
@@ -102,8 +104,14 @@ impl CopyLab {
     /// nginx on port 8080 serving /hello.txt, one access-log line per request:
     /// `client_addr client_port status request`.
     pub fn nginx(&mut self, online: bool, log: Log) -> (Proc, PathBuf) {
+        self.nginx_also_on(online, log, None)
+    }
+
+    /// [`CopyLab::nginx`], listening on `[v6]:8080` too when given.
+    pub fn nginx_also_on(&mut self, online: bool, log: Log, v6: Option<&str>) -> (Proc, PathBuf) {
         let (host, ip, name) = self.host(online);
         let host = host.clone();
+        let listen6 = v6.map_or(String::new(), |a| format!(" listen [{a}]:8080;"));
         let d = self.dir.path().join(format!("nginx-{name}"));
         let _ = std::fs::create_dir_all(d.join("www"));
         std::fs::write(d.join("www/hello.txt"), "hello from the lab\n").unwrap();
@@ -124,7 +132,7 @@ impl CopyLab {
                  http {{ log_format t '{fmt}'; access_log {a} t; keepalive_requests 100000;\n\
                    client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
                    uwsgi_temp_path {d}; scgi_temp_path {d};\n\
-                   server {{ listen {ip}:8080{pp}; root {d}/www; }} }}\n",
+                   server {{ listen {ip}:8080{pp};{listen6} root {d}/www; }} }}\n",
                 d = d.display(),
                 a = access.display(),
             ),
@@ -138,6 +146,9 @@ impl CopyLab {
             )
             .unwrap_or_else(|e| panic!("{e}"));
         wait_port(&host, ip, 8080, &p);
+        if let Some(a) = v6 {
+            wait_port(&host, &format!("[{a}]"), 8080, &p);
+        }
         (p, access)
     }
 
@@ -218,6 +229,19 @@ impl CopyLab {
         );
         o
     }
+}
+
+/// The keys of the redis at `ip` (in `host`), sorted.
+pub fn redis_keys(host: &Host, ip: &str) -> Vec<String> {
+    let o = host
+        .run(&["redis-cli", "-h", ip, "--scan"])
+        .expect("redis-cli");
+    let mut k: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    k.sort();
+    k
 }
 
 /// Packet sockets bound to interface `ifindex` in `host`'s namespace (the copy's capture is
@@ -402,4 +426,90 @@ pub fn write_frames(path: &Path, frames: &[(u64, Vec<u8>)]) {
         w.write_packet(*ts, f, f.len() as u32).unwrap();
     }
     w.finish().unwrap();
+}
+
+// ---- --diff: files served alike or not, and captures of their answers ------------------
+
+/// Same length on both servers, different bytes: only the body differs.
+pub const ORIGINAL: &str = "original body\n";
+pub const CHANGED: &str = "changed! body\n";
+pub const SAME: &str = "the same on both servers\n";
+
+/// Writes `files` into the `name` nginx's root with one fixed mtime, so Last-Modified and
+/// ETag agree between the servers.
+pub fn serve(l: &CopyLab, name: &str, files: &[(&str, &str)]) {
+    let www = l.dir.path().join(format!("nginx-{name}/www"));
+    for (f, body) in files {
+        let p = www.join(f);
+        std::fs::write(&p, body).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+            .unwrap();
+    }
+}
+
+/// The target nginx's whole answer to GET `path`.
+pub fn fetch(l: &CopyLab, path: &str) -> Vec<u8> {
+    let addr: SocketAddr = format!("{TARGET}:8080").parse().unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    l.target.enter(|| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        out
+    })
+}
+
+/// `answer` with its Date value replaced by one from another day (same length).
+pub fn old_date(answer: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8(answer.to_vec()).unwrap();
+    let i = text.find("\r\nDate: ").expect("a Date header") + 8;
+    let j = i + text[i..].find("\r\n").unwrap();
+    assert_eq!(j - i, 29, "{text}");
+    format!("{}Sat, 01 Jan 2000 00:00:00 GMT{}", &text[..i], &text[j..]).into_bytes()
+}
+
+/// A capture of `sessions` keep-alive sessions to ONLINE:8080 from CLIENT:`first_port`+k,
+/// each asking for each path of `gets` in turn and getting the answer beside it.
+pub fn diff_capture(path: &Path, sessions: u16, first_port: u16, gets: &[(&str, Vec<u8>)]) {
+    let requests: Vec<String> = gets
+        .iter()
+        .map(|(p, _)| format!("GET {p} HTTP/1.1\r\nHost: t\r\n\r\n"))
+        .collect();
+    let turns: Vec<(&[u8], &[u8])> = requests
+        .iter()
+        .zip(gets)
+        .map(|(r, (_, a))| (r.as_bytes(), a.as_slice()))
+        .collect();
+    write_frames(
+        path,
+        &http_session_frames(sessions, first_port, 20_000_000, &turns),
+    );
+}
+
+pub fn diff_of(o: &std::process::Output) -> Value {
+    assert!(
+        o.status.success(),
+        "copy failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = json(o);
+    assert_accounted(&r);
+    check_schema(&r);
+    r["diff"].clone()
+}
+
+pub fn counts(d: &Value) -> (u64, u64, u64) {
+    (u(d, "compared"), u(d, "equal"), u(d, "different"))
+}
+
+pub fn records(p: &Path) -> Vec<Value> {
+    lines(p)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }

@@ -1,0 +1,315 @@
+//! Where a copy's frames come from, for every copy mode: a live capture (its ring's fd in the
+//! mode's event loop) or a capture file played at its own pace (`--speed`, `--max-idle`,
+//! `--loop`). Either way the frames go through the reassembler ([`Tracker`]) and its events
+//! to the mode ([`Consumer`]), which between batches serves its own I/O. Relay and transparent
+//! mode differ in how a copy reaches the target, not in how the input is read, so the loops
+//! live here once.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Registry, Token};
+use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
+use tcpkit_pace::now_ns;
+use tcpkit_pcap::{CaptureFile, PcapError};
+use tcpkit_stats::CopyReport;
+use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
+
+use crate::reasm::{Event, Tracker, TrackerConfig};
+use crate::relay::{Input, Live};
+use crate::rules::{self, Rule};
+
+/// The capture's token in a mode's event loop.
+pub(crate) const CAPTURE: Token = Token(usize::MAX);
+/// How far behind the wall clock the live capture's reassembler is ticked (see its use).
+const TICK_LAG_NS: u64 = 250_000_000;
+/// Capture handled per turn of the live loop before the copies are served.
+const CAPTURE_SLICE_NS: u64 = 2_000_000;
+
+/// Why the input could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    #[error("capture")]
+    Capture {
+        ifname: String,
+        #[source]
+        source: CaptureError,
+    },
+    #[error("input")]
+    File(#[source] PcapError),
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A copy mode, as the input loops drive it.
+pub(crate) trait Consumer {
+    type Error: From<FeedError>;
+    /// How long one turn of the live loop waits for the mode's I/O at most.
+    const LIVE_WAIT: Duration;
+    fn rules(&self) -> &[Rule];
+    fn tracker_config(&self) -> TrackerConfig;
+    fn registry(&self) -> &Registry;
+    fn report(&mut self) -> &mut CopyReport;
+    /// Every frame (Ethernet), before the reassembler sees it.
+    fn frame(&mut self, _frame: &[u8]) {}
+    /// The reassembler's events; `tracker_mem` is what it holds.
+    fn on_events(&mut self, evs: &mut Vec<Event>, tracker_mem: u64);
+    /// Timers, then one wait for I/O of at most `max_wait`, then the I/O.
+    fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), Self::Error>;
+    fn publish(&self, live: &Live);
+}
+
+pub(crate) fn realtime_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn tracker_stats(r: &mut CopyReport, t: &Tracker) {
+    let s = t.stats();
+    let c = &mut r.capture;
+    c.not_tcp += s.not_tcp_frames;
+    c.retransmitted_bytes += s.retransmitted_bytes;
+    c.out_of_order_segments += s.out_of_order_segments;
+    c.sessions_with_lost_data += s.closed_lost_data;
+    c.sessions_not_tracked += s.table_full;
+}
+
+/// `e`'s message with its sources, each said once.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = c.source();
+    }
+    s
+}
+
+/// Think times of the input: (divided by, capped at), the pace the file is played at.
+pub(crate) fn pace(input: &Input) -> (f64, u64) {
+    match input {
+        Input::File {
+            speed, max_idle_ns, ..
+        } => (*speed, max_idle_ns.unwrap_or(u64::MAX)),
+        Input::Live { .. } => (1.0, u64::MAX),
+    }
+}
+
+/// Feeds `input` to `c` until it ends (a file), `stop` is set, or `end_at` passes. A capture
+/// file that turns out truncated ends the input early with the reason in the report's
+/// `failure`.
+pub(crate) fn run<C: Consumer>(
+    c: &mut C,
+    input: &Input,
+    end_at: Option<u64>,
+    stop: &AtomicBool,
+    live: &Live,
+    events: &mut Events,
+) -> Result<(), C::Error> {
+    let past_end = |now: u64| stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now >= e);
+    let mut evs: Vec<Event> = Vec::new();
+    let mut eth: Vec<u8> = Vec::new();
+    match input {
+        Input::Live { ifname } => {
+            let filter = rules::capture_filter(c.rules());
+            let cap_err = |source| FeedError::Capture {
+                ifname: ifname.clone(),
+                source,
+            };
+            let mut cap = Capture::open(
+                ifname,
+                &CaptureOpts {
+                    filter: Some(filter.clone()),
+                    ..CaptureOpts::default()
+                },
+            )
+            .map_err(cap_err)?;
+            c.report().source = format!("live {ifname}");
+            c.report().filter = filter;
+            let link = LinkType::from_dlt(cap.linktype()).unwrap_or(LinkType::Ethernet);
+            let fd = cap.as_fd().as_raw_fd();
+            c.registry()
+                .register(&mut SourceFd(&fd), CAPTURE, Interest::READABLE)
+                .map_err(|source| FeedError::Io {
+                    what: "watch the capture socket (epoll_ctl)",
+                    source,
+                })?;
+            let mut tracker = Tracker::new(c.tracker_config());
+            let mut last_stats = 0u64;
+            let mut packets = 0u64;
+            while !past_end(now_ns()) {
+                // Retired blocks for at most CAPTURE_SLICE_NS (at least one), then the copies:
+                // a block can hold hundreds of new sessions, each a connect(), and copies left
+                // unserved keep their requests unsent (at 20k new connections/s the relay held
+                // 15k target connections open, the target closed them as idle).
+                let slice_end = now_ns() + CAPTURE_SLICE_NS;
+                for _ in 0..64 {
+                    let n = cap
+                        .next_block(Duration::ZERO, |p| {
+                            packets += 1;
+                            let frame = if link == LinkType::Ethernet {
+                                p.data
+                            } else if to_ethernet(
+                                link,
+                                p.data,
+                                MacAddr([0; 6]),
+                                MacAddr([0; 6]),
+                                &mut eth,
+                            )
+                            .is_ok()
+                            {
+                                &eth
+                            } else {
+                                return;
+                            };
+                            c.frame(frame);
+                            tracker.push(p.ts_ns, frame, &mut evs);
+                        })
+                        .map_err(cap_err)?;
+                    let mem = tracker.stats().memory_bytes;
+                    c.on_events(&mut evs, mem);
+                    if n == 0 || now_ns() >= slice_end {
+                        break;
+                    }
+                }
+                // The tracker stamps events with the latest time it knows: ticking it to the
+                // wall clock would stamp frames still in the ring (a block retires up to its
+                // timeout late) with a later time, and the original latencies would shrink.
+                tracker.tick(realtime_ns().saturating_sub(TICK_LAG_NS), &mut evs);
+                let mem = tracker.stats().memory_bytes;
+                c.on_events(&mut evs, mem);
+                c.step(events, C::LIVE_WAIT)?;
+                let now = now_ns();
+                if now >= last_stats + 250_000_000 {
+                    last_stats = now;
+                    if let Ok(st) = cap.stats() {
+                        c.report().capture.kernel_drops = st.drops;
+                    }
+                }
+                c.publish(live);
+            }
+            tracker.finish(&mut evs);
+            c.on_events(&mut evs, 0);
+            if let Ok(st) = cap.stats() {
+                c.report().capture.kernel_drops = st.drops;
+            }
+            c.report().capture.packets = packets;
+            tracker_stats(c.report(), &tracker);
+        }
+        Input::File {
+            path,
+            speed,
+            max_idle_ns,
+            loops,
+        } => {
+            c.report().source = format!("file {}", path.display());
+            let file = CaptureFile::open(path).map_err(FeedError::File)?;
+            let wall0 = now_ns();
+            // Capture time mapped onto the wall clock: gaps capped, divided by the speed.
+            let mut virt: u64 = 0;
+            let mut packets = 0u64;
+            'loops: for _ in 0..*loops {
+                let mut tracker = Tracker::new(c.tracker_config());
+                let mut it = file.packets().peekable();
+                let mut last_ts: Option<u64> = None;
+                let mut due_last = wall0 + (virt as f64 / speed) as u64;
+                loop {
+                    let now = now_ns();
+                    if past_end(now) {
+                        tracker.finish(&mut evs);
+                        c.on_events(&mut evs, 0);
+                        tracker_stats(c.report(), &tracker);
+                        break 'loops;
+                    }
+                    // Feed every frame that is due.
+                    let mut ended = false;
+                    let mut wait = Duration::from_millis(50);
+                    loop {
+                        let p = match it.peek() {
+                            None => {
+                                ended = true;
+                                break;
+                            }
+                            Some(Err(_)) => {
+                                if let Some(Err(e)) = it.next() {
+                                    c.report().failure = Some(chain(&e));
+                                }
+                                ended = true;
+                                break;
+                            }
+                            Some(Ok(p)) => *p,
+                        };
+                        let gap = last_ts.map_or(0, |l| p.ts_ns.saturating_sub(l));
+                        let gap = max_idle_ns.map_or(gap, |m| gap.min(m));
+                        let due = wall0 + ((virt + gap) as f64 / speed) as u64;
+                        if due > now {
+                            wait = Duration::from_nanos(due - now);
+                            break;
+                        }
+                        it.next();
+                        virt += gap;
+                        last_ts = Some(p.ts_ns.max(last_ts.unwrap_or(0)));
+                        due_last = due;
+                        packets += 1;
+                        let frame = match LinkType::from_dlt(p.linktype) {
+                            Ok(LinkType::Ethernet) => p.data,
+                            Ok(l)
+                                if to_ethernet(
+                                    l,
+                                    p.data,
+                                    MacAddr([0; 6]),
+                                    MacAddr([0; 6]),
+                                    &mut eth,
+                                )
+                                .is_ok() =>
+                            {
+                                &eth
+                            }
+                            _ => {
+                                c.report().capture.not_tcp += 1;
+                                continue;
+                            }
+                        };
+                        c.frame(frame);
+                        tracker.push(p.ts_ns, frame, &mut evs);
+                        let mem = tracker.stats().memory_bytes;
+                        c.on_events(&mut evs, mem);
+                    }
+                    if ended {
+                        tracker.finish(&mut evs);
+                        c.on_events(&mut evs, 0);
+                        tracker_stats(c.report(), &tracker);
+                        if c.report().failure.is_some() {
+                            break 'loops;
+                        }
+                        break;
+                    }
+                    // The capture's clock runs on while we wait for the next frame, so holes
+                    // and idle sessions time out as they would have.
+                    if let Some(l) = last_ts {
+                        let ahead = (now_ns().saturating_sub(due_last) as f64 * speed) as u64;
+                        tracker.tick(l + ahead, &mut evs);
+                        c.on_events(&mut evs, tracker.stats().memory_bytes);
+                    }
+                    c.step(events, wait.min(Duration::from_millis(50)))?;
+                    c.publish(live);
+                }
+            }
+            c.report().capture.packets = packets;
+        }
+    }
+    Ok(())
+}
