@@ -4,7 +4,7 @@
 //! the run gets past that point.
 
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,9 @@ use tcpkit_pcap::CaptureFile;
 
 use crate::relay::{Input, RelayConfig};
 use crate::rules;
-use crate::transparent::TransparentError;
+use crate::transparent::{TransparentConfig, TransparentError};
+use tcpkit_wire::tcp::{Flags, Segment};
+use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
 
 /// One check's outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -57,12 +59,12 @@ impl Check {
 }
 
 /// Every check for a run with this configuration, in the order a run meets them;
-/// `intercept` is `--transparent`'s control address.
+/// `transparent` is `--transparent`'s configuration.
 pub fn run(
     cfg: &RelayConfig,
     input: &Input,
     metrics: Option<SocketAddr>,
-    intercept: Option<SocketAddr>,
+    transparent: Option<&TransparentConfig>,
 ) -> Vec<Check> {
     let mut out = vec![match input {
         Input::Live { ifname } => capture(ifname, &rules::capture_filter(&cfg.rules)),
@@ -72,9 +74,18 @@ pub fn run(
     targets.sort();
     targets.dedup();
     let wait = Duration::from_nanos(cfg.timeout_ns).min(Duration::from_secs(3));
-    out.extend(targets.into_iter().map(|t| target(t, wait)));
-    if let Some(a) = intercept {
-        out.push(intercept_check(a, wait));
+    out.extend(targets.iter().map(|&t| target(t, wait)));
+    if let Some(t) = transparent {
+        let reachable = intercept_check(t.intercept, wait);
+        let ok = reachable.ok;
+        out.push(reachable);
+        if ok {
+            out.extend(
+                targets
+                    .iter()
+                    .map(|&tg| return_path(cfg, input, t, tg, wait)),
+            );
+        }
     }
     out.push(conntrack(Path::new("/proc/sys/net/netfilter")));
     out.push(memory(
@@ -205,6 +216,131 @@ pub fn intercept_check(a: SocketAddr, wait: Duration) -> Check {
             };
             Check::fail(name, chain(&e), fix)
         }
+    }
+}
+
+/// The address the return-path probe sends from: `-c`'s prefix when given (a copy's client
+/// addresses land there), else the source of the first client packet the capture sees within
+/// `wait` (the target must route every client address via the assistant; one shows whether
+/// it does).
+fn probe_client(
+    cfg: &RelayConfig,
+    input: &Input,
+    t: &TransparentConfig,
+    v6: bool,
+    wait: Duration,
+) -> Option<IpAddr> {
+    if let Some(c) = &t.client_cidr {
+        let one = if v6 {
+            IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+        } else {
+            IpAddr::V4(std::net::Ipv4Addr::new(0, 0, 0, 1))
+        };
+        return Some(crate::transparent::map_client(one, c));
+    }
+    let Input::Live { ifname } = input else {
+        return None;
+    };
+    let opts = CaptureOpts {
+        filter: Some(rules::capture_filter(&cfg.rules)),
+        ..CaptureOpts::default()
+    };
+    let mut cap = Capture::open(ifname, &opts).ok()?;
+    let link = LinkType::from_dlt(cap.linktype()).unwrap_or(LinkType::Ethernet);
+    let ports: Vec<u16> = cfg.rules.iter().map(|r| r.port).collect();
+    let mut eth = Vec::new();
+    let mut found = None;
+    let deadline = Instant::now() + wait;
+    while found.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let r = cap.next_block(left, |p| {
+            if found.is_some() {
+                return;
+            }
+            let frame = if link == LinkType::Ethernet {
+                p.data
+            } else if to_ethernet(link, p.data, MacAddr([0; 6]), MacAddr([0; 6]), &mut eth).is_ok()
+            {
+                &eth
+            } else {
+                return;
+            };
+            if let Ok(seg) = Segment::parse(frame) {
+                if ports.contains(&seg.dst.port()) && seg.src.is_ipv6() == v6 {
+                    found = Some(seg.src.ip());
+                }
+            }
+        });
+        if r.is_err() {
+            break;
+        }
+    }
+    found
+}
+
+/// The path transparent mode depends on, end to end: a SYN from a client's address to
+/// `target` through the raw socket, answered by the target toward that address, caught by
+/// intercept and reported back here. It fails when the target routes the clients' addresses
+/// elsewhere (its answers would go to the real clients), when its reverse-path filter drops
+/// the copy's packets, or when intercept captures on the wrong interface.
+pub fn return_path(
+    cfg: &RelayConfig,
+    input: &Input,
+    t: &TransparentConfig,
+    target: SocketAddr,
+    wait: Duration,
+) -> Check {
+    let name = format!("return path {target} via intercept {}", t.intercept);
+    let Some(client) = probe_client(cfg, input, t, target.is_ipv6(), wait) else {
+        return Check::fail(
+            name,
+            format!(
+                "no client address to probe from: no client packet on the capture within {} s",
+                wait.as_secs()
+            ),
+            "run --check while clients send traffic, or give -c with the prefix the target routes via the assistant",
+        );
+    };
+    // A port no real client of this address is likely to hold: above the ephemeral range.
+    let port = 61_000 + (std::process::id() % 4_000) as u16;
+    let from = SocketAddr::new(client, port);
+    match crate::transparent::probe_return_path(t.intercept, target, from, wait) {
+        Ok(Some(a)) => {
+            let f = Flags(a.flags);
+            let what = if f.has(Flags::SYN) && f.has(Flags::ACK) {
+                "SYN-ACK (reset at once)"
+            } else if f.has(Flags::RST) {
+                "RST (the target does not listen there)"
+            } else {
+                "an answer"
+            };
+            Check::ok(
+                name,
+                format!(
+                    "a SYN from {from} was answered with {what}, caught by intercept in {:.1} ms",
+                    a.rtt.as_secs_f64() * 1e3
+                ),
+            )
+        }
+        Ok(None) => Check::fail(
+            name,
+            format!(
+                "a SYN from {from} got no answer through intercept within {} s",
+                wait.as_secs()
+            ),
+            format!(
+                "on the target, route the clients' addresses via the assistant (`ip route add {client}/32 via <assistant>`, or the clients' prefix) and let them in past reverse-path filtering (`sysctl -w net.ipv{v}.conf.all.rp_filter=0`, and on the interface the copies arrive on); on the assistant, run intercept on the interface the target's answers arrive on, with forwarding off",
+                v = if target.is_ipv6() { 6 } else { 4 },
+            ),
+        ),
+        Err(e) => Check::fail(
+            name,
+            chain(&e),
+            "a raw socket needs CAP_NET_RAW here; intercept must stay reachable",
+        ),
     }
 }
 

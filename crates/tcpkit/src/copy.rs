@@ -423,8 +423,7 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
 
 /// `--check`: one line per check (or a JSON array with --json); exit 1 when one failed.
 fn check(cfg: &RelayConfig, run: &Run) -> Result<(), Failure> {
-    let intercept = run.transparent.as_ref().map(|t| t.intercept);
-    let checks = tcpkit_copy::check::run(cfg, &run.input, run.metrics, intercept);
+    let checks = tcpkit_copy::check::run(cfg, &run.input, run.metrics, run.transparent.as_ref());
     if run.json {
         print(&(tcpkit_copy::check::json(&checks) + "\n"));
     } else {
