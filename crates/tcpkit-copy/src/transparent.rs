@@ -1,8 +1,9 @@
 //! Transparent mode (tcpcopy's): the target sees the clients' own addresses.
 //!
-//! The capture side is relay mode's (live ring, [`crate::reasm::Tracker`], rules, `-r`
-//! sampling, requests cut at server turns, the client's think time); the difference is how a
-//! copy reaches the target. Here copy plays the client's TCP itself through a raw IP socket
+//! The capture side is relay mode's: the same input ([`crate::feed`]: the live ring or a
+//! capture file at its pace, through [`crate::reasm::Tracker`]), rules, `-r` sampling, and
+//! turns (`turns`: requests cut at server turns, the client's think time, `--diff`'s
+//! original answers); the difference is how a copy reaches the target. Here copy plays the client's TCP itself through a raw IP socket
 //! (IP_HDRINCL, IPv4 and IPv6): the SYN carries the client's address (or its `-c` rewrite),
 //! port and ISN; the target answers toward that address, its route sends the answers to the
 //! assistant host, and `tcpkit intercept` there returns their headers over the control
@@ -11,6 +12,12 @@
 //! request once the previous one was answered (plus the think time), retransmits what was not
 //! acknowledged (go-back-N from the oldest byte, exponential RTO), and ends with a FIN — or a
 //! RST when it must give up, so the target never keeps a half-open connection of ours.
+//!
+//! With `--diff`, copy asks intercept for the answers' payload too and feeds each copy's
+//! target bytes, in sequence order, to the same comparison as relay mode ([`crate::diff`]).
+//! A copy takes only the segment holding its next byte and acknowledges only the bytes it was
+//! given, so the target resends anything lost, reordered or cut on the way, and the bytes
+//! compared are exactly the target's.
 //!
 //! Sessions open before copying started get a handshake of their own (a fresh ISN) and are
 //! copied from their next request boundary. With `-n N` copy 1 keeps the client's port when
