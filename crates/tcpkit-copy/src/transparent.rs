@@ -175,6 +175,9 @@ struct Flow {
     snd_una: u32,
     snd_nxt: u32,
     rcv_nxt: u32,
+    /// The end of the furthest payload the target has sent (intercept saw): past `rcv_nxt`,
+    /// bytes between them are still due.
+    rcv_max: u32,
     /// Sequence number of our FIN, once sent.
     fin_seq: Option<u32>,
     fin_acked: bool,
@@ -707,6 +710,7 @@ impl<'a> Engine<'a> {
             snd_una: isn,
             snd_nxt: isn,
             rcv_nxt: 0,
+            rcv_max: 0,
             fin_seq: None,
             fin_acked: false,
             peer_fin: false,
@@ -963,9 +967,20 @@ impl<'a> Engine<'a> {
                                 return;
                             }
                             // --diff: an answer arriving in pieces is not cut by the next
-                            // request (bounded by a short silence).
-                            if f.diff.as_ref().is_some_and(|d| !d.answer_whole()) {
-                                let at = f.last_rx_ns + crate::diff::SETTLE_NS;
+                            // request. When more of it is certainly due (bytes seen past a
+                            // hole, which the target resends after its retransmission
+                            // timeout, or an HTTP message its framing says is not over) it is
+                            // waited for up to --timeout without progress; when it only looks
+                            // short of the original, up to a short silence as in relay mode.
+                            if let Some(d) = f.diff.as_ref() {
+                                let due = seq_gt(f.rcv_max, f.rcv_nxt) || d.answer_partial();
+                                let at = if due {
+                                    f.last_rx_ns.max(f.progress_ns) + timeout
+                                } else if !d.answer_whole() {
+                                    f.last_rx_ns + crate::diff::SETTLE_NS
+                                } else {
+                                    0
+                                };
                                 if now < at {
                                     self.arm(idx, at);
                                     return;
@@ -1072,6 +1087,7 @@ impl<'a> Engine<'a> {
                     return;
                 }
                 f.rcv_nxt = h.seq.wrapping_add(1);
+                f.rcv_max = f.rcv_nxt;
                 f.snd_una = h.ack;
                 f.snd_nxt = h.ack;
                 f.mss = usize::from(h.mss.unwrap_or(536).clamp(88, 1460));
@@ -1138,6 +1154,9 @@ impl<'a> Engine<'a> {
         };
         let mut ack_now = false;
         if len > 0 {
+            if seq_gt(h.seq.wrapping_add(len), f.rcv_max) {
+                f.rcv_max = h.seq.wrapping_add(len);
+            }
             let end = h.seq.wrapping_add(have);
             if !seq_gt(h.seq, f.rcv_nxt) && seq_gt(end, f.rcv_nxt) {
                 let new = end.wrapping_sub(f.rcv_nxt);
