@@ -931,6 +931,12 @@ impl DiffConn {
         orig.is_none_or(|(_, r)| self.cur.raw_len >= r.raw_len)
     }
 
+    /// Http mode: a message of the answer in flight is certainly not over (its framing says
+    /// more bytes are due), as opposed to merely fewer messages than the original's.
+    pub fn answer_partial(&self) -> bool {
+        self.http() && self.cur.http != Http::Opaque && self.cur.http_progress().1
+    }
+
     /// The next request is being sent: the answer to the one before is compared.
     pub fn request_sent(&mut self, differ: &mut Differ) {
         let head_req = self.heads.pop_front().unwrap_or(false);

@@ -1,12 +1,13 @@
 //! Where a copy's frames come from, for every copy mode: a live capture (its ring's fd in the
 //! mode's event loop) or a capture file played at its own pace (`--speed`, `--max-idle`,
 //! `--loop`). Either way the frames go through the reassembler ([`Tracker`]) and its events
-//! to the mode ([`Consumer`]), which between batches serves its own I/O. Relay and transparent
+//! to the mode (`Consumer`), which between batches serves its own I/O. Relay and transparent
 //! mode differ in how a copy reaches the target, not in how the input is read, so the loops
 //! live here once.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,7 +20,7 @@ use tcpkit_stats::CopyReport;
 use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
 
 use crate::reasm::{Event, Tracker, TrackerConfig};
-use crate::relay::{Input, Live};
+use crate::relay::Live;
 use crate::rules::{self, Rule};
 
 /// The capture's token in a mode's event loop.
@@ -28,6 +29,21 @@ pub(crate) const CAPTURE: Token = Token(usize::MAX);
 const TICK_LAG_NS: u64 = 250_000_000;
 /// Capture handled per turn of the live loop before the copies are served.
 const CAPTURE_SLICE_NS: u64 = 2_000_000;
+
+/// Where frames come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Live capture on an interface ("any" for all).
+    Live { ifname: String },
+    /// A pcap or pcapng file, at its own pace divided by `speed`, gaps capped at
+    /// `max_idle_ns`, `loops` times.
+    File {
+        path: PathBuf,
+        speed: f64,
+        max_idle_ns: Option<u64>,
+        loops: u32,
+    },
+}
 
 /// Why the input could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -3,6 +3,8 @@
 //! - [`reasm`]: TCP session tracking and exact byte-stream reassembly of captured packets, the
 //!   part every copy mode stands on (relay mode replays the reassembled client streams).
 //! - [`feed`]: the input of every copy mode, a live capture or a capture file at its pace.
+//! - `turns`: a captured session's request turns and think times, with `--diff`'s original
+//!   answers, the same for every mode.
 //! - [`rules`]: the `-x` rules, the server ports tracked and the live capture's filter.
 //! - [`sample`]: `-r` / `--ramp`, session-consistent sampling.
 //! - [`proxy`]: the PROXY v2 header of `--proxy-protocol`.

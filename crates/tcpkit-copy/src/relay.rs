@@ -25,7 +25,6 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -38,6 +37,8 @@ use tcpkit_pace::now_ns;
 use tcpkit_stats::{CopyReport, Histogram};
 
 use crate::diff::{ConnMeta, DiffConfig, DiffConn, Differ};
+/// Where frames come from (shared by every copy mode, kept here for callers).
+pub use crate::feed::Input;
 use crate::feed::{self, FeedError, CAPTURE};
 use crate::reasm::{CloseKind, Dir, Event, SessionId, TrackerConfig};
 use crate::rules::{self, Rule};
@@ -63,21 +64,6 @@ pub struct RelayConfig {
     pub timeout_ns: u64,
     /// `--diff`: compare the target's answers with the original ones.
     pub diff: Option<DiffConfig>,
-}
-
-/// Where frames come from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Input {
-    /// Live capture on an interface ("any" for all).
-    Live { ifname: String },
-    /// A pcap or pcapng file, at its own pace divided by `speed`, gaps capped at
-    /// `max_idle_ns`, `loops` times.
-    File {
-        path: PathBuf,
-        speed: f64,
-        max_idle_ns: Option<u64>,
-        loops: u32,
-    },
 }
 
 /// Why the relay could not run.

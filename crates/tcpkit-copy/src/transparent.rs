@@ -1,8 +1,9 @@
 //! Transparent mode (tcpcopy's): the target sees the clients' own addresses.
 //!
-//! The capture side is relay mode's (live ring, [`crate::reasm::Tracker`], rules, `-r`
-//! sampling, requests cut at server turns, the client's think time); the difference is how a
-//! copy reaches the target. Here copy plays the client's TCP itself through a raw IP socket
+//! The capture side is relay mode's: the same input ([`crate::feed`]: the live ring or a
+//! capture file at its pace, through [`crate::reasm::Tracker`]), rules, `-r` sampling, and
+//! turns (`turns`: requests cut at server turns, the client's think time, `--diff`'s
+//! original answers); the difference is how a copy reaches the target. Here copy plays the client's TCP itself through a raw IP socket
 //! (IP_HDRINCL, IPv4 and IPv6): the SYN carries the client's address (or its `-c` rewrite),
 //! port and ISN; the target answers toward that address, its route sends the answers to the
 //! assistant host, and `tcpkit intercept` there returns their headers over the control
@@ -11,6 +12,12 @@
 //! request once the previous one was answered (plus the think time), retransmits what was not
 //! acknowledged (go-back-N from the oldest byte, exponential RTO), and ends with a FIN — or a
 //! RST when it must give up, so the target never keeps a half-open connection of ours.
+//!
+//! With `--diff`, copy asks intercept for the answers' payload too and feeds each copy's
+//! target bytes, in sequence order, to the same comparison as relay mode ([`crate::diff`]).
+//! A copy takes only the segment holding its next byte and acknowledges only the bytes it was
+//! given, so the target resends anything lost, reordered or cut on the way, and the bytes
+//! compared are exactly the target's.
 //!
 //! Sessions open before copying started get a handshake of their own (a fresh ISN) and are
 //! copied from their next request boundary. With `-n N` copy 1 keeps the client's port when
@@ -168,6 +175,9 @@ struct Flow {
     snd_una: u32,
     snd_nxt: u32,
     rcv_nxt: u32,
+    /// The end of the furthest payload the target has sent (intercept saw): past `rcv_nxt`,
+    /// bytes between them are still due.
+    rcv_max: u32,
     /// Sequence number of our FIN, once sent.
     fin_seq: Option<u32>,
     fin_acked: bool,
@@ -806,6 +816,7 @@ impl<'a> Engine<'a> {
             snd_una: isn,
             snd_nxt: isn,
             rcv_nxt: 0,
+            rcv_max: 0,
             fin_seq: None,
             fin_acked: false,
             peer_fin: false,
@@ -1062,9 +1073,20 @@ impl<'a> Engine<'a> {
                                 return;
                             }
                             // --diff: an answer arriving in pieces is not cut by the next
-                            // request (bounded by a short silence).
-                            if f.diff.as_ref().is_some_and(|d| !d.answer_whole()) {
-                                let at = f.last_rx_ns + crate::diff::SETTLE_NS;
+                            // request. When more of it is certainly due (bytes seen past a
+                            // hole, which the target resends after its retransmission
+                            // timeout, or an HTTP message its framing says is not over) it is
+                            // waited for up to --timeout without progress; when it only looks
+                            // short of the original, up to a short silence as in relay mode.
+                            if let Some(d) = f.diff.as_ref() {
+                                let due = seq_gt(f.rcv_max, f.rcv_nxt) || d.answer_partial();
+                                let at = if due {
+                                    f.last_rx_ns.max(f.progress_ns) + timeout
+                                } else if !d.answer_whole() {
+                                    f.last_rx_ns + crate::diff::SETTLE_NS
+                                } else {
+                                    0
+                                };
                                 if now < at {
                                     self.arm(idx, at);
                                     return;
@@ -1171,6 +1193,7 @@ impl<'a> Engine<'a> {
                     return;
                 }
                 f.rcv_nxt = h.seq.wrapping_add(1);
+                f.rcv_max = f.rcv_nxt;
                 f.snd_una = h.ack;
                 f.snd_nxt = h.ack;
                 f.mss = usize::from(h.mss.unwrap_or(536).clamp(88, 1460));
@@ -1237,6 +1260,9 @@ impl<'a> Engine<'a> {
         };
         let mut ack_now = false;
         if len > 0 {
+            if seq_gt(h.seq.wrapping_add(len), f.rcv_max) {
+                f.rcv_max = h.seq.wrapping_add(len);
+            }
             let end = h.seq.wrapping_add(have);
             if !seq_gt(h.seq, f.rcv_nxt) && seq_gt(end, f.rcv_nxt) {
                 let new = end.wrapping_sub(f.rcv_nxt);

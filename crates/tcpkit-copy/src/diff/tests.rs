@@ -362,10 +362,18 @@ fn a_copy_lagging_the_capture_sees_each_answer_whole_on_its_own() {
     // original's first was.
     conn.request_sent(&mut d);
     assert!(!conn.answer_whole());
+    assert!(
+        !conn.answer_partial(),
+        "nothing yet is not a message cut short"
+    );
     conn.target_bytes(&B[..20]);
     assert!(!conn.answer_whole(), "half a message");
-    conn.target_bytes(&B[20..]);
+    assert!(conn.answer_partial());
+    conn.target_bytes(&B[20..B.len() - 2]);
+    assert!(conn.answer_partial(), "its Content-Length is not reached");
+    conn.target_bytes(&B[B.len() - 2..]);
     assert!(conn.answer_whole());
+    assert!(!conn.answer_partial());
     conn.request_sent(&mut d);
     assert!(!conn.answer_whole());
     conn.target_bytes(A);
