@@ -12,6 +12,7 @@ use serde::Serialize;
 use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
 use tcpkit_pcap::CaptureFile;
 
+use crate::feed::chain;
 use crate::relay::{Input, RelayConfig};
 use crate::rules;
 use crate::transparent::{TransparentConfig, TransparentError};
@@ -450,21 +451,6 @@ fn metrics_addr(a: SocketAddr) -> Check {
 /// The checks as a JSON array of {name, ok, detail, fix}.
 pub fn json(checks: &[Check]) -> String {
     serde_json::to_string_pretty(checks).unwrap_or_else(|_| "[]".into())
-}
-
-/// An error and its sources on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        src = c.source();
-    }
-    s
 }
 
 #[cfg(test)]
