@@ -1127,3 +1127,84 @@ fn connects_take_ports_in_one_sequential_scan_not_even_ones_first() {
         "{odd} of 400 local ports are odd: the kernel's parity order is back"
     );
 }
+
+/// Never a silent collapse: asked far more than the lab can send, load says so (exit 1, the
+/// reason, the lag) and its latency from the intended send time carries the lag that its
+/// latency from the actual send time does not.
+#[test]
+fn falling_behind_the_asked_rate_is_reported_and_fails_the_run() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = pair("ldbehind");
+    p.echo(4251, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("q.csv");
+    // Twenty million a second over two connections on one thread: ten times what one core
+    // sends here (batched writes reach ~2 million), whatever else the machine is doing.
+    let o = p.load(
+        &[
+            &target(4251),
+            "--echo-bytes",
+            "8",
+            "-c",
+            "2",
+            "--threads",
+            "1",
+            "-r",
+            "20000000",
+            "--arrivals",
+            "constant",
+            "-t",
+            "0.5",
+            "-R",
+            csv.to_str().unwrap(),
+            "--json",
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = failure_line(&o);
+    assert!(e.contains("asked rate not met"), "{e}");
+    let r = json(&o);
+    assert!(
+        r["failure"]
+            .as_str()
+            .is_some_and(|f| f.starts_with("asked rate not met")),
+        "{r:#}"
+    );
+    let (sched, sent) = (u(&r, "queries.scheduled"), u(&r, "queries.sent"));
+    assert!(sent * 2 < sched, "sent {sent} of {sched}: {r:#}");
+    assert!(u(&r, "lag.behind") > 0, "{r:#}");
+    // Behind by more than half the asked queries: the lag at the end is a good part of 0.5 s.
+    assert!(u(&r, "lag.max_ns") > 200_000_000, "{r:#}");
+    assert!(u(&r, "lag.end_ns") > 200_000_000, "{r:#}");
+    assert!(u(&r, "queries.answered") > 10_000, "{r:#}");
+    // The answers were prompt once sent; the queries were late: the intended-time latency
+    // holds the lag.
+    let (li, ls) = (u(&r, "latency.p50_ns"), u(&r, "latency_sent.p50_ns"));
+    assert!(
+        li > 100_000_000,
+        "p50 from the intended time {li} ns: {r:#}"
+    );
+    assert!(li > 10 * ls, "p50 intended {li} ns vs sent {ls} ns: {r:#}");
+    assert!(
+        u(&r, "latency.max_ns") > u(&r, "latency_sent.max_ns"),
+        "{r:#}"
+    );
+    // Per query, the same: latency_us (from the intended time) >= rtt_us (from the actual).
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut answers = 0;
+    let mut later = 0;
+    for l in text.lines().filter(|l| l.starts_with("answer,")) {
+        let f: Vec<&str> = l.split(',').collect();
+        let lat: f64 = f[6].parse().unwrap();
+        let rtt: f64 = f[7].parse().unwrap();
+        assert!(lat >= rtt, "{l}");
+        answers += 1;
+        later += usize::from(lat > rtt + 1000.0);
+    }
+    assert!(answers > 10_000, "{answers} answer lines");
+    assert!(
+        later * 2 > answers,
+        "{later} of {answers} late by over 1 ms"
+    );
+}
