@@ -1208,3 +1208,133 @@ fn falling_behind_the_asked_rate_is_reported_and_fails_the_run() {
         "{later} of {answers} late by over 1 ms"
     );
 }
+
+/// A DNS server that answers out of order: it collects the queries pipelined on a connection
+/// until 8 are in or none came for 50 ms, then answers them last first. Before its first
+/// answers on a connection it sends one answer whose ID no query has (0xBEEF).
+fn reversing_dns_server(mut s: TcpStream) {
+    use tcpkit_wire::dns;
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut group: Vec<Vec<u8>> = Vec::new();
+    let mut stray_sent = false;
+    loop {
+        let mut len = [0u8; 2];
+        let got = match s.read_exact(&mut len) {
+            Ok(()) => {
+                let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                // A query's bytes come in one segment: no timeout between its prefix and it.
+                s.set_read_timeout(None).unwrap();
+                if s.read_exact(&mut q).is_err() {
+                    return;
+                }
+                s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                group.push(q);
+                true
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                false
+            }
+            Err(_) => return,
+        };
+        if group.len() < 8 && (got || group.is_empty()) {
+            continue;
+        }
+        let mut out = Vec::new();
+        if !stray_sent {
+            let mut q = group[0].clone();
+            q[..2].copy_from_slice(&0xBEEFu16.to_be_bytes());
+            let v = dns::parse_query(&q).unwrap();
+            dns::write_tcp_response(
+                &mut out,
+                &q,
+                &v,
+                Ipv4Addr::new(192, 0, 2, 1),
+                "2001:db8::1".parse().unwrap(),
+            );
+            stray_sent = true;
+        }
+        for q in group.drain(..).rev() {
+            let v = dns::parse_query(&q).unwrap();
+            dns::write_tcp_response(
+                &mut out,
+                &q,
+                &v,
+                Ipv4Addr::new(192, 0, 2, 1),
+                "2001:db8::1".parse().unwrap(),
+            );
+        }
+        if s.write_all(&out).is_err() {
+            return;
+        }
+    }
+}
+
+/// DNS answers are matched by ID, not by order: every query of a server that answers each
+/// group of pipelined queries in reverse is answered, with its own latency, and an answer
+/// with an ID no query has is counted as unmatched.
+#[test]
+fn dns_answers_out_of_order_are_matched_by_id_and_unknown_ids_counted() {
+    let p = pair("lddnsrev");
+    let port = p.test_server(reversing_dns_server);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("q.csv");
+    let (o, r) = fault_run(
+        &p,
+        port,
+        &[
+            "-c",
+            "2",
+            "--threads",
+            "1",
+            "-r",
+            "400",
+            "--arrivals",
+            "constant",
+            "-n",
+            "400",
+            "-R",
+            csv.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(u(&r, "queries.sent"), 400, "{r:#}");
+    assert_eq!(u(&r, "queries.answered"), 400, "{r:#}");
+    assert_eq!(u(&r, "queries.timeouts"), 0, "{r:#}");
+    assert_eq!(u(&r, "queries.lost"), 0, "{r:#}");
+    assert_eq!(u(&r, "queries.malformed"), 0, "{r:#}");
+    assert_eq!(r["codes"]["NOERROR"], 400, "{r:#}");
+    // One stray answer per connection.
+    assert_eq!(u(&r, "queries.unmatched"), 2, "{r:#}");
+    // A query waits at most for its group to fill (8 x 5 ms) or for the 50 ms pause.
+    assert!(u(&r, "latency_sent.max_ns") < 300_000_000, "{r:#}");
+    assert!(u(&r, "latency_sent.p50_ns") > 1_000_000, "{r:#}");
+    // Each answer goes to its own query: per connection the answers come last query first,
+    // so the query ids of the answer lines mostly go down, and each query is answered once.
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut per_conn: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    for l in text.lines().filter(|l| l.starts_with("answer,")) {
+        let f: Vec<&str> = l.split(',').collect();
+        per_conn
+            .entry(f[2].parse().unwrap())
+            .or_default()
+            .push(f[3].parse().unwrap());
+    }
+    assert_eq!(per_conn.len(), 2, "{text}");
+    for (conn, ids) in &per_conn {
+        let down = ids.windows(2).filter(|w| w[1] < w[0]).count();
+        assert!(
+            down * 2 > ids.len(),
+            "connection {conn}: answers for {ids:?}"
+        );
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ids.len(), "connection {conn}: {ids:?}");
+        assert_eq!(sorted, (0..ids.len() as u64).collect::<Vec<_>>());
+    }
+}
