@@ -1338,3 +1338,94 @@ fn dns_answers_out_of_order_are_matched_by_id_and_unknown_ids_counted() {
         assert_eq!(sorted, (0..ids.len() as u64).collect::<Vec<_>>());
     }
 }
+
+/// `--connect-timeout`: a server whose SYNs are dropped (an nftables rule in the server host)
+/// never answers a connect; each attempt is given up after the timeout, counted, retried, and
+/// the run ends in bounded time with the reason and the hint.
+#[test]
+fn connects_to_a_server_that_drops_syns_time_out() {
+    let p = pair("ldsyndrop");
+    for rule in [
+        &["nft", "add", "table", "inet", "lab"][..],
+        &[
+            "nft", "add", "chain", "inet", "lab", "in", "{", "type", "filter", "hook", "input",
+            "priority", "0", ";", "}",
+        ],
+        &[
+            "nft", "add", "rule", "inet", "lab", "in", "tcp", "dport", "4252", "drop",
+        ],
+    ] {
+        p.srv.run(rule).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let t0 = Instant::now();
+    let (o, r) = fault_run(
+        &p,
+        4252,
+        &[
+            "-c",
+            "3",
+            "--connect-timeout",
+            "300ms",
+            "--connect-retries",
+            "1",
+            "-r",
+            "10",
+            "-t",
+            "1",
+        ],
+    );
+    // Two attempts of 300 ms (100 ms apart), then the 1 s of the run: far below the kernel's
+    // own SYN retries (over a minute).
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = failure_line(&o);
+    assert!(
+        e.contains("could not connect to 198.18.0.2:4252") && e.contains("no answer within 300ms"),
+        "{e}"
+    );
+    // Three connections, two attempts each, every one timed out.
+    assert_eq!(u(&r, "connections.attempts"), 6, "{r:#}");
+    assert_eq!(u(&r, "connections.timeouts"), 6, "{r:#}");
+    assert_eq!(u(&r, "connections.established"), 0, "{r:#}");
+    assert_eq!(u(&r, "errors.connect timeout"), 6, "{r:#}");
+    let hints: Vec<&str> = r["hints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        hints
+            .iter()
+            .any(|h| h.starts_with("connects timed out") && h.contains("--connect-rate")),
+        "{r:#}"
+    );
+}
+
+/// `--connect-rate`: 200 connections at 100 a second take about 2 s to open (the default,
+/// 1000/s, would take 0.2 s).
+#[test]
+fn connections_open_at_the_connect_rate() {
+    let mut p = pair("ldcrate");
+    p.echo(4253, &[]);
+    let (o, r) = fault_run(
+        &p,
+        4253,
+        &[
+            "--echo-bytes",
+            "8",
+            "-c",
+            "200",
+            "--connect-rate",
+            "100",
+            "-t",
+            "0.2",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(u(&r, "connections.peak_open"), 200, "{r:#}");
+    assert_eq!(u(&r, "connections.attempts"), 200, "{r:#}");
+    let took = r["connect_seconds"].as_f64().unwrap();
+    assert!((1.5..4.0).contains(&took), "opened in {took} s: {r:#}");
+}
