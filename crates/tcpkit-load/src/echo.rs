@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub use report::{EchoReport, ECHO_SCHEMA_VERSION};
-pub use sock::raise_nofile_limit;
 
 /// The port `tcpkit echo` listens on when none is given (tcpscaler's tcpserver uses it too).
 pub const DEFAULT_PORT: u16 = 4242;
@@ -269,7 +268,8 @@ pub fn run(
     live: &Live,
     hint: &(dyn Fn(&str) + Sync),
 ) -> Result<EchoReport, EchoError> {
-    let fd_limit = raise_nofile_limit().map_err(|e| EchoError::io("raise RLIMIT_NOFILE", e))?;
+    let fd_limit =
+        crate::raise_nofile_limit().map_err(|e| EchoError::io("raise RLIMIT_NOFILE", e))?;
     let threads = cfg.threads.clamp(1, live.threads.len());
     // Bind everything before serving anything, so a port in use is one error at start.
     let (listen, per_thread) = sock::bind_all(cfg, threads)?;

@@ -7,4 +7,7 @@
 pub mod echo;
 pub mod load;
 pub mod merge;
+mod nofile;
 pub mod tune;
+
+pub use nofile::raise_nofile_limit;

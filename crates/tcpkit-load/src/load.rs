@@ -185,7 +185,10 @@ pub fn plan(cfg: &Config) -> Result<Plan, LoadError> {
             hi,
         });
     }
-    let nofile = sock::raise_nofile();
+    let nofile = crate::raise_nofile_limit().map_err(|e| LoadError::Io {
+        what: "raise RLIMIT_NOFILE",
+        source: e,
+    })?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let guess_threads = if cfg.threads == 0 { cores } else { cfg.threads };
     let cap = nofile.saturating_sub(sock::fd_margin(guess_threads)).max(1);

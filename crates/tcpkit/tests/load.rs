@@ -1429,3 +1429,76 @@ fn connections_open_at_the_connect_rate() {
     let took = r["connect_seconds"].as_f64().unwrap();
     assert!((1.5..4.0).contains(&took), "opened in {took} s: {r:#}");
 }
+
+/// Both raise their soft descriptor limit to the hard one: started with 64 of 4096, one load
+/// process holds 1000 connections to one echo process (neither would reach 64 otherwise).
+#[test]
+fn load_and_echo_raise_a_low_soft_descriptor_limit() {
+    let mut p = pair("ldnofile");
+    let echo = p.server(
+        "echo",
+        &[
+            "prlimit",
+            "--nofile=64:4096",
+            "--",
+            tcpkit(),
+            "echo",
+            "--port",
+            "4254",
+            "--threads",
+            "1",
+            "--json",
+        ],
+        4254,
+    );
+    let t = target(4254);
+    let o = run_limited(
+        p.cli.command(&[
+            "prlimit",
+            "--nofile=64:4096",
+            "--",
+            tcpkit(),
+            "load",
+            &t,
+            "--echo-bytes",
+            "8",
+            "-c",
+            "1000",
+            "--procs",
+            "1",
+            "--connect-rate",
+            "5000",
+            "-r",
+            "1000",
+            "-t",
+            "1",
+            "--json",
+        ]),
+        Duration::from_secs(20),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    assert_eq!(u(&r, "processes"), 1, "{r:#}");
+    assert_eq!(u(&r, "connections.peak_open"), 1000, "{r:#}");
+    assert_eq!(u(&r, "connections.attempts"), 1000, "{r:#}");
+    assert!(r["errors"].get("EMFILE").is_none(), "{r:#}");
+    assert_accounted(&r);
+    assert!(u(&r, "queries.answered") > 900, "{r:#}");
+    echo.signal(tcpkit_lab::Signal::SIGTERM).unwrap();
+    let st = echo
+        .wait_timeout(Duration::from_secs(10))
+        .unwrap()
+        .expect("echo stops on SIGTERM");
+    let log = echo.log();
+    assert!(st.success(), "{log}");
+    let e: Value = serde_json::from_str(
+        log.lines()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_else(|| panic!("no JSON report: {log}")),
+    )
+    .unwrap();
+    assert_eq!(e["fd_limit"], 4096, "{e}");
+    assert_eq!(e["fd_exhausted"], 0, "{e}");
+    // The readiness probe, then load's 1000.
+    assert_eq!(e["accepted"], 1001, "{e}");
+}

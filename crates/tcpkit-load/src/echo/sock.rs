@@ -1,5 +1,4 @@
-//! Listening sockets and the file-descriptor limit: what `tcpkit echo` asks of the kernel
-//! before it serves.
+//! Listening sockets: what `tcpkit echo` asks of the kernel before it serves.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -11,31 +10,6 @@ use super::{EchoConfig, EchoError};
 
 /// Listen backlog; the kernel caps it at `net.core.somaxconn` (`tcpkit tune` explains that).
 const BACKLOG: i32 = 65535;
-
-/// Raises RLIMIT_NOFILE's soft limit to the hard limit (unprivileged processes may) and
-/// returns the limit now in force: the number of descriptors this process can hold.
-pub fn raise_nofile_limit() -> io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we own; the resource id is valid.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if lim.rlim_cur < lim.rlim_max {
-        let want = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: setrlimit reads the struct we own.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        lim.rlim_cur = lim.rlim_max;
-    }
-    Ok(lim.rlim_cur)
-}
 
 fn listener(addr: SocketAddr) -> Result<TcpListener, EchoError> {
     let err =

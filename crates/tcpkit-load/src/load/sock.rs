@@ -1,5 +1,5 @@
 //! The host limits `load` runs into, and the non-blocking connect from a chosen source
-//! address: `RLIMIT_NOFILE`, `ip_local_port_range`, `IP_BIND_ADDRESS_NO_PORT`, and errno names
+//! address: `ip_local_port_range`, `IP_BIND_ADDRESS_NO_PORT`, and errno names
 //! with the hint that goes with each.
 
 use std::io;
@@ -7,30 +7,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 
 use socket2::{Domain, Protocol, Socket, Type};
-
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the soft limit in force.
-pub(crate) fn raise_nofile() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return 1024;
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let want = libc::rlimit {
-                rlim_cur: lim.rlim_max,
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                lim.rlim_cur = lim.rlim_max;
-            }
-        }
-    }
-    lim.rlim_cur
-}
 
 /// Descriptors a process keeps for itself (stdio, epoll and timer fds per thread, files).
 pub(crate) fn fd_margin(threads: usize) -> u64 {
@@ -152,19 +128,6 @@ pub(crate) fn hint(name: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nofile_is_raised_to_the_hard_limit() {
-        let got = raise_nofile();
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: reads into a local struct.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-        assert_eq!(got, lim.rlim_cur);
-        assert_eq!(lim.rlim_cur, lim.rlim_max);
-    }
 
     #[test]
     fn port_range_is_read() {
