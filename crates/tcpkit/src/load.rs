@@ -16,6 +16,11 @@ use tcpkit_stats::{Monitor, MonitorOptions};
 
 use crate::Failure;
 
+/// The payloads other than DNS: the DNS flags (--qname, --qname-file, --qtype) would be
+/// silently ignored with them, so clap refuses the combination (explicit values only; the
+/// defaults do not conflict).
+const NOT_DNS: [&str; 4] = ["echo_bytes", "payload_file", "redis_ping", "http_get"];
+
 /// Load a TCP server with many connections and queries at a set rate (tcpclient, wrk2): an
 /// open-loop schedule (intended send times from one start, never waiting for answers), latency
 /// from the intended and from the actual send time, lag reported when the client falls behind.
@@ -58,9 +63,10 @@ pub struct Args {
     #[arg(long, value_name = "KIND", default_value = "poisson")]
     pub arrivals: ArrivalsArg,
 
-    /// Seed of the Poisson arrivals (runs with the same seed send at the same times).
-    #[arg(long, value_name = "N", default_value_t = 42)]
-    pub seed: u64,
+    /// Seed of the Poisson arrivals (runs with the same seed send at the same times); 42 if
+    /// not given. Constant arrivals have no randomness: --seed with them is refused.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
 
     /// Rate steps, one after the other: "10s:1000,10s:5000" (the last rate holds after them;
     /// without --duration the run lasts the steps' sum).
@@ -89,16 +95,17 @@ pub struct Args {
     #[arg(long)]
     pub dns: bool,
 
-    /// Name to query (--dns).
-    #[arg(long, value_name = "NAME", default_value = "example.com")]
+    /// Name to query (--dns; refused with another payload).
+    #[arg(long, value_name = "NAME", default_value = "example.com", conflicts_with_all = NOT_DNS)]
     pub qname: String,
 
-    /// Names to query in turn, one per line (--dns; # starts a comment).
-    #[arg(long, value_name = "FILE", conflicts_with = "qname")]
+    /// Names to query in turn, one per line (--dns; # starts a comment; refused with another
+    /// payload).
+    #[arg(long, value_name = "FILE", conflicts_with = "qname", conflicts_with_all = NOT_DNS)]
     pub qname_file: Option<PathBuf>,
 
-    /// Query type (--dns): A, AAAA, MX, TXT, ..., or a number.
-    #[arg(long, value_name = "TYPE", default_value = "A")]
+    /// Query type (--dns): A, AAAA, MX, TXT, ..., or a number (refused with another payload).
+    #[arg(long, value_name = "TYPE", default_value = "A", conflicts_with_all = NOT_DNS)]
     pub qtype: String,
 
     /// N random bytes per query; the answer must be the same bytes (checked).
@@ -404,7 +411,14 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     }
     cfg.rate = rate;
     cfg.arrivals = match a.arrivals {
-        ArrivalsArg::Poisson => ArrivalKind::Poisson { seed: a.seed },
+        ArrivalsArg::Poisson => ArrivalKind::Poisson {
+            seed: a.seed.unwrap_or(42),
+        },
+        ArrivalsArg::Constant if a.seed.is_some() => {
+            return Err(usage(
+                "--seed: constant arrivals have no randomness to seed (--seed is for --arrivals poisson)",
+            ))
+        }
         ArrivalsArg::Constant => ArrivalKind::Constant,
     };
     cfg.duration = dur;
@@ -709,12 +723,75 @@ mod tests {
                 "invalid value",
             ),
             (vec!["127.0.0.1:53", "--worker", "3/2/1"], "--worker"),
+            (
+                vec!["127.0.0.1:53", "--arrivals", "constant", "--seed", "7"],
+                "--seed: constant arrivals have no randomness",
+            ),
         ] {
             let mut v = args.clone();
             v.insert(0, "load");
             let e = parse(&args).unwrap_err();
             assert!(e.contains(want), "{args:?}: {e}");
         }
+    }
+
+    /// The DNS flags with another payload would be ignored: each is refused with each payload
+    /// (by clap, so exit 2), while their defaults do not get in the way.
+    #[test]
+    fn dns_flags_with_another_payload_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("q");
+        std::fs::write(&f, "x").unwrap();
+        let f = f.to_str().unwrap();
+        let others: [&[&str]; 4] = [
+            &["--echo-bytes", "8"],
+            &["--payload-file", f, "--response-len", "1"],
+            &["--redis-ping"],
+            &["--http-get", "/"],
+        ];
+        for other in others {
+            for (flag, value, long) in [
+                ("--qname", "a.test", "'--qname <NAME>'"),
+                ("--qname-file", f, "'--qname-file <FILE>'"),
+                ("--qtype", "AAAA", "'--qtype <TYPE>'"),
+            ] {
+                let mut v = vec!["load", "127.0.0.1:7", flag, value];
+                v.extend_from_slice(other);
+                let e = Args::try_parse_from(&v).unwrap_err();
+                assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{v:?}");
+                let text = e.to_string();
+                assert!(
+                    text.contains(long) && text.contains("cannot be used with"),
+                    "{v:?}: {text}"
+                );
+            }
+            let mut v = vec!["load", "127.0.0.1:7"];
+            v.extend_from_slice(other);
+            assert!(Args::try_parse_from(&v).is_ok(), "{v:?}");
+        }
+        // With --dns said or implied, they are what they were.
+        let c = parse(&[
+            "127.0.0.1:53",
+            "--dns",
+            "--qname",
+            "a.test",
+            "--qtype",
+            "AAAA",
+        ])
+        .unwrap();
+        assert_eq!(c.payload.describe(), "dns AAAA a.test");
+    }
+
+    #[test]
+    fn seed_only_with_poisson_arrivals() {
+        let c = parse(&["127.0.0.1:53", "--seed", "9", "-r", "1"]).unwrap();
+        assert_eq!(c.arrivals, ArrivalKind::Poisson { seed: 9 });
+        let c = parse(&["127.0.0.1:53", "--arrivals", "poisson", "--seed", "9"]).unwrap();
+        assert_eq!(c.arrivals, ArrivalKind::Poisson { seed: 9 });
+        let c = parse(&["127.0.0.1:53", "--arrivals", "constant"]).unwrap();
+        assert_eq!(c.arrivals, ArrivalKind::Constant);
+        let e = parse(&["127.0.0.1:53", "--arrivals", "constant", "--seed", "9"]).unwrap_err();
+        assert!(e.starts_with("--seed: "), "{e}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use clap::Parser;
 use crate::Failure;
 
 /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts loading one
-/// server) into one report.
+/// server) into one report. Exits 1, with the reasons, when any of the runs failed.
 #[derive(Debug, Parser)]
 pub struct Args {
     /// Reports written by `tcpkit load --json`.
@@ -39,7 +39,12 @@ pub fn main(args: Args) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
-    Ok(())
+    // As `load` would: a merged run that fell short exits 1 with the reason(s), so a script
+    // that merges the reports of several clients sees what each client's exit status said.
+    match merged.failure {
+        Some(f) => Err(Failure::Runtime(f)),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

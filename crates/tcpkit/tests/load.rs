@@ -1502,3 +1502,48 @@ fn load_and_echo_raise_a_low_soft_descriptor_limit() {
     // The readiness probe, then load's 1000.
     assert_eq!(e["accepted"], 1001, "{e}");
 }
+
+/// `tcpkit merge` exits as `load` would: 1 with the reason when a merged run failed, 0 when
+/// none did; the merged report is printed in both cases.
+#[test]
+fn merge_of_a_failed_run_exits_1_with_its_reason() {
+    let mut p = pair("ldmergefail");
+    p.echo(4255, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let (good, r) = fault_run(
+        &p,
+        4255,
+        &["--echo-bytes", "8", "-c", "2", "-r", "200", "-t", "0.5"],
+    );
+    assert!(good.status.success(), "{}", stderr(&good));
+    assert!(r["failure"].is_null());
+    // Nobody listens on port 9 of the server host.
+    let (bad, r) = fault_run(
+        &p,
+        9,
+        &["-c", "1", "-r", "10", "-t", "0.5", "--connect-retries", "0"],
+    );
+    assert_eq!(bad.status.code(), Some(1));
+    let why = r["failure"].as_str().unwrap().to_string();
+    assert!(why.starts_with("could not connect"), "{why}");
+    let (gp, bp) = (dir.path().join("good.json"), dir.path().join("bad.json"));
+    std::fs::write(&gp, &good.stdout).unwrap();
+    std::fs::write(&bp, &bad.stdout).unwrap();
+    let merge = |files: &[&std::path::Path]| {
+        Command::new(tcpkit())
+            .arg("merge")
+            .args(files)
+            .arg("--json")
+            .output()
+            .unwrap()
+    };
+    let o = merge(&[&gp, &bp]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(stderr(&o), format!("tcpkit merge: {why}\n"));
+    let m = json(&o);
+    assert_eq!(m["failure"], why.as_str());
+    assert_eq!(u(&m, "runs"), 2);
+    let o = merge(&[&gp, &gp]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(json(&o)["failure"].is_null());
+}
