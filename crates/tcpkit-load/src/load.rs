@@ -18,7 +18,7 @@ mod sock;
 
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -84,6 +84,9 @@ impl LoadError {
 #[derive(Debug)]
 pub struct Live {
     slots: Box<[LiveSlot]>,
+    /// The limit hints given so far in this process (bits of `sock::hint_bit`): each is said
+    /// once, when its limit is first hit.
+    hints: AtomicU32,
 }
 
 #[derive(Debug, Default)]
@@ -105,6 +108,9 @@ pub struct LiveTotals {
     pub errors: u64,
     pub timeouts: u64,
     pub lag_ns: u64,
+    /// The limit hints given (a worker's, sent to its parent with its live line).
+    #[serde(default)]
+    pub hints: u32,
 }
 
 /// Slots for threads of one process or worker processes of one run.
@@ -120,6 +126,7 @@ impl Live {
     pub fn new() -> Live {
         Live {
             slots: (0..LIVE_SLOTS).map(|_| LiveSlot::default()).collect(),
+            hints: AtomicU32::new(0),
         }
     }
 
@@ -137,7 +144,20 @@ impl Live {
             t.timeouts += s.timeouts.load(Ordering::Relaxed);
             t.lag_ns = t.lag_ns.max(s.lag_ns.load(Ordering::Relaxed));
         }
+        t.hints = self.hints.load(Ordering::Relaxed);
         t
+    }
+
+    /// Marks the hints of `bits` as given and passes those not given before to `say`.
+    pub(crate) fn give_hints(&self, bits: u32, say: &(dyn Fn(&str) + Sync)) {
+        // A load first: errors can come by the thousand, the hint once.
+        if self.hints.load(Ordering::Relaxed) & bits == bits {
+            return;
+        }
+        let new = bits & !self.hints.fetch_or(bits, Ordering::Relaxed);
+        for h in sock::hints_of(new) {
+            say(h);
+        }
     }
 
     pub(crate) fn set(&self, i: usize, t: &LiveTotals) {
@@ -219,13 +239,23 @@ pub(crate) struct Details {
 
 /// Runs the load. In a worker (`cfg.worker`), runs its share and prints JSON lines for the
 /// parent; with several processes, starts the workers and merges their reports.
-pub fn run(cfg: &Config, interrupt: &AtomicBool, live: &Live) -> Result<LoadReport, LoadError> {
+///
+/// `hint` receives the one-line hint of each limit hit (out of descriptors, out of ports,
+/// connects timing out) once, when it is first hit (the binary prints it as `tcpkit load:
+/// <hint>`); the report's `hints` has them too. A worker passes its hints to the parent with
+/// its live line, and the parent says them (once for all workers).
+pub fn run(
+    cfg: &Config,
+    interrupt: &AtomicBool,
+    live: &Live,
+    hint: &(dyn Fn(&str) + Sync),
+) -> Result<LoadReport, LoadError> {
     let plan = plan(cfg)?;
     if let Some((k, n)) = cfg.worker {
         let stop = AtomicBool::new(false);
         let result = std::thread::scope(|s| {
             s.spawn(|| procs::live_loop(live, &stop));
-            let r = run_share(cfg, &plan, k, n, interrupt, live);
+            let r = run_share(cfg, &plan, k, n, interrupt, live, &|_| {});
             stop.store(true, Ordering::Relaxed);
             r
         });
@@ -234,9 +264,9 @@ pub fn run(cfg: &Config, interrupt: &AtomicBool, live: &Live) -> Result<LoadRepo
         return Ok(report);
     }
     let (mut report, details) = if plan.procs > 1 {
-        procs::run_parent(cfg, &plan, interrupt, live)?
+        procs::run_parent(cfg, &plan, interrupt, live, hint)?
     } else {
-        run_share(cfg, &plan, 0, 1, interrupt, live)?
+        run_share(cfg, &plan, 0, 1, interrupt, live, hint)?
     };
     judge(&mut report, &details);
     Ok(report)
@@ -260,6 +290,7 @@ fn run_share(
     n: u32,
     interrupt: &AtomicBool,
     live: &Live,
+    hint: &(dyn Fn(&str) + Sync),
 ) -> Result<(LoadReport, Details), LoadError> {
     let (kk, nn) = (u64::from(k), u64::from(n));
     let conns = share(cfg.connections, nn, kk);
@@ -312,6 +343,7 @@ fn run_share(
         proto: proto::Proto::new(&cfg.payload),
         interrupt,
         live,
+        hint,
         threads,
         conns,
         conn_offset: share_offset(cfg.connections, nn, kk),

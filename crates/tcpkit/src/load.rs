@@ -470,7 +470,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let live = Arc::new(Live::new());
     if cfg.worker.is_some() {
         // A worker talks JSON lines to its parent; the library prints them.
-        return lib::run(&cfg, interrupt, &live)
+        return lib::run(&cfg, interrupt, &live, &|_| {})
             .map(drop)
             .map_err(|e| Failure::Runtime(crate::chain(&e)));
     }
@@ -495,7 +495,9 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             },
         )
     };
-    let result = lib::run(&cfg, interrupt, &live);
+    // Each limit's hint once, when first hit (as echo does); the summary repeats them.
+    let hint = |h: &str| eprintln!("tcpkit load: {h}");
+    let result = lib::run(&cfg, interrupt, &live, &hint);
     monitor.stop();
     let report = result.map_err(|e| {
         if e.is_usage() {
@@ -811,6 +813,7 @@ mod tests {
             errors: 1,
             timeouts: 2,
             lag_ns: 1_500_000,
+            hints: 0,
         };
         let l = live_line(now, &mut prev, Duration::from_secs(2));
         assert_eq!(

@@ -775,12 +775,35 @@ fn fault_run(p: &Pair, port: u16, args: &[&str]) -> (Output, Value) {
     (o, r)
 }
 
+/// The starts of the hints load says on stderr when a limit is first hit.
+const HINTS: [&str; 3] = [
+    "tcpkit load: out of file descriptors",
+    "tcpkit load: out of local ports",
+    "tcpkit load: connects timed out",
+];
+
+/// The one line saying why the run failed: the last on stderr. Only limit hints, each said
+/// once, may come before it.
 fn failure_line(o: &Output) -> String {
     let e = stderr(o);
-    assert_eq!(e.lines().count(), 1, "one line: {e}");
-    assert!(e.starts_with("tcpkit load: "), "{e}");
     assert!(!e.contains("panicked"), "{e}");
-    e
+    let lines: Vec<&str> = e.lines().collect();
+    let Some((last, before)) = lines.split_last() else {
+        panic!("nothing on stderr")
+    };
+    assert!(last.starts_with("tcpkit load: "), "{e}");
+    for h in before {
+        assert!(
+            HINTS.iter().any(|s| h.starts_with(s)),
+            "not a hint: {h}: {e}"
+        );
+        assert_eq!(
+            lines.iter().filter(|l| *l == h).count(),
+            1,
+            "said twice: {e}"
+        );
+    }
+    format!("{last}\n")
 }
 
 #[test]
@@ -1339,12 +1362,9 @@ fn dns_answers_out_of_order_are_matched_by_id_and_unknown_ids_counted() {
     }
 }
 
-/// `--connect-timeout`: a server whose SYNs are dropped (an nftables rule in the server host)
-/// never answers a connect; each attempt is given up after the timeout, counted, retried, and
-/// the run ends in bounded time with the reason and the hint.
-#[test]
-fn connects_to_a_server_that_drops_syns_time_out() {
-    let p = pair("ldsyndrop");
+/// The server host drops every segment to `port` (an nftables rule): connects never finish.
+fn drop_syns(p: &Pair, port: u16) {
+    let port = port.to_string();
     for rule in [
         &["nft", "add", "table", "inet", "lab"][..],
         &[
@@ -1352,11 +1372,20 @@ fn connects_to_a_server_that_drops_syns_time_out() {
             "priority", "0", ";", "}",
         ],
         &[
-            "nft", "add", "rule", "inet", "lab", "in", "tcp", "dport", "4252", "drop",
+            "nft", "add", "rule", "inet", "lab", "in", "tcp", "dport", &port, "drop",
         ],
     ] {
         p.srv.run(rule).unwrap_or_else(|e| panic!("{e}"));
     }
+}
+
+/// `--connect-timeout`: a server whose SYNs are dropped (an nftables rule in the server host)
+/// never answers a connect; each attempt is given up after the timeout, counted, retried, and
+/// the run ends in bounded time with the reason and the hint.
+#[test]
+fn connects_to_a_server_that_drops_syns_time_out() {
+    let p = pair("ldsyndrop");
+    drop_syns(&p, 4252);
     let t0 = Instant::now();
     let (o, r) = fault_run(
         &p,
@@ -1546,4 +1575,113 @@ fn merge_of_a_failed_run_exits_1_with_its_reason() {
     let o = merge(&[&gp, &gp]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(json(&o)["failure"].is_null());
+}
+
+/// Runs `tcpkit load ARGS` in the client host and notes when each stderr line came and when
+/// the run ended (from the start); a run past `limit` is killed and fails the test.
+fn load_timed(
+    p: &Pair,
+    args: &[&str],
+    limit: Duration,
+) -> (Vec<(Duration, String)>, Duration, Output) {
+    let mut cmd = p.cli.command(&[&[tcpkit(), "load"], args].concat());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().expect("start tcpkit");
+    let err = child.stderr.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        std::io::BufRead::lines(std::io::BufReader::new(err))
+            .map_while(Result::ok)
+            .map(|l| (t0.elapsed(), l))
+            .collect::<Vec<_>>()
+    });
+    let mut out = child.stdout.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if t0.elapsed() > limit {
+            // SAFETY: kill(2) on the process group we started (Host::command).
+            unsafe {
+                libc::kill(-(child.id() as i32), libc::SIGKILL);
+            }
+            let _ = child.wait();
+            panic!("tcpkit load ran past {limit:?} (a hang)");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let ended = t0.elapsed();
+    let lines = lines.join().unwrap();
+    let o = Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: lines
+            .iter()
+            .flat_map(|(_, l)| format!("{l}\n").into_bytes())
+            .collect(),
+    };
+    (lines, ended, o)
+}
+
+/// A limit's hint is said on stderr once, when the limit is first hit, not only in the
+/// summary at the end; with several processes, once for all of them.
+#[test]
+fn limit_hints_are_said_once_when_first_hit() {
+    let p = pair("ldhint");
+    drop_syns(&p, 4256);
+    let t = target(4256);
+    for procs in ["1", "2"] {
+        // Eight attempts of 200 ms, 100 ms apart, per connection: the opening lasts ~2.4 s,
+        // then the 1 s of the run; the first connect times out at 0.2 s.
+        let (lines, ended, o) = load_timed(
+            &p,
+            &[
+                &t,
+                "-c",
+                "4",
+                "--procs",
+                procs,
+                "--connect-timeout",
+                "200ms",
+                "--connect-retries",
+                "7",
+                "-r",
+                "10",
+                "-t",
+                "1",
+                "--json",
+            ],
+            Duration::from_secs(20),
+        );
+        assert_eq!(o.status.code(), Some(1), "{lines:?}");
+        let r = json(&o);
+        assert_eq!(u(&r, "connections.timeouts"), 32, "{r:#}");
+        let said: Vec<&(Duration, String)> = lines
+            .iter()
+            .filter(|(_, l)| l.starts_with("tcpkit load: connects timed out: "))
+            .collect();
+        assert_eq!(said.len(), 1, "--procs {procs}: {lines:?}");
+        assert_eq!(
+            said[0].1,
+            format!("tcpkit load: {}", r["hints"][0].as_str().unwrap())
+        );
+        // Said as it happened (a worker's within its next live line, 0.5 s), long before
+        // the end.
+        let at = said[0].0;
+        assert!(
+            at < Duration::from_millis(1500),
+            "--procs {procs}: said at {at:?}"
+        );
+        assert!(
+            ended > at + Duration::from_secs(1),
+            "--procs {procs}: said at {at:?}, ended at {ended:?}"
+        );
+        // And the run's verdict is still the last line.
+        assert!(failure_line(&o).contains("could not connect"), "{lines:?}");
+    }
 }

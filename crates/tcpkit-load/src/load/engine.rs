@@ -27,7 +27,7 @@ use super::config::{share, Config};
 use super::perquery::{Kind as RecKind, Rec, Sink};
 use super::profile::ArrivalTimes;
 use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES};
-use super::sock::{connect, errno_name};
+use super::sock::{connect, errno_name, hint_bit};
 use super::{Live, LoadError};
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
@@ -91,13 +91,14 @@ fn set_timer(timer: &TimerFd, how: Armed) -> bool {
     }
 }
 
-/// What every thread of this process shares.
-#[derive(Debug)]
+/// What every thread of this process shares (not Debug: it holds the hint callback).
 pub(crate) struct Shared<'a> {
     pub cfg: &'a Config,
     pub proto: Proto,
     pub interrupt: &'a AtomicBool,
     pub live: &'a Live,
+    /// Says a limit's hint (once per run, through `live`).
+    pub hint: &'a (dyn Fn(&str) + Sync),
     pub threads: usize,
     /// Connections of this process, and the run-wide number of its first one.
     pub conns: u64,
@@ -799,6 +800,10 @@ impl Worker<'_, '_> {
 
     fn count_error(&mut self, name: &'static str) {
         *self.errors.entry(name).or_insert(0) += 1;
+        let bit = hint_bit(name);
+        if bit != 0 {
+            self.sh.live.give_hints(bit, self.sh.hint);
+        }
     }
 
     fn on_event(&mut self, i: usize, readable: bool, writable: bool, closed: bool, now: u64) {

@@ -1,8 +1,9 @@
 //! Past one process's file-descriptor limit: the parent starts N copies of itself with
 //! `--worker K/N`; each runs its share (connections, rate, queries; source addresses and
 //! connection numbers do not overlap) and prints JSON lines on stdout: `{"live": ...}` twice a
-//! second, then `{"report": ..., "details": ...}` with its histograms serialized. The parent
-//! shows the summed live line, forwards interrupts, and merges the reports into one run.
+//! second (with the limit hints it hit), then `{"report": ..., "details": ...}` with its
+//! histograms serialized. The parent shows the summed live line, says each hint once, forwards
+//! interrupts, and merges the reports into one run.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -139,6 +140,7 @@ pub(crate) fn run_parent(
     plan: &Plan,
     interrupt: &AtomicBool,
     live: &Live,
+    hint: &(dyn Fn(&str) + Sync),
 ) -> Result<(LoadReport, Details), LoadError> {
     let exe = std::env::current_exe().map_err(|e| LoadError::Io {
         what: "find this program to start worker processes",
@@ -192,8 +194,18 @@ pub(crate) fn run_parent(
                             was_ready = true;
                             settled.fetch_add(1, Ordering::SeqCst);
                         }
-                        Ok(Line::Live(t)) => live.set(k, &t),
+                        Ok(Line::Live(t)) => {
+                            live.set(k, &t);
+                            // A worker's hints are said here, once for all of them.
+                            live.give_hints(t.hints, hint);
+                        }
                         Ok(Line::Report { report, details }) => {
+                            // Hints hit after the worker's last live line.
+                            let bits = report
+                                .errors
+                                .keys()
+                                .fold(0, |b, k| b | super::sock::hint_bit(k));
+                            live.give_hints(bits, hint);
                             if let Ok(mut r) = results.lock() {
                                 r[k] = Some((*report, details));
                             }

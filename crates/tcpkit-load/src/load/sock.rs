@@ -109,20 +109,44 @@ pub(crate) fn errno_name(e: &io::Error) -> &'static str {
     }
 }
 
+/// The one-line hints for the limits an errno (or a connect timeout) says were hit, each with
+/// the error names that raise it. A hint's index is its bit in [`super::Live`]'s set of hints
+/// given.
+const HINTS: [(&[&str], &str); 3] = [
+    (
+        &["EMFILE", "ENFILE"],
+        "out of file descriptors (EMFILE/ENFILE): run more processes with --procs N, or raise the limits (tcpkit tune --role client)",
+    ),
+    (
+        &["EADDRNOTAVAIL", "EADDRINUSE"],
+        "out of local ports or addresses (EADDRNOTAVAIL): add source addresses with --source, or widen net.ipv4.ip_local_port_range (tcpkit tune --role client)",
+    ),
+    (
+        &["connect timeout"],
+        "connects timed out: the server's accept queue may be full (somaxconn, tcp_max_syn_backlog) or SYN cookies in use; lower --connect-rate or run tcpkit tune --role server on the server",
+    ),
+];
+
+/// The bit of the hint that error `name` raises (0: none).
+pub(crate) fn hint_bit(name: &str) -> u32 {
+    HINTS
+        .iter()
+        .position(|(names, _)| names.contains(&name))
+        .map_or(0, |i| 1 << i)
+}
+
+/// The hints of the bits set in `bits`, in a fixed order.
+pub(crate) fn hints_of(bits: u32) -> impl Iterator<Item = &'static str> {
+    HINTS
+        .iter()
+        .enumerate()
+        .filter(move |(i, _)| bits & (1 << i) != 0)
+        .map(|(_, (_, h))| *h)
+}
+
 /// The one-line hint for a limit an errno says was hit.
 pub(crate) fn hint(name: &str) -> Option<&'static str> {
-    match name {
-        "EMFILE" | "ENFILE" => Some(
-            "out of file descriptors (EMFILE/ENFILE): run more processes with --procs N, or raise the limits (tcpkit tune --role client)",
-        ),
-        "EADDRNOTAVAIL" | "EADDRINUSE" => Some(
-            "out of local ports or addresses (EADDRNOTAVAIL): add source addresses with --source, or widen net.ipv4.ip_local_port_range (tcpkit tune --role client)",
-        ),
-        "connect timeout" => Some(
-            "connects timed out: the server's accept queue may be full (somaxconn, tcp_max_syn_backlog) or SYN cookies in use; lower --connect-rate or run tcpkit tune --role server on the server",
-        ),
-        _ => None,
-    }
+    hints_of(hint_bit(name)).next()
 }
 
 #[cfg(test)]
@@ -176,5 +200,19 @@ mod tests {
         assert_eq!(errno_name(&e), "ECONNREFUSED");
         assert!(hint("EMFILE").unwrap().contains("--procs"));
         assert!(hint("EADDRNOTAVAIL").unwrap().contains("--source"));
+    }
+
+    #[test]
+    fn each_hint_has_its_own_bit() {
+        let bits: Vec<u32> = ["EMFILE", "ENFILE", "EADDRNOTAVAIL", "connect timeout"]
+            .iter()
+            .map(|n| hint_bit(n))
+            .collect();
+        assert_eq!(bits, [1, 1, 2, 4]);
+        assert_eq!(hint_bit("ECONNREFUSED"), 0);
+        assert_eq!(hint("ECONNREFUSED"), None);
+        let all: Vec<&str> = hints_of(7).collect();
+        assert_eq!(all.len(), 3);
+        assert!(all[2].starts_with("connects timed out"));
     }
 }
