@@ -6,6 +6,7 @@ set -euo pipefail
 
 pkgs=(
   iproute2 iputils-ping ethtool procps psmisc   # the lab: namespaces, veth, tc, ping, process tools
+  nftables                                      # firewall rules in lab hosts (dropped SYNs; intercept on the target)
   tcpdump tshark                                # what went on the wire
   tcpreplay                                     # tcpreplay/tcprewrite: peer and oracle
   libpcap-dev clang pkg-config                  # filter compilation, BPF programs
