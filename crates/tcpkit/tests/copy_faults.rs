@@ -4,8 +4,7 @@
 
 mod copy_common;
 
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -212,41 +211,13 @@ fn synth_pcap(path: &Path, sessions: u16, requests: u32, size: usize, drop: Opti
     ts - start
 }
 
-/// A server in the target that reads everything and never answers; returns the bytes read.
-fn silent_server(l: &CopyLab, port: u16) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
-    let got = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let g = got.clone();
-    let listener = l
-        .target
-        .enter(|| TcpListener::bind(format!("{TARGET}:{port}")))
-        .unwrap();
-    std::thread::spawn(move || {
-        for s in listener.incoming() {
-            let Ok(mut s) = s else { return };
-            let g = g.clone();
-            std::thread::spawn(move || {
-                let mut b = [0u8; 65536];
-                while let Ok(n) = s.read(&mut b) {
-                    if n == 0 {
-                        break;
-                    }
-                    g.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-                }
-                // Keep the connection open until the peer closes: silence, not a close.
-                std::thread::sleep(Duration::from_secs(30));
-            });
-        }
-    });
-    got
-}
-
 #[test]
 fn a_target_that_never_answers_times_out_and_no_wait_sends_everything() {
     let l = CopyLab::new("cpsilent");
     let dir = tempfile::tempdir().unwrap();
     let pcap = dir.path().join("s.pcap");
     synth_pcap(&pcap, 2, 3, 100, None);
-    let got = silent_server(&l, 9090);
+    let got = fault_server(&l.target, "198.18.2.2:9090", Fault::Silent);
     let rule = "8080-198.18.2.2:9090";
     let p = pcap.to_str().unwrap();
     // Waiting for answers: one request each, then --timeout.
@@ -298,7 +269,7 @@ fn memory_over_the_limit_sheds_sessions_and_keeps_going() {
     let pcap = dir.path().join("big.pcap");
     // 6 sessions of 3 requests of 1 MB; the target never answers, so requests 2 and 3 wait.
     synth_pcap(&pcap, 6, 3, 1 << 20, None);
-    let _got = silent_server(&l, 9090);
+    let _got = fault_server(&l.target, "198.18.2.2:9090", Fault::Silent);
     let (_, r) = run_copy(
         &l,
         &[

@@ -5,11 +5,15 @@
 
 #[path = "../common/schema.rs"]
 pub mod schema;
+pub mod tlab;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
@@ -512,4 +516,68 @@ pub fn records(p: &Path) -> Vec<Value> {
         .iter()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+// ---- servers that misbehave, for the fault tests -----------------------------------------
+
+/// How a [`fault_server`] treats each connection once the first bytes of a request arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Reads everything and never answers, keeping the connection open (a stalled target).
+    Silent,
+    /// Resets the connection (SO_LINGER 0, then close) instead of answering.
+    Reset,
+    /// Answers the first request with one line, then closes (FIN) with the session not over.
+    CloseAfterAnswer,
+}
+
+/// A server in `host` on `addr` that misbehaves as `fault` says; returns the request bytes it
+/// read, over every connection.
+pub fn fault_server(host: &Host, addr: &str, fault: Fault) -> Arc<AtomicU64> {
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    let listener = host.enter(|| TcpListener::bind(addr)).unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let mut b = [0u8; 65536];
+                while let Ok(n) = s.read(&mut b) {
+                    if n == 0 {
+                        break;
+                    }
+                    g.fetch_add(n as u64, Ordering::Relaxed);
+                    match fault {
+                        Fault::Silent => continue,
+                        Fault::Reset => {
+                            let l = libc::linger {
+                                l_onoff: 1,
+                                l_linger: 0,
+                            };
+                            // SAFETY: setsockopt on a descriptor we own, with a linger's size.
+                            let r = unsafe {
+                                libc::setsockopt(
+                                    s.as_raw_fd(),
+                                    libc::SOL_SOCKET,
+                                    libc::SO_LINGER,
+                                    (&l as *const libc::linger).cast(),
+                                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                                )
+                            };
+                            assert_eq!(r, 0, "SO_LINGER");
+                            return;
+                        }
+                        Fault::CloseAfterAnswer => {
+                            let _ = s.write_all(b"one answer, then goodbye\n");
+                            return;
+                        }
+                    }
+                }
+                // Silent even to the peer's FIN: the connection is left open, never closed.
+                std::thread::sleep(Duration::from_secs(30));
+            });
+        }
+    });
+    got
 }

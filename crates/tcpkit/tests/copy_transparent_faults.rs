@@ -1,0 +1,176 @@
+//! `tcpkit copy --transparent` when the target misbehaves: refuses, is down at start or goes
+//! down mid-run and comes back, resets, closes early, stalls. Each fault is counted under its
+//! own cause in the --json report, nothing crashes, and copying resumes. The lab is
+//! copy_transparent.rs's (clients → online → target → assistant with intercept), built by
+//! `copy_common::tlab`.
+
+mod copy_common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use copy_common::tlab::*;
+use copy_common::*;
+use serde_json::Value;
+
+const GET: &[u8] = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
+const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 19\r\n\r\nhello from the lab\n";
+
+/// A capture of `sessions` whole sessions of `requests` GETs each, 50 ms apart, from
+/// CLIENT:41000.. to ONLINE:8080.
+fn capture(t: &TLab, name: &str, sessions: u16, requests: usize) -> PathBuf {
+    let p = t.l.dir.path().join(name);
+    let turns: Vec<(&[u8], &[u8])> = vec![(GET, ANSWER); requests];
+    write_frames(
+        &p,
+        &http_session_frames(sessions, 41000, 50_000_000, &turns),
+    );
+    p
+}
+
+/// The failure counters of a report, by cause.
+fn failed(r: &Value) -> [u64; 6] {
+    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
+    [
+        f("target_refused"),
+        f("reset"),
+        f("timeout"),
+        f("closed_early"),
+        f("lost_capture_data"),
+        f("shed"),
+    ]
+}
+
+/// Each of the target's faults, alone, ends every copy under its own cause and no other:
+/// nothing listening (the SYN is reset: refused), a reset after the first request, a close
+/// after the first answer, a server that never answers, and a target whose answers never
+/// come back (the SYN is retransmitted, then the copy times out).
+#[test]
+fn transparent_target_faults_are_each_counted_under_their_own_cause() {
+    let mut t = TLab::new("cptfcause");
+    let _icp = t.intercept("intercept");
+    let p = capture(&t, "s.pcap", 4, 3);
+    let p = p.to_str().unwrap();
+    let reset = fault_server(&t.l.target, &format!("{TARGET}:9001"), Fault::Reset);
+    let close = fault_server(
+        &t.l.target,
+        &format!("{TARGET}:9002"),
+        Fault::CloseAfterAnswer,
+    );
+    let silent = fault_server(&t.l.target, &format!("{TARGET}:9003"), Fault::Silent);
+    let run = |port: u16, timeout: &str| -> (Value, Duration) {
+        let rule = format!("8080-{TARGET}:{port}");
+        let started = Instant::now();
+        let o = t.copy_offline(&rule, &["--input", p, "--timeout", timeout]);
+        let took = started.elapsed();
+        let r = transparent_report(&o);
+        assert_eq!(u(&r, "sessions.copies"), 4, "{r:#}");
+        assert_eq!(u(&r, "sessions.completed"), 0, "{r:#}");
+        assert_eq!(u(&r, "transparent.control_lost"), 0, "{r:#}");
+        (r, took)
+    };
+    // Nothing listens on 9000: each SYN is answered by a RST.
+    let (r, _) = run(9000, "1");
+    assert_eq!(failed(&r), [4, 0, 0, 0, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 0, "{r:#}");
+    // Reset while the first request waits for its answer.
+    let (r, _) = run(9001, "1");
+    assert_eq!(failed(&r), [0, 4, 0, 0, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 4, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 0, "{r:#}");
+    assert_eq!(
+        reset.load(std::sync::atomic::Ordering::Relaxed),
+        4 * GET.len() as u64
+    );
+    // Closed after the first answer, with two requests still to go.
+    let (r, _) = run(9002, "1");
+    assert_eq!(failed(&r), [0, 0, 0, 4, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 4, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 4, "{r:#}");
+    assert_eq!(
+        close.load(std::sync::atomic::Ordering::Relaxed),
+        4 * GET.len() as u64
+    );
+    // Never answers: each copy ends after --timeout, not later, its first request sent.
+    let (r, took) = run(9003, "1");
+    assert_eq!(failed(&r), [0, 0, 4, 0, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 4, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 0, "{r:#}");
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    assert_eq!(
+        silent.load(std::sync::atomic::Ordering::Relaxed),
+        4 * GET.len() as u64
+    );
+    // The target's answers go nowhere (a black hole where its route to the clients was):
+    // the SYN goes again after its 1 s timeout, then the copy gives up at --timeout.
+    t.l.target
+        .run(&["ip", "route", "replace", "blackhole", "198.18.1.0/24"])
+        .expect("route");
+    let (r, took) = run(9003, "1.5");
+    assert_eq!(failed(&r), [0, 0, 4, 0, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 0, "{r:#}");
+    assert_eq!(u(&r, "transparent.answers_received"), 0, "{r:#}");
+    assert!(u(&r, "transparent.retransmitted_segments") >= 4, "{r:#}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+/// nginx on the target absent at start (every SYN refused), then up, then killed under
+/// keep-alive copies, then back: the copy never exits, counts each phase under its cause,
+/// and copies again once nginx is back.
+#[test]
+fn transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes() {
+    let mut t = TLab::new("cptfdown");
+    let (_on, _) = t.l.nginx(true, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let rule = format!("8080-{TARGET}:8080");
+    let c = t.copy(&rule, &["--timeout", "1", "--duration", "6"]);
+    // Down at start: 50 sessions of one request each.
+    let one_per_conn = [
+        "--http-get",
+        "/hello.txt",
+        "-r",
+        "50",
+        "-t",
+        "1",
+        "--queries-per-conn",
+        "1",
+    ];
+    t.l.load(8080, &one_per_conn);
+    std::thread::sleep(Duration::from_millis(1200));
+    // Comes up: keep-alive sessions; goes down under them; comes back.
+    let (tg, tg_log) = t.l.nginx(false, Log::Peer);
+    std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            t.l.load(
+                8080,
+                &[
+                    "--http-get",
+                    "/hello.txt",
+                    "-c",
+                    "2",
+                    "-r",
+                    "100",
+                    "-t",
+                    "1",
+                ],
+            )
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        tg.stop().expect("stop nginx");
+        load.join().unwrap();
+    });
+    let before = lines(&tg_log).len();
+    let (_tg2, _) = t.l.nginx(false, Log::Peer);
+    t.l.load(8080, &one_per_conn);
+    let o = wait_limited(c, Duration::from_secs(20));
+    let r = transparent_report(&o);
+    let [refused, reset, timeout, closed_early, lost, shed] = failed(&r);
+    assert!(refused >= 40, "{r:#}");
+    // The keep-alive copies cut by nginx's exit.
+    assert!(reset + closed_early + timeout >= 1, "{r:#}");
+    assert_eq!(lost + shed, 0, "{r:#}");
+    // Back up: the last phase's sessions went through.
+    assert!(u(&r, "sessions.completed") >= 30, "{r:#}");
+    let after = lines(&tg_log).len();
+    assert!(after >= before + 30, "{before} then {after}: {r:#}");
+}
