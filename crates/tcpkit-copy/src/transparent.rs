@@ -30,6 +30,12 @@
 //! by that cause; copy reconnects with a back-off, and new sessions wait for it (their SYN is
 //! held) up to `--timeout`.
 //!
+//! A target that refuses (a RST to our SYN) holds back every copy to it with relay mode's
+//! shared back-off (`crate::backoff`): one probe SYN per step, the other copies waiting for
+//! its result, and a copy whose `--timeout` comes first ends refused without a SYN of its
+//! own (`skipped_in_backoff`). A down target sees a trickle of SYNs, not one (plus
+//! retransmissions) per production session.
+//!
 //! Nothing is ever sent toward a client: raw packets go to the targets only.
 
 use std::cmp::Reverse;
@@ -51,6 +57,7 @@ use tcpkit_wire::tcp::{Flags, Options, Segment};
 /// The `-c` prefix type, for callers that do not depend on tcpkit-wire.
 pub use tcpkit_wire::Cidr;
 
+use crate::backoff::{Backoff, Gate};
 use crate::control::{ControlError, Msg, PacketHdr, VERSION};
 use crate::diff::{ConnMeta, DiffConn, Differ};
 use crate::feed::{self, FeedError};
@@ -528,6 +535,9 @@ struct Engine<'a> {
     /// to the wrong copy and no two copies share one.
     by_tuple: FxHashMap<(SocketAddr, SocketAddr), (usize, u32)>,
     timers: BinaryHeap<Reverse<(u64, usize, u32)>>,
+    /// Refusing targets' shared back-off (relay mode's): a down target gets one probe SYN
+    /// per step, not one per production session.
+    backoff: Backoff,
     pool_next: u16,
     /// SYNs' ISNs by (client, server), until their session opens.
     syn_isn: FxHashMap<(SocketAddr, SocketAddr), u32>,
@@ -974,6 +984,16 @@ impl<'a> Engine<'a> {
             match f.st {
                 St::WaitControl => {
                     if ctl_up {
+                        if let Gate::Wait(at) = self.backoff.gate(f.target, now) {
+                            if at >= f.deadline {
+                                // Refusing until past our timeout: given up unsent.
+                                self.report.sessions.skipped_in_backoff += 1;
+                                self.end_flow(idx, Outcome::Refused, false);
+                            } else {
+                                self.arm(idx, at);
+                            }
+                            return;
+                        }
                         f.st = St::SynSent;
                         f.rto_ns = SYN_RTO_NS;
                         f.rto_at = now + SYN_RTO_NS;
@@ -1180,6 +1200,10 @@ impl<'a> Engine<'a> {
                 _ => !seq_gt(f.rcv_nxt, h.seq.wrapping_add(1)) || h.seq == f.rcv_nxt,
             };
             if valid {
+                if how == Outcome::Refused {
+                    let target = f.target;
+                    self.backoff.refused(target, now);
+                }
                 self.end_flow(idx, how, false);
             }
             return;
@@ -1192,6 +1216,7 @@ impl<'a> Engine<'a> {
                 {
                     return;
                 }
+                self.backoff.accepted(f.target);
                 f.rcv_nxt = h.seq.wrapping_add(1);
                 f.rcv_max = f.rcv_nxt;
                 f.snd_una = h.ack;
@@ -1648,6 +1673,7 @@ pub fn run(
         free: Vec::new(),
         by_tuple: FxHashMap::default(),
         timers: BinaryHeap::new(),
+        backoff: Backoff::default(),
         pool_next: t.port_pool.0,
         syn_isn: FxHashMap::default(),
         start_ns: start,

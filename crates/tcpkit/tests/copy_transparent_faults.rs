@@ -116,7 +116,8 @@ fn transparent_target_faults_are_each_counted_under_their_own_cause() {
 
 /// nginx on the target absent at start (every SYN refused), then up, then killed under
 /// keep-alive copies, then back: the copy never exits, counts each phase under its cause,
-/// and copies again once nginx is back.
+/// and copies again once nginx is back. While it is down the target's link carries a trickle
+/// of SYNs (the shared back-off's probes), not one per production session.
 #[test]
 fn transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes() {
     let mut t = TLab::new("cptfdown");
@@ -124,7 +125,9 @@ fn transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes()
     let _icp = t.intercept("intercept");
     let rule = format!("8080-{TARGET}:8080");
     let c = t.copy(&rule, &["--timeout", "1", "--duration", "6"]);
-    // Down at start: 50 sessions of one request each.
+    // Down at start: 50 sessions of one request each, while the SYNs toward it are counted.
+    let (online, tif) = (t.l.online.clone(), t.l.tgt_link.a.name.clone());
+    let dump = t.l.lab.tcpdump(&online, &tif, "tcp").expect("tcpdump");
     let one_per_conn = [
         "--http-get",
         "/hello.txt",
@@ -137,6 +140,7 @@ fn transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes()
     ];
     t.l.load(8080, &one_per_conn);
     std::thread::sleep(Duration::from_millis(1200));
+    let syns = syns_to(&dump.stop().expect("tcpdump").path, TARGET);
     // Comes up: keep-alive sessions; goes down under them; comes back.
     let (tg, tg_log) = t.l.nginx(false, Log::Peer);
     std::thread::scope(|s| {
@@ -165,7 +169,15 @@ fn transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes()
     let o = wait_limited(c, Duration::from_secs(20));
     let r = transparent_report(&o);
     let [refused, reset, timeout, closed_early, lost, shed] = failed(&r);
+    eprintln!("{syns} SYNs while down; {}", r["sessions"]);
     assert!(refused >= 40, "{r:#}");
+    // One probe per back-off step, not one SYN per session (50 without the back-off).
+    assert!(
+        syns < 25,
+        "{syns} SYNs toward the target while it was down: {r:#}"
+    );
+    // The copies that waited past their --timeout for a probe's verdict, never sent.
+    assert!(u(&r, "sessions.skipped_in_backoff") >= 20, "{r:#}");
     // The keep-alive copies cut by nginx's exit.
     assert!(reset + closed_early + timeout >= 1, "{r:#}");
     assert_eq!(lost + shed, 0, "{r:#}");

@@ -581,3 +581,14 @@ pub fn fault_server(host: &Host, addr: &str, fault: Fault) -> Arc<AtomicU64> {
     });
     got
 }
+
+/// SYNs (without ACK) toward `ip` in the capture file `frames` (a tcpdump's).
+pub fn syns_to(frames: &Path, ip: &str) -> usize {
+    use tcpkit_wire::tcp::{Flags, Segment};
+    let ip: std::net::IpAddr = ip.parse().unwrap();
+    let f = tcpkit_pcap::CaptureFile::open(frames).unwrap();
+    f.packets()
+        .filter_map(|p| Segment::parse(p.unwrap().data).ok())
+        .filter(|s| s.dst.ip() == ip && s.flags.has(Flags::SYN) && !s.flags.has(Flags::ACK))
+        .count()
+}
