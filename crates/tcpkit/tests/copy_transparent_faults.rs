@@ -186,3 +186,44 @@ fn transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes()
     let after = lines(&tg_log).len();
     assert!(after >= before + 30, "{before} then {after}: {r:#}");
 }
+
+/// `-n 2` over sessions whose client ports lie inside the copies' port pool (10000..): the
+/// second copy of the first session takes the pool's first free port, which is the second
+/// session's own, so that session's first copy collides and moves on. Every copy has its own
+/// 4-tuple at the target, and the report counts the two ports passed over.
+#[test]
+fn transparent_n2_with_client_ports_inside_the_pool_counts_collisions_and_never_shares_a_port() {
+    let mut t = TLab::new("cptfpool");
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let p = t.l.dir.path().join("pool.pcap");
+    let turns: Vec<(&[u8], &[u8])> = vec![(GET, ANSWER); 3];
+    write_frames(&p, &http_session_frames(2, 10_000, 50_000_000, &turns));
+    let rule = format!("8080-{TARGET}:8080");
+    let o = t.copy_offline(
+        &rule,
+        &["--input", p.to_str().unwrap(), "-n", "2", "--timeout", "2"],
+    );
+    let r = transparent_report(&o);
+    assert_eq!(u(&r, "sessions.copies"), 4, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 4, "{r:#}");
+    // Session 1: copy 1 keeps 10000; copy 2 passes over 10000, takes 10001. Session 2
+    // (client port 10001): copy 1 finds its own port taken, takes 10002; copy 2 10003.
+    assert_eq!(u(&r, "transparent.port_collisions"), 2, "{r:#}");
+    assert_eq!(u(&r, "transparent.ports_exhausted"), 0, "{r:#}");
+    let target = lines(&tg_log);
+    let mut ports: Vec<&str> = target
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    ports.sort_unstable();
+    assert_eq!(
+        ports,
+        [
+            "10000", "10000", "10000", "10001", "10001", "10001", "10002", "10002", "10002",
+            "10003", "10003", "10003"
+        ],
+        "{target:#?}"
+    );
+    assert!(target.iter().all(|l| l.contains(" 200 ")), "{target:#?}");
+}
