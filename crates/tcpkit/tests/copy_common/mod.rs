@@ -592,3 +592,87 @@ pub fn syns_to(frames: &Path, ip: &str) -> usize {
         .filter(|s| s.dst.ip() == ip && s.flags.has(Flags::SYN) && !s.flags.has(Flags::ACK))
         .count()
 }
+
+/// A pcap of `sessions` client sessions to ONLINE:8080, each with `requests` requests of
+/// `size` bytes answered by 20 bytes, 10 ms apart; `drop` leaves out the nth client data
+/// segment of the first session (a hole the capture never filled).
+pub fn synth_pcap(
+    path: &Path,
+    sessions: u16,
+    requests: u32,
+    size: usize,
+    drop: Option<u32>,
+) -> u64 {
+    use tcpkit_wire::tcp::{Flags, Options, Segment};
+    let server: SocketAddr = format!("{ONLINE}:8080").parse().unwrap();
+    let mut ts: u64 = 1_700_000_000_000_000_000;
+    let mut frames: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut put = |ts: u64,
+                   src: SocketAddr,
+                   dst: SocketAddr,
+                   seq: u32,
+                   ack: u32,
+                   flags: u8,
+                   payload: &[u8]| {
+        let s = Segment {
+            src,
+            dst,
+            seq,
+            ack,
+            flags: Flags(flags),
+            window: 65535,
+            options: Options::default(),
+            payload: 0..0,
+            payload_len: 0,
+        };
+        let mut buf = Vec::new();
+        s.emit(payload, &mut buf).unwrap();
+        frames.push((ts, buf));
+    };
+    let (syn, ack, psh_ack, fin_ack) = (0x02u8, 0x10u8, 0x18u8, 0x11u8);
+    let start = ts;
+    for k in 0..sessions {
+        let client: SocketAddr = format!("{CLIENT}:{}", 40000 + k).parse().unwrap();
+        let (mut cs, mut ss) = (1000u32, 5000u32);
+        put(ts, client, server, cs, 0, syn, &[]);
+        put(ts + 10_000, server, client, ss, cs + 1, syn | ack, &[]);
+        put(ts + 20_000, client, server, cs + 1, ss + 1, ack, &[]);
+        cs += 1;
+        ss += 1;
+        ts += 100_000;
+        let mut n = 0;
+        for _ in 0..requests {
+            let body = vec![b'a' + (k % 26) as u8; size];
+            for chunk in body.chunks(1400) {
+                if !(k == 0 && drop == Some(n)) {
+                    put(ts, client, server, cs, ss, psh_ack, chunk);
+                }
+                n += 1;
+                cs += chunk.len() as u32;
+                ts += 10_000;
+            }
+            ts += 200_000;
+            put(
+                ts,
+                server,
+                client,
+                ss,
+                cs,
+                psh_ack,
+                b"answer to a request\n",
+            );
+            ss += 20;
+            ts += 10_000_000;
+        }
+        put(ts, client, server, cs, ss, fin_ack, &[]);
+        put(ts + 10_000, server, client, ss, cs + 1, fin_ack, &[]);
+        put(ts + 20_000, client, server, cs + 1, ss + 1, ack, &[]);
+        ts += 1_000_000;
+    }
+    let mut w = tcpkit_pcap::PcapWriter::create(path, 1, 65535, true).unwrap();
+    for (t, f) in &frames {
+        w.write_packet(*t, f, f.len() as u32).unwrap();
+    }
+    w.finish().unwrap();
+    ts - start
+}
