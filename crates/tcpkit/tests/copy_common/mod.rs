@@ -676,3 +676,73 @@ pub fn synth_pcap(
     w.finish().unwrap();
     ts - start
 }
+
+// ---- a server-first protocol -------------------------------------------------------------
+
+/// What a [`greeting_server`] saw.
+#[derive(Debug, Default)]
+pub struct Greeted {
+    pub conns: AtomicU64,
+    /// Connections whose client sent bytes before the greeting was out.
+    pub early: AtomicU64,
+    /// Lines answered.
+    pub lines: AtomicU64,
+}
+
+/// A server-first line protocol (an SMTP-like banner) in `host` on `addr`: `delay` after a
+/// connection is accepted it is greeted with `220 ready`, then each line it sends is answered
+/// `250 LINE`. Whether the client spoke before the greeting is checked just before sending it.
+pub fn greeting_server(host: &Host, addr: &str, delay: Duration) -> Arc<Greeted> {
+    use std::io::BufRead;
+    let seen = Arc::new(Greeted::default());
+    let g = seen.clone();
+    let listener = host.enter(|| TcpListener::bind(addr)).unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let g = g.clone();
+            std::thread::spawn(move || {
+                g.conns.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(delay);
+                s.set_nonblocking(true).unwrap();
+                if matches!(s.peek(&mut [0u8; 1]), Ok(n) if n > 0) {
+                    g.early.fetch_add(1, Ordering::Relaxed);
+                }
+                s.set_nonblocking(false).unwrap();
+                if s.write_all(b"220 ready\r\n").is_err() {
+                    return;
+                }
+                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+                let mut line = String::new();
+                while matches!(r.read_line(&mut line), Ok(n) if n > 0) {
+                    g.lines.fetch_add(1, Ordering::Relaxed);
+                    if s.write_all(format!("250 {line}").as_bytes()).is_err() {
+                        return;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+    seen
+}
+
+/// A client of [`greeting_server`] from `host`: waits for the greeting, then sends each of
+/// `lines` and reads its answer, then closes.
+pub fn greeting_client(host: &Host, addr: &str, lines: &[&str]) {
+    use std::io::BufRead;
+    let addr: SocketAddr = addr.parse().unwrap();
+    let s = host.enter(|| TcpStream::connect(addr)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+    let mut w = s;
+    let mut got = String::new();
+    r.read_line(&mut got).unwrap();
+    assert_eq!(got, "220 ready\r\n");
+    for l in lines {
+        w.write_all(format!("{l}\r\n").as_bytes()).unwrap();
+        got.clear();
+        r.read_line(&mut got).unwrap();
+        assert_eq!(got, format!("250 {l}\r\n"));
+    }
+}
