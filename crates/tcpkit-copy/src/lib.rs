@@ -14,10 +14,13 @@
 //! - [`intercept`]: `tcpkit intercept`, which catches the target's answers on the assistant.
 //! - [`relay`]: relay mode, live or from a file: sessions replayed over ordinary TCP
 //!   connections to the target, paced like the clients, with the report.
+//! - `backoff`: the back-off after a target's refusals, shared by every copy mode, so a
+//!   down target sees a trickle of SYNs.
 //! - [`diff`]: `--diff`, the target's answers compared with the original server's.
 //! - [`metrics`]: `--metrics`, the live counters for Prometheus over HTTP.
 //! - [`check`]: `copy --check`, what usually breaks a copy setup, verified with its fix.
 
+mod backoff;
 pub mod check;
 pub mod control;
 pub mod diff;

@@ -36,6 +36,7 @@ use rustc_hash::FxHashMap;
 use tcpkit_pace::now_ns;
 use tcpkit_stats::{CopyReport, Histogram};
 
+use crate::backoff::{Backoff, Gate};
 use crate::diff::{ConnMeta, DiffConfig, DiffConn, Differ};
 /// Where frames come from (shared by every copy mode, kept here for callers).
 pub use crate::feed::Input;
@@ -198,22 +199,10 @@ struct Sess {
     turns: Turns,
 }
 
-#[derive(Debug, Default)]
-struct TargetState {
-    /// Consecutive refused connects.
-    streak: u32,
-    /// No connect before this.
-    next_try: u64,
-}
-
 /// How long a closing connection waits for the target's FIN before it is dropped.
 const CLOSE_LINGER_NS: u64 = 1_000_000_000;
 /// Polls per turn while each fills the event buffer (bounds a turn; the rest waits one turn).
 const MAX_POLLS_PER_STEP: usize = 16;
-
-fn backoff_ns(streak: u32) -> u64 {
-    (20_000_000u64 << streak.min(16).saturating_sub(1)).min(1_000_000_000)
-}
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -236,7 +225,8 @@ struct Relay<'a> {
     gens: Vec<u32>,
     free: Vec<usize>,
     timers: BinaryHeap<Reverse<(u64, usize, u32)>>,
-    targets: FxHashMap<SocketAddr, TargetState>,
+    /// Refusing targets' shared back-off.
+    backoff: Backoff,
     start_ns: u64,
     held: usize,
     open: u64,
@@ -261,7 +251,7 @@ impl<'a> Relay<'a> {
             gens: Vec::new(),
             free: Vec::new(),
             timers: BinaryHeap::new(),
-            targets: FxHashMap::default(),
+            backoff: Backoff::default(),
             start_ns: now_ns(),
             held: 0,
             open: 0,
@@ -544,26 +534,23 @@ impl<'a> Relay<'a> {
         let Some(c) = self.conns[idx].as_mut() else {
             return;
         };
-        let t = self.targets.entry(c.target).or_default();
-        if now < t.next_try {
-            if t.next_try >= c.connect_deadline {
-                let how = if c.refused || t.streak > 0 {
+        if let Gate::Wait(next_try) = self.backoff.gate(c.target, now) {
+            if next_try >= c.connect_deadline {
+                let how = if c.refused || self.backoff.refusing(c.target) {
                     Outcome::Refused
                 } else {
                     Outcome::Timeout
                 };
+                if how == Outcome::Refused && !c.refused {
+                    self.report.sessions.skipped_in_backoff += 1;
+                }
                 self.end_conn(idx, how);
                 return;
             }
             c.state = State::Backoff;
-            c.retry_at = t.next_try;
-            let at = c.retry_at;
-            self.arm(idx, at);
+            c.retry_at = next_try;
+            self.arm(idx, next_try);
             return;
-        }
-        if t.streak > 0 {
-            // One probe per back-off step: the others wait for its result.
-            t.next_try = now + backoff_ns(t.streak);
         }
         match TcpStream::connect(c.target) {
             Ok(mut s) => {
@@ -603,9 +590,8 @@ impl<'a> Relay<'a> {
             return;
         }
         c.refused = true;
-        let t = self.targets.entry(c.target).or_default();
-        t.streak = t.streak.saturating_add(1);
-        t.next_try = t.next_try.max(now + backoff_ns(t.streak));
+        let target = c.target;
+        self.backoff.refused(target, now);
         self.start_connect(idx, now);
     }
 
@@ -624,9 +610,8 @@ impl<'a> Relay<'a> {
         c.state = State::Up;
         c.last_write_ns = now;
         c.last_rx_ns = now;
-        let t = self.targets.entry(c.target).or_default();
-        t.streak = 0;
-        t.next_try = 0;
+        let target = c.target;
+        self.backoff.accepted(target);
     }
 
     fn end_conn(&mut self, idx: usize, how: Outcome) {

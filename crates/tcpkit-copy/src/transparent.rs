@@ -30,6 +30,12 @@
 //! by that cause; copy reconnects with a back-off, and new sessions wait for it (their SYN is
 //! held) up to `--timeout`.
 //!
+//! A target that refuses (a RST to our SYN) holds back every copy to it with relay mode's
+//! shared back-off (`crate::backoff`): one probe SYN per step, the other copies waiting for
+//! its result, and a copy whose `--timeout` comes first ends refused without a SYN of its
+//! own (`skipped_in_backoff`). A down target sees a trickle of SYNs, not one (plus
+//! retransmissions) per production session.
+//!
 //! Nothing is ever sent toward a client: raw packets go to the targets only.
 
 use std::cmp::Reverse;
@@ -51,6 +57,7 @@ use tcpkit_wire::tcp::{Flags, Options, Segment};
 /// The `-c` prefix type, for callers that do not depend on tcpkit-wire.
 pub use tcpkit_wire::Cidr;
 
+use crate::backoff::{Backoff, Gate};
 use crate::control::{ControlError, Msg, PacketHdr, VERSION};
 use crate::diff::{ConnMeta, DiffConn, Differ};
 use crate::feed::{self, FeedError};
@@ -513,6 +520,49 @@ pub fn handshake(
     Ok(s)
 }
 
+/// The source ports of `-n` copies: `lo..=hi`, handed out round-robin, every port whose
+/// 4-tuple is in use passed over (and counted), so no two copies ever share a 4-tuple.
+#[derive(Debug)]
+struct PortPool {
+    lo: u16,
+    hi: u16,
+    next: u16,
+}
+
+impl PortPool {
+    fn new((lo, hi): (u16, u16)) -> PortPool {
+        PortPool { lo, hi, next: lo }
+    }
+
+    /// `own` for a session's first copy when `taken` says it is free; otherwise the pool's
+    /// next free port. Each port found taken adds one to `collisions`; None when every port
+    /// of the pool is taken (the copy cannot be made).
+    fn pick(
+        &mut self,
+        own: u16,
+        first: bool,
+        taken: impl Fn(u16) -> bool,
+        collisions: &mut u64,
+    ) -> Option<u16> {
+        if first {
+            if !taken(own) {
+                return Some(own);
+            }
+            *collisions += 1;
+        }
+        let n = u32::from(self.hi - self.lo) + 1;
+        for _ in 0..n {
+            let p = self.next.clamp(self.lo, self.hi);
+            self.next = if p >= self.hi { self.lo } else { p + 1 };
+            if !taken(p) {
+                return Some(p);
+            }
+            *collisions += 1;
+        }
+        None
+    }
+}
+
 struct Engine<'a> {
     cfg: &'a RelayConfig,
     t: &'a TransparentConfig,
@@ -528,7 +578,10 @@ struct Engine<'a> {
     /// to the wrong copy and no two copies share one.
     by_tuple: FxHashMap<(SocketAddr, SocketAddr), (usize, u32)>,
     timers: BinaryHeap<Reverse<(u64, usize, u32)>>,
-    pool_next: u16,
+    /// Refusing targets' shared back-off (relay mode's): a down target gets one probe SYN
+    /// per step, not one per production session.
+    backoff: Backoff,
+    pool: PortPool,
     /// SYNs' ISNs by (client, server), until their session opens.
     syn_isn: FxHashMap<(SocketAddr, SocketAddr), u32>,
     start_ns: u64,
@@ -666,29 +719,10 @@ impl<'a> Engine<'a> {
     /// The client's own port for the first copy when its 4-tuple is free; otherwise (and
     /// for every other copy) the next free port of the pool.
     fn pick_port(&mut self, ip: IpAddr, own: u16, target: SocketAddr, first: bool) -> Option<u16> {
-        if first {
-            if !self
-                .by_tuple
-                .contains_key(&(SocketAddr::new(ip, own), target))
-            {
-                return Some(own);
-            }
-            self.ts.port_collisions += 1;
-        }
-        let (lo, hi) = self.t.port_pool;
-        let n = u32::from(hi - lo) + 1;
-        for _ in 0..n {
-            let p = self.pool_next.clamp(lo, hi);
-            self.pool_next = if p >= hi { lo } else { p + 1 };
-            if !self
-                .by_tuple
-                .contains_key(&(SocketAddr::new(ip, p), target))
-            {
-                return Some(p);
-            }
-            self.ts.port_collisions += 1;
-        }
-        None
+        let by_tuple = &self.by_tuple;
+        let taken = |p: u16| by_tuple.contains_key(&(SocketAddr::new(ip, p), target));
+        self.pool
+            .pick(own, first, taken, &mut self.ts.port_collisions)
     }
 
     fn session_data(
@@ -974,6 +1008,16 @@ impl<'a> Engine<'a> {
             match f.st {
                 St::WaitControl => {
                     if ctl_up {
+                        if let Gate::Wait(at) = self.backoff.gate(f.target, now) {
+                            if at >= f.deadline {
+                                // Refusing until past our timeout: given up unsent.
+                                self.report.sessions.skipped_in_backoff += 1;
+                                self.end_flow(idx, Outcome::Refused, false);
+                            } else {
+                                self.arm(idx, at);
+                            }
+                            return;
+                        }
                         f.st = St::SynSent;
                         f.rto_ns = SYN_RTO_NS;
                         f.rto_at = now + SYN_RTO_NS;
@@ -1180,6 +1224,10 @@ impl<'a> Engine<'a> {
                 _ => !seq_gt(f.rcv_nxt, h.seq.wrapping_add(1)) || h.seq == f.rcv_nxt,
             };
             if valid {
+                if how == Outcome::Refused {
+                    let target = f.target;
+                    self.backoff.refused(target, now);
+                }
                 self.end_flow(idx, how, false);
             }
             return;
@@ -1192,6 +1240,7 @@ impl<'a> Engine<'a> {
                 {
                     return;
                 }
+                self.backoff.accepted(f.target);
                 f.rcv_nxt = h.seq.wrapping_add(1);
                 f.rcv_max = f.rcv_nxt;
                 f.snd_una = h.ack;
@@ -1648,7 +1697,8 @@ pub fn run(
         free: Vec::new(),
         by_tuple: FxHashMap::default(),
         timers: BinaryHeap::new(),
-        pool_next: t.port_pool.0,
+        backoff: Backoff::default(),
+        pool: PortPool::new(t.port_pool),
         syn_isn: FxHashMap::default(),
         start_ns: start,
         held: 0,
@@ -1721,6 +1771,48 @@ mod tests {
             map_client("198.18.1.7".parse().unwrap(), &all),
             "198.18.1.7".parse::<IpAddr>().unwrap()
         );
+    }
+
+    #[test]
+    fn the_port_pool_skips_taken_ports_round_robin_and_says_when_it_is_exhausted() {
+        let mut pool = PortPool::new((100, 103));
+        let mut coll = 0;
+        let none = |_: u16| false;
+        // The first copy keeps the client's own port when its 4-tuple is free.
+        assert_eq!(pool.pick(40_000, true, none, &mut coll), Some(40_000));
+        assert_eq!(coll, 0);
+        // Taken: the pool's next port instead, one collision counted.
+        assert_eq!(
+            pool.pick(40_000, true, |p| p == 40_000, &mut coll),
+            Some(100)
+        );
+        assert_eq!(coll, 1);
+        // Other copies take the pool round-robin, passing over (and counting) taken ports.
+        let taken = |p: u16| p == 101 || p == 102;
+        assert_eq!(pool.pick(40_000, false, taken, &mut coll), Some(103));
+        assert_eq!(coll, 3);
+        assert_eq!(
+            pool.pick(40_000, false, none, &mut coll),
+            Some(100),
+            "wraps"
+        );
+        assert_eq!(pool.pick(40_000, false, none, &mut coll), Some(101));
+        // A client port inside the pool collides with a copy already holding it.
+        assert_eq!(pool.pick(102, true, |p| p == 102, &mut coll), Some(103));
+        assert_eq!(coll, 5);
+        // Every port taken: none, after one full turn (each port counted once).
+        assert_eq!(pool.pick(40_000, false, |_| true, &mut coll), None);
+        assert_eq!(coll, 9);
+        assert_eq!(pool.pick(100, true, |_| true, &mut coll), None);
+        assert_eq!(coll, 14);
+        // One port freed: found wherever the turn stands.
+        assert_eq!(pool.pick(40_000, false, |p| p != 102, &mut coll), Some(102));
+        // A pool reaching port 65535 wraps without overflowing.
+        let mut top = PortPool::new((65_534, 65_535));
+        let got: Vec<_> = (0..3)
+            .map(|_| top.pick(1, false, none, &mut coll))
+            .collect();
+        assert_eq!(got, [Some(65_534), Some(65_535), Some(65_534)]);
     }
 
     #[test]

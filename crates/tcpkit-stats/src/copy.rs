@@ -91,6 +91,9 @@ pub struct SessionStats {
     pub copies: u64,
     pub completed: u64,
     pub failed: FailStats,
+    /// Of `failed.target_refused`, copies never tried: the target was refusing and its
+    /// shared back-off outlasted their `--timeout`, so no SYN was sent for them.
+    pub skipped_in_backoff: u64,
     /// Copies still running when the copy stopped (cut at the end of the run).
     pub open_at_end: u64,
 }
@@ -273,8 +276,14 @@ impl CopyReport {
         );
         let _ = writeln!(
             s,
-            "Failed: {} target refused, {} reset, {} timeout, {} closed early, {} lost capture data, {} shed",
-            f.target_refused, f.reset, f.timeout, f.closed_early, f.lost_capture_data, f.shed
+            "Failed: {} target refused ({} skipped in back-off), {} reset, {} timeout, {} closed early, {} lost capture data, {} shed",
+            f.target_refused,
+            ss.skipped_in_backoff,
+            f.reset,
+            f.timeout,
+            f.closed_early,
+            f.lost_capture_data,
+            f.shed
         );
         let _ = writeln!(
             s,
@@ -406,6 +415,7 @@ mod tests {
                     lost_capture_data: 1,
                     shed: 0,
                 },
+                skipped_in_backoff: 0,
                 open_at_end: 0,
             },
             requests: RequestStats {
@@ -477,7 +487,7 @@ mod tests {
             sample().human(),
             "Copy: relay from live eth1, 1 rule (80-198.18.2.2:8080), 2 copies per session, 50 % of sessions, 2.500 s\n\
              Sessions: 10 seen (1 joined mid-stream), 5 sampled out, 5 selected, 10 copies: 7 completed, 3 failed, 0 open at end\n\
-             Failed: 1 target refused, 1 reset, 0 timeout, 0 closed early, 1 lost capture data, 0 shed\n\
+             Failed: 1 target refused (0 skipped in back-off), 1 reset, 0 timeout, 0 closed early, 1 lost capture data, 0 shed\n\
              Requests: 2000 at source, 2000 copied, 1999 answered; request loss ratio 0.050 %\n\
              Bytes: 160000 copied, 500000 answered, 40 skipped joining mid-stream\n\
              Capture: 9000 packets, 3 dropped by the kernel, 0 not TCP, 0 retransmitted bytes, 0 out of order, 0 sessions with lost data, 0 not tracked\n\

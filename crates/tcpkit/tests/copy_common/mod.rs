@@ -5,11 +5,15 @@
 
 #[path = "../common/schema.rs"]
 pub mod schema;
+pub mod tlab;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
@@ -512,4 +516,233 @@ pub fn records(p: &Path) -> Vec<Value> {
         .iter()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+// ---- servers that misbehave, for the fault tests -----------------------------------------
+
+/// How a [`fault_server`] treats each connection once the first bytes of a request arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Reads everything and never answers, keeping the connection open (a stalled target).
+    Silent,
+    /// Resets the connection (SO_LINGER 0, then close) instead of answering.
+    Reset,
+    /// Answers the first request with one line, then closes (FIN) with the session not over.
+    CloseAfterAnswer,
+}
+
+/// A server in `host` on `addr` that misbehaves as `fault` says; returns the request bytes it
+/// read, over every connection.
+pub fn fault_server(host: &Host, addr: &str, fault: Fault) -> Arc<AtomicU64> {
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    let listener = host.enter(|| TcpListener::bind(addr)).unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let mut b = [0u8; 65536];
+                while let Ok(n) = s.read(&mut b) {
+                    if n == 0 {
+                        break;
+                    }
+                    g.fetch_add(n as u64, Ordering::Relaxed);
+                    match fault {
+                        Fault::Silent => continue,
+                        Fault::Reset => {
+                            let l = libc::linger {
+                                l_onoff: 1,
+                                l_linger: 0,
+                            };
+                            // SAFETY: setsockopt on a descriptor we own, with a linger's size.
+                            let r = unsafe {
+                                libc::setsockopt(
+                                    s.as_raw_fd(),
+                                    libc::SOL_SOCKET,
+                                    libc::SO_LINGER,
+                                    (&l as *const libc::linger).cast(),
+                                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                                )
+                            };
+                            assert_eq!(r, 0, "SO_LINGER");
+                            return;
+                        }
+                        Fault::CloseAfterAnswer => {
+                            let _ = s.write_all(b"one answer, then goodbye\n");
+                            return;
+                        }
+                    }
+                }
+                // Silent even to the peer's FIN: the connection is left open, never closed.
+                std::thread::sleep(Duration::from_secs(30));
+            });
+        }
+    });
+    got
+}
+
+/// SYNs (without ACK) toward `ip` in the capture file `frames` (a tcpdump's).
+pub fn syns_to(frames: &Path, ip: &str) -> usize {
+    use tcpkit_wire::tcp::{Flags, Segment};
+    let ip: std::net::IpAddr = ip.parse().unwrap();
+    let f = tcpkit_pcap::CaptureFile::open(frames).unwrap();
+    f.packets()
+        .filter_map(|p| Segment::parse(p.unwrap().data).ok())
+        .filter(|s| s.dst.ip() == ip && s.flags.has(Flags::SYN) && !s.flags.has(Flags::ACK))
+        .count()
+}
+
+/// A pcap of `sessions` client sessions to ONLINE:8080, each with `requests` requests of
+/// `size` bytes answered by 20 bytes, 10 ms apart; `drop` leaves out the nth client data
+/// segment of the first session (a hole the capture never filled).
+pub fn synth_pcap(
+    path: &Path,
+    sessions: u16,
+    requests: u32,
+    size: usize,
+    drop: Option<u32>,
+) -> u64 {
+    use tcpkit_wire::tcp::{Flags, Options, Segment};
+    let server: SocketAddr = format!("{ONLINE}:8080").parse().unwrap();
+    let mut ts: u64 = 1_700_000_000_000_000_000;
+    let mut frames: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut put = |ts: u64,
+                   src: SocketAddr,
+                   dst: SocketAddr,
+                   seq: u32,
+                   ack: u32,
+                   flags: u8,
+                   payload: &[u8]| {
+        let s = Segment {
+            src,
+            dst,
+            seq,
+            ack,
+            flags: Flags(flags),
+            window: 65535,
+            options: Options::default(),
+            payload: 0..0,
+            payload_len: 0,
+        };
+        let mut buf = Vec::new();
+        s.emit(payload, &mut buf).unwrap();
+        frames.push((ts, buf));
+    };
+    let (syn, ack, psh_ack, fin_ack) = (0x02u8, 0x10u8, 0x18u8, 0x11u8);
+    let start = ts;
+    for k in 0..sessions {
+        let client: SocketAddr = format!("{CLIENT}:{}", 40000 + k).parse().unwrap();
+        let (mut cs, mut ss) = (1000u32, 5000u32);
+        put(ts, client, server, cs, 0, syn, &[]);
+        put(ts + 10_000, server, client, ss, cs + 1, syn | ack, &[]);
+        put(ts + 20_000, client, server, cs + 1, ss + 1, ack, &[]);
+        cs += 1;
+        ss += 1;
+        ts += 100_000;
+        let mut n = 0;
+        for _ in 0..requests {
+            let body = vec![b'a' + (k % 26) as u8; size];
+            for chunk in body.chunks(1400) {
+                if !(k == 0 && drop == Some(n)) {
+                    put(ts, client, server, cs, ss, psh_ack, chunk);
+                }
+                n += 1;
+                cs += chunk.len() as u32;
+                ts += 10_000;
+            }
+            ts += 200_000;
+            put(
+                ts,
+                server,
+                client,
+                ss,
+                cs,
+                psh_ack,
+                b"answer to a request\n",
+            );
+            ss += 20;
+            ts += 10_000_000;
+        }
+        put(ts, client, server, cs, ss, fin_ack, &[]);
+        put(ts + 10_000, server, client, ss, cs + 1, fin_ack, &[]);
+        put(ts + 20_000, client, server, cs + 1, ss + 1, ack, &[]);
+        ts += 1_000_000;
+    }
+    let mut w = tcpkit_pcap::PcapWriter::create(path, 1, 65535, true).unwrap();
+    for (t, f) in &frames {
+        w.write_packet(*t, f, f.len() as u32).unwrap();
+    }
+    w.finish().unwrap();
+    ts - start
+}
+
+// ---- a server-first protocol -------------------------------------------------------------
+
+/// What a [`greeting_server`] saw.
+#[derive(Debug, Default)]
+pub struct Greeted {
+    pub conns: AtomicU64,
+    /// Connections whose client sent bytes before the greeting was out.
+    pub early: AtomicU64,
+    /// Lines answered.
+    pub lines: AtomicU64,
+}
+
+/// A server-first line protocol (an SMTP-like banner) in `host` on `addr`: `delay` after a
+/// connection is accepted it is greeted with `220 ready`, then each line it sends is answered
+/// `250 LINE`. Whether the client spoke before the greeting is checked just before sending it.
+pub fn greeting_server(host: &Host, addr: &str, delay: Duration) -> Arc<Greeted> {
+    use std::io::BufRead;
+    let seen = Arc::new(Greeted::default());
+    let g = seen.clone();
+    let listener = host.enter(|| TcpListener::bind(addr)).unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let g = g.clone();
+            std::thread::spawn(move || {
+                g.conns.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(delay);
+                s.set_nonblocking(true).unwrap();
+                if matches!(s.peek(&mut [0u8; 1]), Ok(n) if n > 0) {
+                    g.early.fetch_add(1, Ordering::Relaxed);
+                }
+                s.set_nonblocking(false).unwrap();
+                if s.write_all(b"220 ready\r\n").is_err() {
+                    return;
+                }
+                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+                let mut line = String::new();
+                while matches!(r.read_line(&mut line), Ok(n) if n > 0) {
+                    g.lines.fetch_add(1, Ordering::Relaxed);
+                    if s.write_all(format!("250 {line}").as_bytes()).is_err() {
+                        return;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+    seen
+}
+
+/// A client of [`greeting_server`] from `host`: waits for the greeting, then sends each of
+/// `lines` and reads its answer, then closes.
+pub fn greeting_client(host: &Host, addr: &str, lines: &[&str]) {
+    use std::io::BufRead;
+    let addr: SocketAddr = addr.parse().unwrap();
+    let s = host.enter(|| TcpStream::connect(addr)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+    let mut w = s;
+    let mut got = String::new();
+    r.read_line(&mut got).unwrap();
+    assert_eq!(got, "220 ready\r\n");
+    for l in lines {
+        w.write_all(format!("{l}\r\n").as_bytes()).unwrap();
+        got.clear();
+        r.read_line(&mut got).unwrap();
+        assert_eq!(got, format!("250 {l}\r\n"));
+    }
 }

@@ -1,0 +1,85 @@
+//! Server-first protocols (an SMTP banner, a MySQL greeting): the copy sends the client's
+//! first bytes only after the target's own greeting, in relay and transparent mode. The
+//! target's greeting server is slow on purpose (300 ms), and checks just before greeting
+//! whether any client bytes are already waiting: a copy that did not wait would have sent
+//! them at once.
+
+mod copy_common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use copy_common::tlab::*;
+use copy_common::*;
+use serde_json::Value;
+
+const LINES: [&str; 3] = ["HELO copy", "MAIL FROM:<a@b>", "QUIT"];
+
+/// Three sessions of the greeting protocol from the clients to the online server, one after
+/// another, each with its three lines.
+fn sessions(l: &CopyLab) {
+    for _ in 0..3 {
+        greeting_client(&l.clients, &format!("{ONLINE}:2525"), &LINES);
+    }
+}
+
+fn check(r: &Value, target: &Greeted) {
+    assert_eq!(u(r, "sessions.seen"), 3, "{r:#}");
+    assert_eq!(u(r, "sessions.completed"), 3, "{r:#}");
+    assert_eq!(u(r, "requests.copied"), 9, "{r:#}");
+    assert_eq!(u(r, "requests.answered"), 9, "{r:#}");
+    assert_eq!(target.conns.load(Ordering::Relaxed), 3, "{r:#}");
+    assert_eq!(target.lines.load(Ordering::Relaxed), 9, "{r:#}");
+    assert_eq!(
+        target.early.load(Ordering::Relaxed),
+        0,
+        "copies spoke before the target's greeting: {r:#}"
+    );
+}
+
+#[test]
+fn relay_waits_for_the_targets_own_greeting_before_the_clients_first_bytes() {
+    let l = CopyLab::new("cpgreet");
+    let _on = greeting_server(&l.online, &format!("{ONLINE}:2525"), Duration::ZERO);
+    let tg = greeting_server(
+        &l.target,
+        &format!("{TARGET}:2525"),
+        Duration::from_millis(300),
+    );
+    let rule = format!("2525-{TARGET}:2525");
+    let c = l.copy(&[
+        "-x",
+        &rule,
+        "-i",
+        &l.capture_if(),
+        "--timeout",
+        "2",
+        "--duration",
+        "1.5",
+        "--json",
+    ]);
+    sessions(&l);
+    let o = wait_limited(c, Duration::from_secs(20));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = json(&o);
+    assert_accounted(&r);
+    check_schema(&r);
+    check(&r, &tg);
+}
+
+#[test]
+fn transparent_waits_for_the_targets_own_greeting_before_the_clients_first_bytes() {
+    let mut t = TLab::new("cptgreet");
+    let _on = greeting_server(&t.l.online, &format!("{ONLINE}:2525"), Duration::ZERO);
+    let tg = greeting_server(
+        &t.l.target,
+        &format!("{TARGET}:2525"),
+        Duration::from_millis(300),
+    );
+    let _icp = t.intercept("intercept");
+    let rule = format!("2525-{TARGET}:2525");
+    let c = t.copy(&rule, &["--timeout", "2", "--duration", "1.5"]);
+    sessions(&t.l);
+    let r = transparent_report(&wait_limited(c, Duration::from_secs(20)));
+    check(&r, &tg);
+}

@@ -1,0 +1,425 @@
+//! `tcpkit copy --transparent` when the target misbehaves: refuses, is down at start or goes
+//! down mid-run and comes back, resets, closes early, stalls. Each fault is counted under its
+//! own cause in the --json report, nothing crashes, and copying resumes. The lab is
+//! copy_transparent.rs's (clients → online → target → assistant with intercept), built by
+//! `copy_common::tlab`.
+
+mod copy_common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use copy_common::tlab::*;
+use copy_common::*;
+use serde_json::Value;
+
+const GET: &[u8] = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
+const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 19\r\n\r\nhello from the lab\n";
+
+/// A capture of `sessions` whole sessions of `requests` GETs each, 50 ms apart, from
+/// CLIENT:41000.. to ONLINE:8080.
+fn capture(t: &TLab, name: &str, sessions: u16, requests: usize) -> PathBuf {
+    let p = t.l.dir.path().join(name);
+    let turns: Vec<(&[u8], &[u8])> = vec![(GET, ANSWER); requests];
+    write_frames(
+        &p,
+        &http_session_frames(sessions, 41000, 50_000_000, &turns),
+    );
+    p
+}
+
+/// The failure counters of a report, by cause.
+fn failed(r: &Value) -> [u64; 6] {
+    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
+    [
+        f("target_refused"),
+        f("reset"),
+        f("timeout"),
+        f("closed_early"),
+        f("lost_capture_data"),
+        f("shed"),
+    ]
+}
+
+/// Each of the target's faults, alone, ends every copy under its own cause and no other:
+/// nothing listening (the SYN is reset: refused), a reset after the first request, a close
+/// after the first answer, a server that never answers, and a target whose answers never
+/// come back (the SYN is retransmitted, then the copy times out).
+#[test]
+fn transparent_target_faults_are_each_counted_under_their_own_cause() {
+    let mut t = TLab::new("cptfcause");
+    let _icp = t.intercept("intercept");
+    let p = capture(&t, "s.pcap", 4, 3);
+    let p = p.to_str().unwrap();
+    let reset = fault_server(&t.l.target, &format!("{TARGET}:9001"), Fault::Reset);
+    let close = fault_server(
+        &t.l.target,
+        &format!("{TARGET}:9002"),
+        Fault::CloseAfterAnswer,
+    );
+    let silent = fault_server(&t.l.target, &format!("{TARGET}:9003"), Fault::Silent);
+    let run = |port: u16, timeout: &str| -> (Value, Duration) {
+        let rule = format!("8080-{TARGET}:{port}");
+        let started = Instant::now();
+        let o = t.copy_offline(&rule, &["--input", p, "--timeout", timeout]);
+        let took = started.elapsed();
+        let r = transparent_report(&o);
+        assert_eq!(u(&r, "sessions.copies"), 4, "{r:#}");
+        assert_eq!(u(&r, "sessions.completed"), 0, "{r:#}");
+        assert_eq!(u(&r, "transparent.control_lost"), 0, "{r:#}");
+        (r, took)
+    };
+    // Nothing listens on 9000: each SYN is answered by a RST.
+    let (r, _) = run(9000, "1");
+    assert_eq!(failed(&r), [4, 0, 0, 0, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 0, "{r:#}");
+    // Reset while the first request waits for its answer.
+    let (r, _) = run(9001, "1");
+    assert_eq!(failed(&r), [0, 4, 0, 0, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 4, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 0, "{r:#}");
+    assert_eq!(reset.load(Ordering::Relaxed), 4 * GET.len() as u64);
+    // Closed after the first answer, with two requests still to go.
+    let (r, _) = run(9002, "1");
+    assert_eq!(failed(&r), [0, 0, 0, 4, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 4, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 4, "{r:#}");
+    assert_eq!(close.load(Ordering::Relaxed), 4 * GET.len() as u64);
+    // Never answers: each copy ends after --timeout, not later, its first request sent.
+    let (r, took) = run(9003, "1");
+    assert_eq!(failed(&r), [0, 0, 4, 0, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 4, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 0, "{r:#}");
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    assert_eq!(silent.load(Ordering::Relaxed), 4 * GET.len() as u64);
+    // The target's answers go nowhere (a black hole where its route to the clients was):
+    // the SYN goes again after its 1 s timeout, then the copy gives up at --timeout.
+    t.l.target
+        .run(&["ip", "route", "replace", "blackhole", "198.18.1.0/24"])
+        .expect("route");
+    let (r, took) = run(9003, "1.5");
+    assert_eq!(failed(&r), [0, 0, 4, 0, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 0, "{r:#}");
+    assert_eq!(u(&r, "transparent.answers_received"), 0, "{r:#}");
+    assert!(u(&r, "transparent.retransmitted_segments") >= 4, "{r:#}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+/// nginx on the target absent at start (every SYN refused), then up, then killed under
+/// keep-alive copies, then back: the copy never exits, counts each phase under its cause,
+/// and copies again once nginx is back. While it is down the target's link carries a trickle
+/// of SYNs (the shared back-off's probes), not one per production session.
+#[test]
+fn transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes() {
+    let mut t = TLab::new("cptfdown");
+    let (_on, _) = t.l.nginx(true, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let rule = format!("8080-{TARGET}:8080");
+    let c = t.copy(&rule, &["--timeout", "1", "--duration", "6"]);
+    // Down at start: 50 sessions of one request each, while the SYNs toward it are counted.
+    let (online, tif) = (t.l.online.clone(), t.l.tgt_link.a.name.clone());
+    let dump = t.l.lab.tcpdump(&online, &tif, "tcp").expect("tcpdump");
+    let one_per_conn = [
+        "--http-get",
+        "/hello.txt",
+        "-r",
+        "50",
+        "-t",
+        "1",
+        "--queries-per-conn",
+        "1",
+    ];
+    t.l.load(8080, &one_per_conn);
+    std::thread::sleep(Duration::from_millis(1200));
+    let syns = syns_to(&dump.stop().expect("tcpdump").path, TARGET);
+    // Comes up: keep-alive sessions; goes down under them; comes back.
+    let (tg, tg_log) = t.l.nginx(false, Log::Peer);
+    std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            t.l.load(
+                8080,
+                &[
+                    "--http-get",
+                    "/hello.txt",
+                    "-c",
+                    "2",
+                    "-r",
+                    "100",
+                    "-t",
+                    "1",
+                ],
+            )
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        tg.stop().expect("stop nginx");
+        load.join().unwrap();
+    });
+    let before = lines(&tg_log).len();
+    let (_tg2, _) = t.l.nginx(false, Log::Peer);
+    t.l.load(8080, &one_per_conn);
+    let o = wait_limited(c, Duration::from_secs(20));
+    let r = transparent_report(&o);
+    let [refused, reset, timeout, closed_early, lost, shed] = failed(&r);
+    eprintln!("{syns} SYNs while down; {}", r["sessions"]);
+    assert!(refused >= 40, "{r:#}");
+    // One probe per back-off step, not one SYN per session (50 without the back-off).
+    assert!(
+        syns < 25,
+        "{syns} SYNs toward the target while it was down: {r:#}"
+    );
+    // The copies that waited past their --timeout for a probe's verdict, never sent.
+    assert!(u(&r, "sessions.skipped_in_backoff") >= 20, "{r:#}");
+    // The keep-alive copies cut by nginx's exit.
+    assert!(reset + closed_early + timeout >= 1, "{r:#}");
+    assert_eq!(lost + shed, 0, "{r:#}");
+    // Back up: the last phase's sessions went through.
+    assert!(u(&r, "sessions.completed") >= 30, "{r:#}");
+    let after = lines(&tg_log).len();
+    assert!(after >= before + 30, "{before} then {after}: {r:#}");
+}
+
+/// `-n 2` over sessions whose client ports lie inside the copies' port pool (10000..): the
+/// second copy of the first session takes the pool's first free port, which is the second
+/// session's own, so that session's first copy collides and moves on. Every copy has its own
+/// 4-tuple at the target, and the report counts the two ports passed over.
+#[test]
+fn transparent_n2_with_client_ports_inside_the_pool_counts_collisions_and_never_shares_a_port() {
+    let mut t = TLab::new("cptfpool");
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let p = t.l.dir.path().join("pool.pcap");
+    let turns: Vec<(&[u8], &[u8])> = vec![(GET, ANSWER); 3];
+    write_frames(&p, &http_session_frames(2, 10_000, 50_000_000, &turns));
+    let rule = format!("8080-{TARGET}:8080");
+    let o = t.copy_offline(
+        &rule,
+        &["--input", p.to_str().unwrap(), "-n", "2", "--timeout", "2"],
+    );
+    let r = transparent_report(&o);
+    assert_eq!(u(&r, "sessions.copies"), 4, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 4, "{r:#}");
+    // Session 1: copy 1 keeps 10000; copy 2 passes over 10000, takes 10001. Session 2
+    // (client port 10001): copy 1 finds its own port taken, takes 10002; copy 2 10003.
+    assert_eq!(u(&r, "transparent.port_collisions"), 2, "{r:#}");
+    assert_eq!(u(&r, "transparent.ports_exhausted"), 0, "{r:#}");
+    let target = lines(&tg_log);
+    let mut ports: Vec<&str> = target
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    ports.sort_unstable();
+    assert_eq!(
+        ports,
+        [
+            "10000", "10000", "10000", "10001", "10001", "10001", "10002", "10002", "10002",
+            "10003", "10003", "10003"
+        ],
+        "{target:#?}"
+    );
+    assert!(target.iter().all(|l| l.contains(" 200 ")), "{target:#?}");
+}
+
+/// One GET on a keep-alive connection to the online nginx, its answer read whole.
+fn get(c: &mut TcpStream) {
+    c.write_all(GET).unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    while !got.ends_with(b"hello from the lab\n") {
+        let n = c.read(&mut b).unwrap();
+        assert!(n > 0, "nginx closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&b[..n]);
+    }
+}
+
+/// Keep-alive connections from the clients host to the online nginx.
+fn connect(t: &TLab, n: usize) -> Vec<TcpStream> {
+    let online: SocketAddr = format!("{ONLINE}:8080").parse().unwrap();
+    (0..n)
+        .map(|_| t.l.clients.enter(|| TcpStream::connect(online)).unwrap())
+        .collect()
+}
+
+/// Target-log lines from CLIENT:`port`.
+fn from_port(target: &[String], port: u16) -> usize {
+    let p = format!("{CLIENT} {port} ");
+    target.iter().filter(|l| l.starts_with(&p)).count()
+}
+
+/// Connections open (one request answered) before the copy starts are joined: each copy
+/// gets a handshake of its own from the client's address and port, and the requests after
+/// the first server turn the copy saw reach the target. With --only-full the same kind of
+/// connections are left alone while a new one is copied.
+#[test]
+fn transparent_sessions_open_before_the_copy_get_a_synthesized_handshake_and_only_full_skips_them()
+{
+    let mut t = TLab::new("cptfjoin");
+    let (_on, _) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let rule = format!("8080-{TARGET}:8080");
+    let mut conns = connect(&t, 2);
+    conns.iter_mut().for_each(get);
+    let c = t.copy(&rule, &["--timeout", "2", "--duration", "1.5"]);
+    for _ in 0..5 {
+        conns.iter_mut().for_each(get);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ports: Vec<u16> = conns
+        .iter()
+        .map(|c| c.local_addr().unwrap().port())
+        .collect();
+    drop(conns);
+    let r = transparent_report(&wait_limited(c, Duration::from_secs(20)));
+    assert_eq!(u(&r, "sessions.joined_mid_stream"), 2, "{r:#}");
+    assert_eq!(u(&r, "transparent.synthesized_handshakes"), 2, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 2, "{r:#}");
+    // The first GET each connection sent under the copy came before any server turn the
+    // copy saw (where a request ends is not known yet): skipped. The next four were copied.
+    assert_eq!(
+        u(&r, "requests.bytes_skipped_joining"),
+        2 * GET.len() as u64,
+        "{r:#}"
+    );
+    assert_eq!(u(&r, "requests.copied"), 8, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 8, "{r:#}");
+    let target = lines(&tg_log);
+    assert_eq!(target.len(), 8, "{target:#?}");
+    for p in &ports {
+        assert_eq!(from_port(&target, *p), 4, "{p}: {target:#?}");
+    }
+    assert!(target.iter().all(|l| l.contains(" 200 ")), "{target:#?}");
+    // --only-full: two connections open before the copy, one opened under it.
+    let mut old = connect(&t, 2);
+    old.iter_mut().for_each(get);
+    let c = t.copy(
+        &rule,
+        &["--timeout", "2", "--duration", "1.5", "--only-full"],
+    );
+    let mut new = connect(&t, 1);
+    for _ in 0..3 {
+        old.iter_mut().chain(new.iter_mut()).for_each(get);
+    }
+    let new_port = new[0].local_addr().unwrap().port();
+    drop((old, new));
+    let r = transparent_report(&wait_limited(c, Duration::from_secs(20)));
+    assert_eq!(u(&r, "sessions.seen"), 1, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 1, "{r:#}");
+    assert_eq!(u(&r, "transparent.synthesized_handshakes"), 0, "{r:#}");
+    let target = lines(&tg_log);
+    assert_eq!(target.len(), 8 + 3, "{target:#?}");
+    assert_eq!(from_port(&target, new_port), 3, "{target:#?}");
+}
+
+/// `-r 50`: about half the sessions are copied, and a session is copied whole or not at
+/// all: each client port has all of its requests at the target, or none.
+#[test]
+fn transparent_sampling_copies_whole_sessions_or_none() {
+    let mut t = TLab::new("cptfsample");
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let rule = format!("8080-{TARGET}:8080");
+    let c = t.copy(&rule, &["--timeout", "2", "--duration", "3", "-r", "50"]);
+    t.l.load(
+        8080,
+        &[
+            "--http-get",
+            "/hello.txt",
+            "-c",
+            "2",
+            "-r",
+            "100",
+            "-t",
+            "2",
+            "--queries-per-conn",
+            "4",
+        ],
+    );
+    let r = transparent_report(&wait_limited(c, Duration::from_secs(20)));
+    let (online, target) = (lines(&on_log), lines(&tg_log));
+    let port = |l: &String| l.split_whitespace().nth(1).unwrap().to_string();
+    let mut by_port: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+    for l in &online {
+        by_port.entry(port(l)).or_default().0 += 1;
+    }
+    for l in &target {
+        by_port.entry(port(l)).or_default().1 += 1;
+    }
+    let copied = by_port.values().filter(|(_, t)| *t > 0).count();
+    eprintln!(
+        "-r 50: {} sessions online, {copied} at the target: {}",
+        by_port.len(),
+        r["sessions"]
+    );
+    for (p, (on, tg)) in &by_port {
+        assert!(
+            *tg == 0 || tg == on,
+            "port {p}: {on} online, {tg} at the target"
+        );
+    }
+    assert_eq!(r["sample_percent"].as_f64(), Some(50.0), "{r:#}");
+    assert_eq!(u(&r, "sessions.seen") as usize, by_port.len(), "{r:#}");
+    assert_eq!(u(&r, "sessions.selected") as usize, copied, "{r:#}");
+    // 50 sessions at 50 %: both sides well away from zero.
+    assert!(copied >= 10 && by_port.len() - copied >= 10, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed") as usize, copied, "{r:#}");
+}
+
+/// A target that never answers: waiting, each copy sends its first request and times out;
+/// with --no-wait every request goes as captured and the copies end normally.
+#[test]
+fn transparent_no_wait_sends_every_request_to_a_target_that_never_answers() {
+    let mut t = TLab::new("cptfnowait");
+    let _icp = t.intercept("intercept");
+    let got = fault_server(&t.l.target, &format!("{TARGET}:9003"), Fault::Silent);
+    let p = t.l.dir.path().join("s.pcap");
+    synth_pcap(&p, 2, 3, 100, None);
+    let p = p.to_str().unwrap();
+    let rule = format!("8080-{TARGET}:9003");
+    let r = transparent_report(&t.copy_offline(&rule, &["--input", p, "--timeout", "0.5"]));
+    assert_eq!(failed(&r), [0, 0, 2, 0, 0, 0], "{r:#}");
+    assert_eq!(u(&r, "requests.at_source"), 6, "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 2, "{r:#}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(got.load(Ordering::Relaxed), 200);
+    let r = transparent_report(
+        &t.copy_offline(&rule, &["--input", p, "--timeout", "0.5", "--no-wait"]),
+    );
+    assert_eq!(u(&r, "requests.copied"), 6, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 2, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 0, "{r:#}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(got.load(Ordering::Relaxed), 200 + 600);
+}
+
+/// Requests of 1 MB piling up behind a target that never answers, --max-memory 2M: copies
+/// are shed and counted, the bytes held never pass the limit, and the copy exits normally.
+#[test]
+fn transparent_memory_over_the_limit_sheds_copies_and_keeps_going() {
+    let mut t = TLab::new("cptfshed");
+    let _icp = t.intercept("intercept");
+    let _got = fault_server(&t.l.target, &format!("{TARGET}:9003"), Fault::Silent);
+    let p = t.l.dir.path().join("big.pcap");
+    synth_pcap(&p, 6, 3, 1 << 20, None);
+    let rule = format!("8080-{TARGET}:9003");
+    let r = transparent_report(&t.copy_offline(
+        &rule,
+        &[
+            "--input",
+            p.to_str().unwrap(),
+            "--max-memory",
+            "2M",
+            "--timeout",
+            "1",
+        ],
+    ));
+    let shed = u(&r, "sessions.failed.shed");
+    assert!(shed >= 3, "{r:#}");
+    // The others time out waiting for an answer: nothing else.
+    assert_eq!(failed(&r), [0, 0, 6 - shed, 0, 0, shed], "{r:#}");
+    assert!(u(&r, "memory.peak_held_bytes") <= 2 << 20, "{r:#}");
+    assert_eq!(u(&r, "memory.limit_bytes"), 2 << 20);
+}
