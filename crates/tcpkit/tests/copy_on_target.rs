@@ -19,6 +19,8 @@ const CLIENTS: &str = "198.18.1.0/24";
 
 struct OLab {
     l: CopyLab,
+    /// intercept's --clients.
+    clients: String,
     /// intercept's control port on the target.
     port: u16,
     /// The netfilter queue intercept reads.
@@ -36,6 +38,7 @@ impl OLab {
         let id = std::process::id();
         OLab {
             l,
+            clients: CLIENTS.into(),
             port: 30_000 + (id % 20_000) as u16,
             queue: 1_000 + (id % 30_000) as u16,
         }
@@ -50,7 +53,7 @@ impl OLab {
             "--server-port",
             "8080",
             "--clients",
-            CLIENTS,
+            &self.clients,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -443,5 +446,72 @@ fn on_target_refusals_are_one_line_and_touch_no_rule() {
     assert!(
         err.starts_with("tcpkit intercept: ") && err.contains("--capture"),
         "{err}"
+    );
+}
+
+/// `copy --check` with intercept on the target: the return-path probe comes back through
+/// the queue; when intercept's rule does not cover the probe's address, the advice is about
+/// that rule and the target's own route, not about an assistant.
+#[test]
+fn check_probes_the_return_path_through_an_intercept_on_the_target() {
+    let mut t = OLab::new("cpontchk");
+    let (_tg, _) = t.l.nginx(false, Log::Peer);
+    let rule = format!("8080-{TARGET}:8080");
+    let ia = t.intercept_addr();
+    let cap = t.l.capture_if();
+    let check = |t: &OLab| -> (Option<i32>, String) {
+        let argv = [
+            tcpkit(),
+            "copy",
+            "--check",
+            "--transparent",
+            "-x",
+            &rule,
+            "--intercept",
+            &ia,
+            "-i",
+            &cap,
+            "--timeout",
+            "2",
+            "-c",
+            CLIENTS,
+        ];
+        let o = run_limited(t.l.online.command(&argv), Duration::from_secs(30));
+        let text =
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        let line = text
+            .lines()
+            .find(|l| l.contains(" return path "))
+            .unwrap_or_else(|| panic!("no return path line: {text}"))
+            .to_string();
+        (o.status.code(), line)
+    };
+    let head = format!("return path {TARGET}:8080 via intercept {ia} (on the target): ");
+
+    let icp = t.intercept("intercept");
+    let (code, l) = check(&t);
+    assert_eq!(code, Some(0), "{l}");
+    assert!(
+        l.starts_with(&format!("OK   {head}a SYN from 198.18.1.1:"))
+            && l.contains("answered with SYN-ACK (reset at once), caught by intercept in"),
+        "{l}"
+    );
+    icp.signal(Signal::SIGINT).unwrap();
+    icp.wait_timeout(Duration::from_secs(5)).unwrap();
+
+    // intercept's rule catches answers to another prefix only.
+    t.clients = "10.99.0.0/16".into();
+    let _icp = t.intercept("intercept2");
+    let (code, l) = check(&t);
+    assert_eq!(code, Some(1), "{l}");
+    assert!(
+        l.starts_with(&format!("FAIL {head}a SYN from 198.18.1.1:"))
+            && l.contains("got no answer through intercept within 2 s")
+            && l.contains(
+                "intercept runs on the target: its --on-target rule must catch the answer, so give it --server-port 8080 and --clients covering 198.18.1.1"
+            )
+            && l.contains("rp_filter")
+            && !l.contains("via <assistant>"),
+        "{l}"
     );
 }
