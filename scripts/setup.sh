@@ -7,6 +7,7 @@ set -euo pipefail
 pkgs=(
   iproute2 iputils-ping ethtool procps psmisc   # the lab: namespaces, veth, tc, ping, process tools
   tcpdump tshark                                # what went on the wire
+  nftables iptables                             # intercept --on-target's queue rule (iptables: kernels without nft's queue)
   tcpreplay                                     # tcpreplay/tcprewrite: peer and oracle
   libpcap-dev clang pkg-config                  # filter compilation, BPF programs
   time util-linux                               # /usr/bin/time for peak memory; prlimit

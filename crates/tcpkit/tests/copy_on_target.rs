@@ -236,6 +236,7 @@ fn on_target_intercept_loses_no_request_and_no_answer_leaves_the_target() {
     );
     // intercept's report: the rule, the answers it queued and sent on.
     let ir = report(&icp);
+    eprintln!("intercept: {ir}");
     assert_eq!(ir["mode"], "on-target", "{ir:#}");
     assert_eq!(ir["interface"], format!("queue {}", t.queue), "{ir:#}");
     assert_eq!(
