@@ -10,10 +10,15 @@
 //! Nothing is lost silently: packets the ring had no room for are counted by the kernel and
 //! summed by [`Capture::stats`]. Several captures can share the load of one interface with
 //! [`CaptureOpts::fanout`], each flow (both directions) going to one of them.
+//!
+//! [`nfqueue::NfQueue`] is the other way in: the packets a netfilter rule queues to
+//! userspace, wherever in the hooks the rule sits, each held until it gets a verdict
+//! (intercept's on-target mode reads a host's own outgoing answers there and drops them).
 
 mod capture;
 mod error;
 mod filter;
+pub mod nfqueue;
 
 pub use capture::Capture;
 pub use error::CaptureError;

@@ -77,7 +77,8 @@ pub fn run(
     let wait = Duration::from_nanos(cfg.timeout_ns).min(Duration::from_secs(3));
     out.extend(targets.iter().map(|&t| target(t, wait)));
     if let Some(t) = transparent {
-        let reachable = intercept_check(t.intercept, wait);
+        let on_target = targets.iter().any(|tg| tg.ip() == t.intercept.ip());
+        let reachable = intercept_check(t.intercept, on_target, wait);
         let ok = reachable.ok;
         out.push(reachable);
         if ok {
@@ -193,7 +194,8 @@ fn read_u64(p: &Path) -> Option<u64> {
 
 /// `--transparent`: the Hello/Welcome exchange the run starts with, so the intercept is
 /// reachable, is a tcpkit intercept, and speaks this build's control protocol version.
-pub fn intercept_check(a: SocketAddr, wait: Duration) -> Check {
+/// `on_target`: its address is a target's, so it is meant to run there (`--on-target`).
+pub fn intercept_check(a: SocketAddr, on_target: bool, wait: Duration) -> Check {
     let name = format!("intercept {a}");
     match crate::transparent::handshake(a, wait, 0) {
         Ok(_) => Check::ok(
@@ -206,13 +208,16 @@ pub fn intercept_check(a: SocketAddr, wait: Duration) -> Check {
         Err(e) => {
             let fix = match &e {
                 TransparentError::Refused { .. } => {
-                    "run the same tcpkit version on this host and the assistant"
+                    "run the same tcpkit version on this host and on intercept's (the assistant, or the target)"
                 }
                 TransparentError::NotIntercept { .. } => {
-                    "something else listens there: give --intercept the assistant's address and `tcpkit intercept --listen` port"
+                    "something else listens there: give --intercept intercept's address (the assistant's, or the target's with --on-target) and its --listen port"
+                }
+                _ if on_target => {
+                    "start `tcpkit intercept --on-target --server-port <port>` on the target (no assistant needed), and let this host reach its control port (firewall)"
                 }
                 _ => {
-                    "start `tcpkit intercept` on the assistant, and let this host reach its control port (firewall, route)"
+                    "start `tcpkit intercept` on the assistant (or on the target with --on-target), and let this host reach its control port (firewall, route)"
                 }
             };
             Check::fail(name, chain(&e), fix)
@@ -222,7 +227,7 @@ pub fn intercept_check(a: SocketAddr, wait: Duration) -> Check {
 
 /// The address the return-path probe sends from: `-c`'s prefix when given (a copy's client
 /// addresses land there), else the source of the first client packet the capture sees within
-/// `wait` (the target must route every client address via the assistant; one shows whether
+/// `wait` (every client address must come back through intercept; one shows whether
 /// it does).
 fn probe_client(
     cfg: &RelayConfig,
@@ -287,6 +292,9 @@ fn probe_client(
 /// intercept and reported back here. It fails when the target routes the clients' addresses
 /// elsewhere (its answers would go to the real clients), when its reverse-path filter drops
 /// the copy's packets, or when intercept captures on the wrong interface.
+///
+/// An intercept whose address is the target's runs on the target (`intercept --on-target`):
+/// there is no assistant, and the advice is about its rule and the target's own route.
 pub fn return_path(
     cfg: &RelayConfig,
     input: &Input,
@@ -294,7 +302,12 @@ pub fn return_path(
     target: SocketAddr,
     wait: Duration,
 ) -> Check {
-    let name = format!("return path {target} via intercept {}", t.intercept);
+    let on_target = t.intercept.ip() == target.ip();
+    let name = format!(
+        "return path {target} via intercept {}{}",
+        t.intercept,
+        if on_target { " (on the target)" } else { "" }
+    );
     let Some(client) = probe_client(cfg, input, t, target.is_ipv6(), wait) else {
         return Check::fail(
             name,
@@ -302,7 +315,11 @@ pub fn return_path(
                 "no client address to probe from: no client packet on the capture within {} s",
                 wait.as_secs()
             ),
-            "run --check while clients send traffic, or give -c with the prefix the target routes via the assistant",
+            if on_target {
+                "run --check while clients send traffic, or give -c with the clients' prefix (intercept's --clients)"
+            } else {
+                "run --check while clients send traffic, or give -c with the prefix the target routes via the assistant"
+            },
         );
     };
     // A port no real client of this address is likely to hold: above the ephemeral range.
@@ -326,17 +343,27 @@ pub fn return_path(
                 ),
             )
         }
-        Ok(None) => Check::fail(
-            name,
-            format!(
-                "a SYN from {from} got no answer through intercept within {} s",
-                wait.as_secs()
-            ),
-            format!(
-                "on the target, route the clients' addresses via the assistant (`ip route add {client}/32 via <assistant>`, or the clients' prefix) and let them in past reverse-path filtering (`sysctl -w net.ipv{v}.conf.all.rp_filter=0`, and on the interface the copies arrive on); on the assistant, run intercept on the interface the target's answers arrive on, with forwarding off",
-                v = if target.is_ipv6() { 6 } else { 4 },
-            ),
-        ),
+        Ok(None) => {
+            let v = if target.is_ipv6() { 6 } else { 4 };
+            let fix = if on_target {
+                format!(
+                    "intercept runs on the target: its --on-target rule must catch the answer, so give it --server-port {port} and --clients covering {client} (`nft list table inet tcpkit_intercept_<queue>`, or `iptables -S TCPKIT-INTERCEPT-<queue>`, shows the rule); the target needs a route to {client} (any: the answers are dropped before they leave) and must let the copies in past reverse-path filtering (`sysctl -w net.ipv{v}.conf.all.rp_filter=0`, and on the interface the copies arrive on)",
+                    port = target.port(),
+                )
+            } else {
+                format!(
+                    "on the target, route the clients' addresses via the assistant (`ip route add {client}/32 via <assistant>`, or the clients' prefix) and let them in past reverse-path filtering (`sysctl -w net.ipv{v}.conf.all.rp_filter=0`, and on the interface the copies arrive on); on the assistant, run intercept on the interface the target's answers arrive on, with forwarding off; or run intercept on the target itself (--on-target)"
+                )
+            };
+            Check::fail(
+                name,
+                format!(
+                    "a SYN from {from} got no answer through intercept within {} s",
+                    wait.as_secs()
+                ),
+                fix,
+            )
+        }
         Err(e) => Check::fail(
             name,
             chain(&e),
@@ -543,7 +570,7 @@ mod tests {
         let mut w = Vec::new();
         Msg::Welcome { version: VERSION }.emit(&mut w);
         let (a, t) = serve(w);
-        let c = intercept_check(a, Duration::from_secs(2));
+        let c = intercept_check(a, false, Duration::from_secs(2));
         assert!(c.ok, "{}", c.line());
         t.join().unwrap();
         let mut r = Vec::new();
@@ -553,7 +580,7 @@ mod tests {
         }
         .emit(&mut r);
         let (a, t) = serve(r);
-        let c = intercept_check(a, Duration::from_secs(2));
+        let c = intercept_check(a, false, Duration::from_secs(2));
         assert!(
             !c.ok && c.line().contains("same tcpkit version"),
             "{}",
@@ -561,7 +588,7 @@ mod tests {
         );
         t.join().unwrap();
         let (a, t) = serve(b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec());
-        let c = intercept_check(a, Duration::from_secs(2));
+        let c = intercept_check(a, false, Duration::from_secs(2));
         assert!(
             !c.ok && c.line().contains("something else listens"),
             "{}",
@@ -571,9 +598,20 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let a = l.local_addr().unwrap();
         drop(l);
-        let c = intercept_check(a, Duration::from_secs(1));
+        let c = intercept_check(a, false, Duration::from_secs(1));
         assert!(
-            !c.ok && c.line().contains("start `tcpkit intercept`"),
+            !c.ok
+                && c.line()
+                    .contains("start `tcpkit intercept` on the assistant"),
+            "{}",
+            c.line()
+        );
+        let c = intercept_check(a, true, Duration::from_secs(1));
+        assert!(
+            !c.ok
+                && c.line().contains(
+                    "start `tcpkit intercept --on-target --server-port <port>` on the target"
+                ),
             "{}",
             c.line()
         );

@@ -11,7 +11,8 @@
 //! - [`control`]: the protocol between `copy --transparent` and `intercept`.
 //! - [`transparent`]: transparent mode, the client's TCP played through a raw socket, the
 //!   target's answers seen through intercept.
-//! - [`intercept`]: `tcpkit intercept`, which catches the target's answers on the assistant.
+//! - [`intercept`]: `tcpkit intercept`, which catches the target's answers on the assistant, or
+//!   on the target itself through a netfilter queue.
 //! - [`relay`]: relay mode, live or from a file: sessions replayed over ordinary TCP
 //!   connections to the target, paced like the clients, with the report.
 //! - `backoff`: the back-off after a target's refusals, shared by every copy mode, so a

@@ -7,7 +7,8 @@
 //! (IP_HDRINCL, IPv4 and IPv6): the SYN carries the client's address (or its `-c` rewrite),
 //! port and ISN; the target answers toward that address, its route sends the answers to the
 //! assistant host, and `tcpkit intercept` there returns their headers over the control
-//! connection ([`crate::control`]). From those headers each copy ([`Flow`]) learns the
+//! connection ([`crate::control`]); or intercept runs on the target itself and queues them
+//! there (`--on-target`, [`crate::intercept`]). From those headers each copy ([`Flow`]) learns the
 //! target's sequence numbers and acknowledgements: it ACKs the target's data, sends the next
 //! request once the previous one was answered (plus the think time), retransmits what was not
 //! acknowledged (go-back-N from the oldest byte, exponential RTO), and ends with a FIN — or a

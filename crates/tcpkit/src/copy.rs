@@ -114,20 +114,22 @@ pub struct Args {
     pub json: bool,
 
     /// Transparent mode (tcpcopy's): the target sees the clients' own addresses (or -c's).
-    /// Copy plays the client's TCP through a raw socket; the target must route the clients'
-    /// addresses to an assistant host running `tcpkit intercept`, which returns the headers
-    /// of the target's answers (--intercept), and their bytes too with --diff. Live capture
-    /// or --input; IPv4 and IPv6.
+    /// Copy plays the client's TCP through a raw socket; the target's answers are caught by
+    /// `tcpkit intercept` (--intercept), on an assistant host the target routes the clients'
+    /// addresses to, or on the target itself (intercept --on-target), which returns their
+    /// headers, and their bytes too with --diff. Live capture or --input; IPv4 and IPv6.
     #[arg(long, requires = "intercept")]
     pub transparent: bool,
 
-    /// With --transparent: intercept's control address, ASSISTANT_IP[:PORT] (port 36524 when
-    /// none is given; [v6addr]:PORT for IPv6).
-    #[arg(long, value_name = "ASSISTANT[:PORT]", requires = "transparent")]
+    /// With --transparent: intercept's control address, IP[:PORT]: the assistant's, or the
+    /// target's when intercept runs there (port 36524 when none is given; [v6addr]:PORT for
+    /// IPv6).
+    #[arg(long, value_name = "HOST[:PORT]", requires = "transparent")]
     pub intercept: Option<String>,
 
     /// With --transparent: the target sees the client addresses moved into this prefix, their
-    /// host bits kept (10.9.0.0/16 turns 198.18.1.7 into 10.9.1.7); route it to the assistant.
+    /// host bits kept (10.9.0.0/16 turns 198.18.1.7 into 10.9.1.7); route it to the assistant,
+    /// or give it to intercept --on-target's --clients.
     #[arg(
         short = 'c',
         long = "client-addr",

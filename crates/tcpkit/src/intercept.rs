@@ -9,25 +9,63 @@ use std::time::Duration;
 
 use clap::Parser;
 use tcpkit_copy::control::DEFAULT_PORT;
-use tcpkit_copy::intercept::{self, InterceptConfig, InterceptLive};
+use tcpkit_copy::intercept::{self, AnswerRule, InterceptConfig, InterceptLive, Source};
+use tcpkit_copy::transparent::Cidr;
 use tcpkit_stats::{Monitor, MonitorOptions};
 
 use crate::Failure;
 
-/// On the assistant host of `tcpkit copy --transparent`: catch the target's answers to the
-/// copied sessions (the target routes the clients' addresses here) and return their TCP/IP
-/// headers (and payload, to a copy that asks: `copy --diff`) to the copies that connect. The answers are never forwarded: forwarding must be
-/// off in this host (checked at start and every second). Runs until SIGINT/SIGTERM.
+/// Catch the target's answers to `tcpkit copy --transparent` and return their TCP/IP headers
+/// (and payload, to a copy that asks: `copy --diff`) to the copies that connect. Either on an
+/// assistant host the target routes the clients' addresses to (--capture; the answers are
+/// never forwarded: forwarding must be off there, checked at start and every second), or on
+/// the target itself (--on-target; the answers are queued by a netfilter rule intercept
+/// installs, and dropped). Runs until SIGINT/SIGTERM.
 #[derive(Debug, Parser)]
+#[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// Interface the target's answers arrive on.
-    #[arg(long = "capture", value_name = "IFACE", required = true)]
-    pub capture: String,
+    /// Interface the target's answers arrive on (on the assistant). Not with --on-target.
+    #[arg(
+        long = "capture",
+        value_name = "IFACE",
+        required_unless_present = "on_target",
+        conflicts_with = "on_target"
+    )]
+    pub capture: Option<String>,
 
     /// tcpdump expression choosing the answers (default: all TCP), e.g. 'src port 8080'.
-    /// The control port is always left out.
-    #[arg(long, value_name = "EXPR")]
+    /// The control port is always left out. Not with --on-target (use --server-port and
+    /// --clients).
+    #[arg(long, value_name = "EXPR", conflicts_with = "on_target")]
     pub filter: Option<String>,
+
+    /// Run on the target itself, no assistant needed: install an nftables table
+    /// `inet tcpkit_intercept_<QUEUE>` whose output-hook rule queues the target's answers
+    /// (TCP from --server-port, to --clients) to netfilter queue --queue; each queued answer
+    /// goes to the copies and is then dropped, so it never leaves the target. If intercept is
+    /// killed, the rule stays and the kernel drops what it queues (nothing leaks); the next
+    /// intercept replaces it. At exit the target's connections the rule matches are aborted
+    /// (`ss -K`) and the rule is removed. On kernels without nftables' queue expression the
+    /// rule is an iptables chain TCPKIT-INTERCEPT-<QUEUE> with the NFQUEUE target. Needs root,
+    /// nft (and iptables on such kernels).
+    #[arg(long, requires = "server_port")]
+    pub on_target: bool,
+
+    /// With --on-target: the target's server port(s) whose answers are caught, e.g.
+    /// 8080 or 80,443 (at most 15). Must not be --listen's port.
+    #[arg(long, value_name = "PORT[,PORT...]", value_delimiter = ',')]
+    pub server_port: Vec<u16>,
+
+    /// With --on-target: only answers to these addresses are caught (the clients' prefix, or
+    /// copy's -c prefix), IPv4 and/or IPv6, e.g. 198.51.100.0/24,2001:db8::/64. Default: every
+    /// destination, so the server answers nobody else on --server-port while intercept runs.
+    #[arg(long, value_name = "CIDR[,CIDR...]", value_delimiter = ',')]
+    pub clients: Vec<String>,
+
+    /// With --on-target: the netfilter queue number (0-65535) the rule queues to; one
+    /// intercept per queue. Default 36524.
+    #[arg(long, value_name = "NUM")]
+    pub queue: Option<u16>,
 
     /// Address and port copies connect to.
     #[arg(long, value_name = "ADDR:PORT", default_value_t = SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)))]
@@ -42,17 +80,19 @@ pub struct Args {
     pub stats: Option<f64>,
 }
 
+const EXAMPLES: &str = "\
+Examples:
+  # on an assistant host the target routes the clients' addresses to (forwarding off)
+  assistant$ tcpkit intercept --capture eth0 --filter 'src port 8080'
+  online$    tcpkit copy --transparent -x 80-<target>:8080 --intercept <assistant>
+
+  # on the target itself: its answers from 8080 to the clients' 198.51.100.0/24 are queued
+  # and dropped (the target routes that prefix anywhere, e.g. its default route)
+  target$ tcpkit intercept --on-target --server-port 8080 --clients 198.51.100.0/24
+  online$ tcpkit copy --transparent -x 80-<target>:8080 --intercept <target>";
+
 /// Every check that involves a value's meaning.
 fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
-    if a.capture.is_empty() || a.capture.len() > 15 {
-        return Err(Failure::Usage(format!(
-            "--capture '{}': an interface name has 1 to 15 characters",
-            a.capture
-        )));
-    }
-    if a.filter.as_deref().is_some_and(|f| f.trim().is_empty()) {
-        return Err(Failure::Usage("--filter: empty expression".into()));
-    }
     let stats = match a.stats {
         Some(s) if !s.is_finite() || !(0.0..=1e9).contains(&s) => {
             return Err(Failure::Usage(format!(
@@ -62,10 +102,72 @@ fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
         Some(s) if s > 0.0 => Some(Duration::from_secs_f64(s)),
         _ => None,
     };
+    let source = if a.on_target {
+        let mut ports = a.server_port.clone();
+        ports.sort_unstable();
+        ports.dedup();
+        if ports.contains(&0) {
+            return Err(Failure::Usage("--server-port 0: not a port".into()));
+        }
+        if ports.len() > 15 {
+            return Err(Failure::Usage(format!(
+                "--server-port: {} ports, at most 15",
+                ports.len()
+            )));
+        }
+        if ports.contains(&a.listen.port()) {
+            return Err(Failure::Usage(format!(
+                "--server-port {}: is --listen's port; intercept would catch its own control connections",
+                a.listen.port()
+            )));
+        }
+        // In the order given, without repeats.
+        let mut given = Vec::new();
+        for p in &a.server_port {
+            if !given.contains(p) {
+                given.push(*p);
+            }
+        }
+        let mut clients = Vec::new();
+        for c in &a.clients {
+            let cidr: Cidr = c
+                .parse()
+                .map_err(|e| Failure::Usage(format!("--clients '{c}': {e}")))?;
+            clients.push(cidr);
+        }
+        Source::OnTarget(AnswerRule {
+            queue: a.queue.unwrap_or(DEFAULT_PORT),
+            ports: given,
+            clients,
+        })
+    } else {
+        // clap's `requires` cannot name a flag (it always has a value): checked here.
+        for (given, flag) in [
+            (!a.server_port.is_empty(), "--server-port"),
+            (!a.clients.is_empty(), "--clients"),
+            (a.queue.is_some(), "--queue"),
+        ] {
+            if given {
+                return Err(Failure::Usage(format!("{flag}: only with --on-target")));
+            }
+        }
+        let capture = a.capture.clone().unwrap_or_default();
+        if capture.is_empty() || capture.len() > 15 {
+            return Err(Failure::Usage(format!(
+                "--capture '{capture}': an interface name has 1 to 15 characters"
+            )));
+        }
+        if a.filter.as_deref().is_some_and(|f| f.trim().is_empty()) {
+            return Err(Failure::Usage("--filter: empty expression".into()));
+        }
+        Source::Capture {
+            ifname: capture,
+            filter: a.filter.clone(),
+        }
+    };
     Ok((
         InterceptConfig {
-            ifname: a.capture.clone(),
-            filter: a.filter.clone(),
+            source,
             listen: a.listen,
         },
         stats,
@@ -118,10 +220,24 @@ mod tests {
     #[test]
     fn defaults() {
         let (c, s) = parse(&["--capture", "eth1"]).unwrap();
-        assert_eq!(c.ifname, "eth1");
-        assert_eq!(c.filter, None);
+        assert_eq!(
+            c.source,
+            Source::Capture {
+                ifname: "eth1".into(),
+                filter: None
+            }
+        );
         assert_eq!(c.listen, "0.0.0.0:36524".parse().unwrap());
         assert_eq!(s, None);
+        let (c, _) = parse(&["--on-target", "--server-port", "8080"]).unwrap();
+        assert_eq!(
+            c.source,
+            Source::OnTarget(AnswerRule {
+                queue: 36524,
+                ports: vec![8080],
+                clients: vec![]
+            })
+        );
     }
 
     #[test]
@@ -141,9 +257,47 @@ mod tests {
         .unwrap();
         assert!(a.json);
         let (c, s) = resolve(&a).map_err(|_| ()).unwrap();
-        assert_eq!(c.filter.as_deref(), Some("src port 8080"));
+        assert_eq!(
+            c.source,
+            Source::Capture {
+                ifname: "eth2".into(),
+                filter: Some("src port 8080".into())
+            }
+        );
         assert_eq!(c.listen, "198.18.3.2:4000".parse().unwrap());
         assert_eq!(s, Some(Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn every_on_target_flag_parses() {
+        let (c, _) = parse(&[
+            "--on-target",
+            "--server-port",
+            "8080,80",
+            "--server-port",
+            "8080",
+            "--clients",
+            "198.18.1.0/24,fd00:18:1::/64",
+            "--clients",
+            "10.0.0.7",
+            "--queue",
+            "7",
+            "--listen",
+            "198.18.2.2:4000",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.source,
+            Source::OnTarget(AnswerRule {
+                queue: 7,
+                ports: vec![8080, 80],
+                clients: ["198.18.1.0/24", "fd00:18:1::/64", "10.0.0.7"]
+                    .iter()
+                    .map(|c| c.parse().unwrap())
+                    .collect()
+            })
+        );
+        assert_eq!(c.listen, "198.18.2.2:4000".parse().unwrap());
     }
 
     #[test]
@@ -161,5 +315,35 @@ mod tests {
         assert!(parse(&["--capture", "e", "--stats=-1"])
             .unwrap_err()
             .contains("--stats -1"));
+    }
+
+    #[test]
+    fn bad_on_target_values_say_which_flag() {
+        let e = |args: &[&str]| parse(args).unwrap_err();
+        // Mode flags that do not go together, or need each other.
+        assert!(e(&["--on-target"]).contains("--server-port"));
+        assert!(
+            e(&["--on-target", "--server-port", "80", "--capture", "eth0"]).contains("--capture")
+        );
+        assert!(e(&["--on-target", "--server-port", "80", "--filter", "tcp"]).contains("--filter"));
+        for f in [
+            &["--capture", "e", "--server-port", "80"][..],
+            &["--capture", "e", "--clients", "10.0.0.0/8"],
+            &["--capture", "e", "--queue", "3"],
+        ] {
+            assert!(e(f).contains("--on-target"), "{f:?}: {}", e(f));
+        }
+        let on = |extra: &[&str]| {
+            let mut v = vec!["--on-target", "--server-port"];
+            v.extend_from_slice(extra);
+            e(&v)
+        };
+        assert!(on(&["http"]).contains("--server-port"));
+        assert!(on(&["0"]).contains("--server-port 0: not a port"));
+        assert!(on(&["1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16"]).contains("at most 15"));
+        assert!(on(&["36524"]).contains("--listen's port"));
+        assert!(on(&["80", "--clients", "10.0.0.0/33"]).contains("--clients '10.0.0.0/33'"));
+        assert!(on(&["80", "--clients", "nowhere"]).contains("--clients 'nowhere'"));
+        assert!(on(&["80", "--queue", "65536"]).contains("--queue"));
     }
 }

@@ -39,9 +39,10 @@ enum Cmd {
     /// (tcpcopy's job): reassembled and replayed over ordinary connections (relay mode), or
     /// with the clients' own addresses through a raw socket (--transparent, with intercept).
     Copy(copy::Args),
-    /// On the assistant host of `copy --transparent`: catch the target's answers (never
-    /// forwarded) and return their headers (and bytes, for `copy --diff`) to the copies over
-    /// a control connection.
+    /// For `copy --transparent`: catch the target's answers, on an assistant host (never
+    /// forwarded) or on the target itself (--on-target: queued by a netfilter rule and
+    /// dropped), and return their headers (and bytes, for `copy --diff`) to the copies over a
+    /// control connection.
     Intercept(intercept::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),

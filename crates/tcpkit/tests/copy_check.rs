@@ -119,7 +119,8 @@ fn wrong_interface_memory_and_metrics_address_each_say_the_fix() {
         "{out}"
     );
     assert!(out.contains(&format!("OK   target {TARGET}:8080")));
-    // --transparent: the intercept's handshake is checked too (none runs here).
+    // --transparent: the intercept's handshake is checked too (none runs here). Its address
+    // is the target's: the advice is to run it there.
     let cap = l.capture_if();
     let (code, out, _) = check(
         &l,
@@ -137,7 +138,7 @@ fn wrong_interface_memory_and_metrics_address_each_say_the_fix() {
     assert!(
         out.lines().any(
             |x| x.starts_with(&format!("FAIL intercept {TARGET}:36524: "))
-                && x.contains("; fix: start `tcpkit intercept` on the assistant")
+                && x.contains("; fix: start `tcpkit intercept --on-target --server-port <port>` on the target")
         ),
         "{out}"
     );

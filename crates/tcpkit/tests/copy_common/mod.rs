@@ -746,3 +746,76 @@ pub fn greeting_client(host: &Host, addr: &str, lines: &[&str]) {
         assert_eq!(got, format!("250 {l}\r\n"));
     }
 }
+
+// ---- transparent mode (copy_transparent, copy_on_target) -------------------------------
+
+/// A transparent copy's report, once it exited successfully, checked for accounting and
+/// against the schema.
+pub fn copy_done(c: Child) -> Value {
+    let o = wait_limited(c, Duration::from_secs(15));
+    assert!(
+        o.status.success(),
+        "copy failed: {} {}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let r = json(&o);
+    accounted(&r);
+    check_schema(&r);
+    assert!(
+        r["transparent"].is_object(),
+        "no transparent section: {r:#}"
+    );
+    r
+}
+
+/// Every copy ended exactly one way (control_lost counts among the failures here).
+pub fn accounted(r: &Value) {
+    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
+    let ended = u(r, "sessions.completed")
+        + f("target_refused")
+        + f("reset")
+        + f("timeout")
+        + f("closed_early")
+        + f("lost_capture_data")
+        + f("shed")
+        + u(r, "transparent.control_lost")
+        + u(r, "sessions.open_at_end");
+    assert_eq!(ended, u(r, "sessions.copies"), "{r:#}");
+}
+
+/// `tcpkit load` of HTTP GETs from the clients host to the online nginx.
+pub fn load(clients: &Host, rate: &str, secs: &str, per_conn: Option<&str>) -> Output {
+    let t = format!("{ONLINE}:8080");
+    let mut a = vec![
+        tcpkit(),
+        "load",
+        &t,
+        "--http-get",
+        "/hello.txt",
+        "-c",
+        "2",
+        "-r",
+        rate,
+        "-t",
+        secs,
+    ];
+    if let Some(q) = per_conn {
+        a.extend_from_slice(&["--queries-per-conn", q]);
+    }
+    let o = run_limited(clients.command(&a), Duration::from_secs(20));
+    assert!(
+        o.status.success(),
+        "load failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// One line, `tcpkit <cmd>: ...`, and exit status 1.
+pub fn one_line_failure(o: &Output, prefix: &str, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with(prefix) && err.contains(needle), "{err}");
+}

@@ -1,20 +1,35 @@
-//! `tcpkit intercept`: on the assistant host the target routes the clients' addresses to,
-//! catches the target's answers to `copy --transparent` and returns their TCP/IP headers (and
-//! payload, when a copy asked for it) to every connected copy over the control protocol
-//! ([`crate::control`]).
+//! `tcpkit intercept`: catches the target's answers to `copy --transparent` and returns their
+//! TCP/IP headers (and payload, when a copy asked for it) to every connected copy over the
+//! control protocol ([`crate::control`]). It runs in one of two places.
 //!
-//! The answers are caught with a passive AF_PACKET capture (ring + kernel BPF filter) and
-//! then dropped by the kernel itself: they are addressed to the clients, not to this host, and
-//! with forwarding off a Linux host discards such packets without an ICMP error. That is why
-//! forwarding being on is refused at start and ends the run if it is turned on later: a
-//! forwarding assistant would send the target's answers on to the real clients. Nothing here
-//! sends a packet anywhere but to the copies' control connections. Chosen over an nftables
-//! rule + NFQUEUE because it needs no rule to install and remove (a killed intercept leaves
-//! nothing behind) and no nftables in the namespace.
+//! **On an assistant host** the target routes the clients' addresses to: the answers are
+//! caught with a passive AF_PACKET capture (ring + kernel BPF filter) and then dropped by the
+//! kernel itself: they are addressed to the clients, not to this host, and with forwarding
+//! off a Linux host discards such packets without an ICMP error. That is why forwarding being
+//! on is refused at start and ends the run if it is turned on later: a forwarding assistant
+//! would send the target's answers on to the real clients. It needs no rule to install and
+//! remove (a killed intercept leaves nothing behind) and no nftables on the assistant.
 //!
-//! Several copies may connect (one per online host); each gets every answer and ignores those
-//! of sessions it does not know. A copy that reads too slowly has answers dropped for it
+//! **On the target itself** (`--on-target`, [`Source::OnTarget`]): no assistant and no route
+//! to one. intercept installs a netfilter rule in the target's output hook ([`rule`]) that
+//! queues the answers (TCP from the server ports, to the clients' addresses when given) to a
+//! netfilter queue it reads ([`tcpkit_capture::nfqueue`]); every answer read is handed to the
+//! copies exactly as a captured one is, then given the verdict DROP, so it never leaves the
+//! target. A queue rather than a plain `drop` in the rule: TCP is told of a dropped packet
+//! (EPERM) and counts it as never sent, sending it again and again, while a queued one counts
+//! as sent. The rule has no `bypass`, so while no intercept reads the queue the kernel drops
+//! what the rule queues: a killed intercept (SIGKILL, a crash) fails closed, nothing leaks,
+//! and the next intercept replaces the rule it left. At exit (normal, SIGINT, SIGTERM, an
+//! error) the target's connections the rule matches are aborted first (their resets still
+//! queued and dropped), so no copied session sends a late FIN or retransmission to a real
+//! client after the rule is gone; then the rule is removed.
+//!
+//! Nothing here sends a packet anywhere but to the copies' control connections. Several
+//! copies may connect (one per online host); each gets every answer and ignores those of
+//! sessions it does not know. A copy that reads too slowly has answers dropped for it
 //! (counted) rather than memory growing without bound.
+
+pub mod rule;
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -25,12 +40,15 @@ use std::time::Duration;
 use mio::net::{TcpListener, TcpStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
+use tcpkit_capture::nfqueue::{NfQueue, NfQueueError, NfQueueOpts, Verdict};
 use tcpkit_capture::{Capture, CaptureError, CaptureOpts, Direction};
 use tcpkit_pace::now_ns;
 use tcpkit_wire::tcp::Segment;
 use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
 
 use crate::control::{Msg, PacketHdr, VERSION};
+pub use rule::AnswerRule;
+use rule::RuleError;
 
 /// Bumped whenever a JSON field changes meaning or disappears
 /// (docs/schema/intercept.schema.json).
@@ -40,22 +58,35 @@ const MAX_PENDING: usize = 8 << 20;
 /// Requests a copy may send before its Hello is complete: a Hello is 11 bytes.
 const MAX_INBUF: usize = 4096;
 
+/// Where intercept catches the answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// On the assistant: a capture on the interface the answers arrive on.
+    Capture {
+        ifname: String,
+        /// A tcpdump expression choosing the answers (`tcp` when None); the control port is
+        /// always left out, so intercept never catches its own traffic.
+        filter: Option<String>,
+    },
+    /// On the target: its own answers, queued by the rule intercept installs.
+    OnTarget(AnswerRule),
+}
+
 /// What intercept does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InterceptConfig {
-    /// Where the target's answers arrive.
-    pub ifname: String,
-    /// A tcpdump expression choosing the answers (`tcp` when None); the control port is
-    /// always left out, so intercept never catches its own traffic.
-    pub filter: Option<String>,
+    pub source: Source,
     /// Where copies connect.
     pub listen: SocketAddr,
 }
 
 impl InterceptConfig {
-    /// The expression the kernel runs.
+    /// The expression the kernel runs (capture mode).
     pub fn capture_filter(&self) -> String {
-        let user = self.filter.as_deref().unwrap_or("tcp");
+        let user = match &self.source {
+            Source::Capture { filter, .. } => filter.as_deref().unwrap_or("tcp"),
+            Source::OnTarget(_) => "tcp",
+        };
         format!("(tcp and ({user})) and not port {}", self.listen.port())
     }
 }
@@ -88,6 +119,16 @@ pub enum InterceptError {
         what: &'static str,
         #[source]
         source: io::Error,
+    },
+    #[error("--on-target")]
+    Queue {
+        #[source]
+        source: NfQueueError,
+    },
+    #[error("--on-target")]
+    Rule {
+        #[source]
+        source: RuleError,
     },
 }
 
@@ -141,11 +182,22 @@ impl InterceptLive {
 /// What an intercept run did. Field names are the `--json` contract.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct InterceptReport {
+    /// `capture` (on the assistant) or `on-target`.
+    pub mode: &'static str,
+    /// Where the answers are caught: the interface, or `queue N` on the target.
     pub interface: String,
+    /// What chooses them: the capture's filter expression, or the rule's match.
     pub filter: String,
     pub listen: String,
+    /// On the target: the rule installed (nft table or iptables chain).
+    pub rule: Option<String>,
+    /// On the target: a rule left by a killed intercept was replaced at start.
+    pub stale_rule_replaced: bool,
+    /// On the target: the connections aborted before the rule was removed (None when `ss`
+    /// could not run).
+    pub connections_aborted: Option<u64>,
     pub seconds: f64,
-    /// TCP segments the capture caught arriving (the target's answers).
+    /// TCP segments caught (the target's answers).
     pub answers: u64,
     /// Answers sent to copies (one per copy connected when it arrived).
     pub sent: u64,
@@ -181,10 +233,25 @@ fn json_str(s: &str) -> String {
 
 impl InterceptReport {
     pub fn human(&self) -> String {
+        let rule = match &self.rule {
+            Some(r) => format!(
+                "Rule: {r}{}, removed at exit {}\n",
+                if self.stale_rule_replaced {
+                    " (replaced one left by a killed intercept)"
+                } else {
+                    ""
+                },
+                self.connections_aborted.map_or(
+                    "(ss could not abort its connections first)".to_string(),
+                    |n| format!("after aborting {n} connections")
+                )
+            ),
+            None => String::new(),
+        };
         let mut s = format!(
             "Intercept: on {} ({}), control on {}, {:.3} s\n\
              Answers: {} caught, {} sent to copies, {} with no copy connected, {} dropped for slow copies\n\
-             Capture: {} dropped by the kernel, {} not TCP\n\
+             {rule}Capture: {} dropped by the kernel, {} not TCP\n\
              Copies: {} connected, {} refused\n",
             self.interface,
             self.filter,
@@ -208,11 +275,16 @@ impl InterceptReport {
     /// One JSON document (docs/schema/intercept.schema.json).
     pub fn json(&self) -> String {
         format!(
-            "{{\n  \"schema_version\": {},\n  \"interface\": {},\n  \"filter\": {},\n  \"listen\": {},\n  \"protocol_version\": {},\n  \"seconds\": {},\n  \"answers\": {},\n  \"sent\": {},\n  \"unclaimed\": {},\n  \"dropped_slow_copy\": {},\n  \"not_tcp\": {},\n  \"kernel_drops\": {},\n  \"copies_connected\": {},\n  \"copies_refused\": {},\n  \"failure\": {}\n}}",
+            "{{\n  \"schema_version\": {},\n  \"mode\": {},\n  \"interface\": {},\n  \"filter\": {},\n  \"listen\": {},\n  \"rule\": {},\n  \"stale_rule_replaced\": {},\n  \"connections_aborted\": {},\n  \"protocol_version\": {},\n  \"seconds\": {},\n  \"answers\": {},\n  \"sent\": {},\n  \"unclaimed\": {},\n  \"dropped_slow_copy\": {},\n  \"not_tcp\": {},\n  \"kernel_drops\": {},\n  \"copies_connected\": {},\n  \"copies_refused\": {},\n  \"failure\": {}\n}}",
             INTERCEPT_SCHEMA_VERSION,
+            json_str(self.mode),
             json_str(&self.interface),
             json_str(&self.filter),
             json_str(&self.listen),
+            self.rule.as_deref().map_or("null".to_string(), json_str),
+            self.stale_rule_replaced,
+            self.connections_aborted
+                .map_or("null".to_string(), |n| n.to_string()),
             VERSION,
             if self.seconds.is_finite() { self.seconds } else { 0.0 },
             self.answers,
@@ -272,48 +344,126 @@ impl Client {
 const CAPTURE: Token = Token(usize::MAX);
 const LISTENER: Token = Token(usize::MAX - 1);
 
-/// Runs until `stop` is set; then returns the report. Refuses to start when the host forwards.
+/// Where the answers come from while running.
+enum Input {
+    Capture {
+        cap: Capture,
+        link: LinkType,
+    },
+    /// Declared before the rule's guard in `run`, so the rule goes first at exit and the
+    /// queue's last packets are dropped when it closes.
+    Queue(NfQueue),
+}
+
+/// Hands one answer (an Ethernet frame) to every ready copy: its headers, and as much of its
+/// payload as each asked for. The one path every caught answer takes, captured or queued.
+fn deliver(frame: &[u8], clients: &mut [Option<Client>], r: &mut InterceptReport) {
+    let Ok(seg) = Segment::parse(frame) else {
+        r.not_tcp += 1;
+        return;
+    };
+    r.answers += 1;
+    let hdr = PacketHdr {
+        src: seg.src,
+        dst: seg.dst,
+        seq: seg.seq,
+        ack: seg.ack,
+        flags: seg.flags.0,
+        window: seg.window,
+        mss: seg.options.mss,
+        wscale: seg.options.wscale,
+        payload_len: u16::try_from(seg.payload_len).unwrap_or(u16::MAX),
+    };
+    let payload = frame.get(seg.payload.clone()).unwrap_or(&[]);
+    let mut any = false;
+    for c in clients.iter_mut().flatten().filter(|c| c.ready) {
+        any = true;
+        if c.pending() > MAX_PENDING {
+            r.dropped_slow_copy += 1;
+            continue;
+        }
+        let take = payload.len().min(c.max_payload);
+        Msg::Packet {
+            hdr,
+            payload: payload.get(..take).unwrap_or(&[]),
+        }
+        .emit(&mut c.out);
+        r.sent += 1;
+    }
+    if !any {
+        r.unclaimed += 1;
+    }
+}
+
+/// Runs until `stop` is set; then returns the report. In capture mode, refuses to start when
+/// the host forwards; on the target, installs the rule and removes it on the way out.
 pub fn run(
     cfg: &InterceptConfig,
     stop: &AtomicBool,
     live: &InterceptLive,
 ) -> Result<InterceptReport, InterceptError> {
-    check_forwarding()?;
+    if matches!(cfg.source, Source::Capture { .. }) {
+        check_forwarding()?;
+    }
     let io_err = |what| move |source| InterceptError::Io { what, source };
+    let mut r = InterceptReport {
+        listen: cfg.listen.to_string(),
+        ..InterceptReport::default()
+    };
+    let poll = Poll::new().map_err(io_err("create the event loop (epoll)"))?;
+    let (mut input, mut installed) = match &cfg.source {
+        Source::Capture { ifname, .. } => {
+            let filter = cfg.capture_filter();
+            let cap = Capture::open(
+                ifname,
+                &CaptureOpts {
+                    filter: Some(filter.clone()),
+                    // An answer should reach copy at once: copy's pacing and retransmissions
+                    // wait on it.
+                    block_timeout_ms: 1,
+                    ..CaptureOpts::default()
+                },
+            )
+            .map_err(|source| InterceptError::Capture {
+                ifname: ifname.clone(),
+                source,
+            })?;
+            let link = LinkType::from_dlt(cap.linktype()).unwrap_or(LinkType::Ethernet);
+            r.mode = "capture";
+            r.interface = ifname.clone();
+            r.filter = filter;
+            (Input::Capture { cap, link }, None)
+        }
+        Source::OnTarget(rule) => {
+            // The queue first: a busy queue or no privilege is refused before any rule
+            // changes, and once the rule is in place its packets have a reader.
+            let q = NfQueue::open(rule.queue, &NfQueueOpts::default())
+                .map_err(|source| InterceptError::Queue { source })?;
+            let installed =
+                rule::install(rule).map_err(|source| InterceptError::Rule { source })?;
+            r.mode = "on-target";
+            r.interface = format!("queue {}", rule.queue);
+            r.filter = rule.matches().join("; ");
+            r.rule = Some(installed.describe());
+            r.stale_rule_replaced = installed.replaced_stale;
+            (Input::Queue(q), Some(installed))
+        }
+    };
+    // Copies can connect once the answers are caught: the listener comes last.
     let mut listener = TcpListener::bind(cfg.listen).map_err(|source| InterceptError::Listen {
         addr: cfg.listen,
         source,
     })?;
-    let filter = cfg.capture_filter();
-    let cap_err = |source| InterceptError::Capture {
-        ifname: cfg.ifname.clone(),
-        source,
+    let fd = match &input {
+        Input::Capture { cap, .. } => cap.as_fd().as_raw_fd(),
+        Input::Queue(q) => q.as_fd().as_raw_fd(),
     };
-    let mut cap = Capture::open(
-        &cfg.ifname,
-        &CaptureOpts {
-            filter: Some(filter.clone()),
-            // An answer should reach copy at once: copy's pacing and retransmissions wait on it.
-            block_timeout_ms: 1,
-            ..CaptureOpts::default()
-        },
-    )
-    .map_err(cap_err)?;
-    let link = LinkType::from_dlt(cap.linktype()).unwrap_or(LinkType::Ethernet);
-    let poll = Poll::new().map_err(io_err("create the event loop (epoll)"))?;
-    let fd = cap.as_fd().as_raw_fd();
     poll.registry()
         .register(&mut SourceFd(&fd), CAPTURE, Interest::READABLE)
         .map_err(io_err("watch the capture socket (epoll_ctl)"))?;
     poll.registry()
         .register(&mut listener, LISTENER, Interest::READABLE)
         .map_err(io_err("watch the control socket (epoll_ctl)"))?;
-    let mut r = InterceptReport {
-        interface: cfg.ifname.clone(),
-        filter,
-        listen: cfg.listen.to_string(),
-        ..InterceptReport::default()
-    };
     let start = now_ns();
     let mut poll = poll;
     let mut events = Events::with_capacity(256);
@@ -378,74 +528,71 @@ pub fn run(
                 }
             }
         }
-        // Every retired block, a bounded number per turn so the copies get served.
-        for _ in 0..64 {
-            let n = cap
-                .next_block(Duration::ZERO, |p| {
-                    if p.direction != Direction::Incoming {
-                        return;
+        match &mut input {
+            // Every retired block, a bounded number per turn so the copies get served.
+            Input::Capture { cap, link } => {
+                let link = *link;
+                for _ in 0..64 {
+                    let n = cap
+                        .next_block(Duration::ZERO, |p| {
+                            if p.direction != Direction::Incoming {
+                                return;
+                            }
+                            let frame = if link == LinkType::Ethernet {
+                                p.data
+                            } else if to_ethernet(
+                                link,
+                                p.data,
+                                MacAddr([0; 6]),
+                                MacAddr([0; 6]),
+                                &mut eth,
+                            )
+                            .is_ok()
+                            {
+                                &eth
+                            } else {
+                                r.not_tcp += 1;
+                                return;
+                            };
+                            deliver(frame, &mut clients, &mut r);
+                        })
+                        .map_err(|source| InterceptError::Capture {
+                            ifname: r.interface.clone(),
+                            source,
+                        })?;
+                    if n == 0 {
+                        break;
                     }
-                    let frame = if link == LinkType::Ethernet {
-                        p.data
-                    } else if to_ethernet(link, p.data, MacAddr([0; 6]), MacAddr([0; 6]), &mut eth)
-                        .is_ok()
+                }
+            }
+            // What is queued, a bounded number per turn, all dropped in one verdict.
+            Input::Queue(q) => {
+                q.read(1024, Verdict::Drop, |p| {
+                    if to_ethernet(
+                        LinkType::Raw,
+                        p.payload,
+                        MacAddr([0; 6]),
+                        MacAddr([0; 6]),
+                        &mut eth,
+                    )
+                    .is_ok()
                     {
-                        &eth
+                        deliver(&eth, &mut clients, &mut r);
                     } else {
                         r.not_tcp += 1;
-                        return;
-                    };
-                    let Ok(seg) = Segment::parse(frame) else {
-                        r.not_tcp += 1;
-                        return;
-                    };
-                    r.answers += 1;
-                    let hdr = PacketHdr {
-                        src: seg.src,
-                        dst: seg.dst,
-                        seq: seg.seq,
-                        ack: seg.ack,
-                        flags: seg.flags.0,
-                        window: seg.window,
-                        mss: seg.options.mss,
-                        wscale: seg.options.wscale,
-                        payload_len: u16::try_from(seg.payload_len).unwrap_or(u16::MAX),
-                    };
-                    let payload = frame.get(seg.payload.clone()).unwrap_or(&[]);
-                    let mut any = false;
-                    for c in clients.iter_mut().flatten().filter(|c| c.ready) {
-                        any = true;
-                        if c.pending() > MAX_PENDING {
-                            r.dropped_slow_copy += 1;
-                            continue;
-                        }
-                        let take = payload.len().min(c.max_payload);
-                        Msg::Packet {
-                            hdr,
-                            payload: payload.get(..take).unwrap_or(&[]),
-                        }
-                        .emit(&mut c.out);
-                        r.sent += 1;
-                    }
-                    if !any {
-                        r.unclaimed += 1;
                     }
                 })
-                .map_err(cap_err)?;
-            if n == 0 {
-                break;
+                .map_err(|source| InterceptError::Queue { source })?;
             }
         }
         let now = now_ns();
         let second = now >= last_second + 1_000_000_000;
         if second {
             last_second = now;
-            if let Ok(st) = cap.stats() {
-                r.kernel_drops = st.drops;
-            }
+            r.kernel_drops = kernel_drops(&mut input);
             // Forwarding turned on under us: the kernel would now send the answers on to the
             // clients. Stop loudly rather than look as if all is well.
-            if let Err(e) = check_forwarding() {
+            if let (Input::Capture { .. }, Err(e)) = (&input, check_forwarding()) {
                 r.failure = Some(e.to_string());
             }
         }
@@ -475,11 +622,23 @@ pub fn run(
             break;
         }
     }
-    if let Ok(st) = cap.stats() {
-        r.kernel_drops = st.drops;
+    r.kernel_drops = kernel_drops(&mut input);
+    if let Some(i) = installed.as_mut() {
+        r.connections_aborted = i.remove();
     }
     r.seconds = (now_ns() - start) as f64 / 1e9;
     Ok(r)
+}
+
+/// Packets the kernel could not give us: ring full, or queue or socket full.
+fn kernel_drops(input: &mut Input) -> u64 {
+    match input {
+        Input::Capture { cap, .. } => cap.stats().map_or(0, |s| s.drops),
+        Input::Queue(q) => {
+            let s = q.stats();
+            s.queue_full + s.socket_full
+        }
+    }
 }
 
 /// Reads what a copy sent and answers its Hello; false when the connection is to be dropped.
@@ -549,12 +708,17 @@ mod tests {
     #[test]
     fn filter_leaves_the_control_port_out() {
         let mut c = InterceptConfig {
-            ifname: "eth0".into(),
-            filter: None,
+            source: Source::Capture {
+                ifname: "eth0".into(),
+                filter: None,
+            },
             listen: "0.0.0.0:36524".parse().unwrap(),
         };
         assert_eq!(c.capture_filter(), "(tcp and (tcp)) and not port 36524");
-        c.filter = Some("src port 8080".into());
+        c.source = Source::Capture {
+            ifname: "eth0".into(),
+            filter: Some("src port 8080".into()),
+        };
         assert_eq!(
             c.capture_filter(),
             "(tcp and (src port 8080)) and not port 36524"
@@ -564,6 +728,7 @@ mod tests {
     #[test]
     fn report_json_and_human() {
         let r = InterceptReport {
+            mode: "capture",
             interface: "eth1".into(),
             filter: "tcp".into(),
             listen: "0.0.0.0:1".into(),
@@ -586,5 +751,42 @@ mod tests {
              Failed: a \"quoted\" why\n"
         );
         assert_eq!(json_str("a\nb"), "\"a\\u000ab\"");
+    }
+
+    #[test]
+    fn on_target_report_names_the_rule() {
+        let mut r = InterceptReport {
+            mode: "on-target",
+            interface: "queue 7".into(),
+            filter: "tcp sport { 8080 } ip daddr { 198.18.1.0/24 }".into(),
+            listen: "0.0.0.0:1".into(),
+            rule: Some("nft table inet tcpkit_intercept_7".into()),
+            stale_rule_replaced: true,
+            connections_aborted: Some(2),
+            seconds: 2.0,
+            ..InterceptReport::default()
+        };
+        assert_eq!(
+            r.human(),
+            "Intercept: on queue 7 (tcp sport { 8080 } ip daddr { 198.18.1.0/24 }), control on 0.0.0.0:1, 2.000 s\n\
+             Answers: 0 caught, 0 sent to copies, 0 with no copy connected, 0 dropped for slow copies\n\
+             Rule: nft table inet tcpkit_intercept_7 (replaced one left by a killed intercept), removed at exit after aborting 2 connections\n\
+             Capture: 0 dropped by the kernel, 0 not TCP\n\
+             Copies: 0 connected, 0 refused\n"
+        );
+        let j = r.json();
+        for f in [
+            "\"mode\": \"on-target\",",
+            "\"rule\": \"nft table inet tcpkit_intercept_7\",",
+            "\"stale_rule_replaced\": true,",
+            "\"connections_aborted\": 2,",
+        ] {
+            assert!(j.contains(f), "{f} in {j}");
+        }
+        r.connections_aborted = None;
+        assert!(r.json().contains("\"connections_aborted\": null,"));
+        assert!(r
+            .human()
+            .contains("removed at exit (ss could not abort its connections first)"));
     }
 }

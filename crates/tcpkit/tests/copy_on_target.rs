@@ -1,0 +1,518 @@
+//! `tcpkit copy --transparent` with `tcpkit intercept --on-target`, in the copy lab and no
+//! assistant: clients → online (nginx; copy runs here) → target (nginx and intercept). The
+//! target routes the clients' subnet back via the online host, as a target's default route
+//! would send its answers toward the real clients; intercept's rule must queue and drop every
+//! one of them. tcpdump on the target's link toward the online host is where a leak would
+//! show, and a control at the end proves that capture sees such packets when they do leave.
+
+mod copy_common;
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use copy_common::schema;
+use copy_common::*;
+use serde_json::Value;
+use tcpkit_lab::{Host, Proc, Signal, Tcpdump};
+
+const CLIENTS: &str = "198.18.1.0/24";
+
+struct OLab {
+    l: CopyLab,
+    /// intercept's --clients.
+    clients: String,
+    /// intercept's control port on the target.
+    port: u16,
+    /// The netfilter queue intercept reads.
+    queue: u16,
+}
+
+impl OLab {
+    fn new(tag: &str) -> OLab {
+        let l = CopyLab::new(tag);
+        // The target's way back to the clients is the online host (it does not forward):
+        // answers that escaped intercept would be seen leaving on that link.
+        l.target
+            .run(&["ip", "route", "add", CLIENTS, "via", ONLINE_T])
+            .expect("route");
+        let id = std::process::id();
+        OLab {
+            l,
+            clients: CLIENTS.into(),
+            port: 30_000 + (id % 20_000) as u16,
+            queue: 1_000 + (id % 30_000) as u16,
+        }
+    }
+
+    /// intercept's command line, its control port on `listen`.
+    fn intercept_args(&self, listen: &str) -> Vec<String> {
+        let mut v: Vec<String> = [
+            tcpkit(),
+            "intercept",
+            "--on-target",
+            "--server-port",
+            "8080",
+            "--clients",
+            &self.clients,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.extend([
+            "--queue".into(),
+            self.queue.to_string(),
+            "--listen".into(),
+            listen.into(),
+            "--json".into(),
+        ]);
+        v
+    }
+
+    /// Starts intercept on the target and waits for its control port.
+    fn intercept(&mut self, name: &str) -> Proc {
+        let argv = self.intercept_args(&self.intercept_addr());
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let target = self.l.target.clone();
+        let p = target
+            .spawn(&mut self.l.lab, name, &argv)
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_port(&self.l.target, TARGET, self.port, &p);
+        p
+    }
+
+    fn intercept_addr(&self) -> String {
+        format!("{TARGET}:{}", self.port)
+    }
+
+    fn copy(&self, extra: &[&str]) -> Child {
+        let rule = format!("8080-{TARGET}:8080");
+        let cap = self.l.capture_if();
+        let ia = self.intercept_addr();
+        let mut args = vec![
+            "--transparent",
+            "-x",
+            &rule,
+            "--intercept",
+            &ia,
+            "-i",
+            &cap,
+            "--timeout",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        self.l.copy(&args)
+    }
+
+    /// Everything the target sends from port 8080 on its link toward the online host.
+    fn watch(&mut self) -> Tcpdump {
+        let (target, ifname) = (self.l.target.clone(), self.l.tgt_link.b.name.clone());
+        self.l
+            .lab
+            .tcpdump(&target, &ifname, "tcp src port 8080")
+            .expect("tcpdump")
+    }
+
+    /// The rule intercept installs, as the target's netfilter shows it: the nftables table,
+    /// or on kernels without nftables' queue the iptables chain.
+    fn rule_present(&self) -> bool {
+        let table = format!("tcpkit_intercept_{}", self.queue);
+        let chain = format!("TCPKIT-INTERCEPT-{}", self.queue);
+        let ok = |argv: &[&str]| {
+            self.l
+                .target
+                .command(argv)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        ok(&["nft", "list", "table", "inet", &table]) || ok(&["iptables", "-w", "-S", &chain])
+    }
+}
+
+/// Lines of a capture that are packets from the target to a client address.
+fn leaks(dump: Tcpdump) -> (Vec<String>, usize) {
+    let text = dump.stop().expect("tcpdump").text().expect("tcpdump -r");
+    let n = text.len();
+    let bad = text
+        .into_iter()
+        .filter(|l| l.contains(&format!("{TARGET}.8080 > 198.18.1.")))
+        .collect();
+    (bad, n)
+}
+
+/// intercept's JSON report from its log, checked against the committed schema.
+fn report(p: &Proc) -> Value {
+    let log = p.log();
+    let (a, b) = (log.find('{').unwrap(), log.rfind('}').unwrap());
+    let r: Value = serde_json::from_str(&log[a..=b]).unwrap_or_else(|e| panic!("{e}: {log}"));
+    schema::check(&schema::load("intercept"), &r, "intercept");
+    r
+}
+
+/// The control that makes the leak checks able to fail: with the rule gone, a connection
+/// from the online host's client-side address (in the clients' prefix) gets its answer
+/// back over the watched link, and the watch sees it.
+fn watch_sees_a_leak_once_the_rule_is_gone(t: &mut OLab) {
+    let dump = t.watch();
+    let url = format!("http://{TARGET}:8080/hello.txt");
+    let o =
+        t.l.online
+            .run(&[
+                "curl",
+                "-sS",
+                "--max-time",
+                "5",
+                "--interface",
+                ONLINE,
+                &url,
+            ])
+            .expect("curl from the clients' prefix, the rule gone");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hello from the lab\n");
+    let (seen, _) = leaks(dump);
+    assert!(
+        seen.iter().any(|l| l.contains(&format!(" > {ONLINE}."))),
+        "{seen:#?}"
+    );
+}
+
+#[test]
+fn on_target_intercept_loses_no_request_and_no_answer_leaves_the_target() {
+    let start = Instant::now();
+    let mut t = OLab::new("cpontgt");
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let dump = t.watch();
+    let icp = t.intercept("intercept");
+    assert!(t.rule_present(), "no rule while intercept runs");
+    let c = t.copy(&["--duration", "3"]);
+    let clients = t.l.clients.clone();
+    std::thread::scope(|s| {
+        let a = s.spawn(|| load(&clients, "300", "2", None));
+        let b = s.spawn(|| load(&clients, "150", "2", Some("1")));
+        a.join().unwrap();
+        b.join().unwrap();
+    });
+    let r = copy_done(c);
+    icp.signal(Signal::SIGINT).unwrap();
+    let st = icp.wait_timeout(Duration::from_secs(5)).unwrap();
+    assert!(st.is_some_and(|s| s.success()), "{}", icp.log());
+    let (bad, watched) = leaks(dump);
+    let online = lines(&on_log);
+    let target = lines(&tg_log);
+    eprintln!(
+        "on target: {} requests online, {} at the target, {watched} packets from 8080 on the \
+         target's link, {:.1} s",
+        online.len(),
+        target.len(),
+        start.elapsed().as_secs_f64()
+    );
+    assert!(online.len() > 800, "{} requests online", online.len());
+    // Every request reached the target, from the clients' own address.
+    assert_eq!(target.len(), online.len(), "{r:#}");
+    assert!(
+        target.iter().all(|l| l.starts_with(&format!("{CLIENT} "))),
+        "{:?}",
+        &target[..target.len().min(3)]
+    );
+    assert!(target.iter().all(|l| l.contains(" 200 ")), "{target:?}");
+    assert_eq!(r["mode"], "transparent");
+    assert_eq!(
+        u(&r, "requests.answered"),
+        u(&r, "requests.copied"),
+        "{r:#}"
+    );
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    assert_eq!(u(&r, "transparent.control_lost"), 0, "{r:#}");
+    // Not one answer left the target toward a client.
+    assert!(
+        bad.is_empty(),
+        "{} leaked: {:#?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+    // intercept's report: the rule, the answers it queued and sent on.
+    let ir = report(&icp);
+    eprintln!("intercept: {ir}");
+    assert_eq!(ir["mode"], "on-target", "{ir:#}");
+    assert_eq!(ir["interface"], format!("queue {}", t.queue), "{ir:#}");
+    assert_eq!(
+        ir["filter"], "tcp sport { 8080 } ip daddr { 198.18.1.0/24 }",
+        "{ir:#}"
+    );
+    assert_eq!(ir["stale_rule_replaced"], false, "{ir:#}");
+    assert_eq!(u(&ir, "copies_connected"), 1, "{ir:#}");
+    assert!(
+        u(&ir, "sent") >= u(&r, "transparent.answers_received"),
+        "{ir:#}"
+    );
+    assert_eq!(u(&ir, "kernel_drops"), 0, "{ir:#}");
+    assert_eq!(ir["failure"], Value::Null);
+    // The rule went with intercept, and the watch would have seen a leak.
+    assert!(!t.rule_present(), "the rule outlived intercept");
+    watch_sees_a_leak_once_the_rule_is_gone(&mut t);
+}
+
+#[test]
+fn on_target_intercept_killed_fails_closed_and_a_restarted_one_replaces_its_rule() {
+    let mut t = OLab::new("cpontkill");
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let dump = t.watch();
+    let first = t.intercept("intercept1");
+    let c = t.copy(&["--duration", "5"]);
+    let clients = t.l.clients.clone();
+    let (second, r, before) = std::thread::scope(|s| {
+        let a = s.spawn(|| load(&clients, "100", "4", None));
+        let b = s.spawn(|| load(&clients, "50", "4", Some("1")));
+        std::thread::sleep(Duration::from_millis(1200));
+        first.signal(Signal::SIGKILL).unwrap();
+        first.wait_timeout(Duration::from_secs(5)).unwrap();
+        // Killed: the rule stays, and with nobody reading its queue the answers are dropped.
+        assert!(t.rule_present(), "the rule went with a killed intercept");
+        std::thread::sleep(Duration::from_millis(500));
+        let second = t.intercept("intercept2");
+        // Each target-log line written after the restart is a copy that got through.
+        let before = lines(&tg_log).len();
+        a.join().unwrap();
+        b.join().unwrap();
+        (second, copy_done(c), before)
+    });
+    let after = lines(&tg_log).len();
+    second.signal(Signal::SIGTERM).unwrap();
+    let st = second.wait_timeout(Duration::from_secs(5)).unwrap();
+    assert!(st.is_some_and(|s| s.success()), "{}", second.log());
+    let (bad, watched) = leaks(dump);
+    eprintln!(
+        "on-target restart: online {} target {after} (before restart {before}), {watched} \
+         packets from 8080 on the target's link; {}",
+        lines(&on_log).len(),
+        r["transparent"]
+    );
+    // Nothing left the target, the killed intercept's gap included.
+    assert!(
+        bad.is_empty(),
+        "{} leaked: {:#?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+    assert!(u(&r, "transparent.control_losses") >= 1, "{r:#}");
+    assert!(u(&r, "transparent.control_reconnects") >= 1, "{r:#}");
+    assert!(
+        after > before + 60,
+        "copying resumed: {before} -> {after} {r:#}"
+    );
+    assert!(u(&r, "sessions.completed") > 0, "{r:#}");
+    let ir = report(&second);
+    assert_eq!(ir["stale_rule_replaced"], true, "{ir:#}");
+    assert!(u(&ir, "copies_connected") >= 1, "{ir:#}");
+    assert!(!t.rule_present(), "the rule outlived SIGTERM");
+    watch_sees_a_leak_once_the_rule_is_gone(&mut t);
+}
+
+/// The target's TCP connections from port 8080 to the clients' prefix, established.
+fn copied_connections(t: &OLab) -> usize {
+    let o =
+        t.l.target
+            .run(&[
+                "ss",
+                "-H",
+                "-t",
+                "-n",
+                "state",
+                "established",
+                "( sport = :8080 )",
+                "and",
+                "( dst 198.18.1.0/24 )",
+            ])
+            .expect("ss");
+    String::from_utf8_lossy(&o.stdout).lines().count()
+}
+
+#[test]
+fn on_target_intercept_exit_aborts_the_copied_connections_a_dead_copy_left() {
+    let mut t = OLab::new("cpontabrt");
+    let (_on, _) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let dump = t.watch();
+    let icp = t.intercept("intercept");
+    let mut c = t.copy(&["--duration", "30"]);
+    let clients = t.l.clients.clone();
+    // Keep-alive sessions, still open when the copy dies.
+    std::thread::scope(|s| {
+        let a = s.spawn(|| load(&clients, "50", "3", None));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lines(&tg_log).len() < 20 {
+            assert!(Instant::now() < deadline, "no copies reached the target");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        c.kill().unwrap();
+        c.wait().unwrap();
+        a.join().unwrap();
+    });
+    // The dead copy's sessions stay open on the target (nginx keeps them for 75 s): left
+    // alone, each would send a FIN to a real client once the rule is gone.
+    let open = copied_connections(&t);
+    assert!(open >= 1, "nothing left open to abort");
+    icp.signal(Signal::SIGTERM).unwrap();
+    let st = icp.wait_timeout(Duration::from_secs(5)).unwrap();
+    assert!(st.is_some_and(|s| s.success()), "{}", icp.log());
+    let ir = report(&icp);
+    eprintln!("{open} copied connections open at intercept's exit: {ir}");
+    assert!(u(&ir, "connections_aborted") >= open as u64, "{ir:#}");
+    assert_eq!(copied_connections(&t), 0);
+    assert!(!t.rule_present());
+    // Their resets were queued by the rule still in place and dropped.
+    std::thread::sleep(Duration::from_millis(300));
+    let (bad, _) = leaks(dump);
+    assert!(bad.is_empty(), "{bad:#?}");
+}
+
+/// `ARGV` in `host` to completion.
+fn run_in(host: &Host, argv: &[&str]) -> std::process::Output {
+    run_limited(host.command(argv), Duration::from_secs(10))
+}
+
+#[test]
+fn on_target_refusals_are_one_line_and_touch_no_rule() {
+    let mut t = OLab::new("cpontbad");
+    let held = t.intercept("intercept");
+    assert!(t.rule_present());
+    // The queue is taken: refused before any rule changes; the first keeps its rule.
+    let other = format!("{TARGET}:{}", t.port + 1);
+    let mut argv = t.intercept_args(&other);
+    argv.retain(|a| a != "--json");
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let o = run_in(&t.l.target, &argv);
+    one_line_failure(
+        &o,
+        &format!(
+            "tcpkit intercept: --on-target: netfilter queue {} is taken by another reader (netlink port ",
+            t.queue
+        ),
+        "; stop it or choose another queue",
+    );
+    assert!(
+        t.rule_present(),
+        "a refused intercept removed the first one's rule"
+    );
+    held.signal(Signal::SIGINT).unwrap();
+    held.wait_timeout(Duration::from_secs(5)).unwrap();
+    assert!(!t.rule_present());
+    // nft is not there.
+    let mut env = vec!["env", "PATH=/nonexistent"];
+    env.extend_from_slice(&argv);
+    one_line_failure(
+        &run_in(&t.l.target, &env),
+        "tcpkit intercept: --on-target: nft not found: ",
+        "(apt-get install nftables)",
+    );
+    // Not root.
+    let mut nobody = vec![
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+    ];
+    nobody.extend_from_slice(&argv);
+    one_line_failure(
+        &run_in(&t.l.target, &nobody),
+        &format!(
+            "tcpkit intercept: --on-target: netfilter queue {}: bind refused by the kernel (needs root or CAP_NET_ADMIN)",
+            t.queue
+        ),
+        "Operation not permitted",
+    );
+    assert!(!t.rule_present());
+    // A usage error: exit 2, one line.
+    let o = run_in(
+        &t.l.target,
+        &[
+            tcpkit(),
+            "intercept",
+            "--on-target",
+            "--server-port",
+            "8080",
+            "--capture",
+            "eth0",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("tcpkit intercept: ") && err.contains("--capture"),
+        "{err}"
+    );
+}
+
+/// `copy --check` with intercept on the target: the return-path probe comes back through
+/// the queue; when intercept's rule does not cover the probe's address, the advice is about
+/// that rule and the target's own route, not about an assistant.
+#[test]
+fn check_probes_the_return_path_through_an_intercept_on_the_target() {
+    let mut t = OLab::new("cpontchk");
+    let (_tg, _) = t.l.nginx(false, Log::Peer);
+    let rule = format!("8080-{TARGET}:8080");
+    let ia = t.intercept_addr();
+    let cap = t.l.capture_if();
+    let check = |t: &OLab| -> (Option<i32>, String) {
+        let argv = [
+            tcpkit(),
+            "copy",
+            "--check",
+            "--transparent",
+            "-x",
+            &rule,
+            "--intercept",
+            &ia,
+            "-i",
+            &cap,
+            "--timeout",
+            "2",
+            "-c",
+            CLIENTS,
+        ];
+        let o = run_limited(t.l.online.command(&argv), Duration::from_secs(30));
+        let text =
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        let line = text
+            .lines()
+            .find(|l| l.contains(" return path "))
+            .unwrap_or_else(|| panic!("no return path line: {text}"))
+            .to_string();
+        (o.status.code(), line)
+    };
+    let head = format!("return path {TARGET}:8080 via intercept {ia} (on the target): ");
+
+    let icp = t.intercept("intercept");
+    let (code, l) = check(&t);
+    assert_eq!(code, Some(0), "{l}");
+    assert!(
+        l.starts_with(&format!("OK   {head}a SYN from 198.18.1.1:"))
+            && l.contains("answered with SYN-ACK (reset at once), caught by intercept in"),
+        "{l}"
+    );
+    icp.signal(Signal::SIGINT).unwrap();
+    icp.wait_timeout(Duration::from_secs(5)).unwrap();
+
+    // intercept's rule catches answers to another prefix only.
+    t.clients = "10.99.0.0/16".into();
+    let _icp = t.intercept("intercept2");
+    let (code, l) = check(&t);
+    assert_eq!(code, Some(1), "{l}");
+    assert!(
+        l.starts_with(&format!("FAIL {head}a SYN from 198.18.1.1:"))
+            && l.contains("got no answer through intercept within 2 s")
+            && l.contains(
+                "intercept runs on the target: its --on-target rule must catch the answer, so give it --server-port 8080 and --clients covering 198.18.1.1"
+            )
+            && l.contains("rp_filter")
+            && !l.contains("via <assistant>"),
+        "{l}"
+    );
+}
