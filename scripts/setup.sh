@@ -6,9 +6,8 @@ set -euo pipefail
 
 pkgs=(
   iproute2 iputils-ping ethtool procps psmisc   # the lab: namespaces, veth, tc, ping, process tools
-  nftables                                      # firewall rules in lab hosts (dropped SYNs; intercept on the target)
   tcpdump tshark                                # what went on the wire
-  nftables iptables                             # intercept --on-target's queue rule (iptables: kernels without nft's queue)
+  nftables iptables                             # lab rules (dropped SYNs); intercept --on-target's queue rule (iptables where nft has no queue)
   tcpreplay                                     # tcpreplay/tcprewrite: peer and oracle
   libpcap-dev clang pkg-config                  # filter compilation, BPF programs
   time util-linux                               # /usr/bin/time for peak memory; prlimit
