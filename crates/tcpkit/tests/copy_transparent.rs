@@ -9,186 +9,42 @@ use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
 use copy_common::schema;
+use copy_common::tlab::*;
 use copy_common::*;
 use serde_json::Value;
-use tcpkit_lab::{Host, LinkOpts, Proc, Signal};
+use tcpkit_lab::Signal;
 
-const TGT_A: &str = "198.18.3.1";
-const ASSIST: &str = "198.18.3.2";
-const ONLINE_M: &str = "198.18.4.1";
-const ASSIST_M: &str = "198.18.4.2";
-const CLIENT6: &str = "fd00:18:1::1";
-const ONLINE6: &str = "fd00:18:1::2";
-const ONLINE6_T: &str = "fd00:18:2::1";
-const TARGET6: &str = "fd00:18:2::2";
-const TGT6_A: &str = "fd00:18:3::1";
-const ASSIST6: &str = "fd00:18:3::2";
-
-struct TLab {
-    l: CopyLab,
-    assistant: Host,
-    /// The assistant's interface toward the target (where intercept captures).
-    ast_if: String,
-    /// The target's interface toward the assistant.
-    tgt_ast_if: String,
-    port: u16,
-    /// What intercept catches: the target's answers from this port.
-    answers_port: u16,
+/// The transparent lab with intercept catching every answer from `port` (both families).
+fn tlab(tag: &str, port: u16) -> TLab {
+    let mut t = TLab::new(tag);
+    t.filter = format!("src port {port}");
+    t
 }
 
-fn free_port() -> u16 {
-    // Unique per test process and test, inside each test's own namespaces anyway.
-    30_000 + (std::process::id() % 20_000) as u16
+/// A live transparent copy of 8080 to the target, 2 s timeout, with `extra` flags.
+fn copy(t: &TLab, extra: &[&str]) -> Child {
+    let rule = format!("8080-{TARGET}:8080");
+    t.copy(&rule, &[&["--timeout", "2"], extra].concat())
 }
 
-impl TLab {
-    fn new(tag: &str) -> TLab {
-        let mut l = CopyLab::new(tag);
-        let assistant = l.lab.host("ast").expect("host");
-        let target = l.target.clone();
-        let online = l.online.clone();
-        let tl = l
-            .lab
-            .link(
-                &target,
-                &assistant,
-                &LinkOpts {
-                    addr_a: vec![format!("{TGT_A}/24")],
-                    addr_b: vec![format!("{ASSIST}/24")],
-                    ..LinkOpts::default()
-                },
-            )
-            .expect("link");
-        l.lab
-            .link(
-                &online,
-                &assistant,
-                &LinkOpts {
-                    addr_a: vec![format!("{ONLINE_M}/24")],
-                    addr_b: vec![format!("{ASSIST_M}/24")],
-                    ..LinkOpts::default()
-                },
-            )
-            .expect("link");
-        // The target answers the clients' subnet through the assistant, and accepts their
-        // packets arriving from the online side (strict reverse-path filtering would not).
-        target
-            .run(&["ip", "route", "add", "198.18.1.0/24", "via", ASSIST])
-            .expect("route");
-        for k in ["all", "default", &l.tgt_link.b.name] {
-            target
-                .sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")
-                .expect("rp_filter");
-        }
-        assistant
-            .sysctl("net.ipv4.ip_forward", "0")
-            .expect("sysctl");
-        TLab {
-            l,
-            assistant,
-            ast_if: tl.b.name.clone(),
-            tgt_ast_if: tl.a.name.clone(),
-            port: free_port(),
-            answers_port: 8080,
-        }
-    }
-
-    /// IPv6 beside IPv4 on every link of the copy path (the control connection stays on the
-    /// IPv4 management link): clients CLIENT6, online ONLINE6 / ONLINE6_T, target TARGET6,
-    /// which routes the clients' prefix via the assistant ASSIST6.
-    fn add_v6(&self) {
-        let l = &self.l;
-        for (h, addr, ifname) in [
-            (&l.clients, CLIENT6, &l.cli_link.a.name),
-            (&l.online, ONLINE6, &l.cli_link.b.name),
-            (&l.online, ONLINE6_T, &l.tgt_link.a.name),
-            (&l.target, TARGET6, &l.tgt_link.b.name),
-            (&l.target, TGT6_A, &self.tgt_ast_if),
-            (&self.assistant, ASSIST6, &self.ast_if),
-        ] {
-            h.run(&[
-                "ip",
-                "-6",
-                "addr",
-                "add",
-                &format!("{addr}/64"),
-                "dev",
-                ifname,
-                "nodad",
-            ])
-            .expect("ip -6 addr");
-        }
-        l.target
-            .run(&["ip", "-6", "route", "add", "fd00:18:1::/64", "via", ASSIST6])
-            .expect("route");
-        self.assistant
-            .sysctl("net.ipv6.conf.all.forwarding", "0")
-            .expect("sysctl");
-    }
-
-    fn intercept_args(&self) -> Vec<String> {
-        vec![
-            tcpkit().into(),
-            "intercept".into(),
-            "--capture".into(),
-            self.ast_if.clone(),
-            "--filter".into(),
-            format!("src port {}", self.answers_port),
-            "--listen".into(),
-            format!("{ASSIST_M}:{}", self.port),
-            "--json".into(),
-        ]
-    }
-
-    /// Starts intercept and waits for its control port.
-    fn intercept(&mut self, name: &str) -> Proc {
-        let argv = self.intercept_args();
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let assistant = self.assistant.clone();
-        let p = assistant
-            .spawn(&mut self.l.lab, name, &argv)
-            .unwrap_or_else(|e| panic!("{e}"));
-        wait_port(&self.assistant, ASSIST_M, self.port, &p);
-        p
-    }
-
-    fn intercept_addr(&self) -> String {
-        format!("{ASSIST_M}:{}", self.port)
-    }
-
-    fn copy(&self, extra: &[&str]) -> Child {
-        let rule = format!("8080-{TARGET}:8080");
-        let cap = self.l.capture_if();
-        let ia = self.intercept_addr();
-        let mut args = vec![
-            "--transparent",
-            "-x",
-            &rule,
-            "--intercept",
-            &ia,
-            "-i",
-            &cap,
-            "--timeout",
-            "2",
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        self.l.copy(&args)
-    }
+/// The same, offline, to completion.
+fn copy_offline(t: &TLab, args: &[&str]) -> Output {
+    let rule = format!("8080-{TARGET}:8080");
+    t.copy_offline(&rule, &[&["--timeout", "2"], args].concat())
 }
 
 #[test]
 fn transparent_http_target_sees_the_clients_with_loss_under_a_thousandth_and_nothing_reaches_them()
 {
     let start = Instant::now();
-    let mut t = TLab::new("cptrhttp");
+    let mut t = tlab("cptrhttp", 8080);
     let (_on, on_log) = t.l.nginx(true, Log::Peer);
     let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
     let icp = t.intercept("intercept");
     let ifname = t.l.cli_link.a.name.clone();
     let clients = t.l.clients.clone();
     let dump = t.l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
-    let c = t.copy(&["--duration", "3"]);
+    let c = copy(&t, &["--duration", "3"]);
     std::thread::scope(|s| {
         let a = s.spawn(|| load(&clients, "300", "2", None));
         let b = s.spawn(|| load(&clients, "150", "2", Some("1")));
@@ -255,11 +111,11 @@ fn transparent_http_target_sees_the_clients_with_loss_under_a_thousandth_and_not
 
 #[test]
 fn transparent_n3_copies_each_session_three_times_on_distinct_ports() {
-    let mut t = TLab::new("cptrn3");
+    let mut t = tlab("cptrn3", 8080);
     let (_on, on_log) = t.l.nginx(true, Log::Peer);
     let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
     let _icp = t.intercept("intercept");
-    let c = t.copy(&["--duration", "2.5", "-n", "3"]);
+    let c = copy(&t, &["--duration", "2.5", "-n", "3"]);
     let clients = t.l.clients.clone();
     load(&clients, "100", "1.5", Some("1"));
     let r = copy_done(c);
@@ -286,11 +142,11 @@ fn transparent_n3_copies_each_session_three_times_on_distinct_ports() {
 
 #[test]
 fn transparent_survives_an_intercept_restart_counting_the_copies_it_cut() {
-    let mut t = TLab::new("cptrrst");
+    let mut t = tlab("cptrrst", 8080);
     let (_on, on_log) = t.l.nginx(true, Log::Peer);
     let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
     let first = t.intercept("intercept1");
-    let c = t.copy(&["--duration", "5"]);
+    let c = copy(&t, &["--duration", "5"]);
     let clients = t.l.clients.clone();
     std::thread::scope(|s| {
         let a = s.spawn(|| load(&clients, "100", "4", None));
@@ -327,7 +183,7 @@ fn transparent_survives_an_intercept_restart_counting_the_copies_it_cut() {
 
 #[test]
 fn intercept_refuses_to_start_on_a_forwarding_host() {
-    let t = TLab::new("cptrfwd");
+    let t = tlab("cptrfwd", 8080);
     t.assistant
         .sysctl("net.ipv4.ip_forward", "1")
         .expect("sysctl");
@@ -343,7 +199,7 @@ fn intercept_refuses_to_start_on_a_forwarding_host() {
 
 #[test]
 fn copy_with_intercept_unreachable_at_start_is_one_line() {
-    let t = TLab::new("cptrunr");
+    let t = tlab("cptrunr", 8080);
     let rule = format!("8080-{TARGET}:8080");
     let ia = t.intercept_addr();
     let cap = t.l.capture_if();
@@ -368,29 +224,9 @@ fn copy_with_intercept_unreachable_at_start_is_one_line() {
     );
 }
 
-/// `tcpkit copy --transparent ARGS` in the online host, to completion (offline runs).
-fn copy_offline(t: &TLab, args: &[&str]) -> Output {
-    let rule = format!("8080-{TARGET}:8080");
-    let ia = t.intercept_addr();
-    let mut argv = vec![
-        tcpkit(),
-        "copy",
-        "--transparent",
-        "-x",
-        &rule,
-        "--intercept",
-        &ia,
-        "--timeout",
-        "2",
-        "--json",
-    ];
-    argv.extend_from_slice(args);
-    run_limited(t.l.online.command(&argv), Duration::from_secs(30))
-}
-
 #[test]
 fn transparent_diff_live_finds_exactly_the_requests_for_the_changed_file() {
-    let mut t = TLab::new("cptrdfl");
+    let mut t = tlab("cptrdfl", 8080);
     let (_on, on_log) = t.l.nginx(true, Log::Peer);
     let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
     // big.txt spans many segments (and GSO-sized ones on the veth): equal only if every byte
@@ -410,19 +246,22 @@ fn transparent_diff_live_finds_exactly_the_requests_for_the_changed_file() {
     let clients = t.l.clients.clone();
     let dump = t.l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
     let out = t.l.dir.path().join("diffs.jsonl");
-    let c = t.copy(&[
-        "--duration",
-        "3",
-        "--diff",
-        "--diff-mode",
-        "http",
-        "--diff-ignore",
-        "^Date:",
-        "--diff-out",
-        out.to_str().unwrap(),
-        "--diff-max",
-        "3",
-    ]);
+    let c = copy(
+        &t,
+        &[
+            "--duration",
+            "3",
+            "--diff",
+            "--diff-mode",
+            "http",
+            "--diff-ignore",
+            "^Date:",
+            "--diff-out",
+            out.to_str().unwrap(),
+            "--diff-max",
+            "3",
+        ],
+    );
     let get = |path: &'static str, rate: &'static str, per_conn: Option<&'static str>| {
         let mut a = vec!["--http-get", path, "-c", "1", "-r", rate, "-t", "1.5"];
         if let Some(q) = per_conn {
@@ -494,7 +333,7 @@ fn transparent_diff_live_finds_exactly_the_requests_for_the_changed_file() {
 
 #[test]
 fn transparent_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed_body() {
-    let mut t = TLab::new("cptrdfo");
+    let mut t = tlab("cptrdfo", 8080);
     let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
     serve(
         &t.l,
@@ -599,7 +438,7 @@ fn transparent_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed
 #[test]
 fn transparent_ipv6_target_sees_the_clients_with_loss_under_a_thousandth_and_nothing_reaches_them()
 {
-    let mut t = TLab::new("cptr6");
+    let mut t = tlab("cptr6", 8080);
     t.add_v6();
     let (_on, on_log) = t.l.nginx_also_on(true, Log::Peer, Some(ONLINE6));
     let (_tg, tg_log) = t.l.nginx_also_on(false, Log::Peer, Some(TARGET6));
@@ -710,8 +549,7 @@ fn transparent_ipv6_target_sees_the_clients_with_loss_under_a_thousandth_and_not
 
 #[test]
 fn transparent_redis_set_workload_leaves_the_same_keys_on_the_target() {
-    let mut t = TLab::new("cptrrds");
-    t.answers_port = 6379;
+    let mut t = tlab("cptrrds", 6379);
     let _on = t.l.redis(true);
     let _tg = t.l.redis(false);
     let _icp = t.intercept("intercept");
@@ -793,7 +631,7 @@ fn transparent_redis_set_workload_leaves_the_same_keys_on_the_target() {
 
 #[test]
 fn transparent_offline_plays_a_capture_with_its_clients_addresses_looped() {
-    let mut t = TLab::new("cptrfile");
+    let mut t = tlab("cptrfile", 8080);
     let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
     let _icp = t.intercept("intercept");
     let get = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
@@ -864,7 +702,7 @@ fn transparent_offline_plays_a_capture_with_its_clients_addresses_looped() {
 /// names the route to add.
 #[test]
 fn check_probes_the_return_path_through_intercept() {
-    let mut t = TLab::new("cptrchk");
+    let mut t = tlab("cptrchk", 8080);
     let (_tg, _) = t.l.nginx(false, Log::Peer);
     let (_on, _) = t.l.nginx(true, Log::Peer);
     let _icp = t.intercept("intercept");
@@ -955,7 +793,7 @@ fn check_probes_the_return_path_through_intercept() {
 /// resending what it did not acknowledge.
 #[test]
 fn transparent_diff_is_exact_when_answers_are_lost_on_the_way_to_intercept() {
-    let mut t = TLab::new("cptrdfl2");
+    let mut t = tlab("cptrdfl2", 8080);
     let (_tg, _) = t.l.nginx(false, Log::Peer);
     let body: String = (0..60_000u32)
         .map(|i| char::from(b'A' + (i * 11 % 26) as u8))

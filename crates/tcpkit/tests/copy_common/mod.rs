@@ -749,24 +749,10 @@ pub fn greeting_client(host: &Host, addr: &str, lines: &[&str]) {
 
 // ---- transparent mode (copy_transparent, copy_on_target) -------------------------------
 
-/// A transparent copy's report, once it exited successfully, checked for accounting and
-/// against the schema.
+/// A live transparent copy's report, once it exited successfully
+/// ([`tlab::transparent_report`]).
 pub fn copy_done(c: Child) -> Value {
-    let o = wait_limited(c, Duration::from_secs(15));
-    assert!(
-        o.status.success(),
-        "copy failed: {} {}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    let r = json(&o);
-    accounted(&r);
-    check_schema(&r);
-    assert!(
-        r["transparent"].is_object(),
-        "no transparent section: {r:#}"
-    );
-    r
+    tlab::transparent_report(&wait_limited(c, Duration::from_secs(15)))
 }
 
 /// Every copy ended exactly one way (control_lost counts among the failures here).

@@ -1,8 +1,7 @@
 //! The transparent-mode lab: the copy lab plus an assistant host running `tcpkit intercept`.
 //! clients → online (copy) → target (routes the clients' subnet via the assistant) →
 //! assistant (intercept); the online host reaches intercept's control port over a management
-//! link of its own. The same topology as copy_transparent.rs's, kept here so other test
-//! files can build it (that file keeps its own copy while another branch edits it).
+//! link of its own. IPv6 beside IPv4 on request ([`TLab::add_v6`]).
 
 use std::process::{Child, Output};
 use std::time::Duration;
@@ -16,12 +15,20 @@ pub const TGT_A: &str = "198.18.3.1";
 pub const ASSIST: &str = "198.18.3.2";
 pub const ONLINE_M: &str = "198.18.4.1";
 pub const ASSIST_M: &str = "198.18.4.2";
+pub const CLIENT6: &str = "fd00:18:1::1";
+pub const ONLINE6: &str = "fd00:18:1::2";
+pub const ONLINE6_T: &str = "fd00:18:2::1";
+pub const TARGET6: &str = "fd00:18:2::2";
+pub const TGT6_A: &str = "fd00:18:3::1";
+pub const ASSIST6: &str = "fd00:18:3::2";
 
 pub struct TLab {
     pub l: CopyLab,
     pub assistant: Host,
     /// The assistant's interface toward the target (where intercept captures).
     pub ast_if: String,
+    /// The target's interface toward the assistant.
+    pub tgt_ast_if: String,
     /// intercept's control port.
     pub port: u16,
     /// intercept's capture filter: the target's answers.
@@ -74,26 +81,65 @@ impl TLab {
             l,
             assistant,
             ast_if: tl.b.name.clone(),
+            tgt_ast_if: tl.a.name.clone(),
             // Each test owns its namespaces: any port is free there.
             port: 7070,
             filter: "tcp and src host 198.18.2.2".into(),
         }
     }
 
+    /// IPv6 beside IPv4 on every link of the copy path (the control connection stays on the
+    /// IPv4 management link): clients CLIENT6, online ONLINE6 / ONLINE6_T, target TARGET6,
+    /// which routes the clients' prefix via the assistant ASSIST6.
+    pub fn add_v6(&self) {
+        let l = &self.l;
+        for (h, addr, ifname) in [
+            (&l.clients, CLIENT6, &l.cli_link.a.name),
+            (&l.online, ONLINE6, &l.cli_link.b.name),
+            (&l.online, ONLINE6_T, &l.tgt_link.a.name),
+            (&l.target, TARGET6, &l.tgt_link.b.name),
+            (&l.target, TGT6_A, &self.tgt_ast_if),
+            (&self.assistant, ASSIST6, &self.ast_if),
+        ] {
+            h.run(&[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                ifname,
+                "nodad",
+            ])
+            .expect("ip -6 addr");
+        }
+        l.target
+            .run(&["ip", "-6", "route", "add", "fd00:18:1::/64", "via", ASSIST6])
+            .expect("route");
+        self.assistant
+            .sysctl("net.ipv6.conf.all.forwarding", "0")
+            .expect("sysctl");
+    }
+
+    /// intercept's command line: capture on the assistant's link with [`TLab::filter`].
+    pub fn intercept_args(&self) -> Vec<String> {
+        vec![
+            tcpkit().into(),
+            "intercept".into(),
+            "--capture".into(),
+            self.ast_if.clone(),
+            "--filter".into(),
+            self.filter.clone(),
+            "--listen".into(),
+            self.intercept_addr(),
+            "--json".into(),
+        ]
+    }
+
     /// Starts intercept and waits for its control port.
     pub fn intercept(&mut self, name: &str) -> Proc {
-        let listen = self.intercept_addr();
-        let argv = [
-            tcpkit(),
-            "intercept",
-            "--capture",
-            &self.ast_if,
-            "--filter",
-            &self.filter,
-            "--listen",
-            &listen,
-            "--json",
-        ];
+        let argv = self.intercept_args();
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let assistant = self.assistant.clone();
         let p = assistant
             .spawn(&mut self.l.lab, name, &argv)
