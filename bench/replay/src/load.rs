@@ -25,9 +25,11 @@ const IDLE_PORT: u16 = 4242;
 const QNAME: &str = "www.example";
 /// Length of one search step and of the latency run.
 const STEP_S: f64 = 2.0;
-/// The reference point for latency over 2,000 connections, and how long it is run.
+/// The reference point for latency over 2,000 connections, how long one run lasts and
+/// how many runs give the median.
 const REF_RATE: u64 = 165_000;
 const REF_S: f64 = 4.0;
+const REF_RUNS: usize = 5;
 /// A process here may hold this many descriptors (RLIMIT_NOFILE's hard limit).
 const FDS_PER_PROC: u64 = 19_000;
 
@@ -599,25 +601,35 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
             );
             if port == ECHO_PORT && conns == 2000 {
                 // The latency target is set at this point (where tcpclient's p99 was
-                // 134 ms): p99 ≤ 1 ms at 165k q/s over 2,000 connections. Longer than a search
-                // step, so a p99 rests on ~660k answers.
+                // 134 ms): p99 ≤ 1 ms at 165k q/s over 2,000 connections. Here one query is one
+                // packet each way, the 2 CPUs run near full, and a run's p99 moves between
+                // ~0.3 and ~2 ms with the scheduling of softirq work: so REF_RUNS runs of REF_S
+                // each, the run with the median p99 shown, and every run's p99 beside it.
                 let mut cells = Vec::new();
                 for client in [Client::Tcpkit, Client::Dnsperf] {
-                    let o = one(&env, client, port, conns, REF_RATE, REF_S)?;
+                    let mut runs = Vec::new();
+                    for _ in 0..REF_RUNS {
+                        runs.push(one(&env, client, port, conns, REF_RATE, REF_S)?);
+                    }
+                    let p99 = |o: &Outcome| o.lat.map_or(f64::INFINITY, |l| l[2]);
+                    runs.sort_by(|a, b| p99(a).total_cmp(&p99(b)));
+                    let all: Vec<String> = runs.iter().map(|o| us(p99(o))).collect();
+                    let o = &runs[runs.len() / 2];
                     cells.push(format!(
-                        "{} ({:.1} % answered{}; {})",
-                        lat_cell(&o),
+                        "{} ({:.1} % answered{}; {}) <br>p99 of the {REF_RUNS} runs: {}",
+                        lat_cell(o),
                         o.answered as f64 * 100.0 / o.asked,
                         o.failure
                             .as_deref()
                             .map(|f| format!("; {f}"))
                             .unwrap_or_default(),
-                        o.note
+                        o.note,
+                        all.join(", ")
                     ));
                 }
                 let _ = writeln!(
                     md,
-                    "| latency p50 / p90 / p99 / p99.9 / max at {}k q/s, {conns} conns, {REF_S} s (issue's target: p99 ≤ 1 ms) | {} | {} |",
+                    "| latency p50 / p90 / p99 / p99.9 / max at {}k q/s, {conns} conns: the median of {REF_RUNS} runs of {REF_S} s by p99 (issue's target: p99 ≤ 1 ms) | {} | {} |",
                     REF_RATE / 1000,
                     cells[0],
                     cells[1]
