@@ -1,6 +1,7 @@
-//! `tcpkit-bench copy`: `tcpkit copy` in relay mode on an online nginx under load, copied to a
-//! target nginx, in a lab of three hosts (clients → online → target). For each rate (1k, 5k,
-//! 20k req/s) and kind of traffic (keep-alive, a new connection per request), one run without
+//! `tcpkit-bench copy`: `tcpkit copy` on an online nginx under load, copied to a target nginx
+//! in relay mode, in transparent mode with intercept on an assistant, and in transparent mode
+//! with intercept on the target itself, in a lab of clients → online → target (→ assistant).
+//! For each mode, rate (1k, 5k, 20k req/s) and kind of traffic (keep-alive, a new connection per request), one run without
 //! the copy and one with it: request loss ratio from the two access logs, the copy's CPU and
 //! peak RSS, and the online server's latency as the clients see it with and without the copy.
 //! The rates come from `tcpkit load --http-get` (open loop, latency from the intended send
@@ -37,6 +38,8 @@ struct Env {
     tg_log: PathBuf,
     /// intercept's control address on the assistant (transparent mode).
     intercept: String,
+    /// intercept's control address on the target itself (--on-target rows).
+    intercept_on_target: String,
 }
 
 /// How the copy reaches the target.
@@ -46,7 +49,11 @@ enum Mode {
     Relay,
     /// The clients' own addresses through a raw socket; answers caught by intercept.
     Transparent,
+    /// Transparent, with intercept on the target itself (`--on-target`: a netfilter queue
+    /// rule there) instead of on an assistant.
+    OnTarget,
 }
+
 
 /// Target ↔ assistant, and online ↔ assistant (the copy's control connection to intercept).
 const TGT_A: &str = "198.18.3.1";
@@ -205,28 +212,22 @@ fn wire_stop(p: Proc, path: &Path) -> Result<Option<(f64, f64)>> {
     Ok((!lat.is_empty()).then(|| (pct(0.5), pct(0.99))))
 }
 
-/// `tcpkit intercept` on the assistant, catching the target's answers on `ifname`; returns
-/// once its control port accepts.
-fn start_intercept(env: &Env, lab: &mut Lab, ast: &Host, ifname: &str) -> Result<Proc> {
+/// `tcpkit intercept` in `host` listening on `listen` with `how` (where and how it catches
+/// the target's answers); returns once its control port accepts.
+fn start_intercept(
+    env: &Env,
+    lab: &mut Lab,
+    host: &Host,
+    listen: &str,
+    how: &[&str],
+) -> Result<Proc> {
     let tk = env.tcpkit.to_str().unwrap_or_default();
-    let listen = env.intercept.clone();
-    let p = ast.spawn(
-        lab,
-        "intercept",
-        &[
-            tk,
-            "intercept",
-            "--capture",
-            ifname,
-            "--filter",
-            "src port 8080",
-            "--listen",
-            &listen,
-        ],
-    )?;
+    let mut argv = vec![tk, "intercept", "--listen", listen];
+    argv.extend_from_slice(how);
+    let p = host.spawn(lab, &format!("intercept-{}", host.name()), &argv)?;
     let addr: SocketAddr = listen.parse()?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !ast
+    while !host
         .enter(|| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
     {
         if Instant::now() > deadline || p.try_status()?.is_some() {
@@ -299,8 +300,14 @@ fn start_copy(env: &Env, secs: f64, mode: Mode) -> Result<Child> {
         &d,
         "--json",
     ];
-    if mode == Mode::Transparent {
-        argv.extend_from_slice(&["--transparent", "--intercept", &env.intercept]);
+    match mode {
+        Mode::Relay => {}
+        Mode::Transparent => {
+            argv.extend_from_slice(&["--transparent", "--intercept", &env.intercept]);
+        }
+        Mode::OnTarget => {
+            argv.extend_from_slice(&["--transparent", "--intercept", &env.intercept_on_target]);
+        }
     }
     let child = env
         .onl
@@ -411,10 +418,10 @@ fn scenario(
             } else {
                 "keep-alive"
             },
-            if mode == Mode::Transparent {
-                ", transparent"
-            } else {
-                ""
+            match mode {
+                Mode::Relay => "",
+                Mode::Transparent => ", transparent",
+                Mode::OnTarget => ", transparent, intercept on the target",
             }
         ),
         asked: format!("{}k", rate / 1000),
@@ -564,12 +571,34 @@ pub fn copy(_args: &[String]) -> Result<()> {
         on_log,
         tg_log,
         intercept: format!("{ASSIST_M}:{INTERCEPT_PORT}"),
+        intercept_on_target: format!("{TARGET}:{INTERCEPT_PORT}"),
     };
     let mut rows = Vec::new();
-    for mode in [Mode::Relay, Mode::Transparent] {
+    for mode in [Mode::Relay, Mode::Transparent, Mode::OnTarget] {
         let intercept = match mode {
             Mode::Relay => None,
-            Mode::Transparent => Some(start_intercept(&env, &mut lab, &ast, &ast_link.b.name)?),
+            Mode::Transparent => Some(start_intercept(
+                &env,
+                &mut lab,
+                &ast,
+                &env.intercept,
+                &["--capture", &ast_link.b.name, "--filter", "src port 8080"],
+            )?),
+            // The target still routes the clients' subnet via the assistant; the rule queues
+            // the answers in its output path, before they reach that link.
+            Mode::OnTarget => Some(start_intercept(
+                &env,
+                &mut lab,
+                &tgt,
+                &env.intercept_on_target,
+                &[
+                    "--on-target",
+                    "--server-port",
+                    "8080",
+                    "--clients",
+                    "198.18.1.0/24",
+                ],
+            )?),
         };
         for new_conn in [false, true] {
             for rate in [1000, 5000, 20_000] {
@@ -590,6 +619,10 @@ pub fn copy(_args: &[String]) -> Result<()> {
                     intercept.as_ref(),
                 )?);
             }
+        }
+        // SIGTERM: an on-target intercept removes its rule on the way out.
+        if let Some(p) = intercept {
+            let _ = p.stop();
         }
     }
     eprintln!("wrk keep-alive at its top rate ...");
@@ -648,13 +681,15 @@ pub fn copy(_args: &[String]) -> Result<()> {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let md = format!(
-        "# tcpkit copy (relay and transparent modes) — {date}\n\n\
+        "# tcpkit copy (relay and transparent modes, intercept on an assistant or on the target) — {date}\n\n\
          Command: `{cmd}` (from the workspace root, as root)\n\n\
          Machine: Linux {}, {cpus} CPUs (clients, both nginx and the copy share them); load average at start: {}; whole bench took {:.0} s.\n\
          Lab: clients → online (nginx 1 worker, `tcpkit copy -x 8080-{TARGET}:8080 -i <clients' link>`) → target (nginx 1 worker); veth links.\n\
          Transparent rows: `--transparent --intercept {ASSIST_M}:{INTERCEPT_PORT}`; the target routes the clients' subnet via an\n\
          assistant host where `tcpkit intercept --capture <target link> --filter 'src port 8080'` runs (its CPU over the load's\n\
-         wall time, its peak RSS over the whole bench).\n\
+         wall time, its peak RSS over the whole bench). \"intercept on the target\" rows: `tcpkit intercept --on-target\n\
+         --server-port 8080 --clients 198.18.1.0/24 --listen {TARGET}:{INTERCEPT_PORT}` on the target (a netfilter queue rule there\n\
+         catches the answers; no assistant on their path), the copy's `--intercept {TARGET}:{INTERCEPT_PORT}`.\n\
          Rates: `tcpkit load --http-get /index.html` (612 B) for {RUN_S} s, open loop, latency from the intended send time;\n\
          keep-alive over rate/500 connections (4–40), a new connection per request with `--queries-per-conn 1 --connect-rate 1.2×rate` over 64.\n\
          Debian's wrk has no fixed-rate mode and no connection-per-request mode, so it only runs the last row.\n\
