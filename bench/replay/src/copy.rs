@@ -54,7 +54,6 @@ enum Mode {
     OnTarget,
 }
 
-
 /// Target ↔ assistant, and online ↔ assistant (the copy's control connection to intercept).
 const TGT_A: &str = "198.18.3.1";
 const ASSIST: &str = "198.18.3.2";
