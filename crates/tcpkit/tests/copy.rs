@@ -482,3 +482,126 @@ fn n_3_sends_every_request_three_times_over_independent_connections() {
         ports.len()
     );
 }
+
+#[test]
+fn two_rules_in_one_copy_send_http_and_redis_each_to_its_own_target_server() {
+    let mut l = CopyLab::new("cp2rules");
+    let (_on, on_log) = l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let _ron = l.redis(true);
+    let _rtg = l.redis(false);
+    let rules = format!("8080-{TARGET}:8080,6379-{TARGET}:6379");
+    let c = l.copy(&[
+        "-x",
+        &rules,
+        "-i",
+        &l.capture_if(),
+        "--duration",
+        "3.5",
+        "--json",
+    ]);
+    // Both kinds of traffic at once: HTTP over 2 keep-alive connections and a new connection
+    // per request, and a redis SET workload over 5.
+    let redis = std::thread::scope(|s| {
+        let ka = s.spawn(|| {
+            l.load(
+                8080,
+                &[
+                    "--http-get",
+                    "/hello.txt",
+                    "-c",
+                    "2",
+                    "-r",
+                    "200",
+                    "-t",
+                    "2",
+                ],
+            )
+        });
+        let new = s.spawn(|| {
+            l.load(
+                8080,
+                &[
+                    "--http-get",
+                    "/hello.txt",
+                    "-c",
+                    "1",
+                    "-r",
+                    "50",
+                    "-t",
+                    "2",
+                    "--queries-per-conn",
+                    "1",
+                ],
+            )
+        });
+        let redis = s.spawn(|| {
+            l.client(&[
+                "redis-benchmark",
+                "-h",
+                ONLINE,
+                "-p",
+                "6379",
+                "-t",
+                "set",
+                "-r",
+                "1000",
+                "-n",
+                "3000",
+                "-c",
+                "5",
+                "-q",
+            ])
+        });
+        ka.join().unwrap();
+        new.join().unwrap();
+        redis.join().unwrap()
+    });
+    assert!(
+        redis.status.success(),
+        "{}",
+        String::from_utf8_lossy(&redis.stderr)
+    );
+    let r = copy_done(c);
+    check_schema(&r);
+    assert_eq!(
+        r["rules"],
+        serde_json::json!([format!("8080-{TARGET}:8080"), format!("6379-{TARGET}:6379")]),
+        "{r:#}"
+    );
+    // HTTP reached the target's nginx, all of it and nothing else (redis bytes sent to nginx
+    // would be logged as 400s).
+    let online = lines(&on_log);
+    let target = lines(&tg_log);
+    assert!(online.len() > 400, "{} requests online", online.len());
+    assert_eq!(
+        target.len(),
+        online.len(),
+        "target's nginx log vs the online's: {r:#}"
+    );
+    assert_eq!(count_200(&target), target.len(), "{target:?}");
+    // The SETs reached the target's redis, all of them.
+    let on = redis_keys(&l.online, ONLINE);
+    let tg = redis_keys(&l.target, TARGET);
+    assert!(on.len() > 900, "{} keys online", on.len());
+    assert_eq!(on, tg, "redis keys online vs on the target: {r:#}");
+    // The report counts both rules' sessions and requests: the HTTP connections (2
+    // keep-alive, ~100 of one request each) and the benchmark's 5, all completed; the 3,000
+    // SETs and the HTTP requests, all answered.
+    assert!(u(&r, "sessions.copies") >= 2 + 50 + 5, "{r:#}");
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+    assert!(
+        u(&r, "requests.copied") * 100 >= (3000 + online.len() as u64) * 95,
+        "3000 SETs + {} GETs: {r:#}",
+        online.len()
+    );
+    assert_eq!(
+        u(&r, "requests.answered"),
+        u(&r, "requests.copied"),
+        "{r:#}"
+    );
+}
