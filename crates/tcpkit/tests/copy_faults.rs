@@ -1,6 +1,6 @@
 //! `tcpkit copy` when things go wrong, and offline: target down at start and mid-run, a target
 //! that never answers (--timeout, --no-wait), memory over --max-memory, captures with lost
-//! packets, --speed / --max-idle / --loop / --ramp, bad rules and interfaces.
+//! packets, --speed / --max-idle / --loop / --ramp, think-time pacing, bad rules and interfaces.
 
 mod copy_common;
 
@@ -366,4 +366,117 @@ fn bad_rules_and_interfaces_are_one_line_errors() {
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(o.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// An HTTP/1.1 server in `host` on `addr` that answers each request `delay` after it arrived
+/// (a target slower than production) and records when each request's head arrived, per
+/// connection. Arrivals are read as they come, even while an answer is pending.
+fn slow_http_server(
+    host: &tcpkit_lab::Host,
+    addr: &str,
+    delay: Duration,
+) -> std::sync::Arc<std::sync::Mutex<Vec<Vec<Instant>>>> {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    let seen: Arc<Mutex<Vec<Vec<Instant>>>> = Arc::default();
+    let s2 = seen.clone();
+    let listener = host.enter(|| std::net::TcpListener::bind(addr)).unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let conn = {
+                let mut v = s2.lock().unwrap();
+                v.push(Vec::new());
+                v.len() - 1
+            };
+            let seen = s2.clone();
+            let (tx, rx) = std::sync::mpsc::channel::<Instant>();
+            let mut w = s.try_clone().unwrap();
+            std::thread::spawn(move || {
+                for at in rx {
+                    std::thread::sleep((at + delay).saturating_duration_since(Instant::now()));
+                    if w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut b = [0u8; 4096];
+                while let Ok(n) = s.read(&mut b) {
+                    if n == 0 {
+                        return;
+                    }
+                    let now = Instant::now();
+                    buf.extend_from_slice(&b[..n]);
+                    while let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..i + 4);
+                        seen.lock().unwrap()[conn].push(now);
+                        let _ = tx.send(now);
+                    }
+                }
+            });
+        }
+    });
+    seen
+}
+
+/// tcpcopy's pacing, seen at the target: within a session a request goes out once the
+/// target answered the one before, plus the think time the client really had (divided by
+/// --speed); --no-wait sends as captured.
+#[test]
+fn requests_wait_for_the_targets_answer_plus_the_clients_think_time() {
+    let l = CopyLab::new("cpthink");
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("think.pcap");
+    // One keep-alive session of 4 GETs, 300 ms apart, each answered within 150 µs: a think
+    // time of ~300 ms before each request after the first.
+    let get = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
+    let answer: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n";
+    write_frames(
+        &pcap,
+        &http_session_frames(1, 42000, 300_000_000, &[(get.as_slice(), answer); 4]),
+    );
+    let p = pcap.to_str().unwrap();
+    // Each run gets its own port (and server), so arrivals are not mixed up.
+    let run = |port: u16, extra: &[&str]| -> Vec<u128> {
+        // The target takes 400 ms over each answer, longer than the captured gaps: paced
+        // by the capture alone or by the answer alone, the gaps would be shorter than
+        // answer + think.
+        let addr = format!("{TARGET}:{port}");
+        let seen = slow_http_server(&l.target, &addr, Duration::from_millis(400));
+        let rule = format!("8080-{addr}");
+        let mut args = vec!["-x", rule.as_str(), "--input", p, "--json"];
+        args.extend_from_slice(extra);
+        let (_, r) = run_copy(&l, &args, Duration::from_secs(15));
+        assert_eq!(u(&r, "sessions.completed"), 1, "{r:#}");
+        assert_eq!(u(&r, "requests.copied"), 4, "{r:#}");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1, "one connection: {r:#}");
+        assert_eq!(seen[0].len(), 4, "{r:#}");
+        seen[0]
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_millis())
+            .collect()
+    };
+    // --speed 1: answer (400 ms) + think (300 ms).
+    let gaps = run(9101, &[]);
+    assert!(
+        gaps.iter().all(|g| (650..1000).contains(g)),
+        "gaps at the target {gaps:?} ms, not 400 + 300"
+    );
+    // --speed 2: the think time halves (400 + 150).
+    let gaps = run(9102, &["--speed", "2"]);
+    assert!(
+        gaps.iter().all(|g| (500..650).contains(g)),
+        "gaps at the target with --speed 2 {gaps:?} ms, not 400 + 150"
+    );
+    // --no-wait: as captured, 300 ms apart, whatever the target's answers.
+    let gaps = run(9103, &["--no-wait"]);
+    assert!(
+        gaps.iter().all(|g| (250..380).contains(g)),
+        "gaps at the target with --no-wait {gaps:?} ms, not the captured 300"
+    );
 }
