@@ -136,6 +136,32 @@ fn seq_gt(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) > 0
 }
 
+/// With --diff, until when a flow waits for the rest of the answer in progress before its next
+/// request or its FIN (0: no wait). When more of it is certainly due (bytes seen past a hole,
+/// which the target resends after its retransmission timeout, or an HTTP message its framing
+/// says is not over) up to `timeout` without progress; when it only looks short of the
+/// original, up to a short silence as in relay mode.
+/// Takes the flow's fields, not the flow: callers hold its queue's front mutably.
+fn diff_wait_until(
+    diff: Option<&DiffConn>,
+    rcv_max: u32,
+    rcv_nxt: u32,
+    last_rx_ns: u64,
+    progress_ns: u64,
+    timeout: u64,
+) -> u64 {
+    let Some(d) = diff else {
+        return 0;
+    };
+    if seq_gt(rcv_max, rcv_nxt) || d.answer_partial() {
+        last_rx_ns.max(progress_ns) + timeout
+    } else if !d.answer_whole() {
+        last_rx_ns + crate::diff::SETTLE_NS
+    } else {
+        0
+    }
+}
+
 #[derive(Debug)]
 enum Item {
     Data {
@@ -1123,19 +1149,17 @@ impl<'a> Engine<'a> {
                             // timeout, or an HTTP message its framing says is not over) it is
                             // waited for up to --timeout without progress; when it only looks
                             // short of the original, up to a short silence as in relay mode.
-                            if let Some(d) = f.diff.as_ref() {
-                                let due = seq_gt(f.rcv_max, f.rcv_nxt) || d.answer_partial();
-                                let at = if due {
-                                    f.last_rx_ns.max(f.progress_ns) + timeout
-                                } else if !d.answer_whole() {
-                                    f.last_rx_ns + crate::diff::SETTLE_NS
-                                } else {
-                                    0
-                                };
-                                if now < at {
-                                    self.arm(idx, at);
-                                    return;
-                                }
+                            let at = diff_wait_until(
+                                f.diff.as_deref(),
+                                f.rcv_max,
+                                f.rcv_nxt,
+                                f.last_rx_ns,
+                                f.progress_ns,
+                                timeout,
+                            );
+                            if now < at {
+                                self.arm(idx, at);
+                                return;
                             }
                             let at = f.last_rx_ns + (r.think_ns as f64 / speed) as u64;
                             if now < at {
@@ -1165,6 +1189,22 @@ impl<'a> Engine<'a> {
                             self.arm(idx, dl);
                         }
                         return;
+                    }
+                    // --diff: the last answer is waited for as any other (a FIN now would
+                    // cut one whose tail the target is still resending).
+                    if *wait_answer && !no_wait && !f.peer_fin {
+                        let at = diff_wait_until(
+                            f.diff.as_deref(),
+                            f.rcv_max,
+                            f.rcv_nxt,
+                            f.last_rx_ns,
+                            f.progress_ns,
+                            timeout,
+                        );
+                        if now < at {
+                            self.arm(idx, at);
+                            return;
+                        }
                     }
                     if !f.buf.is_empty() {
                         // Everything acked first; the ACK's arrival pumps again.
