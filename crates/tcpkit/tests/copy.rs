@@ -47,53 +47,9 @@ fn http_keepalive_and_new_connections_copied_with_loss_under_a_thousandth_and_no
     // Keep-alive connections (two loads of 2: `tcpkit load -c 3` and more hangs while
     // opening against nginx in this lab), and a new connection per request.
     let ka = std::thread::scope(|s| {
-        let a = s.spawn(|| {
-            l.load(
-                8080,
-                &[
-                    "--http-get",
-                    "/hello.txt",
-                    "-c",
-                    "2",
-                    "-r",
-                    "400",
-                    "-t",
-                    "2",
-                ],
-            )
-        });
-        let _a2 = s.spawn(|| {
-            l.load(
-                8080,
-                &[
-                    "--http-get",
-                    "/hello.txt",
-                    "-c",
-                    "2",
-                    "-r",
-                    "400",
-                    "-t",
-                    "2",
-                ],
-            )
-        });
-        let b = s.spawn(|| {
-            l.load(
-                8080,
-                &[
-                    "--http-get",
-                    "/hello.txt",
-                    "-c",
-                    "2",
-                    "-r",
-                    "200",
-                    "-t",
-                    "2",
-                    "--queries-per-conn",
-                    "1",
-                ],
-            )
-        });
+        let a = s.spawn(|| l.http_get("2", "400", "2", None));
+        let _a2 = s.spawn(|| l.http_get("2", "400", "2", None));
+        let b = s.spawn(|| l.http_get("2", "200", "2", Some("1")));
         (a.join().unwrap(), b.join().unwrap())
     });
     drop(ka);
@@ -267,21 +223,7 @@ fn sessions_open_before_the_copy_are_joined_at_a_request_boundary_and_only_full_
     let rule = format!("8080-{TARGET}:8080");
     std::thread::scope(|s| {
         // Keep-alive connections opened before the copy starts, running 3 s.
-        let load = s.spawn(|| {
-            l.load(
-                8080,
-                &[
-                    "--http-get",
-                    "/hello.txt",
-                    "-c",
-                    "2",
-                    "-r",
-                    "300",
-                    "-t",
-                    "3",
-                ],
-            )
-        });
+        let load = s.spawn(|| l.http_get("2", "300", "3", None));
         std::thread::sleep(Duration::from_millis(700));
         let c = l.copy(&[
             "-x",
@@ -348,23 +290,7 @@ fn sampling_keeps_whole_sessions_and_proxy_protocol_carries_the_client() {
     // 40 connections of several requests each (2 loads of 2, reconnecting every 5 requests).
     std::thread::scope(|s| {
         for _ in 0..2 {
-            s.spawn(|| {
-                l.load(
-                    8080,
-                    &[
-                        "--http-get",
-                        "/hello.txt",
-                        "-c",
-                        "2",
-                        "-r",
-                        "100",
-                        "-t",
-                        "2",
-                        "--queries-per-conn",
-                        "5",
-                    ],
-                )
-            });
+            s.spawn(|| l.http_get("2", "100", "2", Some("5")));
         }
     });
     let r = copy_done(c);
@@ -434,21 +360,7 @@ fn n_3_sends_every_request_three_times_over_independent_connections() {
         "0.5",
         "--json",
     ]);
-    l.load(
-        8080,
-        &[
-            "--http-get",
-            "/hello.txt",
-            "-c",
-            "2",
-            "-r",
-            "300",
-            "-t",
-            "2",
-            "--queries-per-conn",
-            "20",
-        ],
-    );
+    l.http_get("2", "300", "2", Some("20"));
     let o = wait_limited(c, Duration::from_secs(15));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // --stats lines come before the JSON document.
@@ -503,38 +415,8 @@ fn two_rules_in_one_copy_send_http_and_redis_each_to_its_own_target_server() {
     // Both kinds of traffic at once: HTTP over 2 keep-alive connections and a new connection
     // per request, and a redis SET workload over 5.
     let redis = std::thread::scope(|s| {
-        let ka = s.spawn(|| {
-            l.load(
-                8080,
-                &[
-                    "--http-get",
-                    "/hello.txt",
-                    "-c",
-                    "2",
-                    "-r",
-                    "200",
-                    "-t",
-                    "2",
-                ],
-            )
-        });
-        let new = s.spawn(|| {
-            l.load(
-                8080,
-                &[
-                    "--http-get",
-                    "/hello.txt",
-                    "-c",
-                    "1",
-                    "-r",
-                    "50",
-                    "-t",
-                    "2",
-                    "--queries-per-conn",
-                    "1",
-                ],
-            )
-        });
+        let ka = s.spawn(|| l.http_get("2", "200", "2", None));
+        let new = s.spawn(|| l.http_get("1", "50", "2", Some("1")));
         let redis = s.spawn(|| {
             l.client(&[
                 "redis-benchmark",

@@ -65,21 +65,7 @@ fn target_down_at_start_and_mid_run_is_counted_without_a_syn_storm_and_recovers(
     // Comes up: keep-alive sessions; goes down under them; comes back.
     let (tg, tg_log) = l.nginx(false, Log::Peer);
     std::thread::scope(|s| {
-        let load = s.spawn(|| {
-            l.load(
-                8080,
-                &[
-                    "--http-get",
-                    "/hello.txt",
-                    "-c",
-                    "2",
-                    "-r",
-                    "100",
-                    "-t",
-                    "1",
-                ],
-            )
-        });
+        let load = s.spawn(|| l.http_get("2", "100", "1", None));
         std::thread::sleep(Duration::from_millis(500));
         tg.stop().expect("stop nginx");
         load.join().unwrap();

@@ -69,21 +69,7 @@ fn curl_scrapes_live_counters_during_a_copy() {
     assert!(before.contains("Content-Type: text/plain; version=0.0.4"));
     assert_eq!(sample(&before, "tcpkit_copy_requests_copied_total"), 0.0);
     let mid = std::thread::scope(|s| {
-        let load = s.spawn(|| {
-            l.load(
-                8080,
-                &[
-                    "--http-get",
-                    "/hello.txt",
-                    "-c",
-                    "2",
-                    "-r",
-                    "300",
-                    "-t",
-                    "2",
-                ],
-            )
-        });
+        let load = s.spawn(|| l.http_get("2", "300", "2", None));
         std::thread::sleep(Duration::from_millis(1200));
         let mid = scrape(&l, &url);
         load.join().unwrap();

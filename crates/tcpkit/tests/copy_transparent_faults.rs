@@ -138,21 +138,7 @@ fn transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes()
     // Comes up: keep-alive sessions; goes down under them; comes back.
     let (tg, tg_log) = t.l.nginx(false, Log::Peer);
     std::thread::scope(|s| {
-        let load = s.spawn(|| {
-            t.l.load(
-                8080,
-                &[
-                    "--http-get",
-                    "/hello.txt",
-                    "-c",
-                    "2",
-                    "-r",
-                    "100",
-                    "-t",
-                    "1",
-                ],
-            )
-        });
+        let load = s.spawn(|| t.l.http_get("2", "100", "1", None));
         std::thread::sleep(Duration::from_millis(500));
         tg.stop().expect("stop nginx");
         load.join().unwrap();
@@ -323,21 +309,7 @@ fn transparent_sampling_copies_whole_sessions_or_none() {
     let _icp = t.intercept("intercept");
     let rule = format!("8080-{TARGET}:8080");
     let c = t.copy(&rule, &["--timeout", "2", "--duration", "3", "-r", "50"]);
-    t.l.load(
-        8080,
-        &[
-            "--http-get",
-            "/hello.txt",
-            "-c",
-            "2",
-            "-r",
-            "100",
-            "-t",
-            "2",
-            "--queries-per-conn",
-            "4",
-        ],
-    );
+    t.l.http_get("2", "100", "2", Some("4"));
     let r = transparent_report(&wait_limited(c, Duration::from_secs(20)));
     let (online, target) = (lines(&on_log), lines(&tg_log));
     let port = |l: &String| l.split_whitespace().nth(1).unwrap().to_string();

@@ -233,6 +233,26 @@ impl CopyLab {
         );
         o
     }
+
+    /// HTTP GETs of /hello.txt from the clients to the online server's 8080: `rate` a second
+    /// over `conns` keep-alive connections for `secs`, or a new connection every `per_conn`
+    /// requests.
+    pub fn http_get(&self, conns: &str, rate: &str, secs: &str, per_conn: Option<&str>) -> Output {
+        let mut a = vec![
+            "--http-get",
+            "/hello.txt",
+            "-c",
+            conns,
+            "-r",
+            rate,
+            "-t",
+            secs,
+        ];
+        if let Some(q) = per_conn {
+            a.extend_from_slice(&["--queries-per-conn", q]);
+        }
+        self.load(8080, &a)
+    }
 }
 
 /// The keys of the redis at `ip` (in `host`), sorted.
