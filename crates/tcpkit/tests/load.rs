@@ -1066,11 +1066,17 @@ fn out_of_descriptors_and_out_of_ports_say_what_to_change() {
     drop(held);
     assert_eq!(o.status.code(), Some(1));
     let e = failure_line(&o);
+    // At most the five free ports: one of them may still be held by a socket of the run above
+    // (a clean-clone CI run once saw "only 4 of 10").
+    let open = u(&r, "connections.peak_open");
+    assert!((1..=5).contains(&open), "{r:#}");
     assert!(
-        e.contains("only 5 of 10") && e.contains("EADDRNOTAVAIL") && e.contains("--source"),
+        e.contains(&format!("only {open} of 10"))
+            && e.contains("EADDRNOTAVAIL")
+            && e.contains("--source"),
         "{e}"
     );
-    assert!(u(&r, "errors.EADDRNOTAVAIL") >= 5, "{r:#}");
+    assert!(u(&r, "errors.EADDRNOTAVAIL") >= 10 - open, "{r:#}");
     assert!(u(&r, "queries.answered") > 0);
 }
 
