@@ -178,13 +178,20 @@ impl Lab {
             (a, name_a.as_str(), &opts.addr_a),
             (b, name_b.as_str(), &opts.addr_b),
         ];
-        for (h, ifname, addrs) in ends {
+        let mut threads = [None, None];
+        for (k, (h, ifname, addrs)) in ends.into_iter().enumerate() {
             configure_end(h, ifname, addrs, opts)?;
+            if opts.rx_threads {
+                threads[k] = Some(rx_thread(h, ifname)?);
+            }
         }
-        Ok(Link {
+        let mut link = Link {
             a: query_iface(&a.netns, &name_a, opts.addr_a.clone())?,
             b: query_iface(&b.netns, &name_b, opts.addr_b.clone())?,
-        })
+        };
+        link.a.rx_thread = threads[0];
+        link.b.rx_thread = threads[1];
+        Ok(link)
     }
 
     fn next_file(&mut self, stem: &str, ext: &str) -> PathBuf {
@@ -380,6 +387,50 @@ fn configure_end(
         )?;
     }
     Ok(())
+}
+
+/// Pids of the threaded-NAPI kernel threads now running.
+fn napi_threads() -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.starts_with("napi/"))
+        })
+        .collect()
+}
+
+/// Makes `ifname` (up, in `h`) receive in a NAPI thread of its own and returns its pid. The
+/// thread is named after the interface alone (`napi/eth0-N`, the same in every namespace),
+/// so it is told apart as the one thread that was not there before; labs of one process take
+/// turns (test binaries run one after another).
+fn rx_thread(h: &Host, ifname: &str) -> Result<u32, LabError> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let before = napi_threads();
+    h.run(&["ethtool", "-K", ifname, "gro", "on"])?;
+    // sysfs shows the namespace's own interfaces only inside it (`ip netns exec` remounts it).
+    h.run(&[
+        "sh",
+        "-c",
+        &format!("echo 1 > /sys/class/net/{ifname}/threaded"),
+    ])?;
+    let new: Vec<u32> = napi_threads()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    match new[..] {
+        [pid] => Ok(pid),
+        _ => Err(LabError::invalid(format!(
+            "{ifname} in {}: expected one new NAPI thread after enabling threaded receive, found {}",
+            h.netns,
+            new.len()
+        ))),
+    }
 }
 
 #[cfg(test)]

@@ -37,6 +37,13 @@ pub struct LinkOpts {
     /// Keep TSO/GSO/GRO on. Off by default so that captures show the frames as they would
     /// be on a wire rather than 64 KB super-packets.
     pub offloads: bool,
+    /// Each end receives in a kernel thread of its own (veth NAPI: GRO on, threaded), which
+    /// [`Iface::rx_thread`] names. Without it a veth runs the receiving host's whole stack
+    /// inside the sender's syscalls, charged to the sending process; with it the receive
+    /// path runs apart, as on a real network where it runs on the other host, so a
+    /// benchmark can charge each process only its own work and show the rest beside it.
+    /// TSO/GSO stay off unless `offloads`: veth hands a TSO frame to no thread.
+    pub rx_threads: bool,
 }
 
 /// One end of a link.
@@ -54,6 +61,8 @@ pub struct Iface {
     pub addrs: Vec<String>,
     /// MTU.
     pub mtu: u32,
+    /// With [`LinkOpts::rx_threads`]: the pid of the kernel thread that receives for this end.
+    pub rx_thread: Option<u32>,
 }
 
 /// A veth pair between two hosts.
@@ -201,6 +210,7 @@ pub(crate) fn query_iface(
         mac,
         addrs,
         mtu,
+        rx_thread: None,
     })
 }
 

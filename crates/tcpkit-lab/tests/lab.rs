@@ -302,6 +302,45 @@ fn tso(h: &tcpkit_lab::Host, ifname: &str) -> String {
         .to_string()
 }
 
+/// Time a thread has run, from the scheduler (ns).
+fn on_cpu_ns(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn rx_threads_receive_apart_from_the_sender() {
+    let mut lab = Lab::new("rxthr").unwrap();
+    let a = lab.host("a").unwrap();
+    let b = lab.host("b").unwrap();
+    let opts = LinkOpts {
+        rx_threads: true,
+        ..LinkOpts::pair()
+    };
+    let link = lab.link(&a, &b, &opts).unwrap();
+    let (ta, tb) = (link.a.rx_thread.unwrap(), link.b.rx_thread.unwrap());
+    assert_ne!(ta, tb);
+    let before = (on_cpu_ns(ta), on_cpu_ns(tb));
+    transfer(&a, &b, 20_000_000);
+    // B's thread took A's data in, A's thread took B's ACKs in: both ran for it.
+    let ran = (on_cpu_ns(ta) - before.0, on_cpu_ns(tb) - before.1);
+    assert!(ran.1 > 1_000_000, "B's receive thread ran {} ns", ran.1);
+    assert!(ran.0 > 0, "A's receive thread never ran");
+    // A plain link has none.
+    let c = lab.host("c").unwrap();
+    let plain = lab.link(&a, &c, &LinkOpts::default()).unwrap();
+    assert_eq!((plain.a.rx_thread, plain.b.rx_thread), (None, None));
+    drop(lab);
+    // The threads go with their namespaces' interfaces.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!std::path::Path::new(&format!("/proc/{tb}")).exists());
+}
+
 #[test]
 fn offloads_off_by_default_and_on_when_asked() {
     let (mut lab, a, b, link) = Lab::pair("offload").unwrap();
