@@ -1,19 +1,36 @@
-//! The back-off every copy mode shares toward a target that refuses: after a refusal, no
-//! copy to that target tries again before an exponential delay has passed (20 ms doubling to
-//! 1 s), and then only one tries — a probe — while the others wait for its result. A target
-//! that is down therefore sees a trickle of SYNs, not one per production session (nor their
-//! retransmissions); the first accepted connection ends the back-off for everyone.
+//! The back-off every copy mode shares toward a target that is down: after a refusal, or a
+//! SYN left unanswered for [`SILENT_NS`] (a host that is off or firewalled answers nothing),
+//! no copy to that target tries again before an exponential delay has passed (20 ms doubling
+//! to 1 s), and then only one tries — a probe — while the others wait for its result. A
+//! target that is down therefore sees a trickle of SYNs, not one per production session (nor
+//! their retransmissions); the first accepted connection ends the back-off for everyone.
 
 use std::net::SocketAddr;
 
 use rustc_hash::FxHashMap;
 
+/// A SYN unanswered this long is about to need a retransmission (TCP's initial RTO is 1 s):
+/// the target is silent, not slow. Judged just before the kernel's retransmission, so the
+/// connections that stand back on it do not send one each.
+pub(crate) const SILENT_NS: u64 = 900_000_000;
+
+/// Why a target is held back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Down {
+    /// It refused (RST, or ICMP unreachable).
+    Refused,
+    /// It left a SYN unanswered for [`SILENT_NS`].
+    Silent,
+}
+
 #[derive(Debug, Default)]
 struct TargetState {
-    /// Consecutive refusals.
+    /// Consecutive failed attempts.
     streak: u32,
     /// No attempt before this.
     next_try: u64,
+    /// How the last failed attempt failed.
+    last: Option<Down>,
 }
 
 /// What a copy about to connect (or send its SYN) may do now.
@@ -52,9 +69,23 @@ impl Backoff {
 
     /// An attempt to `target` was refused.
     pub fn refused(&mut self, target: SocketAddr, now: u64) {
+        self.failed(target, now, Down::Refused);
+    }
+
+    /// An attempt to `target` has had no answer to its SYN for [`SILENT_NS`]. True when this
+    /// is the news that holds the target back (it was not already): the caller's attempt is
+    /// then the one left trying, the others still waiting on a SYN should stand back.
+    pub fn silent(&mut self, target: SocketAddr, now: u64) -> bool {
+        let news = self.down(target).is_none();
+        self.failed(target, now, Down::Silent);
+        news
+    }
+
+    fn failed(&mut self, target: SocketAddr, now: u64, how: Down) {
         let t = self.targets.entry(target).or_default();
         t.streak = t.streak.saturating_add(1);
         t.next_try = t.next_try.max(now + backoff_ns(t.streak));
+        t.last = Some(how);
     }
 
     /// An attempt to `target` was accepted: the back-off is over.
@@ -62,12 +93,16 @@ impl Backoff {
         if let Some(t) = self.targets.get_mut(&target) {
             t.streak = 0;
             t.next_try = 0;
+            t.last = None;
         }
     }
 
-    /// `target` refused the last attempt and has not accepted one since.
-    pub fn refusing(&self, target: SocketAddr) -> bool {
-        self.targets.get(&target).is_some_and(|t| t.streak > 0)
+    /// How `target` failed the last attempt, if it has not accepted one since.
+    pub fn down(&self, target: SocketAddr) -> Option<Down> {
+        self.targets
+            .get(&target)
+            .filter(|t| t.streak > 0)
+            .and_then(|t| t.last)
     }
 }
 
@@ -85,7 +120,7 @@ mod tests {
         assert_eq!(b.gate(t, 0), Gate::Go);
         assert_eq!(b.gate(t, 0), Gate::Go, "no back-off before a refusal");
         b.refused(t, 0);
-        assert!(b.refusing(t));
+        assert_eq!(b.down(t), Some(Down::Refused));
         assert_eq!(b.gate(t, MS), Gate::Wait(20 * MS));
         // Another target is not held back.
         assert_eq!(b.gate(other, MS), Gate::Go);
@@ -101,9 +136,29 @@ mod tests {
         assert_eq!(b.gate(t, 100 * MS), Gate::Wait(1100 * MS));
         // An accepted connection ends it at once.
         b.accepted(t);
-        assert!(!b.refusing(t));
+        assert_eq!(b.down(t), None);
         assert_eq!(b.gate(t, 101 * MS), Gate::Go);
         assert_eq!(b.gate(t, 101 * MS), Gate::Go);
+    }
+
+    #[test]
+    fn a_silent_target_is_held_back_like_a_refusing_one() {
+        let t: SocketAddr = "198.18.2.2:80".parse().unwrap();
+        let mut b = Backoff::default();
+        // The first unanswered SYN is the news; the next ones are not.
+        assert!(b.silent(t, SILENT_NS));
+        assert_eq!(b.down(t), Some(Down::Silent));
+        assert!(!b.silent(t, SILENT_NS + MS));
+        assert_eq!(
+            b.gate(t, SILENT_NS + 2 * MS),
+            Gate::Wait(SILENT_NS + 41 * MS)
+        );
+        // A refusal after it says refused; an accepted connection ends both.
+        b.refused(t, SILENT_NS + 3 * MS);
+        assert_eq!(b.down(t), Some(Down::Refused));
+        b.accepted(t);
+        assert_eq!(b.down(t), None);
+        assert!(b.silent(t, 5 * SILENT_NS), "news again after a recovery");
     }
 
     #[test]

@@ -36,7 +36,7 @@ use rustc_hash::FxHashMap;
 use tcpkit_pace::now_ns;
 use tcpkit_stats::{CopyReport, Histogram};
 
-use crate::backoff::{Backoff, Gate};
+use crate::backoff::{Backoff, Down, Gate, SILENT_NS};
 use crate::diff::{ConnMeta, DiffConfig, DiffConn, Differ};
 /// Where frames come from (shared by every copy mode, kept here for callers).
 pub use crate::feed::Input;
@@ -177,6 +177,11 @@ struct Conn {
     connect_deadline: u64,
     retry_at: u64,
     refused: bool,
+    /// A connect of ours went out (the target saw a SYN of this copy).
+    tried: bool,
+    /// When the connect in flight counts as unanswered (its SYN needed a retransmission);
+    /// 0 once judged, or with none in flight.
+    silent_at: u64,
     /// The target sent bytes since the last request started (or since connecting).
     answered: bool,
     /// Requests started and not answered yet.
@@ -504,6 +509,8 @@ impl<'a> Relay<'a> {
             connect_deadline: now + self.cfg.timeout_ns,
             retry_at: now,
             refused: false,
+            tried: false,
+            silent_at: 0,
             answered: false,
             unanswered: 0,
             last_rx_ns: now,
@@ -536,12 +543,12 @@ impl<'a> Relay<'a> {
         };
         if let Gate::Wait(next_try) = self.backoff.gate(c.target, now) {
             if next_try >= c.connect_deadline {
-                let how = if c.refused || self.backoff.refusing(c.target) {
-                    Outcome::Refused
-                } else {
-                    Outcome::Timeout
+                let how = match self.backoff.down(c.target) {
+                    _ if c.refused => Outcome::Refused,
+                    Some(Down::Refused) => Outcome::Refused,
+                    _ => Outcome::Timeout,
                 };
-                if how == Outcome::Refused && !c.refused {
+                if !c.tried {
                     self.report.sessions.skipped_in_backoff += 1;
                 }
                 self.end_conn(idx, how);
@@ -566,7 +573,9 @@ impl<'a> Relay<'a> {
                 let _ = s.set_nodelay(true);
                 c.sock = Some(s);
                 c.state = State::Connecting;
-                let at = c.connect_deadline;
+                c.tried = true;
+                c.silent_at = now + SILENT_NS;
+                let at = c.silent_at.min(c.connect_deadline);
                 self.arm(idx, at);
             }
             Err(e) => self.connect_failed(idx, &e, now),
@@ -595,19 +604,24 @@ impl<'a> Relay<'a> {
         self.start_connect(idx, now);
     }
 
-    fn connected(&mut self, idx: usize, now: u64) {
+    /// The first event of a connecting socket: the end of the handshake (registered
+    /// edge-triggered while connecting). A failed connect raises EPOLLERR, so only an event
+    /// with `err` (error or hang-up) needs SO_ERROR to tell why; asking it on every success
+    /// was one of the copy's ten syscalls per session with a connection per request.
+    fn connected(&mut self, idx: usize, now: u64, err: bool) {
         let Some(c) = self.conns[idx].as_mut() else {
             return;
         };
         let Some(s) = c.sock.as_ref() else { return };
-        // The socket was registered edge-triggered while connecting, so its first event is
-        // the end of the handshake: SO_ERROR alone tells success from failure (no
-        // getpeername to ask again whether it is connected).
-        match s.take_error() {
-            Ok(Some(e)) | Err(e) => return self.connect_failed(idx, &e, now),
-            Ok(None) => {}
+        if err {
+            match s.take_error() {
+                Ok(Some(e)) | Err(e) => return self.connect_failed(idx, &e, now),
+                // Connected, then closed by the target at once: the read that follows sees it.
+                Ok(None) => {}
+            }
         }
         c.state = State::Up;
+        c.silent_at = 0;
         c.last_write_ns = now;
         c.last_rx_ns = now;
         let target = c.target;
@@ -645,7 +659,7 @@ impl<'a> Relay<'a> {
             return;
         };
         if c.state == State::Connecting {
-            self.connected(idx, now);
+            self.connected(idx, now, hup);
         }
         if readable {
             self.read(idx, now, hup);
@@ -723,6 +737,28 @@ impl<'a> Relay<'a> {
                             Outcome::Timeout
                         };
                         self.end_conn(idx, how);
+                    } else if c.silent_at != 0 && now >= c.silent_at {
+                        // No SYN-ACK in time: the target is off or firewalled. The first
+                        // to find out keeps trying (the kernel retransmits its SYN); the
+                        // others stand back, so the target does not get every session's
+                        // SYN retransmitted, and go through the gate's probes again.
+                        c.silent_at = 0;
+                        let target = c.target;
+                        if self.backoff.silent(target, now) {
+                            let at = c.connect_deadline;
+                            self.arm(idx, at);
+                        } else {
+                            drop(c.sock.take());
+                            c.state = State::Backoff;
+                            self.start_connect(idx, now);
+                        }
+                    } else {
+                        let at = if c.silent_at == 0 {
+                            c.connect_deadline
+                        } else {
+                            c.silent_at.min(c.connect_deadline)
+                        };
+                        self.arm(idx, at);
                     }
                     return;
                 }

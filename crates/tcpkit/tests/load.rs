@@ -1368,30 +1368,13 @@ fn dns_answers_out_of_order_are_matched_by_id_and_unknown_ids_counted() {
     }
 }
 
-/// The server host drops every segment to `port` (an nftables rule): connects never finish.
-fn drop_syns(p: &Pair, port: u16) {
-    let port = port.to_string();
-    for rule in [
-        &["nft", "add", "table", "inet", "lab"][..],
-        &[
-            "nft", "add", "chain", "inet", "lab", "in", "{", "type", "filter", "hook", "input",
-            "priority", "0", ";", "}",
-        ],
-        &[
-            "nft", "add", "rule", "inet", "lab", "in", "tcp", "dport", &port, "drop",
-        ],
-    ] {
-        p.srv.run(rule).unwrap_or_else(|e| panic!("{e}"));
-    }
-}
-
 /// `--connect-timeout`: a server whose SYNs are dropped (an nftables rule in the server host)
 /// never answers a connect; each attempt is given up after the timeout, counted, retried, and
 /// the run ends in bounded time with the reason and the hint.
 #[test]
 fn connects_to_a_server_that_drops_syns_time_out() {
     let p = pair("ldsyndrop");
-    drop_syns(&p, 4252);
+    common::nft::drop_tcp_to(&p.srv, 4252);
     let t0 = Instant::now();
     let (o, r) = fault_run(
         &p,
@@ -1639,7 +1622,7 @@ fn load_timed(
 #[test]
 fn limit_hints_are_said_once_when_first_hit() {
     let p = pair("ldhint");
-    drop_syns(&p, 4256);
+    common::nft::drop_tcp_to(&p.srv, 4256);
     let t = target(4256);
     for procs in ["1", "2"] {
         // Eight attempts of 200 ms, 100 ms apart, per connection: the opening lasts ~2.4 s,

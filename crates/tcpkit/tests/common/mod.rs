@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod nft;
 pub mod schema;
 
 use tcpkit_lab::{Host, Lab, Link, LinkOpts};
