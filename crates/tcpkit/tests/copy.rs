@@ -7,19 +7,6 @@ use std::time::Duration;
 
 use copy_common::*;
 
-fn copy_done(c: std::process::Child) -> serde_json::Value {
-    let o = wait_limited(c, Duration::from_secs(15));
-    assert!(
-        o.status.success(),
-        "copy failed: {} {}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    let r = json(&o);
-    assert_accounted(&r);
-    r
-}
-
 fn count_200(log: &[String]) -> usize {
     log.iter().filter(|l| l.contains(" 200 ")).count()
 }
@@ -67,7 +54,7 @@ fn http_keepalive_and_new_connections_copied_with_loss_under_a_thousandth_and_no
                 .collect();
             Some(f.iter().sum::<u64>())
         });
-    let r = copy_done(c);
+    let r = copy_report(c);
     let cap = dump.stop().expect("tcpdump");
     let online = lines(&on_log);
     let target = lines(&tg_log);
@@ -195,7 +182,7 @@ fn redis_set_workload_leaves_the_same_keys_on_the_target() {
         "-q",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let r = copy_done(c);
+    let r = copy_report(c);
     let on = redis_keys(&l.online, ONLINE);
     let tg = redis_keys(&l.target, TARGET);
     assert!(on.len() > 900, "{} keys online", on.len());
@@ -234,7 +221,7 @@ fn sessions_open_before_the_copy_are_joined_at_a_request_boundary_and_only_full_
             "1",
             "--json",
         ]);
-        let r = copy_done(c);
+        let r = copy_report(c);
         let target = lines(&tg_log);
         // Joined: both connections, from their next request on, every copied request whole.
         assert_eq!(u(&r, "sessions.joined_mid_stream"), 2, "{r:#}");
@@ -261,7 +248,7 @@ fn sessions_open_before_the_copy_are_joined_at_a_request_boundary_and_only_full_
             "--only-full",
             "--json",
         ]);
-        let r = copy_done(c);
+        let r = copy_report(c);
         assert_eq!(u(&r, "sessions.seen"), 0, "{r:#}");
         assert_eq!(lines(&tg_log).len(), target.len());
         load.join().unwrap();
@@ -293,7 +280,7 @@ fn sampling_keeps_whole_sessions_and_proxy_protocol_carries_the_client() {
             s.spawn(|| l.http_get("2", "100", "2", Some("5")));
         }
     });
-    let r = copy_done(c);
+    let r = copy_report(c);
     check_schema(&r);
     // Per client port: requests online, requests at the target (the PROXY header's source).
     let per_port = |log: &[String]| {
@@ -444,7 +431,7 @@ fn two_rules_in_one_copy_send_http_and_redis_each_to_its_own_target_server() {
         "{}",
         String::from_utf8_lossy(&redis.stderr)
     );
-    let r = copy_done(c);
+    let r = copy_report(c);
     check_schema(&r);
     assert_eq!(
         r["rules"],

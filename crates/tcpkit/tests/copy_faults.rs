@@ -85,12 +85,7 @@ fn target_down_at_start_and_mid_run_is_counted_without_a_syn_storm_and_recovers(
             "1",
         ],
     );
-    let r = {
-        let o = wait_limited(c, Duration::from_secs(15));
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        json(&o)
-    };
-    assert_accounted(&r);
+    let r = copy_report(c);
     let f = |k: &str| u(&r, &format!("sessions.failed.{k}"));
     assert!(f("target_refused") >= 40, "{r:#}");
     // One probe per back-off step, not one SYN per session (nor a retry storm).
@@ -141,16 +136,10 @@ fn a_silent_target_gets_probes_not_a_syn_storm_and_recovers() {
     std::thread::sleep(Duration::from_millis(2200));
     let down = dump.stop().expect("tcpdump");
     let syns = syns_to(&down.path, TARGET);
-    eprintln!("{syns} SYNs toward the silent target");
     let before = lines(&tg_log).len();
     nft::stop_dropping(&l.target);
     l.http_get("2", "50", "1", Some("1"));
-    let r = {
-        let o = wait_limited(c, Duration::from_secs(20));
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        json(&o)
-    };
-    assert_accounted(&r);
+    let r = copy_report(c);
     let f = |k: &str| u(&r, &format!("sessions.failed.{k}"));
     // Silent is not refused: the copies that never got through timed out.
     assert!(f("timeout") >= 250, "{r:#}");

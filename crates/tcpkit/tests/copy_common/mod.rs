@@ -306,6 +306,21 @@ pub fn run_limited(mut cmd: Command, limit: Duration) -> Output {
     wait_limited(child, limit)
 }
 
+/// Waits (up to 20 s) for a copy run with --json that must succeed, and returns its report,
+/// whose session counts must add up.
+pub fn copy_report(c: Child) -> serde_json::Value {
+    let o = wait_limited(c, Duration::from_secs(20));
+    assert!(
+        o.status.success(),
+        "copy failed: {} {}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let r = json(&o);
+    assert_accounted(&r);
+    r
+}
+
 pub fn wait_limited(mut child: Child, limit: Duration) -> Output {
     let deadline = Instant::now() + limit;
     loop {
