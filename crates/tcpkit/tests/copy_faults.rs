@@ -1,6 +1,7 @@
 //! `tcpkit copy` when things go wrong, and offline: target down at start and mid-run, a target
 //! that never answers (--timeout, --no-wait), memory over --max-memory, captures with lost
-//! packets, --speed / --max-idle / --loop / --ramp, think-time pacing, bad rules and interfaces.
+//! packets, --speed / --max-idle / --loop / --ramp, think-time pacing, bad rules and interfaces,
+//! no privilege to capture.
 
 mod copy_common;
 
@@ -352,6 +353,93 @@ fn bad_rules_and_interfaces_are_one_line_errors() {
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(o.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// Without CAP_NET_RAW a live copy cannot open its capture: it says so on one line (the
+/// capability, and root as the way) and exits 1 at once; `--check` says the same on its
+/// capture line with the fix, while the target line stays OK. The same command as root
+/// runs, so the failure is the privilege's and nothing else's.
+#[test]
+fn without_privilege_copy_and_check_name_the_missing_capability() {
+    let mut l = CopyLab::new("cpnopriv");
+    let (_tg, _) = l.nginx(false, Log::Peer);
+    let rule = format!("8080-{TARGET}:8080");
+    let cap = l.capture_if();
+    let copy = [
+        "copy",
+        "-x",
+        &rule,
+        "-i",
+        &cap,
+        "--duration",
+        "0.5",
+        "--json",
+    ];
+    let argv = [&[tcpkit()], &copy[..]].concat();
+    let t = Instant::now();
+    let o = run_limited(unprivileged(&l.online, &argv), Duration::from_secs(10));
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    one_line_failure(
+        &o,
+        &format!("tcpkit copy: capture: {cap}: socket(AF_PACKET) (needs root or CAP_NET_RAW)"),
+        "Operation not permitted",
+    );
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // -i any is the default: the same.
+    let o = run_limited(
+        unprivileged(
+            &l.online,
+            &[tcpkit(), "copy", "-x", &rule, "--duration", "0.5"],
+        ),
+        Duration::from_secs(10),
+    );
+    one_line_failure(
+        &o,
+        "tcpkit copy: capture: any: socket(AF_PACKET)",
+        "CAP_NET_RAW",
+    );
+    // As root the same command copies.
+    let o = run_limited(l.online.command(&argv), Duration::from_secs(10));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_accounted(&json(&o));
+
+    let mut check = argv.clone();
+    check.retain(|a| !["--duration", "0.5"].contains(a));
+    check.push("--check");
+    let o = run_limited(unprivileged(&l.online, &check), Duration::from_secs(20));
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert_eq!(err, "tcpkit copy: --check: 1 of 4 checks failed\n");
+    let a: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let a = a.as_array().unwrap();
+    assert_eq!(a[0]["name"], format!("capture on {cap}"), "{out}");
+    assert_eq!(a[0]["ok"], false, "{out}");
+    assert_eq!(
+        a[0]["detail"], "no permission to capture (needs CAP_NET_RAW)",
+        "{out}"
+    );
+    assert_eq!(
+        a[0]["fix"], "run as root, or `setcap cap_net_raw,cap_net_admin+ep $(command -v tcpkit)`",
+        "{out}"
+    );
+    assert!(a[1..].iter().all(|c| c["ok"] == true), "{out}");
+    // And as text: the line a user reads.
+    check.retain(|x| *x != "--json");
+    let o = run_limited(unprivileged(&l.online, &check), Duration::from_secs(20));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.lines().next().is_some_and(|x| x.starts_with(&format!(
+            "FAIL capture on {cap}: no permission to capture (needs CAP_NET_RAW); fix: run as root"
+        ))),
+        "{out}"
+    );
 }
 
 /// An HTTP/1.1 server in `host` on `addr` that answers each request `delay` after it arrived
