@@ -305,7 +305,12 @@ impl<'a> Relay<'a> {
                     ts_ns,
                     ..
                 } => self.session_data(id, dir, &bytes, ts_ns, now, tracker_mem),
-                Event::Close { id, how, .. } => self.close_session(id, how, now),
+                Event::Close {
+                    id,
+                    how,
+                    requests_seen,
+                    ..
+                } => self.close_session(id, how, requests_seen, now),
             }
         }
     }
@@ -431,11 +436,15 @@ impl<'a> Relay<'a> {
         }
     }
 
-    fn close_session(&mut self, id: SessionId, how: CloseKind, now: u64) {
+    fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
         let Some(s) = self.sessions.remove(&id) else {
             return;
         };
         let lost = matches!(how, CloseKind::LostData { .. });
+        if lost {
+            self.report.requests.at_source +=
+                s.turns.unreplayed(requests_seen) * u64::from(self.cfg.copies);
+        }
         if matches!(how, CloseKind::Shed) {
             for (idx, gen) in s.conns {
                 if self.conn_mut(idx, gen).is_some() {

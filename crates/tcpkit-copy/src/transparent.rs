@@ -667,7 +667,12 @@ impl<'a> Engine<'a> {
                     ts_ns,
                     ..
                 } => self.session_data(id, dir, &bytes, ts_ns, now, tracker_mem),
-                Event::Close { id, how, .. } => self.close_session(id, how, now),
+                Event::Close {
+                    id,
+                    how,
+                    requests_seen,
+                    ..
+                } => self.close_session(id, how, requests_seen, now),
             }
         }
     }
@@ -826,10 +831,14 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn close_session(&mut self, id: SessionId, how: CloseKind, now: u64) {
+    fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
         let Some(s) = self.sessions.remove(&id) else {
             return;
         };
+        if matches!(how, CloseKind::LostData { .. }) {
+            self.report.requests.at_source +=
+                s.turns.unreplayed(requests_seen) * s.flows.len() as u64;
+        }
         if matches!(how, CloseKind::Shed) {
             for (idx, gen) in s.flows {
                 if self.flow_mut(idx, gen).is_some() {

@@ -111,6 +111,14 @@ impl Turns {
         ClientBytes::Copy { start, answer }
     }
 
+    /// Requests the capture saw in this session that never reached the copies: `seen`, the
+    /// reassembler's count in capture order ([`crate::reasm::Event::Close`]), less those
+    /// delivered here. Only a session that lost capture data has any: they count at the
+    /// source, never answered, so the loss ratio shows what the capture lost.
+    pub fn unreplayed(&self, seen: u64) -> u64 {
+        seen.saturating_sub(self.requests)
+    }
+
     /// The session closed: whether the copies wait for the target's answer to the last
     /// request (the server answered it), and with `--diff` that last original answer.
     pub fn close(self) -> (bool, Option<(u64, Rc<Resp>)>) {
@@ -141,6 +149,9 @@ mod tests {
         assert_eq!(r.think_ns, 500, "capped");
         assert!(r.wait_answer);
         assert_eq!(t.requests, 2);
+        // The reassembler saw 5 request starts in all: 3 never delivered.
+        assert_eq!(t.unreplayed(5), 3);
+        assert_eq!(t.unreplayed(1), 0);
         // The last request was not answered: the copies do not wait for it.
         assert!(!t.close().0);
     }

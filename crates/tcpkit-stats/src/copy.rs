@@ -119,7 +119,9 @@ pub struct FailStats {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RequestStats {
     /// Requests (client bytes between two server turns) of the selected sessions seen in the
-    /// capture, once per copy.
+    /// capture, once per copy. Those seen only past a hole the capture left in their session
+    /// count too: never copied, they are lost like any other (the ratio must not hide what
+    /// the capture dropped).
     pub at_source: u64,
     /// Requests sent to the target.
     pub copied: u64,

@@ -1,7 +1,8 @@
 //! `tcpkit copy --check` in the copy lab: the target down is a FAIL with its fix and exit 1;
 //! with everything in place every line is OK and the exit status 0; a wrong interface, a
 //! memory limit past the host's, a busy --metrics address and (--transparent) an intercept
-//! that is not there each say how to fix them.
+//! that is not there each say how to fix them; a target whose strict reverse-path filter
+//! drops the copies fails the return-path check with rp_filter in the fix.
 
 mod copy_common;
 
@@ -147,4 +148,85 @@ fn wrong_interface_memory_and_metrics_address_each_say_the_fix() {
     assert_eq!(code, Some(1));
     assert!(out.starts_with("FAIL input /nonexistent.pcap: "), "{out}");
     drop(busy);
+}
+
+/// The kernel's count of packets its reverse-path filter dropped, in `host`'s namespace.
+fn rp_filter_drops(host: &tcpkit_lab::Host) -> u64 {
+    let o = host.run(&["cat", "/proc/net/netstat"]).expect("netstat");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut l = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (l.next().unwrap(), l.next().unwrap());
+    let i = names
+        .split_whitespace()
+        .position(|n| n == "IPReversePathFilter")
+        .expect("IPReversePathFilter in /proc/net/netstat");
+    values.split_whitespace().nth(i).unwrap().parse().unwrap()
+}
+
+/// `--check --transparent` when the target filters reverse paths strictly: the copies arrive
+/// from the online host while the target routes their (the clients') addresses via the
+/// assistant, so a strict filter drops every copied SYN. The return-path line is OK with
+/// the filter off, and FAIL naming rp_filter once it is on; the kernel's own count shows the
+/// probe was dropped by that filter and not by something else.
+#[test]
+fn strict_reverse_path_filter_on_the_target_fails_the_return_path_check() {
+    use copy_common::tlab::TLab;
+    let mut t = TLab::new("cpchkrp");
+    let (_tg, _) = t.l.nginx(false, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let rule = format!("8080-{TARGET}:8080");
+    let ia = t.intercept_addr();
+    let cap = t.l.capture_if();
+    let args = [
+        "--transparent",
+        "-x",
+        &rule,
+        "--intercept",
+        &ia,
+        "-i",
+        &cap,
+        "--timeout",
+        "2",
+        "-c",
+        "198.18.1.0/24",
+    ];
+    let probe_line = |out: &str| -> String {
+        out.lines()
+            .find(|l| l.contains(" return path "))
+            .unwrap_or_else(|| panic!("no return path line: {out}"))
+            .to_string()
+    };
+    let head = format!("return path {TARGET}:8080 via intercept {ia}: ");
+    let (code, out, err) = check(&t.l, &args);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        probe_line(&out).starts_with(&format!("OK   {head}a SYN from 198.18.1.1:")),
+        "{out}"
+    );
+
+    for k in ["all", &t.l.tgt_link.b.name] {
+        t.l.target
+            .sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "1")
+            .expect("rp_filter");
+    }
+    let dropped = rp_filter_drops(&t.l.target);
+    let (code, out, err) = check(&t.l, &args);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert_eq!(err, "tcpkit copy: --check: 1 of 6 checks failed\n", "{out}");
+    let l = probe_line(&out);
+    assert!(
+        l.starts_with(&format!("FAIL {head}a SYN from 198.18.1.1:"))
+            && l.contains("got no answer through intercept within 2 s; fix: ")
+            && l.contains("`sysctl -w net.ipv4.conf.all.rp_filter=0`, and on the interface the copies arrive on"),
+        "{out}"
+    );
+    assert!(
+        rp_filter_drops(&t.l.target) > dropped,
+        "the target's reverse-path filter dropped nothing: {out}"
+    );
+    // Everything else still passes: the target itself answers this host.
+    assert!(
+        out.contains(&format!("OK   target {TARGET}:8080: connected in ")),
+        "{out}"
+    );
 }

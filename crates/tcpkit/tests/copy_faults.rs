@@ -1,6 +1,7 @@
 //! `tcpkit copy` when things go wrong, and offline: target down at start and mid-run, a target
 //! that never answers (--timeout, --no-wait), memory over --max-memory, captures with lost
-//! packets, --speed / --max-idle / --loop / --ramp, think-time pacing, bad rules and interfaces.
+//! packets (in a file, or dropped by the kernel from a live capture), --speed / --max-idle /
+//! --loop / --ramp, think-time pacing, bad rules and interfaces, no privilege to capture.
 
 mod copy_common;
 
@@ -272,6 +273,9 @@ fn offline_capture_with_a_lost_segment_is_counted_not_hung_and_speed_idle_loop_r
     assert_eq!(u(&r, "sessions.failed.lost_capture_data"), 1, "{r:#}");
     assert_eq!(u(&r, "capture.sessions_with_lost_data"), 1, "{r:#}");
     assert_eq!(u(&r, "sessions.completed"), 3, "{r:#}");
+    // The three requests of session 1 the capture saw past the hole count at the source
+    // (the lost one itself was never seen), never copied.
+    assert_eq!(u(&r, "requests.at_source"), 1 + 3 + 3 * 5, "{r:#}");
     // Session 1 is copied up to the hole (its first request), the others whole.
     assert_eq!(lines(&tg_log).len(), 1 + 3 * 5, "{r:#}");
     assert_eq!(u(&r, "requests.answered"), 16, "{r:#}");
@@ -401,6 +405,93 @@ fn bad_rules_and_interfaces_are_one_line_errors() {
     }
 }
 
+/// Without CAP_NET_RAW a live copy cannot open its capture: it says so on one line (the
+/// capability, and root as the way) and exits 1 at once; `--check` says the same on its
+/// capture line with the fix, while the target line stays OK. The same command as root
+/// runs, so the failure is the privilege's and nothing else's.
+#[test]
+fn without_privilege_copy_and_check_name_the_missing_capability() {
+    let mut l = CopyLab::new("cpnopriv");
+    let (_tg, _) = l.nginx(false, Log::Peer);
+    let rule = format!("8080-{TARGET}:8080");
+    let cap = l.capture_if();
+    let copy = [
+        "copy",
+        "-x",
+        &rule,
+        "-i",
+        &cap,
+        "--duration",
+        "0.5",
+        "--json",
+    ];
+    let argv = [&[tcpkit()], &copy[..]].concat();
+    let t = Instant::now();
+    let o = run_limited(unprivileged(&l.online, &argv), Duration::from_secs(10));
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    one_line_failure(
+        &o,
+        &format!("tcpkit copy: capture: {cap}: socket(AF_PACKET) (needs root or CAP_NET_RAW)"),
+        "Operation not permitted",
+    );
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // -i any is the default: the same.
+    let o = run_limited(
+        unprivileged(
+            &l.online,
+            &[tcpkit(), "copy", "-x", &rule, "--duration", "0.5"],
+        ),
+        Duration::from_secs(10),
+    );
+    one_line_failure(
+        &o,
+        "tcpkit copy: capture: any: socket(AF_PACKET)",
+        "CAP_NET_RAW",
+    );
+    // As root the same command copies.
+    let o = run_limited(l.online.command(&argv), Duration::from_secs(10));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_accounted(&json(&o));
+
+    let mut check = argv.clone();
+    check.retain(|a| !["--duration", "0.5"].contains(a));
+    check.push("--check");
+    let o = run_limited(unprivileged(&l.online, &check), Duration::from_secs(20));
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert_eq!(err, "tcpkit copy: --check: 1 of 4 checks failed\n");
+    let a: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let a = a.as_array().unwrap();
+    assert_eq!(a[0]["name"], format!("capture on {cap}"), "{out}");
+    assert_eq!(a[0]["ok"], false, "{out}");
+    assert_eq!(
+        a[0]["detail"], "no permission to capture (needs CAP_NET_RAW)",
+        "{out}"
+    );
+    assert_eq!(
+        a[0]["fix"], "run as root, or `setcap cap_net_raw,cap_net_admin+ep $(command -v tcpkit)`",
+        "{out}"
+    );
+    assert!(a[1..].iter().all(|c| c["ok"] == true), "{out}");
+    // And as text: the line a user reads.
+    check.retain(|x| *x != "--json");
+    let o = run_limited(unprivileged(&l.online, &check), Duration::from_secs(20));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.lines().next().is_some_and(|x| x.starts_with(&format!(
+            "FAIL capture on {cap}: no permission to capture (needs CAP_NET_RAW); fix: run as root"
+        ))),
+        "{out}"
+    );
+}
+
 /// An HTTP/1.1 server in `host` on `addr` that answers each request `delay` after it arrived
 /// (a target slower than production) and records when each request's head arrived, per
 /// connection. Arrivals are read as they come, even while an answer is pending.
@@ -511,5 +602,92 @@ fn requests_wait_for_the_targets_answer_plus_the_clients_think_time() {
     assert!(
         gaps.iter().all(|g| (250..380).contains(g)),
         "gaps at the target with --no-wait {gaps:?} ms, not the captured 300"
+    );
+}
+
+/// Stops `child`'s process group for `secs` (SIGSTOP, then SIGCONT): the process reads
+/// nothing meanwhile, as if the host had starved it.
+fn freeze(child: &std::process::Child, d: Duration) {
+    let pg = -(child.id() as libc::pid_t);
+    // SAFETY: kill(2) on the process group the lab made for this child.
+    assert_eq!(unsafe { libc::kill(pg, libc::SIGSTOP) }, 0, "SIGSTOP");
+    std::thread::sleep(d);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pg, libc::SIGCONT) }, 0, "SIGCONT");
+}
+
+/// Packets the kernel drops from a live capture (the copy stopped for 2 s while clients keep
+/// sending: its ring fills, then overflows) are never silent: the report counts them, every
+/// keep-alive session they cut stalls at its hole and ends as lost_capture_data (copied up to
+/// the hole, by that cause and no other), the requests the capture saw past the holes count
+/// at the source unanswered so the loss ratio shows them, and the run still ends on time.
+#[test]
+fn live_capture_drops_are_counted_and_their_sessions_end_lost_not_silently() {
+    let mut l = CopyLab::new("cpdrops");
+    let (_on, on_log) = l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let rule = format!("8080-{TARGET}:8080");
+    let cap = l.capture_if();
+    let t0 = Instant::now();
+    let c = l.copy(&[
+        "-x",
+        &rule,
+        "-i",
+        &cap,
+        "--timeout",
+        "1",
+        "--duration",
+        "7",
+        "--json",
+    ]);
+    // 4 keep-alive sessions, 400 requests/s for 4 s; the copy stopped from 0.8 s to 2.8 s.
+    // The ring holds its 64 blocks of 10 ms: at this rate the last 1.3 s of the stop are
+    // dropped.
+    std::thread::scope(|s| {
+        let load = s.spawn(|| l.http_get("4", "400", "4", None));
+        std::thread::sleep(Duration::from_millis(800));
+        freeze(&c, Duration::from_secs(2));
+        load.join().unwrap();
+    });
+    let o = wait_limited(c, Duration::from_secs(20));
+    // --duration 7, then at most --timeout and the 2 s the closing copies linger.
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(11), "{took:?}");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = json(&o);
+    assert_accounted(&r);
+    check_schema(&r);
+    let at_source = lines(&on_log).len() as u64;
+    assert!(u(&r, "capture.kernel_drops") >= 100, "{r:#}");
+    // Every session was cut, and each ended by that cause alone.
+    assert_eq!(u(&r, "sessions.seen"), 4, "{r:#}");
+    assert_eq!(u(&r, "sessions.failed.lost_capture_data"), 4, "{r:#}");
+    assert_eq!(u(&r, "capture.sessions_with_lost_data"), 4, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 0, "{r:#}");
+    // Copied up to the holes, well short of the source. (The target may log a few more
+    // than were counted: client bytes captured past a hole in the server's direction have
+    // no server turn between them and go out as one request.)
+    let answered = u(&r, "requests.answered");
+    assert_eq!(u(&r, "requests.copied"), answered, "{r:#}");
+    let at_target = lines(&tg_log).len() as u64;
+    assert!(
+        answered >= 200 && at_target >= answered && at_target + 300 < at_source,
+        "{at_source} at the source, {at_target} at the target: {r:#}"
+    );
+    // The requests seen after the stop count at the source, never answered; the dropped
+    // ones cannot be counted as requests (the kernel's count is the packets').
+    let seen = u(&r, "requests.at_source");
+    assert!(
+        seen >= answered + 200 && seen <= at_source,
+        "{at_source}: {r:#}"
+    );
+    let loss = r["requests"]["loss_ratio_percent"].as_f64().unwrap();
+    assert!(loss >= 20.0, "{r:#}");
+    assert_eq!(
+        r["capture"]["out_of_order_segments"]
+            .as_u64()
+            .map(|n| n > 0),
+        Some(true),
+        "{r:#}"
     );
 }

@@ -411,16 +411,8 @@ fn on_target_refusals_are_one_line_and_touch_no_rule() {
         "(apt-get install nftables)",
     );
     // Not root.
-    let mut nobody = vec![
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all",
-    ];
-    nobody.extend_from_slice(&argv);
     one_line_failure(
-        &run_in(&t.l.target, &nobody),
+        &run_limited(unprivileged(&t.l.target, &argv), Duration::from_secs(10)),
         &format!(
             "tcpkit intercept: --on-target: netfilter queue {}: bind refused by the kernel (needs root or CAP_NET_ADMIN)",
             t.queue

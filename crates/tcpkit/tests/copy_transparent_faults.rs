@@ -395,3 +395,54 @@ fn transparent_memory_over_the_limit_sheds_copies_and_keeps_going() {
     assert!(u(&r, "memory.peak_held_bytes") <= 2 << 20, "{r:#}");
     assert_eq!(u(&r, "memory.limit_bytes"), 2 << 20);
 }
+
+/// intercept on the assistant without CAP_NET_RAW, or on an interface that is not there:
+/// one line naming the capability or the interface, exit 1 at once, and no control port
+/// left open for a copy to wait on. The same command as root starts and listens.
+#[test]
+fn intercept_without_privilege_or_interface_is_one_line() {
+    let mut t = TLab::new("cptfnopriv");
+    let argv = t.intercept_args();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let ast = t.ast_if.clone();
+    let o = run_limited(unprivileged(&t.assistant, &argv), Duration::from_secs(10));
+    one_line_failure(
+        &o,
+        &format!(
+            "tcpkit intercept: --capture: {ast}: socket(AF_PACKET) (needs root or CAP_NET_RAW)"
+        ),
+        "Operation not permitted",
+    );
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+
+    let mut bad = argv.clone();
+    let i = bad.iter().position(|a| *a == "--capture").unwrap();
+    bad[i + 1] = "nosuch0";
+    let t0 = Instant::now();
+    let o = run_limited(t.assistant.command(&bad), Duration::from_secs(10));
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    one_line_failure(
+        &o,
+        "tcpkit intercept: --capture: nosuch0: no such network interface",
+        "nosuch0",
+    );
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // Neither left a control port behind.
+    let addr: SocketAddr = t.intercept_addr().parse().unwrap();
+    let refused = t
+        .assistant
+        .enter(|| TcpStream::connect_timeout(&addr, Duration::from_secs(1)));
+    assert!(refused.is_err(), "something listens on {addr}");
+
+    // As root the same command runs (TLab::intercept waits for its control port).
+    let icp = t.intercept("intercept");
+    assert!(icp.try_status().unwrap().is_none(), "{}", icp.log());
+}

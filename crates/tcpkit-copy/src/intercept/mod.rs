@@ -108,7 +108,8 @@ pub enum InterceptError {
         #[source]
         source: io::Error,
     },
-    #[error("capture on {ifname}")]
+    /// The source names the interface: said once, after the flag that gave it.
+    #[error("--capture")]
     Capture {
         ifname: String,
         #[source]

@@ -147,6 +147,9 @@ pub(crate) struct Half {
     seen_end: u64,
     /// When the current hole appeared or last shrank.
     pub hole_since: Option<u64>,
+    /// Furthest position of payload seen (delivered or not): a segment reaching past it
+    /// carries bytes never seen before.
+    data_end: u64,
     tail: Tail,
 }
 
@@ -188,6 +191,20 @@ impl Half {
     fn offset(&self, seq: u32) -> Option<i64> {
         let rel = i64::from(seq.wrapping_sub(self.next_seq) as i32);
         (rel <= MAX_AHEAD).then_some(self.next as i64 + rel)
+    }
+
+    /// Notes a segment of `len` payload bytes at `seq`, before it is taken; true when it
+    /// carries bytes past every one seen before in this direction (not only a resend), in
+    /// the order of the capture, whether or not they can be delivered.
+    pub fn extends(&mut self, seq: u32, len: usize) -> bool {
+        let Some(end) = self.offset(seq).map(|o| o + len as i64) else {
+            return false;
+        };
+        if len == 0 || end <= self.data_end as i64 {
+            return false;
+        }
+        self.data_end = end as u64;
+        true
     }
 
     pub fn has_hole(&self) -> bool {

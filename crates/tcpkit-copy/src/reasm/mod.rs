@@ -156,6 +156,11 @@ pub enum Event {
     Close {
         id: SessionId,
         how: CloseKind,
+        /// Requests the capture saw in the session, delivered or not: client bytes after a
+        /// server turn (or the first, unless joined mid-stream), counted in capture order.
+        /// Past a hole ([`CloseKind::LostData`]) it exceeds the requests delivered by those
+        /// the capture saw but could not hand over.
+        requests_seen: u64,
         ts_ns: u64,
     },
 }
@@ -229,6 +234,34 @@ struct Session {
     closed_until: Option<u64>,
     last_ts: u64,
     halves: [Half; 2],
+    seen: SeenTurns,
+}
+
+/// Request starts in capture order, by the rule copy's turns use on delivered bytes (a
+/// request starts at the client's first new bytes after the server's; a session joined
+/// mid-stream starts counting after the server's first bytes), so that requests lost behind
+/// a hole are known by number.
+#[derive(Debug, Default)]
+struct SeenTurns {
+    skipping: bool,
+    in_request: bool,
+    requests: u64,
+}
+
+impl SeenTurns {
+    fn new_bytes(&mut self, dir: Dir) {
+        match dir {
+            Dir::ServerToClient => {
+                self.skipping = false;
+                self.in_request = false;
+            }
+            Dir::ClientToServer if !self.skipping && !self.in_request => {
+                self.requests += 1;
+                self.in_request = true;
+            }
+            Dir::ClientToServer => {}
+        }
+    }
 }
 
 /// All sessions of a capture; see the module docs.
@@ -383,6 +416,9 @@ impl Tracker {
         } else if !this.started() {
             this.anchor(s.seq);
         }
+        if this.extends(data_seq, s.payload_len.max(payload.len())) {
+            sess.seen.new_bytes(dir);
+        }
         let before = this.buffered;
         self.deliveries.clear();
         this.segment(
@@ -481,6 +517,10 @@ impl Tracker {
             closed_until: None,
             last_ts: self.now,
             halves: Default::default(),
+            seen: SeenTurns {
+                skipping: !syn,
+                ..SeenTurns::default()
+            },
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -562,6 +602,7 @@ impl Tracker {
         out.push(Event::Close {
             id: sess.id,
             how,
+            requests_seen: sess.seen.requests,
             ts_ns: now,
         });
     }

@@ -415,6 +415,82 @@ fn capture_loss_ends_the_session_after_the_hole_timeout() {
     assert_eq!(t.stats().buffered_bytes, 0);
 }
 
+/// The requests a lost segment cut off are counted at the close: those the capture saw past
+/// the hole (each client turn after a server turn, resends not counted again), beside those
+/// delivered; the lost request itself was never seen and is not.
+#[test]
+fn requests_seen_past_a_hole_are_counted_at_its_close() {
+    let k = Conn::new(1000, 5000);
+    let mut t = tracker();
+    let (req, ans) = (b"GET /x HTTP/1.1\r\n\r\n", b"HTTP/1.1 204 No\r\n\r\n");
+    let (r, a) = (req.len() as u64, ans.len() as u64);
+    let mut ev = run(
+        &mut t,
+        &[
+            k.syn(),
+            k.syn_ack(),
+            k.c(0, 0, ACK, req),
+            k.s(0, r, ACK, ans),
+            // The second request was never captured; its answer was.
+            k.s(a, 2 * r, ACK, ans),
+            k.c(2 * r, 2 * a, ACK, req),
+            k.s(2 * a, 3 * r, ACK, ans),
+            // A resend of the third request, then the fourth.
+            k.c(2 * r, 3 * a, ACK, req),
+            k.c(3 * r, 3 * a, ACK, req),
+        ],
+    );
+    assert_eq!(
+        stream(&ev, Dir::ClientToServer),
+        req,
+        "one request delivered"
+    );
+    t.tick(10_000_000_000, &mut ev);
+    let seen: Vec<(CloseKind, u64)> = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::Close {
+                how, requests_seen, ..
+            } => Some((*how, *requests_seen)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [(
+            CloseKind::LostData {
+                dir: Dir::ClientToServer,
+                at_seq: 1001 + r as u32
+            },
+            3
+        )]
+    );
+    // Without a hole every request seen is delivered: the counts agree.
+    let mut t = tracker();
+    let ev = run(
+        &mut t,
+        &[
+            k.syn(),
+            k.c(0, 0, ACK, req),
+            k.s(0, r, ACK, ans),
+            k.c(r, a, ACK, req),
+            k.c(r, a, ACK, req),
+            k.c(2 * r, 2 * a, RST, b""),
+        ],
+    );
+    assert!(
+        matches!(
+            ev.last(),
+            Some(Event::Close {
+                how: CloseKind::Rst,
+                requests_seen: 2,
+                ..
+            })
+        ),
+        "{ev:?}"
+    );
+}
+
 #[test]
 fn an_ack_beyond_the_data_seen_is_a_hole() {
     // The last segment was lost: only the server's ACK tells.

@@ -835,6 +835,22 @@ pub fn load(clients: &Host, rate: &str, secs: &str, per_conn: Option<&str>) -> O
     o
 }
 
+/// `argv` in `host` as nobody with no capability at all (none inherited, none left in the
+/// bounding set, so no file capability can bring one back): a user who forgot sudo.
+pub fn unprivileged(host: &Host, argv: &[&str]) -> Command {
+    let mut v = vec![
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ];
+    v.extend_from_slice(argv);
+    host.command(&v)
+}
+
 /// One line, `tcpkit <cmd>: ...`, and exit status 1.
 pub fn one_line_failure(o: &Output, prefix: &str, needle: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
