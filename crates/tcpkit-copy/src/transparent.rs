@@ -26,6 +26,15 @@
 //! skipping every port whose (client address, port, target) is in use — never tcpcopy's
 //! random port shift, which collides.
 //!
+//! Several copies (one per online host) may feed one target and one intercept, which sends
+//! every answer to all of them; each takes only the answers of its own 4-tuples. Two online
+//! hosts can see the same client address and port (a client or a load balancer using one
+//! source port toward two servers), so two copies can send SYNs for one 4-tuple, which neither
+//! can know beforehand. The target answers the later SYN with an ACK of the connection it
+//! holds there (a challenge ACK), not the answer to that SYN: the copy that gets it leaves the
+//! tuple without a RST (the connection a RST would kill is the other copy's) and makes its SYN
+//! again from a pool port, counted as `tuple_in_use`.
+//!
 //! The control connection lost (intercept restarted, the assistant unreachable): every copy
 //! that had sent its SYN can no longer see its answers, so it is reset and counted as failed
 //! by that cause; copy reconnects with a back-off, and new sessions wait for it (their SYN is
@@ -757,6 +766,36 @@ impl<'a> Engine<'a> {
             .pick(own, first, taken, &mut self.ts.port_collisions)
     }
 
+    /// Flow `idx`'s SYN met another connection on its 4-tuple at the target: the flow moves
+    /// to the pool's next free port (as `-n`'s copies take theirs) and sends its SYN from
+    /// there, keeping its ISN, its requests and its connect deadline. Nothing more is sent on
+    /// the tuple it leaves, not even a RST: that connection is not ours. No free port: shed.
+    fn leave_taken_tuple(&mut self, idx: usize, now: u64) {
+        let Some(f) = self.flows[idx].as_ref() else {
+            return;
+        };
+        let (old, target, gen) = (f.client, f.target, f.gen);
+        self.ts.tuple_in_use += 1;
+        // The tuple left is still ours in `by_tuple` here, so the pool passes over it.
+        let Some(port) = self.pick_port(old.ip(), old.port(), target, false) else {
+            self.ts.ports_exhausted += 1;
+            self.end_flow(idx, Outcome::Shed, false);
+            return;
+        };
+        let client = SocketAddr::new(old.ip(), port);
+        self.by_tuple.remove(&(old, target));
+        self.by_tuple.insert((client, target), (idx, gen));
+        let Some(f) = self.flows[idx].as_mut() else {
+            return;
+        };
+        f.client = client;
+        f.rto_ns = SYN_RTO_NS;
+        f.rto_at = now + SYN_RTO_NS;
+        let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
+        self.send(idx, Flags::SYN, isn, 0, 0);
+        self.arm(idx, at);
+    }
+
     fn session_data(
         &mut self,
         id: SessionId,
@@ -1288,6 +1327,17 @@ impl<'a> Engine<'a> {
                 if !(flags.has(Flags::SYN) && flags.has(Flags::ACK))
                     || h.ack != f.isn.wrapping_add(1)
                 {
+                    // An acknowledgement on our 4-tuple of another sequence than our SYN's:
+                    // the target holds another connection there (its challenge ACK to our
+                    // SYN, or that connection's own traffic): another copy's, when two online
+                    // hosts see the same client address and port, or one the target has not
+                    // let go. The textbook answer, a RST, could kill that connection; this
+                    // copy leaves the tuple instead, for a port of the pool. A bare ACK of
+                    // our SYN is the target keeping our own half-open connection (its answer
+                    // to another copy's SYN arriving there): we stay.
+                    if flags.has(Flags::ACK) && h.ack != f.isn.wrapping_add(1) {
+                        self.leave_taken_tuple(idx, now);
+                    }
                     return;
                 }
                 self.backoff.accepted(f.target);

@@ -72,6 +72,11 @@ pub struct TransparentStats {
     pub port_collisions: u64,
     /// Copies not made because every port of the pool was in use (counted as shed).
     pub ports_exhausted: u64,
+    /// Copies whose SYN the target answered for another connection on the same 4-tuple
+    /// (another copy's, from an online host that saw the same client address and port; or
+    /// one the target still held): each left that tuple without a RST and was copied from a
+    /// port of the pool instead.
+    pub tuple_in_use: u64,
     /// Copies of sessions open before copying started, given a handshake of their own.
     pub synthesized_handshakes: u64,
 }
@@ -340,7 +345,7 @@ impl CopyReport {
         if let Some(t) = &self.transparent {
             let _ = writeln!(
                 s,
-                "Transparent: intercept {}{}, {} answers received; control lost {} times ({} copies failed for it), {} reconnects; {} segments sent, {} retransmitted, {} send errors; {} port collisions avoided, {} pool exhausted; {} synthesized handshakes",
+                "Transparent: intercept {}{}, {} answers received; control lost {} times ({} copies failed for it), {} reconnects; {} segments sent, {} retransmitted, {} send errors; {} port collisions avoided, {} tuples in use at the target left, {} pool exhausted; {} synthesized handshakes",
                 t.intercept,
                 if t.client_addr.is_empty() {
                     String::new()
@@ -355,6 +360,7 @@ impl CopyReport {
                 t.retransmitted_segments,
                 t.send_errors,
                 t.port_collisions,
+                t.tuple_in_use,
                 t.ports_exhausted,
                 t.synthesized_handshakes
             );
@@ -538,18 +544,23 @@ mod tests {
             answers_received: 900,
             segments_sent: 1000,
             retransmitted_segments: 3,
+            port_collisions: 2,
+            tuple_in_use: 1,
             ..TransparentStats::default()
         });
         let h = r.human();
         assert!(h.contains("7 completed, 5 failed, 0 open at end\n"), "{h}");
         assert!(
-            h.contains("\nTransparent: intercept 198.18.3.2:36524, clients as 10.9.0.0/16, 900 answers received; control lost 1 times (2 copies failed for it), 1 reconnects; 1000 segments sent, 3 retransmitted, 0 send errors; 0 port collisions avoided, 0 pool exhausted; 0 synthesized handshakes\n  Latency"),
+            h.contains("\nTransparent: intercept 198.18.3.2:36524, clients as 10.9.0.0/16, 900 answers received; control lost 1 times (2 copies failed for it), 1 reconnects; 1000 segments sent, 3 retransmitted, 0 send errors; 2 port collisions avoided, 1 tuples in use at the target left, 0 pool exhausted; 0 synthesized handshakes\n  Latency"),
             "{h}"
         );
         assert!(!sample().human().contains("Transparent"));
         assert!(!sample().json().contains("transparent"));
         let back: CopyReport = serde_json::from_str(&r.json()).unwrap();
-        assert_eq!(back.transparent.map(|t| t.control_lost), Some(2));
+        assert_eq!(
+            back.transparent.map(|t| (t.control_lost, t.tuple_in_use)),
+            Some((2, 1))
+        );
     }
 
     #[test]

@@ -117,6 +117,19 @@ impl CopyLab {
     pub fn nginx_also_on(&mut self, online: bool, log: Log, v6: Option<&str>) -> (Proc, PathBuf) {
         let (host, ip, name) = self.host(online);
         let host = host.clone();
+        self.nginx_in(&host, ip, name, log, v6)
+    }
+
+    /// [`CopyLab::nginx_also_on`] in any `host` of the lab, listening on `ip`; `name` names
+    /// its directory and process (one per nginx).
+    pub fn nginx_in(
+        &mut self,
+        host: &Host,
+        ip: &str,
+        name: &str,
+        log: Log,
+        v6: Option<&str>,
+    ) -> (Proc, PathBuf) {
         let listen6 = v6.map_or(String::new(), |a| format!(" listen [{a}]:8080;"));
         let d = self.dir.path().join(format!("nginx-{name}"));
         let _ = std::fs::create_dir_all(d.join("www"));
@@ -151,9 +164,9 @@ impl CopyLab {
                 &[NGINX, "-c", conf.to_str().unwrap()],
             )
             .unwrap_or_else(|e| panic!("{e}"));
-        wait_port(&host, ip, 8080, &p);
+        wait_port(host, ip, 8080, &p);
         if let Some(a) = v6 {
-            wait_port(&host, &format!("[{a}]"), 8080, &p);
+            wait_port(host, &format!("[{a}]"), 8080, &p);
         }
         (p, access)
     }
@@ -187,31 +200,7 @@ impl CopyLab {
 
     /// Starts `tcpkit copy ARGS` in the online host and returns once its capture is open.
     pub fn copy(&self, args: &[&str]) -> Child {
-        let mut argv = vec![tcpkit(), "copy"];
-        argv.extend_from_slice(args);
-        // The capture is bound (ring and filter in place) once a packet socket shows the
-        // interface's index; "any" shows 0.
-        let ifindex = match argv.iter().position(|a| *a == "-i") {
-            Some(i) if argv[i + 1] != "any" => self.cli_link.b.ifindex,
-            _ => 0,
-        };
-        let before = packet_sockets(&self.online, ifindex);
-        let mut cmd = self.online.command(&argv);
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("start tcpkit copy");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while packet_sockets(&self.online, ifindex) <= before {
-            if let Ok(Some(st)) = child.try_wait() {
-                let o = child.wait_with_output().unwrap();
-                panic!(
-                    "copy exited {st} before capturing: {}",
-                    String::from_utf8_lossy(&o.stderr)
-                );
-            }
-            assert!(Instant::now() < deadline, "copy never opened its capture");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child
+        copy_in(&self.online, self.cli_link.b.ifindex, args)
     }
 
     /// `ARGV` in the clients host, to completion.
@@ -255,6 +244,36 @@ impl CopyLab {
         }
         self.load(8080, &a)
     }
+}
+
+/// Starts `tcpkit copy ARGS` in `host` and returns once its capture is open; `ifindex` is the
+/// index of the interface a `-i` names (the host's side of its clients' link).
+pub fn copy_in(host: &Host, ifindex: u32, args: &[&str]) -> Child {
+    let mut argv = vec![tcpkit(), "copy"];
+    argv.extend_from_slice(args);
+    // The capture is bound (ring and filter in place) once a packet socket shows the
+    // interface's index; "any" shows 0.
+    let ifindex = match argv.iter().position(|a| *a == "-i") {
+        Some(i) if argv[i + 1] != "any" => ifindex,
+        _ => 0,
+    };
+    let before = packet_sockets(host, ifindex);
+    let mut cmd = host.command(&argv);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start tcpkit copy");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while packet_sockets(host, ifindex) <= before {
+        if let Ok(Some(st)) = child.try_wait() {
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "copy exited {st} before capturing: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        assert!(Instant::now() < deadline, "copy never opened its capture");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
 
 /// The keys of the redis at `ip` (in `host`), sorted.
@@ -809,7 +828,19 @@ pub fn accounted(r: &Value) {
 
 /// `tcpkit load` of HTTP GETs from the clients host to the online nginx.
 pub fn load(clients: &Host, rate: &str, secs: &str, per_conn: Option<&str>) -> Output {
-    let t = format!("{ONLINE}:8080");
+    load_to(clients, ONLINE, rate, secs, per_conn, &[])
+}
+
+/// [`load`] to the nginx on `server`:8080, with `extra` flags.
+pub fn load_to(
+    clients: &Host,
+    server: &str,
+    rate: &str,
+    secs: &str,
+    per_conn: Option<&str>,
+    extra: &[&str],
+) -> Output {
+    let t = format!("{server}:8080");
     let mut a = vec![
         tcpkit(),
         "load",
@@ -826,6 +857,7 @@ pub fn load(clients: &Host, rate: &str, secs: &str, per_conn: Option<&str>) -> O
     if let Some(q) = per_conn {
         a.extend_from_slice(&["--queries-per-conn", q]);
     }
+    a.extend_from_slice(extra);
     let o = run_limited(clients.command(&a), Duration::from_secs(20));
     assert!(
         o.status.success(),

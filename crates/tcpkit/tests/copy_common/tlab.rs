@@ -3,11 +3,12 @@
 //! assistant (intercept); the online host reaches intercept's control port over a management
 //! link of its own. IPv6 beside IPv4 on request ([`TLab::add_v6`]).
 
+use std::path::PathBuf;
 use std::process::{Child, Output};
 use std::time::Duration;
 
 use serde_json::Value;
-use tcpkit_lab::{Host, LinkOpts, Proc};
+use tcpkit_lab::{Host, Link, LinkOpts, Proc};
 
 use super::*;
 
@@ -21,6 +22,15 @@ pub const ONLINE6_T: &str = "fd00:18:2::1";
 pub const TARGET6: &str = "fd00:18:2::2";
 pub const TGT6_A: &str = "fd00:18:3::1";
 pub const ASSIST6: &str = "fd00:18:3::2";
+/// A second online host ([`TLab::add_online`]) on its own clients' link (in the clients'
+/// subnet, which the target routes via the assistant), its own link to the target and its
+/// own management link to the assistant.
+pub const CLIENT2: &str = "198.18.1.11";
+pub const ONLINE2: &str = "198.18.1.12";
+pub const ONLINE2_T: &str = "198.18.5.1";
+pub const TGT_2: &str = "198.18.5.2";
+pub const ONLINE2_M: &str = "198.18.6.1";
+pub const ASSIST2_M: &str = "198.18.6.2";
 
 pub struct TLab {
     pub l: CopyLab,
@@ -187,6 +197,112 @@ impl TLab {
         ];
         argv.extend_from_slice(args);
         run_limited(self.l.online.command(&argv), Duration::from_secs(30))
+    }
+}
+
+/// A second online host feeding the same target and the same intercept as the first: clients2
+/// (a clients host of its own) → online2 (`ONLINE2`) → target (`TARGET`, over a link of its
+/// own) ; online2 → assistant (its own management link, to intercept's `ASSIST_M`).
+pub struct Online {
+    pub clients: Host,
+    pub online: Host,
+    /// The clients' address (given to [`TLab::add_online`]).
+    pub client: String,
+    pub cli_link: Link,
+    pub tgt_link: Link,
+}
+
+impl TLab {
+    /// Adds a second online host whose clients host has address `client`: `CLIENT2`, or
+    /// `CLIENT` itself in a namespace of its own, so both online hosts see the same client
+    /// address (as behind one NAT or load balancer) and the copies may collide on a 4-tuple.
+    pub fn add_online(&mut self, client: &str) -> Online {
+        let lab = &mut self.l.lab;
+        let clients = lab.host("cli2").expect("host");
+        let online = lab.host("onl2").expect("host");
+        let cli_link = lab
+            .link(
+                &clients,
+                &online,
+                &LinkOpts {
+                    addr_a: vec![format!("{client}/24")],
+                    addr_b: vec![format!("{ONLINE2}/24")],
+                    ..LinkOpts::default()
+                },
+            )
+            .expect("link");
+        let target = self.l.target.clone();
+        let tgt_link = lab
+            .link(
+                &online,
+                &target,
+                &LinkOpts {
+                    addr_a: vec![format!("{ONLINE2_T}/24")],
+                    addr_b: vec![format!("{TGT_2}/24")],
+                    ..LinkOpts::default()
+                },
+            )
+            .expect("link");
+        let assistant = self.assistant.clone();
+        lab.link(
+            &online,
+            &assistant,
+            &LinkOpts {
+                addr_a: vec![format!("{ONLINE2_M}/24")],
+                addr_b: vec![format!("{ASSIST2_M}/24")],
+                ..LinkOpts::default()
+            },
+        )
+        .expect("link");
+        // The copy's packets go to the target's own address over online2's link, and its
+        // control connection to intercept's address over online2's management link.
+        for (dst, via) in [(TARGET, TGT_2), (ASSIST_M, ASSIST2_M)] {
+            online
+                .run(&["ip", "route", "add", &format!("{dst}/32"), "via", via])
+                .expect("route");
+        }
+        // The clients' packets arrive on this link too (their answers leave via the assistant).
+        target
+            .sysctl(&format!("net.ipv4.conf.{}.rp_filter", tgt_link.b.name), "0")
+            .expect("rp_filter");
+        Online {
+            clients,
+            online,
+            client: client.to_string(),
+            cli_link,
+            tgt_link,
+        }
+    }
+
+    /// nginx on `o`'s online host ([`CopyLab::nginx`] there).
+    pub fn nginx_on(&mut self, o: &Online, log: Log) -> (Proc, PathBuf) {
+        self.l.nginx_in(&o.online, ONLINE2, "online2", log, None)
+    }
+
+    /// [`TLab::copy`] on `o`'s online host, capturing its clients' link.
+    pub fn copy_on(&self, o: &Online, rule: &str, args: &[&str]) -> Child {
+        let ia = self.intercept_addr();
+        let mut argv = vec![
+            "--transparent",
+            "-x",
+            rule,
+            "--intercept",
+            &ia,
+            "-i",
+            &o.cli_link.b.name,
+            "--json",
+        ];
+        argv.extend_from_slice(args);
+        copy_in(&o.online, o.cli_link.b.ifindex, &argv)
+    }
+
+    /// intercept's report, once it exited, against its committed schema.
+    pub fn intercept_report(p: &Proc) -> Value {
+        let log = p.log();
+        let (a, b) = (log.find('{').unwrap(), log.rfind('}').unwrap());
+        let r: Value = serde_json::from_str(&log[a..=b]).unwrap_or_else(|e| panic!("{e}: {log}"));
+        schema::check(&schema::load("intercept"), &r, "intercept");
+        r
     }
 }
 
