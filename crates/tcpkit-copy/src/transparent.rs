@@ -67,7 +67,7 @@ use tcpkit_wire::tcp::{Flags, Options, Segment};
 /// The `-c` prefix type, for callers that do not depend on tcpkit-wire.
 pub use tcpkit_wire::Cidr;
 
-use crate::backoff::{Backoff, Gate};
+use crate::backoff::{Backoff, Down, Gate};
 use crate::control::{ControlError, Msg, PacketHdr, VERSION};
 use crate::diff::{ConnMeta, DiffConn, Differ};
 use crate::feed::{self, FeedError};
@@ -239,6 +239,11 @@ struct Flow {
     /// Retransmission: when, the current timeout, and the last time anything was acked.
     rto_at: u64,
     rto_ns: u64,
+    /// SynSent toward a silent target: this flow found it silent and keeps retransmitting
+    /// (`probing`), or another did and this one waits for the back-off's gate before its SYN
+    /// goes out again (`standing_back`).
+    probing: bool,
+    standing_back: bool,
     progress_ns: u64,
     /// WaitControl/SynSent: give up after this; Closing: reset after this.
     deadline: u64,
@@ -940,6 +945,8 @@ impl<'a> Engine<'a> {
             last_write_ns: now,
             rto_at: 0,
             rto_ns: SYN_RTO_NS,
+            probing: false,
+            standing_back: false,
             progress_ns: now,
             deadline: now + self.cfg.timeout_ns,
             ending: Outcome::Completed,
@@ -1085,9 +1092,13 @@ impl<'a> Engine<'a> {
                     if ctl_up {
                         if let Gate::Wait(at) = self.backoff.gate(f.target, now) {
                             if at >= f.deadline {
-                                // Refusing until past our timeout: given up unsent.
+                                // Down until past our timeout: given up unsent.
+                                let how = match self.backoff.down(f.target) {
+                                    Some(Down::Silent) => Outcome::Timeout,
+                                    _ => Outcome::Refused,
+                                };
                                 self.report.sessions.skipped_in_backoff += 1;
-                                self.end_flow(idx, Outcome::Refused, false);
+                                self.end_flow(idx, how, false);
                             } else {
                                 self.arm(idx, at);
                             }
@@ -1112,7 +1123,33 @@ impl<'a> Engine<'a> {
                 St::SynSent => {
                     if now >= f.deadline {
                         self.end_flow(idx, Outcome::Timeout, true);
+                    } else if now >= f.rto_at && f.standing_back {
+                        match self.backoff.gate(f.target, now) {
+                            // This flow's SYN is the probe.
+                            Gate::Go => {
+                                f.standing_back = false;
+                                f.rto_ns = SYN_RTO_NS;
+                                f.rto_at = now + SYN_RTO_NS;
+                                let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
+                                self.ts.retransmitted_segments += 1;
+                                self.send(idx, Flags::SYN, isn, 0, 0);
+                                self.arm(idx, at);
+                            }
+                            Gate::Wait(at) => {
+                                f.rto_at = at;
+                                let at = at.min(f.deadline);
+                                self.arm(idx, at);
+                            }
+                        }
+                    } else if now >= f.rto_at && !f.probing && !self.backoff.silent(f.target, now) {
+                        // A SYN unanswered for its first timeout: the target is silent (off,
+                        // or firewalled). Another flow found out first and keeps trying; this
+                        // one stands back rather than retransmit, so the target does not get
+                        // every session's SYNs.
+                        f.standing_back = true;
+                        continue;
                     } else if now >= f.rto_at {
+                        f.probing = true;
                         f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
                         f.rto_at = now + f.rto_ns;
                         let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
