@@ -17,7 +17,7 @@ use crate::relay::{Input, RelayConfig};
 use crate::rules;
 use crate::transparent::{TransparentConfig, TransparentError};
 use tcpkit_wire::tcp::{Flags, Segment};
-use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
+use tcpkit_wire::{as_ethernet, LinkType};
 
 /// One check's outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -266,12 +266,7 @@ fn probe_client(
             if found.is_some() {
                 return;
             }
-            let frame = if link == LinkType::Ethernet {
-                p.data
-            } else if to_ethernet(link, p.data, MacAddr([0; 6]), MacAddr([0; 6]), &mut eth).is_ok()
-            {
-                &eth
-            } else {
+            let Some(frame) = as_ethernet(link, p.data, &mut eth) else {
                 return;
             };
             if let Ok(seg) = Segment::parse(frame) {

@@ -5,7 +5,8 @@
 //! understand (MPLS, unknown ethertypes, cut headers) through untouched; nothing here panics on
 //! bad input (the `rewrite` fuzz target and its corpus test hold us to that).
 //!
-//! - [`LinkType`] and [`to_ethernet`]: turn a captured frame of any supported DLT into Ethernet.
+//! - [`LinkType`], [`to_ethernet`] and [`as_ethernet`]: turn a captured frame of any supported
+//!   DLT into Ethernet.
 //! - [`Rewriter`]: what `tcpkit replay` does to each frame, matched byte for byte against
 //!   Debian's tcprewrite 4.4.3 (see the [`rewrite`] module docs for the behaviours matched and
 //!   the few tcprewrite bugs deliberately not copied).
@@ -24,7 +25,7 @@ mod types;
 
 pub use flow::{flow_key, shard_hash, unique_ip, ConnKey, FlowKey};
 pub use fuzz::fuzz_rewrite;
-pub use link::{to_ethernet, LinkType};
+pub use link::{as_ethernet, to_ethernet, LinkType};
 pub use rewrite::{RewriteConfig, RewriteOutcome, Rewriter};
 pub use types::{Cidr, IpMap, MacAddr, PortMap, TtlEdit, VlanEdit};
 

@@ -171,6 +171,21 @@ pub fn to_ethernet(
     Ok(())
 }
 
+/// A captured frame as Ethernet, for readers that only look at its IP and TCP headers: an
+/// Ethernet frame is itself (no copy); any other link type is rewritten into `scratch` with
+/// zero MACs. None when it has no Ethernet form (a short header, a protocol that is not IP).
+pub fn as_ethernet<'a>(
+    link: LinkType,
+    data: &'a [u8],
+    scratch: &'a mut Vec<u8>,
+) -> Option<&'a [u8]> {
+    if link == LinkType::Ethernet {
+        return Some(data);
+    }
+    to_ethernet(link, data, MacAddr([0; 6]), MacAddr([0; 6]), scratch).ok()?;
+    Some(scratch)
+}
+
 /// SLL protocol values below 0x600 are not ethertypes (802.2 LLC, CAN, ...) and have no
 /// Ethernet II form.
 fn sll_protocol(link: LinkType, p: u16, offset: usize) -> Result<u16, WireError> {
@@ -188,6 +203,18 @@ fn sll_protocol(link: LinkType, p: u16, offset: usize) -> Result<u16, WireError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn as_ethernet_borrows_ethernet_and_rewrites_the_rest() {
+        let mut scratch = Vec::new();
+        let eth = [0u8; 14];
+        let got = as_ethernet(LinkType::Ethernet, &eth, &mut scratch).unwrap();
+        assert_eq!(got.as_ptr(), eth.as_ptr(), "no copy of an Ethernet frame");
+        let got = as_ethernet(LinkType::Raw, &V4, &mut scratch).unwrap();
+        assert_eq!(&got[..14], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0]);
+        assert_eq!(&got[14..], &V4);
+        assert!(as_ethernet(LinkType::LinuxSll, &V4[..10], &mut scratch).is_none());
+    }
 
     const S: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
     const D: MacAddr = MacAddr::BROADCAST;

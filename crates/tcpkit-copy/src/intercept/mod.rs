@@ -44,7 +44,7 @@ use tcpkit_capture::nfqueue::{NfQueue, NfQueueError, NfQueueOpts, Verdict};
 use tcpkit_capture::{Capture, CaptureError, CaptureOpts, Direction};
 use tcpkit_pace::now_ns;
 use tcpkit_wire::tcp::Segment;
-use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
+use tcpkit_wire::{as_ethernet, LinkType};
 
 use crate::control::{Msg, PacketHdr, VERSION};
 pub use rule::AnswerRule;
@@ -539,19 +539,7 @@ pub fn run(
                             if p.direction != Direction::Incoming {
                                 return;
                             }
-                            let frame = if link == LinkType::Ethernet {
-                                p.data
-                            } else if to_ethernet(
-                                link,
-                                p.data,
-                                MacAddr([0; 6]),
-                                MacAddr([0; 6]),
-                                &mut eth,
-                            )
-                            .is_ok()
-                            {
-                                &eth
-                            } else {
+                            let Some(frame) = as_ethernet(link, p.data, &mut eth) else {
                                 r.not_tcp += 1;
                                 return;
                             };
@@ -569,16 +557,8 @@ pub fn run(
             // What is queued, a bounded number per turn, all dropped in one verdict.
             Input::Queue(q) => {
                 q.read(1024, Verdict::Drop, |p| {
-                    if to_ethernet(
-                        LinkType::Raw,
-                        p.payload,
-                        MacAddr([0; 6]),
-                        MacAddr([0; 6]),
-                        &mut eth,
-                    )
-                    .is_ok()
-                    {
-                        deliver(&eth, &mut clients, &mut r);
+                    if let Some(frame) = as_ethernet(LinkType::Raw, p.payload, &mut eth) {
+                        deliver(frame, &mut clients, &mut r);
                     } else {
                         r.not_tcp += 1;
                     }
