@@ -6,21 +6,23 @@
 //! live here once.
 
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Registry, Token};
 use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
 use tcpkit_pace::now_ns;
 use tcpkit_pcap::{CaptureFile, PcapError};
 use tcpkit_stats::CopyReport;
-use tcpkit_wire::{to_ethernet, LinkType, MacAddr};
+use tcpkit_wire::{as_ethernet, LinkType};
 
-use crate::reasm::{Event, Tracker, TrackerConfig};
-use crate::relay::Live;
+use crate::reasm::{CloseKind, Dir, Event, SessionId, Tracker, TrackerConfig};
+use crate::relay::{Live, RelayConfig};
 use crate::rules::{self, Rule};
 
 /// The capture's token in a mode's event loop.
@@ -64,19 +66,82 @@ pub enum FeedError {
     },
 }
 
-/// A copy mode, as the input loops drive it.
+/// A copy mode, as the input loops drive it: the capture side (sessions opening, their
+/// bytes, their end) is the same for every mode; how a copy reaches the target is the mode's.
 pub(crate) trait Consumer {
     type Error: From<FeedError>;
     /// How long one turn of the live loop waits for the mode's I/O at most.
     const LIVE_WAIT: Duration;
-    fn rules(&self) -> &[Rule];
-    fn tracker_config(&self) -> TrackerConfig;
+    fn cfg(&self) -> &RelayConfig;
+    fn rules(&self) -> &[Rule] {
+        &self.cfg().rules
+    }
+    /// The reassembler as the copy's settings want it: the rules' ports, `--only-full`, and
+    /// a share of `--max-memory` for what it buffers.
+    fn tracker_config(&self) -> TrackerConfig {
+        let c = self.cfg();
+        TrackerConfig {
+            server_ports: rules::server_ports(&c.rules),
+            only_full: c.only_full,
+            max_buffered_total: (c.max_memory / 4).max(1 << 16),
+            max_buffered_per_dir: (c.max_memory / 16).clamp(1 << 14, 4 << 20),
+            ..TrackerConfig::default()
+        }
+    }
     fn registry(&self) -> &Registry;
     fn report(&mut self) -> &mut CopyReport;
     /// Every frame (Ethernet), before the reassembler sees it.
     fn frame(&mut self, _frame: &[u8]) {}
     /// The reassembler's events; `tracker_mem` is what it holds.
-    fn on_events(&mut self, evs: &mut Vec<Event>, tracker_mem: u64);
+    fn on_events(&mut self, evs: &mut Vec<Event>, tracker_mem: u64) {
+        let now = now_ns();
+        for ev in evs.drain(..) {
+            match ev {
+                Event::Open {
+                    id,
+                    client,
+                    server,
+                    syn_seen,
+                    ..
+                } => self.open_session(id, client, server, syn_seen, now),
+                Event::Data {
+                    id,
+                    dir,
+                    bytes,
+                    ts_ns,
+                    ..
+                } => self.session_data(id, dir, &bytes, ts_ns, now, tracker_mem),
+                Event::Close {
+                    id,
+                    how,
+                    requests_seen,
+                    ..
+                } => self.close_session(id, how, requests_seen, now),
+            }
+        }
+    }
+    /// A session of the capture starts: copy it (rules, sampling) or not.
+    fn open_session(
+        &mut self,
+        id: SessionId,
+        client: SocketAddr,
+        server: SocketAddr,
+        syn_seen: bool,
+        now: u64,
+    );
+    /// Bytes of a session, in order, in direction `dir`, captured at `ts`.
+    #[allow(clippy::too_many_arguments)]
+    fn session_data(
+        &mut self,
+        id: SessionId,
+        dir: Dir,
+        bytes: &Bytes,
+        ts: u64,
+        now: u64,
+        tracker_mem: u64,
+    );
+    /// The session ended in the capture (`requests_seen` request turns in all).
+    fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64);
     /// Timers, then one wait for I/O of at most `max_wait`, then the I/O.
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), Self::Error>;
     fn publish(&self, live: &Live);
@@ -176,19 +241,7 @@ pub(crate) fn run<C: Consumer>(
                     let n = cap
                         .next_block(Duration::ZERO, |p| {
                             packets += 1;
-                            let frame = if link == LinkType::Ethernet {
-                                p.data
-                            } else if to_ethernet(
-                                link,
-                                p.data,
-                                MacAddr([0; 6]),
-                                MacAddr([0; 6]),
-                                &mut eth,
-                            )
-                            .is_ok()
-                            {
-                                &eth
-                            } else {
+                            let Some(frame) = as_ethernet(link, p.data, &mut eth) else {
                                 return;
                             };
                             c.frame(frame);
@@ -280,21 +333,12 @@ pub(crate) fn run<C: Consumer>(
                         last_ts = Some(p.ts_ns.max(last_ts.unwrap_or(0)));
                         due_last = due;
                         packets += 1;
-                        let frame = match LinkType::from_dlt(p.linktype) {
-                            Ok(LinkType::Ethernet) => p.data,
-                            Ok(l)
-                                if to_ethernet(
-                                    l,
-                                    p.data,
-                                    MacAddr([0; 6]),
-                                    MacAddr([0; 6]),
-                                    &mut eth,
-                                )
-                                .is_ok() =>
-                            {
-                                &eth
-                            }
-                            _ => {
+                        let frame = match LinkType::from_dlt(p.linktype)
+                            .ok()
+                            .and_then(|l| as_ethernet(l, p.data, &mut eth))
+                        {
+                            Some(f) => f,
+                            None => {
                                 c.report().capture.not_tcp += 1;
                                 continue;
                             }

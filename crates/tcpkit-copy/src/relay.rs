@@ -41,7 +41,7 @@ use crate::diff::{ConnMeta, DiffConfig, DiffConn, Differ};
 /// Where frames come from (shared by every copy mode, kept here for callers).
 pub use crate::feed::Input;
 use crate::feed::{self, FeedError, CAPTURE};
-use crate::reasm::{CloseKind, Dir, Event, SessionId, TrackerConfig};
+use crate::reasm::{CloseKind, Dir, SessionId};
 use crate::rules::{self, Rule};
 use crate::sample::Sampler;
 use crate::turns::{ClientBytes, ReqStart, Turns};
@@ -230,7 +230,7 @@ struct Relay<'a> {
     gens: Vec<u32>,
     free: Vec<usize>,
     timers: BinaryHeap<Reverse<(u64, usize, u32)>>,
-    /// Refusing targets' shared back-off.
+    /// The shared back-off toward targets that refuse or answer nothing.
     backoff: Backoff,
     start_ns: u64,
     held: usize,
@@ -275,45 +275,7 @@ impl<'a> Relay<'a> {
         })
     }
 
-    fn tracker_config(&self) -> TrackerConfig {
-        TrackerConfig {
-            server_ports: rules::server_ports(&self.cfg.rules),
-            only_full: self.cfg.only_full,
-            max_buffered_total: (self.cfg.max_memory / 4).max(1 << 16),
-            max_buffered_per_dir: (self.cfg.max_memory / 16).clamp(1 << 14, 4 << 20),
-            ..TrackerConfig::default()
-        }
-    }
-
     // ---- capture side -------------------------------------------------------------------
-
-    fn on_events(&mut self, events: &mut Vec<Event>, tracker_mem: u64) {
-        let now = now_ns();
-        for ev in events.drain(..) {
-            match ev {
-                Event::Open {
-                    id,
-                    client,
-                    server,
-                    syn_seen,
-                    ..
-                } => self.open_session(id, client, server, syn_seen, now),
-                Event::Data {
-                    id,
-                    dir,
-                    bytes,
-                    ts_ns,
-                    ..
-                } => self.session_data(id, dir, &bytes, ts_ns, now, tracker_mem),
-                Event::Close {
-                    id,
-                    how,
-                    requests_seen,
-                    ..
-                } => self.close_session(id, how, requests_seen, now),
-            }
-        }
-    }
 
     fn open_session(
         &mut self,
@@ -1005,11 +967,8 @@ impl feed::Consumer for Relay<'_> {
     type Error = RelayError;
     const LIVE_WAIT: Duration = Duration::from_millis(10);
 
-    fn rules(&self) -> &[Rule] {
-        &self.cfg.rules
-    }
-    fn tracker_config(&self) -> TrackerConfig {
-        Relay::tracker_config(self)
+    fn cfg(&self) -> &RelayConfig {
+        self.cfg
     }
     fn registry(&self) -> &mio::Registry {
         self.poll.registry()
@@ -1017,8 +976,29 @@ impl feed::Consumer for Relay<'_> {
     fn report(&mut self) -> &mut CopyReport {
         &mut self.report
     }
-    fn on_events(&mut self, evs: &mut Vec<Event>, tracker_mem: u64) {
-        Relay::on_events(self, evs, tracker_mem)
+    fn open_session(
+        &mut self,
+        id: SessionId,
+        client: SocketAddr,
+        server: SocketAddr,
+        syn_seen: bool,
+        now: u64,
+    ) {
+        Relay::open_session(self, id, client, server, syn_seen, now)
+    }
+    fn session_data(
+        &mut self,
+        id: SessionId,
+        dir: Dir,
+        bytes: &Bytes,
+        ts: u64,
+        now: u64,
+        tracker_mem: u64,
+    ) {
+        Relay::session_data(self, id, dir, bytes, ts, now, tracker_mem)
+    }
+    fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
+        Relay::close_session(self, id, how, requests_seen, now)
     }
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), RelayError> {
         Relay::step(self, events, max_wait)

@@ -71,9 +71,9 @@ use crate::backoff::{Backoff, Down, Gate};
 use crate::control::{ControlError, Msg, PacketHdr, VERSION};
 use crate::diff::{ConnMeta, DiffConn, Differ};
 use crate::feed::{self, FeedError};
-use crate::reasm::{CloseKind, Dir, Event, SessionId, TrackerConfig};
+use crate::reasm::{CloseKind, Dir, SessionId};
 use crate::relay::{Input, Live, RelayConfig};
-use crate::rules::{self, Rule};
+use crate::rules;
 use crate::turns::{ClientBytes, ReqStart, Turns};
 
 /// What transparent mode adds to the relay's configuration.
@@ -619,12 +619,16 @@ struct Engine<'a> {
     /// to the wrong copy and no two copies share one.
     by_tuple: FxHashMap<(SocketAddr, SocketAddr), (usize, u32)>,
     timers: BinaryHeap<Reverse<(u64, usize, u32)>>,
-    /// Refusing targets' shared back-off (relay mode's): a down target gets one probe SYN
-    /// per step, not one per production session.
+    /// The shared back-off toward targets that refuse or answer nothing (relay mode's): a
+    /// down target gets one probe SYN per step, not one per production session.
     backoff: Backoff,
     pool: PortPool,
     /// SYNs' ISNs by (client, server), until their session opens.
     syn_isn: FxHashMap<(SocketAddr, SocketAddr), u32>,
+    /// Mixed into the ISNs of synthesized handshakes: without it two copies (two processes)
+    /// synthesizing a handshake for the same client port at the same moment would pick
+    /// nearly the same ISN, and a SYN inside the other's window makes the target reset both.
+    isn_salt: u32,
     start_ns: u64,
     held: usize,
     open: u64,
@@ -651,45 +655,7 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn tracker_config(&self) -> TrackerConfig {
-        TrackerConfig {
-            server_ports: rules::server_ports(&self.cfg.rules),
-            only_full: self.cfg.only_full,
-            max_buffered_total: (self.cfg.max_memory / 4).max(1 << 16),
-            max_buffered_per_dir: (self.cfg.max_memory / 16).clamp(1 << 14, 4 << 20),
-            ..TrackerConfig::default()
-        }
-    }
-
     // ---- capture side -------------------------------------------------------------------
-
-    fn on_events(&mut self, events: &mut Vec<Event>, tracker_mem: u64) {
-        let now = now_ns();
-        for ev in events.drain(..) {
-            match ev {
-                Event::Open {
-                    id,
-                    client,
-                    server,
-                    syn_seen,
-                    ..
-                } => self.open_session(id, client, server, syn_seen, now),
-                Event::Data {
-                    id,
-                    dir,
-                    bytes,
-                    ts_ns,
-                    ..
-                } => self.session_data(id, dir, &bytes, ts_ns, now, tracker_mem),
-                Event::Close {
-                    id,
-                    how,
-                    requests_seen,
-                    ..
-                } => self.close_session(id, how, requests_seen, now),
-            }
-        }
-    }
 
     fn open_session(
         &mut self,
@@ -722,12 +688,12 @@ impl<'a> Engine<'a> {
             None => client.ip(),
         };
         // The client's own ISN when its SYN was seen; otherwise a handshake of our own, with
-        // an ISN from the clock as a TCP stack picks one.
+        // an ISN from the clock as a TCP stack picks one, salted per process.
         let isn = match isn {
             Some(i) => i,
             None => {
                 self.ts.synthesized_handshakes += u64::from(self.cfg.copies);
-                (now >> 6) as u32 ^ (u32::from(client.port()) << 16)
+                ((now >> 6) as u32 ^ (u32::from(client.port()) << 16)).wrapping_add(self.isn_salt)
             }
         };
         let mut flows = Vec::with_capacity(self.cfg.copies as usize);
@@ -1737,11 +1703,8 @@ impl feed::Consumer for Engine<'_> {
     type Error = TransparentError;
     const LIVE_WAIT: Duration = Duration::from_millis(5);
 
-    fn rules(&self) -> &[Rule] {
-        &self.cfg.rules
-    }
-    fn tracker_config(&self) -> TrackerConfig {
-        Engine::tracker_config(self)
+    fn cfg(&self) -> &RelayConfig {
+        self.cfg
     }
     fn registry(&self) -> &mio::Registry {
         self.poll.registry()
@@ -1762,8 +1725,29 @@ impl feed::Consumer for Engine<'_> {
             }
         }
     }
-    fn on_events(&mut self, evs: &mut Vec<Event>, tracker_mem: u64) {
-        Engine::on_events(self, evs, tracker_mem)
+    fn open_session(
+        &mut self,
+        id: SessionId,
+        client: SocketAddr,
+        server: SocketAddr,
+        syn_seen: bool,
+        now: u64,
+    ) {
+        Engine::open_session(self, id, client, server, syn_seen, now)
+    }
+    fn session_data(
+        &mut self,
+        id: SessionId,
+        dir: Dir,
+        bytes: &Bytes,
+        ts: u64,
+        now: u64,
+        tracker_mem: u64,
+    ) {
+        Engine::session_data(self, id, dir, bytes, ts, now, tracker_mem)
+    }
+    fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
+        Engine::close_session(self, id, how, requests_seen, now)
     }
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), TransparentError> {
         Engine::step(self, events, max_wait)
@@ -1837,6 +1821,11 @@ pub fn run(
         backoff: Backoff::default(),
         pool: PortPool::new(t.port_pool),
         syn_isn: FxHashMap::default(),
+        // std seeds each RandomState from the OS's randomness: a salt per process.
+        isn_salt: std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            0u8,
+        ) as u32,
         start_ns: start,
         held: 0,
         open: 0,
