@@ -28,6 +28,9 @@ const TARGET: &str = "198.18.2.2";
 const NGINX: &str = "/usr/sbin/nginx";
 /// Seconds of load per run.
 const RUN_S: f64 = 5.0;
+/// The copy captures this long past the load: when the CPUs run short its copies fall behind
+/// the capture, and what is still in flight when it stops is not copied (open at end).
+const COPY_TAIL_S: f64 = 2.0;
 
 struct Env {
     tcpkit: PathBuf,
@@ -36,6 +39,8 @@ struct Env {
     cap_if: String,
     /// The copy host's receive threads (see `copy`): toward the target and toward intercept.
     copy_rx: Vec<u32>,
+    /// Every end of the links with receive threads: a full receive queue there drops.
+    rx_ifaces: Vec<(Host, String)>,
     on_log: PathBuf,
     tg_log: PathBuf,
     /// intercept's control address on the assistant (transparent mode).
@@ -106,6 +111,32 @@ fn log_lines(p: &Path) -> u64 {
     std::fs::read(p)
         .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64)
         .unwrap_or(0)
+}
+
+/// Packets the receive-thread links dropped so far (a receive queue full while the CPUs are
+/// short), both directions of every end.
+fn rx_drops(env: &Env) -> u64 {
+    env.rx_ifaces
+        .iter()
+        .filter_map(|(h, i)| h.ifstats(i).ok())
+        .map(|s| s.rx_dropped + s.tx_dropped)
+        .sum()
+}
+
+/// The copy's failed sessions by cause, those that are not zero.
+fn failed_causes(report: &serde_json::Value) -> String {
+    report["sessions"]["failed"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, v)| v.as_u64().unwrap_or(0) > 0)
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("failed: {s}"))
+        .unwrap_or_default()
 }
 
 /// Seconds the threads `pids` have run, from the scheduler.
@@ -348,6 +379,8 @@ struct Row {
     /// The copy host's receive path for the copy's traffic (% of a core).
     rx_pct: f64,
     rss_mb: f64,
+    /// The copy's failed sessions by cause, and packets the lab's receive queues dropped.
+    failed: String,
     base: Load,
     with: Load,
     /// The online server's latency on its wire (p50, p99 µs): no copy, and copying.
@@ -392,7 +425,7 @@ fn wire_pair(
     let base = wire_stop(dump, &path)?;
     std::thread::sleep(Duration::from_millis(300));
     let (dump, path) = wire_dump(env, lab, &format!("{tag}-copy"))?;
-    let copy = start_copy(env, RUN_S + 1.0, mode)?;
+    let copy = start_copy(env, RUN_S + COPY_TAIL_S, mode)?;
     load(env, rate, new_conn)?;
     copy_report(copy)?;
     let with = wire_stop(dump, &path)?;
@@ -412,10 +445,11 @@ fn scenario(
     let base = load(env, rate, new_conn)?;
     std::thread::sleep(Duration::from_millis(300));
     let (on0, tg0) = (log_lines(&env.on_log), log_lines(&env.tg_log));
-    let copy = start_copy(env, RUN_S + 1.0, mode)?;
+    let copy = start_copy(env, RUN_S + COPY_TAIL_S, mode)?;
     let pid = copy.id();
     let (cpu0, _) = usage(pid);
     let rx0 = on_cpu(&env.copy_rx);
+    let drops0 = rx_drops(env);
     let icpu0 = intercept.map(|p| usage(p.pid()).0);
     let t0 = Instant::now();
     let with = load(env, rate, new_conn)?;
@@ -428,6 +462,19 @@ fn scenario(
     });
     let report = copy_report(copy)?;
     let copied = report["requests"]["copied"].as_u64().unwrap_or(0);
+    let drops = rx_drops(env) - drops0;
+    let mut why = vec![failed_causes(&report)];
+    let open = report["sessions"]["open_at_end"].as_u64().unwrap_or(0);
+    if open > 0 {
+        why.push(format!("open at end {open}"));
+    }
+    if drops > 0 {
+        why.push(format!(
+            "{drops} packets dropped by full receive queues (TCP resends them)"
+        ));
+    }
+    why.retain(|w| !w.is_empty());
+    let why = why.join("; ");
     // nginx flushes its access log every 100 ms.
     std::thread::sleep(Duration::from_millis(300));
     Ok(Row {
@@ -451,6 +498,7 @@ fn scenario(
         cpu_per_req_us: (copied > 0).then(|| (cpu1 - cpu0) * 1e6 / copied as f64),
         rx_pct: (rx1 - rx0) * 100.0 / secs,
         rss_mb: hwm as f64 / 1024.0,
+        failed: why,
         base,
         with,
         wire,
@@ -463,7 +511,7 @@ fn wrk_row(env: &Env) -> Result<Row> {
     let url = format!("http://{ONLINE}:8080/index.html");
     let d = format!("{}s", RUN_S as u32);
     let (on0, tg0) = (log_lines(&env.on_log), log_lines(&env.tg_log));
-    let copy = start_copy(env, RUN_S + 1.5, Mode::Relay)?;
+    let copy = start_copy(env, RUN_S + COPY_TAIL_S, Mode::Relay)?;
     let pid = copy.id();
     let (cpu0, _) = usage(pid);
     let rx0 = on_cpu(&env.copy_rx);
@@ -509,6 +557,7 @@ fn wrk_row(env: &Env) -> Result<Row> {
         cpu_per_req_us: (copied > 0).then(|| (cpu1 - cpu0) * 1e6 / copied as f64),
         rx_pct: (rx1 - rx0) * 100.0 / secs,
         rss_mb: hwm as f64 / 1024.0,
+        failed: failed_causes(&report),
         base: Load::default(),
         with: Load {
             p50_us: lat("50%"),
@@ -520,7 +569,66 @@ fn wrk_row(env: &Env) -> Result<Row> {
     })
 }
 
-pub fn copy(_args: &[String]) -> Result<()> {
+/// Which rows to run: all, or (`--only MODE[:TRAFFIC[:RATE]]`, MODE relay|transparent|on-target,
+/// TRAFFIC keep-alive|new) a few, to look into one; such a run prints its table and writes no
+/// results file.
+struct Only {
+    mode: Option<Mode>,
+    new_conn: Option<bool>,
+    rate: Option<u32>,
+}
+
+impl Only {
+    fn parse(args: &[String]) -> Result<Option<Only>> {
+        let Some(spec) = args
+            .iter()
+            .position(|a| a == "--only")
+            .map(|i| {
+                args.get(i + 1)
+                    .context("--only needs MODE[:TRAFFIC[:RATE]]")
+            })
+            .transpose()?
+        else {
+            return Ok(None);
+        };
+        let mut parts = spec.split(':');
+        let mode = match parts.next() {
+            Some("relay") => Mode::Relay,
+            Some("transparent") => Mode::Transparent,
+            Some("on-target") => Mode::OnTarget,
+            m => bail!("--only: mode {m:?}: relay, transparent or on-target"),
+        };
+        let new_conn = match parts.next() {
+            None => None,
+            Some("keep-alive") => Some(false),
+            Some("new") => Some(true),
+            Some(t) => bail!("--only: traffic {t:?}: keep-alive or new"),
+        };
+        let rate = parts
+            .next()
+            .map(|r| {
+                r.parse::<u32>()
+                    .with_context(|| format!("--only: rate {r:?}"))
+            })
+            .transpose()?;
+        Ok(Some(Only {
+            mode: Some(mode),
+            new_conn,
+            rate,
+        }))
+    }
+
+    fn wants(o: &Option<Only>, mode: Mode, new_conn: bool, rate: u32) -> bool {
+        o.as_ref().is_none_or(|o| {
+            o.mode.is_none_or(|m| m == mode)
+                && o.new_conn.is_none_or(|n| n == new_conn)
+                && o.rate.is_none_or(|r| r == rate)
+        })
+    }
+}
+
+pub fn copy(args: &[String]) -> Result<()> {
+    let only = Only::parse(args)?;
     let started = Instant::now();
     if !Path::new(NGINX).exists() {
         bail!("{NGINX} missing (apt-get install -y nginx-light)");
@@ -595,11 +703,20 @@ pub fn copy(_args: &[String]) -> Result<()> {
     ast.sysctl("net.ipv4.ip_forward", "0")?;
     let (_on, on_log) = nginx(&mut lab, &onl, ONLINE, "online")?;
     let (_tg, tg_log) = nginx(&mut lab, &tgt, TARGET, "target")?;
+    let rx_ifaces = vec![
+        (onl.clone(), tgt_link.a.name.clone()),
+        (tgt.clone(), tgt_link.b.name.clone()),
+        (tgt.clone(), ast_link.a.name.clone()),
+        (ast.clone(), ast_link.b.name.clone()),
+        (onl.clone(), ctl_link.a.name.clone()),
+        (ast.clone(), ctl_link.b.name.clone()),
+    ];
     let env = Env {
         tcpkit,
         cli,
         onl,
         cap_if: cli_link.b.name.clone(),
+        rx_ifaces,
         copy_rx: [tgt_link.a.rx_thread, ctl_link.a.rx_thread]
             .into_iter()
             .flatten()
@@ -611,6 +728,9 @@ pub fn copy(_args: &[String]) -> Result<()> {
     };
     let mut rows = Vec::new();
     for mode in [Mode::Relay, Mode::Transparent, Mode::OnTarget] {
+        if only.as_ref().is_some_and(|o| o.mode != Some(mode)) {
+            continue;
+        }
         let intercept = match mode {
             Mode::Relay => None,
             Mode::Transparent => Some(start_intercept(
@@ -638,6 +758,9 @@ pub fn copy(_args: &[String]) -> Result<()> {
         };
         for new_conn in [false, true] {
             for rate in [1000, 5000, 20_000] {
+                if !Only::wants(&only, mode, new_conn, rate) {
+                    continue;
+                }
                 eprintln!(
                     "{mode:?}: {} at {rate} req/s ...",
                     if new_conn {
@@ -661,8 +784,10 @@ pub fn copy(_args: &[String]) -> Result<()> {
             let _ = p.stop();
         }
     }
-    eprintln!("wrk keep-alive at its top rate ...");
-    rows.push(wrk_row(&env)?);
+    if only.is_none() {
+        eprintln!("wrk keep-alive at its top rate ...");
+        rows.push(wrk_row(&env)?);
+    }
 
     let mut t = String::new();
     t.push_str("| traffic | rate | requests online | at target | request loss | copy CPU (% of a core; per request) | copy host's receive path for it | copy peak RSS | intercept CPU; peak RSS | online server on its wire p50 / p99: no copy | copying | clients' view p50 / p99: no copy | copying |\n");
@@ -689,12 +814,17 @@ pub fn copy(_args: &[String]) -> Result<()> {
             .map(|n| format!(" ({n})"))
             .collect::<String>();
         t.push_str(&format!(
-            "| {} | {} req/s | {} | {} | {:.4} % | {:.1} %{per} | {:.1} % | {:.1} MB | {} | {} | {} | {} | {}{} |\n",
+            "| {} | {} req/s | {} | {} | {:.4} %{} | {:.1} %{per} | {:.1} % | {:.1} MB | {} | {} | {} | {} | {}{} |\n",
             r.what,
             r.asked,
             r.online,
             r.target,
             r.loss_pct(),
+            if r.failed.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", r.failed)
+            },
             r.cpu_pct,
             r.rx_pct,
             r.rss_mb,
@@ -753,6 +883,10 @@ pub fn copy(_args: &[String]) -> Result<()> {
     let out = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../results")
         .join(format!("copy-{date}.md"));
+    if only.is_some() {
+        eprintln!("--only: {} not written", out.display());
+        return Ok(());
+    }
     std::fs::write(&out, md).with_context(|| format!("write {}", out.display()))?;
     eprintln!(
         "wrote {} ({:.0} s)",

@@ -36,7 +36,7 @@ fn main() {
         Some("copy") => copy::copy(&args[1..]),
         _ => {
             eprintln!(
-                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy"
+                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]]"
             );
             std::process::exit(2);
         }
