@@ -277,157 +277,6 @@ impl<'a> Relay<'a> {
 
     // ---- capture side -------------------------------------------------------------------
 
-    fn open_session(
-        &mut self,
-        id: SessionId,
-        client: SocketAddr,
-        server: SocketAddr,
-        syn_seen: bool,
-        now: u64,
-    ) {
-        let Some(rule) = rules::rule_for(&self.cfg.rules, server).copied() else {
-            return;
-        };
-        let s = &mut self.report.sessions;
-        s.seen += 1;
-        if !syn_seen {
-            s.joined_mid_stream += 1;
-        }
-        if !self
-            .cfg
-            .sampler
-            .selects(client, server, now.saturating_sub(self.start_ns))
-        {
-            s.sampled_out += 1;
-            return;
-        }
-        s.selected += 1;
-        let mut conns = Vec::with_capacity(self.cfg.copies as usize);
-        for copy in 1..=self.cfg.copies {
-            let idx = self.new_conn(rule.target, client, server, now);
-            conns.push((idx, self.gens[idx]));
-            if let (Some(d), Some(c)) = (self.differ.as_ref(), self.conns[idx].as_mut()) {
-                c.diff = Some(Box::new(d.conn(ConnMeta {
-                    session: id.0,
-                    copy,
-                    client,
-                    server,
-                    target: rule.target,
-                })));
-            }
-        }
-        self.sessions.insert(
-            id,
-            Sess {
-                conns,
-                turns: Turns::new(syn_seen, self.differ.as_ref()),
-            },
-        );
-        for i in 0..self.cfg.copies as usize {
-            let idx = self.sessions[&id].conns[i].0;
-            self.start_connect(idx, now);
-        }
-    }
-
-    fn session_data(
-        &mut self,
-        id: SessionId,
-        dir: Dir,
-        bytes: &Bytes,
-        ts: u64,
-        now: u64,
-        tracker_mem: u64,
-    ) {
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return;
-        };
-        match dir {
-            Dir::ServerToClient => {
-                if let Some(lat) = s.turns.server(bytes, ts) {
-                    self.orig.record(lat);
-                }
-            }
-            Dir::ClientToServer => {
-                let (start, answer) =
-                    match s
-                        .turns
-                        .client(bytes, ts, self.max_think_ns, self.differ.as_ref())
-                    {
-                        ClientBytes::Skipped => {
-                            self.report.requests.bytes_skipped_joining += bytes.len() as u64;
-                            return;
-                        }
-                        ClientBytes::Copy { start, answer } => (start, answer),
-                    };
-                if start.is_some() {
-                    self.report.requests.at_source += u64::from(self.cfg.copies);
-                }
-                // One copy out of the reassembler's shared block, shared by the -n copies.
-                let data = Bytes::copy_from_slice(bytes);
-                let conns = s.conns.clone();
-                let diff_held = self.differ.as_ref().map_or(0, Differ::held_bytes);
-                let over = self.held + data.len() * conns.len() + tracker_mem as usize + diff_held
-                    > self.cfg.max_memory;
-                if over {
-                    self.shed_session(id, now);
-                    return;
-                }
-                for (idx, gen) in conns {
-                    if let Some(c) = self.conn_mut(idx, gen) {
-                        if let Some(d) = c.diff.as_mut() {
-                            if let Some((k, r)) = &answer {
-                                d.original(*k, Rc::clone(r));
-                            }
-                            if start.is_some() {
-                                d.request_queued(&data);
-                            }
-                        }
-                        c.queue.push_back(Item::Data {
-                            bytes: data.clone(),
-                            start,
-                        });
-                        c.held += data.len();
-                        self.held += data.len();
-                        self.pump(idx, now);
-                    }
-                }
-                let peak = (self.held + diff_held) as u64 + tracker_mem;
-                let m = &mut self.report.memory;
-                m.peak_held_bytes = m.peak_held_bytes.max(peak);
-            }
-        }
-    }
-
-    fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
-        let Some(s) = self.sessions.remove(&id) else {
-            return;
-        };
-        let lost = matches!(how, CloseKind::LostData { .. });
-        if lost {
-            self.report.requests.at_source +=
-                s.turns.unreplayed(requests_seen) * u64::from(self.cfg.copies);
-        }
-        if matches!(how, CloseKind::Shed) {
-            for (idx, gen) in s.conns {
-                if self.conn_mut(idx, gen).is_some() {
-                    self.end_conn(idx, Outcome::Shed);
-                }
-            }
-            return;
-        }
-        // Wait for the target's answer to the last request if the server answered it.
-        let (wait_answer, answer) = s.turns.close();
-        for (idx, gen) in s.conns {
-            if let Some(c) = self.conn_mut(idx, gen) {
-                if let (Some(d), Some((k, r))) = (c.diff.as_mut(), &answer) {
-                    d.original(*k, Rc::clone(r));
-                }
-                c.queue.push_back(Item::End { wait_answer, lost });
-                self.pump(idx, now);
-            }
-        }
-    }
-
     fn shed_session(&mut self, id: SessionId, _now: u64) {
         if let Some(s) = self.sessions.remove(&id) {
             for (idx, gen) in s.conns {
@@ -984,7 +833,48 @@ impl feed::Consumer for Relay<'_> {
         syn_seen: bool,
         now: u64,
     ) {
-        Relay::open_session(self, id, client, server, syn_seen, now)
+        let Some(rule) = rules::rule_for(&self.cfg.rules, server).copied() else {
+            return;
+        };
+        let s = &mut self.report.sessions;
+        s.seen += 1;
+        if !syn_seen {
+            s.joined_mid_stream += 1;
+        }
+        if !self
+            .cfg
+            .sampler
+            .selects(client, server, now.saturating_sub(self.start_ns))
+        {
+            s.sampled_out += 1;
+            return;
+        }
+        s.selected += 1;
+        let mut conns = Vec::with_capacity(self.cfg.copies as usize);
+        for copy in 1..=self.cfg.copies {
+            let idx = self.new_conn(rule.target, client, server, now);
+            conns.push((idx, self.gens[idx]));
+            if let (Some(d), Some(c)) = (self.differ.as_ref(), self.conns[idx].as_mut()) {
+                c.diff = Some(Box::new(d.conn(ConnMeta {
+                    session: id.0,
+                    copy,
+                    client,
+                    server,
+                    target: rule.target,
+                })));
+            }
+        }
+        self.sessions.insert(
+            id,
+            Sess {
+                conns,
+                turns: Turns::new(syn_seen, self.differ.as_ref()),
+            },
+        );
+        for i in 0..self.cfg.copies as usize {
+            let idx = self.sessions[&id].conns[i].0;
+            self.start_connect(idx, now);
+        }
     }
     fn session_data(
         &mut self,
@@ -995,10 +885,93 @@ impl feed::Consumer for Relay<'_> {
         now: u64,
         tracker_mem: u64,
     ) {
-        Relay::session_data(self, id, dir, bytes, ts, now, tracker_mem)
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        match dir {
+            Dir::ServerToClient => {
+                if let Some(lat) = s.turns.server(bytes, ts) {
+                    self.orig.record(lat);
+                }
+            }
+            Dir::ClientToServer => {
+                let (start, answer) =
+                    match s
+                        .turns
+                        .client(bytes, ts, self.max_think_ns, self.differ.as_ref())
+                    {
+                        ClientBytes::Skipped => {
+                            self.report.requests.bytes_skipped_joining += bytes.len() as u64;
+                            return;
+                        }
+                        ClientBytes::Copy { start, answer } => (start, answer),
+                    };
+                if start.is_some() {
+                    self.report.requests.at_source += u64::from(self.cfg.copies);
+                }
+                // One copy out of the reassembler's shared block, shared by the -n copies.
+                let data = Bytes::copy_from_slice(bytes);
+                let conns = s.conns.clone();
+                let diff_held = self.differ.as_ref().map_or(0, Differ::held_bytes);
+                let over = self.held + data.len() * conns.len() + tracker_mem as usize + diff_held
+                    > self.cfg.max_memory;
+                if over {
+                    self.shed_session(id, now);
+                    return;
+                }
+                for (idx, gen) in conns {
+                    if let Some(c) = self.conn_mut(idx, gen) {
+                        if let Some(d) = c.diff.as_mut() {
+                            if let Some((k, r)) = &answer {
+                                d.original(*k, Rc::clone(r));
+                            }
+                            if start.is_some() {
+                                d.request_queued(&data);
+                            }
+                        }
+                        c.queue.push_back(Item::Data {
+                            bytes: data.clone(),
+                            start,
+                        });
+                        c.held += data.len();
+                        self.held += data.len();
+                        self.pump(idx, now);
+                    }
+                }
+                let peak = (self.held + diff_held) as u64 + tracker_mem;
+                let m = &mut self.report.memory;
+                m.peak_held_bytes = m.peak_held_bytes.max(peak);
+            }
+        }
     }
     fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
-        Relay::close_session(self, id, how, requests_seen, now)
+        let Some(s) = self.sessions.remove(&id) else {
+            return;
+        };
+        let lost = matches!(how, CloseKind::LostData { .. });
+        if lost {
+            self.report.requests.at_source +=
+                s.turns.unreplayed(requests_seen) * u64::from(self.cfg.copies);
+        }
+        if matches!(how, CloseKind::Shed) {
+            for (idx, gen) in s.conns {
+                if self.conn_mut(idx, gen).is_some() {
+                    self.end_conn(idx, Outcome::Shed);
+                }
+            }
+            return;
+        }
+        // Wait for the target's answer to the last request if the server answered it.
+        let (wait_answer, answer) = s.turns.close();
+        for (idx, gen) in s.conns {
+            if let Some(c) = self.conn_mut(idx, gen) {
+                if let (Some(d), Some((k, r))) = (c.diff.as_mut(), &answer) {
+                    d.original(*k, Rc::clone(r));
+                }
+                c.queue.push_back(Item::End { wait_answer, lost });
+                self.pump(idx, now);
+            }
+        }
     }
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), RelayError> {
         Relay::step(self, events, max_wait)

@@ -657,77 +657,6 @@ impl<'a> Engine<'a> {
 
     // ---- capture side -------------------------------------------------------------------
 
-    fn open_session(
-        &mut self,
-        id: SessionId,
-        client: SocketAddr,
-        server: SocketAddr,
-        syn_seen: bool,
-        now: u64,
-    ) {
-        let isn = self.syn_isn.remove(&(client, server));
-        let Some(rule) = rules::rule_for(&self.cfg.rules, server).copied() else {
-            return;
-        };
-        let s = &mut self.report.sessions;
-        s.seen += 1;
-        if !syn_seen {
-            s.joined_mid_stream += 1;
-        }
-        if !self
-            .cfg
-            .sampler
-            .selects(client, server, now.saturating_sub(self.start_ns))
-        {
-            s.sampled_out += 1;
-            return;
-        }
-        s.selected += 1;
-        let ip = match &self.t.client_cidr {
-            Some(c) => map_client(client.ip(), c),
-            None => client.ip(),
-        };
-        // The client's own ISN when its SYN was seen; otherwise a handshake of our own, with
-        // an ISN from the clock as a TCP stack picks one, salted per process.
-        let isn = match isn {
-            Some(i) => i,
-            None => {
-                self.ts.synthesized_handshakes += u64::from(self.cfg.copies);
-                ((now >> 6) as u32 ^ (u32::from(client.port()) << 16)).wrapping_add(self.isn_salt)
-            }
-        };
-        let mut flows = Vec::with_capacity(self.cfg.copies as usize);
-        for k in 0..self.cfg.copies {
-            let Some(port) = self.pick_port(ip, client.port(), rule.target, k == 0) else {
-                self.ts.ports_exhausted += 1;
-                self.report.sessions.copies += 1;
-                self.report.sessions.failed.shed += 1;
-                continue;
-            };
-            let idx = self.new_flow(SocketAddr::new(ip, port), rule.target, isn, now);
-            flows.push((idx, self.gens[idx]));
-            if let (Some(d), Some(f)) = (self.differ.as_ref(), self.flows[idx].as_mut()) {
-                f.diff = Some(Box::new(d.conn(ConnMeta {
-                    session: id.0,
-                    copy: k + 1,
-                    client,
-                    server,
-                    target: rule.target,
-                })));
-            }
-        }
-        self.sessions.insert(
-            id,
-            Sess {
-                flows: flows.clone(),
-                turns: Turns::new(syn_seen, self.differ.as_ref()),
-            },
-        );
-        for (idx, _) in flows {
-            self.pump(idx, now);
-        }
-    }
-
     /// The client's own port for the first copy when its 4-tuple is free; otherwise (and
     /// for every other copy) the next free port of the pool.
     fn pick_port(&mut self, ip: IpAddr, own: u16, target: SocketAddr, first: bool) -> Option<u16> {
@@ -765,109 +694,6 @@ impl<'a> Engine<'a> {
         let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
         self.send(idx, Flags::SYN, isn, 0, 0);
         self.arm(idx, at);
-    }
-
-    fn session_data(
-        &mut self,
-        id: SessionId,
-        dir: Dir,
-        bytes: &Bytes,
-        ts: u64,
-        now: u64,
-        tracker_mem: u64,
-    ) {
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return;
-        };
-        match dir {
-            Dir::ServerToClient => {
-                if let Some(lat) = s.turns.server(bytes, ts) {
-                    self.orig.record(lat);
-                }
-            }
-            Dir::ClientToServer => {
-                let (start, answer) =
-                    match s
-                        .turns
-                        .client(bytes, ts, self.max_think_ns, self.differ.as_ref())
-                    {
-                        ClientBytes::Skipped => {
-                            self.report.requests.bytes_skipped_joining += bytes.len() as u64;
-                            return;
-                        }
-                        ClientBytes::Copy { start, answer } => (start, answer),
-                    };
-                if start.is_some() {
-                    self.report.requests.at_source += s.flows.len() as u64;
-                }
-                let data = Bytes::copy_from_slice(bytes);
-                let flows = s.flows.clone();
-                let diff_held = self.differ.as_ref().map_or(0, Differ::held_bytes);
-                if self.held + data.len() * flows.len() + tracker_mem as usize + diff_held
-                    > self.cfg.max_memory
-                {
-                    if let Some(s) = self.sessions.remove(&id) {
-                        for (idx, gen) in s.flows {
-                            if self.flow_mut(idx, gen).is_some() {
-                                self.end_flow(idx, Outcome::Shed, true);
-                            }
-                        }
-                    }
-                    return;
-                }
-                for (idx, gen) in flows {
-                    if let Some(f) = self.flow_mut(idx, gen) {
-                        if let Some(d) = f.diff.as_mut() {
-                            if let Some((k, r)) = &answer {
-                                d.original(*k, Rc::clone(r));
-                            }
-                            if start.is_some() {
-                                d.request_queued(&data);
-                            }
-                        }
-                        f.queue.push_back(Item::Data {
-                            bytes: data.clone(),
-                            start,
-                        });
-                        f.held += data.len();
-                        self.held += data.len();
-                        self.pump(idx, now);
-                    }
-                }
-                let peak = (self.held + diff_held) as u64 + tracker_mem;
-                let m = &mut self.report.memory;
-                m.peak_held_bytes = m.peak_held_bytes.max(peak);
-            }
-        }
-    }
-
-    fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
-        let Some(s) = self.sessions.remove(&id) else {
-            return;
-        };
-        if matches!(how, CloseKind::LostData { .. }) {
-            self.report.requests.at_source +=
-                s.turns.unreplayed(requests_seen) * s.flows.len() as u64;
-        }
-        if matches!(how, CloseKind::Shed) {
-            for (idx, gen) in s.flows {
-                if self.flow_mut(idx, gen).is_some() {
-                    self.end_flow(idx, Outcome::Shed, true);
-                }
-            }
-            return;
-        }
-        let lost = matches!(how, CloseKind::LostData { .. });
-        let (wait_answer, answer) = s.turns.close();
-        for (idx, gen) in s.flows {
-            if let Some(f) = self.flow_mut(idx, gen) {
-                if let (Some(d), Some((k, r))) = (f.diff.as_mut(), &answer) {
-                    d.original(*k, Rc::clone(r));
-                }
-                f.queue.push_back(Item::End { wait_answer, lost });
-                self.pump(idx, now);
-            }
-        }
     }
 
     // ---- flows --------------------------------------------------------------------------
@@ -1733,7 +1559,67 @@ impl feed::Consumer for Engine<'_> {
         syn_seen: bool,
         now: u64,
     ) {
-        Engine::open_session(self, id, client, server, syn_seen, now)
+        let isn = self.syn_isn.remove(&(client, server));
+        let Some(rule) = rules::rule_for(&self.cfg.rules, server).copied() else {
+            return;
+        };
+        let s = &mut self.report.sessions;
+        s.seen += 1;
+        if !syn_seen {
+            s.joined_mid_stream += 1;
+        }
+        if !self
+            .cfg
+            .sampler
+            .selects(client, server, now.saturating_sub(self.start_ns))
+        {
+            s.sampled_out += 1;
+            return;
+        }
+        s.selected += 1;
+        let ip = match &self.t.client_cidr {
+            Some(c) => map_client(client.ip(), c),
+            None => client.ip(),
+        };
+        // The client's own ISN when its SYN was seen; otherwise a handshake of our own, with
+        // an ISN from the clock as a TCP stack picks one, salted per process.
+        let isn = match isn {
+            Some(i) => i,
+            None => {
+                self.ts.synthesized_handshakes += u64::from(self.cfg.copies);
+                ((now >> 6) as u32 ^ (u32::from(client.port()) << 16)).wrapping_add(self.isn_salt)
+            }
+        };
+        let mut flows = Vec::with_capacity(self.cfg.copies as usize);
+        for k in 0..self.cfg.copies {
+            let Some(port) = self.pick_port(ip, client.port(), rule.target, k == 0) else {
+                self.ts.ports_exhausted += 1;
+                self.report.sessions.copies += 1;
+                self.report.sessions.failed.shed += 1;
+                continue;
+            };
+            let idx = self.new_flow(SocketAddr::new(ip, port), rule.target, isn, now);
+            flows.push((idx, self.gens[idx]));
+            if let (Some(d), Some(f)) = (self.differ.as_ref(), self.flows[idx].as_mut()) {
+                f.diff = Some(Box::new(d.conn(ConnMeta {
+                    session: id.0,
+                    copy: k + 1,
+                    client,
+                    server,
+                    target: rule.target,
+                })));
+            }
+        }
+        self.sessions.insert(
+            id,
+            Sess {
+                flows: flows.clone(),
+                turns: Turns::new(syn_seen, self.differ.as_ref()),
+            },
+        );
+        for (idx, _) in flows {
+            self.pump(idx, now);
+        }
     }
     fn session_data(
         &mut self,
@@ -1744,10 +1630,97 @@ impl feed::Consumer for Engine<'_> {
         now: u64,
         tracker_mem: u64,
     ) {
-        Engine::session_data(self, id, dir, bytes, ts, now, tracker_mem)
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        match dir {
+            Dir::ServerToClient => {
+                if let Some(lat) = s.turns.server(bytes, ts) {
+                    self.orig.record(lat);
+                }
+            }
+            Dir::ClientToServer => {
+                let (start, answer) =
+                    match s
+                        .turns
+                        .client(bytes, ts, self.max_think_ns, self.differ.as_ref())
+                    {
+                        ClientBytes::Skipped => {
+                            self.report.requests.bytes_skipped_joining += bytes.len() as u64;
+                            return;
+                        }
+                        ClientBytes::Copy { start, answer } => (start, answer),
+                    };
+                if start.is_some() {
+                    self.report.requests.at_source += s.flows.len() as u64;
+                }
+                let data = Bytes::copy_from_slice(bytes);
+                let flows = s.flows.clone();
+                let diff_held = self.differ.as_ref().map_or(0, Differ::held_bytes);
+                if self.held + data.len() * flows.len() + tracker_mem as usize + diff_held
+                    > self.cfg.max_memory
+                {
+                    if let Some(s) = self.sessions.remove(&id) {
+                        for (idx, gen) in s.flows {
+                            if self.flow_mut(idx, gen).is_some() {
+                                self.end_flow(idx, Outcome::Shed, true);
+                            }
+                        }
+                    }
+                    return;
+                }
+                for (idx, gen) in flows {
+                    if let Some(f) = self.flow_mut(idx, gen) {
+                        if let Some(d) = f.diff.as_mut() {
+                            if let Some((k, r)) = &answer {
+                                d.original(*k, Rc::clone(r));
+                            }
+                            if start.is_some() {
+                                d.request_queued(&data);
+                            }
+                        }
+                        f.queue.push_back(Item::Data {
+                            bytes: data.clone(),
+                            start,
+                        });
+                        f.held += data.len();
+                        self.held += data.len();
+                        self.pump(idx, now);
+                    }
+                }
+                let peak = (self.held + diff_held) as u64 + tracker_mem;
+                let m = &mut self.report.memory;
+                m.peak_held_bytes = m.peak_held_bytes.max(peak);
+            }
+        }
     }
     fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
-        Engine::close_session(self, id, how, requests_seen, now)
+        let Some(s) = self.sessions.remove(&id) else {
+            return;
+        };
+        if matches!(how, CloseKind::LostData { .. }) {
+            self.report.requests.at_source +=
+                s.turns.unreplayed(requests_seen) * s.flows.len() as u64;
+        }
+        if matches!(how, CloseKind::Shed) {
+            for (idx, gen) in s.flows {
+                if self.flow_mut(idx, gen).is_some() {
+                    self.end_flow(idx, Outcome::Shed, true);
+                }
+            }
+            return;
+        }
+        let lost = matches!(how, CloseKind::LostData { .. });
+        let (wait_answer, answer) = s.turns.close();
+        for (idx, gen) in s.flows {
+            if let Some(f) = self.flow_mut(idx, gen) {
+                if let (Some(d), Some((k, r))) = (f.diff.as_mut(), &answer) {
+                    d.original(*k, Rc::clone(r));
+                }
+                f.queue.push_back(Item::End { wait_answer, lost });
+                self.pump(idx, now);
+            }
+        }
     }
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), TransparentError> {
         Engine::step(self, events, max_wait)
