@@ -642,11 +642,7 @@ pub fn copy(args: &[String]) -> Result<()> {
     let cli_link = lab.link(
         &cli,
         &onl,
-        &LinkOpts {
-            addr_a: vec![format!("{CLIENT}/24")],
-            addr_b: vec![format!("{ONLINE}/24")],
-            ..LinkOpts::default()
-        },
+        &LinkOpts::addrs(format!("{CLIENT}/24"), format!("{ONLINE}/24")),
     )?;
     // The links the copy's own traffic crosses receive in kernel threads of their own: on a
     // veth the receiving host's stack otherwise runs in the sender's syscalls, and the copy's
@@ -657,10 +653,8 @@ pub fn copy(args: &[String]) -> Result<()> {
         &onl,
         &tgt,
         &LinkOpts {
-            addr_a: vec![format!("{ONLINE_T}/24")],
-            addr_b: vec![format!("{TARGET}/24")],
             rx_threads: true,
-            ..LinkOpts::default()
+            ..LinkOpts::addrs(format!("{ONLINE_T}/24"), format!("{TARGET}/24"))
         },
     )?;
     for h in [&cli, &onl, &tgt] {
@@ -678,20 +672,16 @@ pub fn copy(args: &[String]) -> Result<()> {
         &tgt,
         &ast,
         &LinkOpts {
-            addr_a: vec![format!("{TGT_A}/24")],
-            addr_b: vec![format!("{ASSIST}/24")],
             rx_threads: true,
-            ..LinkOpts::default()
+            ..LinkOpts::addrs(format!("{TGT_A}/24"), format!("{ASSIST}/24"))
         },
     )?;
     let ctl_link = lab.link(
         &onl,
         &ast,
         &LinkOpts {
-            addr_a: vec![format!("{ONLINE_M}/24")],
-            addr_b: vec![format!("{ASSIST_M}/24")],
             rx_threads: true,
-            ..LinkOpts::default()
+            ..LinkOpts::addrs(format!("{ONLINE_M}/24"), format!("{ASSIST_M}/24"))
         },
     )?;
     tgt.run(&["ip", "route", "add", "198.18.1.0/24", "via", ASSIST])?;

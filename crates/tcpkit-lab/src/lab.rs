@@ -345,6 +345,15 @@ impl LinkOpts {
             ..LinkOpts::default()
         }
     }
+
+    /// One address (with prefix) on each end, the rest default.
+    pub fn addrs(a: impl Into<String>, b: impl Into<String>) -> LinkOpts {
+        LinkOpts {
+            addr_a: vec![a.into()],
+            addr_b: vec![b.into()],
+            ..LinkOpts::default()
+        }
+    }
 }
 
 /// MTU, offloads, addresses, up, shaping: in that order, because shaping needs the link's

@@ -65,22 +65,14 @@ impl CopyLab {
             .link(
                 &clients,
                 &online,
-                &LinkOpts {
-                    addr_a: vec![format!("{CLIENT}/24")],
-                    addr_b: vec![format!("{ONLINE}/24")],
-                    ..LinkOpts::default()
-                },
+                &LinkOpts::addrs(format!("{CLIENT}/24"), format!("{ONLINE}/24")),
             )
             .expect("link");
         let tgt_link = lab
             .link(
                 &online,
                 &target,
-                &LinkOpts {
-                    addr_a: vec![format!("{ONLINE_T}/24")],
-                    addr_b: vec![format!("{TARGET}/24")],
-                    ..LinkOpts::default()
-                },
+                &LinkOpts::addrs(format!("{ONLINE_T}/24"), format!("{TARGET}/24")),
             )
             .expect("link");
         CopyLab {

@@ -56,22 +56,14 @@ impl TLab {
             .link(
                 &target,
                 &assistant,
-                &LinkOpts {
-                    addr_a: vec![format!("{TGT_A}/24")],
-                    addr_b: vec![format!("{ASSIST}/24")],
-                    ..LinkOpts::default()
-                },
+                &LinkOpts::addrs(format!("{TGT_A}/24"), format!("{ASSIST}/24")),
             )
             .expect("link");
         l.lab
             .link(
                 &online,
                 &assistant,
-                &LinkOpts {
-                    addr_a: vec![format!("{ONLINE_M}/24")],
-                    addr_b: vec![format!("{ASSIST_M}/24")],
-                    ..LinkOpts::default()
-                },
+                &LinkOpts::addrs(format!("{ONLINE_M}/24"), format!("{ASSIST_M}/24")),
             )
             .expect("link");
         // The target answers the clients' subnet through the assistant, and accepts their
@@ -224,11 +216,7 @@ impl TLab {
             .link(
                 &clients,
                 &online,
-                &LinkOpts {
-                    addr_a: vec![format!("{client}/24")],
-                    addr_b: vec![format!("{ONLINE2}/24")],
-                    ..LinkOpts::default()
-                },
+                &LinkOpts::addrs(format!("{client}/24"), format!("{ONLINE2}/24")),
             )
             .expect("link");
         let target = self.l.target.clone();
@@ -236,22 +224,14 @@ impl TLab {
             .link(
                 &online,
                 &target,
-                &LinkOpts {
-                    addr_a: vec![format!("{ONLINE2_T}/24")],
-                    addr_b: vec![format!("{TGT_2}/24")],
-                    ..LinkOpts::default()
-                },
+                &LinkOpts::addrs(format!("{ONLINE2_T}/24"), format!("{TGT_2}/24")),
             )
             .expect("link");
         let assistant = self.assistant.clone();
         lab.link(
             &online,
             &assistant,
-            &LinkOpts {
-                addr_a: vec![format!("{ONLINE2_M}/24")],
-                addr_b: vec![format!("{ASSIST2_M}/24")],
-                ..LinkOpts::default()
-            },
+            &LinkOpts::addrs(format!("{ONLINE2_M}/24"), format!("{ASSIST2_M}/24")),
         )
         .expect("link");
         // The copy's packets go to the target's own address over online2's link, and its
