@@ -317,6 +317,17 @@ pub fn run_limited(mut cmd: Command, limit: Duration) -> Output {
     wait_limited(child, limit)
 }
 
+/// Every request the copy sent was answered by the target.
+pub fn assert_all_answered(r: &serde_json::Value) {
+    assert_eq!(u(r, "requests.answered"), u(r, "requests.copied"), "{r:#}");
+}
+
+/// Every request answered, and every copy of every session completed.
+pub fn assert_all_completed(r: &serde_json::Value) {
+    assert_all_answered(r);
+    assert_eq!(u(r, "sessions.completed"), u(r, "sessions.copies"), "{r:#}");
+}
+
 /// Waits (up to 20 s) for a copy run with --json that must succeed, and returns its report,
 /// whose session counts must add up.
 pub fn copy_report(c: Child) -> serde_json::Value {
