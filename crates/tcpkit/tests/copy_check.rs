@@ -174,34 +174,15 @@ fn strict_reverse_path_filter_on_the_target_fails_the_return_path_check() {
     let mut t = TLab::new("cpchkrp");
     let (_tg, _) = t.l.nginx(false, Log::Peer);
     let _icp = t.intercept("intercept");
-    let rule = format!("8080-{TARGET}:8080");
     let ia = t.intercept_addr();
-    let cap = t.l.capture_if();
-    let args = [
-        "--transparent",
-        "-x",
-        &rule,
-        "--intercept",
-        &ia,
-        "-i",
-        &cap,
-        "--timeout",
-        "2",
-        "-c",
-        "198.18.1.0/24",
-    ];
-    let probe_line = |out: &str| -> String {
-        out.lines()
-            .find(|l| l.contains(" return path "))
-            .unwrap_or_else(|| panic!("no return path line: {out}"))
-            .to_string()
-    };
     let head = format!("return path {TARGET}:8080 via intercept {ia}: ");
-    let (code, out, err) = check(&t.l, &args);
-    assert_eq!(code, Some(0), "{out}{err}");
+    let r = check_return_path(&t.l, &ia, &["-c", "198.18.1.0/24"]);
+    assert_eq!(r.code, Some(0), "{}{}", r.out, r.err);
     assert!(
-        probe_line(&out).starts_with(&format!("OK   {head}a SYN from 198.18.1.1:")),
-        "{out}"
+        r.line
+            .starts_with(&format!("OK   {head}a SYN from 198.18.1.1:")),
+        "{}",
+        r.out
     );
 
     for k in ["all", &t.l.tgt_link.b.name] {
@@ -210,10 +191,14 @@ fn strict_reverse_path_filter_on_the_target_fails_the_return_path_check() {
             .expect("rp_filter");
     }
     let dropped = rp_filter_drops(&t.l.target);
-    let (code, out, err) = check(&t.l, &args);
+    let ReturnPath {
+        code,
+        line: l,
+        out,
+        err,
+    } = check_return_path(&t.l, &ia, &["-c", "198.18.1.0/24"]);
     assert_eq!(code, Some(1), "{out}{err}");
     assert_eq!(err, "tcpkit copy: --check: 1 of 6 checks failed\n", "{out}");
-    let l = probe_line(&out);
     assert!(
         l.starts_with(&format!("FAIL {head}a SYN from 198.18.1.1:"))
             && l.contains("got no answer through intercept within 2 s; fix: ")

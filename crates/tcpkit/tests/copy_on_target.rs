@@ -440,35 +440,10 @@ fn on_target_refusals_are_one_line_and_touch_no_rule() {
 fn check_probes_the_return_path_through_an_intercept_on_the_target() {
     let mut t = OLab::new("cpontchk");
     let (_tg, _) = t.l.nginx(false, Log::Peer);
-    let rule = format!("8080-{TARGET}:8080");
     let ia = t.intercept_addr();
-    let cap = t.l.capture_if();
-    let check = |t: &OLab| -> (Option<i32>, String) {
-        let argv = [
-            tcpkit(),
-            "copy",
-            "--check",
-            "--transparent",
-            "-x",
-            &rule,
-            "--intercept",
-            &ia,
-            "-i",
-            &cap,
-            "--timeout",
-            "2",
-            "-c",
-            CLIENTS,
-        ];
-        let o = run_limited(t.l.online.command(&argv), Duration::from_secs(30));
-        let text =
-            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-        let line = text
-            .lines()
-            .find(|l| l.contains(" return path "))
-            .unwrap_or_else(|| panic!("no return path line: {text}"))
-            .to_string();
-        (o.status.code(), line)
+    let check = |t: &OLab| {
+        let r = check_return_path(&t.l, &ia, &["-c", CLIENTS]);
+        (r.code, r.line)
     };
     let head = format!("return path {TARGET}:8080 via intercept {ia} (on the target): ");
 

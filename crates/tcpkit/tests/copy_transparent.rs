@@ -679,85 +679,57 @@ fn check_probes_the_return_path_through_intercept() {
     let (_tg, _) = t.l.nginx(false, Log::Peer);
     let (_on, _) = t.l.nginx(true, Log::Peer);
     let _icp = t.intercept("intercept");
-    let rule = format!("8080-{TARGET}:8080");
     let ia = t.intercept_addr();
-    let cap = t.l.capture_if();
-    let check = |extra: &[&str]| -> (Option<i32>, String) {
-        let mut argv = vec![
-            tcpkit(),
-            "copy",
-            "--check",
-            "--transparent",
-            "-x",
-            &rule,
-            "--intercept",
-            &ia,
-            "-i",
-            &cap,
-            "--timeout",
-            "2",
-        ];
-        argv.extend_from_slice(extra);
-        let o = run_limited(t.l.online.command(&argv), Duration::from_secs(30));
-        let text =
-            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-        (o.status.code(), text)
-    };
-    let probe_line = |out: &str| -> String {
-        out.lines()
-            .find(|l| l.contains(" return path "))
-            .unwrap_or_else(|| panic!("no return path line: {out}"))
-            .to_string()
+    let check = |extra: &[&str]| {
+        let r = check_return_path(&t.l, &ia, extra);
+        (r.code, r.line)
     };
     let head = format!("return path {TARGET}:8080 via intercept {ia}: ");
 
-    let (code, out) = check(&["-c", "198.18.1.0/24"]);
-    assert_eq!(code, Some(0), "{out}");
-    let l = probe_line(&out);
+    let (code, l) = check(&["-c", "198.18.1.0/24"]);
+    assert_eq!(code, Some(0), "{l}");
     assert!(
         l.starts_with(&format!("OK   {head}a SYN from 198.18.1.1:"))
             && l.contains("answered with SYN-ACK (reset at once), caught by intercept in"),
-        "{out}"
+        "{l}"
     );
 
     // No -c: the address of a client seen on the capture.
     let clients = t.l.clients.clone();
-    let (code, out) = std::thread::scope(|s| {
+    let (code, l) = std::thread::scope(|s| {
         let traffic = s.spawn(|| load(&clients, "50", "3", None));
         std::thread::sleep(Duration::from_millis(300));
         let r = check(&[]);
         traffic.join().unwrap();
         r
     });
-    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(code, Some(0), "{l}");
     assert!(
-        probe_line(&out).starts_with(&format!("OK   {head}a SYN from {CLIENT}:")),
-        "{out}"
+        l.starts_with(&format!("OK   {head}a SYN from {CLIENT}:")),
+        "{l}"
     );
 
     // Neither -c nor traffic: nothing to probe from, and what to do.
-    let (code, out) = check(&[]);
-    assert_eq!(code, Some(1), "{out}");
-    let l = probe_line(&out);
+    let (code, l) = check(&[]);
+    assert_eq!(code, Some(1), "{l}");
     assert!(
         l.starts_with(&format!("FAIL {head}no client address to probe from"))
             && l.contains("; fix: run --check while clients send traffic, or give -c"),
-        "{out}"
+        "{l}"
     );
 
     // The target no longer routes the clients via the assistant.
     t.l.target
         .run(&["ip", "route", "del", "198.18.1.0/24"])
         .expect("route");
-    let (code, out) = check(&["-c", "198.18.1.0/24"]);
-    assert_eq!(code, Some(1), "{out}");
-    let l = probe_line(&out);
+    let (code, l) = check(&["-c", "198.18.1.0/24"]);
+    assert_eq!(code, Some(1), "{l}");
     assert!(
         l.starts_with(&format!("FAIL {head}a SYN from 198.18.1.1:"))
             && l.contains("got no answer through intercept within 2 s")
             && l.contains("`ip route add 198.18.1.1/32 via <assistant>`")
             && l.contains("rp_filter"),
-        "{out}"
+        "{l}"
     );
 }
 

@@ -317,6 +317,52 @@ pub fn run_limited(mut cmd: Command, limit: Duration) -> Output {
     wait_limited(child, limit)
 }
 
+/// What `tcpkit copy --check --transparent` said, run on the online host with the lab's rule
+/// (8080 to the target's 8080), `intercept`, the lab's capture interface, `--timeout 2` and
+/// then `extra`: the exit status, its "return path" line, and all it printed.
+pub struct ReturnPath {
+    pub code: Option<i32>,
+    pub line: String,
+    pub out: String,
+    pub err: String,
+}
+
+pub fn check_return_path(l: &CopyLab, intercept: &str, extra: &[&str]) -> ReturnPath {
+    let rule = format!("8080-{TARGET}:8080");
+    let cap = l.capture_if();
+    let mut argv = vec![
+        tcpkit(),
+        "copy",
+        "--check",
+        "--transparent",
+        "-x",
+        &rule,
+        "--intercept",
+        intercept,
+        "-i",
+        &cap,
+        "--timeout",
+        "2",
+    ];
+    argv.extend_from_slice(extra);
+    let o = run_limited(l.online.command(&argv), Duration::from_secs(30));
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    let line = out
+        .lines()
+        .find(|l| l.contains(" return path "))
+        .unwrap_or_else(|| panic!("no return path line: {out}{err}"))
+        .to_string();
+    ReturnPath {
+        code: o.status.code(),
+        line,
+        out,
+        err,
+    }
+}
+
 /// Every request the copy sent was answered by the target.
 pub fn assert_all_answered(r: &serde_json::Value) {
     assert_eq!(u(r, "requests.answered"), u(r, "requests.copied"), "{r:#}");
