@@ -22,15 +22,7 @@ fn http_keepalive_and_new_connections_copied_with_loss_under_a_thousandth_and_no
     let clients = l.clients.clone();
     let dump = l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
     let rule = format!("8080-{TARGET}:8080");
-    let c = l.copy(&[
-        "-x",
-        &rule,
-        "-i",
-        &l.capture_if(),
-        "--duration",
-        "3.5",
-        "--json",
-    ]);
+    let c = l.copy_rule(&rule, &["--duration", "3.5", "--json"]);
     // Keep-alive connections (two loads of 2: `tcpkit load -c 3` and more hangs while
     // opening against nginx in this lab), and a new connection per request.
     let ka = std::thread::scope(|s| {
@@ -152,15 +144,7 @@ fn redis_set_workload_leaves_the_same_keys_on_the_target() {
     let _on = l.redis(true);
     let _tg = l.redis(false);
     let rule = format!("6379-{TARGET}:6379");
-    let c = l.copy(&[
-        "-x",
-        &rule,
-        "-i",
-        &l.capture_if(),
-        "--duration",
-        "3",
-        "--json",
-    ]);
+    let c = l.copy_rule(&rule, &["--duration", "3", "--json"]);
     let o = l.client(&[
         "redis-benchmark",
         "-h",
@@ -204,15 +188,7 @@ fn sessions_open_before_the_copy_are_joined_at_a_request_boundary_and_only_full_
         // Keep-alive connections opened before the copy starts, running 3 s.
         let load = s.spawn(|| l.http_get("2", "300", "3", None));
         std::thread::sleep(Duration::from_millis(700));
-        let c = l.copy(&[
-            "-x",
-            &rule,
-            "-i",
-            &l.capture_if(),
-            "--duration",
-            "1",
-            "--json",
-        ]);
+        let c = l.copy_rule(&rule, &["--duration", "1", "--json"]);
         let r = copy_report(c);
         let target = lines(&tg_log);
         // Joined: both connections, from their next request on, every copied request whole.
@@ -226,16 +202,7 @@ fn sessions_open_before_the_copy_are_joined_at_a_request_boundary_and_only_full_
         assert_eq!(count_200(&target), target.len(), "{target:?}");
         assert_all_answered(&r);
         // --only-full: the same open connections are left alone.
-        let c = l.copy(&[
-            "-x",
-            &rule,
-            "-i",
-            &l.capture_if(),
-            "--duration",
-            "0.5",
-            "--only-full",
-            "--json",
-        ]);
+        let c = l.copy_rule(&rule, &["--duration", "0.5", "--only-full", "--json"]);
         let r = copy_report(c);
         assert_eq!(u(&r, "sessions.seen"), 0, "{r:#}");
         assert_eq!(lines(&tg_log).len(), target.len());
@@ -250,18 +217,10 @@ fn sampling_keeps_whole_sessions_and_proxy_protocol_carries_the_client() {
     let (_on, on_log) = l.nginx(true, Log::Peer);
     let (_tg, tg_log) = l.nginx(false, Log::ProxyProtocol);
     let rule = format!("8080-{TARGET}:8080");
-    let c = l.copy(&[
-        "-x",
+    let c = l.copy_rule(
         &rule,
-        "-i",
-        &l.capture_if(),
-        "-r",
-        "50",
-        "--proxy-protocol",
-        "--duration",
-        "3",
-        "--json",
-    ]);
+        &["-r", "50", "--proxy-protocol", "--duration", "3", "--json"],
+    );
     // 40 connections of several requests each (2 loads of 2, reconnecting every 5 requests).
     std::thread::scope(|s| {
         for _ in 0..2 {
@@ -322,19 +281,10 @@ fn n_3_sends_every_request_three_times_over_independent_connections() {
     let (_on, on_log) = l.nginx(true, Log::Peer);
     let (_tg, tg_log) = l.nginx(false, Log::Peer);
     let rule = format!("8080-{TARGET}:8080");
-    let c = l.copy(&[
-        "-x",
+    let c = l.copy_rule(
         &rule,
-        "-i",
-        &l.capture_if(),
-        "-n",
-        "3",
-        "--duration",
-        "3",
-        "--stats",
-        "0.5",
-        "--json",
-    ]);
+        &["-n", "3", "--duration", "3", "--stats", "0.5", "--json"],
+    );
     l.http_get("2", "300", "2", Some("20"));
     let o = wait_limited(c, Duration::from_secs(15));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -378,15 +328,7 @@ fn two_rules_in_one_copy_send_http_and_redis_each_to_its_own_target_server() {
     let _ron = l.redis(true);
     let _rtg = l.redis(false);
     let rules = format!("8080-{TARGET}:8080,6379-{TARGET}:6379");
-    let c = l.copy(&[
-        "-x",
-        &rules,
-        "-i",
-        &l.capture_if(),
-        "--duration",
-        "3.5",
-        "--json",
-    ]);
+    let c = l.copy_rule(&rules, &["--duration", "3.5", "--json"]);
     // Both kinds of traffic at once: HTTP over 2 keep-alive connections and a new connection
     // per request, and a redis SET workload over 5.
     let redis = std::thread::scope(|s| {

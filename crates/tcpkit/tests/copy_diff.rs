@@ -168,24 +168,23 @@ fn live_copy_finds_exactly_the_requests_for_the_changed_file() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("diffs.jsonl");
     let rule = format!("8080-{TARGET}:8080");
-    let c = l.copy(&[
-        "-x",
+    let c = l.copy_rule(
         &rule,
-        "-i",
-        &l.capture_if(),
-        "--duration",
-        "3",
-        "--json",
-        "--diff",
-        "--diff-mode",
-        "http",
-        "--diff-ignore",
-        "^Date:",
-        "--diff-out",
-        out.to_str().unwrap(),
-        "--diff-max",
-        "3",
-    ]);
+        &[
+            "--duration",
+            "3",
+            "--json",
+            "--diff",
+            "--diff-mode",
+            "http",
+            "--diff-ignore",
+            "^Date:",
+            "--diff-out",
+            out.to_str().unwrap(),
+            "--diff-max",
+            "3",
+        ],
+    );
     std::thread::scope(|s| {
         s.spawn(|| {
             l.load(

@@ -34,17 +34,7 @@ fn target_down_at_start_and_mid_run_is_counted_without_a_syn_storm_and_recovers(
     let (_on, _) = l.nginx(true, Log::Peer);
     let rule = format!("8080-{TARGET}:8080");
     let (online, tif) = (l.online.clone(), l.tgt_link.a.name.clone());
-    let c = l.copy(&[
-        "-x",
-        &rule,
-        "-i",
-        &l.capture_if(),
-        "--timeout",
-        "1",
-        "--duration",
-        "5.5",
-        "--json",
-    ]);
+    let c = l.copy_rule(&rule, &["--timeout", "1", "--duration", "5.5", "--json"]);
     // Down at start: 50 sessions of one request each, while the SYNs toward it are counted.
     let dump = l.lab.tcpdump(&online, &tif, "tcp").expect("tcpdump");
     l.load(
@@ -120,17 +110,7 @@ fn a_silent_target_gets_probes_not_a_syn_storm_and_recovers() {
     nft::drop_tcp_to(&l.target, 8080);
     let rule = format!("8080-{TARGET}:8080");
     let (online, tif) = (l.online.clone(), l.tgt_link.a.name.clone());
-    let c = l.copy(&[
-        "-x",
-        &rule,
-        "-i",
-        &l.capture_if(),
-        "--timeout",
-        "2",
-        "--duration",
-        "8",
-        "--json",
-    ]);
+    let c = l.copy_rule(&rule, &["--timeout", "2", "--duration", "8", "--json"]);
     let dump = l.lab.tcpdump(&online, &tif, "tcp").expect("tcpdump");
     // 300 sessions of one request each over 3 s; each copy waits up to 2 s for the target.
     l.http_get("8", "100", "3", Some("1"));

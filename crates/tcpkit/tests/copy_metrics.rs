@@ -52,18 +52,10 @@ fn curl_scrapes_live_counters_during_a_copy() {
     let addr = format!("{ONLINE}:{port}");
     let url = format!("http://{addr}/metrics");
     let rule = format!("8080-{TARGET}:8080");
-    let c = l.copy(&[
-        "-x",
+    let c = l.copy_rule(
         &rule,
-        "-i",
-        &l.capture_if(),
-        "--duration",
-        "4",
-        "--json",
-        "--diff",
-        "--metrics",
-        &addr,
-    ]);
+        &["--duration", "4", "--json", "--diff", "--metrics", &addr],
+    );
     let before = scrape(&l, &url);
     assert!(before.starts_with("HTTP/1.0 200 OK\r\n"), "{before}");
     assert!(before.contains("Content-Type: text/plain; version=0.0.4"));

@@ -47,17 +47,7 @@ fn relay_waits_for_the_targets_own_greeting_before_the_clients_first_bytes() {
         Duration::from_millis(300),
     );
     let rule = format!("2525-{TARGET}:2525");
-    let c = l.copy(&[
-        "-x",
-        &rule,
-        "-i",
-        &l.capture_if(),
-        "--timeout",
-        "2",
-        "--duration",
-        "1.5",
-        "--json",
-    ]);
+    let c = l.copy_rule(&rule, &["--timeout", "2", "--duration", "1.5", "--json"]);
     sessions(&l);
     let r = copy_report(c);
     check_schema(&r);

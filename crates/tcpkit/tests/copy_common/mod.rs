@@ -190,6 +190,14 @@ impl CopyLab {
         p
     }
 
+    /// `copy` live on the clients' link with one `-x` rule, then `args`.
+    pub fn copy_rule(&self, rule: &str, args: &[&str]) -> Child {
+        let cap = self.capture_if();
+        let mut argv = vec!["-x", rule, "-i", &cap];
+        argv.extend_from_slice(args);
+        self.copy(&argv)
+    }
+
     /// Starts `tcpkit copy ARGS` in the online host and returns once its capture is open.
     pub fn copy(&self, args: &[&str]) -> Child {
         copy_in(&self.online, self.cli_link.b.ifindex, args)
