@@ -371,6 +371,39 @@ pub fn check_return_path(l: &CopyLab, intercept: &str, extra: &[&str]) -> Return
     }
 }
 
+/// A silent target, as both modes' tests play it, once the copy runs and every segment to the
+/// target's 8080 is dropped (`nft::drop_tcp_to`): 300 sessions of one request over 3 s, then
+/// `wait` for their copies' --timeout, while the SYNs toward the target are counted; then the
+/// drop is lifted and 50 more sessions come. Returns the SYNs and the target's log length
+/// from before those last sessions.
+pub fn silent_then_back(l: &mut CopyLab, tg_log: &Path, wait: Duration) -> (usize, usize) {
+    let (online, tif) = (l.online.clone(), l.tgt_link.a.name.clone());
+    let dump = l.lab.tcpdump(&online, &tif, "tcp").expect("tcpdump");
+    l.http_get("8", "100", "3", Some("1"));
+    std::thread::sleep(wait);
+    let syns = syns_to(&dump.stop().expect("tcpdump").path, TARGET);
+    let before = lines(tg_log).len();
+    nft::stop_dropping(&l.target);
+    l.http_get("2", "50", "1", Some("1"));
+    (syns, before)
+}
+
+/// What [`silent_then_back`] must leave in the copy's report: the copies that never got
+/// through timed out (silent is not refused), most never sent a SYN of their own, the target
+/// saw at most `max_syns`, and the last sessions went through.
+pub fn assert_held_back(r: &Value, syns: usize, max_syns: usize, tg_log: &Path, before: usize) {
+    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
+    assert!(f("timeout") >= 250, "{r:#}");
+    assert_eq!(f("target_refused") + f("shed"), 0, "{r:#}");
+    assert!(
+        (20..=max_syns).contains(&syns),
+        "{syns} SYNs toward the silent target: {r:#}"
+    );
+    assert!(u(r, "sessions.skipped_in_backoff") >= 150, "{r:#}");
+    assert!(u(r, "sessions.completed") >= 40, "{r:#}");
+    assert!(lines(tg_log).len() >= before + 40);
+}
+
 /// Every request the copy sent was answered by the target.
 pub fn assert_all_answered(r: &serde_json::Value) {
     assert_eq!(u(r, "requests.answered"), u(r, "requests.copied"), "{r:#}");
