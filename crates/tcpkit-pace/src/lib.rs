@@ -8,7 +8,8 @@
 //! - [`Pacer`]: the hybrid wait (sleep on an absolute deadline, then spin) that turns an offset
 //!   into a send time without holding a core at low rates;
 //! - [`ArrivalClock`]: open-loop arrival times for `load` (constant or Poisson);
-//! - [`TokenBucket`]: an absolute-time (GCRA) rate limiter with a burst.
+//! - [`TokenBucket`]: an absolute-time (GCRA) rate limiter with a burst;
+//! - [`units`]: how every flag spells a duration (`2`, `2s`, `500ms`) or a size (`64M`).
 //!
 //! Schedules, arrivals and buckets do no clock reads: they are pure arithmetic over the
 //! caller's `now_ns()`, which keeps them exact and unit-testable.
@@ -17,11 +18,13 @@ mod arrivals;
 mod bucket;
 mod clock;
 mod schedule;
+pub mod units;
 
 pub use arrivals::{ArrivalClock, Arrivals};
 pub use bucket::TokenBucket;
 pub use clock::{now_ns, Pacer, DEFAULT_SPIN_NS};
 pub use schedule::{Rate, Schedule};
+pub use units::{parse_duration, parse_size};
 
 /// Rates given as `f64` (pps, Mbps, multipliers, arrivals/s) are turned into integers in units
 /// of one millionth, so every product and quotient after that is exact integer arithmetic.

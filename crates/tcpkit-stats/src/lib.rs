@@ -10,6 +10,7 @@ mod hist;
 mod live;
 mod load;
 mod replay;
+mod report;
 
 pub use copy::{
     loss_ratio_percent, CaptureStats, CopyReport, DiffStats, FailStats, LatencyStats, MemoryStats,
@@ -17,11 +18,12 @@ pub use copy::{
 };
 pub use flows::FlowTable;
 pub use hist::{HdrLog, HistDecodeError, Histogram, Percentiles};
-pub use live::{LiveCounters, Monitor, MonitorOptions};
+pub use live::{percent_eta, stamp, LiveCounters, Monitor, MonitorOptions};
 pub use load::{
     ConnStats, Histograms, LagStats, LoadReport, PerQueryStats, QueryStats, Rates,
     LOAD_SCHEMA_VERSION,
 };
+pub use report::{to_json, Report, Verdict};
 pub use replay::{
     DeviceStats, FlowStats, IfDelta, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
 };

@@ -1,5 +1,7 @@
 //! The live view of a long run: a progress line on stderr when stderr is a terminal, and
-//! `--stats N` lines on stdout every N seconds in any case. Both run on their own thread and
+//! `--stats N` lines on stderr every N seconds in any case (stdout is the report's alone, so
+//! `--json` output stays one document). Every job's live line starts the same way: the
+//! elapsed time, `[   12.0s]`. Both run on their own thread and
 //! read shared atomics, so the hot path only does relaxed adds.
 
 use std::io::{IsTerminal, Write};
@@ -26,7 +28,7 @@ impl LiveCounters {
 
 #[derive(Debug, Clone, Default)]
 pub struct MonitorOptions {
-    /// `--stats N`: a line on stdout every N.
+    /// `--stats N`: a line on stderr every N.
     pub stats_every: Option<Duration>,
     /// Draw the progress line (only honoured when stderr is a terminal).
     pub progress: bool,
@@ -93,6 +95,47 @@ impl Drop for Monitor {
     }
 }
 
+/// One live line (or block) as every job prints it: the elapsed time, then `text`; the lines
+/// after the first are indented under it.
+pub fn stamp(elapsed: Duration, text: &str) -> String {
+    let head = format!("[{:>8.1}s] ", elapsed.as_secs_f64());
+    let pad = " ".repeat(head.len());
+    let mut out = String::with_capacity(text.len() + head.len());
+    for (i, l) in text.lines().enumerate() {
+        if i > 0 {
+            out.push('\n');
+            out.push_str(&pad);
+        } else {
+            out.push_str(&head);
+        }
+        out.push_str(l);
+    }
+    out
+}
+
+/// `done` of `total` as a live line's tail: ` 42.0% ETA 12s`, the ETA from the rate so far.
+pub fn percent_eta(done: u64, total: u64, elapsed: Duration) -> String {
+    if total == 0 {
+        return String::new();
+    }
+    let frac = (done as f64 / total as f64).min(1.0);
+    let mut s = format!(" {:5.1}%", frac * 100.0);
+    if frac > 0.0 && frac < 1.0 {
+        let left = elapsed.as_secs_f64() * (1.0 - frac) / frac;
+        s.push_str(&format!(" ETA {}", fmt_secs(left)));
+    }
+    s
+}
+
+fn fmt_secs(s: f64) -> String {
+    let s = s.round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
 fn run(
     stats_every: Option<Duration>,
     progress: bool,
@@ -134,12 +177,13 @@ fn run(
         let elapsed = now - start;
         if let (Some(ns), Some(every)) = (next_stats, stats_every) {
             if now >= ns {
-                let text = line(elapsed);
+                let text = stamp(elapsed, &line(elapsed));
                 if let Some(b) = &bar {
-                    b.suspend(|| println!("{text}"));
+                    b.suspend(|| eprintln!("{text}"));
                 } else {
-                    println!("{text}");
-                    let _ = std::io::stdout().flush();
+                    let mut err = std::io::stderr().lock();
+                    let _ = writeln!(err, "{text}");
+                    let _ = err.flush();
                 }
                 // Absolute schedule: the next line is due at start + k*every, not now + every.
                 let mut t = ns;
@@ -191,6 +235,18 @@ mod tests {
             (4..=6).contains(&n),
             "expected ~5 stats lines in 280 ms at 50 ms, got {n}"
         );
+    }
+
+    #[test]
+    fn live_lines_start_with_the_elapsed_time() {
+        assert_eq!(stamp(Duration::from_millis(2500), "a"), "[     2.5s] a");
+        assert_eq!(
+            stamp(Duration::from_secs(12), "a\nb"),
+            "[    12.0s] a\n            b"
+        );
+        assert_eq!(percent_eta(1, 4, Duration::from_secs(10)), "  25.0% ETA 30s");
+        assert_eq!(percent_eta(4, 4, Duration::from_secs(10)), " 100.0%");
+        assert_eq!(percent_eta(0, 0, Duration::from_secs(10)), "");
     }
 
     #[test]

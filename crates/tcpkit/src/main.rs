@@ -1,5 +1,6 @@
 //! `tcpkit`: parses the command line, runs one job, prints its report. Nothing else lives here.
 
+mod common;
 mod copy;
 mod echo;
 mod intercept;
@@ -9,7 +10,6 @@ mod replay;
 mod tune;
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -52,42 +52,7 @@ enum Cmd {
     Tune(tune::Args),
 }
 
-/// Set by SIGINT/SIGTERM: jobs stop cleanly and still print their report.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
-    }
-}
-
-/// How a job failed, as DESIGN.md fixes it: one line on stderr, exit 2 for usage, 1 at runtime.
-pub(crate) enum Failure {
-    Usage(String),
-    Runtime(String),
-}
-
-/// An error and its sources on one line: "what: why: underlying cause", each said once.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        src = c.source();
-    }
-    s
-}
+pub(crate) use common::{chain, Failure};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -114,14 +79,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    install_signal_handlers();
+    let interrupted = common::install_signals();
     let (name, result) = match cli.cmd {
-        Cmd::Replay(args) => ("replay", replay::main(args, &INTERRUPTED)),
-        Cmd::Echo(args) => ("echo", echo::main(args, &INTERRUPTED)),
-        Cmd::Load(args) => ("load", load::main(args, &INTERRUPTED)),
+        Cmd::Replay(args) => ("replay", replay::main(args, interrupted)),
+        Cmd::Echo(args) => ("echo", echo::main(args, interrupted)),
+        Cmd::Load(args) => ("load", load::main(args, interrupted)),
         Cmd::Merge(args) => ("merge", merge::main(args)),
-        Cmd::Copy(args) => ("copy", copy::main(args, &INTERRUPTED)),
-        Cmd::Intercept(args) => ("intercept", intercept::main(args, &INTERRUPTED)),
+        Cmd::Copy(args) => ("copy", copy::main(args, interrupted)),
+        Cmd::Intercept(args) => ("intercept", intercept::main(args, interrupted)),
         Cmd::Tune(args) => ("tune", tune::main(args)),
     };
     match result {

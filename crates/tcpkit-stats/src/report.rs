@@ -1,0 +1,71 @@
+//! The run contract every subcommand goes through: a report knows its human summary, its JSON
+//! document and its verdict, and the binary turns the verdict into the exit status (0 the run
+//! did what was asked, 1 it did not, with the reason as the last line on stderr). Scripts and
+//! CI read only the exit status and `--json`, so those two are decided here, once, not by
+//! each job's own tail.
+
+/// Whether a run did what it was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Everything asked was done: exit 0.
+    Done,
+    /// The run finished but did not do what was asked: exit 1, with this reason (one line,
+    /// saying what to do where there is something to do) as the last line on stderr.
+    Failed(String),
+}
+
+impl Verdict {
+    /// `Failed(reason)` when `cond` holds, else `Done`: for verdicts built from checks.
+    pub fn fail_if(cond: bool, reason: impl FnOnce() -> String) -> Verdict {
+        if cond {
+            Verdict::Failed(reason())
+        } else {
+            Verdict::Done
+        }
+    }
+
+    /// The first failure of `self` and `other`.
+    #[must_use]
+    pub fn and(self, other: impl FnOnce() -> Verdict) -> Verdict {
+        match self {
+            Verdict::Done => other(),
+            failed => failed,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        matches!(self, Verdict::Done)
+    }
+}
+
+/// A job's report. `json` is the `--json` document (its schema is committed under
+/// docs/schema/); `human` is the summary in the vocabulary users of the peer tool know.
+pub trait Report {
+    /// The summary printed on stdout without `--json`.
+    fn human(&self) -> String;
+    /// The whole `--json` document: stdout holds it and nothing else.
+    fn json(&self) -> String;
+    /// Did the run do what was asked?
+    fn verdict(&self) -> Verdict;
+}
+
+/// Serialises a report for `--json`, pretty-printed (people read these too).
+pub fn to_json<T: serde::Serialize>(v: &T) -> String {
+    // Every report type is plain data (numbers, strings, maps with string keys): serde_json
+    // cannot fail on it; a failure would be a programming error caught by the schema tests.
+    serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_failure_wins() {
+        let v = Verdict::Done
+            .and(|| Verdict::fail_if(true, || "a".into()))
+            .and(|| Verdict::Failed("b".into()));
+        assert_eq!(v, Verdict::Failed("a".into()));
+        assert!(Verdict::fail_if(false, String::new).is_done());
+    }
+}

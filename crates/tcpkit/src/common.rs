@@ -1,0 +1,153 @@
+//! The run contract, once for every subcommand: the common flags (`--duration`, `--stats`,
+//! `--json`, `--quiet`) and their one parser, the one signal handler, the error-chain printer,
+//! and the tail every job ends with (summary or JSON on stdout, verdict → exit status).
+//!
+//! Exit status: 0 the run did what was asked; 1 it did not (the reason is the last line on
+//! stderr); 2 a usage error (the flag is named). With `--json`, stdout holds one JSON document
+//! and nothing else: live lines and hints go to stderr.
+
+use std::io::Write;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tcpkit_stats::{Report, Verdict};
+
+/// How a job failed: one line on stderr, exit 2 for usage, 1 at runtime.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Usage(String),
+    Runtime(String),
+}
+
+/// How long a run lasts and what it shows while it runs; flattened into every job that runs
+/// for a while.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct RunFlags {
+    /// Stop after this long (2, 2s, 500ms, 1m), then report as at a normal end.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub duration: Option<Duration>,
+
+    /// A live line on stderr every DURATION (2, 2s, 500ms), elapsed time first.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub stats: Option<Duration>,
+}
+
+/// How the report is given; flattened into every job.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct OutputFlags {
+    /// Print the report as one JSON document (schema under docs/schema/); stdout holds it and
+    /// nothing else, live lines go to stderr.
+    #[arg(long)]
+    pub json: bool,
+
+    /// No summary and no progress line: only errors, and the exit status (JSON still printed
+    /// with --json).
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+impl OutputFlags {
+    /// Whether a progress line may be drawn on a terminal.
+    pub fn progress(&self) -> bool {
+        !self.json && !self.quiet
+    }
+}
+
+/// clap's value parser for every duration flag.
+pub(crate) fn duration_arg(text: &str) -> Result<Duration, String> {
+    tcpkit_pace::parse_duration(text)
+}
+
+/// clap's value parser for every size flag.
+pub(crate) fn size_arg(text: &str) -> Result<u64, String> {
+    tcpkit_pace::parse_size(text)
+}
+
+/// A duration flag given as text (for flags whose value is parsed after other flags).
+pub(crate) fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
+    tcpkit_pace::parse_duration(text).map_err(|e| Failure::Usage(format!("{flag} {e}")))
+}
+
+/// Installs the one handler for SIGINT and SIGTERM. The first sets the returned flag: every
+/// job polls it, stops promptly (a bounded drain, said in its `--help`) and prints its report.
+/// The second exits at once with 128 + the signal's number, as a shell reports a killed job.
+pub(crate) fn install_signals() -> &'static AtomicBool {
+    let flag: &'static Arc<AtomicBool> = Box::leak(Box::new(Arc::new(AtomicBool::new(false))));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Order matters: the conditional exit looks at the flag before the second
+        // registration sets it, so the first signal only sets it.
+        let _ = signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(flag));
+        let _ = signal_hook::flag::register(sig, Arc::clone(flag));
+    }
+    flag
+}
+
+/// An error and its sources on one line: "what: why: underlying cause", each said once.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = c.source();
+    }
+    s
+}
+
+/// Writes `text` to stdout. A closed stdout (a pipe into `head`) is not the run's failure:
+/// the report was not wanted.
+pub(crate) fn print(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+/// The tail of every job: the report on stdout (JSON with --json, the summary unless --quiet),
+/// then the verdict as the exit status.
+pub(crate) fn finish(report: &dyn Report, out: &OutputFlags) -> Result<(), Failure> {
+    if out.json {
+        print(&(report.json() + "\n"));
+    } else if !out.quiet {
+        print(&report.human());
+    }
+    match report.verdict() {
+        Verdict::Done => Ok(()),
+        Verdict::Failed(why) => Err(Failure::Runtime(why)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct T {
+        #[command(flatten)]
+        run: RunFlags,
+        #[command(flatten)]
+        out: OutputFlags,
+    }
+
+    #[test]
+    fn common_flags_parse_every_duration_form() {
+        for d in ["2", "2s", "2000ms"] {
+            let t = T::try_parse_from(["t", "--duration", d, "--stats", "500ms", "--json"]).unwrap();
+            assert_eq!(t.run.duration, Some(Duration::from_secs(2)));
+            assert_eq!(t.run.stats, Some(Duration::from_millis(500)));
+            assert!(t.out.json && !t.out.quiet && !t.out.progress());
+        }
+        let t = T::try_parse_from(["t", "-q"]).unwrap();
+        assert!(t.out.quiet && !t.out.progress());
+    }
+
+    #[test]
+    fn a_bad_duration_names_its_flag() {
+        let e = T::try_parse_from(["t", "--duration", "soon"]).unwrap_err().to_string();
+        assert!(e.contains("--duration") && e.contains("soon"), "{e}");
+    }
+}
