@@ -6,4 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --release --quiet -p tcpkit -p tcpkit-lab --bins --examples
+# Man pages and bash completion, as the peers (tcpreplay, tcpdump, iperf3, dnsperf) ship theirs.
+target/release/tcpkit man /usr/local/share/man/man1
+mkdir -p /usr/share/bash-completion/completions
+target/release/tcpkit completions bash > /usr/share/bash-completion/completions/tcpkit
 exec target/release/examples/demo "$@"

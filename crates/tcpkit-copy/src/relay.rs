@@ -107,13 +107,12 @@ pub struct Live {
 
 impl Live {
     /// One line: sessions, requests with the loss ratio, capture drops, memory held.
-    pub fn line(&self, elapsed: Duration) -> String {
+    pub fn line(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (c, a) = (g(&self.requests_copied), g(&self.requests_answered));
         let loss = tcpkit_stats::loss_ratio_percent(g(&self.requests_at_source), a);
         format!(
-            "{:.1}s sessions {} seen, {} copies, {} open, {} completed, {} failed | requests {} copied, {} answered, loss {:.3} % | kernel drops {} | held {} KiB",
-            elapsed.as_secs_f64(),
+            "sessions {} seen, {} copies, {} open, {} completed, {} failed | requests {} copied, {} answered, loss {:.3} % | kernel drops {} | held {} KiB",
             g(&self.sessions_seen),
             g(&self.copies),
             g(&self.open),

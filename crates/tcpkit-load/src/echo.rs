@@ -179,11 +179,10 @@ impl Live {
     }
 
     /// The `--stats` line.
-    pub fn line(&self, mode: Mode, elapsed: Duration) -> String {
+    pub fn line(&self, mode: Mode) -> String {
         let t = self.totals();
         let mut s = format!(
-            "[{:7.1}s] open {}, accepted {}, bytes in {}, bytes out {}",
-            elapsed.as_secs_f64(),
+            "open {}, accepted {}, bytes in {}, bytes out {}",
             t.open(),
             t.accepted,
             t.bytes_in,

@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 
+use crate::report::{to_json, Report, Verdict};
 use serde::{Deserialize, Serialize};
 
 use crate::hist::{fmt_ns, Percentiles};
@@ -238,9 +239,11 @@ impl CopyReport {
         let r = &mut self.requests;
         r.loss_ratio_percent = loss_ratio_percent(r.at_source, r.answered);
     }
+}
 
+impl Report for CopyReport {
     /// The human summary.
-    pub fn human(&self) -> String {
+    fn human(&self) -> String {
         let mut s = String::new();
         let ss = &self.sessions;
         let f = &ss.failed;
@@ -387,10 +390,17 @@ impl CopyReport {
         s
     }
 
-    pub fn json(&self) -> String {
+    fn json(&self) -> String {
         let mut v = self.clone();
         v.finish();
-        serde_json::to_string_pretty(&v).expect("report serialises")
+        to_json(&v)
+    }
+
+    fn verdict(&self) -> Verdict {
+        match &self.failure {
+            Some(f) => Verdict::Failed(f.clone()),
+            None => Verdict::Done,
+        }
     }
 }
 

@@ -244,7 +244,10 @@ mod tests {
             stamp(Duration::from_secs(12), "a\nb"),
             "[    12.0s] a\n            b"
         );
-        assert_eq!(percent_eta(1, 4, Duration::from_secs(10)), "  25.0% ETA 30s");
+        assert_eq!(
+            percent_eta(1, 4, Duration::from_secs(10)),
+            "  25.0% ETA 30s"
+        );
         assert_eq!(percent_eta(4, 4, Duration::from_secs(10)), " 100.0%");
         assert_eq!(percent_eta(0, 0, Duration::from_secs(10)), "");
     }

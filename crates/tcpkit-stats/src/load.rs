@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::report::{to_json, Report, Verdict};
 use serde::{Deserialize, Serialize};
 
 use crate::hist::{fmt_ns, Percentiles};
@@ -146,9 +147,9 @@ fn pct_block(s: &mut String, title: &str, p: &Percentiles) {
     }
 }
 
-impl LoadReport {
+impl Report for LoadReport {
     /// The human summary: counts first, then wrk2's latency distribution.
-    pub fn human(&self) -> String {
+    fn human(&self) -> String {
         let mut s = String::new();
         let c = &self.connections;
         let q = &self.queries;
@@ -241,10 +242,17 @@ impl LoadReport {
         s
     }
 
-    pub fn json(&self) -> String {
+    fn json(&self) -> String {
         let mut v = self.clone();
         v.schema_version = LOAD_SCHEMA_VERSION;
-        serde_json::to_string_pretty(&v).expect("report serialises")
+        to_json(&v)
+    }
+
+    fn verdict(&self) -> Verdict {
+        match &self.failure {
+            Some(f) => Verdict::Failed(f.clone()),
+            None => Verdict::Done,
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use crate::report::{to_json, Report, Verdict};
 use serde::Serialize;
 
 use crate::hist::{fmt_ns, Percentiles};
@@ -90,9 +91,9 @@ pub struct IfDelta {
     pub tx_errors: u64,
 }
 
-impl ReplayReport {
+impl Report for ReplayReport {
     /// The human summary, in tcpreplay's words where tcpreplay has words.
-    pub fn human(&self) -> String {
+    fn human(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -166,10 +167,18 @@ impl ReplayReport {
         s
     }
 
-    pub fn json(&self) -> String {
+    fn json(&self) -> String {
         let mut v = self.clone();
         v.schema_version = REPLAY_SCHEMA_VERSION;
-        serde_json::to_string_pretty(&v).expect("report serialises")
+        to_json(&v)
+    }
+
+    /// Everything asked was sent, or the run says why not (an input error, an interrupt).
+    fn verdict(&self) -> Verdict {
+        match &self.stopped_by {
+            Some(why) => Verdict::Failed(why.clone()),
+            None => Verdict::Done,
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 //! and nothing else: live lines and hints go to stderr.
 
 use std::io::Write;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,6 +83,29 @@ pub(crate) fn install_signals() -> &'static AtomicBool {
     flag
 }
 
+/// A stop flag for a job that runs until it is stopped: set when `interrupt` is (a signal) or
+/// when `duration` has passed, whichever comes first. The watcher looks every 20 ms, so a stop
+/// is seen at most that much later than the signal.
+pub(crate) fn stop_flag(
+    interrupt: &'static AtomicBool,
+    duration: Option<Duration>,
+) -> &'static AtomicBool {
+    let Some(d) = duration else {
+        return interrupt;
+    };
+    let stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let deadline = std::time::Instant::now() + d;
+    let _ = std::thread::Builder::new()
+        .name("tcpkit-deadline".into())
+        .spawn(move || {
+            while !interrupt.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+    stop
+}
+
 /// An error and its sources on one line: "what: why: underlying cause", each said once.
 pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -136,7 +159,8 @@ mod tests {
     #[test]
     fn common_flags_parse_every_duration_form() {
         for d in ["2", "2s", "2000ms"] {
-            let t = T::try_parse_from(["t", "--duration", d, "--stats", "500ms", "--json"]).unwrap();
+            let t =
+                T::try_parse_from(["t", "--duration", d, "--stats", "500ms", "--json"]).unwrap();
             assert_eq!(t.run.duration, Some(Duration::from_secs(2)));
             assert_eq!(t.run.stats, Some(Duration::from_millis(500)));
             assert!(t.out.json && !t.out.quiet && !t.out.progress());
@@ -147,7 +171,9 @@ mod tests {
 
     #[test]
     fn a_bad_duration_names_its_flag() {
-        let e = T::try_parse_from(["t", "--duration", "soon"]).unwrap_err().to_string();
+        let e = T::try_parse_from(["t", "--duration", "soon"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--duration") && e.contains("soon"), "{e}");
     }
 }

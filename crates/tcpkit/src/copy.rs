@@ -1,7 +1,6 @@
 //! `tcpkit copy`: what the user typed (clap), then the resolved `tcpkit_copy::relay`
 //! configuration and how the run is shown (live line, `--stats`, summary or `--json`).
 
-use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -17,6 +16,7 @@ use tcpkit_copy::sample::Sampler;
 use tcpkit_copy::transparent::{self, Cidr, TransparentConfig};
 use tcpkit_stats::{Monitor, MonitorOptions};
 
+use crate::common::{self, duration_arg, size_arg, OutputFlags, RunFlags};
 use crate::Failure;
 
 /// Copy live TCP sessions (or those of a capture file) to a test server, in relay mode: each
@@ -48,9 +48,9 @@ pub struct Args {
     #[arg(long, value_name = "F", default_value_t = 1.0, requires = "input")]
     pub speed: f64,
 
-    /// With --input: cap every gap between packets at S seconds.
-    #[arg(long, value_name = "S", requires = "input")]
-    pub max_idle: Option<f64>,
+    /// With --input: cap every gap between packets at DURATION (2, 2s, 500ms).
+    #[arg(long, value_name = "DURATION", requires = "input", value_parser = duration_arg)]
+    pub max_idle: Option<Duration>,
 
     /// With --input: play the file N times (each time as new sessions).
     #[arg(
@@ -70,9 +70,9 @@ pub struct Args {
     #[arg(short = 'r', value_name = "PCT", default_value_t = 100.0)]
     pub percent: f64,
 
-    /// Ramp the sampling percentage from 0 to -r over S seconds.
-    #[arg(long, value_name = "S")]
-    pub ramp: Option<f64>,
+    /// Ramp the sampling percentage from 0 to -r over DURATION (30, 30s, 1m).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub ramp: Option<Duration>,
 
     /// Start each connection to the target with a PROXY protocol v2 header carrying the
     /// original client's and server's addresses.
@@ -89,29 +89,23 @@ pub struct Args {
 
     /// How long connecting to the target (with retries while it refuses) and waiting for an
     /// answer the next request needs may take before the session counts as failed.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub timeout: f64,
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
+    pub timeout: Duration,
 
-    /// Request bytes waiting for the target plus reassembly buffers, at most (K, M, G
-    /// suffixes; default an eighth of RAM). Over it, sessions are shed and counted.
-    #[arg(long, value_name = "BYTES")]
-    pub max_memory: Option<String>,
+    /// Request bytes waiting for the target plus reassembly buffers, at most (65536, 64M,
+    /// 1G; default an eighth of RAM). Over it, sessions are shed and counted.
+    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    pub max_memory: Option<u64>,
 
     /// Lower this process's CPU priority by N (0 to keep it), so production goes first.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub nice: i32,
 
-    /// Stop after SECS seconds.
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[command(flatten)]
+    pub run: RunFlags,
 
-    /// Print a line of counters every N seconds.
-    #[arg(long, value_name = "N")]
-    pub stats: Option<f64>,
-
-    /// Print the report as one JSON document (docs/schema/copy.schema.json).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub out: OutputFlags,
 
     /// Transparent mode (tcpcopy's): the target sees the clients' own addresses (or -c's).
     /// Copy plays the client's TCP through a raw socket; the target's answers are caught by
@@ -185,7 +179,7 @@ pub struct Run {
     pub input: Input,
     pub duration: Option<Duration>,
     pub stats: Option<Duration>,
-    pub json: bool,
+    pub out: OutputFlags,
     pub nice: i32,
     /// `--metrics`.
     pub metrics: Option<SocketAddr>,
@@ -250,27 +244,7 @@ fn usage(msg: String) -> Failure {
     Failure::Usage(msg)
 }
 
-fn secs(flag: &str, v: f64, min: f64) -> Result<Duration, Failure> {
-    if !v.is_finite() || v < min || v > 1e9 {
-        return Err(usage(format!(
-            "{flag} {v}: must be a number of seconds from {min} to 1e9"
-        )));
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
 /// `1048576`, `64K`, `512M`, `2G` (powers of 1024).
-fn parse_bytes(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let (num, mult) = match t.char_indices().last()? {
-        (i, 'k' | 'K') => (&t[..i], 1u64 << 10),
-        (i, 'm' | 'M') => (&t[..i], 1 << 20),
-        (i, 'g' | 'G') => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mult)
-}
-
 fn mem_total() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -296,17 +270,17 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
             a.percent
         )));
     }
-    let ramp = a.ramp.map(|r| secs("--ramp", r, 0.0)).transpose()?;
-    let timeout = secs("--timeout", a.timeout, 0.01)?;
-    let max_memory = match &a.max_memory {
-        Some(t) => {
-            let b = parse_bytes(t).ok_or_else(|| {
-                usage(format!(
-                    "--max-memory '{t}': expected a number of bytes, optionally with K, M or G"
-                ))
-            })?;
+    let ramp = a.ramp;
+    let timeout = a.timeout;
+    if timeout < Duration::from_millis(10) {
+        return Err(usage(format!(
+            "--timeout {timeout:?}: must be at least 10ms"
+        )));
+    }
+    let max_memory = match a.max_memory {
+        Some(b) => {
             if b < 1 << 20 {
-                return Err(usage(format!("--max-memory '{t}': at least 1M")));
+                return Err(usage(format!("--max-memory {b}: at least 1M")));
             }
             b
         }
@@ -329,10 +303,7 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
             Input::File {
                 path: path.clone(),
                 speed: a.speed,
-                max_idle_ns: a
-                    .max_idle
-                    .map(|m| secs("--max-idle", m, 0.0).map(|d| d.as_nanos() as u64))
-                    .transpose()?,
+                max_idle_ns: a.max_idle.map(|d| d.as_nanos() as u64),
                 loops: a.loops,
             }
         }
@@ -398,13 +369,9 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
     };
     let run = Run {
         input,
-        duration: a.duration.map(|d| secs("--duration", d, 0.0)).transpose()?,
-        stats: a
-            .stats
-            .map(|s| secs("--stats", s, 0.0))
-            .transpose()?
-            .filter(|d| !d.is_zero()),
-        json: a.json,
+        duration: a.run.duration,
+        stats: a.run.stats.filter(|d| !d.is_zero()),
+        out: a.out.clone(),
         nice: a.nice,
         metrics: a
             .metrics
@@ -426,11 +393,11 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
 /// `--check`: one line per check (or a JSON array with --json); exit 1 when one failed.
 fn check(cfg: &RelayConfig, run: &Run) -> Result<(), Failure> {
     let checks = tcpkit_copy::check::run(cfg, &run.input, run.metrics, run.transparent.as_ref());
-    if run.json {
-        print(&(tcpkit_copy::check::json(&checks) + "\n"));
-    } else {
+    if run.out.json {
+        common::print(&(tcpkit_copy::check::json(&checks) + "\n"));
+    } else if !run.out.quiet {
         let text: String = checks.iter().map(|c| c.line() + "\n").collect();
-        print(&text);
+        common::print(&text);
     }
     let failed = checks.iter().filter(|c| !c.ok).count();
     if failed == 0 {
@@ -453,12 +420,6 @@ fn lower_priority(by: i32) -> i32 {
         }
         libc::getpriority(libc::PRIO_PROCESS, 0)
     }
-}
-
-fn print(text: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
 }
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
@@ -485,9 +446,9 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         Monitor::start(
             MonitorOptions {
                 stats_every: run.stats,
-                progress: !run.json,
+                progress: run.out.progress(),
             },
-            move |elapsed| live.line(elapsed),
+            move |_| live.line(),
         )
     };
     let result = match &run.transparent {
@@ -499,15 +460,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     monitor.stop();
     let mut report = result?;
     report.nice = nice;
-    if run.json {
-        print(&(report.json() + "\n"));
-    } else {
-        print(&report.human());
-    }
-    match report.failure {
-        Some(f) => Err(Failure::Runtime(f)),
-        None => Ok(()),
-    }
+    common::finish(&report, &run.out)
 }
 
 #[cfg(test)]
@@ -545,7 +498,7 @@ mod tests {
             }
         );
         assert_eq!(
-            (r.duration, r.stats, r.json, r.nice),
+            (r.duration, r.stats, r.out.json, r.nice),
             (None, None, false, 10)
         );
     }
@@ -601,7 +554,7 @@ mod tests {
         );
         assert_eq!(r.duration, Some(Duration::from_secs(3)));
         assert_eq!(r.stats, Some(Duration::from_millis(500)));
-        assert!(r.json);
+        assert!(r.out.json);
         assert_eq!(r.nice, 0);
         let (_, r) = parse(&[
             "-x",
@@ -625,10 +578,6 @@ mod tests {
                 loops: 3
             }
         );
-        assert_eq!(parse_bytes("2G"), Some(2 << 30));
-        assert_eq!(parse_bytes("64k"), Some(64 << 10));
-        assert_eq!(parse_bytes("12345"), Some(12345));
-        assert_eq!(parse_bytes("x"), None);
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! `tcpkit echo`: what the user typed (clap), then the resolved `tcpkit_load::echo::EchoConfig`
 //! and how the run is shaped (worker processes, live lines, report format).
 
-use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -9,8 +8,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use tcpkit_load::echo::{self, EchoConfig, EchoReport, Live, Mode};
-use tcpkit_stats::{Monitor, MonitorOptions};
+use tcpkit_stats::{Monitor, MonitorOptions, Report};
 
+use crate::common::{self, OutputFlags, RunFlags};
 use crate::Failure;
 
 /// The reference server: echoes bytes back or answers DNS-over-TCP queries, with bounded
@@ -55,17 +55,11 @@ pub struct Args {
     )]
     pub dns_aaaa: Ipv6Addr,
 
-    /// Print connections open, accepted, bytes in/out (and DNS answers) every N seconds.
-    #[arg(long, value_name = "N")]
-    pub stats: Option<f64>,
+    #[command(flatten)]
+    pub run: RunFlags,
 
-    /// Print the report at exit as one JSON document (docs/schema/echo.schema.json).
-    #[arg(long)]
-    pub json: bool,
-
-    /// Stop after SECS seconds.
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[command(flatten)]
+    pub out: OutputFlags,
 
     /// Serve from N processes sharing the port (SO_REUSEPORT), for more connections than one
     /// process's file-descriptor limit allows; they report as one.
@@ -87,7 +81,7 @@ pub struct Args {
 pub struct Run {
     pub procs: u32,
     pub stats: Option<Duration>,
-    pub json: bool,
+    pub out: OutputFlags,
     pub worker: Option<(u32, u32)>,
 }
 
@@ -130,15 +124,6 @@ fn parse_worker(text: &str) -> Result<(u32, u32), Failure> {
     Ok((k, n))
 }
 
-fn secs(flag: &str, v: f64) -> Result<Duration, Failure> {
-    if !v.is_finite() || !(0.0..=1e9).contains(&v) {
-        return Err(usage(format!(
-            "{flag} {v}: must be a number of seconds from 0 to 1e9"
-        )));
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
 /// Every check that involves more than one flag, or a value's meaning, happens here.
 pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
     if a.port == 0 {
@@ -174,31 +159,21 @@ pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
         )));
     }
     cfg.max_conn_buf = a.max_conn_buf;
-    cfg.duration = a.duration.map(|d| secs("--duration", d)).transpose()?;
+    cfg.duration = a.run.duration;
     if !(1..=256).contains(&a.procs) {
         return Err(usage(format!("--procs {}: must be 1 to 256", a.procs)));
     }
     let worker = a.worker.as_deref().map(parse_worker).transpose()?;
     cfg.worker = worker;
-    let stats = a
-        .stats
-        .map(|s| secs("--stats", s))
-        .transpose()?
-        .filter(|d| !d.is_zero());
+    let stats = a.run.stats.filter(|d| !d.is_zero());
     let run = Run {
         // A worker is one process whatever --procs its parent was given.
         procs: if worker.is_some() { 1 } else { a.procs },
         stats,
-        json: a.json,
+        out: a.out.clone(),
         worker,
     };
     Ok((cfg, run))
-}
-
-fn print(text: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
 }
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
@@ -212,13 +187,12 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     } else {
         serve(&cfg, &run, interrupt)?
     };
-    // A server stopped by its operator (SIGINT/SIGTERM) has done its job: exit 0.
-    if run.worker.is_some() || run.json {
-        print(&(report.json() + "\n"));
-    } else {
-        print(&report.human());
+    if run.worker.is_some() {
+        // A worker's report is its parent's input: one JSON line, whatever was asked.
+        common::print(&(report.json() + "\n"));
+        return Ok(());
     }
-    Ok(())
+    common::finish(&report, &run.out)
 }
 
 fn serve(cfg: &EchoConfig, run: &Run, interrupt: &AtomicBool) -> Result<EchoReport, Failure> {
@@ -233,9 +207,9 @@ fn serve(cfg: &EchoConfig, run: &Run, interrupt: &AtomicBool) -> Result<EchoRepo
         Monitor::start(
             MonitorOptions {
                 stats_every: run.stats,
-                progress: !run.json && run.worker.is_none(),
+                progress: run.out.progress() && run.worker.is_none(),
             },
-            move |elapsed| format!("{prefix}{}", live.line(mode, elapsed)),
+            move |_| format!("{prefix}{}", live.line(mode)),
         )
     };
     let hint = |m: &str| eprintln!("tcpkit echo: {m}");
@@ -265,7 +239,10 @@ mod tests {
         assert_eq!(c.mode, Mode::Echo);
         assert_eq!(c.max_conn_buf, 16384);
         assert!(c.threads >= 1);
-        assert_eq!((r.procs, r.json, r.stats, r.worker), (1, false, None, None));
+        assert_eq!(
+            (r.procs, r.out.json, r.stats, r.worker),
+            (1, false, None, None)
+        );
         assert_eq!(c.duration, None);
     }
 
@@ -321,7 +298,7 @@ mod tests {
         assert_eq!(c.duration, Some(Duration::from_millis(2500)));
         assert_eq!(c.worker, Some((2, 4)));
         assert_eq!(r.stats, Some(Duration::from_millis(500)));
-        assert!(r.json);
+        assert!(r.out.json);
         // A worker is one process.
         assert_eq!(r.procs, 1);
         assert_eq!(parse(&["--procs", "4"]).unwrap().1.procs, 4);

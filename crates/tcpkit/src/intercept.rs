@@ -1,7 +1,6 @@
 //! `tcpkit intercept`: what the user typed (clap), the resolved `tcpkit_copy::intercept`
 //! configuration, and how the run is shown (live line, `--stats`, summary or `--json`).
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -13,6 +12,7 @@ use tcpkit_copy::intercept::{self, AnswerRule, InterceptConfig, InterceptLive, S
 use tcpkit_copy::transparent::Cidr;
 use tcpkit_stats::{Monitor, MonitorOptions};
 
+use crate::common::{self, OutputFlags, RunFlags};
 use crate::Failure;
 
 /// Catch the target's answers to `tcpkit copy --transparent` and return their TCP/IP headers
@@ -71,13 +71,11 @@ pub struct Args {
     #[arg(long, value_name = "ADDR:PORT", default_value_t = SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)))]
     pub listen: SocketAddr,
 
-    /// Print the report as one JSON document (docs/schema/intercept.schema.json).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub run: RunFlags,
 
-    /// Print a line of counters every N seconds.
-    #[arg(long, value_name = "N")]
-    pub stats: Option<f64>,
+    #[command(flatten)]
+    pub out: OutputFlags,
 }
 
 const EXAMPLES: &str = "\
@@ -93,15 +91,7 @@ Examples:
 
 /// Every check that involves a value's meaning.
 fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
-    let stats = match a.stats {
-        Some(s) if !s.is_finite() || !(0.0..=1e9).contains(&s) => {
-            return Err(Failure::Usage(format!(
-                "--stats {s}: must be a number of seconds from 0 to 1e9"
-            )))
-        }
-        Some(s) if s > 0.0 => Some(Duration::from_secs_f64(s)),
-        _ => None,
-    };
+    let stats = a.run.stats.filter(|d| !d.is_zero());
     let source = if a.on_target {
         let mut ports = a.server_port.clone();
         ports.sort_unstable();
@@ -176,32 +166,22 @@ fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let (cfg, stats) = resolve(&args)?;
+    let stop = common::stop_flag(interrupt, args.run.duration);
     let live = Arc::new(InterceptLive::default());
     let mut monitor = {
         let live = Arc::clone(&live);
         Monitor::start(
             MonitorOptions {
                 stats_every: stats,
-                progress: !args.json,
+                progress: args.out.progress(),
             },
-            move |elapsed| live.line(elapsed),
+            move |_| live.line(),
         )
     };
-    let result = intercept::run(&cfg, interrupt, &live);
+    let result = intercept::run(&cfg, stop, &live);
     monitor.stop();
     let report = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
-    let text = if args.json {
-        report.json() + "\n"
-    } else {
-        report.human()
-    };
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
-    match report.failure {
-        Some(f) => Err(Failure::Runtime(f)),
-        None => Ok(()),
-    }
+    common::finish(&report, &args.out)
 }
 
 #[cfg(test)]
@@ -255,7 +235,7 @@ mod tests {
             "0.5",
         ])
         .unwrap();
-        assert!(a.json);
+        assert!(a.out.json);
         let (c, s) = resolve(&a).map_err(|_| ()).unwrap();
         assert_eq!(
             c.source,
@@ -314,7 +294,7 @@ mod tests {
             .contains("--listen"));
         assert!(parse(&["--capture", "e", "--stats=-1"])
             .unwrap_err()
-            .contains("--stats -1"));
+            .contains("--stats"));
     }
 
     #[test]

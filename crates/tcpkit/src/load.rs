@@ -1,7 +1,6 @@
 //! `tcpkit load`: what the user typed (clap; tcpclient's short options where it has them),
 //! then the resolved `tcpkit_load::load::Config` where every cross-flag check happens.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -9,11 +8,12 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Parser, ValueEnum};
 use tcpkit_load::load::{
-    self as lib, parse_duration, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config, Live,
-    LiveTotals, Payload, Procs, RateProfile, ResponseEnd,
+    self as lib, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config, Live, LiveTotals,
+    Payload, Procs, RateProfile, ResponseEnd,
 };
 use tcpkit_stats::{Monitor, MonitorOptions};
 
+use crate::common::{self, duration_arg, OutputFlags, RunFlags};
 use crate::Failure;
 
 /// The payloads other than DNS: the DNS flags (--qname, --qname-file, --qtype) would be
@@ -78,9 +78,10 @@ pub struct Args {
     #[arg(long, value_name = "FROM..TO/DURATION")]
     pub ramp: Option<String>,
 
-    /// Length of the query phase (after the connections are open): 10, 10s, 500ms, 2m.
-    #[arg(short = 't', long, value_name = "DURATION")]
-    pub duration: Option<String>,
+    /// Length of the query phase (after the connections are open), as --duration (tcpclient's
+    /// -t): 10, 10s, 500ms, 2m.
+    #[arg(short = 't', value_name = "DURATION", value_parser = duration_arg, conflicts_with = "duration")]
+    pub t: Option<Duration>,
 
     /// Stop after N queries in all.
     #[arg(short = 'n', long, value_name = "N")]
@@ -166,14 +167,13 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub procs: Option<u32>,
 
-    /// Print the live line (connections open, sent/s, answered/s, errors, timeouts, lag) every
-    /// N seconds on stdout; on a terminal it is always shown on stderr.
-    #[arg(long, value_name = "N")]
-    pub stats: Option<f64>,
+    /// --duration: the length of the query phase (after the connections are open); --stats:
+    /// the live line (connections open, sent/s, answered/s, errors, timeouts, lag).
+    #[command(flatten)]
+    pub run: RunFlags,
 
-    /// Print the report as one JSON document (docs/schema/load.schema.json) instead of text.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub out: OutputFlags,
 
     /// Internal: this process is worker K of N (with T threads) started by the parent.
     #[arg(long, value_name = "K/N/T", hide = true)]
@@ -191,7 +191,7 @@ fn usage(msg: impl Into<String>) -> Failure {
 }
 
 fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
-    parse_duration(text).map_err(|e| usage(format!("{flag}: {e}")))
+    common::duration(flag, text)
 }
 
 fn positive(flag: &str, v: f64) -> Result<f64, Failure> {
@@ -387,11 +387,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     if connect_timeout.is_zero() {
         return Err(usage("--connect-timeout: must be above 0"));
     }
-    let dur = a
-        .duration
-        .as_deref()
-        .map(|d| duration("--duration", d))
-        .transpose()?;
+    let dur = a.t.or(a.run.duration);
     if dur.is_some_and(|d| d.is_zero()) {
         return Err(usage("--duration: must be above 0"));
     }
@@ -452,8 +448,7 @@ fn live_line(now: LiveTotals, prev: &mut (LiveTotals, Duration), elapsed: Durati
         }
     };
     let line = format!(
-        "[{:>6.1}s] conns {} open | sent {:.0}/s | answered {:.0}/s | errors {} | timeouts {} | lag {:.1} ms",
-        elapsed.as_secs_f64(),
+        "conns {} open | sent {:.0}/s | answered {:.0}/s | errors {} | timeouts {} | lag {:.1} ms",
         now.open,
         rate(now.sent, prev.0.sent),
         rate(now.answered, prev.0.answered),
@@ -474,20 +469,14 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             .map(drop)
             .map_err(|e| Failure::Runtime(crate::chain(&e)));
     }
-    let stats_every = match args.stats {
-        Some(s) if !s.is_finite() || s < 0.0 => {
-            return Err(usage(format!("--stats {s}: must be a number of seconds")))
-        }
-        Some(s) if s > 0.0 => Some(Duration::from_secs_f64(s)),
-        _ => None,
-    };
+    let stats_every = args.run.stats.filter(|d| !d.is_zero());
     let mut monitor = {
         let live = Arc::clone(&live);
         let prev = Mutex::new((LiveTotals::default(), Duration::ZERO));
         Monitor::start(
             MonitorOptions {
                 stats_every,
-                progress: !args.json,
+                progress: args.out.progress(),
             },
             move |elapsed| {
                 let mut p = prev.lock().unwrap_or_else(|e| e.into_inner());
@@ -506,21 +495,12 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             Failure::Runtime(crate::chain(&e))
         }
     })?;
-    let text = if args.json {
-        report.json() + "\n"
-    } else {
-        report.human()
-    };
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
-    match &report.failure {
-        Some(f) => Err(Failure::Runtime(f.clone())),
-        None if interrupt.load(std::sync::atomic::Ordering::Relaxed) => {
-            Err(Failure::Runtime("interrupted".into()))
-        }
-        None => Ok(()),
+    let mut report = report;
+    if report.failure.is_none() && interrupt.load(std::sync::atomic::Ordering::Relaxed) {
+        // Stopped before it did what was asked: the report is printed, the run failed.
+        report.failure = Some("interrupted".into());
     }
+    common::finish(&report, &args.out)
 }
 
 #[cfg(test)]

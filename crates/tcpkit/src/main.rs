@@ -2,6 +2,7 @@
 
 mod common;
 mod copy;
+mod docs;
 mod echo;
 mod intercept;
 mod load;
@@ -50,6 +51,11 @@ enum Cmd {
     /// conntrack, ports, socket memory): each setting OK or CHANGE with the exact command;
     /// --apply makes the changes it can.
     Tune(tune::Args),
+    /// Print the shell completion script for SHELL on stdout
+    /// (e.g. `tcpkit completions bash > /etc/bash_completion.d/tcpkit`).
+    Completions(docs::CompletionsArgs),
+    /// Write the man pages (tcpkit.1 and one per subcommand, tcpkit-replay.1 ...) into DIR.
+    Man(docs::ManArgs),
 }
 
 pub(crate) use common::{chain, Failure};
@@ -88,6 +94,8 @@ fn main() -> ExitCode {
         Cmd::Copy(args) => ("copy", copy::main(args, interrupted)),
         Cmd::Intercept(args) => ("intercept", intercept::main(args, interrupted)),
         Cmd::Tune(args) => ("tune", tune::main(args)),
+        Cmd::Completions(args) => ("completions", docs::completions(args, Cli::command())),
+        Cmd::Man(args) => ("man", docs::man(args, Cli::command())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -126,7 +134,9 @@ mod tests {
                 "copy",
                 "intercept",
                 "merge",
-                "tune"
+                "tune",
+                "completions",
+                "man"
             ]
         );
     }

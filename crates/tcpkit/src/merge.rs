@@ -2,11 +2,11 @@
 //! joined into one summary: counts summed, histograms merged, rates over the union of the
 //! runs' wall-clock windows.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::common::{self, OutputFlags};
 use crate::Failure;
 
 /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts loading one
@@ -17,9 +17,8 @@ pub struct Args {
     #[arg(required = true, value_name = "REPORT.json")]
     pub files: Vec<PathBuf>,
 
-    /// Print the merged report as one JSON document (docs/schema/load.schema.json).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub out: OutputFlags,
 }
 
 pub fn main(args: Args) -> Result<(), Failure> {
@@ -31,20 +30,9 @@ pub fn main(args: Args) -> Result<(), Failure> {
     }
     let merged = tcpkit_load::merge::merge_reports(&reports)
         .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
-    let text = if args.json {
-        merged.json() + "\n"
-    } else {
-        merged.human()
-    };
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
     // As `load` would: a merged run that fell short exits 1 with the reason(s), so a script
     // that merges the reports of several clients sees what each client's exit status said.
-    match merged.failure {
-        Some(f) => Err(Failure::Runtime(f)),
-        None => Ok(()),
-    }
+    common::finish(&merged, &args.out)
 }
 
 #[cfg(test)]
@@ -55,7 +43,7 @@ mod tests {
     fn every_flag_parses() {
         let a = Args::try_parse_from(["merge", "a.json", "b.json", "--json"]).unwrap();
         assert_eq!(a.files, [PathBuf::from("a.json"), PathBuf::from("b.json")]);
-        assert!(a.json);
+        assert!(a.out.json);
         assert!(Args::try_parse_from(["merge"]).is_err());
     }
 }

@@ -1,7 +1,6 @@
 //! `tcpkit replay`: what the user typed (clap, tcpreplay's and tcprewrite's option names), then
 //! the resolved `tcpkit_replay::Config` where every cross-flag check happens.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,6 +10,7 @@ use clap::{ArgGroup, Parser, ValueEnum};
 use tcpkit_replay::{Config, MacAddr, Output, Rate};
 use tcpkit_stats::{LiveCounters, Monitor, MonitorOptions};
 
+use crate::common::{self, duration_arg, OutputFlags, RunFlags};
 use crate::Failure;
 
 #[derive(Debug, Parser)]
@@ -66,10 +66,6 @@ pub struct Args {
     #[arg(short = 'L', long, value_name = "N")]
     pub limit: Option<u64>,
 
-    /// Stop after SECS seconds.
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
-
     /// Load the whole input into memory before sending (memory ≈ the files' size).
     #[arg(short = 'K', long, visible_alias = "preload-pcap")]
     pub preload: bool,
@@ -92,9 +88,10 @@ pub struct Args {
     #[arg(long)]
     pub qdisc_bypass: bool,
 
-    /// A flow idle for SECS (capture time) counts as a new flow when it comes back.
-    #[arg(long, value_name = "SECS")]
-    pub flow_expiry: Option<f64>,
+    /// A flow idle for DURATION (capture time: 30, 30s, 500ms) counts as a new flow when it
+    /// comes back.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub flow_expiry: Option<Duration>,
 
     /// Source MAC of every frame; also the source of the Ethernet header given to frames whose
     /// link type has none (default: the interface's own address).
@@ -150,13 +147,13 @@ pub struct Args {
     #[arg(long, value_name = "[+-]N", allow_hyphen_values = true)]
     pub ttl: Option<String>,
 
-    /// Print the running totals every N seconds.
-    #[arg(long, value_name = "N")]
-    pub stats: Option<f64>,
+    /// --duration: stop after this long; --stats: the running totals (with the loop and the
+    /// percent done) on stderr.
+    #[command(flatten)]
+    pub run: RunFlags,
 
-    /// Print the report as one JSON document (docs/schema/replay.schema.json) instead of text.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub out: OutputFlags,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -253,15 +250,12 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     if a.limit == Some(0) {
         return Err(Failure::Usage("--limit 0: must be at least 1".into()));
     }
-    cfg.duration = a.duration.map(|d| secs("--duration", d)).transpose()?;
+    cfg.duration = a.run.duration;
     cfg.preload = a.preload;
     cfg.unique_ip = a.unique_ip;
     cfg.threads = a.threads;
     cfg.batch = a.batch;
-    cfg.flow_expiry = a
-        .flow_expiry
-        .map(|s| secs("--flow-expiry", s))
-        .transpose()?;
+    cfg.flow_expiry = a.flow_expiry;
     cfg.l2_src = a.src_mac;
     cfg.l2_dst = a.dst_mac;
 
@@ -340,12 +334,8 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let mut monitor = {
         let live = Arc::clone(&live);
         let opts = MonitorOptions {
-            stats_every: args
-                .stats
-                .map(|s| secs("--stats", s))
-                .transpose()?
-                .filter(|d| !d.is_zero()),
-            progress: !args.json,
+            stats_every: args.run.stats.filter(|d| !d.is_zero()),
+            progress: args.out.progress(),
         };
         Monitor::start(opts, move |elapsed| {
             let p = live.packets.load(Ordering::Relaxed);
@@ -360,19 +350,11 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let result = tcpkit_replay::run(&cfg, interrupt, &live);
     monitor.stop();
     let outcome = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
-    let text = if args.json {
-        outcome.report.json() + "\n"
-    } else {
-        outcome.report.human()
-    };
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
-    match outcome.error {
-        Some(e) => Err(Failure::Runtime(crate::chain(&e))),
-        None if interrupt.load(Ordering::Relaxed) => Err(Failure::Runtime("interrupted".into())),
-        None => Ok(()),
+    let mut report = outcome.report;
+    if report.stopped_by.is_none() && interrupt.load(Ordering::Relaxed) {
+        report.stopped_by = Some("interrupted".into());
     }
+    common::finish(&report, &args.out)
 }
 
 #[cfg(test)]

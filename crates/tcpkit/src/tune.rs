@@ -1,12 +1,12 @@
 //! `tcpkit tune`: what the user typed (clap), resolved into `tcpkit_load::tune::TuneConfig`,
 //! and the report printed with the exit status it implies.
 
-use std::io::Write;
 use std::path::Path;
 
 use clap::{Parser, ValueEnum};
 use tcpkit_load::tune::{self, Role, TuneConfig};
 
+use crate::common::{self, OutputFlags};
 use crate::Failure;
 
 /// Checks and explains what stops this host, in its current network namespace, from holding
@@ -32,9 +32,8 @@ pub struct Args {
     #[arg(long)]
     pub apply: bool,
 
-    /// Print the report as one JSON document (docs/schema/tune.schema.json).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub out: OutputFlags,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -47,7 +46,6 @@ pub enum RoleArg {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Run {
     pub apply: bool,
-    pub json: bool,
 }
 
 /// Every check of a value's meaning happens here.
@@ -74,28 +72,14 @@ pub fn resolve(a: &Args) -> Result<(TuneConfig, Run), Failure> {
             connections: a.connections,
             port: a.port,
         },
-        Run {
-            apply: a.apply,
-            json: a.json,
-        },
+        Run { apply: a.apply },
     ))
 }
 
 pub fn main(args: Args) -> Result<(), Failure> {
     let (cfg, run) = resolve(&args)?;
     let report = tune::run(&cfg, run.apply, Path::new(tune::PROC_SYS));
-    let text = if run.json {
-        report.json() + "\n"
-    } else {
-        report.human()
-    };
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
-    match report.verdict() {
-        None => Ok(()),
-        Some(v) => Err(Failure::Runtime(v)),
-    }
+    common::finish(&report, &args.out)
 }
 
 #[cfg(test)]
@@ -122,13 +106,7 @@ mod tests {
                 port: 4242
             }
         );
-        assert_eq!(
-            r,
-            Run {
-                apply: false,
-                json: false
-            }
-        );
+        assert_eq!(r, Run { apply: false });
     }
 
     #[test]
@@ -152,13 +130,7 @@ mod tests {
                 port: 53
             }
         );
-        assert_eq!(
-            r,
-            Run {
-                apply: true,
-                json: true
-            }
-        );
+        assert_eq!(r, Run { apply: true });
     }
 
     #[test]

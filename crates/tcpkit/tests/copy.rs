@@ -288,18 +288,17 @@ fn n_3_sends_every_request_three_times_over_independent_connections() {
     l.http_get("2", "300", "2", Some("20"));
     let o = wait_limited(c, Duration::from_secs(15));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    // --stats lines come before the JSON document.
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    let doc = text.find("{\n").expect("a JSON document");
-    let stats: Vec<&str> = text[..doc].lines().collect();
+    // --stats lines go to stderr, elapsed time first; stdout is the JSON document alone.
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let stats: Vec<&str> = err.lines().filter(|l| l.starts_with('[')).collect();
     assert!(
         stats.len() >= 3
             && stats
                 .iter()
-                .all(|s| s.contains("requests") && s.contains("loss")),
+                .all(|s| s.contains("s] sessions") && s.contains("requests") && s.contains("loss")),
         "{stats:?}"
     );
-    let r: serde_json::Value = serde_json::from_str(&text[doc..]).unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_accounted(&r);
     let (on, tg) = (lines(&on_log), lines(&tg_log));
     assert!(on.len() > 300);

@@ -745,12 +745,17 @@ fn live_line_every_second_and_human_summary() {
         Duration::from_secs(15),
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    // Live lines on stderr, elapsed time first; the summary alone on stdout.
     let text = stdout(&o);
-    let live: Vec<&str> = text.lines().filter(|l| l.contains("conns ")).collect();
-    assert!(live.len() >= 2, "{text}");
+    let err = stderr(&o);
+    assert!(!text.contains("conns "), "{text}");
+    let live: Vec<&str> = err.lines().filter(|l| l.contains("s] conns ")).collect();
+    assert!(live.len() >= 2, "{err}");
     assert!(
-        live[1].contains("conns 2 open") && live[1].contains("answered "),
-        "{text}"
+        live[1].starts_with('[')
+            && live[1].contains("conns 2 open")
+            && live[1].contains("answered "),
+        "{err}"
     );
     for want in [
         "Connections: 2 asked",

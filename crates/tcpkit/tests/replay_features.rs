@@ -6,7 +6,7 @@ use common::schema;
 
 use std::collections::HashMap;
 
-use common::{stdout, testdata, udp_frame, write_pcap, Frame, ReplayLab};
+use common::{stderr, stdout, testdata, udp_frame, write_pcap, Frame, ReplayLab};
 use serde_json::Value;
 
 /// `flows` connections of `per_flow` frames each, interleaved; the payload carries the frame's
@@ -226,10 +226,20 @@ fn stats_lines_appear_during_the_run() {
     let lab = ReplayLab::new("stats");
     let out = lab.replay(&["--pps", "100", "--stats", "0.4", p.to_str().unwrap()]);
     assert!(out.status.success());
+    // The live lines on stderr, elapsed time first; stdout has the summary's one Actual: line.
     let s = stdout(&out);
-    let actual = s.lines().filter(|l| l.starts_with("Actual: ")).count();
-    // ~1.5 s at 0.4 s intervals: 3 interval lines plus the summary.
-    assert!((3..=5).contains(&actual), "{actual} Actual: lines\n{s}");
+    assert_eq!(
+        s.lines().filter(|l| l.starts_with("Actual: ")).count(),
+        1,
+        "{s}"
+    );
+    let e = stderr(&out);
+    let actual = e
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains("s] Actual: "))
+        .count();
+    // ~1.5 s at 0.4 s intervals: 3 interval lines.
+    assert!((2..=4).contains(&actual), "{actual} Actual: lines\n{e}");
 }
 
 #[test]

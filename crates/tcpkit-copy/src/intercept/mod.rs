@@ -43,6 +43,7 @@ use mio::{Events, Interest, Poll, Token};
 use tcpkit_capture::nfqueue::{NfQueue, NfQueueError, NfQueueOpts, Verdict};
 use tcpkit_capture::{Capture, CaptureError, CaptureOpts, Direction};
 use tcpkit_pace::now_ns;
+use tcpkit_stats::{Report, Verdict as RunVerdict};
 use tcpkit_wire::tcp::Segment;
 use tcpkit_wire::{as_ethernet, LinkType};
 
@@ -166,11 +167,10 @@ pub struct InterceptLive {
 }
 
 impl InterceptLive {
-    pub fn line(&self, elapsed: Duration) -> String {
+    pub fn line(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "{:.1}s answers {} caught, {} sent to copies, {} dropped for slow copies | {} copies connected | kernel drops {}",
-            elapsed.as_secs_f64(),
+            "answers {} caught, {} sent to copies, {} dropped for slow copies | {} copies connected | kernel drops {}",
             g(&self.answers),
             g(&self.sent),
             g(&self.dropped),
@@ -181,7 +181,7 @@ impl InterceptLive {
 }
 
 /// What an intercept run did. Field names are the `--json` contract.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct InterceptReport {
     /// `capture` (on the assistant) or `on-target`.
     pub mode: &'static str,
@@ -217,23 +217,8 @@ pub struct InterceptReport {
     pub failure: Option<String>,
 }
 
-fn json_str(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
-impl InterceptReport {
-    pub fn human(&self) -> String {
+impl Report for InterceptReport {
+    fn human(&self) -> String {
         let rule = match &self.rule {
             Some(r) => format!(
                 "Rule: {r}{}, removed at exit {}\n",
@@ -273,31 +258,30 @@ impl InterceptReport {
         s
     }
 
-    /// One JSON document (docs/schema/intercept.schema.json).
-    pub fn json(&self) -> String {
-        format!(
-            "{{\n  \"schema_version\": {},\n  \"mode\": {},\n  \"interface\": {},\n  \"filter\": {},\n  \"listen\": {},\n  \"rule\": {},\n  \"stale_rule_replaced\": {},\n  \"connections_aborted\": {},\n  \"protocol_version\": {},\n  \"seconds\": {},\n  \"answers\": {},\n  \"sent\": {},\n  \"unclaimed\": {},\n  \"dropped_slow_copy\": {},\n  \"not_tcp\": {},\n  \"kernel_drops\": {},\n  \"copies_connected\": {},\n  \"copies_refused\": {},\n  \"failure\": {}\n}}",
-            INTERCEPT_SCHEMA_VERSION,
-            json_str(self.mode),
-            json_str(&self.interface),
-            json_str(&self.filter),
-            json_str(&self.listen),
-            self.rule.as_deref().map_or("null".to_string(), json_str),
-            self.stale_rule_replaced,
-            self.connections_aborted
-                .map_or("null".to_string(), |n| n.to_string()),
-            VERSION,
-            if self.seconds.is_finite() { self.seconds } else { 0.0 },
-            self.answers,
-            self.sent,
-            self.unclaimed,
-            self.dropped_slow_copy,
-            self.not_tcp,
-            self.kernel_drops,
-            self.copies_connected,
-            self.copies_refused,
-            self.failure.as_deref().map_or("null".to_string(), json_str)
-        )
+    /// One JSON document (docs/schema/intercept.schema.json): the report's fields with the
+    /// schema and control-protocol versions.
+    fn json(&self) -> String {
+        #[derive(serde::Serialize)]
+        struct Doc<'a> {
+            schema_version: u32,
+            protocol_version: u16,
+            #[serde(flatten)]
+            report: &'a InterceptReport,
+        }
+        tcpkit_stats::to_json(&Doc {
+            schema_version: INTERCEPT_SCHEMA_VERSION,
+            protocol_version: VERSION,
+            report: self,
+        })
+    }
+
+    /// An intercept stopped by its operator has done its job; it fails only when it could not
+    /// go on (the reason in `failure`).
+    fn verdict(&self) -> RunVerdict {
+        match &self.failure {
+            Some(f) => RunVerdict::Failed(f.clone()),
+            None => RunVerdict::Done,
+        }
     }
 }
 
@@ -731,7 +715,12 @@ mod tests {
              Copies: 0 connected, 0 refused\n\
              Failed: a \"quoted\" why\n"
         );
-        assert_eq!(json_str("a\nb"), "\"a\\u000ab\"");
+        // serde escapes what the hand-written JSON had to: control characters in strings.
+        let r = InterceptReport {
+            filter: "a\nb".into(),
+            ..InterceptReport::default()
+        };
+        assert!(r.json().contains("\"filter\": \"a\\nb\""), "{}", r.json());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! One process cannot hold more connections than its RLIMIT_NOFILE, and a container's hard
 //! limit (20,000 here) cannot be raised from inside. So the parent re-executes itself N times
 //! with the same arguments plus `--worker K/N`; each worker prints its report as one JSON line
-//! on stdout, and the parent forwards stop signals, passes other lines (`--stats`) through,
+//! on stdout, and the parent forwards stop signals, passes any other stdout line to its stderr
+//! (live lines already go there: stdout is the report's),
 //! and merges the reports into one.
 
 use std::ffi::OsString;
@@ -79,8 +80,8 @@ pub fn run_workers(
                     if line.starts_with('{') {
                         report = Some(line);
                     } else {
-                        // --stats lines of the worker, already labelled by it.
-                        let mut o = std::io::stdout().lock();
+                        // Not the report: never on our stdout, which holds only the report.
+                        let mut o = std::io::stderr().lock();
                         let _ = writeln!(o, "{line}");
                         let _ = o.flush();
                     }

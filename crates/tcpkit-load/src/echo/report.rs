@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
+use tcpkit_stats::{Report, Verdict};
 
 use super::{EchoConfig, Mode, Totals};
 
@@ -105,14 +106,16 @@ impl EchoReport {
         }
         Some(m)
     }
+}
 
+impl Report for EchoReport {
     /// One line of JSON (workers print it for their parent; `--json` prints it).
-    pub fn json(&self) -> String {
+    fn json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
     }
 
     /// The human summary.
-    pub fn human(&self) -> String {
+    fn human(&self) -> String {
         let mut s = format!(
             "Connections: {} accepted, {} closed, {} open at exit\nBytes: {} in, {} out\n",
             self.accepted, self.closed, self.open_at_exit, self.bytes_in, self.bytes_out
@@ -140,6 +143,12 @@ impl EchoReport {
             self.stopped_by
         ));
         s
+    }
+
+    /// A server stopped by its operator (a signal) or by --duration has done its job; what
+    /// went wrong on the way (accept failures, malformed queries) is counted in the report.
+    fn verdict(&self) -> Verdict {
+        Verdict::Done
     }
 }
 

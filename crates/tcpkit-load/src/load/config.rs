@@ -215,27 +215,8 @@ pub fn parse_ramp(text: &str) -> Result<RateProfile, String> {
     Ok(RateProfile::Ramp { from, to, over })
 }
 
-/// `1.5`, `1.5s`, `250ms`, `2m`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let (num, mult) = if let Some(v) = t.strip_suffix("ms") {
-        (v, 1e-3)
-    } else if let Some(v) = t.strip_suffix('s') {
-        (v, 1.0)
-    } else if let Some(v) = t.strip_suffix('m') {
-        (v, 60.0)
-    } else {
-        (t, 1.0)
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("duration {text:?}: expected seconds like 10s, 250ms or 2m"))?;
-    let secs = v * mult;
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        return Err(format!("duration {text:?}: must be 0 to 1e9 seconds"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
+/// Durations in steps and ramps are spelled as every duration flag is.
+pub use tcpkit_pace::parse_duration;
 
 /// Most source addresses `--source` may name (a /16 of IPv4): enough for 4 million
 /// connections to one server port.

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 use serde_json::json;
+use tcpkit_stats::{Report, Verdict};
 
 use super::{Applied, Check, Evaluation, Fix, NotApplied, Status, TuneConfig};
 
@@ -32,8 +33,38 @@ pub fn line(c: &Check) -> String {
     if let (Some(cmd), false) = (&c.command, c.status == Status::Ok) {
         s.push_str("; run: ");
         s.push_str(cmd);
+        if let Some(keep) = persist(c) {
+            s.push_str(" (lost at reboot; to keep it: ");
+            s.push_str(&keep);
+            s.push(')');
+        }
     }
     s
+}
+
+/// The file a CHANGE's command is written to so that it outlives a reboot: `sysctl -w` and
+/// `ulimit` only change the running host or shell.
+pub fn persist(c: &Check) -> Option<String> {
+    if c.status != Status::Change {
+        return None;
+    }
+    match &c.fix {
+        Some(Fix::Sysctl { key, value }) => Some(format!(
+            "echo '{key} = {value}' >> /etc/sysctl.d/90-tcpkit.conf"
+        )),
+        _ if c.setting.starts_with("RLIMIT_NOFILE") => {
+            let n = c.wanted.trim_start_matches(">= ");
+            let kind = if c.setting.contains("hard") {
+                "hard"
+            } else {
+                "soft"
+            };
+            Some(format!(
+                "LimitNOFILE={n} in the server's systemd unit, or '* {kind} nofile {n}' in /etc/security/limits.conf"
+            ))
+        }
+        _ => None,
+    }
 }
 
 fn settings(n: usize) -> String {
@@ -48,6 +79,8 @@ struct CheckJson<'a> {
     wanted: &'a str,
     why: &'a str,
     command: Option<&'a str>,
+    /// How to make the change outlive a reboot.
+    persist: Option<String>,
     /// Whether `--apply` can make this change (a sysctl write).
     appliable: bool,
 }
@@ -63,6 +96,7 @@ fn checks_json(e: &Evaluation) -> serde_json::Value {
             wanted: &c.wanted,
             why: &c.why,
             command: c.command.as_deref(),
+            persist: persist(c),
             appliable: c.status == Status::Change && matches!(c.fix, Some(Fix::Sysctl { .. })),
         })
         .collect();
@@ -75,9 +109,8 @@ impl TuneReport {
         self.applied.as_ref().map_or(&self.found, |(_, _, e)| e)
     }
 
-    /// `None` when the host can hold the connections; else the reason (the last line).
-    pub fn verdict(&self) -> Option<String> {
-        (self.last().changes() > 0).then(|| self.last_line())
+    fn changes_needed(&self) -> usize {
+        self.last().changes()
     }
 
     /// The report's last line.
@@ -125,9 +158,16 @@ impl TuneReport {
         }
         s
     }
+}
+
+impl Report for TuneReport {
+    /// Ready, or not with the reason (the last line).
+    fn verdict(&self) -> Verdict {
+        Verdict::fail_if(self.changes_needed() > 0, || self.last_line())
+    }
 
     /// The human report, ending with a newline.
-    pub fn human(&self) -> String {
+    fn human(&self) -> String {
         let cfg = &self.config;
         let mut out = format!(
             "tcpkit tune: {} role, {} connections, port {}\n",
@@ -153,13 +193,17 @@ impl TuneReport {
                 out.push_str(&format!("not applied: {}: {}\n", n.setting, n.reason));
             }
         }
-        out.push_str(&self.last_line());
-        out.push('\n');
+        // Not ready: the last line is the reason, which goes to stderr as every failed run's
+        // does; printing it here too said it twice.
+        if self.changes_needed() == 0 {
+            out.push_str(&self.last_line());
+            out.push('\n');
+        }
         out
     }
 
     /// The report as one JSON document (docs/schema/tune.schema.json), without a newline.
-    pub fn json(&self) -> String {
+    fn json(&self) -> String {
         let cfg = &self.config;
         let e = &self.found;
         let (applied, not_applied, after) = match &self.applied {
@@ -209,7 +253,7 @@ mod tests {
     fn one_line_per_setting_exactly() {
         assert_eq!(
             line(&somaxconn(Status::Change, "128")),
-            "CHANGE net.core.somaxconn = 128, want >= 65535: a listener's accept queue is cut to this; run: sysctl -w net.core.somaxconn=65535"
+            "CHANGE net.core.somaxconn = 128, want >= 65535: a listener's accept queue is cut to this; run: sysctl -w net.core.somaxconn=65535 (lost at reboot; to keep it: echo 'net.core.somaxconn = 65535' >> /etc/sysctl.d/90-tcpkit.conf)"
         );
         // OK lines have nothing to run.
         assert_eq!(
@@ -252,10 +296,15 @@ mod tests {
         assert_eq!(
             r.human(),
             "tcpkit tune: server role, 1000 connections, port 53\n\
-             CHANGE net.core.somaxconn = 128, want >= 65535: a listener's accept queue is cut to this; run: sysctl -w net.core.somaxconn=65535\n\
-             not ready for 1000 server connections: 1 setting needs a change (net.core.somaxconn): run the commands above or tcpkit tune --apply\n"
+             CHANGE net.core.somaxconn = 128, want >= 65535: a listener's accept queue is cut to this; run: sysctl -w net.core.somaxconn=65535 (lost at reboot; to keep it: echo 'net.core.somaxconn = 65535' >> /etc/sysctl.d/90-tcpkit.conf)\n"
         );
-        assert_eq!(r.verdict(), Some(r.last_line()));
+        // The reason is the last line on stderr (the run failed), not on stdout as well.
+        assert_eq!(
+            r.verdict(),
+            Verdict::Failed(
+                "not ready for 1000 server connections: 1 setting needs a change (net.core.somaxconn): run the commands above or tcpkit tune --apply".into()
+            )
+        );
         let done = vec![Applied {
             setting: "net.core.somaxconn".into(),
             from: "128".into(),
@@ -273,18 +322,20 @@ mod tests {
         assert_eq!(
             r.human(),
             "tcpkit tune: server role, 1000 connections, port 53\n\
-             CHANGE net.core.somaxconn = 128, want >= 65535: a listener's accept queue is cut to this; run: sysctl -w net.core.somaxconn=65535\n\
+             CHANGE net.core.somaxconn = 128, want >= 65535: a listener's accept queue is cut to this; run: sysctl -w net.core.somaxconn=65535 (lost at reboot; to keep it: echo 'net.core.somaxconn = 65535' >> /etc/sysctl.d/90-tcpkit.conf)\n\
              applied: net.core.somaxconn 128 -> 65535 (sysctl -w net.core.somaxconn=65535)\n\
              not applied: RLIMIT_NOFILE (soft): run it in the shell\n\
              ready for 1000 server connections with --procs 3; 1 setting not shown here (CHECK): read them on the host\n"
         );
-        assert_eq!(r.verdict(), None);
+        assert_eq!(r.verdict(), Verdict::Done);
         let still = eval(vec![somaxconn(Status::Change, "128")], 1);
         let r = report(Some((vec![], vec![], still)));
         assert!(r.human().contains("applied: nothing needed a change\n"));
         assert_eq!(
-            r.verdict().unwrap(),
-            "not ready for 1000 server connections: after --apply 1 setting still needs a change (net.core.somaxconn): see why above"
+            r.verdict(),
+            Verdict::Failed(
+                "not ready for 1000 server connections: after --apply 1 setting still needs a change (net.core.somaxconn): see why above".into()
+            )
         );
     }
 

@@ -206,7 +206,7 @@ fn nofile(n: u64, margin: u64, procs: u64, f: &Facts) -> Vec<Check> {
             setting,
             status: Status::Ok,
             current,
-            wanted: format!(">= {need}, or --procs {procs}"),
+            wanted: format!("--procs {procs} at this limit (one process would need >= {need})"),
             why: format!("without CAP_SYS_RESOURCE (as in this container) no process started from here can raise it, so one process holds at most {} connections: use --procs {procs} (tcpkit load chooses it itself)", hard.saturating_sub(margin)),
             command: None,
             fix: None,
