@@ -1501,17 +1501,21 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// After the input ended: lets the flows finish, at most `--timeout` and the linger, or
+    /// [`feed::STOP_DRAIN`] when the run was `stopped` (or is stopped meanwhile); the rest
+    /// count as open at the end.
     fn drain(
         &mut self,
         events: &mut Events,
         stop: &AtomicBool,
         live: &Live,
+        mut stopped: bool,
     ) -> Result<(), TransparentError> {
-        let deadline = now_ns() + self.cfg.timeout_ns + 2 * CLOSE_LINGER_NS;
-        let interrupted_at = stop.load(Ordering::Relaxed);
+        let mut deadline = feed::drain_deadline(self.cfg, stopped, CLOSE_LINGER_NS);
         while self.open > 0 && now_ns() < deadline {
-            if !interrupted_at && stop.load(Ordering::Relaxed) {
-                break;
+            if !stopped && stop.load(Ordering::Relaxed) {
+                stopped = true;
+                deadline = deadline.min(feed::drain_deadline(self.cfg, true, 0));
             }
             self.step(events, Duration::from_millis(20))?;
             self.publish(live);
@@ -1694,6 +1698,11 @@ impl feed::Consumer for Engine<'_> {
             }
         }
     }
+    fn session_gap(&mut self, id: SessionId, dir: Dir, len: u64, ts: u64) {
+        if let (Some(s), Dir::ServerToClient) = (self.sessions.get_mut(&id), dir) {
+            s.turns.server_gap(len, ts);
+        }
+    }
     fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
         let Some(s) = self.sessions.remove(&id) else {
             return;
@@ -1822,7 +1831,8 @@ pub fn run(
     let end_at = duration.map(|d| start + d.as_nanos() as u64);
     let mut events = Events::with_capacity(1024);
     feed::run(&mut e, input, end_at, stop, live, &mut events)?;
-    e.drain(&mut events, stop, live)?;
+    let stopped = feed::stopped(stop, end_at);
+    e.drain(&mut events, stop, live, stopped)?;
     e.publish(live);
     let mut r = std::mem::take(&mut e.report);
     r.mode = "transparent".into();
@@ -1835,6 +1845,7 @@ pub fn run(
     r.memory.limit_bytes = cfg.max_memory as u64;
     r.transparent = Some(std::mem::take(&mut e.ts));
     r.diff = e.differ.as_mut().map(Differ::finish);
+    r.requests.max_loss_percent = cfg.max_loss_percent;
     r.finish();
     Ok(r)
 }

@@ -163,6 +163,7 @@ fn handshake_request_response_and_fin() {
                 ..
             } => "req",
             Event::Data { .. } => "resp",
+            Event::Gap { .. } => "gap",
             Event::Close { .. } => "close",
         })
         .collect();
