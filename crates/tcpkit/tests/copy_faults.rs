@@ -832,3 +832,102 @@ fn sigint_or_duration_stops_a_copy_waiting_on_a_silent_target_within_the_drain_b
     let r = failed_report(&o, "the target answered none of the");
     assert!(u(&r, "sessions.open_at_end") >= 1, "{r:#}");
 }
+
+/// Issue 10 case 13: a real capture whose server side has a hole (the client's bytes whole):
+/// copy sent the client's bytes up to the hole, then ended the session as "lost capture
+/// data". The client's stream is what is copied, so it is copied whole; the hole only costs
+/// that answer's comparison (--diff counts it as an incomplete original) and its timing.
+/// The capture is tcpdump's of one keep-alive session of 5 GETs of a 100 kB file; one data
+/// frame of the server's second answer is cut out of it.
+#[test]
+fn a_hole_in_a_servers_answer_still_copies_the_clients_session_whole() {
+    use tcpkit_pcap::{CaptureFile, PcapWriter};
+    let mut l = CopyLab::new("cpsrvhole");
+    let (_on, on_log) = l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let body: String = (0..100_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    serve(&l, "online", &[("big.txt", &body)]);
+    serve(&l, "target", &[("big.txt", &body)]);
+    let (online, cif) = (l.online.clone(), l.capture_if());
+    let dump = l
+        .lab
+        .tcpdump(&online, &cif, "tcp port 8080")
+        .expect("tcpdump");
+    let url = format!("http://{ONLINE}:8080/big.txt?k=[1-5]");
+    let o = l.client(&["curl", "-sS", "-o", "/dev/null", &url]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::thread::sleep(Duration::from_millis(300));
+    let whole = dump.stop().expect("tcpdump").path;
+    assert_eq!(lines(&on_log).len(), 5);
+    // The server's data frames of its second answer: those after the second request.
+    let f = CaptureFile::open(&whole).unwrap();
+    let frames: Vec<(u64, u32, Vec<u8>)> = f
+        .packets()
+        .map(|p| p.unwrap())
+        .map(|p| (p.ts_ns, p.linktype, p.data.to_vec()))
+        .collect();
+    let seg = |d: &[u8]| Segment::parse(d).unwrap();
+    let (mut requests, mut cut, mut client_bytes) = (0, None, 0usize);
+    let mut answer2 = 0;
+    for (k, (_, _, d)) in frames.iter().enumerate() {
+        let s = seg(d);
+        if s.payload.is_empty() {
+            continue;
+        }
+        if s.dst.port() == 8080 {
+            requests += 1;
+            client_bytes += s.payload.len();
+        } else if requests == 2 {
+            answer2 += 1;
+            // Its second data frame: inside the answer, headers seen.
+            if answer2 == 2 {
+                cut = Some(k);
+            }
+        }
+    }
+    assert_eq!(requests, 5, "one frame per GET");
+    let cut = cut.expect("the second answer in more than one frame");
+    let lost = seg(&frames[cut].2).payload.len();
+    let holed = l.dir.path().join("holed.pcap");
+    {
+        let mut w = PcapWriter::create(&holed, frames[0].1, 65535, true).unwrap();
+        for (k, (ts, _, d)) in frames.iter().enumerate() {
+            if k != cut {
+                w.write_packet(*ts, d, d.len() as u32).unwrap();
+            }
+        }
+        w.finish().unwrap();
+    }
+    let rule = format!("8080-{TARGET}:8080");
+    let (_, r) = run_copy(
+        &l,
+        &[
+            "-x",
+            &rule,
+            "--input",
+            holed.to_str().unwrap(),
+            "--diff",
+            "--diff-mode",
+            "http",
+            "--diff-ignore",
+            "^Date:",
+            "--json",
+        ],
+        Duration::from_secs(15),
+    );
+    check_schema(&r);
+    // Copied whole: every client byte, every request answered, the session completed.
+    assert_eq!(u(&r, "requests.bytes_copied"), client_bytes as u64, "{r:#}");
+    assert_eq!(u(&r, "requests.at_source"), 5, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 5, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 1, "{r:#}");
+    assert_eq!(u(&r, "sessions.failed.lost_capture_data"), 0, "{r:#}");
+    assert_eq!(lines(&tg_log).len(), 5);
+    // The hole is counted, and only its answer goes uncompared.
+    assert_eq!(u(&r, "capture.server_bytes_lost"), lost as u64, "{r:#}");
+    let d = &r["diff"];
+    assert_eq!(u(d, "original_incomplete"), 1, "{d:#}");
+    assert_eq!(counts(d), (4, 4, 0), "{d:#}");
+}
