@@ -1419,12 +1419,21 @@ impl<'a> Engine<'a> {
     }
 
     fn control_tick(&mut self, now: u64) {
+        let silent = |e: &Engine| now.saturating_sub(e.ctl.last_rx_ns) > CONTROL_SILENCE_NS;
         match self.ctl.st {
             CtlState::Down { retry_at } if now >= retry_at => self.control_connect(now),
-            CtlState::Connecting | CtlState::Hello | CtlState::Up
-                if now.saturating_sub(self.ctl.last_rx_ns) > CONTROL_SILENCE_NS =>
-            {
-                self.control_lost(now)
+            CtlState::Connecting | CtlState::Hello | CtlState::Up if silent(self) => {
+                // Read before judging: what intercept sent while this process did not run
+                // (a loaded machine; or a wait cut short by a signal, which returns no event)
+                // is not silence.
+                self.control_io(now);
+                if matches!(
+                    self.ctl.st,
+                    CtlState::Connecting | CtlState::Hello | CtlState::Up
+                ) && silent(self)
+                {
+                    self.control_lost(now)
+                }
             }
             _ => {}
         }
@@ -1451,7 +1460,6 @@ impl<'a> Engine<'a> {
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), TransparentError> {
         let now = now_ns();
         self.fire_timers(now);
-        self.control_tick(now);
         let mut wait = max_wait;
         if let Some(Reverse((at, _, _))) = self.timers.peek() {
             wait = wait.min(Duration::from_nanos(at.saturating_sub(now)));
@@ -1465,6 +1473,11 @@ impl<'a> Engine<'a> {
         if events.iter().any(|e| e.token() == CONTROL) {
             self.control_io(now);
         }
+        // Silence is judged only after reading what intercept sent: a copy that did not run
+        // for a while (a loaded machine, and copy runs niced) finds intercept's pings waiting
+        // and must not take its own stall for intercept's silence (it reset the copies in
+        // flight, and their answers went uncompared).
+        self.control_tick(now);
         self.fire_timers(now);
         Ok(())
     }

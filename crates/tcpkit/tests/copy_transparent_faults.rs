@@ -481,3 +481,33 @@ fn intercept_without_privilege_or_interface_is_one_line() {
     let icp = t.intercept("intercept");
     assert!(icp.try_status().unwrap().is_none(), "{}", icp.log());
 }
+
+/// Issue 10 case 14 (the transparent --diff flake): a copy that did not run for a while (a
+/// loaded machine; copy runs at nice 10) judged the control connection silent before reading
+/// what intercept had sent meanwhile, declared it lost, and reset the copies in flight (the
+/// flake: one copy's last answer half received, two answers not compared, 3 s late). Here
+/// the copy is stopped for 3.5 s (more than the 3 s of silence it allows) while intercept
+/// keeps pinging it: on resuming it reads the pings first and keeps the connection.
+#[test]
+fn a_copy_that_did_not_run_for_a_while_reads_intercept_before_judging_it_silent() {
+    let mut t = TLab::new("cptfstall");
+    let (_on, _) = t.l.nginx(true, Log::Peer);
+    let (_tg, _) = t.l.nginx(false, Log::Peer);
+    let _icp = t.intercept("intercept");
+    let rule = format!("8080-{TARGET}:8080");
+    let c = t.copy(&rule, &["--duration", "6"]);
+    load(&t.l.clients, "50", "1", Some("1"));
+    let pg = -(c.id() as libc::pid_t);
+    // SAFETY: kill(2) on the process group the lab made for the copy.
+    assert_eq!(unsafe { libc::kill(pg, libc::SIGSTOP) }, 0, "SIGSTOP");
+    std::thread::sleep(Duration::from_millis(3500));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pg, libc::SIGCONT) }, 0, "SIGCONT");
+    let r = transparent_report(&wait_limited(c, Duration::from_secs(20)));
+    assert_eq!(u(&r, "transparent.control_losses"), 0, "{r:#}");
+    assert_eq!(
+        u(&r, "sessions.completed"),
+        u(&r, "sessions.copies"),
+        "{r:#}"
+    );
+}
