@@ -110,7 +110,10 @@ pub struct Args {
     pub no_wait: bool,
 
     /// How long connecting to the target (with retries while it refuses) and waiting for an
-    /// answer the next request needs may take before the session counts as failed.
+    /// answer the next request needs may take before the session counts as failed. At the end
+    /// of --input the copies still running get this long to finish; after SIGINT/SIGTERM or
+    /// --duration at most 1 s (then they count as open at the end); a second signal exits at
+    /// once.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub timeout: f64,
 
