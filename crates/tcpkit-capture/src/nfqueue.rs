@@ -23,6 +23,12 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+/// How long opening a queue bound to another socket waits for it to be let go before it is
+/// reported taken (see `NfQueue::bind`).
+pub const TAKEN_GRACE: Duration = Duration::from_secs(1);
+/// How often the wait tries the bind again.
+const TAKEN_POLL: Duration = Duration::from_millis(10);
+
 /// nfnetlink subsystem of nfnetlink_queue (NFNL_SUBSYS_QUEUE).
 const SUBSYS_QUEUE: u16 = 3;
 const MSG_PACKET: u16 = SUBSYS_QUEUE << 8;
@@ -499,7 +505,8 @@ impl NfQueue {
     /// Binds to queue `queue` in the calling thread's network namespace: whole packets (up to
     /// the copy range), GSO packets unsegmented, at most `opts.max_len` waiting, never let
     /// through when the queue is full; the socket nonblocking. Fails with
-    /// [`NfQueueError::Taken`] when another socket is bound to the queue.
+    /// [`NfQueueError::Taken`] when another socket stays bound to the queue for
+    /// [`TAKEN_GRACE`] (one that is going away is waited for).
     pub fn open(queue: u16, opts: &NfQueueOpts) -> Result<NfQueue, NfQueueError> {
         let sys = |call| {
             move |source| NfQueueError::Sys {
@@ -554,14 +561,7 @@ impl NfQueue {
             buf: vec![0; RECV_BUF],
             out: Vec::with_capacity(64),
         };
-        let bind = q.configure(1, "bind", &[(NFQA_CFG_CMD, &[CMD_BIND, 0, 0, 0])]);
-        if let Err(e) = bind {
-            // nfnetlink_queue answers EPERM both to the unprivileged and to a second reader.
-            if let Some((portid, _)) = queue_state(queue).filter(|s| s.0 != q.portid) {
-                return Err(NfQueueError::Taken { queue, portid });
-            }
-            return Err(e);
-        }
+        q.bind()?;
         let mut params = [0u8; 5];
         params[..4].copy_from_slice(&COPY_RANGE_MAX.to_be_bytes());
         params[4] = COPY_PACKET;
@@ -581,6 +581,36 @@ impl NfQueue {
             ],
         )?;
         Ok(q)
+    }
+
+    /// Binds the socket to its queue. A queue held by another socket is waited for, at most
+    /// [`TAKEN_GRACE`]: the kernel unbinds a queue only when its reader's socket is released,
+    /// which is not when the reader closed it (a child forked meanwhile holds the descriptor
+    /// until it execs or exits; the release notifier runs after the port left the netlink
+    /// table; a crashed reader's files close as it exits), so a reader restarted right away
+    /// would otherwise be told the queue is taken. A reader that stays is reported after the
+    /// grace, as [`NfQueueError::Taken`].
+    fn bind(&mut self) -> Result<(), NfQueueError> {
+        let deadline = Instant::now() + TAKEN_GRACE;
+        let mut looked_free = false;
+        loop {
+            let Err(e) = self.configure(1, "bind", &[(NFQA_CFG_CMD, &[CMD_BIND, 0, 0, 0])]) else {
+                return Ok(());
+            };
+            // nfnetlink_queue answers EPERM both to the unprivileged and to a second reader.
+            match queue_state(self.queue).filter(|s| s.0 != self.portid) {
+                Some((portid, _)) if Instant::now() >= deadline => {
+                    return Err(NfQueueError::Taken {
+                        queue: self.queue,
+                        portid,
+                    })
+                }
+                Some(_) => std::thread::sleep(TAKEN_POLL),
+                // The other reader let go between the refusal and the look: once more now.
+                None if !looked_free => looked_free = true,
+                None => return Err(e),
+            }
+        }
     }
 
     fn send(&self, call: &'static str) -> Result<(), NfQueueError> {

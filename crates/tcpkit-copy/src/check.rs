@@ -68,7 +68,10 @@ pub fn run(
     transparent: Option<&TransparentConfig>,
 ) -> Vec<Check> {
     let mut out = vec![match input {
-        Input::Live { ifname } => capture(ifname, &rules::capture_filter(&cfg.rules)),
+        Input::Live { ifname } => capture(
+            ifname,
+            &rules::capture_filter(&cfg.rules, cfg.filter.as_deref()),
+        ),
         Input::File { path, .. } => file(path),
     }];
     let mut targets: Vec<SocketAddr> = cfg.rules.iter().map(|r| r.target).collect();
@@ -248,7 +251,7 @@ fn probe_client(
         return None;
     };
     let opts = CaptureOpts {
-        filter: Some(rules::capture_filter(&cfg.rules)),
+        filter: Some(rules::capture_filter(&cfg.rules, cfg.filter.as_deref())),
         ..CaptureOpts::default()
     };
     let mut cap = Capture::open(ifname, &opts).ok()?;

@@ -195,6 +195,9 @@ impl Msg {
 pub struct Resp {
     raw_len: u64,
     msgs: Vec<Msg>,
+    /// The capture lost part of this original answer: it is not compared (counted in
+    /// [`DiffStats::original_incomplete`]).
+    incomplete: bool,
     _held: Held,
 }
 
@@ -422,6 +425,7 @@ impl Acc {
         Resp {
             raw_len: msgs.iter().map(|m| m.body_len).sum(),
             msgs,
+            incomplete: false,
             _held: held,
         }
     }
@@ -479,6 +483,7 @@ impl Acc {
         Resp {
             raw_len: self.raw_len,
             msgs,
+            incomplete: false,
             _held: self.held,
         }
     }
@@ -719,6 +724,7 @@ impl Differ {
             acc: Acc::new(self.cfg.mode, false, &self.total),
             syn_seen,
             requests: 0,
+            lost: false,
         }
     }
 
@@ -735,6 +741,17 @@ impl Differ {
             heads: VecDeque::new(),
             cur: Acc::new(self.cfg.mode, false, &self.total),
             index: 0,
+            incomplete: VecDeque::new(),
+        }
+    }
+
+    /// [`Differ::judge`], unless the capture lost part of the original `a`: then it is
+    /// counted as such.
+    fn judge_or_skip(&mut self, meta: &ConnMeta, index: u64, a: &Resp, b: &Resp) {
+        if a.incomplete {
+            self.stats.original_incomplete += 1;
+        } else {
+            self.judge(meta, index, a, b);
         }
     }
 
@@ -807,11 +824,36 @@ pub struct OrigSide {
     acc: Acc,
     syn_seen: bool,
     requests: u64,
+    /// The capture lost bytes of the answer in progress.
+    lost: bool,
 }
 
 impl OrigSide {
     pub fn server_bytes(&mut self, b: &[u8]) {
+        if self.lost && self.acc.mode == DiffMode::Http {
+            // Past a hole the HTTP framing cannot be followed: the rest of this answer is
+            // only counted, and the next request's answer starts afresh.
+            self.acc.raw_len += b.len() as u64;
+            return;
+        }
         self.acc.push(b);
+    }
+
+    /// The capture lost `len` bytes of the server's answer in progress: that answer is not
+    /// compared, but its length still tells how long the target's answer should be.
+    pub fn server_gap(&mut self, len: u64) {
+        self.lost = true;
+        self.acc.raw_len += len;
+    }
+
+    /// The answer just cut at a request start (or the end), marked when the capture lost
+    /// part of it.
+    fn cut(&mut self, mut r: Resp) -> Resp {
+        if std::mem::take(&mut self.lost) {
+            r.incomplete = true;
+            r.msgs.clear();
+        }
+        r
     }
 
     /// A request starts with `first`: returns the answer before it (bytes mode) or the
@@ -823,7 +865,7 @@ impl OrigSide {
         self.requests += 1;
         let keep = k > 0 || self.syn_seen;
         let fresh = || Acc::new(differ.cfg.mode, head_req, &differ.total);
-        let batch = if differ.cfg.mode == DiffMode::Bytes || !keep {
+        let batch = if differ.cfg.mode == DiffMode::Bytes || !keep || self.lost {
             // Before a mid-stream join nothing is kept, a message in progress included.
             std::mem::replace(&mut self.acc, fresh()).finish()
         } else {
@@ -833,13 +875,27 @@ impl OrigSide {
             }
             b
         };
+        let batch = self.cut(batch);
         keep.then(|| (k, Rc::new(batch)))
     }
 
     /// The session ended: the last answer (or messages), when the server gave one.
     pub fn close(self) -> Option<(u64, Rc<Resp>)> {
-        (self.requests > 0 && self.acc.raw_len > 0)
-            .then(|| (self.requests, Rc::new(self.acc.finish())))
+        let OrigSide {
+            acc,
+            requests,
+            lost,
+            ..
+        } = self;
+        if requests == 0 || acc.raw_len == 0 {
+            return None;
+        }
+        let mut last = acc.finish();
+        if lost {
+            last.incomplete = true;
+            last.msgs.clear();
+        }
+        Some((requests, Rc::new(last)))
     }
 }
 
@@ -877,6 +933,9 @@ pub struct DiffConn {
     cur: Acc,
     /// The request `cur` answers (0 before the first).
     index: u64,
+    /// Http mode: indexes of original answers the capture lost part of; the target's
+    /// messages of those turns are left out of the pairing.
+    incomplete: VecDeque<u64>,
 }
 
 impl DiffConn {
@@ -886,6 +945,10 @@ impl DiffConn {
 
     /// The original answer `index` (http mode: messages completed by then), from the capture.
     pub fn original(&mut self, index: u64, r: Rc<Resp>) {
+        if self.http() && r.incomplete {
+            self.incomplete.push_back(index);
+            return;
+        }
         if self.http() {
             if index <= self.index {
                 self.orig_msgs += r.msgs.len();
@@ -965,13 +1028,23 @@ impl DiffConn {
         // No original answer (a greeting before a mid-stream join, or a last request the
         // server never answered): nothing to compare it with.
         if let Some(o) = self.orig_for(k) {
-            differ.judge(&self.meta, k, &o, &got);
+            differ.judge_or_skip(&self.meta, k, &o, &got);
         }
     }
 
     /// Http mode: the target's messages of request `k`, paired with the original ones in
     /// order.
     fn take_target(&mut self, k: u64, batch: Resp, differ: &mut Differ) {
+        while self.incomplete.front().is_some_and(|&i| i < k) {
+            self.incomplete.pop_front();
+        }
+        if self.incomplete.front() == Some(&k) {
+            // The original of this turn is incomplete: the target's messages of the turn are
+            // not paired (nor counted against the original's), so later ones still pair.
+            self.incomplete.pop_front();
+            differ.stats.original_incomplete += 1;
+            return;
+        }
         self.tgt_msgs += batch.msgs.len();
         let batch = Rc::new(batch);
         for i in 0..batch.msgs.len() {
@@ -1012,7 +1085,7 @@ impl DiffConn {
         if !self.http() {
             let got = cur.finish();
             if let Some(o) = self.orig_for(k) {
-                differ.judge(&self.meta, k, &o, &got);
+                differ.judge_or_skip(&self.meta, k, &o, &got);
             }
             return;
         }

@@ -85,6 +85,8 @@ pub(crate) trait Consumer {
             only_full: c.only_full,
             max_buffered_total: (c.max_memory / 4).max(1 << 16),
             max_buffered_per_dir: (c.max_memory / 16).clamp(1 << 14, 4 << 20),
+            // The client's stream is what is copied: a hole in an answer must not end it.
+            skip_server_holes: true,
             ..TrackerConfig::default()
         }
     }
@@ -111,6 +113,13 @@ pub(crate) trait Consumer {
                     ts_ns,
                     ..
                 } => self.session_data(id, dir, &bytes, ts_ns, now, tracker_mem),
+                Event::Gap {
+                    id,
+                    dir,
+                    len,
+                    ts_ns,
+                    ..
+                } => self.session_gap(id, dir, len, ts_ns),
                 Event::Close {
                     id,
                     how,
@@ -140,6 +149,9 @@ pub(crate) trait Consumer {
         now: u64,
         tracker_mem: u64,
     );
+    /// `len` bytes of a session's server direction the capture lost, passed over at `ts`:
+    /// the server's turn goes on (its timing and `--diff` are what it affects).
+    fn session_gap(&mut self, id: SessionId, dir: Dir, len: u64, ts: u64);
     /// The session ended in the capture (`requests_seen` request turns in all).
     fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64);
     /// Timers, then one wait for I/O of at most `max_wait`, then the I/O.
@@ -162,6 +174,7 @@ fn tracker_stats(r: &mut CopyReport, t: &Tracker) {
     c.out_of_order_segments += s.out_of_order_segments;
     c.sessions_with_lost_data += s.closed_lost_data;
     c.sessions_not_tracked += s.table_full;
+    c.server_bytes_lost += s.skipped_bytes;
 }
 
 /// `e`'s message with its sources, each said once.
@@ -177,6 +190,29 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
         src = c.source();
     }
     s
+}
+
+/// How long the copies still running may take to finish after SIGINT/SIGTERM or
+/// `--duration`: the user bounded the run, and a silent target would otherwise hold it for its
+/// `--timeout` (a Ctrl-C once took 9.2 s). After the end of an input file each copy gets its
+/// `--timeout` instead: the file's sessions are the whole job.
+pub const STOP_DRAIN: Duration = Duration::from_secs(1);
+
+/// When the drain after the input stopped ends: `STOP_DRAIN` from now when the run was
+/// stopped (`stopped`), else `--timeout` and the closing copies' linger.
+pub(crate) fn drain_deadline(cfg: &RelayConfig, stopped: bool, linger_ns: u64) -> u64 {
+    let now = now_ns();
+    if stopped {
+        now + STOP_DRAIN.as_nanos() as u64
+    } else {
+        now + cfg.timeout_ns + 2 * linger_ns
+    }
+}
+
+/// Whether the run was stopped (a signal, or `--duration` passed) rather than its input
+/// ending.
+pub(crate) fn stopped(stop: &AtomicBool, end_at: Option<u64>) -> bool {
+    stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now_ns() >= e)
 }
 
 /// Think times of the input: (divided by, capped at), the pace the file is played at.
@@ -205,7 +241,7 @@ pub(crate) fn run<C: Consumer>(
     let mut eth: Vec<u8> = Vec::new();
     match input {
         Input::Live { ifname } => {
-            let filter = rules::capture_filter(c.rules());
+            let filter = rules::capture_filter(c.rules(), c.cfg().filter.as_deref());
             let cap_err = |source| FeedError::Capture {
                 ifname: ifname.clone(),
                 source,

@@ -65,6 +65,10 @@ pub struct RelayConfig {
     pub timeout_ns: u64,
     /// `--diff`: compare the target's answers with the original ones.
     pub diff: Option<DiffConfig>,
+    /// `--max-loss`: the request loss ratio (percent) above which the run failed.
+    pub max_loss_percent: f64,
+    /// `-F`: a tcpdump expression the live capture must also match (tcpcopy's capture filter).
+    pub filter: Option<String>,
 }
 
 /// Why the relay could not run.
@@ -769,19 +773,20 @@ impl<'a> Relay<'a> {
     }
 
     /// After the input ended: lets the connections finish (each waits at most `--timeout`
-    /// for an answer and a second for the target's FIN), then counts the rest as open.
+    /// for an answer and a second for the target's FIN; at most [`feed::STOP_DRAIN`] in all
+    /// when the run was `stopped`, or is stopped meanwhile), then counts the rest as open.
     fn drain(
         &mut self,
         events: &mut Events,
         stop: &AtomicBool,
         live: &Live,
+        mut stopped: bool,
     ) -> Result<(), RelayError> {
-        let deadline = now_ns() + self.cfg.timeout_ns + 2 * CLOSE_LINGER_NS;
-        let interrupted_at = stop.load(Ordering::Relaxed);
+        let mut deadline = feed::drain_deadline(self.cfg, stopped, CLOSE_LINGER_NS);
         while self.open > 0 && now_ns() < deadline {
-            // Interrupted again during the drain: stop at once.
-            if !interrupted_at && stop.load(Ordering::Relaxed) {
-                break;
+            if !stopped && stop.load(Ordering::Relaxed) {
+                stopped = true;
+                deadline = deadline.min(feed::drain_deadline(self.cfg, true, 0));
             }
             self.step(events, Duration::from_millis(50))?;
             self.publish(live);
@@ -806,6 +811,7 @@ impl<'a> Relay<'a> {
         r.memory.limit_bytes = self.cfg.max_memory as u64;
         r.memory.rss_bytes = rss_bytes();
         r.diff = self.differ.as_mut().map(Differ::finish);
+        r.requests.max_loss_percent = self.cfg.max_loss_percent;
         r.finish();
         r
     }
@@ -943,6 +949,11 @@ impl feed::Consumer for Relay<'_> {
             }
         }
     }
+    fn session_gap(&mut self, id: SessionId, dir: Dir, len: u64, ts: u64) {
+        if let (Some(s), Dir::ServerToClient) = (self.sessions.get_mut(&id), dir) {
+            s.turns.server_gap(len, ts);
+        }
+    }
     fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
         let Some(s) = self.sessions.remove(&id) else {
             return;
@@ -996,7 +1007,8 @@ pub fn run(
     let mut relay = Relay::new(cfg, speed, max_think)?;
     let mut events = Events::with_capacity(1024);
     feed::run(&mut relay, input, end_at, stop, live, &mut events)?;
-    relay.drain(&mut events, stop, live)?;
+    let stopped = feed::stopped(stop, end_at);
+    relay.drain(&mut events, stop, live, stopped)?;
     relay.publish(live);
     let secs = (now_ns() - start) as f64 / 1e9;
     Ok(relay.finish(secs))

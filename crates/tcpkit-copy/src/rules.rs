@@ -170,8 +170,8 @@ pub fn server_ports(rules: &[Rule]) -> Vec<u16> {
 }
 
 /// The tcpdump expression of the live capture: TCP to or from each copied server, and not
-/// the copy's own connections to the targets.
-pub fn capture_filter(rules: &[Rule]) -> String {
+/// the copy's own connections to the targets; and `extra` (`-F`) when given.
+pub fn capture_filter(rules: &[Rule], extra: Option<&str>) -> String {
     let wanted: Vec<String> = rules
         .iter()
         .map(|r| match r.server_ip {
@@ -185,11 +185,30 @@ pub fn capture_filter(rules: &[Rule]) -> String {
         .collect();
     targets.sort();
     targets.dedup();
-    format!(
+    let own = format!(
         "tcp and ({}) and not ({})",
         wanted.join(" or "),
         targets.join(" or ")
+    );
+    match extra.map(str::trim).filter(|e| !e.is_empty()) {
+        Some(e) => format!("({own}) and ({e})"),
+        None => own,
+    }
+}
+
+/// Whether `-F`'s expression compiles (as part of the capture's filter), so a bad one is a
+/// usage error before anything opens; libpcap's reason when it does not.
+pub fn check_filter(rules: &[Rule], expr: &str) -> Result<(), String> {
+    tcpkit_capture::compile_filter(
+        &capture_filter(rules, Some(expr)),
+        tcpkit_capture::LINKTYPE_ETHERNET,
+        65535,
     )
+    .map(drop)
+    .map_err(|e| match e {
+        tcpkit_capture::CaptureError::Filter { reason, .. } => reason,
+        e => e.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -257,17 +276,25 @@ mod tests {
         // The target itself listens on a copied port: its sessions are the copy's own.
         assert!(rule_for(&rs, sa("10.0.1.5:6379")).is_none());
         assert_eq!(
-            capture_filter(&rs),
+            capture_filter(&rs, None),
             "tcp and ((host 10.0.0.1 and port 80) or port 6379) and not \
              ((host 10.0.1.5 and port 6379) or (host 10.0.1.5 and port 80))"
         );
+        // -F narrows it; whatever its `or`s, the rules' part still holds.
+        assert_eq!(
+            capture_filter(&rs, Some("src net 10.1.0.0/16 or src host 10.2.0.1")),
+            "(tcp and ((host 10.0.0.1 and port 80) or port 6379) and not \
+             ((host 10.0.1.5 and port 6379) or (host 10.0.1.5 and port 80))) and \
+             (src net 10.1.0.0/16 or src host 10.2.0.1)"
+        );
+        assert_eq!(capture_filter(&rs, Some(" ")), capture_filter(&rs, None));
     }
 
     #[test]
     fn the_filter_compiles() {
         let rs = parse_rules(["[fd00::1]:80-[fd00::2]:80,8080-198.18.0.2:8080"]).unwrap();
         tcpkit_capture::compile_filter(
-            &capture_filter(&rs),
+            &capture_filter(&rs, Some("not host 10.9.9.9")),
             tcpkit_capture::LINKTYPE_ETHERNET,
             65535,
         )

@@ -1419,12 +1419,21 @@ impl<'a> Engine<'a> {
     }
 
     fn control_tick(&mut self, now: u64) {
+        let silent = |e: &Engine| now.saturating_sub(e.ctl.last_rx_ns) > CONTROL_SILENCE_NS;
         match self.ctl.st {
             CtlState::Down { retry_at } if now >= retry_at => self.control_connect(now),
-            CtlState::Connecting | CtlState::Hello | CtlState::Up
-                if now.saturating_sub(self.ctl.last_rx_ns) > CONTROL_SILENCE_NS =>
-            {
-                self.control_lost(now)
+            CtlState::Connecting | CtlState::Hello | CtlState::Up if silent(self) => {
+                // Read before judging: what intercept sent while this process did not run
+                // (a loaded machine; or a wait cut short by a signal, which returns no event)
+                // is not silence.
+                self.control_io(now);
+                if matches!(
+                    self.ctl.st,
+                    CtlState::Connecting | CtlState::Hello | CtlState::Up
+                ) && silent(self)
+                {
+                    self.control_lost(now)
+                }
             }
             _ => {}
         }
@@ -1451,7 +1460,6 @@ impl<'a> Engine<'a> {
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), TransparentError> {
         let now = now_ns();
         self.fire_timers(now);
-        self.control_tick(now);
         let mut wait = max_wait;
         if let Some(Reverse((at, _, _))) = self.timers.peek() {
             wait = wait.min(Duration::from_nanos(at.saturating_sub(now)));
@@ -1465,6 +1473,11 @@ impl<'a> Engine<'a> {
         if events.iter().any(|e| e.token() == CONTROL) {
             self.control_io(now);
         }
+        // Silence is judged only after reading what intercept sent: a copy that did not run
+        // for a while (a loaded machine, and copy runs niced) finds intercept's pings waiting
+        // and must not take its own stall for intercept's silence (it reset the copies in
+        // flight, and their answers went uncompared).
+        self.control_tick(now);
         self.fire_timers(now);
         Ok(())
     }
@@ -1501,17 +1514,21 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// After the input ended: lets the flows finish, at most `--timeout` and the linger, or
+    /// [`feed::STOP_DRAIN`] when the run was `stopped` (or is stopped meanwhile); the rest
+    /// count as open at the end.
     fn drain(
         &mut self,
         events: &mut Events,
         stop: &AtomicBool,
         live: &Live,
+        mut stopped: bool,
     ) -> Result<(), TransparentError> {
-        let deadline = now_ns() + self.cfg.timeout_ns + 2 * CLOSE_LINGER_NS;
-        let interrupted_at = stop.load(Ordering::Relaxed);
+        let mut deadline = feed::drain_deadline(self.cfg, stopped, CLOSE_LINGER_NS);
         while self.open > 0 && now_ns() < deadline {
-            if !interrupted_at && stop.load(Ordering::Relaxed) {
-                break;
+            if !stopped && stop.load(Ordering::Relaxed) {
+                stopped = true;
+                deadline = deadline.min(feed::drain_deadline(self.cfg, true, 0));
             }
             self.step(events, Duration::from_millis(20))?;
             self.publish(live);
@@ -1694,6 +1711,11 @@ impl feed::Consumer for Engine<'_> {
             }
         }
     }
+    fn session_gap(&mut self, id: SessionId, dir: Dir, len: u64, ts: u64) {
+        if let (Some(s), Dir::ServerToClient) = (self.sessions.get_mut(&id), dir) {
+            s.turns.server_gap(len, ts);
+        }
+    }
     fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
         let Some(s) = self.sessions.remove(&id) else {
             return;
@@ -1822,7 +1844,8 @@ pub fn run(
     let end_at = duration.map(|d| start + d.as_nanos() as u64);
     let mut events = Events::with_capacity(1024);
     feed::run(&mut e, input, end_at, stop, live, &mut events)?;
-    e.drain(&mut events, stop, live)?;
+    let stopped = feed::stopped(stop, end_at);
+    e.drain(&mut events, stop, live, stopped)?;
     e.publish(live);
     let mut r = std::mem::take(&mut e.report);
     r.mode = "transparent".into();
@@ -1835,6 +1858,7 @@ pub fn run(
     r.memory.limit_bytes = cfg.max_memory as u64;
     r.transparent = Some(std::mem::take(&mut e.ts));
     r.diff = e.differ.as_mut().map(Differ::finish);
+    r.requests.max_loss_percent = cfg.max_loss_percent;
     r.finish();
     Ok(r)
 }

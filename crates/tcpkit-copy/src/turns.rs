@@ -77,6 +77,20 @@ impl Turns {
         lat
     }
 
+    /// `len` bytes of the server's answer the capture lost, passed over at `ts`: the server
+    /// had its turn (the next client bytes start a request that waits for an answer), but
+    /// when it began is not known, so no original latency; with `--diff` the answer is
+    /// marked incomplete.
+    pub fn server_gap(&mut self, len: u64, ts: u64) {
+        self.skipping = false;
+        self.in_request = false;
+        self.server_turn = true;
+        self.last_server_ts = Some(ts);
+        if let Some(d) = self.diff.as_mut() {
+            d.server_gap(len);
+        }
+    }
+
     /// The client's bytes, captured at `ts`; think times capped at `max_think_ns`.
     pub fn client(
         &mut self,

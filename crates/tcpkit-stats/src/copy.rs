@@ -137,6 +137,9 @@ pub struct RequestStats {
     /// target answered) / requests at the source, in percent. Requests that were never copied
     /// (their session failed to connect, was shed, or ended early) count as lost.
     pub loss_ratio_percent: f64,
+    /// `--max-loss`: a loss ratio above it fails the run (exit status 1), as does a run whose
+    /// target answered none of the requests seen.
+    pub max_loss_percent: f64,
     pub bytes_copied: u64,
     pub bytes_answered: u64,
     /// Client bytes of sessions joined mid-stream before their first whole request (skipped).
@@ -167,6 +170,10 @@ pub struct CaptureStats {
     pub sessions_with_lost_data: u64,
     /// Sessions not tracked because the session table was full.
     pub sessions_not_tracked: u64,
+    /// Bytes of the servers' answers the capture lost (holes passed over): their sessions
+    /// are still copied whole; only those answers' timing and `--diff` lack them.
+    #[serde(default)]
+    pub server_bytes_lost: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -196,12 +203,27 @@ pub struct DiffStats {
     pub cap_bytes: u64,
     /// Requests sent whose answer was cut by a failed copy or the end of the run.
     pub not_compared: u64,
+    /// Answers not compared because the capture lost part of the original one (the session
+    /// was still copied whole).
+    #[serde(default)]
+    pub original_incomplete: u64,
     /// Differences written to `out` (at most `--diff-max`).
     pub written: u64,
     /// `--diff-out`.
     pub out: Option<String>,
     /// Why writing `out` stopped, if it did (the comparisons went on).
     pub write_error: Option<String>,
+}
+
+/// The rows of a latency table: quantile label and value.
+fn rows(p: &Percentiles) -> [(&'static str, u64); 5] {
+    [
+        ("50.000%", p.p50_ns),
+        ("90.000%", p.p90_ns),
+        ("99.000%", p.p99_ns),
+        ("99.900%", p.p999_ns),
+        ("100.000%", p.max_ns),
+    ]
 }
 
 fn pct(v: f64) -> String {
@@ -233,11 +255,121 @@ pub fn loss_ratio_percent(at_source: u64, answered: u64) -> f64 {
 }
 
 impl CopyReport {
-    /// Fills the derived figures (loss ratio) and the schema version.
+    /// Fills the derived figures (loss ratio) and the schema version, and judges the run: one
+    /// that did not do what was asked gets its `failure` (unless it already has one).
     pub fn finish(&mut self) {
         self.schema_version = COPY_SCHEMA_VERSION;
         let r = &mut self.requests;
         r.loss_ratio_percent = loss_ratio_percent(r.at_source, r.answered);
+        if self.failure.is_none() {
+            self.failure = self.judge();
+        }
+    }
+
+    /// Why the run failed by its own figures: requests were seen and the target answered none
+    /// of them, or it lost more than `max_loss_percent` of them. A run that saw no request
+    /// (nothing came, or `-r` left every session out) did not fail.
+    fn judge(&self) -> Option<String> {
+        let r = &self.requests;
+        if r.at_source == 0 {
+            return None;
+        }
+        if r.answered == 0 {
+            return Some(format!(
+                "the target answered none of the {} requests seen ({})",
+                r.at_source,
+                self.copies_failed()
+            ));
+        }
+        (r.loss_ratio_percent > r.max_loss_percent).then(|| {
+            format!(
+                "request loss ratio {} is above --max-loss {} % ({} of {} requests answered; {})",
+                pct(r.loss_ratio_percent),
+                r.max_loss_percent,
+                r.answered,
+                r.at_source,
+                self.copies_failed()
+            )
+        })
+    }
+
+    /// `3 of 10 copies failed: 2 target refused, 1 timeout` (the causes that counted).
+    fn copies_failed(&self) -> String {
+        let ss = &self.sessions;
+        let f = &ss.failed;
+        let control_lost = self.transparent.as_ref().map_or(0, |t| t.control_lost);
+        let causes: Vec<String> = [
+            (f.target_refused, "target refused"),
+            (f.reset, "reset"),
+            (f.timeout, "timeout"),
+            (f.closed_early, "closed early"),
+            (f.lost_capture_data, "lost capture data"),
+            (f.shed, "shed"),
+            (control_lost, "control lost"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        let failed: u64 = f.target_refused
+            + f.reset
+            + f.timeout
+            + f.closed_early
+            + f.lost_capture_data
+            + f.shed
+            + control_lost;
+        let mut s = format!("{failed} of {} copies failed", ss.copies);
+        if !causes.is_empty() {
+            s.push_str(": ");
+            s.push_str(&causes.join(", "));
+        }
+        if ss.open_at_end > 0 {
+            s.push_str(&format!(", {} open at the end", ss.open_at_end));
+        }
+        s
+    }
+
+    /// The original and target latency side by side. A column without samples (the target
+    /// answered nothing, or the capture held no answer) would be rows of zeros that read as
+    /// instant answers: it is left out and said to have no samples.
+    fn latency_table(&self, s: &mut String) {
+        let cols: Vec<(&str, &Percentiles)> = [
+            ("original", &self.latency.original),
+            ("target", &self.latency.target),
+        ]
+        .into_iter()
+        .filter(|(_, p)| p.count > 0)
+        .collect();
+        let empty: Vec<&str> = ["original", "target"]
+            .into_iter()
+            .filter(|n| cols.iter().all(|(c, _)| c != n))
+            .collect();
+        match cols.as_slice() {
+            [] => {
+                let _ = writeln!(s, "  Latency: no samples");
+            }
+            [(name, p)] => {
+                let _ = writeln!(
+                    s,
+                    "  Latency{name:>19}   ({} requests; {}: no samples)",
+                    p.count, empty[0]
+                );
+                for (q, v) in rows(p) {
+                    let _ = writeln!(s, "  {q:<8}{:>18}", fmt_ns(v));
+                }
+            }
+            _ => {
+                let (o, t) = (&self.latency.original, &self.latency.target);
+                let _ = writeln!(
+                    s,
+                    "  Latency{:>19}{:>13}   ({} / {} requests)",
+                    "original", "target", o.count, t.count
+                );
+                for ((q, a), (_, b)) in rows(o).into_iter().zip(rows(t)) {
+                    let _ = writeln!(s, "  {q:<8}{:>18}{:>13}", fmt_ns(a), fmt_ns(b));
+                }
+            }
+        }
     }
 }
 
@@ -341,6 +473,13 @@ impl Report for CopyReport {
                 bytes(d.cap_bytes),
                 d.not_compared
             );
+            if d.original_incomplete > 0 {
+                let _ = writeln!(
+                    s,
+                    "Diff: {} answers not compared: the capture lost part of the original",
+                    d.original_incomplete
+                );
+            }
             if let Some(e) = &d.write_error {
                 let _ = writeln!(s, "Diff: writing the differences stopped: {e}");
             }
@@ -368,22 +507,7 @@ impl Report for CopyReport {
                 t.synthesized_handshakes
             );
         }
-        let o = &self.latency.original;
-        let t = &self.latency.target;
-        let _ = writeln!(
-            s,
-            "  Latency{:>19}{:>13}   ({} / {} requests)",
-            "original", "target", o.count, t.count
-        );
-        for (q, a, b) in [
-            ("50.000%", o.p50_ns, t.p50_ns),
-            ("90.000%", o.p90_ns, t.p90_ns),
-            ("99.000%", o.p99_ns, t.p99_ns),
-            ("99.900%", o.p999_ns, t.p999_ns),
-            ("100.000%", o.max_ns, t.max_ns),
-        ] {
-            let _ = writeln!(s, "  {q:<8}{:>18}{:>13}", fmt_ns(a), fmt_ns(b));
-        }
+        self.latency_table(&mut s);
         if let Some(f) = &self.failure {
             let _ = writeln!(s, "Failed: {f}");
         }
@@ -441,6 +565,7 @@ mod tests {
                 copied: 2000,
                 answered: 1999,
                 loss_ratio_percent: 0.0,
+                max_loss_percent: 1.0,
                 bytes_copied: 160_000,
                 bytes_answered: 500_000,
                 bytes_skipped_joining: 40,
@@ -519,6 +644,72 @@ mod tests {
         );
     }
 
+    /// Issue 10 case 6: a latency column without samples printed rows of `0.0 us`.
+    #[test]
+    fn a_latency_column_without_samples_says_so() {
+        let mut r = sample();
+        r.latency.target = Percentiles::default();
+        let h = r.human();
+        assert!(
+            h.ends_with(
+                "  Latency           original   (1000 requests; target: no samples)\n  \
+                 50.000%            50.0 us\n  \
+                 90.000%            80.0 us\n  \
+                 99.000%           120.0 us\n  \
+                 99.900%           900.0 us\n  \
+                 100.000%          12.50 ms\n"
+            ),
+            "{h}"
+        );
+        r.latency.original = Percentiles::default();
+        let h = r.human();
+        assert!(h.ends_with("nice 10\n  Latency: no samples\n"), "{h}");
+        let mut r = sample();
+        r.latency.original = Percentiles::default();
+        assert!(
+            r.human()
+                .contains("  Latency             target   (1999 requests; original: no samples)\n  50.000%            70.0 us\n"),
+            "{}",
+            r.human()
+        );
+    }
+
+    /// Issue 10 case 3: a copy whose target answered nothing reported a 100 % loss and exited 0.
+    #[test]
+    fn a_run_that_lost_its_requests_is_judged_failed() {
+        let mut r = sample();
+        r.finish();
+        assert_eq!(r.failure, None, "0.05 % is within 1 %");
+        r.requests.answered = 1900;
+        r.finish();
+        assert_eq!(
+            r.failure.as_deref(),
+            Some("request loss ratio 5.000 % is above --max-loss 1 % (1900 of 2000 requests answered; 3 of 10 copies failed: 1 target refused, 1 reset, 1 lost capture data)")
+        );
+        assert!(r
+            .human()
+            .ends_with(&format!("Failed: {}\n", r.failure.as_ref().unwrap())));
+        let mut r = sample();
+        r.requests.answered = 0;
+        r.sessions.failed = FailStats::default();
+        r.sessions.open_at_end = 3;
+        r.finish();
+        assert_eq!(
+            r.failure.as_deref(),
+            Some("the target answered none of the 2000 requests seen (0 of 10 copies failed, 3 open at the end)")
+        );
+        // A failure already found (a truncated file) is the one said.
+        let mut r = sample();
+        r.requests.answered = 0;
+        r.failure = Some("capture.pcap: cut short".into());
+        r.finish();
+        assert_eq!(r.failure.as_deref(), Some("capture.pcap: cut short"));
+        // Nothing seen (every session sampled out): not a failure.
+        let mut z = CopyReport::default();
+        z.finish();
+        assert_eq!(z.failure, None);
+    }
+
     #[test]
     fn diff_line_only_with_diff() {
         let mut r = sample();
@@ -530,6 +721,7 @@ mod tests {
             compared_by_hash: 1,
             cap_bytes: 64 << 10,
             not_compared: 2,
+            original_incomplete: 0,
             written: 3,
             out: Some("d.jsonl".into()),
             write_error: None,

@@ -24,12 +24,34 @@ use crate::Failure;
 /// connection from this host to the target, paced like the client (next request after the
 /// target's answer, with the client's think time). Nothing is sent toward a client.
 /// Runs until SIGINT/SIGTERM, --duration, or the end of --input; then prints its report.
+/// After a signal or --duration the copies still running get at most 1 s to finish (the rest
+/// count as open at the end); after the end of --input each gets its --timeout. A second
+/// signal exits at once.
 #[derive(Debug, Parser)]
 pub struct Args {
     /// Copy rules `[srcIP:]port-targetIP:port`, comma-separated or repeated: sessions to
     /// server `port` (on `srcIP` only, when given) are replayed to `targetIP:port`.
     #[arg(short = 'x', long = "copy", value_name = "RULES", required = true)]
     pub rules: Vec<String>,
+
+    /// A tcpdump filter expression the live capture must also match (tcpcopy's -F), e.g.
+    /// 'net 10.1.0.0/16': only what it lets through is copied. Name both directions of a
+    /// session ('host', 'net', not 'src host'): the server's answers pace the copy. Live
+    /// capture only (filter a file first: tcpdump -r IN -w OUT EXPR).
+    #[arg(
+        short = 'F',
+        long = "filter",
+        value_name = "EXPR",
+        conflicts_with = "input"
+    )]
+    pub filter: Option<String>,
+
+    /// The run fails (exit status 1, the reason as the last line) when more than PCT percent
+    /// of the requests seen go unanswered (tcpcopy's request loss ratio, which counts the
+    /// requests of failed copies and those cut at the end), or when the target answered
+    /// none of them.
+    #[arg(long, value_name = "PCT", default_value_t = 1.0)]
+    pub max_loss: f64,
 
     /// Interface to capture on (live mode); "any" for all.
     #[arg(
@@ -88,7 +110,10 @@ pub struct Args {
     pub no_wait: bool,
 
     /// How long connecting to the target (with retries while it refuses) and waiting for an
-    /// answer the next request needs may take before the session counts as failed.
+    /// answer the next request needs may take before the session counts as failed. At the end
+    /// of --input the copies still running get this long to finish; after SIGINT/SIGTERM or
+    /// --duration at most 1 s (then they count as open at the end); a second signal exits at
+    /// once.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
     pub timeout: Duration,
 
@@ -270,6 +295,15 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
             a.percent
         )));
     }
+    if !a.max_loss.is_finite() || !(0.0..=100.0).contains(&a.max_loss) {
+        return Err(usage(format!(
+            "--max-loss {}: must be a percentage from 0 to 100",
+            a.max_loss
+        )));
+    }
+    if let Some(f) = &a.filter {
+        rules::check_filter(&rules, f).map_err(|why| usage(format!("-F '{f}': {why}")))?;
+    }
     let ramp = a.ramp;
     let timeout = a.timeout;
     if timeout < Duration::from_millis(10) {
@@ -366,6 +400,8 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
         max_memory: usize::try_from(max_memory).unwrap_or(usize::MAX),
         timeout_ns: timeout.as_nanos() as u64,
         diff,
+        max_loss_percent: a.max_loss,
+        filter: a.filter.clone(),
     };
     let run = Run {
         input,
@@ -491,6 +527,7 @@ mod tests {
         assert!(!c.proxy_protocol && !c.no_wait && !c.only_full);
         assert_eq!(c.timeout_ns, 10_000_000_000);
         assert!(c.max_memory >= 64 << 20);
+        assert_eq!((c.max_loss_percent, c.filter.as_deref()), (1.0, None));
         assert_eq!(
             r.input,
             Input::Live {
@@ -532,8 +569,16 @@ mod tests {
             "--json",
             "-i",
             "eth1",
+            "--max-loss",
+            "2.5",
+            "-F",
+            "net 10.1.0.0/16",
         ])
         .unwrap();
+        assert_eq!(c.max_loss_percent, 2.5);
+        assert_eq!(c.filter.as_deref(), Some("net 10.1.0.0/16"));
+        let (f, _) = parse(&["-x", "80-10.0.1.5:80", "--filter", "not port 22"]).unwrap();
+        assert_eq!(f.filter.as_deref(), Some("not port 22"));
         assert_eq!(c.rules.len(), 3);
         assert_eq!(c.copies, 3);
         assert_eq!(
@@ -609,6 +654,11 @@ mod tests {
         assert!(e(&["--input", "f", "--loop", "0"]).contains("--loop 0"));
         assert!(e(&["--input", "f", "--max-idle=-1"]).contains("--max-idle -1"));
         assert!(e(&["--input", "f", "-i", "eth0"]).contains("cannot be used with"));
+        assert!(e(&["--max-loss", "101"]).contains("--max-loss 101"));
+        assert!(e(&["--max-loss=-1"]).contains("--max-loss -1"));
+        let m = e(&["-F", "tcp port"]);
+        assert!(m.starts_with("-F 'tcp port': ") && !m.contains('\n'), "{m}");
+        assert!(e(&["-F", "host 10.1.2.3", "--input", "f"]).contains("cannot be used with"));
     }
 }
 

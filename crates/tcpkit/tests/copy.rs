@@ -399,3 +399,39 @@ fn two_rules_in_one_copy_send_http_and_redis_each_to_its_own_target_server() {
     );
     assert_all_answered(&r);
 }
+
+/// tcpcopy's `-F` (issue 10): a tcpdump expression the live capture must also match. Two
+/// clients ask the online nginx; `-F 'host 198.18.1.3'` copies the second one's session and
+/// nothing of the first's.
+#[test]
+fn a_capture_filter_copies_what_it_matches_and_nothing_else() {
+    let mut l = CopyLab::new("cpfilt");
+    let (_on, on_log) = l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let cif = l.cli_link.a.name.clone();
+    l.clients
+        .run(&["ip", "addr", "add", "198.18.1.3/24", "dev", &cif])
+        .expect("a second client address");
+    let rule = format!("8080-{TARGET}:8080");
+    let c = l.copy_rule(
+        &rule,
+        &["-F", "host 198.18.1.3", "--duration", "2", "--json"],
+    );
+    // Each curl: one keep-alive session of 10 GETs, from its own address.
+    for (from, tag) in [(CLIENT, "one"), ("198.18.1.3", "three"), (CLIENT, "one")] {
+        let url = format!("http://{ONLINE}:8080/hello.txt?{tag}=[1-10]");
+        let o = l.client(&["curl", "-sS", "--interface", from, &url]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let r = copy_report(c);
+    assert_all_completed(&r);
+    check_schema(&r);
+    assert_eq!(lines(&on_log).len(), 30);
+    let copied = lines(&tg_log);
+    assert_eq!(copied.len(), 10, "{copied:#?}");
+    assert!(copied.iter().all(|l| l.contains("?three=")), "{copied:#?}");
+    assert_eq!(u(&r, "sessions.seen"), 1, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 10, "{r:#}");
+    let filter = r["filter"].as_str().unwrap();
+    assert!(filter.ends_with(" and (host 198.18.1.3)"), "{filter}");
+}

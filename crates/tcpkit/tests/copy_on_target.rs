@@ -270,7 +270,13 @@ fn on_target_intercept_killed_fails_closed_and_a_restarted_one_replaces_its_rule
         let before = lines(&tg_log).len();
         a.join().unwrap();
         b.join().unwrap();
-        (second, copy_done(c), before)
+        // The killed intercept's gap cost the copies in flight their answers: more than
+        // --max-loss, so the run says it failed (issue 10 case 3).
+        let r = tlab::transparent_report_failed(
+            &wait_limited(c, Duration::from_secs(15)),
+            "is above --max-loss 1 %",
+        );
+        (second, r, before)
     });
     let after = lines(&tg_log).len();
     second.signal(Signal::SIGTERM).unwrap();

@@ -382,3 +382,43 @@ fn a_copy_lagging_the_capture_sees_each_answer_whole_on_its_own() {
     assert_eq!(d.stats().compared, 2);
     assert_eq!(d.stats().equal, 2);
 }
+
+/// Issue 10 case 13: an original answer the capture lost part of is not compared but
+/// counted, its length (gap included) still tells when the target's answer is whole, and the
+/// answers after it pair as before.
+#[test]
+fn an_original_answer_with_a_hole_is_counted_not_compared() {
+    let mut d = Differ::new(cfg(DiffMode::Bytes, &[])).unwrap();
+    let a: SocketAddr = "10.0.0.1:1000".parse().unwrap();
+    let mut orig = d.original(true);
+    let mut conn = d.conn(ConnMeta {
+        session: 1,
+        copy: 1,
+        client: a,
+        server: a,
+        target: a,
+    });
+    let (k, r) = orig.request_starts(&d, b"GET /1").unwrap();
+    conn.original(k, r);
+    conn.request_queued(b"GET /1");
+    conn.request_sent(&mut d);
+    // Answer 1: "one" + 4 bytes the capture lost + "!".
+    orig.server_bytes(b"one");
+    orig.server_gap(4);
+    orig.server_bytes(b"!");
+    conn.target_bytes(b"one");
+    let (k, r) = orig.request_starts(&d, b"GET /2").unwrap();
+    conn.original(k, r);
+    conn.request_queued(b"GET /2");
+    assert!(!conn.answer_whole(), "8 bytes due, 3 in");
+    conn.target_bytes(b"-two!");
+    assert!(conn.answer_whole());
+    conn.request_sent(&mut d);
+    orig.server_bytes(b"two");
+    conn.target_bytes(b"two");
+    let (k, r) = orig.close().unwrap();
+    conn.original(k, r);
+    conn.closed(&mut d, true);
+    let st = d.finish();
+    assert_eq!((st.compared, st.equal, st.original_incomplete), (1, 1, 1));
+}

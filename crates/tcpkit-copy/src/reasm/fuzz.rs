@@ -88,6 +88,7 @@ fn run(data: &[u8]) -> TrackerStats {
         idle_timeout_ns: 200_000_000,
         closed_linger_ns: 100_000_000,
         recheck_bytes: if cfg_bits & 4 == 0 { 100 } else { 0 },
+        skip_server_holes: cfg_bits & 8 != 0,
     });
     // Sequence bases near the wrap, different per direction.
     let base = |conn: usize, dir: usize| 0xffff_ff00u32.wrapping_add((conn * 2 + dir) as u32 * 77);
@@ -219,6 +220,22 @@ fn check(seen: &mut HashMap<SessionId, Seen>, events: impl Iterator<Item = Event
                     }
                 }
             }
+            Event::Gap {
+                id,
+                dir,
+                seq,
+                offset,
+                len,
+                ..
+            } => {
+                let s = seen.get_mut(&id).expect("gap before open");
+                assert!(!s.closed, "gap after close");
+                let next = &mut s.next[dir.index()];
+                if let Some((o, q)) = *next {
+                    assert_eq!((offset, seq), (o, q), "{id:?} {dir:?} gap not contiguous");
+                }
+                *next = Some((offset + len, seq.wrapping_add(len as u32)));
+            }
             Event::Close { id, .. } => {
                 let s = seen.get_mut(&id).expect("close before open");
                 assert!(!s.closed, "{id:?} closed twice");
@@ -256,6 +273,8 @@ mod tests {
             all.not_tcp_frames += s.not_tcp_frames;
             all.after_close_frames += s.after_close_frames;
             all.out_of_window_segments += s.out_of_window_segments;
+            all.skipped_holes += s.skipped_holes;
+            all.skipped_bytes += s.skipped_bytes;
         }
         let zero: Vec<_> = format!("{all:?}")
             .trim_start_matches("TrackerStats { ")

@@ -150,6 +150,8 @@ pub(crate) struct Half {
     /// Furthest position of payload seen (delivered or not): a segment reaching past it
     /// carries bytes never seen before.
     data_end: u64,
+    /// Furthest position the peer acknowledged.
+    acked_to: u64,
     tail: Tail,
 }
 
@@ -234,8 +236,48 @@ impl Half {
         }
         if let Some(a) = self.offset(ack).filter(|&a| a > 0) {
             self.seen_end = self.seen_end.max(a as u64);
+            self.acked_to = self.acked_to.max(a as u64);
         }
         self.update_hole(now, false);
+    }
+
+    /// How far the peer acknowledged (stream offset; a FIN counts as one position).
+    pub fn acked_to(&self) -> u64 {
+        self.acked_to
+    }
+
+    /// Gives up the first hole, up to `limit` at most: the bytes that were never captured
+    /// are passed over, and what was buffered after them is delivered to `out`. Returns the
+    /// hole passed over, `(seq, offset, len)`; `None` when there is no hole before `limit`.
+    pub fn skip_hole(
+        &mut self,
+        limit: u64,
+        now: u64,
+        recheck: usize,
+        out: &mut Vec<Delivery>,
+    ) -> Option<(u32, u64, u64)> {
+        if !self.has_hole() {
+            return None;
+        }
+        let end = self
+            .ooo
+            .front()
+            .map_or(self.seen_end, |p| p.at)
+            .min(self.fin_at.unwrap_or(u64::MAX))
+            .min(limit);
+        if end <= self.next {
+            return None;
+        }
+        let (seq, at, len) = (self.next_seq, self.next, end - self.next);
+        self.next = end;
+        self.next_seq = self.next_seq.wrapping_add(len as u32);
+        self.data_end = self.data_end.max(end);
+        self.drain(recheck, out);
+        if self.fin_at == Some(self.next) {
+            self.fin_done = true;
+        }
+        self.update_hole(now, true);
+        Some((seq, at, len))
     }
 
     fn update_hole(&mut self, now: u64, progressed: bool) {

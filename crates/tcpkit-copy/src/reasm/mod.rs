@@ -76,6 +76,12 @@ pub struct TrackerConfig {
     pub closed_linger_ns: u64,
     /// Delivered bytes kept per direction to compare retransmissions against (0: none).
     pub recheck_bytes: usize,
+    /// A hole in the server's direction does not end the session: it is passed over with an
+    /// [`Event::Gap`] once the client acknowledged past it (the capture missed bytes the
+    /// client got: they will never come again), when it outlives `hole_timeout_ns`, or when
+    /// the session ends. For a copy, which replays the client's stream: a lost piece of an
+    /// answer must not cost the client's bytes that follow.
+    pub skip_server_holes: bool,
 }
 
 impl Default for TrackerConfig {
@@ -90,6 +96,7 @@ impl Default for TrackerConfig {
             idle_timeout_ns: 300_000_000_000,
             closed_linger_ns: 10_000_000_000,
             recheck_bytes: 2048,
+            skip_server_holes: false,
         }
     }
 }
@@ -153,6 +160,17 @@ pub enum Event {
         bytes: Bytes,
         ts_ns: u64,
     },
+    /// `len` bytes of one direction at `seq` were never captured and are passed over (only
+    /// with [`TrackerConfig::skip_server_holes`], only in the server's direction); the
+    /// direction's next Data starts after them.
+    Gap {
+        id: SessionId,
+        dir: Dir,
+        seq: u32,
+        offset: u64,
+        len: u64,
+        ts_ns: u64,
+    },
     Close {
         id: SessionId,
         how: CloseKind,
@@ -206,6 +224,10 @@ pub struct TrackerStats {
     pub out_of_window_segments: u64,
     /// Buffered bytes dropped when their session ended (always behind a hole).
     pub undelivered_bytes: u64,
+    /// Holes in the server's direction passed over ([`TrackerConfig::skip_server_holes`]).
+    pub skipped_holes: u64,
+    /// Bytes in them.
+    pub skipped_bytes: u64,
     pub buffered_bytes: u64,
     /// Sessions table, buffers and retransmission check rings; refreshed at each sweep.
     pub memory_bytes: u64,
@@ -454,6 +476,13 @@ impl Tracker {
                 ts_ns: now,
             });
         }
+        if ack && dir == Dir::ClientToServer && self.cfg.skip_server_holes {
+            let limit = sess.halves[1].acked_to();
+            self.skip_server(i, limit, out);
+        }
+        let Some(sess) = self.slots.get(i).and_then(Option::as_ref) else {
+            return;
+        };
         let both_fin = sess.halves.iter().all(|h| h.fin_done);
         if over {
             self.close(i, CloseKind::Shed, out);
@@ -550,7 +579,52 @@ impl Tracker {
         Some(i)
     }
 
-    /// Ends session `i` if its hole outlived the timeout.
+    /// Passes over the server's holes of session `i` up to stream offset `limit`, with a
+    /// Gap event for each and Data events for what was buffered behind it.
+    fn skip_server(&mut self, i: usize, limit: u64, out: &mut Vec<Event>) {
+        let (now, recheck) = (self.now, self.cfg.recheck_bytes);
+        let Some(sess) = self.slots.get_mut(i).and_then(Option::as_mut) else {
+            return;
+        };
+        if sess.closed_until.is_some() {
+            return;
+        }
+        let (id, h) = (sess.id, &mut sess.halves[Dir::ServerToClient.index()]);
+        let before = h.buffered;
+        loop {
+            self.deliveries.clear();
+            let Some((seq, offset, len)) = h.skip_hole(limit, now, recheck, &mut self.deliveries)
+            else {
+                break;
+            };
+            self.stats.skipped_holes += 1;
+            self.stats.skipped_bytes += len;
+            out.push(Event::Gap {
+                id,
+                dir: Dir::ServerToClient,
+                seq,
+                offset,
+                len,
+                ts_ns: now,
+            });
+            for d in self.deliveries.drain(..) {
+                self.stats.bytes_server_to_client += d.bytes.len() as u64;
+                out.push(Event::Data {
+                    id,
+                    dir: Dir::ServerToClient,
+                    seq: d.seq,
+                    offset: d.offset,
+                    bytes: d.bytes,
+                    ts_ns: now,
+                });
+            }
+        }
+        let freed = before.saturating_sub(h.buffered) as u64;
+        self.stats.buffered_bytes = self.stats.buffered_bytes.saturating_sub(freed);
+    }
+
+    /// Ends session `i` if its hole outlived the timeout (a server's hole is passed over
+    /// instead, with `skip_server_holes`).
     fn expire_hole(&mut self, i: usize, out: &mut Vec<Event>) {
         let Some(sess) = self.slots.get(i).and_then(Option::as_ref) else {
             return;
@@ -559,7 +633,19 @@ impl Tracker {
             h.hole_since
                 .is_some_and(|t| self.now.saturating_sub(t) >= self.cfg.hole_timeout_ns)
         };
-        if sess.closed_until.is_none() && sess.halves.iter().any(late) {
+        if sess.closed_until.is_some() {
+            return;
+        }
+        let [client, server] = &sess.halves;
+        let (client, server) = (late(client), late(server));
+        if self.cfg.skip_server_holes {
+            if server {
+                self.skip_server(i, u64::MAX, out);
+            }
+            if client {
+                self.close(i, CloseKind::Idle, out);
+            }
+        } else if client || server {
             self.close(i, CloseKind::Idle, out);
         }
     }
@@ -567,6 +653,10 @@ impl Tracker {
     /// Closes session `i` (if open) with `how`, or `LostData` if a hole is left, and keeps it
     /// as a closed entry for the linger time.
     fn close(&mut self, i: usize, how: CloseKind, out: &mut Vec<Event>) {
+        if self.cfg.skip_server_holes && how != CloseKind::Shed {
+            // What the server sent past its holes is delivered before the session ends.
+            self.skip_server(i, u64::MAX, out);
+        }
         let (now, linger) = (self.now, self.cfg.closed_linger_ns);
         let Some(sess) = self.slots.get_mut(i).and_then(Option::as_mut) else {
             return;

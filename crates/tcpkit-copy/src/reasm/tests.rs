@@ -163,6 +163,7 @@ fn handshake_request_response_and_fin() {
                 ..
             } => "req",
             Event::Data { .. } => "resp",
+            Event::Gap { .. } => "gap",
             Event::Close { .. } => "close",
         })
         .collect();
@@ -840,4 +841,106 @@ fn push_throughput() {
         bytes as f64 * 8.0 / secs / 1e9,
         t.stats().memory_bytes >> 20
     );
+}
+
+/// The gaps of `dir` in `events`: (offset, len).
+fn gaps(events: &[Event], want: Dir) -> Vec<(u64, u64)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Gap {
+                dir, offset, len, ..
+            } if *dir == want => Some((*offset, *len)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Issue 10 case 13: with `skip_server_holes`, a hole in the server's answer no longer ends
+/// the session. The client acknowledging past it proves the capture missed bytes the client
+/// got: the hole is passed over at once (a Gap, then the buffered answer), the client's
+/// later bytes are delivered, and the session ends as it really did. A hole the client never
+/// acknowledged is passed over after the hole timeout; one in the client's own stream still
+/// ends the session as lost data.
+#[test]
+fn server_holes_are_passed_over_and_the_client_stream_goes_on() {
+    let k = Conn::new(1000, 5000);
+    let cfg = TrackerConfig {
+        skip_server_holes: true,
+        ..TrackerConfig::default()
+    };
+    let hole = cfg.hole_timeout_ns;
+    let (req1, req2) = (marker(40, 1), marker(30, 2));
+    let (head, tail) = (marker(100, 3), marker(70, 5));
+    let mut t = Tracker::new(cfg.clone());
+    let ev = run(
+        &mut t,
+        &[
+            k.syn(),
+            k.syn_ack(),
+            k.c(0, 0, ACK, &req1),
+            k.s(0, 40, ACK, &head),
+            // Server bytes 100..150 never captured; 150..220 buffered behind them.
+            k.s(150, 40, ACK, &tail),
+            // The client acknowledges all 220 and asks again.
+            k.c(40, 220, ACK, &req2),
+            k.s(220, 70, ACK, b"second answer"),
+            k.c(70, 233, FIN_ACK, b""),
+            k.s(233, 71, FIN_ACK, b""),
+        ],
+    );
+    assert_eq!(stream(&ev, Dir::ClientToServer), [req1, req2].concat());
+    assert_eq!(gaps(&ev, Dir::ServerToClient), [(100, 50)]);
+    let server: Vec<u8> = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::Data {
+                dir: Dir::ServerToClient,
+                bytes,
+                ..
+            } => Some(bytes.to_vec()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(server, [&head[..], &tail, b"second answer"].concat());
+    assert_eq!(closes(&ev), [CloseKind::Fin]);
+    assert_eq!((t.stats().skipped_holes, t.stats().skipped_bytes), (1, 50));
+    assert_eq!(t.stats().buffered_bytes, 0);
+
+    // Not acknowledged (the client's ACK is older): passed over after the hole timeout.
+    let mut t = Tracker::new(cfg.clone());
+    let mut ev = run(
+        &mut t,
+        &[
+            k.syn(),
+            k.syn_ack(),
+            k.c(0, 0, ACK, &marker(40, 1)),
+            k.s(0, 40, ACK, &marker(100, 3)),
+            k.s(150, 40, ACK, &marker(70, 5)),
+        ],
+    );
+    assert!(gaps(&ev, Dir::ServerToClient).is_empty());
+    t.tick(6_000 + hole + hole / 8, &mut ev);
+    assert_eq!(gaps(&ev, Dir::ServerToClient), [(100, 50)]);
+    assert!(closes(&ev).is_empty(), "the session goes on");
+
+    // A hole in the client's stream: lost data, as without the option.
+    let mut t = Tracker::new(cfg);
+    let mut ev = run(
+        &mut t,
+        &[
+            k.syn(),
+            k.c(0, 0, ACK, &marker(100, 1)),
+            k.c(200, 0, ACK, &marker(10, 2)),
+        ],
+    );
+    t.tick(4_000 + hole + hole / 8, &mut ev);
+    assert!(matches!(
+        closes(&ev)[..],
+        [CloseKind::LostData {
+            dir: Dir::ClientToServer,
+            ..
+        }]
+    ));
 }

@@ -302,6 +302,24 @@ pub fn transparent_report(o: &Output) -> Value {
     r
 }
 
+/// The report of a transparent copy that failed by its own figures (issue 10 case 3: exit 1,
+/// the reason, containing `why`, last on stderr and in `failure`), every copy accounted for,
+/// against the committed schema.
+pub fn transparent_report_failed(o: &Output, why: &str) -> Value {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let r = json(o);
+    let failure = r["failure"].as_str().unwrap_or_default();
+    assert!(
+        failure.contains(why) && err.lines().last() == Some(&format!("tcpkit copy: {failure}")),
+        "{why}: {err} {r:#}"
+    );
+    transparent_accounted(&r);
+    check_schema(&r);
+    assert_eq!(r["mode"], "transparent", "{r:#}");
+    r
+}
+
 /// Every copy ended exactly one way ([`accounted`]), and every selected session was copied
 /// -n times.
 pub fn transparent_accounted(r: &Value) {
