@@ -26,8 +26,8 @@ use tcpkit_stats::{HdrLog, Histogram};
 use super::config::{share, Config};
 use super::perquery::{Kind as RecKind, Rec, Sink};
 use super::profile::ArrivalTimes;
-use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES};
-use super::sock::{connect, errno_name, hint_bit};
+use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
+use super::sock::{connect, errno_name, hint_bit, syn_was_resent, LATE_HINT};
 use super::{Live, LoadError};
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
@@ -50,6 +50,8 @@ const MAX_BATCH: usize = 32;
 /// for every query would be an allocation per query; freeing larger queues keeps idle
 /// connections small.
 const KEEP_PENDING: usize = 8;
+/// The error name of connects still unanswered when the run ended.
+pub(crate) const UNANSWERED_AT_END: &str = "connect unanswered at end";
 /// Wait before retrying a failed connect.
 const RETRY_DELAY_NS: u64 = 100_000_000;
 /// Scratch read size: one read takes up to this much of a connection's answers.
@@ -112,6 +114,9 @@ pub(crate) struct Shared<'a> {
     pub connected: AtomicUsize,
     /// CLOCK_MONOTONIC ns of the query phase's start; 0 until set.
     pub start: Arc<AtomicU64>,
+    /// CLOCK_MONOTONIC ns when the whole run ends (`--duration` from the first connect, so
+    /// that a host that never answers cannot stretch the run); `u64::MAX` without a duration.
+    pub deadline: u64,
     /// In a worker process: set when all this process's threads are done opening; the
     /// parent then sets `start` for every worker at once (see `procs::release`), so the
     /// processes of one run share one query phase.
@@ -147,9 +152,13 @@ pub(crate) struct Counters {
     pub retries: u64,
     pub closed_by_server: u64,
     pub reconnects: u64,
+    /// Connects that succeeded only after the SYN was sent again.
+    pub slow: u64,
     pub scheduled: u64,
     pub sent: u64,
     pub answered: u64,
+    /// Answers that were the query sent back (included in `answered`).
+    pub echoed: u64,
     pub timeouts: u64,
     pub lost: u64,
     pub unanswered_at_end: u64,
@@ -346,12 +355,15 @@ impl Worker<'_, '_> {
         let mut next_settle_check = 0u64;
         loop {
             let mut now = now_ns();
-            if self.sh.interrupt.load(Ordering::Relaxed) {
+            let past_deadline =
+                now >= self.sh.deadline && matches!(self.phase, Phase::Connecting | Phase::Waiting);
+            if past_deadline || self.sh.interrupt.load(Ordering::Relaxed) {
                 match self.phase {
                     Phase::Running => self.stop_sending(now),
                     Phase::Draining { .. } => break,
                     _ => {
-                        // Interrupted while opening: tell the others (they may wait on us).
+                        // Interrupted, or out of time, while opening: no query phase. Every
+                        // thread sees the same flag and deadline, so none waits on another.
                         self.phase = Phase::Draining { until: now };
                         break;
                     }
@@ -433,6 +445,9 @@ impl Worker<'_, '_> {
             if self.phase == Phase::Connecting {
                 deadline = deadline.min(next_settle_check.max(now + 1_000));
             }
+            if matches!(self.phase, Phase::Connecting | Phase::Waiting) {
+                deadline = deadline.min(self.sh.deadline);
+            }
             if let Some(&i) = self.idle.front() {
                 let c = &self.conns[i as usize];
                 let at = c.since.max(now + self.bucket.time_until(now, 1));
@@ -504,6 +519,29 @@ impl Worker<'_, '_> {
         if self.phase != Phase::Waiting && self.connected_at == 0 {
             self.connected_at = now;
         }
+        // Connects still unanswered when the run ended (its --duration came first): as much
+        // evidence as a connect timeout, and counted as failed so that attempts add up.
+        let mut longest = 0;
+        for c in &self.conns {
+            if c.state == State::Connecting {
+                self.c.failed += 1;
+                *self.errors.entry(UNANSWERED_AT_END).or_insert(0) += 1;
+                longest = longest.max(now.saturating_sub(c.since));
+            }
+        }
+        if longest > 0 {
+            let bit = hint_bit(
+                UNANSWERED_AT_END,
+                self.sh.peak_open.load(Ordering::Relaxed) > 0,
+            );
+            self.sh.live.give_hints(bit, self.sh.hint);
+        }
+        if longest > 0 && self.first_connect_error.is_none() {
+            self.first_connect_error = Some(format!(
+                "no answer within {:?} (still connecting when the run ended)",
+                Duration::from_millis(longest / 1_000_000)
+            ));
+        }
         for i in 0..self.conns.len() {
             let at = now.saturating_sub(self.start);
             let key = self.key(i);
@@ -536,7 +574,8 @@ impl Worker<'_, '_> {
         self.end = cfg
             .phase_length()
             .map(|d| start.saturating_add(d.as_nanos() as u64))
-            .unwrap_or(u64::MAX);
+            .unwrap_or(u64::MAX)
+            .min(self.sh.deadline);
         if let Some(profile) = &cfg.rate {
             let threads = self.sh.threads as u64;
             let n = share(self.sh.conns, threads, self.t as u64);
@@ -800,7 +839,8 @@ impl Worker<'_, '_> {
 
     fn count_error(&mut self, name: &'static str) {
         *self.errors.entry(name).or_insert(0) += 1;
-        let bit = hint_bit(name);
+        // The evidence so far: has any connect of this process been answered?
+        let bit = hint_bit(name, self.sh.peak_open.load(Ordering::Relaxed) > 0);
         if bit != 0 {
             self.sh.live.give_hints(bit, self.sh.hint);
         }
@@ -829,6 +869,12 @@ impl Worker<'_, '_> {
                 c.state = State::Open;
                 if self.phase == Phase::Running {
                     c.retries = 0;
+                }
+                if syn_was_resent(s) {
+                    // The first SYN went unanswered: dropped on the way, or by a server whose
+                    // accept queue was full. The evidence for the accept-queue hint.
+                    self.c.slow += 1;
+                    self.sh.live.give_hints(LATE_HINT, self.sh.hint);
                 }
                 c.on_conn = 0;
                 c.retiring = false;
@@ -964,7 +1010,11 @@ impl Worker<'_, '_> {
             hs.record(lat_s);
         }
         self.c.answered += 1;
-        self.codes[usize::from(a.code).min(CODES - 1)] += 1;
+        if a.code == ECHOED {
+            self.c.echoed += 1;
+        } else {
+            self.codes[usize::from(a.code).min(CODES - 1)] += 1;
+        }
         if let Some(s) = &mut self.sink {
             s.push(Rec {
                 kind: RecKind::Answer,

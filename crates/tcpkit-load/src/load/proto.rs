@@ -35,7 +35,7 @@ pub(crate) struct Rx {
 }
 
 /// One complete answer: the DNS ID it carries (None: the oldest query's answer) and its code
-/// (DNS RCODE, HTTP status, 1 for a Redis error, else 0).
+/// (DNS RCODE, HTTP status, 1 for a Redis error, [`ECHOED`] for a DNS query sent back, else 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Answer {
     pub id: Option<u16>,
@@ -65,6 +65,10 @@ const MAX_HTTP_HEAD: u64 = 64 << 10;
 const MAX_HTTP_LINE: usize = 1024;
 /// Codes are counted in a per-thread array of this size (DNS RCODEs and HTTP statuses fit).
 pub(crate) const CODES: usize = 1000;
+/// The code of a DNS "answer" that is the query itself (QR clear, same ID), as a plain echo
+/// server sends it back: tcpclient counts it as the answer, so does load, apart from the
+/// answers with an RCODE.
+pub(crate) const ECHOED: u16 = u16::MAX;
 
 const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
 const PONG: &[u8] = b"+PONG\r\n";
@@ -78,8 +82,7 @@ pub(crate) struct Proto {
 #[derive(Debug)]
 enum Kind {
     Dns {
-        names: Vec<dns::Name>,
-        qtype: u16,
+        queries: Vec<(dns::Name, u16)>,
     },
     Echo {
         len: u32,
@@ -102,9 +105,8 @@ enum Kind {
 impl Proto {
     pub(crate) fn new(p: &Payload) -> Proto {
         let kind = match p {
-            Payload::Dns { names, qtype } => Kind::Dns {
-                names: names.clone(),
-                qtype: *qtype,
+            Payload::Dns { queries } => Kind::Dns {
+                queries: queries.clone(),
             },
             Payload::Echo { len } => Kind::Echo { len: *len },
             Payload::File {
@@ -154,10 +156,10 @@ impl Proto {
     /// name (callers pass a running counter).
     pub(crate) fn write_query(&self, out: &mut Vec<u8>, key: u64, seq: u32, name_idx: usize) {
         match &self.kind {
-            Kind::Dns { names, qtype } => {
+            Kind::Dns { queries } => {
                 // Per-connection IDs: the sequence number's low 16 bits, unique among the
                 // (at most MAX_PENDING) queries in flight on one connection.
-                let name = &names[name_idx % names.len()];
+                let (name, qtype) = &queries[name_idx % queries.len()];
                 dns::write_tcp_query(out, seq as u16, name, *qtype);
             }
             Kind::Echo { len } => {
@@ -325,12 +327,24 @@ fn feed_dns(rbuf: &mut Vec<u8>, data: &[u8], out: &mut Vec<Answer>) -> Result<()
     fn take(rest: &mut &[u8], out: &mut Vec<Answer>) -> Result<(), BadAnswer> {
         while let Some(len) = dns::tcp_message_len(rest) {
             let msg = &rest[2..len];
-            let v =
-                dns::parse_response(msg).map_err(|e| bad("malformed DNS answer", e.to_string()))?;
-            out.push(Answer {
-                id: Some(v.id),
-                code: u16::from(v.rcode),
-            });
+            let answer = if msg.get(2).is_some_and(|flags| flags & 0x80 == 0) {
+                // QR clear: the query came back. A well-formed query with a query's ID is
+                // what an echo server sends; anything else is as malformed as a bad answer.
+                let q = dns::parse_query(msg)
+                    .map_err(|e| bad("malformed DNS answer", e.to_string()))?;
+                Answer {
+                    id: Some(q.id),
+                    code: ECHOED,
+                }
+            } else {
+                let v = dns::parse_response(msg)
+                    .map_err(|e| bad("malformed DNS answer", e.to_string()))?;
+                Answer {
+                    id: Some(v.id),
+                    code: u16::from(v.rcode),
+                }
+            };
+            out.push(answer);
             *rest = &rest[len..];
         }
         Ok(())
@@ -667,8 +681,7 @@ mod tests {
     #[test]
     fn dns_answers_by_id_in_any_order() {
         let p = Proto::new(&Payload::Dns {
-            names: vec!["example.com".parse().unwrap()],
-            qtype: 1,
+            queries: vec![("example.com".parse().unwrap(), 1)],
         });
         let mut q = Vec::new();
         p.write_query(&mut q, 0, 0x1234, 0);
@@ -699,10 +712,21 @@ mod tests {
             ]
         );
         assert_eq!(p.code_name(3), "NXDOMAIN");
-        // A query echoed back is not an answer.
+        // A query echoed back is an answer of its own kind (issue 10, case 5), at every cut.
+        let out = every_cut(&p, &q, &pend(1));
+        assert_eq!(
+            out,
+            [Answer {
+                id: Some(0x1234),
+                code: ECHOED
+            }]
+        );
+        // A "query" that is not one (two questions) is malformed, echoed or not.
+        let mut two = q.clone();
+        two[7] = 2;
         let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
         let e = p
-            .feed(&mut rx, &mut rbuf, &pend(1), 0, &q, &mut out)
+            .feed(&mut rx, &mut rbuf, &pend(1), 0, &two, &mut out)
             .unwrap_err();
         assert_eq!(e.kind, "malformed DNS answer");
         // Garbage inside a declared maximum-size message: one malformed answer, no panic.
