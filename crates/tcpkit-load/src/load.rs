@@ -377,7 +377,7 @@ fn run_share(
     };
     let shared = engine::Shared {
         cfg,
-        proto: proto::Proto::new(&cfg.payload),
+        proto: proto::Proto::new(&cfg.payload, cfg.udp),
         interrupt,
         live,
         hint,
@@ -545,7 +545,11 @@ fn assemble(
         run_id: String::new(),
         merged_run_ids: Vec::new(),
         target: format!("{} ({})", cfg.target, cfg.addr),
-        payload: cfg.payload.describe(),
+        payload: if cfg.udp {
+            format!("{} over UDP", cfg.payload.describe())
+        } else {
+            cfg.payload.describe()
+        },
         runs: 1,
         processes: 1,
         threads: sh.threads as u32,

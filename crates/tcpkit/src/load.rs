@@ -101,6 +101,12 @@ pub struct Args {
     #[arg(long)]
     pub dns: bool,
 
+    /// DNS over UDP instead of TCP (dnsperf's default): -c connected UDP sockets, one query
+    /// per datagram at the rate, answers matched by ID; a query unanswered after --timeout is
+    /// a timeout (--dns; refused with another payload).
+    #[arg(long, conflicts_with_all = NOT_DNS)]
+    pub udp: bool,
+
     /// Name to query (--dns; refused with another payload).
     #[arg(long, value_name = "NAME", default_value = "example.com", conflicts_with_all = NOT_DNS)]
     pub qname: String,
@@ -455,6 +461,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.queries = a.queries;
     cfg.queries_per_conn = a.queries_per_conn;
     cfg.payload = payload;
+    cfg.udp = a.udp;
     cfg.timeout = timeout;
     cfg.per_query = a.per_query.clone();
     cfg.hdr_log = a.hdr_log.clone();
@@ -882,6 +889,17 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.starts_with("--seed: "), "{e}");
+    }
+
+    /// --udp: DNS over UDP, and only DNS.
+    #[test]
+    fn udp_is_dns_only() {
+        let c = parse(&["127.0.0.1:53", "--udp", "-r", "1"]).unwrap();
+        assert!(c.udp);
+        assert!(!parse(&["127.0.0.1:53", "-r", "1"]).unwrap().udp);
+        let e = Args::try_parse_from(["load", "127.0.0.1:7", "--udp", "--echo-bytes", "8"])
+            .unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     /// Issue 10, case 6: a run that sends nothing is refused unless it says --hold, which

@@ -497,3 +497,47 @@ fn issue_10_case_11_merge_warns_when_runs_do_not_overlap() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
 }
+
+// ---- DNS over UDP: an unanswered datagram is a timeout. ----
+
+/// A UDP server that reads and never answers: every query is a timeout after --timeout (no
+/// connection to close, nothing lost), and the run fails with no answers, in bounded time.
+#[test]
+fn udp_queries_unanswered_by_the_timeout_are_timeouts() {
+    let p = pair("lcudpmute");
+    let sock = p
+        .srv
+        .enter(|| std::net::UdpSocket::bind((SRV, 5307)))
+        .expect("bind in the server host");
+    let t = target(5307);
+    let (o, took) = p.load(&[
+        &t,
+        "--udp",
+        "-c",
+        "2",
+        "-r",
+        "100",
+        "-t",
+        "1",
+        "--timeout",
+        "300ms",
+        "--json",
+    ]);
+    drop(sock);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let r = json(&o);
+    schema::check(&schema::load("load"), &r, "report");
+    assert_eq!(r["payload"], "dns A example.com over UDP", "{r:#}");
+    assert_eq!(u(&r, "queries.answered"), 0, "{r:#}");
+    let sent = u(&r, "queries.sent");
+    assert!(sent > 50, "{r:#}");
+    assert_eq!(
+        u(&r, "queries.timeouts") + u(&r, "queries.unanswered_at_end"),
+        sent,
+        "{r:#}"
+    );
+    assert!(u(&r, "queries.timeouts") > 50, "{r:#}");
+    assert_eq!(u(&r, "queries.lost"), 0, "{r:#}");
+    assert!(last_line(&o).contains("no answers"), "{}", stderr(&o));
+}

@@ -389,6 +389,9 @@ pub struct Config {
     pub queries: Option<u64>,
     pub queries_per_conn: Option<u64>,
     pub payload: Payload,
+    /// DNS over UDP (`--udp`): each "connection" is a connected UDP socket, each query one
+    /// datagram, an answer not back by `timeout` a timeout. Only with a DNS payload.
+    pub udp: bool,
     /// A query unanswered for this long counts as a timeout; also the longest wait for
     /// answers after the last query.
     pub timeout: Duration,
@@ -424,6 +427,7 @@ impl Config {
             payload: Payload::Dns {
                 queries: vec![("example.com".parse().expect("static name is valid"), 1)],
             },
+            udp: false,
             timeout: Duration::from_secs(2),
             per_query: None,
             hdr_log: None,

@@ -9,13 +9,12 @@
 //! connection can take a query, the schedule falls behind and the lag is measured.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use nix::sys::time::TimeSpec;
@@ -27,7 +26,7 @@ use super::config::{share, Config};
 use super::perquery::{Kind as RecKind, Rec, Sink};
 use super::profile::ArrivalTimes;
 use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
-use super::sock::{connect, errno_name, hint_bit, syn_was_resent, LATE_HINT};
+use super::sock::{connect, connect_udp, errno_name, hint_bit, syn_was_resent, Sock, LATE_HINT};
 use super::{Live, LoadError};
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
@@ -188,7 +187,7 @@ enum State {
 /// allocated only while they hold something.
 #[derive(Debug)]
 struct Conn {
-    sock: Option<TcpStream>,
+    sock: Option<Sock>,
     state: State,
     was_open: bool,
     /// Reached `--queries-per-conn`: no new queries; reopened once its answers are in.
@@ -642,7 +641,8 @@ impl Worker<'_, '_> {
                 self.no_conn_until = now + 1_000_000;
                 break;
             };
-            burst += self.send_batch(i, now, (SEND_BURST - burst).min(MAX_BATCH));
+            let batch = if self.sh.cfg.udp { 1 } else { MAX_BATCH };
+            burst += self.send_batch(i, now, (SEND_BURST - burst).min(batch));
         }
         let now = now_ns();
         if self.next_due <= now {
@@ -742,6 +742,17 @@ impl Worker<'_, '_> {
         let Some(sock) = c.sock.as_mut() else {
             return n;
         };
+        if sock.is_udp() {
+            // One query per datagram (batches of one). A datagram the socket cannot take now
+            // is not queued: its query stays pending and times out, as a lost one would.
+            if let Err(e) = sock.write(&self.wbuf) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    let name = errno_name(&e);
+                    self.count_error(name);
+                }
+            }
+            return n;
+        }
         if c.wbuf.is_empty() {
             match sock.write(&self.wbuf) {
                 Ok(w) if w == len => {}
@@ -787,7 +798,14 @@ impl Worker<'_, '_> {
             } else {
                 Some(self.sh.cfg.sources[(key % self.sh.cfg.sources.len() as u64) as usize])
             };
-            match connect(self.sh.cfg.addr, src) {
+            // A UDP socket is "connected" at once; it goes through the same writable event
+            // to Open as a TCP connect, so both are counted the same way.
+            let sock = if self.sh.cfg.udp {
+                connect_udp(self.sh.cfg.addr, src)
+            } else {
+                connect(self.sh.cfg.addr, src).map(Sock::Tcp)
+            };
+            match sock {
                 Ok(mut s) => {
                     if let Err(e) = poll.registry().register(
                         &mut s,
@@ -922,7 +940,50 @@ impl Worker<'_, '_> {
         c.wbuf = Vec::new();
     }
 
+    /// Answers on a UDP socket: one per datagram, read until the socket is empty (edge
+    /// triggered: a short datagram says nothing about the next). Nothing here closes the
+    /// socket: a bad datagram spoils no stream, and an ICMP error is about one datagram.
+    fn on_datagrams(&mut self, i: usize) {
+        loop {
+            let Some(s) = self.conns[i].sock.as_mut() else {
+                return;
+            };
+            let n = match s.read(&mut self.rbuf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // ICMP port unreachable (ECONNREFUSED) and the like, reported once each.
+                    let name = errno_name(&e);
+                    self.count_error(name);
+                    continue;
+                }
+            };
+            let now = now_ns();
+            self.c.bytes_received += n as u64;
+            match self.sh.proto.feed_datagram(&self.rbuf[..n]) {
+                Ok(a) => self.answered(i, a, now),
+                Err(b) => {
+                    self.c.malformed += 1;
+                    self.count_error(b.kind);
+                    if self.first_bad.is_none() {
+                        self.first_bad = Some(format!("{}: {}", b.kind, b.detail));
+                    }
+                }
+            }
+            let c = &self.conns[i];
+            if c.retiring && c.pending.is_empty() {
+                self.close(i, Why::Ours, now);
+                return;
+            }
+        }
+    }
+
     fn on_readable(&mut self, i: usize, closed: bool, _now: u64) {
+        if self.sh.cfg.udp {
+            self.on_datagrams(i);
+            return;
+        }
         loop {
             let c = &mut self.conns[i];
             let Some(s) = c.sock.as_mut() else { return };

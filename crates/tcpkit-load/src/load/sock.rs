@@ -60,6 +60,101 @@ pub(crate) fn connect(to: SocketAddr, from: Option<IpAddr>) -> io::Result<mio::n
     Ok(mio::net::TcpStream::from_std(s.into()))
 }
 
+/// One of load's sockets: a TCP connection, or a connected UDP socket (`--udp`: one datagram
+/// per query and per answer, dnsperf's default transport).
+#[derive(Debug)]
+pub(crate) enum Sock {
+    Tcp(mio::net::TcpStream),
+    Udp(mio::net::UdpSocket),
+}
+
+impl Sock {
+    /// Reads bytes (TCP) or one datagram (UDP: `Ok(0)` is an empty datagram, not the end).
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::io::Read;
+        match self {
+            Sock::Tcp(s) => s.read(buf),
+            Sock::Udp(s) => s.recv(buf),
+        }
+    }
+
+    /// Writes bytes (TCP) or sends `buf` as one datagram (UDP, all or nothing).
+    pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        use std::io::Write;
+        match self {
+            Sock::Tcp(s) => s.write(buf),
+            Sock::Udp(s) => s.send(buf),
+        }
+    }
+
+    pub(crate) fn take_error(&self) -> io::Result<Option<io::Error>> {
+        match self {
+            Sock::Tcp(s) => s.take_error(),
+            Sock::Udp(s) => s.take_error(),
+        }
+    }
+
+    pub(crate) fn peer_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            Sock::Tcp(s) => s.peer_addr(),
+            Sock::Udp(s) => s.peer_addr(),
+        }
+    }
+
+    pub(crate) fn is_udp(&self) -> bool {
+        matches!(self, Sock::Udp(_))
+    }
+}
+
+impl mio::event::Source for Sock {
+    fn register(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.register(registry, token, interests),
+            Sock::Udp(s) => s.register(registry, token, interests),
+        }
+    }
+
+    fn reregister(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.reregister(registry, token, interests),
+            Sock::Udp(s) => s.reregister(registry, token, interests),
+        }
+    }
+
+    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.deregister(registry),
+            Sock::Udp(s) => s.deregister(registry),
+        }
+    }
+}
+
+/// A non-blocking UDP socket connected to `to` (from `from` if given, any port): connected,
+/// so the kernel drops datagrams from anyone else and reports an ICMP port unreachable as
+/// ECONNREFUSED on the next call.
+pub(crate) fn connect_udp(to: SocketAddr, from: Option<IpAddr>) -> io::Result<Sock> {
+    let s = Socket::new(
+        Domain::for_address(to),
+        Type::DGRAM.nonblocking().cloexec(),
+        Some(Protocol::UDP),
+    )?;
+    if let Some(src) = from {
+        s.bind(&SocketAddr::new(src, 0).into())?;
+    }
+    s.connect(&to.into())?;
+    Ok(Sock::Udp(mio::net::UdpSocket::from_std(s.into())))
+}
+
 /// `IP_LOCAL_PORT_RANGE` from `linux/in.h` (Linux 6.3); not in the libc crate.
 const IP_LOCAL_PORT_RANGE: libc::c_int = 51;
 
@@ -148,7 +243,8 @@ pub(crate) fn hint_bit(name: &str, answered: bool) -> u32 {
 /// True when the connected socket `s` had to send its SYN more than once (TCP_INFO's
 /// `tcpi_total_retrans`, read right after the handshake, before any data: only SYNs can have
 /// been retransmitted). False when the kernel does not say.
-pub(crate) fn syn_was_resent(s: &mio::net::TcpStream) -> bool {
+pub(crate) fn syn_was_resent(s: &Sock) -> bool {
+    let Sock::Tcp(s) = s else { return false };
     // SAFETY: tcp_info is plain integers; all-zero is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -260,7 +356,7 @@ mod tests {
     #[test]
     fn a_connect_answered_at_once_did_not_resend_its_syn() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let s = connect(l.local_addr().unwrap(), None).unwrap();
+        let s = Sock::Tcp(connect(l.local_addr().unwrap(), None).unwrap());
         let _a = l.accept().unwrap();
         for _ in 0..100 {
             if s.peer_addr().is_ok() {
