@@ -84,7 +84,10 @@ pub struct Args {
     #[arg(long, value_name = "FROM..TO/DURATION")]
     pub ramp: Option<String>,
 
-    /// Length of the query phase (after the connections are open): 10, 10s, 500ms, 2m.
+    /// How long the whole run may last, opening the connections included (10, 10s, 500ms,
+    /// 2m): queries are sent from when the connections are open until then, and answers
+    /// still due are waited for up to --timeout after it. A host that never answers cannot
+    /// stretch the run.
     #[arg(short = 't', long, value_name = "DURATION")]
     pub duration: Option<String>,
 
