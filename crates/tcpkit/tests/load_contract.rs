@@ -282,6 +282,7 @@ fn issue_10_case_8_blackholed_host_hint_and_duration_bound() {
     let t = target(5303);
     for flag in ["-t", "--duration"] {
         let (o, took) = p.load(&[&t, "-c", "3", "-r", "10", flag, "1", "--json"]);
+        eprintln!("{flag} 1 against a black hole ran {took:?}");
         assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
         assert!(
             took < Duration::from_millis(1800),
