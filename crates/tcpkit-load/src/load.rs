@@ -27,8 +27,8 @@ use tcpkit_stats::{
 };
 
 pub use config::{
-    parse_duration, parse_ramp, parse_sources, parse_steps, resolve_target, ArrivalKind, Config,
-    Payload, Procs, RateProfile, ResponseEnd, MAX_SOURCES,
+    check_target, parse_duration, parse_ramp, parse_sources, parse_steps, resolve_target,
+    ArrivalKind, Config, Payload, Procs, RateProfile, ResponseEnd, MAX_SOURCES,
 };
 pub use perquery::HEADER as PER_QUERY_HEADER;
 pub use tcpkit_wire::dns::{qtype_from_str, Name as DnsName};
@@ -268,8 +268,40 @@ pub fn run(
     } else {
         run_share(cfg, &plan, 0, 1, interrupt, live, hint)?
     };
+    // The hints of the whole run's evidence (a worker judged only its own connects).
+    let c = &report.connections;
+    report.hints = sock::hints_for(
+        report.errors.keys().map(String::as_str),
+        c.established > 0,
+        c.slow,
+    )
+    .map(str::to_string)
+    .collect();
+    report.run_id = new_run_id();
     judge(&mut report, &details);
     Ok(report)
+}
+
+/// A fresh run id: 128 random bits in hex, from getrandom(2). Two runs, on one host or on
+/// several, do not share one, which is what lets `merge` refuse one run given twice.
+pub fn new_run_id() -> String {
+    let mut b = [0u8; 16];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: writes at most the rest of `b` into `b`.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if n > 0 {
+            got += n as usize;
+        } else if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            // No getrandom (a very old kernel): the time and pid, still unique per run.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let v = t ^ (u128::from(std::process::id()) << 96);
+            return format!("{v:032x}");
+        }
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Appends `.K` to a per-process output path when there are several processes.
@@ -292,6 +324,11 @@ fn run_share(
     live: &Live,
     hint: &(dyn Fn(&str) + Sync),
 ) -> Result<(LoadReport, Details), LoadError> {
+    // `--duration` bounds the whole run, from here: opening the connections included.
+    let began = tcpkit_pace::now_ns();
+    let deadline = cfg
+        .duration
+        .map_or(u64::MAX, |d| began.saturating_add(d.as_nanos() as u64));
     let (kk, nn) = (u64::from(k), u64::from(n));
     let conns = share(cfg.connections, nn, kk);
     let threads = plan
@@ -340,7 +377,7 @@ fn run_share(
     };
     let shared = engine::Shared {
         cfg,
-        proto: proto::Proto::new(&cfg.payload),
+        proto: proto::Proto::new(&cfg.payload, cfg.udp),
         interrupt,
         live,
         hint,
@@ -356,13 +393,13 @@ fn run_share(
         queries: cfg.queries.map(|q| share(q, nn, kk)),
         connected: AtomicUsize::new(0),
         start: Arc::clone(&start),
+        deadline,
         wall_start: Arc::clone(&wall_start),
         ready: ready.clone(),
         open: AtomicU64::new(0),
         peak_open: AtomicU64::new(0),
         hdr_log,
     };
-    let began = tcpkit_pace::now_ns();
     let outs: Vec<Result<engine::ThreadOut, LoadError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -456,9 +493,11 @@ fn assemble(
         c.retries += t.retries;
         c.closed_by_server += t.closed_by_server;
         c.reconnects += t.reconnects;
+        c.slow += t.slow;
         c.scheduled += t.scheduled;
         c.sent += t.sent;
         c.answered += t.answered;
+        c.echoed += t.echoed;
         c.timeouts += t.timeouts;
         c.lost += t.lost;
         c.unanswered_at_end += t.unanswered_at_end;
@@ -495,19 +534,22 @@ fn assemble(
             *m.entry(k).or_insert(0) += v;
             m
         });
-    let mut hints: Vec<String> = Vec::new();
-    for k in errors.keys() {
-        if let Some(h) = sock::hint(k) {
-            if !hints.iter().any(|x| x == h) {
-                hints.push(h.to_string());
-            }
-        }
-    }
+    let hints: Vec<String> =
+        sock::hints_for(errors.keys().map(String::as_str), c.established > 0, c.slow)
+            .map(str::to_string)
+            .collect();
     let wall_start = sh.wall_start.load(Ordering::SeqCst);
     let report = LoadReport {
         schema_version: tcpkit_stats::LOAD_SCHEMA_VERSION,
+        // Given by `run` to the whole run (a worker's share is not a run of its own).
+        run_id: String::new(),
+        merged_run_ids: Vec::new(),
         target: format!("{} ({})", cfg.target, cfg.addr),
-        payload: cfg.payload.describe(),
+        payload: if cfg.udp {
+            format!("{} over UDP", cfg.payload.describe())
+        } else {
+            cfg.payload.describe()
+        },
         runs: 1,
         processes: 1,
         threads: sh.threads as u32,
@@ -527,11 +569,13 @@ fn assemble(
             closed_by_server: c.closed_by_server,
             reconnects: c.reconnects,
             reachable_max: plan.reachable_max,
+            slow: c.slow,
         },
         queries: QueryStats {
             scheduled: c.scheduled,
             sent: c.sent,
             answered: c.answered,
+            echoed: c.echoed,
             timeouts: c.timeouts,
             lost: c.lost,
             unanswered_at_end: c.unanswered_at_end,

@@ -33,6 +33,66 @@ pub enum MergeError {
     },
     #[error("nothing to merge")]
     Empty,
+    /// One run given twice (under one name or two): its counts would be added twice.
+    #[error("{first} and {second} are the same run (run id {id}): merging would count it twice")]
+    SameRun {
+        first: String,
+        second: String,
+        id: String,
+    },
+}
+
+/// The runs inside a report: its own id, or the ids it was merged from.
+fn run_ids(r: &LoadReport) -> Vec<&str> {
+    if r.merged_run_ids.is_empty() {
+        (!r.run_id.is_empty())
+            .then_some(r.run_id.as_str())
+            .into_iter()
+            .collect()
+    } else {
+        r.merged_run_ids.iter().map(String::as_str).collect()
+    }
+}
+
+/// Checks reports, each with the name it was read from, before they are merged: one run given
+/// twice is refused ([`MergeError::SameRun`]); runs that did not overlap in time are merged,
+/// but each such pair gets a warning saying by how much they missed each other, since the
+/// merged rates are over a window that neither run filled. Returns the warnings.
+pub fn check_runs(named: &[(String, LoadReport)]) -> Result<Vec<String>, MergeError> {
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    for (name, r) in named {
+        for id in run_ids(r) {
+            if let Some(first) = seen.insert(id, name) {
+                return Err(MergeError::SameRun {
+                    first: first.to_string(),
+                    second: name.clone(),
+                    id: id.to_string(),
+                });
+            }
+        }
+    }
+    let mut warnings = Vec::new();
+    let windows: Vec<(&str, u64, u64)> = named
+        .iter()
+        .filter(|(_, r)| r.start_unix_ns > 0 && r.end_unix_ns > r.start_unix_ns)
+        .map(|(n, r)| (n.as_str(), r.start_unix_ns, r.end_unix_ns))
+        .collect();
+    for (i, a) in windows.iter().enumerate() {
+        for b in &windows[i + 1..] {
+            let (early, late) = if a.1 <= b.1 { (a, b) } else { (b, a) };
+            if late.1 >= early.2 {
+                warnings.push(format!(
+                    "{} and {} did not overlap in time: {} began {:.1} s after {} ended; the merged rates are over a window neither run filled",
+                    a.0,
+                    b.0,
+                    late.0,
+                    (late.1 - early.2) as f64 / 1e9,
+                    early.0
+                ));
+            }
+        }
+    }
+    Ok(warnings)
 }
 
 /// Reads one report file.
@@ -73,6 +133,15 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
     let mut codes: BTreeMap<String, u64> = BTreeMap::new();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut failures: Vec<String> = Vec::new();
+    m.merged_run_ids = reports
+        .iter()
+        .flat_map(run_ids)
+        .map(str::to_string)
+        .collect();
+    if !m.merged_run_ids.is_empty() {
+        // A merged report is a run of its own to a later merge, made of these.
+        m.run_id = crate::load::new_run_id();
+    }
     for (i, r) in reports.iter().enumerate() {
         let decode = |text: &str, which: &str| {
             Histogram::from_base64(text).map_err(|e| MergeError::Histogram {
@@ -104,11 +173,13 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
         c.retries += rc.retries;
         c.closed_by_server += rc.closed_by_server;
         c.reconnects += rc.reconnects;
+        c.slow += rc.slow;
         c.reachable_max = c.reachable_max.max(rc.reachable_max);
         let (q, rq) = (&mut m.queries, &r.queries);
         q.scheduled += rq.scheduled;
         q.sent += rq.sent;
         q.answered += rq.answered;
+        q.echoed += rq.echoed;
         q.timeouts += rq.timeouts;
         q.lost += rq.lost;
         q.unanswered_at_end += rq.unanswered_at_end;
@@ -235,6 +306,46 @@ mod tests {
             m.latency
         );
         assert_eq!(m.latency.count, 100);
+    }
+
+    /// Issue 10, case 11: one run twice is refused, naming both; runs that missed each other
+    /// are merged with a warning saying by how much.
+    #[test]
+    fn the_same_run_twice_is_refused_and_gaps_are_warned() {
+        let mut a = run(100, 10, &[1_000], 10);
+        a.run_id = "aa".into();
+        let mut b = run(112, 10, &[1_000], 10);
+        b.run_id = "bb".into();
+        let named = |rs: &[(&str, &LoadReport)]| {
+            rs.iter()
+                .map(|(n, r)| (n.to_string(), (*r).clone()))
+                .collect::<Vec<_>>()
+        };
+        let e = check_runs(&named(&[("a.json", &a), ("copy.json", &a)])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a.json and copy.json are the same run (run id aa): merging would count it twice"
+        );
+        let w = check_runs(&named(&[("b.json", &b), ("a.json", &a)])).unwrap();
+        assert_eq!(
+            w,
+            ["b.json and a.json did not overlap in time: b.json began 2.0 s after a.json ended; the merged rates are over a window neither run filled"]
+        );
+        // Overlapping runs: nothing to say.
+        let mut c = run(105, 10, &[1_000], 10);
+        c.run_id = "cc".into();
+        assert!(check_runs(&named(&[("a.json", &a), ("c.json", &c)]))
+            .unwrap()
+            .is_empty());
+        // A merged report carries what it was made of: with one of its parts, refused.
+        let m = merge_reports(&[a.clone(), c.clone()]).unwrap();
+        assert_eq!(m.merged_run_ids, ["aa", "cc"]);
+        assert_eq!(m.run_id.len(), 32);
+        let e = check_runs(&named(&[("m.json", &m), ("c.json", &c)])).unwrap_err();
+        assert!(
+            matches!(e, MergeError::SameRun { ref id, .. } if id == "cc"),
+            "{e}"
+        );
     }
 
     #[test]

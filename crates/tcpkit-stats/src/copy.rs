@@ -580,6 +580,7 @@ mod tests {
                     p999_ns: 900_000,
                     p9999_ns: 1_000_000,
                     max_ns: 12_500_000,
+                    ..Percentiles::default()
                 },
                 target: Percentiles {
                     count: 1999,

@@ -19,6 +19,13 @@ pub const LOAD_SCHEMA_VERSION: u32 = 1;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LoadReport {
     pub schema_version: u32,
+    /// This run's identity (128 random bits in hex), so that `tcpkit merge` can refuse one run
+    /// given twice. A merged report gets an id of its own.
+    #[serde(default)]
+    pub run_id: String,
+    /// The ids of the runs merged into this report (empty for a run of its own).
+    #[serde(default)]
+    pub merged_run_ids: Vec<String>,
     /// `HOST:PORT` as given, and the address it resolved to.
     pub target: String,
     /// What each query is (`dns A example.com`, `echo 64 bytes`, ...).
@@ -77,6 +84,11 @@ pub struct ConnStats {
     pub reconnects: u64,
     /// Source addresses × local ports: the most connections this host can open to the target.
     pub reachable_max: u64,
+    /// Connects answered only after a second or more: the first SYN went unanswered and was
+    /// sent again, as when the server's accept queue is full (it drops SYNs, then answers a
+    /// retransmission once it has room).
+    #[serde(default)]
+    pub slow: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -85,6 +97,10 @@ pub struct QueryStats {
     pub scheduled: u64,
     pub sent: u64,
     pub answered: u64,
+    /// Answers that were the query itself sent back (DNS: same ID, QR bit clear), as a plain
+    /// echo server does; included in `answered`, not in `codes`.
+    #[serde(default)]
+    pub echoed: u64,
     /// Queries unanswered after `--timeout`.
     pub timeouts: u64,
     /// Queries outstanding on a connection that closed or failed.
@@ -135,6 +151,18 @@ pub struct PerQueryStats {
 
 fn pct_block(s: &mut String, title: &str, p: &Percentiles) {
     let _ = writeln!(s, "  {title}");
+    if p.count == 0 {
+        // Rows of `0.0 us` would read as answers in no time.
+        let _ = writeln!(s, "  no samples");
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "  min {}, mean {}, stdev {}",
+        fmt_ns(p.min_ns).trim_start(),
+        fmt_ns(p.mean_ns).trim_start(),
+        fmt_ns(p.stdev_ns).trim_start()
+    );
     for (q, v) in [
         ("50.000%", p.p50_ns),
         ("90.000%", p.p90_ns),
@@ -145,6 +173,12 @@ fn pct_block(s: &mut String, title: &str, p: &Percentiles) {
     ] {
         let _ = writeln!(s, " {q:>8}  {:>10}", fmt_ns(v));
     }
+}
+
+/// Unix ns as UTC wall-clock time to the millisecond (RFC 3339).
+fn wall_time(ns: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns);
+    humantime::format_rfc3339_millis(t).to_string()
 }
 
 impl Report for LoadReport {
@@ -167,20 +201,44 @@ impl Report for LoadReport {
                 String::new()
             }
         );
+        if !self.run_id.is_empty() {
+            let window = if self.start_unix_ns > 0 {
+                format!(
+                    ", {} to {}",
+                    wall_time(self.start_unix_ns),
+                    wall_time(self.end_unix_ns)
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(s, "Run: {}{window}", self.run_id);
+        }
         let _ = writeln!(
             s,
             "Connections: {} asked, {} peak open, {} open at end (opened in {:.3} s, reachable max {})",
             c.asked, c.peak_open, c.open_at_end, self.connect_seconds, c.reachable_max
         );
+        let slow = if c.slow > 0 {
+            format!(", {} answered late (SYN sent again)", c.slow)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "Connects: {} attempts, {} established, {} failed ({} timed out), {} retries, {} closed by server, {} reconnects",
+            "Connects: {} attempts, {} established, {} failed ({} timed out), {} retries, {} closed by server, {} reconnects{slow}",
             c.attempts, c.established, c.failed, c.timeouts, c.retries, c.closed_by_server, c.reconnects
         );
         let _ = writeln!(
             s,
-            "Queries: {} sent, {} answered in {:.3} s; {} timeouts, {} lost, {} unanswered at end, {} malformed, {} unmatched",
-            q.sent, q.answered, self.seconds, q.timeouts, q.lost, q.unanswered_at_end, q.malformed, q.unmatched
+            "Queries: {} sent, {} answered{} in {:.3} s; {} timeouts, {} lost, {} unanswered at end, {} malformed, {} unmatched",
+            q.sent,
+            q.answered,
+            if q.echoed > 0 {
+                format!(" ({} of them the query echoed back)", q.echoed)
+            } else {
+                String::new()
+            },
+            self.seconds, q.timeouts, q.lost, q.unanswered_at_end, q.malformed, q.unmatched
         );
         let asked = match self.rates.asked_qps {
             Some(r) => format!("asked {r:.1} q/s, "),
@@ -191,21 +249,38 @@ impl Report for LoadReport {
             "Rate: {asked}sent {:.1} q/s, answered {:.1} q/s",
             self.rates.sent_qps, self.rates.answered_qps
         );
-        let _ = writeln!(
-            s,
-            "Schedule lag: max {}, at end {}, {} of {} scheduled queries not sent",
-            fmt_ns(self.lag.max_ns),
-            fmt_ns(self.lag.end_ns),
-            self.lag.behind,
-            q.scheduled
-        );
+        if self.rates.asked_qps.is_some() || q.scheduled > 0 {
+            let _ = writeln!(
+                s,
+                "Schedule lag: max {}, at end {}, {} of {} scheduled queries not sent",
+                fmt_ns(self.lag.max_ns),
+                fmt_ns(self.lag.end_ns),
+                self.lag.behind,
+                q.scheduled
+            );
+        } else {
+            let _ = writeln!(s, "Schedule lag: none (no queries scheduled)");
+        }
         let _ = writeln!(
             s,
             "Bytes: {} sent, {} received",
             q.bytes_sent, q.bytes_received
         );
         if !self.codes.is_empty() {
-            let codes: Vec<String> = self.codes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            // `HTTP 200: 199`, not `200 199`: a status and a count side by side read as two
+            // numbers.
+            let http = self.payload.starts_with("http ");
+            let codes: Vec<String> = self
+                .codes
+                .iter()
+                .map(|(k, v)| {
+                    if http {
+                        format!("HTTP {k}: {v}")
+                    } else {
+                        format!("{k} {v}")
+                    }
+                })
+                .collect();
             let _ = writeln!(s, "Answers: {}", codes.join(", "));
         }
         if !self.errors.is_empty() {
@@ -263,7 +338,9 @@ mod tests {
     fn sample() -> LoadReport {
         let p = Percentiles {
             count: 3000,
+            min_ns: 41_000,
             mean_ns: 60_000,
+            stdev_ns: 15_500,
             p50_ns: 52_000,
             p90_ns: 80_000,
             p99_ns: 120_000,
@@ -333,6 +410,7 @@ Bytes: 48000 sent, 47984 received
 Answers: ok 2999
 Errors: ECONNREFUSED 1
   Latency Distribution (HdrHistogram - Recorded Latency, from intended send time)
+  min 41.0 us, mean 60.0 us, stdev 15.5 us
   50.000%     52.0 us
   90.000%     80.0 us
   99.000%    120.0 us
@@ -340,6 +418,7 @@ Errors: ECONNREFUSED 1
   99.990%   2000.0 us
  100.000%    12.50 ms
   Latency Distribution (HdrHistogram - Uncorrected Latency, from actual send time)
+  min 41.0 us, mean 60.0 us, stdev 15.5 us
   50.000%     52.0 us
   90.000%     80.0 us
   99.000%    120.0 us
@@ -348,6 +427,73 @@ Errors: ECONNREFUSED 1
  100.000%   1000.0 us
 ";
         assert_eq!(sample().human(), expected);
+    }
+
+    /// Issue 10, case 12: a status and its count are not two numbers side by side.
+    #[test]
+    fn http_status_counts_read_as_status_and_count() {
+        let mut r = sample();
+        r.payload = "http GET /".into();
+        r.codes = [("200".to_string(), 199), ("404".to_string(), 1)]
+            .into_iter()
+            .collect();
+        let text = r.human();
+        assert!(
+            text.contains("\nAnswers: HTTP 200: 199, HTTP 404: 1\n"),
+            "{text}"
+        );
+        // Other payloads keep their names.
+        r.payload = "dns A example.com".into();
+        r.codes = [("NOERROR".to_string(), 5)].into_iter().collect();
+        assert!(r.human().contains("\nAnswers: NOERROR 5\n"));
+    }
+
+    /// Issue 10, case 6: a table of no samples says so instead of rows of `0.0 us`.
+    #[test]
+    fn a_latency_table_with_no_samples_says_so() {
+        let mut r = sample();
+        r.latency = Percentiles::default();
+        r.latency_sent = Percentiles::default();
+        let text = r.human();
+        assert!(
+            text.ends_with(
+                "  Latency Distribution (HdrHistogram - Recorded Latency, from intended send time)
+  no samples
+  Latency Distribution (HdrHistogram - Uncorrected Latency, from actual send time)
+  no samples
+"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("%"), "{text}");
+    }
+
+    /// The run id and wall-clock window (issue 10, case 11), echoed queries (case 5) and
+    /// connects answered late (case 8) in the summary.
+    #[test]
+    fn run_echoes_and_late_connects_in_the_summary() {
+        let mut r = sample();
+        r.run_id = "0123456789abcdef0123456789abcdef".into();
+        r.start_unix_ns = 1_795_000_000_123_000_000;
+        r.end_unix_ns = 1_795_000_003_123_000_000;
+        r.queries.echoed = 2999;
+        r.connections.slow = 2;
+        let text = r.human();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[1],
+            "Run: 0123456789abcdef0123456789abcdef, 2026-11-18T11:06:40.123Z to 2026-11-18T11:06:43.123Z"
+        );
+        assert!(
+            lines[3].ends_with(", 0 reconnects, 2 answered late (SYN sent again)"),
+            "{}",
+            lines[3]
+        );
+        assert!(
+            lines[4].starts_with("Queries: 3000 sent, 2999 answered (2999 of them the query echoed back) in 3.000 s;"),
+            "{}",
+            lines[4]
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Parser, ValueEnum};
 use tcpkit_load::load::{
-    self as lib, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config, Live, LiveTotals,
-    Payload, Procs, RateProfile, ResponseEnd,
+    self as lib, check_target, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config, Live,
+    LiveTotals, Payload, Procs, RateProfile, ResponseEnd,
 };
 use tcpkit_stats::{Monitor, MonitorOptions};
 
@@ -54,10 +54,16 @@ pub struct Args {
     #[arg(long, value_name = "LIST")]
     pub source: Option<String>,
 
-    /// Queries per second in all, spread over the connections. Without a rate (or steps or a
-    /// ramp) the connections are held idle.
+    /// Queries per second in all, spread over the connections. A run needs a rate (or steps
+    /// or a ramp), or --hold.
     #[arg(short = 'r', long, value_name = "QPS")]
     pub rate: Option<f64>,
+
+    /// Only open the connections and hold them idle for --duration, sending no queries (the
+    /// report counts connections; without a rate and without --hold a run is refused, since
+    /// one that sends nothing is rarely what was meant).
+    #[arg(long, conflicts_with_all = ["rate", "rate_steps", "ramp", "queries"])]
+    pub hold: bool,
 
     /// Arrival process of the queries: poisson (exponential gaps, as tcpclient) or constant.
     #[arg(long, value_name = "KIND", default_value = "poisson")]
@@ -78,8 +84,8 @@ pub struct Args {
     #[arg(long, value_name = "FROM..TO/DURATION")]
     pub ramp: Option<String>,
 
-    /// Length of the query phase (after the connections are open), as --duration (tcpclient's
-    /// -t): 10, 10s, 500ms, 2m.
+    /// As --duration (tcpclient's -t): how long the whole run may last, opening the
+    /// connections included (10, 10s, 500ms, 2m).
     #[arg(short = 't', value_name = "DURATION", value_parser = duration_arg, conflicts_with = "duration")]
     pub t: Option<Duration>,
 
@@ -96,12 +102,19 @@ pub struct Args {
     #[arg(long)]
     pub dns: bool,
 
+    /// DNS over UDP instead of TCP (dnsperf's default): -c connected UDP sockets, one query
+    /// per datagram at the rate, answers matched by ID; a query unanswered after --timeout is
+    /// a timeout (--dns; refused with another payload).
+    #[arg(long, conflicts_with_all = NOT_DNS)]
+    pub udp: bool,
+
     /// Name to query (--dns; refused with another payload).
     #[arg(long, value_name = "NAME", default_value = "example.com", conflicts_with_all = NOT_DNS)]
     pub qname: String,
 
-    /// Names to query in turn, one per line (--dns; # starts a comment; refused with another
-    /// payload).
+    /// Queries to send in turn, one per line: a name (asked with --qtype) or, as in dnsperf's
+    /// query files, a name and a type (`example.com AAAA`); blank lines and comments (from ;
+    /// or #) are skipped (--dns; refused with another payload).
     #[arg(long, value_name = "FILE", conflicts_with = "qname", conflicts_with_all = NOT_DNS)]
     pub qname_file: Option<PathBuf>,
 
@@ -148,7 +161,8 @@ pub struct Args {
     /// Write one CSV line per query and answer to FILE (columns:
     /// type,timestamp,connection_id,query_id,intended_ns,sent_ns,latency_us,rtt_us), from a
     /// thread of its own; lines it cannot keep up with are dropped and counted. With several
-    /// processes each writes FILE.K.
+    /// processes each writes FILE.K. (tcpclient's -R; the rate is -r: `-R 200` writes a file
+    /// named 200, and says so on stderr.)
     #[arg(short = 'R', long, value_name = "FILE")]
     pub per_query: Option<PathBuf>,
 
@@ -305,45 +319,60 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
         });
     }
     let qtype = lib::qtype_from_str(&a.qtype).map_err(|e| usage(format!("--qtype: {e}")))?;
-    let names = match &a.qname_file {
+    let queries = match &a.qname_file {
         Some(f) => {
             let text = std::fs::read_to_string(f)
                 .map_err(|e| Failure::Runtime(format!("--qname-file {}: {}", f.display(), e)))?;
-            let mut names = Vec::new();
-            for (n, line) in text.lines().enumerate() {
-                let l = line.split('#').next().unwrap_or("").trim();
-                if l.is_empty() {
-                    continue;
-                }
-                names.push(l.parse::<lib::DnsName>().map_err(|e| {
-                    usage(format!("--qname-file {} line {}: {e}", f.display(), n + 1))
-                })?);
-            }
-            if names.is_empty() {
+            let queries = query_lines(&text, qtype)
+                .map_err(|e| usage(format!("--qname-file {} {e}", f.display())))?;
+            if queries.is_empty() {
                 return Err(usage(format!(
                     "--qname-file {}: no names in it",
                     f.display()
                 )));
             }
-            names
+            queries
         }
-        None => vec![a
-            .qname
-            .parse::<lib::DnsName>()
-            .map_err(|e| usage(format!("--qname: {e}")))?],
+        None => vec![(
+            a.qname
+                .parse::<lib::DnsName>()
+                .map_err(|e| usage(format!("--qname: {e}")))?,
+            qtype,
+        )],
     };
-    Ok(Payload::Dns { names, qtype })
+    Ok(Payload::Dns { queries })
+}
+
+/// The lines of a query file: `name` (asked as `qtype`) or dnsperf's `name type`; blank lines
+/// and comments (`;` as in dnsperf and zone files, `#`) skipped. Errors name the line.
+fn query_lines(text: &str, qtype: u16) -> Result<Vec<(lib::DnsName, u16)>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let at = |e: String| format!("line {}: {e}", n + 1);
+        let l = line.split(['#', ';']).next().unwrap_or("");
+        let mut words = l.split_whitespace();
+        let Some(name) = words.next() else { continue };
+        let name = name
+            .parse::<lib::DnsName>()
+            .map_err(|e| at(e.to_string()))?;
+        let t = match words.next() {
+            Some(t) => lib::qtype_from_str(t).map_err(|e| at(e.to_string()))?,
+            None => qtype,
+        };
+        if let Some(extra) = words.next() {
+            return Err(at(format!(
+                "'{extra}': expected a name and at most a type (dnsperf's `name type`)"
+            )));
+        }
+        out.push((name, t));
+    }
+    Ok(out)
 }
 
 /// Every check that involves more than one flag, or a value's meaning, happens here. The
 /// target is resolved here too (an unresolvable name is a runtime error, exit 1).
 pub fn resolve(a: &Args) -> Result<Config, Failure> {
-    if !a.target.contains(':') {
-        return Err(usage(format!(
-            "'{}': expected HOST:PORT (e.g. 198.18.0.2:53)",
-            a.target
-        )));
-    }
+    check_target(&a.target).map_err(|why| usage(format!("{}: {why}", a.target)))?;
     let payload = payload(a)?;
     if a.connections == 0 {
         return Err(usage("-c 0: at least one connection"));
@@ -358,6 +387,13 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     if rate.is_none() && a.queries.is_some() {
         return Err(usage(
             "-n/--queries needs a rate (-r, --rate-steps or --ramp)",
+        ));
+    }
+    if rate.is_none() && !a.hold {
+        // wrk2's users type -R for the rate; a run that sends nothing exits 0 with a table
+        // of nothing unless told apart from a mistake.
+        return Err(usage(
+            "no rate: -r QPS (or --rate-steps, --ramp) sets the queries per second; to only open connections and hold them, say --hold",
         ));
     }
     if a.queries == Some(0) {
@@ -421,6 +457,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.queries = a.queries;
     cfg.queries_per_conn = a.queries_per_conn;
     cfg.payload = payload;
+    cfg.udp = a.udp;
     cfg.timeout = timeout;
     cfg.per_query = a.per_query.clone();
     cfg.hdr_log = a.hdr_log.clone();
@@ -460,9 +497,23 @@ fn live_line(now: LiveTotals, prev: &mut (LiveTotals, Duration), elapsed: Durati
     line
 }
 
+/// The warning for `-R NUMBER`: wrk2's rate flag is tcpclient's per-query file here.
+fn per_query_warning(a: &Args) -> Option<String> {
+    let p = a.per_query.as_ref()?.to_str()?;
+    p.parse::<f64>().ok()?;
+    Some(format!(
+        "warning: -R {p} writes per-query lines to a CSV file named {p} (tcpclient's -R); the rate flag is -r (-r {p} for {p} queries per second)"
+    ))
+}
+
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let cfg = resolve(&args)?;
     let live = Arc::new(Live::new());
+    if cfg.worker.is_none() {
+        if let Some(w) = per_query_warning(&args) {
+            eprintln!("tcpkit load: {w}");
+        }
+    }
     if cfg.worker.is_some() {
         // A worker talks JSON lines to its parent; the library prints them.
         return lib::run(&cfg, interrupt, &live, &|_| {})
@@ -518,7 +569,7 @@ mod tests {
 
     #[test]
     fn defaults() {
-        let c = parse(&["127.0.0.1:53"]).unwrap();
+        let c = parse(&["127.0.0.1:53", "--hold"]).unwrap();
         assert_eq!(c.connections, 1);
         assert_eq!(c.connect_rate, 1000.0);
         assert_eq!(c.connect_timeout, Duration::from_secs(3));
@@ -596,7 +647,16 @@ mod tests {
         assert_eq!(c.procs, Procs::Fixed(3));
         let c = parse(&["127.0.0.1:53", "--seed", "7", "--rate", "1"]).unwrap();
         assert_eq!(c.arrivals, ArrivalKind::Poisson { seed: 7 });
-        let c = parse(&["127.0.0.1:53", "--qname", "x.test", "--qtype", "MX"]).unwrap();
+        let c = parse(&[
+            "127.0.0.1:53",
+            "--qname",
+            "x.test",
+            "--qtype",
+            "MX",
+            "-r",
+            "1",
+        ])
+        .unwrap();
         assert_eq!(c.payload.describe(), "dns TYPE15 x.test");
     }
 
@@ -606,9 +666,18 @@ mod tests {
         let f = dir.path().join("q");
         std::fs::write(&f, "hello").unwrap();
         let f = f.to_str().unwrap();
-        let c = parse(&["127.0.0.1:7", "--echo-bytes", "64"]).unwrap();
+        let c = parse(&["127.0.0.1:7", "--echo-bytes", "64", "-r", "1"]).unwrap();
         assert!(matches!(c.payload, Payload::Echo { len: 64 }));
-        let c = parse(&["127.0.0.1:7", "--payload-file", f, "--response-len", "9"]).unwrap();
+        let c = parse(&[
+            "127.0.0.1:7",
+            "--payload-file",
+            f,
+            "--response-len",
+            "9",
+            "-r",
+            "1",
+        ])
+        .unwrap();
         assert!(matches!(
             c.payload,
             Payload::File {
@@ -622,6 +691,8 @@ mod tests {
             f,
             "--response-delim",
             "\\r\\n\\x00",
+            "-r",
+            "1",
         ])
         .unwrap();
         match c.payload {
@@ -634,9 +705,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let c = parse(&["127.0.0.1:6379", "--redis-ping"]).unwrap();
+        let c = parse(&["127.0.0.1:6379", "--redis-ping", "-r", "1"]).unwrap();
         assert!(matches!(c.payload, Payload::RedisPing));
-        let c = parse(&["127.0.0.1:80", "--http-get", "/a?b=1"]).unwrap();
+        let c = parse(&["127.0.0.1:80", "--http-get", "/a?b=1", "-r", "1"]).unwrap();
         match c.payload {
             Payload::HttpGet { path, host } => {
                 assert_eq!(path, "/a?b=1");
@@ -710,8 +781,13 @@ mod tests {
                 "--seed: constant arrivals have no randomness",
             ),
         ] {
-            let mut v = args.clone();
-            v.insert(0, "load");
+            // A rate where none is given, so that each is refused for its own flag, not for
+            // the missing rate (refused on its own below).
+            let mut args = args.clone();
+            let rated = ["-r", "--rate-steps", "--ramp", "-n"];
+            if !args.iter().any(|a| rated.contains(a)) {
+                args.extend(["-r", "1"]);
+            }
             let e = parse(&args).unwrap_err();
             assert!(e.contains(want), "{args:?}: {e}");
         }
@@ -759,6 +835,7 @@ mod tests {
             "a.test",
             "--qtype",
             "AAAA",
+            "--hold",
         ])
         .unwrap();
         assert_eq!(c.payload.describe(), "dns AAAA a.test");
@@ -768,17 +845,120 @@ mod tests {
     fn seed_only_with_poisson_arrivals() {
         let c = parse(&["127.0.0.1:53", "--seed", "9", "-r", "1"]).unwrap();
         assert_eq!(c.arrivals, ArrivalKind::Poisson { seed: 9 });
-        let c = parse(&["127.0.0.1:53", "--arrivals", "poisson", "--seed", "9"]).unwrap();
+        let c = parse(&[
+            "127.0.0.1:53",
+            "--arrivals",
+            "poisson",
+            "--seed",
+            "9",
+            "-r",
+            "1",
+        ])
+        .unwrap();
         assert_eq!(c.arrivals, ArrivalKind::Poisson { seed: 9 });
-        let c = parse(&["127.0.0.1:53", "--arrivals", "constant"]).unwrap();
+        let c = parse(&["127.0.0.1:53", "--arrivals", "constant", "-r", "1"]).unwrap();
         assert_eq!(c.arrivals, ArrivalKind::Constant);
-        let e = parse(&["127.0.0.1:53", "--arrivals", "constant", "--seed", "9"]).unwrap_err();
+        let e = parse(&[
+            "127.0.0.1:53",
+            "--arrivals",
+            "constant",
+            "--seed",
+            "9",
+            "-r",
+            "1",
+        ])
+        .unwrap_err();
         assert!(e.starts_with("--seed: "), "{e}");
+    }
+
+    /// --udp: DNS over UDP, and only DNS.
+    #[test]
+    fn udp_is_dns_only() {
+        let c = parse(&["127.0.0.1:53", "--udp", "-r", "1"]).unwrap();
+        assert!(c.udp);
+        assert!(!parse(&["127.0.0.1:53", "-r", "1"]).unwrap().udp);
+        let e = Args::try_parse_from(["load", "127.0.0.1:7", "--udp", "--echo-bytes", "8"])
+            .unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    /// Issue 10, case 6: a run that sends nothing is refused unless it says --hold, which
+    /// itself takes no rate.
+    #[test]
+    fn no_rate_is_refused_unless_hold() {
+        let e = parse(&["127.0.0.1:53", "-t", "2", "-c", "10"]).unwrap_err();
+        assert!(
+            e.starts_with("no rate: -r QPS") && e.contains("--hold"),
+            "{e}"
+        );
+        let c = parse(&["127.0.0.1:53", "-t", "2", "-c", "10", "--hold"]).unwrap();
+        assert!(c.rate.is_none());
+        assert_eq!(c.duration, Some(Duration::from_secs(2)));
+        for rate in [
+            &["-r", "5"][..],
+            &["--ramp", "1..2/1s"],
+            &["--rate-steps", "1s:5"],
+        ] {
+            let mut v = vec!["load", "127.0.0.1:53", "--hold"];
+            v.extend_from_slice(rate);
+            let e = Args::try_parse_from(&v).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{v:?}");
+        }
+    }
+
+    /// Issue 10, case 6: `-R 200` is wrk2's rate typed into tcpclient's per-query file flag.
+    #[test]
+    fn per_query_file_named_like_a_number_warns() {
+        let w = |v: &[&str]| {
+            let mut a = vec!["load", "127.0.0.1:53"];
+            a.extend_from_slice(v);
+            per_query_warning(&Args::try_parse_from(a).unwrap())
+        };
+        assert_eq!(
+            w(&["-R", "200"]).unwrap(),
+            "warning: -R 200 writes per-query lines to a CSV file named 200 (tcpclient's -R); the rate flag is -r (-r 200 for 200 queries per second)"
+        );
+        assert!(w(&["-R", "1.5e3"]).is_some());
+        assert_eq!(w(&["-R", "q.csv"]), None);
+        assert_eq!(w(&["-R", "./200"]), None);
+        assert_eq!(w(&[]), None);
+    }
+
+    /// dnsperf's query file (`name type` per line) and the one-name-per-line form, mixed;
+    /// comments and blank lines skipped; errors name the line.
+    #[test]
+    fn query_files_in_dnsperf_form() {
+        let q = query_lines(
+            "; dnsperf comment\nwww.example A\n\n  mail.example   MX  \nplain.example\n# also\nv6.example AAAA ; trailing\n",
+            28,
+        )
+        .unwrap();
+        let got: Vec<u16> = q.iter().map(|(_, t)| *t).collect();
+        assert_eq!(got, [1, 15, 28, 28]);
+        assert_eq!(q[0].0, "www.example".parse().unwrap());
+        assert_eq!(q[3].0, "v6.example".parse().unwrap());
+        let e = query_lines("a.example A\nb.example BOGUS\n", 1).unwrap_err();
+        assert!(e.starts_with("line 2: "), "{e}");
+        let e = query_lines("a.example A IN\n", 1).unwrap_err();
+        assert!(e.starts_with("line 1: 'IN': expected a name"), "{e}");
+        // Through the flag: the payload says the types are mixed.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("queries");
+        std::fs::write(&f, "www.example A\nwww.example AAAA\n").unwrap();
+        let c = parse(&[
+            "127.0.0.1:53",
+            "-r",
+            "1",
+            "--qname-file",
+            f.to_str().unwrap(),
+        ])
+        .unwrap();
+        assert_eq!(c.payload.describe(), "dns mixed types, 2 names");
     }
 
     #[test]
     fn worker_flag_sets_the_share() {
-        let c = parse(&["127.0.0.1:53", "--worker", "1/3/2"]).unwrap();
+        let c = parse(&["127.0.0.1:53", "--worker", "1/3/2", "-r", "1"]).unwrap();
         assert_eq!(c.worker, Some((1, 3)));
         assert_eq!(c.threads, 2);
     }

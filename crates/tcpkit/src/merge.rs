@@ -10,7 +10,9 @@ use crate::common::{self, OutputFlags};
 use crate::Failure;
 
 /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts loading one
-/// server) into one report. Exits 1, with the reasons, when any of the runs failed.
+/// server) into one report. Exits 1, with the reasons, when any of the runs failed, or when
+/// one run is given twice (each report carries its run id); runs that did not overlap in time
+/// are merged with a warning on stderr.
 #[derive(Debug, Parser)]
 pub struct Args {
     /// Reports written by `tcpkit load --json`.
@@ -22,12 +24,20 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> Result<(), Failure> {
-    let mut reports = Vec::with_capacity(args.files.len());
+    let mut named = Vec::with_capacity(args.files.len());
     for f in &args.files {
-        reports.push(
+        named.push((
+            f.display().to_string(),
             tcpkit_load::merge::read_report(f).map_err(|e| Failure::Runtime(crate::chain(&e)))?,
-        );
+        ));
     }
+    // One run twice is refused; runs that missed each other are merged, with a warning.
+    let warnings =
+        tcpkit_load::merge::check_runs(&named).map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    for w in warnings {
+        eprintln!("tcpkit merge: warning: {w}");
+    }
+    let reports: Vec<_> = named.into_iter().map(|(_, r)| r).collect();
     let merged = tcpkit_load::merge::merge_reports(&reports)
         .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     // As `load` would: a merged run that fell short exits 1 with the reason(s), so a script

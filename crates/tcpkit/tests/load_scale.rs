@@ -162,6 +162,7 @@ fn forty_five_thousand_connections_held_for_ten_seconds() {
             tcpkit(),
             "load",
             &target,
+            "--hold",
             "-c",
             &conns,
         ])

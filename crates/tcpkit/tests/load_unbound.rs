@@ -173,3 +173,64 @@ fn dns_load_against_unbound_counts_noerror_and_nxdomain() {
         ub.log()
     );
 }
+
+/// `Udp: ... OutDatagrams` of `/proc/net/snmp` in `host` (its network namespace's count).
+fn udp_out_datagrams(host: &Host) -> u64 {
+    let o = host.run(&["cat", "/proc/net/snmp"]).unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next().unwrap(), udp.next().unwrap());
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "OutDatagrams")
+        .unwrap();
+    values.split_whitespace().nth(at).unwrap().parse().unwrap()
+}
+
+/// What dnsperf users bring (issue 10): DNS over UDP (`--udp`, dnsperf's default) and a query
+/// file in dnsperf's `name type` form, against unbound. Every query answered, RCODEs as
+/// unbound gives them, and the queries did leave as datagrams.
+#[test]
+fn dns_over_udp_against_unbound_with_a_dnsperf_query_file() {
+    let (mut lab, cli, srv, _link) = Lab::pair("ldunbudp").unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let port = 5302;
+    let ub = start_unbound(&mut lab, &cli, &srv, dir.path(), port);
+    let queries = dir.path().join("queries");
+    std::fs::write(
+        &queries,
+        format!(
+            "; dnsperf's format: name type\n{w} A\n\n{w} AAAA\nnope.example A ; not in the zone\n",
+            w = unbound::WWW_EXAMPLE
+        ),
+    )
+    .unwrap();
+    let before = udp_out_datagrams(&cli);
+    let (_, r) = load(
+        &cli,
+        port,
+        &["--udp", "--qname-file", queries.to_str().unwrap()],
+    );
+    let datagrams = udp_out_datagrams(&cli) - before;
+    assert_all_answered(&r);
+    assert_eq!(r["payload"], "dns mixed types, 3 names over UDP", "{r:#}");
+    assert!(
+        datagrams >= u(&r, "queries.sent"),
+        "{datagrams} datagrams: {r:#}"
+    );
+    let answered = u(&r, "queries.answered");
+    let noerror = u(&r, "codes.NOERROR");
+    let nxdomain = u(&r, "codes.NXDOMAIN");
+    assert_eq!(noerror + nxdomain, answered, "{r:#}");
+    // www.example A and AAAA (no AAAA record: NOERROR, no data) vs nope.example.
+    let threads = u(&r, "threads");
+    assert!(
+        (3 * nxdomain).abs_diff(answered) <= 3 * threads,
+        "NXDOMAIN {nxdomain} of {answered}, want a third: {r:#}"
+    );
+    assert!(
+        ub.try_status().unwrap().is_none(),
+        "unbound exited during the run: {}",
+        ub.log()
+    );
+}

@@ -13,9 +13,9 @@ use super::LoadError;
 /// What each query is and how its answer ends.
 #[derive(Debug, Clone)]
 pub enum Payload {
-    /// DNS over TCP: queries for `names` in turn (type `qtype`), IDs per connection from 0,
-    /// answers matched by ID.
-    Dns { names: Vec<Name>, qtype: u16 },
+    /// DNS over TCP: the `(name, type)` queries in turn, IDs per connection from 0, answers
+    /// matched by ID. Never empty.
+    Dns { queries: Vec<(Name, u16)> },
     /// `len` random bytes; the answer is the same bytes, checked.
     Echo { len: u32 },
     /// The bytes of a file; the answer ends after `ResponseEnd`.
@@ -39,16 +39,21 @@ impl Payload {
     /// One line for the summary.
     pub fn describe(&self) -> String {
         match self {
-            Payload::Dns { names, qtype } => {
-                let t = match *qtype {
+            Payload::Dns { queries } => {
+                let type_text = |t: u16| match t {
                     1 => "A".to_string(),
                     28 => "AAAA".into(),
                     n => format!("TYPE{n}"),
                 };
-                if names.len() == 1 {
-                    format!("dns {t} {}", name_text(&names[0]))
+                let first = queries.first().map_or(1, |q| q.1);
+                let t = if queries.iter().all(|q| q.1 == first) {
+                    type_text(first)
                 } else {
-                    format!("dns {t}, {} names", names.len())
+                    "mixed types".into()
+                };
+                match queries.as_slice() {
+                    [(name, _)] => format!("dns {t} {}", name_text(name)),
+                    _ => format!("dns {t}, {} names", queries.len()),
                 }
             }
             Payload::Echo { len } => format!("echo {len} bytes"),
@@ -275,6 +280,47 @@ pub fn parse_sources(text: &str) -> Result<Vec<IpAddr>, String> {
     Ok(out)
 }
 
+/// Checks the form of `HOST:PORT` (or `[v6]:PORT`) without resolving it: what cannot be a
+/// target is said as such (a usage error), not met later as a name that does not resolve
+/// ("Temporary failure in name resolution" for `300.1.2.3`, which is no name either).
+pub fn check_target(target: &str) -> Result<(), String> {
+    let (host, port) = if let Some(rest) = target.strip_prefix('[') {
+        let (v6, port) = rest
+            .split_once("]:")
+            .ok_or("expected [IPv6]:PORT, like [fd00::2]:53")?;
+        v6.parse::<std::net::Ipv6Addr>()
+            .map_err(|_| format!("{v6} is not an IPv6 address"))?;
+        (v6, port)
+    } else {
+        target
+            .rsplit_once(':')
+            .ok_or("expected HOST:PORT, like 198.18.0.2:53")?
+    };
+    if host.is_empty() {
+        return Err("no host before the port".into());
+    }
+    // Digits and dots only: meant as an IPv4 address (no DNS name is all digits), so it must
+    // be one.
+    if host.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && host.parse::<std::net::Ipv4Addr>().is_err()
+    {
+        return Err(format!(
+            "{host} is not an IPv4 address (four numbers 0-255, like 198.18.0.2)"
+        ));
+    }
+    if host.contains(':') && !target.starts_with('[') {
+        return Err(format!("an IPv6 address takes brackets: [{host}]:{port}"));
+    }
+    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("port '{port}' is not a number"));
+    }
+    match port.parse::<u32>() {
+        Ok(0) => Err("port 0: the server's port is needed".into()),
+        Ok(p) if p <= 65535 => Ok(()),
+        _ => Err(format!("port {port} is above 65535")),
+    }
+}
+
 /// `HOST:PORT` (or `[v6]:PORT`) to its first address; a name that does not resolve is an
 /// error that names it.
 pub fn resolve_target(target: &str) -> Result<SocketAddr, LoadError> {
@@ -324,6 +370,9 @@ pub struct Config {
     pub queries: Option<u64>,
     pub queries_per_conn: Option<u64>,
     pub payload: Payload,
+    /// DNS over UDP (`--udp`): each "connection" is a connected UDP socket, each query one
+    /// datagram, an answer not back by `timeout` a timeout. Only with a DNS payload.
+    pub udp: bool,
     /// A query unanswered for this long counts as a timeout; also the longest wait for
     /// answers after the last query.
     pub timeout: Duration,
@@ -357,9 +406,9 @@ impl Config {
             queries: None,
             queries_per_conn: None,
             payload: Payload::Dns {
-                names: vec!["example.com".parse().expect("static name is valid")],
-                qtype: 1,
+                queries: vec![("example.com".parse().expect("static name is valid"), 1)],
             },
+            udp: false,
             timeout: Duration::from_secs(2),
             per_query: None,
             hdr_log: None,
@@ -466,12 +515,48 @@ mod tests {
         assert_eq!(share_offset(total, n, 2), 30);
     }
 
+    /// Issue 10, case 7.
+    #[test]
+    fn impossible_targets_are_said_as_such() {
+        for ok in [
+            "198.18.0.2:53",
+            "example.com:80",
+            "[fd00::2]:53",
+            "localhost:65535",
+        ] {
+            assert_eq!(check_target(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("300.1.2.3:4242", "300.1.2.3 is not an IPv4 address"),
+            ("1.2.3:1", "1.2.3 is not an IPv4 address"),
+            ("198.18.0.2:70000", "port 70000 is above 65535"),
+            ("198.18.0.2:99999999999", "port 99999999999 is above 65535"),
+            ("h:0", "port 0"),
+            ("h:", "port '' is not a number"),
+            ("h:dns", "port 'dns' is not a number"),
+            (":53", "no host"),
+            ("[fd00::2:53", "expected [IPv6]:PORT"),
+            ("[fd00::zz]:53", "fd00::zz is not an IPv6 address"),
+            ("fd00::2:53", "brackets"),
+            ("nocolon", "expected HOST:PORT"),
+        ] {
+            let e = check_target(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn names_print_back() {
         let p = Payload::Dns {
-            names: vec!["example.com".parse().unwrap()],
-            qtype: 1,
+            queries: vec![("example.com".parse().unwrap(), 1)],
         };
         assert_eq!(p.describe(), "dns A example.com");
+        let p = Payload::Dns {
+            queries: vec![
+                ("a.example".parse().unwrap(), 1),
+                ("b.example".parse().unwrap(), 28),
+            ],
+        };
+        assert_eq!(p.describe(), "dns mixed types, 2 names");
     }
 }

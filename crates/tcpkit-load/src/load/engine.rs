@@ -9,13 +9,12 @@
 //! connection can take a query, the schedule falls behind and the lag is measured.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use nix::sys::time::TimeSpec;
@@ -26,8 +25,8 @@ use tcpkit_stats::{HdrLog, Histogram};
 use super::config::{share, Config};
 use super::perquery::{Kind as RecKind, Rec, Sink};
 use super::profile::ArrivalTimes;
-use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES};
-use super::sock::{connect, errno_name, hint_bit};
+use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
+use super::sock::{connect, connect_udp, errno_name, hint_bit, syn_was_resent, Sock, LATE_HINT};
 use super::{Live, LoadError};
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
@@ -50,6 +49,8 @@ const MAX_BATCH: usize = 32;
 /// for every query would be an allocation per query; freeing larger queues keeps idle
 /// connections small.
 const KEEP_PENDING: usize = 8;
+/// The error name of connects still unanswered when the run ended.
+pub(crate) const UNANSWERED_AT_END: &str = "connect unanswered at end";
 /// Wait before retrying a failed connect.
 const RETRY_DELAY_NS: u64 = 100_000_000;
 /// Scratch read size: one read takes up to this much of a connection's answers.
@@ -112,6 +113,9 @@ pub(crate) struct Shared<'a> {
     pub connected: AtomicUsize,
     /// CLOCK_MONOTONIC ns of the query phase's start; 0 until set.
     pub start: Arc<AtomicU64>,
+    /// CLOCK_MONOTONIC ns when the whole run ends (`--duration` from the first connect, so
+    /// that a host that never answers cannot stretch the run); `u64::MAX` without a duration.
+    pub deadline: u64,
     /// In a worker process: set when all this process's threads are done opening; the
     /// parent then sets `start` for every worker at once (see `procs::release`), so the
     /// processes of one run share one query phase.
@@ -147,9 +151,13 @@ pub(crate) struct Counters {
     pub retries: u64,
     pub closed_by_server: u64,
     pub reconnects: u64,
+    /// Connects that succeeded only after the SYN was sent again.
+    pub slow: u64,
     pub scheduled: u64,
     pub sent: u64,
     pub answered: u64,
+    /// Answers that were the query sent back (included in `answered`).
+    pub echoed: u64,
     pub timeouts: u64,
     pub lost: u64,
     pub unanswered_at_end: u64,
@@ -179,7 +187,7 @@ enum State {
 /// allocated only while they hold something.
 #[derive(Debug)]
 struct Conn {
-    sock: Option<TcpStream>,
+    sock: Option<Sock>,
     state: State,
     was_open: bool,
     /// Reached `--queries-per-conn`: no new queries; reopened once its answers are in.
@@ -346,12 +354,15 @@ impl Worker<'_, '_> {
         let mut next_settle_check = 0u64;
         loop {
             let mut now = now_ns();
-            if self.sh.interrupt.load(Ordering::Relaxed) {
+            let past_deadline =
+                now >= self.sh.deadline && matches!(self.phase, Phase::Connecting | Phase::Waiting);
+            if past_deadline || self.sh.interrupt.load(Ordering::Relaxed) {
                 match self.phase {
                     Phase::Running => self.stop_sending(now),
                     Phase::Draining { .. } => break,
                     _ => {
-                        // Interrupted while opening: tell the others (they may wait on us).
+                        // Interrupted, or out of time, while opening: no query phase. Every
+                        // thread sees the same flag and deadline, so none waits on another.
                         self.phase = Phase::Draining { until: now };
                         break;
                     }
@@ -433,6 +444,9 @@ impl Worker<'_, '_> {
             if self.phase == Phase::Connecting {
                 deadline = deadline.min(next_settle_check.max(now + 1_000));
             }
+            if matches!(self.phase, Phase::Connecting | Phase::Waiting) {
+                deadline = deadline.min(self.sh.deadline);
+            }
             if let Some(&i) = self.idle.front() {
                 let c = &self.conns[i as usize];
                 let at = c.since.max(now + self.bucket.time_until(now, 1));
@@ -504,6 +518,29 @@ impl Worker<'_, '_> {
         if self.phase != Phase::Waiting && self.connected_at == 0 {
             self.connected_at = now;
         }
+        // Connects still unanswered when the run ended (its --duration came first): as much
+        // evidence as a connect timeout, and counted as failed so that attempts add up.
+        let mut longest = 0;
+        for c in &self.conns {
+            if c.state == State::Connecting {
+                self.c.failed += 1;
+                *self.errors.entry(UNANSWERED_AT_END).or_insert(0) += 1;
+                longest = longest.max(now.saturating_sub(c.since));
+            }
+        }
+        if longest > 0 {
+            let bit = hint_bit(
+                UNANSWERED_AT_END,
+                self.sh.peak_open.load(Ordering::Relaxed) > 0,
+            );
+            self.sh.live.give_hints(bit, self.sh.hint);
+        }
+        if longest > 0 && self.first_connect_error.is_none() {
+            self.first_connect_error = Some(format!(
+                "no answer within {:?} (still connecting when the run ended)",
+                Duration::from_millis(longest / 1_000_000)
+            ));
+        }
         for i in 0..self.conns.len() {
             let at = now.saturating_sub(self.start);
             let key = self.key(i);
@@ -536,7 +573,8 @@ impl Worker<'_, '_> {
         self.end = cfg
             .phase_length()
             .map(|d| start.saturating_add(d.as_nanos() as u64))
-            .unwrap_or(u64::MAX);
+            .unwrap_or(u64::MAX)
+            .min(self.sh.deadline);
         if let Some(profile) = &cfg.rate {
             let threads = self.sh.threads as u64;
             let n = share(self.sh.conns, threads, self.t as u64);
@@ -603,7 +641,8 @@ impl Worker<'_, '_> {
                 self.no_conn_until = now + 1_000_000;
                 break;
             };
-            burst += self.send_batch(i, now, (SEND_BURST - burst).min(MAX_BATCH));
+            let batch = if self.sh.cfg.udp { 1 } else { MAX_BATCH };
+            burst += self.send_batch(i, now, (SEND_BURST - burst).min(batch));
         }
         let now = now_ns();
         if self.next_due <= now {
@@ -703,6 +742,17 @@ impl Worker<'_, '_> {
         let Some(sock) = c.sock.as_mut() else {
             return n;
         };
+        if sock.is_udp() {
+            // One query per datagram (batches of one). A datagram the socket cannot take now
+            // is not queued: its query stays pending and times out, as a lost one would.
+            if let Err(e) = sock.write(&self.wbuf) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    let name = errno_name(&e);
+                    self.count_error(name);
+                }
+            }
+            return n;
+        }
         if c.wbuf.is_empty() {
             match sock.write(&self.wbuf) {
                 Ok(w) if w == len => {}
@@ -748,7 +798,14 @@ impl Worker<'_, '_> {
             } else {
                 Some(self.sh.cfg.sources[(key % self.sh.cfg.sources.len() as u64) as usize])
             };
-            match connect(self.sh.cfg.addr, src) {
+            // A UDP socket is "connected" at once; it goes through the same writable event
+            // to Open as a TCP connect, so both are counted the same way.
+            let sock = if self.sh.cfg.udp {
+                connect_udp(self.sh.cfg.addr, src)
+            } else {
+                connect(self.sh.cfg.addr, src).map(Sock::Tcp)
+            };
+            match sock {
                 Ok(mut s) => {
                     if let Err(e) = poll.registry().register(
                         &mut s,
@@ -800,7 +857,8 @@ impl Worker<'_, '_> {
 
     fn count_error(&mut self, name: &'static str) {
         *self.errors.entry(name).or_insert(0) += 1;
-        let bit = hint_bit(name);
+        // The evidence so far: has any connect of this process been answered?
+        let bit = hint_bit(name, self.sh.peak_open.load(Ordering::Relaxed) > 0);
         if bit != 0 {
             self.sh.live.give_hints(bit, self.sh.hint);
         }
@@ -829,6 +887,12 @@ impl Worker<'_, '_> {
                 c.state = State::Open;
                 if self.phase == Phase::Running {
                     c.retries = 0;
+                }
+                if syn_was_resent(s) {
+                    // The first SYN went unanswered: dropped on the way, or by a server whose
+                    // accept queue was full. The evidence for the accept-queue hint.
+                    self.c.slow += 1;
+                    self.sh.live.give_hints(LATE_HINT, self.sh.hint);
                 }
                 c.on_conn = 0;
                 c.retiring = false;
@@ -876,7 +940,50 @@ impl Worker<'_, '_> {
         c.wbuf = Vec::new();
     }
 
+    /// Answers on a UDP socket: one per datagram, read until the socket is empty (edge
+    /// triggered: a short datagram says nothing about the next). Nothing here closes the
+    /// socket: a bad datagram spoils no stream, and an ICMP error is about one datagram.
+    fn on_datagrams(&mut self, i: usize) {
+        loop {
+            let Some(s) = self.conns[i].sock.as_mut() else {
+                return;
+            };
+            let n = match s.read(&mut self.rbuf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // ICMP port unreachable (ECONNREFUSED) and the like, reported once each.
+                    let name = errno_name(&e);
+                    self.count_error(name);
+                    continue;
+                }
+            };
+            let now = now_ns();
+            self.c.bytes_received += n as u64;
+            match self.sh.proto.feed_datagram(&self.rbuf[..n]) {
+                Ok(a) => self.answered(i, a, now),
+                Err(b) => {
+                    self.c.malformed += 1;
+                    self.count_error(b.kind);
+                    if self.first_bad.is_none() {
+                        self.first_bad = Some(format!("{}: {}", b.kind, b.detail));
+                    }
+                }
+            }
+            let c = &self.conns[i];
+            if c.retiring && c.pending.is_empty() {
+                self.close(i, Why::Ours, now);
+                return;
+            }
+        }
+    }
+
     fn on_readable(&mut self, i: usize, closed: bool, _now: u64) {
+        if self.sh.cfg.udp {
+            self.on_datagrams(i);
+            return;
+        }
         loop {
             let c = &mut self.conns[i];
             let Some(s) = c.sock.as_mut() else { return };
@@ -964,7 +1071,11 @@ impl Worker<'_, '_> {
             hs.record(lat_s);
         }
         self.c.answered += 1;
-        self.codes[usize::from(a.code).min(CODES - 1)] += 1;
+        if a.code == ECHOED {
+            self.c.echoed += 1;
+        } else {
+            self.codes[usize::from(a.code).min(CODES - 1)] += 1;
+        }
         if let Some(s) = &mut self.sink {
             s.push(Rec {
                 kind: RecKind::Answer,

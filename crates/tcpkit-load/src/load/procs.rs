@@ -201,10 +201,11 @@ pub(crate) fn run_parent(
                         }
                         Ok(Line::Report { report, details }) => {
                             // Hints hit after the worker's last live line.
-                            let bits = report
-                                .errors
-                                .keys()
-                                .fold(0, |b, k| b | super::sock::hint_bit(k));
+                            let bits = super::sock::hint_bits(
+                                report.errors.keys().map(String::as_str),
+                                report.connections.established > 0,
+                                report.connections.slow,
+                            );
                             live.give_hints(bits, hint);
                             if let Ok(mut r) = results.lock() {
                                 r[k] = Some((*report, details));

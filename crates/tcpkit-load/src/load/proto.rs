@@ -35,7 +35,7 @@ pub(crate) struct Rx {
 }
 
 /// One complete answer: the DNS ID it carries (None: the oldest query's answer) and its code
-/// (DNS RCODE, HTTP status, 1 for a Redis error, else 0).
+/// (DNS RCODE, HTTP status, 1 for a Redis error, [`ECHOED`] for a DNS query sent back, else 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Answer {
     pub id: Option<u16>,
@@ -65,6 +65,10 @@ const MAX_HTTP_HEAD: u64 = 64 << 10;
 const MAX_HTTP_LINE: usize = 1024;
 /// Codes are counted in a per-thread array of this size (DNS RCODEs and HTTP statuses fit).
 pub(crate) const CODES: usize = 1000;
+/// The code of a DNS "answer" that is the query itself (QR clear, same ID), as a plain echo
+/// server sends it back: tcpclient counts it as the answer, so does load, apart from the
+/// answers with an RCODE.
+pub(crate) const ECHOED: u16 = u16::MAX;
 
 const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
 const PONG: &[u8] = b"+PONG\r\n";
@@ -73,13 +77,15 @@ const PONG: &[u8] = b"+PONG\r\n";
 #[derive(Debug)]
 pub(crate) struct Proto {
     kind: Kind,
+    /// DNS over UDP: queries without the TCP length prefix, one per datagram, and answers
+    /// read one per datagram ([`Proto::feed_datagram`]).
+    udp: bool,
 }
 
 #[derive(Debug)]
 enum Kind {
     Dns {
-        names: Vec<dns::Name>,
-        qtype: u16,
+        queries: Vec<(dns::Name, u16)>,
     },
     Echo {
         len: u32,
@@ -100,11 +106,11 @@ enum Kind {
 }
 
 impl Proto {
-    pub(crate) fn new(p: &Payload) -> Proto {
+    /// `udp` only with DNS (the binary refuses other payloads with --udp).
+    pub(crate) fn new(p: &Payload, udp: bool) -> Proto {
         let kind = match p {
-            Payload::Dns { names, qtype } => Kind::Dns {
-                names: names.clone(),
-                qtype: *qtype,
+            Payload::Dns { queries } => Kind::Dns {
+                queries: queries.clone(),
             },
             Payload::Echo { len } => Kind::Echo { len: *len },
             Payload::File {
@@ -130,7 +136,15 @@ impl Proto {
                 .into_bytes(),
             },
         };
-        Proto { kind }
+        Proto {
+            udp: udp && matches!(kind, Kind::Dns { .. }),
+            kind,
+        }
+    }
+
+    /// One answer datagram (UDP): a whole DNS message, no prefix.
+    pub(crate) fn feed_datagram(&self, msg: &[u8]) -> Result<Answer, BadAnswer> {
+        dns_answer(msg)
     }
 
     /// True when answers carry an ID (DNS): a timed-out query can be forgotten alone. For the
@@ -154,11 +168,16 @@ impl Proto {
     /// name (callers pass a running counter).
     pub(crate) fn write_query(&self, out: &mut Vec<u8>, key: u64, seq: u32, name_idx: usize) {
         match &self.kind {
-            Kind::Dns { names, qtype } => {
+            Kind::Dns { queries } => {
                 // Per-connection IDs: the sequence number's low 16 bits, unique among the
                 // (at most MAX_PENDING) queries in flight on one connection.
-                let name = &names[name_idx % names.len()];
+                let (name, qtype) = &queries[name_idx % queries.len()];
+                let start = out.len();
                 dns::write_tcp_query(out, seq as u16, name, *qtype);
+                if self.udp {
+                    // A datagram carries its own length: no prefix (a few dozen bytes moved).
+                    out.drain(start..start + 2);
+                }
             }
             Kind::Echo { len } => {
                 let start = out.len();
@@ -321,16 +340,29 @@ fn unsolicited(data: &[u8]) -> BadAnswer {
     )
 }
 
+/// One DNS message (no prefix) as an answer.
+fn dns_answer(msg: &[u8]) -> Result<Answer, BadAnswer> {
+    if msg.get(2).is_some_and(|flags| flags & 0x80 == 0) {
+        // QR clear: the query came back. A well-formed query with a query's ID is what an
+        // echo server sends; anything else is as malformed as a bad answer.
+        let q = dns::parse_query(msg).map_err(|e| bad("malformed DNS answer", e.to_string()))?;
+        Ok(Answer {
+            id: Some(q.id),
+            code: ECHOED,
+        })
+    } else {
+        let v = dns::parse_response(msg).map_err(|e| bad("malformed DNS answer", e.to_string()))?;
+        Ok(Answer {
+            id: Some(v.id),
+            code: u16::from(v.rcode),
+        })
+    }
+}
+
 fn feed_dns(rbuf: &mut Vec<u8>, data: &[u8], out: &mut Vec<Answer>) -> Result<(), BadAnswer> {
     fn take(rest: &mut &[u8], out: &mut Vec<Answer>) -> Result<(), BadAnswer> {
         while let Some(len) = dns::tcp_message_len(rest) {
-            let msg = &rest[2..len];
-            let v =
-                dns::parse_response(msg).map_err(|e| bad("malformed DNS answer", e.to_string()))?;
-            out.push(Answer {
-                id: Some(v.id),
-                code: u16::from(v.rcode),
-            });
+            out.push(dns_answer(&rest[2..len])?);
             *rest = &rest[len..];
         }
         Ok(())
@@ -636,7 +668,7 @@ mod tests {
 
     #[test]
     fn echo_answers_are_checked_across_cuts() {
-        let p = Proto::new(&Payload::Echo { len: 13 });
+        let p = Proto::new(&Payload::Echo { len: 13 }, false);
         let mut stream = Vec::new();
         p.write_query(&mut stream, 7, 0, 0);
         p.write_query(&mut stream, 7, 1, 0);
@@ -666,10 +698,12 @@ mod tests {
 
     #[test]
     fn dns_answers_by_id_in_any_order() {
-        let p = Proto::new(&Payload::Dns {
-            names: vec!["example.com".parse().unwrap()],
-            qtype: 1,
-        });
+        let p = Proto::new(
+            &Payload::Dns {
+                queries: vec![("example.com".parse().unwrap(), 1)],
+            },
+            false,
+        );
         let mut q = Vec::new();
         p.write_query(&mut q, 0, 0x1234, 0);
         let query = &q[2..];
@@ -699,10 +733,21 @@ mod tests {
             ]
         );
         assert_eq!(p.code_name(3), "NXDOMAIN");
-        // A query echoed back is not an answer.
+        // A query echoed back is an answer of its own kind (issue 10, case 5), at every cut.
+        let out = every_cut(&p, &q, &pend(1));
+        assert_eq!(
+            out,
+            [Answer {
+                id: Some(0x1234),
+                code: ECHOED
+            }]
+        );
+        // A "query" that is not one (two questions) is malformed, echoed or not.
+        let mut two = q.clone();
+        two[7] = 2;
         let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
         let e = p
-            .feed(&mut rx, &mut rbuf, &pend(1), 0, &q, &mut out)
+            .feed(&mut rx, &mut rbuf, &pend(1), 0, &two, &mut out)
             .unwrap_err();
         assert_eq!(e.kind, "malformed DNS answer");
         // Garbage inside a declared maximum-size message: one malformed answer, no panic.
@@ -714,25 +759,59 @@ mod tests {
             .is_err());
     }
 
+    /// --udp: a query is the bare message (no length prefix); an answer is one datagram.
+    #[test]
+    fn dns_over_udp_has_no_prefix() {
+        let payload = Payload::Dns {
+            queries: vec![("example.com".parse().unwrap(), 28)],
+        };
+        let (tcp, udp) = (Proto::new(&payload, false), Proto::new(&payload, true));
+        let (mut t, mut u) = (vec![0xa5], vec![0xa5]);
+        tcp.write_query(&mut t, 0, 7, 0);
+        udp.write_query(&mut u, 0, 7, 0);
+        assert_eq!(u[0], 0xa5);
+        assert_eq!(&u[1..], &t[3..]);
+        let mut answer = u[1..].to_vec();
+        answer[2] |= 0x80; // QR
+        answer[3] |= 3; // NXDOMAIN
+        assert_eq!(
+            udp.feed_datagram(&answer).unwrap(),
+            Answer {
+                id: Some(7),
+                code: 3
+            }
+        );
+        assert_eq!(udp.feed_datagram(&u[1..]).unwrap().code, ECHOED);
+        assert!(udp.feed_datagram(&answer[..11]).is_err());
+        // Not DNS: no UDP form.
+        assert!(!Proto::new(&Payload::Echo { len: 8 }, true).udp);
+    }
+
     #[test]
     fn file_payload_by_length_and_by_delimiter() {
-        let p = Proto::new(&Payload::File {
-            query: b"hello".to_vec(),
-            end: ResponseEnd::Len(3),
-        });
+        let p = Proto::new(
+            &Payload::File {
+                query: b"hello".to_vec(),
+                end: ResponseEnd::Len(3),
+            },
+            false,
+        );
         assert_eq!(every_cut(&p, b"abcdef", &pend(2)).len(), 2);
         // A self-overlapping delimiter: "aab" inside "aaab" must match.
-        let p = Proto::new(&Payload::File {
-            query: b"q".to_vec(),
-            end: ResponseEnd::Delim(b"aab".to_vec()),
-        });
+        let p = Proto::new(
+            &Payload::File {
+                query: b"q".to_vec(),
+                end: ResponseEnd::Delim(b"aab".to_vec()),
+            },
+            false,
+        );
         assert_eq!(every_cut(&p, b"xaaabyyaab", &pend(2)).len(), 2);
         assert_eq!(kmp_table(b"abab"), [0, 0, 1, 2]);
     }
 
     #[test]
     fn redis_pong_error_and_garbage() {
-        let p = Proto::new(&Payload::RedisPing);
+        let p = Proto::new(&Payload::RedisPing, false);
         let mut q = Vec::new();
         p.write_query(&mut q, 0, 0, 0);
         assert_eq!(q, b"*1\r\n$4\r\nPING\r\n");
@@ -749,10 +828,13 @@ mod tests {
 
     #[test]
     fn http_content_length_chunked_and_no_body() {
-        let p = Proto::new(&Payload::HttpGet {
-            path: "/x".into(),
-            host: "h:8080".into(),
-        });
+        let p = Proto::new(
+            &Payload::HttpGet {
+                path: "/x".into(),
+                host: "h:8080".into(),
+            },
+            false,
+        );
         let mut q = Vec::new();
         p.write_query(&mut q, 0, 0, 0);
         assert!(q.starts_with(b"GET /x HTTP/1.1\r\nHost: h:8080\r\n"));

@@ -60,6 +60,101 @@ pub(crate) fn connect(to: SocketAddr, from: Option<IpAddr>) -> io::Result<mio::n
     Ok(mio::net::TcpStream::from_std(s.into()))
 }
 
+/// One of load's sockets: a TCP connection, or a connected UDP socket (`--udp`: one datagram
+/// per query and per answer, dnsperf's default transport).
+#[derive(Debug)]
+pub(crate) enum Sock {
+    Tcp(mio::net::TcpStream),
+    Udp(mio::net::UdpSocket),
+}
+
+impl Sock {
+    /// Reads bytes (TCP) or one datagram (UDP: `Ok(0)` is an empty datagram, not the end).
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::io::Read;
+        match self {
+            Sock::Tcp(s) => s.read(buf),
+            Sock::Udp(s) => s.recv(buf),
+        }
+    }
+
+    /// Writes bytes (TCP) or sends `buf` as one datagram (UDP, all or nothing).
+    pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        use std::io::Write;
+        match self {
+            Sock::Tcp(s) => s.write(buf),
+            Sock::Udp(s) => s.send(buf),
+        }
+    }
+
+    pub(crate) fn take_error(&self) -> io::Result<Option<io::Error>> {
+        match self {
+            Sock::Tcp(s) => s.take_error(),
+            Sock::Udp(s) => s.take_error(),
+        }
+    }
+
+    pub(crate) fn peer_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            Sock::Tcp(s) => s.peer_addr(),
+            Sock::Udp(s) => s.peer_addr(),
+        }
+    }
+
+    pub(crate) fn is_udp(&self) -> bool {
+        matches!(self, Sock::Udp(_))
+    }
+}
+
+impl mio::event::Source for Sock {
+    fn register(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.register(registry, token, interests),
+            Sock::Udp(s) => s.register(registry, token, interests),
+        }
+    }
+
+    fn reregister(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.reregister(registry, token, interests),
+            Sock::Udp(s) => s.reregister(registry, token, interests),
+        }
+    }
+
+    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.deregister(registry),
+            Sock::Udp(s) => s.deregister(registry),
+        }
+    }
+}
+
+/// A non-blocking UDP socket connected to `to` (from `from` if given, any port): connected,
+/// so the kernel drops datagrams from anyone else and reports an ICMP port unreachable as
+/// ECONNREFUSED on the next call.
+pub(crate) fn connect_udp(to: SocketAddr, from: Option<IpAddr>) -> io::Result<Sock> {
+    let s = Socket::new(
+        Domain::for_address(to),
+        Type::DGRAM.nonblocking().cloexec(),
+        Some(Protocol::UDP),
+    )?;
+    if let Some(src) = from {
+        s.bind(&SocketAddr::new(src, 0).into())?;
+    }
+    s.connect(&to.into())?;
+    Ok(Sock::Udp(mio::net::UdpSocket::from_std(s.into())))
+}
+
 /// `IP_LOCAL_PORT_RANGE` from `linux/in.h` (Linux 6.3); not in the libc crate.
 const IP_LOCAL_PORT_RANGE: libc::c_int = 51;
 
@@ -109,30 +204,61 @@ pub(crate) fn errno_name(e: &io::Error) -> &'static str {
     }
 }
 
-/// The one-line hints for the limits an errno (or a connect timeout) says were hit, each with
-/// the error names that raise it. A hint's index is its bit in [`super::Live`]'s set of hints
-/// given.
-const HINTS: [(&[&str], &str); 3] = [
-    (
-        &["EMFILE", "ENFILE"],
-        "out of file descriptors (EMFILE/ENFILE): run more processes with --procs N, or raise the limits (tcpkit tune --role client)",
-    ),
-    (
-        &["EADDRNOTAVAIL", "EADDRINUSE"],
-        "out of local ports or addresses (EADDRNOTAVAIL): add source addresses with --source, or widen net.ipv4.ip_local_port_range (tcpkit tune --role client)",
-    ),
-    (
-        &["connect timeout"],
-        "connects timed out: the server's accept queue may be full (somaxconn, tcp_max_syn_backlog) or SYN cookies in use; lower --connect-rate or run tcpkit tune --role server on the server",
-    ),
+/// The one-line hints for the limits an errno (or a connect timeout, or a late answer to a
+/// connect) says were hit. A hint's index is its bit in [`super::Live`]'s set of hints given.
+///
+/// Each hint says only what its evidence shows (issue 10, case 8): a SYN nobody ever answers
+/// is a host that is down or a firewall, not a full accept queue (a full queue still lets
+/// some connects through, or answers them late); a refused connect is nothing listening.
+const HINTS: [&str; 6] = [
+    "out of file descriptors (EMFILE/ENFILE): run more processes with --procs N, or raise the limits (tcpkit tune --role client)",
+    "out of local ports or addresses (EADDRNOTAVAIL): add source addresses with --source, or widen net.ipv4.ip_local_port_range (tcpkit tune --role client)",
+    "connects timed out while others were answered: the server's accept queue may be full (somaxconn, tcp_max_syn_backlog) or SYN cookies in use; lower --connect-rate or run tcpkit tune --role server on the server",
+    "no answer to any connect (no SYN-ACK): the host is down or unreachable, or a firewall drops the SYNs; check HOST:PORT and the path to it (a busy server still answers some connects)",
+    "connects refused (RST): nothing listens on that address and port, or a firewall rejects the connects; check HOST:PORT and that the server runs",
+    "connects answered late (the SYN was sent again): the server's accept queue may be full (somaxconn, tcp_max_syn_backlog) or SYN cookies in use; lower --connect-rate or run tcpkit tune --role server on the server",
 ];
 
-/// The bit of the hint that error `name` raises (0: none).
-pub(crate) fn hint_bit(name: &str) -> u32 {
-    HINTS
-        .iter()
-        .position(|(names, _)| names.contains(&name))
-        .map_or(0, |i| 1 << i)
+const FDS_HINT: u32 = 1 << 0;
+const PORTS_HINT: u32 = 1 << 1;
+const QUEUE_HINT: u32 = 1 << 2;
+const NO_ANSWER_HINT: u32 = 1 << 3;
+const REFUSED_HINT: u32 = 1 << 4;
+/// Raised by a connect that succeeded only after its SYN was sent again ([`syn_was_resent`]).
+pub(crate) const LATE_HINT: u32 = 1 << 5;
+
+/// The bit of the hint that error `name` raises (0: none); `answered` says whether any connect
+/// to the target has been answered, which decides what a connect timeout means.
+pub(crate) fn hint_bit(name: &str, answered: bool) -> u32 {
+    match name {
+        "EMFILE" | "ENFILE" => FDS_HINT,
+        "EADDRNOTAVAIL" | "EADDRINUSE" => PORTS_HINT,
+        "connect timeout" | super::engine::UNANSWERED_AT_END if answered => QUEUE_HINT,
+        "connect timeout" | super::engine::UNANSWERED_AT_END => NO_ANSWER_HINT,
+        "ECONNREFUSED" => REFUSED_HINT,
+        _ => 0,
+    }
+}
+
+/// True when the connected socket `s` had to send its SYN more than once (TCP_INFO's
+/// `tcpi_total_retrans`, read right after the handshake, before any data: only SYNs can have
+/// been retransmitted). False when the kernel does not say.
+pub(crate) fn syn_was_resent(s: &Sock) -> bool {
+    let Sock::Tcp(s) = s else { return false };
+    // SAFETY: tcp_info is plain integers; all-zero is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a valid socket, a tcp_info to fill, its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    rc == 0 && info.tcpi_total_retrans > 0
 }
 
 /// The hints of the bits set in `bits`, in a fixed order.
@@ -141,12 +267,33 @@ pub(crate) fn hints_of(bits: u32) -> impl Iterator<Item = &'static str> {
         .iter()
         .enumerate()
         .filter(move |(i, _)| bits & (1 << i) != 0)
-        .map(|(_, (_, h))| *h)
+        .map(|(_, h)| *h)
 }
 
-/// The one-line hint for a limit an errno says was hit.
-pub(crate) fn hint(name: &str) -> Option<&'static str> {
-    hints_of(hint_bit(name)).next()
+/// The bits of the hints a run's totals call for: its errors by name, whether any connect was
+/// answered, and how many connects were answered late.
+pub(crate) fn hint_bits<'a>(
+    errors: impl IntoIterator<Item = &'a str>,
+    answered: bool,
+    late: u64,
+) -> u32 {
+    let bits = errors
+        .into_iter()
+        .fold(0, |b, name| b | hint_bit(name, answered));
+    if late > 0 {
+        bits | LATE_HINT
+    } else {
+        bits
+    }
+}
+
+/// The hints of [`hint_bits`], in a fixed order.
+pub(crate) fn hints_for<'a>(
+    errors: impl IntoIterator<Item = &'a str>,
+    answered: bool,
+    late: u64,
+) -> impl Iterator<Item = &'static str> {
+    hints_of(hint_bits(errors, answered, late))
 }
 
 #[cfg(test)]
@@ -198,21 +345,53 @@ mod tests {
         }
         let e = err.expect("the connect fails");
         assert_eq!(errno_name(&e), "ECONNREFUSED");
+        let hint = |name| hints_of(hint_bit(name, false)).next();
         assert!(hint("EMFILE").unwrap().contains("--procs"));
         assert!(hint("EADDRNOTAVAIL").unwrap().contains("--source"));
+        assert!(hint("ECONNREFUSED")
+            .unwrap()
+            .starts_with("connects refused (RST)"));
+    }
+
+    #[test]
+    fn a_connect_answered_at_once_did_not_resend_its_syn() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = Sock::Tcp(connect(l.local_addr().unwrap(), None).unwrap());
+        let _a = l.accept().unwrap();
+        for _ in 0..100 {
+            if s.peer_addr().is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!syn_was_resent(&s));
     }
 
     #[test]
     fn each_hint_has_its_own_bit() {
-        let bits: Vec<u32> = ["EMFILE", "ENFILE", "EADDRNOTAVAIL", "connect timeout"]
+        let bits: Vec<u32> = ["EMFILE", "ENFILE", "EADDRNOTAVAIL", "ECONNREFUSED", "EPIPE"]
             .iter()
-            .map(|n| hint_bit(n))
+            .map(|n| hint_bit(n, false))
             .collect();
-        assert_eq!(bits, [1, 1, 2, 4]);
-        assert_eq!(hint_bit("ECONNREFUSED"), 0);
-        assert_eq!(hint("ECONNREFUSED"), None);
-        let all: Vec<&str> = hints_of(7).collect();
-        assert_eq!(all.len(), 3);
-        assert!(all[2].starts_with("connects timed out"));
+        assert_eq!(bits, [1, 1, 2, 16, 0]);
+        let all: Vec<&str> = hints_of(63).collect();
+        assert_eq!(all.len(), 6);
+        assert!(all[2].starts_with("connects timed out while others were answered"));
+    }
+
+    /// Issue 10, case 8: a connect timeout means a full accept queue only when other connects
+    /// were answered; with none answered it means nothing answers at all.
+    #[test]
+    fn a_connect_timeout_hint_follows_the_evidence() {
+        let h = |answered, late| hints_for(["connect timeout"], answered, late).collect::<Vec<_>>();
+        let none = h(false, 0);
+        assert_eq!(none.len(), 1);
+        assert!(none[0].starts_with("no answer to any connect"), "{none:?}");
+        assert!(!none[0].contains("accept queue may be full"), "{none:?}");
+        let some = h(true, 0);
+        assert!(some[0].contains("accept queue may be full"), "{some:?}");
+        let late: Vec<&str> = hints_for([], true, 3).collect();
+        assert_eq!(late.len(), 1);
+        assert!(late[0].starts_with("connects answered late"), "{late:?}");
     }
 }

@@ -1,0 +1,544 @@
+//! `tcpkit load`'s part of issue 10 ("One run contract for every subcommand"): each case is
+//! run as a user met it, the real binary in lab host a against a real peer in host b
+//! (`tcpkit echo`, a server that accepts late, a host behind an nftables drop), and checked by
+//! exit status, stderr and the report. Named after the cases they pin.
+
+mod common;
+use common::schema;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{stderr, stdout, tcpkit};
+use serde_json::Value;
+use tcpkit_lab::{Host, Lab, Proc};
+
+/// Host b of `Lab::pair`.
+const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+
+struct Pair {
+    lab: Lab,
+    cli: Host,
+    srv: Host,
+}
+
+fn pair(tag: &str) -> Pair {
+    let (lab, cli, srv, _link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
+    Pair { lab, cli, srv }
+}
+
+impl Pair {
+    /// `tcpkit echo --port PORT ARGS` in the server host, once it accepts connections.
+    fn echo(&mut self, port: u16, args: &[&str]) -> Proc {
+        let port_s = port.to_string();
+        let mut argv = vec![tcpkit(), "echo", "--port", &port_s, "--threads", "1"];
+        argv.extend_from_slice(args);
+        let p = self
+            .srv
+            .spawn(&mut self.lab, "echo", &argv)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = SocketAddr::from((SRV, port));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let up = self.cli.enter(|| loop {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        });
+        assert!(up, "echo never listened on {port}: {}", p.log());
+        p
+    }
+
+    /// `tcpkit load ARGS` in the client host (working directory `cwd`); a run past `limit`
+    /// is a hang: killed, and the test fails. Returns the output and how long it ran.
+    fn load_in(&self, cwd: &std::path::Path, args: &[&str], limit: Duration) -> (Output, Duration) {
+        let mut cmd = self.cli.command(&[&[tcpkit(), "load"], args].concat());
+        cmd.current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let t0 = Instant::now();
+        let mut child = cmd.spawn().expect("start tcpkit");
+        let pid = child.id();
+        loop {
+            if child.try_wait().expect("wait").is_some() {
+                let took = t0.elapsed();
+                return (child.wait_with_output().expect("output"), took);
+            }
+            if t0.elapsed() > limit {
+                // SAFETY: kill(2) on the process group we started (Host::command).
+                unsafe {
+                    libc::kill(-(pid as i32), libc::SIGKILL);
+                }
+                let out = child.wait_with_output().expect("output");
+                panic!(
+                    "tcpkit load ran past {limit:?}: stdout {} stderr {}",
+                    stdout(&out),
+                    stderr(&out)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn load(&self, args: &[&str]) -> (Output, Duration) {
+        self.load_in(std::path::Path::new("/"), args, Duration::from_secs(30))
+    }
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): stdout {} stderr {}", stdout(o), stderr(o)))
+}
+
+fn u(v: &Value, path: &str) -> u64 {
+    let mut x = v;
+    for k in path.split('.') {
+        x = &x[k];
+    }
+    x.as_u64()
+        .unwrap_or_else(|| panic!("{path} is not a count in {v:#}"))
+}
+
+fn last_line(o: &Output) -> String {
+    stderr(o).lines().last().unwrap_or("").to_string()
+}
+
+fn hints(r: &Value) -> Vec<String> {
+    r["hints"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no hints array in {r:#}"))
+        .iter()
+        .filter_map(|h| h.as_str().map(str::to_string))
+        .collect()
+}
+
+fn target(port: u16) -> String {
+    format!("{SRV}:{port}")
+}
+
+// ---- Case 5: load's default payload (DNS) against echo's default mode (plain echo). ----
+
+/// An echoed query (same ID, QR clear) is the answer tcpclient counts it as: every query is
+/// answered, at the asked rate, on the connections first opened, and the echoes are counted
+/// apart (`echoed`), not as NOERROR answers and not as malformed ones.
+#[test]
+fn issue_10_case_5_dns_load_against_plain_echo_counts_echoed_queries() {
+    let mut p = pair("lcecho");
+    p.echo(5300, &[]);
+    let t = target(5300);
+    let (o, _) = p.load(&[&t, "-c", "4", "-r", "500", "-t", "1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    schema::check(&schema::load("load"), &r, "report");
+    let sent = u(&r, "queries.sent");
+    assert!(sent > 400, "{r:#}");
+    assert_eq!(u(&r, "queries.answered"), sent, "{r:#}");
+    assert_eq!(u(&r, "queries.echoed"), sent, "{r:#}");
+    assert_eq!(u(&r, "queries.malformed"), 0, "{r:#}");
+    assert_eq!(u(&r, "connections.reconnects"), 0, "{r:#}");
+    assert_eq!(u(&r, "connections.established"), 4, "{r:#}");
+    assert!(r["codes"].as_object().unwrap().is_empty(), "{r:#}");
+    // The summary says so in words.
+    let (o, _) = p.load(&[&t, "-c", "2", "-r", "100", "-t", "0.5"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains(" of them the query echoed back)"), "{text}");
+}
+
+// ---- Case 6: wrk2 habits. ----
+
+/// Without `-r` a run sends nothing: refused as a usage error naming -r, unless `--hold`
+/// says that holding connections is the point. A held run reports its connections and a
+/// latency table that says "no samples", not rows of `0.0 us`.
+#[test]
+fn issue_10_case_6_no_rate_is_refused_unless_hold() {
+    let mut p = pair("lchold");
+    p.echo(5301, &[]);
+    let t = target(5301);
+    let (o, took) = p.load(&[&t, "-t", "1", "-c", "2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = last_line(&o);
+    assert!(
+        e.starts_with("tcpkit load: ") && e.contains("-r") && e.contains("--hold"),
+        "{e}"
+    );
+    assert!(
+        took < Duration::from_millis(900),
+        "refused before running: {took:?}"
+    );
+    let (o, took) = p.load(&[&t, "-t", "1", "-c", "3", "--hold"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    let text = stdout(&o);
+    assert!(
+        text.contains("Connections: 3 asked, 3 peak open, 3 open at end"),
+        "{text}"
+    );
+    assert!(text.contains("  no samples\n"), "{text}");
+    assert!(!text.contains("0.0 us"), "{text}");
+    // With a rate, --hold is a contradiction.
+    let (o, _) = p.load(&[&t, "-t", "1", "--hold", "-r", "10"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// `-R 200` (wrk2's rate) is tcpclient's per-query CSV file: the run does what it says, and
+/// stderr warns that a file named 200 is written and that the rate flag is `-r`.
+#[test]
+fn issue_10_case_6_bare_number_for_per_query_file_warns() {
+    let mut p = pair("lcbigr");
+    p.echo(5302, &[]);
+    let t = target(5302);
+    let dir = tempfile::tempdir().unwrap();
+    let (o, _) = p.load_in(
+        dir.path(),
+        &[
+            &t,
+            "--echo-bytes",
+            "8",
+            "-c",
+            "1",
+            "-r",
+            "20",
+            "-t",
+            "0.5",
+            "-R",
+            "200",
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    let warning = e
+        .lines()
+        .find(|l| l.starts_with("tcpkit load: warning: -R 200"))
+        .unwrap_or_else(|| panic!("no warning: {e}"));
+    assert!(
+        warning.contains("CSV file named 200") && warning.contains("-r"),
+        "{warning}"
+    );
+    assert!(dir.path().join("200").is_file());
+    // A path is not warned about.
+    let (o, _) = p.load_in(
+        dir.path(),
+        &[
+            &t,
+            "--echo-bytes",
+            "8",
+            "-c",
+            "1",
+            "-r",
+            "20",
+            "-t",
+            "0.5",
+            "-R",
+            "q.csv",
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+}
+
+// ---- Case 7: targets that cannot be are usage errors. ----
+
+/// Not a name lookup that fails at run time (exit 1, "Temporary failure in name
+/// resolution"), but a usage error (exit 2) naming the target and what is wrong with it.
+#[test]
+fn issue_10_case_7_impossible_targets_are_usage_errors() {
+    for (target, why) in [
+        ("300.1.2.3:4242", "300.1.2.3 is not an IPv4 address"),
+        ("1.2.3:4242", "1.2.3 is not an IPv4 address"),
+        ("198.18.0.2:70000", "port 70000 is above 65535"),
+        ("example.com:70000", "port 70000 is above 65535"),
+        ("198.18.0.2:0", "port 0"),
+        ("198.18.0.2:http", "port 'http' is not a number"),
+        ("[fe80::1:4242", "["),
+    ] {
+        let o = common::run(&["load", target, "-r", "1", "-t", "1"]);
+        assert_eq!(o.status.code(), Some(2), "{target}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert_eq!(e.lines().count(), 1, "{target}: {e}");
+        assert!(
+            e.starts_with(&format!("tcpkit load: {target}: ")) && e.contains(why),
+            "{target}: {e}"
+        );
+    }
+}
+
+// ---- Case 8: the hint matches the evidence; the duration bounds the run. ----
+
+/// A black-holed host (nftables drops every SYN: no SYN-ACK at all) is not an accept queue
+/// that is full: the hint says nothing answered and what that means. And `-t 1` bounds the
+/// whole run, connect phase included: about 1 s, not 4 attempts of 3 s.
+#[test]
+fn issue_10_case_8_blackholed_host_hint_and_duration_bound() {
+    let p = pair("lcblack");
+    common::nft::drop_tcp_to(&p.srv, 5303);
+    let t = target(5303);
+    for flag in ["-t", "--duration"] {
+        let (o, took) = p.load(&[&t, "-c", "3", "-r", "10", flag, "1", "--json"]);
+        eprintln!("{flag} 1 against a black hole ran {took:?}");
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(
+            took < Duration::from_millis(1800),
+            "{flag} 1 ran {took:?}: {}",
+            stderr(&o)
+        );
+        let r = json(&o);
+        let h = hints(&r);
+        assert!(
+            h.iter().any(|h| h.starts_with("no answer to any connect")),
+            "{h:?}"
+        );
+        assert!(!h.iter().any(|h| h.contains("accept queue")), "{h:?}");
+        let e = stderr(&o);
+        assert!(!e.contains("accept queue"), "{e}");
+        assert!(
+            last_line(&o).contains("could not connect to 198.18.0.2:5303"),
+            "{e}"
+        );
+    }
+}
+
+/// A refused connect (RST) says nothing listens there; neither the accept queue nor "no
+/// answer".
+#[test]
+fn issue_10_case_8_refused_port_hint() {
+    let p = pair("lcrefuse");
+    let t = target(9);
+    let (o, _) = p.load(&[&t, "-c", "2", "-r", "10", "-t", "1", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let r = json(&o);
+    let h = hints(&r);
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert!(h[0].starts_with("connects refused (RST)"), "{h:?}");
+    let e = stderr(&o);
+    assert!(
+        e.lines()
+            .any(|l| l.starts_with("tcpkit load: connects refused (RST)")),
+        "{e}"
+    );
+}
+
+/// A server whose accept queue is full drops SYNs, then answers a retransmission once it
+/// accepts: connects answered late (after the 1 s retransmission) are the evidence for the
+/// accept-queue hint. The server here listens with a backlog of 1 and accepts nothing for
+/// 1.5 s, then everything.
+#[test]
+fn issue_10_case_8_connects_answered_late_give_the_accept_queue_hint() {
+    let p = pair("lclate");
+    let l = p.srv.enter(|| {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        s.set_reuse_address(true)?;
+        s.bind(&SocketAddr::from((SRV, 5304)).into())?;
+        s.listen(1)?;
+        std::io::Result::Ok(std::net::TcpListener::from(s))
+    });
+    let l = l.expect("listen in the server host");
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        let mut held = Vec::new();
+        for s in l.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    let t = target(5304);
+    let (o, _) = p.load(&[
+        &t,
+        "-c",
+        "8",
+        "--hold",
+        "-t",
+        "6",
+        "--connect-timeout",
+        "5s",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&o);
+    assert_eq!(u(&r, "connections.peak_open"), 8, "{r:#}");
+    assert!(u(&r, "connections.slow") >= 1, "{r:#}");
+    let h = hints(&r);
+    assert!(
+        h.iter()
+            .any(|h| h.starts_with("connects answered late") && h.contains("accept queue")),
+        "{h:?}"
+    );
+    assert!(!h.iter().any(|h| h.starts_with("no answer")), "{h:?}");
+}
+
+// ---- Case 11: run ids and merge. ----
+
+fn load_json_to(p: &Pair, t: &str, path: &std::path::Path) -> Value {
+    let (o, _) = p.load(&[
+        t,
+        "--echo-bytes",
+        "8",
+        "-c",
+        "2",
+        "-r",
+        "100",
+        "-t",
+        "0.5",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(path, &o.stdout).unwrap();
+    json(&o)
+}
+
+fn merge(files: &[&std::path::Path]) -> Output {
+    Command::new(tcpkit())
+        .arg("merge")
+        .args(files)
+        .arg("--json")
+        .output()
+        .unwrap()
+}
+
+/// Every report has a run id (128 random bits in hex) and its wall-clock window; merge
+/// refuses one run given twice, under one name or two, with one line naming both files.
+#[test]
+fn issue_10_case_11_merge_refuses_the_same_run_twice() {
+    let mut p = pair("lcmerge2");
+    p.echo(5305, &[]);
+    let t = target(5305);
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    let ra = load_json_to(&p, &t, &a);
+    schema::check(&schema::load("load"), &ra, "report");
+    let id = ra["run_id"].as_str().unwrap();
+    assert_eq!(id.len(), 32, "{id}");
+    assert!(id.bytes().all(|c| c.is_ascii_hexdigit()), "{id}");
+    assert!(u(&ra, "start_unix_ns") > 0 && u(&ra, "end_unix_ns") > u(&ra, "start_unix_ns"));
+    std::fs::copy(&a, &b).unwrap();
+    for files in [[&a, &a], [&a, &b]] {
+        let o = merge(&[files[0], files[1]]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(o.stdout.is_empty(), "{}", stdout(&o));
+        let e = stderr(&o);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        let (fa, fb) = (
+            files[0].display().to_string(),
+            files[1].display().to_string(),
+        );
+        assert!(
+            e.starts_with("tcpkit merge: ")
+                && e.contains(&fa)
+                && e.contains(&fb)
+                && e.contains("same run")
+                && e.contains(id),
+            "{e}"
+        );
+    }
+    // Another run has another id and merges; the merged report has an id of its own and
+    // names what it merged, so merging it with one of its parts is refused too.
+    let c = dir.path().join("c.json");
+    let rc = load_json_to(&p, &t, &c);
+    assert_ne!(rc["run_id"], ra["run_id"]);
+    let o = merge(&[&a, &c]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = json(&o);
+    schema::check(&schema::load("load"), &m, "merged");
+    assert_eq!(
+        m["merged_run_ids"],
+        serde_json::json!([ra["run_id"], rc["run_id"]])
+    );
+    let mp = dir.path().join("m.json");
+    std::fs::write(&mp, &o.stdout).unwrap();
+    let o = merge(&[&mp, &c]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("same run"), "{}", stderr(&o));
+}
+
+/// Runs that did not overlap in time merge (their counts are right), with a warning on
+/// stderr saying by how much they missed each other, since the combined rate is over a
+/// window neither filled.
+#[test]
+fn issue_10_case_11_merge_warns_when_runs_do_not_overlap() {
+    let mut p = pair("lcmergegap");
+    p.echo(5306, &[]);
+    let t = target(5306);
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    let ra = load_json_to(&p, &t, &a);
+    std::thread::sleep(Duration::from_millis(1200));
+    let rb = load_json_to(&p, &t, &b);
+    let gap = (u(&rb, "start_unix_ns") - u(&ra, "end_unix_ns")) as f64 / 1e9;
+    assert!(gap > 1.0, "{gap}");
+    let o = merge(&[&a, &b]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    json(&o);
+    let e = stderr(&o);
+    let w = e
+        .lines()
+        .find(|l| l.starts_with("tcpkit merge: warning: "))
+        .unwrap_or_else(|| panic!("no warning: {e}"));
+    let said = format!("{gap:.1} s");
+    assert!(
+        w.contains("did not overlap")
+            && w.contains(&a.display().to_string())
+            && w.contains(&b.display().to_string())
+            && w.contains(&said),
+        "{w} (gap {said})"
+    );
+    // Overlapping runs: no warning. Two runs at once, one per process.
+    let (c, d) = (dir.path().join("c.json"), dir.path().join("d.json"));
+    std::thread::scope(|s| {
+        let h = s.spawn(|| load_json_to(&p, &t, &c));
+        load_json_to(&p, &t, &d);
+        h.join().unwrap();
+    });
+    let o = merge(&[&c, &d]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+}
+
+// ---- DNS over UDP: an unanswered datagram is a timeout. ----
+
+/// A UDP server that reads and never answers: every query is a timeout after --timeout (no
+/// connection to close, nothing lost), and the run fails with no answers, in bounded time.
+#[test]
+fn udp_queries_unanswered_by_the_timeout_are_timeouts() {
+    let p = pair("lcudpmute");
+    let sock = p
+        .srv
+        .enter(|| std::net::UdpSocket::bind((SRV, 5307)))
+        .expect("bind in the server host");
+    let t = target(5307);
+    let (o, took) = p.load(&[
+        &t,
+        "--udp",
+        "-c",
+        "2",
+        "-r",
+        "100",
+        "-t",
+        "1",
+        "--timeout",
+        "300ms",
+        "--json",
+    ]);
+    drop(sock);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let r = json(&o);
+    schema::check(&schema::load("load"), &r, "report");
+    assert_eq!(r["payload"], "dns A example.com over UDP", "{r:#}");
+    assert_eq!(u(&r, "queries.answered"), 0, "{r:#}");
+    let sent = u(&r, "queries.sent");
+    assert!(sent > 50, "{r:#}");
+    assert_eq!(
+        u(&r, "queries.timeouts") + u(&r, "queries.unanswered_at_end"),
+        sent,
+        "{r:#}"
+    );
+    assert!(u(&r, "queries.timeouts") > 50, "{r:#}");
+    assert_eq!(u(&r, "queries.lost"), 0, "{r:#}");
+    assert!(last_line(&o).contains("no answers"), "{}", stderr(&o));
+}
