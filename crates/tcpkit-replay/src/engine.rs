@@ -79,7 +79,7 @@ pub fn run(
         })
         .collect::<Result<Vec<_>, _>>()?;
 
-    let (if_mac, if_before, dry_run, out_name) = match &cfg.output {
+    let (if_mac, if_mtu, if_before, dry_run, out_name) = match &cfg.output {
         Output::Interface { name, .. } => {
             let info = tcpkit_send::if_info(name)?;
             if !info.is_ethernet {
@@ -88,9 +88,15 @@ pub fn run(
                 )));
             }
             let before = tcpkit_send::if_counters(name).ok();
-            (info.mac.map(MacAddr), before, false, name.clone())
+            (
+                info.mac.map(MacAddr),
+                Some(info.mtu),
+                before,
+                false,
+                name.clone(),
+            )
         }
-        Output::File(p) => (None, None, true, p.display().to_string()),
+        Output::File(p) => (None, None, None, true, p.display().to_string()),
     };
     let l2_src = cfg.l2_src.or(if_mac).unwrap_or(MacAddr([0; 6]));
     let l2_dst = cfg.l2_dst.unwrap_or(MacAddr::BROADCAST);
@@ -149,7 +155,7 @@ pub fn run(
     }
 
     Ok(report(
-        cfg, &shared, results, end_ns, dry_run, out_name, if_before, if_mac,
+        cfg, &shared, results, end_ns, dry_run, out_name, if_before, if_mac, if_mtu,
     ))
 }
 
@@ -163,6 +169,7 @@ fn report(
     out_name: String,
     if_before: Option<tcpkit_send::IfCounters>,
     if_mac: Option<MacAddr>,
+    if_mtu: Option<u32>,
 ) -> Outcome {
     let mut dev = SendCounters::default();
     let mut hist = Histogram::new();
@@ -174,6 +181,9 @@ fn report(
     for r in results {
         dev.successful += r.counters.successful;
         dev.failed += r.counters.failed;
+        dev.failed_too_big += r.counters.failed_too_big;
+        dev.failed_malformed += r.counters.failed_malformed;
+        dev.failed_stuck += r.counters.failed_stuck;
         dev.truncated += r.counters.truncated;
         dev.retried_enobufs += r.counters.retried_enobufs;
         dev.retried_eagain += r.counters.retried_eagain;
@@ -225,6 +235,7 @@ fn report(
         stopped_by = Some(chain(e));
     }
     let paced = !matches!(cfg.rate, Rate::Topspeed) && !dry_run;
+    let failure = failure(&dev, dry_run, &out_name, if_mtu);
     let report = ReplayReport {
         schema_version: REPLAY_SCHEMA_VERSION,
         output: out_name,
@@ -248,6 +259,9 @@ fn report(
         device: DeviceStats {
             successful: dev.successful,
             failed: dev.failed,
+            failed_too_big: dev.failed_too_big,
+            failed_malformed: dev.failed_malformed,
+            failed_stuck: dev.failed_stuck,
             truncated: dev.truncated,
             retried_enobufs: dev.retried_enobufs,
             retried_eagain: dev.retried_eagain,
@@ -264,8 +278,58 @@ fn report(
         }),
         ethernet_dst: (eth_added > 0).then(|| shared.l2_dst.to_string()),
         stopped_by,
+        failure,
     };
     Outcome { report, error }
+}
+
+/// Why not every frame offered was sent whole, with the errno, how many, and what to do, as
+/// one line (tcpreplay names the errno per packet; one line with the counts reads better and
+/// ends the run's output). None when nothing failed.
+fn failure(dev: &SendCounters, dry_run: bool, out: &str, mtu: Option<u32>) -> Option<String> {
+    let bad = dev.failed + dev.truncated;
+    if bad == 0 {
+        return None;
+    }
+    let offered = dev.successful + bad;
+    let mut why = Vec::new();
+    if dev.failed_too_big > 0 {
+        let mtu = mtu.map_or_else(|| "?".to_string(), |m| m.to_string());
+        why.push(format!(
+            "{} refused with Message too long (EMSGSIZE): the MTU of {out} is {mtu}; truncate them with --mtu-trunc --mtu {mtu}, or raise the MTU (ip link set {out} mtu N)",
+            dev.failed_too_big
+        ));
+    }
+    if dev.failed_malformed > 0 {
+        why.push(format!(
+            "{} refused with Invalid argument (EINVAL): shorter than an Ethernet header (14 bytes)",
+            dev.failed_malformed
+        ));
+    }
+    if dev.failed_stuck > 0 {
+        why.push(format!(
+            "{} given up after the device queue stayed full for over a second (ENOBUFS/EAGAIN): lower the rate, or lengthen the queue (ip link set {out} txqueuelen N)",
+            dev.failed_stuck
+        ));
+    }
+    let other = dev
+        .failed
+        .saturating_sub(dev.failed_too_big + dev.failed_malformed + dev.failed_stuck);
+    if other > 0 {
+        why.push(if dry_run {
+            format!("{other} could not be stored in {out} (a timestamp after 2106, or over 4 GiB)")
+        } else {
+            format!("{other} not sent after the send error below")
+        });
+    }
+    if dev.truncated > 0 {
+        why.push(format!("{} truncated by the kernel", dev.truncated));
+    }
+    let verb = if dry_run { "written" } else { "sent" };
+    Some(format!(
+        "{bad} of {offered} packets not {verb}: {}",
+        why.join("; ")
+    ))
 }
 
 /// An error with its sources, each said once, on one line.

@@ -37,6 +37,10 @@ pub struct ReplayReport {
     pub ethernet_dst: Option<String>,
     /// Why the run ended early, if it did (an input error, an interrupt).
     pub stopped_by: Option<String>,
+    /// Why the run did not send every packet it was asked to (which errno, how many, what to
+    /// do); None when every frame offered was sent whole. Such a run exits 1 with this as its
+    /// last line.
+    pub failure: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -77,6 +81,12 @@ impl TimingError {
 pub struct DeviceStats {
     pub successful: u64,
     pub failed: u64,
+    /// Of `failed`: refused with EMSGSIZE (longer than the interface's MTU + header).
+    pub failed_too_big: u64,
+    /// Of `failed`: refused with EINVAL (shorter than a link-layer header).
+    pub failed_malformed: u64,
+    /// Of `failed`: given up after the device queue stayed full for over a second.
+    pub failed_stuck: u64,
     pub truncated: u64,
     pub retried_enobufs: u64,
     pub retried_eagain: u64,

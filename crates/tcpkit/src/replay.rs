@@ -368,10 +368,14 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
-    match outcome.error {
-        Some(e) => Err(Failure::Runtime(crate::chain(&e))),
-        None if interrupt.load(Ordering::Relaxed) => Err(Failure::Runtime("interrupted".into())),
-        None => Ok(()),
+    match (outcome.error, outcome.report.failure) {
+        (Some(e), _) => Err(Failure::Runtime(crate::chain(&e))),
+        (None, _) if interrupt.load(Ordering::Relaxed) => {
+            Err(Failure::Runtime("interrupted".into()))
+        }
+        // Frames not sent are a run that did not do what was asked (issue 10, case 2).
+        (None, Some(why)) => Err(Failure::Runtime(why)),
+        (None, None) => Ok(()),
     }
 }
 
