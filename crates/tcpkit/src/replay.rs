@@ -357,8 +357,16 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             )
         })
     };
+    // tcpreplay brackets a --stats run with these two lines; they go with the live lines.
+    let bracket = args.stats.is_some_and(|s| s > 0.0);
+    if bracket {
+        eprintln!("Test start: {} ...", local_time_now());
+    }
     let result = tcpkit_replay::run(&cfg, interrupt, &live);
     monitor.stop();
+    if bracket {
+        eprintln!("Test complete: {}", local_time_now());
+    }
     let outcome = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     let text = if args.json {
         outcome.report.json() + "\n"
@@ -377,6 +385,30 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         (None, Some(why)) => Err(Failure::Runtime(why)),
         (None, None) => Ok(()),
     }
+}
+
+/// The wall clock in local time as tcpreplay prints it: `2026-11-24 09:12:55.892051`.
+fn local_time_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() as libc::time_t;
+    // SAFETY: tm is plain old data; localtime_r fills it from a time_t we own.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are to locals that outlive the call.
+    if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() {
+        return format!("{}.{:06}", now.as_secs(), now.subsec_micros());
+    }
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec,
+        now.subsec_micros()
+    )
 }
 
 #[cfg(test)]

@@ -85,3 +85,92 @@ fn issue10_frames_over_the_mtu_fail_the_run_and_say_why() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("\tFailed packets:            0\n"));
 }
+
+/// A summary line with its numbers masked: integer parts become `N`, each decimal `9`, so two
+/// runs compare on wording and on the number of decimals, not on timings.
+fn shape(line: &str) -> String {
+    let mut out = String::new();
+    let mut prev = ' ';
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            let after_dot = prev == '.';
+            out.push(if after_dot { '9' } else { 'N' });
+            while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
+                chars.next();
+                if after_dot {
+                    out.push('9');
+                }
+                prev = d;
+            }
+        } else {
+            out.push(c);
+            prev = c;
+        }
+    }
+    out
+}
+
+/// tcpreplay 4.4.3, run in the same lab on the same capture, is the reference for the words
+/// and the decimals of every summary line it prints (seconds: 6 decimals under a second, 2
+/// above; Mbps: 3 decimals under 1 Mbps, 2 above; `unique flow packets`).
+#[test]
+fn issue10_summary_reads_as_tcpreplays() {
+    let f = common::testdata("tcpreplay-test.pcap");
+    let f = f.to_str().unwrap();
+    let lab = ReplayLab::new("words");
+    // Top speed: well under a second and above 1 Mbps; -x 3: over a second, under 1 Mbps.
+    for rate in [&["-t"][..], &["-x", "3"][..]] {
+        let mut argv = vec!["tcpreplay", "-i", &lab.link.a.name];
+        argv.extend_from_slice(rate);
+        argv.push(f);
+        let theirs = lab.tx.run(&argv).expect("run tcpreplay");
+        assert!(theirs.status.success(), "{}", stderr(&theirs));
+        let mut args = rate.to_vec();
+        args.push(f);
+        let ours = lab.replay(&args);
+        assert!(ours.status.success(), "{}", stderr(&ours));
+        let ours: Vec<String> = stdout(&ours).lines().map(shape).collect();
+        let theirs = stdout(&theirs);
+        assert!(theirs.lines().count() >= 8, "{theirs}");
+        for line in theirs.lines() {
+            assert!(
+                ours.contains(&shape(line)),
+                "{rate:?}: tcpreplay's {line:?} ({:?}) is not among ours:\n{}",
+                shape(line),
+                ours.join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn shape_masks_numbers_but_keeps_decimals() {
+    assert_eq!(
+        shape("Rated: 16602.8 Bps, 0.132 Mbps, 43.07 pps"),
+        "Rated: N.9 Bps, N.999 Mbps, N.99 pps"
+    );
+    assert_ne!(shape("0.13 Mbps"), shape("0.132 Mbps"));
+}
+
+/// With --stats, tcpreplay brackets the run with `Test start:` and `Test complete:` (local
+/// time, microseconds); ours go with the other live lines, to stderr.
+#[test]
+fn issue10_stats_brackets_the_run_with_test_start_and_complete() {
+    let f = common::testdata("zeek-dns-tcp-keepalive.pcap");
+    let lab = ReplayLab::new("teststart");
+    let out = lab.replay(&["-t", "--stats", "1", f.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let se = stderr(&out);
+    let start = se
+        .lines()
+        .position(|l| shape(l) == "Test start: N-N-N N:N:N.999999 ...");
+    let done = se
+        .lines()
+        .position(|l| shape(l) == "Test complete: N-N-N N:N:N.999999");
+    assert!(matches!((start, done), (Some(a), Some(b)) if a < b), "{se}");
+    assert!(!stdout(&out).contains("Test "), "{}", stdout(&out));
+    // Without --stats, neither line.
+    let out = lab.replay(&["-t", f.to_str().unwrap()]);
+    assert!(!stderr(&out).contains("Test start"));
+}
