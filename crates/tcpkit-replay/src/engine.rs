@@ -2,10 +2,12 @@
 //! batched sink. Every mode (capture timing, rates, top speed, dry run, sharded threads) is this
 //! one loop with different parts plugged in, never a copy of it.
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use tcpkit_pace::{now_ns, Pacer, Rate, Schedule};
-use tcpkit_pcap::{CaptureFile, PcapError};
+use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter};
 use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters, SendError, Sink};
 use tcpkit_stats::{
     DeviceStats, FlowStats, FlowTable, Histogram, IfDelta, LiveCounters, ReplayReport, TimingError,
@@ -50,6 +52,41 @@ pub enum ReplayError {
     Send(#[from] SendError),
     #[error("{0}")]
     Setup(String),
+    /// Writing to the `-v` decoder failed (it exited, or its pipe broke).
+    #[error("-v: writing packets to the decoder")]
+    Tap(#[source] std::io::Error),
+}
+
+/// A copy of every frame handed to the sink, as a pcap stream (ns timestamps: the time each
+/// frame was due to leave in capture time, as the capture has it): what `-v` pipes to tcpdump,
+/// as tcpreplay -v does.
+pub struct Tap {
+    out: Mutex<PcapWriter<Box<dyn Write + Send>>>,
+}
+
+impl std::fmt::Debug for Tap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tap")
+    }
+}
+
+impl Tap {
+    /// Writes the pcap file header to `out` at once, so a reader that cannot start is seen
+    /// before the first packet leaves.
+    pub fn new(out: Box<dyn Write + Send>) -> std::io::Result<Tap> {
+        let mut w = PcapWriter::new(out, DLT_EN10MB, 262_144, true)?;
+        w.flush()?;
+        Ok(Tap { out: Mutex::new(w) })
+    }
+
+    /// Flushes and hands back the stream (closing it tells the reader the capture ended).
+    pub fn finish(self) -> std::io::Result<Box<dyn Write + Send>> {
+        let w = self
+            .out
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        w.finish()
+    }
 }
 
 /// Runs a replay. `Err` means nothing was sent (setup failed); a failure after sending began
@@ -58,6 +95,16 @@ pub fn run(
     cfg: &Config,
     interrupt: &AtomicBool,
     live: &LiveCounters,
+) -> Result<Outcome, ReplayError> {
+    run_with_tap(cfg, interrupt, live, None)
+}
+
+/// [`run`], with every frame also written to `tap` just before it is sent.
+pub fn run_with_tap(
+    cfg: &Config,
+    interrupt: &AtomicBool,
+    live: &LiveCounters,
+    tap: Option<&Tap>,
 ) -> Result<Outcome, ReplayError> {
     if cfg.inputs.is_empty() {
         return Err(ReplayError::Setup("no input file given".into()));
@@ -112,6 +159,7 @@ pub fn run(
         reserved: AtomicU64::new(0),
         abort: AtomicBool::new(false),
         start_ns: AtomicU64::new(0),
+        tap,
     };
 
     let threads = cfg.threads.max(1);
@@ -363,6 +411,8 @@ struct Shared<'a> {
     /// The run's time zero: when the first packet was ready to leave (0 until then). Taken
     /// then, not at setup, so opening sockets never makes the first packets late.
     start_ns: AtomicU64,
+    /// `-v`: every frame is copied here before it is sent.
+    tap: Option<&'a Tap>,
 }
 
 impl Shared<'_> {
@@ -747,6 +797,25 @@ impl<'a> Worker<'a> {
                 self.late.record(now.saturating_sub(due));
             }
             bytes += self.frame(i).len() as u64;
+        }
+        if let Some(tap) = self.sh.tap {
+            let mut w = tap
+                .out
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for i in 0..self.n {
+                let f = self.frame(i);
+                let r = w.write_packet(self.ts[i], f, f.len() as u32);
+                if let Err(e) = r {
+                    self.n = 0;
+                    return Err(ReplayError::Tap(e));
+                }
+            }
+            // Flushed per batch so the decoded lines follow the sending, not a buffer.
+            if let Err(e) = w.flush() {
+                self.n = 0;
+                return Err(ReplayError::Tap(e));
+            }
         }
         // The sink takes borrowed frames; they are listed on the stack, SEND_CHUNK at a time,
         // so a paced run (a batch of one per packet) allocates nothing per packet.

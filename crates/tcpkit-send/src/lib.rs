@@ -16,7 +16,7 @@ mod ring;
 pub use afpacket::{AfPacketOpts, AfPacketSink, TxMode};
 pub use error::SendError;
 pub use file::PcapFileSink;
-pub use iface::{if_counters, if_info, IfCounters, IfInfo};
+pub use iface::{if_counters, if_info, interfaces, IfCounters, IfInfo};
 
 /// What a sink did with the frames it was given. `successful + failed + truncated` is the
 /// number of frames offered.

@@ -2,7 +2,9 @@
 //! the resolved `tcpkit_replay::Config` where every cross-flag check happens.
 
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,11 +16,11 @@ use tcpkit_stats::{LiveCounters, Monitor, MonitorOptions};
 use crate::Failure;
 
 #[derive(Debug, Parser)]
-#[command(group(ArgGroup::new("out").required(true).args(["intf1", "write"])))]
+#[command(group(ArgGroup::new("out").args(["intf1", "write"])))]
 #[command(group(ArgGroup::new("timing").args(["multiplier", "pps", "mbps", "topspeed"])))]
 pub struct Args {
     /// Capture files (pcap or pcapng), sent one after the other.
-    #[arg(required = true, value_name = "PCAP")]
+    #[arg(required_unless_present = "listnics", value_name = "PCAP")]
     pub files: Vec<PathBuf>,
 
     /// Interface to send out of (AF_PACKET; needs root or CAP_NET_RAW).
@@ -157,6 +159,17 @@ pub struct Args {
     /// Print the report as one JSON document (docs/schema/replay.schema.json) instead of text.
     #[arg(long)]
     pub json: bool,
+
+    /// Decode every packet as it is sent, one line each, as tcpreplay -v does: the frames
+    /// (after rewriting) are piped to `tcpdump -n -l -r -`, so tcpdump must be installed. The
+    /// lines go to stdout, or to stderr with --json.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+
+    /// List the interfaces replay can send on (Ethernet interfaces of this network namespace,
+    /// with their MTU and address) and exit.
+    #[arg(long, exclusive = true)]
+    pub listnics: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -334,8 +347,83 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     Ok(cfg)
 }
 
+/// `--listnics`: tcpreplay's header, then one interface a line, its name first.
+fn listnics() -> Result<(), Failure> {
+    let nics = tcpkit_replay::sendable_interfaces()
+        .map_err(|e| Failure::Runtime(format!("--listnics: {}", crate::chain(&e))))?;
+    let mut text = String::from("Available network interfaces:\n");
+    for i in nics {
+        let mac = i.mac.map(|m| tcpkit_replay::MacAddr(m).to_string());
+        text.push_str(&format!(
+            "{}\tmtu {}, {}\n",
+            i.name,
+            i.mtu,
+            mac.as_deref().unwrap_or("no address")
+        ));
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+    Ok(())
+}
+
+/// `-v`: tcpdump reading a pcap stream on its stdin and printing to our stdout (stderr with
+/// --json, so stdout stays one document). Started before the run, so a missing tcpdump stops
+/// the run before anything is sent.
+fn start_decoder(json: bool) -> Result<(Child, tcpkit_replay::Tap), Failure> {
+    let stdout = if json {
+        Stdio::from(
+            std::io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| {
+                    Failure::Runtime(format!("-v: cannot duplicate stderr for tcpdump: {e}"))
+                })?,
+        )
+    } else {
+        Stdio::inherit()
+    };
+    let mut child = Command::new("tcpdump")
+        .args(["-n", "-l", "-r", "-"])
+        .stdin(Stdio::piped())
+        .stdout(stdout)
+        // Its "reading from file -, link-type ..." banner is not a packet.
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            Failure::Runtime(format!(
+                "-v: cannot run tcpdump, which decodes the packets as tcpreplay -v does: {e}; install tcpdump or leave out -v"
+            ))
+        })?;
+    let stdin = child.stdin.take().expect("stdin was piped");
+    let tap = tcpkit_replay::Tap::new(Box::new(std::io::BufWriter::new(stdin)))
+        .map_err(|e| Failure::Runtime(format!("-v: cannot write to tcpdump: {e}")))?;
+    Ok((child, tap))
+}
+
+/// Closes tcpdump's input and waits until it has printed every packet, so the decoded lines
+/// come before the summary.
+fn stop_decoder(mut child: Child, tap: tcpkit_replay::Tap) -> Result<(), Failure> {
+    drop(tap.finish());
+    match child.wait() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(Failure::Runtime(format!(
+            "-v: tcpdump could not decode the packets ({s})"
+        ))),
+        Err(e) => Err(Failure::Runtime(format!("-v: waiting for tcpdump: {e}"))),
+    }
+}
+
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
+    if args.listnics {
+        return listnics();
+    }
     let cfg = resolve(&args)?;
+    let decoder = if args.verbose {
+        Some(start_decoder(args.json)?)
+    } else {
+        None
+    };
     let live = Arc::new(LiveCounters::default());
     let mut monitor = {
         let live = Arc::clone(&live);
@@ -362,12 +450,18 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     if bracket {
         eprintln!("Test start: {} ...", local_time_now());
     }
-    let result = tcpkit_replay::run(&cfg, interrupt, &live);
+    let result =
+        tcpkit_replay::run_with_tap(&cfg, interrupt, &live, decoder.as_ref().map(|d| &d.1));
     monitor.stop();
+    let decoded = match decoder {
+        Some((child, tap)) => stop_decoder(child, tap),
+        None => Ok(()),
+    };
     if bracket {
         eprintln!("Test complete: {}", local_time_now());
     }
     let outcome = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    decoded?;
     let text = if args.json {
         outcome.report.json() + "\n"
     } else {
@@ -494,6 +588,21 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn verbose_and_listnics_parse() {
+        for v in ["-v", "--verbose"] {
+            let a = Args::try_parse_from(["replay", "-i", "x", v, "f"]).unwrap();
+            assert!(a.verbose && !a.listnics);
+        }
+        // --listnics needs neither an interface nor a capture, and takes nothing else.
+        let a = Args::try_parse_from(["replay", "--listnics"]).unwrap();
+        assert!(a.listnics && a.files.is_empty());
+        assert!(Args::try_parse_from(["replay", "--listnics", "f"]).is_err());
+        assert!(Args::try_parse_from(["replay", "--listnics", "-v"]).is_err());
+        // Without it, a capture is still required.
+        assert!(Args::try_parse_from(["replay", "-i", "x"]).is_err());
     }
 
     #[test]

@@ -174,3 +174,110 @@ fn issue10_stats_brackets_the_run_with_test_start_and_complete() {
     let out = lab.replay(&["-t", f.to_str().unwrap()]);
     assert!(!stderr(&out).contains("Test start"));
 }
+
+/// Five small UDP frames, 1 ms apart.
+fn five_udp() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("five.pcap");
+    let frames: Vec<(u64, Vec<u8>)> = (0..5)
+        .map(|n| {
+            (
+                u64::from(n) * 1_000_000,
+                udp_frame(n, 100, [198, 18, 1, 1], [198, 18, 2, 1]),
+            )
+        })
+        .collect();
+    write_pcap(&p, 1, &frames);
+    (dir, p)
+}
+
+/// What tcpdump -n says of frame `n` of [`five_udp`].
+fn decoded(n: u16) -> String {
+    format!("IP 198.18.1.1.{} > 198.18.2.1.9: UDP, length 58", 1024 + n)
+}
+
+/// `-v`, as tcpreplay -v: every packet sent, decoded by tcpdump, one line each, before the
+/// summary; with --json the lines go to stderr so stdout stays one JSON document.
+#[test]
+fn issue10_verbose_decodes_every_sent_packet() {
+    let (_d, p) = five_udp();
+    let p = p.to_str().unwrap();
+    let lab = ReplayLab::new("verbose");
+    let out = lab.replay(&["-v", "-t", p]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let so = stdout(&out);
+    let lines: Vec<&str> = so.lines().collect();
+    for n in 0..5u16 {
+        assert!(
+            lines[usize::from(n)].ends_with(&decoded(n)),
+            "line {n}: {:?}\n{so}",
+            lines[usize::from(n)]
+        );
+    }
+    assert!(lines[5].starts_with("Actual: 5 packets"), "{so}");
+    // What was sent after rewriting is what is decoded.
+    let out = lab.replay(&["--verbose", "-t", "--portmap", "9:53", p]);
+    assert!(stdout(&out).contains("198.18.2.1.53: "), "{}", stdout(&out));
+    // --json: stdout is the document alone; the decoded lines are on stderr.
+    let out = lab.replay(&["-v", "-t", "--json", p]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let j: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON alone");
+    assert_eq!(j["packets"], 5);
+    assert_eq!(
+        stderr(&out)
+            .lines()
+            .filter(|l| l.contains(": UDP, length 58"))
+            .count(),
+        5,
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// -v needs tcpdump; without it the run does not start and says so in one line.
+#[test]
+fn issue10_verbose_without_tcpdump_says_so() {
+    let (d, p) = five_udp();
+    let empty = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(common::tcpkit())
+        .args(["replay", "-v", "-w"])
+        .arg(d.path().join("o.pcap"))
+        .arg(&p)
+        .env("PATH", empty.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let se = stderr(&out);
+    assert_eq!(se.lines().count(), 1, "{se}");
+    assert!(
+        se.starts_with("tcpkit replay: -v: cannot run tcpdump"),
+        "{se}"
+    );
+    assert!(se.contains("No such file or directory"), "{se}");
+    assert!(!d.path().join("o.pcap").exists(), "nothing was sent");
+}
+
+/// `--listnics`, as tcpreplay's: the interfaces replay can send on (Ethernet), exit 0.
+#[test]
+fn issue10_listnics_lists_the_interfaces_replay_can_send_on() {
+    let lab = ReplayLab::new("nics");
+    let out = lab
+        .tx
+        .command(&[common::tcpkit(), "replay", "--listnics"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let so = stdout(&out);
+    let lines: Vec<&str> = so.lines().collect();
+    assert_eq!(lines[0], "Available network interfaces:", "{so}");
+    let names: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l.split('\t').next().unwrap())
+        .collect();
+    // The namespace holds lo and the link's end; lo carries no Ethernet frames.
+    assert_eq!(names, [lab.link.a.name.as_str()], "{so}");
+    assert!(lines[1].contains("mtu 9000"), "{so}");
+    // It stands alone.
+    let out = common::run(&["replay", "--listnics", "-i", "x", "f.pcap"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
