@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use tcpkit_pace::{now_ns, Pacer, Rate, Schedule};
 use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter};
 use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters, SendError, Sink};
+use tcpkit_stats::plot::{Sample, Timeline};
 use tcpkit_stats::{
     DeviceStats, FlowStats, FlowTable, Histogram, IfDelta, LiveCounters, ReplayReport, TimingError,
     REPLAY_SCHEMA_VERSION,
@@ -33,6 +34,12 @@ const WAIT_SLICE_NS: u64 = 50_000_000;
 pub struct Outcome {
     pub report: ReplayReport,
     pub error: Option<ReplayError>,
+    /// How late paced frames left (ns), over the whole run: what the report's percentiles
+    /// and `--plot`'s spectrum come from. Empty at top speed and for `-w`.
+    pub late: Histogram,
+    /// With [`Config::timeline`]: the timing error per interval (the first sender's; paced
+    /// runs have one).
+    pub timeline: Vec<Sample>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -226,7 +233,11 @@ fn report(
     let (mut eth_added, mut loops, mut virt_ns) = (0, u64::MAX, 0);
     let mut error = None;
     let mut stopped_by = None;
-    for r in results {
+    let mut timeline = Vec::new();
+    for mut r in results {
+        if timeline.is_empty() {
+            timeline = std::mem::take(&mut r.timeline);
+        }
         dev.successful += r.counters.successful;
         dev.failed += r.counters.failed;
         dev.failed_too_big += r.counters.failed_too_big;
@@ -328,7 +339,12 @@ fn report(
         stopped_by,
         failure,
     };
-    Outcome { report, error }
+    Outcome {
+        report,
+        error,
+        late: hist,
+        timeline,
+    }
 }
 
 /// Why not every frame offered was sent whole, with the errno, how many, and what to do, as
@@ -444,6 +460,7 @@ struct WorkerResult {
     last_send_ns: u64,
     error: Option<ReplayError>,
     stopped_by: Option<String>,
+    timeline: Vec<Sample>,
 }
 
 impl WorkerResult {
@@ -458,6 +475,7 @@ impl WorkerResult {
             last_send_ns: 0,
             error: Some(ReplayError::Setup("a sender thread panicked".into())),
             stopped_by: None,
+            timeline: Vec::new(),
         }
     }
 }
@@ -490,6 +508,8 @@ struct Worker<'a> {
     ts: Vec<u64>,
     n: usize,
     late: Histogram,
+    /// `--plot`: the same values per interval, started with the run's time zero.
+    timeline: Option<Timeline>,
     flows: FlowTable<FlowKey>,
     eth_added: u64,
     last_send_ns: u64,
@@ -524,6 +544,7 @@ impl<'a> Worker<'a> {
             ts: vec![0; batch],
             n: 0,
             late: Histogram::new(),
+            timeline: None,
             flows: FlowTable::new(expiry),
             eth_added: 0,
             last_send_ns: 0,
@@ -548,7 +569,13 @@ impl<'a> Worker<'a> {
         if let Err(e) = flushed.and_then(|()| self.sink.flush().map_err(ReplayError::from)) {
             error.get_or_insert(e);
         }
+        let timeline = self
+            .timeline
+            .take()
+            .map(|t| t.finish(self.last_send_ns.max(self.t0)))
+            .unwrap_or_default();
         WorkerResult {
+            timeline,
             counters: self.sink.counters(),
             late: self.late,
             flows: self.flows,
@@ -616,6 +643,9 @@ impl<'a> Worker<'a> {
             if self.t0 == 0 {
                 self.t0 = sh.start();
                 self.end_ns = cfg.duration.map(|d| self.t0 + d.as_nanos() as u64);
+                self.timeline = cfg
+                    .timeline
+                    .map(|every| Timeline::new(self.t0, every.as_nanos() as u64));
             }
             let link = match link_cache {
                 Some((dlt, l)) if dlt == pkt.linktype => l,
@@ -795,6 +825,9 @@ impl<'a> Worker<'a> {
         for i in 0..self.n {
             if let Some(due) = self.due[i] {
                 self.late.record(now.saturating_sub(due));
+                if let Some(t) = &mut self.timeline {
+                    t.record(now, now.saturating_sub(due));
+                }
             }
             bytes += self.frame(i).len() as u64;
         }

@@ -170,6 +170,12 @@ pub struct Args {
     /// with their MTU and address) and exit.
     #[arg(long, exclusive = true)]
     pub listnics: bool,
+
+    /// Draw how late packets left their intended send time into FILE (SVG): the timing error
+    /// by percentile (HdrHistogram's spectrum: 90%, 99%, 99.9%... evenly spaced) and its p50,
+    /// p99 and max per second. Paced runs only (not --topspeed, not -w).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -275,6 +281,15 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
         .flow_expiry
         .map(|s| secs("--flow-expiry", s))
         .transpose()?;
+    if a.plot.is_some() {
+        if a.topspeed || a.write.is_some() {
+            return Err(Failure::Usage(
+                "--plot draws the timing error of paced packets: --topspeed and -w have none"
+                    .into(),
+            ));
+        }
+        cfg.timeline = Some(Duration::from_secs(1));
+    }
     cfg.l2_src = a.src_mac;
     cfg.l2_dst = a.dst_mac;
 
@@ -419,6 +434,11 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         return listnics();
     }
     let cfg = resolve(&args)?;
+    // A picture that cannot be written is found out before the run, not after it.
+    if let Some(p) = &args.plot {
+        tcpkit_stats::plot::check_path(p)
+            .map_err(|e| Failure::Runtime(format!("--plot {}: cannot create: {e}", p.display())))?;
+    }
     let decoder = if args.verbose {
         Some(start_decoder(args.json)?)
     } else {
@@ -462,6 +482,14 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     }
     let outcome = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     decoded?;
+    if let Some(p) = &args.plot {
+        let title = format!(
+            "tcpkit replay: {} packets on {}",
+            outcome.report.packets, outcome.report.output
+        );
+        tcpkit_stats::plot::replay_svg(p, &title, &outcome.late, &outcome.timeline)
+            .map_err(|e| Failure::Runtime(format!("--plot {}: cannot write: {e}", p.display())))?;
+    }
     let text = if args.json {
         outcome.report.json() + "\n"
     } else {
@@ -601,6 +629,15 @@ mod tests {
         assert!(a.listnics && a.files.is_empty());
         assert!(Args::try_parse_from(["replay", "--listnics", "f"]).is_err());
         assert!(Args::try_parse_from(["replay", "--listnics", "-v"]).is_err());
+        let a = Args::try_parse_from(["replay", "-i", "x", "-p", "10", "--plot", "t.svg", "f"]);
+        assert_eq!(a.unwrap().plot, Some(PathBuf::from("t.svg")));
+        assert!(parse(&["-i", "x", "-p", "10", "--plot", "t.svg", "f"])
+            .unwrap()
+            .timeline
+            .is_some());
+        assert!(parse(&["-i", "x", "-t", "--plot", "t.svg", "f"])
+            .unwrap_err()
+            .contains("--plot"));
         // Without it, a capture is still required.
         assert!(Args::try_parse_from(["replay", "-i", "x"]).is_err());
     }

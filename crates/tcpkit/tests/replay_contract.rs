@@ -281,3 +281,74 @@ fn issue10_listnics_lists_the_interfaces_replay_can_send_on() {
     let out = common::run(&["replay", "--listnics", "-i", "x", "f.pcap"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// Whether `text` is well-formed XML (every tag closed in order), and the names of its elements.
+fn xml_elements(text: &str) -> Result<Vec<String>, String> {
+    let doc = roxmltree::Document::parse(text).map_err(|e| e.to_string())?;
+    Ok(doc
+        .descendants()
+        .filter(|n| n.is_element())
+        .map(|n| n.tag_name().name().to_string())
+        .collect())
+}
+
+/// `replay --plot`: the timing error as a spectrum and over time, in an SVG that parses, with
+/// its series and axes named; a path that cannot be written is one line before anything is
+/// sent.
+#[test]
+fn issue10_plot_draws_the_timing_error() {
+    let (_d, p) = mixed(300, 0);
+    let lab = ReplayLab::new("plot");
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("timing.svg");
+    // 300 packets 1 ms apart at twice the speed: 0.15 s.
+    let out = lab.replay(&[
+        "-x",
+        "2",
+        "--plot",
+        svg.to_str().unwrap(),
+        p.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&svg).expect("the SVG was written");
+    let elements = xml_elements(&text).expect("well-formed XML");
+    assert_eq!(elements[0], "svg");
+    assert!(
+        elements
+            .iter()
+            .filter(|e| *e == "polyline" || *e == "path")
+            .count()
+            >= 4
+    );
+    for s in [
+        "Timing error by percentile",
+        "timing error",
+        "Timing error over time",
+        "p50",
+        "p99",
+        "max",
+        "late by (us)",
+        "99%",
+        "time since start (s)",
+    ] {
+        assert!(text.contains(s), "{s:?} not in the SVG");
+    }
+    if let Some(keep) = std::env::var_os("TCPKIT_PLOT_KEEP") {
+        std::fs::copy(&svg, keep).unwrap();
+    }
+    let out = lab.replay(&[
+        "-x",
+        "2",
+        "--plot",
+        "/nonexistent/dir/t.svg",
+        p.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let se = stderr(&out);
+    assert_eq!(se.lines().count(), 1, "{se}");
+    assert!(
+        se.starts_with("tcpkit replay: --plot /nonexistent/dir/t.svg: cannot create: No such file or directory"),
+        "{se}"
+    );
+    assert!(stdout(&out).is_empty(), "nothing was sent");
+}
