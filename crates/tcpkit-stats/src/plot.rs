@@ -348,6 +348,63 @@ fn time_curve(s: &[Sample], label: &str, color: RGBColor, f: impl Fn(&Sample) ->
     }
 }
 
+/// The per-interval percentiles of the histograms tagged `tag` in HdrHistogram interval logs
+/// (as `load --hdr-log` writes them: one line per second and thread, each process its own
+/// file), merged exactly: every thread's and process's histograms of the same second are added
+/// before the percentiles are taken. Only the encoded lines are held (a few hundred bytes each), and one decoded
+/// histogram at a time.
+pub fn timeline_from_hdr_logs(
+    paths: &[std::path::PathBuf],
+    tag: &str,
+) -> std::io::Result<Vec<Sample>> {
+    use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+    let mut lines: Vec<(u64, u64, String)> = Vec::new();
+    for p in paths {
+        let bytes = std::fs::read(p)?;
+        for e in IntervalLogIterator::new(&bytes) {
+            let Ok(LogEntry::Interval(i)) = e else {
+                continue;
+            };
+            if i.tag().map(|t| t.as_str()) != Some(tag) {
+                continue;
+            }
+            // Threads and processes start their intervals at nearly the same offsets; the
+            // interval index (start / length, rounded) is what they share.
+            let len = (i.duration().as_millis() as u64).max(1);
+            let start = i.start_timestamp().as_millis() as u64;
+            lines.push((
+                (start + len / 2) / len,
+                len,
+                i.encoded_histogram().to_string(),
+            ));
+        }
+    }
+    lines.sort_by_key(|l| l.0);
+    let mut out = Vec::new();
+    let mut acc = Histogram::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let (index, len) = (lines[i].0, lines[i].1);
+        acc.clear();
+        while i < lines.len() && lines[i].0 == index {
+            let h = Histogram::from_base64(&lines[i].2)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+            acc.merge(&h);
+            i += 1;
+        }
+        let p = acc.percentiles();
+        out.push(Sample {
+            t_s: (index * len) as f64 / 1e3,
+            secs: len as f64 / 1e3,
+            count: p.count,
+            p50_ns: p.p50_ns,
+            p99_ns: p.p99_ns,
+            max_ns: p.max_ns,
+        });
+    }
+    Ok(out)
+}
+
 /// Checks that `path` can be written (creating it), before a run whose picture it will hold.
 pub fn check_path(path: &Path) -> std::io::Result<()> {
     std::fs::File::create(path).map(drop)
@@ -531,6 +588,38 @@ mod tests {
         if let Some(keep) = std::env::var_os("TCPKIT_PLOT_KEEP") {
             let _ = std::fs::copy(&p, keep);
         }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn hdr_logs_of_several_threads_and_processes_merge_per_second() {
+        use std::time::{Duration, SystemTime};
+        let dir = tempfile_dir().join("hlog");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("h.0"), dir.join("h.1"));
+        let mut h1 = Histogram::new();
+        let mut h2 = Histogram::new();
+        for v in 1..=100u64 {
+            h1.record(v * 1_000);
+            h2.record(v * 1_000_000);
+        }
+        let sec = Duration::from_secs(1);
+        {
+            let mut la = crate::HdrLog::create(&a, SystemTime::now()).unwrap();
+            la.write(&h1, Duration::ZERO, sec, "intended").unwrap();
+            la.write(&h2, Duration::ZERO, sec, "sent").unwrap();
+            la.write(&h1, sec, sec, "intended").unwrap();
+            la.flush().unwrap();
+            let mut lb = crate::HdrLog::create(&b, SystemTime::now()).unwrap();
+            lb.write(&h2, Duration::ZERO, sec, "intended").unwrap();
+            lb.flush().unwrap();
+        }
+        let s = timeline_from_hdr_logs(&[a, b], "intended").unwrap();
+        assert_eq!(s.len(), 2, "{s:?}");
+        // Second 0: both processes' values, 200 of them; its p99 is from the larger ones.
+        assert_eq!((s[0].count, s[1].count), (200, 100));
+        assert!(s[0].p99_ns > 90_000_000, "{:?}", s[0]);
+        assert_eq!((s[1].t_s, s[1].secs), (1.0, 1.0));
         let _ = std::fs::remove_dir_all(dir);
     }
 
