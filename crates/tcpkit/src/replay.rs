@@ -3,6 +3,7 @@
 
 use std::io::Write;
 use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -404,6 +405,9 @@ fn start_decoder(json: bool) -> Result<(Child, tcpkit_replay::Tap), Failure> {
         .stdout(stdout)
         // Its "reading from file -, link-type ..." banner is not a packet.
         .stderr(Stdio::null())
+        // Out of our process group: Ctrl-C stops the run (which then closes tcpdump's input so
+        // it prints what it has), not tcpdump under it.
+        .process_group(0)
         .spawn()
         .map_err(|e| {
             Failure::Runtime(format!(
