@@ -563,6 +563,10 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let hint = |h: &str| eprintln!("tcpkit load: {h}");
     let result = lib::run(&cfg, interrupt, &live, &hint);
     monitor.stop();
+    if let (Err(_), Some(p)) = (&result, &args.plot) {
+        // The run did not happen: no picture, not an empty file.
+        let _ = std::fs::remove_file(p);
+    }
     let report = result.map_err(|e| {
         if e.is_usage() {
             Failure::Usage(crate::chain(&e))

@@ -484,6 +484,10 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     if bracket {
         eprintln!("Test complete: {}", local_time_now());
     }
+    if let (Err(_), Some(p)) = (&result, &args.plot) {
+        // Nothing was sent: no picture, not an empty file.
+        let _ = std::fs::remove_file(p);
+    }
     let outcome = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     decoded?;
     if let Some(p) = &args.plot {

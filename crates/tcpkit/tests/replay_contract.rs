@@ -351,4 +351,18 @@ fn issue10_plot_draws_the_timing_error() {
         "{se}"
     );
     assert!(stdout(&out).is_empty(), "nothing was sent");
+    // A run that cannot start leaves no empty picture behind.
+    let gone = dir.path().join("gone.svg");
+    let out = common::run(&[
+        "replay",
+        "-i",
+        "no-such-if0",
+        "-x",
+        "2",
+        "--plot",
+        gone.to_str().unwrap(),
+        p.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!gone.exists());
 }
