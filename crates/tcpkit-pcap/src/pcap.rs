@@ -243,6 +243,11 @@ impl<W: Write> PcapWriter<W> {
         self.w.write_all(data.get(..keep).unwrap_or(data))
     }
 
+    /// Pushes what is buffered to the reader (a pipe's reader sees every whole record so far).
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.w.flush()
+    }
+
     /// Flushes and returns the inner writer.
     pub fn finish(mut self) -> io::Result<W> {
         self.w.flush()?;

@@ -41,6 +41,9 @@ pub struct Config {
     /// sendmmsg batch size.
     pub batch: usize,
     pub flow_expiry: Option<Duration>,
+    /// Keep the timing error per interval of this length (for `--plot`); None keeps only the
+    /// run's histogram.
+    pub timeline: Option<Duration>,
 }
 
 impl Config {
@@ -63,6 +66,7 @@ impl Config {
             threads: 1,
             batch: 64,
             flow_expiry: None,
+            timeline: None,
         }
     }
 }

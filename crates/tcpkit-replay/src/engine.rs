@@ -2,11 +2,14 @@
 //! batched sink. Every mode (capture timing, rates, top speed, dry run, sharded threads) is this
 //! one loop with different parts plugged in, never a copy of it.
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use tcpkit_pace::{now_ns, Pacer, Rate, Schedule};
-use tcpkit_pcap::{CaptureFile, PcapError};
+use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter};
 use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters, SendError, Sink};
+use tcpkit_stats::plot::{Sample, Timeline};
 use tcpkit_stats::{
     DeviceStats, FlowStats, FlowTable, Histogram, IfDelta, LiveCounters, ReplayReport, TimingError,
     REPLAY_SCHEMA_VERSION,
@@ -31,6 +34,12 @@ const WAIT_SLICE_NS: u64 = 50_000_000;
 pub struct Outcome {
     pub report: ReplayReport,
     pub error: Option<ReplayError>,
+    /// How late paced frames left (ns), over the whole run: what the report's percentiles
+    /// and `--plot`'s spectrum come from. Empty at top speed and for `-w`.
+    pub late: Histogram,
+    /// With [`Config::timeline`]: the timing error per interval (the first sender's; paced
+    /// runs have one).
+    pub timeline: Vec<Sample>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +59,41 @@ pub enum ReplayError {
     Send(#[from] SendError),
     #[error("{0}")]
     Setup(String),
+    /// Writing to the `-v` decoder failed (it exited, or its pipe broke).
+    #[error("-v: writing packets to the decoder")]
+    Tap(#[source] std::io::Error),
+}
+
+/// A copy of every frame handed to the sink, as a pcap stream (ns timestamps: the time each
+/// frame was due to leave in capture time, as the capture has it): what `-v` pipes to tcpdump,
+/// as tcpreplay -v does.
+pub struct Tap {
+    out: Mutex<PcapWriter<Box<dyn Write + Send>>>,
+}
+
+impl std::fmt::Debug for Tap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tap")
+    }
+}
+
+impl Tap {
+    /// Writes the pcap file header to `out` at once, so a reader that cannot start is seen
+    /// before the first packet leaves.
+    pub fn new(out: Box<dyn Write + Send>) -> std::io::Result<Tap> {
+        let mut w = PcapWriter::new(out, DLT_EN10MB, 262_144, true)?;
+        w.flush()?;
+        Ok(Tap { out: Mutex::new(w) })
+    }
+
+    /// Flushes and hands back the stream (closing it tells the reader the capture ended).
+    pub fn finish(self) -> std::io::Result<Box<dyn Write + Send>> {
+        let w = self
+            .out
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        w.finish()
+    }
 }
 
 /// Runs a replay. `Err` means nothing was sent (setup failed); a failure after sending began
@@ -58,6 +102,16 @@ pub fn run(
     cfg: &Config,
     interrupt: &AtomicBool,
     live: &LiveCounters,
+) -> Result<Outcome, ReplayError> {
+    run_with_tap(cfg, interrupt, live, None)
+}
+
+/// [`run`], with every frame also written to `tap` just before it is sent.
+pub fn run_with_tap(
+    cfg: &Config,
+    interrupt: &AtomicBool,
+    live: &LiveCounters,
+    tap: Option<&Tap>,
 ) -> Result<Outcome, ReplayError> {
     if cfg.inputs.is_empty() {
         return Err(ReplayError::Setup("no input file given".into()));
@@ -79,7 +133,7 @@ pub fn run(
         })
         .collect::<Result<Vec<_>, _>>()?;
 
-    let (if_mac, if_before, dry_run, out_name) = match &cfg.output {
+    let (if_mac, if_mtu, if_before, dry_run, out_name) = match &cfg.output {
         Output::Interface { name, .. } => {
             let info = tcpkit_send::if_info(name)?;
             if !info.is_ethernet {
@@ -88,9 +142,15 @@ pub fn run(
                 )));
             }
             let before = tcpkit_send::if_counters(name).ok();
-            (info.mac.map(MacAddr), before, false, name.clone())
+            (
+                info.mac.map(MacAddr),
+                Some(info.mtu),
+                before,
+                false,
+                name.clone(),
+            )
         }
-        Output::File(p) => (None, None, true, p.display().to_string()),
+        Output::File(p) => (None, None, None, true, p.display().to_string()),
     };
     let l2_src = cfg.l2_src.or(if_mac).unwrap_or(MacAddr([0; 6]));
     let l2_dst = cfg.l2_dst.unwrap_or(MacAddr::BROADCAST);
@@ -106,6 +166,7 @@ pub fn run(
         reserved: AtomicU64::new(0),
         abort: AtomicBool::new(false),
         start_ns: AtomicU64::new(0),
+        tap,
     };
 
     let threads = cfg.threads.max(1);
@@ -149,7 +210,7 @@ pub fn run(
     }
 
     Ok(report(
-        cfg, &shared, results, end_ns, dry_run, out_name, if_before, if_mac,
+        cfg, &shared, results, end_ns, dry_run, out_name, if_before, if_mac, if_mtu,
     ))
 }
 
@@ -163,6 +224,7 @@ fn report(
     out_name: String,
     if_before: Option<tcpkit_send::IfCounters>,
     if_mac: Option<MacAddr>,
+    if_mtu: Option<u32>,
 ) -> Outcome {
     let mut dev = SendCounters::default();
     let mut hist = Histogram::new();
@@ -171,9 +233,16 @@ fn report(
     let (mut eth_added, mut loops, mut virt_ns) = (0, u64::MAX, 0);
     let mut error = None;
     let mut stopped_by = None;
-    for r in results {
+    let mut timeline = Vec::new();
+    for mut r in results {
+        if timeline.is_empty() {
+            timeline = std::mem::take(&mut r.timeline);
+        }
         dev.successful += r.counters.successful;
         dev.failed += r.counters.failed;
+        dev.failed_too_big += r.counters.failed_too_big;
+        dev.failed_malformed += r.counters.failed_malformed;
+        dev.failed_stuck += r.counters.failed_stuck;
         dev.truncated += r.counters.truncated;
         dev.retried_enobufs += r.counters.retried_enobufs;
         dev.retried_eagain += r.counters.retried_eagain;
@@ -225,6 +294,7 @@ fn report(
         stopped_by = Some(chain(e));
     }
     let paced = !matches!(cfg.rate, Rate::Topspeed) && !dry_run;
+    let failure = failure(&dev, dry_run, &out_name, if_mtu);
     let report = ReplayReport {
         schema_version: REPLAY_SCHEMA_VERSION,
         output: out_name,
@@ -248,6 +318,9 @@ fn report(
         device: DeviceStats {
             successful: dev.successful,
             failed: dev.failed,
+            failed_too_big: dev.failed_too_big,
+            failed_malformed: dev.failed_malformed,
+            failed_stuck: dev.failed_stuck,
             truncated: dev.truncated,
             retried_enobufs: dev.retried_enobufs,
             retried_eagain: dev.retried_eagain,
@@ -264,8 +337,63 @@ fn report(
         }),
         ethernet_dst: (eth_added > 0).then(|| shared.l2_dst.to_string()),
         stopped_by,
+        failure,
     };
-    Outcome { report, error }
+    Outcome {
+        report,
+        error,
+        late: hist,
+        timeline,
+    }
+}
+
+/// Why not every frame offered was sent whole, with the errno, how many, and what to do, as
+/// one line (tcpreplay names the errno per packet; one line with the counts reads better and
+/// ends the run's output). None when nothing failed.
+fn failure(dev: &SendCounters, dry_run: bool, out: &str, mtu: Option<u32>) -> Option<String> {
+    let bad = dev.failed + dev.truncated;
+    if bad == 0 {
+        return None;
+    }
+    let offered = dev.successful + bad;
+    let mut why = Vec::new();
+    if dev.failed_too_big > 0 {
+        let mtu = mtu.map_or_else(|| "?".to_string(), |m| m.to_string());
+        why.push(format!(
+            "{} refused with Message too long (EMSGSIZE): the MTU of {out} is {mtu}; truncate them with --mtu-trunc --mtu {mtu}, or raise the MTU (ip link set {out} mtu N)",
+            dev.failed_too_big
+        ));
+    }
+    if dev.failed_malformed > 0 {
+        why.push(format!(
+            "{} refused with Invalid argument (EINVAL): shorter than an Ethernet header (14 bytes)",
+            dev.failed_malformed
+        ));
+    }
+    if dev.failed_stuck > 0 {
+        why.push(format!(
+            "{} given up after the device queue stayed full for over a second (ENOBUFS/EAGAIN): lower the rate, or lengthen the queue (ip link set {out} txqueuelen N)",
+            dev.failed_stuck
+        ));
+    }
+    let other = dev
+        .failed
+        .saturating_sub(dev.failed_too_big + dev.failed_malformed + dev.failed_stuck);
+    if other > 0 {
+        why.push(if dry_run {
+            format!("{other} could not be stored in {out} (a timestamp after 2106, or over 4 GiB)")
+        } else {
+            format!("{other} not sent after the send error below")
+        });
+    }
+    if dev.truncated > 0 {
+        why.push(format!("{} truncated by the kernel", dev.truncated));
+    }
+    let verb = if dry_run { "written" } else { "sent" };
+    Some(format!(
+        "{bad} of {offered} packets not {verb}: {}",
+        why.join("; ")
+    ))
 }
 
 /// An error with its sources, each said once, on one line.
@@ -299,6 +427,8 @@ struct Shared<'a> {
     /// The run's time zero: when the first packet was ready to leave (0 until then). Taken
     /// then, not at setup, so opening sockets never makes the first packets late.
     start_ns: AtomicU64,
+    /// `-v`: every frame is copied here before it is sent.
+    tap: Option<&'a Tap>,
 }
 
 impl Shared<'_> {
@@ -330,6 +460,7 @@ struct WorkerResult {
     last_send_ns: u64,
     error: Option<ReplayError>,
     stopped_by: Option<String>,
+    timeline: Vec<Sample>,
 }
 
 impl WorkerResult {
@@ -344,6 +475,7 @@ impl WorkerResult {
             last_send_ns: 0,
             error: Some(ReplayError::Setup("a sender thread panicked".into())),
             stopped_by: None,
+            timeline: Vec::new(),
         }
     }
 }
@@ -376,6 +508,8 @@ struct Worker<'a> {
     ts: Vec<u64>,
     n: usize,
     late: Histogram,
+    /// `--plot`: the same values per interval, started with the run's time zero.
+    timeline: Option<Timeline>,
     flows: FlowTable<FlowKey>,
     eth_added: u64,
     last_send_ns: u64,
@@ -410,6 +544,7 @@ impl<'a> Worker<'a> {
             ts: vec![0; batch],
             n: 0,
             late: Histogram::new(),
+            timeline: None,
             flows: FlowTable::new(expiry),
             eth_added: 0,
             last_send_ns: 0,
@@ -434,7 +569,13 @@ impl<'a> Worker<'a> {
         if let Err(e) = flushed.and_then(|()| self.sink.flush().map_err(ReplayError::from)) {
             error.get_or_insert(e);
         }
+        let timeline = self
+            .timeline
+            .take()
+            .map(|t| t.finish(self.last_send_ns.max(self.t0)))
+            .unwrap_or_default();
         WorkerResult {
+            timeline,
             counters: self.sink.counters(),
             late: self.late,
             flows: self.flows,
@@ -502,6 +643,9 @@ impl<'a> Worker<'a> {
             if self.t0 == 0 {
                 self.t0 = sh.start();
                 self.end_ns = cfg.duration.map(|d| self.t0 + d.as_nanos() as u64);
+                self.timeline = cfg
+                    .timeline
+                    .map(|every| Timeline::new(self.t0, every.as_nanos() as u64));
             }
             let link = match link_cache {
                 Some((dlt, l)) if dlt == pkt.linktype => l,
@@ -681,8 +825,30 @@ impl<'a> Worker<'a> {
         for i in 0..self.n {
             if let Some(due) = self.due[i] {
                 self.late.record(now.saturating_sub(due));
+                if let Some(t) = &mut self.timeline {
+                    t.record(now, now.saturating_sub(due));
+                }
             }
             bytes += self.frame(i).len() as u64;
+        }
+        if let Some(tap) = self.sh.tap {
+            let mut w = tap
+                .out
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for i in 0..self.n {
+                let f = self.frame(i);
+                let r = w.write_packet(self.ts[i], f, f.len() as u32);
+                if let Err(e) = r {
+                    self.n = 0;
+                    return Err(ReplayError::Tap(e));
+                }
+            }
+            // Flushed per batch so the decoded lines follow the sending, not a buffer.
+            if let Err(e) = w.flush() {
+                self.n = 0;
+                return Err(ReplayError::Tap(e));
+            }
         }
         // The sink takes borrowed frames; they are listed on the stack, SEND_CHUNK at a time,
         // so a paced run (a batch of one per packet) allocates nothing per packet.

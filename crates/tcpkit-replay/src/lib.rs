@@ -9,7 +9,17 @@ mod config;
 mod engine;
 
 pub use config::{Config, Output};
-pub use engine::{run, Outcome, ReplayError};
+pub use engine::{run, run_with_tap, Outcome, ReplayError, Tap};
 pub use tcpkit_pace::Rate;
+pub use tcpkit_send::IfInfo;
 pub use tcpkit_stats::ReplayReport;
 pub use tcpkit_wire::{IpMap, MacAddr, PortMap, RewriteConfig, TtlEdit, VlanEdit};
+
+/// The interfaces of this network namespace that replay can send on: Ethernet ones (replay
+/// sends Ethernet frames; loopback and tunnels take none). `replay --listnics`.
+pub fn sendable_interfaces() -> Result<Vec<IfInfo>, ReplayError> {
+    Ok(tcpkit_send::interfaces()?
+        .into_iter()
+        .filter(|i| i.is_ethernet)
+        .collect())
+}

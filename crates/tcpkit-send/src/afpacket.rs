@@ -272,8 +272,13 @@ fn send_chunk(
         match err.raw_os_error() {
             Some(libc::EINTR) => {}
             // Too big for the MTU, or shorter than a link-layer header: this frame only.
-            Some(libc::EMSGSIZE | libc::EINVAL) => {
+            Some(code @ (libc::EMSGSIZE | libc::EINVAL)) => {
                 counters.failed += 1;
+                if code == libc::EMSGSIZE {
+                    counters.failed_too_big += 1;
+                } else {
+                    counters.failed_malformed += 1;
+                }
                 i += 1;
                 stuck_since = None;
             }
@@ -281,6 +286,7 @@ fn send_chunk(
                 let since = *stuck_since.get_or_insert_with(std::time::Instant::now);
                 if since.elapsed() > STUCK_AFTER {
                     counters.failed += 1;
+                    counters.failed_stuck += 1;
                     i += 1;
                     stuck_since = None;
                     continue;
@@ -582,6 +588,12 @@ mod tests {
             sink.send_batch(&refs).expect("send");
             let c = sink.counters();
             assert_eq!((c.successful, c.failed, c.truncated), (4, 3, 0), "{mode:?}");
+            // Each failure is told by its errno: two too big, one too short.
+            assert_eq!(
+                (c.failed_too_big, c.failed_malformed, c.failed_stuck),
+                (2, 1, 0),
+                "{mode:?}"
+            );
             let mut buf = vec![0u8; 10000];
             for i in [0, 2, 4, 6] {
                 let n = recv(&rx, &mut buf).expect("frame");

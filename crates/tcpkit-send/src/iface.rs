@@ -152,6 +152,28 @@ pub fn if_counters(ifname: &str) -> Result<IfCounters, SendError> {
     })
 }
 
+/// Every interface of the calling thread's network namespace (in the kernel's order), with
+/// its facts: what `replay --listnics` shows. An interface that goes away while it is listed is
+/// left out.
+pub fn interfaces() -> Result<Vec<IfInfo>, SendError> {
+    const PATH: &str = "/proc/thread-self/net/dev";
+    let text = std::fs::read_to_string(PATH).map_err(|source| SendError::File {
+        path: PATH.into(),
+        what: "cannot read",
+        source,
+    })?;
+    Ok(net_dev_names(&text)
+        .filter_map(|name| if_info(name).ok())
+        .collect())
+}
+
+/// The interface names of /proc/net/dev's text, after its two header lines.
+fn net_dev_names(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .skip(2)
+        .filter_map(|l| l.split_once(':').map(|(name, _)| name.trim()))
+}
+
 /// The counters of `ifname` in the text of /proc/net/dev: after `name:`, 8 receive fields
 /// (bytes packets errs drop fifo frame compressed multicast) then 8 transmit fields (bytes
 /// packets errs drop fifo colls carrier compressed).
@@ -189,6 +211,11 @@ Inter-|   Receive                                                |  Transmit
     lo:  123456     789    0    0    0     0          0         0   123456     789    0    0    0     0       0          0
   tka1: 18446744073709551615 2 0 3 0 0 0 0 4000000000000 5 6 7 0 0 0 0
 ";
+
+    #[test]
+    fn lists_proc_net_dev_names() {
+        assert_eq!(net_dev_names(NET_DEV).collect::<Vec<_>>(), ["lo", "tka1"]);
+    }
 
     #[test]
     fn parses_proc_net_dev_with_64_bit_counters() {

@@ -16,7 +16,7 @@ mod ring;
 pub use afpacket::{AfPacketOpts, AfPacketSink, TxMode};
 pub use error::SendError;
 pub use file::PcapFileSink;
-pub use iface::{if_counters, if_info, IfCounters, IfInfo};
+pub use iface::{if_counters, if_info, interfaces, IfCounters, IfInfo};
 
 /// What a sink did with the frames it was given. `successful + failed + truncated` is the
 /// number of frames offered.
@@ -26,6 +26,13 @@ pub struct SendCounters {
     pub successful: u64,
     /// Frames not sent (too big for the MTU, malformed, or the interface failed).
     pub failed: u64,
+    /// Of `failed`: refused with EMSGSIZE, longer than the interface's MTU + link header.
+    pub failed_too_big: u64,
+    /// Of `failed`: refused with EINVAL, shorter than a link-layer header.
+    pub failed_malformed: u64,
+    /// Of `failed`: given up after the device queue or socket buffer stayed full (ENOBUFS /
+    /// EAGAIN) for over a second.
+    pub failed_stuck: u64,
     /// Frames of which the kernel took fewer bytes than asked.
     pub truncated: u64,
     /// Times a send was retried after ENOBUFS (a full device queue).

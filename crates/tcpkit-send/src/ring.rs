@@ -337,6 +337,7 @@ impl TxRing {
                         // PACKET_LOSS discards it.
                         self.set_len(self.unconfirmed, 0);
                         c.failed += 1;
+                        c.failed_stuck += 1;
                         stuck_since = None;
                         continue;
                     }

@@ -48,6 +48,11 @@ impl Histogram {
         }
     }
 
+    /// The hdrhistogram itself, for this crate's own readers (the plot's spectrum).
+    pub(crate) fn inner(&self) -> &hdrhistogram::Histogram<u64> {
+        &self.inner
+    }
+
     pub fn count(&self) -> u64 {
         self.inner.len()
     }

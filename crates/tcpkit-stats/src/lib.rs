@@ -9,6 +9,7 @@ mod flows;
 mod hist;
 mod live;
 mod load;
+pub mod plot;
 mod replay;
 mod report;
 

@@ -38,6 +38,10 @@ pub struct ReplayReport {
     pub ethernet_dst: Option<String>,
     /// Why the run ended early, if it did (an input error, an interrupt).
     pub stopped_by: Option<String>,
+    /// Why the run did not send every packet it was asked to (which errno, how many, what to
+    /// do); None when every frame offered was sent whole. Such a run exits 1 with this as its
+    /// last line.
+    pub failure: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -78,6 +82,12 @@ impl TimingError {
 pub struct DeviceStats {
     pub successful: u64,
     pub failed: u64,
+    /// Of `failed`: refused with EMSGSIZE (longer than the interface's MTU + header).
+    pub failed_too_big: u64,
+    /// Of `failed`: refused with EINVAL (shorter than a link-layer header).
+    pub failed_malformed: u64,
+    /// Of `failed`: given up after the device queue stayed full for over a second.
+    pub failed_stuck: u64,
     pub truncated: u64,
     pub retried_enobufs: u64,
     pub retried_eagain: u64,
@@ -95,26 +105,39 @@ impl Report for ReplayReport {
     /// The human summary, in tcpreplay's words where tcpreplay has words.
     fn human(&self) -> String {
         let mut s = String::new();
+        // tcpreplay 4.4.3's decimals: seconds to the microsecond under one second, to the
+        // hundredth above; Mbps to three decimals under 1 Mbps, two above. Truncated, not
+        // rounded, as its integer arithmetic does.
+        let secs_decimals = if self.seconds >= 1.0 { 2 } else { 6 };
         let _ = writeln!(
             s,
-            "Actual: {} packets ({} bytes) sent in {:.6} seconds",
-            self.packets, self.bytes, self.seconds
+            "Actual: {} packets ({} bytes) sent in {} seconds",
+            self.packets,
+            self.bytes,
+            truncated(self.seconds, secs_decimals)
         );
+        let mbps_decimals = if self.rate_mbps >= 1.0 { 2 } else { 3 };
         let _ = writeln!(
             s,
-            "Rated: {:.1} Bps, {:.2} Mbps, {:.2} pps",
-            self.rate_bps, self.rate_mbps, self.rate_pps
+            "Rated: {} Bps, {} Mbps, {} pps",
+            truncated(self.rate_bps, 1),
+            truncated(self.rate_mbps, mbps_decimals),
+            truncated(self.rate_pps, 2)
         );
         let f = &self.flows;
         let _ = writeln!(
             s,
-            "Flows: {} flows, {:.2} fps, {} flow packets, {} non-flow",
-            f.flows, f.flows_per_sec, f.flow_packets, f.non_flow_packets
+            "Flows: {} flows, {} fps, {} unique flow packets, {} unique non-flow packets",
+            f.flows,
+            truncated(f.flows_per_sec, 2),
+            f.flow_packets,
+            f.non_flow_packets
         );
         let _ = writeln!(
             s,
-            "Connections: {} connections, {:.2} cps",
-            f.connections, f.connections_per_sec
+            "Connections: {} connections, {} cps",
+            f.connections,
+            truncated(f.connections_per_sec, 2)
         );
         match &self.timing {
             Some(t) => {
@@ -173,13 +196,25 @@ impl Report for ReplayReport {
         to_json(&v)
     }
 
-    /// Everything asked was sent, or the run says why not (an input error, an interrupt).
+    /// Everything asked was sent, or the run says why not: it stopped early (an input error,
+    /// an interrupt), or frames were refused by the interface (issue 10, case 2).
     fn verdict(&self) -> Verdict {
-        match &self.stopped_by {
+        match self.stopped_by.as_ref().or(self.failure.as_ref()) {
             Some(why) => Verdict::Failed(why.clone()),
             None => Verdict::Done,
         }
     }
+}
+
+/// `v` with `decimals` decimals, cut rather than rounded (tcpreplay prints integer parts and
+/// remainders). The nudge keeps 0.132 from printing as 0.131 through binary fractions.
+fn truncated(v: f64, decimals: usize) -> String {
+    if !v.is_finite() || v <= 0.0 {
+        return format!("{:.*}", decimals, 0.0);
+    }
+    let scale = 10f64.powi(decimals as i32);
+    let cut = ((v * scale) * (1.0 + 1e-12)).floor() / scale;
+    format!("{cut:.decimals$}")
 }
 
 #[cfg(test)]
@@ -229,7 +264,7 @@ mod tests {
         let expected = "\
 Actual: 179 packets (69000 bytes) sent in 0.500000 seconds
 Rated: 138000.0 Bps, 1.10 Mbps, 358.00 pps
-Flows: 45 flows, 90.00 fps, 166 flow packets, 13 non-flow
+Flows: 45 flows, 90.00 fps, 166 unique flow packets, 13 unique non-flow packets
 Connections: 26 connections, 52.00 cps
 Timing: 179 paced packets, late by p50 2.1 us, p99 9.8 us, max 31.0 us
 Statistics for network device: veth0
@@ -241,6 +276,21 @@ Statistics for network device: veth0
 Interface counters over the run: tx_packets 179, tx_bytes 69000, tx_dropped 0, tx_errors 0
 ";
         assert_eq!(sample().human(), expected);
+    }
+
+    #[test]
+    fn decimals_follow_tcpreplay() {
+        let mut r = sample();
+        (r.seconds, r.rate_mbps, r.rate_bps) = (4.156, 0.1329, 16602.87);
+        let h = r.human();
+        assert!(h.starts_with("Actual: 179 packets (69000 bytes) sent in 4.15 seconds\n"));
+        assert!(
+            h.contains("Rated: 16602.8 Bps, 0.132 Mbps, 358.00 pps\n"),
+            "{h}"
+        );
+        assert_eq!(truncated(0.132, 3), "0.132");
+        assert_eq!(truncated(902.729, 2), "902.72");
+        assert_eq!(truncated(0.0, 6), "0.000000");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `tcpkit load`: what the user typed (clap; tcpclient's short options where it has them),
 //! then the resolved `tcpkit_load::load::Config` where every cross-flag check happens.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,7 +11,7 @@ use tcpkit_load::load::{
     self as lib, check_target, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config, Live,
     LiveTotals, Payload, Procs, RateProfile, ResponseEnd,
 };
-use tcpkit_stats::{Monitor, MonitorOptions};
+use tcpkit_stats::{Histogram, LoadReport, Monitor, MonitorOptions};
 
 use crate::common::{self, duration_arg, OutputFlags, RunFlags};
 use crate::Failure;
@@ -192,6 +192,13 @@ pub struct Args {
     /// Internal: this process is worker K of N (with T threads) started by the parent.
     #[arg(long, value_name = "K/N/T", hide = true)]
     pub worker: Option<String>,
+
+    /// Draw the run into FILE (SVG): latency by percentile as wrk2 -U and HdrHistogram's
+    /// plotter show it (corrected, from the intended send time, and uncorrected), then latency
+    /// p50/p99 and the rate achieved, per second. Taken from the --hdr-log interval log
+    /// (FILE.hlog, removed afterwards, when --hdr-log is not given).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -460,7 +467,11 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.udp = a.udp;
     cfg.timeout = timeout;
     cfg.per_query = a.per_query.clone();
-    cfg.hdr_log = a.hdr_log.clone();
+    // --plot draws the per-second panels from the interval log: one is kept when none is asked.
+    cfg.hdr_log = a
+        .hdr_log
+        .clone()
+        .or_else(|| a.plot.as_deref().map(plot_log));
     cfg.threads = a.threads.unwrap_or(0);
     cfg.procs = a.procs.map_or(Procs::Auto, Procs::Fixed);
     if let Some(w) = &a.worker {
@@ -506,8 +517,61 @@ fn per_query_warning(a: &Args) -> Option<String> {
     ))
 }
 
+/// The interval log `--plot FILE` reads when no --hdr-log is given: FILE.hlog (with several
+/// processes each writes FILE.hlog.K). Worker processes compute the same name.
+fn plot_log(svg: &Path) -> PathBuf {
+    let mut s = svg.as_os_str().to_os_string();
+    s.push(".hlog");
+    s.into()
+}
+
+/// The interval logs a run wrote at `base`: the file itself, or one per process (`base.K`).
+fn hdr_logs(base: &Path) -> Vec<PathBuf> {
+    if base.exists() {
+        return vec![base.to_path_buf()];
+    }
+    (0..)
+        .map(|k| {
+            let mut s = base.as_os_str().to_os_string();
+            s.push(format!(".{k}"));
+            PathBuf::from(s)
+        })
+        .take_while(|p| p.exists())
+        .collect()
+}
+
+/// `--plot`: the whole run's histograms from the report, the per-second ones from the log.
+fn plot(svg: &Path, log: &Path, temporary: bool, report: &LoadReport) -> Result<(), Failure> {
+    let logs = hdr_logs(log);
+    let fail = |what: String| Failure::Runtime(format!("--plot {}: {what}", svg.display()));
+    let timeline = tcpkit_stats::plot::timeline_from_hdr_logs(&logs, "intended").map_err(|e| {
+        fail(format!(
+            "cannot read the interval log {}: {e}",
+            log.display()
+        ))
+    });
+    if temporary {
+        for l in &logs {
+            let _ = std::fs::remove_file(l);
+        }
+    }
+    let hist = |b64: &str| {
+        Histogram::from_base64(b64).map_err(|e| fail(format!("the report's histogram: {e}")))
+    };
+    let corrected = hist(&report.histograms.intended)?;
+    let uncorrected = hist(&report.histograms.sent)?;
+    let title = format!("tcpkit load: {}", report.target);
+    tcpkit_stats::plot::load_svg(svg, &title, &corrected, &uncorrected, &timeline?)
+        .map_err(|e| fail(format!("cannot write: {e}")))
+}
+
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let cfg = resolve(&args)?;
+    // A picture that cannot be written is found out before the run, not after it.
+    if let (Some(p), None) = (&args.plot, &cfg.worker) {
+        tcpkit_stats::plot::check_path(p)
+            .map_err(|e| Failure::Runtime(format!("--plot {}: cannot create: {e}", p.display())))?;
+    }
     let live = Arc::new(Live::new());
     if cfg.worker.is_none() {
         if let Some(w) = per_query_warning(&args) {
@@ -539,6 +603,10 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let hint = |h: &str| eprintln!("tcpkit load: {h}");
     let result = lib::run(&cfg, interrupt, &live, &hint);
     monitor.stop();
+    if let (Err(_), Some(p)) = (&result, &args.plot) {
+        // The run did not happen: no picture, not an empty file.
+        let _ = std::fs::remove_file(p);
+    }
     let report = result.map_err(|e| {
         if e.is_usage() {
             Failure::Usage(crate::chain(&e))
@@ -546,12 +614,17 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             Failure::Runtime(crate::chain(&e))
         }
     })?;
+    let plotted = match (&args.plot, &cfg.hdr_log) {
+        (Some(svg), Some(log)) => plot(svg, log, args.hdr_log.is_none(), &report),
+        _ => Ok(()),
+    };
     let mut report = report;
     if report.failure.is_none() && interrupt.load(std::sync::atomic::Ordering::Relaxed) {
         // Stopped before it did what was asked: the report is printed, the run failed.
         report.failure = Some("interrupted".into());
     }
-    common::finish(&report, &args.out)
+    common::finish(&report, &args.out)?;
+    plotted
 }
 
 #[cfg(test)]
@@ -987,5 +1060,23 @@ mod tests {
         assert_eq!(unescape("a\\r\\n\\t\\\\\\x41").unwrap(), b"a\r\n\t\\A");
         assert!(unescape("\\q").is_err());
         assert!(unescape("\\x4").is_err());
+    }
+
+    #[test]
+    fn plot_parses_and_keeps_an_interval_log() {
+        let c = parse(&["127.0.0.1:53", "-r", "10", "--plot", "/tmp/l.svg"]).unwrap();
+        assert_eq!(c.hdr_log, Some(PathBuf::from("/tmp/l.svg.hlog")));
+        // A log the user asked for is the one drawn from.
+        let c = parse(&[
+            "127.0.0.1:53",
+            "-r",
+            "10",
+            "--plot",
+            "/tmp/l.svg",
+            "--hdr-log",
+            "/tmp/h.hlog",
+        ])
+        .unwrap();
+        assert_eq!(c.hdr_log, Some(PathBuf::from("/tmp/h.hlog")));
     }
 }

@@ -1,7 +1,11 @@
 //! `tcpkit replay`: what the user typed (clap, tcpreplay's and tcprewrite's option names), then
 //! the resolved `tcpkit_replay::Config` where every cross-flag check happens.
 
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,11 +18,11 @@ use crate::common::{self, duration_arg, OutputFlags, RunFlags};
 use crate::Failure;
 
 #[derive(Debug, Parser)]
-#[command(group(ArgGroup::new("out").required(true).args(["intf1", "write"])))]
+#[command(group(ArgGroup::new("out").args(["intf1", "write"])))]
 #[command(group(ArgGroup::new("timing").args(["multiplier", "pps", "mbps", "topspeed"])))]
 pub struct Args {
     /// Capture files (pcap or pcapng), sent one after the other.
-    #[arg(required = true, value_name = "PCAP")]
+    #[arg(required_unless_present = "listnics", value_name = "PCAP")]
     pub files: Vec<PathBuf>,
 
     /// Interface to send out of (AF_PACKET; needs root or CAP_NET_RAW).
@@ -154,6 +158,22 @@ pub struct Args {
 
     #[command(flatten)]
     pub out: OutputFlags,
+    /// Decode every packet as it is sent, one line each, as tcpreplay -v does: the frames
+    /// (after rewriting) are piped to `tcpdump -n -l -r -`, so tcpdump must be installed. The
+    /// lines go to stdout, or to stderr with --json.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+
+    /// List the interfaces replay can send on (Ethernet interfaces of this network namespace,
+    /// with their MTU and address) and exit.
+    #[arg(long, exclusive = true)]
+    pub listnics: bool,
+
+    /// Draw how late packets left their intended send time into FILE (SVG): the timing error
+    /// by percentile (HdrHistogram's spectrum: 90%, 99%, 99.9%... evenly spaced) and its p50,
+    /// p99 and max per second. Paced runs only (not --topspeed, not -w).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -256,6 +276,15 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.threads = a.threads;
     cfg.batch = a.batch;
     cfg.flow_expiry = a.flow_expiry;
+    if a.plot.is_some() {
+        if a.topspeed || a.write.is_some() {
+            return Err(Failure::Usage(
+                "--plot draws the timing error of paced packets: --topspeed and -w have none"
+                    .into(),
+            ));
+        }
+        cfg.timeline = Some(Duration::from_secs(1));
+    }
     cfg.l2_src = a.src_mac;
     cfg.l2_dst = a.dst_mac;
 
@@ -328,8 +357,91 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     Ok(cfg)
 }
 
+/// `--listnics`: tcpreplay's header, then one interface a line, its name first.
+fn listnics() -> Result<(), Failure> {
+    let nics = tcpkit_replay::sendable_interfaces()
+        .map_err(|e| Failure::Runtime(format!("--listnics: {}", crate::chain(&e))))?;
+    let mut text = String::from("Available network interfaces:\n");
+    for i in nics {
+        let mac = i.mac.map(|m| tcpkit_replay::MacAddr(m).to_string());
+        text.push_str(&format!(
+            "{}\tmtu {}, {}\n",
+            i.name,
+            i.mtu,
+            mac.as_deref().unwrap_or("no address")
+        ));
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+    Ok(())
+}
+
+/// `-v`: tcpdump reading a pcap stream on its stdin and printing to our stdout (stderr with
+/// --json, so stdout stays one document). Started before the run, so a missing tcpdump stops
+/// the run before anything is sent.
+fn start_decoder(json: bool) -> Result<(Child, tcpkit_replay::Tap), Failure> {
+    let stdout = if json {
+        Stdio::from(
+            std::io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| {
+                    Failure::Runtime(format!("-v: cannot duplicate stderr for tcpdump: {e}"))
+                })?,
+        )
+    } else {
+        Stdio::inherit()
+    };
+    let mut child = Command::new("tcpdump")
+        .args(["-n", "-l", "-r", "-"])
+        .stdin(Stdio::piped())
+        .stdout(stdout)
+        // Its "reading from file -, link-type ..." banner is not a packet.
+        .stderr(Stdio::null())
+        // Out of our process group: Ctrl-C stops the run (which then closes tcpdump's input so
+        // it prints what it has), not tcpdump under it.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| {
+            Failure::Runtime(format!(
+                "-v: cannot run tcpdump, which decodes the packets as tcpreplay -v does: {e}; install tcpdump or leave out -v"
+            ))
+        })?;
+    let stdin = child.stdin.take().expect("stdin was piped");
+    let tap = tcpkit_replay::Tap::new(Box::new(std::io::BufWriter::new(stdin)))
+        .map_err(|e| Failure::Runtime(format!("-v: cannot write to tcpdump: {e}")))?;
+    Ok((child, tap))
+}
+
+/// Closes tcpdump's input and waits until it has printed every packet, so the decoded lines
+/// come before the summary.
+fn stop_decoder(mut child: Child, tap: tcpkit_replay::Tap) -> Result<(), Failure> {
+    drop(tap.finish());
+    match child.wait() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(Failure::Runtime(format!(
+            "-v: tcpdump could not decode the packets ({s})"
+        ))),
+        Err(e) => Err(Failure::Runtime(format!("-v: waiting for tcpdump: {e}"))),
+    }
+}
+
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
+    if args.listnics {
+        return listnics();
+    }
     let cfg = resolve(&args)?;
+    // A picture that cannot be written is found out before the run, not after it.
+    if let Some(p) = &args.plot {
+        tcpkit_stats::plot::check_path(p)
+            .map_err(|e| Failure::Runtime(format!("--plot {}: cannot create: {e}", p.display())))?;
+    }
+    let decoder = if args.verbose {
+        Some(start_decoder(args.out.json)?)
+    } else {
+        None
+    };
     let live = Arc::new(LiveCounters::default());
     let mut monitor = {
         let live = Arc::clone(&live);
@@ -347,14 +459,64 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             )
         })
     };
-    let result = tcpkit_replay::run(&cfg, interrupt, &live);
+    // tcpreplay brackets a --stats run with these two lines; they go with the live lines.
+    let bracket = args.run.stats.is_some_and(|s| !s.is_zero());
+    if bracket {
+        eprintln!("Test start: {} ...", local_time_now());
+    }
+    let result =
+        tcpkit_replay::run_with_tap(&cfg, interrupt, &live, decoder.as_ref().map(|d| &d.1));
     monitor.stop();
+    let decoded = match decoder {
+        Some((child, tap)) => stop_decoder(child, tap),
+        None => Ok(()),
+    };
+    if bracket {
+        eprintln!("Test complete: {}", local_time_now());
+    }
+    if let (Err(_), Some(p)) = (&result, &args.plot) {
+        // Nothing was sent: no picture, not an empty file.
+        let _ = std::fs::remove_file(p);
+    }
     let outcome = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    decoded?;
+    if let Some(p) = &args.plot {
+        let title = format!(
+            "tcpkit replay: {} packets on {}",
+            outcome.report.packets, outcome.report.output
+        );
+        tcpkit_stats::plot::replay_svg(p, &title, &outcome.late, &outcome.timeline)
+            .map_err(|e| Failure::Runtime(format!("--plot {}: cannot write: {e}", p.display())))?;
+    }
     let mut report = outcome.report;
     if report.stopped_by.is_none() && interrupt.load(Ordering::Relaxed) {
         report.stopped_by = Some("interrupted".into());
     }
     common::finish(&report, &args.out)
+}
+
+/// The wall clock in local time as tcpreplay prints it: `2026-11-24 09:12:55.892051`.
+fn local_time_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() as libc::time_t;
+    // SAFETY: tm is plain old data; localtime_r fills it from a time_t we own.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are to locals that outlive the call.
+    if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() {
+        return format!("{}.{:06}", now.as_secs(), now.subsec_micros());
+    }
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec,
+        now.subsec_micros()
+    )
 }
 
 #[cfg(test)]
@@ -440,6 +602,30 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn verbose_and_listnics_parse() {
+        for v in ["-v", "--verbose"] {
+            let a = Args::try_parse_from(["replay", "-i", "x", v, "f"]).unwrap();
+            assert!(a.verbose && !a.listnics);
+        }
+        // --listnics needs neither an interface nor a capture, and takes nothing else.
+        let a = Args::try_parse_from(["replay", "--listnics"]).unwrap();
+        assert!(a.listnics && a.files.is_empty());
+        assert!(Args::try_parse_from(["replay", "--listnics", "f"]).is_err());
+        assert!(Args::try_parse_from(["replay", "--listnics", "-v"]).is_err());
+        let a = Args::try_parse_from(["replay", "-i", "x", "-p", "10", "--plot", "t.svg", "f"]);
+        assert_eq!(a.unwrap().plot, Some(PathBuf::from("t.svg")));
+        assert!(parse(&["-i", "x", "-p", "10", "--plot", "t.svg", "f"])
+            .unwrap()
+            .timeline
+            .is_some());
+        assert!(parse(&["-i", "x", "-t", "--plot", "t.svg", "f"])
+            .unwrap_err()
+            .contains("--plot"));
+        // Without it, a capture is still required.
+        assert!(Args::try_parse_from(["replay", "-i", "x"]).is_err());
     }
 
     #[test]
