@@ -71,13 +71,17 @@ pub(crate) fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
 
 /// Installs the one handler for SIGINT and SIGTERM. The first sets the returned flag: every
 /// job polls it, stops promptly (a bounded drain, said in its `--help`) and prints its report.
-/// The second exits at once with 128 + the signal's number, as a shell reports a killed job.
-pub(crate) fn install_signals() -> &'static AtomicBool {
+/// The second exits at once with 128 + the signal's number, as a shell reports a killed job
+/// (unless `second_exits` is false: a worker process, which hears every signal twice).
+pub(crate) fn install_signals(second_exits: bool) -> &'static AtomicBool {
     let flag: &'static Arc<AtomicBool> = Box::leak(Box::new(Arc::new(AtomicBool::new(false))));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // Order matters: the conditional exit looks at the flag before the second
         // registration sets it, so the first signal only sets it.
-        let _ = signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(flag));
+        if second_exits {
+            let _ =
+                signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(flag));
+        }
         let _ = signal_hook::flag::register(sig, Arc::clone(flag));
     }
     flag

@@ -639,9 +639,9 @@ mod tests {
         assert!(e(&["-n", "0"]).contains("-n 0"));
         assert!(e(&["-r", "101"]).contains("-r 101"));
         assert!(e(&["-r", "nan"]).contains("-r NaN"));
-        assert!(e(&["--ramp=-1"]).contains("--ramp -1"));
+        assert!(e(&["--ramp=-1"]).contains("'-1' for '--ramp"));
         assert!(e(&["--timeout", "0"]).contains("--timeout 0"));
-        assert!(e(&["--max-memory", "lots"]).contains("--max-memory 'lots'"));
+        assert!(e(&["--max-memory", "lots"]).contains("'lots' for '--max-memory"));
         assert!(e(&["--max-memory", "1000"]).contains("at least 1M"));
         assert!(e(&["--nice", "20"]).contains("--nice 20"));
         assert!(e(&["--duration", "inf"]).contains("--duration"));
@@ -652,7 +652,7 @@ mod tests {
         assert!(e(&["--loop", "2"]).contains("--input"));
         assert!(e(&["--input", "f", "--speed", "0"]).contains("--speed 0"));
         assert!(e(&["--input", "f", "--loop", "0"]).contains("--loop 0"));
-        assert!(e(&["--input", "f", "--max-idle=-1"]).contains("--max-idle -1"));
+        assert!(e(&["--input", "f", "--max-idle=-1"]).contains("'-1' for '--max-idle"));
         assert!(e(&["--input", "f", "-i", "eth0"]).contains("cannot be used with"));
         assert!(e(&["--max-loss", "101"]).contains("--max-loss 101"));
         assert!(e(&["--max-loss=-1"]).contains("--max-loss -1"));

@@ -323,7 +323,7 @@ mod tests {
         assert!(e(&["--dns-a", "1.2.3.4"]).contains("--dns"));
         assert!(e(&["--dns", "--dns-a", "::1"]).contains("--dns-a"));
         assert!(e(&["--max-conn-buf", "10"]).contains("--max-conn-buf 10"));
-        assert!(e(&["--duration=-1"]).contains("--duration -1"));
+        assert!(e(&["--duration=-1"]).contains("'-1' for '--duration"));
         assert!(e(&["--stats", "nan"]).contains("--stats"));
         assert!(e(&["--procs", "0"]).contains("--procs 0"));
         assert!(e(&["--worker", "3/2"]).contains("--worker '3/2'"));

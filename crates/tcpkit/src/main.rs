@@ -85,7 +85,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let interrupted = common::install_signals();
+    // A worker process (--procs) gets a terminal's Ctrl-C from its process group and again
+    // from its parent, which forwards it: for a worker that is one stop, not a second signal.
+    // The parent's own second signal still exits it at once, and its workers follow (they die
+    // with their parent).
+    let worker = match &cli.cmd {
+        Cmd::Echo(a) => a.worker.is_some(),
+        Cmd::Load(a) => a.worker.is_some(),
+        _ => false,
+    };
+    let interrupted = common::install_signals(!worker);
     let (name, result) = match cli.cmd {
         Cmd::Replay(args) => ("replay", replay::main(args, interrupted)),
         Cmd::Echo(args) => ("echo", echo::main(args, interrupted)),

@@ -461,7 +461,11 @@ mod tests {
         assert_eq!(e.procs_needed, 51);
         let hard = find(&e, "RLIMIT_NOFILE (hard)");
         assert_eq!(hard.status, Status::Ok);
-        assert_eq!(hard.wanted, ">= 1000072, or --procs 51");
+        // Issue 10, case 10: "OK ... = 20000, want >= 1000072" read as OK below what is wanted.
+        assert_eq!(
+            hard.wanted,
+            "--procs 51 at this limit (one process would need >= 1000072)"
+        );
         assert!(hard.why.contains("at most 19928 connections"));
         assert_eq!(find(&e, "RLIMIT_NOFILE (soft)").status, Status::Ok);
         assert_eq!(find(&e, "fs.nr_open").status, Status::Ok);
