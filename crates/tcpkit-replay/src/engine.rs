@@ -592,6 +592,7 @@ impl<'a> Worker<'a> {
         let cfg = self.sh.cfg;
         let mut loop_no: u64 = 0;
         loop {
+            self.sh.live.loop_started(loop_no);
             for (fi, file) in self.sh.files.iter().enumerate() {
                 if loop_no > 0 || fi > 0 {
                     // A new file follows the last one at once; a new loop after --loopdelay-ms.

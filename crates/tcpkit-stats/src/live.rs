@@ -16,6 +16,11 @@ pub struct LiveCounters {
     pub packets: AtomicU64,
     pub bytes: AtomicU64,
     pub failed: AtomicU64,
+    /// The loop being sent, from 1 (0 before the first packet).
+    pub loop_no: AtomicU64,
+    /// Packets in one loop, known once the second loop starts (0 until then): what the
+    /// live line's percent and ETA are computed from when the run is a number of loops.
+    pub loop_packets: AtomicU64,
 }
 
 impl LiveCounters {
@@ -23,6 +28,16 @@ impl LiveCounters {
     pub fn add(&self, packets: u64, bytes: u64) {
         self.packets.fetch_add(packets, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// A sender starts loop `n` (0-based). The first to start the second loop takes the count
+    /// so far as one loop's packets (up to one unflushed batch short: for the live line only).
+    pub fn loop_started(&self, n: u64) {
+        let before = self.loop_no.fetch_max(n + 1, Ordering::Relaxed);
+        if n == 1 && before < 2 {
+            let done = self.packets.load(Ordering::Relaxed) + self.failed.load(Ordering::Relaxed);
+            self.loop_packets.store(done, Ordering::Relaxed);
+        }
     }
 }
 

@@ -449,13 +449,15 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             stats_every: args.run.stats.filter(|d| !d.is_zero()),
             progress: args.out.progress(),
         };
+        let (loops, limit, duration) = (cfg.loops, cfg.limit, cfg.duration);
         Monitor::start(opts, move |elapsed| {
             let p = live.packets.load(Ordering::Relaxed);
             let b = live.bytes.load(Ordering::Relaxed);
             let s = elapsed.as_secs_f64();
             let (bps, mbps, pps) = tcpkit_stats::rates(p, b, s);
+            let progress = progress_line(&live, loops, limit, duration, elapsed);
             format!(
-                "Actual: {p} packets ({b} bytes) sent in {s:.6} seconds\nRated: {bps:.1} Bps, {mbps:.2} Mbps, {pps:.2} pps"
+                "Actual: {p} packets ({b} bytes) sent in {s:.6} seconds\nRated: {bps:.1} Bps, {mbps:.2} Mbps, {pps:.2} pps\n{progress}"
             )
         })
     };
@@ -495,6 +497,39 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     common::finish(&report, &args.out)
 }
 
+/// The live block's last line: the loop (k/N, or k/forever) and, where the end is known
+/// (`--limit`, `--duration`, or N loops once one loop's size is known), percent done and ETA.
+fn progress_line(
+    live: &LiveCounters,
+    loops: u64,
+    limit: Option<u64>,
+    duration: Option<Duration>,
+    elapsed: Duration,
+) -> String {
+    let done = live.packets.load(Ordering::Relaxed) + live.failed.load(Ordering::Relaxed);
+    let k = live.loop_no.load(Ordering::Relaxed).max(1);
+    let mut s = if loops == 0 {
+        format!("Progress: loop {k} of forever")
+    } else {
+        format!("Progress: loop {k}/{loops}")
+    };
+    let per_loop = live.loop_packets.load(Ordering::Relaxed);
+    let by_loops = (loops > 0 && per_loop > 0).then(|| per_loop.saturating_mul(loops));
+    let by_packets = match (limit, by_loops) {
+        (Some(l), Some(t)) => Some(l.min(t)),
+        (l, t) => l.or(t),
+    };
+    let tail = match (by_packets, duration) {
+        (Some(total), _) => tcpkit_stats::percent_eta(done, total, elapsed),
+        (None, Some(d)) => {
+            tcpkit_stats::percent_eta(elapsed.as_millis() as u64, d.as_millis() as u64, elapsed)
+        }
+        (None, None) => String::new(),
+    };
+    s.push_str(&tail);
+    s
+}
+
 /// The wall clock in local time as tcpreplay prints it: `2026-11-24 09:12:55.892051`.
 fn local_time_now() -> String {
     let now = std::time::SystemTime::now()
@@ -522,6 +557,37 @@ fn local_time_now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_says_the_loop_and_percent_where_the_end_is_known() {
+        let live = LiveCounters::default();
+        let ten = Duration::from_secs(10);
+        live.loop_started(0);
+        live.add(100, 0);
+        assert_eq!(
+            progress_line(&live, 3, None, None, ten),
+            "Progress: loop 1/3"
+        );
+        assert_eq!(
+            progress_line(&live, 0, None, None, ten),
+            "Progress: loop 1 of forever"
+        );
+        assert_eq!(
+            progress_line(&live, 3, Some(400), None, ten),
+            "Progress: loop 1/3  25.0% ETA 30s"
+        );
+        // One loop's size is known once the second starts: 3 loops of 100.
+        live.loop_started(1);
+        live.add(50, 0);
+        assert_eq!(
+            progress_line(&live, 3, None, None, ten),
+            "Progress: loop 2/3  50.0% ETA 10s"
+        );
+        assert_eq!(
+            progress_line(&live, 0, None, Some(Duration::from_secs(40)), ten),
+            "Progress: loop 2 of forever  25.0% ETA 30s"
+        );
+    }
 
     fn parse(args: &[&str]) -> Result<Config, String> {
         let mut v = vec!["replay"];
