@@ -177,20 +177,7 @@ fn tracker_stats(r: &mut CopyReport, t: &Tracker) {
     c.server_bytes_lost += s.skipped_bytes;
 }
 
-/// `e`'s message with its sources, each said once.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        src = c.source();
-    }
-    s
-}
+pub(crate) use tcpkit_stats::chain;
 
 /// How long the copies still running may take to finish after SIGINT/SIGTERM or
 /// `--duration`: the user bounded the run, and a silent target would otherwise hold it for its

@@ -11,8 +11,8 @@ use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter};
 use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters, SendError, Sink};
 use tcpkit_stats::plot::{Sample, Timeline};
 use tcpkit_stats::{
-    DeviceStats, FlowStats, FlowTable, Histogram, IfDelta, LiveCounters, ReplayReport, TimingError,
-    REPLAY_SCHEMA_VERSION,
+    chain, DeviceStats, FlowStats, FlowTable, Histogram, IfDelta, LiveCounters, ReplayReport,
+    TimingError, REPLAY_SCHEMA_VERSION,
 };
 use tcpkit_wire::{
     flow_key, shard_hash, to_ethernet, unique_ip, FlowKey, LinkType, MacAddr, Rewriter,
@@ -394,21 +394,6 @@ fn failure(dev: &SendCounters, dry_run: bool, out: &str, mtu: Option<u32>) -> Op
         "{bad} of {offered} packets not {verb}: {}",
         why.join("; ")
     ))
-}
-
-/// An error with its sources, each said once, on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        src = c.source();
-    }
-    s
 }
 
 /// What every worker reads.

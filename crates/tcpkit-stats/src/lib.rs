@@ -27,7 +27,7 @@ pub use load::{
 pub use replay::{
     DeviceStats, FlowStats, IfDelta, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
 };
-pub use report::{to_json, Report, Verdict};
+pub use report::{chain, to_json, Report, Verdict};
 
 /// Bytes per second, megabits per second and packets per second over `secs`, as tcpreplay rates
 /// them (0 when no time passed, never NaN or infinity in output).

@@ -49,6 +49,22 @@ pub trait Report {
     fn verdict(&self) -> Verdict;
 }
 
+/// An error and its sources on one line, each said once: `what: why: underlying cause`, as
+/// every error reaches the user (the binary's last line, a report's `failure`, a --check line).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = c.source();
+    }
+    s
+}
+
 /// Serialises a report for `--json`, pretty-printed (people read these too).
 pub fn to_json<T: serde::Serialize>(v: &T) -> String {
     // Every report type is plain data (numbers, strings, maps with string keys): serde_json
@@ -59,6 +75,26 @@ pub fn to_json<T: serde::Serialize>(v: &T) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chain_says_each_cause_once() {
+        let inner = std::io::Error::other("disk full");
+        let outer = std::io::Error::other(Wrap(inner));
+        assert_eq!(chain(&outer), "write out.pcap: disk full");
+    }
+
+    #[derive(Debug)]
+    struct Wrap(std::io::Error);
+    impl std::fmt::Display for Wrap {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "write out.pcap")
+        }
+    }
+    impl std::error::Error for Wrap {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
 
     #[test]
     fn first_failure_wins() {

@@ -110,20 +110,7 @@ pub(crate) fn stop_flag(
     stop
 }
 
-/// An error and its sources on one line: "what: why: underlying cause", each said once.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        src = c.source();
-    }
-    s
-}
+pub(crate) use tcpkit_stats::chain;
 
 /// Writes `text` to stdout. A closed stdout (a pipe into `head`) is not the run's failure:
 /// the report was not wanted.
