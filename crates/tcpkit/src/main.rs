@@ -29,21 +29,29 @@ struct Cli {
 enum Cmd {
     /// Send pcap/pcapng captures out of an interface (tcpreplay's job): at their own timing, a
     /// multiple of it, a set pps/Mbps, or top speed; loops, unique IPs per loop, rewriting.
+    /// SIGINT/SIGTERM: stops within a batch of packets and prints the report (exit 1: not all
+    /// was sent); a second signal exits at once.
     Replay(replay::Args),
     /// The reference server: echo bytes back or answer DNS-over-TCP queries, many connections
-    /// with bounded memory each (tcpserver's job).
+    /// with bounded memory each (tcpserver's job). SIGINT/SIGTERM: closes its listeners and
+    /// connections and prints the report (exit 0); a second signal exits at once.
     Echo(echo::Args),
     /// Many TCP connections to one server and queries at a set rate (tcpclient, wrk2):
     /// open-loop schedule, latency from the intended and the actual send time, lag reported.
+    /// SIGINT/SIGTERM: stops sending, waits at most --timeout for answers still due, prints the
+    /// report (exit 1: the run was cut short); a second signal exits at once.
     Load(load::Args),
     /// Copy live TCP sessions (or a capture's) to a test server without touching production
     /// (tcpcopy's job): reassembled and replayed over ordinary connections (relay mode), or
     /// with the clients' own addresses through a raw socket (--transparent, with intercept).
+    /// SIGINT/SIGTERM or --duration: copies still running get at most 1 s, then the report;
+    /// a second signal exits at once.
     Copy(copy::Args),
     /// For `copy --transparent`: catch the target's answers, on an assistant host (never
     /// forwarded) or on the target itself (--on-target: queued by a netfilter rule and
     /// dropped), and return their headers (and bytes, for `copy --diff`) to the copies over a
-    /// control connection.
+    /// control connection. SIGINT/SIGTERM or --duration: stops at once (on the target, after
+    /// removing its rule) and prints the report; a second signal exits at once.
     Intercept(intercept::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),
