@@ -1,0 +1,153 @@
+//! intercept's control port against hostile peers (issue 11), in the transparent lab: copies
+//! that never read, connections that never say Hello, more connections than descriptors. Each
+//! time a good copy is still served and intercept never exits.
+
+mod copy_common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use copy_common::tlab::*;
+use copy_common::*;
+use serde_json::Value;
+use tcpkit_copy::control::{Msg, VERSION};
+use tcpkit_lab::Signal;
+
+fn tlab(tag: &str) -> TLab {
+    let mut t = TLab::new(tag);
+    t.filter = "src port 8080".into();
+    t
+}
+
+/// A process's resident set, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let l = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    l.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The Hello a copy sends, asking for whole payloads (the most intercept can queue).
+fn hello() -> Vec<u8> {
+    let mut b = Vec::new();
+    Msg::Hello {
+        version: VERSION,
+        max_payload: u16::MAX,
+    }
+    .emit(&mut b);
+    b
+}
+
+/// intercept's JSON report, once stopped by SIGINT, against its committed schema.
+fn stop(icp: tcpkit_lab::Proc) -> Value {
+    icp.signal(Signal::SIGINT).unwrap();
+    icp.wait_timeout(Duration::from_secs(10)).unwrap();
+    let ilog = icp.log();
+    let (a, b) = (ilog.find('{').unwrap(), ilog.rfind('}').unwrap());
+    let ir: Value = serde_json::from_str(&ilog[a..=b]).unwrap_or_else(|e| panic!("{e}: {ilog}"));
+    schema::check(&schema::load("intercept"), &ir, "intercept");
+    ir
+}
+
+/// 150 copies that say Hello (whole payloads) and never read, while a good copy replays
+/// 64 KiB answers: before, each had up to 8 MiB queued (RSS 72 MB → 1.87 GB in the issue's
+/// probe); now the copies that do not read are cut once all queues pass 64 MiB, and
+/// intercept's RSS grows by less than 160 MiB, whatever their number.
+#[test]
+fn intercept_rss_stays_bounded_with_150_copies_that_never_read() {
+    let mut t = tlab("icphrss");
+    let body = "x".repeat(64 << 10);
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    serve(&t.l, "online", &[("hello.txt", &body)]);
+    serve(&t.l, "target", &[("hello.txt", &body)]);
+    let icp = t.intercept("intercept");
+    let pid = icp.pid();
+    let before = rss_kib(pid);
+    let addr: SocketAddr = t.intercept_addr().parse().unwrap();
+    let h = hello();
+    let rogues: Vec<TcpStream> = t.l.online.enter(|| {
+        (0..150)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(&h).unwrap();
+                s
+            })
+            .collect()
+    });
+    let c = t.copy(
+        &format!("8080-{TARGET}:8080"),
+        &["--timeout", "2", "--duration", "5"],
+    );
+    let clients = t.l.clients.clone();
+    let mut peak = before;
+    std::thread::scope(|s| {
+        let a = s.spawn(|| load(&clients, "150", "4", None));
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            peak = peak.max(rss_kib(pid));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        a.join().unwrap();
+    });
+    let r = copy_done(c);
+    peak = peak.max(rss_kib(pid));
+    drop(rogues);
+    let ir = stop(icp);
+    let online = lines(&on_log).len();
+    let target = lines(&tg_log).len();
+    eprintln!(
+        "150 non-reading copies: intercept RSS {before} KiB before, {peak} KiB peak (+{} KiB); \
+         {} copies cut, {} answers sent; {online} requests online, {target} at the target",
+        peak - before,
+        u(&ir, "copies_cut_slow"),
+        u(&ir, "sent"),
+    );
+    // The rogues were fed enough to matter: more than 64 MiB of answers went out.
+    assert!(u(&ir, "sent") > 2000, "{ir:#}");
+    assert!(u(&ir, "copies_cut_slow") >= 100, "{ir:#}");
+    assert!(
+        peak - before < 160 << 10,
+        "RSS +{} KiB: {ir:#}",
+        peak - before
+    );
+    // The good copy was served throughout.
+    assert!(online > 400, "{online}");
+    assert!(
+        target as f64 >= online as f64 * 0.99,
+        "{target} of {online}: {r:#}"
+    );
+    assert_eq!(ir["failure"], Value::Null);
+}
+
+/// Connections that never say Hello, or stop inside a frame whose header declares a long
+/// length, are closed after 5 s and counted.
+#[test]
+fn intercept_times_out_a_silent_connection_and_a_partial_frame() {
+    let mut t = tlab("icphto");
+    let icp = t.intercept("intercept");
+    let addr: SocketAddr = t.intercept_addr().parse().unwrap();
+    let (mut silent, mut partial) = t.l.online.enter(|| {
+        let silent = TcpStream::connect(addr).unwrap();
+        let mut partial = TcpStream::connect(addr).unwrap();
+        // A frame header announcing more than ever comes.
+        let h = hello();
+        partial.write_all(&h[..h.len() - 1]).unwrap();
+        (silent, partial)
+    });
+    let start = Instant::now();
+    for s in [&mut silent, &mut partial] {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 64];
+        // Closed by intercept: end of stream, nothing sent.
+        assert_eq!(s.read(&mut b).unwrap(), 0);
+    }
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(8),
+        "{took:?}"
+    );
+    let ir = stop(icp);
+    assert_eq!(u(&ir, "copies_timed_out"), 2, "{ir:#}");
+    assert_eq!(u(&ir, "copies_connected"), 0, "{ir:#}");
+}
