@@ -151,3 +151,96 @@ fn intercept_times_out_a_silent_connection_and_a_partial_frame() {
     assert_eq!(u(&ir, "copies_timed_out"), 2, "{ir:#}");
     assert_eq!(u(&ir, "copies_connected"), 0, "{ir:#}");
 }
+
+/// Opens `n` connections to `addr` without a word (non-blocking connects), holds them for
+/// `secs`, then prints how many were established.
+const IDLE_CLIENT: &str = r#"
+import socket, sys, time, select
+addr = (sys.argv[1], int(sys.argv[2])); n = int(sys.argv[3]); secs = float(sys.argv[4])
+socks = []
+for _ in range(n):
+    s = socket.socket(); s.setblocking(False); s.connect_ex(addr); socks.append(s)
+time.sleep(secs)
+up = 0
+for s in socks:
+    try:
+        s.getpeername(); up += 1
+    except OSError:
+        pass
+print("established", up, flush=True)
+time.sleep(1)
+"#;
+
+/// 20,000 idle connection attempts (two client processes on the online host; some 3,400 get
+/// established, the rest wait on the full backlog) against an intercept
+/// whose descriptor limit was lowered to 500 while it runs: accept fails with EMFILE,
+/// intercept counts it with the OS error, pauses, goes on, and the copy connected before the
+/// flood is served throughout. Before, the run ended with `read /proc/sys/net/ipv4/ip_forward`
+/// and no OS error.
+#[test]
+fn intercept_out_of_descriptors_keeps_serving_the_copy_connected_before() {
+    let mut t = tlab("icphfd");
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let icp = t.intercept("intercept");
+    let c = t.copy(
+        &format!("8080-{TARGET}:8080"),
+        &["--timeout", "2", "--duration", "9"],
+    );
+    let st = std::process::Command::new("prlimit")
+        .args(["--pid", &icp.pid().to_string(), "--nofile=500:500"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let port = t.port.to_string();
+    let online = t.l.online.clone();
+    let flood: Vec<_> = (0..2)
+        .map(|i| {
+            online
+                .spawn(
+                    &mut t.l.lab,
+                    &format!("idle{i}"),
+                    &["python3", "-c", IDLE_CLIENT, ASSIST_M, &port, "10000", "6"],
+                )
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let clients = t.l.clients.clone();
+    load(&clients, "100", "5", None);
+    let mut established = 0;
+    for p in &flood {
+        p.wait_timeout(Duration::from_secs(30)).unwrap();
+        let log = p.log();
+        let n: u64 = log
+            .lines()
+            .find_map(|l| l.strip_prefix("established "))
+            .unwrap_or_else(|| panic!("{log}"))
+            .trim()
+            .parse()
+            .unwrap();
+        established += n;
+    }
+    let r = copy_done(c);
+    let ir = stop(icp);
+    let online_n = lines(&on_log).len();
+    let target_n = lines(&tg_log).len();
+    eprintln!(
+        "{established} idle connections established; intercept: {} accept failures ({}), \
+         {} timed out; {online_n} requests online, {target_n} at the target",
+        u(&ir, "accept_failures"),
+        ir["accept_error"],
+        u(&ir, "copies_timed_out"),
+    );
+    assert!(established >= 1000, "{established}");
+    assert!(u(&ir, "accept_failures") > 0, "{ir:#}");
+    let e = ir["accept_error"].as_str().unwrap();
+    assert!(e.contains("os error 24"), "{e}");
+    assert!(u(&ir, "copies_timed_out") > 100, "{ir:#}");
+    assert_eq!(ir["failure"], Value::Null, "{ir:#}");
+    assert!(online_n > 300, "{online_n}");
+    assert!(
+        target_n as f64 >= online_n as f64 * 0.99,
+        "{target_n} of {online_n}: {r:#}"
+    );
+}
