@@ -244,3 +244,39 @@ fn intercept_out_of_descriptors_keeps_serving_the_copy_connected_before() {
         "{target_n} of {online_n}: {r:#}"
     );
 }
+
+/// With --allow leaving the online host's management address out, a client that says Hello
+/// from there is closed without a single byte (not even a refusal) and counted; intercept
+/// warns at start that copies are not authenticated.
+#[test]
+fn intercept_allow_closes_a_peer_outside_it_without_a_word() {
+    let mut t = tlab("icphallow");
+    // Only the (unused) documentation prefix is allowed.
+    let mut argv = t.intercept_args();
+    argv.extend(["--allow".to_string(), "192.0.2.0/24".to_string()]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let assistant = t.assistant.clone();
+    let icp = assistant.spawn(&mut t.l.lab, "intercept", &argv).unwrap();
+    wait_port(&t.assistant, ASSIST_M, t.port, &icp);
+    let addr: SocketAddr = t.intercept_addr().parse().unwrap();
+    let got = t.l.online.enter(|| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // The peer may see a reset for the Hello it sends after the close.
+        let _ = s.write_all(&hello());
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        got
+    });
+    assert!(got.is_empty(), "{got:?}");
+    let log = icp.log();
+    assert!(
+        log.contains("WARNING: copies are not authenticated")
+            && log.contains("--allow 192.0.2.0/24"),
+        "{log}"
+    );
+    let ir = stop(icp);
+    // wait_port's probe and the rogue.
+    assert!(u(&ir, "connections_not_allowed") >= 1, "{ir:#}");
+    assert_eq!(u(&ir, "copies_connected"), 0, "{ir:#}");
+}

@@ -93,6 +93,8 @@ pub struct InterceptConfig {
     pub source: Source,
     /// Where copies connect.
     pub listen: SocketAddr,
+    /// Copies are accepted only from these prefixes (every address when empty).
+    pub allow: Vec<tcpkit_wire::Cidr>,
 }
 
 impl InterceptConfig {
@@ -234,6 +236,8 @@ pub struct InterceptReport {
     pub copies_cut_slow: u64,
     /// Connections refused because the cap on control connections was reached.
     pub connections_over_cap: u64,
+    /// Connections closed at once, without a word, because --allow does not cover them.
+    pub connections_not_allowed: u64,
     /// Connections intercept could not accept (e.g. out of descriptors); accepting paused
     /// for 100 ms each time, the run went on.
     pub accept_failures: u64,
@@ -264,7 +268,7 @@ impl Report for InterceptReport {
             "Intercept: on {} ({}), control on {}, {:.3} s\n\
              Answers: {} caught, {} sent to copies, {} with no copy connected, {} dropped for slow copies\n\
              {rule}Capture: {} dropped by the kernel, {} not TCP\n\
-             Copies: {} connected, {} refused, {} timed out, {} cut for not reading, {} over the cap\n",
+             Copies: {} connected, {} refused, {} timed out, {} cut for not reading, {} over the cap, {} not allowed\n",
             self.interface,
             self.filter,
             self.listen,
@@ -279,7 +283,8 @@ impl Report for InterceptReport {
             self.copies_refused,
             self.copies_timed_out,
             self.copies_cut_slow,
-            self.connections_over_cap
+            self.connections_over_cap,
+            self.connections_not_allowed
         );
         if self.accept_failures > 0 {
             s.push_str(&format!(
@@ -531,7 +536,7 @@ pub fn run(
                 LISTENER => {
                     if now_ns() >= accept_paused_until {
                         accept_paused_until =
-                            accept_all(&listener, &poll, &mut clients, max_conns, &mut r);
+                            accept_all(&listener, &poll, &mut clients, max_conns, cfg, &mut r);
                     }
                 }
                 Token(i) => {
@@ -586,7 +591,8 @@ pub fn run(
         }
         let now = now_ns();
         if accept_paused_until != 0 && now >= accept_paused_until {
-            accept_paused_until = accept_all(&listener, &poll, &mut clients, max_conns, &mut r);
+            accept_paused_until =
+                accept_all(&listener, &poll, &mut clients, max_conns, cfg, &mut r);
         }
         let second = now >= last_second + 1_000_000_000;
         if second {
@@ -671,11 +677,17 @@ fn accept_all(
     poll: &Poll,
     clients: &mut Vec<Option<Client>>,
     max_conns: usize,
+    cfg: &InterceptConfig,
     r: &mut InterceptReport,
 ) -> u64 {
     loop {
         match listener.accept() {
-            Ok((mut sock, _)) => {
+            Ok((mut sock, peer)) => {
+                // Not ours: closed before it can learn anything, not even a refusal.
+                if !cfg.allow.is_empty() && !cfg.allow.iter().any(|c| c.contains(peer.ip())) {
+                    r.connections_not_allowed += 1;
+                    continue;
+                }
                 if clients.iter().flatten().count() >= max_conns {
                     r.connections_over_cap += 1;
                     let reason = format!("intercept has {max_conns} control connections, its cap");
@@ -816,6 +828,7 @@ mod tests {
                 filter: None,
             },
             listen: "0.0.0.0:36524".parse().unwrap(),
+            allow: vec![],
         };
         assert_eq!(c.capture_filter(), "(tcp and (tcp)) and not port 36524");
         c.source = Source::Capture {
@@ -850,7 +863,7 @@ mod tests {
             "Intercept: on eth1 (tcp), control on 0.0.0.0:1, 1.500 s\n\
              Answers: 10 caught, 9 sent to copies, 1 with no copy connected, 0 dropped for slow copies\n\
              Capture: 0 dropped by the kernel, 0 not TCP\n\
-             Copies: 0 connected, 0 refused, 0 timed out, 0 cut for not reading, 0 over the cap\n\
+             Copies: 0 connected, 0 refused, 0 timed out, 0 cut for not reading, 0 over the cap, 0 not allowed\n\
              Failed: a \"quoted\" why\n"
         );
         // serde escapes what the hand-written JSON had to: control characters in strings.
@@ -880,7 +893,7 @@ mod tests {
              Answers: 0 caught, 0 sent to copies, 0 with no copy connected, 0 dropped for slow copies\n\
              Rule: nft table inet tcpkit_intercept_7 (replaced one left by a killed intercept), removed at exit after aborting 2 connections\n\
              Capture: 0 dropped by the kernel, 0 not TCP\n\
-             Copies: 0 connected, 0 refused, 0 timed out, 0 cut for not reading, 0 over the cap\n"
+             Copies: 0 connected, 0 refused, 0 timed out, 0 cut for not reading, 0 over the cap, 0 not allowed\n"
         );
         let j = r.json();
         for f in [
