@@ -181,17 +181,6 @@ fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let (cfg, stats) = resolve(&args)?;
-    // Said whatever -q: anyone who reaches the port reads the target's answers.
-    eprintln!(
-        "tcpkit intercept: WARNING: copies are not authenticated: anyone who reaches {} {} \
-         receives the target's answers (payload too, when it asks)",
-        cfg.listen,
-        if cfg.allow.is_empty() {
-            "from anywhere".to_string()
-        } else {
-            format!("from --allow {}", args.allow.join(", "))
-        }
-    );
     let stop = common::stop_flag(interrupt, args.run.duration);
     let live = Arc::new(InterceptLive::default());
     let mut monitor = {

@@ -503,6 +503,19 @@ pub fn run(
         addr: cfg.listen,
         source,
     })?;
+    // Once the port is open (a run that cannot start fails in one line), and whatever -q:
+    // anyone who reaches the port reads the target's answers.
+    eprintln!(
+        "tcpkit intercept: WARNING: copies are not authenticated: anyone who reaches {} {} \
+         receives the target's answers (payload too, when it asks)",
+        cfg.listen,
+        if cfg.allow.is_empty() {
+            "from anywhere".to_string()
+        } else {
+            let a: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
+            format!("from --allow {}", a.join(", "))
+        }
+    );
     let fd = match &input {
         Input::Capture { cap, .. } => cap.as_fd().as_raw_fd(),
         Input::Queue(q) => q.as_fd().as_raw_fd(),
