@@ -52,7 +52,8 @@ fn stop(icp: tcpkit_lab::Proc) -> Value {
 /// 150 copies that say Hello (whole payloads) and never read, while a good copy replays
 /// 64 KiB answers: before, each had up to 8 MiB queued (RSS 72 MB → 1.87 GB in the issue's
 /// probe); now the copies that do not read are cut once all queues pass 64 MiB, and
-/// intercept's RSS grows by less than 160 MiB, whatever their number.
+/// intercept's RSS grows by less than 192 MiB, whatever their number (109, 121 and 127 MiB
+/// measured; with only the per-copy 8 MiB bound it would be up to 1.2 GB).
 #[test]
 fn intercept_rss_stays_bounded_with_150_copies_that_never_read() {
     let mut t = tlab("icphrss");
@@ -107,7 +108,7 @@ fn intercept_rss_stays_bounded_with_150_copies_that_never_read() {
     assert!(u(&ir, "sent") > 2000, "{ir:#}");
     assert!(u(&ir, "copies_cut_slow") >= 100, "{ir:#}");
     assert!(
-        peak - before < 160 << 10,
+        peak - before < 192 << 10,
         "RSS +{} KiB: {ir:#}",
         peak - before
     );
