@@ -71,6 +71,13 @@ pub struct Args {
     #[arg(long, value_name = "ADDR:PORT", default_value_t = SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)))]
     pub listen: SocketAddr,
 
+    /// Accept copies only from this prefix, IPv4 or IPv6, e.g. 198.18.4.0/24 (repeatable;
+    /// default: from anywhere). Other connections are closed at once, told nothing, and
+    /// counted. Copies are not authenticated otherwise: keep the control port off networks
+    /// you do not trust.
+    #[arg(long, value_name = "CIDR")]
+    pub allow: Vec<String>,
+
     #[command(flatten)]
     pub run: RunFlags,
 
@@ -155,10 +162,18 @@ fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
             filter: a.filter.clone(),
         }
     };
+    let mut allow = Vec::new();
+    for c in &a.allow {
+        let cidr: Cidr = c
+            .parse()
+            .map_err(|e| Failure::Usage(format!("--allow '{c}': {e}")))?;
+        allow.push(cidr);
+    }
     Ok((
         InterceptConfig {
             source,
             listen: a.listen,
+            allow,
         },
         stats,
     ))
@@ -233,6 +248,10 @@ mod tests {
             "--json",
             "--stats",
             "0.5",
+            "--allow",
+            "198.18.4.0/24",
+            "--allow",
+            "fd00::1/128",
         ])
         .unwrap();
         assert!(a.out.json);
@@ -246,6 +265,15 @@ mod tests {
         );
         assert_eq!(c.listen, "198.18.3.2:4000".parse().unwrap());
         assert_eq!(s, Some(Duration::from_millis(500)));
+        assert_eq!(
+            c.allow,
+            vec![
+                "198.18.4.0/24".parse().unwrap(),
+                "fd00::1/128".parse().unwrap()
+            ]
+        );
+        let e = parse(&["--capture", "eth1", "--allow", "10.0.0.0/33"]).unwrap_err();
+        assert!(e.starts_with("--allow '10.0.0.0/33': "), "{e}");
     }
 
     #[test]

@@ -54,8 +54,22 @@ use rule::RuleError;
 /// Bumped whenever a JSON field changes meaning or disappears
 /// (docs/schema/intercept.schema.json).
 pub const INTERCEPT_SCHEMA_VERSION: u32 = 1;
-/// Answers queued for one copy, at most; past it that copy misses answers (counted).
+/// Answers queued for one copy, at most; past it that copy is cut (counted).
 const MAX_PENDING: usize = 8 << 20;
+/// Answers queued for all copies together, at most: past it the copies holding more than
+/// their share are cut, so intercept's memory does not grow with the number of copies that
+/// do not read.
+const PENDING_BUDGET: usize = 64 << 20;
+/// A connection must complete its Hello within this; a partial message (a header announcing
+/// bytes that never come) may not stall for longer either.
+const HELLO_DEADLINE_NS: u64 = 5_000_000_000;
+/// Control connections at most (fewer when the descriptor limit is lower): past it a
+/// connection is refused with the reason, so idle peers cannot take every descriptor.
+const MAX_CONNECTIONS: usize = 1000;
+/// Descriptors left for the capture, the rule's tools and /proc reads under the cap.
+const SPARE_FDS: u64 = 64;
+/// How long accepting pauses when the process (or system) is out of descriptors.
+const ACCEPT_PAUSE_NS: u64 = 100_000_000;
 /// Requests a copy may send before its Hello is complete: a Hello is 11 bytes.
 const MAX_INBUF: usize = 4096;
 
@@ -79,6 +93,8 @@ pub struct InterceptConfig {
     pub source: Source,
     /// Where copies connect.
     pub listen: SocketAddr,
+    /// Copies are accepted only from these prefixes (every address when empty).
+    pub allow: Vec<tcpkit_wire::Cidr>,
 }
 
 impl InterceptConfig {
@@ -213,6 +229,20 @@ pub struct InterceptReport {
     pub copies_connected: u64,
     /// Connections refused: another protocol version, or not the control protocol.
     pub copies_refused: u64,
+    /// Connections closed for not completing their Hello, or a message, within 5 s.
+    pub copies_timed_out: u64,
+    /// Copies cut for not reading: more than 8 MiB unread, or more than their share when all
+    /// copies' unread answers pass 64 MiB.
+    pub copies_cut_slow: u64,
+    /// Connections refused because the cap on control connections was reached.
+    pub connections_over_cap: u64,
+    /// Connections closed at once, without a word, because --allow does not cover them.
+    pub connections_not_allowed: u64,
+    /// Connections intercept could not accept (e.g. out of descriptors); accepting paused
+    /// for 100 ms each time, the run went on.
+    pub accept_failures: u64,
+    /// The last accept failure, with the OS error.
+    pub accept_error: Option<String>,
     /// Why the run failed (exit status 1).
     pub failure: Option<String>,
 }
@@ -238,7 +268,7 @@ impl Report for InterceptReport {
             "Intercept: on {} ({}), control on {}, {:.3} s\n\
              Answers: {} caught, {} sent to copies, {} with no copy connected, {} dropped for slow copies\n\
              {rule}Capture: {} dropped by the kernel, {} not TCP\n\
-             Copies: {} connected, {} refused\n",
+             Copies: {} connected, {} refused, {} timed out, {} cut for not reading, {} over the cap, {} not allowed\n",
             self.interface,
             self.filter,
             self.listen,
@@ -250,8 +280,19 @@ impl Report for InterceptReport {
             self.kernel_drops,
             self.not_tcp,
             self.copies_connected,
-            self.copies_refused
+            self.copies_refused,
+            self.copies_timed_out,
+            self.copies_cut_slow,
+            self.connections_over_cap,
+            self.connections_not_allowed
         );
+        if self.accept_failures > 0 {
+            s.push_str(&format!(
+                "Accept: {} failed, accepting paused 100 ms each time (last: {})\n",
+                self.accept_failures,
+                self.accept_error.as_deref().unwrap_or("?")
+            ));
+        }
         if let Some(f) = &self.failure {
             s.push_str(&format!("Failed: {f}\n"));
         }
@@ -296,6 +337,11 @@ struct Client {
     max_payload: usize,
     /// Refused: closed once `out` is written.
     closing: bool,
+    /// To be closed now: too slow a reader, or too slow a talker.
+    cut: bool,
+    /// When accepted, and when the last bytes arrived (ns).
+    accepted: u64,
+    last_read: u64,
 }
 
 impl Client {
@@ -317,6 +363,10 @@ impl Client {
         if self.off == self.out.len() {
             self.out.clear();
             self.off = 0;
+            // An idle copy keeps no large buffer once its burst is written.
+            if self.out.capacity() > (256 << 10) {
+                self.out = Vec::new();
+            }
         } else if self.off > (1 << 20) {
             // Written bytes are dropped from the front once they are many, not per write.
             self.out.drain(..self.off);
@@ -361,18 +411,32 @@ fn deliver(frame: &[u8], clients: &mut [Option<Client>], r: &mut InterceptReport
     };
     let payload = frame.get(seg.payload.clone()).unwrap_or(&[]);
     let mut any = false;
-    for c in clients.iter_mut().flatten().filter(|c| c.ready) {
+    let ready = clients
+        .iter()
+        .flatten()
+        .filter(|c| c.ready && !c.cut)
+        .count();
+    let mut total: usize = clients.iter().flatten().map(Client::pending).sum();
+    let share = PENDING_BUDGET / ready.max(1);
+    for c in clients.iter_mut().flatten().filter(|c| c.ready && !c.cut) {
         any = true;
-        if c.pending() > MAX_PENDING {
+        if c.pending() > MAX_PENDING || (total > PENDING_BUDGET && c.pending() > share) {
+            // Cut rather than skipped: a copy missing answers is wrong anyway, and its
+            // queue is memory intercept gets back.
             r.dropped_slow_copy += 1;
+            r.copies_cut_slow += 1;
+            total -= c.pending();
+            c.cut = true;
             continue;
         }
+        let before = c.out.len();
         let take = payload.len().min(c.max_payload);
         Msg::Packet {
             hdr,
             payload: payload.get(..take).unwrap_or(&[]),
         }
         .emit(&mut c.out);
+        total += c.out.len() - before;
         r.sent += 1;
     }
     if !any {
@@ -439,6 +503,19 @@ pub fn run(
         addr: cfg.listen,
         source,
     })?;
+    // Once the port is open (a run that cannot start fails in one line), and whatever -q:
+    // anyone who reaches the port reads the target's answers.
+    eprintln!(
+        "tcpkit intercept: WARNING: copies are not authenticated: anyone who reaches {} {} \
+         receives the target's answers (payload too, when it asks)",
+        cfg.listen,
+        if cfg.allow.is_empty() {
+            "from anywhere".to_string()
+        } else {
+            let a: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
+            format!("from --allow {}", a.join(", "))
+        }
+    );
     let fd = match &input {
         Input::Capture { cap, .. } => cap.as_fd().as_raw_fd(),
         Input::Queue(q) => q.as_fd().as_raw_fd(),
@@ -456,6 +533,10 @@ pub fn run(
     let mut eth = Vec::new();
     let mut scratch = vec![0u8; 4096];
     let mut last_second = start;
+    let max_conns = connection_cap();
+    // Out of descriptors: no accept until then. The listener is edge-triggered, so the
+    // backlog left waiting is taken up again from the loop once the pause is over.
+    let mut accept_paused_until = 0u64;
     while !stop.load(Ordering::Relaxed) {
         match poll.poll(&mut events, Some(Duration::from_millis(5))) {
             Ok(()) => {}
@@ -465,41 +546,12 @@ pub fn run(
         for ev in events.iter() {
             match ev.token() {
                 CAPTURE => {}
-                LISTENER => loop {
-                    match listener.accept() {
-                        Ok((mut sock, _)) => {
-                            let _ = sock.set_nodelay(true);
-                            let slot =
-                                clients.iter().position(Option::is_none).unwrap_or_else(|| {
-                                    clients.push(None);
-                                    clients.len() - 1
-                                });
-                            if poll
-                                .registry()
-                                .register(
-                                    &mut sock,
-                                    Token(slot),
-                                    Interest::READABLE | Interest::WRITABLE,
-                                )
-                                .is_ok()
-                            {
-                                clients[slot] = Some(Client {
-                                    sock,
-                                    inbuf: Vec::new(),
-                                    out: Vec::new(),
-                                    off: 0,
-                                    ready: false,
-                                    max_payload: 0,
-                                    closing: false,
-                                });
-                            }
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        // Out of descriptors and the like: the copy retries.
-                        Err(_) => break,
+                LISTENER => {
+                    if now_ns() >= accept_paused_until {
+                        accept_paused_until =
+                            accept_all(&listener, &poll, &mut clients, max_conns, cfg, &mut r);
                     }
-                },
+                }
                 Token(i) => {
                     let keep = match clients.get_mut(i).and_then(Option::as_mut) {
                         Some(c) => serve(c, &mut scratch, &mut r),
@@ -551,13 +603,20 @@ pub fn run(
             }
         }
         let now = now_ns();
+        if accept_paused_until != 0 && now >= accept_paused_until {
+            accept_paused_until =
+                accept_all(&listener, &poll, &mut clients, max_conns, cfg, &mut r);
+        }
         let second = now >= last_second + 1_000_000_000;
         if second {
             last_second = now;
             r.kernel_drops = kernel_drops(&mut input);
             // Forwarding turned on under us: the kernel would now send the answers on to the
-            // clients. Stop loudly rather than look as if all is well.
-            if let (Input::Capture { .. }, Err(e)) = (&input, check_forwarding()) {
+            // clients. Stop loudly rather than look as if all is well. A file that cannot be
+            // read this second (out of descriptors) is read again the next.
+            if let (Input::Capture { .. }, Err(e @ InterceptError::Forwarding { .. })) =
+                (&input, check_forwarding())
+            {
                 r.failure = Some(e.to_string());
             }
         }
@@ -565,10 +624,21 @@ pub fn run(
             let Some(c) = slot.as_mut() else {
                 continue;
             };
-            if second && c.ready {
+            if second {
+                let stalled = if c.ready {
+                    !c.inbuf.is_empty() && now > c.last_read + HELLO_DEADLINE_NS
+                } else {
+                    now > c.accepted + HELLO_DEADLINE_NS
+                };
+                if stalled && !c.cut {
+                    r.copies_timed_out += 1;
+                    c.cut = true;
+                }
+            }
+            if second && c.ready && !c.cut {
                 Msg::Ping.emit(&mut c.out);
             }
-            if c.pending() > 0 && !c.flush() {
+            if c.cut || (c.pending() > 0 && !c.flush()) {
                 if let Some(mut c) = slot.take() {
                     let _ = poll.registry().deregister(&mut c.sock);
                 }
@@ -595,6 +665,98 @@ pub fn run(
     Ok(r)
 }
 
+/// The cap on control connections: [`MAX_CONNECTIONS`], or fewer when the descriptor limit
+/// would be reached first.
+fn connection_cap() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct it is given.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        u64::MAX
+    };
+    usize::try_from(cur.saturating_sub(SPARE_FDS))
+        .unwrap_or(usize::MAX)
+        .clamp(1, MAX_CONNECTIONS)
+}
+
+/// Accepts every waiting connection; returns when accepting may resume (0: at once, on the
+/// next readiness), a moment later when out of descriptors.
+fn accept_all(
+    listener: &TcpListener,
+    poll: &Poll,
+    clients: &mut Vec<Option<Client>>,
+    max_conns: usize,
+    cfg: &InterceptConfig,
+    r: &mut InterceptReport,
+) -> u64 {
+    loop {
+        match listener.accept() {
+            Ok((mut sock, peer)) => {
+                // Not ours: closed before it can learn anything, not even a refusal.
+                if !cfg.allow.is_empty() && !cfg.allow.iter().any(|c| c.contains(peer.ip())) {
+                    r.connections_not_allowed += 1;
+                    continue;
+                }
+                if clients.iter().flatten().count() >= max_conns {
+                    r.connections_over_cap += 1;
+                    let reason = format!("intercept has {max_conns} control connections, its cap");
+                    let mut out = Vec::new();
+                    Msg::Refuse {
+                        version: VERSION,
+                        reason: &reason,
+                    }
+                    .emit(&mut out);
+                    // Best effort: a fresh socket's buffer takes it; closed either way.
+                    let _ = sock.write(&out);
+                    continue;
+                }
+                let _ = sock.set_nodelay(true);
+                let slot = clients.iter().position(Option::is_none).unwrap_or_else(|| {
+                    clients.push(None);
+                    clients.len() - 1
+                });
+                if poll
+                    .registry()
+                    .register(
+                        &mut sock,
+                        Token(slot),
+                        Interest::READABLE | Interest::WRITABLE,
+                    )
+                    .is_ok()
+                {
+                    let now = now_ns();
+                    clients[slot] = Some(Client {
+                        sock,
+                        inbuf: Vec::new(),
+                        out: Vec::new(),
+                        off: 0,
+                        ready: false,
+                        max_payload: 0,
+                        closing: false,
+                        cut: false,
+                        accepted: now,
+                        last_read: now,
+                    });
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return 0,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // Out of descriptors (EMFILE, ENFILE), buffers (ENOBUFS, ENOMEM) or a connection
+            // reset before it was taken: counted, named, and accepting resumes shortly. Never
+            // an exit: the copies already connected are still served.
+            Err(e) => {
+                r.accept_failures += 1;
+                r.accept_error = Some(format!("accept on {}: {e}", r.listen));
+                return now_ns() + ACCEPT_PAUSE_NS;
+            }
+        }
+    }
+}
+
 /// Packets the kernel could not give us: ring full, or queue or socket full.
 fn kernel_drops(input: &mut Input) -> u64 {
     match input {
@@ -615,6 +777,7 @@ fn serve(c: &mut Client, scratch: &mut [u8], r: &mut InterceptReport) -> bool {
                 if c.inbuf.len() + n > MAX_INBUF {
                     return false;
                 }
+                c.last_read = now_ns();
                 c.inbuf.extend_from_slice(&scratch[..n]);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -678,6 +841,7 @@ mod tests {
                 filter: None,
             },
             listen: "0.0.0.0:36524".parse().unwrap(),
+            allow: vec![],
         };
         assert_eq!(c.capture_filter(), "(tcp and (tcp)) and not port 36524");
         c.source = Source::Capture {
@@ -712,7 +876,7 @@ mod tests {
             "Intercept: on eth1 (tcp), control on 0.0.0.0:1, 1.500 s\n\
              Answers: 10 caught, 9 sent to copies, 1 with no copy connected, 0 dropped for slow copies\n\
              Capture: 0 dropped by the kernel, 0 not TCP\n\
-             Copies: 0 connected, 0 refused\n\
+             Copies: 0 connected, 0 refused, 0 timed out, 0 cut for not reading, 0 over the cap, 0 not allowed\n\
              Failed: a \"quoted\" why\n"
         );
         // serde escapes what the hand-written JSON had to: control characters in strings.
@@ -742,7 +906,7 @@ mod tests {
              Answers: 0 caught, 0 sent to copies, 0 with no copy connected, 0 dropped for slow copies\n\
              Rule: nft table inet tcpkit_intercept_7 (replaced one left by a killed intercept), removed at exit after aborting 2 connections\n\
              Capture: 0 dropped by the kernel, 0 not TCP\n\
-             Copies: 0 connected, 0 refused\n"
+             Copies: 0 connected, 0 refused, 0 timed out, 0 cut for not reading, 0 over the cap, 0 not allowed\n"
         );
         let j = r.json();
         for f in [
