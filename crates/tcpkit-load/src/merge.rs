@@ -417,6 +417,29 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
     Ok(m)
 }
 
+/// Body of the `merge_report` fuzz target (and of the stable test over its seed corpus): any
+/// bytes as a report file, then merged with itself as a second run and printed, must give a
+/// report or an error, never a panic, a wrapped count or an allocation the bytes do not
+/// warrant.
+pub fn fuzz_merge_report(data: &[u8]) {
+    let Ok(r) = report_from_slice("fuzz.json", data) else {
+        return;
+    };
+    let mut twin = r.clone();
+    twin.run_id = "twin".into();
+    twin.merged_run_ids.clear();
+    let named = [
+        ("a".to_string(), r.clone()),
+        ("b".to_string(), twin.clone()),
+    ];
+    let _ = check_runs(&named);
+    if let Ok(m) = merge_reports(&[r, twin]) {
+        let text = tcpkit_stats::Report::human(&m);
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'));
+        let _ = tcpkit_stats::Report::json(&m);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -642,5 +665,69 @@ mod tests {
                 .ends_with("big.json: larger than 67108864 bytes, not a load report"),
             "{e}"
         );
+    }
+    #[test]
+    fn fuzz_body_over_seed_corpus() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/merge_report");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let data = std::fs::read(entry.unwrap().path()).unwrap();
+            fuzz_merge_report(&data);
+            // Every cut, and a flip of each byte, of each seed too.
+            for cut in (0..data.len()).step_by(7) {
+                fuzz_merge_report(&data[..cut]);
+            }
+            let mut m = data.clone();
+            for i in 0..m.len() {
+                for x in [0x01, 0x20] {
+                    m[i] ^= x;
+                    fuzz_merge_report(&m);
+                    m[i] ^= x;
+                }
+            }
+            n += 1;
+        }
+        assert!(n >= 6, "seed corpus has {n} files, expected at least 6");
+    }
+
+    #[test]
+    #[ignore = "writes the seed corpus; run once by hand"]
+    fn write_seeds() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/merge_report");
+        std::fs::create_dir_all(&dir).unwrap();
+        let put = |name: &str, r: &LoadReport| {
+            std::fs::write(dir.join(name), serde_json::to_string_pretty(r).unwrap()).unwrap()
+        };
+        let mut a = run(100, 10, &[1_000, 2_000, 1_000_000], 3);
+        a.run_id = "aa".into();
+        put("good", &a);
+        let mut b = a.clone();
+        b.queries.sent = u64::MAX - 1;
+        put("near-overflow", &b);
+        let mut c = a.clone();
+        c.target = "\u{1b}]0;t\u{7}\u{0}".into();
+        c.hints = vec!["h\u{1b}[2J".into(), "h2".into()];
+        c.failure = Some("no answers".into());
+        c.per_query = Some(tcpkit_stats::PerQueryStats {
+            path: "q.log".into(),
+            lines: 3,
+            dropped: 0,
+        });
+        put("controls", &c);
+        let mut d = a.clone();
+        d.merged_run_ids = vec!["x".into(), "y".into()];
+        d.rates.asked_qps = None;
+        d.errors.insert("EMFILE".into(), 4);
+        put("merged", &d);
+        let mut e = a.clone();
+        e.histograms.sent = String::new();
+        e.histograms.intended = "HISFHIU=".into();
+        put("bad-histogram", &e);
+        // A V2 header declaring a 4 GiB payload over 3 bytes.
+        let mut f = a.clone();
+        f.histograms.sent = "HISTE/////8AAAAAAAAAAwAAAAAAAAABAAAAAAAPQkA/8AAAAAAAAAICAg==".into();
+        put("hist-4gib", &f);
     }
 }
