@@ -36,6 +36,9 @@ pub const MAX_MAX_CONN_BUF: usize = 64 * 1024 * 1024;
 /// short enough that a freed descriptor is used promptly.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(5);
 
+/// Default `--partial-timeout`: far longer than any honest client takes to send one query.
+pub const DEFAULT_PARTIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What the server answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -62,6 +65,9 @@ pub struct EchoConfig {
     pub duration: Option<Duration>,
     /// "K/N" when this process is worker K of N (shown in the report).
     pub worker: Option<(u32, u32)>,
+    /// DNS mode: a connection holding the start of a query this long without its end is
+    /// closed (slowloris: one byte per connection held descriptors forever).
+    pub partial_timeout: Duration,
 }
 
 impl EchoConfig {
@@ -75,6 +81,7 @@ impl EchoConfig {
             max_conn_buf: DEFAULT_MAX_CONN_BUF,
             duration: None,
             worker: None,
+            partial_timeout: DEFAULT_PARTIAL_TIMEOUT,
         }
     }
 }
@@ -119,6 +126,7 @@ pub struct ThreadCounters {
     pub malformed: AtomicU64,
     pub accept_errors: AtomicU64,
     pub fd_exhausted: AtomicU64,
+    pub partial_timeouts: AtomicU64,
 }
 
 #[inline]
@@ -138,6 +146,7 @@ pub struct Totals {
     pub malformed: u64,
     pub accept_errors: u64,
     pub fd_exhausted: u64,
+    pub partial_timeouts: u64,
 }
 
 impl Totals {
@@ -171,6 +180,7 @@ impl Live {
             t.bytes_in += g(&c.bytes_in);
             t.bytes_out += g(&c.bytes_out);
             t.answered += g(&c.answered);
+            t.partial_timeouts += g(&c.partial_timeouts);
             t.malformed += g(&c.malformed);
             t.accept_errors += g(&c.accept_errors);
             t.fd_exhausted += g(&c.fd_exhausted);

@@ -6,7 +6,7 @@
 //! (`engine`), or several worker processes that each run a share and report back as JSON
 //! (`procs`) → one [`LoadReport`], judged: a run that could not do what was asked (no
 //! connection, fewer connections than asked, rate not met by more than 1 %, no answers,
-//! malformed answers) carries the reason in `failure`.
+//! more timeouts and wrong-ID answers than answers, malformed answers) carries the reason in `failure`.
 
 mod config;
 mod engine;
@@ -657,10 +657,17 @@ pub(crate) fn judge(r: &mut LoadReport, d: &Details) {
             q.sent as f64 * 100.0 / q.scheduled as f64,
             r.lag.max_ns as f64 / 1e6
         ))
+    } else if q.sent > 0 && q.answered > 0 && q.timeouts + q.unmatched > q.answered {
+        // Answers came, but most queries went wrong: a server answering with the wrong DNS
+        // ID (or a path losing most of them) is not a run that did what was asked.
+        Some(format!(
+            "most queries went wrong: {} answered, {} timed out, {} unmatched answers (wrong ID) of {} sent",
+            q.answered, q.timeouts, q.unmatched, q.sent
+        ))
     } else if q.sent > 0 && q.answered == 0 {
         Some(format!(
-            "no answers: {} queries sent, {} timed out, {} lost, {} unanswered at end",
-            q.sent, q.timeouts, q.lost, q.unanswered_at_end
+            "no answers: {} queries sent, {} timed out, {} lost, {} unanswered at end, {} unmatched answers (wrong ID)",
+            q.sent, q.timeouts, q.lost, q.unanswered_at_end, q.unmatched
         ))
     } else {
         None

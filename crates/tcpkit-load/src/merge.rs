@@ -3,7 +3,8 @@
 //! histograms merged from their serialized form (so percentiles are exact, not averaged),
 //! rates over the union of the runs' wall-clock windows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::io::Read as _;
 use std::path::Path;
 
 use tcpkit_stats::{Histogram, LoadReport, LOAD_SCHEMA_VERSION};
@@ -31,6 +32,21 @@ pub enum MergeError {
         #[source]
         source: tcpkit_stats::HistDecodeError,
     },
+    #[error("{path}: larger than {MAX_REPORT} bytes, not a load report")]
+    TooBig { path: String },
+    /// A field merge sums, absent: a report that lacks it cannot be summed honestly.
+    #[error("{path}: no `{field}` field: not a complete tcpkit load --json report")]
+    Missing { path: String, field: &'static str },
+    /// A sum that does not fit: the reports are not of real runs.
+    #[error("report {report}: {field}: the sum overflows ({have} + {add})")]
+    Overflow {
+        report: usize,
+        field: String,
+        have: u64,
+        add: u64,
+    },
+    #[error("report {report}: rates.asked_qps is {value}, not a rate")]
+    BadRate { report: usize, value: f64 },
     #[error("nothing to merge")]
     Empty,
     /// One run given twice (under one name or two): its counts would be added twice.
@@ -95,23 +111,118 @@ pub fn check_runs(named: &[(String, LoadReport)]) -> Result<Vec<String>, MergeEr
     Ok(warnings)
 }
 
-/// Reads one report file.
+/// The largest report file read: real ones are a few KiB (two histograms and counts).
+pub const MAX_REPORT: u64 = 64 << 20;
+
+/// Fields `merge` sums or keeps that serde would quietly default when absent (an `Option`
+/// reads as `None`): present in every report `load --json` writes, if only as `null`.
+const REQUIRED: &[(&str, &str, &str)] = &[
+    ("per_query", "", "per_query"),
+    ("failure", "", "failure"),
+    ("rates", "asked_qps", "rates.asked_qps"),
+];
+
+/// `s` with control characters (escape sequences, NUL, title changes) written out as `\u{..}`,
+/// so a report string printed to a terminal shows what it holds instead of doing it.
+pub fn escape_controls(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Every string of a read report with its control characters escaped ([`escape_controls`]).
+fn escape_report(r: &mut LoadReport) {
+    let e = |s: &mut String| *s = escape_controls(s);
+    e(&mut r.target);
+    e(&mut r.payload);
+    e(&mut r.run_id);
+    r.merged_run_ids.iter_mut().for_each(e);
+    r.hints.iter_mut().for_each(e);
+    if let Some(f) = &mut r.failure {
+        e(f);
+    }
+    if let Some(p) = &mut r.per_query {
+        e(&mut p.path);
+    }
+    for m in [&mut r.codes, &mut r.errors] {
+        if m.keys().any(|k| k.chars().any(char::is_control)) {
+            *m = std::mem::take(m)
+                .into_iter()
+                .map(|(k, v)| (escape_controls(&k), v))
+                .collect();
+        }
+    }
+}
+
+/// Reads one report file: at most [`MAX_REPORT`] bytes, the fields merge sums required, its
+/// strings' control characters escaped.
 pub fn read_report(path: &Path) -> Result<LoadReport, MergeError> {
     let p = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| MergeError::Read {
+    let read_err = |e| MergeError::Read {
         path: p.clone(),
         source: e,
-    })?;
-    let r: LoadReport = serde_json::from_str(&text).map_err(|e| MergeError::Parse {
-        path: p.clone(),
+    };
+    let mut text = Vec::new();
+    std::fs::File::open(path)
+        .map_err(read_err)?
+        .take(MAX_REPORT + 1)
+        .read_to_end(&mut text)
+        .map_err(read_err)?;
+    if text.len() as u64 > MAX_REPORT {
+        return Err(MergeError::TooBig { path: p });
+    }
+    report_from_slice(&p, &text)
+}
+
+/// [`read_report`] of bytes already read (`path` names them in errors); the body of the
+/// `merge_report` fuzz target.
+pub fn report_from_slice(p: &str, text: &[u8]) -> Result<LoadReport, MergeError> {
+    let parse = |e| MergeError::Parse {
+        path: p.to_string(),
         source: e,
-    })?;
+    };
+    let v: serde_json::Value = serde_json::from_slice(text).map_err(parse)?;
+    if let Some(found) = v.get("schema_version").and_then(|x| x.as_u64()) {
+        if found != u64::from(LOAD_SCHEMA_VERSION) {
+            return Err(MergeError::Version {
+                path: p.to_string(),
+                found: u32::try_from(found).unwrap_or(u32::MAX),
+            });
+        }
+    }
+    if v.is_object() {
+        for &(outer, inner, field) in REQUIRED {
+            let o = v.get(outer);
+            let present = if inner.is_empty() {
+                o.is_some()
+            } else {
+                o.and_then(|o| o.get(inner)).is_some()
+            };
+            if !present {
+                return Err(MergeError::Missing {
+                    path: p.to_string(),
+                    field,
+                });
+            }
+        }
+    }
+    let mut r: LoadReport = serde_json::from_value(v).map_err(parse)?;
     if r.schema_version != LOAD_SCHEMA_VERSION {
         return Err(MergeError::Version {
-            path: p,
+            path: p.to_string(),
             found: r.schema_version,
         });
     }
+    escape_report(&mut r);
     Ok(r)
 }
 
@@ -142,7 +253,30 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
         // A merged report is a run of its own to a later merge, made of these.
         m.run_id = crate::load::new_run_id();
     }
+    // Every sum is checked: reports are files anyone can write, and a wrapped count
+    // (`18446744073709551614 sent`) would be printed as if measured.
+    let mut hints_seen: HashSet<String> = HashSet::new();
     for (i, r) in reports.iter().enumerate() {
+        let add = |have: &mut u64, add: u64, field: &str| -> Result<(), MergeError> {
+            *have = have.checked_add(add).ok_or_else(|| MergeError::Overflow {
+                report: i + 1,
+                field: field.to_string(),
+                have: *have,
+                add,
+            })?;
+            Ok(())
+        };
+        let add32 = |have: &mut u32, a: u32, field: &str| -> Result<(), MergeError> {
+            let mut h = u64::from(*have);
+            add(&mut h, u64::from(a), field)?;
+            *have = u32::try_from(h).map_err(|_| MergeError::Overflow {
+                report: i + 1,
+                field: field.to_string(),
+                have: u64::from(*have),
+                add: u64::from(a),
+            })?;
+            Ok(())
+        };
         let decode = |text: &str, which: &str| {
             Histogram::from_base64(text).map_err(|e| MergeError::Histogram {
                 what: format!("report {} ({}): {which} histogram", i + 1, r.target),
@@ -154,54 +288,90 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
         if r.target != m.target && !m.target.contains(&r.target) {
             m.target = format!("{}, {}", m.target, r.target);
         }
-        m.runs += r.runs.max(1);
-        m.processes += r.processes;
-        m.threads += r.threads;
+        add32(&mut m.runs, r.runs.max(1), "runs")?;
+        add32(&mut m.processes, r.processes, "processes")?;
+        add32(&mut m.threads, r.threads, "threads")?;
         if r.seconds > 0.0 {
             start = start.min(r.start_unix_ns);
             end = end.max(r.end_unix_ns);
         }
         m.connect_seconds = m.connect_seconds.max(r.connect_seconds);
         let (c, rc) = (&mut m.connections, &r.connections);
-        c.asked += rc.asked;
-        c.peak_open += rc.peak_open;
-        c.open_at_end += rc.open_at_end;
-        c.attempts += rc.attempts;
-        c.established += rc.established;
-        c.failed += rc.failed;
-        c.timeouts += rc.timeouts;
-        c.retries += rc.retries;
-        c.closed_by_server += rc.closed_by_server;
-        c.reconnects += rc.reconnects;
-        c.slow += rc.slow;
+        add(&mut c.asked, rc.asked, "connections.asked")?;
+        add(&mut c.peak_open, rc.peak_open, "connections.peak_open")?;
+        add(
+            &mut c.open_at_end,
+            rc.open_at_end,
+            "connections.open_at_end",
+        )?;
+        add(&mut c.attempts, rc.attempts, "connections.attempts")?;
+        add(
+            &mut c.established,
+            rc.established,
+            "connections.established",
+        )?;
+        add(&mut c.failed, rc.failed, "connections.failed")?;
+        add(&mut c.timeouts, rc.timeouts, "connections.timeouts")?;
+        add(&mut c.retries, rc.retries, "connections.retries")?;
+        add(
+            &mut c.closed_by_server,
+            rc.closed_by_server,
+            "connections.closed_by_server",
+        )?;
+        add(&mut c.reconnects, rc.reconnects, "connections.reconnects")?;
+        add(&mut c.slow, rc.slow, "connections.slow")?;
         c.reachable_max = c.reachable_max.max(rc.reachable_max);
         let (q, rq) = (&mut m.queries, &r.queries);
-        q.scheduled += rq.scheduled;
-        q.sent += rq.sent;
-        q.answered += rq.answered;
-        q.echoed += rq.echoed;
-        q.timeouts += rq.timeouts;
-        q.lost += rq.lost;
-        q.unanswered_at_end += rq.unanswered_at_end;
-        q.malformed += rq.malformed;
-        q.unmatched += rq.unmatched;
-        q.bytes_sent += rq.bytes_sent;
-        q.bytes_received += rq.bytes_received;
+        add(&mut q.scheduled, rq.scheduled, "queries.scheduled")?;
+        add(&mut q.sent, rq.sent, "queries.sent")?;
+        add(&mut q.answered, rq.answered, "queries.answered")?;
+        add(&mut q.echoed, rq.echoed, "queries.echoed")?;
+        add(&mut q.timeouts, rq.timeouts, "queries.timeouts")?;
+        add(&mut q.lost, rq.lost, "queries.lost")?;
+        add(
+            &mut q.unanswered_at_end,
+            rq.unanswered_at_end,
+            "queries.unanswered_at_end",
+        )?;
+        add(&mut q.malformed, rq.malformed, "queries.malformed")?;
+        add(&mut q.unmatched, rq.unmatched, "queries.unmatched")?;
+        add(&mut q.bytes_sent, rq.bytes_sent, "queries.bytes_sent")?;
+        add(
+            &mut q.bytes_received,
+            rq.bytes_received,
+            "queries.bytes_received",
+        )?;
         // Runs at the same time: the asked rates add up.
         if let Some(a) = r.rates.asked_qps {
-            asked = Some(asked.unwrap_or(0.0) + a);
+            let sum = asked.unwrap_or(0.0) + a;
+            if !(a >= 0.0 && sum.is_finite()) {
+                return Err(MergeError::BadRate {
+                    report: i + 1,
+                    value: a,
+                });
+            }
+            asked = Some(sum);
         }
-        m.lag.behind += r.lag.behind;
+        add(&mut m.lag.behind, r.lag.behind, "lag.behind")?;
         m.lag.max_ns = m.lag.max_ns.max(r.lag.max_ns);
         m.lag.end_ns = m.lag.end_ns.max(r.lag.end_ns);
         for (k, v) in &r.codes {
-            *codes.entry(k.clone()).or_insert(0) += v;
+            add(
+                codes.entry(k.clone()).or_insert(0),
+                *v,
+                &format!("codes.{k}"),
+            )?;
         }
         for (k, v) in &r.errors {
-            *errors.entry(k.clone()).or_insert(0) += v;
+            add(
+                errors.entry(k.clone()).or_insert(0),
+                *v,
+                &format!("errors.{k}"),
+            )?;
         }
+        // A set beside the list: first-seen order kept, linear in the hints however many.
         for h in &r.hints {
-            if !m.hints.contains(h) {
+            if hints_seen.insert(h.clone()) {
                 m.hints.push(h.clone());
             }
         }
@@ -213,10 +383,11 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
             if mp.path.is_empty() {
                 mp.path = p.path.clone();
             } else {
-                mp.path = format!("{}, {}", mp.path, p.path);
+                mp.path.push_str(", ");
+                mp.path.push_str(&p.path);
             }
-            mp.lines += p.lines;
-            mp.dropped += p.dropped;
+            add(&mut mp.lines, p.lines, "per_query.lines")?;
+            add(&mut mp.dropped, p.dropped, "per_query.dropped")?;
         }
     }
     if start < end {
@@ -244,6 +415,29 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
         m.failure = Some(failures.join("; "));
     }
     Ok(m)
+}
+
+/// Body of the `merge_report` fuzz target (and of the stable test over its seed corpus): any
+/// bytes as a report file, then merged with itself as a second run and printed, must give a
+/// report or an error, never a panic, a wrapped count or an allocation the bytes do not
+/// warrant.
+pub fn fuzz_merge_report(data: &[u8]) {
+    let Ok(r) = report_from_slice("fuzz.json", data) else {
+        return;
+    };
+    let mut twin = r.clone();
+    twin.run_id = "twin".into();
+    twin.merged_run_ids.clear();
+    let named = [
+        ("a".to_string(), r.clone()),
+        ("b".to_string(), twin.clone()),
+    ];
+    let _ = check_runs(&named);
+    if let Ok(m) = merge_reports(&[r, twin]) {
+        let text = tcpkit_stats::Report::human(&m);
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'));
+        let _ = tcpkit_stats::Report::json(&m);
+    }
 }
 
 #[cfg(test)]
@@ -358,5 +552,182 @@ mod tests {
         let e = merge_reports(&[a]).unwrap_err();
         assert!(e.to_string().contains("report 1"), "{e}");
         assert!(matches!(merge_reports(&[]), Err(MergeError::Empty)));
+    }
+    /// Issue 11: the fields merge sums are required; a report that lacks one is refused with
+    /// one line naming the file and the field (serde alone would read it as absent).
+    #[test]
+    fn missing_summed_fields_are_refused_naming_file_and_field() {
+        let good = serde_json::to_value(run(0, 1, &[5], 1)).unwrap();
+        assert!(report_from_slice("g.json", good.to_string().as_bytes()).is_ok());
+        for (outer, inner, field) in REQUIRED {
+            let mut v = good.clone();
+            if inner.is_empty() {
+                v.as_object_mut().unwrap().remove(*outer);
+            } else {
+                v[*outer].as_object_mut().unwrap().remove(*inner);
+            }
+            let e = report_from_slice("r.json", v.to_string().as_bytes()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("r.json: no `{field}` field: not a complete tcpkit load --json report")
+            );
+        }
+    }
+
+    /// Issue 11: `18446744073709551614 sent` came from two wrapped sums; every sum is checked
+    /// and an overflow names the field.
+    #[test]
+    fn an_overflowing_sum_is_an_error_naming_the_field() {
+        let mut a = run(0, 1, &[5], u64::MAX - 1);
+        let b = run(0, 1, &[5], 3);
+        let e = merge_reports(&[a.clone(), b.clone()]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "report 2: queries.sent: the sum overflows (18446744073709551614 + 3)"
+        );
+        a.queries.sent = 1;
+        a.codes.insert("NOERROR".into(), u64::MAX);
+        let mut b2 = b.clone();
+        b2.codes.insert("NOERROR".into(), 1);
+        let e = merge_reports(&[a.clone(), b2]).unwrap_err();
+        assert!(
+            e.to_string().contains("codes.NOERROR: the sum overflows"),
+            "{e}"
+        );
+        a.codes.clear();
+        a.runs = u32::MAX;
+        let e = merge_reports(&[a.clone(), b.clone()]).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("report 2: runs: the sum overflows"),
+            "{e}"
+        );
+        a.runs = 1;
+        a.rates.asked_qps = Some(f64::MAX);
+        let mut b3 = b;
+        b3.rates.asked_qps = Some(f64::MAX);
+        let e = merge_reports(&[a, b3]).unwrap_err();
+        assert!(e.to_string().contains("asked_qps"), "{e}");
+    }
+
+    /// Issue 11: escape sequences, title changes and NUL in a report's strings are written
+    /// out, never passed to the terminal.
+    #[test]
+    fn control_characters_in_report_strings_are_escaped() {
+        let mut r = run(0, 1, &[5], 1);
+        r.target = "\u{1b}]0;pwned\u{7}\u{1b}[2J".into();
+        r.hints = vec!["a\u{0}b".into()];
+        r.failure = Some("x\u{1b}[31m".into());
+        r.codes.insert("\u{1b}[1m".into(), 1);
+        r.per_query = Some(tcpkit_stats::PerQueryStats {
+            path: "p\rq".into(),
+            ..Default::default()
+        });
+        let text = serde_json::to_string(&r).unwrap();
+        let m = merge_reports(&[report_from_slice("r.json", text.as_bytes()).unwrap()]).unwrap();
+        let human = tcpkit_stats::Report::human(&m);
+        let all = format!("{human}{}", serde_json::to_string(&m).unwrap());
+        assert!(!all.chars().any(|c| c.is_control() && c != '\n'), "{all:?}");
+        assert!(m.target.contains("\\u{1b}]0;pwned\\u{7}"), "{}", m.target);
+        assert_eq!(m.hints, ["a\\u{0}b"]);
+        assert!(m.codes.contains_key("\\u{1b}[1m"));
+        assert_eq!(m.per_query.unwrap().path, "p\\u{d}q");
+    }
+
+    /// Issue 11: 300,000 distinct hints took over 20 s (a list searched per hint); now linear.
+    #[test]
+    fn many_distinct_hints_merge_in_linear_time() {
+        let mut a = run(0, 1, &[5], 1);
+        a.hints = (0..300_000).map(|i| format!("hint {i}")).collect();
+        let mut b = a.clone();
+        b.hints.push("one more".into());
+        let t = std::time::Instant::now();
+        let m = merge_reports(&[a, b]).unwrap();
+        assert_eq!(m.hints.len(), 300_001);
+        assert_eq!(m.hints[0], "hint 0");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    /// A report file larger than any real one is refused before it is parsed.
+    #[test]
+    fn an_oversized_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("big.json");
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(MAX_REPORT + 1).unwrap();
+        let e = read_report(&p).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("big.json: larger than 67108864 bytes, not a load report"),
+            "{e}"
+        );
+    }
+    #[test]
+    fn fuzz_body_over_seed_corpus() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/merge_report");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let data = std::fs::read(entry.unwrap().path()).unwrap();
+            fuzz_merge_report(&data);
+            // Every cut, and a flip of each byte, of each seed too.
+            for cut in (0..data.len()).step_by(7) {
+                fuzz_merge_report(&data[..cut]);
+            }
+            let mut m = data.clone();
+            for i in 0..m.len() {
+                for x in [0x01, 0x20] {
+                    m[i] ^= x;
+                    fuzz_merge_report(&m);
+                    m[i] ^= x;
+                }
+            }
+            n += 1;
+        }
+        assert!(n >= 6, "seed corpus has {n} files, expected at least 6");
+    }
+
+    #[test]
+    #[ignore = "writes the seed corpus; run once by hand"]
+    fn write_seeds() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/merge_report");
+        std::fs::create_dir_all(&dir).unwrap();
+        let put = |name: &str, r: &LoadReport| {
+            std::fs::write(dir.join(name), serde_json::to_string_pretty(r).unwrap()).unwrap()
+        };
+        let mut a = run(100, 10, &[1_000, 2_000, 1_000_000], 3);
+        a.run_id = "aa".into();
+        put("good", &a);
+        let mut b = a.clone();
+        b.queries.sent = u64::MAX - 1;
+        put("near-overflow", &b);
+        let mut c = a.clone();
+        c.target = "\u{1b}]0;t\u{7}\u{0}".into();
+        c.hints = vec!["h\u{1b}[2J".into(), "h2".into()];
+        c.failure = Some("no answers".into());
+        c.per_query = Some(tcpkit_stats::PerQueryStats {
+            path: "q.log".into(),
+            lines: 3,
+            dropped: 0,
+        });
+        put("controls", &c);
+        let mut d = a.clone();
+        d.merged_run_ids = vec!["x".into(), "y".into()];
+        d.rates.asked_qps = None;
+        d.errors.insert("EMFILE".into(), 4);
+        put("merged", &d);
+        let mut e = a.clone();
+        e.histograms.sent = String::new();
+        e.histograms.intended = "HISFHIU=".into();
+        put("bad-histogram", &e);
+        // A V2 header declaring a 4 GiB payload over 3 bytes.
+        let mut f = a.clone();
+        f.histograms.sent = "HISTE/////8AAAAAAAAAAwAAAAAAAAABAAAAAAAPQkA/8AAAAAAAAAICAg==".into();
+        put("hist-4gib", &f);
     }
 }

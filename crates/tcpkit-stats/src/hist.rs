@@ -83,13 +83,24 @@ impl Histogram {
 
     /// Reads [`Histogram::to_base64`] (or any HDR V2 / V2-deflate histogram in base64). An empty
     /// string is an empty histogram.
+    ///
+    /// The text is untrusted (a report file): every length it declares is checked against the
+    /// bytes actually there before anything is allocated, since hdrhistogram's reader would
+    /// allocate whatever payload length the header claims (4 GiB from a 94-byte histogram).
     pub fn from_base64(text: &str) -> Result<Histogram, HistDecodeError> {
         if text.is_empty() {
             return Ok(Histogram::new());
         }
+        if text.len() > MAX_ENCODED {
+            return Err(HistDecodeError::Hdr(format!(
+                "{} bytes of base64, more than the {MAX_ENCODED} a histogram can take",
+                text.len()
+            )));
+        }
         let bytes = base64_decode(text).ok_or(HistDecodeError::Base64)?;
+        let plain = bounded_v2(&bytes).map_err(HistDecodeError::Hdr)?;
         let h: hdrhistogram::Histogram<u64> = Deserializer::new()
-            .deserialize(&mut bytes.as_slice())
+            .deserialize(&mut plain.as_slice())
             .map_err(|e| HistDecodeError::Hdr(format!("{e:?}")))?;
         let mut out = Histogram::new();
         // Re-recorded into our bounds, so merging never fails on foreign bounds.
@@ -118,6 +129,71 @@ impl Histogram {
             max_ns: h.max(),
         }
     }
+}
+
+/// The most base64 a histogram may be: ours are a few KiB; this is room for any honest one.
+const MAX_ENCODED: usize = 16 << 20;
+/// The most an inflated V2 histogram may be (its counts are varints: a few bytes per bucket).
+const MAX_INFLATED: u64 = 64 << 20;
+/// More significant digits means more buckets: 4 keeps the counts array a few MiB whatever
+/// the declared range (hdrhistogram allows 5, which over 1..u64::MAX is ~50 MB).
+const MAX_DIGITS: u32 = 4;
+const V2_COOKIE: u32 = 0x1c84_9313;
+const V2_DEFLATE_COOKIE: u32 = 0x1c84_9314;
+const V2_HEADER: usize = 40;
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// An HDR V2 histogram (plain, inflated from V2-deflate if need be) whose declared lengths
+/// and digits have been checked against what is there, so hdrhistogram's reader allocates no
+/// more than the input warrants.
+fn bounded_v2(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    if bytes.len() < 8 {
+        return Err(format!("{} bytes, shorter than any header", bytes.len()));
+    }
+    let plain = match be32(bytes, 0) {
+        V2_COOKIE => bytes.to_vec(),
+        V2_DEFLATE_COOKIE => {
+            let declared = be32(bytes, 4) as usize;
+            let there = bytes.len() - 8;
+            if declared > there {
+                return Err(format!(
+                    "declares {declared} compressed bytes, {there} are there"
+                ));
+            }
+            let mut out = Vec::new();
+            // Grows with what actually inflates, never with what the header says.
+            flate2::read::ZlibDecoder::new(&bytes[8..8 + declared])
+                .take(MAX_INFLATED + 1)
+                .read_to_end(&mut out)
+                .map_err(|e| format!("deflate: {e}"))?;
+            if out.len() as u64 > MAX_INFLATED {
+                return Err(format!("inflates to more than {MAX_INFLATED} bytes"));
+            }
+            out
+        }
+        c => return Err(format!("cookie {c:#010x} is not HDR V2")),
+    };
+    if plain.len() < V2_HEADER || be32(&plain, 0) != V2_COOKIE {
+        return Err("no V2 header inside".into());
+    }
+    let declared = be32(&plain, 4) as usize;
+    let there = plain.len() - V2_HEADER;
+    if declared > there {
+        return Err(format!(
+            "declares a {declared}-byte payload, {there} bytes are there"
+        ));
+    }
+    let digits = be32(&plain, 12);
+    if digits > MAX_DIGITS {
+        return Err(format!(
+            "{digits} significant digits, more than {MAX_DIGITS}"
+        ));
+    }
+    Ok(plain)
 }
 
 /// Why a serialized histogram could not be read.
@@ -314,6 +390,56 @@ mod tests {
             assert_eq!(base64_decode(enc).unwrap(), plain.as_bytes());
         }
         assert_eq!(base64_decode("Zm9v!"), None);
+    }
+
+    /// A V2 header declaring a 4 GiB payload (plain, and wrapped in deflate as reports carry
+    /// it) is refused for what it is, without allocating 4 GiB first; so is a deflate wrapper
+    /// declaring more compressed bytes than there are, and a histogram of 5 digits.
+    #[test]
+    fn declared_lengths_are_bounded_by_the_input() {
+        use std::io::Write as _;
+        let mut v2 = Vec::new();
+        v2.extend_from_slice(&V2_COOKIE.to_be_bytes());
+        v2.extend_from_slice(&u32::MAX.to_be_bytes()); // payload length: 4 GiB
+        v2.extend_from_slice(&0u32.to_be_bytes()); // normalizing offset
+        v2.extend_from_slice(&3u32.to_be_bytes()); // digits
+        v2.extend_from_slice(&1u64.to_be_bytes());
+        v2.extend_from_slice(&HIGHEST_NS.to_be_bytes());
+        v2.extend_from_slice(&1.0f64.to_be_bytes());
+        v2.extend_from_slice(&[2, 2, 2]);
+        let e = Histogram::from_base64(&base64_encode(&v2)).unwrap_err();
+        assert!(
+            e.to_string().contains("4294967295-byte payload, 3 bytes"),
+            "{e}"
+        );
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        z.write_all(&v2).unwrap();
+        let z = z.finish().unwrap();
+        let mut d = Vec::new();
+        d.extend_from_slice(&V2_DEFLATE_COOKIE.to_be_bytes());
+        d.extend_from_slice(&(z.len() as u32).to_be_bytes());
+        d.extend_from_slice(&z);
+        let t = std::time::Instant::now();
+        let e = Histogram::from_base64(&base64_encode(&d)).unwrap_err();
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        assert!(e.to_string().contains("4294967295-byte payload"), "{e}");
+        d[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        let e = Histogram::from_base64(&base64_encode(&d)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("declares 4294967295 compressed bytes"),
+            "{e}"
+        );
+        v2[4..8].copy_from_slice(&3u32.to_be_bytes());
+        v2[12..16].copy_from_slice(&5u32.to_be_bytes());
+        let e = Histogram::from_base64(&base64_encode(&v2)).unwrap_err();
+        assert!(e.to_string().contains("5 significant digits"), "{e}");
+        // The honest form of the same still reads.
+        v2[12..16].copy_from_slice(&3u32.to_be_bytes());
+        assert_eq!(
+            Histogram::from_base64(&base64_encode(&v2)).unwrap().count(),
+            3
+        );
     }
 
     #[test]

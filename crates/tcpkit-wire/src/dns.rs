@@ -421,6 +421,32 @@ fn walk_response(msg: &[u8], mut each: impl FnMut(u16, &[u8])) -> Result<Respons
     })
 }
 
+/// [`parse_response`], and the authority and additional records walked too: a response
+/// must end where its last record does. Bytes after it (a padded answer) are a malformed
+/// message, not a NOERROR with garbage the reader never looked at.
+pub fn parse_whole_response(msg: &[u8]) -> Result<ResponseView, DnsError> {
+    let v = parse_response(msg)?;
+    let h = header(msg)?;
+    let mut pos = HEADER_LEN;
+    for _ in 0..h.qdcount {
+        pos = skip_question(msg, pos, true)?.0;
+    }
+    let rest = u32::from(h.ancount)
+        + u32::from(u16_at(msg, 8, "header")?)
+        + u32::from(u16_at(msg, 10, "header")?);
+    for _ in 0..rest {
+        pos = skip_rr(msg, pos)?.0;
+    }
+    if pos != msg.len() {
+        return Err(malformed(
+            "message",
+            pos,
+            "bytes after the last record (a padded answer)",
+        ));
+    }
+    Ok(v)
+}
+
 /// The first A or AAAA address among a response's answers (checked like [`parse_response`]);
 /// `None` when there is none.
 pub fn first_answer_addr(msg: &[u8]) -> Result<Option<IpAddr>, DnsError> {
@@ -819,6 +845,33 @@ mod tests {
                 fuzz_dns(&vec![mark; len]);
             }
         }
+    }
+
+    /// Issue 11: an answer longer than its DNS message is malformed (load counted it NOERROR).
+    #[test]
+    fn a_padded_response_is_not_a_whole_response() {
+        let mut tq = Vec::new();
+        write_tcp_query(&mut tq, 7, &name("example.com"), TYPE_A);
+        let q = tq[2..].to_vec();
+        let view = parse_query(&q).unwrap();
+        let mut out = Vec::new();
+        write_tcp_response(
+            &mut out,
+            &q,
+            &view,
+            Ipv4Addr::new(198, 18, 0, 53),
+            Ipv6Addr::LOCALHOST,
+        );
+        let msg = &out[2..];
+        assert_eq!(parse_whole_response(msg).unwrap().id, 7);
+        let mut padded = msg.to_vec();
+        padded.extend_from_slice(&[0; 16]);
+        assert!(
+            parse_response(&padded).is_ok(),
+            "the lenient walk stops at the answers"
+        );
+        let e = parse_whole_response(&padded).unwrap_err();
+        assert!(e.to_string().contains("padded"), "{e}");
     }
 
     #[test]

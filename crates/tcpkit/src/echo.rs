@@ -71,6 +71,11 @@ pub struct Args {
     #[arg(long, value_name = "BYTES", default_value_t = echo::DEFAULT_MAX_CONN_BUF)]
     pub max_conn_buf: usize,
 
+    /// DNS mode: close a connection that holds the start of a query this long without its
+    /// end (a client sending one byte and waiting would hold a descriptor forever).
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "10s")]
+    pub partial_timeout: Duration,
+
     /// Internal: this process is worker K of N started by --procs (prints its report as JSON).
     #[arg(long, value_name = "K/N", hide = true)]
     pub worker: Option<String>,
@@ -159,6 +164,7 @@ pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
         )));
     }
     cfg.max_conn_buf = a.max_conn_buf;
+    cfg.partial_timeout = a.partial_timeout;
     cfg.duration = a.run.duration;
     if !(1..=256).contains(&a.procs) {
         return Err(usage(format!("--procs {}: must be 1 to 256", a.procs)));
@@ -229,6 +235,18 @@ mod tests {
         resolve(&a).map_err(|f| match f {
             Failure::Usage(m) | Failure::Runtime(m) => m,
         })
+    }
+
+    #[test]
+    fn partial_timeout_defaults_to_10s_and_takes_a_duration() {
+        assert_eq!(
+            parse(&[]).unwrap().0.partial_timeout,
+            Duration::from_secs(10)
+        );
+        let (c, _) = parse(&["--dns", "--partial-timeout", "1500ms"]).unwrap();
+        assert_eq!(c.partial_timeout, Duration::from_millis(1500));
+        let e = parse(&["--partial-timeout", "soon"]).unwrap_err();
+        assert!(e.contains("--partial-timeout"), "{e}");
     }
 
     #[test]

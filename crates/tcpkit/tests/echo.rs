@@ -323,6 +323,65 @@ fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
     q
 }
 
+/// Issue 11 (slowloris): connections each holding one byte of a DNS query exhausted echo's
+/// descriptors, and a good client waited forever. Each partial query now has
+/// --partial-timeout to complete: under a 128-descriptor limit, 300 such connections are
+/// closed and counted, and a good client queued behind them is answered promptly.
+#[test]
+fn dns_partial_queries_are_closed_after_the_partial_timeout() {
+    let e = start_with(
+        "echoslow",
+        &["prlimit", "--nofile=128:128"],
+        &[
+            "--dns",
+            "--threads",
+            "1",
+            "--partial-timeout",
+            "1s",
+            "--json",
+        ],
+    );
+    let t0 = Instant::now();
+    let (hostile, answered_after) = e.cli.enter(|| {
+        let hostile: Vec<TcpStream> = (0..300)
+            .map(|_| {
+                let mut s = TcpStream::connect(srv(4242)).unwrap();
+                s.write_all(&[0]).unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut good = TcpStream::connect(srv(4242)).unwrap();
+        good.set_read_timeout(Some(Duration::from_secs(15)))
+            .unwrap();
+        good.write_all(&query(77, "good.example", 1)).unwrap();
+        let m = read_msg(&mut good);
+        assert_eq!(dns::parse_response(&m).unwrap().id, 77);
+        (hostile, t0.elapsed())
+    });
+    // 300 hostile connections through ~120 descriptors, 1 s each: three rounds at most.
+    assert!(
+        answered_after < Duration::from_secs(6),
+        "good client answered after {answered_after:?}"
+    );
+    // The server closed the hostile ones: each reads EOF (or a reset), not a wait.
+    e.cli.enter(|| {
+        for mut s in hostile {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut b = [0u8; 1];
+            assert!(
+                !matches!(s.read(&mut b), Err(ref x) if x.kind() == std::io::ErrorKind::WouldBlock || x.kind() == std::io::ErrorKind::TimedOut),
+                "a hostile connection still open"
+            );
+        }
+    });
+    let j = e.stop_json();
+    eprintln!("good client answered after {answered_after:?}; report {j}");
+    assert_eq!(j["partial_timeouts"], 300, "{j}");
+    assert!(j["fd_exhausted"].as_u64().unwrap() >= 1, "{j}");
+    assert!(j["answered"].as_u64().unwrap() >= 1, "{j}");
+}
+
 #[test]
 fn dns_answers_a_plain_tcp_query() {
     let e = start("echodns", &["--dns", "--dns-a", "10.9.8.7", "--json"]);

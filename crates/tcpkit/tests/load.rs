@@ -860,6 +860,75 @@ fn server_that_never_answers_gives_timeouts_and_a_failed_run() {
     assert_accounted(&r);
 }
 
+/// One DNS-over-TCP query read from `s`, or None at its end.
+fn read_dns(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).ok()?;
+    let mut m = vec![0u8; u16::from_be_bytes(len) as usize];
+    s.read_exact(&mut m).ok()?;
+    Some(m)
+}
+
+/// The answer to query `q` with no records: QR set, NOERROR, the question kept.
+fn dns_reply(q: &[u8], id: u16, pad: usize) -> Vec<u8> {
+    let mut m = q.to_vec();
+    m[0..2].copy_from_slice(&id.to_be_bytes());
+    m[2] |= 0x80;
+    m[3] &= 0xf0;
+    m.extend(std::iter::repeat_n(0, pad));
+    let mut out = (m.len() as u16).to_be_bytes().to_vec();
+    out.extend_from_slice(&m);
+    out
+}
+
+/// Issue 11: a DNS server answering 3 queries in 4 with the wrong ID passed (exit 0, the rest
+/// timed out quietly); one padding its answers had them counted NOERROR.
+#[test]
+fn hostile_dns_servers_wrong_ids_fail_the_run_and_padded_answers_are_malformed() {
+    let p = pair("ldhdns");
+    let wrong = p.test_server(|mut s| {
+        let mut n = 0u32;
+        while let Some(q) = read_dns(&mut s) {
+            let id = u16::from_be_bytes([q[0], q[1]]);
+            n += 1;
+            let id = if n % 4 == 0 { id } else { id ^ 0x5a5a };
+            if s.write_all(&dns_reply(&q, id, 0)).is_err() {
+                return;
+            }
+        }
+    });
+    let (o, r) = fault_run(
+        &p,
+        wrong,
+        &["-c", "2", "-r", "100", "-t", "1.5", "--timeout", "300ms"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = failure_line(&o);
+    assert!(
+        e.contains("most queries went wrong") && e.contains("unmatched answers (wrong ID)"),
+        "{e}"
+    );
+    assert!(u(&r, "queries.unmatched") > 50, "{r:#}");
+    assert!(u(&r, "queries.answered") > 10, "{r:#}");
+    let padded = p.test_server(|mut s| {
+        while let Some(q) = read_dns(&mut s) {
+            let id = u16::from_be_bytes([q[0], q[1]]);
+            if s.write_all(&dns_reply(&q, id, 7)).is_err() {
+                return;
+            }
+        }
+    });
+    let (o, r) = fault_run(&p, padded, &["-c", "2", "-r", "100", "-t", "1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = failure_line(&o);
+    assert!(
+        e.contains("malformed answers") && e.contains("padded"),
+        "{e}"
+    );
+    assert!(u(&r, "queries.malformed") > 0, "{r:#}");
+    assert!(r["codes"].get("NOERROR").is_none(), "{r:#}");
+}
+
 #[test]
 fn garbage_from_an_echo_peer_is_counted_as_malformed() {
     let p = pair("ldgarb");

@@ -34,6 +34,9 @@ struct Pending {
     out_pos: usize,
     /// DNS mode: the start of a query whose end has not arrived.
     input: Vec<u8>,
+    /// When the start of the query in `input` arrived: its end must follow within
+    /// `partial_timeout` (in the box, so an idle connection pays nothing for it).
+    since: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -136,6 +139,7 @@ pub(super) fn serve(
         c: counters,
     };
     let mut backoff_until: Option<Instant> = None;
+    let mut next_sweep = Instant::now() + TICK;
     loop {
         if shared.stop.load(Ordering::Relaxed) {
             break;
@@ -154,6 +158,10 @@ pub(super) fn serve(
                     break;
                 }
             }
+        }
+        if matches!(cfg.mode, Mode::Dns { .. }) && now >= next_sweep {
+            next_sweep = now + TICK;
+            sweep_partial(&mut slab, now, cfg.partial_timeout, counters);
         }
         let mut timeout = TICK;
         for t in [shared.deadline, backoff_until].into_iter().flatten() {
@@ -191,6 +199,23 @@ pub(super) fn serve(
         }
     }
     Ok(())
+}
+
+/// Closes every connection holding the start of a query for longer than `limit` (one pass
+/// over the slab per tick: cheap beside the connections it bounds).
+fn sweep_partial(slab: &mut Slab, now: Instant, limit: Duration, c: &ThreadCounters) {
+    for i in 0..slab.slots.len() {
+        let stale = slab.slots[i].as_ref().is_some_and(|conn| {
+            conn.pending.as_ref().is_some_and(|p| {
+                !p.input.is_empty() && p.since.is_some_and(|t| now.duration_since(t) >= limit)
+            })
+        });
+        if stale {
+            drop(slab.remove(i));
+            bump(&c.partial_timeouts, 1);
+            bump(&c.closed, 1);
+        }
+    }
 }
 
 /// Accepts until the queue is empty. Returns when accepting should resume if the process ran
@@ -378,7 +403,9 @@ impl Loop<'_> {
             }
             // The start of a query left from last time goes first.
             let mut have = 0;
+            let mut since = None;
             if let Some(p) = conn.pending.as_mut() {
+                since = p.since.take();
                 have = p.input.len();
                 self.scratch[..have].copy_from_slice(&p.input);
                 p.input = Vec::new();
@@ -396,7 +423,7 @@ impl Loop<'_> {
                 };
                 bump(&self.c.bytes_in, n as u64);
                 if n == 0 {
-                    self.keep_input(conn, have);
+                    self.keep_input(conn, have, since);
                     return Ok(Next::Wait);
                 }
                 drained = n < window - have;
@@ -435,16 +462,19 @@ impl Loop<'_> {
             }
             if used < have {
                 self.scratch.copy_within(used..have, 0);
-                self.keep_input(conn, have - used);
+                // A query completed: the partial one left is new; otherwise it keeps its age.
+                let since = if used > 0 { None } else { since };
+                self.keep_input(conn, have - used, since);
             }
         }
     }
 
-    fn keep_input(&mut self, conn: &mut Conn, n: usize) {
+    fn keep_input(&mut self, conn: &mut Conn, n: usize, since: Option<Instant>) {
         if n > 0 {
             let p = conn.pending_mut();
             p.input.clear();
             p.input.extend_from_slice(&self.scratch[..n]);
+            p.since = Some(since.unwrap_or_else(Instant::now));
         }
     }
 }

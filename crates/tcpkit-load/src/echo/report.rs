@@ -41,6 +41,8 @@ pub struct EchoReport {
     pub accept_errors: u64,
     /// accept() calls that failed with EMFILE/ENFILE (each followed by a short pause).
     pub fd_exhausted: u64,
+    /// DNS mode: connections closed for holding the start of a query past --partial-timeout.
+    pub partial_timeouts: u64,
     /// "duration" or "signal".
     pub stopped_by: String,
 }
@@ -76,6 +78,7 @@ impl EchoReport {
             malformed: t.malformed,
             accept_errors: t.accept_errors,
             fd_exhausted: t.fd_exhausted,
+            partial_timeouts: t.partial_timeouts,
             stopped_by: stopped_by.into(),
         }
     }
@@ -100,6 +103,7 @@ impl EchoReport {
             m.malformed += r.malformed;
             m.accept_errors += r.accept_errors;
             m.fd_exhausted += r.fd_exhausted;
+            m.partial_timeouts += r.partial_timeouts;
             if r.stopped_by == "signal" {
                 m.stopped_by = r.stopped_by.clone();
             }
@@ -125,6 +129,12 @@ impl Report for EchoReport {
                 "DNS: {} queries answered, {} connections closed for a malformed query\n",
                 self.answered, self.malformed
             ));
+            if self.partial_timeouts > 0 {
+                s.push_str(&format!(
+                    "DNS: {} connections closed holding a partial query past --partial-timeout\n",
+                    self.partial_timeouts
+                ));
+            }
         }
         s.push_str(&format!(
             "Accept failures: {} ({} for lack of file descriptors)\n",
@@ -174,6 +184,7 @@ mod tests {
             malformed: 1,
             accept_errors: 2,
             fd_exhausted: 3,
+            partial_timeouts: 0,
             stopped_by: "signal".into(),
         }
     }

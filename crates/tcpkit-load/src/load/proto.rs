@@ -351,7 +351,9 @@ fn dns_answer(msg: &[u8]) -> Result<Answer, BadAnswer> {
             code: ECHOED,
         })
     } else {
-        let v = dns::parse_response(msg).map_err(|e| bad("malformed DNS answer", e.to_string()))?;
+        // Whole: bytes after the last record (a padded answer) make it malformed, not NOERROR.
+        let v = dns::parse_whole_response(msg)
+            .map_err(|e| bad("malformed DNS answer", e.to_string()))?;
         Ok(Answer {
             id: Some(v.id),
             code: u16::from(v.rcode),
