@@ -164,9 +164,12 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
             let v: serde_json::Value = serde_json::from_str(&out)
                 .with_context(|| format!("tcpkit load report: {out} {err}"))?;
             let l = |k: &str| json_u(&v, &format!("latency.{k}")) as f64 / 1e3;
+            // `-t` bounds tcpkit's whole run, the connects included: what the rate asked for
+            // is the rate over the query phase the report gives (`seconds`), not over -t.
+            let phase = v["seconds"].as_f64().unwrap_or(secs);
             Ok(Outcome {
                 answered: json_u(&v, "queries.answered"),
-                asked,
+                asked: rate as f64 * phase,
                 lat: Some([
                     l("p50_ns"),
                     l("p90_ns"),
