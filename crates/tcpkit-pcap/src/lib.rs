@@ -25,6 +25,18 @@ pub use pcap::PcapWriter;
 pub use pcapng::{PcapNgWriter, TsResolution};
 pub use read::{max_caplen, Packet, Packets, MAX_CAPLEN_FLOOR};
 
+/// The body of the `pcapng` fuzz target: [`fuzz_read`] over `data` with its first four bytes
+/// set to pcapng's Section Header Block type, so every input the fuzzer tries is read as
+/// pcapng (block lengths, options, interface and byte-order handling) rather than most of them
+/// being refused at the magic.
+pub fn fuzz_read_pcapng(data: &[u8]) {
+    let mut d = data.to_vec();
+    if let Some(head) = d.get_mut(..4) {
+        head.copy_from_slice(&pcapng::SHB.to_le_bytes());
+    }
+    fuzz_read(&d);
+}
+
 /// The body of the `pcap_read` fuzz target: read `data` as a capture and iterate every packet,
 /// writing each back out through [`PcapWriter`]. Must never panic, whatever the bytes.
 pub fn fuzz_read(data: &[u8]) {

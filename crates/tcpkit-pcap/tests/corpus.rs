@@ -41,6 +41,17 @@ fn fuzz_read_survives_the_seed_corpus() {
     }
 }
 
+#[test]
+fn fuzz_read_pcapng_survives_its_corpus() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/pcapng");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        tcpkit_pcap::fuzz_read_pcapng(&std::fs::read(e.unwrap().path()).unwrap());
+        n += 1;
+    }
+    assert!(n >= 3, "pcapng corpus missing: {}", dir.display());
+}
+
 /// A small stand-in for the fuzzer that runs on stable: every seed with bytes overwritten at
 /// pseudo-random places (xorshift, fixed seed, so failures reproduce).
 #[test]
