@@ -12,6 +12,7 @@ use serde::Serialize;
 use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
 use tcpkit_pcap::CaptureFile;
 
+use crate::auth::{HandshakeError, Key};
 use crate::feed::chain;
 use crate::relay::{Input, RelayConfig};
 use crate::rules;
@@ -81,7 +82,7 @@ pub fn run(
     out.extend(targets.iter().map(|&t| target(t, wait)));
     if let Some(t) = transparent {
         let on_target = targets.iter().any(|tg| tg.ip() == t.intercept.ip());
-        let reachable = intercept_check(t.intercept, on_target, wait);
+        let reachable = intercept_check(t.intercept, t.key.as_ref(), on_target, wait);
         let ok = reachable.ok;
         out.push(reachable);
         if ok {
@@ -195,24 +196,44 @@ fn read_u64(p: &Path) -> Option<u64> {
     std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
-/// `--transparent`: the Hello/Welcome exchange the run starts with, so the intercept is
-/// reachable, is a tcpkit intercept, and speaks this build's control protocol version.
-/// `on_target`: its address is a target's, so it is meant to run there (`--on-target`).
-pub fn intercept_check(a: SocketAddr, on_target: bool, wait: Duration) -> Check {
+/// `--transparent`: the opening exchange the run starts with, so the intercept is reachable,
+/// is a tcpkit intercept, speaks this build's control protocol version, and holds the same
+/// key as `key` (or, like this copy, none). `on_target`: its address is a target's, so it is
+/// meant to run there (`--on-target`).
+pub fn intercept_check(a: SocketAddr, key: Option<&Key>, on_target: bool, wait: Duration) -> Check {
     let name = format!("intercept {a}");
-    match crate::transparent::handshake(a, wait, 0) {
+    match crate::transparent::handshake(a, wait, 0, key) {
         Ok(_) => Check::ok(
             name,
             format!(
-                "welcomed this copy, control protocol version {}",
-                crate::control::VERSION
+                "welcomed this copy, control protocol version {}, {}",
+                crate::control::VERSION,
+                if key.is_some() {
+                    "the key proved both ways (HMAC-SHA256 over nonces from both sides)"
+                } else {
+                    "not authenticated (no --auth-key-file on either side)"
+                }
             ),
         ),
         Err(e) => {
             let fix = match &e {
-                TransparentError::Refused { .. } => {
-                    "run the same tcpkit version on this host and on intercept's (the assistant, or the target)"
-                }
+                TransparentError::Handshake { why, .. } => match why {
+                    HandshakeError::KeyWanted => {
+                        "give copy --auth-key-file with the key file intercept was started with (mode 600 on this host too)"
+                    }
+                    HandshakeError::NoKeyThere => {
+                        "start intercept with the same --auth-key-file (or run copy without one)"
+                    }
+                    HandshakeError::KeyDiffers => {
+                        "copy and intercept must read the same key: compare the two files (sha256sum on each host)"
+                    }
+                    HandshakeError::Refused(r) if r.contains("--auth-key-file") => {
+                        "copy and intercept must read the same key: compare the two files (sha256sum on each host)"
+                    }
+                    HandshakeError::Refused(_) | HandshakeError::Unexpected(_) => {
+                        "run the same tcpkit version on this host and on intercept's (the assistant, or the target)"
+                    }
+                },
                 TransparentError::NotIntercept { .. } => {
                     "something else listens there: give --intercept intercept's address (the assistant's, or the target's with --on-target) and its --listen port"
                 }
@@ -323,7 +344,7 @@ pub fn return_path(
     // A port no real client of this address is likely to hold: above the ephemeral range.
     let port = 61_000 + (std::process::id() % 4_000) as u16;
     let from = SocketAddr::new(client, port);
-    match crate::transparent::probe_return_path(t.intercept, target, from, wait) {
+    match crate::transparent::probe_return_path(t.intercept, t.key.as_ref(), target, from, wait) {
         Ok(Some(a)) => {
             let f = Flags(a.flags);
             let what = if f.has(Flags::SYN) && f.has(Flags::ACK) {
@@ -568,7 +589,7 @@ mod tests {
         let mut w = Vec::new();
         Msg::Welcome { version: VERSION }.emit(&mut w);
         let (a, t) = serve(w);
-        let c = intercept_check(a, false, Duration::from_secs(2));
+        let c = intercept_check(a, None, false, Duration::from_secs(2));
         assert!(c.ok, "{}", c.line());
         t.join().unwrap();
         let mut r = Vec::new();
@@ -578,7 +599,7 @@ mod tests {
         }
         .emit(&mut r);
         let (a, t) = serve(r);
-        let c = intercept_check(a, false, Duration::from_secs(2));
+        let c = intercept_check(a, None, false, Duration::from_secs(2));
         assert!(
             !c.ok && c.line().contains("same tcpkit version"),
             "{}",
@@ -586,7 +607,7 @@ mod tests {
         );
         t.join().unwrap();
         let (a, t) = serve(b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec());
-        let c = intercept_check(a, false, Duration::from_secs(2));
+        let c = intercept_check(a, None, false, Duration::from_secs(2));
         assert!(
             !c.ok && c.line().contains("something else listens"),
             "{}",
@@ -596,7 +617,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let a = l.local_addr().unwrap();
         drop(l);
-        let c = intercept_check(a, false, Duration::from_secs(1));
+        let c = intercept_check(a, None, false, Duration::from_secs(1));
         assert!(
             !c.ok
                 && c.line()
@@ -604,7 +625,7 @@ mod tests {
             "{}",
             c.line()
         );
-        let c = intercept_check(a, true, Duration::from_secs(1));
+        let c = intercept_check(a, None, true, Duration::from_secs(1));
         assert!(
             !c.ok
                 && c.line().contains(

@@ -3,10 +3,12 @@
 //! their payload only when copy asked for it).
 //!
 //! A connection is a stream of frames, each `type: u8, body length: u16 (big endian), body`.
-//! copy opens with [`Msg::Hello`] (magic, version, payload wanted); intercept answers with
-//! [`Msg::Welcome`] or, for a version it does not speak, [`Msg::Refuse`] with the reason and
-//! closes. Then intercept sends a [`Msg::Packet`] per caught answer and a [`Msg::Ping`] every
-//! second, so copy notices a dead intercept even when no answers flow.
+//! copy opens with [`Msg::Hello`] (magic, version, payload wanted, a fresh nonce). An intercept
+//! with a key answers with [`Msg::Challenge`] (its own nonce and its proof of the key), copy
+//! answers with [`Msg::Proof`] (see [`crate::auth`]); then, or at once when intercept has no
+//! key, intercept sends [`Msg::Welcome`], or [`Msg::Refuse`] with the reason and closes (another
+//! version, a wrong proof). Then intercept sends a [`Msg::Packet`] per caught answer and a
+//! [`Msg::Ping`] every second, so copy notices a dead intercept even when no answers flow.
 //!
 //! Bytes from the network enter only through [`Msg::parse`], which checks every length: a
 //! frame cut short is [`ControlError::Truncated`] (the reader waits for more bytes), a
@@ -17,7 +19,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// The protocol version this build speaks. Bumped when a message changes meaning.
-pub const VERSION: u16 = 1;
+/// 2: the Hello carries a nonce; Challenge and Proof authenticate copies.
+pub const VERSION: u16 = 2;
 /// Opens every Hello and Welcome, so a stray connection (an HTTP client, another protocol)
 /// is told apart from an old or new tcpkit.
 pub const MAGIC: [u8; 4] = *b"TKIC";
@@ -33,6 +36,17 @@ const T_WELCOME: u8 = 2;
 const T_REFUSE: u8 = 3;
 const T_PACKET: u8 = 4;
 const T_PING: u8 = 5;
+const T_CHALLENGE: u8 = 6;
+const T_PROOF: u8 = 7;
+
+/// Bytes of a nonce (each side draws one per connection).
+pub const NONCE_LEN: usize = 16;
+/// Bytes of a proof (HMAC-SHA256).
+pub const TAG_LEN: usize = 32;
+/// A nonce: random, one per side per connection.
+pub type Nonce = [u8; NONCE_LEN];
+/// A proof of the key over both nonces.
+pub type Tag = [u8; TAG_LEN];
 
 /// Bytes of a [`PacketHdr`] before its payload: family, two addresses, ports, seq, ack,
 /// flags, window, MSS, window scale, declared payload length.
@@ -72,9 +86,19 @@ pub struct PacketHdr {
 /// One frame of the control protocol. `Packet` borrows its payload from the parsed buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Msg<'a> {
-    /// copy → intercept: the version copy speaks, and how many payload bytes of each answer
-    /// it wants (0: headers only).
-    Hello { version: u16, max_payload: u16 },
+    /// copy → intercept: the version copy speaks, how many payload bytes of each answer it
+    /// wants (0: headers only), and copy's nonce (absent in version 1's Hello, which is parsed
+    /// only to be refused with a reason).
+    Hello {
+        version: u16,
+        max_payload: u16,
+        nonce: Option<Nonce>,
+    },
+    /// intercept → copy, when intercept has a key: intercept's nonce, and its proof that it
+    /// holds the key (so copy tells a wrong key from a wrong peer).
+    Challenge { nonce: Nonce, proof: Tag },
+    /// copy → intercept: copy's proof that it holds the key.
+    Proof { tag: Tag },
     /// intercept → copy: accepted; the version intercept speaks.
     Welcome { version: u16 },
     /// intercept → copy: not accepted, and why (UTF-8); intercept closes after it.
@@ -135,6 +159,11 @@ impl<'a> Body<'a> {
         let s = self.take(4)?;
         Ok(u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
     }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ControlError> {
+        let mut a = [0; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
     fn rest(&mut self) -> &'a [u8] {
         let s = self.b.get(self.at..).unwrap_or(&[]);
         self.at = self.b.len();
@@ -182,6 +211,8 @@ impl<'a> Msg<'a> {
             T_REFUSE => "refuse",
             T_PACKET => "packet",
             T_PING => "ping",
+            T_CHALLENGE => "challenge",
+            T_PROOF => "proof",
             _ => return Err(ControlError::UnknownType { ty }),
         };
         let mut b = Body {
@@ -194,11 +225,29 @@ impl<'a> Msg<'a> {
                 b.magic()?;
                 let version = b.u16()?;
                 let max_payload = b.u16()?;
+                // Version 1's Hello ends here; later ones carry the nonce.
+                let nonce = if b.at == b.b.len() {
+                    None
+                } else {
+                    Some(b.array()?)
+                };
                 b.end()?;
                 Msg::Hello {
                     version,
                     max_payload,
+                    nonce,
                 }
+            }
+            T_CHALLENGE => {
+                let nonce = b.array()?;
+                let proof = b.array()?;
+                b.end()?;
+                Msg::Challenge { nonce, proof }
+            }
+            T_PROOF => {
+                let tag = b.array()?;
+                b.end()?;
+                Msg::Proof { tag }
             }
             T_WELCOME => {
                 b.magic()?;
@@ -286,7 +335,9 @@ impl<'a> Msg<'a> {
     pub fn buffer_len(&self) -> usize {
         FRAME_HDR
             + match self {
-                Msg::Hello { .. } => 8,
+                Msg::Hello { nonce, .. } => 8 + nonce.map_or(0, |n| n.len()),
+                Msg::Challenge { .. } => NONCE_LEN + TAG_LEN,
+                Msg::Proof { .. } => TAG_LEN,
                 Msg::Welcome { .. } => 6,
                 Msg::Refuse { reason, .. } => 2 + refuse_cut(reason),
                 Msg::Packet { hdr, payload } => {
@@ -305,6 +356,8 @@ impl<'a> Msg<'a> {
         out.reserve(FRAME_HDR + len);
         let ty = match self {
             Msg::Hello { .. } => T_HELLO,
+            Msg::Challenge { .. } => T_CHALLENGE,
+            Msg::Proof { .. } => T_PROOF,
             Msg::Welcome { .. } => T_WELCOME,
             Msg::Refuse { .. } => T_REFUSE,
             Msg::Packet { .. } => T_PACKET,
@@ -316,11 +369,20 @@ impl<'a> Msg<'a> {
             Msg::Hello {
                 version,
                 max_payload,
+                nonce,
             } => {
                 out.extend_from_slice(&MAGIC);
                 out.extend_from_slice(&version.to_be_bytes());
                 out.extend_from_slice(&max_payload.to_be_bytes());
+                if let Some(n) = nonce {
+                    out.extend_from_slice(n);
+                }
             }
+            Msg::Challenge { nonce, proof } => {
+                out.extend_from_slice(nonce);
+                out.extend_from_slice(proof);
+            }
+            Msg::Proof { tag } => out.extend_from_slice(tag),
             Msg::Welcome { version } => {
                 out.extend_from_slice(&MAGIC);
                 out.extend_from_slice(&version.to_be_bytes());
@@ -403,10 +465,12 @@ mod tests {
             Msg::Hello {
                 version: VERSION,
                 max_payload: 0,
+                nonce: Some([0x11; NONCE_LEN]),
             },
             Msg::Hello {
-                version: 7,
+                version: 1,
                 max_payload: 1500,
+                nonce: None,
             },
             Msg::Welcome { version: VERSION },
             Msg::Refuse {
@@ -442,6 +506,13 @@ mod tests {
                 payload: b"HTTP/1.1 200 OK\r\n",
             },
             Msg::Ping,
+            Msg::Challenge {
+                nonce: [0xc3; NONCE_LEN],
+                proof: [0x5a; TAG_LEN],
+            },
+            Msg::Proof {
+                tag: [0xa5; TAG_LEN],
+            },
         ]
     }
 
@@ -507,6 +578,8 @@ mod tests {
                     // A shorter Refuse is a shorter reason, and a Packet with less payload
                     // is a Packet carrying less of it: both still parse.
                     (Msg::Refuse { .. } | Msg::Packet { .. }, Ok(_)) => {}
+                    // A Hello cut where version 1's ended is version 1's Hello.
+                    (Msg::Hello { .. }, Ok((Msg::Hello { nonce: None, .. }, _))) if short == 8 => {}
                     (_, Err(ControlError::Malformed { offset, .. })) => {
                         assert!(offset <= FRAME_HDR + short)
                     }
@@ -604,7 +677,7 @@ mod tests {
                 kinds.insert(std::mem::discriminant(&m));
             }
         }
-        assert_eq!(kinds.len(), 5, "every message type has a seed");
+        assert_eq!(kinds.len(), 7, "every message type has a seed");
     }
 
     #[test]
@@ -634,12 +707,14 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let names = [
             "hello",
-            "hello-payload",
+            "hello-v1-payload",
             "welcome",
             "refuse",
             "packet-v4-synack",
             "packet-v6-payload",
             "ping",
+            "challenge",
+            "proof",
         ];
         let mut all = Vec::new();
         for (m, name) in samples().iter().zip(names) {

@@ -21,6 +21,7 @@
 //! - [`metrics`]: `--metrics`, the live counters for Prometheus over HTTP.
 //! - [`check`]: `copy --check`, what usually breaks a copy setup, verified with its fix.
 
+pub mod auth;
 mod backoff;
 pub mod check;
 pub mod control;

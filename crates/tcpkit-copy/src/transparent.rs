@@ -67,8 +67,9 @@ use tcpkit_wire::tcp::{Flags, Options, Segment};
 /// The `-c` prefix type, for callers that do not depend on tcpkit-wire.
 pub use tcpkit_wire::Cidr;
 
+use crate::auth::{CopyHandshake, HandshakeError, Key};
 use crate::backoff::{Backoff, Down, Gate};
-use crate::control::{ControlError, Msg, PacketHdr, VERSION};
+use crate::control::{ControlError, Msg, PacketHdr};
 use crate::diff::{ConnMeta, DiffConn, Differ};
 use crate::feed::{self, FeedError};
 use crate::reasm::{CloseKind, Dir, SessionId};
@@ -85,6 +86,8 @@ pub struct TransparentConfig {
     pub client_cidr: Option<Cidr>,
     /// Source ports of `-n` copies beyond the first: `lo..=hi`.
     pub port_pool: (u16, u16),
+    /// `--auth-key-file`: the key this copy proves to intercept (and intercept to it).
+    pub key: Option<Key>,
 }
 
 /// The pool of `-n` copies' source ports when none is given: above the registered ports and
@@ -100,8 +103,12 @@ pub enum TransparentError {
         #[source]
         source: io::Error,
     },
-    #[error("intercept {addr} refused this copy: {reason}")]
-    Refused { addr: SocketAddr, reason: String },
+    /// The opening exchange failed: refused, or the keys do not match.
+    #[error("intercept {addr} {why}")]
+    Handshake {
+        addr: SocketAddr,
+        why: HandshakeError,
+    },
     #[error("intercept {addr} does not speak the control protocol: {why}")]
     NotIntercept { addr: SocketAddr, why: String },
     /// The capture or the capture file.
@@ -273,6 +280,9 @@ enum CtlState {
 #[derive(Debug)]
 struct Control {
     addr: SocketAddr,
+    key: Option<Key>,
+    /// The opening exchange of the connection being made (None once welcomed).
+    hs: Option<CopyHandshake>,
     sock: Option<TcpStream>,
     st: CtlState,
     inbuf: Vec<u8>,
@@ -387,11 +397,12 @@ pub struct ProbeAnswer {
 /// the target keeps no half-open connection from the probe.
 pub fn probe_return_path(
     intercept: SocketAddr,
+    key: Option<&Key>,
     target: SocketAddr,
     client: SocketAddr,
     wait: Duration,
 ) -> Result<Option<ProbeAnswer>, TransparentError> {
-    let mut s = handshake(intercept, wait, 0)?;
+    let mut s = handshake(intercept, wait, 0, key)?;
     let raw = raw_socket(target.is_ipv6()).map_err(io_err("open a raw IP socket (socket)"))?;
     let isn = (now_ns() as u32).wrapping_mul(2_654_435_761);
     let send = |flags: Flags, seq: u32| -> Result<(), TransparentError> {
@@ -476,64 +487,50 @@ pub fn probe_return_path(
     Ok(None)
 }
 
-/// Connects to intercept, says Hello (asking for `max_payload` bytes of each answer) and
-/// waits for the Welcome: the check at start, so an unreachable or foreign intercept is one
-/// clear error instead of copies that never answer.
+/// Connects to intercept, says Hello (asking for `max_payload` bytes of each answer), proves
+/// `key` when intercept asks for it, and waits for the Welcome: the check at start, so an
+/// unreachable or foreign intercept, or a key that does not match, is one clear error instead
+/// of copies that never answer.
 pub fn handshake(
     addr: SocketAddr,
     timeout: Duration,
     max_payload: u16,
+    key: Option<&Key>,
 ) -> Result<std::net::TcpStream, TransparentError> {
     let unreachable = |source| TransparentError::Unreachable { addr, source };
+    let mut hs = CopyHandshake::new(max_payload).map_err(io_err("draw a nonce"))?;
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(unreachable)?;
     let _ = s.set_nodelay(true);
     s.set_read_timeout(Some(timeout)).map_err(unreachable)?;
-    let mut hello = Vec::new();
-    Msg::Hello {
-        version: VERSION,
-        max_payload,
-    }
-    .emit(&mut hello);
-    s.write_all(&hello).map_err(unreachable)?;
+    let mut out = Vec::new();
+    hs.hello(&mut out);
+    s.write_all(&out).map_err(unreachable)?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 512];
     let deadline = Instant::now() + timeout;
+    let not = |why: String| TransparentError::NotIntercept { addr, why };
     loop {
         match Msg::parse(&buf) {
-            Ok((Msg::Welcome { version }, _)) if version == VERSION => break,
-            Ok((Msg::Refuse { reason, .. }, _)) => {
-                return Err(TransparentError::Refused {
-                    addr,
-                    reason: reason.to_string(),
-                })
-            }
-            Ok((m, _)) => {
-                return Err(TransparentError::NotIntercept {
-                    addr,
-                    why: format!("answered {m:?} to our Hello"),
-                })
+            Ok((m, used)) => {
+                out.clear();
+                let welcomed = hs
+                    .on_msg(key, &m, &mut out)
+                    .map_err(|why| TransparentError::Handshake { addr, why })?;
+                if welcomed {
+                    break;
+                }
+                buf.drain(..used);
+                s.write_all(&out).map_err(unreachable)?;
+                continue;
             }
             Err(ControlError::Truncated { .. }) => {}
-            Err(e) => {
-                return Err(TransparentError::NotIntercept {
-                    addr,
-                    why: e.to_string(),
-                })
-            }
+            Err(e) => return Err(not(e.to_string())),
         }
         if Instant::now() > deadline || buf.len() > 4096 {
-            return Err(TransparentError::NotIntercept {
-                addr,
-                why: "no Welcome in time".into(),
-            });
+            return Err(not("no Welcome in time".into()));
         }
         match s.read(&mut chunk) {
-            Ok(0) => {
-                return Err(TransparentError::NotIntercept {
-                    addr,
-                    why: "closed the connection after our Hello".into(),
-                })
-            }
+            Ok(0) => return Err(not("closed the connection after our Hello".into())),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e)
@@ -542,17 +539,9 @@ pub fn handshake(
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return Err(TransparentError::NotIntercept {
-                    addr,
-                    why: "no Welcome in time".into(),
-                })
+                return Err(not("no Welcome in time".into()))
             }
-            Err(e) => {
-                return Err(TransparentError::NotIntercept {
-                    addr,
-                    why: format!("the connection failed after our Hello: {e}"),
-                })
-            }
+            Err(e) => return Err(not(format!("the connection failed after our Hello: {e}"))),
         }
     }
     // Anything intercept sent after its Welcome is read by the loop: none is expected before
@@ -1338,16 +1327,16 @@ impl<'a> Engine<'a> {
                 }
                 Err(_) => return self.control_lost(now),
             }
+            let Ok(hs) = CopyHandshake::new(max_payload) else {
+                return self.control_lost(now);
+            };
             let mut hello = Vec::new();
-            Msg::Hello {
-                version: VERSION,
-                max_payload,
-            }
-            .emit(&mut hello);
-            // 11 bytes into an empty socket buffer: written whole or the connection is broken.
+            hs.hello(&mut hello);
+            // 27 bytes into an empty socket buffer: written whole or the connection is broken.
             if !matches!(s.write(&hello), Ok(n) if n == hello.len()) {
                 return self.control_lost(now);
             }
+            self.ctl.hs = Some(hs);
             self.ctl.st = CtlState::Hello;
             self.ctl.last_rx_ns = now;
         }
@@ -1379,12 +1368,38 @@ impl<'a> Engine<'a> {
                         Msg::Packet { hdr, payload } if self.ctl.st == CtlState::Up => {
                             self.on_answer(&hdr, payload, now)
                         }
-                        Msg::Ping => {}
-                        Msg::Welcome { version } if version == VERSION => {
-                            self.ctl.st = CtlState::Up;
-                            self.ctl.backoff = 0;
-                            self.ts.control_reconnects += 1;
-                            welcomed = true;
+                        Msg::Ping if self.ctl.st == CtlState::Up => {}
+                        _ if self.ctl.st == CtlState::Hello => {
+                            let Some(hs) = self.ctl.hs.as_mut() else {
+                                broken = true;
+                                break;
+                            };
+                            let mut out = Vec::new();
+                            // The key was proved at start: a reconnect that fails it now
+                            // (intercept restarted with another key) is a lost control
+                            // connection, retried, and counted as such.
+                            match hs.on_msg(self.ctl.key.as_ref(), &m, &mut out) {
+                                Ok(true) => {
+                                    self.ctl.hs = None;
+                                    self.ctl.st = CtlState::Up;
+                                    self.ctl.backoff = 0;
+                                    self.ts.control_reconnects += 1;
+                                    welcomed = true;
+                                }
+                                // A 35-byte Proof into a socket that took only 27: written
+                                // whole or the connection is broken.
+                                Ok(false) => {
+                                    let sent = self.ctl.sock.as_mut().map(|s| s.write(&out));
+                                    if !matches!(sent, Some(Ok(n)) if n == out.len()) {
+                                        broken = true;
+                                        break;
+                                    }
+                                }
+                                Err(_) => {
+                                    broken = true;
+                                    break;
+                                }
+                            }
                         }
                         _ => {
                             broken = true;
@@ -1772,7 +1787,12 @@ pub fn run(
         .transpose()
         .map_err(io_err("create the --diff-out file"))?;
     let max_payload = if differ.is_some() { DIFF_PAYLOAD } else { 0 };
-    let ctl_sock = handshake(t.intercept, Duration::from_secs(2), max_payload)?;
+    let ctl_sock = handshake(
+        t.intercept,
+        Duration::from_secs(2),
+        max_payload,
+        t.key.as_ref(),
+    )?;
     let want4 = cfg.rules.iter().any(|r| r.target.is_ipv4());
     let want6 = cfg.rules.iter().any(|r| r.target.is_ipv6());
     let raw4 = want4
@@ -1801,6 +1821,8 @@ pub fn run(
         raw6,
         ctl: Control {
             addr: t.intercept,
+            key: t.key.clone(),
+            hs: None,
             sock: Some(ctl_sock),
             st: CtlState::Up,
             inbuf: Vec::new(),
@@ -1952,7 +1974,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         drop(l);
-        let e = handshake(addr, Duration::from_secs(1), 0).unwrap_err();
+        let e = handshake(addr, Duration::from_secs(1), 0, None).unwrap_err();
         assert!(matches!(e, TransparentError::Unreachable { .. }), "{e}");
     }
 
@@ -1966,7 +1988,7 @@ mod tests {
             let _ = s.read_exact(&mut hello);
             let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
         });
-        let e = handshake(addr, Duration::from_secs(1), 0).unwrap_err();
+        let e = handshake(addr, Duration::from_secs(1), 0, None).unwrap_err();
         t.join().unwrap();
         assert!(matches!(e, TransparentError::NotIntercept { .. }), "{e}");
     }
@@ -1985,7 +2007,7 @@ mod tests {
             .emit(&mut b);
             let _ = s.write_all(&b);
         });
-        let e = handshake(addr, Duration::from_secs(1), 0).unwrap_err();
+        let e = handshake(addr, Duration::from_secs(1), 0, None).unwrap_err();
         t.join().unwrap();
         assert_eq!(
             e.to_string(),

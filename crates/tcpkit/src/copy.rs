@@ -146,6 +146,12 @@ pub struct Args {
     #[arg(long, value_name = "HOST[:PORT]", requires = "transparent")]
     pub intercept: Option<String>,
 
+    /// With --transparent: the key intercept was started with (its --auth-key-file): this
+    /// copy proves it, and checks intercept's proof, before any answer is sent. `--check`
+    /// says whether the keys match.
+    #[arg(long, value_name = "FILE", requires = "transparent")]
+    pub auth_key_file: Option<PathBuf>,
+
     /// With --transparent: the target sees the client addresses moved into this prefix, their
     /// host bits kept (10.9.0.0/16 turns 198.18.1.7 into 10.9.1.7); route it to the assistant,
     /// or give it to intercept --on-target's --clients.
@@ -258,10 +264,17 @@ fn resolve_transparent(
         }
         None => None,
     };
+    let key = a
+        .auth_key_file
+        .as_deref()
+        .map(tcpkit_copy::auth::Key::from_file)
+        .transpose()
+        .map_err(|e| usage(crate::chain(&e)))?;
     Ok(Some(TransparentConfig {
         intercept,
         client_cidr,
         port_pool: transparent::DEFAULT_PORT_POOL,
+        key,
     }))
 }
 

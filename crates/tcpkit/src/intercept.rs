@@ -2,11 +2,13 @@
 //! configuration, and how the run is shown (live line, `--stats`, summary or `--json`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use tcpkit_copy::auth::Key;
 use tcpkit_copy::control::DEFAULT_PORT;
 use tcpkit_copy::intercept::{self, AnswerRule, InterceptConfig, InterceptLive, Source};
 use tcpkit_copy::transparent::Cidr;
@@ -67,14 +69,22 @@ pub struct Args {
     #[arg(long, value_name = "NUM")]
     pub queue: Option<u16>,
 
-    /// Address and port copies connect to.
-    #[arg(long, value_name = "ADDR:PORT", default_value_t = SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)))]
-    pub listen: SocketAddr,
+    /// Address and port copies connect to. Required without --auth-key-file (intercept then
+    /// listens only where it is told); with a key, default 0.0.0.0:36524.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<SocketAddr>,
+
+    /// Copies must prove this shared key (HMAC-SHA256 challenge-response over nonces from
+    /// both sides) before intercept sends them anything; give copy the same file. At least
+    /// 16 bytes (trailing whitespace left out), readable by its owner only: make one with
+    /// `openssl rand -base64 32 > FILE; chmod 600 FILE`. The channel is authenticated, not
+    /// encrypted.
+    #[arg(long, value_name = "FILE")]
+    pub auth_key_file: Option<PathBuf>,
 
     /// Accept copies only from this prefix, IPv4 or IPv6, e.g. 198.18.4.0/24 (repeatable;
     /// default: from anywhere). Other connections are closed at once, told nothing, and
-    /// counted. Copies are not authenticated otherwise: keep the control port off networks
-    /// you do not trust.
+    /// counted.
     #[arg(long, value_name = "CIDR")]
     pub allow: Vec<String>,
 
@@ -99,6 +109,17 @@ Examples:
 /// Every check that involves a value's meaning.
 fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
     let stats = a.run.stats.filter(|d| !d.is_zero());
+    let key = a
+        .auth_key_file
+        .as_deref()
+        .map(Key::from_file)
+        .transpose()
+        .map_err(|e| Failure::Usage(crate::chain(&e)))?;
+    // Without a key there is no default address: checked last, after the other flags.
+    let listen = a.listen.or_else(|| {
+        key.is_some()
+            .then(|| SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)))
+    });
     let source = if a.on_target {
         let mut ports = a.server_port.clone();
         ports.sort_unstable();
@@ -112,10 +133,9 @@ fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
                 ports.len()
             )));
         }
-        if ports.contains(&a.listen.port()) {
+        if let Some(p) = listen.map(|l| l.port()).filter(|p| ports.contains(p)) {
             return Err(Failure::Usage(format!(
-                "--server-port {}: is --listen's port; intercept would catch its own control connections",
-                a.listen.port()
+                "--server-port {p}: is --listen's port; intercept would catch its own control connections"
             )));
         }
         // In the order given, without repeats.
@@ -169,11 +189,17 @@ fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
             .map_err(|e| Failure::Usage(format!("--allow '{c}': {e}")))?;
         allow.push(cidr);
     }
+    let Some(listen) = listen else {
+        return Err(Failure::Usage(format!(
+            "--listen: required without --auth-key-file: copies are then not authenticated, so intercept listens only where it is told (the address the online hosts reach it on, e.g. --listen 10.0.0.5:{DEFAULT_PORT}); or give --auth-key-file FILE to listen on 0.0.0.0:{DEFAULT_PORT}"
+        )));
+    };
     Ok((
         InterceptConfig {
             source,
-            listen: a.listen,
+            listen,
             allow,
+            key,
         },
         stats,
     ))
@@ -214,7 +240,26 @@ mod tests {
 
     #[test]
     fn defaults() {
-        let (c, s) = parse(&["--capture", "eth1"]).unwrap();
+        // Without a key intercept listens only where it is told.
+        let e = parse(&["--capture", "eth1"]).unwrap_err();
+        assert!(
+            e.starts_with("--listen: required without --auth-key-file")
+                && e.contains("--listen 10.0.0.5:36524"),
+            "{e}"
+        );
+        let d = tempfile::tempdir().unwrap();
+        let key = d.path().join("k");
+        std::fs::write(&key, "0123456789abcdef\n").unwrap();
+        let kp = key.to_str().unwrap();
+        let e = parse(&["--capture", "eth1", "--auth-key-file", kp]).unwrap_err();
+        assert!(
+            e.starts_with(&format!("--auth-key-file {kp}: readable by others"))
+                && e.contains("chmod 600"),
+            "{e}"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let (c, s) = parse(&["--capture", "eth1", "--auth-key-file", kp]).unwrap();
         assert_eq!(
             c.source,
             Source::Capture {
@@ -223,8 +268,17 @@ mod tests {
             }
         );
         assert_eq!(c.listen, "0.0.0.0:36524".parse().unwrap());
+        assert!(c.key.is_some());
         assert_eq!(s, None);
-        let (c, _) = parse(&["--on-target", "--server-port", "8080"]).unwrap();
+        let (c, _) = parse(&[
+            "--on-target",
+            "--server-port",
+            "8080",
+            "--listen",
+            "10.0.0.5:36524",
+        ])
+        .unwrap();
+        assert_eq!(c.key, None);
         assert_eq!(
             c.source,
             Source::OnTarget(AnswerRule {
@@ -349,7 +403,7 @@ mod tests {
         assert!(on(&["http"]).contains("--server-port"));
         assert!(on(&["0"]).contains("--server-port 0: not a port"));
         assert!(on(&["1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16"]).contains("at most 15"));
-        assert!(on(&["36524"]).contains("--listen's port"));
+        assert!(on(&["36524", "--listen", "10.0.0.5:36524"]).contains("--listen's port"));
         assert!(on(&["80", "--clients", "10.0.0.0/33"]).contains("--clients '10.0.0.0/33'"));
         assert!(on(&["80", "--clients", "nowhere"]).contains("--clients 'nowhere'"));
         assert!(on(&["80", "--queue", "65536"]).contains("--queue"));

@@ -176,7 +176,11 @@ fn strict_reverse_path_filter_on_the_target_fails_the_return_path_check() {
     let _icp = t.intercept("intercept");
     let ia = t.intercept_addr();
     let head = format!("return path {TARGET}:8080 via intercept {ia}: ");
-    let r = check_return_path(&t.l, &ia, &["-c", "198.18.1.0/24"]);
+    let r = check_return_path(
+        &t.l,
+        &ia,
+        &["-c", "198.18.1.0/24", "--auth-key-file", t.key_arg()],
+    );
     assert_eq!(r.code, Some(0), "{}{}", r.out, r.err);
     assert!(
         r.line
@@ -196,7 +200,11 @@ fn strict_reverse_path_filter_on_the_target_fails_the_return_path_check() {
         line: l,
         out,
         err,
-    } = check_return_path(&t.l, &ia, &["-c", "198.18.1.0/24"]);
+    } = check_return_path(
+        &t.l,
+        &ia,
+        &["-c", "198.18.1.0/24", "--auth-key-file", t.key_arg()],
+    );
     assert_eq!(code, Some(1), "{out}{err}");
     assert_eq!(err, "tcpkit copy: --check: 1 of 6 checks failed\n", "{out}");
     assert!(

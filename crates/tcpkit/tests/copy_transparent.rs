@@ -208,6 +208,8 @@ fn copy_with_intercept_unreachable_at_start_is_one_line() {
             &rule,
             "--intercept",
             &ia,
+            "--auth-key-file",
+            t.key_arg(),
             "-i",
             &cap,
         ]),
@@ -451,6 +453,8 @@ fn transparent_ipv6_target_sees_the_clients_with_loss_under_a_thousandth_and_not
         &rule,
         "--intercept",
         &ia,
+        "--auth-key-file",
+        t.key_arg(),
         "-i",
         &cap,
         "--timeout",
@@ -552,6 +556,8 @@ fn transparent_redis_set_workload_leaves_the_same_keys_on_the_target() {
         &rule,
         "--intercept",
         &ia,
+        "--auth-key-file",
+        t.key_arg(),
         "-i",
         &cap,
         "--timeout",
@@ -686,7 +692,9 @@ fn check_probes_the_return_path_through_intercept() {
     let _icp = t.intercept("intercept");
     let ia = t.intercept_addr();
     let check = |extra: &[&str]| {
-        let r = check_return_path(&t.l, &ia, extra);
+        let mut extra = extra.to_vec();
+        extra.extend(t.key_args());
+        let r = check_return_path(&t.l, &ia, &extra);
         (r.code, r.line)
     };
     let head = format!("return path {TARGET}:8080 via intercept {ia}: ");

@@ -47,6 +47,7 @@ use tcpkit_stats::{Report, Verdict as RunVerdict};
 use tcpkit_wire::tcp::Segment;
 use tcpkit_wire::{as_ethernet, LinkType};
 
+use crate::auth::{self, Exchange, Key};
 use crate::control::{Msg, PacketHdr, VERSION};
 pub use rule::AnswerRule;
 use rule::RuleError;
@@ -95,6 +96,8 @@ pub struct InterceptConfig {
     pub listen: SocketAddr,
     /// Copies are accepted only from these prefixes (every address when empty).
     pub allow: Vec<tcpkit_wire::Cidr>,
+    /// `--auth-key-file`: copies must prove this key before anything is sent to them.
+    pub key: Option<Key>,
 }
 
 impl InterceptConfig {
@@ -206,6 +209,8 @@ pub struct InterceptReport {
     /// What chooses them: the capture's filter expression, or the rule's match.
     pub filter: String,
     pub listen: String,
+    /// Copies had to prove the key (`--auth-key-file`).
+    pub authenticated: bool,
     /// On the target: the rule installed (nft table or iptables chain).
     pub rule: Option<String>,
     /// On the target: a rule left by a killed intercept was replaced at start.
@@ -229,6 +234,9 @@ pub struct InterceptReport {
     pub copies_connected: u64,
     /// Connections refused: another protocol version, or not the control protocol.
     pub copies_refused: u64,
+    /// Connections that did not prove the key: a wrong proof (refused with the reason), or
+    /// closed or another message after the challenge.
+    pub copies_auth_failed: u64,
     /// Connections closed for not completing their Hello, or a message, within 5 s.
     pub copies_timed_out: u64,
     /// Copies cut for not reading: more than 8 MiB unread, or more than their share when all
@@ -268,7 +276,7 @@ impl Report for InterceptReport {
             "Intercept: on {} ({}), control on {}, {:.3} s\n\
              Answers: {} caught, {} sent to copies, {} with no copy connected, {} dropped for slow copies\n\
              {rule}Capture: {} dropped by the kernel, {} not TCP\n\
-             Copies: {} connected, {} refused, {} timed out, {} cut for not reading, {} over the cap, {} not allowed\n",
+             Copies: {} connected{}, {} refused, {} failed the key, {} timed out, {} cut for not reading, {} over the cap, {} not allowed\n",
             self.interface,
             self.filter,
             self.listen,
@@ -280,7 +288,13 @@ impl Report for InterceptReport {
             self.kernel_drops,
             self.not_tcp,
             self.copies_connected,
+            if self.authenticated {
+                " (authenticated)"
+            } else {
+                " (not authenticated)"
+            },
             self.copies_refused,
+            self.copies_auth_failed,
             self.copies_timed_out,
             self.copies_cut_slow,
             self.connections_over_cap,
@@ -332,8 +346,10 @@ struct Client {
     out: Vec<u8>,
     /// Bytes of `out` already written.
     off: usize,
-    /// Hello accepted: answers are sent.
+    /// Hello accepted (and the key proved): answers are sent.
     ready: bool,
+    /// Challenge sent: the Proof is awaited over these fields.
+    challenge: Option<Exchange>,
     max_payload: usize,
     /// Refused: closed once `out` is written.
     closing: bool,
@@ -457,6 +473,7 @@ pub fn run(
     let io_err = |what| move |source| InterceptError::Io { what, source };
     let mut r = InterceptReport {
         listen: cfg.listen.to_string(),
+        authenticated: cfg.key.is_some(),
         ..InterceptReport::default()
     };
     let poll = Poll::new().map_err(io_err("create the event loop (epoll)"))?;
@@ -505,17 +522,19 @@ pub fn run(
     })?;
     // Once the port is open (a run that cannot start fails in one line), and whatever -q:
     // anyone who reaches the port reads the target's answers.
-    eprintln!(
-        "tcpkit intercept: WARNING: copies are not authenticated: anyone who reaches {} {} \
-         receives the target's answers (payload too, when it asks)",
-        cfg.listen,
-        if cfg.allow.is_empty() {
-            "from anywhere".to_string()
-        } else {
-            let a: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
-            format!("from --allow {}", a.join(", "))
-        }
-    );
+    if cfg.key.is_none() {
+        eprintln!(
+            "tcpkit intercept: WARNING: copies are not authenticated (no --auth-key-file): anyone \
+             who reaches {} {} receives the target's answers (payload too, when it asks)",
+            cfg.listen,
+            if cfg.allow.is_empty() {
+                "from anywhere".to_string()
+            } else {
+                let a: Vec<String> = cfg.allow.iter().map(ToString::to_string).collect();
+                format!("from --allow {}", a.join(", "))
+            }
+        );
+    }
     let fd = match &input {
         Input::Capture { cap, .. } => cap.as_fd().as_raw_fd(),
         Input::Queue(q) => q.as_fd().as_raw_fd(),
@@ -554,7 +573,7 @@ pub fn run(
                 }
                 Token(i) => {
                     let keep = match clients.get_mut(i).and_then(Option::as_mut) {
-                        Some(c) => serve(c, &mut scratch, &mut r),
+                        Some(c) => serve(c, cfg.key.as_ref(), &mut scratch, &mut r),
                         None => continue,
                     };
                     if !keep {
@@ -735,6 +754,7 @@ fn accept_all(
                         out: Vec::new(),
                         off: 0,
                         ready: false,
+                        challenge: None,
                         max_payload: 0,
                         closing: false,
                         cut: false,
@@ -768,13 +788,29 @@ fn kernel_drops(input: &mut Input) -> u64 {
     }
 }
 
-/// Reads what a copy sent and answers its Hello; false when the connection is to be dropped.
-fn serve(c: &mut Client, scratch: &mut [u8], r: &mut InterceptReport) -> bool {
+/// Reads what a copy sent and answers its Hello (and, with a key, its Proof); false when the
+/// connection is to be dropped.
+fn serve(c: &mut Client, key: Option<&Key>, scratch: &mut [u8], r: &mut InterceptReport) -> bool {
+    // A connection that goes away (or says anything else) between the challenge and its
+    // proof did not prove the key.
+    let lost = |c: &Client, r: &mut InterceptReport| {
+        if c.challenge.is_some() && !c.ready {
+            r.copies_auth_failed += 1;
+        } else if !c.ready {
+            r.copies_refused += 1;
+        }
+    };
     loop {
         match c.sock.read(scratch) {
-            Ok(0) => return false,
+            Ok(0) => {
+                if c.challenge.is_some() && !c.ready {
+                    r.copies_auth_failed += 1;
+                }
+                return false;
+            }
             Ok(n) => {
                 if c.inbuf.len() + n > MAX_INBUF {
+                    lost(c, r);
                     return false;
                 }
                 c.last_read = now_ns();
@@ -786,42 +822,84 @@ fn serve(c: &mut Client, scratch: &mut [u8], r: &mut InterceptReport) -> bool {
         }
     }
     while !c.inbuf.is_empty() && !c.closing {
+        let refuse = |c: &mut Client, reason: &str| {
+            Msg::Refuse {
+                version: VERSION,
+                reason,
+            }
+            .emit(&mut c.out);
+            c.closing = true;
+        };
         match Msg::parse(&c.inbuf) {
             Err(crate::control::ControlError::Truncated { .. }) => break,
             Ok((
                 Msg::Hello {
                     version,
                     max_payload,
+                    nonce,
                 },
                 n,
-            )) if !c.ready => {
-                if version == VERSION {
+            )) if !c.ready && c.challenge.is_none() => {
+                c.inbuf.drain(..n);
+                let copy_nonce = match nonce {
+                    Some(cn) if version == VERSION => cn,
+                    _ => {
+                        r.copies_refused += 1;
+                        refuse(
+                            c,
+                            &format!("copy speaks control protocol version {version}, this intercept speaks {VERSION}"),
+                        );
+                        continue;
+                    }
+                };
+                c.max_payload = usize::from(max_payload);
+                let Some(key) = key else {
                     c.ready = true;
-                    c.max_payload = usize::from(max_payload);
+                    r.copies_connected += 1;
+                    Msg::Welcome { version: VERSION }.emit(&mut c.out);
+                    continue;
+                };
+                match auth::nonce() {
+                    Ok(intercept_nonce) => {
+                        let x = Exchange {
+                            max_payload,
+                            copy_nonce,
+                            intercept_nonce,
+                        };
+                        Msg::Challenge {
+                            nonce: intercept_nonce,
+                            proof: key.intercept_proof(&x),
+                        }
+                        .emit(&mut c.out);
+                        c.challenge = Some(x);
+                    }
+                    Err(e) => {
+                        r.copies_refused += 1;
+                        refuse(c, &format!("intercept could not draw a nonce: {e}"));
+                    }
+                }
+            }
+            Ok((Msg::Proof { tag }, n)) if !c.ready && c.challenge.is_some() => {
+                c.inbuf.drain(..n);
+                let x = c.challenge.expect("matched above");
+                if key.is_some_and(|k| k.verify_copy(&x, &tag)) {
+                    c.ready = true;
                     r.copies_connected += 1;
                     Msg::Welcome { version: VERSION }.emit(&mut c.out);
                 } else {
-                    r.copies_refused += 1;
-                    let reason = format!(
-                        "copy speaks control protocol version {version}, this intercept speaks {VERSION}"
+                    r.copies_auth_failed += 1;
+                    refuse(
+                        c,
+                        "authentication failed: this copy's --auth-key-file is not intercept's key",
                     );
-                    Msg::Refuse {
-                        version: VERSION,
-                        reason: &reason,
-                    }
-                    .emit(&mut c.out);
-                    c.closing = true;
                 }
-                c.inbuf.drain(..n);
             }
             // Pings from a copy are allowed (a keep-alive); anything else is not ours.
             Ok((Msg::Ping, n)) if c.ready => {
                 c.inbuf.drain(..n);
             }
             Ok(_) | Err(_) => {
-                if !c.ready {
-                    r.copies_refused += 1;
-                }
+                lost(c, r);
                 return false;
             }
         }
@@ -842,6 +920,7 @@ mod tests {
             },
             listen: "0.0.0.0:36524".parse().unwrap(),
             allow: vec![],
+            key: None,
         };
         assert_eq!(c.capture_filter(), "(tcp and (tcp)) and not port 36524");
         c.source = Source::Capture {
@@ -876,7 +955,7 @@ mod tests {
             "Intercept: on eth1 (tcp), control on 0.0.0.0:1, 1.500 s\n\
              Answers: 10 caught, 9 sent to copies, 1 with no copy connected, 0 dropped for slow copies\n\
              Capture: 0 dropped by the kernel, 0 not TCP\n\
-             Copies: 0 connected, 0 refused, 0 timed out, 0 cut for not reading, 0 over the cap, 0 not allowed\n\
+             Copies: 0 connected (not authenticated), 0 refused, 0 failed the key, 0 timed out, 0 cut for not reading, 0 over the cap, 0 not allowed\n\
              Failed: a \"quoted\" why\n"
         );
         // serde escapes what the hand-written JSON had to: control characters in strings.
@@ -906,7 +985,7 @@ mod tests {
              Answers: 0 caught, 0 sent to copies, 0 with no copy connected, 0 dropped for slow copies\n\
              Rule: nft table inet tcpkit_intercept_7 (replaced one left by a killed intercept), removed at exit after aborting 2 connections\n\
              Capture: 0 dropped by the kernel, 0 not TCP\n\
-             Copies: 0 connected, 0 refused, 0 timed out, 0 cut for not reading, 0 over the cap, 0 not allowed\n"
+             Copies: 0 connected (not authenticated), 0 refused, 0 failed the key, 0 timed out, 0 cut for not reading, 0 over the cap, 0 not allowed\n"
         );
         let j = r.json();
         for f in [

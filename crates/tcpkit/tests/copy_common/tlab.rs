@@ -43,6 +43,16 @@ pub struct TLab {
     pub port: u16,
     /// intercept's capture filter: the target's answers.
     pub filter: String,
+    /// The key intercept and every copy of this lab are given (`--auth-key-file`): the
+    /// transparent tests run authenticated, as users are told to. None: neither gets one.
+    pub key: Option<PathBuf>,
+}
+
+/// Writes a key file of `text` (mode 600, as intercept and copy require) at `path`.
+pub fn write_key(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 impl TLab {
@@ -79,7 +89,10 @@ impl TLab {
         assistant
             .sysctl("net.ipv4.ip_forward", "0")
             .expect("sysctl");
+        let key = l.dir.path().join("intercept.key");
+        write_key(&key, "lab key: 6f1c0e4e2f9a4a0b8c3d\n");
         TLab {
+            key: Some(key),
             l,
             assistant,
             ast_if: tl.b.name.clone(),
@@ -136,6 +149,9 @@ impl TLab {
             self.intercept_addr(),
             "--json".into(),
         ]
+        .into_iter()
+        .chain(self.key_args().into_iter().map(String::from))
+        .collect()
     }
 
     /// Starts intercept and waits for its control port.
@@ -148,6 +164,23 @@ impl TLab {
             .unwrap_or_else(|e| panic!("{e}"));
         wait_port(&self.assistant, ASSIST_M, self.port, &p);
         p
+    }
+
+    /// The key file's path (the lab has one).
+    pub fn key_arg(&self) -> &str {
+        self.key
+            .as_deref()
+            .expect("a lab with a key")
+            .to_str()
+            .unwrap()
+    }
+
+    /// `--auth-key-file PATH`, or nothing for a lab without a key.
+    pub fn key_args(&self) -> Vec<&str> {
+        match &self.key {
+            Some(k) => vec!["--auth-key-file", k.to_str().unwrap()],
+            None => vec![],
+        }
     }
 
     pub fn intercept_addr(&self) -> String {
@@ -169,6 +202,7 @@ impl TLab {
             &cap,
             "--json",
         ];
+        argv.extend(self.key_args());
         argv.extend_from_slice(args);
         self.l.copy(&argv)
     }
@@ -187,6 +221,7 @@ impl TLab {
             &ia,
             "--json",
         ];
+        argv.extend(self.key_args());
         argv.extend_from_slice(args);
         run_limited(self.l.online.command(&argv), Duration::from_secs(30))
     }
@@ -272,6 +307,7 @@ impl TLab {
             &o.cli_link.b.name,
             "--json",
         ];
+        argv.extend(self.key_args());
         argv.extend_from_slice(args);
         copy_in(&o.online, o.cli_link.b.ifindex, &argv)
     }

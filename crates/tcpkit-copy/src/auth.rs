@@ -1,0 +1,403 @@
+//! The key copy and intercept share (`--auth-key-file`), and the challenge-response that
+//! proves it on each control connection before intercept sends a single answer.
+//!
+//! copy's Hello carries a fresh nonce; intercept answers with its own nonce and its proof,
+//! HMAC-SHA256(key, "tcpkit intercept proof" ‖ version ‖ max_payload ‖ copy's nonce ‖
+//! intercept's nonce); copy checks it (a wrong key is told apart from a wrong peer) and answers
+//! with its proof over the same fields under another label. Both nonces are new per
+//! connection, so a recorded exchange proves nothing on the next; the labels keep one side's
+//! proof from ever serving as the other's; `max_payload` is bound in, so a proof for a
+//! headers-only copy cannot be replayed to ask for payload. Tags are compared in constant
+//! time (`Mac::verify_slice`).
+//!
+//! The channel itself is not encrypted: what crosses it after the Welcome (the answers'
+//! headers, and payload for `copy --diff`) is readable on the path. README's security
+//! paragraph says how to keep it on a trusted path.
+
+use std::fmt;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+use crate::control::{Msg, Nonce, Tag, NONCE_LEN, VERSION};
+
+/// Fewest key bytes accepted: 128 bits.
+pub const MIN_KEY_LEN: usize = 16;
+/// Most key bytes read: a longer file is not a key (and is not read whole).
+pub const MAX_KEY_LEN: usize = 4096;
+
+const INTERCEPT_LABEL: &[u8] = b"tcpkit intercept proof\0";
+const COPY_LABEL: &[u8] = b"tcpkit copy proof\0";
+
+/// The shared key. Its Debug form shows its length, never its bytes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Key(Vec<u8>);
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({} bytes)", self.0.len())
+    }
+}
+
+/// Why a key file cannot be used. Each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("--auth-key-file {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("--auth-key-file {}: {why}", path.display())]
+    Bad { path: PathBuf, why: String },
+}
+
+/// The fields both proofs cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exchange {
+    pub max_payload: u16,
+    pub copy_nonce: Nonce,
+    pub intercept_nonce: Nonce,
+}
+
+impl Key {
+    /// The key in `bytes`, trailing whitespace (a final newline) left out, so a key written by
+    /// `openssl rand -base64 32 > FILE` or an editor reads the same on both hosts.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Key, String> {
+        let end = bytes
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(0, |i| i + 1);
+        let k = &bytes[..end];
+        if k.len() < MIN_KEY_LEN {
+            return Err(format!(
+                "the key is {} bytes, at least {MIN_KEY_LEN} are needed (make one with 'openssl rand -base64 32 > FILE; chmod 600 FILE')",
+                k.len()
+            ));
+        }
+        Ok(Key(k.to_vec()))
+    }
+
+    /// Reads the key file: at most [`MAX_KEY_LEN`] bytes, and only a file that its owner
+    /// alone can read (as ssh asks of a private key), since whoever reads it reads the
+    /// target's answers.
+    pub fn from_file(path: &Path) -> Result<Key, KeyError> {
+        use std::os::unix::fs::PermissionsExt;
+        let read = |source| KeyError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let bad = |why: String| KeyError::Bad {
+            path: path.to_owned(),
+            why,
+        };
+        let f = std::fs::File::open(path).map_err(read)?;
+        let meta = f.metadata().map_err(read)?;
+        if !meta.is_file() {
+            return Err(bad("not a regular file".into()));
+        }
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(bad(format!(
+                "readable by others than its owner (mode {mode:04o}): chmod 600 it"
+            )));
+        }
+        let mut bytes = Vec::new();
+        f.take(MAX_KEY_LEN as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read)?;
+        if bytes.len() > MAX_KEY_LEN {
+            return Err(bad(format!(
+                "longer than {MAX_KEY_LEN} bytes: not a key file"
+            )));
+        }
+        Key::from_bytes(&bytes).map_err(bad)
+    }
+
+    fn mac(&self, label: &[u8], x: &Exchange) -> Hmac<Sha256> {
+        // HMAC takes a key of any length.
+        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("any key length");
+        m.update(label);
+        m.update(&VERSION.to_be_bytes());
+        m.update(&x.max_payload.to_be_bytes());
+        m.update(&x.copy_nonce);
+        m.update(&x.intercept_nonce);
+        m
+    }
+
+    /// intercept's proof, sent in its Challenge.
+    pub fn intercept_proof(&self, x: &Exchange) -> Tag {
+        self.mac(INTERCEPT_LABEL, x).finalize().into_bytes().into()
+    }
+
+    /// copy's proof, sent in its Proof.
+    pub fn copy_proof(&self, x: &Exchange) -> Tag {
+        self.mac(COPY_LABEL, x).finalize().into_bytes().into()
+    }
+
+    /// Whether `tag` is intercept's proof of this key (constant time).
+    pub fn verify_intercept(&self, x: &Exchange, tag: &Tag) -> bool {
+        self.mac(INTERCEPT_LABEL, x).verify_slice(tag).is_ok()
+    }
+
+    /// Whether `tag` is copy's proof of this key (constant time).
+    pub fn verify_copy(&self, x: &Exchange, tag: &Tag) -> bool {
+        self.mac(COPY_LABEL, x).verify_slice(tag).is_ok()
+    }
+}
+
+/// A fresh nonce from the OS.
+pub fn nonce() -> io::Result<Nonce> {
+    let mut n = [0u8; NONCE_LEN];
+    getrandom::fill(&mut n).map_err(|e| io::Error::other(format!("getrandom: {e}")))?;
+    Ok(n)
+}
+
+/// Why copy's side of the opening exchange failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandshakeError {
+    /// intercept refused, with its reason.
+    Refused(String),
+    /// intercept asked for a proof and copy has no key.
+    KeyWanted,
+    /// copy has a key and intercept welcomed it without asking for one.
+    NoKeyThere,
+    /// intercept's proof is not of copy's key.
+    KeyDiffers,
+    /// A message that has no place in the exchange.
+    Unexpected(String),
+}
+
+impl fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandshakeError::Refused(r) => write!(f, "refused this copy: {r}"),
+            HandshakeError::KeyWanted => f.write_str(
+                "asks copies for a key: give copy --auth-key-file with intercept's key file",
+            ),
+            HandshakeError::NoKeyThere => f.write_str(
+                "does not authenticate copies (started without --auth-key-file) and this copy has a key: give intercept the same --auth-key-file",
+            ),
+            HandshakeError::KeyDiffers => {
+                f.write_str("holds another key than this copy's --auth-key-file")
+            }
+            HandshakeError::Unexpected(m) => write!(f, "answered {m} during the opening exchange"),
+        }
+    }
+}
+
+/// copy's side of the opening exchange: Hello out, then each message intercept sends until
+/// the Welcome. One implementation for the check at start and the event loop's reconnects.
+#[derive(Debug, Clone)]
+pub struct CopyHandshake {
+    max_payload: u16,
+    nonce: Nonce,
+    proved: bool,
+}
+
+impl CopyHandshake {
+    /// A new exchange (a fresh nonce) asking for `max_payload` bytes of each answer.
+    pub fn new(max_payload: u16) -> io::Result<CopyHandshake> {
+        Ok(CopyHandshake {
+            max_payload,
+            nonce: nonce()?,
+            proved: false,
+        })
+    }
+
+    /// Appends the Hello to `out`.
+    pub fn hello(&self, out: &mut Vec<u8>) {
+        Msg::Hello {
+            version: VERSION,
+            max_payload: self.max_payload,
+            nonce: Some(self.nonce),
+        }
+        .emit(out);
+    }
+
+    /// Takes one message from intercept; appends what to answer to `out`. Ok(true) once
+    /// welcomed: answers follow.
+    pub fn on_msg(
+        &mut self,
+        key: Option<&Key>,
+        m: &Msg<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, HandshakeError> {
+        match *m {
+            Msg::Challenge { nonce, proof } if !self.proved => {
+                let key = key.ok_or(HandshakeError::KeyWanted)?;
+                let x = Exchange {
+                    max_payload: self.max_payload,
+                    copy_nonce: self.nonce,
+                    intercept_nonce: nonce,
+                };
+                if !key.verify_intercept(&x, &proof) {
+                    return Err(HandshakeError::KeyDiffers);
+                }
+                Msg::Proof {
+                    tag: key.copy_proof(&x),
+                }
+                .emit(out);
+                self.proved = true;
+                Ok(false)
+            }
+            Msg::Welcome { version } if version == VERSION => {
+                if key.is_some() && !self.proved {
+                    return Err(HandshakeError::NoKeyThere);
+                }
+                Ok(true)
+            }
+            Msg::Refuse { reason, .. } => Err(HandshakeError::Refused(reason.to_string())),
+            ref other => Err(HandshakeError::Unexpected(format!("{other:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: &[u8]) -> Key {
+        Key::from_bytes(b).unwrap()
+    }
+
+    /// intercept's side as the event loop runs it, for the exchange tests.
+    fn intercept_answer(key: Option<&Key>, hello: &[u8], inonce: Nonce) -> (Vec<u8>, Exchange) {
+        let (m, _) = Msg::parse(hello).unwrap();
+        let Msg::Hello {
+            max_payload,
+            nonce: Some(cn),
+            ..
+        } = m
+        else {
+            panic!("{m:?}")
+        };
+        let x = Exchange {
+            max_payload,
+            copy_nonce: cn,
+            intercept_nonce: inonce,
+        };
+        let mut out = Vec::new();
+        match key {
+            Some(k) => Msg::Challenge {
+                nonce: inonce,
+                proof: k.intercept_proof(&x),
+            }
+            .emit(&mut out),
+            None => Msg::Welcome { version: VERSION }.emit(&mut out),
+        }
+        (out, x)
+    }
+
+    #[test]
+    fn the_same_key_on_both_sides_is_welcomed_and_each_proof_checks() {
+        let k = key(b"0123456789abcdef0123\n");
+        let mut c = CopyHandshake::new(1500).unwrap();
+        let mut hello = Vec::new();
+        c.hello(&mut hello);
+        let (challenge, x) = intercept_answer(Some(&k), &hello, [7; NONCE_LEN]);
+        let mut out = Vec::new();
+        let (m, _) = Msg::parse(&challenge).unwrap();
+        assert_eq!(c.on_msg(Some(&k), &m, &mut out), Ok(false));
+        let (Msg::Proof { tag }, _) = Msg::parse(&out).unwrap() else {
+            panic!()
+        };
+        assert!(k.verify_copy(&x, &tag));
+        // The other side's proof, another max_payload, another nonce: none verifies.
+        assert!(!k.verify_intercept(&x, &tag));
+        assert!(!k.verify_copy(
+            &Exchange {
+                max_payload: 0,
+                ..x
+            },
+            &tag
+        ));
+        assert!(!k.verify_copy(
+            &Exchange {
+                intercept_nonce: [8; NONCE_LEN],
+                ..x
+            },
+            &tag
+        ));
+        let mut none = Vec::new();
+        let w = Msg::Welcome { version: VERSION };
+        assert_eq!(c.on_msg(Some(&k), &w, &mut none), Ok(true));
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn each_mismatch_is_named() {
+        let k = key(b"0123456789abcdef");
+        let other = key(b"0123456789abcdeF");
+        let mut hello = Vec::new();
+        let c = CopyHandshake::new(0).unwrap();
+        c.hello(&mut hello);
+        let (challenge, _) = intercept_answer(Some(&k), &hello, [1; NONCE_LEN]);
+        let (m, _) = Msg::parse(&challenge).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(
+            c.clone().on_msg(Some(&other), &m, &mut out),
+            Err(HandshakeError::KeyDiffers)
+        );
+        assert_eq!(
+            c.clone().on_msg(None, &m, &mut out),
+            Err(HandshakeError::KeyWanted)
+        );
+        assert!(out.is_empty(), "no proof is sent for a key that differs");
+        let w = Msg::Welcome { version: VERSION };
+        assert_eq!(
+            c.clone().on_msg(Some(&k), &w, &mut out),
+            Err(HandshakeError::NoKeyThere)
+        );
+        assert_eq!(c.clone().on_msg(None, &w, &mut out), Ok(true));
+        assert!(matches!(
+            c.clone().on_msg(None, &Msg::Ping, &mut out),
+            Err(HandshakeError::Unexpected(_))
+        ));
+        // A second challenge after proving is out of place.
+        let mut c2 = c.clone();
+        c2.on_msg(Some(&k), &m, &mut out).unwrap();
+        assert!(matches!(
+            c2.on_msg(Some(&k), &m, &mut out),
+            Err(HandshakeError::Unexpected(_))
+        ));
+    }
+
+    #[test]
+    fn nonces_differ_per_exchange() {
+        let a = CopyHandshake::new(0).unwrap();
+        let b = CopyHandshake::new(0).unwrap();
+        assert_ne!(a.nonce, b.nonce);
+    }
+
+    #[test]
+    fn key_files_are_checked_and_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("k");
+        let write = |bytes: &[u8], mode: u32| {
+            std::fs::write(&p, bytes).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write(b"0123456789abcdef\r\n \n", 0o600);
+        assert_eq!(Key::from_file(&p).unwrap(), key(b"0123456789abcdef"));
+        let err = |p: &Path| Key::from_file(p).unwrap_err().to_string();
+        write(b"0123456789abcdef", 0o644);
+        let e = err(&p);
+        assert!(e.contains("mode 0644") && e.contains("chmod 600"), "{e}");
+        write(b"short\n", 0o600);
+        let e = err(&p);
+        assert!(
+            e.starts_with("--auth-key-file ") && e.contains("5 bytes"),
+            "{e}"
+        );
+        write(&vec![b'x'; MAX_KEY_LEN + 1], 0o400);
+        assert!(err(&p).contains("not a key file"));
+        let e = Key::from_file(&d.path().join("absent")).unwrap_err();
+        assert!(matches!(e, KeyError::Read { .. }));
+        assert!(err(d.path()).contains("not a regular file"));
+        assert_eq!(format!("{:?}", key(b"0123456789abcdef")), "Key(16 bytes)");
+    }
+}
