@@ -269,7 +269,8 @@ fn resolve_transparent(
         .as_deref()
         .map(tcpkit_copy::auth::Key::from_file)
         .transpose()
-        .map_err(|e| usage(crate::chain(&e)))?;
+        // A file that cannot serve, as for a capture file: exit 1, the file named.
+        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     Ok(Some(TransparentConfig {
         intercept,
         client_cidr,

@@ -97,14 +97,20 @@ pub struct Args {
 
 const EXAMPLES: &str = "\
 Examples:
+  # a shared key, the same file (mode 600) on every host
+  online$ openssl rand -base64 32 > tk.key; chmod 600 tk.key
+
   # on an assistant host the target routes the clients' addresses to (forwarding off)
-  assistant$ tcpkit intercept --capture eth0 --filter 'src port 8080'
-  online$    tcpkit copy --transparent -x 80-<target>:8080 --intercept <assistant>
+  assistant$ tcpkit intercept --capture eth0 --filter 'src port 8080' --auth-key-file tk.key
+  online$    tcpkit copy --transparent -x 80-<target>:8080 --intercept <assistant> --auth-key-file tk.key
 
   # on the target itself: its answers from 8080 to the clients' 198.51.100.0/24 are queued
   # and dropped (the target routes that prefix anywhere, e.g. its default route)
-  target$ tcpkit intercept --on-target --server-port 8080 --clients 198.51.100.0/24
-  online$ tcpkit copy --transparent -x 80-<target>:8080 --intercept <target>";
+  target$ tcpkit intercept --on-target --server-port 8080 --clients 198.51.100.0/24 --auth-key-file tk.key
+  online$ tcpkit copy --transparent -x 80-<target>:8080 --intercept <target> --auth-key-file tk.key
+
+  # no key: copies are not authenticated, so intercept listens only where it is told
+  assistant$ tcpkit intercept --capture eth0 --listen 10.0.0.5:36524 --allow 10.0.0.0/24";
 
 /// Every check that involves a value's meaning.
 fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
@@ -114,7 +120,8 @@ fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
         .as_deref()
         .map(Key::from_file)
         .transpose()
-        .map_err(|e| Failure::Usage(crate::chain(&e)))?;
+        // A file that cannot serve, as for a capture file: exit 1, the file named.
+        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     // Without a key there is no default address: checked last, after the other flags.
     let listen = a.listen.or_else(|| {
         key.is_some()

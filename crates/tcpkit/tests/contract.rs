@@ -184,6 +184,8 @@ fn stats_with_json_leaves_stdout_one_json_document() {
             "intercept",
             "--capture",
             &link.b.name,
+            "--listen",
+            "0.0.0.0:36524",
             "--duration",
             "1.5",
             "--stats",

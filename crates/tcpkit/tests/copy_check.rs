@@ -223,3 +223,84 @@ fn strict_reverse_path_filter_on_the_target_fails_the_return_path_check() {
         "{out}"
     );
 }
+
+/// `--check` says whether copy and intercept hold the same key, and each way they can
+/// disagree has its own line and fix; a copy run with another key than intercept's fails at
+/// start, one line, exit 1.
+#[test]
+fn check_says_whether_the_keys_match() {
+    use copy_common::tlab::{write_key, TLab};
+    let mut t = TLab::new("cpchkkey");
+    let (_tg, _) = t.l.nginx(false, Log::Peer);
+    let rule = format!("8080-{TARGET}:8080");
+    let cap = t.l.capture_if();
+    let ia = t.intercept_addr();
+    let other = t.l.dir.path().join("other.key");
+    write_key(&other, "not the lab's key, but long enough\n");
+    let other = other.to_str().unwrap().to_string();
+    let key = t.key_arg().to_string();
+    let line = |t: &TLab, extra: &[&str]| {
+        let mut a = vec!["-x", &rule, "-i", &cap, "--transparent", "--intercept", &ia];
+        // The return-path probe's source: every other check passes.
+        a.extend(["-c", "198.18.1.0/24"]);
+        a.extend_from_slice(extra);
+        let (code, out, err) = check(&t.l, &a);
+        let l = out
+            .lines()
+            .find(|l| l.contains(&format!(" intercept {ia}: ")))
+            .unwrap_or_else(|| panic!("{out}{err}"))
+            .to_string();
+        (code, l)
+    };
+    let icp = t.intercept("intercept");
+    let (code, l) = line(&t, &["--auth-key-file", &key]);
+    assert!(
+        l.starts_with("OK   ") && l.contains("the key proved both ways"),
+        "{l}"
+    );
+    assert_eq!(code, Some(0), "{l}");
+    let (code, l) = line(&t, &["--auth-key-file", &other]);
+    assert_eq!(code, Some(1));
+    assert!(
+        l.starts_with("FAIL ")
+            && l.contains("holds another key than this copy's --auth-key-file")
+            && l.contains("fix: copy and intercept must read the same key"),
+        "{l}"
+    );
+    let (_, l) = line(&t, &[]);
+    assert!(
+        l.starts_with("FAIL ")
+            && l.contains("asks copies for a key")
+            && l.contains("fix: give copy --auth-key-file"),
+        "{l}"
+    );
+    let lab_key = t.key.replace(other.clone().into());
+    let o = t.copy_offline(&rule, &["--input", "/dev/null"]);
+    t.key = lab_key;
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.trim_end()
+            .lines()
+            .last()
+            .unwrap()
+            .contains("holds another key than this copy's --auth-key-file"),
+        "{err}"
+    );
+    icp.signal(tcpkit_lab::Signal::SIGINT).unwrap();
+    icp.wait_timeout(Duration::from_secs(10)).unwrap();
+    // intercept without a key, copy with one.
+    t.key = None;
+    let _icp = t.intercept("intercept2");
+    let (_, l) = line(&t, &["--auth-key-file", &key]);
+    assert!(
+        l.starts_with("FAIL ") && l.contains("does not authenticate copies"),
+        "{l}"
+    );
+    let (code, l) = line(&t, &[]);
+    assert!(
+        l.starts_with("OK   ") && l.contains("not authenticated"),
+        "{l}"
+    );
+    assert_eq!(code, Some(0), "{l}");
+}

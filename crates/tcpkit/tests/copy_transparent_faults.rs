@@ -437,6 +437,8 @@ fn transparent_memory_over_the_limit_sheds_copies_and_keeps_going() {
 #[test]
 fn intercept_without_privilege_or_interface_is_one_line() {
     let mut t = TLab::new("cptfnopriv");
+    // The lab's key is root's (mode 600): this test is about the capture's privilege.
+    t.key = None;
     let argv = t.intercept_args();
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let ast = t.ast_if.clone();

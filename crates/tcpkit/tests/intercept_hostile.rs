@@ -1,6 +1,7 @@
-//! intercept's control port against hostile peers (issue 11), in the transparent lab: copies
-//! that never read, connections that never say Hello, more connections than descriptors. Each
-//! time a good copy is still served and intercept never exits.
+//! intercept's control port against hostile peers (issue 11), in the transparent lab: peers
+//! without the key, copies that never read, connections that never say Hello or stop inside a
+//! frame, more connections than the cap or than descriptors. Each time a good copy is still
+//! served and intercept never exits.
 
 mod copy_common;
 
@@ -11,7 +12,9 @@ use std::time::{Duration, Instant};
 use copy_common::tlab::*;
 use copy_common::*;
 use serde_json::Value;
-use tcpkit_copy::control::{Msg, VERSION};
+use tcpkit_copy::auth::Key;
+use tcpkit_copy::control::{Msg, NONCE_LEN, TAG_LEN, VERSION};
+use tcpkit_copy::transparent::{handshake, TransparentError};
 use tcpkit_lab::Signal;
 
 fn tlab(tag: &str) -> TLab {
@@ -33,9 +36,141 @@ fn hello() -> Vec<u8> {
     Msg::Hello {
         version: VERSION,
         max_payload: u16::MAX,
+        nonce: Some([0x42; NONCE_LEN]),
     }
     .emit(&mut b);
     b
+}
+
+/// The lab's key, as intercept reads it.
+fn lab_key(t: &TLab) -> Key {
+    Key::from_file(t.key.as_deref().unwrap()).unwrap()
+}
+
+/// A control connection that proved `key` (copy's own handshake), asking for whole payloads.
+fn authenticated(addr: SocketAddr, key: &Key) -> TcpStream {
+    let s = handshake(addr, Duration::from_secs(5), u16::MAX, Some(key)).unwrap();
+    s.set_nonblocking(false).unwrap();
+    s
+}
+
+/// Every frame in `b`, by type name; panics on bytes that are not whole frames.
+fn frames(mut b: &[u8]) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let (m, n) = Msg::parse(b).unwrap_or_else(|e| panic!("{e}: {b:?}"));
+        out.push(match m {
+            Msg::Hello { .. } => "hello",
+            Msg::Challenge { .. } => "challenge",
+            Msg::Proof { .. } => "proof",
+            Msg::Welcome { .. } => "welcome",
+            Msg::Refuse { .. } => "refuse",
+            Msg::Packet { .. } => "packet",
+            Msg::Ping => "ping",
+        });
+        b = &b[n..];
+    }
+    out
+}
+
+/// Reads until intercept closes (or `limit`): every byte, and when the end came.
+fn read_to_close(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, Duration) {
+    let start = Instant::now();
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 65536];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("no close within {limit:?}: {e} after {} bytes", got.len()),
+        }
+    }
+    (got, start.elapsed())
+}
+
+/// While a good copy (with the key) copies traffic whose answers flow through intercept,
+/// a peer without the key that says Hello asking for whole payloads receives the challenge
+/// and nothing more, and is closed when its 5 s are up; one that answers with a forged proof
+/// is refused and closed; one with another key learns that the keys differ and gets nothing.
+/// Before, the first read every answer, payload included.
+#[test]
+fn a_peer_without_the_key_receives_no_answer() {
+    let mut t = tlab("icphkey");
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let icp = t.intercept("intercept");
+    let addr: SocketAddr = t.intercept_addr().parse().unwrap();
+    let c = t.copy(
+        &format!("8080-{TARGET}:8080"),
+        &["--timeout", "2", "--duration", "6"],
+    );
+    let clients = t.l.clients.clone();
+    let online = t.l.online.clone();
+    let (silent, forged, other) = std::thread::scope(|s| {
+        let traffic = s.spawn(|| load(&clients, "100", "5", None));
+        std::thread::sleep(Duration::from_millis(500));
+        let silent = s.spawn(|| {
+            online.enter(|| {
+                let mut r = TcpStream::connect(addr).unwrap();
+                r.write_all(&hello()).unwrap();
+                read_to_close(&mut r, Duration::from_secs(10))
+            })
+        });
+        let forged = s.spawn(|| {
+            online.enter(|| {
+                let mut r = TcpStream::connect(addr).unwrap();
+                r.write_all(&hello()).unwrap();
+                let mut b = [0u8; 3 + NONCE_LEN + TAG_LEN];
+                r.read_exact(&mut b).unwrap();
+                let mut p = Vec::new();
+                Msg::Proof { tag: [0; TAG_LEN] }.emit(&mut p);
+                r.write_all(&p).unwrap();
+                let (rest, _) = read_to_close(&mut r, Duration::from_secs(10));
+                let mut all = b.to_vec();
+                all.extend_from_slice(&rest);
+                all
+            })
+        });
+        let wrong = Key::from_bytes(b"another key, 16+ bytes").unwrap();
+        let other = online.enter(|| handshake(addr, Duration::from_secs(5), u16::MAX, Some(&wrong)));
+        traffic.join().unwrap();
+        (silent.join().unwrap(), forged.join().unwrap(), other)
+    });
+    let r = copy_done(c);
+    let ir = stop(icp);
+    let (silent, took) = silent;
+    assert_eq!(frames(&silent), ["challenge"], "{silent:?}");
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(9),
+        "{took:?}"
+    );
+    assert_eq!(frames(&forged), ["challenge", "refuse"]);
+    let (Msg::Refuse { reason, .. }, _) = Msg::parse(&forged[3 + NONCE_LEN + TAG_LEN..]).unwrap()
+    else {
+        unreachable!()
+    };
+    assert!(reason.starts_with("authentication failed"), "{reason}");
+    match other {
+        Err(e @ TransparentError::Handshake { .. }) => assert!(
+            e.to_string()
+                .ends_with("holds another key than this copy's --auth-key-file"),
+            "{e}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Answers flowed to the good copy meanwhile: there was something to leak.
+    let online_n = lines(&on_log).len();
+    let target_n = lines(&tg_log).len();
+    assert!(online_n > 300, "{online_n}");
+    assert!(target_n as f64 >= online_n as f64 * 0.99, "{target_n} of {online_n}: {r:#}");
+    assert!(u(&ir, "sent") > 300, "{ir:#}");
+    assert_eq!(u(&ir, "copies_connected"), 1, "{ir:#}");
+    assert_eq!(ir["authenticated"], Value::Bool(true), "{ir:#}");
+    // The forged proof, and the peer with another key (which closes after the challenge).
+    assert_eq!(u(&ir, "copies_auth_failed"), 2, "{ir:#}");
+    assert_eq!(u(&ir, "copies_timed_out"), 1, "{ir:#}");
 }
 
 /// intercept's JSON report, once stopped by SIGINT, against its committed schema.
@@ -49,7 +184,7 @@ fn stop(icp: tcpkit_lab::Proc) -> Value {
     ir
 }
 
-/// 150 copies that say Hello (whole payloads) and never read, while a good copy replays
+/// 150 copies that prove the key, ask for whole payloads and never read, while a good copy replays
 /// 64 KiB answers: before, each had up to 8 MiB queued (RSS 72 MB → 1.87 GB in the issue's
 /// probe); now the copies that do not read are cut once all queues pass 64 MiB, and
 /// intercept's RSS grows by less than 192 MiB, whatever their number (109, 121 and 127 MiB
@@ -66,16 +201,13 @@ fn intercept_rss_stays_bounded_with_150_copies_that_never_read() {
     let pid = icp.pid();
     let before = rss_kib(pid);
     let addr: SocketAddr = t.intercept_addr().parse().unwrap();
-    let h = hello();
-    let rogues: Vec<TcpStream> = t.l.online.enter(|| {
-        (0..150)
-            .map(|_| {
-                let mut s = TcpStream::connect(addr).unwrap();
-                s.write_all(&h).unwrap();
-                s
-            })
-            .collect()
-    });
+    // Copies with the key (an authenticated copy that stops reading is the case the bounds
+    // are for: without the key a peer gets nothing to queue).
+    let key = lab_key(&t);
+    let rogues: Vec<TcpStream> = t
+        .l
+        .online
+        .enter(|| (0..150).map(|_| authenticated(addr, &key)).collect());
     let c = t.copy(
         &format!("8080-{TARGET}:8080"),
         &["--timeout", "2", "--duration", "5"],
@@ -121,36 +253,88 @@ fn intercept_rss_stays_bounded_with_150_copies_that_never_read() {
     assert_eq!(ir["failure"], Value::Null);
 }
 
-/// Connections that never say Hello, or stop inside a frame whose header declares a long
-/// length, are closed after 5 s and counted.
+/// Connections that never say Hello, stop inside a frame whose header declares a long
+/// length, or (welcomed, with the key) stop inside a later frame, are closed after 5 s and
+/// counted; the welcomed one meanwhile got its pings and nothing else.
 #[test]
 fn intercept_times_out_a_silent_connection_and_a_partial_frame() {
     let mut t = tlab("icphto");
     let icp = t.intercept("intercept");
     let addr: SocketAddr = t.intercept_addr().parse().unwrap();
-    let (mut silent, mut partial) = t.l.online.enter(|| {
+    let key = lab_key(&t);
+    let (mut silent, mut partial, mut later) = t.l.online.enter(|| {
         let silent = TcpStream::connect(addr).unwrap();
         let mut partial = TcpStream::connect(addr).unwrap();
         // A frame header announcing more than ever comes.
         let h = hello();
         partial.write_all(&h[..h.len() - 1]).unwrap();
-        (silent, partial)
+        let mut later = authenticated(addr, &key);
+        // A Ping's header, then a header announcing 9 bytes of which 2 come.
+        later.write_all(&[5, 0, 0, 5, 0, 9, 1, 2]).unwrap();
+        (silent, partial, later)
     });
     let start = Instant::now();
-    for s in [&mut silent, &mut partial] {
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut b = [0u8; 64];
-        // Closed by intercept: end of stream, nothing sent.
-        assert_eq!(s.read(&mut b).unwrap(), 0);
+    let mut closed = Vec::new();
+    for s in [&mut silent, &mut partial, &mut later] {
+        closed.push(read_to_close(s, Duration::from_secs(10)).0);
     }
     let took = start.elapsed();
     assert!(
-        took >= Duration::from_secs(4) && took < Duration::from_secs(8),
+        took >= Duration::from_secs(4) && took < Duration::from_secs(9),
         "{took:?}"
     );
+    assert!(closed[0].is_empty(), "{:?}", closed[0]);
+    // Waiting for the proof of a Hello it never completed: nothing.
+    assert!(closed[1].is_empty(), "{:?}", closed[1]);
+    let later = frames(&closed[2]);
+    assert!(
+        later.len() >= 3 && later.iter().all(|f| *f == "ping"),
+        "{later:?}"
+    );
     let ir = stop(icp);
-    assert_eq!(u(&ir, "copies_timed_out"), 2, "{ir:#}");
-    assert_eq!(u(&ir, "copies_connected"), 0, "{ir:#}");
+    assert_eq!(u(&ir, "copies_timed_out"), 3, "{ir:#}");
+    assert_eq!(u(&ir, "copies_connected"), 1, "{ir:#}");
+}
+
+/// With its descriptor limit at 96, intercept takes 32 control connections (96 less 64 kept
+/// for the capture and the rest): the 33rd is refused with the reason and counted, nothing
+/// else happens to the 32; once the silent ones time out, a copy with the key is welcomed.
+#[test]
+fn intercept_refuses_connections_past_its_cap_with_the_reason() {
+    let mut t = tlab("icphcap");
+    let mut argv = t.intercept_args();
+    argv.splice(0..0, ["prlimit", "--nofile=96:96", "--"].map(String::from));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let assistant = t.assistant.clone();
+    let icp = assistant.spawn(&mut t.l.lab, "intercept", &argv).unwrap();
+    wait_port(&t.assistant, ASSIST_M, t.port, &icp);
+    let addr: SocketAddr = t.intercept_addr().parse().unwrap();
+    let key = lab_key(&t);
+    // wait_port's probe may still hold its slot: let its 5 s pass with the others'.
+    let (held, over) = t.l.online.enter(|| {
+        let held: Vec<TcpStream> = (0..40).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let mut over = TcpStream::connect(addr).unwrap();
+        (held, read_to_close(&mut over, Duration::from_secs(10)))
+    });
+    let (got, took) = over;
+    assert_eq!(frames(&got), ["refuse"], "{got:?}");
+    let (Msg::Refuse { reason, .. }, _) = Msg::parse(&got).unwrap() else {
+        unreachable!()
+    };
+    assert_eq!(reason, "intercept has 32 control connections, its cap");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    std::thread::sleep(Duration::from_secs(6));
+    let welcomed = t.l.online.enter(|| handshake(addr, Duration::from_secs(5), 0, Some(&key)));
+    assert!(welcomed.is_ok(), "{welcomed:?}");
+    drop(held);
+    let ir = stop(icp);
+    // 40 held: 32 (or 31 beside the probe) taken, the rest and the 41st over the cap.
+    assert!(
+        (9..=10).contains(&u(&ir, "connections_over_cap")),
+        "{ir:#}"
+    );
+    assert_eq!(u(&ir, "copies_connected"), 1, "{ir:#}");
+    assert_eq!(ir["failure"], Value::Null, "{ir:#}");
 }
 
 /// Opens `n` connections to `addr` without a word (non-blocking connects), holds them for
@@ -252,6 +436,7 @@ fn intercept_out_of_descriptors_keeps_serving_the_copy_connected_before() {
 #[test]
 fn intercept_allow_closes_a_peer_outside_it_without_a_word() {
     let mut t = tlab("icphallow");
+    t.key = None;
     // Only the (unused) documentation prefix is allowed.
     let mut argv = t.intercept_args();
     argv.extend(["--allow".to_string(), "192.0.2.0/24".to_string()]);
