@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every fuzz target in turn for SECONDS each (default 600), growing fuzz/corpus/<target>/,
-# then minimises each grown corpus (cargo fuzz cmin) so what is committed stays small.
+# then minimises each grown corpus (cargo fuzz cmin) so what is committed stays small. The
+# grown inputs (named by their hash) are committed beside the hand-written seeds.
 # Needs cargo-fuzz (`cargo install cargo-fuzz`) and a nightly toolchain (`rustup toolchain
 # install nightly`). Logs go to target/fuzz-logs/<target>.log; a crash stops the script with
 # the reproducer's path (fuzz/artifacts/<target>/).
@@ -31,5 +32,8 @@ for t in "${targets[@]}"; do
     grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb|stat::new_units_added)' \
         "../$logs/$t.log" || true
     cargo +nightly fuzz cmin -O "$t" >"../$logs/$t.cmin.log" 2>&1
+    # cmin keeps only inputs that add coverage, so it drops hand-written seeds the grown ones
+    # cover; those stay: they are the readable examples the corpus tests name.
+    git checkout -- "corpus/$t" 2>/dev/null || true
     echo "$t corpus: $(ls "corpus/$t" | wc -l) files"
 done
