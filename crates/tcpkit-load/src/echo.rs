@@ -11,15 +11,23 @@
 //!
 //! Counters are per thread ([`Live`]), written by their thread only and summed by readers, so the
 //! hot path never shares a cache line.
+//!
+//! Bounded per peer (issue 11): at most `max_conns` connections per process (by default what
+//! the descriptor limit allows, less [`fd_reserve`]); over it a newcomer takes the place of
+//! the oldest connection that has sent nothing yet, or is refused when all have spoken; once
+//! the process has been full, connections silent past `first_timeout` are closed
+//! ([`silent`] keeps them in accept order); in DNS mode a partial query has `partial_timeout`
+//! to complete; out of descriptors, accepting pauses. Each is counted, none ends the run.
 
 mod conn;
 pub mod procs;
 mod report;
+mod silent;
 mod sock;
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 pub use report::{EchoReport, ECHO_SCHEMA_VERSION};
@@ -38,6 +46,29 @@ pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(5);
 
 /// Default `--partial-timeout`: far longer than any honest client takes to send one query.
 pub const DEFAULT_PARTIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default `--first-timeout`: how long a connection may stay silent once the server has been
+/// full. It applies only then, because `tcpkit load` keeps honest connections silent for as
+/// long as it likes (`--hold`; `-c 100000 -r 1000` reaches each connection every 100 s;
+/// opening a million takes 85 s before the first query), so no fixed deadline could tell them
+/// from a slowloris; a server that has run out of room can. 10 s is the partial-query
+/// deadline too: far longer than an honest client takes to send a query once it means to.
+pub const DEFAULT_FIRST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Descriptors a process keeps out of its connection cap: stdin/out/err, the listen-queue
+/// counters file, the one accepted connection a thread holds while deciding whether it may
+/// stay, and slack for descriptors inherited or opened by a library; plus, per thread, its
+/// epoll and one listener per address.
+pub fn fd_reserve(threads: usize, addresses: usize) -> u64 {
+    16 + threads as u64 * (1 + addresses as u64)
+}
+
+/// The default `--max-conns`: what the descriptor limit leaves after [`fd_reserve`] (at least
+/// one connection per thread, so a tiny limit still serves).
+pub fn default_max_conns(fd_limit: u64, threads: usize, addresses: usize) -> usize {
+    let n = fd_limit.saturating_sub(fd_reserve(threads, addresses));
+    usize::try_from(n).unwrap_or(usize::MAX).max(threads.max(1))
+}
 
 /// What the server answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +99,12 @@ pub struct EchoConfig {
     /// DNS mode: a connection holding the start of a query this long without its end is
     /// closed (slowloris: one byte per connection held descriptors forever).
     pub partial_timeout: Duration,
+    /// Once the server has been full, a connection that has not sent its first message (echo:
+    /// a byte; DNS: a whole query) this long after its accept is closed. Zero: never.
+    pub first_timeout: Duration,
+    /// Most connections this process holds; None: [`default_max_conns`] of the descriptor
+    /// limit in force once raised.
+    pub max_conns: Option<usize>,
 }
 
 impl EchoConfig {
@@ -82,6 +119,8 @@ impl EchoConfig {
             duration: None,
             worker: None,
             partial_timeout: DEFAULT_PARTIAL_TIMEOUT,
+            first_timeout: DEFAULT_FIRST_TIMEOUT,
+            max_conns: None,
         }
     }
 }
@@ -127,6 +166,14 @@ pub struct ThreadCounters {
     pub accept_errors: AtomicU64,
     pub fd_exhausted: AtomicU64,
     pub partial_timeouts: AtomicU64,
+    /// Silent connections closed at the cap to make room for a newcomer.
+    pub evicted: AtomicU64,
+    /// Newcomers closed at the cap because every connection of their thread had spoken.
+    pub over_cap: AtomicU64,
+    /// Silent connections closed past `first_timeout` while the server was full.
+    pub first_timeouts: AtomicU64,
+    /// The OS error number of the last failed accept (0: none yet).
+    pub accept_errno: AtomicU64,
 }
 
 #[inline]
@@ -147,6 +194,11 @@ pub struct Totals {
     pub accept_errors: u64,
     pub fd_exhausted: u64,
     pub partial_timeouts: u64,
+    pub evicted: u64,
+    pub over_cap: u64,
+    pub first_timeouts: u64,
+    /// The OS error number of a recent failed accept, 0 if none failed.
+    pub accept_errno: u64,
 }
 
 impl Totals {
@@ -184,6 +236,13 @@ impl Live {
             t.malformed += g(&c.malformed);
             t.accept_errors += g(&c.accept_errors);
             t.fd_exhausted += g(&c.fd_exhausted);
+            t.evicted += g(&c.evicted);
+            t.over_cap += g(&c.over_cap);
+            t.first_timeouts += g(&c.first_timeouts);
+            let errno = g(&c.accept_errno);
+            if errno != 0 {
+                t.accept_errno = errno;
+            }
         }
         t
     }
@@ -206,6 +265,15 @@ impl Live {
         }
         if t.fd_exhausted > 0 {
             s.push_str(&format!(", out of fds {}", t.fd_exhausted));
+        }
+        for (n, what) in [
+            (t.evicted, "evicted"),
+            (t.over_cap, "over cap"),
+            (t.first_timeouts, "silent timed out"),
+        ] {
+            if n > 0 {
+                s.push_str(&format!(", {what} {n}"));
+            }
         }
         s
     }
@@ -259,12 +327,23 @@ fn watch_listen_queue(sh: &Shared<'_>, done: &AtomicBool) {
     }
 }
 
-/// Shared by all threads of a run: when to stop, and the one-time hint.
+/// Shared by all threads of a run: when to stop, the connection cap, and the one-time hints.
 pub(crate) struct Shared<'a> {
     pub stop: &'a AtomicBool,
     pub deadline: Option<Instant>,
     pub fd_limit: u64,
+    /// The cap on connections in this process, and how many are open now (changed once per
+    /// accept and per close, never per read or write).
+    pub max_conns: usize,
+    pub open: AtomicUsize,
+    /// The process has been full (at the cap, or out of descriptors) and has not yet fallen
+    /// below `low_water`: silent connections get `first_timeout`.
+    pub full: AtomicBool,
+    pub low_water: usize,
+    /// The out-of-descriptors hint was given.
     pub hint_given: AtomicBool,
+    /// The at-the-cap hint was given.
+    pub cap_hint_given: AtomicBool,
     pub hint: &'a (dyn Fn(&str) + Sync),
 }
 
@@ -282,12 +361,23 @@ pub fn run(
     let threads = cfg.threads.clamp(1, live.threads.len());
     // Bind everything before serving anything, so a port in use is one error at start.
     let (listen, per_thread) = sock::bind_all(cfg, threads)?;
+    let max_conns = cfg
+        .max_conns
+        .unwrap_or_else(|| default_max_conns(fd_limit, threads, listen.len()));
     let start = Instant::now();
     let shared = Shared {
         stop,
         deadline: cfg.duration.map(|d| start + d),
         fd_limit,
+        max_conns,
+        open: AtomicUsize::new(0),
+        full: AtomicBool::new(false),
+        // Half of what the process can hold (the cap, or the descriptors when --max-conns
+        // asks for more than they allow): well clear of full, so the deadline does not
+        // flicker on and off at the edge.
+        low_water: max_conns.min(usize::try_from(fd_limit).unwrap_or(usize::MAX)) / 2,
         hint_given: AtomicBool::new(false),
+        cap_hint_given: AtomicBool::new(false),
         hint,
     };
     let done = AtomicBool::new(false);
@@ -339,9 +429,28 @@ pub fn run(
         cfg,
         &listen,
         threads as u32,
-        fd_limit,
+        report::Limits {
+            fd_limit,
+            max_conns: max_conns as u64,
+        },
         seconds,
         &t,
         stopped_by,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_cap_leaves_the_reserve_and_serves_under_a_tiny_limit() {
+        // 2 threads, 1 address: 16 + 2 × (epoll + listener).
+        assert_eq!(fd_reserve(2, 1), 20);
+        assert_eq!(default_max_conns(20_000, 2, 1), 19_980);
+        assert_eq!(default_max_conns(1024, 1, 3), 1024 - 20);
+        // Below the reserve: one connection per thread still.
+        assert_eq!(default_max_conns(10, 4, 1), 4);
+        assert_eq!(default_max_conns(0, 0, 1), 1);
+    }
 }

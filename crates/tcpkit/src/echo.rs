@@ -76,6 +76,20 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "10s")]
     pub partial_timeout: Duration,
 
+    /// Once the server has been full (at --max-conns, or out of descriptors) and until it is
+    /// half empty again, close a connection that has not sent its first message (a byte; with
+    /// --dns a whole query) this long after it was accepted. Only then, because `tcpkit load`
+    /// keeps connections silent as long as it likes (--hold, low rates over many
+    /// connections). 0 turns it off.
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "10s")]
+    pub first_timeout: Duration,
+
+    /// Most connections one process holds (default: its descriptor limit less a reserve for
+    /// listeners and the rest). Over it a newcomer takes the place of the oldest connection
+    /// that has sent nothing yet, or is closed at once when all have spoken; both are counted.
+    #[arg(long, value_name = "N")]
+    pub max_conns: Option<usize>,
+
     /// Internal: this process is worker K of N started by --procs (prints its report as JSON).
     #[arg(long, value_name = "K/N", hide = true)]
     pub worker: Option<String>,
@@ -165,6 +179,13 @@ pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
     }
     cfg.max_conn_buf = a.max_conn_buf;
     cfg.partial_timeout = a.partial_timeout;
+    cfg.first_timeout = a.first_timeout;
+    if a.max_conns == Some(0) {
+        return Err(usage(
+            "--max-conns 0: give at least 1 (the default follows the descriptor limit)".into(),
+        ));
+    }
+    cfg.max_conns = a.max_conns;
     cfg.duration = a.run.duration;
     if !(1..=256).contains(&a.procs) {
         return Err(usage(format!("--procs {}: must be 1 to 256", a.procs)));
@@ -247,6 +268,34 @@ mod tests {
         assert_eq!(c.partial_timeout, Duration::from_millis(1500));
         let e = parse(&["--partial-timeout", "soon"]).unwrap_err();
         assert!(e.contains("--partial-timeout"), "{e}");
+    }
+
+    #[test]
+    fn first_timeout_defaults_to_10s_takes_a_duration_and_0_turns_it_off() {
+        assert_eq!(parse(&[]).unwrap().0.first_timeout, Duration::from_secs(10));
+        let (c, _) = parse(&["--first-timeout", "2s"]).unwrap();
+        assert_eq!(c.first_timeout, Duration::from_secs(2));
+        let (c, _) = parse(&["--dns", "--first-timeout", "1m 30s"]).unwrap();
+        assert_eq!(c.first_timeout, Duration::from_secs(90));
+        assert_eq!(
+            parse(&["--first-timeout", "0"]).unwrap().0.first_timeout,
+            Duration::ZERO
+        );
+        let e = parse(&["--first-timeout", "soon"]).unwrap_err();
+        assert!(e.contains("--first-timeout"), "{e}");
+    }
+
+    #[test]
+    fn max_conns_defaults_to_the_descriptor_limit_and_refuses_0() {
+        assert_eq!(parse(&[]).unwrap().0.max_conns, None);
+        assert_eq!(
+            parse(&["--max-conns", "5000"]).unwrap().0.max_conns,
+            Some(5000)
+        );
+        let e = parse(&["--max-conns", "0"]).unwrap_err();
+        assert!(e.starts_with("--max-conns 0: "), "{e}");
+        let e = parse(&["--max-conns=-3"]).unwrap_err();
+        assert!(e.contains("--max-conns"), "{e}");
     }
 
     #[test]

@@ -6,8 +6,13 @@
 //! the connection's own [`Pending`] buffers, which exist only while they hold bytes. While a
 //! connection has output pending it is not read: its peer's writes then fill the socket
 //! buffers and block, which is the back-pressure that bounds server memory.
+//!
+//! Against hostile peers (issue 11) the process holds at most `max_conns` connections: a
+//! newcomer over the cap takes the place of the oldest connection that has not yet sent a
+//! first message ([`Silent`]), or is closed at once when every connection has spoken; and once
+//! the server has been full, a connection silent past `first_timeout` is closed.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, Read, Write};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -15,6 +20,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use tcpkit_wire::dns;
 
+use super::silent::Silent;
 use super::{bump, EchoConfig, EchoError, Mode, Shared, ThreadCounters, ACCEPT_BACKOFF};
 
 /// Tokens from here up name listeners; below, slab slots.
@@ -24,6 +30,10 @@ const LISTENER_BASE: usize = usize::MAX / 2;
 const TICK: Duration = Duration::from_millis(100);
 /// Bytes a DNS answer can add to its query: an AAAA record behind a name pointer.
 const DNS_ANSWER_GROWTH: usize = 2 + 10 + 16;
+/// Most connections accepted from one listener before the loop serves its connections again:
+/// under a connection flood the accept queue refills as fast as it is drained, and draining it
+/// to the end would starve the clients already connected.
+const ACCEPT_BATCH: usize = 256;
 
 /// Bytes a connection could not finish with yet. Boxed so an idle connection pays one
 /// pointer for it.
@@ -42,11 +52,15 @@ struct Pending {
 #[derive(Debug)]
 struct Conn {
     stream: TcpStream,
+    /// Nonzero until the first message arrived: the tag of its entry in [`Silent`] (in the
+    /// padding beside the descriptor, so it costs nothing).
+    tag: u32,
     pending: Option<Box<Pending>>,
 }
 
-// What an idle connection costs in user memory: a descriptor and a null pointer (the fd's
-// niche makes the Option free), plus 8 bytes in the free list once its slot is reused.
+// What an idle connection costs in user memory: a descriptor, its tag and a null pointer (the
+// fd's niche makes the Option free), plus 8 bytes in the free list once its slot is reused and
+// 12 bytes in the FIFO of silent connections until it sends its first message.
 // Checked in optimised builds only: mio's TcpStream carries a debug-only field.
 #[cfg(not(debug_assertions))]
 const _: () = assert!(std::mem::size_of::<Option<Conn>>() <= 16);
@@ -99,6 +113,72 @@ impl Slab {
     fn get_mut(&mut self, i: usize) -> Option<&mut Conn> {
         self.slots.get_mut(i)?.as_mut()
     }
+
+    /// Whether slot `i` holds the silent connection tagged `tag` (not one that spoke, nor a
+    /// later connection in a reused slot).
+    fn is_silent(&self, i: usize, tag: u32) -> bool {
+        self.slots
+            .get(i)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.tag == tag)
+    }
+}
+
+/// One thread's connections: the slab, which of them are silent, and the process-wide count
+/// kept in step.
+struct Conns<'s> {
+    slab: Slab,
+    silent: Silent,
+    /// Accept times are kept as milliseconds since this instant.
+    epoch: Instant,
+    shared: &'s Shared<'s>,
+}
+
+impl Conns<'_> {
+    fn ms(&self, t: Instant) -> u32 {
+        // Truncated to 32 bits on purpose: ages are taken with wrapping arithmetic.
+        t.saturating_duration_since(self.epoch).as_millis() as u32
+    }
+
+    /// Takes a connection just accepted (already counted in `shared.open`).
+    fn admit(&mut self, stream: TcpStream, now: Instant) -> usize {
+        let tag = self.silent.next_tag();
+        let i = self.slab.insert(Conn {
+            stream,
+            tag,
+            pending: None,
+        });
+        let at = self.ms(now);
+        let slab = &self.slab;
+        self.silent.push(i, tag, at, |s, t| slab.is_silent(s, t));
+        i
+    }
+
+    /// Takes connection `i` out (dropping it closes the socket, which also removes it from
+    /// epoll). The caller counts why.
+    fn remove(&mut self, i: usize) -> Option<Conn> {
+        let c = self.slab.remove(i)?;
+        if c.tag != 0 {
+            self.silent.left();
+        }
+        self.shared.open.fetch_sub(1, Ordering::Relaxed);
+        Some(c)
+    }
+
+    /// Closes the oldest silent connection (older than `older_than`, if given); false when
+    /// there is none.
+    fn close_oldest_silent(&mut self, now: Instant, older_than: Option<Duration>) -> bool {
+        let now_ms = self.ms(now);
+        let limit = older_than.map(|d| d.as_millis().min(u128::from(u32::MAX)) as u32);
+        let slab = &self.slab;
+        match self
+            .silent
+            .pop_oldest(now_ms, limit, |s, t| slab.is_silent(s, t))
+        {
+            Some(i) => self.remove(i).is_some(),
+            None => false,
+        }
+    }
 }
 
 /// What a round of work on a connection ended with.
@@ -130,7 +210,12 @@ pub(super) fn serve(
             .map_err(|e| EchoError::io("register listener with epoll", e))?;
     }
     let mut events = Events::with_capacity(1024);
-    let mut slab = Slab::default();
+    let mut conns = Conns {
+        slab: Slab::default(),
+        silent: Silent::default(),
+        epoch: Instant::now(),
+        shared,
+    };
     let mut lp = Loop {
         mode: cfg.mode,
         max_buf: cfg.max_conn_buf,
@@ -139,6 +224,9 @@ pub(super) fn serve(
         c: counters,
     };
     let mut backoff_until: Option<Instant> = None;
+    // A listener's accept batch ended before its queue did: accept again before sleeping
+    // (edge-triggered listeners report nothing for connections already queued).
+    let mut accept_more = false;
     let mut next_sweep = Instant::now() + TICK;
     loop {
         if shared.stop.load(Ordering::Relaxed) {
@@ -148,24 +236,36 @@ pub(super) fn serve(
         if shared.deadline.is_some_and(|d| now >= d) {
             break;
         }
-        // Accepting was paused for lack of descriptors: once the pause is over, try again
-        // (edge-triggered listeners report nothing for connections already queued).
-        if backoff_until.is_some_and(|t| now >= t) {
+        // Accepting was paused for lack of descriptors: once the pause is over, try again.
+        if backoff_until.is_some_and(|t| now >= t) || (accept_more && backoff_until.is_none()) {
             backoff_until = None;
+            accept_more = false;
             for l in &listeners {
-                backoff_until = accept_all(l, &poll, &mut slab, &lp, shared);
-                if backoff_until.is_some() {
-                    break;
+                match accept_all(l, &poll, &mut conns, counters) {
+                    Accepted::Drained => {}
+                    Accepted::More => accept_more = true,
+                    Accepted::Pause(t) => {
+                        backoff_until = Some(t);
+                        break;
+                    }
                 }
             }
         }
-        if matches!(cfg.mode, Mode::Dns { .. }) && now >= next_sweep {
+        if now >= next_sweep {
             next_sweep = now + TICK;
-            sweep_partial(&mut slab, now, cfg.partial_timeout, counters);
+            // The first-message deadline first: it takes connections in accept order, so under
+            // pressure the oldest go first whether or not they hold part of a query.
+            sweep_first(&mut conns, now, cfg.first_timeout, counters);
+            if matches!(cfg.mode, Mode::Dns { .. }) {
+                sweep_partial(&mut conns, now, cfg.partial_timeout, counters);
+            }
         }
         let mut timeout = TICK;
         for t in [shared.deadline, backoff_until].into_iter().flatten() {
             timeout = timeout.min(t.saturating_duration_since(now));
+        }
+        if accept_more && backoff_until.is_none() {
+            timeout = Duration::ZERO;
         }
         if let Err(e) = poll.poll(&mut events, Some(timeout)) {
             if e.kind() == ErrorKind::Interrupted {
@@ -178,21 +278,28 @@ pub(super) fn serve(
             if t >= LISTENER_BASE {
                 if backoff_until.is_none() {
                     if let Some(l) = listeners.get(t - LISTENER_BASE) {
-                        backoff_until = accept_all(l, &poll, &mut slab, &lp, shared);
+                        match accept_all(l, &poll, &mut conns, counters) {
+                            Accepted::Drained => {}
+                            Accepted::More => accept_more = true,
+                            Accepted::Pause(t) => backoff_until = Some(t),
+                        }
                     }
                 }
                 continue;
             }
-            let Some(conn) = slab.get_mut(t) else {
+            let Some(conn) = conns.slab.get_mut(t) else {
                 continue;
             };
             // A peer's FIN (or an error) must be read to be seen; otherwise a short read
             // means the socket is empty and the next bytes raise a new edge.
             let hup = ev.is_read_closed() || ev.is_error();
-            if let Next::Close = lp.work(conn, hup) {
-                if let Some(c) = slab.remove(t) {
-                    // Dropping the stream closes it, which also removes it from epoll.
-                    drop(c);
+            let was_silent = conn.tag != 0;
+            let next = lp.work(conn, hup);
+            if was_silent && conn.tag == 0 {
+                conns.silent.left();
+            }
+            if let Next::Close = next {
+                if conns.remove(t).is_some() {
                     bump(&counters.closed, 1);
                 }
             }
@@ -203,80 +310,151 @@ pub(super) fn serve(
 
 /// Closes every connection holding the start of a query for longer than `limit` (one pass
 /// over the slab per tick: cheap beside the connections it bounds).
-fn sweep_partial(slab: &mut Slab, now: Instant, limit: Duration, c: &ThreadCounters) {
-    for i in 0..slab.slots.len() {
-        let stale = slab.slots[i].as_ref().is_some_and(|conn| {
+fn sweep_partial(conns: &mut Conns<'_>, now: Instant, limit: Duration, c: &ThreadCounters) {
+    for i in 0..conns.slab.slots.len() {
+        let stale = conns.slab.slots[i].as_ref().is_some_and(|conn| {
             conn.pending.as_ref().is_some_and(|p| {
                 !p.input.is_empty() && p.since.is_some_and(|t| now.duration_since(t) >= limit)
             })
         });
-        if stale {
-            drop(slab.remove(i));
+        if stale && conns.remove(i).is_some() {
             bump(&c.partial_timeouts, 1);
             bump(&c.closed, 1);
         }
     }
 }
 
-/// Accepts until the queue is empty. Returns when accepting should resume if the process ran
-/// out of descriptors (never spin on EMFILE: the queue stays full until a descriptor frees).
-fn accept_all(
-    l: &TcpListener,
-    poll: &Poll,
-    slab: &mut Slab,
-    lp: &Loop<'_>,
-    shared: &Shared<'_>,
-) -> Option<Instant> {
+/// Once the server has been full (at the cap, or out of descriptors), closes the connections
+/// silent for `limit` or longer, oldest first (only the FIFO's front is looked at: the cost is
+/// the connections closed). The pressure lasts until the process holds fewer than half of what
+/// it can: `tcpkit load` keeps connections silent for minutes by design (`--hold`, many
+/// connections at a low rate, the opening of a million), so a deadline that applied always
+/// would cut honest runs; one that applies only while silent connections crowd out others
+/// gives a flood's leftovers back, and what stays below half is evicted first if the cap is
+/// reached again.
+fn sweep_first(conns: &mut Conns<'_>, now: Instant, limit: Duration, c: &ThreadCounters) {
+    let sh = conns.shared;
+    if !sh.full.load(Ordering::Relaxed) {
+        let slab = &conns.slab;
+        conns.silent.tidy(|s, t| slab.is_silent(s, t));
+        return;
+    }
     loop {
+        if sh.open.load(Ordering::Relaxed) < sh.low_water {
+            sh.full.store(false, Ordering::Relaxed);
+            return;
+        }
+        if limit.is_zero() || !conns.close_oldest_silent(now, Some(limit)) {
+            return;
+        }
+        bump(&c.first_timeouts, 1);
+        bump(&c.closed, 1);
+    }
+}
+
+/// How a round of accepting ended.
+enum Accepted {
+    /// The queue is empty; the listener's next edge says when there is more.
+    Drained,
+    /// The batch ended first: accept again after serving the connections.
+    More,
+    /// Out of descriptors or kernel memory: accept again at this time (never spin: the
+    /// queue stays full until a descriptor frees).
+    Pause(Instant),
+}
+
+/// Keeps the last accept failure's OS error for the report.
+fn record_errno(c: &ThreadCounters, e: &io::Error) {
+    if let Some(n) = e.raw_os_error() {
+        c.accept_errno.store(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// Accepts up to [`ACCEPT_BATCH`] connections, keeping to the cap: over it, the oldest silent
+/// connection of this thread is closed to make room, or the newcomer is closed at once when
+/// every connection here has spoken.
+fn accept_all(l: &TcpListener, poll: &Poll, conns: &mut Conns<'_>, c: &ThreadCounters) -> Accepted {
+    let sh = conns.shared;
+    let now = Instant::now();
+    for _ in 0..ACCEPT_BATCH {
         match l.accept() {
             Ok((stream, _)) => {
+                bump(&c.accepted, 1);
+                // Counted first, so two threads at the cap cannot both take the last place.
+                let open = sh.open.fetch_add(1, Ordering::Relaxed) + 1;
+                if open > sh.max_conns {
+                    sh.full.store(true, Ordering::Relaxed);
+                    if !sh.cap_hint_given.swap(true, Ordering::Relaxed) {
+                        (sh.hint)(&format!(
+                            "at --max-conns ({} connections): each newcomer now takes the place of the oldest connection that has sent nothing, or is refused when all have spoken; if these are real clients, raise --max-conns or --procs (tcpkit tune --role server)",
+                            sh.max_conns
+                        ));
+                    }
+                    if conns.close_oldest_silent(now, None) {
+                        bump(&c.evicted, 1);
+                        bump(&c.closed, 1);
+                    } else {
+                        // Refused: closed before it is read, counted as opened and closed.
+                        drop(stream);
+                        sh.open.fetch_sub(1, Ordering::Relaxed);
+                        bump(&c.over_cap, 1);
+                        bump(&c.closed, 1);
+                        continue;
+                    }
+                }
                 // Answers are small and each matters for latency: no Nagle delay.
                 let _ = stream.set_nodelay(true);
-                let i = slab.insert(Conn {
-                    stream,
-                    pending: None,
-                });
-                let Some(c) = slab.get_mut(i) else { continue };
+                let i = conns.admit(stream, now);
+                let Some(conn) = conns.slab.get_mut(i) else {
+                    continue;
+                };
                 // Readable and writable from the start: with edge triggering that costs one
                 // extra event per connection and saves a re-registration per blocked write.
-                if poll
-                    .registry()
-                    .register(
-                        &mut c.stream,
-                        Token(i),
-                        Interest::READABLE | Interest::WRITABLE,
-                    )
-                    .is_err()
-                {
-                    slab.remove(i);
-                    bump(&lp.c.accept_errors, 1);
-                    continue;
+                if let Err(e) = poll.registry().register(
+                    &mut conn.stream,
+                    Token(i),
+                    Interest::READABLE | Interest::WRITABLE,
+                ) {
+                    record_errno(c, &e);
+                    conns.remove(i);
+                    bump(&c.accept_errors, 1);
+                    bump(&c.closed, 1);
                 }
-                bump(&lp.c.accepted, 1);
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Accepted::Drained,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                bump(&lp.c.fd_exhausted, 1);
-                if !shared.hint_given.swap(true, Ordering::Relaxed) {
-                    let n = shared.fd_limit;
-                    (shared.hint)(&format!(
-                        "out of file descriptors (limit {n}): more than {n} connections need --procs or a higher hard limit (tcpkit tune --role server)"
+                record_errno(c, &e);
+                bump(&c.fd_exhausted, 1);
+                // Out of descriptors is being full too: silent connections get their deadline.
+                sh.full.store(true, Ordering::Relaxed);
+                if !sh.hint_given.swap(true, Ordering::Relaxed) {
+                    let n = sh.fd_limit;
+                    let advice = if e.raw_os_error() == Some(libc::ENFILE) {
+                        "the whole system is out of file descriptors: raise fs.file-max (tcpkit tune --role server)".to_string()
+                    } else {
+                        format!("more than {n} connections need --procs or a higher hard limit (tcpkit tune --role server)")
+                    };
+                    (sh.hint)(&format!(
+                        "out of file descriptors (limit {n}; accept: {e}): {advice}"
                     ));
                 }
-                return Some(Instant::now() + ACCEPT_BACKOFF);
+                return Accepted::Pause(Instant::now() + ACCEPT_BACKOFF);
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM)) => {
                 // The kernel is short of memory: the same pause, rather than a busy loop.
-                bump(&lp.c.accept_errors, 1);
-                return Some(Instant::now() + ACCEPT_BACKOFF);
+                record_errno(c, &e);
+                bump(&c.accept_errors, 1);
+                return Accepted::Pause(Instant::now() + ACCEPT_BACKOFF);
             }
-            Err(_) => {
+            Err(e) => {
                 // ECONNABORTED and friends: that connection is gone, the next may be fine.
-                bump(&lp.c.accept_errors, 1);
+                record_errno(c, &e);
+                bump(&c.accept_errors, 1);
             }
         }
     }
+    Accepted::More
 }
 
 /// `write` until done or the socket is full; returns bytes written, or None if the connection
@@ -363,6 +541,8 @@ impl Loop<'_> {
             if n == 0 {
                 return Ok(Next::Wait);
             }
+            // Any byte is an echo client's first message.
+            conn.tag = 0;
             bump(&self.c.bytes_in, n as u64);
             let n = write_some(&mut conn.stream, &self.scratch[..n]).map(|w| (w, n));
             let (w, n) = n.ok_or(())?;
@@ -451,6 +631,10 @@ impl Loop<'_> {
                 }
                 used += len;
             }
+            if used > 0 {
+                // A whole query is a DNS client's first message.
+                conn.tag = 0;
+            }
             let out = std::mem::take(&mut self.out);
             let sent = self.send(conn, &out);
             self.out = out;
@@ -490,6 +674,7 @@ mod tests {
         let a = l.local_addr().unwrap();
         let mk = || Conn {
             stream: TcpStream::from_std(std::net::TcpStream::connect(a).unwrap()),
+            tag: 7,
             pending: None,
         };
         let i = s.insert(mk());
@@ -500,5 +685,73 @@ mod tests {
         assert_eq!(s.insert(mk()), i);
         assert!(s.get_mut(j).is_some());
         assert!(s.get_mut(99).is_none());
+        // A silent connection is known by its slot and tag; one that spoke is not silent.
+        assert!(s.is_silent(j, 7));
+        assert!(!s.is_silent(j, 8));
+        s.get_mut(j).unwrap().tag = 0;
+        assert!(!s.is_silent(j, 7));
+        assert!(!s.is_silent(99, 7));
+    }
+
+    /// The thread's connections kept in step with the FIFO and the process-wide count: the
+    /// cap evicts the oldest silent one, never one that spoke; the deadline takes only those
+    /// older than it.
+    #[test]
+    fn conns_evict_the_oldest_silent_and_keep_the_open_count() {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let hint = |_: &str| {};
+        let shared = Shared {
+            stop: &stop,
+            deadline: None,
+            fd_limit: 1024,
+            max_conns: 3,
+            open: std::sync::atomic::AtomicUsize::new(0),
+            full: std::sync::atomic::AtomicBool::new(false),
+            low_water: 1,
+            hint_given: std::sync::atomic::AtomicBool::new(false),
+            cap_hint_given: std::sync::atomic::AtomicBool::new(false),
+            hint: &hint,
+        };
+        let t0 = Instant::now();
+        let mut conns = Conns {
+            slab: Slab::default(),
+            silent: Silent::default(),
+            epoch: t0,
+            shared: &shared,
+        };
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
+        let admit = |conns: &mut Conns<'_>, at: Duration| {
+            shared.open.fetch_add(1, Ordering::Relaxed);
+            let s = TcpStream::from_std(std::net::TcpStream::connect(a).unwrap());
+            conns.admit(s, t0 + at)
+        };
+        let first = admit(&mut conns, Duration::from_millis(0));
+        let second = admit(&mut conns, Duration::from_millis(100));
+        let third = admit(&mut conns, Duration::from_millis(200));
+        // The first speaks: it is no longer a candidate.
+        conns.slab.get_mut(first).unwrap().tag = 0;
+        conns.silent.left();
+        let now = t0 + Duration::from_millis(1000);
+        // Nothing has been silent for 2 s.
+        assert!(!conns.close_oldest_silent(now, Some(Duration::from_secs(2))));
+        assert_eq!(shared.open.load(Ordering::Relaxed), 3);
+        // The oldest silent one goes, for the cap.
+        assert!(conns.close_oldest_silent(now, None));
+        assert!(conns.slab.get_mut(second).is_none());
+        assert!(conns.slab.get_mut(first).is_some());
+        assert_eq!(shared.open.load(Ordering::Relaxed), 2);
+        // The third closes by itself; its slot is taken by a newcomer that must not be
+        // mistaken for it.
+        assert!(conns.remove(third).is_some());
+        let newer = admit(&mut conns, Duration::from_millis(900));
+        assert_eq!(newer, third);
+        assert!(conns.close_oldest_silent(now, Some(Duration::from_millis(50))));
+        assert!(conns.slab.get_mut(newer).is_none());
+        // Only the one that spoke is left, and it is never taken.
+        assert!(!conns.close_oldest_silent(now, None));
+        assert_eq!(shared.open.load(Ordering::Relaxed), 1);
+        assert!(conns.remove(first).is_some());
+        assert_eq!(shared.open.load(Ordering::Relaxed), 0);
     }
 }

@@ -25,6 +25,9 @@ pub struct EchoReport {
     pub threads: u32,
     /// RLIMIT_NOFILE of each process after raising it to the hard limit.
     pub fd_limit: u64,
+    /// The connection cap (--max-conns, or what the descriptor limit allows), summed over
+    /// processes.
+    pub max_conns: u64,
     /// Wall-clock seconds served (the longest process).
     pub seconds: f64,
     pub accepted: u64,
@@ -41,10 +44,26 @@ pub struct EchoReport {
     pub accept_errors: u64,
     /// accept() calls that failed with EMFILE/ENFILE (each followed by a short pause).
     pub fd_exhausted: u64,
+    /// The OS error of a failed accept (the last one seen), if any failed.
+    pub accept_error: Option<String>,
     /// DNS mode: connections closed for holding the start of a query past --partial-timeout.
     pub partial_timeouts: u64,
+    /// Connections closed, once the server had been full, for sending no first message
+    /// within --first-timeout.
+    pub first_timeouts: u64,
+    /// Connections that had sent nothing, closed at the cap to make room for a newcomer.
+    pub evicted: u64,
+    /// Newcomers closed at once at the cap, every connection having spoken.
+    pub over_cap: u64,
     /// "duration" or "signal".
     pub stopped_by: String,
+}
+
+/// What bounded one process: its descriptor limit and its connection cap.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub fd_limit: u64,
+    pub max_conns: u64,
 }
 
 impl EchoReport {
@@ -52,7 +71,10 @@ impl EchoReport {
         cfg: &EchoConfig,
         listen: &[SocketAddr],
         threads: u32,
-        fd_limit: u64,
+        Limits {
+            fd_limit,
+            max_conns,
+        }: Limits,
         seconds: f64,
         t: &Totals,
         stopped_by: &str,
@@ -68,6 +90,7 @@ impl EchoReport {
             processes: 1,
             threads,
             fd_limit,
+            max_conns,
             seconds,
             accepted: t.accepted,
             closed: t.closed,
@@ -78,7 +101,12 @@ impl EchoReport {
             malformed: t.malformed,
             accept_errors: t.accept_errors,
             fd_exhausted: t.fd_exhausted,
+            accept_error: (t.accept_errno != 0)
+                .then(|| std::io::Error::from_raw_os_error(t.accept_errno as i32).to_string()),
             partial_timeouts: t.partial_timeouts,
+            first_timeouts: t.first_timeouts,
+            evicted: t.evicted,
+            over_cap: t.over_cap,
             stopped_by: stopped_by.into(),
         }
     }
@@ -93,6 +121,7 @@ impl EchoReport {
             m.processes += r.processes;
             m.threads += r.threads;
             m.fd_limit = m.fd_limit.min(r.fd_limit);
+            m.max_conns += r.max_conns;
             m.seconds = m.seconds.max(r.seconds);
             m.accepted += r.accepted;
             m.closed += r.closed;
@@ -104,6 +133,12 @@ impl EchoReport {
             m.accept_errors += r.accept_errors;
             m.fd_exhausted += r.fd_exhausted;
             m.partial_timeouts += r.partial_timeouts;
+            m.first_timeouts += r.first_timeouts;
+            m.evicted += r.evicted;
+            m.over_cap += r.over_cap;
+            if m.accept_error.is_none() {
+                m.accept_error.clone_from(&r.accept_error);
+            }
             if r.stopped_by == "signal" {
                 m.stopped_by = r.stopped_by.clone();
             }
@@ -136,20 +171,31 @@ impl Report for EchoReport {
                 ));
             }
         }
+        if self.first_timeouts + self.evicted + self.over_cap > 0 {
+            s.push_str(&format!(
+                "Silent connections: {} closed past --first-timeout, {} evicted at the cap for newcomers; {} newcomers refused at the cap\n",
+                self.first_timeouts, self.evicted, self.over_cap
+            ));
+        }
         s.push_str(&format!(
-            "Accept failures: {} ({} for lack of file descriptors)\n",
+            "Accept failures: {} ({} for lack of file descriptors)",
             self.accept_errors + self.fd_exhausted,
             self.fd_exhausted
         ));
+        if let Some(e) = &self.accept_error {
+            s.push_str(&format!("; last: {e}"));
+        }
+        s.push('\n');
         let plural =
             |n: u32, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         s.push_str(&format!(
-            "Served {:.3} seconds on {} ({}, {}, fd limit {}); stopped by {}\n",
+            "Served {:.3} seconds on {} ({}, {}, fd limit {}, cap {} connections); stopped by {}\n",
             self.seconds,
             self.listen.join(" "),
             plural(self.processes, "process", "processes"),
             plural(self.threads, "thread", "threads"),
             self.fd_limit,
+            self.max_conns,
             self.stopped_by
         ));
         s
@@ -174,6 +220,7 @@ mod tests {
             processes: 1,
             threads: 2,
             fd_limit: 20000,
+            max_conns: 19978,
             seconds: 10.0004,
             accepted: 1000,
             closed: 990,
@@ -184,7 +231,11 @@ mod tests {
             malformed: 1,
             accept_errors: 2,
             fd_exhausted: 3,
+            accept_error: None,
             partial_timeouts: 0,
+            first_timeouts: 0,
+            evicted: 0,
+            over_cap: 0,
             stopped_by: "signal".into(),
         }
     }
@@ -197,7 +248,21 @@ mod tests {
              Bytes: 123456 in, 234567 out\n\
              DNS: 5000 queries answered, 1 connections closed for a malformed query\n\
              Accept failures: 5 (3 for lack of file descriptors)\n\
-             Served 10.000 seconds on [::]:4242 (1 process, 2 threads, fd limit 20000); stopped by signal\n"
+             Served 10.000 seconds on [::]:4242 (1 process, 2 threads, fd limit 20000, cap 19978 connections); stopped by signal\n"
+        );
+        // What the bounds did, and the OS error of the accepts that failed.
+        let mut b = sample();
+        b.first_timeouts = 19000;
+        b.evicted = 23;
+        b.accept_error = Some("Too many open files (os error 24)".into());
+        assert_eq!(
+            b.human(),
+            "Connections: 1000 accepted, 990 closed, 10 open at exit\n\
+             Bytes: 123456 in, 234567 out\n\
+             DNS: 5000 queries answered, 1 connections closed for a malformed query\n\
+             Silent connections: 19000 closed past --first-timeout, 23 evicted at the cap for newcomers; 0 newcomers refused at the cap\n\
+             Accept failures: 5 (3 for lack of file descriptors); last: Too many open files (os error 24)\n\
+             Served 10.000 seconds on [::]:4242 (1 process, 2 threads, fd limit 20000, cap 19978 connections); stopped by signal\n"
         );
         let mut e = sample();
         e.mode = "echo".into();
@@ -213,11 +278,22 @@ mod tests {
         let a = sample();
         let mut b = sample();
         b.fd_limit = 1024;
+        b.max_conns = 1000;
         b.seconds = 11.0;
         b.stopped_by = "duration".into();
+        b.evicted = 5;
+        b.over_cap = 1;
+        b.first_timeouts = 7;
+        b.accept_error = Some("Too many open files (os error 24)".into());
         let m = EchoReport::merge(&[a.clone(), b]).unwrap();
         assert_eq!((m.processes, m.threads), (2, 4));
         assert_eq!((m.accepted, m.answered, m.fd_exhausted), (2000, 10000, 6));
+        assert_eq!((m.evicted, m.over_cap, m.first_timeouts), (5, 1, 7));
+        assert_eq!(m.max_conns, 20978);
+        assert_eq!(
+            m.accept_error.as_deref(),
+            Some("Too many open files (os error 24)")
+        );
         assert_eq!(m.fd_limit, 1024);
         assert_eq!(m.seconds, 11.0);
         assert_eq!(m.stopped_by, "signal");
