@@ -672,9 +672,16 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/merge_report");
         let mut n = 0;
         for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let data = std::fs::read(entry.unwrap().path()).unwrap();
+            let path = entry.unwrap().path();
+            let data = std::fs::read(&path).unwrap();
             fuzz_merge_report(&data);
-            // Every cut, and a flip of each byte, of each seed too.
+            // The inputs a campaign grew (named by their SHA-1) are many: each is replayed once.
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.len() == 40 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+                continue;
+            }
+            n += 1;
+            // Every cut, and a flip of each byte, of each hand-written seed too.
             for cut in (0..data.len()).step_by(7) {
                 fuzz_merge_report(&data[..cut]);
             }
@@ -686,9 +693,8 @@ mod tests {
                     m[i] ^= x;
                 }
             }
-            n += 1;
         }
-        assert!(n >= 6, "seed corpus has {n} files, expected at least 6");
+        assert!(n >= 6, "seed corpus has {n} hand-written seeds, expected at least 6");
     }
 
     #[test]
