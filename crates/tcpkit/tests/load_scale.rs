@@ -183,8 +183,10 @@ fn forty_five_thousand_connections_held_for_ten_seconds() {
     let idle = srv.enter(sockets_used);
     let sources = SOURCES.join(",");
     // -t bounds the whole run, opening the connections included (issue 10, case 8): at least
-    // HOLD_S seconds of queries after CONNS connects at 20,000/s.
-    let run_s = HOLD_S as f64 + CONNS as f64 / 20_000.0 + 1.0;
+    // HOLD_S seconds of queries after CONNS connects at 7,500/s or faster. About 20,000/s on a
+    // quiet machine; 12,700/s was seen beside two compilers, which left a budget sized for
+    // 20,000/s with a 9.7 s query phase: the budget is for the connects' worst, not their best.
+    let run_s = HOLD_S as f64 + CONNS as f64 / 7_500.0 + 1.0;
     let (hold, rate) = (format!("{run_s}"), RATE.to_string());
     // No --procs: load must see that 45,000 descriptors do not fit one process.
     let load = cli
