@@ -1,0 +1,94 @@
+//! `tcpkit mpcat`: one byte stream over several TCP connections, so that every member of a
+//! bond or every nexthop of an ECMP route carries part of it (the L4 hash pins each
+//! connection to one link).
+//!
+//! The sender ([`send`]) reads its input in chunks, hands the next chunk to whichever
+//! connection has room in its socket, and keeps each chunk until the receiver acknowledges
+//! it. The receiver ([`recv`]) accepts the session's connections on one port, puts chunks
+//! back in order in a bounded window ([`reorder`]), writes them out, and advertises credit
+//! back, so the sender never overruns the window. The stream ends with its length and BLAKE3
+//! hash; the receiver checks both and tells the sender, and each side exits 0 only then.
+//! The wire format is in [`frame`].
+
+pub mod frame;
+pub mod recv;
+pub mod reorder;
+mod report;
+pub mod send;
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use report::{ConnCounts, MpcatReport, Role, StreamReport};
+
+/// The receiver's default reorder window.
+pub const DEFAULT_WINDOW: u64 = 64 << 20;
+/// The sender's default chunk size.
+pub const DEFAULT_CHUNK: u32 = 256 << 10;
+/// The default number of connections.
+pub const DEFAULT_STREAMS: u16 = 4;
+/// The smallest and largest `--window`.
+pub const MIN_WINDOW: u64 = 1 << 20;
+pub const MAX_WINDOW: u64 = 4 << 30;
+/// How long an accepted connection may take to present its Hello.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections still in their handshake at once; more are closed at accept and counted.
+pub const MAX_PENDING: usize = 64;
+
+/// Where the sender's bytes come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    Stdin,
+    File(PathBuf),
+}
+
+/// Where the receiver's bytes go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    Stdout,
+    File(PathBuf),
+}
+
+/// An error with what was being done, keeping the OS error as its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+pub struct Error {
+    what: String,
+    #[source]
+    source: Option<io::Error>,
+}
+
+impl Error {
+    pub(crate) fn io(what: impl Into<String>, e: io::Error) -> Error {
+        Error {
+            what: what.into(),
+            source: Some(e),
+        }
+    }
+    pub(crate) fn msg(what: impl Into<String>) -> Error {
+        Error {
+            what: what.into(),
+            source: None,
+        }
+    }
+}
+
+/// A random session token from the kernel's generator.
+pub(crate) fn random_token() -> Result<frame::Token, Error> {
+    let mut t = [0u8; 16];
+    let mut got = 0;
+    while got < t.len() {
+        // SAFETY: the pointer and length describe the unfilled tail of `t`.
+        let n = unsafe { libc::getrandom(t[got..].as_mut_ptr().cast(), t.len() - got, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::io("getrandom for the session token", e));
+        }
+        got += n as usize;
+    }
+    Ok(t)
+}

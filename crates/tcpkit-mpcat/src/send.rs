@@ -1,0 +1,601 @@
+//! The sending side: opens the session's connections, reads the input on its own thread in
+//! chunks (hashing it as it goes), and hands the next chunk to whichever connection has room
+//! in its socket, never past the receiver's credit. A chunk is kept until the receiver
+//! acknowledges it; the session ends when the receiver says every byte arrived and the hash
+//! matched.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Waker};
+
+use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, VERSION};
+use crate::{ConnCounts, Error, Input, MpcatReport, Role, StreamReport};
+
+/// How the sending side runs.
+#[derive(Debug, Clone)]
+pub struct SendConfig {
+    /// The receiver's addresses, tried in order for the first connection; the one that
+    /// answered is used for the others.
+    pub peer: Vec<SocketAddr>,
+    /// The address as the user gave it, for the report.
+    pub address: String,
+    pub streams: u16,
+    pub chunk: u32,
+    pub input: Input,
+    /// How long each connect and handshake may take.
+    pub connect_timeout: Duration,
+}
+
+const WAKER: mio::Token = mio::Token(usize::MAX);
+/// Bytes a sender keeps for frames coming back (acks, the verdict): they are small.
+const INBUF: usize = 4096;
+
+/// One chunk of the input, `seq` its offset in the stream.
+#[derive(Debug)]
+struct Chunk {
+    seq: u64,
+    buf: Vec<u8>,
+}
+
+impl Chunk {
+    fn end(&self) -> u64 {
+        self.seq + self.buf.len() as u64
+    }
+}
+
+/// What the reader thread hands the loop.
+#[derive(Debug)]
+enum FromReader {
+    Chunk(Chunk),
+    End { total: u64, hash: [u8; 32] },
+    Failed(Error),
+}
+
+#[derive(Debug)]
+struct Conn {
+    sock: mio::net::TcpStream,
+    local: SocketAddr,
+    peer: SocketAddr,
+    /// The frame being written and how much of it is written.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// The socket took everything offered last time: it may have room.
+    writable: bool,
+    inbuf: Vec<u8>,
+    in_len: usize,
+    bytes: u64,
+}
+
+/// Opens the input: a file that cannot be opened fails before any connection is made.
+fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
+    match input {
+        Input::Stdin => Ok(Box::new(io::stdin())),
+        Input::File(p) => std::fs::File::open(p)
+            .map(|f| Box::new(f) as Box<dyn Read + Send>)
+            .map_err(|e| Error::io(format!("open {}", p.display()), e)),
+    }
+}
+
+/// Connects stream `index` and does its handshake; returns the socket, any bytes read past
+/// the Welcome, and the receiver's window.
+fn connect(
+    cfg: &SendConfig,
+    addrs: &[SocketAddr],
+    token: frame::Token,
+    index: u16,
+) -> Result<(TcpStream, SocketAddr, u64), Error> {
+    let mut last = None;
+    let mut sock = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(a, cfg.connect_timeout) {
+            Ok(s) => {
+                sock = Some((s, *a));
+                break;
+            }
+            Err(e) => last = Some((*a, e)),
+        }
+    }
+    let (mut s, addr) = match (sock, last) {
+        (Some(s), _) => s,
+        (None, Some((a, e))) => return Err(Error::io(format!("stream {index}: connect {a}"), e)),
+        (None, None) => return Err(Error::msg(format!("{}: no address", cfg.address))),
+    };
+    let what = |w: &str| format!("stream {index}: {w} {addr}");
+    // Small frames (acks, the verdict) must not wait for Nagle.
+    s.set_nodelay(true)
+        .map_err(|e| Error::io(what("TCP_NODELAY on"), e))?;
+    let hello = Frame::Hello {
+        version: VERSION,
+        token,
+        stream: index,
+        streams: cfg.streams,
+        chunk: cfg.chunk,
+    };
+    let mut buf = [0u8; 64 + frame::MAX_REASON];
+    let n = hello.emit(&mut buf);
+    s.write_all(&buf[..n])
+        .map_err(|e| Error::io(what("send hello to"), e))?;
+    s.set_read_timeout(Some(cfg.connect_timeout))
+        .map_err(|e| Error::io(what("SO_RCVTIMEO on"), e))?;
+    let mut have = 0;
+    loop {
+        match Frame::parse(&buf[..have]) {
+            Ok((Frame::Welcome { version, window }, used)) => {
+                if version != VERSION || used != have {
+                    return Err(Error::msg(format!(
+                        "{}: the receiver speaks version {version}, this is {VERSION}",
+                        what("handshake with")
+                    )));
+                }
+                return Ok((s, addr, window));
+            }
+            Ok((Frame::Refuse { reason }, _)) => {
+                return Err(Error::msg(format!("{}: {reason}", what("refused by"))));
+            }
+            Ok((f, _)) => {
+                return Err(Error::msg(format!(
+                    "{}: expected a welcome, got {f:?}",
+                    what("handshake with")
+                )))
+            }
+            Err(FrameError::Truncated { .. }) => {}
+            Err(e) => {
+                return Err(Error::msg(format!(
+                    "{}: not an mpcat receiver: {e}",
+                    what("handshake with")
+                )))
+            }
+        }
+        let n = match s.read(&mut buf[have..]) {
+            Ok(0) => {
+                return Err(Error::msg(format!(
+                    "{}: closed during the handshake",
+                    what("receiver")
+                )))
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Error::msg(format!(
+                    "{}: no welcome within {:?}",
+                    what("handshake with"),
+                    cfg.connect_timeout
+                )))
+            }
+            Err(e) => return Err(Error::io(what("read welcome from"), e)),
+        };
+        have += n;
+    }
+}
+
+/// Reads the input in `chunk`-sized pieces into buffers from the pool (at most `pool` of
+/// them exist, so the input is read no further ahead than the window), hashing as it goes.
+fn reader(
+    mut input: Box<dyn Read + Send>,
+    chunk: usize,
+    pool: usize,
+    tx: SyncSender<FromReader>,
+    back: Receiver<Vec<u8>>,
+    waker: Arc<Waker>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut hasher = blake3::Hasher::new();
+    let mut made = 0usize;
+    let mut seq = 0u64;
+    let send = |m: FromReader| {
+        let ok = tx.send(m).is_ok();
+        let _ = waker.wake();
+        ok
+    };
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut buf = match back.try_recv() {
+            Ok(b) => b,
+            Err(_) if made < pool => {
+                made += 1;
+                Vec::with_capacity(chunk)
+            }
+            Err(_) => match back.recv_timeout(Duration::from_millis(100)) {
+                Ok(b) => b,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+        };
+        buf.resize(chunk, 0);
+        let mut got = 0;
+        let mut eof = false;
+        while got < chunk {
+            match input.read(&mut buf[got..]) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    send(FromReader::Failed(Error::io("read the input", e)));
+                    return;
+                }
+            }
+        }
+        buf.truncate(got);
+        if got > 0 {
+            hasher.update(&buf);
+            let c = Chunk { seq, buf };
+            seq += got as u64;
+            if !send(FromReader::Chunk(c)) {
+                return;
+            }
+        }
+        if eof {
+            send(FromReader::End {
+                total: seq,
+                hash: *hasher.finalize().as_bytes(),
+            });
+            return;
+        }
+    }
+}
+
+/// The loop's state beside its connections.
+struct Flow {
+    unsent: VecDeque<Chunk>,
+    inflight: VecDeque<Chunk>,
+    /// The receiver's credit: nothing at or past this offset may be sent.
+    limit: u64,
+    acked: u64,
+    end: Option<(u64, [u8; 32])>,
+    end_sent: bool,
+    /// The receiver's verdict.
+    done: Option<(u64, bool)>,
+    back: mpsc::Sender<Vec<u8>>,
+}
+
+/// Runs the sending side until the receiver's verdict, a failure, or `stop`.
+pub fn run(cfg: &SendConfig, stop: &AtomicBool) -> Result<MpcatReport, Error> {
+    let input = open_input(&cfg.input)?;
+    let token = crate::random_token()?;
+    let chunk = cfg.chunk as usize;
+    assert!(
+        (1..=MAX_CHUNK).contains(&chunk),
+        "chunk checked by the caller"
+    );
+    let start = Instant::now();
+    let mut poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
+    let mut conns = Vec::with_capacity(usize::from(cfg.streams));
+    let mut addrs = cfg.peer.clone();
+    let mut window = u64::MAX;
+    for i in 0..cfg.streams {
+        let (s, addr, w) = connect(cfg, &addrs, token, i)?;
+        // The first address that answered is the one every stream uses.
+        addrs = vec![addr];
+        window = window.min(w);
+        let local = s
+            .local_addr()
+            .map_err(|e| Error::io(format!("stream {i}: getsockname"), e))?;
+        s.set_nonblocking(true)
+            .map_err(|e| Error::io(format!("stream {i}: O_NONBLOCK"), e))?;
+        let mut sock = mio::net::TcpStream::from_std(s);
+        poll.registry()
+            .register(
+                &mut sock,
+                mio::Token(usize::from(i)),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .map_err(|e| Error::io(format!("stream {i}: epoll_ctl"), e))?;
+        conns.push(Conn {
+            sock,
+            local,
+            peer: addr,
+            out: Vec::with_capacity(DATA_HDR + chunk),
+            out_pos: 0,
+            writable: true,
+            inbuf: vec![0; INBUF],
+            in_len: 0,
+            bytes: 0,
+        });
+    }
+    let waker = Arc::new(
+        Waker::new(poll.registry(), WAKER).map_err(|e| Error::io("eventfd for the reader", e))?,
+    );
+    // Chunks alive at once: the window's worth, one more per stream being written, and a
+    // few read ahead.
+    let pool = (window / chunk as u64).min(1 << 16) as usize + conns.len() + 4;
+    let (tx, rx) = mpsc::sync_channel(pool);
+    let (back_tx, back_rx) = mpsc::channel();
+    let reader_stop = Arc::new(AtomicBool::new(false));
+    let rthread = {
+        let (waker, rstop) = (Arc::clone(&waker), Arc::clone(&reader_stop));
+        std::thread::Builder::new()
+            .name("mpcat-read".into())
+            .spawn(move || reader(input, chunk, pool, tx, back_rx, waker, rstop))
+            .map_err(|e| Error::io("start the reader thread", e))?
+    };
+    let mut flow = Flow {
+        unsent: VecDeque::new(),
+        inflight: VecDeque::new(),
+        limit: window,
+        acked: 0,
+        end: None,
+        end_sent: false,
+        done: None,
+        back: back_tx,
+    };
+    let failure = event_loop(&mut poll, &mut conns, &mut flow, &rx, stop).err();
+    reader_stop.store(true, Ordering::Relaxed);
+    drop(rx);
+    let _ = rthread.join();
+    let secs = start.elapsed().as_secs_f64();
+    let verified = failure.is_none()
+        && matches!((flow.done, flow.end), (Some((t, true)), Some((total, _))) if t == total);
+    let failure = failure.or_else(|| {
+        (!verified).then(|| match flow.done {
+            Some((_, false)) => {
+                "the receiver's hash does not match: the stream arrived corrupted".into()
+            }
+            _ => "the receiver's total differs from the bytes sent".into(),
+        })
+    });
+    Ok(MpcatReport {
+        schema_version: crate::report::SCHEMA_VERSION,
+        role: Role::Send,
+        address: cfg.address.clone(),
+        bytes: flow.acked,
+        total: flow.end.map(|e| e.0),
+        seconds: secs,
+        bytes_per_second: if secs > 0.0 {
+            flow.acked as f64 / secs
+        } else {
+            0.0
+        },
+        chunk_size: chunk as u64,
+        window,
+        streams: conns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| StreamReport {
+                index: i as u16,
+                local: c.local.to_string(),
+                peer: c.peer.to_string(),
+                bytes: c.bytes,
+            })
+            .collect(),
+        hash: flow.end.map(|(_, h)| format!("blake3:{}", hex(&h))),
+        verified,
+        connections: ConnCounts::default(),
+        failure,
+    })
+}
+
+pub(crate) fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn event_loop(
+    poll: &mut Poll,
+    conns: &mut [Conn],
+    flow: &mut Flow,
+    rx: &Receiver<FromReader>,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let mut events = Events::with_capacity(256);
+    let mut rr = 0usize;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(format!(
+                "interrupted: {} bytes acknowledged by the receiver",
+                flow.acked
+            ));
+        }
+        // Take what the reader has, as long as it is not far ahead of the credit.
+        loop {
+            match rx.try_recv() {
+                Ok(FromReader::Chunk(c)) => flow.unsent.push_back(c),
+                Ok(FromReader::End { total, hash }) => flow.end = Some((total, hash)),
+                Ok(FromReader::Failed(e)) => return Err(tcpkit_stats::chain(&e)),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    if flow.end.is_none() {
+                        return Err("the input reader stopped".into());
+                    }
+                    break;
+                }
+            }
+        }
+        fill(conns, flow, &mut rr)?;
+        if let Some((total, ok)) = flow.done {
+            if !ok {
+                return Err(
+                    "the receiver's hash does not match: the stream arrived corrupted".into(),
+                );
+            }
+            return match flow.end {
+                Some((t, _)) if t == total => Ok(()),
+                _ => Err(format!(
+                    "the receiver counted {total} bytes, {} were sent",
+                    flow.end.map_or(0, |e| e.0)
+                )),
+            };
+        }
+        match poll.poll(&mut events, Some(Duration::from_millis(100))) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("epoll_wait: {e}")),
+        }
+        for ev in events.iter() {
+            if ev.token() == WAKER {
+                continue;
+            }
+            let i = ev.token().0;
+            if ev.is_writable() {
+                conns[i].writable = true;
+            }
+            if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                read_conn(i, &mut conns[i], flow)?;
+            }
+        }
+    }
+}
+
+/// Reads what the receiver sent on connection `i`: acks (credit) and the verdict.
+fn read_conn(i: usize, c: &mut Conn, flow: &mut Flow) -> Result<(), String> {
+    loop {
+        match c.sock.read(&mut c.inbuf[c.in_len..]) {
+            Ok(0) => {
+                if flow.done.is_some() {
+                    return Ok(());
+                }
+                return Err(format!(
+                    "stream {i} ({}): the receiver closed the connection before the end ({} bytes acknowledged)",
+                    c.peer, flow.acked
+                ));
+            }
+            Ok(n) => c.in_len += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(format!(
+                    "stream {i} ({}): read: {e} ({} bytes acknowledged)",
+                    c.peer, flow.acked
+                ))
+            }
+        }
+        let mut at = 0;
+        loop {
+            match Frame::parse(&c.inbuf[at..c.in_len]) {
+                Ok((f, used)) => {
+                    at += used;
+                    match f {
+                        Frame::Ack { acked, limit } => {
+                            flow.limit = flow.limit.max(limit);
+                            flow.acked = flow.acked.max(acked);
+                            while flow
+                                .inflight
+                                .front()
+                                .is_some_and(|ch| ch.end() <= flow.acked)
+                            {
+                                if let Some(ch) = flow.inflight.pop_front() {
+                                    let _ = flow.back.send(ch.buf);
+                                }
+                            }
+                        }
+                        Frame::Done { total, ok } => {
+                            if ok {
+                                flow.acked = flow.acked.max(total);
+                            }
+                            flow.done = Some((total, ok));
+                        }
+                        Frame::Refuse { reason } => {
+                            return Err(format!("stream {i} ({}): refused: {reason}", c.peer))
+                        }
+                        other => {
+                            return Err(format!(
+                                "stream {i} ({}): the receiver sent a frame only a sender sends: {other:?}",
+                                c.peer
+                            ))
+                        }
+                    }
+                }
+                Err(FrameError::Truncated { .. }) => break,
+                Err(e) => return Err(format!("stream {i} ({}): {e}", c.peer)),
+            }
+        }
+        c.inbuf.copy_within(at..c.in_len, 0);
+        c.in_len -= at;
+        if c.in_len == c.inbuf.len() {
+            return Err(format!(
+                "stream {i}: a frame from the receiver over {INBUF} bytes"
+            ));
+        }
+    }
+}
+
+/// Writes what connection `c` has pending; false when the socket is full.
+fn flush(i: usize, c: &mut Conn) -> Result<bool, String> {
+    while c.out_pos < c.out.len() {
+        match c.sock.write(&c.out[c.out_pos..]) {
+            Ok(0) => return Err(format!("stream {i} ({}): write returned 0", c.peer)),
+            Ok(n) => c.out_pos += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                c.writable = false;
+                return Ok(false);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("stream {i} ({}): write: {e}", c.peer)),
+        }
+    }
+    c.out.clear();
+    c.out_pos = 0;
+    Ok(true)
+}
+
+/// Hands chunks to connections with room, one chunk per connection per round so that every
+/// connection with room gets work, until the sockets are full, the credit is used, or no
+/// chunk is ready; then the end frame.
+fn fill(conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) -> Result<(), String> {
+    let n = conns.len();
+    loop {
+        let mut progressed = false;
+        for k in 0..n {
+            let i = (*rr + k) % n;
+            let c = &mut conns[i];
+            if !c.writable || !flush(i, c)? {
+                continue;
+            }
+            let fits = flow.unsent.front().is_some_and(|ch| ch.end() <= flow.limit);
+            if fits {
+                let Some(ch) = flow.unsent.pop_front() else {
+                    continue;
+                };
+                c.out
+                    .extend_from_slice(&frame::data_header(ch.seq, ch.buf.len()));
+                c.out.extend_from_slice(&ch.buf);
+                c.bytes += ch.buf.len() as u64;
+                flow.inflight.push_back(ch);
+                progressed = true;
+            } else if let (Some((total, hash)), true, false) =
+                (flow.end, flow.unsent.is_empty(), flow.end_sent)
+            {
+                Frame::End { total, hash }.emit_vec(&mut c.out);
+                flow.end_sent = true;
+                progressed = true;
+            } else {
+                continue;
+            }
+            flush(i, c)?;
+        }
+        *rr = (*rr + 1) % n.max(1);
+        if !progressed {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::FRAME_HDR;
+
+    #[test]
+    fn hex_is_lowercase_and_padded() {
+        assert_eq!(hex(&[0, 0xab, 7]), "00ab07");
+    }
+
+    #[test]
+    fn the_frame_header_size_is_what_the_loop_reserves() {
+        assert_eq!(DATA_HDR, FRAME_HDR + 8);
+    }
+}
