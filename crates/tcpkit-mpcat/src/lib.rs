@@ -20,7 +20,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use report::{ConnCounts, MpcatReport, Role, StreamReport};
+pub use report::{ConnCounts, MpcatReport, PathFailure, Role, StreamReport};
 
 /// The receiver's default reorder window.
 pub const DEFAULT_WINDOW: u64 = 64 << 20;
@@ -33,6 +33,8 @@ pub const MIN_WINDOW: u64 = 1 << 20;
 pub const MAX_WINDOW: u64 = 4 << 30;
 /// How long an accepted connection may take to present its Hello.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default `--path-timeout`.
+pub const DEFAULT_PATH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections still in their handshake at once; more are closed at accept and counted.
 pub const MAX_PENDING: usize = 64;
 
@@ -72,6 +74,23 @@ impl Error {
             source: None,
         }
     }
+}
+
+/// A connection gives up after `path_timeout` of data unacknowledged (TCP_USER_TIMEOUT), and
+/// an idle one is probed from then on (keepalive every second, 3 probes), so a dead path is
+/// noticed on both sides even when nothing is being sent.
+pub(crate) fn set_path_timeout(
+    s: &impl std::os::fd::AsFd,
+    path_timeout: Duration,
+) -> io::Result<()> {
+    let s = socket2::SockRef::from(s);
+    s.set_tcp_user_timeout(Some(path_timeout))?;
+    s.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(path_timeout.max(Duration::from_secs(1)))
+            .with_interval(Duration::from_secs(1))
+            .with_retries(3),
+    )
 }
 
 /// A random session token from the kernel's generator.

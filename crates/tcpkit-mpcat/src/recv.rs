@@ -25,7 +25,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, MAX_STREAMS, MIN_CHUNK};
 use crate::reorder::Reorder;
 use crate::send::hex;
-use crate::{ConnCounts, Error, MpcatReport, Output, Role, StreamReport};
+use crate::{ConnCounts, Error, MpcatReport, Output, PathFailure, Role, StreamReport};
 
 /// How the receiving side runs.
 #[derive(Debug, Clone)]
@@ -35,6 +35,9 @@ pub struct RecvConfig {
     pub window: u64,
     pub handshake_timeout: Duration,
     pub max_pending: usize,
+    /// A stream's connection whose data stays unacknowledged this long has failed; with no
+    /// stream connected for this long, the session fails.
+    pub path_timeout: Duration,
 }
 
 const LISTENER: Token = Token(0);
@@ -133,6 +136,8 @@ struct Session {
     end: Option<(u64, [u8; 32])>,
     /// Connection of each stream index, once it joined.
     joined: Vec<Option<Token>>,
+    /// Each stream index has joined once.
+    seen: Vec<bool>,
     last_ack: u64,
     /// Stream bytes of every stream that has left (its connection closed after the end).
     verdict: Option<bool>,
@@ -187,6 +192,9 @@ pub fn run(
         paused_until: None,
         started: None,
         finished: Vec::new(),
+        failures: Vec::new(),
+        reconnects: 0,
+        none_since: None,
     };
     let failure = rx.event_loop(&mut poll, &listener, &mut sink, stop).err();
     let started = rx.started.unwrap_or_else(Instant::now);
@@ -202,7 +210,18 @@ pub fn run(
             });
         }
     }
+    // One line per stream index: a stream that reconnected sums its connections' bytes and
+    // shows its latest connection.
     streams.sort_by_key(|s| s.index);
+    streams.dedup_by(|later, first| {
+        if later.index != first.index {
+            return false;
+        }
+        first.bytes += later.bytes;
+        first.local = std::mem::take(&mut later.local);
+        first.peer = std::mem::take(&mut later.peer);
+        true
+    });
     let s = rx.session.as_ref();
     let written = s.map_or(0, |s| s.reorder.written());
     let verified = failure.is_none() && s.and_then(|s| s.verdict) == Some(true);
@@ -222,6 +241,9 @@ pub fn run(
         chunk_size: s.map_or(0, |s| u64::from(s.chunk)),
         window: cfg.window,
         streams,
+        path_failures: std::mem::take(&mut rx.failures),
+        reconnects: rx.reconnects,
+        resent_bytes: 0,
         hash: s.and_then(|s| s.end.map(|(_, h)| format!("blake3:{}", hex(&h)))),
         verified,
         connections: rx.counts,
@@ -240,6 +262,10 @@ struct Receiver<'c> {
     started: Option<Instant>,
     /// Streams whose connection is gone, for the report.
     finished: Vec<StreamReport>,
+    failures: Vec<PathFailure>,
+    reconnects: u64,
+    /// Since when no stream of the session has been connected.
+    none_since: Option<Instant>,
 }
 
 impl Receiver<'_> {
@@ -289,7 +315,8 @@ impl Receiver<'_> {
                 self.accept(poll, listener);
             }
             self.expire(poll, now);
-            self.write_out(sink)?;
+            self.check_paths(now)?;
+            self.write_out(poll, sink)?;
             if self.finish(poll, sink)? {
                 return Ok(());
             }
@@ -378,7 +405,10 @@ impl Receiver<'_> {
         Some(c)
     }
 
-    /// A session stream's connection failed: fatal before the end (no path recovery yet).
+    /// A session stream's connection failed or closed. Before the end it is a path
+    /// failure, counted and named in the report; the sender re-sends its chunks on the
+    /// other streams and reopens it. Only with no stream left for --path-timeout does the
+    /// session fail (in the event loop).
     fn lost(&mut self, poll: &mut Poll, t: Token, why: &str) -> Result<(), String> {
         let Some(c) = self.drop_conn(poll, t) else {
             return Ok(());
@@ -386,23 +416,56 @@ impl Receiver<'_> {
         let State::Stream { index, bytes, .. } = c.state else {
             return Ok(());
         };
+        let (local, peer) = (c.local.to_string(), c.peer.to_string());
         self.finished.push(StreamReport {
             index,
-            local: c.local.to_string(),
-            peer: c.peer.to_string(),
+            local: local.clone(),
+            peer: peer.clone(),
             bytes,
         });
-        let s = self.session.as_ref();
-        if s.is_some_and(|s| s.verdict.is_some()) {
+        let Some(s) = self.session.as_mut() else {
+            return Ok(());
+        };
+        if let Some(slot) = s.joined.get_mut(usize::from(index)) {
+            if *slot == Some(t) {
+                *slot = None;
+            }
+        }
+        if s.verdict.is_none() {
+            self.failures.push(PathFailure {
+                stream: index,
+                local,
+                peer,
+                at: self.started.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+                why: why.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Fails the session when no stream has been connected for --path-timeout.
+    fn check_paths(&mut self, now: Instant) -> Result<(), String> {
+        let Some(s) = self.session.as_ref() else {
+            return Ok(());
+        };
+        if s.joined.iter().any(Option::is_some) {
+            self.none_since = None;
             return Ok(());
         }
-        let written = s.map_or(0, |s| s.reorder.written());
+        let since = *self.none_since.get_or_insert(now);
+        if now.duration_since(since) < self.cfg.path_timeout {
+            return Ok(());
+        }
         let of = s
-            .and_then(|s| s.end)
+            .end
             .map_or_else(|| "an unknown total".to_string(), |e| e.0.to_string());
+        let last = self.failures.last().map_or_else(String::new, |f| {
+            format!(" (last: stream {} from {}: {})", f.stream, f.peer, f.why)
+        });
         Err(format!(
-            "stream {index} ({}) {why} before the end: {written} bytes written of {of}",
-            c.peer
+            "stream connections closed before the end and none came back within {:?}: {} bytes written of {of}{last}",
+            self.cfg.path_timeout,
+            s.reorder.written()
         ))
     }
 
@@ -572,6 +635,8 @@ impl Receiver<'_> {
                 let max_gaps = 2 * window / chunk as usize + 16;
                 let mut joined = vec![None; usize::from(streams)];
                 joined[usize::from(stream)] = Some(t);
+                let mut seen = vec![false; usize::from(streams)];
+                seen[usize::from(stream)] = true;
                 self.session = Some(Session {
                     token,
                     streams,
@@ -580,6 +645,7 @@ impl Receiver<'_> {
                     hasher: blake3::Hasher::new(),
                     end: None,
                     joined,
+                    seen,
                     last_ack: 0,
                     verdict: None,
                 });
@@ -591,15 +657,27 @@ impl Receiver<'_> {
                     self.refuse(poll, t, "not this session's token");
                     return;
                 }
-                let slot = s.joined.get_mut(usize::from(stream));
-                match slot {
-                    Some(slot @ None) if streams == s.streams && chunk == s.chunk => {
-                        *slot = Some(t);
-                    }
-                    _ => {
-                        self.counts.bad_handshake += 1;
-                        self.refuse(poll, t, "stream index taken or out of range, or another stream count or chunk size");
-                        return;
+                let k = usize::from(stream);
+                if k >= s.joined.len() || streams != s.streams || chunk != s.chunk {
+                    self.counts.bad_handshake += 1;
+                    self.refuse(
+                        poll,
+                        t,
+                        "stream index out of range, or another stream count or chunk size",
+                    );
+                    return;
+                }
+                // The session's own token for a stream already joined: its sender saw that
+                // connection fail before this side did. The new one takes its place.
+                let old = s.joined[k].replace(t);
+                if s.seen[k] {
+                    self.reconnects += 1;
+                }
+                s.seen[k] = true;
+                if let Some(old) = old {
+                    let _ = self.lost(poll, old, "replaced by a new connection");
+                    if let Some(s) = self.session.as_mut() {
+                        s.joined[k] = Some(t);
                     }
                 }
             }
@@ -608,6 +686,9 @@ impl Receiver<'_> {
             return;
         };
         let chunk = chunk as usize;
+        // Best effort: a socket without these still works, only a dead path is noticed
+        // later (when the sender gives up on it).
+        let _ = crate::set_path_timeout(&c.sock, self.cfg.path_timeout);
         c.state = State::Stream {
             index: stream,
             inbuf: vec![0; DATA_HDR + chunk + (64 << 10)],
@@ -634,7 +715,7 @@ impl Receiver<'_> {
     }
 
     /// Writes the bytes that are in order, and acks them when enough have gone out.
-    fn write_out(&mut self, sink: &mut Sink) -> Result<(), String> {
+    fn write_out(&mut self, poll: &mut Poll, sink: &mut Sink) -> Result<(), String> {
         let Some(s) = self.session.as_mut() else {
             return Ok(());
         };
@@ -662,7 +743,7 @@ impl Receiver<'_> {
                 acked: written,
                 limit: s.reorder.limit(),
             };
-            let mut failed = None;
+            let mut failed = Vec::new();
             for (t, c) in self.conns.iter_mut() {
                 if !matches!(c.state, State::Stream { .. }) {
                     continue;
@@ -672,18 +753,16 @@ impl Receiver<'_> {
                 }
                 ack.emit_vec(&mut c.out);
                 if c.out.len() > MAX_ACK_BACKLOG {
-                    failed = Some((*t, "stopped reading its acknowledgements".to_string()));
+                    failed.push((
+                        *t,
+                        "its sender stopped reading acknowledgements".to_string(),
+                    ));
                 } else if let Err(e) = flush(c) {
-                    failed = Some((*t, e));
+                    failed.push((*t, e));
                 }
             }
-            if let Some((t, why)) = failed {
-                // Only a closed or stuck sender gets here: the session cannot go on.
-                let c = self.conns.get(&t).map(|c| c.peer);
-                return Err(format!(
-                    "a stream's sender {}: {why}",
-                    c.map_or_else(String::new, |p| p.to_string())
-                ));
+            for (t, why) in failed {
+                self.lost(poll, t, &why)?;
             }
         }
         Ok(())

@@ -26,6 +26,17 @@ pub struct StreamReport {
     pub bytes: u64,
 }
 
+/// A connection of the session that failed before the end.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PathFailure {
+    pub stream: u16,
+    pub local: String,
+    pub peer: String,
+    /// Seconds into the session.
+    pub at: f64,
+    pub why: String,
+}
+
 /// Connections the listener turned away (the receiving side; zeros on the sending side).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ConnCounts {
@@ -58,6 +69,14 @@ pub struct MpcatReport {
     pub chunk_size: u64,
     pub window: u64,
     pub streams: Vec<StreamReport>,
+    /// Connections that failed (died, or stalled past --path-timeout) before the end.
+    pub path_failures: Vec<PathFailure>,
+    /// Connections opened again for a failed stream (send), or streams that rejoined
+    /// (receive).
+    pub reconnects: u64,
+    /// Bytes sent again because the connection that carried them failed (send; 0 on the
+    /// receiving side).
+    pub resent_bytes: u64,
     /// "blake3:<hex>" of the whole stream, once known.
     pub hash: Option<String>,
     /// Every byte arrived and the receiver's hash matched the sender's.
@@ -101,6 +120,20 @@ impl Report for MpcatReport {
             s.push_str(&format!(
                 "  stream {:>3}  {} -> {}  {} bytes  {:.1} %\n",
                 t.index, t.local, t.peer, t.bytes, share
+            ));
+        }
+        for f in &self.path_failures {
+            s.push_str(&format!(
+                "  path failed: stream {} {} -> {} at {:.1} s: {}\n",
+                f.stream, f.local, f.peer, f.at, f.why
+            ));
+        }
+        if !self.path_failures.is_empty() || self.reconnects > 0 {
+            s.push_str(&format!(
+                "  {} path failures, {} reconnects, {} bytes re-sent\n",
+                self.path_failures.len(),
+                self.reconnects,
+                self.resent_bytes
             ));
         }
         match (&self.hash, self.verified) {
@@ -162,6 +195,9 @@ mod tests {
                     bytes: 2 << 20,
                 },
             ],
+            path_failures: vec![],
+            reconnects: 0,
+            resent_bytes: 0,
             hash: Some("blake3:00ff".into()),
             verified: true,
             connections: ConnCounts {
@@ -182,6 +218,21 @@ mod tests {
              blake3:00ff: verified\n\
              refused: 2 wrong token, 0 bad handshake, 0 handshake timeout, 0 over the cap, 0 accept errors\n"
         );
+        let mut r = sample();
+        r.path_failures.push(PathFailure {
+            stream: 1,
+            local: "198.19.0.2:31337".into(),
+            peer: "198.19.0.1:40001".into(),
+            at: 2.3,
+            why: "read: Connection timed out".into(),
+        });
+        r.reconnects = 1;
+        assert!(r.human().contains(
+            "  stream   1  198.19.0.2:31337 -> 198.19.0.1:40001  2097152 bytes  66.7 %\n\
+             \x20 path failed: stream 1 198.19.0.2:31337 -> 198.19.0.1:40001 at 2.3 s: read: Connection timed out\n\
+             \x20 1 path failures, 1 reconnects, 0 bytes re-sent\n\
+             blake3:00ff: verified\n"
+        ), "{}", r.human());
         let mut r = sample();
         r.role = Role::Send;
         r.hash = None;

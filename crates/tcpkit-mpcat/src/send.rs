@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Waker};
 
 use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, VERSION};
-use crate::{ConnCounts, Error, Input, MpcatReport, Role, StreamReport};
+use crate::{ConnCounts, Error, Input, MpcatReport, PathFailure, Role, StreamReport};
 
 /// How the sending side runs.
 #[derive(Debug, Clone)]
@@ -30,6 +30,11 @@ pub struct SendConfig {
     pub input: Input,
     /// How long each connect and handshake may take.
     pub connect_timeout: Duration,
+    /// A connection whose data stays unacknowledged this long has failed: its chunks go
+    /// out again on the others and it is reopened (from the same source port, so over the
+    /// same path) until the path answers again. With no connection left for this long, the
+    /// session fails.
+    pub path_timeout: Duration,
 }
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
@@ -41,6 +46,8 @@ const INBUF: usize = 4096;
 struct Chunk {
     seq: u64,
     buf: Vec<u8>,
+    /// The connection it was last handed to.
+    conn: usize,
 }
 
 impl Chunk {
@@ -59,7 +66,8 @@ enum FromReader {
 
 #[derive(Debug)]
 struct Conn {
-    sock: mio::net::TcpStream,
+    /// None while the stream's connection is down.
+    sock: Option<mio::net::TcpStream>,
     local: SocketAddr,
     peer: SocketAddr,
     /// The frame being written and how much of it is written.
@@ -70,7 +78,14 @@ struct Conn {
     inbuf: Vec<u8>,
     in_len: usize,
     bytes: u64,
+    /// A reconnection is being tried (on its own thread).
+    reconnecting: bool,
+    /// When the next reconnection may start.
+    next_try: Instant,
 }
+
+/// A reconnection's outcome, from its thread.
+type Reconnected = (usize, Result<(TcpStream, SocketAddr, u64), Error>);
 
 /// Opens the input: a file that cannot be opened fails before any connection is made.
 fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
@@ -87,13 +102,14 @@ fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
 fn connect(
     cfg: &SendConfig,
     addrs: &[SocketAddr],
+    from: Option<SocketAddr>,
     token: frame::Token,
     index: u16,
 ) -> Result<(TcpStream, SocketAddr, u64), Error> {
     let mut last = None;
     let mut sock = None;
     for a in addrs {
-        match TcpStream::connect_timeout(a, cfg.connect_timeout) {
+        match connect_from(*a, from, cfg.connect_timeout) {
             Ok(s) => {
                 sock = Some((s, *a));
                 break;
@@ -110,6 +126,8 @@ fn connect(
     // Small frames (acks, the verdict) must not wait for Nagle.
     s.set_nodelay(true)
         .map_err(|e| Error::io(what("TCP_NODELAY on"), e))?;
+    crate::set_path_timeout(&s, cfg.path_timeout)
+        .map_err(|e| Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e))?;
     let hello = Frame::Hello {
         version: VERSION,
         token,
@@ -179,6 +197,24 @@ fn connect(
     }
 }
 
+/// A TCP connection to `to`, from `from` when given (a failed stream's own address and
+/// port, so the L4 hash puts it on the same path; a fresh port if that one is taken).
+fn connect_from(
+    to: SocketAddr,
+    from: Option<SocketAddr>,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))?;
+    if let Some(f) = from {
+        s.set_reuse_address(true)?;
+        // Taken (still in use by the old connection's remains): any port will do.
+        let _ = s.bind(&f.into());
+    }
+    s.connect_timeout(&to.into(), timeout)?;
+    Ok(s.into())
+}
+
 /// Reads the input in `chunk`-sized pieces into buffers from the pool (at most `pool` of
 /// them exist, so the input is read no further ahead than the window), hashing as it goes.
 fn reader(
@@ -234,7 +270,7 @@ fn reader(
         buf.truncate(got);
         if got > 0 {
             hasher.update(&buf);
-            let c = Chunk { seq, buf };
+            let c = Chunk { seq, buf, conn: 0 };
             seq += got as u64;
             if !send(FromReader::Chunk(c)) {
                 return;
@@ -258,10 +294,56 @@ struct Flow {
     limit: u64,
     acked: u64,
     end: Option<(u64, [u8; 32])>,
-    end_sent: bool,
+    /// The connection the end frame went out on.
+    end_sent: Option<usize>,
     /// The receiver's verdict.
     done: Option<(u64, bool)>,
     back: mpsc::Sender<Vec<u8>>,
+    start: Instant,
+    failures: Vec<PathFailure>,
+    reconnects: u64,
+    resent: u64,
+    /// Since when no connection has been up.
+    none_since: Option<Instant>,
+}
+
+impl Flow {
+    /// Gives chunks the receiver has written back to the reader.
+    fn release(&mut self) {
+        let acked = self.acked;
+        let back = &self.back;
+        self.inflight.retain_mut(|ch| {
+            if ch.end() <= acked {
+                let _ = back.send(std::mem::take(&mut ch.buf));
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+/// What the event loop works with besides the flow.
+struct Ctx<'a> {
+    cfg: &'a SendConfig,
+    token: frame::Token,
+    addr: SocketAddr,
+    waker: Arc<Waker>,
+    conn_tx: mpsc::Sender<Reconnected>,
+}
+
+fn register(poll: &Poll, s: TcpStream, i: usize) -> Result<mio::net::TcpStream, Error> {
+    s.set_nonblocking(true)
+        .map_err(|e| Error::io(format!("stream {i}: O_NONBLOCK"), e))?;
+    let mut sock = mio::net::TcpStream::from_std(s);
+    poll.registry()
+        .register(
+            &mut sock,
+            mio::Token(i),
+            Interest::READABLE | Interest::WRITABLE,
+        )
+        .map_err(|e| Error::io(format!("stream {i}: epoll_ctl"), e))?;
+    Ok(sock)
 }
 
 /// Runs the sending side until the receiver's verdict, a failure, or `stop`.
@@ -279,25 +361,16 @@ pub fn run(cfg: &SendConfig, stop: &AtomicBool) -> Result<MpcatReport, Error> {
     let mut addrs = cfg.peer.clone();
     let mut window = u64::MAX;
     for i in 0..cfg.streams {
-        let (s, addr, w) = connect(cfg, &addrs, token, i)?;
+        let (s, addr, w) = connect(cfg, &addrs, None, token, i)?;
         // The first address that answered is the one every stream uses.
         addrs = vec![addr];
         window = window.min(w);
         let local = s
             .local_addr()
             .map_err(|e| Error::io(format!("stream {i}: getsockname"), e))?;
-        s.set_nonblocking(true)
-            .map_err(|e| Error::io(format!("stream {i}: O_NONBLOCK"), e))?;
-        let mut sock = mio::net::TcpStream::from_std(s);
-        poll.registry()
-            .register(
-                &mut sock,
-                mio::Token(usize::from(i)),
-                Interest::READABLE | Interest::WRITABLE,
-            )
-            .map_err(|e| Error::io(format!("stream {i}: epoll_ctl"), e))?;
+        let sock = register(&poll, s, usize::from(i))?;
         conns.push(Conn {
-            sock,
+            sock: Some(sock),
             local,
             peer: addr,
             out: Vec::with_capacity(DATA_HDR + chunk),
@@ -306,6 +379,8 @@ pub fn run(cfg: &SendConfig, stop: &AtomicBool) -> Result<MpcatReport, Error> {
             inbuf: vec![0; INBUF],
             in_len: 0,
             bytes: 0,
+            reconnecting: false,
+            next_try: start,
         });
     }
     let waker = Arc::new(
@@ -330,11 +405,24 @@ pub fn run(cfg: &SendConfig, stop: &AtomicBool) -> Result<MpcatReport, Error> {
         limit: window,
         acked: 0,
         end: None,
-        end_sent: false,
+        end_sent: None,
         done: None,
         back: back_tx,
+        start,
+        failures: Vec::new(),
+        reconnects: 0,
+        resent: 0,
+        none_since: None,
     };
-    let failure = event_loop(&mut poll, &mut conns, &mut flow, &rx, stop).err();
+    let (conn_tx, conn_rx) = mpsc::channel();
+    let ctx = Ctx {
+        cfg,
+        token,
+        addr: addrs[0],
+        waker: Arc::clone(&waker),
+        conn_tx,
+    };
+    let failure = event_loop(&mut poll, &ctx, &mut conns, &mut flow, &rx, &conn_rx, stop).err();
     reader_stop.store(true, Ordering::Relaxed);
     drop(rx);
     let _ = rthread.join();
@@ -373,6 +461,9 @@ pub fn run(cfg: &SendConfig, stop: &AtomicBool) -> Result<MpcatReport, Error> {
                 bytes: c.bytes,
             })
             .collect(),
+        path_failures: flow.failures,
+        reconnects: flow.reconnects,
+        resent_bytes: flow.resent,
         hash: flow.end.map(|(_, h)| format!("blake3:{}", hex(&h))),
         verified,
         connections: ConnCounts::default(),
@@ -384,11 +475,83 @@ pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Connection `i` failed: it is closed, its chunks not yet written by the receiver go back
+/// to the front of the queue (the others will carry them), and it is reopened later.
+fn fail_conn(poll: &Poll, i: usize, c: &mut Conn, flow: &mut Flow, why: String) {
+    let Some(mut sock) = c.sock.take() else {
+        return;
+    };
+    let _ = poll.registry().deregister(&mut sock);
+    drop(sock);
+    flow.failures.push(PathFailure {
+        stream: i as u16,
+        local: c.local.to_string(),
+        peer: c.peer.to_string(),
+        at: flow.start.elapsed().as_secs_f64(),
+        why,
+    });
+    c.out.clear();
+    c.out_pos = 0;
+    c.in_len = 0;
+    c.writable = false;
+    c.next_try = Instant::now() + Duration::from_millis(200);
+    let mut again: Vec<Chunk> = Vec::new();
+    let mut k = 0;
+    while k < flow.inflight.len() {
+        if flow.inflight[k].conn == i {
+            if let Some(ch) = flow.inflight.remove(k) {
+                flow.resent += ch.buf.len() as u64;
+                again.push(ch);
+            }
+        } else {
+            k += 1;
+        }
+    }
+    again.sort_by_key(|ch| ch.seq);
+    for ch in again.into_iter().rev() {
+        flow.unsent.push_front(ch);
+    }
+    if flow.end_sent == Some(i) {
+        flow.end_sent = None;
+    }
+}
+
+/// Starts reopening the failed streams whose time has come, each on its own thread (a
+/// connect to a dead path blocks until its timeout), from the stream's own address.
+fn reconnect(ctx: &Ctx<'_>, conns: &mut [Conn]) {
+    let now = Instant::now();
+    for (i, c) in conns.iter_mut().enumerate() {
+        if c.sock.is_some() || c.reconnecting || now < c.next_try {
+            continue;
+        }
+        c.reconnecting = true;
+        let cfg = SendConfig {
+            connect_timeout: ctx.cfg.connect_timeout.min(ctx.cfg.path_timeout),
+            ..ctx.cfg.clone()
+        };
+        let (addr, from, token) = (ctx.addr, c.local, ctx.token);
+        let (tx, waker) = (ctx.conn_tx.clone(), Arc::clone(&ctx.waker));
+        let spawned = std::thread::Builder::new()
+            .name("mpcat-reconnect".into())
+            .spawn(move || {
+                let r = connect(&cfg, &[addr], Some(from), token, i as u16);
+                let _ = tx.send((i, r));
+                let _ = waker.wake();
+            });
+        if spawned.is_err() {
+            c.reconnecting = false;
+            c.next_try = now + Duration::from_secs(1);
+        }
+    }
+}
+
 fn event_loop(
     poll: &mut Poll,
+    ctx: &Ctx<'_>,
     conns: &mut [Conn],
     flow: &mut Flow,
     rx: &Receiver<FromReader>,
+    conn_rx: &Receiver<Reconnected>,
     stop: &AtomicBool,
 ) -> Result<(), String> {
     let mut events = Events::with_capacity(256);
@@ -400,7 +563,7 @@ fn event_loop(
                 flow.acked
             ));
         }
-        // Take what the reader has, as long as it is not far ahead of the credit.
+        // Take what the reader has.
         loop {
             match rx.try_recv() {
                 Ok(FromReader::Chunk(c)) => flow.unsent.push_back(c),
@@ -415,7 +578,45 @@ fn event_loop(
                 }
             }
         }
-        fill(conns, flow, &mut rr)?;
+        // Streams that came back.
+        while let Ok((i, r)) = conn_rx.try_recv() {
+            let c = &mut conns[i];
+            c.reconnecting = false;
+            match r {
+                Ok((s, _, _)) => {
+                    let local = s.local_addr().ok();
+                    match register(poll, s, i) {
+                        Ok(sock) => {
+                            c.sock = Some(sock);
+                            c.local = local.unwrap_or(c.local);
+                            c.writable = true;
+                            flow.reconnects += 1;
+                        }
+                        Err(_) => c.next_try = Instant::now() + Duration::from_secs(1),
+                    }
+                }
+                // The path is still down: try again in a second.
+                Err(_) => c.next_try = Instant::now() + Duration::from_secs(1),
+            }
+        }
+        if conns.iter().any(|c| c.sock.is_some()) {
+            flow.none_since = None;
+        } else {
+            let since = *flow.none_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= ctx.cfg.path_timeout {
+                let last = flow.failures.last().map_or_else(String::new, |f| {
+                    format!(" (last: stream {}: {})", f.stream, f.why)
+                });
+                return Err(format!(
+                    "no path left: every stream failed and none reopened within {:?}, {} bytes acknowledged{last}",
+                    ctx.cfg.path_timeout, flow.acked
+                ));
+            }
+        }
+        if flow.done.is_none() {
+            reconnect(ctx, conns);
+        }
+        fill(poll, conns, flow, &mut rr);
         if let Some((total, ok)) = flow.done {
             if !ok {
                 return Err(
@@ -440,38 +641,48 @@ fn event_loop(
                 continue;
             }
             let i = ev.token().0;
+            let Some(c) = conns.get_mut(i) else {
+                continue;
+            };
             if ev.is_writable() {
-                conns[i].writable = true;
+                c.writable = true;
             }
             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                read_conn(i, &mut conns[i], flow)?;
+                match read_conn(i, c, flow) {
+                    Ok(()) => {}
+                    Err(ConnError::Fatal(why)) => return Err(why),
+                    Err(ConnError::Path(why)) => fail_conn(poll, i, c, flow, why),
+                }
             }
         }
     }
 }
 
+/// Why a connection's read or write stopped.
+enum ConnError {
+    /// The connection died: its chunks go out on the others.
+    Path(String),
+    /// The receiver said no, or spoke nonsense: the session is over.
+    Fatal(String),
+}
+
 /// Reads what the receiver sent on connection `i`: acks (credit) and the verdict.
-fn read_conn(i: usize, c: &mut Conn, flow: &mut Flow) -> Result<(), String> {
+fn read_conn(i: usize, c: &mut Conn, flow: &mut Flow) -> Result<(), ConnError> {
+    let Some(sock) = c.sock.as_mut() else {
+        return Ok(());
+    };
     loop {
-        match c.sock.read(&mut c.inbuf[c.in_len..]) {
+        match sock.read(&mut c.inbuf[c.in_len..]) {
             Ok(0) => {
                 if flow.done.is_some() {
                     return Ok(());
                 }
-                return Err(format!(
-                    "stream {i} ({}): the receiver closed the connection before the end ({} bytes acknowledged)",
-                    c.peer, flow.acked
-                ));
+                return Err(ConnError::Path("closed by the receiver".into()));
             }
             Ok(n) => c.in_len += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(format!(
-                    "stream {i} ({}): read: {e} ({} bytes acknowledged)",
-                    c.peer, flow.acked
-                ))
-            }
+            Err(e) => return Err(ConnError::Path(format!("read: {e}"))),
         }
         let mut at = 0;
         loop {
@@ -481,15 +692,9 @@ fn read_conn(i: usize, c: &mut Conn, flow: &mut Flow) -> Result<(), String> {
                     match f {
                         Frame::Ack { acked, limit } => {
                             flow.limit = flow.limit.max(limit);
-                            flow.acked = flow.acked.max(acked);
-                            while flow
-                                .inflight
-                                .front()
-                                .is_some_and(|ch| ch.end() <= flow.acked)
-                            {
-                                if let Some(ch) = flow.inflight.pop_front() {
-                                    let _ = flow.back.send(ch.buf);
-                                }
+                            if acked > flow.acked {
+                                flow.acked = acked;
+                                flow.release();
                             }
                         }
                         Frame::Done { total, ok } => {
@@ -499,42 +704,48 @@ fn read_conn(i: usize, c: &mut Conn, flow: &mut Flow) -> Result<(), String> {
                             flow.done = Some((total, ok));
                         }
                         Frame::Refuse { reason } => {
-                            return Err(format!("stream {i} ({}): refused: {reason}", c.peer))
+                            return Err(ConnError::Fatal(format!(
+                                "stream {i} ({}): refused: {reason}",
+                                c.peer
+                            )))
                         }
                         other => {
-                            return Err(format!(
+                            return Err(ConnError::Fatal(format!(
                                 "stream {i} ({}): the receiver sent a frame only a sender sends: {other:?}",
                                 c.peer
-                            ))
+                            )))
                         }
                     }
                 }
                 Err(FrameError::Truncated { .. }) => break,
-                Err(e) => return Err(format!("stream {i} ({}): {e}", c.peer)),
+                Err(e) => return Err(ConnError::Fatal(format!("stream {i} ({}): {e}", c.peer))),
             }
         }
         c.inbuf.copy_within(at..c.in_len, 0);
         c.in_len -= at;
         if c.in_len == c.inbuf.len() {
-            return Err(format!(
+            return Err(ConnError::Fatal(format!(
                 "stream {i}: a frame from the receiver over {INBUF} bytes"
-            ));
+            )));
         }
     }
 }
 
-/// Writes what connection `c` has pending; false when the socket is full.
-fn flush(i: usize, c: &mut Conn) -> Result<bool, String> {
+/// Writes what connection `c` has pending; Ok(false) when the socket is full.
+fn flush(c: &mut Conn) -> Result<bool, String> {
+    let Some(sock) = c.sock.as_mut() else {
+        return Ok(false);
+    };
     while c.out_pos < c.out.len() {
-        match c.sock.write(&c.out[c.out_pos..]) {
-            Ok(0) => return Err(format!("stream {i} ({}): write returned 0", c.peer)),
+        match sock.write(&c.out[c.out_pos..]) {
+            Ok(0) => return Err("write returned 0".into()),
             Ok(n) => c.out_pos += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 c.writable = false;
                 return Ok(false);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("stream {i} ({}): write: {e}", c.peer)),
+            Err(e) => return Err(format!("write: {e}")),
         }
     }
     c.out.clear();
@@ -544,42 +755,53 @@ fn flush(i: usize, c: &mut Conn) -> Result<bool, String> {
 
 /// Hands chunks to connections with room, one chunk per connection per round so that every
 /// connection with room gets work, until the sockets are full, the credit is used, or no
-/// chunk is ready; then the end frame.
-fn fill(conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) -> Result<(), String> {
+/// chunk is ready; then the end frame. A connection whose write fails is failed over.
+fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
     let n = conns.len();
     loop {
         let mut progressed = false;
         for k in 0..n {
             let i = (*rr + k) % n;
             let c = &mut conns[i];
-            if !c.writable || !flush(i, c)? {
+            if c.sock.is_none() || !c.writable {
                 continue;
+            }
+            match flush(c) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(why) => {
+                    fail_conn(poll, i, c, flow, why);
+                    continue;
+                }
             }
             let fits = flow.unsent.front().is_some_and(|ch| ch.end() <= flow.limit);
             if fits {
-                let Some(ch) = flow.unsent.pop_front() else {
+                let Some(mut ch) = flow.unsent.pop_front() else {
                     continue;
                 };
                 c.out
                     .extend_from_slice(&frame::data_header(ch.seq, ch.buf.len()));
                 c.out.extend_from_slice(&ch.buf);
                 c.bytes += ch.buf.len() as u64;
+                ch.conn = i;
                 flow.inflight.push_back(ch);
                 progressed = true;
-            } else if let (Some((total, hash)), true, false) =
+            } else if let (Some((total, hash)), true, None) =
                 (flow.end, flow.unsent.is_empty(), flow.end_sent)
             {
                 Frame::End { total, hash }.emit_vec(&mut c.out);
-                flow.end_sent = true;
+                flow.end_sent = Some(i);
                 progressed = true;
             } else {
                 continue;
             }
-            flush(i, c)?;
+            if let Err(why) = flush(c) {
+                fail_conn(poll, i, c, flow, why);
+            }
         }
         *rr = (*rr + 1) % n.max(1);
         if !progressed {
-            return Ok(());
+            return;
         }
     }
 }

@@ -59,6 +59,13 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "5s", conflicts_with = "listen")]
     pub connect_timeout: Duration,
 
+    /// A connection whose data stays unacknowledged this long has failed (TCP_USER_TIMEOUT;
+    /// an idle one is probed by keepalive from then on): the sender re-sends its chunks on
+    /// the other connections and reopens it from the same source port (so over the same
+    /// path) until the path answers. With no connection left for this long, both sides fail.
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "5s")]
+    pub path_timeout: Duration,
+
     /// Print the report as one JSON document (schema docs/schema/mpcat.schema.json) on
     /// stdout; the receiving side needs -o FILE then, since stdout carries the stream.
     #[arg(long)]
@@ -82,6 +89,12 @@ fn usage(m: impl Into<String>) -> Failure {
 
 /// Every check that involves more than one flag, or a value's meaning, happens here.
 pub fn resolve(a: &Args) -> Result<Side, Failure> {
+    if a.path_timeout < Duration::from_secs(1) {
+        return Err(usage(format!(
+            "--path-timeout {:?}: at least 1s (TCP retransmits take that long on a live path)",
+            a.path_timeout
+        )));
+    }
     if a.listen {
         let port = a
             .port
@@ -108,6 +121,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             window,
             handshake_timeout: tcpkit_mpcat::HANDSHAKE_TIMEOUT,
             max_pending: tcpkit_mpcat::MAX_PENDING,
+            path_timeout: a.path_timeout,
         }));
     }
     // clap's `requires` takes a bool flag as always present, so the receiving side's own
@@ -161,6 +175,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         chunk: chunk as u32,
         input: a.input.clone().map_or(Input::Stdin, Input::File),
         connect_timeout: a.connect_timeout,
+        path_timeout: a.path_timeout,
     }))
 }
 
@@ -216,14 +231,26 @@ mod tests {
         assert_eq!(c.listen, "[::]:31337".parse().unwrap());
         assert_eq!(c.output, Output::Stdout);
         assert_eq!(c.window, 64 << 20);
+        assert_eq!(c.path_timeout, Duration::from_secs(5));
         let Side::Receive(c) = parse(&[
-            "--listen", "--port", "9", "-o", "out.bin", "--window", "8M", "--json", "--quiet",
+            "--listen",
+            "--port",
+            "9",
+            "-o",
+            "out.bin",
+            "--window",
+            "8M",
+            "--json",
+            "--quiet",
+            "--path-timeout",
+            "2s",
         ])
         .unwrap() else {
             panic!()
         };
         assert_eq!(c.output, Output::File("out.bin".into()));
         assert_eq!(c.window, 8 << 20);
+        assert_eq!(c.path_timeout, Duration::from_secs(2));
     }
 
     #[test]
@@ -244,6 +271,8 @@ mod tests {
             "64K",
             "--connect-timeout",
             "2s",
+            "--path-timeout",
+            "1500ms",
             "::1",
             "9",
         ])
@@ -254,6 +283,7 @@ mod tests {
         assert_eq!((c.streams, c.chunk), (8, 64 << 10));
         assert_eq!(c.input, Input::File("image.raw".into()));
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
+        assert_eq!(c.path_timeout, Duration::from_millis(1500));
         let Side::Send(c) = parse(&["--streams", "2", "--input", "x", "[::1]", "9"]).unwrap()
         else {
             panic!()
@@ -282,5 +312,6 @@ mod tests {
         assert!(e(&["--window", "8M", "127.0.0.1", "1"]).contains("--listen"));
         assert!(e(&["-l", "-p", "1", "127.0.0.1", "1"]).contains("cannot be used"));
         assert!(e(&["--connect-timeout", "soon", "h", "1"]).contains("--connect-timeout"));
+        assert!(e(&["--path-timeout", "500ms", "h", "1"]).contains("--path-timeout 500ms"));
     }
 }
