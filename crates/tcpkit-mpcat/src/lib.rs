@@ -11,6 +11,7 @@
 //! The wire format is in [`frame`].
 
 pub mod frame;
+pub mod paths;
 pub mod recv;
 pub mod reorder;
 mod report;
@@ -26,8 +27,6 @@ pub use report::{ConnCounts, MpcatReport, PathFailure, Role, StreamReport};
 pub const DEFAULT_WINDOW: u64 = 64 << 20;
 /// The sender's default chunk size.
 pub const DEFAULT_CHUNK: u32 = 256 << 10;
-/// The default number of connections.
-pub const DEFAULT_STREAMS: u16 = 4;
 /// The smallest and largest `--window`.
 pub const MIN_WINDOW: u64 = 1 << 20;
 pub const MAX_WINDOW: u64 = 4 << 30;

@@ -207,6 +207,7 @@ pub fn run(
                 local: c.local.to_string(),
                 peer: c.peer.to_string(),
                 bytes,
+                path: None,
             });
         }
     }
@@ -241,6 +242,7 @@ pub fn run(
         chunk_size: s.map_or(0, |s| u64::from(s.chunk)),
         window: cfg.window,
         streams,
+        egress: None,
         path_failures: std::mem::take(&mut rx.failures),
         reconnects: rx.reconnects,
         resent_bytes: 0,
@@ -422,6 +424,7 @@ impl Receiver<'_> {
             local: local.clone(),
             peer: peer.clone(),
             bytes,
+            path: None,
         });
         let Some(s) = self.session.as_mut() else {
             return Ok(());

@@ -24,6 +24,8 @@ pub struct StreamReport {
     pub peer: String,
     /// Payload bytes this connection carried (re-sent bytes included).
     pub bytes: u64,
+    /// The member (ECMP nexthop's or bond slave's interface) it leaves by (sending side).
+    pub path: Option<String>,
 }
 
 /// A connection of the session that failed before the end.
@@ -69,6 +71,9 @@ pub struct MpcatReport {
     pub chunk_size: u64,
     pub window: u64,
     pub streams: Vec<StreamReport>,
+    /// How connections leave the sender toward the receiver, e.g. `ecmp: eth1 eth2` (sending
+    /// side; null on the receiving side).
+    pub egress: Option<String>,
     /// Connections that failed (died, or stalled past --path-timeout) before the end.
     pub path_failures: Vec<PathFailure>,
     /// Connections opened again for a failed stream (send), or streams that rejoined
@@ -110,6 +115,13 @@ impl Report for MpcatReport {
             self.streams.len(),
             self.address
         ));
+        match &self.egress {
+            Some(e) if e.starts_with("one link") => s.push_str(&format!("  egress {e}\n")),
+            Some(e) => s.push_str(&format!(
+                "  egress {e} (the receive direction is spread by the peer's routes or the switch)\n"
+            )),
+            None => {}
+        }
         let all: u64 = self.streams.iter().map(|t| t.bytes).sum();
         for t in &self.streams {
             let share = if all == 0 {
@@ -117,8 +129,12 @@ impl Report for MpcatReport {
             } else {
                 100.0 * t.bytes as f64 / all as f64
             };
+            let via = t
+                .path
+                .as_ref()
+                .map_or_else(String::new, |p| format!(" via {p}"));
             s.push_str(&format!(
-                "  stream {:>3}  {} -> {}  {} bytes  {:.1} %\n",
+                "  stream {:>3}  {} -> {}{via}  {} bytes  {:.1} %\n",
                 t.index, t.local, t.peer, t.bytes, share
             ));
         }
@@ -187,14 +203,17 @@ mod tests {
                     local: "198.19.0.2:31337".into(),
                     peer: "198.19.0.1:40000".into(),
                     bytes: 1 << 20,
+                    path: None,
                 },
                 StreamReport {
                     index: 1,
                     local: "198.19.0.2:31337".into(),
                     peer: "198.19.0.1:40001".into(),
                     bytes: 2 << 20,
+                    path: None,
                 },
             ],
+            egress: None,
             path_failures: vec![],
             reconnects: 0,
             resent_bytes: 0,
@@ -235,6 +254,12 @@ mod tests {
         ), "{}", r.human());
         let mut r = sample();
         r.role = Role::Send;
+        r.egress = Some("ecmp: eth1 eth2".into());
+        r.streams[0].path = Some("eth1".into());
+        assert!(r.human().contains(
+            "  egress ecmp: eth1 eth2 (the receive direction is spread by the peer's routes or the switch)\n\
+             \x20 stream   0  198.19.0.2:31337 -> 198.19.0.1:40000 via eth1  1048576 bytes  33.3 %\n"
+        ), "{}", r.human());
         r.hash = None;
         r.verified = false;
         let h = r.human();

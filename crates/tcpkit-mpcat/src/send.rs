@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Waker};
 
 use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, VERSION};
+use crate::paths::{Egress, Paths};
 use crate::{ConnCounts, Error, Input, MpcatReport, PathFailure, Role, StreamReport};
 
 /// How the sending side runs.
@@ -25,7 +26,8 @@ pub struct SendConfig {
     pub peer: Vec<SocketAddr>,
     /// The address as the user gave it, for the report.
     pub address: String,
-    pub streams: u16,
+    /// Connections to open; None: one per member of the egress (ECMP nexthop or bond slave).
+    pub streams: Option<u16>,
     pub chunk: u32,
     pub input: Input,
     /// How long each connect and handshake may take.
@@ -70,6 +72,8 @@ struct Conn {
     sock: Option<mio::net::TcpStream>,
     local: SocketAddr,
     peer: SocketAddr,
+    /// The egress member it was placed on.
+    path: Option<String>,
     /// The frame being written and how much of it is written.
     out: Vec<u8>,
     out_pos: usize,
@@ -101,6 +105,7 @@ fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
 /// the Welcome, and the receiver's window.
 fn connect(
     cfg: &SendConfig,
+    n_streams: u16,
     addrs: &[SocketAddr],
     from: Option<SocketAddr>,
     token: frame::Token,
@@ -132,7 +137,7 @@ fn connect(
         version: VERSION,
         token,
         stream: index,
-        streams: cfg.streams,
+        streams: n_streams,
         chunk: cfg.chunk,
     };
     let mut buf = [0u8; 64 + frame::MAX_REASON];
@@ -326,6 +331,7 @@ impl Flow {
 /// What the event loop works with besides the flow.
 struct Ctx<'a> {
     cfg: &'a SendConfig,
+    n_streams: u16,
     token: frame::Token,
     addr: SocketAddr,
     waker: Arc<Waker>,
@@ -347,7 +353,7 @@ fn register(poll: &Poll, s: TcpStream, i: usize) -> Result<mio::net::TcpStream, 
 }
 
 /// Runs the sending side until the receiver's verdict, a failure, or `stop`.
-pub fn run(cfg: &SendConfig, stop: &AtomicBool) -> Result<MpcatReport, Error> {
+pub fn run(cfg: &SendConfig, stop: &AtomicBool, hint: &dyn Fn(&str)) -> Result<MpcatReport, Error> {
     let input = open_input(&cfg.input)?;
     let token = crate::random_token()?;
     let chunk = cfg.chunk as usize;
@@ -357,22 +363,67 @@ pub fn run(cfg: &SendConfig, stop: &AtomicBool) -> Result<MpcatReport, Error> {
     );
     let start = Instant::now();
     let mut poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
-    let mut conns = Vec::with_capacity(usize::from(cfg.streams));
+    // Where connections leave: the streams are placed one per member, round robin, by
+    // their source port. Not knowing (no route answer) is said, not fatal.
+    let to = *cfg
+        .peer
+        .first()
+        .ok_or_else(|| Error::msg(format!("{}: no address", cfg.address)))?;
+    let paths = match Paths::discover(to) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            hint(&format!(
+                "cannot tell which links connections to {} take ({e}): source ports left to the kernel",
+                to.ip()
+            ));
+            None
+        }
+    };
+    let members = paths
+        .as_ref()
+        .map(|p| p.egress.members())
+        .unwrap_or_default();
+    let n_streams = match cfg.streams {
+        Some(n) => n,
+        None => u16::try_from(members.len().clamp(1, usize::from(frame::MAX_STREAMS))).unwrap_or(1),
+    };
+    let egress = paths.as_ref().map(|p| describe(&p.egress));
+    if let Some(e) = egress.as_ref().filter(|_| members.len() > 1) {
+        hint(&format!(
+            "{n_streams} streams over {e}, toward {}; the receive direction is spread by the peer's routes or the switch",
+            to.ip()
+        ));
+    }
+    let mut conns = Vec::with_capacity(usize::from(n_streams));
     let mut addrs = cfg.peer.clone();
     let mut window = u64::MAX;
-    for i in 0..cfg.streams {
-        let (s, addr, w) = connect(cfg, &addrs, None, token, i)?;
+    for i in 0..n_streams {
+        let placed = paths
+            .as_ref()
+            .filter(|p| p.egress.members().len() > 1)
+            .and_then(|p| pick_source(p, to, usize::from(i) % members.len()));
+        let from = placed.map(|(a, _)| a);
+        let (s, addr, w) = connect(cfg, n_streams, &addrs, from, token, i)?;
         // The first address that answered is the one every stream uses.
         addrs = vec![addr];
         window = window.min(w);
         let local = s
             .local_addr()
             .map_err(|e| Error::io(format!("stream {i}: getsockname"), e))?;
+        let path = match (&paths, placed) {
+            (_, Some((_, m))) => members.get(m).cloned(),
+            (Some(p), None) => p
+                .member_of(local, addr)
+                .ok()
+                .and_then(|m| members.get(m).cloned()),
+            (None, None) => None,
+        };
         let sock = register(&poll, s, usize::from(i))?;
         conns.push(Conn {
             sock: Some(sock),
             local,
             peer: addr,
+            path,
             out: Vec::with_capacity(DATA_HDR + chunk),
             out_pos: 0,
             writable: true,
@@ -417,6 +468,7 @@ pub fn run(cfg: &SendConfig, stop: &AtomicBool) -> Result<MpcatReport, Error> {
     let (conn_tx, conn_rx) = mpsc::channel();
     let ctx = Ctx {
         cfg,
+        n_streams,
         token,
         addr: addrs[0],
         waker: Arc::clone(&waker),
@@ -459,8 +511,10 @@ pub fn run(cfg: &SendConfig, stop: &AtomicBool) -> Result<MpcatReport, Error> {
                 local: c.local.to_string(),
                 peer: c.peer.to_string(),
                 bytes: c.bytes,
+                path: c.path.clone(),
             })
             .collect(),
+        egress,
         path_failures: flow.failures,
         reconnects: flow.reconnects,
         resent_bytes: flow.resent,
@@ -469,6 +523,34 @@ pub fn run(cfg: &SendConfig, stop: &AtomicBool) -> Result<MpcatReport, Error> {
         connections: ConnCounts::default(),
         failure,
     })
+}
+
+/// How the egress reads in the report: `ecmp: eth1 eth2`, `bond bond0 (layer3+4): eth0 eth1`.
+fn describe(e: &Egress) -> String {
+    match e {
+        Egress::Single { dev } => format!("one link: {dev}"),
+        Egress::Ecmp { devs } => format!("ecmp: {}", devs.join(" ")),
+        Egress::Bond { bond, slaves } => {
+            format!("bond {bond} (layer3+4): {}", slaves.join(" "))
+        }
+    }
+}
+
+/// A free source address (the route's source, a kernel-chosen port) whose connection to
+/// `to` leaves by member `want`; None if 4096 tries found none (the member is then left
+/// to chance).
+fn pick_source(p: &Paths, to: SocketAddr, want: usize) -> Option<(SocketAddr, usize)> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    for _ in 0..4096 {
+        let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP)).ok()?;
+        s.bind(&SocketAddr::new(p.src, 0).into()).ok()?;
+        let local = s.local_addr().ok()?.as_socket()?;
+        if p.member_of(local, to).ok()? == want {
+            // Closed here and bound again by connect (SO_REUSEADDR): the port is free.
+            return Some((local, want));
+        }
+    }
+    None
 }
 
 pub(crate) fn hex(b: &[u8]) -> String {
@@ -529,12 +611,12 @@ fn reconnect(ctx: &Ctx<'_>, conns: &mut [Conn]) {
             connect_timeout: ctx.cfg.connect_timeout.min(ctx.cfg.path_timeout),
             ..ctx.cfg.clone()
         };
-        let (addr, from, token) = (ctx.addr, c.local, ctx.token);
+        let (addr, from, token, n) = (ctx.addr, c.local, ctx.token, ctx.n_streams);
         let (tx, waker) = (ctx.conn_tx.clone(), Arc::clone(&ctx.waker));
         let spawned = std::thread::Builder::new()
             .name("mpcat-reconnect".into())
             .spawn(move || {
-                let r = connect(&cfg, &[addr], Some(from), token, i as u16);
+                let r = connect(&cfg, n, &[addr], Some(from), token, i as u16);
                 let _ = tx.send((i, r));
                 let _ = waker.wake();
             });

@@ -34,9 +34,17 @@ pub struct Args {
     #[arg(value_name = "PORT", requires = "host")]
     pub dest_port: Option<u16>,
 
-    /// Connections to stripe the stream over (sending side), 1 to 256.
-    #[arg(short = 'n', long = "streams", value_name = "N", default_value_t = tcpkit_mpcat::DEFAULT_STREAMS, conflicts_with = "listen")]
-    pub streams: u16,
+    /// Connections to stripe the stream over (sending side), 1 to 256. Default: one per
+    /// member of the way out toward the receiver (each nexthop of an ECMP route, each slave
+    /// of a layer3+4 bond; 1 on a plain route). Either way each connection's source port is
+    /// chosen so that the connections spread evenly over the members.
+    #[arg(
+        short = 'n',
+        long = "streams",
+        value_name = "N",
+        conflicts_with = "listen"
+    )]
+    pub streams: Option<u16>,
 
     /// Read the stream from FILE instead of stdin (sending side).
     #[arg(short = 'i', long, value_name = "FILE", conflicts_with = "listen")]
@@ -143,10 +151,9 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
     if port == 0 {
         return Err(usage("PORT 0: give a port from 1 to 65535"));
     }
-    if !(1..=frame::MAX_STREAMS).contains(&a.streams) {
+    if let Some(n) = a.streams.filter(|n| !(1..=frame::MAX_STREAMS).contains(n)) {
         return Err(usage(format!(
-            "-n {}: must be 1 to {}",
-            a.streams,
+            "-n {n}: must be 1 to {}",
             frame::MAX_STREAMS
         )));
     }
@@ -188,7 +195,13 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let runtime = |e: tcpkit_mpcat::Error| Failure::Runtime(crate::chain(&e));
     match side {
         Side::Send(cfg) => {
-            let report = tcpkit_mpcat::send::run(&cfg, interrupt).map_err(runtime)?;
+            let quiet = out.quiet;
+            let hint = move |m: &str| {
+                if !quiet {
+                    eprintln!("tcpkit mpcat: {m}");
+                }
+            };
+            let report = tcpkit_mpcat::send::run(&cfg, interrupt, &hint).map_err(runtime)?;
             common::finish(&report, &out)
         }
         Side::Receive(cfg) => {
@@ -259,7 +272,7 @@ mod tests {
             panic!()
         };
         assert_eq!(c.peer, vec!["127.0.0.1:31337".parse().unwrap()]);
-        assert_eq!((c.streams, c.chunk), (4, 256 << 10));
+        assert_eq!((c.streams, c.chunk), (None, 256 << 10));
         assert_eq!(c.input, Input::Stdin);
         assert_eq!(c.connect_timeout, Duration::from_secs(5));
         let Side::Send(c) = parse(&[
@@ -280,7 +293,7 @@ mod tests {
             panic!()
         };
         assert_eq!(c.address, "[::1]:9");
-        assert_eq!((c.streams, c.chunk), (8, 64 << 10));
+        assert_eq!((c.streams, c.chunk), (Some(8), 64 << 10));
         assert_eq!(c.input, Input::File("image.raw".into()));
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.path_timeout, Duration::from_millis(1500));
@@ -288,7 +301,7 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!((c.streams, c.address.as_str()), (2, "[::1]:9"));
+        assert_eq!((c.streams, c.address.as_str()), (Some(2), "[::1]:9"));
     }
 
     #[test]
