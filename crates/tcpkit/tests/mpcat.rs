@@ -399,3 +399,162 @@ fn mpcat_survives_a_link_going_down_and_resumes_on_it() {
         assert!(s["bytes"].as_u64().unwrap() > 0, "{s}");
     }
 }
+
+/// Issue 12, strangers on the session's port while it runs: a Hello with another token is
+/// refused with the reason, junk bytes are closed, idle connections are closed at the 5 s
+/// handshake deadline; each is counted, and the session completes identical.
+#[test]
+fn mpcat_refuses_strangers_while_the_session_goes_on() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use tcpkit_mpcat::frame::{Frame, VERSION};
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcstr", 2, Some(shaped(20))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    // 40 Mbit/s in all: about 8 s, past the strangers' 5 s deadline.
+    const SIZE: u64 = 40 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--json"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Once the session has begun.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&output).map_or(0, |m| m.len()) == 0 {
+        assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
+    const IDLE: usize = 50;
+    let (reason, junk_closed, idle) = a.enter(|| {
+        let mut s = TcpStream::connect(to).unwrap();
+        let mut buf = Vec::new();
+        Frame::Hello {
+            version: VERSION,
+            token: [7; 16],
+            stream: 0,
+            streams: 2,
+            chunk: 262_144,
+        }
+        .emit_vec(&mut buf);
+        s.write_all(&buf).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back).unwrap();
+        let reason = match Frame::parse(&back) {
+            Ok((Frame::Refuse { reason }, _)) => reason.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let mut j = TcpStream::connect(to).unwrap();
+        j.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        j.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut sink = Vec::new();
+        let junk_closed = j.read_to_end(&mut sink).is_ok();
+        let idle: Vec<TcpStream> = (0..IDLE).map(|_| TcpStream::connect(to).unwrap()).collect();
+        (reason, junk_closed, idle)
+    });
+    assert_eq!(reason, "not this session's token");
+    assert!(junk_closed);
+    let st = wait(&tx, 25);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    drop(idle);
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&rx);
+    let c = &j["connections"];
+    assert_eq!(c["wrong_token"], 1, "{j}");
+    assert_eq!(c["bad_handshake"], 1, "{j}");
+    assert_eq!(c["handshake_timeout"], IDLE as u64, "{j}");
+    assert_eq!(j["verified"], true);
+}
+
+/// Issue 12, IPv6: the same striping over the lab's IPv6 ECMP route (fd00:19::/128 over
+/// 4 links), one stream per nexthop.
+#[test]
+fn mpcat_stripes_over_ipv6() {
+    let (mut lab, a, b, links) =
+        Lab::multipath("mpc6", 4, Some(shaped(100))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 32 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let before = tx_bytes(&a, &links);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                tcpkit_lab::MULTIPATH_B6,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 25);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&tx);
+    assert_eq!(
+        j["address"],
+        format!("[{}]:{port}", tcpkit_lab::MULTIPATH_B6)
+    );
+    assert_eq!(j["streams"].as_array().unwrap().len(), 4, "{j}");
+    let after = tx_bytes(&a, &links);
+    for (i, l) in links.iter().enumerate() {
+        let sent = after[i] - before[i];
+        assert!(
+            sent > SIZE / 5,
+            "{} carried {sent} of {SIZE} bytes",
+            l.a.name
+        );
+    }
+    // The receiver's summary went to stderr with the IPv6 peers named.
+    assert!(
+        rx.log()
+            .contains(&format!("[{}]:", tcpkit_lab::MULTIPATH_A6)),
+        "{}",
+        rx.log()
+    );
+}
