@@ -75,6 +75,81 @@ impl Error {
     }
 }
 
+/// What the live view (`--stats`, the progress line) reads while a side runs: relaxed
+/// stores from the event loop, loads from the monitor's thread.
+#[derive(Debug)]
+pub struct Live {
+    /// Stream bytes done (acknowledged on the sending side, written on the receiving side).
+    pub bytes: std::sync::atomic::AtomicU64,
+    /// The stream's length when known beforehand (-i FILE), else 0.
+    pub total: std::sync::atomic::AtomicU64,
+    /// Streams of the session so far.
+    pub streams: std::sync::atomic::AtomicU64,
+    /// Payload bytes each stream carried.
+    pub per_stream: Vec<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for Live {
+    fn default() -> Live {
+        Live {
+            bytes: Default::default(),
+            total: Default::default(),
+            streams: Default::default(),
+            per_stream: (0..frame::MAX_STREAMS)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+        }
+    }
+}
+
+impl Live {
+    pub(crate) fn set_stream(&self, i: usize, bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(s) = self.per_stream.get(i) {
+            s.store(bytes, Relaxed);
+            self.streams.fetch_max(i as u64 + 1, Relaxed);
+        }
+    }
+
+    /// A live line's text: bytes, the rate since `prev` (`(elapsed, bytes, per-stream
+    /// bytes)` of the previous line, updated), each stream's rate, and percent and ETA when
+    /// the length is known.
+    pub fn line(&self, elapsed: Duration, prev: &mut (Duration, u64, Vec<u64>)) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let bytes = self.bytes.load(Relaxed);
+        let n = self.streams.load(Relaxed) as usize;
+        let per: Vec<u64> = self.per_stream[..n]
+            .iter()
+            .map(|a| a.load(Relaxed))
+            .collect();
+        let dt = elapsed.saturating_sub(prev.0).as_secs_f64();
+        let mib = |b: u64| b as f64 / 1048576.0;
+        let rate = |now: u64, then: u64| {
+            if dt > 0.0 {
+                mib(now.saturating_sub(then)) / dt
+            } else {
+                0.0
+            }
+        };
+        let mut s = format!("{:.1} MiB  {:.2} MiB/s", mib(bytes), rate(bytes, prev.1));
+        if n > 0 {
+            s.push_str("  streams");
+            for (k, b) in per.iter().enumerate() {
+                let then = prev.2.get(k).copied().unwrap_or(0);
+                s.push_str(&format!(" {:.1}", rate(*b, then)));
+            }
+            s.push_str(" MiB/s");
+        }
+        s.push_str(&tcpkit_stats::percent_eta(
+            bytes,
+            self.total.load(Relaxed),
+            elapsed,
+        ));
+        *prev = (elapsed, bytes, per);
+        s
+    }
+}
+
 /// A connection gives up after `path_timeout` of data unacknowledged (TCP_USER_TIMEOUT), and
 /// an idle one is probed from then on (keepalive every second, 3 probes), so a dead path is
 /// noticed on both sides even when nothing is being sent.

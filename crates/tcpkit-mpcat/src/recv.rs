@@ -25,7 +25,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, MAX_STREAMS, MIN_CHUNK};
 use crate::reorder::Reorder;
 use crate::send::hex;
-use crate::{ConnCounts, Error, MpcatReport, Output, PathFailure, Role, StreamReport};
+use crate::{ConnCounts, Error, Live, MpcatReport, Output, PathFailure, Role, StreamReport};
 
 /// How the receiving side runs.
 #[derive(Debug, Clone)]
@@ -177,6 +177,7 @@ pub fn run(
     cfg: &RecvConfig,
     mut listener: Listener,
     stop: &AtomicBool,
+    live: &Live,
 ) -> Result<MpcatReport, Error> {
     let mut sink = open_output(&cfg.output)?;
     let mut poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
@@ -196,7 +197,9 @@ pub fn run(
         reconnects: 0,
         none_since: None,
     };
-    let failure = rx.event_loop(&mut poll, &listener, &mut sink, stop).err();
+    let failure = rx
+        .event_loop(&mut poll, &listener, &mut sink, stop, live)
+        .err();
     let started = rx.started.unwrap_or_else(Instant::now);
     let secs = started.elapsed().as_secs_f64();
     let mut streams = std::mem::take(&mut rx.finished);
@@ -277,6 +280,7 @@ impl Receiver<'_> {
         listener: &Listener,
         sink: &mut Sink,
         stop: &AtomicBool,
+        live: &Live,
     ) -> Result<(), String> {
         let mut events = Events::with_capacity(512);
         loop {
@@ -304,6 +308,11 @@ impl Receiver<'_> {
                 let t = ev.token();
                 if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                     self.read(poll, t)?;
+                    if let Some(State::Stream { index, bytes, .. }) =
+                        self.conns.get(&t).map(|c| &c.state)
+                    {
+                        live.set_stream(usize::from(*index), *bytes);
+                    }
                 }
                 if ev.is_writable() {
                     if let Some(c) = self.conns.get_mut(&t) {
@@ -319,6 +328,12 @@ impl Receiver<'_> {
             self.expire(poll, now);
             self.check_paths(now)?;
             self.write_out(poll, sink)?;
+            if let Some(s) = &self.session {
+                live.bytes.store(s.reorder.written(), Ordering::Relaxed);
+                if let Some((total, _)) = s.end {
+                    live.total.store(total, Ordering::Relaxed);
+                }
+            }
             if self.finish(poll, sink)? {
                 return Ok(());
             }
@@ -740,7 +755,10 @@ impl Receiver<'_> {
         }
         let written = s.reorder.written();
         let complete = s.end.is_some_and(|e| e.0 == written);
-        if written - s.last_ack >= self.cfg.window / 8 || (complete && written > s.last_ack) {
+        // Every MiB (or eighth of a small window): credit returns soon, and the sender's live
+        // line and its acknowledged count move smoothly. Acks are a few bytes per stream.
+        let every = (self.cfg.window / 8).min(1 << 20);
+        if written - s.last_ack >= every || (complete && written > s.last_ack) {
             s.last_ack = written;
             let ack = Frame::Ack {
                 acked: written,

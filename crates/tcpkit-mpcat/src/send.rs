@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Waker};
 
 use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, VERSION};
+use tcpkit_pace::TokenBucket;
+
 use crate::paths::{Egress, Paths};
-use crate::{ConnCounts, Error, Input, MpcatReport, PathFailure, Role, StreamReport};
+use crate::{ConnCounts, Error, Input, Live, MpcatReport, PathFailure, Role, StreamReport};
 
 /// How the sending side runs.
 #[derive(Debug, Clone)]
@@ -37,6 +39,8 @@ pub struct SendConfig {
     /// same path) until the path answers again. With no connection left for this long, the
     /// session fails.
     pub path_timeout: Duration,
+    /// Most stream bytes per second (--rate-limit), over all connections together.
+    pub rate_limit: Option<u64>,
 }
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
@@ -310,6 +314,10 @@ struct Flow {
     resent: u64,
     /// Since when no connection has been up.
     none_since: Option<Instant>,
+    /// --rate-limit: stream bytes as tokens.
+    bucket: Option<TokenBucket>,
+    /// How long until the bucket holds the next chunk, when it held too few.
+    pace_wait: Option<Duration>,
 }
 
 impl Flow {
@@ -353,8 +361,19 @@ fn register(poll: &Poll, s: TcpStream, i: usize) -> Result<mio::net::TcpStream, 
 }
 
 /// Runs the sending side until the receiver's verdict, a failure, or `stop`.
-pub fn run(cfg: &SendConfig, stop: &AtomicBool, hint: &dyn Fn(&str)) -> Result<MpcatReport, Error> {
+pub fn run(
+    cfg: &SendConfig,
+    stop: &AtomicBool,
+    live: &Live,
+    hint: &dyn Fn(&str),
+) -> Result<MpcatReport, Error> {
     let input = open_input(&cfg.input)?;
+    if let Input::File(p) = &cfg.input {
+        // A regular file's length gives the live line its percent and ETA.
+        if let Some(m) = std::fs::metadata(p).ok().filter(|m| m.is_file()) {
+            live.total.store(m.len(), Ordering::Relaxed);
+        }
+    }
     let token = crate::random_token()?;
     let chunk = cfg.chunk as usize;
     assert!(
@@ -464,6 +483,12 @@ pub fn run(cfg: &SendConfig, stop: &AtomicBool, hint: &dyn Fn(&str)) -> Result<M
         reconnects: 0,
         resent: 0,
         none_since: None,
+        // A burst of two chunks: enough to keep every connection fed between polls, small
+        // enough that a second's rate stays within a few percent of the limit.
+        bucket: cfg
+            .rate_limit
+            .map(|r| TokenBucket::new(r as f64, (2 * cfg.chunk).max(1))),
+        pace_wait: None,
     };
     let (conn_tx, conn_rx) = mpsc::channel();
     let ctx = Ctx {
@@ -474,7 +499,10 @@ pub fn run(cfg: &SendConfig, stop: &AtomicBool, hint: &dyn Fn(&str)) -> Result<M
         waker: Arc::clone(&waker),
         conn_tx,
     };
-    let failure = event_loop(&mut poll, &ctx, &mut conns, &mut flow, &rx, &conn_rx, stop).err();
+    let failure = event_loop(
+        &mut poll, &ctx, &mut conns, &mut flow, &rx, &conn_rx, stop, live,
+    )
+    .err();
     reader_stop.store(true, Ordering::Relaxed);
     drop(rx);
     let _ = rthread.join();
@@ -627,6 +655,10 @@ fn reconnect(ctx: &Ctx<'_>, conns: &mut [Conn]) {
     }
 }
 
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's parts, each borrowed differently"
+)]
 fn event_loop(
     poll: &mut Poll,
     ctx: &Ctx<'_>,
@@ -635,6 +667,7 @@ fn event_loop(
     rx: &Receiver<FromReader>,
     conn_rx: &Receiver<Reconnected>,
     stop: &AtomicBool,
+    live: &Live,
 ) -> Result<(), String> {
     let mut events = Events::with_capacity(256);
     let mut rr = 0usize;
@@ -699,6 +732,10 @@ fn event_loop(
             reconnect(ctx, conns);
         }
         fill(poll, conns, flow, &mut rr);
+        live.bytes.store(flow.acked, Ordering::Relaxed);
+        for (i, c) in conns.iter().enumerate() {
+            live.set_stream(i, c.bytes);
+        }
         if let Some((total, ok)) = flow.done {
             if !ok {
                 return Err(
@@ -713,7 +750,13 @@ fn event_loop(
                 )),
             };
         }
-        match poll.poll(&mut events, Some(Duration::from_millis(100))) {
+        let wait = flow
+            .pace_wait
+            .take()
+            .map_or(Duration::from_millis(100), |w| {
+                w.clamp(Duration::from_millis(1), Duration::from_millis(100))
+            });
+        match poll.poll(&mut events, Some(wait)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("epoll_wait: {e}")),
@@ -856,7 +899,15 @@ fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
                     continue;
                 }
             }
-            let fits = flow.unsent.front().is_some_and(|ch| ch.end() <= flow.limit);
+            let mut fits = flow.unsent.front().is_some_and(|ch| ch.end() <= flow.limit);
+            if let (true, Some(b), Some(ch)) = (fits, flow.bucket.as_mut(), flow.unsent.front()) {
+                let now = flow.start.elapsed().as_nanos() as u64;
+                let len = ch.buf.len() as u64;
+                if !b.try_take(now, len) {
+                    flow.pace_wait = Some(Duration::from_nanos(b.time_until(now, len)));
+                    fits = false;
+                }
+            }
             if fits {
                 let Some(mut ch) = flow.unsent.pop_front() else {
                     continue;

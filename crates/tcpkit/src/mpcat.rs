@@ -4,13 +4,14 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use tcpkit_mpcat::recv::RecvConfig;
 use tcpkit_mpcat::send::SendConfig;
-use tcpkit_mpcat::{frame, Input, Output};
-use tcpkit_stats::{Report, Verdict};
+use tcpkit_mpcat::{frame, Input, Live, Output};
+use tcpkit_stats::{Monitor, MonitorOptions, Report, Verdict};
 
 use crate::common::{self, OutputFlags};
 use crate::Failure;
@@ -73,6 +74,17 @@ pub struct Args {
     /// path) until the path answers. With no connection left for this long, both sides fail.
     #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "5s")]
     pub path_timeout: Duration,
+
+    /// At most this many stream bytes per second over all connections together (300M =
+    /// 300 MiB/s; sending side).
+    #[arg(long, value_name = "RATE", value_parser = common::size_arg, conflicts_with = "listen")]
+    pub rate_limit: Option<u64>,
+
+    /// A live line on stderr every DURATION (2, 2s, 500ms), elapsed time first: bytes, rate,
+    /// each stream's rate, and percent and ETA when the length is known. On a terminal a
+    /// progress line is drawn on stderr without it (not with --quiet or --json).
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg)]
+    pub stats: Option<Duration>,
 
     /// Print the report as one JSON document (schema docs/schema/mpcat.schema.json) on
     /// stdout; the receiving side needs -o FILE then, since stdout carries the stream.
@@ -151,6 +163,9 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
     if port == 0 {
         return Err(usage("PORT 0: give a port from 1 to 65535"));
     }
+    if a.rate_limit == Some(0) {
+        return Err(usage("--rate-limit 0: give a rate above 0 (e.g. 300M)"));
+    }
     if let Some(n) = a.streams.filter(|n| !(1..=frame::MAX_STREAMS).contains(n)) {
         return Err(usage(format!(
             "-n {n}: must be 1 to {}",
@@ -183,6 +198,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         input: a.input.clone().map_or(Input::Stdin, Input::File),
         connect_timeout: a.connect_timeout,
         path_timeout: a.path_timeout,
+        rate_limit: a.rate_limit,
     }))
 }
 
@@ -192,6 +208,30 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         json: args.json,
         quiet: args.quiet,
     };
+    let live = Arc::new(Live::default());
+    let mut monitor = {
+        let live = Arc::clone(&live);
+        let mut prev = (Duration::ZERO, 0, Vec::new());
+        Monitor::start(
+            MonitorOptions {
+                stats_every: args.stats.filter(|d| !d.is_zero()),
+                progress: out.progress(),
+            },
+            move |elapsed| live.line(elapsed, &mut prev),
+        )
+    };
+    let result = run_side(side, &out, interrupt, &live);
+    monitor.stop();
+    result
+}
+
+fn run_side(
+    side: Side,
+    out: &OutputFlags,
+    interrupt: &'static AtomicBool,
+    live: &Live,
+) -> Result<(), Failure> {
+    let out = out.clone();
     let runtime = |e: tcpkit_mpcat::Error| Failure::Runtime(crate::chain(&e));
     match side {
         Side::Send(cfg) => {
@@ -201,12 +241,13 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
                     eprintln!("tcpkit mpcat: {m}");
                 }
             };
-            let report = tcpkit_mpcat::send::run(&cfg, interrupt, &hint).map_err(runtime)?;
+            let report = tcpkit_mpcat::send::run(&cfg, interrupt, live, &hint).map_err(runtime)?;
             common::finish(&report, &out)
         }
         Side::Receive(cfg) => {
             let listener = tcpkit_mpcat::recv::bind(cfg.listen).map_err(runtime)?;
-            let report = tcpkit_mpcat::recv::run(&cfg, listener, interrupt).map_err(runtime)?;
+            let report =
+                tcpkit_mpcat::recv::run(&cfg, listener, interrupt, live).map_err(runtime)?;
             if cfg.output == Output::Stdout {
                 // stdout carries the stream: the summary goes to stderr.
                 if !out.quiet {
@@ -286,6 +327,10 @@ mod tests {
             "2s",
             "--path-timeout",
             "1500ms",
+            "--rate-limit",
+            "300M",
+            "--stats",
+            "2",
             "::1",
             "9",
         ])
@@ -297,6 +342,7 @@ mod tests {
         assert_eq!(c.input, Input::File("image.raw".into()));
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.path_timeout, Duration::from_millis(1500));
+        assert_eq!(c.rate_limit, Some(300 << 20));
         let Side::Send(c) = parse(&["--streams", "2", "--input", "x", "[::1]", "9"]).unwrap()
         else {
             panic!()
@@ -326,5 +372,9 @@ mod tests {
         assert!(e(&["-l", "-p", "1", "127.0.0.1", "1"]).contains("cannot be used"));
         assert!(e(&["--connect-timeout", "soon", "h", "1"]).contains("--connect-timeout"));
         assert!(e(&["--path-timeout", "500ms", "h", "1"]).contains("--path-timeout 500ms"));
+        assert!(e(&["--rate-limit", "0", "h", "1"]).contains("--rate-limit 0"));
+        assert!(e(&["--rate-limit", "fast", "h", "1"]).contains("--rate-limit"));
+        assert!(e(&["-l", "-p", "1", "--rate-limit", "1M"]).contains("--rate-limit"));
+        assert!(e(&["--stats", "often", "h", "1"]).contains("--stats"));
     }
 }

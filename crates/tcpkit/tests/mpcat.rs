@@ -558,3 +558,67 @@ fn mpcat_stripes_over_ipv6() {
         rx.log()
     );
 }
+
+/// Issue 12, --rate-limit and --stats: 16 MiB at 4 MiB/s over two unshaped links takes about
+/// 4 s (the rate within 10 %), and --stats prints a line a second on stderr, beside --json.
+#[test]
+fn mpcat_rate_limit_holds_and_stats_lines_show_it() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcrate", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 16 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--quiet"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "--rate-limit",
+                "4M",
+                "--stats",
+                "1s",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 20);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&tx);
+    let rate = j["bytes_per_second"].as_f64().unwrap() / 1048576.0;
+    assert!(
+        (3.6..=4.4).contains(&rate),
+        "{rate:.2} MiB/s for --rate-limit 4M"
+    );
+    let log = tx.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains("MiB/s"))
+        .collect();
+    assert!(lines.len() >= 3, "{} stats lines:\n{log}", lines.len());
+    assert!(
+        lines[0].contains('%') && lines[0].contains("streams"),
+        "{}",
+        lines[0]
+    );
+}
