@@ -323,7 +323,7 @@ impl Receiver<'_> {
                 }
             }
             if accept {
-                self.accept(poll, listener);
+                self.accept(poll, listener)?;
             }
             self.expire(poll, now);
             self.check_paths(now)?;
@@ -340,7 +340,7 @@ impl Receiver<'_> {
         }
     }
 
-    fn accept(&mut self, poll: &mut Poll, listener: &Listener) {
+    fn accept(&mut self, poll: &mut Poll, listener: &Listener) -> Result<(), String> {
         self.paused_until = None;
         loop {
             match listener.sock.accept() {
@@ -383,9 +383,9 @@ impl Receiver<'_> {
                         },
                     );
                     // Bytes may have come with the connection: edge-triggered, so look now.
-                    let _ = self.read(poll, t);
+                    self.read(poll, t)?;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     self.counts.accept_errors += 1;
@@ -395,7 +395,7 @@ impl Receiver<'_> {
                     ) {
                         // Out of descriptors or memory: the queue waits; try again soon.
                         self.paused_until = Some(Instant::now() + ACCEPT_PAUSE);
-                        return;
+                        return Ok(());
                     }
                 }
             }
@@ -492,9 +492,10 @@ impl Receiver<'_> {
             return Ok(());
         };
         if matches!(c.state, State::Pending { .. }) {
-            self.read_hello(poll, t);
-            return Ok(());
+            return self.read_hello(poll, t);
         }
+        // Bytes that came with the Hello are parsed before anything is read.
+        let mut first = true;
         loop {
             let Some(c) = self.conns.get_mut(&t) else {
                 return Ok(());
@@ -508,12 +509,16 @@ impl Receiver<'_> {
             else {
                 return Ok(());
             };
-            let n = match c.sock.read(&mut inbuf[*in_len..]) {
-                Ok(0) => return self.lost(poll, t, "closed"),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return self.lost(poll, t, &format!("failed ({e})")),
+            let n = if std::mem::take(&mut first) && *in_len > 0 {
+                0
+            } else {
+                match c.sock.read(&mut inbuf[*in_len..]) {
+                    Ok(0) => return self.lost(poll, t, "closed"),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return self.lost(poll, t, &format!("failed ({e})")),
+                }
             };
             *in_len += n;
             let Some(s) = self.session.as_mut() else {
@@ -578,19 +583,19 @@ impl Receiver<'_> {
     }
 
     /// Reads a pending connection's Hello; accepts it into the session or refuses it.
-    fn read_hello(&mut self, poll: &mut Poll, t: Token) {
+    fn read_hello(&mut self, poll: &mut Poll, t: Token) -> Result<(), String> {
         let Some(c) = self.conns.get_mut(&t) else {
-            return;
+            return Ok(());
         };
         let State::Pending { buf, len, .. } = &mut c.state else {
-            return;
+            return Ok(());
         };
         loop {
             match c.sock.read(&mut buf[*len..]) {
                 Ok(0) => {
                     self.counts.bad_handshake += 1;
                     self.drop_conn(poll, t);
-                    return;
+                    return Ok(());
                 }
                 Ok(n) => *len += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -598,7 +603,7 @@ impl Receiver<'_> {
                 Err(_) => {
                     self.counts.bad_handshake += 1;
                     self.drop_conn(poll, t);
-                    return;
+                    return Ok(());
                 }
             }
             if *len == buf.len() {
@@ -606,7 +611,7 @@ impl Receiver<'_> {
             }
         }
         let hello = match Frame::parse(&buf[..*len]) {
-            Err(FrameError::Truncated { .. }) if *len < buf.len() => return,
+            Err(FrameError::Truncated { .. }) if *len < buf.len() => return Ok(()),
             Ok((
                 Frame::Hello {
                     version,
@@ -616,14 +621,21 @@ impl Receiver<'_> {
                     chunk,
                 },
                 used,
-            )) if used == *len => (version, token, stream, streams, chunk),
+            )) => {
+                // Bytes after the Hello (a sender that did not wait for the Welcome) are
+                // the stream's first: kept for it.
+                let mut rest = [0u8; PENDING_BUF];
+                let n = *len - used;
+                rest[..n].copy_from_slice(&buf[used..*len]);
+                (version, token, stream, streams, chunk, rest, n)
+            }
             _ => {
                 self.counts.bad_handshake += 1;
                 self.refuse(poll, t, "not an mpcat hello");
-                return;
+                return Ok(());
             }
         };
-        let (version, token, stream, streams, chunk) = hello;
+        let (version, token, stream, streams, chunk, rest, rest_len) = hello;
         if version != frame::VERSION {
             self.counts.bad_handshake += 1;
             let why = format!(
@@ -631,7 +643,7 @@ impl Receiver<'_> {
                 frame::VERSION
             );
             self.refuse(poll, t, &why);
-            return;
+            return Ok(());
         }
         match &mut self.session {
             None => {
@@ -645,7 +657,7 @@ impl Receiver<'_> {
                         t,
                         "stream count, stream index or chunk size out of range",
                     );
-                    return;
+                    return Ok(());
                 }
                 let window = self.cfg.window as usize;
                 // Chunks are full-sized but the last; twice the chunks a window holds is
@@ -673,7 +685,7 @@ impl Receiver<'_> {
                 if s.token != token || s.verdict.is_some() {
                     self.counts.wrong_token += 1;
                     self.refuse(poll, t, "not this session's token");
-                    return;
+                    return Ok(());
                 }
                 let k = usize::from(stream);
                 if k >= s.joined.len() || streams != s.streams || chunk != s.chunk {
@@ -683,7 +695,7 @@ impl Receiver<'_> {
                         t,
                         "stream index out of range, or another stream count or chunk size",
                     );
-                    return;
+                    return Ok(());
                 }
                 // The session's own token for a stream already joined: its sender saw that
                 // connection fail before this side did. The new one takes its place.
@@ -701,16 +713,18 @@ impl Receiver<'_> {
             }
         }
         let Some(c) = self.conns.get_mut(&t) else {
-            return;
+            return Ok(());
         };
         let chunk = chunk as usize;
         // Best effort: a socket without these still works, only a dead path is noticed
         // later (when the sender gives up on it).
         let _ = crate::set_path_timeout(&c.sock, self.cfg.path_timeout);
+        let mut inbuf = vec![0; DATA_HDR + chunk + (64 << 10)];
+        inbuf[..rest_len].copy_from_slice(&rest[..rest_len]);
         c.state = State::Stream {
             index: stream,
-            inbuf: vec![0; DATA_HDR + chunk + (64 << 10)],
-            in_len: 0,
+            inbuf,
+            in_len: rest_len,
             bytes: 0,
         };
         Frame::Welcome {
@@ -719,8 +733,11 @@ impl Receiver<'_> {
         }
         .emit_vec(&mut c.out);
         if let Err(e) = flush(c) {
-            let _ = self.lost(poll, t, &e);
+            return self.lost(poll, t, &e);
         }
+        // What came with the Hello, and what is still in the socket: edge-triggered, no
+        // new event would say so.
+        self.read(poll, t)
     }
 
     /// Tells a connection why it is refused (best effort) and closes it.

@@ -622,3 +622,150 @@ fn mpcat_rate_limit_holds_and_stats_lines_show_it() {
         lines[0]
     );
 }
+
+/// Issue 12, corruption: a sender (played by the test, speaking the wire format) whose
+/// bytes do not match the hash in its end frame. The receiver writes them, finds the hash
+/// wrong, tells the sender (done, not verified) and exits 1; never 0.
+#[test]
+fn mpcat_receiver_fails_on_a_hash_mismatch() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use tcpkit_mpcat::frame::{Frame, VERSION};
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpchash", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let output = lab.dir().join("out.bin");
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "--json",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
+    let verdict = a.enter(|| {
+        let mut s = TcpStream::connect(to).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        Frame::Hello {
+            version: VERSION,
+            token: [9; 16],
+            stream: 0,
+            streams: 1,
+            chunk: 4096,
+        }
+        .emit_vec(&mut buf);
+        let data = vec![0x5a; 10_000];
+        for (k, piece) in data.chunks(4096).enumerate() {
+            Frame::Data {
+                seq: (k * 4096) as u64,
+                payload: piece,
+            }
+            .emit_vec(&mut buf);
+        }
+        // The hash of other bytes.
+        let hash = *blake3::hash(b"something else").as_bytes();
+        Frame::End {
+            total: data.len() as u64,
+            hash,
+        }
+        .emit_vec(&mut buf);
+        s.write_all(&buf).unwrap();
+        let mut back = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match s.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => back.extend_from_slice(&chunk[..n]),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let mut at = 0;
+        let mut verdict = None;
+        while let Ok((f, n)) = Frame::parse(&back[at..]) {
+            if let Frame::Done { total, ok } = f {
+                verdict = Some((total, ok));
+            }
+            at += n;
+        }
+        verdict
+    });
+    assert_eq!(verdict, Some((10_000, false)));
+    let st = wait(&rx, 5);
+    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
+    let log = rx.log();
+    assert!(
+        log.lines()
+            .last()
+            .unwrap_or_default()
+            .contains("hash does not match"),
+        "{log}"
+    );
+    let j = json_of(&rx);
+    assert_eq!(j["verified"], false);
+    assert_eq!(j["bytes"], 10_000);
+}
+
+/// Issue 12, stdout closed early: the receiver writing into `head -c 1000` gets EPIPE and
+/// exits 1 naming stdout; the sender, its receiver gone, fails once no path is left.
+#[test]
+fn mpcat_stdout_closed_early_fails_both_sides() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcpipe", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let input = lab.dir().join("in.bin");
+    random_file(&input, 32 << 20);
+    let port = port();
+    let script = format!(
+        "{} mpcat -l -p {port} --path-timeout 2s | head -c 1000 > /dev/null; echo \"status ${{PIPESTATUS[0]}}\"",
+        tcpkit()
+    );
+    let rx = b
+        .spawn(&mut lab, "rx", &["bash", "-c", &script])
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "--path-timeout",
+                "2s",
+                "-i",
+                input.to_str().unwrap(),
+                MULTIPATH_B4,
+                &port.to_string(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait(&rx, 10);
+    let log = rx.log();
+    assert!(log.contains("status 1"), "{log}");
+    assert!(
+        log.contains("tcpkit mpcat: write stdout: Broken pipe"),
+        "{log}"
+    );
+    let st = wait(&tx, 15);
+    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
+    let tlog = tx.log();
+    assert!(
+        tlog.lines()
+            .last()
+            .unwrap_or_default()
+            .starts_with("tcpkit mpcat: "),
+        "{tlog}"
+    );
+}
