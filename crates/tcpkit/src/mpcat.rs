@@ -32,6 +32,7 @@ pub struct Args {
     #[arg(value_name = "HOST", conflicts_with = "listen")]
     pub host: Option<String>,
 
+    /// The receiver's port (the sending side).
     #[arg(value_name = "PORT", requires = "host")]
     pub dest_port: Option<u16>,
 
