@@ -35,6 +35,8 @@ pub struct RecvConfig {
     pub window: u64,
     pub handshake_timeout: Duration,
     pub max_pending: usize,
+    /// -k: serve session after session until stopped.
+    pub keep: bool,
     /// A stream's connection whose data stays unacknowledged this long has failed; with no
     /// stream connected for this long, the session fails.
     pub path_timeout: Duration,
@@ -171,89 +173,146 @@ fn open_output(o: &Output) -> Result<Sink, Error> {
 }
 
 /// Runs the receiving side on `listener` until one session is complete (or fails), or
-/// `stop`. The output is opened first: a file that cannot be created fails before any
-/// connection is accepted.
+/// `stop`; with `keep`, session after session (each with its own token, written one after
+/// another to the output; `on_session` sees each one's report) until `stop`. The output is
+/// opened first: a file that cannot be created fails before any connection is accepted.
 pub fn run(
     cfg: &RecvConfig,
     mut listener: Listener,
     stop: &AtomicBool,
     live: &Live,
+    on_session: &dyn Fn(&MpcatReport),
 ) -> Result<MpcatReport, Error> {
     let mut sink = open_output(&cfg.output)?;
     let mut poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
     poll.registry()
         .register(&mut listener.sock, LISTENER, Interest::READABLE)
         .map_err(|e| Error::io("epoll_ctl on the listener", e))?;
-    let mut rx = Receiver {
-        cfg,
-        conns: HashMap::new(),
-        next: 1,
-        counts: ConnCounts::default(),
-        session: None,
-        paused_until: None,
-        started: None,
-        finished: Vec::new(),
-        failures: Vec::new(),
-        reconnects: 0,
-        none_since: None,
-    };
-    let failure = rx
-        .event_loop(&mut poll, &listener, &mut sink, stop, live)
-        .err();
-    let started = rx.started.unwrap_or_else(Instant::now);
-    let secs = started.elapsed().as_secs_f64();
-    let mut streams = std::mem::take(&mut rx.finished);
-    for c in rx.conns.values() {
-        if let State::Stream { index, bytes, .. } = c.state {
-            streams.push(StreamReport {
-                index,
-                local: c.local.to_string(),
-                peer: c.peer.to_string(),
-                bytes,
-                path: None,
-            });
+    let mut counts = ConnCounts::default();
+    let (mut began, mut verified) = (0u64, 0u64);
+    let mut last: Option<MpcatReport> = None;
+    loop {
+        let mut rx = Receiver {
+            cfg,
+            conns: HashMap::new(),
+            next: 1,
+            counts,
+            session: None,
+            paused_until: None,
+            started: None,
+            finished: Vec::new(),
+            failures: Vec::new(),
+            reconnects: 0,
+            none_since: None,
+        };
+        let failure = rx
+            .event_loop(&mut poll, &listener, &mut sink, stop, live)
+            .err();
+        counts = rx.counts;
+        let had_session = rx.session.is_some();
+        let mut report = rx.report(failure, &listener);
+        if had_session {
+            began += 1;
+            verified += u64::from(report.verified);
+        }
+        report.sessions = began;
+        report.sessions_verified = verified;
+        if !cfg.keep {
+            return Ok(report);
+        }
+        if had_session && !stop.load(Ordering::Relaxed) {
+            on_session(&report);
+            last = Some(report);
+            // The next session's live line starts from nothing.
+            live.bytes.store(0, Ordering::Relaxed);
+            live.total.store(0, Ordering::Relaxed);
+            continue;
+        }
+        // Stopped: the last session (or this one, cut short) with the run's verdict.
+        let mut r = if had_session {
+            report
+        } else {
+            last.unwrap_or(report)
+        };
+        r.sessions = began;
+        r.sessions_verified = verified;
+        r.connections = counts;
+        r.verified = began > 0 && verified == began;
+        r.failure = match (began, had_session) {
+            (0, _) => Some("stopped before any session began".into()),
+            (_, true) => r.failure.take(),
+            _ if verified < began => Some(format!(
+                "{} of {began} sessions were not verified",
+                began - verified
+            )),
+            _ => None,
+        };
+        return Ok(r);
+    }
+}
+
+impl Receiver<'_> {
+    /// This session's report (`failure`: why its loop ended, if it failed).
+    fn report(&mut self, failure: Option<String>, listener: &Listener) -> MpcatReport {
+        let cfg = self.cfg;
+        let rx = self;
+        let started = rx.started.unwrap_or_else(Instant::now);
+        let secs = started.elapsed().as_secs_f64();
+        let mut streams = std::mem::take(&mut rx.finished);
+        for c in rx.conns.values() {
+            if let State::Stream { index, bytes, .. } = c.state {
+                streams.push(StreamReport {
+                    index,
+                    local: c.local.to_string(),
+                    peer: c.peer.to_string(),
+                    bytes,
+                    path: None,
+                });
+            }
+        }
+        // One line per stream index: a stream that reconnected sums its connections' bytes and
+        // shows its latest connection.
+        streams.sort_by_key(|s| s.index);
+        streams.dedup_by(|later, first| {
+            if later.index != first.index {
+                return false;
+            }
+            first.bytes += later.bytes;
+            first.local = std::mem::take(&mut later.local);
+            first.peer = std::mem::take(&mut later.peer);
+            true
+        });
+        let s = rx.session.as_ref();
+        let written = s.map_or(0, |s| s.reorder.written());
+        let verified = failure.is_none() && s.and_then(|s| s.verdict) == Some(true);
+        let failure = failure.or_else(|| (!verified).then(|| "the stream was not verified".into()));
+        MpcatReport {
+            schema_version: crate::report::SCHEMA_VERSION,
+            role: Role::Receive,
+            address: listener.addr.to_string(),
+            bytes: written,
+            total: s.and_then(|s| s.end.map(|e| e.0)),
+            seconds: secs,
+            bytes_per_second: if secs > 0.0 {
+                written as f64 / secs
+            } else {
+                0.0
+            },
+            chunk_size: s.map_or(0, |s| u64::from(s.chunk)),
+            window: cfg.window,
+            streams,
+            egress: None,
+            path_failures: std::mem::take(&mut rx.failures),
+            reconnects: rx.reconnects,
+            resent_bytes: 0,
+            hash: s.and_then(|s| s.end.map(|(_, h)| format!("blake3:{}", hex(&h)))),
+            verified,
+            connections: rx.counts,
+            sessions: 0,
+            sessions_verified: 0,
+            failure,
         }
     }
-    // One line per stream index: a stream that reconnected sums its connections' bytes and
-    // shows its latest connection.
-    streams.sort_by_key(|s| s.index);
-    streams.dedup_by(|later, first| {
-        if later.index != first.index {
-            return false;
-        }
-        first.bytes += later.bytes;
-        first.local = std::mem::take(&mut later.local);
-        first.peer = std::mem::take(&mut later.peer);
-        true
-    });
-    let s = rx.session.as_ref();
-    let written = s.map_or(0, |s| s.reorder.written());
-    let verified = failure.is_none() && s.and_then(|s| s.verdict) == Some(true);
-    let failure = failure.or_else(|| (!verified).then(|| "the stream was not verified".into()));
-    Ok(MpcatReport {
-        schema_version: crate::report::SCHEMA_VERSION,
-        role: Role::Receive,
-        address: listener.addr.to_string(),
-        bytes: written,
-        total: s.and_then(|s| s.end.map(|e| e.0)),
-        seconds: secs,
-        bytes_per_second: if secs > 0.0 {
-            written as f64 / secs
-        } else {
-            0.0
-        },
-        chunk_size: s.map_or(0, |s| u64::from(s.chunk)),
-        window: cfg.window,
-        streams,
-        egress: None,
-        path_failures: std::mem::take(&mut rx.failures),
-        reconnects: rx.reconnects,
-        resent_bytes: 0,
-        hash: s.and_then(|s| s.end.map(|(_, h)| format!("blake3:{}", hex(&h)))),
-        verified,
-        connections: rx.counts,
-        failure,
-    })
 }
 
 struct Receiver<'c> {

@@ -87,6 +87,10 @@ pub struct MpcatReport {
     /// Every byte arrived and the receiver's hash matched the sender's.
     pub verified: bool,
     pub connections: ConnCounts,
+    /// Sessions that began, and of them those verified (receiving side: more than 1 only
+    /// with -k; the sending side has one).
+    pub sessions: u64,
+    pub sessions_verified: u64,
     /// Why the session failed, if it did.
     pub failure: Option<String>,
 }
@@ -157,6 +161,12 @@ impl Report for MpcatReport {
             (Some(h), false) => s.push_str(&format!("{h}: NOT verified\n")),
             (None, _) => s.push_str("hash: not known (the stream did not end)\n"),
         }
+        if self.role == Role::Receive && self.sessions > 1 {
+            s.push_str(&format!(
+                "sessions: {} verified of {}\n",
+                self.sessions_verified, self.sessions
+            ));
+        }
         if self.role == Role::Receive {
             let c = &self.connections;
             s.push_str(&format!(
@@ -223,6 +233,8 @@ mod tests {
                 wrong_token: 2,
                 ..ConnCounts::default()
             },
+            sessions: 1,
+            sessions_verified: 1,
             failure: None,
         }
     }

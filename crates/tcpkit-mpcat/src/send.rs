@@ -549,6 +549,8 @@ pub fn run(
         hash: flow.end.map(|(_, h)| format!("blake3:{}", hex(&h))),
         verified,
         connections: ConnCounts::default(),
+        sessions: 1,
+        sessions_verified: u64::from(verified),
         failure,
     })
 }

@@ -52,6 +52,12 @@ pub struct Args {
     #[arg(short = 'i', long, value_name = "FILE", conflicts_with = "listen")]
     pub input: Option<PathBuf>,
 
+    /// Keep listening after a session for the next one (each with its own token), writing
+    /// their streams one after another; stop with SIGINT/SIGTERM (exit 0 only when every
+    /// session was verified). Receiving side.
+    #[arg(short = 'k', long = "keep-listening")]
+    pub keep: bool,
+
     /// Write the stream to FILE instead of stdout (receiving side).
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -142,6 +148,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             window,
             handshake_timeout: tcpkit_mpcat::HANDSHAKE_TIMEOUT,
             max_pending: tcpkit_mpcat::MAX_PENDING,
+            keep: a.keep,
             path_timeout: a.path_timeout,
         }));
     }
@@ -151,6 +158,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         (a.port.is_some(), "-p/--port"),
         (a.output.is_some(), "-o/--output"),
         (a.window.is_some(), "--window"),
+        (a.keep, "-k/--keep-listening"),
     ] {
         if given {
             return Err(usage(format!(
@@ -247,8 +255,15 @@ fn run_side(
         }
         Side::Receive(cfg) => {
             let listener = tcpkit_mpcat::recv::bind(cfg.listen).map_err(runtime)?;
+            let quiet = out.quiet;
+            // With -k each session's summary goes to stderr as it ends.
+            let each = move |r: &tcpkit_mpcat::MpcatReport| {
+                if !quiet {
+                    eprint!("{}", r.human());
+                }
+            };
             let report =
-                tcpkit_mpcat::recv::run(&cfg, listener, interrupt, live).map_err(runtime)?;
+                tcpkit_mpcat::recv::run(&cfg, listener, interrupt, live, &each).map_err(runtime)?;
             if cfg.output == Output::Stdout {
                 // stdout carries the stream: the summary goes to stderr.
                 if !out.quiet {
@@ -299,6 +314,7 @@ mod tests {
             "--quiet",
             "--path-timeout",
             "2s",
+            "-k",
         ])
         .unwrap() else {
             panic!()
@@ -306,6 +322,11 @@ mod tests {
         assert_eq!(c.output, Output::File("out.bin".into()));
         assert_eq!(c.window, 8 << 20);
         assert_eq!(c.path_timeout, Duration::from_secs(2));
+        assert!(c.keep);
+        let Side::Receive(c) = parse(&["-l", "-p", "9", "--keep-listening"]).unwrap() else {
+            panic!()
+        };
+        assert!(c.keep);
     }
 
     #[test]
@@ -374,6 +395,7 @@ mod tests {
         assert!(e(&["--connect-timeout", "soon", "h", "1"]).contains("--connect-timeout"));
         assert!(e(&["--path-timeout", "500ms", "h", "1"]).contains("--path-timeout 500ms"));
         assert!(e(&["--rate-limit", "0", "h", "1"]).contains("--rate-limit 0"));
+        assert!(e(&["-k", "h", "1"]).contains("-k/--keep-listening"));
         assert!(e(&["--rate-limit", "fast", "h", "1"]).contains("--rate-limit"));
         assert!(e(&["-l", "-p", "1", "--rate-limit", "1M"]).contains("--rate-limit"));
         assert!(e(&["--stats", "often", "h", "1"]).contains("--stats"));

@@ -769,3 +769,88 @@ fn mpcat_stdout_closed_early_fails_both_sides() {
         "{tlog}"
     );
 }
+
+/// Issue 12, -k: two sessions one after the other on one listener, each with its own
+/// token; the output holds the first stream then the second; stopped with SIGTERM, the
+/// receiver exits 0 (both verified) and its report counts 2 sessions.
+#[test]
+fn mpcat_keep_listening_serves_two_sessions() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpckeep", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (one, two, output) = (dir.join("1.bin"), dir.join("2.bin"), dir.join("out.bin"));
+    random_file(&one, 8 << 20);
+    random_file(&two, 5 << 20);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-k",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "--json",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    for input in [&one, &two] {
+        let o = a
+            .command(&[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--quiet",
+                MULTIPATH_B4,
+                &p,
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    // Both streams are out once the second sender has its verdict.
+    assert!(
+        rx.try_status().unwrap().is_none(),
+        "the listener ended:\n{}",
+        rx.log()
+    );
+    rx.signal(Signal::SIGTERM).unwrap();
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    let both = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cat {} {} | sha256sum",
+            one.display(),
+            two.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&both.stdout)[..64], sha256(&output));
+    let j = json_of(&rx);
+    assert_eq!(
+        (j["sessions"].as_u64(), j["sessions_verified"].as_u64()),
+        (Some(2), Some(2)),
+        "{j}"
+    );
+    assert_eq!(
+        j["bytes"],
+        5 << 20,
+        "the report's fields are the last session's"
+    );
+    assert_eq!(j["failure"], Value::Null);
+    // The first session's summary went to stderr when it ended.
+    assert!(
+        rx.log().contains("mpcat: received 8388608 bytes"),
+        "{}",
+        rx.log()
+    );
+}
