@@ -854,3 +854,80 @@ fn mpcat_keep_listening_serves_two_sessions() {
         rx.log()
     );
 }
+
+/// Listening-socket rules: 500 idle strangers arrive while a session runs on a receiver
+/// allowed 48 descriptors. Accepting pauses on EMFILE (counted), strangers are closed at the
+/// 5 s hello deadline (counted), and the session completes identical.
+#[test]
+fn mpcat_survives_idle_strangers_with_few_descriptors() {
+    use std::net::{SocketAddr, TcpStream};
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcfd", 2, Some(shaped(20))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    // 40 Mbit/s in all: about 8 s, past the strangers' 5 s deadline.
+    const SIZE: u64 = 40 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                "prlimit",
+                "--nofile=48",
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                out,
+                "--json",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--quiet",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&output).map_or(0, |m| m.len()) == 0 {
+        assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
+    let held: Vec<TcpStream> = a.enter(|| {
+        (0..500)
+            .filter_map(|_| TcpStream::connect_timeout(&to, Duration::from_millis(300)).ok())
+            .collect()
+    });
+    assert!(held.len() >= 100, "only {} strangers connected", held.len());
+    let st = wait(&tx, 25);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    drop(held);
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&rx);
+    let c = &j["connections"];
+    eprintln!("{} strangers, receiver at 48 descriptors: {c}", 500);
+    assert!(c["accept_errors"].as_u64().unwrap() >= 1, "{j}");
+    assert!(c["handshake_timeout"].as_u64().unwrap() >= 1, "{j}");
+    assert_eq!(j["verified"], true);
+}
