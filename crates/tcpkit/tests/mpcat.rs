@@ -931,3 +931,85 @@ fn mpcat_survives_idle_strangers_with_few_descriptors() {
     assert!(c["handshake_timeout"].as_u64().unwrap() >= 1, "{j}");
     assert_eq!(j["verified"], true);
 }
+
+/// Issue 12, unequal links (40/30/20/10 Mbit/s): a connection with room takes the next
+/// chunk, so the slow links carry less and never hold the others back; the stream moves at
+/// >= 90 % of the links' sum.
+#[test]
+fn mpcat_uses_unequal_links_at_their_sum() {
+    let (mut lab, a, b, links) =
+        Lab::multipath("mpcuneq", 4, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
+    const RATES: [u64; 4] = [40, 30, 20, 10];
+    for (l, r) in links.iter().zip(RATES) {
+        a.run(&[
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            &l.a.name,
+            "root",
+            "tbf",
+            "rate",
+            &format!("{r}mbit"),
+            "burst",
+            "64000",
+            "latency",
+            "100ms",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 96 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--quiet"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let before = tx_bytes(&a, &links);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 25);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&tx);
+    let sum = RATES.iter().sum::<u64>() as f64 * 1e6 / 8.0;
+    let rate = j["bytes_per_second"].as_f64().unwrap();
+    let after = tx_bytes(&a, &links);
+    let shares: Vec<f64> = (0..4)
+        .map(|i| 100.0 * (after[i] - before[i]) as f64 / SIZE as f64)
+        .collect();
+    eprintln!(
+        "unequal links 40/30/20/10 Mbit/s: {:.2} MB/s = {:.1} % of their sum, link shares {shares:.1?} %",
+        rate / 1e6,
+        100.0 * rate / sum
+    );
+    assert!(
+        rate >= 0.9 * sum,
+        "{:.2} MB/s of {:.2}",
+        rate / 1e6,
+        sum / 1e6
+    );
+}
