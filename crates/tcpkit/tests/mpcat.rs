@@ -1013,3 +1013,112 @@ fn mpcat_uses_unequal_links_at_their_sum() {
         sum / 1e6
     );
 }
+
+/// Issue 12, disk full: the receiver writing to /dev/full exits 1 naming the file and
+/// ENOSPC; the sender fails once no path is left. Never 0.
+#[test]
+fn mpcat_disk_full_fails_both_sides() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcfull", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let input = lab.dir().join("in.bin");
+    random_file(&input, 8 << 20);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", "/dev/full"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "--path-timeout",
+                "2s",
+                "-i",
+                input.to_str().unwrap(),
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&rx, 10);
+    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
+    let log = rx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("tcpkit mpcat: write /dev/full: No space left on device"),
+        "{log}"
+    );
+    let st = wait(&tx, 15);
+    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
+}
+
+/// Issue 12, a corrupted frame: a data frame longer than the chunk size the session
+/// declared ends the session with a one-line error naming the stream; exit 1.
+#[test]
+fn mpcat_receiver_fails_on_a_malformed_frame() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use tcpkit_mpcat::frame::{Frame, VERSION};
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcbad", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let output = lab.dir().join("out.bin");
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
+    a.enter(|| {
+        let mut s = TcpStream::connect(to).unwrap();
+        let mut buf = Vec::new();
+        Frame::Hello {
+            version: VERSION,
+            token: [3; 16],
+            stream: 0,
+            streams: 1,
+            chunk: 4096,
+        }
+        .emit_vec(&mut buf);
+        Frame::Data {
+            seq: 0,
+            payload: &[1; 5000],
+        }
+        .emit_vec(&mut buf);
+        s.write_all(&buf).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    });
+    let st = wait(&rx, 10);
+    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
+    let log = rx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("tcpkit mpcat: stream 0 (198.19.0.1:")
+            && last.ends_with("a 5000-byte chunk, the session declared 4096"),
+        "{log}"
+    );
+    assert_eq!(std::fs::metadata(&output).unwrap().len(), 0);
+}
