@@ -635,6 +635,61 @@ mod tests {
         fuzz_frame(&all);
     }
 
+    fn corpus() -> Vec<Vec<u8>> {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/mpcat_frame");
+        let mut seeds: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+            .collect();
+        seeds.sort();
+        seeds
+    }
+
+    #[test]
+    fn the_fuzz_body_runs_over_the_seed_corpus() {
+        let seeds = corpus();
+        assert!(seeds.len() >= 8, "{} seeds", seeds.len());
+        let mut kinds = std::collections::HashSet::new();
+        for s in &seeds {
+            fuzz_frame(s);
+            if let Ok((f, _)) = Frame::parse(s) {
+                kinds.insert(std::mem::discriminant(&f));
+            }
+        }
+        assert_eq!(kinds.len(), 7, "every frame type has a seed");
+    }
+
+    /// Writes the seed corpus (run by hand: `cargo test -p tcpkit-mpcat write_frame_corpus
+    /// -- --ignored`), kept so the seeds can be made again when a frame changes.
+    #[test]
+    #[ignore = "writes fuzz/corpus/mpcat_frame"]
+    fn write_frame_corpus() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/mpcat_frame");
+        std::fs::create_dir_all(&dir).unwrap();
+        let names = [
+            "hello", "welcome", "refuse", "data", "ack", "end", "done-ok", "done-bad",
+        ];
+        let mut all = Vec::new();
+        for (name, f) in names.iter().zip(samples()) {
+            let mut b = Vec::new();
+            f.emit_vec(&mut b);
+            all.extend_from_slice(&b);
+            std::fs::write(dir.join(name), &b).unwrap();
+        }
+        // A whole session's frames back to back, and a data frame cut short.
+        std::fs::write(dir.join("session"), &all).unwrap();
+        let mut cut = Vec::new();
+        Frame::Data {
+            seq: 0,
+            payload: &[0xab; 300],
+        }
+        .emit_vec(&mut cut);
+        cut.truncate(100);
+        std::fs::write(dir.join("data-cut"), &cut).unwrap();
+    }
+
     #[test]
     fn the_fuzz_body_survives_random_bytes() {
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
