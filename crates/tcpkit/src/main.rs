@@ -7,6 +7,7 @@ mod echo;
 mod intercept;
 mod load;
 mod merge;
+mod mpcat;
 mod replay;
 mod tune;
 
@@ -53,6 +54,12 @@ enum Cmd {
     /// control connection. SIGINT/SIGTERM or --duration: stops at once (on the target, after
     /// removing its rule) and prints the report; a second signal exits at once.
     Intercept(intercept::Args),
+    /// One byte stream over several TCP connections, so every link of a bond or an ECMP
+    /// route carries part of it (netcat striped, MPNC's job): `-l -p PORT` receives, `HOST
+    /// PORT` sends; reordered within --window, verified with BLAKE3 end to end.
+    /// SIGINT/SIGTERM: stops at once and prints the report (exit 1: the stream is not
+    /// complete); a second signal exits at once.
+    Mpcat(mpcat::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),
     /// What stops this host from holding many connections (file-descriptor limits, queues,
@@ -107,6 +114,7 @@ fn main() -> ExitCode {
         Cmd::Replay(args) => ("replay", replay::main(args, interrupted)),
         Cmd::Echo(args) => ("echo", echo::main(args, interrupted)),
         Cmd::Load(args) => ("load", load::main(args, interrupted)),
+        Cmd::Mpcat(args) => ("mpcat", mpcat::main(args, interrupted)),
         Cmd::Merge(args) => ("merge", merge::main(args)),
         Cmd::Copy(args) => ("copy", copy::main(args, interrupted)),
         Cmd::Intercept(args) => ("intercept", intercept::main(args, interrupted)),
@@ -150,6 +158,7 @@ mod tests {
                 "load",
                 "copy",
                 "intercept",
+                "mpcat",
                 "merge",
                 "tune",
                 "completions",

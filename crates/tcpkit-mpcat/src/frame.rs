@@ -1,0 +1,715 @@
+//! mpcat's wire format: every connection of a session is a stream of frames,
+//! `type: u8, body length: u32 (big endian), body`.
+//!
+//! The sender opens each connection with [`Frame::Hello`] (magic, version, the session's
+//! random 128-bit token, this connection's stream index, the stream count, the chunk size);
+//! the receiver answers [`Frame::Welcome`] (its window) or [`Frame::Refuse`] (why) and closes.
+//! Then the sender sends [`Frame::Data`] (the byte offset of the chunk in the whole stream,
+//! its length, its bytes) on whichever connection has room, and once its input ends one
+//! [`Frame::End`] (the total length and the BLAKE3 hash of the whole stream). The receiver
+//! sends [`Frame::Ack`] back: every byte below `acked` is written out, and the sender may send
+//! bytes up to `limit` (the credit: the receiver holds at most its window). When every byte is
+//! written and the hash checked it sends [`Frame::Done`] with the verdict.
+//!
+//! Bytes from the network enter only through [`Frame::parse`], which checks the declared body
+//! length against the most its type may carry before waiting for (or keeping) any of it: a
+//! frame cut short is [`FrameError::Truncated`] (the reader waits for more bytes), a length
+//! over the bound is [`FrameError::TooLong`] at once. [`Frame::emit`] writes a frame into a
+//! caller's buffer; parse(emit(f)) gives back f. The `mpcat_frame` fuzz target runs
+//! [`fuzz_frame`].
+
+/// The protocol version this build speaks.
+pub const VERSION: u16 = 1;
+/// Opens every Hello and Welcome, so a stray connection (an HTTP client, a port scanner) is
+/// told apart from an mpcat of another version.
+pub const MAGIC: [u8; 4] = *b"TKMP";
+/// Bytes before a frame's body.
+pub const FRAME_HDR: usize = 5;
+/// The largest chunk a data frame carries (and the largest `--chunk`).
+pub const MAX_CHUNK: usize = 1 << 20;
+/// The smallest chunk size a session may declare.
+pub const MIN_CHUNK: usize = 1024;
+/// The longest reason a Refuse carries.
+pub const MAX_REASON: usize = 1024;
+/// Bytes of a data frame before its payload.
+pub const DATA_HDR: usize = FRAME_HDR + 8;
+/// The most streams one session may have.
+pub const MAX_STREAMS: u16 = 256;
+
+const T_HELLO: u8 = 1;
+const T_WELCOME: u8 = 2;
+const T_REFUSE: u8 = 3;
+const T_DATA: u8 = 4;
+const T_ACK: u8 = 5;
+const T_END: u8 = 6;
+const T_DONE: u8 = 7;
+
+const HELLO_BODY: usize = 4 + 2 + 16 + 2 + 2 + 4;
+const WELCOME_BODY: usize = 4 + 2 + 8;
+const ACK_BODY: usize = 16;
+const END_BODY: usize = 8 + 32;
+const DONE_BODY: usize = 9;
+
+/// The session's random token: connections that do not present it are refused.
+pub type Token = [u8; 16];
+
+/// One frame of mpcat's protocol. `Data` and `Refuse` borrow from the parsed buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frame<'a> {
+    /// sender → receiver, first on every connection.
+    Hello {
+        version: u16,
+        token: Token,
+        /// This connection's index, `0..streams`.
+        stream: u16,
+        /// How many connections the session opens.
+        streams: u16,
+        /// The size of every data frame's payload but the last.
+        chunk: u32,
+    },
+    /// receiver → sender: accepted; the receiver's window (bytes it reorders in memory).
+    Welcome { version: u16, window: u64 },
+    /// receiver → sender: not accepted, and why (UTF-8); the receiver closes after it.
+    Refuse { reason: &'a str },
+    /// sender → receiver: bytes `seq .. seq + payload.len()` of the stream.
+    Data { seq: u64, payload: &'a [u8] },
+    /// receiver → sender: everything below `acked` is written; send nothing past `limit`.
+    Ack { acked: u64, limit: u64 },
+    /// sender → receiver: the stream is `total` bytes long and its BLAKE3 hash is `hash`.
+    End { total: u64, hash: [u8; 32] },
+    /// receiver → sender: all `total` bytes written, and whether the hash matched.
+    Done { total: u64, ok: bool },
+}
+
+/// Why bytes are not a frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The frame is not all there yet: `need` bytes from the frame's start, `have` present.
+    #[error("frame cut short: need {need} bytes, have {have}")]
+    Truncated { need: usize, have: usize },
+    #[error("unknown frame type {ty}")]
+    UnknownType { ty: u8 },
+    /// The declared body is longer than the type allows: refused before it is read.
+    #[error("{what} frame declares a {len}-byte body, at most {max} allowed")]
+    TooLong {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+    /// The body does not hold what its type needs.
+    #[error("{what} frame at offset {offset}: {why}")]
+    Malformed {
+        what: &'static str,
+        offset: usize,
+        why: &'static str,
+    },
+    #[error("magic {found:02x?} is not tcpkit mpcat's")]
+    BadMagic { found: [u8; 4] },
+}
+
+/// The name and the longest body of a frame type.
+fn kind(ty: u8) -> Result<(&'static str, usize), FrameError> {
+    Ok(match ty {
+        T_HELLO => ("hello", HELLO_BODY),
+        T_WELCOME => ("welcome", WELCOME_BODY),
+        T_REFUSE => ("refuse", MAX_REASON),
+        T_DATA => ("data", 8 + MAX_CHUNK),
+        T_ACK => ("ack", ACK_BODY),
+        T_END => ("end", END_BODY),
+        T_DONE => ("done", DONE_BODY),
+        _ => return Err(FrameError::UnknownType { ty }),
+    })
+}
+
+/// A checked reader over one frame's body; offsets in errors count from the frame's start.
+struct Body<'a> {
+    b: &'a [u8],
+    at: usize,
+    what: &'static str,
+}
+
+impl<'a> Body<'a> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], FrameError> {
+        let s = self
+            .b
+            .get(self.at..self.at + N)
+            .ok_or(FrameError::Malformed {
+                what: self.what,
+                offset: FRAME_HDR + self.at,
+                why: "body too short",
+            })?;
+        self.at += N;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+    fn u16(&mut self) -> Result<u16, FrameError> {
+        self.take::<2>().map(u16::from_be_bytes)
+    }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        self.take::<4>().map(u32::from_be_bytes)
+    }
+    fn u64(&mut self) -> Result<u64, FrameError> {
+        self.take::<8>().map(u64::from_be_bytes)
+    }
+    fn rest(&mut self) -> &'a [u8] {
+        let s = self.b.get(self.at..).unwrap_or(&[]);
+        self.at = self.b.len();
+        s
+    }
+    fn bad(&self, offset: usize, why: &'static str) -> FrameError {
+        FrameError::Malformed {
+            what: self.what,
+            offset: FRAME_HDR + offset,
+            why,
+        }
+    }
+    fn end(&self) -> Result<(), FrameError> {
+        if self.at == self.b.len() {
+            Ok(())
+        } else {
+            Err(self.bad(self.at, "bytes after the body's end"))
+        }
+    }
+    fn magic(&mut self) -> Result<(), FrameError> {
+        let found = self.take::<4>()?;
+        if found != MAGIC {
+            return Err(FrameError::BadMagic { found });
+        }
+        Ok(())
+    }
+}
+
+impl<'a> Frame<'a> {
+    /// Parses the frame at the start of `buf`; returns it and the bytes it took. A body
+    /// longer than its type allows is refused from the header alone, so a reader never
+    /// holds more than [`DATA_HDR`] + [`MAX_CHUNK`] bytes for one frame.
+    pub fn parse(buf: &'a [u8]) -> Result<(Frame<'a>, usize), FrameError> {
+        let hdr = buf.get(..FRAME_HDR).ok_or(FrameError::Truncated {
+            need: FRAME_HDR,
+            have: buf.len(),
+        })?;
+        let ty = hdr[0];
+        let len = u32::from_be_bytes([hdr[1], hdr[2], hdr[3], hdr[4]]) as usize;
+        let (what, max) = kind(ty)?;
+        if len > max {
+            return Err(FrameError::TooLong { what, len, max });
+        }
+        let total = FRAME_HDR + len;
+        let body = buf.get(FRAME_HDR..total).ok_or(FrameError::Truncated {
+            need: total,
+            have: buf.len(),
+        })?;
+        let mut b = Body {
+            b: body,
+            at: 0,
+            what,
+        };
+        let f = match ty {
+            T_HELLO => {
+                b.magic()?;
+                let version = b.u16()?;
+                let token = b.take::<16>()?;
+                let stream = b.u16()?;
+                let streams = b.u16()?;
+                let chunk = b.u32()?;
+                b.end()?;
+                Frame::Hello {
+                    version,
+                    token,
+                    stream,
+                    streams,
+                    chunk,
+                }
+            }
+            T_WELCOME => {
+                b.magic()?;
+                let version = b.u16()?;
+                let window = b.u64()?;
+                b.end()?;
+                Frame::Welcome { version, window }
+            }
+            T_REFUSE => {
+                let reason =
+                    std::str::from_utf8(b.rest()).map_err(|_| b.bad(0, "reason is not UTF-8"))?;
+                Frame::Refuse { reason }
+            }
+            T_DATA => {
+                let seq = b.u64()?;
+                let payload = b.rest();
+                if payload.is_empty() {
+                    return Err(b.bad(8, "a data frame without bytes"));
+                }
+                if seq.checked_add(payload.len() as u64).is_none() {
+                    return Err(b.bad(0, "the chunk ends past 2^64"));
+                }
+                Frame::Data { seq, payload }
+            }
+            T_ACK => {
+                let acked = b.u64()?;
+                let limit = b.u64()?;
+                b.end()?;
+                if limit < acked {
+                    return Err(b.bad(8, "limit below the acknowledged offset"));
+                }
+                Frame::Ack { acked, limit }
+            }
+            T_END => {
+                let total = b.u64()?;
+                let hash = b.take::<32>()?;
+                b.end()?;
+                Frame::End { total, hash }
+            }
+            _ => {
+                let total = b.u64()?;
+                let ok = match b.take::<1>()?[0] {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(b.bad(8, "verdict is neither 0 nor 1")),
+                };
+                b.end()?;
+                Frame::Done { total, ok }
+            }
+        };
+        Ok((f, total))
+    }
+
+    /// Length of the frame [`Frame::emit`] writes.
+    pub fn buffer_len(&self) -> usize {
+        FRAME_HDR
+            + match self {
+                Frame::Hello { .. } => HELLO_BODY,
+                Frame::Welcome { .. } => WELCOME_BODY,
+                Frame::Refuse { reason } => reason_cut(reason),
+                Frame::Data { payload, .. } => 8 + payload.len(),
+                Frame::Ack { .. } => ACK_BODY,
+                Frame::End { .. } => END_BODY,
+                Frame::Done { .. } => DONE_BODY,
+            }
+    }
+
+    /// Writes the frame at the start of `out`, which must hold [`Frame::buffer_len`] bytes;
+    /// returns the bytes written. A Refuse's reason longer than [`MAX_REASON`] is cut at a
+    /// character boundary. Panics if `out` is too short or a data payload is longer than
+    /// [`MAX_CHUNK`]: both are the caller's own sizes, never a peer's.
+    pub fn emit(&self, out: &mut [u8]) -> usize {
+        let n = self.buffer_len();
+        assert!(
+            out.len() >= n,
+            "emit: {} bytes for a {n}-byte frame",
+            out.len()
+        );
+        let (ty, body_len) = match self {
+            Frame::Hello { .. } => (T_HELLO, HELLO_BODY),
+            Frame::Welcome { .. } => (T_WELCOME, WELCOME_BODY),
+            Frame::Refuse { reason } => (T_REFUSE, reason_cut(reason)),
+            Frame::Data { payload, .. } => {
+                assert!(payload.len() <= MAX_CHUNK, "emit: chunk over MAX_CHUNK");
+                (T_DATA, 8 + payload.len())
+            }
+            Frame::Ack { .. } => (T_ACK, ACK_BODY),
+            Frame::End { .. } => (T_END, END_BODY),
+            Frame::Done { .. } => (T_DONE, DONE_BODY),
+        };
+        out[0] = ty;
+        out[1..FRAME_HDR].copy_from_slice(&(body_len as u32).to_be_bytes());
+        let mut w = Writer {
+            out: &mut out[FRAME_HDR..n],
+            at: 0,
+        };
+        match *self {
+            Frame::Hello {
+                version,
+                token,
+                stream,
+                streams,
+                chunk,
+            } => {
+                w.put(&MAGIC);
+                w.put(&version.to_be_bytes());
+                w.put(&token);
+                w.put(&stream.to_be_bytes());
+                w.put(&streams.to_be_bytes());
+                w.put(&chunk.to_be_bytes());
+            }
+            Frame::Welcome { version, window } => {
+                w.put(&MAGIC);
+                w.put(&version.to_be_bytes());
+                w.put(&window.to_be_bytes());
+            }
+            Frame::Refuse { reason } => w.put(&reason.as_bytes()[..reason_cut(reason)]),
+            Frame::Data { seq, payload } => {
+                w.put(&seq.to_be_bytes());
+                w.put(payload);
+            }
+            Frame::Ack { acked, limit } => {
+                w.put(&acked.to_be_bytes());
+                w.put(&limit.to_be_bytes());
+            }
+            Frame::End { total, hash } => {
+                w.put(&total.to_be_bytes());
+                w.put(&hash);
+            }
+            Frame::Done { total, ok } => {
+                w.put(&total.to_be_bytes());
+                w.put(&[u8::from(ok)]);
+            }
+        }
+        n
+    }
+
+    /// Appends the frame to `out`.
+    pub fn emit_vec(&self, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.resize(at + self.buffer_len(), 0);
+        self.emit(&mut out[at..]);
+    }
+}
+
+/// The header of a data frame carrying `len` bytes at `seq`, for a sender that writes the
+/// payload from its own buffer (no copy into a frame).
+pub fn data_header(seq: u64, len: usize) -> [u8; DATA_HDR] {
+    assert!(
+        (1..=MAX_CHUNK).contains(&len),
+        "data_header: {len}-byte chunk"
+    );
+    let mut h = [0u8; DATA_HDR];
+    h[0] = T_DATA;
+    h[1..FRAME_HDR].copy_from_slice(&((8 + len) as u32).to_be_bytes());
+    h[FRAME_HDR..].copy_from_slice(&seq.to_be_bytes());
+    h
+}
+
+struct Writer<'o> {
+    out: &'o mut [u8],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, b: &[u8]) {
+        self.out[self.at..self.at + b.len()].copy_from_slice(b);
+        self.at += b.len();
+    }
+}
+
+/// Bytes of a reason that fit in a Refuse, cut at a character boundary.
+fn reason_cut(reason: &str) -> usize {
+    let mut n = reason.len().min(MAX_REASON);
+    while !reason.is_char_boundary(n) {
+        n -= 1;
+    }
+    n
+}
+
+/// The `mpcat_frame` fuzz target's body: parses every frame in `data`, and for each one that
+/// parses checks that emitting it gives the same bytes and parsing those gives it back.
+pub fn fuzz_frame(data: &[u8]) {
+    let mut rest = data;
+    let mut buf = Vec::new();
+    while !rest.is_empty() {
+        match Frame::parse(rest) {
+            Ok((f, used)) => {
+                assert!(used >= FRAME_HDR && used <= rest.len());
+                buf.clear();
+                f.emit_vec(&mut buf);
+                assert_eq!(buf.len(), f.buffer_len());
+                assert_eq!(&buf[..], &rest[..used], "emit gives back the bytes parsed");
+                let (back, n) = Frame::parse(&buf).expect("an emitted frame parses");
+                assert_eq!((back, n), (f, used));
+                rest = &rest[used..];
+            }
+            Err(FrameError::Truncated { need, have }) => {
+                assert!(need > have && have == rest.len());
+                break;
+            }
+            Err(FrameError::TooLong { len, max, .. }) => {
+                assert!(len > max);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples() -> Vec<Frame<'static>> {
+        vec![
+            Frame::Hello {
+                version: VERSION,
+                token: [0xa5; 16],
+                stream: 3,
+                streams: 8,
+                chunk: 262_144,
+            },
+            Frame::Welcome {
+                version: VERSION,
+                window: 64 << 20,
+            },
+            Frame::Refuse {
+                reason: "not this session's token",
+            },
+            Frame::Data {
+                seq: 1 << 40,
+                payload: b"some bytes of the stream",
+            },
+            Frame::Ack {
+                acked: 4096,
+                limit: 4096 + (64 << 20),
+            },
+            Frame::End {
+                total: 123_456_789,
+                hash: [0x3c; 32],
+            },
+            Frame::Done {
+                total: 123_456_789,
+                ok: true,
+            },
+            Frame::Done {
+                total: 7,
+                ok: false,
+            },
+        ]
+    }
+
+    #[test]
+    fn every_frame_round_trips_through_a_marked_buffer() {
+        for f in samples() {
+            // Pre-filled with a marker: a field emit forgets shows as 0xee.
+            let mut buf = vec![0xee; f.buffer_len() + 7];
+            let n = f.emit(&mut buf);
+            assert_eq!(n, f.buffer_len());
+            assert_eq!(buf[n..], [0xee; 7], "{f:?} wrote past its length");
+            let (back, used) = Frame::parse(&buf[..n]).unwrap();
+            assert_eq!((back, used), (f, n));
+            // Trailing bytes belong to the next frame.
+            assert_eq!(Frame::parse(&buf).unwrap().1, n);
+        }
+    }
+
+    #[test]
+    fn every_frame_cut_at_every_length_is_truncated() {
+        for f in samples() {
+            let mut buf = Vec::new();
+            f.emit_vec(&mut buf);
+            for cut in 0..buf.len() {
+                match Frame::parse(&buf[..cut]) {
+                    Err(FrameError::Truncated { need, have }) => {
+                        assert_eq!(have, cut);
+                        assert!(need > cut && need <= buf.len(), "{f:?} cut at {cut}");
+                    }
+                    other => panic!("{f:?} cut at {cut}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_data_header_is_the_frames_first_bytes() {
+        let f = Frame::Data {
+            seq: 99,
+            payload: &[1, 2, 3],
+        };
+        let mut buf = Vec::new();
+        f.emit_vec(&mut buf);
+        assert_eq!(buf[..DATA_HDR], data_header(99, 3));
+        assert_eq!(buf.len(), DATA_HDR + 3);
+    }
+
+    #[test]
+    fn an_oversized_body_is_refused_from_the_header_alone() {
+        // A data frame declaring 4 GiB: refused with 5 bytes read, nothing waited for.
+        let hdr = [T_DATA, 0xff, 0xff, 0xff, 0xff];
+        assert_eq!(
+            Frame::parse(&hdr),
+            Err(FrameError::TooLong {
+                what: "data",
+                len: u32::MAX as usize,
+                max: 8 + MAX_CHUNK
+            })
+        );
+        let hello = [T_HELLO, 0, 0, 0, 31];
+        assert!(matches!(
+            Frame::parse(&hello),
+            Err(FrameError::TooLong { what: "hello", .. })
+        ));
+        let refuse = [T_REFUSE, 0, 0, 4, 1];
+        assert!(matches!(
+            Frame::parse(&refuse),
+            Err(FrameError::TooLong { what: "refuse", .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_bodies_name_the_frame_and_offset() {
+        let mut buf = Vec::new();
+        Frame::Hello {
+            version: 1,
+            token: [0; 16],
+            stream: 0,
+            streams: 1,
+            chunk: 4096,
+        }
+        .emit_vec(&mut buf);
+        buf[FRAME_HDR] = b'X';
+        assert!(matches!(
+            Frame::parse(&buf),
+            Err(FrameError::BadMagic { .. })
+        ));
+        // A short hello body: the declared length says 4, magic needs 4, version is missing.
+        let short = [T_HELLO, 0, 0, 0, 4, b'T', b'K', b'M', b'P'];
+        assert_eq!(
+            Frame::parse(&short),
+            Err(FrameError::Malformed {
+                what: "hello",
+                offset: 9,
+                why: "body too short"
+            })
+        );
+        assert_eq!(
+            Frame::parse(&[9, 0, 0, 0, 0]),
+            Err(FrameError::UnknownType { ty: 9 })
+        );
+        let empty_data = [T_DATA, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert!(matches!(
+            Frame::parse(&empty_data),
+            Err(FrameError::Malformed { what: "data", .. })
+        ));
+        let mut ack = Vec::new();
+        Frame::Ack {
+            acked: 10,
+            limit: 10,
+        }
+        .emit_vec(&mut ack);
+        ack[FRAME_HDR + 15] = 9; // limit 9 < acked 10
+        assert!(matches!(
+            Frame::parse(&ack),
+            Err(FrameError::Malformed { what: "ack", .. })
+        ));
+        let mut done = Vec::new();
+        Frame::Done { total: 1, ok: true }.emit_vec(&mut done);
+        done[FRAME_HDR + 8] = 2;
+        assert!(matches!(
+            Frame::parse(&done),
+            Err(FrameError::Malformed { what: "done", .. })
+        ));
+        let bad_utf8 = [T_REFUSE, 0, 0, 0, 2, 0xff, 0xfe];
+        assert!(matches!(
+            Frame::parse(&bad_utf8),
+            Err(FrameError::Malformed { what: "refuse", .. })
+        ));
+        let mut wrapped = vec![T_DATA, 0, 0, 0, 9];
+        wrapped.extend_from_slice(&u64::MAX.to_be_bytes());
+        wrapped.push(0);
+        assert!(matches!(
+            Frame::parse(&wrapped),
+            Err(FrameError::Malformed { what: "data", .. })
+        ));
+    }
+
+    #[test]
+    fn a_long_reason_is_cut_at_a_character_boundary() {
+        let long = "é".repeat(MAX_REASON);
+        let f = Frame::Refuse { reason: &long };
+        let mut buf = Vec::new();
+        f.emit_vec(&mut buf);
+        let (back, _) = Frame::parse(&buf).unwrap();
+        let Frame::Refuse { reason } = back else {
+            panic!("{back:?}")
+        };
+        assert_eq!(reason.len(), MAX_REASON);
+        assert!(long.starts_with(reason));
+    }
+
+    #[test]
+    fn the_fuzz_body_runs_over_every_frame_and_their_concatenation() {
+        let mut all = Vec::new();
+        for f in samples() {
+            let mut one = Vec::new();
+            f.emit_vec(&mut one);
+            fuzz_frame(&one);
+            all.extend_from_slice(&one);
+        }
+        fuzz_frame(&all);
+    }
+
+    fn corpus() -> Vec<Vec<u8>> {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/mpcat_frame");
+        let mut seeds: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+            .collect();
+        seeds.sort();
+        seeds
+    }
+
+    #[test]
+    fn the_fuzz_body_runs_over_the_seed_corpus() {
+        let seeds = corpus();
+        assert!(seeds.len() >= 8, "{} seeds", seeds.len());
+        let mut kinds = std::collections::HashSet::new();
+        for s in &seeds {
+            fuzz_frame(s);
+            if let Ok((f, _)) = Frame::parse(s) {
+                kinds.insert(std::mem::discriminant(&f));
+            }
+        }
+        assert_eq!(kinds.len(), 7, "every frame type has a seed");
+    }
+
+    /// Writes the seed corpus (run by hand: `cargo test -p tcpkit-mpcat write_frame_corpus
+    /// -- --ignored`), kept so the seeds can be made again when a frame changes.
+    #[test]
+    #[ignore = "writes fuzz/corpus/mpcat_frame"]
+    fn write_frame_corpus() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/mpcat_frame");
+        std::fs::create_dir_all(&dir).unwrap();
+        let names = [
+            "hello", "welcome", "refuse", "data", "ack", "end", "done-ok", "done-bad",
+        ];
+        let mut all = Vec::new();
+        for (name, f) in names.iter().zip(samples()) {
+            let mut b = Vec::new();
+            f.emit_vec(&mut b);
+            all.extend_from_slice(&b);
+            std::fs::write(dir.join(name), &b).unwrap();
+        }
+        // A whole session's frames back to back, and a data frame cut short.
+        std::fs::write(dir.join("session"), &all).unwrap();
+        let mut cut = Vec::new();
+        Frame::Data {
+            seq: 0,
+            payload: &[0xab; 300],
+        }
+        .emit_vec(&mut cut);
+        cut.truncate(100);
+        std::fs::write(dir.join("data-cut"), &cut).unwrap();
+    }
+
+    #[test]
+    fn the_fuzz_body_survives_random_bytes() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for len in 0..3000 {
+            let data: Vec<u8> = (0..len % 131)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Small types and lengths often, so whole frames occur.
+                    if i % 5 == 0 {
+                        (x % 8) as u8
+                    } else if i % 5 < 3 {
+                        0
+                    } else {
+                        x as u8
+                    }
+                })
+                .collect();
+            fuzz_frame(&data);
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! `tcpkit mpcat`: one byte stream over several TCP connections, so that every member of a
+//! bond or every nexthop of an ECMP route carries part of it (the L4 hash pins each
+//! connection to one link).
+//!
+//! The sender ([`send`]) reads its input in chunks, hands the next chunk to whichever
+//! connection has room in its socket, and keeps each chunk until the receiver acknowledges
+//! it. The receiver ([`recv`]) accepts the session's connections on one port, puts chunks
+//! back in order in a bounded window ([`reorder`]), writes them out, and advertises credit
+//! back, so the sender never overruns the window. The stream ends with its length and BLAKE3
+//! hash; the receiver checks both and tells the sender, and each side exits 0 only then.
+//! The wire format is in [`frame`].
+
+pub mod frame;
+pub mod paths;
+pub mod recv;
+pub mod reorder;
+mod report;
+pub mod send;
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use report::{ConnCounts, MpcatReport, PathFailure, Role, StreamReport};
+
+/// The receiver's default reorder window.
+pub const DEFAULT_WINDOW: u64 = 64 << 20;
+/// The sender's default chunk size.
+pub const DEFAULT_CHUNK: u32 = 256 << 10;
+/// The smallest and largest `--window`.
+pub const MIN_WINDOW: u64 = 1 << 20;
+pub const MAX_WINDOW: u64 = 4 << 30;
+/// How long an accepted connection may take to present its Hello.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default `--path-timeout`.
+pub const DEFAULT_PATH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections still in their handshake at once; more are closed at accept and counted.
+pub const MAX_PENDING: usize = 64;
+
+/// Where the sender's bytes come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    Stdin,
+    File(PathBuf),
+}
+
+/// Where the receiver's bytes go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    Stdout,
+    File(PathBuf),
+}
+
+/// An error with what was being done, keeping the OS error as its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+pub struct Error {
+    what: String,
+    #[source]
+    source: Option<io::Error>,
+}
+
+impl Error {
+    pub(crate) fn io(what: impl Into<String>, e: io::Error) -> Error {
+        Error {
+            what: what.into(),
+            source: Some(e),
+        }
+    }
+    pub(crate) fn msg(what: impl Into<String>) -> Error {
+        Error {
+            what: what.into(),
+            source: None,
+        }
+    }
+}
+
+/// What the live view (`--stats`, the progress line) reads while a side runs: relaxed
+/// stores from the event loop, loads from the monitor's thread.
+#[derive(Debug)]
+pub struct Live {
+    /// Stream bytes done (acknowledged on the sending side, written on the receiving side).
+    pub bytes: std::sync::atomic::AtomicU64,
+    /// The stream's length when known beforehand (-i FILE), else 0.
+    pub total: std::sync::atomic::AtomicU64,
+    /// Streams of the session so far.
+    pub streams: std::sync::atomic::AtomicU64,
+    /// Payload bytes each stream carried.
+    pub per_stream: Vec<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for Live {
+    fn default() -> Live {
+        Live {
+            bytes: Default::default(),
+            total: Default::default(),
+            streams: Default::default(),
+            per_stream: (0..frame::MAX_STREAMS)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+        }
+    }
+}
+
+impl Live {
+    pub(crate) fn set_stream(&self, i: usize, bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(s) = self.per_stream.get(i) {
+            s.store(bytes, Relaxed);
+            self.streams.fetch_max(i as u64 + 1, Relaxed);
+        }
+    }
+
+    /// A live line's text: bytes, the rate since `prev` (`(elapsed, bytes, per-stream
+    /// bytes)` of the previous line, updated), each stream's rate, and percent and ETA when
+    /// the length is known.
+    pub fn line(&self, elapsed: Duration, prev: &mut (Duration, u64, Vec<u64>)) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let bytes = self.bytes.load(Relaxed);
+        let n = self.streams.load(Relaxed) as usize;
+        let per: Vec<u64> = self.per_stream[..n]
+            .iter()
+            .map(|a| a.load(Relaxed))
+            .collect();
+        let dt = elapsed.saturating_sub(prev.0).as_secs_f64();
+        let mib = |b: u64| b as f64 / 1048576.0;
+        let rate = |now: u64, then: u64| {
+            if dt > 0.0 {
+                mib(now.saturating_sub(then)) / dt
+            } else {
+                0.0
+            }
+        };
+        let mut s = format!("{:.1} MiB  {:.2} MiB/s", mib(bytes), rate(bytes, prev.1));
+        if n > 0 {
+            s.push_str("  streams");
+            for (k, b) in per.iter().enumerate() {
+                let then = prev.2.get(k).copied().unwrap_or(0);
+                s.push_str(&format!(" {:.1}", rate(*b, then)));
+            }
+            s.push_str(" MiB/s");
+        }
+        s.push_str(&tcpkit_stats::percent_eta(
+            bytes,
+            self.total.load(Relaxed),
+            elapsed,
+        ));
+        *prev = (elapsed, bytes, per);
+        s
+    }
+}
+
+/// A connection gives up after `path_timeout` of data unacknowledged (TCP_USER_TIMEOUT), and
+/// an idle one is probed from then on (keepalive every second, 3 probes), so a dead path is
+/// noticed on both sides even when nothing is being sent.
+pub(crate) fn set_path_timeout(
+    s: &impl std::os::fd::AsFd,
+    path_timeout: Duration,
+) -> io::Result<()> {
+    let s = socket2::SockRef::from(s);
+    s.set_tcp_user_timeout(Some(path_timeout))?;
+    s.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(path_timeout.max(Duration::from_secs(1)))
+            .with_interval(Duration::from_secs(1))
+            .with_retries(3),
+    )
+}
+
+/// A random session token from the kernel's generator.
+pub(crate) fn random_token() -> Result<frame::Token, Error> {
+    let mut t = [0u8; 16];
+    let mut got = 0;
+    while got < t.len() {
+        // SAFETY: the pointer and length describe the unfilled tail of `t`.
+        let n = unsafe { libc::getrandom(t[got..].as_mut_ptr().cast(), t.len() - got, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::io("getrandom for the session token", e));
+        }
+        got += n as usize;
+    }
+    Ok(t)
+}

@@ -1,0 +1,943 @@
+//! The receiving side: one listening port for every stream of a session. Each accepted
+//! connection must present a Hello within the handshake deadline; the first valid one opens
+//! the session and binds it to its token, and later connections without that token are
+//! refused and counted. Chunks go into the reorder window and out in order; credit travels
+//! back as acks. When the end frame's length is reached, the hash is checked and the verdict
+//! sent to the sender.
+//!
+//! Bounds against strangers: at most [`MAX_PENDING`](crate::MAX_PENDING) connections in
+//! their handshake (more are closed at accept and counted), 64 bytes held for each until its
+//! Hello, a deadline for the Hello, and running out of descriptors pauses accepting for
+//! 100 ms (counted) instead of ending the session.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::net::{Ipv6Addr, SocketAddr};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, MAX_STREAMS, MIN_CHUNK};
+use crate::reorder::Reorder;
+use crate::send::hex;
+use crate::{ConnCounts, Error, Live, MpcatReport, Output, PathFailure, Role, StreamReport};
+
+/// How the receiving side runs.
+#[derive(Debug, Clone)]
+pub struct RecvConfig {
+    pub listen: SocketAddr,
+    pub output: Output,
+    pub window: u64,
+    pub handshake_timeout: Duration,
+    pub max_pending: usize,
+    /// -k: serve session after session until stopped.
+    pub keep: bool,
+    /// A stream's connection whose data stays unacknowledged this long has failed; with no
+    /// stream connected for this long, the session fails.
+    pub path_timeout: Duration,
+}
+
+const LISTENER: Token = Token(0);
+/// How long accepting pauses after EMFILE/ENFILE.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// Bytes held for a connection before its Hello is accepted.
+const PENDING_BUF: usize = 64;
+/// Unwritten acks a connection may hold before its sender counts as not reading them.
+const MAX_ACK_BACKLOG: usize = 4096;
+
+/// A bound listening socket: made before the run so "port in use" is said before anything.
+#[derive(Debug)]
+pub struct Listener {
+    sock: TcpListener,
+    addr: SocketAddr,
+}
+
+impl Listener {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Binds `addr`. An unspecified IPv6 address takes IPv4 too; on a host without IPv6,
+/// `[::]` falls back to `0.0.0.0`.
+pub fn bind(addr: SocketAddr) -> Result<Listener, Error> {
+    let try_bind = |a: SocketAddr| -> io::Result<Socket> {
+        let s = Socket::new(Domain::for_address(a), Type::STREAM, Some(Protocol::TCP))?;
+        if a.is_ipv6() {
+            s.set_only_v6(false)?;
+        }
+        s.set_reuse_address(true)?;
+        s.set_nonblocking(true)?;
+        s.bind(&a.into())?;
+        s.listen(1024)?;
+        Ok(s)
+    };
+    let s = match try_bind(addr) {
+        Ok(s) => s,
+        Err(e)
+            if addr.ip() == Ipv6Addr::UNSPECIFIED
+                && matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)
+                ) =>
+        {
+            let v4 = SocketAddr::from(([0, 0, 0, 0], addr.port()));
+            try_bind(v4).map_err(|e| Error::io(format!("listen on {v4}"), e))?
+        }
+        Err(e) => return Err(Error::io(format!("listen on {addr}"), e)),
+    };
+    let std: std::net::TcpListener = s.into();
+    let addr = std
+        .local_addr()
+        .map_err(|e| Error::io("getsockname of the listener", e))?;
+    Ok(Listener {
+        sock: TcpListener::from_std(std),
+        addr,
+    })
+}
+
+#[derive(Debug)]
+enum State {
+    /// Accepted, waiting for its Hello.
+    Pending {
+        deadline: Instant,
+        buf: [u8; PENDING_BUF],
+        len: usize,
+    },
+    /// One of the session's streams.
+    Stream {
+        index: u16,
+        inbuf: Vec<u8>,
+        in_len: usize,
+        bytes: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Conn {
+    sock: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    state: State,
+    /// Frames for the sender not yet written (acks, the verdict).
+    out: Vec<u8>,
+    out_pos: usize,
+}
+
+struct Session {
+    token: frame::Token,
+    streams: u16,
+    chunk: u32,
+    reorder: Reorder,
+    hasher: blake3::Hasher,
+    end: Option<(u64, [u8; 32])>,
+    /// Connection of each stream index, once it joined.
+    joined: Vec<Option<Token>>,
+    /// Each stream index has joined once.
+    seen: Vec<bool>,
+    last_ack: u64,
+    /// Stream bytes of every stream that has left (its connection closed after the end).
+    verdict: Option<bool>,
+}
+
+/// Where the stream's bytes are written.
+struct Sink {
+    w: File,
+    name: String,
+}
+
+fn open_output(o: &Output) -> Result<Sink, Error> {
+    match o {
+        Output::Stdout => {
+            let fd = io::stdout()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| Error::io("dup stdout", e))?;
+            Ok(Sink {
+                w: File::from(fd),
+                name: "stdout".into(),
+            })
+        }
+        Output::File(p) => File::create(p)
+            .map(|w| Sink {
+                w,
+                name: p.display().to_string(),
+            })
+            .map_err(|e| Error::io(format!("create {}", p.display()), e)),
+    }
+}
+
+/// Runs the receiving side on `listener` until one session is complete (or fails), or
+/// `stop`; with `keep`, session after session (each with its own token, written one after
+/// another to the output; `on_session` sees each one's report) until `stop`. The output is
+/// opened first: a file that cannot be created fails before any connection is accepted.
+pub fn run(
+    cfg: &RecvConfig,
+    mut listener: Listener,
+    stop: &AtomicBool,
+    live: &Live,
+    on_session: &dyn Fn(&MpcatReport),
+) -> Result<MpcatReport, Error> {
+    let mut sink = open_output(&cfg.output)?;
+    let mut poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
+    poll.registry()
+        .register(&mut listener.sock, LISTENER, Interest::READABLE)
+        .map_err(|e| Error::io("epoll_ctl on the listener", e))?;
+    let mut counts = ConnCounts::default();
+    let (mut began, mut verified) = (0u64, 0u64);
+    let mut last: Option<MpcatReport> = None;
+    loop {
+        let mut rx = Receiver {
+            cfg,
+            conns: HashMap::new(),
+            next: 1,
+            counts,
+            session: None,
+            paused_until: None,
+            started: None,
+            finished: Vec::new(),
+            failures: Vec::new(),
+            reconnects: 0,
+            none_since: None,
+        };
+        let failure = rx
+            .event_loop(&mut poll, &listener, &mut sink, stop, live)
+            .err();
+        counts = rx.counts;
+        let had_session = rx.session.is_some();
+        let mut report = rx.report(failure, &listener);
+        if had_session {
+            began += 1;
+            verified += u64::from(report.verified);
+        }
+        report.sessions = began;
+        report.sessions_verified = verified;
+        if !cfg.keep {
+            return Ok(report);
+        }
+        if had_session && !stop.load(Ordering::Relaxed) {
+            on_session(&report);
+            last = Some(report);
+            // The next session's live line starts from nothing.
+            live.bytes.store(0, Ordering::Relaxed);
+            live.total.store(0, Ordering::Relaxed);
+            continue;
+        }
+        // Stopped: the last session (or this one, cut short) with the run's verdict.
+        let mut r = if had_session {
+            report
+        } else {
+            last.unwrap_or(report)
+        };
+        r.sessions = began;
+        r.sessions_verified = verified;
+        r.connections = counts;
+        r.verified = began > 0 && verified == began;
+        r.failure = match (began, had_session) {
+            (0, _) => Some("stopped before any session began".into()),
+            (_, true) => r.failure.take(),
+            _ if verified < began => Some(format!(
+                "{} of {began} sessions were not verified",
+                began - verified
+            )),
+            _ => None,
+        };
+        return Ok(r);
+    }
+}
+
+impl Receiver<'_> {
+    /// This session's report (`failure`: why its loop ended, if it failed).
+    fn report(&mut self, failure: Option<String>, listener: &Listener) -> MpcatReport {
+        let cfg = self.cfg;
+        let rx = self;
+        let started = rx.started.unwrap_or_else(Instant::now);
+        let secs = started.elapsed().as_secs_f64();
+        let mut streams = std::mem::take(&mut rx.finished);
+        for c in rx.conns.values() {
+            if let State::Stream { index, bytes, .. } = c.state {
+                streams.push(StreamReport {
+                    index,
+                    local: c.local.to_string(),
+                    peer: c.peer.to_string(),
+                    bytes,
+                    path: None,
+                });
+            }
+        }
+        // One line per stream index: a stream that reconnected sums its connections' bytes and
+        // shows its latest connection.
+        streams.sort_by_key(|s| s.index);
+        streams.dedup_by(|later, first| {
+            if later.index != first.index {
+                return false;
+            }
+            first.bytes += later.bytes;
+            first.local = std::mem::take(&mut later.local);
+            first.peer = std::mem::take(&mut later.peer);
+            true
+        });
+        let s = rx.session.as_ref();
+        let written = s.map_or(0, |s| s.reorder.written());
+        let verified = failure.is_none() && s.and_then(|s| s.verdict) == Some(true);
+        let failure = failure.or_else(|| (!verified).then(|| "the stream was not verified".into()));
+        MpcatReport {
+            schema_version: crate::report::SCHEMA_VERSION,
+            role: Role::Receive,
+            address: listener.addr.to_string(),
+            bytes: written,
+            total: s.and_then(|s| s.end.map(|e| e.0)),
+            seconds: secs,
+            bytes_per_second: if secs > 0.0 {
+                written as f64 / secs
+            } else {
+                0.0
+            },
+            chunk_size: s.map_or(0, |s| u64::from(s.chunk)),
+            window: cfg.window,
+            streams,
+            egress: None,
+            path_failures: std::mem::take(&mut rx.failures),
+            reconnects: rx.reconnects,
+            resent_bytes: 0,
+            hash: s.and_then(|s| s.end.map(|(_, h)| format!("blake3:{}", hex(&h)))),
+            verified,
+            connections: rx.counts,
+            sessions: 0,
+            sessions_verified: 0,
+            failure,
+        }
+    }
+}
+
+struct Receiver<'c> {
+    cfg: &'c RecvConfig,
+    conns: HashMap<Token, Conn>,
+    next: usize,
+    counts: ConnCounts,
+    session: Option<Session>,
+    paused_until: Option<Instant>,
+    /// When the session's first stream joined.
+    started: Option<Instant>,
+    /// Streams whose connection is gone, for the report.
+    finished: Vec<StreamReport>,
+    failures: Vec<PathFailure>,
+    reconnects: u64,
+    /// Since when no stream of the session has been connected.
+    none_since: Option<Instant>,
+}
+
+impl Receiver<'_> {
+    fn event_loop(
+        &mut self,
+        poll: &mut Poll,
+        listener: &Listener,
+        sink: &mut Sink,
+        stop: &AtomicBool,
+        live: &Live,
+    ) -> Result<(), String> {
+        let mut events = Events::with_capacity(512);
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Err(match &self.session {
+                    None => "interrupted before a session began".into(),
+                    Some(s) => format!(
+                        "interrupted: {} bytes written, the stream not complete",
+                        s.reorder.written()
+                    ),
+                });
+            }
+            match poll.poll(&mut events, Some(Duration::from_millis(100))) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("epoll_wait: {e}")),
+            }
+            let now = Instant::now();
+            let mut accept = self.paused_until.is_some_and(|t| now >= t);
+            for ev in events.iter() {
+                if ev.token() == LISTENER {
+                    accept = true;
+                    continue;
+                }
+                let t = ev.token();
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    self.read(poll, t)?;
+                    if let Some(State::Stream { index, bytes, .. }) =
+                        self.conns.get(&t).map(|c| &c.state)
+                    {
+                        live.set_stream(usize::from(*index), *bytes);
+                    }
+                }
+                if ev.is_writable() {
+                    if let Some(c) = self.conns.get_mut(&t) {
+                        if let Err(e) = flush(c) {
+                            self.lost(poll, t, &e)?;
+                        }
+                    }
+                }
+            }
+            if accept {
+                self.accept(poll, listener)?;
+            }
+            self.expire(poll, now);
+            self.check_paths(now)?;
+            self.write_out(poll, sink)?;
+            if let Some(s) = &self.session {
+                live.bytes.store(s.reorder.written(), Ordering::Relaxed);
+                if let Some((total, _)) = s.end {
+                    live.total.store(total, Ordering::Relaxed);
+                }
+            }
+            if self.finish(poll, sink)? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn accept(&mut self, poll: &mut Poll, listener: &Listener) -> Result<(), String> {
+        self.paused_until = None;
+        loop {
+            match listener.sock.accept() {
+                Ok((mut sock, peer)) => {
+                    let pending = self
+                        .conns
+                        .values()
+                        .filter(|c| matches!(c.state, State::Pending { .. }))
+                        .count();
+                    if pending >= self.cfg.max_pending {
+                        self.counts.over_cap += 1;
+                        continue; // dropped: closed
+                    }
+                    let t = Token(self.next);
+                    self.next += 1;
+                    if poll
+                        .registry()
+                        .register(&mut sock, t, Interest::READABLE | Interest::WRITABLE)
+                        .is_err()
+                    {
+                        self.counts.accept_errors += 1;
+                        continue;
+                    }
+                    let peer = unmapped(peer);
+                    let local = unmapped(sock.local_addr().unwrap_or(listener.addr));
+                    let _ = sock.set_nodelay(true);
+                    self.conns.insert(
+                        t,
+                        Conn {
+                            sock,
+                            peer,
+                            local,
+                            state: State::Pending {
+                                deadline: Instant::now() + self.cfg.handshake_timeout,
+                                buf: [0; PENDING_BUF],
+                                len: 0,
+                            },
+                            out: Vec::new(),
+                            out_pos: 0,
+                        },
+                    );
+                    // Bytes may have come with the connection: edge-triggered, so look now.
+                    self.read(poll, t)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.counts.accept_errors += 1;
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    ) {
+                        // Out of descriptors or memory: the queue waits; try again soon.
+                        self.paused_until = Some(Instant::now() + ACCEPT_PAUSE);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Closes connections whose Hello is late.
+    fn expire(&mut self, poll: &mut Poll, now: Instant) {
+        let late: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.state, State::Pending { deadline, .. } if now >= deadline))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in late {
+            self.counts.handshake_timeout += 1;
+            self.drop_conn(poll, t);
+        }
+    }
+
+    fn drop_conn(&mut self, poll: &mut Poll, t: Token) -> Option<Conn> {
+        let mut c = self.conns.remove(&t)?;
+        let _ = poll.registry().deregister(&mut c.sock);
+        Some(c)
+    }
+
+    /// A session stream's connection failed or closed. Before the end it is a path
+    /// failure, counted and named in the report; the sender re-sends its chunks on the
+    /// other streams and reopens it. Only with no stream left for --path-timeout does the
+    /// session fail (in the event loop).
+    fn lost(&mut self, poll: &mut Poll, t: Token, why: &str) -> Result<(), String> {
+        let Some(c) = self.drop_conn(poll, t) else {
+            return Ok(());
+        };
+        let State::Stream { index, bytes, .. } = c.state else {
+            return Ok(());
+        };
+        let (local, peer) = (c.local.to_string(), c.peer.to_string());
+        self.finished.push(StreamReport {
+            index,
+            local: local.clone(),
+            peer: peer.clone(),
+            bytes,
+            path: None,
+        });
+        let Some(s) = self.session.as_mut() else {
+            return Ok(());
+        };
+        if let Some(slot) = s.joined.get_mut(usize::from(index)) {
+            if *slot == Some(t) {
+                *slot = None;
+            }
+        }
+        if s.verdict.is_none() {
+            self.failures.push(PathFailure {
+                stream: index,
+                local,
+                peer,
+                at: self.started.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+                why: why.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Fails the session when no stream has been connected for --path-timeout.
+    fn check_paths(&mut self, now: Instant) -> Result<(), String> {
+        let Some(s) = self.session.as_ref() else {
+            return Ok(());
+        };
+        if s.joined.iter().any(Option::is_some) {
+            self.none_since = None;
+            return Ok(());
+        }
+        let since = *self.none_since.get_or_insert(now);
+        if now.duration_since(since) < self.cfg.path_timeout {
+            return Ok(());
+        }
+        let of = s
+            .end
+            .map_or_else(|| "an unknown total".to_string(), |e| e.0.to_string());
+        let last = self.failures.last().map_or_else(String::new, |f| {
+            format!(" (last: stream {} from {}: {})", f.stream, f.peer, f.why)
+        });
+        Err(format!(
+            "stream connections closed before the end and none came back within {:?}: {} bytes written of {of}{last}",
+            self.cfg.path_timeout,
+            s.reorder.written()
+        ))
+    }
+
+    fn read(&mut self, poll: &mut Poll, t: Token) -> Result<(), String> {
+        let Some(c) = self.conns.get_mut(&t) else {
+            return Ok(());
+        };
+        if matches!(c.state, State::Pending { .. }) {
+            return self.read_hello(poll, t);
+        }
+        // Bytes that came with the Hello are parsed before anything is read.
+        let mut first = true;
+        loop {
+            let Some(c) = self.conns.get_mut(&t) else {
+                return Ok(());
+            };
+            let State::Stream {
+                index,
+                inbuf,
+                in_len,
+                bytes,
+            } = &mut c.state
+            else {
+                return Ok(());
+            };
+            let n = if std::mem::take(&mut first) && *in_len > 0 {
+                0
+            } else {
+                match c.sock.read(&mut inbuf[*in_len..]) {
+                    Ok(0) => return self.lost(poll, t, "closed"),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return self.lost(poll, t, &format!("failed ({e})")),
+                }
+            };
+            *in_len += n;
+            let Some(s) = self.session.as_mut() else {
+                return Err("a stream without a session".into());
+            };
+            let mut at = 0;
+            let peer = c.peer;
+            loop {
+                match Frame::parse(&inbuf[at..*in_len]) {
+                    Ok((f, used)) => {
+                        at += used;
+                        match f {
+                            Frame::Data { seq, payload } => {
+                                if payload.len() > s.chunk as usize {
+                                    return Err(format!(
+                                        "stream {index} ({peer}): a {}-byte chunk, the session declared {}",
+                                        payload.len(),
+                                        s.chunk
+                                    ));
+                                }
+                                let end = seq + payload.len() as u64;
+                                if let Some((total, _)) = s.end {
+                                    if end > total {
+                                        return Err(format!(
+                                            "stream {index} ({peer}): bytes up to {end} of a {total}-byte stream"
+                                        ));
+                                    }
+                                }
+                                s.reorder
+                                    .insert(seq, payload)
+                                    .map_err(|e| format!("stream {index} ({peer}): {e}"))?;
+                                *bytes += payload.len() as u64;
+                            }
+                            Frame::End { total, hash } => {
+                                if s.end.is_some_and(|e| e != (total, hash)) {
+                                    return Err(format!(
+                                        "stream {index} ({peer}): a second, different end frame"
+                                    ));
+                                }
+                                if total < s.reorder.written() {
+                                    return Err(format!(
+                                        "stream {index} ({peer}): the end says {total} bytes, {} already arrived",
+                                        s.reorder.written()
+                                    ));
+                                }
+                                s.end = Some((total, hash));
+                            }
+                            other => {
+                                return Err(format!(
+                                    "stream {index} ({peer}): the sender sent a frame only a receiver sends: {other:?}"
+                                ))
+                            }
+                        }
+                    }
+                    Err(FrameError::Truncated { .. }) => break,
+                    Err(e) => return Err(format!("stream {index} ({peer}): {e}")),
+                }
+            }
+            inbuf.copy_within(at..*in_len, 0);
+            *in_len -= at;
+        }
+    }
+
+    /// Reads a pending connection's Hello; accepts it into the session or refuses it.
+    fn read_hello(&mut self, poll: &mut Poll, t: Token) -> Result<(), String> {
+        let Some(c) = self.conns.get_mut(&t) else {
+            return Ok(());
+        };
+        let State::Pending { buf, len, .. } = &mut c.state else {
+            return Ok(());
+        };
+        loop {
+            match c.sock.read(&mut buf[*len..]) {
+                Ok(0) => {
+                    self.counts.bad_handshake += 1;
+                    self.drop_conn(poll, t);
+                    return Ok(());
+                }
+                Ok(n) => *len += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.counts.bad_handshake += 1;
+                    self.drop_conn(poll, t);
+                    return Ok(());
+                }
+            }
+            if *len == buf.len() {
+                break;
+            }
+        }
+        let hello = match Frame::parse(&buf[..*len]) {
+            Err(FrameError::Truncated { .. }) if *len < buf.len() => return Ok(()),
+            Ok((
+                Frame::Hello {
+                    version,
+                    token,
+                    stream,
+                    streams,
+                    chunk,
+                },
+                used,
+            )) => {
+                // Bytes after the Hello (a sender that did not wait for the Welcome) are
+                // the stream's first: kept for it.
+                let mut rest = [0u8; PENDING_BUF];
+                let n = *len - used;
+                rest[..n].copy_from_slice(&buf[used..*len]);
+                (version, token, stream, streams, chunk, rest, n)
+            }
+            _ => {
+                self.counts.bad_handshake += 1;
+                self.refuse(poll, t, "not an mpcat hello");
+                return Ok(());
+            }
+        };
+        let (version, token, stream, streams, chunk, rest, rest_len) = hello;
+        if version != frame::VERSION {
+            self.counts.bad_handshake += 1;
+            let why = format!(
+                "version {version} not spoken: this receiver speaks {}",
+                frame::VERSION
+            );
+            self.refuse(poll, t, &why);
+            return Ok(());
+        }
+        match &mut self.session {
+            None => {
+                let ok = (1..=MAX_STREAMS).contains(&streams)
+                    && stream < streams
+                    && (MIN_CHUNK..=MAX_CHUNK).contains(&(chunk as usize));
+                if !ok {
+                    self.counts.bad_handshake += 1;
+                    self.refuse(
+                        poll,
+                        t,
+                        "stream count, stream index or chunk size out of range",
+                    );
+                    return Ok(());
+                }
+                let window = self.cfg.window as usize;
+                // Chunks are full-sized but the last; twice the chunks a window holds is
+                // more separate pieces than an honest sender makes.
+                let max_gaps = 2 * window / chunk as usize + 16;
+                let mut joined = vec![None; usize::from(streams)];
+                joined[usize::from(stream)] = Some(t);
+                let mut seen = vec![false; usize::from(streams)];
+                seen[usize::from(stream)] = true;
+                self.session = Some(Session {
+                    token,
+                    streams,
+                    chunk,
+                    reorder: Reorder::new(window, max_gaps),
+                    hasher: blake3::Hasher::new(),
+                    end: None,
+                    joined,
+                    seen,
+                    last_ack: 0,
+                    verdict: None,
+                });
+                self.started = Some(Instant::now());
+            }
+            Some(s) => {
+                if s.token != token || s.verdict.is_some() {
+                    self.counts.wrong_token += 1;
+                    self.refuse(poll, t, "not this session's token");
+                    return Ok(());
+                }
+                let k = usize::from(stream);
+                if k >= s.joined.len() || streams != s.streams || chunk != s.chunk {
+                    self.counts.bad_handshake += 1;
+                    self.refuse(
+                        poll,
+                        t,
+                        "stream index out of range, or another stream count or chunk size",
+                    );
+                    return Ok(());
+                }
+                // The session's own token for a stream already joined: its sender saw that
+                // connection fail before this side did. The new one takes its place.
+                let old = s.joined[k].replace(t);
+                if s.seen[k] {
+                    self.reconnects += 1;
+                }
+                s.seen[k] = true;
+                if let Some(old) = old {
+                    let _ = self.lost(poll, old, "replaced by a new connection");
+                    if let Some(s) = self.session.as_mut() {
+                        s.joined[k] = Some(t);
+                    }
+                }
+            }
+        }
+        let Some(c) = self.conns.get_mut(&t) else {
+            return Ok(());
+        };
+        let chunk = chunk as usize;
+        // Best effort: a socket without these still works, only a dead path is noticed
+        // later (when the sender gives up on it).
+        let _ = crate::set_path_timeout(&c.sock, self.cfg.path_timeout);
+        let mut inbuf = vec![0; DATA_HDR + chunk + (64 << 10)];
+        inbuf[..rest_len].copy_from_slice(&rest[..rest_len]);
+        c.state = State::Stream {
+            index: stream,
+            inbuf,
+            in_len: rest_len,
+            bytes: 0,
+        };
+        Frame::Welcome {
+            version: frame::VERSION,
+            window: self.cfg.window,
+        }
+        .emit_vec(&mut c.out);
+        if let Err(e) = flush(c) {
+            return self.lost(poll, t, &e);
+        }
+        // What came with the Hello, and what is still in the socket: edge-triggered, no
+        // new event would say so.
+        self.read(poll, t)
+    }
+
+    /// Tells a connection why it is refused (best effort) and closes it.
+    fn refuse(&mut self, poll: &mut Poll, t: Token, reason: &str) {
+        if let Some(mut c) = self.drop_conn(poll, t) {
+            let mut buf = Vec::new();
+            Frame::Refuse { reason }.emit_vec(&mut buf);
+            let _ = c.sock.write(&buf);
+        }
+    }
+
+    /// Writes the bytes that are in order, and acks them when enough have gone out.
+    fn write_out(&mut self, poll: &mut Poll, sink: &mut Sink) -> Result<(), String> {
+        let Some(s) = self.session.as_mut() else {
+            return Ok(());
+        };
+        loop {
+            let (a, b) = s.reorder.ready();
+            if a.is_empty() {
+                break;
+            }
+            for part in [a, b] {
+                if !part.is_empty() {
+                    sink.w
+                        .write_all(part)
+                        .map_err(|e| format!("write {}: {e}", sink.name))?;
+                    s.hasher.update(part);
+                }
+            }
+            let n = (a.len() + b.len()) as u64;
+            s.reorder.consume(n);
+        }
+        let written = s.reorder.written();
+        let complete = s.end.is_some_and(|e| e.0 == written);
+        // Every MiB (or eighth of a small window): credit returns soon, and the sender's live
+        // line and its acknowledged count move smoothly. Acks are a few bytes per stream.
+        let every = (self.cfg.window / 8).min(1 << 20);
+        if written - s.last_ack >= every || (complete && written > s.last_ack) {
+            s.last_ack = written;
+            let ack = Frame::Ack {
+                acked: written,
+                limit: s.reorder.limit(),
+            };
+            let mut failed = Vec::new();
+            for (t, c) in self.conns.iter_mut() {
+                if !matches!(c.state, State::Stream { .. }) {
+                    continue;
+                }
+                if c.out_pos == 0 {
+                    c.out.clear(); // an unwritten older ack says less than this one
+                }
+                ack.emit_vec(&mut c.out);
+                if c.out.len() > MAX_ACK_BACKLOG {
+                    failed.push((
+                        *t,
+                        "its sender stopped reading acknowledgements".to_string(),
+                    ));
+                } else if let Err(e) = flush(c) {
+                    failed.push((*t, e));
+                }
+            }
+            for (t, why) in failed {
+                self.lost(poll, t, &why)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Once every byte is written: checks the hash, sends the verdict on every stream, and
+    /// waits (at most 2 s) for it to leave. True when the session is over.
+    fn finish(&mut self, poll: &mut Poll, sink: &mut Sink) -> Result<bool, String> {
+        let Some(s) = self.session.as_mut() else {
+            return Ok(false);
+        };
+        let Some((total, hash)) = s.end else {
+            return Ok(false);
+        };
+        if s.reorder.written() != total {
+            return Ok(false);
+        }
+        sink.w
+            .flush()
+            .map_err(|e| format!("write {}: {e}", sink.name))?;
+        let ok = *s.hasher.finalize().as_bytes() == hash;
+        s.verdict = Some(ok);
+        let done = Frame::Done { total, ok };
+        for c in self.conns.values_mut() {
+            if matches!(c.state, State::Stream { .. }) {
+                done.emit_vec(&mut c.out);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut events = Events::with_capacity(64);
+        loop {
+            let mut left = false;
+            for c in self.conns.values_mut() {
+                if matches!(c.state, State::Stream { .. })
+                    && flush(c).is_ok()
+                    && c.out_pos < c.out.len()
+                {
+                    left = true;
+                }
+            }
+            if !left || Instant::now() >= deadline {
+                break;
+            }
+            let _ = poll.poll(&mut events, Some(Duration::from_millis(20)));
+        }
+        if !ok {
+            return Err(format!(
+                "the stream's hash does not match the sender's: {total} bytes arrived corrupted"
+            ));
+        }
+        Ok(true)
+    }
+}
+
+/// An IPv4 peer of the dual-stack listener as IPv4 (`198.19.0.1:40000`, not
+/// `[::ffff:198.19.0.1]:40000`).
+fn unmapped(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::from((v4, v6.port())),
+            None => a,
+        },
+        a => a,
+    }
+}
+
+/// Writes what `c` has pending for the sender.
+fn flush(c: &mut Conn) -> Result<(), String> {
+    while c.out_pos < c.out.len() {
+        match c.sock.write(&c.out[c.out_pos..]) {
+            Ok(0) => return Err("write returned 0".into()),
+            Ok(n) => c.out_pos += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("write: {e}")),
+        }
+    }
+    c.out.clear();
+    c.out_pos = 0;
+    Ok(())
+}

@@ -1,0 +1,234 @@
+//! The receiver's reorder window: chunks arrive out of order over several connections and
+//! are held in one ring of `window` bytes until the bytes before them are in, then handed out
+//! in order. Memory is the ring and a map of the held ranges, both bounded: the sender may
+//! only send bytes below `written + window` (its credit), and the map holds at most
+//! `max_gaps` ranges (a peer that sends small scattered pieces is refused, not obeyed).
+
+use std::collections::BTreeMap;
+
+/// Why a chunk cannot be taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReorderError {
+    #[error(
+        "bytes {seq}..{end} lie past the window's end {limit} (the sender ignored its credit)"
+    )]
+    PastWindow { seq: u64, end: u64, limit: u64 },
+    #[error("more than {max} separate pieces held at once (chunks far smaller than declared)")]
+    TooManyGaps { max: usize },
+}
+
+/// Bytes held out of order, and the offset up to which everything has been handed out.
+#[derive(Debug)]
+pub struct Reorder {
+    ring: Vec<u8>,
+    /// Everything below this offset has been handed out.
+    written: u64,
+    /// Held ranges at or above `written`: start -> end, disjoint and not touching.
+    held: BTreeMap<u64, u64>,
+    max_gaps: usize,
+}
+
+impl Reorder {
+    /// A window of `window` bytes (at least 1) holding at most `max_gaps` separate ranges.
+    pub fn new(window: usize, max_gaps: usize) -> Reorder {
+        assert!(window > 0, "an empty window");
+        Reorder {
+            // vec![0; n] is calloc: pages the sender never fills are never touched.
+            ring: vec![0; window],
+            written: 0,
+            held: BTreeMap::new(),
+            max_gaps: max_gaps.max(1),
+        }
+    }
+
+    /// Everything below this offset has been handed out.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// The first offset the sender may not send yet: `written + window`.
+    pub fn limit(&self) -> u64 {
+        self.written + self.ring.len() as u64
+    }
+
+    /// Bytes held beyond `written` (received, not yet in order).
+    pub fn held_bytes(&self) -> u64 {
+        self.held.iter().map(|(s, e)| e - s).sum()
+    }
+
+    /// Takes bytes `seq .. seq + data.len()`. Bytes already handed out are ignored (a chunk
+    /// re-sent after its first copy arrived); bytes past the window are an error.
+    pub fn insert(&mut self, seq: u64, data: &[u8]) -> Result<(), ReorderError> {
+        let end = seq + data.len() as u64;
+        if end > self.limit() {
+            return Err(ReorderError::PastWindow {
+                seq,
+                end,
+                limit: self.limit(),
+            });
+        }
+        if end <= self.written {
+            return Ok(());
+        }
+        let skip = self.written.saturating_sub(seq);
+        let (seq, data) = (seq + skip, &data[skip as usize..]);
+        // Merge [seq, end) with the ranges it touches.
+        let mut start = seq;
+        let mut stop = end;
+        let touching = self
+            .held
+            .range(..=end)
+            .rev()
+            .take_while(|(_, &e)| e >= seq)
+            .count();
+        if self.held.len() - touching + 1 > self.max_gaps {
+            return Err(ReorderError::TooManyGaps { max: self.max_gaps });
+        }
+        while let Some((s, e)) = self
+            .held
+            .range(..=stop)
+            .next_back()
+            .filter(|(_, &e)| e >= start)
+            .map(|(&s, &e)| (s, e))
+        {
+            self.held.remove(&s);
+            start = start.min(s);
+            stop = stop.max(e);
+        }
+        self.held.insert(start, stop);
+        let w = self.ring.len() as u64;
+        let at = (seq % w) as usize;
+        let first = data.len().min(self.ring.len() - at);
+        self.ring[at..at + first].copy_from_slice(&data[..first]);
+        self.ring[..data.len() - first].copy_from_slice(&data[first..]);
+        Ok(())
+    }
+
+    /// The bytes ready in order from `written`, as at most two slices (the ring wraps).
+    pub fn ready(&self) -> (&[u8], &[u8]) {
+        let Some((&s, &e)) = self.held.first_key_value() else {
+            return (&[], &[]);
+        };
+        if s > self.written {
+            return (&[], &[]);
+        }
+        let w = self.ring.len() as u64;
+        let n = (e - self.written) as usize;
+        let at = (self.written % w) as usize;
+        let first = n.min(self.ring.len() - at);
+        (&self.ring[at..at + first], &self.ring[..n - first])
+    }
+
+    /// Marks `n` ready bytes as handed out.
+    pub fn consume(&mut self, n: u64) {
+        let Some((&s, &e)) = self.held.first_key_value() else {
+            return;
+        };
+        debug_assert!(s <= self.written && self.written + n <= e);
+        self.held.remove(&s);
+        self.written += n;
+        if self.written < e {
+            self.held.insert(self.written, e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(r: &mut Reorder, out: &mut Vec<u8>) {
+        let (a, b) = r.ready();
+        let n = (a.len() + b.len()) as u64;
+        out.extend_from_slice(a);
+        out.extend_from_slice(b);
+        r.consume(n);
+    }
+
+    #[test]
+    fn out_of_order_chunks_come_out_in_order_across_the_wrap() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut r = Reorder::new(64, 16);
+        let mut out = Vec::new();
+        let mut next = 0usize;
+        while next < data.len() {
+            // Send up to the credit in chunks of 10, the pairs swapped.
+            let limit = r.limit() as usize;
+            let mut chunks = Vec::new();
+            let mut s = next;
+            while s < limit.min(data.len()) {
+                let e = (s + 10).min(limit).min(data.len());
+                chunks.push((s, e));
+                s = e;
+            }
+            next = s;
+            for pair in chunks.chunks(2).rev() {
+                for &(s, e) in pair.iter().rev() {
+                    r.insert(s as u64, &data[s..e]).unwrap();
+                }
+            }
+            drain(&mut r, &mut out);
+        }
+        assert_eq!(out, data);
+        assert_eq!(r.written(), 1000);
+        assert_eq!(r.held_bytes(), 0);
+    }
+
+    #[test]
+    fn nothing_is_ready_before_the_first_gap_fills() {
+        let mut r = Reorder::new(32, 8);
+        r.insert(8, &[2; 8]).unwrap();
+        assert_eq!(r.ready(), (&[][..], &[][..]));
+        assert_eq!(r.held_bytes(), 8);
+        r.insert(0, &[1; 8]).unwrap();
+        let (a, b) = r.ready();
+        assert_eq!((a.len(), b.len()), (16, 0));
+        r.consume(16);
+        assert_eq!(r.limit(), 48);
+    }
+
+    #[test]
+    fn duplicates_and_old_bytes_are_harmless() {
+        let mut r = Reorder::new(16, 4);
+        r.insert(0, b"abcdefgh").unwrap();
+        r.insert(4, b"efgh").unwrap();
+        let mut out = Vec::new();
+        drain(&mut r, &mut out);
+        r.insert(0, b"abcdefgh").unwrap(); // all below written
+        r.insert(6, b"ghij").unwrap(); // half below written
+        drain(&mut r, &mut out);
+        assert_eq!(out, b"abcdefghij");
+    }
+
+    #[test]
+    fn bytes_past_the_credit_are_refused() {
+        let mut r = Reorder::new(16, 4);
+        assert_eq!(
+            r.insert(10, &[0; 7]),
+            Err(ReorderError::PastWindow {
+                seq: 10,
+                end: 17,
+                limit: 16
+            })
+        );
+        r.insert(10, &[0; 6]).unwrap();
+    }
+
+    #[test]
+    fn scattered_pieces_are_bounded() {
+        let mut r = Reorder::new(100, 3);
+        r.insert(10, &[0]).unwrap();
+        r.insert(20, &[0]).unwrap();
+        r.insert(30, &[0]).unwrap();
+        assert_eq!(
+            r.insert(40, &[0]),
+            Err(ReorderError::TooManyGaps { max: 3 })
+        );
+        // A piece that joins two held ranges adds none.
+        let mut r = Reorder::new(100, 2);
+        r.insert(10, &[0; 5]).unwrap();
+        r.insert(20, &[0; 5]).unwrap();
+        r.insert(15, &[0; 5]).unwrap();
+        assert_eq!(r.held_bytes(), 15);
+    }
+}

@@ -1,0 +1,304 @@
+//! What a side of an mpcat session reports: the summary people read, the `--json` document
+//! (docs/schema/mpcat.schema.json) and the verdict (exit 0 only when every byte arrived and
+//! its hash was verified).
+
+use serde::Serialize;
+use tcpkit_stats::{Report, Verdict};
+
+/// The `--json` document's version (docs/schema/mpcat.schema.json).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Which side of the session this report is from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Send,
+    Receive,
+}
+
+/// One connection of the session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StreamReport {
+    pub index: u16,
+    pub local: String,
+    pub peer: String,
+    /// Payload bytes this connection carried (re-sent bytes included).
+    pub bytes: u64,
+    /// The member (ECMP nexthop's or bond slave's interface) it leaves by (sending side).
+    pub path: Option<String>,
+}
+
+/// A connection of the session that failed before the end.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PathFailure {
+    pub stream: u16,
+    pub local: String,
+    pub peer: String,
+    /// Seconds into the session.
+    pub at: f64,
+    pub why: String,
+}
+
+/// Connections the listener turned away (the receiving side; zeros on the sending side).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ConnCounts {
+    /// Presented another session's token (or came after the session was complete).
+    pub wrong_token: u64,
+    /// Sent something that is not an mpcat Hello of this version.
+    pub bad_handshake: u64,
+    /// Sent no Hello within the handshake deadline.
+    pub handshake_timeout: u64,
+    /// Arrived while the cap on connections in their handshake was reached.
+    pub over_cap: u64,
+    /// accept() failed (e.g. out of descriptors: accepting paused, then went on).
+    pub accept_errors: u64,
+}
+
+/// The report of one side.
+#[derive(Debug, Clone, Serialize)]
+pub struct MpcatReport {
+    /// [`SCHEMA_VERSION`]: changes when a field changes meaning or disappears.
+    pub schema_version: u32,
+    pub role: Role,
+    /// The address connected to, or listened on.
+    pub address: String,
+    /// Stream bytes moved: read and acknowledged (send), written out in order (receive).
+    pub bytes: u64,
+    /// The stream's length from its end frame, once known.
+    pub total: Option<u64>,
+    pub seconds: f64,
+    pub bytes_per_second: f64,
+    pub chunk_size: u64,
+    pub window: u64,
+    pub streams: Vec<StreamReport>,
+    /// How connections leave the sender toward the receiver, e.g. `ecmp: eth1 eth2` (sending
+    /// side; null on the receiving side).
+    pub egress: Option<String>,
+    /// Connections that failed (died, or stalled past --path-timeout) before the end.
+    pub path_failures: Vec<PathFailure>,
+    /// Connections opened again for a failed stream (send), or streams that rejoined
+    /// (receive).
+    pub reconnects: u64,
+    /// Bytes sent again because the connection that carried them failed (send; 0 on the
+    /// receiving side).
+    pub resent_bytes: u64,
+    /// "blake3:<hex>" of the whole stream, once known.
+    pub hash: Option<String>,
+    /// Every byte arrived and the receiver's hash matched the sender's.
+    pub verified: bool,
+    pub connections: ConnCounts,
+    /// Sessions that began, and of them those verified (receiving side: more than 1 only
+    /// with -k; the sending side has one).
+    pub sessions: u64,
+    pub sessions_verified: u64,
+    /// Why the session failed, if it did.
+    pub failure: Option<String>,
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+impl Report for MpcatReport {
+    fn human(&self) -> String {
+        let mut s = String::new();
+        let verb = match self.role {
+            Role::Send => "sent",
+            Role::Receive => "received",
+        };
+        let dir = match self.role {
+            Role::Send => "to",
+            Role::Receive => "on",
+        };
+        s.push_str(&format!(
+            "mpcat: {verb} {} bytes ({:.1} MiB) in {:.2} s, {:.2} MiB/s, over {} streams {dir} {}\n",
+            self.bytes,
+            mib(self.bytes),
+            self.seconds,
+            mib(self.bytes_per_second as u64),
+            self.streams.len(),
+            self.address
+        ));
+        match &self.egress {
+            Some(e) if e.starts_with("one link") => s.push_str(&format!("  egress {e}\n")),
+            Some(e) => s.push_str(&format!(
+                "  egress {e} (the receive direction is spread by the peer's routes or the switch)\n"
+            )),
+            None => {}
+        }
+        let all: u64 = self.streams.iter().map(|t| t.bytes).sum();
+        for t in &self.streams {
+            let share = if all == 0 {
+                0.0
+            } else {
+                100.0 * t.bytes as f64 / all as f64
+            };
+            let via = t
+                .path
+                .as_ref()
+                .map_or_else(String::new, |p| format!(" via {p}"));
+            s.push_str(&format!(
+                "  stream {:>3}  {} -> {}{via}  {} bytes  {:.1} %\n",
+                t.index, t.local, t.peer, t.bytes, share
+            ));
+        }
+        for f in &self.path_failures {
+            s.push_str(&format!(
+                "  path failed: stream {} {} -> {} at {:.1} s: {}\n",
+                f.stream, f.local, f.peer, f.at, f.why
+            ));
+        }
+        if !self.path_failures.is_empty() || self.reconnects > 0 {
+            s.push_str(&format!(
+                "  {} path failures, {} reconnects, {} bytes re-sent\n",
+                self.path_failures.len(),
+                self.reconnects,
+                self.resent_bytes
+            ));
+        }
+        match (&self.hash, self.verified) {
+            (Some(h), true) => s.push_str(&format!("{h}: verified\n")),
+            (Some(h), false) => s.push_str(&format!("{h}: NOT verified\n")),
+            (None, _) => s.push_str("hash: not known (the stream did not end)\n"),
+        }
+        if self.role == Role::Receive && self.sessions > 1 {
+            s.push_str(&format!(
+                "sessions: {} verified of {}\n",
+                self.sessions_verified, self.sessions
+            ));
+        }
+        if self.role == Role::Receive {
+            let c = &self.connections;
+            s.push_str(&format!(
+                "refused: {} wrong token, {} bad handshake, {} handshake timeout, {} over the cap, {} accept errors\n",
+                c.wrong_token, c.bad_handshake, c.handshake_timeout, c.over_cap, c.accept_errors
+            ));
+        }
+        s
+    }
+
+    fn json(&self) -> String {
+        tcpkit_stats::to_json(self)
+    }
+
+    fn verdict(&self) -> Verdict {
+        match &self.failure {
+            Some(f) => Verdict::Failed(f.clone()),
+            None if !self.verified => {
+                Verdict::Failed("the stream was not verified end to end".into())
+            }
+            None => Verdict::Done,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> MpcatReport {
+        MpcatReport {
+            schema_version: SCHEMA_VERSION,
+            role: Role::Receive,
+            address: "[::]:31337".into(),
+            bytes: 3 << 20,
+            total: Some(3 << 20),
+            seconds: 1.5,
+            bytes_per_second: 2.0 * 1048576.0,
+            chunk_size: 262_144,
+            window: 64 << 20,
+            streams: vec![
+                StreamReport {
+                    index: 0,
+                    local: "198.19.0.2:31337".into(),
+                    peer: "198.19.0.1:40000".into(),
+                    bytes: 1 << 20,
+                    path: None,
+                },
+                StreamReport {
+                    index: 1,
+                    local: "198.19.0.2:31337".into(),
+                    peer: "198.19.0.1:40001".into(),
+                    bytes: 2 << 20,
+                    path: None,
+                },
+            ],
+            egress: None,
+            path_failures: vec![],
+            reconnects: 0,
+            resent_bytes: 0,
+            hash: Some("blake3:00ff".into()),
+            verified: true,
+            connections: ConnCounts {
+                wrong_token: 2,
+                ..ConnCounts::default()
+            },
+            sessions: 1,
+            sessions_verified: 1,
+            failure: None,
+        }
+    }
+
+    #[test]
+    fn the_summary_reads_as_written() {
+        assert_eq!(
+            sample().human(),
+            "mpcat: received 3145728 bytes (3.0 MiB) in 1.50 s, 2.00 MiB/s, over 2 streams on [::]:31337\n\
+             \x20 stream   0  198.19.0.2:31337 -> 198.19.0.1:40000  1048576 bytes  33.3 %\n\
+             \x20 stream   1  198.19.0.2:31337 -> 198.19.0.1:40001  2097152 bytes  66.7 %\n\
+             blake3:00ff: verified\n\
+             refused: 2 wrong token, 0 bad handshake, 0 handshake timeout, 0 over the cap, 0 accept errors\n"
+        );
+        let mut r = sample();
+        r.path_failures.push(PathFailure {
+            stream: 1,
+            local: "198.19.0.2:31337".into(),
+            peer: "198.19.0.1:40001".into(),
+            at: 2.3,
+            why: "read: Connection timed out".into(),
+        });
+        r.reconnects = 1;
+        assert!(r.human().contains(
+            "  stream   1  198.19.0.2:31337 -> 198.19.0.1:40001  2097152 bytes  66.7 %\n\
+             \x20 path failed: stream 1 198.19.0.2:31337 -> 198.19.0.1:40001 at 2.3 s: read: Connection timed out\n\
+             \x20 1 path failures, 1 reconnects, 0 bytes re-sent\n\
+             blake3:00ff: verified\n"
+        ), "{}", r.human());
+        let mut r = sample();
+        r.role = Role::Send;
+        r.egress = Some("ecmp: eth1 eth2".into());
+        r.streams[0].path = Some("eth1".into());
+        assert!(r.human().contains(
+            "  egress ecmp: eth1 eth2 (the receive direction is spread by the peer's routes or the switch)\n\
+             \x20 stream   0  198.19.0.2:31337 -> 198.19.0.1:40000 via eth1  1048576 bytes  33.3 %\n"
+        ), "{}", r.human());
+        r.hash = None;
+        r.verified = false;
+        let h = r.human();
+        assert!(h.starts_with("mpcat: sent 3145728 bytes"), "{h}");
+        assert!(
+            h.ends_with("hash: not known (the stream did not end)\n"),
+            "{h}"
+        );
+    }
+
+    #[test]
+    fn exit_zero_only_when_verified() {
+        assert!(sample().verdict().is_done());
+        let mut r = sample();
+        r.verified = false;
+        assert!(!r.verdict().is_done());
+        let mut r = sample();
+        r.failure = Some("stream 1 closed".into());
+        assert_eq!(r.verdict(), Verdict::Failed("stream 1 closed".into()));
+    }
+
+    #[test]
+    fn the_json_has_every_field() {
+        let v: serde_json::Value = serde_json::from_str(&sample().json()).unwrap();
+        assert_eq!(v["role"], "receive");
+        assert_eq!(v["streams"][1]["bytes"], 2 << 20);
+        assert_eq!(v["connections"]["wrong_token"], 2);
+        assert_eq!(v["failure"], serde_json::Value::Null);
+    }
+}

@@ -1,0 +1,995 @@
+//! The sending side: opens the session's connections, reads the input on its own thread in
+//! chunks (hashing it as it goes), and hands the next chunk to whichever connection has room
+//! in its socket, never past the receiver's credit. A chunk is kept until the receiver
+//! acknowledges it; the session ends when the receiver says every byte arrived and the hash
+//! matched.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Waker};
+
+use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, VERSION};
+use tcpkit_pace::TokenBucket;
+
+use crate::paths::{Egress, Paths};
+use crate::{ConnCounts, Error, Input, Live, MpcatReport, PathFailure, Role, StreamReport};
+
+/// How the sending side runs.
+#[derive(Debug, Clone)]
+pub struct SendConfig {
+    /// The receiver's addresses, tried in order for the first connection; the one that
+    /// answered is used for the others.
+    pub peer: Vec<SocketAddr>,
+    /// The address as the user gave it, for the report.
+    pub address: String,
+    /// Connections to open; None: one per member of the egress (ECMP nexthop or bond slave).
+    pub streams: Option<u16>,
+    pub chunk: u32,
+    pub input: Input,
+    /// How long each connect and handshake may take.
+    pub connect_timeout: Duration,
+    /// A connection whose data stays unacknowledged this long has failed: its chunks go
+    /// out again on the others and it is reopened (from the same source port, so over the
+    /// same path) until the path answers again. With no connection left for this long, the
+    /// session fails.
+    pub path_timeout: Duration,
+    /// Most stream bytes per second (--rate-limit), over all connections together.
+    pub rate_limit: Option<u64>,
+}
+
+const WAKER: mio::Token = mio::Token(usize::MAX);
+/// Bytes a sender keeps for frames coming back (acks, the verdict): they are small.
+const INBUF: usize = 4096;
+
+/// One chunk of the input, `seq` its offset in the stream.
+#[derive(Debug)]
+struct Chunk {
+    seq: u64,
+    buf: Vec<u8>,
+    /// The connection it was last handed to.
+    conn: usize,
+}
+
+impl Chunk {
+    fn end(&self) -> u64 {
+        self.seq + self.buf.len() as u64
+    }
+}
+
+/// What the reader thread hands the loop.
+#[derive(Debug)]
+enum FromReader {
+    Chunk(Chunk),
+    End { total: u64, hash: [u8; 32] },
+    Failed(Error),
+}
+
+#[derive(Debug)]
+struct Conn {
+    /// None while the stream's connection is down.
+    sock: Option<mio::net::TcpStream>,
+    local: SocketAddr,
+    peer: SocketAddr,
+    /// The egress member it was placed on.
+    path: Option<String>,
+    /// The frame being written and how much of it is written.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// The socket took everything offered last time: it may have room.
+    writable: bool,
+    inbuf: Vec<u8>,
+    in_len: usize,
+    bytes: u64,
+    /// A reconnection is being tried (on its own thread).
+    reconnecting: bool,
+    /// When the next reconnection may start.
+    next_try: Instant,
+}
+
+/// A reconnection's outcome, from its thread.
+type Reconnected = (usize, Result<(TcpStream, SocketAddr, u64), Error>);
+
+/// Opens the input: a file that cannot be opened fails before any connection is made.
+fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
+    match input {
+        Input::Stdin => Ok(Box::new(io::stdin())),
+        Input::File(p) => std::fs::File::open(p)
+            .map(|f| Box::new(f) as Box<dyn Read + Send>)
+            .map_err(|e| Error::io(format!("open {}", p.display()), e)),
+    }
+}
+
+/// Connects stream `index` and does its handshake; returns the socket, any bytes read past
+/// the Welcome, and the receiver's window.
+fn connect(
+    cfg: &SendConfig,
+    n_streams: u16,
+    lowat: Option<u32>,
+    addrs: &[SocketAddr],
+    from: Option<SocketAddr>,
+    token: frame::Token,
+    index: u16,
+) -> Result<(TcpStream, SocketAddr, u64), Error> {
+    let mut last = None;
+    let mut sock = None;
+    for a in addrs {
+        match connect_from(*a, from, cfg.connect_timeout) {
+            Ok(s) => {
+                sock = Some((s, *a));
+                break;
+            }
+            Err(e) => last = Some((*a, e)),
+        }
+    }
+    let (mut s, addr) = match (sock, last) {
+        (Some(s), _) => s,
+        (None, Some((a, e))) => return Err(Error::io(format!("stream {index}: connect {a}"), e)),
+        (None, None) => return Err(Error::msg(format!("{}: no address", cfg.address))),
+    };
+    let what = |w: &str| format!("stream {index}: {w} {addr}");
+    // Small frames (acks, the verdict) must not wait for Nagle.
+    s.set_nodelay(true)
+        .map_err(|e| Error::io(what("TCP_NODELAY on"), e))?;
+    crate::set_path_timeout(&s, cfg.path_timeout)
+        .map_err(|e| Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e))?;
+    // Over links of different speeds, "room" must mean little unsent data in the socket,
+    // not a free send buffer: with at most 128 KiB not yet sent, a slow link's socket cannot
+    // swallow megabytes that the fast links then wait for at the end (40/30/20/10 Mbit/s
+    // links: 85 % of their sum with the autotuned buffer alone, 94.5 % with this). One way
+    // out has no such tail, and there the extra wake-ups would only cost speed.
+    if let Some(lowat) = lowat {
+        set_notsent_lowat(&s, lowat).map_err(|e| Error::io(what("TCP_NOTSENT_LOWAT on"), e))?;
+    }
+    let hello = Frame::Hello {
+        version: VERSION,
+        token,
+        stream: index,
+        streams: n_streams,
+        chunk: cfg.chunk,
+    };
+    let mut buf = [0u8; 64 + frame::MAX_REASON];
+    let n = hello.emit(&mut buf);
+    s.write_all(&buf[..n])
+        .map_err(|e| Error::io(what("send hello to"), e))?;
+    s.set_read_timeout(Some(cfg.connect_timeout))
+        .map_err(|e| Error::io(what("SO_RCVTIMEO on"), e))?;
+    let mut have = 0;
+    loop {
+        match Frame::parse(&buf[..have]) {
+            Ok((Frame::Welcome { version, window }, used)) => {
+                if version != VERSION || used != have {
+                    return Err(Error::msg(format!(
+                        "{}: the receiver speaks version {version}, this is {VERSION}",
+                        what("handshake with")
+                    )));
+                }
+                return Ok((s, addr, window));
+            }
+            Ok((Frame::Refuse { reason }, _)) => {
+                return Err(Error::msg(format!("{}: {reason}", what("refused by"))));
+            }
+            Ok((f, _)) => {
+                return Err(Error::msg(format!(
+                    "{}: expected a welcome, got {f:?}",
+                    what("handshake with")
+                )))
+            }
+            Err(FrameError::Truncated { .. }) => {}
+            Err(e) => {
+                return Err(Error::msg(format!(
+                    "{}: not an mpcat receiver: {e}",
+                    what("handshake with")
+                )))
+            }
+        }
+        let n = match s.read(&mut buf[have..]) {
+            Ok(0) => {
+                return Err(Error::msg(format!(
+                    "{}: closed during the handshake",
+                    what("receiver")
+                )))
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Error::msg(format!(
+                    "{}: no welcome within {:?}",
+                    what("handshake with"),
+                    cfg.connect_timeout
+                )))
+            }
+            Err(e) => return Err(Error::io(what("read welcome from"), e)),
+        };
+        have += n;
+    }
+}
+
+/// TCP_NOTSENT_LOWAT: the socket is writable (and takes writes) only while fewer than
+/// `bytes` of what was written are not yet sent.
+fn set_notsent_lowat(s: &TcpStream, bytes: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: setsockopt with a pointer to an int and its size, on a socket we own.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A TCP connection to `to`, from `from` when given (a failed stream's own address and
+/// port, so the L4 hash puts it on the same path; a fresh port if that one is taken).
+fn connect_from(
+    to: SocketAddr,
+    from: Option<SocketAddr>,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))?;
+    if let Some(f) = from {
+        s.set_reuse_address(true)?;
+        // Taken (still in use by the old connection's remains): any port will do.
+        let _ = s.bind(&f.into());
+    }
+    s.connect_timeout(&to.into(), timeout)?;
+    Ok(s.into())
+}
+
+/// Reads the input in `chunk`-sized pieces into buffers from the pool (at most `pool` of
+/// them exist, so the input is read no further ahead than the window), hashing as it goes.
+fn reader(
+    mut input: Box<dyn Read + Send>,
+    chunk: usize,
+    pool: usize,
+    tx: SyncSender<FromReader>,
+    back: Receiver<Vec<u8>>,
+    waker: Arc<Waker>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut hasher = blake3::Hasher::new();
+    let mut made = 0usize;
+    let mut seq = 0u64;
+    let send = |m: FromReader| {
+        let ok = tx.send(m).is_ok();
+        let _ = waker.wake();
+        ok
+    };
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut buf = match back.try_recv() {
+            Ok(b) => b,
+            Err(_) if made < pool => {
+                made += 1;
+                Vec::with_capacity(chunk)
+            }
+            Err(_) => match back.recv_timeout(Duration::from_millis(100)) {
+                Ok(b) => b,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+        };
+        buf.resize(chunk, 0);
+        let mut got = 0;
+        let mut eof = false;
+        while got < chunk {
+            match input.read(&mut buf[got..]) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    send(FromReader::Failed(Error::io("read the input", e)));
+                    return;
+                }
+            }
+        }
+        buf.truncate(got);
+        if got > 0 {
+            hasher.update(&buf);
+            let c = Chunk { seq, buf, conn: 0 };
+            seq += got as u64;
+            if !send(FromReader::Chunk(c)) {
+                return;
+            }
+        }
+        if eof {
+            send(FromReader::End {
+                total: seq,
+                hash: *hasher.finalize().as_bytes(),
+            });
+            return;
+        }
+    }
+}
+
+/// The loop's state beside its connections.
+struct Flow {
+    unsent: VecDeque<Chunk>,
+    inflight: VecDeque<Chunk>,
+    /// The receiver's credit: nothing at or past this offset may be sent.
+    limit: u64,
+    acked: u64,
+    end: Option<(u64, [u8; 32])>,
+    /// The connection the end frame went out on.
+    end_sent: Option<usize>,
+    /// The receiver's verdict.
+    done: Option<(u64, bool)>,
+    back: mpsc::Sender<Vec<u8>>,
+    start: Instant,
+    failures: Vec<PathFailure>,
+    reconnects: u64,
+    resent: u64,
+    /// Since when no connection has been up.
+    none_since: Option<Instant>,
+    /// --rate-limit: stream bytes as tokens.
+    bucket: Option<TokenBucket>,
+    /// How long until the bucket holds the next chunk, when it held too few.
+    pace_wait: Option<Duration>,
+}
+
+impl Flow {
+    /// Gives chunks the receiver has written back to the reader.
+    fn release(&mut self) {
+        let acked = self.acked;
+        let back = &self.back;
+        self.inflight.retain_mut(|ch| {
+            if ch.end() <= acked {
+                let _ = back.send(std::mem::take(&mut ch.buf));
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+/// What the event loop works with besides the flow.
+struct Ctx<'a> {
+    cfg: &'a SendConfig,
+    n_streams: u16,
+    lowat: Option<u32>,
+    token: frame::Token,
+    addr: SocketAddr,
+    waker: Arc<Waker>,
+    conn_tx: mpsc::Sender<Reconnected>,
+}
+
+fn register(poll: &Poll, s: TcpStream, i: usize) -> Result<mio::net::TcpStream, Error> {
+    s.set_nonblocking(true)
+        .map_err(|e| Error::io(format!("stream {i}: O_NONBLOCK"), e))?;
+    let mut sock = mio::net::TcpStream::from_std(s);
+    poll.registry()
+        .register(
+            &mut sock,
+            mio::Token(i),
+            Interest::READABLE | Interest::WRITABLE,
+        )
+        .map_err(|e| Error::io(format!("stream {i}: epoll_ctl"), e))?;
+    Ok(sock)
+}
+
+/// Runs the sending side until the receiver's verdict, a failure, or `stop`.
+pub fn run(
+    cfg: &SendConfig,
+    stop: &AtomicBool,
+    live: &Live,
+    hint: &dyn Fn(&str),
+) -> Result<MpcatReport, Error> {
+    let input = open_input(&cfg.input)?;
+    if let Input::File(p) = &cfg.input {
+        // A regular file's length gives the live line its percent and ETA.
+        if let Some(m) = std::fs::metadata(p).ok().filter(|m| m.is_file()) {
+            live.total.store(m.len(), Ordering::Relaxed);
+        }
+    }
+    let token = crate::random_token()?;
+    let chunk = cfg.chunk as usize;
+    assert!(
+        (1..=MAX_CHUNK).contains(&chunk),
+        "chunk checked by the caller"
+    );
+    let start = Instant::now();
+    let mut poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
+    // Where connections leave: the streams are placed one per member, round robin, by
+    // their source port. Not knowing (no route answer) is said, not fatal.
+    let to = *cfg
+        .peer
+        .first()
+        .ok_or_else(|| Error::msg(format!("{}: no address", cfg.address)))?;
+    let paths = match Paths::discover(to) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            hint(&format!(
+                "cannot tell which links connections to {} take ({e}): source ports left to the kernel",
+                to.ip()
+            ));
+            None
+        }
+    };
+    let members = paths
+        .as_ref()
+        .map(|p| p.egress.members())
+        .unwrap_or_default();
+    let n_streams = match cfg.streams {
+        Some(n) => n,
+        None => u16::try_from(members.len().clamp(1, usize::from(frame::MAX_STREAMS))).unwrap_or(1),
+    };
+    let egress = paths.as_ref().map(|p| describe(&p.egress));
+    if let Some(e) = egress.as_ref().filter(|_| members.len() > 1) {
+        hint(&format!(
+            "{n_streams} streams over {e}, toward {}; the receive direction is spread by the peer's routes or the switch",
+            to.ip()
+        ));
+    }
+    // Several ways out (or none known, with several streams): bound what each socket holds.
+    let lowat = (members.len() > 1 || (paths.is_none() && n_streams > 1))
+        .then_some(cfg.chunk.min(128 << 10));
+    let mut conns = Vec::with_capacity(usize::from(n_streams));
+    let mut addrs = cfg.peer.clone();
+    let mut window = u64::MAX;
+    for i in 0..n_streams {
+        let placed = paths
+            .as_ref()
+            .filter(|p| p.egress.members().len() > 1)
+            .and_then(|p| pick_source(p, to, usize::from(i) % members.len()));
+        let from = placed.map(|(a, _)| a);
+        let (s, addr, w) = connect(cfg, n_streams, lowat, &addrs, from, token, i)?;
+        // The first address that answered is the one every stream uses.
+        addrs = vec![addr];
+        window = window.min(w);
+        let local = s
+            .local_addr()
+            .map_err(|e| Error::io(format!("stream {i}: getsockname"), e))?;
+        let path = match (&paths, placed) {
+            (_, Some((_, m))) => members.get(m).cloned(),
+            (Some(p), None) => p
+                .member_of(local, addr)
+                .ok()
+                .and_then(|m| members.get(m).cloned()),
+            (None, None) => None,
+        };
+        let sock = register(&poll, s, usize::from(i))?;
+        conns.push(Conn {
+            sock: Some(sock),
+            local,
+            peer: addr,
+            path,
+            out: Vec::with_capacity(DATA_HDR + chunk),
+            out_pos: 0,
+            writable: true,
+            inbuf: vec![0; INBUF],
+            in_len: 0,
+            bytes: 0,
+            reconnecting: false,
+            next_try: start,
+        });
+    }
+    let waker = Arc::new(
+        Waker::new(poll.registry(), WAKER).map_err(|e| Error::io("eventfd for the reader", e))?,
+    );
+    // Chunks alive at once: the window's worth, one more per stream being written, and a
+    // few read ahead.
+    let pool = (window / chunk as u64).min(1 << 16) as usize + conns.len() + 4;
+    let (tx, rx) = mpsc::sync_channel(pool);
+    let (back_tx, back_rx) = mpsc::channel();
+    let reader_stop = Arc::new(AtomicBool::new(false));
+    let rthread = {
+        let (waker, rstop) = (Arc::clone(&waker), Arc::clone(&reader_stop));
+        std::thread::Builder::new()
+            .name("mpcat-read".into())
+            .spawn(move || reader(input, chunk, pool, tx, back_rx, waker, rstop))
+            .map_err(|e| Error::io("start the reader thread", e))?
+    };
+    let mut flow = Flow {
+        unsent: VecDeque::new(),
+        inflight: VecDeque::new(),
+        limit: window,
+        acked: 0,
+        end: None,
+        end_sent: None,
+        done: None,
+        back: back_tx,
+        start,
+        failures: Vec::new(),
+        reconnects: 0,
+        resent: 0,
+        none_since: None,
+        // A burst of two chunks: enough to keep every connection fed between polls, small
+        // enough that a second's rate stays within a few percent of the limit.
+        bucket: cfg
+            .rate_limit
+            .map(|r| TokenBucket::new(r as f64, (2 * cfg.chunk).max(1))),
+        pace_wait: None,
+    };
+    let (conn_tx, conn_rx) = mpsc::channel();
+    let ctx = Ctx {
+        cfg,
+        n_streams,
+        lowat,
+        token,
+        addr: addrs[0],
+        waker: Arc::clone(&waker),
+        conn_tx,
+    };
+    let failure = event_loop(
+        &mut poll, &ctx, &mut conns, &mut flow, &rx, &conn_rx, stop, live,
+    )
+    .err();
+    reader_stop.store(true, Ordering::Relaxed);
+    drop(rx);
+    let _ = rthread.join();
+    let secs = start.elapsed().as_secs_f64();
+    let verified = failure.is_none()
+        && matches!((flow.done, flow.end), (Some((t, true)), Some((total, _))) if t == total);
+    let failure = failure.or_else(|| {
+        (!verified).then(|| match flow.done {
+            Some((_, false)) => {
+                "the receiver's hash does not match: the stream arrived corrupted".into()
+            }
+            _ => "the receiver's total differs from the bytes sent".into(),
+        })
+    });
+    Ok(MpcatReport {
+        schema_version: crate::report::SCHEMA_VERSION,
+        role: Role::Send,
+        address: cfg.address.clone(),
+        bytes: flow.acked,
+        total: flow.end.map(|e| e.0),
+        seconds: secs,
+        bytes_per_second: if secs > 0.0 {
+            flow.acked as f64 / secs
+        } else {
+            0.0
+        },
+        chunk_size: chunk as u64,
+        window,
+        streams: conns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| StreamReport {
+                index: i as u16,
+                local: c.local.to_string(),
+                peer: c.peer.to_string(),
+                bytes: c.bytes,
+                path: c.path.clone(),
+            })
+            .collect(),
+        egress,
+        path_failures: flow.failures,
+        reconnects: flow.reconnects,
+        resent_bytes: flow.resent,
+        hash: flow.end.map(|(_, h)| format!("blake3:{}", hex(&h))),
+        verified,
+        connections: ConnCounts::default(),
+        sessions: 1,
+        sessions_verified: u64::from(verified),
+        failure,
+    })
+}
+
+/// How the egress reads in the report: `ecmp: eth1 eth2`, `bond bond0 (layer3+4): eth0 eth1`.
+fn describe(e: &Egress) -> String {
+    match e {
+        Egress::Single { dev } => format!("one link: {dev}"),
+        Egress::Ecmp { devs } => format!("ecmp: {}", devs.join(" ")),
+        Egress::Bond { bond, slaves } => {
+            format!("bond {bond} (layer3+4): {}", slaves.join(" "))
+        }
+    }
+}
+
+/// A free source address (the route's source, a kernel-chosen port) whose connection to
+/// `to` leaves by member `want`; None if 4096 tries found none (the member is then left
+/// to chance).
+fn pick_source(p: &Paths, to: SocketAddr, want: usize) -> Option<(SocketAddr, usize)> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    for _ in 0..4096 {
+        let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP)).ok()?;
+        s.bind(&SocketAddr::new(p.src, 0).into()).ok()?;
+        let local = s.local_addr().ok()?.as_socket()?;
+        if p.member_of(local, to).ok()? == want {
+            // Closed here and bound again by connect (SO_REUSEADDR): the port is free.
+            return Some((local, want));
+        }
+    }
+    None
+}
+
+pub(crate) fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Connection `i` failed: it is closed, its chunks not yet written by the receiver go back
+/// to the front of the queue (the others will carry them), and it is reopened later.
+fn fail_conn(poll: &Poll, i: usize, c: &mut Conn, flow: &mut Flow, why: String) {
+    let Some(mut sock) = c.sock.take() else {
+        return;
+    };
+    let _ = poll.registry().deregister(&mut sock);
+    drop(sock);
+    flow.failures.push(PathFailure {
+        stream: i as u16,
+        local: c.local.to_string(),
+        peer: c.peer.to_string(),
+        at: flow.start.elapsed().as_secs_f64(),
+        why,
+    });
+    c.out.clear();
+    c.out_pos = 0;
+    c.in_len = 0;
+    c.writable = false;
+    c.next_try = Instant::now() + Duration::from_millis(200);
+    let mut again: Vec<Chunk> = Vec::new();
+    let mut k = 0;
+    while k < flow.inflight.len() {
+        if flow.inflight[k].conn == i {
+            if let Some(ch) = flow.inflight.remove(k) {
+                flow.resent += ch.buf.len() as u64;
+                again.push(ch);
+            }
+        } else {
+            k += 1;
+        }
+    }
+    again.sort_by_key(|ch| ch.seq);
+    for ch in again.into_iter().rev() {
+        flow.unsent.push_front(ch);
+    }
+    if flow.end_sent == Some(i) {
+        flow.end_sent = None;
+    }
+}
+
+/// Starts reopening the failed streams whose time has come, each on its own thread (a
+/// connect to a dead path blocks until its timeout), from the stream's own address.
+fn reconnect(ctx: &Ctx<'_>, conns: &mut [Conn]) {
+    let now = Instant::now();
+    for (i, c) in conns.iter_mut().enumerate() {
+        if c.sock.is_some() || c.reconnecting || now < c.next_try {
+            continue;
+        }
+        c.reconnecting = true;
+        let cfg = SendConfig {
+            connect_timeout: ctx.cfg.connect_timeout.min(ctx.cfg.path_timeout),
+            ..ctx.cfg.clone()
+        };
+        let (addr, from, token, n, lowat) =
+            (ctx.addr, c.local, ctx.token, ctx.n_streams, ctx.lowat);
+        let (tx, waker) = (ctx.conn_tx.clone(), Arc::clone(&ctx.waker));
+        let spawned = std::thread::Builder::new()
+            .name("mpcat-reconnect".into())
+            .spawn(move || {
+                let r = connect(&cfg, n, lowat, &[addr], Some(from), token, i as u16);
+                let _ = tx.send((i, r));
+                let _ = waker.wake();
+            });
+        if spawned.is_err() {
+            c.reconnecting = false;
+            c.next_try = now + Duration::from_secs(1);
+        }
+    }
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's parts, each borrowed differently"
+)]
+fn event_loop(
+    poll: &mut Poll,
+    ctx: &Ctx<'_>,
+    conns: &mut [Conn],
+    flow: &mut Flow,
+    rx: &Receiver<FromReader>,
+    conn_rx: &Receiver<Reconnected>,
+    stop: &AtomicBool,
+    live: &Live,
+) -> Result<(), String> {
+    let mut events = Events::with_capacity(256);
+    let mut rr = 0usize;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(format!(
+                "interrupted: {} bytes acknowledged by the receiver",
+                flow.acked
+            ));
+        }
+        // Take what the reader has.
+        loop {
+            match rx.try_recv() {
+                Ok(FromReader::Chunk(c)) => flow.unsent.push_back(c),
+                Ok(FromReader::End { total, hash }) => flow.end = Some((total, hash)),
+                Ok(FromReader::Failed(e)) => return Err(tcpkit_stats::chain(&e)),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    if flow.end.is_none() {
+                        return Err("the input reader stopped".into());
+                    }
+                    break;
+                }
+            }
+        }
+        // Streams that came back.
+        while let Ok((i, r)) = conn_rx.try_recv() {
+            let c = &mut conns[i];
+            c.reconnecting = false;
+            match r {
+                Ok((s, _, _)) => {
+                    let local = s.local_addr().ok();
+                    match register(poll, s, i) {
+                        Ok(sock) => {
+                            c.sock = Some(sock);
+                            c.local = local.unwrap_or(c.local);
+                            c.writable = true;
+                            flow.reconnects += 1;
+                        }
+                        Err(_) => c.next_try = Instant::now() + Duration::from_secs(1),
+                    }
+                }
+                // The path is still down: try again in a second.
+                Err(_) => c.next_try = Instant::now() + Duration::from_secs(1),
+            }
+        }
+        if conns.iter().any(|c| c.sock.is_some()) {
+            flow.none_since = None;
+        } else {
+            let since = *flow.none_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= ctx.cfg.path_timeout {
+                let last = flow.failures.last().map_or_else(String::new, |f| {
+                    format!(" (last: stream {}: {})", f.stream, f.why)
+                });
+                return Err(format!(
+                    "no path left: every stream failed and none reopened within {:?}, {} bytes acknowledged{last}",
+                    ctx.cfg.path_timeout, flow.acked
+                ));
+            }
+        }
+        if flow.done.is_none() {
+            reconnect(ctx, conns);
+        }
+        fill(poll, conns, flow, &mut rr);
+        live.bytes.store(flow.acked, Ordering::Relaxed);
+        for (i, c) in conns.iter().enumerate() {
+            live.set_stream(i, c.bytes);
+        }
+        if let Some((total, ok)) = flow.done {
+            if !ok {
+                return Err(
+                    "the receiver's hash does not match: the stream arrived corrupted".into(),
+                );
+            }
+            return match flow.end {
+                Some((t, _)) if t == total => Ok(()),
+                _ => Err(format!(
+                    "the receiver counted {total} bytes, {} were sent",
+                    flow.end.map_or(0, |e| e.0)
+                )),
+            };
+        }
+        let wait = flow
+            .pace_wait
+            .take()
+            .map_or(Duration::from_millis(100), |w| {
+                w.clamp(Duration::from_millis(1), Duration::from_millis(100))
+            });
+        match poll.poll(&mut events, Some(wait)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("epoll_wait: {e}")),
+        }
+        for ev in events.iter() {
+            if ev.token() == WAKER {
+                continue;
+            }
+            let i = ev.token().0;
+            let Some(c) = conns.get_mut(i) else {
+                continue;
+            };
+            if ev.is_writable() {
+                c.writable = true;
+            }
+            if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                match read_conn(i, c, flow) {
+                    Ok(()) => {}
+                    Err(ConnError::Fatal(why)) => return Err(why),
+                    Err(ConnError::Path(why)) => fail_conn(poll, i, c, flow, why),
+                }
+            }
+        }
+    }
+}
+
+/// Why a connection's read or write stopped.
+enum ConnError {
+    /// The connection died: its chunks go out on the others.
+    Path(String),
+    /// The receiver said no, or spoke nonsense: the session is over.
+    Fatal(String),
+}
+
+/// Reads what the receiver sent on connection `i`: acks (credit) and the verdict.
+fn read_conn(i: usize, c: &mut Conn, flow: &mut Flow) -> Result<(), ConnError> {
+    let Some(sock) = c.sock.as_mut() else {
+        return Ok(());
+    };
+    loop {
+        match sock.read(&mut c.inbuf[c.in_len..]) {
+            Ok(0) => {
+                if flow.done.is_some() {
+                    return Ok(());
+                }
+                return Err(ConnError::Path("closed by the receiver".into()));
+            }
+            Ok(n) => c.in_len += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(ConnError::Path(format!("read: {e}"))),
+        }
+        let mut at = 0;
+        loop {
+            match Frame::parse(&c.inbuf[at..c.in_len]) {
+                Ok((f, used)) => {
+                    at += used;
+                    match f {
+                        Frame::Ack { acked, limit } => {
+                            flow.limit = flow.limit.max(limit);
+                            if acked > flow.acked {
+                                flow.acked = acked;
+                                flow.release();
+                            }
+                        }
+                        Frame::Done { total, ok } => {
+                            if ok {
+                                flow.acked = flow.acked.max(total);
+                            }
+                            flow.done = Some((total, ok));
+                        }
+                        Frame::Refuse { reason } => {
+                            return Err(ConnError::Fatal(format!(
+                                "stream {i} ({}): refused: {reason}",
+                                c.peer
+                            )))
+                        }
+                        other => {
+                            return Err(ConnError::Fatal(format!(
+                                "stream {i} ({}): the receiver sent a frame only a sender sends: {other:?}",
+                                c.peer
+                            )))
+                        }
+                    }
+                }
+                Err(FrameError::Truncated { .. }) => break,
+                Err(e) => return Err(ConnError::Fatal(format!("stream {i} ({}): {e}", c.peer))),
+            }
+        }
+        c.inbuf.copy_within(at..c.in_len, 0);
+        c.in_len -= at;
+        if c.in_len == c.inbuf.len() {
+            return Err(ConnError::Fatal(format!(
+                "stream {i}: a frame from the receiver over {INBUF} bytes"
+            )));
+        }
+    }
+}
+
+/// Writes what connection `c` has pending; Ok(false) when the socket is full.
+fn flush(c: &mut Conn) -> Result<bool, String> {
+    let Some(sock) = c.sock.as_mut() else {
+        return Ok(false);
+    };
+    while c.out_pos < c.out.len() {
+        match sock.write(&c.out[c.out_pos..]) {
+            Ok(0) => return Err("write returned 0".into()),
+            Ok(n) => c.out_pos += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                c.writable = false;
+                return Ok(false);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("write: {e}")),
+        }
+    }
+    c.out.clear();
+    c.out_pos = 0;
+    Ok(true)
+}
+
+/// Hands chunks to connections with room, one chunk per connection per round so that every
+/// connection with room gets work, until the sockets are full, the credit is used, or no
+/// chunk is ready; then the end frame. A connection whose write fails is failed over.
+fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
+    let n = conns.len();
+    loop {
+        let mut progressed = false;
+        for k in 0..n {
+            let i = (*rr + k) % n;
+            let c = &mut conns[i];
+            if c.sock.is_none() || !c.writable {
+                continue;
+            }
+            match flush(c) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(why) => {
+                    fail_conn(poll, i, c, flow, why);
+                    continue;
+                }
+            }
+            let mut fits = flow.unsent.front().is_some_and(|ch| ch.end() <= flow.limit);
+            if let (true, Some(b), Some(ch)) = (fits, flow.bucket.as_mut(), flow.unsent.front()) {
+                let now = flow.start.elapsed().as_nanos() as u64;
+                let len = ch.buf.len() as u64;
+                if !b.try_take(now, len) {
+                    flow.pace_wait = Some(Duration::from_nanos(b.time_until(now, len)));
+                    fits = false;
+                }
+            }
+            if fits {
+                let Some(mut ch) = flow.unsent.pop_front() else {
+                    continue;
+                };
+                c.out
+                    .extend_from_slice(&frame::data_header(ch.seq, ch.buf.len()));
+                c.out.extend_from_slice(&ch.buf);
+                c.bytes += ch.buf.len() as u64;
+                ch.conn = i;
+                flow.inflight.push_back(ch);
+                progressed = true;
+            } else if let (Some((total, hash)), true, None) =
+                (flow.end, flow.unsent.is_empty(), flow.end_sent)
+            {
+                Frame::End { total, hash }.emit_vec(&mut c.out);
+                flow.end_sent = Some(i);
+                progressed = true;
+            } else {
+                continue;
+            }
+            if let Err(why) = flush(c) {
+                fail_conn(poll, i, c, flow, why);
+            }
+        }
+        *rr = (*rr + 1) % n.max(1);
+        if !progressed {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::FRAME_HDR;
+
+    #[test]
+    fn hex_is_lowercase_and_padded() {
+        assert_eq!(hex(&[0, 0xab, 7]), "00ab07");
+    }
+
+    #[test]
+    fn the_frame_header_size_is_what_the_loop_reserves() {
+        assert_eq!(DATA_HDR, FRAME_HDR + 8);
+    }
+}

@@ -1,0 +1,403 @@
+//! `tcpkit mpcat`: what the user typed (clap), then the resolved `tcpkit_mpcat` config of the
+//! side it runs (send or receive), and where the report goes.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tcpkit_mpcat::recv::RecvConfig;
+use tcpkit_mpcat::send::SendConfig;
+use tcpkit_mpcat::{frame, Input, Live, Output};
+use tcpkit_stats::{Monitor, MonitorOptions, Report, Verdict};
+
+use crate::common::{self, OutputFlags};
+use crate::Failure;
+
+/// One byte stream over several TCP connections (netcat's job, striped): `-l -p PORT` on the
+/// receiving side, `HOST PORT` on the sending side; stdin to stdout unless -i/-o.
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// Listen for one session on --port and write what arrives (the receiving side).
+    #[arg(short = 'l', long)]
+    pub listen: bool,
+
+    /// Port to listen on (with -l); one port for every stream of the session.
+    #[arg(short = 'p', long, value_name = "PORT")]
+    pub port: Option<u16>,
+
+    /// The receiver to connect to (the sending side): HOST PORT.
+    #[arg(value_name = "HOST", conflicts_with = "listen")]
+    pub host: Option<String>,
+
+    /// The receiver's port (the sending side).
+    #[arg(value_name = "PORT", requires = "host")]
+    pub dest_port: Option<u16>,
+
+    /// Connections to stripe the stream over (sending side), 1 to 256. Default: one per
+    /// member of the way out toward the receiver (each nexthop of an ECMP route, each slave
+    /// of a layer3+4 bond; 1 on a plain route). Either way each connection's source port is
+    /// chosen so that the connections spread evenly over the members.
+    #[arg(
+        short = 'n',
+        long = "streams",
+        value_name = "N",
+        conflicts_with = "listen"
+    )]
+    pub streams: Option<u16>,
+
+    /// Read the stream from FILE instead of stdin (sending side).
+    #[arg(short = 'i', long, value_name = "FILE", conflicts_with = "listen")]
+    pub input: Option<PathBuf>,
+
+    /// Keep listening after a session for the next one (each with its own token), writing
+    /// their streams one after another; stop with SIGINT/SIGTERM (exit 0 only when every
+    /// session was verified). Receiving side.
+    #[arg(short = 'k', long = "keep-listening")]
+    pub keep: bool,
+
+    /// Write the stream to FILE instead of stdout (receiving side).
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Bytes the receiver holds to put chunks back in order (64M, 1G); the sender never
+    /// sends further ahead than this (receiving side).
+    #[arg(long, value_name = "SIZE", value_parser = common::size_arg)]
+    pub window: Option<u64>,
+
+    /// Bytes per data frame (sending side), 1K to 1M.
+    #[arg(long, value_name = "SIZE", value_parser = common::size_arg, conflicts_with = "listen")]
+    pub chunk: Option<u64>,
+
+    /// How long each connection's connect and handshake may take (sending side).
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "5s", conflicts_with = "listen")]
+    pub connect_timeout: Duration,
+
+    /// A connection whose data stays unacknowledged this long has failed (TCP_USER_TIMEOUT;
+    /// an idle one is probed by keepalive from then on): the sender re-sends its chunks on
+    /// the other connections and reopens it from the same source port (so over the same
+    /// path) until the path answers. With no connection left for this long, both sides fail.
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "5s")]
+    pub path_timeout: Duration,
+
+    /// At most this many stream bytes per second over all connections together (300M =
+    /// 300 MiB/s; sending side).
+    #[arg(long, value_name = "RATE", value_parser = common::size_arg, conflicts_with = "listen")]
+    pub rate_limit: Option<u64>,
+
+    /// A live line on stderr every DURATION (2, 2s, 500ms), elapsed time first: bytes, rate,
+    /// each stream's rate, and percent and ETA when the length is known. On a terminal a
+    /// progress line is drawn on stderr without it (not with --quiet or --json).
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg)]
+    pub stats: Option<Duration>,
+
+    /// Print the report as one JSON document (schema docs/schema/mpcat.schema.json) on
+    /// stdout; the receiving side needs -o FILE then, since stdout carries the stream.
+    #[arg(long)]
+    pub json: bool,
+
+    /// No summary: errors and the exit status only (JSON still printed with --json).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The side this run is, resolved.
+#[derive(Debug)]
+pub enum Side {
+    Send(SendConfig),
+    Receive(RecvConfig),
+}
+
+fn usage(m: impl Into<String>) -> Failure {
+    Failure::Usage(m.into())
+}
+
+/// Every check that involves more than one flag, or a value's meaning, happens here.
+pub fn resolve(a: &Args) -> Result<Side, Failure> {
+    if a.path_timeout < Duration::from_secs(1) {
+        return Err(usage(format!(
+            "--path-timeout {:?}: at least 1s (TCP retransmits take that long on a live path)",
+            a.path_timeout
+        )));
+    }
+    if a.listen {
+        let port = a
+            .port
+            .ok_or_else(|| usage("-l needs -p PORT (the port to listen on)"))?;
+        if port == 0 {
+            return Err(usage("-p 0: give a port from 1 to 65535"));
+        }
+        let window = a.window.unwrap_or(tcpkit_mpcat::DEFAULT_WINDOW);
+        if !(tcpkit_mpcat::MIN_WINDOW..=tcpkit_mpcat::MAX_WINDOW).contains(&window) {
+            return Err(usage(format!(
+                "--window {window}: must be {}M to {}G",
+                tcpkit_mpcat::MIN_WINDOW >> 20,
+                tcpkit_mpcat::MAX_WINDOW >> 30
+            )));
+        }
+        if a.json && a.output.is_none() {
+            return Err(usage(
+                "--json needs -o FILE on the receiving side: stdout carries the stream",
+            ));
+        }
+        return Ok(Side::Receive(RecvConfig {
+            listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)),
+            output: a.output.clone().map_or(Output::Stdout, Output::File),
+            window,
+            handshake_timeout: tcpkit_mpcat::HANDSHAKE_TIMEOUT,
+            max_pending: tcpkit_mpcat::MAX_PENDING,
+            keep: a.keep,
+            path_timeout: a.path_timeout,
+        }));
+    }
+    // clap's `requires` takes a bool flag as always present, so the receiving side's own
+    // flags are checked here.
+    for (given, flag) in [
+        (a.port.is_some(), "-p/--port"),
+        (a.output.is_some(), "-o/--output"),
+        (a.window.is_some(), "--window"),
+        (a.keep, "-k/--keep-listening"),
+    ] {
+        if given {
+            return Err(usage(format!(
+                "{flag} is for the receiving side: it needs -l/--listen"
+            )));
+        }
+    }
+    let (Some(host), Some(port)) = (&a.host, a.dest_port) else {
+        return Err(usage("give HOST PORT to send to, or -l -p PORT to receive"));
+    };
+    if port == 0 {
+        return Err(usage("PORT 0: give a port from 1 to 65535"));
+    }
+    if a.rate_limit == Some(0) {
+        return Err(usage("--rate-limit 0: give a rate above 0 (e.g. 300M)"));
+    }
+    if let Some(n) = a.streams.filter(|n| !(1..=frame::MAX_STREAMS).contains(n)) {
+        return Err(usage(format!(
+            "-n {n}: must be 1 to {}",
+            frame::MAX_STREAMS
+        )));
+    }
+    let chunk = a.chunk.unwrap_or(u64::from(tcpkit_mpcat::DEFAULT_CHUNK));
+    if !(frame::MIN_CHUNK as u64..=frame::MAX_CHUNK as u64).contains(&chunk) {
+        return Err(usage(format!("--chunk {chunk}: must be 1K to 1M")));
+    }
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let peer: Vec<SocketAddr> = (bare, port)
+        .to_socket_addrs()
+        .map_err(|e| Failure::Runtime(format!("resolve {host}: {e}")))?
+        .collect();
+    let address = match peer.first() {
+        Some(SocketAddr::V6(_)) if !host.starts_with('[') && bare.contains(':') => {
+            format!("[{bare}]:{port}")
+        }
+        _ => format!("{host}:{port}"),
+    };
+    Ok(Side::Send(SendConfig {
+        peer,
+        address,
+        streams: a.streams,
+        chunk: chunk as u32,
+        input: a.input.clone().map_or(Input::Stdin, Input::File),
+        connect_timeout: a.connect_timeout,
+        path_timeout: a.path_timeout,
+        rate_limit: a.rate_limit,
+    }))
+}
+
+pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
+    let side = resolve(&args)?;
+    let out = OutputFlags {
+        json: args.json,
+        quiet: args.quiet,
+    };
+    let live = Arc::new(Live::default());
+    let mut monitor = {
+        let live = Arc::clone(&live);
+        let mut prev = (Duration::ZERO, 0, Vec::new());
+        Monitor::start(
+            MonitorOptions {
+                stats_every: args.stats.filter(|d| !d.is_zero()),
+                progress: out.progress(),
+            },
+            move |elapsed| live.line(elapsed, &mut prev),
+        )
+    };
+    let result = run_side(side, &out, interrupt, &live);
+    monitor.stop();
+    result
+}
+
+fn run_side(
+    side: Side,
+    out: &OutputFlags,
+    interrupt: &'static AtomicBool,
+    live: &Live,
+) -> Result<(), Failure> {
+    let out = out.clone();
+    let runtime = |e: tcpkit_mpcat::Error| Failure::Runtime(crate::chain(&e));
+    match side {
+        Side::Send(cfg) => {
+            let quiet = out.quiet;
+            let hint = move |m: &str| {
+                if !quiet {
+                    eprintln!("tcpkit mpcat: {m}");
+                }
+            };
+            let report = tcpkit_mpcat::send::run(&cfg, interrupt, live, &hint).map_err(runtime)?;
+            common::finish(&report, &out)
+        }
+        Side::Receive(cfg) => {
+            let listener = tcpkit_mpcat::recv::bind(cfg.listen).map_err(runtime)?;
+            let quiet = out.quiet;
+            // With -k each session's summary goes to stderr as it ends.
+            let each = move |r: &tcpkit_mpcat::MpcatReport| {
+                if !quiet {
+                    eprint!("{}", r.human());
+                }
+            };
+            let report =
+                tcpkit_mpcat::recv::run(&cfg, listener, interrupt, live, &each).map_err(runtime)?;
+            if cfg.output == Output::Stdout {
+                // stdout carries the stream: the summary goes to stderr.
+                if !out.quiet {
+                    eprint!("{}", report.human());
+                }
+                match report.verdict() {
+                    Verdict::Done => Ok(()),
+                    Verdict::Failed(why) => Err(Failure::Runtime(why)),
+                }
+            } else {
+                common::finish(&report, &out)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Side, String> {
+        let mut v = vec!["mpcat"];
+        v.extend_from_slice(args);
+        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
+        resolve(&a).map_err(|f| match f {
+            Failure::Usage(m) | Failure::Runtime(m) => m,
+        })
+    }
+
+    #[test]
+    fn the_receiving_side_and_its_defaults() {
+        let Side::Receive(c) = parse(&["-l", "-p", "31337"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.listen, "[::]:31337".parse().unwrap());
+        assert_eq!(c.output, Output::Stdout);
+        assert_eq!(c.window, 64 << 20);
+        assert_eq!(c.path_timeout, Duration::from_secs(5));
+        let Side::Receive(c) = parse(&[
+            "--listen",
+            "--port",
+            "9",
+            "-o",
+            "out.bin",
+            "--window",
+            "8M",
+            "--json",
+            "--quiet",
+            "--path-timeout",
+            "2s",
+            "-k",
+        ])
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.output, Output::File("out.bin".into()));
+        assert_eq!(c.window, 8 << 20);
+        assert_eq!(c.path_timeout, Duration::from_secs(2));
+        assert!(c.keep);
+        let Side::Receive(c) = parse(&["-l", "-p", "9", "--keep-listening"]).unwrap() else {
+            panic!()
+        };
+        assert!(c.keep);
+    }
+
+    #[test]
+    fn the_sending_side_and_its_defaults() {
+        let Side::Send(c) = parse(&["127.0.0.1", "31337"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.peer, vec!["127.0.0.1:31337".parse().unwrap()]);
+        assert_eq!((c.streams, c.chunk), (None, 256 << 10));
+        assert_eq!(c.input, Input::Stdin);
+        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        let Side::Send(c) = parse(&[
+            "-n",
+            "8",
+            "-i",
+            "image.raw",
+            "--chunk",
+            "64K",
+            "--connect-timeout",
+            "2s",
+            "--path-timeout",
+            "1500ms",
+            "--rate-limit",
+            "300M",
+            "--stats",
+            "2",
+            "::1",
+            "9",
+        ])
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.address, "[::1]:9");
+        assert_eq!((c.streams, c.chunk), (Some(8), 64 << 10));
+        assert_eq!(c.input, Input::File("image.raw".into()));
+        assert_eq!(c.connect_timeout, Duration::from_secs(2));
+        assert_eq!(c.path_timeout, Duration::from_millis(1500));
+        assert_eq!(c.rate_limit, Some(300 << 20));
+        let Side::Send(c) = parse(&["--streams", "2", "--input", "x", "[::1]", "9"]).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((c.streams, c.address.as_str()), (Some(2), "[::1]:9"));
+    }
+
+    #[test]
+    fn bad_values_say_which_flag() {
+        let e = |args: &[&str]| parse(args).map(|_| ()).expect_err(&format!("{args:?}"));
+        assert!(e(&["-l"]).contains("-p PORT"));
+        assert!(e(&["-l", "-p", "0"]).contains("-p 0"));
+        assert!(e(&["-l", "-p", "1", "--window", "1K"]).contains("--window 1024"));
+        assert!(e(&["-l", "-p", "1", "--json"]).contains("-o FILE"));
+        assert!(e(&[]).contains("HOST PORT"));
+        assert!(e(&["h"]).contains("HOST PORT"));
+        assert!(e(&["127.0.0.1", "0"]).contains("PORT 0"));
+        assert!(e(&["-n", "0", "127.0.0.1", "1"]).contains("-n 0"));
+        assert!(e(&["-n", "257", "127.0.0.1", "1"]).contains("-n 257"));
+        assert!(e(&["--chunk", "100", "127.0.0.1", "1"]).contains("--chunk 100"));
+        assert!(e(&["--chunk", "2M", "127.0.0.1", "1"]).contains("--chunk"));
+        // Flags of the other side are refused.
+        assert!(e(&["-l", "-p", "1", "-n", "3"]).contains("--streams"));
+        assert!(e(&["-l", "-p", "1", "-i", "f"]).contains("--input"));
+        assert!(e(&["-o", "f", "127.0.0.1", "1"]).contains("--listen"));
+        assert!(e(&["--window", "8M", "127.0.0.1", "1"]).contains("--listen"));
+        assert!(e(&["-l", "-p", "1", "127.0.0.1", "1"]).contains("cannot be used"));
+        assert!(e(&["--connect-timeout", "soon", "h", "1"]).contains("--connect-timeout"));
+        assert!(e(&["--path-timeout", "500ms", "h", "1"]).contains("--path-timeout 500ms"));
+        assert!(e(&["--rate-limit", "0", "h", "1"]).contains("--rate-limit 0"));
+        assert!(e(&["-k", "h", "1"]).contains("-k/--keep-listening"));
+        assert!(e(&["--rate-limit", "fast", "h", "1"]).contains("--rate-limit"));
+        assert!(e(&["-l", "-p", "1", "--rate-limit", "1M"]).contains("--rate-limit"));
+        assert!(e(&["--stats", "often", "h", "1"]).contains("--stats"));
+    }
+}

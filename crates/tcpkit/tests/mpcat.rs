@@ -1,0 +1,1124 @@
+//! `tcpkit mpcat` as users run it: the real binary on both hosts of the lab's `multipath`
+//! topology (links shaped by tbf, ECMP hashed on the L4 tuple), the stream checked outside
+//! tcpkit (sha256sum), each link's share read from its own tx counter.
+
+mod common;
+use common::{schema, tcpkit};
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tcpkit_lab::{Host, Lab, Link, Proc, Signal, Tbf, MULTIPATH_B4};
+
+/// A port for this test process (no fixed ports: the namespaces are new, but two runs of a
+/// test binary at once should not meet even if they shared one).
+fn port() -> u16 {
+    20000 + (std::process::id() % 30000) as u16
+}
+
+/// Waits until something listens on `port` in `host` (`ss`, not a probe connection, which
+/// the receiver would count as a bad handshake).
+fn wait_listening(host: &Host, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = host
+            .run(&["ss", "-Hltn", &format!("sport = :{port}")])
+            .unwrap_or_else(|e| panic!("{e}"));
+        if !out.stdout.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nothing listens on port {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `bytes` of random data in `path` (from the kernel's generator, so no two runs share it).
+fn random_file(path: &Path, bytes: u64) {
+    let out = std::process::Command::new("head")
+        .args(["-c", &bytes.to_string(), "/dev/urandom"])
+        .stdout(std::fs::File::create(path).unwrap())
+        .status()
+        .unwrap();
+    assert!(out.success());
+    assert_eq!(std::fs::metadata(path).unwrap().len(), bytes);
+}
+
+fn sha256(path: &Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()[..64].to_string()
+}
+
+fn wait(p: &Proc, secs: u64) -> std::process::ExitStatus {
+    p.wait_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("{} still running after {secs} s:\n{}", p.name(), p.log()))
+}
+
+/// The JSON document a process printed (its log holds stdout then stderr lines; the
+/// document is the lines from the first `{` to the matching last `}`).
+fn json_of(p: &Proc) -> Value {
+    let log = p.log();
+    let start = log
+        .find("{\n")
+        .unwrap_or_else(|| panic!("no JSON in:\n{log}"));
+    let end = log
+        .rfind("\n}")
+        .unwrap_or_else(|| panic!("no JSON end in:\n{log}"))
+        + 2;
+    let v: Value = serde_json::from_str(&log[start..end]).unwrap_or_else(|e| panic!("{e}:\n{log}"));
+    schema::check(&schema::load("mpcat"), &v, p.name());
+    v
+}
+
+fn tx_bytes(a: &Host, links: &[Link]) -> Vec<u64> {
+    links
+        .iter()
+        .map(|l| {
+            a.ifstats(&l.a.name)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .tx_bytes
+        })
+        .collect()
+}
+
+fn shaped(mbit: u64) -> Tbf {
+    Tbf {
+        rate_bit_s: mbit * 1_000_000,
+        burst_bytes: 64_000,
+        latency_ms: 100,
+    }
+}
+
+/// Issue 12: a 128 MiB random stream over 4 shaped links arrives byte-identical, both sides
+/// exit 0 with `verified`, and every link carries at least 20 % of it. No -n: the sender
+/// finds the 4 ECMP nexthops, opens one stream per nexthop and picks each stream's source
+/// port so the kernel's L4 hash puts it on its own link; each link's tx counter matches the
+/// bytes of the stream the report says took it.
+#[test]
+fn mpcat_stripes_one_stream_over_four_links() {
+    let (mut lab, a, b, links) =
+        Lab::multipath("mpc4", 4, Some(shaped(100))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 128 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "--json",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let before = tx_bytes(&a, &links);
+    let t0 = Instant::now();
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 25);
+    let secs = t0.elapsed().as_secs_f64();
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let after = tx_bytes(&a, &links);
+    let sent: Vec<u64> = after.iter().zip(&before).map(|(x, y)| x - y).collect();
+    let all: u64 = sent.iter().sum();
+    let shares: Vec<f64> = sent
+        .iter()
+        .map(|s| 100.0 * *s as f64 / all as f64)
+        .collect();
+    eprintln!(
+        "mpcat 4 x 100 Mbit/s: {SIZE} bytes in {secs:.2} s ({:.1} MB/s), link shares {shares:.1?} %",
+        SIZE as f64 / secs / 1e6
+    );
+    for (l, s) in links.iter().zip(&shares) {
+        assert!(
+            *s >= 20.0,
+            "{} carried {s:.1} % (shares {shares:.1?})",
+            l.a.name
+        );
+    }
+    let (jt, jr) = (json_of(&tx), json_of(&rx));
+    for j in [&jt, &jr] {
+        assert_eq!(j["verified"], true, "{j}");
+        assert_eq!(j["bytes"], SIZE);
+        assert_eq!(j["total"], SIZE);
+        assert_eq!(j["failure"], Value::Null);
+        assert_eq!(j["streams"].as_array().unwrap().len(), 4, "{j}");
+        let per: u64 = j["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(per, SIZE, "{j}");
+    }
+    assert_eq!(jt["hash"], jr["hash"]);
+    assert_eq!(jt["role"], "send");
+    assert_eq!(jr["role"], "receive");
+    assert_eq!(jr["connections"]["wrong_token"], 0);
+    // One stream per link, and each link carried its stream's bytes (plus headers and
+    // retransmissions: at most 10 % more).
+    let names: Vec<&str> = links.iter().map(|l| l.a.name.as_str()).collect();
+    let egress = jt["egress"].as_str().unwrap_or_default();
+    let mut got: Vec<&str> = egress
+        .strip_prefix("ecmp: ")
+        .unwrap_or_else(|| panic!("{egress}"))
+        .split(' ')
+        .collect();
+    got.sort_unstable();
+    let mut want = names.clone();
+    want.sort_unstable();
+    assert_eq!(got, want);
+    let mut seen: Vec<&str> = Vec::new();
+    for s in jt["streams"].as_array().unwrap() {
+        let path = s["path"].as_str().unwrap_or_else(|| panic!("{s}"));
+        let k = names
+            .iter()
+            .position(|n| *n == path)
+            .unwrap_or_else(|| panic!("{s}"));
+        let bytes = s["bytes"].as_u64().unwrap();
+        assert!(
+            sent[k] >= bytes && sent[k] < bytes + bytes / 10,
+            "{path}: {} bytes out for a stream of {bytes}",
+            sent[k]
+        );
+        seen.push(path);
+    }
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), 4, "{jt}");
+}
+
+/// Issue 12: the sender killed mid-transfer (SIGKILL: no end frame, no goodbye): once no
+/// stream has come back for --path-timeout, the receiver exits 1 saying how much was
+/// written; never 0 with a short output.
+#[test]
+fn mpcat_receiver_fails_when_the_sender_is_killed() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpckill", 2, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 64 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "--json",
+                "--path-timeout",
+                "2s",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-n",
+                "4",
+                "-i",
+                input.to_str().unwrap(),
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    // 80 Mbit/s in all: 64 MiB takes about 7 s; kill it once some has arrived.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&output).map_or(0, |m| m.len()) < (4 << 20) {
+        assert!(
+            Instant::now() < deadline,
+            "nothing arrived:\n{}\n{}",
+            tx.log(),
+            rx.log()
+        );
+        assert!(
+            tx.try_status().unwrap().is_none(),
+            "sender ended early:\n{}",
+            tx.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tx.signal(Signal::SIGKILL).unwrap();
+    let st = wait(&rx, 10);
+    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
+    let log = rx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(
+            "tcpkit mpcat: stream connections closed before the end and none came back within 2s:"
+        ),
+        "{last}"
+    );
+    let j = json_of(&rx);
+    assert_eq!(j["verified"], false);
+    assert!(j["bytes"].as_u64().unwrap() < SIZE);
+    assert!(std::fs::metadata(&output).unwrap().len() < SIZE);
+}
+
+/// Issue 12, path failure: the busiest of 4 links goes down (its far end set down, so the
+/// sender's side keeps hashing flows onto it and they stall) a second into the transfer
+/// and comes back 3 s later. The sender gives up on the stalled connections after
+/// --path-timeout, re-sends their chunks on the others, reopens them from the same source
+/// ports until the link answers, and the link carries the stream again once it is back.
+/// The stream arrives identical; both sides name the failed paths.
+#[test]
+fn mpcat_survives_a_link_going_down_and_resumes_on_it() {
+    let (mut lab, a, b, links) =
+        Lab::multipath("mpcdown", 4, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    // 20 MB/s over the 4 links: about 2 s to go when the link comes back.
+    const SIZE: u64 = 128 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--json"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let before = tx_bytes(&a, &links);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-n",
+                "16",
+                "--path-timeout",
+                "2s",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        tx.try_status().unwrap().is_none(),
+        "sender ended early:\n{}",
+        tx.log()
+    );
+    let now = tx_bytes(&a, &links);
+    let busiest = (0..links.len())
+        .max_by_key(|&i| now[i] - before[i])
+        .unwrap();
+    let l = &links[busiest];
+    b.run(&["ip", "link", "set", "dev", &l.b.name, "down"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        tx.try_status().unwrap().is_none(),
+        "sender ended during the outage:\n{}",
+        tx.log()
+    );
+    b.run(&["ip", "link", "set", "dev", &l.b.name, "up"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let at_up = tx_bytes(&a, &links)[busiest];
+    let st = wait(&tx, 25);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let after_up = tx_bytes(&a, &links)[busiest] - at_up;
+    let (jt, jr) = (json_of(&tx), json_of(&rx));
+    eprintln!(
+        "link {} down 3 s: sender {} path failures, {} reconnects, {} bytes re-sent in {:.1} s; {after_up} bytes on it after it came back",
+        l.a.name, jt["path_failures"].as_array().unwrap().len(), jt["reconnects"], jt["resent_bytes"], jt["seconds"].as_f64().unwrap()
+    );
+    for j in [&jt, &jr] {
+        assert_eq!(j["verified"], true, "{j}");
+        assert_eq!(j["bytes"], SIZE);
+        assert_eq!(j["failure"], Value::Null);
+    }
+    assert!(!jt["path_failures"].as_array().unwrap().is_empty(), "{jt}");
+    assert!(jt["reconnects"].as_u64().unwrap() >= 1, "{jt}");
+    assert!(jt["resent_bytes"].as_u64().unwrap() > 0, "{jt}");
+    assert!(jr["reconnects"].as_u64().unwrap() >= 1, "{jr}");
+    // Back up: the reopened streams carry data over it again (at least a few MB).
+    assert!(
+        after_up > 2 << 20,
+        "{} carried {after_up} bytes after it came back",
+        l.a.name
+    );
+    // Every stream took part.
+    for s in jt["streams"].as_array().unwrap() {
+        assert!(s["bytes"].as_u64().unwrap() > 0, "{s}");
+    }
+}
+
+/// Issue 12, strangers on the session's port while it runs: a Hello with another token is
+/// refused with the reason, junk bytes are closed, idle connections are closed at the 5 s
+/// handshake deadline; each is counted, and the session completes identical.
+#[test]
+fn mpcat_refuses_strangers_while_the_session_goes_on() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use tcpkit_mpcat::frame::{Frame, VERSION};
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcstr", 2, Some(shaped(20))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    // 40 Mbit/s in all: about 8 s, past the strangers' 5 s deadline.
+    const SIZE: u64 = 40 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--json"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Once the session has begun.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&output).map_or(0, |m| m.len()) == 0 {
+        assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
+    const IDLE: usize = 50;
+    let (reason, junk_closed, idle) = a.enter(|| {
+        let mut s = TcpStream::connect(to).unwrap();
+        let mut buf = Vec::new();
+        Frame::Hello {
+            version: VERSION,
+            token: [7; 16],
+            stream: 0,
+            streams: 2,
+            chunk: 262_144,
+        }
+        .emit_vec(&mut buf);
+        s.write_all(&buf).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back).unwrap();
+        let reason = match Frame::parse(&back) {
+            Ok((Frame::Refuse { reason }, _)) => reason.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let mut j = TcpStream::connect(to).unwrap();
+        j.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        j.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut sink = Vec::new();
+        let junk_closed = j.read_to_end(&mut sink).is_ok();
+        let idle: Vec<TcpStream> = (0..IDLE).map(|_| TcpStream::connect(to).unwrap()).collect();
+        (reason, junk_closed, idle)
+    });
+    assert_eq!(reason, "not this session's token");
+    assert!(junk_closed);
+    let st = wait(&tx, 25);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    drop(idle);
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&rx);
+    let c = &j["connections"];
+    assert_eq!(c["wrong_token"], 1, "{j}");
+    assert_eq!(c["bad_handshake"], 1, "{j}");
+    assert_eq!(c["handshake_timeout"], IDLE as u64, "{j}");
+    assert_eq!(j["verified"], true);
+}
+
+/// Issue 12, IPv6: the same striping over the lab's IPv6 ECMP route (fd00:19::/128 over
+/// 4 links), one stream per nexthop.
+#[test]
+fn mpcat_stripes_over_ipv6() {
+    let (mut lab, a, b, links) =
+        Lab::multipath("mpc6", 4, Some(shaped(100))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 32 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let before = tx_bytes(&a, &links);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                tcpkit_lab::MULTIPATH_B6,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 25);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&tx);
+    assert_eq!(
+        j["address"],
+        format!("[{}]:{port}", tcpkit_lab::MULTIPATH_B6)
+    );
+    assert_eq!(j["streams"].as_array().unwrap().len(), 4, "{j}");
+    let after = tx_bytes(&a, &links);
+    for (i, l) in links.iter().enumerate() {
+        let sent = after[i] - before[i];
+        assert!(
+            sent > SIZE / 5,
+            "{} carried {sent} of {SIZE} bytes",
+            l.a.name
+        );
+    }
+    // The receiver's summary went to stderr with the IPv6 peers named.
+    assert!(
+        rx.log()
+            .contains(&format!("[{}]:", tcpkit_lab::MULTIPATH_A6)),
+        "{}",
+        rx.log()
+    );
+}
+
+/// Issue 12, --rate-limit and --stats: 16 MiB at 4 MiB/s over two unshaped links takes about
+/// 4 s (the rate within 10 %), and --stats prints a line a second on stderr, beside --json.
+#[test]
+fn mpcat_rate_limit_holds_and_stats_lines_show_it() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcrate", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 16 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--quiet"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "--rate-limit",
+                "4M",
+                "--stats",
+                "1s",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 20);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&tx);
+    let rate = j["bytes_per_second"].as_f64().unwrap() / 1048576.0;
+    assert!(
+        (3.6..=4.4).contains(&rate),
+        "{rate:.2} MiB/s for --rate-limit 4M"
+    );
+    let log = tx.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains("MiB/s"))
+        .collect();
+    assert!(lines.len() >= 3, "{} stats lines:\n{log}", lines.len());
+    assert!(
+        lines[0].contains('%') && lines[0].contains("streams"),
+        "{}",
+        lines[0]
+    );
+}
+
+/// Issue 12, corruption: a sender (played by the test, speaking the wire format) whose
+/// bytes do not match the hash in its end frame. The receiver writes them, finds the hash
+/// wrong, tells the sender (done, not verified) and exits 1; never 0.
+#[test]
+fn mpcat_receiver_fails_on_a_hash_mismatch() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use tcpkit_mpcat::frame::{Frame, VERSION};
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpchash", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let output = lab.dir().join("out.bin");
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "--json",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
+    let verdict = a.enter(|| {
+        let mut s = TcpStream::connect(to).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        Frame::Hello {
+            version: VERSION,
+            token: [9; 16],
+            stream: 0,
+            streams: 1,
+            chunk: 4096,
+        }
+        .emit_vec(&mut buf);
+        let data = vec![0x5a; 10_000];
+        for (k, piece) in data.chunks(4096).enumerate() {
+            Frame::Data {
+                seq: (k * 4096) as u64,
+                payload: piece,
+            }
+            .emit_vec(&mut buf);
+        }
+        // The hash of other bytes.
+        let hash = *blake3::hash(b"something else").as_bytes();
+        Frame::End {
+            total: data.len() as u64,
+            hash,
+        }
+        .emit_vec(&mut buf);
+        s.write_all(&buf).unwrap();
+        let mut back = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match s.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => back.extend_from_slice(&chunk[..n]),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let mut at = 0;
+        let mut verdict = None;
+        while let Ok((f, n)) = Frame::parse(&back[at..]) {
+            if let Frame::Done { total, ok } = f {
+                verdict = Some((total, ok));
+            }
+            at += n;
+        }
+        verdict
+    });
+    assert_eq!(verdict, Some((10_000, false)));
+    let st = wait(&rx, 5);
+    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
+    let log = rx.log();
+    assert!(
+        log.lines()
+            .last()
+            .unwrap_or_default()
+            .contains("hash does not match"),
+        "{log}"
+    );
+    let j = json_of(&rx);
+    assert_eq!(j["verified"], false);
+    assert_eq!(j["bytes"], 10_000);
+}
+
+/// Issue 12, stdout closed early: the receiver writing into `head -c 1000` gets EPIPE and
+/// exits 1 naming stdout; the sender, its receiver gone, fails once no path is left.
+#[test]
+fn mpcat_stdout_closed_early_fails_both_sides() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcpipe", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let input = lab.dir().join("in.bin");
+    random_file(&input, 32 << 20);
+    let port = port();
+    let script = format!(
+        "{} mpcat -l -p {port} --path-timeout 2s | head -c 1000 > /dev/null; echo \"status ${{PIPESTATUS[0]}}\"",
+        tcpkit()
+    );
+    let rx = b
+        .spawn(&mut lab, "rx", &["bash", "-c", &script])
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "--path-timeout",
+                "2s",
+                "-i",
+                input.to_str().unwrap(),
+                MULTIPATH_B4,
+                &port.to_string(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait(&rx, 10);
+    let log = rx.log();
+    assert!(log.contains("status 1"), "{log}");
+    assert!(
+        log.contains("tcpkit mpcat: write stdout: Broken pipe"),
+        "{log}"
+    );
+    let st = wait(&tx, 15);
+    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
+    let tlog = tx.log();
+    assert!(
+        tlog.lines()
+            .last()
+            .unwrap_or_default()
+            .starts_with("tcpkit mpcat: "),
+        "{tlog}"
+    );
+}
+
+/// Issue 12, -k: two sessions one after the other on one listener, each with its own
+/// token; the output holds the first stream then the second; stopped with SIGTERM, the
+/// receiver exits 0 (both verified) and its report counts 2 sessions.
+#[test]
+fn mpcat_keep_listening_serves_two_sessions() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpckeep", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (one, two, output) = (dir.join("1.bin"), dir.join("2.bin"), dir.join("out.bin"));
+    random_file(&one, 8 << 20);
+    random_file(&two, 5 << 20);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-k",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "--json",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    for input in [&one, &two] {
+        let o = a
+            .command(&[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--quiet",
+                MULTIPATH_B4,
+                &p,
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    // Both streams are out once the second sender has its verdict.
+    assert!(
+        rx.try_status().unwrap().is_none(),
+        "the listener ended:\n{}",
+        rx.log()
+    );
+    rx.signal(Signal::SIGTERM).unwrap();
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    let both = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cat {} {} | sha256sum",
+            one.display(),
+            two.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&both.stdout)[..64], sha256(&output));
+    let j = json_of(&rx);
+    assert_eq!(
+        (j["sessions"].as_u64(), j["sessions_verified"].as_u64()),
+        (Some(2), Some(2)),
+        "{j}"
+    );
+    assert_eq!(
+        j["bytes"],
+        5 << 20,
+        "the report's fields are the last session's"
+    );
+    assert_eq!(j["failure"], Value::Null);
+    // The first session's summary went to stderr when it ended.
+    assert!(
+        rx.log().contains("mpcat: received 8388608 bytes"),
+        "{}",
+        rx.log()
+    );
+}
+
+/// Listening-socket rules: 500 idle strangers arrive while a session runs on a receiver
+/// allowed 48 descriptors. Accepting pauses on EMFILE (counted), strangers are closed at the
+/// 5 s hello deadline (counted), and the session completes identical.
+#[test]
+fn mpcat_survives_idle_strangers_with_few_descriptors() {
+    use std::net::{SocketAddr, TcpStream};
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcfd", 2, Some(shaped(20))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    // 40 Mbit/s in all: about 8 s, past the strangers' 5 s deadline.
+    const SIZE: u64 = 40 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                "prlimit",
+                "--nofile=48",
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                out,
+                "--json",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--quiet",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&output).map_or(0, |m| m.len()) == 0 {
+        assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
+    let held: Vec<TcpStream> = a.enter(|| {
+        (0..500)
+            .filter_map(|_| TcpStream::connect_timeout(&to, Duration::from_millis(300)).ok())
+            .collect()
+    });
+    assert!(held.len() >= 100, "only {} strangers connected", held.len());
+    let st = wait(&tx, 25);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    drop(held);
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&rx);
+    let c = &j["connections"];
+    eprintln!("{} strangers, receiver at 48 descriptors: {c}", 500);
+    assert!(c["accept_errors"].as_u64().unwrap() >= 1, "{j}");
+    assert!(c["handshake_timeout"].as_u64().unwrap() >= 1, "{j}");
+    assert_eq!(j["verified"], true);
+}
+
+/// Issue 12, unequal links (40/30/20/10 Mbit/s): a connection with room takes the next
+/// chunk, so the slow links carry less and never hold the others back; the stream moves at
+/// >= 90 % of the links' sum.
+#[test]
+fn mpcat_uses_unequal_links_at_their_sum() {
+    let (mut lab, a, b, links) =
+        Lab::multipath("mpcuneq", 4, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
+    const RATES: [u64; 4] = [40, 30, 20, 10];
+    for (l, r) in links.iter().zip(RATES) {
+        a.run(&[
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            &l.a.name,
+            "root",
+            "tbf",
+            "rate",
+            &format!("{r}mbit"),
+            "burst",
+            "64000",
+            "latency",
+            "100ms",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 96 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--quiet"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let before = tx_bytes(&a, &links);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 25);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&tx);
+    let sum = RATES.iter().sum::<u64>() as f64 * 1e6 / 8.0;
+    let rate = j["bytes_per_second"].as_f64().unwrap();
+    let after = tx_bytes(&a, &links);
+    let shares: Vec<f64> = (0..4)
+        .map(|i| 100.0 * (after[i] - before[i]) as f64 / SIZE as f64)
+        .collect();
+    eprintln!(
+        "unequal links 40/30/20/10 Mbit/s: {:.2} MB/s = {:.1} % of their sum, link shares {shares:.1?} %",
+        rate / 1e6,
+        100.0 * rate / sum
+    );
+    assert!(
+        rate >= 0.9 * sum,
+        "{:.2} MB/s of {:.2}",
+        rate / 1e6,
+        sum / 1e6
+    );
+}
+
+/// Issue 12, disk full: the receiver writing to /dev/full exits 1 naming the file and
+/// ENOSPC; the sender fails once no path is left. Never 0.
+#[test]
+fn mpcat_disk_full_fails_both_sides() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcfull", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let input = lab.dir().join("in.bin");
+    random_file(&input, 8 << 20);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", "/dev/full"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "--path-timeout",
+                "2s",
+                "-i",
+                input.to_str().unwrap(),
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&rx, 10);
+    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
+    let log = rx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("tcpkit mpcat: write /dev/full: No space left on device"),
+        "{log}"
+    );
+    let st = wait(&tx, 15);
+    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
+}
+
+/// Issue 12, a corrupted frame: a data frame longer than the chunk size the session
+/// declared ends the session with a one-line error naming the stream; exit 1.
+#[test]
+fn mpcat_receiver_fails_on_a_malformed_frame() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use tcpkit_mpcat::frame::{Frame, VERSION};
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcbad", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let output = lab.dir().join("out.bin");
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
+    a.enter(|| {
+        let mut s = TcpStream::connect(to).unwrap();
+        let mut buf = Vec::new();
+        Frame::Hello {
+            version: VERSION,
+            token: [3; 16],
+            stream: 0,
+            streams: 1,
+            chunk: 4096,
+        }
+        .emit_vec(&mut buf);
+        Frame::Data {
+            seq: 0,
+            payload: &[1; 5000],
+        }
+        .emit_vec(&mut buf);
+        s.write_all(&buf).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    });
+    let st = wait(&rx, 10);
+    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
+    let log = rx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("tcpkit mpcat: stream 0 (198.19.0.1:")
+            && last.ends_with("a 5000-byte chunk, the session declared 4096"),
+        "{log}"
+    );
+    assert_eq!(std::fs::metadata(&output).unwrap().len(), 0);
+}
