@@ -100,9 +100,21 @@ impl Lab {
                 "ip",
                 &["-n", ns, "addr", "add", &format!("{me4}/32"), "dev", "lo"],
             )?;
+            // nodad: even on lo, where no DAD runs, a new address stays tentative until the
+            // kernel's DAD work item has run, and `route add ... src` in the meantime fails
+            // with "Invalid source address" (seen once in four runs of the mpcat tests).
             cmd::run_args(
                 "ip",
-                &["-n", ns, "addr", "add", &format!("{me6}/128"), "dev", "lo"],
+                &[
+                    "-n",
+                    ns,
+                    "addr",
+                    "add",
+                    &format!("{me6}/128"),
+                    "dev",
+                    "lo",
+                    "nodad",
+                ],
             )?;
             let (mut hops4, mut hops6) = (Vec::new(), Vec::new());
             for (i, l) in links.iter().enumerate() {
