@@ -1,5 +1,6 @@
 //! `tcpkit`: parses the command line, runs one job, prints its report. Nothing else lives here.
 
+mod balance;
 mod common;
 mod copy;
 mod docs;
@@ -53,6 +54,11 @@ enum Cmd {
     /// control connection. SIGINT/SIGTERM or --duration: stops at once (on the target, after
     /// removing its rule) and prints the report; a second signal exits at once.
     Intercept(intercept::Args),
+    /// Spread connect() calls to a virtual address over real servers, transparently: BPF
+    /// cgroup socket hooks rewrite the address inside connect() (and getpeername() shows the
+    /// VIP), so nothing is paid per packet afterwards.
+    #[command(subcommand)]
+    Balance(balance::Sub),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),
     /// What stops this host from holding many connections (file-descriptor limits, queues,
@@ -107,6 +113,10 @@ fn main() -> ExitCode {
         Cmd::Replay(args) => ("replay", replay::main(args, interrupted)),
         Cmd::Echo(args) => ("echo", echo::main(args, interrupted)),
         Cmd::Load(args) => ("load", load::main(args, interrupted)),
+        Cmd::Balance(sub) => (
+            "balance",
+            balance::main(balance::Args { cmd: sub }, interrupted),
+        ),
         Cmd::Merge(args) => ("merge", merge::main(args)),
         Cmd::Copy(args) => ("copy", copy::main(args, interrupted)),
         Cmd::Intercept(args) => ("intercept", intercept::main(args, interrupted)),
@@ -150,6 +160,7 @@ mod tests {
                 "load",
                 "copy",
                 "intercept",
+                "balance",
                 "merge",
                 "tune",
                 "completions",

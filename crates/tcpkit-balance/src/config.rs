@@ -1,0 +1,153 @@
+//! What a balancer is asked to do, resolved and checked: services (a VIP and its backends)
+//! and how a backend is chosen. Every check that involves more than one value happens here,
+//! so the loader only ever sees a valid set.
+
+use std::collections::HashSet;
+use std::net::SocketAddrV4;
+
+/// How a connect picks its backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// Uniformly at random (bpf_get_prandom_u32), independently for each connect.
+    Random,
+    /// In turn, one counter per service shared by every CPU (atomic add).
+    RoundRobin,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Random => "random",
+            Algorithm::RoundRobin => "round-robin",
+        }
+    }
+}
+
+/// One virtual address and the backends behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub vip: SocketAddrV4,
+    pub backends: Vec<SocketAddrV4>,
+    pub algorithm: Algorithm,
+}
+
+/// Most backends one service holds (the BPF map's slots per service; bpf/balance.h).
+pub const MAX_BACKENDS: usize = 64;
+/// Most services one balancer holds (bpf/balance.h).
+pub const MAX_SERVICES: usize = 64;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("--vip {0}: port 0 is not a port to balance")]
+    VipPortZero(SocketAddrV4),
+    #[error("--backend {0}: port 0 is not a port to connect to")]
+    BackendPortZero(SocketAddrV4),
+    #[error("--backend {0}: the same address as the VIP (connects would loop back to it)")]
+    BackendIsVip(SocketAddrV4),
+    #[error("--backend {0}: given twice")]
+    DuplicateBackend(SocketAddrV4),
+    #[error("--backend: {0} given, at most {MAX_BACKENDS} per VIP")]
+    TooManyBackends(usize),
+    #[error("--vip {0}: given twice")]
+    DuplicateVip(SocketAddrV4),
+    #[error("{0} services given, at most {MAX_SERVICES}")]
+    TooManyServices(usize),
+}
+
+impl Service {
+    /// Checks one service on its own.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.vip.port() == 0 {
+            return Err(ConfigError::VipPortZero(self.vip));
+        }
+        if self.backends.len() > MAX_BACKENDS {
+            return Err(ConfigError::TooManyBackends(self.backends.len()));
+        }
+        let mut seen = HashSet::new();
+        for b in &self.backends {
+            if b.port() == 0 {
+                return Err(ConfigError::BackendPortZero(*b));
+            }
+            if *b == self.vip {
+                return Err(ConfigError::BackendIsVip(*b));
+            }
+            if !seen.insert(*b) {
+                return Err(ConfigError::DuplicateBackend(*b));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a whole set of services: each one, and no VIP twice.
+pub fn check(services: &[Service]) -> Result<(), ConfigError> {
+    if services.len() > MAX_SERVICES {
+        return Err(ConfigError::TooManyServices(services.len()));
+    }
+    let mut vips = HashSet::new();
+    for s in services {
+        s.check()?;
+        if !vips.insert(s.vip) {
+            return Err(ConfigError::DuplicateVip(s.vip));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(vip: &str, backends: &[&str]) -> Service {
+        Service {
+            vip: vip.parse().unwrap(),
+            backends: backends.iter().map(|b| b.parse().unwrap()).collect(),
+            algorithm: Algorithm::Random,
+        }
+    }
+
+    #[test]
+    fn a_valid_service_passes() {
+        check(&[svc("198.19.0.1:80", &["198.18.0.2:80", "198.18.0.2:81"])]).unwrap();
+        // No backend is valid: its connects are refused.
+        check(&[svc("198.19.0.1:80", &[])]).unwrap();
+    }
+
+    #[test]
+    fn each_bad_value_has_its_own_error() {
+        let cases = [
+            (
+                svc("198.19.0.1:0", &["198.18.0.2:80"]),
+                "--vip 198.19.0.1:0: port 0",
+            ),
+            (
+                svc("198.19.0.1:80", &["198.18.0.2:0"]),
+                "--backend 198.18.0.2:0: port 0",
+            ),
+            (
+                svc("198.19.0.1:80", &["198.19.0.1:80"]),
+                "the same address as the VIP",
+            ),
+            (
+                svc("198.19.0.1:80", &["198.18.0.2:80", "198.18.0.2:80"]),
+                "--backend 198.18.0.2:80: given twice",
+            ),
+        ];
+        for (s, want) in cases {
+            let e = check(&[s]).unwrap_err().to_string();
+            assert!(e.contains(want), "{e} lacks {want}");
+        }
+        let many: Vec<String> = (1..=65).map(|p| format!("198.18.0.2:{p}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(
+            check(&[svc("198.19.0.1:80", &many)]),
+            Err(ConfigError::TooManyBackends(65))
+        );
+        let s = svc("198.19.0.1:80", &["198.18.0.2:80"]);
+        assert!(matches!(
+            check(&[s.clone(), s]),
+            Err(ConfigError::DuplicateVip(_))
+        ));
+    }
+}

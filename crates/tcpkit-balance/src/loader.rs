@@ -1,0 +1,248 @@
+//! The BPF side: loads the clang-built object (bpf/balance.bpf.c), fills its maps from the
+//! checked services, attaches the programs to one cgroup with bpf_link, and reads the
+//! counters back. The links are file descriptors of this process: they die with it.
+
+use std::fs::File;
+use std::net::SocketAddrV4;
+use std::path::Path;
+
+use aya::maps::{Array, HashMap, PerCpuArray};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::{Ebpf, EbpfLoader};
+
+use crate::config::{Algorithm, Service, MAX_BACKENDS};
+
+static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/balance.bpf.o"));
+
+/// The programs, by the names they have in the object and in `bpftool prog`.
+pub const PROGRAMS: [&str; 2] = ["tk_connect4", "tk_getpeername4"];
+
+// Mirrors of bpf/balance.h (the one definition; sizes checked in the tests below).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct SvcKey {
+    ip4: u32,
+    port: u16,
+    pad: u16,
+}
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Svc {
+    id: u32,
+    count: u32,
+    algo: u32,
+    rr: u32,
+}
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Backend {
+    ip4: u32,
+    port: u16,
+    pad: u16,
+}
+
+// SAFETY: plain #[repr(C)] integers without padding bytes: any bit pattern is a valid value.
+unsafe impl aya::Pod for SvcKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Svc {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Backend {}
+
+const ALGO_RANDOM: u32 = 0;
+const ALGO_ROUND_ROBIN: u32 = 1;
+const COUNTER_TRANSLATED: u32 = 0;
+const COUNTER_REFUSED: u32 = 1;
+const COUNTER_REVNAT: u32 = 2;
+const COUNTER_STALE: u32 = 3;
+
+/// Addresses as bpf_sock_addr holds them: network byte order in the u32/u16's memory.
+fn key_of(a: &SocketAddrV4) -> (u32, u16) {
+    (
+        u32::from_ne_bytes(a.ip().octets()),
+        u16::from_ne_bytes(a.port().to_be_bytes()),
+    )
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the BPF object: {0} (needs root, or CAP_BPF and CAP_NET_ADMIN)")]
+    Load(#[source] aya::EbpfError),
+    #[error("BPF map {0} missing from the object")]
+    NoMap(&'static str),
+    #[error("BPF map {0}: {1}")]
+    Map(&'static str, #[source] aya::maps::MapError),
+    #[error("BPF program {0}: {1}")]
+    Program(&'static str, #[source] aya::programs::ProgramError),
+    #[error("open {0}: {1}")]
+    Cgroup(String, #[source] std::io::Error),
+}
+
+/// What the programs counted, summed over CPUs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub translated: u64,
+    pub refused: u64,
+    pub revnat: u64,
+    pub stale: u64,
+    /// Connects sent to each backend, per service, in the order the services were given.
+    pub picks: Vec<Vec<u64>>,
+}
+
+/// The loaded object and its links; dropping it detaches everything.
+#[derive(Debug)]
+pub struct Balancer {
+    ebpf: Ebpf,
+    sizes: Vec<usize>,
+}
+
+impl Balancer {
+    /// Loads the programs and fills the maps with `services` (checked by `config::check`).
+    pub fn load(services: &[Service]) -> Result<Balancer, LoadError> {
+        let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(LoadError::Load)?;
+        {
+            let mut backends: Array<_, Backend> = Array::try_from(
+                ebpf.map_mut("backends")
+                    .ok_or(LoadError::NoMap("backends"))?,
+            )
+            .map_err(|e| LoadError::Map("backends", e))?;
+            for (id, s) in services.iter().enumerate() {
+                for (i, b) in s.backends.iter().enumerate() {
+                    let (ip4, port) = key_of(b);
+                    let slot = (id * MAX_BACKENDS + i) as u32;
+                    backends
+                        .set(slot, Backend { ip4, port, pad: 0 }, 0)
+                        .map_err(|e| LoadError::Map("backends", e))?;
+                }
+            }
+        }
+        {
+            let mut svcs: HashMap<_, SvcKey, Svc> = HashMap::try_from(
+                ebpf.map_mut("services")
+                    .ok_or(LoadError::NoMap("services"))?,
+            )
+            .map_err(|e| LoadError::Map("services", e))?;
+            for (id, s) in services.iter().enumerate() {
+                let (ip4, port) = key_of(&s.vip);
+                let algo = match s.algorithm {
+                    Algorithm::Random => ALGO_RANDOM,
+                    Algorithm::RoundRobin => ALGO_ROUND_ROBIN,
+                };
+                let v = Svc {
+                    id: id as u32,
+                    count: s.backends.len() as u32,
+                    algo,
+                    rr: 0,
+                };
+                svcs.insert(SvcKey { ip4, port, pad: 0 }, v, 0)
+                    .map_err(|e| LoadError::Map("services", e))?;
+            }
+        }
+        for name in PROGRAMS {
+            let p: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or(LoadError::Program(
+                    name,
+                    aya::programs::ProgramError::UnexpectedProgramType,
+                ))?
+                .try_into()
+                .map_err(|e| LoadError::Program(name, e))?;
+            p.load().map_err(|e| LoadError::Program(name, e))?;
+        }
+        Ok(Balancer {
+            ebpf,
+            sizes: services.iter().map(|s| s.backends.len()).collect(),
+        })
+    }
+
+    /// Attaches every program to the cgroup at `path` with bpf_link (links are this
+    /// process's file descriptors: they go when it exits, however it exits).
+    pub fn attach(&mut self, path: &Path) -> Result<(), LoadError> {
+        let cg = File::open(path).map_err(|e| LoadError::Cgroup(path.display().to_string(), e))?;
+        for name in PROGRAMS {
+            let p: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(LoadError::Program(
+                    name,
+                    aya::programs::ProgramError::UnexpectedProgramType,
+                ))?
+                .try_into()
+                .map_err(|e| LoadError::Program(name, e))?;
+            p.attach(&cg, CgroupAttachMode::Single)
+                .map_err(|e| LoadError::Program(name, e))?;
+        }
+        Ok(())
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> Result<Counters, LoadError> {
+        let map = self
+            .ebpf
+            .map("counters")
+            .ok_or(LoadError::NoMap("counters"))?;
+        let c: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(map).map_err(|e| LoadError::Map("counters", e))?;
+        let sum = |i: u32| -> Result<u64, LoadError> {
+            Ok(c.get(&i, 0)
+                .map_err(|e| LoadError::Map("counters", e))?
+                .iter()
+                .sum())
+        };
+        let map = self.ebpf.map("picks").ok_or(LoadError::NoMap("picks"))?;
+        let p: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(map).map_err(|e| LoadError::Map("picks", e))?;
+        let mut picks = Vec::with_capacity(self.sizes.len());
+        for (id, n) in self.sizes.iter().enumerate() {
+            let mut per = Vec::with_capacity(*n);
+            for i in 0..*n {
+                let slot = (id * MAX_BACKENDS + i) as u32;
+                per.push(
+                    p.get(&slot, 0)
+                        .map_err(|e| LoadError::Map("picks", e))?
+                        .iter()
+                        .sum(),
+                );
+            }
+            picks.push(per);
+        }
+        Ok(Counters {
+            translated: sum(COUNTER_TRANSLATED)?,
+            refused: sum(COUNTER_REFUSED)?,
+            revnat: sum(COUNTER_REVNAT)?,
+            stale: sum(COUNTER_STALE)?,
+            picks,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_structs_have_the_c_sizes() {
+        // bpf/balance.h: svc_key 8, svc 16, backend 8 bytes.
+        assert_eq!(std::mem::size_of::<SvcKey>(), 8);
+        assert_eq!(std::mem::size_of::<Svc>(), 16);
+        assert_eq!(std::mem::size_of::<Backend>(), 8);
+    }
+
+    #[test]
+    fn addresses_are_in_network_order_in_memory() {
+        let (ip, port) = key_of(&"198.18.0.2:6379".parse().unwrap());
+        assert_eq!(ip.to_ne_bytes(), [198, 18, 0, 2]);
+        assert_eq!(port.to_ne_bytes(), [0x18, 0xeb]);
+    }
+
+    #[test]
+    fn the_object_has_both_programs() {
+        let obj = aya_obj_names(OBJECT);
+        for p in PROGRAMS {
+            assert!(obj.contains(p), "{p} missing from the BPF object");
+        }
+    }
+
+    fn aya_obj_names(bytes: &[u8]) -> String {
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+}
