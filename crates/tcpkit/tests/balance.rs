@@ -1,0 +1,425 @@
+//! `tcpkit balance run` as users run it: `ip netns exec HOST tcpkit balance run ... -- CMD` in
+//! one lab host (so cgroup2 is mounted privately, as under any `ip netns exec`), real backends
+//! listening in the other, the client a real process in the balanced cgroup (this test binary
+//! run again as `client_in_cgroup`). What stays in the kernel is checked with bpftool.
+
+mod common;
+use common::schema;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::tcpkit;
+use serde_json::Value;
+use tcpkit_lab::{Host, Lab};
+
+/// The VIP: in the lab's test range, routed nowhere, so only a translated connect reaches
+/// anything.
+const VIP: &str = "198.19.0.1:6379";
+/// The backends' host in `Lab::pair` (host b).
+const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+/// The client's environment variable: `VIP;N;GOFILE` (GOFILE may be empty).
+const CLIENT_ENV: &str = "TCPKIT_BALANCE_TEST_CLIENT";
+
+/// The bpftool checks read every program in the kernel: one balance test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Not a test of its own: the client that `balance run` starts (this binary again, with
+/// CLIENT_ENV set). It connects N times to the VIP and prints, per connect, what getpeername()
+/// returned and which backend answered (`CONN <peer> <backend port>`) or the errno (`ERR n`),
+/// then `READY`, then waits for GOFILE to exist (at most 25 s) so the test can look at the
+/// kernel while it runs.
+#[test]
+fn client_in_cgroup() {
+    let Ok(spec) = std::env::var(CLIENT_ENV) else {
+        return;
+    };
+    let f: Vec<&str> = spec.split(';').collect();
+    let vip: SocketAddr = f[0].parse().unwrap();
+    let n: usize = f[1].parse().unwrap();
+    let mut out = std::io::stdout().lock();
+    // libtest has printed `test client_in_cgroup ... ` without a newline.
+    writeln!(out).unwrap();
+    for _ in 0..n {
+        match TcpStream::connect_timeout(&vip, Duration::from_secs(5)) {
+            Ok(s) => {
+                let peer = s.peer_addr().unwrap();
+                let mut line = String::new();
+                BufReader::new(&s).read_line(&mut line).unwrap();
+                writeln!(out, "CONN {peer} {}", line.trim()).unwrap();
+            }
+            Err(e) => writeln!(out, "ERR {}", e.raw_os_error().unwrap_or(0)).unwrap(),
+        }
+    }
+    writeln!(out, "READY").unwrap();
+    out.flush().unwrap();
+    if let Some(go) = f.get(2).filter(|g| !g.is_empty()) {
+        let until = Instant::now() + Duration::from_secs(25);
+        while !Path::new(go).exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A backend in host b: answers each connection with its own port and a newline, counting.
+struct Backend {
+    addr: SocketAddrV4,
+    accepted: Arc<AtomicU64>,
+}
+
+fn backend(host: &Host) -> Backend {
+    let l = host.enter(|| TcpListener::bind((SRV, 0)).unwrap());
+    let SocketAddr::V4(addr) = l.local_addr().unwrap() else {
+        unreachable!()
+    };
+    let accepted = Arc::new(AtomicU64::new(0));
+    let n = Arc::clone(&accepted);
+    // Runs until the test process ends: its port is in a namespace the lab removes.
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            n.fetch_add(1, Ordering::SeqCst);
+            let _ = (&s).write_all(format!("{}\n", addr.port()).as_bytes());
+        }
+    });
+    Backend { addr, accepted }
+}
+
+/// `tcpkit balance run ARGS -- env CLIENT_ENV=... <this binary> client_in_cgroup`.
+fn argv(args: &[&str], client: &str) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap();
+    let mut v: Vec<String> = vec![tcpkit().into(), "balance".into(), "run".into()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    v.extend([
+        "--".into(),
+        "env".into(),
+        format!("{CLIENT_ENV}={client}"),
+        exe.display().to_string(),
+        "--exact".into(),
+        "client_in_cgroup".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ]);
+    v
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// (peer shown by getpeername, backend port that answered) per connect.
+fn conns(text: &str) -> Vec<(String, u16)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("CONN "))
+        .map(|l| {
+            let (peer, port) = l.split_once(' ').unwrap();
+            (peer.to_string(), port.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Where this (root-cgroup) test process sees the cgroup balance with pid `pid` creates.
+fn cgroup_of(pid: u32) -> PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mount = tcpkit_balance::cgroup::mount_in(&info).expect("a cgroup2 mount on this host");
+    let own = tcpkit_balance::cgroup::own_path().unwrap();
+    mount
+        .join(own.trim_start_matches('/'))
+        .join(format!("{}{pid}", tcpkit_balance::cgroup::CHILD_PREFIX))
+}
+
+fn bpftool(args: &[&str]) -> (bool, Value) {
+    let out = Command::new("bpftool")
+        .arg("-j")
+        .args(args)
+        .output()
+        .expect("bpftool (scripts/setup.sh installs it)");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.success(), v)
+}
+
+/// The programs attached to `cg` (their ids) and the maps they use, via the kernel's query.
+fn attached(cg: &Path) -> (Vec<u64>, Vec<u64>) {
+    let (_, v) = bpftool(&["cgroup", "show", cg.to_str().unwrap()]);
+    let progs: Vec<u64> = v
+        .as_array()
+        .map(|a| a.iter().filter_map(|p| p["id"].as_u64()).collect())
+        .unwrap_or_default();
+    let mut maps = Vec::new();
+    for id in &progs {
+        let (_, p) = bpftool(&["prog", "show", "id", &id.to_string()]);
+        maps.extend(
+            p["map_ids"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_u64),
+        );
+    }
+    maps.sort_unstable();
+    maps.dedup();
+    (progs, maps)
+}
+
+/// Waits (at most 10 s: programs and maps are freed after an RCU grace period) until none of
+/// `progs` and `maps` exists any more, and checks no `tk_` program is attached anywhere.
+fn assert_all_gone(progs: &[u64], maps: &[u64]) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left_p: Vec<u64> = progs
+            .iter()
+            .copied()
+            .filter(|id| bpftool(&["prog", "show", "id", &id.to_string()]).0)
+            .collect();
+        let left_m: Vec<u64> = maps
+            .iter()
+            .copied()
+            .filter(|id| bpftool(&["map", "show", "id", &id.to_string()]).0)
+            .collect();
+        if left_p.is_empty() && left_m.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "still in the kernel 10 s after balance ended: programs {left_p:?}, maps {left_m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, tree) = bpftool(&["cgroup", "tree"]);
+    let text = tree.to_string();
+    assert!(!text.contains("tk_connect4"), "still attached: {text}");
+}
+
+fn wait_for(proc: &tcpkit_lab::Proc, what: &str, secs: u64) {
+    let until = Instant::now() + Duration::from_secs(secs);
+    while !proc.log().contains(what) {
+        assert!(
+            Instant::now() < until,
+            "no {what} within {secs} s; log:\n{}",
+            proc.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn run_round_robin_alternates_shows_the_vip_and_leaves_nothing() {
+    let _g = serial();
+    let (mut lab, cli, srv, _link) = Lab::pair("balrr").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    assert_ne!(b1.addr.port(), b2.addr.port());
+    let go = lab.dir().join("go");
+    let args = [
+        "--vip".to_string(),
+        VIP.into(),
+        "--backend".into(),
+        b1.addr.to_string(),
+        "--backend".into(),
+        b2.addr.to_string(),
+        "--algorithm".into(),
+        "round-robin".into(),
+    ];
+    let argv = argv(&refs(&args), &format!("{VIP};20;{}", go.display()));
+    let p = cli
+        .spawn(&mut lab, "balance", &refs(&argv))
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for(&p, "READY", 20);
+
+    // While it runs: both programs attached to its cgroup, found by the kernel's own query.
+    let cg = cgroup_of(p.pid());
+    let (progs, maps) = attached(&cg);
+    assert_eq!(progs.len(), 2, "programs on {}: {progs:?}", cg.display());
+    assert!(maps.len() >= 3, "maps {maps:?}");
+    // A process outside the cgroup (this test, in the same host) is not translated: the VIP
+    // is routed nowhere.
+    let outside = cli.enter(|| {
+        TcpStream::connect_timeout(&VIP.parse().unwrap(), Duration::from_secs(2)).map(|_| ())
+    });
+    assert!(
+        outside.is_err(),
+        "a connect outside the cgroup reached something"
+    );
+
+    std::fs::write(&go, "").unwrap();
+    let st = p
+        .wait_timeout(Duration::from_secs(20))
+        .unwrap()
+        .expect("balance ends with its command");
+    let log = p.log();
+    assert_eq!(st.code(), Some(0), "{log}");
+    let c = conns(&log);
+    assert_eq!(c.len(), 20, "{log}");
+    for (i, (peer, port)) in c.iter().enumerate() {
+        assert_eq!(peer, VIP, "getpeername of connect {i}");
+        if i > 0 {
+            assert_ne!(
+                *port,
+                c[i - 1].1,
+                "round-robin repeated a backend at {i}: {c:?}"
+            );
+        }
+    }
+    assert_eq!(b1.accepted.load(Ordering::SeqCst), 10);
+    assert_eq!(b2.accepted.load(Ordering::SeqCst), 10);
+    assert!(
+        log.contains(&format!("{}          10 connects", b1.addr)) || log.contains("10 connects"),
+        "{log}"
+    );
+    assert!(log.contains("Connects: 20 translated, 0 refused"), "{log}");
+    assert!(!cg.exists(), "{} left behind", cg.display());
+    assert_all_gone(&progs, &maps);
+}
+
+#[test]
+fn run_random_within_a_binomial_bound_json_report() {
+    let _g = serial();
+    let (_lab, cli, srv, _link) = Lab::pair("balrnd").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    let args = [
+        "--vip".to_string(),
+        VIP.into(),
+        "--backend".into(),
+        b1.addr.to_string(),
+        "--backend".into(),
+        b2.addr.to_string(),
+        "--json".into(),
+    ];
+    let n = 400;
+    let argv = argv(&refs(&args), &format!("{VIP};{n};"));
+    let out = cli.command(&refs(&argv)).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // --json: stdout is the report alone; the command's lines went to stderr.
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    schema::check(&schema::load("balance"), &v, "balance");
+    let c = conns(&stderr);
+    assert_eq!(c.len(), n, "{stderr}");
+    assert!(c.iter().all(|(peer, _)| peer == VIP));
+    let k = b1.accepted.load(Ordering::SeqCst) as i64;
+    assert_eq!(k + b2.accepted.load(Ordering::SeqCst) as i64, n as i64);
+    // Binomial(400, 1/2): sd 10; 5 sd either side fails once in ~1.7 million runs.
+    assert!((150..=250).contains(&k), "backend 1 got {k} of {n}");
+    let picks: Vec<i64> = v["services"][0]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["connects"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        picks,
+        [k, n as i64 - k],
+        "the report's counts are the backends' own"
+    );
+    assert_eq!(v["translated"], n);
+    assert!(v["getpeername_vip"].as_u64().unwrap() >= n as u64);
+    assert_eq!(
+        v["private_mount"], true,
+        "under ip netns exec cgroup2 is mounted privately"
+    );
+}
+
+#[test]
+fn run_no_backend_refuses_and_exits_with_the_commands_status() {
+    let _g = serial();
+    let (_lab, cli, _srv, _link) = Lab::pair("balno").unwrap_or_else(|e| panic!("{e}"));
+    let argv = argv(&["--vip", VIP], &format!("{VIP};3;"));
+    let out = cli.command(&refs(&argv)).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("ERR "))
+            .collect::<Vec<_>>(),
+        ["ERR 111"; 3],
+        "ECONNREFUSED for each connect: {stdout}"
+    );
+    assert!(stderr.contains("0 translated, 3 refused"), "{stderr}");
+    for (cmd, want) in [("exit 7", 7), ("kill -TERM $$", 143)] {
+        let out = cli
+            .command(&[
+                tcpkit(),
+                "balance",
+                "run",
+                "--vip",
+                VIP,
+                "-q",
+                "--",
+                "sh",
+                "-c",
+                cmd,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(want), "{cmd}: {out:?}");
+        assert!(out.stderr.is_empty(), "-q: {out:?}");
+    }
+}
+
+#[test]
+fn nothing_stays_attached_after_sigterm_or_sigkill() {
+    let _g = serial();
+    let (mut lab, cli, srv, _link) = Lab::pair("balsig").unwrap_or_else(|e| panic!("{e}"));
+    let b1 = backend(&srv);
+    let go = lab.dir().join("never");
+    let args = [
+        "--vip".to_string(),
+        VIP.into(),
+        "--backend".into(),
+        b1.addr.to_string(),
+    ];
+    for sig in [libc::SIGTERM, libc::SIGKILL] {
+        let argv = argv(&refs(&args), &format!("{VIP};1;{}", go.display()));
+        let p = cli
+            .spawn(&mut lab, "balance", &refs(&argv))
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_for(&p, "READY", 20);
+        let cg = cgroup_of(p.pid());
+        let (progs, maps) = attached(&cg);
+        assert_eq!(progs.len(), 2, "{}", cg.display());
+        // To balance alone, not its process group: the command must learn of it from balance.
+        // SAFETY: kill(2) on a child of this test, still running.
+        assert_eq!(unsafe { libc::kill(p.pid() as i32, sig) }, 0);
+        let st = p
+            .wait_timeout(Duration::from_secs(15))
+            .unwrap()
+            .expect("balance ends");
+        assert_all_gone(&progs, &maps);
+        if sig == libc::SIGTERM {
+            // Forwarded to the command, which the signal ended: 128 + 15, and the report.
+            assert_eq!(st.code(), Some(143), "{}", p.log());
+            assert!(p.log().contains("killed by signal 15"), "{}", p.log());
+            assert!(!cg.exists(), "{} left behind", cg.display());
+        } else {
+            // The command was told by PR_SET_PDEATHSIG and is gone too; its empty cgroup is
+            // swept by the next run.
+            let until = Instant::now() + Duration::from_secs(10);
+            while std::fs::read_to_string(cg.join("cgroup.events"))
+                .is_ok_and(|t| t.contains("populated 1"))
+            {
+                assert!(Instant::now() < until, "the command outlived balance");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let out = cli
+                .command(&[tcpkit(), "balance", "run", "--vip", VIP, "-q", "--", "true"])
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(0), "{out:?}");
+            assert!(!cg.exists(), "{} not swept by the next run", cg.display());
+        }
+    }
+}
