@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: (MIT OR Apache-2.0) OR GPL-2.0
 /* tcpkit balance: cgroup socket-address hooks that send connect() to a VIP to one of its
  * backends (the address is rewritten once, inside connect: nothing is paid per packet), and
- * make getpeername() show the VIP again. Attached to one cgroup v2 with bpf_link. */
+ * make getpeername() show the VIP again. IPv4 (connect4), IPv6 (connect6), and IPv4 VIPs
+ * reached through IPv6 sockets as v4-mapped addresses (connect6). Attached to one cgroup v2
+ * with bpf_link. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
 #include "balance.h"
 
 #define ECONNREFUSED 111
@@ -53,43 +56,107 @@ static __always_inline void count(__u32 which)
 		*c += 1;
 }
 
-SEC("cgroup/connect4")
-int tk_connect4(struct bpf_sock_addr *ctx)
+/* Picks a backend for `key`: NULL when the service has none (the caller refuses), the
+ * service's slot in *slot. */
+static __always_inline struct backend *pick(struct svc *s, __u32 *slot)
 {
-	struct svc_key key = { .ip4 = ctx->user_ip4, .port = (__u16)ctx->user_port };
-	struct svc *s = bpf_map_lookup_elem(&services, &key);
-	if (!s)
-		return 1; /* not a VIP: untouched */
 	__u32 n = s->count;
-	if (n == 0 || n > MAX_BACKENDS) {
-		/* No backend: refuse, never a silent connect to the VIP, never EPERM. */
-		count(COUNTER_REFUSED);
-		bpf_set_retval(-ECONNREFUSED);
+	if (n == 0 || n > MAX_BACKENDS)
 		return 0;
-	}
 	__u32 i;
 	if (s->algo == ALGO_ROUND_ROBIN)
 		i = __sync_fetch_and_add(&s->rr, 1) % n;
 	else
 		i = bpf_get_prandom_u32() % n;
-	__u32 slot = s->id * MAX_BACKENDS + i;
-	struct backend *b = bpf_map_lookup_elem(&backends, &slot);
-	if (!b) {
-		count(COUNTER_REFUSED);
-		bpf_set_retval(-ECONNREFUSED);
-		return 0;
-	}
-	struct revnat r = {
-		.vip4 = key.ip4, .vport = key.port, .bip4 = b->ip4, .bport = b->port,
-	};
-	__u64 cookie = bpf_get_socket_cookie(ctx);
-	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
-	ctx->user_ip4 = b->ip4;
-	ctx->user_port = b->port;
+	*slot = s->id * MAX_BACKENDS + i;
+	return bpf_map_lookup_elem(&backends, slot);
+}
+
+static __always_inline int refuse(void)
+{
+	/* No backend: refuse, never a silent connect to the VIP, never EPERM. */
+	count(COUNTER_REFUSED);
+	bpf_set_retval(-ECONNREFUSED);
+	return 0;
+}
+
+static __always_inline void picked(__u32 slot)
+{
 	__u64 *p = bpf_map_lookup_elem(&picks, &slot);
 	if (p)
 		*p += 1;
 	count(COUNTER_TRANSLATED);
+}
+
+SEC("cgroup/connect4")
+int tk_connect4(struct bpf_sock_addr *ctx)
+{
+	struct svc_key key = { .ip = { ctx->user_ip4 }, .port = (__u16)ctx->user_port, .family = 4 };
+	struct svc *s = bpf_map_lookup_elem(&services, &key);
+	if (!s)
+		return 1; /* not a VIP: untouched */
+	__u32 slot = 0;
+	struct backend *b = pick(s, &slot);
+	if (!b || b->family != 4)
+		return refuse();
+	struct revnat r = {
+		.vip = { key.ip[0] }, .bip = { b->ip[0] }, .vport = key.port, .bport = b->port,
+	};
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	ctx->user_ip4 = b->ip[0];
+	ctx->user_port = b->port;
+	picked(slot);
+	return 1;
+}
+
+SEC("cgroup/connect6")
+int tk_connect6(struct bpf_sock_addr *ctx)
+{
+	__u32 a0 = ctx->user_ip6[0], a1 = ctx->user_ip6[1], a2 = ctx->user_ip6[2],
+	      a3 = ctx->user_ip6[3];
+	/* ::ffff:a.b.c.d is an IPv4 VIP asked for through an IPv6 socket. */
+	int mapped = a0 == 0 && a1 == 0 && a2 == bpf_htonl(0xffff);
+	struct svc_key key = { .port = (__u16)ctx->user_port };
+	if (mapped) {
+		key.ip[0] = a3;
+		key.family = 4;
+	} else {
+		key.ip[0] = a0;
+		key.ip[1] = a1;
+		key.ip[2] = a2;
+		key.ip[3] = a3;
+		key.family = 6;
+	}
+	struct svc *s = bpf_map_lookup_elem(&services, &key);
+	if (!s)
+		return 1;
+	__u32 slot = 0;
+	struct backend *b = pick(s, &slot);
+	if (!b || b->family != key.family)
+		return refuse();
+	struct revnat r = { .vport = key.port, .bport = b->port };
+	r.vip[0] = a0;
+	r.vip[1] = a1;
+	r.vip[2] = a2;
+	r.vip[3] = a3;
+	if (mapped) {
+		r.bip[2] = bpf_htonl(0xffff);
+		r.bip[3] = b->ip[0];
+	} else {
+		r.bip[0] = b->ip[0];
+		r.bip[1] = b->ip[1];
+		r.bip[2] = b->ip[2];
+		r.bip[3] = b->ip[3];
+	}
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	ctx->user_ip6[0] = r.bip[0];
+	ctx->user_ip6[1] = r.bip[1];
+	ctx->user_ip6[2] = r.bip[2];
+	ctx->user_ip6[3] = r.bip[3];
+	ctx->user_port = b->port;
+	picked(slot);
 	return 1;
 }
 
@@ -100,13 +167,36 @@ int tk_getpeername4(struct bpf_sock_addr *ctx)
 	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
 	if (!r)
 		return 1;
-	if (r->bip4 != ctx->user_ip4 || r->bport != (__u16)ctx->user_port) {
+	if (r->bip[0] != ctx->user_ip4 || r->bport != (__u16)ctx->user_port) {
 		/* The socket is no longer on the backend it was sent to: forget it. */
 		bpf_map_delete_elem(&revnat, &cookie);
 		count(COUNTER_STALE);
 		return 1;
 	}
-	ctx->user_ip4 = r->vip4;
+	ctx->user_ip4 = r->vip[0];
+	ctx->user_port = r->vport;
+	count(COUNTER_REVNAT);
+	return 1;
+}
+
+SEC("cgroup/getpeername6")
+int tk_getpeername6(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	if (!r)
+		return 1;
+	if (r->bip[0] != ctx->user_ip6[0] || r->bip[1] != ctx->user_ip6[1] ||
+	    r->bip[2] != ctx->user_ip6[2] || r->bip[3] != ctx->user_ip6[3] ||
+	    r->bport != (__u16)ctx->user_port) {
+		bpf_map_delete_elem(&revnat, &cookie);
+		count(COUNTER_STALE);
+		return 1;
+	}
+	ctx->user_ip6[0] = r->vip[0];
+	ctx->user_ip6[1] = r->vip[1];
+	ctx->user_ip6[2] = r->vip[2];
+	ctx->user_ip6[3] = r->vip[3];
 	ctx->user_port = r->vport;
 	count(COUNTER_REVNAT);
 	return 1;

@@ -1,5 +1,5 @@
 /* The one definition of what user space and the BPF programs share: map keys and values.
- * balance.rs mirrors these structs with #[repr(C)] and checks their sizes in a unit test. */
+ * loader.rs mirrors these structs with #[repr(C)] and checks their sizes in a unit test. */
 #ifndef TCPKIT_BALANCE_H
 #define TCPKIT_BALANCE_H
 
@@ -13,11 +13,13 @@
 #define ALGO_RANDOM 0
 #define ALGO_ROUND_ROBIN 1
 
-/* Services are keyed by VIP and port in network byte order, as bpf_sock_addr holds them. */
+/* Addresses are 16 bytes, in network byte order as bpf_sock_addr holds them: an IPv4
+ * address is ip[0] with ip[1..3] zero (family 4). */
 struct svc_key {
-	__u32 ip4;
+	__u32 ip[4];
 	__u16 port;
-	__u16 pad;
+	__u8 family; /* 4 or 6 */
+	__u8 pad;
 };
 
 struct svc {
@@ -28,20 +30,21 @@ struct svc {
 };
 
 struct backend {
-	__u32 ip4;
+	__u32 ip[4];
 	__u16 port;
-	__u16 pad;
+	__u8 family;
+	__u8 pad;
 };
 
-/* What getpeername must show for a translated socket, and the backend it went to (a socket
- * reconnected elsewhere since, by the application, is stale: its entry is dropped). */
+/* What getpeername must show for a translated socket (vip), and the address the socket was
+ * sent to as the hook wrote it (bip; for an IPv4 service reached through an IPv6 socket, the
+ * v4-mapped form). A socket found elsewhere since (reconnected by the application) is stale:
+ * its entry is dropped. */
 struct revnat {
-	__u32 vip4;
+	__u32 vip[4];
+	__u32 bip[4];
 	__u16 vport;
-	__u16 pad;
-	__u32 bip4;
 	__u16 bport;
-	__u16 pad2;
 };
 
 /* Per-CPU counters, indexed by the COUNTER_* below. */

@@ -3,7 +3,7 @@
 //! so the loader only ever sees a valid set.
 
 use std::collections::HashSet;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 /// How a connect picks its backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -27,8 +27,8 @@ impl Algorithm {
 /// One virtual address and the backends behind it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Service {
-    pub vip: SocketAddrV4,
-    pub backends: Vec<SocketAddrV4>,
+    pub vip: SocketAddr,
+    pub backends: Vec<SocketAddr>,
     pub algorithm: Algorithm,
 }
 
@@ -40,17 +40,19 @@ pub const MAX_SERVICES: usize = 64;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     #[error("--vip {0}: port 0 is not a port to balance")]
-    VipPortZero(SocketAddrV4),
+    VipPortZero(SocketAddr),
     #[error("--backend {0}: port 0 is not a port to connect to")]
-    BackendPortZero(SocketAddrV4),
+    BackendPortZero(SocketAddr),
     #[error("--backend {0}: the same address as the VIP (connects would loop back to it)")]
-    BackendIsVip(SocketAddrV4),
+    BackendIsVip(SocketAddr),
     #[error("--backend {0}: given twice")]
-    DuplicateBackend(SocketAddrV4),
+    DuplicateBackend(SocketAddr),
     #[error("--backend: {0} given, at most {MAX_BACKENDS} per VIP")]
     TooManyBackends(usize),
+    #[error("--backend {1}: not the same address family as --vip {0}")]
+    FamilyMismatch(SocketAddr, SocketAddr),
     #[error("--vip {0}: given twice")]
-    DuplicateVip(SocketAddrV4),
+    DuplicateVip(SocketAddr),
     #[error("{0} services given, at most {MAX_SERVICES}")]
     TooManyServices(usize),
 }
@@ -68,6 +70,9 @@ impl Service {
         for b in &self.backends {
             if b.port() == 0 {
                 return Err(ConfigError::BackendPortZero(*b));
+            }
+            if b.is_ipv4() != self.vip.is_ipv4() {
+                return Err(ConfigError::FamilyMismatch(self.vip, *b));
             }
             if *b == self.vip {
                 return Err(ConfigError::BackendIsVip(*b));
@@ -144,6 +149,11 @@ mod tests {
             check(&[svc("198.19.0.1:80", &many)]),
             Err(ConfigError::TooManyBackends(65))
         );
+        assert!(matches!(
+            check(&[svc("198.19.0.1:80", &["[fd00:18::2]:80"])]),
+            Err(ConfigError::FamilyMismatch(..))
+        ));
+        check(&[svc("[fd00:19::1]:80", &["[fd00:18::2]:80"])]).unwrap();
         let s = svc("198.19.0.1:80", &["198.18.0.2:80"]);
         assert!(matches!(
             check(&[s.clone(), s]),

@@ -3,7 +3,7 @@
 //! counters back. The links are file descriptors of this process: they die with it.
 
 use std::fs::File;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::path::Path;
 
 use aya::maps::{Array, HashMap, PerCpuArray};
@@ -15,15 +15,21 @@ use crate::config::{Algorithm, Service, MAX_BACKENDS};
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/balance.bpf.o"));
 
 /// The programs, by the names they have in the object and in `bpftool prog`.
-pub const PROGRAMS: [&str; 2] = ["tk_connect4", "tk_getpeername4"];
+pub const PROGRAMS: [&str; 4] = [
+    "tk_connect4",
+    "tk_connect6",
+    "tk_getpeername4",
+    "tk_getpeername6",
+];
 
 // Mirrors of bpf/balance.h (the one definition; sizes checked in the tests below).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct SvcKey {
-    ip4: u32,
+    ip: [u32; 4],
     port: u16,
-    pad: u16,
+    family: u8,
+    pad: u8,
 }
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -36,9 +42,10 @@ struct Svc {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct Backend {
-    ip4: u32,
+    ip: [u32; 4],
     port: u16,
-    pad: u16,
+    family: u8,
+    pad: u8,
 }
 
 // SAFETY: plain #[repr(C)] integers without padding bytes: any bit pattern is a valid value.
@@ -55,12 +62,18 @@ const COUNTER_REFUSED: u32 = 1;
 const COUNTER_REVNAT: u32 = 2;
 const COUNTER_STALE: u32 = 3;
 
-/// Addresses as bpf_sock_addr holds them: network byte order in the u32/u16's memory.
-fn key_of(a: &SocketAddrV4) -> (u32, u16) {
-    (
-        u32::from_ne_bytes(a.ip().octets()),
-        u16::from_ne_bytes(a.port().to_be_bytes()),
-    )
+/// Addresses as bpf_sock_addr holds them: network byte order in the u32s' and u16's memory;
+/// an IPv4 address in the first word, family 4.
+fn key_of(a: &SocketAddr) -> ([u32; 4], u16, u8) {
+    let port = u16::from_ne_bytes(a.port().to_be_bytes());
+    match a {
+        SocketAddr::V4(v4) => ([u32::from_ne_bytes(v4.ip().octets()), 0, 0, 0], port, 4),
+        SocketAddr::V6(v6) => {
+            let o = v6.ip().octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([w(0), w(4), w(8), w(12)], port, 6)
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,10 +120,16 @@ impl Balancer {
             .map_err(|e| LoadError::Map("backends", e))?;
             for (id, s) in services.iter().enumerate() {
                 for (i, b) in s.backends.iter().enumerate() {
-                    let (ip4, port) = key_of(b);
+                    let (ip, port, family) = key_of(b);
                     let slot = (id * MAX_BACKENDS + i) as u32;
+                    let b = Backend {
+                        ip,
+                        port,
+                        family,
+                        pad: 0,
+                    };
                     backends
-                        .set(slot, Backend { ip4, port, pad: 0 }, 0)
+                        .set(slot, b, 0)
                         .map_err(|e| LoadError::Map("backends", e))?;
                 }
             }
@@ -122,7 +141,7 @@ impl Balancer {
             )
             .map_err(|e| LoadError::Map("services", e))?;
             for (id, s) in services.iter().enumerate() {
-                let (ip4, port) = key_of(&s.vip);
+                let (ip, port, family) = key_of(&s.vip);
                 let algo = match s.algorithm {
                     Algorithm::Random => ALGO_RANDOM,
                     Algorithm::RoundRobin => ALGO_ROUND_ROBIN,
@@ -133,7 +152,13 @@ impl Balancer {
                     algo,
                     rr: 0,
                 };
-                svcs.insert(SvcKey { ip4, port, pad: 0 }, v, 0)
+                let k = SvcKey {
+                    ip,
+                    port,
+                    family,
+                    pad: 0,
+                };
+                svcs.insert(k, v, 0)
                     .map_err(|e| LoadError::Map("services", e))?;
             }
         }
@@ -221,17 +246,25 @@ mod tests {
 
     #[test]
     fn shared_structs_have_the_c_sizes() {
-        // bpf/balance.h: svc_key 8, svc 16, backend 8 bytes.
-        assert_eq!(std::mem::size_of::<SvcKey>(), 8);
+        // bpf/balance.h: svc_key 20, svc 16, backend 20 bytes.
+        assert_eq!(std::mem::size_of::<SvcKey>(), 20);
         assert_eq!(std::mem::size_of::<Svc>(), 16);
-        assert_eq!(std::mem::size_of::<Backend>(), 8);
+        assert_eq!(std::mem::size_of::<Backend>(), 20);
     }
 
     #[test]
     fn addresses_are_in_network_order_in_memory() {
-        let (ip, port) = key_of(&"198.18.0.2:6379".parse().unwrap());
-        assert_eq!(ip.to_ne_bytes(), [198, 18, 0, 2]);
+        let (ip, port, family) = key_of(&"198.18.0.2:6379".parse().unwrap());
+        assert_eq!(
+            (ip[0].to_ne_bytes(), &ip[1..], family),
+            ([198, 18, 0, 2], &[0, 0, 0][..], 4)
+        );
         assert_eq!(port.to_ne_bytes(), [0x18, 0xeb]);
+        let (ip, _, family) = key_of(&"[fd00:18::2]:80".parse().unwrap());
+        assert_eq!(
+            (ip[0].to_ne_bytes(), ip[3].to_ne_bytes(), family),
+            ([0xfd, 0, 0, 0x18], [0, 0, 0, 2], 6)
+        );
     }
 
     #[test]

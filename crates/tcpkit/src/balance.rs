@@ -2,7 +2,7 @@
 //! how the report is given.
 
 use std::ffi::OsString;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -41,14 +41,16 @@ pub enum AlgorithmArg {
 
 #[derive(Debug, Parser)]
 pub struct RunArgs {
-    /// The virtual address the command connects to (IPv4 IP:PORT). It need not exist anywhere.
-    #[arg(long, value_name = "IP:PORT", value_parser = v4_arg)]
-    pub vip: SocketAddrV4,
+    /// The virtual address the command connects to: IP:PORT or [IPv6]:PORT. It need not exist
+    /// anywhere. An IPv4 VIP is also reached through IPv6 sockets as ::ffff:IP (v4-mapped).
+    #[arg(long, value_name = "IP:PORT", value_parser = addr_arg)]
+    pub vip: SocketAddr,
 
-    /// A real server for the VIP (IPv4 IP:PORT, its port may differ from the VIP's); repeat for
-    /// several. With none, connect() to the VIP fails with ECONNREFUSED.
-    #[arg(long, value_name = "IP:PORT", value_parser = v4_arg)]
-    pub backend: Vec<SocketAddrV4>,
+    /// A real server for the VIP (IP:PORT or [IPv6]:PORT, the VIP's family; its port may
+    /// differ from the VIP's); repeat for several. With none, connect() to the VIP fails with
+    /// ECONNREFUSED.
+    #[arg(long, value_name = "IP:PORT", value_parser = addr_arg)]
+    pub backend: Vec<SocketAddr>,
 
     /// How each connect picks its backend.
     #[arg(long, value_enum, default_value = "random")]
@@ -63,9 +65,9 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-fn v4_arg(text: &str) -> Result<SocketAddrV4, String> {
-    text.parse::<SocketAddrV4>()
-        .map_err(|_| format!("'{text}': not an IPv4 IP:PORT"))
+fn addr_arg(text: &str) -> Result<SocketAddr, String> {
+    text.parse::<SocketAddr>()
+        .map_err(|_| format!("'{text}': not an IP:PORT ([IPv6]:PORT)"))
 }
 
 /// Every check that involves more than one flag happens here.

@@ -7,7 +7,7 @@ mod common;
 use common::schema;
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +23,10 @@ use tcpkit_lab::{Host, Lab};
 const VIP: &str = "198.19.0.1:6379";
 /// The backends' host in `Lab::pair` (host b).
 const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+const SRV6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x18, 0, 0, 0, 0, 0, 2);
+/// An IPv6 VIP, and the IPv4 VIP as an IPv6 socket names it.
+const VIP6: &str = "[fd00:19::1]:6379";
+const VIP_MAPPED: &str = "[::ffff:198.19.0.1]:6379";
 /// The client's environment variable: `VIP;N;GOFILE` (GOFILE may be empty).
 const CLIENT_ENV: &str = "TCPKIT_BALANCE_TEST_CLIENT";
 
@@ -72,15 +76,17 @@ fn client_in_cgroup() {
 
 /// A backend in host b: answers each connection with its own port and a newline, counting.
 struct Backend {
-    addr: SocketAddrV4,
+    addr: SocketAddr,
     accepted: Arc<AtomicU64>,
 }
 
 fn backend(host: &Host) -> Backend {
-    let l = host.enter(|| TcpListener::bind((SRV, 0)).unwrap());
-    let SocketAddr::V4(addr) = l.local_addr().unwrap() else {
-        unreachable!()
-    };
+    backend_on(host, SocketAddr::from((SRV, 0)))
+}
+
+fn backend_on(host: &Host, at: SocketAddr) -> Backend {
+    let l = host.enter(|| TcpListener::bind(at).unwrap());
+    let addr = l.local_addr().unwrap();
     let accepted = Arc::new(AtomicU64::new(0));
     let n = Arc::clone(&accepted);
     // Runs until the test process ends: its port is in a namespace the lab removes.
@@ -233,10 +239,10 @@ fn run_round_robin_alternates_shows_the_vip_and_leaves_nothing() {
         .unwrap_or_else(|e| panic!("{e}"));
     wait_for(&p, "READY", 20);
 
-    // While it runs: both programs attached to its cgroup, found by the kernel's own query.
+    // While it runs: the four programs attached to its cgroup, found by the kernel's own query.
     let cg = cgroup_of(p.pid());
     let (progs, maps) = attached(&cg);
-    assert_eq!(progs.len(), 2, "programs on {}: {progs:?}", cg.display());
+    assert_eq!(progs.len(), 4, "programs on {}: {progs:?}", cg.display());
     assert!(maps.len() >= 3, "maps {maps:?}");
     // A process outside the cgroup (this test, in the same host) is not translated: the VIP
     // is routed nowhere.
@@ -390,7 +396,7 @@ fn nothing_stays_attached_after_sigterm_or_sigkill() {
         wait_for(&p, "READY", 20);
         let cg = cgroup_of(p.pid());
         let (progs, maps) = attached(&cg);
-        assert_eq!(progs.len(), 2, "{}", cg.display());
+        assert_eq!(progs.len(), 4, "{}", cg.display());
         // To balance alone, not its process group: the command must learn of it from balance.
         // SAFETY: kill(2) on a child of this test, still running.
         assert_eq!(unsafe { libc::kill(p.pid() as i32, sig) }, 0);
@@ -421,5 +427,46 @@ fn nothing_stays_attached_after_sigterm_or_sigkill() {
             assert_eq!(out.status.code(), Some(0), "{out:?}");
             assert!(!cg.exists(), "{} not swept by the next run", cg.display());
         }
+    }
+}
+
+#[test]
+fn run_ipv6_and_v4_mapped() {
+    let _g = serial();
+    let (_lab, cli, srv, _link) = Lab::pair("bal6").unwrap_or_else(|e| panic!("{e}"));
+    let (v6a, v6b) = (
+        backend_on(&srv, SocketAddr::from((SRV6, 0))),
+        backend_on(&srv, SocketAddr::from((SRV6, 0))),
+    );
+    let (v4a, v4b) = (backend(&srv), backend(&srv));
+    // An IPv6 VIP over IPv6 backends; the IPv4 VIP asked for as ::ffff:198.19.0.1 by an
+    // IPv6 socket, over IPv4 backends: getpeername shows each as the application named it.
+    for (vip, asked, b) in [(VIP6, VIP6, [&v6a, &v6b]), (VIP, VIP_MAPPED, [&v4a, &v4b])] {
+        let args = [
+            "--vip".to_string(),
+            vip.into(),
+            "--backend".into(),
+            b[0].addr.to_string(),
+            "--backend".into(),
+            b[1].addr.to_string(),
+            "--algorithm".into(),
+            "round-robin".into(),
+        ];
+        let argv = argv(&refs(&args), &format!("{asked};6;"));
+        let out = cli.command(&refs(&argv)).output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let c = conns(&stdout);
+        assert_eq!(c.len(), 6, "{vip}: {stdout}");
+        let asked: SocketAddr = asked.parse().unwrap();
+        for (i, (peer, port)) in c.iter().enumerate() {
+            assert_eq!(*peer, asked.to_string(), "getpeername of connect {i}");
+            assert_eq!(*port, b[i % 2].addr.port(), "{vip}: connect {i}: {c:?}");
+        }
+        assert!(b.iter().all(|b| b.accepted.load(Ordering::SeqCst) == 3));
+        assert!(stderr.contains("Connects: 6 translated"), "{stderr}");
     }
 }
