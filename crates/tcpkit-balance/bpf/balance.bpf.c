@@ -49,6 +49,45 @@ struct {
 	__type(value, __u64);
 } picks SEC(".maps");
 
+/* Each service's lookup table: RING_SIZE backend indexes, filled by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES * RING_SIZE);
+	__type(key, __u32);
+	__type(value, __u32);
+} ring SEC(".maps");
+
+static __always_inline __u32 fmix32(__u32 h)
+{
+	/* MurmurHash3's finaliser: every input bit moves every output bit. */
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* The client: the socket's bound source address (zero while unbound) in its network
+ * namespace, so one client keeps its backend across reconnects. */
+static __always_inline __u32 client_hash(struct bpf_sock_addr *ctx, int v6)
+{
+	__u64 ns = bpf_get_netns_cookie(ctx);
+	__u32 h = fmix32((__u32)ns ^ fmix32((__u32)(ns >> 32)));
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return h;
+	if (v6) {
+		h = fmix32(h ^ sk->src_ip6[0]);
+		h = fmix32(h ^ sk->src_ip6[1]);
+		h = fmix32(h ^ sk->src_ip6[2]);
+		h = fmix32(h ^ sk->src_ip6[3]);
+	} else {
+		h = fmix32(h ^ sk->src_ip4);
+	}
+	return h;
+}
+
 static __always_inline void count(__u32 which)
 {
 	__u64 *c = bpf_map_lookup_elem(&counters, &which);
@@ -58,16 +97,37 @@ static __always_inline void count(__u32 which)
 
 /* Picks a backend for `key`: NULL when the service has none (the caller refuses), the
  * service's slot in *slot. */
-static __always_inline struct backend *pick(struct svc *s, __u32 *slot)
+static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct svc *s, int v6,
+					      __u32 *slot)
 {
 	__u32 n = s->count;
-	if (n == 0 || n > MAX_BACKENDS)
+	if (n == 0 || n > MAX_BACKENDS || s->id >= MAX_SERVICES)
 		return 0;
-	__u32 i;
-	if (s->algo == ALGO_ROUND_ROBIN)
+	__u32 i, h;
+	switch (s->algo) {
+	case ALGO_ROUND_ROBIN:
 		i = __sync_fetch_and_add(&s->rr, 1) % n;
-	else
+		break;
+	case ALGO_WEIGHTED:
+	case ALGO_MAGLEV_CLIENT:
+	case ALGO_MAGLEV_COOKIE:
+		if (s->algo == ALGO_WEIGHTED)
+			h = bpf_get_prandom_u32();
+		else if (s->algo == ALGO_MAGLEV_CLIENT)
+			h = client_hash(ctx, v6);
+		else {
+			__u64 c = bpf_get_socket_cookie(ctx);
+			h = fmix32((__u32)c ^ fmix32((__u32)(c >> 32)));
+		}
+		__u32 r = s->id * RING_SIZE + h % RING_SIZE;
+		__u32 *e = bpf_map_lookup_elem(&ring, &r);
+		if (!e || *e >= n)
+			return 0;
+		i = *e;
+		break;
+	default:
 		i = bpf_get_prandom_u32() % n;
+	}
 	*slot = s->id * MAX_BACKENDS + i;
 	return bpf_map_lookup_elem(&backends, slot);
 }
@@ -96,7 +156,7 @@ int tk_connect4(struct bpf_sock_addr *ctx)
 	if (!s)
 		return 1; /* not a VIP: untouched */
 	__u32 slot = 0;
-	struct backend *b = pick(s, &slot);
+	struct backend *b = pick(ctx, s, 0, &slot);
 	if (!b || b->family != 4)
 		return refuse();
 	struct revnat r = {
@@ -132,7 +192,7 @@ int tk_connect6(struct bpf_sock_addr *ctx)
 	if (!s)
 		return 1;
 	__u32 slot = 0;
-	struct backend *b = pick(s, &slot);
+	struct backend *b = pick(ctx, s, !mapped, &slot);
 	if (!b || b->family != key.family)
 		return refuse();
 	struct revnat r = { .vport = key.port, .bport = b->port };

@@ -10,8 +10,15 @@
 #define MAX_BACKENDS 64
 #define MAX_SOCKETS 65536
 
+/* Slots of a service's lookup table (weighted, maglev): a prime well above 60 x MAX_BACKENDS,
+ * so maglev moves few slots and weights are kept to within 1/RING_SIZE. */
+#define RING_SIZE 4093
+
 #define ALGO_RANDOM 0
 #define ALGO_ROUND_ROBIN 1
+#define ALGO_WEIGHTED 2      /* a random slot of the table (filled in proportion to weights) */
+#define ALGO_MAGLEV_CLIENT 3 /* the table's slot by a hash of the client (bound source, netns) */
+#define ALGO_MAGLEV_COOKIE 4 /* the table's slot by a hash of the socket cookie */
 
 /* Addresses are 16 bytes, in network byte order as bpf_sock_addr holds them: an IPv4
  * address is ip[0] with ip[1..3] zero (family 4). */

@@ -6,13 +6,27 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 
 /// How a connect picks its backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
     /// Uniformly at random (bpf_get_prandom_u32), independently for each connect.
     Random,
     /// In turn, one counter per service shared by every CPU (atomic add).
     RoundRobin,
+    /// At random in proportion to the backends' weights (a random slot of a table).
+    Weighted,
+    /// Maglev consistent hashing (weighted): the same key lands on the same backend while
+    /// the set is stable, and few keys move when it changes.
+    Maglev(HashKey),
+}
+
+/// What maglev hashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HashKey {
+    /// The client: the socket's bound source address in its network namespace (an unbound
+    /// socket's is empty, so one namespace's unbound sockets are one client).
+    Client,
+    /// The socket cookie: each socket on its own.
+    Cookie,
 }
 
 impl Algorithm {
@@ -20,7 +34,14 @@ impl Algorithm {
         match self {
             Algorithm::Random => "random",
             Algorithm::RoundRobin => "round-robin",
+            Algorithm::Weighted => "weighted",
+            Algorithm::Maglev(_) => "maglev",
         }
+    }
+
+    /// Whether backends' weights mean anything to this algorithm.
+    pub fn weighs(self) -> bool {
+        matches!(self, Algorithm::Weighted | Algorithm::Maglev(_))
     }
 }
 
@@ -28,9 +49,20 @@ impl Algorithm {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Service {
     pub vip: SocketAddr,
-    pub backends: Vec<SocketAddr>,
+    pub backends: Vec<Backend>,
     pub algorithm: Algorithm,
 }
+
+/// A real server and its weight (1 unless given).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub weight: u32,
+}
+
+/// Largest weight: a backend's share of a table is kept to within 1/RING_SIZE, so weights
+/// beyond a few thousand mean nothing more.
+pub const MAX_WEIGHT: u32 = 1000;
 
 /// Most backends one service holds (the BPF map's slots per service; bpf/balance.h).
 pub const MAX_BACKENDS: usize = 64;
@@ -51,6 +83,10 @@ pub enum ConfigError {
     TooManyBackends(usize),
     #[error("--backend {1}: not the same address family as --vip {0}")]
     FamilyMismatch(SocketAddr, SocketAddr),
+    #[error("--backend {0}@{1}: a weight is 1 to {MAX_WEIGHT}")]
+    BadWeight(SocketAddr, u32),
+    #[error("--backend {0}@{1}: weights need --algorithm weighted or maglev, not {2}")]
+    WeightUnused(SocketAddr, u32, &'static str),
     #[error("--vip {0}: given twice")]
     DuplicateVip(SocketAddr),
     #[error("{0} services given, at most {MAX_SERVICES}")]
@@ -67,7 +103,17 @@ impl Service {
             return Err(ConfigError::TooManyBackends(self.backends.len()));
         }
         let mut seen = HashSet::new();
-        for b in &self.backends {
+        for Backend { addr: b, weight } in &self.backends {
+            if *weight == 0 || *weight > MAX_WEIGHT {
+                return Err(ConfigError::BadWeight(*b, *weight));
+            }
+            if *weight != 1 && !self.algorithm.weighs() {
+                return Err(ConfigError::WeightUnused(
+                    *b,
+                    *weight,
+                    self.algorithm.name(),
+                ));
+            }
             if b.port() == 0 {
                 return Err(ConfigError::BackendPortZero(*b));
             }
@@ -107,7 +153,13 @@ mod tests {
     fn svc(vip: &str, backends: &[&str]) -> Service {
         Service {
             vip: vip.parse().unwrap(),
-            backends: backends.iter().map(|b| b.parse().unwrap()).collect(),
+            backends: backends
+                .iter()
+                .map(|b| Backend {
+                    addr: b.parse().unwrap(),
+                    weight: 1,
+                })
+                .collect(),
             algorithm: Algorithm::Random,
         }
     }
@@ -154,6 +206,16 @@ mod tests {
             Err(ConfigError::FamilyMismatch(..))
         ));
         check(&[svc("[fd00:19::1]:80", &["[fd00:18::2]:80"])]).unwrap();
+        let mut w = svc("198.19.0.1:80", &["198.18.0.2:80"]);
+        w.backends[0].weight = 3;
+        assert!(matches!(
+            check(&[w.clone()]),
+            Err(ConfigError::WeightUnused(..))
+        ));
+        w.algorithm = Algorithm::Weighted;
+        check(&[w.clone()]).unwrap();
+        w.backends[0].weight = 0;
+        assert!(matches!(check(&[w]), Err(ConfigError::BadWeight(..))));
         let s = svc("198.19.0.1:80", &["198.18.0.2:80"]);
         assert!(matches!(
             check(&[s.clone(), s]),

@@ -14,6 +14,7 @@ pub mod loader;
 pub mod report;
 pub mod run;
 
-pub use config::{Algorithm, ConfigError, Service};
+pub use config::{Algorithm, Backend, ConfigError, HashKey, Service};
 pub use report::RunReport;
 pub use run::{run, RunError, RunOptions};
+pub mod table;

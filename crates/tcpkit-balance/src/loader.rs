@@ -10,7 +10,8 @@ use aya::maps::{Array, HashMap, PerCpuArray};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
-use crate::config::{Algorithm, Service, MAX_BACKENDS};
+use crate::config::{Algorithm, HashKey, Service, MAX_BACKENDS};
+use crate::table::{self, RING_SIZE};
 
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/balance.bpf.o"));
 
@@ -57,6 +58,9 @@ unsafe impl aya::Pod for Backend {}
 
 const ALGO_RANDOM: u32 = 0;
 const ALGO_ROUND_ROBIN: u32 = 1;
+const ALGO_WEIGHTED: u32 = 2;
+const ALGO_MAGLEV_CLIENT: u32 = 3;
+const ALGO_MAGLEV_COOKIE: u32 = 4;
 const COUNTER_TRANSLATED: u32 = 0;
 const COUNTER_REFUSED: u32 = 1;
 const COUNTER_REVNAT: u32 = 2;
@@ -120,7 +124,7 @@ impl Balancer {
             .map_err(|e| LoadError::Map("backends", e))?;
             for (id, s) in services.iter().enumerate() {
                 for (i, b) in s.backends.iter().enumerate() {
-                    let (ip, port, family) = key_of(b);
+                    let (ip, port, family) = key_of(&b.addr);
                     let slot = (id * MAX_BACKENDS + i) as u32;
                     let b = Backend {
                         ip,
@@ -135,6 +139,29 @@ impl Balancer {
             }
         }
         {
+            let mut ring: Array<_, u32> =
+                Array::try_from(ebpf.map_mut("ring").ok_or(LoadError::NoMap("ring"))?)
+                    .map_err(|e| LoadError::Map("ring", e))?;
+            for (id, s) in services.iter().enumerate() {
+                let t = match s.algorithm {
+                    Algorithm::Weighted => {
+                        table::weighted(&s.backends.iter().map(|b| b.weight).collect::<Vec<_>>())
+                    }
+                    Algorithm::Maglev(_) => table::maglev(
+                        &s.backends
+                            .iter()
+                            .map(|b| (b.addr, b.weight))
+                            .collect::<Vec<_>>(),
+                    ),
+                    Algorithm::Random | Algorithm::RoundRobin => continue,
+                };
+                for (k, i) in t.iter().enumerate() {
+                    ring.set((id * RING_SIZE + k) as u32, i, 0)
+                        .map_err(|e| LoadError::Map("ring", e))?;
+                }
+            }
+        }
+        {
             let mut svcs: HashMap<_, SvcKey, Svc> = HashMap::try_from(
                 ebpf.map_mut("services")
                     .ok_or(LoadError::NoMap("services"))?,
@@ -145,6 +172,9 @@ impl Balancer {
                 let algo = match s.algorithm {
                     Algorithm::Random => ALGO_RANDOM,
                     Algorithm::RoundRobin => ALGO_ROUND_ROBIN,
+                    Algorithm::Weighted => ALGO_WEIGHTED,
+                    Algorithm::Maglev(HashKey::Client) => ALGO_MAGLEV_CLIENT,
+                    Algorithm::Maglev(HashKey::Cookie) => ALGO_MAGLEV_COOKIE,
                 };
                 let v = Svc {
                     id: id as u32,

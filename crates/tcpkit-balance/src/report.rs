@@ -10,6 +10,7 @@ use tcpkit_stats::{Report, Verdict};
 #[derive(Debug, Clone, Serialize)]
 pub struct BackendReport {
     pub addr: String,
+    pub weight: u32,
     /// Connects the BPF program sent to this backend.
     pub connects: u64,
 }
@@ -18,6 +19,8 @@ pub struct BackendReport {
 pub struct ServiceReport {
     pub vip: String,
     pub algorithm: &'static str,
+    /// What maglev hashes (`client` or `cookie`); null for the other algorithms.
+    pub hash_key: Option<&'static str>,
     pub backends: Vec<BackendReport>,
 }
 
@@ -62,16 +65,24 @@ impl Report for RunReport {
     fn human(&self) -> String {
         let mut s = String::new();
         for svc in &self.services {
+            let algo = match svc.hash_key {
+                Some(k) => format!("{} by {k}", svc.algorithm),
+                None => svc.algorithm.to_string(),
+            };
             let _ = writeln!(
                 s,
                 "Service: {} ({}, {} backend{})",
                 svc.vip,
-                svc.algorithm,
+                algo,
                 svc.backends.len(),
                 if svc.backends.len() == 1 { "" } else { "s" }
             );
             for b in &svc.backends {
-                let _ = writeln!(s, "  {:<24} {} connects", b.addr, b.connects);
+                let _ = writeln!(
+                    s,
+                    "  {:<24} weight {:<4} {} connects",
+                    b.addr, b.weight, b.connects
+                );
             }
         }
         let _ = writeln!(

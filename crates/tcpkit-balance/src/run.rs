@@ -145,12 +145,18 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
         .map(|(s, picks)| ServiceReport {
             vip: s.vip.to_string(),
             algorithm: s.algorithm.name(),
+            hash_key: match s.algorithm {
+                crate::config::Algorithm::Maglev(crate::config::HashKey::Client) => Some("client"),
+                crate::config::Algorithm::Maglev(crate::config::HashKey::Cookie) => Some("cookie"),
+                _ => None,
+            },
             backends: s
                 .backends
                 .iter()
                 .zip(picks)
                 .map(|(b, n)| BackendReport {
-                    addr: b.to_string(),
+                    addr: b.addr.to_string(),
+                    weight: b.weight,
                     connects: *n,
                 })
                 .collect(),

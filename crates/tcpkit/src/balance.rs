@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use tcpkit_balance::{Algorithm, RunOptions, Service};
+use tcpkit_balance::{Algorithm, Backend, HashKey, RunOptions, Service};
 use tcpkit_stats::Report;
 
 use crate::common::OutputFlags;
@@ -37,6 +37,20 @@ pub enum AlgorithmArg {
     Random,
     /// In turn (one counter per VIP shared by every CPU).
     RoundRobin,
+    /// At random, in proportion to the backends' weights (@W).
+    Weighted,
+    /// Maglev consistent hashing, weighted: the same --hash-key lands on the same backend
+    /// while the set is stable.
+    Maglev,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum HashKeyArg {
+    /// The socket's bound source address in its network namespace (unbound sockets of one
+    /// namespace are one client): a client keeps its backend across reconnects.
+    Client,
+    /// The socket cookie: each socket is placed on its own.
+    Cookie,
 }
 
 #[derive(Debug, Parser)]
@@ -47,14 +61,18 @@ pub struct RunArgs {
     pub vip: SocketAddr,
 
     /// A real server for the VIP (IP:PORT or [IPv6]:PORT, the VIP's family; its port may
-    /// differ from the VIP's); repeat for several. With none, connect() to the VIP fails with
-    /// ECONNREFUSED.
-    #[arg(long, value_name = "IP:PORT", value_parser = addr_arg)]
-    pub backend: Vec<SocketAddr>,
+    /// differ from the VIP's), with @W a weight from 1 to 1000 (weighted, maglev); repeat for
+    /// several. With none, connect() to the VIP fails with ECONNREFUSED.
+    #[arg(long, value_name = "IP:PORT[@W]", value_parser = backend_arg)]
+    pub backend: Vec<Backend>,
 
     /// How each connect picks its backend.
     #[arg(long, value_enum, default_value = "random")]
     pub algorithm: AlgorithmArg,
+
+    /// What maglev hashes (--algorithm maglev; default client).
+    #[arg(long, value_enum)]
+    pub hash_key: Option<HashKeyArg>,
 
     /// With --json, CMD's stdout goes to stderr so that stdout holds the report alone.
     #[command(flatten)]
@@ -70,14 +88,39 @@ fn addr_arg(text: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("'{text}': not an IP:PORT ([IPv6]:PORT)"))
 }
 
+fn backend_arg(text: &str) -> Result<Backend, String> {
+    let (addr, weight) = match text.rsplit_once('@') {
+        Some((a, w)) => (
+            a,
+            w.parse::<u32>()
+                .map_err(|_| format!("'{text}': the weight after @ is not a number"))?,
+        ),
+        None => (text, 1),
+    };
+    Ok(Backend {
+        addr: addr_arg(addr)?,
+        weight,
+    })
+}
+
 /// Every check that involves more than one flag happens here.
 pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
     let service = Service {
         vip: a.vip,
         backends: a.backend.clone(),
-        algorithm: match a.algorithm {
-            AlgorithmArg::Random => Algorithm::Random,
-            AlgorithmArg::RoundRobin => Algorithm::RoundRobin,
+        algorithm: match (a.algorithm, a.hash_key) {
+            (AlgorithmArg::Maglev, k) => Algorithm::Maglev(match k {
+                None | Some(HashKeyArg::Client) => HashKey::Client,
+                Some(HashKeyArg::Cookie) => HashKey::Cookie,
+            }),
+            (_, Some(_)) => {
+                return Err(Failure::Usage(
+                    "--hash-key: only --algorithm maglev hashes".into(),
+                ))
+            }
+            (AlgorithmArg::Random, None) => Algorithm::Random,
+            (AlgorithmArg::RoundRobin, None) => Algorithm::RoundRobin,
+            (AlgorithmArg::Weighted, None) => Algorithm::Weighted,
         },
     };
     service.check().map_err(|e| Failure::Usage(e.to_string()))?;
@@ -149,14 +192,74 @@ mod tests {
         let a = parse(&["--vip", "198.19.0.1:80", "-q", "--", "true"]).unwrap();
         assert!(matches!(a.algorithm, AlgorithmArg::Random) && a.out.quiet);
         assert!(a.backend.is_empty());
+        let a = parse(&[
+            "--vip",
+            "[fd00:19::1]:80",
+            "--backend",
+            "[fd00:18::2]:80@3",
+            "--algorithm",
+            "maglev",
+            "--hash-key",
+            "cookie",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(a.backend[0].weight, 3);
+        let o = resolve(&a).unwrap();
+        assert_eq!(o.services[0].algorithm, Algorithm::Maglev(HashKey::Cookie));
+        let a = parse(&[
+            "--vip",
+            "198.19.0.1:80",
+            "--algorithm",
+            "weighted",
+            "--",
+            "true",
+        ]);
+        assert_eq!(
+            resolve(&a.unwrap()).unwrap().services[0].algorithm,
+            Algorithm::Weighted
+        );
     }
 
     #[test]
     fn bad_values_name_their_flag() {
-        let e = parse(&["--vip", "[::1]:80", "--", "true"])
+        let e = parse(&["--vip", "fd00:19::1", "--", "true"])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("--vip") && e.contains("not an IPv4"), "{e}");
+        assert!(e.contains("--vip") && e.contains("not an IP:PORT"), "{e}");
+        let a = parse(&[
+            "--vip",
+            "[fd00:19::1]:80",
+            "--backend",
+            "198.18.0.2:80",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert!(matches!(resolve(&a), Err(Failure::Usage(m)) if m.contains("family")));
+        let e = parse(&[
+            "--vip",
+            "198.19.0.1:80",
+            "--backend",
+            "198.18.0.2:80@x",
+            "--",
+            "true",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--backend") && e.contains("weight"), "{e}");
+        for bad in [
+            vec!["--backend", "198.18.0.2:80@2"],
+            vec!["--backend", "198.18.0.2:80@0", "--algorithm", "weighted"],
+            vec!["--hash-key", "client"],
+        ] {
+            let mut v = vec!["--vip", "198.19.0.1:80"];
+            v.extend(bad.iter().copied());
+            v.extend(["--", "true"]);
+            let a = parse(&v).unwrap();
+            assert!(matches!(resolve(&a), Err(Failure::Usage(_))), "{bad:?}");
+        }
         let e = parse(&["--vip", "198.19.0.1:80", "--backend", "x", "--", "true"])
             .unwrap_err()
             .to_string();

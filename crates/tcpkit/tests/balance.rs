@@ -470,3 +470,65 @@ fn run_ipv6_and_v4_mapped() {
         assert!(stderr.contains("Connects: 6 translated"), "{stderr}");
     }
 }
+
+/// `tcpkit balance run ARGS -- client N`, to completion; the (peer, backend port) per connect.
+fn run_client(cli: &Host, args: &[String], n: usize) -> Vec<(String, u16)> {
+    let argv = argv(&refs(args), &format!("{VIP};{n};"));
+    let out = cli.command(&refs(&argv)).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let c = conns(&stdout);
+    assert_eq!(c.len(), n, "{stdout}\n{stderr}");
+    assert!(c.iter().all(|(peer, _)| peer == VIP));
+    c
+}
+
+#[test]
+fn run_weighted_and_maglev() {
+    let _g = serial();
+    let (_lab, cli, srv, _link) = Lab::pair("balw").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    let with = |extra: &[&str], w2: &str| -> Vec<String> {
+        let mut v = vec![
+            "--vip".to_string(),
+            VIP.into(),
+            "--backend".into(),
+            b1.addr.to_string(),
+            "--backend".into(),
+            format!("{}{w2}", b2.addr),
+        ];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    // Weighted 1:3 over 400 connects: Binomial(400, 3/4) for b2, sd 8.7; 5 sd either side.
+    let n = 400;
+    let c = run_client(&cli, &with(&["--algorithm", "weighted"], "@3"), n);
+    let k = c.iter().filter(|(_, p)| *p == b2.addr.port()).count();
+    assert!((257..=343).contains(&k), "weight 3 of 4 got {k} of {n}");
+
+    // Maglev by client: every connect of this client (unbound sockets, one namespace) lands
+    // on the same backend, run after run while the set is the same.
+    let args = with(&["--algorithm", "maglev"], "");
+    let first = run_client(&cli, &args, 30);
+    let again = run_client(&cli, &args, 30);
+    let port = first[0].1;
+    assert!(
+        first.iter().chain(&again).all(|(_, p)| *p == port),
+        "{first:?} {again:?}"
+    );
+    // Maglev by socket cookie: each socket placed on its own, so both backends are used
+    // (all 60 on one: probability 2^-59).
+    let c = run_client(
+        &cli,
+        &with(&["--algorithm", "maglev", "--hash-key", "cookie"], ""),
+        60,
+    );
+    let k = c.iter().filter(|(_, p)| *p == b1.addr.port()).count();
+    assert!(
+        k > 0 && k < 60,
+        "cookie-keyed maglev put {k} of 60 on one backend"
+    );
+}
