@@ -22,7 +22,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MAX_SERVICES * MAX_BACKENDS);
+	__uint(max_entries, MAX_SERVICES * GENERATIONS * MAX_BACKENDS);
 	__type(key, __u32);
 	__type(value, struct backend);
 } backends SEC(".maps");
@@ -41,7 +41,7 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
-/* Connects sent to each backend slot (service id * MAX_BACKENDS + i). */
+/* Connects sent to each backend (service index * MAX_BACKENDS + backend index). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MAX_SERVICES * MAX_BACKENDS);
@@ -52,7 +52,7 @@ struct {
 /* Each service's lookup table: RING_SIZE backend indexes, filled by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MAX_SERVICES * RING_SIZE);
+	__uint(max_entries, MAX_SERVICES * GENERATIONS * RING_SIZE);
 	__type(key, __u32);
 	__type(value, __u32);
 } ring SEC(".maps");
@@ -101,7 +101,7 @@ static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct sv
 					      __u32 *slot)
 {
 	__u32 n = s->count;
-	if (n == 0 || n > MAX_BACKENDS || s->id >= MAX_SERVICES)
+	if (n == 0 || n > MAX_BACKENDS || s->id >= MAX_SERVICES * GENERATIONS)
 		return 0;
 	__u32 i, h;
 	switch (s->algo) {
@@ -140,9 +140,10 @@ static __always_inline int refuse(void)
 	return 0;
 }
 
-static __always_inline void picked(__u32 slot)
+static __always_inline void picked(struct svc *s, struct backend *b)
 {
-	__u64 *p = bpf_map_lookup_elem(&picks, &slot);
+	__u32 k = (s->id / GENERATIONS) * MAX_BACKENDS + (b->index % MAX_BACKENDS);
+	__u64 *p = bpf_map_lookup_elem(&picks, &k);
 	if (p)
 		*p += 1;
 	count(COUNTER_TRANSLATED);
@@ -166,7 +167,7 @@ int tk_connect4(struct bpf_sock_addr *ctx)
 	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
 	ctx->user_ip4 = b->ip[0];
 	ctx->user_port = b->port;
-	picked(slot);
+	picked(s, b);
 	return 1;
 }
 
@@ -216,7 +217,7 @@ int tk_connect6(struct bpf_sock_addr *ctx)
 	ctx->user_ip6[2] = r.bip[2];
 	ctx->user_ip6[3] = r.bip[3];
 	ctx->user_port = b->port;
-	picked(slot);
+	picked(s, b);
 	return 1;
 }
 

@@ -29,8 +29,13 @@ struct svc_key {
 	__u8 pad;
 };
 
+/* A service's backend set is swapped atomically: user space writes the other generation's
+ * slots (backends and ring), then replaces the service's value (one map update) to point at
+ * them; a connect reads one generation only. id = service index * GENERATIONS + generation. */
+#define GENERATIONS 2
+
 struct svc {
-	__u32 id;     /* this service's slots in `backends`: id * MAX_BACKENDS + i */
+	__u32 id;     /* this set's slots in `backends`: id * MAX_BACKENDS + i, `ring`: id * RING_SIZE */
 	__u32 count;  /* backends in the set; 0 refuses every connect (ECONNREFUSED) */
 	__u32 algo;   /* ALGO_* */
 	__u32 rr;     /* round-robin position, shared by every CPU (atomic add) */
@@ -41,6 +46,7 @@ struct backend {
 	__u16 port;
 	__u8 family;
 	__u8 pad;
+	__u32 index; /* the backend's place in the service as configured (its `picks` counter) */
 };
 
 /* What getpeername must show for a translated socket (vip), and the address the socket was

@@ -10,11 +10,13 @@
 
 pub mod cgroup;
 pub mod config;
+pub mod health;
 pub mod loader;
 pub mod report;
 pub mod run;
 
 pub use config::{Algorithm, Backend, ConfigError, HashKey, Service};
+pub use health::HealthOptions;
 pub use report::RunReport;
 pub use run::{run, RunError, RunOptions};
 pub mod table;

@@ -47,6 +47,7 @@ struct Backend {
     port: u16,
     family: u8,
     pad: u8,
+    index: u32,
 }
 
 // SAFETY: plain #[repr(C)] integers without padding bytes: any bit pattern is a valid value.
@@ -101,7 +102,7 @@ pub struct Counters {
     pub refused: u64,
     pub revnat: u64,
     pub stale: u64,
-    /// Connects sent to each backend, per service, in the order the services were given.
+    /// Connects sent to each backend, per service, in the order given.
     pub picks: Vec<Vec<u64>>,
 }
 
@@ -109,91 +110,30 @@ pub struct Counters {
 #[derive(Debug)]
 pub struct Balancer {
     ebpf: Ebpf,
-    sizes: Vec<usize>,
+    services: Vec<Service>,
+    /// Each service's generation in use (bpf/balance.h GENERATIONS).
+    generation: Vec<u32>,
 }
 
+/// bpf/balance.h GENERATIONS: the set in use and the one being written.
+const GENERATIONS: usize = 2;
+
 impl Balancer {
-    /// Loads the programs and fills the maps with `services` (checked by `config::check`).
+    /// Loads the programs and fills the maps with `services` (checked by `config::check`),
+    /// every backend in the set.
     pub fn load(services: &[Service]) -> Result<Balancer, LoadError> {
-        let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(LoadError::Load)?;
-        {
-            let mut backends: Array<_, Backend> = Array::try_from(
-                ebpf.map_mut("backends")
-                    .ok_or(LoadError::NoMap("backends"))?,
-            )
-            .map_err(|e| LoadError::Map("backends", e))?;
-            for (id, s) in services.iter().enumerate() {
-                for (i, b) in s.backends.iter().enumerate() {
-                    let (ip, port, family) = key_of(&b.addr);
-                    let slot = (id * MAX_BACKENDS + i) as u32;
-                    let b = Backend {
-                        ip,
-                        port,
-                        family,
-                        pad: 0,
-                    };
-                    backends
-                        .set(slot, b, 0)
-                        .map_err(|e| LoadError::Map("backends", e))?;
-                }
-            }
-        }
-        {
-            let mut ring: Array<_, u32> =
-                Array::try_from(ebpf.map_mut("ring").ok_or(LoadError::NoMap("ring"))?)
-                    .map_err(|e| LoadError::Map("ring", e))?;
-            for (id, s) in services.iter().enumerate() {
-                let t = match s.algorithm {
-                    Algorithm::Weighted => {
-                        table::weighted(&s.backends.iter().map(|b| b.weight).collect::<Vec<_>>())
-                    }
-                    Algorithm::Maglev(_) => table::maglev(
-                        &s.backends
-                            .iter()
-                            .map(|b| (b.addr, b.weight))
-                            .collect::<Vec<_>>(),
-                    ),
-                    Algorithm::Random | Algorithm::RoundRobin => continue,
-                };
-                for (k, i) in t.iter().enumerate() {
-                    ring.set((id * RING_SIZE + k) as u32, i, 0)
-                        .map_err(|e| LoadError::Map("ring", e))?;
-                }
-            }
-        }
-        {
-            let mut svcs: HashMap<_, SvcKey, Svc> = HashMap::try_from(
-                ebpf.map_mut("services")
-                    .ok_or(LoadError::NoMap("services"))?,
-            )
-            .map_err(|e| LoadError::Map("services", e))?;
-            for (id, s) in services.iter().enumerate() {
-                let (ip, port, family) = key_of(&s.vip);
-                let algo = match s.algorithm {
-                    Algorithm::Random => ALGO_RANDOM,
-                    Algorithm::RoundRobin => ALGO_ROUND_ROBIN,
-                    Algorithm::Weighted => ALGO_WEIGHTED,
-                    Algorithm::Maglev(HashKey::Client) => ALGO_MAGLEV_CLIENT,
-                    Algorithm::Maglev(HashKey::Cookie) => ALGO_MAGLEV_COOKIE,
-                };
-                let v = Svc {
-                    id: id as u32,
-                    count: s.backends.len() as u32,
-                    algo,
-                    rr: 0,
-                };
-                let k = SvcKey {
-                    ip,
-                    port,
-                    family,
-                    pad: 0,
-                };
-                svcs.insert(k, v, 0)
-                    .map_err(|e| LoadError::Map("services", e))?;
-            }
+        let ebpf = EbpfLoader::new().load(OBJECT).map_err(LoadError::Load)?;
+        let mut b = Balancer {
+            ebpf,
+            services: services.to_vec(),
+            generation: vec![0; services.len()],
+        };
+        for (i, s) in services.iter().enumerate() {
+            b.write_set(i, 0, &vec![true; s.backends.len()])?;
         }
         for name in PROGRAMS {
-            let p: &mut CgroupSockAddr = ebpf
+            let p: &mut CgroupSockAddr = b
+                .ebpf
                 .program_mut(name)
                 .ok_or(LoadError::Program(
                     name,
@@ -203,10 +143,97 @@ impl Balancer {
                 .map_err(|e| LoadError::Program(name, e))?;
             p.load().map_err(|e| LoadError::Program(name, e))?;
         }
-        Ok(Balancer {
-            ebpf,
-            sizes: services.iter().map(|s| s.backends.len()).collect(),
-        })
+        Ok(b)
+    }
+
+    /// Swaps service `svc`'s backend set to the backends marked in `live` (by their index in
+    /// the service), atomically: the other generation's slots are written first, then the
+    /// service's value is replaced in one map update. None live: its connects are refused.
+    pub fn set_live(&mut self, svc: usize, live: &[bool]) -> Result<(), LoadError> {
+        let g = (self.generation[svc] + 1) % GENERATIONS as u32;
+        self.write_set(svc, g, live)?;
+        self.generation[svc] = g;
+        Ok(())
+    }
+
+    fn write_set(&mut self, svc: usize, generation: u32, live: &[bool]) -> Result<(), LoadError> {
+        let s = &self.services[svc];
+        let id = svc * GENERATIONS + generation as usize;
+        let set: Vec<(usize, &crate::config::Backend)> = s
+            .backends
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| live.get(*i).copied().unwrap_or(false))
+            .collect();
+        {
+            let mut backends: Array<_, Backend> = Array::try_from(
+                self.ebpf
+                    .map_mut("backends")
+                    .ok_or(LoadError::NoMap("backends"))?,
+            )
+            .map_err(|e| LoadError::Map("backends", e))?;
+            for (k, (index, b)) in set.iter().enumerate() {
+                let (ip, port, family) = key_of(&b.addr);
+                let v = Backend {
+                    ip,
+                    port,
+                    family,
+                    pad: 0,
+                    index: *index as u32,
+                };
+                backends
+                    .set((id * MAX_BACKENDS + k) as u32, v, 0)
+                    .map_err(|e| LoadError::Map("backends", e))?;
+            }
+        }
+        let table = match s.algorithm {
+            Algorithm::Weighted => {
+                table::weighted(&set.iter().map(|(_, b)| b.weight).collect::<Vec<_>>())
+            }
+            Algorithm::Maglev(_) => table::maglev(
+                &set.iter()
+                    .map(|(_, b)| (b.addr, b.weight))
+                    .collect::<Vec<_>>(),
+            ),
+            Algorithm::Random | Algorithm::RoundRobin => Vec::new(),
+        };
+        if !table.is_empty() {
+            let mut ring: Array<_, u32> =
+                Array::try_from(self.ebpf.map_mut("ring").ok_or(LoadError::NoMap("ring"))?)
+                    .map_err(|e| LoadError::Map("ring", e))?;
+            for (k, i) in table.iter().enumerate() {
+                ring.set((id * RING_SIZE + k) as u32, i, 0)
+                    .map_err(|e| LoadError::Map("ring", e))?;
+            }
+        }
+        let (ip, port, family) = key_of(&s.vip);
+        let algo = match s.algorithm {
+            Algorithm::Random => ALGO_RANDOM,
+            Algorithm::RoundRobin => ALGO_ROUND_ROBIN,
+            Algorithm::Weighted => ALGO_WEIGHTED,
+            Algorithm::Maglev(HashKey::Client) => ALGO_MAGLEV_CLIENT,
+            Algorithm::Maglev(HashKey::Cookie) => ALGO_MAGLEV_COOKIE,
+        };
+        let v = Svc {
+            id: id as u32,
+            count: set.len() as u32,
+            algo,
+            rr: 0,
+        };
+        let k = SvcKey {
+            ip,
+            port,
+            family,
+            pad: 0,
+        };
+        let mut svcs: HashMap<_, SvcKey, Svc> = HashMap::try_from(
+            self.ebpf
+                .map_mut("services")
+                .ok_or(LoadError::NoMap("services"))?,
+        )
+        .map_err(|e| LoadError::Map("services", e))?;
+        svcs.insert(k, v, 0)
+            .map_err(|e| LoadError::Map("services", e))
     }
 
     /// Attaches every program to the cgroup at `path` with bpf_link (links are this
@@ -246,10 +273,10 @@ impl Balancer {
         let map = self.ebpf.map("picks").ok_or(LoadError::NoMap("picks"))?;
         let p: PerCpuArray<_, u64> =
             PerCpuArray::try_from(map).map_err(|e| LoadError::Map("picks", e))?;
-        let mut picks = Vec::with_capacity(self.sizes.len());
-        for (id, n) in self.sizes.iter().enumerate() {
-            let mut per = Vec::with_capacity(*n);
-            for i in 0..*n {
+        let mut picks = Vec::with_capacity(self.services.len());
+        for (id, s) in self.services.iter().enumerate() {
+            let mut per = Vec::with_capacity(s.backends.len());
+            for i in 0..s.backends.len() {
                 let slot = (id * MAX_BACKENDS + i) as u32;
                 per.push(
                     p.get(&slot, 0)
@@ -276,10 +303,10 @@ mod tests {
 
     #[test]
     fn shared_structs_have_the_c_sizes() {
-        // bpf/balance.h: svc_key 20, svc 16, backend 20 bytes.
+        // bpf/balance.h: svc_key 20, svc 16, backend 24 bytes.
         assert_eq!(std::mem::size_of::<SvcKey>(), 20);
         assert_eq!(std::mem::size_of::<Svc>(), 16);
-        assert_eq!(std::mem::size_of::<Backend>(), 20);
+        assert_eq!(std::mem::size_of::<Backend>(), 24);
     }
 
     #[test]

@@ -13,6 +13,13 @@ pub struct BackendReport {
     pub weight: u32,
     /// Connects the BPF program sent to this backend.
     pub connects: u64,
+    /// Health at the end (null without health checks).
+    pub up: Option<bool>,
+    /// Health probes sent, and how many failed.
+    pub probes: u64,
+    pub probes_failed: u64,
+    /// Times it was marked down.
+    pub downs: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -78,9 +85,20 @@ impl Report for RunReport {
                 if svc.backends.len() == 1 { "" } else { "s" }
             );
             for b in &svc.backends {
+                let health = match b.up {
+                    Some(up) => format!(
+                        ", {} at end, {} probes ({} failed), down {} time{}",
+                        if up { "up" } else { "down" },
+                        b.probes,
+                        b.probes_failed,
+                        b.downs,
+                        if b.downs == 1 { "" } else { "s" }
+                    ),
+                    None => String::new(),
+                };
                 let _ = writeln!(
                     s,
-                    "  {:<24} weight {:<4} {} connects",
+                    "  {:<24} weight {:<4} {} connects{health}",
                     b.addr, b.weight, b.connects
                 );
             }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use crate::cgroup::{self, CgroupError, Child, PrivateMount};
 use crate::config::{self, ConfigError, Service};
+use crate::health::{Health, HealthOptions};
 use crate::loader::{Balancer, LoadError};
+use std::sync::{Arc, Mutex};
 use crate::report::{BackendReport, CommandReport, RunReport, ServiceReport};
 
 /// How long the command has to end after the SIGTERM forwarded to it, before what is left in
@@ -25,6 +27,8 @@ pub struct RunOptions {
     pub command: Vec<OsString>,
     /// Send the command's stdout to this process's stderr (--json: stdout holds the report).
     pub stdout_to_stderr: bool,
+    /// Active TCP health checks, when asked.
+    pub health: Option<HealthOptions>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +43,8 @@ pub enum RunError {
     Spawn(String, #[source] std::io::Error),
     #[error("waiting for {0}: {1}")]
     Wait(String, #[source] std::io::Error),
+    #[error("health checks: {0}")]
+    Health(String),
     #[error("a command is needed after --")]
     NoCommand,
 }
@@ -104,6 +110,10 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
             Ok(())
         });
     }
+    let balancer = Arc::new(Mutex::new(balancer));
+    let health = opts
+        .health
+        .map(|o| Health::start(&opts.services, Arc::clone(&balancer), o));
     let start = Instant::now();
     let mut child = cmd.spawn().map_err(|e| RunError::Spawn(argv0.clone(), e))?;
     let pid = child.id();
@@ -130,6 +140,17 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
         std::thread::sleep(Duration::from_millis(5));
     };
     let elapsed = start.elapsed();
+    let (health, health_error) = match health {
+        Some(h) => {
+            let (st, e) = h.stop();
+            (Some(st), e)
+        }
+        None => (None, None),
+    };
+    let balancer = Arc::try_unwrap(balancer)
+        .map_err(|_| RunError::Health("a prober outlived its stop".into()))?
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
     let counters = balancer.counters()?;
     let cgroup_path = child_cg.path.display().to_string();
     // Whatever the command left running goes with its cgroup; then the links.
@@ -138,11 +159,15 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
     let private_mount = private.is_some();
     drop(private);
 
+    if let Some(e) = health_error {
+        return Err(RunError::Health(e));
+    }
     let services = opts
         .services
         .iter()
         .zip(&counters.picks)
-        .map(|(s, picks)| ServiceReport {
+        .enumerate()
+        .map(|(si, (s, picks))| ServiceReport {
             vip: s.vip.to_string(),
             algorithm: s.algorithm.name(),
             hash_key: match s.algorithm {
@@ -154,10 +179,18 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
                 .backends
                 .iter()
                 .zip(picks)
-                .map(|(b, n)| BackendReport {
-                    addr: b.addr.to_string(),
-                    weight: b.weight,
-                    connects: *n,
+                .enumerate()
+                .map(|(bi, (b, n))| {
+                    let h = health.as_ref().map(|h| &h[si][bi]);
+                    BackendReport {
+                        addr: b.addr.to_string(),
+                        weight: b.weight,
+                        connects: *n,
+                        up: h.map(|h| h.up),
+                        probes: h.map_or(0, |h| h.probes),
+                        probes_failed: h.map_or(0, |h| h.failed),
+                        downs: h.map_or(0, |h| h.downs),
+                    }
                 })
                 .collect(),
         })

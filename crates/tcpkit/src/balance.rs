@@ -6,10 +6,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use tcpkit_balance::{Algorithm, Backend, HashKey, RunOptions, Service};
+use std::time::Duration;
+
+use tcpkit_balance::{Algorithm, Backend, HashKey, HealthOptions, RunOptions, Service};
 use tcpkit_stats::Report;
 
-use crate::common::OutputFlags;
+use crate::common::{self, OutputFlags};
 use crate::Failure;
 
 /// Spread connect() calls to a virtual address over real servers, inside connect() itself
@@ -74,6 +76,35 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     pub hash_key: Option<HashKeyArg>,
 
+    /// Probe every backend with a TCP connect this often (from outside the balanced cgroup,
+    /// so never translated); a backend failing --fall probes in a row leaves the selection
+    /// at once, and returns after --rise successes. Without it every backend is used.
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg)]
+    pub health_interval: Option<Duration>,
+
+    /// How long a probe's connect may take before it counts as failed.
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg,
+          default_value = "1s", requires = "health_interval")]
+    pub health_timeout: Duration,
+
+    /// Successful probes in a row that bring a down backend back.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 2,
+        requires = "health_interval"
+    )]
+    pub rise: u32,
+
+    /// Failed probes in a row that take a backend out.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 3,
+        requires = "health_interval"
+    )]
+    pub fall: u32,
+
     /// With --json, CMD's stdout goes to stderr so that stdout holds the report alone.
     #[command(flatten)]
     pub out: OutputFlags,
@@ -124,10 +155,35 @@ pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
         },
     };
     service.check().map_err(|e| Failure::Usage(e.to_string()))?;
+    let health = match a.health_interval {
+        None => None,
+        Some(i) if i.is_zero() => {
+            return Err(Failure::Usage(
+                "--health-interval 0: give a duration above 0".into(),
+            ))
+        }
+        Some(_) if a.health_timeout.is_zero() => {
+            return Err(Failure::Usage(
+                "--health-timeout 0: give a duration above 0".into(),
+            ))
+        }
+        Some(_) if a.rise == 0 || a.fall == 0 => {
+            return Err(Failure::Usage(
+                "--rise and --fall count probes: 1 or more".into(),
+            ))
+        }
+        Some(interval) => Some(HealthOptions {
+            interval,
+            timeout: a.health_timeout,
+            rise: a.rise,
+            fall: a.fall,
+        }),
+    };
     Ok(RunOptions {
         services: vec![service],
         command: a.command.clone(),
         stdout_to_stderr: a.out.json,
+        health,
     })
 }
 
@@ -253,6 +309,8 @@ mod tests {
             vec!["--backend", "198.18.0.2:80@2"],
             vec!["--backend", "198.18.0.2:80@0", "--algorithm", "weighted"],
             vec!["--hash-key", "client"],
+            vec!["--health-interval", "0"],
+            vec!["--health-interval", "1s", "--fall", "0"],
         ] {
             let mut v = vec!["--vip", "198.19.0.1:80"];
             v.extend(bad.iter().copied());

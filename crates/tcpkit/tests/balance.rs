@@ -27,7 +27,7 @@ const SRV6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x18, 0, 0, 0, 0, 0, 2);
 /// An IPv6 VIP, and the IPv4 VIP as an IPv6 socket names it.
 const VIP6: &str = "[fd00:19::1]:6379";
 const VIP_MAPPED: &str = "[::ffff:198.19.0.1]:6379";
-/// The client's environment variable: `VIP;N;GOFILE` (GOFILE may be empty).
+/// The client's environment variable: `VIP;N;GOFILE[;STARTFILE]` (GOFILE may be empty).
 const CLIENT_ENV: &str = "TCPKIT_BALANCE_TEST_CLIENT";
 
 /// The bpftool checks read every program in the kernel: one balance test at a time.
@@ -50,6 +50,13 @@ fn client_in_cgroup() {
     let f: Vec<&str> = spec.split(';').collect();
     let vip: SocketAddr = f[0].parse().unwrap();
     let n: usize = f[1].parse().unwrap();
+    if let Some(start) = f.get(3) {
+        let until = Instant::now() + Duration::from_secs(25);
+        while !Path::new(start).exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        println!("STARTED");
+    }
     let mut out = std::io::stdout().lock();
     // libtest has printed `test client_in_cgroup ... ` without a newline.
     writeln!(out).unwrap();
@@ -78,6 +85,18 @@ fn client_in_cgroup() {
 struct Backend {
     addr: SocketAddr,
     accepted: Arc<AtomicU64>,
+    /// Set to stop it: its listener is closed, so connects to it are refused.
+    dead: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Backend {
+    /// Stops accepting and closes the listener; returns once it is closed.
+    fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        while Arc::strong_count(&self.dead) > 1 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 fn backend(host: &Host) -> Backend {
@@ -88,15 +107,29 @@ fn backend_on(host: &Host, at: SocketAddr) -> Backend {
     let l = host.enter(|| TcpListener::bind(at).unwrap());
     let addr = l.local_addr().unwrap();
     let accepted = Arc::new(AtomicU64::new(0));
-    let n = Arc::clone(&accepted);
-    // Runs until the test process ends: its port is in a namespace the lab removes.
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (n, d) = (Arc::clone(&accepted), Arc::clone(&dead));
+    l.set_nonblocking(true).unwrap();
+    // Runs until killed or the test process ends: its port is in a namespace the lab removes.
     std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            n.fetch_add(1, Ordering::SeqCst);
-            let _ = (&s).write_all(format!("{}\n", addr.port()).as_bytes());
+        while !d.load(Ordering::SeqCst) {
+            match l.accept() {
+                Ok((s, _)) => {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    let _ = s.set_nonblocking(false);
+                    let _ = (&s).write_all(format!("{}\n", addr.port()).as_bytes());
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
         }
+        drop(l);
+        drop(d);
     });
-    Backend { addr, accepted }
+    Backend {
+        addr,
+        accepted,
+        dead,
+    }
 }
 
 /// `tcpkit balance run ARGS -- env CLIENT_ENV=... <this binary> client_in_cgroup`.
@@ -530,5 +563,65 @@ fn run_weighted_and_maglev() {
     assert!(
         k > 0 && k < 60,
         "cookie-keyed maglev put {k} of 60 on one backend"
+    );
+}
+
+#[test]
+fn health_checks_take_a_dead_backend_out() {
+    let _g = serial();
+    let (mut lab, cli, srv, _link) = Lab::pair("balhc").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    let start = lab.dir().join("start");
+    let args = [
+        "--vip".to_string(),
+        VIP.into(),
+        "--backend".into(),
+        b1.addr.to_string(),
+        "--backend".into(),
+        b2.addr.to_string(),
+        "--algorithm".into(),
+        "round-robin".into(),
+        "--health-interval".into(),
+        "100ms".into(),
+        "--health-timeout".into(),
+        "500ms".into(),
+        "--fall".into(),
+        "2".into(),
+    ];
+    let argv = argv(&refs(&args), &format!("{VIP};20;;{}", start.display()));
+    let p = cli
+        .spawn(&mut lab, "balance", &refs(&argv))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Both probed and up for a while, then one backend dies.
+    std::thread::sleep(Duration::from_millis(500));
+    b1.kill();
+    let killed = Instant::now();
+    // Two refused probes 100 ms apart take it out: 0.3 s at most unloaded; 1.5 s here.
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&start, "").unwrap();
+    let st = p
+        .wait_timeout(Duration::from_secs(20))
+        .unwrap()
+        .expect("balance ends with its command");
+    let log = p.log();
+    assert_eq!(st.code(), Some(0), "{log}");
+    assert!(
+        !log.contains("ERR "),
+        "a connect failed after the backend was out: {log}"
+    );
+    let c = conns(&log);
+    assert_eq!(c.len(), 20, "{log}");
+    assert!(
+        c.iter().all(|(_, port)| *port == b2.addr.port()),
+        "connects reached the dead backend {:.1} s after it died: {c:?}",
+        killed.elapsed().as_secs_f64()
+    );
+    let line = log
+        .lines()
+        .find(|l| l.trim_start().starts_with(&b1.addr.to_string()))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        line.contains("down at end") && line.contains("down 1 time"),
+        "{line}"
     );
 }
