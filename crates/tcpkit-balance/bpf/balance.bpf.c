@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: (MIT OR Apache-2.0) OR GPL-2.0
 /* tcpkit balance: cgroup socket-address hooks that send connect() to a VIP to one of its
  * backends (the address is rewritten once, inside connect: nothing is paid per packet), and
- * make getpeername() show the VIP again. IPv4 (connect4), IPv6 (connect6), and IPv4 VIPs
+ * make getpeername() show the VIP again. UDP (IPv4): sendmsg to a VIP from an unconnected
+ * socket goes to a backend chosen once per socket (it stays there), and recvmsg shows
+ * replies from that backend as coming from the VIP; connected UDP goes through connect4. IPv4 (connect4), IPv6 (connect6), and IPv4 VIPs
  * reached through IPv6 sockets as v4-mapped addresses (connect6). Attached to one cgroup v2
  * with bpf_link. */
 #include <linux/bpf.h>
@@ -260,5 +262,48 @@ int tk_getpeername6(struct bpf_sock_addr *ctx)
 	ctx->user_ip6[3] = r->vip[3];
 	ctx->user_port = r->vport;
 	count(COUNTER_REVNAT);
+	return 1;
+}
+
+SEC("cgroup/sendmsg4")
+int tk_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	struct svc_key key = { .ip = { ctx->user_ip4 }, .port = (__u16)ctx->user_port, .family = 4 };
+	struct svc *s = bpf_map_lookup_elem(&services, &key);
+	if (!s)
+		return 1;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *old = bpf_map_lookup_elem(&revnat, &cookie);
+	if (old && old->vip[0] == key.ip[0] && old->vport == key.port) {
+		/* An unconnected socket stays on the backend it was given first. */
+		ctx->user_ip4 = old->bip[0];
+		ctx->user_port = old->bport;
+		return 1;
+	}
+	__u32 slot = 0;
+	struct backend *b = pick(ctx, s, 0, &slot);
+	if (!b || b->family != 4)
+		return refuse();
+	struct revnat r = {
+		.vip = { key.ip[0] }, .bip = { b->ip[0] }, .vport = key.port, .bport = b->port,
+	};
+	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	ctx->user_ip4 = b->ip[0];
+	ctx->user_port = b->port;
+	picked(s, b);
+	return 1;
+}
+
+SEC("cgroup/recvmsg4")
+int tk_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	/* Only what came from the socket's backend is shown as the VIP's. */
+	if (r && r->bip[0] == ctx->user_ip4 && r->bport == (__u16)ctx->user_port) {
+		ctx->user_ip4 = r->vip[0];
+		ctx->user_port = r->vport;
+		count(COUNTER_REVNAT);
+	}
 	return 1;
 }

@@ -60,7 +60,8 @@ pub struct RunReport {
     pub translated: u64,
     /// Connects to a VIP refused (ECONNREFUSED) because it had no backend.
     pub refused: u64,
-    /// getpeername() calls answered with the VIP.
+    /// getpeername() calls answered with the VIP, and datagrams received from a backend shown
+    /// as the VIP's (recvmsg).
     pub getpeername_vip: u64,
     /// Sockets found no longer on the backend they were sent to (their entry dropped).
     pub stale: u64,
@@ -105,7 +106,7 @@ impl Report for RunReport {
         }
         let _ = writeln!(
             s,
-            "Connects: {} translated, {} refused (no backend); getpeername: {} shown the VIP, {} stale",
+            "Connects: {} translated, {} refused (no backend); getpeername/recvmsg: {} shown the VIP, {} stale",
             self.translated, self.refused, self.getpeername_vip, self.stale
         );
         let how = match (self.command.code, self.command.signal) {

@@ -5,9 +5,11 @@
 
 mod common;
 use common::schema;
+#[path = "common/unbound.rs"]
+mod unbound;
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +19,7 @@ use std::time::{Duration, Instant};
 use common::tcpkit;
 use serde_json::Value;
 use tcpkit_lab::{Host, Lab};
+use tcpkit_wire::dns;
 
 /// The VIP: in the lab's test range, routed nowhere, so only a translated connect reaches
 /// anything.
@@ -29,6 +32,7 @@ const VIP6: &str = "[fd00:19::1]:6379";
 const VIP_MAPPED: &str = "[::ffff:198.19.0.1]:6379";
 /// The client's environment variable: `VIP;N;GOFILE[;STARTFILE]` (GOFILE may be empty).
 const CLIENT_ENV: &str = "TCPKIT_BALANCE_TEST_CLIENT";
+const CLIENT_UDP_ENV: &str = "TCPKIT_BALANCE_TEST_UDP_CLIENT";
 
 /// The bpftool checks read every program in the kernel: one balance test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -79,6 +83,56 @@ fn client_in_cgroup() {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// Not a test of its own: the UDP client `balance run` starts (CLIENT_UDP_ENV = the VIP).
+/// Two unconnected sockets send three DNS queries each to the VIP (`UDP <socket> <source of
+/// the reply> <rcode> <answers>`), then a connected socket one (`UDPC <peer> <source> ...`).
+#[test]
+fn udp_client_in_cgroup() {
+    let Ok(vip) = std::env::var(CLIENT_UDP_ENV) else {
+        return;
+    };
+    let vip: SocketAddr = vip.parse().unwrap();
+    let mut out = std::io::stdout().lock();
+    writeln!(out).unwrap();
+    let ask = |s: &UdpSocket, id: u16, to: Option<SocketAddr>| -> (SocketAddr, u8, u16) {
+        let mut q = Vec::new();
+        dns::write_tcp_query(
+            &mut q,
+            id,
+            &unbound::WWW_EXAMPLE.parse().unwrap(),
+            dns::TYPE_A,
+        );
+        // A TCP query less its 2-byte length is the UDP query.
+        match to {
+            Some(a) => s.send_to(&q[2..], a).unwrap(),
+            None => s.send(&q[2..]).unwrap(),
+        };
+        let mut buf = [0u8; 1500];
+        let (n, from) = s.recv_from(&mut buf).unwrap();
+        let r = dns::parse_response(&buf[..n]).unwrap();
+        assert_eq!(r.id, id);
+        (from, r.rcode, r.answers)
+    };
+    for sock in 0..2 {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        for i in 0..3 {
+            let (from, rcode, answers) = ask(&s, sock * 16 + i, Some(vip));
+            writeln!(out, "UDP {sock} {from} {rcode} {answers}").unwrap();
+        }
+    }
+    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.connect(vip).unwrap();
+    let (from, rcode, answers) = ask(&s, 99, None);
+    writeln!(
+        out,
+        "UDPC {} {from} {rcode} {answers}",
+        s.peer_addr().unwrap()
+    )
+    .unwrap();
 }
 
 /// A backend in host b: answers each connection with its own port and a newline, counting.
@@ -272,10 +326,10 @@ fn run_round_robin_alternates_shows_the_vip_and_leaves_nothing() {
         .unwrap_or_else(|e| panic!("{e}"));
     wait_for(&p, "READY", 20);
 
-    // While it runs: the four programs attached to its cgroup, found by the kernel's own query.
+    // While it runs: the six programs attached to its cgroup, found by the kernel's own query.
     let cg = cgroup_of(p.pid());
     let (progs, maps) = attached(&cg);
-    assert_eq!(progs.len(), 4, "programs on {}: {progs:?}", cg.display());
+    assert_eq!(progs.len(), 6, "programs on {}: {progs:?}", cg.display());
     assert!(maps.len() >= 3, "maps {maps:?}");
     // A process outside the cgroup (this test, in the same host) is not translated: the VIP
     // is routed nowhere.
@@ -429,7 +483,7 @@ fn nothing_stays_attached_after_sigterm_or_sigkill() {
         wait_for(&p, "READY", 20);
         let cg = cgroup_of(p.pid());
         let (progs, maps) = attached(&cg);
-        assert_eq!(progs.len(), 4, "{}", cg.display());
+        assert_eq!(progs.len(), 6, "{}", cg.display());
         // To balance alone, not its process group: the command must learn of it from balance.
         // SAFETY: kill(2) on a child of this test, still running.
         assert_eq!(unsafe { libc::kill(p.pid() as i32, sig) }, 0);
@@ -624,4 +678,80 @@ fn health_checks_take_a_dead_backend_out() {
         line.contains("down at end") && line.contains("down 1 time"),
         "{line}"
     );
+}
+
+#[test]
+fn udp_dns_through_the_vip_reaches_unbound_and_answers_from_the_vip() {
+    let _g = serial();
+    unbound::require();
+    let (mut lab, cli, srv, _link) = Lab::pair("baludp").unwrap_or_else(|e| panic!("{e}"));
+    let vip = "198.19.0.1:53";
+    let mut ports = Vec::new();
+    for (i, port) in [5301u16, 5302].iter().enumerate() {
+        let dir = lab.dir().join(format!("unbound{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = unbound::write_conf(&dir, IpAddr::V4(SRV), *port, 10);
+        let argv = unbound::argv(&conf);
+        srv.spawn(&mut lab, &format!("unbound{i}"), &refs(&argv))
+            .unwrap_or_else(|e| panic!("{e}"));
+        ports.push(*port);
+    }
+    // Ready when each answers over TCP (the lab's client host reaches it directly).
+    for port in &ports {
+        let addr = SocketAddr::from((SRV, *port));
+        let until = Instant::now() + Duration::from_secs(15);
+        cli.enter(|| {
+            while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+                assert!(Instant::now() < until, "unbound on {addr} not up in 15 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+    }
+    let exe = std::env::current_exe().unwrap();
+    let argv = vec![
+        tcpkit().to_string(),
+        "balance".into(),
+        "run".into(),
+        "--vip".into(),
+        vip.into(),
+        "--backend".into(),
+        format!("{SRV}:{}", ports[0]),
+        "--backend".into(),
+        format!("{SRV}:{}", ports[1]),
+        "--algorithm".into(),
+        "round-robin".into(),
+        "--json".into(),
+        "--".into(),
+        "env".into(),
+        format!("{CLIENT_UDP_ENV}={vip}"),
+        exe.display().to_string(),
+        "--exact".into(),
+        "udp_client_in_cgroup".into(),
+        "--nocapture".into(),
+    ];
+    let out = cli.command(&refs(&argv)).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    schema::check(&schema::load("balance"), &v, "balance");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("UDP")).collect();
+    assert_eq!(lines.len(), 7, "{stderr}");
+    for l in &lines[..6] {
+        // Answered by unbound (NOERROR, one A record), the reply's source the VIP.
+        assert!(l.ends_with(&format!(" {vip} 0 1")), "{l}");
+    }
+    assert_eq!(lines[6], format!("UDPC {vip} {vip} 0 1"), "{stderr}");
+    // Each unconnected socket stayed on one backend (one pick each, round-robin: one per
+    // backend), the connected socket was sent to the first again.
+    let picks: Vec<u64> = v["services"][0]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["connects"].as_u64().unwrap())
+        .collect();
+    assert_eq!(picks, [2, 1], "{stdout}");
+    assert!(v["getpeername_vip"].as_u64().unwrap() >= 7, "{stdout}");
 }
