@@ -59,6 +59,14 @@ struct {
 	__type(value, __u32);
 } ring SEC(".maps");
 
+/* Set by user space at load time (--trace): every selection is sent to `trace`. */
+const volatile __u32 trace_on = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} trace SEC(".maps");
+
 static __always_inline __u32 fmix32(__u32 h)
 {
 	/* MurmurHash3's finaliser: every input bit moves every output bit. */
@@ -134,6 +142,24 @@ static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct sv
 	return bpf_map_lookup_elem(&backends, slot);
 }
 
+static __always_inline void emit(struct revnat *r, __u8 family, __u8 udp)
+{
+	if (!trace_on)
+		return;
+	struct trace_event e = {
+		.pid_tgid = bpf_get_current_pid_tgid(),
+		.cgroup = bpf_get_current_cgroup_id(),
+		.vport = r->vport,
+		.bport = r->bport,
+		.family = family,
+		.udp = udp,
+	};
+	__builtin_memcpy(e.vip, r->vip, sizeof(e.vip));
+	__builtin_memcpy(e.bip, r->bip, sizeof(e.bip));
+	if (bpf_ringbuf_output(&trace, &e, sizeof(e), 0))
+		count(COUNTER_TRACE_LOST);
+}
+
 static __always_inline int refuse(void)
 {
 	/* No backend: refuse, never a silent connect to the VIP, never EPERM. */
@@ -170,6 +196,7 @@ int tk_connect4(struct bpf_sock_addr *ctx)
 	ctx->user_ip4 = b->ip[0];
 	ctx->user_port = b->port;
 	picked(s, b);
+	emit(&r, 4, 0);
 	return 1;
 }
 
@@ -220,6 +247,7 @@ int tk_connect6(struct bpf_sock_addr *ctx)
 	ctx->user_ip6[3] = r.bip[3];
 	ctx->user_port = b->port;
 	picked(s, b);
+	emit(&r, 6, 0);
 	return 1;
 }
 
@@ -291,6 +319,7 @@ int tk_sendmsg4(struct bpf_sock_addr *ctx)
 	ctx->user_ip4 = b->ip[0];
 	ctx->user_port = b->port;
 	picked(s, b);
+	emit(&r, 4, 1);
 	return 1;
 }
 

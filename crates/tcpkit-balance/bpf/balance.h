@@ -65,6 +65,20 @@ struct revnat {
 #define COUNTER_REFUSED 1
 #define COUNTER_REVNAT 2
 #define COUNTER_STALE 3
-#define COUNTERS 4
+#define COUNTER_TRACE_LOST 4
+#define COUNTERS 5
+
+/* One selection, for --trace (ring buffer `trace`). */
+struct trace_event {
+	__u64 pid_tgid;
+	__u64 cgroup;
+	__u32 vip[4];
+	__u32 bip[4];
+	__u16 vport;
+	__u16 bport;
+	__u8 family; /* of the socket: 4, or 6 (an IPv4 VIP through an IPv6 socket is 6, v4-mapped) */
+	__u8 udp;    /* 1: sendmsg (unconnected UDP); 0: connect */
+	__u8 pad[2];
+};
 
 #endif

@@ -20,3 +20,4 @@ pub use health::HealthOptions;
 pub use report::RunReport;
 pub use run::{run, RunError, RunOptions};
 pub mod table;
+pub mod trace;

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use aya::maps::{Array, HashMap, PerCpuArray};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
@@ -68,6 +68,7 @@ const COUNTER_TRANSLATED: u32 = 0;
 const COUNTER_REFUSED: u32 = 1;
 const COUNTER_REVNAT: u32 = 2;
 const COUNTER_STALE: u32 = 3;
+const COUNTER_TRACE_LOST: u32 = 4;
 
 /// Addresses as bpf_sock_addr holds them: network byte order in the u32s' and u16's memory;
 /// an IPv4 address in the first word, family 4.
@@ -104,6 +105,8 @@ pub struct Counters {
     pub refused: u64,
     pub revnat: u64,
     pub stale: u64,
+    /// Trace events the ring buffer had no room for.
+    pub trace_lost: u64,
     /// Connects sent to each backend, per service, in the order given.
     pub picks: Vec<Vec<u64>>,
 }
@@ -122,9 +125,14 @@ const GENERATIONS: usize = 2;
 
 impl Balancer {
     /// Loads the programs and fills the maps with `services` (checked by `config::check`),
-    /// every backend in the set.
-    pub fn load(services: &[Service]) -> Result<Balancer, LoadError> {
-        let ebpf = EbpfLoader::new().load(OBJECT).map_err(LoadError::Load)?;
+    /// every backend in the set. With `trace`, every selection goes to the ring buffer
+    /// ([`Balancer::take_trace`]).
+    pub fn load(services: &[Service], trace: bool) -> Result<Balancer, LoadError> {
+        let on = u32::from(trace);
+        let ebpf = EbpfLoader::new()
+            .override_global("trace_on", &on, true)
+            .load(OBJECT)
+            .map_err(LoadError::Load)?;
         let mut b = Balancer {
             ebpf,
             services: services.to_vec(),
@@ -238,6 +246,12 @@ impl Balancer {
             .map_err(|e| LoadError::Map("services", e))
     }
 
+    /// The ring buffer of `--trace` events (once).
+    pub fn take_trace(&mut self) -> Result<RingBuf<MapData>, LoadError> {
+        let m = self.ebpf.take_map("trace").ok_or(LoadError::NoMap("trace"))?;
+        RingBuf::try_from(m).map_err(|e| LoadError::Map("trace", e))
+    }
+
     /// Attaches every program to the cgroup at `path` with bpf_link (links are this
     /// process's file descriptors: they go when it exits, however it exits).
     pub fn attach(&mut self, path: &Path) -> Result<(), LoadError> {
@@ -294,6 +308,7 @@ impl Balancer {
             refused: sum(COUNTER_REFUSED)?,
             revnat: sum(COUNTER_REVNAT)?,
             stale: sum(COUNTER_STALE)?,
+            trace_lost: sum(COUNTER_TRACE_LOST)?,
             picks,
         })
     }

@@ -65,6 +65,8 @@ pub struct RunReport {
     pub getpeername_vip: u64,
     /// Sockets found no longer on the backend they were sent to (their entry dropped).
     pub stale: u64,
+    /// --trace events lost (the ring buffer was full).
+    pub trace_lost: u64,
     /// Set when the run was stopped by SIGINT/SIGTERM (forwarded to the command).
     pub interrupted: bool,
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use crate::cgroup::{self, CgroupError, Child, PrivateMount};
 use crate::config::{self, ConfigError, Service};
 use crate::health::{Health, HealthOptions};
+use crate::trace::Tracer;
 use crate::loader::{Balancer, LoadError};
 use std::sync::{Arc, Mutex};
 use crate::report::{BackendReport, CommandReport, RunReport, ServiceReport};
@@ -29,6 +30,8 @@ pub struct RunOptions {
     pub stdout_to_stderr: bool,
     /// Active TCP health checks, when asked.
     pub health: Option<HealthOptions>,
+    /// Print every selection on stderr (`--trace`).
+    pub trace: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +73,12 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
     let own = cgroup::own_path()?;
     let parent = mount.join(own.trim_start_matches('/'));
     // Load before creating anything: a kernel that refuses the programs leaves nothing behind.
-    let mut balancer = Balancer::load(&opts.services)?;
+    let mut balancer = Balancer::load(&opts.services, opts.trace)?;
+    let tracer = if opts.trace {
+        Some(Tracer::start(balancer.take_trace()?))
+    } else {
+        None
+    };
     let child_cg = Child::create(&parent)?;
     balancer.attach(&child_cg.path)?;
 
@@ -140,6 +148,9 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
         std::thread::sleep(Duration::from_millis(5));
     };
     let elapsed = start.elapsed();
+    if let Some(t) = tracer {
+        t.stop();
+    }
     let (health, health_error) = match health {
         Some(h) => {
             let (st, e) = h.stop();
@@ -223,6 +234,7 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
         refused: counters.refused,
         getpeername_vip: counters.revnat,
         stale: counters.stale,
+        trace_lost: counters.trace_lost,
         interrupted: forwarded.is_some(),
     })
 }

@@ -105,6 +105,11 @@ pub struct RunArgs {
     )]
     pub fall: u32,
 
+    /// Print every selection on stderr as it happens (pid, cgroup id, VIP -> backend), from
+    /// the BPF programs' ring buffer: a VIP never shows in tcpdump.
+    #[arg(long)]
+    pub trace: bool,
+
     /// With --json, CMD's stdout goes to stderr so that stdout holds the report alone.
     #[command(flatten)]
     pub out: OutputFlags,
@@ -184,6 +189,7 @@ pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
         command: a.command.clone(),
         stdout_to_stderr: a.out.json,
         health,
+        trace: a.trace,
     })
 }
 
@@ -241,10 +247,12 @@ mod tests {
         assert_eq!(a.vip, "198.19.0.1:6379".parse().unwrap());
         assert_eq!(a.backend.len(), 2);
         assert!(matches!(a.algorithm, AlgorithmArg::RoundRobin));
-        assert!(a.out.json);
+        assert!(a.out.json && !a.trace);
         assert_eq!(a.command, ["redis-benchmark", "-h", "198.19.0.1"]);
         let o = resolve(&a).unwrap();
         assert!(o.stdout_to_stderr);
+        let a = parse(&["--vip", "198.19.0.1:80", "--trace", "--", "true"]).unwrap();
+        assert!(resolve(&a).unwrap().trace);
         let a = parse(&["--vip", "198.19.0.1:80", "-q", "--", "true"]).unwrap();
         assert!(matches!(a.algorithm, AlgorithmArg::Random) && a.out.quiet);
         assert!(a.backend.is_empty());

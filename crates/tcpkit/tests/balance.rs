@@ -755,3 +755,45 @@ fn udp_dns_through_the_vip_reaches_unbound_and_answers_from_the_vip() {
     assert_eq!(picks, [2, 1], "{stdout}");
     assert!(v["getpeername_vip"].as_u64().unwrap() >= 7, "{stdout}");
 }
+
+#[test]
+fn trace_prints_every_selection_with_its_pid() {
+    let _g = serial();
+    let (_lab, cli, srv, _link) = Lab::pair("baltr").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    let args = [
+        "--vip".to_string(),
+        VIP.into(),
+        "--backend".into(),
+        b1.addr.to_string(),
+        "--backend".into(),
+        b2.addr.to_string(),
+        "--algorithm".into(),
+        "round-robin".into(),
+        "--trace".into(),
+        "--json".into(),
+    ];
+    let argv = argv(&refs(&args), &format!("{VIP};4;"));
+    let out = cli.command(&refs(&argv)).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    schema::check(&schema::load("balance"), &v, "balance");
+    assert_eq!(v["trace_lost"], 0);
+    // `env` execs the client: the command's pid is the one that connects.
+    let pid = v["command"]["pid"].as_u64().unwrap();
+    let traced: Vec<&str> = stderr.lines().filter(|l| l.contains("] trace: ")).collect();
+    let c = conns(&stderr);
+    assert_eq!((traced.len(), c.len()), (4, 4), "{stderr}");
+    for (t, (_, port)) in traced.iter().zip(&c) {
+        let want = format!("trace: pid {pid} cgroup ");
+        assert!(t.contains(&want), "{t}");
+        assert!(
+            t.ends_with(&format!("connect {VIP} -> {SRV}:{port}")),
+            "{t} is not the backend that answered"
+        );
+    }
+}
