@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: (MIT OR Apache-2.0) OR GPL-2.0
 /* tcpkit balance: cgroup socket-address hooks that send connect() to a VIP to one of its
  * backends (the address is rewritten once, inside connect: nothing is paid per packet), and
- * make getpeername() show the VIP again. UDP (IPv4): sendmsg to a VIP from an unconnected
+ * make getpeername() show the VIP again. UDP (IPv4 and IPv6, v4-mapped too): sendmsg to a VIP from an unconnected
  * socket goes to a backend chosen once per socket (it stays there), and recvmsg shows
- * replies from that backend as coming from the VIP; connected UDP goes through connect4. IPv4 (connect4), IPv6 (connect6), and IPv4 VIPs
+ * replies from that backend as coming from the VIP; connected UDP goes through connect4/6. IPv4 (connect4), IPv6 (connect6), and IPv4 VIPs
  * reached through IPv6 sockets as v4-mapped addresses (connect6). Attached to one cgroup v2
  * with bpf_link. */
 #include <linux/bpf.h>
@@ -200,24 +200,67 @@ int tk_connect4(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
+/* The service key of the address an IPv6 socket asked for: ::ffff:a.b.c.d is an IPv4 VIP
+ * asked for through an IPv6 socket. Returns whether it was v4-mapped. */
+static __always_inline int key6(struct bpf_sock_addr *ctx, struct svc_key *key, __u32 a[4])
+{
+	a[0] = ctx->user_ip6[0];
+	a[1] = ctx->user_ip6[1];
+	a[2] = ctx->user_ip6[2];
+	a[3] = ctx->user_ip6[3];
+	int mapped = a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
+	key->port = (__u16)ctx->user_port;
+	if (mapped) {
+		key->ip[0] = a[3];
+		key->family = 4;
+	} else {
+		key->ip[0] = a[0];
+		key->ip[1] = a[1];
+		key->ip[2] = a[2];
+		key->ip[3] = a[3];
+		key->family = 6;
+	}
+	return mapped;
+}
+
+/* The revnat entry for backend b of a VIP asked for as a[] by an IPv6 socket. */
+static __always_inline void revnat6(struct revnat *r, __u32 a[4], struct svc_key *key,
+				    struct backend *b, int mapped)
+{
+	r->vport = key->port;
+	r->bport = b->port;
+	r->vip[0] = a[0];
+	r->vip[1] = a[1];
+	r->vip[2] = a[2];
+	r->vip[3] = a[3];
+	if (mapped) {
+		r->bip[0] = 0;
+		r->bip[1] = 0;
+		r->bip[2] = bpf_htonl(0xffff);
+		r->bip[3] = b->ip[0];
+	} else {
+		r->bip[0] = b->ip[0];
+		r->bip[1] = b->ip[1];
+		r->bip[2] = b->ip[2];
+		r->bip[3] = b->ip[3];
+	}
+}
+
+static __always_inline void write6(struct bpf_sock_addr *ctx, struct revnat *r)
+{
+	ctx->user_ip6[0] = r->bip[0];
+	ctx->user_ip6[1] = r->bip[1];
+	ctx->user_ip6[2] = r->bip[2];
+	ctx->user_ip6[3] = r->bip[3];
+	ctx->user_port = r->bport;
+}
+
 SEC("cgroup/connect6")
 int tk_connect6(struct bpf_sock_addr *ctx)
 {
-	__u32 a0 = ctx->user_ip6[0], a1 = ctx->user_ip6[1], a2 = ctx->user_ip6[2],
-	      a3 = ctx->user_ip6[3];
-	/* ::ffff:a.b.c.d is an IPv4 VIP asked for through an IPv6 socket. */
-	int mapped = a0 == 0 && a1 == 0 && a2 == bpf_htonl(0xffff);
-	struct svc_key key = { .port = (__u16)ctx->user_port };
-	if (mapped) {
-		key.ip[0] = a3;
-		key.family = 4;
-	} else {
-		key.ip[0] = a0;
-		key.ip[1] = a1;
-		key.ip[2] = a2;
-		key.ip[3] = a3;
-		key.family = 6;
-	}
+	__u32 a[4];
+	struct svc_key key = {};
+	int mapped = key6(ctx, &key, a);
 	struct svc *s = bpf_map_lookup_elem(&services, &key);
 	if (!s)
 		return 1;
@@ -225,27 +268,11 @@ int tk_connect6(struct bpf_sock_addr *ctx)
 	struct backend *b = pick(ctx, s, !mapped, &slot);
 	if (!b || b->family != key.family)
 		return refuse();
-	struct revnat r = { .vport = key.port, .bport = b->port };
-	r.vip[0] = a0;
-	r.vip[1] = a1;
-	r.vip[2] = a2;
-	r.vip[3] = a3;
-	if (mapped) {
-		r.bip[2] = bpf_htonl(0xffff);
-		r.bip[3] = b->ip[0];
-	} else {
-		r.bip[0] = b->ip[0];
-		r.bip[1] = b->ip[1];
-		r.bip[2] = b->ip[2];
-		r.bip[3] = b->ip[3];
-	}
+	struct revnat r = {};
+	revnat6(&r, a, &key, b, mapped);
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
-	ctx->user_ip6[0] = r.bip[0];
-	ctx->user_ip6[1] = r.bip[1];
-	ctx->user_ip6[2] = r.bip[2];
-	ctx->user_ip6[3] = r.bip[3];
-	ctx->user_port = b->port;
+	write6(ctx, &r);
 	picked(s, b);
 	emit(&r, 6, 0);
 	return 1;
@@ -331,6 +358,65 @@ int tk_recvmsg4(struct bpf_sock_addr *ctx)
 	/* Only what came from the socket's backend is shown as the VIP's. */
 	if (r && r->bip[0] == ctx->user_ip4 && r->bport == (__u16)ctx->user_port) {
 		ctx->user_ip4 = r->vip[0];
+		ctx->user_port = r->vport;
+		count(COUNTER_REVNAT);
+	}
+	return 1;
+}
+
+SEC("cgroup/sendmsg6")
+int tk_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	__u32 a[4];
+	struct svc_key key = {};
+	int mapped = key6(ctx, &key, a);
+	struct svc *s = bpf_map_lookup_elem(&services, &key);
+	if (!s)
+		return 1;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *old = bpf_map_lookup_elem(&revnat, &cookie);
+	if (old && old->vip[0] == a[0] && old->vip[1] == a[1] && old->vip[2] == a[2] &&
+	    old->vip[3] == a[3] && old->vport == key.port) {
+		write6(ctx, old);
+		return 1;
+	}
+	__u32 slot = 0;
+	struct backend *b = pick(ctx, s, !mapped, &slot);
+	if (!b || b->family != key.family)
+		return refuse();
+	struct revnat r = {};
+	revnat6(&r, a, &key, b, mapped);
+	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	write6(ctx, &r);
+	picked(s, b);
+	emit(&r, 6, 1);
+	return 1;
+}
+
+SEC("cgroup/recvmsg6")
+int tk_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	if (!r)
+		return 1;
+	/* An IPv6 socket's datagram to ::ffff:VIP went through sendmsg4 (the kernel hands
+	 * v4-mapped destinations to IPv4): its entry is in IPv4 form. */
+	if (ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 &&
+	    ctx->user_ip6[2] == bpf_htonl(0xffff) && r->bip[1] == 0 && r->bip[2] == 0 &&
+	    r->bip[3] == 0 && r->bip[0] == ctx->user_ip6[3] && r->bport == (__u16)ctx->user_port) {
+		ctx->user_ip6[3] = r->vip[0];
+		ctx->user_port = r->vport;
+		count(COUNTER_REVNAT);
+		return 1;
+	}
+	if (r->bip[0] == ctx->user_ip6[0] && r->bip[1] == ctx->user_ip6[1] &&
+	    r->bip[2] == ctx->user_ip6[2] && r->bip[3] == ctx->user_ip6[3] &&
+	    r->bport == (__u16)ctx->user_port) {
+		ctx->user_ip6[0] = r->vip[0];
+		ctx->user_ip6[1] = r->vip[1];
+		ctx->user_ip6[2] = r->vip[2];
+		ctx->user_ip6[3] = r->vip[3];
 		ctx->user_port = r->vport;
 		count(COUNTER_REVNAT);
 	}

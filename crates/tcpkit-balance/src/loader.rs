@@ -16,13 +16,15 @@ use crate::table::{self, RING_SIZE};
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/balance.bpf.o"));
 
 /// The programs, by the names they have in the object and in `bpftool prog`.
-pub const PROGRAMS: [&str; 6] = [
+pub const PROGRAMS: [&str; 8] = [
     "tk_connect4",
     "tk_connect6",
     "tk_getpeername4",
     "tk_getpeername6",
     "tk_sendmsg4",
     "tk_recvmsg4",
+    "tk_sendmsg6",
+    "tk_recvmsg6",
 ];
 
 // Mirrors of bpf/balance.h (the one definition; sizes checked in the tests below).

@@ -115,15 +115,16 @@ fn udp_client_in_cgroup() {
         assert_eq!(r.id, id);
         (from, r.rcode, r.answers)
     };
+    let any = if vip.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
     for sock in 0..2 {
-        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let s = UdpSocket::bind(any).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         for i in 0..3 {
             let (from, rcode, answers) = ask(&s, sock * 16 + i, Some(vip));
             writeln!(out, "UDP {sock} {from} {rcode} {answers}").unwrap();
         }
     }
-    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+    let s = UdpSocket::bind(any).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.connect(vip).unwrap();
     let (from, rcode, answers) = ask(&s, 99, None);
@@ -326,10 +327,10 @@ fn run_round_robin_alternates_shows_the_vip_and_leaves_nothing() {
         .unwrap_or_else(|e| panic!("{e}"));
     wait_for(&p, "READY", 20);
 
-    // While it runs: the six programs attached to its cgroup, found by the kernel's own query.
+    // While it runs: the eight programs attached to its cgroup, found by the kernel's own query.
     let cg = cgroup_of(p.pid());
     let (progs, maps) = attached(&cg);
-    assert_eq!(progs.len(), 6, "programs on {}: {progs:?}", cg.display());
+    assert_eq!(progs.len(), 8, "programs on {}: {progs:?}", cg.display());
     assert!(maps.len() >= 3, "maps {maps:?}");
     // A process outside the cgroup (this test, in the same host) is not translated: the VIP
     // is routed nowhere.
@@ -483,7 +484,7 @@ fn nothing_stays_attached_after_sigterm_or_sigkill() {
         wait_for(&p, "READY", 20);
         let cg = cgroup_of(p.pid());
         let (progs, maps) = attached(&cg);
-        assert_eq!(progs.len(), 6, "{}", cg.display());
+        assert_eq!(progs.len(), 8, "{}", cg.display());
         // To balance alone, not its process group: the command must learn of it from balance.
         // SAFETY: kill(2) on a child of this test, still running.
         assert_eq!(unsafe { libc::kill(p.pid() as i32, sig) }, 0);
@@ -681,79 +682,106 @@ fn health_checks_take_a_dead_backend_out() {
 }
 
 #[test]
-fn udp_dns_through_the_vip_reaches_unbound_and_answers_from_the_vip() {
+fn udp_dns_through_the_vip_reaches_unbound_and_answers_from_the_vip_v4_v6_mapped() {
     let _g = serial();
     unbound::require();
     let (mut lab, cli, srv, _link) = Lab::pair("baludp").unwrap_or_else(|e| panic!("{e}"));
-    let vip = "198.19.0.1:53";
-    let mut ports = Vec::new();
-    for (i, port) in [5301u16, 5302].iter().enumerate() {
+    let mut backends = Vec::new();
+    for (i, (ip, port)) in [
+        (IpAddr::V4(SRV), 5301u16),
+        (IpAddr::V4(SRV), 5302),
+        (IpAddr::V6(SRV6), 5303),
+    ]
+    .iter()
+    .enumerate()
+    {
         let dir = lab.dir().join(format!("unbound{i}"));
         std::fs::create_dir_all(&dir).unwrap();
-        let conf = unbound::write_conf(&dir, IpAddr::V4(SRV), *port, 10);
+        let conf = unbound::write_conf(&dir, *ip, *port, 10);
         let argv = unbound::argv(&conf);
         srv.spawn(&mut lab, &format!("unbound{i}"), &refs(&argv))
             .unwrap_or_else(|e| panic!("{e}"));
-        ports.push(*port);
+        backends.push(SocketAddr::new(*ip, *port));
     }
     // Ready when each answers over TCP (the lab's client host reaches it directly).
-    for port in &ports {
-        let addr = SocketAddr::from((SRV, *port));
+    for addr in &backends {
         let until = Instant::now() + Duration::from_secs(15);
         cli.enter(|| {
-            while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            while TcpStream::connect_timeout(addr, Duration::from_millis(200)).is_err() {
                 assert!(Instant::now() < until, "unbound on {addr} not up in 15 s");
                 std::thread::sleep(Duration::from_millis(50));
             }
         });
     }
     let exe = std::env::current_exe().unwrap();
-    let argv = vec![
-        tcpkit().to_string(),
-        "balance".into(),
-        "run".into(),
-        "--vip".into(),
-        vip.into(),
-        "--backend".into(),
-        format!("{SRV}:{}", ports[0]),
-        "--backend".into(),
-        format!("{SRV}:{}", ports[1]),
-        "--algorithm".into(),
-        "round-robin".into(),
-        "--json".into(),
-        "--".into(),
-        "env".into(),
-        format!("{CLIENT_UDP_ENV}={vip}"),
-        exe.display().to_string(),
-        "--exact".into(),
-        "udp_client_in_cgroup".into(),
-        "--nocapture".into(),
+    // (VIP, as the client asks for it, its backends, picks expected per backend): IPv4; the
+    // IPv4 VIP through IPv6 sockets (v4-mapped, sendmsg6); IPv6.
+    let cases = [
+        ("198.19.0.1:53", "198.19.0.1:53", &backends[..2], vec![2, 1]),
+        (
+            "198.19.0.1:53",
+            "[::ffff:198.19.0.1]:53",
+            &backends[..2],
+            vec![2, 1],
+        ),
+        (
+            "[fd00:19::1]:53",
+            "[fd00:19::1]:53",
+            &backends[2..],
+            vec![3],
+        ),
     ];
-    let out = cli.command(&refs(&argv)).output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    schema::check(&schema::load("balance"), &v, "balance");
-    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("UDP")).collect();
-    assert_eq!(lines.len(), 7, "{stderr}");
-    for l in &lines[..6] {
-        // Answered by unbound (NOERROR, one A record), the reply's source the VIP.
-        assert!(l.ends_with(&format!(" {vip} 0 1")), "{l}");
+    for (vip, asked, bs, want) in cases {
+        let mut argv = vec![
+            tcpkit().to_string(),
+            "balance".into(),
+            "run".into(),
+            "--vip".into(),
+            vip.into(),
+        ];
+        for b in bs {
+            argv.extend(["--backend".to_string(), b.to_string()]);
+        }
+        argv.extend([
+            "--algorithm".into(),
+            "round-robin".into(),
+            "--json".into(),
+            "--".into(),
+            "env".into(),
+            format!("{CLIENT_UDP_ENV}={asked}"),
+            exe.display().to_string(),
+            "--exact".into(),
+            "udp_client_in_cgroup".into(),
+            "--nocapture".into(),
+        ]);
+        let out = cli.command(&refs(&argv)).output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(0), "{asked}: {stderr}");
+        let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        schema::check(&schema::load("balance"), &v, "balance");
+        let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("UDP")).collect();
+        assert_eq!(lines.len(), 7, "{asked}: {stderr}");
+        let asked: SocketAddr = asked.parse().unwrap();
+        for l in &lines[..6] {
+            // Answered by unbound (NOERROR, one A record), the reply's source the VIP as the
+            // client named it.
+            assert!(l.ends_with(&format!(" {asked} 0 1")), "{l}");
+        }
+        assert_eq!(lines[6], format!("UDPC {asked} {asked} 0 1"), "{stderr}");
+        // Each unconnected socket stayed on one backend (one pick each; round-robin: one per
+        // backend), the connected socket was sent on in turn.
+        let picks: Vec<u64> = v["services"][0]["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["connects"].as_u64().unwrap())
+            .collect();
+        assert_eq!(picks, want, "{asked}: {stdout}");
+        assert!(v["getpeername_vip"].as_u64().unwrap() >= 7, "{stdout}");
     }
-    assert_eq!(lines[6], format!("UDPC {vip} {vip} 0 1"), "{stderr}");
-    // Each unconnected socket stayed on one backend (one pick each, round-robin: one per
-    // backend), the connected socket was sent to the first again.
-    let picks: Vec<u64> = v["services"][0]["backends"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["connects"].as_u64().unwrap())
-        .collect();
-    assert_eq!(picks, [2, 1], "{stdout}");
-    assert!(v["getpeername_vip"].as_u64().unwrap() >= 7, "{stdout}");
 }
 
 #[test]
