@@ -17,6 +17,7 @@ use crate::Failure;
 /// Spread connect() calls to a virtual address over real servers, inside connect() itself
 /// (BPF cgroup socket hooks): nothing is paid per packet afterwards.
 #[derive(Debug, Parser)]
+#[command(subcommand_required = true, arg_required_else_help = false)]
 pub struct Args {
     #[command(subcommand)]
     pub cmd: Sub,
@@ -284,6 +285,12 @@ mod tests {
             resolve(&a.unwrap()).unwrap().services[0].algorithm,
             Algorithm::Weighted
         );
+    }
+
+    #[test]
+    fn balance_alone_names_the_missing_subcommand() {
+        let e = Args::try_parse_from(["balance"]).unwrap_err().to_string();
+        assert!(e.contains("requires a subcommand"), "{e}");
     }
 
     #[test]

@@ -57,8 +57,7 @@ enum Cmd {
     /// Spread connect() calls to a virtual address over real servers, transparently: BPF
     /// cgroup socket hooks rewrite the address inside connect() (and getpeername() shows the
     /// VIP), so nothing is paid per packet afterwards.
-    #[command(subcommand)]
-    Balance(balance::Sub),
+    Balance(balance::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),
     /// What stops this host from holding many connections (file-descriptor limits, queues,
@@ -113,10 +112,7 @@ fn main() -> ExitCode {
         Cmd::Replay(args) => ("replay", replay::main(args, interrupted)),
         Cmd::Echo(args) => ("echo", echo::main(args, interrupted)),
         Cmd::Load(args) => ("load", load::main(args, interrupted)),
-        Cmd::Balance(sub) => (
-            "balance",
-            balance::main(balance::Args { cmd: sub }, interrupted),
-        ),
+        Cmd::Balance(args) => ("balance", balance::main(args, interrupted)),
         Cmd::Merge(args) => ("merge", merge::main(args)),
         Cmd::Copy(args) => ("copy", copy::main(args, interrupted)),
         Cmd::Intercept(args) => ("intercept", intercept::main(args, interrupted)),
