@@ -825,3 +825,75 @@ fn trace_prints_every_selection_with_its_pid() {
         );
     }
 }
+
+/// Each bad input: exit 2, one line naming the flag, nothing run; not root: exit 1, one line.
+#[test]
+fn bad_input_gives_one_line() {
+    let cases: [(&[&str], &str); 8] = [
+        (&["--vip", "198.19.0.1:0"], "--vip 198.19.0.1:0: port 0"),
+        (
+            &["--vip", "198.19.0.1:80", "--backend", "198.18.0.2:0"],
+            "port 0",
+        ),
+        (
+            &["--vip", "198.19.0.1:80", "--backend", "198.19.0.1:80"],
+            "the same address as the VIP",
+        ),
+        (
+            &[
+                "--vip",
+                "198.19.0.1:80",
+                "--backend",
+                "198.18.0.2:80",
+                "--backend",
+                "198.18.0.2:80",
+            ],
+            "given twice",
+        ),
+        (
+            &["--vip", "198.19.0.1:80", "--backend", "[fd00:18::2]:80"],
+            "address family",
+        ),
+        (&["--vip", "198.19.0.1:65536"], "not an IP:PORT"),
+        (
+            &["--vip", "198.19.0.1:80", "--backend", "198.18.0.2:80@2"],
+            "weights need",
+        ),
+        (
+            &["--vip", "198.19.0.1:80", "--hash-key", "cookie"],
+            "--hash-key",
+        ),
+    ];
+    let marker = std::env::temp_dir().join(format!("tcpkit-balance-bad-{}", std::process::id()));
+    for (args, want) in cases {
+        let out = Command::new(tcpkit())
+            .args(["balance", "run"])
+            .args(args)
+            .args(["--", "touch", marker.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("tcpkit balance: ") && err.contains(want),
+            "{args:?}: {err}"
+        );
+        assert!(!marker.exists(), "{args:?} ran the command");
+    }
+    // Not root (setpriv from util-linux): the kernel refuses the maps; one line says why.
+    let _g = serial();
+    let exe = std::env::temp_dir().join(format!("tcpkit-balance-nonroot-{}", std::process::id()));
+    std::fs::copy(tcpkit(), &exe).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["balance", "run", "--vip", "198.19.0.1:80", "--", "true"])
+        .output()
+        .expect("setpriv (util-linux)");
+    let _ = std::fs::remove_file(&exe);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("needs root"), "{err}");
+}
