@@ -85,11 +85,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Health {
-    pub fn start(
-        services: &[Service],
-        balancer: Arc<Mutex<Balancer>>,
-        o: HealthOptions,
-    ) -> Health {
+    pub fn start(services: &[Service], balancer: Arc<Mutex<Balancer>>, o: HealthOptions) -> Health {
         let state: State = Arc::new(Mutex::new(
             services
                 .iter()
@@ -120,8 +116,7 @@ impl Health {
                                 let live: Vec<bool> = st[si].iter().map(|h| h.up).collect();
                                 // Under the state lock: swaps happen in the order of changes.
                                 if let Err(e) = lock(&balancer).set_live(si, &live) {
-                                    lock(&error)
-                                        .get_or_insert_with(|| tcpkit_stats::chain(&e));
+                                    lock(&error).get_or_insert_with(|| tcpkit_stats::chain(&e));
                                 }
                             }
                             drop(st);

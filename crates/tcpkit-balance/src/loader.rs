@@ -250,7 +250,10 @@ impl Balancer {
 
     /// The ring buffer of `--trace` events (once).
     pub fn take_trace(&mut self) -> Result<RingBuf<MapData>, LoadError> {
-        let m = self.ebpf.take_map("trace").ok_or(LoadError::NoMap("trace"))?;
+        let m = self
+            .ebpf
+            .take_map("trace")
+            .ok_or(LoadError::NoMap("trace"))?;
         RingBuf::try_from(m).map_err(|e| LoadError::Map("trace", e))
     }
 

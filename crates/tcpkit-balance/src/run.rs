@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use crate::cgroup::{self, CgroupError, Child, PrivateMount};
 use crate::config::{self, ConfigError, Service};
 use crate::health::{Health, HealthOptions};
-use crate::trace::Tracer;
 use crate::loader::{Balancer, LoadError};
-use std::sync::{Arc, Mutex};
 use crate::report::{BackendReport, CommandReport, RunReport, ServiceReport};
+use crate::trace::Tracer;
+use std::sync::{Arc, Mutex};
 
 /// How long the command has to end after the SIGTERM forwarded to it, before what is left in
 /// its cgroup is killed.

@@ -86,7 +86,11 @@ impl Tracer {
                     let mut err = std::io::stderr().lock();
                     while let Some(item) = ring.next() {
                         if let Some(e) = TraceEvent::parse(&item) {
-                            let _ = writeln!(err, "{}", tcpkit_stats::stamp(start.elapsed(), &e.line()));
+                            let _ = writeln!(
+                                err,
+                                "{}",
+                                tcpkit_stats::stamp(start.elapsed(), &e.line())
+                            );
                         }
                     }
                     drop(err);
