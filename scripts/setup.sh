@@ -10,6 +10,7 @@ pkgs=(
   nftables iptables                             # lab rules (dropped SYNs); intercept --on-target's queue rule (iptables where nft has no queue)
   tcpreplay                                     # tcpreplay/tcprewrite: peer and oracle
   libpcap-dev clang pkg-config                  # filter compilation, BPF programs
+  libbpf-dev linux-libc-dev bpftool             # balance: bpf_helpers.h and linux/bpf.h for its BPF C; bpftool for the tests' kernel-side checks
   time util-linux                               # /usr/bin/time for peak memory; prlimit
   redis-server nginx unbound dnsperf wrk        # real servers and load peers for tests and benchmarks
 )

@@ -1,5 +1,6 @@
 //! `tcpkit`: parses the command line, runs one job, prints its report. Nothing else lives here.
 
+mod balance;
 mod common;
 mod copy;
 mod docs;
@@ -60,6 +61,10 @@ enum Cmd {
     /// SIGINT/SIGTERM: stops at once and prints the report (exit 1: the stream is not
     /// complete); a second signal exits at once.
     Mpcat(mpcat::Args),
+    /// Spread connect() calls to a virtual address over real servers, transparently: BPF
+    /// cgroup socket hooks rewrite the address inside connect() (and getpeername() shows the
+    /// VIP), so nothing is paid per packet afterwards.
+    Balance(balance::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),
     /// What stops this host from holding many connections (file-descriptor limits, queues,
@@ -115,6 +120,7 @@ fn main() -> ExitCode {
         Cmd::Echo(args) => ("echo", echo::main(args, interrupted)),
         Cmd::Load(args) => ("load", load::main(args, interrupted)),
         Cmd::Mpcat(args) => ("mpcat", mpcat::main(args, interrupted)),
+        Cmd::Balance(args) => ("balance", balance::main(args, interrupted)),
         Cmd::Merge(args) => ("merge", merge::main(args)),
         Cmd::Copy(args) => ("copy", copy::main(args, interrupted)),
         Cmd::Intercept(args) => ("intercept", intercept::main(args, interrupted)),
@@ -159,6 +165,7 @@ mod tests {
                 "copy",
                 "intercept",
                 "mpcat",
+                "balance",
                 "merge",
                 "tune",
                 "completions",

@@ -1,0 +1,424 @@
+// SPDX-License-Identifier: (MIT OR Apache-2.0) OR GPL-2.0
+/* tcpkit balance: cgroup socket-address hooks that send connect() to a VIP to one of its
+ * backends (the address is rewritten once, inside connect: nothing is paid per packet), and
+ * make getpeername() show the VIP again. UDP (IPv4 and IPv6, v4-mapped too): sendmsg to a VIP from an unconnected
+ * socket goes to a backend chosen once per socket (it stays there), and recvmsg shows
+ * replies from that backend as coming from the VIP; connected UDP goes through connect4/6. IPv4 (connect4), IPv6 (connect6), and IPv4 VIPs
+ * reached through IPv6 sockets as v4-mapped addresses (connect6). Attached to one cgroup v2
+ * with bpf_link. */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "balance.h"
+
+#define ECONNREFUSED 111
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SERVICES);
+	__type(key, struct svc_key);
+	__type(value, struct svc);
+} services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES * GENERATIONS * MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct backend);
+} backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_SOCKETS);
+	__type(key, __u64);
+	__type(value, struct revnat);
+} revnat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, COUNTERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+/* Connects sent to each backend (service index * MAX_BACKENDS + backend index). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_SERVICES * MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} picks SEC(".maps");
+
+/* Each service's lookup table: RING_SIZE backend indexes, filled by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES * GENERATIONS * RING_SIZE);
+	__type(key, __u32);
+	__type(value, __u32);
+} ring SEC(".maps");
+
+/* Set by user space at load time (--trace): every selection is sent to `trace`. */
+const volatile __u32 trace_on = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} trace SEC(".maps");
+
+static __always_inline __u32 fmix32(__u32 h)
+{
+	/* MurmurHash3's finaliser: every input bit moves every output bit. */
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* The client: the socket's bound source address (zero while unbound) in its network
+ * namespace, so one client keeps its backend across reconnects. */
+static __always_inline __u32 client_hash(struct bpf_sock_addr *ctx, int v6)
+{
+	__u64 ns = bpf_get_netns_cookie(ctx);
+	__u32 h = fmix32((__u32)ns ^ fmix32((__u32)(ns >> 32)));
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return h;
+	if (v6) {
+		h = fmix32(h ^ sk->src_ip6[0]);
+		h = fmix32(h ^ sk->src_ip6[1]);
+		h = fmix32(h ^ sk->src_ip6[2]);
+		h = fmix32(h ^ sk->src_ip6[3]);
+	} else {
+		h = fmix32(h ^ sk->src_ip4);
+	}
+	return h;
+}
+
+static __always_inline void count(__u32 which)
+{
+	__u64 *c = bpf_map_lookup_elem(&counters, &which);
+	if (c)
+		*c += 1;
+}
+
+/* Picks a backend for `key`: NULL when the service has none (the caller refuses), the
+ * service's slot in *slot. */
+static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct svc *s, int v6,
+					      __u32 *slot)
+{
+	__u32 n = s->count;
+	if (n == 0 || n > MAX_BACKENDS || s->id >= MAX_SERVICES * GENERATIONS)
+		return 0;
+	__u32 i, h;
+	switch (s->algo) {
+	case ALGO_ROUND_ROBIN:
+		i = __sync_fetch_and_add(&s->rr, 1) % n;
+		break;
+	case ALGO_WEIGHTED:
+	case ALGO_MAGLEV_CLIENT:
+	case ALGO_MAGLEV_COOKIE:
+		if (s->algo == ALGO_WEIGHTED)
+			h = bpf_get_prandom_u32();
+		else if (s->algo == ALGO_MAGLEV_CLIENT)
+			h = client_hash(ctx, v6);
+		else {
+			__u64 c = bpf_get_socket_cookie(ctx);
+			h = fmix32((__u32)c ^ fmix32((__u32)(c >> 32)));
+		}
+		__u32 r = s->id * RING_SIZE + h % RING_SIZE;
+		__u32 *e = bpf_map_lookup_elem(&ring, &r);
+		if (!e || *e >= n)
+			return 0;
+		i = *e;
+		break;
+	default:
+		i = bpf_get_prandom_u32() % n;
+	}
+	*slot = s->id * MAX_BACKENDS + i;
+	return bpf_map_lookup_elem(&backends, slot);
+}
+
+static __always_inline void emit(struct revnat *r, __u8 family, __u8 udp)
+{
+	if (!trace_on)
+		return;
+	struct trace_event e = {
+		.pid_tgid = bpf_get_current_pid_tgid(),
+		.cgroup = bpf_get_current_cgroup_id(),
+		.vport = r->vport,
+		.bport = r->bport,
+		.family = family,
+		.udp = udp,
+	};
+	__builtin_memcpy(e.vip, r->vip, sizeof(e.vip));
+	__builtin_memcpy(e.bip, r->bip, sizeof(e.bip));
+	if (bpf_ringbuf_output(&trace, &e, sizeof(e), 0))
+		count(COUNTER_TRACE_LOST);
+}
+
+static __always_inline int refuse(void)
+{
+	/* No backend: refuse, never a silent connect to the VIP, never EPERM. */
+	count(COUNTER_REFUSED);
+	bpf_set_retval(-ECONNREFUSED);
+	return 0;
+}
+
+static __always_inline void picked(struct svc *s, struct backend *b)
+{
+	__u32 k = (s->id / GENERATIONS) * MAX_BACKENDS + (b->index % MAX_BACKENDS);
+	__u64 *p = bpf_map_lookup_elem(&picks, &k);
+	if (p)
+		*p += 1;
+	count(COUNTER_TRANSLATED);
+}
+
+SEC("cgroup/connect4")
+int tk_connect4(struct bpf_sock_addr *ctx)
+{
+	struct svc_key key = { .ip = { ctx->user_ip4 }, .port = (__u16)ctx->user_port, .family = 4 };
+	struct svc *s = bpf_map_lookup_elem(&services, &key);
+	if (!s)
+		return 1; /* not a VIP: untouched */
+	__u32 slot = 0;
+	struct backend *b = pick(ctx, s, 0, &slot);
+	if (!b || b->family != 4)
+		return refuse();
+	struct revnat r = {
+		.vip = { key.ip[0] }, .bip = { b->ip[0] }, .vport = key.port, .bport = b->port,
+	};
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	ctx->user_ip4 = b->ip[0];
+	ctx->user_port = b->port;
+	picked(s, b);
+	emit(&r, 4, 0);
+	return 1;
+}
+
+/* The service key of the address an IPv6 socket asked for: ::ffff:a.b.c.d is an IPv4 VIP
+ * asked for through an IPv6 socket. Returns whether it was v4-mapped. */
+static __always_inline int key6(struct bpf_sock_addr *ctx, struct svc_key *key, __u32 a[4])
+{
+	a[0] = ctx->user_ip6[0];
+	a[1] = ctx->user_ip6[1];
+	a[2] = ctx->user_ip6[2];
+	a[3] = ctx->user_ip6[3];
+	int mapped = a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
+	key->port = (__u16)ctx->user_port;
+	if (mapped) {
+		key->ip[0] = a[3];
+		key->family = 4;
+	} else {
+		key->ip[0] = a[0];
+		key->ip[1] = a[1];
+		key->ip[2] = a[2];
+		key->ip[3] = a[3];
+		key->family = 6;
+	}
+	return mapped;
+}
+
+/* The revnat entry for backend b of a VIP asked for as a[] by an IPv6 socket. */
+static __always_inline void revnat6(struct revnat *r, __u32 a[4], struct svc_key *key,
+				    struct backend *b, int mapped)
+{
+	r->vport = key->port;
+	r->bport = b->port;
+	r->vip[0] = a[0];
+	r->vip[1] = a[1];
+	r->vip[2] = a[2];
+	r->vip[3] = a[3];
+	if (mapped) {
+		r->bip[0] = 0;
+		r->bip[1] = 0;
+		r->bip[2] = bpf_htonl(0xffff);
+		r->bip[3] = b->ip[0];
+	} else {
+		r->bip[0] = b->ip[0];
+		r->bip[1] = b->ip[1];
+		r->bip[2] = b->ip[2];
+		r->bip[3] = b->ip[3];
+	}
+}
+
+static __always_inline void write6(struct bpf_sock_addr *ctx, struct revnat *r)
+{
+	ctx->user_ip6[0] = r->bip[0];
+	ctx->user_ip6[1] = r->bip[1];
+	ctx->user_ip6[2] = r->bip[2];
+	ctx->user_ip6[3] = r->bip[3];
+	ctx->user_port = r->bport;
+}
+
+SEC("cgroup/connect6")
+int tk_connect6(struct bpf_sock_addr *ctx)
+{
+	__u32 a[4];
+	struct svc_key key = {};
+	int mapped = key6(ctx, &key, a);
+	struct svc *s = bpf_map_lookup_elem(&services, &key);
+	if (!s)
+		return 1;
+	__u32 slot = 0;
+	struct backend *b = pick(ctx, s, !mapped, &slot);
+	if (!b || b->family != key.family)
+		return refuse();
+	struct revnat r = {};
+	revnat6(&r, a, &key, b, mapped);
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	write6(ctx, &r);
+	picked(s, b);
+	emit(&r, 6, 0);
+	return 1;
+}
+
+SEC("cgroup/getpeername4")
+int tk_getpeername4(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	if (!r)
+		return 1;
+	if (r->bip[0] != ctx->user_ip4 || r->bport != (__u16)ctx->user_port) {
+		/* The socket is no longer on the backend it was sent to: forget it. */
+		bpf_map_delete_elem(&revnat, &cookie);
+		count(COUNTER_STALE);
+		return 1;
+	}
+	ctx->user_ip4 = r->vip[0];
+	ctx->user_port = r->vport;
+	count(COUNTER_REVNAT);
+	return 1;
+}
+
+SEC("cgroup/getpeername6")
+int tk_getpeername6(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	if (!r)
+		return 1;
+	if (r->bip[0] != ctx->user_ip6[0] || r->bip[1] != ctx->user_ip6[1] ||
+	    r->bip[2] != ctx->user_ip6[2] || r->bip[3] != ctx->user_ip6[3] ||
+	    r->bport != (__u16)ctx->user_port) {
+		bpf_map_delete_elem(&revnat, &cookie);
+		count(COUNTER_STALE);
+		return 1;
+	}
+	ctx->user_ip6[0] = r->vip[0];
+	ctx->user_ip6[1] = r->vip[1];
+	ctx->user_ip6[2] = r->vip[2];
+	ctx->user_ip6[3] = r->vip[3];
+	ctx->user_port = r->vport;
+	count(COUNTER_REVNAT);
+	return 1;
+}
+
+SEC("cgroup/sendmsg4")
+int tk_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	struct svc_key key = { .ip = { ctx->user_ip4 }, .port = (__u16)ctx->user_port, .family = 4 };
+	struct svc *s = bpf_map_lookup_elem(&services, &key);
+	if (!s)
+		return 1;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *old = bpf_map_lookup_elem(&revnat, &cookie);
+	if (old && old->vip[0] == key.ip[0] && old->vport == key.port) {
+		/* An unconnected socket stays on the backend it was given first. */
+		ctx->user_ip4 = old->bip[0];
+		ctx->user_port = old->bport;
+		return 1;
+	}
+	__u32 slot = 0;
+	struct backend *b = pick(ctx, s, 0, &slot);
+	if (!b || b->family != 4)
+		return refuse();
+	struct revnat r = {
+		.vip = { key.ip[0] }, .bip = { b->ip[0] }, .vport = key.port, .bport = b->port,
+	};
+	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	ctx->user_ip4 = b->ip[0];
+	ctx->user_port = b->port;
+	picked(s, b);
+	emit(&r, 4, 1);
+	return 1;
+}
+
+SEC("cgroup/recvmsg4")
+int tk_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	/* Only what came from the socket's backend is shown as the VIP's. */
+	if (r && r->bip[0] == ctx->user_ip4 && r->bport == (__u16)ctx->user_port) {
+		ctx->user_ip4 = r->vip[0];
+		ctx->user_port = r->vport;
+		count(COUNTER_REVNAT);
+	}
+	return 1;
+}
+
+SEC("cgroup/sendmsg6")
+int tk_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	__u32 a[4];
+	struct svc_key key = {};
+	int mapped = key6(ctx, &key, a);
+	struct svc *s = bpf_map_lookup_elem(&services, &key);
+	if (!s)
+		return 1;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *old = bpf_map_lookup_elem(&revnat, &cookie);
+	if (old && old->vip[0] == a[0] && old->vip[1] == a[1] && old->vip[2] == a[2] &&
+	    old->vip[3] == a[3] && old->vport == key.port) {
+		write6(ctx, old);
+		return 1;
+	}
+	__u32 slot = 0;
+	struct backend *b = pick(ctx, s, !mapped, &slot);
+	if (!b || b->family != key.family)
+		return refuse();
+	struct revnat r = {};
+	revnat6(&r, a, &key, b, mapped);
+	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	write6(ctx, &r);
+	picked(s, b);
+	emit(&r, 6, 1);
+	return 1;
+}
+
+SEC("cgroup/recvmsg6")
+int tk_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	if (!r)
+		return 1;
+	/* An IPv6 socket's datagram to ::ffff:VIP went through sendmsg4 (the kernel hands
+	 * v4-mapped destinations to IPv4): its entry is in IPv4 form. */
+	if (ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 &&
+	    ctx->user_ip6[2] == bpf_htonl(0xffff) && r->bip[1] == 0 && r->bip[2] == 0 &&
+	    r->bip[3] == 0 && r->bip[0] == ctx->user_ip6[3] && r->bport == (__u16)ctx->user_port) {
+		ctx->user_ip6[3] = r->vip[0];
+		ctx->user_port = r->vport;
+		count(COUNTER_REVNAT);
+		return 1;
+	}
+	if (r->bip[0] == ctx->user_ip6[0] && r->bip[1] == ctx->user_ip6[1] &&
+	    r->bip[2] == ctx->user_ip6[2] && r->bip[3] == ctx->user_ip6[3] &&
+	    r->bport == (__u16)ctx->user_port) {
+		ctx->user_ip6[0] = r->vip[0];
+		ctx->user_ip6[1] = r->vip[1];
+		ctx->user_ip6[2] = r->vip[2];
+		ctx->user_ip6[3] = r->vip[3];
+		ctx->user_port = r->vport;
+		count(COUNTER_REVNAT);
+	}
+	return 1;
+}

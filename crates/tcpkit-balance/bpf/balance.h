@@ -1,0 +1,84 @@
+/* The one definition of what user space and the BPF programs share: map keys and values.
+ * loader.rs mirrors these structs with #[repr(C)] and checks their sizes in a unit test. */
+#ifndef TCPKIT_BALANCE_H
+#define TCPKIT_BALANCE_H
+
+/* Bounds of every map: a service has at most MAX_BACKENDS slots, the backend array holds
+ * MAX_SERVICES * MAX_BACKENDS of them, and the reverse map forgets the least recently used
+ * socket once MAX_SOCKETS are held. */
+#define MAX_SERVICES 64
+#define MAX_BACKENDS 64
+#define MAX_SOCKETS 65536
+
+/* Slots of a service's lookup table (weighted, maglev): a prime well above 60 x MAX_BACKENDS,
+ * so maglev moves few slots and weights are kept to within 1/RING_SIZE. */
+#define RING_SIZE 4093
+
+#define ALGO_RANDOM 0
+#define ALGO_ROUND_ROBIN 1
+#define ALGO_WEIGHTED 2      /* a random slot of the table (filled in proportion to weights) */
+#define ALGO_MAGLEV_CLIENT 3 /* the table's slot by a hash of the client (bound source, netns) */
+#define ALGO_MAGLEV_COOKIE 4 /* the table's slot by a hash of the socket cookie */
+
+/* Addresses are 16 bytes, in network byte order as bpf_sock_addr holds them: an IPv4
+ * address is ip[0] with ip[1..3] zero (family 4). */
+struct svc_key {
+	__u32 ip[4];
+	__u16 port;
+	__u8 family; /* 4 or 6 */
+	__u8 pad;
+};
+
+/* A service's backend set is swapped atomically: user space writes the other generation's
+ * slots (backends and ring), then replaces the service's value (one map update) to point at
+ * them; a connect reads one generation only. id = service index * GENERATIONS + generation. */
+#define GENERATIONS 2
+
+struct svc {
+	__u32 id;     /* this set's slots in `backends`: id * MAX_BACKENDS + i, `ring`: id * RING_SIZE */
+	__u32 count;  /* backends in the set; 0 refuses every connect (ECONNREFUSED) */
+	__u32 algo;   /* ALGO_* */
+	__u32 rr;     /* round-robin position, shared by every CPU (atomic add) */
+};
+
+struct backend {
+	__u32 ip[4];
+	__u16 port;
+	__u8 family;
+	__u8 pad;
+	__u32 index; /* the backend's place in the service as configured (its `picks` counter) */
+};
+
+/* What getpeername must show for a translated socket (vip), and the address the socket was
+ * sent to as the hook wrote it (bip; for an IPv4 service reached through an IPv6 socket, the
+ * v4-mapped form). A socket found elsewhere since (reconnected by the application) is stale:
+ * its entry is dropped. */
+struct revnat {
+	__u32 vip[4];
+	__u32 bip[4];
+	__u16 vport;
+	__u16 bport;
+};
+
+/* Per-CPU counters, indexed by the COUNTER_* below. */
+#define COUNTER_TRANSLATED 0
+#define COUNTER_REFUSED 1
+#define COUNTER_REVNAT 2
+#define COUNTER_STALE 3
+#define COUNTER_TRACE_LOST 4
+#define COUNTERS 5
+
+/* One selection, for --trace (ring buffer `trace`). */
+struct trace_event {
+	__u64 pid_tgid;
+	__u64 cgroup;
+	__u32 vip[4];
+	__u32 bip[4];
+	__u16 vport;
+	__u16 bport;
+	__u8 family; /* of the socket: 4, or 6 (an IPv4 VIP through an IPv6 socket is 6, v4-mapped) */
+	__u8 udp;    /* 1: sendmsg (unconnected UDP); 0: connect */
+	__u8 pad[2];
+};
+
+#endif

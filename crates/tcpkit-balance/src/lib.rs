@@ -1,0 +1,23 @@
+//! tcpkit-balance: `tcpkit balance`. connect() to a virtual address (VIP:port) is sent to one
+//! of its backends by BPF programs attached to a cgroup v2 (cgroup/connect4 rewrites the
+//! destination once, inside the system call, so nothing is paid per packet afterwards;
+//! cgroup/getpeername4 shows the VIP again). `run -- CMD` puts one command and its children in
+//! a fresh cgroup, attaches there with bpf_link (the links die with this process, even on
+//! SIGKILL), and removes the cgroup when the command ends.
+//!
+//! The BPF programs are C (`bpf/balance.bpf.c`, shared structs in `bpf/balance.h`), compiled
+//! by clang from build.rs and loaded by aya.
+
+pub mod cgroup;
+pub mod config;
+pub mod health;
+pub mod loader;
+pub mod report;
+pub mod run;
+
+pub use config::{Algorithm, Backend, ConfigError, HashKey, Service};
+pub use health::HealthOptions;
+pub use report::RunReport;
+pub use run::{run, RunError, RunOptions};
+pub mod table;
+pub mod trace;

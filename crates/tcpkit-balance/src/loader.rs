@@ -1,0 +1,360 @@
+//! The BPF side: loads the clang-built object (bpf/balance.bpf.c), fills its maps from the
+//! checked services, attaches the programs to one cgroup with bpf_link, and reads the
+//! counters back. The links are file descriptors of this process: they die with it.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::{Ebpf, EbpfLoader};
+
+use crate::config::{Algorithm, HashKey, Service, MAX_BACKENDS};
+use crate::table::{self, RING_SIZE};
+
+static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/balance.bpf.o"));
+
+/// The programs, by the names they have in the object and in `bpftool prog`.
+pub const PROGRAMS: [&str; 8] = [
+    "tk_connect4",
+    "tk_connect6",
+    "tk_getpeername4",
+    "tk_getpeername6",
+    "tk_sendmsg4",
+    "tk_recvmsg4",
+    "tk_sendmsg6",
+    "tk_recvmsg6",
+];
+
+// Mirrors of bpf/balance.h (the one definition; sizes checked in the tests below).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct SvcKey {
+    ip: [u32; 4],
+    port: u16,
+    family: u8,
+    pad: u8,
+}
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Svc {
+    id: u32,
+    count: u32,
+    algo: u32,
+    rr: u32,
+}
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Backend {
+    ip: [u32; 4],
+    port: u16,
+    family: u8,
+    pad: u8,
+    index: u32,
+}
+
+// SAFETY: plain #[repr(C)] integers without padding bytes: any bit pattern is a valid value.
+unsafe impl aya::Pod for SvcKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Svc {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Backend {}
+
+const ALGO_RANDOM: u32 = 0;
+const ALGO_ROUND_ROBIN: u32 = 1;
+const ALGO_WEIGHTED: u32 = 2;
+const ALGO_MAGLEV_CLIENT: u32 = 3;
+const ALGO_MAGLEV_COOKIE: u32 = 4;
+const COUNTER_TRANSLATED: u32 = 0;
+const COUNTER_REFUSED: u32 = 1;
+const COUNTER_REVNAT: u32 = 2;
+const COUNTER_STALE: u32 = 3;
+const COUNTER_TRACE_LOST: u32 = 4;
+
+/// Addresses as bpf_sock_addr holds them: network byte order in the u32s' and u16's memory;
+/// an IPv4 address in the first word, family 4.
+fn key_of(a: &SocketAddr) -> ([u32; 4], u16, u8) {
+    let port = u16::from_ne_bytes(a.port().to_be_bytes());
+    match a {
+        SocketAddr::V4(v4) => ([u32::from_ne_bytes(v4.ip().octets()), 0, 0, 0], port, 4),
+        SocketAddr::V6(v6) => {
+            let o = v6.ip().octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([w(0), w(4), w(8), w(12)], port, 6)
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the BPF object: {0} (needs root, or CAP_BPF and CAP_NET_ADMIN)")]
+    Load(#[source] aya::EbpfError),
+    #[error("BPF map {0} missing from the object")]
+    NoMap(&'static str),
+    #[error("BPF map {0}: {1}")]
+    Map(&'static str, #[source] aya::maps::MapError),
+    #[error("BPF program {0}: {1}")]
+    Program(&'static str, #[source] aya::programs::ProgramError),
+    #[error("open {0}: {1}")]
+    Cgroup(String, #[source] std::io::Error),
+}
+
+/// What the programs counted, summed over CPUs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub translated: u64,
+    pub refused: u64,
+    pub revnat: u64,
+    pub stale: u64,
+    /// Trace events the ring buffer had no room for.
+    pub trace_lost: u64,
+    /// Connects sent to each backend, per service, in the order given.
+    pub picks: Vec<Vec<u64>>,
+}
+
+/// The loaded object and its links; dropping it detaches everything.
+#[derive(Debug)]
+pub struct Balancer {
+    ebpf: Ebpf,
+    services: Vec<Service>,
+    /// Each service's generation in use (bpf/balance.h GENERATIONS).
+    generation: Vec<u32>,
+}
+
+/// bpf/balance.h GENERATIONS: the set in use and the one being written.
+const GENERATIONS: usize = 2;
+
+impl Balancer {
+    /// Loads the programs and fills the maps with `services` (checked by `config::check`),
+    /// every backend in the set. With `trace`, every selection goes to the ring buffer
+    /// ([`Balancer::take_trace`]).
+    pub fn load(services: &[Service], trace: bool) -> Result<Balancer, LoadError> {
+        let on = u32::from(trace);
+        let ebpf = EbpfLoader::new()
+            .override_global("trace_on", &on, true)
+            .load(OBJECT)
+            .map_err(LoadError::Load)?;
+        let mut b = Balancer {
+            ebpf,
+            services: services.to_vec(),
+            generation: vec![0; services.len()],
+        };
+        for (i, s) in services.iter().enumerate() {
+            b.write_set(i, 0, &vec![true; s.backends.len()])?;
+        }
+        for name in PROGRAMS {
+            let p: &mut CgroupSockAddr = b
+                .ebpf
+                .program_mut(name)
+                .ok_or(LoadError::Program(
+                    name,
+                    aya::programs::ProgramError::UnexpectedProgramType,
+                ))?
+                .try_into()
+                .map_err(|e| LoadError::Program(name, e))?;
+            p.load().map_err(|e| LoadError::Program(name, e))?;
+        }
+        Ok(b)
+    }
+
+    /// Swaps service `svc`'s backend set to the backends marked in `live` (by their index in
+    /// the service), atomically: the other generation's slots are written first, then the
+    /// service's value is replaced in one map update. None live: its connects are refused.
+    pub fn set_live(&mut self, svc: usize, live: &[bool]) -> Result<(), LoadError> {
+        let g = (self.generation[svc] + 1) % GENERATIONS as u32;
+        self.write_set(svc, g, live)?;
+        self.generation[svc] = g;
+        Ok(())
+    }
+
+    fn write_set(&mut self, svc: usize, generation: u32, live: &[bool]) -> Result<(), LoadError> {
+        let s = &self.services[svc];
+        let id = svc * GENERATIONS + generation as usize;
+        let set: Vec<(usize, &crate::config::Backend)> = s
+            .backends
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| live.get(*i).copied().unwrap_or(false))
+            .collect();
+        {
+            let mut backends: Array<_, Backend> = Array::try_from(
+                self.ebpf
+                    .map_mut("backends")
+                    .ok_or(LoadError::NoMap("backends"))?,
+            )
+            .map_err(|e| LoadError::Map("backends", e))?;
+            for (k, (index, b)) in set.iter().enumerate() {
+                let (ip, port, family) = key_of(&b.addr);
+                let v = Backend {
+                    ip,
+                    port,
+                    family,
+                    pad: 0,
+                    index: *index as u32,
+                };
+                backends
+                    .set((id * MAX_BACKENDS + k) as u32, v, 0)
+                    .map_err(|e| LoadError::Map("backends", e))?;
+            }
+        }
+        let table = match s.algorithm {
+            Algorithm::Weighted => {
+                table::weighted(&set.iter().map(|(_, b)| b.weight).collect::<Vec<_>>())
+            }
+            Algorithm::Maglev(_) => table::maglev(
+                &set.iter()
+                    .map(|(_, b)| (b.addr, b.weight))
+                    .collect::<Vec<_>>(),
+            ),
+            Algorithm::Random | Algorithm::RoundRobin => Vec::new(),
+        };
+        if !table.is_empty() {
+            let mut ring: Array<_, u32> =
+                Array::try_from(self.ebpf.map_mut("ring").ok_or(LoadError::NoMap("ring"))?)
+                    .map_err(|e| LoadError::Map("ring", e))?;
+            for (k, i) in table.iter().enumerate() {
+                ring.set((id * RING_SIZE + k) as u32, i, 0)
+                    .map_err(|e| LoadError::Map("ring", e))?;
+            }
+        }
+        let (ip, port, family) = key_of(&s.vip);
+        let algo = match s.algorithm {
+            Algorithm::Random => ALGO_RANDOM,
+            Algorithm::RoundRobin => ALGO_ROUND_ROBIN,
+            Algorithm::Weighted => ALGO_WEIGHTED,
+            Algorithm::Maglev(HashKey::Client) => ALGO_MAGLEV_CLIENT,
+            Algorithm::Maglev(HashKey::Cookie) => ALGO_MAGLEV_COOKIE,
+        };
+        let v = Svc {
+            id: id as u32,
+            count: set.len() as u32,
+            algo,
+            rr: 0,
+        };
+        let k = SvcKey {
+            ip,
+            port,
+            family,
+            pad: 0,
+        };
+        let mut svcs: HashMap<_, SvcKey, Svc> = HashMap::try_from(
+            self.ebpf
+                .map_mut("services")
+                .ok_or(LoadError::NoMap("services"))?,
+        )
+        .map_err(|e| LoadError::Map("services", e))?;
+        svcs.insert(k, v, 0)
+            .map_err(|e| LoadError::Map("services", e))
+    }
+
+    /// The ring buffer of `--trace` events (once).
+    pub fn take_trace(&mut self) -> Result<RingBuf<MapData>, LoadError> {
+        let m = self
+            .ebpf
+            .take_map("trace")
+            .ok_or(LoadError::NoMap("trace"))?;
+        RingBuf::try_from(m).map_err(|e| LoadError::Map("trace", e))
+    }
+
+    /// Attaches every program to the cgroup at `path` with bpf_link (links are this
+    /// process's file descriptors: they go when it exits, however it exits).
+    pub fn attach(&mut self, path: &Path) -> Result<(), LoadError> {
+        let cg = File::open(path).map_err(|e| LoadError::Cgroup(path.display().to_string(), e))?;
+        for name in PROGRAMS {
+            let p: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(LoadError::Program(
+                    name,
+                    aya::programs::ProgramError::UnexpectedProgramType,
+                ))?
+                .try_into()
+                .map_err(|e| LoadError::Program(name, e))?;
+            p.attach(&cg, CgroupAttachMode::Single)
+                .map_err(|e| LoadError::Program(name, e))?;
+        }
+        Ok(())
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> Result<Counters, LoadError> {
+        let map = self
+            .ebpf
+            .map("counters")
+            .ok_or(LoadError::NoMap("counters"))?;
+        let c: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(map).map_err(|e| LoadError::Map("counters", e))?;
+        let sum = |i: u32| -> Result<u64, LoadError> {
+            Ok(c.get(&i, 0)
+                .map_err(|e| LoadError::Map("counters", e))?
+                .iter()
+                .sum())
+        };
+        let map = self.ebpf.map("picks").ok_or(LoadError::NoMap("picks"))?;
+        let p: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(map).map_err(|e| LoadError::Map("picks", e))?;
+        let mut picks = Vec::with_capacity(self.services.len());
+        for (id, s) in self.services.iter().enumerate() {
+            let mut per = Vec::with_capacity(s.backends.len());
+            for i in 0..s.backends.len() {
+                let slot = (id * MAX_BACKENDS + i) as u32;
+                per.push(
+                    p.get(&slot, 0)
+                        .map_err(|e| LoadError::Map("picks", e))?
+                        .iter()
+                        .sum(),
+                );
+            }
+            picks.push(per);
+        }
+        Ok(Counters {
+            translated: sum(COUNTER_TRANSLATED)?,
+            refused: sum(COUNTER_REFUSED)?,
+            revnat: sum(COUNTER_REVNAT)?,
+            stale: sum(COUNTER_STALE)?,
+            trace_lost: sum(COUNTER_TRACE_LOST)?,
+            picks,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_structs_have_the_c_sizes() {
+        // bpf/balance.h: svc_key 20, svc 16, backend 24 bytes.
+        assert_eq!(std::mem::size_of::<SvcKey>(), 20);
+        assert_eq!(std::mem::size_of::<Svc>(), 16);
+        assert_eq!(std::mem::size_of::<Backend>(), 24);
+    }
+
+    #[test]
+    fn addresses_are_in_network_order_in_memory() {
+        let (ip, port, family) = key_of(&"198.18.0.2:6379".parse().unwrap());
+        assert_eq!(
+            (ip[0].to_ne_bytes(), &ip[1..], family),
+            ([198, 18, 0, 2], &[0, 0, 0][..], 4)
+        );
+        assert_eq!(port.to_ne_bytes(), [0x18, 0xeb]);
+        let (ip, _, family) = key_of(&"[fd00:18::2]:80".parse().unwrap());
+        assert_eq!(
+            (ip[0].to_ne_bytes(), ip[3].to_ne_bytes(), family),
+            ([0xfd, 0, 0, 0x18], [0, 0, 0, 2], 6)
+        );
+    }
+
+    #[test]
+    fn the_object_has_both_programs() {
+        let obj = aya_obj_names(OBJECT);
+        for p in PROGRAMS {
+            assert!(obj.contains(p), "{p} missing from the BPF object");
+        }
+    }
+
+    fn aya_obj_names(bytes: &[u8]) -> String {
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+}

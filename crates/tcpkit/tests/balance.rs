@@ -1,0 +1,899 @@
+//! `tcpkit balance run` as users run it: `ip netns exec HOST tcpkit balance run ... -- CMD` in
+//! one lab host (so cgroup2 is mounted privately, as under any `ip netns exec`), real backends
+//! listening in the other, the client a real process in the balanced cgroup (this test binary
+//! run again as `client_in_cgroup`). What stays in the kernel is checked with bpftool.
+
+mod common;
+use common::schema;
+#[path = "common/unbound.rs"]
+mod unbound;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::tcpkit;
+use serde_json::Value;
+use tcpkit_lab::{Host, Lab};
+use tcpkit_wire::dns;
+
+/// The VIP: in the lab's test range, routed nowhere, so only a translated connect reaches
+/// anything.
+const VIP: &str = "198.19.0.1:6379";
+/// The backends' host in `Lab::pair` (host b).
+const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+const SRV6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x18, 0, 0, 0, 0, 0, 2);
+/// An IPv6 VIP, and the IPv4 VIP as an IPv6 socket names it.
+const VIP6: &str = "[fd00:19::1]:6379";
+const VIP_MAPPED: &str = "[::ffff:198.19.0.1]:6379";
+/// The client's environment variable: `VIP;N;GOFILE[;STARTFILE]` (GOFILE may be empty).
+const CLIENT_ENV: &str = "TCPKIT_BALANCE_TEST_CLIENT";
+const CLIENT_UDP_ENV: &str = "TCPKIT_BALANCE_TEST_UDP_CLIENT";
+
+/// The bpftool checks read every program in the kernel: one balance test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Not a test of its own: the client that `balance run` starts (this binary again, with
+/// CLIENT_ENV set). It connects N times to the VIP and prints, per connect, what getpeername()
+/// returned and which backend answered (`CONN <peer> <backend port>`) or the errno (`ERR n`),
+/// then `READY`, then waits for GOFILE to exist (at most 25 s) so the test can look at the
+/// kernel while it runs.
+#[test]
+fn client_in_cgroup() {
+    let Ok(spec) = std::env::var(CLIENT_ENV) else {
+        return;
+    };
+    let f: Vec<&str> = spec.split(';').collect();
+    let vip: SocketAddr = f[0].parse().unwrap();
+    let n: usize = f[1].parse().unwrap();
+    if let Some(start) = f.get(3) {
+        let until = Instant::now() + Duration::from_secs(25);
+        while !Path::new(start).exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        println!("STARTED");
+    }
+    let mut out = std::io::stdout().lock();
+    // libtest has printed `test client_in_cgroup ... ` without a newline.
+    writeln!(out).unwrap();
+    for _ in 0..n {
+        match TcpStream::connect_timeout(&vip, Duration::from_secs(5)) {
+            Ok(s) => {
+                let peer = s.peer_addr().unwrap();
+                let mut line = String::new();
+                BufReader::new(&s).read_line(&mut line).unwrap();
+                writeln!(out, "CONN {peer} {}", line.trim()).unwrap();
+            }
+            Err(e) => writeln!(out, "ERR {}", e.raw_os_error().unwrap_or(0)).unwrap(),
+        }
+    }
+    writeln!(out, "READY").unwrap();
+    out.flush().unwrap();
+    if let Some(go) = f.get(2).filter(|g| !g.is_empty()) {
+        let until = Instant::now() + Duration::from_secs(25);
+        while !Path::new(go).exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Not a test of its own: the UDP client `balance run` starts (CLIENT_UDP_ENV = the VIP).
+/// Two unconnected sockets send three DNS queries each to the VIP (`UDP <socket> <source of
+/// the reply> <rcode> <answers>`), then a connected socket one (`UDPC <peer> <source> ...`).
+#[test]
+fn udp_client_in_cgroup() {
+    let Ok(vip) = std::env::var(CLIENT_UDP_ENV) else {
+        return;
+    };
+    let vip: SocketAddr = vip.parse().unwrap();
+    let mut out = std::io::stdout().lock();
+    writeln!(out).unwrap();
+    let ask = |s: &UdpSocket, id: u16, to: Option<SocketAddr>| -> (SocketAddr, u8, u16) {
+        let mut q = Vec::new();
+        dns::write_tcp_query(
+            &mut q,
+            id,
+            &unbound::WWW_EXAMPLE.parse().unwrap(),
+            dns::TYPE_A,
+        );
+        // A TCP query less its 2-byte length is the UDP query.
+        match to {
+            Some(a) => s.send_to(&q[2..], a).unwrap(),
+            None => s.send(&q[2..]).unwrap(),
+        };
+        let mut buf = [0u8; 1500];
+        let (n, from) = s.recv_from(&mut buf).unwrap();
+        let r = dns::parse_response(&buf[..n]).unwrap();
+        assert_eq!(r.id, id);
+        (from, r.rcode, r.answers)
+    };
+    let any = if vip.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    for sock in 0..2 {
+        let s = UdpSocket::bind(any).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        for i in 0..3 {
+            let (from, rcode, answers) = ask(&s, sock * 16 + i, Some(vip));
+            writeln!(out, "UDP {sock} {from} {rcode} {answers}").unwrap();
+        }
+    }
+    let s = UdpSocket::bind(any).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.connect(vip).unwrap();
+    let (from, rcode, answers) = ask(&s, 99, None);
+    writeln!(
+        out,
+        "UDPC {} {from} {rcode} {answers}",
+        s.peer_addr().unwrap()
+    )
+    .unwrap();
+}
+
+/// A backend in host b: answers each connection with its own port and a newline, counting.
+struct Backend {
+    addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
+    /// Set to stop it: its listener is closed, so connects to it are refused.
+    dead: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Backend {
+    /// Stops accepting and closes the listener; returns once it is closed.
+    fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        while Arc::strong_count(&self.dead) > 1 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn backend(host: &Host) -> Backend {
+    backend_on(host, SocketAddr::from((SRV, 0)))
+}
+
+fn backend_on(host: &Host, at: SocketAddr) -> Backend {
+    let l = host.enter(|| TcpListener::bind(at).unwrap());
+    let addr = l.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (n, d) = (Arc::clone(&accepted), Arc::clone(&dead));
+    l.set_nonblocking(true).unwrap();
+    // Runs until killed or the test process ends: its port is in a namespace the lab removes.
+    std::thread::spawn(move || {
+        while !d.load(Ordering::SeqCst) {
+            match l.accept() {
+                Ok((s, _)) => {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    let _ = s.set_nonblocking(false);
+                    let _ = (&s).write_all(format!("{}\n", addr.port()).as_bytes());
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+        drop(l);
+        drop(d);
+    });
+    Backend {
+        addr,
+        accepted,
+        dead,
+    }
+}
+
+/// `tcpkit balance run ARGS -- env CLIENT_ENV=... <this binary> client_in_cgroup`.
+fn argv(args: &[&str], client: &str) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap();
+    let mut v: Vec<String> = vec![tcpkit().into(), "balance".into(), "run".into()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    v.extend([
+        "--".into(),
+        "env".into(),
+        format!("{CLIENT_ENV}={client}"),
+        exe.display().to_string(),
+        "--exact".into(),
+        "client_in_cgroup".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ]);
+    v
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// (peer shown by getpeername, backend port that answered) per connect.
+fn conns(text: &str) -> Vec<(String, u16)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("CONN "))
+        .map(|l| {
+            let (peer, port) = l.split_once(' ').unwrap();
+            (peer.to_string(), port.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Where this (root-cgroup) test process sees the cgroup balance with pid `pid` creates.
+fn cgroup_of(pid: u32) -> PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mount = tcpkit_balance::cgroup::mount_in(&info).expect("a cgroup2 mount on this host");
+    let own = tcpkit_balance::cgroup::own_path().unwrap();
+    mount
+        .join(own.trim_start_matches('/'))
+        .join(format!("{}{pid}", tcpkit_balance::cgroup::CHILD_PREFIX))
+}
+
+fn bpftool(args: &[&str]) -> (bool, Value) {
+    let out = Command::new("bpftool")
+        .arg("-j")
+        .args(args)
+        .output()
+        .expect("bpftool (scripts/setup.sh installs it)");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.success(), v)
+}
+
+/// The programs attached to `cg` (their ids) and the maps they use, via the kernel's query.
+fn attached(cg: &Path) -> (Vec<u64>, Vec<u64>) {
+    let (_, v) = bpftool(&["cgroup", "show", cg.to_str().unwrap()]);
+    let progs: Vec<u64> = v
+        .as_array()
+        .map(|a| a.iter().filter_map(|p| p["id"].as_u64()).collect())
+        .unwrap_or_default();
+    let mut maps = Vec::new();
+    for id in &progs {
+        let (_, p) = bpftool(&["prog", "show", "id", &id.to_string()]);
+        maps.extend(
+            p["map_ids"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_u64),
+        );
+    }
+    maps.sort_unstable();
+    maps.dedup();
+    (progs, maps)
+}
+
+/// Waits (at most 10 s: programs and maps are freed after an RCU grace period) until none of
+/// `progs` and `maps` exists any more, and checks no `tk_` program is attached anywhere.
+fn assert_all_gone(progs: &[u64], maps: &[u64]) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left_p: Vec<u64> = progs
+            .iter()
+            .copied()
+            .filter(|id| bpftool(&["prog", "show", "id", &id.to_string()]).0)
+            .collect();
+        let left_m: Vec<u64> = maps
+            .iter()
+            .copied()
+            .filter(|id| bpftool(&["map", "show", "id", &id.to_string()]).0)
+            .collect();
+        if left_p.is_empty() && left_m.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "still in the kernel 10 s after balance ended: programs {left_p:?}, maps {left_m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, tree) = bpftool(&["cgroup", "tree"]);
+    let text = tree.to_string();
+    assert!(!text.contains("tk_connect4"), "still attached: {text}");
+}
+
+fn wait_for(proc: &tcpkit_lab::Proc, what: &str, secs: u64) {
+    let until = Instant::now() + Duration::from_secs(secs);
+    while !proc.log().contains(what) {
+        assert!(
+            Instant::now() < until,
+            "no {what} within {secs} s; log:\n{}",
+            proc.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn run_round_robin_alternates_shows_the_vip_and_leaves_nothing() {
+    let _g = serial();
+    let (mut lab, cli, srv, _link) = Lab::pair("balrr").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    assert_ne!(b1.addr.port(), b2.addr.port());
+    let go = lab.dir().join("go");
+    let args = [
+        "--vip".to_string(),
+        VIP.into(),
+        "--backend".into(),
+        b1.addr.to_string(),
+        "--backend".into(),
+        b2.addr.to_string(),
+        "--algorithm".into(),
+        "round-robin".into(),
+    ];
+    let argv = argv(&refs(&args), &format!("{VIP};20;{}", go.display()));
+    let p = cli
+        .spawn(&mut lab, "balance", &refs(&argv))
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for(&p, "READY", 20);
+
+    // While it runs: the eight programs attached to its cgroup, found by the kernel's own query.
+    let cg = cgroup_of(p.pid());
+    let (progs, maps) = attached(&cg);
+    assert_eq!(progs.len(), 8, "programs on {}: {progs:?}", cg.display());
+    assert!(maps.len() >= 3, "maps {maps:?}");
+    // A process outside the cgroup (this test, in the same host) is not translated: the VIP
+    // is routed nowhere.
+    let outside = cli.enter(|| {
+        TcpStream::connect_timeout(&VIP.parse().unwrap(), Duration::from_secs(2)).map(|_| ())
+    });
+    assert!(
+        outside.is_err(),
+        "a connect outside the cgroup reached something"
+    );
+
+    std::fs::write(&go, "").unwrap();
+    let st = p
+        .wait_timeout(Duration::from_secs(20))
+        .unwrap()
+        .expect("balance ends with its command");
+    let log = p.log();
+    assert_eq!(st.code(), Some(0), "{log}");
+    let c = conns(&log);
+    assert_eq!(c.len(), 20, "{log}");
+    for (i, (peer, port)) in c.iter().enumerate() {
+        assert_eq!(peer, VIP, "getpeername of connect {i}");
+        if i > 0 {
+            assert_ne!(
+                *port,
+                c[i - 1].1,
+                "round-robin repeated a backend at {i}: {c:?}"
+            );
+        }
+    }
+    assert_eq!(b1.accepted.load(Ordering::SeqCst), 10);
+    assert_eq!(b2.accepted.load(Ordering::SeqCst), 10);
+    assert!(
+        log.contains(&format!("{}          10 connects", b1.addr)) || log.contains("10 connects"),
+        "{log}"
+    );
+    assert!(log.contains("Connects: 20 translated, 0 refused"), "{log}");
+    assert!(!cg.exists(), "{} left behind", cg.display());
+    assert_all_gone(&progs, &maps);
+}
+
+#[test]
+fn run_random_within_a_binomial_bound_json_report() {
+    let _g = serial();
+    let (_lab, cli, srv, _link) = Lab::pair("balrnd").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    let args = [
+        "--vip".to_string(),
+        VIP.into(),
+        "--backend".into(),
+        b1.addr.to_string(),
+        "--backend".into(),
+        b2.addr.to_string(),
+        "--json".into(),
+    ];
+    let n = 400;
+    let argv = argv(&refs(&args), &format!("{VIP};{n};"));
+    let out = cli.command(&refs(&argv)).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // --json: stdout is the report alone; the command's lines went to stderr.
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    schema::check(&schema::load("balance"), &v, "balance");
+    let c = conns(&stderr);
+    assert_eq!(c.len(), n, "{stderr}");
+    assert!(c.iter().all(|(peer, _)| peer == VIP));
+    let k = b1.accepted.load(Ordering::SeqCst) as i64;
+    assert_eq!(k + b2.accepted.load(Ordering::SeqCst) as i64, n as i64);
+    // Binomial(400, 1/2): sd 10; 5 sd either side fails once in ~1.7 million runs.
+    assert!((150..=250).contains(&k), "backend 1 got {k} of {n}");
+    let picks: Vec<i64> = v["services"][0]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["connects"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        picks,
+        [k, n as i64 - k],
+        "the report's counts are the backends' own"
+    );
+    assert_eq!(v["translated"], n);
+    assert!(v["getpeername_vip"].as_u64().unwrap() >= n as u64);
+    assert_eq!(
+        v["private_mount"], true,
+        "under ip netns exec cgroup2 is mounted privately"
+    );
+}
+
+#[test]
+fn run_no_backend_refuses_and_exits_with_the_commands_status() {
+    let _g = serial();
+    let (_lab, cli, _srv, _link) = Lab::pair("balno").unwrap_or_else(|e| panic!("{e}"));
+    let argv = argv(&["--vip", VIP], &format!("{VIP};3;"));
+    let out = cli.command(&refs(&argv)).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("ERR "))
+            .collect::<Vec<_>>(),
+        ["ERR 111"; 3],
+        "ECONNREFUSED for each connect: {stdout}"
+    );
+    assert!(stderr.contains("0 translated, 3 refused"), "{stderr}");
+    for (cmd, want) in [("exit 7", 7), ("kill -TERM $$", 143)] {
+        let out = cli
+            .command(&[
+                tcpkit(),
+                "balance",
+                "run",
+                "--vip",
+                VIP,
+                "-q",
+                "--",
+                "sh",
+                "-c",
+                cmd,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(want), "{cmd}: {out:?}");
+        assert!(out.stderr.is_empty(), "-q: {out:?}");
+    }
+}
+
+#[test]
+fn nothing_stays_attached_after_sigterm_or_sigkill() {
+    let _g = serial();
+    let (mut lab, cli, srv, _link) = Lab::pair("balsig").unwrap_or_else(|e| panic!("{e}"));
+    let b1 = backend(&srv);
+    let go = lab.dir().join("never");
+    let args = [
+        "--vip".to_string(),
+        VIP.into(),
+        "--backend".into(),
+        b1.addr.to_string(),
+    ];
+    for sig in [libc::SIGTERM, libc::SIGKILL] {
+        let argv = argv(&refs(&args), &format!("{VIP};1;{}", go.display()));
+        let p = cli
+            .spawn(&mut lab, "balance", &refs(&argv))
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_for(&p, "READY", 20);
+        let cg = cgroup_of(p.pid());
+        let (progs, maps) = attached(&cg);
+        assert_eq!(progs.len(), 8, "{}", cg.display());
+        // To balance alone, not its process group: the command must learn of it from balance.
+        // SAFETY: kill(2) on a child of this test, still running.
+        assert_eq!(unsafe { libc::kill(p.pid() as i32, sig) }, 0);
+        let st = p
+            .wait_timeout(Duration::from_secs(15))
+            .unwrap()
+            .expect("balance ends");
+        assert_all_gone(&progs, &maps);
+        if sig == libc::SIGTERM {
+            // Forwarded to the command, which the signal ended: 128 + 15, and the report.
+            assert_eq!(st.code(), Some(143), "{}", p.log());
+            assert!(p.log().contains("killed by signal 15"), "{}", p.log());
+            assert!(!cg.exists(), "{} left behind", cg.display());
+        } else {
+            // The command was told by PR_SET_PDEATHSIG and is gone too; its empty cgroup is
+            // swept by the next run.
+            let until = Instant::now() + Duration::from_secs(10);
+            while std::fs::read_to_string(cg.join("cgroup.events"))
+                .is_ok_and(|t| t.contains("populated 1"))
+            {
+                assert!(Instant::now() < until, "the command outlived balance");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let out = cli
+                .command(&[tcpkit(), "balance", "run", "--vip", VIP, "-q", "--", "true"])
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(0), "{out:?}");
+            assert!(!cg.exists(), "{} not swept by the next run", cg.display());
+        }
+    }
+}
+
+#[test]
+fn run_ipv6_and_v4_mapped() {
+    let _g = serial();
+    let (_lab, cli, srv, _link) = Lab::pair("bal6").unwrap_or_else(|e| panic!("{e}"));
+    let (v6a, v6b) = (
+        backend_on(&srv, SocketAddr::from((SRV6, 0))),
+        backend_on(&srv, SocketAddr::from((SRV6, 0))),
+    );
+    let (v4a, v4b) = (backend(&srv), backend(&srv));
+    // An IPv6 VIP over IPv6 backends; the IPv4 VIP asked for as ::ffff:198.19.0.1 by an
+    // IPv6 socket, over IPv4 backends: getpeername shows each as the application named it.
+    for (vip, asked, b) in [(VIP6, VIP6, [&v6a, &v6b]), (VIP, VIP_MAPPED, [&v4a, &v4b])] {
+        let args = [
+            "--vip".to_string(),
+            vip.into(),
+            "--backend".into(),
+            b[0].addr.to_string(),
+            "--backend".into(),
+            b[1].addr.to_string(),
+            "--algorithm".into(),
+            "round-robin".into(),
+        ];
+        let argv = argv(&refs(&args), &format!("{asked};6;"));
+        let out = cli.command(&refs(&argv)).output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let c = conns(&stdout);
+        assert_eq!(c.len(), 6, "{vip}: {stdout}");
+        let asked: SocketAddr = asked.parse().unwrap();
+        for (i, (peer, port)) in c.iter().enumerate() {
+            assert_eq!(*peer, asked.to_string(), "getpeername of connect {i}");
+            assert_eq!(*port, b[i % 2].addr.port(), "{vip}: connect {i}: {c:?}");
+        }
+        assert!(b.iter().all(|b| b.accepted.load(Ordering::SeqCst) == 3));
+        assert!(stderr.contains("Connects: 6 translated"), "{stderr}");
+    }
+}
+
+/// `tcpkit balance run ARGS -- client N`, to completion; the (peer, backend port) per connect.
+fn run_client(cli: &Host, args: &[String], n: usize) -> Vec<(String, u16)> {
+    let argv = argv(&refs(args), &format!("{VIP};{n};"));
+    let out = cli.command(&refs(&argv)).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let c = conns(&stdout);
+    assert_eq!(c.len(), n, "{stdout}\n{stderr}");
+    assert!(c.iter().all(|(peer, _)| peer == VIP));
+    c
+}
+
+#[test]
+fn run_weighted_and_maglev() {
+    let _g = serial();
+    let (_lab, cli, srv, _link) = Lab::pair("balw").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    let with = |extra: &[&str], w2: &str| -> Vec<String> {
+        let mut v = vec![
+            "--vip".to_string(),
+            VIP.into(),
+            "--backend".into(),
+            b1.addr.to_string(),
+            "--backend".into(),
+            format!("{}{w2}", b2.addr),
+        ];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    // Weighted 1:3 over 400 connects: Binomial(400, 3/4) for b2, sd 8.7; 5 sd either side.
+    let n = 400;
+    let c = run_client(&cli, &with(&["--algorithm", "weighted"], "@3"), n);
+    let k = c.iter().filter(|(_, p)| *p == b2.addr.port()).count();
+    assert!((257..=343).contains(&k), "weight 3 of 4 got {k} of {n}");
+
+    // Maglev by client: every connect of this client (unbound sockets, one namespace) lands
+    // on the same backend, run after run while the set is the same.
+    let args = with(&["--algorithm", "maglev"], "");
+    let first = run_client(&cli, &args, 30);
+    let again = run_client(&cli, &args, 30);
+    let port = first[0].1;
+    assert!(
+        first.iter().chain(&again).all(|(_, p)| *p == port),
+        "{first:?} {again:?}"
+    );
+    // Maglev by socket cookie: each socket placed on its own, so both backends are used
+    // (all 60 on one: probability 2^-59).
+    let c = run_client(
+        &cli,
+        &with(&["--algorithm", "maglev", "--hash-key", "cookie"], ""),
+        60,
+    );
+    let k = c.iter().filter(|(_, p)| *p == b1.addr.port()).count();
+    assert!(
+        k > 0 && k < 60,
+        "cookie-keyed maglev put {k} of 60 on one backend"
+    );
+}
+
+#[test]
+fn health_checks_take_a_dead_backend_out() {
+    let _g = serial();
+    let (mut lab, cli, srv, _link) = Lab::pair("balhc").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    let start = lab.dir().join("start");
+    let args = [
+        "--vip".to_string(),
+        VIP.into(),
+        "--backend".into(),
+        b1.addr.to_string(),
+        "--backend".into(),
+        b2.addr.to_string(),
+        "--algorithm".into(),
+        "round-robin".into(),
+        "--health-interval".into(),
+        "100ms".into(),
+        "--health-timeout".into(),
+        "500ms".into(),
+        "--fall".into(),
+        "2".into(),
+    ];
+    let argv = argv(&refs(&args), &format!("{VIP};20;;{}", start.display()));
+    let p = cli
+        .spawn(&mut lab, "balance", &refs(&argv))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Both probed and up for a while, then one backend dies.
+    std::thread::sleep(Duration::from_millis(500));
+    b1.kill();
+    let killed = Instant::now();
+    // Two refused probes 100 ms apart take it out: 0.3 s at most unloaded; 1.5 s here.
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&start, "").unwrap();
+    let st = p
+        .wait_timeout(Duration::from_secs(20))
+        .unwrap()
+        .expect("balance ends with its command");
+    let log = p.log();
+    assert_eq!(st.code(), Some(0), "{log}");
+    assert!(
+        !log.contains("ERR "),
+        "a connect failed after the backend was out: {log}"
+    );
+    let c = conns(&log);
+    assert_eq!(c.len(), 20, "{log}");
+    assert!(
+        c.iter().all(|(_, port)| *port == b2.addr.port()),
+        "connects reached the dead backend {:.1} s after it died: {c:?}",
+        killed.elapsed().as_secs_f64()
+    );
+    let line = log
+        .lines()
+        .find(|l| l.trim_start().starts_with(&b1.addr.to_string()))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        line.contains("down at end") && line.contains("down 1 time"),
+        "{line}"
+    );
+}
+
+#[test]
+fn udp_dns_through_the_vip_reaches_unbound_and_answers_from_the_vip_v4_v6_mapped() {
+    let _g = serial();
+    unbound::require();
+    let (mut lab, cli, srv, _link) = Lab::pair("baludp").unwrap_or_else(|e| panic!("{e}"));
+    let mut backends = Vec::new();
+    for (i, (ip, port)) in [
+        (IpAddr::V4(SRV), 5301u16),
+        (IpAddr::V4(SRV), 5302),
+        (IpAddr::V6(SRV6), 5303),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let dir = lab.dir().join(format!("unbound{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = unbound::write_conf(&dir, *ip, *port, 10);
+        let argv = unbound::argv(&conf);
+        srv.spawn(&mut lab, &format!("unbound{i}"), &refs(&argv))
+            .unwrap_or_else(|e| panic!("{e}"));
+        backends.push(SocketAddr::new(*ip, *port));
+    }
+    // Ready when each answers over TCP (the lab's client host reaches it directly).
+    for addr in &backends {
+        let until = Instant::now() + Duration::from_secs(15);
+        cli.enter(|| {
+            while TcpStream::connect_timeout(addr, Duration::from_millis(200)).is_err() {
+                assert!(Instant::now() < until, "unbound on {addr} not up in 15 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+    }
+    let exe = std::env::current_exe().unwrap();
+    // (VIP, as the client asks for it, its backends, picks expected per backend): IPv4; the
+    // IPv4 VIP through IPv6 sockets (v4-mapped, sendmsg6); IPv6.
+    let cases = [
+        ("198.19.0.1:53", "198.19.0.1:53", &backends[..2], vec![2, 1]),
+        (
+            "198.19.0.1:53",
+            "[::ffff:198.19.0.1]:53",
+            &backends[..2],
+            vec![2, 1],
+        ),
+        (
+            "[fd00:19::1]:53",
+            "[fd00:19::1]:53",
+            &backends[2..],
+            vec![3],
+        ),
+    ];
+    for (vip, asked, bs, want) in cases {
+        let mut argv = vec![
+            tcpkit().to_string(),
+            "balance".into(),
+            "run".into(),
+            "--vip".into(),
+            vip.into(),
+        ];
+        for b in bs {
+            argv.extend(["--backend".to_string(), b.to_string()]);
+        }
+        argv.extend([
+            "--algorithm".into(),
+            "round-robin".into(),
+            "--json".into(),
+            "--".into(),
+            "env".into(),
+            format!("{CLIENT_UDP_ENV}={asked}"),
+            exe.display().to_string(),
+            "--exact".into(),
+            "udp_client_in_cgroup".into(),
+            "--nocapture".into(),
+        ]);
+        let out = cli.command(&refs(&argv)).output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(0), "{asked}: {stderr}");
+        let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        schema::check(&schema::load("balance"), &v, "balance");
+        let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("UDP")).collect();
+        assert_eq!(lines.len(), 7, "{asked}: {stderr}");
+        let asked: SocketAddr = asked.parse().unwrap();
+        for l in &lines[..6] {
+            // Answered by unbound (NOERROR, one A record), the reply's source the VIP as the
+            // client named it.
+            assert!(l.ends_with(&format!(" {asked} 0 1")), "{l}");
+        }
+        assert_eq!(lines[6], format!("UDPC {asked} {asked} 0 1"), "{stderr}");
+        // Each unconnected socket stayed on one backend (one pick each; round-robin: one per
+        // backend), the connected socket was sent on in turn.
+        let picks: Vec<u64> = v["services"][0]["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["connects"].as_u64().unwrap())
+            .collect();
+        assert_eq!(picks, want, "{asked}: {stdout}");
+        assert!(v["getpeername_vip"].as_u64().unwrap() >= 7, "{stdout}");
+    }
+}
+
+#[test]
+fn trace_prints_every_selection_with_its_pid() {
+    let _g = serial();
+    let (_lab, cli, srv, _link) = Lab::pair("baltr").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    let args = [
+        "--vip".to_string(),
+        VIP.into(),
+        "--backend".into(),
+        b1.addr.to_string(),
+        "--backend".into(),
+        b2.addr.to_string(),
+        "--algorithm".into(),
+        "round-robin".into(),
+        "--trace".into(),
+        "--json".into(),
+    ];
+    let argv = argv(&refs(&args), &format!("{VIP};4;"));
+    let out = cli.command(&refs(&argv)).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    schema::check(&schema::load("balance"), &v, "balance");
+    assert_eq!(v["trace_lost"], 0);
+    // `env` execs the client: the command's pid is the one that connects.
+    let pid = v["command"]["pid"].as_u64().unwrap();
+    let traced: Vec<&str> = stderr.lines().filter(|l| l.contains("] trace: ")).collect();
+    let c = conns(&stderr);
+    assert_eq!((traced.len(), c.len()), (4, 4), "{stderr}");
+    for (t, (_, port)) in traced.iter().zip(&c) {
+        let want = format!("trace: pid {pid} cgroup ");
+        assert!(t.contains(&want), "{t}");
+        assert!(
+            t.ends_with(&format!("connect {VIP} -> {SRV}:{port}")),
+            "{t} is not the backend that answered"
+        );
+    }
+}
+
+/// Each bad input: exit 2, one line naming the flag, nothing run; not root: exit 1, one line.
+#[test]
+fn bad_input_gives_one_line() {
+    let cases: [(&[&str], &str); 8] = [
+        (&["--vip", "198.19.0.1:0"], "--vip 198.19.0.1:0: port 0"),
+        (
+            &["--vip", "198.19.0.1:80", "--backend", "198.18.0.2:0"],
+            "port 0",
+        ),
+        (
+            &["--vip", "198.19.0.1:80", "--backend", "198.19.0.1:80"],
+            "the same address as the VIP",
+        ),
+        (
+            &[
+                "--vip",
+                "198.19.0.1:80",
+                "--backend",
+                "198.18.0.2:80",
+                "--backend",
+                "198.18.0.2:80",
+            ],
+            "given twice",
+        ),
+        (
+            &["--vip", "198.19.0.1:80", "--backend", "[fd00:18::2]:80"],
+            "address family",
+        ),
+        (&["--vip", "198.19.0.1:65536"], "not an IP:PORT"),
+        (
+            &["--vip", "198.19.0.1:80", "--backend", "198.18.0.2:80@2"],
+            "weights need",
+        ),
+        (
+            &["--vip", "198.19.0.1:80", "--hash-key", "cookie"],
+            "--hash-key",
+        ),
+    ];
+    let marker = std::env::temp_dir().join(format!("tcpkit-balance-bad-{}", std::process::id()));
+    for (args, want) in cases {
+        let out = Command::new(tcpkit())
+            .args(["balance", "run"])
+            .args(args)
+            .args(["--", "touch", marker.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("tcpkit balance: ") && err.contains(want),
+            "{args:?}: {err}"
+        );
+        assert!(!marker.exists(), "{args:?} ran the command");
+    }
+    // Not root (setpriv from util-linux): the kernel refuses the maps; one line says why.
+    let _g = serial();
+    let exe = std::env::temp_dir().join(format!("tcpkit-balance-nonroot-{}", std::process::id()));
+    std::fs::copy(tcpkit(), &exe).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["balance", "run", "--vip", "198.19.0.1:80", "--", "true"])
+        .output()
+        .expect("setpriv (util-linux)");
+    let _ = std::fs::remove_file(&exe);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("needs root"), "{err}");
+}
