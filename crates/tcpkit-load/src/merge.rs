@@ -694,7 +694,10 @@ mod tests {
                 }
             }
         }
-        assert!(n >= 6, "seed corpus has {n} hand-written seeds, expected at least 6");
+        assert!(
+            n >= 6,
+            "seed corpus has {n} hand-written seeds, expected at least 6"
+        );
     }
 
     #[test]

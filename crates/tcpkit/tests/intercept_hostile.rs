@@ -134,7 +134,8 @@ fn a_peer_without_the_key_receives_no_answer() {
             })
         });
         let wrong = Key::from_bytes(b"another key, 16+ bytes").unwrap();
-        let other = online.enter(|| handshake(addr, Duration::from_secs(5), u16::MAX, Some(&wrong)));
+        let other =
+            online.enter(|| handshake(addr, Duration::from_secs(5), u16::MAX, Some(&wrong)));
         traffic.join().unwrap();
         (silent.join().unwrap(), forged.join().unwrap(), other)
     });
@@ -164,7 +165,10 @@ fn a_peer_without_the_key_receives_no_answer() {
     let online_n = lines(&on_log).len();
     let target_n = lines(&tg_log).len();
     assert!(online_n > 300, "{online_n}");
-    assert!(target_n as f64 >= online_n as f64 * 0.99, "{target_n} of {online_n}: {r:#}");
+    assert!(
+        target_n as f64 >= online_n as f64 * 0.99,
+        "{target_n} of {online_n}: {r:#}"
+    );
     assert!(u(&ir, "sent") > 300, "{ir:#}");
     assert_eq!(u(&ir, "copies_connected"), 1, "{ir:#}");
     assert_eq!(ir["authenticated"], Value::Bool(true), "{ir:#}");
@@ -204,10 +208,9 @@ fn intercept_rss_stays_bounded_with_150_copies_that_never_read() {
     // Copies with the key (an authenticated copy that stops reading is the case the bounds
     // are for: without the key a peer gets nothing to queue).
     let key = lab_key(&t);
-    let rogues: Vec<TcpStream> = t
-        .l
-        .online
-        .enter(|| (0..150).map(|_| authenticated(addr, &key)).collect());
+    let rogues: Vec<TcpStream> =
+        t.l.online
+            .enter(|| (0..150).map(|_| authenticated(addr, &key)).collect());
     let c = t.copy(
         &format!("8080-{TARGET}:8080"),
         &["--timeout", "2", "--duration", "5"],
@@ -324,15 +327,14 @@ fn intercept_refuses_connections_past_its_cap_with_the_reason() {
     assert_eq!(reason, "intercept has 32 control connections, its cap");
     assert!(took < Duration::from_secs(2), "{took:?}");
     std::thread::sleep(Duration::from_secs(6));
-    let welcomed = t.l.online.enter(|| handshake(addr, Duration::from_secs(5), 0, Some(&key)));
+    let welcomed =
+        t.l.online
+            .enter(|| handshake(addr, Duration::from_secs(5), 0, Some(&key)));
     assert!(welcomed.is_ok(), "{welcomed:?}");
     drop(held);
     let ir = stop(icp);
     // 40 held: 32 (or 31 beside the probe) taken, the rest and the 41st over the cap.
-    assert!(
-        (9..=10).contains(&u(&ir, "connections_over_cap")),
-        "{ir:#}"
-    );
+    assert!((9..=10).contains(&u(&ir, "connections_over_cap")), "{ir:#}");
     assert_eq!(u(&ir, "copies_connected"), 1, "{ir:#}");
     assert_eq!(ir["failure"], Value::Null, "{ir:#}");
 }
