@@ -8,7 +8,6 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tcpkit_stats::{Report, Verdict};
@@ -74,15 +73,19 @@ pub(crate) fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
 /// The second exits at once with 128 + the signal's number, as a shell reports a killed job
 /// (unless `second_exits` is false: a worker process, which hears every signal twice).
 pub(crate) fn install_signals(second_exits: bool) -> &'static AtomicBool {
-    let flag: &'static Arc<AtomicBool> = Box::leak(Box::new(Arc::new(AtomicBool::new(false))));
+    let flag: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // Order matters: the conditional exit looks at the flag before the second
-        // registration sets it, so the first signal only sets it.
-        if second_exits {
-            let _ =
-                signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(flag));
-        }
-        let _ = signal_hook::flag::register(sig, Arc::clone(flag));
+        // One swap, not signal-hook's load-then-store pair (`register_conditional_shutdown`
+        // + `flag::register`): a multi-threaded job can take two signals at the same moment
+        // on two threads, and with a load and a later store both saw "first" and neither
+        // exited (CI, contract.rs: SIGINT and SIGTERM delivered together after SIGCONT).
+        let action = move || {
+            if flag.swap(true, Ordering::SeqCst) && second_exits {
+                signal_hook::low_level::exit(128 + sig);
+            }
+        };
+        // SAFETY: the action only touches an atomic and calls _exit, both async-signal-safe.
+        let _ = unsafe { signal_hook::low_level::register(sig, action) };
     }
     flag
 }
