@@ -220,8 +220,9 @@ fn first_signal_stops_with_the_report_the_second_exits_at_once() {
     // Two different signals while it is stopped, so neither merges into the other: when it
     // runs again, the first sets the stop flag and the second ends it on the spot. echo runs
     // a thread per core, so the two can land on two threads at the same moment; a handler
-    // that loaded the flag and stored it later let both pass as "first" in about one try of
-    // seven (CI), so the race is tried 60 times (old handler: failed 2 runs of 5 at 20 tries).
+    // that loaded the flag and stored it later let both pass as "first" (CI; about one try in
+    // 50 here, one in 7 on loopback), so the race is tried 60 times: the old handler failed
+    // 2 runs of 5 at 20 tries.
     for i in 0..60u16 {
         let port = 4310 + i;
         let echo = Running::start(&b, &["echo", "--port", &port.to_string(), "--json"]);
