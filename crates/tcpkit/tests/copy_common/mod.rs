@@ -46,6 +46,8 @@ pub struct CopyLab {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Log {
     Peer,
+    /// [`Log::Peer`] with the arrival time last (`$msec`: seconds, millisecond resolution).
+    PeerAt,
     ProxyProtocol,
 }
 
@@ -129,6 +131,7 @@ impl CopyLab {
         let access = d.join("access.log");
         let (fmt, pp) = match log {
             Log::Peer => ("$remote_addr $remote_port $status \"$request\"", ""),
+            Log::PeerAt => ("$remote_addr $remote_port $status \"$request\" $msec", ""),
             Log::ProxyProtocol => (
                 "$proxy_protocol_addr $proxy_protocol_port $status \"$request\"",
                 " proxy_protocol",
