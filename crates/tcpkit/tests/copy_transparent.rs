@@ -769,9 +769,10 @@ fn check_probes_the_return_path_through_intercept() {
     );
 }
 
-/// Drops on the target's way to the assistant (a tbf queue too short for its bursts): intercept
-/// never sees those segments, so copy gets the rest out of order and must rely on the target
-/// resending what it did not acknowledge.
+/// Drops on the target's way to the assistant (every 8th answer segment, by an nft rule on
+/// the target: a count, not a queue too short for its bursts, which lost nothing when a busy
+/// machine slowed the target down): intercept never sees those segments, so copy gets the
+/// rest out of order and must rely on the target resending what it did not acknowledge.
 #[test]
 fn transparent_diff_is_exact_when_answers_are_lost_on_the_way_to_intercept() {
     let mut t = tlab("cptrdfl2", 8080);
@@ -787,16 +788,27 @@ fn transparent_diff_is_exact_when_answers_are_lost_on_the_way_to_intercept() {
         .replace("Connection: close", "Connection: keep-alive")
         .into_bytes();
     let _icp = t.intercept("intercept");
-    let tc = |args: &[&str]| {
-        let mut a = vec!["tc"];
+    let nft = |args: &[&str]| {
+        let mut a = vec!["nft"];
         a.extend_from_slice(args);
-        let o = t.l.target.run(&a).expect("tc");
+        let o = t.l.target.run(&a).expect("nft");
+        assert!(
+            o.status.success(),
+            "nft {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         String::from_utf8_lossy(&o.stdout).to_string()
     };
     let dev = t.tgt_ast_if.clone();
-    tc(&[
-        "qdisc", "add", "dev", &dev, "root", "tbf", "rate", "200mbit", "burst", "16000", "limit",
-        "20000",
+    nft(&["add", "table", "inet", "lossy"]);
+    nft(&[
+        "add", "chain", "inet", "lossy", "out", "{", "type", "filter", "hook", "output",
+        "priority", "0", ";", "}",
+    ]);
+    // Only segments with payload: the handshake and the close are not what is tested.
+    nft(&[
+        "add", "rule", "inet", "lossy", "out", "oifname", &dev, "tcp", "sport", "8080", "meta",
+        "length", ">", "100", "numgen", "inc", "mod", "8", "==", "0", "counter", "drop",
     ]);
     let dir = tempfile::tempdir().unwrap();
     let pcap = dir.path().join("big.pcap");
@@ -825,17 +837,17 @@ fn transparent_diff_is_exact_when_answers_are_lost_on_the_way_to_intercept() {
         ],
     );
     let d = diff_of(&o);
-    let stats = tc(&["-s", "qdisc", "show", "dev", &dev]);
-    let dropped: u64 = stats
-        .split("dropped ")
+    let rules = nft(&["list", "chain", "inet", "lossy", "out"]);
+    let dropped: u64 = rules
+        .split("packets ")
         .nth(1)
-        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|s| s.split(' ').next())
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no drop count in {stats}"));
+        .unwrap_or_else(|| panic!("no drop count in {rules}"));
     eprintln!("lossy path: {dropped} answer segments dropped before intercept; {d}");
     assert!(
         dropped > 0,
-        "the path lost nothing, so nothing was tested: {stats}"
+        "the path lost nothing, so nothing was tested: {rules}"
     );
     // Every one of the 12 answers arrived whole and equal (60 kB bodies compared byte by
     // byte, under the 64 KiB kept per answer).
