@@ -822,9 +822,15 @@ fn transparent_diff_is_exact_when_answers_are_lost_on_the_way_to_intercept() {
             ("/big.txt", orig),
         ],
     );
-    let o = copy_offline(
-        &t,
+    // --timeout 10, not the file's 2 s: each lost segment costs the target a retransmission
+    // timeout (200 ms, doubling when it is lost again), and on a busy machine the last
+    // answer of a tbf-lossy run once needed more than the 2 s + linger the drain gives.
+    let rule = format!("8080-{TARGET}:8080");
+    let o = t.copy_offline(
+        &rule,
         &[
+            "--timeout",
+            "10",
             "--input",
             pcap.to_str().unwrap(),
             "--speed",
