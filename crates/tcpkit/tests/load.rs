@@ -291,13 +291,17 @@ fn poisson_send_times_are_exponential_and_constant_ones_equal() {
             "constant",
             "--threads",
             "1",
+            "--json",
         ],
         Duration::from_secs(15),
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let times = intended_times(&std::fs::read_to_string(&csv).unwrap());
     let gaps: Vec<u64> = times.windows(2).map(|w| w[1] - w[0]).collect();
-    assert!(gaps.len() > 2900, "{}", gaps.len());
+    // Every query sent is on the grid; how many fit in the second is the machine's business
+    // (2,880 of 3,000 beside three busy loops), not this test's.
+    assert_eq!(times.len() as u64, u(&json(&o), "queries.sent"));
+    assert!(gaps.len() > 1000, "{}", gaps.len());
     assert!(
         gaps.iter().all(|&g| g.abs_diff(333_333) <= 1),
         "constant gaps: {:?}",
