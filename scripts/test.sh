@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: unit tests, the lab's real-network integration tests, the fuzz corpora.
+# The whole test suite: formatting and clippy lints, unit tests, the lab's real-network integration tests, the fuzz corpora.
 # Needs root (the lab builds network namespaces) and the packages scripts/setup.sh installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "test.sh: run as root: the tests build network namespaces" >&2; exit 1; }
 scripts/setup.sh
+# Style and lints first: they fail in seconds where the suite takes minutes.
+cargo fmt --all --check || { echo "test.sh: cargo fmt --check: run cargo fmt" >&2; exit 1; }
+cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release --no-fail-fast -- --test-threads="${TCPKIT_TEST_THREADS:-2}"

@@ -139,7 +139,7 @@ fn check_opts(ifname: &str, opts: &CaptureOpts) -> Result<(), CaptureError> {
     if opts.snaplen == 0 {
         return bad("snaplen 0 would capture nothing".into());
     }
-    if opts.block_size == 0 || opts.block_size % page != 0 {
+    if opts.block_size == 0 || !opts.block_size.is_multiple_of(page) {
         return bad(format!(
             "ring block size {} is not a positive multiple of the page size {page}",
             opts.block_size
@@ -493,7 +493,7 @@ impl Capture {
         let hdr_len = std::mem::size_of::<libc::tpacket3_hdr>();
         let sll_len = std::mem::size_of::<libc::sockaddr_ll>();
         for n in 0..num {
-            if off % V3_ALIGNMENT != 0 || off + SLL_OFF + sll_len > self.block_size {
+            if !off.is_multiple_of(V3_ALIGNMENT) || off + SLL_OFF + sll_len > self.block_size {
                 return Err(bad("packet header outside the block"));
             }
             // SAFETY: in bounds (checked above) and 8-byte aligned within a page-aligned

@@ -197,7 +197,7 @@ fn put_attr(msg: &mut Vec<u8>, ty: u16, data: &[u8]) {
     msg.extend_from_slice(&(len as u16).to_ne_bytes());
     msg.extend_from_slice(&ty.to_ne_bytes());
     msg.extend_from_slice(data);
-    while msg.len() % 4 != 0 {
+    while !msg.len().is_multiple_of(4) {
         msg.push(0);
     }
 }

@@ -895,7 +895,7 @@ fn hostile_dns_servers_wrong_ids_fail_the_run_and_padded_answers_are_malformed()
         while let Some(q) = read_dns(&mut s) {
             let id = u16::from_be_bytes([q[0], q[1]]);
             n += 1;
-            let id = if n % 4 == 0 { id } else { id ^ 0x5a5a };
+            let id = if n.is_multiple_of(4) { id } else { id ^ 0x5a5a };
             if s.write_all(&dns_reply(&q, id, 0)).is_err() {
                 return;
             }

@@ -34,7 +34,7 @@ pub(crate) fn live_loop(live: &Live, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(20));
         ticks += 1;
-        if ticks % 25 != 0 {
+        if !ticks.is_multiple_of(25) {
             continue;
         }
         let line = Line::Live(live.totals());

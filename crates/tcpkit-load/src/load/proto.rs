@@ -618,7 +618,7 @@ fn echo_byte(key: u64, seq: u32, pos: u64) -> u8 {
 pub(crate) fn echo_fill(out: &mut [u8], key: u64, seq: u32, from: u64) {
     let mut pos = from;
     for chunk in out.chunks_mut(8) {
-        if pos % 8 == 0 && chunk.len() == 8 {
+        if pos.is_multiple_of(8) && chunk.len() == 8 {
             chunk.copy_from_slice(&echo_word(key, seq, pos / 8).to_le_bytes());
         } else {
             for (i, b) in chunk.iter_mut().enumerate() {
