@@ -96,7 +96,7 @@ pub fn run(
     out.push(conntrack(Path::new("/proc/sys/net/netfilter")));
     out.push(memory(
         cfg.max_memory as u64,
-        mem_available(),
+        tcpkit_stats::host::mem_available().unwrap_or(u64::MAX),
         cgroup_limit(),
     ));
     if let Some(d) = cfg.diff.as_ref().and_then(|d| d.out.as_deref()) {
@@ -414,20 +414,6 @@ pub fn conntrack(dir: &Path) -> Check {
     } else {
         Check::ok(name, detail)
     }
-}
-
-fn meminfo(key: &str) -> Option<u64> {
-    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let l = m.lines().find(|l| l.starts_with(key))?;
-    l.split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()
-        .map(|k| k * 1024)
-}
-
-fn mem_available() -> u64 {
-    meminfo("MemAvailable:").unwrap_or(u64::MAX)
 }
 
 /// The memory.max of this process's cgroup (v2), when it has one.

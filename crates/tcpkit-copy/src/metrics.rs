@@ -159,18 +159,6 @@ fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> io::Resu
     s.flush()
 }
 
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    // SAFETY: sysconf has no memory effects.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-    pages * page
-}
-
 /// The exposition text: one `# HELP`, `# TYPE` and sample per metric.
 pub fn exposition(live: &Live, info: Info, elapsed: Duration) -> String {
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -272,7 +260,7 @@ pub fn exposition(live: &Live, info: Info, elapsed: Duration) -> String {
             "memory_resident_bytes",
             "gauge",
             "Resident set size of the copy process.",
-            rss_bytes().to_string(),
+            tcpkit_stats::host::rss_bytes().to_string(),
         ),
     ];
     if info.diff {

@@ -212,18 +212,6 @@ const CLOSE_LINGER_NS: u64 = 1_000_000_000;
 /// Polls per turn while each fills the event buffer (bounds a turn; the rest waits one turn).
 const MAX_POLLS_PER_STEP: usize = 16;
 
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    // SAFETY: sysconf has no memory effects.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-    pages * page
-}
-
 /// The relay: sessions, connections, timers, counters.
 struct Relay<'a> {
     cfg: &'a RelayConfig,
@@ -809,7 +797,7 @@ impl<'a> Relay<'a> {
         r.latency.original = self.orig.percentiles();
         r.latency.target = self.target_lat.percentiles();
         r.memory.limit_bytes = self.cfg.max_memory as u64;
-        r.memory.rss_bytes = rss_bytes();
+        r.memory.rss_bytes = tcpkit_stats::host::rss_bytes();
         r.diff = self.differ.as_mut().map(Differ::finish);
         r.requests.max_loss_percent = self.cfg.max_loss_percent;
         r.finish();

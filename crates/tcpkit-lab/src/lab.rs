@@ -62,16 +62,10 @@ fn check_name(kind: &str, name: &str, max: usize) -> Result<(), LabError> {
 
 /// Whether the effective capability set has both capabilities the lab needs.
 fn privileged() -> bool {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return nix::unistd::geteuid().is_root();
-    };
-    let caps = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok());
-    match caps {
-        Some(c) => c & (1 << CAP_NET_ADMIN) != 0 && c & (1 << CAP_SYS_ADMIN) != 0,
-        None => nix::unistd::geteuid().is_root(),
+    use tcpkit_stats::host::has_capability;
+    match (has_capability(CAP_NET_ADMIN), has_capability(CAP_SYS_ADMIN)) {
+        (Some(net), Some(sys)) => net && sys,
+        _ => nix::unistd::geteuid().is_root(),
     }
 }
 

@@ -7,6 +7,7 @@
 mod copy;
 mod flows;
 mod hist;
+pub mod host;
 mod live;
 mod load;
 pub mod plot;

@@ -283,19 +283,6 @@ fn usage(msg: String) -> Failure {
     Failure::Usage(msg)
 }
 
-/// `1048576`, `64K`, `512M`, `2G` (powers of 1024).
-fn mem_total() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|k| k.parse::<u64>().ok())
-        })
-        .map_or(1 << 30, |kib| kib * 1024)
-}
-
 /// Every check that involves more than one flag, or a value's meaning, happens here.
 pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
     let rules = rules::parse_rules(a.rules.iter().map(String::as_str))
@@ -332,7 +319,7 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
             }
             b
         }
-        None => (mem_total() / 8).max(64 << 20),
+        None => (tcpkit_stats::host::mem_total().unwrap_or(1 << 30) / 8).max(64 << 20),
     };
     if !(0..=19).contains(&a.nice) {
         return Err(usage(format!("--nice {}: must be 0 to 19", a.nice)));
@@ -460,18 +447,6 @@ fn check(cfg: &RelayConfig, run: &Run) -> Result<(), Failure> {
     }
 }
 
-/// Lowers the process's priority by `by`; returns the nice value it runs at.
-fn lower_priority(by: i32) -> i32 {
-    // SAFETY: getpriority/setpriority on the calling process only.
-    unsafe {
-        let now = libc::getpriority(libc::PRIO_PROCESS, 0);
-        if by > 0 {
-            let _ = libc::setpriority(libc::PRIO_PROCESS, 0, (now + by).min(19));
-        }
-        libc::getpriority(libc::PRIO_PROCESS, 0)
-    }
-}
-
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let (cfg, run) = resolve(&args)?;
     if run.check {
@@ -490,7 +465,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
                 .map_err(|e| Failure::Runtime(format!("--metrics {addr}: {e}")))
         })
         .transpose()?;
-    let nice = lower_priority(run.nice);
+    let nice = tcpkit_stats::host::lower_priority(run.nice);
     let mut monitor = {
         let live = Arc::clone(&live);
         Monitor::start(

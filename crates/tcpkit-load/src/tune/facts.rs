@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use tcpkit_stats::host;
+
 /// Where the kernel shows sysctls.
 pub const PROC_SYS: &str = "/proc/sys";
 
@@ -74,22 +76,14 @@ impl Facts {
             })
             .collect();
         let (nofile_soft, nofile_hard) = nofile();
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        let page_size = u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096);
+        let page_size = host::page_size();
         Facts {
             nofile_soft,
             nofile_hard,
-            cap_sys_resource: std::fs::read_to_string("/proc/self/status")
-                .ok()
-                .and_then(|s| cap_eff_has(&s, CAP_SYS_RESOURCE))
-                .unwrap_or(false),
+            cap_sys_resource: host::has_capability(CAP_SYS_RESOURCE).unwrap_or(false),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             page_size,
-            mem_pages: std::fs::read_to_string("/proc/meminfo")
-                .ok()
-                .and_then(|s| mem_total_kib(&s))
-                .map(|kib| kib * 1024 / page_size),
+            mem_pages: host::mem_total().map(|b| b / page_size),
             sysctl,
         }
     }
@@ -169,50 +163,9 @@ fn nofile() -> (u64, u64) {
     (conv(lim.rlim_cur), conv(lim.rlim_max))
 }
 
-/// Whether the `CapEff:` line of /proc/self/status has bit `cap`.
-fn cap_eff_has(status: &str, cap: u32) -> Option<bool> {
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))?
-        .trim();
-    let bits = u64::from_str_radix(hex, 16).ok()?;
-    Some(bits & (1 << cap) != 0)
-}
-
-fn mem_total_kib(meminfo: &str) -> Option<u64> {
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn capability_bit_is_read_from_cap_eff() {
-        // This machine's container: everything but CAP_SYS_RESOURCE.
-        let s = "Name:\tx\nCapPrm:\t000001ffffffffff\nCapEff:\t000001fffeffffff\n";
-        assert_eq!(cap_eff_has(s, CAP_SYS_RESOURCE), Some(false));
-        assert_eq!(cap_eff_has(s, 23), Some(true));
-        assert_eq!(cap_eff_has("CapEff:\t0000000001000000\n", 24), Some(true));
-        assert_eq!(cap_eff_has("CapEff:\tzz\n", 24), None);
-        assert_eq!(cap_eff_has("", 24), None);
-    }
-
-    #[test]
-    fn meminfo_total() {
-        assert_eq!(
-            mem_total_kib("MemTotal:       24684096 kB\nMemFree: 1 kB\n"),
-            Some(24_684_096)
-        );
-        assert_eq!(mem_total_kib("MemFree: 1 kB\n"), None);
-    }
 
     #[test]
     fn reads_sysctls_under_a_root_and_leaves_out_what_is_missing() {
