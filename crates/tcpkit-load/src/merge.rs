@@ -658,7 +658,10 @@ mod tests {
         let spent = cpu() - t;
         assert_eq!(m.hints.len(), 300_001);
         assert_eq!(m.hints[0], "hint 0");
-        assert!(spent < std::time::Duration::from_secs(3), "{spent:?} of CPU");
+        assert!(
+            spent < std::time::Duration::from_secs(3),
+            "{spent:?} of CPU"
+        );
     }
 
     /// A report file larger than any real one is refused before it is parsed.

@@ -90,7 +90,8 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub max_conns: Option<usize>,
 
-    /// Internal: this process is worker K of N started by --procs (prints its report as JSON).
+    /// Internal: this process is worker K (from 0) of N started by --procs (prints its report
+    /// as JSON).
     #[arg(long, value_name = "K/N", hide = true)]
     pub worker: Option<String>,
 }
@@ -131,16 +132,11 @@ fn parse_listen(text: &str, port: u16) -> Result<SocketAddr, Failure> {
 }
 
 fn parse_worker(text: &str) -> Result<(u32, u32), Failure> {
-    let bad = || usage(format!("--worker '{text}': expected K/N with 1 <= K <= N"));
-    let (k, n) = text.split_once('/').ok_or_else(bad)?;
-    let (k, n) = (
-        k.parse::<u32>().map_err(|_| bad())?,
-        n.parse::<u32>().map_err(|_| bad())?,
-    );
-    if k == 0 || k > n {
-        return Err(bad());
+    let w = tcpkit_workers::WorkerId::parse(text).map_err(usage)?;
+    if w.threads.is_some() {
+        return Err(usage(format!("--worker '{text}': echo's workers take K/N")));
     }
-    Ok((k, n))
+    Ok((w.k, w.n))
 }
 
 /// Every check that involves more than one flag, or a value's meaning, happens here.
@@ -394,7 +390,8 @@ mod tests {
         assert!(e(&["--stats", "nan"]).contains("--stats"));
         assert!(e(&["--procs", "0"]).contains("--procs 0"));
         assert!(e(&["--worker", "3/2"]).contains("--worker '3/2'"));
-        assert!(e(&["--worker", "0/2"]).contains("K/N"));
+        assert!(e(&["--worker", "2/2"]).contains("K/N"));
+        assert!(e(&["--worker", "0/2/1"]).contains("K/N"));
         assert!(e(&["--worker", "x"]).contains("K/N"));
     }
 }

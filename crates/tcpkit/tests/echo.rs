@@ -512,7 +512,7 @@ fn procs_2_serve_one_port_and_report_one_total() {
     );
     // Both workers must be listening before the count starts: wait for both stats lines.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !(e.proc.log().contains("s] worker 1/2 ") && e.proc.log().contains("s] worker 2/2 ")) {
+    while !(e.proc.log().contains("s] worker 0/2 ") && e.proc.log().contains("s] worker 1/2 ")) {
         assert!(Instant::now() < deadline, "workers: {}", e.proc.log());
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -5,14 +5,15 @@
 //! histograms serialized. The parent shows the summed live line, says each hint once, forwards
 //! interrupts, and merges the reports into one run.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::io::Write;
+use std::process::ChildStdin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tcpkit_stats::LoadReport;
+use tcpkit_workers::{WorkerId, Workers};
 
 use super::{Config, Details, Live, LiveTotals, LoadError, Plan};
 
@@ -147,111 +148,67 @@ pub(crate) fn run_parent(
         source: e,
     })?;
     let n = plan.procs;
-    let mut children: Vec<Child> = Vec::with_capacity(n as usize);
-    for k in 0..n {
-        let mut cmd = Command::new(&exe);
-        cmd.args(&cfg.worker_argv)
-            .arg("--worker")
-            .arg(format!("{k}/{n}/{}", plan.threads))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        match cmd.spawn() {
-            Ok(c) => children.push(c),
-            Err(e) => {
-                for c in &mut children {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-                return Err(LoadError::Io {
-                    what: "start a worker process",
-                    source: e,
-                });
-            }
-        }
-    }
-    let mut stdins: Vec<Option<ChildStdin>> = children.iter_mut().map(|c| c.stdin.take()).collect();
+    let ids = (0..n).map(|k| WorkerId {
+        k,
+        n,
+        threads: Some(plan.threads),
+    });
+    let workers = Workers::start(&exe, &cfg.worker_argv, ids).map_err(|e| LoadError::Io {
+        what: "start a worker process",
+        source: e.source,
+    })?;
     // Workers ready for the query phase, or gone (a worker that ended before it was ready
     // must not keep the others waiting).
     let settled = AtomicUsize::new(0);
+    let ready: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
     let results: Mutex<Vec<Option<(LoadReport, Details)>>> =
         Mutex::new((0..n).map(|_| None).collect());
-    let pids: Vec<i32> = children.iter().map(|c| c.id() as i32).collect();
-    let done = AtomicBool::new(false);
-    let statuses = std::thread::scope(|s| {
-        for (k, child) in children.iter_mut().enumerate() {
-            let Some(out) = child.stdout.take() else {
-                continue;
-            };
-            let results = &results;
-            let settled = &settled;
-            s.spawn(move || {
-                let mut was_ready = false;
-                for line in BufReader::new(out).lines() {
-                    let Ok(line) = line else { break };
-                    match serde_json::from_str::<Line>(&line) {
-                        Ok(Line::Ready) => {
-                            was_ready = true;
-                            settled.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Ok(Line::Live(t)) => {
-                            live.set(k, &t);
-                            // A worker's hints are said here, once for all of them.
-                            live.give_hints(t.hints, hint);
-                        }
-                        Ok(Line::Report { report, details }) => {
-                            // Hints hit after the worker's last live line.
-                            let bits = super::sock::hint_bits(
-                                report.errors.keys().map(String::as_str),
-                                report.connections.established > 0,
-                                report.connections.slow,
-                            );
-                            live.give_hints(bits, hint);
-                            if let Ok(mut r) = results.lock() {
-                                r[k] = Some((*report, details));
-                            }
-                        }
-                        // Not ours (a worker never prints anything else); ignore.
-                        Err(_) => {}
-                    }
-                }
-                if !was_ready {
+    let mut released = false;
+    let exits = workers.run(
+        interrupt,
+        &|k, line| match serde_json::from_str::<Line>(line) {
+            Ok(Line::Ready) => {
+                if !ready[k].swap(true, Ordering::SeqCst) {
                     settled.fetch_add(1, Ordering::SeqCst);
                 }
-            });
-        }
-        // Forward an interrupt to the workers (they stop and report, like one process).
-        let done = &done;
-        let settled = &settled;
-        let stdins = &mut stdins;
-        s.spawn(move || {
-            let mut sent = false;
-            let mut released = false;
-            while !done.load(Ordering::Relaxed) {
-                if !released && settled.load(Ordering::SeqCst) >= stdins.len() {
-                    release(stdins);
-                    released = true;
-                }
-                if !sent && interrupt.load(Ordering::Relaxed) {
-                    for &pid in &pids {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(pid),
-                            nix::sys::signal::Signal::SIGINT,
-                        );
-                    }
-                    sent = true;
-                }
-                std::thread::sleep(Duration::from_millis(20));
             }
-        });
-        let statuses: Vec<_> = children.iter_mut().map(Child::wait).collect();
-        done.store(true, Ordering::Relaxed);
-        statuses
-    });
+            Ok(Line::Live(t)) => {
+                live.set(k, &t);
+                // A worker's hints are said here, once for all of them.
+                live.give_hints(t.hints, hint);
+            }
+            Ok(Line::Report { report, details }) => {
+                // Hints hit after the worker's last live line.
+                let bits = super::sock::hint_bits(
+                    report.errors.keys().map(String::as_str),
+                    report.connections.established > 0,
+                    report.connections.slow,
+                );
+                live.give_hints(bits, hint);
+                if let Ok(mut r) = results.lock() {
+                    r[k] = Some((*report, details));
+                }
+            }
+            // Not ours (a worker never prints anything else); ignore.
+            Err(_) => {}
+        },
+        &mut |stdins, ended| {
+            for (k, _) in ended.iter().enumerate().filter(|(_, &e)| e) {
+                if !ready[k].swap(true, Ordering::SeqCst) {
+                    settled.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            if !released && settled.load(Ordering::SeqCst) >= stdins.len() {
+                release(stdins);
+                released = true;
+            }
+        },
+    );
     let results = results.into_inner().unwrap_or_default();
     let mut reports = Vec::with_capacity(n as usize);
     let mut details = Details::default();
-    for (k, (r, st)) in results.into_iter().zip(statuses).enumerate() {
+    for (k, (r, exit)) in results.into_iter().zip(exits).enumerate() {
+        let st = exit.status;
         match r {
             Some((rep, d)) => {
                 if details.connect_error.is_none() {
