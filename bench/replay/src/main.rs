@@ -22,6 +22,7 @@ use tcpkit_pcap::{CaptureFile, PcapWriter};
 
 mod copy;
 mod load;
+mod mpcat;
 
 /// Packets in each generated capture.
 const PACKETS: u32 = 1_000_000;
@@ -34,9 +35,10 @@ fn main() {
         Some("replay") => replay(&args[1..]),
         Some("load") => load::load(&args[1..]),
         Some("copy") => copy::copy(&args[1..]),
+        Some("mpcat") => mpcat::mpcat_bench(&args[1..]),
         _ => {
             eprintln!(
-                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]]"
+                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] | mpcat [--quick]"
             );
             std::process::exit(2);
         }
