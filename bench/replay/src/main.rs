@@ -20,6 +20,7 @@ use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Host, Lab, LinkOpts};
 use tcpkit_pcap::{CaptureFile, PcapWriter};
 
+mod balance;
 mod copy;
 mod load;
 mod mpcat;
@@ -36,9 +37,12 @@ fn main() {
         Some("load") => load::load(&args[1..]),
         Some("copy") => copy::copy(&args[1..]),
         Some("mpcat") => mpcat::mpcat_bench(&args[1..]),
+        Some("balance") => balance::balance_bench(&args[1..]),
+        // Not a benchmark: the connect loop `balance` runs inside its client hosts.
+        Some("connect-loop") => balance::connect_loop(&args[1..]),
         _ => {
             eprintln!(
-                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] | mpcat [--quick]"
+                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] | mpcat [--quick] | balance [--quick]"
             );
             std::process::exit(2);
         }
