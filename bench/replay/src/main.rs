@@ -9,6 +9,8 @@
 //!
 //! `tcpkit-bench load`: `tcpkit load` and dnsperf against `tcpkit echo --dns` and unbound; idle
 //! memory and concurrent connections (see [`load`]).
+//!
+//! `tcpkit-bench mpcat` and `tcpkit-bench balance`: see [`mpcat`] and [`balance`].
 
 use std::fmt::Write as _;
 use std::io::Read;
