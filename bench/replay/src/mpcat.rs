@@ -742,15 +742,16 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
          each veth, 64 kB burst, 100 ms latency) and `Lab::pair` for the unshaped veth. Every transfer is a random file\n\
          received into a file whose SHA-256 was compared with the input's (iperf3: its own bytes, counted by its server).\n\
          MB/s = bytes received / wall time from the sender's start to the receiver's exit (MB = 10^6 bytes). Link shares\n\
-         are each link's sender-side tx bytes over the run, in link order. MPTCP: `mptcpize run socat` on both ends, limits\n\
+         are each link's sender-side tx bytes over the run, in link order. MPTCP: `mptcpize run iperf3` on both ends, limits\n\
          subflow 8 / add_addr_accepted 8 in both hosts, one `subflow` endpoint per link (bound to its device) on the sender;\n\
-         subflows = 1 + the receiver's MPJoinAckRx. The ceiling: 4 `iperf3 -B <link i's a> -c <link i's b>` at once, {} MB\n\
-         each. Tools interleaved run by run. The mpcat receiver's peak RSS is GNU time's %M.\n\n\
+         subflows per connection = 1 + the receiver's MPJoinAckRx / MPCapableACKRX. The ceiling: 4 `iperf3 -B <link i's a>\n\
+         -c <link i's b>` at once, {:.0} MB in all, split in proportion to the links' rates. Tools interleaved run by run.\n\
+         The mpcat receiver's peak RSS is GNU time's %M.\n\n\
          {t}\n",
         kernel.trim(),
         loadavg.trim(),
         started.elapsed().as_secs_f64(),
-        size as f64 / 4.0 / MB,
+        size as f64 / MB,
     );
     let out = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../results")
