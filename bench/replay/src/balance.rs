@@ -4,7 +4,10 @@
 //! Lab: two redis-servers (ports 6379 and 6380, no persistence) in host `srv`; one client host
 //! per way of reaching them, each with its own veth to `srv`, so that no rule of one way is
 //! loaded (nor conntrack switched on) while another is measured:
-//! - `d`: direct to one backend (198.18.1.2:6379);
+//! - direct to one backend (198.18.3.2:6379), from `bal`'s host: balance's programs are attached
+//!   to its command's cgroup only, so direct runs there see the same namespace, link and
+//!   connection tables as balance's, and nothing of balance (in a first full run from a host
+//!   of its own, direct's connect loop ran 40 % slower than balance's one-backend one);
 //! - `ipt`: `iptables -t nat -A OUTPUT ... -m statistic --mode random --probability 0.5 -j DNAT`
 //!   then a DNAT to the other backend (iptables 1.8.9, nf_tables backend);
 //! - `nft`: `dnat ip to numgen inc mod 2 map { 0 : B1 . 6379, 1 : B2 . 6380 }` in an output nat
@@ -88,7 +91,13 @@ struct Env {
 
 impl Env {
     fn host(&self, w: Way) -> &(Way, Host, String) {
-        let w = if w == Way::Balance1 { Way::Balance } else { w };
+        // Direct runs from balance's host: the same namespace, link and connection tables, so
+        // only balance's programs (attached to its command's cgroup alone) differ.
+        let w = if matches!(w, Way::Balance1 | Way::Direct) {
+            Way::Balance
+        } else {
+            w
+        };
         self.hosts
             .iter()
             .find(|h| h.0 == w)
@@ -429,7 +438,6 @@ fn setup(lab: &mut Lab) -> Result<Env> {
     srv.sysctl("net.ipv4.tcp_max_syn_backlog", "8192")?;
     let mut hosts = Vec::new();
     for (i, (w, name)) in [
-        (Way::Direct, "d"),
         (Way::Iptables, "ipt"),
         (Way::Nftables, "nft"),
         (Way::Balance, "bal"),
@@ -758,7 +766,10 @@ pub fn balance_bench(args: &[String]) -> Result<()> {
          or conntrack are loaded while another runs. VIP {VIP}; balance's is routed nowhere, the DNAT hosts route it\n\
          to the servers' link. Ways interleaved, their order turned each round. \"busy CPU\" is the whole machine's\n\
          (/proc/stat user+nice+system+irq+softirq, steal excluded) and so carries other work on it too; \"processes'\n\
-         CPU\" is the client's process tree (wait4; balance's own with it) plus both redis-servers' utime+stime.\n\n\
+         CPU\" is the load client's user+system (GNU time; balance's programs run in its connects) plus both\n\
+         redis-servers' utime+stime, both read around the client alone, inside balance's cgroup. Direct runs from\n\
+         balance's client host. The ways with two backends keep two redis processes busy on the 2 CPUs, one backend\n\
+         one: compare direct with \"balance (1 backend)\" for like-for-like.\n\n\
          {t}\n",
         kernel.trim(),
         loadavg.trim(),
