@@ -13,6 +13,7 @@ pkgs=(
   libbpf-dev linux-libc-dev bpftool             # balance: bpf_helpers.h and linux/bpf.h for its BPF C; bpftool for the tests' kernel-side checks
   time util-linux                               # /usr/bin/time for peak memory; prlimit
   redis-server nginx unbound dnsperf wrk        # real servers and load peers for tests and benchmarks
+  iperf3 socat mptcpize                         # bench mpcat: its peers (one stream, iperf3 -P 4, MPTCP through mptcpize)
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -9,6 +9,8 @@
 //!
 //! `tcpkit-bench load`: `tcpkit load` and dnsperf against `tcpkit echo --dns` and unbound; idle
 //! memory and concurrent connections (see [`load`]).
+//!
+//! `tcpkit-bench mpcat` and `tcpkit-bench balance`: see [`mpcat`] and [`balance`].
 
 use std::fmt::Write as _;
 use std::io::Read;
@@ -20,8 +22,10 @@ use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Host, Lab, LinkOpts};
 use tcpkit_pcap::{CaptureFile, PcapWriter};
 
+mod balance;
 mod copy;
 mod load;
+mod mpcat;
 
 /// Packets in each generated capture.
 const PACKETS: u32 = 1_000_000;
@@ -34,9 +38,13 @@ fn main() {
         Some("replay") => replay(&args[1..]),
         Some("load") => load::load(&args[1..]),
         Some("copy") => copy::copy(&args[1..]),
+        Some("mpcat") => mpcat::mpcat_bench(&args[1..]),
+        Some("balance") => balance::balance_bench(&args[1..]),
+        // Not a benchmark: the connect loop `balance` runs inside its client hosts.
+        Some("connect-loop") => balance::connect_loop(&args[1..]),
         _ => {
             eprintln!(
-                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]]"
+                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] | mpcat [--quick] | balance [--quick]"
             );
             std::process::exit(2);
         }

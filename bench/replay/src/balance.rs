@@ -1,0 +1,794 @@
+//! `tcpkit-bench balance`: what a balancer costs a redis client, `tcpkit balance run` beside
+//! iptables DNAT, nftables DNAT and a direct connection.
+//!
+//! Lab: two redis-servers (ports 6379 and 6380, no persistence) in host `srv`; one client host
+//! per way of reaching them, each with its own veth to `srv`, so that no rule of one way is
+//! loaded (nor conntrack switched on) while another is measured:
+//! - direct to one backend (198.18.3.2:6379), from `bal`'s host: balance's programs are attached
+//!   to its command's cgroup only, so direct runs there see the same namespace, link and
+//!   connection tables as balance's, and nothing of balance (in a first full run from a host
+//!   of its own, direct's connect loop ran 40 % slower than balance's one-backend one);
+//! - `ipt`: `iptables -t nat -A OUTPUT ... -m statistic --mode random --probability 0.5 -j DNAT`
+//!   then a DNAT to the other backend (iptables 1.8.9, nf_tables backend);
+//! - `nft`: `dnat ip to numgen inc mod 2 map { 0 : B1 . 6379, 1 : B2 . 6380 }` in an output nat
+//!   chain;
+//! - `bal`: `tcpkit balance run --vip 198.19.0.1:6379 --backend B:6379 --backend B:6380 -- CMD`
+//!   (the VIP is routed nowhere there, so only a translated connect reaches anything); also
+//!   with one `--backend`, the like-for-like comparison with direct.
+//!
+//! IPVS NAT where the kernel has it (`/sys/module/ip_vs`); this bench does not set it up and
+//! prints "not in this kernel" when it is absent.
+//!
+//! Figures, every way interleaved with the others, its order turned each round:
+//! 1. CPU time per request at a fixed, unsaturated rate: `tcpkit load --redis-ping -c 100
+//!    -r 20000 -t 5 --threads 1` (RESP PING, open loop at a fixed rate, which redis-benchmark
+//!    cannot do). Busy time from /proc/stat (user + nice + system + irq + softirq; steal
+//!    excluded) over the requests answered — the whole machine, so it also carries whatever
+//!    else runs on it — and, steadier on a shared machine, the processes' own CPU: the load
+//!    client's user + system time (GNU time; balance's BPF programs run in its connect calls)
+//!    plus both redis-servers' utime + stime from /proc/PID/stat. Both are read around the
+//!    client alone, inside balance's cgroup, so balance's one-off setup and teardown stay out.
+//!    Median of the rounds.
+//! 2. Requests per second: `redis-benchmark -t ping -c 100 -P 1 -n N --csv` (the mean of its
+//!    PING_INLINE and PING_MBULK rates), each way run in a pair with a direct run just before or
+//!    after it (turn about); median of the pairs' ratios (≥ 10 pairs per way).
+//! 3. Connect cost: a closed loop of connect + PING + close (this binary's hidden
+//!    `connect-loop`, one thread, blocking sockets) for a few seconds, new connections per
+//!    second and p99 of connect()'s own latency, every way.
+//!
+//! Targets from issue 13: median paired ratio ≥ 0.99, CPU per request within 1 % of direct,
+//! connect-rate cost ≤ 5 %. `--quick` makes every step short and writes no results file.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use tcpkit_lab::{Host, Lab, LinkOpts};
+
+const VIP: &str = "198.19.0.1:6379";
+const RATE: u64 = 20_000;
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Way {
+    Direct,
+    Iptables,
+    Nftables,
+    Balance,
+    Balance1,
+}
+
+const WAYS: [Way; 5] = [
+    Way::Direct,
+    Way::Iptables,
+    Way::Nftables,
+    Way::Balance,
+    Way::Balance1,
+];
+
+impl Way {
+    fn name(self) -> &'static str {
+        match self {
+            Way::Direct => "direct (one backend)",
+            Way::Iptables => "iptables DNAT (statistic random)",
+            Way::Nftables => "nftables DNAT (numgen inc mod 2)",
+            Way::Balance => "tcpkit balance run (2 backends, random)",
+            Way::Balance1 => "tcpkit balance run (1 backend)",
+        }
+    }
+}
+
+struct Env {
+    tcpkit: String,
+    bench: String,
+    /// Client host and the backends' address as seen from it, per way.
+    hosts: Vec<(Way, Host, String)>,
+    redis_pids: [u32; 2],
+}
+
+impl Env {
+    fn host(&self, w: Way) -> &(Way, Host, String) {
+        // Direct runs from balance's host: the same namespace, link and connection tables, so
+        // only balance's programs (attached to its command's cgroup alone) differ.
+        let w = if matches!(w, Way::Balance1 | Way::Direct) {
+            Way::Balance
+        } else {
+            w
+        };
+        self.hosts
+            .iter()
+            .find(|h| h.0 == w)
+            .expect("every way has its host")
+    }
+
+    /// The address the client connects to, and what wraps it (balance run).
+    fn client(&self, w: Way, argv: &[&str]) -> (Host, Vec<String>) {
+        let (_, h, srv) = self.host(w);
+        let mut v: Vec<String> = vec!["timeout".into(), "-k".into(), "5".into(), "120".into()];
+        let b1 = format!("{srv}:6379");
+        let b2 = format!("{srv}:6380");
+        match w {
+            Way::Balance => v.extend(
+                [
+                    &self.tcpkit,
+                    "balance",
+                    "run",
+                    "--vip",
+                    VIP,
+                    "--backend",
+                    &b1,
+                    "--backend",
+                    &b2,
+                    "--",
+                ]
+                .map(String::from),
+            ),
+            Way::Balance1 => v.extend(
+                [
+                    &self.tcpkit,
+                    "balance",
+                    "run",
+                    "--vip",
+                    VIP,
+                    "--backend",
+                    &b1,
+                    "--",
+                ]
+                .map(String::from),
+            ),
+            _ => {}
+        }
+        v.extend(argv.iter().map(|s| s.to_string()));
+        (h.clone(), v)
+    }
+
+    /// host:port the client names.
+    fn target(&self, w: Way) -> (String, String) {
+        match w {
+            Way::Direct => (self.host(w).2.clone(), "6379".into()),
+            _ => ("198.19.0.1".into(), "6379".into()),
+        }
+    }
+}
+
+/// Runs `argv` in `host` to completion; its stdout, stderr and the CPU seconds of its process
+/// tree (wait4: `ip netns exec` execs in place, and each process waits for its children).
+fn run_cpu(host: &Host, argv: &[String]) -> Result<(String, String, f64)> {
+    run_cpu_status(host, argv, false)
+}
+
+/// As [`run_cpu`]; with `exit1_ok` an exit status of 1 passes too (`tcpkit load` exits 1 with
+/// its full report when it could not hold the asked rate).
+fn run_cpu_status(host: &Host, argv: &[String], exit1_ok: bool) -> Result<(String, String, f64)> {
+    let v: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut cmd = host.command(&v);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().with_context(|| format!("spawn {argv:?}"))?;
+    let mut err_pipe = child.stderr.take().context("stderr")?;
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err_pipe.read_to_string(&mut s);
+        s
+    });
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .context("stdout")?
+        .read_to_string(&mut out)?;
+    let mut status = 0;
+    // SAFETY: rusage is plain old data, filled by the kernel.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, with pointers to values we own.
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
+    let err = err_thread.join().unwrap_or_default();
+    let code = libc::WEXITSTATUS(status);
+    if pid < 0 || !libc::WIFEXITED(status) || !(code == 0 || exit1_ok && code == 1) {
+        bail!(
+            "{argv:?} failed (status {status}): {}{}",
+            err.trim(),
+            out.trim()
+        );
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok((out, err, tv(ru.ru_utime) + tv(ru.ru_stime)))
+}
+
+/// Machine-wide busy seconds so far, from /proc/stat's first line: user + nice + system + irq + softirq (steal excluded;
+/// guest time is already inside user).
+/// Also the machine's share of busy time: (busy, all) seconds.
+fn busy_s(stat: &str) -> Result<(f64, f64)> {
+    let line = stat.lines().next().context("/proc/stat")?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    if f.len() < 8 {
+        bail!("/proc/stat: {line}");
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // user nice system idle iowait irq softirq steal: guest time is inside user and nice.
+    let all: u64 = f.iter().take(8).sum();
+    Ok((
+        (f[0] + f[1] + f[2] + f[5] + f[6]) as f64 / hz,
+        all as f64 / hz,
+    ))
+}
+
+/// utime + stime of a process, seconds.
+fn proc_cpu_s(pid: u32) -> Result<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &s[s.rfind(')').context("stat")? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok((f[11].parse::<u64>()? + f[12].parse::<u64>()?) as f64 / hz)
+}
+
+#[derive(Clone, Default)]
+struct Cpu {
+    answered: u64,
+    busy_us: f64,
+    procs_us: f64,
+    /// The machine's busy share over the run: near 100 % the busy figure is other work's.
+    machine_pct: f64,
+    /// tcpkit load held the asked rate (it reports when a stall of the machine kept it from).
+    held: bool,
+}
+
+fn cpu_run(env: &Env, dir: &Path, w: Way, secs: u64) -> Result<Cpu> {
+    let (h, p) = env.target(w);
+    let target = format!("{h}:{p}");
+    let (r, t) = (RATE.to_string(), secs.to_string());
+    let f = |n: &str| dir.join(n).to_str().map(String::from).context("path");
+    let (s0, s1, tm) = (f("stat0")?, f("stat1")?, f("load.time")?);
+    // The window is the load's own run, read inside the cgroup: balance's setup and teardown
+    // (loading and attaching its programs) happen once per run, not per request, and stay out.
+    let script = format!(
+        "head -1 /proc/stat > {s0}; /usr/bin/time -f '%U %S' -o {tm} \"$@\"; rc=$?; head -1 /proc/stat > {s1}; exit $rc"
+    );
+    let (host, argv) = env.client(
+        w,
+        &[
+            "sh",
+            "-c",
+            &script,
+            "sh",
+            &env.tcpkit,
+            "load",
+            &target,
+            "--redis-ping",
+            "-c",
+            "100",
+            "-r",
+            &r,
+            "-t",
+            &t,
+            "--threads",
+            "1",
+            "--json",
+        ],
+    );
+    let r0 = proc_cpu_s(env.redis_pids[0])? + proc_cpu_s(env.redis_pids[1])?;
+    let (out, err, _) = run_cpu_status(&host, &argv, true)?;
+    let r1 = proc_cpu_s(env.redis_pids[0])? + proc_cpu_s(env.redis_pids[1])?;
+    let (b0, a0) = busy_s(&std::fs::read_to_string(&s0)?)?;
+    let (b1, a1) = busy_s(&std::fs::read_to_string(&s1)?)?;
+    let busy = b1 - b0;
+    let client_s: f64 = std::fs::read_to_string(&tm)?
+        .lines()
+        .last()
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum();
+    let start = out
+        .find('{')
+        .with_context(|| format!("no report: {out} {err}"))?;
+    let v: serde_json::Value = serde_json::from_str(&out[start..])
+        .with_context(|| format!("tcpkit load report: {out} {err}"))?;
+    let answered = v["queries"]["answered"].as_u64().unwrap_or(0);
+    if answered == 0 {
+        bail!("{}: no PING answered: {out} {err}", w.name());
+    }
+    // The only failure kept: the machine stalled the client past its schedule. The run still
+    // measured CPU per answered PING, and the table counts such runs.
+    let failure = v["failure"].as_str().unwrap_or_default();
+    if !failure.is_empty() && !failure.starts_with("asked rate not met") {
+        bail!("{}: tcpkit load: {failure}", w.name());
+    }
+    Ok(Cpu {
+        answered,
+        busy_us: busy * 1e6 / answered as f64,
+        machine_pct: busy * 100.0 / (a1 - a0),
+        held: failure.is_empty(),
+        procs_us: (client_s + r1 - r0) * 1e6 / answered as f64,
+    })
+}
+
+/// redis-benchmark's PING rate: the mean of its PING_INLINE and PING_MBULK rates.
+fn rps_run(env: &Env, w: Way, n: u64) -> Result<f64> {
+    let (h, p) = env.target(w);
+    let n = n.to_string();
+    let (host, argv) = env.client(
+        w,
+        &[
+            "redis-benchmark",
+            "-h",
+            &h,
+            "-p",
+            &p,
+            "-t",
+            "ping",
+            "-c",
+            "100",
+            "-P",
+            "1",
+            "-n",
+            &n,
+            "--csv",
+        ],
+    );
+    let (out, err, _) = run_cpu(&host, &argv)?;
+    let rates: Vec<f64> = out
+        .lines()
+        .filter(|l| l.starts_with("\"PING"))
+        .filter_map(|l| l.split(',').nth(1)?.trim_matches('"').parse().ok())
+        .collect();
+    if rates.len() != 2 {
+        bail!("{}: redis-benchmark printed {out:?} {err}", w.name());
+    }
+    Ok(rates.iter().sum::<f64>() / 2.0)
+}
+
+/// The hidden `connect-loop ADDR SECS`: connect + PING + close in a loop; prints
+/// `CONNECTS n SECS s P50 us P99 us`.
+pub fn connect_loop(args: &[String]) -> Result<()> {
+    let [addr, secs] = args else {
+        bail!("connect-loop ADDR SECS");
+    };
+    let addr: SocketAddr = addr.parse()?;
+    let secs: f64 = secs.parse()?;
+    let t0 = Instant::now();
+    let mut lat = Vec::new();
+    let mut buf = [0u8; 64];
+    while t0.elapsed().as_secs_f64() < secs {
+        let c0 = Instant::now();
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .with_context(|| format!("connect {addr}"))?;
+        lat.push(c0.elapsed().as_secs_f64() * 1e6);
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"PING\r\n")?;
+        let mut got = 0;
+        while got < 7 {
+            let n = s.read(&mut buf[got..])?;
+            if n == 0 {
+                bail!("{addr} closed before +PONG");
+            }
+            got += n;
+        }
+        if &buf[..7] != b"+PONG\r\n" {
+            bail!("{addr} answered {:?}", String::from_utf8_lossy(&buf[..got]));
+        }
+    }
+    let took = t0.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    let pct = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    println!(
+        "CONNECTS {} SECS {took} P50 {} P99 {}",
+        lat.len(),
+        pct(0.5),
+        pct(0.99)
+    );
+    Ok(())
+}
+
+/// New connections per second and p99 connect latency (µs).
+fn connect_run(env: &Env, w: Way, secs: f64) -> Result<(f64, f64)> {
+    let (h, p) = env.target(w);
+    let addr = format!("{h}:{p}");
+    let s = secs.to_string();
+    let (host, argv) = env.client(w, &[&env.bench, "connect-loop", &addr, &s]);
+    let (out, err, _) = run_cpu(&host, &argv)?;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("CONNECTS "))
+        .with_context(|| format!("connect-loop printed {out:?} {err}"))?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let n: f64 = f[1].parse()?;
+    let took: f64 = f[3].parse()?;
+    let p99: f64 = f[7].parse()?;
+    Ok((n / took, p99))
+}
+
+/// NaN for no runs (a figure left out with --only).
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "**met**"
+    } else {
+        "**not met**"
+    }
+}
+
+/// The ways in round `r`'s order: turned by one each round, so none is always first.
+fn order(r: usize) -> Vec<Way> {
+    (0..WAYS.len())
+        .map(|i| WAYS[(i + r) % WAYS.len()])
+        .collect()
+}
+
+fn setup(lab: &mut Lab) -> Result<Env> {
+    let srv = lab.host("srv")?;
+    srv.sysctl("net.core.somaxconn", "4096")?;
+    srv.sysctl("net.ipv4.tcp_max_syn_backlog", "8192")?;
+    let mut hosts = Vec::new();
+    for (i, (w, name)) in [
+        (Way::Iptables, "ipt"),
+        (Way::Nftables, "nft"),
+        (Way::Balance, "bal"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let i = i + 1;
+        let h = lab.host(name)?;
+        lab.link(
+            &h,
+            &srv,
+            &LinkOpts::addrs(format!("198.18.{i}.1/24"), format!("198.18.{i}.2/24")),
+        )?;
+        // Connect loops open thousands of connections a second; the client closes first.
+        h.sysctl("net.ipv4.ip_local_port_range", "10000 65000")?;
+        h.sysctl("net.ipv4.tcp_tw_reuse", "1")?;
+        let backend = format!("198.18.{i}.2");
+        let via = ["ip", "route", "add", "198.19.0.1/32", "via", &backend];
+        match w {
+            Way::Iptables => {
+                h.run(&via)?;
+                let b1 = format!("{backend}:6379");
+                let b2 = format!("{backend}:6380");
+                let base = [
+                    "iptables",
+                    "-t",
+                    "nat",
+                    "-A",
+                    "OUTPUT",
+                    "-d",
+                    "198.19.0.1",
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    "6379",
+                ];
+                let mut r1: Vec<&str> = base.to_vec();
+                r1.extend([
+                    "-m",
+                    "statistic",
+                    "--mode",
+                    "random",
+                    "--probability",
+                    "0.5",
+                    "-j",
+                    "DNAT",
+                    "--to-destination",
+                    &b1,
+                ]);
+                h.run(&r1)?;
+                let mut r2: Vec<&str> = base.to_vec();
+                r2.extend(["-j", "DNAT", "--to-destination", &b2]);
+                h.run(&r2)?;
+            }
+            Way::Nftables => {
+                h.run(&via)?;
+                let rules = format!(
+                    "table ip bench {{\n chain out {{\n  type nat hook output priority -100; policy accept;\n  \
+                     ip daddr 198.19.0.1 tcp dport 6379 dnat ip to numgen inc mod 2 map {{ 0 : {backend} . 6379, 1 : {backend} . 6380 }}\n }}\n}}\n"
+                );
+                let path = lab.dir().join("nft.rules");
+                std::fs::write(&path, rules)?;
+                h.run(&["nft", "-f", path.to_str().context("path")?])?;
+            }
+            _ => {}
+        }
+        hosts.push((w, h, backend));
+    }
+    let mut pids = [0u32; 2];
+    for (k, port) in ["6379", "6380"].into_iter().enumerate() {
+        let dir = lab.dir().to_str().context("path")?.to_string();
+        let p = srv.spawn(
+            lab,
+            &format!("redis-{port}"),
+            &[
+                "redis-server",
+                "--port",
+                port,
+                "--bind",
+                "0.0.0.0",
+                "--protected-mode",
+                "no",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--tcp-backlog",
+                "4096",
+                "--maxclients",
+                "10000",
+                "--dir",
+                &dir,
+            ],
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = srv.run(&["ss", "-Hltn", &format!("sport = :{port}")])?;
+            if !out.stdout.is_empty() {
+                break;
+            }
+            if p.try_status()?.is_some() || Instant::now() > deadline {
+                bail!("redis-server on {port} does not listen:\n{}", p.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        pids[k] = p.pid();
+    }
+    Ok(Env {
+        tcpkit: crate::tcpkit_binary()?
+            .to_str()
+            .context("path")?
+            .to_string(),
+        bench: std::env::current_exe()?
+            .to_str()
+            .context("path")?
+            .to_string(),
+        hosts,
+        redis_pids: pids,
+    })
+}
+
+pub fn balance_bench(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--only cpu|rps|connect`: one figure, to look into it; prints, writes no results file.
+    let only = match args.iter().position(|a| a == "--only") {
+        Some(i) => match args.get(i + 1).map(String::as_str) {
+            Some(f @ ("cpu" | "rps" | "connect")) => Some(f),
+            f => bail!("balance: --only {f:?}: cpu, rps or connect"),
+        },
+        None => None,
+    };
+    if let Some(a) = args
+        .iter()
+        .find(|a| !matches!(a.as_str(), "--quick" | "--only" | "cpu" | "rps" | "connect"))
+    {
+        bail!("balance: unknown argument {a:?} (--quick, --only cpu|rps|connect)");
+    }
+    let wants = |f: &str| only.is_none_or(|o| o == f);
+    for tool in ["redis-server", "redis-benchmark", "iptables", "nft"] {
+        let found = std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            bail!("{tool} missing (scripts/setup.sh installs it)");
+        }
+    }
+    // (CPU rounds, seconds each; rps rounds, requests per test; connect pairs, seconds each)
+    let (cpu_rounds, cpu_s, rps_rounds, rps_n, conn_rounds, conn_s) = if quick {
+        (1, 2, 2, 20_000, 1, 1.0)
+    } else {
+        (5, 5, 10, 50_000, 5, 3.0)
+    };
+    let started = Instant::now();
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let ipvs = Path::new("/sys/module/ip_vs").exists();
+    let mut lab = Lab::new("bbal")?;
+    let env = setup(&mut lab)?;
+
+    eprintln!("CPU per request at {RATE} req/s, {cpu_rounds} rounds ...");
+    let mut cpu: Vec<Vec<Cpu>> = vec![Vec::new(); WAYS.len()];
+    for r in 0..if wants("cpu") { cpu_rounds } else { 0 } {
+        for w in order(r) {
+            let c = cpu_run(&env, lab.dir(), w, cpu_s).with_context(|| w.name())?;
+            eprintln!(
+                "  {}: {} answered, {:.1} µs busy, {:.1} µs processes per request",
+                w.name(),
+                c.answered,
+                c.busy_us,
+                c.procs_us
+            );
+            cpu[WAYS.iter().position(|x| *x == w).unwrap_or(0)].push(c);
+        }
+    }
+    eprintln!("redis-benchmark rps, {rps_rounds} rounds of pairs ...");
+    // rps[i]: way i's runs; ratio[i]: each to the direct run just before or after it.
+    let mut rps: Vec<Vec<f64>> = vec![Vec::new(); WAYS.len()];
+    let mut ratio: Vec<Vec<f64>> = vec![Vec::new(); WAYS.len()];
+    for r in 0..if wants("rps") { rps_rounds } else { 0 } {
+        for (k, w) in order(r)
+            .into_iter()
+            .filter(|w| *w != Way::Direct)
+            .enumerate()
+        {
+            let i = WAYS.iter().position(|x| *x == w).unwrap_or(0);
+            let (d, v) = if (r + k) % 2 == 0 {
+                let d = rps_run(&env, Way::Direct, rps_n).context("direct")?;
+                (d, rps_run(&env, w, rps_n).with_context(|| w.name())?)
+            } else {
+                let v = rps_run(&env, w, rps_n).with_context(|| w.name())?;
+                (rps_run(&env, Way::Direct, rps_n).context("direct")?, v)
+            };
+            eprintln!("  {}: {v:.0} rps, direct beside it {d:.0}", w.name());
+            rps[0].push(d);
+            rps[i].push(v);
+            ratio[0].push(1.0);
+            ratio[i].push(v / d);
+        }
+    }
+    eprintln!("connect loop, {conn_rounds} rounds ...");
+    let mut conn: Vec<Vec<(f64, f64)>> = vec![Vec::new(); WAYS.len()];
+    for r in 0..if wants("connect") { conn_rounds } else { 0 } {
+        for w in order(r) {
+            let v = connect_run(&env, w, conn_s).with_context(|| w.name())?;
+            eprintln!("  {}: {:.0} connects/s, p99 {:.0} µs", w.name(), v.0, v.1);
+            conn[WAYS.iter().position(|x| *x == w).unwrap_or(0)].push(v);
+        }
+    }
+
+    let mut t = String::new();
+    let d = &cpu[0];
+    let med = |v: &[Cpu], f: fn(&Cpu) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+    let d_busy = med(d, |c| c.busy_us);
+    let d_procs = med(d, |c| c.procs_us);
+    let _ = writeln!(
+        t,
+        "**1. CPU per request at {RATE} req/s** (`tcpkit load --redis-ping -c 100 -r {RATE} -t {cpu_s} --threads 1`; median of {cpu_rounds} rounds)\n\n\
+         | way | answered (median); runs where the rate was not held | machine busy during the run | busy CPU per request, /proc/stat | vs direct | processes' CPU per request | vs direct | target: within 1 % of direct |\n\
+         |---|---:|---:|---:|---:|---:|---:|---|"
+    );
+    for (w, c) in WAYS.iter().zip(&cpu) {
+        let b = med(c, |c| c.busy_us);
+        let p = med(c, |c| c.procs_us);
+        let verdict = if matches!(w, Way::Balance | Way::Balance1) {
+            format!(
+                "{} (/proc/stat) · {} (processes)",
+                met((b / d_busy - 1.0).abs() <= 0.01),
+                met((p / d_procs - 1.0).abs() <= 0.01)
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            t,
+            "| {} | {:.0}; {} | {:.0} % | {b:.2} µs | {:+.1} % | {p:.2} µs | {:+.1} % | {verdict} |",
+            w.name(),
+            med(c, |c| c.answered as f64),
+            c.iter().filter(|c| !c.held).count(),
+            med(c, |c| c.machine_pct),
+            (b / d_busy - 1.0) * 100.0,
+            (p / d_procs - 1.0) * 100.0,
+        );
+    }
+    let ipvs_row = if ipvs {
+        "| IPVS NAT | module present, not set up by this bench | | | | | | |"
+    } else {
+        "| IPVS NAT | not in this kernel | | | | | | |"
+    };
+    let _ = writeln!(t, "{ipvs_row}");
+
+    let _ = writeln!(
+        t,
+        "\n**2. redis-benchmark -t ping -c 100 -P 1 -n {rps_n}** (mean of PING_INLINE and PING_MBULK; {rps_rounds} pairs per way, each with a direct run beside it)\n\n\
+         | way | median rps | median ratio to the direct run of its pair | min – max ratio | target: median ratio ≥ 0.99 |\n\
+         |---|---:|---:|---:|---|"
+    );
+    for ((w, v), ratios) in WAYS.iter().zip(&rps).zip(&ratio) {
+        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        let mr = median(ratios);
+        let verdict = if matches!(w, Way::Balance | Way::Balance1) {
+            met(mr >= 0.99).to_string()
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            t,
+            "| {} | {:.0} | {mr:.3} | {lo:.3} – {hi:.3} | {verdict} |",
+            w.name(),
+            median(v)
+        );
+    }
+    let _ = writeln!(
+        t,
+        "{}",
+        if ipvs {
+            "| IPVS NAT | module present, not set up by this bench | | | |"
+        } else {
+            "| IPVS NAT | not in this kernel | | | |"
+        }
+    );
+
+    let rate = |v: &[(f64, f64)]| median(&v.iter().map(|x| x.0).collect::<Vec<_>>());
+    let p99 = |v: &[(f64, f64)]| median(&v.iter().map(|x| x.1).collect::<Vec<_>>());
+    let _ = writeln!(
+        t,
+        "\n**3. connect cost**: one thread, connect + PING + close in a loop for {conn_s} s; median of {conn_rounds} interleaved rounds\n\n\
+         | way | new connections / s | p99 connect() latency | each run (conn/s) | cost vs direct (target ≤ 5 %) |\n|---|---:|---:|---|---|"
+    );
+    let d_rate = rate(&conn[0]);
+    for (w, v) in WAYS.iter().zip(&conn) {
+        let cost = 1.0 - rate(v) / d_rate;
+        let verdict = match w {
+            Way::Direct => String::new(),
+            Way::Balance | Way::Balance1 => format!("{:.1} %: {}", cost * 100.0, met(cost <= 0.05)),
+            _ => format!("{:.1} %", cost * 100.0),
+        };
+        let _ = writeln!(
+            t,
+            "| {} | {:.0} | {:.0} µs | {} | {verdict} |",
+            w.name(),
+            rate(v),
+            p99(v),
+            v.iter()
+                .map(|x| format!("{:.0}", x.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    println!("{t}");
+    drop(env);
+    lab.close()?;
+
+    let cmd = format!(
+        "cargo run --release -p tcpkit-bench -- balance{}",
+        if quick { " --quick" } else { "" }
+    );
+    let date = crate::today();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let md = format!(
+        "# tcpkit balance vs iptables and nftables DNAT, redis PING — {date}\n\n\
+         Command: `{cmd}` (from the workspace root, as root)\n\n\
+         Machine: Linux {}, {cpus} CPUs shared with other work (client, both redis-servers and everything else on the\n\
+         machine share them); load average at start: {}; whole bench took {:.0} s.\n\
+         Lab: two redis-servers (6379, 6380) in one host; one client host per way, each on its own veth, so no way's rules\n\
+         or conntrack are loaded while another runs. VIP {VIP}; balance's is routed nowhere, the DNAT hosts route it\n\
+         to the servers' link. Ways interleaved, their order turned each round. \"busy CPU\" is the whole machine's\n\
+         (/proc/stat user+nice+system+irq+softirq, steal excluded) and so carries other work on it too; \"processes'\n\
+         CPU\" is the load client's user+system (GNU time; balance's programs run in its connects) plus both\n\
+         redis-servers' utime+stime, both read around the client alone, inside balance's cgroup. Direct runs from\n\
+         balance's client host. The ways with two backends keep two redis processes busy on the 2 CPUs, one backend\n\
+         one: compare direct with \"balance (1 backend)\" for like-for-like.\n\n\
+         {t}\n",
+        kernel.trim(),
+        loadavg.trim(),
+        started.elapsed().as_secs_f64(),
+    );
+    let out = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../results")
+        .join(format!("balance-{date}.md"));
+    if quick || only.is_some() {
+        eprintln!("--quick/--only: {} not written", out.display());
+        return Ok(());
+    }
+    std::fs::write(&out, md).with_context(|| format!("write {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({:.0} s)",
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

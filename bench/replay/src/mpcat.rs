@@ -1,0 +1,770 @@
+//! `tcpkit-bench mpcat`: `tcpkit mpcat` (automatic striping) beside its peers, as MB/s of one
+//! transfer of a random file (400 MB; 40 MB with `--quick`), received into a file whose
+//! SHA-256 is compared with the input's (iperf3 excepted: it sends its own bytes).
+//!
+//! Three labs, one after the other, each tool's runs interleaved with the others' so that load
+//! from elsewhere on the shared machine hits them alike:
+//! - the lab's `multipath` topology, 4 links × 200 Mbit/s (tbf on both ends), ECMP routes
+//!   hashed on the L4 tuple: one TCP stream (socat), `iperf3 -P 4`, MPTCP (`mptcpize run
+//!   iperf3`: both hosts' MPTCP limits allow 8 subflows, and the sender has one `subflow`
+//!   endpoint per link, bound to its device, so up to 4 joins form beside the first subflow;
+//!   subflows per connection = 1 + the receiver's MPJoinAckRx over its MPCapableACKRX, iperf3's
+//!   control connection being MPTCP too), `tcpkit mpcat`, and the ceiling: 4 iperf3 streams
+//!   each bound to one link's own addresses (so no hash decides), at once, each sending a share
+//!   in proportion to its link's rate;
+//!   MPTCP runs under iperf3 rather than socat because socat closes its listening socket once
+//!   it has accepted, and a join that arrives after that is refused: in trial runs here the
+//!   socat transfer kept its one subflow in 3 of 4;
+//! - the same 4 links shaped 300/200/100/50 Mbit/s (target: mpcat at ≥ 90 % of the sum);
+//! - one unshaped veth (`Lab::pair`): mpcat (one stream on a plain route) vs one socat stream.
+//!
+//! Rates are bytes received over the wall time from the sender's start to the receiver's exit.
+//! Each link's share is its sender-side tx byte counter over the run. The mpcat receiver runs
+//! under GNU time for its peak RSS (target: its --window, 64 MiB by default, + 16 MB). socat
+//! runs with `-b 131072` so that its default 8 KiB copies do not hold the peer back on the
+//! unshaped veth.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use tcpkit_lab::{Host, Lab, Link, Proc, Tbf, MULTIPATH_B4};
+
+const PORT: u16 = 5201;
+/// mpcat's default --window.
+const WINDOW: u64 = 64 << 20;
+const MB: f64 = 1e6;
+
+fn shaped(mbit: u64) -> Tbf {
+    // The same shape as the mpcat tests': a 64 kB bucket, 100 ms of queue.
+    Tbf {
+        rate_bit_s: mbit * 1_000_000,
+        burst_bytes: 64_000,
+        latency_ms: 100,
+    }
+}
+
+/// One finished transfer.
+#[derive(Clone, Default)]
+struct Xfer {
+    secs: f64,
+    bytes: u64,
+    /// Sender-side tx bytes per link over the run.
+    link_tx: Vec<u64>,
+    /// MPTCP: subflows that carried the connection (1 + joins).
+    subflows: Option<u64>,
+    /// mpcat receiver's peak RSS, kB.
+    rss_kb: Option<u64>,
+}
+
+impl Xfer {
+    fn mbs(&self) -> f64 {
+        self.bytes as f64 / self.secs / MB
+    }
+    fn shares(&self) -> String {
+        let all: u64 = self.link_tx.iter().sum();
+        if self.link_tx.len() < 2 || all == 0 {
+            return String::new();
+        }
+        self.link_tx
+            .iter()
+            .map(|b| format!("{:.0}", *b as f64 * 100.0 / all as f64))
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+}
+
+struct Env<'a> {
+    a: &'a Host,
+    b: &'a Host,
+    links: &'a [Link],
+    /// The receiver's address every tool but the ceiling connects to.
+    dst: &'a str,
+    tcpkit: &'a str,
+    input: &'a Path,
+    out: PathBuf,
+    size: u64,
+    sha: &'a str,
+    /// Each link's rate, Mbit/s (the ceiling's split).
+    rates: Vec<u64>,
+}
+
+fn sha256(path: &Path) -> Result<String> {
+    let out = std::process::Command::new("sha256sum").arg(path).output()?;
+    if !out.status.success() || out.stdout.len() < 64 {
+        bail!("sha256sum {}", path.display());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout[..64]).into_owned())
+}
+
+fn wait_listening(host: &Host, port: u16, p: &Proc) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = host.run(&["ss", "-Hltn", &format!("sport = :{port}")])?;
+        if !out.stdout.is_empty() {
+            return Ok(());
+        }
+        if p.try_status()?.is_some() || Instant::now() > deadline {
+            bail!("{} does not listen on {port}:\n{}", p.name(), p.log());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn tx_counters(env: &Env) -> Result<Vec<u64>> {
+    env.links
+        .iter()
+        .map(|l| Ok(env.a.ifstats(&l.a.name)?.tx_bytes))
+        .collect()
+}
+
+/// A counter of the host's /proc/net/netstat (`MPTcpExt`, `TcpExt`, ...).
+fn netstat(host: &Host, group: &str, name: &str) -> Result<u64> {
+    let out = host.run(&["cat", "/proc/net/netstat"])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{group}:")))
+        .collect();
+    if let [names, values] = lines[..] {
+        if let Some((_, v)) = names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(n, _)| *n == name)
+        {
+            return Ok(v.parse()?);
+        }
+    }
+    bail!("{group} {name} not in /proc/net/netstat")
+}
+
+/// Starts the receivers, waits until each listens, starts the senders, and returns the wall
+/// time from the senders' start to the last receiver's exit. Every process must exit 0.
+fn transfer(
+    env: &Env,
+    lab: &mut Lab,
+    rx: &[(Vec<String>, u16)],
+    tx: &[Vec<String>],
+) -> Result<(f64, Vec<Proc>, Vec<Proc>)> {
+    let limit = Duration::from_secs(60 + env.size / 2_000_000);
+    let mut rxp = Vec::new();
+    for (argv, port) in rx {
+        let v: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let p = env.b.spawn(lab, "rx", &v)?;
+        wait_listening(env.b, *port, &p)?;
+        rxp.push(p);
+    }
+    let t0 = Instant::now();
+    let mut txp = Vec::new();
+    for argv in tx {
+        let v: Vec<&str> = argv.iter().map(String::as_str).collect();
+        txp.push(env.a.spawn(lab, "tx", &v)?);
+    }
+    let mut end = None;
+    while end.is_none() {
+        let mut all = true;
+        for p in &rxp {
+            match p.try_status()? {
+                Some(st) if !st.success() => bail!("{} failed ({st}):\n{}", p.name(), p.log()),
+                Some(_) => {}
+                None => all = false,
+            }
+        }
+        if all {
+            end = Some(t0.elapsed().as_secs_f64());
+        } else if t0.elapsed() > limit {
+            for p in rxp.iter().chain(&txp) {
+                let _ = p.stop();
+            }
+            bail!(
+                "transfer not done after {limit:?}: {}",
+                txp.iter().map(|p| p.log()).collect::<String>()
+            );
+        } else {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    for p in &txp {
+        match p.wait_timeout(Duration::from_secs(10))? {
+            Some(st) if st.success() => {}
+            st => bail!("{} ended {st:?}:\n{}", p.name(), p.log()),
+        }
+    }
+    Ok((end.unwrap_or(0.0), rxp, txp))
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+/// The output file arrived whole and identical; removed afterwards.
+fn verify(env: &Env, what: &str) -> Result<u64> {
+    let len = std::fs::metadata(&env.out)?.len();
+    let sha = sha256(&env.out)?;
+    std::fs::remove_file(&env.out)?;
+    if len != env.size || sha != env.sha {
+        bail!(
+            "{what}: {len} of {} bytes arrived, sha256 {sha} (sent {})",
+            env.size,
+            env.sha
+        );
+    }
+    Ok(len)
+}
+
+fn socat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
+    let out = env.out.to_str().context("path")?;
+    let input = env.input.to_str().context("path")?;
+    let rx = s(&[
+        "socat",
+        "-u",
+        "-b",
+        "131072",
+        &format!("TCP4-LISTEN:{PORT},reuseaddr"),
+        &format!("OPEN:{out},creat,trunc,wronly"),
+    ]);
+    let tx = s(&[
+        "socat",
+        "-u",
+        "-b",
+        "131072",
+        &format!("OPEN:{input},rdonly"),
+        &format!("TCP4:{}:{PORT}", env.dst),
+    ]);
+    let before = tx_counters(env)?;
+    let (secs, _, _) = transfer(env, lab, &[(rx, PORT)], &[tx])?;
+    let after = tx_counters(env)?;
+    let bytes = verify(env, "socat")?;
+    Ok(Xfer {
+        secs,
+        bytes,
+        link_tx: after.iter().zip(&before).map(|(x, y)| x - y).collect(),
+        subflows: None,
+        rss_kb: None,
+    })
+}
+
+fn mpcat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
+    let out = env.out.to_str().context("path")?;
+    let input = env.input.to_str().context("path")?;
+    let time_out = lab.dir().join("mpcat-rx.time");
+    let tf = time_out.to_str().context("path")?;
+    let port = PORT + 2;
+    let p = port.to_string();
+    let rx = s(&[
+        "/usr/bin/time",
+        "-f",
+        "%M",
+        "-o",
+        tf,
+        env.tcpkit,
+        "mpcat",
+        "-l",
+        "-p",
+        &p,
+        "-o",
+        out,
+        "--quiet",
+    ]);
+    let tx = s(&[env.tcpkit, "mpcat", "-i", input, "--quiet", env.dst, &p]);
+    let before = tx_counters(env)?;
+    let (secs, _, _) = transfer(env, lab, &[(rx, port)], &[tx])?;
+    let after = tx_counters(env)?;
+    let bytes = verify(env, "mpcat")?;
+    let rss_kb = std::fs::read_to_string(&time_out)?
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok());
+    Ok(Xfer {
+        secs,
+        bytes,
+        link_tx: after.iter().zip(&before).map(|(x, y)| x - y).collect(),
+        subflows: None,
+        rss_kb,
+    })
+}
+
+fn iperf_received(p: &Proc) -> Result<u64> {
+    let log = p.log();
+    let start = log.find('{').context("no JSON from iperf3")?;
+    let v: Value = serde_json::from_str(&log[start..])
+        .with_context(|| format!("iperf3 JSON: {}", &log[..log.len().min(400)]))?;
+    v["end"]["sum_received"]["bytes"]
+        .as_u64()
+        .with_context(|| format!("iperf3: no end.sum_received.bytes in {log}"))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Iperf {
+    /// `iperf3 -P 4` to the receiver's routed address: the ECMP hash places the streams.
+    Ecmp4,
+    /// `mptcpize run iperf3`, one MPTCP connection.
+    Mptcp,
+    /// The ceiling: one client per link, bound to that link's own addresses, each sending a
+    /// share of the bytes in proportion to its link's rate.
+    Pinned,
+}
+
+fn iperf(env: &Env, lab: &mut Lab, mode: Iperf) -> Result<Xfer> {
+    let mut rx = Vec::new();
+    let mut tx = Vec::new();
+    let server = |port: u16, pre: &[&str]| {
+        let mut v = s(pre);
+        v.extend(s(&["iperf3", "-s", "-1", "-J", "-p", &port.to_string()]));
+        (v, port)
+    };
+    match mode {
+        Iperf::Pinned => {
+            let all: u64 = env.rates.iter().sum();
+            for (i, (l, r)) in env.links.iter().zip(&env.rates).enumerate() {
+                let port = PORT + 4 + i as u16;
+                let local = l.a.addrs[0].split('/').next().context("addr")?;
+                let peer = l.b.addrs[0].split('/').next().context("addr")?;
+                let each = (env.size * r / all).to_string();
+                rx.push(server(port, &[]));
+                tx.push(s(&[
+                    "iperf3",
+                    "-c",
+                    peer,
+                    "-B",
+                    local,
+                    "-p",
+                    &port.to_string(),
+                    "-n",
+                    &each,
+                ]));
+            }
+        }
+        Iperf::Ecmp4 | Iperf::Mptcp => {
+            let (port, pre, p): (u16, &[&str], &str) = if mode == Iperf::Mptcp {
+                (PORT + 1, &["mptcpize", "run"], "1")
+            } else {
+                (PORT + 3, &[], "4")
+            };
+            rx.push(server(port, pre));
+            let mut v = s(pre);
+            v.extend(s(&[
+                "iperf3",
+                "-c",
+                env.dst,
+                "-p",
+                &port.to_string(),
+                "-P",
+                p,
+                "-n",
+                &env.size.to_string(),
+            ]));
+            tx.push(v);
+        }
+    }
+    let mp0 = if mode == Iperf::Mptcp {
+        Some((
+            netstat(env.b, "MPTcpExt", "MPCapableACKRX")?,
+            netstat(env.b, "MPTcpExt", "MPJoinAckRx")?,
+        ))
+    } else {
+        None
+    };
+    let before = tx_counters(env)?;
+    let (secs, rxp, _) = transfer(env, lab, &rx, &tx)?;
+    let after = tx_counters(env)?;
+    let mut bytes = 0;
+    for p in &rxp {
+        bytes += iperf_received(p)?;
+    }
+    let subflows = match mp0 {
+        Some((c0, j0)) => {
+            // iperf3's control connection is MPTCP too, and takes its own joins: subflows per
+            // connection.
+            let conns = netstat(env.b, "MPTcpExt", "MPCapableACKRX")? - c0;
+            if conns == 0 {
+                bail!("mptcpize run iperf3: no MPTCP connection (MPCapableACKRX did not move)");
+            }
+            let joins = netstat(env.b, "MPTcpExt", "MPJoinAckRx")? - j0;
+            Some(1 + joins / conns)
+        }
+        None => None,
+    };
+    Ok(Xfer {
+        secs,
+        bytes,
+        link_tx: after.iter().zip(&before).map(|(x, y)| x - y).collect(),
+        subflows,
+        rss_kb: None,
+    })
+}
+
+/// MPTCP limits in both hosts, and on the sender one `subflow` endpoint per link bound to its
+/// device (a join from it then leaves by that link: a socket bound to a device skips the ECMP
+/// choice).
+fn mptcp_setup(a: &Host, b: &Host, links: &[Link]) -> Result<()> {
+    for h in [a, b] {
+        h.sysctl("net.mptcp.enabled", "1")?;
+        h.run(&[
+            "ip",
+            "mptcp",
+            "limits",
+            "set",
+            "subflow",
+            "8",
+            "add_addr_accepted",
+            "8",
+        ])?;
+    }
+    for l in links {
+        let addr = l.a.addrs[0].split('/').next().context("addr")?;
+        a.run(&[
+            "ip", "mptcp", "endpoint", "add", addr, "dev", &l.a.name, "subflow",
+        ])?;
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Tool {
+    Socat,
+    Iperf,
+    Mptcp,
+    Mpcat,
+    Ceiling,
+}
+
+impl Tool {
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Socat => "one TCP stream (socat)",
+            Tool::Iperf => "iperf3 -P 4 (ECMP hash places the streams)",
+            Tool::Mptcp => "MPTCP (mptcpize run iperf3)",
+            Tool::Mpcat => "tcpkit mpcat (automatic)",
+            Tool::Ceiling => {
+                "ceiling: 4 iperf3 streams, one pinned per link, bytes in proportion to its rate"
+            }
+        }
+    }
+}
+
+fn one(env: &Env, lab: &mut Lab, t: Tool) -> Result<Xfer> {
+    match t {
+        Tool::Socat => socat(env, lab),
+        Tool::Mptcp => iperf(env, lab, Iperf::Mptcp),
+        Tool::Iperf => iperf(env, lab, Iperf::Ecmp4),
+        Tool::Ceiling => iperf(env, lab, Iperf::Pinned),
+        Tool::Mpcat => mpcat(env, lab),
+    }
+}
+
+/// Runs every tool `runs` times, interleaved; returns each tool's runs in order.
+fn scenario(env: &Env, lab: &mut Lab, tools: &[Tool], runs: usize) -> Result<Vec<Vec<Xfer>>> {
+    let mut all = vec![Vec::new(); tools.len()];
+    for r in 0..runs {
+        for (i, t) in tools.iter().enumerate() {
+            eprintln!("  run {} of {runs}: {} ...", r + 1, t.name());
+            let x = one(env, lab, *t).with_context(|| t.name())?;
+            eprintln!(
+                "    {:.1} MB/s in {:.2} s{}{}",
+                x.mbs(),
+                x.secs,
+                if x.link_tx.len() > 1 {
+                    format!(", link shares {} %", x.shares())
+                } else {
+                    String::new()
+                },
+                x.subflows
+                    .map(|n| format!(", {n} subflows"))
+                    .unwrap_or_default()
+            );
+            all[i].push(x);
+        }
+    }
+    Ok(all)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "**met**"
+    } else {
+        "**not met**"
+    }
+}
+
+/// One table row per tool: median and min MB/s, each run's rate and link shares.
+fn rows(t: &mut String, tools: &[Tool], res: &[Vec<Xfer>], target: Option<(Tool, f64, &str)>) {
+    for (tool, runs) in tools.iter().zip(res) {
+        let rates: Vec<f64> = runs.iter().map(Xfer::mbs).collect();
+        let each = runs
+            .iter()
+            .map(|x| {
+                let mut c = format!("{:.1}", x.mbs());
+                let sh = x.shares();
+                if !sh.is_empty() {
+                    let _ = write!(c, " ({sh})");
+                }
+                if let Some(n) = x.subflows {
+                    let _ = write!(c, " {n} subflows");
+                }
+                c
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let verdict = match target {
+            Some((tt, want, what)) if tt == *tool => {
+                format!(
+                    "{} ({what}: min {:.1})",
+                    met(min(&rates) >= want),
+                    min(&rates)
+                )
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            t,
+            "| {} | {:.1} | {:.1} | {each} | {verdict} |",
+            tool.name(),
+            median(&rates),
+            min(&rates),
+        );
+    }
+}
+
+fn random_file(path: &Path, bytes: u64) -> Result<()> {
+    let st = std::process::Command::new("head")
+        .args(["-c", &bytes.to_string(), "/dev/urandom"])
+        .stdout(std::fs::File::create(path)?)
+        .status()?;
+    if !st.success() || std::fs::metadata(path)?.len() != bytes {
+        bail!("head -c {bytes} /dev/urandom > {}", path.display());
+    }
+    Ok(())
+}
+
+pub fn mpcat_bench(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    if let Some(a) = args.iter().find(|a| *a != "--quick") {
+        bail!("mpcat: unknown argument {a:?} (only --quick)");
+    }
+    for tool in ["socat", "iperf3", "mptcpize", "sha256sum", "/usr/bin/time"] {
+        let found = std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            bail!("{tool} missing (scripts/setup.sh installs it)");
+        }
+    }
+    let (size, runs) = if quick {
+        (40_000_000, 1)
+    } else {
+        (400_000_000, 3)
+    };
+    let started = Instant::now();
+    let tcpkit = crate::tcpkit_binary()?;
+    let tk = tcpkit.to_str().context("path")?;
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let four = [
+        Tool::Socat,
+        Tool::Iperf,
+        Tool::Mptcp,
+        Tool::Mpcat,
+        Tool::Ceiling,
+    ];
+
+    let mut t = String::new();
+    let head = "| tool | median MB/s | min MB/s | each run: MB/s (link tx shares %) | target |\n|---|---:|---:|---|---|";
+
+    // 4 × 200 Mbit/s.
+    eprintln!("4 links x 200 Mbit/s ...");
+    let (mut lab, a, b, links) = Lab::multipath("bmp4", 4, Some(shaped(200)))?;
+    mptcp_setup(&a, &b, &links)?;
+    let input = lab.dir().join("in.bin");
+    random_file(&input, size)?;
+    let sha = sha256(&input)?;
+    let env = Env {
+        a: &a,
+        b: &b,
+        links: &links,
+        dst: MULTIPATH_B4,
+        tcpkit: tk,
+        input: &input,
+        out: lab.dir().join("out.bin"),
+        size,
+        sha: &sha,
+        rates: vec![200; 4],
+    };
+    let eq = scenario(&env, &mut lab, &four, runs)?;
+    let mpcat_i = four.iter().position(|t| *t == Tool::Mpcat).unwrap_or(0);
+    let mut rss: Vec<u64> = eq[mpcat_i].iter().filter_map(|x| x.rss_kb).collect();
+    let _ = writeln!(
+        t,
+        "**4 links × 200 Mbit/s (tbf), ECMP L4 hash; {:.0} MB per transfer, {runs} runs each**\n\n{head}",
+        size as f64 / MB
+    );
+    rows(
+        &mut t,
+        &four,
+        &eq,
+        Some((Tool::Mpcat, 93.0, "≥ 93 MB/s in every run")),
+    );
+    drop(env);
+    lab.close()?;
+
+    // Unequal links: tbf per link on both ends, as the lab shapes.
+    let rates = [300u64, 200, 100, 50];
+    eprintln!("4 links at {rates:?} Mbit/s ...");
+    let (mut lab, a, b, links) = Lab::multipath("bmpu", 4, None)?;
+    for (l, mbit) in links.iter().zip(rates) {
+        for (h, ifc) in [(&a, &l.a.name), (&b, &l.b.name)] {
+            let sh = shaped(mbit);
+            h.run(&[
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                ifc,
+                "root",
+                "tbf",
+                "rate",
+                &format!("{}bit", sh.rate_bit_s),
+                "burst",
+                &sh.burst_bytes.to_string(),
+                "latency",
+                &format!("{}ms", sh.latency_ms),
+            ])?;
+        }
+    }
+    mptcp_setup(&a, &b, &links)?;
+    let input = lab.dir().join("in.bin");
+    random_file(&input, size)?;
+    let sha = sha256(&input)?;
+    let env = Env {
+        a: &a,
+        b: &b,
+        links: &links,
+        dst: MULTIPATH_B4,
+        tcpkit: tk,
+        input: &input,
+        out: lab.dir().join("out.bin"),
+        size,
+        sha: &sha,
+        rates: rates.to_vec(),
+    };
+    let sum_mbs = rates.iter().sum::<u64>() as f64 * 1e6 / 8.0 / MB;
+    let un = scenario(&env, &mut lab, &four, runs)?;
+    rss.extend(un[mpcat_i].iter().filter_map(|x| x.rss_kb));
+    let _ = writeln!(
+        t,
+        "\n**4 links at 300/200/100/50 Mbit/s (sum {sum_mbs:.2} MB/s), same tools**\n\n{head}"
+    );
+    let want = 0.9 * sum_mbs;
+    let what = format!("≥ 90 % of the sum = {want:.1} MB/s in every run");
+    rows(&mut t, &four, &un, Some((Tool::Mpcat, want, &what)));
+    drop(env);
+    lab.close()?;
+
+    // One unshaped veth.
+    eprintln!("one unshaped veth ...");
+    let (mut lab, a, b, link) = Lab::pair("bmpv")?;
+    let input = lab.dir().join("in.bin");
+    random_file(&input, size)?;
+    let sha = sha256(&input)?;
+    let dst = link.b.addrs[0]
+        .split('/')
+        .next()
+        .context("addr")?
+        .to_string();
+    let links = [link];
+    let env = Env {
+        a: &a,
+        b: &b,
+        links: &links,
+        dst: &dst,
+        tcpkit: tk,
+        input: &input,
+        out: lab.dir().join("out.bin"),
+        size,
+        sha: &sha,
+        rates: vec![1],
+    };
+    let two = [Tool::Socat, Tool::Mpcat];
+    let ve = scenario(&env, &mut lab, &two, runs)?;
+    rss.extend(ve[1].iter().filter_map(|x| x.rss_kb));
+    let socat_med = median(&ve[0].iter().map(Xfer::mbs).collect::<Vec<_>>());
+    let mpcat_med = median(&ve[1].iter().map(Xfer::mbs).collect::<Vec<_>>());
+    let _ = writeln!(t, "\n**one unshaped veth (no tbf)**\n\n{head}");
+    rows(&mut t, &two, &ve, None);
+    drop(env);
+    lab.close()?;
+
+    let peak = rss.iter().copied().max().unwrap_or(0) as f64 * 1024.0 / MB;
+    let budget = (WINDOW as f64 + 16e6) / MB;
+    let _ = writeln!(
+        t,
+        "\n| target | measured | |\n|---|---|---|\n\
+         | mpcat ≥ 93 MB/s in every run on 4 × 200 Mbit/s | min {:.1} MB/s | {} |\n\
+         | mpcat ≥ 90 % of the sum on 300/200/100/50 Mbit/s | min {:.1} of {:.1} MB/s ({:.0} %) | {} |\n\
+         | mpcat within 10 % of one socat stream on one unshaped veth (medians) | {mpcat_med:.0} vs {socat_med:.0} MB/s ({:+.1} %) | {} |\n\
+         | mpcat receiver peak RSS ≤ window (64 MiB) + 16 MB | {peak:.1} MB of {budget:.1} (max over every mpcat run) | {} |",
+        min(&eq[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()),
+        met(min(&eq[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) >= 93.0),
+        min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()),
+        sum_mbs,
+        min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) * 100.0 / sum_mbs,
+        met(min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) >= want),
+        (mpcat_med / socat_med - 1.0) * 100.0,
+        met(mpcat_med >= 0.9 * socat_med),
+        met(peak > 0.0 && peak <= budget),
+    );
+    println!("{t}");
+
+    let cmd = format!(
+        "cargo run --release -p tcpkit-bench -- mpcat{}",
+        if quick { " --quick" } else { "" }
+    );
+    let date = crate::today();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let md = format!(
+        "# tcpkit mpcat vs one TCP stream, iperf3 -P 4 and MPTCP — {date}\n\n\
+         Command: `{cmd}` (from the workspace root, as root)\n\n\
+         Machine: Linux {}, {cpus} CPUs shared with other work; load average at start: {}; whole bench took {:.0} s.\n\
+         Lab: `Lab::multipath` (hosts a → b, ECMP routes to b's {MULTIPATH_B4} hashed on the L4 tuple; tbf on both ends of\n\
+         each veth, 64 kB burst, 100 ms latency) and `Lab::pair` for the unshaped veth. Every transfer is a random file\n\
+         received into a file whose SHA-256 was compared with the input's (iperf3: its own bytes, counted by its server).\n\
+         MB/s = bytes received / wall time from the sender's start to the receiver's exit (MB = 10^6 bytes). Link shares\n\
+         are each link's sender-side tx bytes over the run, in link order. MPTCP: `mptcpize run iperf3` on both ends, limits\n\
+         subflow 8 / add_addr_accepted 8 in both hosts, one `subflow` endpoint per link (bound to its device) on the sender;\n\
+         subflows per connection = 1 + the receiver's MPJoinAckRx / MPCapableACKRX. The ceiling: 4 `iperf3 -B <link i's a>\n\
+         -c <link i's b>` at once, {:.0} MB in all, split in proportion to the links' rates. Tools interleaved run by run.\n\
+         The mpcat receiver's peak RSS is GNU time's %M.\n\n\
+         {t}\n",
+        kernel.trim(),
+        loadavg.trim(),
+        started.elapsed().as_secs_f64(),
+        size as f64 / MB,
+    );
+    let out = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../results")
+        .join(format!("mpcat-{date}.md"));
+    if quick {
+        eprintln!("--quick: {} not written", out.display());
+        return Ok(());
+    }
+    std::fs::write(&out, md).with_context(|| format!("write {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({:.0} s)",
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
