@@ -15,6 +15,7 @@ pub mod paths;
 pub mod recv;
 pub mod reorder;
 mod report;
+pub mod secure;
 pub mod send;
 
 use std::io;

@@ -18,6 +18,7 @@ use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, VERSION};
 use tcpkit_pace::TokenBucket;
 
 use crate::paths::{Egress, Paths};
+use crate::secure::{Channel, Psk, HANDSHAKE_MSG, REC_HDR, TAG};
 use crate::{ConnCounts, Error, Input, Live, MpcatReport, PathFailure, Role, StreamReport};
 
 /// How the sending side runs.
@@ -41,11 +42,16 @@ pub struct SendConfig {
     pub path_timeout: Duration,
     /// Most stream bytes per second (--rate-limit), over all connections together.
     pub rate_limit: Option<u64>,
+    /// --psk-file: every connection authenticated and encrypted with this key.
+    pub psk: Option<Psk>,
 }
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
 /// Bytes a sender keeps for frames coming back (acks, the verdict): they are small.
 const INBUF: usize = 4096;
+/// Bytes kept for records not yet opened (--psk-file): two of the largest a receiver's
+/// frames make (a record whose plaintext would not fit in INBUF is refused at its header).
+const RAW_BUF: usize = 2 * (REC_HDR + INBUF + TAG);
 
 /// One chunk of the input, `seq` its offset in the stream.
 #[derive(Debug)]
@@ -90,10 +96,28 @@ struct Conn {
     reconnecting: bool,
     /// When the next reconnection may start.
     next_try: Instant,
+    /// --psk-file: this connection's keys; `raw` holds records not yet opened into `inbuf`.
+    chan: Option<Channel>,
+    raw: Vec<u8>,
+    raw_len: usize,
 }
 
+impl Conn {
+    /// Queues `plain` (frames) for the receiver: sealed into records when encrypted.
+    fn put(&mut self, plain: &[u8]) {
+        match self.chan.as_mut() {
+            Some(ch) => ch.seal(plain, &mut self.out),
+            None => self.out.extend_from_slice(plain),
+        }
+    }
+}
+
+/// A connected, welcomed stream: its socket, the address that answered, the receiver's
+/// window, and its keys with --psk-file.
+type Connected = (TcpStream, SocketAddr, u64, Option<Channel>);
+
 /// A reconnection's outcome, from its thread.
-type Reconnected = (usize, Result<(TcpStream, SocketAddr, u64), Error>);
+type Reconnected = (usize, Result<Connected, Error>);
 
 /// Opens the input: a file that cannot be opened fails before any connection is made.
 fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
@@ -105,8 +129,8 @@ fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
     }
 }
 
-/// Connects stream `index` and does its handshake; returns the socket, any bytes read past
-/// the Welcome, and the receiver's window.
+/// Connects stream `index` and does its handshake (with --psk-file, the Noise handshake
+/// first); returns the socket, the address that answered, the receiver's window and the keys.
 fn connect(
     cfg: &SendConfig,
     n_streams: u16,
@@ -115,7 +139,7 @@ fn connect(
     from: Option<SocketAddr>,
     token: frame::Token,
     index: u16,
-) -> Result<(TcpStream, SocketAddr, u64), Error> {
+) -> Result<Connected, Error> {
     let mut last = None;
     let mut sock = None;
     for a in addrs {
@@ -154,11 +178,56 @@ fn connect(
         chunk: cfg.chunk,
     };
     let mut buf = [0u8; 64 + frame::MAX_REASON];
+    s.set_read_timeout(Some(cfg.connect_timeout))
+        .map_err(|e| Error::io(what("SO_RCVTIMEO on"), e))?;
+    if let Some(psk) = &cfg.psk {
+        let mut chan = noise_handshake(&mut s, psk, cfg.connect_timeout, &what)?;
+        let n = hello.emit(&mut buf);
+        let mut sealed = Vec::with_capacity(n + REC_HDR + TAG);
+        chan.seal(&buf[..n], &mut sealed);
+        s.write_all(&sealed)
+            .map_err(|e| Error::io(what("send hello to"), e))?;
+        // The Welcome (or a Refuse) is one record; read exactly it, so nothing that follows
+        // (an ack, on a stream that rejoins a running session) is lost with this buffer.
+        let mut raw = [0u8; REC_HDR + TAG + 64 + frame::MAX_REASON];
+        read_exact(&mut s, &mut raw[..REC_HDR], cfg.connect_timeout, &what)?;
+        let len = usize::from(u16::from_be_bytes([raw[0], raw[1]]));
+        if !(TAG..=raw.len() - REC_HDR).contains(&len) {
+            return Err(Error::msg(format!(
+                "{}: a {len}-byte record where a welcome belongs",
+                what("handshake with")
+            )));
+        }
+        read_exact(
+            &mut s,
+            &mut raw[REC_HDR..REC_HDR + len],
+            cfg.connect_timeout,
+            &what,
+        )?;
+        let mut have = 0;
+        chan.open(&raw[..REC_HDR + len], &mut buf, &mut have)
+            .map_err(|e| Error::msg(format!("{}: {e}", what("handshake with"))))?;
+        let window = match Frame::parse(&buf[..have]) {
+            Ok((Frame::Welcome { version, window }, used))
+                if version == VERSION && used == have =>
+            {
+                window
+            }
+            Ok((Frame::Refuse { reason }, _)) => {
+                return Err(Error::msg(format!("{}: {reason}", what("refused by"))));
+            }
+            other => {
+                return Err(Error::msg(format!(
+                    "{}: expected a welcome, got {other:?}",
+                    what("handshake with")
+                )))
+            }
+        };
+        return Ok((s, addr, window, Some(chan)));
+    }
     let n = hello.emit(&mut buf);
     s.write_all(&buf[..n])
         .map_err(|e| Error::io(what("send hello to"), e))?;
-    s.set_read_timeout(Some(cfg.connect_timeout))
-        .map_err(|e| Error::io(what("SO_RCVTIMEO on"), e))?;
     let mut have = 0;
     loop {
         match Frame::parse(&buf[..have]) {
@@ -169,7 +238,7 @@ fn connect(
                         what("handshake with")
                     )));
                 }
-                return Ok((s, addr, window));
+                return Ok((s, addr, window, None));
             }
             Ok((Frame::Refuse { reason }, _)) => {
                 return Err(Error::msg(format!("{}: {reason}", what("refused by"))));
@@ -212,6 +281,84 @@ fn connect(
             Err(e) => return Err(Error::io(what("read welcome from"), e)),
         };
         have += n;
+    }
+}
+
+/// Fills `buf` from `s` (whose SO_RCVTIMEO is set); a timeout or a close is said as such.
+fn read_exact(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    timeout: Duration,
+    what: &dyn Fn(&str) -> String,
+) -> Result<(), Error> {
+    s.read_exact(buf).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            Error::msg(format!("{}: closed during the handshake", what("receiver")))
+        }
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::msg(format!(
+            "{}: no answer within {timeout:?}",
+            what("handshake with")
+        )),
+        _ => Error::io(what("read the handshake from"), e),
+    })
+}
+
+/// The sender's side of a --psk-file connection's Noise handshake: its message out, the
+/// receiver's answer (or refusal) in.
+fn noise_handshake(
+    s: &mut TcpStream,
+    psk: &Psk,
+    timeout: Duration,
+    what: &dyn Fn(&str) -> String,
+) -> Result<Channel, Error> {
+    let mut m1 = [0u8; HANDSHAKE_MSG];
+    let init = psk.initiate(&mut m1)?;
+    let mut buf = [0u8; frame::FRAME_HDR + frame::MAX_REASON];
+    let n = Frame::Noise {
+        version: VERSION,
+        msg: &m1,
+    }
+    .emit(&mut buf);
+    s.write_all(&buf[..n])
+        .map_err(|e| Error::io(what("send the key handshake to"), e))?;
+    // One frame back: its header says how long it is (bounded by its type).
+    read_exact(s, &mut buf[..frame::FRAME_HDR], timeout, what)?;
+    let need = match Frame::parse(&buf[..frame::FRAME_HDR]) {
+        Err(FrameError::Truncated { need, .. }) if need <= buf.len() => need,
+        Ok((f, _)) => {
+            return Err(Error::msg(format!(
+                "{}: expected the key handshake's answer, got {f:?}",
+                what("handshake with")
+            )))
+        }
+        Err(e) => {
+            return Err(Error::msg(format!(
+                "{}: not an mpcat receiver: {e}",
+                what("handshake with")
+            )))
+        }
+    };
+    read_exact(s, &mut buf[frame::FRAME_HDR..need], timeout, what)?;
+    match Frame::parse(&buf[..need]) {
+        Ok((Frame::Noise { version, msg }, _)) if version == VERSION => {
+            init.finish(msg).ok_or_else(|| {
+                Error::msg(format!(
+                    "{}: its answer does not authenticate under this --psk-file: the receiver holds another key",
+                    what("handshake with")
+                ))
+            })
+        }
+        Ok((Frame::Noise { version, .. }, _)) => Err(Error::msg(format!(
+            "{}: the receiver speaks version {version}, this is {VERSION}",
+            what("handshake with")
+        ))),
+        Ok((Frame::Refuse { reason }, _)) => {
+            Err(Error::msg(format!("{}: {reason}", what("refused by"))))
+        }
+        other => Err(Error::msg(format!(
+            "{}: expected the key handshake's answer, got {other:?}",
+            what("handshake with")
+        ))),
     }
 }
 
@@ -457,7 +604,7 @@ pub fn run(
             .filter(|p| p.egress.members().len() > 1)
             .and_then(|p| pick_source(p, to, usize::from(i) % members.len()));
         let from = placed.map(|(a, _)| a);
-        let (s, addr, w) = connect(cfg, n_streams, lowat, &addrs, from, token, i)?;
+        let (s, addr, w, chan) = connect(cfg, n_streams, lowat, &addrs, from, token, i)?;
         // The first address that answered is the one every stream uses.
         addrs = vec![addr];
         window = window.min(w);
@@ -486,6 +633,13 @@ pub fn run(
             bytes: 0,
             reconnecting: false,
             next_try: start,
+            raw: if chan.is_some() {
+                vec![0; RAW_BUF]
+            } else {
+                Vec::new()
+            },
+            raw_len: 0,
+            chan,
         });
     }
     let waker = Arc::new(
@@ -567,6 +721,7 @@ pub fn run(
         },
         chunk_size: chunk as u64,
         window,
+        encrypted: cfg.psk.is_some(),
         streams: conns
             .iter()
             .enumerate()
@@ -641,6 +796,8 @@ fn fail_conn(poll: &Poll, i: usize, c: &mut Conn, flow: &mut Flow, why: String) 
     c.out.clear();
     c.out_pos = 0;
     c.in_len = 0;
+    c.raw_len = 0;
+    c.chan = None;
     c.writable = false;
     c.next_try = Instant::now() + Duration::from_millis(200);
     let mut again: Vec<Chunk> = Vec::new();
@@ -737,11 +894,16 @@ fn event_loop(
             let c = &mut conns[i];
             c.reconnecting = false;
             match r {
-                Ok((s, _, _)) => {
+                Ok((s, _, _, chan)) => {
                     let local = s.local_addr().ok();
                     match register(poll, s, i) {
                         Ok(sock) => {
                             c.sock = Some(sock);
+                            if chan.is_some() && c.raw.is_empty() {
+                                c.raw = vec![0; RAW_BUF];
+                            }
+                            c.chan = chan;
+                            c.raw_len = 0;
                             c.local = local.unwrap_or(c.local);
                             c.writable = true;
                             flow.reconnects += 1;
@@ -836,61 +998,83 @@ fn read_conn(i: usize, c: &mut Conn, flow: &mut Flow) -> Result<(), ConnError> {
         return Ok(());
     };
     loop {
-        match sock.read(&mut c.inbuf[c.in_len..]) {
+        let into = match c.chan {
+            Some(_) => &mut c.raw[c.raw_len..],
+            None => &mut c.inbuf[c.in_len..],
+        };
+        match sock.read(into) {
             Ok(0) => {
                 if flow.done.is_some() {
                     return Ok(());
                 }
                 return Err(ConnError::Path("closed by the receiver".into()));
             }
+            Ok(n) if c.chan.is_some() => c.raw_len += n,
             Ok(n) => c.in_len += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(ConnError::Path(format!("read: {e}"))),
         }
-        let mut at = 0;
+        // Records are opened as room frees up in inbuf: until none is left to open.
         loop {
-            match Frame::parse(&c.inbuf[at..c.in_len]) {
-                Ok((f, used)) => {
-                    at += used;
-                    match f {
-                        Frame::Ack { acked, limit } => {
-                            flow.limit = flow.limit.max(limit);
-                            if acked > flow.acked {
-                                flow.acked = acked;
-                                flow.release();
+            let mut opened = 0;
+            if let Some(ch) = c.chan.as_mut() {
+                // A record that does not open is not a path failure: someone altered it.
+                opened = ch
+                    .open(&c.raw[..c.raw_len], &mut c.inbuf, &mut c.in_len)
+                    .map_err(|e| ConnError::Fatal(format!("stream {i} ({}): {e}", c.peer)))?;
+                c.raw.copy_within(opened..c.raw_len, 0);
+                c.raw_len -= opened;
+            }
+            let mut at = 0;
+            loop {
+                match Frame::parse(&c.inbuf[at..c.in_len]) {
+                    Ok((f, used)) => {
+                        at += used;
+                        match f {
+                            Frame::Ack { acked, limit } => {
+                                flow.limit = flow.limit.max(limit);
+                                if acked > flow.acked {
+                                    flow.acked = acked;
+                                    flow.release();
+                                }
                             }
-                        }
-                        Frame::Done { total, ok } => {
-                            if ok {
-                                flow.acked = flow.acked.max(total);
+                            Frame::Done { total, ok } => {
+                                if ok {
+                                    flow.acked = flow.acked.max(total);
+                                }
+                                flow.done = Some((total, ok));
                             }
-                            flow.done = Some((total, ok));
-                        }
-                        Frame::Refuse { reason } => {
-                            return Err(ConnError::Fatal(format!(
-                                "stream {i} ({}): refused: {reason}",
-                                c.peer
-                            )))
-                        }
-                        other => {
-                            return Err(ConnError::Fatal(format!(
-                                "stream {i} ({}): the receiver sent a frame only a sender sends: {other:?}",
-                                c.peer
-                            )))
+                            Frame::Refuse { reason } => {
+                                return Err(ConnError::Fatal(format!(
+                                    "stream {i} ({}): refused: {reason}",
+                                    c.peer
+                                )))
+                            }
+                            other => {
+                                return Err(ConnError::Fatal(format!(
+                                    "stream {i} ({}): the receiver sent a frame only a sender sends: {other:?}",
+                                    c.peer
+                                )))
+                            }
                         }
                     }
+                    Err(FrameError::Truncated { .. }) => break,
+                    Err(e) => {
+                        return Err(ConnError::Fatal(format!("stream {i} ({}): {e}", c.peer)))
+                    }
                 }
-                Err(FrameError::Truncated { .. }) => break,
-                Err(e) => return Err(ConnError::Fatal(format!("stream {i} ({}): {e}", c.peer))),
             }
-        }
-        c.inbuf.copy_within(at..c.in_len, 0);
-        c.in_len -= at;
-        if c.in_len == c.inbuf.len() {
-            return Err(ConnError::Fatal(format!(
-                "stream {i}: a frame from the receiver over {INBUF} bytes"
-            )));
+            c.inbuf.copy_within(at..c.in_len, 0);
+            c.in_len -= at;
+            if c.in_len == c.inbuf.len() {
+                return Err(ConnError::Fatal(format!(
+                    "stream {i}: a frame from the receiver over {INBUF} bytes"
+                )));
+            }
+            if opened == 0 {
+                break;
+            }
         }
     }
 }
@@ -951,9 +1135,8 @@ fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
                 let Some(mut ch) = flow.unsent.pop_front() else {
                     continue;
                 };
-                c.out
-                    .extend_from_slice(&frame::data_header(ch.seq, ch.buf.len()));
-                c.out.extend_from_slice(&ch.buf);
+                c.put(&frame::data_header(ch.seq, ch.buf.len()));
+                c.put(&ch.buf);
                 c.bytes += ch.buf.len() as u64;
                 ch.conn = i;
                 flow.inflight.push_back(ch);
@@ -961,7 +1144,9 @@ fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
             } else if let (Some((total, hash)), true, None) =
                 (flow.end, flow.unsent.is_empty(), flow.end_sent)
             {
-                Frame::End { total, hash }.emit_vec(&mut c.out);
+                let mut b = [0u8; 64];
+                let n = Frame::End { total, hash }.emit(&mut b);
+                c.put(&b[..n]);
                 flow.end_sent = Some(i);
                 progressed = true;
             } else {

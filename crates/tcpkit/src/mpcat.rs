@@ -93,6 +93,14 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = common::duration_arg)]
     pub stats: Option<Duration>,
 
+    /// Authenticate and encrypt every connection with the pre-shared key in FILE (both sides
+    /// give the same key; at least 16 bytes, mode 600, e.g. `openssl rand -base64 32 > FILE;
+    /// chmod 600 FILE`): a Noise NNpsk0 handshake per connection, then ChaCha20-Poly1305
+    /// records. Only a holder of the key can join the session or read it on the wire; a
+    /// connection under another key is refused and counted, and the session goes on.
+    #[arg(long, value_name = "FILE")]
+    pub psk_file: Option<PathBuf>,
+
     /// Print the report as one JSON document (schema docs/schema/mpcat.schema.json) on
     /// stdout; the receiving side needs -o FILE then, since stdout carries the stream.
     #[arg(long)]
@@ -116,6 +124,13 @@ fn usage(m: impl Into<String>) -> Failure {
 
 /// Every check that involves more than one flag, or a value's meaning, happens here.
 pub fn resolve(a: &Args) -> Result<Side, Failure> {
+    // Read before anything listens or connects: a bad key file is said first.
+    let psk = a
+        .psk_file
+        .as_deref()
+        .map(tcpkit_mpcat::secure::Psk::from_file)
+        .transpose()
+        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     if a.path_timeout < Duration::from_secs(1) {
         return Err(usage(format!(
             "--path-timeout {:?}: at least 1s (TCP retransmits take that long on a live path)",
@@ -150,6 +165,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             max_pending: tcpkit_mpcat::MAX_PENDING,
             keep: a.keep,
             path_timeout: a.path_timeout,
+            psk,
         }));
     }
     // clap's `requires` takes a bool flag as always present, so the receiving side's own
@@ -208,6 +224,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         connect_timeout: a.connect_timeout,
         path_timeout: a.path_timeout,
         rate_limit: a.rate_limit,
+        psk,
     }))
 }
 
