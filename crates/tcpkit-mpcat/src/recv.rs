@@ -43,6 +43,8 @@ pub struct RecvConfig {
     pub path_timeout: Duration,
     /// --psk-file: every connection must complete a Noise handshake under this key.
     pub psk: Option<Psk>,
+    /// --mptcp: listen with IPPROTO_MPTCP (plain TCP senders are still accepted).
+    pub mptcp: bool,
 }
 
 const LISTENER: Token = Token(0);
@@ -65,19 +67,44 @@ const PSK_UNWANTED: &str = "this receiver has no --psk-file: it takes unencrypte
 pub struct Listener {
     sock: TcpListener,
     addr: SocketAddr,
+    /// --mptcp asked for and this kernel has none: why, to be said once.
+    mptcp_fallback: Option<String>,
 }
 
 impl Listener {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Why --mptcp could not be honoured (the listener is plain TCP then).
+    pub fn mptcp_fallback(&self) -> Option<&str> {
+        self.mptcp_fallback.as_deref()
+    }
 }
 
-/// Binds `addr`. An unspecified IPv6 address takes IPv4 too; on a host without IPv6,
-/// `[::]` falls back to `0.0.0.0`.
-pub fn bind(addr: SocketAddr) -> Result<Listener, Error> {
+/// Binds `addr` (with `mptcp`, an IPPROTO_MPTCP listener, which takes plain TCP too; plain
+/// TCP when the kernel has no MPTCP). An unspecified IPv6 address takes IPv4 too; on a host
+/// without IPv6, `[::]` falls back to `0.0.0.0`.
+pub fn bind(addr: SocketAddr, mptcp: bool) -> Result<Listener, Error> {
+    let mut mptcp_fallback = None;
+    let mut proto = Protocol::TCP;
+    if mptcp {
+        match Socket::new(
+            Domain::for_address(addr),
+            Type::STREAM,
+            Some(Protocol::from(crate::mptcp::IPPROTO_MPTCP)),
+        ) {
+            Ok(_) => proto = Protocol::from(crate::mptcp::IPPROTO_MPTCP),
+            Err(e) if crate::mptcp::unsupported(&e) => {
+                mptcp_fallback = Some(format!(
+                    "--mptcp: this kernel does not do MPTCP (socket: {e}; is net.mptcp.enabled 1?): listening on plain TCP"
+                ));
+            }
+            Err(e) => return Err(Error::io(format!("an MPTCP socket for {addr}"), e)),
+        }
+    }
     let try_bind = |a: SocketAddr| -> io::Result<Socket> {
-        let s = Socket::new(Domain::for_address(a), Type::STREAM, Some(Protocol::TCP))?;
+        let s = Socket::new(Domain::for_address(a), Type::STREAM, Some(proto))?;
         if a.is_ipv6() {
             s.set_only_v6(false)?;
         }
@@ -108,6 +135,7 @@ pub fn bind(addr: SocketAddr) -> Result<Listener, Error> {
     Ok(Listener {
         sock: TcpListener::from_std(std),
         addr,
+        mptcp_fallback,
     })
 }
 
@@ -329,6 +357,7 @@ impl Receiver<'_> {
             chunk_size: s.map_or(0, |s| u64::from(s.chunk)),
             window: cfg.window,
             encrypted: cfg.psk.is_some(),
+            mptcp: None,
             streams,
             egress: None,
             path_failures: std::mem::take(&mut rx.failures),

@@ -57,6 +57,17 @@ pub struct ConnCounts {
     pub accept_errors: u64,
 }
 
+/// --mptcp on the sending side: what the kernel's MPTCP did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MptcpReport {
+    /// Subflows of the connection at the end (the first included; MPTCP_INFO); 0 when it
+    /// fell back.
+    pub subflows: u32,
+    /// Why the session was striped over TCP instead (no MPTCP in this kernel, or the receiver
+    /// does not do it); null when MPTCP carried it.
+    pub fallback: Option<String>,
+}
+
 /// The report of one side.
 #[derive(Debug, Clone, Serialize)]
 pub struct MpcatReport {
@@ -75,6 +86,8 @@ pub struct MpcatReport {
     pub window: u64,
     /// Every connection authenticated and encrypted with the --psk-file key.
     pub encrypted: bool,
+    /// --mptcp (sending side): subflows, or why it fell back; null without --mptcp.
+    pub mptcp: Option<MptcpReport>,
     pub streams: Vec<StreamReport>,
     /// How connections leave the sender toward the receiver, e.g. `ecmp: eth1 eth2` (sending
     /// side; null on the receiving side).
@@ -124,6 +137,17 @@ impl Report for MpcatReport {
             self.streams.len(),
             self.address
         ));
+        match &self.mptcp {
+            Some(MptcpReport {
+                fallback: Some(why),
+                ..
+            }) => s.push_str(&format!("  mptcp: not used, striped over TCP: {why}\n")),
+            Some(m) => s.push_str(&format!(
+                "  mptcp: one connection, {} subflows at the end\n",
+                m.subflows
+            )),
+            None => {}
+        }
         if self.encrypted {
             s.push_str(&format!(
                 "  every stream encrypted: {} (--psk-file)\n",
@@ -219,6 +243,7 @@ mod tests {
             chunk_size: 262_144,
             window: 64 << 20,
             encrypted: false,
+            mptcp: None,
             streams: vec![
                 StreamReport {
                     index: 0,
@@ -284,6 +309,17 @@ mod tests {
             "  egress ecmp: eth1 eth2 (the receive direction is spread by the peer's routes or the switch)\n\
              \x20 stream   0  198.19.0.2:31337 -> 198.19.0.1:40000 via eth1  1048576 bytes  33.3 %\n"
         ), "{}", r.human());
+        r.mptcp = Some(MptcpReport {
+            subflows: 3,
+            fallback: None,
+        });
+        assert!(
+            r.human()
+                .contains("  mptcp: one connection, 3 subflows at the end\n"),
+            "{}",
+            r.human()
+        );
+        r.mptcp = None;
         r.encrypted = true;
         assert!(r.human().contains(
             " to [::]:31337\n  every stream encrypted: Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s (--psk-file)\n  egress"

@@ -19,7 +19,9 @@ use tcpkit_pace::TokenBucket;
 
 use crate::paths::{Egress, Paths};
 use crate::secure::{Channel, Psk, HANDSHAKE_MSG, REC_HDR, TAG};
-use crate::{ConnCounts, Error, Input, Live, MpcatReport, PathFailure, Role, StreamReport};
+use crate::{
+    ConnCounts, Error, Input, Live, MpcatReport, MptcpReport, PathFailure, Role, StreamReport,
+};
 
 /// How the sending side runs.
 #[derive(Debug, Clone)]
@@ -44,6 +46,9 @@ pub struct SendConfig {
     pub rate_limit: Option<u64>,
     /// --psk-file: every connection authenticated and encrypted with this key.
     pub psk: Option<Psk>,
+    /// --mptcp: one IPPROTO_MPTCP connection instead of striping (striping over TCP when the
+    /// kernel or the receiver does not do MPTCP).
+    pub mptcp: bool,
 }
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
@@ -131,6 +136,11 @@ fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
 
 /// Connects stream `index` and does its handshake (with --psk-file, the Noise handshake
 /// first); returns the socket, the address that answered, the receiver's window and the keys.
+/// `pre`: a connection already made (--mptcp's, or one that fell back), only handshaken here.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the session's fixed parts and this stream's own, called from the start and from reconnect threads"
+)]
 fn connect(
     cfg: &SendConfig,
     n_streams: u16,
@@ -139,11 +149,12 @@ fn connect(
     from: Option<SocketAddr>,
     token: frame::Token,
     index: u16,
+    pre: Option<(TcpStream, SocketAddr)>,
 ) -> Result<Connected, Error> {
     let mut last = None;
-    let mut sock = None;
-    for a in addrs {
-        match connect_from(*a, from, cfg.connect_timeout) {
+    let mut sock = pre;
+    for a in addrs.iter().filter(|_| sock.is_none()) {
+        match connect_from(*a, from, cfg.connect_timeout, cfg.mptcp) {
             Ok(s) => {
                 sock = Some((s, *a));
                 break;
@@ -160,8 +171,13 @@ fn connect(
     // Small frames (acks, the verdict) must not wait for Nagle.
     s.set_nodelay(true)
         .map_err(|e| Error::io(what("TCP_NODELAY on"), e))?;
-    crate::set_path_timeout(&s, cfg.path_timeout)
-        .map_err(|e| Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e))?;
+    match crate::set_path_timeout(&s, cfg.path_timeout) {
+        Ok(()) => {}
+        // Not every kernel takes these on an MPTCP socket; its subflows then rely on TCP's
+        // own retransmission limits and MPTCP's re-injection.
+        Err(_) if cfg.mptcp => {}
+        Err(e) => return Err(Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e)),
+    }
     // Over links of different speeds, "room" must mean little unsent data in the socket,
     // not a free send buffer: with at most 128 KiB not yet sent, a slow link's socket cannot
     // swallow megabytes that the fast links then wait for at the end (40/30/20/10 Mbit/s
@@ -362,6 +378,20 @@ fn noise_handshake(
     }
 }
 
+/// --mptcp's connection: an IPPROTO_MPTCP socket connected to the first of the receiver's
+/// addresses that answers. The error of socket() itself when the kernel has no MPTCP.
+fn open_mptcp(cfg: &SendConfig) -> io::Result<(TcpStream, SocketAddr)> {
+    let mut last = io::Error::other("no address");
+    for a in &cfg.peer {
+        match connect_from(*a, None, cfg.connect_timeout, true) {
+            Ok(s) => return Ok((s, *a)),
+            Err(e) if crate::mptcp::unsupported(&e) => return Err(e),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 /// TCP_NOTSENT_LOWAT: the socket is writable (and takes writes) only while fewer than
 /// `bytes` of what was written are not yet sent.
 fn set_notsent_lowat(s: &TcpStream, bytes: u32) -> io::Result<()> {
@@ -390,9 +420,15 @@ fn connect_from(
     to: SocketAddr,
     from: Option<SocketAddr>,
     timeout: Duration,
+    mptcp: bool,
 ) -> io::Result<TcpStream> {
     use socket2::{Domain, Protocol, Socket, Type};
-    let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))?;
+    let proto = if mptcp {
+        Protocol::from(crate::mptcp::IPPROTO_MPTCP)
+    } else {
+        Protocol::TCP
+    };
+    let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(proto))?;
     if let Some(f) = from {
         s.set_reuse_address(true)?;
         // Taken (still in use by the old connection's remains): any port will do.
@@ -581,30 +617,97 @@ pub fn run(
         .as_ref()
         .map(|p| p.egress.members())
         .unwrap_or_default();
+    // --mptcp: one MPTCP connection, the kernel's subflows instead of striping; striping over
+    // TCP when the kernel or the receiver does not do MPTCP (said once). A connection that
+    // fell back is plain TCP: it serves as stream 0.
+    let mut mptcp_report = None;
+    let mut pre = None;
+    if cfg.mptcp {
+        let fallback = |why: String, report: &mut Option<MptcpReport>| {
+            hint(&format!("--mptcp: {why}: striping over TCP instead"));
+            *report = Some(MptcpReport {
+                subflows: 0,
+                fallback: Some(why),
+            });
+        };
+        match open_mptcp(cfg) {
+            Ok((s, addr)) => match crate::mptcp::subflows(&s) {
+                Ok(Some(n)) => {
+                    pre = Some((s, addr, true));
+                    mptcp_report = Some(MptcpReport {
+                        subflows: n,
+                        fallback: None,
+                    });
+                }
+                Ok(None) => {
+                    pre = Some((s, addr, false));
+                    fallback(
+                        "the receiver does not do MPTCP (the connection fell back to TCP; give it --mptcp)".into(),
+                        &mut mptcp_report,
+                    );
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("MPTCP_INFO of the connection to {addr}"),
+                        e,
+                    ))
+                }
+            },
+            Err(e) if crate::mptcp::unsupported(&e) => fallback(
+                format!("this kernel does not do MPTCP (socket: {e}; is net.mptcp.enabled 1?)"),
+                &mut mptcp_report,
+            ),
+            Err(e) => {
+                return Err(Error::io(
+                    format!("stream 0: connect {} (MPTCP)", cfg.address),
+                    e,
+                ))
+            }
+        }
+    }
+    let used = matches!(pre, Some((_, _, true)));
+    let eff = SendConfig {
+        mptcp: used,
+        streams: if used { Some(1) } else { cfg.streams },
+        ..cfg.clone()
+    };
+    let cfg = &eff;
+    let mut pre = pre.map(|(s, a, _)| (s, a));
     let n_streams = match cfg.streams {
         Some(n) => n,
         None => u16::try_from(members.len().clamp(1, usize::from(frame::MAX_STREAMS))).unwrap_or(1),
     };
     let egress = paths.as_ref().map(|p| describe(&p.egress));
-    if let Some(e) = egress.as_ref().filter(|_| members.len() > 1) {
+    if let Some(e) = egress.as_ref().filter(|_| members.len() > 1 && !used) {
         hint(&format!(
             "{n_streams} streams over {e}, toward {}; the receive direction is spread by the peer's routes or the switch",
             to.ip()
         ));
     }
     // Several ways out (or none known, with several streams): bound what each socket holds.
-    let lowat = (members.len() > 1 || (paths.is_none() && n_streams > 1))
+    let lowat = (!used && (members.len() > 1 || (paths.is_none() && n_streams > 1)))
         .then_some(cfg.chunk.min(128 << 10));
     let mut conns = Vec::with_capacity(usize::from(n_streams));
     let mut addrs = cfg.peer.clone();
     let mut window = u64::MAX;
+    // A connection made before (--mptcp's) is stream 0 wherever it went; the others are
+    // spread over the members after its own.
+    let first = match (&pre, &paths) {
+        (Some((s, a)), Some(p)) => s
+            .local_addr()
+            .ok()
+            .and_then(|l| p.member_of(l, *a).ok())
+            .unwrap_or(0),
+        _ => 0,
+    };
     for i in 0..n_streams {
+        let pre = if i == 0 { pre.take() } else { None };
         let placed = paths
             .as_ref()
-            .filter(|p| p.egress.members().len() > 1)
-            .and_then(|p| pick_source(p, to, usize::from(i) % members.len()));
+            .filter(|p| p.egress.members().len() > 1 && pre.is_none())
+            .and_then(|p| pick_source(p, to, (first + usize::from(i)) % members.len()));
         let from = placed.map(|(a, _)| a);
-        let (s, addr, w, chan) = connect(cfg, n_streams, lowat, &addrs, from, token, i)?;
+        let (s, addr, w, chan) = connect(cfg, n_streams, lowat, &addrs, from, token, i, pre)?;
         // The first address that answered is the one every stream uses.
         addrs = vec![addr];
         window = window.min(w);
@@ -696,6 +799,16 @@ pub fn run(
     reader_stop.store(true, Ordering::Relaxed);
     drop(rx);
     let _ = rthread.join();
+    if let (true, Some(m), Some(sock)) = (used, mptcp_report.as_mut(), conns[0].sock.as_ref()) {
+        match crate::mptcp::subflows(sock) {
+            Ok(Some(n)) => m.subflows = n,
+            Ok(None) => {}
+            Err(e) => hint(&format!("--mptcp: MPTCP_INFO at the end: {e}")),
+        }
+        if m.subflows == 1 {
+            hint(crate::mptcp::ONE_SUBFLOW_HINT);
+        }
+    }
     let secs = start.elapsed().as_secs_f64();
     let verified = failure.is_none()
         && matches!((flow.done, flow.end), (Some((t, true)), Some((total, _))) if t == total);
@@ -722,6 +835,7 @@ pub fn run(
         chunk_size: chunk as u64,
         window,
         encrypted: cfg.psk.is_some(),
+        mptcp: mptcp_report,
         streams: conns
             .iter()
             .enumerate()
@@ -840,7 +954,7 @@ fn reconnect(ctx: &Ctx<'_>, conns: &mut [Conn]) {
         let spawned = std::thread::Builder::new()
             .name("mpcat-reconnect".into())
             .spawn(move || {
-                let r = connect(&cfg, n, lowat, &[addr], Some(from), token, i as u16);
+                let r = connect(&cfg, n, lowat, &[addr], Some(from), token, i as u16, None);
                 let _ = tx.send((i, r));
                 let _ = waker.wake();
             });

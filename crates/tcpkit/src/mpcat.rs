@@ -101,6 +101,14 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub psk_file: Option<PathBuf>,
 
+    /// Use the kernel's Multipath TCP: the sender opens one IPPROTO_MPTCP connection and the
+    /// kernel's path manager spreads it over subflows (no striping); the receiver listens with
+    /// IPPROTO_MPTCP (plain TCP senders still welcome). The sender reports the subflows and
+    /// says what the path manager needs when only one formed; when this kernel or the
+    /// receiver does not do MPTCP it says so once and stripes over TCP instead.
+    #[arg(long)]
+    pub mptcp: bool,
+
     /// Print the report as one JSON document (schema docs/schema/mpcat.schema.json) on
     /// stdout; the receiving side needs -o FILE then, since stdout carries the stream.
     #[arg(long)]
@@ -166,6 +174,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             keep: a.keep,
             path_timeout: a.path_timeout,
             psk,
+            mptcp: a.mptcp,
         }));
     }
     // clap's `requires` takes a bool flag as always present, so the receiving side's own
@@ -190,6 +199,11 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
     }
     if a.rate_limit == Some(0) {
         return Err(usage("--rate-limit 0: give a rate above 0 (e.g. 300M)"));
+    }
+    if let (true, Some(n)) = (a.mptcp, a.streams) {
+        return Err(usage(format!(
+            "-n {n} with --mptcp: MPTCP opens one connection and the kernel makes the subflows"
+        )));
     }
     if let Some(n) = a.streams.filter(|n| !(1..=frame::MAX_STREAMS).contains(n)) {
         return Err(usage(format!(
@@ -225,6 +239,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         path_timeout: a.path_timeout,
         rate_limit: a.rate_limit,
         psk,
+        mptcp: a.mptcp,
     }))
 }
 
@@ -271,8 +286,11 @@ fn run_side(
             common::finish(&report, &out)
         }
         Side::Receive(cfg) => {
-            let listener = tcpkit_mpcat::recv::bind(cfg.listen).map_err(runtime)?;
+            let listener = tcpkit_mpcat::recv::bind(cfg.listen, cfg.mptcp).map_err(runtime)?;
             let quiet = out.quiet;
+            if let (Some(why), false) = (listener.mptcp_fallback(), quiet) {
+                eprintln!("tcpkit mpcat: {why}");
+            }
             // With -k each session's summary goes to stderr as it ends.
             let each = move |r: &tcpkit_mpcat::MpcatReport| {
                 if !quiet {
@@ -416,5 +434,6 @@ mod tests {
         assert!(e(&["--rate-limit", "fast", "h", "1"]).contains("--rate-limit"));
         assert!(e(&["-l", "-p", "1", "--rate-limit", "1M"]).contains("--rate-limit"));
         assert!(e(&["--stats", "often", "h", "1"]).contains("--stats"));
+        assert!(e(&["--mptcp", "-n", "2", "h", "1"]).contains("-n 2 with --mptcp"));
     }
 }
