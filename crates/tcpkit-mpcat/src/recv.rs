@@ -705,6 +705,9 @@ impl Receiver<'_> {
                                 }
                                 s.end = Some((total, hash));
                             }
+                            Frame::Refuse { reason } => {
+                                return Err(format!("the sender gave up: {reason}"));
+                            }
                             other => {
                                 return Err(format!(
                                     "stream {index} ({peer}): the sender sent a frame only a receiver sends: {other:?}"

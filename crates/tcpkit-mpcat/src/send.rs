@@ -49,6 +49,9 @@ pub struct SendConfig {
     /// --mptcp: one IPPROTO_MPTCP connection instead of striping (striping over TCP when the
     /// kernel or the receiver does not do MPTCP).
     pub mptcp: bool,
+    /// --size: the input's length, known beforehand (stdin of a known length): the live line
+    /// shows percent and ETA, and an input of another length fails the session.
+    pub size: Option<u64>,
 }
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
@@ -378,6 +381,23 @@ fn noise_handshake(
     }
 }
 
+/// The session failed on this side: tells the receiver why (a Refuse, on every connection with
+/// nothing half-written), so it fails at once instead of waiting out --path-timeout. Best
+/// effort: the connections close right after.
+fn give_up(conns: &mut [Conn], why: &str) {
+    let mut b = [0u8; 64 + frame::MAX_REASON];
+    let n = Frame::Refuse { reason: why }.emit(&mut b);
+    for c in conns.iter_mut() {
+        if c.sock.is_none() || c.out_pos < c.out.len() {
+            continue;
+        }
+        c.out.clear();
+        c.out_pos = 0;
+        c.put(&b[..n]);
+        let _ = flush(c);
+    }
+}
+
 /// --mptcp's connection: an IPPROTO_MPTCP socket connected to the first of the receiver's
 /// addresses that answers. The error of socket() itself when the kernel has no MPTCP.
 fn open_mptcp(cfg: &SendConfig) -> io::Result<(TcpStream, SocketAddr)> {
@@ -440,10 +460,15 @@ fn connect_from(
 
 /// Reads the input in `chunk`-sized pieces into buffers from the pool (at most `pool` of
 /// them exist, so the input is read no further ahead than the window), hashing as it goes.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the reader thread's inputs, moved in at its start"
+)]
 fn reader(
     mut input: Box<dyn Read + Send>,
     chunk: usize,
     pool: usize,
+    size: Option<u64>,
     tx: SyncSender<FromReader>,
     back: Receiver<Vec<u8>>,
     waker: Arc<Waker>,
@@ -491,6 +516,23 @@ fn reader(
             }
         }
         buf.truncate(got);
+        // --size: nothing past it is sent, and an input that ends short never sends its end.
+        let read = seq + got as u64;
+        match size {
+            Some(want) if read > want => {
+                send(FromReader::Failed(Error::msg(format!(
+                    "the input is longer than --size {want}: {read} bytes read so far"
+                ))));
+                return;
+            }
+            Some(want) if eof && read != want => {
+                send(FromReader::Failed(Error::msg(format!(
+                    "the input ended after {read} bytes, --size says {want}"
+                ))));
+                return;
+            }
+            _ => {}
+        }
         if got > 0 {
             hasher.update(&buf);
             let c = Chunk { seq, buf, conn: 0 };
@@ -588,6 +630,9 @@ pub fn run(
         if let Some(m) = std::fs::metadata(p).ok().filter(|m| m.is_file()) {
             live.total.store(m.len(), Ordering::Relaxed);
         }
+    }
+    if let Some(n) = cfg.size {
+        live.total.store(n, Ordering::Relaxed);
     }
     let token = crate::random_token()?;
     let chunk = cfg.chunk as usize;
@@ -756,9 +801,10 @@ pub fn run(
     let reader_stop = Arc::new(AtomicBool::new(false));
     let rthread = {
         let (waker, rstop) = (Arc::clone(&waker), Arc::clone(&reader_stop));
+        let size = cfg.size;
         std::thread::Builder::new()
             .name("mpcat-read".into())
-            .spawn(move || reader(input, chunk, pool, tx, back_rx, waker, rstop))
+            .spawn(move || reader(input, chunk, pool, size, tx, back_rx, waker, rstop))
             .map_err(|e| Error::io("start the reader thread", e))?
     };
     let mut flow = Flow {
@@ -796,6 +842,9 @@ pub fn run(
         &mut poll, &ctx, &mut conns, &mut flow, &rx, &conn_rx, stop, live,
     )
     .err();
+    if let Some(why) = &failure {
+        give_up(&mut conns, why);
+    }
     reader_stop.store(true, Ordering::Relaxed);
     drop(rx);
     let _ = rthread.join();

@@ -67,6 +67,12 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = common::size_arg)]
     pub window: Option<u64>,
 
+    /// The input's length when it is known but not from a file (stdin of a known length, e.g.
+    /// `--size 20G < /dev/sda`; sending side): the progress line and --stats show percent and
+    /// ETA, and an input that ends at another length fails the session, naming both lengths.
+    #[arg(long, value_name = "SIZE", value_parser = common::size_arg, conflicts_with = "listen")]
+    pub size: Option<u64>,
+
     /// Bytes per data frame (sending side), 1K to 1M.
     #[arg(long, value_name = "SIZE", value_parser = common::size_arg, conflicts_with = "listen")]
     pub chunk: Option<u64>,
@@ -240,6 +246,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         rate_limit: a.rate_limit,
         psk,
         mptcp: a.mptcp,
+        size: a.size,
     }))
 }
 
@@ -400,6 +407,11 @@ mod tests {
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.path_timeout, Duration::from_millis(1500));
         assert_eq!(c.rate_limit, Some(300 << 20));
+        assert_eq!(c.size, None);
+        let Side::Send(c) = parse(&["--size", "20G", "127.0.0.1", "9"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.size, Some(20 << 30));
         let Side::Send(c) = parse(&["--streams", "2", "--input", "x", "[::1]", "9"]).unwrap()
         else {
             panic!()
@@ -435,5 +447,7 @@ mod tests {
         assert!(e(&["-l", "-p", "1", "--rate-limit", "1M"]).contains("--rate-limit"));
         assert!(e(&["--stats", "often", "h", "1"]).contains("--stats"));
         assert!(e(&["--mptcp", "-n", "2", "h", "1"]).contains("-n 2 with --mptcp"));
+        assert!(e(&["--size", "lots", "h", "1"]).contains("--size"));
+        assert!(e(&["-l", "-p", "1", "--size", "1M"]).contains("--size"));
     }
 }
