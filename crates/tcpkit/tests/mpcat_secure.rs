@@ -355,3 +355,83 @@ fn mpcat_psk_file_bad_key_files_are_named() {
         }
     }
 }
+
+/// Issue 12, --psk-file and a path failure: one of 2 links goes down for good once the
+/// stream flows. The connection on it stalls past --path-timeout, its chunks go out again
+/// sealed on the other connection's keys, its reopening keeps failing (each attempt a new
+/// Noise handshake that never completes), and the stream arrives identical.
+#[test]
+fn mpcat_psk_file_survives_a_path_failure() {
+    let (mut lab, a, b, links) =
+        Lab::multipath("mpsk3", 2, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: usize = 40 << 20;
+    marked_file(&input, SIZE);
+    let key = key_file(&dir, "psk", "a key for both ends, long enough\n");
+    let k = key.to_str().unwrap();
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                out,
+                "--json",
+                "--psk-file",
+                k,
+                "--path-timeout",
+                "2s",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-n",
+                "2",
+                "--path-timeout",
+                "2s",
+                "--psk-file",
+                k,
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&output).map_or(0, |m| m.len()) < 4 << 20 {
+        assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    b.run(&["ip", "link", "set", "dev", &links[0].b.name, "down"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 40);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 10);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let (jt, jr) = (json_of(&tx), json_of(&rx));
+    for j in [&jt, &jr] {
+        assert_eq!(j["verified"], true, "{j}");
+        assert_eq!(j["encrypted"], true, "{j}");
+    }
+    assert!(!jt["path_failures"].as_array().unwrap().is_empty(), "{jt}");
+    assert!(jt["resent_bytes"].as_u64().unwrap() > 0, "{jt}");
+}
