@@ -247,60 +247,52 @@ fn connect(
     let n = hello.emit(&mut buf);
     s.write_all(&buf[..n])
         .map_err(|e| Error::io(what("send hello to"), e))?;
-    let mut have = 0;
-    loop {
-        match Frame::parse(&buf[..have]) {
-            Ok((Frame::Welcome { version, window }, used)) => {
-                if version != VERSION || used != have {
-                    return Err(Error::msg(format!(
-                        "{}: the receiver speaks version {version}, this is {VERSION}",
-                        what("handshake with")
-                    )));
-                }
-                return Ok((s, addr, window, None));
-            }
-            Ok((Frame::Refuse { reason }, _)) => {
-                return Err(Error::msg(format!("{}: {reason}", what("refused by"))));
-            }
-            Ok((f, _)) => {
-                return Err(Error::msg(format!(
-                    "{}: expected a welcome, got {f:?}",
-                    what("handshake with")
-                )))
-            }
-            Err(FrameError::Truncated { .. }) => {}
-            Err(e) => {
-                return Err(Error::msg(format!(
-                    "{}: not an mpcat receiver: {e}",
-                    what("handshake with")
-                )))
-            }
+    // Exactly one frame: on a stream that rejoins a running session an ack may follow the
+    // Welcome at once, and it belongs to the event loop, not to this buffer.
+    let frame = read_frame(&mut s, &mut buf, cfg.connect_timeout, &what)?;
+    match Frame::parse(&buf[..frame]) {
+        Ok((Frame::Welcome { version, window }, _)) if version == VERSION => {
+            Ok((s, addr, window, None))
         }
-        let n = match s.read(&mut buf[have..]) {
-            Ok(0) => {
-                return Err(Error::msg(format!(
-                    "{}: closed during the handshake",
-                    what("receiver")
-                )))
-            }
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(Error::msg(format!(
-                    "{}: no welcome within {:?}",
-                    what("handshake with"),
-                    cfg.connect_timeout
-                )))
-            }
-            Err(e) => return Err(Error::io(what("read welcome from"), e)),
-        };
-        have += n;
+        Ok((Frame::Welcome { version, .. }, _)) => Err(Error::msg(format!(
+            "{}: the receiver speaks version {version}, this is {VERSION}",
+            what("handshake with")
+        ))),
+        Ok((Frame::Refuse { reason }, _)) => {
+            Err(Error::msg(format!("{}: {reason}", what("refused by"))))
+        }
+        Ok((Frame::Noise { .. }, _)) => Err(Error::msg(format!(
+            "{}: the receiver wants a key handshake: give this side its --psk-file",
+            what("handshake with")
+        ))),
+        other => Err(Error::msg(format!(
+            "{}: expected a welcome, got {other:?}",
+            what("handshake with")
+        ))),
     }
+}
+
+/// Reads exactly one frame into `buf` (its header first, then the body it declares, bounded
+/// by its type); returns its length.
+fn read_frame(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    timeout: Duration,
+    what: &dyn Fn(&str) -> String,
+) -> Result<usize, Error> {
+    read_exact(s, &mut buf[..frame::FRAME_HDR], timeout, what)?;
+    let need = match Frame::parse(&buf[..frame::FRAME_HDR]) {
+        Err(FrameError::Truncated { need, .. }) if need <= buf.len() => need,
+        Ok(_) => return Ok(frame::FRAME_HDR),
+        Err(e) => {
+            return Err(Error::msg(format!(
+                "{}: not an mpcat receiver: {e}",
+                what("handshake with")
+            )))
+        }
+    };
+    read_exact(s, &mut buf[frame::FRAME_HDR..need], timeout, what)?;
+    Ok(need)
 }
 
 /// Fills `buf` from `s` (whose SO_RCVTIMEO is set); a timeout or a close is said as such.
@@ -341,23 +333,7 @@ fn noise_handshake(
     s.write_all(&buf[..n])
         .map_err(|e| Error::io(what("send the key handshake to"), e))?;
     // One frame back: its header says how long it is (bounded by its type).
-    read_exact(s, &mut buf[..frame::FRAME_HDR], timeout, what)?;
-    let need = match Frame::parse(&buf[..frame::FRAME_HDR]) {
-        Err(FrameError::Truncated { need, .. }) if need <= buf.len() => need,
-        Ok((f, _)) => {
-            return Err(Error::msg(format!(
-                "{}: expected the key handshake's answer, got {f:?}",
-                what("handshake with")
-            )))
-        }
-        Err(e) => {
-            return Err(Error::msg(format!(
-                "{}: not an mpcat receiver: {e}",
-                what("handshake with")
-            )))
-        }
-    };
-    read_exact(s, &mut buf[frame::FRAME_HDR..need], timeout, what)?;
+    let need = read_frame(s, &mut buf, timeout, what)?;
     match Frame::parse(&buf[..need]) {
         Ok((Frame::Noise { version, msg }, _)) if version == VERSION => {
             init.finish(msg).ok_or_else(|| {
