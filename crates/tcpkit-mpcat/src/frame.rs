@@ -11,6 +11,11 @@
 //! bytes up to `limit` (the credit: the receiver holds at most its window). When every byte is
 //! written and the hash checked it sends [`Frame::Done`] with the verdict.
 //!
+//! With `--psk-file` each connection opens instead with the two messages of a Noise
+//! handshake, each in a [`Frame::Noise`] (magic and version in the clear, so a receiver tells
+//! an encrypted sender from a stray connection); after them the frames above travel inside
+//! encrypted records (see [`crate::secure`]).
+//!
 //! Bytes from the network enter only through [`Frame::parse`], which checks the declared body
 //! length against the most its type may carry before waiting for (or keeping) any of it: a
 //! frame cut short is [`FrameError::Truncated`] (the reader waits for more bytes), a length
@@ -43,12 +48,16 @@ const T_DATA: u8 = 4;
 const T_ACK: u8 = 5;
 const T_END: u8 = 6;
 const T_DONE: u8 = 7;
+const T_NOISE: u8 = 8;
 
 const HELLO_BODY: usize = 4 + 2 + 16 + 2 + 2 + 4;
 const WELCOME_BODY: usize = 4 + 2 + 8;
 const ACK_BODY: usize = 16;
 const END_BODY: usize = 8 + 32;
 const DONE_BODY: usize = 9;
+/// The longest Noise handshake message a frame carries (mpcat's are 48 bytes).
+pub const MAX_NOISE_MSG: usize = 64;
+const NOISE_BODY: usize = 4 + 2 + MAX_NOISE_MSG;
 
 /// The session's random token: connections that do not present it are refused.
 pub type Token = [u8; 16];
@@ -79,6 +88,8 @@ pub enum Frame<'a> {
     End { total: u64, hash: [u8; 32] },
     /// receiver → sender: all `total` bytes written, and whether the hash matched.
     Done { total: u64, ok: bool },
+    /// Either way, first on a `--psk-file` connection: one message of the Noise handshake.
+    Noise { version: u16, msg: &'a [u8] },
 }
 
 /// Why bytes are not a frame.
@@ -117,6 +128,7 @@ fn kind(ty: u8) -> Result<(&'static str, usize), FrameError> {
         T_ACK => ("ack", ACK_BODY),
         T_END => ("end", END_BODY),
         T_DONE => ("done", DONE_BODY),
+        T_NOISE => ("noise", NOISE_BODY),
         _ => return Err(FrameError::UnknownType { ty }),
     })
 }
@@ -260,7 +272,7 @@ impl<'a> Frame<'a> {
                 b.end()?;
                 Frame::End { total, hash }
             }
-            _ => {
+            T_DONE => {
                 let total = b.u64()?;
                 let ok = match b.take::<1>()?[0] {
                     0 => false,
@@ -270,6 +282,16 @@ impl<'a> Frame<'a> {
                 b.end()?;
                 Frame::Done { total, ok }
             }
+            T_NOISE => {
+                b.magic()?;
+                let version = b.u16()?;
+                let msg = b.rest();
+                if msg.is_empty() {
+                    return Err(b.bad(6, "no handshake message"));
+                }
+                Frame::Noise { version, msg }
+            }
+            _ => return Err(FrameError::UnknownType { ty }),
         };
         Ok((f, total))
     }
@@ -285,6 +307,7 @@ impl<'a> Frame<'a> {
                 Frame::Ack { .. } => ACK_BODY,
                 Frame::End { .. } => END_BODY,
                 Frame::Done { .. } => DONE_BODY,
+                Frame::Noise { msg, .. } => 6 + msg.len(),
             }
     }
 
@@ -310,6 +333,14 @@ impl<'a> Frame<'a> {
             Frame::Ack { .. } => (T_ACK, ACK_BODY),
             Frame::End { .. } => (T_END, END_BODY),
             Frame::Done { .. } => (T_DONE, DONE_BODY),
+            Frame::Noise { msg, .. } => {
+                assert!(
+                    (1..=MAX_NOISE_MSG).contains(&msg.len()),
+                    "emit: a {}-byte Noise message",
+                    msg.len()
+                );
+                (T_NOISE, 6 + msg.len())
+            }
         };
         out[0] = ty;
         out[1..FRAME_HDR].copy_from_slice(&(body_len as u32).to_be_bytes());
@@ -353,6 +384,11 @@ impl<'a> Frame<'a> {
             Frame::Done { total, ok } => {
                 w.put(&total.to_be_bytes());
                 w.put(&[u8::from(ok)]);
+            }
+            Frame::Noise { version, msg } => {
+                w.put(&MAGIC);
+                w.put(&version.to_be_bytes());
+                w.put(msg);
             }
         }
         n
@@ -470,6 +506,10 @@ mod tests {
             Frame::Done {
                 total: 7,
                 ok: false,
+            },
+            Frame::Noise {
+                version: VERSION,
+                msg: &[0x5a; 48],
             },
         ]
     }
@@ -657,7 +697,7 @@ mod tests {
                 kinds.insert(std::mem::discriminant(&f));
             }
         }
-        assert_eq!(kinds.len(), 7, "every frame type has a seed");
+        assert_eq!(kinds.len(), 8, "every frame type has a seed");
     }
 
     /// Writes the seed corpus (run by hand: `cargo test -p tcpkit-mpcat write_frame_corpus
@@ -669,7 +709,7 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/mpcat_frame");
         std::fs::create_dir_all(&dir).unwrap();
         let names = [
-            "hello", "welcome", "refuse", "data", "ack", "end", "done-ok", "done-bad",
+            "hello", "welcome", "refuse", "data", "ack", "end", "done-ok", "done-bad", "noise",
         ];
         let mut all = Vec::new();
         for (name, f) in names.iter().zip(samples()) {

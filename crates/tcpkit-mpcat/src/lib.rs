@@ -11,17 +11,19 @@
 //! The wire format is in [`frame`].
 
 pub mod frame;
+pub mod mptcp;
 pub mod paths;
 pub mod recv;
 pub mod reorder;
 mod report;
+pub mod secure;
 pub mod send;
 
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use report::{ConnCounts, MpcatReport, PathFailure, Role, StreamReport};
+pub use report::{ConnCounts, MpcatReport, MptcpReport, PathFailure, Role, StreamReport};
 
 /// The receiver's default reorder window.
 pub const DEFAULT_WINDOW: u64 = 64 << 20;

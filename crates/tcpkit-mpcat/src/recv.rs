@@ -24,6 +24,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, MAX_STREAMS, MIN_CHUNK};
 use crate::reorder::Reorder;
+use crate::secure::{Channel, Psk, HANDSHAKE_MSG, MAX_RECORD, REC_HDR};
 use crate::send::hex;
 use crate::{ConnCounts, Error, Live, MpcatReport, Output, PathFailure, Role, StreamReport};
 
@@ -40,6 +41,10 @@ pub struct RecvConfig {
     /// A stream's connection whose data stays unacknowledged this long has failed; with no
     /// stream connected for this long, the session fails.
     pub path_timeout: Duration,
+    /// --psk-file: every connection must complete a Noise handshake under this key.
+    pub psk: Option<Psk>,
+    /// --mptcp: listen with IPPROTO_MPTCP (plain TCP senders are still accepted).
+    pub mptcp: bool,
 }
 
 const LISTENER: Token = Token(0);
@@ -49,25 +54,57 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 const PENDING_BUF: usize = 64;
 /// Unwritten acks a connection may hold before its sender counts as not reading them.
 const MAX_ACK_BACKLOG: usize = 4096;
+/// Bytes kept for records not yet opened (--psk-file): two of the largest.
+const RAW_BUF: usize = 2 * (REC_HDR + MAX_RECORD);
+/// Why a --psk-file handshake under another key is refused (the sender shows it).
+const WRONG_KEY: &str = "the receiver holds another key (--psk-file): not this session's key";
+const PSK_WANTED: &str =
+    "this receiver takes encrypted sessions only: give the sender the receiver's --psk-file";
+const PSK_UNWANTED: &str = "this receiver has no --psk-file: it takes unencrypted sessions only (give it the sender's --psk-file)";
 
 /// A bound listening socket: made before the run so "port in use" is said before anything.
 #[derive(Debug)]
 pub struct Listener {
     sock: TcpListener,
     addr: SocketAddr,
+    /// --mptcp asked for and this kernel has none: why, to be said once.
+    mptcp_fallback: Option<String>,
 }
 
 impl Listener {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Why --mptcp could not be honoured (the listener is plain TCP then).
+    pub fn mptcp_fallback(&self) -> Option<&str> {
+        self.mptcp_fallback.as_deref()
+    }
 }
 
-/// Binds `addr`. An unspecified IPv6 address takes IPv4 too; on a host without IPv6,
-/// `[::]` falls back to `0.0.0.0`.
-pub fn bind(addr: SocketAddr) -> Result<Listener, Error> {
+/// Binds `addr` (with `mptcp`, an IPPROTO_MPTCP listener, which takes plain TCP too; plain
+/// TCP when the kernel has no MPTCP). An unspecified IPv6 address takes IPv4 too; on a host
+/// without IPv6, `[::]` falls back to `0.0.0.0`.
+pub fn bind(addr: SocketAddr, mptcp: bool) -> Result<Listener, Error> {
+    let mut mptcp_fallback = None;
+    let mut proto = Protocol::TCP;
+    if mptcp {
+        match Socket::new(
+            Domain::for_address(addr),
+            Type::STREAM,
+            Some(Protocol::from(crate::mptcp::IPPROTO_MPTCP)),
+        ) {
+            Ok(_) => proto = Protocol::from(crate::mptcp::IPPROTO_MPTCP),
+            Err(e) if crate::mptcp::unsupported(&e) => {
+                mptcp_fallback = Some(format!(
+                    "--mptcp: this kernel does not do MPTCP (socket: {e}; is net.mptcp.enabled 1?): listening on plain TCP"
+                ));
+            }
+            Err(e) => return Err(Error::io(format!("an MPTCP socket for {addr}"), e)),
+        }
+    }
     let try_bind = |a: SocketAddr| -> io::Result<Socket> {
-        let s = Socket::new(Domain::for_address(a), Type::STREAM, Some(Protocol::TCP))?;
+        let s = Socket::new(Domain::for_address(a), Type::STREAM, Some(proto))?;
         if a.is_ipv6() {
             s.set_only_v6(false)?;
         }
@@ -98,6 +135,7 @@ pub fn bind(addr: SocketAddr) -> Result<Listener, Error> {
     Ok(Listener {
         sock: TcpListener::from_std(std),
         addr,
+        mptcp_fallback,
     })
 }
 
@@ -112,9 +150,13 @@ enum State {
     /// One of the session's streams.
     Stream {
         index: u16,
+        /// Frames not yet parsed (plaintext).
         inbuf: Vec<u8>,
         in_len: usize,
         bytes: u64,
+        /// --psk-file: records not yet opened into `inbuf` (empty without).
+        raw: Vec<u8>,
+        raw_len: usize,
     },
 }
 
@@ -127,6 +169,20 @@ struct Conn {
     /// Frames for the sender not yet written (acks, the verdict).
     out: Vec<u8>,
     out_pos: usize,
+    /// --psk-file: this connection's keys, once its Noise handshake is done.
+    chan: Option<Channel>,
+}
+
+impl Conn {
+    /// Queues a frame for the sender: sealed into a record when encrypted.
+    fn put(&mut self, f: &Frame<'_>) {
+        let mut b = [0u8; 64 + frame::MAX_REASON];
+        let n = f.emit(&mut b);
+        match self.chan.as_mut() {
+            Some(ch) => ch.seal(&b[..n], &mut self.out),
+            None => self.out.extend_from_slice(&b[..n]),
+        }
+    }
 }
 
 struct Session {
@@ -300,6 +356,8 @@ impl Receiver<'_> {
             },
             chunk_size: s.map_or(0, |s| u64::from(s.chunk)),
             window: cfg.window,
+            encrypted: cfg.psk.is_some(),
+            mptcp: None,
             streams,
             egress: None,
             path_failures: std::mem::take(&mut rx.failures),
@@ -439,6 +497,7 @@ impl Receiver<'_> {
                             },
                             out: Vec::new(),
                             out_pos: 0,
+                            chan: None,
                         },
                     );
                     // Bytes may have come with the connection: edge-triggered, so look now.
@@ -564,32 +623,53 @@ impl Receiver<'_> {
                 inbuf,
                 in_len,
                 bytes,
+                raw,
+                raw_len,
             } = &mut c.state
             else {
                 return Ok(());
             };
-            let n = if std::mem::take(&mut first) && *in_len > 0 {
-                0
-            } else {
-                match c.sock.read(&mut inbuf[*in_len..]) {
+            if !(std::mem::take(&mut first) && (*in_len > 0 || *raw_len > 0)) {
+                let into = match c.chan {
+                    Some(_) => &mut raw[*raw_len..],
+                    None => &mut inbuf[*in_len..],
+                };
+                match c.sock.read(into) {
                     Ok(0) => return self.lost(poll, t, "closed"),
-                    Ok(n) => n,
+                    Ok(n) if c.chan.is_some() => *raw_len += n,
+                    Ok(n) => *in_len += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return self.lost(poll, t, &format!("failed ({e})")),
                 }
-            };
-            *in_len += n;
+            }
             let Some(s) = self.session.as_mut() else {
                 return Err("a stream without a session".into());
             };
-            let mut at = 0;
-            let peer = c.peer;
+            // Records open as frames leave inbuf, until none is left to open: after a round
+            // inbuf has room for a whole record, so `raw` never fills.
             loop {
-                match Frame::parse(&inbuf[at..*in_len]) {
-                    Ok((f, used)) => {
-                        at += used;
-                        match f {
+                let mut opened = 0;
+                if let Some(ch) = c.chan.as_mut() {
+                    match ch.open(&raw[..*raw_len], inbuf, in_len) {
+                        Ok(n) => opened = n,
+                        // Someone on the path, not the sender: this connection goes, the
+                        // sender re-sends its chunks on the others.
+                        Err(e) => {
+                            let why = e.to_string();
+                            return self.lost(poll, t, &why);
+                        }
+                    }
+                    raw.copy_within(opened..*raw_len, 0);
+                    *raw_len -= opened;
+                }
+                let mut at = 0;
+                let peer = c.peer;
+                loop {
+                    match Frame::parse(&inbuf[at..*in_len]) {
+                        Ok((f, used)) => {
+                            at += used;
+                            match f {
                             Frame::Data { seq, payload } => {
                                 if payload.len() > s.chunk as usize {
                                     return Err(format!(
@@ -625,24 +705,32 @@ impl Receiver<'_> {
                                 }
                                 s.end = Some((total, hash));
                             }
+                            Frame::Refuse { reason } => {
+                                return Err(format!("the sender gave up: {reason}"));
+                            }
                             other => {
                                 return Err(format!(
                                     "stream {index} ({peer}): the sender sent a frame only a receiver sends: {other:?}"
                                 ))
                             }
                         }
+                        }
+                        Err(FrameError::Truncated { .. }) => break,
+                        Err(e) => return Err(format!("stream {index} ({peer}): {e}")),
                     }
-                    Err(FrameError::Truncated { .. }) => break,
-                    Err(e) => return Err(format!("stream {index} ({peer}): {e}")),
+                }
+                inbuf.copy_within(at..*in_len, 0);
+                *in_len -= at;
+                if opened == 0 {
+                    break;
                 }
             }
-            inbuf.copy_within(at..*in_len, 0);
-            *in_len -= at;
         }
     }
 
     /// Reads a pending connection's Hello; accepts it into the session or refuses it.
     fn read_hello(&mut self, poll: &mut Poll, t: Token) -> Result<(), String> {
+        let cfg = self.cfg;
         let Some(c) = self.conns.get_mut(&t) else {
             return Ok(());
         };
@@ -669,8 +757,95 @@ impl Receiver<'_> {
                 break;
             }
         }
-        let hello = match Frame::parse(&buf[..*len]) {
-            Err(FrameError::Truncated { .. }) if *len < buf.len() => return Ok(()),
+        // With --psk-file: the Noise handshake first, then the Hello inside a record.
+        let mut plain = [0u8; PENDING_BUF];
+        let mut plain_len = 0;
+        let mut raw_rest = [0u8; PENDING_BUF];
+        let mut raw_rest_len = 0;
+        if let Some(psk) = &cfg.psk {
+            if c.chan.is_none() {
+                match Frame::parse(&buf[..*len]) {
+                    Err(FrameError::Truncated { .. }) if *len < buf.len() => return Ok(()),
+                    Ok((Frame::Noise { version, msg }, used))
+                        if version == frame::VERSION && msg.len() == HANDSHAKE_MSG =>
+                    {
+                        let mut reply = [0u8; HANDSHAKE_MSG];
+                        match psk.respond(msg, &mut reply) {
+                            Ok(ch) => {
+                                Frame::Noise {
+                                    version,
+                                    msg: &reply,
+                                }
+                                .emit_vec(&mut c.out);
+                                c.chan = Some(ch);
+                                buf.copy_within(used..*len, 0);
+                                *len -= used;
+                                if flush_out(&mut c.sock, &mut c.out, &mut c.out_pos).is_err() {
+                                    self.counts.bad_handshake += 1;
+                                    self.drop_conn(poll, t);
+                                    return Ok(());
+                                }
+                                if *len == 0 {
+                                    return Ok(());
+                                }
+                            }
+                            Err(None) => {
+                                self.counts.wrong_key += 1;
+                                self.refuse(poll, t, WRONG_KEY);
+                                return Ok(());
+                            }
+                            Err(Some(e)) => {
+                                self.counts.bad_handshake += 1;
+                                self.refuse(poll, t, &e.to_string());
+                                return Ok(());
+                            }
+                        }
+                    }
+                    Ok((Frame::Noise { version, .. }, _)) if version != frame::VERSION => {
+                        self.counts.bad_handshake += 1;
+                        let why = format!(
+                            "version {version} not spoken: this receiver speaks {}",
+                            frame::VERSION
+                        );
+                        self.refuse(poll, t, &why);
+                        return Ok(());
+                    }
+                    Ok((Frame::Hello { .. }, _)) => {
+                        self.counts.bad_handshake += 1;
+                        self.refuse(poll, t, PSK_WANTED);
+                        return Ok(());
+                    }
+                    _ => {
+                        self.counts.bad_handshake += 1;
+                        self.refuse(poll, t, "not an mpcat handshake");
+                        return Ok(());
+                    }
+                }
+            }
+            let Some(ch) = c.chan.as_mut() else {
+                return Ok(());
+            };
+            match ch.open(&buf[..*len], &mut plain, &mut plain_len) {
+                // The Hello's record is not all there yet.
+                Ok(_) if plain_len == 0 => return Ok(()),
+                Ok(used) => {
+                    raw_rest_len = *len - used;
+                    raw_rest[..raw_rest_len].copy_from_slice(&buf[used..*len]);
+                }
+                Err(_) => {
+                    self.counts.bad_handshake += 1;
+                    self.drop_conn(poll, t);
+                    return Ok(());
+                }
+            }
+        } else {
+            plain[..*len].copy_from_slice(&buf[..*len]);
+            plain_len = *len;
+        }
+        let encrypted = cfg.psk.is_some();
+        let hello = match Frame::parse(&plain[..plain_len]) {
+            // Unencrypted, the Hello may come in pieces; encrypted, its record holds it whole.
+            Err(FrameError::Truncated { .. }) if !encrypted && *len < buf.len() => return Ok(()),
             Ok((
                 Frame::Hello {
                     version,
@@ -684,9 +859,14 @@ impl Receiver<'_> {
                 // Bytes after the Hello (a sender that did not wait for the Welcome) are
                 // the stream's first: kept for it.
                 let mut rest = [0u8; PENDING_BUF];
-                let n = *len - used;
-                rest[..n].copy_from_slice(&buf[used..*len]);
+                let n = plain_len - used;
+                rest[..n].copy_from_slice(&plain[used..plain_len]);
                 (version, token, stream, streams, chunk, rest, n)
+            }
+            Ok((Frame::Noise { .. }, _)) if !encrypted => {
+                self.counts.bad_handshake += 1;
+                self.refuse(poll, t, PSK_UNWANTED);
+                return Ok(());
             }
             _ => {
                 self.counts.bad_handshake += 1;
@@ -778,19 +958,27 @@ impl Receiver<'_> {
         // Best effort: a socket without these still works, only a dead path is noticed
         // later (when the sender gives up on it).
         let _ = crate::set_path_timeout(&c.sock, self.cfg.path_timeout);
+        // Room for one more record's plaintext (64 KiB) beside the longest part of a frame
+        // left waiting, so a whole record always opens.
         let mut inbuf = vec![0; DATA_HDR + chunk + (64 << 10)];
         inbuf[..rest_len].copy_from_slice(&rest[..rest_len]);
+        let mut raw = Vec::new();
+        if c.chan.is_some() {
+            raw = vec![0; RAW_BUF];
+            raw[..raw_rest_len].copy_from_slice(&raw_rest[..raw_rest_len]);
+        }
         c.state = State::Stream {
             index: stream,
             inbuf,
             in_len: rest_len,
             bytes: 0,
+            raw,
+            raw_len: raw_rest_len,
         };
-        Frame::Welcome {
+        c.put(&Frame::Welcome {
             version: frame::VERSION,
             window: self.cfg.window,
-        }
-        .emit_vec(&mut c.out);
+        });
         if let Err(e) = flush(c) {
             return self.lost(poll, t, &e);
         }
@@ -802,9 +990,10 @@ impl Receiver<'_> {
     /// Tells a connection why it is refused (best effort) and closes it.
     fn refuse(&mut self, poll: &mut Poll, t: Token, reason: &str) {
         if let Some(mut c) = self.drop_conn(poll, t) {
-            let mut buf = Vec::new();
-            Frame::Refuse { reason }.emit_vec(&mut buf);
-            let _ = c.sock.write(&buf);
+            c.out.clear();
+            c.out_pos = 0;
+            c.put(&Frame::Refuse { reason });
+            let _ = c.sock.write(&c.out);
         }
     }
 
@@ -845,10 +1034,12 @@ impl Receiver<'_> {
                 if !matches!(c.state, State::Stream { .. }) {
                     continue;
                 }
-                if c.out_pos == 0 {
-                    c.out.clear(); // an unwritten older ack says less than this one
+                if c.out_pos == 0 && c.chan.is_none() {
+                    // An unwritten older ack says less than this one. (A sealed one stays:
+                    // the sender's nonces count every record.)
+                    c.out.clear();
                 }
-                ack.emit_vec(&mut c.out);
+                c.put(&ack);
                 if c.out.len() > MAX_ACK_BACKLOG {
                     failed.push((
                         *t,
@@ -885,7 +1076,7 @@ impl Receiver<'_> {
         let done = Frame::Done { total, ok };
         for c in self.conns.values_mut() {
             if matches!(c.state, State::Stream { .. }) {
-                done.emit_vec(&mut c.out);
+                c.put(&done);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -928,16 +1119,21 @@ fn unmapped(a: SocketAddr) -> SocketAddr {
 
 /// Writes what `c` has pending for the sender.
 fn flush(c: &mut Conn) -> Result<(), String> {
-    while c.out_pos < c.out.len() {
-        match c.sock.write(&c.out[c.out_pos..]) {
+    flush_out(&mut c.sock, &mut c.out, &mut c.out_pos)
+}
+
+/// [`flush`] on a connection's parts, for a caller that holds its state borrowed.
+fn flush_out(sock: &mut TcpStream, out: &mut Vec<u8>, out_pos: &mut usize) -> Result<(), String> {
+    while *out_pos < out.len() {
+        match sock.write(&out[*out_pos..]) {
             Ok(0) => return Err("write returned 0".into()),
-            Ok(n) => c.out_pos += n,
+            Ok(n) => *out_pos += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(format!("write: {e}")),
         }
     }
-    c.out.clear();
-    c.out_pos = 0;
+    out.clear();
+    *out_pos = 0;
     Ok(())
 }

@@ -44,14 +44,28 @@ pub struct PathFailure {
 pub struct ConnCounts {
     /// Presented another session's token (or came after the session was complete).
     pub wrong_token: u64,
-    /// Sent something that is not an mpcat Hello of this version.
+    /// Sent something that is not an mpcat Hello of this version (or, with --psk-file, an
+    /// unencrypted Hello; without it, an encrypted handshake).
     pub bad_handshake: u64,
+    /// Opened a --psk-file handshake under another key.
+    pub wrong_key: u64,
     /// Sent no Hello within the handshake deadline.
     pub handshake_timeout: u64,
     /// Arrived while the cap on connections in their handshake was reached.
     pub over_cap: u64,
     /// accept() failed (e.g. out of descriptors: accepting paused, then went on).
     pub accept_errors: u64,
+}
+
+/// --mptcp on the sending side: what the kernel's MPTCP did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MptcpReport {
+    /// Subflows of the connection at the end (the first included; MPTCP_INFO); 0 when it
+    /// fell back.
+    pub subflows: u32,
+    /// Why the session was striped over TCP instead (no MPTCP in this kernel, or the receiver
+    /// does not do it); null when MPTCP carried it.
+    pub fallback: Option<String>,
 }
 
 /// The report of one side.
@@ -70,6 +84,10 @@ pub struct MpcatReport {
     pub bytes_per_second: f64,
     pub chunk_size: u64,
     pub window: u64,
+    /// Every connection authenticated and encrypted with the --psk-file key.
+    pub encrypted: bool,
+    /// --mptcp (sending side): subflows, or why it fell back; null without --mptcp.
+    pub mptcp: Option<MptcpReport>,
     pub streams: Vec<StreamReport>,
     /// How connections leave the sender toward the receiver, e.g. `ecmp: eth1 eth2` (sending
     /// side; null on the receiving side).
@@ -119,6 +137,23 @@ impl Report for MpcatReport {
             self.streams.len(),
             self.address
         ));
+        match &self.mptcp {
+            Some(MptcpReport {
+                fallback: Some(why),
+                ..
+            }) => s.push_str(&format!("  mptcp: not used, striped over TCP: {why}\n")),
+            Some(m) => s.push_str(&format!(
+                "  mptcp: one connection, {} subflows at the end\n",
+                m.subflows
+            )),
+            None => {}
+        }
+        if self.encrypted {
+            s.push_str(&format!(
+                "  every stream encrypted: {} (--psk-file)\n",
+                crate::secure::NOISE_PARAMS
+            ));
+        }
         match &self.egress {
             Some(e) if e.starts_with("one link") => s.push_str(&format!("  egress {e}\n")),
             Some(e) => s.push_str(&format!(
@@ -170,8 +205,8 @@ impl Report for MpcatReport {
         if self.role == Role::Receive {
             let c = &self.connections;
             s.push_str(&format!(
-                "refused: {} wrong token, {} bad handshake, {} handshake timeout, {} over the cap, {} accept errors\n",
-                c.wrong_token, c.bad_handshake, c.handshake_timeout, c.over_cap, c.accept_errors
+                "refused: {} wrong token, {} wrong key, {} bad handshake, {} handshake timeout, {} over the cap, {} accept errors\n",
+                c.wrong_token, c.wrong_key, c.bad_handshake, c.handshake_timeout, c.over_cap, c.accept_errors
             ));
         }
         s
@@ -207,6 +242,8 @@ mod tests {
             bytes_per_second: 2.0 * 1048576.0,
             chunk_size: 262_144,
             window: 64 << 20,
+            encrypted: false,
+            mptcp: None,
             streams: vec![
                 StreamReport {
                     index: 0,
@@ -247,7 +284,7 @@ mod tests {
              \x20 stream   0  198.19.0.2:31337 -> 198.19.0.1:40000  1048576 bytes  33.3 %\n\
              \x20 stream   1  198.19.0.2:31337 -> 198.19.0.1:40001  2097152 bytes  66.7 %\n\
              blake3:00ff: verified\n\
-             refused: 2 wrong token, 0 bad handshake, 0 handshake timeout, 0 over the cap, 0 accept errors\n"
+             refused: 2 wrong token, 0 wrong key, 0 bad handshake, 0 handshake timeout, 0 over the cap, 0 accept errors\n"
         );
         let mut r = sample();
         r.path_failures.push(PathFailure {
@@ -271,6 +308,21 @@ mod tests {
         assert!(r.human().contains(
             "  egress ecmp: eth1 eth2 (the receive direction is spread by the peer's routes or the switch)\n\
              \x20 stream   0  198.19.0.2:31337 -> 198.19.0.1:40000 via eth1  1048576 bytes  33.3 %\n"
+        ), "{}", r.human());
+        r.mptcp = Some(MptcpReport {
+            subflows: 3,
+            fallback: None,
+        });
+        assert!(
+            r.human()
+                .contains("  mptcp: one connection, 3 subflows at the end\n"),
+            "{}",
+            r.human()
+        );
+        r.mptcp = None;
+        r.encrypted = true;
+        assert!(r.human().contains(
+            " to [::]:31337\n  every stream encrypted: Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s (--psk-file)\n  egress"
         ), "{}", r.human());
         r.hash = None;
         r.verified = false;

@@ -18,7 +18,10 @@ use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, VERSION};
 use tcpkit_pace::TokenBucket;
 
 use crate::paths::{Egress, Paths};
-use crate::{ConnCounts, Error, Input, Live, MpcatReport, PathFailure, Role, StreamReport};
+use crate::secure::{Channel, Psk, HANDSHAKE_MSG, REC_HDR, TAG};
+use crate::{
+    ConnCounts, Error, Input, Live, MpcatReport, MptcpReport, PathFailure, Role, StreamReport,
+};
 
 /// How the sending side runs.
 #[derive(Debug, Clone)]
@@ -41,11 +44,22 @@ pub struct SendConfig {
     pub path_timeout: Duration,
     /// Most stream bytes per second (--rate-limit), over all connections together.
     pub rate_limit: Option<u64>,
+    /// --psk-file: every connection authenticated and encrypted with this key.
+    pub psk: Option<Psk>,
+    /// --mptcp: one IPPROTO_MPTCP connection instead of striping (striping over TCP when the
+    /// kernel or the receiver does not do MPTCP).
+    pub mptcp: bool,
+    /// --size: the input's length, known beforehand (stdin of a known length): the live line
+    /// shows percent and ETA, and an input of another length fails the session.
+    pub size: Option<u64>,
 }
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
 /// Bytes a sender keeps for frames coming back (acks, the verdict): they are small.
 const INBUF: usize = 4096;
+/// Bytes kept for records not yet opened (--psk-file): two of the largest a receiver's
+/// frames make (a record whose plaintext would not fit in INBUF is refused at its header).
+const RAW_BUF: usize = 2 * (REC_HDR + INBUF + TAG);
 
 /// One chunk of the input, `seq` its offset in the stream.
 #[derive(Debug)]
@@ -90,10 +104,28 @@ struct Conn {
     reconnecting: bool,
     /// When the next reconnection may start.
     next_try: Instant,
+    /// --psk-file: this connection's keys; `raw` holds records not yet opened into `inbuf`.
+    chan: Option<Channel>,
+    raw: Vec<u8>,
+    raw_len: usize,
 }
 
+impl Conn {
+    /// Queues `plain` (frames) for the receiver: sealed into records when encrypted.
+    fn put(&mut self, plain: &[u8]) {
+        match self.chan.as_mut() {
+            Some(ch) => ch.seal(plain, &mut self.out),
+            None => self.out.extend_from_slice(plain),
+        }
+    }
+}
+
+/// A connected, welcomed stream: its socket, the address that answered, the receiver's
+/// window, and its keys with --psk-file.
+type Connected = (TcpStream, SocketAddr, u64, Option<Channel>);
+
 /// A reconnection's outcome, from its thread.
-type Reconnected = (usize, Result<(TcpStream, SocketAddr, u64), Error>);
+type Reconnected = (usize, Result<Connected, Error>);
 
 /// Opens the input: a file that cannot be opened fails before any connection is made.
 fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
@@ -105,8 +137,13 @@ fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
     }
 }
 
-/// Connects stream `index` and does its handshake; returns the socket, any bytes read past
-/// the Welcome, and the receiver's window.
+/// Connects stream `index` and does its handshake (with --psk-file, the Noise handshake
+/// first); returns the socket, the address that answered, the receiver's window and the keys.
+/// `pre`: a connection already made (--mptcp's, or one that fell back), only handshaken here.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the session's fixed parts and this stream's own, called from the start and from reconnect threads"
+)]
 fn connect(
     cfg: &SendConfig,
     n_streams: u16,
@@ -115,11 +152,12 @@ fn connect(
     from: Option<SocketAddr>,
     token: frame::Token,
     index: u16,
-) -> Result<(TcpStream, SocketAddr, u64), Error> {
+    pre: Option<(TcpStream, SocketAddr)>,
+) -> Result<Connected, Error> {
     let mut last = None;
-    let mut sock = None;
-    for a in addrs {
-        match connect_from(*a, from, cfg.connect_timeout) {
+    let mut sock = pre;
+    for a in addrs.iter().filter(|_| sock.is_none()) {
+        match connect_from(*a, from, cfg.connect_timeout, cfg.mptcp) {
             Ok(s) => {
                 sock = Some((s, *a));
                 break;
@@ -136,8 +174,13 @@ fn connect(
     // Small frames (acks, the verdict) must not wait for Nagle.
     s.set_nodelay(true)
         .map_err(|e| Error::io(what("TCP_NODELAY on"), e))?;
-    crate::set_path_timeout(&s, cfg.path_timeout)
-        .map_err(|e| Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e))?;
+    match crate::set_path_timeout(&s, cfg.path_timeout) {
+        Ok(()) => {}
+        // Not every kernel takes these on an MPTCP socket; its subflows then rely on TCP's
+        // own retransmission limits and MPTCP's re-injection.
+        Err(_) if cfg.mptcp => {}
+        Err(e) => return Err(Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e)),
+    }
     // Over links of different speeds, "room" must mean little unsent data in the socket,
     // not a free send buffer: with at most 128 KiB not yet sent, a slow link's socket cannot
     // swallow megabytes that the fast links then wait for at the end (40/30/20/10 Mbit/s
@@ -154,65 +197,195 @@ fn connect(
         chunk: cfg.chunk,
     };
     let mut buf = [0u8; 64 + frame::MAX_REASON];
-    let n = hello.emit(&mut buf);
-    s.write_all(&buf[..n])
-        .map_err(|e| Error::io(what("send hello to"), e))?;
     s.set_read_timeout(Some(cfg.connect_timeout))
         .map_err(|e| Error::io(what("SO_RCVTIMEO on"), e))?;
-    let mut have = 0;
-    loop {
-        match Frame::parse(&buf[..have]) {
-            Ok((Frame::Welcome { version, window }, used)) => {
-                if version != VERSION || used != have {
-                    return Err(Error::msg(format!(
-                        "{}: the receiver speaks version {version}, this is {VERSION}",
-                        what("handshake with")
-                    )));
-                }
-                return Ok((s, addr, window));
+    if let Some(psk) = &cfg.psk {
+        let mut chan = noise_handshake(&mut s, psk, cfg.connect_timeout, &what)?;
+        let n = hello.emit(&mut buf);
+        let mut sealed = Vec::with_capacity(n + REC_HDR + TAG);
+        chan.seal(&buf[..n], &mut sealed);
+        s.write_all(&sealed)
+            .map_err(|e| Error::io(what("send hello to"), e))?;
+        // The Welcome (or a Refuse) is one record; read exactly it, so nothing that follows
+        // (an ack, on a stream that rejoins a running session) is lost with this buffer.
+        let mut raw = [0u8; REC_HDR + TAG + 64 + frame::MAX_REASON];
+        read_exact(&mut s, &mut raw[..REC_HDR], cfg.connect_timeout, &what)?;
+        let len = usize::from(u16::from_be_bytes([raw[0], raw[1]]));
+        if !(TAG..=raw.len() - REC_HDR).contains(&len) {
+            return Err(Error::msg(format!(
+                "{}: a {len}-byte record where a welcome belongs",
+                what("handshake with")
+            )));
+        }
+        read_exact(
+            &mut s,
+            &mut raw[REC_HDR..REC_HDR + len],
+            cfg.connect_timeout,
+            &what,
+        )?;
+        let mut have = 0;
+        chan.open(&raw[..REC_HDR + len], &mut buf, &mut have)
+            .map_err(|e| Error::msg(format!("{}: {e}", what("handshake with"))))?;
+        let window = match Frame::parse(&buf[..have]) {
+            Ok((Frame::Welcome { version, window }, used))
+                if version == VERSION && used == have =>
+            {
+                window
             }
             Ok((Frame::Refuse { reason }, _)) => {
                 return Err(Error::msg(format!("{}: {reason}", what("refused by"))));
             }
-            Ok((f, _)) => {
+            other => {
                 return Err(Error::msg(format!(
-                    "{}: expected a welcome, got {f:?}",
+                    "{}: expected a welcome, got {other:?}",
                     what("handshake with")
                 )))
             }
-            Err(FrameError::Truncated { .. }) => {}
-            Err(e) => {
-                return Err(Error::msg(format!(
-                    "{}: not an mpcat receiver: {e}",
-                    what("handshake with")
-                )))
-            }
-        }
-        let n = match s.read(&mut buf[have..]) {
-            Ok(0) => {
-                return Err(Error::msg(format!(
-                    "{}: closed during the handshake",
-                    what("receiver")
-                )))
-            }
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(Error::msg(format!(
-                    "{}: no welcome within {:?}",
-                    what("handshake with"),
-                    cfg.connect_timeout
-                )))
-            }
-            Err(e) => return Err(Error::io(what("read welcome from"), e)),
         };
-        have += n;
+        return Ok((s, addr, window, Some(chan)));
     }
+    let n = hello.emit(&mut buf);
+    s.write_all(&buf[..n])
+        .map_err(|e| Error::io(what("send hello to"), e))?;
+    // Exactly one frame: on a stream that rejoins a running session an ack may follow the
+    // Welcome at once, and it belongs to the event loop, not to this buffer.
+    let frame = read_frame(&mut s, &mut buf, cfg.connect_timeout, &what)?;
+    match Frame::parse(&buf[..frame]) {
+        Ok((Frame::Welcome { version, window }, _)) if version == VERSION => {
+            Ok((s, addr, window, None))
+        }
+        Ok((Frame::Welcome { version, .. }, _)) => Err(Error::msg(format!(
+            "{}: the receiver speaks version {version}, this is {VERSION}",
+            what("handshake with")
+        ))),
+        Ok((Frame::Refuse { reason }, _)) => {
+            Err(Error::msg(format!("{}: {reason}", what("refused by"))))
+        }
+        Ok((Frame::Noise { .. }, _)) => Err(Error::msg(format!(
+            "{}: the receiver wants a key handshake: give this side its --psk-file",
+            what("handshake with")
+        ))),
+        other => Err(Error::msg(format!(
+            "{}: expected a welcome, got {other:?}",
+            what("handshake with")
+        ))),
+    }
+}
+
+/// Reads exactly one frame into `buf` (its header first, then the body it declares, bounded
+/// by its type); returns its length.
+fn read_frame(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    timeout: Duration,
+    what: &dyn Fn(&str) -> String,
+) -> Result<usize, Error> {
+    read_exact(s, &mut buf[..frame::FRAME_HDR], timeout, what)?;
+    let need = match Frame::parse(&buf[..frame::FRAME_HDR]) {
+        Err(FrameError::Truncated { need, .. }) if need <= buf.len() => need,
+        Ok(_) => return Ok(frame::FRAME_HDR),
+        Err(e) => {
+            return Err(Error::msg(format!(
+                "{}: not an mpcat receiver: {e}",
+                what("handshake with")
+            )))
+        }
+    };
+    read_exact(s, &mut buf[frame::FRAME_HDR..need], timeout, what)?;
+    Ok(need)
+}
+
+/// Fills `buf` from `s` (whose SO_RCVTIMEO is set); a timeout or a close is said as such.
+fn read_exact(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    timeout: Duration,
+    what: &dyn Fn(&str) -> String,
+) -> Result<(), Error> {
+    s.read_exact(buf).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            Error::msg(format!("{}: closed during the handshake", what("receiver")))
+        }
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::msg(format!(
+            "{}: no answer within {timeout:?}",
+            what("handshake with")
+        )),
+        _ => Error::io(what("read the handshake from"), e),
+    })
+}
+
+/// The sender's side of a --psk-file connection's Noise handshake: its message out, the
+/// receiver's answer (or refusal) in.
+fn noise_handshake(
+    s: &mut TcpStream,
+    psk: &Psk,
+    timeout: Duration,
+    what: &dyn Fn(&str) -> String,
+) -> Result<Channel, Error> {
+    let mut m1 = [0u8; HANDSHAKE_MSG];
+    let init = psk.initiate(&mut m1)?;
+    let mut buf = [0u8; frame::FRAME_HDR + frame::MAX_REASON];
+    let n = Frame::Noise {
+        version: VERSION,
+        msg: &m1,
+    }
+    .emit(&mut buf);
+    s.write_all(&buf[..n])
+        .map_err(|e| Error::io(what("send the key handshake to"), e))?;
+    // One frame back: its header says how long it is (bounded by its type).
+    let need = read_frame(s, &mut buf, timeout, what)?;
+    match Frame::parse(&buf[..need]) {
+        Ok((Frame::Noise { version, msg }, _)) if version == VERSION => {
+            init.finish(msg).ok_or_else(|| {
+                Error::msg(format!(
+                    "{}: its answer does not authenticate under this --psk-file: the receiver holds another key",
+                    what("handshake with")
+                ))
+            })
+        }
+        Ok((Frame::Noise { version, .. }, _)) => Err(Error::msg(format!(
+            "{}: the receiver speaks version {version}, this is {VERSION}",
+            what("handshake with")
+        ))),
+        Ok((Frame::Refuse { reason }, _)) => {
+            Err(Error::msg(format!("{}: {reason}", what("refused by"))))
+        }
+        other => Err(Error::msg(format!(
+            "{}: expected the key handshake's answer, got {other:?}",
+            what("handshake with")
+        ))),
+    }
+}
+
+/// The session failed on this side: tells the receiver why (a Refuse, on every connection with
+/// nothing half-written), so it fails at once instead of waiting out --path-timeout. Best
+/// effort: the connections close right after.
+fn give_up(conns: &mut [Conn], why: &str) {
+    let mut b = [0u8; 64 + frame::MAX_REASON];
+    let n = Frame::Refuse { reason: why }.emit(&mut b);
+    for c in conns.iter_mut() {
+        if c.sock.is_none() || c.out_pos < c.out.len() {
+            continue;
+        }
+        c.out.clear();
+        c.out_pos = 0;
+        c.put(&b[..n]);
+        let _ = flush(c);
+    }
+}
+
+/// --mptcp's connection: an IPPROTO_MPTCP socket connected to the first of the receiver's
+/// addresses that answers. The error of socket() itself when the kernel has no MPTCP.
+fn open_mptcp(cfg: &SendConfig) -> io::Result<(TcpStream, SocketAddr)> {
+    let mut last = io::Error::other("no address");
+    for a in &cfg.peer {
+        match connect_from(*a, None, cfg.connect_timeout, true) {
+            Ok(s) => return Ok((s, *a)),
+            Err(e) if crate::mptcp::unsupported(&e) => return Err(e),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 /// TCP_NOTSENT_LOWAT: the socket is writable (and takes writes) only while fewer than
@@ -243,9 +416,15 @@ fn connect_from(
     to: SocketAddr,
     from: Option<SocketAddr>,
     timeout: Duration,
+    mptcp: bool,
 ) -> io::Result<TcpStream> {
     use socket2::{Domain, Protocol, Socket, Type};
-    let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))?;
+    let proto = if mptcp {
+        Protocol::from(crate::mptcp::IPPROTO_MPTCP)
+    } else {
+        Protocol::TCP
+    };
+    let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(proto))?;
     if let Some(f) = from {
         s.set_reuse_address(true)?;
         // Taken (still in use by the old connection's remains): any port will do.
@@ -257,10 +436,15 @@ fn connect_from(
 
 /// Reads the input in `chunk`-sized pieces into buffers from the pool (at most `pool` of
 /// them exist, so the input is read no further ahead than the window), hashing as it goes.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the reader thread's inputs, moved in at its start"
+)]
 fn reader(
     mut input: Box<dyn Read + Send>,
     chunk: usize,
     pool: usize,
+    size: Option<u64>,
     tx: SyncSender<FromReader>,
     back: Receiver<Vec<u8>>,
     waker: Arc<Waker>,
@@ -308,6 +492,23 @@ fn reader(
             }
         }
         buf.truncate(got);
+        // --size: nothing past it is sent, and an input that ends short never sends its end.
+        let read = seq + got as u64;
+        match size {
+            Some(want) if read > want => {
+                send(FromReader::Failed(Error::msg(format!(
+                    "the input is longer than --size {want}: {read} bytes read so far"
+                ))));
+                return;
+            }
+            Some(want) if eof && read != want => {
+                send(FromReader::Failed(Error::msg(format!(
+                    "the input ended after {read} bytes, --size says {want}"
+                ))));
+                return;
+            }
+            _ => {}
+        }
         if got > 0 {
             hasher.update(&buf);
             let c = Chunk { seq, buf, conn: 0 };
@@ -406,6 +607,9 @@ pub fn run(
             live.total.store(m.len(), Ordering::Relaxed);
         }
     }
+    if let Some(n) = cfg.size {
+        live.total.store(n, Ordering::Relaxed);
+    }
     let token = crate::random_token()?;
     let chunk = cfg.chunk as usize;
     assert!(
@@ -434,30 +638,97 @@ pub fn run(
         .as_ref()
         .map(|p| p.egress.members())
         .unwrap_or_default();
+    // --mptcp: one MPTCP connection, the kernel's subflows instead of striping; striping over
+    // TCP when the kernel or the receiver does not do MPTCP (said once). A connection that
+    // fell back is plain TCP: it serves as stream 0.
+    let mut mptcp_report = None;
+    let mut pre = None;
+    if cfg.mptcp {
+        let fallback = |why: String, report: &mut Option<MptcpReport>| {
+            hint(&format!("--mptcp: {why}: striping over TCP instead"));
+            *report = Some(MptcpReport {
+                subflows: 0,
+                fallback: Some(why),
+            });
+        };
+        match open_mptcp(cfg) {
+            Ok((s, addr)) => match crate::mptcp::subflows(&s) {
+                Ok(Some(n)) => {
+                    pre = Some((s, addr, true));
+                    mptcp_report = Some(MptcpReport {
+                        subflows: n,
+                        fallback: None,
+                    });
+                }
+                Ok(None) => {
+                    pre = Some((s, addr, false));
+                    fallback(
+                        "the receiver does not do MPTCP (the connection fell back to TCP; give it --mptcp)".into(),
+                        &mut mptcp_report,
+                    );
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("MPTCP_INFO of the connection to {addr}"),
+                        e,
+                    ))
+                }
+            },
+            Err(e) if crate::mptcp::unsupported(&e) => fallback(
+                format!("this kernel does not do MPTCP (socket: {e}; is net.mptcp.enabled 1?)"),
+                &mut mptcp_report,
+            ),
+            Err(e) => {
+                return Err(Error::io(
+                    format!("stream 0: connect {} (MPTCP)", cfg.address),
+                    e,
+                ))
+            }
+        }
+    }
+    let used = matches!(pre, Some((_, _, true)));
+    let eff = SendConfig {
+        mptcp: used,
+        streams: if used { Some(1) } else { cfg.streams },
+        ..cfg.clone()
+    };
+    let cfg = &eff;
+    let mut pre = pre.map(|(s, a, _)| (s, a));
     let n_streams = match cfg.streams {
         Some(n) => n,
         None => u16::try_from(members.len().clamp(1, usize::from(frame::MAX_STREAMS))).unwrap_or(1),
     };
     let egress = paths.as_ref().map(|p| describe(&p.egress));
-    if let Some(e) = egress.as_ref().filter(|_| members.len() > 1) {
+    if let Some(e) = egress.as_ref().filter(|_| members.len() > 1 && !used) {
         hint(&format!(
             "{n_streams} streams over {e}, toward {}; the receive direction is spread by the peer's routes or the switch",
             to.ip()
         ));
     }
     // Several ways out (or none known, with several streams): bound what each socket holds.
-    let lowat = (members.len() > 1 || (paths.is_none() && n_streams > 1))
+    let lowat = (!used && (members.len() > 1 || (paths.is_none() && n_streams > 1)))
         .then_some(cfg.chunk.min(128 << 10));
     let mut conns = Vec::with_capacity(usize::from(n_streams));
     let mut addrs = cfg.peer.clone();
     let mut window = u64::MAX;
+    // A connection made before (--mptcp's) is stream 0 wherever it went; the others are
+    // spread over the members after its own.
+    let first = match (&pre, &paths) {
+        (Some((s, a)), Some(p)) => s
+            .local_addr()
+            .ok()
+            .and_then(|l| p.member_of(l, *a).ok())
+            .unwrap_or(0),
+        _ => 0,
+    };
     for i in 0..n_streams {
+        let pre = if i == 0 { pre.take() } else { None };
         let placed = paths
             .as_ref()
-            .filter(|p| p.egress.members().len() > 1)
-            .and_then(|p| pick_source(p, to, usize::from(i) % members.len()));
+            .filter(|p| p.egress.members().len() > 1 && pre.is_none())
+            .and_then(|p| pick_source(p, to, (first + usize::from(i)) % members.len()));
         let from = placed.map(|(a, _)| a);
-        let (s, addr, w) = connect(cfg, n_streams, lowat, &addrs, from, token, i)?;
+        let (s, addr, w, chan) = connect(cfg, n_streams, lowat, &addrs, from, token, i, pre)?;
         // The first address that answered is the one every stream uses.
         addrs = vec![addr];
         window = window.min(w);
@@ -486,6 +757,13 @@ pub fn run(
             bytes: 0,
             reconnecting: false,
             next_try: start,
+            raw: if chan.is_some() {
+                vec![0; RAW_BUF]
+            } else {
+                Vec::new()
+            },
+            raw_len: 0,
+            chan,
         });
     }
     let waker = Arc::new(
@@ -499,9 +777,10 @@ pub fn run(
     let reader_stop = Arc::new(AtomicBool::new(false));
     let rthread = {
         let (waker, rstop) = (Arc::clone(&waker), Arc::clone(&reader_stop));
+        let size = cfg.size;
         std::thread::Builder::new()
             .name("mpcat-read".into())
-            .spawn(move || reader(input, chunk, pool, tx, back_rx, waker, rstop))
+            .spawn(move || reader(input, chunk, pool, size, tx, back_rx, waker, rstop))
             .map_err(|e| Error::io("start the reader thread", e))?
     };
     let mut flow = Flow {
@@ -539,9 +818,22 @@ pub fn run(
         &mut poll, &ctx, &mut conns, &mut flow, &rx, &conn_rx, stop, live,
     )
     .err();
+    if let Some(why) = &failure {
+        give_up(&mut conns, why);
+    }
     reader_stop.store(true, Ordering::Relaxed);
     drop(rx);
     let _ = rthread.join();
+    if let (true, Some(m), Some(sock)) = (used, mptcp_report.as_mut(), conns[0].sock.as_ref()) {
+        match crate::mptcp::subflows(sock) {
+            Ok(Some(n)) => m.subflows = n,
+            Ok(None) => {}
+            Err(e) => hint(&format!("--mptcp: MPTCP_INFO at the end: {e}")),
+        }
+        if m.subflows == 1 {
+            hint(crate::mptcp::ONE_SUBFLOW_HINT);
+        }
+    }
     let secs = start.elapsed().as_secs_f64();
     let verified = failure.is_none()
         && matches!((flow.done, flow.end), (Some((t, true)), Some((total, _))) if t == total);
@@ -567,6 +859,8 @@ pub fn run(
         },
         chunk_size: chunk as u64,
         window,
+        encrypted: cfg.psk.is_some(),
+        mptcp: mptcp_report,
         streams: conns
             .iter()
             .enumerate()
@@ -641,6 +935,8 @@ fn fail_conn(poll: &Poll, i: usize, c: &mut Conn, flow: &mut Flow, why: String) 
     c.out.clear();
     c.out_pos = 0;
     c.in_len = 0;
+    c.raw_len = 0;
+    c.chan = None;
     c.writable = false;
     c.next_try = Instant::now() + Duration::from_millis(200);
     let mut again: Vec<Chunk> = Vec::new();
@@ -683,7 +979,7 @@ fn reconnect(ctx: &Ctx<'_>, conns: &mut [Conn]) {
         let spawned = std::thread::Builder::new()
             .name("mpcat-reconnect".into())
             .spawn(move || {
-                let r = connect(&cfg, n, lowat, &[addr], Some(from), token, i as u16);
+                let r = connect(&cfg, n, lowat, &[addr], Some(from), token, i as u16, None);
                 let _ = tx.send((i, r));
                 let _ = waker.wake();
             });
@@ -737,11 +1033,16 @@ fn event_loop(
             let c = &mut conns[i];
             c.reconnecting = false;
             match r {
-                Ok((s, _, _)) => {
+                Ok((s, _, _, chan)) => {
                     let local = s.local_addr().ok();
                     match register(poll, s, i) {
                         Ok(sock) => {
                             c.sock = Some(sock);
+                            if chan.is_some() && c.raw.is_empty() {
+                                c.raw = vec![0; RAW_BUF];
+                            }
+                            c.chan = chan;
+                            c.raw_len = 0;
                             c.local = local.unwrap_or(c.local);
                             c.writable = true;
                             flow.reconnects += 1;
@@ -836,61 +1137,83 @@ fn read_conn(i: usize, c: &mut Conn, flow: &mut Flow) -> Result<(), ConnError> {
         return Ok(());
     };
     loop {
-        match sock.read(&mut c.inbuf[c.in_len..]) {
+        let into = match c.chan {
+            Some(_) => &mut c.raw[c.raw_len..],
+            None => &mut c.inbuf[c.in_len..],
+        };
+        match sock.read(into) {
             Ok(0) => {
                 if flow.done.is_some() {
                     return Ok(());
                 }
                 return Err(ConnError::Path("closed by the receiver".into()));
             }
+            Ok(n) if c.chan.is_some() => c.raw_len += n,
             Ok(n) => c.in_len += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(ConnError::Path(format!("read: {e}"))),
         }
-        let mut at = 0;
+        // Records are opened as room frees up in inbuf: until none is left to open.
         loop {
-            match Frame::parse(&c.inbuf[at..c.in_len]) {
-                Ok((f, used)) => {
-                    at += used;
-                    match f {
-                        Frame::Ack { acked, limit } => {
-                            flow.limit = flow.limit.max(limit);
-                            if acked > flow.acked {
-                                flow.acked = acked;
-                                flow.release();
+            let mut opened = 0;
+            if let Some(ch) = c.chan.as_mut() {
+                // A record that does not open is not a path failure: someone altered it.
+                opened = ch
+                    .open(&c.raw[..c.raw_len], &mut c.inbuf, &mut c.in_len)
+                    .map_err(|e| ConnError::Fatal(format!("stream {i} ({}): {e}", c.peer)))?;
+                c.raw.copy_within(opened..c.raw_len, 0);
+                c.raw_len -= opened;
+            }
+            let mut at = 0;
+            loop {
+                match Frame::parse(&c.inbuf[at..c.in_len]) {
+                    Ok((f, used)) => {
+                        at += used;
+                        match f {
+                            Frame::Ack { acked, limit } => {
+                                flow.limit = flow.limit.max(limit);
+                                if acked > flow.acked {
+                                    flow.acked = acked;
+                                    flow.release();
+                                }
                             }
-                        }
-                        Frame::Done { total, ok } => {
-                            if ok {
-                                flow.acked = flow.acked.max(total);
+                            Frame::Done { total, ok } => {
+                                if ok {
+                                    flow.acked = flow.acked.max(total);
+                                }
+                                flow.done = Some((total, ok));
                             }
-                            flow.done = Some((total, ok));
-                        }
-                        Frame::Refuse { reason } => {
-                            return Err(ConnError::Fatal(format!(
-                                "stream {i} ({}): refused: {reason}",
-                                c.peer
-                            )))
-                        }
-                        other => {
-                            return Err(ConnError::Fatal(format!(
-                                "stream {i} ({}): the receiver sent a frame only a sender sends: {other:?}",
-                                c.peer
-                            )))
+                            Frame::Refuse { reason } => {
+                                return Err(ConnError::Fatal(format!(
+                                    "stream {i} ({}): refused: {reason}",
+                                    c.peer
+                                )))
+                            }
+                            other => {
+                                return Err(ConnError::Fatal(format!(
+                                    "stream {i} ({}): the receiver sent a frame only a sender sends: {other:?}",
+                                    c.peer
+                                )))
+                            }
                         }
                     }
+                    Err(FrameError::Truncated { .. }) => break,
+                    Err(e) => {
+                        return Err(ConnError::Fatal(format!("stream {i} ({}): {e}", c.peer)))
+                    }
                 }
-                Err(FrameError::Truncated { .. }) => break,
-                Err(e) => return Err(ConnError::Fatal(format!("stream {i} ({}): {e}", c.peer))),
             }
-        }
-        c.inbuf.copy_within(at..c.in_len, 0);
-        c.in_len -= at;
-        if c.in_len == c.inbuf.len() {
-            return Err(ConnError::Fatal(format!(
-                "stream {i}: a frame from the receiver over {INBUF} bytes"
-            )));
+            c.inbuf.copy_within(at..c.in_len, 0);
+            c.in_len -= at;
+            if c.in_len == c.inbuf.len() {
+                return Err(ConnError::Fatal(format!(
+                    "stream {i}: a frame from the receiver over {INBUF} bytes"
+                )));
+            }
+            if opened == 0 {
+                break;
+            }
         }
     }
 }
@@ -951,9 +1274,8 @@ fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
                 let Some(mut ch) = flow.unsent.pop_front() else {
                     continue;
                 };
-                c.out
-                    .extend_from_slice(&frame::data_header(ch.seq, ch.buf.len()));
-                c.out.extend_from_slice(&ch.buf);
+                c.put(&frame::data_header(ch.seq, ch.buf.len()));
+                c.put(&ch.buf);
                 c.bytes += ch.buf.len() as u64;
                 ch.conn = i;
                 flow.inflight.push_back(ch);
@@ -961,7 +1283,9 @@ fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
             } else if let (Some((total, hash)), true, None) =
                 (flow.end, flow.unsent.is_empty(), flow.end_sent)
             {
-                Frame::End { total, hash }.emit_vec(&mut c.out);
+                let mut b = [0u8; 64];
+                let n = Frame::End { total, hash }.emit(&mut b);
+                c.put(&b[..n]);
                 flow.end_sent = Some(i);
                 progressed = true;
             } else {

@@ -67,6 +67,12 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = common::size_arg)]
     pub window: Option<u64>,
 
+    /// The input's length when it is known but not from a file (stdin of a known length, e.g.
+    /// `--size 20G < /dev/sda`; sending side): the progress line and --stats show percent and
+    /// ETA, and an input that ends at another length fails the session, naming both lengths.
+    #[arg(long, value_name = "SIZE", value_parser = common::size_arg, conflicts_with = "listen")]
+    pub size: Option<u64>,
+
     /// Bytes per data frame (sending side), 1K to 1M.
     #[arg(long, value_name = "SIZE", value_parser = common::size_arg, conflicts_with = "listen")]
     pub chunk: Option<u64>,
@@ -93,6 +99,22 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = common::duration_arg)]
     pub stats: Option<Duration>,
 
+    /// Authenticate and encrypt every connection with the pre-shared key in FILE (both sides
+    /// give the same key; at least 16 bytes, mode 600, e.g. `openssl rand -base64 32 > FILE;
+    /// chmod 600 FILE`): a Noise NNpsk0 handshake per connection, then ChaCha20-Poly1305
+    /// records. Only a holder of the key can join the session or read it on the wire; a
+    /// connection under another key is refused and counted, and the session goes on.
+    #[arg(long, value_name = "FILE")]
+    pub psk_file: Option<PathBuf>,
+
+    /// Use the kernel's Multipath TCP: the sender opens one IPPROTO_MPTCP connection and the
+    /// kernel's path manager spreads it over subflows (no striping); the receiver listens with
+    /// IPPROTO_MPTCP (plain TCP senders still welcome). The sender reports the subflows and
+    /// says what the path manager needs when only one formed; when this kernel or the
+    /// receiver does not do MPTCP it says so once and stripes over TCP instead.
+    #[arg(long)]
+    pub mptcp: bool,
+
     /// Print the report as one JSON document (schema docs/schema/mpcat.schema.json) on
     /// stdout; the receiving side needs -o FILE then, since stdout carries the stream.
     #[arg(long)]
@@ -116,6 +138,13 @@ fn usage(m: impl Into<String>) -> Failure {
 
 /// Every check that involves more than one flag, or a value's meaning, happens here.
 pub fn resolve(a: &Args) -> Result<Side, Failure> {
+    // Read before anything listens or connects: a bad key file is said first.
+    let psk = a
+        .psk_file
+        .as_deref()
+        .map(tcpkit_mpcat::secure::Psk::from_file)
+        .transpose()
+        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     if a.path_timeout < Duration::from_secs(1) {
         return Err(usage(format!(
             "--path-timeout {:?}: at least 1s (TCP retransmits take that long on a live path)",
@@ -150,6 +179,8 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             max_pending: tcpkit_mpcat::MAX_PENDING,
             keep: a.keep,
             path_timeout: a.path_timeout,
+            psk,
+            mptcp: a.mptcp,
         }));
     }
     // clap's `requires` takes a bool flag as always present, so the receiving side's own
@@ -174,6 +205,11 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
     }
     if a.rate_limit == Some(0) {
         return Err(usage("--rate-limit 0: give a rate above 0 (e.g. 300M)"));
+    }
+    if let (true, Some(n)) = (a.mptcp, a.streams) {
+        return Err(usage(format!(
+            "-n {n} with --mptcp: MPTCP opens one connection and the kernel makes the subflows"
+        )));
     }
     if let Some(n) = a.streams.filter(|n| !(1..=frame::MAX_STREAMS).contains(n)) {
         return Err(usage(format!(
@@ -208,6 +244,9 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         connect_timeout: a.connect_timeout,
         path_timeout: a.path_timeout,
         rate_limit: a.rate_limit,
+        psk,
+        mptcp: a.mptcp,
+        size: a.size,
     }))
 }
 
@@ -254,8 +293,11 @@ fn run_side(
             common::finish(&report, &out)
         }
         Side::Receive(cfg) => {
-            let listener = tcpkit_mpcat::recv::bind(cfg.listen).map_err(runtime)?;
+            let listener = tcpkit_mpcat::recv::bind(cfg.listen, cfg.mptcp).map_err(runtime)?;
             let quiet = out.quiet;
+            if let (Some(why), false) = (listener.mptcp_fallback(), quiet) {
+                eprintln!("tcpkit mpcat: {why}");
+            }
             // With -k each session's summary goes to stderr as it ends.
             let each = move |r: &tcpkit_mpcat::MpcatReport| {
                 if !quiet {
@@ -365,6 +407,11 @@ mod tests {
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.path_timeout, Duration::from_millis(1500));
         assert_eq!(c.rate_limit, Some(300 << 20));
+        assert_eq!(c.size, None);
+        let Side::Send(c) = parse(&["--size", "20G", "127.0.0.1", "9"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.size, Some(20 << 30));
         let Side::Send(c) = parse(&["--streams", "2", "--input", "x", "[::1]", "9"]).unwrap()
         else {
             panic!()
@@ -399,5 +446,8 @@ mod tests {
         assert!(e(&["--rate-limit", "fast", "h", "1"]).contains("--rate-limit"));
         assert!(e(&["-l", "-p", "1", "--rate-limit", "1M"]).contains("--rate-limit"));
         assert!(e(&["--stats", "often", "h", "1"]).contains("--stats"));
+        assert!(e(&["--mptcp", "-n", "2", "h", "1"]).contains("-n 2 with --mptcp"));
+        assert!(e(&["--size", "lots", "h", "1"]).contains("--size"));
+        assert!(e(&["-l", "-p", "1", "--size", "1M"]).contains("--size"));
     }
 }

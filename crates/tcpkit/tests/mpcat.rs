@@ -1122,3 +1122,88 @@ fn mpcat_receiver_fails_on_a_malformed_frame() {
     );
     assert_eq!(std::fs::metadata(&output).unwrap().len(), 0);
 }
+
+/// Issue 12, --size: stdin of a known length shows percent and ETA in the live lines and
+/// arrives identical. An input longer than --size stops the sender before anything past it
+/// is sent, and one shorter never sends its end: each sender exits 1 naming both lengths,
+/// and its receiver exits 1 at once saying the sender gave up (told by the sender, not left
+/// to --path-timeout).
+#[test]
+fn mpcat_size_gives_percent_and_fails_on_another_length() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcsize", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 8 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let mut run = |size: u64, name: &str| {
+        let rx = b
+            .spawn(
+                &mut lab,
+                &format!("rx-{name}"),
+                &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out],
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_listening(&b, port);
+        let cmd = format!(
+            "exec {} mpcat --size {size} --rate-limit 2M --stats 500ms {MULTIPATH_B4} {p} < {}",
+            tcpkit(),
+            input.display()
+        );
+        let tx = a
+            .spawn(&mut lab, &format!("tx-{name}"), &["sh", "-c", &cmd])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let st = (wait(&tx, 30), wait(&rx, 10));
+        (tx, rx, st)
+    };
+    let (tx, rx, (ts, rs)) = run(SIZE, "exact");
+    assert!(ts.success(), "sender: {ts}\n{}", tx.log());
+    assert!(rs.success(), "receiver: {rs}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let log = tx.log();
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with('[') && l.contains('%') && l.contains("ETA")),
+        "no live line with percent and ETA:\n{log}"
+    );
+
+    let last = |p: &Proc| p.log().lines().last().unwrap_or_default().to_string();
+    let (tx, rx, (ts, rs)) = run(SIZE - 1000, "short");
+    assert_eq!(ts.code(), Some(1), "{}", tx.log());
+    assert!(
+        last(&tx).starts_with(&format!(
+            "tcpkit mpcat: the input is longer than --size {}: ",
+            SIZE - 1000
+        )),
+        "{}",
+        tx.log()
+    );
+    assert_eq!(rs.code(), Some(1), "{}", rx.log());
+    assert!(
+        last(&rx).starts_with("tcpkit mpcat: the sender gave up: the input is longer than --size"),
+        "{}",
+        rx.log()
+    );
+    assert!(std::fs::metadata(&output).unwrap().len() <= SIZE - 1000);
+
+    let (tx, rx, (ts, rs)) = run(SIZE + 1000, "long");
+    assert_eq!(ts.code(), Some(1), "{}", tx.log());
+    assert_eq!(
+        last(&tx),
+        format!(
+            "tcpkit mpcat: the input ended after {SIZE} bytes, --size says {}",
+            SIZE + 1000
+        ),
+        "{}",
+        tx.log()
+    );
+    assert_eq!(rs.code(), Some(1), "{}", rx.log());
+    assert!(
+        last(&rx).starts_with("tcpkit mpcat: the sender gave up: the input ended after"),
+        "{}",
+        rx.log()
+    );
+}

@@ -1,0 +1,230 @@
+//! `tcpkit mpcat --mptcp` in the lab's `multipath` topology (2 links, ECMP): the kernel's
+//! MPTCP with a `subflow` endpoint on the sender forms a second subflow (seen in the kernel's
+//! own MPJoin counters, beside the report's count) and the stream arrives identical; without
+//! the endpoint one subflow forms and the sender says what the path manager needs; a receiver
+//! without --mptcp makes the sender fall back to striping over TCP, said once.
+
+mod common;
+use common::{schema, tcpkit};
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tcpkit_lab::{Host, Lab, Link, Proc, Tbf, MULTIPATH_B4};
+
+fn port() -> u16 {
+    20000 + (std::process::id() % 30000) as u16
+}
+
+fn wait_listening(host: &Host, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = host
+            .run(&["ss", "-Hltn", &format!("sport = :{port}")])
+            .unwrap_or_else(|e| panic!("{e}"));
+        if !out.stdout.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nothing listens on port {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait(p: &Proc, secs: u64) -> std::process::ExitStatus {
+    p.wait_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("{} still running after {secs} s:\n{}", p.name(), p.log()))
+}
+
+fn random_file(path: &Path, bytes: u64) {
+    let out = std::process::Command::new("head")
+        .args(["-c", &bytes.to_string(), "/dev/urandom"])
+        .stdout(std::fs::File::create(path).unwrap())
+        .status()
+        .unwrap();
+    assert!(out.success());
+}
+
+fn sha256(path: &Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()[..64].to_string()
+}
+
+fn json_of(p: &Proc) -> Value {
+    let log = p.log();
+    let start = log
+        .find("{\n")
+        .unwrap_or_else(|| panic!("no JSON in:\n{log}"));
+    let end = log
+        .rfind("\n}")
+        .unwrap_or_else(|| panic!("no JSON end in:\n{log}"))
+        + 2;
+    let v: Value = serde_json::from_str(&log[start..end]).unwrap_or_else(|e| panic!("{e}:\n{log}"));
+    schema::check(&schema::load("mpcat"), &v, p.name());
+    v
+}
+
+/// A counter of the host's MPTCP MIB (`nstat -az`: absolute, and the namespace is this
+/// test's own, so every count is from this test).
+fn nstat(h: &Host, name: &str) -> u64 {
+    let out = h
+        .run(&["nstat", "-az", name])
+        .unwrap_or_else(|e| panic!("{e}"));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next() == Some(name)).then(|| f.next().unwrap().parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no {name} in nstat"))
+}
+
+/// The multipath lab with MPTCP on in both namespaces and the path manager's limits set.
+fn lab(tag: &str) -> (Lab, Host, Host, Vec<Link>) {
+    let tbf = Tbf {
+        rate_bit_s: 200_000_000,
+        burst_bytes: 64_000,
+        latency_ms: 100,
+    };
+    let (lab, a, b, links) = Lab::multipath(tag, 2, Some(tbf)).unwrap_or_else(|e| panic!("{e}"));
+    for h in [&a, &b] {
+        h.sysctl("net.mptcp.enabled", "1")
+            .unwrap_or_else(|e| panic!("{e}"));
+        h.run(&[
+            "ip",
+            "mptcp",
+            "limits",
+            "set",
+            "subflows",
+            "4",
+            "add_addr_accepted",
+            "4",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    (lab, a, b, links)
+}
+
+/// Runs one session; returns (sender, receiver) once both exited 0, the output identical.
+fn session(lab: &mut Lab, a: &Host, b: &Host, size: u64, rx_extra: &[&str]) -> (Proc, Proc) {
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    random_file(&input, size);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let mut argv = vec![tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--json"];
+    argv.extend_from_slice(rx_extra);
+    let rx = b.spawn(lab, "rx", &argv).unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(b, port);
+    let argv = [
+        tcpkit(),
+        "mpcat",
+        "--mptcp",
+        "-i",
+        input.to_str().unwrap(),
+        "--json",
+        MULTIPATH_B4,
+        &p,
+    ];
+    let tx = a.spawn(lab, "tx", &argv).unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 30);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 10);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    (tx, rx)
+}
+
+/// Issue 12, --mptcp: with a `subflow` endpoint on the sender's second link, the one MPTCP
+/// connection has 2 subflows (the report's count, and the kernel's MPJoinSynAckRx counter
+/// saw the join), the stream is identical and nothing is said about the path manager.
+/// Without the endpoint, one subflow: the report says 1 and the sender says what is needed.
+#[test]
+fn mpcat_mptcp_uses_the_kernels_subflows() {
+    let (mut lab, a, b, links) = lab("mpmp1");
+    let second = &links[1].a.name;
+    a.run(&[
+        "ip",
+        "mptcp",
+        "endpoint",
+        "add",
+        "198.18.2.1",
+        "dev",
+        second,
+        "subflow",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(nstat(&a, "MPTcpExtMPJoinSynAckRx"), 0);
+    let (tx, rx) = session(&mut lab, &a, &b, 64 << 20, &["--mptcp"]);
+    let j = json_of(&tx);
+    assert_eq!(j["mptcp"]["fallback"], Value::Null, "{j}");
+    assert_eq!(j["mptcp"]["subflows"], 2, "{j}");
+    assert_eq!(j["streams"].as_array().unwrap().len(), 1, "{j}");
+    assert_eq!(j["verified"], true);
+    assert!(
+        nstat(&a, "MPTcpExtMPJoinSynAckRx") >= 1,
+        "the kernel saw no join"
+    );
+    assert!(nstat(&b, "MPTcpExtMPCapableSYNRX") >= 1);
+    assert!(!tx.log().contains("only 1 MPTCP subflow"), "{}", tx.log());
+    assert_eq!(json_of(&rx)["verified"], true);
+
+    a.run(&["ip", "mptcp", "endpoint", "flush"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let joins = nstat(&a, "MPTcpExtMPJoinSynAckRx");
+    let (tx, _rx) = session(&mut lab, &a, &b, 8 << 20, &["--mptcp"]);
+    let j = json_of(&tx);
+    assert_eq!(j["mptcp"]["subflows"], 1, "{j}");
+    assert_eq!(nstat(&a, "MPTcpExtMPJoinSynAckRx"), joins);
+    let log = tx.log();
+    assert_eq!(
+        log.matches("tcpkit mpcat: only 1 MPTCP subflow formed: the path manager needs endpoints and limits")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        log.contains("ip mptcp endpoint add")
+            && log.contains("ip mptcp limits set subflows N add_addr_accepted N"),
+        "{log}"
+    );
+}
+
+/// Issue 12, --mptcp's fallback: a receiver without --mptcp answers the MPTCP SYN as plain
+/// TCP; the sender says so once, stripes over both links instead, and the stream arrives
+/// identical with exit 0 on both sides.
+#[test]
+fn mpcat_mptcp_falls_back_to_striping_when_the_receiver_does_not_do_it() {
+    let (mut lab, a, b, _links) = lab("mpmp2");
+    let (tx, rx) = session(&mut lab, &a, &b, 32 << 20, &[]);
+    let log = tx.log();
+    assert_eq!(
+        log.matches("tcpkit mpcat: --mptcp: the receiver does not do MPTCP")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("striping over TCP instead"), "{log}");
+    let j = json_of(&tx);
+    assert_eq!(j["mptcp"]["subflows"], 0, "{j}");
+    assert!(
+        j["mptcp"]["fallback"]
+            .as_str()
+            .is_some_and(|f| f.contains("the receiver does not do MPTCP")),
+        "{j}"
+    );
+    assert_eq!(j["streams"].as_array().unwrap().len(), 2, "{j}");
+    for s in j["streams"].as_array().unwrap() {
+        assert!(s["bytes"].as_u64().unwrap() > 0, "{j}");
+    }
+    assert_eq!(j["verified"], true);
+    let r = json_of(&rx);
+    assert_eq!(r["verified"], true);
+    assert_eq!(r["connections"]["bad_handshake"], 0, "{r}");
+}
