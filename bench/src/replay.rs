@@ -1,16 +1,9 @@
-//! tcpkit-bench: one command per benchmark, each printing tcpkit beside its peer.
-//!
 //! `tcpkit-bench replay`: builds a lab (two namespaces, one veth pair, no addresses, IPv6 off so
 //! nothing else is on the link), writes two captures (64-byte frames; an IMIX mix), and runs
 //! `tcpkit replay` and tcpreplay 4.4.3 on the same link with the same file: top speed, paced
 //! rates, CPU and memory. Rates are measured three ways: the tool's own report, the receiving
 //! veth's rx counter, and (at 100k pps) a tcpdump on the receiver. Prints one table and writes
 //! it to bench/results/replay-YYYY-MM-DD.md.
-//!
-//! `tcpkit-bench load`: `tcpkit load` and dnsperf against `tcpkit echo --dns` and unbound; idle
-//! memory and concurrent connections (see [`load`]).
-//!
-//! `tcpkit-bench mpcat` and `tcpkit-bench balance`: see [`mpcat`] and [`balance`].
 
 use std::fmt::Write as _;
 use std::io::Read;
@@ -22,60 +15,12 @@ use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Host, Lab, LinkOpts};
 use tcpkit_pcap::{CaptureFile, PcapWriter};
 
-mod balance;
-mod copy;
-mod load;
-mod mpcat;
+use crate::{tcpkit_binary, today};
 
 /// Packets in each generated capture.
 const PACKETS: u32 = 1_000_000;
 /// Top-speed runs per tool; the median is reported (the machine is shared and noisy).
 const TOP_RUNS: usize = 3;
-
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let r = match args.first().map(String::as_str) {
-        Some("replay") => replay(&args[1..]),
-        Some("load") => load::load(&args[1..]),
-        Some("copy") => copy::copy(&args[1..]),
-        Some("mpcat") => mpcat::mpcat_bench(&args[1..]),
-        Some("balance") => balance::balance_bench(&args[1..]),
-        // Not a benchmark: the connect loop `balance` runs inside its client hosts.
-        Some("connect-loop") => balance::connect_loop(&args[1..]),
-        _ => {
-            eprintln!(
-                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] | mpcat [--quick] | balance [--quick]"
-            );
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = r {
-        eprintln!("tcpkit-bench: {e:#}");
-        std::process::exit(1);
-    }
-}
-
-/// The tcpkit binary beside this one in the target directory, built first when run by cargo.
-fn tcpkit_binary() -> Result<PathBuf> {
-    if let Ok(cargo) = std::env::var("CARGO") {
-        let st = std::process::Command::new(cargo)
-            .args(["build", "--release", "-q", "-p", "tcpkit"])
-            .status()
-            .context("cargo build -p tcpkit")?;
-        if !st.success() {
-            bail!("cargo build --release -p tcpkit failed");
-        }
-    }
-    let exe = std::env::current_exe().context("current_exe")?;
-    let bin = exe.with_file_name("tcpkit");
-    if !bin.exists() {
-        bail!(
-            "{}: not built (cargo build --release -p tcpkit)",
-            bin.display()
-        );
-    }
-    Ok(bin)
-}
 
 struct Env {
     /// The lab's directory: captures, logs.
@@ -548,25 +493,7 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
     Ok(())
 }
 
-fn today() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = (secs / 86400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
-fn replay(_args: &[String]) -> Result<()> {
+pub(crate) fn replay(_args: &[String]) -> Result<()> {
     let started = Instant::now();
     let tcpkit = tcpkit_binary()?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

@@ -1,0 +1,82 @@
+//! tcpkit-bench: one command per benchmark, each building its own namespace lab and printing
+//! tcpkit beside its peer measured in the same run; each writes its table, with the date and
+//! the command, to bench/results/<name>-YYYY-MM-DD.md (see bench/README.md).
+//!
+//! - [`replay`]: `tcpkit replay` vs tcpreplay 4.4.3 on one veth (top speed, paced rates, CPU).
+//! - [`load`]: `tcpkit load` + `echo` vs dnsperf and unbound; idle memory, a million connections.
+//! - [`copy`]: what `tcpkit copy` (relay, transparent) costs an online nginx under load.
+//! - [`mpcat`]: `tcpkit mpcat` vs socat, `iperf3 -P 4` and MPTCP over ECMP links.
+//! - [`balance`]: `tcpkit balance` vs direct, iptables and nftables DNAT with redis.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+mod balance;
+mod copy;
+mod load;
+mod mpcat;
+mod replay;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.first().map(String::as_str) {
+        Some("replay") => replay::replay(&args[1..]),
+        Some("load") => load::load(&args[1..]),
+        Some("copy") => copy::copy(&args[1..]),
+        Some("mpcat") => mpcat::mpcat_bench(&args[1..]),
+        Some("balance") => balance::balance_bench(&args[1..]),
+        // Not a benchmark: the connect loop `balance` runs inside its client hosts.
+        Some("connect-loop") => balance::connect_loop(&args[1..]),
+        _ => {
+            eprintln!(
+                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] | mpcat [--quick] | balance [--quick]"
+            );
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = r {
+        eprintln!("tcpkit-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// The tcpkit binary beside this one in the target directory, built first when run by cargo.
+fn tcpkit_binary() -> Result<PathBuf> {
+    if let Ok(cargo) = std::env::var("CARGO") {
+        let st = std::process::Command::new(cargo)
+            .args(["build", "--release", "-q", "-p", "tcpkit"])
+            .status()
+            .context("cargo build -p tcpkit")?;
+        if !st.success() {
+            bail!("cargo build --release -p tcpkit failed");
+        }
+    }
+    let exe = std::env::current_exe().context("current_exe")?;
+    let bin = exe.with_file_name("tcpkit");
+    if !bin.exists() {
+        bail!(
+            "{}: not built (cargo build --release -p tcpkit)",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = (secs / 86400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
