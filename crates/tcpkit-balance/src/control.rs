@@ -58,8 +58,9 @@ pub struct ControlStats {
     pub out_of_fds: u64,
 }
 
+/// The counters behind [`ControlStats`], shared with whoever reports them.
 #[derive(Debug, Default)]
-struct Counts {
+pub struct Counts {
     answered: AtomicU64,
     refused_busy: AtomicU64,
     timed_out: AtomicU64,
@@ -116,13 +117,13 @@ impl Control {
         path: &Path,
         handler: Arc<Handler>,
         first_message: Duration,
+        counts: Arc<Counts>,
     ) -> Result<Control, ControlError> {
         let shown = path.display().to_string();
         listener
             .set_nonblocking(true)
             .map_err(|e| ControlError::Setup(shown.clone(), e))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let counts = Arc::new(Counts::default());
         let (st, c) = (Arc::clone(&stop), Arc::clone(&counts));
         let thread = std::thread::Builder::new()
             .name("tcpkit-balance-control".into())
@@ -137,7 +138,7 @@ impl Control {
     }
 
     pub fn stats(&self) -> ControlStats {
-        stats(&self.counts)
+        self.counts.stats()
     }
 
     pub fn stop(mut self) {
@@ -159,13 +160,15 @@ impl Drop for Control {
     }
 }
 
-fn stats(c: &Counts) -> ControlStats {
-    ControlStats {
-        answered: c.answered.load(Ordering::Relaxed),
-        refused_busy: c.refused_busy.load(Ordering::Relaxed),
-        timed_out: c.timed_out.load(Ordering::Relaxed),
-        bad: c.bad.load(Ordering::Relaxed),
-        out_of_fds: c.out_of_fds.load(Ordering::Relaxed),
+impl Counts {
+    pub fn stats(&self) -> ControlStats {
+        ControlStats {
+            answered: self.answered.load(Ordering::Relaxed),
+            refused_busy: self.refused_busy.load(Ordering::Relaxed),
+            timed_out: self.timed_out.load(Ordering::Relaxed),
+            bad: self.bad.load(Ordering::Relaxed),
+            out_of_fds: self.out_of_fds.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -363,7 +366,8 @@ mod tests {
         let path = dir.join("sub").join("c.sock");
         let l = bind(&path).unwrap();
         let h: Arc<Handler> = Arc::new(|w: &str| (w == "status").then(|| "{}\n".to_string()));
-        (Control::start(l, &path, h, first_message).unwrap(), path)
+        let c = Control::start(l, &path, h, first_message, Arc::default()).unwrap();
+        (c, path)
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::fmt::Write;
 use serde::{Deserialize, Serialize};
 use tcpkit_stats::{Report, Verdict};
 
+use crate::control::ControlStats;
 use crate::features::Feature;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,6 +61,8 @@ pub struct StatusReport {
     pub stale: u64,
     pub trace_lost: u64,
     pub features: Vec<Feature>,
+    /// What the control socket met (requests answered, peers turned away).
+    pub control: ControlStats,
     /// `up`'s report only: whether it stopped because of SIGINT/SIGTERM.
     pub interrupted: bool,
 }
@@ -106,11 +109,13 @@ impl Report for StatusReport {
         );
         let _ = writeln!(
             s,
-            "Prot LocalAddress:Port                 Scheduler       Conns"
+            "{:<4} {:<33} {:<9} {:>11}",
+            "Prot", "LocalAddress:Port", "Scheduler", "Conns"
         );
         let _ = writeln!(
             s,
-            "  -> RemoteAddress:Port               Weight Health    Changed      Conns   Probes Failed"
+            "  -> {:<31} {:<6} {:<9} {:>11} {:>9} {:>8} {:>6}",
+            "RemoteAddress:Port", "Weight", "Health", "Changed", "Conns", "Probes", "Failed"
         );
         for svc in &self.services {
             let total: u64 = svc.backends.iter().map(|b| b.connections).sum();
@@ -145,6 +150,12 @@ impl Report for StatusReport {
             s,
             "Connects: {} translated, {} refused (no backend); getpeername/recvmsg: {} shown the VIP, {} stale; trace lost {}",
             self.translated, self.refused, self.getpeername_vip, self.stale, self.trace_lost
+        );
+        let c = &self.control;
+        let _ = writeln!(
+            s,
+            "Control socket: {} answered, {} turned away (busy), {} timed out, {} bad, {} out of descriptors",
+            c.answered, c.refused_busy, c.timed_out, c.bad, c.out_of_fds
         );
         let _ = writeln!(s, "Kernel features:");
         for f in &self.features {
@@ -224,6 +235,7 @@ mod tests {
                 present: false,
                 without: "x".into(),
             }],
+            control: ControlStats::default(),
             interrupted: false,
         };
         let h = r.human();

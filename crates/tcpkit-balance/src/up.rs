@@ -150,6 +150,7 @@ struct Fixed {
     cgroup: String,
     started: Instant,
     features: Vec<Feature>,
+    control: Arc<control::Counts>,
 }
 
 fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<StatusReport, LoadError> {
@@ -211,6 +212,7 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
         stale: counters.stale,
         trace_lost: counters.trace_lost,
         features: f.features.clone(),
+        control: f.control.stats(),
         interrupted,
     })
 }
@@ -270,6 +272,7 @@ pub fn up(
         cgroup: display_cgroup(&cg, &mount, private.is_some()),
         started: Instant::now(),
         features,
+        control: Arc::default(),
     });
     let handler: Arc<Handler> = {
         let (d, f) = (Arc::clone(&daemon), Arc::clone(&fixed));
@@ -296,7 +299,13 @@ pub fn up(
             _ => None,
         })
     };
-    let ctl = Control::start(listener, &opts.socket, handler, control::FIRST_MESSAGE)?;
+    let ctl = Control::start(
+        listener,
+        &opts.socket,
+        handler,
+        control::FIRST_MESSAGE,
+        Arc::clone(&fixed.control),
+    )?;
     eprintln!(
         "tcpkit balance: up: {} services from {} on cgroup {}; status: tcpkit balance status --socket {}",
         lock(&daemon).configs.len(),

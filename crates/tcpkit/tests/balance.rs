@@ -897,3 +897,536 @@ fn bad_input_gives_one_line() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("needs root"), "{err}");
 }
+
+// ---- balance up, reload, status -------------------------------------------------------------
+
+/// The loop client (`VIP;HOLD;PHASEFILE;STOPFILE`): HOLD long-lived connections first
+/// (`HOLD <peer> <port>`, then `HELD`), then connects in a loop, each tagged with the phase
+/// (`C1 <port>` before PHASEFILE exists, `C2 <port>` after; `ERR1 n`/`ERR2 n` on failure),
+/// until STOPFILE exists (60 s at most); then a line through each held connection
+/// (`ALIVE <port>` when it comes back, `BROKEN <port> <why>`), and `DONE`.
+const CLIENT_LOOP_ENV: &str = "TCPKIT_BALANCE_TEST_LOOP_CLIENT";
+
+#[test]
+fn loop_client_in_cgroup() {
+    let Ok(spec) = std::env::var(CLIENT_LOOP_ENV) else {
+        return;
+    };
+    let f: Vec<&str> = spec.split(';').collect();
+    let vip: SocketAddr = f[0].parse().unwrap();
+    let hold: usize = f[1].parse().unwrap();
+    let (phase, stop) = (Path::new(f[2]), Path::new(f[3]));
+    let mut out = std::io::stdout().lock();
+    writeln!(out).unwrap();
+    let read_port = |s: &TcpStream| -> std::io::Result<String> {
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line)?;
+        Ok(line.trim().to_string())
+    };
+    let mut held = Vec::new();
+    for _ in 0..hold {
+        let s = TcpStream::connect_timeout(&vip, Duration::from_secs(5)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let port = read_port(&s).unwrap();
+        writeln!(out, "HOLD {} {port}", s.peer_addr().unwrap()).unwrap();
+        held.push((s, port));
+    }
+    writeln!(out, "HELD").unwrap();
+    out.flush().unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while !stop.exists() && Instant::now() < until {
+        let tag = if phase.exists() { 2 } else { 1 };
+        match TcpStream::connect_timeout(&vip, Duration::from_secs(5)) {
+            Ok(s) => {
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                match read_port(&s) {
+                    Ok(p) => writeln!(out, "C{tag} {p}").unwrap(),
+                    Err(e) => writeln!(out, "ERR{tag} read {e}").unwrap(),
+                }
+            }
+            Err(e) => writeln!(out, "ERR{tag} {}", e.raw_os_error().unwrap_or(0)).unwrap(),
+        }
+        out.flush().unwrap();
+        // Paced, so the run's few thousand connects do not use up the ephemeral ports.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for (s, port) in &held {
+        let echoed = (|| -> std::io::Result<String> {
+            (&*s).write_all(b"ping\n")?;
+            let mut line = String::new();
+            BufReader::new(s).read_line(&mut line)?;
+            Ok(line)
+        })();
+        match echoed {
+            Ok(l) if l == "ping\n" => writeln!(out, "ALIVE {port}").unwrap(),
+            Ok(l) => writeln!(out, "BROKEN {port} got {l:?}").unwrap(),
+            Err(e) => writeln!(out, "BROKEN {port} {e}").unwrap(),
+        }
+    }
+    writeln!(out, "DONE").unwrap();
+}
+
+/// A backend that keeps its connections: its port and a newline, then every line echoed
+/// until the peer closes.
+fn holding_backend(host: &Host) -> SocketAddr {
+    let l = host.enter(|| TcpListener::bind(SocketAddr::from((SRV, 0))).unwrap());
+    let addr = l.local_addr().unwrap();
+    // Runs until the test process ends: its port is in a namespace the lab removes.
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let _ = (&s).write_all(format!("{}\n", addr.port()).as_bytes());
+                let mut r = BufReader::new(&s);
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    if (&s).write_all(line.as_bytes()).is_err() {
+                        break;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A cgroup of the test's own under the host's cgroup2 (so the test can move a client into
+/// it); its processes are killed and it is removed on drop, even after a panic.
+struct TestCgroup {
+    /// Where this test sees it.
+    path: PathBuf,
+    /// Its path in the hierarchy (what `up --cgroup` is given: it works under ip netns exec).
+    rel: String,
+}
+
+impl TestCgroup {
+    fn new(tag: &str) -> TestCgroup {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mount = tcpkit_balance::cgroup::mount_in(&info).expect("a cgroup2 mount on this host");
+        let rel = format!(
+            "/tcpkit-test-{tag}.{}.{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        );
+        let path = mount.join(rel.trim_start_matches('/'));
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        TestCgroup { path, rel }
+    }
+
+    fn join(&self, pid: u32) {
+        std::fs::write(self.path.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.path.join("cgroup.kill"), "1");
+        let until = Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.path).is_err() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// `tcpkit balance up` in a lab host, its stdout and stderr in files of their own; killed
+/// on drop (its links go with it).
+struct Up {
+    child: std::process::Child,
+    out: PathBuf,
+    err: PathBuf,
+    socket: PathBuf,
+}
+
+impl Up {
+    fn start(lab: &Lab, host: &Host, config: &Path, cgroup: &str, extra: &[&str]) -> Up {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let (out, err) = (
+            lab.dir().join(format!("up{n}.out")),
+            lab.dir().join(format!("up{n}.err")),
+        );
+        let socket = lab.dir().join(format!("up{n}.sock"));
+        let mut argv = vec![
+            tcpkit(),
+            "balance",
+            "up",
+            "--config",
+            config.to_str().unwrap(),
+            "--cgroup",
+            cgroup,
+            "--socket",
+            socket.to_str().unwrap(),
+        ];
+        argv.extend_from_slice(extra);
+        let child = host
+            .command(&argv)
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        let up = Up {
+            child,
+            out,
+            err,
+            socket,
+        };
+        let until = Instant::now() + Duration::from_secs(20);
+        while !up.stderr().contains("status: tcpkit balance status") {
+            assert!(
+                Instant::now() < until,
+                "up not ready in 20 s: {}",
+                up.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        up
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.err).unwrap_or_default()).into_owned()
+    }
+
+    /// `tcpkit balance ARGS --socket <its socket>` from this test (outside the lab).
+    fn ask(&self, args: &[&str]) -> std::process::Output {
+        Command::new(tcpkit())
+            .arg("balance")
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .unwrap()
+    }
+
+    fn status(&self) -> Value {
+        let out = self.ask(&["status", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        schema::check(&schema::load("balance-status"), &v, "balance-status");
+        v
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child (ip netns exec execs tcpkit: same pid), not reaped.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    /// SIGTERM, then its exit status and stdout.
+    fn stop(mut self) -> (std::process::ExitStatus, String, String) {
+        self.signal(libc::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(20);
+        let st = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(Instant::now() < until, "up did not stop in 20 s");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = String::from_utf8_lossy(&std::fs::read(&self.out).unwrap()).into_owned();
+        (st, out, self.stderr())
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client process (this binary again, run in the lab host) moved into `cg` before it
+/// starts (it waits for STARTFILE); its stdout in a file.
+struct Client {
+    child: std::process::Child,
+    out: PathBuf,
+}
+
+impl Client {
+    fn start(
+        lab: &Lab,
+        host: &Host,
+        cg: &TestCgroup,
+        env: &str,
+        value: &str,
+        test: &str,
+    ) -> Client {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let out = lab
+            .dir()
+            .join(format!("client{}.out", N.fetch_add(1, Ordering::SeqCst)));
+        let exe = std::env::current_exe().unwrap();
+        let kv = format!("{env}={value}");
+        let child = host
+            .command(&[
+                "env",
+                &kv,
+                exe.to_str().unwrap(),
+                "--exact",
+                test,
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // `ip netns exec` and `env` exec: the pid is the client's from start to end.
+        cg.join(child.id());
+        Client { child, out }
+    }
+
+    fn log(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.out).unwrap_or_default()).into_owned()
+    }
+
+    fn wait_for(&self, what: &str, secs: u64) {
+        let until = Instant::now() + Duration::from_secs(secs);
+        while !self.log().contains(what) {
+            assert!(
+                Instant::now() < until,
+                "no {what} within {secs} s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write_config(path: &Path, body: &str) {
+    // Written aside and renamed: a reload never reads half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, body).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn rr_config(backends: &[SocketAddr], health: bool) -> String {
+    let list: Vec<String> = backends
+        .iter()
+        .map(|b| format!("{{ addr = \"{b}\" }}"))
+        .collect();
+    format!(
+        "[[service]]\nname = \"redis\"\nvip = \"{VIP}\"\nalgorithm = \"round-robin\"\nbackends = [ {} ]\n{}",
+        list.join(", "),
+        if health {
+            "health = { interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 2 }\n"
+        } else {
+            ""
+        }
+    )
+}
+
+#[test]
+fn up_balances_its_cgroup_status_shows_it_and_sigterm_detaches() {
+    let _g = serial();
+    let (lab, cli, srv, _link) = Lab::pair("balup").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    let cg = TestCgroup::new("up");
+    let config = lab.dir().join("lb.toml");
+    write_config(&config, &rr_config(&[b1.addr, b2.addr], true));
+    let up = Up::start(&lab, &cli, &config, &cg.rel, &["--json"]);
+    let (progs, maps) = attached(&cg.path);
+    assert_eq!(progs.len(), 8, "programs on {}", cg.path.display());
+
+    // A client in the cgroup: alternating backends, getpeername the VIP.
+    let start = lab.dir().join("start");
+    let c = Client::start(
+        &lab,
+        &cli,
+        &cg,
+        CLIENT_ENV,
+        &format!("{VIP};10;;{}", start.display()),
+        "client_in_cgroup",
+    );
+    std::fs::write(&start, "").unwrap();
+    c.wait_for("READY", 20);
+    let got = conns(&c.log());
+    assert_eq!(got.len(), 10, "{}", c.log());
+    for (i, (peer, port)) in got.iter().enumerate() {
+        assert_eq!(peer, VIP);
+        if i > 0 {
+            assert_ne!(*port, got[i - 1].1, "not alternating: {got:?}");
+        }
+    }
+    // A process outside the cgroup (this test, in the same host) is not translated.
+    let outside = cli.enter(|| {
+        TcpStream::connect_timeout(&VIP.parse().unwrap(), Duration::from_secs(2)).map(|_| ())
+    });
+    assert!(
+        outside.is_err(),
+        "a connect outside the cgroup reached something"
+    );
+
+    let v = up.status();
+    assert_eq!(v["mode"], "status");
+    assert_eq!(v["cgroup"], cg.rel.as_str());
+    let svc = &v["services"][0];
+    assert_eq!(
+        (svc["name"].as_str(), svc["protocol"].as_str()),
+        (Some("redis"), Some("tcp"))
+    );
+    let backs = svc["backends"].as_array().unwrap();
+    assert_eq!(backs.len(), 2);
+    for (b, want) in backs.iter().zip([&b1, &b2]) {
+        assert_eq!(b["addr"], want.addr.to_string());
+        assert_eq!(b["connections"], 5, "{v}");
+        assert_eq!(b["health"], "up", "{v}");
+        // The backend also accepted the health probes.
+        assert!(want.accepted.load(Ordering::SeqCst) >= 5);
+    }
+    assert_eq!(v["translated"], 10);
+    // Kernel 6.18 has every feature; each was probed.
+    let features = v["features"].as_array().unwrap();
+    assert_eq!(features.len(), 12, "{v}");
+    for f in features {
+        assert_eq!(f["present"], true, "{f}");
+    }
+    // The table, as ipvsadm -Ln --stats shows one.
+    let out = up.ask(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(text.contains(&format!("TCP  {VIP}")), "{text}");
+    assert!(text.contains(&format!("  -> {}", b1.addr)), "{text}");
+    assert!(text.contains("bpf_sock_destroy"), "{text}");
+
+    // A dead backend leaves the set; status says so.
+    b1.kill();
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = up.status();
+        if v["services"][0]["backends"][0]["health"] == "down" {
+            assert!(v["services"][0]["backends"][0]["downs"].as_u64() >= Some(1));
+            break;
+        }
+        assert!(Instant::now() < until, "not marked down in 20 s: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let socket = up.socket.clone();
+    let (st, stdout, stderr) = up.stop();
+    assert_eq!(st.code(), Some(0), "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    schema::check(&schema::load("balance-status"), &v, "balance-status");
+    assert_eq!(
+        (v["mode"].as_str(), v["interrupted"].as_bool()),
+        (Some("up"), Some(true))
+    );
+    assert_all_gone(&progs, &maps);
+    assert!(!socket.exists(), "the control socket is left behind");
+    // No up running: status says so in one line, exit 1.
+    let out = Command::new(tcpkit())
+        .args(["balance", "status", "--socket", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no balance up is running"), "{err}");
+    drop(c);
+}
+
+#[test]
+fn up_bad_config_gives_one_line_and_attaches_nothing() {
+    let _g = serial();
+    let (lab, cli, _srv, _link) = Lab::pair("balupbad").unwrap_or_else(|e| panic!("{e}"));
+    let cg = TestCgroup::new("upbad");
+    let config = lab.dir().join("lb.toml");
+    let socket = lab.dir().join("bad.sock");
+    let cases: [(&str, &str); 8] = [
+        ("[[service]]\nvip = \"198.19.0.1:80\"\nbackends = [\n", "lb.toml:3:13: "),
+        ("[[service]]\nvip = 80\n", "lb.toml:2:7: "),
+        (
+            "[[service]]\nname = \"web\"\nvip = \"198.19.0.1:80\"\nbackends = [{ addr = \"198.19.0.1:80\" }]\n",
+            "service 'web': backend 198.19.0.1:80: the same address as the VIP",
+        ),
+        (
+            "[[service]]\nname = \"web\"\nvip = \"198.19.0.1:80\"\nbackends = [{ addr = \"198.18.0.2:80\" }, { addr = \"198.18.0.2:80\" }]\n",
+            "service 'web': backend 198.18.0.2:80: given twice",
+        ),
+        (
+            "[[service]]\nname = \"web\"\nvip = \"198.19.0.1:80\"\nbackends = [{ addr = \"[fd00:18::2]:80\" }]\n",
+            "service 'web': backend [fd00:18::2]:80: not the same address family",
+        ),
+        (
+            "[[service]]\nname = \"web\"\nvip = \"198.19.0.1:0\"\n",
+            "service 'web': vip 198.19.0.1:0: port 0",
+        ),
+        (
+            "[[service]]\nname = \"web\"\nvip = \"198.19.0.1:65536\"\n",
+            "service 'web': vip '198.19.0.1:65536': not an IP:PORT",
+        ),
+        (
+            "[[service]]\nname = \"web\"\nvip = \"198.19.0.1:80\"\nalgorithm = \"fastest\"\n",
+            "service 'web': algorithm 'fastest'",
+        ),
+    ];
+    let run = |extra: &[&str]| {
+        let mut argv = vec![
+            tcpkit(),
+            "balance",
+            "up",
+            "--config",
+            config.to_str().unwrap(),
+            "--socket",
+            socket.to_str().unwrap(),
+        ];
+        argv.extend_from_slice(extra);
+        let out = cli.command(&argv).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for (body, want) in cases {
+        write_config(&config, body);
+        let (code, err) = run(&["--cgroup", &cg.rel]);
+        assert_eq!(code, Some(1), "{body}: {err}");
+        assert_eq!(err.lines().count(), 1, "{body}: {err}");
+        assert!(err.starts_with("tcpkit balance: "), "{body}: {err}");
+        assert!(err.contains(want), "{body}: {err}");
+        assert!(
+            attached(&cg.path).0.is_empty(),
+            "{body}: something attached"
+        );
+        assert!(!socket.exists(), "{body}: a socket was made");
+    }
+    // A cgroup that does not exist: one line naming it.
+    write_config(
+        &config,
+        &rr_config(&["198.18.0.2:80".parse().unwrap()], false),
+    );
+    let (code, err) = run(&["--cgroup", "/tcpkit-no-such-cgroup"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--cgroup /tcpkit-no-such-cgroup: no such cgroup"),
+        "{err}"
+    );
+    // A second up on a socket where one answers: refused before attaching anything.
+    let first = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    let mut argv = vec![
+        tcpkit(),
+        "balance",
+        "up",
+        "--config",
+        config.to_str().unwrap(),
+        "--cgroup",
+        &cg.rel,
+        "--socket",
+        first.socket.to_str().unwrap(),
+    ];
+    let out = cli.command(&argv).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("another balance up answers there"), "{err}");
+    assert_eq!(attached(&cg.path).0.len(), 8, "the second up attached");
+    argv.clear();
+    let (st, _, stderr) = first.stop();
+    assert_eq!(st.code(), Some(0), "{stderr}");
+}
