@@ -1430,3 +1430,137 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     let (st, _, stderr) = first.stop();
     assert_eq!(st.code(), Some(0), "{stderr}");
 }
+
+#[test]
+fn reload_under_load_breaks_nothing_and_moves_new_connections() {
+    let _g = serial();
+    let (lab, cli, srv, _link) = Lab::pair("balrl").unwrap_or_else(|e| panic!("{e}"));
+    let (a, b, c) = (
+        holding_backend(&srv),
+        holding_backend(&srv),
+        holding_backend(&srv),
+    );
+    let cg = TestCgroup::new("reload");
+    let config = lab.dir().join("lb.toml");
+    write_config(&config, &rr_config(&[a, b], false));
+    let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    let (phase, stop) = (lab.dir().join("phase2"), lab.dir().join("stop"));
+    let hold = 10;
+    let client = Client::start(
+        &lab,
+        &cli,
+        &cg,
+        CLIENT_LOOP_ENV,
+        &format!("{VIP};{hold};{};{}", phase.display(), stop.display()),
+        "loop_client_in_cgroup",
+    );
+    client.wait_for("HELD", 20);
+    let count = |tag: &str| client.log().lines().filter(|l| l.starts_with(tag)).count();
+    let wait_count = |tag: &str, n: usize| {
+        let until = Instant::now() + Duration::from_secs(30);
+        while count(tag) < n {
+            assert!(
+                Instant::now() < until,
+                "fewer than {n} {tag} lines in 30 s:\n{}",
+                client.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_count("C1 ", 50);
+
+    // {A, B} -> {B, C} while the client connects in a loop: `reload` answers once the new
+    // set is in the kernel, so every connect begun after it must land on B or C.
+    write_config(&config, &rr_config(&[b, c], false));
+    let out = up.ask(&["reload"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    std::fs::write(&phase, "").unwrap();
+    wait_count("C2 ", 100);
+    // A bad file by SIGHUP: refused with its line, the running set stays.
+    write_config(
+        &config,
+        "[[service]]\nvip = \"198.19.0.1:6379\"\nbackends = [\n",
+    );
+    up.signal(libc::SIGHUP);
+    let until = Instant::now() + Duration::from_secs(20);
+    while !up.stderr().contains("SIGHUP: reload refused") {
+        assert!(Instant::now() < until, "no refusal: {}", up.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(up.stderr().contains("lb.toml:3:13: "), "{}", up.stderr());
+    // And by `reload`: exit 1, the file's line last on stderr.
+    let out = up.ask(&["reload"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("lb.toml:3:13: unclosed array"), "{err}");
+    let before = count("C2 ");
+    wait_count("C2 ", before + 50);
+    std::fs::write(&stop, "").unwrap();
+    client.wait_for("DONE", 30);
+
+    let log = client.log();
+    assert!(!log.contains("ERR"), "a connect failed:\n{log}");
+    let ports = |tag: &str| -> Vec<u16> {
+        log.lines()
+            .filter_map(|l| l.strip_prefix(tag))
+            .map(|p| p.trim().parse().unwrap())
+            .collect()
+    };
+    let (p1, p2) = (ports("C1 "), ports("C2 "));
+    assert!(
+        p1.iter().all(|p| [a.port(), b.port()].contains(p)),
+        "{p1:?}"
+    );
+    assert!(
+        p2.iter().all(|p| [b.port(), c.port()].contains(p)),
+        "a connect after the reload reached the removed backend: {p2:?}"
+    );
+    assert!(p2.contains(&b.port()) && p2.contains(&c.port()), "{p2:?}");
+    // The held connections, half of them on A (removed), all still carry data.
+    let held: Vec<&str> = log.lines().filter(|l| l.starts_with("HOLD ")).collect();
+    assert_eq!(held.len(), hold, "{log}");
+    assert!(
+        held.iter().all(|l| l.starts_with(&format!("HOLD {VIP} "))),
+        "{log}"
+    );
+    let on_a = held
+        .iter()
+        .filter(|l| l.ends_with(&format!(" {}", a.port())))
+        .count();
+    assert_eq!(on_a, hold / 2, "{log}");
+    let alive = log.lines().filter(|l| l.starts_with("ALIVE ")).count();
+    assert_eq!(alive, hold, "an established connection broke:\n{log}");
+
+    let v = up.status();
+    assert_eq!(
+        (v["reloads"].as_u64(), v["reloads_refused"].as_u64()),
+        (Some(1), Some(2))
+    );
+    let backs: Vec<String> = v["services"][0]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["addr"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(backs, [b.to_string(), c.to_string()]);
+    // B kept its counter across the reload; C's counts only what came after.
+    let conns_of = |i: usize| {
+        v["services"][0]["backends"][i]["connections"]
+            .as_u64()
+            .unwrap()
+    };
+    let b_total = (p1.iter().chain(&p2).filter(|p| **p == b.port()).count()
+        + held
+            .iter()
+            .filter(|l| l.ends_with(&format!(" {}", b.port())))
+            .count()) as u64;
+    assert_eq!(conns_of(0), b_total, "{v}");
+    assert_eq!(
+        conns_of(1),
+        p2.iter().filter(|p| **p == c.port()).count() as u64,
+        "{v}"
+    );
+    let (st, _, stderr) = up.stop();
+    assert_eq!(st.code(), Some(0), "{stderr}");
+}
