@@ -900,7 +900,8 @@ fn bad_input_gives_one_line() {
 
 // ---- balance up, reload, status -------------------------------------------------------------
 
-/// The loop client (`VIP;HOLD;PHASEFILE;STOPFILE`): HOLD long-lived connections first
+/// The loop client (`VIP;HOLD;PHASEFILE;STOPFILE;STARTFILE`): once STARTFILE exists (it
+/// has been moved into the cgroup by then), HOLD long-lived connections first
 /// (`HOLD <peer> <port>`, then `HELD`), then connects in a loop, each tagged with the phase
 /// (`C1 <port>` before PHASEFILE exists, `C2 <port>` after; `ERR1 n`/`ERR2 n` on failure),
 /// until STOPFILE exists (60 s at most); then a line through each held connection
@@ -915,7 +916,12 @@ fn loop_client_in_cgroup() {
     let f: Vec<&str> = spec.split(';').collect();
     let vip: SocketAddr = f[0].parse().unwrap();
     let hold: usize = f[1].parse().unwrap();
-    let (phase, stop) = (Path::new(f[2]), Path::new(f[3]));
+    let (phase, stop, start) = (Path::new(f[2]), Path::new(f[3]), Path::new(f[4]));
+    // Not before the test has moved this process into the cgroup.
+    let until = Instant::now() + Duration::from_secs(25);
+    while !start.exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut out = std::io::stdout().lock();
     writeln!(out).unwrap();
     let read_port = |s: &TcpStream| -> std::io::Result<String> {
@@ -1444,16 +1450,26 @@ fn reload_under_load_breaks_nothing_and_moves_new_connections() {
     let config = lab.dir().join("lb.toml");
     write_config(&config, &rr_config(&[a, b], false));
     let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
-    let (phase, stop) = (lab.dir().join("phase2"), lab.dir().join("stop"));
+    let (phase, stop, start) = (
+        lab.dir().join("phase2"),
+        lab.dir().join("stop"),
+        lab.dir().join("start"),
+    );
     let hold = 10;
     let client = Client::start(
         &lab,
         &cli,
         &cg,
         CLIENT_LOOP_ENV,
-        &format!("{VIP};{hold};{};{}", phase.display(), stop.display()),
+        &format!(
+            "{VIP};{hold};{};{};{}",
+            phase.display(),
+            stop.display(),
+            start.display()
+        ),
         "loop_client_in_cgroup",
     );
+    std::fs::write(&start, "").unwrap();
     client.wait_for("HELD", 20);
     let count = |tag: &str| client.log().lines().filter(|l| l.starts_with(tag)).count();
     let wait_count = |tag: &str, n: usize| {
