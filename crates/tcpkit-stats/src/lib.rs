@@ -9,6 +9,7 @@ mod flows;
 mod hist;
 mod live;
 mod load;
+pub mod metrics;
 pub mod plot;
 mod replay;
 mod report;
