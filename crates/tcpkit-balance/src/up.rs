@@ -26,6 +26,8 @@ pub struct UpOptions {
     pub cgroup: Option<String>,
     pub socket: PathBuf,
     pub trace: bool,
+    /// Serve Prometheus metrics here (`--metrics ADDR`).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,8 @@ pub enum UpError {
     Control(#[from] ControlError),
     #[error("health checks: {0}")]
     Health(String),
+    #[error("--metrics {0}: {1}")]
+    Metrics(std::net::SocketAddr, #[source] std::io::Error),
 }
 
 /// What reload and status share with the main loop.
@@ -306,6 +310,21 @@ pub fn up(
         control::FIRST_MESSAGE,
         Arc::clone(&fixed.control),
     )?;
+    let metrics = match opts.metrics {
+        None => None,
+        Some(addr) => {
+            let (d, f) = (Arc::clone(&daemon), Arc::clone(&fixed));
+            let body = move || match status(&lock(&d), &f, "status", false) {
+                Ok(r) => exposition(&r),
+                // A scrape that cannot read the maps says so in a comment, and nothing else.
+                Err(e) => format!("# tcpkit balance: {}\n", tcpkit_stats::chain(&e)),
+            };
+            let m = tcpkit_stats::metrics::start(addr, Arc::new(body))
+                .map_err(|e| UpError::Metrics(addr, e))?;
+            eprintln!("tcpkit balance: metrics on http://{}/metrics", m.addr());
+            Some(m)
+        }
+    };
     eprintln!(
         "tcpkit balance: up: {} services from {} on cgroup {}; status: tcpkit balance status --socket {}",
         lock(&daemon).configs.len(),
@@ -328,6 +347,7 @@ pub fn up(
         std::thread::sleep(Duration::from_millis(20));
     }
     // Stop answering first, then probing, then read the counters; the links go last.
+    drop(metrics);
     ctl.stop();
     if let Some(t) = tracer {
         t.stop();
@@ -356,4 +376,106 @@ fn display_cgroup(cg: &Path, mount: &Path, private: bool) -> String {
     } else {
         cg.display().to_string()
     }
+}
+
+/// The Prometheus text exposition of a status: per backend its connections, health and
+/// probes; reloads, refusals and trace drops.
+pub fn exposition(r: &StatusReport) -> String {
+    use tcpkit_stats::metrics::{family, sample};
+    let mut s = String::with_capacity(4096);
+    let each = |s: &mut String, name: &str, value: &dyn Fn(&BackendStatus) -> String| {
+        for svc in &r.services {
+            for b in &svc.backends {
+                let labels = [
+                    ("service", svc.name.as_str()),
+                    ("vip", svc.vip.as_str()),
+                    ("protocol", svc.protocol.as_str()),
+                    ("backend", b.addr.as_str()),
+                ];
+                sample(s, name, &labels, value(b));
+            }
+        }
+    };
+    let n = "tcpkit_balance_backend_connections_total";
+    family(
+        &mut s,
+        n,
+        "counter",
+        "Connects (and unconnected UDP sockets) sent to the backend.",
+    );
+    each(&mut s, n, &|b| b.connections.to_string());
+    let n = "tcpkit_balance_backend_up";
+    family(
+        &mut s,
+        n,
+        "gauge",
+        "1 when the backend is in the selection (up, or not health-checked), 0 when down.",
+    );
+    each(&mut s, n, &|b| u8::from(b.health != "down").to_string());
+    let n = "tcpkit_balance_backend_probes_total";
+    family(
+        &mut s,
+        n,
+        "counter",
+        "Health probes sent to the backend, by result.",
+    );
+    for svc in &r.services {
+        for b in &svc.backends {
+            for (result, v) in [
+                ("ok", b.probes - b.probes_failed.min(b.probes)),
+                ("failed", b.probes_failed),
+            ] {
+                let labels = [
+                    ("service", svc.name.as_str()),
+                    ("vip", svc.vip.as_str()),
+                    ("protocol", svc.protocol.as_str()),
+                    ("backend", b.addr.as_str()),
+                    ("result", result),
+                ];
+                sample(&mut s, n, &labels, v);
+            }
+        }
+    }
+    let n = "tcpkit_balance_backend_downs_total";
+    family(&mut s, n, "counter", "Times the backend was marked down.");
+    each(&mut s, n, &|b| b.downs.to_string());
+    for (name, kind, help, v) in [
+        (
+            "tcpkit_balance_translated_total",
+            "counter",
+            "Connects to a VIP sent to a backend.",
+            r.translated,
+        ),
+        (
+            "tcpkit_balance_refused_total",
+            "counter",
+            "Connects to a VIP refused with ECONNREFUSED (no backend up).",
+            r.refused,
+        ),
+        (
+            "tcpkit_balance_reloads_total",
+            "counter",
+            "Configurations put in force by SIGHUP or balance reload.",
+            r.reloads,
+        ),
+        (
+            "tcpkit_balance_reloads_refused_total",
+            "counter",
+            "Reloads refused (bad file; the running configuration stayed).",
+            r.reloads_refused,
+        ),
+        (
+            "tcpkit_balance_trace_lost_total",
+            "counter",
+            "--trace events lost (ring buffer full).",
+            r.trace_lost,
+        ),
+    ] {
+        family(&mut s, name, kind, help);
+        sample(&mut s, name, &[], v);
+    }
+    let n = "tcpkit_balance_uptime_seconds";
+    family(&mut s, n, "gauge", "Seconds since balance up started.");
+    sample(&mut s, n, &[], format!("{:.3}", r.uptime_s));
+    s
 }

@@ -73,6 +73,12 @@ pub struct UpArgs {
     #[arg(long)]
     pub trace: bool,
 
+    /// Serve Prometheus metrics on ADDR (IP:PORT; port 0 picks one, said on stderr): per
+    /// backend connections, health, probes; reloads, trace drops. HTTP/1.0 GET /metrics,
+    /// one connection at a time, head at most 8 KiB within 2 s.
+    #[arg(long, value_name = "IP:PORT", value_parser = addr_arg)]
+    pub metrics: Option<SocketAddr>,
+
     #[command(flatten)]
     pub out: OutputFlags,
 }
@@ -260,6 +266,7 @@ fn up(a: UpArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
         cgroup: a.cgroup,
         socket: a.socket,
         trace: a.trace,
+        metrics: a.metrics,
     };
     let report = tcpkit_balance::up(&opts, interrupted, hangup)
         .map_err(|e| Failure::Runtime(crate::chain(&e)))?;

@@ -1588,3 +1588,119 @@ fn reload_under_load_breaks_nothing_and_moves_new_connections() {
     let (st, _, stderr) = up.stop();
     assert_eq!(st.code(), Some(0), "{stderr}");
 }
+
+#[test]
+fn up_metrics_serve_prometheus_and_survive_hostile_peers() {
+    let _g = serial();
+    let (lab, cli, srv, _link) = Lab::pair("balmet").unwrap_or_else(|e| panic!("{e}"));
+    let (b1, b2) = (backend(&srv), backend(&srv));
+    let cg = TestCgroup::new("metrics");
+    let config = lab.dir().join("lb.toml");
+    write_config(&config, &rr_config(&[b1.addr, b2.addr], true));
+    let up = Up::start(&lab, &cli, &config, &cg.rel, &["--metrics", "127.0.0.1:0"]);
+    let err = up.stderr();
+    let url = err
+        .lines()
+        .find_map(|l| l.strip_prefix("tcpkit balance: metrics on "))
+        .unwrap_or_else(|| panic!("no metrics address: {err}"))
+        .to_string();
+    let addr: SocketAddr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .parse()
+        .unwrap();
+
+    // Hostile peers first: silent connections and an oversize head.
+    let silent: Vec<TcpStream> =
+        cli.enter(|| (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect());
+    let oversize = cli.enter(|| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let head = format!("GET /metrics HTTP/1.0\r\nX: {}\r\n\r\n", "a".repeat(9000));
+        // The responder answers 431 at 8 KiB and may close before the rest is read.
+        let _ = s.write_all(head.as_bytes());
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut s, &mut answer);
+        answer
+    });
+    // Balancing goes on meanwhile.
+    let start = lab.dir().join("start");
+    let c = Client::start(
+        &lab,
+        &cli,
+        &cg,
+        CLIENT_ENV,
+        &format!("{VIP};6;;{}", start.display()),
+        "client_in_cgroup",
+    );
+    std::fs::write(&start, "").unwrap();
+    c.wait_for("READY", 20);
+    assert_eq!(conns(&c.log()).len(), 6, "{}", c.log());
+    assert!(oversize.starts_with("HTTP/1.0 431"), "{oversize}");
+
+    // curl, as a scraper would: served once the silent peers' 2 s are up (30 s allowed).
+    let out = cli
+        .command(&["curl", "-sS", "--max-time", "30", "-D", "-", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(text.starts_with("HTTP/1.0 200 OK"), "{text}");
+    assert!(text.contains("text/plain; version=0.0.4"), "{text}");
+    for b in [&b1, &b2] {
+        let labels = format!(
+            "{{service=\"redis\",vip=\"{VIP}\",protocol=\"tcp\",backend=\"{}\"}}",
+            b.addr
+        );
+        assert!(
+            text.contains(&format!(
+                "tcpkit_balance_backend_connections_total{labels} 3\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("tcpkit_balance_backend_up{labels} 1\n")),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains("\ntcpkit_balance_reloads_total 0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\ntcpkit_balance_trace_lost_total 0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE tcpkit_balance_backend_probes_total counter\n"),
+        "{text}"
+    );
+    // Every sample has its TYPE line and a value that parses.
+    let body = &text[text.find("\r\n\r\n").unwrap() + 4..];
+    for l in body.lines().filter(|l| !l.starts_with('#')) {
+        let (name, v) = l.rsplit_once(' ').unwrap();
+        let name = name.split('{').next().unwrap();
+        assert!(v.parse::<f64>().is_ok(), "{l}");
+        assert!(body.contains(&format!("# TYPE {name} ")), "{l}");
+    }
+    // Anything but GET /metrics is refused.
+    let out = cli
+        .command(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "30",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "POST",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "405", "{out:?}");
+    drop(silent);
+    let (st, _, stderr) = up.stop();
+    assert_eq!(st.code(), Some(0), "{stderr}");
+}
