@@ -383,6 +383,52 @@ mod tests {
     }
 
     #[test]
+    fn up_status_and_reload_flags_parse() {
+        let a = Args::try_parse_from([
+            "balance",
+            "up",
+            "--config",
+            "lb.toml",
+            "--cgroup",
+            "/app.slice",
+            "--socket",
+            "/tmp/b.sock",
+            "--trace",
+            "--metrics",
+            "127.0.0.1:9100",
+            "--json",
+        ])
+        .unwrap();
+        let Sub::Up(u) = a.cmd else { panic!("not up") };
+        assert_eq!(u.config, PathBuf::from("lb.toml"));
+        assert_eq!(u.cgroup.as_deref(), Some("/app.slice"));
+        assert_eq!(u.socket, PathBuf::from("/tmp/b.sock"));
+        assert!(u.trace && u.out.json);
+        assert_eq!(u.metrics, Some("127.0.0.1:9100".parse().unwrap()));
+        let a = Args::try_parse_from(["balance", "up", "--config", "lb.toml"]).unwrap();
+        let Sub::Up(u) = a.cmd else { panic!("not up") };
+        assert_eq!(u.socket, PathBuf::from("/run/tcpkit/balance.sock"));
+        assert!(u.cgroup.is_none() && u.metrics.is_none());
+        assert!(
+            Args::try_parse_from(["balance", "up"]).is_err(),
+            "--config is required"
+        );
+        let e = Args::try_parse_from(["balance", "up", "--config", "x", "--metrics", "9100"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--metrics") && e.contains("not an IP:PORT"),
+            "{e}"
+        );
+        let a = Args::try_parse_from(["balance", "status", "--json", "--socket", "/s"]).unwrap();
+        assert!(matches!(a.cmd, Sub::Status(StatusArgs { json: true, .. })));
+        let a = Args::try_parse_from(["balance", "reload", "--socket", "/s"]).unwrap();
+        assert!(
+            matches!(a.cmd, Sub::Reload(ReloadArgs { socket }) if socket == PathBuf::from("/s"))
+        );
+    }
+
+    #[test]
     fn balance_alone_names_the_missing_subcommand() {
         let e = Args::try_parse_from(["balance"]).unwrap_err().to_string();
         assert!(e.contains("requires a subcommand"), "{e}");
