@@ -1424,6 +1424,7 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     );
     // A second up on a socket where one answers: refused before attaching anything.
     let first = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    let sock = first.socket.to_str().unwrap().to_string();
     let mut argv = vec![
         tcpkit(),
         "balance",
@@ -1433,16 +1434,46 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
         "--cgroup",
         &cg.rel,
         "--socket",
-        first.socket.to_str().unwrap(),
+        &sock,
     ];
     let out = cli.command(&argv).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("another balance up answers there"), "{err}");
-    assert_eq!(attached(&cg.path).0.len(), 8, "the second up attached");
+    let (progs, maps) = attached(&cg.path);
+    assert_eq!(progs.len(), 8, "the second up attached");
+    // SIGKILL: the links and maps go with the process; the socket file stays, and the next
+    // up on that path finds nothing answering there and takes it over.
+    let mut first = first;
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    assert_all_gone(&progs, &maps);
+    assert!(first.socket.exists());
+    let log = lab.dir().join("again.err");
+    let mut again = cli
+        .command(&argv)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("status: tcpkit balance status")
+    {
+        assert!(
+            Instant::now() < until,
+            "up over a stale socket: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let v = first.status();
+    assert_eq!(v["mode"], "status");
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(again.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(again.wait().unwrap().code(), Some(0));
     argv.clear();
-    let (st, _, stderr) = first.stop();
-    assert_eq!(st.code(), Some(0), "{stderr}");
 }
 
 #[test]
