@@ -260,6 +260,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn empty_mount_dirs_of_dead_pids_are_swept() {
+        let tmp = std::env::temp_dir().join(format!("tcpkit-sweep-test.{}", std::process::id()));
+        fs::create_dir_all(&tmp).unwrap();
+        // Above any pid_max (2^22): never a running process.
+        let dead = tmp.join(format!("{MOUNT_PREFIX}999999999"));
+        let full = tmp.join(format!("{MOUNT_PREFIX}999999998"));
+        let alive = tmp.join(format!("{MOUNT_PREFIX}{}", std::process::id()));
+        for d in [&dead, &full, &alive] {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::write(full.join("x"), "").unwrap();
+        sweep_mount_dirs(&tmp);
+        let left = (dead.exists(), full.exists(), alive.exists());
+        fs::remove_dir_all(&tmp).unwrap();
+        assert_eq!(
+            left,
+            (false, true, true),
+            "only the empty one of a dead pid goes"
+        );
+    }
+
+    #[test]
     fn finds_cgroup2_in_a_hybrid_mountinfo() {
         let info = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n\
                     32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n\
