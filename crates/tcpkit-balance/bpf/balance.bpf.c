@@ -180,7 +180,8 @@ static __always_inline void picked(struct svc *s, struct backend *b)
 SEC("cgroup/connect4")
 int tk_connect4(struct bpf_sock_addr *ctx)
 {
-	struct svc_key key = { .ip = { ctx->user_ip4 }, .port = (__u16)ctx->user_port, .family = 4 };
+	struct svc_key key = { .ip = { ctx->user_ip4 }, .port = (__u16)ctx->user_port, .family = 4,
+				.proto = (__u8)ctx->protocol };
 	struct svc *s = bpf_map_lookup_elem(&services, &key);
 	if (!s)
 		return 1; /* not a VIP: untouched */
@@ -210,6 +211,7 @@ static __always_inline int key6(struct bpf_sock_addr *ctx, struct svc_key *key, 
 	a[3] = ctx->user_ip6[3];
 	int mapped = a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
 	key->port = (__u16)ctx->user_port;
+	key->proto = (__u8)ctx->protocol;
 	if (mapped) {
 		key->ip[0] = a[3];
 		key->family = 4;
@@ -323,7 +325,8 @@ int tk_getpeername6(struct bpf_sock_addr *ctx)
 SEC("cgroup/sendmsg4")
 int tk_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	struct svc_key key = { .ip = { ctx->user_ip4 }, .port = (__u16)ctx->user_port, .family = 4 };
+	struct svc_key key = { .ip = { ctx->user_ip4 }, .port = (__u16)ctx->user_port, .family = 4,
+				.proto = (__u8)ctx->protocol };
 	struct svc *s = bpf_map_lookup_elem(&services, &key);
 	if (!s)
 		return 1;

@@ -21,12 +21,13 @@
 #define ALGO_MAGLEV_COOKIE 4 /* the table's slot by a hash of the socket cookie */
 
 /* Addresses are 16 bytes, in network byte order as bpf_sock_addr holds them: an IPv4
- * address is ip[0] with ip[1..3] zero (family 4). */
+ * address is ip[0] with ip[1..3] zero (family 4). A service is a VIP for one protocol (the
+ * socket's: IPPROTO_TCP 6 or IPPROTO_UDP 17); one balancing both has a key for each. */
 struct svc_key {
 	__u32 ip[4];
 	__u16 port;
 	__u8 family; /* 4 or 6 */
-	__u8 pad;
+	__u8 proto;  /* 6 or 17 */
 };
 
 /* A service's backend set is swapped atomically: user space writes the other generation's

@@ -21,6 +21,8 @@ pub enum CgroupError {
     },
     #[error("no cgroup v2 line (0::) in /proc/self/cgroup: this host has no cgroup v2 hierarchy")]
     NoUnified,
+    #[error("--cgroup {0}: no such cgroup (neither a cgroup v2 directory nor a path under the hierarchy mounted at {1})")]
+    Unknown(String, String),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CgroupError {
@@ -67,6 +69,28 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The cgroup `up --cgroup` names: a cgroup v2 directory as given (`/sys/fs/cgroup/x.slice`),
+/// or else a path in the hierarchy as /proc/PID/cgroup shows it (`/x.slice`), under `mount`
+/// (which is how it is found under `ip netns exec`, where the host's mount is not visible).
+/// None: the hierarchy's root, every process of the host.
+pub fn resolve(given: Option<&str>, mount: &Path) -> Result<PathBuf, CgroupError> {
+    let Some(g) = given else {
+        return Ok(mount.to_path_buf());
+    };
+    let as_given = Path::new(g);
+    if as_given.join("cgroup.procs").is_file() {
+        return Ok(as_given.to_path_buf());
+    }
+    let under = mount.join(g.trim_start_matches('/'));
+    if under.join("cgroup.procs").is_file() {
+        return Ok(under);
+    }
+    Err(CgroupError::Unknown(
+        g.to_string(),
+        mount.display().to_string(),
+    ))
+}
+
 /// This process's cgroup v2 path (relative to the hierarchy's root), from /proc/self/cgroup.
 pub fn own_path() -> Result<String, CgroupError> {
     let text = fs::read_to_string("/proc/self/cgroup").map_err(io_err("read /proc/self/cgroup"))?;
@@ -98,8 +122,8 @@ impl PrivateMount {
             None::<&str>,
         )
         .map_err(|e| io_err("mount --make-rprivate /")(e.into()))?;
-        let dir =
-            std::env::temp_dir().join(format!("tcpkit-balance-cgroup2.{}", std::process::id()));
+        sweep_mount_dirs(&std::env::temp_dir());
+        let dir = std::env::temp_dir().join(format!("{MOUNT_PREFIX}{}", std::process::id()));
         fs::create_dir_all(&dir).map_err(io_err(format!("mkdir {}", dir.display())))?;
         if let Err(e) = mount(
             Some("cgroup2"),
@@ -122,6 +146,31 @@ impl Drop for PrivateMount {
     fn drop(&mut self) {
         let _ = nix::mount::umount2(&self.dir, nix::mount::MntFlags::MNT_DETACH);
         let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+/// Prefix of the directories private mounts are made on: `tcpkit-balance-cgroup2.<pid>`.
+pub const MOUNT_PREFIX: &str = "tcpkit-balance-cgroup2.";
+
+/// Removes the empty mount directories left by balance processes that were killed (SIGKILL
+/// gives no chance to remove them; their mounts went with their mount namespaces).
+fn sweep_mount_dirs(tmp: &Path) {
+    let Ok(dir) = fs::read_dir(tmp) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(MOUNT_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            // remove_dir, not remove_dir_all: only an empty directory goes.
+            let _ = fs::remove_dir(e.path());
+        }
     }
 }
 
@@ -209,6 +258,28 @@ fn sweep(parent: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_mount_dirs_of_dead_pids_are_swept() {
+        let tmp = std::env::temp_dir().join(format!("tcpkit-sweep-test.{}", std::process::id()));
+        fs::create_dir_all(&tmp).unwrap();
+        // Above any pid_max (2^22): never a running process.
+        let dead = tmp.join(format!("{MOUNT_PREFIX}999999999"));
+        let full = tmp.join(format!("{MOUNT_PREFIX}999999998"));
+        let alive = tmp.join(format!("{MOUNT_PREFIX}{}", std::process::id()));
+        for d in [&dead, &full, &alive] {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::write(full.join("x"), "").unwrap();
+        sweep_mount_dirs(&tmp);
+        let left = (dead.exists(), full.exists(), alive.exists());
+        fs::remove_dir_all(&tmp).unwrap();
+        assert_eq!(
+            left,
+            (false, true, true),
+            "only the empty one of a dead pid goes"
+        );
+    }
 
     #[test]
     fn finds_cgroup2_in_a_hybrid_mountinfo() {

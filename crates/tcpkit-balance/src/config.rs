@@ -45,10 +45,39 @@ impl Algorithm {
     }
 }
 
+/// Which sockets a service balances: TCP connects, UDP (connected and unconnected), or both
+/// (`run`, whose --vip names no protocol).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Both,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Both => "tcp+udp",
+        }
+    }
+
+    /// The IP protocol numbers the BPF map is keyed by (bpf/balance.h svc_key.proto).
+    pub fn numbers(self) -> &'static [u8] {
+        match self {
+            Protocol::Tcp => &[6],
+            Protocol::Udp => &[17],
+            Protocol::Both => &[6, 17],
+        }
+    }
+}
+
 /// One virtual address and the backends behind it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Service {
     pub vip: SocketAddr,
+    pub protocol: Protocol,
     pub backends: Vec<Backend>,
     pub algorithm: Algorithm,
 }
@@ -87,10 +116,16 @@ pub enum ConfigError {
     BadWeight(SocketAddr, u32),
     #[error("--backend {0}@{1}: weights need --algorithm weighted or maglev, not {2}")]
     WeightUnused(SocketAddr, u32, &'static str),
-    #[error("--vip {0}: given twice")]
-    DuplicateVip(SocketAddr),
+    #[error("--vip {0}: given twice for {1}")]
+    DuplicateVip(SocketAddr, &'static str),
     #[error("{0} services given, at most {MAX_SERVICES}")]
     TooManyServices(usize),
+    #[error("--health-interval 0: give a duration above 0")]
+    HealthInterval,
+    #[error("--health-timeout 0: give a duration above 0")]
+    HealthTimeout,
+    #[error("--rise and --fall count probes: 1 or more")]
+    RiseFall,
 }
 
 impl Service {
@@ -139,8 +174,11 @@ pub fn check(services: &[Service]) -> Result<(), ConfigError> {
     let mut vips = HashSet::new();
     for s in services {
         s.check()?;
-        if !vips.insert(s.vip) {
-            return Err(ConfigError::DuplicateVip(s.vip));
+        for p in s.protocol.numbers() {
+            if !vips.insert((s.vip, *p)) {
+                let name = if *p == 6 { "tcp" } else { "udp" };
+                return Err(ConfigError::DuplicateVip(s.vip, name));
+            }
         }
     }
     Ok(())
@@ -161,6 +199,7 @@ mod tests {
                 })
                 .collect(),
             algorithm: Algorithm::Random,
+            protocol: Protocol::Both,
         }
     }
 
@@ -218,8 +257,14 @@ mod tests {
         assert!(matches!(check(&[w]), Err(ConfigError::BadWeight(..))));
         let s = svc("198.19.0.1:80", &["198.18.0.2:80"]);
         assert!(matches!(
-            check(&[s.clone(), s]),
-            Err(ConfigError::DuplicateVip(_))
+            check(&[s.clone(), s.clone()]),
+            Err(ConfigError::DuplicateVip(..))
         ));
+        // The same VIP for TCP and for UDP is two services.
+        let (mut t, mut u) = (s.clone(), s.clone());
+        t.protocol = Protocol::Tcp;
+        u.protocol = Protocol::Udp;
+        check(&[t.clone(), u]).unwrap();
+        assert!(check(&[t, s]).is_err());
     }
 }

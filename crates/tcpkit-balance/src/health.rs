@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::config::Service;
+use crate::config::{ConfigError, Service};
 use crate::loader::Balancer;
 
 /// How backends are probed.
@@ -23,10 +23,44 @@ pub struct HealthOptions {
     pub fall: u32,
 }
 
+impl HealthOptions {
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+    pub const DEFAULT_RISE: u32 = 2;
+    pub const DEFAULT_FALL: u32 = 3;
+
+    /// Checked options (the same checks for `run`'s flags and `up`'s file).
+    pub fn new(
+        interval: Duration,
+        timeout: Duration,
+        rise: u32,
+        fall: u32,
+    ) -> Result<HealthOptions, ConfigError> {
+        if interval.is_zero() {
+            return Err(ConfigError::HealthInterval);
+        }
+        if timeout.is_zero() {
+            return Err(ConfigError::HealthTimeout);
+        }
+        if rise == 0 || fall == 0 {
+            return Err(ConfigError::RiseFall);
+        }
+        Ok(HealthOptions {
+            interval,
+            timeout,
+            rise,
+            fall,
+        })
+    }
+}
+
 /// One backend's health as the probes found it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendHealth {
     pub up: bool,
+    /// Whether it is probed at all (a service without health checks: always up).
+    pub checked: bool,
+    /// When it last went up or down (or was first seen).
+    pub since: Instant,
     pub probes: u64,
     pub failed: u64,
     /// Times it went down.
@@ -36,11 +70,17 @@ pub struct BackendHealth {
 }
 
 impl BackendHealth {
-    fn new() -> BackendHealth {
-        // Up until proven otherwise: a run starts balancing at once.
+    /// Up until proven otherwise: a run starts balancing at once.
+    pub fn new(checked: bool) -> BackendHealth {
         BackendHealth {
             up: true,
-            ..BackendHealth::default()
+            checked,
+            since: Instant::now(),
+            probes: 0,
+            failed: 0,
+            downs: 0,
+            ok_run: 0,
+            fail_run: 0,
         }
     }
 
@@ -52,6 +92,7 @@ impl BackendHealth {
             self.ok_run = self.ok_run.saturating_add(1);
             if !self.up && self.ok_run >= o.rise {
                 self.up = true;
+                self.since = Instant::now();
                 return true;
             }
         } else {
@@ -61,6 +102,7 @@ impl BackendHealth {
             if self.up && self.fail_run >= o.fall {
                 self.up = false;
                 self.downs += 1;
+                self.since = Instant::now();
                 return true;
             }
         }
@@ -68,7 +110,8 @@ impl BackendHealth {
     }
 }
 
-type State = Arc<Mutex<Vec<Vec<BackendHealth>>>>;
+/// Every backend's health, by service and backend index; shared with `status`.
+pub type State = Arc<Mutex<Vec<Vec<BackendHealth>>>>;
 
 /// The running probers; [`Health::stop`] ends them and gives the final states.
 #[derive(Debug)]
@@ -80,22 +123,26 @@ pub struct Health {
     error: Arc<Mutex<Option<String>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Health {
-    pub fn start(services: &[Service], balancer: Arc<Mutex<Balancer>>, o: HealthOptions) -> Health {
-        let state: State = Arc::new(Mutex::new(
-            services
-                .iter()
-                .map(|s| vec![BackendHealth::new(); s.backends.len()])
-                .collect(),
-        ));
+    /// Probes every backend of every service that has options in `health` (same order as
+    /// `services`), from the states in `state` (one per backend; see [`BackendHealth::new`]).
+    pub fn start(
+        services: &[Service],
+        health: &[Option<HealthOptions>],
+        balancer: Arc<Mutex<Balancer>>,
+        state: State,
+    ) -> Health {
         let stop = Arc::new(AtomicBool::new(false));
         let error = Arc::new(Mutex::new(None));
         let mut threads = Vec::new();
         for (si, s) in services.iter().enumerate() {
+            let Some(o) = health.get(si).copied().flatten() else {
+                continue;
+            };
             for (bi, b) in s.backends.iter().enumerate() {
                 let (state, stop, error, balancer) = (
                     Arc::clone(&state),
@@ -169,7 +216,7 @@ mod tests {
             rise: 2,
             fall: 3,
         };
-        let mut h = BackendHealth::new();
+        let mut h = BackendHealth::new(true);
         assert!(!h.probe(false, &o) && !h.probe(false, &o) && h.up);
         assert!(!h.probe(true, &o), "a success resets the failure run");
         assert!(!h.probe(false, &o) && !h.probe(false, &o));

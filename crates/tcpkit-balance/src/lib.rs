@@ -10,14 +10,21 @@
 
 pub mod cgroup;
 pub mod config;
+pub mod control;
+pub mod features;
+pub mod file;
 pub mod health;
 pub mod loader;
 pub mod report;
 pub mod run;
+pub mod status;
+pub mod up;
 
-pub use config::{Algorithm, Backend, ConfigError, HashKey, Service};
+pub use config::{Algorithm, Backend, ConfigError, HashKey, Protocol, Service};
 pub use health::HealthOptions;
 pub use report::RunReport;
 pub use run::{run, RunError, RunOptions};
+pub use status::StatusReport;
+pub use up::{up, UpError, UpOptions};
 pub mod table;
 pub mod trace;

@@ -10,7 +10,7 @@ use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
-use crate::config::{Algorithm, HashKey, Service, MAX_BACKENDS};
+use crate::config::{Algorithm, HashKey, Service, MAX_BACKENDS, MAX_SERVICES};
 use crate::table::{self, RING_SIZE};
 
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/balance.bpf.o"));
@@ -34,7 +34,7 @@ struct SvcKey {
     ip: [u32; 4],
     port: u16,
     family: u8,
-    pad: u8,
+    proto: u8,
 }
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -98,6 +98,10 @@ pub enum LoadError {
     Program(&'static str, #[source] aya::programs::ProgramError),
     #[error("open {0}: {1}")]
     Cgroup(String, #[source] std::io::Error),
+    #[error("every map slot is in use ({MAX_SERVICES} services of {MAX_BACKENDS} backends)")]
+    Full,
+    #[error("counting CPUs: {0}")]
+    Cpus(#[source] std::io::Error),
 }
 
 /// What the programs counted, summed over CPUs.
@@ -117,13 +121,32 @@ pub struct Counters {
 #[derive(Debug)]
 pub struct Balancer {
     ebpf: Ebpf,
-    services: Vec<Service>,
-    /// Each service's generation in use (bpf/balance.h GENERATIONS).
+    /// The services in use, each in a slot of the maps (slot * GENERATIONS + generation is its
+    /// set's id in bpf/balance.h). A service keeps its slot across reloads, so its counters
+    /// and a connect in flight are never mixed with another service's.
+    slots: Vec<Option<Slot>>,
+    /// Each slot's generation last written (kept when the slot is freed: a later service in
+    /// the slot starts on the other one).
     generation: Vec<u32>,
+    /// The services in the order they were given: service index -> slot.
+    order: Vec<usize>,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    service: Service,
+    /// Each backend's `picks` counter in the slot. A backend kept by a reload keeps its
+    /// counter; a new one takes a counter no backend of the set before used, zeroed first, so
+    /// a connect still counting against the old set never lands on it.
+    counter: Vec<u32>,
 }
 
 /// bpf/balance.h GENERATIONS: the set in use and the one being written.
 const GENERATIONS: usize = 2;
+
+fn lowest_free(used: &std::collections::HashSet<u32>, below: usize) -> Option<u32> {
+    (0..below as u32).find(|i| !used.contains(i))
+}
 
 impl Balancer {
     /// Loads the programs and fills the maps with `services` (checked by `config::check`),
@@ -137,10 +160,15 @@ impl Balancer {
             .map_err(LoadError::Load)?;
         let mut b = Balancer {
             ebpf,
-            services: services.to_vec(),
-            generation: vec![0; services.len()],
+            slots: vec![None; MAX_SERVICES],
+            generation: vec![0; MAX_SERVICES],
+            order: (0..services.len()).collect(),
         };
         for (i, s) in services.iter().enumerate() {
+            b.slots[i] = Some(Slot {
+                service: s.clone(),
+                counter: (0..s.backends.len() as u32).collect(),
+            });
             b.write_set(i, 0, &vec![true; s.backends.len()])?;
         }
         for name in PROGRAMS {
@@ -158,19 +186,173 @@ impl Balancer {
         Ok(b)
     }
 
+    /// The services in use, in order.
+    pub fn services(&self) -> Vec<Service> {
+        self.order
+            .iter()
+            .filter_map(|k| self.slots[*k].as_ref().map(|s| s.service.clone()))
+            .collect()
+    }
+
     /// Swaps service `svc`'s backend set to the backends marked in `live` (by their index in
     /// the service), atomically: the other generation's slots are written first, then the
     /// service's value is replaced in one map update. None live: its connects are refused.
     pub fn set_live(&mut self, svc: usize, live: &[bool]) -> Result<(), LoadError> {
-        let g = (self.generation[svc] + 1) % GENERATIONS as u32;
-        self.write_set(svc, g, live)?;
-        self.generation[svc] = g;
+        let slot = self.order[svc];
+        let g = (self.generation[slot] + 1) % GENERATIONS as u32;
+        self.write_set(slot, g, live)
+    }
+
+    /// Replaces the services with `services` (checked), each with the backends marked in
+    /// `live`: a service with the same VIP and protocol as one in use keeps its slot and its
+    /// backends' counters, and its set is swapped atomically as [`Balancer::set_live`] does;
+    /// new services are added, and those no longer given removed (their VIPs untouched from
+    /// then on). Sockets already connected are not touched: the address was rewritten once,
+    /// inside their connect.
+    pub fn replace(&mut self, services: &[Service], live: &[Vec<bool>]) -> Result<(), LoadError> {
+        use std::collections::HashSet;
+        let id = |s: &Service| (s.vip, s.protocol);
+        let old_used: HashSet<usize> = self.order.iter().copied().collect();
+        let mut placed: Vec<Option<usize>> = services
+            .iter()
+            .map(|s| {
+                self.order.iter().copied().find(|k| {
+                    self.slots[*k]
+                        .as_ref()
+                        .is_some_and(|o| id(&o.service) == id(s))
+                })
+            })
+            .collect();
+        let kept: HashSet<usize> = placed.iter().flatten().copied().collect();
+        let mut taken = kept.clone();
+        for p in placed.iter_mut().filter(|p| p.is_none()) {
+            // A slot no service of the old set uses, so nothing in flight counts into it.
+            let k = (0..MAX_SERVICES)
+                .find(|k| !old_used.contains(k) && !taken.contains(k))
+                .or_else(|| (0..MAX_SERVICES).find(|k| !taken.contains(k)))
+                .ok_or(LoadError::Full)?;
+            taken.insert(k);
+            *p = Some(k);
+        }
+        let placed: Vec<usize> = placed.into_iter().flatten().collect();
+        // Services no longer given: their VIPs are left alone from now on.
+        let removed: Vec<usize> = self
+            .order
+            .iter()
+            .copied()
+            .filter(|k| !kept.contains(k))
+            .collect();
+        for k in &removed {
+            if let Some(old) = self.slots[*k].take() {
+                self.delete_keys(&old.service)?;
+            }
+        }
+        for (i, (s, k)) in services.iter().zip(&placed).enumerate() {
+            let old = self.slots[*k].take();
+            let before: Vec<(SocketAddr, u32)> = old
+                .as_ref()
+                .map(|o| {
+                    o.service
+                        .backends
+                        .iter()
+                        .map(|b| b.addr)
+                        .zip(o.counter.iter().copied())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut used: HashSet<u32> = before.iter().map(|(_, c)| *c).collect();
+            let mut counter = Vec::with_capacity(s.backends.len());
+            let mut fresh = Vec::new();
+            for b in &s.backends {
+                match before.iter().find(|(a, _)| *a == b.addr) {
+                    Some((_, c)) => counter.push(*c),
+                    None => {
+                        let c = lowest_free(&used, MAX_BACKENDS)
+                            .or_else(|| {
+                                let mine: HashSet<u32> = counter.iter().copied().collect();
+                                lowest_free(&mine, MAX_BACKENDS)
+                            })
+                            .ok_or(LoadError::Full)?;
+                        used.insert(c);
+                        counter.push(c);
+                        fresh.push(c);
+                    }
+                }
+            }
+            if old.is_none() {
+                // A slot new to this service: every counter starts from zero.
+                fresh = counter.clone();
+            }
+            self.zero_picks(*k, &fresh)?;
+            self.slots[*k] = Some(Slot {
+                service: s.clone(),
+                counter,
+            });
+            let g = (self.generation[*k] + 1) % GENERATIONS as u32;
+            let all = vec![true; s.backends.len()];
+            self.write_set(*k, g, live.get(i).unwrap_or(&all))?;
+        }
+        self.order = placed;
         Ok(())
     }
 
-    fn write_set(&mut self, svc: usize, generation: u32, live: &[bool]) -> Result<(), LoadError> {
-        let s = &self.services[svc];
-        let id = svc * GENERATIONS + generation as usize;
+    fn zero_picks(&mut self, slot: usize, which: &[u32]) -> Result<(), LoadError> {
+        if which.is_empty() {
+            return Ok(());
+        }
+        let n = aya::util::nr_cpus().map_err(|(_, e)| LoadError::Cpus(e))?;
+        let mut p: PerCpuArray<_, u64> = PerCpuArray::try_from(
+            self.ebpf
+                .map_mut("picks")
+                .ok_or(LoadError::NoMap("picks"))?,
+        )
+        .map_err(|e| LoadError::Map("picks", e))?;
+        for c in which {
+            let zeros = aya::maps::PerCpuValues::try_from(vec![0u64; n])
+                .map_err(|e| LoadError::Cpus(std::io::Error::other(e)))?;
+            p.set((slot * MAX_BACKENDS) as u32 + c, zeros, 0)
+                .map_err(|e| LoadError::Map("picks", e))?;
+        }
+        Ok(())
+    }
+
+    fn keys(s: &Service) -> Vec<SvcKey> {
+        let (ip, port, family) = key_of(&s.vip);
+        s.protocol
+            .numbers()
+            .iter()
+            .map(|p| SvcKey {
+                ip,
+                port,
+                family,
+                proto: *p,
+            })
+            .collect()
+    }
+
+    fn delete_keys(&mut self, s: &Service) -> Result<(), LoadError> {
+        let mut svcs: HashMap<_, SvcKey, Svc> = HashMap::try_from(
+            self.ebpf
+                .map_mut("services")
+                .ok_or(LoadError::NoMap("services"))?,
+        )
+        .map_err(|e| LoadError::Map("services", e))?;
+        for k in Self::keys(s) {
+            // Absent already is fine: removal is what was asked.
+            let _ = svcs.remove(&k);
+        }
+        Ok(())
+    }
+
+    fn write_set(&mut self, slot: usize, generation: u32, live: &[bool]) -> Result<(), LoadError> {
+        let Some(Slot {
+            service: s,
+            counter,
+        }) = self.slots[slot].clone()
+        else {
+            return Ok(());
+        };
+        let id = slot * GENERATIONS + generation as usize;
         let set: Vec<(usize, &crate::config::Backend)> = s
             .backends
             .iter()
@@ -191,7 +373,7 @@ impl Balancer {
                     port,
                     family,
                     pad: 0,
-                    index: *index as u32,
+                    index: counter[*index],
                 };
                 backends
                     .set((id * MAX_BACKENDS + k) as u32, v, 0)
@@ -218,7 +400,6 @@ impl Balancer {
                     .map_err(|e| LoadError::Map("ring", e))?;
             }
         }
-        let (ip, port, family) = key_of(&s.vip);
         let algo = match s.algorithm {
             Algorithm::Random => ALGO_RANDOM,
             Algorithm::RoundRobin => ALGO_ROUND_ROBIN,
@@ -232,20 +413,18 @@ impl Balancer {
             algo,
             rr: 0,
         };
-        let k = SvcKey {
-            ip,
-            port,
-            family,
-            pad: 0,
-        };
         let mut svcs: HashMap<_, SvcKey, Svc> = HashMap::try_from(
             self.ebpf
                 .map_mut("services")
                 .ok_or(LoadError::NoMap("services"))?,
         )
         .map_err(|e| LoadError::Map("services", e))?;
-        svcs.insert(k, v, 0)
-            .map_err(|e| LoadError::Map("services", e))
+        for k in Self::keys(&s) {
+            svcs.insert(k, v, 0)
+                .map_err(|e| LoadError::Map("services", e))?;
+        }
+        self.generation[slot] = generation;
+        Ok(())
     }
 
     /// The ring buffer of `--trace` events (once).
@@ -294,11 +473,12 @@ impl Balancer {
         let map = self.ebpf.map("picks").ok_or(LoadError::NoMap("picks"))?;
         let p: PerCpuArray<_, u64> =
             PerCpuArray::try_from(map).map_err(|e| LoadError::Map("picks", e))?;
-        let mut picks = Vec::with_capacity(self.services.len());
-        for (id, s) in self.services.iter().enumerate() {
-            let mut per = Vec::with_capacity(s.backends.len());
-            for i in 0..s.backends.len() {
-                let slot = (id * MAX_BACKENDS + i) as u32;
+        let mut picks = Vec::with_capacity(self.order.len());
+        for k in &self.order {
+            let Some(s) = &self.slots[*k] else { continue };
+            let mut per = Vec::with_capacity(s.counter.len());
+            for c in &s.counter {
+                let slot = (*k * MAX_BACKENDS) as u32 + c;
                 per.push(
                     p.get(&slot, 0)
                         .map_err(|e| LoadError::Map("picks", e))?

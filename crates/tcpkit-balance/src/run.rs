@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::cgroup::{self, CgroupError, Child, PrivateMount};
 use crate::config::{self, ConfigError, Service};
-use crate::health::{Health, HealthOptions};
+use crate::health::{BackendHealth, Health, HealthOptions};
 use crate::loader::{Balancer, LoadError};
 use crate::report::{BackendReport, CommandReport, RunReport, ServiceReport};
 use crate::trace::Tracer;
@@ -119,9 +119,20 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
         });
     }
     let balancer = Arc::new(Mutex::new(balancer));
-    let health = opts
-        .health
-        .map(|o| Health::start(&opts.services, Arc::clone(&balancer), o));
+    let health = opts.health.map(|o| {
+        let state = Arc::new(Mutex::new(
+            opts.services
+                .iter()
+                .map(|s| vec![BackendHealth::new(true); s.backends.len()])
+                .collect(),
+        ));
+        Health::start(
+            &opts.services,
+            &vec![Some(o); opts.services.len()],
+            Arc::clone(&balancer),
+            state,
+        )
+    });
     let start = Instant::now();
     let mut child = cmd.spawn().map_err(|e| RunError::Spawn(argv0.clone(), e))?;
     let pid = child.id();

@@ -1,21 +1,30 @@
 //! `--metrics ADDR`: the relay's live counters in Prometheus' text exposition format, served
-//! over HTTP/1.0 (`GET /metrics`) by a small responder on its own thread.
+//! by the shared responder (`tcpkit_stats::metrics`: HTTP/1.0 `GET /metrics`, bounded head,
+//! deadline, one connection at a time).
 //!
-//! The responder only reads the [`Live`] atomics the relay already publishes once per loop
-//! turn, so a scrape never touches the relay's thread. One connection is served at a time,
-//! each bounded by a short read timeout and request size: a scraper is one client, and a
-//! stuck one must not keep the thread.
+//! The body only reads the [`Live`] atomics the relay already publishes once per loop turn,
+//! so a scrape never touches the relay's thread.
 
 use std::fmt::Write as _;
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::relay::Live;
+
+pub use tcpkit_stats::metrics::Metrics;
+
+/// Binds `addr` (the error is the caller's to report: address in use, no permission) and
+/// starts serving the relay's counters.
+pub fn start(addr: SocketAddr, live: Arc<Live>, info: Info) -> io::Result<Metrics> {
+    let started = Instant::now();
+    tcpkit_stats::metrics::start(
+        addr,
+        Arc::new(move || exposition(&live, info, started.elapsed())),
+    )
+}
 
 /// Figures fixed for the run, exported beside the counters.
 #[derive(Debug, Clone, Copy)]
@@ -26,138 +35,6 @@ pub struct Info {
     pub diff: bool,
 }
 
-/// The running responder; stops and joins its thread on [`Metrics::stop`] or drop.
-#[derive(Debug)]
-pub struct Metrics {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// Binds `addr` (the error is the caller's to report: address in use, no permission) and
-/// starts serving.
-pub fn start(addr: SocketAddr, live: Arc<Live>, info: Info) -> io::Result<Metrics> {
-    let listener = TcpListener::bind(addr)?;
-    let addr = listener.local_addr()?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
-    let started = Instant::now();
-    let thread = std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || serve(&listener, &live, info, started, &flag))?;
-    Ok(Metrics {
-        addr,
-        stop,
-        thread: Some(thread),
-    })
-}
-
-impl Metrics {
-    /// The address bound (the port chosen when ADDR said 0).
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    pub fn stop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Metrics {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// Waits for a connection for at most `ms` (so the stop flag is seen within that).
-fn readable(l: &TcpListener, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd: l.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, ms) > 0 }
-}
-
-fn serve(l: &TcpListener, live: &Live, info: Info, started: Instant, stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        if !readable(l, 200) {
-            continue;
-        }
-        if let Ok((s, _)) = l.accept() {
-            // A client that fails mid-request is its own problem; the next one is served.
-            let _ = answer(s, live, info, started);
-        }
-    }
-}
-
-fn answer(mut s: TcpStream, live: &Live, info: Info, started: Instant) -> io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let mut req = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        req.extend_from_slice(&buf[..n]);
-        if req.len() > 8192 {
-            respond(
-                &mut s,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "request too large\n",
-            )?;
-            // Read what the client still sends, so closing does not reset the answer away.
-            s.shutdown(std::net::Shutdown::Write)?;
-            let mut left = 1 << 16;
-            while left > 0 {
-                match s.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => left -= n.min(left),
-                }
-            }
-            return Ok(());
-        }
-    }
-    let line = req.split(|&c| c == b'\n').next().unwrap_or_default();
-    let mut parts = line.split(|&c| c == b' ');
-    let (method, path) = (
-        parts.next().unwrap_or_default(),
-        parts.next().unwrap_or_default(),
-    );
-    let path = path.split(|&c| c == b'?').next().unwrap_or_default();
-    match (method, path) {
-        (b"GET", b"/metrics") => respond(
-            &mut s,
-            "200 OK",
-            "text/plain; version=0.0.4; charset=utf-8",
-            &exposition(live, info, started.elapsed()),
-        ),
-        (b"GET", _) => respond(&mut s, "404 Not Found", "text/plain", "try /metrics\n"),
-        _ => respond(
-            &mut s,
-            "405 Method Not Allowed",
-            "text/plain",
-            "GET /metrics\n",
-        ),
-    }
-}
-
-fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> io::Result<()> {
-    let head = format!(
-        "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes())?;
-    s.write_all(body.as_bytes())?;
-    s.flush()
-}
 
 /// The exposition text: one `# HELP`, `# TYPE` and sample per metric.
 pub fn exposition(live: &Live, info: Info, elapsed: Duration) -> String {
@@ -293,6 +170,8 @@ pub fn exposition(live: &Live, info: Info, elapsed: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
 
     fn get(addr: SocketAddr, req: &str) -> String {
         let mut s = TcpStream::connect(addr).unwrap();

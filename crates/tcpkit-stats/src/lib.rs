@@ -10,6 +10,7 @@ mod hist;
 pub mod host;
 mod live;
 mod load;
+pub mod metrics;
 pub mod plot;
 mod replay;
 mod report;

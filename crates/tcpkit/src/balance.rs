@@ -3,12 +3,13 @@
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::time::Duration;
 
-use tcpkit_balance::{Algorithm, Backend, HashKey, HealthOptions, RunOptions, Service};
+use tcpkit_balance::{Algorithm, Backend, HashKey, HealthOptions, Protocol, RunOptions, Service};
 use tcpkit_stats::Report;
 
 use crate::common::{self, OutputFlags};
@@ -32,6 +33,72 @@ pub enum Sub {
     /// as time(1)'s does. SIGINT/SIGTERM: forwarded to CMD as SIGTERM; what is left in the
     /// cgroup 5 s later is killed; a second signal exits at once.
     Run(RunArgs),
+    /// Balance the services of a TOML configuration file for every process of a cgroup (the
+    /// whole host unless --cgroup), until SIGINT/SIGTERM; the BPF links go with this process
+    /// however it ends. SIGHUP (or `balance reload`) re-reads the file and swaps each
+    /// service's backends atomically, established connections untouched; a bad file is
+    /// refused with its one line and the running configuration stays. On stop, the status
+    /// report (as `balance status` shows it) goes to stdout; exit 0.
+    Up(UpArgs),
+    /// Ask the running `balance up` to re-read its configuration file (as SIGHUP does) and wait
+    /// for the answer: exit 0 when the new file is in force, 1 with the file's error when it
+    /// was refused (the running configuration stays).
+    Reload(ReloadArgs),
+    /// Show the running `balance up`: per service its VIP and algorithm, per backend its
+    /// weight, health, last change and connections sent to it, and the kernel features found.
+    /// Exit 1 when no `up` answers.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Parser)]
+pub struct UpArgs {
+    /// The configuration file (TOML): [[service]] tables with vip, protocol (tcp, udp),
+    /// algorithm, hash_key, backends = [{ addr, weight }] and health = { interval, timeout,
+    /// rise, fall }; see README.
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+
+    /// The cgroup v2 whose processes are balanced: a directory (/sys/fs/cgroup/app.slice) or a
+    /// path in the hierarchy as /proc/PID/cgroup shows it (/app.slice; that form also works
+    /// under `ip netns exec`). Default: the root, every process of the host.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+
+    /// Where `balance status` and `balance reload` reach this process (a unix socket, mode
+    /// 600, its directory created with mode 700).
+    #[arg(long, value_name = "PATH", default_value = tcpkit_balance::control::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+
+    /// Print every selection on stderr as it happens (pid, cgroup id, VIP -> backend).
+    #[arg(long)]
+    pub trace: bool,
+
+    /// Serve Prometheus metrics on ADDR (IP:PORT; port 0 picks one, said on stderr): per
+    /// backend connections, health, probes; reloads, trace drops. HTTP/1.0 GET /metrics,
+    /// one connection at a time, head at most 8 KiB within 2 s.
+    #[arg(long, value_name = "IP:PORT", value_parser = addr_arg)]
+    pub metrics: Option<SocketAddr>,
+
+    #[command(flatten)]
+    pub out: OutputFlags,
+}
+
+#[derive(Debug, Parser)]
+pub struct ReloadArgs {
+    /// The control socket of the `balance up` to ask.
+    #[arg(long, value_name = "PATH", default_value = tcpkit_balance::control::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+}
+
+#[derive(Debug, Parser)]
+pub struct StatusArgs {
+    /// The control socket of the `balance up` to ask.
+    #[arg(long, value_name = "PATH", default_value = tcpkit_balance::control::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+
+    /// One JSON document on stdout (docs/schema/balance-status.schema.json).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -144,6 +211,8 @@ fn backend_arg(text: &str) -> Result<Backend, String> {
 pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
     let service = Service {
         vip: a.vip,
+        // --vip names no protocol: TCP connects and UDP alike.
+        protocol: Protocol::Both,
         backends: a.backend.clone(),
         algorithm: match (a.algorithm, a.hash_key) {
             (AlgorithmArg::Maglev, k) => Algorithm::Maglev(match k {
@@ -163,27 +232,10 @@ pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
     service.check().map_err(|e| Failure::Usage(e.to_string()))?;
     let health = match a.health_interval {
         None => None,
-        Some(i) if i.is_zero() => {
-            return Err(Failure::Usage(
-                "--health-interval 0: give a duration above 0".into(),
-            ))
-        }
-        Some(_) if a.health_timeout.is_zero() => {
-            return Err(Failure::Usage(
-                "--health-timeout 0: give a duration above 0".into(),
-            ))
-        }
-        Some(_) if a.rise == 0 || a.fall == 0 => {
-            return Err(Failure::Usage(
-                "--rise and --fall count probes: 1 or more".into(),
-            ))
-        }
-        Some(interval) => Some(HealthOptions {
-            interval,
-            timeout: a.health_timeout,
-            rise: a.rise,
-            fall: a.fall,
-        }),
+        Some(interval) => Some(
+            HealthOptions::new(interval, a.health_timeout, a.rise, a.fall)
+                .map_err(|e| Failure::Usage(e.to_string()))?,
+        ),
     };
     Ok(RunOptions {
         services: vec![service],
@@ -197,7 +249,50 @@ pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
 pub fn main(args: Args, interrupted: &'static AtomicBool) -> Result<(), Failure> {
     match args.cmd {
         Sub::Run(a) => run(a, interrupted),
+        Sub::Up(a) => up(a, interrupted),
+        Sub::Reload(a) => reload(a),
+        Sub::Status(a) => status(a),
     }
+}
+
+fn up(a: UpArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
+    let hangup: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let flag = move || hangup.store(true, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the action only stores to an atomic, which is async-signal-safe.
+    unsafe { signal_hook::low_level::register(signal_hook::consts::SIGHUP, flag) }
+        .map_err(|e| Failure::Runtime(format!("installing the SIGHUP handler: {e}")))?;
+    let opts = tcpkit_balance::UpOptions {
+        config: a.config,
+        cgroup: a.cgroup,
+        socket: a.socket,
+        trace: a.trace,
+        metrics: a.metrics,
+    };
+    let report = tcpkit_balance::up(&opts, interrupted, hangup)
+        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    common::finish(&report, &a.out)
+}
+
+/// How long reload and status wait for their answer (a reload waits for the probers of the
+/// old configuration to end: at most a probe timeout).
+const ASK_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn reload(a: ReloadArgs) -> Result<(), Failure> {
+    let n = tcpkit_balance::control::ask_reload(&a.socket, ASK_TIMEOUT)
+        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    eprintln!("tcpkit balance: reloaded ({n} services)");
+    Ok(())
+}
+
+fn status(a: StatusArgs) -> Result<(), Failure> {
+    let r = tcpkit_balance::control::ask_status(&a.socket, ASK_TIMEOUT)
+        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    if a.json {
+        crate::common::print(&(r.json() + "\n"));
+    } else {
+        crate::common::print(&r.human());
+    }
+    Ok(())
 }
 
 fn run(a: RunArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
@@ -285,6 +380,50 @@ mod tests {
             resolve(&a.unwrap()).unwrap().services[0].algorithm,
             Algorithm::Weighted
         );
+    }
+
+    #[test]
+    fn up_status_and_reload_flags_parse() {
+        let a = Args::try_parse_from([
+            "balance",
+            "up",
+            "--config",
+            "lb.toml",
+            "--cgroup",
+            "/app.slice",
+            "--socket",
+            "/tmp/b.sock",
+            "--trace",
+            "--metrics",
+            "127.0.0.1:9100",
+            "--json",
+        ])
+        .unwrap();
+        let Sub::Up(u) = a.cmd else { panic!("not up") };
+        assert_eq!(u.config, PathBuf::from("lb.toml"));
+        assert_eq!(u.cgroup.as_deref(), Some("/app.slice"));
+        assert_eq!(u.socket, PathBuf::from("/tmp/b.sock"));
+        assert!(u.trace && u.out.json);
+        assert_eq!(u.metrics, Some("127.0.0.1:9100".parse().unwrap()));
+        let a = Args::try_parse_from(["balance", "up", "--config", "lb.toml"]).unwrap();
+        let Sub::Up(u) = a.cmd else { panic!("not up") };
+        assert_eq!(u.socket, PathBuf::from("/run/tcpkit/balance.sock"));
+        assert!(u.cgroup.is_none() && u.metrics.is_none());
+        assert!(
+            Args::try_parse_from(["balance", "up"]).is_err(),
+            "--config is required"
+        );
+        let e = Args::try_parse_from(["balance", "up", "--config", "x", "--metrics", "9100"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--metrics") && e.contains("not an IP:PORT"),
+            "{e}"
+        );
+        let a = Args::try_parse_from(["balance", "status", "--json", "--socket", "/s"]).unwrap();
+        assert!(matches!(a.cmd, Sub::Status(StatusArgs { json: true, .. })));
+        let a = Args::try_parse_from(["balance", "reload", "--socket", "/s"]).unwrap();
+        assert!(matches!(a.cmd, Sub::Reload(ReloadArgs { socket }) if socket.as_os_str() == "/s"));
     }
 
     #[test]
