@@ -19,9 +19,13 @@ pub struct Sample {
     pub t_s: f64,
     /// Its length in seconds.
     pub secs: f64,
+    /// Values recorded in the interval.
     pub count: u64,
+    /// Their median.
     pub p50_ns: u64,
+    /// Their 99th percentile.
     pub p99_ns: u64,
+    /// The largest of them.
     pub max_ns: u64,
 }
 

@@ -33,6 +33,7 @@ impl Verdict {
         }
     }
 
+    /// True when the run did what was asked (exit status 0).
     pub fn is_done(&self) -> bool {
         matches!(self, Verdict::Done)
     }
