@@ -103,8 +103,9 @@ impl Timeline {
                     let p50 = if n == 0 {
                         0
                     } else {
-                        ((a.p50_ns as u128 * a.count as u128 + b.p50_ns as u128 * b.count as u128)
-                            / n as u128) as u64
+                        ((u128::from(a.p50_ns) * u128::from(a.count)
+                            + u128::from(b.p50_ns) * u128::from(b.count))
+                            / u128::from(n)) as u64
                     };
                     Sample {
                         t_s: a.t_s,

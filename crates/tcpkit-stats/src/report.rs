@@ -29,7 +29,7 @@ impl Verdict {
     pub fn and(self, other: impl FnOnce() -> Verdict) -> Verdict {
         match self {
             Verdict::Done => other(),
-            failed => failed,
+            failed @ Verdict::Failed(_) => failed,
         }
     }
 
