@@ -60,7 +60,7 @@ impl Histogram {
         self.inner.len()
     }
 
-    /// The value at quantile `q` (0.0 to 1.0), in ns, to 3 significant digits; 0 when empty.
+    /// The value at quantile `q` (0.0 to 1.0), in ns, to 3 significant digits.
     pub fn value_at_quantile(&self, q: f64) -> u64 {
         self.inner.value_at_quantile(q)
     }

@@ -37,7 +37,7 @@ pub struct ReplayReport {
     pub loops_completed: u64,
     /// tcpreplay's `Flows:` and our `Connections:` line.
     pub flows: FlowStats,
-    /// How late packets left against their intended send time; absent at top speed.
+    /// How late packets left against their intended send time; absent at top speed and for `-w`.
     pub timing: Option<TimingError>,
     /// tcpreplay's "Statistics for network device" block: what the sink did with each frame.
     pub device: DeviceStats,
@@ -79,7 +79,7 @@ pub struct FlowStats {
 /// holding them was handed to the kernel.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct TimingError {
-    /// Frames that had an intended send time (every frame of a paced, non-`-w` run).
+    /// Frames whose lateness was measured: those that had an intended send time.
     pub paced_packets: u64,
     /// Median lateness, nanoseconds.
     pub late_p50_ns: u64,
