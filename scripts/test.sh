@@ -8,4 +8,7 @@ scripts/setup.sh
 # Style and lints first: they fail in seconds where the suite takes minutes.
 cargo fmt --all --check || { echo "test.sh: cargo fmt --check: run cargo fmt" >&2; exit 1; }
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The fuzz crate is a workspace of its own (cargo-fuzz wants that), with the same lints;
+# stable clippy checks it, no nightly needed.
+cargo clippy --manifest-path fuzz/Cargo.toml --all-targets --release -- -D warnings
 cargo test --workspace --release --no-fail-fast -- --test-threads="${TCPKIT_TEST_THREADS:-2}"

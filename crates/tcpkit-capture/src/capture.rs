@@ -331,6 +331,10 @@ impl Capture {
         unsafe { self.map.as_ptr().add(i * self.block_size) }
     }
 
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "blocks are page-aligned (mmap, block size a multiple of the page) and the offset is 8"
+    )]
     fn block_status(&self, i: usize) -> &AtomicU32 {
         // SAFETY: block_status is an aligned u32 at a fixed offset of a page-aligned block; the
         // kernel writes it concurrently, so it is only accessed atomically.
@@ -485,6 +489,10 @@ impl Capture {
             block: i,
             what,
         };
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "a block starts page-aligned (mmap, block size a multiple of the page)"
+        )]
         // SAFETY: the block is ours (TP_STATUS_USER, read with Acquire) and starts with a
         // tpacket_block_desc; the kernel does not write it until we hand it back.
         let bh = unsafe { &(*base.cast::<libc::tpacket_block_desc>()).hdr.bh1 };
@@ -496,6 +504,10 @@ impl Capture {
             if !off.is_multiple_of(V3_ALIGNMENT) || off + SLL_OFF + sll_len > self.block_size {
                 return Err(bad("packet header outside the block"));
             }
+            #[expect(
+                clippy::cast_ptr_alignment,
+                reason = "`off` is checked to be a multiple of V3_ALIGNMENT in a page-aligned block"
+            )]
             // SAFETY: in bounds (checked above) and 8-byte aligned within a page-aligned
             // block (tpacket3_hdr needs 4); it is plain old data.
             let h = unsafe { &*base.add(off).cast::<libc::tpacket3_hdr>() };
@@ -505,6 +517,10 @@ impl Capture {
             if mac < off + SLL_OFF + sll_len || mac + snap > self.block_size {
                 return Err(bad("packet data outside the block"));
             }
+            #[expect(
+                clippy::cast_ptr_alignment,
+                reason = "`off` is aligned (checked above) and SLL_OFF is TPACKET_ALIGNMENT-rounded"
+            )]
             // SAFETY: in bounds (checked above); sockaddr_ll is plain old data and needs 4-byte
             // alignment, which an 8-byte-aligned offset + 48 has.
             let sll = unsafe { &*base.add(off + SLL_OFF).cast::<libc::sockaddr_ll>() };

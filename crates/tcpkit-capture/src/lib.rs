@@ -15,6 +15,8 @@
 //! userspace, wherever in the hooks the rule sits, each held until it gets a verdict
 //! (intercept's on-target mode reads a host's own outgoing answers there and drops them).
 
+#![warn(missing_docs)]
+
 mod capture;
 mod error;
 mod filter;

@@ -109,9 +109,11 @@ pub enum NfQueueError {
     /// A syscall on the netlink socket failed.
     #[error("netfilter queue {queue}: {call}{}", hint(source))]
     Sys {
+        /// The queue number (`--queue-num` of the rule).
         queue: u16,
         /// The syscall: `socket(AF_NETLINK)`, `recv(AF_NETLINK)`.
         call: &'static str,
+        /// The error the kernel or the syscall returned.
         #[source]
         source: io::Error,
     },
@@ -121,17 +123,30 @@ pub enum NfQueueError {
         hint(source)
     )]
     Config {
+        /// The queue number.
         queue: u16,
+        /// The command: `bind`, `copy mode`, ...
         what: &'static str,
+        /// The error the kernel or the syscall returned.
         #[source]
         source: io::Error,
     },
     /// Another socket (another process) is bound to the queue.
     #[error("netfilter queue {queue} is taken by another reader (netlink port {portid}); stop it or choose another queue")]
-    Taken { queue: u16, portid: u32 },
+    Taken {
+        /// The queue number.
+        queue: u16,
+        /// The netlink port id of the socket that holds it.
+        portid: u32,
+    },
     /// The kernel sent bytes that are not a netlink message. Never expected.
     #[error("netfilter queue {queue}: {error}")]
-    Malformed { queue: u16, error: NlError },
+    Malformed {
+        /// The queue number.
+        queue: u16,
+        /// What was wrong with the bytes.
+        error: NlError,
+    },
 }
 
 impl NfQueueError {
@@ -159,10 +174,20 @@ fn hint(e: &io::Error) -> &'static str {
 pub enum NlError {
     /// The bytes end inside a message: `need` bytes from its start, `have` present.
     #[error("message cut short: need {need} bytes, have {have}")]
-    Truncated { need: usize, have: usize },
+    Truncated {
+        /// Bytes the message needs from its start.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
     /// A length field that cannot be: `what` at `offset` from the message's start.
     #[error("{what} at offset {offset}")]
-    Malformed { what: &'static str, offset: usize },
+    Malformed {
+        /// The field that is wrong.
+        what: &'static str,
+        /// Its offset from the message's start.
+        offset: usize,
+    },
 }
 
 /// One packet the rule queued.
@@ -185,14 +210,18 @@ pub struct QueuedPacket<'a> {
 /// A netlink message from nfnetlink_queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Message<'a> {
+    /// A packet waiting for its verdict (NFQNL_MSG_PACKET).
     Packet(QueuedPacket<'a>),
     /// The answer to a request: `errno` 0 is an acknowledgement.
     Ack {
+        /// Sequence number of the request answered.
         seq: u32,
+        /// 0, or the errno the request failed with (positive).
         errno: i32,
     },
     /// Anything else (NLMSG_DONE, NLMSG_NOOP, another message type): skipped.
     Other {
+        /// The netlink message type (`nlmsg_type`).
         ty: u16,
     },
 }

@@ -696,7 +696,12 @@ fn measure_capture_rate_64_byte_frames() {
             64 * (n + n2),
             "only the flood passes the filter"
         );
-        (sent, n + n2, t0.elapsed(), thread_cpu() - cpu0)
+        (
+            sent,
+            n + n2,
+            t0.elapsed(),
+            thread_cpu().saturating_sub(cpu0),
+        )
     });
     let st = cap.stats().expect("stats");
     let secs = elapsed.as_secs_f64();
@@ -731,7 +736,7 @@ fn measure_capture_rate_64_byte_frames() {
     std::thread::sleep(Duration::from_millis(100));
     let (t0, cpu0) = (Instant::now(), thread_cpu());
     let (n, bytes) = drain_count(&mut cap, Duration::ZERO);
-    let (wall, cpu) = (t0.elapsed(), thread_cpu() - cpu0);
+    let (wall, cpu) = (t0.elapsed(), thread_cpu().saturating_sub(cpu0));
     let st2 = cap.stats().expect("stats");
     println!(
         "capture loop ceiling: {n} frames from a full ring in {:.1} ms = {:.0} pps \

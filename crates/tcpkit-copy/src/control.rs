@@ -402,7 +402,7 @@ impl<'a> Msg<'a> {
                             &a.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED).octets(),
                         ),
                         (IpAddr::V4(a), true) => {
-                            out.extend_from_slice(&a.to_ipv6_mapped().octets())
+                            out.extend_from_slice(&a.to_ipv6_mapped().octets());
                         }
                     }
                 }
@@ -581,7 +581,7 @@ mod tests {
                     // A Hello cut where version 1's ended is version 1's Hello.
                     (Msg::Hello { .. }, Ok((Msg::Hello { nonce: None, .. }, _))) if short == 8 => {}
                     (_, Err(ControlError::Malformed { offset, .. })) => {
-                        assert!(offset <= FRAME_HDR + short)
+                        assert!(offset <= FRAME_HDR + short);
                     }
                     (_, other) => panic!("{m:?} with a {short}-byte body: {other:?}"),
                 }

@@ -139,7 +139,6 @@ pub(crate) trait Consumer {
         now: u64,
     );
     /// Bytes of a session, in order, in direction `dir`, captured at `ts`.
-    #[allow(clippy::too_many_arguments)]
     fn session_data(
         &mut self,
         id: SessionId,

@@ -975,7 +975,7 @@ impl feed::Consumer for Relay<'_> {
         Relay::step(self, events, max_wait)
     }
     fn publish(&self, live: &Live) {
-        Relay::publish(self, live)
+        Relay::publish(self, live);
     }
 }
 

@@ -1366,7 +1366,7 @@ impl<'a> Engine<'a> {
                     at += n;
                     match m {
                         Msg::Packet { hdr, payload } if self.ctl.st == CtlState::Up => {
-                            self.on_answer(&hdr, payload, now)
+                            self.on_answer(&hdr, payload, now);
                         }
                         Msg::Ping if self.ctl.st == CtlState::Up => {}
                         _ if self.ctl.st == CtlState::Hello => {
@@ -1447,7 +1447,7 @@ impl<'a> Engine<'a> {
                     CtlState::Connecting | CtlState::Hello | CtlState::Up
                 ) && silent(self)
                 {
-                    self.control_lost(now)
+                    self.control_lost(now);
                 }
             }
             _ => {}
@@ -1763,7 +1763,7 @@ impl feed::Consumer for Engine<'_> {
         Engine::step(self, events, max_wait)
     }
     fn publish(&self, live: &Live) {
-        Engine::publish(self, live)
+        Engine::publish(self, live);
     }
 }
 

@@ -17,6 +17,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 mod cmd;
 mod error;
 mod host;

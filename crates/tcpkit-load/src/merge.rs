@@ -719,7 +719,7 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/merge_report");
         std::fs::create_dir_all(&dir).unwrap();
         let put = |name: &str, r: &LoadReport| {
-            std::fs::write(dir.join(name), serde_json::to_string_pretty(r).unwrap()).unwrap()
+            std::fs::write(dir.join(name), serde_json::to_string_pretty(r).unwrap()).unwrap();
         };
         let mut a = run(100, 10, &[1_000, 2_000, 1_000_000], 3);
         a.run_id = "aa".into();

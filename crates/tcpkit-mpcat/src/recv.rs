@@ -1113,7 +1113,7 @@ fn unmapped(a: SocketAddr) -> SocketAddr {
             Some(v4) => SocketAddr::from((v4, v6.port())),
             None => a,
         },
-        a => a,
+        SocketAddr::V4(_) => a,
     }
 }
 

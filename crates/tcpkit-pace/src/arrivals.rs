@@ -6,10 +6,18 @@ use crate::{sat_u64, to_micro, MICRO};
 #[derive(Clone, Copy, Debug)]
 pub enum Arrivals {
     /// `rate` arrivals per second, evenly spaced.
-    Constant { rate: f64 },
+    Constant {
+        /// Arrivals per second.
+        rate: f64,
+    },
     /// A Poisson process of `rate` arrivals per second (exponential gaps), reproducible from
     /// `seed`.
-    Poisson { rate: f64, seed: u64 },
+    Poisson {
+        /// Mean arrivals per second.
+        rate: f64,
+        /// Seed of the gap generator: the same seed gives the same times.
+        seed: u64,
+    },
 }
 
 /// Intended send times, as ns offsets from one start, in order. Never ends (saturates at

@@ -171,8 +171,9 @@ mod tests {
     }
 
     fn thread_cpu_ns() -> u64 {
-        // SAFETY: getrusage writes one rusage struct we own.
+        // SAFETY: rusage is plain integers, for which all zero bytes is a valid value.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: getrusage writes one rusage struct, which we own and lend for the call only.
         unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
         let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
         tv(ru.ru_utime) + tv(ru.ru_stime)

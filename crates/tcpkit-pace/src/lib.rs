@@ -14,6 +14,8 @@
 //! Schedules, arrivals and buckets do no clock reads: they are pure arithmetic over the
 //! caller's `now_ns()`, which keeps them exact and unit-testable.
 
+#![warn(missing_docs)]
+
 mod arrivals;
 mod bucket;
 mod clock;

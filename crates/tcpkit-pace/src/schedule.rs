@@ -6,9 +6,17 @@ use crate::{sat_u64, to_micro, MICRO};
 #[derive(Clone, Copy, Debug)]
 pub enum Rate {
     /// Capture timing, gaps divided by `multiplier` (`-x`): 2.0 replays twice as fast.
-    Capture { multiplier: f64 },
+    Capture {
+        /// Speed-up factor: capture gaps are divided by it.
+        multiplier: f64,
+    },
     /// Packets per second (`--pps`), sent in groups of `burst` (`--pps-multi`; 1 = no groups).
-    Pps { pps: f64, burst: u32 },
+    Pps {
+        /// Packets per second.
+        pps: f64,
+        /// Packets sent together at each due time (1: one at a time).
+        burst: u32,
+    },
     /// Megabits per second of wire bytes (`--mbps`).
     Mbps(f64),
     /// As fast as the sink takes them (`--topspeed`).

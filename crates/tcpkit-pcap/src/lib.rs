@@ -12,6 +12,8 @@
 //!
 //! Link types are raw DLT numbers; what they mean belongs to `tcpkit-wire`.
 
+#![warn(missing_docs)]
+
 mod bytes;
 mod error;
 mod file;

@@ -661,8 +661,9 @@ mod tests {
 
     /// CPU time of the calling thread (user + system), in ns.
     fn thread_cpu_ns() -> u64 {
-        // SAFETY: clock_gettime into a timespec we own.
+        // SAFETY: timespec is plain integers, for which all zero bytes is a valid value.
         let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: clock_gettime writes one timespec, which we own and lend for the call only.
         unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     }

@@ -7,6 +7,8 @@
 //! [`if_info`] and [`if_counters`] describe an interface of the calling thread's network
 //! namespace.
 
+#![warn(missing_docs)]
+
 mod afpacket;
 mod error;
 mod file;

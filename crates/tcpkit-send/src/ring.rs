@@ -191,25 +191,37 @@ impl TxRing {
         unsafe { self.map.as_ptr().add(off) }
     }
 
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "slots start TPACKET_ALIGNMENT-aligned in a page-aligned ring; the field is a u32 of tpacket2_hdr"
+    )]
     fn status(&self, i: usize) -> &AtomicU32 {
         // SAFETY: the status word is a 4-byte-aligned u32 at the start of a 16-byte-aligned
         // slot; the kernel writes it concurrently, so it is only accessed atomically.
         unsafe { &*self.slot(i).add(STATUS_OFF).cast::<AtomicU32>() }
     }
 
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "slots start TPACKET_ALIGNMENT-aligned in a page-aligned ring; the field is a u32 of tpacket2_hdr"
+    )]
     fn len_of(&self, i: usize) -> usize {
         // SAFETY: tp_len of slot i; only we write it, and only while the slot is ours.
         unsafe { self.slot(i).add(LEN_OFF).cast::<u32>().read_volatile() as usize }
     }
 
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "slots start TPACKET_ALIGNMENT-aligned in a page-aligned ring; the field is a u32 of tpacket2_hdr"
+    )]
     fn set_len(&self, i: usize, len: usize) {
         // SAFETY: as in len_of; the slot is ours (available, or "send request" between sends).
         unsafe {
             self.slot(i)
                 .add(LEN_OFF)
                 .cast::<u32>()
-                .write_volatile(len as u32)
-        };
+                .write_volatile(len as u32);
+        }
     }
 
     /// Counts the slots the kernel took since the last look, oldest first.

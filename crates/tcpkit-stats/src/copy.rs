@@ -16,6 +16,7 @@ pub const COPY_SCHEMA_VERSION: u32 = 1;
 /// Everything a copy run reports. Field names are the `--json` contract.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CopyReport {
+    /// [`COPY_SCHEMA_VERSION`] when written: which layout of this document a reader holds.
     pub schema_version: u32,
     /// `relay`.
     pub mode: String,
@@ -31,10 +32,15 @@ pub struct CopyReport {
     pub sample_percent: f64,
     /// How long the copy ran.
     pub seconds: f64,
+    /// What became of the client sessions seen: copied, completed, failed by cause.
     pub sessions: SessionStats,
+    /// Requests and bytes copied and answered, and tcpcopy's request loss ratio.
     pub requests: RequestStats,
+    /// The original servers' answer latency beside the target's.
     pub latency: LatencyStats,
+    /// What the capture read and lost.
     pub capture: CaptureStats,
+    /// The memory limit and what was held under it.
     pub memory: MemoryStats,
     /// The nice value the copy ran at (`--nice`).
     pub nice: i32,
@@ -82,6 +88,8 @@ pub struct TransparentStats {
     pub synthesized_handshakes: u64,
 }
 
+/// Client sessions and the copies made of them. Every copy ends exactly one way: completed,
+/// failed by one cause, or open at the end.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionStats {
     /// Client sessions to a copied server seen in the capture.
@@ -95,7 +103,9 @@ pub struct SessionStats {
     /// Connections to the target made for them: `selected` × `-n`. Each ends completed,
     /// failed, or open at the end.
     pub copies: u64,
+    /// Copies that sent all their requests, got every awaited answer and closed.
     pub completed: u64,
+    /// Copies that failed, by cause.
     pub failed: FailStats,
     /// Of `failed.target_refused`, copies never tried: the target was refusing and its
     /// shared back-off outlasted their `--timeout`, so no SYN was sent for them.
@@ -122,6 +132,7 @@ pub struct FailStats {
     pub shed: u64,
 }
 
+/// Requests of the selected sessions, their bytes, and how many the target answered.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RequestStats {
     /// Requests (client bytes between two server turns) of the selected sessions seen in the
@@ -140,12 +151,15 @@ pub struct RequestStats {
     /// `--max-loss`: a loss ratio above it fails the run (exit status 1), as does a run whose
     /// target answered none of the requests seen.
     pub max_loss_percent: f64,
+    /// Bytes of requests written to the target (all copies, `-n` included).
     pub bytes_copied: u64,
+    /// Bytes the target sent back (all copies).
     pub bytes_answered: u64,
     /// Client bytes of sessions joined mid-stream before their first whole request (skipped).
     pub bytes_skipped_joining: u64,
 }
 
+/// Answer latencies, nanoseconds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LatencyStats {
     /// The production server's: from a request's last captured byte to the first byte of
@@ -155,6 +169,7 @@ pub struct LatencyStats {
     pub target: Percentiles,
 }
 
+/// What the capture read, and what it dropped or could not use.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CaptureStats {
     /// Packets the capture read (frames of the file offline).
@@ -165,6 +180,8 @@ pub struct CaptureStats {
     pub not_tcp: u64,
     /// Bytes seen again after they were delivered (retransmissions).
     pub retransmitted_bytes: u64,
+    /// TCP segments that arrived ahead of a byte still missing (held until the hole was filled
+    /// or given up).
     pub out_of_order_segments: u64,
     /// Sessions whose bytes had a hole the capture never filled.
     pub sessions_with_lost_data: u64,
@@ -176,6 +193,7 @@ pub struct CaptureStats {
     pub server_bytes_lost: u64,
 }
 
+/// Memory: the `--max-memory` limit, the process's size, and the peak held under the limit.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct MemoryStats {
     /// `--max-memory`.
@@ -194,7 +212,10 @@ pub struct DiffStats {
     pub mode: String,
     /// Pairs of answers compared.
     pub compared: u64,
+    /// Of the compared, answers the same as the original's (after `--diff-ignore`).
     pub equal: u64,
+    /// Of the compared, answers that differ from the original's (each written to the diff
+    /// output, up to its limit).
     pub different: u64,
     /// Of the compared, those with a body over `cap_bytes`, compared by length and hash
     /// (`--diff-ignore` does not apply to such a body).

@@ -11,13 +11,19 @@ use std::hash::Hash;
 
 use rustc_hash::FxHashMap;
 
+/// tcpreplay's flow table over one stream of packets: counts flows, connections and packets
+/// with and without a key, in one lookup per packet.
 #[derive(Debug)]
 pub struct FlowTable<K> {
     last_seen: FxHashMap<K, u64>,
     expiry_ns: Option<u64>,
+    /// Flows started: keys never seen, or seen again after idling past the expiry.
     pub flows: u64,
+    /// Connections opened: new flows whose reverse direction was not live.
     pub connections: u64,
+    /// Packets that had a key.
     pub flow_packets: u64,
+    /// Packets without a key.
     pub non_flow_packets: u64,
     /// Flows that were seen before but had expired (counted in `flows` too).
     pub expired: u64,

@@ -26,6 +26,7 @@ impl Default for Histogram {
 const HIGHEST_NS: u64 = 3_600_000_000_000;
 
 impl Histogram {
+    /// An empty histogram with the fixed bounds above (all workers' histograms merge).
     pub fn new() -> Histogram {
         let inner = hdrhistogram::Histogram::new_with_bounds(1, HIGHEST_NS, 3)
             .expect("static histogram bounds are valid");
@@ -38,6 +39,7 @@ impl Histogram {
         self.inner.saturating_record(ns.max(1));
     }
 
+    /// Adds every value of `other` to this one.
     pub fn merge(&mut self, other: &Histogram) {
         // Same bounds on both sides, so addition cannot fail; saturate if it ever did.
         if self.inner.add(&other.inner).is_err() {
@@ -53,10 +55,12 @@ impl Histogram {
         &self.inner
     }
 
+    /// Values recorded.
     pub fn count(&self) -> u64 {
         self.inner.len()
     }
 
+    /// The value at quantile `q` (0.0 to 1.0), in ns, to 3 significant digits.
     pub fn value_at_quantile(&self, q: f64) -> u64 {
         self.inner.value_at_quantile(q)
     }
@@ -111,6 +115,7 @@ impl Histogram {
         Ok(out)
     }
 
+    /// The report's summary of the values; all zero when empty.
     pub fn percentiles(&self) -> Percentiles {
         let h = &self.inner;
         if h.is_empty() {
@@ -199,7 +204,9 @@ fn bounded_v2(bytes: &[u8]) -> Result<Vec<u8>, String> {
 /// Why a serialized histogram could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HistDecodeError {
+    /// Not standard base64 (RFC 4648).
     Base64,
+    /// Base64, but not an HDR V2 deflate histogram (or over the size cap): the reason.
     Hdr(String),
 }
 
@@ -249,6 +256,7 @@ impl HdrLog {
             .map_err(|e| std::io::Error::other(e.to_string()))
     }
 
+    /// Writes out what is buffered; the log is complete only after this.
     pub fn flush(&mut self) -> std::io::Result<()> {
         self.out.flush()
     }
@@ -295,20 +303,29 @@ fn base64_decode(text: &str) -> Option<Vec<u8>> {
 /// The percentiles every report prints (wrk2's set), in ns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Percentiles {
+    /// Values recorded (0: no samples, and every other field is 0).
     pub count: u64,
     /// The smallest value and the standard deviation, beside the mean (dnsperf and wrk print
     /// them; a percentile table alone hides a bimodal spread). Absent in reports written
     /// before they were added, hence the defaults.
     #[serde(default)]
     pub min_ns: u64,
+    /// Arithmetic mean, truncated to whole ns.
     pub mean_ns: u64,
+    /// Standard deviation, truncated to whole ns.
     #[serde(default)]
     pub stdev_ns: u64,
+    /// Median.
     pub p50_ns: u64,
+    /// 90th percentile.
     pub p90_ns: u64,
+    /// 99th percentile.
     pub p99_ns: u64,
+    /// 99.9th percentile.
     pub p999_ns: u64,
+    /// 99.99th percentile.
     pub p9999_ns: u64,
+    /// Largest value recorded.
     pub max_ns: u64,
 }
 

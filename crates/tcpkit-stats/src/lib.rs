@@ -4,6 +4,8 @@
 //! Nothing here sends or parses packets; the jobs feed it numbers. Hot paths touch only plain
 //! integers and per-thread histograms; the live line reads shared atomics from its own thread.
 
+#![warn(missing_docs)]
+
 mod copy;
 mod flows;
 mod hist;

@@ -13,8 +13,11 @@ use std::time::{Duration, Instant};
 /// Counters the workers bump (relaxed) and the monitor reads.
 #[derive(Debug, Default)]
 pub struct LiveCounters {
+    /// Frames sent whole so far.
     pub packets: AtomicU64,
+    /// Bytes of those frames.
     pub bytes: AtomicU64,
+    /// Frames that could not be sent so far.
     pub failed: AtomicU64,
     /// The loop being sent, from 1 (0 before the first packet).
     pub loop_no: AtomicU64,
@@ -24,6 +27,7 @@ pub struct LiveCounters {
 }
 
 impl LiveCounters {
+    /// Counts a batch sent: `packets` frames of `bytes` bytes in all.
     #[inline]
     pub fn add(&self, packets: u64, bytes: u64) {
         self.packets.fetch_add(packets, Ordering::Relaxed);
@@ -41,6 +45,7 @@ impl LiveCounters {
     }
 }
 
+/// What the live view draws on stderr.
 #[derive(Debug, Clone, Default)]
 pub struct MonitorOptions {
     /// `--stats N`: a line on stderr every N.

@@ -18,6 +18,7 @@ pub const LOAD_SCHEMA_VERSION: u32 = 1;
 /// Everything a load run reports. Field names are the `--json` contract.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LoadReport {
+    /// [`LOAD_SCHEMA_VERSION`] when written: which layout of this document a reader holds.
     pub schema_version: u32,
     /// This run's identity (128 random bits in hex), so that `tcpkit merge` can refuse one run
     /// given twice. A merged report gets an id of its own.
@@ -32,18 +33,26 @@ pub struct LoadReport {
     pub payload: String,
     /// Runs merged into this report (1 for one `tcpkit load`, whatever its processes).
     pub runs: u32,
+    /// Processes that ran queries, summed over merged runs (more than 1 when `--procs` asks, or
+    /// when `-c` needs more descriptors than one process may hold).
     pub processes: u32,
+    /// Event-loop threads, all processes.
     pub threads: u32,
     /// Wall time (ns since the Unix epoch) when the query phase began and ended.
     pub start_unix_ns: u64,
+    /// Wall time (ns since the Unix epoch) when the query phase ended.
     pub end_unix_ns: u64,
     /// Length of the query phase (the union of the merged windows).
     pub seconds: f64,
     /// How long opening the connections took before the query phase.
     pub connect_seconds: f64,
+    /// Connections asked, opened, failed and closed.
     pub connections: ConnStats,
+    /// Queries scheduled, sent, answered, and how the others ended.
     pub queries: QueryStats,
+    /// Queries per second over `seconds`.
     pub rates: Rates,
+    /// How far the client fell behind its schedule.
     pub lag: LagStats,
     /// Answers by code: DNS RCODE names, HTTP status codes, `ERR` for Redis errors, `ok`
     /// for payloads without codes.
@@ -57,22 +66,28 @@ pub struct LoadReport {
     pub latency: Percentiles,
     /// Latency from each query's actual send time (what the server and network took).
     pub latency_sent: Percentiles,
+    /// The two latency distributions whole, for `tcpkit merge`.
     pub histograms: Histograms,
+    /// The `-R`/`--per-query` file; absent without `-R`.
     pub per_query: Option<PerQueryStats>,
     /// Why this run counts as failed (exit status 1); absent when it did what was asked.
     pub failure: Option<String>,
 }
 
+/// Connections: asked, opened, failed and closed.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ConnStats {
     /// `-c` as asked.
     pub asked: u64,
     /// Most connections open at once.
     pub peak_open: u64,
+    /// Connections open when the query phase ended.
     pub open_at_end: u64,
     /// Connects started, successful ones, and failed ones (refused, unreachable, timed out).
     pub attempts: u64,
+    /// Connects that completed.
     pub established: u64,
+    /// Connects that failed: refused, unreachable, out of descriptors or ports, or timed out.
     pub failed: u64,
     /// Failed connects that timed out (`--connect-timeout`); included in `failed`.
     pub timeouts: u64,
@@ -91,11 +106,14 @@ pub struct ConnStats {
     pub slow: u64,
 }
 
+/// Queries, and how each one ended: `sent = answered + timeouts + lost + unanswered_at_end`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct QueryStats {
     /// Intended send times that fell inside the query phase.
     pub scheduled: u64,
+    /// Queries written to a socket.
     pub sent: u64,
+    /// Queries answered (matched to a query in flight), `echoed` included.
     pub answered: u64,
     /// Answers that were the query itself sent back (DNS: same ID, QR bit clear), as a plain
     /// echo server does; included in `answered`, not in `codes`.
@@ -112,18 +130,24 @@ pub struct QueryStats {
     pub malformed: u64,
     /// Well-formed answers that matched no outstanding query (late after a timeout, unknown ID).
     pub unmatched: u64,
+    /// Bytes of queries written to the sockets.
     pub bytes_sent: u64,
+    /// Bytes read from the sockets (answers, whole or not).
     pub bytes_received: u64,
 }
 
+/// Rates, queries per second over `seconds` (for merged runs, of the union of their windows).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Rates {
     /// Mean rate asked over the query phase; absent when no rate was asked (idle connections).
     pub asked_qps: Option<f64>,
+    /// `queries.sent` per second.
     pub sent_qps: f64,
+    /// `queries.answered` per second.
     pub answered_qps: f64,
 }
 
+/// The schedule's lag: how far behind its intended send times the client fell.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LagStats {
     /// Scheduled queries never sent because the client was behind.
@@ -137,13 +161,18 @@ pub struct LagStats {
 /// Both histograms, HDR V2 deflate in base64 (`Histogram::to_base64`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Histograms {
+    /// Latency from the intended send time, nanoseconds.
     pub intended: String,
+    /// Latency from the actual send time, nanoseconds.
     pub sent: String,
 }
 
+/// The `-R`/`--per-query` file: one line per query.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PerQueryStats {
+    /// Where it was written.
     pub path: String,
+    /// Lines written.
     pub lines: u64,
     /// Lines not written because the writer thread fell behind (the run is never slowed).
     pub dropped: u64,

@@ -19,9 +19,13 @@ pub struct Sample {
     pub t_s: f64,
     /// Its length in seconds.
     pub secs: f64,
+    /// Values recorded in the interval.
     pub count: u64,
+    /// Their median.
     pub p50_ns: u64,
+    /// Their 99th percentile.
     pub p99_ns: u64,
+    /// The largest of them.
     pub max_ns: u64,
 }
 
@@ -99,8 +103,9 @@ impl Timeline {
                     let p50 = if n == 0 {
                         0
                     } else {
-                        ((a.p50_ns as u128 * a.count as u128 + b.p50_ns as u128 * b.count as u128)
-                            / n as u128) as u64
+                        ((u128::from(a.p50_ns) * u128::from(a.count)
+                            + u128::from(b.p50_ns) * u128::from(b.count))
+                            / u128::from(n)) as u64
                     };
                     Sample {
                         t_s: a.t_s,

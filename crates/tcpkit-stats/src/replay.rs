@@ -14,27 +14,41 @@ pub const REPLAY_SCHEMA_VERSION: u32 = 1;
 /// Everything a replay run reports. Field names are the `--json` contract.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReplayReport {
+    /// [`REPLAY_SCHEMA_VERSION`] when written: which layout of this document a reader holds.
     pub schema_version: u32,
     /// Interface name, or the output file for `-w`.
     pub output: String,
     /// True when `-w` wrote a file instead of sending.
     pub dry_run: bool,
+    /// Frames sent whole (tcpreplay's `Actual: N packets`); for `-w`, frames written.
     pub packets: u64,
+    /// Bytes of those frames, link-layer headers included, no FCS.
     pub bytes: u64,
+    /// The run's duration: from the start to the last frame handed to the kernel; for `-w`, the
+    /// span of the timestamps written.
     pub seconds: f64,
+    /// Bytes per second over `seconds` (0 when `seconds` is 0).
     pub rate_bps: f64,
+    /// Megabits (10^6 bits) per second over `seconds`.
     pub rate_mbps: f64,
+    /// Frames per second over `seconds`.
     pub rate_pps: f64,
+    /// Passes over the whole capture that every sending thread finished (`--loop`).
     pub loops_completed: u64,
+    /// tcpreplay's `Flows:` and our `Connections:` line.
     pub flows: FlowStats,
-    /// How late packets left against their intended send time; absent at top speed.
+    /// How late packets left against their intended send time; absent at top speed and for `-w`.
     pub timing: Option<TimingError>,
+    /// tcpreplay's "Statistics for network device" block: what the sink did with each frame.
     pub device: DeviceStats,
     /// The interface's own tx counters over the run (what the kernel says it sent).
     pub interface: Option<IfDelta>,
     /// Packets that got an Ethernet header because their link type had none.
     pub ethernet_added: u64,
+    /// Source MAC written into those added headers and where it came from (`--src-mac`, the
+    /// interface's address, or zero); None when no header was added.
     pub ethernet_src: Option<String>,
+    /// Destination MAC written into those added headers; None when no header was added.
     pub ethernet_dst: Option<String>,
     /// Why the run ended early, if it did (an input error, an interrupt).
     pub stopped_by: Option<String>,
@@ -44,28 +58,41 @@ pub struct ReplayReport {
     pub failure: Option<String>,
 }
 
+/// Flow and connection counts over the frames sent, keyed as tcpreplay keys them.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct FlowStats {
     /// Flows as tcpreplay counts them: per direction.
     pub flows: u64,
+    /// `flows` per second of the run.
     pub flows_per_sec: f64,
+    /// Frames that had a flow key: IPv4 or IPv6 of any protocol (tcpreplay's "flow packets").
     pub flow_packets: u64,
+    /// Frames without a flow key: ARP, LLDP and anything else not IP.
     pub non_flow_packets: u64,
     /// A flow and its reverse counted once.
     pub connections: u64,
+    /// `connections` per second of the run.
     pub connections_per_sec: f64,
 }
 
+/// How late paced frames left against their intended send time, measured when the batch
+/// holding them was handed to the kernel.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct TimingError {
+    /// Frames whose lateness was measured: those that had an intended send time.
     pub paced_packets: u64,
+    /// Median lateness, nanoseconds.
     pub late_p50_ns: u64,
+    /// 99th percentile lateness, nanoseconds.
     pub late_p99_ns: u64,
+    /// Largest lateness seen, nanoseconds.
     pub late_max_ns: u64,
+    /// Mean lateness, nanoseconds.
     pub late_mean_ns: u64,
 }
 
 impl TimingError {
+    /// The timing block of a histogram of lateness in nanoseconds.
     pub fn from_percentiles(p: &Percentiles) -> TimingError {
         TimingError {
             paced_packets: p.count,
@@ -80,7 +107,9 @@ impl TimingError {
 /// tcpreplay's "Statistics for network device" block.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct DeviceStats {
+    /// Frames sent whole; equals `packets`.
     pub successful: u64,
+    /// Frames not sent (too big, malformed, stuck queue, or another send error).
     pub failed: u64,
     /// Of `failed`: refused with EMSGSIZE (longer than the interface's MTU + header).
     pub failed_too_big: u64,
@@ -88,16 +117,24 @@ pub struct DeviceStats {
     pub failed_malformed: u64,
     /// Of `failed`: given up after the device queue stayed full for over a second.
     pub failed_stuck: u64,
+    /// Frames of which the kernel took fewer bytes than asked.
     pub truncated: u64,
+    /// Times a send was retried after ENOBUFS (a full device queue); not a loss.
     pub retried_enobufs: u64,
+    /// Times a send was retried after EAGAIN (a full socket buffer); not a loss.
     pub retried_eagain: u64,
 }
 
+/// The interface's own tx counters (`/proc/net/dev` of its namespace), after minus before.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct IfDelta {
+    /// Frames the interface says it sent during the run (other senders on it included).
     pub tx_packets: u64,
+    /// Bytes the interface says it sent during the run.
     pub tx_bytes: u64,
+    /// Frames the interface dropped on transmit during the run.
     pub tx_dropped: u64,
+    /// Transmit errors the interface counted during the run.
     pub tx_errors: u64,
 }
 

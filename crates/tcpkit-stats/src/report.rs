@@ -29,10 +29,11 @@ impl Verdict {
     pub fn and(self, other: impl FnOnce() -> Verdict) -> Verdict {
         match self {
             Verdict::Done => other(),
-            failed => failed,
+            failed @ Verdict::Failed(_) => failed,
         }
     }
 
+    /// True when the run did what was asked (exit status 0).
     pub fn is_done(&self) -> bool {
         matches!(self, Verdict::Done)
     }

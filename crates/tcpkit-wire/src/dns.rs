@@ -15,14 +15,24 @@ use std::str::FromStr;
 
 /// Resource record types by their mnemonic (RFC 1035, 3596, 2782).
 pub const TYPE_A: u16 = 1;
+/// NS: an authoritative name server (RFC 1035).
 pub const TYPE_NS: u16 = 2;
+/// CNAME: the canonical name of an alias (RFC 1035).
 pub const TYPE_CNAME: u16 = 5;
+/// SOA: start of a zone of authority (RFC 1035).
 pub const TYPE_SOA: u16 = 6;
+/// PTR: a domain name pointer, as in reverse lookups (RFC 1035).
 pub const TYPE_PTR: u16 = 12;
+/// MX: mail exchange (RFC 1035).
 pub const TYPE_MX: u16 = 15;
+/// TXT: text strings (RFC 1035).
 pub const TYPE_TXT: u16 = 16;
+/// AAAA: an IPv6 address (RFC 3596).
 pub const TYPE_AAAA: u16 = 28;
+/// SRV: the location of a service (RFC 2782).
 pub const TYPE_SRV: u16 = 33;
+/// ANY (`*`): a QTYPE only, asking for all records (RFC 1035 §3.2.3; RFC 8482 lets servers
+/// answer with less).
 pub const TYPE_ANY: u16 = 255;
 /// Class IN, the only class tcpkit asks for.
 pub const CLASS_IN: u16 = 1;
@@ -52,24 +62,39 @@ pub enum DnsError {
     /// per-answer parse allocates nothing.
     #[error("DNS {what} truncated at offset {offset}: need {need} bytes, have {have}")]
     Truncated {
+        /// The part that is cut: `header`, `question`, `answer`, `name`, ...
         what: &'static str,
+        /// Offset in the message of the part (or of its field) that is cut.
         offset: usize,
+        /// Bytes it needs from `offset`.
         need: usize,
+        /// Bytes left from `offset`.
         have: usize,
     },
     /// `what`, starting at byte `offset` of the message, breaks a rule of the protocol.
     #[error("DNS {what} at offset {offset}: {why}")]
     Malformed {
+        /// The part that is wrong.
         what: &'static str,
+        /// Byte of the message where it starts.
         offset: usize,
+        /// The rule it breaks.
         why: &'static str,
     },
     /// A domain name given as text is not valid.
     #[error("invalid domain name {text:?}: {why}")]
-    Name { text: String, why: String },
+    Name {
+        /// The name as given.
+        text: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A query type given as text is neither a known mnemonic nor a number 0-65535.
     #[error("invalid query type {text:?}: give A, AAAA, NS, CNAME, SOA, PTR, MX, TXT, SRV, ANY or a number 0-65535")]
-    Qtype { text: String },
+    Qtype {
+        /// The type as given.
+        text: String,
+    },
 }
 
 fn truncated(what: &'static str, offset: usize, need: usize, have: usize) -> DnsError {
@@ -258,9 +283,13 @@ pub fn tcp_message_len(buf: &[u8]) -> Option<usize> {
 /// What a load generator needs from an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResponseView {
+    /// ID from the header, to match the answer to its query.
     pub id: u16,
+    /// RCODE, the header's 4 bits (0 NOERROR, 2 SERVFAIL, 3 NXDOMAIN, ...).
     pub rcode: u8,
+    /// TC: the answer was cut to fit (over UDP: ask again over TCP).
     pub truncated: bool,
+    /// ANCOUNT: answer records in the message.
     pub answers: u16,
 }
 
@@ -268,8 +297,11 @@ pub struct ResponseView {
 /// question is `msg[12..question_end]`, copied into the answer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueryView {
+    /// ID from the header, copied into the answer.
     pub id: u16,
+    /// QTYPE of the (first) question.
     pub qtype: u16,
+    /// Offset just past the question (QNAME, QTYPE, QCLASS).
     pub question_end: usize,
 }
 

@@ -17,22 +17,32 @@ use crate::rewrite::{read_addr, set_addr};
 /// Direction-specific 5-tuple of one packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlowKey {
+    /// IPv4/IPv6 source address.
     pub src: IpAddr,
+    /// IPv4/IPv6 destination address.
     pub dst: IpAddr,
+    /// IP protocol number (IPv6: the last next-header after the extension headers).
     pub proto: u8,
+    /// TCP/UDP source port, ICMP/ICMPv6 type; 0 for other protocols, non-first fragments and cut
+    /// L4 headers.
     pub src_port: u16,
+    /// TCP/UDP destination port, ICMP/ICMPv6 code; 0 as for `src_port`.
     pub dst_port: u16,
 }
 
 /// The same for both directions of a connection: the lower (ip, port) endpoint first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnKey {
+    /// The lower (address, port) endpoint.
     pub a: (IpAddr, u16),
+    /// The higher (address, port) endpoint.
     pub b: (IpAddr, u16),
+    /// IP protocol number.
     pub proto: u8,
 }
 
 impl FlowKey {
+    /// The key both directions of this packet's connection share.
     pub fn connection(&self) -> ConnKey {
         let s = (self.src, self.src_port);
         let d = (self.dst, self.dst_port);

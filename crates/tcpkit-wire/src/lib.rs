@@ -13,6 +13,8 @@
 //! - [`flow_key`], [`shard_hash`], [`unique_ip`]: tcpreplay-style flow counting, sharding a
 //!   capture over threads, and per-loop unique flows.
 
+#![warn(missing_docs)]
+
 mod csum;
 pub mod dns;
 mod flow;
@@ -35,9 +37,13 @@ pub enum WireError {
     /// A header needed for the requested operation is cut short.
     #[error("{layer} header truncated at offset {offset}: need {need} bytes, have {have}")]
     Truncated {
+        /// The header that is cut: `ethernet`, `ipv4`, `tcp`, ...
         layer: &'static str,
+        /// Byte of the frame where that header starts.
         offset: usize,
+        /// Bytes that header needs.
         need: usize,
+        /// Bytes left from `offset`.
         have: usize,
     },
     /// A pcap link type (DLT) tcpkit cannot convert to Ethernet.
@@ -46,16 +52,23 @@ pub enum WireError {
     /// A link-layer header names a payload we cannot carry in Ethernet.
     #[error("{link}: unsupported {what} {value:#x} at offset {offset}")]
     Unsupported {
+        /// The link type whose header it is.
         link: &'static str,
+        /// The field naming the payload (an ethertype, an address family, ...).
         what: &'static str,
+        /// The value found in it.
         value: u32,
+        /// Byte of the frame where that field is.
         offset: usize,
     },
     /// Text given for an option (MAC, CIDR, map, TTL) is not valid.
     #[error("invalid {what} {text:?}: {why}")]
     Parse {
+        /// The option the text was given for.
         what: &'static str,
+        /// The text as given.
         text: String,
+        /// What is wrong with it.
         why: String,
     },
 }

@@ -27,6 +27,7 @@ pub enum LinkType {
 }
 
 impl LinkType {
+    /// The link type of a pcap DLT number, or [`WireError::UnsupportedDlt`].
     pub fn from_dlt(dlt: u32) -> Result<LinkType, WireError> {
         Ok(match dlt {
             0 => LinkType::Null,

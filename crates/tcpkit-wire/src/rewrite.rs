@@ -41,16 +41,23 @@ use crate::WireError;
 /// What to do to every frame. `Default` is the identity.
 #[derive(Debug, Clone, Default)]
 pub struct RewriteConfig {
+    /// `--enet-smac`: Ethernet source address of every Ethernet II frame.
     pub src_mac: Option<MacAddr>,
+    /// `--enet-dmac`: Ethernet destination address of every Ethernet II frame.
     pub dst_mac: Option<MacAddr>,
+    /// `--srcipmap`: IPv4/IPv6 source address rules; the first that matches applies.
     pub srcipmap: Vec<IpMap>,
+    /// `--dstipmap`: IPv4/IPv6 destination address rules; the first that matches applies.
     pub dstipmap: Vec<IpMap>,
+    /// `--portmap`: TCP and UDP port rules, both ports of each segment.
     pub portmap: Option<PortMap>,
     /// Truncate frames so the L3 part is at most this many bytes.
     pub mtu_trunc: Option<u16>,
     /// Recompute all checksums from scratch.
     pub fixcsum: bool,
+    /// `--enet-vlan`: push or pop an outermost 802.1Q tag.
     pub vlan: Option<VlanEdit>,
+    /// `--ttl`: edit the IPv4 TTL / IPv6 hop limit.
     pub ttl: Option<TtlEdit>,
 }
 
@@ -70,10 +77,12 @@ pub struct Rewriter {
 }
 
 impl Rewriter {
+    /// A rewriter that applies `cfg` to every frame it is given.
     pub fn new(cfg: RewriteConfig) -> Rewriter {
         Rewriter { cfg }
     }
 
+    /// The edits this rewriter applies.
     pub fn config(&self) -> &RewriteConfig {
         &self.cfg
     }

@@ -29,13 +29,21 @@ use crate::rewrite::read_addr;
 pub struct Flags(pub u8);
 
 impl Flags {
+    /// FIN: the sender has no more data (RFC 9293).
     pub const FIN: Flags = Flags(0x01);
+    /// SYN: synchronize sequence numbers, the first segment of each direction.
     pub const SYN: Flags = Flags(0x02);
+    /// RST: reset the connection.
     pub const RST: Flags = Flags(0x04);
+    /// PSH: push the data to the application.
     pub const PSH: Flags = Flags(0x08);
+    /// ACK: the acknowledgment number is significant.
     pub const ACK: Flags = Flags(0x10);
+    /// URG: the urgent pointer is significant.
     pub const URG: Flags = Flags(0x20);
+    /// ECE: ECN-Echo (RFC 3168).
     pub const ECE: Flags = Flags(0x40);
+    /// CWR: congestion window reduced (RFC 3168).
     pub const CWR: Flags = Flags(0x80);
 
     /// All of `f`'s bits are set.
@@ -55,12 +63,16 @@ impl std::ops::BitOr for Flags {
 /// below 2 or past the header) ends option parsing, keeping what was read before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Options {
+    /// Maximum segment size (kind 2), sent only on SYNs.
     pub mss: Option<u16>,
+    /// Window scale shift count (kind 3, RFC 7323), sent only on SYNs.
     pub wscale: Option<u8>,
+    /// SACK permitted (kind 4, RFC 2018), sent only on SYNs.
     pub sack_permitted: bool,
     /// SACK blocks (left edge, right edge); only the first `sack_len` are meaningful, the rest
     /// are zero so two equal option sets compare equal.
     pub sack_blocks: [(u32, u32); 4],
+    /// How many of `sack_blocks` are present (0 to 4).
     pub sack_len: u8,
     /// (TSval, TSecr).
     pub timestamps: Option<(u32, u32)>,
@@ -158,12 +170,19 @@ impl Options {
 /// One TCP segment found in an Ethernet frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
+    /// Source address and port.
     pub src: SocketAddr,
+    /// Destination address and port.
     pub dst: SocketAddr,
+    /// Sequence number of the first payload byte (of the SYN itself on a SYN).
     pub seq: u32,
+    /// Acknowledgment number: the next byte expected from the peer (meaningful with ACK).
     pub ack: u32,
+    /// The flag byte.
     pub flags: Flags,
+    /// Receive window as on the wire, not scaled by the window scale option.
     pub window: u16,
+    /// The options read from the header.
     pub options: Options,
     /// Where the payload bytes present in the frame are (Ethernet padding excluded).
     pub payload: Range<usize>,
@@ -180,28 +199,55 @@ pub enum SegmentError {
     NotTcp,
     /// TCP inside IP fragments; the payload is split over datagrams we do not reassemble.
     #[error("TCP in an IP fragment (IP header at offset {offset})")]
-    Fragment { offset: usize },
+    Fragment {
+        /// Byte of the frame where the IP header starts.
+        offset: usize,
+    },
     /// The TCP header (or its options) is cut short.
     #[error("TCP header truncated at offset {offset}: need {need} bytes, have {have}")]
     Truncated {
+        /// Byte of the frame where the TCP header starts.
         offset: usize,
+        /// Bytes the header needs (20, or its data offset with options).
         need: usize,
+        /// Bytes left from `offset`.
         have: usize,
     },
     /// The data offset field is below 5 words.
     #[error("TCP data offset {words} words at offset {offset} is below the minimum of 5")]
-    BadDataOffset { offset: usize, words: u8 },
+    BadDataOffset {
+        /// Byte of the frame where the TCP header starts.
+        offset: usize,
+        /// The data offset field: header length in 32-bit words.
+        words: u8,
+    },
 }
 
 /// Why [`Segment::emit`] cannot build a frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EmitError {
+    /// One end is IPv4 and the other IPv6.
     #[error("source {src} and destination {dst} are not of one address family")]
-    MixedFamilies { src: SocketAddr, dst: SocketAddr },
+    MixedFamilies {
+        /// The segment's source.
+        src: SocketAddr,
+        /// The segment's destination.
+        dst: SocketAddr,
+    },
+    /// The options do not fit in the 40 bytes a TCP header has for them.
     #[error("TCP options need {len} bytes, the header has room for 40")]
-    OptionsTooLong { len: usize },
+    OptionsTooLong {
+        /// Bytes the options need, padding included.
+        len: usize,
+    },
+    /// The payload does not fit in one IP datagram (total length is 16 bits).
     #[error("payload of {len} bytes does not fit in one IP datagram (at most {max})")]
-    PayloadTooLong { len: usize, max: usize },
+    PayloadTooLong {
+        /// Payload bytes given.
+        len: usize,
+        /// The most this family's datagram can carry after the IP and TCP headers.
+        max: usize,
+    },
 }
 
 /// Source MAC of emitted frames (locally administered; nothing reads it back).

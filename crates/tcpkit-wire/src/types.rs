@@ -11,6 +11,7 @@ use crate::WireError;
 pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
+    /// ff:ff:ff:ff:ff:ff, every station of the segment.
     pub const BROADCAST: MacAddr = MacAddr([0xff; 6]);
 }
 
@@ -77,9 +78,11 @@ impl Cidr {
         }
         Ok(Cidr { addr, prefix })
     }
+    /// The network address as given (host bits not cleared).
     pub fn addr(&self) -> IpAddr {
         self.addr
     }
+    /// The prefix length: 0-32 for IPv4, 0-128 for IPv6.
     pub fn prefix(&self) -> u8 {
         self.prefix
     }
@@ -167,7 +170,9 @@ impl fmt::Display for Cidr {
 /// 172.1.2.3, as tcprewrite 4.4.3 does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpMap {
+    /// Addresses this rule applies to.
     pub from: Cidr,
+    /// The prefix they move into; host bits below its length are kept.
     pub to: Cidr,
 }
 
@@ -278,7 +283,16 @@ impl FromStr for PortMap {
 /// or remove the outermost 802.1Q tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VlanEdit {
-    Add { vid: u16, pcp: u8, cfi: bool },
+    /// Push a tag (`--enet-vlan add`).
+    Add {
+        /// VLAN identifier, the tag's low 12 bits (`--enet-vlan-tag`).
+        vid: u16,
+        /// Priority code point, the top 3 bits (`--enet-vlan-pri`).
+        pcp: u8,
+        /// The CFI/DEI bit between them (`--enet-vlan-cfi`).
+        cfi: bool,
+    },
+    /// Pop the outermost tag (`--enet-vlan del`).
     Remove,
 }
 
@@ -286,8 +300,11 @@ pub enum VlanEdit {
 /// 1, as tcprewrite). Applies to the IPv4 TTL and the IPv6 hop limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TtlEdit {
+    /// `64`: set to this value.
     Set(u8),
+    /// `+1`: add this much, saturating at 255.
     Increase(u8),
+    /// `-1`: subtract this much, never below 1.
     Decrease(u8),
 }
 

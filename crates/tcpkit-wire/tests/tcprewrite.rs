@@ -307,7 +307,7 @@ fn compare(name: &str, input: &[Pkt], args: &[&str], cfg: RewriteConfig) -> usiz
         let our_orig = if res.truncated {
             ours.len() as u32
         } else {
-            (*orig as i64 + ours.len() as i64 - inp.len() as i64) as u32
+            (i64::from(*orig) + ours.len() as i64 - inp.len() as i64) as u32
         };
         let mut exp = exp.clone();
         if is_v6(&ours) && exp.len() == ours.len() {

@@ -487,7 +487,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
 /// The live line: connections open, sent and answered per second since the last line,
 /// errors, timeouts, lag.
 fn live_line(now: LiveTotals, prev: &mut (LiveTotals, Duration), elapsed: Duration) -> String {
-    let dt = (elapsed - prev.1).as_secs_f64();
+    let dt = elapsed.saturating_sub(prev.1).as_secs_f64();
     let rate = |a: u64, b: u64| {
         if dt > 0.0 {
             a.saturating_sub(b) as f64 / dt

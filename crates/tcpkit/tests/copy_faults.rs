@@ -808,11 +808,10 @@ fn sigint_or_duration_stops_a_copy_waiting_on_a_silent_target_within_the_drain_b
     let c = l.copy_rule(&rule, &["--json"]);
     l.http_get("2", "20", "1", None);
     let t = Instant::now();
-    // SAFETY: kill(2) on the copy's own process (ip netns exec execs it).
-    assert_eq!(
-        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) },
-        0
-    );
+    // SAFETY: kill(2) takes no pointers; the pid is the copy's own process, still our
+    // unreaped child (ip netns exec execs it), so it cannot name another process.
+    let sent = unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
+    assert_eq!(sent, 0);
     let o = wait_limited(c, Duration::from_secs(15));
     let took = t.elapsed();
     assert!(took < Duration::from_millis(1800), "SIGINT took {took:?}");

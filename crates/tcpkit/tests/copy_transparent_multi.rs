@@ -237,7 +237,7 @@ fn copies_colliding_on_a_tuple_move_the_later_one_to_a_pool_port_without_disturb
     let pair = |first: (&Host, &str), second: (&Host, &str), p: u16| {
         std::thread::scope(|s| {
             let a = s.spawn(|| {
-                session_from_port(first.0, CLIENT, p, first.1, 2, Duration::from_millis(2500))
+                session_from_port(first.0, CLIENT, p, first.1, 2, Duration::from_millis(2500));
             });
             std::thread::sleep(Duration::from_millis(250));
             session_from_port(second.0, CLIENT, p, second.1, 2, Duration::from_millis(200));

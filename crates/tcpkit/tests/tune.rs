@@ -241,7 +241,7 @@ fn json_matches_the_committed_schema() {
             &schema["properties"]["checks"],
             &bad_check,
             "$.checks",
-        )
+        );
     });
     assert!(refused.is_err());
 

@@ -716,7 +716,7 @@ impl Tracker {
                 Some(t) if self.now >= t => self.remove(i),
                 Some(_) => {}
                 None if self.now.saturating_sub(sess.last_ts) >= self.cfg.idle_timeout_ns => {
-                    self.close(i, CloseKind::Idle, out)
+                    self.close(i, CloseKind::Idle, out);
                 }
                 None => self.expire_hole(i, out),
             }

@@ -587,7 +587,7 @@ impl Worker<'_, '_> {
                                 .wrapping_mul(0x9E37_79B9_7F4A_7C15),
                     }
                 }
-                k => k,
+                k @ super::config::ArrivalKind::Constant => k,
             };
             if n > 0 {
                 let mut a = ArrivalTimes::new(&profile.scaled(frac), kind);
@@ -767,7 +767,7 @@ impl Worker<'_, '_> {
                         io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
                     ) =>
                 {
-                    c.wbuf.extend_from_slice(&self.wbuf)
+                    c.wbuf.extend_from_slice(&self.wbuf);
                 }
                 Err(e) => {
                     // The batch is in `pending`: closing counts it as lost.

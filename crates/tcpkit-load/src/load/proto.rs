@@ -185,7 +185,7 @@ impl Proto {
                 echo_fill(&mut out[start..], key, seq, 0);
             }
             Kind::FileLen { query, .. } | Kind::FileDelim { query, .. } => {
-                out.extend_from_slice(query)
+                out.extend_from_slice(query);
             }
             Kind::Redis => out.extend_from_slice(PING),
             Kind::Http { request } => out.extend_from_slice(request),

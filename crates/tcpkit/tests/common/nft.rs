@@ -21,7 +21,10 @@ pub fn drop_tcp_to(host: &Host, port: u16) {
 }
 
 /// Takes [`drop_tcp_to`]'s rules away again.
-#[allow(dead_code)]
+#[allow(
+    dead_code,
+    reason = "only some of the test files that include this module use it"
+)]
 pub fn stop_dropping(host: &Host) {
     host.run(&["nft", "delete", "table", "inet", "lab"])
         .unwrap_or_else(|e| panic!("{e}"));
