@@ -35,7 +35,6 @@ pub struct Info {
     pub diff: bool,
 }
 
-
 /// The exposition text: one `# HELP`, `# TYPE` and sample per metric.
 pub fn exposition(live: &Live, info: Info, elapsed: Duration) -> String {
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -54,6 +54,7 @@ impl Metrics {
         self.addr
     }
 
+    /// Stops the responder and joins its thread (also done on drop).
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
