@@ -777,9 +777,7 @@ pub fn balance_bench(args: &[String]) -> Result<()> {
         loadavg.trim(),
         started.elapsed().as_secs_f64(),
     );
-    let out = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../results")
-        .join(format!("balance-{date}.md"));
+    let out = crate::results_dir().join(format!("balance-{date}.md"));
     if quick || only.is_some() {
         eprintln!("--quick/--only: {} not written", out.display());
         return Ok(());

@@ -870,9 +870,7 @@ pub fn copy(args: &[String]) -> Result<()> {
         loadavg.trim(),
         started.elapsed().as_secs_f64()
     );
-    let out = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../results")
-        .join(format!("copy-{date}.md"));
+    let out = crate::results_dir().join(format!("copy-{date}.md"));
     if only.is_some() {
         eprintln!("--only: {} not written", out.display());
         return Ok(());

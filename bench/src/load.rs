@@ -9,7 +9,6 @@
 use std::fmt::Write as _;
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -776,9 +775,7 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         loadavg.trim(),
         started.elapsed().as_secs_f64()
     );
-    let out = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../results")
-        .join(format!("load-{date}.md"));
+    let out = crate::results_dir().join(format!("load-{date}.md"));
     std::fs::write(&out, doc).with_context(|| format!("write {}", out.display()))?;
     eprintln!(
         "wrote {} ({:.0} s)",

@@ -63,6 +63,11 @@ fn tcpkit_binary() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// bench/results/, where every bench writes its table.
+fn results_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results")
+}
+
 fn today() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -753,9 +753,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         started.elapsed().as_secs_f64(),
         size as f64 / MB,
     );
-    let out = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../results")
-        .join(format!("mpcat-{date}.md"));
+    let out = crate::results_dir().join(format!("mpcat-{date}.md"));
     if quick {
         eprintln!("--quick: {} not written", out.display());
         return Ok(());

@@ -569,9 +569,7 @@ pub(crate) fn replay(_args: &[String]) -> Result<()> {
         load.trim(),
         started.elapsed().as_secs_f64()
     );
-    let out = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../results")
-        .join(format!("replay-{date}.md"));
+    let out = crate::results_dir().join(format!("replay-{date}.md"));
     std::fs::write(&out, md).with_context(|| format!("write {}", out.display()))?;
     eprintln!(
         "wrote {} ({:.0} s)",
