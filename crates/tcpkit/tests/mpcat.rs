@@ -3,6 +3,7 @@
 //! tcpkit (sha256sum), each link's share read from its own tx counter.
 
 mod common;
+use common::mpcat::{json_of, port, random_file, sha256, shaped, wait, wait_listening};
 use common::{schema, tcpkit};
 
 use std::path::Path;
@@ -10,70 +11,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tcpkit_lab::{Host, Lab, Link, Proc, Signal, Tbf, MULTIPATH_B4};
-
-/// A port for this test process (no fixed ports: the namespaces are new, but two runs of a
-/// test binary at once should not meet even if they shared one).
-fn port() -> u16 {
-    20000 + (std::process::id() % 30000) as u16
-}
-
-/// Waits until something listens on `port` in `host` (`ss`, not a probe connection, which
-/// the receiver would count as a bad handshake).
-fn wait_listening(host: &Host, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = host
-            .run(&["ss", "-Hltn", &format!("sport = :{port}")])
-            .unwrap_or_else(|e| panic!("{e}"));
-        if !out.stdout.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "nothing listens on port {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// `bytes` of random data in `path` (from the kernel's generator, so no two runs share it).
-fn random_file(path: &Path, bytes: u64) {
-    let out = std::process::Command::new("head")
-        .args(["-c", &bytes.to_string(), "/dev/urandom"])
-        .stdout(std::fs::File::create(path).unwrap())
-        .status()
-        .unwrap();
-    assert!(out.success());
-    assert_eq!(std::fs::metadata(path).unwrap().len(), bytes);
-}
-
-fn sha256(path: &Path) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap()[..64].to_string()
-}
-
-fn wait(p: &Proc, secs: u64) -> std::process::ExitStatus {
-    p.wait_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|| panic!("{} still running after {secs} s:\n{}", p.name(), p.log()))
-}
-
-/// The JSON document a process printed (its log holds stdout then stderr lines; the
-/// document is the lines from the first `{` to the matching last `}`).
-fn json_of(p: &Proc) -> Value {
-    let log = p.log();
-    let start = log
-        .find("{\n")
-        .unwrap_or_else(|| panic!("no JSON in:\n{log}"));
-    let end = log
-        .rfind("\n}")
-        .unwrap_or_else(|| panic!("no JSON end in:\n{log}"))
-        + 2;
-    let v: Value = serde_json::from_str(&log[start..end]).unwrap_or_else(|e| panic!("{e}:\n{log}"));
-    schema::check(&schema::load("mpcat"), &v, p.name());
-    v
-}
 
 fn tx_bytes(a: &Host, links: &[Link]) -> Vec<u64> {
     links
@@ -84,14 +21,6 @@ fn tx_bytes(a: &Host, links: &[Link]) -> Vec<u64> {
                 .tx_bytes
         })
         .collect()
-}
-
-fn shaped(mbit: u64) -> Tbf {
-    Tbf {
-        rate_bit_s: mbit * 1_000_000,
-        burst_bytes: 64_000,
-        latency_ms: 100,
-    }
 }
 
 /// Issue 12: a 128 MiB random stream over 4 shaped links arrives byte-identical, both sides

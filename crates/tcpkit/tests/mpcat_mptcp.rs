@@ -5,69 +5,11 @@
 //! without --mptcp makes the sender fall back to striping over TCP, said once.
 
 mod common;
-use common::{schema, tcpkit};
-
-use std::path::Path;
-use std::time::{Duration, Instant};
+use common::mpcat::{json_of, port, random_file, sha256, wait, wait_listening};
+use common::tcpkit;
 
 use serde_json::Value;
 use tcpkit_lab::{Host, Lab, Link, Proc, Tbf, MULTIPATH_B4};
-
-fn port() -> u16 {
-    20000 + (std::process::id() % 30000) as u16
-}
-
-fn wait_listening(host: &Host, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = host
-            .run(&["ss", "-Hltn", &format!("sport = :{port}")])
-            .unwrap_or_else(|e| panic!("{e}"));
-        if !out.stdout.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "nothing listens on port {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn wait(p: &Proc, secs: u64) -> std::process::ExitStatus {
-    p.wait_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|| panic!("{} still running after {secs} s:\n{}", p.name(), p.log()))
-}
-
-fn random_file(path: &Path, bytes: u64) {
-    let out = std::process::Command::new("head")
-        .args(["-c", &bytes.to_string(), "/dev/urandom"])
-        .stdout(std::fs::File::create(path).unwrap())
-        .status()
-        .unwrap();
-    assert!(out.success());
-}
-
-fn sha256(path: &Path) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap()[..64].to_string()
-}
-
-fn json_of(p: &Proc) -> Value {
-    let log = p.log();
-    let start = log
-        .find("{\n")
-        .unwrap_or_else(|| panic!("no JSON in:\n{log}"));
-    let end = log
-        .rfind("\n}")
-        .unwrap_or_else(|| panic!("no JSON end in:\n{log}"))
-        + 2;
-    let v: Value = serde_json::from_str(&log[start..end]).unwrap_or_else(|e| panic!("{e}:\n{log}"));
-    schema::check(&schema::load("mpcat"), &v, p.name());
-    v
-}
 
 /// A counter of the host's MPTCP MIB (`nstat -az`: absolute, and the namespace is this
 /// test's own, so every count is from this test).

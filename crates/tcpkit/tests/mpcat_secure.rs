@@ -5,6 +5,7 @@
 //! on.
 
 mod common;
+use common::mpcat::{json_of, port, sha256, shaped, wait, wait_listening};
 use common::{schema, tcpkit};
 
 use std::path::{Path, PathBuf};
@@ -12,55 +13,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tcpkit_lab::{Host, Lab, Proc, Tbf, MULTIPATH_B4};
-
-fn port() -> u16 {
-    20000 + (std::process::id() % 30000) as u16
-}
-
-/// Waits until something listens on `port` in `host` (`ss`, not a probe connection, which
-/// the receiver would count).
-fn wait_listening(host: &Host, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = host
-            .run(&["ss", "-Hltn", &format!("sport = :{port}")])
-            .unwrap_or_else(|e| panic!("{e}"));
-        if !out.stdout.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "nothing listens on port {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn wait(p: &Proc, secs: u64) -> std::process::ExitStatus {
-    p.wait_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|| panic!("{} still running after {secs} s:\n{}", p.name(), p.log()))
-}
-
-fn sha256(path: &Path) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap()[..64].to_string()
-}
-
-fn json_of(p: &Proc) -> Value {
-    let log = p.log();
-    let start = log
-        .find("{\n")
-        .unwrap_or_else(|| panic!("no JSON in:\n{log}"));
-    let end = log
-        .rfind("\n}")
-        .unwrap_or_else(|| panic!("no JSON end in:\n{log}"))
-        + 2;
-    let v: Value = serde_json::from_str(&log[start..end]).unwrap_or_else(|e| panic!("{e}:\n{log}"));
-    schema::check(&schema::load("mpcat"), &v, p.name());
-    v
-}
 
 fn last_line(p: &Proc) -> String {
     p.log().lines().last().unwrap_or_default().to_string()
@@ -92,14 +44,6 @@ fn marked_file(path: &Path, bytes: usize) {
 
 fn count(hay: &[u8], needle: &[u8]) -> usize {
     hay.windows(needle.len()).filter(|w| *w == needle).count()
-}
-
-fn shaped(mbit: u64) -> Tbf {
-    Tbf {
-        rate_bit_s: mbit * 1_000_000,
-        burst_bytes: 64_000,
-        latency_ms: 100,
-    }
 }
 
 /// Runs one session from a to b (receiver: -o out, --json; sender: -i input, --json) with

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod mpcat;
 pub mod nft;
 pub mod schema;
 
