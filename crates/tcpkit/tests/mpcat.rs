@@ -4,13 +4,12 @@
 
 mod common;
 use common::mpcat::{json_of, port, random_file, sha256, shaped, wait, wait_listening};
-use common::{schema, tcpkit};
+use common::tcpkit;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Link, Proc, Signal, Tbf, MULTIPATH_B4};
+use tcpkit_lab::{Host, Lab, Link, Proc, Signal, MULTIPATH_B4};
 
 fn tx_bytes(a: &Host, links: &[Link]) -> Vec<u64> {
     links

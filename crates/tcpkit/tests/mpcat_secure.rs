@@ -6,13 +6,13 @@
 
 mod common;
 use common::mpcat::{json_of, port, sha256, shaped, wait, wait_listening};
-use common::{schema, tcpkit};
+use common::tcpkit;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Proc, Tbf, MULTIPATH_B4};
+use tcpkit_lab::{Host, Lab, Proc, MULTIPATH_B4};
 
 fn last_line(p: &Proc) -> String {
     p.log().lines().last().unwrap_or_default().to_string()
