@@ -15,7 +15,7 @@
 //! paragraph says how to keep it on a trusted path.
 
 use std::fmt;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -23,10 +23,7 @@ use sha2::Sha256;
 
 use crate::control::{Msg, Nonce, Tag, NONCE_LEN, VERSION};
 
-/// Fewest key bytes accepted: 128 bits.
-pub const MIN_KEY_LEN: usize = 16;
-/// Most key bytes read: a longer file is not a key (and is not read whole).
-pub const MAX_KEY_LEN: usize = 4096;
+pub use tcpkit_keyfile::{MAX_KEY_LEN, MIN_KEY_LEN};
 
 const INTERCEPT_LABEL: &[u8] = b"tcpkit intercept proof\0";
 const COPY_LABEL: &[u8] = b"tcpkit copy proof\0";
@@ -63,57 +60,25 @@ pub struct Exchange {
 }
 
 impl Key {
-    /// The key in `bytes`, trailing whitespace (a final newline) left out, so a key written by
-    /// `openssl rand -base64 32 > FILE` or an editor reads the same on both hosts.
+    /// The key in `bytes` under tcpkit-keyfile's rules (trailing whitespace left out, at
+    /// least [`MIN_KEY_LEN`] bytes).
     pub fn from_bytes(bytes: &[u8]) -> Result<Key, String> {
-        let end = bytes
-            .iter()
-            .rposition(|b| !b.is_ascii_whitespace())
-            .map_or(0, |i| i + 1);
-        let k = &bytes[..end];
-        if k.len() < MIN_KEY_LEN {
-            return Err(format!(
-                "the key is {} bytes, at least {MIN_KEY_LEN} are needed (make one with 'openssl rand -base64 32 > FILE; chmod 600 FILE')",
-                k.len()
-            ));
-        }
-        Ok(Key(k.to_vec()))
+        tcpkit_keyfile::key_bytes(bytes).map(|k| Key(k.to_vec()))
     }
 
-    /// Reads the key file: at most [`MAX_KEY_LEN`] bytes, and only a file that its owner
-    /// alone can read (as ssh asks of a private key), since whoever reads it reads the
-    /// target's answers.
+    /// Reads the key file under tcpkit-keyfile's rules (owner-only, at most [`MAX_KEY_LEN`]
+    /// bytes), since whoever reads it reads the target's answers.
     pub fn from_file(path: &Path) -> Result<Key, KeyError> {
-        use std::os::unix::fs::PermissionsExt;
-        let read = |source| KeyError::Read {
-            path: path.to_owned(),
-            source,
-        };
-        let bad = |why: String| KeyError::Bad {
-            path: path.to_owned(),
-            why,
-        };
-        let f = std::fs::File::open(path).map_err(read)?;
-        let meta = f.metadata().map_err(read)?;
-        if !meta.is_file() {
-            return Err(bad("not a regular file".into()));
-        }
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(bad(format!(
-                "readable by others than its owner (mode {mode:04o}): chmod 600 it"
-            )));
-        }
-        let mut bytes = Vec::new();
-        f.take(MAX_KEY_LEN as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(read)?;
-        if bytes.len() > MAX_KEY_LEN {
-            return Err(bad(format!(
-                "longer than {MAX_KEY_LEN} bytes: not a key file"
-            )));
-        }
-        Key::from_bytes(&bytes).map_err(bad)
+        tcpkit_keyfile::read(path).map(Key).map_err(|e| match e {
+            tcpkit_keyfile::KeyFileError::Read(source) => KeyError::Read {
+                path: path.to_owned(),
+                source,
+            },
+            tcpkit_keyfile::KeyFileError::Bad(why) => KeyError::Bad {
+                path: path.to_owned(),
+                why,
+            },
+        })
     }
 
     fn mac(&self, label: &[u8], x: &Exchange) -> Hmac<Sha256> {

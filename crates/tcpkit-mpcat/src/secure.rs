@@ -17,7 +17,6 @@
 //! [`Frame::Noise`]: crate::frame::Frame::Noise
 
 use std::fmt;
-use std::io::Read;
 use std::path::Path;
 
 use crate::Error;
@@ -27,10 +26,7 @@ pub const NOISE_PARAMS: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
 /// Bound into both sides' handshake hash: another program with a Noise handshake of the same
 /// pattern and key cannot pass for mpcat.
 const PROLOGUE: &[u8] = b"tcpkit mpcat --psk-file v1";
-/// Fewest key bytes accepted: 128 bits.
-pub const MIN_KEY_LEN: usize = 16;
-/// Most key bytes read: a longer file is not a key (and is not read whole).
-pub const MAX_KEY_LEN: usize = 4096;
+pub use tcpkit_keyfile::{MAX_KEY_LEN, MIN_KEY_LEN};
 /// A record's header: the ciphertext's length.
 pub const REC_HDR: usize = 2;
 /// The authentication tag at the end of every record.
@@ -54,56 +50,31 @@ impl fmt::Debug for Psk {
 }
 
 impl Psk {
-    /// The key in `bytes`, trailing whitespace (a final newline) left out, so a key written by
-    /// `openssl rand -base64 32 > FILE` or an editor reads the same on both hosts. A file of
-    /// any length from [`MIN_KEY_LEN`] on gives Noise's 32-byte key through BLAKE3's key
-    /// derivation.
+    /// The key in `bytes` under tcpkit-keyfile's rules (trailing whitespace left out, at
+    /// least [`MIN_KEY_LEN`] bytes), made Noise's 32-byte key by BLAKE3's key derivation.
     pub fn from_bytes(bytes: &[u8]) -> Result<Psk, String> {
-        let end = bytes
-            .iter()
-            .rposition(|b| !b.is_ascii_whitespace())
-            .map_or(0, |i| i + 1);
-        let k = &bytes[..end];
-        if k.len() < MIN_KEY_LEN {
-            return Err(format!(
-                "the key is {} bytes, at least {MIN_KEY_LEN} are needed (make one with 'openssl rand -base64 32 > FILE; chmod 600 FILE')",
-                k.len()
-            ));
-        }
-        Ok(Psk(blake3::derive_key(
-            "tcpkit mpcat 2026-11 --psk-file Noise psk",
-            k,
-        )))
+        tcpkit_keyfile::key_bytes(bytes).map(Psk::derive)
     }
 
-    /// Reads the key file with the rules of intercept's `--auth-key-file`: a regular file,
-    /// readable by its owner alone (as ssh asks of a private key, since whoever reads it reads
-    /// the stream), at most [`MAX_KEY_LEN`] bytes. Errors name the flag and the file.
+    fn derive(k: &[u8]) -> Psk {
+        Psk(blake3::derive_key(
+            "tcpkit mpcat 2026-11 --psk-file Noise psk",
+            k,
+        ))
+    }
+
+    /// Reads the key file under tcpkit-keyfile's rules (the same as intercept's
+    /// `--auth-key-file`: owner-only, since whoever reads it reads the stream). Errors name
+    /// the flag and the file.
     pub fn from_file(path: &Path) -> Result<Psk, Error> {
-        use std::os::unix::fs::PermissionsExt;
         let name = format!("--psk-file {}", path.display());
-        let bad = |why: String| Error::msg(format!("{name}: {why}"));
-        let f = std::fs::File::open(path).map_err(|e| Error::io(name.clone(), e))?;
-        let meta = f.metadata().map_err(|e| Error::io(name.clone(), e))?;
-        if !meta.is_file() {
-            return Err(bad("not a regular file".into()));
+        match tcpkit_keyfile::read(path) {
+            Ok(k) => Ok(Psk::derive(&k)),
+            Err(tcpkit_keyfile::KeyFileError::Read(e)) => Err(Error::io(name, e)),
+            Err(tcpkit_keyfile::KeyFileError::Bad(why)) => {
+                Err(Error::msg(format!("{name}: {why}")))
+            }
         }
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(bad(format!(
-                "readable by others than its owner (mode {mode:04o}): chmod 600 it"
-            )));
-        }
-        let mut bytes = Vec::new();
-        f.take(MAX_KEY_LEN as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| Error::io(name.clone(), e))?;
-        if bytes.len() > MAX_KEY_LEN {
-            return Err(bad(format!(
-                "longer than {MAX_KEY_LEN} bytes: not a key file"
-            )));
-        }
-        Psk::from_bytes(&bytes).map_err(bad)
     }
 
     fn builder(&self) -> snow::Builder<'_> {
