@@ -1,6 +1,6 @@
 //! `--metrics ADDR`: the relay's live counters in Prometheus' text exposition format, served
 //! by the shared responder (`tcpkit_stats::metrics`: HTTP/1.0 `GET /metrics`, bounded head,
-//! deadline, one connection at a time).
+//! deadline, 32 connections at once in one poll loop).
 //!
 //! The body only reads the [`Live`] atomics the relay already publishes once per loop turn,
 //! so a scrape never touches the relay's thread.

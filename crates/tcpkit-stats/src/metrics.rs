@@ -1,10 +1,12 @@
 //! A Prometheus scrape endpoint (`--metrics ADDR` of copy and balance up): the text
 //! exposition format served over HTTP/1.0, `GET /metrics` only, by a small responder on its
-//! own thread. It is a listening socket like any other: one connection at a time (a scraper
-//! is one client), the request head bounded (MAX_HEAD bytes, else 431) and due within
-//! HEAD_DEADLINE of the connect, one response then close, and out of descriptors it pauses
-//! accepting instead of exiting. The body is the caller's, computed per scrape from counters
-//! it already keeps, so a scrape never touches a job's hot path.
+//! own thread. It is a listening socket like any other: at most MAX_CONNS connections at once
+//! in one poll loop (past that the oldest still sending its head is closed for the newcomer,
+//! so silent peers never keep a scraper waiting), the request head bounded (MAX_HEAD bytes,
+//! else 431) and due within HEAD_DEADLINE of the connect, the answer written within another
+//! HEAD_DEADLINE, one response then close, and out of descriptors it pauses accepting instead
+//! of exiting. The body is the caller's, computed per scrape from counters it already keeps, so
+//! a scrape never touches a job's hot path.
 
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
@@ -17,8 +19,15 @@ use std::time::{Duration, Instant};
 
 /// Largest request head read; a larger one is answered 431.
 pub const MAX_HEAD: usize = 8192;
-/// How long a peer has, from its connect, to send the whole request head.
+/// How long a peer has, from its connect, to send the whole request head (and then again to
+/// read the answer).
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(2);
+/// Connections served at once. A scraper is one client; the rest is room for a few more and
+/// for peers that never send, which are closed oldest first when a newcomer needs the room.
+pub const MAX_CONNS: usize = 32;
+/// How much of what a peer sends after an oversize head is read before closing, so the close
+/// does not reset the 431 away.
+const DRAIN: usize = 1 << 16;
 
 /// The exposition text of one scrape.
 pub type Body = dyn Fn() -> String + Send + Sync;
@@ -35,6 +44,7 @@ pub struct Metrics {
 /// starts serving `body()` on `GET /metrics`.
 pub fn start(addr: SocketAddr, body: Arc<Body>) -> io::Result<Metrics> {
     let listener = TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop);
@@ -69,70 +79,197 @@ impl Drop for Metrics {
     }
 }
 
-/// Waits for a connection for at most `ms` (so the stop flag is seen within that).
-fn readable(l: &TcpListener, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd: l.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+/// Where one connection is in its single exchange.
+enum Stage {
+    /// Reading the request head.
+    Head(Vec<u8>),
+    /// Writing the answer; `drain` when the head was too large (read what follows, then close).
+    Answer {
+        out: Vec<u8>,
+        sent: usize,
+        drain: bool,
+    },
+    /// After a 431: reading (up to `left` bytes) until the peer closes.
+    Drain { left: usize },
+}
+
+struct Conn {
+    s: TcpStream,
+    due: Instant,
+    stage: Stage,
+}
+
+/// What a readiness event left the connection as.
+enum Next {
+    Keep,
+    Close,
 }
 
 fn serve(l: &TcpListener, body: &Body, stop: &AtomicBool) {
+    let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNS);
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CONNS + 1);
+    let mut paused_until: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
-        if !readable(l, 200) {
+        let now = Instant::now();
+        conns.retain(|c| c.due > now);
+        if paused_until.is_some_and(|t| t <= now) {
+            paused_until = None;
+        }
+        // Wake for the stop flag (200 ms), the nearest deadline, or the end of a pause.
+        let wake = conns
+            .iter()
+            .map(|c| c.due)
+            .chain(paused_until)
+            .min()
+            .map_or(200, |t| {
+                let ms = t.saturating_duration_since(now).as_millis() + 1;
+                i32::try_from(ms.min(200)).unwrap_or(200)
+            });
+        fds.clear();
+        fds.push(libc::pollfd {
+            fd: l.as_raw_fd(),
+            events: if paused_until.is_some() {
+                0
+            } else {
+                libc::POLLIN
+            },
+            revents: 0,
+        });
+        fds.extend(conns.iter().map(|c| libc::pollfd {
+            fd: c.s.as_raw_fd(),
+            events: match c.stage {
+                Stage::Answer { .. } => libc::POLLOUT,
+                Stage::Head(_) | Stage::Drain { .. } => libc::POLLIN,
+            },
+            revents: 0,
+        }));
+        let nfds = libc::nfds_t::try_from(fds.len()).unwrap_or(libc::nfds_t::MAX);
+        // SAFETY: `fds` is a valid array of `nfds` pollfds for the duration of the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), nfds, wake) };
+        if ready <= 0 {
             continue;
         }
-        match l.accept() {
-            // A client that fails mid-request is its own problem; the next one is served.
-            Ok((s, _)) => {
-                let _ = answer(s, body);
+        // Connections first (their indices are fds[1..]), then the listener, which may push.
+        let mut i = conns.len();
+        while i > 0 {
+            i -= 1;
+            if fds[i + 1].revents == 0 {
+                continue;
             }
-            // Out of descriptors (or another accept failure): pause rather than spin on a
-            // listener that stays readable; never exit.
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            if matches!(step(&mut conns[i], body), Next::Close) {
+                conns.swap_remove(i);
+            }
+        }
+        if fds[0].revents != 0 {
+            paused_until = accept_all(l, &mut conns);
         }
     }
 }
 
-fn answer(mut s: TcpStream, body: &Body) -> io::Result<()> {
-    // One deadline for the whole head, not per read: a peer sending a byte at a time does not
-    // keep the (only) responder longer than a silent one.
-    let deadline = Instant::now() + HEAD_DEADLINE;
-    s.set_write_timeout(Some(HEAD_DEADLINE))?;
-    let mut req = Vec::with_capacity(512);
+/// Takes every waiting connection. Past MAX_CONNS the oldest one still sending its head makes
+/// room (a scraper sends at once, a silent peer never does); when every slot is answering, the
+/// newcomer is closed. Out of descriptors (or another accept failure) returns when to try
+/// again, rather than spinning on a listener that stays readable; never an exit.
+fn accept_all(l: &TcpListener, conns: &mut Vec<Conn>) -> Option<Instant> {
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                if conns.len() >= MAX_CONNS {
+                    let oldest = conns
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| matches!(c.stage, Stage::Head(_)))
+                        .min_by_key(|(_, c)| c.due)
+                        .map(|(i, _)| i);
+                    match oldest {
+                        Some(i) => drop(conns.swap_remove(i)),
+                        None => continue,
+                    }
+                }
+                if s.set_nonblocking(true).is_err() {
+                    continue;
+                }
+                conns.push(Conn {
+                    s,
+                    due: Instant::now() + HEAD_DEADLINE,
+                    stage: Stage::Head(Vec::with_capacity(512)),
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Some(Instant::now() + Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Moves one connection on as far as its socket allows.
+fn step(c: &mut Conn, body: &Body) -> Next {
     let mut buf = [0u8; 1024];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::ErrorKind::TimedOut.into());
+    loop {
+        match &mut c.stage {
+            Stage::Head(req) => match c.s.read(&mut buf) {
+                Ok(0) if req.is_empty() => return Next::Close,
+                // A client that half-closes after its head is answered with what it sent.
+                Ok(0) => c.stage = answer(req, body),
+                Ok(n) => {
+                    req.extend_from_slice(&buf[..n]);
+                    if req.len() > MAX_HEAD || head_complete(req) {
+                        c.stage = answer(req, body);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Next::Keep,
+                Err(_) => return Next::Close,
+            },
+            Stage::Answer { out, sent, drain } => match c.s.write(&out[*sent..]) {
+                Ok(n) => {
+                    *sent += n;
+                    if *sent < out.len() {
+                        continue;
+                    }
+                    if !*drain {
+                        return Next::Close;
+                    }
+                    let _ = c.s.shutdown(std::net::Shutdown::Write);
+                    c.stage = Stage::Drain { left: DRAIN };
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Next::Keep,
+                Err(_) => return Next::Close,
+            },
+            Stage::Drain { left } => match c.s.read(&mut buf) {
+                Ok(0) => return Next::Close,
+                Ok(n) if n >= *left => return Next::Close,
+                Ok(n) => *left -= n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Next::Keep,
+                Err(_) => return Next::Close,
+            },
         }
-        s.set_read_timeout(Some(left))?;
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
+        if matches!(c.stage, Stage::Answer { sent: 0, .. }) {
+            // The answer gets its own deadline: a peer that sent its head but does not read
+            // is closed as surely as one that never sent.
+            c.due = Instant::now() + HEAD_DEADLINE;
         }
-        req.extend_from_slice(&buf[..n]);
-        if req.len() > MAX_HEAD {
-            respond(
-                &mut s,
+    }
+}
+
+fn head_complete(req: &[u8]) -> bool {
+    req.windows(4).any(|w| w == b"\r\n\r\n") || req.windows(2).any(|w| w == b"\n\n")
+}
+
+/// The answer to a request head (or to what came of it before the peer stopped sending).
+fn answer(req: &[u8], body: &Body) -> Stage {
+    if req.len() > MAX_HEAD {
+        return Stage::Answer {
+            out: response(
                 "431 Request Header Fields Too Large",
                 "text/plain",
                 "request too large\n",
-            )?;
-            // Read what the client still sends, so closing does not reset the answer away.
-            s.shutdown(std::net::Shutdown::Write)?;
-            let mut left = 1 << 16;
-            while left > 0 {
-                match s.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => left -= n.min(left),
-                }
-            }
-            return Ok(());
-        }
+            ),
+            sent: 0,
+            drain: true,
+        };
     }
     let line = req.split(|&c| c == b'\n').next().unwrap_or_default();
     let mut parts = line.split(|&c| c == b' ');
@@ -141,31 +278,30 @@ fn answer(mut s: TcpStream, body: &Body) -> io::Result<()> {
         parts.next().unwrap_or_default(),
     );
     let path = path.split(|&c| c == b'?').next().unwrap_or_default();
-    match (method, path) {
-        (b"GET", b"/metrics") => respond(
-            &mut s,
+    let out = match (method, path) {
+        (b"GET", b"/metrics") => response(
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
             &body(),
         ),
-        (b"GET", _) => respond(&mut s, "404 Not Found", "text/plain", "try /metrics\n"),
-        _ => respond(
-            &mut s,
-            "405 Method Not Allowed",
-            "text/plain",
-            "GET /metrics\n",
-        ),
+        (b"GET", _) => response("404 Not Found", "text/plain", "try /metrics\n"),
+        _ => response("405 Method Not Allowed", "text/plain", "GET /metrics\n"),
+    };
+    Stage::Answer {
+        out,
+        sent: 0,
+        drain: false,
     }
 }
 
-fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> io::Result<()> {
-    let head = format!(
+fn response(status: &str, ctype: &str, body: &str) -> Vec<u8> {
+    let mut out = format!(
         "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    );
-    s.write_all(head.as_bytes())?;
-    s.write_all(body.as_bytes())?;
-    s.flush()
+    )
+    .into_bytes();
+    out.extend_from_slice(body.as_bytes());
+    out
 }
 
 /// A metric family's `# HELP` and `# TYPE` lines.
@@ -202,6 +338,88 @@ pub fn sample(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn responder() -> Metrics {
+        start(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(|| "x_total 1\n".to_string()),
+        )
+        .unwrap()
+    }
+
+    fn scrape(addr: SocketAddr, req: &str) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    /// True while the responder has not closed `s` (nothing to read yet, no EOF).
+    fn still_open(s: &TcpStream) -> bool {
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        matches!(s.peek(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Silent peers used to hold the only responder 2 s each, so a scraper behind three of
+    /// them waited 6 s. Now they wait beside it: the scrape is answered while every silent peer
+    /// is still open (before any of their 2 s could run out), and more silent peers than the
+    /// responder's room only push the oldest of them out.
+    #[test]
+    fn silent_peers_do_not_keep_a_scraper_waiting() {
+        let m = responder();
+        let silent: Vec<TcpStream> = (0..MAX_CONNS + 8)
+            .map(|_| TcpStream::connect(m.addr()).unwrap())
+            .collect();
+        let got = scrape(m.addr(), "GET /metrics HTTP/1.0\r\n\r\n");
+        assert!(got.starts_with("HTTP/1.0 200 OK\r\n"), "{got}");
+        assert!(got.ends_with("\r\n\r\nx_total 1\n"), "{got}");
+        let open = silent.iter().filter(|s| still_open(s)).count();
+        // The newest ones hold the room (the scraper made one more leave).
+        assert!(
+            open >= MAX_CONNS - 1,
+            "{open} of {} still open",
+            silent.len()
+        );
+        assert!(open < silent.len(), "nothing was pushed out");
+    }
+
+    #[test]
+    fn a_silent_peer_is_closed_after_the_deadline() {
+        let m = responder();
+        let mut s = TcpStream::connect(m.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let t = Instant::now();
+        let mut b = [0u8; 16];
+        assert_eq!(s.read(&mut b).unwrap(), 0);
+        assert!(
+            t.elapsed() + Duration::from_millis(50) >= HEAD_DEADLINE,
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn oversize_heads_get_431_and_other_requests_their_status() {
+        let m = responder();
+        let big = format!(
+            "GET /metrics HTTP/1.0\r\nX: {}\r\n\r\n",
+            "a".repeat(MAX_HEAD)
+        );
+        assert!(scrape(m.addr(), &big).starts_with("HTTP/1.0 431 "));
+        assert!(scrape(m.addr(), "POST /metrics HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 405 "));
+        assert!(scrape(m.addr(), "GET / HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 404 "));
+        // A head sent a byte at a time still counts as one head.
+        let mut s = TcpStream::connect(m.addr()).unwrap();
+        for b in b"GET /metrics?x=1 HTTP/1.0\n\n" {
+            s.write_all(&[*b]).unwrap();
+        }
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.0 200 OK"), "{out}");
+    }
 
     #[test]
     fn labels_are_escaped() {

@@ -75,7 +75,7 @@ pub struct UpArgs {
 
     /// Serve Prometheus metrics on ADDR (IP:PORT; port 0 picks one, said on stderr): per
     /// backend connections, health, probes; reloads, trace drops. HTTP/1.0 GET /metrics,
-    /// one connection at a time, head at most 8 KiB within 2 s.
+    /// 32 connections at once (silent ones make room), head at most 8 KiB within 2 s.
     #[arg(long, value_name = "IP:PORT", value_parser = addr_arg)]
     pub metrics: Option<SocketAddr>,
 
