@@ -1,7 +1,8 @@
-//! `tcpkit copy` when things go wrong, and offline: target down at start and mid-run, a target
-//! that never answers (--timeout, --no-wait), memory over --max-memory, captures with lost
-//! packets (in a file, or dropped by the kernel from a live capture), --speed / --max-idle /
-//! --loop / --ramp, think-time pacing, bad rules and interfaces, no privilege to capture.
+//! `tcpkit copy` (relay mode) when things go wrong, and offline: target down at start and
+//! mid-run, captures with lost packets (in a file, or dropped by the kernel from a live
+//! capture), --speed / --max-idle / --loop / --ramp, think-time pacing, bad rules and
+//! interfaces, no privilege to capture. A target that never answers (--timeout, --no-wait) and
+//! memory over --max-memory are in copy_modes.rs, over both transports.
 
 mod copy_common;
 
@@ -126,89 +127,6 @@ fn a_silent_target_gets_probes_not_a_syn_storm_and_recovers() {
     // (seen: 181).
     let r = copy_report_failed(c, "is above --max-loss 1 %");
     assert_held_back(&r, syns, 130, &tg_log, before);
-}
-
-#[test]
-fn a_target_that_never_answers_times_out_and_no_wait_sends_everything() {
-    let l = CopyLab::new("cpsilent");
-    let dir = tempfile::tempdir().unwrap();
-    let pcap = dir.path().join("s.pcap");
-    synth_pcap(&pcap, 2, 3, 100, None);
-    let got = fault_server(&l.target, "198.18.2.2:9090", Fault::Silent);
-    let rule = "8080-198.18.2.2:9090";
-    let p = pcap.to_str().unwrap();
-    // Waiting for answers: one request each, then --timeout.
-    let t = Instant::now();
-    let r = run_copy_failed(
-        &l,
-        &["-x", rule, "--input", p, "--timeout", "0.5", "--json"],
-        Duration::from_secs(10),
-        "the target answered none of the 6 requests seen (2 of 2 copies failed: 2 timeout)",
-    );
-    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
-    assert_eq!(u(&r, "sessions.failed.timeout"), 2, "{r:#}");
-    assert_eq!(u(&r, "requests.copied"), 2, "{r:#}");
-    assert_eq!(u(&r, "requests.answered"), 0, "{r:#}");
-    assert_eq!(r["requests"]["loss_ratio_percent"].as_f64(), Some(100.0));
-    assert_eq!(u(&r, "requests.at_source"), 6, "{r:#}");
-    // Original latency from the capture: 200 µs + the request's own span.
-    assert_eq!(u(&r, "latency.original.count"), 6, "{r:#}");
-    assert!(
-        (200_000..260_000).contains(&u(&r, "latency.original.p50_ns")),
-        "{r:#}"
-    );
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(got.load(std::sync::atomic::Ordering::Relaxed), 200);
-    // --no-wait: every request, as captured.
-    let r = run_copy_failed(
-        &l,
-        &[
-            "-x",
-            rule,
-            "--input",
-            p,
-            "--no-wait",
-            "--timeout",
-            "0.5",
-            "--json",
-        ],
-        Duration::from_secs(10),
-        "the target answered none of the 6 requests seen (0 of 2 copies failed)",
-    );
-    assert_eq!(u(&r, "requests.copied"), 6, "{r:#}");
-    assert_eq!(u(&r, "sessions.completed"), 2, "{r:#}");
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(got.load(std::sync::atomic::Ordering::Relaxed), 200 + 600);
-}
-
-#[test]
-fn memory_over_the_limit_sheds_sessions_and_keeps_going() {
-    let l = CopyLab::new("cpshed");
-    let dir = tempfile::tempdir().unwrap();
-    let pcap = dir.path().join("big.pcap");
-    // 6 sessions of 3 requests of 1 MB; the target never answers, so requests 2 and 3 wait.
-    synth_pcap(&pcap, 6, 3, 1 << 20, None);
-    let _got = fault_server(&l.target, "198.18.2.2:9090", Fault::Silent);
-    let r = run_copy_failed(
-        &l,
-        &[
-            "-x",
-            "8080-198.18.2.2:9090",
-            "--input",
-            pcap.to_str().unwrap(),
-            "--max-memory",
-            "2M",
-            "--timeout",
-            "1",
-            "--json",
-        ],
-        Duration::from_secs(10),
-        "the target answered none of the",
-    );
-    assert!(u(&r, "sessions.failed.shed") >= 3, "{r:#}");
-    assert!(u(&r, "memory.peak_held_bytes") <= 2 << 20, "{r:#}");
-    assert_eq!(u(&r, "memory.limit_bytes"), 2 << 20);
-    check_schema(&r);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! target, and a test can watch the clients' link to prove nothing from the target reaches it.
 #![allow(dead_code, reason = "each test file uses a different subset")]
 
+pub mod modes;
 #[path = "../common/nft.rs"]
 pub mod nft;
 #[path = "../common/schema.rs"]
