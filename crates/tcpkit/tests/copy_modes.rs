@@ -416,3 +416,108 @@ fn relay_memory_over_the_limit_sheds_sessions_and_keeps_going() {
 fn transparent_memory_over_the_limit_sheds_copies_and_keeps_going() {
     memory_over_the_limit_sheds_copies(Mode::Transparent, "cptfshed");
 }
+
+/// The target down at start (its SYNs reset), then up under keep-alive sessions, down under
+/// them, and back: the refused copies are counted, the back-off sends one probe per step
+/// rather than a SYN per session, the copies cut by the target's exit are counted under
+/// their cause, and once it is back the last phase's sessions go through. Most requests were
+/// lost, so the run fails by --max-loss.
+fn target_down_at_start_and_mid_run(mode: Mode, tag: &str) {
+    let mut m = ModeLab::new(tag, mode, 8080);
+    let (_on, _) = m.l_mut().nginx(true, Log::Peer);
+    let rule = format!("8080-{TARGET}:8080");
+    let c = m.copy(&rule, &["--timeout", "1", "--duration", "6"]);
+    // Down at start: 50 sessions of one request each, while the SYNs toward it are counted.
+    let l = m.l_mut();
+    let (online, tif) = (l.online.clone(), l.tgt_link.a.name.clone());
+    let dump = l.lab.tcpdump(&online, &tif, "tcp").expect("tcpdump");
+    let one_per_conn = [
+        "--http-get",
+        "/hello.txt",
+        "-r",
+        "50",
+        "-t",
+        "1",
+        "--queries-per-conn",
+        "1",
+    ];
+    l.load(8080, &one_per_conn);
+    std::thread::sleep(Duration::from_millis(1200));
+    let syns = syns_to(&dump.stop().expect("tcpdump").path, TARGET);
+    // Comes up: keep-alive sessions; goes down under them; comes back.
+    let (tg, tg_log) = l.nginx(false, Log::Peer);
+    std::thread::scope(|s| {
+        let load = s.spawn(|| m.l().http_get("2", "100", "1", None));
+        std::thread::sleep(Duration::from_millis(500));
+        tg.stop().expect("stop nginx");
+        load.join().unwrap();
+    });
+    let before = lines(&tg_log).len();
+    let (_tg2, _) = m.l_mut().nginx(false, Log::Peer);
+    m.l().load(8080, &one_per_conn);
+    let r = m.report_failed(
+        &wait_limited(c, Duration::from_secs(20)),
+        "is above --max-loss 1 %",
+    );
+    let [refused, reset, timeout, closed_early, lost, shed] = failed(&r);
+    eprintln!("{mode:?}: {syns} SYNs while down; {}", r["sessions"]);
+    assert!(refused >= 40, "{r:#}");
+    // One probe per back-off step, not one SYN per session (50 without the back-off).
+    assert!(
+        syns < 25,
+        "{syns} SYNs toward the target while it was down: {r:#}"
+    );
+    // The copies that waited past their --timeout for a probe's verdict, never sent.
+    assert!(u(&r, "sessions.skipped_in_backoff") >= 20, "{r:#}");
+    // The keep-alive copies cut by nginx's exit.
+    assert!(reset + closed_early + timeout >= 1, "{r:#}");
+    assert_eq!(lost + shed, 0, "{r:#}");
+    // Back up: the last phase's sessions went through.
+    assert!(u(&r, "sessions.completed") >= 30, "{r:#}");
+    let after = lines(&tg_log).len();
+    assert!(after >= before + 30, "{before} then {after}: {r:#}");
+}
+
+#[test]
+fn relay_target_down_at_start_and_mid_run_is_counted_without_a_syn_storm_and_recovers() {
+    target_down_at_start_and_mid_run(Mode::Relay, "cpdown");
+}
+
+#[test]
+fn transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes() {
+    target_down_at_start_and_mid_run(Mode::Transparent, "cptfdown");
+}
+
+/// A target that answers nothing (every segment to it dropped, as by a firewall) is judged
+/// silent once a SYN has gone unanswered for a while; from then on one probe at a time tries
+/// and the other copies stand back, so the target gets about one SYN per session of that
+/// first second and the probes, not every session's SYN and its retransmissions (>= 600);
+/// the copies time out (silent is not refused), and once the target answers again copying
+/// goes on.
+fn a_silent_target_gets_probes_not_a_syn_storm(mode: Mode, tag: &str) {
+    let mut m = ModeLab::new(tag, mode, 8080);
+    let (_on, _) = m.l_mut().nginx(true, Log::Peer);
+    let (_tg, tg_log) = m.l_mut().nginx(false, Log::Peer);
+    nft::drop_tcp_to(&m.l().target, 8080);
+    let rule = format!("8080-{TARGET}:8080");
+    let c = m.copy(&rule, &["--timeout", "2.5", "--duration", "8"]);
+    // Each copy waits up to 2.5 s for the target.
+    let (syns, before) = silent_then_back(m.l_mut(), &tg_log, Duration::from_millis(2700));
+    let r = m.report_failed(
+        &wait_limited(c, Duration::from_secs(20)),
+        "is above --max-loss 1 %",
+    );
+    eprintln!("{mode:?}: {syns} SYNs toward the silent target");
+    assert_eq!(u(&r, "sessions.failed.lost_capture_data"), 0, "{r:#}");
+    assert_held_back(&r, syns, 140, &tg_log, before);
+}
+
+#[test]
+fn relay_silent_target_gets_probes_not_a_syn_storm_and_recovers() {
+    a_silent_target_gets_probes_not_a_syn_storm(Mode::Relay, "cpsilnt");
+}
+
+#[test]
+fn transparent_silent_target_gets_probes_not_every_sessions_retransmissions() {
+    a_silent_target_gets_probes_not_a_syn_storm(Mode::Transparent, "cptfsil");
+}
