@@ -521,3 +521,304 @@ fn relay_silent_target_gets_probes_not_a_syn_storm_and_recovers() {
 fn transparent_silent_target_gets_probes_not_every_sessions_retransmissions() {
     a_silent_target_gets_probes_not_a_syn_storm(Mode::Transparent, "cptfsil");
 }
+
+/// `--diff` live: the target's nginx serves other.txt with another body than the online
+/// one's; exactly the requests for it differ, every same.txt answer and every big.txt one
+/// (many segments, compared by length and hash: equal only if every byte came back, in
+/// order) is equal, over keep-alive and new connections; --diff-out writes the first
+/// --diff-max differences; nothing but the clients and the online host on the clients' link.
+fn diff_live_finds_exactly_the_requests_for_the_changed_file(mode: Mode, tag: &str) {
+    let mut m = ModeLab::new(tag, mode, 8080);
+    let (_on, on_log) = m.l_mut().nginx(true, Log::Peer);
+    let (_tg, tg_log) = m.l_mut().nginx(false, Log::Peer);
+    let big: String = (0..150_000u32)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect();
+    for (name, other) in [("online", ORIGINAL), ("target", CHANGED)] {
+        serve(
+            m.l(),
+            name,
+            &[("same.txt", SAME), ("other.txt", other), ("big.txt", &big)],
+        );
+    }
+    let l = m.l_mut();
+    let ifname = l.cli_link.a.name.clone();
+    let clients = l.clients.clone();
+    let dump = l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
+    let out = m.l().dir.path().join("diffs.jsonl");
+    let rule = format!("8080-{TARGET}:8080");
+    let c = m.copy(
+        &rule,
+        &[
+            "--timeout",
+            "2",
+            "--duration",
+            "3",
+            "--diff",
+            "--diff-mode",
+            "http",
+            "--diff-ignore",
+            "^Date:",
+            "--diff-out",
+            out.to_str().unwrap(),
+            "--diff-max",
+            "3",
+        ],
+    );
+    let get = |path: &'static str, rate: &'static str, per_conn: Option<&'static str>| {
+        let mut a = vec!["--http-get", path, "-c", "1", "-r", rate, "-t", "1.5"];
+        if let Some(q) = per_conn {
+            a.extend_from_slice(&["--queries-per-conn", q]);
+        }
+        m.l().load(8080, &a);
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| get("/same.txt", "200", None));
+        s.spawn(|| get("/other.txt", "40", None));
+        // A new connection per request too.
+        s.spawn(|| get("/other.txt", "20", Some("1")));
+        s.spawn(|| get("/big.txt", "20", None));
+    });
+    let r = m.done(c);
+    let cap = dump.stop().expect("tcpdump");
+    let d = r["diff"].clone();
+    let count =
+        |log: &std::path::Path, f: &str| lines(log).iter().filter(|x| x.contains(f)).count() as u64;
+    let (same_t, other_t, big_t) = (
+        count(&tg_log, "/same.txt"),
+        count(&tg_log, "/other.txt"),
+        count(&tg_log, "/big.txt"),
+    );
+    eprintln!(
+        "{mode:?} diff: online {} target same {same_t} other {other_t} big {big_t}: {d}",
+        lines(&on_log).len()
+    );
+    assert!(count(&on_log, "/other.txt") >= 60, "{r:#}");
+    assert!(big_t >= 20, "{r:#}");
+    assert_eq!(u(&r, "sessions.open_at_end"), 0, "{r:#}");
+    assert_all_completed(&r);
+    // Exactly the requests for other.txt differ; every same.txt and big.txt answer is equal.
+    assert_eq!(
+        counts(&d),
+        (same_t + other_t + big_t, same_t + big_t, other_t),
+        "{d:#}"
+    );
+    assert_eq!(u(&d, "compared_by_hash"), big_t, "{d:#}");
+    assert_eq!(u(&d, "not_compared"), 0);
+    assert_eq!(u(&d, "written"), 3);
+    let recs = records(&out);
+    assert_eq!(recs.len(), 3);
+    for x in &recs {
+        assert_eq!(x["reason"], "body");
+        assert!(x["original"]["text"].as_str().unwrap().ends_with(ORIGINAL));
+        assert!(x["target_response"]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with(CHANGED));
+        assert_eq!(
+            x["client"].as_str().unwrap().split(':').next(),
+            Some(CLIENT)
+        );
+    }
+    let text = cap.text().expect("tcpdump -r");
+    assert!(text.len() > 500, "{} packets", text.len());
+    for l in &text {
+        for bad in m.beyond_online() {
+            assert!(!l.contains(&format!(" {bad}.")), "{l}");
+        }
+    }
+}
+
+#[test]
+fn relay_diff_live_finds_exactly_the_requests_for_the_changed_file() {
+    diff_live_finds_exactly_the_requests_for_the_changed_file(Mode::Relay, "cpdiffl");
+}
+
+#[test]
+fn transparent_diff_live_finds_exactly_the_requests_for_the_changed_file() {
+    diff_live_finds_exactly_the_requests_for_the_changed_file(Mode::Transparent, "cptrdfl");
+}
+
+/// `--diff` offline, against answers captured on another day (another Date) where other.txt
+/// had another body: each mode (bytes, http) finds the Date only when not told to ignore it,
+/// and other.txt's three bodies always; --diff-ignore patterns are case-sensitive unless
+/// (?i) and add up; --diff-out/--diff-max write the first ones; -n 2 compares every copy; the
+/// human summary says it in one line; without --diff the report has none. Every run plays
+/// its own capture (its own client ports), so no run's 4-tuples meet the last one's at the
+/// target (transparent mode keeps the clients' addresses).
+fn offline_diff_ignores_a_date_only_when_asked(mode: Mode, tag: &str) {
+    let mut m = ModeLab::new(tag, mode, 8080);
+    let (_tg, tg_log) = m.l_mut().nginx(false, Log::Peer);
+    serve(
+        m.l(),
+        "target",
+        &[("same.txt", SAME), ("other.txt", CHANGED)],
+    );
+    let same = fetch(m.l(), "/same.txt");
+    let other = fetch(m.l(), "/other.txt");
+    assert!(same.ends_with(SAME.as_bytes()) && other.ends_with(CHANGED.as_bytes()));
+    // The production answers, as captured: another day's Date; other.txt's body differs.
+    // The copies' requests say keep-alive (no Connection: close): nginx's answers then differ
+    // from the fetched ones in that header alone, which the capture must match.
+    let ka = |a: Vec<u8>| {
+        String::from_utf8(a)
+            .unwrap()
+            .replace("Connection: close", "Connection: keep-alive")
+            .into_bytes()
+    };
+    let orig_same = ka(old_date(&same));
+    let mut orig_other = old_date(&other);
+    let n = orig_other.len();
+    orig_other[n - CHANGED.len()..].copy_from_slice(ORIGINAL.as_bytes());
+    let orig_other = ka(orig_other);
+    // 3 sessions x (same, other, same): 6 answers alike but for the Date, 3 with a new body.
+    // The third answer of each session is the target's own (Date from the fetch): it may
+    // differ from the copy's answer by a second; every check below tolerates exactly that.
+    let gets = [
+        ("/same.txt", orig_same),
+        ("/other.txt", orig_other),
+        ("/same.txt", ka(same.clone())),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let before = lines(&tg_log).len();
+    let rule = format!("8080-{TARGET}:8080");
+    let mut runs = 0u16;
+    let mut capture = || {
+        let pcap = dir.path().join(format!("prod{runs}.pcap"));
+        diff_capture(&pcap, 3, 42000 + 10 * runs, &gets);
+        runs += 1;
+        pcap.to_str().unwrap().to_string()
+    };
+    let mut with = |extra: &[&str]| {
+        let p = capture();
+        let mut v = vec!["--input", &p, "--speed", "10", "--timeout", "2"];
+        v.extend_from_slice(extra);
+        let o = m.copy_offline(&rule, &v);
+        let r = m.report(&o);
+        assert_all_completed(&r);
+        diff_of(&o)
+    };
+
+    // Bytes, nothing ignored: the old Date makes the first two answers of each session differ.
+    let d = with(&["--diff"]);
+    assert_eq!(d["mode"], "bytes");
+    assert_eq!(u(&d, "compared"), 9, "{d:#}");
+    assert!(u(&d, "different") >= 6, "{d:#}");
+    assert_eq!(u(&d, "equal") + u(&d, "different"), 9);
+    assert_eq!(u(&d, "written"), 0);
+    assert_eq!(d["out"], Value::Null);
+    // Bytes with the Date line blanked: only other.txt's body differs.
+    let d = with(&["--diff", "--diff-ignore", "^Date:.*$"]);
+    assert_eq!(counts(&d), (9, 6, 3), "{d:#}");
+    // http, nothing ignored: the headers differ (Date).
+    let d = with(&["--diff", "--diff-mode", "http"]);
+    assert_eq!(d["mode"], "http");
+    assert!(u(&d, "different") >= 6, "{d:#}");
+    // http without Date: exactly the three changed bodies; the first two written.
+    let out = dir.path().join("diffs.jsonl");
+    let o = out.to_str().unwrap();
+    let d = with(&[
+        "--diff",
+        "--diff-mode",
+        "http",
+        "--diff-ignore",
+        "^Date:",
+        "--diff-out",
+        o,
+        "--diff-max",
+        "2",
+    ]);
+    assert_eq!(counts(&d), (9, 6, 3), "{d:#}");
+    assert_eq!((u(&d, "written"), u(&d, "compared_by_hash")), (2, 0));
+    assert_eq!(d["out"], o);
+    let recs = records(&out);
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        assert_eq!(r["reason"], "body", "{r:#}");
+        assert_eq!(
+            r["request"], 2,
+            "other.txt is each session's second request"
+        );
+        assert_eq!(
+            (&r["copy"], &r["message"]),
+            (&Value::from(1), &Value::from(1))
+        );
+        assert_eq!(r["target"], format!("{TARGET}:8080"));
+        assert_eq!(r["server"], format!("{ONLINE}:8080"));
+        let (a, b) = (
+            r["original"]["text"].as_str().unwrap(),
+            r["target_response"]["text"].as_str().unwrap(),
+        );
+        assert!(
+            a.starts_with("HTTP/1.1 200 OK\r\n") && a.ends_with(ORIGINAL),
+            "{a}"
+        );
+        assert!(b.ends_with(CHANGED), "{b}");
+        assert_eq!(r["original"]["length"], r["target_response"]["length"]);
+    }
+    let s: Vec<u64> = recs.iter().map(|r| u(r, "session")).collect();
+    assert_ne!(s[0], s[1], "one difference per session");
+    // A name's case in a pattern matters unless it says (?i); several patterns add up.
+    let d = with(&["--diff", "--diff-mode", "http", "--diff-ignore", "^date:"]);
+    assert!(u(&d, "different") >= 6, "{d:#}");
+    let d = with(&[
+        "--diff",
+        "--diff-mode",
+        "http",
+        "--diff-ignore",
+        "(?i)^date:",
+        "--diff-ignore",
+        "^ETag:",
+    ]);
+    assert_eq!(counts(&d), (9, 6, 3), "{d:#}");
+    // -n 2: every copy compared on its own.
+    let d = with(&["--diff", "--diff-ignore", "^Date:.*$", "-n", "2"]);
+    assert_eq!(counts(&d), (18, 12, 6), "{d:#}");
+    // The human summary says it in one line.
+    let p = capture();
+    let h = m.offline(
+        &rule,
+        &[
+            "--input",
+            &p,
+            "--speed",
+            "10",
+            "--timeout",
+            "2",
+            "--diff",
+            "--diff-mode",
+            "http",
+            "--diff-ignore",
+            "^Date:",
+        ],
+    );
+    let text = String::from_utf8_lossy(&h.stdout);
+    assert!(
+        text.contains("\nDiff (http): 9 compared, 6 equal, 3 different (0 written), 0 over 64.0 KiB compared by length and hash, 0 not compared\n"),
+        "{text}"
+    );
+    // Without --diff the report has none.
+    let p = capture();
+    let o = m.copy_offline(&rule, &["--input", &p, "--speed", "10", "--timeout", "2"]);
+    assert_eq!(m.report(&o)["diff"], Value::Null);
+    // Every request of the 9 runs (-n 2 sent each twice) reached the target, from the
+    // capture's clients in transparent mode.
+    let copied = &lines(&tg_log)[before..];
+    assert_eq!(copied.len(), 9 * 9 + 9, "{copied:#?}");
+    assert!(
+        copied
+            .iter()
+            .all(|l| l.starts_with(&format!("{} ", m.seen_from()))),
+        "{copied:#?}"
+    );
+}
+
+#[test]
+fn relay_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed_body() {
+    offline_diff_ignores_a_date_only_when_asked(Mode::Relay, "cpdiffo");
+}
+
+#[test]
+fn transparent_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed_body() {
+    offline_diff_ignores_a_date_only_when_asked(Mode::Transparent, "cptrdfo");
+}

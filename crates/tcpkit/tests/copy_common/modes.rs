@@ -70,14 +70,20 @@ impl ModeLab {
 
     /// `tcpkit copy -x RULE ... --json ARGS` to completion (offline: ARGS name the --input).
     pub fn copy_offline(&self, rule: &str, args: &[&str]) -> Output {
-        match &self.lab {
-            Inner::Relay(l) => {
-                let mut argv = vec![tcpkit(), "copy", "-x", rule, "--json"];
-                argv.extend_from_slice(args);
-                run_limited(l.online.command(&argv), Duration::from_secs(30))
-            }
-            Inner::Transparent(t, _) => t.copy_offline(rule, args),
+        self.offline(rule, &[&["--json"], args].concat())
+    }
+
+    /// `tcpkit copy -x RULE ... ARGS` to completion: the human summary on stdout.
+    pub fn offline(&self, rule: &str, args: &[&str]) -> Output {
+        let mut argv = vec![tcpkit(), "copy", "-x", rule];
+        let ia;
+        if let Inner::Transparent(t, _) = &self.lab {
+            ia = t.intercept_addr();
+            argv.extend(["--transparent", "--intercept", &ia]);
+            argv.extend(t.key_args());
         }
+        argv.extend_from_slice(args);
+        run_limited(self.l().online.command(&argv), Duration::from_secs(30))
     }
 
     /// The report of a copy that must succeed: every copy accounted for, the schema kept.
