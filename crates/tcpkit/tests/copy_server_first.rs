@@ -9,7 +9,7 @@ mod copy_common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use copy_common::tlab::*;
+use copy_common::modes::{Mode, ModeLab};
 use copy_common::*;
 use serde_json::Value;
 
@@ -37,36 +37,28 @@ fn check(r: &Value, target: &Greeted) {
     );
 }
 
-#[test]
-fn relay_waits_for_the_targets_own_greeting_before_the_clients_first_bytes() {
-    let l = CopyLab::new("cpgreet");
-    let _on = greeting_server(&l.online, &format!("{ONLINE}:2525"), Duration::ZERO);
+/// The slow greeting server on the target, the copy, three sessions, and the checks.
+fn waits_for_the_targets_own_greeting(mode: Mode, tag: &str) {
+    let m = ModeLab::new(tag, mode, 2525);
+    let _on = greeting_server(&m.l().online, &format!("{ONLINE}:2525"), Duration::ZERO);
     let tg = greeting_server(
-        &l.target,
+        &m.l().target,
         &format!("{TARGET}:2525"),
         Duration::from_millis(300),
     );
     let rule = format!("2525-{TARGET}:2525");
-    let c = l.copy_rule(&rule, &["--timeout", "2", "--duration", "1.5", "--json"]);
-    sessions(&l);
-    let r = copy_report(c);
-    check_schema(&r);
+    let c = m.copy(&rule, &["--timeout", "2", "--duration", "1.5"]);
+    sessions(m.l());
+    let r = m.done(c);
     check(&r, &tg);
 }
 
 #[test]
+fn relay_waits_for_the_targets_own_greeting_before_the_clients_first_bytes() {
+    waits_for_the_targets_own_greeting(Mode::Relay, "cpgreet");
+}
+
+#[test]
 fn transparent_waits_for_the_targets_own_greeting_before_the_clients_first_bytes() {
-    let mut t = TLab::new("cptgreet");
-    let _on = greeting_server(&t.l.online, &format!("{ONLINE}:2525"), Duration::ZERO);
-    let tg = greeting_server(
-        &t.l.target,
-        &format!("{TARGET}:2525"),
-        Duration::from_millis(300),
-    );
-    let _icp = t.intercept("intercept");
-    let rule = format!("2525-{TARGET}:2525");
-    let c = t.copy(&rule, &["--timeout", "2", "--duration", "1.5"]);
-    sessions(&t.l);
-    let r = transparent_report(&wait_limited(c, Duration::from_secs(20)));
-    check(&r, &tg);
+    waits_for_the_targets_own_greeting(Mode::Transparent, "cptgreet");
 }

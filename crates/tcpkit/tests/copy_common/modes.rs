@@ -122,6 +122,17 @@ impl ModeLab {
         self.report(&wait_limited(c, Duration::from_secs(20)))
     }
 
+    /// Stops intercept (SIGINT) and returns its report, checked against its schema; None in
+    /// relay mode.
+    pub fn intercept_report(&self) -> Option<Value> {
+        let Inner::Transparent(_, icp) = &self.lab else {
+            return None;
+        };
+        icp.signal(tcpkit_lab::Signal::SIGINT).unwrap();
+        icp.wait_timeout(Duration::from_secs(5)).unwrap();
+        Some(TLab::intercept_report(icp))
+    }
+
     /// The address the target sees copied requests come from: the copy host's own in relay
     /// mode, the clients' in transparent mode.
     pub fn seen_from(&self) -> &'static str {
