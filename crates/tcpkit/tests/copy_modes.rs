@@ -13,20 +13,23 @@ use copy_common::modes::{Mode, ModeLab};
 use copy_common::*;
 use serde_json::Value;
 
-const GET: &[u8] = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
+/// `#[test]` functions running `body` in relay mode and in transparent mode, each in a lab
+/// named by its tag.
+macro_rules! in_both_modes {
+    ($body:ident: $relay:ident $rtag:literal, $transparent:ident $ttag:literal) => {
+        #[test]
+        fn $relay() {
+            $body(Mode::Relay, $rtag);
+        }
 
-/// The failure counters of a report, by cause.
-fn failed(r: &Value) -> [u64; 6] {
-    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
-    [
-        f("target_refused"),
-        f("reset"),
-        f("timeout"),
-        f("closed_early"),
-        f("lost_capture_data"),
-        f("shed"),
-    ]
+        #[test]
+        fn $transparent() {
+            $body(Mode::Transparent, $ttag);
+        }
+    };
 }
+
+const GET: &[u8] = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
 
 /// `-n 3`: every session copied three times over connections of its own (distinct ports at
 /// the target), each copy completed; `--stats` lines on stderr, the JSON alone on stdout.
@@ -85,15 +88,11 @@ fn n3_copies_each_session_three_times(mode: Mode, tag: &str) {
     assert_all_completed(&r);
 }
 
-#[test]
-fn relay_n3_copies_each_session_three_times_on_distinct_ports() {
-    n3_copies_each_session_three_times(Mode::Relay, "cpn3");
-}
-
-#[test]
-fn transparent_n3_copies_each_session_three_times_on_distinct_ports() {
-    n3_copies_each_session_three_times(Mode::Transparent, "cptrn3");
-}
+in_both_modes!(
+    n3_copies_each_session_three_times:
+    relay_n3_copies_each_session_three_times_on_distinct_ports "cpn3",
+    transparent_n3_copies_each_session_three_times_on_distinct_ports "cptrn3"
+);
 
 /// redis-benchmark SETs of random keys: the target ends with exactly the online server's
 /// keys, and nothing from beyond the online host reaches the clients' link.
@@ -155,15 +154,11 @@ fn redis_set_workload_leaves_the_same_keys(mode: Mode, tag: &str) {
     }
 }
 
-#[test]
-fn relay_redis_set_workload_leaves_the_same_keys_on_the_target() {
-    redis_set_workload_leaves_the_same_keys(Mode::Relay, "cpredis");
-}
-
-#[test]
-fn transparent_redis_set_workload_leaves_the_same_keys_on_the_target() {
-    redis_set_workload_leaves_the_same_keys(Mode::Transparent, "cptrrds");
-}
+in_both_modes!(
+    redis_set_workload_leaves_the_same_keys:
+    relay_redis_set_workload_leaves_the_same_keys_on_the_target "cpredis",
+    transparent_redis_set_workload_leaves_the_same_keys_on_the_target "cptrrds"
+);
 
 /// One GET on a keep-alive connection to the online nginx, its answer read whole.
 fn get(c: &mut TcpStream) {
@@ -239,16 +234,11 @@ fn sessions_open_before_the_copy_are_joined(mode: Mode, tag: &str) {
     assert_eq!(lines(&tg_log).len(), 8 + 3);
 }
 
-#[test]
-fn relay_sessions_open_before_the_copy_are_joined_at_a_request_boundary_and_only_full_skips_them() {
-    sessions_open_before_the_copy_are_joined(Mode::Relay, "cpjoin");
-}
-
-#[test]
-fn transparent_sessions_open_before_the_copy_get_a_synthesized_handshake_and_only_full_skips_them()
-{
-    sessions_open_before_the_copy_are_joined(Mode::Transparent, "cptfjoin");
-}
+in_both_modes!(
+    sessions_open_before_the_copy_are_joined:
+    relay_sessions_open_before_the_copy_are_joined_at_a_request_boundary_and_only_full_skips_them "cpjoin",
+    transparent_sessions_open_before_the_copy_get_a_synthesized_handshake_and_only_full_skips_them "cptfjoin"
+);
 
 /// `-r 50`: the sessions the sampler picks (by client and server address) are copied whole,
 /// the others not at all, and the target sees each under the client's own address: in
@@ -318,15 +308,11 @@ fn sampling_copies_whole_sessions_or_none(mode: Mode, tag: &str) {
     assert_all_completed(&r);
 }
 
-#[test]
-fn relay_sampling_copies_whole_sessions_and_proxy_protocol_carries_the_client() {
-    sampling_copies_whole_sessions_or_none(Mode::Relay, "cpsample");
-}
-
-#[test]
-fn transparent_sampling_copies_whole_sessions_or_none() {
-    sampling_copies_whole_sessions_or_none(Mode::Transparent, "cptfsample");
-}
+in_both_modes!(
+    sampling_copies_whole_sessions_or_none:
+    relay_sampling_copies_whole_sessions_and_proxy_protocol_carries_the_client "cpsample",
+    transparent_sampling_copies_whole_sessions_or_none "cptfsample"
+);
 
 /// A target that never answers: waiting for answers, each copy sends its first request and
 /// times out; with --no-wait every request goes as captured and the copies end normally.
@@ -367,15 +353,11 @@ fn no_wait_sends_every_request_to_a_target_that_never_answers(mode: Mode, tag: &
     assert_eq!(got.load(Ordering::Relaxed), 200 + 600);
 }
 
-#[test]
-fn relay_no_wait_sends_every_request_to_a_target_that_never_answers() {
-    no_wait_sends_every_request_to_a_target_that_never_answers(Mode::Relay, "cpsilent");
-}
-
-#[test]
-fn transparent_no_wait_sends_every_request_to_a_target_that_never_answers() {
-    no_wait_sends_every_request_to_a_target_that_never_answers(Mode::Transparent, "cptfnowait");
-}
+in_both_modes!(
+    no_wait_sends_every_request_to_a_target_that_never_answers:
+    relay_no_wait_sends_every_request_to_a_target_that_never_answers "cpsilent",
+    transparent_no_wait_sends_every_request_to_a_target_that_never_answers "cptfnowait"
+);
 
 /// Requests of 1 MB piling up behind a target that never answers, --max-memory 2M: copies
 /// are shed and counted, the others time out and nothing else, the bytes held never pass the
@@ -407,15 +389,11 @@ fn memory_over_the_limit_sheds_copies(mode: Mode, tag: &str) {
     assert_eq!(u(&r, "memory.limit_bytes"), 2 << 20);
 }
 
-#[test]
-fn relay_memory_over_the_limit_sheds_sessions_and_keeps_going() {
-    memory_over_the_limit_sheds_copies(Mode::Relay, "cpshed");
-}
-
-#[test]
-fn transparent_memory_over_the_limit_sheds_copies_and_keeps_going() {
-    memory_over_the_limit_sheds_copies(Mode::Transparent, "cptfshed");
-}
+in_both_modes!(
+    memory_over_the_limit_sheds_copies:
+    relay_memory_over_the_limit_sheds_sessions_and_keeps_going "cpshed",
+    transparent_memory_over_the_limit_sheds_copies_and_keeps_going "cptfshed"
+);
 
 /// The target down at start (its SYNs reset), then up under keep-alive sessions, down under
 /// them, and back: the refused copies are counted, the back-off sends one probe per step
@@ -478,15 +456,11 @@ fn target_down_at_start_and_mid_run(mode: Mode, tag: &str) {
     assert!(after >= before + 30, "{before} then {after}: {r:#}");
 }
 
-#[test]
-fn relay_target_down_at_start_and_mid_run_is_counted_without_a_syn_storm_and_recovers() {
-    target_down_at_start_and_mid_run(Mode::Relay, "cpdown");
-}
-
-#[test]
-fn transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes() {
-    target_down_at_start_and_mid_run(Mode::Transparent, "cptfdown");
-}
+in_both_modes!(
+    target_down_at_start_and_mid_run:
+    relay_target_down_at_start_and_mid_run_is_counted_without_a_syn_storm_and_recovers "cpdown",
+    transparent_target_down_at_start_and_mid_run_is_counted_and_copying_resumes "cptfdown"
+);
 
 /// A target that answers nothing (every segment to it dropped, as by a firewall) is judged
 /// silent once a SYN has gone unanswered for a while; from then on one probe at a time tries
@@ -512,15 +486,11 @@ fn a_silent_target_gets_probes_not_a_syn_storm(mode: Mode, tag: &str) {
     assert_held_back(&r, syns, 140, &tg_log, before);
 }
 
-#[test]
-fn relay_silent_target_gets_probes_not_a_syn_storm_and_recovers() {
-    a_silent_target_gets_probes_not_a_syn_storm(Mode::Relay, "cpsilnt");
-}
-
-#[test]
-fn transparent_silent_target_gets_probes_not_every_sessions_retransmissions() {
-    a_silent_target_gets_probes_not_a_syn_storm(Mode::Transparent, "cptfsil");
-}
+in_both_modes!(
+    a_silent_target_gets_probes_not_a_syn_storm:
+    relay_silent_target_gets_probes_not_a_syn_storm_and_recovers "cpsilnt",
+    transparent_silent_target_gets_probes_not_every_sessions_retransmissions "cptfsil"
+);
 
 /// `--diff` live: the target's nginx serves other.txt with another body than the online
 /// one's; exactly the requests for it differ, every same.txt answer and every big.txt one
@@ -629,15 +599,11 @@ fn diff_live_finds_exactly_the_requests_for_the_changed_file(mode: Mode, tag: &s
     }
 }
 
-#[test]
-fn relay_diff_live_finds_exactly_the_requests_for_the_changed_file() {
-    diff_live_finds_exactly_the_requests_for_the_changed_file(Mode::Relay, "cpdiffl");
-}
-
-#[test]
-fn transparent_diff_live_finds_exactly_the_requests_for_the_changed_file() {
-    diff_live_finds_exactly_the_requests_for_the_changed_file(Mode::Transparent, "cptrdfl");
-}
+in_both_modes!(
+    diff_live_finds_exactly_the_requests_for_the_changed_file:
+    relay_diff_live_finds_exactly_the_requests_for_the_changed_file "cpdiffl",
+    transparent_diff_live_finds_exactly_the_requests_for_the_changed_file "cptrdfl"
+);
 
 /// `--diff` offline, against answers captured on another day (another Date) where other.txt
 /// had another body: each mode (bytes, http) finds the Date only when not told to ignore it,
@@ -813,15 +779,11 @@ fn offline_diff_ignores_a_date_only_when_asked(mode: Mode, tag: &str) {
     );
 }
 
-#[test]
-fn relay_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed_body() {
-    offline_diff_ignores_a_date_only_when_asked(Mode::Relay, "cpdiffo");
-}
-
-#[test]
-fn transparent_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed_body() {
-    offline_diff_ignores_a_date_only_when_asked(Mode::Transparent, "cptrdfo");
-}
+in_both_modes!(
+    offline_diff_ignores_a_date_only_when_asked:
+    relay_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed_body "cpdiffo",
+    transparent_offline_diff_ignores_a_date_only_when_asked_and_finds_the_changed_body "cptrdfo"
+);
 
 /// Live HTTP over keep-alive connections and a new connection per request: the target gets
 /// every request whole (tcpcopy's loss ratio, from the servers' own logs, at most 0.1 %), from
@@ -915,14 +877,8 @@ fn http_copied_with_loss_under_a_thousandth(mode: Mode, tag: &str) {
     }
 }
 
-#[test]
-fn relay_http_keepalive_and_new_connections_copied_with_loss_under_a_thousandth_and_nothing_toward_clients(
-) {
-    http_copied_with_loss_under_a_thousandth(Mode::Relay, "cphttp");
-}
-
-#[test]
-fn transparent_http_target_sees_the_clients_with_loss_under_a_thousandth_and_nothing_reaches_them()
-{
-    http_copied_with_loss_under_a_thousandth(Mode::Transparent, "cptrhttp");
-}
+in_both_modes!(
+    http_copied_with_loss_under_a_thousandth:
+    relay_http_keepalive_and_new_connections_copied_with_loss_under_a_thousandth_and_nothing_toward_clients "cphttp",
+    transparent_http_target_sees_the_clients_with_loss_under_a_thousandth_and_nothing_reaches_them "cptrhttp"
+);

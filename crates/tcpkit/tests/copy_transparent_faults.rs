@@ -30,19 +30,6 @@ fn capture(t: &TLab, name: &str, sessions: u16, requests: usize) -> PathBuf {
     p
 }
 
-/// The failure counters of a report, by cause.
-fn failed(r: &Value) -> [u64; 6] {
-    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
-    [
-        f("target_refused"),
-        f("reset"),
-        f("timeout"),
-        f("closed_early"),
-        f("lost_capture_data"),
-        f("shed"),
-    ]
-}
-
 /// Each of the target's faults, alone, ends every copy under its own cause and no other:
 /// nothing listening (the SYN is reset: refused), a reset after the first request, a close
 /// after the first answer, a server that never answers, and a target whose answers never

@@ -408,6 +408,19 @@ pub fn assert_held_back(r: &Value, syns: usize, max_syns: usize, tg_log: &Path, 
     assert!(lines(tg_log).len() >= before + 40);
 }
 
+/// The failure counters of a report, by cause.
+pub fn failed(r: &Value) -> [u64; 6] {
+    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
+    [
+        f("target_refused"),
+        f("reset"),
+        f("timeout"),
+        f("closed_early"),
+        f("lost_capture_data"),
+        f("shed"),
+    ]
+}
+
 /// Every request the copy sent was answered by the target.
 pub fn assert_all_answered(r: &serde_json::Value) {
     assert_eq!(u(r, "requests.answered"), u(r, "requests.copied"), "{r:#}");
