@@ -52,7 +52,6 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -62,6 +61,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use rustc_hash::FxHashMap;
 use tcpkit_pace::now_ns;
+use tcpkit_send::raw::RawIpSink;
 use tcpkit_stats::{CopyReport, Histogram, TransparentStats};
 use tcpkit_wire::tcp::{Flags, Options, Segment};
 /// The `-c` prefix type, for callers that do not depend on tcpkit-wire.
@@ -305,80 +305,12 @@ const CONTROL_SILENCE_NS: u64 = 3_000_000_000;
 const WINDOW: u16 = (crate::control::MAX_BODY - crate::control::packet_fixed(true)) as u16;
 /// The most bytes in flight toward the target, whatever its window.
 const MAX_FLIGHT: u32 = 256 << 10;
-/// Bytes of the Ethernet II header [`Segment::emit`] writes before the IP header.
-const EMIT_ETH_LEN: usize = 14;
 /// SYNs seen whose session has not opened yet, at most (a SYN flood cannot grow it).
 const MAX_PENDING_SYNS: usize = 1 << 16;
 /// With `--diff`, the payload asked of intercept: all of every answer. intercept cuts only
 /// what a control frame cannot hold, and a copy acknowledges only the bytes it was given, so
 /// the target sends anything cut again.
 const DIFF_PAYLOAD: u16 = u16::MAX;
-
-fn raw_socket(v6: bool) -> io::Result<OwnedFd> {
-    let fam = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-    // SAFETY: socket(2) with constant arguments; the descriptor is owned at once.
-    let fd = unsafe {
-        libc::socket(
-            fam,
-            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_RAW,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by socket(2) and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Sends one IP packet (header included) to `dst` through a raw socket.
-fn send_raw(fd: &OwnedFd, dst: IpAddr, pkt: &[u8]) -> io::Result<()> {
-    let r = match dst {
-        IpAddr::V4(a) => {
-            let sa = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: 0,
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: pkt and sa outlive the call; the lengths are theirs.
-            unsafe {
-                libc::sendto(
-                    fd.as_raw_fd(),
-                    pkt.as_ptr().cast(),
-                    pkt.len(),
-                    0,
-                    (&sa as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            }
-        }
-        IpAddr::V6(a) => {
-            // SAFETY: all-zero is a valid sockaddr_in6.
-            let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            sa.sin6_addr.s6_addr = a.octets();
-            // SAFETY: as above.
-            unsafe {
-                libc::sendto(
-                    fd.as_raw_fd(),
-                    pkt.as_ptr().cast(),
-                    pkt.len(),
-                    0,
-                    (&sa as *const libc::sockaddr_in6).cast(),
-                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            }
-        }
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
 
 /// What [`probe_return_path`] saw come back through intercept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -403,7 +335,7 @@ pub fn probe_return_path(
     wait: Duration,
 ) -> Result<Option<ProbeAnswer>, TransparentError> {
     let mut s = handshake(intercept, wait, 0, key)?;
-    let raw = raw_socket(target.is_ipv6()).map_err(io_err("open a raw IP socket (socket)"))?;
+    let raw = RawIpSink::open(target.is_ipv6()).map_err(io_err("open a raw IP socket (socket)"))?;
     let isn = (now_ns() as u32).wrapping_mul(2_654_435_761);
     let send = |flags: Flags, seq: u32| -> Result<(), TransparentError> {
         let seg = Segment {
@@ -421,10 +353,10 @@ pub fn probe_return_path(
             payload_len: 0,
         };
         let mut pkt = Vec::new();
-        seg.emit(&[], &mut pkt).map_err(|e| {
+        seg.emit_ip(&[], &mut pkt).map_err(|e| {
             io_err("build the probe SYN")(io::Error::new(io::ErrorKind::InvalidInput, e))
         })?;
-        send_raw(&raw, target.ip(), pkt.get(EMIT_ETH_LEN..).unwrap_or(&[]))
+        raw.send(target.ip(), &pkt)
             .map_err(io_err("send the probe through the raw socket (sendto)"))
     };
     let sent = Instant::now();
@@ -597,8 +529,8 @@ struct Engine<'a> {
     cfg: &'a RelayConfig,
     t: &'a TransparentConfig,
     poll: Poll,
-    raw4: Option<OwnedFd>,
-    raw6: Option<OwnedFd>,
+    raw4: Option<RawIpSink>,
+    raw6: Option<RawIpSink>,
     ctl: Control,
     sessions: FxHashMap<SessionId, Sess>,
     flows: Vec<Option<Flow>>,
@@ -772,7 +704,7 @@ impl<'a> Engine<'a> {
         };
         let payload = f.buf.get(off..off + len).unwrap_or(&[]);
         self.pkt.clear();
-        if seg.emit(payload, &mut self.pkt).is_err() {
+        if seg.emit_ip(payload, &mut self.pkt).is_err() {
             self.ts.send_errors += 1;
             return;
         }
@@ -781,8 +713,7 @@ impl<'a> Engine<'a> {
         } else {
             self.raw4.as_ref()
         };
-        let ip = self.pkt.get(EMIT_ETH_LEN..).unwrap_or(&[]);
-        match fd.map(|fd| send_raw(fd, f.target.ip(), ip)) {
+        match fd.map(|fd| fd.send(f.target.ip(), &self.pkt)) {
             Some(Ok(())) => self.ts.segments_sent += 1,
             // Counted; the retransmission timer sends it again.
             _ => self.ts.send_errors += 1,
@@ -1796,11 +1727,11 @@ pub fn run(
     let want4 = cfg.rules.iter().any(|r| r.target.is_ipv4());
     let want6 = cfg.rules.iter().any(|r| r.target.is_ipv6());
     let raw4 = want4
-        .then(|| raw_socket(false))
+        .then(|| RawIpSink::open(false))
         .transpose()
         .map_err(io_err("open a raw IPv4 socket (needs root or CAP_NET_RAW)"))?;
     let raw6 = want6
-        .then(|| raw_socket(true))
+        .then(|| RawIpSink::open(true))
         .transpose()
         .map_err(io_err("open a raw IPv6 socket (needs root or CAP_NET_RAW)"))?;
     let poll = Poll::new().map_err(io_err("create the event loop (epoll)"))?;

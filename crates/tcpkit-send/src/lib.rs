@@ -1,8 +1,9 @@
 //! tcpkit-send: packet output.
 //!
-//! Every way a packet leaves tcpkit is a [`Sink`]: [`AfPacketSink`] puts whole link-layer
+//! Every way a link-layer frame leaves tcpkit is a [`Sink`]: [`AfPacketSink`] puts whole link-layer
 //! frames on an interface with batched `sendmmsg` on an AF_PACKET socket; [`PcapFileSink`]
-//! writes them to a pcap file instead (dry runs, `-w`, tests). Sinks count every frame
+//! writes them to a pcap file instead (dry runs, `-w`, tests); [`raw::RawIpSink`] sends whole IP
+//! packets through the kernel's routing (a sender playing another host's TCP). Sinks count every frame
 //! ([`SendCounters`]): a frame is sent, truncated or failed, never dropped silently.
 //! [`if_info`] and [`if_counters`] describe an interface of the calling thread's network
 //! namespace.
@@ -13,6 +14,7 @@ mod afpacket;
 mod error;
 mod file;
 mod iface;
+pub mod raw;
 mod ring;
 
 pub use afpacket::{AfPacketOpts, AfPacketSink, TxMode};

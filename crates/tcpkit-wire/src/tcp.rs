@@ -315,14 +315,35 @@ impl Segment {
 
     /// Length of the frame [`Segment::emit`] builds around `payload_len` payload bytes.
     pub fn buffer_len(&self, payload_len: usize) -> usize {
+        parse::ETH_HDR + self.ip_len(payload_len)
+    }
+
+    /// Length of the IP packet [`Segment::emit_ip`] builds around `payload_len` payload bytes.
+    pub fn ip_len(&self, payload_len: usize) -> usize {
         let ip = if self.src.is_ipv6() { 40 } else { 20 };
-        parse::ETH_HDR + ip + 20 + self.options.emit_len() + payload_len
+        ip + 20 + self.options.emit_len() + payload_len
     }
 
     /// Appends an Ethernet II + IPv4 (TTL 64, DF) or IPv6 (hop limit 64) + TCP frame carrying
     /// `payload`, with all checksums computed. `self.payload` and `self.payload_len` are not
     /// read: the frame carries exactly `payload`. On error `out` is left as it was.
     pub fn emit(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), EmitError> {
+        let start = out.len();
+        out.extend_from_slice(&EMIT_DST_MAC);
+        out.extend_from_slice(&EMIT_SRC_MAC);
+        let ethertype = if self.src.is_ipv6() {
+            parse::ETHERTYPE_IPV6
+        } else {
+            parse::ETHERTYPE_IPV4
+        };
+        out.extend_from_slice(&ethertype.to_be_bytes());
+        self.emit_ip(payload, out)
+            .inspect_err(|_| out.truncate(start))
+    }
+
+    /// [`Segment::emit`] from the IP header on: the packet a raw IP socket
+    /// (`IPPROTO_RAW`, header included) sends as it is. On error `out` is left as it was.
+    pub fn emit_ip(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), EmitError> {
         let v6 = match (self.src.ip(), self.dst.ip()) {
             (IpAddr::V4(_), IpAddr::V4(_)) => false,
             (IpAddr::V6(_), IpAddr::V6(_)) => true,
@@ -345,15 +366,12 @@ impl Segment {
                 max: max - 20 - olen,
             });
         }
-        out.reserve(self.buffer_len(payload.len()));
-        out.extend_from_slice(&EMIT_DST_MAC);
-        out.extend_from_slice(&EMIT_SRC_MAC);
-        let ip_at = out.len() + 2;
+        out.reserve(self.ip_len(payload.len()));
+        let ip_at = out.len();
         let (src, dst) = (self.src.ip(), self.dst.ip());
         let mut pseudo = 0u32;
         match (src, dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
-                out.extend_from_slice(&parse::ETHERTYPE_IPV4.to_be_bytes());
                 out.extend_from_slice(&[0x45, 0]);
                 out.extend_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
                 out.extend_from_slice(&[0, 0, 0x40, 0, 64, PROTO_TCP, 0, 0]);
@@ -365,7 +383,6 @@ impl Segment {
                 pseudo = csum::sum(pseudo, &d.octets());
             }
             (IpAddr::V6(s), IpAddr::V6(d)) => {
-                out.extend_from_slice(&parse::ETHERTYPE_IPV6.to_be_bytes());
                 out.extend_from_slice(&[0x60, 0, 0, 0]);
                 out.extend_from_slice(&(tcp_len as u16).to_be_bytes());
                 out.extend_from_slice(&[PROTO_TCP, 64]);
@@ -454,6 +471,31 @@ mod tests {
             s.options.sack_blocks = [(0, 0); 4];
             round_trip(s, 0);
         }
+    }
+
+    /// emit_ip is emit without the Ethernet header: the same bytes from the IP header on,
+    /// appended after what the buffer held, in both families; its errors leave the buffer
+    /// as it was.
+    #[test]
+    fn emit_ip_is_the_frame_from_the_ip_header_on() {
+        for (a, b) in [
+            ("10.0.0.1:1234", "10.0.0.2:80"),
+            ("[2001:db8::1]:5", "[2001:db8::2]:6"),
+        ] {
+            let mut s = seg(a, b);
+            s.options = full_options();
+            let mut frame = Vec::new();
+            s.emit(b"payload", &mut frame).unwrap();
+            let mut ip = vec![0xee];
+            s.emit_ip(b"payload", &mut ip).unwrap();
+            assert_eq!(ip[1..], frame[parse::ETH_HDR..], "{a}");
+            assert_eq!(ip.len() - 1, s.ip_len(7));
+            assert_eq!(frame.len(), s.buffer_len(7));
+        }
+        let s = seg("10.0.0.1:1", "[::1]:2");
+        let mut out = vec![1, 2, 3];
+        assert!(s.emit_ip(b"x", &mut out).is_err());
+        assert_eq!(out, [1, 2, 3]);
     }
 
     #[test]
