@@ -777,16 +777,11 @@ pub fn balance_bench(args: &[String]) -> Result<()> {
         loadavg.trim(),
         started.elapsed().as_secs_f64(),
     );
-    let out = crate::results_dir().join(format!("balance-{date}.md"));
-    if quick || only.is_some() {
-        eprintln!("--quick/--only: {} not written", out.display());
-        return Ok(());
-    }
-    std::fs::write(&out, md).with_context(|| format!("write {}", out.display()))?;
-    eprintln!(
-        "wrote {} ({:.0} s)",
-        out.display(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    crate::write_results(
+        "balance",
+        &date,
+        &md,
+        started,
+        (quick || only.is_some()).then_some("--quick/--only"),
+    )
 }

@@ -870,16 +870,11 @@ pub fn copy(args: &[String]) -> Result<()> {
         loadavg.trim(),
         started.elapsed().as_secs_f64()
     );
-    let out = crate::results_dir().join(format!("copy-{date}.md"));
-    if only.is_some() {
-        eprintln!("--only: {} not written", out.display());
-        return Ok(());
-    }
-    std::fs::write(&out, md).with_context(|| format!("write {}", out.display()))?;
-    eprintln!(
-        "wrote {} ({:.0} s)",
-        out.display(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    crate::write_results(
+        "copy",
+        &date,
+        &md,
+        started,
+        only.is_some().then_some("--only"),
+    )
 }

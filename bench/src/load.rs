@@ -775,14 +775,7 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         loadavg.trim(),
         started.elapsed().as_secs_f64()
     );
-    let out = crate::results_dir().join(format!("load-{date}.md"));
-    std::fs::write(&out, doc).with_context(|| format!("write {}", out.display()))?;
-    eprintln!(
-        "wrote {} ({:.0} s)",
-        out.display(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    crate::write_results("load", &date, &doc, started, None)
 }
 
 /// What the machine itself takes from a thread that never sleeps, per CPU over `secs`: the

@@ -68,6 +68,30 @@ fn results_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results")
 }
 
+/// Writes a bench's document to bench/results/NAME-DATE.md and says so with the bench's
+/// whole time, unless `partial` names the flag that made this run a part of the bench (a
+/// part is not the table the results file promises).
+fn write_results(
+    name: &str,
+    date: &str,
+    md: &str,
+    started: std::time::Instant,
+    partial: Option<&str>,
+) -> Result<()> {
+    let out = results_dir().join(format!("{name}-{date}.md"));
+    if let Some(flag) = partial {
+        eprintln!("{flag}: {} not written", out.display());
+        return Ok(());
+    }
+    std::fs::write(&out, md).with_context(|| format!("write {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({:.0} s)",
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 fn today() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

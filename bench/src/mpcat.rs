@@ -753,16 +753,5 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         started.elapsed().as_secs_f64(),
         size as f64 / MB,
     );
-    let out = crate::results_dir().join(format!("mpcat-{date}.md"));
-    if quick {
-        eprintln!("--quick: {} not written", out.display());
-        return Ok(());
-    }
-    std::fs::write(&out, md).with_context(|| format!("write {}", out.display()))?;
-    eprintln!(
-        "wrote {} ({:.0} s)",
-        out.display(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    crate::write_results("mpcat", &date, &md, started, quick.then_some("--quick"))
 }

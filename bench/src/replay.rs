@@ -569,12 +569,5 @@ pub(crate) fn replay(_args: &[String]) -> Result<()> {
         load.trim(),
         started.elapsed().as_secs_f64()
     );
-    let out = crate::results_dir().join(format!("replay-{date}.md"));
-    std::fs::write(&out, md).with_context(|| format!("write {}", out.display()))?;
-    eprintln!(
-        "wrote {} ({:.0} s)",
-        out.display(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    crate::write_results("replay", &date, &md, started, None)
 }
