@@ -43,7 +43,6 @@ use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -164,37 +163,16 @@ fn run_cpu(host: &Host, argv: &[String]) -> Result<(String, String, f64)> {
 /// its full report when it could not hold the asked rate).
 fn run_cpu_status(host: &Host, argv: &[String], exit1_ok: bool) -> Result<(String, String, f64)> {
     let v: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let mut cmd = host.command(&v);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().with_context(|| format!("spawn {argv:?}"))?;
-    let mut err_pipe = child.stderr.take().context("stderr")?;
-    let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err_pipe.read_to_string(&mut s);
-        s
-    });
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .context("stdout")?
-        .read_to_string(&mut out)?;
-    let mut status = 0;
-    // SAFETY: rusage is plain old data, filled by the kernel.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child, with pointers to values we own.
-    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
-    let err = err_thread.join().unwrap_or_default();
-    let code = libc::WEXITSTATUS(status);
-    if pid < 0 || !libc::WIFEXITED(status) || !(code == 0 || exit1_ok && code == 1) {
+    let r = crate::run_wait4(host.command(&v), &format!("{argv:?}"))?;
+    if !(r.code == Some(0) || exit1_ok && r.code == Some(1)) {
         bail!(
-            "{argv:?} failed (status {status}): {}{}",
-            err.trim(),
-            out.trim()
+            "{argv:?} failed (exit {:?}): {}{}",
+            r.code,
+            r.err.trim(),
+            r.out.trim()
         );
     }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Ok((out, err, tv(ru.ru_utime) + tv(ru.ru_stime)))
+    Ok((r.out, r.err, r.cpu_s))
 }
 
 /// Machine-wide busy seconds so far, from /proc/stat's first line: user + nice + system + irq + softirq (steal excluded;

@@ -63,6 +63,62 @@ fn tcpkit_binary() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// What a command run by [`run_wait4`] did.
+struct Ran {
+    out: String,
+    err: String,
+    /// Its exit code (None: killed by a signal).
+    code: Option<i32>,
+    /// Its user + system CPU seconds.
+    cpu_s: f64,
+    /// Its peak RSS in KiB as wait4 reports it.
+    maxrss_kb: u64,
+    /// From the spawn to the exit.
+    wall_s: f64,
+}
+
+/// Runs `cmd`, reading its stdout and stderr whole, and reaps it with wait4 rather than
+/// Child::wait: that also gives its CPU time and peak RSS (`ip netns exec` execs the tool in
+/// place, so the child is the tool).
+fn run_wait4(mut cmd: std::process::Command, what: &str) -> Result<Ran> {
+    use std::io::Read;
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let t0 = std::time::Instant::now();
+    let mut child = cmd.spawn().with_context(|| format!("spawn {what}"))?;
+    let mut err_pipe = child.stderr.take().context("stderr")?;
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err_pipe.read_to_string(&mut s);
+        s
+    });
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .context("stdout")?
+        .read_to_string(&mut out)?;
+    let mut status = 0;
+    // SAFETY: rusage is plain old data, filled by the kernel.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, with pointers to values we own.
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
+    let wall_s = t0.elapsed().as_secs_f64();
+    let err = err_thread.join().unwrap_or_default();
+    if pid < 0 {
+        bail!("wait4 for {what}: {}", std::io::Error::last_os_error());
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok(Ran {
+        out,
+        err,
+        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+        cpu_s: tv(ru.ru_utime) + tv(ru.ru_stime),
+        maxrss_kb: u64::try_from(ru.ru_maxrss).unwrap_or(0),
+        wall_s,
+    })
+}
+
 /// bench/results/, where every bench writes its table.
 fn results_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results")

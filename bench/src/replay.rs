@@ -6,9 +6,7 @@
 //! it to bench/results/replay-YYYY-MM-DD.md.
 
 use std::fmt::Write as _;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -74,42 +72,19 @@ fn run(env: &Env, argv: &[&str]) -> Result<Run> {
     let time_path = time_out.to_str().context("path")?;
     let mut full = vec!["/usr/bin/time", "-f", "%U %S %M", "-o", time_path];
     full.extend_from_slice(argv);
-    let mut cmd = env.tx.command(&full);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let t0 = Instant::now();
-    let mut child = cmd.spawn().with_context(|| format!("spawn {argv:?}"))?;
-    let mut err_pipe = child.stderr.take().context("stderr")?;
-    let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err_pipe.read_to_string(&mut s);
-        s
-    });
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .context("stdout")?
-        .read_to_string(&mut out)?;
-    // wait4 rather than Child::wait: it also gives the child's CPU time and peak RSS
-    // (`ip netns exec` execs the tool in place, so the child is the tool).
-    let mut status = 0;
-    // SAFETY: rusage is plain old data, filled by the kernel.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child, with pointers to values we own.
-    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
-    let wall_s = t0.elapsed().as_secs_f64();
-    let err = err_thread.join().unwrap_or_default();
-    if pid < 0 || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+    let ran = crate::run_wait4(env.tx.command(&full), &format!("{argv:?}"))?;
+    let (out, wall_s) = (ran.out, ran.wall_s);
+    if ran.code != Some(0) {
         bail!(
-            "{argv:?} failed (status {status}): {}{}",
-            err.trim(),
+            "{argv:?} failed (exit {:?}): {}{}",
+            ran.code,
+            ran.err.trim(),
             out.trim()
         );
     }
     // Frames still in the receiver's backlog are counted a moment later.
     std::thread::sleep(std::time::Duration::from_millis(50));
     let after = env.rx.ifstats(&env.rx_if)?;
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     let timed = std::fs::read_to_string(&time_out).unwrap_or_default();
     let t: Vec<f64> = timed
         .lines()
@@ -120,7 +95,7 @@ fn run(env: &Env, argv: &[&str]) -> Result<Run> {
         .collect();
     let (cpu_s, maxrss_kb) = match t[..] {
         [u, s, m] => (u + s, m as u64),
-        _ => (tv(ru.ru_utime) + tv(ru.ru_stime), ru.ru_maxrss as u64),
+        _ => (ran.cpu_s, ran.maxrss_kb),
     };
     let r = Run {
         wall_s,
