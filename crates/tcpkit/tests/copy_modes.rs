@@ -882,3 +882,93 @@ in_both_modes!(
     relay_http_keepalive_and_new_connections_copied_with_loss_under_a_thousandth_and_nothing_toward_clients "cphttp",
     transparent_http_target_sees_the_clients_with_loss_under_a_thousandth_and_nothing_reaches_them "cptrhttp"
 );
+
+/// An offline capture played with --speed 4, --max-idle 0.1 and --loop 2: every session of
+/// both loops copied whole, from the capture's clients in transparent mode (the first loop on
+/// their own ports), and each session's turns reach the target 25 ms apart: the capture's 1 s
+/// capped at 100 ms by --max-idle, divided by 4 (250 ms if --max-idle were ignored, 100 ms if
+/// --speed were). The gaps are read from the target's own arrival times, so a slow start of
+/// the copy process on a busy machine does not count (the whole run's wall time did: 1.12 s
+/// once beside a build). Turns are scheduled from the start, not from each other, so a late
+/// turn shortens the next gap: the median of the 20 gaps is the steady figure.
+fn offline_plays_a_capture_at_its_pace_looped(mode: Mode, tag: &str) {
+    let mut m = ModeLab::new(tag, mode, 8080);
+    let (_tg, tg_log) = m.l_mut().nginx(false, Log::PeerAt);
+    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 19\r\n\r\nhello from the lab\n";
+    let turns: Vec<(&[u8], &[u8])> = vec![(GET, answer); 3];
+    let pcap = m.l().dir.path().join("prod.pcap");
+    // 5 sessions of 3 requests 1 s apart, from CLIENT:43000..43004.
+    write_frames(&pcap, &http_session_frames(5, 43000, 1_000_000_000, &turns));
+    let p = pcap.to_str().unwrap();
+    let rule = format!("8080-{TARGET}:8080");
+    let o = m.copy_offline(
+        &rule,
+        &[
+            "--input",
+            p,
+            "--timeout",
+            "2",
+            "--speed",
+            "4",
+            "--max-idle",
+            "0.1",
+            "--loop",
+            "2",
+        ],
+    );
+    let r = m.report(&o);
+    assert_eq!(r["source"], format!("file {p}"));
+    assert_eq!(u(&r, "sessions.seen"), 10, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 10, "{r:#}");
+    assert_eq!(u(&r, "requests.copied"), 30, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 30, "{r:#}");
+    let target = lines(&tg_log);
+    assert_eq!(target.len(), 30, "{target:#?}");
+    assert!(
+        target
+            .iter()
+            .all(|l| l.starts_with(&format!("{} ", m.seen_from()))),
+        "{target:#?}"
+    );
+    if mode == Mode::Transparent {
+        for port in 43000..43005 {
+            assert!(
+                target.iter().any(|l| l.contains(&format!(" {port} "))),
+                "{port}: {target:#?}"
+            );
+        }
+    }
+    // A port may carry a session of each loop (one after the other, never at once): its
+    // arrivals, in order, are whole sessions of three turns.
+    let mut at: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    for l in &target {
+        let f: Vec<&str> = l.split(' ').collect();
+        at.entry(f[1])
+            .or_default()
+            .push(f.last().unwrap().parse().unwrap());
+    }
+    let mut gaps: Vec<f64> = at
+        .values_mut()
+        .flat_map(|ts| {
+            ts.sort_by(f64::total_cmp);
+            assert_eq!(ts.len() % 3, 0, "{target:#?}");
+            ts.chunks(3)
+                .flat_map(|s| [s[1] - s[0], s[2] - s[1]])
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    eprintln!("{mode:?} offline: gaps {gaps:?}");
+    assert_eq!(gaps.len(), 20, "{target:#?}");
+    let median = gaps[10];
+    assert!(
+        (0.020..0.070).contains(&median),
+        "median gap {median} s: {gaps:?}"
+    );
+}
+
+in_both_modes!(
+    offline_plays_a_capture_at_its_pace_looped:
+    relay_offline_plays_a_capture_at_its_pace_looped "cpfilepace",
+    transparent_offline_plays_a_capture_with_its_clients_addresses_looped "cptrfile"
+);
