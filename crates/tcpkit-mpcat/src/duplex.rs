@@ -381,12 +381,14 @@ fn receive(
         }
         match inc.read(&mut s, encrypted) {
             Ok(Got::Idle) => continue,
-            Ok(Got::Closed) => return failed(
-                got,
-                format!(
+            Ok(Got::Closed) => {
+                return failed(
+                    got,
+                    format!(
                     "the listener closed its connection after {got} bytes, before the stream's end"
                 ),
-            ),
+                )
+            }
             Ok(Got::Bytes) => last_byte = Instant::now(),
             Err(e) => return failed(got, e),
         }

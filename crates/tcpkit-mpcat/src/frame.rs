@@ -631,9 +631,14 @@ mod tests {
             })
         );
         assert_eq!(
-            Frame::parse(&[9, 0, 0, 0, 0]),
-            Err(FrameError::UnknownType { ty: 9 })
+            Frame::parse(&[10, 0, 0, 0, 0]),
+            Err(FrameError::UnknownType { ty: 10 })
         );
+        // A stop carries nothing.
+        assert!(matches!(
+            Frame::parse(&[T_STOP, 0, 0, 0, 1, 0]),
+            Err(FrameError::TooLong { what: "stop", .. })
+        ));
         let empty_data = [T_DATA, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0];
         assert!(matches!(
             Frame::parse(&empty_data),

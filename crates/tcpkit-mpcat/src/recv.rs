@@ -311,6 +311,7 @@ pub fn run(
             reverse: Reverse::None,
             feed: feed.take(),
             forward_done: false,
+            delivered: None,
         };
         let failure = rx
             .event_loop(&mut poll, &listener, &mut sink, stop, live)
@@ -374,7 +375,12 @@ impl Receiver<'_> {
         let cfg = self.cfg;
         let rx = self;
         let started = rx.started.unwrap_or_else(Instant::now);
-        let secs = started.elapsed().as_secs_f64();
+        // The forward stream's time: a reverse stream waited for afterwards is not in it.
+        let secs = rx
+            .delivered
+            .unwrap_or_else(Instant::now)
+            .duration_since(started)
+            .as_secs_f64();
         let mut streams = std::mem::take(&mut rx.finished);
         for c in rx.conns.values() {
             if let State::Stream { index, bytes, .. } = c.state {
@@ -565,6 +571,8 @@ struct Receiver<'c> {
     feed: Option<Arc<Feed>>,
     /// The forward stream is written and verified (the reverse one may still run).
     forward_done: bool,
+    /// When it was.
+    delivered: Option<Instant>,
 }
 
 impl Receiver<'_> {
@@ -633,6 +641,7 @@ impl Receiver<'_> {
             }
             if !self.forward_done && self.finish(poll, sink)? {
                 self.forward_done = true;
+                self.delivered = Some(Instant::now());
                 if !matches!(self.reverse, Reverse::Running(_)) {
                     return Ok(());
                 }
