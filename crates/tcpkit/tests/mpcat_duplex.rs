@@ -348,3 +348,92 @@ fn mpcat_reverse_stream_cut_fails_the_connecting_side() {
     );
     assert_eq!(sha256(&chunk), sha256(&back));
 }
+
+/// The other way round: the connecting side is SIGKILLed while the listener's reverse stream
+/// runs (1 MiB of its input arrived, the rest not yet written). The listener, whose forward
+/// stream was verified, exits 1 naming the reverse stream and the bytes it had sent.
+#[test]
+fn mpcat_reverse_stream_cut_fails_the_listener() {
+    use std::io::Write;
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpdup5", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output, back, feed, chunk) = (
+        dir.join("in.bin"),
+        dir.join("out.bin"),
+        dir.join("back"),
+        dir.join("feed"),
+        dir.join("chunk"),
+    );
+    mkfifo(&feed);
+    random_file(&input, 64 << 10);
+    random_file(&chunk, 1 << 20);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "-i",
+                feed.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let writer = {
+        let (feed, chunk) = (feed.clone(), chunk.clone());
+        std::thread::spawn(move || {
+            let mut w = std::fs::OpenOptions::new().write(true).open(&feed).unwrap();
+            w.write_all(&std::fs::read(&chunk).unwrap()).unwrap();
+            w
+        })
+    };
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-N",
+                "-i",
+                input.to_str().unwrap(),
+                "-o",
+                back.to_str().unwrap(),
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::metadata(&back).map_or(0, |m| m.len()) < 1 << 20 {
+        assert!(
+            Instant::now() < deadline,
+            "the reverse stream did not arrive:\n{}\n{}",
+            tx.log(),
+            rx.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let w = writer.join().unwrap();
+    tx.signal(Signal::SIGKILL).unwrap();
+    let st = wait(&rx, 20);
+    drop(w);
+    assert_eq!(st.code(), Some(1), "listener: {st}\n{}", rx.log());
+    let log = rx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("tcpkit mpcat: the reverse stream (here to the connecting side): cut after 1048576 bytes"),
+        "{log}"
+    );
+    assert_eq!(sha256(&input), sha256(&output), "the forward stream was whole");
+}
