@@ -435,5 +435,9 @@ fn mpcat_reverse_stream_cut_fails_the_listener() {
         last.starts_with("tcpkit mpcat: the reverse stream (here to the connecting side): cut after 1048576 bytes"),
         "{log}"
     );
-    assert_eq!(sha256(&input), sha256(&output), "the forward stream was whole");
+    assert_eq!(
+        sha256(&input),
+        sha256(&output),
+        "the forward stream was whole"
+    );
 }
