@@ -190,8 +190,9 @@ fn mpcat_half_close_lets_the_peer_answer() {
     );
 }
 
-/// -q 2: the listener's input never ends and sends nothing (a fifo it holds open itself).
-/// The connecting side's stream is delivered at once; it then waits 2 s for the listener's
+/// The listener's input never ends and sends nothing (a fifo it holds open itself, as a
+/// terminal nobody types into). Without -q or -N the one-way copy ends as soon as it is
+/// delivered (no new hang). With -q 2 the connecting side waits 2 s for the listener's
 /// stream, stops it, and both exit 0 with an empty reverse stream that was ended by the
 /// connecting side. Only a lower bound on the time (and a generous upper one).
 #[test]
@@ -216,6 +217,36 @@ fn mpcat_quit_after_waits_then_stops_the_reverse_stream() {
         output.display(),
         silent.display()
     );
+    let rx = b
+        .spawn(&mut lab, "rx0", &["bash", "-c", &script])
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx0",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--quiet",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 30);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 10);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output));
+    assert!(
+        rx.log().contains("reverse: sent 0 bytes to the connecting side, verified (stopped by the connecting side)"),
+        "{}",
+        rx.log()
+    );
+
     let rx = b
         .spawn(&mut lab, "rx", &["bash", "-c", &script])
         .unwrap_or_else(|e| panic!("{e}"));
