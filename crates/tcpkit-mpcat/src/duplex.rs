@@ -332,13 +332,56 @@ pub fn connect_side(
 fn receive(
     mut s: TcpStream,
     chan: Option<Channel>,
-    mut out: crate::recv::Sink,
+    out: crate::recv::Sink,
     chunk: usize,
     idle: Duration,
     ctl: &Ctl,
 ) -> ReverseReport {
     let encrypted = chan.is_some();
     let chan = Mutex::new(chan);
+    let r = receive_on(&mut s, &chan, encrypted, out, chunk, idle, ctl);
+    // Failed here (the output, a bad frame): the listener is told why rather than left to
+    // find a closed connection. Best effort; the connection closes right after.
+    if let Some(why) = r.failure.as_deref().filter(|_| r.total.is_none()) {
+        let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+        let _ = put_frame(
+            &mut s,
+            &chan,
+            &Frame::Refuse { reason: why },
+            &mut Vec::new(),
+        );
+        // Closing with its data unread would reset the connection, and the listener could
+        // lose the reason with it: half-close, and read what is still coming (at most 1 s).
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let until = Instant::now() + Duration::from_secs(1);
+        let mut sink = [0u8; 64 << 10];
+        while Instant::now() < until {
+            match s.read(&mut sink) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    r
+}
+
+fn receive_on(
+    s: &mut TcpStream,
+    chan: &Mutex<Option<Channel>>,
+    encrypted: bool,
+    mut out: crate::recv::Sink,
+    chunk: usize,
+    idle: Duration,
+    ctl: &Ctl,
+) -> ReverseReport {
     let mut scratch = Vec::new();
     let mut inc = Incoming::new(chunk);
     let mut hasher = blake3::Hasher::new();
@@ -348,7 +391,7 @@ fn receive(
     let ack = |s: &mut TcpStream, scratch: &mut Vec<u8>, got: u64| {
         put_frame(
             s,
-            &chan,
+            chan,
             &Frame::Ack {
                 acked: got,
                 limit: got + REVERSE_WINDOW,
@@ -356,7 +399,7 @@ fn receive(
             scratch,
         )
     };
-    if let Err(e) = ack(&mut s, &mut scratch, 0) {
+    if let Err(e) = ack(s, &mut scratch, 0) {
         return failed(0, format!("write: {e}"));
     }
     let mut verdict: Option<ReverseReport> = None;
@@ -365,7 +408,7 @@ fn receive(
             return failed(got, "the session failed before it ended".into());
         }
         if stop_sent.is_none() && ctl.stop.load(Ordering::Relaxed) {
-            if let Err(e) = put_frame(&mut s, &chan, &Frame::Stop, &mut scratch) {
+            if let Err(e) = put_frame(s, chan, &Frame::Stop, &mut scratch) {
                 return failed(got, format!("write: {e}"));
             }
             stop_sent = Some(Instant::now());
@@ -379,7 +422,7 @@ fn receive(
                 format!("no end frame within {idle:?} of asking the listener to stop"),
             );
         }
-        match inc.read(&mut s, encrypted) {
+        match inc.read(s, encrypted) {
             Ok(Got::Idle) => continue,
             Ok(Got::Closed) => {
                 return failed(
@@ -411,7 +454,7 @@ fn receive(
                     got += payload.len() as u64;
                     if got - last_ack >= ACK_EVERY {
                         last_ack = got;
-                        ack(&mut s, &mut scratch, got).map_err(|e| format!("write: {e}"))?;
+                        ack(s, &mut scratch, got).map_err(|e| format!("write: {e}"))?;
                     }
                     Ok(false)
                 }
@@ -420,7 +463,7 @@ fn receive(
                         .flush()
                         .map_err(|e| format!("write {}: {e}", out.name))?;
                     let ok = total == got && *hasher.finalize().as_bytes() == hash;
-                    put_frame(&mut s, &chan, &Frame::Done { total, ok }, &mut scratch)
+                    put_frame(s, chan, &Frame::Done { total, ok }, &mut scratch)
                         .map_err(|e| format!("write: {e}"))?;
                     let failure = match (total == got, ok) {
                         (false, _) => {
@@ -447,7 +490,7 @@ fn receive(
                 )),
             }
         };
-        match inc.frames(&chan, &mut on) {
+        match inc.frames(chan, &mut on) {
             Ok(true) => break,
             Ok(false) => {}
             Err(e) => return failed(got, e),
@@ -678,7 +721,11 @@ fn pump(
         frame_buf.extend_from_slice(&frame::data_header(sent, n));
         frame_buf.extend_from_slice(&f.pending[..n]);
         if let Err(e) = put(&mut s, &chan, &frame_buf, &mut scratch) {
-            return gone(sent, &format!("failed (write: {e})"));
+            // The connecting side's own reason (a refusal just before it closed) says more
+            // than the write's error: its reader thread may be about to tell it.
+            let why = said_why(&shared, Duration::from_secs(1))
+                .unwrap_or_else(|| format!("failed (write: {e})"));
+            return gone(sent, &why);
         }
         hasher.update(&f.pending[..n]);
         f.pending.drain(..n);
@@ -729,6 +776,26 @@ fn pump(
         st = shared
             .cv
             .wait_timeout(st, TICK)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+/// What the reader thread found wrong with the connection, waiting at most `wait` for it.
+fn said_why(shared: &Shared, wait: Duration) -> Option<String> {
+    let until = Instant::now() + wait;
+    let mut st = shared.st.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if let Some(why) = &st.broken {
+            return Some(why.clone());
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        st = shared
+            .cv
+            .wait_timeout(st, left)
             .unwrap_or_else(|e| e.into_inner())
             .0;
     }

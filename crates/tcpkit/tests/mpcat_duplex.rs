@@ -472,3 +472,63 @@ fn mpcat_reverse_stream_cut_fails_the_listener() {
         "the forward stream was whole"
     );
 }
+
+/// The connecting side's stdout closed early (`| head -c 1000`) while the listener's 8 MiB
+/// come back: it exits 1 naming the reverse stream and stdout, and tells the listener, which
+/// exits 1 with the connecting side's reason rather than a bare closed connection.
+#[test]
+fn mpcat_reverse_stdout_closed_early_fails_both_sides() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpdup6", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output, rev) = (dir.join("in.bin"), dir.join("out.bin"), dir.join("rev"));
+    random_file(&input, 64 << 10);
+    random_file(&rev, 8 << 20);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "-i",
+                rev.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let script = format!(
+        "{} mpcat -N -i {} {MULTIPATH_B4} {port} | head -c 1000 > /dev/null; echo \"status ${{PIPESTATUS[0]}}\"",
+        tcpkit(),
+        input.display()
+    );
+    let tx = a
+        .spawn(&mut lab, "tx", &["bash", "-c", &script])
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait(&tx, 20);
+    let log = tx.log();
+    assert!(log.contains("status 1"), "{log}");
+    assert!(
+        log.contains(
+            "tcpkit mpcat: the reverse stream (listener to here): write stdout: Broken pipe"
+        ),
+        "{log}"
+    );
+    let st = wait(&rx, 20);
+    assert_eq!(st.code(), Some(1), "listener: {st}\n{}", rx.log());
+    let log = rx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(
+            "tcpkit mpcat: the reverse stream (here to the connecting side): cut after "
+        ) && last.contains("sent a refusal: write stdout: Broken pipe"),
+        "{log}"
+    );
+}
