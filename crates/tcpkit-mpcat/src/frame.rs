@@ -11,6 +11,12 @@
 //! bytes up to `limit` (the credit: the receiver holds at most its window). When every byte is
 //! written and the hash checked it sends [`Frame::Done`] with the verdict.
 //!
+//! Duplex: the connecting side also opens one connection whose Hello carries the stream
+//! index [`REVERSE_STREAM`]; on it the roles turn round: the listener sends its own input as
+//! Data frames (its own sequence space from 0) and one End, the connecting side answers with
+//! Acks (credit) and the Done verdict, and may send [`Frame::Stop`] to ask the listener to end
+//! its stream with what it has sent so far (see [`crate::duplex`]).
+//!
 //! With `--psk-file` each connection opens instead with the two messages of a Noise
 //! handshake, each in a [`Frame::Noise`] (magic and version in the clear, so a receiver tells
 //! an encrypted sender from a stray connection); after them the frames above travel inside
@@ -40,6 +46,9 @@ pub const MAX_REASON: usize = 1024;
 pub const DATA_HDR: usize = FRAME_HDR + 8;
 /// The most streams one session may have.
 pub const MAX_STREAMS: u16 = 256;
+/// The stream index of the reverse connection (listener → connecting side): outside
+/// `0..MAX_STREAMS`, so a receiver without duplex refuses it as out of range.
+pub const REVERSE_STREAM: u16 = u16::MAX;
 
 const T_HELLO: u8 = 1;
 const T_WELCOME: u8 = 2;
@@ -49,6 +58,7 @@ const T_ACK: u8 = 5;
 const T_END: u8 = 6;
 const T_DONE: u8 = 7;
 const T_NOISE: u8 = 8;
+const T_STOP: u8 = 9;
 
 const HELLO_BODY: usize = 4 + 2 + 16 + 2 + 2 + 4;
 const WELCOME_BODY: usize = 4 + 2 + 8;
@@ -90,6 +100,9 @@ pub enum Frame<'a> {
     Done { total: u64, ok: bool },
     /// Either way, first on a `--psk-file` connection: one message of the Noise handshake.
     Noise { version: u16, msg: &'a [u8] },
+    /// connecting side → listener, on the reverse connection: end your stream now with the
+    /// bytes sent so far (the connecting side stops waiting for more: -q, or no -N).
+    Stop,
 }
 
 /// Why bytes are not a frame.
@@ -129,6 +142,7 @@ fn kind(ty: u8) -> Result<(&'static str, usize), FrameError> {
         T_END => ("end", END_BODY),
         T_DONE => ("done", DONE_BODY),
         T_NOISE => ("noise", NOISE_BODY),
+        T_STOP => ("stop", 0),
         _ => return Err(FrameError::UnknownType { ty }),
     })
 }
@@ -291,6 +305,10 @@ impl<'a> Frame<'a> {
                 }
                 Frame::Noise { version, msg }
             }
+            T_STOP => {
+                b.end()?;
+                Frame::Stop
+            }
             _ => return Err(FrameError::UnknownType { ty }),
         };
         Ok((f, total))
@@ -308,6 +326,7 @@ impl<'a> Frame<'a> {
                 Frame::End { .. } => END_BODY,
                 Frame::Done { .. } => DONE_BODY,
                 Frame::Noise { msg, .. } => 6 + msg.len(),
+                Frame::Stop => 0,
             }
     }
 
@@ -341,6 +360,7 @@ impl<'a> Frame<'a> {
                 );
                 (T_NOISE, 6 + msg.len())
             }
+            Frame::Stop => (T_STOP, 0),
         };
         out[0] = ty;
         out[1..FRAME_HDR].copy_from_slice(&(body_len as u32).to_be_bytes());
@@ -390,6 +410,7 @@ impl<'a> Frame<'a> {
                 w.put(&version.to_be_bytes());
                 w.put(msg);
             }
+            Frame::Stop => {}
         }
         n
     }
@@ -511,6 +532,7 @@ mod tests {
                 version: VERSION,
                 msg: &[0x5a; 48],
             },
+            Frame::Stop,
         ]
     }
 
@@ -609,9 +631,14 @@ mod tests {
             })
         );
         assert_eq!(
-            Frame::parse(&[9, 0, 0, 0, 0]),
-            Err(FrameError::UnknownType { ty: 9 })
+            Frame::parse(&[10, 0, 0, 0, 0]),
+            Err(FrameError::UnknownType { ty: 10 })
         );
+        // A stop carries nothing.
+        assert!(matches!(
+            Frame::parse(&[T_STOP, 0, 0, 0, 1, 0]),
+            Err(FrameError::TooLong { what: "stop", .. })
+        ));
         let empty_data = [T_DATA, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0];
         assert!(matches!(
             Frame::parse(&empty_data),
@@ -697,7 +724,7 @@ mod tests {
                 kinds.insert(std::mem::discriminant(&f));
             }
         }
-        assert_eq!(kinds.len(), 8, "every frame type has a seed");
+        assert_eq!(kinds.len(), 9, "every frame type has a seed");
     }
 
     /// Writes the seed corpus (run by hand: `cargo test -p tcpkit-mpcat write_frame_corpus
@@ -710,6 +737,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let names = [
             "hello", "welcome", "refuse", "data", "ack", "end", "done-ok", "done-bad", "noise",
+            "stop",
         ];
         let mut all = Vec::new();
         for (name, f) in names.iter().zip(samples()) {

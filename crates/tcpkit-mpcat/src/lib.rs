@@ -10,6 +10,7 @@
 //! hash; the receiver checks both and tells the sender, and each side exits 0 only then.
 //! The wire format is in [`frame`].
 
+pub mod duplex;
 pub mod frame;
 pub mod mptcp;
 pub mod paths;
@@ -23,7 +24,9 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use report::{ConnCounts, MpcatReport, MptcpReport, PathFailure, Role, StreamReport};
+pub use report::{
+    ConnCounts, MpcatReport, MptcpReport, PathFailure, ReverseReport, Role, StreamReport,
+};
 
 /// The receiver's default reorder window.
 pub const DEFAULT_WINDOW: u64 = 64 << 20;

@@ -22,11 +22,16 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::duplex::{Feed, Pump};
 use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, MAX_STREAMS, MIN_CHUNK};
 use crate::reorder::Reorder;
 use crate::secure::{Channel, Psk, HANDSHAKE_MSG, MAX_RECORD, REC_HDR};
 use crate::send::hex;
-use crate::{ConnCounts, Error, Live, MpcatReport, Output, PathFailure, Role, StreamReport};
+use crate::{
+    ConnCounts, Error, Input, Live, MpcatReport, Output, PathFailure, ReverseReport, Role,
+    StreamReport,
+};
+use std::sync::Arc;
 
 /// How the receiving side runs.
 #[derive(Debug, Clone)]
@@ -45,6 +50,9 @@ pub struct RecvConfig {
     pub psk: Option<Psk>,
     /// --mptcp: listen with IPPROTO_MPTCP (plain TCP senders are still accepted).
     pub mptcp: bool,
+    /// What goes back to the connecting side when it opens the reverse stream (duplex):
+    /// stdin, or -i FILE.
+    pub input: Input,
 }
 
 const LISTENER: Token = Token(0);
@@ -185,6 +193,22 @@ impl Conn {
     }
 }
 
+/// The reverse connection (duplex), once one joined.
+enum Reverse {
+    None,
+    /// Joined before the session's first stream: it waits for it (at most the Hello
+    /// deadline), and its token must be the session's.
+    Parked {
+        token: frame::Token,
+        sock: std::net::TcpStream,
+        chan: Option<Channel>,
+        unsent: Vec<u8>,
+        chunk: u32,
+        since: Instant,
+    },
+    Running(Pump),
+}
+
 struct Session {
     token: frame::Token,
     streams: u16,
@@ -202,12 +226,30 @@ struct Session {
 }
 
 /// Where the stream's bytes are written.
-struct Sink {
-    w: File,
-    name: String,
+pub(crate) struct Sink {
+    pub(crate) w: File,
+    pub(crate) name: String,
 }
 
-fn open_output(o: &Output) -> Result<Sink, Error> {
+impl Sink {
+    /// Closes the output (the peer's stream is whole and verified) while the session goes on
+    /// for the reverse stream, so whatever reads it sees EOF now: stdout's descriptor is
+    /// pointed at /dev/null, a file closed.
+    fn close(&mut self) {
+        let Ok(null) = File::options().write(true).open("/dev/null") else {
+            return;
+        };
+        if self.name == "stdout" {
+            use std::os::fd::AsRawFd;
+            // SAFETY: dup2 onto fd 1 of a descriptor we own; nothing else holds fd 1 open
+            // as an object (the sink's own copy is replaced just below).
+            unsafe { libc::dup2(null.as_raw_fd(), libc::STDOUT_FILENO) };
+        }
+        self.w = null;
+    }
+}
+
+pub(crate) fn open_output(o: &Output) -> Result<Sink, Error> {
     match o {
         Output::Stdout => {
             let fd = io::stdout()
@@ -240,6 +282,12 @@ pub fn run(
     on_session: &dyn Fn(&MpcatReport),
 ) -> Result<MpcatReport, Error> {
     let mut sink = open_output(&cfg.output)?;
+    // A file to send back is opened now, so a missing one is said before anything is
+    // accepted; stdin is read only once a peer asks for the reverse stream.
+    let mut feed = match &cfg.input {
+        Input::File(_) => Some(Feed::start(&cfg.input)?),
+        Input::Stdin => None,
+    };
     let mut poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
     poll.registry()
         .register(&mut listener.sock, LISTENER, Interest::READABLE)
@@ -260,16 +308,30 @@ pub fn run(
             failures: Vec::new(),
             reconnects: 0,
             none_since: None,
+            reverse: Reverse::None,
+            feed: feed.take(),
+            forward_done: false,
+            delivered: None,
         };
         let failure = rx
             .event_loop(&mut poll, &listener, &mut sink, stop, live)
             .err();
+        let reverse = rx.end_reverse(failure.is_some());
+        feed = rx.feed.take();
         counts = rx.counts;
         let had_session = rx.session.is_some();
         let mut report = rx.report(failure, &listener);
+        if let Some(r) = reverse {
+            if let (None, Some(why)) = (&report.failure, &r.failure) {
+                report.failure = Some(format!(
+                    "the reverse stream (here to the connecting side): {why}"
+                ));
+            }
+            report.reverse = Some(r);
+        }
         if had_session {
             began += 1;
-            verified += u64::from(report.verified);
+            verified += u64::from(report.verified && report.failure.is_none());
         }
         report.sessions = began;
         report.sessions_verified = verified;
@@ -313,7 +375,12 @@ impl Receiver<'_> {
         let cfg = self.cfg;
         let rx = self;
         let started = rx.started.unwrap_or_else(Instant::now);
-        let secs = started.elapsed().as_secs_f64();
+        // The forward stream's time: a reverse stream waited for afterwards is not in it.
+        let secs = rx
+            .delivered
+            .unwrap_or_else(Instant::now)
+            .duration_since(started)
+            .as_secs_f64();
         let mut streams = std::mem::take(&mut rx.finished);
         for c in rx.conns.values() {
             if let State::Stream { index, bytes, .. } = c.state {
@@ -369,7 +436,118 @@ impl Receiver<'_> {
             sessions: 0,
             sessions_verified: 0,
             failure,
+            reverse: None,
         }
+    }
+
+    /// The session is over (`failed`: before its end): the reverse stream's report, once its
+    /// thread is done (stopped at once when the session failed).
+    fn end_reverse(&mut self, failed: bool) -> Option<ReverseReport> {
+        match std::mem::replace(&mut self.reverse, Reverse::None) {
+            Reverse::Running(p) => {
+                if failed || !p.finished() {
+                    p.abort();
+                }
+                Some(p.join())
+            }
+            Reverse::Parked { .. } | Reverse::None => None,
+        }
+    }
+
+    /// A Hello with the reverse stream's index: welcomed, then handed to its own thread
+    /// (at once, or when the session's first stream comes).
+    fn join_reverse(
+        &mut self,
+        poll: &mut Poll,
+        t: Token,
+        token: frame::Token,
+        chunk: u32,
+        extra: bool,
+    ) -> Result<(), String> {
+        if extra {
+            self.counts.bad_handshake += 1;
+            self.refuse(
+                poll,
+                t,
+                "bytes after the reverse stream's hello, before its welcome",
+            );
+            return Ok(());
+        }
+        if !(MIN_CHUNK..=MAX_CHUNK).contains(&(chunk as usize)) {
+            self.counts.bad_handshake += 1;
+            self.refuse(poll, t, "chunk size out of range");
+            return Ok(());
+        }
+        let late = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.token != token || s.verdict.is_some());
+        if late || !matches!(self.reverse, Reverse::None) {
+            self.counts.wrong_token += 1;
+            self.refuse(poll, t, "not this session's token");
+            return Ok(());
+        }
+        let Some(mut c) = self.drop_conn(poll, t) else {
+            return Ok(());
+        };
+        let _ = crate::set_path_timeout(&c.sock, self.cfg.path_timeout);
+        c.put(&Frame::Welcome {
+            version: frame::VERSION,
+            window: self.cfg.window,
+        });
+        // What the socket does not take now, the reverse stream's thread writes first.
+        let _ = flush(&mut c);
+        let unsent = c.out[c.out_pos..].to_vec();
+        let sock = {
+            use std::os::fd::{FromRawFd, IntoRawFd};
+            // SAFETY: the descriptor comes out of the mio socket, which gives it up.
+            unsafe { std::net::TcpStream::from_raw_fd(c.sock.into_raw_fd()) }
+        };
+        if sock.set_nonblocking(false).is_err() {
+            self.counts.accept_errors += 1;
+            return Ok(());
+        }
+        self.reverse = Reverse::Parked {
+            token,
+            sock,
+            chan: c.chan.take(),
+            unsent,
+            chunk,
+            since: Instant::now(),
+        };
+        if self.session.is_some() {
+            self.start_pump()?;
+        }
+        Ok(())
+    }
+
+    /// Starts the parked reverse stream's thread (the session has begun).
+    fn start_pump(&mut self) -> Result<(), String> {
+        let Reverse::Parked {
+            sock,
+            chan,
+            unsent,
+            chunk,
+            ..
+        } = std::mem::replace(&mut self.reverse, Reverse::None)
+        else {
+            return Ok(());
+        };
+        let said = |e: Error| match &e.source {
+            Some(s) => format!("{e}: {s}"),
+            None => e.to_string(),
+        };
+        let feed = match &self.feed {
+            Some(f) => Arc::clone(f),
+            None => {
+                let f = Feed::start(&self.cfg.input).map_err(said)?;
+                self.feed = Some(Arc::clone(&f));
+                f
+            }
+        };
+        let pump = Pump::start(sock, chan, unsent, chunk as usize, feed).map_err(said)?;
+        self.reverse = Reverse::Running(pump);
+        Ok(())
     }
 }
 
@@ -388,6 +566,13 @@ struct Receiver<'c> {
     reconnects: u64,
     /// Since when no stream of the session has been connected.
     none_since: Option<Instant>,
+    reverse: Reverse,
+    /// The listener's input, read for the reverse streams of every session of the run.
+    feed: Option<Arc<Feed>>,
+    /// The forward stream is written and verified (the reverse one may still run).
+    forward_done: bool,
+    /// When it was.
+    delivered: Option<Instant>,
 }
 
 impl Receiver<'_> {
@@ -404,6 +589,9 @@ impl Receiver<'_> {
             if stop.load(Ordering::Relaxed) {
                 return Err(match &self.session {
                     None => "interrupted before a session began".into(),
+                    Some(_) if self.forward_done => {
+                        "interrupted before the reverse stream ended".into()
+                    }
                     Some(s) => format!(
                         "interrupted: {} bytes written, the stream not complete",
                         s.reorder.written()
@@ -451,8 +639,23 @@ impl Receiver<'_> {
                     live.total.store(total, Ordering::Relaxed);
                 }
             }
-            if self.finish(poll, sink)? {
-                return Ok(());
+            if !self.forward_done && self.finish(poll, sink)? {
+                self.forward_done = true;
+                self.delivered = Some(Instant::now());
+                if !matches!(self.reverse, Reverse::Running(_)) {
+                    return Ok(());
+                }
+                // The peer may be waiting for EOF to answer (-N); with -k the output goes
+                // on to the next session.
+                if !self.cfg.keep {
+                    sink.close();
+                }
+            }
+            if self.forward_done {
+                match &self.reverse {
+                    Reverse::Running(p) if !p.finished() => {}
+                    _ => return Ok(()),
+                }
             }
         }
     }
@@ -520,8 +723,15 @@ impl Receiver<'_> {
         }
     }
 
-    /// Closes connections whose Hello is late.
+    /// Closes connections whose Hello is late, and a reverse connection whose session's
+    /// first stream is.
     fn expire(&mut self, poll: &mut Poll, now: Instant) {
+        if let Reverse::Parked { since, .. } = &self.reverse {
+            if self.session.is_none() && now >= *since + self.cfg.handshake_timeout {
+                self.counts.handshake_timeout += 1;
+                self.reverse = Reverse::None;
+            }
+        }
         let late: Vec<Token> = self
             .conns
             .iter()
@@ -584,7 +794,8 @@ impl Receiver<'_> {
         let Some(s) = self.session.as_ref() else {
             return Ok(());
         };
-        if s.joined.iter().any(Option::is_some) {
+        // Delivered: its connections may go while the reverse stream runs.
+        if s.joined.iter().any(Option::is_some) || s.verdict.is_some() {
             self.none_since = None;
             return Ok(());
         }
@@ -884,8 +1095,17 @@ impl Receiver<'_> {
             self.refuse(poll, t, &why);
             return Ok(());
         }
+        if stream == frame::REVERSE_STREAM {
+            return self.join_reverse(poll, t, token, chunk, rest_len + raw_rest_len > 0);
+        }
+        let mut begins = false;
         match &mut self.session {
             None => {
+                if matches!(&self.reverse, Reverse::Parked { token: r, .. } if *r != token) {
+                    self.counts.wrong_token += 1;
+                    self.refuse(poll, t, "not this session's token");
+                    return Ok(());
+                }
                 let ok = (1..=MAX_STREAMS).contains(&streams)
                     && stream < streams
                     && (MIN_CHUNK..=MAX_CHUNK).contains(&(chunk as usize));
@@ -919,6 +1139,7 @@ impl Receiver<'_> {
                     verdict: None,
                 });
                 self.started = Some(Instant::now());
+                begins = true;
             }
             Some(s) => {
                 if s.token != token || s.verdict.is_some() {
@@ -950,6 +1171,9 @@ impl Receiver<'_> {
                     }
                 }
             }
+        }
+        if begins {
+            self.start_pump()?;
         }
         let Some(c) = self.conns.get_mut(&t) else {
             return Ok(());

@@ -68,6 +68,25 @@ pub struct MptcpReport {
     pub fallback: Option<String>,
 }
 
+/// The reverse direction (duplex): the listener's input to the connecting side's output,
+/// over its own connection with its own sequence space, credit, end frame and hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReverseReport {
+    /// Bytes of it sent (listener) or written out (connecting side).
+    pub bytes: u64,
+    /// Its length from its end frame, once known.
+    pub total: Option<u64>,
+    /// "blake3:<hex>" of it, once known.
+    pub hash: Option<String>,
+    /// Every byte arrived and the connecting side's hash matched the listener's.
+    pub verified: bool,
+    /// It ended because the connecting side stopped waiting for more (-q, or no -N), not at
+    /// the end of the listener's input.
+    pub stopped: bool,
+    /// Why it failed, if it did.
+    pub failure: Option<String>,
+}
+
 /// The report of one side.
 #[derive(Debug, Clone, Serialize)]
 pub struct MpcatReport {
@@ -111,6 +130,8 @@ pub struct MpcatReport {
     pub sessions_verified: u64,
     /// Why the session failed, if it did.
     pub failure: Option<String>,
+    /// The reverse direction (listener → connecting side), when the session had one.
+    pub reverse: Option<ReverseReport>,
 }
 
 fn mib(b: u64) -> f64 {
@@ -196,6 +217,22 @@ impl Report for MpcatReport {
             (Some(h), false) => s.push_str(&format!("{h}: NOT verified\n")),
             (None, _) => s.push_str("hash: not known (the stream did not end)\n"),
         }
+        if let Some(r) = &self.reverse {
+            let (verb, dir) = match self.role {
+                Role::Send => ("received", "from the listener"),
+                Role::Receive => ("sent", "to the connecting side"),
+            };
+            let how = match (&r.failure, r.verified, r.stopped) {
+                (Some(f), _, _) => format!("FAILED: {f}"),
+                (None, true, true) => "verified (stopped by the connecting side)".into(),
+                (None, true, false) => "verified".into(),
+                (None, false, _) => "NOT verified".into(),
+            };
+            s.push_str(&format!(
+                "  reverse: {verb} {} bytes {dir}, {how}\n",
+                r.bytes
+            ));
+        }
         if self.role == Role::Receive && self.sessions > 1 {
             s.push_str(&format!(
                 "sessions: {} verified of {}\n",
@@ -273,6 +310,7 @@ mod tests {
             sessions: 1,
             sessions_verified: 1,
             failure: None,
+            reverse: None,
         }
     }
 

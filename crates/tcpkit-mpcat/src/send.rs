@@ -52,6 +52,9 @@ pub struct SendConfig {
     /// --size: the input's length, known beforehand (stdin of a known length): the live line
     /// shows percent and ETA, and an input of another length fails the session.
     pub size: Option<u64>,
+    /// The session's token when the caller made it (duplex: the reverse connection, opened
+    /// first, presents it too); None: a fresh one.
+    pub token: Option<frame::Token>,
 }
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
@@ -122,7 +125,7 @@ impl Conn {
 
 /// A connected, welcomed stream: its socket, the address that answered, the receiver's
 /// window, and its keys with --psk-file.
-type Connected = (TcpStream, SocketAddr, u64, Option<Channel>);
+pub(crate) type Connected = (TcpStream, SocketAddr, u64, Option<Channel>);
 
 /// A reconnection's outcome, from its thread.
 type Reconnected = (usize, Result<Connected, Error>);
@@ -144,7 +147,7 @@ fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
     clippy::too_many_arguments,
     reason = "the session's fixed parts and this stream's own, called from the start and from reconnect threads"
 )]
-fn connect(
+pub(crate) fn connect(
     cfg: &SendConfig,
     n_streams: u16,
     lowat: Option<u32>,
@@ -167,10 +170,18 @@ fn connect(
     }
     let (mut s, addr) = match (sock, last) {
         (Some(s), _) => s,
+        (None, Some((a, e))) if index == frame::REVERSE_STREAM => {
+            return Err(Error::io(format!("the reverse stream: connect {a}"), e))
+        }
         (None, Some((a, e))) => return Err(Error::io(format!("stream {index}: connect {a}"), e)),
         (None, None) => return Err(Error::msg(format!("{}: no address", cfg.address))),
     };
-    let what = |w: &str| format!("stream {index}: {w} {addr}");
+    let name = if index == frame::REVERSE_STREAM {
+        "the reverse stream".to_string()
+    } else {
+        format!("stream {index}")
+    };
+    let what = |w: &str| format!("{name}: {w} {addr}");
     // Small frames (acks, the verdict) must not wait for Nagle.
     s.set_nodelay(true)
         .map_err(|e| Error::io(what("TCP_NODELAY on"), e))?;
@@ -610,7 +621,10 @@ pub fn run(
     if let Some(n) = cfg.size {
         live.total.store(n, Ordering::Relaxed);
     }
-    let token = crate::random_token()?;
+    let token = match cfg.token {
+        Some(t) => t,
+        None => crate::random_token()?,
+    };
     let chunk = cfg.chunk as usize;
     assert!(
         (1..=MAX_CHUNK).contains(&chunk),
@@ -882,6 +896,7 @@ pub fn run(
         sessions: 1,
         sessions_verified: u64::from(verified),
         failure,
+        reverse: None,
     })
 }
 

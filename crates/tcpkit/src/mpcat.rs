@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use tcpkit_mpcat::duplex::Wait;
 use tcpkit_mpcat::recv::RecvConfig;
 use tcpkit_mpcat::send::SendConfig;
 use tcpkit_mpcat::{frame, Input, Live, Output};
@@ -18,6 +19,15 @@ use crate::Failure;
 
 /// One byte stream over several TCP connections (netcat's job, striped): `-l -p PORT` on the
 /// receiving side, `HOST PORT` on the sending side; stdin to stdout unless -i/-o.
+///
+/// Duplex, as nc: the listener's stdin (or -i FILE) goes back to the connecting side's stdout
+/// (or -o FILE) on a connection of its own, verified like the forward stream. At the end of
+/// its input each side's stream ends with its length and hash, so the peer's output always
+/// sees EOF (what nc -N gives). The connecting side then waits for the listener's stream as
+/// -N / -q say: by default not at all (the listener ends it with what it has sent, so
+/// `mpcat -l -p P > file` finishes whatever its stdin is); with -N until the listener's input
+/// ends (e.g. a process that answers once it has read everything); with -q SECS at most SECS.
+/// Exit 0 only when every stream of both directions arrived whole and verified.
 #[derive(Debug, Parser)]
 pub struct Args {
     /// Listen for one session on --port and write what arrives (the receiving side).
@@ -48,9 +58,28 @@ pub struct Args {
     )]
     pub streams: Option<u16>,
 
-    /// Read the stream from FILE instead of stdin (sending side).
-    #[arg(short = 'i', long, value_name = "FILE", conflicts_with = "listen")]
+    /// Read the stream from FILE instead of stdin. On the listening side: what goes back to
+    /// the connecting side (the reverse stream).
+    #[arg(short = 'i', long, value_name = "FILE")]
     pub input: Option<PathBuf>,
+
+    /// Half-close and wait for the answer (connecting side): once our input has ended and
+    /// been delivered, keep the session open until the listener's input ends too, however
+    /// long that takes (as -q -1). The listener's output sees EOF at our end either way.
+    #[arg(short = 'N', long = "half-close", conflicts_with = "listen")]
+    pub half_close: bool,
+
+    /// After our input has ended and been delivered, wait at most SECS for the rest of the
+    /// listener's stream, then have it end with what it has sent (connecting side; as nc's
+    /// -q). 0 (the default without -N): not at all; -1: until the listener's input ends.
+    #[arg(
+        short = 'q',
+        long = "quit-after",
+        value_name = "SECS",
+        allow_negative_numbers = true,
+        conflicts_with = "listen"
+    )]
+    pub quit_after: Option<i64>,
 
     /// Keep listening after a session for the next one (each with its own token), writing
     /// their streams one after another; stop with SIGINT/SIGTERM (exit 0 only when every
@@ -58,7 +87,8 @@ pub struct Args {
     #[arg(short = 'k', long = "keep-listening")]
     pub keep: bool,
 
-    /// Write the stream to FILE instead of stdout (receiving side).
+    /// Write the stream to FILE instead of stdout. On the connecting side: where the
+    /// listener's stream (the reverse one) goes.
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 
@@ -116,7 +146,9 @@ pub struct Args {
     pub mptcp: bool,
 
     /// Print the report as one JSON document (schema docs/schema/mpcat.schema.json) on
-    /// stdout; the receiving side needs -o FILE then, since stdout carries the stream.
+    /// stdout; the receiving side needs -o FILE then, since stdout carries the stream. On the
+    /// connecting side without -o the session is one way (no stdout for the listener's
+    /// stream: it is not asked for).
     #[arg(long)]
     pub json: bool,
 
@@ -181,13 +213,13 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             path_timeout: a.path_timeout,
             psk,
             mptcp: a.mptcp,
+            input: a.input.clone().map_or(Input::Stdin, Input::File),
         }));
     }
     // clap's `requires` takes a bool flag as always present, so the receiving side's own
     // flags are checked here.
     for (given, flag) in [
         (a.port.is_some(), "-p/--port"),
-        (a.output.is_some(), "-o/--output"),
         (a.window.is_some(), "--window"),
         (a.keep, "-k/--keep-listening"),
     ] {
@@ -202,6 +234,11 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
     };
     if port == 0 {
         return Err(usage("PORT 0: give a port from 1 to 65535"));
+    }
+    if let Some(q) = a.quit_after.filter(|q| *q < -1) {
+        return Err(usage(format!(
+            "-q {q}: give seconds to wait (0 or more), or -1 to wait until the listener's input ends"
+        )));
     }
     if a.rate_limit == Some(0) {
         return Err(usage("--rate-limit 0: give a rate above 0 (e.g. 300M)"));
@@ -247,7 +284,22 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         psk,
         mptcp: a.mptcp,
         size: a.size,
+        token: None,
     }))
+}
+
+/// The connecting side's reverse stream: where it goes and how long to wait for it; None for
+/// the listener, and for --json without -o (stdout holds the report: a one-way session).
+pub fn reverse(a: &Args) -> Option<(Output, Wait)> {
+    if a.listen || (a.json && a.output.is_none()) {
+        return None;
+    }
+    let wait = match (a.quit_after, a.half_close) {
+        (Some(-1), _) | (None, true) => Wait::Forever,
+        (Some(q), _) if q > 0 => Wait::For(Duration::from_secs(q.unsigned_abs())),
+        _ => Wait::Now,
+    };
+    Some((a.output.clone().map_or(Output::Stdout, Output::File), wait))
 }
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
@@ -268,13 +320,14 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             move |elapsed| live.line(elapsed, &mut prev),
         )
     };
-    let result = run_side(side, &out, interrupt, &live);
+    let result = run_side(side, reverse(&args), &out, interrupt, &live);
     monitor.stop();
     result
 }
 
 fn run_side(
     side: Side,
+    back: Option<(Output, Wait)>,
     out: &OutputFlags,
     interrupt: &'static AtomicBool,
     live: &Live,
@@ -289,8 +342,26 @@ fn run_side(
                     eprintln!("tcpkit mpcat: {m}");
                 }
             };
-            let report = tcpkit_mpcat::send::run(&cfg, interrupt, live, &hint).map_err(runtime)?;
-            common::finish(&report, &out)
+            let Some((output, wait)) = back else {
+                let report =
+                    tcpkit_mpcat::send::run(&cfg, interrupt, live, &hint).map_err(runtime)?;
+                return common::finish(&report, &out);
+            };
+            let report =
+                tcpkit_mpcat::duplex::connect_side(&cfg, &output, wait, interrupt, live, &hint)
+                    .map_err(runtime)?;
+            if output == Output::Stdout {
+                // stdout carries the listener's stream: the summary goes to stderr.
+                if !out.quiet {
+                    eprint!("{}", report.human());
+                }
+                match report.verdict() {
+                    Verdict::Done => Ok(()),
+                    Verdict::Failed(why) => Err(Failure::Runtime(why)),
+                }
+            } else {
+                common::finish(&report, &out)
+            }
         }
         Side::Receive(cfg) => {
             let listener = tcpkit_mpcat::recv::bind(cfg.listen, cfg.mptcp).map_err(runtime)?;
@@ -420,6 +491,43 @@ mod tests {
     }
 
     #[test]
+    fn the_reverse_stream_and_how_long_to_wait_for_it() {
+        let r = |args: &[&str]| {
+            let mut v = vec!["mpcat"];
+            v.extend_from_slice(args);
+            reverse(&Args::try_parse_from(v).unwrap())
+        };
+        assert_eq!(r(&["h", "1"]), Some((Output::Stdout, Wait::Now)));
+        assert_eq!(r(&["-N", "h", "1"]), Some((Output::Stdout, Wait::Forever)));
+        assert_eq!(
+            r(&["-q", "-1", "h", "1"]),
+            Some((Output::Stdout, Wait::Forever))
+        );
+        assert_eq!(
+            r(&["-q", "0", "-N", "h", "1"]),
+            Some((Output::Stdout, Wait::Now))
+        );
+        assert_eq!(
+            r(&["-q", "3", "-o", "back", "h", "1"]),
+            Some((
+                Output::File("back".into()),
+                Wait::For(Duration::from_secs(3))
+            ))
+        );
+        // --json holds stdout: the session is one way unless -o says where to.
+        assert_eq!(r(&["--json", "h", "1"]), None);
+        assert!(r(&["--json", "-o", "b", "h", "1"]).is_some());
+        assert_eq!(r(&["-l", "-p", "1"]), None);
+        let Side::Receive(c) = parse(&["-l", "-p", "1", "-i", "answer"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.input, Input::File("answer".into()));
+        let Side::Send(_) = parse(&["-o", "back", "127.0.0.1", "1"]).unwrap() else {
+            panic!()
+        };
+    }
+
+    #[test]
     fn bad_values_say_which_flag() {
         let e = |args: &[&str]| parse(args).map(|_| ()).expect_err(&format!("{args:?}"));
         assert!(e(&["-l"]).contains("-p PORT"));
@@ -435,8 +543,9 @@ mod tests {
         assert!(e(&["--chunk", "2M", "127.0.0.1", "1"]).contains("--chunk"));
         // Flags of the other side are refused.
         assert!(e(&["-l", "-p", "1", "-n", "3"]).contains("--streams"));
-        assert!(e(&["-l", "-p", "1", "-i", "f"]).contains("--input"));
-        assert!(e(&["-o", "f", "127.0.0.1", "1"]).contains("--listen"));
+        assert!(e(&["-q", "-2", "h", "1"]).contains("-q -2"));
+        assert!(e(&["-l", "-p", "1", "-N"]).contains("cannot be used"));
+        assert!(e(&["-l", "-p", "1", "-q", "1"]).contains("cannot be used"));
         assert!(e(&["--window", "8M", "127.0.0.1", "1"]).contains("--listen"));
         assert!(e(&["-l", "-p", "1", "127.0.0.1", "1"]).contains("cannot be used"));
         assert!(e(&["--connect-timeout", "soon", "h", "1"]).contains("--connect-timeout"));

@@ -1,0 +1,534 @@
+//! `tcpkit mpcat` both ways (issue 12, netcat semantics): the listener's input goes back to
+//! the connecting side on its own verified stream; -N waits for the listener's answer, -q
+//! bounds the wait; a reverse stream cut short fails the connecting side, naming it. The real
+//! binary on both hosts of the lab's `multipath` topology, every stream checked outside
+//! tcpkit (sha256sum).
+
+mod common;
+use common::mpcat::{json_of, port, random_file, sha256, wait, wait_listening};
+use common::tcpkit;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tcpkit_lab::{Lab, Signal, MULTIPATH_B4};
+
+fn mkfifo(p: &Path) {
+    let st = std::process::Command::new("mkfifo")
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// A key file of `text`, mode 600.
+fn key_file(dir: &Path, text: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join("psk");
+    std::fs::write(&p, text).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+/// Both directions at once over 2 streams, plain and with --psk-file: the connecting side's
+/// 24 MiB arrive at the listener's -o and the listener's 16 MiB (-i) at the connecting
+/// side's -o, each identical; both reports say both directions were verified, and the
+/// reverse stream ended at the listener's EOF (-N waits for it), not by a Stop.
+#[test]
+fn mpcat_duplex_both_directions_arrive_identical() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpdup1", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (fwd, rev) = (dir.join("fwd.bin"), dir.join("rev.bin"));
+    random_file(&fwd, 24 << 20);
+    random_file(&rev, 16 << 20);
+    let key = key_file(&dir, "both directions, one key, 32 bytes\n");
+    let port = port();
+    let p = port.to_string();
+    for (k, extra) in [vec![], vec!["--psk-file", key.to_str().unwrap()]]
+        .into_iter()
+        .enumerate()
+    {
+        let (out, back) = (dir.join(format!("out{k}")), dir.join(format!("back{k}")));
+        let mut argv = vec![
+            tcpkit(),
+            "mpcat",
+            "-l",
+            "-p",
+            &p,
+            "-i",
+            rev.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--json",
+        ];
+        argv.extend_from_slice(&extra);
+        let rx = b
+            .spawn(&mut lab, &format!("rx{k}"), &argv)
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_listening(&b, port);
+        let mut argv = vec![
+            tcpkit(),
+            "mpcat",
+            "-N",
+            "-n",
+            "2",
+            "-i",
+            fwd.to_str().unwrap(),
+            "-o",
+            back.to_str().unwrap(),
+            "--json",
+        ];
+        argv.extend_from_slice(&extra);
+        argv.extend_from_slice(&[MULTIPATH_B4, &p]);
+        let tx = a
+            .spawn(&mut lab, &format!("tx{k}"), &argv)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let st = wait(&tx, 60);
+        assert!(st.success(), "sender: {st}\n{}", tx.log());
+        let st = wait(&rx, 10);
+        assert!(st.success(), "receiver: {st}\n{}", rx.log());
+        assert_eq!(sha256(&fwd), sha256(&out), "the forward stream differs");
+        assert_eq!(sha256(&rev), sha256(&back), "the reverse stream differs");
+        for j in [json_of(&tx), json_of(&rx)] {
+            assert_eq!(j["verified"], true, "{j}");
+            assert_eq!(j["failure"], serde_json::Value::Null, "{j}");
+            assert_eq!(j["encrypted"], k == 1, "{j}");
+            assert_eq!(j["streams"].as_array().unwrap().len(), 2, "{j}");
+            let r = &j["reverse"];
+            assert_eq!(r["verified"], true, "{j}");
+            assert_eq!(r["stopped"], false, "{j}");
+            assert_eq!(r["bytes"], 16u64 << 20, "{j}");
+            assert_eq!(r["total"], 16u64 << 20, "{j}");
+        }
+    }
+}
+
+/// -N with a shell-like peer: the listener's output and input are fifos to a process that
+/// answers only once its input has ended (`sha256sum`). The connecting side sends 8 MiB with
+/// -N: the listener closes its output when the stream is verified, so sha256sum sees EOF and
+/// answers while the session is still open, and its answer, computed from the whole input,
+/// arrives at the connecting side's -o. Both exit 0.
+#[test]
+fn mpcat_half_close_lets_the_peer_answer() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpdup2", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, answer) = (dir.join("in.bin"), dir.join("answer"));
+    let (to_peer, from_peer) = (dir.join("to-peer"), dir.join("from-peer"));
+    mkfifo(&to_peer);
+    mkfifo(&from_peer);
+    random_file(&input, 8 << 20);
+    let port = port();
+    let p = port.to_string();
+    // mpcat opens its -o before its -i, and the peer its input before its output, so neither
+    // waits on the other's fifo.
+    let peer = b
+        .spawn(
+            &mut lab,
+            "peer",
+            &[
+                "sh",
+                "-c",
+                &format!(
+                    "sha256sum < {} > {}",
+                    to_peer.display(),
+                    from_peer.display()
+                ),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                to_peer.to_str().unwrap(),
+                "-i",
+                from_peer.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-N",
+                "-n",
+                "2",
+                "-i",
+                input.to_str().unwrap(),
+                "-o",
+                answer.to_str().unwrap(),
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 30);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 10);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert!(wait(&peer, 10).success(), "{}", peer.log());
+    let got = std::fs::read_to_string(&answer).unwrap();
+    assert_eq!(got, format!("{}  -\n", sha256(&input)), "the peer's answer");
+    assert!(
+        tx.log()
+            .contains("reverse: received 68 bytes from the listener, verified"),
+        "{}",
+        tx.log()
+    );
+}
+
+/// The listener's input never ends and sends nothing (a fifo it holds open itself, as a
+/// terminal nobody types into). Without -q or -N the one-way copy ends as soon as it is
+/// delivered (no new hang). With -q 2 the connecting side waits 2 s for the listener's
+/// stream, stops it, and both exit 0 with an empty reverse stream that was ended by the
+/// connecting side. Only a lower bound on the time (and a generous upper one).
+#[test]
+fn mpcat_quit_after_waits_then_stops_the_reverse_stream() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpdup3", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output, back, silent) = (
+        dir.join("in.bin"),
+        dir.join("out.bin"),
+        dir.join("back"),
+        dir.join("silent"),
+    );
+    mkfifo(&silent);
+    random_file(&input, 1 << 20);
+    let port = port();
+    let p = port.to_string();
+    // Opened read-write, the fifo has a writer for as long as mpcat runs: no EOF, no data.
+    let script = format!(
+        "exec {} mpcat -l -p {port} -o {} 0<>{}",
+        tcpkit(),
+        output.display(),
+        silent.display()
+    );
+    let rx = b
+        .spawn(&mut lab, "rx0", &["bash", "-c", &script])
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx0",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--quiet",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 30);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 10);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output));
+    assert!(
+        rx.log().contains("reverse: sent 0 bytes to the connecting side, verified (stopped by the connecting side)"),
+        "{}",
+        rx.log()
+    );
+
+    let rx = b
+        .spawn(&mut lab, "rx", &["bash", "-c", &script])
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let t0 = Instant::now();
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-q",
+                "2",
+                "-i",
+                input.to_str().unwrap(),
+                "-o",
+                back.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 30);
+    let took = t0.elapsed();
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    assert!(took >= Duration::from_secs(2), "quit after {took:?}");
+    assert!(took < Duration::from_secs(20), "quit after {took:?}");
+    let st = wait(&rx, 10);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output));
+    assert_eq!(std::fs::metadata(&back).unwrap().len(), 0);
+    let j = json_of(&tx);
+    assert_eq!(j["reverse"]["stopped"], true, "{j}");
+    assert_eq!(j["reverse"]["verified"], true, "{j}");
+    assert_eq!(j["reverse"]["bytes"], 0, "{j}");
+}
+
+/// A reverse stream cut short: the listener sends 1 MiB of its input (a fifo this test
+/// writes) and is SIGKILLed once it has arrived, before its input ends. The connecting side
+/// (-N, waiting for the rest) exits 1, its last line naming the reverse stream and the bytes
+/// that came; never 0 with a short output.
+#[test]
+fn mpcat_reverse_stream_cut_fails_the_connecting_side() {
+    use std::io::Write;
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpdup4", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output, back, feed, chunk) = (
+        dir.join("in.bin"),
+        dir.join("out.bin"),
+        dir.join("back"),
+        dir.join("feed"),
+        dir.join("chunk"),
+    );
+    mkfifo(&feed);
+    random_file(&input, 64 << 10);
+    random_file(&chunk, 1 << 20);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "-i",
+                feed.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Opening the fifo waits for the listener to open it (at its start), and the writes for
+    // the reverse stream to take them: on a thread, which hands the still open fifo back.
+    let writer = {
+        let (feed, chunk) = (feed.clone(), chunk.clone());
+        std::thread::spawn(move || {
+            let mut w = std::fs::OpenOptions::new().write(true).open(&feed).unwrap();
+            w.write_all(&std::fs::read(&chunk).unwrap()).unwrap();
+            w
+        })
+    };
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-N",
+                "-i",
+                input.to_str().unwrap(),
+                "-o",
+                back.to_str().unwrap(),
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::metadata(&back).map_or(0, |m| m.len()) < 1 << 20 {
+        assert!(
+            Instant::now() < deadline,
+            "the reverse stream did not arrive:\n{}\n{}",
+            tx.log(),
+            rx.log()
+        );
+        assert!(tx.try_status().unwrap().is_none(), "{}", tx.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let w = writer.join().unwrap();
+    rx.signal(Signal::SIGKILL).unwrap();
+    let st = wait(&tx, 20);
+    drop(w);
+    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
+    let log = tx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("tcpkit mpcat: the reverse stream (listener to here): ")
+            && last.contains("1048576 bytes"),
+        "{log}"
+    );
+    assert_eq!(sha256(&chunk), sha256(&back));
+}
+
+/// The other way round: the connecting side is SIGKILLed while the listener's reverse stream
+/// runs (1 MiB of its input arrived, the rest not yet written). The listener, whose forward
+/// stream was verified, exits 1 naming the reverse stream and the bytes it had sent.
+#[test]
+fn mpcat_reverse_stream_cut_fails_the_listener() {
+    use std::io::Write;
+
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpdup5", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output, back, feed, chunk) = (
+        dir.join("in.bin"),
+        dir.join("out.bin"),
+        dir.join("back"),
+        dir.join("feed"),
+        dir.join("chunk"),
+    );
+    mkfifo(&feed);
+    random_file(&input, 64 << 10);
+    random_file(&chunk, 1 << 20);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "-i",
+                feed.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let writer = {
+        let (feed, chunk) = (feed.clone(), chunk.clone());
+        std::thread::spawn(move || {
+            let mut w = std::fs::OpenOptions::new().write(true).open(&feed).unwrap();
+            w.write_all(&std::fs::read(&chunk).unwrap()).unwrap();
+            w
+        })
+    };
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-N",
+                "-i",
+                input.to_str().unwrap(),
+                "-o",
+                back.to_str().unwrap(),
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::metadata(&back).map_or(0, |m| m.len()) < 1 << 20 {
+        assert!(
+            Instant::now() < deadline,
+            "the reverse stream did not arrive:\n{}\n{}",
+            tx.log(),
+            rx.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let w = writer.join().unwrap();
+    tx.signal(Signal::SIGKILL).unwrap();
+    let st = wait(&rx, 20);
+    drop(w);
+    assert_eq!(st.code(), Some(1), "listener: {st}\n{}", rx.log());
+    let log = rx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("tcpkit mpcat: the reverse stream (here to the connecting side): cut after 1048576 bytes"),
+        "{log}"
+    );
+    assert_eq!(
+        sha256(&input),
+        sha256(&output),
+        "the forward stream was whole"
+    );
+}
+
+/// The connecting side's stdout closed early (`| head -c 1000`) while the listener's 8 MiB
+/// come back: it exits 1 naming the reverse stream and stdout, and tells the listener, which
+/// exits 1 with the connecting side's reason rather than a bare closed connection.
+#[test]
+fn mpcat_reverse_stdout_closed_early_fails_both_sides() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpdup6", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output, rev) = (dir.join("in.bin"), dir.join("out.bin"), dir.join("rev"));
+    random_file(&input, 64 << 10);
+    random_file(&rev, 8 << 20);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "-i",
+                rev.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let script = format!(
+        "{} mpcat -N -i {} {MULTIPATH_B4} {port} | head -c 1000 > /dev/null; echo \"status ${{PIPESTATUS[0]}}\"",
+        tcpkit(),
+        input.display()
+    );
+    let tx = a
+        .spawn(&mut lab, "tx", &["bash", "-c", &script])
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait(&tx, 20);
+    let log = tx.log();
+    assert!(log.contains("status 1"), "{log}");
+    assert!(
+        log.contains(
+            "tcpkit mpcat: the reverse stream (listener to here): write stdout: Broken pipe"
+        ),
+        "{log}"
+    );
+    let st = wait(&rx, 20);
+    assert_eq!(st.code(), Some(1), "listener: {st}\n{}", rx.log());
+    let log = rx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(
+            "tcpkit mpcat: the reverse stream (here to the connecting side): cut after "
+        ) && last.contains("sent a refusal: write stdout: Broken pipe"),
+        "{log}"
+    );
+}
