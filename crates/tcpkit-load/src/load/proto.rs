@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 
 use tcpkit_wire::dns;
+use tcpkit_wire::http::{Body, Event, HttpError, ResponseFramer};
 
 use super::config::{Payload, ResponseEnd};
 
@@ -21,17 +22,28 @@ pub(crate) struct Pending {
     pub sent: u64,
 }
 
-/// Per-connection parse state (16 bytes). Meaning per payload: echo/file-len: `a` = bytes of
+/// Per-connection parse state (40 bytes, no heap). Meaning per payload: echo/file-len: `a` = bytes of
 /// the current answer seen; delimiter: `b` = delimiter bytes matched, `a` = answer bytes;
-/// redis: `a` = position in `+PONG\r\n`, `phase` 1 = inside an error line; http: see
-/// [`Proto::feed_http`].
-#[derive(Debug, Clone, Copy, Default)]
+/// redis: `a` = position in `+PONG\r\n`, `phase` 1 = inside an error line; http: the
+/// framer (the head of a response split across reads waits in the connection's `rbuf`).
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Rx {
     a: u64,
     b: u32,
-    c: u16,
     phase: u8,
-    flags: u8,
+    http: ResponseFramer,
+}
+
+impl Default for Rx {
+    fn default() -> Rx {
+        Rx {
+            a: 0,
+            b: 0,
+            phase: 0,
+            // Bodies are counted, not kept; the bound says when an answer is not believable.
+            http: ResponseFramer::new(MAX_OPEN_ANSWER),
+        }
+    }
 }
 
 /// One complete answer: the DNS ID it carries (None: the oldest query's answer) and its code
@@ -57,12 +69,10 @@ fn bad(kind: &'static str, detail: impl Into<String>) -> BadAnswer {
     }
 }
 
-/// Longest answer accepted where the protocol sets no bound (delimiter, HTTP head).
+/// Longest answer accepted where the protocol sets no bound (delimiter, HTTP body or chunk).
 const MAX_OPEN_ANSWER: u64 = 64 << 20;
-const MAX_HTTP_HEAD: u64 = 64 << 10;
-/// Longest HTTP head line kept for parsing; longer lines are skipped (they are not the
-/// status line or a header we read).
-const MAX_HTTP_LINE: usize = 1024;
+/// Longest Redis error line.
+const MAX_ERROR_LINE: u64 = 64 << 10;
 /// Codes are counted in a per-thread array of this size (DNS RCODEs and HTTP statuses fit).
 pub(crate) const CODES: usize = 1000;
 /// The code of a DNS "answer" that is the query itself (QR clear, same ID), as a plain echo
@@ -287,7 +297,7 @@ impl Proto {
                             rx.phase = 0;
                             rx.a = 0;
                             out.push(Answer { id: None, code: 1 });
-                        } else if rx.a > MAX_HTTP_HEAD {
+                        } else if rx.a > MAX_ERROR_LINE {
                             return Err(bad("oversized answer", "Redis error line too long"));
                         }
                         continue;
@@ -312,13 +322,35 @@ impl Proto {
                 Ok(())
             }
             Kind::Http { .. } => {
-                for &byte in data {
-                    if pending.len() <= out.len() && rx.phase == H_HEAD && rx.a == 0 {
-                        return Err(unsolicited(data));
+                let mut d = data;
+                loop {
+                    if !d.is_empty() && pending.len() <= out.len() && rx.http.at_message_start() {
+                        return Err(unsolicited(d));
                     }
-                    if let Some(code) = feed_http(rx, rbuf, byte)? {
-                        out.push(Answer { id: None, code });
+                    let step = rx.http.feed(d, rbuf).map_err(bad_http)?;
+                    match step.event {
+                        Event::More => break,
+                        Event::Head(h) => {
+                            if h.body == Body::UntilClose {
+                                return Err(bad(
+                                    "malformed HTTP answer",
+                                    format!("status {} without Content-Length or chunked encoding on a keep-alive connection", h.status),
+                                ));
+                            }
+                            if h.buffered {
+                                // Idle connections hold no buffer.
+                                *rbuf = Vec::new();
+                            }
+                        }
+                        Event::Body { .. } => {}
+                        // An interim answer (1xx): the real one follows.
+                        Event::End if rx.http.status() < 200 => {}
+                        Event::End => out.push(Answer {
+                            id: None,
+                            code: rx.http.status(),
+                        }),
                     }
+                    d = &d[step.used..];
                 }
                 Ok(())
             }
@@ -387,198 +419,15 @@ fn feed_dns(rbuf: &mut Vec<u8>, data: &[u8], out: &mut Vec<Answer>) -> Result<()
     Ok(())
 }
 
-// HTTP states. `a`: head bytes (H_HEAD) or bytes left (H_BODY, H_CHUNK_DATA) or chunk size
-// (H_CHUNK_SIZE); `b`: head lines so far / trailer line length; `c`: status; flags: CHUNKED,
-// HAS_LEN, SIZE_DONE (chunk size digits ended, extension being skipped).
-const H_HEAD: u8 = 0;
-const H_BODY: u8 = 1;
-const H_CHUNK_SIZE: u8 = 2;
-const H_CHUNK_DATA: u8 = 3;
-const H_CHUNK_END: u8 = 4;
-const H_TRAILER: u8 = 5;
-const CHUNKED: u8 = 1;
-const HAS_LEN: u8 = 2;
-const SIZE_DONE: u8 = 4;
-
-/// One byte of an HTTP/1.1 response; Some(status) when it completes one.
-fn feed_http(rx: &mut Rx, line: &mut Vec<u8>, byte: u8) -> Result<Option<u16>, BadAnswer> {
-    match rx.phase {
-        H_HEAD => {
-            // Head bytes in the low half of `a`; Content-Length waits in the high half.
-            rx.a += 1;
-            if rx.a & 0xffff_ffff > MAX_HTTP_HEAD {
-                return Err(bad("oversized answer", "HTTP head above 64 KiB"));
-            }
-            if byte != b'\n' {
-                if line.len() < MAX_HTTP_LINE {
-                    line.push(byte);
-                }
-                return Ok(None);
-            }
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
-            let first = rx.b == 0;
-            rx.b += 1;
-            if first {
-                rx.c = parse_status(line)?;
-                rx.flags = 0;
-            } else if line.is_empty() {
-                *line = Vec::new();
-                let status = rx.c;
-                rx.b = 0;
-                // 1xx, 204 and 304 have no body.
-                if status < 200 || status == 204 || status == 304 {
-                    if status < 200 {
-                        // An interim answer: the real one follows.
-                        rx.a = 0;
-                        return Ok(None);
-                    }
-                    return Ok(Some(finish_http(rx, status)));
-                }
-                if rx.flags & CHUNKED != 0 {
-                    rx.phase = H_CHUNK_SIZE;
-                    rx.a = 0;
-                    rx.flags &= !SIZE_DONE;
-                } else if rx.flags & HAS_LEN != 0 {
-                    let body = rx.a >> 32;
-                    if body == 0 {
-                        return Ok(Some(finish_http(rx, status)));
-                    }
-                    rx.phase = H_BODY;
-                    rx.a = body;
-                } else {
-                    return Err(bad(
-                        "malformed HTTP answer",
-                        format!("status {status} without Content-Length or chunked encoding on a keep-alive connection"),
-                    ));
-                }
-                return Ok(None);
-            } else {
-                header(rx, line)?;
-            }
-            line.clear();
-            Ok(None)
+/// An HTTP framing error as a counted bad answer.
+fn bad_http(e: HttpError) -> BadAnswer {
+    let kind = match e {
+        HttpError::TooLarge(_) | HttpError::HeadTooLong | HttpError::TrailersTooLong => {
+            "oversized answer"
         }
-        _ => feed_http_body(rx, byte),
-    }
-}
-
-fn finish_http(rx: &mut Rx, status: u16) -> u16 {
-    *rx = Rx::default();
-    status
-}
-
-fn parse_status(line: &[u8]) -> Result<u16, BadAnswer> {
-    let text = std::str::from_utf8(line).unwrap_or("");
-    let mut parts = text.split(' ');
-    let ok_version = parts.next().is_some_and(|v| v.starts_with("HTTP/1."));
-    let code = parts.next().and_then(|c| c.parse::<u16>().ok());
-    match (ok_version, code) {
-        (true, Some(c)) if (100..CODES as u16).contains(&c) => Ok(c),
-        _ => Err(bad(
-            "malformed HTTP answer",
-            format!(
-                "status line {:?}",
-                String::from_utf8_lossy(&line[..line.len().min(40)])
-            ),
-        )),
-    }
-}
-
-/// Remembers Content-Length / Transfer-Encoding from a head line.
-fn header(rx: &mut Rx, line: &[u8]) -> Result<(), BadAnswer> {
-    let Some(colon) = line.iter().position(|&b| b == b':') else {
-        return Ok(());
+        _ => "malformed HTTP answer",
     };
-    let (name, value) = (&line[..colon], &line[colon + 1..]);
-    let value = std::str::from_utf8(value).unwrap_or("").trim();
-    if name.eq_ignore_ascii_case(b"content-length") {
-        let n: u64 = value
-            .parse()
-            .map_err(|_| bad("malformed HTTP answer", format!("Content-Length {value:?}")))?;
-        if n > MAX_OPEN_ANSWER {
-            return Err(bad("oversized answer", format!("Content-Length {n}")));
-        }
-        rx.flags |= HAS_LEN;
-        rx.a = (n << 32) | (rx.a & 0xffff_ffff);
-    } else if name.eq_ignore_ascii_case(b"transfer-encoding")
-        && value.to_ascii_lowercase().contains("chunked")
-    {
-        rx.flags |= CHUNKED;
-    }
-    Ok(())
-}
-
-fn feed_http_body(rx: &mut Rx, byte: u8) -> Result<Option<u16>, BadAnswer> {
-    match rx.phase {
-        H_BODY => {
-            rx.a -= 1;
-            if rx.a == 0 {
-                let s = rx.c;
-                return Ok(Some(finish_http(rx, s)));
-            }
-            Ok(None)
-        }
-        H_CHUNK_SIZE => {
-            if byte == b'\n' {
-                rx.flags &= !SIZE_DONE;
-                if rx.a == 0 {
-                    rx.phase = H_TRAILER;
-                    rx.b = 0;
-                } else {
-                    rx.phase = H_CHUNK_DATA;
-                }
-                return Ok(None);
-            }
-            if rx.flags & SIZE_DONE != 0 {
-                return Ok(None);
-            }
-            match (byte as char).to_digit(16) {
-                Some(d) => {
-                    rx.a = rx.a * 16 + u64::from(d);
-                    if rx.a > MAX_OPEN_ANSWER {
-                        return Err(bad("oversized answer", "HTTP chunk above 64 MiB"));
-                    }
-                }
-                None if byte == b';' || byte == b'\r' || byte == b' ' => rx.flags |= SIZE_DONE,
-                None => {
-                    return Err(bad(
-                        "malformed HTTP answer",
-                        format!("chunk size byte {byte:#04x}"),
-                    ))
-                }
-            }
-            Ok(None)
-        }
-        H_CHUNK_DATA => {
-            rx.a -= 1;
-            if rx.a == 0 {
-                rx.phase = H_CHUNK_END;
-            }
-            Ok(None)
-        }
-        H_CHUNK_END => {
-            if byte == b'\n' {
-                rx.phase = H_CHUNK_SIZE;
-                rx.a = 0;
-            }
-            Ok(None)
-        }
-        _ => {
-            // Trailer lines until an empty one.
-            if byte == b'\n' {
-                if rx.b == 0 {
-                    let s = rx.c;
-                    return Ok(Some(finish_http(rx, s)));
-                }
-                rx.b = 0;
-            } else if byte != b'\r' {
-                rx.b += 1;
-            }
-            Ok(None)
-        }
-    }
+    bad(kind, e.to_string())
 }
 
 /// KMP failure function: `fail[i]` = length of the longest proper border of `d[..=i]`.
