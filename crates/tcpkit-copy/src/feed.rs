@@ -16,7 +16,7 @@ use bytes::Bytes;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Registry, Token};
 use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
-use tcpkit_pace::now_ns;
+use tcpkit_pace::{now_ns, CaptureClock, Speed};
 use tcpkit_pcap::{CaptureFile, PcapError};
 use tcpkit_stats::CopyReport;
 use tcpkit_wire::{as_ethernet, LinkType};
@@ -201,13 +201,14 @@ pub(crate) fn stopped(stop: &AtomicBool, end_at: Option<u64>) -> bool {
     stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now_ns() >= e)
 }
 
-/// Think times of the input: (divided by, capped at), the pace the file is played at.
-pub(crate) fn pace(input: &Input) -> (f64, u64) {
+/// Think times of the input: (the speed they are divided by, capped at), the pace the file
+/// is played at.
+pub(crate) fn pace(input: &Input) -> (Speed, u64) {
     match input {
         Input::File {
             speed, max_idle_ns, ..
-        } => (*speed, max_idle_ns.unwrap_or(u64::MAX)),
-        Input::Live { .. } => (1.0, u64::MAX),
+        } => (Speed::new(*speed), max_idle_ns.unwrap_or(u64::MAX)),
+        Input::Live { .. } => (Speed::new(1.0), u64::MAX),
     }
 }
 
@@ -310,13 +311,12 @@ pub(crate) fn run<C: Consumer>(
             let file = CaptureFile::open(path).map_err(FeedError::File)?;
             let wall0 = now_ns();
             // Capture time mapped onto the wall clock: gaps capped, divided by the speed.
-            let mut virt: u64 = 0;
+            let mut clock = CaptureClock::new(Speed::new(*speed), *max_idle_ns);
             let mut packets = 0u64;
             'loops: for _ in 0..*loops {
                 let mut tracker = Tracker::new(c.tracker_config());
                 let mut it = file.packets().peekable();
-                let mut last_ts: Option<u64> = None;
-                let mut due_last = wall0 + (virt as f64 / speed) as u64;
+                clock.restart();
                 loop {
                     let now = now_ns();
                     if past_end(now) {
@@ -343,17 +343,13 @@ pub(crate) fn run<C: Consumer>(
                             }
                             Some(Ok(p)) => *p,
                         };
-                        let gap = last_ts.map_or(0, |l| p.ts_ns.saturating_sub(l));
-                        let gap = max_idle_ns.map_or(gap, |m| gap.min(m));
-                        let due = wall0 + ((virt + gap) as f64 / speed) as u64;
+                        let due = wall0.saturating_add(clock.due(p.ts_ns));
                         if due > now {
                             wait = Duration::from_nanos(due - now);
                             break;
                         }
                         it.next();
-                        virt += gap;
-                        last_ts = Some(p.ts_ns.max(last_ts.unwrap_or(0)));
-                        due_last = due;
+                        clock.take(p.ts_ns);
                         packets += 1;
                         let frame = match LinkType::from_dlt(p.linktype)
                             .ok()
@@ -381,9 +377,8 @@ pub(crate) fn run<C: Consumer>(
                     }
                     // The capture's clock runs on while we wait for the next frame, so holes
                     // and idle sessions time out as they would have.
-                    if let Some(l) = last_ts {
-                        let ahead = (now_ns().saturating_sub(due_last) as f64 * speed) as u64;
-                        tracker.tick(l + ahead, &mut evs);
+                    if let Some(t) = clock.capture_now(now_ns().saturating_sub(wall0)) {
+                        tracker.tick(t, &mut evs);
                         c.on_events(&mut evs, tracker.stats().memory_bytes);
                     }
                     c.step(events, wait.min(Duration::from_millis(50)))?;

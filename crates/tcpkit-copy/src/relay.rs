@@ -33,7 +33,7 @@ use bytes::Bytes;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use rustc_hash::FxHashMap;
-use tcpkit_pace::now_ns;
+use tcpkit_pace::{now_ns, Speed};
 use tcpkit_stats::{CopyReport, Histogram};
 
 use crate::backoff::{Backoff, Down, Gate, SILENT_NS};
@@ -230,15 +230,15 @@ struct Relay<'a> {
     report: CopyReport,
     orig: Histogram,
     target_lat: Histogram,
-    /// Think times are divided by this (offline `--speed`).
-    speed: f64,
+    /// Think times are scaled by this (offline `--speed`).
+    speed: Speed,
     /// Think times are capped at this (offline `--max-idle`), like the gaps between frames.
     max_think_ns: u64,
     differ: Option<Differ>,
 }
 
 impl<'a> Relay<'a> {
-    fn new(cfg: &'a RelayConfig, speed: f64, max_think_ns: u64) -> Result<Relay<'a>, RelayError> {
+    fn new(cfg: &'a RelayConfig, speed: Speed, max_think_ns: u64) -> Result<Relay<'a>, RelayError> {
         Ok(Relay {
             cfg,
             poll: Poll::new().map_err(io_err("create the event loop (epoll)"))?,
@@ -614,7 +614,7 @@ impl<'a> Relay<'a> {
                                     return;
                                 }
                             }
-                            let at = c.last_rx_ns + (r.think_ns as f64 / speed) as u64;
+                            let at = c.last_rx_ns + speed.wall(r.think_ns);
                             if now < at {
                                 self.arm(idx, at);
                                 return;

@@ -61,7 +61,7 @@ use bytes::Bytes;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use rustc_hash::FxHashMap;
-use tcpkit_pace::now_ns;
+use tcpkit_pace::{now_ns, Speed};
 use tcpkit_stats::{CopyReport, Histogram, TransparentStats};
 use tcpkit_wire::tcp::{Flags, Options, Segment};
 /// The `-c` prefix type, for callers that do not depend on tcpkit-wire.
@@ -627,8 +627,8 @@ struct Engine<'a> {
     orig: Histogram,
     target_lat: Histogram,
     server_ports: Vec<u16>,
-    /// Think times are divided by this (offline `--speed`).
-    speed: f64,
+    /// Think times are scaled by this (offline `--speed`).
+    speed: Speed,
     /// Think times are capped at this (offline `--max-idle`), like the gaps between frames.
     max_think_ns: u64,
     differ: Option<Differ>,
@@ -1027,7 +1027,7 @@ impl<'a> Engine<'a> {
                                 self.arm(idx, at);
                                 return;
                             }
-                            let at = f.last_rx_ns + (r.think_ns as f64 / speed) as u64;
+                            let at = f.last_rx_ns + speed.wall(r.think_ns);
                             if now < at {
                                 self.arm(idx, at);
                                 return;
