@@ -22,8 +22,8 @@ use tcpkit_stats::CopyReport;
 use tcpkit_wire::{as_ethernet, LinkType};
 
 use crate::reasm::{CloseKind, Dir, Event, SessionId, Tracker, TrackerConfig};
-use crate::relay::{Live, RelayConfig};
-use crate::rules::{self, Rule};
+use crate::relay::{CopyCounters, RelayConfig};
+use crate::transfer::{self, Rule};
 
 /// The capture's token in a mode's event loop.
 pub(crate) const CAPTURE: Token = Token(usize::MAX);
@@ -81,7 +81,7 @@ pub(crate) trait Consumer {
     fn tracker_config(&self) -> TrackerConfig {
         let c = self.cfg();
         TrackerConfig {
-            server_ports: rules::server_ports(&c.rules),
+            server_ports: transfer::server_ports(&c.rules),
             only_full: c.only_full,
             max_buffered_total: (c.max_memory / 4).max(1 << 16),
             max_buffered_per_dir: (c.max_memory / 16).clamp(1 << 14, 4 << 20),
@@ -155,7 +155,7 @@ pub(crate) trait Consumer {
     fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64);
     /// Timers, then one wait for I/O of at most `max_wait`, then the I/O.
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), Self::Error>;
-    fn publish(&self, live: &Live);
+    fn publish(&self, live: &CopyCounters);
 }
 
 pub(crate) fn realtime_ns() -> u64 {
@@ -220,7 +220,7 @@ pub(crate) fn run<C: Consumer>(
     input: &Input,
     end_at: Option<u64>,
     stop: &AtomicBool,
-    live: &Live,
+    live: &CopyCounters,
     events: &mut Events,
 ) -> Result<(), C::Error> {
     let past_end = |now: u64| stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now >= e);
@@ -228,7 +228,7 @@ pub(crate) fn run<C: Consumer>(
     let mut eth: Vec<u8> = Vec::new();
     match input {
         Input::Live { ifname } => {
-            let filter = rules::capture_filter(c.rules(), c.cfg().filter.as_deref());
+            let filter = transfer::capture_filter(c.rules(), c.cfg().filter.as_deref());
             let cap_err = |source| FeedError::Capture {
                 ifname: ifname.clone(),
                 source,

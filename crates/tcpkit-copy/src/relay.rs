@@ -42,8 +42,8 @@ use crate::diff::{ConnMeta, DiffConfig, DiffConn, Differ};
 pub use crate::feed::Input;
 use crate::feed::{self, FeedError, CAPTURE};
 use crate::reasm::{CloseKind, Dir, SessionId};
-use crate::rules::{self, Rule};
 use crate::sample::Sampler;
+use crate::transfer::{self, Rule};
 use crate::turns::{ClientBytes, ReqStart, Turns};
 
 /// What the relay does with the sessions it sees.
@@ -91,7 +91,7 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> RelayError {
 
 /// Counters the relay publishes for the live line (relaxed stores once per loop turn).
 #[derive(Debug, Default)]
-pub struct Live {
+pub struct CopyCounters {
     pub sessions_seen: AtomicU64,
     pub copies: AtomicU64,
     pub completed: AtomicU64,
@@ -109,7 +109,7 @@ pub struct Live {
     pub diff_different: AtomicU64,
 }
 
-impl Live {
+impl CopyCounters {
     /// One line: sessions, requests with the loss ratio, capture drops, memory held.
     pub fn line(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -734,7 +734,7 @@ impl<'a> Relay<'a> {
         }
     }
 
-    fn publish(&self, live: &Live) {
+    fn publish(&self, live: &CopyCounters) {
         let s = &self.report.sessions;
         let f = &s.failed;
         let st = |a: &AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
@@ -767,7 +767,7 @@ impl<'a> Relay<'a> {
         &mut self,
         events: &mut Events,
         stop: &AtomicBool,
-        live: &Live,
+        live: &CopyCounters,
         mut stopped: bool,
     ) -> Result<(), RelayError> {
         let mut deadline = feed::drain_deadline(self.cfg, stopped, CLOSE_LINGER_NS);
@@ -826,7 +826,7 @@ impl feed::Consumer for Relay<'_> {
         syn_seen: bool,
         now: u64,
     ) {
-        let Some(rule) = rules::rule_for(&self.cfg.rules, server).copied() else {
+        let Some(rule) = transfer::rule_for(&self.cfg.rules, server).copied() else {
             return;
         };
         let s = &mut self.report.sessions;
@@ -974,7 +974,7 @@ impl feed::Consumer for Relay<'_> {
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), RelayError> {
         Relay::step(self, events, max_wait)
     }
-    fn publish(&self, live: &Live) {
+    fn publish(&self, live: &CopyCounters) {
         Relay::publish(self, live);
     }
 }
@@ -987,7 +987,7 @@ pub fn run(
     input: &Input,
     duration: Option<Duration>,
     stop: &AtomicBool,
-    live: &Live,
+    live: &CopyCounters,
 ) -> Result<CopyReport, RelayError> {
     let start = now_ns();
     let end_at = duration.map(|d| start + d.as_nanos() as u64);

@@ -73,8 +73,8 @@ use crate::control::{ControlError, Msg, PacketHdr};
 use crate::diff::{ConnMeta, DiffConn, Differ};
 use crate::feed::{self, FeedError};
 use crate::reasm::{CloseKind, Dir, SessionId};
-use crate::relay::{Input, Live, RelayConfig};
-use crate::rules;
+use crate::relay::{CopyCounters, Input, RelayConfig};
+use crate::transfer;
 use crate::turns::{ClientBytes, ReqStart, Turns};
 
 /// What transparent mode adds to the relay's configuration.
@@ -1497,7 +1497,7 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    fn publish(&self, live: &Live) {
+    fn publish(&self, live: &CopyCounters) {
         let s = &self.report.sessions;
         let f = &s.failed;
         let st = |a: &std::sync::atomic::AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
@@ -1536,7 +1536,7 @@ impl<'a> Engine<'a> {
         &mut self,
         events: &mut Events,
         stop: &AtomicBool,
-        live: &Live,
+        live: &CopyCounters,
         mut stopped: bool,
     ) -> Result<(), TransparentError> {
         let mut deadline = feed::drain_deadline(self.cfg, stopped, CLOSE_LINGER_NS);
@@ -1592,7 +1592,7 @@ impl feed::Consumer for Engine<'_> {
         now: u64,
     ) {
         let isn = self.syn_isn.remove(&(client, server));
-        let Some(rule) = rules::rule_for(&self.cfg.rules, server).copied() else {
+        let Some(rule) = transfer::rule_for(&self.cfg.rules, server).copied() else {
             return;
         };
         let s = &mut self.report.sessions;
@@ -1762,7 +1762,7 @@ impl feed::Consumer for Engine<'_> {
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), TransparentError> {
         Engine::step(self, events, max_wait)
     }
-    fn publish(&self, live: &Live) {
+    fn publish(&self, live: &CopyCounters) {
         Engine::publish(self, live);
     }
 }
@@ -1777,7 +1777,7 @@ pub fn run(
     input: &Input,
     duration: Option<Duration>,
     stop: &AtomicBool,
-    live: &Live,
+    live: &CopyCounters,
 ) -> Result<CopyReport, TransparentError> {
     let start = now_ns();
     let differ = cfg
@@ -1858,7 +1858,7 @@ pub fn run(
         },
         orig: Histogram::new(),
         target_lat: Histogram::new(),
-        server_ports: rules::server_ports(&cfg.rules),
+        server_ports: transfer::server_ports(&cfg.rules),
         speed,
         max_think_ns,
         differ,

@@ -26,7 +26,9 @@ use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, MAX_STREAMS, MI
 use crate::reorder::Reorder;
 use crate::secure::{Channel, Psk, HANDSHAKE_MSG, MAX_RECORD, REC_HDR};
 use crate::send::hex;
-use crate::{ConnCounts, Error, Live, MpcatReport, Output, PathFailure, Role, StreamReport};
+use crate::{
+    ConnCounts, Error, MpcatCounters, MpcatReport, Output, PathFailure, Role, StreamReport,
+};
 
 /// How the receiving side runs.
 #[derive(Debug, Clone)]
@@ -236,7 +238,7 @@ pub fn run(
     cfg: &RecvConfig,
     mut listener: Listener,
     stop: &AtomicBool,
-    live: &Live,
+    live: &MpcatCounters,
     on_session: &dyn Fn(&MpcatReport),
 ) -> Result<MpcatReport, Error> {
     let mut sink = open_output(&cfg.output)?;
@@ -397,7 +399,7 @@ impl Receiver<'_> {
         listener: &Listener,
         sink: &mut Sink,
         stop: &AtomicBool,
-        live: &Live,
+        live: &MpcatCounters,
     ) -> Result<(), String> {
         let mut events = Events::with_capacity(512);
         loop {

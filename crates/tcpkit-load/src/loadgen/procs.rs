@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tcpkit_stats::LoadReport;
 use tcpkit_workers::{WorkerId, Workers};
 
-use super::{Config, Details, Live, LiveTotals, LoadError, Plan};
+use super::{Config, Details, LiveTotals, LoadCounters, LoadError, Plan};
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -30,7 +30,7 @@ enum Line {
 }
 
 /// In a worker: prints the live totals twice a second until `stop`.
-pub(crate) fn live_loop(live: &Live, stop: &AtomicBool) {
+pub(crate) fn live_loop(live: &LoadCounters, stop: &AtomicBool) {
     let mut ticks = 0u32;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(20));
@@ -140,7 +140,7 @@ pub(crate) fn run_parent(
     cfg: &Config,
     plan: &Plan,
     interrupt: &AtomicBool,
-    live: &Live,
+    live: &LoadCounters,
     hint: &(dyn Fn(&str) + Sync),
 ) -> Result<(LoadReport, Details), LoadError> {
     let exe = std::env::current_exe().map_err(|e| LoadError::Io {

@@ -27,7 +27,7 @@ use super::perquery::{Kind as RecKind, Rec, Sink};
 use super::profile::ArrivalTimes;
 use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
 use super::sock::{connect, connect_udp, errno_name, hint_bit, syn_was_resent, Sock, LATE_HINT};
-use super::{Live, LoadError};
+use super::{LoadCounters, LoadError};
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
 /// unique among a connection's queries in flight.
@@ -97,7 +97,7 @@ pub(crate) struct Shared<'a> {
     pub cfg: &'a Config,
     pub proto: Proto,
     pub interrupt: &'a AtomicBool,
-    pub live: &'a Live,
+    pub live: &'a LoadCounters,
     /// Says a limit's hint (once per run, through `live`).
     pub hint: &'a (dyn Fn(&str) + Sync),
     pub threads: usize,

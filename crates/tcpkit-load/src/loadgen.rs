@@ -82,7 +82,7 @@ impl LoadError {
 /// Live counters: one slot per event-loop thread (or per worker process in the parent),
 /// written with relaxed stores by their owner and summed by the live line.
 #[derive(Debug)]
-pub struct Live {
+pub struct LoadCounters {
     slots: Box<[LiveSlot]>,
     /// The limit hints given so far in this process (bits of `sock::hint_bit`): each is said
     /// once, when its limit is first hit.
@@ -116,15 +116,15 @@ pub struct LiveTotals {
 /// Slots for threads of one process or worker processes of one run.
 const LIVE_SLOTS: usize = 256;
 
-impl Default for Live {
+impl Default for LoadCounters {
     fn default() -> Self {
-        Live::new()
+        LoadCounters::new()
     }
 }
 
-impl Live {
-    pub fn new() -> Live {
-        Live {
+impl LoadCounters {
+    pub fn new() -> LoadCounters {
+        LoadCounters {
             slots: (0..LIVE_SLOTS).map(|_| LiveSlot::default()).collect(),
             hints: AtomicU32::new(0),
         }
@@ -247,7 +247,7 @@ pub(crate) struct Details {
 pub fn run(
     cfg: &Config,
     interrupt: &AtomicBool,
-    live: &Live,
+    live: &LoadCounters,
     hint: &(dyn Fn(&str) + Sync),
 ) -> Result<LoadReport, LoadError> {
     let plan = plan(cfg)?;
@@ -321,7 +321,7 @@ fn run_share(
     k: u32,
     n: u32,
     interrupt: &AtomicBool,
-    live: &Live,
+    live: &LoadCounters,
     hint: &(dyn Fn(&str) + Sync),
 ) -> Result<(LoadReport, Details), LoadError> {
     // `--duration` bounds the whole run, from here: opening the connections included.

@@ -1,4 +1,5 @@
-//! The `-x` copy rules: which production server ports are copied, and to which target.
+//! The `-x` copy rules (tcpcopy's "transfers"): which production server ports are copied,
+//! and to which target.
 //!
 //! A rule reads `[srcIP:]port-targetIP:port` (tcpcopy's syntax): sessions whose server is
 //! `port` (on `srcIP` only, when given) are replayed to `targetIP:port`. Several rules are
