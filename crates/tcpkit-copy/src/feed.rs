@@ -390,3 +390,46 @@ pub(crate) fn run<C: Consumer>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn think_times_follow_the_files_pace_and_live_input_is_real_time() {
+        let file = Input::File {
+            path: PathBuf::from("x.pcap"),
+            speed: 4.0,
+            max_idle_ns: Some(2_000_000_000),
+            loops: 1,
+        };
+        let (speed, cap) = pace(&file);
+        assert_eq!(speed.wall(400_000_000), 100_000_000);
+        assert_eq!(cap, 2_000_000_000);
+        let uncapped = Input::File {
+            path: PathBuf::from("x.pcap"),
+            speed: 0.5,
+            max_idle_ns: None,
+            loops: 1,
+        };
+        let (speed, cap) = pace(&uncapped);
+        assert_eq!(speed.wall(1), 2);
+        assert_eq!(cap, u64::MAX);
+        let live = Input::Live {
+            ifname: "any".into(),
+        };
+        let (speed, cap) = pace(&live);
+        assert_eq!(speed.wall(123_456_789), 123_456_789);
+        assert_eq!(cap, u64::MAX);
+    }
+
+    #[test]
+    fn stopped_by_the_flag_or_the_end_time() {
+        let stop = AtomicBool::new(false);
+        assert!(!stopped(&stop, None));
+        assert!(!stopped(&stop, Some(u64::MAX)));
+        assert!(stopped(&stop, Some(0)));
+        stop.store(true, Ordering::Relaxed);
+        assert!(stopped(&stop, None));
+    }
+}

@@ -674,3 +674,57 @@ pub(crate) fn judge(r: &mut LoadReport, d: &Details) {
     };
     r.failure = why;
 }
+
+#[cfg(test)]
+mod counter_tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[test]
+    fn totals_sum_the_slots_and_take_the_largest_lag() {
+        let c = LoadCounters::new();
+        for (i, lag) in [(0, 5), (1, 70), (LIVE_SLOTS - 1, 3)] {
+            c.set(
+                i,
+                &LiveTotals {
+                    open: 1,
+                    sent: 10,
+                    answered: 9,
+                    errors: 1,
+                    timeouts: 2,
+                    lag_ns: lag,
+                    hints: 0,
+                },
+            );
+        }
+        let t = c.totals();
+        assert_eq!(
+            (t.open, t.sent, t.answered, t.errors, t.timeouts, t.lag_ns),
+            (3, 30, 27, 3, 6, 70)
+        );
+        // More threads or workers than slots share slots, never index past them.
+        assert!(std::ptr::eq(c.slot(LIVE_SLOTS + 1), c.slot(1)));
+        // `set` replaces a slot (a worker's latest totals), it does not add to it.
+        c.set(1, &LiveTotals::default());
+        assert_eq!(c.totals().sent, 20);
+        assert_eq!(c.totals().lag_ns, 5);
+    }
+
+    #[test]
+    fn each_hint_is_said_once() {
+        let c = LoadCounters::new();
+        let said = Mutex::new(Vec::new());
+        let say = |h: &str| said.lock().unwrap().push(h.to_string());
+        let fds = sock::hint_bit("EMFILE", false);
+        let ports = sock::hint_bit("EADDRNOTAVAIL", false);
+        assert_ne!(fds, 0);
+        assert_ne!(fds, ports);
+        c.give_hints(fds, &say);
+        c.give_hints(fds, &say);
+        c.give_hints(fds | ports, &say);
+        c.give_hints(0, &say);
+        assert_eq!(said.lock().unwrap().len(), 2);
+        assert_eq!(c.totals().hints, fds | ports);
+    }
+}
