@@ -15,7 +15,7 @@ use tcpkit_pcap::CaptureFile;
 use crate::auth::{HandshakeError, Key};
 use crate::feed::chain;
 use crate::relay::{Input, RelayConfig};
-use crate::rules;
+use crate::transfer;
 use crate::transparent::{TransparentConfig, TransparentError};
 use tcpkit_wire::tcp::{Flags, Segment};
 use tcpkit_wire::{as_ethernet, LinkType};
@@ -71,7 +71,7 @@ pub fn run(
     let mut out = vec![match input {
         Input::Live { ifname } => capture(
             ifname,
-            &rules::capture_filter(&cfg.rules, cfg.filter.as_deref()),
+            &transfer::capture_filter(&cfg.rules, cfg.filter.as_deref()),
         ),
         Input::File { path, .. } => file(path),
     }];
@@ -272,7 +272,7 @@ fn probe_client(
         return None;
     };
     let opts = CaptureOpts {
-        filter: Some(rules::capture_filter(&cfg.rules, cfg.filter.as_deref())),
+        filter: Some(transfer::capture_filter(&cfg.rules, cfg.filter.as_deref())),
         ..CaptureOpts::default()
     };
     let mut cap = Capture::open(ifname, &opts).ok()?;

@@ -38,6 +38,7 @@ use std::rc::Rc;
 use regex::bytes::{Regex, RegexBuilder};
 use serde::Serialize;
 use tcpkit_stats::DiffStats;
+use tcpkit_wire::http::{Event, ResponseFramer};
 
 /// Body bytes kept per answer; longer bodies are compared by length and hash.
 pub const RESPONSE_CAP: usize = 64 << 10;
@@ -126,30 +127,16 @@ impl Drop for Held {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    Length(u64),
-    Chunked,
-    UntilClose,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    /// Reading a chunk-size line.
-    Size,
-    Data(u64),
-    /// The CRLF after a chunk's data.
-    DataEnd,
-    /// Trailer lines after the last chunk, up to an empty one.
-    Trailer,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Http {
+    /// A head is arriving (or none yet).
     Head,
-    Body(Framing, Chunk),
+    /// The head is whole; the body is arriving.
+    Body,
     Done,
     /// Not an HTTP/1.x response (or bytes mode): compared as bytes.
     Opaque,
+    /// The body's framing broke (a bad chunk size): the rest is compared as it comes.
+    Loose,
 }
 
 /// The answer to one request turn being received: in http mode, the HTTP messages in it (a
@@ -160,15 +147,16 @@ pub struct Acc {
     msgs: Vec<Msg>,
     mode: DiffMode,
     http: Http,
-    /// A response to HEAD: no body whatever the headers say.
-    head_req: bool,
+    /// Where each message ends (knows when one answers HEAD: no body whatever the headers
+    /// say).
+    framer: ResponseFramer,
     raw_len: u64,
+    /// The head in progress or whole, without its blank line (the framer's buffer while the
+    /// head is split across pushes).
     head: Vec<u8>,
     body: Vec<u8>,
     body_len: u64,
     hash: DefaultHasher,
-    /// Chunk-size or trailer line being read.
-    line: Vec<u8>,
     held: Held,
 }
 
@@ -215,13 +203,16 @@ impl Acc {
             } else {
                 Http::Opaque
             },
-            head_req,
+            framer: {
+                let mut f = ResponseFramer::default();
+                f.expect_head_response(head_req);
+                f
+            },
             raw_len: 0,
             head: Vec::new(),
             body: Vec::new(),
             body_len: 0,
             hash: DefaultHasher::new(),
-            line: Vec::new(),
             held: Held {
                 n: 0,
                 total: Rc::clone(total),
@@ -240,46 +231,57 @@ impl Acc {
     /// Bytes of the answer, in order.
     pub fn push(&mut self, mut b: &[u8]) {
         self.raw_len += b.len() as u64;
-        while !b.is_empty() {
+        loop {
             match self.http {
+                Http::Done if b.is_empty() => return,
                 Http::Done if self.msgs.len() < MAX_MSGS => self.next_msg(),
-                Http::Opaque | Http::Done | Http::Body(Framing::UntilClose, _) => {
+                Http::Opaque | Http::Done | Http::Loose => {
                     // Bytes after a whole message count as body: a difference either way.
                     self.body_bytes(b);
                     return;
                 }
-                Http::Head => {
-                    let from = self.head.len().saturating_sub(3);
-                    let take = b.len().min(RESPONSE_CAP - self.head.len());
-                    self.head.extend_from_slice(&b[..take]);
-                    self.held.add(take);
-                    if let Some(i) = find(&self.head[from..], b"\r\n\r\n") {
-                        let end = from + i;
-                        // Bytes of `b` past the blank line belong to the body.
-                        let past = self.head.len() - (end + 4);
-                        self.head.truncate(end);
-                        self.held.sub(past + 4);
-                        self.http = self.framing();
-                        b = &b[take - past..];
-                    } else if self.head.len() >= RESPONSE_CAP {
-                        // A head past the cap is not a response worth parsing.
-                        self.not_http();
-                        b = &b[take..];
-                    } else {
-                        return;
+                Http::Head | Http::Body => {
+                    let before = self.head.len();
+                    let step = self.framer.feed(b, &mut self.head);
+                    // The framer buffers a split head in `head`: counted as kept.
+                    match self.head.len().cmp(&before) {
+                        std::cmp::Ordering::Greater => self.held.add(self.head.len() - before),
+                        std::cmp::Ordering::Less => self.held.sub(before - self.head.len()),
+                        std::cmp::Ordering::Equal => {}
                     }
-                }
-                Http::Body(Framing::Length(left), _) => {
-                    let n = (b.len() as u64).min(left) as usize;
-                    self.body_bytes(&b[..n]);
-                    b = &b[n..];
-                    self.http = if left == n as u64 {
-                        Http::Done
-                    } else {
-                        Http::Body(Framing::Length(left - n as u64), Chunk::Size)
+                    let step = match step {
+                        Ok(step) => step,
+                        Err(_) if self.http == Http::Head => {
+                            // Not a response worth parsing: what was kept and the rest are
+                            // compared as bytes.
+                            self.not_http();
+                            continue;
+                        }
+                        Err(_) => {
+                            self.http = Http::Loose;
+                            continue;
+                        }
                     };
+                    match step.event {
+                        Event::More => return,
+                        Event::Head(h) => {
+                            if !h.buffered {
+                                self.head.extend_from_slice(&b[..step.used]);
+                                self.held.add(step.used);
+                            }
+                            // Kept without the blank line that ends it.
+                            let n = self.head.len();
+                            while self.head.last().is_some_and(|&c| c == b'\n' || c == b'\r') {
+                                self.head.pop();
+                            }
+                            self.held.sub(n - self.head.len());
+                            self.http = Http::Body;
+                        }
+                        Event::Body { from } => self.body_bytes(&b[from..step.used]),
+                        Event::End => self.http = Http::Done,
+                    }
+                    b = &b[step.used..];
                 }
-                Http::Body(Framing::Chunked, c) => b = self.chunked(c, b),
             }
         }
     }
@@ -293,8 +295,11 @@ impl Acc {
             hash: std::mem::take(&mut self.hash).finish(),
         });
         self.http = Http::Head;
-        // Pipelined requests after the first are taken for GETs.
-        self.head_req = false;
+    }
+
+    /// The next message (when none is in progress) answers a HEAD request, or not.
+    fn expect_head_response(&mut self, yes: bool) {
+        self.framer.expect_head_response(yes);
     }
 
     /// The head turned out not to be HTTP: everything kept so far becomes the body.
@@ -305,108 +310,6 @@ impl Acc {
         self.hash.write(&h);
         self.body = h;
         self.body.truncate(RESPONSE_CAP);
-    }
-
-    /// Reads the framing from a whole head.
-    fn framing(&mut self) -> Http {
-        let head = &self.head;
-        let mut lines = head.split(|&c| c == b'\n').map(trim_cr);
-        let status = lines.next().unwrap_or_default();
-        if !status.starts_with(b"HTTP/1.") {
-            // Restore the blank line so the bytes compared are the bytes received.
-            self.head.extend_from_slice(b"\r\n\r\n");
-            self.not_http();
-            return Http::Opaque;
-        }
-        let code: u16 = status
-            .split(|&c| c == b' ')
-            .nth(1)
-            .and_then(|c| std::str::from_utf8(c).ok())
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        if self.head_req || (100..200).contains(&code) || code == 204 || code == 304 {
-            return Http::Done;
-        }
-        let mut framing = Framing::UntilClose;
-        for l in lines {
-            let Some(colon) = l.iter().position(|&c| c == b':') else {
-                continue;
-            };
-            let name = &l[..colon];
-            let value = trim(&l[colon + 1..]);
-            if name.eq_ignore_ascii_case(b"transfer-encoding")
-                && value
-                    .split(|&c| c == b',')
-                    .any(|t| trim(t).eq_ignore_ascii_case(b"chunked"))
-            {
-                framing = Framing::Chunked;
-                break;
-            }
-            if name.eq_ignore_ascii_case(b"content-length") {
-                if let Some(n) = std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|v| v.parse::<u64>().ok())
-                {
-                    framing = Framing::Length(n);
-                }
-            }
-        }
-        match framing {
-            Framing::Length(0) => Http::Done,
-            f => Http::Body(f, Chunk::Size),
-        }
-    }
-
-    /// One step of de-chunking; returns what is left of `b`.
-    fn chunked<'b>(&mut self, c: Chunk, b: &'b [u8]) -> &'b [u8] {
-        match c {
-            Chunk::Data(left) => {
-                let n = (b.len() as u64).min(left) as usize;
-                self.body_bytes(&b[..n]);
-                self.http = Http::Body(
-                    Framing::Chunked,
-                    if left == n as u64 {
-                        Chunk::DataEnd
-                    } else {
-                        Chunk::Data(left - n as u64)
-                    },
-                );
-                &b[n..]
-            }
-            Chunk::Size | Chunk::DataEnd | Chunk::Trailer => {
-                let Some(nl) = b.iter().position(|&x| x == b'\n') else {
-                    self.take_line(b);
-                    return &[];
-                };
-                self.take_line(&b[..nl]);
-                let line = std::mem::take(&mut self.line);
-                let line = trim(&line);
-                self.http = match c {
-                    Chunk::DataEnd => Http::Body(Framing::Chunked, Chunk::Size),
-                    Chunk::Trailer if line.is_empty() => Http::Done,
-                    Chunk::Trailer => Http::Body(Framing::Chunked, Chunk::Trailer),
-                    _ => {
-                        let hex = line.split(|&x| x == b';').next().unwrap_or_default();
-                        match std::str::from_utf8(trim(hex))
-                            .ok()
-                            .and_then(|h| u64::from_str_radix(h, 16).ok())
-                        {
-                            Some(0) => Http::Body(Framing::Chunked, Chunk::Trailer),
-                            Some(n) => Http::Body(Framing::Chunked, Chunk::Data(n)),
-                            // A broken chunk size: the rest is compared as it comes.
-                            None => Http::Body(Framing::UntilClose, Chunk::Size),
-                        }
-                    }
-                };
-                &b[nl + 1..]
-            }
-        }
-    }
-
-    fn take_line(&mut self, b: &[u8]) {
-        // Lines longer than this are broken framing; keeping more would be unbounded.
-        let keep = b.len().min(4096usize.saturating_sub(self.line.len()));
-        self.line.extend_from_slice(&b[..keep]);
     }
 
     /// Http mode: the messages received whole so far, handed over with their kept bytes.
@@ -487,10 +390,6 @@ impl Acc {
             _held: self.held,
         }
     }
-}
-
-fn find(h: &[u8], n: &[u8]) -> Option<usize> {
-    h.windows(n.len()).position(|w| w == n)
 }
 
 fn trim_cr(l: &[u8]) -> &[u8] {
@@ -871,7 +770,7 @@ impl OrigSide {
         } else {
             let b = self.acc.take_done();
             if self.acc.at_boundary() {
-                self.acc.head_req = head_req;
+                self.acc.expect_head_response(head_req);
             }
             b
         };
@@ -1015,7 +914,7 @@ impl DiffConn {
         if self.http() {
             let batch = self.cur.take_done();
             if self.cur.at_boundary() {
-                self.cur.head_req = head_req;
+                self.cur.expect_head_response(head_req);
             }
             self.take_target(k, batch, differ);
             return;

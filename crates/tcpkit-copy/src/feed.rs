@@ -16,14 +16,14 @@ use bytes::Bytes;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Registry, Token};
 use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
-use tcpkit_pace::now_ns;
+use tcpkit_pace::{now_ns, CaptureClock, Speed};
 use tcpkit_pcap::{CaptureFile, PcapError};
 use tcpkit_stats::CopyReport;
 use tcpkit_wire::{as_ethernet, LinkType};
 
 use crate::reasm::{CloseKind, Dir, Event, SessionId, Tracker, TrackerConfig};
-use crate::relay::{Live, RelayConfig};
-use crate::rules::{self, Rule};
+use crate::relay::{CopyCounters, RelayConfig};
+use crate::transfer::{self, Rule};
 
 /// The capture's token in a mode's event loop.
 pub(crate) const CAPTURE: Token = Token(usize::MAX);
@@ -81,7 +81,7 @@ pub(crate) trait Consumer {
     fn tracker_config(&self) -> TrackerConfig {
         let c = self.cfg();
         TrackerConfig {
-            server_ports: rules::server_ports(&c.rules),
+            server_ports: transfer::server_ports(&c.rules),
             only_full: c.only_full,
             max_buffered_total: (c.max_memory / 4).max(1 << 16),
             max_buffered_per_dir: (c.max_memory / 16).clamp(1 << 14, 4 << 20),
@@ -155,7 +155,7 @@ pub(crate) trait Consumer {
     fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64);
     /// Timers, then one wait for I/O of at most `max_wait`, then the I/O.
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), Self::Error>;
-    fn publish(&self, live: &Live);
+    fn publish(&self, live: &CopyCounters);
 }
 
 pub(crate) fn realtime_ns() -> u64 {
@@ -201,13 +201,14 @@ pub(crate) fn stopped(stop: &AtomicBool, end_at: Option<u64>) -> bool {
     stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now_ns() >= e)
 }
 
-/// Think times of the input: (divided by, capped at), the pace the file is played at.
-pub(crate) fn pace(input: &Input) -> (f64, u64) {
+/// Think times of the input: (the speed they are divided by, capped at), the pace the file
+/// is played at.
+pub(crate) fn pace(input: &Input) -> (Speed, u64) {
     match input {
         Input::File {
             speed, max_idle_ns, ..
-        } => (*speed, max_idle_ns.unwrap_or(u64::MAX)),
-        Input::Live { .. } => (1.0, u64::MAX),
+        } => (Speed::new(*speed), max_idle_ns.unwrap_or(u64::MAX)),
+        Input::Live { .. } => (Speed::new(1.0), u64::MAX),
     }
 }
 
@@ -219,7 +220,7 @@ pub(crate) fn run<C: Consumer>(
     input: &Input,
     end_at: Option<u64>,
     stop: &AtomicBool,
-    live: &Live,
+    live: &CopyCounters,
     events: &mut Events,
 ) -> Result<(), C::Error> {
     let past_end = |now: u64| stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now >= e);
@@ -227,7 +228,7 @@ pub(crate) fn run<C: Consumer>(
     let mut eth: Vec<u8> = Vec::new();
     match input {
         Input::Live { ifname } => {
-            let filter = rules::capture_filter(c.rules(), c.cfg().filter.as_deref());
+            let filter = transfer::capture_filter(c.rules(), c.cfg().filter.as_deref());
             let cap_err = |source| FeedError::Capture {
                 ifname: ifname.clone(),
                 source,
@@ -310,13 +311,12 @@ pub(crate) fn run<C: Consumer>(
             let file = CaptureFile::open(path).map_err(FeedError::File)?;
             let wall0 = now_ns();
             // Capture time mapped onto the wall clock: gaps capped, divided by the speed.
-            let mut virt: u64 = 0;
+            let mut clock = CaptureClock::new(Speed::new(*speed), *max_idle_ns);
             let mut packets = 0u64;
             'loops: for _ in 0..*loops {
                 let mut tracker = Tracker::new(c.tracker_config());
                 let mut it = file.packets().peekable();
-                let mut last_ts: Option<u64> = None;
-                let mut due_last = wall0 + (virt as f64 / speed) as u64;
+                clock.restart();
                 loop {
                     let now = now_ns();
                     if past_end(now) {
@@ -343,17 +343,13 @@ pub(crate) fn run<C: Consumer>(
                             }
                             Some(Ok(p)) => *p,
                         };
-                        let gap = last_ts.map_or(0, |l| p.ts_ns.saturating_sub(l));
-                        let gap = max_idle_ns.map_or(gap, |m| gap.min(m));
-                        let due = wall0 + ((virt + gap) as f64 / speed) as u64;
+                        let due = wall0.saturating_add(clock.due(p.ts_ns));
                         if due > now {
                             wait = Duration::from_nanos(due - now);
                             break;
                         }
                         it.next();
-                        virt += gap;
-                        last_ts = Some(p.ts_ns.max(last_ts.unwrap_or(0)));
-                        due_last = due;
+                        clock.take(p.ts_ns);
                         packets += 1;
                         let frame = match LinkType::from_dlt(p.linktype)
                             .ok()
@@ -381,9 +377,8 @@ pub(crate) fn run<C: Consumer>(
                     }
                     // The capture's clock runs on while we wait for the next frame, so holes
                     // and idle sessions time out as they would have.
-                    if let Some(l) = last_ts {
-                        let ahead = (now_ns().saturating_sub(due_last) as f64 * speed) as u64;
-                        tracker.tick(l + ahead, &mut evs);
+                    if let Some(t) = clock.capture_now(now_ns().saturating_sub(wall0)) {
+                        tracker.tick(t, &mut evs);
                         c.on_events(&mut evs, tracker.stats().memory_bytes);
                     }
                     c.step(events, wait.min(Duration::from_millis(50)))?;
@@ -394,4 +389,47 @@ pub(crate) fn run<C: Consumer>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn think_times_follow_the_files_pace_and_live_input_is_real_time() {
+        let file = Input::File {
+            path: PathBuf::from("x.pcap"),
+            speed: 4.0,
+            max_idle_ns: Some(2_000_000_000),
+            loops: 1,
+        };
+        let (speed, cap) = pace(&file);
+        assert_eq!(speed.wall(400_000_000), 100_000_000);
+        assert_eq!(cap, 2_000_000_000);
+        let uncapped = Input::File {
+            path: PathBuf::from("x.pcap"),
+            speed: 0.5,
+            max_idle_ns: None,
+            loops: 1,
+        };
+        let (speed, cap) = pace(&uncapped);
+        assert_eq!(speed.wall(1), 2);
+        assert_eq!(cap, u64::MAX);
+        let live = Input::Live {
+            ifname: "any".into(),
+        };
+        let (speed, cap) = pace(&live);
+        assert_eq!(speed.wall(123_456_789), 123_456_789);
+        assert_eq!(cap, u64::MAX);
+    }
+
+    #[test]
+    fn stopped_by_the_flag_or_the_end_time() {
+        let stop = AtomicBool::new(false);
+        assert!(!stopped(&stop, None));
+        assert!(!stopped(&stop, Some(u64::MAX)));
+        assert!(stopped(&stop, Some(0)));
+        stop.store(true, Ordering::Relaxed);
+        assert!(stopped(&stop, None));
+    }
 }

@@ -5,7 +5,7 @@
 //! - [`feed`]: the input of every copy mode, a live capture or a capture file at its pace.
 //! - `turns`: a captured session's request turns and think times, with `--diff`'s original
 //!   answers, the same for every mode.
-//! - [`rules`]: the `-x` rules, the server ports tracked and the live capture's filter.
+//! - [`transfer`]: the `-x` rules (tcpcopy calls them transfers), the server ports tracked and the live capture's filter.
 //! - [`sample`]: `-r` / `--ramp`, session-consistent sampling.
 //! - [`proxy`]: the PROXY v2 header of `--proxy-protocol`.
 //! - [`control`]: the protocol between `copy --transparent` and `intercept`.
@@ -32,7 +32,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod reasm;
 pub mod relay;
-pub mod rules;
 pub mod sample;
+pub mod transfer;
 pub mod transparent;
 mod turns;

@@ -2,7 +2,7 @@
 //! by the shared responder (`tcpkit_stats::metrics`: HTTP/1.0 `GET /metrics`, bounded head,
 //! deadline, 32 connections at once in one poll loop).
 //!
-//! The body only reads the [`Live`] atomics the relay already publishes once per loop turn,
+//! The body only reads the [`CopyCounters`] atomics the relay already publishes once per loop turn,
 //! so a scrape never touches the relay's thread.
 
 use std::fmt::Write as _;
@@ -12,13 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::relay::Live;
+use crate::relay::CopyCounters;
 
 pub use tcpkit_stats::metrics::Metrics;
 
 /// Binds `addr` (the error is the caller's to report: address in use, no permission) and
 /// starts serving the relay's counters.
-pub fn start(addr: SocketAddr, live: Arc<Live>, info: Info) -> io::Result<Metrics> {
+pub fn start(addr: SocketAddr, live: Arc<CopyCounters>, info: Info) -> io::Result<Metrics> {
     let started = Instant::now();
     tcpkit_stats::metrics::start(
         addr,
@@ -36,7 +36,7 @@ pub struct Info {
 }
 
 /// The exposition text: one `# HELP`, `# TYPE` and sample per metric.
-pub fn exposition(live: &Live, info: Info, elapsed: Duration) -> String {
+pub fn exposition(live: &CopyCounters, info: Info, elapsed: Duration) -> String {
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let (copied, answered) = (g(&live.requests_copied), g(&live.requests_answered));
     let at_source = g(&live.requests_at_source);
@@ -182,7 +182,7 @@ mod tests {
 
     #[test]
     fn serves_the_counters_and_refuses_the_rest() {
-        let live = Arc::new(Live::default());
+        let live = Arc::new(CopyCounters::default());
         live.requests_at_source.store(1000, Ordering::Relaxed);
         live.requests_copied.store(1000, Ordering::Relaxed);
         live.requests_answered.store(999, Ordering::Relaxed);
@@ -228,7 +228,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let e = start(
             l.local_addr().unwrap(),
-            Arc::new(Live::default()),
+            Arc::new(CopyCounters::default()),
             Info {
                 limit_bytes: 0,
                 diff: false,

@@ -33,7 +33,7 @@ use bytes::Bytes;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use rustc_hash::FxHashMap;
-use tcpkit_pace::now_ns;
+use tcpkit_pace::{now_ns, Speed};
 use tcpkit_stats::{CopyReport, Histogram};
 
 use crate::backoff::{Backoff, Down, Gate, SILENT_NS};
@@ -42,8 +42,8 @@ use crate::diff::{ConnMeta, DiffConfig, DiffConn, Differ};
 pub use crate::feed::Input;
 use crate::feed::{self, FeedError, CAPTURE};
 use crate::reasm::{CloseKind, Dir, SessionId};
-use crate::rules::{self, Rule};
 use crate::sample::Sampler;
+use crate::transfer::{self, Rule};
 use crate::turns::{ClientBytes, ReqStart, Turns};
 
 /// What the relay does with the sessions it sees.
@@ -91,7 +91,7 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> RelayError {
 
 /// Counters the relay publishes for the live line (relaxed stores once per loop turn).
 #[derive(Debug, Default)]
-pub struct Live {
+pub struct CopyCounters {
     pub sessions_seen: AtomicU64,
     pub copies: AtomicU64,
     pub completed: AtomicU64,
@@ -109,7 +109,7 @@ pub struct Live {
     pub diff_different: AtomicU64,
 }
 
-impl Live {
+impl CopyCounters {
     /// One line: sessions, requests with the loss ratio, capture drops, memory held.
     pub fn line(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -230,15 +230,15 @@ struct Relay<'a> {
     report: CopyReport,
     orig: Histogram,
     target_lat: Histogram,
-    /// Think times are divided by this (offline `--speed`).
-    speed: f64,
+    /// Think times are scaled by this (offline `--speed`).
+    speed: Speed,
     /// Think times are capped at this (offline `--max-idle`), like the gaps between frames.
     max_think_ns: u64,
     differ: Option<Differ>,
 }
 
 impl<'a> Relay<'a> {
-    fn new(cfg: &'a RelayConfig, speed: f64, max_think_ns: u64) -> Result<Relay<'a>, RelayError> {
+    fn new(cfg: &'a RelayConfig, speed: Speed, max_think_ns: u64) -> Result<Relay<'a>, RelayError> {
         Ok(Relay {
             cfg,
             poll: Poll::new().map_err(io_err("create the event loop (epoll)"))?,
@@ -614,7 +614,7 @@ impl<'a> Relay<'a> {
                                     return;
                                 }
                             }
-                            let at = c.last_rx_ns + (r.think_ns as f64 / speed) as u64;
+                            let at = c.last_rx_ns + speed.wall(r.think_ns);
                             if now < at {
                                 self.arm(idx, at);
                                 return;
@@ -734,7 +734,7 @@ impl<'a> Relay<'a> {
         }
     }
 
-    fn publish(&self, live: &Live) {
+    fn publish(&self, live: &CopyCounters) {
         let s = &self.report.sessions;
         let f = &s.failed;
         let st = |a: &AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
@@ -767,7 +767,7 @@ impl<'a> Relay<'a> {
         &mut self,
         events: &mut Events,
         stop: &AtomicBool,
-        live: &Live,
+        live: &CopyCounters,
         mut stopped: bool,
     ) -> Result<(), RelayError> {
         let mut deadline = feed::drain_deadline(self.cfg, stopped, CLOSE_LINGER_NS);
@@ -826,7 +826,7 @@ impl feed::Consumer for Relay<'_> {
         syn_seen: bool,
         now: u64,
     ) {
-        let Some(rule) = rules::rule_for(&self.cfg.rules, server).copied() else {
+        let Some(rule) = transfer::rule_for(&self.cfg.rules, server).copied() else {
             return;
         };
         let s = &mut self.report.sessions;
@@ -974,7 +974,7 @@ impl feed::Consumer for Relay<'_> {
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), RelayError> {
         Relay::step(self, events, max_wait)
     }
-    fn publish(&self, live: &Live) {
+    fn publish(&self, live: &CopyCounters) {
         Relay::publish(self, live);
     }
 }
@@ -987,7 +987,7 @@ pub fn run(
     input: &Input,
     duration: Option<Duration>,
     stop: &AtomicBool,
-    live: &Live,
+    live: &CopyCounters,
 ) -> Result<CopyReport, RelayError> {
     let start = now_ns();
     let end_at = duration.map(|d| start + d.as_nanos() as u64);

@@ -9,7 +9,7 @@
 //! reads stops being read (back-pressure) instead of growing the server. In DNS mode every
 //! complete length-prefixed query gets its answer, in order.
 //!
-//! Counters are per thread ([`Live`]), written by their thread only and summed by readers, so the
+//! Counters are per thread ([`EchoCounters`]), written by their thread only and summed by readers, so the
 //! hot path never shares a cache line.
 //!
 //! Bounded per peer (issue 11): at most `max_conns` connections per process (by default what
@@ -210,13 +210,13 @@ impl Totals {
 
 /// Live counters of a run, readable from another thread (`--stats`).
 #[derive(Debug)]
-pub struct Live {
+pub struct EchoCounters {
     threads: Box<[ThreadCounters]>,
 }
 
-impl Live {
-    pub fn new(threads: usize) -> Live {
-        Live {
+impl EchoCounters {
+    pub fn new(threads: usize) -> EchoCounters {
+        EchoCounters {
             threads: (0..threads.max(1))
                 .map(|_| ThreadCounters::default())
                 .collect(),
@@ -353,7 +353,7 @@ pub(crate) struct Shared<'a> {
 pub fn run(
     cfg: &EchoConfig,
     stop: &AtomicBool,
-    live: &Live,
+    live: &EchoCounters,
     hint: &(dyn Fn(&str) + Sync),
 ) -> Result<EchoReport, EchoError> {
     let fd_limit =

@@ -5,7 +5,7 @@
 //! either from holding many connections; `merge` joins the reports of several client hosts.
 
 pub mod echo;
-pub mod load;
+pub mod loadgen;
 pub mod merge;
 mod nofile;
 pub mod tune;

@@ -13,16 +13,16 @@
 //! [`Status::Check`]: to be looked at on the host.
 
 mod apply;
+mod checks;
 mod facts;
 mod report;
-mod rules;
 
 use std::path::Path;
 
 pub use apply::{apply, Applied, NotApplied};
+pub use checks::{evaluate, fd_margin, Evaluation};
 pub use facts::{Facts, PROC_SYS, SYSCTLS};
 pub use report::{TuneReport, TUNE_SCHEMA_VERSION};
-pub use rules::{evaluate, fd_margin, Evaluation};
 
 /// Connections `tcpkit tune` plans for when `--connections` is not given.
 pub const DEFAULT_CONNECTIONS: u64 = 1_000_000;

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, REVERSE_STREAM};
 use crate::secure::{Channel, MAX_RECORD, REC_HDR};
 use crate::send::{self, SendConfig};
-use crate::{Error, Input, Live, MpcatReport, Output, ReverseReport};
+use crate::{Error, Input, MpcatCounters, MpcatReport, Output, ReverseReport};
 
 /// Credit the connecting side gives the reverse stream beyond what it has written. It bounds
 /// nothing in memory there (chunks are written as they arrive, in order, on one connection);
@@ -268,7 +268,7 @@ pub fn connect_side(
     output: &Output,
     wait: Wait,
     stop: &AtomicBool,
-    live: &Live,
+    live: &MpcatCounters,
     hint: &dyn Fn(&str),
 ) -> Result<MpcatReport, Error> {
     let token = crate::random_token()?;

@@ -83,7 +83,7 @@ impl Error {
 /// What the live view (`--stats`, the progress line) reads while a side runs: relaxed
 /// stores from the event loop, loads from the monitor's thread.
 #[derive(Debug)]
-pub struct Live {
+pub struct MpcatCounters {
     /// Stream bytes done (acknowledged on the sending side, written on the receiving side).
     pub bytes: std::sync::atomic::AtomicU64,
     /// The stream's length when known beforehand (-i FILE), else 0.
@@ -94,9 +94,9 @@ pub struct Live {
     pub per_stream: Vec<std::sync::atomic::AtomicU64>,
 }
 
-impl Default for Live {
-    fn default() -> Live {
-        Live {
+impl Default for MpcatCounters {
+    fn default() -> MpcatCounters {
+        MpcatCounters {
             bytes: Default::default(),
             total: Default::default(),
             streams: Default::default(),
@@ -107,7 +107,7 @@ impl Default for Live {
     }
 }
 
-impl Live {
+impl MpcatCounters {
     pub(crate) fn set_stream(&self, i: usize, bytes: u64) {
         use std::sync::atomic::Ordering::Relaxed;
         if let Some(s) = self.per_stream.get(i) {

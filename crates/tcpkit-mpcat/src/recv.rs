@@ -28,7 +28,7 @@ use crate::reorder::Reorder;
 use crate::secure::{Channel, Psk, HANDSHAKE_MSG, MAX_RECORD, REC_HDR};
 use crate::send::hex;
 use crate::{
-    ConnCounts, Error, Input, Live, MpcatReport, Output, PathFailure, ReverseReport, Role,
+    ConnCounts, Error, Input, MpcatCounters, MpcatReport, Output, PathFailure, ReverseReport, Role,
     StreamReport,
 };
 use std::sync::Arc;
@@ -278,7 +278,7 @@ pub fn run(
     cfg: &RecvConfig,
     mut listener: Listener,
     stop: &AtomicBool,
-    live: &Live,
+    live: &MpcatCounters,
     on_session: &dyn Fn(&MpcatReport),
 ) -> Result<MpcatReport, Error> {
     let mut sink = open_output(&cfg.output)?;
@@ -582,7 +582,7 @@ impl Receiver<'_> {
         listener: &Listener,
         sink: &mut Sink,
         stop: &AtomicBool,
-        live: &Live,
+        live: &MpcatCounters,
     ) -> Result<(), String> {
         let mut events = Events::with_capacity(512);
         loop {

@@ -20,7 +20,8 @@ use tcpkit_pace::TokenBucket;
 use crate::paths::{Egress, Paths};
 use crate::secure::{Channel, Psk, HANDSHAKE_MSG, REC_HDR, TAG};
 use crate::{
-    ConnCounts, Error, Input, Live, MpcatReport, MptcpReport, PathFailure, Role, StreamReport,
+    ConnCounts, Error, Input, MpcatCounters, MpcatReport, MptcpReport, PathFailure, Role,
+    StreamReport,
 };
 
 /// How the sending side runs.
@@ -608,7 +609,7 @@ fn register(poll: &Poll, s: TcpStream, i: usize) -> Result<mio::net::TcpStream, 
 pub fn run(
     cfg: &SendConfig,
     stop: &AtomicBool,
-    live: &Live,
+    live: &MpcatCounters,
     hint: &dyn Fn(&str),
 ) -> Result<MpcatReport, Error> {
     let input = open_input(&cfg.input)?;
@@ -1017,7 +1018,7 @@ fn event_loop(
     rx: &Receiver<FromReader>,
     conn_rx: &Receiver<Reconnected>,
     stop: &AtomicBool,
-    live: &Live,
+    live: &MpcatCounters,
 ) -> Result<(), String> {
     let mut events = Events::with_capacity(256);
     let mut rr = 0usize;

@@ -5,6 +5,8 @@
 //! `last + gap`):
 //! - [`Schedule`]: per-packet offsets for `replay` (capture timing with a multiplier, `--pps`,
 //!   `--pps-multi`, `--mbps`, `--topspeed`, `--maxsleep`, loops with a loop delay);
+//! - [`CaptureClock`] and [`Speed`]: a capture played at its own pace (copy's `--input`,
+//!   `--speed`, `--max-idle`), idle gaps capped, and capture time scaled both ways;
 //! - [`Pacer`]: the hybrid wait (sleep on an absolute deadline, then spin) that turns an offset
 //!   into a send time without holding a core at low rates;
 //! - [`ArrivalClock`]: open-loop arrival times for `load` (constant or Poisson);
@@ -18,12 +20,14 @@
 
 mod arrivals;
 mod bucket;
+mod capture;
 mod clock;
 mod schedule;
 pub mod units;
 
 pub use arrivals::{ArrivalClock, Arrivals};
 pub use bucket::TokenBucket;
+pub use capture::{CaptureClock, Speed};
 pub use clock::{now_ns, Pacer, DEFAULT_SPIN_NS};
 pub use schedule::{Rate, Schedule};
 pub use units::{parse_duration, parse_size};

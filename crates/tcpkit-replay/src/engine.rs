@@ -874,3 +874,73 @@ impl<'a> Worker<'a> {
         r.map_err(ReplayError::from)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(ok: u64) -> SendCounters {
+        SendCounters {
+            successful: ok,
+            ..SendCounters::default()
+        }
+    }
+
+    #[test]
+    fn no_failure_line_when_every_frame_went_whole() {
+        assert_eq!(failure(&sent(10), false, "eth0", Some(1500)), None);
+        assert_eq!(failure(&sent(0), true, "out.pcap", None), None);
+    }
+
+    #[test]
+    fn each_cause_is_counted_named_and_given_its_fix() {
+        let dev = SendCounters {
+            successful: 90,
+            failed: 9,
+            failed_too_big: 4,
+            failed_malformed: 2,
+            failed_stuck: 1,
+            truncated: 1,
+            ..SendCounters::default()
+        };
+        let line = failure(&dev, false, "veth0", Some(1500)).unwrap();
+        assert!(line.starts_with("10 of 100 packets not sent: "), "{line}");
+        assert!(line.contains("4 refused with Message too long (EMSGSIZE): the MTU of veth0 is 1500; truncate them with --mtu-trunc --mtu 1500"), "{line}");
+        assert!(
+            line.contains("2 refused with Invalid argument (EINVAL)"),
+            "{line}"
+        );
+        assert!(
+            line.contains("1 given up after the device queue stayed full"),
+            "{line}"
+        );
+        // The rest of `failed` (9 - 4 - 2 - 1) is the send error the run ended on.
+        assert!(
+            line.contains("2 not sent after the send error below"),
+            "{line}"
+        );
+        assert!(line.ends_with("1 truncated by the kernel"), "{line}");
+        assert!(!line.contains('\n'), "one line");
+    }
+
+    #[test]
+    fn a_dry_run_says_written_and_an_unknown_mtu_is_a_question_mark() {
+        let dev = SendCounters {
+            successful: 1,
+            failed: 3,
+            failed_too_big: 1,
+            ..SendCounters::default()
+        };
+        let line = failure(&dev, true, "out.pcap", None).unwrap();
+        assert!(line.starts_with("3 of 4 packets not written: "), "{line}");
+        assert!(line.contains("the MTU of out.pcap is ?"), "{line}");
+        assert!(line.contains("2 could not be stored in out.pcap"), "{line}");
+        // Sub-counts above the total (a sink's bug) do not underflow.
+        let odd = SendCounters {
+            failed: 1,
+            failed_too_big: 2,
+            ..SendCounters::default()
+        };
+        assert!(failure(&odd, false, "x", Some(9000)).is_some());
+    }
+}

@@ -12,6 +12,7 @@
 //!   the few tcprewrite bugs deliberately not copied).
 //! - [`flow_key`], [`shard_hash`], [`unique_ip`]: tcpreplay-style flow counting, sharding a
 //!   capture over threads, and per-loop unique flows.
+//! - [`http::ResponseFramer`]: where each HTTP/1.x response in a stream ends (load, copy).
 
 #![warn(missing_docs)]
 
@@ -19,6 +20,7 @@ mod csum;
 pub mod dns;
 mod flow;
 mod fuzz;
+pub mod http;
 mod link;
 mod parse;
 pub mod rewrite;

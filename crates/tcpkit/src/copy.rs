@@ -10,9 +10,9 @@ use std::time::Duration;
 use clap::Parser;
 use tcpkit_copy::diff::{self, DiffConfig, DiffMode};
 use tcpkit_copy::metrics;
-use tcpkit_copy::relay::{self, Input, Live, RelayConfig};
-use tcpkit_copy::rules;
+use tcpkit_copy::relay::{self, CopyCounters, Input, RelayConfig};
 use tcpkit_copy::sample::Sampler;
+use tcpkit_copy::transfer;
 use tcpkit_copy::transparent::{self, Cidr, TransparentConfig};
 use tcpkit_stats::{Monitor, MonitorOptions};
 
@@ -223,7 +223,7 @@ pub struct Run {
 /// `--transparent`, `--intercept`, `-c`: checked against the rest of the flags.
 fn resolve_transparent(
     a: &Args,
-    rules: &[rules::Rule],
+    rules: &[transfer::Rule],
 ) -> Result<Option<TransparentConfig>, Failure> {
     if !a.transparent {
         return Ok(None);
@@ -285,7 +285,7 @@ fn usage(msg: String) -> Failure {
 
 /// Every check that involves more than one flag, or a value's meaning, happens here.
 pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
-    let rules = rules::parse_rules(a.rules.iter().map(String::as_str))
+    let rules = transfer::parse_rules(a.rules.iter().map(String::as_str))
         .map_err(|e| usage(format!("-x: {e}")))?;
     if !(1..=1000).contains(&a.copies) {
         return Err(usage(format!("-n {}: must be 1 to 1000", a.copies)));
@@ -303,7 +303,7 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
         )));
     }
     if let Some(f) = &a.filter {
-        rules::check_filter(&rules, f).map_err(|why| usage(format!("-F '{f}': {why}")))?;
+        transfer::check_filter(&rules, f).map_err(|why| usage(format!("-F '{f}': {why}")))?;
     }
     let ramp = a.ramp;
     let timeout = a.timeout;
@@ -452,7 +452,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     if run.check {
         return check(&cfg, &run);
     }
-    let live = Arc::new(Live::default());
+    let live = Arc::new(CopyCounters::default());
     // Serves until this function returns, so the final counters can still be scraped.
     let _metrics = run
         .metrics

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use tcpkit_load::echo::{self, EchoConfig, EchoReport, Live, Mode};
+use tcpkit_load::echo::{self, EchoConfig, EchoCounters, EchoReport, Mode};
 use tcpkit_stats::{Monitor, MonitorOptions, Report};
 
 use crate::common::{self, OutputFlags, RunFlags};
@@ -219,7 +219,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
 }
 
 fn serve(cfg: &EchoConfig, run: &Run, interrupt: &AtomicBool) -> Result<EchoReport, Failure> {
-    let live = Arc::new(Live::new(cfg.threads));
+    let live = Arc::new(EchoCounters::new(cfg.threads));
     let mut monitor = {
         let live = Arc::clone(&live);
         let mode = cfg.mode;

@@ -1,5 +1,5 @@
 //! `tcpkit load`: what the user typed (clap; tcpclient's short options where it has them),
-//! then the resolved `tcpkit_load::load::Config` where every cross-flag check happens.
+//! then the resolved `tcpkit_load::loadgen::Config` where every cross-flag check happens.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{ArgGroup, Parser, ValueEnum};
-use tcpkit_load::load::{
-    self as lib, check_target, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config, Live,
-    LiveTotals, Payload, Procs, RateProfile, ResponseEnd,
+use tcpkit_load::loadgen::{
+    self as lib, check_target, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config,
+    LiveTotals, LoadCounters, Payload, Procs, RateProfile, ResponseEnd,
 };
 use tcpkit_stats::{Histogram, LoadReport, Monitor, MonitorOptions};
 
@@ -572,7 +572,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         tcpkit_stats::plot::check_path(p)
             .map_err(|e| Failure::Runtime(format!("--plot {}: cannot create: {e}", p.display())))?;
     }
-    let live = Arc::new(Live::new());
+    let live = Arc::new(LoadCounters::new());
     if cfg.worker.is_none() {
         if let Some(w) = per_query_warning(&args) {
             eprintln!("tcpkit load: {w}");

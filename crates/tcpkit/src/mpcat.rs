@@ -11,7 +11,7 @@ use clap::Parser;
 use tcpkit_mpcat::duplex::Wait;
 use tcpkit_mpcat::recv::RecvConfig;
 use tcpkit_mpcat::send::SendConfig;
-use tcpkit_mpcat::{frame, Input, Live, Output};
+use tcpkit_mpcat::{frame, Input, MpcatCounters, Output};
 use tcpkit_stats::{Monitor, MonitorOptions, Report, Verdict};
 
 use crate::common::{self, OutputFlags};
@@ -308,7 +308,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         json: args.json,
         quiet: args.quiet,
     };
-    let live = Arc::new(Live::default());
+    let live = Arc::new(MpcatCounters::default());
     let mut monitor = {
         let live = Arc::clone(&live);
         let mut prev = (Duration::ZERO, 0, Vec::new());
@@ -330,7 +330,7 @@ fn run_side(
     back: Option<(Output, Wait)>,
     out: &OutputFlags,
     interrupt: &'static AtomicBool,
-    live: &Live,
+    live: &MpcatCounters,
 ) -> Result<(), Failure> {
     let out = out.clone();
     let runtime = |e: tcpkit_mpcat::Error| Failure::Runtime(crate::chain(&e));

@@ -68,7 +68,7 @@ use bytes::Bytes;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use rustc_hash::FxHashMap;
-use tcpkit_pace::now_ns;
+use tcpkit_pace::{now_ns, Speed};
 use tcpkit_send::raw::RawIpSink;
 use tcpkit_stats::{CopyReport, Histogram, TransparentStats};
 use tcpkit_wire::tcp::{Flags, Options, Segment};
@@ -81,8 +81,8 @@ use crate::control::{ControlError, Msg, PacketHdr};
 use crate::diff::{ConnMeta, DiffConn, Differ};
 use crate::feed::{self, FeedError};
 use crate::reasm::{CloseKind, Dir, SessionId};
-use crate::relay::{Input, Live, RelayConfig};
-use crate::rules;
+use crate::relay::{CopyCounters, Input, RelayConfig};
+use crate::transfer;
 use crate::turns::{ClientBytes, ReqStart, Turns};
 
 /// What transparent mode adds to the relay's configuration.
@@ -354,8 +354,8 @@ struct Engine<'a> {
     orig: Histogram,
     target_lat: Histogram,
     server_ports: Vec<u16>,
-    /// Think times are divided by this (offline `--speed`).
-    speed: f64,
+    /// Think times are scaled by this (offline `--speed`).
+    speed: Speed,
     /// Think times are capped at this (offline `--max-idle`), like the gaps between frames.
     max_think_ns: u64,
     differ: Option<Differ>,
@@ -753,7 +753,7 @@ impl<'a> Engine<'a> {
                                 self.arm(idx, at);
                                 return;
                             }
-                            let at = f.last_rx_ns + (r.think_ns as f64 / speed) as u64;
+                            let at = f.last_rx_ns + speed.wall(r.think_ns);
                             if now < at {
                                 self.arm(idx, at);
                                 return;
@@ -1033,7 +1033,7 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    fn publish(&self, live: &Live) {
+    fn publish(&self, live: &CopyCounters) {
         let s = &self.report.sessions;
         let f = &s.failed;
         let st = |a: &std::sync::atomic::AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
@@ -1072,7 +1072,7 @@ impl<'a> Engine<'a> {
         &mut self,
         events: &mut Events,
         stop: &AtomicBool,
-        live: &Live,
+        live: &CopyCounters,
         mut stopped: bool,
     ) -> Result<(), TransparentError> {
         let mut deadline = feed::drain_deadline(self.cfg, stopped, CLOSE_LINGER_NS);
@@ -1128,7 +1128,7 @@ impl feed::Consumer for Engine<'_> {
         now: u64,
     ) {
         let isn = self.syn_isn.remove(&(client, server));
-        let Some(rule) = rules::rule_for(&self.cfg.rules, server).copied() else {
+        let Some(rule) = transfer::rule_for(&self.cfg.rules, server).copied() else {
             return;
         };
         let s = &mut self.report.sessions;
@@ -1298,7 +1298,7 @@ impl feed::Consumer for Engine<'_> {
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), TransparentError> {
         Engine::step(self, events, max_wait)
     }
-    fn publish(&self, live: &Live) {
+    fn publish(&self, live: &CopyCounters) {
         Engine::publish(self, live);
     }
 }
@@ -1313,7 +1313,7 @@ pub fn run(
     input: &Input,
     duration: Option<Duration>,
     stop: &AtomicBool,
-    live: &Live,
+    live: &CopyCounters,
 ) -> Result<CopyReport, TransparentError> {
     let start = now_ns();
     let differ = cfg
@@ -1394,7 +1394,7 @@ pub fn run(
         },
         orig: Histogram::new(),
         target_lat: Histogram::new(),
-        server_ports: rules::server_ports(&cfg.rules),
+        server_ports: transfer::server_ports(&cfg.rules),
         speed,
         max_think_ns,
         differ,

@@ -1,0 +1,1300 @@
+//! One event-loop thread: its share of the connections (opened at a paced rate, retried,
+//! reopened), its share of the rate (its own `ArrivalClock`, intended send times from the
+//! common start), the answers (two HDR histograms: from the intended and from the actual send
+//! time), timeouts, and what it counted.
+//!
+//! The loop is: send what is due, read what arrived, sweep for timeouts every few ms, and
+//! sleep on a timerfd set to the next due time (less a spin window, so sends leave on time
+//! without a 1 ms epoll granularity). Queries never wait for answers (open loop); when no
+//! connection can take a query, the schedule falls behind and the lag is measured.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+use tcpkit_pace::{now_ns, TokenBucket};
+use tcpkit_stats::{HdrLog, Histogram};
+
+use super::config::{share, Config};
+use super::perquery::{Kind as RecKind, Rec, Sink};
+use super::profile::ArrivalTimes;
+use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
+use super::sock::{connect, connect_udp, errno_name, hint_bit, syn_was_resent, Sock, LATE_HINT};
+use super::{LoadCounters, LoadError};
+
+/// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
+/// unique among a connection's queries in flight.
+const MAX_PENDING: usize = 1024;
+/// Bytes waiting to be written per connection at most (the server is not reading).
+const WBUF_MAX: usize = 256 << 10;
+/// While the next deadline is nearer than this, the timerfd ticks periodically instead of being
+/// re-armed for every query: timerfd_settime cost ~18 % of the client's CPU at 300k q/s (hrtimer
+/// cancel + start under a lock, worse on a VM), and each tick sends every query due by then in
+/// one write per connection. It bounds the extra delay past the intended time at high rates.
+const TICK_NS: u64 = 20_000;
+/// Queries sent in one go before reading again, so answers are timed promptly.
+const SEND_BURST: usize = 256;
+/// Most due queries written on one connection in one write (about 1 KiB of DNS queries):
+/// enough to pay a syscall and a segment for many queries, small enough that a burst is
+/// spread over several connections.
+const MAX_BATCH: usize = 32;
+/// Queries-in-flight slots a connection keeps when its queue empties: reallocating the queue
+/// for every query would be an allocation per query; freeing larger queues keeps idle
+/// connections small.
+const KEEP_PENDING: usize = 8;
+/// The error name of connects still unanswered when the run ended.
+pub(crate) const UNANSWERED_AT_END: &str = "connect unanswered at end";
+/// Wait before retrying a failed connect.
+const RETRY_DELAY_NS: u64 = 100_000_000;
+/// Scratch read size: one read takes up to this much of a connection's answers.
+const READ_CHUNK: usize = 64 << 10;
+const TIMER: Token = Token(usize::MAX - 1);
+
+/// How the timerfd is set, so that it is re-armed only when that changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Armed {
+    Off,
+    /// One shot at this CLOCK_MONOTONIC time (ns).
+    At(u64),
+    /// Every `TICK_NS`.
+    Tick,
+}
+
+/// Arms `timer` as `how`; false if the kernel refused.
+fn set_timer(timer: &TimerFd, how: Armed) -> bool {
+    let ts = |ns: u64| {
+        TimeSpec::new(
+            (ns / 1_000_000_000) as libc::time_t,
+            (ns % 1_000_000_000) as libc::c_long,
+        )
+    };
+    match how {
+        Armed::Off => timer.unset().is_ok(),
+        Armed::At(t) => timer
+            .set(
+                Expiration::OneShot(ts(t)),
+                TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+            )
+            .is_ok(),
+        Armed::Tick => timer
+            .set(
+                Expiration::Interval(ts(TICK_NS)),
+                TimerSetTimeFlags::empty(),
+            )
+            .is_ok(),
+    }
+}
+
+/// What every thread of this process shares (not Debug: it holds the hint callback).
+pub(crate) struct Shared<'a> {
+    pub cfg: &'a Config,
+    pub proto: Proto,
+    pub interrupt: &'a AtomicBool,
+    pub live: &'a LoadCounters,
+    /// Says a limit's hint (once per run, through `live`).
+    pub hint: &'a (dyn Fn(&str) + Sync),
+    pub threads: usize,
+    /// Connections of this process, and the run-wide number of its first one.
+    pub conns: u64,
+    pub conn_offset: u64,
+    /// Run-wide index of this process's first thread (seeds differ per thread).
+    pub thread_offset: u64,
+    /// This process's share of the asked rate.
+    pub rate_share: f64,
+    pub queries: Option<u64>,
+    /// Threads done opening connections; the last one sets the common start.
+    pub connected: AtomicUsize,
+    /// CLOCK_MONOTONIC ns of the query phase's start; 0 until set.
+    pub start: Arc<AtomicU64>,
+    /// CLOCK_MONOTONIC ns when the whole run ends (`--duration` from the first connect, so
+    /// that a host that never answers cannot stretch the run); `u64::MAX` without a duration.
+    pub deadline: u64,
+    /// In a worker process: set when all this process's threads are done opening; the
+    /// parent then sets `start` for every worker at once (see `procs::release`), so the
+    /// processes of one run share one query phase.
+    pub ready: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Wall-clock ns of the same instant.
+    pub wall_start: Arc<AtomicU64>,
+    /// Connections open now in this process, and the most at once.
+    pub open: AtomicU64,
+    pub peak_open: AtomicU64,
+    pub hdr_log: Option<Mutex<HdrLog>>,
+}
+
+/// What one thread counted.
+#[derive(Debug)]
+pub(crate) struct ThreadOut {
+    pub hist_intended: Histogram,
+    pub hist_sent: Histogram,
+    pub codes: Vec<u64>,
+    pub errors: BTreeMap<&'static str, u64>,
+    pub first_bad: Option<String>,
+    pub first_connect_error: Option<String>,
+    pub c: Counters,
+    /// When this thread finished opening its connections (monotonic ns).
+    pub connected_at: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Counters {
+    pub attempts: u64,
+    pub established: u64,
+    pub failed: u64,
+    pub connect_timeouts: u64,
+    pub retries: u64,
+    pub closed_by_server: u64,
+    pub reconnects: u64,
+    /// Connects that succeeded only after the SYN was sent again.
+    pub slow: u64,
+    pub scheduled: u64,
+    pub sent: u64,
+    pub answered: u64,
+    /// Answers that were the query sent back (included in `answered`).
+    pub echoed: u64,
+    pub timeouts: u64,
+    pub lost: u64,
+    pub unanswered_at_end: u64,
+    pub malformed: u64,
+    pub unmatched: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub behind: u64,
+    pub lag_max: u64,
+    pub lag_end: u64,
+    pub open_at_end: u64,
+    /// When sending stopped (monotonic ns): the end of the query phase.
+    pub stopped_at: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Waiting for its (re)connect turn at `since`.
+    Idle,
+    Connecting,
+    Open,
+    /// Given up (retries spent while opening, or the run is ending).
+    Dead,
+}
+
+/// One connection slot: ~130 bytes when idle; buffers and the queue of queries in flight are
+/// allocated only while they hold something.
+#[derive(Debug)]
+struct Conn {
+    sock: Option<Sock>,
+    state: State,
+    was_open: bool,
+    /// Reached `--queries-per-conn`: no new queries; reopened once its answers are in.
+    retiring: bool,
+    retries: u16,
+    seq: u32,
+    on_conn: u64,
+    /// Connect start (Connecting) or retry time (Idle), monotonic ns.
+    since: u64,
+    rx: Rx,
+    rbuf: Vec<u8>,
+    wbuf: Vec<u8>,
+    pending: VecDeque<Pending>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Connecting,
+    Waiting,
+    Running,
+    Draining { until: u64 },
+}
+
+enum Why<'e> {
+    ByServer,
+    Error(&'e io::Error),
+    Bad(BadAnswer),
+    /// Our decision (timeout of an in-order answer, `--queries-per-conn`, end of run).
+    Ours,
+}
+
+struct Worker<'s, 'a> {
+    sh: &'s Shared<'a>,
+    t: usize,
+    /// Run-wide number of this thread's connection 0; connection i is `base + i*stride`.
+    base: u64,
+    stride: u64,
+    conns: Vec<Conn>,
+    idle: VecDeque<u32>,
+    bucket: TokenBucket,
+    phase: Phase,
+    start: u64,
+    end: u64,
+    arrivals: Option<ArrivalTimes>,
+    next_due: u64,
+    queries_left: Option<u64>,
+    rr: usize,
+    no_conn_until: u64,
+    name_idx: usize,
+    open: u64,
+    hist_i: Histogram,
+    hist_s: Histogram,
+    ival: Option<(Histogram, Histogram, u64)>,
+    codes: Vec<u64>,
+    errors: BTreeMap<&'static str, u64>,
+    first_bad: Option<String>,
+    first_connect_error: Option<String>,
+    c: Counters,
+    sink: Option<Sink>,
+    wbuf: Vec<u8>,
+    rbuf: Vec<u8>,
+    answers: Vec<Answer>,
+    connected_at: u64,
+}
+
+pub(crate) fn run_thread(
+    sh: &Shared<'_>,
+    t: usize,
+    sink: Option<Sink>,
+) -> Result<ThreadOut, LoadError> {
+    let io_err = |what: &'static str| move |e: io::Error| LoadError::Io { what, source: e };
+    let mut poll = Poll::new().map_err(io_err("epoll_create"))?;
+    let mut events = Events::with_capacity(1024);
+    let timer = TimerFd::new(
+        ClockId::CLOCK_MONOTONIC,
+        TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+    )
+    .map_err(|e| LoadError::Io {
+        what: "timerfd_create",
+        source: e.into(),
+    })?;
+    let tfd = timer.as_fd().as_raw_fd();
+    poll.registry()
+        .register(&mut SourceFd(&tfd), TIMER, Interest::READABLE)
+        .map_err(io_err("epoll_ctl(timerfd)"))?;
+    // SAFETY: PR_SET_TIMERSLACK takes one unsigned long and touches only this thread; on
+    // failure wakeups are just less precise.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
+    }
+
+    let threads = sh.threads as u64;
+    let n = share(sh.conns, threads, t as u64);
+    let cfg = sh.cfg;
+    let frac = if sh.conns == 0 {
+        0.0
+    } else {
+        n as f64 / sh.conns as f64
+    };
+    let mut w = Worker {
+        sh,
+        t,
+        base: sh.conn_offset + t as u64,
+        stride: threads,
+        conns: (0..n)
+            .map(|_| Conn {
+                sock: None,
+                state: State::Idle,
+                was_open: false,
+                retiring: false,
+                retries: 0,
+                seq: 0,
+                on_conn: 0,
+                since: 0,
+                rx: Rx::default(),
+                rbuf: Vec::new(),
+                wbuf: Vec::new(),
+                pending: VecDeque::new(),
+            })
+            .collect(),
+        idle: (0..n as u32).collect(),
+        bucket: TokenBucket::new((cfg.connect_rate * frac).max(1e-3), 1),
+        phase: Phase::Connecting,
+        start: 0,
+        end: u64::MAX,
+        arrivals: None,
+        next_due: u64::MAX,
+        queries_left: sh.queries.map(|q| share(q, threads, t as u64)),
+        rr: 0,
+        no_conn_until: 0,
+        name_idx: t,
+        open: 0,
+        hist_i: Histogram::new(),
+        hist_s: Histogram::new(),
+        ival: sh
+            .hdr_log
+            .as_ref()
+            .map(|_| (Histogram::new(), Histogram::new(), 0)),
+        codes: vec![0; CODES],
+        errors: BTreeMap::new(),
+        first_bad: None,
+        first_connect_error: None,
+        c: Counters::default(),
+        sink,
+        wbuf: Vec::with_capacity(4096),
+        rbuf: vec![0; READ_CHUNK],
+        answers: Vec::with_capacity(256),
+        connected_at: 0,
+    };
+    w.run(&mut poll, &mut events, &timer);
+    Ok(w.finish())
+}
+
+impl Worker<'_, '_> {
+    fn key(&self, i: usize) -> u64 {
+        self.base + i as u64 * self.stride
+    }
+
+    fn run(&mut self, poll: &mut Poll, events: &mut Events, timer: &TimerFd) {
+        let sweep_every =
+            (self.sh.cfg.timeout.as_nanos() as u64 / 20).clamp(10_000_000, 100_000_000);
+        let mut next_sweep = 0u64;
+        let mut armed = Armed::Off;
+        let mut next_settle_check = 0u64;
+        loop {
+            let mut now = now_ns();
+            let past_deadline =
+                now >= self.sh.deadline && matches!(self.phase, Phase::Connecting | Phase::Waiting);
+            if past_deadline || self.sh.interrupt.load(Ordering::Relaxed) {
+                match self.phase {
+                    Phase::Running => self.stop_sending(now),
+                    Phase::Draining { .. } => break,
+                    _ => {
+                        // Interrupted, or out of time, while opening: no query phase. Every
+                        // thread sees the same flag and deadline, so none waits on another.
+                        self.phase = Phase::Draining { until: now };
+                        break;
+                    }
+                }
+            }
+            self.start_connects(now, poll);
+            match self.phase {
+                // A connection still queued to open means not settled (the queue's stale entries
+                // were popped by start_connects); the full scan runs at most once per ms, since
+                // with 50k connections per thread a scan per event would be quadratic.
+                Phase::Connecting if self.idle.is_empty() && now >= next_settle_check => {
+                    next_settle_check = now + 1_000_000;
+                    let settled = self
+                        .conns
+                        .iter()
+                        .all(|c| matches!(c.state, State::Open | State::Dead));
+                    if settled {
+                        self.connected_at = now;
+                        self.phase = Phase::Waiting;
+                        let done = self.sh.connected.fetch_add(1, Ordering::SeqCst) + 1;
+                        if done == self.sh.threads {
+                            if let Some(ready) = &self.sh.ready {
+                                ready.store(true, Ordering::SeqCst);
+                            } else {
+                                // The last thread sets the common start, a little ahead so every
+                                // thread sees it before its first send is due.
+                                let wall = std::time::SystemTime::now()
+                                    .duration_since(std::time::UNIX_EPOCH)
+                                    .map(|d| d.as_nanos() as u64)
+                                    .unwrap_or(0);
+                                self.sh.wall_start.store(wall + 2_000_000, Ordering::SeqCst);
+                                self.sh.start.store(now + 2_000_000, Ordering::SeqCst);
+                            }
+                        }
+                    }
+                }
+                Phase::Connecting => {}
+                Phase::Waiting => {
+                    let s = self.sh.start.load(Ordering::SeqCst);
+                    if s != 0 {
+                        self.begin(s);
+                    }
+                }
+                Phase::Running => {
+                    self.send_due(now);
+                    now = now_ns();
+                    let done = self.queries_left == Some(0);
+                    if now >= self.end || done {
+                        self.stop_sending(now);
+                    }
+                }
+                Phase::Draining { until } => {
+                    let empty = self.conns.iter().all(|c| c.pending.is_empty());
+                    if empty || now >= until {
+                        break;
+                    }
+                }
+            }
+            if now >= next_sweep {
+                self.sweep(now);
+                next_sweep = now + sweep_every;
+            }
+            // Sleep until the next thing is due.
+            let mut deadline = next_sweep;
+            if self.phase == Phase::Running {
+                if self.next_due < self.no_conn_until {
+                    deadline = deadline.min(self.no_conn_until);
+                } else {
+                    deadline = deadline.min(self.next_due);
+                }
+                deadline = deadline.min(self.end);
+            }
+            if let Phase::Draining { until } = self.phase {
+                deadline = deadline.min(until);
+            }
+            if self.phase == Phase::Waiting {
+                deadline = deadline.min(now + 500_000);
+            }
+            if self.phase == Phase::Connecting {
+                deadline = deadline.min(next_settle_check.max(now + 1_000));
+            }
+            if matches!(self.phase, Phase::Connecting | Phase::Waiting) {
+                deadline = deadline.min(self.sh.deadline);
+            }
+            if let Some(&i) = self.idle.front() {
+                let c = &self.conns[i as usize];
+                let at = c.since.max(now + self.bucket.time_until(now, 1));
+                deadline = deadline.min(at);
+            }
+            let timeout = if deadline <= now {
+                Some(Duration::ZERO)
+            } else {
+                let want = if deadline - now < TICK_NS {
+                    Armed::Tick
+                } else {
+                    Armed::At(deadline)
+                };
+                if want == armed || set_timer(timer, want) {
+                    armed = want;
+                    None
+                } else {
+                    // Cannot happen with a valid fd and time; poll with a short timeout.
+                    armed = Armed::Off;
+                    Some(Duration::from_millis(1))
+                }
+            };
+            if let Err(e) = poll.poll(events, timeout) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    self.count_error("epoll_wait");
+                }
+                continue;
+            }
+            let now = now_ns();
+            for ev in events.iter() {
+                let tok = ev.token();
+                if tok == TIMER {
+                    match armed {
+                        // A periodic timerfd is re-armed by the kernel only when read.
+                        Armed::Tick => {
+                            let mut buf = [0u8; 8];
+                            // SAFETY: reads 8 bytes into a local buffer from our timerfd.
+                            unsafe {
+                                libc::read(
+                                    timer.as_fd().as_raw_fd(),
+                                    buf.as_mut_ptr().cast(),
+                                    buf.len(),
+                                );
+                            }
+                        }
+                        // A one-shot is not read: mio registers edge-triggered, so the expiry
+                        // raised this event whatever the count, and the next timerfd_settime
+                        // resets the count; a read would be one more syscall per wake.
+                        Armed::At(t) if t <= now => armed = Armed::Off,
+                        _ => {}
+                    }
+                    continue;
+                }
+                let i = tok.0;
+                if i >= self.conns.len() {
+                    continue;
+                }
+                self.on_event(
+                    i,
+                    ev.is_readable() || ev.is_read_closed() || ev.is_error(),
+                    ev.is_writable() || ev.is_error(),
+                    ev.is_read_closed() || ev.is_error(),
+                    now,
+                );
+            }
+        }
+        // The end: whatever is still in flight is unanswered; close everything.
+        let now = now_ns();
+        if self.phase != Phase::Waiting && self.connected_at == 0 {
+            self.connected_at = now;
+        }
+        // Connects still unanswered when the run ended (its --duration came first): as much
+        // evidence as a connect timeout, and counted as failed so that attempts add up.
+        let mut longest = 0;
+        for c in &self.conns {
+            if c.state == State::Connecting {
+                self.c.failed += 1;
+                *self.errors.entry(UNANSWERED_AT_END).or_insert(0) += 1;
+                longest = longest.max(now.saturating_sub(c.since));
+            }
+        }
+        if longest > 0 {
+            let bit = hint_bit(
+                UNANSWERED_AT_END,
+                self.sh.peak_open.load(Ordering::Relaxed) > 0,
+            );
+            self.sh.live.give_hints(bit, self.sh.hint);
+        }
+        if longest > 0 && self.first_connect_error.is_none() {
+            self.first_connect_error = Some(format!(
+                "no answer within {:?} (still connecting when the run ended)",
+                Duration::from_millis(longest / 1_000_000)
+            ));
+        }
+        for i in 0..self.conns.len() {
+            let at = now.saturating_sub(self.start);
+            let key = self.key(i);
+            let c = &mut self.conns[i];
+            if c.state == State::Open {
+                self.c.open_at_end += 1;
+            }
+            for p in c.pending.drain(..) {
+                self.c.unanswered_at_end += 1;
+                if let Some(s) = &mut self.sink {
+                    s.push(Rec {
+                        kind: RecKind::Unanswered,
+                        conn: key,
+                        seq: p.seq,
+                        intended: p.intended,
+                        sent: p.sent,
+                        at,
+                    });
+                }
+            }
+            c.sock = None;
+        }
+        self.publish();
+    }
+
+    fn begin(&mut self, start: u64) {
+        self.start = start;
+        self.phase = Phase::Running;
+        let cfg = self.sh.cfg;
+        self.end = cfg
+            .phase_length()
+            .map(|d| start.saturating_add(d.as_nanos() as u64))
+            .unwrap_or(u64::MAX)
+            .min(self.sh.deadline);
+        if let Some(profile) = &cfg.rate {
+            let threads = self.sh.threads as u64;
+            let n = share(self.sh.conns, threads, self.t as u64);
+            let frac = self.sh.rate_share * n as f64 / self.sh.conns.max(1) as f64;
+            let kind = match cfg.arrivals {
+                super::config::ArrivalKind::Poisson { seed } => {
+                    super::config::ArrivalKind::Poisson {
+                        seed: seed
+                            ^ (self.sh.thread_offset + self.t as u64 + 1)
+                                .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    }
+                }
+                k @ super::config::ArrivalKind::Constant => k,
+            };
+            if n > 0 {
+                let mut a = ArrivalTimes::new(&profile.scaled(frac), kind);
+                self.next_due = start.saturating_add(a.next_ns());
+                self.arrivals = Some(a);
+            }
+        }
+        if let Some((_, _, next)) = &mut self.ival {
+            *next = start + 1_000_000_000;
+        }
+    }
+
+    fn stop_sending(&mut self, now: u64) {
+        if self.phase != Phase::Running {
+            return;
+        }
+        // Queries due inside the phase but never sent: the client was behind. Bounded: at
+        // most what the rate allows in the lag, counted once.
+        let end = self.end.min(now);
+        if let Some(a) = &mut self.arrivals {
+            if self.queries_left != Some(0) {
+                let mut behind = 0u64;
+                let mut due = self.next_due;
+                while due < end && behind < 100_000_000 {
+                    behind += 1;
+                    due = self.start.saturating_add(a.next_ns());
+                }
+                self.c.behind = behind;
+                self.c.lag_end = end.saturating_sub(self.next_due);
+            }
+        }
+        self.c.scheduled = self.c.sent + self.c.behind;
+        self.c.stopped_at = now.min(self.end);
+        self.phase = Phase::Draining {
+            until: now + self.sh.cfg.timeout.as_nanos() as u64,
+        };
+        self.next_due = u64::MAX;
+    }
+
+    fn send_due(&mut self, now: u64) {
+        let mut burst = 0;
+        // A query belongs to the phase when it is due before its end, whenever the loop gets
+        // to it: one due 0.3 ms before the end, reached 0.1 ms after it, is sent late (its lag
+        // measured), not counted unsent. Counting it unsent failed short runs for one query
+        // (43 of 44 sent, "asked rate not met") on a busy machine.
+        while self.next_due <= now && self.next_due < self.end && burst < SEND_BURST {
+            if self.queries_left == Some(0) {
+                return;
+            }
+            if now < self.no_conn_until {
+                break;
+            }
+            let Some(i) = self.pick() else {
+                // No connection can take a query now: the schedule falls behind (measured).
+                self.no_conn_until = now + 1_000_000;
+                break;
+            };
+            let batch = if self.sh.cfg.udp { 1 } else { MAX_BATCH };
+            burst += self.send_batch(i, now, (SEND_BURST - burst).min(batch));
+        }
+        let now = now_ns();
+        if self.next_due <= now {
+            let lag = now - self.next_due;
+            self.c.lag_max = self.c.lag_max.max(lag);
+            self.sh
+                .live
+                .slot(self.live_slot())
+                .lag_ns
+                .store(lag, Ordering::Relaxed);
+        }
+    }
+
+    fn live_slot(&self) -> usize {
+        self.t
+    }
+
+    /// The next connection, in turn, that can take a query.
+    fn pick(&mut self) -> Option<usize> {
+        let n = self.conns.len();
+        for _ in 0..n {
+            self.rr = (self.rr + 1) % n;
+            let c = &self.conns[self.rr];
+            if c.state == State::Open
+                && !c.retiring
+                && c.pending.len() < MAX_PENDING
+                && c.wbuf.len() < WBUF_MAX
+            {
+                return Some(self.rr);
+            }
+        }
+        None
+    }
+
+    /// Writes the queries due by `now` (at most `max`) on connection `i`, in one write: every
+    /// query sent is a syscall and a TCP segment through both stacks otherwise, which is what
+    /// limited the rate. Each keeps its own intended time; they share the actual send time.
+    /// Returns the number taken from the schedule (those of a failed write count as lost).
+    fn send_batch(&mut self, i: usize, now: u64, max: usize) -> usize {
+        let key = self.key(i);
+        let sent_at = now_ns();
+        let sent = sent_at.saturating_sub(self.start);
+        self.wbuf.clear();
+        let mut n = 0;
+        {
+            let c = &mut self.conns[i];
+            let per_conn = self.sh.cfg.queries_per_conn;
+            while n < max
+                && self.next_due <= now
+                && self.queries_left != Some(0)
+                && c.pending.len() < MAX_PENDING
+                && !c.retiring
+            {
+                let seq = c.seq;
+                self.sh
+                    .proto
+                    .write_query(&mut self.wbuf, key, seq, self.name_idx);
+                self.name_idx = self.name_idx.wrapping_add(self.sh.threads);
+                let intended = self.next_due.saturating_sub(self.start);
+                c.pending.push_back(Pending {
+                    seq,
+                    intended,
+                    sent,
+                });
+                c.seq = c.seq.wrapping_add(1);
+                c.on_conn += 1;
+                if per_conn.is_some_and(|k| c.on_conn >= k) {
+                    c.retiring = true;
+                }
+                if let Some(q) = &mut self.queries_left {
+                    *q -= 1;
+                }
+                if let Some(s) = &mut self.sink {
+                    s.push(Rec {
+                        kind: RecKind::Query,
+                        conn: key,
+                        seq,
+                        intended,
+                        sent,
+                        at: sent,
+                    });
+                }
+                n += 1;
+                self.next_due = match &mut self.arrivals {
+                    Some(a) => self.start.saturating_add(a.next_ns()),
+                    None => u64::MAX,
+                };
+            }
+        }
+        if n == 0 {
+            return 0;
+        }
+        let len = self.wbuf.len();
+        self.c.sent += n as u64;
+        self.c.bytes_sent += len as u64;
+        let c = &mut self.conns[i];
+        let Some(sock) = c.sock.as_mut() else {
+            return n;
+        };
+        if sock.is_udp() {
+            // One query per datagram (batches of one). A datagram the socket cannot take now
+            // is not queued: its query stays pending and times out, as a lost one would.
+            if let Err(e) = sock.write(&self.wbuf) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    let name = errno_name(&e);
+                    self.count_error(name);
+                }
+            }
+            return n;
+        }
+        if c.wbuf.is_empty() {
+            match sock.write(&self.wbuf) {
+                Ok(w) if w == len => {}
+                Ok(w) => c.wbuf.extend_from_slice(&self.wbuf[w..]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    c.wbuf.extend_from_slice(&self.wbuf);
+                }
+                Err(e) => {
+                    // The batch is in `pending`: closing counts it as lost.
+                    self.close(i, Why::Error(&e), sent_at);
+                }
+            }
+        } else {
+            c.wbuf.extend_from_slice(&self.wbuf);
+        }
+        n
+    }
+
+    fn start_connects(&mut self, now: u64, poll: &Poll) {
+        let reconnecting = matches!(self.phase, Phase::Running);
+        if !(self.phase == Phase::Connecting || reconnecting) {
+            return;
+        }
+        while let Some(&i) = self.idle.front() {
+            let i = i as usize;
+            if self.conns[i].state != State::Idle {
+                self.idle.pop_front();
+                continue;
+            }
+            if self.conns[i].since > now || !self.bucket.try_take(now, 1) {
+                break;
+            }
+            self.idle.pop_front();
+            self.c.attempts += 1;
+            let key = self.key(i);
+            let src = if self.sh.cfg.sources.is_empty() {
+                None
+            } else {
+                Some(self.sh.cfg.sources[(key % self.sh.cfg.sources.len() as u64) as usize])
+            };
+            // A UDP socket is "connected" at once; it goes through the same writable event
+            // to Open as a TCP connect, so both are counted the same way.
+            let sock = if self.sh.cfg.udp {
+                connect_udp(self.sh.cfg.addr, src)
+            } else {
+                connect(self.sh.cfg.addr, src).map(Sock::Tcp)
+            };
+            match sock {
+                Ok(mut s) => {
+                    if let Err(e) = poll.registry().register(
+                        &mut s,
+                        Token(i),
+                        Interest::READABLE | Interest::WRITABLE,
+                    ) {
+                        self.connect_failed(i, &e, now);
+                        continue;
+                    }
+                    let c = &mut self.conns[i];
+                    c.sock = Some(s);
+                    c.state = State::Connecting;
+                    c.since = now;
+                }
+                Err(e) => self.connect_failed(i, &e, now),
+            }
+        }
+    }
+
+    fn connect_failed(&mut self, i: usize, e: &io::Error, now: u64) {
+        let name = errno_name(e);
+        self.count_error(name);
+        if self.first_connect_error.is_none() {
+            self.first_connect_error = Some(e.to_string());
+        }
+        self.c.failed += 1;
+        self.retry_later(i, now);
+    }
+
+    fn retry_later(&mut self, i: usize, now: u64) {
+        let opening = self.phase == Phase::Connecting;
+        let max = self.sh.cfg.retries;
+        let c = &mut self.conns[i];
+        c.sock = None;
+        if opening && u32::from(c.retries) >= max {
+            c.state = State::Dead;
+            return;
+        }
+        if !(opening || self.phase == Phase::Running) {
+            c.state = State::Dead;
+            return;
+        }
+        c.retries = c.retries.saturating_add(1);
+        self.c.retries += 1;
+        c.state = State::Idle;
+        c.since = now + RETRY_DELAY_NS;
+        self.idle.push_back(i as u32);
+    }
+
+    fn count_error(&mut self, name: &'static str) {
+        *self.errors.entry(name).or_insert(0) += 1;
+        // The evidence so far: has any connect of this process been answered?
+        let bit = hint_bit(name, self.sh.peak_open.load(Ordering::Relaxed) > 0);
+        if bit != 0 {
+            self.sh.live.give_hints(bit, self.sh.hint);
+        }
+    }
+
+    fn on_event(&mut self, i: usize, readable: bool, writable: bool, closed: bool, now: u64) {
+        match self.conns[i].state {
+            State::Connecting => {
+                if !(writable || closed) {
+                    return;
+                }
+                let c = &mut self.conns[i];
+                let Some(s) = c.sock.as_ref() else { return };
+                let err = match s.take_error() {
+                    Ok(Some(e)) | Err(e) => Some(e),
+                    Ok(None) => match s.peer_addr() {
+                        Ok(_) => None,
+                        Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+                        Err(e) => Some(e),
+                    },
+                };
+                if let Some(e) = err {
+                    self.connect_failed(i, &e, now);
+                    return;
+                }
+                c.state = State::Open;
+                if self.phase == Phase::Running {
+                    c.retries = 0;
+                }
+                if syn_was_resent(s) {
+                    // The first SYN went unanswered: dropped on the way, or by a server whose
+                    // accept queue was full. The evidence for the accept-queue hint.
+                    self.c.slow += 1;
+                    self.sh.live.give_hints(LATE_HINT, self.sh.hint);
+                }
+                c.on_conn = 0;
+                c.retiring = false;
+                if c.was_open {
+                    self.c.reconnects += 1;
+                }
+                c.was_open = true;
+                self.c.established += 1;
+                self.open += 1;
+                let open = self.sh.open.fetch_add(1, Ordering::Relaxed) + 1;
+                self.sh.peak_open.fetch_max(open, Ordering::Relaxed);
+                if readable {
+                    self.on_readable(i, closed, now);
+                }
+            }
+            State::Open => {
+                if writable && !self.conns[i].wbuf.is_empty() {
+                    self.flush(i, now);
+                }
+                if readable && self.conns[i].state == State::Open {
+                    self.on_readable(i, closed, now);
+                }
+            }
+            State::Idle | State::Dead => {}
+        }
+    }
+
+    fn flush(&mut self, i: usize, now: u64) {
+        let c = &mut self.conns[i];
+        let Some(s) = c.sock.as_mut() else { return };
+        while !c.wbuf.is_empty() {
+            match s.write(&c.wbuf) {
+                Ok(n) => {
+                    c.wbuf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.close(i, Why::Error(&e), now);
+                    return;
+                }
+            }
+        }
+        // Idle connections hold no buffer.
+        c.wbuf = Vec::new();
+    }
+
+    /// Answers on a UDP socket: one per datagram, read until the socket is empty (edge
+    /// triggered: a short datagram says nothing about the next). Nothing here closes the
+    /// socket: a bad datagram spoils no stream, and an ICMP error is about one datagram.
+    fn on_datagrams(&mut self, i: usize) {
+        loop {
+            let Some(s) = self.conns[i].sock.as_mut() else {
+                return;
+            };
+            let n = match s.read(&mut self.rbuf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // ICMP port unreachable (ECONNREFUSED) and the like, reported once each.
+                    let name = errno_name(&e);
+                    self.count_error(name);
+                    continue;
+                }
+            };
+            let now = now_ns();
+            self.c.bytes_received += n as u64;
+            match self.sh.proto.feed_datagram(&self.rbuf[..n]) {
+                Ok(a) => self.answered(i, a, now),
+                Err(b) => {
+                    self.c.malformed += 1;
+                    self.count_error(b.kind);
+                    if self.first_bad.is_none() {
+                        self.first_bad = Some(format!("{}: {}", b.kind, b.detail));
+                    }
+                }
+            }
+            let c = &self.conns[i];
+            if c.retiring && c.pending.is_empty() {
+                self.close(i, Why::Ours, now);
+                return;
+            }
+        }
+    }
+
+    fn on_readable(&mut self, i: usize, closed: bool, _now: u64) {
+        if self.sh.cfg.udp {
+            self.on_datagrams(i);
+            return;
+        }
+        loop {
+            let c = &mut self.conns[i];
+            let Some(s) = c.sock.as_mut() else { return };
+            let n = match s.read(&mut self.rbuf) {
+                Ok(0) => {
+                    let now = now_ns();
+                    self.close(i, Why::ByServer, now);
+                    return;
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let now = now_ns();
+                    if e.raw_os_error() == Some(libc::ECONNRESET) {
+                        self.count_error("ECONNRESET");
+                        self.close(i, Why::ByServer, now);
+                    } else {
+                        self.close(i, Why::Error(&e), now);
+                    }
+                    return;
+                }
+            };
+            let now = now_ns();
+            self.c.bytes_received += n as u64;
+            self.answers.clear();
+            let key = self.key(i);
+            let c = &mut self.conns[i];
+            let fed = self.sh.proto.feed(
+                &mut c.rx,
+                &mut c.rbuf,
+                &c.pending,
+                key,
+                &self.rbuf[..n],
+                &mut self.answers,
+            );
+            for k in 0..self.answers.len() {
+                let a = self.answers[k];
+                self.answered(i, a, now);
+            }
+            if let Err(bad) = fed {
+                self.close(i, Why::Bad(bad), now);
+                return;
+            }
+            let c = &self.conns[i];
+            if c.retiring && c.pending.is_empty() {
+                self.close(i, Why::Ours, now);
+                return;
+            }
+            // A short read emptied the socket; with edge-triggered epoll the next data raises
+            // a new event, so another read would only return EAGAIN. A pending FIN is the
+            // exception: read on to see it.
+            if n < self.rbuf.len() && !closed {
+                return;
+            }
+        }
+    }
+
+    fn answered(&mut self, i: usize, a: Answer, now: u64) {
+        let key = self.key(i);
+        let c = &mut self.conns[i];
+        let p = match a.id {
+            None => c.pending.pop_front(),
+            Some(id) => c
+                .pending
+                .iter()
+                .position(|p| p.seq as u16 == id)
+                .and_then(|k| c.pending.remove(k)),
+        };
+        let Some(p) = p else {
+            self.c.unmatched += 1;
+            return;
+        };
+        if c.pending.is_empty() && c.pending.capacity() > KEEP_PENDING {
+            // A queue grown by a burst is not kept by a connection gone quiet.
+            c.pending = VecDeque::new();
+        }
+        let at = now.saturating_sub(self.start);
+        let lat_i = at.saturating_sub(p.intended);
+        let lat_s = at.saturating_sub(p.sent);
+        self.hist_i.record(lat_i);
+        self.hist_s.record(lat_s);
+        if let Some((hi, hs, _)) = &mut self.ival {
+            hi.record(lat_i);
+            hs.record(lat_s);
+        }
+        self.c.answered += 1;
+        if a.code == ECHOED {
+            self.c.echoed += 1;
+        } else {
+            self.codes[usize::from(a.code).min(CODES - 1)] += 1;
+        }
+        if let Some(s) = &mut self.sink {
+            s.push(Rec {
+                kind: RecKind::Answer,
+                conn: key,
+                seq: p.seq,
+                intended: p.intended,
+                sent: p.sent,
+                at,
+            });
+        }
+    }
+
+    /// Closes connection `i`; its queries in flight are lost. It is reopened while the run
+    /// goes on.
+    fn close(&mut self, i: usize, why: Why<'_>, now: u64) {
+        let key = self.key(i);
+        let at = now.saturating_sub(self.start);
+        match &why {
+            Why::ByServer => self.c.closed_by_server += 1,
+            Why::Error(e) => {
+                let n = errno_name(e);
+                self.count_error(n);
+            }
+            Why::Bad(b) => {
+                self.c.malformed += 1;
+                self.count_error(b.kind);
+                if self.first_bad.is_none() {
+                    self.first_bad = Some(format!("{}: {}", b.kind, b.detail));
+                }
+            }
+            Why::Ours => {}
+        }
+        let c = &mut self.conns[i];
+        let was_open = c.state == State::Open;
+        c.sock = None;
+        for p in c.pending.drain(..) {
+            self.c.lost += 1;
+            if let Some(s) = &mut self.sink {
+                s.push(Rec {
+                    kind: RecKind::Lost,
+                    conn: key,
+                    seq: p.seq,
+                    intended: p.intended,
+                    sent: p.sent,
+                    at,
+                });
+            }
+        }
+        c.pending = VecDeque::new();
+        c.rbuf = Vec::new();
+        c.wbuf = Vec::new();
+        c.rx = Rx::default();
+        c.retiring = false;
+        if was_open {
+            self.open -= 1;
+            self.sh.open.fetch_sub(1, Ordering::Relaxed);
+        }
+        if self.phase == Phase::Connecting {
+            // While opening, a connection the server drops counts against the retries like
+            // a failed connect, so the opening phase ends even if the server drops them all.
+            self.retry_later(i, now);
+        } else if self.phase == Phase::Running {
+            c.state = State::Idle;
+            // A connection the server closed is reopened at once (paced by the connect rate);
+            // after an error, after the retry delay.
+            c.since = match why {
+                Why::ByServer | Why::Ours => now,
+                _ => now + RETRY_DELAY_NS,
+            };
+            self.idle.push_back(i as u32);
+        } else {
+            c.state = State::Dead;
+        }
+    }
+
+    fn sweep(&mut self, now: u64) {
+        let ct = self.sh.cfg.connect_timeout.as_nanos() as u64;
+        let qt = self.sh.cfg.timeout.as_nanos() as u64;
+        let by_id = self.sh.proto.matched_by_id();
+        let at = now.saturating_sub(self.start);
+        for i in 0..self.conns.len() {
+            let key = self.key(i);
+            let c = &mut self.conns[i];
+            match c.state {
+                State::Connecting if now.saturating_sub(c.since) >= ct => {
+                    self.c.connect_timeouts += 1;
+                    self.c.failed += 1;
+                    self.count_error("connect timeout");
+                    if self.first_connect_error.is_none() {
+                        self.first_connect_error = Some(format!(
+                            "no answer within {:?}",
+                            self.sh.cfg.connect_timeout
+                        ));
+                    }
+                    self.retry_later(i, now);
+                }
+                State::Open if !c.pending.is_empty() && self.start != 0 => {
+                    let Some(front) = c.pending.front() else {
+                        continue;
+                    };
+                    if at.saturating_sub(front.sent) < qt {
+                        continue;
+                    }
+                    if by_id {
+                        while let Some(p) = c.pending.front().copied() {
+                            if at.saturating_sub(p.sent) < qt {
+                                break;
+                            }
+                            c.pending.pop_front();
+                            self.c.timeouts += 1;
+                            if let Some(s) = &mut self.sink {
+                                s.push(Rec {
+                                    kind: RecKind::Timeout,
+                                    conn: key,
+                                    seq: p.seq,
+                                    intended: p.intended,
+                                    sent: p.sent,
+                                    at,
+                                });
+                            }
+                        }
+                    } else {
+                        // In-order answers: once one is overdue the stream cannot be matched
+                        // any more. Count the overdue ones as timeouts, the rest as lost, and
+                        // reopen the connection.
+                        while let Some(p) = c.pending.front().copied() {
+                            if at.saturating_sub(p.sent) < qt {
+                                break;
+                            }
+                            c.pending.pop_front();
+                            self.c.timeouts += 1;
+                            if let Some(s) = &mut self.sink {
+                                s.push(Rec {
+                                    kind: RecKind::Timeout,
+                                    conn: key,
+                                    seq: p.seq,
+                                    intended: p.intended,
+                                    sent: p.sent,
+                                    at,
+                                });
+                            }
+                        }
+                        self.close(i, Why::Ours, now);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some((hi, hs, next)) = &mut self.ival {
+            if self.start != 0 && now >= *next {
+                if let Some(log) = &self.sh.hdr_log {
+                    if let Ok(mut log) = log.lock() {
+                        let off = Duration::from_nanos(*next - 1_000_000_000 - self.start);
+                        let _ = log.write(hi, off, Duration::from_secs(1), "intended");
+                        let _ = log.write(hs, off, Duration::from_secs(1), "sent");
+                    }
+                }
+                hi.clear();
+                hs.clear();
+                while *next <= now {
+                    *next += 1_000_000_000;
+                }
+            }
+        }
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let s = self.sh.live.slot(self.live_slot());
+        s.open.store(self.open, Ordering::Relaxed);
+        s.sent.store(self.c.sent, Ordering::Relaxed);
+        s.answered.store(self.c.answered, Ordering::Relaxed);
+        s.timeouts.store(self.c.timeouts, Ordering::Relaxed);
+        s.errors.store(
+            self.c.failed + self.c.malformed + self.c.closed_by_server,
+            Ordering::Relaxed,
+        );
+        if self.phase != Phase::Running || self.next_due > now_ns() {
+            s.lag_ns.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn finish(mut self) -> ThreadOut {
+        // The last interval of the HDR log.
+        if let (Some((hi, hs, next)), Some(log)) = (&self.ival, &self.sh.hdr_log) {
+            if self.start != 0 && (hi.count() > 0 || hs.count() > 0) {
+                if let Ok(mut log) = log.lock() {
+                    let from = next.saturating_sub(1_000_000_000 + self.start);
+                    let _ = log.write(
+                        hi,
+                        Duration::from_nanos(from),
+                        Duration::from_secs(1),
+                        "intended",
+                    );
+                    let _ = log.write(
+                        hs,
+                        Duration::from_nanos(from),
+                        Duration::from_secs(1),
+                        "sent",
+                    );
+                }
+            }
+        }
+        if let Some(s) = &mut self.sink {
+            s.flush();
+        }
+        ThreadOut {
+            hist_intended: self.hist_i,
+            hist_sent: self.hist_s,
+            codes: self.codes,
+            errors: self.errors,
+            first_bad: self.first_bad,
+            first_connect_error: self.first_connect_error,
+            c: self.c,
+            connected_at: self.connected_at,
+        }
+    }
+}
