@@ -119,7 +119,7 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
         });
     }
     let balancer = Arc::new(Mutex::new(balancer));
-    let health = opts.health.map(|o| {
+    let health = opts.health.as_ref().map(|o| {
         let state = Arc::new(Mutex::new(
             opts.services
                 .iter()
@@ -128,7 +128,7 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
         ));
         Health::start(
             &opts.services,
-            &vec![Some(o); opts.services.len()],
+            &vec![Some(o.clone()); opts.services.len()],
             Arc::clone(&balancer),
             state,
         )

@@ -26,6 +26,8 @@ pub struct BackendStatus {
     pub probes_failed: u64,
     /// Times it was marked down.
     pub downs: u64,
+    /// Why the last probe failed, while it is down (null when up or unchecked).
+    pub down_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,6 +39,8 @@ pub struct ServiceStatus {
     pub algorithm: String,
     /// What maglev hashes (`client` or `cookie`); null for the other algorithms.
     pub hash_key: Option<String>,
+    /// How its backends are probed (`health::Probe::kind`); null without health checks.
+    pub probe: Option<String>,
     pub backends: Vec<BackendStatus>,
 }
 
@@ -121,7 +125,7 @@ impl Report for StatusReport {
             let total: u64 = svc.backends.iter().map(|b| b.connections).sum();
             let _ = writeln!(
                 s,
-                "{:<4} {:<33} {:<9} {:>11}  {}",
+                "{:<4} {:<33} {:<9} {:>11}  {}{}",
                 svc.protocol.to_uppercase(),
                 svc.vip,
                 scheduler(svc),
@@ -130,6 +134,10 @@ impl Report for StatusReport {
                     svc.name.as_str()
                 } else {
                     ""
+                },
+                match &svc.probe {
+                    Some(p) => format!(" (probe {p})"),
+                    None => String::new(),
                 }
             );
             for b in &svc.backends {
@@ -144,6 +152,9 @@ impl Report for StatusReport {
                     b.probes,
                     b.probes_failed
                 );
+                if let Some(why) = &b.down_reason {
+                    let _ = writeln!(s, "       down: {why}");
+                }
             }
         }
         let _ = writeln!(
@@ -213,6 +224,7 @@ mod tests {
                 protocol: "tcp".into(),
                 algorithm: "round-robin".into(),
                 hash_key: None,
+                probe: Some("tcp-send-expect".into()),
                 backends: vec![BackendStatus {
                     addr: "198.18.0.2:6379".into(),
                     weight: 1,
@@ -222,6 +234,7 @@ mod tests {
                     probes: 12,
                     probes_failed: 0,
                     downs: 0,
+                    down_reason: None,
                 }],
             }],
             translated: 10,

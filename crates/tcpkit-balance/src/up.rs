@@ -62,7 +62,7 @@ fn start_health(
     balancer: &Arc<Mutex<Balancer>>,
     state: &State,
 ) -> Option<Health> {
-    let opts: Vec<_> = configs.iter().map(|c| c.health).collect();
+    let opts: Vec<_> = configs.iter().map(|c| c.health.clone()).collect();
     if opts.iter().all(Option::is_none) {
         return None;
     }
@@ -176,6 +176,7 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
                 Algorithm::Maglev(HashKey::Cookie) => Some("cookie".into()),
                 _ => None,
             },
+            probe: c.health.as_ref().map(|h| h.probe.kind().into()),
             backends: c
                 .service
                 .backends
@@ -196,6 +197,11 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
                     probes: h.probes,
                     probes_failed: h.failed,
                     downs: h.downs,
+                    down_reason: if h.checked && !h.up {
+                        h.last_failure.clone()
+                    } else {
+                        None
+                    },
                 })
                 .collect(),
         })

@@ -173,6 +173,24 @@ pub struct RunArgs {
     )]
     pub fall: u32,
 
+    /// Application probe: send these bytes on each probe's connection (C-style escapes:
+    /// \r \n \t \0 \\ \xHH; at most 4096 bytes), e.g. 'PING\r\n'. With --health-expect
+    /// alone (a server that speaks first), nothing is sent.
+    #[arg(long, value_name = "BYTES", value_parser = payload_arg, requires = "health_interval")]
+    pub health_send: Option<Payload>,
+
+    /// Application probe: the reply must start with these bytes (same escapes; at most 1024)
+    /// within --health-timeout, e.g. '+PONG'. With --health-send alone any reply will do.
+    #[arg(long, value_name = "BYTES", value_parser = payload_arg, requires = "health_interval")]
+    pub health_expect: Option<Payload>,
+
+    /// Probe over UDP (a UDP service such as DNS): --health-send is sent as one datagram and
+    /// a reply starting with --health-expect (any reply without it) is success. Without
+    /// --health-send an empty datagram is sent, and only ICMP port unreachable counts as a
+    /// failure (the backend host rate-limits those: keep --health-interval at 1s or more).
+    #[arg(long, requires = "health_interval")]
+    pub health_udp: bool,
+
     /// Print every selection on stderr as it happens (pid, cgroup id, VIP -> backend), from
     /// the BPF programs' ring buffer: a VIP never shows in tcpdump.
     #[arg(long)]
@@ -190,6 +208,16 @@ pub struct RunArgs {
 fn addr_arg(text: &str) -> Result<SocketAddr, String> {
     text.parse::<SocketAddr>()
         .map_err(|_| format!("'{text}': not an IP:PORT ([IPv6]:PORT)"))
+}
+
+/// A probe's bytes (a type of its own: clap would take `Vec<u8>` for a list of numbers).
+#[derive(Debug, Clone)]
+pub struct Payload(pub Vec<u8>);
+
+fn payload_arg(text: &str) -> Result<Payload, String> {
+    tcpkit_balance::health::unescape(text)
+        .map(Payload)
+        .map_err(|e| format!("'{text}': {e}"))
 }
 
 fn backend_arg(text: &str) -> Result<Backend, String> {
@@ -233,8 +261,19 @@ pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
     let health = match a.health_interval {
         None => None,
         Some(interval) => Some(
-            HealthOptions::new(interval, a.health_timeout, a.rise, a.fall)
+            HealthOptions::new(
+                interval,
+                a.health_timeout,
+                a.rise,
+                a.fall,
+                tcpkit_balance::health::Probe::new(
+                    a.health_udp,
+                    a.health_send.clone().map(|p| p.0),
+                    a.health_expect.clone().map(|p| p.0),
+                )
                 .map_err(|e| Failure::Usage(e.to_string()))?,
+            )
+            .map_err(|e| Failure::Usage(e.to_string()))?,
         ),
     };
     Ok(RunOptions {
@@ -465,6 +504,13 @@ mod tests {
             vec!["--hash-key", "client"],
             vec!["--health-interval", "0"],
             vec!["--health-interval", "1s", "--fall", "0"],
+            vec![
+                "--health-interval",
+                "1s",
+                "--health-udp",
+                "--health-expect",
+                "x",
+            ],
         ] {
             let mut v = vec!["--vip", "198.19.0.1:80"];
             v.extend(bad.iter().copied());
@@ -472,6 +518,43 @@ mod tests {
             let a = parse(&v).unwrap();
             assert!(matches!(resolve(&a), Err(Failure::Usage(_))), "{bad:?}");
         }
+        let e = parse(&[
+            "--vip",
+            "198.19.0.1:80",
+            "--health-interval",
+            "1s",
+            "--health-send",
+            "PING\\q",
+            "--",
+            "true",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--health-send") && e.contains("unknown escape"),
+            "{e}"
+        );
+        let a = parse(&[
+            "--vip",
+            "198.19.0.1:80",
+            "--health-interval",
+            "1s",
+            "--health-send",
+            "PING\\r\\n",
+            "--health-expect",
+            "+PONG",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let h = resolve(&a).unwrap().health.unwrap();
+        assert_eq!(
+            h.probe,
+            tcpkit_balance::health::Probe::Tcp {
+                send: b"PING\r\n".to_vec(),
+                expect: b"+PONG".to_vec()
+            }
+        );
         let e = parse(&["--vip", "198.19.0.1:80", "--backend", "x", "--", "true"])
             .unwrap_err()
             .to_string();
