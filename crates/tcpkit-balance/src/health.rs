@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::config::{ConfigError, Service};
+use crate::drain::DrainKill;
 use crate::loader::Balancer;
 
 /// How backends are probed.
@@ -328,6 +329,8 @@ pub struct BackendHealth {
     pub downs: u64,
     /// Why the last failed probe failed (kept until a probe succeeds).
     pub last_failure: Option<String>,
+    /// Sockets `--drain-kill` ended when it went down.
+    pub drained: u64,
     ok_run: u32,
     fail_run: u32,
 }
@@ -343,6 +346,7 @@ impl BackendHealth {
             failed: 0,
             downs: 0,
             last_failure: None,
+            drained: 0,
             ok_run: 0,
             fail_run: 0,
         }
@@ -382,6 +386,26 @@ impl BackendHealth {
 /// Every backend's health, by service and backend index; shared with `status`.
 pub type State = Arc<Mutex<Vec<Vec<BackendHealth>>>>;
 
+/// Ends the sockets the balancer sent to `addr` (see [`crate::drain`]); the number ended.
+pub fn drain_backend(
+    balancer: &Mutex<Balancer>,
+    addr: SocketAddr,
+    which: DrainKill,
+) -> Result<u64, String> {
+    let cookies = lock(balancer)
+        .cookies_toward(addr)
+        .map_err(|e| tcpkit_stats::chain(&e))?;
+    let mut free = Vec::new();
+    let d = crate::drain::drain(addr, &cookies, which, &mut free)
+        .map_err(|e| format!("sock_diag: {e}"))?;
+    if !free.is_empty() {
+        lock(balancer)
+            .forget(&free)
+            .map_err(|e| tcpkit_stats::chain(&e))?;
+    }
+    Ok(d.ended)
+}
+
 /// The running probers; [`Health::stop`] ends them and gives the final states.
 #[derive(Debug)]
 pub struct Health {
@@ -399,11 +423,14 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Health {
     /// Probes every backend of every service that has options in `health` (same order as
     /// `services`), from the states in `state` (one per backend; see [`BackendHealth::new`]).
+    /// With `drain`, the sockets still on a backend that goes down are ended
+    /// ([`crate::drain`]).
     pub fn start(
         services: &[Service],
         health: &[Option<HealthOptions>],
         balancer: Arc<Mutex<Balancer>>,
         state: State,
+        drain: Option<DrainKill>,
     ) -> Health {
         let stop = Arc::new(AtomicBool::new(false));
         let error = Arc::new(Mutex::new(None));
@@ -429,14 +456,28 @@ impl Health {
                         while !stop.load(Ordering::Relaxed) {
                             let result = probe(addr, &o.probe, o.timeout);
                             let mut st = lock(&state);
+                            let mut went_down = false;
                             if st[si][bi].probe(result, &o) {
                                 let live: Vec<bool> = st[si].iter().map(|h| h.up).collect();
+                                went_down = !live[bi];
                                 // Under the state lock: swaps happen in the order of changes.
                                 if let Err(e) = lock(&balancer).set_live(si, &live) {
                                     lock(&error).get_or_insert_with(|| tcpkit_stats::chain(&e));
                                 }
                             }
                             drop(st);
+                            // Out of the selection first, so no new socket lands there while
+                            // the old ones are ended.
+                            if let (true, Some(which)) = (went_down, drain) {
+                                match drain_backend(&balancer, addr, which) {
+                                    Ok(n) => lock(&state)[si][bi].drained += n,
+                                    Err(e) => {
+                                        eprintln!("tcpkit balance: --drain-kill {addr}: {e}");
+                                        lock(&error)
+                                            .get_or_insert(format!("--drain-kill {addr}: {e}"));
+                                    }
+                                }
+                            }
                             // Absolute schedule: start + k * interval.
                             k += 1;
                             let next = start + o.interval * k;

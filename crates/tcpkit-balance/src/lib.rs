@@ -11,6 +11,7 @@
 pub mod cgroup;
 pub mod config;
 pub mod control;
+pub mod drain;
 pub mod features;
 pub mod file;
 pub mod health;

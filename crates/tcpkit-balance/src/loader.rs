@@ -54,8 +54,20 @@ struct Backend {
     index: u32,
 }
 
+/// bpf/balance.h struct revnat: what getpeername shows (vip) for a socket sent to bip.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Revnat {
+    vip: [u32; 4],
+    bip: [u32; 4],
+    vport: u16,
+    bport: u16,
+}
+
 // SAFETY: plain #[repr(C)] integers without padding bytes: any bit pattern is a valid value.
 unsafe impl aya::Pod for SvcKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Revnat {}
 // SAFETY: as above.
 unsafe impl aya::Pod for Svc {}
 // SAFETY: as above.
@@ -456,6 +468,41 @@ impl Balancer {
         Ok(())
     }
 
+    /// The cookies of the sockets the programs sent to `backend` (the reverse map's entries
+    /// toward it, in IPv4 form or v4-mapped), for `--drain-kill`.
+    pub fn cookies_toward(
+        &self,
+        backend: SocketAddr,
+    ) -> Result<std::collections::HashSet<u64>, LoadError> {
+        let (ip, port, family) = key_of(&backend);
+        let mapped = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), ip[0]];
+        let map = self.ebpf.map("revnat").ok_or(LoadError::NoMap("revnat"))?;
+        let m: HashMap<_, u64, Revnat> =
+            HashMap::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
+        Ok(m.iter()
+            // An entry that went (LRU) between the key and its value is no socket to end.
+            .filter_map(Result::ok)
+            .filter(|(_, r)| r.bport == port && (r.bip == ip || (family == 4 && r.bip == mapped)))
+            .map(|(k, _)| k)
+            .collect())
+    }
+
+    /// Drops the reverse-map entries of `cookies`: an unconnected UDP socket's next datagram
+    /// to its VIP then picks a backend again.
+    pub fn forget(&mut self, cookies: &[u64]) -> Result<(), LoadError> {
+        let map = self
+            .ebpf
+            .map_mut("revnat")
+            .ok_or(LoadError::NoMap("revnat"))?;
+        let mut m: HashMap<_, u64, Revnat> =
+            HashMap::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
+        for c in cookies {
+            // Gone already is what was asked.
+            let _ = m.remove(c);
+        }
+        Ok(())
+    }
+
     /// The counters so far.
     pub fn counters(&self) -> Result<Counters, LoadError> {
         let map = self
@@ -509,6 +556,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<SvcKey>(), 20);
         assert_eq!(std::mem::size_of::<Svc>(), 16);
         assert_eq!(std::mem::size_of::<Backend>(), 24);
+        assert_eq!(std::mem::size_of::<Revnat>(), 36);
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub struct BackendStatus {
     pub downs: u64,
     /// Why the last probe failed, while it is down (null when up or unchecked).
     pub down_reason: Option<String>,
+    /// Sockets `--drain-kill` ended when it went down.
+    pub drained: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -64,6 +66,10 @@ pub struct StatusReport {
     pub getpeername_vip: u64,
     pub stale: u64,
     pub trace_lost: u64,
+    /// `--drain-kill`'s choice (`udp`, `tcp`, `all`); null without it.
+    pub drain_kill: Option<String>,
+    /// Sockets `--drain-kill` ended, for every backend (those removed by a reload included).
+    pub drained: u64,
     pub features: Vec<Feature>,
     /// What the control socket met (requests answered, peers turned away).
     pub control: ControlStats,
@@ -162,6 +168,13 @@ impl Report for StatusReport {
             "Connects: {} translated, {} refused (no backend); getpeername/recvmsg: {} shown the VIP, {} stale; trace lost {}",
             self.translated, self.refused, self.getpeername_vip, self.stale, self.trace_lost
         );
+        if let Some(w) = &self.drain_kill {
+            let _ = writeln!(
+                s,
+                "Drain-kill ({w}): {} sockets ended on backends that went down or left",
+                self.drained
+            );
+        }
         let c = &self.control;
         let _ = writeln!(
             s,
@@ -235,6 +248,7 @@ mod tests {
                     probes_failed: 0,
                     downs: 0,
                     down_reason: None,
+                    drained: 0,
                 }],
             }],
             translated: 10,
@@ -242,6 +256,8 @@ mod tests {
             getpeername_vip: 10,
             stale: 0,
             trace_lost: 0,
+            drain_kill: Some("all".into()),
+            drained: 3,
             features: vec![Feature {
                 name: "bpf_sock_destroy".into(),
                 kind: "kfunc".into(),
@@ -255,6 +271,7 @@ mod tests {
         assert!(h.contains("TCP  198.19.0.1:6379"), "{h}");
         assert!(h.contains("  -> 198.18.0.2:6379"), "{h}");
         assert!(h.contains("up        "), "{h}");
+        assert!(h.contains("Drain-kill (all): 3 sockets ended"), "{h}");
         assert!(
             h.contains("bpf_sock_destroy       kfunc  NO    without it: x"),
             "{h}"

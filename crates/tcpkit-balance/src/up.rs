@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use crate::cgroup::{self, CgroupError, PrivateMount};
 use crate::config::{Algorithm, HashKey};
 use crate::control::{self, Control, ControlError, Handler};
+use crate::drain::DrainKill;
 use crate::features::{self, Feature};
 use crate::file::{self, FileError, ServiceConfig};
 use crate::health::{lock, BackendHealth, Health, State};
@@ -28,6 +29,8 @@ pub struct UpOptions {
     pub trace: bool,
     /// Serve Prometheus metrics here (`--metrics ADDR`).
     pub metrics: Option<std::net::SocketAddr>,
+    /// End the sockets still on a backend that goes down or leaves (`--drain-kill`).
+    pub drain: Option<DrainKill>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,12 +58,16 @@ struct Daemon {
     health: Option<Health>,
     reloads: u64,
     reloads_refused: u64,
+    drain: Option<DrainKill>,
+    /// Sockets ended because their backend left the configuration (reload).
+    drained_removed: u64,
 }
 
 fn start_health(
     configs: &[ServiceConfig],
     balancer: &Arc<Mutex<Balancer>>,
     state: &State,
+    drain: Option<DrainKill>,
 ) -> Option<Health> {
     let opts: Vec<_> = configs.iter().map(|c| c.health.clone()).collect();
     if opts.iter().all(Option::is_none) {
@@ -72,6 +79,7 @@ fn start_health(
         &opts,
         Arc::clone(balancer),
         Arc::clone(state),
+        drain,
     ))
 }
 
@@ -133,15 +141,39 @@ impl Daemon {
             // The maps may hold part of the new configuration: say so; probes resume on the
             // old one's view.
             self.reloads_refused += 1;
-            self.health = start_health(&self.configs, &self.balancer, &self.state);
+            self.health = start_health(&self.configs, &self.balancer, &self.state, self.drain);
             return Err(format!(
                 "writing the new sets into the kernel: {}",
                 tcpkit_stats::chain(&e)
             ));
         }
         *lock(&self.state) = states;
+        // Backends the new file no longer has (or whose service it dropped): out of every
+        // set now, so their sockets can be ended.
+        let gone: Vec<std::net::SocketAddr> = self
+            .configs
+            .iter()
+            .flat_map(|o| {
+                let kept = new.iter().find(|n| same(o, n));
+                o.service
+                    .backends
+                    .iter()
+                    .filter(move |b| {
+                        kept.is_none_or(|n| n.service.backends.iter().all(|nb| nb.addr != b.addr))
+                    })
+                    .map(|b| b.addr)
+            })
+            .collect();
         self.configs = new;
-        self.health = start_health(&self.configs, &self.balancer, &self.state);
+        if let Some(which) = self.drain {
+            for addr in gone {
+                match crate::health::drain_backend(&self.balancer, addr, which) {
+                    Ok(n) => self.drained_removed += n,
+                    Err(e) => eprintln!("tcpkit balance: --drain-kill {addr}: {e}"),
+                }
+            }
+        }
+        self.health = start_health(&self.configs, &self.balancer, &self.state, self.drain);
         self.reloads += 1;
         Ok(self.configs.len())
     }
@@ -197,6 +229,7 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
                     probes: h.probes,
                     probes_failed: h.failed,
                     downs: h.downs,
+                    drained: h.drained,
                     down_reason: if h.checked && !h.up {
                         h.last_failure.clone()
                     } else {
@@ -221,6 +254,8 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
         getpeername_vip: counters.revnat,
         stale: counters.stale,
         trace_lost: counters.trace_lost,
+        drain_kill: d.drain.map(|w| w.name().into()),
+        drained: d.drained_removed + states.iter().flatten().map(|h| h.drained).sum::<u64>(),
         features: f.features.clone(),
         control: f.control.stats(),
         interrupted,
@@ -266,7 +301,7 @@ pub fn up(
             .map(|c| vec![BackendHealth::new(c.health.is_some()); c.service.backends.len()])
             .collect(),
     ));
-    let health = start_health(&configs, &balancer, &state);
+    let health = start_health(&configs, &balancer, &state, opts.drain);
     let daemon = Arc::new(Mutex::new(Daemon {
         path: opts.config.clone(),
         balancer: Arc::clone(&balancer),
@@ -275,6 +310,8 @@ pub fn up(
         health,
         reloads: 0,
         reloads_refused: 0,
+        drain: opts.drain,
+        drained_removed: 0,
     }));
     let fixed = Arc::new(Fixed {
         pid: std::process::id(),
@@ -469,6 +506,12 @@ pub fn exposition(r: &StatusReport) -> String {
             "counter",
             "Reloads refused (bad file; the running configuration stayed).",
             r.reloads_refused,
+        ),
+        (
+            "tcpkit_balance_drained_total",
+            "counter",
+            "Sockets --drain-kill ended (their backend went down or left the configuration).",
+            r.drained,
         ),
         (
             "tcpkit_balance_trace_lost_total",

@@ -73,6 +73,16 @@ pub struct UpArgs {
     #[arg(long)]
     pub trace: bool,
 
+    /// End the sockets still connected to a backend when it goes down (health) or
+    /// leaves the file (reload): `udp` (the
+    /// default when given bare) ends connected UDP sockets, `tcp` TCP connections (ECONNABORTED
+    /// here, a reset to the backend), `all` both. Only sockets balance sent there (by cookie,
+    /// their peer still that backend), in balance's network namespace, through sock_diag
+    /// SOCK_DESTROY as `ss -K` does. Unconnected UDP sockets tied to it pick again.
+    #[arg(long, value_enum, value_name = "udp|tcp|all", num_args = 0..=1,
+          require_equals = true, default_missing_value = "udp")]
+    pub drain_kill: Option<DrainArg>,
+
     /// Serve Prometheus metrics on ADDR (IP:PORT; port 0 picks one, said on stderr): per
     /// backend connections, health, probes; reloads, trace drops. HTTP/1.0 GET /metrics,
     /// one connection at a time, head at most 8 KiB within 2 s.
@@ -99,6 +109,27 @@ pub struct StatusArgs {
     /// One JSON document on stdout (docs/schema/balance-status.schema.json).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DrainArg {
+    /// Connected UDP sockets.
+    Udp,
+    /// TCP connections.
+    Tcp,
+    /// Both.
+    All,
+}
+
+impl DrainArg {
+    fn kind(self) -> tcpkit_balance::drain::DrainKill {
+        use tcpkit_balance::drain::DrainKill;
+        match self {
+            DrainArg::Udp => DrainKill::Udp,
+            DrainArg::Tcp => DrainKill::Tcp,
+            DrainArg::All => DrainKill::All,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -191,6 +222,17 @@ pub struct RunArgs {
     #[arg(long, requires = "health_interval")]
     pub health_udp: bool,
 
+    /// End the sockets still connected to a backend when it goes down (needs
+    /// --health-interval): `udp` (the
+    /// default when given bare) ends connected UDP sockets, `tcp` TCP connections (ECONNABORTED
+    /// here, a reset to the backend), `all` both. Only sockets balance sent there (by cookie,
+    /// their peer still that backend), in balance's network namespace, through sock_diag
+    /// SOCK_DESTROY as `ss -K` does. Unconnected UDP sockets tied to it pick again.
+    #[arg(long, value_enum, value_name = "udp|tcp|all", num_args = 0..=1,
+          require_equals = true, default_missing_value = "udp",
+          requires = "health_interval")]
+    pub drain_kill: Option<DrainArg>,
+
     /// Print every selection on stderr as it happens (pid, cgroup id, VIP -> backend), from
     /// the BPF programs' ring buffer: a VIP never shows in tcpdump.
     #[arg(long)]
@@ -282,6 +324,7 @@ pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
         stdout_to_stderr: a.out.json,
         health,
         trace: a.trace,
+        drain: a.drain_kill.map(DrainArg::kind),
     })
 }
 
@@ -306,6 +349,7 @@ fn up(a: UpArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
         socket: a.socket,
         trace: a.trace,
         metrics: a.metrics,
+        drain: a.drain_kill.map(DrainArg::kind),
     };
     let report = tcpkit_balance::up(&opts, interrupted, hangup)
         .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
@@ -386,6 +430,38 @@ mod tests {
         assert_eq!(a.command, ["redis-benchmark", "-h", "198.19.0.1"]);
         let o = resolve(&a).unwrap();
         assert!(o.stdout_to_stderr);
+        let a = parse(&[
+            "--vip",
+            "198.19.0.1:80",
+            "--health-interval",
+            "1s",
+            "--drain-kill",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(
+            resolve(&a).unwrap().drain,
+            Some(tcpkit_balance::drain::DrainKill::Udp)
+        );
+        let a = parse(&[
+            "--vip",
+            "198.19.0.1:80",
+            "--health-interval",
+            "1s",
+            "--drain-kill=all",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(
+            resolve(&a).unwrap().drain,
+            Some(tcpkit_balance::drain::DrainKill::All)
+        );
+        assert!(
+            parse(&["--vip", "198.19.0.1:80", "--drain-kill", "--", "true"]).is_err(),
+            "--drain-kill needs --health-interval"
+        );
         let a = parse(&["--vip", "198.19.0.1:80", "--trace", "--", "true"]).unwrap();
         assert!(resolve(&a).unwrap().trace);
         let a = parse(&["--vip", "198.19.0.1:80", "-q", "--", "true"]).unwrap();

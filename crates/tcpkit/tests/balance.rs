@@ -8,7 +8,7 @@ use common::schema;
 #[path = "common/unbound.rs"]
 mod unbound;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -1998,6 +1998,324 @@ fn udp_health_dns_probe_and_port_unreachable_with_a_real_unbound() {
     let b = &v["services"][0]["backends"];
     assert_eq!(b[1]["connections"], 0, "{v}");
     assert_eq!(b[0]["connections"], 3, "{v}");
+    let (st, _, stderr) = up.stop();
+    assert_eq!(st.code(), Some(0), "{stderr}");
+}
+
+// ---- --drain-kill ---------------------------------------------------------------------------
+
+/// The holding client (`TCPVIP;UDPVIP;N;STARTFILE;STOPFILE`): once STARTFILE exists, N TCP
+/// connections (each reads the backend's port) and N connected UDP sockets (each sends a
+/// datagram and reads the port back): `HOLD tcp|udp I PORT`, then `HELD`. Each socket then
+/// waits for data: when it is ended, `GONE tcp|udp I PORT <errno or eof>`; when STOPFILE
+/// exists, it checks it still works (`ALIVE tcp|udp I PORT`, or `BROKEN ...`).
+const CLIENT_HOLD_ENV: &str = "TCPKIT_BALANCE_TEST_HOLD_CLIENT";
+
+#[test]
+fn hold_client_in_cgroup() {
+    let Ok(spec) = std::env::var(CLIENT_HOLD_ENV) else {
+        return;
+    };
+    let f: Vec<String> = spec.split(';').map(str::to_string).collect();
+    let tvip: SocketAddr = f[0].parse().unwrap();
+    let uvip: SocketAddr = f[1].parse().unwrap();
+    let n: usize = f[2].parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(25);
+    while !Path::new(&f[3]).exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let say = |l: String| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{l}").unwrap();
+        out.flush().unwrap();
+    };
+    say(String::new());
+    let stop = PathBuf::from(&f[4]);
+    let why = |e: &std::io::Error| e.raw_os_error().map_or(e.to_string(), |n| n.to_string());
+    let mut threads = Vec::new();
+    for i in 0..n {
+        let s = TcpStream::connect_timeout(&tvip, Duration::from_secs(5)).unwrap();
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        let port = line.trim().to_string();
+        say(format!("HOLD tcp {i} {port}"));
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let mut buf = [0u8; 64];
+            let until = Instant::now() + Duration::from_secs(60);
+            loop {
+                match (&s).read(&mut buf) {
+                    Ok(0) => return say(format!("GONE tcp {i} {port} eof")),
+                    Ok(_) => return say(format!("BROKEN tcp {i} {port} unasked data")),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return say(format!("GONE tcp {i} {port} {}", why(&e))),
+                }
+                if stop.exists() || Instant::now() > until {
+                    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let echoed = (|| -> std::io::Result<String> {
+                        (&s).write_all(b"ping\n")?;
+                        let mut l = String::new();
+                        BufReader::new(&s).read_line(&mut l)?;
+                        Ok(l)
+                    })();
+                    return match echoed {
+                        Ok(l) if l == "ping\n" => say(format!("ALIVE tcp {i} {port}")),
+                        other => say(format!("BROKEN tcp {i} {port} {other:?}")),
+                    };
+                }
+            }
+        }));
+    }
+    for i in 0..n {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.connect(uvip).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.send(b"x").unwrap();
+        let mut buf = [0u8; 64];
+        let k = s.recv(&mut buf).unwrap();
+        let port = String::from_utf8_lossy(&buf[..k]).to_string();
+        say(format!("HOLD udp {i} {port}"));
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let until = Instant::now() + Duration::from_secs(60);
+            loop {
+                match s.recv(&mut buf) {
+                    Ok(_) => return say(format!("BROKEN udp {i} {port} unasked data")),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return say(format!("GONE udp {i} {port} {}", why(&e))),
+                }
+                if stop.exists() || Instant::now() > until {
+                    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let back = s.send(b"x").and_then(|_| s.recv(&mut buf));
+                    return match back {
+                        Ok(k) if buf[..k] == *port.as_bytes() => {
+                            say(format!("ALIVE udp {i} {port}"))
+                        }
+                        other => say(format!("BROKEN udp {i} {port} {other:?}")),
+                    };
+                }
+            }
+        }));
+    }
+    say("HELD".into());
+    for t in threads {
+        t.join().unwrap();
+    }
+    say("DONE".into());
+}
+
+/// A TCP backend in host b that keeps its connections (its port and a newline, then every
+/// line echoed); `kill` closes its listener only, so probes are refused while the
+/// connections it holds stay open.
+fn killable_holding_backend(host: &Host) -> Backend {
+    let l = host.enter(|| TcpListener::bind(SocketAddr::from((SRV, 0))).unwrap());
+    let addr = l.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (n, d) = (Arc::clone(&accepted), Arc::clone(&dead));
+    l.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        while !d.load(Ordering::SeqCst) {
+            match l.accept() {
+                Ok((s, _)) => {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    std::thread::spawn(move || {
+                        let _ = s.set_nonblocking(false);
+                        let _ = (&s).write_all(format!("{}\n", addr.port()).as_bytes());
+                        let mut r = BufReader::new(&s);
+                        let mut line = String::new();
+                        while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                            if (&s).write_all(line.as_bytes()).is_err() {
+                                break;
+                            }
+                            line.clear();
+                        }
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+        drop(l);
+        drop(d);
+    });
+    Backend {
+        addr,
+        accepted,
+        dead,
+    }
+}
+
+/// A UDP backend in host b answering every datagram with its port; `kill` closes it.
+fn killable_udp_backend(host: &Host) -> Backend {
+    let s = host.enter(|| UdpSocket::bind(SocketAddr::from((SRV, 0))).unwrap());
+    let addr = s.local_addr().unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (n, d) = (Arc::clone(&accepted), Arc::clone(&dead));
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        while !d.load(Ordering::SeqCst) {
+            if let Ok((_, from)) = s.recv_from(&mut buf) {
+                n.fetch_add(1, Ordering::SeqCst);
+                let _ = s.send_to(addr.port().to_string().as_bytes(), from);
+            }
+        }
+        drop(s);
+        drop(d);
+    });
+    Backend {
+        addr,
+        accepted,
+        dead,
+    }
+}
+
+#[test]
+fn drain_kill_ends_the_sockets_on_a_dead_backend_and_no_others() {
+    let _g = serial();
+    let (lab, cli, srv, _link) = Lab::pair("baldrain").unwrap_or_else(|e| panic!("{e}"));
+    let (t1, t2) = (
+        killable_holding_backend(&srv),
+        killable_holding_backend(&srv),
+    );
+    let (u1, u2) = (killable_udp_backend(&srv), killable_udp_backend(&srv));
+    let cg = TestCgroup::new("drain");
+    let config = lab.dir().join("lb.toml");
+    let uvip = "198.19.0.1:5300";
+    write_config(
+        &config,
+        &format!(
+            "[[service]]\nname = \"tcp\"\nvip = \"{VIP}\"\nalgorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{}\" }}, {{ addr = \"{}\" }} ]\n\
+             health = {{ interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 2 }}\n\
+             [[service]]\nname = \"udp\"\nvip = \"{uvip}\"\nprotocol = \"udp\"\n\
+             algorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{}\" }}, {{ addr = \"{}\" }} ]\n\
+             health = {{ interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 2, send = 'probe' }}\n",
+            t1.addr, t2.addr, u1.addr, u2.addr
+        ),
+    );
+    let up = Up::start(&lab, &cli, &config, &cg.rel, &["--drain-kill=all"]);
+    let (start, stop) = (lab.dir().join("start"), lab.dir().join("stop"));
+    let c = Client::start(
+        &lab,
+        &cli,
+        &cg,
+        CLIENT_HOLD_ENV,
+        &format!("{VIP};{uvip};4;{};{}", start.display(), stop.display()),
+        "hold_client_in_cgroup",
+    );
+    std::fs::write(&start, "").unwrap();
+    c.wait_for("HELD", 30);
+    let log = c.log();
+    // Round-robin: two of each kind on each backend.
+    for (kind, b) in [("tcp", &t1), ("tcp", &t2), ("udp", &u1), ("udp", &u2)] {
+        let held = log
+            .lines()
+            .filter(|l| l.starts_with(&format!("HOLD {kind} ")))
+            .filter(|l| l.ends_with(&format!(" {}", b.addr.port())))
+            .count();
+        assert_eq!(held, 2, "{kind} on {}: {log}", b.addr);
+    }
+    // One backend of each service dies: its listener (the held connections stay open on its
+    // side), its UDP socket.
+    t1.kill();
+    u1.kill();
+    let v = status_until(&up, 30, "both dead backends down", |v| {
+        v["services"][0]["backends"][0]["health"] == "down"
+            && v["services"][1]["backends"][0]["health"] == "down"
+    });
+    assert_eq!(v["drain_kill"], "all", "{v}");
+    // Their sockets end: two TCP (ECONNABORTED), two UDP (ECONNABORTED).
+    let until = Instant::now() + Duration::from_secs(20);
+    let gone = loop {
+        let log = c.log();
+        let gone: Vec<String> = log
+            .lines()
+            .filter(|l| l.starts_with("GONE "))
+            .map(str::to_string)
+            .collect();
+        if gone.len() >= 4 {
+            break gone;
+        }
+        assert!(
+            Instant::now() < until,
+            "the dead backends' sockets not ended in 20 s after both were down: {log}\nup: {}\n{}",
+            up.stderr(),
+            up.status()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for l in &gone {
+        let f: Vec<&str> = l.split(' ').collect();
+        let dead = if f[1] == "tcp" { t1.addr } else { u1.addr };
+        assert_eq!(
+            f[3],
+            dead.port().to_string(),
+            "a live backend's socket ended: {l}"
+        );
+        assert_eq!(f[4], libc::ECONNABORTED.to_string(), "{l}");
+    }
+    let v = status_until(&up, 10, "the drained counts", |v| v["drained"] == 4);
+    for s in 0..2 {
+        assert_eq!(v["services"][s]["backends"][0]["drained"], 2, "{v}");
+        assert_eq!(v["services"][s]["backends"][1]["drained"], 0, "{v}");
+    }
+    // A reload that drops the live TCP backend ends its connections too.
+    write_config(
+        &config,
+        &format!(
+            "[[service]]\nname = \"tcp\"\nvip = \"{VIP}\"\nalgorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{}\" }} ]\n\
+             health = {{ interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 2 }}\n\
+             [[service]]\nname = \"udp\"\nvip = \"{uvip}\"\nprotocol = \"udp\"\n\
+             algorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{}\" }}, {{ addr = \"{}\" }} ]\n\
+             health = {{ interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 2, send = 'probe' }}\n",
+            t1.addr, u1.addr, u2.addr
+        ),
+    );
+    let out = up.ask(&["reload"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let ended = format!(" {} {}", t2.addr.port(), libc::ECONNABORTED);
+    let until = Instant::now() + Duration::from_secs(20);
+    while c
+        .log()
+        .lines()
+        .filter(|l| l.starts_with("GONE tcp ") && l.ends_with(&ended))
+        .count()
+        < 2
+    {
+        assert!(
+            Instant::now() < until,
+            "the removed backend's connections not ended in 20 s: {}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    status_until(&up, 10, "the drained count after the reload", |v| {
+        v["drained"] == 6
+    });
+    // The live UDP backend's sockets still work.
+    std::fs::write(&stop, "").unwrap();
+    c.wait_for("DONE", 30);
+    let log = c.log();
+    let alive: Vec<&str> = log.lines().filter(|l| l.starts_with("ALIVE ")).collect();
+    assert_eq!(alive.len(), 2, "{log}");
+    assert!(!log.contains("BROKEN"), "{log}");
+    for l in alive {
+        let f: Vec<&str> = l.split(' ').collect();
+        assert_eq!(
+            (f[1], f[3]),
+            ("udp", u2.addr.port().to_string().as_str()),
+            "{l}"
+        );
+    }
     let (st, _, stderr) = up.stop();
     assert_eq!(st.code(), Some(0), "{stderr}");
 }
