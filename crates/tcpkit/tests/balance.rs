@@ -2093,7 +2093,7 @@ fn hold_client_in_cgroup() {
                     let back = s.send(b"x").and_then(|_| s.recv(&mut buf));
                     return match back {
                         Ok(k) if buf[..k] == *port.as_bytes() => {
-                            say(format!("ALIVE udp {i} {port}"))
+                            say(format!("ALIVE udp {i} {port}"));
                         }
                         other => say(format!("BROKEN udp {i} {port} {other:?}")),
                     };
