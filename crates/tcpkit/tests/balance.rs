@@ -2319,3 +2319,103 @@ fn drain_kill_ends_the_sockets_on_a_dead_backend_and_no_others() {
     let (st, _, stderr) = up.stop();
     assert_eq!(st.code(), Some(0), "{stderr}");
 }
+
+#[test]
+fn run_application_probe_flags_take_out_a_wrongly_answering_backend() {
+    let _g = serial();
+    let (mut lab, cli, srv, _link) = Lab::pair("balappr").unwrap_or_else(|e| panic!("{e}"));
+    let redis = SocketAddr::from((SRV, 6392));
+    redis_on(&mut lab, &srv, &cli, redis);
+    let wrong = backend(&srv);
+    let start = lab.dir().join("start");
+    let exe = std::env::current_exe().unwrap();
+    let argv = [
+        tcpkit().to_string(),
+        "balance".into(),
+        "run".into(),
+        "--vip".into(),
+        VIP.into(),
+        "--backend".into(),
+        redis.to_string(),
+        "--backend".into(),
+        wrong.addr.to_string(),
+        "--algorithm".into(),
+        "round-robin".into(),
+        "--health-interval".into(),
+        "100ms".into(),
+        "--fall".into(),
+        "2".into(),
+        "--health-send".into(),
+        "PING\\r\\n".into(),
+        "--health-expect".into(),
+        "+PONG".into(),
+        "--json".into(),
+        "--".into(),
+        "env".into(),
+        format!("{CLIENT_PING_ENV}={VIP};10;{}", start.display()),
+        exe.display().to_string(),
+        "--exact".into(),
+        "ping_client_in_cgroup".into(),
+        "--nocapture".into(),
+    ];
+    let (out, err) = (lab.dir().join("run.out"), lab.dir().join("run.err"));
+    let mut child = KillOnDrop(
+        cli.command(&refs(&argv))
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let read =
+        |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    // Probes of one backend run one after another: its third connection comes after its
+    // second probe failed, and that failure (fall 2) took it out before the next began.
+    let until = Instant::now() + Duration::from_secs(20);
+    while wrong.accepted.load(Ordering::SeqCst) < 3 {
+        assert!(
+            Instant::now() < until,
+            "no third probe in 20 s: {}",
+            read(&err)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&start, "").unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    let st = loop {
+        if let Some(st) = child.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > until {
+            panic!("balance run not done in 30 s: {}", read(&err));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = read(&err);
+    assert_eq!(st.code(), Some(0), "{log}");
+    let replies = log.lines().filter(|l| *l == "REPLY +PONG").count();
+    assert_eq!(replies, 10, "{log}");
+    let stdout = read(&out);
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    schema::check(&schema::load("balance"), &v, "balance");
+    let b = &v["services"][0]["backends"];
+    assert_eq!(
+        (b[0]["connects"].as_u64(), b[0]["up"].as_bool()),
+        (Some(10), Some(true)),
+        "{v}"
+    );
+    assert_eq!(
+        (b[1]["connects"].as_u64(), b[1]["up"].as_bool()),
+        (Some(0), Some(false)),
+        "{v}"
+    );
+}
+
+/// A child process killed (and reaped) when the test ends, even by a panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
