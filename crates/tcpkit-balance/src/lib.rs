@@ -16,6 +16,7 @@ pub mod features;
 pub mod file;
 pub mod health;
 pub mod loader;
+pub mod pin;
 pub mod report;
 pub mod run;
 pub mod status;

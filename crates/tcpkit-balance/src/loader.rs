@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::cgroup_sock_addr::CgroupSockAddrLinkId;
+use aya::programs::links::FdLink;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
@@ -114,6 +116,8 @@ pub enum LoadError {
     Full,
     #[error("counting CPUs: {0}")]
     Cpus(#[source] std::io::Error),
+    #[error("pinning {0}: {1}")]
+    Pin(String, String),
 }
 
 /// What the programs counted, summed over CPUs.
@@ -142,6 +146,8 @@ pub struct Balancer {
     generation: Vec<u32>,
     /// The services in the order they were given: service index -> slot.
     order: Vec<usize>,
+    /// The links made by [`Balancer::attach`], until [`Balancer::pin`] takes them.
+    links: Vec<(&'static str, CgroupSockAddrLinkId)>,
 }
 
 #[derive(Debug, Clone)]
@@ -175,6 +181,7 @@ impl Balancer {
             slots: vec![None; MAX_SERVICES],
             generation: vec![0; MAX_SERVICES],
             order: (0..services.len()).collect(),
+            links: Vec::new(),
         };
         for (i, s) in services.iter().enumerate() {
             b.slots[i] = Some(Slot {
@@ -462,8 +469,48 @@ impl Balancer {
                 ))?
                 .try_into()
                 .map_err(|e| LoadError::Program(name, e))?;
-            p.attach(&cg, CgroupAttachMode::Single)
+            let id = p
+                .attach(&cg, CgroupAttachMode::Single)
                 .map_err(|e| LoadError::Program(name, e))?;
+            self.links.push((name, id));
+        }
+        Ok(())
+    }
+
+    /// The maps pinned by [`Balancer::pin`] (the trace ring buffer, read by this process
+    /// only, is not).
+    pub const PINNED_MAPS: [&'static str; 6] = [
+        "services", "backends", "revnat", "counters", "picks", "ring",
+    ];
+
+    /// Pins every link (`DIR/link_<program>`) and map (`DIR/map_<name>`) under `dir` (on a
+    /// bpf filesystem): they outlive this process until the pins are removed.
+    pub fn pin(&mut self, dir: &Path) -> Result<(), LoadError> {
+        let pin_err = |what: String, e: &dyn std::fmt::Display| LoadError::Pin(what, e.to_string());
+        for (name, id) in std::mem::take(&mut self.links) {
+            let p: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(LoadError::Program(
+                    name,
+                    aya::programs::ProgramError::UnexpectedProgramType,
+                ))?
+                .try_into()
+                .map_err(|e| LoadError::Program(name, e))?;
+            let link = p.take_link(id).map_err(|e| LoadError::Program(name, e))?;
+            let path = dir.join(format!("link_{name}"));
+            let fd = FdLink::try_from(link).map_err(|e| pin_err(path.display().to_string(), &e))?;
+            // The pin holds the link; the descriptor returned is closed at once.
+            fd.pin(&path)
+                .map_err(|e| pin_err(path.display().to_string(), &e))?;
+        }
+        for name in Self::PINNED_MAPS {
+            let path = dir.join(format!("map_{name}"));
+            self.ebpf
+                .map(name)
+                .ok_or(LoadError::NoMap(name))?
+                .pin(&path)
+                .map_err(|e| pin_err(path.display().to_string(), &e))?;
         }
         Ok(())
     }

@@ -66,6 +66,9 @@ pub struct StatusReport {
     pub getpeername_vip: u64,
     pub stale: u64,
     pub trace_lost: u64,
+    /// Where the links and maps are pinned (`--pin DIR`): they outlive the process until
+    /// `balance down`. Null without it.
+    pub pin: Option<String>,
     /// `--drain-kill`'s choice (`udp`, `tcp`, `all`); null without it.
     pub drain_kill: Option<String>,
     /// Sockets `--drain-kill` ended, for every backend (those removed by a reload included).
@@ -175,6 +178,12 @@ impl Report for StatusReport {
                 self.drained
             );
         }
+        if let Some(p) = &self.pin {
+            let _ = writeln!(
+                s,
+                "Pinned at {p}: the balancing stays after this process ends, until tcpkit balance down --pin {p}"
+            );
+        }
         let c = &self.control;
         let _ = writeln!(
             s,
@@ -257,6 +266,7 @@ mod tests {
             stale: 0,
             trace_lost: 0,
             drain_kill: Some("all".into()),
+            pin: None,
             drained: 3,
             features: vec![Feature {
                 name: "bpf_sock_destroy".into(),

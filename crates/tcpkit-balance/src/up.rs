@@ -31,6 +31,8 @@ pub struct UpOptions {
     pub metrics: Option<std::net::SocketAddr>,
     /// End the sockets still on a backend that goes down or leaves (`--drain-kill`).
     pub drain: Option<DrainKill>,
+    /// Pin the links and maps here (`--pin DIR`): the balancing outlives this process.
+    pub pin: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,8 @@ pub enum UpError {
     Health(String),
     #[error("--metrics {0}: {1}")]
     Metrics(std::net::SocketAddr, #[source] std::io::Error),
+    #[error(transparent)]
+    Pin(#[from] crate::pin::PinError),
 }
 
 /// What reload and status share with the main loop.
@@ -187,6 +191,7 @@ struct Fixed {
     started: Instant,
     features: Vec<Feature>,
     control: Arc<control::Counts>,
+    pin: Option<String>,
 }
 
 fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<StatusReport, LoadError> {
@@ -255,6 +260,7 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
         stale: counters.stale,
         trace_lost: counters.trace_lost,
         drain_kill: d.drain.map(|w| w.name().into()),
+        pin: f.pin.clone(),
         drained: d.drained_removed + states.iter().flatten().map(|h| h.drained).sum::<u64>(),
         features: f.features.clone(),
         control: f.control.stats(),
@@ -285,6 +291,9 @@ pub fn up(
     let cg = cgroup::resolve(opts.cgroup.as_deref(), &mount)?;
     // Before anything is loaded: a second `up` on the same socket attaches nothing.
     let listener = control::bind(&opts.socket)?;
+    if let Some(dir) = &opts.pin {
+        crate::pin::prepare(dir)?;
+    }
     let features = features::probe();
     let services: Vec<_> = configs.iter().map(|c| c.service.clone()).collect();
     let mut balancer = Balancer::load(&services, opts.trace)?;
@@ -294,6 +303,14 @@ pub fn up(
         None
     };
     balancer.attach(&cg)?;
+    if let Some(dir) = &opts.pin {
+        if let Err(e) = balancer.pin(dir) {
+            // Half a set of pins would keep half a balancer: none stays.
+            let _ = crate::pin::down(dir);
+            let _ = std::fs::remove_dir(dir);
+            return Err(e.into());
+        }
+    }
     let balancer = Arc::new(Mutex::new(balancer));
     let state: State = Arc::new(Mutex::new(
         configs
@@ -320,6 +337,7 @@ pub fn up(
         started: Instant::now(),
         features,
         control: Arc::default(),
+        pin: opts.pin.as_ref().map(|p| p.display().to_string()),
     });
     let handler: Arc<Handler> = {
         let (d, f) = (Arc::clone(&daemon), Arc::clone(&fixed));

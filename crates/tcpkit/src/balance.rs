@@ -35,7 +35,7 @@ pub enum Sub {
     Run(RunArgs),
     /// Balance the services of a TOML configuration file for every process of a cgroup (the
     /// whole host unless --cgroup), until SIGINT/SIGTERM; the BPF links go with this process
-    /// however it ends. SIGHUP (or `balance reload`) re-reads the file and swaps each
+    /// however it ends (unless --pin). SIGHUP (or `balance reload`) re-reads the file and swaps each
     /// service's backends atomically, established connections untouched; a bad file is
     /// refused with its one line and the running configuration stays. On stop, the status
     /// report (as `balance status` shows it) goes to stdout; exit 0.
@@ -44,6 +44,10 @@ pub enum Sub {
     /// for the answer: exit 0 when the new file is in force, 1 with the file's error when it
     /// was refused (the running configuration stays).
     Reload(ReloadArgs),
+    /// Remove what `balance up --pin DIR` left pinned (its links and maps): the programs are
+    /// detached and the maps freed by the kernel with the last pin. Exit 1 when nothing is
+    /// pinned there.
+    Down(DownArgs),
     /// Show the running `balance up`: per service its VIP and algorithm, per backend its
     /// weight, health, last change and connections sent to it, and the kernel features found.
     /// Exit 1 when no `up` answers.
@@ -83,6 +87,14 @@ pub struct UpArgs {
           require_equals = true, default_missing_value = "udp")]
     pub drain_kill: Option<DrainArg>,
 
+    /// Pin the links and maps under DIR (on a bpf filesystem, e.g. /sys/fs/bpf/tcpkit/balance):
+    /// the balancing then stays after this process ends, even by SIGKILL (for upgrades),
+    /// with the backend sets as they last were (health checks, reload and status end with
+    /// the process), until `tcpkit balance down --pin DIR`. A DIR that holds pins already is
+    /// refused (run `down` first): nothing is adopted.
+    #[arg(long, value_name = "DIR")]
+    pub pin: Option<PathBuf>,
+
     /// Serve Prometheus metrics on ADDR (IP:PORT; port 0 picks one, said on stderr): per
     /// backend connections, health, probes; reloads, trace drops. HTTP/1.0 GET /metrics,
     /// one connection at a time, head at most 8 KiB within 2 s.
@@ -91,6 +103,13 @@ pub struct UpArgs {
 
     #[command(flatten)]
     pub out: OutputFlags,
+}
+
+#[derive(Debug, Parser)]
+pub struct DownArgs {
+    /// The directory `balance up --pin` was given (on a bpf filesystem).
+    #[arg(long, value_name = "DIR", default_value = tcpkit_balance::pin::DEFAULT_DIR)]
+    pub pin: PathBuf,
 }
 
 #[derive(Debug, Parser)]
@@ -333,6 +352,7 @@ pub fn main(args: Args, interrupted: &'static AtomicBool) -> Result<(), Failure>
         Sub::Run(a) => run(a, interrupted),
         Sub::Up(a) => up(a, interrupted),
         Sub::Reload(a) => reload(a),
+        Sub::Down(a) => down(a),
         Sub::Status(a) => status(a),
     }
 }
@@ -350,6 +370,7 @@ fn up(a: UpArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
         trace: a.trace,
         metrics: a.metrics,
         drain: a.drain_kill.map(DrainArg::kind),
+        pin: a.pin,
     };
     let report = tcpkit_balance::up(&opts, interrupted, hangup)
         .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
@@ -359,6 +380,15 @@ fn up(a: UpArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
 /// How long reload and status wait for their answer (a reload waits for the probers of the
 /// old configuration to end: at most a probe timeout).
 const ASK_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn down(a: DownArgs) -> Result<(), Failure> {
+    let n = tcpkit_balance::pin::down(&a.pin).map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    eprintln!(
+        "tcpkit balance: down: {n} pins removed from {}",
+        a.pin.display()
+    );
+    Ok(())
+}
 
 fn reload(a: ReloadArgs) -> Result<(), Failure> {
     let n = tcpkit_balance::control::ask_reload(&a.socket, ASK_TIMEOUT)

@@ -2419,3 +2419,126 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+// ---- --pin and balance down -----------------------------------------------------------------
+
+/// A bpf filesystem mounted for one test (this host has none at /sys/fs/bpf); on drop, what
+/// is pinned under PIN is removed (`balance down`) and it is unmounted, even after a panic.
+struct Bpffs {
+    mount: PathBuf,
+    pin: PathBuf,
+}
+
+impl Bpffs {
+    fn new(under: &Path) -> Bpffs {
+        let mount = under.join("bpffs");
+        std::fs::create_dir_all(&mount).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&mount)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount -t bpf on {}", mount.display());
+        Bpffs {
+            pin: mount.join("tcpkit").join("balance"),
+            mount,
+        }
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = Command::new(tcpkit())
+            .args(["balance", "down", "--pin"])
+            .arg(&self.pin)
+            .output();
+        let _ = Command::new("umount").arg(&self.mount).status();
+    }
+}
+
+#[test]
+fn pin_keeps_balancing_after_sigkill_until_down() {
+    let _g = serial();
+    let (lab, cli, srv, _link) = Lab::pair("balpin").unwrap_or_else(|e| panic!("{e}"));
+    let b1 = backend(&srv);
+    let cg = TestCgroup::new("pin");
+    let fs = Bpffs::new(lab.dir());
+    let config = lab.dir().join("lb.toml");
+    write_config(&config, &rr_config(&[b1.addr], false));
+    let pin = fs.pin.to_str().unwrap();
+    let mut up = Up::start(&lab, &cli, &config, &cg.rel, &["--pin", pin]);
+    assert_eq!(up.status()["pin"], pin);
+    let (progs, maps) = attached(&cg.path);
+    assert_eq!(progs.len(), 8, "programs on {}", cg.path.display());
+    // Killed: nothing of its own runs, the pins keep the programs attached.
+    up.signal(libc::SIGKILL);
+    up.child.wait().unwrap();
+    assert_eq!(
+        attached(&cg.path).0,
+        progs,
+        "the pinned programs left with the process"
+    );
+    let start = lab.dir().join("start");
+    let c = Client::start(
+        &lab,
+        &cli,
+        &cg,
+        CLIENT_ENV,
+        &format!("{VIP};3;;{}", start.display()),
+        "client_in_cgroup",
+    );
+    std::fs::write(&start, "").unwrap();
+    c.wait_for("READY", 20);
+    let got = conns(&c.log());
+    assert_eq!(
+        got,
+        vec![(VIP.to_string(), b1.addr.port()); 3],
+        "{}",
+        c.log()
+    );
+    // A second up on the same pins refuses in one line and attaches nothing more.
+    let out = cli
+        .command(&[
+            tcpkit(),
+            "balance",
+            "up",
+            "--config",
+            config.to_str().unwrap(),
+            "--cgroup",
+            &cg.rel,
+            "--socket",
+            lab.dir().join("again.sock").to_str().unwrap(),
+            "--pin",
+            pin,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.trim_end()
+            .lines()
+            .last()
+            .unwrap_or("")
+            .contains("holds a pinned balancer already"),
+        "{err}"
+    );
+    assert_eq!(attached(&cg.path).0, progs);
+    // down: the pins go, and with them the programs and maps.
+    let out = Command::new(tcpkit())
+        .args(["balance", "down", "--pin", pin])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_all_gone(&progs, &maps);
+    assert!(attached(&cg.path).0.is_empty());
+    assert!(!fs.pin.exists());
+    let out = Command::new(tcpkit())
+        .args(["balance", "down", "--pin", pin])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("nothing pinned there"), "{err}");
+    drop(c);
+}
