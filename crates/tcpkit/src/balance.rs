@@ -567,6 +567,23 @@ mod tests {
         );
         let a = Args::try_parse_from(["balance", "status", "--json", "--socket", "/s"]).unwrap();
         assert!(matches!(a.cmd, Sub::Status(StatusArgs { json: true, .. })));
+        let a = Args::try_parse_from([
+            "balance",
+            "up",
+            "--config",
+            "lb.toml",
+            "--pin",
+            "/sys/fs/bpf/x",
+            "--drain-kill=tcp",
+        ])
+        .unwrap();
+        let Sub::Up(u) = a.cmd else { panic!("not up") };
+        assert_eq!(u.pin, Some(PathBuf::from("/sys/fs/bpf/x")));
+        assert!(matches!(u.drain_kill, Some(DrainArg::Tcp)));
+        let a = Args::try_parse_from(["balance", "down"]).unwrap();
+        assert!(
+            matches!(a.cmd, Sub::Down(DownArgs { pin }) if pin.as_os_str() == tcpkit_balance::pin::DEFAULT_DIR)
+        );
         let a = Args::try_parse_from(["balance", "reload", "--socket", "/s"]).unwrap();
         assert!(matches!(a.cmd, Sub::Reload(ReloadArgs { socket }) if socket.as_os_str() == "/s"));
     }
