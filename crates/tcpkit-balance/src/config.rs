@@ -126,6 +126,10 @@ pub enum ConfigError {
     HealthTimeout,
     #[error("--rise and --fall count probes: 1 or more")]
     RiseFall,
+    #[error("--health-{0}: at most {1} bytes")]
+    HealthPayload(&'static str, usize),
+    #[error("--health-expect: a UDP probe expects a reply to --health-send, which is missing")]
+    UdpExpectWithoutSend,
 }
 
 impl Service {

@@ -15,8 +15,14 @@
 //!   { addr = "198.18.0.2:6379", weight = 2 },
 //!   { addr = "198.18.0.3:6380" },
 //! ]
-//! health = { interval = "1s", timeout = "500ms", rise = 2, fall = 3 }
+//! health = { interval = "1s", timeout = "500ms", rise = 2, fall = 3,
+//!            send = 'PING\r\n', expect = "+PONG" }   # optional: an application probe
 //! ```
+//!
+//! `send` and `expect` take the C-style escapes of `--health-send` (`\r`, `\n`, `\xHH`, ...;
+//! in a TOML literal string, or with doubled backslashes). Without them a TCP service's probe
+//! is a connect and a UDP service's an empty datagram that ICMP port unreachable may answer
+//! (`health::Probe`).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -25,7 +31,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::config::{self, Algorithm, Backend, ConfigError, HashKey, Protocol, Service};
-use crate::health::HealthOptions;
+use crate::health::{self, HealthOptions};
 
 /// Most bytes a configuration file may have: bounded before it is read whole.
 pub const MAX_FILE: u64 = 1 << 20;
@@ -86,6 +92,8 @@ struct RawHealth {
     timeout: Option<RawDuration>,
     rise: Option<u32>,
     fall: Option<u32>,
+    send: Option<String>,
+    expect: Option<String>,
 }
 
 /// `"500ms"`, `"2s"`, or a number of seconds.
@@ -220,13 +228,19 @@ fn service(s: RawService) -> Result<ServiceConfig, String> {
     }
     let health = match &s.health {
         None => None,
-        Some(_) if protocol == Protocol::Udp => {
-            return Err(
-                "health: probes are TCP connects, which a UDP service's backends need not answer"
-                    .into(),
-            )
-        }
         Some(h) => {
+            let bytes = |t: &Option<String>, key: &str| {
+                t.as_deref()
+                    .map(health::unescape)
+                    .transpose()
+                    .map_err(|e| format!("health.{key}: {e}"))
+            };
+            let probe = health::Probe::new(
+                protocol == Protocol::Udp,
+                bytes(&h.send, "send")?,
+                bytes(&h.expect, "expect")?,
+            )
+            .map_err(|e| unflag(&e).replacen("health-", "health.", 1))?;
             let d = |r: &RawDuration, key: &str| r.get().map_err(|e| format!("health.{key} {e}"));
             let interval = d(&h.interval, "interval")?;
             let timeout = match &h.timeout {
@@ -239,6 +253,7 @@ fn service(s: RawService) -> Result<ServiceConfig, String> {
                     timeout,
                     h.rise.unwrap_or(HealthOptions::DEFAULT_RISE),
                     h.fall.unwrap_or(HealthOptions::DEFAULT_FALL),
+                    probe,
                 )
                 .map_err(|e| unflag(&e))?,
             )
@@ -282,7 +297,8 @@ backends = [ { addr = "198.18.0.2:53" } ]
         assert_eq!(s[0].service.algorithm, Algorithm::Maglev(HashKey::Client));
         assert_eq!(s[0].service.backends[0].weight, 2);
         assert_eq!(s[0].service.protocol, Protocol::Tcp);
-        let h = s[0].health.unwrap();
+        let h = s[0].health.clone().unwrap();
+        assert_eq!(h.probe, health::Probe::Connect);
         assert_eq!(
             (h.interval, h.timeout, h.rise, h.fall),
             (
@@ -295,6 +311,45 @@ backends = [ { addr = "198.18.0.2:53" } ]
         assert_eq!(s[1].name, "198.19.0.1:53");
         assert_eq!(s[1].service.protocol, Protocol::Udp);
         assert!(s[1].health.is_none());
+    }
+
+    #[test]
+    fn application_probes_from_the_file() {
+        let s = parse(
+            "lb.toml",
+            r#"
+[[service]]
+vip = "198.19.0.1:6379"
+backends = [ { addr = "198.18.0.2:6379" } ]
+health = { interval = "1s", send = 'PING\r\n', expect = "+PONG" }
+[[service]]
+vip = "198.19.0.1:53"
+protocol = "udp"
+backends = [ { addr = "198.18.0.2:53" } ]
+health = { interval = "1s", send = '\x12\x34', expect = '\x12\x34' }
+[[service]]
+vip = "198.19.0.1:54"
+protocol = "udp"
+backends = [ { addr = "198.18.0.2:54" } ]
+health = { interval = "1s" }
+"#,
+        )
+        .unwrap();
+        let probes: Vec<_> = s.iter().map(|c| c.health.clone().unwrap().probe).collect();
+        assert_eq!(
+            probes,
+            [
+                health::Probe::Tcp {
+                    send: b"PING\r\n".to_vec(),
+                    expect: b"+PONG".to_vec()
+                },
+                health::Probe::Udp {
+                    send: vec![0x12, 0x34],
+                    expect: vec![0x12, 0x34]
+                },
+                health::Probe::UdpUnreachable,
+            ]
+        );
     }
 
     #[test]
@@ -353,8 +408,12 @@ backends = [ { addr = "198.18.0.2:53" } ]
             ),
             ("vip = \"198.19.0.1:80\"\nalgorithm = \"fastest\"", "algorithm 'fastest'"),
             (
-                "vip = \"198.19.0.1:80\"\nprotocol = \"udp\"\nhealth = { interval = \"1s\" }",
-                "health: probes are TCP",
+                "vip = \"198.19.0.1:80\"\nprotocol = \"udp\"\nhealth = { interval = \"1s\", expect = \"x\" }",
+                "health.expect: a UDP probe expects a reply",
+            ),
+            (
+                "vip = \"198.19.0.1:80\"\nhealth = { interval = \"1s\", send = 'a\\q' }",
+                "health.send: unknown escape",
             ),
             (
                 "vip = \"198.19.0.1:80\"\nhealth = { interval = \"0s\" }",

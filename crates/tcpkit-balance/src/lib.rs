@@ -11,10 +11,12 @@
 pub mod cgroup;
 pub mod config;
 pub mod control;
+pub mod drain;
 pub mod features;
 pub mod file;
 pub mod health;
 pub mod loader;
+pub mod pin;
 pub mod report;
 pub mod run;
 pub mod status;

@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::cgroup_sock_addr::CgroupSockAddrLinkId;
+use aya::programs::links::FdLink;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
@@ -54,8 +56,20 @@ struct Backend {
     index: u32,
 }
 
+/// bpf/balance.h struct revnat: what getpeername shows (vip) for a socket sent to bip.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Revnat {
+    vip: [u32; 4],
+    bip: [u32; 4],
+    vport: u16,
+    bport: u16,
+}
+
 // SAFETY: plain #[repr(C)] integers without padding bytes: any bit pattern is a valid value.
 unsafe impl aya::Pod for SvcKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Revnat {}
 // SAFETY: as above.
 unsafe impl aya::Pod for Svc {}
 // SAFETY: as above.
@@ -102,6 +116,8 @@ pub enum LoadError {
     Full,
     #[error("counting CPUs: {0}")]
     Cpus(#[source] std::io::Error),
+    #[error("pinning {0}: {1}")]
+    Pin(String, String),
 }
 
 /// What the programs counted, summed over CPUs.
@@ -130,6 +146,8 @@ pub struct Balancer {
     generation: Vec<u32>,
     /// The services in the order they were given: service index -> slot.
     order: Vec<usize>,
+    /// The links made by [`Balancer::attach`], until [`Balancer::pin`] takes them.
+    links: Vec<(&'static str, CgroupSockAddrLinkId)>,
 }
 
 #[derive(Debug, Clone)]
@@ -163,6 +181,7 @@ impl Balancer {
             slots: vec![None; MAX_SERVICES],
             generation: vec![0; MAX_SERVICES],
             order: (0..services.len()).collect(),
+            links: Vec::new(),
         };
         for (i, s) in services.iter().enumerate() {
             b.slots[i] = Some(Slot {
@@ -450,8 +469,83 @@ impl Balancer {
                 ))?
                 .try_into()
                 .map_err(|e| LoadError::Program(name, e))?;
-            p.attach(&cg, CgroupAttachMode::Single)
+            let id = p
+                .attach(&cg, CgroupAttachMode::Single)
                 .map_err(|e| LoadError::Program(name, e))?;
+            self.links.push((name, id));
+        }
+        Ok(())
+    }
+
+    /// The maps pinned by [`Balancer::pin`] (the trace ring buffer, read by this process
+    /// only, is not).
+    pub const PINNED_MAPS: [&'static str; 6] = [
+        "services", "backends", "revnat", "counters", "picks", "ring",
+    ];
+
+    /// Pins every link (`DIR/link_<program>`) and map (`DIR/map_<name>`) under `dir` (on a
+    /// bpf filesystem): they outlive this process until the pins are removed.
+    pub fn pin(&mut self, dir: &Path) -> Result<(), LoadError> {
+        let pin_err = |what: String, e: &dyn std::fmt::Display| LoadError::Pin(what, e.to_string());
+        for (name, id) in std::mem::take(&mut self.links) {
+            let p: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(LoadError::Program(
+                    name,
+                    aya::programs::ProgramError::UnexpectedProgramType,
+                ))?
+                .try_into()
+                .map_err(|e| LoadError::Program(name, e))?;
+            let link = p.take_link(id).map_err(|e| LoadError::Program(name, e))?;
+            let path = dir.join(format!("link_{name}"));
+            let fd = FdLink::try_from(link).map_err(|e| pin_err(path.display().to_string(), &e))?;
+            // The pin holds the link; the descriptor returned is closed at once.
+            fd.pin(&path)
+                .map_err(|e| pin_err(path.display().to_string(), &e))?;
+        }
+        for name in Self::PINNED_MAPS {
+            let path = dir.join(format!("map_{name}"));
+            self.ebpf
+                .map(name)
+                .ok_or(LoadError::NoMap(name))?
+                .pin(&path)
+                .map_err(|e| pin_err(path.display().to_string(), &e))?;
+        }
+        Ok(())
+    }
+
+    /// The cookies of the sockets the programs sent to `backend` (the reverse map's entries
+    /// toward it, in IPv4 form or v4-mapped), for `--drain-kill`.
+    pub fn cookies_toward(
+        &self,
+        backend: SocketAddr,
+    ) -> Result<std::collections::HashSet<u64>, LoadError> {
+        let (ip, port, family) = key_of(&backend);
+        let mapped = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), ip[0]];
+        let map = self.ebpf.map("revnat").ok_or(LoadError::NoMap("revnat"))?;
+        let m: HashMap<_, u64, Revnat> =
+            HashMap::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
+        Ok(m.iter()
+            // An entry that went (LRU) between the key and its value is no socket to end.
+            .filter_map(Result::ok)
+            .filter(|(_, r)| r.bport == port && (r.bip == ip || (family == 4 && r.bip == mapped)))
+            .map(|(k, _)| k)
+            .collect())
+    }
+
+    /// Drops the reverse-map entries of `cookies`: an unconnected UDP socket's next datagram
+    /// to its VIP then picks a backend again.
+    pub fn forget(&mut self, cookies: &[u64]) -> Result<(), LoadError> {
+        let map = self
+            .ebpf
+            .map_mut("revnat")
+            .ok_or(LoadError::NoMap("revnat"))?;
+        let mut m: HashMap<_, u64, Revnat> =
+            HashMap::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
+        for c in cookies {
+            // Gone already is what was asked.
+            let _ = m.remove(c);
         }
         Ok(())
     }
@@ -509,6 +603,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<SvcKey>(), 20);
         assert_eq!(std::mem::size_of::<Svc>(), 16);
         assert_eq!(std::mem::size_of::<Backend>(), 24);
+        assert_eq!(std::mem::size_of::<Revnat>(), 36);
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub struct BackendReport {
     pub probes_failed: u64,
     /// Times it was marked down.
     pub downs: u64,
+    /// Sockets `--drain-kill` ended when it went down.
+    pub drained: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -89,14 +91,20 @@ impl Report for RunReport {
             );
             for b in &svc.backends {
                 let health = match b.up {
-                    Some(up) => format!(
-                        ", {} at end, {} probes ({} failed), down {} time{}",
-                        if up { "up" } else { "down" },
-                        b.probes,
-                        b.probes_failed,
-                        b.downs,
-                        if b.downs == 1 { "" } else { "s" }
-                    ),
+                    Some(up) => {
+                        format!(
+                            ", {} at end, {} probes ({} failed), down {} time{}",
+                            if up { "up" } else { "down" },
+                            b.probes,
+                            b.probes_failed,
+                            b.downs,
+                            if b.downs == 1 { "" } else { "s" }
+                        ) + &if b.drained > 0 {
+                            format!(", {} sockets ended (--drain-kill)", b.drained)
+                        } else {
+                            String::new()
+                        }
+                    }
                     None => String::new(),
                 };
                 let _ = writeln!(

@@ -32,6 +32,8 @@ pub struct RunOptions {
     pub health: Option<HealthOptions>,
     /// Print every selection on stderr (`--trace`).
     pub trace: bool,
+    /// End the sockets still on a backend that goes down (`--drain-kill`).
+    pub drain: Option<crate::drain::DrainKill>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +121,7 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
         });
     }
     let balancer = Arc::new(Mutex::new(balancer));
-    let health = opts.health.map(|o| {
+    let health = opts.health.as_ref().map(|o| {
         let state = Arc::new(Mutex::new(
             opts.services
                 .iter()
@@ -128,9 +130,10 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
         ));
         Health::start(
             &opts.services,
-            &vec![Some(o); opts.services.len()],
+            &vec![Some(o.clone()); opts.services.len()],
             Arc::clone(&balancer),
             state,
+            opts.drain,
         )
     });
     let start = Instant::now();
@@ -212,6 +215,7 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
                         probes: h.map_or(0, |h| h.probes),
                         probes_failed: h.map_or(0, |h| h.failed),
                         downs: h.map_or(0, |h| h.downs),
+                        drained: h.map_or(0, |h| h.drained),
                     }
                 })
                 .collect(),

@@ -26,6 +26,10 @@ pub struct BackendStatus {
     pub probes_failed: u64,
     /// Times it was marked down.
     pub downs: u64,
+    /// Why the last probe failed, while it is down (null when up or unchecked).
+    pub down_reason: Option<String>,
+    /// Sockets `--drain-kill` ended when it went down.
+    pub drained: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,6 +41,8 @@ pub struct ServiceStatus {
     pub algorithm: String,
     /// What maglev hashes (`client` or `cookie`); null for the other algorithms.
     pub hash_key: Option<String>,
+    /// How its backends are probed (`health::Probe::kind`); null without health checks.
+    pub probe: Option<String>,
     pub backends: Vec<BackendStatus>,
 }
 
@@ -60,6 +66,13 @@ pub struct StatusReport {
     pub getpeername_vip: u64,
     pub stale: u64,
     pub trace_lost: u64,
+    /// Where the links and maps are pinned (`--pin DIR`): they outlive the process until
+    /// `balance down`. Null without it.
+    pub pin: Option<String>,
+    /// `--drain-kill`'s choice (`udp`, `tcp`, `all`); null without it.
+    pub drain_kill: Option<String>,
+    /// Sockets `--drain-kill` ended, for every backend (those removed by a reload included).
+    pub drained: u64,
     pub features: Vec<Feature>,
     /// What the control socket met (requests answered, peers turned away).
     pub control: ControlStats,
@@ -121,7 +134,7 @@ impl Report for StatusReport {
             let total: u64 = svc.backends.iter().map(|b| b.connections).sum();
             let _ = writeln!(
                 s,
-                "{:<4} {:<33} {:<9} {:>11}  {}",
+                "{:<4} {:<33} {:<9} {:>11}  {}{}",
                 svc.protocol.to_uppercase(),
                 svc.vip,
                 scheduler(svc),
@@ -130,6 +143,10 @@ impl Report for StatusReport {
                     svc.name.as_str()
                 } else {
                     ""
+                },
+                match &svc.probe {
+                    Some(p) => format!(" (probe {p})"),
+                    None => String::new(),
                 }
             );
             for b in &svc.backends {
@@ -144,6 +161,9 @@ impl Report for StatusReport {
                     b.probes,
                     b.probes_failed
                 );
+                if let Some(why) = &b.down_reason {
+                    let _ = writeln!(s, "       down: {why}");
+                }
             }
         }
         let _ = writeln!(
@@ -151,6 +171,19 @@ impl Report for StatusReport {
             "Connects: {} translated, {} refused (no backend); getpeername/recvmsg: {} shown the VIP, {} stale; trace lost {}",
             self.translated, self.refused, self.getpeername_vip, self.stale, self.trace_lost
         );
+        if let Some(w) = &self.drain_kill {
+            let _ = writeln!(
+                s,
+                "Drain-kill ({w}): {} sockets ended on backends that went down or left",
+                self.drained
+            );
+        }
+        if let Some(p) = &self.pin {
+            let _ = writeln!(
+                s,
+                "Pinned at {p}: the balancing stays after this process ends, until tcpkit balance down --pin {p}"
+            );
+        }
         let c = &self.control;
         let _ = writeln!(
             s,
@@ -213,6 +246,7 @@ mod tests {
                 protocol: "tcp".into(),
                 algorithm: "round-robin".into(),
                 hash_key: None,
+                probe: Some("tcp-send-expect".into()),
                 backends: vec![BackendStatus {
                     addr: "198.18.0.2:6379".into(),
                     weight: 1,
@@ -222,6 +256,8 @@ mod tests {
                     probes: 12,
                     probes_failed: 0,
                     downs: 0,
+                    down_reason: None,
+                    drained: 0,
                 }],
             }],
             translated: 10,
@@ -229,6 +265,9 @@ mod tests {
             getpeername_vip: 10,
             stale: 0,
             trace_lost: 0,
+            drain_kill: Some("all".into()),
+            pin: None,
+            drained: 3,
             features: vec![Feature {
                 name: "bpf_sock_destroy".into(),
                 kind: "kfunc".into(),
@@ -242,6 +281,7 @@ mod tests {
         assert!(h.contains("TCP  198.19.0.1:6379"), "{h}");
         assert!(h.contains("  -> 198.18.0.2:6379"), "{h}");
         assert!(h.contains("up        "), "{h}");
+        assert!(h.contains("Drain-kill (all): 3 sockets ended"), "{h}");
         assert!(
             h.contains("bpf_sock_destroy       kfunc  NO    without it: x"),
             "{h}"

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use crate::cgroup::{self, CgroupError, PrivateMount};
 use crate::config::{Algorithm, HashKey};
 use crate::control::{self, Control, ControlError, Handler};
+use crate::drain::DrainKill;
 use crate::features::{self, Feature};
 use crate::file::{self, FileError, ServiceConfig};
 use crate::health::{lock, BackendHealth, Health, State};
@@ -28,6 +29,10 @@ pub struct UpOptions {
     pub trace: bool,
     /// Serve Prometheus metrics here (`--metrics ADDR`).
     pub metrics: Option<std::net::SocketAddr>,
+    /// End the sockets still on a backend that goes down or leaves (`--drain-kill`).
+    pub drain: Option<DrainKill>,
+    /// Pin the links and maps here (`--pin DIR`): the balancing outlives this process.
+    pub pin: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +49,8 @@ pub enum UpError {
     Health(String),
     #[error("--metrics {0}: {1}")]
     Metrics(std::net::SocketAddr, #[source] std::io::Error),
+    #[error(transparent)]
+    Pin(#[from] crate::pin::PinError),
 }
 
 /// What reload and status share with the main loop.
@@ -55,14 +62,18 @@ struct Daemon {
     health: Option<Health>,
     reloads: u64,
     reloads_refused: u64,
+    drain: Option<DrainKill>,
+    /// Sockets ended because their backend left the configuration (reload).
+    drained_removed: u64,
 }
 
 fn start_health(
     configs: &[ServiceConfig],
     balancer: &Arc<Mutex<Balancer>>,
     state: &State,
+    drain: Option<DrainKill>,
 ) -> Option<Health> {
-    let opts: Vec<_> = configs.iter().map(|c| c.health).collect();
+    let opts: Vec<_> = configs.iter().map(|c| c.health.clone()).collect();
     if opts.iter().all(Option::is_none) {
         return None;
     }
@@ -72,6 +83,7 @@ fn start_health(
         &opts,
         Arc::clone(balancer),
         Arc::clone(state),
+        drain,
     ))
 }
 
@@ -133,15 +145,39 @@ impl Daemon {
             // The maps may hold part of the new configuration: say so; probes resume on the
             // old one's view.
             self.reloads_refused += 1;
-            self.health = start_health(&self.configs, &self.balancer, &self.state);
+            self.health = start_health(&self.configs, &self.balancer, &self.state, self.drain);
             return Err(format!(
                 "writing the new sets into the kernel: {}",
                 tcpkit_stats::chain(&e)
             ));
         }
         *lock(&self.state) = states;
+        // Backends the new file no longer has (or whose service it dropped): out of every
+        // set now, so their sockets can be ended.
+        let gone: Vec<std::net::SocketAddr> = self
+            .configs
+            .iter()
+            .flat_map(|o| {
+                let kept = new.iter().find(|n| same(o, n));
+                o.service
+                    .backends
+                    .iter()
+                    .filter(move |b| {
+                        kept.is_none_or(|n| n.service.backends.iter().all(|nb| nb.addr != b.addr))
+                    })
+                    .map(|b| b.addr)
+            })
+            .collect();
         self.configs = new;
-        self.health = start_health(&self.configs, &self.balancer, &self.state);
+        if let Some(which) = self.drain {
+            for addr in gone {
+                match crate::health::drain_backend(&self.balancer, addr, which) {
+                    Ok(n) => self.drained_removed += n,
+                    Err(e) => eprintln!("tcpkit balance: --drain-kill {addr}: {e}"),
+                }
+            }
+        }
+        self.health = start_health(&self.configs, &self.balancer, &self.state, self.drain);
         self.reloads += 1;
         Ok(self.configs.len())
     }
@@ -155,6 +191,7 @@ struct Fixed {
     started: Instant,
     features: Vec<Feature>,
     control: Arc<control::Counts>,
+    pin: Option<String>,
 }
 
 fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<StatusReport, LoadError> {
@@ -176,6 +213,7 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
                 Algorithm::Maglev(HashKey::Cookie) => Some("cookie".into()),
                 _ => None,
             },
+            probe: c.health.as_ref().map(|h| h.probe.kind().into()),
             backends: c
                 .service
                 .backends
@@ -196,6 +234,12 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
                     probes: h.probes,
                     probes_failed: h.failed,
                     downs: h.downs,
+                    drained: h.drained,
+                    down_reason: if h.checked && !h.up {
+                        h.last_failure.clone()
+                    } else {
+                        None
+                    },
                 })
                 .collect(),
         })
@@ -215,6 +259,9 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
         getpeername_vip: counters.revnat,
         stale: counters.stale,
         trace_lost: counters.trace_lost,
+        drain_kill: d.drain.map(|w| w.name().into()),
+        pin: f.pin.clone(),
+        drained: d.drained_removed + states.iter().flatten().map(|h| h.drained).sum::<u64>(),
         features: f.features.clone(),
         control: f.control.stats(),
         interrupted,
@@ -244,6 +291,9 @@ pub fn up(
     let cg = cgroup::resolve(opts.cgroup.as_deref(), &mount)?;
     // Before anything is loaded: a second `up` on the same socket attaches nothing.
     let listener = control::bind(&opts.socket)?;
+    if let Some(dir) = &opts.pin {
+        crate::pin::prepare(dir)?;
+    }
     let features = features::probe();
     let services: Vec<_> = configs.iter().map(|c| c.service.clone()).collect();
     let mut balancer = Balancer::load(&services, opts.trace)?;
@@ -253,6 +303,14 @@ pub fn up(
         None
     };
     balancer.attach(&cg)?;
+    if let Some(dir) = &opts.pin {
+        if let Err(e) = balancer.pin(dir) {
+            // Half a set of pins would keep half a balancer: none stays.
+            let _ = crate::pin::down(dir);
+            let _ = std::fs::remove_dir(dir);
+            return Err(e.into());
+        }
+    }
     let balancer = Arc::new(Mutex::new(balancer));
     let state: State = Arc::new(Mutex::new(
         configs
@@ -260,7 +318,7 @@ pub fn up(
             .map(|c| vec![BackendHealth::new(c.health.is_some()); c.service.backends.len()])
             .collect(),
     ));
-    let health = start_health(&configs, &balancer, &state);
+    let health = start_health(&configs, &balancer, &state, opts.drain);
     let daemon = Arc::new(Mutex::new(Daemon {
         path: opts.config.clone(),
         balancer: Arc::clone(&balancer),
@@ -269,6 +327,8 @@ pub fn up(
         health,
         reloads: 0,
         reloads_refused: 0,
+        drain: opts.drain,
+        drained_removed: 0,
     }));
     let fixed = Arc::new(Fixed {
         pid: std::process::id(),
@@ -277,6 +337,7 @@ pub fn up(
         started: Instant::now(),
         features,
         control: Arc::default(),
+        pin: opts.pin.as_ref().map(|p| p.display().to_string()),
     });
     let handler: Arc<Handler> = {
         let (d, f) = (Arc::clone(&daemon), Arc::clone(&fixed));
@@ -463,6 +524,12 @@ pub fn exposition(r: &StatusReport) -> String {
             "counter",
             "Reloads refused (bad file; the running configuration stayed).",
             r.reloads_refused,
+        ),
+        (
+            "tcpkit_balance_drained_total",
+            "counter",
+            "Sockets --drain-kill ended (their backend went down or left the configuration).",
+            r.drained,
         ),
         (
             "tcpkit_balance_trace_lost_total",

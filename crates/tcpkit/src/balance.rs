@@ -35,7 +35,7 @@ pub enum Sub {
     Run(RunArgs),
     /// Balance the services of a TOML configuration file for every process of a cgroup (the
     /// whole host unless --cgroup), until SIGINT/SIGTERM; the BPF links go with this process
-    /// however it ends. SIGHUP (or `balance reload`) re-reads the file and swaps each
+    /// however it ends (unless --pin). SIGHUP (or `balance reload`) re-reads the file and swaps each
     /// service's backends atomically, established connections untouched; a bad file is
     /// refused with its one line and the running configuration stays. On stop, the status
     /// report (as `balance status` shows it) goes to stdout; exit 0.
@@ -44,6 +44,10 @@ pub enum Sub {
     /// for the answer: exit 0 when the new file is in force, 1 with the file's error when it
     /// was refused (the running configuration stays).
     Reload(ReloadArgs),
+    /// Remove what `balance up --pin DIR` left pinned (its links and maps): the programs are
+    /// detached and the maps freed by the kernel with the last pin. Exit 1 when nothing is
+    /// pinned there.
+    Down(DownArgs),
     /// Show the running `balance up`: per service its VIP and algorithm, per backend its
     /// weight, health, last change and connections sent to it, and the kernel features found.
     /// Exit 1 when no `up` answers.
@@ -73,6 +77,24 @@ pub struct UpArgs {
     #[arg(long)]
     pub trace: bool,
 
+    /// End the sockets still connected to a backend when it goes down (health) or
+    /// leaves the file (reload): `udp` (the
+    /// default when given bare) ends connected UDP sockets, `tcp` TCP connections (ECONNABORTED
+    /// here, a reset to the backend), `all` both. Only sockets balance sent there (by cookie,
+    /// their peer still that backend), in balance's network namespace, through sock_diag
+    /// SOCK_DESTROY as `ss -K` does. Unconnected UDP sockets tied to it pick again.
+    #[arg(long, value_enum, value_name = "udp|tcp|all", num_args = 0..=1,
+          require_equals = true, default_missing_value = "udp")]
+    pub drain_kill: Option<DrainArg>,
+
+    /// Pin the links and maps under DIR (on a bpf filesystem, e.g. /sys/fs/bpf/tcpkit/balance):
+    /// the balancing then stays after this process ends, even by SIGKILL (for upgrades),
+    /// with the backend sets as they last were (health checks, reload and status end with
+    /// the process), until `tcpkit balance down --pin DIR`. A DIR that holds pins already is
+    /// refused (run `down` first): nothing is adopted.
+    #[arg(long, value_name = "DIR")]
+    pub pin: Option<PathBuf>,
+
     /// Serve Prometheus metrics on ADDR (IP:PORT; port 0 picks one, said on stderr): per
     /// backend connections, health, probes; reloads, trace drops. HTTP/1.0 GET /metrics,
     /// 32 connections at once (silent ones make room), head at most 8 KiB within 2 s.
@@ -81,6 +103,13 @@ pub struct UpArgs {
 
     #[command(flatten)]
     pub out: OutputFlags,
+}
+
+#[derive(Debug, Parser)]
+pub struct DownArgs {
+    /// The directory `balance up --pin` was given (on a bpf filesystem).
+    #[arg(long, value_name = "DIR", default_value = tcpkit_balance::pin::DEFAULT_DIR)]
+    pub pin: PathBuf,
 }
 
 #[derive(Debug, Parser)]
@@ -99,6 +128,27 @@ pub struct StatusArgs {
     /// One JSON document on stdout (docs/schema/balance-status.schema.json).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DrainArg {
+    /// Connected UDP sockets.
+    Udp,
+    /// TCP connections.
+    Tcp,
+    /// Both.
+    All,
+}
+
+impl DrainArg {
+    fn kind(self) -> tcpkit_balance::drain::DrainKill {
+        use tcpkit_balance::drain::DrainKill;
+        match self {
+            DrainArg::Udp => DrainKill::Udp,
+            DrainArg::Tcp => DrainKill::Tcp,
+            DrainArg::All => DrainKill::All,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -173,6 +223,35 @@ pub struct RunArgs {
     )]
     pub fall: u32,
 
+    /// Application probe: send these bytes on each probe's connection (C-style escapes:
+    /// \r \n \t \0 \\ \xHH; at most 4096 bytes), e.g. 'PING\r\n'. With --health-expect
+    /// alone (a server that speaks first), nothing is sent.
+    #[arg(long, value_name = "BYTES", value_parser = payload_arg, requires = "health_interval")]
+    pub health_send: Option<Payload>,
+
+    /// Application probe: the reply must start with these bytes (same escapes; at most 1024)
+    /// within --health-timeout, e.g. '+PONG'. With --health-send alone any reply will do.
+    #[arg(long, value_name = "BYTES", value_parser = payload_arg, requires = "health_interval")]
+    pub health_expect: Option<Payload>,
+
+    /// Probe over UDP (a UDP service such as DNS): --health-send is sent as one datagram and
+    /// a reply starting with --health-expect (any reply without it) is success. Without
+    /// --health-send an empty datagram is sent, and only ICMP port unreachable counts as a
+    /// failure (the backend host rate-limits those: keep --health-interval at 1s or more).
+    #[arg(long, requires = "health_interval")]
+    pub health_udp: bool,
+
+    /// End the sockets still connected to a backend when it goes down (needs
+    /// --health-interval): `udp` (the
+    /// default when given bare) ends connected UDP sockets, `tcp` TCP connections (ECONNABORTED
+    /// here, a reset to the backend), `all` both. Only sockets balance sent there (by cookie,
+    /// their peer still that backend), in balance's network namespace, through sock_diag
+    /// SOCK_DESTROY as `ss -K` does. Unconnected UDP sockets tied to it pick again.
+    #[arg(long, value_enum, value_name = "udp|tcp|all", num_args = 0..=1,
+          require_equals = true, default_missing_value = "udp",
+          requires = "health_interval")]
+    pub drain_kill: Option<DrainArg>,
+
     /// Print every selection on stderr as it happens (pid, cgroup id, VIP -> backend), from
     /// the BPF programs' ring buffer: a VIP never shows in tcpdump.
     #[arg(long)]
@@ -190,6 +269,16 @@ pub struct RunArgs {
 fn addr_arg(text: &str) -> Result<SocketAddr, String> {
     text.parse::<SocketAddr>()
         .map_err(|_| format!("'{text}': not an IP:PORT ([IPv6]:PORT)"))
+}
+
+/// A probe's bytes (a type of its own: clap would take `Vec<u8>` for a list of numbers).
+#[derive(Debug, Clone)]
+pub struct Payload(pub Vec<u8>);
+
+fn payload_arg(text: &str) -> Result<Payload, String> {
+    tcpkit_balance::health::unescape(text)
+        .map(Payload)
+        .map_err(|e| format!("'{text}': {e}"))
 }
 
 fn backend_arg(text: &str) -> Result<Backend, String> {
@@ -233,8 +322,19 @@ pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
     let health = match a.health_interval {
         None => None,
         Some(interval) => Some(
-            HealthOptions::new(interval, a.health_timeout, a.rise, a.fall)
+            HealthOptions::new(
+                interval,
+                a.health_timeout,
+                a.rise,
+                a.fall,
+                tcpkit_balance::health::Probe::new(
+                    a.health_udp,
+                    a.health_send.clone().map(|p| p.0),
+                    a.health_expect.clone().map(|p| p.0),
+                )
                 .map_err(|e| Failure::Usage(e.to_string()))?,
+            )
+            .map_err(|e| Failure::Usage(e.to_string()))?,
         ),
     };
     Ok(RunOptions {
@@ -243,6 +343,7 @@ pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
         stdout_to_stderr: a.out.json,
         health,
         trace: a.trace,
+        drain: a.drain_kill.map(DrainArg::kind),
     })
 }
 
@@ -251,6 +352,7 @@ pub fn main(args: Args, interrupted: &'static AtomicBool) -> Result<(), Failure>
         Sub::Run(a) => run(a, interrupted),
         Sub::Up(a) => up(a, interrupted),
         Sub::Reload(a) => reload(a),
+        Sub::Down(a) => down(a),
         Sub::Status(a) => status(a),
     }
 }
@@ -267,6 +369,8 @@ fn up(a: UpArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
         socket: a.socket,
         trace: a.trace,
         metrics: a.metrics,
+        drain: a.drain_kill.map(DrainArg::kind),
+        pin: a.pin,
     };
     let report = tcpkit_balance::up(&opts, interrupted, hangup)
         .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
@@ -276,6 +380,15 @@ fn up(a: UpArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
 /// How long reload and status wait for their answer (a reload waits for the probers of the
 /// old configuration to end: at most a probe timeout).
 const ASK_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn down(a: DownArgs) -> Result<(), Failure> {
+    let n = tcpkit_balance::pin::down(&a.pin).map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    eprintln!(
+        "tcpkit balance: down: {n} pins removed from {}",
+        a.pin.display()
+    );
+    Ok(())
+}
 
 fn reload(a: ReloadArgs) -> Result<(), Failure> {
     let n = tcpkit_balance::control::ask_reload(&a.socket, ASK_TIMEOUT)
@@ -347,6 +460,38 @@ mod tests {
         assert_eq!(a.command, ["redis-benchmark", "-h", "198.19.0.1"]);
         let o = resolve(&a).unwrap();
         assert!(o.stdout_to_stderr);
+        let a = parse(&[
+            "--vip",
+            "198.19.0.1:80",
+            "--health-interval",
+            "1s",
+            "--drain-kill",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(
+            resolve(&a).unwrap().drain,
+            Some(tcpkit_balance::drain::DrainKill::Udp)
+        );
+        let a = parse(&[
+            "--vip",
+            "198.19.0.1:80",
+            "--health-interval",
+            "1s",
+            "--drain-kill=all",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(
+            resolve(&a).unwrap().drain,
+            Some(tcpkit_balance::drain::DrainKill::All)
+        );
+        assert!(
+            parse(&["--vip", "198.19.0.1:80", "--drain-kill", "--", "true"]).is_err(),
+            "--drain-kill needs --health-interval"
+        );
         let a = parse(&["--vip", "198.19.0.1:80", "--trace", "--", "true"]).unwrap();
         assert!(resolve(&a).unwrap().trace);
         let a = parse(&["--vip", "198.19.0.1:80", "-q", "--", "true"]).unwrap();
@@ -422,6 +567,23 @@ mod tests {
         );
         let a = Args::try_parse_from(["balance", "status", "--json", "--socket", "/s"]).unwrap();
         assert!(matches!(a.cmd, Sub::Status(StatusArgs { json: true, .. })));
+        let a = Args::try_parse_from([
+            "balance",
+            "up",
+            "--config",
+            "lb.toml",
+            "--pin",
+            "/sys/fs/bpf/x",
+            "--drain-kill=tcp",
+        ])
+        .unwrap();
+        let Sub::Up(u) = a.cmd else { panic!("not up") };
+        assert_eq!(u.pin, Some(PathBuf::from("/sys/fs/bpf/x")));
+        assert!(matches!(u.drain_kill, Some(DrainArg::Tcp)));
+        let a = Args::try_parse_from(["balance", "down"]).unwrap();
+        assert!(
+            matches!(a.cmd, Sub::Down(DownArgs { pin }) if pin.as_os_str() == tcpkit_balance::pin::DEFAULT_DIR)
+        );
         let a = Args::try_parse_from(["balance", "reload", "--socket", "/s"]).unwrap();
         assert!(matches!(a.cmd, Sub::Reload(ReloadArgs { socket }) if socket.as_os_str() == "/s"));
     }
@@ -465,6 +627,13 @@ mod tests {
             vec!["--hash-key", "client"],
             vec!["--health-interval", "0"],
             vec!["--health-interval", "1s", "--fall", "0"],
+            vec![
+                "--health-interval",
+                "1s",
+                "--health-udp",
+                "--health-expect",
+                "x",
+            ],
         ] {
             let mut v = vec!["--vip", "198.19.0.1:80"];
             v.extend(bad.iter().copied());
@@ -472,6 +641,43 @@ mod tests {
             let a = parse(&v).unwrap();
             assert!(matches!(resolve(&a), Err(Failure::Usage(_))), "{bad:?}");
         }
+        let e = parse(&[
+            "--vip",
+            "198.19.0.1:80",
+            "--health-interval",
+            "1s",
+            "--health-send",
+            "PING\\q",
+            "--",
+            "true",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--health-send") && e.contains("unknown escape"),
+            "{e}"
+        );
+        let a = parse(&[
+            "--vip",
+            "198.19.0.1:80",
+            "--health-interval",
+            "1s",
+            "--health-send",
+            "PING\\r\\n",
+            "--health-expect",
+            "+PONG",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let h = resolve(&a).unwrap().health.unwrap();
+        assert_eq!(
+            h.probe,
+            tcpkit_balance::health::Probe::Tcp {
+                send: b"PING\r\n".to_vec(),
+                expect: b"+PONG".to_vec()
+            }
+        );
         let e = parse(&["--vip", "198.19.0.1:80", "--backend", "x", "--", "true"])
             .unwrap_err()
             .to_string();

@@ -8,7 +8,7 @@ use common::schema;
 #[path = "common/unbound.rs"]
 mod unbound;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -85,15 +85,20 @@ fn client_in_cgroup() {
     }
 }
 
-/// Not a test of its own: the UDP client `balance run` starts (CLIENT_UDP_ENV = the VIP).
-/// Two unconnected sockets send three DNS queries each to the VIP (`UDP <socket> <source of
+/// Not a test of its own: the UDP client `balance run` starts (CLIENT_UDP_ENV = the VIP,
+/// then `;STARTFILE` when it must wait for that file to exist before it starts). Two unconnected sockets send three DNS queries each to the VIP (`UDP <socket> <source of
 /// the reply> <rcode> <answers>`), then a connected socket one (`UDPC <peer> <source> ...`).
 #[test]
 fn udp_client_in_cgroup() {
-    let Ok(vip) = std::env::var(CLIENT_UDP_ENV) else {
+    let Ok(spec) = std::env::var(CLIENT_UDP_ENV) else {
         return;
     };
+    let (vip, start) = spec.split_once(';').unwrap_or((&spec, ""));
     let vip: SocketAddr = vip.parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(25);
+    while !start.is_empty() && !Path::new(start).exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut out = std::io::stdout().lock();
     writeln!(out).unwrap();
     let ask = |s: &UdpSocket, id: u16, to: Option<SocketAddr>| -> (SocketAddr, u8, u16) {
@@ -1734,4 +1739,806 @@ fn up_metrics_serve_prometheus_and_survive_hostile_peers() {
     drop(silent);
     let (st, _, stderr) = up.stop();
     assert_eq!(st.code(), Some(0), "{stderr}");
+}
+
+// ---- application and UDP health probes ------------------------------------------------------
+
+/// The PING client (`VIP;N;STARTFILE`): once STARTFILE exists, N connects to the VIP, each
+/// sending `PING\r\n` and printing the first line of the reply (`REPLY <line>`, or `ERR
+/// <why>`), then `DONE`.
+const CLIENT_PING_ENV: &str = "TCPKIT_BALANCE_TEST_PING_CLIENT";
+
+#[test]
+fn ping_client_in_cgroup() {
+    let Ok(spec) = std::env::var(CLIENT_PING_ENV) else {
+        return;
+    };
+    let f: Vec<&str> = spec.split(';').collect();
+    let vip: SocketAddr = f[0].parse().unwrap();
+    let n: usize = f[1].parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(25);
+    while !Path::new(f[2]).exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out).unwrap();
+    for _ in 0..n {
+        let r = (|| -> std::io::Result<String> {
+            let s = TcpStream::connect_timeout(&vip, Duration::from_secs(5))?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            (&s).write_all(b"PING\r\n")?;
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line)?;
+            Ok(line.trim().to_string())
+        })();
+        match r {
+            Ok(l) => writeln!(out, "REPLY {l}").unwrap(),
+            Err(e) => writeln!(out, "ERR {e}").unwrap(),
+        }
+    }
+    writeln!(out, "DONE").unwrap();
+}
+
+/// redis-server in `host` on `addr`, ready (answers a connect from `from`) when this returns.
+fn redis_on(lab: &mut Lab, host: &Host, from: &Host, addr: SocketAddr) {
+    let redis = "/usr/bin/redis-server";
+    assert!(
+        Path::new(redis).exists(),
+        "this test needs redis-server (apt-get install redis-server)"
+    );
+    let port = addr.port().to_string();
+    let ip = addr.ip().to_string();
+    host.spawn(
+        lab,
+        &format!("redis{port}"),
+        &[
+            redis,
+            "--port",
+            &port,
+            "--bind",
+            &ip,
+            "--protected-mode",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let until = Instant::now() + Duration::from_secs(15);
+    from.enter(|| {
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            assert!(Instant::now() < until, "redis on {addr} not up in 15 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+}
+
+/// Polls `up`'s status until `done` holds for it (at most `secs`), and returns that status.
+fn status_until(up: &Up, secs: u64, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let until = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let v = up.status();
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < until, "{what}: not within {secs} s: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn application_probe_takes_out_a_backend_that_accepts_but_answers_wrongly() {
+    let _g = serial();
+    let (mut lab, cli, srv, _link) = Lab::pair("balapp").unwrap_or_else(|e| panic!("{e}"));
+    let redis = SocketAddr::from((SRV, 6391));
+    redis_on(&mut lab, &srv, &cli, redis);
+    // Accepts every connection (a TCP connect probe would pass) and answers its port number.
+    let wrong = backend(&srv);
+    let cg = TestCgroup::new("app");
+    let config = lab.dir().join("lb.toml");
+    write_config(
+        &config,
+        &format!(
+            "[[service]]\nname = \"redis\"\nvip = \"{VIP}\"\nalgorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{redis}\" }}, {{ addr = \"{}\" }} ]\n\
+             health = {{ interval = \"100ms\", timeout = \"1s\", rise = 2, fall = 2, \
+             send = 'PING\\r\\n', expect = \"+PONG\" }}\n",
+            wrong.addr
+        ),
+    );
+    let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    let v = status_until(&up, 20, "the wrong backend marked down", |v| {
+        v["services"][0]["backends"][1]["health"] == "down"
+    });
+    let svc = &v["services"][0];
+    assert_eq!(svc["probe"], "tcp-send-expect", "{v}");
+    let (good, bad) = (&svc["backends"][0], &svc["backends"][1]);
+    assert_eq!(
+        (good["health"].as_str(), &good["down_reason"]),
+        (Some("up"), &Value::Null),
+        "{v}"
+    );
+    let why = bad["down_reason"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("reply \"") && why.ends_with("does not start with \"+PONG\""),
+        "{v}"
+    );
+    // It accepted the probes: a connect probe would have kept it.
+    assert!(wrong.accepted.load(Ordering::SeqCst) >= 2);
+
+    // New connections all go to redis.
+    let start = lab.dir().join("start");
+    let c = Client::start(
+        &lab,
+        &cli,
+        &cg,
+        CLIENT_PING_ENV,
+        &format!("{VIP};10;{}", start.display()),
+        "ping_client_in_cgroup",
+    );
+    std::fs::write(&start, "").unwrap();
+    c.wait_for("DONE", 30);
+    let replies: Vec<String> = c
+        .log()
+        .lines()
+        .filter(|l| l.starts_with("REPLY ") || l.starts_with("ERR "))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(replies, vec!["REPLY +PONG".to_string(); 10], "{}", c.log());
+    let v = up.status();
+    let b = &v["services"][0]["backends"];
+    assert_eq!(
+        (b[0]["connections"].as_u64(), b[1]["connections"].as_u64()),
+        (Some(10), Some(0)),
+        "{v}"
+    );
+    // The table says it too.
+    let out = up.ask(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(probe tcp-send-expect)"), "{text}");
+    assert!(text.contains("down: reply \""), "{text}");
+    let (st, _, stderr) = up.stop();
+    assert_eq!(st.code(), Some(0), "{stderr}");
+}
+
+/// A DNS query for www.example A, id 0x1234, as a probe's `send` (C-style escapes).
+const DNS_PROBE: &str =
+    "\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x03www\\x07example\\x00\\x00\\x01\\x00\\x01";
+
+#[test]
+fn udp_health_dns_probe_and_port_unreachable_with_a_real_unbound() {
+    let _g = serial();
+    unbound::require();
+    let (mut lab, cli, srv, _link) = Lab::pair("baludph").unwrap_or_else(|e| panic!("{e}"));
+    let live4 = SocketAddr::new(IpAddr::V4(SRV), 5311);
+    let live6 = SocketAddr::new(IpAddr::V6(SRV6), 5312);
+    // Nothing listens on these: the host answers ICMP port unreachable.
+    let dead4 = SocketAddr::new(IpAddr::V4(SRV), 5399);
+    let dead6 = SocketAddr::new(IpAddr::V6(SRV6), 5398);
+    for (i, a) in [live4, live6].iter().enumerate() {
+        let dir = lab.dir().join(format!("unbound{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = unbound::write_conf(&dir, a.ip(), a.port(), 10);
+        srv.spawn(
+            &mut lab,
+            &format!("unbound{i}"),
+            &refs(&unbound::argv(&conf)),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let until = Instant::now() + Duration::from_secs(15);
+        cli.enter(|| {
+            while TcpStream::connect_timeout(a, Duration::from_millis(200)).is_err() {
+                assert!(Instant::now() < until, "unbound on {a} not up in 15 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+    }
+    let cg = TestCgroup::new("udph");
+    let config = lab.dir().join("lb.toml");
+    // dns: an application probe (a query; the reply must carry its id). dns6: none, so only
+    // ICMP port unreachable fails a probe; once a second (the ICMP rate limit).
+    write_config(
+        &config,
+        &format!(
+            "[[service]]\nname = \"dns\"\nvip = \"198.19.0.1:53\"\nprotocol = \"udp\"\n\
+             algorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{live4}\" }}, {{ addr = \"{dead4}\" }} ]\n\
+             health = {{ interval = \"200ms\", timeout = \"500ms\", rise = 2, fall = 2, \
+             send = '{DNS_PROBE}', expect = '\\x12\\x34' }}\n\
+             [[service]]\nname = \"dns6\"\nvip = \"[fd00:19::1]:53\"\nprotocol = \"udp\"\n\
+             algorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{live6}\" }}, {{ addr = \"{dead6}\" }} ]\n\
+             health = {{ interval = \"1s\", timeout = \"500ms\", rise = 2, fall = 2 }}\n"
+        ),
+    );
+    let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    let v = status_until(&up, 30, "both dead backends down", |v| {
+        v["services"][0]["backends"][1]["health"] == "down"
+            && v["services"][1]["backends"][1]["health"] == "down"
+    });
+    let (dns, dns6) = (&v["services"][0], &v["services"][1]);
+    assert_eq!(dns["probe"], "udp-send-expect", "{v}");
+    assert_eq!(dns6["probe"], "udp-port-unreachable", "{v}");
+    for s in [dns, dns6] {
+        assert_eq!(s["backends"][0]["health"], "up", "{v}");
+        assert_eq!(s["backends"][0]["probes_failed"], 0, "{v}");
+    }
+    let why = dns["backends"][1]["down_reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        why == "ICMP port unreachable (ECONNREFUSED)" || why.starts_with("no reply within"),
+        "{v}"
+    );
+    assert_eq!(
+        dns6["backends"][1]["down_reason"], "ICMP port unreachable (ECONNREFUSED)",
+        "{v}"
+    );
+    // Queries through the VIP (unconnected and connected sockets) all reach unbound.
+    let start = lab.dir().join("start");
+    let c = Client::start(
+        &lab,
+        &cli,
+        &cg,
+        CLIENT_UDP_ENV,
+        &format!("198.19.0.1:53;{}", start.display()),
+        "udp_client_in_cgroup",
+    );
+    std::fs::write(&start, "").unwrap();
+    c.wait_for("UDPC", 30);
+    let log = c.log();
+    let answered = log
+        .lines()
+        .filter(|l| l.starts_with("UDP") && l.ends_with(" 198.19.0.1:53 0 1"))
+        .count();
+    assert_eq!(answered, 7, "{log}");
+    let v = up.status();
+    let b = &v["services"][0]["backends"];
+    assert_eq!(b[1]["connections"], 0, "{v}");
+    assert_eq!(b[0]["connections"], 3, "{v}");
+    let (st, _, stderr) = up.stop();
+    assert_eq!(st.code(), Some(0), "{stderr}");
+}
+
+// ---- --drain-kill ---------------------------------------------------------------------------
+
+/// The holding client (`TCPVIP;UDPVIP;N;STARTFILE;STOPFILE`): once STARTFILE exists, N TCP
+/// connections (each reads the backend's port) and N connected UDP sockets (each sends a
+/// datagram and reads the port back): `HOLD tcp|udp I PORT`, then `HELD`. Each socket then
+/// waits for data: when it is ended, `GONE tcp|udp I PORT <errno or eof>`; when STOPFILE
+/// exists, it checks it still works (`ALIVE tcp|udp I PORT`, or `BROKEN ...`).
+const CLIENT_HOLD_ENV: &str = "TCPKIT_BALANCE_TEST_HOLD_CLIENT";
+
+#[test]
+fn hold_client_in_cgroup() {
+    let Ok(spec) = std::env::var(CLIENT_HOLD_ENV) else {
+        return;
+    };
+    let f: Vec<String> = spec.split(';').map(str::to_string).collect();
+    let tvip: SocketAddr = f[0].parse().unwrap();
+    let uvip: SocketAddr = f[1].parse().unwrap();
+    let n: usize = f[2].parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(25);
+    while !Path::new(&f[3]).exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let say = |l: String| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{l}").unwrap();
+        out.flush().unwrap();
+    };
+    say(String::new());
+    let stop = PathBuf::from(&f[4]);
+    let why = |e: &std::io::Error| e.raw_os_error().map_or(e.to_string(), |n| n.to_string());
+    let mut threads = Vec::new();
+    for i in 0..n {
+        let s = TcpStream::connect_timeout(&tvip, Duration::from_secs(5)).unwrap();
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        let port = line.trim().to_string();
+        say(format!("HOLD tcp {i} {port}"));
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let mut buf = [0u8; 64];
+            let until = Instant::now() + Duration::from_secs(60);
+            loop {
+                match (&s).read(&mut buf) {
+                    Ok(0) => return say(format!("GONE tcp {i} {port} eof")),
+                    Ok(_) => return say(format!("BROKEN tcp {i} {port} unasked data")),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return say(format!("GONE tcp {i} {port} {}", why(&e))),
+                }
+                if stop.exists() || Instant::now() > until {
+                    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let echoed = (|| -> std::io::Result<String> {
+                        (&s).write_all(b"ping\n")?;
+                        let mut l = String::new();
+                        BufReader::new(&s).read_line(&mut l)?;
+                        Ok(l)
+                    })();
+                    return match echoed {
+                        Ok(l) if l == "ping\n" => say(format!("ALIVE tcp {i} {port}")),
+                        other => say(format!("BROKEN tcp {i} {port} {other:?}")),
+                    };
+                }
+            }
+        }));
+    }
+    for i in 0..n {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.connect(uvip).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.send(b"x").unwrap();
+        let mut buf = [0u8; 64];
+        let k = s.recv(&mut buf).unwrap();
+        let port = String::from_utf8_lossy(&buf[..k]).to_string();
+        say(format!("HOLD udp {i} {port}"));
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let until = Instant::now() + Duration::from_secs(60);
+            loop {
+                match s.recv(&mut buf) {
+                    Ok(_) => return say(format!("BROKEN udp {i} {port} unasked data")),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return say(format!("GONE udp {i} {port} {}", why(&e))),
+                }
+                if stop.exists() || Instant::now() > until {
+                    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let back = s.send(b"x").and_then(|_| s.recv(&mut buf));
+                    return match back {
+                        Ok(k) if buf[..k] == *port.as_bytes() => {
+                            say(format!("ALIVE udp {i} {port}"));
+                        }
+                        other => say(format!("BROKEN udp {i} {port} {other:?}")),
+                    };
+                }
+            }
+        }));
+    }
+    say("HELD".into());
+    for t in threads {
+        t.join().unwrap();
+    }
+    say("DONE".into());
+}
+
+/// A TCP backend in host b that keeps its connections (its port and a newline, then every
+/// line echoed); `kill` closes its listener only, so probes are refused while the
+/// connections it holds stay open.
+fn killable_holding_backend(host: &Host) -> Backend {
+    let l = host.enter(|| TcpListener::bind(SocketAddr::from((SRV, 0))).unwrap());
+    let addr = l.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (n, d) = (Arc::clone(&accepted), Arc::clone(&dead));
+    l.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        while !d.load(Ordering::SeqCst) {
+            match l.accept() {
+                Ok((s, _)) => {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    std::thread::spawn(move || {
+                        let _ = s.set_nonblocking(false);
+                        let _ = (&s).write_all(format!("{}\n", addr.port()).as_bytes());
+                        let mut r = BufReader::new(&s);
+                        let mut line = String::new();
+                        while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                            if (&s).write_all(line.as_bytes()).is_err() {
+                                break;
+                            }
+                            line.clear();
+                        }
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+        drop(l);
+        drop(d);
+    });
+    Backend {
+        addr,
+        accepted,
+        dead,
+    }
+}
+
+/// A UDP backend in host b answering every datagram with its port; `kill` closes it.
+fn killable_udp_backend(host: &Host) -> Backend {
+    let s = host.enter(|| UdpSocket::bind(SocketAddr::from((SRV, 0))).unwrap());
+    let addr = s.local_addr().unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (n, d) = (Arc::clone(&accepted), Arc::clone(&dead));
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        while !d.load(Ordering::SeqCst) {
+            if let Ok((_, from)) = s.recv_from(&mut buf) {
+                n.fetch_add(1, Ordering::SeqCst);
+                let _ = s.send_to(addr.port().to_string().as_bytes(), from);
+            }
+        }
+        drop(s);
+        drop(d);
+    });
+    Backend {
+        addr,
+        accepted,
+        dead,
+    }
+}
+
+#[test]
+fn drain_kill_ends_the_sockets_on_a_dead_backend_and_no_others() {
+    let _g = serial();
+    let (lab, cli, srv, _link) = Lab::pair("baldrain").unwrap_or_else(|e| panic!("{e}"));
+    let (t1, t2) = (
+        killable_holding_backend(&srv),
+        killable_holding_backend(&srv),
+    );
+    let (u1, u2) = (killable_udp_backend(&srv), killable_udp_backend(&srv));
+    let cg = TestCgroup::new("drain");
+    let config = lab.dir().join("lb.toml");
+    let uvip = "198.19.0.1:5300";
+    write_config(
+        &config,
+        &format!(
+            "[[service]]\nname = \"tcp\"\nvip = \"{VIP}\"\nalgorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{}\" }}, {{ addr = \"{}\" }} ]\n\
+             health = {{ interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 2 }}\n\
+             [[service]]\nname = \"udp\"\nvip = \"{uvip}\"\nprotocol = \"udp\"\n\
+             algorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{}\" }}, {{ addr = \"{}\" }} ]\n\
+             health = {{ interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 2, send = 'probe' }}\n",
+            t1.addr, t2.addr, u1.addr, u2.addr
+        ),
+    );
+    let up = Up::start(&lab, &cli, &config, &cg.rel, &["--drain-kill=all"]);
+    let (start, stop) = (lab.dir().join("start"), lab.dir().join("stop"));
+    let c = Client::start(
+        &lab,
+        &cli,
+        &cg,
+        CLIENT_HOLD_ENV,
+        &format!("{VIP};{uvip};4;{};{}", start.display(), stop.display()),
+        "hold_client_in_cgroup",
+    );
+    std::fs::write(&start, "").unwrap();
+    c.wait_for("HELD", 30);
+    let log = c.log();
+    // Round-robin: two of each kind on each backend.
+    for (kind, b) in [("tcp", &t1), ("tcp", &t2), ("udp", &u1), ("udp", &u2)] {
+        let held = log
+            .lines()
+            .filter(|l| l.starts_with(&format!("HOLD {kind} ")))
+            .filter(|l| l.ends_with(&format!(" {}", b.addr.port())))
+            .count();
+        assert_eq!(held, 2, "{kind} on {}: {log}", b.addr);
+    }
+    // One backend of each service dies: its listener (the held connections stay open on its
+    // side), its UDP socket.
+    t1.kill();
+    u1.kill();
+    let v = status_until(&up, 30, "both dead backends down", |v| {
+        v["services"][0]["backends"][0]["health"] == "down"
+            && v["services"][1]["backends"][0]["health"] == "down"
+    });
+    assert_eq!(v["drain_kill"], "all", "{v}");
+    // Their sockets end: two TCP (ECONNABORTED), two UDP (ECONNABORTED).
+    let until = Instant::now() + Duration::from_secs(20);
+    let gone = loop {
+        let log = c.log();
+        let gone: Vec<String> = log
+            .lines()
+            .filter(|l| l.starts_with("GONE "))
+            .map(str::to_string)
+            .collect();
+        if gone.len() >= 4 {
+            break gone;
+        }
+        assert!(
+            Instant::now() < until,
+            "the dead backends' sockets not ended in 20 s after both were down: {log}\nup: {}\n{}",
+            up.stderr(),
+            up.status()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for l in &gone {
+        let f: Vec<&str> = l.split(' ').collect();
+        let dead = if f[1] == "tcp" { t1.addr } else { u1.addr };
+        assert_eq!(
+            f[3],
+            dead.port().to_string(),
+            "a live backend's socket ended: {l}"
+        );
+        assert_eq!(f[4], libc::ECONNABORTED.to_string(), "{l}");
+    }
+    let v = status_until(&up, 10, "the drained counts", |v| v["drained"] == 4);
+    for s in 0..2 {
+        assert_eq!(v["services"][s]["backends"][0]["drained"], 2, "{v}");
+        assert_eq!(v["services"][s]["backends"][1]["drained"], 0, "{v}");
+    }
+    // A reload that drops the live TCP backend ends its connections too.
+    write_config(
+        &config,
+        &format!(
+            "[[service]]\nname = \"tcp\"\nvip = \"{VIP}\"\nalgorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{}\" }} ]\n\
+             health = {{ interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 2 }}\n\
+             [[service]]\nname = \"udp\"\nvip = \"{uvip}\"\nprotocol = \"udp\"\n\
+             algorithm = \"round-robin\"\n\
+             backends = [ {{ addr = \"{}\" }}, {{ addr = \"{}\" }} ]\n\
+             health = {{ interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 2, send = 'probe' }}\n",
+            t1.addr, u1.addr, u2.addr
+        ),
+    );
+    let out = up.ask(&["reload"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let ended = format!(" {} {}", t2.addr.port(), libc::ECONNABORTED);
+    let until = Instant::now() + Duration::from_secs(20);
+    while c
+        .log()
+        .lines()
+        .filter(|l| l.starts_with("GONE tcp ") && l.ends_with(&ended))
+        .count()
+        < 2
+    {
+        assert!(
+            Instant::now() < until,
+            "the removed backend's connections not ended in 20 s: {}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    status_until(&up, 10, "the drained count after the reload", |v| {
+        v["drained"] == 6
+    });
+    // The live UDP backend's sockets still work.
+    std::fs::write(&stop, "").unwrap();
+    c.wait_for("DONE", 30);
+    let log = c.log();
+    let alive: Vec<&str> = log.lines().filter(|l| l.starts_with("ALIVE ")).collect();
+    assert_eq!(alive.len(), 2, "{log}");
+    assert!(!log.contains("BROKEN"), "{log}");
+    for l in alive {
+        let f: Vec<&str> = l.split(' ').collect();
+        assert_eq!(
+            (f[1], f[3]),
+            ("udp", u2.addr.port().to_string().as_str()),
+            "{l}"
+        );
+    }
+    let (st, _, stderr) = up.stop();
+    assert_eq!(st.code(), Some(0), "{stderr}");
+}
+
+#[test]
+fn run_application_probe_flags_take_out_a_wrongly_answering_backend() {
+    let _g = serial();
+    let (mut lab, cli, srv, _link) = Lab::pair("balappr").unwrap_or_else(|e| panic!("{e}"));
+    let redis = SocketAddr::from((SRV, 6392));
+    redis_on(&mut lab, &srv, &cli, redis);
+    let wrong = backend(&srv);
+    let start = lab.dir().join("start");
+    let exe = std::env::current_exe().unwrap();
+    let argv = [
+        tcpkit().to_string(),
+        "balance".into(),
+        "run".into(),
+        "--vip".into(),
+        VIP.into(),
+        "--backend".into(),
+        redis.to_string(),
+        "--backend".into(),
+        wrong.addr.to_string(),
+        "--algorithm".into(),
+        "round-robin".into(),
+        "--health-interval".into(),
+        "100ms".into(),
+        "--fall".into(),
+        "2".into(),
+        "--health-send".into(),
+        "PING\\r\\n".into(),
+        "--health-expect".into(),
+        "+PONG".into(),
+        "--json".into(),
+        "--".into(),
+        "env".into(),
+        format!("{CLIENT_PING_ENV}={VIP};10;{}", start.display()),
+        exe.display().to_string(),
+        "--exact".into(),
+        "ping_client_in_cgroup".into(),
+        "--nocapture".into(),
+    ];
+    let (out, err) = (lab.dir().join("run.out"), lab.dir().join("run.err"));
+    let mut child = KillOnDrop(
+        cli.command(&refs(&argv))
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let read =
+        |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    // Probes of one backend run one after another: its third connection comes after its
+    // second probe failed, and that failure (fall 2) took it out before the next began.
+    let until = Instant::now() + Duration::from_secs(20);
+    while wrong.accepted.load(Ordering::SeqCst) < 3 {
+        assert!(
+            Instant::now() < until,
+            "no third probe in 20 s: {}",
+            read(&err)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&start, "").unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    let st = loop {
+        if let Some(st) = child.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > until {
+            panic!("balance run not done in 30 s: {}", read(&err));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = read(&err);
+    assert_eq!(st.code(), Some(0), "{log}");
+    let replies = log.lines().filter(|l| *l == "REPLY +PONG").count();
+    assert_eq!(replies, 10, "{log}");
+    let stdout = read(&out);
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    schema::check(&schema::load("balance"), &v, "balance");
+    let b = &v["services"][0]["backends"];
+    assert_eq!(
+        (b[0]["connects"].as_u64(), b[0]["up"].as_bool()),
+        (Some(10), Some(true)),
+        "{v}"
+    );
+    assert_eq!(
+        (b[1]["connects"].as_u64(), b[1]["up"].as_bool()),
+        (Some(0), Some(false)),
+        "{v}"
+    );
+}
+
+/// A child process killed (and reaped) when the test ends, even by a panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+// ---- --pin and balance down -----------------------------------------------------------------
+
+/// A bpf filesystem mounted for one test (this host has none at /sys/fs/bpf); on drop, what
+/// is pinned under PIN is removed (`balance down`) and it is unmounted, even after a panic.
+struct Bpffs {
+    mount: PathBuf,
+    pin: PathBuf,
+}
+
+impl Bpffs {
+    fn new(under: &Path) -> Bpffs {
+        let mount = under.join("bpffs");
+        std::fs::create_dir_all(&mount).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&mount)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount -t bpf on {}", mount.display());
+        Bpffs {
+            pin: mount.join("tcpkit").join("balance"),
+            mount,
+        }
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = Command::new(tcpkit())
+            .args(["balance", "down", "--pin"])
+            .arg(&self.pin)
+            .output();
+        let _ = Command::new("umount").arg(&self.mount).status();
+    }
+}
+
+#[test]
+fn pin_keeps_balancing_after_sigkill_until_down() {
+    let _g = serial();
+    let (lab, cli, srv, _link) = Lab::pair("balpin").unwrap_or_else(|e| panic!("{e}"));
+    let b1 = backend(&srv);
+    let cg = TestCgroup::new("pin");
+    let fs = Bpffs::new(lab.dir());
+    let config = lab.dir().join("lb.toml");
+    write_config(&config, &rr_config(&[b1.addr], false));
+    let pin = fs.pin.to_str().unwrap();
+    let mut up = Up::start(&lab, &cli, &config, &cg.rel, &["--pin", pin]);
+    assert_eq!(up.status()["pin"], pin);
+    let (progs, maps) = attached(&cg.path);
+    assert_eq!(progs.len(), 8, "programs on {}", cg.path.display());
+    // Killed: nothing of its own runs, the pins keep the programs attached.
+    up.signal(libc::SIGKILL);
+    up.child.wait().unwrap();
+    assert_eq!(
+        attached(&cg.path).0,
+        progs,
+        "the pinned programs left with the process"
+    );
+    let start = lab.dir().join("start");
+    let c = Client::start(
+        &lab,
+        &cli,
+        &cg,
+        CLIENT_ENV,
+        &format!("{VIP};3;;{}", start.display()),
+        "client_in_cgroup",
+    );
+    std::fs::write(&start, "").unwrap();
+    c.wait_for("READY", 20);
+    let got = conns(&c.log());
+    assert_eq!(
+        got,
+        vec![(VIP.to_string(), b1.addr.port()); 3],
+        "{}",
+        c.log()
+    );
+    // A second up on the same pins refuses in one line and attaches nothing more.
+    let out = cli
+        .command(&[
+            tcpkit(),
+            "balance",
+            "up",
+            "--config",
+            config.to_str().unwrap(),
+            "--cgroup",
+            &cg.rel,
+            "--socket",
+            lab.dir().join("again.sock").to_str().unwrap(),
+            "--pin",
+            pin,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.trim_end()
+            .lines()
+            .last()
+            .unwrap_or("")
+            .contains("holds a pinned balancer already"),
+        "{err}"
+    );
+    assert_eq!(attached(&cg.path).0, progs);
+    // down: the pins go, and with them the programs and maps.
+    let out = Command::new(tcpkit())
+        .args(["balance", "down", "--pin", pin])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_all_gone(&progs, &maps);
+    assert!(attached(&cg.path).0.is_empty());
+    assert!(!fs.pin.exists());
+    let out = Command::new(tcpkit())
+        .args(["balance", "down", "--pin", pin])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("nothing pinned there"), "{err}");
+    drop(c);
 }
