@@ -157,6 +157,9 @@ enum State {
         /// --psk-file: records not yet opened into `inbuf` (empty without).
         raw: Vec<u8>,
         raw_len: usize,
+        /// Plain: the data frame whose payload is being read straight into the window, as
+        /// (its first offset, the next offset to read, its end).
+        payload: Option<(u64, u64, u64)>,
     },
 }
 
@@ -625,14 +628,59 @@ impl Receiver<'_> {
                 bytes,
                 raw,
                 raw_len,
+                payload,
             } = &mut c.state
             else {
                 return Ok(());
             };
+            let Some(s) = self.session.as_mut() else {
+                return Err("a stream without a session".into());
+            };
+            let peer = c.peer;
+            // A plain data frame's payload goes from the socket straight to its place in the
+            // window: no copy through `inbuf`.
+            if let Some((start, at, end)) = payload.as_mut() {
+                let written = s.reorder.written();
+                let into = if *at < written {
+                    // Written out already (another copy came first): read past it.
+                    let k = ((written.min(*end) - *at) as usize).min(inbuf.len());
+                    &mut inbuf[..k]
+                } else {
+                    s.reorder.slot(*at, (*end - *at) as usize)
+                };
+                match c.sock.read(into) {
+                    Ok(0) => return self.lost(poll, t, "closed"),
+                    Ok(n) => {
+                        *at += n as u64;
+                        *bytes += n as u64;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return self.lost(poll, t, &format!("failed ({e})")),
+                }
+                if *at == *end {
+                    let (seq, len) = (*start, *end - *start);
+                    *payload = None;
+                    s.reorder
+                        .commit(seq, len)
+                        .map_err(|e| format!("stream {index} ({peer}): {e}"))?;
+                }
+                continue;
+            }
             if !(std::mem::take(&mut first) && (*in_len > 0 || *raw_len > 0)) {
                 let into = match c.chan {
                     Some(_) => &mut raw[*raw_len..],
-                    None => &mut inbuf[*in_len..],
+                    // Plain: no further than the next frame, and for a data frame no further
+                    // than its header, so its payload can be read into the window.
+                    None => {
+                        let want = plain_need(&inbuf[..*in_len]).min(inbuf.len());
+                        if want <= *in_len {
+                            return Err(format!(
+                                "stream {index} ({peer}): a frame longer than this session's chunk size allows"
+                            ));
+                        }
+                        &mut inbuf[*in_len..want]
+                    }
                 };
                 match c.sock.read(into) {
                     Ok(0) => return self.lost(poll, t, "closed"),
@@ -643,9 +691,6 @@ impl Receiver<'_> {
                     Err(e) => return self.lost(poll, t, &format!("failed ({e})")),
                 }
             }
-            let Some(s) = self.session.as_mut() else {
-                return Err("a stream without a session".into());
-            };
             // Records open as frames leave inbuf, until none is left to open: after a round
             // inbuf has room for a whole record, so `raw` never fills.
             loop {
@@ -664,28 +709,14 @@ impl Receiver<'_> {
                     *raw_len -= opened;
                 }
                 let mut at = 0;
-                let peer = c.peer;
                 loop {
                     match Frame::parse(&inbuf[at..*in_len]) {
                         Ok((f, used)) => {
                             at += used;
                             match f {
                             Frame::Data { seq, payload } => {
-                                if payload.len() > s.chunk as usize {
-                                    return Err(format!(
-                                        "stream {index} ({peer}): a {}-byte chunk, the session declared {}",
-                                        payload.len(),
-                                        s.chunk
-                                    ));
-                                }
-                                let end = seq + payload.len() as u64;
-                                if let Some((total, _)) = s.end {
-                                    if end > total {
-                                        return Err(format!(
-                                            "stream {index} ({peer}): bytes up to {end} of a {total}-byte stream"
-                                        ));
-                                    }
-                                }
+                                check_data(s, seq, payload.len())
+                                    .map_err(|e| format!("stream {index} ({peer}): {e}"))?;
                                 s.reorder
                                     .insert(seq, payload)
                                     .map_err(|e| format!("stream {index} ({peer}): {e}"))?;
@@ -715,7 +746,21 @@ impl Receiver<'_> {
                             }
                         }
                         }
-                        Err(FrameError::Truncated { .. }) => break,
+                        Err(FrameError::Truncated { .. }) => {
+                            // Plain: the rest of the payload is read straight into the window.
+                            let head = frame::data_header_of(&inbuf[at..*in_len]);
+                            if let (None, Some((seq, len))) = (&c.chan, head) {
+                                check_data(s, seq, len)
+                                    .map_err(|e| format!("stream {index} ({peer}): {e}"))?;
+                                let have = &inbuf[at + DATA_HDR..*in_len];
+                                s.reorder.put(seq, have);
+                                *bytes += have.len() as u64;
+                                let next = seq + have.len() as u64;
+                                *payload = Some((seq, next, seq + len as u64));
+                                at = *in_len;
+                            }
+                            break;
+                        }
                         Err(e) => return Err(format!("stream {index} ({peer}): {e}")),
                     }
                 }
@@ -974,6 +1019,7 @@ impl Receiver<'_> {
             bytes: 0,
             raw,
             raw_len: raw_rest_len,
+            payload: None,
         };
         c.put(&Frame::Welcome {
             version: frame::VERSION,
@@ -1102,6 +1148,40 @@ impl Receiver<'_> {
             ));
         }
         Ok(true)
+    }
+}
+
+/// Whether a data frame of `len` bytes at `seq` may be taken: no longer than the session's
+/// chunk, within the stream's total once it is known, and below the window's credit. Checked
+/// before any of its payload is read.
+fn check_data(s: &Session, seq: u64, len: usize) -> Result<(), String> {
+    if len > s.chunk as usize {
+        return Err(format!(
+            "a {len}-byte chunk, the session declared {}",
+            s.chunk
+        ));
+    }
+    let end = seq + len as u64;
+    if let Some((total, _)) = s.end {
+        if end > total {
+            return Err(format!("bytes up to {end} of a {total}-byte stream"));
+        }
+    }
+    s.reorder.check(seq, len as u64).map_err(|e| e.to_string())
+}
+
+/// How far to read a plain connection's bytes (`b`: those not yet parsed) into its frame
+/// buffer: to the end of the next frame, or of its header when it is a data frame (whose
+/// payload is read into the window).
+fn plain_need(b: &[u8]) -> usize {
+    match Frame::parse(b) {
+        Err(FrameError::Truncated { need, .. })
+            if b.first() == Some(&frame::T_DATA) && b.len() < DATA_HDR =>
+        {
+            need.min(DATA_HDR)
+        }
+        Err(FrameError::Truncated { need, .. }) => need,
+        _ => b.len(),
     }
 }
 
