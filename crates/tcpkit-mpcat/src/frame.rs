@@ -23,8 +23,10 @@
 //! caller's buffer; parse(emit(f)) gives back f. The `mpcat_frame` fuzz target runs
 //! [`fuzz_frame`].
 
-/// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+/// The protocol version this build speaks. 2: a Hello's chunk is the largest of the
+/// session's chunks, which may be down to [`CHUNK_SPAN`](crate::CHUNK_SPAN) times smaller
+/// (1: every chunk that size but the last).
+pub const VERSION: u16 = 2;
 /// Opens every Hello and Welcome, so a stray connection (an HTTP client, a port scanner) is
 /// told apart from an mpcat of another version.
 pub const MAGIC: [u8; 4] = *b"TKMP";
@@ -73,7 +75,8 @@ pub enum Frame<'a> {
         stream: u16,
         /// How many connections the session opens.
         streams: u16,
-        /// The size of every data frame's payload but the last.
+        /// The largest data frame payload; the others are at most
+        /// [`CHUNK_SPAN`](crate::CHUNK_SPAN) times smaller, but the last.
         chunk: u32,
     },
     /// receiver → sender: accepted; the receiver's window (bytes it reorders in memory).

@@ -944,9 +944,10 @@ impl Receiver<'_> {
                     return Ok(());
                 }
                 let window = self.cfg.window as usize;
-                // Chunks are full-sized but the last; twice the chunks a window holds is
-                // more separate pieces than an honest sender makes.
-                let max_gaps = 2 * window / chunk as usize + 16;
+                // Chunks are at least the smallest the declared size allows but the last;
+                // twice that many in a window is more separate pieces than an honest sender
+                // makes.
+                let max_gaps = 2 * window / crate::smallest_chunk(chunk) as usize + 16;
                 let mut joined = vec![None; usize::from(streams)];
                 joined[usize::from(stream)] = Some(t);
                 let mut seen = vec![false; usize::from(streams)];

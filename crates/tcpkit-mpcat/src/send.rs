@@ -33,7 +33,11 @@ pub struct SendConfig {
     pub address: String,
     /// Connections to open; None: one per member of the egress (ECMP nexthop or bond slave).
     pub streams: Option<u16>,
+    /// The largest chunk (declared in the Hello).
     pub chunk: u32,
+    /// The smallest chunk each connection's size adapts down to ([`crate::smallest_chunk`]
+    /// of `chunk` at least); equal to `chunk`: a fixed size.
+    pub chunk_min: u32,
     pub input: Input,
     /// How long each connect and handshake may take.
     pub connect_timeout: Duration,
@@ -61,19 +65,70 @@ const INBUF: usize = 4096;
 /// frames make (a record whose plaintext would not fit in INBUF is refused at its header).
 const RAW_BUF: usize = 2 * (REC_HDR + INBUF + TAG);
 
-/// One chunk of the input, `seq` its offset in the stream.
+/// A buffer of the input as the reader read it (the largest chunk's size); chunks are cut
+/// from it as connections take them. It goes back to the reader when its last chunk is
+/// acknowledged (dropped), so buffers are reused, never allocated per chunk.
+#[derive(Debug)]
+struct Block {
+    buf: Vec<u8>,
+    back: mpsc::Sender<Vec<u8>>,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        let _ = self.back.send(std::mem::take(&mut self.buf));
+    }
+}
+
+/// One chunk of the input, `seq` its offset in the stream: bytes `off..off + len` of a block.
 #[derive(Debug)]
 struct Chunk {
     seq: u64,
-    buf: Vec<u8>,
+    block: Arc<Block>,
+    off: usize,
+    len: usize,
     /// The connection it was last handed to.
     conn: usize,
 }
 
 impl Chunk {
     fn end(&self) -> u64 {
-        self.seq + self.buf.len() as u64
+        self.seq + self.len as u64
     }
+
+    fn bytes(&self) -> &[u8] {
+        &self.block.buf[self.off..self.off + self.len]
+    }
+
+    /// Cuts the chunk after `n` bytes; the rest is returned.
+    fn split(&mut self, n: usize) -> Chunk {
+        debug_assert!(n > 0 && n < self.len);
+        let rest = Chunk {
+            seq: self.seq + n as u64,
+            block: Arc::clone(&self.block),
+            off: self.off + n,
+            len: self.len - n,
+            conn: self.conn,
+        };
+        self.len = n;
+        rest
+    }
+}
+
+/// How long a chunk should take to leave on its connection: a connection's chunk size is
+/// about this much of what its socket took lately.
+const CHUNK_TIME: Duration = Duration::from_millis(4);
+/// How often each connection's rate (and so its chunk size) is measured.
+const RATE_TICK: Duration = Duration::from_millis(100);
+
+/// The chunk size for a connection that took `rate` bytes a second lately: about
+/// [`CHUNK_TIME`] of it, as a power of two within `lo..=hi`, and no more than half of an even
+/// share of the window (`window / streams / 2`), so that a small window still gives every
+/// connection several chunks in flight.
+fn chunk_size(rate: f64, lo: usize, hi: usize, window: u64, streams: usize) -> usize {
+    let want = (rate * CHUNK_TIME.as_secs_f64()).max(1.0) as usize;
+    let share = (window / (2 * streams.max(1) as u64)).min(hi as u64) as usize;
+    want.next_power_of_two().min(share).clamp(lo, hi)
 }
 
 /// What the reader thread hands the loop.
@@ -105,6 +160,11 @@ struct Conn {
     bytes: u64,
     /// A reconnection is being tried (on its own thread).
     reconnecting: bool,
+    /// The size of the chunks it takes now (adapted each [`RATE_TICK`]).
+    size: usize,
+    /// Bytes a second it took lately (0: not measured yet), and `bytes` when last measured.
+    rate: f64,
+    bytes_then: u64,
     /// When the next reconnection may start.
     next_try: Instant,
     /// --psk-file: this connection's keys; `raw` holds records not yet opened into `inbuf`.
@@ -491,6 +551,7 @@ fn reader(
     size: Option<u64>,
     tx: SyncSender<FromReader>,
     back: Receiver<Vec<u8>>,
+    back_tx: mpsc::Sender<Vec<u8>>,
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
 ) {
@@ -555,7 +616,16 @@ fn reader(
         }
         if got > 0 {
             hasher.update(&buf);
-            let c = Chunk { seq, buf, conn: 0 };
+            let c = Chunk {
+                seq,
+                block: Arc::new(Block {
+                    buf,
+                    back: back_tx.clone(),
+                }),
+                off: 0,
+                len: got,
+                conn: 0,
+            };
             seq += got as u64;
             if !send(FromReader::Chunk(c)) {
                 return;
@@ -583,8 +653,13 @@ struct Flow {
     end_sent: Option<usize>,
     /// The receiver's verdict.
     done: Option<(u64, bool)>,
-    back: mpsc::Sender<Vec<u8>>,
     start: Instant,
+    /// The receiver's window, and when the connections' rates were last measured.
+    window: u64,
+    tick: Instant,
+    /// The smallest and largest chunk a connection takes.
+    lo: usize,
+    hi: usize,
     failures: Vec<PathFailure>,
     reconnects: u64,
     resent: u64,
@@ -597,18 +672,11 @@ struct Flow {
 }
 
 impl Flow {
-    /// Gives chunks the receiver has written back to the reader.
+    /// Drops the chunks the receiver has written (their blocks go back to the reader once
+    /// all of their chunks are).
     fn release(&mut self) {
         let acked = self.acked;
-        let back = &self.back;
-        self.inflight.retain_mut(|ch| {
-            if ch.end() <= acked {
-                let _ = back.send(std::mem::take(&mut ch.buf));
-                false
-            } else {
-                true
-            }
-        });
+        self.inflight.retain(|ch| ch.end() > acked);
     }
 }
 
@@ -807,6 +875,9 @@ pub fn run(
             in_len: 0,
             bytes: 0,
             reconnecting: false,
+            size: cfg.chunk_min as usize,
+            rate: 0.0,
+            bytes_then: 0,
             next_try: start,
             raw: if chan.is_some() {
                 vec![0; RAW_BUF]
@@ -831,7 +902,7 @@ pub fn run(
         let size = cfg.size;
         std::thread::Builder::new()
             .name("mpcat-read".into())
-            .spawn(move || reader(input, chunk, pool, size, tx, back_rx, waker, rstop))
+            .spawn(move || reader(input, chunk, pool, size, tx, back_rx, back_tx, waker, rstop))
             .map_err(|e| Error::io("start the reader thread", e))?
     };
     let mut flow = Flow {
@@ -842,17 +913,21 @@ pub fn run(
         end: None,
         end_sent: None,
         done: None,
-        back: back_tx,
         start,
+        window,
+        tick: start,
+        lo: cfg.chunk_min as usize,
+        hi: chunk,
         failures: Vec::new(),
         reconnects: 0,
         resent: 0,
         none_since: None,
-        // A burst of two chunks: enough to keep every connection fed between polls, small
-        // enough that a second's rate stays within a few percent of the limit.
+        // A burst of two of the smallest chunks (chunks are cut no larger under a limit):
+        // enough to keep every connection fed between polls, small enough that a second's
+        // rate stays within a few percent of the limit.
         bucket: cfg
             .rate_limit
-            .map(|r| TokenBucket::new(r as f64, (2 * cfg.chunk).max(1))),
+            .map(|r| TokenBucket::new(r as f64, (2 * cfg.chunk_min).max(1))),
         pace_wait: None,
     };
     let (conn_tx, conn_rx) = mpsc::channel();
@@ -993,7 +1068,7 @@ fn fail_conn(poll: &Poll, i: usize, c: &mut Conn, flow: &mut Flow, why: String) 
     let mut again: Vec<Chunk> = Vec::new();
     if let Some(d) = c.data.take() {
         if d.pos > 0 {
-            flow.resent += d.chunk.buf.len() as u64;
+            flow.resent += d.chunk.len as u64;
         }
         again.push(d.chunk);
     }
@@ -1001,7 +1076,7 @@ fn fail_conn(poll: &Poll, i: usize, c: &mut Conn, flow: &mut Flow, why: String) 
     while k < flow.inflight.len() {
         if flow.inflight[k].conn == i {
             if let Some(ch) = flow.inflight.remove(k) {
-                flow.resent += ch.buf.len() as u64;
+                flow.resent += ch.len as u64;
                 again.push(ch);
             }
         } else {
@@ -1129,6 +1204,7 @@ fn event_loop(
             reconnect(ctx, conns);
         }
         fill(poll, conns, flow, &mut rr);
+        adapt(conns, flow);
         live.bytes.store(flow.acked, Ordering::Relaxed);
         for (i, c) in conns.iter().enumerate() {
             live.set_stream(i, c.bytes);
@@ -1177,6 +1253,23 @@ fn event_loop(
                 }
             }
         }
+    }
+}
+
+/// Each [`RATE_TICK`]: measures what each connection took since the last, and sets its chunk
+/// size from that ([`chunk_size`]).
+fn adapt(conns: &mut [Conn], flow: &mut Flow) {
+    let dt = flow.tick.elapsed();
+    if dt < RATE_TICK || flow.lo == flow.hi {
+        return;
+    }
+    flow.tick = Instant::now();
+    let up = conns.iter().filter(|c| c.sock.is_some()).count();
+    for c in conns.iter_mut() {
+        let r = (c.bytes - c.bytes_then) as f64 / dt.as_secs_f64();
+        c.bytes_then = c.bytes;
+        c.rate = if c.rate == 0.0 { r } else { (c.rate + r) / 2.0 };
+        c.size = chunk_size(c.rate, flow.lo, flow.hi, flow.window, up);
     }
 }
 
@@ -1296,7 +1389,7 @@ fn flush(c: &mut Conn, sent: &mut VecDeque<Chunk>) -> Result<bool, String> {
     c.out.clear();
     c.out_pos = 0;
     if let Some(d) = c.data.as_mut() {
-        match write_frame(sock, &d.hdr, &d.chunk.buf, &mut d.pos) {
+        match write_frame(sock, &d.hdr, d.chunk.bytes(), &mut d.pos) {
             Ok(true) => {}
             Ok(false) => {
                 c.writable = false;
@@ -1332,12 +1425,31 @@ fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
                     continue;
                 }
             }
-            let mut fits = flow.unsent.front().is_some_and(|ch| ch.end() <= flow.limit);
-            if let (true, Some(b), Some(ch)) = (fits, flow.bucket.as_mut(), flow.unsent.front()) {
+            // The connection's own size, cut from the front chunk (a rest smaller than the
+            // smallest chunk goes along), and never more than two of the smallest under a
+            // rate limit (the bucket's burst).
+            let lo = flow.lo;
+            let take = flow.unsent.front().map_or(0, |ch| {
+                let mut n = c.size.min(ch.len);
+                if flow.bucket.is_some() {
+                    n = n.min(2 * lo);
+                }
+                if ch.len - n < lo {
+                    n = ch.len;
+                    if flow.bucket.is_some() && n > 2 * lo {
+                        n = 2 * lo;
+                    }
+                }
+                n
+            });
+            let mut fits = flow
+                .unsent
+                .front()
+                .is_some_and(|ch| ch.seq + take as u64 <= flow.limit);
+            if let (true, Some(b)) = (fits, flow.bucket.as_mut()) {
                 let now = flow.start.elapsed().as_nanos() as u64;
-                let len = ch.buf.len() as u64;
-                if !b.try_take(now, len) {
-                    flow.pace_wait = Some(Duration::from_nanos(b.time_until(now, len)));
+                if !b.try_take(now, take as u64) {
+                    flow.pace_wait = Some(Duration::from_nanos(b.time_until(now, take as u64)));
                     fits = false;
                 }
             }
@@ -1345,13 +1457,16 @@ fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
                 let Some(mut ch) = flow.unsent.pop_front() else {
                     continue;
                 };
-                c.bytes += ch.buf.len() as u64;
+                if take < ch.len {
+                    flow.unsent.push_front(ch.split(take));
+                }
+                c.bytes += ch.len as u64;
                 ch.conn = i;
-                let hdr = frame::data_header(ch.seq, ch.buf.len());
+                let hdr = frame::data_header(ch.seq, ch.len);
                 if c.chan.is_some() {
                     // Records are sealed into a buffer: the copy is the encryption's own.
                     c.put(&hdr);
-                    c.put(&ch.buf);
+                    c.put(ch.bytes());
                     flow.inflight.push_back(ch);
                 } else {
                     c.data = Some(Sending {
@@ -1451,6 +1566,52 @@ mod tests {
             got == want,
             "the bytes differ ({in_header} resumes inside a header)"
         );
+    }
+
+    #[test]
+    fn chunk_sizes_follow_the_rate_within_their_bounds() {
+        let (lo, hi, w) = (64 << 10, 1 << 20, 64 << 20);
+        // Not measured yet, or a path that took little: the smallest.
+        assert_eq!(chunk_size(0.0, lo, hi, w, 4), lo);
+        assert_eq!(chunk_size(5e6, lo, hi, w, 4), lo);
+        // 200 Mbit/s: 100 kB in 4 ms, the next power of two.
+        assert_eq!(chunk_size(25e6, lo, hi, w, 4), 128 << 10);
+        // An unshaped veth: the largest.
+        assert_eq!(chunk_size(900e6, lo, hi, w, 1), hi);
+        // A small window shared by 8 connections: half of an eighth of it.
+        assert_eq!(chunk_size(900e6, lo, hi, 4 << 20, 8), 256 << 10);
+        // Never under the smallest, however small the window.
+        assert_eq!(chunk_size(900e6, lo, hi, 1 << 20, 64), lo);
+        // A fixed size stays fixed.
+        assert_eq!(chunk_size(900e6, 4096, 4096, w, 2), 4096);
+    }
+
+    #[test]
+    fn a_block_goes_back_to_the_reader_when_its_last_piece_is_dropped() {
+        let (back, returned) = mpsc::channel();
+        let buf: Vec<u8> = (0..100u8).collect();
+        let mut a = Chunk {
+            seq: 1000,
+            block: Arc::new(Block { buf, back }),
+            off: 0,
+            len: 100,
+            conn: 0,
+        };
+        let mut b = a.split(30);
+        let c = b.split(50);
+        assert_eq!((a.seq, a.len, a.end()), (1000, 30, 1030));
+        assert_eq!((b.seq, b.len, b.end()), (1030, 50, 1080));
+        assert_eq!((c.seq, c.len, c.end()), (1080, 20, 1100));
+        assert_eq!(b.bytes(), &(30..80u8).collect::<Vec<_>>()[..]);
+        assert_eq!(c.bytes(), &(80..100u8).collect::<Vec<_>>()[..]);
+        drop(b);
+        drop(a);
+        assert!(
+            returned.try_recv().is_err(),
+            "returned while a piece is alive"
+        );
+        drop(c);
+        assert_eq!(returned.try_recv().unwrap().len(), 100);
     }
 
     #[test]
