@@ -75,7 +75,7 @@ pub struct Args {
 
     /// Bytes per data frame (sending side), 1K to 1M: SIZE for a fixed size, or MIN-MAX
     /// (default 64K-1M, MAX at most 16 × MIN) for a size each connection adapts every 0.1 s:
-    /// about 4 ms of what its socket took lately, as a power of two, and at most half its even
+    /// about 10 ms of what its socket took lately, as a power of two, and at most half its even
     /// share of the receiver's window. A fast path gets large chunks (fewer frames and system
     /// calls per byte); a slow one, or one with few bytes in flight, small ones (less of the
     /// window held behind one chunk, a shorter wait for the last).
