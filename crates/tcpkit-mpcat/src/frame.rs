@@ -29,8 +29,10 @@
 //! caller's buffer; parse(emit(f)) gives back f. The `mpcat_frame` fuzz target runs
 //! [`fuzz_frame`].
 
-/// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+/// The protocol version this build speaks. 2: a Hello's chunk is the largest of the
+/// session's chunks, which may be down to [`CHUNK_SPAN`](crate::CHUNK_SPAN) times smaller
+/// (1: every chunk that size but the last).
+pub const VERSION: u16 = 2;
 /// Opens every Hello and Welcome, so a stray connection (an HTTP client, a port scanner) is
 /// told apart from an mpcat of another version.
 pub const MAGIC: [u8; 4] = *b"TKMP";
@@ -53,7 +55,7 @@ pub const REVERSE_STREAM: u16 = u16::MAX;
 const T_HELLO: u8 = 1;
 const T_WELCOME: u8 = 2;
 const T_REFUSE: u8 = 3;
-const T_DATA: u8 = 4;
+pub(crate) const T_DATA: u8 = 4;
 const T_ACK: u8 = 5;
 const T_END: u8 = 6;
 const T_DONE: u8 = 7;
@@ -83,7 +85,8 @@ pub enum Frame<'a> {
         stream: u16,
         /// How many connections the session opens.
         streams: u16,
-        /// The size of every data frame's payload but the last.
+        /// The largest data frame payload; the others are at most
+        /// [`CHUNK_SPAN`](crate::CHUNK_SPAN) times smaller, but the last.
         chunk: u32,
     },
     /// receiver → sender: accepted; the receiver's window (bytes it reorders in memory).
@@ -437,6 +440,26 @@ pub fn data_header(seq: u64, len: usize) -> [u8; DATA_HDR] {
     h
 }
 
+/// The offset and payload length of the data frame whose header (its first [`DATA_HDR`]
+/// bytes) starts `buf`, when that header is one [`Frame::parse`] would accept once the payload
+/// is there: a receiver reads the payload straight to where it belongs. None for any other
+/// frame, a header cut short, or one `parse` refuses (the caller lets `parse` say why).
+pub fn data_header_of(buf: &[u8]) -> Option<(u64, usize)> {
+    let h: &[u8; DATA_HDR] = buf.get(..DATA_HDR)?.try_into().ok()?;
+    if h[0] != T_DATA {
+        return None;
+    }
+    let body = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
+    let len = body
+        .checked_sub(8)
+        .filter(|l| (1..=MAX_CHUNK).contains(l))?;
+    let mut s = [0u8; 8];
+    s.copy_from_slice(&h[FRAME_HDR..]);
+    let seq = u64::from_be_bytes(s);
+    seq.checked_add(len as u64)?;
+    Some((seq, len))
+}
+
 struct Writer<'o> {
     out: &'o mut [u8],
     at: usize,
@@ -464,6 +487,16 @@ pub fn fuzz_frame(data: &[u8]) {
     let mut rest = data;
     let mut buf = Vec::new();
     while !rest.is_empty() {
+        // A data header taken alone agrees with the whole frame's parse.
+        if let Some((seq, len)) = data_header_of(rest) {
+            match Frame::parse(rest) {
+                Ok((Frame::Data { seq: s, payload }, _)) => {
+                    assert_eq!((s, payload.len()), (seq, len));
+                }
+                Err(FrameError::Truncated { need, .. }) => assert_eq!(need, DATA_HDR + len),
+                other => panic!("data_header_of accepted what parse gives as {other:?}"),
+            }
+        }
         match Frame::parse(rest) {
             Ok((f, used)) => {
                 assert!(used >= FRAME_HDR && used <= rest.len());
@@ -491,6 +524,22 @@ pub fn fuzz_frame(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_header_alone_gives_what_the_whole_frame_gives() {
+        let h = data_header(77, 5000);
+        assert_eq!(data_header_of(&h), Some((77, 5000)));
+        assert_eq!(data_header_of(&h[..DATA_HDR - 1]), None);
+        let mut bad = h;
+        bad[1..FRAME_HDR].copy_from_slice(&8u32.to_be_bytes()); // no payload
+        assert_eq!(data_header_of(&bad), None);
+        bad[1..FRAME_HDR].copy_from_slice(&((9 + MAX_CHUNK) as u32).to_be_bytes());
+        assert_eq!(data_header_of(&bad), None);
+        let mut end = data_header(u64::MAX - 10, 11); // ends past 2^64
+        assert_eq!(data_header_of(&end), None);
+        end[0] = T_ACK;
+        assert_eq!(data_header_of(&end), None);
+    }
 
     fn samples() -> Vec<Frame<'static>> {
         vec![

@@ -30,8 +30,20 @@ pub use report::{
 
 /// The receiver's default reorder window.
 pub const DEFAULT_WINDOW: u64 = 64 << 20;
-/// The sender's default chunk size.
-pub const DEFAULT_CHUNK: u32 = 256 << 10;
+/// The sender's default largest and smallest chunk: each connection's size adapts between
+/// them.
+pub const DEFAULT_CHUNK: u32 = 1 << 20;
+pub const DEFAULT_CHUNK_MIN: u32 = 64 << 10;
+/// At most this many times smaller than the largest (declared in the Hello) may a session's
+/// chunks be, but the stream's last: the receiver bounds the separate pieces it holds by it.
+pub const CHUNK_SPAN: u32 = 16;
+
+/// The smallest chunk a sender that declares `largest` makes (but the stream's last).
+pub fn smallest_chunk(largest: u32) -> u32 {
+    (largest / CHUNK_SPAN)
+        .max(frame::MIN_CHUNK as u32)
+        .min(largest)
+}
 /// The smallest and largest `--window`.
 pub const MIN_WINDOW: u64 = 1 << 20;
 pub const MAX_WINDOW: u64 = 4 << 30;

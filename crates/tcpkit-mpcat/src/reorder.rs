@@ -59,7 +59,16 @@ impl Reorder {
     /// Takes bytes `seq .. seq + data.len()`. Bytes already handed out are ignored (a chunk
     /// re-sent after its first copy arrived); bytes past the window are an error.
     pub fn insert(&mut self, seq: u64, data: &[u8]) -> Result<(), ReorderError> {
-        let end = seq + data.len() as u64;
+        self.check(seq, data.len() as u64)?;
+        self.commit(seq, data.len() as u64)?;
+        self.put(seq, data);
+        Ok(())
+    }
+
+    /// Whether bytes `seq .. seq + len` may be taken: an error when they lie past the
+    /// window. Checked before any of them is read into the ring.
+    pub fn check(&self, seq: u64, len: u64) -> Result<(), ReorderError> {
+        let end = seq + len;
         if end > self.limit() {
             return Err(ReorderError::PastWindow {
                 seq,
@@ -67,11 +76,47 @@ impl Reorder {
                 limit: self.limit(),
             });
         }
+        Ok(())
+    }
+
+    /// Copies `data` (bytes from `seq`, [checked](Reorder::check)) into the ring without
+    /// holding it yet. Bytes below `written` are skipped: their place in the ring belongs to
+    /// bytes a window further on, which may be held already.
+    pub fn put(&mut self, seq: u64, data: &[u8]) {
+        let skip = self.written.saturating_sub(seq).min(data.len() as u64) as usize;
+        let (mut seq, mut data) = (seq + skip as u64, &data[skip..]);
+        while !data.is_empty() {
+            let slot = self.slot(seq, data.len());
+            let n = slot.len();
+            slot.copy_from_slice(&data[..n]);
+            (seq, data) = (seq + n as u64, &data[n..]);
+        }
+    }
+
+    /// The ring's bytes where `seq ..` goes, at most `len` of them (fewer where the ring
+    /// wraps), for reading from a socket straight into place. `seq` must be at or above
+    /// `written` and the bytes [checked](Reorder::check); they are held once
+    /// [committed](Reorder::commit).
+    pub fn slot(&mut self, seq: u64, len: usize) -> &mut [u8] {
+        assert!(
+            seq >= self.written && seq + len as u64 <= self.limit(),
+            "slot {seq}+{len} outside {}..{}",
+            self.written,
+            self.limit()
+        );
+        let at = (seq % self.ring.len() as u64) as usize;
+        let n = len.min(self.ring.len() - at);
+        &mut self.ring[at..at + n]
+    }
+
+    /// Holds bytes `seq .. seq + len`, already in the ring ([put](Reorder::put) or read into
+    /// [slots](Reorder::slot)): they come out in order once the bytes before them are in.
+    pub fn commit(&mut self, seq: u64, len: u64) -> Result<(), ReorderError> {
+        let end = seq + len;
         if end <= self.written {
             return Ok(());
         }
-        let skip = self.written.saturating_sub(seq);
-        let (seq, data) = (seq + skip, &data[skip as usize..]);
+        let seq = seq.max(self.written);
         // Merge [seq, end) with the ranges it touches.
         let mut start = seq;
         let mut stop = end;
@@ -96,11 +141,6 @@ impl Reorder {
             stop = stop.max(e);
         }
         self.held.insert(start, stop);
-        let w = self.ring.len() as u64;
-        let at = (seq % w) as usize;
-        let first = data.len().min(self.ring.len() - at);
-        self.ring[at..at + first].copy_from_slice(&data[..first]);
-        self.ring[..data.len() - first].copy_from_slice(&data[first..]);
         Ok(())
     }
 
@@ -212,6 +252,73 @@ mod tests {
             })
         );
         r.insert(10, &[0; 6]).unwrap();
+    }
+
+    /// Reads `data` into the window the way a receiver does from a socket: into slots, a few
+    /// bytes per read, then committed.
+    fn read_in(r: &mut Reorder, seq: u64, data: &[u8], step: usize) {
+        r.check(seq, data.len() as u64).unwrap();
+        let mut at = 0;
+        while at < data.len() {
+            let slot = r.slot(seq + at as u64, data.len() - at);
+            let n = slot.len().min(step);
+            slot[..n].copy_from_slice(&data[at..at + n]);
+            at += n;
+        }
+        r.commit(seq, data.len() as u64).unwrap();
+    }
+
+    #[test]
+    fn bytes_read_into_slots_come_out_in_order_across_the_wrap() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 13 % 251) as u8).collect();
+        let mut r = Reorder::new(48, 16);
+        let mut out = Vec::new();
+        let mut next = 0usize;
+        while next < data.len() {
+            let limit = (r.limit() as usize).min(data.len());
+            // Two pieces up to the credit, the later one first; reads of 5 bytes, so pieces
+            // that straddle the ring's end are read in two slots.
+            let mid = next + (limit - next) / 2;
+            read_in(&mut r, mid as u64, &data[mid..limit], 5);
+            assert_eq!(r.ready().0.len() + r.ready().1.len(), 0);
+            read_in(&mut r, next as u64, &data[next..mid], 5);
+            next = limit;
+            drain(&mut r, &mut out);
+        }
+        assert_eq!(out, data);
+        assert_eq!(r.held_bytes(), 0);
+    }
+
+    #[test]
+    fn a_slot_never_holds_more_than_up_to_the_wrap() {
+        let mut r = Reorder::new(16, 4);
+        r.insert(0, &[1; 12]).unwrap();
+        r.consume(12);
+        assert_eq!(r.slot(12, 10).len(), 4);
+        assert_eq!(r.slot(16, 10).len(), 10);
+    }
+
+    #[test]
+    fn old_bytes_put_do_not_overwrite_the_next_window() {
+        let mut r = Reorder::new(8, 4);
+        r.insert(0, b"abcd").unwrap();
+        let mut out = Vec::new();
+        drain(&mut r, &mut out);
+        // Bytes 8..10 sit where 0..2 sat; a late copy of 0..6 must not land on them.
+        r.insert(8, b"ij").unwrap();
+        r.insert(0, b"ABCDEF").unwrap();
+        r.insert(6, b"gh").unwrap();
+        drain(&mut r, &mut out);
+        assert_eq!(out, b"abcdEFghij");
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn a_slot_below_what_was_handed_out_is_refused() {
+        let mut r = Reorder::new(8, 4);
+        r.insert(0, b"abcd").unwrap();
+        r.consume(4);
+        r.slot(2, 2);
     }
 
     #[test]

@@ -103,9 +103,14 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = common::size_arg, conflicts_with = "listen")]
     pub size: Option<u64>,
 
-    /// Bytes per data frame (sending side), 1K to 1M.
-    #[arg(long, value_name = "SIZE", value_parser = common::size_arg, conflicts_with = "listen")]
-    pub chunk: Option<u64>,
+    /// Bytes per data frame (sending side), 1K to 1M: SIZE for a fixed size, or MIN-MAX
+    /// (default 64K-1M, MAX at most 16 × MIN) for a size each connection adapts every 0.1 s:
+    /// about 10 ms of what its socket took lately, as a power of two, and at most half its even
+    /// share of the receiver's window. A fast path gets large chunks (fewer frames and system
+    /// calls per byte); a slow one, or one with few bytes in flight, small ones (less of the
+    /// window held behind one chunk, a shorter wait for the last).
+    #[arg(long, value_name = "SIZE|MIN-MAX", conflicts_with = "listen")]
+    pub chunk: Option<String>,
 
     /// How long each connection's connect and handshake may take (sending side).
     #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "5s", conflicts_with = "listen")]
@@ -254,10 +259,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             frame::MAX_STREAMS
         )));
     }
-    let chunk = a.chunk.unwrap_or(u64::from(tcpkit_mpcat::DEFAULT_CHUNK));
-    if !(frame::MIN_CHUNK as u64..=frame::MAX_CHUNK as u64).contains(&chunk) {
-        return Err(usage(format!("--chunk {chunk}: must be 1K to 1M")));
-    }
+    let (chunk_min, chunk) = chunk_bounds(a.chunk.as_deref())?;
     let bare = host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
@@ -276,7 +278,8 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         peer,
         address,
         streams: a.streams,
-        chunk: chunk as u32,
+        chunk,
+        chunk_min,
         input: a.input.clone().map_or(Input::Stdin, Input::File),
         connect_timeout: a.connect_timeout,
         path_timeout: a.path_timeout,
@@ -393,6 +396,40 @@ fn run_side(
     }
 }
 
+/// --chunk: SIZE (fixed) or MIN-MAX (adaptive), as (smallest, largest); the default when
+/// not given.
+fn chunk_bounds(text: Option<&str>) -> Result<(u32, u32), Failure> {
+    let Some(t) = text else {
+        return Ok((tcpkit_mpcat::DEFAULT_CHUNK_MIN, tcpkit_mpcat::DEFAULT_CHUNK));
+    };
+    let size = |x: &str| {
+        let n = common::size_arg(x.trim()).map_err(|e| usage(format!("--chunk {t}: {e}")))?;
+        if !(frame::MIN_CHUNK as u64..=frame::MAX_CHUNK as u64).contains(&n) {
+            return Err(usage(format!("--chunk {t}: {n} bytes, must be 1K to 1M")));
+        }
+        Ok(n as u32)
+    };
+    let (lo, hi) = match t.split_once('-') {
+        Some((a, b)) => (size(a)?, size(b)?),
+        None => {
+            let n = size(t)?;
+            (n, n)
+        }
+    };
+    if lo > hi {
+        return Err(usage(format!(
+            "--chunk {t}: MIN-MAX with the smaller first"
+        )));
+    }
+    if lo < tcpkit_mpcat::smallest_chunk(hi) {
+        return Err(usage(format!(
+            "--chunk {t}: MAX may be at most {} times MIN",
+            tcpkit_mpcat::CHUNK_SPAN
+        )));
+    }
+    Ok((lo, hi))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,7 +485,7 @@ mod tests {
             panic!()
         };
         assert_eq!(c.peer, vec!["127.0.0.1:31337".parse().unwrap()]);
-        assert_eq!((c.streams, c.chunk), (None, 256 << 10));
+        assert_eq!((c.streams, c.chunk_min, c.chunk), (None, 64 << 10, 1 << 20));
         assert_eq!(c.input, Input::Stdin);
         assert_eq!(c.connect_timeout, Duration::from_secs(5));
         let Side::Send(c) = parse(&[
@@ -473,7 +510,15 @@ mod tests {
             panic!()
         };
         assert_eq!(c.address, "[::1]:9");
-        assert_eq!((c.streams, c.chunk), (Some(8), 64 << 10));
+        assert_eq!(
+            (c.streams, c.chunk_min, c.chunk),
+            (Some(8), 64 << 10, 64 << 10)
+        );
+        let Side::Send(adaptive) = parse(&["--chunk", "16K-256K", "127.0.0.1", "9"]).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((adaptive.chunk_min, adaptive.chunk), (16 << 10, 256 << 10));
         assert_eq!(c.input, Input::File("image.raw".into()));
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.path_timeout, Duration::from_millis(1500));
@@ -541,6 +586,9 @@ mod tests {
         assert!(e(&["-n", "257", "127.0.0.1", "1"]).contains("-n 257"));
         assert!(e(&["--chunk", "100", "127.0.0.1", "1"]).contains("--chunk 100"));
         assert!(e(&["--chunk", "2M", "127.0.0.1", "1"]).contains("--chunk"));
+        assert!(e(&["--chunk", "1K-1M", "127.0.0.1", "1"]).contains("--chunk 1K-1M: MAX"));
+        assert!(e(&["--chunk", "1M-64K", "127.0.0.1", "1"]).contains("--chunk 1M-64K"));
+        assert!(e(&["--chunk", "64K-x", "127.0.0.1", "1"]).contains("--chunk 64K-x"));
         // Flags of the other side are refused.
         assert!(e(&["-l", "-p", "1", "-n", "3"]).contains("--streams"));
         assert!(e(&["-q", "-2", "h", "1"]).contains("-q -2"));
