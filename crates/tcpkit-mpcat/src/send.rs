@@ -554,14 +554,45 @@ fn connect_from(
     Ok(s.into())
 }
 
+/// The input's descriptor when it is stdin and not a regular file or a block device (a pipe,
+/// a terminal, a socket): there a read returns what has arrived, and what has arrived goes
+/// out without waiting for a whole chunk, so lines typed to a shell on the other side reach it
+/// as `nc` sends them. Files and disks always fill their chunks.
+fn live_input(input: &Input) -> Option<std::os::fd::RawFd> {
+    if *input != Input::Stdin {
+        return None;
+    }
+    // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on fd 0 with a pointer to a stat we own.
+    if unsafe { libc::fstat(0, &mut st) } != 0 {
+        return None;
+    }
+    let kind = st.st_mode & libc::S_IFMT;
+    (kind != libc::S_IFREG && kind != libc::S_IFBLK).then_some(0)
+}
+
+/// Whether `fd` has more to read at once (or its end: the next read returns it at once).
+fn readable_now(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call; no wait.
+    unsafe { libc::poll(&mut p, 1, 0) > 0 }
+}
+
 /// Reads the input in `chunk`-sized pieces into buffers from the pool (at most `pool` of
 /// them exist, so the input is read no further ahead than the window), hashing as it goes.
+/// With `live` (see [`live_input`]) a piece ends early when nothing more has arrived.
 #[expect(
     clippy::too_many_arguments,
     reason = "the reader thread's inputs, moved in at its start"
 )]
 fn reader(
     mut input: Box<dyn Read + Send>,
+    live: Option<std::os::fd::RawFd>,
     chunk: usize,
     pool: usize,
     size: Option<u64>,
@@ -604,7 +635,12 @@ fn reader(
                     eof = true;
                     break;
                 }
-                Ok(n) => got += n,
+                Ok(n) => {
+                    got += n;
+                    if got < chunk && live.is_some_and(|fd| !readable_now(fd)) {
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     send(FromReader::Failed(Error::io("read the input", e)));
@@ -919,9 +955,14 @@ pub fn run(
     let rthread = {
         let (waker, rstop) = (Arc::clone(&waker), Arc::clone(&reader_stop));
         let size = cfg.size;
+        let live = live_input(&cfg.input);
         std::thread::Builder::new()
             .name("mpcat-read".into())
-            .spawn(move || reader(input, chunk, pool, size, tx, back_rx, back_tx, waker, rstop))
+            .spawn(move || {
+                reader(
+                    input, live, chunk, pool, size, tx, back_rx, back_tx, waker, rstop,
+                );
+            })
             .map_err(|e| Error::io("start the reader thread", e))?
     };
     let mut flow = Flow {

@@ -532,3 +532,61 @@ fn mpcat_reverse_stdout_closed_early_fails_both_sides() {
         "{log}"
     );
 }
+
+/// As with `nc` and a shell on the other side: a line written to the connecting side's
+/// stdin (a pipe whose writer stays open) reaches the listener's output at once, not when a
+/// whole chunk has been read or the input ends. The writer holds its end open until the line
+/// has arrived, so a sender that waited for a full chunk or for EOF never delivers it.
+#[test]
+fn mpcat_a_line_typed_into_a_pipe_arrives_before_the_input_ends() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpdupline", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (out, done) = (dir.join("out"), dir.join("done"));
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                out.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    // The writer: one line, then its end of the pipe stays open until `done` exists.
+    let script = format!(
+        "(echo 'uname -a'; while [ ! -e {} ]; do sleep 0.05; done) | {} mpcat -n 2 {MULTIPATH_B4} {p}",
+        done.display(),
+        tcpkit(),
+    );
+    let tx = a
+        .spawn(&mut lab, "tx", &["sh", "-c", &script])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = std::fs::read(&out).unwrap_or_default();
+        if got == b"uname -a\n" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the line did not arrive while the input stayed open: {got:?}\n{}",
+            tx.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(&done, "").unwrap();
+    let st = wait(&tx, 20);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 10);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(std::fs::read(&out).unwrap(), b"uname -a\n");
+}
