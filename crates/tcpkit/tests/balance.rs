@@ -1673,7 +1673,7 @@ fn up_metrics_serve_prometheus_and_survive_hostile_peers() {
     assert_eq!(conns(&c.log()).len(), 6, "{}", c.log());
     assert!(oversize.starts_with("HTTP/1.0 431"), "{oversize}");
 
-    // curl, as a scraper would: served once the silent peers' 2 s are up (30 s allowed).
+    // curl, as a scraper would: served beside the silent peers, which wait for their 2 s.
     let out = cli
         .command(&["curl", "-sS", "--max-time", "30", "-D", "-", &url])
         .output()
