@@ -286,16 +286,23 @@ fn mpcat_quit_after_waits_then_stops_the_reverse_stream() {
     assert_eq!(j["reverse"]["bytes"], 0, "{j}");
 }
 
+/// Which side a reverse-stream test kills once 1 MiB of the listener's input has come back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Killed {
+    Listener,
+    ConnectingSide,
+}
+
 /// A reverse stream cut short: the listener sends 1 MiB of its input (a fifo this test
-/// writes) and is SIGKILLed once it has arrived, before its input ends. The connecting side
-/// (-N, waiting for the rest) exits 1, its last line naming the reverse stream and the bytes
-/// that came; never 0 with a short output.
-#[test]
-fn mpcat_reverse_stream_cut_fails_the_connecting_side() {
+/// writes) and, once it has arrived and before the input ends, one side is SIGKILLed. The
+/// other exits 1, its last line naming the reverse stream and the bytes that came or went;
+/// never 0 with a short output. Killing the listener: the connecting side (-N, waiting for
+/// the rest) fails. Killing the connecting side: the listener, whose forward stream was
+/// verified, fails.
+fn reverse_stream_cut(tag: &str, killed: Killed) {
     use std::io::Write;
 
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpdup4", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let (mut lab, a, b, _links) = Lab::multipath(tag, 1, None).unwrap_or_else(|e| panic!("{e}"));
     let dir = lab.dir().to_path_buf();
     let (input, output, back, feed, chunk) = (
         dir.join("in.bin"),
@@ -366,111 +373,49 @@ fn mpcat_reverse_stream_cut_fails_the_connecting_side() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let w = writer.join().unwrap();
-    rx.signal(Signal::SIGKILL).unwrap();
-    let st = wait(&tx, 20);
+    let (dead, survivor, who, why) = match killed {
+        Killed::Listener => (
+            &rx,
+            &tx,
+            "sender",
+            "tcpkit mpcat: the reverse stream (listener to here): ",
+        ),
+        Killed::ConnectingSide => (
+            &tx,
+            &rx,
+            "listener",
+            "tcpkit mpcat: the reverse stream (here to the connecting side): cut after 1048576 bytes",
+        ),
+    };
+    dead.signal(Signal::SIGKILL).unwrap();
+    let st = wait(survivor, 20);
     drop(w);
-    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
-    let log = tx.log();
+    assert_eq!(st.code(), Some(1), "{who}: {st}\n{}", survivor.log());
+    let log = survivor.log();
     let last = log.lines().last().unwrap_or_default();
     assert!(
-        last.starts_with("tcpkit mpcat: the reverse stream (listener to here): ")
-            && last.contains("1048576 bytes"),
+        last.starts_with(why) && last.contains("1048576 bytes"),
         "{log}"
     );
-    assert_eq!(sha256(&chunk), sha256(&back));
+    if killed == Killed::Listener {
+        assert_eq!(sha256(&chunk), sha256(&back));
+    } else {
+        assert_eq!(
+            sha256(&input),
+            sha256(&output),
+            "the forward stream was whole"
+        );
+    }
 }
 
-/// The other way round: the connecting side is SIGKILLed while the listener's reverse stream
-/// runs (1 MiB of its input arrived, the rest not yet written). The listener, whose forward
-/// stream was verified, exits 1 naming the reverse stream and the bytes it had sent.
+#[test]
+fn mpcat_reverse_stream_cut_fails_the_connecting_side() {
+    reverse_stream_cut("mpdup4", Killed::Listener);
+}
+
 #[test]
 fn mpcat_reverse_stream_cut_fails_the_listener() {
-    use std::io::Write;
-
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpdup5", 1, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output, back, feed, chunk) = (
-        dir.join("in.bin"),
-        dir.join("out.bin"),
-        dir.join("back"),
-        dir.join("feed"),
-        dir.join("chunk"),
-    );
-    mkfifo(&feed);
-    random_file(&input, 64 << 10);
-    random_file(&chunk, 1 << 20);
-    let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                output.to_str().unwrap(),
-                "-i",
-                feed.to_str().unwrap(),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    let writer = {
-        let (feed, chunk) = (feed.clone(), chunk.clone());
-        std::thread::spawn(move || {
-            let mut w = std::fs::OpenOptions::new().write(true).open(&feed).unwrap();
-            w.write_all(&std::fs::read(&chunk).unwrap()).unwrap();
-            w
-        })
-    };
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-N",
-                "-i",
-                input.to_str().unwrap(),
-                "-o",
-                back.to_str().unwrap(),
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::fs::metadata(&back).map_or(0, |m| m.len()) < 1 << 20 {
-        assert!(
-            Instant::now() < deadline,
-            "the reverse stream did not arrive:\n{}\n{}",
-            tx.log(),
-            rx.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let w = writer.join().unwrap();
-    tx.signal(Signal::SIGKILL).unwrap();
-    let st = wait(&rx, 20);
-    drop(w);
-    assert_eq!(st.code(), Some(1), "listener: {st}\n{}", rx.log());
-    let log = rx.log();
-    let last = log.lines().last().unwrap_or_default();
-    assert!(
-        last.starts_with("tcpkit mpcat: the reverse stream (here to the connecting side): cut after 1048576 bytes"),
-        "{log}"
-    );
-    assert_eq!(
-        sha256(&input),
-        sha256(&output),
-        "the forward stream was whole"
-    );
+    reverse_stream_cut("mpdup5", Killed::ConnectingSide);
 }
 
 /// The connecting side's stdout closed early (`| head -c 1000`) while the listener's 8 MiB
