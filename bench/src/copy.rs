@@ -393,7 +393,15 @@ struct Row {
 fn copy_report(copy: Child) -> Result<serde_json::Value> {
     let o = copy.wait_with_output().context("wait for tcpkit copy")?;
     if !o.status.success() {
-        bail!("tcpkit copy: {}", String::from_utf8_lossy(&o.stderr));
+        // The report says where the copies stood (sessions, transparent mode's counters).
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        bail!(
+            "tcpkit copy: {}sessions {} requests {} transparent {}",
+            String::from_utf8_lossy(&o.stderr),
+            r["sessions"],
+            r["requests"],
+            r["transparent"]
+        );
     }
     serde_json::from_slice(&o.stdout).context("tcpkit copy --json")
 }
