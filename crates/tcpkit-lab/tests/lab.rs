@@ -151,11 +151,13 @@ fn panic_with_live_lab_cleans_up() {
 
 #[test]
 fn sweep_removes_namespace_of_dead_pid() {
-    // A pid that certainly belonged to a process that has exited.
-    let mut child = Command::new("true").spawn().unwrap();
-    let dead = child.id();
-    child.wait().unwrap();
-    let name = tcpkit_lab::netns_name(dead, 0, "sweepme");
+    // The namespace is named for a process that lives until a process is inside it, then
+    // dies: a sweeper in a concurrent test (every Lab::new sweeps) leaves it alone until then,
+    // and from then on finds the process and kills it. Named for an already dead pid, a
+    // concurrent sweeper could list its (still empty) pids, then our process enter, then the
+    // sweeper delete the name: a process no sweep can find, and this test waited 600 s.
+    let mut owner = Command::new("sleep").arg("600").spawn().unwrap();
+    let name = tcpkit_lab::netns_name(owner.id(), 0, "sweepme");
     let st = Command::new("ip")
         .args(["netns", "add", &name])
         .status()
@@ -165,7 +167,7 @@ fn sweep_removes_namespace_of_dead_pid() {
         .args(["netns", "exec", &name, "sleep", "600"])
         .spawn()
         .unwrap();
-    // Wait until the sleep is really inside before sweeping.
+    // Wait until the sleep is really inside before its owner dies.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let out = Command::new("ip")
@@ -178,6 +180,8 @@ fn sweep_removes_namespace_of_dead_pid() {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(10));
     }
+    owner.kill().unwrap();
+    owner.wait().unwrap();
     // A concurrent Lab::new in another test may sweep it first; either way it must go.
     sweep_leftovers().unwrap();
     let st = inside.wait().unwrap();
