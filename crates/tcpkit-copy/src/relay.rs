@@ -655,7 +655,17 @@ impl<'a> Relay<'a> {
                     if *wait_answer && !no_wait && c.unanswered > 0 && !c.eof {
                         let dl = c.last_write_ns + timeout;
                         if now >= dl {
-                            self.end_conn(idx, Outcome::Timeout);
+                            // A session with a hole in its capture: its last request may be
+                            // the part before the hole, which no target answers. The hole is
+                            // the cause, whatever the clock says.
+                            self.end_conn(
+                                idx,
+                                if lost {
+                                    Outcome::LostData
+                                } else {
+                                    Outcome::Timeout
+                                },
+                            );
                         } else {
                             self.arm(idx, dl);
                         }

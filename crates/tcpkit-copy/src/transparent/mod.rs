@@ -776,7 +776,14 @@ impl<'a> Engine<'a> {
                     if *wait_answer && !no_wait && f.unanswered > 0 && !f.peer_fin {
                         let dl = f.last_write_ns.max(f.progress_ns) + timeout;
                         if now >= dl {
-                            self.end_flow(idx, Outcome::Timeout, true);
+                            // As in relay mode: with a hole in the capture, the hole is the
+                            // cause (its last request may be the part before it).
+                            let how = if lost {
+                                Outcome::LostData
+                            } else {
+                                Outcome::Timeout
+                            };
+                            self.end_flow(idx, how, true);
                         } else {
                             self.arm(idx, dl);
                         }
