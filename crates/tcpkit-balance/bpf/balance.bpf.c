@@ -12,6 +12,7 @@
 #include "balance.h"
 
 #define ECONNREFUSED 111
+#define WRITE_ONCE_U64(x, v) (*(volatile __u64 *)&(x) = (v))
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
@@ -30,9 +31,9 @@ struct {
 } backends SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_SOCKETS);
-	__type(key, __u64);
+	__type(key, __u32);
 	__type(value, struct revnat);
 } revnat SEC(".maps");
 
@@ -103,6 +104,37 @@ static __always_inline void count(__u32 which)
 	__u64 *c = bpf_map_lookup_elem(&counters, &which);
 	if (c)
 		*c += 1;
+}
+
+/* The socket's reverse-map slot, whoever holds it now. */
+static __always_inline struct revnat *rev_slot(__u64 cookie)
+{
+	__u32 k = (__u32)cookie & (MAX_SOCKETS - 1);
+	return bpf_map_lookup_elem(&revnat, &k);
+}
+
+/* The socket's entry, or NULL when its slot holds none or another socket's. */
+static __always_inline struct revnat *rev_get(__u64 cookie)
+{
+	struct revnat *r = rev_slot(cookie);
+	if (!r || r->cookie != cookie)
+		return 0;
+	return r;
+}
+
+/* Writes the socket's entry into its slot. The cookie goes in last, so a getpeername of the
+ * slot's previous socket never takes this socket's addresses for its own. */
+static __always_inline void rev_put(__u64 cookie, struct revnat *r)
+{
+	struct revnat *e = rev_slot(cookie);
+	if (!e)
+		return;
+	WRITE_ONCE_U64(e->cookie, 0);
+	__builtin_memcpy(e->vip, r->vip, sizeof(e->vip));
+	__builtin_memcpy(e->bip, r->bip, sizeof(e->bip));
+	e->vport = r->vport;
+	e->bport = r->bport;
+	WRITE_ONCE_U64(e->cookie, cookie);
 }
 
 /* Picks a backend for `key`: NULL when the service has none (the caller refuses), the
@@ -192,8 +224,7 @@ int tk_connect4(struct bpf_sock_addr *ctx)
 	struct revnat r = {
 		.vip = { key.ip[0] }, .bip = { b->ip[0] }, .vport = key.port, .bport = b->port,
 	};
-	__u64 cookie = bpf_get_socket_cookie(ctx);
-	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	rev_put(bpf_get_socket_cookie(ctx), &r);
 	ctx->user_ip4 = b->ip[0];
 	ctx->user_port = b->port;
 	picked(s, b);
@@ -272,8 +303,7 @@ int tk_connect6(struct bpf_sock_addr *ctx)
 		return refuse();
 	struct revnat r = {};
 	revnat6(&r, a, &key, b, mapped);
-	__u64 cookie = bpf_get_socket_cookie(ctx);
-	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	rev_put(bpf_get_socket_cookie(ctx), &r);
 	write6(ctx, &r);
 	picked(s, b);
 	emit(&r, 6, 0);
@@ -284,12 +314,12 @@ SEC("cgroup/getpeername4")
 int tk_getpeername4(struct bpf_sock_addr *ctx)
 {
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	struct revnat *r = rev_get(cookie);
 	if (!r)
 		return 1;
 	if (r->bip[0] != ctx->user_ip4 || r->bport != (__u16)ctx->user_port) {
 		/* The socket is no longer on the backend it was sent to: forget it. */
-		bpf_map_delete_elem(&revnat, &cookie);
+		WRITE_ONCE_U64(r->cookie, 0);
 		count(COUNTER_STALE);
 		return 1;
 	}
@@ -303,13 +333,13 @@ SEC("cgroup/getpeername6")
 int tk_getpeername6(struct bpf_sock_addr *ctx)
 {
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	struct revnat *r = rev_get(cookie);
 	if (!r)
 		return 1;
 	if (r->bip[0] != ctx->user_ip6[0] || r->bip[1] != ctx->user_ip6[1] ||
 	    r->bip[2] != ctx->user_ip6[2] || r->bip[3] != ctx->user_ip6[3] ||
 	    r->bport != (__u16)ctx->user_port) {
-		bpf_map_delete_elem(&revnat, &cookie);
+		WRITE_ONCE_U64(r->cookie, 0);
 		count(COUNTER_STALE);
 		return 1;
 	}
@@ -331,7 +361,7 @@ int tk_sendmsg4(struct bpf_sock_addr *ctx)
 	if (!s)
 		return 1;
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct revnat *old = bpf_map_lookup_elem(&revnat, &cookie);
+	struct revnat *old = rev_get(cookie);
 	if (old && old->vip[0] == key.ip[0] && old->vport == key.port) {
 		/* An unconnected socket stays on the backend it was given first. */
 		ctx->user_ip4 = old->bip[0];
@@ -345,7 +375,7 @@ int tk_sendmsg4(struct bpf_sock_addr *ctx)
 	struct revnat r = {
 		.vip = { key.ip[0] }, .bip = { b->ip[0] }, .vport = key.port, .bport = b->port,
 	};
-	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	rev_put(cookie, &r);
 	ctx->user_ip4 = b->ip[0];
 	ctx->user_port = b->port;
 	picked(s, b);
@@ -357,7 +387,7 @@ SEC("cgroup/recvmsg4")
 int tk_recvmsg4(struct bpf_sock_addr *ctx)
 {
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	struct revnat *r = rev_get(cookie);
 	/* Only what came from the socket's backend is shown as the VIP's. */
 	if (r && r->bip[0] == ctx->user_ip4 && r->bport == (__u16)ctx->user_port) {
 		ctx->user_ip4 = r->vip[0];
@@ -377,7 +407,7 @@ int tk_sendmsg6(struct bpf_sock_addr *ctx)
 	if (!s)
 		return 1;
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct revnat *old = bpf_map_lookup_elem(&revnat, &cookie);
+	struct revnat *old = rev_get(cookie);
 	if (old && old->vip[0] == a[0] && old->vip[1] == a[1] && old->vip[2] == a[2] &&
 	    old->vip[3] == a[3] && old->vport == key.port) {
 		write6(ctx, old);
@@ -389,7 +419,7 @@ int tk_sendmsg6(struct bpf_sock_addr *ctx)
 		return refuse();
 	struct revnat r = {};
 	revnat6(&r, a, &key, b, mapped);
-	bpf_map_update_elem(&revnat, &cookie, &r, BPF_ANY);
+	rev_put(cookie, &r);
 	write6(ctx, &r);
 	picked(s, b);
 	emit(&r, 6, 1);
@@ -400,7 +430,7 @@ SEC("cgroup/recvmsg6")
 int tk_recvmsg6(struct bpf_sock_addr *ctx)
 {
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct revnat *r = bpf_map_lookup_elem(&revnat, &cookie);
+	struct revnat *r = rev_get(cookie);
 	if (!r)
 		return 1;
 	/* An IPv6 socket's datagram to ::ffff:VIP went through sendmsg4 (the kernel hands

@@ -29,6 +29,19 @@ pub const PROGRAMS: [&str; 8] = [
     "tk_recvmsg6",
 ];
 
+/// The hooks every balancer attaches: TCP and connected UDP go through connect, and
+/// getpeername shows the VIP.
+const ALWAYS: [&str; 4] = [
+    "tk_connect4",
+    "tk_connect6",
+    "tk_getpeername4",
+    "tk_getpeername6",
+];
+
+/// Attached only while a service balances UDP: they run on every datagram sent and received
+/// in the cgroup (DNS lookups included), so a TCP-only configuration leaves them off.
+const UDP_ONLY: [&str; 4] = ["tk_sendmsg4", "tk_recvmsg4", "tk_sendmsg6", "tk_recvmsg6"];
+
 // Mirrors of bpf/balance.h (the one definition; sizes checked in the tests below).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -56,15 +69,21 @@ struct Backend {
     index: u32,
 }
 
-/// bpf/balance.h struct revnat: what getpeername shows (vip) for a socket sent to bip.
+/// bpf/balance.h struct revnat: what getpeername shows (vip) for the socket `cookie`, sent to
+/// bip; in the slot `cookie % MAX_SOCKETS` of the array `revnat`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct Revnat {
+    cookie: u64,
     vip: [u32; 4],
     bip: [u32; 4],
     vport: u16,
     bport: u16,
+    pad: u32,
 }
+
+/// bpf/balance.h MAX_SOCKETS: the reverse map's slots.
+const MAX_SOCKETS: u32 = 65536;
 
 // SAFETY: plain #[repr(C)] integers without padding bytes: any bit pattern is a valid value.
 unsafe impl aya::Pod for SvcKey {}
@@ -146,8 +165,13 @@ pub struct Balancer {
     generation: Vec<u32>,
     /// The services in the order they were given: service index -> slot.
     order: Vec<usize>,
-    /// The links made by [`Balancer::attach`], until [`Balancer::pin`] takes them.
-    links: Vec<(&'static str, CgroupSockAddrLinkId)>,
+    /// The programs attached, each with its link: this process's (`Some`), or pinned at
+    /// `DIR/link_<program>` (`None`) after [`Balancer::pin`].
+    links: Vec<(&'static str, Option<CgroupSockAddrLinkId>)>,
+    /// The cgroup attached to, kept for hooks attached later (a reload adding UDP).
+    cgroup: Option<File>,
+    /// Where the links are pinned ([`Balancer::pin`]).
+    pinned: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -161,6 +185,13 @@ struct Slot {
 
 /// bpf/balance.h GENERATIONS: the set in use and the one being written.
 const GENERATIONS: usize = 2;
+
+/// Whether any of `services` balances UDP (protocol 17 in its keys).
+fn needs_udp(services: &[Service]) -> bool {
+    services
+        .iter()
+        .any(|s| s.protocol.numbers().contains(&(libc::IPPROTO_UDP as u8)))
+}
 
 fn lowest_free(used: &std::collections::HashSet<u32>, below: usize) -> Option<u32> {
     (0..below as u32).find(|i| !used.contains(i))
@@ -182,6 +213,8 @@ impl Balancer {
             generation: vec![0; MAX_SERVICES],
             order: (0..services.len()).collect(),
             links: Vec::new(),
+            cgroup: None,
+            pinned: None,
         };
         for (i, s) in services.iter().enumerate() {
             b.slots[i] = Some(Slot {
@@ -230,6 +263,11 @@ impl Balancer {
     /// inside their connect.
     pub fn replace(&mut self, services: &[Service], live: &[Vec<bool>]) -> Result<(), LoadError> {
         use std::collections::HashSet;
+        // A UDP service's hooks go on before its VIP is in the map, so no datagram to it goes
+        // out untranslated; hooks no longer needed come off once the old services are gone.
+        if needs_udp(services) {
+            self.attach_hooks(&UDP_ONLY)?;
+        }
         let id = |s: &Service| (s.vip, s.protocol);
         let old_used: HashSet<usize> = self.order.iter().copied().collect();
         let mut placed: Vec<Option<usize>> = services
@@ -312,7 +350,7 @@ impl Balancer {
             self.write_set(*k, g, live.get(i).unwrap_or(&all))?;
         }
         self.order = placed;
-        Ok(())
+        self.sync_hooks()
     }
 
     fn zero_picks(&mut self, slot: usize, which: &[u32]) -> Result<(), LoadError> {
@@ -455,25 +493,125 @@ impl Balancer {
         RingBuf::try_from(m).map_err(|e| LoadError::Map("trace", e))
     }
 
-    /// Attaches every program to the cgroup at `path` with bpf_link (links are this
-    /// process's file descriptors: they go when it exits, however it exits).
+    /// Attaches the programs the services need to the cgroup at `path` with bpf_link (links
+    /// are this process's file descriptors: they go when it exits, however it exits).
     pub fn attach(&mut self, path: &Path) -> Result<(), LoadError> {
         let cg = File::open(path).map_err(|e| LoadError::Cgroup(path.display().to_string(), e))?;
-        for name in PROGRAMS {
-            let p: &mut CgroupSockAddr = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(LoadError::Program(
-                    name,
-                    aya::programs::ProgramError::UnexpectedProgramType,
-                ))?
-                .try_into()
-                .map_err(|e| LoadError::Program(name, e))?;
-            let id = p
+        self.cgroup = Some(cg);
+        self.sync_hooks()
+    }
+
+    /// The hooks attached, by their attach names (`connect4`, ...), in [`PROGRAMS`] order.
+    pub fn hooks(&self) -> Vec<String> {
+        PROGRAMS
+            .iter()
+            .filter(|p| self.links.iter().any(|(n, _)| n == *p))
+            .map(|p| p.trim_start_matches("tk_").to_string())
+            .collect()
+    }
+
+    fn wanted(&self) -> Vec<&'static str> {
+        let services: Vec<Service> = self.services();
+        let mut w = ALWAYS.to_vec();
+        if needs_udp(&services) {
+            w.extend(UDP_ONLY);
+        }
+        w
+    }
+
+    /// Attaches what the services in the maps need and detaches what they no longer do.
+    fn sync_hooks(&mut self) -> Result<(), LoadError> {
+        let wanted = self.wanted();
+        self.attach_hooks(&wanted)?;
+        let extra: Vec<&'static str> = self
+            .links
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| !wanted.contains(n))
+            .collect();
+        for name in extra {
+            self.detach_hook(name)?;
+        }
+        Ok(())
+    }
+
+    fn program(&mut self, name: &'static str) -> Result<&mut CgroupSockAddr, LoadError> {
+        self.ebpf
+            .program_mut(name)
+            .ok_or(LoadError::Program(
+                name,
+                aya::programs::ProgramError::UnexpectedProgramType,
+            ))?
+            .try_into()
+            .map_err(|e| LoadError::Program(name, e))
+    }
+
+    /// Attaches those of `names` not attached yet (nothing before [`Balancer::attach`]); pinned
+    /// too when the others are.
+    fn attach_hooks(&mut self, names: &[&'static str]) -> Result<(), LoadError> {
+        let Some(cg) = self
+            .cgroup
+            .as_ref()
+            .map(File::try_clone)
+            .transpose()
+            .map_err(|e| LoadError::Cgroup("the attached cgroup".into(), e))?
+        else {
+            return Ok(());
+        };
+        for name in names {
+            if self.links.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            let id = self
+                .program(name)?
                 .attach(&cg, CgroupAttachMode::Single)
                 .map_err(|e| LoadError::Program(name, e))?;
-            self.links.push((name, id));
+            self.links.push((name, Some(id)));
+            if let Some(dir) = self.pinned.clone() {
+                self.pin_link(name, &dir)?;
+            }
         }
+        Ok(())
+    }
+
+    fn detach_hook(&mut self, name: &'static str) -> Result<(), LoadError> {
+        let Some(i) = self.links.iter().position(|(n, _)| *n == name) else {
+            return Ok(());
+        };
+        let (_, id) = self.links.remove(i);
+        match (id, &self.pinned) {
+            (Some(id), _) => self
+                .program(name)?
+                .detach(id)
+                .map_err(|e| LoadError::Program(name, e)),
+            // A pinned link goes with its pin (this process closed its descriptor already).
+            (None, Some(dir)) => {
+                let path = dir.join(format!("link_{name}"));
+                std::fs::remove_file(&path)
+                    .map_err(|e| LoadError::Pin(path.display().to_string(), e.to_string()))
+            }
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// Pins link `name` (attached, this process's) at `DIR/link_<name>`.
+    fn pin_link(&mut self, name: &'static str, dir: &Path) -> Result<(), LoadError> {
+        let pin_err = |what: String, e: &dyn std::fmt::Display| LoadError::Pin(what, e.to_string());
+        let Some(slot) = self.links.iter_mut().find(|(n, _)| *n == name) else {
+            return Ok(());
+        };
+        let Some(id) = slot.1.take() else {
+            return Ok(());
+        };
+        let link = self
+            .program(name)?
+            .take_link(id)
+            .map_err(|e| LoadError::Program(name, e))?;
+        let path = dir.join(format!("link_{name}"));
+        let fd = FdLink::try_from(link).map_err(|e| pin_err(path.display().to_string(), &e))?;
+        // The pin holds the link; the descriptor returned is closed at once.
+        fd.pin(&path)
+            .map_err(|e| pin_err(path.display().to_string(), &e))?;
         Ok(())
     }
 
@@ -487,23 +625,11 @@ impl Balancer {
     /// bpf filesystem): they outlive this process until the pins are removed.
     pub fn pin(&mut self, dir: &Path) -> Result<(), LoadError> {
         let pin_err = |what: String, e: &dyn std::fmt::Display| LoadError::Pin(what, e.to_string());
-        for (name, id) in std::mem::take(&mut self.links) {
-            let p: &mut CgroupSockAddr = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(LoadError::Program(
-                    name,
-                    aya::programs::ProgramError::UnexpectedProgramType,
-                ))?
-                .try_into()
-                .map_err(|e| LoadError::Program(name, e))?;
-            let link = p.take_link(id).map_err(|e| LoadError::Program(name, e))?;
-            let path = dir.join(format!("link_{name}"));
-            let fd = FdLink::try_from(link).map_err(|e| pin_err(path.display().to_string(), &e))?;
-            // The pin holds the link; the descriptor returned is closed at once.
-            fd.pin(&path)
-                .map_err(|e| pin_err(path.display().to_string(), &e))?;
+        let names: Vec<&'static str> = self.links.iter().map(|(n, _)| *n).collect();
+        for name in names {
+            self.pin_link(name, dir)?;
         }
+        self.pinned = Some(dir.to_path_buf());
         for name in Self::PINNED_MAPS {
             let path = dir.join(format!("map_{name}"));
             self.ebpf
@@ -524,14 +650,16 @@ impl Balancer {
         let (ip, port, family) = key_of(&backend);
         let mapped = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), ip[0]];
         let map = self.ebpf.map("revnat").ok_or(LoadError::NoMap("revnat"))?;
-        let m: HashMap<_, u64, Revnat> =
-            HashMap::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
-        Ok(m.iter()
-            // An entry that went (LRU) between the key and its value is no socket to end.
-            .filter_map(Result::ok)
-            .filter(|(_, r)| r.bport == port && (r.bip == ip || (family == 4 && r.bip == mapped)))
-            .map(|(k, _)| k)
-            .collect())
+        let m: Array<_, Revnat> = Array::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
+        let mut out = std::collections::HashSet::new();
+        for r in m.iter() {
+            let r = r.map_err(|e| LoadError::Map("revnat", e))?;
+            if r.cookie != 0 && r.bport == port && (r.bip == ip || (family == 4 && r.bip == mapped))
+            {
+                out.insert(r.cookie);
+            }
+        }
+        Ok(out)
     }
 
     /// Drops the reverse-map entries of `cookies`: an unconnected UDP socket's next datagram
@@ -541,11 +669,18 @@ impl Balancer {
             .ebpf
             .map_mut("revnat")
             .ok_or(LoadError::NoMap("revnat"))?;
-        let mut m: HashMap<_, u64, Revnat> =
-            HashMap::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
+        let mut m: Array<_, Revnat> =
+            Array::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
         for c in cookies {
-            // Gone already is what was asked.
-            let _ = m.remove(c);
+            let k = (*c % u64::from(MAX_SOCKETS)) as u32;
+            let r = m.get(&k, 0).map_err(|e| LoadError::Map("revnat", e))?;
+            // A slot taken over by a newer socket since is that socket's: left alone. (A
+            // connect writing the slot between this read and the write below would lose its
+            // entry, as to an eviction; that needs MAX_SOCKETS sockets made in between.)
+            if r.cookie == *c {
+                m.set(k, Revnat::default(), 0)
+                    .map_err(|e| LoadError::Map("revnat", e))?;
+            }
         }
         Ok(())
     }
@@ -599,11 +734,11 @@ mod tests {
 
     #[test]
     fn shared_structs_have_the_c_sizes() {
-        // bpf/balance.h: svc_key 20, svc 16, backend 24 bytes.
+        // bpf/balance.h: svc_key 20, svc 16, backend 24, revnat 48 bytes.
         assert_eq!(std::mem::size_of::<SvcKey>(), 20);
         assert_eq!(std::mem::size_of::<Svc>(), 16);
         assert_eq!(std::mem::size_of::<Backend>(), 24);
-        assert_eq!(std::mem::size_of::<Revnat>(), 36);
+        assert_eq!(std::mem::size_of::<Revnat>(), 48);
     }
 
     #[test]

@@ -73,6 +73,9 @@ pub struct StatusReport {
     pub drain_kill: Option<String>,
     /// Sockets `--drain-kill` ended, for every backend (those removed by a reload included).
     pub drained: u64,
+    /// The socket-address hooks attached now (`connect4`, ...): the UDP ones only while a
+    /// service balances UDP.
+    pub hooks: Vec<String>,
     pub features: Vec<Feature>,
     /// What the control socket met (requests answered, peers turned away).
     pub control: ControlStats,
@@ -190,6 +193,16 @@ impl Report for StatusReport {
             "Control socket: {} answered, {} turned away (busy), {} timed out, {} bad, {} out of descriptors",
             c.answered, c.refused_busy, c.timed_out, c.bad, c.out_of_fds
         );
+        let _ = writeln!(
+            s,
+            "Hooks attached: {}{}",
+            self.hooks.join(" "),
+            if self.hooks.iter().any(|h| h.starts_with("sendmsg")) {
+                ""
+            } else {
+                " (sendmsg/recvmsg off: no UDP service)"
+            }
+        );
         let _ = writeln!(s, "Kernel features:");
         for f in &self.features {
             let _ = writeln!(
@@ -268,6 +281,7 @@ mod tests {
             drain_kill: Some("all".into()),
             pin: None,
             drained: 3,
+            hooks: vec!["connect4".into(), "connect6".into()],
             features: vec![Feature {
                 name: "bpf_sock_destroy".into(),
                 kind: "kfunc".into(),
@@ -282,6 +296,10 @@ mod tests {
         assert!(h.contains("  -> 198.18.0.2:6379"), "{h}");
         assert!(h.contains("up        "), "{h}");
         assert!(h.contains("Drain-kill (all): 3 sockets ended"), "{h}");
+        assert!(
+            h.contains("Hooks attached: connect4 connect6 (sendmsg/recvmsg off: no UDP service)\n"),
+            "{h}"
+        );
         assert!(
             h.contains("bpf_sock_destroy       kfunc  NO    without it: x"),
             "{h}"

@@ -195,7 +195,10 @@ struct Fixed {
 }
 
 fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<StatusReport, LoadError> {
-    let counters = lock(&d.balancer).counters()?;
+    let (counters, hooks) = {
+        let b = lock(&d.balancer);
+        (b.counters()?, b.hooks())
+    };
     let states = lock(&d.state).clone();
     let now = Instant::now();
     let services = d
@@ -262,6 +265,7 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
         drain_kill: d.drain.map(|w| w.name().into()),
         pin: f.pin.clone(),
         drained: d.drained_removed + states.iter().flatten().map(|h| h.drained).sum::<u64>(),
+        hooks,
         features: f.features.clone(),
         control: f.control.stats(),
         interrupted,

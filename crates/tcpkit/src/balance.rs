@@ -152,6 +152,16 @@ impl DrainArg {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ProtocolArg {
+    /// TCP connects.
+    Tcp,
+    /// UDP: connected sockets through connect, unconnected ones per datagram.
+    Udp,
+    /// TCP and UDP alike.
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum AlgorithmArg {
     /// Uniformly at random, independently for each connect.
     Random,
@@ -185,6 +195,12 @@ pub struct RunArgs {
     /// several. With none, connect() to the VIP fails with ECONNREFUSED.
     #[arg(long, value_name = "IP:PORT[@W]", value_parser = backend_arg)]
     pub backend: Vec<Backend>,
+
+    /// Which sockets the VIP balances: TCP connects, UDP (connected and unconnected), or
+    /// both. With tcp, the UDP hooks (which run on every datagram the command sends and
+    /// receives) are not attached.
+    #[arg(long, value_enum, default_value = "both")]
+    pub protocol: ProtocolArg,
 
     /// How each connect picks its backend.
     #[arg(long, value_enum, default_value = "random")]
@@ -300,8 +316,11 @@ fn backend_arg(text: &str) -> Result<Backend, String> {
 pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
     let service = Service {
         vip: a.vip,
-        // --vip names no protocol: TCP connects and UDP alike.
-        protocol: Protocol::Both,
+        protocol: match a.protocol {
+            ProtocolArg::Tcp => Protocol::Tcp,
+            ProtocolArg::Udp => Protocol::Udp,
+            ProtocolArg::Both => Protocol::Both,
+        },
         backends: a.backend.clone(),
         algorithm: match (a.algorithm, a.hash_key) {
             (AlgorithmArg::Maglev, k) => Algorithm::Maglev(match k {
@@ -460,6 +479,19 @@ mod tests {
         assert_eq!(a.command, ["redis-benchmark", "-h", "198.19.0.1"]);
         let o = resolve(&a).unwrap();
         assert!(o.stdout_to_stderr);
+        assert_eq!(o.services[0].protocol, Protocol::Both);
+        for (arg, want) in [
+            ("tcp", Protocol::Tcp),
+            ("udp", Protocol::Udp),
+            ("both", Protocol::Both),
+        ] {
+            let a = parse(&["--vip", "198.19.0.1:80", "--protocol", arg, "--", "true"]).unwrap();
+            assert_eq!(resolve(&a).unwrap().services[0].protocol, want);
+        }
+        let e = parse(&["--vip", "198.19.0.1:80", "--protocol", "sctp", "--", "true"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--protocol"), "{e}");
         let a = parse(&[
             "--vip",
             "198.19.0.1:80",

@@ -268,6 +268,34 @@ fn attached(cg: &Path) -> (Vec<u64>, Vec<u64>) {
     (progs, maps)
 }
 
+/// The hooks attached to `cg` (`connect4`, ...: our programs' names less `tk_`), sorted, by
+/// the kernel's own query.
+fn hooks_on(cg: &Path) -> Vec<String> {
+    let (_, v) = bpftool(&["cgroup", "show", cg.to_str().unwrap()]);
+    let mut h: Vec<String> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["name"].as_str()?.strip_prefix("tk_").map(String::from))
+        .collect();
+    h.sort();
+    h
+}
+
+/// connect4/6 and getpeername4/6: what a TCP-only balancer attaches.
+const TCP_HOOKS: [&str; 4] = ["connect4", "connect6", "getpeername4", "getpeername6"];
+/// Every hook: a balancer with a UDP service.
+const ALL_HOOKS: [&str; 8] = [
+    "connect4",
+    "connect6",
+    "getpeername4",
+    "getpeername6",
+    "recvmsg4",
+    "recvmsg6",
+    "sendmsg4",
+    "sendmsg6",
+];
+
 /// Waits (at most 10 s: programs and maps are freed after an RCU grace period) until none of
 /// `progs` and `maps` exists any more, and checks no `tk_` program is attached anywhere.
 fn assert_all_gone(progs: &[u64], maps: &[u64]) {
@@ -340,10 +368,12 @@ fn run_round_robin_alternates_shows_the_vip_and_leaves_nothing() {
         .unwrap_or_else(|e| panic!("{e}"));
     wait_for(&p, "READY", 20);
 
-    // While it runs: the eight programs attached to its cgroup, found by the kernel's own query.
+    // While it runs: the eight programs attached to its cgroup (--vip balances TCP and UDP
+    // alike by default), found by the kernel's own query.
     let cg = cgroup_of(p.pid());
     let (progs, maps) = attached(&cg);
     assert_eq!(progs.len(), 8, "programs on {}: {progs:?}", cg.display());
+    assert_eq!(hooks_on(&cg), ALL_HOOKS, "{}", cg.display());
     assert!(maps.len() >= 3, "maps {maps:?}");
     // A process outside the cgroup (this test, in the same host) is not translated: the VIP
     // is routed nowhere.
@@ -483,11 +513,14 @@ fn nothing_stays_attached_after_sigterm_or_sigkill() {
     let (mut lab, cli, srv, _link) = Lab::pair("balsig").unwrap_or_else(|e| panic!("{e}"));
     let b1 = backend(&srv);
     let go = lab.dir().join("never");
+    // --protocol tcp: the UDP hooks stay off, which the kernel's query shows.
     let args = [
         "--vip".to_string(),
         VIP.into(),
         "--backend".into(),
         b1.addr.to_string(),
+        "--protocol".into(),
+        "tcp".into(),
     ];
     for sig in [libc::SIGTERM, libc::SIGKILL] {
         let argv = argv(&refs(&args), &format!("{VIP};1;{}", go.display()));
@@ -497,7 +530,8 @@ fn nothing_stays_attached_after_sigterm_or_sigkill() {
         wait_for(&p, "READY", 20);
         let cg = cgroup_of(p.pid());
         let (progs, maps) = attached(&cg);
-        assert_eq!(progs.len(), 8, "{}", cg.display());
+        assert_eq!(hooks_on(&cg), TCP_HOOKS, "{}", cg.display());
+        assert_eq!(progs.len(), 4, "{}", cg.display());
         // To balance alone, not its process group: the command must learn of it from balance.
         // SAFETY: kill(2) on a child of this test, still running.
         assert_eq!(unsafe { libc::kill(p.pid() as i32, sig) }, 0);
@@ -1251,7 +1285,10 @@ fn up_balances_its_cgroup_status_shows_it_and_sigterm_detaches() {
     write_config(&config, &rr_config(&[b1.addr, b2.addr], true));
     let up = Up::start(&lab, &cli, &config, &cg.rel, &["--json"]);
     let (progs, maps) = attached(&cg.path);
-    assert_eq!(progs.len(), 8, "programs on {}", cg.path.display());
+    // A TCP service: the UDP hooks are not attached, and status says which are.
+    assert_eq!(hooks_on(&cg.path), TCP_HOOKS, "{}", cg.path.display());
+    assert_eq!(progs.len(), 4, "programs on {}", cg.path.display());
+    assert_eq!(up.status()["hooks"], serde_json::json!(TCP_HOOKS));
 
     // A client in the cgroup: alternating backends, getpeername the VIP.
     let start = lab.dir().join("start");
@@ -1446,7 +1483,7 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("another balance up answers there"), "{err}");
     let (progs, maps) = attached(&cg.path);
-    assert_eq!(progs.len(), 8, "the second up attached");
+    assert_eq!(progs.len(), 4, "the second up attached");
     // SIGKILL: the links and maps go with the process; the socket file stays, and the next
     // up on that path finds nothing answering there and takes it over.
     let mut first = first;
@@ -1954,6 +1991,9 @@ fn udp_health_dns_probe_and_port_unreachable_with_a_real_unbound() {
         ),
     );
     let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    // UDP services: every hook is attached.
+    assert_eq!(hooks_on(&cg.path), ALL_HOOKS, "{}", cg.path.display());
+    assert_eq!(up.status()["hooks"].as_array().map(Vec::len), Some(8));
     let v = status_until(&up, 30, "both dead backends down", |v| {
         v["services"][0]["backends"][1]["health"] == "down"
             && v["services"][1]["backends"][1]["health"] == "down"
@@ -2469,7 +2509,7 @@ fn pin_keeps_balancing_after_sigkill_until_down() {
     let mut up = Up::start(&lab, &cli, &config, &cg.rel, &["--pin", pin]);
     assert_eq!(up.status()["pin"], pin);
     let (progs, maps) = attached(&cg.path);
-    assert_eq!(progs.len(), 8, "programs on {}", cg.path.display());
+    assert_eq!(hooks_on(&cg.path), TCP_HOOKS, "{}", cg.path.display());
     // Killed: nothing of its own runs, the pins keep the programs attached.
     up.signal(libc::SIGKILL);
     up.child.wait().unwrap();
@@ -2541,4 +2581,56 @@ fn pin_keeps_balancing_after_sigkill_until_down() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("nothing pinned there"), "{err}");
     drop(c);
+}
+
+#[test]
+fn reload_attaches_the_udp_hooks_only_while_a_udp_service_is_configured() {
+    // Issue 13: sendmsg/recvmsg run on every datagram in the cgroup, so a configuration
+    // without UDP services leaves them off; a reload adding one attaches them, one removing
+    // the last detaches them again. Checked by the kernel's query and by status.
+    let _g = serial();
+    let (lab, cli, srv, _link) = Lab::pair("balhook").unwrap_or_else(|e| panic!("{e}"));
+    let b1 = backend(&srv);
+    let cg = TestCgroup::new("hooks");
+    let config = lab.dir().join("lb.toml");
+    let tcp = rr_config(&[b1.addr], false);
+    write_config(&config, &tcp);
+    let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    assert_eq!(hooks_on(&cg.path), TCP_HOOKS);
+    assert_eq!(up.status()["hooks"], serde_json::json!(TCP_HOOKS));
+    let with_udp = format!(
+        "{tcp}[[service]]\nname = \"dns\"\nvip = \"198.19.0.1:53\"\nprotocol = \"udp\"\n\
+         backends = [ {{ addr = \"{SRV}:53\" }} ]\n"
+    );
+    write_config(&config, &with_udp);
+    let out = up.ask(&["reload"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(hooks_on(&cg.path), ALL_HOOKS);
+    assert_eq!(
+        up.status()["hooks"],
+        serde_json::json!([
+            "connect4",
+            "connect6",
+            "getpeername4",
+            "getpeername6",
+            "sendmsg4",
+            "recvmsg4",
+            "sendmsg6",
+            "recvmsg6"
+        ])
+    );
+    let human = up.ask(&["status"]);
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        human.contains("Hooks attached: connect4 connect6 getpeername4 getpeername6 sendmsg4 recvmsg4 sendmsg6 recvmsg6\n"),
+        "{human}"
+    );
+    write_config(&config, &tcp);
+    let out = up.ask(&["reload"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(hooks_on(&cg.path), TCP_HOOKS);
+    assert_eq!(up.status()["hooks"], serde_json::json!(TCP_HOOKS));
+    let (st, _, err) = up.stop();
+    assert_eq!(st.code(), Some(0), "{err}");
+    assert!(hooks_on(&cg.path).is_empty(), "left attached after SIGTERM");
 }
