@@ -860,3 +860,55 @@ pub fn balance_bench(args: &[String]) -> Result<()> {
         (quick || only.is_some()).then_some("--quick/--only"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cost_target_is_one_sided() {
+        // Cheaper than direct is met (the old two-sided test called -7.7 % "not met").
+        assert_eq!(cost_met(0.923, 0.01), "**met**");
+        assert_eq!(cost_met(1.0, 0.01), "**met**");
+        assert_eq!(cost_met(1.0099, 0.01), "**met**");
+        assert_eq!(cost_met(1.011, 0.01), "**not met**");
+    }
+
+    #[test]
+    fn every_way_is_paired_with_a_direct_run_beside_it_turn_about() {
+        let mut seq = Vec::new();
+        let p = paired(4, |w| {
+            seq.push(w);
+            Ok(seq.len())
+        })
+        .unwrap();
+        // Each round: every way but direct once, each beside one direct run.
+        assert_eq!(seq.len(), 4 * (WAYS.len() - 1) * 2);
+        assert!(p.way(Way::Direct).is_empty());
+        for w in WAYS.iter().filter(|w| **w != Way::Direct) {
+            let pairs = p.way(*w);
+            assert_eq!(pairs.len(), 4, "{w:?}");
+            // Runs are numbered in order: the two of a pair are next to each other, and the
+            // direct run comes first in some pairs and second in others.
+            assert!(pairs.iter().all(|(d, v)| d.abs_diff(*v) == 1), "{pairs:?}");
+            assert!(pairs.iter().any(|(d, v)| d < v) && pairs.iter().any(|(d, v)| d > v));
+            for (d, v) in pairs {
+                assert_eq!(seq[d - 1], Way::Direct);
+                assert_eq!(seq[v - 1], *w);
+            }
+        }
+        assert_eq!(p.direct().len(), 4 * (WAYS.len() - 1));
+    }
+
+    #[test]
+    fn ratios_are_the_median_of_the_pairs_not_a_ratio_of_medians() {
+        // Direct drifts from 100 to 300 across the run; the way is always 2 % below its pair.
+        let pairs = [(100.0, 98.0), (300.0, 294.0), (200.0, 196.0)];
+        let (m, lo, hi) = ratios(&pairs, |d, v| v / d);
+        assert!((m - 0.98).abs() < 1e-9 && (lo - 0.98).abs() < 1e-9 && (hi - 0.98).abs() < 1e-9);
+        let (m, lo, hi) = ratios(&[(100.0, 90.0), (100.0, 110.0), (100.0, 101.0)], |d, v| {
+            v / d
+        });
+        assert!((m - 1.01).abs() < 1e-9 && (lo - 0.9).abs() < 1e-9 && (hi - 1.1).abs() < 1e-9);
+    }
+}
