@@ -60,6 +60,17 @@ struct {
 	__type(value, __u32);
 } ring SEC(".maps");
 
+/* The ports some VIP uses, a bit each (bit port % 32 of word port / 32, the port as
+ * bpf_sock_addr holds it, in network byte order): a connect or datagram to any other port is
+ * none of ours, told without the services lookup (a hash of the 20-byte key and a memcmp:
+ * over half of a translated connect4's time, and all of an untranslated one's). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, VIP_PORT_WORDS);
+	__type(key, __u32);
+	__type(value, __u32);
+} vip_ports SEC(".maps");
+
 /* Set by user space at load time (--trace): every selection is sent to `trace`. */
 const volatile __u32 trace_on = 0;
 
@@ -97,6 +108,13 @@ static __always_inline __u32 client_hash(struct bpf_sock_addr *ctx, int v6)
 		h = fmix32(h ^ sk->src_ip4);
 	}
 	return h;
+}
+
+static __always_inline int vip_port(__u32 user_port)
+{
+	__u32 k = (user_port & 0xffff) >> 5;
+	__u32 *w = bpf_map_lookup_elem(&vip_ports, &k);
+	return w && (*w & (1u << (user_port & 31)));
 }
 
 static __always_inline void count(__u32 which)
@@ -212,6 +230,8 @@ static __always_inline void picked(struct svc *s, struct backend *b)
 SEC("cgroup/connect4")
 int tk_connect4(struct bpf_sock_addr *ctx)
 {
+	if (!vip_port(ctx->user_port))
+		return 1; /* no VIP on this port: untouched */
 	struct svc_key key = { .ip = { ctx->user_ip4 }, .port = (__u16)ctx->user_port, .family = 4,
 				.proto = (__u8)ctx->protocol };
 	struct svc *s = bpf_map_lookup_elem(&services, &key);
@@ -291,6 +311,8 @@ static __always_inline void write6(struct bpf_sock_addr *ctx, struct revnat *r)
 SEC("cgroup/connect6")
 int tk_connect6(struct bpf_sock_addr *ctx)
 {
+	if (!vip_port(ctx->user_port))
+		return 1;
 	__u32 a[4];
 	struct svc_key key = {};
 	int mapped = key6(ctx, &key, a);
@@ -355,6 +377,8 @@ int tk_getpeername6(struct bpf_sock_addr *ctx)
 SEC("cgroup/sendmsg4")
 int tk_sendmsg4(struct bpf_sock_addr *ctx)
 {
+	if (!vip_port(ctx->user_port))
+		return 1; /* no VIP on this port: untouched */
 	struct svc_key key = { .ip = { ctx->user_ip4 }, .port = (__u16)ctx->user_port, .family = 4,
 				.proto = (__u8)ctx->protocol };
 	struct svc *s = bpf_map_lookup_elem(&services, &key);
@@ -400,6 +424,8 @@ int tk_recvmsg4(struct bpf_sock_addr *ctx)
 SEC("cgroup/sendmsg6")
 int tk_sendmsg6(struct bpf_sock_addr *ctx)
 {
+	if (!vip_port(ctx->user_port))
+		return 1;
 	__u32 a[4];
 	struct svc_key key = {};
 	int mapped = key6(ctx, &key, a);

@@ -9,6 +9,8 @@
 #define MAX_SERVICES 64
 #define MAX_BACKENDS 64
 #define MAX_SOCKETS 65536
+/* Words of the vip_ports bitmap: a bit for each of the 65536 ports. */
+#define VIP_PORT_WORDS 2048
 
 /* Slots of a service's lookup table (weighted, maglev): a prime well above 60 x MAX_BACKENDS,
  * so maglev moves few slots and weights are kept to within 1/RING_SIZE. */

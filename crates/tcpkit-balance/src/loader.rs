@@ -84,6 +84,8 @@ struct Revnat {
 
 /// bpf/balance.h MAX_SOCKETS: the reverse map's slots.
 const MAX_SOCKETS: u32 = 65536;
+/// bpf/balance.h VIP_PORT_WORDS: the vip_ports bitmap, a bit for each port.
+const VIP_PORT_WORDS: usize = 2048;
 
 // SAFETY: plain #[repr(C)] integers without padding bytes: any bit pattern is a valid value.
 unsafe impl aya::Pod for SvcKey {}
@@ -172,6 +174,8 @@ pub struct Balancer {
     cgroup: Option<File>,
     /// Where the links are pinned ([`Balancer::pin`]).
     pinned: Option<std::path::PathBuf>,
+    /// The vip_ports bitmap as last written.
+    ports: Vec<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -215,6 +219,7 @@ impl Balancer {
             links: Vec::new(),
             cgroup: None,
             pinned: None,
+            ports: vec![0; VIP_PORT_WORDS],
         };
         for (i, s) in services.iter().enumerate() {
             b.slots[i] = Some(Slot {
@@ -350,7 +355,37 @@ impl Balancer {
             self.write_set(*k, g, live.get(i).unwrap_or(&all))?;
         }
         self.order = placed;
+        // Ports of removed VIPs last: until now they only cost a services lookup.
+        let ports: Vec<u16> = self.services().iter().map(|s| key_of(&s.vip).1).collect();
+        self.write_ports(&ports, true)?;
         self.sync_hooks()
+    }
+
+    /// Sets the bits of `ports` (as bpf_sock_addr holds them) in vip_ports; with `exact`,
+    /// clears every other. Only the words that change are written.
+    fn write_ports(&mut self, ports: &[u16], exact: bool) -> Result<(), LoadError> {
+        let mut want = if exact {
+            vec![0; VIP_PORT_WORDS]
+        } else {
+            self.ports.clone()
+        };
+        for p in ports {
+            want[usize::from(*p) / 32] |= 1 << (p % 32);
+        }
+        let mut m: Array<_, u32> = Array::try_from(
+            self.ebpf
+                .map_mut("vip_ports")
+                .ok_or(LoadError::NoMap("vip_ports"))?,
+        )
+        .map_err(|e| LoadError::Map("vip_ports", e))?;
+        for (i, (w, old)) in want.iter().zip(&self.ports).enumerate() {
+            if w != old {
+                m.set(i as u32, w, 0)
+                    .map_err(|e| LoadError::Map("vip_ports", e))?;
+            }
+        }
+        self.ports = want;
+        Ok(())
     }
 
     fn zero_picks(&mut self, slot: usize, which: &[u32]) -> Result<(), LoadError> {
@@ -470,6 +505,8 @@ impl Balancer {
             algo,
             rr: 0,
         };
+        // The VIP's port bit before its key: a connect that finds the key passed the bit.
+        self.write_ports(&[key_of(&s.vip).1], false)?;
         let mut svcs: HashMap<_, SvcKey, Svc> = HashMap::try_from(
             self.ebpf
                 .map_mut("services")
@@ -617,8 +654,14 @@ impl Balancer {
 
     /// The maps pinned by [`Balancer::pin`] (the trace ring buffer, read by this process
     /// only, is not).
-    pub const PINNED_MAPS: [&'static str; 6] = [
-        "services", "backends", "revnat", "counters", "picks", "ring",
+    pub const PINNED_MAPS: [&'static str; 7] = [
+        "services",
+        "backends",
+        "revnat",
+        "counters",
+        "picks",
+        "ring",
+        "vip_ports",
     ];
 
     /// Pins every link (`DIR/link_<program>`) and map (`DIR/map_<name>`) under `dir` (on a

@@ -2598,14 +2598,33 @@ fn reload_attaches_the_udp_hooks_only_while_a_udp_service_is_configured() {
     let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
     assert_eq!(hooks_on(&cg.path), TCP_HOOKS);
     assert_eq!(up.status()["hooks"], serde_json::json!(TCP_HOOKS));
+    // Also a TCP VIP on a port no VIP used before (the programs skip ports without one).
+    let vip2 = "198.19.0.1:7000";
     let with_udp = format!(
         "{tcp}[[service]]\nname = \"dns\"\nvip = \"198.19.0.1:53\"\nprotocol = \"udp\"\n\
-         backends = [ {{ addr = \"{SRV}:53\" }} ]\n"
+         backends = [ {{ addr = \"{SRV}:53\" }} ]\n\
+         [[service]]\nname = \"other\"\nvip = \"{vip2}\"\nbackends = [ {{ addr = \"{}\" }} ]\n",
+        b1.addr
     );
     write_config(&config, &with_udp);
     let out = up.ask(&["reload"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(hooks_on(&cg.path), ALL_HOOKS);
+    // The client waits for `start` until it is in the cgroup.
+    let start = lab.dir().join("start");
+    let c = Client::start(
+        &lab,
+        &cli,
+        &cg,
+        CLIENT_ENV,
+        &format!("{vip2};3;;{}", start.display()),
+        "client_in_cgroup",
+    );
+    std::fs::write(&start, "").unwrap();
+    c.wait_for("READY", 20);
+    let got = conns(&c.log());
+    assert_eq!(got.len(), 3, "{}", c.log());
+    assert!(got.iter().all(|(peer, _)| peer == vip2), "{got:?}");
     assert_eq!(
         up.status()["hooks"],
         serde_json::json!([
