@@ -497,124 +497,129 @@ fn tables(
     let balance = |w: Way| matches!(w, Way::Balance | Way::Balance1);
     let col = |v: &[Cpu], f: fn(&Cpu) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
 
-    let _ = writeln!(
-        t,
-        "**1. CPU per request at {RATE} req/s** (`tcpkit load --redis-ping -c 100 -r {RATE} -t {cpu_s} --threads 1`; {cpu_rounds} pairs per way, each with a direct run beside it; ratios are the median of the pairs' ratios)\n\n\
-         | way | answered (median); runs where the rate was not held | machine busy during the run | busy CPU per request, /proc/stat | ratio to direct (min – max) | processes' CPU per request | ratio to direct (min – max) | target: ≤ direct + 1 % |\n\
-         |---|---:|---:|---:|---:|---:|---:|---|"
-    );
-    for w in WAYS {
-        let runs: Vec<Cpu> = if w == Way::Direct {
-            cpu.direct()
-        } else {
-            cpu.way(w).iter().map(|p| p.1.clone()).collect()
-        };
-        let (rb, rp) = if w == Way::Direct {
-            ((1.0, 1.0, 1.0), (1.0, 1.0, 1.0))
-        } else {
-            (
-                ratios(cpu.way(w), |d, v| v.busy_us / d.busy_us),
-                ratios(cpu.way(w), |d, v| v.procs_us / d.procs_us),
-            )
-        };
-        let verdict = if balance(w) {
-            format!(
-                "{} (/proc/stat) · {} (processes)",
-                cost_met(rb.0, 0.01),
-                cost_met(rp.0, 0.01)
-            )
-        } else {
-            String::new()
-        };
+    // A figure left out (--only) prints no table: NaN rows would read as "not met".
+    if cpu.of.iter().any(|p| !p.is_empty()) {
         let _ = writeln!(
             t,
-            "| {} | {:.0}; {} | {:.0} % | {:.2} µs | {:.3} ({:.3} – {:.3}) | {:.2} µs | {:.3} ({:.3} – {:.3}) | {verdict} |",
-            w.name(),
-            col(&runs, |c| c.answered as f64),
-            runs.iter().filter(|c| !c.held).count(),
-            col(&runs, |c| c.machine_pct),
-            col(&runs, |c| c.busy_us),
-            rb.0,
-            rb.1,
-            rb.2,
-            col(&runs, |c| c.procs_us),
-            rp.0,
-            rp.1,
-            rp.2,
+            "**1. CPU per request at {RATE} req/s** (`tcpkit load --redis-ping -c 100 -r {RATE} -t {cpu_s} --threads 1`; {cpu_rounds} pairs per way, each with a direct run beside it; ratios are the median of the pairs' ratios)\n\n\
+             | way | answered (median); runs where the rate was not held | machine busy during the run | busy CPU per request, /proc/stat | ratio to direct (min – max) | processes' CPU per request | ratio to direct (min – max) | target: ≤ direct + 1 % |\n\
+             |---|---:|---:|---:|---:|---:|---:|---|"
         );
+        for w in WAYS {
+            let runs: Vec<Cpu> = if w == Way::Direct {
+                cpu.direct()
+            } else {
+                cpu.way(w).iter().map(|p| p.1.clone()).collect()
+            };
+            let (rb, rp) = if w == Way::Direct {
+                ((1.0, 1.0, 1.0), (1.0, 1.0, 1.0))
+            } else {
+                (
+                    ratios(cpu.way(w), |d, v| v.busy_us / d.busy_us),
+                    ratios(cpu.way(w), |d, v| v.procs_us / d.procs_us),
+                )
+            };
+            let verdict = if balance(w) {
+                format!(
+                    "{} (/proc/stat) · {} (processes)",
+                    cost_met(rb.0, 0.01),
+                    cost_met(rp.0, 0.01)
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                t,
+                "| {} | {:.0}; {} | {:.0} % | {:.2} µs | {:.3} ({:.3} – {:.3}) | {:.2} µs | {:.3} ({:.3} – {:.3}) | {verdict} |",
+                w.name(),
+                col(&runs, |c| c.answered as f64),
+                runs.iter().filter(|c| !c.held).count(),
+                col(&runs, |c| c.machine_pct),
+                col(&runs, |c| c.busy_us),
+                rb.0,
+                rb.1,
+                rb.2,
+                col(&runs, |c| c.procs_us),
+                rp.0,
+                rp.1,
+                rp.2,
+            );
+        }
+        let _ = writeln!(t, "{}", ipvs_cells(7));
     }
-    let _ = writeln!(t, "{}", ipvs_cells(7));
-
-    let rps_pairs = rps.of.iter().map(Vec::len).max().unwrap_or(0);
-    let _ = writeln!(
-        t,
-        "\n**2. redis-benchmark -t ping -c 100 -P 1 -n {rps_n}** (mean of PING_INLINE and PING_MBULK; {rps_pairs} pairs per way, each with a direct run beside it)\n\n\
-         | way | median rps | median ratio to the direct run of its pair | min – max ratio | target: median ratio ≥ 0.99 |\n\
-         |---|---:|---:|---:|---|"
-    );
-    for w in WAYS {
-        let (v, r) = if w == Way::Direct {
-            (rps.direct(), (1.0, 1.0, 1.0))
-        } else {
-            (
-                rps.way(w).iter().map(|p| p.1).collect(),
-                ratios(rps.way(w), |d, v| v / d),
-            )
-        };
-        let verdict = if balance(w) {
-            met(r.0 >= 0.99).to_string()
-        } else {
-            String::new()
-        };
+    if rps.of.iter().any(|p| !p.is_empty()) {
+        let rps_pairs = rps.of.iter().map(Vec::len).max().unwrap_or(0);
         let _ = writeln!(
             t,
-            "| {} | {:.0} | {:.3} | {:.3} – {:.3} | {verdict} |",
-            w.name(),
-            median(&v),
-            r.0,
-            r.1,
-            r.2
+            "\n**2. redis-benchmark -t ping -c 100 -P 1 -n {rps_n}** (mean of PING_INLINE and PING_MBULK; {rps_pairs} pairs per way, each with a direct run beside it)\n\n\
+             | way | median rps | median ratio to the direct run of its pair | min – max ratio | target: median ratio ≥ 0.99 |\n\
+             |---|---:|---:|---:|---|"
         );
+        for w in WAYS {
+            let (v, r) = if w == Way::Direct {
+                (rps.direct(), (1.0, 1.0, 1.0))
+            } else {
+                (
+                    rps.way(w).iter().map(|p| p.1).collect(),
+                    ratios(rps.way(w), |d, v| v / d),
+                )
+            };
+            let verdict = if balance(w) {
+                met(r.0 >= 0.99).to_string()
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                t,
+                "| {} | {:.0} | {:.3} | {:.3} – {:.3} | {verdict} |",
+                w.name(),
+                median(&v),
+                r.0,
+                r.1,
+                r.2
+            );
+        }
+        let _ = writeln!(t, "{}", ipvs_cells(4));
     }
-    let _ = writeln!(t, "{}", ipvs_cells(4));
-
-    let conn_pairs = conn.of.iter().map(Vec::len).max().unwrap_or(0);
-    let _ = writeln!(
-        t,
-        "\n**3. connect cost**: one thread, connect + PING + close in a loop for {conn_s} s; {conn_pairs} pairs per way, each with a direct run beside it; cost = 1 − the median of the pairs' rate ratios\n\n\
-         | way | new connections / s (median) | rate ratio to direct (min – max) | p99 connect() latency (median) | p99 ratio to direct (min – max) | cost vs direct (target ≤ 5 %) |\n\
-         |---|---:|---:|---:|---:|---|"
-    );
-    for w in WAYS {
-        let (v, r, q) = if w == Way::Direct {
-            (conn.direct(), (1.0, 1.0, 1.0), (1.0, 1.0, 1.0))
-        } else {
-            (
-                conn.way(w).iter().map(|p| p.1).collect(),
-                ratios(conn.way(w), |d, v| v.0 / d.0),
-                ratios(conn.way(w), |d, v| v.1 / d.1),
-            )
-        };
-        let cost = 1.0 - r.0;
-        let verdict = match w {
-            Way::Direct => String::new(),
-            // A rate cost: as many connections or more than direct is met.
-            w if balance(w) => format!("{:.1} %: {}", cost * 100.0, met(cost <= 0.05)),
-            _ => format!("{:.1} %", cost * 100.0),
-        };
+    if conn.of.iter().any(|p| !p.is_empty()) {
+        let conn_pairs = conn.of.iter().map(Vec::len).max().unwrap_or(0);
         let _ = writeln!(
             t,
-            "| {} | {:.0} | {:.3} ({:.3} – {:.3}) | {:.0} µs | {:.3} ({:.3} – {:.3}) | {verdict} |",
-            w.name(),
-            median(&v.iter().map(|x| x.0).collect::<Vec<_>>()),
-            r.0,
-            r.1,
-            r.2,
-            median(&v.iter().map(|x| x.1).collect::<Vec<_>>()),
-            q.0,
-            q.1,
-            q.2,
+            "\n**3. connect cost**: one thread, connect + PING + close in a loop for {conn_s} s; {conn_pairs} pairs per way, each with a direct run beside it; cost = 1 − the median of the pairs' rate ratios\n\n\
+             | way | new connections / s (median) | rate ratio to direct (min – max) | p99 connect() latency (median) | p99 ratio to direct (min – max) | cost vs direct (target ≤ 5 %) |\n\
+             |---|---:|---:|---:|---:|---|"
         );
+        for w in WAYS {
+            let (v, r, q) = if w == Way::Direct {
+                (conn.direct(), (1.0, 1.0, 1.0), (1.0, 1.0, 1.0))
+            } else {
+                (
+                    conn.way(w).iter().map(|p| p.1).collect(),
+                    ratios(conn.way(w), |d, v| v.0 / d.0),
+                    ratios(conn.way(w), |d, v| v.1 / d.1),
+                )
+            };
+            let cost = 1.0 - r.0;
+            let verdict = match w {
+                Way::Direct => String::new(),
+                // A rate cost: as many connections or more than direct is met.
+                w if balance(w) => format!("{:.1} %: {}", cost * 100.0, met(cost <= 0.05)),
+                _ => format!("{:.1} %", cost * 100.0),
+            };
+            let _ = writeln!(
+                t,
+                "| {} | {:.0} | {:.3} ({:.3} – {:.3}) | {:.0} µs | {:.3} ({:.3} – {:.3}) | {verdict} |",
+                w.name(),
+                median(&v.iter().map(|x| x.0).collect::<Vec<_>>()),
+                r.0,
+                r.1,
+                r.2,
+                median(&v.iter().map(|x| x.1).collect::<Vec<_>>()),
+                q.0,
+                q.1,
+                q.2,
+            );
+        }
     }
     t
 }
@@ -910,5 +915,34 @@ mod tests {
             v / d
         });
         assert!((m - 1.01).abs() < 1e-9 && (lo - 0.9).abs() < 1e-9 && (hi - 1.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_figure_left_out_prints_no_table_and_a_cheaper_way_is_met() {
+        // --only connect: no CPU or rps table (NaN rows read as "not met"); a balance way
+        // faster than direct meets the connect target.
+        let conn = paired(2, |w| {
+            Ok(if w == Way::Direct {
+                (100.0, 50.0)
+            } else {
+                (110.0, 40.0)
+            })
+        })
+        .unwrap();
+        let t = tables(
+            &Pairs::default(),
+            &Pairs::default(),
+            &conn,
+            false,
+            (4, 0),
+            1,
+            2.0,
+        );
+        assert!(!t.contains("**1. CPU") && !t.contains("**2. redis"), "{t}");
+        assert!(!t.contains("NaN"), "{t}");
+        assert!(
+            t.contains("| tcpkit balance run (1 backend) | 110 | 1.100 (1.100 – 1.100) | 40 µs | 0.800 (0.800 – 0.800) | -10.0 %: **met** |"),
+            "{t}"
+        );
     }
 }
