@@ -2653,3 +2653,59 @@ fn reload_attaches_the_udp_hooks_only_while_a_udp_service_is_configured() {
     assert_eq!(st.code(), Some(0), "{err}");
     assert!(hooks_on(&cg.path).is_empty(), "left attached after SIGTERM");
 }
+
+#[test]
+fn pinned_reload_pins_the_udp_hooks_it_attaches_and_unpins_those_it_detaches() {
+    // With --pin, a UDP hook a reload attaches must outlive the process like the others, and
+    // one a reload detaches must not stay behind in a pin.
+    let _g = serial();
+    let (lab, cli, srv, _link) = Lab::pair("balpinh").unwrap_or_else(|e| panic!("{e}"));
+    let b1 = backend(&srv);
+    let cg = TestCgroup::new("pinh");
+    let fs = Bpffs::new(lab.dir());
+    let config = lab.dir().join("lb.toml");
+    let tcp = rr_config(&[b1.addr], false);
+    write_config(&config, &tcp);
+    let pin = fs.pin.to_str().unwrap();
+    let links = || {
+        let mut v: Vec<String> = std::fs::read_dir(&fs.pin)
+            .unwrap()
+            .filter_map(|e| {
+                let n = e.unwrap().file_name().to_string_lossy().into_owned();
+                n.strip_prefix("link_tk_").map(String::from)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let up = Up::start(&lab, &cli, &config, &cg.rel, &["--pin", pin]);
+    assert_eq!(links(), TCP_HOOKS);
+    write_config(
+        &config,
+        &format!(
+            "{tcp}[[service]]\nname = \"dns\"\nvip = \"198.19.0.1:53\"\nprotocol = \"udp\"\n\
+             backends = [ {{ addr = \"{SRV}:53\" }} ]\n"
+        ),
+    );
+    let out = up.ask(&["reload"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(links(), ALL_HOOKS);
+    assert_eq!(hooks_on(&cg.path), ALL_HOOKS);
+    write_config(&config, &tcp);
+    let out = up.ask(&["reload"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(links(), TCP_HOOKS);
+    assert_eq!(hooks_on(&cg.path), TCP_HOOKS);
+    // The pins hold what is attached after the process is gone.
+    let (st, _, err) = up.stop();
+    assert_eq!(st.code(), Some(0), "{err}");
+    assert_eq!(hooks_on(&cg.path), TCP_HOOKS);
+    let (progs, maps) = attached(&cg.path);
+    let out = Command::new(tcpkit())
+        .args(["balance", "down", "--pin", pin])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_all_gone(&progs, &maps);
+    assert!(hooks_on(&cg.path).is_empty());
+}
