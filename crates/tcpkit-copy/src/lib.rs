@@ -2,6 +2,7 @@
 //!
 //! - [`reasm`]: TCP session tracking and exact byte-stream reassembly of captured packets, the
 //!   part every copy mode stands on (relay mode replays the reassembled client streams).
+//! - [`config`]: the copy's settings and live counters, the same for every mode.
 //! - [`feed`]: the input of every copy mode, a live capture or a capture file at its pace.
 //! - `turns`: a captured session's request turns and think times, with `--diff`'s original
 //!   answers, the same for every mode.
@@ -24,6 +25,7 @@
 pub mod auth;
 mod backoff;
 pub mod check;
+pub mod config;
 pub mod control;
 pub mod diff;
 pub mod feed;

@@ -37,39 +37,12 @@ use tcpkit_pace::{now_ns, Speed};
 use tcpkit_stats::{CopyReport, Histogram};
 
 use crate::backoff::{Backoff, Down, Gate, SILENT_NS};
-use crate::diff::{ConnMeta, DiffConfig, DiffConn, Differ};
-/// Where frames come from (shared by every copy mode, kept here for callers).
-pub use crate::feed::Input;
-use crate::feed::{self, FeedError, CAPTURE};
+use crate::config::{CopyConfig, CopyCounters};
+use crate::diff::{ConnMeta, DiffConn, Differ};
+use crate::feed::{self, FeedError, Input, CAPTURE};
 use crate::reasm::{CloseKind, Dir, SessionId};
-use crate::sample::Sampler;
-use crate::transfer::{self, Rule};
+use crate::transfer;
 use crate::turns::{ClientBytes, ReqStart, Turns};
-
-/// What the relay does with the sessions it sees.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RelayConfig {
-    pub rules: Vec<Rule>,
-    /// `-n`: independent connections per session.
-    pub copies: u32,
-    pub sampler: Sampler,
-    /// Start each connection with a PROXY v2 header naming the original client and server.
-    pub proxy_protocol: bool,
-    /// Send each request as soon as it is captured, without waiting for the target's answer.
-    pub no_wait: bool,
-    /// Only sessions whose SYN was seen.
-    pub only_full: bool,
-    /// Request bytes waiting for the target plus reassembly buffers, at most.
-    pub max_memory: usize,
-    /// How long a connect (with its retries) or an awaited answer may take.
-    pub timeout_ns: u64,
-    /// `--diff`: compare the target's answers with the original ones.
-    pub diff: Option<DiffConfig>,
-    /// `--max-loss`: the request loss ratio (percent) above which the run failed.
-    pub max_loss_percent: f64,
-    /// `-F`: a tcpdump expression the live capture must also match (tcpcopy's capture filter).
-    pub filter: Option<String>,
-}
 
 /// Why the relay could not run.
 #[derive(Debug, thiserror::Error)]
@@ -87,48 +60,6 @@ pub enum RelayError {
 
 fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> RelayError {
     move |source| RelayError::Io { what, source }
-}
-
-/// Counters the relay publishes for the live line (relaxed stores once per loop turn).
-#[derive(Debug, Default)]
-pub struct CopyCounters {
-    pub sessions_seen: AtomicU64,
-    pub copies: AtomicU64,
-    pub completed: AtomicU64,
-    pub failed: AtomicU64,
-    pub open: AtomicU64,
-    pub requests_at_source: AtomicU64,
-    pub requests_copied: AtomicU64,
-    pub requests_answered: AtomicU64,
-    pub kernel_drops: AtomicU64,
-    pub held_bytes: AtomicU64,
-    pub bytes_copied: AtomicU64,
-    pub bytes_answered: AtomicU64,
-    pub diff_compared: AtomicU64,
-    pub diff_equal: AtomicU64,
-    pub diff_different: AtomicU64,
-}
-
-impl CopyCounters {
-    /// One line: sessions, requests with the loss ratio, capture drops, memory held.
-    pub fn line(&self) -> String {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (c, a) = (g(&self.requests_copied), g(&self.requests_answered));
-        let loss = tcpkit_stats::loss_ratio_percent(g(&self.requests_at_source), a);
-        format!(
-            "sessions {} seen, {} copies, {} open, {} completed, {} failed | requests {} copied, {} answered, loss {:.3} % | kernel drops {} | held {} KiB",
-            g(&self.sessions_seen),
-            g(&self.copies),
-            g(&self.open),
-            g(&self.completed),
-            g(&self.failed),
-            c,
-            a,
-            loss,
-            g(&self.kernel_drops),
-            g(&self.held_bytes) / 1024
-        )
-    }
 }
 
 #[derive(Debug)]
@@ -214,7 +145,7 @@ const MAX_POLLS_PER_STEP: usize = 16;
 
 /// The relay: sessions, connections, timers, counters.
 struct Relay<'a> {
-    cfg: &'a RelayConfig,
+    cfg: &'a CopyConfig,
     poll: Poll,
     sessions: FxHashMap<SessionId, Sess>,
     conns: Vec<Option<Conn>>,
@@ -238,7 +169,7 @@ struct Relay<'a> {
 }
 
 impl<'a> Relay<'a> {
-    fn new(cfg: &'a RelayConfig, speed: Speed, max_think_ns: u64) -> Result<Relay<'a>, RelayError> {
+    fn new(cfg: &'a CopyConfig, speed: Speed, max_think_ns: u64) -> Result<Relay<'a>, RelayError> {
         Ok(Relay {
             cfg,
             poll: Poll::new().map_err(io_err("create the event loop (epoll)"))?,
@@ -819,7 +750,7 @@ impl feed::Consumer for Relay<'_> {
     type Error = RelayError;
     const LIVE_WAIT: Duration = Duration::from_millis(10);
 
-    fn cfg(&self) -> &RelayConfig {
+    fn cfg(&self) -> &CopyConfig {
         self.cfg
     }
     fn registry(&self) -> &mio::Registry {
@@ -993,7 +924,7 @@ impl feed::Consumer for Relay<'_> {
 /// lets the copies finish and returns the report. A capture file that turns out truncated
 /// ends the input early with the reason in `failure`.
 pub fn run(
-    cfg: &RelayConfig,
+    cfg: &CopyConfig,
     input: &Input,
     duration: Option<Duration>,
     stop: &AtomicBool,

@@ -77,15 +77,16 @@ pub use tcpkit_wire::Cidr;
 
 use crate::auth::{CopyHandshake, HandshakeError, Key};
 use crate::backoff::{Backoff, Down, Gate};
+use crate::config::{CopyConfig, CopyCounters};
 use crate::control::{ControlError, Msg, PacketHdr};
 use crate::diff::{ConnMeta, DiffConn, Differ};
+use crate::feed::Input;
 use crate::feed::{self, FeedError};
 use crate::reasm::{CloseKind, Dir, SessionId};
-use crate::relay::{CopyCounters, Input, RelayConfig};
 use crate::transfer;
 use crate::turns::{ClientBytes, ReqStart, Turns};
 
-/// What transparent mode adds to the relay's configuration.
+/// What transparent mode adds to the copy's configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransparentConfig {
     /// intercept's control address.
@@ -321,7 +322,7 @@ const MAX_PENDING_SYNS: usize = 1 << 16;
 const DIFF_PAYLOAD: u16 = u16::MAX;
 
 struct Engine<'a> {
-    cfg: &'a RelayConfig,
+    cfg: &'a CopyConfig,
     t: &'a TransparentConfig,
     poll: Poll,
     raw4: Option<RawIpSink>,
@@ -1104,7 +1105,7 @@ impl feed::Consumer for Engine<'_> {
     type Error = TransparentError;
     const LIVE_WAIT: Duration = Duration::from_millis(5);
 
-    fn cfg(&self) -> &RelayConfig {
+    fn cfg(&self) -> &CopyConfig {
         self.cfg
     }
     fn registry(&self) -> &mio::Registry {
@@ -1315,7 +1316,7 @@ impl feed::Consumer for Engine<'_> {
 /// report. Fails at start when intercept is unreachable or refuses, or a raw socket cannot be
 /// opened (root or CAP_NET_RAW).
 pub fn run(
-    cfg: &RelayConfig,
+    cfg: &CopyConfig,
     t: &TransparentConfig,
     input: &Input,
     duration: Option<Duration>,
