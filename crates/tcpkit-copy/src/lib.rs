@@ -29,6 +29,7 @@ pub mod config;
 pub mod control;
 pub mod diff;
 pub mod feed;
+mod front;
 pub mod intercept;
 pub mod metrics;
 pub mod proxy;
