@@ -415,6 +415,7 @@ impl RelayEngine<'_> {
                 }
                 Ok(n) => {
                     c.answer_bytes(
+                        n as u64,
                         &scratch[..n],
                         &mut f.report,
                         &mut f.target_lat,

@@ -90,16 +90,18 @@ pub(crate) struct Conn<X> {
 }
 
 impl<X> Conn<X> {
-    /// The target's bytes `data` arrived: counted, compared, and the request they answer.
+    /// The target's bytes arrived: counted, compared, and the request they answer.
+    /// `n` bytes counted (`data`, what of them is known, goes to `--diff`).
     pub(crate) fn answer_bytes(
         &mut self,
+        n: u64,
         data: &[u8],
         report: &mut CopyReport,
         target_lat: &mut Histogram,
         no_wait: bool,
         now: u64,
     ) {
-        report.requests.bytes_answered += data.len() as u64;
+        report.requests.bytes_answered += n;
         if let Some(d) = self.diff.as_mut() {
             d.target_bytes(data);
         }
