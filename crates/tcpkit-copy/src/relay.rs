@@ -4,7 +4,7 @@
 //! One thread, one mio loop: frames come from the live capture (its ring's fd is in the loop)
 //! or from a capture file at its own pace (`--speed`, `--max-idle`, `--loop`); the
 //! reassembler ([`crate::reasm::Tracker`]) turns them into session events; each selected
-//! session (rules, `-r` sampling) gets `-n` connections to its target ([`Conn`]), each with
+//! session (rules, `-r` sampling) gets `-n` connections to its target (`Sock`), each with
 //! its own queue of the client's bytes cut into requests. A request is the client bytes
 //! between two turns of the server; per connection the next request is sent only after the
 //! target answered the previous one, and after the think time the client really had (from
@@ -20,9 +20,8 @@
 //! remain, an answer not coming within `--timeout`, bytes the capture lost, and memory over
 //! `--max-memory` each end the copy with their own count. Every copy ends exactly once:
 //! completed, failed by one cause, or open at the end of the run.
-
 //!
-//! The session front (capture side, request turns, tally, report) is [`crate::front`]'s;
+//! The session front (capture side, request turns, tally, report) is `crate::front`'s;
 //! this module is its transport: one kernel TCP connection per copy.
 
 use std::io::{self, Read, Write};

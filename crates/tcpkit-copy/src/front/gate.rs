@@ -37,10 +37,15 @@ pub(crate) enum Turn {
     TimedOut,
 }
 
-/// When the answer is given up: `--timeout` after the later of the last write and the last
-/// progress (a target still acknowledging a long request is not silent).
-fn answer_deadline(a: &Answer, timeout: u64) -> u64 {
-    a.last_write_ns.max(a.progress_ns) + timeout
+/// Waiting for an answer: given up `--timeout` after the later of the last write and the
+/// last progress (a target still acknowledging a long request is not silent).
+fn await_answer(a: &Answer, now: u64, timeout: u64) -> Turn {
+    let dl = a.last_write_ns.max(a.progress_ns) + timeout;
+    if now >= dl {
+        Turn::TimedOut
+    } else {
+        Turn::Wait(dl)
+    }
 }
 
 /// With `--diff`, until when a copy waits for the rest of the answer in progress before its
@@ -65,12 +70,7 @@ pub(crate) fn diff_wait_until(a: &Answer, timeout: u64) -> u64 {
 /// think time on the wall clock (`--speed` applied).
 pub(crate) fn request(a: &Answer, think_wall: u64, now: u64, timeout: u64) -> Turn {
     if !a.answered {
-        let dl = answer_deadline(a, timeout);
-        return if now >= dl {
-            Turn::TimedOut
-        } else {
-            Turn::Wait(dl)
-        };
+        return await_answer(a, now, timeout);
     }
     let at = diff_wait_until(a, timeout);
     if now < at {
@@ -87,12 +87,7 @@ pub(crate) fn request(a: &Answer, think_wall: u64, now: u64, timeout: u64) -> Tu
 /// requests are still waiting for the target's answer.
 pub(crate) fn close(a: &Answer, unanswered: u64, now: u64, timeout: u64) -> Turn {
     if unanswered > 0 {
-        let dl = answer_deadline(a, timeout);
-        return if now >= dl {
-            Turn::TimedOut
-        } else {
-            Turn::Wait(dl)
-        };
+        return await_answer(a, now, timeout);
     }
     // --diff: the last answer is waited for as any other (a FIN now could cut one whose tail
     // is still coming: a target may stop sending once it sees the client's FIN).

@@ -8,7 +8,7 @@
 //! port and ISN; the target answers toward that address, its route sends the answers to the
 //! assistant host, and `tcpkit intercept` there returns their headers over the control
 //! connection ([`crate::control`]); or intercept runs on the target itself and queues them
-//! there (`--on-target`, [`crate::intercept`]). From those headers each copy ([`Flow`]) learns the
+//! there (`--on-target`, [`crate::intercept`]). From those headers each copy (`Flow`) learns the
 //! target's sequence numbers and acknowledgements: it ACKs the target's data, sends the next
 //! request once the previous one was answered (plus the think time), retransmits what was not
 //! acknowledged (go-back-N from the oldest byte, exponential RTO), and ends with a FIN — or a
@@ -48,7 +48,7 @@
 //!
 //! Nothing is ever sent toward a client: raw packets go to the targets only.
 //!
-//! The session front (capture side, request turns, tally, report) is [`crate::front`]'s;
+//! The session front (capture side, request turns, tally, report) is `crate::front`'s;
 //! this module is its transport: a raw TCP flow per copy, answered through intercept.
 
 mod control_link;
