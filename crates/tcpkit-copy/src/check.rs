@@ -13,8 +13,9 @@ use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
 use tcpkit_pcap::CaptureFile;
 
 use crate::auth::{HandshakeError, Key};
+use crate::config::CopyConfig;
 use crate::feed::chain;
-use crate::relay::{Input, RelayConfig};
+use crate::feed::Input;
 use crate::transfer;
 use crate::transparent::{TransparentConfig, TransparentError};
 use tcpkit_wire::tcp::{Flags, Segment};
@@ -63,7 +64,7 @@ impl Check {
 /// Every check for a run with this configuration, in the order a run meets them;
 /// `transparent` is `--transparent`'s configuration.
 pub fn run(
-    cfg: &RelayConfig,
+    cfg: &CopyConfig,
     input: &Input,
     metrics: Option<SocketAddr>,
     transparent: Option<&TransparentConfig>,
@@ -254,7 +255,7 @@ pub fn intercept_check(a: SocketAddr, key: Option<&Key>, on_target: bool, wait: 
 /// `wait` (every client address must come back through intercept; one shows whether
 /// it does).
 fn probe_client(
-    cfg: &RelayConfig,
+    cfg: &CopyConfig,
     input: &Input,
     t: &TransparentConfig,
     v6: bool,
@@ -315,7 +316,7 @@ fn probe_client(
 /// An intercept whose address is the target's runs on the target (`intercept --on-target`):
 /// there is no assistant, and the advice is about its rule and the target's own route.
 pub fn return_path(
-    cfg: &RelayConfig,
+    cfg: &CopyConfig,
     input: &Input,
     t: &TransparentConfig,
     target: SocketAddr,

@@ -21,8 +21,8 @@ use tcpkit_pcap::{CaptureFile, PcapError};
 use tcpkit_stats::CopyReport;
 use tcpkit_wire::{as_ethernet, LinkType};
 
+use crate::config::{CopyConfig, CopyCounters};
 use crate::reasm::{CloseKind, Dir, Event, SessionId, Tracker, TrackerConfig};
-use crate::relay::{CopyCounters, RelayConfig};
 use crate::transfer::{self, Rule};
 
 /// The capture's token in a mode's event loop.
@@ -72,7 +72,7 @@ pub(crate) trait Consumer {
     type Error: From<FeedError>;
     /// How long one turn of the live loop waits for the mode's I/O at most.
     const LIVE_WAIT: Duration;
-    fn cfg(&self) -> &RelayConfig;
+    fn cfg(&self) -> &CopyConfig;
     fn rules(&self) -> &[Rule] {
         &self.cfg().rules
     }
@@ -186,7 +186,7 @@ pub const STOP_DRAIN: Duration = Duration::from_secs(1);
 
 /// When the drain after the input stopped ends: `STOP_DRAIN` from now when the run was
 /// stopped (`stopped`), else `--timeout` and the closing copies' linger.
-pub(crate) fn drain_deadline(cfg: &RelayConfig, stopped: bool, linger_ns: u64) -> u64 {
+pub(crate) fn drain_deadline(cfg: &CopyConfig, stopped: bool, linger_ns: u64) -> u64 {
     let now = now_ns();
     if stopped {
         now + STOP_DRAIN.as_nanos() as u64

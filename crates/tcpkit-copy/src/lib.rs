@@ -2,6 +2,7 @@
 //!
 //! - [`reasm`]: TCP session tracking and exact byte-stream reassembly of captured packets, the
 //!   part every copy mode stands on (relay mode replays the reassembled client streams).
+//! - [`config`]: the copy's settings and live counters, the same for every mode.
 //! - [`feed`]: the input of every copy mode, a live capture or a capture file at its pace.
 //! - `turns`: a captured session's request turns and think times, with `--diff`'s original
 //!   answers, the same for every mode.
@@ -9,12 +10,16 @@
 //! - [`sample`]: `-r` / `--ramp`, session-consistent sampling.
 //! - [`proxy`]: the PROXY v2 header of `--proxy-protocol`.
 //! - [`control`]: the protocol between `copy --transparent` and `intercept`.
-//! - [`transparent`]: transparent mode, the client's TCP played through a raw socket, the
-//!   target's answers seen through intercept.
+//! - [`transparent`]: transparent mode's transport, the client's TCP played through a raw
+//!   socket, the target's answers seen through intercept.
 //! - [`intercept`]: `tcpkit intercept`, which catches the target's answers on the assistant, or
 //!   on the target itself through a netfilter queue.
-//! - [`relay`]: relay mode, live or from a file: sessions replayed over ordinary TCP
-//!   connections to the target, paced like the clients, with the report.
+//! - `front`: the session front of every copy mode, written once over a transport: the
+//!   capture side, each copy's requests and their turns (wait for the answer, `--diff`'s
+//!   rest of it, the think time), the copies' slots and timers, how each copy ended, the
+//!   live counters and the report.
+//! - [`relay`]: relay mode's transport: each copy over an ordinary TCP connection to the
+//!   target.
 //! - `backoff`: the back-off after a target's refusals, shared by every copy mode, so a
 //!   down target sees a trickle of SYNs.
 //! - [`diff`]: `--diff`, the target's answers compared with the original server's.
@@ -24,9 +29,11 @@
 pub mod auth;
 mod backoff;
 pub mod check;
+pub mod config;
 pub mod control;
 pub mod diff;
 pub mod feed;
+mod front;
 pub mod intercept;
 pub mod metrics;
 pub mod proxy;

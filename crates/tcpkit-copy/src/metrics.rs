@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::relay::CopyCounters;
+use crate::config::CopyCounters;
 
 pub use tcpkit_stats::metrics::Metrics;
 

@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use tcpkit_copy::config::{CopyConfig, CopyCounters};
 use tcpkit_copy::diff::{self, DiffConfig, DiffMode};
+use tcpkit_copy::feed::Input;
 use tcpkit_copy::metrics;
-use tcpkit_copy::relay::{self, CopyCounters, Input, RelayConfig};
+use tcpkit_copy::relay;
 use tcpkit_copy::sample::Sampler;
 use tcpkit_copy::transfer;
 use tcpkit_copy::transparent::{self, Cidr, TransparentConfig};
@@ -284,7 +286,7 @@ fn usage(msg: String) -> Failure {
 }
 
 /// Every check that involves more than one flag, or a value's meaning, happens here.
-pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
+pub fn resolve(a: &Args) -> Result<(CopyConfig, Run), Failure> {
     let rules = transfer::parse_rules(a.rules.iter().map(String::as_str))
         .map_err(|e| usage(format!("-x: {e}")))?;
     if !(1..=1000).contains(&a.copies) {
@@ -388,7 +390,7 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
     } else {
         None
     };
-    let cfg = RelayConfig {
+    let cfg = CopyConfig {
         rules,
         copies: a.copies,
         sampler: Sampler {
@@ -428,7 +430,7 @@ pub fn resolve(a: &Args) -> Result<(RelayConfig, Run), Failure> {
 }
 
 /// `--check`: one line per check (or a JSON array with --json); exit 1 when one failed.
-fn check(cfg: &RelayConfig, run: &Run) -> Result<(), Failure> {
+fn check(cfg: &CopyConfig, run: &Run) -> Result<(), Failure> {
     let checks = tcpkit_copy::check::run(cfg, &run.input, run.metrics, run.transparent.as_ref());
     if run.out.json {
         common::print(&(tcpkit_copy::check::json(&checks) + "\n"));
@@ -492,7 +494,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<(RelayConfig, Run), String> {
+    fn parse(args: &[&str]) -> Result<(CopyConfig, Run), String> {
         let mut v = vec!["copy"];
         v.extend_from_slice(args);
         let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
@@ -666,7 +668,7 @@ mod transparent_flags {
             })
     }
 
-    fn parse_all(args: &[&str]) -> Result<(RelayConfig, Run), String> {
+    fn parse_all(args: &[&str]) -> Result<(CopyConfig, Run), String> {
         let mut v = vec!["copy", "-x", "80-198.18.2.2:8080"];
         v.extend_from_slice(args);
         let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
@@ -801,7 +803,7 @@ mod transparent_flags {
 mod diff_metrics_check_flags {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<(RelayConfig, Run), String> {
+    fn parse(args: &[&str]) -> Result<(CopyConfig, Run), String> {
         let mut v = vec!["copy", "-x", "80-198.18.2.2:8080"];
         v.extend_from_slice(args);
         let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;

@@ -67,39 +67,42 @@ pub fn handshake(
     Ok(s)
 }
 
-impl Engine<'_> {
+impl TpEngine<'_, '_> {
     // ---- control connection ---------------------------------------------------------------
 
     pub(super) fn control_lost(&mut self, now: u64) {
-        if let Some(mut s) = self.ctl.sock.take() {
-            let _ = self.poll.registry().deregister(&mut s);
+        if let Some(mut s) = self.t.ctl.sock.take() {
+            let _ = self.t.poll.registry().deregister(&mut s);
         }
-        let was_up = self.ctl.st == CtlState::Up;
-        self.ctl.inbuf.clear();
-        self.ctl.backoff = self.ctl.backoff.saturating_add(1);
-        let wait = (100_000_000u64 << self.ctl.backoff.min(4)).min(1_000_000_000);
-        self.ctl.st = CtlState::Down {
+        let was_up = self.t.ctl.st == CtlState::Up;
+        self.t.ctl.inbuf.clear();
+        self.t.ctl.backoff = self.t.ctl.backoff.saturating_add(1);
+        let wait = (100_000_000u64 << self.t.ctl.backoff.min(4)).min(1_000_000_000);
+        self.t.ctl.st = CtlState::Down {
             retry_at: now + wait,
         };
         if !was_up {
             return;
         }
-        self.ts.control_losses += 1;
+        self.t.ts.control_losses += 1;
         // Copies past their SYN cannot see their answers any more: reset and counted.
-        for idx in 0..self.flows.len() {
-            if self.flows[idx]
-                .as_ref()
-                .is_some_and(|f| f.st != St::WaitControl)
+        for idx in 0..self.f.conns.slots() {
+            if self
+                .f
+                .conns
+                .get(idx)
+                .is_some_and(|c| c.x.st != St::WaitControl)
             {
-                self.end_flow(idx, Outcome::ControlLost, true);
+                self.end(idx, Outcome::ControlLost, true);
             }
         }
     }
 
     pub(super) fn control_connect(&mut self, now: u64) {
-        match TcpStream::connect(self.ctl.addr) {
+        match TcpStream::connect(self.t.ctl.addr) {
             Ok(mut s) => {
                 if self
+                    .t
                     .poll
                     .registry()
                     .register(&mut s, CONTROL, Interest::READABLE | Interest::WRITABLE)
@@ -107,18 +110,18 @@ impl Engine<'_> {
                 {
                     return self.control_lost(now);
                 }
-                self.ctl.sock = Some(s);
-                self.ctl.st = CtlState::Connecting;
-                self.ctl.last_rx_ns = now;
+                self.t.ctl.sock = Some(s);
+                self.t.ctl.st = CtlState::Connecting;
+                self.t.ctl.last_rx_ns = now;
             }
             Err(_) => self.control_lost(now),
         }
     }
 
     pub(super) fn control_io(&mut self, now: u64) {
-        if self.ctl.st == CtlState::Connecting {
+        if self.t.ctl.st == CtlState::Connecting {
             let max_payload = self.max_payload();
-            let Some(s) = self.ctl.sock.as_mut() else {
+            let Some(s) = self.t.ctl.sock.as_mut() else {
                 return;
             };
             match s.peer_addr() {
@@ -140,27 +143,27 @@ impl Engine<'_> {
             if !matches!(s.write(&hello), Ok(n) if n == hello.len()) {
                 return self.control_lost(now);
             }
-            self.ctl.hs = Some(hs);
-            self.ctl.st = CtlState::Hello;
-            self.ctl.last_rx_ns = now;
+            self.t.ctl.hs = Some(hs);
+            self.t.ctl.st = CtlState::Hello;
+            self.t.ctl.last_rx_ns = now;
         }
         let mut chunk = [0u8; 16 << 10];
         loop {
-            let Some(s) = self.ctl.sock.as_mut() else {
+            let Some(s) = self.t.ctl.sock.as_mut() else {
                 return;
             };
             match s.read(&mut chunk) {
                 Ok(0) => return self.control_lost(now),
                 Ok(n) => {
-                    self.ctl.inbuf.extend_from_slice(&chunk[..n]);
-                    self.ctl.last_rx_ns = now;
+                    self.t.ctl.inbuf.extend_from_slice(&chunk[..n]);
+                    self.t.ctl.last_rx_ns = now;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return self.control_lost(now),
             }
         }
-        let buf = std::mem::take(&mut self.ctl.inbuf);
+        let buf = std::mem::take(&mut self.t.ctl.inbuf);
         let mut at = 0;
         let mut broken = false;
         let mut welcomed = false;
@@ -169,12 +172,12 @@ impl Engine<'_> {
                 Ok((m, n)) => {
                     at += n;
                     match m {
-                        Msg::Packet { hdr, payload } if self.ctl.st == CtlState::Up => {
+                        Msg::Packet { hdr, payload } if self.t.ctl.st == CtlState::Up => {
                             self.on_answer(&hdr, payload, now);
                         }
-                        Msg::Ping if self.ctl.st == CtlState::Up => {}
-                        _ if self.ctl.st == CtlState::Hello => {
-                            let Some(hs) = self.ctl.hs.as_mut() else {
+                        Msg::Ping if self.t.ctl.st == CtlState::Up => {}
+                        _ if self.t.ctl.st == CtlState::Hello => {
+                            let Some(hs) = self.t.ctl.hs.as_mut() else {
                                 broken = true;
                                 break;
                             };
@@ -182,18 +185,18 @@ impl Engine<'_> {
                             // The key was proved at start: a reconnect that fails it now
                             // (intercept restarted with another key) is a lost control
                             // connection, retried, and counted as such.
-                            match hs.on_msg(self.ctl.key.as_ref(), &m, &mut out) {
+                            match hs.on_msg(self.t.ctl.key.as_ref(), &m, &mut out) {
                                 Ok(true) => {
-                                    self.ctl.hs = None;
-                                    self.ctl.st = CtlState::Up;
-                                    self.ctl.backoff = 0;
-                                    self.ts.control_reconnects += 1;
+                                    self.t.ctl.hs = None;
+                                    self.t.ctl.st = CtlState::Up;
+                                    self.t.ctl.backoff = 0;
+                                    self.t.ts.control_reconnects += 1;
                                     welcomed = true;
                                 }
                                 // A 35-byte Proof into a socket that took only 27: written
                                 // whole or the connection is broken.
                                 Ok(false) => {
-                                    let sent = self.ctl.sock.as_mut().map(|s| s.write(&out));
+                                    let sent = self.t.ctl.sock.as_mut().map(|s| s.write(&out));
                                     if !matches!(sent, Some(Ok(n)) if n == out.len()) {
                                         broken = true;
                                         break;
@@ -223,13 +226,15 @@ impl Engine<'_> {
         }
         let mut buf = buf;
         buf.drain(..at);
-        self.ctl.inbuf = buf;
+        self.t.ctl.inbuf = buf;
         if welcomed {
             // The SYNs held while the control connection was down go now.
-            for idx in 0..self.flows.len() {
-                if self.flows[idx]
-                    .as_ref()
-                    .is_some_and(|f| f.st == St::WaitControl)
+            for idx in 0..self.f.conns.slots() {
+                if self
+                    .f
+                    .conns
+                    .get(idx)
+                    .is_some_and(|c| c.x.st == St::WaitControl)
                 {
                     self.pump(idx, now);
                 }
@@ -238,8 +243,9 @@ impl Engine<'_> {
     }
 
     pub(super) fn control_tick(&mut self, now: u64) {
-        let silent = |e: &Engine| now.saturating_sub(e.ctl.last_rx_ns) > CONTROL_SILENCE_NS;
-        match self.ctl.st {
+        let silent =
+            |e: &TpEngine<'_, '_>| now.saturating_sub(e.t.ctl.last_rx_ns) > CONTROL_SILENCE_NS;
+        match self.t.ctl.st {
             CtlState::Down { retry_at } if now >= retry_at => self.control_connect(now),
             CtlState::Connecting | CtlState::Hello | CtlState::Up if silent(self) => {
                 // Read before judging: what intercept sent while this process did not run
@@ -247,7 +253,7 @@ impl Engine<'_> {
                 // is not silence.
                 self.control_io(now);
                 if matches!(
-                    self.ctl.st,
+                    self.t.ctl.st,
                     CtlState::Connecting | CtlState::Hello | CtlState::Up
                 ) && silent(self)
                 {

@@ -8,7 +8,7 @@
 //! port and ISN; the target answers toward that address, its route sends the answers to the
 //! assistant host, and `tcpkit intercept` there returns their headers over the control
 //! connection ([`crate::control`]); or intercept runs on the target itself and queues them
-//! there (`--on-target`, [`crate::intercept`]). From those headers each copy ([`Flow`]) learns the
+//! there (`--on-target`, [`crate::intercept`]). From those headers each copy (`Flow`) learns the
 //! target's sequence numbers and acknowledgements: it ACKs the target's data, sends the next
 //! request once the previous one was answered (plus the think time), retransmits what was not
 //! acknowledged (go-back-N from the oldest byte, exponential RTO), and ends with a FIN — or a
@@ -47,6 +47,9 @@
 //! retransmissions) per production session.
 //!
 //! Nothing is ever sent toward a client: raw packets go to the targets only.
+//!
+//! The session front (capture side, request turns, tally, report) is `crate::front`'s;
+//! this module is its transport: a raw TCP flow per copy, answered through intercept.
 
 mod control_link;
 mod ports;
@@ -56,36 +59,31 @@ pub use control_link::handshake;
 use ports::PortPool;
 pub use probe::{probe_return_path, ProbeAnswer};
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use mio::net::TcpStream;
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Interest, Poll, Registry, Token};
 use rustc_hash::FxHashMap;
-use tcpkit_pace::{now_ns, Speed};
+use tcpkit_pace::now_ns;
 use tcpkit_send::raw::RawIpSink;
-use tcpkit_stats::{CopyReport, Histogram, TransparentStats};
+use tcpkit_stats::{CopyReport, TransparentStats};
 use tcpkit_wire::tcp::{Flags, Options, Segment};
 /// The `-c` prefix type, for callers that do not depend on tcpkit-wire.
 pub use tcpkit_wire::Cidr;
 
 use crate::auth::{CopyHandshake, HandshakeError, Key};
 use crate::backoff::{Backoff, Down, Gate};
+use crate::config::{CopyConfig, CopyCounters};
 use crate::control::{ControlError, Msg, PacketHdr};
-use crate::diff::{ConnMeta, DiffConn, Differ};
-use crate::feed::{self, FeedError};
-use crate::reasm::{CloseKind, Dir, SessionId};
-use crate::relay::{CopyCounters, Input, RelayConfig};
+use crate::diff::Differ;
+use crate::feed::{FeedError, Input};
+use crate::front::{Engine, Front, Item, Outcome, Transport, CLOSE_LINGER_NS};
 use crate::transfer;
-use crate::turns::{ClientBytes, ReqStart, Turns};
 
-/// What transparent mode adds to the relay's configuration.
+/// What transparent mode adds to the copy's configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransparentConfig {
     /// intercept's control address.
@@ -160,44 +158,6 @@ fn seq_gt(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) > 0
 }
 
-/// With --diff, until when a flow waits for the rest of the answer in progress before its next
-/// request or its FIN (0: no wait). When more of it is certainly due (bytes seen past a hole,
-/// which the target resends after its retransmission timeout, or an HTTP message its framing
-/// says is not over) up to `timeout` without progress; when it only looks short of the
-/// original, up to a short silence as in relay mode.
-/// Takes the flow's fields, not the flow: callers hold its queue's front mutably.
-fn diff_wait_until(
-    diff: Option<&DiffConn>,
-    rcv_max: u32,
-    rcv_nxt: u32,
-    last_rx_ns: u64,
-    progress_ns: u64,
-    timeout: u64,
-) -> u64 {
-    let Some(d) = diff else {
-        return 0;
-    };
-    if seq_gt(rcv_max, rcv_nxt) || d.answer_partial() {
-        last_rx_ns.max(progress_ns) + timeout
-    } else if !d.answer_whole() {
-        last_rx_ns + crate::diff::SETTLE_NS
-    } else {
-        0
-    }
-}
-
-#[derive(Debug)]
-enum Item {
-    Data {
-        bytes: Bytes,
-        start: Option<ReqStart>,
-    },
-    End {
-        wait_answer: bool,
-        lost: bool,
-    },
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum St {
     /// The control connection is down: the SYN waits for it.
@@ -208,26 +168,11 @@ enum St {
     Closing,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    Completed,
-    Refused,
-    Reset,
-    Timeout,
-    ClosedEarly,
-    LostData,
-    Shed,
-    ControlLost,
-    OpenAtEnd,
-}
-
-/// One copy: the client's TCP, played toward the target.
+/// One copy's TCP, the client's, played toward the target.
 #[derive(Debug)]
-struct Flow {
-    gen: u32,
+pub(crate) struct Flow {
     /// The address the target sees.
     client: SocketAddr,
-    target: SocketAddr,
     st: St,
     isn: u32,
     snd_una: u32,
@@ -244,14 +189,7 @@ struct Flow {
     mss: usize,
     /// Stream bytes from `snd_una` on: in flight, then not sent yet.
     buf: Vec<u8>,
-    queue: VecDeque<Item>,
-    /// Request bytes held (queue and `buf`), counted against the memory limit.
-    held: usize,
-    answered: bool,
-    unanswered: u64,
-    last_rx_ns: u64,
-    last_write_ns: u64,
-    /// Retransmission: when, the current timeout, and the last time anything was acked.
+    /// Retransmission: when, and the current timeout.
     rto_at: u64,
     rto_ns: u64,
     /// SynSent toward a silent target: this flow found it silent and keeps retransmitting
@@ -259,21 +197,8 @@ struct Flow {
     /// goes out again (`standing_back`).
     probing: bool,
     standing_back: bool,
-    progress_ns: u64,
     /// WaitControl/SynSent: give up after this; Closing: reset after this.
     deadline: u64,
-    ending: Outcome,
-    timer_at: u64,
-    /// `--diff`: this copy's answers (the payload intercept carried), paired with the
-    /// original ones.
-    diff: Option<Box<DiffConn>>,
-}
-
-/// A session being copied, on the capture side.
-#[derive(Debug)]
-struct Sess {
-    flows: Vec<(usize, u32)>,
-    turns: Turns,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,7 +224,6 @@ struct Control {
 }
 
 const CONTROL: Token = Token(usize::MAX - 1);
-const CLOSE_LINGER_NS: u64 = 1_000_000_000;
 /// First retransmission timeout (Linux's minimum RTO is 200 ms; the SYN's is 1 s).
 const RTO_NS: u64 = 200_000_000;
 const SYN_RTO_NS: u64 = 1_000_000_000;
@@ -320,21 +244,16 @@ const MAX_PENDING_SYNS: usize = 1 << 16;
 /// the target sends anything cut again.
 const DIFF_PAYLOAD: u16 = u16::MAX;
 
-struct Engine<'a> {
-    cfg: &'a RelayConfig,
+/// Transparent mode's transport: raw sockets, the control connection, the 4-tuples.
+pub(crate) struct Raw<'a> {
     t: &'a TransparentConfig,
     poll: Poll,
     raw4: Option<RawIpSink>,
     raw6: Option<RawIpSink>,
     ctl: Control,
-    sessions: FxHashMap<SessionId, Sess>,
-    flows: Vec<Option<Flow>>,
-    gens: Vec<u32>,
-    free: Vec<usize>,
     /// (client as the target sees it, target) → flow: exact 4-tuples, so answers never go
     /// to the wrong copy and no two copies share one.
     by_tuple: FxHashMap<(SocketAddr, SocketAddr), (usize, u32)>,
-    timers: BinaryHeap<Reverse<(u64, usize, u32)>>,
     /// The shared back-off toward targets that refuse or answer nothing (relay mode's): a
     /// down target gets one probe SYN per step, not one per production session.
     backoff: Backoff,
@@ -345,94 +264,82 @@ struct Engine<'a> {
     /// synthesizing a handshake for the same client port at the same moment would pick
     /// nearly the same ISN, and a SYN inside the other's window makes the target reset both.
     isn_salt: u32,
-    start_ns: u64,
-    held: usize,
-    open: u64,
     pkt: Vec<u8>,
-    report: CopyReport,
     ts: TransparentStats,
-    orig: Histogram,
-    target_lat: Histogram,
     server_ports: Vec<u16>,
-    /// Think times are scaled by this (offline `--speed`).
-    speed: Speed,
-    /// Think times are capped at this (offline `--max-idle`), like the gaps between frames.
-    max_think_ns: u64,
-    differ: Option<Differ>,
 }
 
-impl<'a> Engine<'a> {
-    /// Payload bytes of each answer asked of intercept: none unless answers are compared.
-    fn max_payload(&self) -> u16 {
-        if self.differ.is_some() {
-            DIFF_PAYLOAD
-        } else {
-            0
+/// Transparent mode: the front over raw flows.
+type TpEngine<'e, 'a> = Engine<'e, Raw<'a>>;
+
+impl<'a> Transport for Raw<'a> {
+    type Conn = Flow;
+    /// The client's ISN: from its SYN, or synthesized for the session's first copy.
+    type Seed = Option<u32>;
+    type Error = TransparentError;
+    const MODE: &'static str = "transparent";
+    const LIVE_WAIT: Duration = Duration::from_millis(5);
+    const DRAIN_WAIT: Duration = Duration::from_millis(20);
+
+    fn registry(&self) -> &Registry {
+        self.poll.registry()
+    }
+
+    /// The client's ISN, for a SYN that carries it; the session opens with the tracker's event.
+    fn frame(e: &mut Engine<'_, Self>, frame: &[u8]) {
+        let t = &mut e.t;
+        if let Ok(s) = Segment::parse(frame) {
+            if s.flags.0 & (Flags::SYN.0 | Flags::ACK.0) == Flags::SYN.0
+                && t.server_ports.contains(&s.dst.port())
+            {
+                if t.syn_isn.len() >= MAX_PENDING_SYNS {
+                    t.syn_isn.clear();
+                }
+                t.syn_isn.insert((s.src, s.dst), s.seq);
+            }
         }
     }
 
-    // ---- capture side -------------------------------------------------------------------
-
-    /// The client's own port for the first copy when its 4-tuple is free; otherwise (and
-    /// for every other copy) the next free port of the pool.
-    fn pick_port(&mut self, ip: IpAddr, own: u16, target: SocketAddr, first: bool) -> Option<u16> {
-        let by_tuple = &self.by_tuple;
-        let taken = |p: u16| by_tuple.contains_key(&(SocketAddr::new(ip, p), target));
-        self.pool
-            .pick(own, first, taken, &mut self.ts.port_collisions)
+    fn session_seen(
+        e: &mut Engine<'_, Self>,
+        client: SocketAddr,
+        server: SocketAddr,
+    ) -> Option<u32> {
+        e.t.syn_isn.remove(&(client, server))
     }
 
-    /// Flow `idx`'s SYN met another connection on its 4-tuple at the target: the flow moves
-    /// to the pool's next free port (as `-n`'s copies take theirs) and sends its SYN from
-    /// there, keeping its ISN, its requests and its connect deadline. Nothing more is sent on
-    /// the tuple it leaves, not even a RST: that connection is not ours. No free port: shed.
-    fn leave_taken_tuple(&mut self, idx: usize, now: u64) {
-        let Some(f) = self.flows[idx].as_ref() else {
-            return;
+    fn new_conn(
+        e: &mut Engine<'_, Self>,
+        seed: &mut Option<u32>,
+        client: SocketAddr,
+        target: SocketAddr,
+        k: u32,
+        now: u64,
+    ) -> Option<Flow> {
+        let ip = match &e.t.t.client_cidr {
+            Some(c) => map_client(client.ip(), c),
+            None => client.ip(),
         };
-        let (old, target, gen) = (f.client, f.target, f.gen);
-        self.ts.tuple_in_use += 1;
-        // The tuple left is still ours in `by_tuple` here, so the pool passes over it.
-        let Some(port) = self.pick_port(old.ip(), old.port(), target, false) else {
-            self.ts.ports_exhausted += 1;
-            self.end_flow(idx, Outcome::Shed, false);
-            return;
+        // The client's own ISN when its SYN was seen; otherwise a handshake of our own, with
+        // an ISN from the clock as a TCP stack picks one, salted per process.
+        let isn = match *seed {
+            Some(i) => i,
+            None => {
+                e.t.ts.synthesized_handshakes += u64::from(e.f.cfg.copies);
+                let i = ((now >> 6) as u32 ^ (u32::from(client.port()) << 16))
+                    .wrapping_add(e.t.isn_salt);
+                *seed = Some(i);
+                i
+            }
         };
-        let client = SocketAddr::new(old.ip(), port);
-        self.by_tuple.remove(&(old, target));
-        self.by_tuple.insert((client, target), (idx, gen));
-        let Some(f) = self.flows[idx].as_mut() else {
-            return;
+        let Some(port) = e.t.pick_port(ip, client.port(), target, k == 0) else {
+            e.t.ts.ports_exhausted += 1;
+            e.f.report.sessions.copies += 1;
+            e.f.report.sessions.failed.shed += 1;
+            return None;
         };
-        f.client = client;
-        f.rto_ns = SYN_RTO_NS;
-        f.rto_at = now + SYN_RTO_NS;
-        let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
-        self.send(idx, Flags::SYN, isn, 0, 0);
-        self.arm(idx, at);
-    }
-
-    // ---- flows --------------------------------------------------------------------------
-
-    fn flow_mut(&mut self, idx: usize, gen: u32) -> Option<&mut Flow> {
-        self.flows
-            .get_mut(idx)
-            .and_then(Option::as_mut)
-            .filter(|f| f.gen == gen)
-    }
-
-    fn new_flow(&mut self, client: SocketAddr, target: SocketAddr, isn: u32, now: u64) -> usize {
-        let idx = self.free.pop().unwrap_or_else(|| {
-            self.flows.push(None);
-            self.gens.push(0);
-            self.flows.len() - 1
-        });
-        self.gens[idx] = self.gens[idx].wrapping_add(1);
-        let gen = self.gens[idx];
-        self.flows[idx] = Some(Flow {
-            gen,
-            client,
-            target,
+        Some(Flow {
+            client: SocketAddr::new(ip, port),
             st: St::WaitControl,
             isn,
             snd_una: isn,
@@ -445,47 +352,301 @@ impl<'a> Engine<'a> {
             peer_win: 0,
             mss: 536,
             buf: Vec::new(),
-            queue: VecDeque::new(),
-            held: 0,
-            answered: false,
-            unanswered: 0,
-            last_rx_ns: now,
-            last_write_ns: now,
             rto_at: 0,
             rto_ns: SYN_RTO_NS,
             probing: false,
             standing_back: false,
-            progress_ns: now,
-            deadline: now + self.cfg.timeout_ns,
-            ending: Outcome::Completed,
-            timer_at: 0,
-            diff: None,
-        });
-        self.by_tuple.insert((client, target), (idx, gen));
-        self.report.sessions.copies += 1;
-        self.open += 1;
-        idx
+            deadline: now + e.f.cfg.timeout_ns,
+        })
     }
 
-    fn arm(&mut self, idx: usize, at: u64) {
-        let Some(f) = self.flows[idx].as_mut() else {
+    fn placed(e: &mut Engine<'_, Self>, idx: usize, gen: u32) {
+        if let Some(c) = e.f.conns.get(idx) {
+            e.t.by_tuple.insert((c.x.client, c.target), (idx, gen));
+        }
+    }
+
+    fn drive(e: &mut Engine<'_, Self>, idx: usize, now: u64) -> bool {
+        let timeout = e.f.cfg.timeout_ns;
+        let ctl_up = e.t.ctl.st == CtlState::Up;
+        loop {
+            let Some(c) = e.f.conns.get_mut(idx) else {
+                return false;
+            };
+            let target = c.target;
+            let f = &mut c.x;
+            match f.st {
+                St::WaitControl => {
+                    if ctl_up {
+                        if let Gate::Wait(at) = e.t.backoff.gate(target, now) {
+                            if at >= f.deadline {
+                                // Down until past our timeout: given up unsent.
+                                let how = match e.t.backoff.down(target) {
+                                    Some(Down::Silent) => Outcome::Timeout,
+                                    _ => Outcome::Refused,
+                                };
+                                e.f.report.sessions.skipped_in_backoff += 1;
+                                e.end(idx, how, false);
+                            } else {
+                                e.f.arm(idx, at, now);
+                            }
+                            return false;
+                        }
+                        f.st = St::SynSent;
+                        f.rto_ns = SYN_RTO_NS;
+                        f.rto_at = now + SYN_RTO_NS;
+                        f.snd_nxt = f.isn.wrapping_add(1);
+                        f.deadline = now + timeout;
+                        let (isn, at) = (f.isn, f.rto_at);
+                        e.send(idx, Flags::SYN, isn, 0, 0);
+                        e.f.arm(idx, at, now);
+                    } else if now >= f.deadline {
+                        e.end(idx, Outcome::ControlLost, false);
+                    } else {
+                        let at = f.deadline;
+                        e.f.arm(idx, at, now);
+                    }
+                    return false;
+                }
+                St::SynSent => {
+                    if now >= f.deadline {
+                        e.end(idx, Outcome::Timeout, true);
+                    } else if now >= f.rto_at && f.standing_back {
+                        match e.t.backoff.gate(target, now) {
+                            // This flow's SYN is the probe.
+                            Gate::Go => {
+                                f.standing_back = false;
+                                f.rto_ns = SYN_RTO_NS;
+                                f.rto_at = now + SYN_RTO_NS;
+                                let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
+                                e.t.ts.retransmitted_segments += 1;
+                                e.send(idx, Flags::SYN, isn, 0, 0);
+                                e.f.arm(idx, at, now);
+                            }
+                            Gate::Wait(at) => {
+                                f.rto_at = at;
+                                let at = at.min(f.deadline);
+                                e.f.arm(idx, at, now);
+                            }
+                        }
+                    } else if now >= f.rto_at && !f.probing && !e.t.backoff.silent(target, now) {
+                        // A SYN unanswered for its first timeout: the target is silent (off,
+                        // or firewalled). Another flow found out first and keeps trying; this
+                        // one stands back rather than retransmit, so the target does not get
+                        // every session's SYNs.
+                        f.standing_back = true;
+                        continue;
+                    } else if now >= f.rto_at {
+                        f.probing = true;
+                        f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
+                        f.rto_at = now + f.rto_ns;
+                        let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
+                        e.t.ts.retransmitted_segments += 1;
+                        e.send(idx, Flags::SYN, isn, 0, 0);
+                        e.f.arm(idx, at, now);
+                    } else {
+                        let at = f.rto_at.min(f.deadline);
+                        e.f.arm(idx, at, now);
+                    }
+                    return false;
+                }
+                St::Closing => {
+                    if f.fin_acked && f.peer_fin {
+                        let how = c.ending;
+                        e.end(idx, how, false);
+                    } else if now >= f.deadline {
+                        // The target never finished closing: reset it so it keeps nothing.
+                        let how = c.ending;
+                        e.end(idx, how, true);
+                    } else {
+                        if !f.fin_acked && now >= f.rto_at {
+                            f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
+                            f.rto_at = now + f.rto_ns;
+                            let seq = f.fin_seq.unwrap_or(f.snd_nxt);
+                            e.t.ts.retransmitted_segments += 1;
+                            e.send(idx, Flags::FIN | Flags::ACK, seq, 0, 0);
+                        }
+                        let Some(f) = e.f.conns.get(idx).map(|c| &c.x) else {
+                            return false;
+                        };
+                        let at = if f.fin_acked {
+                            f.deadline
+                        } else {
+                            f.deadline.min(f.rto_at)
+                        };
+                        e.f.arm(idx, at, now);
+                    }
+                    return false;
+                }
+                St::Established => {}
+            }
+            // Retransmission: nothing acked for an RTO, so everything from the oldest byte
+            // goes again (go-back-N), unless nothing moved for the whole --timeout.
+            if f.snd_una != f.snd_nxt && f.rto_at != 0 && now >= f.rto_at {
+                if now.saturating_sub(c.progress_ns) >= timeout {
+                    e.end(idx, Outcome::Timeout, true);
+                    return false;
+                }
+                f.snd_nxt = f.snd_una;
+                f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
+                f.rto_at = 0;
+                e.t.ts.retransmitted_segments += 1;
+            }
+            e.transmit(idx, now);
+            return true;
+        }
+    }
+
+    fn peer_closed(x: &Flow) -> bool {
+        x.peer_fin
+    }
+
+    fn answer_due(x: &Flow) -> bool {
+        seq_gt(x.rcv_max, x.rcv_nxt)
+    }
+
+    /// The request's bytes join the stream; they go out with the next transmit and stay
+    /// held until the target acknowledges them.
+    fn write(e: &mut Engine<'_, Self>, idx: usize, _now: u64) -> bool {
+        let Some(c) = e.f.conns.get_mut(idx) else {
+            return false;
+        };
+        if let Some(Item::Data { bytes, .. }) = c.queue.front() {
+            c.x.buf.extend_from_slice(bytes);
+        }
+        c.queue.pop_front();
+        true
+    }
+
+    fn close(e: &mut Engine<'_, Self>, idx: usize, now: u64, ending: Outcome) -> bool {
+        let Some(c) = e.f.conns.get_mut(idx) else {
+            return false;
+        };
+        let f = &mut c.x;
+        if !f.buf.is_empty() {
+            // Everything acked first; the ACK's arrival pumps again.
+            let at = if f.rto_at == 0 {
+                now + f.rto_ns
+            } else {
+                f.rto_at
+            };
+            e.f.arm(idx, at, now);
+            return false;
+        }
+        c.queue.pop_front();
+        let seq = f.snd_nxt;
+        f.fin_seq = Some(seq);
+        f.snd_nxt = seq.wrapping_add(1);
+        f.st = St::Closing;
+        f.rto_ns = RTO_NS;
+        f.rto_at = now + RTO_NS;
+        f.deadline = now + CLOSE_LINGER_NS;
+        c.ending = ending;
+        e.send(idx, Flags::FIN | Flags::ACK, seq, 0, 0);
+        true
+    }
+
+    fn release(e: &mut Engine<'_, Self>, idx: usize, _how: Outcome, reset: bool) {
+        if reset {
+            e.send_rst(idx);
+        }
+        if let Some(c) = e.f.conns.get(idx) {
+            e.t.by_tuple.remove(&(c.x.client, c.target));
+        }
+    }
+
+    fn io(
+        e: &mut Engine<'_, Self>,
+        events: &mut Events,
+        wait: Duration,
+    ) -> Result<(), TransparentError> {
+        match e.t.poll.poll(events, Some(wait)) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(io_err("wait for events (epoll_wait)")(err)),
+        }
+        let now = now_ns();
+        if events.iter().any(|ev| ev.token() == CONTROL) {
+            e.control_io(now);
+        }
+        // Silence is judged only after reading what intercept sent: a copy that did not run
+        // for a while (a loaded machine, and copy runs niced) finds intercept's pings waiting
+        // and must not take its own stall for intercept's silence (it reset the copies in
+        // flight, and their answers went uncompared).
+        e.control_tick(now);
+        Ok(())
+    }
+
+    fn finish(&mut self, f: &Front<'_, Flow>, r: &mut CopyReport) {
+        self.ts.control_lost = f.control_lost;
+        r.transparent = Some(std::mem::take(&mut self.ts));
+    }
+}
+
+impl Raw<'_> {
+    /// The client's own port for the first copy when its 4-tuple is free; otherwise (and
+    /// for every other copy) the next free port of the pool.
+    fn pick_port(&mut self, ip: IpAddr, own: u16, target: SocketAddr, first: bool) -> Option<u16> {
+        let by_tuple = &self.by_tuple;
+        let taken = |p: u16| by_tuple.contains_key(&(SocketAddr::new(ip, p), target));
+        self.pool
+            .pick(own, first, taken, &mut self.ts.port_collisions)
+    }
+}
+
+impl TpEngine<'_, '_> {
+    /// Payload bytes of each answer asked of intercept: none unless answers are compared.
+    fn max_payload(&self) -> u16 {
+        if self.f.differ.is_some() {
+            DIFF_PAYLOAD
+        } else {
+            0
+        }
+    }
+
+    /// Flow `idx`'s SYN met another connection on its 4-tuple at the target: the flow moves
+    /// to the pool's next free port (as `-n`'s copies take theirs) and sends its SYN from
+    /// there, keeping its ISN, its requests and its connect deadline. Nothing more is sent on
+    /// the tuple it leaves, not even a RST: that connection is not ours. No free port: shed.
+    fn leave_taken_tuple(&mut self, idx: usize, now: u64) {
+        let Some(c) = self.f.conns.get(idx) else {
             return;
         };
-        if at != 0 && (f.timer_at == 0 || at < f.timer_at || f.timer_at < now_ns()) {
-            f.timer_at = at;
-            self.timers.push(Reverse((at, idx, f.gen)));
+        let (old, target) = (c.x.client, c.target);
+        let gen = self.t.by_tuple.get(&(old, target)).map(|&(_, g)| g);
+        self.t.ts.tuple_in_use += 1;
+        // The tuple left is still ours in `by_tuple` here, so the pool passes over it.
+        let Some(port) = self.t.pick_port(old.ip(), old.port(), target, false) else {
+            self.t.ts.ports_exhausted += 1;
+            self.end(idx, Outcome::Shed, false);
+            return;
+        };
+        let client = SocketAddr::new(old.ip(), port);
+        self.t.by_tuple.remove(&(old, target));
+        if let Some(gen) = gen {
+            self.t.by_tuple.insert((client, target), (idx, gen));
         }
+        let Some(f) = self.f.conns.get_mut(idx).map(|c| &mut c.x) else {
+            return;
+        };
+        f.client = client;
+        f.rto_ns = SYN_RTO_NS;
+        f.rto_at = now + SYN_RTO_NS;
+        let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
+        self.send(idx, Flags::SYN, isn, 0, 0);
+        self.f.arm(idx, at, now);
     }
 
     /// Builds and sends one segment of flow `idx`; `payload` is `buf[off..off+len]`.
     fn send(&mut self, idx: usize, flags: Flags, seq: u32, off: usize, len: usize) {
-        let Some(f) = self.flows[idx].as_ref() else {
+        let Some(c) = self.f.conns.get(idx) else {
             return;
         };
+        let f = &c.x;
         let syn = flags.has(Flags::SYN);
         let seg = Segment {
             src: f.client,
-            dst: f.target,
+            dst: c.target,
             seq,
             ack: if syn { 0 } else { f.rcv_nxt },
             flags,
@@ -498,69 +659,42 @@ impl<'a> Engine<'a> {
             payload_len: 0,
         };
         let payload = f.buf.get(off..off + len).unwrap_or(&[]);
-        self.pkt.clear();
-        if seg.emit_ip(payload, &mut self.pkt).is_err() {
-            self.ts.send_errors += 1;
+        let t = &mut self.t;
+        t.pkt.clear();
+        if seg.emit_ip(payload, &mut t.pkt).is_err() {
+            t.ts.send_errors += 1;
             return;
         }
-        let fd = if f.target.is_ipv6() {
-            self.raw6.as_ref()
+        let fd = if c.target.is_ipv6() {
+            t.raw6.as_ref()
         } else {
-            self.raw4.as_ref()
+            t.raw4.as_ref()
         };
-        match fd.map(|fd| fd.send(f.target.ip(), &self.pkt)) {
-            Some(Ok(())) => self.ts.segments_sent += 1,
+        match fd.map(|fd| fd.send(c.target.ip(), &t.pkt)) {
+            Some(Ok(())) => t.ts.segments_sent += 1,
             // Counted; the retransmission timer sends it again.
-            _ => self.ts.send_errors += 1,
+            _ => t.ts.send_errors += 1,
         }
     }
 
     fn send_rst(&mut self, idx: usize) {
-        let Some(f) = self.flows[idx].as_ref() else {
+        let Some(c) = self.f.conns.get(idx) else {
             return;
         };
-        if f.st == St::WaitControl {
+        if c.x.st == St::WaitControl {
             return;
         }
-        let seq = f.snd_nxt;
+        let seq = c.x.snd_nxt;
         self.send(idx, Flags::RST | Flags::ACK, seq, 0, 0);
-    }
-
-    fn end_flow(&mut self, idx: usize, how: Outcome, rst: bool) {
-        if rst {
-            self.send_rst(idx);
-        }
-        let Some(mut f) = self.flows[idx].take() else {
-            return;
-        };
-        if let (Some(d), Some(df)) = (f.diff.take(), self.differ.as_mut()) {
-            d.closed(df, how == Outcome::Completed);
-        }
-        self.by_tuple.remove(&(f.client, f.target));
-        self.held -= f.held;
-        self.open -= 1;
-        self.free.push(idx);
-        let s = &mut self.report.sessions;
-        let fl = &mut s.failed;
-        match how {
-            Outcome::Completed => s.completed += 1,
-            Outcome::Refused => fl.target_refused += 1,
-            Outcome::Reset => fl.reset += 1,
-            Outcome::Timeout => fl.timeout += 1,
-            Outcome::ClosedEarly => fl.closed_early += 1,
-            Outcome::LostData => fl.lost_capture_data += 1,
-            Outcome::Shed => fl.shed += 1,
-            Outcome::ControlLost => self.ts.control_lost += 1,
-            Outcome::OpenAtEnd => s.open_at_end += 1,
-        }
     }
 
     /// Sends what the window allows of `buf` past `snd_nxt`.
     fn transmit(&mut self, idx: usize, now: u64) {
         loop {
-            let Some(f) = self.flows[idx].as_mut() else {
+            let Some(c) = self.f.conns.get_mut(idx) else {
                 return;
             };
+            let f = &mut c.x;
             let flight = f.snd_nxt.wrapping_sub(f.snd_una);
             let unsent = f.buf.len().saturating_sub(flight as usize);
             // A closed window still lets one segment through when nothing is in flight: the
@@ -575,287 +709,37 @@ impl<'a> Engine<'a> {
             let len = unsent.min(f.mss).min((win - flight) as usize);
             let (seq, off) = (f.snd_nxt, flight as usize);
             f.snd_nxt = f.snd_nxt.wrapping_add(len as u32);
-            f.last_write_ns = now;
             if f.rto_at == 0 {
                 f.rto_at = now + f.rto_ns;
             }
             let at = f.rto_at;
-            self.report.requests.bytes_copied += len as u64;
+            c.last_write_ns = now;
+            self.f.report.requests.bytes_copied += len as u64;
             self.send(idx, Flags::ACK | Flags::PSH, seq, off, len);
-            self.arm(idx, at);
-        }
-    }
-
-    /// Moves flow `idx` as far as it can go now; arms its timer when it must wait.
-    fn pump(&mut self, idx: usize, now: u64) {
-        let (no_wait, timeout, speed) = (self.cfg.no_wait, self.cfg.timeout_ns, self.speed);
-        let ctl_up = self.ctl.st == CtlState::Up;
-        loop {
-            let Some(f) = self.flows[idx].as_mut() else {
-                return;
-            };
-            match f.st {
-                St::WaitControl => {
-                    if ctl_up {
-                        if let Gate::Wait(at) = self.backoff.gate(f.target, now) {
-                            if at >= f.deadline {
-                                // Down until past our timeout: given up unsent.
-                                let how = match self.backoff.down(f.target) {
-                                    Some(Down::Silent) => Outcome::Timeout,
-                                    _ => Outcome::Refused,
-                                };
-                                self.report.sessions.skipped_in_backoff += 1;
-                                self.end_flow(idx, how, false);
-                            } else {
-                                self.arm(idx, at);
-                            }
-                            return;
-                        }
-                        f.st = St::SynSent;
-                        f.rto_ns = SYN_RTO_NS;
-                        f.rto_at = now + SYN_RTO_NS;
-                        f.snd_nxt = f.isn.wrapping_add(1);
-                        f.deadline = now + timeout;
-                        let (isn, at) = (f.isn, f.rto_at);
-                        self.send(idx, Flags::SYN, isn, 0, 0);
-                        self.arm(idx, at);
-                    } else if now >= f.deadline {
-                        self.end_flow(idx, Outcome::ControlLost, false);
-                    } else {
-                        let at = f.deadline;
-                        self.arm(idx, at);
-                    }
-                    return;
-                }
-                St::SynSent => {
-                    if now >= f.deadline {
-                        self.end_flow(idx, Outcome::Timeout, true);
-                    } else if now >= f.rto_at && f.standing_back {
-                        match self.backoff.gate(f.target, now) {
-                            // This flow's SYN is the probe.
-                            Gate::Go => {
-                                f.standing_back = false;
-                                f.rto_ns = SYN_RTO_NS;
-                                f.rto_at = now + SYN_RTO_NS;
-                                let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
-                                self.ts.retransmitted_segments += 1;
-                                self.send(idx, Flags::SYN, isn, 0, 0);
-                                self.arm(idx, at);
-                            }
-                            Gate::Wait(at) => {
-                                f.rto_at = at;
-                                let at = at.min(f.deadline);
-                                self.arm(idx, at);
-                            }
-                        }
-                    } else if now >= f.rto_at && !f.probing && !self.backoff.silent(f.target, now) {
-                        // A SYN unanswered for its first timeout: the target is silent (off,
-                        // or firewalled). Another flow found out first and keeps trying; this
-                        // one stands back rather than retransmit, so the target does not get
-                        // every session's SYNs.
-                        f.standing_back = true;
-                        continue;
-                    } else if now >= f.rto_at {
-                        f.probing = true;
-                        f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
-                        f.rto_at = now + f.rto_ns;
-                        let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
-                        self.ts.retransmitted_segments += 1;
-                        self.send(idx, Flags::SYN, isn, 0, 0);
-                        self.arm(idx, at);
-                    } else {
-                        let at = f.rto_at.min(f.deadline);
-                        self.arm(idx, at);
-                    }
-                    return;
-                }
-                St::Closing => {
-                    if f.fin_acked && f.peer_fin {
-                        let how = f.ending;
-                        self.end_flow(idx, how, false);
-                    } else if now >= f.deadline {
-                        // The target never finished closing: reset it so it keeps nothing.
-                        let how = f.ending;
-                        self.end_flow(idx, how, true);
-                    } else {
-                        if !f.fin_acked && now >= f.rto_at {
-                            f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
-                            f.rto_at = now + f.rto_ns;
-                            let seq = f.fin_seq.unwrap_or(f.snd_nxt);
-                            self.ts.retransmitted_segments += 1;
-                            self.send(idx, Flags::FIN | Flags::ACK, seq, 0, 0);
-                        }
-                        let Some(f) = self.flows[idx].as_ref() else {
-                            return;
-                        };
-                        let at = if f.fin_acked {
-                            f.deadline
-                        } else {
-                            f.deadline.min(f.rto_at)
-                        };
-                        self.arm(idx, at);
-                    }
-                    return;
-                }
-                St::Established => {}
-            }
-            // Retransmission: nothing acked for an RTO, so everything from the oldest byte
-            // goes again (go-back-N), unless nothing moved for the whole --timeout.
-            if f.snd_una != f.snd_nxt && f.rto_at != 0 && now >= f.rto_at {
-                if now.saturating_sub(f.progress_ns) >= timeout {
-                    self.end_flow(idx, Outcome::Timeout, true);
-                    return;
-                }
-                f.snd_nxt = f.snd_una;
-                f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
-                f.rto_at = 0;
-                self.ts.retransmitted_segments += 1;
-            }
-            self.transmit(idx, now);
-            let Some(f) = self.flows[idx].as_mut() else {
-                return;
-            };
-            let Some(front) = f.queue.front_mut() else {
-                return;
-            };
-            match front {
-                Item::Data { bytes, start } => {
-                    if f.peer_fin {
-                        self.end_flow(idx, Outcome::ClosedEarly, true);
-                        return;
-                    }
-                    if let Some(r) = *start {
-                        if r.wait_answer && !no_wait {
-                            if !f.answered {
-                                let dl = f.last_write_ns.max(f.progress_ns) + timeout;
-                                if now >= dl {
-                                    self.end_flow(idx, Outcome::Timeout, true);
-                                } else {
-                                    self.arm(idx, dl);
-                                }
-                                return;
-                            }
-                            // --diff: an answer arriving in pieces is not cut by the next
-                            // request. When more of it is certainly due (bytes seen past a
-                            // hole, which the target resends after its retransmission
-                            // timeout, or an HTTP message its framing says is not over) it is
-                            // waited for up to --timeout without progress; when it only looks
-                            // short of the original, up to a short silence as in relay mode.
-                            let at = diff_wait_until(
-                                f.diff.as_deref(),
-                                f.rcv_max,
-                                f.rcv_nxt,
-                                f.last_rx_ns,
-                                f.progress_ns,
-                                timeout,
-                            );
-                            if now < at {
-                                self.arm(idx, at);
-                                return;
-                            }
-                            let at = f.last_rx_ns + speed.wall(r.think_ns);
-                            if now < at {
-                                self.arm(idx, at);
-                                return;
-                            }
-                        }
-                        *start = None;
-                        f.answered = false;
-                        f.unanswered += 1;
-                        self.report.requests.copied += 1;
-                        if let (Some(d), Some(df)) = (f.diff.as_deref_mut(), self.differ.as_mut()) {
-                            d.request_sent(df);
-                        }
-                    }
-                    f.buf.extend_from_slice(bytes);
-                    f.queue.pop_front();
-                    // Continue: the bytes go out with the next transmit.
-                }
-                Item::End { wait_answer, lost } => {
-                    let lost = *lost;
-                    if *wait_answer && !no_wait && f.unanswered > 0 && !f.peer_fin {
-                        let dl = f.last_write_ns.max(f.progress_ns) + timeout;
-                        if now >= dl {
-                            // As in relay mode: with a hole in the capture, the hole is the
-                            // cause (its last request may be the part before it).
-                            let how = if lost {
-                                Outcome::LostData
-                            } else {
-                                Outcome::Timeout
-                            };
-                            self.end_flow(idx, how, true);
-                        } else {
-                            self.arm(idx, dl);
-                        }
-                        return;
-                    }
-                    // --diff: the last answer is waited for as any other (a FIN now would
-                    // cut one whose tail the target is still resending).
-                    if *wait_answer && !no_wait && !f.peer_fin {
-                        let at = diff_wait_until(
-                            f.diff.as_deref(),
-                            f.rcv_max,
-                            f.rcv_nxt,
-                            f.last_rx_ns,
-                            f.progress_ns,
-                            timeout,
-                        );
-                        if now < at {
-                            self.arm(idx, at);
-                            return;
-                        }
-                    }
-                    if !f.buf.is_empty() {
-                        // Everything acked first; the ACK's arrival pumps again.
-                        let at = if f.rto_at == 0 {
-                            now + f.rto_ns
-                        } else {
-                            f.rto_at
-                        };
-                        self.arm(idx, at);
-                        return;
-                    }
-                    f.queue.pop_front();
-                    let seq = f.snd_nxt;
-                    f.fin_seq = Some(seq);
-                    f.snd_nxt = seq.wrapping_add(1);
-                    f.st = St::Closing;
-                    f.rto_ns = RTO_NS;
-                    f.rto_at = now + RTO_NS;
-                    f.deadline = now + CLOSE_LINGER_NS;
-                    f.ending = if lost {
-                        Outcome::LostData
-                    } else {
-                        Outcome::Completed
-                    };
-                    self.send(idx, Flags::FIN | Flags::ACK, seq, 0, 0);
-                }
-            }
+            self.f.arm(idx, at, now);
         }
     }
 
     /// One answer of the target, as intercept saw it (`payload`: what it carried of it).
     fn on_answer(&mut self, h: &PacketHdr, payload: &[u8], now: u64) {
-        self.ts.answers_received += 1;
-        let Some(&(idx, gen)) = self.by_tuple.get(&(h.dst, h.src)) else {
+        self.t.ts.answers_received += 1;
+        let Some(&(idx, gen)) = self.t.by_tuple.get(&(h.dst, h.src)) else {
             return;
         };
-        let no_wait = self.cfg.no_wait;
-        let diffing = self.differ.is_some();
-        // Borrowed field by field (not through flow_mut) so the counters stay reachable.
-        let Some(f) = self
-            .flows
-            .get_mut(idx)
-            .and_then(Option::as_mut)
-            .filter(|f| f.gen == gen)
-        else {
+        let no_wait = self.f.cfg.no_wait;
+        let diffing = self.f.differ.is_some();
+        // Borrowed field by field so the counters stay reachable.
+        let fr = &mut self.f;
+        let Some(c) = fr.conns.by_handle(idx, gen) else {
             return;
         };
+        let target = c.target;
+        let f = &mut c.x;
         let flags = Flags(h.flags);
         if flags.has(Flags::RST) {
             let how = match f.st {
                 St::SynSent => Outcome::Refused,
-                St::Closing if f.fin_acked => f.ending,
+                St::Closing if f.fin_acked => c.ending,
                 _ => Outcome::Reset,
             };
             // A RST in answer to our SYN must acknowledge it; any other must be in window.
@@ -865,10 +749,9 @@ impl<'a> Engine<'a> {
             };
             if valid {
                 if how == Outcome::Refused {
-                    let target = f.target;
-                    self.backoff.refused(target, now);
+                    self.t.backoff.refused(target, now);
                 }
-                self.end_flow(idx, how, false);
+                self.end(idx, how, false);
             }
             return;
         }
@@ -891,7 +774,7 @@ impl<'a> Engine<'a> {
                     }
                     return;
                 }
-                self.backoff.accepted(f.target);
+                self.t.backoff.accepted(target);
                 f.rcv_nxt = h.seq.wrapping_add(1);
                 f.rcv_max = f.rcv_nxt;
                 f.snd_una = h.ack;
@@ -901,9 +784,9 @@ impl<'a> Engine<'a> {
                 f.st = St::Established;
                 f.rto_ns = RTO_NS;
                 f.rto_at = 0;
-                f.progress_ns = now;
-                f.last_rx_ns = now;
-                f.last_write_ns = now;
+                c.progress_ns = now;
+                c.last_rx_ns = now;
+                c.last_write_ns = now;
                 let seq = f.snd_nxt;
                 self.send(idx, Flags::ACK, seq, 0, 0);
                 self.pump(idx, now);
@@ -926,13 +809,13 @@ impl<'a> Engine<'a> {
             };
             let n = (upto.wrapping_sub(f.snd_una) as usize).min(f.buf.len());
             f.buf.drain(..n);
-            f.held -= n.min(f.held);
-            self.held -= n.min(self.held);
+            c.held -= n.min(c.held);
+            fr.held -= n.min(fr.held);
             if f.fin_seq.is_some_and(|s| h.ack == s.wrapping_add(1)) {
                 f.fin_acked = true;
             }
             f.snd_una = h.ack;
-            f.progress_ns = now;
+            c.progress_ns = now;
             f.rto_ns = if f.st == St::Closing {
                 f.rto_ns
             } else {
@@ -966,25 +849,23 @@ impl<'a> Engine<'a> {
             let end = h.seq.wrapping_add(have);
             if !seq_gt(h.seq, f.rcv_nxt) && seq_gt(end, f.rcv_nxt) {
                 let new = end.wrapping_sub(f.rcv_nxt);
-                if let Some(d) = f.diff.as_mut() {
-                    let skip = f.rcv_nxt.wrapping_sub(h.seq) as usize;
-                    d.target_bytes(payload.get(skip..).unwrap_or(&[]));
-                }
+                let skip = f.rcv_nxt.wrapping_sub(h.seq) as usize;
                 f.rcv_nxt = end;
-                self.report.requests.bytes_answered += u64::from(new);
-                if f.unanswered > 0 {
-                    self.target_lat.record(now.saturating_sub(f.last_write_ns));
-                    let k = if no_wait { f.unanswered } else { 1 };
-                    self.report.requests.answered += k;
-                    f.unanswered -= k;
-                }
-                f.answered = true;
-                f.last_rx_ns = now;
+                let data = payload.get(skip..).unwrap_or(&[]);
+                c.answer_bytes(
+                    u64::from(new),
+                    data,
+                    &mut fr.report,
+                    &mut fr.target_lat,
+                    no_wait,
+                    now,
+                );
             }
             // Every data segment is acknowledged, in order or not: a duplicate ACK is what
             // makes the target send the missing bytes again.
             ack_now = true;
         }
+        let f = &mut c.x;
         if flags.has(Flags::FIN) && h.seq.wrapping_add(len) == f.rcv_nxt && !f.peer_fin {
             f.rcv_nxt = f.rcv_nxt.wrapping_add(1);
             f.peer_fin = true;
@@ -996,318 +877,6 @@ impl<'a> Engine<'a> {
         }
         self.pump(idx, now);
     }
-
-    // ---- loop -----------------------------------------------------------------------------
-
-    fn fire_timers(&mut self, now: u64) {
-        while let Some(Reverse((at, idx, gen))) = self.timers.peek().copied() {
-            if at > now {
-                break;
-            }
-            self.timers.pop();
-            if let Some(f) = self.flows[idx]
-                .as_mut()
-                .filter(|f| f.gen == gen && f.timer_at == at)
-            {
-                f.timer_at = 0;
-                self.pump(idx, now);
-            }
-        }
-    }
-
-    fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), TransparentError> {
-        let now = now_ns();
-        self.fire_timers(now);
-        let mut wait = max_wait;
-        if let Some(Reverse((at, _, _))) = self.timers.peek() {
-            wait = wait.min(Duration::from_nanos(at.saturating_sub(now)));
-        }
-        match self.poll.poll(events, Some(wait)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io_err("wait for events (epoll_wait)")(e)),
-        }
-        let now = now_ns();
-        if events.iter().any(|e| e.token() == CONTROL) {
-            self.control_io(now);
-        }
-        // Silence is judged only after reading what intercept sent: a copy that did not run
-        // for a while (a loaded machine, and copy runs niced) finds intercept's pings waiting
-        // and must not take its own stall for intercept's silence (it reset the copies in
-        // flight, and their answers went uncompared).
-        self.control_tick(now);
-        self.fire_timers(now);
-        Ok(())
-    }
-
-    fn publish(&self, live: &CopyCounters) {
-        let s = &self.report.sessions;
-        let f = &s.failed;
-        let st = |a: &std::sync::atomic::AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
-        st(&live.sessions_seen, s.seen);
-        st(&live.copies, s.copies);
-        st(&live.completed, s.completed);
-        st(
-            &live.failed,
-            f.target_refused
-                + f.reset
-                + f.timeout
-                + f.closed_early
-                + f.lost_capture_data
-                + f.shed
-                + self.ts.control_lost,
-        );
-        st(&live.open, self.open);
-        st(&live.requests_at_source, self.report.requests.at_source);
-        st(&live.requests_copied, self.report.requests.copied);
-        st(&live.requests_answered, self.report.requests.answered);
-        st(&live.held_bytes, self.held as u64);
-        st(&live.kernel_drops, self.report.capture.kernel_drops);
-        st(&live.bytes_copied, self.report.requests.bytes_copied);
-        st(&live.bytes_answered, self.report.requests.bytes_answered);
-        if let Some(d) = self.differ.as_ref().map(Differ::stats) {
-            st(&live.diff_compared, d.compared);
-            st(&live.diff_equal, d.equal);
-            st(&live.diff_different, d.different);
-        }
-    }
-
-    /// After the input ended: lets the flows finish, at most `--timeout` and the linger, or
-    /// [`feed::STOP_DRAIN`] when the run was `stopped` (or is stopped meanwhile); the rest
-    /// count as open at the end.
-    fn drain(
-        &mut self,
-        events: &mut Events,
-        stop: &AtomicBool,
-        live: &CopyCounters,
-        mut stopped: bool,
-    ) -> Result<(), TransparentError> {
-        let mut deadline = feed::drain_deadline(self.cfg, stopped, CLOSE_LINGER_NS);
-        while self.open > 0 && now_ns() < deadline {
-            if !stopped && stop.load(Ordering::Relaxed) {
-                stopped = true;
-                deadline = deadline.min(feed::drain_deadline(self.cfg, true, 0));
-            }
-            self.step(events, Duration::from_millis(20))?;
-            self.publish(live);
-        }
-        for idx in 0..self.flows.len() {
-            if self.flows[idx].is_some() {
-                self.end_flow(idx, Outcome::OpenAtEnd, true);
-            }
-        }
-        Ok(())
-    }
-}
-
-impl feed::Consumer for Engine<'_> {
-    type Error = TransparentError;
-    const LIVE_WAIT: Duration = Duration::from_millis(5);
-
-    fn cfg(&self) -> &RelayConfig {
-        self.cfg
-    }
-    fn registry(&self) -> &mio::Registry {
-        self.poll.registry()
-    }
-    fn report(&mut self) -> &mut CopyReport {
-        &mut self.report
-    }
-    /// The client's ISN, for a SYN that carries it; the session opens with the tracker's event.
-    fn frame(&mut self, frame: &[u8]) {
-        if let Ok(s) = Segment::parse(frame) {
-            if s.flags.0 & (Flags::SYN.0 | Flags::ACK.0) == Flags::SYN.0
-                && self.server_ports.contains(&s.dst.port())
-            {
-                if self.syn_isn.len() >= MAX_PENDING_SYNS {
-                    self.syn_isn.clear();
-                }
-                self.syn_isn.insert((s.src, s.dst), s.seq);
-            }
-        }
-    }
-    fn open_session(
-        &mut self,
-        id: SessionId,
-        client: SocketAddr,
-        server: SocketAddr,
-        syn_seen: bool,
-        now: u64,
-    ) {
-        let isn = self.syn_isn.remove(&(client, server));
-        let Some(rule) = transfer::rule_for(&self.cfg.rules, server).copied() else {
-            return;
-        };
-        let s = &mut self.report.sessions;
-        s.seen += 1;
-        if !syn_seen {
-            s.joined_mid_stream += 1;
-        }
-        if !self
-            .cfg
-            .sampler
-            .selects(client, server, now.saturating_sub(self.start_ns))
-        {
-            s.sampled_out += 1;
-            return;
-        }
-        s.selected += 1;
-        let ip = match &self.t.client_cidr {
-            Some(c) => map_client(client.ip(), c),
-            None => client.ip(),
-        };
-        // The client's own ISN when its SYN was seen; otherwise a handshake of our own, with
-        // an ISN from the clock as a TCP stack picks one, salted per process.
-        let isn = match isn {
-            Some(i) => i,
-            None => {
-                self.ts.synthesized_handshakes += u64::from(self.cfg.copies);
-                ((now >> 6) as u32 ^ (u32::from(client.port()) << 16)).wrapping_add(self.isn_salt)
-            }
-        };
-        let mut flows = Vec::with_capacity(self.cfg.copies as usize);
-        for k in 0..self.cfg.copies {
-            let Some(port) = self.pick_port(ip, client.port(), rule.target, k == 0) else {
-                self.ts.ports_exhausted += 1;
-                self.report.sessions.copies += 1;
-                self.report.sessions.failed.shed += 1;
-                continue;
-            };
-            let idx = self.new_flow(SocketAddr::new(ip, port), rule.target, isn, now);
-            flows.push((idx, self.gens[idx]));
-            if let (Some(d), Some(f)) = (self.differ.as_ref(), self.flows[idx].as_mut()) {
-                f.diff = Some(Box::new(d.conn(ConnMeta {
-                    session: id.0,
-                    copy: k + 1,
-                    client,
-                    server,
-                    target: rule.target,
-                })));
-            }
-        }
-        self.sessions.insert(
-            id,
-            Sess {
-                flows: flows.clone(),
-                turns: Turns::new(syn_seen, self.differ.as_ref()),
-            },
-        );
-        for (idx, _) in flows {
-            self.pump(idx, now);
-        }
-    }
-    fn session_data(
-        &mut self,
-        id: SessionId,
-        dir: Dir,
-        bytes: &Bytes,
-        ts: u64,
-        now: u64,
-        tracker_mem: u64,
-    ) {
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return;
-        };
-        match dir {
-            Dir::ServerToClient => {
-                if let Some(lat) = s.turns.server(bytes, ts) {
-                    self.orig.record(lat);
-                }
-            }
-            Dir::ClientToServer => {
-                let (start, answer) =
-                    match s
-                        .turns
-                        .client(bytes, ts, self.max_think_ns, self.differ.as_ref())
-                    {
-                        ClientBytes::Skipped => {
-                            self.report.requests.bytes_skipped_joining += bytes.len() as u64;
-                            return;
-                        }
-                        ClientBytes::Copy { start, answer } => (start, answer),
-                    };
-                if start.is_some() {
-                    self.report.requests.at_source += s.flows.len() as u64;
-                }
-                let data = Bytes::copy_from_slice(bytes);
-                let flows = s.flows.clone();
-                let diff_held = self.differ.as_ref().map_or(0, Differ::held_bytes);
-                if self.held + data.len() * flows.len() + tracker_mem as usize + diff_held
-                    > self.cfg.max_memory
-                {
-                    if let Some(s) = self.sessions.remove(&id) {
-                        for (idx, gen) in s.flows {
-                            if self.flow_mut(idx, gen).is_some() {
-                                self.end_flow(idx, Outcome::Shed, true);
-                            }
-                        }
-                    }
-                    return;
-                }
-                for (idx, gen) in flows {
-                    if let Some(f) = self.flow_mut(idx, gen) {
-                        if let Some(d) = f.diff.as_mut() {
-                            if let Some((k, r)) = &answer {
-                                d.original(*k, Rc::clone(r));
-                            }
-                            if start.is_some() {
-                                d.request_queued(&data);
-                            }
-                        }
-                        f.queue.push_back(Item::Data {
-                            bytes: data.clone(),
-                            start,
-                        });
-                        f.held += data.len();
-                        self.held += data.len();
-                        self.pump(idx, now);
-                    }
-                }
-                let peak = (self.held + diff_held) as u64 + tracker_mem;
-                let m = &mut self.report.memory;
-                m.peak_held_bytes = m.peak_held_bytes.max(peak);
-            }
-        }
-    }
-    fn session_gap(&mut self, id: SessionId, dir: Dir, len: u64, ts: u64) {
-        if let (Some(s), Dir::ServerToClient) = (self.sessions.get_mut(&id), dir) {
-            s.turns.server_gap(len, ts);
-        }
-    }
-    fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64) {
-        let Some(s) = self.sessions.remove(&id) else {
-            return;
-        };
-        if matches!(how, CloseKind::LostData { .. }) {
-            self.report.requests.at_source +=
-                s.turns.unreplayed(requests_seen) * s.flows.len() as u64;
-        }
-        if matches!(how, CloseKind::Shed) {
-            for (idx, gen) in s.flows {
-                if self.flow_mut(idx, gen).is_some() {
-                    self.end_flow(idx, Outcome::Shed, true);
-                }
-            }
-            return;
-        }
-        let lost = matches!(how, CloseKind::LostData { .. });
-        let (wait_answer, answer) = s.turns.close();
-        for (idx, gen) in s.flows {
-            if let Some(f) = self.flow_mut(idx, gen) {
-                if let (Some(d), Some((k, r))) = (f.diff.as_mut(), &answer) {
-                    d.original(*k, Rc::clone(r));
-                }
-                f.queue.push_back(Item::End { wait_answer, lost });
-                self.pump(idx, now);
-            }
-        }
-    }
-    fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), TransparentError> {
-        Engine::step(self, events, max_wait)
-    }
-    fn publish(&self, live: &CopyCounters) {
-        Engine::publish(self, live);
-    }
 }
 
 /// Runs transparent mode on `input` (a live capture or a capture file at its pace) until it
@@ -1315,7 +884,7 @@ impl feed::Consumer for Engine<'_> {
 /// report. Fails at start when intercept is unreachable or refuses, or a raw socket cannot be
 /// opened (root or CAP_NET_RAW).
 pub fn run(
-    cfg: &RelayConfig,
+    cfg: &CopyConfig,
     t: &TransparentConfig,
     input: &Input,
     duration: Option<Duration>,
@@ -1355,9 +924,7 @@ pub fn run(
             Interest::READABLE | Interest::WRITABLE,
         )
         .map_err(io_err("watch the control connection (epoll_ctl)"))?;
-    let (speed, max_think_ns) = feed::pace(input);
-    let mut e = Engine {
-        cfg,
+    let raw = Raw {
         t,
         poll,
         raw4,
@@ -1372,12 +939,7 @@ pub fn run(
             last_rx_ns: start,
             backoff: 0,
         },
-        sessions: FxHashMap::default(),
-        flows: Vec::new(),
-        gens: Vec::new(),
-        free: Vec::new(),
         by_tuple: FxHashMap::default(),
-        timers: BinaryHeap::new(),
         backoff: Backoff::default(),
         pool: PortPool::new(t.port_pool),
         syn_isn: FxHashMap::default(),
@@ -1386,11 +948,7 @@ pub fn run(
             &std::collections::hash_map::RandomState::new(),
             0u8,
         ) as u32,
-        start_ns: start,
-        held: 0,
-        open: 0,
         pkt: Vec::with_capacity(2048),
-        report: CopyReport::default(),
         ts: TransparentStats {
             intercept: t.intercept.to_string(),
             client_addr: t
@@ -1399,33 +957,9 @@ pub fn run(
                 .unwrap_or_default(),
             ..TransparentStats::default()
         },
-        orig: Histogram::new(),
-        target_lat: Histogram::new(),
         server_ports: transfer::server_ports(&cfg.rules),
-        speed,
-        max_think_ns,
-        differ,
     };
-    let end_at = duration.map(|d| start + d.as_nanos() as u64);
-    let mut events = Events::with_capacity(1024);
-    feed::run(&mut e, input, end_at, stop, live, &mut events)?;
-    let stopped = feed::stopped(stop, end_at);
-    e.drain(&mut events, stop, live, stopped)?;
-    e.publish(live);
-    let mut r = std::mem::take(&mut e.report);
-    r.mode = "transparent".into();
-    r.rules = cfg.rules.iter().map(ToString::to_string).collect();
-    r.copies_per_session = cfg.copies;
-    r.sample_percent = cfg.sampler.percent;
-    r.seconds = (now_ns() - start) as f64 / 1e9;
-    r.latency.original = e.orig.percentiles();
-    r.latency.target = e.target_lat.percentiles();
-    r.memory.limit_bytes = cfg.max_memory as u64;
-    r.transparent = Some(std::mem::take(&mut e.ts));
-    r.diff = e.differ.as_mut().map(Differ::finish);
-    r.requests.max_loss_percent = cfg.max_loss_percent;
-    r.finish();
-    Ok(r)
+    Engine::new(cfg, raw, differ, input, start).run(input, duration, stop, live)
 }
 
 #[cfg(test)]

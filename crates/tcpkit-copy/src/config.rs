@@ -1,0 +1,76 @@
+//! The copy's settings and live counters, the same for every mode: the input loops
+//! ([`crate::feed`]) and each mode read them, so they belong to neither.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::diff::DiffConfig;
+use crate::sample::Sampler;
+use crate::transfer::Rule;
+
+/// What a copy does with the sessions it sees, in every mode (transparent mode adds its own
+/// [`crate::transparent::TransparentConfig`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyConfig {
+    pub rules: Vec<Rule>,
+    /// `-n`: independent connections per session.
+    pub copies: u32,
+    pub sampler: Sampler,
+    /// Start each connection with a PROXY v2 header naming the original client and server.
+    pub proxy_protocol: bool,
+    /// Send each request as soon as it is captured, without waiting for the target's answer.
+    pub no_wait: bool,
+    /// Only sessions whose SYN was seen.
+    pub only_full: bool,
+    /// Request bytes waiting for the target plus reassembly buffers, at most.
+    pub max_memory: usize,
+    /// How long a connect (with its retries) or an awaited answer may take.
+    pub timeout_ns: u64,
+    /// `--diff`: compare the target's answers with the original ones.
+    pub diff: Option<DiffConfig>,
+    /// `--max-loss`: the request loss ratio (percent) above which the run failed.
+    pub max_loss_percent: f64,
+    /// `-F`: a tcpdump expression the live capture must also match (tcpcopy's capture filter).
+    pub filter: Option<String>,
+}
+
+/// Counters every copy mode publishes for the live line (relaxed stores once per loop turn).
+#[derive(Debug, Default)]
+pub struct CopyCounters {
+    pub sessions_seen: AtomicU64,
+    pub copies: AtomicU64,
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    pub open: AtomicU64,
+    pub requests_at_source: AtomicU64,
+    pub requests_copied: AtomicU64,
+    pub requests_answered: AtomicU64,
+    pub kernel_drops: AtomicU64,
+    pub held_bytes: AtomicU64,
+    pub bytes_copied: AtomicU64,
+    pub bytes_answered: AtomicU64,
+    pub diff_compared: AtomicU64,
+    pub diff_equal: AtomicU64,
+    pub diff_different: AtomicU64,
+}
+
+impl CopyCounters {
+    /// One line: sessions, requests with the loss ratio, capture drops, memory held.
+    pub fn line(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (c, a) = (g(&self.requests_copied), g(&self.requests_answered));
+        let loss = tcpkit_stats::loss_ratio_percent(g(&self.requests_at_source), a);
+        format!(
+            "sessions {} seen, {} copies, {} open, {} completed, {} failed | requests {} copied, {} answered, loss {:.3} % | kernel drops {} | held {} KiB",
+            g(&self.sessions_seen),
+            g(&self.copies),
+            g(&self.open),
+            g(&self.completed),
+            g(&self.failed),
+            c,
+            a,
+            loss,
+            g(&self.kernel_drops),
+            g(&self.held_bytes) / 1024
+        )
+    }
+}
