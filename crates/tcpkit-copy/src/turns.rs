@@ -6,15 +6,52 @@
 
 use std::rc::Rc;
 
+use tcpkit_pace::Speed;
+
 use crate::diff::{Differ, OrigSide, Resp};
+
+/// How late an answer may reach a copy, past the original server's time, and still not push
+/// the next request back. A copy learns of its answers later than the client did of the
+/// original's: transparent mode's come through intercept (a capture, a control connection,
+/// two event loops), on a real network the target is further away than the online server,
+/// and the copy's event loop waits in whole milliseconds (epoll), so a think time ends up to
+/// 1 ms late. Counted whole from every answer, that lateness added up request after request,
+/// and a client sending 500 requests a second on one connection outran its copy for good
+/// (the copy bench's transparent keep-alive 5k row: 93 % copied, every session still open at
+/// the end). Up to this much comes out of the think time instead; lateness beyond it is the
+/// target being slower and delays the next request, as tcpcopy's pacing does.
+pub(crate) const ANSWER_SLACK_NS: u64 = 2_000_000;
 
 /// The first request of a turn: how it is paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReqStart {
     /// The client's think time: from the server's last byte to this request's first.
     pub think_ns: u64,
+    /// From the previous request's first byte to this one's (the server's time plus the
+    /// think time): None for a session's first request.
+    pub since_prev_ns: Option<u64>,
     /// Sent only after the target answered (the server had a turn before it).
     pub wait_answer: bool,
+}
+
+impl ReqStart {
+    /// When a copy sends this request: the think time after the target's answer reached it
+    /// (`answer_ns`), less up to [`ANSWER_SLACK_NS`] of that answer's lateness over the
+    /// original: never before the answer, nor before the client's own interval from the
+    /// copy's previous request (`prev_ns`: when that one was due, when there was one in this
+    /// session; the time it was due, not the time it went, so a late turn of the loop is not
+    /// carried on to every later request).
+    pub fn send_at(&self, answer_ns: u64, prev_ns: Option<u64>, speed: Speed) -> u64 {
+        let think = answer_ns.saturating_add(speed.wall(self.think_ns));
+        match (prev_ns, self.since_prev_ns) {
+            (Some(p), Some(gap)) => {
+                let on_pace = p.saturating_add(speed.wall(gap));
+                let earliest = think.saturating_sub(ANSWER_SLACK_NS).max(answer_ns);
+                think.min(on_pace.max(earliest))
+            }
+            _ => think,
+        }
+    }
 }
 
 /// What the client's bytes are to the copies.
@@ -43,6 +80,8 @@ pub(crate) struct Turns {
     pub requests: u64,
     last_client_ts: u64,
     last_server_ts: Option<u64>,
+    /// When the last request began.
+    last_start_ts: Option<u64>,
     /// `--diff`: the original server's answers, cut at request starts.
     diff: Option<OrigSide>,
 }
@@ -57,6 +96,7 @@ impl Turns {
             requests: 0,
             last_client_ts: 0,
             last_server_ts: None,
+            last_start_ts: None,
             diff: differ.map(|d| d.original(syn_seen)),
         }
     }
@@ -109,13 +149,21 @@ impl Turns {
             if let (Some(d), Some(df)) = (self.diff.as_mut(), differ) {
                 answer = d.request_starts(df, bytes);
             }
+            let think_ns = self
+                .last_server_ts
+                .map_or(0, |t| ts.saturating_sub(t))
+                .min(max_think_ns);
             let r = ReqStart {
-                think_ns: self
-                    .last_server_ts
-                    .map_or(0, |t| ts.saturating_sub(t))
-                    .min(max_think_ns),
+                think_ns,
+                // The server's time as the capture saw it, with the think time as capped.
+                since_prev_ns: self.last_start_ts.map(|p| {
+                    self.last_server_ts
+                        .map_or(0, |t| t.saturating_sub(p))
+                        .saturating_add(think_ns)
+                }),
                 wait_answer: self.server_turn && (self.requests > 0 || self.syn_seen),
             };
+            self.last_start_ts = Some(ts);
             self.requests += 1;
             self.in_request = true;
             self.server_turn = false;
@@ -154,6 +202,7 @@ mod tests {
         };
         let r = start(t.client(b"GET / ", 100, u64::MAX, None)).unwrap();
         assert_eq!(r.think_ns, 0);
+        assert_eq!(r.since_prev_ns, None);
         // The server spoke before the first request only if it greeted: not here.
         assert!(!r.wait_answer);
         assert_eq!(start(t.client(b"HTTP/1.1\r\n", 110, u64::MAX, None)), None);
@@ -161,6 +210,8 @@ mod tests {
         assert_eq!(t.server(b" OK", 160), None);
         let r = start(t.client(b"GET /b", 1_160, 500, None)).unwrap();
         assert_eq!(r.think_ns, 500, "capped");
+        // 60 of the server's and the think time as capped.
+        assert_eq!(r.since_prev_ns, Some(560));
         assert!(r.wait_answer);
         assert_eq!(t.requests, 2);
         // The reassembler saw 5 request starts in all: 3 never delivered.
@@ -168,6 +219,44 @@ mod tests {
         assert_eq!(t.unreplayed(1), 0);
         // The last request was not answered: the copies do not wait for it.
         assert!(!t.close().0);
+    }
+
+    #[test]
+    fn late_answers_come_out_of_the_think_time_up_to_the_slack() {
+        const MS: u64 = 1_000_000;
+        let r = ReqStart {
+            think_ns: 19 * MS / 10,
+            since_prev_ns: Some(2 * MS),
+            wait_answer: true,
+        };
+        let one = Speed::new(1.0);
+        // The previous request went at 10 ms. Its answer reached the copy 0.6 ms later, where
+        // the original took 0.1 ms: the client's pace holds (12 ms), not answer + think.
+        assert_eq!(r.send_at(10_600_000, Some(10 * MS), one), 12 * MS);
+        // A target slower by more than the slack (2 ms): the think time less the slack, and
+        // never before the answer.
+        assert_eq!(r.send_at(15 * MS, Some(10 * MS), one), 15 * MS);
+        let long = ReqStart {
+            think_ns: 300 * MS,
+            since_prev_ns: Some(301 * MS),
+            ..r
+        };
+        assert_eq!(long.send_at(410 * MS, Some(10 * MS), one), 708 * MS);
+        // A target faster than the original: answer + think, as before.
+        assert_eq!(r.send_at(10 * MS, Some(10 * MS), one), 11_900_000);
+        // No previous request of this copy (the first, or a session joined mid-stream).
+        assert_eq!(r.send_at(10_600_000, None, one), 12_500_000);
+        let first = ReqStart {
+            since_prev_ns: None,
+            ..r
+        };
+        assert_eq!(first.send_at(10_600_000, Some(10 * MS), one), 12_500_000);
+        // --speed 2 halves the client's times; the slack is the copy's, in wall time.
+        assert_eq!(
+            r.send_at(10_600_000, Some(10 * MS), Speed::new(2.0)),
+            11 * MS
+        );
+        assert_eq!(r.send_at(u64::MAX - 5, Some(10 * MS), one), u64::MAX - 5);
     }
 
     #[test]

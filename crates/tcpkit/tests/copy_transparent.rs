@@ -72,6 +72,42 @@ fn transparent_survives_an_intercept_restart_counting_the_copies_it_cut() {
     });
 }
 
+/// Clients sending 500 requests a second on each keep-alive connection (2 ms apart, as in the
+/// copy bench's keep-alive rows): every request is copied and answered by the end of the run
+/// (`--duration`, 1.5 s past the load) and its bounded drain. A copy learns of each answer
+/// later than the client did of the original's (through intercept); when every request
+/// waited for that whole lateness plus the client's think time, the copies ran at ~60 % of
+/// the clients' pace, and after 10 s of load a third of the requests were still unsent.
+#[test]
+fn transparent_keep_alive_copies_keep_the_clients_pace_at_500_requests_a_second() {
+    let mut t = tlab("cptrpace", 8080);
+    let (_on, on_log) = t.l.nginx(true, Log::Peer);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let _i = t.intercept("intercept");
+    let c = copy(&t, &["--duration", "11.5"]);
+    // Two connections at 500 requests a second each, for 10 s.
+    load(&t.l.clients, "1000", "10", None);
+    let o = wait_limited(c, Duration::from_secs(20));
+    let r = json(&o);
+    let (online, target) = (lines(&on_log).len() as u64, lines(&tg_log).len() as u64);
+    eprintln!(
+        "pace: online {online} target {target} requests {} sessions {}",
+        r["requests"], r["sessions"]
+    );
+    let r = tlab::transparent_report(&o);
+    assert_eq!(u(&r, "sessions.open_at_end"), 0, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 2, "{r:#}");
+    assert_eq!(
+        u(&r, "requests.copied"),
+        u(&r, "requests.at_source"),
+        "{r:#}"
+    );
+    assert_all_answered(&r);
+    // The load made thousands of requests, and the target got every one the online server did.
+    assert!(online >= 5000, "only {online} requests online");
+    assert_eq!(target, online, "{r:#}");
+}
+
 #[test]
 fn intercept_refuses_to_start_on_a_forwarding_host() {
     let t = tlab("cptrfwd", 8080);

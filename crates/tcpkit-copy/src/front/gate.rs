@@ -66,9 +66,10 @@ pub(crate) fn diff_wait_until(a: &Answer, timeout: u64) -> u64 {
     }
 }
 
-/// May a request that waits for the previous answer go now; `think_wall` is the client's
-/// think time on the wall clock (`--speed` applied).
-pub(crate) fn request(a: &Answer, think_wall: u64, now: u64, timeout: u64) -> Turn {
+/// May a request that waits for the previous answer go now; `think_at` is when it goes once
+/// answered (the client's think time after the answer, on the wall clock:
+/// [`crate::turns::ReqStart::send_at`]).
+pub(crate) fn request(a: &Answer, think_at: u64, now: u64, timeout: u64) -> Turn {
     if !a.answered {
         return await_answer(a, now, timeout);
     }
@@ -76,9 +77,8 @@ pub(crate) fn request(a: &Answer, think_wall: u64, now: u64, timeout: u64) -> Tu
     if now < at {
         return Turn::Wait(at);
     }
-    let at = a.last_rx_ns + think_wall;
-    if now < at {
-        return Turn::Wait(at);
+    if now < think_at {
+        return Turn::Wait(think_at);
     }
     Turn::Go
 }
@@ -131,9 +131,9 @@ mod tests {
     #[test]
     fn then_the_think_time_from_the_answer() {
         let a = answered_at(1_000);
-        assert_eq!(request(&a, 500, 1_200, T), Turn::Wait(1_500));
-        assert_eq!(request(&a, 500, 1_500, T), Turn::Go);
-        assert_eq!(request(&a, 0, 1_000, T), Turn::Go);
+        assert_eq!(request(&a, 1_500, 1_200, T), Turn::Wait(1_500));
+        assert_eq!(request(&a, 1_500, 1_500, T), Turn::Go);
+        assert_eq!(request(&a, 1_000, 1_000, T), Turn::Go);
     }
 
     #[test]

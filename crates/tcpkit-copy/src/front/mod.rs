@@ -79,6 +79,8 @@ pub(crate) struct Conn<X> {
     pub unanswered: u64,
     pub last_rx_ns: u64,
     pub last_write_ns: u64,
+    /// When the last request was due to go (see [`crate::turns::ReqStart::send_at`]).
+    pub last_req_ns: Option<u64>,
     /// The last time the target acknowledged anything (transparent's ACKs; relay has no
     /// view of them and leaves it at the copy's start).
     pub progress_ns: u64,
@@ -323,10 +325,14 @@ impl<'a, T: Transport> Engine<'a, T> {
                         return;
                     }
                     if let Some(r) = *start {
+                        // When this request was due: the loop's own lateness is not carried
+                        // on to the requests after it.
+                        let mut due = now;
                         if r.wait_answer && !no_wait {
                             let a = c.answer(T::answer_due(&c.x));
-                            match gate::request(&a, self.f.speed.wall(r.think_ns), now, timeout) {
-                                Turn::Go => {}
+                            let at = r.send_at(a.last_rx_ns, c.last_req_ns, self.f.speed);
+                            match gate::request(&a, at, now, timeout) {
+                                Turn::Go => due = at.min(now),
                                 Turn::Wait(at) => {
                                     self.f.arm(idx, at, now);
                                     return;
@@ -340,6 +346,7 @@ impl<'a, T: Transport> Engine<'a, T> {
                         if let Some(Item::Data { start, .. }) = c.queue.front_mut() {
                             *start = None;
                         }
+                        c.last_req_ns = Some(due);
                         c.answered = false;
                         c.unanswered += 1;
                         self.f.report.requests.copied += 1;
@@ -582,6 +589,7 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
                 unanswered: 0,
                 last_rx_ns: now,
                 last_write_ns: now,
+                last_req_ns: None,
                 progress_ns: now,
                 ending: Outcome::Completed,
                 diff,
