@@ -622,13 +622,19 @@ impl Receiver<'_> {
             }
             let now = Instant::now();
             let mut accept = self.paused_until.is_some_and(|t| now >= t);
+            // One read (one budget) per stream per round: a stream left over from the last
+            // round and signalled again is read once, below. Read twice, it was left over
+            // again twice, and so on: the rounds grew until the socket ran dry (writes of
+            // 7-17 MB instead of 1-2, the bytes cold when written and hashed).
+            let again = std::mem::take(&mut self.again);
             for ev in events.iter() {
                 if ev.token() == LISTENER {
                     accept = true;
                     continue;
                 }
                 let t = ev.token();
-                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+                if readable && !again.contains(&t) {
                     self.read(poll, t)?;
                     if let Some(State::Stream { index, bytes, .. }) =
                         self.conns.get(&t).map(|c| &c.state)
@@ -644,8 +650,13 @@ impl Receiver<'_> {
                     }
                 }
             }
-            for t in std::mem::take(&mut self.again) {
+            for t in again {
                 self.read(poll, t)?;
+                if let Some(State::Stream { index, bytes, .. }) =
+                    self.conns.get(&t).map(|c| &c.state)
+                {
+                    live.set_stream(usize::from(*index), *bytes);
+                }
             }
             if accept {
                 self.accept(poll, listener)?;
