@@ -139,6 +139,13 @@ fn chunk_size(rate: f64, lo: usize, hi: usize, window: u64, streams: usize) -> u
     want.next_power_of_two().min(share).clamp(lo, hi)
 }
 
+/// Largest chunks read but not yet handed to a connection, beyond one per connection. Read
+/// no further ahead than this, a chunk leaves while it is still in the CPU's cache from its
+/// read and hash; read as far ahead as the window allowed (64 MiB), each left from memory,
+/// and every one of the 64 blocks was a fresh allocation's page faults: on one veth the
+/// sender's socket copy read cold bytes (the whole pipeline then ran at 60-70 % of socat).
+const READ_AHEAD: usize = 2;
+
 /// What the reader thread hands the loop.
 #[derive(Debug)]
 enum FromReader {
@@ -949,7 +956,8 @@ pub fn run(
     // Chunks alive at once: the window's worth, one more per stream being written, and a
     // few read ahead.
     let pool = (window / chunk as u64).min(1 << 16) as usize + conns.len() + 4;
-    let (tx, rx) = mpsc::sync_channel(pool);
+    // The reader waits (a full channel) while the loop holds its read-ahead: see READ_AHEAD.
+    let (tx, rx) = mpsc::sync_channel(2);
     let (back_tx, back_rx) = mpsc::channel();
     let reader_stop = Arc::new(AtomicBool::new(false));
     let rthread = {
@@ -1206,21 +1214,8 @@ fn event_loop(
                 flow.acked
             ));
         }
-        // Take what the reader has.
-        loop {
-            match rx.try_recv() {
-                Ok(FromReader::Chunk(c)) => flow.unsent.push_back(c),
-                Ok(FromReader::End { total, hash }) => flow.end = Some((total, hash)),
-                Ok(FromReader::Failed(e)) => return Err(tcpkit_stats::chain(&e)),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    if flow.end.is_none() {
-                        return Err("the input reader stopped".into());
-                    }
-                    break;
-                }
-            }
-        }
+        let ahead = flow.hi * (conns.len() + READ_AHEAD);
+        let mut held_back = take(rx, flow, ahead)?;
         // Streams that came back.
         while let Ok((i, r)) = conn_rx.try_recv() {
             let c = &mut conns[i];
@@ -1265,6 +1260,12 @@ fn event_loop(
             reconnect(ctx, conns);
         }
         fill(poll, conns, flow, &mut rr);
+        // The reader waits on a full channel, which no event announces: while the sockets
+        // take what was held back, take more at once rather than at the next event.
+        while held_back && unsent_bytes(flow) < ahead {
+            held_back = take(rx, flow, ahead)?;
+            fill(poll, conns, flow, &mut rr);
+        }
         adapt(conns, flow);
         live.bytes.store(flow.acked, Ordering::Relaxed);
         for (i, c) in conns.iter().enumerate() {
@@ -1315,6 +1316,34 @@ fn event_loop(
             }
         }
     }
+}
+
+fn unsent_bytes(flow: &Flow) -> usize {
+    flow.unsent.iter().map(|c| c.len).sum()
+}
+
+/// Takes what the reader has until `ahead` bytes are unsent; true when it stopped there
+/// (the reader may have more).
+fn take(rx: &Receiver<FromReader>, flow: &mut Flow, ahead: usize) -> Result<bool, String> {
+    let mut unsent = unsent_bytes(flow);
+    while unsent < ahead {
+        match rx.try_recv() {
+            Ok(FromReader::Chunk(c)) => {
+                unsent += c.len;
+                flow.unsent.push_back(c);
+            }
+            Ok(FromReader::End { total, hash }) => flow.end = Some((total, hash)),
+            Ok(FromReader::Failed(e)) => return Err(tcpkit_stats::chain(&e)),
+            Err(TryRecvError::Empty) => return Ok(false),
+            Err(TryRecvError::Disconnected) => {
+                if flow.end.is_none() {
+                    return Err("the input reader stopped".into());
+                }
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// Each [`RATE_TICK`]: measures what each connection took since the last, and sets its chunk
