@@ -19,6 +19,7 @@ pub mod reorder;
 mod report;
 pub mod secure;
 pub mod send;
+mod writeout;
 
 use std::io;
 use std::path::PathBuf;

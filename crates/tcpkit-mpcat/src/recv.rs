@@ -27,6 +27,7 @@ use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, MAX_STREAMS, MI
 use crate::reorder::Reorder;
 use crate::secure::{Channel, Psk, HANDSHAKE_MSG, MAX_RECORD, REC_HDR};
 use crate::send::hex;
+use crate::writeout::{Done, Writer};
 use crate::{
     ConnCounts, Error, Input, MpcatCounters, MpcatReport, Output, PathFailure, ReverseReport, Role,
     StreamReport,
@@ -56,6 +57,8 @@ pub struct RecvConfig {
 }
 
 const LISTENER: Token = Token(0);
+/// The write-out thread's wake-ups.
+const WRITER: Token = Token(usize::MAX);
 /// How long accepting pauses after EMFILE/ENFILE.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// Bytes held for a connection before its Hello is accepted.
@@ -222,7 +225,8 @@ struct Session {
     streams: u16,
     chunk: u32,
     reorder: Reorder,
-    hasher: blake3::Hasher,
+    /// Writes out (and hashes) what the window hands out; started with the first of it.
+    writer: Option<Writer>,
     end: Option<(u64, [u8; 32])>,
     /// Connection of each stream index, once it joined.
     joined: Vec<Option<Token>>,
@@ -300,6 +304,10 @@ pub fn run(
     poll.registry()
         .register(&mut listener.sock, LISTENER, Interest::READABLE)
         .map_err(|e| Error::io("epoll_ctl on the listener", e))?;
+    let waker = Arc::new(
+        mio::Waker::new(poll.registry(), WRITER)
+            .map_err(|e| Error::io("eventfd for the write-out", e))?,
+    );
     let mut counts = ConnCounts::default();
     let (mut began, mut verified) = (0u64, 0u64);
     let mut last: Option<MpcatReport> = None;
@@ -321,6 +329,7 @@ pub fn run(
             forward_done: false,
             delivered: None,
             again: Vec::new(),
+            waker: Arc::clone(&waker),
         };
         let failure = rx
             .event_loop(&mut poll, &listener, &mut sink, stop, live)
@@ -414,8 +423,14 @@ impl Receiver<'_> {
             first.peer = std::mem::take(&mut later.peer);
             true
         });
+        if let Some(s) = rx.session.as_mut() {
+            // What was handed out is written before the count (and the output) is final.
+            if let Some(mut w) = s.writer.take() {
+                s.reorder.release(w.close());
+            }
+        }
         let s = rx.session.as_ref();
-        let written = s.map_or(0, |s| s.reorder.written());
+        let written = s.map_or(0, |s| s.reorder.released());
         let verified = failure.is_none() && s.and_then(|s| s.verdict) == Some(true);
         let failure = failure.or_else(|| (!verified).then(|| "the stream was not verified".into()));
         MpcatReport {
@@ -585,6 +600,7 @@ struct Receiver<'c> {
     /// Streams that stopped reading at [`READ_BUDGET`] with bytes still in their socket
     /// (edge-triggered: no new event would say so): read again after the write-out.
     again: Vec<Token>,
+    waker: Arc<mio::Waker>,
 }
 
 impl Receiver<'_> {
@@ -632,6 +648,9 @@ impl Receiver<'_> {
                     accept = true;
                     continue;
                 }
+                if ev.token() == WRITER {
+                    continue;
+                }
                 let t = ev.token();
                 let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
                 if readable && !again.contains(&t) {
@@ -665,7 +684,7 @@ impl Receiver<'_> {
             self.check_paths(now)?;
             self.write_out(poll, sink)?;
             if let Some(s) = &self.session {
-                live.bytes.store(s.reorder.written(), Ordering::Relaxed);
+                live.bytes.store(s.reorder.released(), Ordering::Relaxed);
                 if let Some((total, _)) = s.end {
                     live.total.store(total, Ordering::Relaxed);
                 }
@@ -1218,7 +1237,7 @@ impl Receiver<'_> {
                     streams,
                     chunk,
                     reorder: Reorder::new(window, max_gaps),
-                    hasher: blake3::Hasher::new(),
+                    writer: None,
                     end: None,
                     joined,
                     seen,
@@ -1309,28 +1328,37 @@ impl Receiver<'_> {
         }
     }
 
-    /// Writes the bytes that are in order, and acks them when enough have gone out.
+    /// Hands the bytes that are in order to the write-out, and acks what it has written
+    /// when enough has gone out.
     fn write_out(&mut self, poll: &mut Poll, sink: &mut Sink) -> Result<(), String> {
         let Some(s) = self.session.as_mut() else {
             return Ok(());
         };
-        loop {
-            let (a, b) = s.reorder.ready();
-            if a.is_empty() {
-                break;
+        let failed = |e: &std::io::Error| format!("write {}: {e}", sink.name);
+        while let Some(p) = s.reorder.hand_out() {
+            if s.writer.is_none() {
+                let out = sink
+                    .w
+                    .try_clone()
+                    .map_err(|e| format!("dup the output ({}): {e}", sink.name))?;
+                let w = Writer::start(out, Arc::clone(&self.waker))
+                    .map_err(|e| format!("start the write-out thread: {e}"))?;
+                s.writer = Some(w);
             }
-            for part in [a, b] {
-                if !part.is_empty() {
-                    sink.w
-                        .write_all(part)
-                        .map_err(|e| format!("write {}: {e}", sink.name))?;
-                    s.hasher.update(part);
+            if let Some(w) = &s.writer {
+                if !w.write(p) {
+                    break;
                 }
             }
-            let n = (a.len() + b.len()) as u64;
-            s.reorder.consume(n);
         }
-        let written = s.reorder.written();
+        while let Some(d) = s.writer.as_ref().and_then(Writer::poll) {
+            match d {
+                Done::Wrote(n) => s.reorder.release(n),
+                Done::Failed(e) => return Err(failed(&e)),
+                Done::Hash(_) => {}
+            }
+        }
+        let written = s.reorder.released();
         let complete = s.end.is_some_and(|e| e.0 == written);
         // Every MiB (or eighth of a small window): credit returns soon, and the sender's live
         // line and its acknowledged count move smoothly. Acks are a few bytes per stream.
@@ -1377,13 +1405,21 @@ impl Receiver<'_> {
         let Some((total, hash)) = s.end else {
             return Ok(false);
         };
-        if s.reorder.written() != total {
+        if s.reorder.released() != total {
             return Ok(false);
         }
-        sink.w
-            .flush()
-            .map_err(|e| format!("write {}: {e}", sink.name))?;
-        let ok = *s.hasher.finalize().as_bytes() == hash;
+        // Every byte is written (released); the write-out's flush and hash, and its
+        // descriptor closed, before the output may be closed for the reverse stream.
+        let got = match s.writer.take() {
+            Some(mut w) => w.finish(),
+            // An empty stream: nothing was ever handed out.
+            None => sink
+                .w
+                .flush()
+                .map(|()| *blake3::Hasher::new().finalize().as_bytes()),
+        };
+        let got = got.map_err(|e| format!("write {}: {e}", sink.name))?;
+        let ok = got == hash;
         s.verdict = Some(ok);
         let done = Frame::Done { total, ok };
         for c in self.conns.values_mut() {
