@@ -227,7 +227,7 @@ struct Session {
     reorder: Reorder,
     /// Writes out (and hashes) what the window hands out; started with the first of it.
     writer: Option<Writer>,
-    end: Option<(u64, [u8; 32])>,
+    end: Option<(u64, crate::Digest)>,
     /// Connection of each stream index, once it joined.
     joined: Vec<Option<Token>>,
     /// Each stream index has joined once.
@@ -454,7 +454,10 @@ impl Receiver<'_> {
             path_failures: std::mem::take(&mut rx.failures),
             reconnects: rx.reconnects,
             resent_bytes: 0,
-            hash: s.and_then(|s| s.end.map(|(_, h)| format!("blake3:{}", hex(&h)))),
+            hash: s.and_then(|s| {
+                s.end
+                    .map(|(_, h)| format!("{}:{}", crate::HASH_NAME, hex(&h)))
+            }),
             verified,
             connections: rx.counts,
             sessions: 0,
@@ -1413,10 +1416,7 @@ impl Receiver<'_> {
         let got = match s.writer.take() {
             Some(mut w) => w.finish(),
             // An empty stream: nothing was ever handed out.
-            None => sink
-                .w
-                .flush()
-                .map(|()| *blake3::Hasher::new().finalize().as_bytes()),
+            None => sink.w.flush().map(|()| crate::stream_hash(&[])),
         };
         let got = got.map_err(|e| format!("write {}: {e}", sink.name))?;
         let ok = got == hash;

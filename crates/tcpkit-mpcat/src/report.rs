@@ -76,7 +76,7 @@ pub struct ReverseReport {
     pub bytes: u64,
     /// Its length from its end frame, once known.
     pub total: Option<u64>,
-    /// "blake3:<hex>" of it, once known.
+    /// "xxh3-128:<hex>" of it, once known.
     pub hash: Option<String>,
     /// Every byte arrived and the connecting side's hash matched the listener's.
     pub verified: bool,
@@ -119,7 +119,7 @@ pub struct MpcatReport {
     /// Bytes sent again because the connection that carried them failed (send; 0 on the
     /// receiving side).
     pub resent_bytes: u64,
-    /// "blake3:<hex>" of the whole stream, once known.
+    /// "xxh3-128:<hex>" of the whole stream, once known.
     pub hash: Option<String>,
     /// Every byte arrived and the receiver's hash matched the sender's.
     pub verified: bool,
@@ -301,7 +301,7 @@ mod tests {
             path_failures: vec![],
             reconnects: 0,
             resent_bytes: 0,
-            hash: Some("blake3:00ff".into()),
+            hash: Some("xxh3-128:00ff".into()),
             verified: true,
             connections: ConnCounts {
                 wrong_token: 2,
@@ -321,7 +321,7 @@ mod tests {
             "mpcat: received 3145728 bytes (3.0 MiB) in 1.50 s, 2.00 MiB/s, over 2 streams on [::]:31337\n\
              \x20 stream   0  198.19.0.2:31337 -> 198.19.0.1:40000  1048576 bytes  33.3 %\n\
              \x20 stream   1  198.19.0.2:31337 -> 198.19.0.1:40001  2097152 bytes  66.7 %\n\
-             blake3:00ff: verified\n\
+             xxh3-128:00ff: verified\n\
              refused: 2 wrong token, 0 wrong key, 0 bad handshake, 0 handshake timeout, 0 over the cap, 0 accept errors\n"
         );
         let mut r = sample();
@@ -337,7 +337,7 @@ mod tests {
             "  stream   1  198.19.0.2:31337 -> 198.19.0.1:40001  2097152 bytes  66.7 %\n\
              \x20 path failed: stream 1 198.19.0.2:31337 -> 198.19.0.1:40001 at 2.3 s: read: Connection timed out\n\
              \x20 1 path failures, 1 reconnects, 0 bytes re-sent\n\
-             blake3:00ff: verified\n"
+             xxh3-128:00ff: verified\n"
         ), "{}", r.human());
         let mut r = sample();
         r.role = Role::Send;

@@ -150,7 +150,7 @@ const READ_AHEAD: usize = 2;
 #[derive(Debug)]
 enum FromReader {
     Chunk(Chunk),
-    End { total: u64, hash: [u8; 32] },
+    End { total: u64, hash: crate::Digest },
     Failed(Error),
 }
 
@@ -609,7 +609,7 @@ fn reader(
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = crate::StreamHasher::new();
     let mut made = 0usize;
     let mut seq = 0u64;
     let send = |m: FromReader| {
@@ -693,7 +693,7 @@ fn reader(
         if eof {
             send(FromReader::End {
                 total: seq,
-                hash: *hasher.finalize().as_bytes(),
+                hash: hasher.finish(),
             });
             return;
         }
@@ -707,7 +707,7 @@ struct Flow {
     /// The receiver's credit: nothing at or past this offset may be sent.
     limit: u64,
     acked: u64,
-    end: Option<(u64, [u8; 32])>,
+    end: Option<(u64, crate::Digest)>,
     /// The connection the end frame went out on.
     end_sent: Option<usize>,
     /// The receiver's verdict.
@@ -1070,7 +1070,9 @@ pub fn run(
         path_failures: flow.failures,
         reconnects: flow.reconnects,
         resent_bytes: flow.resent,
-        hash: flow.end.map(|(_, h)| format!("blake3:{}", hex(&h))),
+        hash: flow
+            .end
+            .map(|(_, h)| format!("{}:{}", crate::HASH_NAME, hex(&h))),
         verified,
         connections: ConnCounts::default(),
         sessions: 1,

@@ -29,7 +29,7 @@ pub(crate) enum Done {
     /// These many more bytes are written (their place in the ring is free).
     Wrote(u64),
     /// The hash of the whole stream, after a flush.
-    Hash([u8; 32]),
+    Hash(crate::Digest),
     /// Writing failed: the OS error. Nothing is written after it.
     Failed(std::io::Error),
 }
@@ -70,7 +70,7 @@ impl Writer {
 
     /// Waits until everything queued is written and flushed: the stream's hash, or why not.
     /// The writer is gone afterwards (its descriptor closed).
-    pub(crate) fn finish(&mut self) -> Result<[u8; 32], std::io::Error> {
+    pub(crate) fn finish(&mut self) -> Result<crate::Digest, std::io::Error> {
         if let Some(j) = self.jobs.take() {
             let _ = j.send(Job::Finish);
         }
@@ -115,7 +115,7 @@ impl Drop for Writer {
 }
 
 fn write_out(mut out: File, jobs: &Receiver<Job>, done: &Sender<Done>, waker: &Waker) {
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = crate::StreamHasher::new();
     let say = |d: Done| {
         let _ = done.send(d);
         let _ = waker.wake();
@@ -136,7 +136,7 @@ fn write_out(mut out: File, jobs: &Receiver<Job>, done: &Sender<Done>, waker: &W
             }
             Job::Finish => {
                 match out.flush() {
-                    Ok(()) => say(Done::Hash(*hasher.finalize().as_bytes())),
+                    Ok(()) => say(Done::Hash(hasher.finish())),
                     Err(e) => say(Done::Failed(e)),
                 }
                 return;

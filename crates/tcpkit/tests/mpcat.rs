@@ -604,7 +604,7 @@ fn mpcat_receiver_fails_on_a_hash_mismatch() {
             .emit_vec(&mut buf);
         }
         // The hash of other bytes.
-        let hash = *blake3::hash(b"something else").as_bytes();
+        let hash = tcpkit_mpcat::stream_hash(b"something else");
         Frame::End {
             total: data.len() as u64,
             hash,
