@@ -446,7 +446,7 @@ impl Receiver<'_> {
                 0.0
             },
             chunk_size: s.map_or(0, |s| u64::from(s.chunk)),
-            window: cfg.window,
+            window: s.map_or(cfg.window, |s| s.reorder.window()),
             encrypted: cfg.psk.is_some(),
             mptcp: None,
             streams,
@@ -1226,7 +1226,7 @@ impl Receiver<'_> {
                     );
                     return Ok(());
                 }
-                let window = self.cfg.window as usize;
+                let window = session_window(self.cfg.window, streams) as usize;
                 // Chunks are at least the smallest the declared size allows but the last;
                 // twice that many in a window is more separate pieces than an honest sender
                 // makes.
@@ -1309,9 +1309,13 @@ impl Receiver<'_> {
             raw_len: raw_rest_len,
             payload: None,
         };
+        let window = self
+            .session
+            .as_ref()
+            .map_or(self.cfg.window, |s| s.reorder.window());
         c.put(&Frame::Welcome {
             version: frame::VERSION,
-            window: self.cfg.window,
+            window,
         });
         if let Err(e) = flush(c) {
             return self.lost(poll, t, &e);
@@ -1365,7 +1369,7 @@ impl Receiver<'_> {
         let complete = s.end.is_some_and(|e| e.0 == written);
         // Every MiB (or eighth of a small window): credit returns soon, and the sender's live
         // line and its acknowledged count move smoothly. Acks are a few bytes per stream.
-        let every = (self.cfg.window / 8).min(1 << 20);
+        let every = (s.reorder.window() / 8).min(1 << 20);
         if written - s.last_ack >= every || (complete && written > s.last_ack) {
             s.last_ack = written;
             let ack = Frame::Ack {
@@ -1452,6 +1456,23 @@ impl Receiver<'_> {
         Ok(true)
     }
 }
+
+/// The reorder window of a session of `streams` streams under `--window`. One stream is one
+/// TCP connection: its bytes arrive in order, and the window only has to cover what the
+/// sockets hold and the write-out's pauses. Its ring is where every byte is received, and a
+/// ring larger than the CPU's cache makes each receive a write to memory: on one veth
+/// (400 MB, 5 interleaved runs, load 6) a 64 MiB ring gave 588 MB/s against socat's 687,
+/// 16 MiB 687 and 8 MiB 702.
+pub fn session_window(window: u64, streams: u16) -> u64 {
+    if streams == 1 {
+        window.min(ONE_STREAM_WINDOW)
+    } else {
+        window
+    }
+}
+
+/// The most a session of one stream holds ([`session_window`]).
+pub const ONE_STREAM_WINDOW: u64 = 16 << 20;
 
 /// Whether a data frame of `len` bytes at `seq` may be taken: no longer than the session's
 /// chunk, within the stream's total once it is known, and below the window's credit. Checked

@@ -128,6 +128,11 @@ impl Reorder {
         self.written
     }
 
+    /// The ring's size: the most bytes beyond `released` it takes.
+    pub fn window(&self) -> u64 {
+        self.ring.len as u64
+    }
+
     /// Everything below this offset has been written out ([released](Reorder::release)).
     pub fn released(&self) -> u64 {
         self.released
