@@ -408,6 +408,7 @@ impl Receiver<'_> {
                     peer: c.peer.to_string(),
                     bytes,
                     path: None,
+                    chunk_max: None,
                 });
             }
         }
@@ -821,6 +822,7 @@ impl Receiver<'_> {
             peer: peer.clone(),
             bytes,
             path: None,
+            chunk_max: None,
         });
         let Some(s) = self.session.as_mut() else {
             return Ok(());

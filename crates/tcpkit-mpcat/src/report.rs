@@ -26,6 +26,9 @@ pub struct StreamReport {
     pub bytes: u64,
     /// The member (ECMP nexthop's or bond slave's interface) it leaves by (sending side).
     pub path: Option<String>,
+    /// The largest chunk size its adaptation chose (sending side): about 10 ms of what its
+    /// socket took, so a slow path's stays small and a fast one's grows.
+    pub chunk_max: Option<u64>,
 }
 
 /// A connection of the session that failed before the end.
@@ -193,8 +196,11 @@ impl Report for MpcatReport {
                 .path
                 .as_ref()
                 .map_or_else(String::new, |p| format!(" via {p}"));
+            let chunks = t
+                .chunk_max
+                .map_or_else(String::new, |c| format!("  chunks up to {} KiB", c >> 10));
             s.push_str(&format!(
-                "  stream {:>3}  {} -> {}{via}  {} bytes  {:.1} %\n",
+                "  stream {:>3}  {} -> {}{via}  {} bytes  {:.1} %{chunks}\n",
                 t.index, t.local, t.peer, t.bytes, share
             ));
         }
@@ -288,6 +294,7 @@ mod tests {
                     peer: "198.19.0.1:40000".into(),
                     bytes: 1 << 20,
                     path: None,
+                    chunk_max: None,
                 },
                 StreamReport {
                     index: 1,
@@ -295,6 +302,7 @@ mod tests {
                     peer: "198.19.0.1:40001".into(),
                     bytes: 2 << 20,
                     path: None,
+                    chunk_max: None,
                 },
             ],
             egress: None,

@@ -175,8 +175,10 @@ struct Conn {
     bytes: u64,
     /// A reconnection is being tried (on its own thread).
     reconnecting: bool,
-    /// The size of the chunks it takes now (adapted each [`RATE_TICK`]).
+    /// The size of the chunks it takes now (adapted each [`RATE_TICK`]), and the largest it
+    /// has been.
     size: usize,
+    size_max: usize,
     /// Bytes a second it took lately (0: not measured yet), and `bytes` when last measured.
     rate: f64,
     bytes_then: u64,
@@ -938,6 +940,7 @@ pub fn run(
             bytes: 0,
             reconnecting: false,
             size: cfg.chunk_min as usize,
+            size_max: cfg.chunk_min as usize,
             rate: 0.0,
             bytes_then: 0,
             next_try: start,
@@ -1064,6 +1067,7 @@ pub fn run(
                 peer: c.peer.to_string(),
                 bytes: c.bytes,
                 path: c.path.clone(),
+                chunk_max: Some(c.size_max as u64),
             })
             .collect(),
         egress,
@@ -1362,6 +1366,7 @@ fn adapt(conns: &mut [Conn], flow: &mut Flow) {
         c.bytes_then = c.bytes;
         c.rate = if c.rate == 0.0 { r } else { (c.rate + r) / 2.0 };
         c.size = chunk_size(c.rate, flow.lo, flow.hi, flow.window, up);
+        c.size_max = c.size_max.max(c.size);
     }
 }
 

@@ -942,6 +942,92 @@ fn mpcat_uses_unequal_links_at_their_sum() {
     );
 }
 
+/// Issue 12, adaptive chunk size: each stream's chunk is about 10 ms of what its socket took
+/// lately, so over a 10 Mbit/s link and a 400 Mbit/s one the slow link's stream keeps the
+/// smallest chunk (64K: 10 ms there is 12.5 kB) and the fast one's grows (10 ms at 50 MB/s is
+/// 500 kB: 512K; at a quarter of that rate still 128K and more).
+#[test]
+fn mpcat_chunk_size_follows_each_links_rate() {
+    let (mut lab, a, b, links) =
+        Lab::multipath("mpcchunk", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    const RATES: [u64; 2] = [10, 400];
+    for (l, r) in links.iter().zip(RATES) {
+        a.run(&[
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            &l.a.name,
+            "root",
+            "tbf",
+            "rate",
+            &format!("{r}mbit"),
+            "burst",
+            "200000",
+            "latency",
+            "100ms",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 64 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--quiet"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 60);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&tx);
+    let streams = j["streams"].as_array().unwrap();
+    assert_eq!(streams.len(), 2, "{j}");
+    let mut chunk = [0u64; 2];
+    for s in streams {
+        let path = s["path"].as_str().unwrap_or_else(|| panic!("{s}"));
+        let k = links
+            .iter()
+            .position(|l| l.a.name == path)
+            .unwrap_or_else(|| panic!("{path} is no link: {j}"));
+        chunk[k] = s["chunk_max"].as_u64().unwrap_or_else(|| panic!("{s}"));
+    }
+    eprintln!(
+        "chunk sizes: {} KiB on the 10 Mbit/s link, {} KiB on the 400 Mbit/s link",
+        chunk[0] >> 10,
+        chunk[1] >> 10
+    );
+    assert_eq!(chunk[0], 64 << 10, "the slow link's chunks grew: {j}");
+    assert!(
+        chunk[1] >= 256 << 10,
+        "the fast link's chunks stayed small: {j}"
+    );
+}
+
 /// Issue 12, disk full: the receiver writing to /dev/full exits 1 naming the file and
 /// ENOSPC; the sender fails once no path is left. Never 0.
 #[test]
