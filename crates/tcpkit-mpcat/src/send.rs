@@ -144,7 +144,22 @@ fn chunk_size(rate: f64, lo: usize, hi: usize, window: u64, streams: usize) -> u
 /// read and hash; read as far ahead as the window allowed (64 MiB), each left from memory,
 /// and every one of the 64 blocks was a fresh allocation's page faults: on one veth the
 /// sender's socket copy read cold bytes (the whole pipeline then ran at 60-70 % of socat).
+/// Only for one connection ([`read_ahead`]).
 const READ_AHEAD: usize = 2;
+
+/// Bytes the loop holds unsent. One connection: [`READ_AHEAD`] largest chunks beyond its
+/// own. Several: as far as the window allows, as before the bound, since over 4 x 200 Mbit/s
+/// links under other builds' load the bound (6 MiB there) went with 84.5-94.0 MB/s in 6
+/// runs against the bench's ceiling of 90.3-94.6 beside them, and the builds before it held
+/// 93.4-94.6; whether the bound was the cause is not shown, and there it buys nothing (the
+/// slow links hold chunks for long anyway).
+fn read_ahead(hi: usize, conns: usize, window: u64) -> usize {
+    if conns > 1 {
+        window.min(usize::MAX as u64) as usize
+    } else {
+        hi * (conns + READ_AHEAD)
+    }
+}
 
 /// What the reader thread hands the loop.
 #[derive(Debug)]
@@ -1220,7 +1235,7 @@ fn event_loop(
                 flow.acked
             ));
         }
-        let ahead = flow.hi * (conns.len() + READ_AHEAD);
+        let ahead = read_ahead(flow.hi, conns.len(), flow.window);
         let mut held_back = take(rx, flow, ahead)?;
         // Streams that came back.
         while let Ok((i, r)) = conn_rx.try_recv() {
