@@ -4,7 +4,7 @@
 //! # What a session is, both ways
 //!
 //! - Each direction is its own stream with its own sequence space, credit, end frame and
-//!   BLAKE3 hash. The forward stream (connecting side → listener) is striped as always; the
+//!   hash. The forward stream (connecting side → listener) is striped as always; the
 //!   reverse stream (listener → connecting side) travels on one more connection, which the
 //!   connecting side opens *first* with the stream index
 //!   [`REVERSE_STREAM`](crate::frame::REVERSE_STREAM) and the session's token. The listener
@@ -384,7 +384,7 @@ fn receive_on(
 ) -> ReverseReport {
     let mut scratch = Vec::new();
     let mut inc = Incoming::new(chunk);
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = crate::StreamHasher::new();
     let (mut got, mut last_ack) = (0u64, 0u64);
     let mut stop_sent: Option<Instant> = None;
     let mut last_byte = Instant::now();
@@ -462,7 +462,7 @@ fn receive_on(
                     out.w
                         .flush()
                         .map_err(|e| format!("write {}: {e}", out.name))?;
-                    let ok = total == got && *hasher.finalize().as_bytes() == hash;
+                    let ok = total == got && hasher.finish() == hash;
                     put_frame(s, chan, &Frame::Done { total, ok }, &mut scratch)
                         .map_err(|e| format!("write: {e}"))?;
                     let failure = match (total == got, ok) {
@@ -477,7 +477,7 @@ fn receive_on(
                     verdict = Some(ReverseReport {
                         bytes: got,
                         total: Some(total),
-                        hash: Some(format!("blake3:{}", send::hex(&hash))),
+                        hash: Some(format!("{}:{}", crate::HASH_NAME, send::hex(&hash))),
                         verified: ok,
                         stopped: stop_sent.is_some(),
                         failure,
@@ -672,7 +672,7 @@ fn pump(
         return failed(0, format!("start a thread: {e}"));
     }
     let mut f = feed.inner.lock().unwrap_or_else(|e| e.into_inner());
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = crate::StreamHasher::new();
     let mut sent = 0u64;
     let mut scratch = Vec::new();
     let mut frame_buf = Vec::with_capacity(DATA_HDR + chunk);
@@ -736,7 +736,7 @@ fn pump(
         let _ = put_frame(&mut s, &chan, &Frame::Refuse { reason: &why }, &mut scratch);
         return failed(sent, why);
     }
-    let hash = *hasher.finalize().as_bytes();
+    let hash = hasher.finish();
     if let Err(e) = put_frame(
         &mut s,
         &chan,
@@ -764,7 +764,7 @@ fn pump(
             return ReverseReport {
                 bytes: sent,
                 total: Some(sent),
-                hash: Some(format!("blake3:{}", send::hex(&hash))),
+                hash: Some(format!("{}:{}", crate::HASH_NAME, send::hex(&hash))),
                 verified: failure.is_none(),
                 stopped,
                 failure,

@@ -6,7 +6,7 @@
 //! the receiver answers [`Frame::Welcome`] (its window) or [`Frame::Refuse`] (why) and closes.
 //! Then the sender sends [`Frame::Data`] (the byte offset of the chunk in the whole stream,
 //! its length, its bytes) on whichever connection has room, and once its input ends one
-//! [`Frame::End`] (the total length and the BLAKE3 hash of the whole stream). The receiver
+//! [`Frame::End`] (the total length and the hash of the whole stream, [`StreamHasher`](crate::StreamHasher)). The receiver
 //! sends [`Frame::Ack`] back: every byte below `acked` is written out, and the sender may send
 //! bytes up to `limit` (the credit: the receiver holds at most its window). When every byte is
 //! written and the hash checked it sends [`Frame::Done`] with the verdict.
@@ -29,10 +29,10 @@
 //! caller's buffer; parse(emit(f)) gives back f. The `mpcat_frame` fuzz target runs
 //! [`fuzz_frame`].
 
-/// The protocol version this build speaks. 2: a Hello's chunk is the largest of the
-/// session's chunks, which may be down to [`CHUNK_SPAN`](crate::CHUNK_SPAN) times smaller
-/// (1: every chunk that size but the last).
-pub const VERSION: u16 = 2;
+/// The protocol version this build speaks. 3: the end frame's hash is XXH3-128 (2: BLAKE3,
+/// 32 bytes). 2: a Hello's chunk is the largest of the session's chunks, which may be down to
+/// [`CHUNK_SPAN`](crate::CHUNK_SPAN) times smaller (1: every chunk that size but the last).
+pub const VERSION: u16 = 3;
 /// Opens every Hello and Welcome, so a stray connection (an HTTP client, a port scanner) is
 /// told apart from an mpcat of another version.
 pub const MAGIC: [u8; 4] = *b"TKMP";
@@ -65,7 +65,7 @@ const T_STOP: u8 = 9;
 const HELLO_BODY: usize = 4 + 2 + 16 + 2 + 2 + 4;
 const WELCOME_BODY: usize = 4 + 2 + 8;
 const ACK_BODY: usize = 16;
-const END_BODY: usize = 8 + 32;
+const END_BODY: usize = 8 + 16;
 const DONE_BODY: usize = 9;
 /// The longest Noise handshake message a frame carries (mpcat's are 48 bytes).
 pub const MAX_NOISE_MSG: usize = 64;
@@ -97,8 +97,8 @@ pub enum Frame<'a> {
     Data { seq: u64, payload: &'a [u8] },
     /// receiver → sender: everything below `acked` is written; send nothing past `limit`.
     Ack { acked: u64, limit: u64 },
-    /// sender → receiver: the stream is `total` bytes long and its BLAKE3 hash is `hash`.
-    End { total: u64, hash: [u8; 32] },
+    /// sender → receiver: the stream is `total` bytes long and its hash ([`StreamHasher`](crate::StreamHasher)) is `hash`.
+    End { total: u64, hash: crate::Digest },
     /// receiver → sender: all `total` bytes written, and whether the hash matched.
     Done { total: u64, ok: bool },
     /// Either way, first on a `--psk-file` connection: one message of the Noise handshake.
@@ -285,7 +285,7 @@ impl<'a> Frame<'a> {
             }
             T_END => {
                 let total = b.u64()?;
-                let hash = b.take::<32>()?;
+                let hash = b.take::<16>()?;
                 b.end()?;
                 Frame::End { total, hash }
             }
@@ -567,7 +567,7 @@ mod tests {
             },
             Frame::End {
                 total: 123_456_789,
-                hash: [0x3c; 32],
+                hash: [0x3c; 16],
             },
             Frame::Done {
                 total: 123_456_789,

@@ -1,10 +1,13 @@
 //! The receiver's reorder window: chunks arrive out of order over several connections and
 //! are held in one ring of `window` bytes until the bytes before them are in, then handed out
-//! in order. Memory is the ring and a map of the held ranges, both bounded: the sender may
-//! only send bytes below `written + window` (its credit), and the map holds at most
+//! in order (to the thread that writes them out). Memory is the ring and a map of the held
+//! ranges, both bounded: the sender may only send bytes below `released + window` (its
+//! credit, `released` being what the writer has finished with), and the map holds at most
 //! `max_gaps` ranges (a peer that sends small scattered pieces is refused, not obeyed).
 
 use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// Why a chunk cannot be taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -17,12 +20,91 @@ pub enum ReorderError {
     TooManyGaps { max: usize },
 }
 
-/// Bytes held out of order, and the offset up to which everything has been handed out.
+/// The ring's memory, shared between the [`Reorder`] (which fills it) and the [`Piece`]s
+/// handed out of it (which another thread reads): each side only ever makes slices of the
+/// bytes it owns at the time, never of the whole ring.
+#[derive(Debug)]
+struct Ring {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the ring is plain bytes; which thread may touch which bytes is kept by `Reorder`
+// (see `Piece`).
+unsafe impl Send for Ring {}
+// SAFETY: as for Send: no two threads are given overlapping byte ranges at once.
+unsafe impl Sync for Ring {}
+
+impl Ring {
+    fn new(len: usize) -> Ring {
+        // vec![0; n] is calloc: pages the sender never fills are never touched.
+        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        let ptr = NonNull::from(Box::leak(b)).cast::<u8>();
+        Ring { ptr, len }
+    }
+
+    /// Bytes `at..at + n` of the ring.
+    ///
+    /// # Safety
+    /// The range lies in the ring and no one writes to it while the slice lives.
+    unsafe fn bytes(&self, at: usize, n: usize) -> &[u8] {
+        debug_assert!(at + n <= self.len);
+        // SAFETY: in bounds of the allocation, and not written meanwhile (the caller's word).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(at), n) }
+    }
+
+    /// Bytes `at..at + n` of the ring, to fill.
+    ///
+    /// # Safety
+    /// The range lies in the ring and no one else reads or writes it while the slice lives.
+    #[expect(
+        clippy::mut_from_ref,
+        reason = "disjoint ranges, kept apart by Reorder"
+    )]
+    unsafe fn bytes_mut(&self, at: usize, n: usize) -> &mut [u8] {
+        debug_assert!(at + n <= self.len);
+        // SAFETY: in bounds of the allocation, and no other reference to it (the caller's
+        // word).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), n) }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+        // SAFETY: made by Box::leak of a boxed slice of this length in `new`, dropped once.
+        drop(unsafe { Box::from_raw(raw) });
+    }
+}
+
+/// Bytes handed out in order, to be written out (on another thread): until the writer is
+/// done with them and [`Reorder::release`]s them, the window never lends their place in the
+/// ring to later bytes (the credit ends a window past `released`), and nothing is put below
+/// what was handed out, so no one writes them meanwhile.
+#[derive(Debug)]
+pub struct Piece {
+    ring: Arc<Ring>,
+    at: usize,
+    len: usize,
+}
+
+impl Piece {
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: handed out by Reorder, which writes no byte of it until it is released,
+        // and that is after this piece is dropped (the writer releases what it wrote).
+        unsafe { self.ring.bytes(self.at, self.len) }
+    }
+}
+
+/// Bytes held out of order, and the offsets up to which everything has been handed out and
+/// written out.
 #[derive(Debug)]
 pub struct Reorder {
-    ring: Vec<u8>,
+    ring: Arc<Ring>,
     /// Everything below this offset has been handed out.
     written: u64,
+    /// Everything below this offset has been written out: its place in the ring is free.
+    released: u64,
     /// Held ranges at or above `written`: start -> end, disjoint and not touching.
     held: BTreeMap<u64, u64>,
     max_gaps: usize,
@@ -33,9 +115,9 @@ impl Reorder {
     pub fn new(window: usize, max_gaps: usize) -> Reorder {
         assert!(window > 0, "an empty window");
         Reorder {
-            // vec![0; n] is calloc: pages the sender never fills are never touched.
-            ring: vec![0; window],
+            ring: Arc::new(Ring::new(window)),
             written: 0,
+            released: 0,
             held: BTreeMap::new(),
             max_gaps: max_gaps.max(1),
         }
@@ -46,9 +128,19 @@ impl Reorder {
         self.written
     }
 
-    /// The first offset the sender may not send yet: `written + window`.
+    /// The ring's size: the most bytes beyond `released` it takes.
+    pub fn window(&self) -> u64 {
+        self.ring.len as u64
+    }
+
+    /// Everything below this offset has been written out ([released](Reorder::release)).
+    pub fn released(&self) -> u64 {
+        self.released
+    }
+
+    /// The first offset the sender may not send yet: `released + window`.
     pub fn limit(&self) -> u64 {
-        self.written + self.ring.len() as u64
+        self.released + self.ring.len as u64
     }
 
     /// Bytes held beyond `written` (received, not yet in order).
@@ -81,7 +173,7 @@ impl Reorder {
 
     /// Copies `data` (bytes from `seq`, [checked](Reorder::check)) into the ring without
     /// holding it yet. Bytes below `written` are skipped: their place in the ring belongs to
-    /// bytes a window further on, which may be held already.
+    /// bytes a window further on, or to a piece being written out.
     pub fn put(&mut self, seq: u64, data: &[u8]) {
         let skip = self.written.saturating_sub(seq).min(data.len() as u64) as usize;
         let (mut seq, mut data) = (seq + skip as u64, &data[skip..]);
@@ -104,9 +196,13 @@ impl Reorder {
             self.written,
             self.limit()
         );
-        let at = (seq % self.ring.len() as u64) as usize;
-        let n = len.min(self.ring.len() - at);
-        &mut self.ring[at..at + n]
+        let w = self.ring.len;
+        let at = (seq % w as u64) as usize;
+        let n = len.min(w - at);
+        // SAFETY: in the ring; at or above `written` and below `released + window`, so not
+        // a handed-out piece's bytes (those lie in released..written, a window apart from
+        // anything below the limit), and borrowed from `&mut self`, so no other slot.
+        unsafe { self.ring.bytes_mut(at, n) }
     }
 
     /// Holds bytes `seq .. seq + len`, already in the ring ([put](Reorder::put) or read into
@@ -144,6 +240,35 @@ impl Reorder {
         Ok(())
     }
 
+    /// Hands out the bytes ready in order from `written` (up to the ring's wrap: call again
+    /// for the rest); they count as handed out, and their place stays theirs until
+    /// [released](Reorder::release).
+    pub fn hand_out(&mut self) -> Option<Piece> {
+        let (&s, &e) = self.held.first_key_value()?;
+        if s > self.written {
+            return None;
+        }
+        let w = self.ring.len;
+        let at = (self.written % w as u64) as usize;
+        let len = ((e - self.written) as usize).min(w - at);
+        self.advance(len as u64);
+        Some(Piece {
+            ring: Arc::clone(&self.ring),
+            at,
+            len,
+        })
+    }
+
+    /// The writer is done with the next `n` handed-out bytes: their place in the ring, and
+    /// credit for the sender, are free again.
+    pub fn release(&mut self, n: u64) {
+        assert!(
+            self.released + n <= self.written,
+            "released past what was handed out"
+        );
+        self.released += n;
+    }
+
     /// The bytes ready in order from `written`, as at most two slices (the ring wraps).
     pub fn ready(&self) -> (&[u8], &[u8]) {
         let Some((&s, &e)) = self.held.first_key_value() else {
@@ -152,15 +277,24 @@ impl Reorder {
         if s > self.written {
             return (&[], &[]);
         }
-        let w = self.ring.len() as u64;
+        let w = self.ring.len as u64;
         let n = (e - self.written) as usize;
         let at = (self.written % w) as usize;
-        let first = n.min(self.ring.len() - at);
-        (&self.ring[at..at + first], &self.ring[..n - first])
+        let first = n.min(self.ring.len - at);
+        // SAFETY: held bytes at or above `written`: no piece holds them, and `&self` lends
+        // no slot meanwhile.
+        unsafe { (self.ring.bytes(at, first), self.ring.bytes(0, n - first)) }
     }
 
-    /// Marks `n` ready bytes as handed out.
+    /// Marks `n` ready bytes as handed out and written out at once (a caller that writes
+    /// them itself, from [ready](Reorder::ready)); only with no piece outstanding.
     pub fn consume(&mut self, n: u64) {
+        debug_assert_eq!(self.released, self.written, "pieces outstanding");
+        self.advance(n);
+        self.released = self.written;
+    }
+
+    fn advance(&mut self, n: u64) {
         let Some((&s, &e)) = self.held.first_key_value() else {
             return;
         };
@@ -319,6 +453,47 @@ mod tests {
         r.insert(0, b"abcd").unwrap();
         r.consume(4);
         r.slot(2, 2);
+    }
+
+    #[test]
+    fn handed_out_pieces_keep_their_place_until_released() {
+        let mut r = Reorder::new(8, 4);
+        r.insert(0, b"abcdef").unwrap();
+        let p = r.hand_out().unwrap();
+        assert_eq!(p.bytes(), b"abcdef");
+        assert_eq!((r.written(), r.released(), r.limit()), (6, 0, 8));
+        // The credit ends a window past what is written out, not what is handed out: bytes
+        // 8..14 would land on the piece.
+        assert!(r.check(8, 6).is_err());
+        r.insert(6, b"gh").unwrap();
+        let q = r.hand_out().unwrap();
+        assert_eq!(q.bytes(), b"gh");
+        assert!(r.hand_out().is_none());
+        r.release(6);
+        assert_eq!(
+            p.bytes(),
+            b"abcdef",
+            "nothing written over a piece still out"
+        );
+        drop(p);
+        assert_eq!(r.limit(), 14);
+        r.insert(8, b"ijklmn").unwrap();
+        assert_eq!(q.bytes(), b"gh");
+        drop(q);
+        r.release(2);
+        let t = r.hand_out().unwrap();
+        // 8..14 sits at 0..6 of the ring.
+        assert_eq!(t.bytes(), b"ijklmn");
+        assert_eq!(r.limit(), 16);
+    }
+
+    #[test]
+    #[should_panic(expected = "released past")]
+    fn more_than_was_handed_out_cannot_be_released() {
+        let mut r = Reorder::new(8, 4);
+        r.insert(0, b"abcd").unwrap();
+        let _p = r.hand_out();
+        r.release(5);
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub struct StreamReport {
     pub bytes: u64,
     /// The member (ECMP nexthop's or bond slave's interface) it leaves by (sending side).
     pub path: Option<String>,
+    /// The largest chunk size its adaptation chose (sending side): about 10 ms of what its
+    /// socket took, so a slow path's stays small and a fast one's grows.
+    pub chunk_max: Option<u64>,
 }
 
 /// A connection of the session that failed before the end.
@@ -76,7 +79,7 @@ pub struct ReverseReport {
     pub bytes: u64,
     /// Its length from its end frame, once known.
     pub total: Option<u64>,
-    /// "blake3:<hex>" of it, once known.
+    /// "xxh3-128:<hex>" of it, once known.
     pub hash: Option<String>,
     /// Every byte arrived and the connecting side's hash matched the listener's.
     pub verified: bool,
@@ -119,7 +122,7 @@ pub struct MpcatReport {
     /// Bytes sent again because the connection that carried them failed (send; 0 on the
     /// receiving side).
     pub resent_bytes: u64,
-    /// "blake3:<hex>" of the whole stream, once known.
+    /// "xxh3-128:<hex>" of the whole stream, once known.
     pub hash: Option<String>,
     /// Every byte arrived and the receiver's hash matched the sender's.
     pub verified: bool,
@@ -193,8 +196,11 @@ impl Report for MpcatReport {
                 .path
                 .as_ref()
                 .map_or_else(String::new, |p| format!(" via {p}"));
+            let chunks = t
+                .chunk_max
+                .map_or_else(String::new, |c| format!("  chunks up to {} KiB", c >> 10));
             s.push_str(&format!(
-                "  stream {:>3}  {} -> {}{via}  {} bytes  {:.1} %\n",
+                "  stream {:>3}  {} -> {}{via}  {} bytes  {:.1} %{chunks}\n",
                 t.index, t.local, t.peer, t.bytes, share
             ));
         }
@@ -288,6 +294,7 @@ mod tests {
                     peer: "198.19.0.1:40000".into(),
                     bytes: 1 << 20,
                     path: None,
+                    chunk_max: None,
                 },
                 StreamReport {
                     index: 1,
@@ -295,13 +302,14 @@ mod tests {
                     peer: "198.19.0.1:40001".into(),
                     bytes: 2 << 20,
                     path: None,
+                    chunk_max: None,
                 },
             ],
             egress: None,
             path_failures: vec![],
             reconnects: 0,
             resent_bytes: 0,
-            hash: Some("blake3:00ff".into()),
+            hash: Some("xxh3-128:00ff".into()),
             verified: true,
             connections: ConnCounts {
                 wrong_token: 2,
@@ -321,7 +329,7 @@ mod tests {
             "mpcat: received 3145728 bytes (3.0 MiB) in 1.50 s, 2.00 MiB/s, over 2 streams on [::]:31337\n\
              \x20 stream   0  198.19.0.2:31337 -> 198.19.0.1:40000  1048576 bytes  33.3 %\n\
              \x20 stream   1  198.19.0.2:31337 -> 198.19.0.1:40001  2097152 bytes  66.7 %\n\
-             blake3:00ff: verified\n\
+             xxh3-128:00ff: verified\n\
              refused: 2 wrong token, 0 wrong key, 0 bad handshake, 0 handshake timeout, 0 over the cap, 0 accept errors\n"
         );
         let mut r = sample();
@@ -337,7 +345,7 @@ mod tests {
             "  stream   1  198.19.0.2:31337 -> 198.19.0.1:40001  2097152 bytes  66.7 %\n\
              \x20 path failed: stream 1 198.19.0.2:31337 -> 198.19.0.1:40001 at 2.3 s: read: Connection timed out\n\
              \x20 1 path failures, 1 reconnects, 0 bytes re-sent\n\
-             blake3:00ff: verified\n"
+             xxh3-128:00ff: verified\n"
         ), "{}", r.human());
         let mut r = sample();
         r.role = Role::Send;

@@ -139,11 +139,33 @@ fn chunk_size(rate: f64, lo: usize, hi: usize, window: u64, streams: usize) -> u
     want.next_power_of_two().min(share).clamp(lo, hi)
 }
 
+/// Largest chunks read but not yet handed to a connection, beyond one per connection. Read
+/// no further ahead than this, a chunk leaves while it is still in the CPU's cache from its
+/// read and hash; read as far ahead as the window allowed (64 MiB), each left from memory,
+/// and every one of the 64 blocks was a fresh allocation's page faults: on one veth the
+/// sender's socket copy read cold bytes (the whole pipeline then ran at 60-70 % of socat).
+/// Only for one connection ([`read_ahead`]).
+const READ_AHEAD: usize = 2;
+
+/// Bytes the loop holds unsent. One connection: [`READ_AHEAD`] largest chunks beyond its
+/// own. Several: as far as the window allows, as before the bound, since over 4 x 200 Mbit/s
+/// links under other builds' load the bound (6 MiB there) went with 84.5-94.0 MB/s in 6
+/// runs against the bench's ceiling of 90.3-94.6 beside them, and the builds before it held
+/// 93.4-94.6; whether the bound was the cause is not shown, and there it buys nothing (the
+/// slow links hold chunks for long anyway).
+fn read_ahead(hi: usize, conns: usize, window: u64) -> usize {
+    if conns > 1 {
+        window.min(usize::MAX as u64) as usize
+    } else {
+        hi * (conns + READ_AHEAD)
+    }
+}
+
 /// What the reader thread hands the loop.
 #[derive(Debug)]
 enum FromReader {
     Chunk(Chunk),
-    End { total: u64, hash: [u8; 32] },
+    End { total: u64, hash: crate::Digest },
     Failed(Error),
 }
 
@@ -168,8 +190,10 @@ struct Conn {
     bytes: u64,
     /// A reconnection is being tried (on its own thread).
     reconnecting: bool,
-    /// The size of the chunks it takes now (adapted each [`RATE_TICK`]).
+    /// The size of the chunks it takes now (adapted each [`RATE_TICK`]), and the largest it
+    /// has been.
     size: usize,
+    size_max: usize,
     /// Bytes a second it took lately (0: not measured yet), and `bytes` when last measured.
     rate: f64,
     bytes_then: u64,
@@ -602,7 +626,7 @@ fn reader(
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = crate::StreamHasher::new();
     let mut made = 0usize;
     let mut seq = 0u64;
     let send = |m: FromReader| {
@@ -686,7 +710,7 @@ fn reader(
         if eof {
             send(FromReader::End {
                 total: seq,
-                hash: *hasher.finalize().as_bytes(),
+                hash: hasher.finish(),
             });
             return;
         }
@@ -700,7 +724,7 @@ struct Flow {
     /// The receiver's credit: nothing at or past this offset may be sent.
     limit: u64,
     acked: u64,
-    end: Option<(u64, [u8; 32])>,
+    end: Option<(u64, crate::Digest)>,
     /// The connection the end frame went out on.
     end_sent: Option<usize>,
     /// The receiver's verdict.
@@ -931,6 +955,7 @@ pub fn run(
             bytes: 0,
             reconnecting: false,
             size: cfg.chunk_min as usize,
+            size_max: cfg.chunk_min as usize,
             rate: 0.0,
             bytes_then: 0,
             next_try: start,
@@ -949,7 +974,8 @@ pub fn run(
     // Chunks alive at once: the window's worth, one more per stream being written, and a
     // few read ahead.
     let pool = (window / chunk as u64).min(1 << 16) as usize + conns.len() + 4;
-    let (tx, rx) = mpsc::sync_channel(pool);
+    // The reader waits (a full channel) while the loop holds its read-ahead: see READ_AHEAD.
+    let (tx, rx) = mpsc::sync_channel(2);
     let (back_tx, back_rx) = mpsc::channel();
     let reader_stop = Arc::new(AtomicBool::new(false));
     let rthread = {
@@ -1056,13 +1082,16 @@ pub fn run(
                 peer: c.peer.to_string(),
                 bytes: c.bytes,
                 path: c.path.clone(),
+                chunk_max: Some(c.size_max as u64),
             })
             .collect(),
         egress,
         path_failures: flow.failures,
         reconnects: flow.reconnects,
         resent_bytes: flow.resent,
-        hash: flow.end.map(|(_, h)| format!("blake3:{}", hex(&h))),
+        hash: flow
+            .end
+            .map(|(_, h)| format!("{}:{}", crate::HASH_NAME, hex(&h))),
         verified,
         connections: ConnCounts::default(),
         sessions: 1,
@@ -1206,21 +1235,8 @@ fn event_loop(
                 flow.acked
             ));
         }
-        // Take what the reader has.
-        loop {
-            match rx.try_recv() {
-                Ok(FromReader::Chunk(c)) => flow.unsent.push_back(c),
-                Ok(FromReader::End { total, hash }) => flow.end = Some((total, hash)),
-                Ok(FromReader::Failed(e)) => return Err(tcpkit_stats::chain(&e)),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    if flow.end.is_none() {
-                        return Err("the input reader stopped".into());
-                    }
-                    break;
-                }
-            }
-        }
+        let ahead = read_ahead(flow.hi, conns.len(), flow.window);
+        let mut held_back = take(rx, flow, ahead)?;
         // Streams that came back.
         while let Ok((i, r)) = conn_rx.try_recv() {
             let c = &mut conns[i];
@@ -1265,6 +1281,12 @@ fn event_loop(
             reconnect(ctx, conns);
         }
         fill(poll, conns, flow, &mut rr);
+        // The reader waits on a full channel, which no event announces: while the sockets
+        // take what was held back, take more at once rather than at the next event.
+        while held_back && unsent_bytes(flow) < ahead {
+            held_back = take(rx, flow, ahead)?;
+            fill(poll, conns, flow, &mut rr);
+        }
         adapt(conns, flow);
         live.bytes.store(flow.acked, Ordering::Relaxed);
         for (i, c) in conns.iter().enumerate() {
@@ -1317,6 +1339,34 @@ fn event_loop(
     }
 }
 
+fn unsent_bytes(flow: &Flow) -> usize {
+    flow.unsent.iter().map(|c| c.len).sum()
+}
+
+/// Takes what the reader has until `ahead` bytes are unsent; true when it stopped there
+/// (the reader may have more).
+fn take(rx: &Receiver<FromReader>, flow: &mut Flow, ahead: usize) -> Result<bool, String> {
+    let mut unsent = unsent_bytes(flow);
+    while unsent < ahead {
+        match rx.try_recv() {
+            Ok(FromReader::Chunk(c)) => {
+                unsent += c.len;
+                flow.unsent.push_back(c);
+            }
+            Ok(FromReader::End { total, hash }) => flow.end = Some((total, hash)),
+            Ok(FromReader::Failed(e)) => return Err(tcpkit_stats::chain(&e)),
+            Err(TryRecvError::Empty) => return Ok(false),
+            Err(TryRecvError::Disconnected) => {
+                if flow.end.is_none() {
+                    return Err("the input reader stopped".into());
+                }
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
 /// Each [`RATE_TICK`]: measures what each connection took since the last, and sets its chunk
 /// size from that ([`chunk_size`]).
 fn adapt(conns: &mut [Conn], flow: &mut Flow) {
@@ -1331,6 +1381,7 @@ fn adapt(conns: &mut [Conn], flow: &mut Flow) {
         c.bytes_then = c.bytes;
         c.rate = if c.rate == 0.0 { r } else { (c.rate + r) / 2.0 };
         c.size = chunk_size(c.rate, flow.lo, flow.hi, flow.window, up);
+        c.size_max = c.size_max.max(c.size);
     }
 }
 

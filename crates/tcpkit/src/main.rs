@@ -57,7 +57,7 @@ enum Cmd {
     Intercept(intercept::Args),
     /// One byte stream over several TCP connections, so every link of a bond or an ECMP
     /// route carries part of it (netcat striped, MPNC's job): `-l -p PORT` receives, `HOST
-    /// PORT` sends; reordered within --window, verified with BLAKE3 end to end. Duplex as
+    /// PORT` sends; reordered within --window, verified with XXH3-128 end to end. Duplex as
     /// nc: the listener's stdin (or -i) goes back to the connecting side's stdout (or -o),
     /// verified too; an end of input always gives the peer EOF, and the connecting side waits
     /// for the listener's stream only with -N (until it ends) or -q SECS (at most SECS).

@@ -93,7 +93,8 @@ pub struct Args {
     pub output: Option<PathBuf>,
 
     /// Bytes the receiver holds to put chunks back in order (64M, 1G); the sender never
-    /// sends further ahead than this (receiving side).
+    /// sends further ahead than this (receiving side). A session of one stream, whose bytes
+    /// arrive in order, holds at most 16M of it.
     #[arg(long, value_name = "SIZE", value_parser = common::size_arg)]
     pub window: Option<u64>,
 

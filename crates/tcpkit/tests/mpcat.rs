@@ -604,7 +604,7 @@ fn mpcat_receiver_fails_on_a_hash_mismatch() {
             .emit_vec(&mut buf);
         }
         // The hash of other bytes.
-        let hash = *blake3::hash(b"something else").as_bytes();
+        let hash = tcpkit_mpcat::stream_hash(b"something else");
         Frame::End {
             total: data.len() as u64,
             hash,
@@ -939,6 +939,96 @@ fn mpcat_uses_unequal_links_at_their_sum() {
         "{:.2} MB/s of {:.2}",
         rate / 1e6,
         sum / 1e6
+    );
+}
+
+/// Issue 12, adaptive chunk size: each stream's chunk is about 10 ms of what its socket took
+/// lately, so over a 5 Mbit/s link and a 400 Mbit/s one the slow link's stream keeps the
+/// smallest chunk (64K: 10 ms there is 6 kB; even the first 100 ms, when the socket and the
+/// tbf queue fill, measure well under the 6.5 MB/s that 128K would take: at 10 Mbit/s with a
+/// 200 kB burst they once did) and the fast one's grows (10 ms at 50 MB/s is 500 kB: 512K; at
+/// a quarter of that rate still 128K and more).
+#[test]
+fn mpcat_chunk_size_follows_each_links_rate() {
+    let (mut lab, a, b, links) =
+        Lab::multipath("mpcchunk", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    const RATES: [(u64, &str); 2] = [(5, "64000"), (400, "200000")];
+    for (l, (r, burst)) in links.iter().zip(RATES) {
+        a.run(&[
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            &l.a.name,
+            "root",
+            "tbf",
+            "rate",
+            &format!("{r}mbit"),
+            "burst",
+            burst,
+            "latency",
+            "100ms",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    const SIZE: u64 = 64 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--quiet"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                "--json",
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 60);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let j = json_of(&tx);
+    let streams = j["streams"].as_array().unwrap();
+    assert_eq!(streams.len(), 2, "{j}");
+    let mut chunk = [0u64; 2];
+    for s in streams {
+        let path = s["path"].as_str().unwrap_or_else(|| panic!("{s}"));
+        let k = links
+            .iter()
+            .position(|l| l.a.name == path)
+            .unwrap_or_else(|| panic!("{path} is no link: {j}"));
+        chunk[k] = s["chunk_max"].as_u64().unwrap_or_else(|| panic!("{s}"));
+    }
+    eprintln!(
+        "chunk sizes: {} KiB on the 5 Mbit/s link, {} KiB on the 400 Mbit/s link",
+        chunk[0] >> 10,
+        chunk[1] >> 10
+    );
+    // 64K is what the slow link's stream should keep; 128K would be one overestimated first
+    // measure, still a quarter of the fast link's at most.
+    assert!(chunk[0] <= 128 << 10, "the slow link's chunks grew: {j}");
+    assert!(
+        chunk[1] >= (256 << 10).max(4 * chunk[0]),
+        "the fast link's chunks did not grow past the slow one's: {j}"
     );
 }
 
