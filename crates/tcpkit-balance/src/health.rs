@@ -9,8 +9,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -410,7 +409,7 @@ pub fn drain_backend(
 #[derive(Debug)]
 pub struct Health {
     state: State,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
     threads: Vec<JoinHandle<()>>,
     /// The first error met swapping a set in the kernel, if any.
     error: Arc<Mutex<Option<String>>>,
@@ -418,6 +417,42 @@ pub struct Health {
 
 pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The probers' stop signal. They sleep on it between probes rather than in short naps, so
+/// an idle balancer does not wake 50 times a second per backend (its CPU shows in the
+/// machine's busy time beside every application it balances), and still stops at once.
+#[derive(Debug, Default)]
+struct Stop {
+    stopped: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Stop {
+    fn is_set(&self) -> bool {
+        *lock(&self.stopped)
+    }
+
+    fn set(&self) {
+        *lock(&self.stopped) = true;
+        self.cv.notify_all();
+    }
+
+    /// Sleeps until `until` or the stop, whichever comes first.
+    fn sleep_until(&self, until: Instant) {
+        let mut stopped = lock(&self.stopped);
+        while !*stopped {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            stopped = self
+                .cv
+                .wait_timeout(stopped, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
 }
 
 impl Health {
@@ -432,7 +467,7 @@ impl Health {
         state: State,
         drain: Option<DrainKill>,
     ) -> Health {
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(Stop::default());
         let error = Arc::new(Mutex::new(None));
         let mut threads = Vec::new();
         for (si, s) in services.iter().enumerate() {
@@ -453,7 +488,7 @@ impl Health {
                     .spawn(move || {
                         let start = Instant::now();
                         let mut k: u32 = 0;
-                        while !stop.load(Ordering::Relaxed) {
+                        while !stop.is_set() {
                             let result = probe(addr, &o.probe, o.timeout);
                             let mut st = lock(&state);
                             let mut went_down = false;
@@ -480,14 +515,7 @@ impl Health {
                             }
                             // Absolute schedule: start + k * interval.
                             k += 1;
-                            let next = start + o.interval * k;
-                            while !stop.load(Ordering::Relaxed) {
-                                let now = Instant::now();
-                                if now >= next {
-                                    break;
-                                }
-                                std::thread::sleep((next - now).min(Duration::from_millis(20)));
-                            }
+                            stop.sleep_until(start + o.interval * k);
                         }
                     });
                 if let Ok(t) = t {
@@ -505,7 +533,7 @@ impl Health {
 
     /// Stops the probers (each ends within its probe timeout) and returns the states.
     pub fn stop(self) -> (Vec<Vec<BackendHealth>>, Option<String>) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.set();
         for t in self.threads {
             let _ = t.join();
         }
@@ -518,6 +546,27 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prober_sleeps_until_its_next_probe_or_the_stop_whichever_is_first() {
+        let stop = Arc::new(Stop::default());
+        let t = Instant::now();
+        stop.sleep_until(t + Duration::from_millis(30));
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        // Stopped from another thread an hour before the next probe: wakes at once.
+        let s = Arc::clone(&stop);
+        let waker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            s.set();
+        });
+        let t = Instant::now();
+        stop.sleep_until(t + Duration::from_secs(3600));
+        assert!(stop.is_set());
+        assert!(t.elapsed() < Duration::from_secs(3000));
+        waker.join().unwrap();
+        // And a stopped signal never sleeps again.
+        stop.sleep_until(Instant::now() + Duration::from_secs(3600));
+    }
 
     #[test]
     fn falls_after_fall_failures_and_rises_after_rise_successes() {

@@ -3,6 +3,7 @@
 //! balanced), waited for, and everything removed when it ends.
 
 use std::ffi::{CString, OsString};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
@@ -139,6 +140,16 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
     let start = Instant::now();
     let mut child = cmd.spawn().map_err(|e| RunError::Spawn(argv0.clone(), e))?;
     let pid = child.id();
+    // The child's end wakes us through a pidfd (Linux 5.3); the timeout only bounds how soon
+    // a signal of ours is passed on. Polling try_wait every 5 ms woke this process 200 times
+    // a second, CPU that showed in the machine's busy time beside the balanced command's.
+    // SAFETY: pidfd_open(2) on our own child, not yet reaped; the descriptor is owned below.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    let pidfd = i32::try_from(pidfd)
+        .ok()
+        .filter(|fd| *fd >= 0)
+        // SAFETY: a descriptor pidfd_open just gave us and nothing else owns.
+        .map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
     let mut forwarded: Option<Instant> = None;
     let status = loop {
         match child.try_wait() {
@@ -159,7 +170,18 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
                 Some(_) => {}
             }
         }
-        std::thread::sleep(Duration::from_millis(5));
+        match &pidfd {
+            Some(fd) => {
+                let mut p = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd on the stack for the call's duration.
+                unsafe { libc::poll(&mut p, 1, 100) };
+            }
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
     };
     let elapsed = start.elapsed();
     if let Some(t) = tracer {
