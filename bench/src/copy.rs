@@ -725,6 +725,7 @@ pub fn copy(args: &[String]) -> Result<()> {
         intercept_on_target: format!("{TARGET}:{INTERCEPT_PORT}"),
     };
     let mut rows = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
     for mode in [Mode::Relay, Mode::Transparent, Mode::OnTarget] {
         if only.as_ref().is_some_and(|o| o.mode != Some(mode)) {
             continue;
@@ -767,14 +768,23 @@ pub fn copy(args: &[String]) -> Result<()> {
                         "keep-alive"
                     }
                 );
-                rows.push(scenario(
-                    &env,
-                    &mut lab,
-                    rate,
-                    new_conn,
-                    mode,
-                    intercept.as_ref(),
-                )?);
+                // A failed row is told in the results beside the others, and fails the bench
+                // at its end: one row should not hide every figure after it.
+                match scenario(&env, &mut lab, rate, new_conn, mode, intercept.as_ref()) {
+                    Ok(r) => rows.push(r),
+                    Err(e) => {
+                        let what = format!(
+                            "{mode:?}, {}, {rate} req/s",
+                            if new_conn {
+                                "new connection per request"
+                            } else {
+                                "keep-alive"
+                            }
+                        );
+                        eprintln!("  FAILED: {what}: {e:#}");
+                        failed.push(format!("{what}: {e:#}"));
+                    }
+                }
             }
         }
         // SIGTERM: an on-target intercept removes its rule on the way out.
@@ -840,6 +850,13 @@ pub fn copy(args: &[String]) -> Result<()> {
          | tcpcopy 1.3 + intercept (issue text) | new connection per request, ab -c10/-c50 | | | 6–12 % | | | | | | | | |\n\
          | tcpcopy (its README) | 2 × 2.18k req/s → one target | | | 0.0375 % | ~9 % | | | | | | | |\n",
     );
+    if !failed.is_empty() {
+        t.push_str("\n**Rows that failed** (not in the table above):\n\n");
+        for f in &failed {
+            // The reports are JSON on several lines: one list item each.
+            t.push_str(&format!("- {}\n", f.replace('\n', " ")));
+        }
+    }
     println!("{t}");
     let cmd = "cargo run --release -p tcpkit-bench -- copy";
     let date = crate::today();
@@ -884,5 +901,9 @@ pub fn copy(args: &[String]) -> Result<()> {
         &md,
         started,
         only.is_some().then_some("--only"),
-    )
+    )?;
+    if !failed.is_empty() {
+        bail!("{} of the rows failed (see the table's end)", failed.len());
+    }
+    Ok(())
 }

@@ -16,7 +16,8 @@
 //!   it has accepted, and a join that arrives after that is refused: in trial runs here the
 //!   socat transfer kept its one subflow in 3 of 4;
 //! - the same 4 links shaped 300/200/100/50 Mbit/s (target: mpcat at ≥ 90 % of the sum);
-//! - one unshaped veth (`Lab::pair`): mpcat (one stream on a plain route) vs one socat stream.
+//! - one unshaped veth, as the lab makes links (offloads off) and as the kernel makes a veth
+//!   (TSO/GSO on), 7 runs each: mpcat (one stream on a plain route) vs one socat stream.
 //!
 //! Rates are bytes received over the wall time from the sender's start to the receiver's exit.
 //! Each link's share is its sender-side tx byte counter over the run. The mpcat receiver runs
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Link, Proc, Tbf, MULTIPATH_B4};
+use tcpkit_lab::{Host, Lab, Link, LinkOpts, Proc, Tbf, MULTIPATH_B4};
 
 const PORT: u16 = 5201;
 /// mpcat's default --window.
@@ -672,9 +673,103 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     drop(env);
     lab.close()?;
 
-    // One unshaped veth.
-    eprintln!("one unshaped veth ...");
-    let (mut lab, a, b, link) = Lab::pair("bmpv")?;
+    // One unshaped veth, twice: as the lab makes links (offloads off, so every segment is a
+    // packet the stacks handle one by one) and as the kernel makes a veth (TSO/GSO on).
+    // Transfers take about a second here, so more runs than the shaped labs' for the medians.
+    let veth_runs = if quick { 1 } else { 7 };
+    let mut veths = Vec::new();
+    for (tag, offloads) in [("bmpv", false), ("bmpo", true)] {
+        eprintln!(
+            "one unshaped veth, offloads {} ...",
+            if offloads { "on" } else { "off" }
+        );
+        let ve = veth(tag, offloads, tk, size, veth_runs)?;
+        rss.extend(ve[1].iter().filter_map(|x| x.rss_kb));
+        let socat_med = median(&ve[0].iter().map(Xfer::mbs).collect::<Vec<_>>());
+        let mpcat_med = median(&ve[1].iter().map(Xfer::mbs).collect::<Vec<_>>());
+        let _ = writeln!(
+            t,
+            "\n**one unshaped veth, {}; {veth_runs} runs each**\n\n{head}",
+            if offloads {
+                "offloads as the kernel sets them (TSO/GSO on)"
+            } else {
+                "offloads off as the lab's links (TSO/GSO/GRO off)"
+            }
+        );
+        rows(&mut t, &[Tool::Socat, Tool::Mpcat], &ve, None);
+        veths.push((offloads, socat_med, mpcat_med));
+    }
+    let mut veth_rows = String::new();
+    for (offloads, socat_med, mpcat_med) in veths {
+        let _ = writeln!(
+            veth_rows,
+            "| mpcat within 10 % of one socat stream on one unshaped veth, offloads {} (medians) | {mpcat_med:.0} vs {socat_med:.0} MB/s ({:+.1} %) | {} |",
+            if offloads { "on" } else { "off" },
+            (mpcat_med / socat_med - 1.0) * 100.0,
+            met(mpcat_med >= 0.9 * socat_med),
+        );
+    }
+    let peak = rss.iter().copied().max().unwrap_or(0) as f64 * 1024.0 / MB;
+    let budget = (WINDOW as f64 + 16e6) / MB;
+    let _ = writeln!(
+        t,
+        "\n| target | measured | |\n|---|---|---|\n\
+         | mpcat ≥ 93 MB/s in every run on 4 × 200 Mbit/s | min {:.1} MB/s | {} |\n\
+         | mpcat ≥ 90 % of the sum on 300/200/100/50 Mbit/s | min {:.1} of {:.1} MB/s ({:.0} %) | {} |\n\
+{veth_rows}         | mpcat receiver peak RSS ≤ window (64 MiB) + 16 MB | {peak:.1} MB of {budget:.1} (max over every mpcat run) | {} |",
+        min(&eq[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()),
+        met(min(&eq[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) >= 93.0),
+        min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()),
+        sum_mbs,
+        min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) * 100.0 / sum_mbs,
+        met(min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) >= want),
+        met(peak > 0.0 && peak <= budget),
+    );
+    println!("{t}");
+
+    let cmd = format!(
+        "cargo run --release -p tcpkit-bench -- mpcat{}",
+        if quick { " --quick" } else { "" }
+    );
+    let date = crate::today();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let md = format!(
+        "# tcpkit mpcat vs one TCP stream, iperf3 -P 4 and MPTCP — {date}\n\n\
+         Command: `{cmd}` (from the workspace root, as root)\n\n\
+         Machine: Linux {}, {cpus} CPUs shared with other work; load average at start: {}; whole bench took {:.0} s.\n\
+         Lab: `Lab::multipath` (hosts a → b, ECMP routes to b's {MULTIPATH_B4} hashed on the L4 tuple; tbf on both ends of\n\
+         each veth, 64 kB burst, 100 ms latency) and one veth between two fresh hosts for the unshaped runs. Every transfer is a random file\n\
+         received into a file whose SHA-256 was compared with the input's (iperf3: its own bytes, counted by its server).\n\
+         MB/s = bytes received / wall time from the sender's start to the receiver's exit (MB = 10^6 bytes). Link shares\n\
+         are each link's sender-side tx bytes over the run, in link order. MPTCP: `mptcpize run iperf3` on both ends, limits\n\
+         subflow 8 / add_addr_accepted 8 in both hosts, one `subflow` endpoint per link (bound to its device) on the sender;\n\
+         subflows per connection = 1 + the receiver's MPJoinAckRx / MPCapableACKRX. The ceiling: 4 `iperf3 -B <link i's a>\n\
+         -c <link i's b>` at once, {:.0} MB in all, split in proportion to the links' rates. Tools interleaved run by run.\n\
+         The mpcat receiver's peak RSS is GNU time's %M.\n\n\
+         {t}\n",
+        kernel.trim(),
+        loadavg.trim(),
+        started.elapsed().as_secs_f64(),
+        size as f64 / MB,
+    );
+    crate::write_results("mpcat", &date, &md, started, quick.then_some("--quick"))
+}
+
+/// Runs socat and mpcat `runs` times each, interleaved, over one unshaped veth between two
+/// fresh hosts, with the lab's offloads (off) or the kernel's (`offloads`).
+fn veth(tag: &str, offloads: bool, tk: &str, size: u64, runs: usize) -> Result<Vec<Vec<Xfer>>> {
+    let mut lab = Lab::new(tag)?;
+    let a = lab.host("a")?;
+    let b = lab.host("b")?;
+    let link = lab.link(
+        &a,
+        &b,
+        &LinkOpts {
+            offloads,
+            ..LinkOpts::pair()
+        },
+    )?;
     let input = lab.dir().join("in.bin");
     random_file(&input, size)?;
     let sha = sha256(&input)?;
@@ -696,62 +791,8 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         sha: &sha,
         rates: vec![1],
     };
-    let two = [Tool::Socat, Tool::Mpcat];
-    let ve = scenario(&env, &mut lab, &two, runs)?;
-    rss.extend(ve[1].iter().filter_map(|x| x.rss_kb));
-    let socat_med = median(&ve[0].iter().map(Xfer::mbs).collect::<Vec<_>>());
-    let mpcat_med = median(&ve[1].iter().map(Xfer::mbs).collect::<Vec<_>>());
-    let _ = writeln!(t, "\n**one unshaped veth (no tbf)**\n\n{head}");
-    rows(&mut t, &two, &ve, None);
+    let ve = scenario(&env, &mut lab, &[Tool::Socat, Tool::Mpcat], runs)?;
     drop(env);
     lab.close()?;
-
-    let peak = rss.iter().copied().max().unwrap_or(0) as f64 * 1024.0 / MB;
-    let budget = (WINDOW as f64 + 16e6) / MB;
-    let _ = writeln!(
-        t,
-        "\n| target | measured | |\n|---|---|---|\n\
-         | mpcat ≥ 93 MB/s in every run on 4 × 200 Mbit/s | min {:.1} MB/s | {} |\n\
-         | mpcat ≥ 90 % of the sum on 300/200/100/50 Mbit/s | min {:.1} of {:.1} MB/s ({:.0} %) | {} |\n\
-         | mpcat within 10 % of one socat stream on one unshaped veth (medians) | {mpcat_med:.0} vs {socat_med:.0} MB/s ({:+.1} %) | {} |\n\
-         | mpcat receiver peak RSS ≤ window (64 MiB) + 16 MB | {peak:.1} MB of {budget:.1} (max over every mpcat run) | {} |",
-        min(&eq[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()),
-        met(min(&eq[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) >= 93.0),
-        min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()),
-        sum_mbs,
-        min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) * 100.0 / sum_mbs,
-        met(min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) >= want),
-        (mpcat_med / socat_med - 1.0) * 100.0,
-        met(mpcat_med >= 0.9 * socat_med),
-        met(peak > 0.0 && peak <= budget),
-    );
-    println!("{t}");
-
-    let cmd = format!(
-        "cargo run --release -p tcpkit-bench -- mpcat{}",
-        if quick { " --quick" } else { "" }
-    );
-    let date = crate::today();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let md = format!(
-        "# tcpkit mpcat vs one TCP stream, iperf3 -P 4 and MPTCP — {date}\n\n\
-         Command: `{cmd}` (from the workspace root, as root)\n\n\
-         Machine: Linux {}, {cpus} CPUs shared with other work; load average at start: {}; whole bench took {:.0} s.\n\
-         Lab: `Lab::multipath` (hosts a → b, ECMP routes to b's {MULTIPATH_B4} hashed on the L4 tuple; tbf on both ends of\n\
-         each veth, 64 kB burst, 100 ms latency) and `Lab::pair` for the unshaped veth. Every transfer is a random file\n\
-         received into a file whose SHA-256 was compared with the input's (iperf3: its own bytes, counted by its server).\n\
-         MB/s = bytes received / wall time from the sender's start to the receiver's exit (MB = 10^6 bytes). Link shares\n\
-         are each link's sender-side tx bytes over the run, in link order. MPTCP: `mptcpize run iperf3` on both ends, limits\n\
-         subflow 8 / add_addr_accepted 8 in both hosts, one `subflow` endpoint per link (bound to its device) on the sender;\n\
-         subflows per connection = 1 + the receiver's MPJoinAckRx / MPCapableACKRX. The ceiling: 4 `iperf3 -B <link i's a>\n\
-         -c <link i's b>` at once, {:.0} MB in all, split in proportion to the links' rates. Tools interleaved run by run.\n\
-         The mpcat receiver's peak RSS is GNU time's %M.\n\n\
-         {t}\n",
-        kernel.trim(),
-        loadavg.trim(),
-        started.elapsed().as_secs_f64(),
-        size as f64 / MB,
-    );
-    crate::write_results("mpcat", &date, &md, started, quick.then_some("--quick"))
+    Ok(ve)
 }
