@@ -716,7 +716,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         "\n| target | measured | |\n|---|---|---|\n\
          | mpcat ≥ 93 MB/s in every run on 4 × 200 Mbit/s | min {:.1} MB/s | {} |\n\
          | mpcat ≥ 90 % of the sum on 300/200/100/50 Mbit/s | min {:.1} of {:.1} MB/s ({:.0} %) | {} |\n\
-{veth_rows}         | mpcat receiver peak RSS ≤ window (64 MiB) + 16 MB | {peak:.1} MB of {budget:.1} (max over every mpcat run) | {} |",
+{veth_rows}| mpcat receiver peak RSS ≤ window (64 MiB) + 16 MB | {peak:.1} MB of {budget:.1} (max over every mpcat run) | {} |",
         min(&eq[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()),
         met(min(&eq[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) >= 93.0),
         min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()),
