@@ -13,6 +13,7 @@
 
 #define ECONNREFUSED 111
 #define WRITE_ONCE_U64(x, v) (*(volatile __u64 *)&(x) = (v))
+#define READ_ONCE_U64(x) (*(volatile __u64 *)&(x))
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
@@ -345,8 +346,15 @@ int tk_getpeername4(struct bpf_sock_addr *ctx)
 		count(COUNTER_STALE);
 		return 1;
 	}
-	ctx->user_ip4 = r->vip[0];
-	ctx->user_port = r->vport;
+	__u32 vip = r->vip[0];
+	__u32 vport = r->vport;
+	/* rev_put clears the cookie before it rewrites a reused slot: read again after the
+	 * copy, so a slot taken by a new socket meanwhile never lends this one its VIP. */
+	asm volatile("" ::: "memory");
+	if (READ_ONCE_U64(r->cookie) != cookie)
+		return 1;
+	ctx->user_ip4 = vip;
+	ctx->user_port = vport;
 	count(COUNTER_REVNAT);
 	return 1;
 }
@@ -365,11 +373,16 @@ int tk_getpeername6(struct bpf_sock_addr *ctx)
 		count(COUNTER_STALE);
 		return 1;
 	}
-	ctx->user_ip6[0] = r->vip[0];
-	ctx->user_ip6[1] = r->vip[1];
-	ctx->user_ip6[2] = r->vip[2];
-	ctx->user_ip6[3] = r->vip[3];
-	ctx->user_port = r->vport;
+	__u32 vip[4] = { r->vip[0], r->vip[1], r->vip[2], r->vip[3] };
+	__u32 vport = r->vport;
+	asm volatile("" ::: "memory");
+	if (READ_ONCE_U64(r->cookie) != cookie)
+		return 1;
+	ctx->user_ip6[0] = vip[0];
+	ctx->user_ip6[1] = vip[1];
+	ctx->user_ip6[2] = vip[2];
+	ctx->user_ip6[3] = vip[3];
+	ctx->user_port = vport;
 	count(COUNTER_REVNAT);
 	return 1;
 }
