@@ -332,10 +332,10 @@ fn load(env: &Env, rate: u32, new_conn: bool) -> Result<Load> {
 }
 
 /// `tcpkit copy` on the online host until `secs`; returns once its capture is up.
-fn start_copy(env: &Env, secs: f64, mode: Mode) -> Result<Child> {
+fn start_copy(env: &Env, bin: &Path, secs: f64, mode: Mode) -> Result<Child> {
     let rule = format!("8080-{TARGET}:8080");
     let d = secs.to_string();
-    let tk = env.tcpkit.to_str().unwrap_or_default();
+    let tk = bin.to_str().unwrap_or_default();
     let mut argv = vec![
         tk,
         "copy",
@@ -387,23 +387,41 @@ struct Row {
     wire: [Option<(f64, f64)>; 2],
     /// Transparent mode: intercept's CPU (% of a core) while copying, and its peak RSS (MB).
     intercept: Option<(f64, f64)>,
+    /// Copies still open when the copy's drain ended.
+    open_at_end: u64,
+    /// The copy failed its run (exit 1: loss over --max-loss): why, as it said.
+    error: Option<String>,
 }
 
 /// Waits for a copy and returns its JSON report.
 fn copy_report(copy: Child) -> Result<serde_json::Value> {
+    match copy_report_kept(copy)? {
+        (_, Some(why)) => bail!("{why}"),
+        (r, None) => Ok(r),
+    }
+}
+
+/// Waits for a copy and returns its JSON report, and why the copy failed (exit 1) when it
+/// did: a failed run's report still holds its figures, which an A/B row shows for both builds.
+fn copy_report_kept(copy: Child) -> Result<(serde_json::Value, Option<String>)> {
     let o = copy.wait_with_output().context("wait for tcpkit copy")?;
     if !o.status.success() {
         // The report says where the copies stood (sessions, transparent mode's counters).
         let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        bail!(
+        let why = format!(
             "tcpkit copy: {}sessions {} requests {} transparent {}",
             String::from_utf8_lossy(&o.stderr),
             r["sessions"],
             r["requests"],
             r["transparent"]
         );
+        if r["requests"].is_object() && o.status.code() == Some(1) {
+            return Ok((r, Some(why)));
+        }
+        bail!("{why}");
     }
-    serde_json::from_slice(&o.stdout).context("tcpkit copy --json")
+    let r = serde_json::from_slice(&o.stdout).context("tcpkit copy --json")?;
+    Ok((r, None))
 }
 
 impl Row {
@@ -422,6 +440,7 @@ impl Row {
 /// clients' view (a tcpdump costs these 2 CPUs enough to move those).
 fn wire_pair(
     env: &Env,
+    bin: &Path,
     lab: &mut Lab,
     rate: u32,
     new_conn: bool,
@@ -433,27 +452,31 @@ fn wire_pair(
     let base = wire_stop(dump, &path)?;
     std::thread::sleep(Duration::from_millis(300));
     let (dump, path) = wire_dump(env, lab, &format!("{tag}-copy"))?;
-    let copy = start_copy(env, RUN_S + COPY_TAIL_S, mode)?;
+    let copy = start_copy(env, bin, RUN_S + COPY_TAIL_S, mode)?;
     load(env, rate, new_conn)?;
-    copy_report(copy)?;
+    // A copy over its --max-loss still gives the server's latency beside it.
+    copy_report_kept(copy)?;
     let with = wire_stop(dump, &path)?;
     std::thread::sleep(Duration::from_millis(300));
     Ok([base, with])
 }
 
+/// One row with the copy `bin`; a copy that failed its run (loss over --max-loss) still gives
+/// the row, with `error` set.
 fn scenario(
     env: &Env,
+    bin: &Path,
     lab: &mut Lab,
     rate: u32,
     new_conn: bool,
     mode: Mode,
     intercept: Option<&Proc>,
 ) -> Result<Row> {
-    let wire = wire_pair(env, lab, rate, new_conn, mode)?;
+    let wire = wire_pair(env, bin, lab, rate, new_conn, mode)?;
     let base = load(env, rate, new_conn)?;
     std::thread::sleep(Duration::from_millis(300));
     let (on0, tg0) = (log_lines(&env.on_log), log_lines(&env.tg_log));
-    let copy = start_copy(env, RUN_S + COPY_TAIL_S, mode)?;
+    let copy = start_copy(env, bin, RUN_S + COPY_TAIL_S, mode)?;
     let pid = copy.id();
     let (cpu0, _) = usage(pid);
     let rx0 = on_cpu(&env.copy_rx);
@@ -468,7 +491,7 @@ fn scenario(
         let (c1, ihwm) = usage(p.pid());
         ((c1 - c0) * 100.0 / secs, ihwm as f64 / 1024.0)
     });
-    let report = copy_report(copy)?;
+    let (report, error) = copy_report_kept(copy)?;
     let copied = report["requests"]["copied"].as_u64().unwrap_or(0);
     let drops = rx_drops(env) - drops0;
     let mut why = vec![failed_causes(&report)];
@@ -486,19 +509,7 @@ fn scenario(
     // nginx flushes its access log every 100 ms.
     std::thread::sleep(Duration::from_millis(300));
     Ok(Row {
-        what: format!(
-            "{}{}",
-            if new_conn {
-                "new connection per request"
-            } else {
-                "keep-alive"
-            },
-            match mode {
-                Mode::Relay => "",
-                Mode::Transparent => ", transparent",
-                Mode::OnTarget => ", transparent, intercept on the target",
-            }
-        ),
+        what: row_label(new_conn, mode),
         asked: format!("{}k", rate / 1000),
         online: log_lines(&env.on_log) - on0,
         target: log_lines(&env.tg_log) - tg0,
@@ -511,15 +522,18 @@ fn scenario(
         with,
         wire,
         intercept,
+        open_at_end: open,
+        error,
     })
 }
 
-/// wrk, keep-alive, as fast as it goes for RUN_S with 2 threads and 50 connections.
-fn wrk_row(env: &Env) -> Result<Row> {
+/// wrk, keep-alive, as fast as it goes for RUN_S with 2 threads and 50 connections, copied
+/// by `bin`.
+fn wrk_row(env: &Env, bin: &Path) -> Result<Row> {
     let url = format!("http://{ONLINE}:8080/index.html");
     let d = format!("{}s", RUN_S as u32);
     let (on0, tg0) = (log_lines(&env.on_log), log_lines(&env.tg_log));
-    let copy = start_copy(env, RUN_S + COPY_TAIL_S, Mode::Relay)?;
+    let copy = start_copy(env, bin, RUN_S + COPY_TAIL_S, Mode::Relay)?;
     let pid = copy.id();
     let (cpu0, _) = usage(pid);
     let rx0 = on_cpu(&env.copy_rx);
@@ -574,6 +588,8 @@ fn wrk_row(env: &Env) -> Result<Row> {
         },
         wire: [None, None],
         intercept: None,
+        open_at_end: report["sessions"]["open_at_end"].as_u64().unwrap_or(0),
+        error: None,
     })
 }
 
@@ -642,6 +658,15 @@ pub fn copy(args: &[String]) -> Result<()> {
         bail!("{NGINX} missing (apt-get install -y nginx-light)");
     }
     let tcpkit = crate::tcpkit_binary()?;
+    let against = crate::Against::parse(args, &tcpkit)?;
+    // The old build, and which of the flags the bench passes its copy it lacks.
+    let against_env = match &against {
+        Some(a) => Some((
+            a.bin.clone(),
+            crate::missing_flags(&a.bin, "copy", mode_flags(Mode::Transparent))?,
+        )),
+        None => None,
+    };
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut lab = Lab::new("bcopy")?;
     let cli = lab.host("cli")?;
@@ -725,6 +750,7 @@ pub fn copy(args: &[String]) -> Result<()> {
         intercept_on_target: format!("{TARGET}:{INTERCEPT_PORT}"),
     };
     let mut rows = Vec::new();
+    let mut ab_rows: Vec<AbRow> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
     for mode in [Mode::Relay, Mode::Transparent, Mode::OnTarget] {
         if only.as_ref().is_some_and(|o| o.mode != Some(mode)) {
@@ -768,23 +794,83 @@ pub fn copy(args: &[String]) -> Result<()> {
                         "keep-alive"
                     }
                 );
-                // A failed row is told in the results beside the others, and fails the bench
-                // at its end: one row should not hide every figure after it.
-                match scenario(&env, &mut lab, rate, new_conn, mode, intercept.as_ref()) {
-                    Ok(r) => rows.push(r),
-                    Err(e) => {
-                        let what = format!(
-                            "{mode:?}, {}, {rate} req/s",
-                            if new_conn {
-                                "new connection per request"
-                            } else {
-                                "keep-alive"
-                            }
-                        );
-                        eprintln!("  FAILED: {what}: {e:#}");
-                        failed.push(format!("{what}: {e:#}"));
+                let what = format!(
+                    "{mode:?}, {}, {rate} req/s",
+                    if new_conn {
+                        "new connection per request"
+                    } else {
+                        "keep-alive"
+                    }
+                );
+                let Some((old_bin, lacks)) = &against_env else {
+                    // A failed row is told in the results beside the others, and fails the
+                    // bench at its end: one row should not hide every figure after it.
+                    let r = scenario(
+                        &env,
+                        &env.tcpkit,
+                        &mut lab,
+                        rate,
+                        new_conn,
+                        mode,
+                        intercept.as_ref(),
+                    );
+                    match r {
+                        Ok(Row { error: Some(e), .. }) => {
+                            eprintln!("  FAILED: {what}: {e}");
+                            failed.push(format!("{what}: {e}"));
+                        }
+                        Ok(r) => rows.push(r),
+                        Err(e) => {
+                            eprintln!("  FAILED: {what}: {e:#}");
+                            failed.push(format!("{what}: {e:#}"));
+                        }
+                    }
+                    continue;
+                };
+                // Both builds, which goes first alternating from row to row.
+                let lacks: Vec<&str> = mode_flags(mode)
+                    .iter()
+                    .copied()
+                    .filter(|f| lacks.iter().any(|l| l == f))
+                    .collect();
+                let mut ab = AbRow {
+                    what: row_label(new_conn, mode),
+                    asked: format!("{}k", rate / 1000),
+                    new: Err(String::new()),
+                    old: Err(String::new()),
+                };
+                let new_first = ab_rows.len().is_multiple_of(2);
+                for is_new in [new_first, !new_first] {
+                    let bin = if is_new { &env.tcpkit } else { old_bin };
+                    let r = if !is_new && !lacks.is_empty() {
+                        Err(format!("not in the old build: {}", lacks.join(" ")))
+                    } else {
+                        scenario(
+                            &env,
+                            bin,
+                            &mut lab,
+                            rate,
+                            new_conn,
+                            mode,
+                            intercept.as_ref(),
+                        )
+                        .map_err(|e| format!("{e:#}"))
+                    };
+                    let build = if is_new { "new" } else { "old" };
+                    match &r {
+                        Ok(Row { error: Some(e), .. }) | Err(e) => {
+                            eprintln!("  FAILED ({build} build): {what}: {e}");
+                            failed.push(format!("{what}, {build} build: {e}"));
+                        }
+                        Ok(_) => {}
+                    }
+                    if is_new {
+                        ab.new = r;
+                    } else {
+                        ab.old = r;
                     }
                 }
+                ab_rows.push(ab);
             }
         }
         // SIGTERM: an on-target intercept removes its rule on the way out.
@@ -794,13 +880,205 @@ pub fn copy(args: &[String]) -> Result<()> {
     }
     if only.is_none() {
         eprintln!("wrk keep-alive at its top rate ...");
-        rows.push(wrk_row(&env)?);
+        match &against_env {
+            None => rows.push(wrk_row(&env, &env.tcpkit)?),
+            Some((old_bin, _)) => {
+                let new_first = ab_rows.len().is_multiple_of(2);
+                let (mut new, mut old) = (Err(String::new()), Err(String::new()));
+                for is_new in [new_first, !new_first] {
+                    let bin = if is_new { &env.tcpkit } else { old_bin };
+                    let r = wrk_row(&env, bin).map_err(|e| format!("{e:#}"));
+                    if let Err(e) = &r {
+                        let build = if is_new { "new" } else { "old" };
+                        failed.push(format!("wrk, {build} build: {e}"));
+                    }
+                    if is_new {
+                        new = r;
+                    } else {
+                        old = r;
+                    }
+                }
+                ab_rows.push(AbRow {
+                    what: "keep-alive, wrk -t2 -c50 (max rate)".into(),
+                    asked: "max".into(),
+                    new,
+                    old,
+                });
+            }
+        }
     }
 
+    let t = match &against {
+        None => table(&rows, &failed),
+        Some(_) => ab_table(&ab_rows, &failed),
+    };
+    println!("{t}");
+    let cmd = "cargo run --release -p tcpkit-bench -- copy";
+    let date = crate::today();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let builds = against.as_ref().map_or_else(String::new, |a| {
+        format!(
+            "Builds compared (`--against`): new = {} ({}); old = {}. Every row runs with both\n\
+             builds' copy, which goes first alternating from row to row (new, old, old, new, ...),\n\
+             each with its own run without the copy; the load generator and intercept are the new\n\
+             build's in both. Each figure is new / old, and (new/old) their ratio.\n",
+            a.new_label,
+            env.tcpkit.display(),
+            a.label
+        )
+    });
+    let md = format!(
+        "# tcpkit copy (relay and transparent modes, intercept on an assistant or on the target) — {date}\n\n\
+         Command: `{cmd}` (from the workspace root, as root)\n\n\
+         {builds}\
+         Machine: Linux {}, {cpus} CPUs (clients, both nginx and the copy share them); load average at start: {}; whole bench took {:.0} s.\n\
+         Lab: clients → online (nginx 1 worker, `tcpkit copy -x 8080-{TARGET}:8080 -i <clients' link>`) → target (nginx 1 worker); veth links.\n\
+         Transparent rows: `--transparent --intercept {ASSIST_M}:{INTERCEPT_PORT}`; the target routes the clients' subnet via an\n\
+         assistant host where `tcpkit intercept --capture <target link> --filter 'src port 8080'` runs (its CPU over the load's\n\
+         wall time, its peak RSS over the whole bench). \"intercept on the target\" rows: `tcpkit intercept --on-target\n\
+         --server-port 8080 --clients 198.18.1.0/24 --listen {TARGET}:{INTERCEPT_PORT}` on the target (a netfilter queue rule there\n\
+         catches the answers; no assistant on their path), the copy's `--intercept {TARGET}:{INTERCEPT_PORT}`.\n\
+         Rates: `tcpkit load --http-get /index.html` (612 B) for {RUN_S} s, open loop, latency from the intended send time;\n\
+         keep-alive over rate/500 connections (4–40), a new connection per request with `--queries-per-conn 1 --connect-rate 1.2×rate` over 64.\n\
+         Debian's wrk has no fixed-rate mode and no connection-per-request mode, so it only runs the last row.\n\
+         Request loss = (online access-log lines − target access-log lines) / online lines, during the run with the copy.\n\
+         Copy CPU = the copy's user+system time over the load's wall time, and per request copied; RSS = its VmHWM.\n\
+         The links online ↔ target, target ↔ assistant and online ↔ assistant receive in kernel threads of their own (veth\n\
+         NAPI, threaded): on a plain veth the receiving host's whole TCP stack runs inside the sender's syscalls, so the\n\
+         copy's CPU would include the target's stack taking in every handshake, request and FIN, which on a real network\n\
+         runs on the target. \"copy host's receive path\" is the online end's threads (the target's answers and intercept's\n\
+         messages coming in), what a NIC's softirq does on a real copy host. The clients' link stays plain: there the\n\
+         capture's work runs in production's own sends, as it does on a real host.\n\
+         Latency, with no copy running and with the copy: \"on its wire\" is the online server's own, from a request's\n\
+         first segment to its answer's first on the server's interface (a buffered tcpdump, headers only, in two runs of\n\
+         their own: its CPU moves the other figures);\n\
+         \"clients' view\" is the load generator's, from each request's intended send time. The clients, both nginx, the\n\
+         copy and the receive threads share 2 CPUs, and the load generator falls behind its own schedule when they run\n\
+         short. tcpcopy is not packaged in Debian: its figures are quoted\n\
+         from the issue for reference, measured on another setup.\n\n\
+         {t}",
+        kernel.trim(),
+        loadavg.trim(),
+        started.elapsed().as_secs_f64()
+    );
+    crate::write_results(
+        "copy",
+        &date,
+        &md,
+        started,
+        only.is_some().then_some("--only"),
+    )?;
+    if !failed.is_empty() {
+        bail!("{} of the rows failed (see the table's end)", failed.len());
+    }
+    Ok(())
+}
+
+/// The flags a copy in `mode` is started with (see [`start_copy`]).
+fn mode_flags(mode: Mode) -> &'static [&'static str] {
+    match mode {
+        Mode::Relay => &["-x", "-i", "--duration", "--json"],
+        Mode::Transparent | Mode::OnTarget => &[
+            "-x",
+            "-i",
+            "--duration",
+            "--json",
+            "--transparent",
+            "--intercept",
+        ],
+    }
+}
+
+fn row_label(new_conn: bool, mode: Mode) -> String {
+    format!(
+        "{}{}",
+        if new_conn {
+            "new connection per request"
+        } else {
+            "keep-alive"
+        },
+        match mode {
+            Mode::Relay => "",
+            Mode::Transparent => ", transparent",
+            Mode::OnTarget => ", transparent, intercept on the target",
+        }
+    )
+}
+
+/// One row run with both builds (`--against`): each its row, or why it has none.
+struct AbRow {
+    what: String,
+    asked: String,
+    new: std::result::Result<Row, String>,
+    old: std::result::Result<Row, String>,
+}
+
+/// The `--against` table: per row each figure as new / old, and their ratio where a ratio
+/// says something (CPU, RSS); rows whose copy failed its run are marked and listed below.
+fn ab_table(rows: &[AbRow], failed: &[String]) -> String {
+    let mut t = String::new();
+    t.push_str("| traffic | rate | requests online, new / old | request loss, new / old | open at the drain's end | copy CPU % of a core (new/old) | per request µs (new/old) | receive path % | copy peak RSS MB (new/old) | intercept CPU % | online server on its wire p99, copying | clients' view p50 / p99, copying |\n");
+    t.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let both = |r: &AbRow, f: &dyn Fn(&Row) -> String| {
+        let one = |x: &std::result::Result<Row, String>| x.as_ref().map_or("—".to_string(), f);
+        format!("{} / {}", one(&r.new), one(&r.old))
+    };
+    let ratio = |r: &AbRow, f: &dyn Fn(&Row) -> Option<f64>| {
+        let v = |x: &std::result::Result<Row, String>| x.as_ref().ok().and_then(f);
+        crate::new_over_old(v(&r.new), v(&r.old))
+    };
+    for r in rows {
+        let lat = |l: &Load| {
+            if l.p50_us == 0.0 {
+                "—".to_string()
+            } else {
+                format!("{:.0} / {:.0} µs", l.p50_us, l.p99_us)
+            }
+        };
+        t.push_str(&format!(
+            "| {} | {} req/s | {} | {} | {} | {} ({}) | {} ({}) | {} | {} ({}) | {} | {} | {} |\n",
+            r.what,
+            r.asked,
+            both(r, &|x| x.online.to_string()),
+            both(r, &|x| format!(
+                "{:.4} %{}",
+                x.loss_pct(),
+                if x.error.is_some() { " (failed)" } else { "" }
+            )),
+            both(r, &|x| x.open_at_end.to_string()),
+            both(r, &|x| format!("{:.1}", x.cpu_pct)),
+            ratio(r, &|x| Some(x.cpu_pct)),
+            both(r, &|x| x
+                .cpu_per_req_us
+                .map_or("—".to_string(), |u| format!("{u:.0}"))),
+            ratio(r, &|x| x.cpu_per_req_us),
+            both(r, &|x| format!("{:.1}", x.rx_pct)),
+            both(r, &|x| format!("{:.1}", x.rss_mb)),
+            ratio(r, &|x| Some(x.rss_mb)),
+            both(r, &|x| x
+                .intercept
+                .map_or("—".to_string(), |(c, _)| format!("{c:.1}"))),
+            both(r, &|x| x.wire[1]
+                .map_or("—".to_string(), |w| format!("{:.0} µs", w.1))),
+            both(r, &|x| lat(&x.with)),
+        ));
+    }
+    if !failed.is_empty() {
+        t.push_str("\n**Runs that failed** (marked above):\n\n");
+        for f in failed {
+            t.push_str(&format!("- {}\n", f.replace('\n', " ")));
+        }
+    }
+    t
+}
+
+/// The table without `--against`: one build, failed rows listed at its end.
+fn table(rows: &[Row], failed: &[String]) -> String {
     let mut t = String::new();
     t.push_str("| traffic | rate | requests online | at target | request loss | copy CPU (% of a core; per request) | copy host's receive path for it | copy peak RSS | intercept CPU; peak RSS | online server on its wire p50 / p99: no copy | copying | clients' view p50 / p99: no copy | copying |\n");
     t.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for r in &rows {
+    for r in rows {
         let lat = |l: &Load| {
             if l.p50_us == 0.0 {
                 "—".to_string()
@@ -852,58 +1130,98 @@ pub fn copy(args: &[String]) -> Result<()> {
     );
     if !failed.is_empty() {
         t.push_str("\n**Rows that failed** (not in the table above):\n\n");
-        for f in &failed {
+        for f in failed {
             // The reports are JSON on several lines: one list item each.
             t.push_str(&format!("- {}\n", f.replace('\n', " ")));
         }
     }
-    println!("{t}");
-    let cmd = "cargo run --release -p tcpkit-bench -- copy";
-    let date = crate::today();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let md = format!(
-        "# tcpkit copy (relay and transparent modes, intercept on an assistant or on the target) — {date}\n\n\
-         Command: `{cmd}` (from the workspace root, as root)\n\n\
-         Machine: Linux {}, {cpus} CPUs (clients, both nginx and the copy share them); load average at start: {}; whole bench took {:.0} s.\n\
-         Lab: clients → online (nginx 1 worker, `tcpkit copy -x 8080-{TARGET}:8080 -i <clients' link>`) → target (nginx 1 worker); veth links.\n\
-         Transparent rows: `--transparent --intercept {ASSIST_M}:{INTERCEPT_PORT}`; the target routes the clients' subnet via an\n\
-         assistant host where `tcpkit intercept --capture <target link> --filter 'src port 8080'` runs (its CPU over the load's\n\
-         wall time, its peak RSS over the whole bench). \"intercept on the target\" rows: `tcpkit intercept --on-target\n\
-         --server-port 8080 --clients 198.18.1.0/24 --listen {TARGET}:{INTERCEPT_PORT}` on the target (a netfilter queue rule there\n\
-         catches the answers; no assistant on their path), the copy's `--intercept {TARGET}:{INTERCEPT_PORT}`.\n\
-         Rates: `tcpkit load --http-get /index.html` (612 B) for {RUN_S} s, open loop, latency from the intended send time;\n\
-         keep-alive over rate/500 connections (4–40), a new connection per request with `--queries-per-conn 1 --connect-rate 1.2×rate` over 64.\n\
-         Debian's wrk has no fixed-rate mode and no connection-per-request mode, so it only runs the last row.\n\
-         Request loss = (online access-log lines − target access-log lines) / online lines, during the run with the copy.\n\
-         Copy CPU = the copy's user+system time over the load's wall time, and per request copied; RSS = its VmHWM.\n\
-         The links online ↔ target, target ↔ assistant and online ↔ assistant receive in kernel threads of their own (veth\n\
-         NAPI, threaded): on a plain veth the receiving host's whole TCP stack runs inside the sender's syscalls, so the\n\
-         copy's CPU would include the target's stack taking in every handshake, request and FIN, which on a real network\n\
-         runs on the target. \"copy host's receive path\" is the online end's threads (the target's answers and intercept's\n\
-         messages coming in), what a NIC's softirq does on a real copy host. The clients' link stays plain: there the\n\
-         capture's work runs in production's own sends, as it does on a real host.\n\
-         Latency, with no copy running and with the copy: \"on its wire\" is the online server's own, from a request's\n\
-         first segment to its answer's first on the server's interface (a buffered tcpdump, headers only, in two runs of\n\
-         their own: its CPU moves the other figures);\n\
-         \"clients' view\" is the load generator's, from each request's intended send time. The clients, both nginx, the\n\
-         copy and the receive threads share 2 CPUs, and the load generator falls behind its own schedule when they run\n\
-         short. tcpcopy is not packaged in Debian: its figures are quoted\n\
-         from the issue for reference, measured on another setup.\n\n\
-         {t}",
-        kernel.trim(),
-        loadavg.trim(),
-        started.elapsed().as_secs_f64()
-    );
-    crate::write_results(
-        "copy",
-        &date,
-        &md,
-        started,
-        only.is_some().then_some("--only"),
-    )?;
-    if !failed.is_empty() {
-        bail!("{} of the rows failed (see the table's end)", failed.len());
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(loss_of_100: u64, cpu: f64, error: Option<&str>) -> Row {
+        Row {
+            what: row_label(true, Mode::Relay),
+            asked: "20k".into(),
+            online: 100,
+            target: 100 - loss_of_100,
+            cpu_pct: cpu,
+            cpu_per_req_us: Some(cpu),
+            rx_pct: 1.0,
+            rss_mb: 80.0,
+            failed: String::new(),
+            base: Load::default(),
+            with: Load {
+                p50_us: 100.0,
+                p99_us: 900.0,
+                note: String::new(),
+            },
+            wire: [None, Some((40.0, 400.0))],
+            intercept: None,
+            open_at_end: loss_of_100,
+            error: error.map(str::to_string),
+        }
     }
-    Ok(())
+
+    #[test]
+    fn an_ab_row_shows_both_builds_and_new_over_old() {
+        let rows = [
+            AbRow {
+                what: row_label(true, Mode::Relay),
+                asked: "20k".into(),
+                new: Ok(row(2, 30.0, Some("loss over 1 %"))),
+                old: Ok(row(10, 20.0, Some("loss over 1 %"))),
+            },
+            AbRow {
+                what: row_label(false, Mode::Transparent),
+                asked: "1k".into(),
+                new: Ok(row(0, 5.0, None)),
+                old: Err("not in the old build: --transparent".into()),
+            },
+        ];
+        let failed = vec!["Relay, new, 20000 req/s, new build: loss over 1 %".to_string()];
+        let t = ab_table(&rows, &failed);
+        let lines: Vec<&str> = t.lines().collect();
+        // Header, rule, two rows; every row as many cells as the header.
+        let cells = |l: &str| l.matches(" | ").count();
+        assert_eq!(cells(lines[2]), cells(lines[0]), "{t}");
+        assert_eq!(cells(lines[3]), cells(lines[0]), "{t}");
+        assert_eq!(
+            lines[2],
+            "| new connection per request | 20k req/s | 100 / 100 | 2.0000 % (failed) / \
+             10.0000 % (failed) | 2 / 10 | 30.0 / 20.0 (1.50) | 30 / 20 (1.50) | 1.0 / 1.0 | \
+             80.0 / 80.0 (1.00) | — / — | 400 µs / 400 µs | 100 / 900 µs / 100 / 900 µs |"
+        );
+        // The old build lacks a flag: its side is blank, no ratio.
+        assert!(
+            lines[3].starts_with("| keep-alive, transparent | 1k req/s | 100 / — | 0.0000 % / — |"),
+            "{t}"
+        );
+        assert!(lines[3].contains("5.0 / — (—)"), "{t}");
+        assert!(t.contains("**Runs that failed**"), "{t}");
+        assert!(
+            t.ends_with("- Relay, new, 20000 req/s, new build: loss over 1 %\n"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn without_against_a_failed_row_is_listed_not_tabled() {
+        let t = table(&[row(0, 5.0, None)], &["Relay, x: why".to_string()]);
+        assert!(
+            t.starts_with("| traffic | rate | requests online | at target |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| new connection per request | 20k req/s | 100 | 100 | 0.0000 % |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("**Rows that failed** (not in the table above):\n\n- Relay, x: why\n"),
+            "{t}"
+        );
+    }
 }

@@ -8,7 +8,7 @@
 //! - [`mpcat`]: `tcpkit mpcat` vs socat, `iperf3 -P 4` and MPTCP over ECMP links.
 //! - [`balance`]: `tcpkit balance` vs direct, iptables and nftables DNAT with redis.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
@@ -30,7 +30,7 @@ fn main() {
         Some("connect-loop") => balance::connect_loop(&args[1..]),
         _ => {
             eprintln!(
-                "usage: tcpkit-bench replay | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] | mpcat [--quick] | balance [--quick]"
+                "usage: tcpkit-bench replay [--against PATH [--against-label L]] | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L]] | mpcat [--quick] | balance [--quick]"
             );
             std::process::exit(2);
         }
@@ -61,6 +61,122 @@ fn tcpkit_binary() -> Result<PathBuf> {
         );
     }
     Ok(bin)
+}
+
+/// `--against PATH [--against-label L]`: another tcpkit build (an older tree) run beside this
+/// one, interleaved, so that a before/after comparison is made in one run on the same machine
+/// state rather than against a results file from another day (this VM's throughput swings 2x
+/// between minutes).
+pub(crate) struct Against {
+    pub bin: PathBuf,
+    /// Names the old build in the results: `--against-label`, else its `--version`.
+    pub label: String,
+    /// Names this build: the workspace's commit (and whether it had changes), else `--version`.
+    pub new_label: String,
+}
+
+/// The value after `flag` in `args`, or an error naming the flag when it has none.
+fn flag_value<'a>(args: &'a [String], flag: &str, what: &str) -> Result<Option<&'a str>> {
+    args.iter()
+        .position(|a| a == flag)
+        .map(|i| {
+            args.get(i + 1)
+                .map(String::as_str)
+                .filter(|v| !v.starts_with("--"))
+                .with_context(|| format!("{flag} needs {what}"))
+        })
+        .transpose()
+}
+
+impl Against {
+    pub(crate) fn parse(args: &[String], new_bin: &Path) -> Result<Option<Against>> {
+        let label = flag_value(args, "--against-label", "a label (a commit)")?;
+        let Some(path) = flag_value(args, "--against", "the path of another tcpkit binary")? else {
+            if label.is_some() {
+                bail!("--against-label: only with --against PATH");
+            }
+            return Ok(None);
+        };
+        let bin = PathBuf::from(path);
+        let version = version_of(&bin).with_context(|| format!("--against {path}"))?;
+        let label = label.map_or_else(|| format!("{version} ({path})"), str::to_string);
+        let new_version = version_of(new_bin)?;
+        let new_label = workspace_commit().map_or(new_version, |c| format!("commit {c}"));
+        Ok(Some(Against {
+            bin,
+            label,
+            new_label,
+        }))
+    }
+}
+
+/// `BIN --version`'s line: also proves BIN is a tcpkit that runs.
+fn version_of(bin: &Path) -> Result<String> {
+    let o = std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("run {} --version", bin.display()))?;
+    let v = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    if !o.status.success() || !v.starts_with("tcpkit") {
+        bail!("{} --version: not a tcpkit binary ({v:?})", bin.display());
+    }
+    Ok(v)
+}
+
+/// This workspace's commit, "+ changes" when the tree differs from it.
+fn workspace_commit() -> Option<String> {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let git = |a: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(a)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"])?;
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    Some(if dirty {
+        format!("{head} + changes")
+    } else {
+        head
+    })
+}
+
+/// Which of `flags` `BIN SUB --help` does not list: an older build may predate a flag the
+/// bench passes, and its row then says so instead of failing.
+pub(crate) fn missing_flags(bin: &Path, sub: &str, flags: &[&str]) -> Result<Vec<String>> {
+    let o = std::process::Command::new(bin)
+        .args([sub, "--help"])
+        .output()
+        .with_context(|| format!("run {} {sub} --help", bin.display()))?;
+    let help = String::from_utf8_lossy(&o.stdout);
+    Ok(flags
+        .iter()
+        .filter(|f| !lists_flag(&help, f))
+        .map(|f| (*f).to_string())
+        .collect())
+}
+
+/// Whether a clap help text lists `flag` (as a whole flag: `-t` is not `--threads`).
+fn lists_flag(help: &str, flag: &str) -> bool {
+    help.match_indices(flag).any(|(i, _)| {
+        let before = help[..i].chars().next_back();
+        let after = help[i + flag.len()..].chars().next();
+        !before.is_some_and(|c| c == '-' || c.is_alphanumeric())
+            && !after.is_some_and(|c| c == '-' || c == '_' || c.is_alphanumeric())
+    })
+}
+
+/// `new / old` as a ratio cell; "—" when either is missing or the old one is zero.
+pub(crate) fn new_over_old(new: Option<f64>, old: Option<f64>) -> String {
+    match (new, old) {
+        (Some(n), Some(o)) if o != 0.0 && n.is_finite() && o.is_finite() => format!("{:.2}", n / o),
+        _ => "—".to_string(),
+    }
 }
 
 /// What a command run by [`run_wait4`] did.
@@ -164,4 +280,53 @@ fn today() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flag_is_listed_whole() {
+        let help = "  -t, --topspeed   As fast\n      --threads <N>  Senders\n  -K, --preload\n";
+        assert!(lists_flag(help, "-t"));
+        assert!(lists_flag(help, "--threads"));
+        assert!(lists_flag(help, "-K"));
+        // A prefix of a listed flag is not the flag.
+        assert!(!lists_flag(help, "--thread"));
+        assert!(!lists_flag(help, "--top"));
+        assert!(!lists_flag(help, "-L"));
+    }
+
+    #[test]
+    fn against_needs_a_path_and_its_label_needs_against() {
+        let a = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+        let new = Path::new("/bin/true");
+        let e = Against::parse(&a(&["--against"]), new).err().unwrap();
+        assert!(format!("{e:#}").contains("--against needs"), "{e:#}");
+        let e = Against::parse(&a(&["--against", "--only", "relay"]), new)
+            .err()
+            .unwrap();
+        assert!(format!("{e:#}").contains("--against needs"), "{e:#}");
+        let e = Against::parse(&a(&["--against-label", "abc"]), new)
+            .err()
+            .unwrap();
+        assert!(format!("{e:#}").contains("only with --against"), "{e:#}");
+        // Not a tcpkit: said at the start, not at the first row.
+        let e = Against::parse(&a(&["--against", "/bin/true"]), new)
+            .err()
+            .unwrap();
+        assert!(format!("{e:#}").contains("not a tcpkit"), "{e:#}");
+        assert!(Against::parse(&a(&["--only", "relay"]), new)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn new_over_old_is_blank_without_both() {
+        assert_eq!(new_over_old(Some(3.0), Some(2.0)), "1.50");
+        assert_eq!(new_over_old(Some(3.0), None), "—");
+        assert_eq!(new_over_old(Some(3.0), Some(0.0)), "—");
+        assert_eq!(new_over_old(Some(f64::NAN), Some(1.0)), "—");
+    }
 }

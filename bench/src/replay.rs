@@ -28,6 +28,8 @@ struct Env {
     tx_if: String,
     rx_if: String,
     tcpkit: PathBuf,
+    /// `--against`: the old build, and the flags of `replay` it lacks.
+    against: Option<(PathBuf, Vec<String>)>,
 }
 
 /// One finished run of one tool.
@@ -190,32 +192,83 @@ fn arrivals(path: &Path, captured: u64, dropped: u64) -> Result<Arrivals> {
     })
 }
 
-/// tcpkit's run, tcpreplay's run, and their receiver-side captures if one was asked for.
-type Paced = (Run, Run, Option<(Arrivals, Arrivals)>);
+/// tcpkit's run, tcpreplay's run, and their receiver-side captures if one was asked for; the
+/// old build's run and capture with `--against`.
+type Paced = (
+    Run,
+    Run,
+    Option<(Arrivals, Arrivals)>,
+    Old,
+    Option<Arrivals>,
+);
 
+/// The median of the old build's runs (by tool-reported pps), or why it did not run.
+fn old_median(runs: &[Old]) -> Old {
+    let mut ok = Vec::new();
+    for r in runs {
+        match r {
+            None => return None,
+            Some(Err(e)) => return Some(Err(e.clone())),
+            Some(Ok(r)) => ok.push(r.clone()),
+        }
+    }
+    (!ok.is_empty()).then(|| Ok(median(ok)))
+}
+
+/// The table; with `--against`, two more columns: the old build's figure and new / old.
 struct Table {
-    rows: Vec<[String; 4]>,
+    rows: Vec<Vec<String>>,
+    against: bool,
 }
 
 impl Table {
     fn section(&mut self, title: &str) {
-        self.rows.push([
-            format!("**{title}**"),
-            String::new(),
-            String::new(),
-            String::new(),
-        ]);
+        let mut r = vec![format!("**{title}**")];
+        r.resize(if self.against { 6 } else { 4 }, String::new());
+        self.rows.push(r);
     }
     fn row(&mut self, what: &str, tk: String, tr: String, ratio: String) {
-        self.rows.push([what.to_string(), tk, tr, ratio]);
+        self.row_ab(what, tk, tr, ratio, [String::new(), String::new()]);
+    }
+    /// A row with the old build's figure and new / old (left out without `--against`).
+    fn row_ab(&mut self, what: &str, tk: String, tr: String, ratio: String, old: [String; 2]) {
+        let mut r = vec![what.to_string(), tk, tr, ratio];
+        if self.against {
+            r.extend(old);
+        }
+        self.rows.push(r);
     }
     fn markdown(&self) -> String {
-        let mut s =
-            String::from("| measurement | tcpkit | tcpreplay | ratio |\n|---|---:|---:|---:|\n");
+        let mut s = if self.against {
+            String::from(
+                "| measurement | tcpkit | tcpreplay | ratio | tcpkit, old build | new / old |\n\
+                 |---|---:|---:|---:|---:|---:|\n",
+            )
+        } else {
+            String::from("| measurement | tcpkit | tcpreplay | ratio |\n|---|---:|---:|---:|\n")
+        };
         for r in &self.rows {
-            let _ = writeln!(s, "| {} | {} | {} | {} |", r[0], r[1], r[2], r[3]);
+            let _ = writeln!(s, "| {} |", r.join(" | "));
         }
         s
+    }
+}
+
+/// The old build's run of a row: none without `--against`; `Err` names the flags the old
+/// build does not have (that row is not run with it).
+type Old = Option<std::result::Result<Run, String>>;
+
+/// The old build's cells for a row: its figure and new / old of `val`.
+fn old_cells(
+    new: &Run,
+    old: &Old,
+    cell: impl Fn(&Run) -> String,
+    val: impl Fn(&Run) -> f64,
+) -> [String; 2] {
+    match old {
+        None => [String::new(), String::new()],
+        Some(Err(why)) => [why.clone(), "—".into()],
+        Some(Ok(o)) => [cell(o), crate::new_over_old(Some(val(new)), Some(val(o)))],
     }
 }
 
@@ -247,10 +300,10 @@ struct Input {
 }
 
 fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()> {
-    let tk = env.tcpkit.to_str().context("path")?;
     let file = inp.path.to_str().context("path")?;
     let ifc = env.tx_if.as_str();
-    let tkr = |extra: &[&str]| -> Result<Run> {
+    let tkr_bin = |bin: &Path, extra: &[&str]| -> Result<Run> {
+        let tk = bin.to_str().context("path")?;
         let mut v = vec![tk, "replay", "-i", ifc];
         if !extra.contains(&"--no-preload") {
             v.push("-K");
@@ -264,6 +317,31 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         v.extend_from_slice(extra);
         v.push(file);
         run(env, &v)
+    };
+    let tkr = |extra: &[&str]| tkr_bin(&env.tcpkit, extra);
+    // Whether the old build runs with these flags: None without --against, Some(Some(why))
+    // when it lacks some of them.
+    let old_lacks = |extra: &[&str]| -> Option<Option<String>> {
+        let (_, lacks) = env.against.as_ref()?;
+        let mut used = vec!["-i", "-K"];
+        used.extend(
+            extra
+                .iter()
+                .filter(|a| a.starts_with('-') && **a != "--no-preload"),
+        );
+        let missing: Vec<&str> = used
+            .into_iter()
+            .filter(|f| lacks.iter().any(|l| l == f))
+            .collect();
+        Some((!missing.is_empty()).then(|| format!("not in the old build: {}", missing.join(" "))))
+    };
+    // The old build's run with the same flags, or which of them it lacks.
+    let old = |extra: &[&str]| -> Result<Old> {
+        Ok(match (old_lacks(extra), &env.against) {
+            (Some(None), Some((bin, _))) => Some(Ok(tkr_bin(bin, extra)?)),
+            (Some(Some(why)), _) => Some(Err(why)),
+            _ => None,
+        })
     };
     let trr = |extra: &[&str]| -> Result<Run> {
         let mut v = vec!["tcpreplay", "-i", ifc];
@@ -287,54 +365,109 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         inp.file_bytes as f64 / 1e6
     ));
 
-    // Top speed, interleaved so that load from elsewhere hits both tools alike.
+    // Top speed, interleaved so that load from elsewhere hits both tools alike; with
+    // --against the old build runs beside this one, which of the two goes first alternating
+    // (new, old, old, new, ...), the same number of runs each.
     let (mut a, mut b, mut c) = (vec![], vec![], vec![]);
-    for _ in 0..TOP_RUNS {
+    let (mut ao, mut co) = (vec![], vec![]);
+    for i in 0..TOP_RUNS {
+        let new_first = i % 2 == 0;
+        if !new_first {
+            ao.push(old(&["-t"])?);
+        }
         a.push(tkr(&["-t"])?);
+        if new_first {
+            ao.push(old(&["-t"])?);
+        }
         b.push(trr(&["-t"])?);
-        c.push(tkr(&["-t", "--threads", "2"])?);
+        if new_first {
+            c.push(tkr(&["-t", "--threads", "2"])?);
+        }
+        co.push(old(&["-t", "--threads", "2"])?);
+        if !new_first {
+            c.push(tkr(&["-t", "--threads", "2"])?);
+        }
     }
     let peak_tk = a.iter().map(|r| r.maxrss_kb).max().unwrap_or(0);
     let peak_tr = b.iter().map(|r| r.maxrss_kb).max().unwrap_or(0);
+    let peak_old = old_median(&ao).map(|o| {
+        o.map(|_| Run {
+            maxrss_kb: ao
+                .iter()
+                .filter_map(|r| r.as_ref().and_then(|r| r.as_ref().ok()))
+                .map(|r| r.maxrss_kb)
+                .max()
+                .unwrap_or(0),
+            ..Run::default()
+        })
+    });
+    let (ao, co) = (old_median(&ao), old_median(&co));
     let (a, b, c) = (median(a), median(b), median(c));
-    t.row(
+    t.row_ab(
         &format!("top speed pps (-t, median of {TOP_RUNS}), tool report"),
         k(a.pps),
         k(b.pps),
         ratio(a.pps, b.pps),
+        old_cells(&a, &ao, |r| k(r.pps), |r| r.pps),
     );
-    t.row(
+    t.row_ab(
         "top speed pps, rx counter",
         rx(&a, k(a.rx_pps())),
         rx(&b, k(b.rx_pps())),
         ratio(a.rx_pps(), b.rx_pps()),
+        old_cells(&a, &ao, |r| rx(r, k(r.rx_pps())), Run::rx_pps),
     );
-    t.row(
+    t.row_ab(
         "top speed pps, tcpkit --threads 2 vs tcpreplay (tool / rx)",
         format!("{} / {}", k(c.pps), rx(&c, k(c.rx_pps()))),
         format!("{} / {}", k(b.pps), k(b.rx_pps())),
         ratio(c.pps, b.pps),
+        old_cells(
+            &c,
+            &co,
+            |r| format!("{} / {}", k(r.pps), rx(r, k(r.rx_pps()))),
+            |r| r.pps,
+        ),
     );
-    t.row(
+    t.row_ab(
         "top speed Mbps (tool report)",
         format!("{:.0}", a.mbps),
         format!("{:.0}", b.mbps),
         ratio(a.mbps, b.mbps),
+        old_cells(&a, &ao, |r| format!("{:.0}", r.mbps), |r| r.mbps),
     );
-    t.row(
+    t.row_ab(
         "top speed CPU s (user+sys) / wall s",
         format!("{:.2} / {:.2}", a.cpu_s, a.wall_s),
         format!("{:.2} / {:.2}", b.cpu_s, b.wall_s),
         ratio(a.cpu_s, b.cpu_s),
+        old_cells(
+            &a,
+            &ao,
+            |r| format!("{:.2} / {:.2}", r.cpu_s, r.wall_s),
+            |r| r.cpu_s,
+        ),
     );
     let budget = (inp.file_bytes + 16 * inp.packets) as f64 / 1e6;
-    t.row(
+    let peak_new = Run {
+        maxrss_kb: peak_tk,
+        ..Run::default()
+    };
+    t.row_ab(
         &format!("peak RSS with -K, MB (target <= file + 16 B/pkt = {budget:.1})"),
         format!("{:.1}", peak_tk as f64 / 1e3),
         format!("{:.1}", peak_tr as f64 / 1e3),
         ratio(peak_tk as f64, peak_tr as f64),
+        old_cells(
+            &peak_new,
+            &peak_old,
+            |r| format!("{:.1}", r.maxrss_kb as f64 / 1e3),
+            |r| r.maxrss_kb as f64,
+        ),
     );
 
+    // Which build goes first in the next paced pair (alternating, as in the top speed runs).
+    let mut paced_new_first = true;
     let mut paced = |flag: &str, val: &str, limit: u64, capture: bool| -> Result<Paced> {
         let lim = limit.to_string();
         // The CPU run measures pacing, not reading a whole file into memory for 3000 packets.
@@ -343,17 +476,31 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         } else {
             ""
         };
-        let mut one = |is_tk: bool| -> Result<(Run, Option<Arrivals>)> {
+        let mut args = vec![flag, val, "-L", lim.as_str()];
+        if !preload.is_empty() {
+            args.push(preload);
+        }
+        // 0: this build, 1: tcpreplay, 2: the old build.
+        let mut one = |who: u8| -> Result<(Old, Option<Arrivals>)> {
+            if who == 2 {
+                match old_lacks(&args) {
+                    None => return Ok((None, None)),
+                    Some(Some(why)) => return Ok((Some(Err(why)), None)),
+                    Some(None) => {}
+                }
+            }
             let cap = if capture {
                 Some(lab.tcpdump(&env.rx, &env.rx_if, "inbound")?)
             } else {
                 None
             };
-            let mut args = vec![flag, val, "-L", lim.as_str()];
-            if !preload.is_empty() {
-                args.push(preload);
-            }
-            let r = if is_tk { tkr(&args)? } else { trr(&args)? };
+            let r = match who {
+                0 => tkr(&args)?,
+                1 => trr(&args)?,
+                _ => old(&args)?
+                    .context("old build")?
+                    .map_err(anyhow::Error::msg)?,
+            };
             let a = match cap {
                 Some(td) => {
                     let c = td.stop()?;
@@ -361,31 +508,41 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
                 }
                 None => None,
             };
-            Ok((r, a))
+            Ok((Some(Ok(r)), a))
         };
-        let (x, xa) = one(true)?;
-        let (y, ya) = one(false)?;
-        Ok((x, y, xa.zip(ya)))
+        let ran = |o: Old| o.context("run")?.map_err(anyhow::Error::msg);
+        let new_first = paced_new_first;
+        paced_new_first = !paced_new_first;
+        let (z, za) = if new_first { (None, None) } else { one(2)? };
+        let (x, xa) = one(0)?;
+        let (y, ya) = one(1)?;
+        let (z, za) = if new_first { one(2)? } else { (z, za) };
+        Ok((ran(x)?, ran(y)?, xa.zip(ya), z, za))
     };
 
-    let (x, y, cap) = paced("--pps", "100000", 300_000, true)?;
-    t.row(
+    let (x, y, cap, z, zcap) = paced("--pps", "100000", 300_000, true)?;
+    let tool = |want: f64| move |r: &Run| format!("{:.1} ({})", r.pps, err_pct(r.pps, want));
+    let rxc = |want: f64| {
+        move |r: &Run| {
+            rx(
+                r,
+                format!("{:.1} ({})", r.rx_pps(), err_pct(r.rx_pps(), want)),
+            )
+        }
+    };
+    t.row_ab(
         "--pps 100000: achieved pps (tool), error",
-        format!("{:.1} ({})", x.pps, err_pct(x.pps, 1e5)),
-        format!("{:.1} ({})", y.pps, err_pct(y.pps, 1e5)),
+        tool(1e5)(&x),
+        tool(1e5)(&y),
         ratio(x.pps, y.pps),
+        old_cells(&x, &z, tool(1e5), |r| r.pps),
     );
-    t.row(
+    t.row_ab(
         "--pps 100000: rx counter pps, error",
-        rx(
-            &x,
-            format!("{:.1} ({})", x.rx_pps(), err_pct(x.rx_pps(), 1e5)),
-        ),
-        rx(
-            &y,
-            format!("{:.1} ({})", y.rx_pps(), err_pct(y.rx_pps(), 1e5)),
-        ),
+        rxc(1e5)(&x),
+        rxc(1e5)(&y),
         ratio(x.rx_pps(), y.rx_pps()),
+        old_cells(&x, &z, rxc(1e5), Run::rx_pps),
     );
     if let Some((ca, cb)) = cap {
         let show = |c: &Arrivals| {
@@ -405,7 +562,22 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
                 )
             }
         };
-        t.row(
+        let old = match (&z, zcap) {
+            (Some(Ok(_)), Some(cz)) => [
+                show(&cz),
+                if ca.dropped == 0 && cz.dropped == 0 {
+                    format!(
+                        "p99 {}",
+                        crate::new_over_old(Some(ca.p99_us), Some(cz.p99_us))
+                    )
+                } else {
+                    "-".into()
+                },
+            ],
+            (Some(Err(why)), _) => [why.clone(), "—".into()],
+            _ => [String::new(), String::new()],
+        };
+        t.row_ab(
             "--pps 100000: receiver tcpdump (rate, inter-arrival gap)",
             show(&ca),
             show(&cb),
@@ -414,47 +586,50 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
             } else {
                 "-".into()
             },
+            old,
         );
     }
-    let (x, y, _) = paced("--pps", "500000", 1_000_000, false)?;
-    t.row(
+    let (x, y, _, z, _) = paced("--pps", "500000", 1_000_000, false)?;
+    t.row_ab(
         "--pps 500000: achieved pps (tool), error",
-        format!("{:.1} ({})", x.pps, err_pct(x.pps, 5e5)),
-        format!("{:.1} ({})", y.pps, err_pct(y.pps, 5e5)),
+        tool(5e5)(&x),
+        tool(5e5)(&y),
         ratio(x.pps, y.pps),
+        old_cells(&x, &z, tool(5e5), |r| r.pps),
     );
-    t.row(
+    t.row_ab(
         "--pps 500000: rx counter pps",
-        rx(
-            &x,
-            format!("{:.1} ({})", x.rx_pps(), err_pct(x.rx_pps(), 5e5)),
-        ),
-        rx(
-            &y,
-            format!("{:.1} ({})", y.rx_pps(), err_pct(y.rx_pps(), 5e5)),
-        ),
+        rxc(5e5)(&x),
+        rxc(5e5)(&y),
         ratio(x.rx_pps(), y.rx_pps()),
+        old_cells(&x, &z, rxc(5e5), Run::rx_pps),
     );
-    let (x, y, _) = paced("--mbps", "1000", inp.mbps_limit, false)?;
-    t.row(
+    let (x, y, _, z, _) = paced("--mbps", "1000", inp.mbps_limit, false)?;
+    let mbps = |r: &Run| format!("{:.2} ({})", r.mbps, err_pct(r.mbps, 1000.0));
+    t.row_ab(
         "--mbps 1000: achieved Mbps (tool), error",
-        format!("{:.2} ({})", x.mbps, err_pct(x.mbps, 1000.0)),
-        format!("{:.2} ({})", y.mbps, err_pct(y.mbps, 1000.0)),
+        mbps(&x),
+        mbps(&y),
         ratio(x.mbps, y.mbps),
+        old_cells(&x, &z, mbps, |r| r.mbps),
     );
-    t.row(
+    let rx_mbps = |r: &Run| rx(r, format!("{:.2}", r.rx_mbps()));
+    t.row_ab(
         "--mbps 1000: rx counter Mbps",
-        rx(&x, format!("{:.2}", x.rx_mbps())),
-        rx(&y, format!("{:.2}", y.rx_mbps())),
+        rx_mbps(&x),
+        rx_mbps(&y),
         ratio(x.rx_mbps(), y.rx_mbps()),
+        old_cells(&x, &z, rx_mbps, Run::rx_mbps),
     );
-    let (x, y, _) = paced("--pps", "1000", 3000, false)?;
+    let (x, y, _, z, _) = paced("--pps", "1000", 3000, false)?;
     let pct = |r: &Run| r.cpu_s / r.wall_s * 100.0;
-    t.row(
+    let cpu = |r: &Run| format!("{:.3} s, {:.2} %", r.cpu_s, pct(r));
+    t.row_ab(
         "--pps 1000 (3000 pkts, no -K): CPU s, % of a core (target < 5 %)",
-        format!("{:.3} s, {:.2} %", x.cpu_s, pct(&x)),
-        format!("{:.3} s, {:.2} %", y.cpu_s, pct(&y)),
+        cpu(&x),
+        cpu(&y),
         ratio(x.cpu_s, y.cpu_s),
+        old_cells(&x, &z, cpu, |r| r.cpu_s),
     );
     let failed = [a.failed, b.failed, c.failed, x.failed, y.failed];
     if failed.iter().any(|&f| f > 0) {
@@ -468,9 +643,10 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
     Ok(())
 }
 
-pub(crate) fn replay(_args: &[String]) -> Result<()> {
+pub(crate) fn replay(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let tcpkit = tcpkit_binary()?;
+    let against = crate::Against::parse(args, &tcpkit)?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut lab = Lab::new("bench")?;
     let tx = lab.host("tx")?;
@@ -486,6 +662,17 @@ pub(crate) fn replay(_args: &[String]) -> Result<()> {
         rx_if: link.b.name.clone(),
         tx,
         rx,
+        against: match &against {
+            Some(a) => Some((
+                a.bin.clone(),
+                crate::missing_flags(
+                    &a.bin,
+                    "replay",
+                    &["-i", "-K", "-t", "--threads", "--pps", "--mbps", "-L"],
+                )?,
+            )),
+            None => None,
+        },
         tcpkit,
     };
     let dir = lab.dir().to_path_buf();
@@ -499,7 +686,10 @@ pub(crate) fn replay(_args: &[String]) -> Result<()> {
     let (imix_size, imix_bytes) = write_capture(&imix, &imix_sizes, PACKETS)?;
     let imix_avg = imix_bytes as f64 / f64::from(PACKETS);
 
-    let mut t = Table { rows: vec![] };
+    let mut t = Table {
+        rows: vec![],
+        against: against.is_some(),
+    };
     let inputs = [
         Input {
             name: "64-byte frames (60 B + FCS), UDP, 16k flows".into(),
@@ -538,11 +728,110 @@ pub(crate) fn replay(_args: &[String]) -> Result<()> {
          Link: one veth pair between two namespaces, no addresses, IPv6 off; frames go to a MAC\n\
          nobody has, so the receiver drops them at the IP layer. Both tools run with -K except\n\
          the --pps 1000 CPU row. Top speed rows: median of 3 interleaved runs per tool.\n\
-         Rx counter = the receiving veth's rx_packets delta / the tool's reported send time.\n\n\
+         Rx counter = the receiving veth's rx_packets delta / the tool's reported send time.\n\
+         {}\n\
          {table}",
         kernel.trim(),
         load.trim(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        against_header(against.as_ref(), &env.tcpkit)
     );
     crate::write_results("replay", &date, &md, started, None)
+}
+
+/// The results header's line on the two builds (empty without `--against`).
+fn against_header(a: Option<&crate::Against>, new: &Path) -> String {
+    a.map_or_else(String::new, |a| {
+        format!(
+            "Builds compared (`--against`): tcpkit = {} ({}); old build = {}. Each tcpkit run is\n\
+             also run with the old build, interleaved (which of the two goes first alternates),\n\
+             the same number of runs each; new / old is this build's figure over the old one's.\n",
+            a.new_label,
+            new.display(),
+            a.label
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(pps: f64) -> Run {
+        Run {
+            pps,
+            ..Run::default()
+        }
+    }
+
+    #[test]
+    fn without_against_the_table_is_as_before() {
+        let mut t = Table {
+            rows: vec![],
+            against: false,
+        };
+        t.section("64 B");
+        t.row_ab(
+            "top",
+            "2.0k".into(),
+            "1.0k".into(),
+            "2.00x".into(),
+            old_cells(&run(2e3), &None, |r| k(r.pps), |r| r.pps),
+        );
+        assert_eq!(
+            t.markdown(),
+            "| measurement | tcpkit | tcpreplay | ratio |\n|---|---:|---:|---:|\n\
+             | **64 B** |  |  |  |\n| top | 2.0k | 1.0k | 2.00x |\n"
+        );
+    }
+
+    #[test]
+    fn against_adds_the_old_figure_and_new_over_old() {
+        let mut t = Table {
+            rows: vec![],
+            against: true,
+        };
+        t.section("64 B");
+        let new = run(3e3);
+        t.row_ab(
+            "top",
+            k(new.pps),
+            "1.0k".into(),
+            "3.00x".into(),
+            old_cells(&new, &Some(Ok(run(2e3))), |r| k(r.pps), |r| r.pps),
+        );
+        // A flag the old build lacks: said in its cell, no ratio.
+        t.row_ab(
+            "threads",
+            k(new.pps),
+            "1.0k".into(),
+            "3.00x".into(),
+            old_cells(
+                &new,
+                &Some(Err("not in the old build: --threads".into())),
+                |r| k(r.pps),
+                |r| r.pps,
+            ),
+        );
+        // A row with no old figure (tcpreplay's own) keeps the columns aligned.
+        t.row("other", "a".into(), "b".into(), "c".into());
+        assert_eq!(
+            t.markdown(),
+            "| measurement | tcpkit | tcpreplay | ratio | tcpkit, old build | new / old |\n\
+             |---|---:|---:|---:|---:|---:|\n\
+             | **64 B** |  |  |  |  |  |\n\
+             | top | 3.0k | 1.0k | 3.00x | 2.0k | 1.50 |\n\
+             | threads | 3.0k | 1.0k | 3.00x | not in the old build: --threads | — |\n\
+             | other | a | b | c |  |  |\n"
+        );
+    }
+
+    #[test]
+    fn the_old_median_is_by_pps_and_a_missing_flag_wins() {
+        let runs = vec![Some(Ok(run(5.0))), Some(Ok(run(1.0))), Some(Ok(run(3.0)))];
+        assert_eq!(old_median(&runs).unwrap().unwrap().pps, 3.0);
+        assert!(old_median(&[None, None]).is_none());
+        let e = old_median(&[Some(Ok(run(1.0))), Some(Err("x".into()))]);
+        assert_eq!(e.unwrap().err().unwrap(), "x");
+    }
 }
