@@ -417,3 +417,96 @@ fn transparent_diff_is_exact_when_answers_are_lost_on_the_way_to_intercept() {
     assert_eq!(u(&d, "compared_by_hash"), 0, "{d:#}");
     assert_eq!(u(&d, "not_compared"), 0, "{d:#}");
 }
+
+/// A SYN whose send fails on the copy's own host never reached the target, so it is sent
+/// again at once, not after the SYN's 1 s retransmission timeout: here an nft rule in the
+/// online host's output path refuses the first SYN toward the target (sendto says EPERM;
+/// under load a full raw socket buffer says EAGAIN the same way). With `--timeout 1` the
+/// connect deadline is that 1 s, so a copy that waited the timeout always timed out (and at
+/// 20k new connections a second such SYNs were still waiting when a stopped run's 1 s drain
+/// ended); resent, the session completes.
+#[test]
+fn a_syn_that_failed_to_leave_the_copy_host_is_sent_again_before_its_timeout() {
+    let mut t = tlab("cptrlocal", 8080);
+    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    serve(&t.l, "target", &[("same.txt", SAME)]);
+    let answer = fetch(&t.l, "/same.txt");
+    let before = lines(&tg_log).len();
+    let _icp = t.intercept("intercept");
+    let nft = |args: &[&str]| {
+        let mut a = vec!["nft"];
+        a.extend_from_slice(args);
+        let o = t.l.online.run(&a).expect("nft");
+        assert!(
+            o.status.success(),
+            "nft {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    nft(&["add", "table", "inet", "localfail"]);
+    nft(&[
+        "add",
+        "chain",
+        "inet",
+        "localfail",
+        "out",
+        "{",
+        "type",
+        "filter",
+        "hook",
+        "output",
+        "priority",
+        "0",
+        ";",
+        "}",
+    ]);
+    // The first SYN only: a 44-byte SYN uses up the 50-byte quota's match, the next passes.
+    nft(&[
+        "add",
+        "rule",
+        "inet",
+        "localfail",
+        "out",
+        "ip",
+        "daddr",
+        TARGET,
+        "tcp",
+        "dport",
+        "8080",
+        "tcp",
+        "flags",
+        "&",
+        "(syn|ack)",
+        "==",
+        "syn",
+        "quota",
+        "until",
+        "50",
+        "bytes",
+        "counter",
+        "drop",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("one.pcap");
+    diff_capture(&pcap, 1, 45000, &[("/same.txt", answer)]);
+    let rule = format!("8080-{TARGET}:8080");
+    let o = t.copy_offline(
+        &rule,
+        &["--timeout", "1", "--input", pcap.to_str().unwrap()],
+    );
+    let rules = nft(&["list", "chain", "inet", "localfail", "out"]);
+    let dropped: u64 = rules
+        .split("packets ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no drop count in {rules}"));
+    assert_eq!(dropped, 1, "the first SYN was not refused: {rules}");
+    let r = tlab::transparent_report(&o);
+    assert!(u(&r, "transparent.send_errors") >= 1, "{r:#}");
+    assert_eq!(u(&r, "sessions.completed"), 1, "{r:#}");
+    assert_eq!(u(&r, "sessions.failed.timeout"), 0, "{r:#}");
+    assert_all_answered(&r);
+    assert_eq!(lines(&tg_log).len(), before + 1, "{r:#}");
+}

@@ -197,6 +197,14 @@ pub(crate) struct Flow {
     /// goes out again (`standing_back`).
     probing: bool,
     standing_back: bool,
+    /// The segment the timer is for never left this host (its send failed here: a full
+    /// socket buffer, a local firewall rule): the timer resends it soon, and its firing is
+    /// neither the target's silence nor a loss, so the timeout does not double.
+    local_pending: bool,
+    /// Sends that failed here in a row: each waits twice as long as the one before
+    /// ([`LOCAL_RETRY_NS`] first, the retransmission timeout at most), so a host whose
+    /// buffers stay full is not sent a storm of retries.
+    local_fails: u8,
     /// WaitControl/SynSent: give up after this; Closing: reset after this.
     deadline: u64,
 }
@@ -228,6 +236,10 @@ const CONTROL: Token = Token(usize::MAX - 1);
 const RTO_NS: u64 = 200_000_000;
 const SYN_RTO_NS: u64 = 1_000_000_000;
 const RTO_MAX_NS: u64 = 4_000_000_000;
+/// A segment whose send failed on this host goes again this soon: nothing was lost on the
+/// way, and waiting a whole retransmission timeout (a SYN's is 1 s) outlasts the 1 s drain a
+/// stopped run gives its copies. The loop's timers count whole milliseconds.
+const LOCAL_RETRY_NS: u64 = 1_000_000;
 /// intercept pings every second: three missed means it is gone.
 const CONTROL_SILENCE_NS: u64 = 3_000_000_000;
 /// Our receive window (no window scaling is offered: we keep none of the target's bytes).
@@ -356,6 +368,8 @@ impl<'a> Transport for Raw<'a> {
             rto_ns: SYN_RTO_NS,
             probing: false,
             standing_back: false,
+            local_pending: false,
+            local_fails: 0,
             deadline: now + e.f.cfg.timeout_ns,
         })
     }
@@ -411,6 +425,13 @@ impl<'a> Transport for Raw<'a> {
                 St::SynSent => {
                     if now >= f.deadline {
                         e.end(idx, Outcome::Timeout, true);
+                    } else if now >= f.rto_at && f.local_pending {
+                        // The SYN never left: sent now, with the timeout it had.
+                        f.local_pending = false;
+                        f.rto_at = now + f.rto_ns;
+                        let (isn, at) = (f.isn, f.rto_at.min(f.deadline));
+                        e.send(idx, Flags::SYN, isn, 0, 0);
+                        e.f.arm(idx, at, now);
                     } else if now >= f.rto_at && f.standing_back {
                         match e.t.backoff.gate(target, now) {
                             // This flow's SYN is the probe.
@@ -460,10 +481,14 @@ impl<'a> Transport for Raw<'a> {
                         e.end(idx, how, true);
                     } else {
                         if !f.fin_acked && now >= f.rto_at {
-                            f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
+                            if f.local_pending {
+                                f.local_pending = false;
+                            } else {
+                                f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
+                                e.t.ts.retransmitted_segments += 1;
+                            }
                             f.rto_at = now + f.rto_ns;
                             let seq = f.fin_seq.unwrap_or(f.snd_nxt);
-                            e.t.ts.retransmitted_segments += 1;
                             e.send(idx, Flags::FIN | Flags::ACK, seq, 0, 0);
                         }
                         let Some(f) = e.f.conns.get(idx).map(|c| &c.x) else {
@@ -488,9 +513,14 @@ impl<'a> Transport for Raw<'a> {
                     return false;
                 }
                 f.snd_nxt = f.snd_una;
-                f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
                 f.rto_at = 0;
-                e.t.ts.retransmitted_segments += 1;
+                if f.local_pending {
+                    // What did not leave goes now, with the timeout it had.
+                    f.local_pending = false;
+                } else {
+                    f.rto_ns = (f.rto_ns * 2).min(RTO_MAX_NS);
+                    e.t.ts.retransmitted_segments += 1;
+                }
             }
             e.transmit(idx, now);
             return true;
@@ -670,11 +700,34 @@ impl TpEngine<'_, '_> {
         } else {
             t.raw4.as_ref()
         };
-        match fd.map(|fd| fd.send(c.target.ip(), &t.pkt)) {
-            Some(Ok(())) => t.ts.segments_sent += 1,
-            // Counted; the retransmission timer sends it again.
-            _ => t.ts.send_errors += 1,
+        let sent = matches!(fd.map(|fd| fd.send(c.target.ip(), &t.pkt)), Some(Ok(())));
+        if sent {
+            t.ts.segments_sent += 1;
+        } else {
+            t.ts.send_errors += 1;
         }
+        // A segment the timer answers for (SYN, FIN, data; not a bare ACK or RST): a failed
+        // send is resent soon (see `local_pending`), a good one ends the streak of failures.
+        if !(syn || flags.has(Flags::FIN) || len > 0) {
+            return;
+        }
+        let Some(f) = self.f.conns.get_mut(idx).map(|c| &mut c.x) else {
+            return;
+        };
+        if sent {
+            f.local_fails = 0;
+            return;
+        }
+        let now = now_ns();
+        let wait = (LOCAL_RETRY_NS << f.local_fails.min(16)).min(f.rto_ns);
+        f.local_fails = f.local_fails.saturating_add(1);
+        f.local_pending = true;
+        let at = now + wait;
+        if f.rto_at == 0 || at < f.rto_at {
+            f.rto_at = at;
+        }
+        // The earliest of a copy's timers is kept: this one comes before its timeout's.
+        self.f.arm(idx, at, now);
     }
 
     fn send_rst(&mut self, idx: usize) {
@@ -717,6 +770,10 @@ impl TpEngine<'_, '_> {
             self.f.report.requests.bytes_copied += len as u64;
             self.send(idx, Flags::ACK | Flags::PSH, seq, off, len);
             self.f.arm(idx, at, now);
+            if self.f.conns.get(idx).is_some_and(|c| c.x.local_pending) {
+                // The rest would fail the same way: all of it goes again from snd_una.
+                return;
+            }
         }
     }
 
