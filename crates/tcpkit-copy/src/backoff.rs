@@ -31,6 +31,8 @@ struct TargetState {
     next_try: u64,
     /// How the last failed attempt failed.
     last: Option<Down>,
+    /// When it last accepted a connection (0: never).
+    last_accept: u64,
 }
 
 /// What a copy about to connect (or send its SYN) may do now.
@@ -72,10 +74,22 @@ impl Backoff {
         self.failed(target, now, Down::Refused);
     }
 
-    /// An attempt to `target` has had no answer to its SYN for [`SILENT_NS`]. True when this
-    /// is the news that holds the target back (it was not already): the caller's attempt is
-    /// then the one left trying, the others still waiting on a SYN should stand back.
-    pub fn silent(&mut self, target: SocketAddr, now: u64) -> bool {
+    /// An attempt to `target` begun at `since` has had no answer to its SYN for
+    /// [`SILENT_NS`]. True when this attempt should go on trying (the kernel, or the
+    /// transparent flow, retransmits its SYN): when this is the news that holds the target back
+    /// (it was not already), the others still waiting on a SYN then stand back; and when the
+    /// target accepted another connection since this SYN went out, which is not silence but a
+    /// SYN lost on the way (a full queue at 20k new connections a second), for TCP's own
+    /// retransmission to mend: holding the target back then put thousands of copies to a
+    /// target that was answering into the back-off's gate, past the end of a stopped run.
+    pub fn silent(&mut self, target: SocketAddr, now: u64, since: u64) -> bool {
+        if self
+            .targets
+            .get(&target)
+            .is_some_and(|t| t.last_accept != 0 && t.last_accept >= since)
+        {
+            return true;
+        }
         let news = self.down(target).is_none();
         self.failed(target, now, Down::Silent);
         news
@@ -89,12 +103,12 @@ impl Backoff {
     }
 
     /// An attempt to `target` was accepted: the back-off is over.
-    pub fn accepted(&mut self, target: SocketAddr) {
-        if let Some(t) = self.targets.get_mut(&target) {
-            t.streak = 0;
-            t.next_try = 0;
-            t.last = None;
-        }
+    pub fn accepted(&mut self, target: SocketAddr, now: u64) {
+        let t = self.targets.entry(target).or_default();
+        t.streak = 0;
+        t.next_try = 0;
+        t.last = None;
+        t.last_accept = now;
     }
 
     /// How `target` failed the last attempt, if it has not accepted one since.
@@ -135,7 +149,7 @@ mod tests {
         }
         assert_eq!(b.gate(t, 100 * MS), Gate::Wait(1100 * MS));
         // An accepted connection ends it at once.
-        b.accepted(t);
+        b.accepted(t, 100 * MS);
         assert_eq!(b.down(t), None);
         assert_eq!(b.gate(t, 101 * MS), Gate::Go);
         assert_eq!(b.gate(t, 101 * MS), Gate::Go);
@@ -146,9 +160,9 @@ mod tests {
         let t: SocketAddr = "198.18.2.2:80".parse().unwrap();
         let mut b = Backoff::default();
         // The first unanswered SYN is the news; the next ones are not.
-        assert!(b.silent(t, SILENT_NS));
+        assert!(b.silent(t, SILENT_NS, 0));
         assert_eq!(b.down(t), Some(Down::Silent));
-        assert!(!b.silent(t, SILENT_NS + MS));
+        assert!(!b.silent(t, SILENT_NS + MS, MS));
         assert_eq!(
             b.gate(t, SILENT_NS + 2 * MS),
             Gate::Wait(SILENT_NS + 41 * MS)
@@ -156,9 +170,29 @@ mod tests {
         // A refusal after it says refused; an accepted connection ends both.
         b.refused(t, SILENT_NS + 3 * MS);
         assert_eq!(b.down(t), Some(Down::Refused));
-        b.accepted(t);
+        b.accepted(t, 4 * MS);
         assert_eq!(b.down(t), None);
-        assert!(b.silent(t, 5 * SILENT_NS), "news again after a recovery");
+        assert!(
+            b.silent(t, 5 * SILENT_NS, 4 * SILENT_NS),
+            "news again after a recovery"
+        );
+    }
+
+    #[test]
+    fn a_syn_unanswered_while_the_target_accepts_others_is_lost_not_silence() {
+        let t: SocketAddr = "198.18.2.2:80".parse().unwrap();
+        let mut b = Backoff::default();
+        // Two SYNs sent at 0; another connection accepted at 300 ms.
+        b.accepted(t, 300 * MS);
+        // Both keep trying (their SYNs are retransmitted), and nobody is held back.
+        assert!(b.silent(t, SILENT_NS, 0));
+        assert!(b.silent(t, SILENT_NS, 0));
+        assert_eq!(b.down(t), None);
+        assert_eq!(b.gate(t, SILENT_NS + MS), Gate::Go);
+        // A SYN sent after the last accepted connection and unanswered: silence.
+        assert!(b.silent(t, 2 * SILENT_NS, SILENT_NS));
+        assert_eq!(b.down(t), Some(Down::Silent));
+        assert!(!b.silent(t, 2 * SILENT_NS + MS, SILENT_NS + MS));
     }
 
     #[test]

@@ -162,8 +162,9 @@ impl Transport for Relay {
                     // out keeps trying (the kernel retransmits its SYN); the others stand
                     // back, so the target does not get every session's SYN retransmitted,
                     // and go through the gate's probes again.
+                    let since = x.silent_at - SILENT_NS;
                     x.silent_at = 0;
-                    if e.t.backoff.silent(c.target, now) {
+                    if e.t.backoff.silent(c.target, now, since) {
                         let at = x.connect_deadline;
                         e.f.arm(idx, at, now);
                     } else {
@@ -375,7 +376,7 @@ impl RelayEngine<'_> {
         c.last_write_ns = now;
         c.last_rx_ns = now;
         let target = c.target;
-        self.t.backoff.accepted(target);
+        self.t.backoff.accepted(target, now);
     }
 
     fn on_io(&mut self, idx: usize, now: u64, readable: bool, hup: bool) {

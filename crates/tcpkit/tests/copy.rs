@@ -128,3 +128,111 @@ fn a_capture_filter_copies_what_it_matches_and_nothing_else() {
     let filter = r["filter"].as_str().unwrap();
     assert!(filter.ends_with(" and (host 198.18.1.3)"), "{filter}");
 }
+
+/// A SYN lost on the way to a target that is accepting other connections is TCP's to
+/// retransmit, not the target's silence. The target's input drops the first two SYNs (an nft
+/// quota); a third session's connection is accepted at once. When the two lost SYNs had gone
+/// 900 ms unanswered, the first used to mark the target silent and the second then stood
+/// back: it dropped its socket and connected again from another port after the back-off
+/// (at 20k new connections a second, queues full, that put thousands of copies to a target
+/// that was answering into the gate, past a stopped run's drain). Now both keep their
+/// connection, which the kernel's retransmission completes: the target sees three ports.
+#[test]
+fn a_syn_lost_while_the_target_accepts_others_is_retransmitted_not_stood_back() {
+    let mut l = CopyLab::new("cplostsyn");
+    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    serve(&l, "target", &[("same.txt", SAME)]);
+    let answer = fetch(&l, "/same.txt");
+    let before = lines(&tg_log).len();
+    let nft = |args: &[&str]| {
+        let mut a = vec!["nft"];
+        a.extend_from_slice(args);
+        let o = l.target.run(&a).expect("nft");
+        assert!(
+            o.status.success(),
+            "nft {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    nft(&["add", "table", "inet", "lostsyn"]);
+    nft(&[
+        "add", "chain", "inet", "lostsyn", "in", "{", "type", "filter", "hook", "input",
+        "priority", "0", ";", "}",
+    ]);
+    // Linux's SYN here is 60 bytes (MSS, SACK, timestamps, window scale): a 121-byte quota
+    // matches the first two.
+    nft(&[
+        "add",
+        "rule",
+        "inet",
+        "lostsyn",
+        "in",
+        "ip",
+        "saddr",
+        ONLINE_T,
+        "tcp",
+        "dport",
+        "8080",
+        "tcp",
+        "flags",
+        "&",
+        "(syn|ack)",
+        "==",
+        "syn",
+        "quota",
+        "until",
+        "121",
+        "bytes",
+        "counter",
+        "drop",
+    ]);
+    let (target, tif) = (l.target.clone(), l.tgt_link.b.name.clone());
+    let dump = l
+        .lab
+        .tcpdump(&target, &tif, "tcp dst port 8080")
+        .expect("tcpdump");
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("three.pcap");
+    // Three sessions 1 ms apart.
+    diff_capture(&pcap, 3, 45000, &[("/same.txt", answer)]);
+    let rule = format!("8080-{TARGET}:8080");
+    let o = run_limited(
+        l.online.command(&[
+            tcpkit(),
+            "copy",
+            "-x",
+            &rule,
+            "--input",
+            pcap.to_str().unwrap(),
+            "--timeout",
+            "5",
+            "--json",
+        ]),
+        std::time::Duration::from_secs(30),
+    );
+    let frames = dump.stop().expect("tcpdump").path;
+    let rules = nft(&["list", "chain", "inet", "lostsyn", "in"]);
+    let dropped: u64 = rules
+        .split("packets ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no drop count in {rules}"));
+    assert_eq!(dropped, 2, "not the first two SYNs dropped: {rules}");
+    let ports: std::collections::BTreeSet<u16> = {
+        use tcpkit_wire::tcp::{Flags, Segment};
+        let f = tcpkit_pcap::CaptureFile::open(&frames).unwrap();
+        f.packets()
+            .filter_map(|p| Segment::parse(p.unwrap().data).ok())
+            .filter(|s| s.flags.has(Flags::SYN) && !s.flags.has(Flags::ACK))
+            .map(|s| s.src.port())
+            .collect()
+    };
+    let r = json(&o);
+    assert_eq!(ports.len(), 3, "SYNs from ports {ports:?}: {r:#}");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(u(&r, "sessions.completed"), 3, "{r:#}");
+    assert_all_answered(&r);
+    assert_eq!(lines(&tg_log).len(), before + 3, "{r:#}");
+}

@@ -450,7 +450,13 @@ impl<'a> Transport for Raw<'a> {
                                 e.f.arm(idx, at, now);
                             }
                         }
-                    } else if now >= f.rto_at && !f.probing && !e.t.backoff.silent(target, now) {
+                    } else if now >= f.rto_at
+                        && !f.probing
+                        && !e
+                            .t
+                            .backoff
+                            .silent(target, now, f.deadline.saturating_sub(timeout))
+                    {
                         // A SYN unanswered for its first timeout: the target is silent (off,
                         // or firewalled). Another flow found out first and keeps trying; this
                         // one stands back rather than retransmit, so the target does not get
@@ -831,7 +837,7 @@ impl TpEngine<'_, '_> {
                     }
                     return;
                 }
-                self.t.backoff.accepted(target);
+                self.t.backoff.accepted(target, now);
                 f.rcv_nxt = h.seq.wrapping_add(1);
                 f.rcv_max = f.rcv_nxt;
                 f.snd_una = h.ack;
