@@ -913,7 +913,11 @@ pub fn copy(args: &[String]) -> Result<()> {
         Some(_) => ab_table(&ab_rows, &failed),
     };
     println!("{t}");
-    let cmd = "cargo run --release -p tcpkit-bench -- copy";
+    // The flags too: an --against run names the build it compared with.
+    let cmd = format!(
+        "cargo run --release -p tcpkit-bench -- copy{}",
+        args.iter().map(|a| format!(" {a}")).collect::<String>()
+    );
     let date = crate::today();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());

@@ -715,7 +715,11 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
     let table = t.markdown();
     println!("{table}");
 
-    let cmd = "cargo run --release -p tcpkit-bench -- replay";
+    // The flags too: an --against run names the build it compared with.
+    let cmd = format!(
+        "cargo run --release -p tcpkit-bench -- replay{}",
+        args.iter().map(|a| format!(" {a}")).collect::<String>()
+    );
     let date = today();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism()
