@@ -21,7 +21,9 @@
 //!
 //! Rates are bytes received over the wall time from the sender's start to the receiver's exit.
 //! Each link's share is its sender-side tx byte counter over the run. The mpcat receiver runs
-//! under GNU time for its peak RSS (target: its --window, 64 MiB by default, + 16 MB). socat
+//! under GNU time for its peak RSS (target: its --window, 64 MiB by default, + 16 MB), and
+//! socat's receiver under the same wrapper so that both carry its cost. Every other round runs
+//! the tools in reverse order. socat
 //! runs with `-b 131072` so that its default 8 KiB copies do not hold the peer back on the
 //! unshaped veth.
 
@@ -218,7 +220,16 @@ fn verify(env: &Env, what: &str) -> Result<u64> {
 fn socat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
     let out = env.out.to_str().context("path")?;
     let input = env.input.to_str().context("path")?;
+    // Under the same GNU time as mpcat's receiver (its figure unused): the wrapper's own
+    // start and its wait at the end are then in both tools' time alike.
+    let time_out = lab.dir().join("socat-rx.time");
+    let tf = time_out.to_str().context("path")?;
     let rx = s(&[
+        "/usr/bin/time",
+        "-f",
+        "%M",
+        "-o",
+        tf,
         "socat",
         "-u",
         "-b",
@@ -456,11 +467,18 @@ fn one(env: &Env, lab: &mut Lab, t: Tool) -> Result<Xfer> {
     }
 }
 
-/// Runs every tool `runs` times, interleaved; returns each tool's runs in order.
+/// Runs every tool `runs` times, interleaved; returns each tool's runs in order. Every other
+/// round runs the tools in reverse order, so that no tool always comes first (after the lab's
+/// set-up) or always right after the same other tool's run and output check.
 fn scenario(env: &Env, lab: &mut Lab, tools: &[Tool], runs: usize) -> Result<Vec<Vec<Xfer>>> {
     let mut all = vec![Vec::new(); tools.len()];
     for r in 0..runs {
-        for (i, t) in tools.iter().enumerate() {
+        let mut order: Vec<usize> = (0..tools.len()).collect();
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            let t = &tools[i];
             eprintln!("  run {} of {runs}: {} ...", r + 1, t.name());
             let x = one(env, lab, *t).with_context(|| t.name())?;
             eprintln!(
@@ -745,7 +763,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
          are each link's sender-side tx bytes over the run, in link order. MPTCP: `mptcpize run iperf3` on both ends, limits\n\
          subflow 8 / add_addr_accepted 8 in both hosts, one `subflow` endpoint per link (bound to its device) on the sender;\n\
          subflows per connection = 1 + the receiver's MPJoinAckRx / MPCapableACKRX. The ceiling: 4 `iperf3 -B <link i's a>\n\
-         -c <link i's b>` at once, {:.0} MB in all, split in proportion to the links' rates. Tools interleaved run by run.\n\
+         -c <link i's b>` at once, {:.0} MB in all, split in proportion to the links' rates. Tools interleaved run by run, in reverse order every other round; socat's receiver under the same GNU time wrapper as mpcat's.\n\
          The mpcat receiver's peak RSS is GNU time's %M.\n\n\
          {t}\n",
         kernel.trim(),

@@ -10,6 +10,7 @@
 //! hash; the receiver checks both and tells the sender, and each side exits 0 only then.
 //! The wire format is in [`frame`].
 
+mod bufpool;
 pub mod duplex;
 pub mod frame;
 pub mod mptcp;

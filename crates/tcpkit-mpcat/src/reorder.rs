@@ -40,6 +40,7 @@ impl Ring {
         // vec![0; n] is calloc: pages the sender never fills are never touched.
         let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
         let ptr = NonNull::from(Box::leak(b)).cast::<u8>();
+        huge_pages(ptr.as_ptr(), len);
         Ring { ptr, len }
     }
 
@@ -66,6 +67,23 @@ impl Ring {
         // SAFETY: in bounds of the allocation, and no other reference to it (the caller's
         // word).
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), n) }
+    }
+}
+
+/// Asks for transparent huge pages over the whole pages of `len` bytes at `p`, before any is
+/// touched: the ring is filled front to back and stays (a 16 MiB ring first touched 4 KiB at a
+/// time was ~4,100 page faults, each a trap and a zeroed page, on the loop that reads the
+/// sockets; in 2 MiB pages it is 8). Only a hint: where THP is off, nothing changes.
+fn huge_pages(p: *mut u8, len: usize) {
+    const PAGE: usize = 4096;
+    let start = (p as usize).next_multiple_of(PAGE);
+    let end = (p as usize + len) & !(PAGE - 1);
+    if end > start {
+        // SAFETY: madvise on whole pages inside an allocation we own; MADV_HUGEPAGE changes
+        // how its pages are backed, not their contents. Its failure (THP off) is harmless.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
     }
 }
 

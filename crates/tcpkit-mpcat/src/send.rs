@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Waker};
 
+use crate::bufpool::{self, Buf};
 use crate::frame::{self, Frame, FrameError, DATA_HDR, MAX_CHUNK, VERSION};
 use tcpkit_pace::TokenBucket;
 
@@ -74,13 +75,22 @@ const RAW_BUF: usize = 2 * (REC_HDR + INBUF + TAG);
 /// acknowledged (dropped), so buffers are reused, never allocated per chunk.
 #[derive(Debug)]
 struct Block {
-    buf: Vec<u8>,
-    back: mpsc::Sender<Vec<u8>>,
+    /// None only once dropped.
+    buf: Option<Buf>,
+    back: mpsc::Sender<Buf>,
+}
+
+impl Block {
+    fn bytes(&self) -> &[u8] {
+        self.buf.as_deref().unwrap_or_default()
+    }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
-        let _ = self.back.send(std::mem::take(&mut self.buf));
+        if let Some(b) = self.buf.take() {
+            let _ = self.back.send(b);
+        }
     }
 }
 
@@ -101,7 +111,7 @@ impl Chunk {
     }
 
     fn bytes(&self) -> &[u8] {
-        &self.block.buf[self.off..self.off + self.len]
+        &self.block.bytes()[self.off..self.off + self.len]
     }
 
     /// Cuts the chunk after `n` bytes; the rest is returned.
@@ -621,13 +631,14 @@ fn reader(
     pool: usize,
     size: Option<u64>,
     tx: SyncSender<FromReader>,
-    back: Receiver<Vec<u8>>,
-    back_tx: mpsc::Sender<Vec<u8>>,
+    back: Receiver<Buf>,
+    back_tx: mpsc::Sender<Buf>,
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
 ) {
     let mut hasher = crate::StreamHasher::new();
     let mut made = 0usize;
+    let mut fresh: Vec<Buf> = Vec::new();
     let mut seq = 0u64;
     let send = |m: FromReader| {
         let ok = tx.send(m).is_ok();
@@ -641,8 +652,20 @@ fn reader(
         let mut buf = match back.try_recv() {
             Ok(b) => b,
             Err(_) if made < pool => {
+                if fresh.is_empty() {
+                    match bufpool::carve(chunk, bufpool::per_slab(chunk).min(pool - made)) {
+                        Ok(b) => fresh = b,
+                        Err(e) => {
+                            send(FromReader::Failed(Error::io("map the read buffers", e)));
+                            return;
+                        }
+                    }
+                }
                 made += 1;
-                Vec::with_capacity(chunk)
+                match fresh.pop() {
+                    Some(b) => b,
+                    None => continue,
+                }
             }
             Err(_) => match back.recv_timeout(Duration::from_millis(100)) {
                 Ok(b) => b,
@@ -650,7 +673,7 @@ fn reader(
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             },
         };
-        buf.resize(chunk, 0);
+        buf.set_len(buf.capacity());
         let mut got = 0;
         let mut eof = false;
         while got < chunk {
@@ -672,7 +695,7 @@ fn reader(
                 }
             }
         }
-        buf.truncate(got);
+        buf.set_len(got);
         // --size: nothing past it is sent, and an input that ends short never sends its end.
         let read = seq + got as u64;
         match size {
@@ -695,7 +718,7 @@ fn reader(
             let c = Chunk {
                 seq,
                 block: Arc::new(Block {
-                    buf,
+                    buf: Some(buf),
                     back: back_tx.clone(),
                 }),
                 off: 0,
@@ -1698,10 +1721,16 @@ mod tests {
     #[test]
     fn a_block_goes_back_to_the_reader_when_its_last_piece_is_dropped() {
         let (back, returned) = mpsc::channel();
-        let buf: Vec<u8> = (0..100u8).collect();
+        let mut buf = bufpool::carve(100, 1).unwrap().pop().unwrap();
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = i as u8;
+        }
         let mut a = Chunk {
             seq: 1000,
-            block: Arc::new(Block { buf, back }),
+            block: Arc::new(Block {
+                buf: Some(buf),
+                back,
+            }),
             off: 0,
             len: 100,
             conn: 0,
