@@ -82,6 +82,68 @@ struct Revnat {
     pad: u32,
 }
 
+/// The reverse map's slots as the kernel holds them (the map is BPF_F_MMAPABLE): one mmap
+/// instead of a lookup syscall per slot. Read only, while the programs write it.
+struct RevnatView {
+    ptr: std::ptr::NonNull<Revnat>,
+    len: usize,
+}
+
+impl RevnatView {
+    fn map(fd: impl std::os::fd::AsFd) -> std::io::Result<RevnatView> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = (std::mem::size_of::<Revnat>() * MAX_SOCKETS as usize).div_ceil(page) * page;
+        // SAFETY: a fresh read-only shared mapping of the map's descriptor, which outlives
+        // the call; nothing else refers to the address returned.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(p.cast()).ok_or_else(|| std::io::Error::other("mmap"))?;
+        Ok(RevnatView { ptr, len })
+    }
+
+    /// Slot `i`'s entry when it holds one that stayed whole while it was read: the programs
+    /// clear a slot's cookie before rewriting it (rev_put), so the cookie read the same before
+    /// and after the copy means the copy is that socket's.
+    fn get(&self, i: usize) -> Option<Revnat> {
+        assert!(i < MAX_SOCKETS as usize);
+        // SAFETY: i is within the MAX_SOCKETS entries mapped (48 bytes each, 8-aligned); the
+        // kernel writes them concurrently, hence volatile reads of plain integers (any bit
+        // pattern is a valid Revnat) and the cookie check around the copy.
+        unsafe {
+            let slot = self.ptr.as_ptr().add(i);
+            let c1 = std::ptr::read_volatile(&raw const (*slot).cookie);
+            if c1 == 0 {
+                return None;
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            let r = std::ptr::read_volatile(slot);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            let c2 = std::ptr::read_volatile(&raw const (*slot).cookie);
+            (c1 == c2 && r.cookie == c1).then_some(r)
+        }
+    }
+}
+
+impl Drop for RevnatView {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in map(), of this length, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
 /// bpf/balance.h MAX_SOCKETS: the reverse map's slots.
 const MAX_SOCKETS: u32 = 65536;
 /// bpf/balance.h VIP_PORT_WORDS: the vip_ports bitmap, a bit for each port.
@@ -139,6 +201,8 @@ pub enum LoadError {
     Cpus(#[source] std::io::Error),
     #[error("pinning {0}: {1}")]
     Pin(String, String),
+    #[error("mapping BPF map {0} into memory: {1}")]
+    Mmap(&'static str, #[source] std::io::Error),
 }
 
 /// What the programs counted, summed over CPUs.
@@ -694,12 +758,14 @@ impl Balancer {
         let mapped = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), ip[0]];
         let map = self.ebpf.map("revnat").ok_or(LoadError::NoMap("revnat"))?;
         let m: Array<_, Revnat> = Array::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
+        let slots = RevnatView::map(aya::maps::IterableMap::map(&m).fd())
+            .map_err(|e| LoadError::Mmap("revnat", e))?;
         let mut out = std::collections::HashSet::new();
-        for r in m.iter() {
-            let r = r.map_err(|e| LoadError::Map("revnat", e))?;
-            if r.cookie != 0 && r.bport == port && (r.bip == ip || (family == 4 && r.bip == mapped))
-            {
-                out.insert(r.cookie);
+        for i in 0..MAX_SOCKETS as usize {
+            if let Some(r) = slots.get(i) {
+                if r.bport == port && (r.bip == ip || (family == 4 && r.bip == mapped)) {
+                    out.insert(r.cookie);
+                }
             }
         }
         Ok(out)
