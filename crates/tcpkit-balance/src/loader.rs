@@ -144,6 +144,37 @@ impl Drop for RevnatView {
     }
 }
 
+/// Detaches the link pinned at `path` now, then removes the pin. Removing the pin alone
+/// detaches only when the kernel frees the pin's inode (after an RCU grace period, then from a
+/// workqueue): a reload answered while the hooks it dropped still ran (seen in the balance
+/// tests under load). aya 0.14 has no call for BPF_LINK_DETACH, hence the raw bpf(2) calls.
+fn detach_pinned(path: &Path) -> std::io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    const BPF_OBJ_GET: libc::c_long = 7;
+    const BPF_LINK_DETACH: libc::c_long = 34;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // union bpf_attr, BPF_OBJ_GET: pathname (u64), bpf_fd, file_flags, path_fd (u32 each).
+    let get: [u64; 3] = [c.as_ptr() as u64, 0, 0];
+    // SAFETY: bpf(2) reads `get` (of the size given) and the NUL-terminated path it points
+    // to, both alive for the call.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, get.as_ptr(), 24) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor BPF_OBJ_GET just returned and nothing else owns.
+    let link = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // BPF_LINK_DETACH: link_fd (u32).
+    let detach: [u32; 1] = [link.as_raw_fd() as u32];
+    // SAFETY: bpf(2) reads `detach`, of the size given.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, detach.as_ptr(), 4) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop(link);
+    std::fs::remove_file(path)
+}
+
 /// bpf/balance.h MAX_SOCKETS: the reverse map's slots.
 const MAX_SOCKETS: u32 = 65536;
 /// bpf/balance.h VIP_PORT_WORDS: the vip_ports bitmap, a bit for each port.
@@ -685,10 +716,11 @@ impl Balancer {
                 .program(name)?
                 .detach(id)
                 .map_err(|e| LoadError::Program(name, e)),
-            // A pinned link goes with its pin (this process closed its descriptor already).
+            // A pinned link (this process closed its descriptor already) is detached through
+            // its pin, then the pin removed.
             (None, Some(dir)) => {
                 let path = dir.join(format!("link_{name}"));
-                std::fs::remove_file(&path)
+                detach_pinned(&path)
                     .map_err(|e| LoadError::Pin(path.display().to_string(), e.to_string()))
             }
             (None, None) => Ok(()),
