@@ -58,24 +58,56 @@ const RATE: u64 = 20_000;
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Way {
     Direct,
+    /// Direct from a fresh child cgroup of the root, nothing attached to it: what balance's
+    /// cgroup costs apart from its programs (the control for the CPU figure).
+    DirectCgroup,
+    /// Direct, the client itself alternating over both backends: a reference for balance with
+    /// two backends in the connect figure (two redis processes busy).
+    DirectAlt,
+    /// Direct, the client picking one of both backends at random for each connection, as
+    /// balance's default algorithm does: the like-for-like reference (alternation switches
+    /// redis on every connect, random on half of them).
+    DirectRandom,
     Iptables,
     Nftables,
     Balance,
     Balance1,
 }
 
-const WAYS: [Way; 5] = [
-    Way::Direct,
-    Way::Iptables,
-    Way::Nftables,
-    Way::Balance,
-    Way::Balance1,
+/// A figure's rows after direct's: (reference, way), each way run in pairs with its reference.
+type Plan = &'static [(Way, Way)];
+
+const CPU_PLAN: Plan = &[
+    (Way::Direct, Way::DirectCgroup),
+    (Way::Direct, Way::Iptables),
+    (Way::Direct, Way::Nftables),
+    (Way::Direct, Way::Balance),
+    (Way::Direct, Way::Balance1),
+];
+const RPS_PLAN: Plan = &[
+    (Way::Direct, Way::Iptables),
+    (Way::Direct, Way::Nftables),
+    (Way::Direct, Way::Balance),
+    (Way::Direct, Way::Balance1),
+];
+const CONN_PLAN: Plan = &[
+    (Way::Direct, Way::DirectAlt),
+    (Way::Direct, Way::DirectRandom),
+    (Way::Direct, Way::Iptables),
+    (Way::Direct, Way::Nftables),
+    (Way::Direct, Way::Balance),
+    (Way::DirectRandom, Way::Balance),
+    (Way::DirectAlt, Way::Balance),
+    (Way::Direct, Way::Balance1),
 ];
 
 impl Way {
     fn name(self) -> &'static str {
         match self {
             Way::Direct => "direct (one backend)",
+            Way::DirectCgroup => "direct, in a fresh cgroup (no programs)",
+            Way::DirectAlt => "direct, alternating over both backends",
+            Way::DirectRandom => "direct, random over both backends",
             Way::Iptables => "iptables DNAT (statistic random)",
             Way::Nftables => "nftables DNAT (numgen inc mod 2)",
             Way::Balance => "tcpkit balance run (2 backends, random)",
@@ -96,7 +128,10 @@ impl Env {
     fn host(&self, w: Way) -> &(Way, Host, String) {
         // Direct runs from balance's host: the same namespace, link and connection tables, so
         // only balance's programs (attached to its command's cgroup alone) differ.
-        let w = if matches!(w, Way::Balance1 | Way::Direct) {
+        let w = if matches!(
+            w,
+            Way::Balance1 | Way::Direct | Way::DirectCgroup | Way::DirectAlt | Way::DirectRandom
+        ) {
             Way::Balance
         } else {
             w
@@ -142,6 +177,20 @@ impl Env {
                 ]
                 .map(String::from),
             ),
+            // cgroup2 is not visible under `ip netns exec` (it remounts /sys): mounted in
+            // that command's own mount namespace, as balance does, and the child cgroup made
+            // under the root, where balance makes its own.
+            Way::DirectCgroup => v.extend(
+                [
+                    "sh",
+                    "-c",
+                    "d=$(mktemp -d) && mount -t cgroup2 none \"$d\" || exit 1; c=\"$d/tkbench.$$\"; \
+                     mkdir \"$c\" && echo $$ > \"$c/cgroup.procs\" && \"$@\"; rc=$?; \
+                     echo $$ > \"$d/cgroup.procs\"; rmdir \"$c\"; umount \"$d\"; rmdir \"$d\"; exit $rc",
+                    "sh",
+                ]
+                .map(String::from),
+            ),
             _ => {}
         }
         v.extend(argv.iter().map(|s| s.to_string()));
@@ -151,7 +200,7 @@ impl Env {
     /// host:port the client names.
     fn target(&self, w: Way) -> (String, String) {
         match w {
-            Way::Direct => (self.host(w).2.clone(), "6379".into()),
+            Way::Direct | Way::DirectCgroup => (self.host(w).2.clone(), "6379".into()),
             _ => ("198.19.0.1".into(), "6379".into()),
         }
     }
@@ -179,6 +228,89 @@ fn run_cpu_status(host: &Host, argv: &[String], exit1_ok: bool) -> Result<(Strin
     Ok((r.out, r.err, r.cpu_s))
 }
 
+/// Machine-wide seconds so far from /proc/stat's first line: user + nice, system, irq +
+/// softirq, everything, steal.
+fn stat_parts(stat: &str) -> Result<[f64; 5]> {
+    let line = stat.lines().next().context("/proc/stat")?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    if f.len() < 8 {
+        bail!("/proc/stat: {line}");
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let all: u64 = f.iter().take(8).sum();
+    Ok([
+        (f[0] + f[1]) as f64 / hz,
+        f[2] as f64 / hz,
+        (f[5] + f[6]) as f64 / hz,
+        all as f64 / hz,
+        f[7] as f64 / hz,
+    ])
+}
+
+/// The hidden `snap PID`: /proc/stat's first line, then `KTHREADS s` (utime + stime of every
+/// kernel thread: kworkers, ksoftirqd, rcu) and `PARENT s` (PID's utime + stime: the process
+/// that started the load, `balance run` in balance's ways), for the CPU figure's breakdown.
+pub fn snap(args: &[String]) -> Result<()> {
+    let [pid] = args else {
+        bail!("snap PID");
+    };
+    let pid: u32 = pid.parse()?;
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let mut kthreads = 0.0;
+    for e in std::fs::read_dir("/proc")?.flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        // A process gone since the listing is simply not counted.
+        if let Ok((flags, cpu)) = proc_flags_cpu_s(p) {
+            const PF_KTHREAD: u64 = 0x0020_0000;
+            if flags & PF_KTHREAD != 0 {
+                kthreads += cpu;
+            }
+        }
+    }
+    let parent = proc_cpu_s(pid).unwrap_or(0.0);
+    // Idle residency from cpuidle (µs, exact) and the clock it is set against: /proc/stat's
+    // busy is sampled at the tick (250 Hz here, about 700 samples in a 4 s run, ±3 % alone).
+    let mut idle_us = 0u64;
+    for cpu in std::fs::read_dir("/sys/devices/system/cpu")?.flatten() {
+        let name = cpu.file_name();
+        let Some(n) = name.to_str().and_then(|n| n.strip_prefix("cpu")) else {
+            continue;
+        };
+        if n.parse::<u32>().is_err() {
+            continue;
+        }
+        let Ok(states) = std::fs::read_dir(cpu.path().join("cpuidle")) else {
+            continue;
+        };
+        for st in states.flatten() {
+            idle_us += std::fs::read_to_string(st.path().join("time"))
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into a timespec on the stack.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let now = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+    println!(
+        "{}\nKTHREADS {kthreads}\nPARENT {parent}\nIDLE {}\nCLOCK {now}",
+        stat.lines().next().unwrap_or(""),
+        idle_us as f64 * 1e-6
+    );
+    Ok(())
+}
+
 /// Machine-wide busy seconds so far, from /proc/stat's first line: user + nice + system + irq + softirq (steal excluded;
 /// guest time is already inside user).
 /// Also the machine's share of busy time: (busy, all) seconds.
@@ -204,13 +336,24 @@ fn busy_s(stat: &str) -> Result<(f64, f64)> {
 
 /// utime + stime of a process, seconds.
 fn proc_cpu_s(pid: u32) -> Result<f64> {
+    Ok(proc_flags_cpu_s(pid)?.1)
+}
+
+/// A process's flags (PF_*) and utime + stime in seconds.
+fn proc_flags_cpu_s(pid: u32) -> Result<(u64, f64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The fields after the command name, which is in parentheses and may hold spaces.
     let rest = &s[s.rfind(')').context("stat")? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok((f[11].parse::<u64>()? + f[12].parse::<u64>()?) as f64 / hz)
+    if f.len() < 13 {
+        bail!("/proc/{pid}/stat: {s}");
+    }
+    Ok((
+        f[6].parse()?,
+        (f[11].parse::<u64>()? + f[12].parse::<u64>()?) as f64 / hz,
+    ))
 }
 
 #[derive(Clone, Default)]
@@ -222,6 +365,16 @@ struct Cpu {
     machine_pct: f64,
     /// tcpkit load held the asked rate (it reports when a stall of the machine kept it from).
     held: bool,
+    /// Where the busy time went, µs per request: user, system, irq + softirq (/proc/stat),
+    /// kernel threads, and the process that started the load (`balance run` in balance's ways).
+    user_us: f64,
+    sys_us: f64,
+    /// Busy time from cpuidle's exact idle residency (CPUs × wall − idle − steal), µs per
+    /// request; 0 without cpuidle.
+    exact_us: f64,
+    softirq_us: f64,
+    kthreads_us: f64,
+    parent_us: f64,
 }
 
 fn cpu_run(env: &Env, dir: &Path, w: Way, secs: u64) -> Result<Cpu> {
@@ -232,8 +385,9 @@ fn cpu_run(env: &Env, dir: &Path, w: Way, secs: u64) -> Result<Cpu> {
     let (s0, s1, tm) = (f("stat0")?, f("stat1")?, f("load.time")?);
     // The window is the load's own run, read inside the cgroup: balance's setup and teardown
     // (loading and attaching its programs) happen once per run, not per request, and stay out.
+    let bench = &env.bench;
     let script = format!(
-        "head -1 /proc/stat > {s0}; /usr/bin/time -f '%U %S' -o {tm} \"$@\"; rc=$?; head -1 /proc/stat > {s1}; exit $rc"
+        "{bench} snap $PPID > {s0}; /usr/bin/time -f '%U %S' -o {tm} \"$@\"; rc=$?; {bench} snap $PPID > {s1}; exit $rc"
     );
     let (host, argv) = env.client(
         w,
@@ -260,9 +414,28 @@ fn cpu_run(env: &Env, dir: &Path, w: Way, secs: u64) -> Result<Cpu> {
     let r0 = proc_cpu_s(env.redis_pids[0])? + proc_cpu_s(env.redis_pids[1])?;
     let (out, err, _) = run_cpu_status(&host, &argv, true)?;
     let r1 = proc_cpu_s(env.redis_pids[0])? + proc_cpu_s(env.redis_pids[1])?;
-    let (b0, a0) = busy_s(&std::fs::read_to_string(&s0)?)?;
-    let (b1, a1) = busy_s(&std::fs::read_to_string(&s1)?)?;
+    let (t0, t1) = (std::fs::read_to_string(&s0)?, std::fs::read_to_string(&s1)?);
+    let (b0, a0) = busy_s(&t0)?;
+    let (b1, a1) = busy_s(&t1)?;
     let busy = b1 - b0;
+    let (p0, p1) = (stat_parts(&t0)?, stat_parts(&t1)?);
+    let field = |t: &str, k: &str| -> f64 {
+        t.lines()
+            .find_map(|l| l.strip_prefix(k)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let kthreads = field(&t1, "KTHREADS ") - field(&t0, "KTHREADS ");
+    // Exact busy time: CPUs × wall time − idle residency − steal (/proc/stat's steal is the
+    // hypervisor's exact figure, in ticks' units). Zero when this kernel has no cpuidle.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let (i0, i1) = (field(&t0, "IDLE "), field(&t1, "IDLE "));
+    let steal = p1[4] - p0[4];
+    let exact = if i0 > 0.0 {
+        cpus * (field(&t1, "CLOCK ") - field(&t0, "CLOCK ")) - (i1 - i0) - steal
+    } else {
+        0.0
+    };
+    let parent = field(&t1, "PARENT ") - field(&t0, "PARENT ");
     let client_s: f64 = std::fs::read_to_string(&tm)?
         .lines()
         .last()
@@ -291,6 +464,12 @@ fn cpu_run(env: &Env, dir: &Path, w: Way, secs: u64) -> Result<Cpu> {
         machine_pct: busy * 100.0 / (a1 - a0),
         held: failure.is_empty(),
         procs_us: (client_s + r1 - r0) * 1e6 / answered as f64,
+        exact_us: exact * 1e6 / answered as f64,
+        user_us: (p1[0] - p0[0]) * 1e6 / answered as f64,
+        sys_us: (p1[1] - p0[1]) * 1e6 / answered as f64,
+        softirq_us: (p1[2] - p0[2]) * 1e6 / answered as f64,
+        kthreads_us: kthreads * 1e6 / answered as f64,
+        parent_us: parent * 1e6 / answered as f64,
     })
 }
 
@@ -329,18 +508,44 @@ fn rps_run(env: &Env, w: Way, n: u64) -> Result<f64> {
     Ok(rates.iter().sum::<f64>() / 2.0)
 }
 
-/// The hidden `connect-loop ADDR SECS`: connect + PING + close in a loop; prints
+/// The hidden `connect-loop ADDR[,ADDR...] SECS [random]`: connect + PING + close in a loop,
+/// turn about over the addresses given (or one picked at random each time); prints
 /// `CONNECTS n SECS s P50 us P99 us`.
 pub fn connect_loop(args: &[String]) -> Result<()> {
-    let [addr, secs] = args else {
-        bail!("connect-loop ADDR SECS");
+    let (addrs, secs, random) = match args {
+        [a, s] => (a, s, false),
+        [a, s, r] if r == "random" => (a, s, true),
+        _ => bail!("connect-loop ADDR[,ADDR...] SECS [random]"),
     };
-    let addr: SocketAddr = addr.parse()?;
+    // xorshift64 from a random seed: uniform enough to spread connections as balance's
+    // bpf_get_prandom_u32 does, at no cost worth measuring beside a connect.
+    let mut seed = 0u64;
+    // SAFETY: getrandom into a u64 on the stack, of its size.
+    unsafe { libc::getrandom((&raw mut seed).cast(), 8, 0) };
+    let mut x = seed | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let addrs: Vec<SocketAddr> = addrs
+        .split(',')
+        .map(|a| {
+            a.parse()
+                .with_context(|| format!("connect-loop: address {a:?}"))
+        })
+        .collect::<Result<_>>()?;
     let secs: f64 = secs.parse()?;
     let t0 = Instant::now();
     let mut lat = Vec::new();
     let mut buf = [0u8; 64];
     while t0.elapsed().as_secs_f64() < secs {
+        let addr = if random {
+            addrs[(next() % addrs.len() as u64) as usize]
+        } else {
+            addrs[lat.len() % addrs.len()]
+        };
         let c0 = Instant::now();
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
             .with_context(|| format!("connect {addr}"))?;
@@ -373,10 +578,19 @@ pub fn connect_loop(args: &[String]) -> Result<()> {
 
 /// New connections per second and p99 connect latency (µs).
 fn connect_run(env: &Env, w: Way, secs: f64) -> Result<(f64, f64)> {
-    let (h, p) = env.target(w);
-    let addr = format!("{h}:{p}");
+    let addr = if matches!(w, Way::DirectAlt | Way::DirectRandom) {
+        let srv = &env.host(w).2;
+        format!("{srv}:6379,{srv}:6380")
+    } else {
+        let (h, p) = env.target(w);
+        format!("{h}:{p}")
+    };
     let s = secs.to_string();
-    let (host, argv) = env.client(w, &[&env.bench, "connect-loop", &addr, &s]);
+    let mut argv = vec![env.bench.as_str(), "connect-loop", &addr, &s];
+    if w == Way::DirectRandom {
+        argv.push("random");
+    }
+    let (host, argv) = env.client(w, &argv);
     let (out, err, _) = run_cpu(&host, &argv)?;
     let line = out
         .lines()
@@ -407,57 +621,76 @@ fn met(ok: bool) -> &'static str {
     }
 }
 
-/// The ways in round `r`'s order: turned by one each round, so none is always first.
-fn order(r: usize) -> Vec<Way> {
-    (0..WAYS.len())
-        .map(|i| WAYS[(i + r) % WAYS.len()])
-        .collect()
-}
-
-/// Each way's runs, every one with the direct run made just before or after it: `of[i]` holds
-/// way `WAYS[i]`'s (direct, way) pairs (none for direct itself).
+/// Each row of a figure's plan: its (reference, way) pairs, `of[i]` for `plan[i]`.
 struct Pairs<T> {
+    plan: Plan,
     of: Vec<Vec<(T, T)>>,
 }
 
 impl<T> Default for Pairs<T> {
+    /// No runs (a figure left out with --only).
     fn default() -> Self {
         Pairs {
-            of: WAYS.iter().map(|_| Vec::new()).collect(),
+            plan: &[],
+            of: Vec::new(),
         }
     }
 }
 
 impl<T: Clone> Pairs<T> {
+    /// Every run of `reference` made as one (of every pair).
+    fn runs_of(&self, reference: Way) -> Vec<T> {
+        self.plan
+            .iter()
+            .zip(&self.of)
+            .filter(|((r, _), _)| *r == reference)
+            .flat_map(|(_, v)| v.iter().map(|p| p.0.clone()))
+            .collect()
+    }
     /// Every direct run (of every pair).
     fn direct(&self) -> Vec<T> {
-        self.of.iter().flatten().map(|p| p.0.clone()).collect()
+        self.runs_of(Way::Direct)
     }
-    fn way(&self, w: Way) -> &[(T, T)] {
-        &self.of[WAYS.iter().position(|x| *x == w).unwrap_or(0)]
+    /// The pairs of `w` with `reference`.
+    fn row(&self, reference: Way, w: Way) -> &[(T, T)] {
+        self.plan
+            .iter()
+            .position(|p| *p == (reference, w))
+            .map_or(&[], |i| &self.of[i])
+    }
+    fn is_empty(&self) -> bool {
+        self.of.iter().all(Vec::is_empty)
     }
 }
 
-/// `rounds` rounds: in each, every way but direct in a pair with a direct run just before or
-/// after it (turn about, and the ways' order turned each round). The machine's load drifts over
-/// seconds, more than any balancer costs; a ratio inside a pair sees the same drift on both
-/// sides, so its median over the pairs is what can be held to a 1 % or 5 % target here.
-fn paired<T: Clone>(rounds: usize, mut run: impl FnMut(Way) -> Result<T>) -> Result<Pairs<T>> {
-    let mut p = Pairs::default();
+/// `rounds` rounds: in each, every row of `plan` once, its way in a pair with a run of its
+/// reference just before or after it (turn about, and the rows' order turned each round). The
+/// machine's load drifts over seconds, more than any balancer costs; a ratio inside a pair sees
+/// the same drift on both sides, so its median over the pairs is what can be held to a 1 % or
+/// 5 % target here.
+fn paired<T: Clone>(
+    rounds: usize,
+    plan: Plan,
+    mut run: impl FnMut(Way) -> Result<T>,
+) -> Result<Pairs<T>> {
+    let mut p = Pairs {
+        plan,
+        of: plan.iter().map(|_| Vec::new()).collect(),
+    };
     for r in 0..rounds {
-        for (k, w) in order(r)
-            .into_iter()
-            .filter(|w| *w != Way::Direct)
-            .enumerate()
-        {
-            let pair = if (r + k) % 2 == 0 {
-                let d = run(Way::Direct).context("direct")?;
+        for k in 0..plan.len() {
+            let i = (k + r) % plan.len();
+            let (reference, w) = plan[i];
+            // Turn about by row and round (by position in the round, a row of an even-length
+            // plan would always have the same order).
+            let pair = if (r + i) & 1 == 0 {
+                let d = run(reference).with_context(|| reference.name())?;
                 (d, run(w)?)
             } else {
                 let v = run(w)?;
-                (run(Way::Direct).context("direct")?, v)
+                (run(reference).with_context(|| reference.name())?, v)
             };
-            p.of[WAYS.iter().position(|x| *x == w).unwrap_or(0)].push(pair);
+            p.of[i].push(pair);
         }
     }
     Ok(p)
@@ -474,6 +707,33 @@ fn ratios<T>(pairs: &[(T, T)], f: impl Fn(&T, &T) -> f64) -> (f64, f64, f64) {
 /// A cost target is one-sided: balance cheaper than direct is met, not a miss.
 fn cost_met(ratio: f64, allowed: f64) -> &'static str {
     met(ratio <= 1.0 + allowed)
+}
+
+/// A row's name: the way, and what it is paired with when that is not direct.
+fn row_name(reference: Way, w: Way) -> String {
+    if reference == Way::Direct {
+        w.name().to_string()
+    } else {
+        format!("{}, against {}", w.name(), reference.name())
+    }
+}
+
+/// A table row: reference, way, the way's runs, its pairs.
+type Row<'a, T> = (Way, Way, Vec<T>, &'a [(T, T)]);
+
+/// The rows of a figure: direct's first (its own runs, ratio 1), then the plan's.
+fn rows<T: Clone>(p: &Pairs<T>) -> Vec<Row<'_, T>> {
+    let mut v = vec![(Way::Direct, Way::Direct, p.direct(), &[][..])];
+    for (reference, w) in p.plan {
+        let pairs = p.row(*reference, *w);
+        v.push((
+            *reference,
+            *w,
+            pairs.iter().map(|x| x.1.clone()).collect(),
+            pairs,
+        ));
+    }
+    v
 }
 
 fn tables(
@@ -496,33 +756,31 @@ fn tables(
     };
     let balance = |w: Way| matches!(w, Way::Balance | Way::Balance1);
     let col = |v: &[Cpu], f: fn(&Cpu) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+    let one = (1.0, 1.0, 1.0);
 
     // A figure left out (--only) prints no table: NaN rows would read as "not met".
-    if cpu.of.iter().any(|p| !p.is_empty()) {
+    if !cpu.is_empty() {
         let _ = writeln!(
             t,
             "**1. CPU per request at {RATE} req/s** (`tcpkit load --redis-ping -c 100 -r {RATE} -t {cpu_s} --threads 1`; {cpu_rounds} pairs per way, each with a direct run beside it; ratios are the median of the pairs' ratios)\n\n\
-             | way | answered (median); runs where the rate was not held | machine busy during the run | busy CPU per request, /proc/stat | ratio to direct (min – max) | processes' CPU per request | ratio to direct (min – max) | target: ≤ direct + 1 % |\n\
-             |---|---:|---:|---:|---:|---:|---:|---|"
+             | way | answered (median); runs where the rate was not held | machine busy during the run | busy CPU per request, /proc/stat | ratio to direct (min – max) | busy CPU per request, exact (cpuidle) | ratio to direct (min – max) | processes' CPU per request | ratio to direct (min – max) | target: ≤ direct + 1 % |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
         );
-        for w in WAYS {
-            let runs: Vec<Cpu> = if w == Way::Direct {
-                cpu.direct()
-            } else {
-                cpu.way(w).iter().map(|p| p.1.clone()).collect()
-            };
-            let (rb, rp) = if w == Way::Direct {
-                ((1.0, 1.0, 1.0), (1.0, 1.0, 1.0))
+        for (reference, w, runs, pairs) in rows(cpu) {
+            let (rb, re, rp) = if w == Way::Direct {
+                (one, one, one)
             } else {
                 (
-                    ratios(cpu.way(w), |d, v| v.busy_us / d.busy_us),
-                    ratios(cpu.way(w), |d, v| v.procs_us / d.procs_us),
+                    ratios(pairs, |d, v| v.busy_us / d.busy_us),
+                    ratios(pairs, |d, v| v.exact_us / d.exact_us),
+                    ratios(pairs, |d, v| v.procs_us / d.procs_us),
                 )
             };
             let verdict = if balance(w) {
                 format!(
-                    "{} (/proc/stat) · {} (processes)",
+                    "{} (/proc/stat) · {} (exact) · {} (processes)",
                     cost_met(rb.0, 0.01),
+                    cost_met(re.0, 0.01),
                     cost_met(rp.0, 0.01)
                 )
             } else {
@@ -530,8 +788,8 @@ fn tables(
             };
             let _ = writeln!(
                 t,
-                "| {} | {:.0}; {} | {:.0} % | {:.2} µs | {:.3} ({:.3} – {:.3}) | {:.2} µs | {:.3} ({:.3} – {:.3}) | {verdict} |",
-                w.name(),
+                "| {} | {:.0}; {} | {:.0} % | {:.2} µs | {:.3} ({:.3} – {:.3}) | {:.2} µs | {:.3} ({:.3} – {:.3}) | {:.2} µs | {:.3} ({:.3} – {:.3}) | {verdict} |",
+                row_name(reference, w),
                 col(&runs, |c| c.answered as f64),
                 runs.iter().filter(|c| !c.held).count(),
                 col(&runs, |c| c.machine_pct),
@@ -539,15 +797,45 @@ fn tables(
                 rb.0,
                 rb.1,
                 rb.2,
+                col(&runs, |c| c.exact_us),
+                re.0,
+                re.1,
+                re.2,
                 col(&runs, |c| c.procs_us),
                 rp.0,
                 rp.1,
                 rp.2,
             );
         }
-        let _ = writeln!(t, "{}", ipvs_cells(7));
+        let _ = writeln!(t, "{}", ipvs_cells(9));
+        let _ = writeln!(
+            t,
+            "\nWhere the busy time went, µs per request (medians of the runs; each part's difference to its pair's direct run, median of the pairs, in brackets). \
+             Kernel threads: kworkers, ksoftirqd, rcu; parent: the process that started the load (`balance run` in balance's ways, `timeout` or a shell otherwise).\n\n\
+             | way | user | system | irq + softirq | kernel threads | parent |\n\
+             |---|---:|---:|---:|---:|---:|"
+        );
+        let parts: [fn(&Cpu) -> f64; 5] = [
+            |c| c.user_us,
+            |c| c.sys_us,
+            |c| c.softirq_us,
+            |c| c.kthreads_us,
+            |c| c.parent_us,
+        ];
+        for (reference, w, runs, pairs) in rows(cpu) {
+            let mut line = format!("| {} |", row_name(reference, w));
+            for f in parts {
+                let _ = write!(line, " {:.2}", col(&runs, f));
+                if w != Way::Direct {
+                    let d: Vec<f64> = pairs.iter().map(|(d, v)| f(v) - f(d)).collect();
+                    let _ = write!(line, " ({:+.2})", median(&d));
+                }
+                line.push_str(" |");
+            }
+            let _ = writeln!(t, "{line}");
+        }
     }
-    if rps.of.iter().any(|p| !p.is_empty()) {
+    if !rps.is_empty() {
         let rps_pairs = rps.of.iter().map(Vec::len).max().unwrap_or(0);
         let _ = writeln!(
             t,
@@ -555,14 +843,11 @@ fn tables(
              | way | median rps | median ratio to the direct run of its pair | min – max ratio | target: median ratio ≥ 0.99 |\n\
              |---|---:|---:|---:|---|"
         );
-        for w in WAYS {
-            let (v, r) = if w == Way::Direct {
-                (rps.direct(), (1.0, 1.0, 1.0))
+        for (reference, w, v, pairs) in rows(rps) {
+            let r = if w == Way::Direct {
+                one
             } else {
-                (
-                    rps.way(w).iter().map(|p| p.1).collect(),
-                    ratios(rps.way(w), |d, v| v / d),
-                )
+                ratios(pairs, |d, v| v / d)
             };
             let verdict = if balance(w) {
                 met(r.0 >= 0.99).to_string()
@@ -572,7 +857,7 @@ fn tables(
             let _ = writeln!(
                 t,
                 "| {} | {:.0} | {:.3} | {:.3} – {:.3} | {verdict} |",
-                w.name(),
+                row_name(reference, w),
                 median(&v),
                 r.0,
                 r.1,
@@ -581,35 +866,42 @@ fn tables(
         }
         let _ = writeln!(t, "{}", ipvs_cells(4));
     }
-    if conn.of.iter().any(|p| !p.is_empty()) {
+    if !conn.is_empty() {
         let conn_pairs = conn.of.iter().map(Vec::len).max().unwrap_or(0);
         let _ = writeln!(
             t,
-            "\n**3. connect cost**: one thread, connect + PING + close in a loop for {conn_s} s; {conn_pairs} pairs per way, each with a direct run beside it; cost = 1 − the median of the pairs' rate ratios\n\n\
-             | way | new connections / s (median) | rate ratio to direct (min – max) | p99 connect() latency (median) | p99 ratio to direct (min – max) | cost vs direct (target ≤ 5 %) |\n\
+            "\n**3. connect cost**: one thread, connect + PING + close in a loop for {conn_s} s; {conn_pairs} pairs per row, each with a run of its reference beside it (direct unless named); cost = 1 − the median of the pairs' rate ratios. \
+             Balance with two backends keeps two redis processes busy: its like-for-like reference is the client picking one of both backends at random itself, as balance's default algorithm does (alternating switches redis on every connect, random on half)\n\n\
+             | way | new connections / s (median) | rate ratio to its reference (min – max) | p99 connect() latency (median) | p99 ratio to its reference (min – max) | cost vs its reference (target ≤ 5 %) |\n\
              |---|---:|---:|---:|---:|---|"
         );
-        for w in WAYS {
-            let (v, r, q) = if w == Way::Direct {
-                (conn.direct(), (1.0, 1.0, 1.0), (1.0, 1.0, 1.0))
+        for (reference, w, v, pairs) in rows(conn) {
+            let (r, q) = if w == Way::Direct {
+                (one, one)
             } else {
                 (
-                    conn.way(w).iter().map(|p| p.1).collect(),
-                    ratios(conn.way(w), |d, v| v.0 / d.0),
-                    ratios(conn.way(w), |d, v| v.1 / d.1),
+                    ratios(pairs, |d, v| v.0 / d.0),
+                    ratios(pairs, |d, v| v.1 / d.1),
                 )
             };
             let cost = 1.0 - r.0;
+            // Judged like for like only: one backend against direct, two against the client
+            // spreading over both at random itself.
+            let judged = matches!(
+                (reference, w),
+                (Way::Direct, Way::Balance1) | (Way::DirectRandom, Way::Balance)
+            );
             let verdict = match w {
                 Way::Direct => String::new(),
-                // A rate cost: as many connections or more than direct is met.
-                w if balance(w) => format!("{:.1} %: {}", cost * 100.0, met(cost <= 0.05)),
+                // A rate cost: as many connections or more than the reference is met.
+                _ if judged => format!("{:.1} %: {}", cost * 100.0, met(cost <= 0.05)),
+                w if balance(w) => format!("{:.1} % (not like for like)", cost * 100.0),
                 _ => format!("{:.1} %", cost * 100.0),
             };
             let _ = writeln!(
                 t,
                 "| {} | {:.0} | {:.3} ({:.3} – {:.3}) | {:.0} µs | {:.3} ({:.3} – {:.3}) | {verdict} |",
-                w.name(),
+                row_name(reference, w),
                 median(&v.iter().map(|x| x.0).collect::<Vec<_>>()),
                 r.0,
                 r.1,
@@ -762,11 +1054,19 @@ pub fn balance_bench(args: &[String]) -> Result<()> {
         },
         None => None,
     };
-    if let Some(a) = args
-        .iter()
-        .find(|a| !matches!(a.as_str(), "--quick" | "--only" | "cpu" | "rps" | "connect"))
-    {
-        bail!("balance: unknown argument {a:?} (--quick, --only cpu|rps|connect)");
+    // `--cpu-secs N`: the CPU figure's window, to see whether a short one biases it.
+    let cpu_secs = match args.iter().position(|a| a == "--cpu-secs") {
+        Some(i) => match args.get(i + 1).and_then(|v| v.parse::<u64>().ok()) {
+            Some(n) if n > 0 => Some(n),
+            _ => bail!("balance: --cpu-secs needs a whole number of seconds above 0"),
+        },
+        None => None,
+    };
+    if let Some(a) = args.iter().enumerate().find_map(|(i, a)| {
+        let value = i > 0 && matches!(args[i - 1].as_str(), "--only" | "--cpu-secs");
+        (!value && !matches!(a.as_str(), "--quick" | "--only" | "--cpu-secs")).then_some(a)
+    }) {
+        bail!("balance: unknown argument {a:?} (--quick, --only cpu|rps|connect, --cpu-secs N)");
     }
     let wants = |f: &str| only.is_none_or(|o| o == f);
     for tool in ["redis-server", "redis-benchmark", "iptables", "nft"] {
@@ -784,6 +1084,7 @@ pub fn balance_bench(args: &[String]) -> Result<()> {
     } else {
         (10, 4, 10, 50_000, 10, 2.0)
     };
+    let cpu_s = cpu_secs.unwrap_or(cpu_s);
     let started = Instant::now();
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let ipvs = Path::new("/sys/module/ip_vs").exists();
@@ -792,13 +1093,19 @@ pub fn balance_bench(args: &[String]) -> Result<()> {
 
     eprintln!("CPU per request at {RATE} req/s, {cpu_rounds} rounds of pairs ...");
     let cpu = if wants("cpu") {
-        paired(cpu_rounds, |w| {
+        paired(cpu_rounds, CPU_PLAN, |w| {
             let c = cpu_run(&env, lab.dir(), w, cpu_s).with_context(|| w.name())?;
             eprintln!(
-                "  {}: {} answered, {:.1} µs busy, {:.1} µs processes per request",
+                "  {}: {} answered, {:.1} µs busy, {:.1} exact (user {:.1}, sys {:.1}, softirq {:.1}, kthreads {:.1}, parent {:.2}), {:.1} µs processes per request",
                 w.name(),
                 c.answered,
                 c.busy_us,
+                c.exact_us,
+                c.user_us,
+                c.sys_us,
+                c.softirq_us,
+                c.kthreads_us,
+                c.parent_us,
                 c.procs_us
             );
             Ok(c)
@@ -808,7 +1115,7 @@ pub fn balance_bench(args: &[String]) -> Result<()> {
     };
     eprintln!("redis-benchmark rps, {rps_rounds} rounds of pairs ...");
     let rps = if wants("rps") {
-        paired(rps_rounds, |w| {
+        paired(rps_rounds, RPS_PLAN, |w| {
             let v = rps_run(&env, w, rps_n).with_context(|| w.name())?;
             eprintln!("  {}: {v:.0} rps", w.name());
             Ok(v)
@@ -818,7 +1125,7 @@ pub fn balance_bench(args: &[String]) -> Result<()> {
     };
     eprintln!("connect loop, {conn_rounds} rounds of pairs ...");
     let conn = if wants("connect") {
-        paired(conn_rounds, |w| {
+        paired(conn_rounds, CONN_PLAN, |w| {
             let v = connect_run(&env, w, conn_s).with_context(|| w.name())?;
             eprintln!("  {}: {:.0} connects/s, p99 {:.0} µs", w.name(), v.0, v.1);
             Ok(v)
@@ -862,7 +1169,7 @@ pub fn balance_bench(args: &[String]) -> Result<()> {
         &date,
         &md,
         started,
-        (quick || only.is_some()).then_some("--quick/--only"),
+        (quick || only.is_some() || cpu_secs.is_some()).then_some("--quick/--only/--cpu-secs"),
     )
 }
 
@@ -882,27 +1189,30 @@ mod tests {
     #[test]
     fn every_way_is_paired_with_a_direct_run_beside_it_turn_about() {
         let mut seq = Vec::new();
-        let p = paired(4, |w| {
+        let p = paired(4, CONN_PLAN, |w| {
             seq.push(w);
             Ok(seq.len())
         })
         .unwrap();
-        // Each round: every way but direct once, each beside one direct run.
-        assert_eq!(seq.len(), 4 * (WAYS.len() - 1) * 2);
-        assert!(p.way(Way::Direct).is_empty());
-        for w in WAYS.iter().filter(|w| **w != Way::Direct) {
-            let pairs = p.way(*w);
+        // Each round: every row once, beside one run of its reference.
+        assert_eq!(seq.len(), 4 * CONN_PLAN.len() * 2);
+        for (reference, w) in CONN_PLAN {
+            let pairs = p.row(*reference, *w);
             assert_eq!(pairs.len(), 4, "{w:?}");
             // Runs are numbered in order: the two of a pair are next to each other, and the
-            // direct run comes first in some pairs and second in others.
+            // reference's run comes first in some pairs and second in others.
             assert!(pairs.iter().all(|(d, v)| d.abs_diff(*v) == 1), "{pairs:?}");
             assert!(pairs.iter().any(|(d, v)| d < v) && pairs.iter().any(|(d, v)| d > v));
             for (d, v) in pairs {
-                assert_eq!(seq[d - 1], Way::Direct);
+                assert_eq!(seq[d - 1], *reference);
                 assert_eq!(seq[v - 1], *w);
             }
         }
-        assert_eq!(p.direct().len(), 4 * (WAYS.len() - 1));
+        // Balance with two backends is paired with direct and, apart, with the client
+        // alternating over both backends; direct's runs are those made as direct only.
+        assert_eq!(p.row(Way::DirectAlt, Way::Balance).len(), 4);
+        let direct_rows = CONN_PLAN.iter().filter(|r| r.0 == Way::Direct).count();
+        assert_eq!(p.direct().len(), 4 * direct_rows);
     }
 
     #[test]
@@ -921,11 +1231,12 @@ mod tests {
     fn a_figure_left_out_prints_no_table_and_a_cheaper_way_is_met() {
         // --only connect: no CPU or rps table (NaN rows read as "not met"); a balance way
         // faster than direct meets the connect target.
-        let conn = paired(2, |w| {
-            Ok(if w == Way::Direct {
-                (100.0, 50.0)
-            } else {
-                (110.0, 40.0)
+        let conn = paired(2, CONN_PLAN, |w| {
+            Ok(match w {
+                Way::Direct => (100.0, 50.0),
+                Way::DirectAlt => (88.0, 60.0),
+                Way::DirectRandom => (100.0, 55.0),
+                _ => (110.0, 40.0),
             })
         })
         .unwrap();
@@ -942,6 +1253,20 @@ mod tests {
         assert!(!t.contains("NaN"), "{t}");
         assert!(
             t.contains("| tcpkit balance run (1 backend) | 110 | 1.100 (1.100 – 1.100) | 40 µs | 0.800 (0.800 – 0.800) | -10.0 %: **met** |"),
+            "{t}"
+        );
+        // The two-backend row is judged against the client spreading at random itself
+        // (110 / 100); against one redis or the alternating client it is shown, not judged.
+        assert!(
+            t.contains("| tcpkit balance run (2 backends, random), against direct, random over both backends | 110 | 1.100 (1.100 – 1.100) | 40 µs | 0.727 (0.727 – 0.727) | -10.0 %: **met** |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| tcpkit balance run (2 backends, random), against direct, alternating over both backends | 110 | 1.250 (1.250 – 1.250) | 40 µs | 0.667 (0.667 – 0.667) | -25.0 % (not like for like) |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| tcpkit balance run (2 backends, random) | 110 | 1.100 (1.100 – 1.100) | 40 µs | 0.800 (0.800 – 0.800) | -10.0 % (not like for like) |"),
             "{t}"
         );
     }

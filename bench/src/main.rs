@@ -28,6 +28,8 @@ fn main() {
         Some("balance") => balance::balance_bench(&args[1..]),
         // Not a benchmark: the connect loop `balance` runs inside its client hosts.
         Some("connect-loop") => balance::connect_loop(&args[1..]),
+        // Nor this: the CPU figure's snapshot of /proc/stat, kernel threads and one process.
+        Some("snap") => balance::snap(&args[1..]),
         _ => {
             eprintln!(
                 "usage: tcpkit-bench replay [--against PATH [--against-label L]] | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L]] | mpcat [--quick] | balance [--quick]"

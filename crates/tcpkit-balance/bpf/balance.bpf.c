@@ -31,9 +31,12 @@ struct {
 	__type(value, struct backend);
 } backends SEC(".maps");
 
+/* Mmapable: --drain-kill reads all its slots in one go from user space, where a lookup
+ * syscall per slot took 65,536 calls. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_SOCKETS);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct revnat);
 } revnat SEC(".maps");
@@ -427,8 +430,15 @@ int tk_recvmsg4(struct bpf_sock_addr *ctx)
 	struct revnat *r = rev_get(cookie);
 	/* Only what came from the socket's backend is shown as the VIP's. */
 	if (r && r->bip[0] == ctx->user_ip4 && r->bport == (__u16)ctx->user_port) {
-		ctx->user_ip4 = r->vip[0];
-		ctx->user_port = r->vport;
+		__u32 vip = r->vip[0];
+		__u32 vport = r->vport;
+		/* As in getpeername4: a slot rewritten by a new socket meanwhile has its cookie
+		 * cleared first, so a copy made before the cookie is read again is this socket's. */
+		asm volatile("" ::: "memory");
+		if (READ_ONCE_U64(r->cookie) != cookie)
+			return 1;
+		ctx->user_ip4 = vip;
+		ctx->user_port = vport;
 		count(COUNTER_REVNAT);
 	}
 	return 1;
@@ -477,19 +487,29 @@ int tk_recvmsg6(struct bpf_sock_addr *ctx)
 	if (ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 &&
 	    ctx->user_ip6[2] == bpf_htonl(0xffff) && r->bip[1] == 0 && r->bip[2] == 0 &&
 	    r->bip[3] == 0 && r->bip[0] == ctx->user_ip6[3] && r->bport == (__u16)ctx->user_port) {
-		ctx->user_ip6[3] = r->vip[0];
-		ctx->user_port = r->vport;
+		__u32 vip = r->vip[0];
+		__u32 vport = r->vport;
+		asm volatile("" ::: "memory");
+		if (READ_ONCE_U64(r->cookie) != cookie)
+			return 1;
+		ctx->user_ip6[3] = vip;
+		ctx->user_port = vport;
 		count(COUNTER_REVNAT);
 		return 1;
 	}
 	if (r->bip[0] == ctx->user_ip6[0] && r->bip[1] == ctx->user_ip6[1] &&
 	    r->bip[2] == ctx->user_ip6[2] && r->bip[3] == ctx->user_ip6[3] &&
 	    r->bport == (__u16)ctx->user_port) {
-		ctx->user_ip6[0] = r->vip[0];
-		ctx->user_ip6[1] = r->vip[1];
-		ctx->user_ip6[2] = r->vip[2];
-		ctx->user_ip6[3] = r->vip[3];
-		ctx->user_port = r->vport;
+		__u32 vip[4] = { r->vip[0], r->vip[1], r->vip[2], r->vip[3] };
+		__u32 vport = r->vport;
+		asm volatile("" ::: "memory");
+		if (READ_ONCE_U64(r->cookie) != cookie)
+			return 1;
+		ctx->user_ip6[0] = vip[0];
+		ctx->user_ip6[1] = vip[1];
+		ctx->user_ip6[2] = vip[2];
+		ctx->user_ip6[3] = vip[3];
+		ctx->user_port = vport;
 		count(COUNTER_REVNAT);
 	}
 	return 1;

@@ -82,6 +82,99 @@ struct Revnat {
     pad: u32,
 }
 
+/// The reverse map's slots as the kernel holds them (the map is BPF_F_MMAPABLE): one mmap
+/// instead of a lookup syscall per slot. Read only, while the programs write it.
+struct RevnatView {
+    ptr: std::ptr::NonNull<Revnat>,
+    len: usize,
+}
+
+impl RevnatView {
+    fn map(fd: impl std::os::fd::AsFd) -> std::io::Result<RevnatView> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = (std::mem::size_of::<Revnat>() * MAX_SOCKETS as usize).div_ceil(page) * page;
+        // SAFETY: a fresh read-only shared mapping of the map's descriptor, which outlives
+        // the call; nothing else refers to the address returned.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(p.cast()).ok_or_else(|| std::io::Error::other("mmap"))?;
+        Ok(RevnatView { ptr, len })
+    }
+
+    /// Slot `i`'s entry when it holds one that stayed whole while it was read: the programs
+    /// clear a slot's cookie before rewriting it (rev_put), so the cookie read the same before
+    /// and after the copy means the copy is that socket's.
+    fn get(&self, i: usize) -> Option<Revnat> {
+        assert!(i < MAX_SOCKETS as usize);
+        // SAFETY: i is within the MAX_SOCKETS entries mapped (48 bytes each, 8-aligned); the
+        // kernel writes them concurrently, hence volatile reads of plain integers (any bit
+        // pattern is a valid Revnat) and the cookie check around the copy.
+        unsafe {
+            let slot = self.ptr.as_ptr().add(i);
+            let c1 = std::ptr::read_volatile(&raw const (*slot).cookie);
+            if c1 == 0 {
+                return None;
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            let r = std::ptr::read_volatile(slot);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            let c2 = std::ptr::read_volatile(&raw const (*slot).cookie);
+            (c1 == c2 && r.cookie == c1).then_some(r)
+        }
+    }
+}
+
+impl Drop for RevnatView {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in map(), of this length, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Detaches the link pinned at `path` now, then removes the pin. Removing the pin alone
+/// detaches only when the kernel frees the pin's inode (after an RCU grace period, then from a
+/// workqueue): a reload answered while the hooks it dropped still ran (seen in the balance
+/// tests under load). aya 0.14 has no call for BPF_LINK_DETACH, hence the raw bpf(2) calls.
+fn detach_pinned(path: &Path) -> std::io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    const BPF_OBJ_GET: libc::c_long = 7;
+    const BPF_LINK_DETACH: libc::c_long = 34;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // union bpf_attr, BPF_OBJ_GET: pathname (u64), bpf_fd, file_flags, path_fd (u32 each).
+    let get: [u64; 3] = [c.as_ptr() as u64, 0, 0];
+    // SAFETY: bpf(2) reads `get` (of the size given) and the NUL-terminated path it points
+    // to, both alive for the call.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, get.as_ptr(), 24) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor BPF_OBJ_GET just returned and nothing else owns.
+    let link = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // BPF_LINK_DETACH: link_fd (u32).
+    let detach: [u32; 1] = [link.as_raw_fd() as u32];
+    // SAFETY: bpf(2) reads `detach`, of the size given.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, detach.as_ptr(), 4) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop(link);
+    std::fs::remove_file(path)
+}
+
 /// bpf/balance.h MAX_SOCKETS: the reverse map's slots.
 const MAX_SOCKETS: u32 = 65536;
 /// bpf/balance.h VIP_PORT_WORDS: the vip_ports bitmap, a bit for each port.
@@ -139,6 +232,8 @@ pub enum LoadError {
     Cpus(#[source] std::io::Error),
     #[error("pinning {0}: {1}")]
     Pin(String, String),
+    #[error("mapping BPF map {0} into memory: {1}")]
+    Mmap(&'static str, #[source] std::io::Error),
 }
 
 /// What the programs counted, summed over CPUs.
@@ -621,10 +716,11 @@ impl Balancer {
                 .program(name)?
                 .detach(id)
                 .map_err(|e| LoadError::Program(name, e)),
-            // A pinned link goes with its pin (this process closed its descriptor already).
+            // A pinned link (this process closed its descriptor already) is detached through
+            // its pin, then the pin removed.
             (None, Some(dir)) => {
                 let path = dir.join(format!("link_{name}"));
-                std::fs::remove_file(&path)
+                detach_pinned(&path)
                     .map_err(|e| LoadError::Pin(path.display().to_string(), e.to_string()))
             }
             (None, None) => Ok(()),
@@ -694,12 +790,14 @@ impl Balancer {
         let mapped = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), ip[0]];
         let map = self.ebpf.map("revnat").ok_or(LoadError::NoMap("revnat"))?;
         let m: Array<_, Revnat> = Array::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
+        let slots = RevnatView::map(aya::maps::IterableMap::map(&m).fd())
+            .map_err(|e| LoadError::Mmap("revnat", e))?;
         let mut out = std::collections::HashSet::new();
-        for r in m.iter() {
-            let r = r.map_err(|e| LoadError::Map("revnat", e))?;
-            if r.cookie != 0 && r.bport == port && (r.bip == ip || (family == 4 && r.bip == mapped))
-            {
-                out.insert(r.cookie);
+        for i in 0..MAX_SOCKETS as usize {
+            if let Some(r) = slots.get(i) {
+                if r.bport == port && (r.bip == ip || (family == 4 && r.bip == mapped)) {
+                    out.insert(r.cookie);
+                }
             }
         }
         Ok(out)
