@@ -507,7 +507,10 @@ impl Health {
                                 match drain_backend(&balancer, addr, which) {
                                     Ok(n) => lock(&state)[si][bi].drained += n,
                                     Err(e) => {
-                                        eprintln!("tcpkit balance: --drain-kill {addr}: {e}");
+                                        crate::trace::write_line(
+                                            &mut std::io::stderr().lock(),
+                                            format!("tcpkit balance: --drain-kill {addr}: {e}"),
+                                        );
                                         lock(&error)
                                             .get_or_insert(format!("--drain-kill {addr}: {e}"));
                                     }

@@ -66,6 +66,16 @@ impl TraceEvent {
     }
 }
 
+/// Writes `line` and its newline in one call. The command `run` started writes to the same
+/// stderr, and writeln!/eprintln! write the text and the newline in two calls (stderr is not
+/// buffered), between which a line of the command's could land: a trace line then ran into the
+/// command's and the command's line lost its start. One write of less than PIPE_BUF bytes to
+/// a pipe is never split.
+pub(crate) fn write_line(err: &mut impl std::io::Write, mut line: String) {
+    line.push('\n');
+    let _ = err.write_all(line.as_bytes());
+}
+
 /// The thread printing the ring buffer; [`Tracer::stop`] prints what is left and ends it.
 #[derive(Debug)]
 pub struct Tracer {
@@ -86,11 +96,8 @@ impl Tracer {
                     let mut err = std::io::stderr().lock();
                     while let Some(item) = ring.next() {
                         if let Some(e) = TraceEvent::parse(&item) {
-                            let _ = writeln!(
-                                err,
-                                "{}",
-                                tcpkit_stats::stamp(start.elapsed(), &e.line())
-                            );
+                            let line = tcpkit_stats::stamp(start.elapsed(), &e.line());
+                            write_line(&mut err, line);
                         }
                     }
                     drop(err);

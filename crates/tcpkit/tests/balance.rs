@@ -873,6 +873,74 @@ fn trace_prints_every_selection_with_its_pid() {
     }
 }
 
+/// The command writes to the stderr `--trace` prints on, at the same time: every trace line
+/// and every one of the command's lines arrives whole. Trace lines were written in two calls
+/// (text, then newline), and a line of the command's landing between them ran the two together.
+#[test]
+fn trace_lines_stay_whole_while_the_command_writes_to_the_same_stderr() {
+    let _g = serial();
+    let (_lab, cli, _srv, _link) = Lab::pair("baltw").unwrap_or_else(|e| panic!("{e}"));
+    // Nothing listens there: each connect is refused at once, after balance chose it.
+    let backend = format!("{SRV}:9");
+    let (vip_ip, vip_port) = VIP.split_once(':').unwrap();
+    let spam = "import os\nwhile True:\n    os.write(2, b'command-line\\n')\n";
+    let connects = format!(
+        "import socket\n\
+         for _ in range(1000):\n\
+         \x20   s = socket.socket()\n\
+         \x20   try:\n\
+         \x20       s.connect(('{vip_ip}', {vip_port}))\n\
+         \x20   except OSError:\n\
+         \x20       pass\n\
+         \x20   s.close()\n"
+    );
+    // The writer is a process of its own, so it writes while the connecting one is in connect().
+    let sh = "python3 -c \"$0\" & w=$!; python3 -c \"$1\"; rc=$?; kill $w; exit $rc";
+    let argv = [
+        tcpkit(),
+        "balance",
+        "run",
+        "--vip",
+        VIP,
+        "--backend",
+        &backend,
+        "--trace",
+        "--",
+        "sh",
+        "-c",
+        sh,
+        spam,
+        &connects,
+    ];
+    let out = cli.command(&argv).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        &stderr[stderr.len().saturating_sub(2000)..]
+    );
+    let want_end = format!(" connect {VIP} -> {backend}");
+    let (mut traced, mut command) = (0, 0);
+    for l in stderr.lines() {
+        if l.contains("trace:") {
+            assert!(
+                l.starts_with('[') && l.contains("] trace: pid ") && l.ends_with(&want_end),
+                "a trace line run together with another: {l:?}"
+            );
+            traced += 1;
+        } else if l.contains("command-line") {
+            assert_eq!(l, "command-line", "a command line cut into");
+            command += 1;
+        }
+    }
+    assert_eq!(
+        traced, 1000,
+        "every connect traced, each on a line of its own"
+    );
+    assert!(command > 0, "the command wrote while balance traced");
+}
+
 /// Each bad input: exit 2, one line naming the flag, nothing run; not root: exit 1, one line.
 #[test]
 fn bad_input_gives_one_line() {
