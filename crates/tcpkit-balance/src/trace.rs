@@ -2,7 +2,6 @@
 //! their ring buffer and printed on stderr as it happens: pid, cgroup id, VIP -> backend.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
