@@ -336,6 +336,36 @@ int tk_connect6(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
+/* Shows this socket the VIP its slot holds (getpeername, recvmsg). rev_put clears the cookie
+ * before it rewrites a reused slot: the cookie is read again after the copy, so a slot taken by
+ * a new socket meanwhile never lends this one its VIP. */
+static __always_inline void show_vip4(struct bpf_sock_addr *ctx, struct revnat *r, __u64 cookie)
+{
+	__u32 vip = r->vip[0];
+	__u32 vport = r->vport;
+	asm volatile("" ::: "memory");
+	if (READ_ONCE_U64(r->cookie) != cookie)
+		return;
+	ctx->user_ip4 = vip;
+	ctx->user_port = vport;
+	count(COUNTER_REVNAT);
+}
+
+static __always_inline void show_vip6(struct bpf_sock_addr *ctx, struct revnat *r, __u64 cookie)
+{
+	__u32 vip[4] = { r->vip[0], r->vip[1], r->vip[2], r->vip[3] };
+	__u32 vport = r->vport;
+	asm volatile("" ::: "memory");
+	if (READ_ONCE_U64(r->cookie) != cookie)
+		return;
+	ctx->user_ip6[0] = vip[0];
+	ctx->user_ip6[1] = vip[1];
+	ctx->user_ip6[2] = vip[2];
+	ctx->user_ip6[3] = vip[3];
+	ctx->user_port = vport;
+	count(COUNTER_REVNAT);
+}
+
 SEC("cgroup/getpeername4")
 int tk_getpeername4(struct bpf_sock_addr *ctx)
 {
@@ -349,16 +379,7 @@ int tk_getpeername4(struct bpf_sock_addr *ctx)
 		count(COUNTER_STALE);
 		return 1;
 	}
-	__u32 vip = r->vip[0];
-	__u32 vport = r->vport;
-	/* rev_put clears the cookie before it rewrites a reused slot: read again after the
-	 * copy, so a slot taken by a new socket meanwhile never lends this one its VIP. */
-	asm volatile("" ::: "memory");
-	if (READ_ONCE_U64(r->cookie) != cookie)
-		return 1;
-	ctx->user_ip4 = vip;
-	ctx->user_port = vport;
-	count(COUNTER_REVNAT);
+	show_vip4(ctx, r, cookie);
 	return 1;
 }
 
@@ -376,17 +397,7 @@ int tk_getpeername6(struct bpf_sock_addr *ctx)
 		count(COUNTER_STALE);
 		return 1;
 	}
-	__u32 vip[4] = { r->vip[0], r->vip[1], r->vip[2], r->vip[3] };
-	__u32 vport = r->vport;
-	asm volatile("" ::: "memory");
-	if (READ_ONCE_U64(r->cookie) != cookie)
-		return 1;
-	ctx->user_ip6[0] = vip[0];
-	ctx->user_ip6[1] = vip[1];
-	ctx->user_ip6[2] = vip[2];
-	ctx->user_ip6[3] = vip[3];
-	ctx->user_port = vport;
-	count(COUNTER_REVNAT);
+	show_vip6(ctx, r, cookie);
 	return 1;
 }
 
@@ -430,16 +441,7 @@ int tk_recvmsg4(struct bpf_sock_addr *ctx)
 	struct revnat *r = rev_get(cookie);
 	/* Only what came from the socket's backend is shown as the VIP's. */
 	if (r && r->bip[0] == ctx->user_ip4 && r->bport == (__u16)ctx->user_port) {
-		__u32 vip = r->vip[0];
-		__u32 vport = r->vport;
-		/* As in getpeername4: a slot rewritten by a new socket meanwhile has its cookie
-		 * cleared first, so a copy made before the cookie is read again is this socket's. */
-		asm volatile("" ::: "memory");
-		if (READ_ONCE_U64(r->cookie) != cookie)
-			return 1;
-		ctx->user_ip4 = vip;
-		ctx->user_port = vport;
-		count(COUNTER_REVNAT);
+		show_vip4(ctx, r, cookie);
 	}
 	return 1;
 }
@@ -500,17 +502,7 @@ int tk_recvmsg6(struct bpf_sock_addr *ctx)
 	if (r->bip[0] == ctx->user_ip6[0] && r->bip[1] == ctx->user_ip6[1] &&
 	    r->bip[2] == ctx->user_ip6[2] && r->bip[3] == ctx->user_ip6[3] &&
 	    r->bport == (__u16)ctx->user_port) {
-		__u32 vip[4] = { r->vip[0], r->vip[1], r->vip[2], r->vip[3] };
-		__u32 vport = r->vport;
-		asm volatile("" ::: "memory");
-		if (READ_ONCE_U64(r->cookie) != cookie)
-			return 1;
-		ctx->user_ip6[0] = vip[0];
-		ctx->user_ip6[1] = vip[1];
-		ctx->user_ip6[2] = vip[2];
-		ctx->user_ip6[3] = vip[3];
-		ctx->user_port = vport;
-		count(COUNTER_REVNAT);
+		show_vip6(ctx, r, cookie);
 	}
 	return 1;
 }
