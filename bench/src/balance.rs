@@ -315,23 +315,8 @@ pub fn snap(args: &[String]) -> Result<()> {
 /// guest time is already inside user).
 /// Also the machine's share of busy time: (busy, all) seconds.
 fn busy_s(stat: &str) -> Result<(f64, f64)> {
-    let line = stat.lines().next().context("/proc/stat")?;
-    let f: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
-    if f.len() < 8 {
-        bail!("/proc/stat: {line}");
-    }
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    // user nice system idle iowait irq softirq steal: guest time is inside user and nice.
-    let all: u64 = f.iter().take(8).sum();
-    Ok((
-        (f[0] + f[1] + f[2] + f[5] + f[6]) as f64 / hz,
-        all as f64 / hz,
-    ))
+    let [user, system, irq, all, _steal] = stat_parts(stat)?;
+    Ok((user + system + irq, all))
 }
 
 /// utime + stime of a process, seconds.
