@@ -661,9 +661,12 @@ fn reader(
                         }
                     }
                 }
-                made += 1;
                 match fresh.pop() {
-                    Some(b) => b,
+                    Some(b) => {
+                        made += 1;
+                        b
+                    }
+                    // carve gives as many as asked, at least one: never empty here.
                     None => continue,
                 }
             }
