@@ -154,6 +154,28 @@ fn on_cpu(pids: &[u32]) -> f64 {
         / 1e9
 }
 
+/// Seconds every live thread of process `pid` has run, from the scheduler (exact: the
+/// counter wait4's rusage reports at the end, where /proc/PID/stat's are whole ticks).
+fn threads_on_cpu(pid: u32) -> f64 {
+    let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    tids.iter()
+        .filter_map(|t| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{t}/schedstat"))
+                .ok()?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum::<u64>() as f64
+        / 1e9
+}
+
 /// User + system CPU seconds and peak RSS (KiB) of a live process.
 fn usage(pid: u32) -> (f64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -393,18 +415,19 @@ struct Row {
     error: Option<String>,
 }
 
-/// Waits for a copy and returns its JSON report.
-fn copy_report(copy: Child) -> Result<serde_json::Value> {
-    match copy_report_kept(copy)? {
-        (_, Some(why)) => bail!("{why}"),
-        (r, None) => Ok(r),
-    }
+/// A copy that ended: its report, why it failed (exit 1) when it did, and all the CPU it used.
+struct Finished {
+    report: serde_json::Value,
+    error: Option<String>,
+    /// User + system seconds over the copy's whole life, from wait4(2)'s rusage (exact,
+    /// where /proc's are whole ticks).
+    cpu_s: f64,
 }
 
 /// Waits for a copy and returns its JSON report, and why the copy failed (exit 1) when it
 /// did: a failed run's report still holds its figures, which an A/B row shows for both builds.
-fn copy_report_kept(copy: Child) -> Result<(serde_json::Value, Option<String>)> {
-    let o = copy.wait_with_output().context("wait for tcpkit copy")?;
+fn copy_report_kept(copy: Child) -> Result<Finished> {
+    let (o, cpu_s) = wait_with_cpu(copy).context("wait for tcpkit copy")?;
     if !o.status.success() {
         // The report says where the copies stood (sessions, transparent mode's counters).
         let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
@@ -416,12 +439,66 @@ fn copy_report_kept(copy: Child) -> Result<(serde_json::Value, Option<String>)> 
             r["transparent"]
         );
         if r["requests"].is_object() && o.status.code() == Some(1) {
-            return Ok((r, Some(why)));
+            return Ok(Finished {
+                report: r,
+                error: Some(why),
+                cpu_s,
+            });
         }
         bail!("{why}");
     }
-    let r = serde_json::from_slice(&o.stdout).context("tcpkit copy --json")?;
-    Ok((r, None))
+    let report = serde_json::from_slice(&o.stdout).context("tcpkit copy --json")?;
+    Ok(Finished {
+        report,
+        error: None,
+        cpu_s,
+    })
+}
+
+/// `Child::wait_with_output`, and the child's user + system CPU seconds from wait4(2).
+/// `ip netns exec` execs the command, so the child is the copy itself.
+fn wait_with_cpu(mut child: Child) -> std::io::Result<(std::process::Output, f64)> {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let (out, err) = (child.stdout.take(), child.stderr.take());
+    let drain = |p: Option<Box<dyn Read + Send>>| {
+        let mut v = Vec::new();
+        if let Some(mut p) = p {
+            let _ = p.read_to_end(&mut v);
+        }
+        v
+    };
+    let (stdout, stderr) = std::thread::scope(|s| {
+        let e = s.spawn(|| drain(err.map(|e| Box::new(e) as Box<dyn Read + Send>)));
+        let o = drain(out.map(|o| Box::new(o) as Box<dyn Read + Send>));
+        (o, e.join().unwrap_or_default())
+    });
+    let pid = libc::pid_t::try_from(child.id()).map_err(std::io::Error::other)?;
+    let mut status = 0;
+    // SAFETY: rusage is plain data; wait4 fills it and `status`, which live across the call.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: as above; `pid` is our own unreaped child.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let cpu = secs(ru.ru_utime) + secs(ru.ru_stime);
+    let status = std::process::ExitStatus::from_raw(status);
+    Ok((
+        std::process::Output {
+            status,
+            stdout,
+            stderr,
+        },
+        cpu,
+    ))
 }
 
 impl Row {
@@ -479,6 +556,7 @@ fn scenario(
     let copy = start_copy(env, bin, RUN_S + COPY_TAIL_S, mode)?;
     let pid = copy.id();
     let (cpu0, _) = usage(pid);
+    let life0 = threads_on_cpu(pid);
     let rx0 = on_cpu(&env.copy_rx);
     let drops0 = rx_drops(env);
     let icpu0 = intercept.map(|p| usage(p.pid()).0);
@@ -491,7 +569,11 @@ fn scenario(
         let (c1, ihwm) = usage(p.pid());
         ((c1 - c0) * 100.0 / secs, ihwm as f64 / 1024.0)
     });
-    let (report, error) = copy_report_kept(copy)?;
+    let Finished {
+        report,
+        error,
+        cpu_s,
+    } = copy_report_kept(copy)?;
     let copied = report["requests"]["copied"].as_u64().unwrap_or(0);
     let drops = rx_drops(env) - drops0;
     let mut why = vec![failed_causes(&report)];
@@ -514,7 +596,7 @@ fn scenario(
         online: log_lines(&env.on_log) - on0,
         target: log_lines(&env.tg_log) - tg0,
         cpu_pct: (cpu1 - cpu0) * 100.0 / secs,
-        cpu_per_req_us: (copied > 0).then(|| (cpu1 - cpu0) * 1e6 / copied as f64),
+        cpu_per_req_us: (copied > 0).then(|| (cpu_s - life0) * 1e6 / copied as f64),
         rx_pct: (rx1 - rx0) * 100.0 / secs,
         rss_mb: hwm as f64 / 1024.0,
         failed: why,
@@ -536,6 +618,7 @@ fn wrk_row(env: &Env, bin: &Path) -> Result<Row> {
     let copy = start_copy(env, bin, RUN_S + COPY_TAIL_S, Mode::Relay)?;
     let pid = copy.id();
     let (cpu0, _) = usage(pid);
+    let life0 = threads_on_cpu(pid);
     let rx0 = on_cpu(&env.copy_rx);
     let t0 = Instant::now();
     let o = env
@@ -549,7 +632,14 @@ fn wrk_row(env: &Env, bin: &Path) -> Result<Row> {
     let rx1 = on_cpu(&env.copy_rx);
     let secs = t0.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&o.stdout).to_string();
-    let report = copy_report(copy)?;
+    let Finished {
+        report,
+        error,
+        cpu_s,
+    } = copy_report_kept(copy)?;
+    if let Some(why) = error {
+        bail!("{why}");
+    }
     let copied = report["requests"]["copied"].as_u64().unwrap_or(0);
     std::thread::sleep(Duration::from_millis(300));
     let lat = |q: &str| -> f64 {
@@ -576,7 +666,7 @@ fn wrk_row(env: &Env, bin: &Path) -> Result<Row> {
         online,
         target: log_lines(&env.tg_log) - tg0,
         cpu_pct: (cpu1 - cpu0) * 100.0 / secs,
-        cpu_per_req_us: (copied > 0).then(|| (cpu1 - cpu0) * 1e6 / copied as f64),
+        cpu_per_req_us: (copied > 0).then(|| (cpu_s - life0) * 1e6 / copied as f64),
         rx_pct: (rx1 - rx0) * 100.0 / secs,
         rss_mb: hwm as f64 / 1024.0,
         failed: failed_causes(&report),
@@ -659,6 +749,17 @@ pub fn copy(args: &[String]) -> Result<()> {
     }
     let tcpkit = crate::tcpkit_binary()?;
     let against = crate::Against::parse(args, &tcpkit)?;
+    let runs = match crate::flag_value(args, "--runs", "a number of runs")? {
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .with_context(|| format!("--runs {v:?}: a whole number from 1"))?,
+        None => 1,
+    };
+    if runs > 1 && against.is_none() {
+        bail!("--runs: only with --against PATH (it repeats each build's run of a row)");
+    }
     // The old build, and which of the flags the bench passes its copy it lacks.
     let against_env = match &against {
         Some(a) => Some((
@@ -838,38 +939,47 @@ pub fn copy(args: &[String]) -> Result<()> {
                     asked: format!("{}k", rate / 1000),
                     new: Err(String::new()),
                     old: Err(String::new()),
+                    per_req_runs: [Vec::new(), Vec::new()],
                 };
-                let new_first = ab_rows.len().is_multiple_of(2);
-                for is_new in [new_first, !new_first] {
-                    let bin = if is_new { &env.tcpkit } else { old_bin };
-                    let r = if !is_new && !lacks.is_empty() {
-                        Err(format!("not in the old build: {}", lacks.join(" ")))
-                    } else {
-                        scenario(
-                            &env,
-                            bin,
-                            &mut lab,
-                            rate,
-                            new_conn,
-                            mode,
-                            intercept.as_ref(),
-                        )
-                        .map_err(|e| format!("{e:#}"))
-                    };
-                    let build = if is_new { "new" } else { "old" };
-                    match &r {
-                        Ok(Row { error: Some(e), .. }) | Err(e) => {
-                            eprintln!("  FAILED ({build} build): {what}: {e}");
-                            failed.push(format!("{what}, {build} build: {e}"));
+                // Run k of each build: the order flips from run to run and from row to row
+                // (new, old, old, new, ...), so neither build always runs on a warmer lab.
+                let (mut new_runs, mut old_runs) = (Vec::new(), Vec::new());
+                for k in 0..runs {
+                    let new_first = (ab_rows.len() + k).is_multiple_of(2);
+                    for is_new in [new_first, !new_first] {
+                        let bin = if is_new { &env.tcpkit } else { old_bin };
+                        let r = if !is_new && !lacks.is_empty() {
+                            Err(format!("not in the old build: {}", lacks.join(" ")))
+                        } else {
+                            scenario(
+                                &env,
+                                bin,
+                                &mut lab,
+                                rate,
+                                new_conn,
+                                mode,
+                                intercept.as_ref(),
+                            )
+                            .map_err(|e| format!("{e:#}"))
+                        };
+                        let build = if is_new { "new" } else { "old" };
+                        match &r {
+                            Ok(Row { error: Some(e), .. }) | Err(e) => {
+                                eprintln!("  FAILED ({build} build): {what}: {e}");
+                                failed.push(format!("{what}, {build} build: {e}"));
+                            }
+                            Ok(_) => {}
                         }
-                        Ok(_) => {}
-                    }
-                    if is_new {
-                        ab.new = r;
-                    } else {
-                        ab.old = r;
+                        if is_new {
+                            new_runs.push(r);
+                        } else {
+                            old_runs.push(r);
+                        }
                     }
                 }
+                ab.per_req_runs = [per_req_of(&new_runs), per_req_of(&old_runs)];
+                ab.new = median_run(new_runs);
+                ab.old = median_run(old_runs);
                 ab_rows.push(ab);
             }
         }
@@ -903,6 +1013,7 @@ pub fn copy(args: &[String]) -> Result<()> {
                     asked: "max".into(),
                     new,
                     old,
+                    per_req_runs: [Vec::new(), Vec::new()],
                 });
             }
         }
@@ -926,10 +1037,17 @@ pub fn copy(args: &[String]) -> Result<()> {
             "Builds compared (`--against`): new = {} ({}); old = {}. Every row runs with both\n\
              builds' copy, which goes first alternating from row to row (new, old, old, new, ...),\n\
              each with its own run without the copy; the load generator and intercept are the new\n\
-             build's in both. Each figure is new / old, and (new/old) their ratio.\n",
+             build's in both. Each figure is new / old, and (new/old) their ratio.{}\n",
             a.new_label,
             env.tcpkit.display(),
-            a.label
+            a.label,
+            if runs > 1 {
+                format!(
+                    " `--runs {runs}`: each build ran each row {runs} times, the order flipping from run to run; a row shows each build's run whose CPU per request is the median of its runs, and every run's figure after \"runs\"."
+                )
+            } else {
+                String::new()
+            }
         )
     });
     let md = format!(
@@ -947,7 +1065,7 @@ pub fn copy(args: &[String]) -> Result<()> {
          keep-alive over rate/500 connections (4–40), a new connection per request with `--queries-per-conn 1 --connect-rate 1.2×rate` over 64.\n\
          Debian's wrk has no fixed-rate mode and no connection-per-request mode, so it only runs the last row.\n\
          Request loss = (online access-log lines − target access-log lines) / online lines, during the run with the copy.\n\
-         Copy CPU = the copy's user+system time over the load's wall time, and per request copied; RSS = its VmHWM.\n\
+         Copy CPU % = the copy's user+system time during the load over the load's wall time. Per request = the copy's CPU from the load's start to its exit (its tail and drain included: a copy that runs late does part of its work after the load ended, and a window closing with the load would leave that out), over the requests it copied. RSS = its VmHWM.\n\
          The links online ↔ target, target ↔ assistant and online ↔ assistant receive in kernel threads of their own (veth\n\
          NAPI, threaded): on a plain veth the receiving host's whole TCP stack runs inside the sender's syscalls, so the\n\
          copy's CPU would include the target's stack taking in every handshake, request and FIN, which on a real network\n\
@@ -1014,8 +1132,61 @@ fn row_label(new_conn: bool, mode: Mode) -> String {
 struct AbRow {
     what: String,
     asked: String,
+    /// With `--runs N`, the run whose CPU per request is the median of each build's.
     new: std::result::Result<Row, String>,
     old: std::result::Result<Row, String>,
+    /// With `--runs N` (N > 1), every run's CPU per request, new then old, in run order.
+    per_req_runs: [Vec<f64>; 2],
+}
+
+/// Each run's CPU per request (µs), where the run gave one.
+fn per_req_of(runs: &[std::result::Result<Row, String>]) -> Vec<f64> {
+    runs.iter()
+        .filter_map(|r| r.as_ref().ok()?.cpu_per_req_us)
+        .collect()
+}
+
+/// The run whose CPU per request is the (lower) median of those that gave one; else the
+/// first run, failed as it is.
+fn median_run(mut runs: Vec<std::result::Result<Row, String>>) -> std::result::Result<Row, String> {
+    let key = |r: &std::result::Result<Row, String>| r.as_ref().ok().and_then(|r| r.cpu_per_req_us);
+    let mut with: Vec<usize> = (0..runs.len())
+        .filter(|&i| key(&runs[i]).is_some())
+        .collect();
+    if with.is_empty() {
+        return if runs.is_empty() {
+            Err("no run".into())
+        } else {
+            runs.swap_remove(0)
+        };
+    }
+    with.sort_by(|&a, &b| {
+        key(&runs[a])
+            .partial_cmp(&key(&runs[b]))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    runs.swap_remove(with[(with.len() - 1) / 2])
+}
+
+/// With `--runs N`: ", runs 17 18 21 / 15 16 19" (each build's CPU per request, run order).
+fn runs_of(runs: &[Vec<f64>; 2]) -> String {
+    if runs.iter().all(|r| r.len() < 2) {
+        return String::new();
+    }
+    let one = |v: &Vec<f64>| {
+        v.iter()
+            .map(|u| format!("{u:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let one = |v: &Vec<f64>| {
+        if v.is_empty() {
+            "—".to_string()
+        } else {
+            one(v)
+        }
+    };
+    format!(", runs {} / {}", one(&runs[0]), one(&runs[1]))
 }
 
 /// The `--against` table: per row each figure as new / old, and their ratio where a ratio
@@ -1041,7 +1212,7 @@ fn ab_table(rows: &[AbRow], failed: &[String]) -> String {
             }
         };
         t.push_str(&format!(
-            "| {} | {} req/s | {} | {} | {} | {} ({}) | {} ({}) | {} | {} ({}) | {} | {} | {} |\n",
+            "| {} | {} req/s | {} | {} | {} | {} ({}) | {} ({}){} | {} | {} ({}) | {} | {} | {} |\n",
             r.what,
             r.asked,
             both(r, &|x| x.online.to_string()),
@@ -1057,6 +1228,7 @@ fn ab_table(rows: &[AbRow], failed: &[String]) -> String {
                 .cpu_per_req_us
                 .map_or("—".to_string(), |u| format!("{u:.0}"))),
             ratio(r, &|x| x.cpu_per_req_us),
+            runs_of(&r.per_req_runs),
             both(r, &|x| format!("{:.1}", x.rx_pct)),
             both(r, &|x| format!("{:.1}", x.rss_mb)),
             ratio(r, &|x| Some(x.rss_mb)),
@@ -1171,6 +1343,29 @@ mod tests {
     }
 
     #[test]
+    fn runs_give_the_run_with_the_median_cpu_per_request() {
+        let runs = vec![
+            Ok(row(1, 30.0, None)),
+            Err("lab broke".to_string()),
+            Ok(row(2, 10.0, Some("loss over 1 %"))),
+            Ok(row(3, 20.0, None)),
+        ];
+        assert_eq!(per_req_of(&runs), [30.0, 10.0, 20.0]);
+        let Ok(m) = median_run(runs) else {
+            panic!("a run with a figure")
+        };
+        assert_eq!((m.open_at_end, m.cpu_per_req_us), (3, Some(20.0)));
+        // Two runs: the lower one, never a blend of two runs' figures.
+        let Ok(m) = median_run(vec![Ok(row(1, 30.0, None)), Ok(row(2, 10.0, None))]) else {
+            panic!("a run with a figure")
+        };
+        assert_eq!(m.cpu_per_req_us, Some(10.0));
+        // No run gave a figure: the first, as it failed.
+        let first = median_run(vec![Err("a".into()), Err("b".into())]);
+        assert!(matches!(first, Err(e) if e == "a"));
+    }
+
+    #[test]
     fn an_ab_row_shows_both_builds_and_new_over_old() {
         let rows = [
             AbRow {
@@ -1178,12 +1373,14 @@ mod tests {
                 asked: "20k".into(),
                 new: Ok(row(2, 30.0, Some("loss over 1 %"))),
                 old: Ok(row(10, 20.0, Some("loss over 1 %"))),
+                per_req_runs: [Vec::new(), Vec::new()],
             },
             AbRow {
                 what: row_label(false, Mode::Transparent),
                 asked: "1k".into(),
                 new: Ok(row(0, 5.0, None)),
                 old: Err("not in the old build: --transparent".into()),
+                per_req_runs: [vec![4.0, 5.0, 9.0], Vec::new()],
             },
         ];
         let failed = vec!["Relay, new, 20000 req/s, new build: loss over 1 %".to_string()];
@@ -1205,6 +1402,8 @@ mod tests {
             "{t}"
         );
         assert!(lines[3].contains("5.0 / — (—)"), "{t}");
+        // `--runs`: every run's CPU per request follows the median's ratio.
+        assert!(lines[3].contains("| 5 / — (—), runs 4 5 9 / — |"), "{t}");
         assert!(t.contains("**Runs that failed**"), "{t}");
         assert!(
             t.ends_with("- Relay, new, 20000 req/s, new build: loss over 1 %\n"),

@@ -18,22 +18,62 @@ mod load;
 mod mpcat;
 mod replay;
 
+const USAGE: &str = "usage: tcpkit-bench replay [--against PATH [--against-label L]] | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S]";
+
+/// Each bench's flags: those that take a value, then switches. A flag outside them is a usage
+/// error before anything runs: `copy --help` once ran the whole 17-minute bench.
+fn flags_of(bench: &str) -> Option<(&'static [&'static str], &'static [&'static str])> {
+    Some(match bench {
+        "replay" => (&["--against", "--against-label"], &[]),
+        "load" => (&["--max-conns", "--open-secs"], &["--skip-max-conns"]),
+        "copy" => (&["--only", "--against", "--against-label", "--runs"], &[]),
+        "mpcat" => (&[], &["--quick"]),
+        "balance" => (&["--only", "--cpu-secs"], &["--quick"]),
+        _ => return None,
+    })
+}
+
+/// Why `args` are not a use of `bench`'s flags, if they are not.
+fn check_flags(bench: &str, args: &[String]) -> Result<(), String> {
+    let Some((valued, switches)) = flags_of(bench) else {
+        return Ok(());
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if valued.contains(&a.as_str()) {
+            if it.next().is_none_or(|v| v.starts_with("--")) {
+                return Err(format!("{bench}: {a} needs a value"));
+            }
+        } else if !switches.contains(&a.as_str()) {
+            return Err(format!("{bench}: unknown argument {a:?}"));
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let r = match args.first().map(String::as_str) {
-        Some("replay") => replay::replay(&args[1..]),
-        Some("load") => load::load(&args[1..]),
-        Some("copy") => copy::copy(&args[1..]),
-        Some("mpcat") => mpcat::mpcat_bench(&args[1..]),
-        Some("balance") => balance::balance_bench(&args[1..]),
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return;
+    }
+    let bench = args.first().map_or("", String::as_str);
+    if let Err(why) = check_flags(bench, &args[1.min(args.len())..]) {
+        eprintln!("tcpkit-bench {why}\n{USAGE}");
+        std::process::exit(2);
+    }
+    let r = match bench {
+        "replay" => replay::replay(&args[1..]),
+        "load" => load::load(&args[1..]),
+        "copy" => copy::copy(&args[1..]),
+        "mpcat" => mpcat::mpcat_bench(&args[1..]),
+        "balance" => balance::balance_bench(&args[1..]),
         // Not a benchmark: the connect loop `balance` runs inside its client hosts.
-        Some("connect-loop") => balance::connect_loop(&args[1..]),
+        "connect-loop" => balance::connect_loop(&args[1..]),
         // Nor this: the CPU figure's snapshot of /proc/stat, kernel threads and one process.
-        Some("snap") => balance::snap(&args[1..]),
+        "snap" => balance::snap(&args[1..]),
         _ => {
-            eprintln!(
-                "usage: tcpkit-bench replay [--against PATH [--against-label L]] | load [--skip-max-conns] [--max-conns N] [--open-secs S] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L]] | mpcat [--quick] | balance [--quick]"
-            );
+            eprintln!("{USAGE}");
             std::process::exit(2);
         }
     };
@@ -287,6 +327,23 @@ fn today() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bench_takes_only_its_own_flags() {
+        let a = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+        assert!(check_flags("copy", &a(&["--only", "relay", "--runs", "3"])).is_ok());
+        assert!(check_flags("load", &a(&["--skip-max-conns", "--open-secs", "5"])).is_ok());
+        let e = check_flags("copy", &a(&["--quick"])).unwrap_err();
+        assert!(e.contains("unknown argument \"--quick\""), "{e}");
+        let e = check_flags("replay", &a(&["--against"])).unwrap_err();
+        assert!(e.contains("--against needs a value"), "{e}");
+        let e = check_flags("copy", &a(&["--runs", "--only", "relay"])).unwrap_err();
+        assert!(e.contains("--runs needs a value"), "{e}");
+        // A value is not taken for a flag: `mpcat 3` is a stray argument.
+        assert!(check_flags("mpcat", &a(&["3"])).is_err());
+        // The helpers the benches run inside their hosts parse their own arguments.
+        assert!(check_flags("connect-loop", &a(&["x", "y"])).is_ok());
+    }
 
     #[test]
     fn a_flag_is_listed_whole() {
