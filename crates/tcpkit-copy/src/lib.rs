@@ -34,6 +34,7 @@ pub mod control;
 pub mod diff;
 pub mod feed;
 mod front;
+pub use front::RunError;
 pub mod intercept;
 pub mod metrics;
 pub mod proxy;

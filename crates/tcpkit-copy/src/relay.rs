@@ -37,26 +37,8 @@ use tcpkit_stats::CopyReport;
 use crate::backoff::{Backoff, Down, Gate, SILENT_NS};
 use crate::config::{CopyConfig, CopyCounters};
 use crate::diff::Differ;
-use crate::feed::{FeedError, Input, CAPTURE};
-use crate::front::{Engine, Item, Outcome, Transport, CLOSE_LINGER_NS};
-
-/// Why the relay could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    /// The capture or the capture file.
-    #[error(transparent)]
-    Input(#[from] FeedError),
-    #[error("{what}")]
-    Io {
-        what: &'static str,
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> RelayError {
-    move |source| RelayError::Io { what, source }
-}
+use crate::feed::{Input, CAPTURE};
+use crate::front::{io_err, Engine, Item, Outcome, RunError, Transport, CLOSE_LINGER_NS};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -104,7 +86,7 @@ type RelayEngine<'a> = Engine<'a, Relay>;
 impl Transport for Relay {
     type Conn = Sock;
     type Seed = ();
-    type Error = RelayError;
+    type Error = RunError;
     const MODE: &'static str = "relay";
     const LIVE_WAIT: Duration = Duration::from_millis(10);
     const DRAIN_WAIT: Duration = Duration::from_millis(50);
@@ -252,7 +234,7 @@ impl Transport for Relay {
     /// deregister call, and nothing else to undo.
     fn release(_e: &mut RelayEngine<'_>, _idx: usize, _how: Outcome, _reset: bool) {}
 
-    fn io(e: &mut RelayEngine<'_>, events: &mut Events, wait: Duration) -> Result<(), RelayError> {
+    fn io(e: &mut RelayEngine<'_>, events: &mut Events, wait: Duration) -> Result<(), RunError> {
         let mut wait = wait;
         // Every connection that is ready, not one buffer of them: a turn of capture can open
         // thousands of connections, and those left unserved kept their requests unsent until
@@ -446,7 +428,7 @@ pub fn run(
     duration: Option<Duration>,
     stop: &AtomicBool,
     live: &CopyCounters,
-) -> Result<CopyReport, RelayError> {
+) -> Result<CopyReport, RunError> {
     let start = now_ns();
     let differ = cfg
         .diff

@@ -14,6 +14,7 @@ pub(crate) mod gate;
 pub(crate) mod slab;
 
 use std::collections::VecDeque;
+use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,6 +38,26 @@ use slab::Slab;
 /// How long a closing copy waits for the target's FIN before it is dropped (relay) or reset
 /// (transparent).
 pub(crate) const CLOSE_LINGER_NS: u64 = 1_000_000_000;
+
+/// Why a copy run stopped, in either transport: its input (the capture or its file), or a
+/// system call of its own that failed. Transparent mode's control errors wrap it.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The capture or the capture file.
+    #[error(transparent)]
+    Input(#[from] FeedError),
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// `map_err(io_err("what the call was for"))`.
+pub(crate) fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> RunError {
+    move |source| RunError::Io { what, source }
+}
 
 /// One entry of a copy's queue.
 #[derive(Debug)]

@@ -80,7 +80,7 @@ use crate::config::{CopyConfig, CopyCounters};
 use crate::control::{ControlError, Msg, PacketHdr};
 use crate::diff::Differ;
 use crate::feed::{FeedError, Input};
-use crate::front::{Engine, Front, Item, Outcome, Transport, CLOSE_LINGER_NS};
+use crate::front::{io_err, Engine, Front, Item, Outcome, RunError, Transport, CLOSE_LINGER_NS};
 use crate::transfer;
 
 /// What transparent mode adds to the copy's configuration.
@@ -117,19 +117,15 @@ pub enum TransparentError {
     },
     #[error("intercept {addr} does not speak the control protocol: {why}")]
     NotIntercept { addr: SocketAddr, why: String },
-    /// The capture or the capture file.
+    /// The input, or a system call of the run's own (shared with relay mode).
     #[error(transparent)]
-    Input(#[from] FeedError),
-    #[error("{what}")]
-    Io {
-        what: &'static str,
-        #[source]
-        source: io::Error,
-    },
+    Run(#[from] RunError),
 }
 
-fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> TransparentError {
-    move |source| TransparentError::Io { what, source }
+impl From<FeedError> for TransparentError {
+    fn from(e: FeedError) -> Self {
+        Self::Run(e.into())
+    }
 }
 
 /// `ip` moved into `cidr`: the prefix's network bits, `ip`'s host bits. Another family is
@@ -599,7 +595,7 @@ impl<'a> Transport for Raw<'a> {
         match e.t.poll.poll(events, Some(wait)) {
             Ok(()) => {}
             Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-            Err(err) => return Err(io_err("wait for events (epoll_wait)")(err)),
+            Err(err) => return Err(io_err("wait for events (epoll_wait)")(err).into()),
         }
         let now = now_ns();
         if events.iter().any(|ev| ev.token() == CONTROL) {

@@ -48,7 +48,8 @@ pub fn probe_return_path(
             io_err("build the probe SYN")(io::Error::new(io::ErrorKind::InvalidInput, e))
         })?;
         raw.send(target.ip(), &pkt)
-            .map_err(io_err("send the probe through the raw socket (sendto)"))
+            .map_err(io_err("send the probe through the raw socket (sendto)"))?;
+        Ok(())
     };
     let sent = Instant::now();
     send(Flags::SYN, isn)?;
