@@ -139,17 +139,20 @@ fn failed_causes(report: &serde_json::Value) -> String {
         .unwrap_or_default()
 }
 
+/// Nanoseconds a thread has run, from its scheduler statistics file.
+fn run_ns(schedstat: &str) -> Option<u64> {
+    std::fs::read_to_string(schedstat)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Seconds the threads `pids` have run, from the scheduler.
 fn on_cpu(pids: &[u32]) -> f64 {
     pids.iter()
-        .filter_map(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/schedstat"))
-                .ok()?
-                .split_whitespace()
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
+        .filter_map(|p| run_ns(&format!("/proc/{p}/schedstat")))
         .sum::<u64>() as f64
         / 1e9
 }
@@ -164,14 +167,7 @@ fn threads_on_cpu(pid: u32) -> f64 {
         })
         .unwrap_or_default();
     tids.iter()
-        .filter_map(|t| {
-            std::fs::read_to_string(format!("/proc/{pid}/task/{t}/schedstat"))
-                .ok()?
-                .split_whitespace()
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
+        .filter_map(|t| run_ns(&format!("/proc/{pid}/task/{t}/schedstat")))
         .sum::<u64>() as f64
         / 1e9
 }
