@@ -722,34 +722,121 @@ fn readable_now(fd: std::os::fd::RawFd) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
-/// Reads the input in `chunk`-sized pieces into buffers from the pool (at most `pool` of
-/// them exist, so the input is read no further ahead than the window), hashing as it goes.
-/// With `live` (see [`live_input`]) a piece ends early when nothing more has arrived.
-/// With `file` (the input is that regular file) one buffer serves every read: it is only
-/// hashed, and the chunk names the file's bytes ([`Src::File`]).
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the reader thread's inputs, moved in at its start"
-)]
-fn reader(
-    mut input: Box<dyn Read + Send>,
+/// The input read chunk by chunk and hashed as it goes: on the reader thread ([`reader`]), or
+/// for a regular file on the loop itself ([`Source::Inline`]).
+struct Feed {
+    input: Box<dyn Read + Send>,
+    /// The input is this regular file: one buffer serves every read (it is only hashed) and
+    /// each chunk names the file's bytes ([`Src::File`]).
     file: Option<Arc<File>>,
+    /// See [`live_input`]: a piece ends early when nothing more has arrived.
     live: Option<std::os::fd::RawFd>,
     chunk: usize,
-    pool: usize,
     size: Option<u64>,
+    hasher: crate::StreamHasher,
+    seq: u64,
+    back_tx: mpsc::Sender<Buf>,
+    /// The buffer reused for a file's reads.
+    own: Option<Buf>,
+}
+
+impl Feed {
+    /// Reads the next chunk into `buf` and queues what the loop is to get: the chunk, and the
+    /// end after it at EOF, or why reading failed. False once nothing more will come. The
+    /// buffer goes into the chunk's block, or back to `own` for a file.
+    fn fill(&mut self, mut buf: Buf, out: &mut VecDeque<FromReader>) -> bool {
+        buf.set_len(buf.capacity());
+        let chunk = self.chunk.min(buf.len());
+        let mut got = 0;
+        let mut eof = false;
+        while got < chunk {
+            match self.input.read(&mut buf[got..chunk]) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => {
+                    got += n;
+                    if got < chunk && self.live.is_some_and(|fd| !readable_now(fd)) {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    out.push_back(FromReader::Failed(Error::io("read the input", e)));
+                    return false;
+                }
+            }
+        }
+        buf.set_len(got);
+        // --size: nothing past it is sent, and an input that ends short never sends its end.
+        let read = self.seq + got as u64;
+        match self.size {
+            Some(want) if read > want => {
+                out.push_back(FromReader::Failed(Error::msg(format!(
+                    "the input is longer than --size {want}: {read} bytes read so far"
+                ))));
+                return false;
+            }
+            Some(want) if eof && read != want => {
+                out.push_back(FromReader::Failed(Error::msg(format!(
+                    "the input ended after {read} bytes, --size says {want}"
+                ))));
+                return false;
+            }
+            _ => {}
+        }
+        if got > 0 {
+            self.hasher.update(&buf);
+            let (src, off) = match &self.file {
+                Some(f) => {
+                    self.own = Some(buf);
+                    (Src::File(Arc::clone(f)), self.seq as usize)
+                }
+                None => (
+                    Src::Mem(Arc::new(Block {
+                        buf: Some(buf),
+                        back: self.back_tx.clone(),
+                    })),
+                    0,
+                ),
+            };
+            out.push_back(FromReader::Chunk(Chunk {
+                seq: self.seq,
+                src,
+                off,
+                len: got,
+                conn: 0,
+            }));
+            self.seq += got as u64;
+        } else if self.file.is_some() {
+            self.own = Some(buf);
+        }
+        if eof {
+            let hasher = std::mem::take(&mut self.hasher);
+            out.push_back(FromReader::End {
+                total: self.seq,
+                hash: hasher.finish(),
+            });
+            return false;
+        }
+        true
+    }
+}
+
+/// Runs `feed` on its own thread, into buffers from the pool (at most `pool` of them exist,
+/// so the input is read no further ahead than the window).
+fn reader(
+    mut feed: Feed,
+    pool: usize,
     tx: SyncSender<FromReader>,
     back: Receiver<Buf>,
-    back_tx: mpsc::Sender<Buf>,
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut hasher = crate::StreamHasher::new();
     let mut made = 0usize;
     let mut fresh: Vec<Buf> = Vec::new();
-    // The buffer reused for a file's reads.
-    let mut own: Option<Buf> = None;
-    let mut seq = 0u64;
+    let mut out = VecDeque::new();
     let send = |m: FromReader| {
         let ok = tx.send(m).is_ok();
         let _ = waker.wake();
@@ -759,11 +846,12 @@ fn reader(
         if stop.load(Ordering::Relaxed) {
             return;
         }
-        let mut buf = match own.take().map_or_else(|| back.try_recv(), Ok) {
+        let buf = match feed.own.take().map_or_else(|| back.try_recv(), Ok) {
             Ok(b) => b,
             Err(_) if made < pool => {
                 if fresh.is_empty() {
-                    match bufpool::carve(chunk, bufpool::per_slab(chunk).min(pool - made)) {
+                    match bufpool::carve(feed.chunk, bufpool::per_slab(feed.chunk).min(pool - made))
+                    {
                         Ok(b) => fresh = b,
                         Err(e) => {
                             send(FromReader::Failed(Error::io("map the read buffers", e)));
@@ -786,79 +874,53 @@ fn reader(
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             },
         };
-        buf.set_len(buf.capacity());
-        let mut got = 0;
-        let mut eof = false;
-        while got < chunk {
-            match input.read(&mut buf[got..]) {
-                Ok(0) => {
-                    eof = true;
-                    break;
-                }
-                Ok(n) => {
-                    got += n;
-                    if got < chunk && live.is_some_and(|fd| !readable_now(fd)) {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    send(FromReader::Failed(Error::io("read the input", e)));
-                    return;
-                }
-            }
-        }
-        buf.set_len(got);
-        // --size: nothing past it is sent, and an input that ends short never sends its end.
-        let read = seq + got as u64;
-        match size {
-            Some(want) if read > want => {
-                send(FromReader::Failed(Error::msg(format!(
-                    "the input is longer than --size {want}: {read} bytes read so far"
-                ))));
-                return;
-            }
-            Some(want) if eof && read != want => {
-                send(FromReader::Failed(Error::msg(format!(
-                    "the input ended after {read} bytes, --size says {want}"
-                ))));
-                return;
-            }
-            _ => {}
-        }
-        if got > 0 {
-            hasher.update(&buf);
-            let (src, off) = match &file {
-                Some(f) => {
-                    own = Some(buf);
-                    (Src::File(Arc::clone(f)), seq as usize)
-                }
-                None => (
-                    Src::Mem(Arc::new(Block {
-                        buf: Some(buf),
-                        back: back_tx.clone(),
-                    })),
-                    0,
-                ),
-            };
-            let c = Chunk {
-                seq,
-                src,
-                off,
-                len: got,
-                conn: 0,
-            };
-            seq += got as u64;
-            if !send(FromReader::Chunk(c)) {
+        let more = feed.fill(buf, &mut out);
+        for m in out.drain(..) {
+            if !send(m) {
                 return;
             }
         }
-        if eof {
-            send(FromReader::End {
-                total: seq,
-                hash: hasher.finish(),
-            });
+        if !more {
             return;
+        }
+    }
+}
+
+/// Where the loop takes the input's chunks from.
+enum Source {
+    /// The reader thread.
+    Thread(Receiver<FromReader>),
+    /// A regular file, read (and hashed) by the loop itself when it needs the next chunk:
+    /// with its chunks sent by sendfile, reading is the one copy left and takes a fraction of
+    /// the loop's time, and on 2 CPUs a third busy thread beside the loop and the receiver
+    /// only waits for a CPU (and wakes the loop through the waker, each chunk).
+    Inline {
+        feed: Box<Feed>,
+        queue: VecDeque<FromReader>,
+        more: bool,
+    },
+}
+
+impl Source {
+    fn try_next(&mut self) -> Result<FromReader, TryRecvError> {
+        match self {
+            Source::Thread(rx) => rx.try_recv(),
+            Source::Inline { feed, queue, more } => {
+                if queue.is_empty() && *more {
+                    let buf = match feed.own.take() {
+                        Some(b) => b,
+                        None => match bufpool::carve(feed.chunk, 1) {
+                            Ok(mut b) => b.pop().ok_or(TryRecvError::Disconnected)?,
+                            Err(e) => {
+                                *more = false;
+                                return Ok(FromReader::Failed(Error::io("map the read buffer", e)));
+                            }
+                        },
+                    };
+                    *more = feed.fill(buf, queue);
+                }
+                queue.pop_front().ok_or(TryRecvError::Disconnected)
+            }
         }
     }
 }
@@ -1122,27 +1184,38 @@ pub fn run(
     );
     // Chunks alive at once: the window's worth, one more per stream being written, and a
     // few read ahead.
-    // A file's chunks hold no buffer: the reader needs one.
-    let pool = match file {
-        Some(_) => 1,
-        None => (window / chunk as u64).min(1 << 16) as usize + conns.len() + 4,
-    };
-    // The reader waits (a full channel) while the loop holds its read-ahead: see READ_AHEAD.
-    let (tx, rx) = mpsc::sync_channel(2);
+    let pool = (window / chunk as u64).min(1 << 16) as usize + conns.len() + 4;
     let (back_tx, back_rx) = mpsc::channel();
+    let inline = file.is_some();
+    let feed = Feed {
+        input,
+        file,
+        live: live_input(&cfg.input),
+        chunk,
+        size: cfg.size,
+        hasher: crate::StreamHasher::new(),
+        seq: 0,
+        back_tx,
+        own: None,
+    };
     let reader_stop = Arc::new(AtomicBool::new(false));
-    let rthread = {
+    let (mut source, rthread) = if inline {
+        let source = Source::Inline {
+            feed: Box::new(feed),
+            queue: VecDeque::new(),
+            more: true,
+        };
+        (source, None)
+    } else {
+        // The reader waits (a full channel) while the loop holds its read-ahead: see
+        // READ_AHEAD.
+        let (tx, rx) = mpsc::sync_channel(2);
         let (waker, rstop) = (Arc::clone(&waker), Arc::clone(&reader_stop));
-        let size = cfg.size;
-        let live = live_input(&cfg.input);
-        std::thread::Builder::new()
+        let t = std::thread::Builder::new()
             .name("mpcat-read".into())
-            .spawn(move || {
-                reader(
-                    input, file, live, chunk, pool, size, tx, back_rx, back_tx, waker, rstop,
-                );
-            })
-            .map_err(|e| Error::io("start the reader thread", e))?
+            .spawn(move || reader(feed, pool, tx, back_rx, waker, rstop))
+            .map_err(|e| Error::io("start the reader thread", e))?;
+        (Source::Thread(rx), Some(t))
     };
     let mut flow = Flow {
         unsent: VecDeque::new(),
@@ -1181,15 +1254,24 @@ pub fn run(
         conn_tx,
     };
     let failure = event_loop(
-        &mut poll, &ctx, &mut conns, &mut flow, &rx, &conn_rx, stop, live,
+        &mut poll,
+        &ctx,
+        &mut conns,
+        &mut flow,
+        &mut source,
+        &conn_rx,
+        stop,
+        live,
     )
     .err();
     if let Some(why) = &failure {
         give_up(&mut conns, why);
     }
     reader_stop.store(true, Ordering::Relaxed);
-    drop(rx);
-    let _ = rthread.join();
+    drop(source);
+    if let Some(t) = rthread {
+        let _ = t.join();
+    }
     if let (true, Some(m), Some(sock)) = (used, mptcp_report.as_mut(), conns[0].sock.as_ref()) {
         match crate::mptcp::subflows(sock) {
             Ok(Some(n)) => m.subflows = n,
@@ -1375,7 +1457,7 @@ fn event_loop(
     ctx: &Ctx<'_>,
     conns: &mut [Conn],
     flow: &mut Flow,
-    rx: &Receiver<FromReader>,
+    rx: &mut Source,
     conn_rx: &Receiver<Reconnected>,
     stop: &AtomicBool,
     live: &MpcatCounters,
@@ -1502,10 +1584,10 @@ fn unsent_bytes(flow: &Flow) -> usize {
 
 /// Takes what the reader has until `ahead` bytes are unsent; true when it stopped there
 /// (the reader may have more).
-fn take(rx: &Receiver<FromReader>, flow: &mut Flow, ahead: usize) -> Result<bool, String> {
+fn take(rx: &mut Source, flow: &mut Flow, ahead: usize) -> Result<bool, String> {
     let mut unsent = unsent_bytes(flow);
     while unsent < ahead {
-        match rx.try_recv() {
+        match rx.try_next() {
             Ok(FromReader::Chunk(c)) => {
                 unsent += c.len;
                 flow.unsent.push_back(c);
