@@ -1,8 +1,9 @@
-//! The sending side: opens the session's connections, reads the input on its own thread in
-//! chunks (hashing it as it goes), and hands the next chunk to whichever connection has room
-//! in its socket, never past the receiver's credit. A chunk is kept until the receiver
-//! acknowledges it; the session ends when the receiver says every byte arrived and the hash
-//! matched.
+//! The sending side: opens the session's connections, reads the input in chunks (hashing it
+//! as it goes; a pipe or stdin on its own thread, a regular file on the loop), and hands the
+//! next chunk to whichever connection has room in its socket, never past the receiver's
+//! credit. A chunk is kept until the receiver acknowledges it (a file's as its offset: it is
+//! sent, and re-sent, from the file with sendfile); the session ends when the receiver says
+//! every byte arrived and the hash matched.
 
 use std::collections::VecDeque;
 use std::fs::File;
