@@ -1253,8 +1253,19 @@ fn wait_arrived(output: &std::path::Path, bytes: u64, tx: &Proc, rx: &Proc) {
 /// The stream arrives identical and both sides count the reconnection.
 #[test]
 fn mpcat_one_stream_file_to_file_survives_its_connection_killed() {
+    one_stream_survives_its_connection_killed("mpc1kill", false);
+}
+
+/// As above with the input from a pipe: the sender keeps each chunk in its buffers until
+/// the receiver acknowledges it, and re-sends those.
+#[test]
+fn mpcat_one_stream_from_a_pipe_survives_its_connection_killed() {
+    one_stream_survives_its_connection_killed("mpc1pipe", true);
+}
+
+fn one_stream_survives_its_connection_killed(tag: &str, pipe: bool) {
     let (mut lab, a, b, _links) =
-        Lab::multipath("mpc1kill", 1, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
+        Lab::multipath(tag, 1, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
     let dir = lab.dir().to_path_buf();
     let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     // 5 MB/s: about 7 s in all.
@@ -1271,23 +1282,28 @@ fn mpcat_one_stream_file_to_file_survives_its_connection_killed() {
         )
         .unwrap_or_else(|e| panic!("{e}"));
     wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-n",
-                "1",
-                "-i",
-                input.to_str().unwrap(),
-                "--json",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let inp = input.to_str().unwrap();
+    let tx = if pipe {
+        let sh = format!(
+            "cat '{inp}' | exec '{}' mpcat -n 1 --json {MULTIPATH_B4} {p}",
+            tcpkit()
+        );
+        a.spawn(&mut lab, "tx", &["sh", "-c", &sh])
+    } else {
+        let argv = [
+            tcpkit(),
+            "mpcat",
+            "-n",
+            "1",
+            "-i",
+            inp,
+            "--json",
+            MULTIPATH_B4,
+            &p,
+        ];
+        a.spawn(&mut lab, "tx", &argv)
+    }
+    .unwrap_or_else(|e| panic!("{e}"));
     wait_arrived(&output, 4 << 20, &tx, &rx);
     let filter = format!("( sport = :{port} )");
     b.run(&["ss", "-K", "-tn", "state", "established", &filter])
