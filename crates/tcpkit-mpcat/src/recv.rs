@@ -70,6 +70,8 @@ const MAX_ACK_BACKLOG: usize = 4096;
 /// veth: 18 writes of ~22 MB, the sender waiting for credit meanwhile, the bytes out of cache
 /// when written and hashed); a megabyte keeps the pipeline moving and the bytes warm.
 const READ_BUDGET: u64 = 1 << 20;
+/// The most a direct read takes ([`Session::direct`]): socat's buffer is 128 KiB.
+const DIRECT_BUF: usize = 256 << 10;
 /// Bytes kept for records not yet opened (--psk-file): two of the largest.
 const RAW_BUF: usize = 2 * (REC_HDR + MAX_RECORD);
 /// Why a --psk-file handshake under another key is refused (the sender shows it).
@@ -227,6 +229,11 @@ struct Session {
     reorder: Reorder,
     /// Writes out (and hashes) what the window hands out; started with the first of it.
     writer: Option<Writer>,
+    /// With an inline writer: where a payload that comes in order is read before it is
+    /// written, past the ring. Small enough to stay in the CPU's cache between the two
+    /// copies, as socat's 128 KiB buffer does; the ring (the credit's size) cycles through
+    /// more memory than the cache holds, and each read into it wrote to memory.
+    direct: Vec<u8>,
     end: Option<(u64, crate::Digest)>,
     /// Connection of each stream index, once it joined.
     joined: Vec<Option<Token>>,
@@ -905,6 +912,36 @@ impl Receiver<'_> {
             // window: no copy through `inbuf`.
             if let Some((start, at, end)) = payload.as_mut() {
                 let written = s.reorder.written();
+                if let (true, true, Some(w)) = (*at == written, s.reorder.idle(), s.writer.as_mut())
+                {
+                    if w.takes_direct() {
+                        if s.direct.is_empty() {
+                            s.direct = vec![0; DIRECT_BUF];
+                        }
+                        let k = ((*end - *at) as usize).min(DIRECT_BUF);
+                        match c.sock.read(&mut s.direct[..k]) {
+                            Ok(0) => return self.lost(poll, t, "closed"),
+                            Ok(n) => {
+                                w.direct(&s.direct[..n])?;
+                                s.reorder.skip(n as u64);
+                                *at += n as u64;
+                                *bytes += n as u64;
+                                budget = budget.saturating_sub(n as u64);
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                            Err(e) => return self.lost(poll, t, &format!("failed ({e})")),
+                        }
+                        if *at == *end {
+                            *payload = None;
+                        }
+                        if budget == 0 {
+                            self.again.push(t);
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                }
                 let into = if *at < written {
                     // Written out already (another copy came first): read past it.
                     let k = ((written.min(*end) - *at) as usize).min(inbuf.len());
@@ -1243,6 +1280,7 @@ impl Receiver<'_> {
                     chunk,
                     reorder: Reorder::new(window, max_gaps),
                     writer: None,
+                    direct: Vec::new(),
                     end: None,
                     joined,
                     seen,
@@ -1350,17 +1388,21 @@ impl Receiver<'_> {
                     .w
                     .try_clone()
                     .map_err(|e| format!("dup the output ({}): {e}", sink.name))?;
-                let w = Writer::start(out, Arc::clone(&self.waker))
-                    .map_err(|e| format!("start the write-out thread: {e}"))?;
+                let w = if s.streams == 1 && out.metadata().is_ok_and(|m| m.is_file()) {
+                    Writer::inline(out, &sink.name)
+                } else {
+                    Writer::start(out, Arc::clone(&self.waker))
+                        .map_err(|e| format!("start the write-out thread: {e}"))?
+                };
                 s.writer = Some(w);
             }
-            if let Some(w) = &s.writer {
+            if let Some(w) = &mut s.writer {
                 if !w.write(p) {
                     break;
                 }
             }
         }
-        while let Some(d) = s.writer.as_ref().and_then(Writer::poll) {
+        while let Some(d) = s.writer.as_mut().and_then(Writer::poll) {
             match d {
                 Done::Wrote(n) => s.reorder.release(n),
                 Done::Failed(e) => return Err(failed(&e)),

@@ -312,6 +312,20 @@ impl Reorder {
         self.released = self.written;
     }
 
+    /// Nothing is held or handed out: every byte taken so far is written out.
+    pub fn idle(&self) -> bool {
+        self.held.is_empty() && self.released == self.written
+    }
+
+    /// Counts the next `n` bytes as taken, handed out and written out at once, without
+    /// their passing through the ring (a caller that wrote them itself, in order, straight
+    /// from where it read them); only when [idle](Reorder::idle).
+    pub fn skip(&mut self, n: u64) {
+        assert!(self.idle(), "skip with bytes held or outstanding");
+        self.written += n;
+        self.released = self.written;
+    }
+
     fn advance(&mut self, n: u64) {
         let Some((&s, &e)) = self.held.first_key_value() else {
             return;
@@ -335,6 +349,32 @@ mod tests {
         out.extend_from_slice(a);
         out.extend_from_slice(b);
         r.consume(n);
+    }
+
+    #[test]
+    fn skipped_bytes_move_the_window_and_later_ones_land_after_them() {
+        let mut r = Reorder::new(64, 4);
+        assert!(r.idle());
+        r.skip(100);
+        assert_eq!((r.written(), r.released(), r.limit()), (100, 100, 164));
+        // Bytes below the skipped end are old news; the next ones come out in order.
+        r.insert(90, &[9; 10]).unwrap();
+        r.insert(110, &[2; 5]).unwrap();
+        assert!(!r.idle());
+        r.insert(100, &[1; 10]).unwrap();
+        let mut out = Vec::new();
+        drain(&mut r, &mut out);
+        assert_eq!(out, [[1u8; 10].as_slice(), &[2; 5]].concat());
+        assert!(r.idle());
+        assert!(r.insert(115, &[0; 65]).is_err(), "past the moved window");
+    }
+
+    #[test]
+    #[should_panic(expected = "skip with bytes held")]
+    fn skipping_past_held_bytes_is_refused() {
+        let mut r = Reorder::new(64, 4);
+        r.insert(10, &[1; 5]).unwrap();
+        r.skip(10);
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! The sending side: opens the session's connections, reads the input on its own thread in
-//! chunks (hashing it as it goes), and hands the next chunk to whichever connection has room
-//! in its socket, never past the receiver's credit. A chunk is kept until the receiver
-//! acknowledges it; the session ends when the receiver says every byte arrived and the hash
-//! matched.
+//! The sending side: opens the session's connections, reads the input in chunks (hashing it
+//! as it goes; a pipe or stdin on its own thread, a regular file on the loop), and hands the
+//! next chunk to whichever connection has room in its socket, never past the receiver's
+//! credit. A chunk is kept until the receiver acknowledges it (a file's as its offset: it is
+//! sent, and re-sent, from the file with sendfile); the session ends when the receiver says
+//! every byte arrived and the hash matched.
 
 use std::collections::VecDeque;
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -94,11 +96,23 @@ impl Drop for Block {
     }
 }
 
-/// One chunk of the input, `seq` its offset in the stream: bytes `off..off + len` of a block.
+/// Where a chunk's bytes are.
+#[derive(Debug, Clone)]
+enum Src {
+    /// In a buffer the reader read them into.
+    Mem(Arc<Block>),
+    /// In a regular input file (`-i FILE`, without --psk-file), at `off`: sent from the page
+    /// cache with sendfile, so they are never copied into (or kept in) the sender's memory,
+    /// and read from the file again when a failed path's chunk is re-sent.
+    File(Arc<File>),
+}
+
+/// One chunk of the input, `seq` its offset in the stream: bytes `off..off + len` of its
+/// source (a block, or the file, where `off` is `seq`).
 #[derive(Debug)]
 struct Chunk {
     seq: u64,
-    block: Arc<Block>,
+    src: Src,
     off: usize,
     len: usize,
     /// The connection it was last handed to.
@@ -110,8 +124,18 @@ impl Chunk {
         self.seq + self.len as u64
     }
 
-    fn bytes(&self) -> &[u8] {
-        &self.block.bytes()[self.off..self.off + self.len]
+    /// Its bytes: borrowed from the block, or read from the file into `scratch`.
+    fn bytes<'a>(&'a self, scratch: &'a mut Vec<u8>) -> io::Result<&'a [u8]> {
+        match &self.src {
+            Src::Mem(b) => Ok(&b.bytes()[self.off..self.off + self.len]),
+            Src::File(f) => {
+                use std::os::unix::fs::FileExt;
+                scratch.resize(self.len, 0);
+                f.read_exact_at(scratch, self.off as u64)
+                    .map_err(|e| shrank(e, self.off as u64 + self.len as u64))?;
+                Ok(scratch)
+            }
+        }
     }
 
     /// Cuts the chunk after `n` bytes; the rest is returned.
@@ -119,7 +143,7 @@ impl Chunk {
         debug_assert!(n > 0 && n < self.len);
         let rest = Chunk {
             seq: self.seq + n as u64,
-            block: Arc::clone(&self.block),
+            src: self.src.clone(),
             off: self.off + n,
             len: self.len - n,
             conn: self.conn,
@@ -266,6 +290,77 @@ fn write_frame(
     Ok(true)
 }
 
+/// Why a file chunk could not be read: the input file ended before `end` (it shrank under
+/// the sender), which no other path can mend.
+fn shrank(e: io::Error, end: u64) -> io::Error {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("the input file ended before byte {end}: it shrank while being sent"),
+        )
+    } else {
+        e
+    }
+}
+
+/// As [`write_frame`], for a payload of `len` bytes of `file` at `off`: the header with
+/// MSG_MORE (it waits for its payload and they leave in the same segments), then the payload
+/// with sendfile, straight from the page cache: on TCP the kernel points the socket at the
+/// cached pages (MSG_SPLICE_PAGES), no copy through the sender's memory. A file that ends
+/// before `off + len` is an UnexpectedEof error.
+fn send_file_frame(
+    sock: &impl std::os::fd::AsRawFd,
+    hdr: &[u8],
+    file: &File,
+    off: u64,
+    len: usize,
+    pos: &mut usize,
+) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let fd = sock.as_raw_fd();
+    let total = hdr.len() + len;
+    while *pos < total {
+        let n = if *pos < hdr.len() {
+            let h = &hdr[*pos..];
+            // SAFETY: `h` is valid for its length for the duration of the call.
+            unsafe {
+                libc::send(
+                    fd,
+                    h.as_ptr().cast(),
+                    h.len(),
+                    libc::MSG_MORE | libc::MSG_NOSIGNAL,
+                )
+            }
+        } else {
+            let done = *pos - hdr.len();
+            let mut o = (off + done as u64) as libc::off_t;
+            // SAFETY: two open descriptors and an offset the call updates; nothing else.
+            unsafe { libc::sendfile(fd, file.as_raw_fd(), &mut o, len - done) }
+        };
+        match n {
+            0 if *pos < hdr.len() => {
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "send returned 0"))
+            }
+            0 => {
+                return Err(shrank(
+                    io::ErrorKind::UnexpectedEof.into(),
+                    off + len as u64,
+                ))
+            }
+            n if n > 0 => *pos += n as usize,
+            _ => {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => return Ok(false),
+                    io::ErrorKind::Interrupted => {}
+                    _ => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(true)
+}
+
 /// A connected, welcomed stream: its socket, the address that answered, the receiver's
 /// window, and its keys with --psk-file.
 pub(crate) type Connected = (TcpStream, SocketAddr, u64, Option<Channel>);
@@ -273,13 +368,24 @@ pub(crate) type Connected = (TcpStream, SocketAddr, u64, Option<Channel>);
 /// A reconnection's outcome, from its thread.
 type Reconnected = (usize, Result<Connected, Error>);
 
-/// Opens the input: a file that cannot be opened fails before any connection is made.
-fn open_input(input: &Input) -> Result<Box<dyn Read + Send>, Error> {
+/// Opens the input: a file that cannot be opened fails before any connection is made. With
+/// `sendfile` and a regular file, the file too: its chunks are sent from it ([`Src::File`]).
+type Opened = (Box<dyn Read + Send>, Option<Arc<File>>);
+fn open_input(input: &Input, sendfile: bool) -> Result<Opened, Error> {
     match input {
-        Input::Stdin => Ok(Box::new(io::stdin())),
-        Input::File(p) => std::fs::File::open(p)
-            .map(|f| Box::new(f) as Box<dyn Read + Send>)
-            .map_err(|e| Error::io(format!("open {}", p.display()), e)),
+        Input::Stdin => Ok((Box::new(io::stdin()), None)),
+        Input::File(p) => {
+            let open = |e| Error::io(format!("open {}", p.display()), e);
+            let f = File::open(p).map_err(open)?;
+            let regular = f.metadata().map_err(open)?.is_file();
+            let src = match sendfile && regular {
+                // The reader reads (and hashes) through its own descriptor's offset;
+                // sendfile gives its offset with each call and moves none.
+                true => Some(Arc::new(f.try_clone().map_err(open)?)),
+                false => None,
+            };
+            Ok((Box::new(f), src))
+        }
     }
 }
 
@@ -617,29 +723,121 @@ fn readable_now(fd: std::os::fd::RawFd) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
-/// Reads the input in `chunk`-sized pieces into buffers from the pool (at most `pool` of
-/// them exist, so the input is read no further ahead than the window), hashing as it goes.
-/// With `live` (see [`live_input`]) a piece ends early when nothing more has arrived.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the reader thread's inputs, moved in at its start"
-)]
-fn reader(
-    mut input: Box<dyn Read + Send>,
+/// The input read chunk by chunk and hashed as it goes: on the reader thread ([`reader`]), or
+/// for a regular file on the loop itself ([`Source::Inline`]).
+struct Feed {
+    input: Box<dyn Read + Send>,
+    /// The input is this regular file: one buffer serves every read (it is only hashed) and
+    /// each chunk names the file's bytes ([`Src::File`]).
+    file: Option<Arc<File>>,
+    /// See [`live_input`]: a piece ends early when nothing more has arrived.
     live: Option<std::os::fd::RawFd>,
     chunk: usize,
-    pool: usize,
     size: Option<u64>,
+    hasher: crate::StreamHasher,
+    seq: u64,
+    back_tx: mpsc::Sender<Buf>,
+    /// The buffer reused for a file's reads.
+    own: Option<Buf>,
+}
+
+impl Feed {
+    /// Reads the next chunk into `buf` and queues what the loop is to get: the chunk, and the
+    /// end after it at EOF, or why reading failed. False once nothing more will come. The
+    /// buffer goes into the chunk's block, or back to `own` for a file.
+    fn fill(&mut self, mut buf: Buf, out: &mut VecDeque<FromReader>) -> bool {
+        buf.set_len(buf.capacity());
+        let chunk = self.chunk.min(buf.len());
+        let mut got = 0;
+        let mut eof = false;
+        while got < chunk {
+            match self.input.read(&mut buf[got..chunk]) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => {
+                    got += n;
+                    if got < chunk && self.live.is_some_and(|fd| !readable_now(fd)) {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    out.push_back(FromReader::Failed(Error::io("read the input", e)));
+                    return false;
+                }
+            }
+        }
+        buf.set_len(got);
+        // --size: nothing past it is sent, and an input that ends short never sends its end.
+        let read = self.seq + got as u64;
+        match self.size {
+            Some(want) if read > want => {
+                out.push_back(FromReader::Failed(Error::msg(format!(
+                    "the input is longer than --size {want}: {read} bytes read so far"
+                ))));
+                return false;
+            }
+            Some(want) if eof && read != want => {
+                out.push_back(FromReader::Failed(Error::msg(format!(
+                    "the input ended after {read} bytes, --size says {want}"
+                ))));
+                return false;
+            }
+            _ => {}
+        }
+        if got > 0 {
+            self.hasher.update(&buf);
+            let (src, off) = match &self.file {
+                Some(f) => {
+                    self.own = Some(buf);
+                    (Src::File(Arc::clone(f)), self.seq as usize)
+                }
+                None => (
+                    Src::Mem(Arc::new(Block {
+                        buf: Some(buf),
+                        back: self.back_tx.clone(),
+                    })),
+                    0,
+                ),
+            };
+            out.push_back(FromReader::Chunk(Chunk {
+                seq: self.seq,
+                src,
+                off,
+                len: got,
+                conn: 0,
+            }));
+            self.seq += got as u64;
+        } else if self.file.is_some() {
+            self.own = Some(buf);
+        }
+        if eof {
+            let hasher = std::mem::take(&mut self.hasher);
+            out.push_back(FromReader::End {
+                total: self.seq,
+                hash: hasher.finish(),
+            });
+            return false;
+        }
+        true
+    }
+}
+
+/// Runs `feed` on its own thread, into buffers from the pool (at most `pool` of them exist,
+/// so the input is read no further ahead than the window).
+fn reader(
+    mut feed: Feed,
+    pool: usize,
     tx: SyncSender<FromReader>,
     back: Receiver<Buf>,
-    back_tx: mpsc::Sender<Buf>,
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut hasher = crate::StreamHasher::new();
     let mut made = 0usize;
     let mut fresh: Vec<Buf> = Vec::new();
-    let mut seq = 0u64;
+    let mut out = VecDeque::new();
     let send = |m: FromReader| {
         let ok = tx.send(m).is_ok();
         let _ = waker.wake();
@@ -649,11 +847,12 @@ fn reader(
         if stop.load(Ordering::Relaxed) {
             return;
         }
-        let mut buf = match back.try_recv() {
+        let buf = match feed.own.take().map_or_else(|| back.try_recv(), Ok) {
             Ok(b) => b,
             Err(_) if made < pool => {
                 if fresh.is_empty() {
-                    match bufpool::carve(chunk, bufpool::per_slab(chunk).min(pool - made)) {
+                    match bufpool::carve(feed.chunk, bufpool::per_slab(feed.chunk).min(pool - made))
+                    {
                         Ok(b) => fresh = b,
                         Err(e) => {
                             send(FromReader::Failed(Error::io("map the read buffers", e)));
@@ -676,69 +875,53 @@ fn reader(
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             },
         };
-        buf.set_len(buf.capacity());
-        let mut got = 0;
-        let mut eof = false;
-        while got < chunk {
-            match input.read(&mut buf[got..]) {
-                Ok(0) => {
-                    eof = true;
-                    break;
-                }
-                Ok(n) => {
-                    got += n;
-                    if got < chunk && live.is_some_and(|fd| !readable_now(fd)) {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    send(FromReader::Failed(Error::io("read the input", e)));
-                    return;
-                }
-            }
-        }
-        buf.set_len(got);
-        // --size: nothing past it is sent, and an input that ends short never sends its end.
-        let read = seq + got as u64;
-        match size {
-            Some(want) if read > want => {
-                send(FromReader::Failed(Error::msg(format!(
-                    "the input is longer than --size {want}: {read} bytes read so far"
-                ))));
-                return;
-            }
-            Some(want) if eof && read != want => {
-                send(FromReader::Failed(Error::msg(format!(
-                    "the input ended after {read} bytes, --size says {want}"
-                ))));
-                return;
-            }
-            _ => {}
-        }
-        if got > 0 {
-            hasher.update(&buf);
-            let c = Chunk {
-                seq,
-                block: Arc::new(Block {
-                    buf: Some(buf),
-                    back: back_tx.clone(),
-                }),
-                off: 0,
-                len: got,
-                conn: 0,
-            };
-            seq += got as u64;
-            if !send(FromReader::Chunk(c)) {
+        let more = feed.fill(buf, &mut out);
+        for m in out.drain(..) {
+            if !send(m) {
                 return;
             }
         }
-        if eof {
-            send(FromReader::End {
-                total: seq,
-                hash: hasher.finish(),
-            });
+        if !more {
             return;
+        }
+    }
+}
+
+/// Where the loop takes the input's chunks from.
+enum Source {
+    /// The reader thread.
+    Thread(Receiver<FromReader>),
+    /// A regular file, read (and hashed) by the loop itself when it needs the next chunk:
+    /// with its chunks sent by sendfile, reading is the one copy left and takes a fraction of
+    /// the loop's time, and on 2 CPUs a third busy thread beside the loop and the receiver
+    /// only waits for a CPU (and wakes the loop through the waker, each chunk).
+    Inline {
+        feed: Box<Feed>,
+        queue: VecDeque<FromReader>,
+        more: bool,
+    },
+}
+
+impl Source {
+    fn try_next(&mut self) -> Result<FromReader, TryRecvError> {
+        match self {
+            Source::Thread(rx) => rx.try_recv(),
+            Source::Inline { feed, queue, more } => {
+                if queue.is_empty() && *more {
+                    let buf = match feed.own.take() {
+                        Some(b) => b,
+                        None => match bufpool::carve(feed.chunk, 1) {
+                            Ok(mut b) => b.pop().ok_or(TryRecvError::Disconnected)?,
+                            Err(e) => {
+                                *more = false;
+                                return Ok(FromReader::Failed(Error::io("map the read buffer", e)));
+                            }
+                        },
+                    };
+                    *more = feed.fill(buf, queue);
+                }
+                queue.pop_front().ok_or(TryRecvError::Disconnected)
+            }
         }
     }
 }
@@ -771,6 +954,8 @@ struct Flow {
     bucket: Option<TokenBucket>,
     /// How long until the bucket holds the next chunk, when it held too few.
     pace_wait: Option<Duration>,
+    /// Why the session cannot go on, found while writing (a file input that shrank).
+    fatal: Option<String>,
 }
 
 impl Flow {
@@ -814,7 +999,8 @@ pub fn run(
     live: &MpcatCounters,
     hint: &dyn Fn(&str),
 ) -> Result<MpcatReport, Error> {
-    let input = open_input(&cfg.input)?;
+    // --psk-file seals the bytes in user space: they are read into buffers as from a pipe.
+    let (input, file) = open_input(&cfg.input, cfg.psk.is_none())?;
     if let Input::File(p) = &cfg.input {
         // A regular file's length gives the live line its percent and ETA.
         if let Some(m) = std::fs::metadata(p).ok().filter(|m| m.is_file()) {
@@ -1000,22 +1186,37 @@ pub fn run(
     // Chunks alive at once: the window's worth, one more per stream being written, and a
     // few read ahead.
     let pool = (window / chunk as u64).min(1 << 16) as usize + conns.len() + 4;
-    // The reader waits (a full channel) while the loop holds its read-ahead: see READ_AHEAD.
-    let (tx, rx) = mpsc::sync_channel(2);
     let (back_tx, back_rx) = mpsc::channel();
+    let inline = file.is_some();
+    let feed = Feed {
+        input,
+        file,
+        live: live_input(&cfg.input),
+        chunk,
+        size: cfg.size,
+        hasher: crate::StreamHasher::new(),
+        seq: 0,
+        back_tx,
+        own: None,
+    };
     let reader_stop = Arc::new(AtomicBool::new(false));
-    let rthread = {
+    let (mut source, rthread) = if inline {
+        let source = Source::Inline {
+            feed: Box::new(feed),
+            queue: VecDeque::new(),
+            more: true,
+        };
+        (source, None)
+    } else {
+        // The reader waits (a full channel) while the loop holds its read-ahead: see
+        // READ_AHEAD.
+        let (tx, rx) = mpsc::sync_channel(2);
         let (waker, rstop) = (Arc::clone(&waker), Arc::clone(&reader_stop));
-        let size = cfg.size;
-        let live = live_input(&cfg.input);
-        std::thread::Builder::new()
+        let t = std::thread::Builder::new()
             .name("mpcat-read".into())
-            .spawn(move || {
-                reader(
-                    input, live, chunk, pool, size, tx, back_rx, back_tx, waker, rstop,
-                );
-            })
-            .map_err(|e| Error::io("start the reader thread", e))?
+            .spawn(move || reader(feed, pool, tx, back_rx, waker, rstop))
+            .map_err(|e| Error::io("start the reader thread", e))?;
+        (Source::Thread(rx), Some(t))
     };
     let mut flow = Flow {
         unsent: VecDeque::new(),
@@ -1041,6 +1242,7 @@ pub fn run(
             .rate_limit
             .map(|r| TokenBucket::new(r as f64, (2 * cfg.chunk_min).max(1))),
         pace_wait: None,
+        fatal: None,
     };
     let (conn_tx, conn_rx) = mpsc::channel();
     let ctx = Ctx {
@@ -1053,15 +1255,24 @@ pub fn run(
         conn_tx,
     };
     let failure = event_loop(
-        &mut poll, &ctx, &mut conns, &mut flow, &rx, &conn_rx, stop, live,
+        &mut poll,
+        &ctx,
+        &mut conns,
+        &mut flow,
+        &mut source,
+        &conn_rx,
+        stop,
+        live,
     )
     .err();
     if let Some(why) = &failure {
         give_up(&mut conns, why);
     }
     reader_stop.store(true, Ordering::Relaxed);
-    drop(rx);
-    let _ = rthread.join();
+    drop(source);
+    if let Some(t) = rthread {
+        let _ = t.join();
+    }
     if let (true, Some(m), Some(sock)) = (used, mptcp_report.as_mut(), conns[0].sock.as_ref()) {
         match crate::mptcp::subflows(sock) {
             Ok(Some(n)) => m.subflows = n,
@@ -1247,7 +1458,7 @@ fn event_loop(
     ctx: &Ctx<'_>,
     conns: &mut [Conn],
     flow: &mut Flow,
-    rx: &Receiver<FromReader>,
+    rx: &mut Source,
     conn_rx: &Receiver<Reconnected>,
     stop: &AtomicBool,
     live: &MpcatCounters,
@@ -1309,9 +1520,12 @@ fn event_loop(
         fill(poll, conns, flow, &mut rr);
         // The reader waits on a full channel, which no event announces: while the sockets
         // take what was held back, take more at once rather than at the next event.
-        while held_back && unsent_bytes(flow) < ahead {
+        while held_back && unsent_bytes(flow) < ahead && flow.fatal.is_none() {
             held_back = take(rx, flow, ahead)?;
             fill(poll, conns, flow, &mut rr);
+        }
+        if let Some(why) = flow.fatal.take() {
+            return Err(why);
         }
         adapt(conns, flow);
         live.bytes.store(flow.acked, Ordering::Relaxed);
@@ -1371,10 +1585,10 @@ fn unsent_bytes(flow: &Flow) -> usize {
 
 /// Takes what the reader has until `ahead` bytes are unsent; true when it stopped there
 /// (the reader may have more).
-fn take(rx: &Receiver<FromReader>, flow: &mut Flow, ahead: usize) -> Result<bool, String> {
+fn take(rx: &mut Source, flow: &mut Flow, ahead: usize) -> Result<bool, String> {
     let mut unsent = unsent_bytes(flow);
     while unsent < ahead {
-        match rx.try_recv() {
+        match rx.try_next() {
             Ok(FromReader::Chunk(c)) => {
                 unsent += c.len;
                 flow.unsent.push_back(c);
@@ -1507,33 +1721,47 @@ fn read_conn(i: usize, c: &mut Conn, flow: &mut Flow) -> Result<(), ConnError> {
 }
 
 /// Writes what connection `c` has pending: its control frames, then its data frame (which
-/// joins `sent` once written whole); Ok(false) when the socket is full.
-fn flush(c: &mut Conn, sent: &mut VecDeque<Chunk>) -> Result<bool, String> {
+/// joins `sent` once written whole); Ok(false) when the socket is full. A file input that
+/// shrank is fatal: the bytes are gone for every path.
+fn flush(c: &mut Conn, sent: &mut VecDeque<Chunk>) -> Result<bool, ConnError> {
     let Some(sock) = c.sock.as_mut() else {
         return Ok(false);
     };
     while c.out_pos < c.out.len() {
         match sock.write(&c.out[c.out_pos..]) {
-            Ok(0) => return Err("write returned 0".into()),
+            Ok(0) => return Err(ConnError::Path("write returned 0".into())),
             Ok(n) => c.out_pos += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 c.writable = false;
                 return Ok(false);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("write: {e}")),
+            Err(e) => return Err(ConnError::Path(format!("write: {e}"))),
         }
     }
     c.out.clear();
     c.out_pos = 0;
     if let Some(d) = c.data.as_mut() {
-        match write_frame(sock, &d.hdr, d.chunk.bytes(), &mut d.pos) {
+        let ch = &d.chunk;
+        let r = match &ch.src {
+            Src::Mem(b) => write_frame(
+                sock,
+                &d.hdr,
+                &b.bytes()[ch.off..ch.off + ch.len],
+                &mut d.pos,
+            ),
+            Src::File(f) => send_file_frame(sock, &d.hdr, f, ch.off as u64, ch.len, &mut d.pos),
+        };
+        match r {
             Ok(true) => {}
             Ok(false) => {
                 c.writable = false;
                 return Ok(false);
             }
-            Err(e) => return Err(format!("write: {e}")),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(ConnError::Fatal(e.to_string()))
+            }
+            Err(e) => return Err(ConnError::Path(format!("write: {e}"))),
         }
         if let Some(d) = c.data.take() {
             sent.push_back(d.chunk);
@@ -1558,9 +1786,13 @@ fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
             match flush(c, &mut flow.inflight) {
                 Ok(true) => {}
                 Ok(false) => continue,
-                Err(why) => {
+                Err(ConnError::Path(why)) => {
                     fail_conn(poll, i, c, flow, why);
                     continue;
+                }
+                Err(ConnError::Fatal(why)) => {
+                    flow.fatal = Some(why);
+                    return;
                 }
             }
             // The connection's own size, cut from the front chunk (a rest smaller than the
@@ -1604,7 +1836,14 @@ fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
                 if c.chan.is_some() {
                     // Records are sealed into a buffer: the copy is the encryption's own.
                     c.put(&hdr);
-                    c.put(ch.bytes());
+                    let mut scratch = Vec::new();
+                    match ch.bytes(&mut scratch) {
+                        Ok(b) => c.put(b),
+                        Err(e) => {
+                            flow.fatal = Some(format!("read the input: {e}"));
+                            return;
+                        }
+                    }
                     flow.inflight.push_back(ch);
                 } else {
                     c.data = Some(Sending {
@@ -1625,8 +1864,13 @@ fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut usize) {
             } else {
                 continue;
             }
-            if let Err(why) = flush(c, &mut flow.inflight) {
-                fail_conn(poll, i, c, flow, why);
+            match flush(c, &mut flow.inflight) {
+                Ok(_) => {}
+                Err(ConnError::Path(why)) => fail_conn(poll, i, c, flow, why),
+                Err(ConnError::Fatal(why)) => {
+                    flow.fatal = Some(why);
+                    return;
+                }
             }
         }
         *rr = (*rr + 1) % n.max(1);
@@ -1730,10 +1974,10 @@ mod tests {
         }
         let mut a = Chunk {
             seq: 1000,
-            block: Arc::new(Block {
+            src: Src::Mem(Arc::new(Block {
                 buf: Some(buf),
                 back,
-            }),
+            })),
             off: 0,
             len: 100,
             conn: 0,
@@ -1743,8 +1987,15 @@ mod tests {
         assert_eq!((a.seq, a.len, a.end()), (1000, 30, 1030));
         assert_eq!((b.seq, b.len, b.end()), (1030, 50, 1080));
         assert_eq!((c.seq, c.len, c.end()), (1080, 20, 1100));
-        assert_eq!(b.bytes(), &(30..80u8).collect::<Vec<_>>()[..]);
-        assert_eq!(c.bytes(), &(80..100u8).collect::<Vec<_>>()[..]);
+        let mut scratch = Vec::new();
+        assert_eq!(
+            b.bytes(&mut scratch).unwrap(),
+            &(30..80u8).collect::<Vec<_>>()[..]
+        );
+        assert_eq!(
+            c.bytes(&mut scratch).unwrap(),
+            &(80..100u8).collect::<Vec<_>>()[..]
+        );
         drop(b);
         drop(a);
         assert!(
@@ -1753,6 +2004,101 @@ mod tests {
         );
         drop(c);
         assert_eq!(returned.try_recv().unwrap().len(), 100);
+    }
+
+    /// A file of `len` bytes (`i * 7 + 3` each) under the temp dir, removed when dropped.
+    struct TempFile(std::path::PathBuf);
+    impl TempFile {
+        fn new(tag: &str, len: usize) -> (TempFile, Vec<u8>) {
+            let p = std::env::temp_dir().join(format!("mpcat-{tag}-{}", std::process::id()));
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            std::fs::write(&p, &bytes).unwrap();
+            (TempFile(p), bytes)
+        }
+    }
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn sendfile_frames_resume_where_a_short_write_stopped() {
+        use std::os::unix::net::UnixStream;
+        let (tmp, bytes) = TempFile::new("sendfile", 600_000);
+        let file = File::open(&tmp.0).unwrap();
+        let (w, mut r) = UnixStream::pair().unwrap();
+        socket2::SockRef::from(&w)
+            .set_send_buffer_size(4096)
+            .unwrap();
+        w.set_nonblocking(true).unwrap();
+        r.set_nonblocking(true).unwrap();
+        let mut got = Vec::new();
+        let mut drain = |got: &mut Vec<u8>| {
+            let mut b = [0u8; 65536];
+            loop {
+                match r.read(&mut b) {
+                    Ok(n) if n > 0 => got.extend_from_slice(&b[..n]),
+                    Ok(_) => panic!("closed"),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        };
+        let mut want = Vec::new();
+        let mut short = 0;
+        // Pieces of the file out of order, as chunks re-sent after a path failure are.
+        let pieces = [
+            (1000usize, 1),
+            (0, 7),
+            (300_000, 200_000),
+            (5, 5000),
+            (599_990, 10),
+        ];
+        for (k, &(off, len)) in pieces.iter().cycle().take(40).enumerate() {
+            let off = (off + k) % (600_000 - len);
+            let hdr = frame::data_header(off as u64, len);
+            want.extend_from_slice(&hdr);
+            want.extend_from_slice(&bytes[off..off + len]);
+            let mut pos = 0;
+            while !send_file_frame(&w, &hdr, &file, off as u64, len, &mut pos).unwrap() {
+                short += 1;
+                assert!(pos < hdr.len() + len);
+                drain(&mut got);
+            }
+            assert_eq!(pos, hdr.len() + len);
+        }
+        drain(&mut got);
+        assert!(
+            short > 10,
+            "only {short} short writes: resuming was not tested"
+        );
+        assert_eq!(got.len(), want.len());
+        assert!(got == want, "the frames arrived altered");
+    }
+
+    #[test]
+    fn a_file_that_shrank_is_an_error_naming_where_it_ended() {
+        use std::os::unix::net::UnixStream;
+        let (tmp, _) = TempFile::new("shrank", 10_000);
+        let file = File::open(&tmp.0).unwrap();
+        let (w, _r) = UnixStream::pair().unwrap();
+        let hdr = frame::data_header(8000, 4000);
+        let mut pos = 0;
+        let e = send_file_frame(&w, &hdr, &file, 8000, 4000, &mut pos).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(e.to_string().contains("before byte 12000"), "{e}");
+        // What was there went out; nothing past the end was made up.
+        assert_eq!(pos, hdr.len() + 2000);
+        let c = Chunk {
+            seq: 9000,
+            src: Src::File(Arc::new(file)),
+            off: 9000,
+            len: 2000,
+            conn: 0,
+        };
+        let e = c.bytes(&mut Vec::new()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

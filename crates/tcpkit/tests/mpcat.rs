@@ -1225,3 +1225,246 @@ fn mpcat_size_gives_percent_and_fails_on_another_length() {
         rx.log()
     );
 }
+
+/// Waits until `output` holds at least `bytes` (at most 10 s), the sender still running.
+fn wait_arrived(output: &std::path::Path, bytes: u64, tx: &Proc, rx: &Proc) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(output).map_or(0, |m| m.len()) < bytes {
+        assert!(
+            Instant::now() < deadline,
+            "nothing arrived:\n{}\n{}",
+            tx.log(),
+            rx.log()
+        );
+        assert!(
+            tx.try_status().unwrap().is_none(),
+            "sender ended early:\n{}",
+            tx.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 12, one stream from a file into a file: the sender sends the file's bytes from the
+/// page cache (sendfile) and the receiver writes on its own loop's thread. The one
+/// connection is killed on the receiver's side mid-transfer (ss -K, a reset to the sender):
+/// the sender reopens it and re-sends, read again from the file, the chunks not yet
+/// acknowledged, some of which the receiver had already written (it reads past those).
+/// The stream arrives identical and both sides count the reconnection.
+#[test]
+fn mpcat_one_stream_file_to_file_survives_its_connection_killed() {
+    one_stream_survives_its_connection_killed("mpc1kill", false);
+}
+
+/// As above with the input from a pipe: the sender keeps each chunk in its buffers until
+/// the receiver acknowledges it, and re-sends those.
+#[test]
+fn mpcat_one_stream_from_a_pipe_survives_its_connection_killed() {
+    one_stream_survives_its_connection_killed("mpc1pipe", true);
+}
+
+fn one_stream_survives_its_connection_killed(tag: &str, pipe: bool) {
+    let (mut lab, a, b, _links) =
+        Lab::multipath(tag, 1, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    // 5 MB/s: about 7 s in all.
+    const SIZE: u64 = 32 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let out = output.to_str().unwrap();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--json"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let inp = input.to_str().unwrap();
+    let tx = if pipe {
+        let sh = format!(
+            "cat '{inp}' | exec '{}' mpcat -n 1 --json {MULTIPATH_B4} {p}",
+            tcpkit()
+        );
+        a.spawn(&mut lab, "tx", &["sh", "-c", &sh])
+    } else {
+        let argv = [
+            tcpkit(),
+            "mpcat",
+            "-n",
+            "1",
+            "-i",
+            inp,
+            "--json",
+            MULTIPATH_B4,
+            &p,
+        ];
+        a.spawn(&mut lab, "tx", &argv)
+    }
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_arrived(&output, 4 << 20, &tx, &rx);
+    let filter = format!("( sport = :{port} )");
+    b.run(&["ss", "-K", "-tn", "state", "established", &filter])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&tx, 30);
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    let st = wait(&rx, 5);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let (jt, jr) = (json_of(&tx), json_of(&rx));
+    for j in [&jt, &jr] {
+        assert_eq!(j["verified"], true, "{j}");
+        assert_eq!(j["bytes"], SIZE);
+        assert_eq!(j["failure"], Value::Null);
+        assert!(j["reconnects"].as_u64().unwrap() >= 1, "{j}");
+    }
+    assert_eq!(jt["streams"].as_array().unwrap().len(), 1, "{jt}");
+    assert!(!jt["path_failures"].as_array().unwrap().is_empty(), "{jt}");
+    assert!(jt["resent_bytes"].as_u64().unwrap() > 0, "{jt}");
+}
+
+/// Unmounts the file system at its path when dropped (also when the test panics).
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Issue 12, a disk full under one stream written on the receiver's loop thread (a regular
+/// file, not /dev/full): an 8 MiB stream into a 2 MiB tmpfs fails the receiver with the
+/// write's error as its last line, and the sender too; exit 1 on both.
+#[test]
+fn mpcat_one_stream_into_a_full_file_system_fails_both_sides() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpc1full", 1, None).unwrap_or_else(|e| panic!("{e}"));
+    let input = lab.dir().join("in.bin");
+    random_file(&input, 8 << 20);
+    let small = lab.dir().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "mpc1full"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount a tmpfs: {st}");
+    let _mounted = Mounted(small.clone());
+    let output = small.join("out.bin");
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-n",
+                "1",
+                "-i",
+                input.to_str().unwrap(),
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let st = wait(&rx, 10);
+    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
+    let log = rx.log();
+    let last = log.lines().last().unwrap_or_default();
+    let want = format!(
+        "tcpkit mpcat: write {}: No space left on device",
+        output.display()
+    );
+    assert!(last.starts_with(&want), "{log}");
+    let st = wait(&tx, 15);
+    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
+}
+
+/// Issue 12, a file input that shrinks under the sender: its chunks are sent from the file
+/// (sendfile), so bytes already read and hashed can be gone when their turn comes. The
+/// input is truncated to nothing mid-transfer: the sender fails with a line saying so, the
+/// receiver fails too, neither exits 0 with a short output.
+#[test]
+fn mpcat_input_file_truncated_mid_transfer_fails_both_sides() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpctrunc", 2, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
+    let dir = lab.dir().to_path_buf();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    // 10 MB/s over the 2 links: about 7 s in all.
+    const SIZE: u64 = 64 << 20;
+    random_file(&input, SIZE);
+    let port = port();
+    let p = port.to_string();
+    let rx = b
+        .spawn(
+            &mut lab,
+            "rx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-l",
+                "-p",
+                &p,
+                "-o",
+                output.to_str().unwrap(),
+                "--json",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&b, port);
+    let tx = a
+        .spawn(
+            &mut lab,
+            "tx",
+            &[
+                tcpkit(),
+                "mpcat",
+                "-i",
+                input.to_str().unwrap(),
+                MULTIPATH_B4,
+                &p,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_arrived(&output, 4 << 20, &tx, &rx);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&input)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let st = wait(&tx, 15);
+    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
+    let log = tx.log();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("tcpkit mpcat: the input file ended before byte ")
+            && last.contains("it shrank while being sent"),
+        "{log}"
+    );
+    let st = wait(&rx, 10);
+    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
+    let j = json_of(&rx);
+    assert_eq!(j["verified"], false, "{j}");
+    assert!(std::fs::metadata(&output).unwrap().len() < SIZE);
+}
