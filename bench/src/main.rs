@@ -292,7 +292,8 @@ fn write_results(
     started: std::time::Instant,
     partial: Option<&str>,
 ) -> Result<()> {
-    let out = results_dir().join(format!("{name}-{date}.md"));
+    let dir = results_dir();
+    let out = free_name(&dir, name, date);
     if let Some(flag) = partial {
         eprintln!("{flag}: {} not written", out.display());
         return Ok(());
@@ -304,6 +305,19 @@ fn write_results(
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// `NAME-DATE.md`, or the first of `NAME-DATE-b.md`, `-c`, ... not yet there: a second run
+/// on one day must not overwrite the first, which notes and README may already quote.
+fn free_name(dir: &Path, name: &str, date: &str) -> PathBuf {
+    let first = dir.join(format!("{name}-{date}.md"));
+    if !first.exists() {
+        return first;
+    }
+    ('b'..='z')
+        .map(|c| dir.join(format!("{name}-{date}-{c}.md")))
+        .find(|p| !p.exists())
+        .unwrap_or_else(|| dir.join(format!("{name}-{date}-{}.md", std::process::id())))
 }
 
 fn today() -> String {
@@ -327,6 +341,20 @@ fn today() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_second_run_on_a_day_gets_a_name_of_its_own() {
+        let d = tempfile::tempdir().unwrap();
+        let p = free_name(d.path(), "copy", "2026-11-25");
+        assert_eq!(p, d.path().join("copy-2026-11-25.md"));
+        std::fs::write(&p, "first").unwrap();
+        let p = free_name(d.path(), "copy", "2026-11-25");
+        assert_eq!(p, d.path().join("copy-2026-11-25-b.md"));
+        std::fs::write(&p, "second").unwrap();
+        std::fs::write(d.path().join("copy-2026-11-25-c.md"), "third").unwrap();
+        let p = free_name(d.path(), "copy", "2026-11-25");
+        assert_eq!(p, d.path().join("copy-2026-11-25-d.md"));
+    }
 
     #[test]
     fn a_bench_takes_only_its_own_flags() {
