@@ -144,30 +144,10 @@ fn a_syn_lost_while_the_target_accepts_others_is_retransmitted_not_stood_back() 
     serve(&l, "target", &[("same.txt", SAME)]);
     let answer = fetch(&l, "/same.txt");
     let before = lines(&tg_log).len();
-    let nft = |args: &[&str]| {
-        let mut a = vec!["nft"];
-        a.extend_from_slice(args);
-        let o = l.target.run(&a).expect("nft");
-        assert!(
-            o.status.success(),
-            "nft {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).to_string()
-    };
-    nft(&["add", "table", "inet", "lostsyn"]);
-    nft(&[
-        "add", "chain", "inet", "lostsyn", "in", "{", "type", "filter", "hook", "input",
-        "priority", "0", ";", "}",
-    ]);
+    let chain = nft::Chain::new(&l.target, "lostsyn", "input");
     // Linux's SYN here is 60 bytes (MSS, SACK, timestamps, window scale): a 121-byte quota
     // matches the first two.
-    nft(&[
-        "add",
-        "rule",
-        "inet",
-        "lostsyn",
-        "in",
+    chain.rule(&[
         "ip",
         "saddr",
         ONLINE_T,
@@ -212,13 +192,7 @@ fn a_syn_lost_while_the_target_accepts_others_is_retransmitted_not_stood_back() 
         std::time::Duration::from_secs(30),
     );
     let frames = dump.stop().expect("tcpdump").path;
-    let rules = nft(&["list", "chain", "inet", "lostsyn", "in"]);
-    let dropped: u64 = rules
-        .split("packets ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no drop count in {rules}"));
+    let (dropped, rules) = chain.packets();
     assert_eq!(dropped, 2, "not the first two SYNs dropped: {rules}");
     let ports: std::collections::BTreeSet<u16> = {
         use tcpkit_wire::tcp::{Flags, Segment};

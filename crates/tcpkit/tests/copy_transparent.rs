@@ -344,27 +344,12 @@ fn transparent_diff_is_exact_when_answers_are_lost_on_the_way_to_intercept() {
         .replace("Connection: close", "Connection: keep-alive")
         .into_bytes();
     let _icp = t.intercept("intercept");
-    let nft = |args: &[&str]| {
-        let mut a = vec!["nft"];
-        a.extend_from_slice(args);
-        let o = t.l.target.run(&a).expect("nft");
-        assert!(
-            o.status.success(),
-            "nft {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).to_string()
-    };
     let dev = t.tgt_ast_if.clone();
-    nft(&["add", "table", "inet", "lossy"]);
-    nft(&[
-        "add", "chain", "inet", "lossy", "out", "{", "type", "filter", "hook", "output",
-        "priority", "0", ";", "}",
-    ]);
+    let chain = nft::Chain::new(&t.l.target, "lossy", "output");
     // Only segments with payload: the handshake and the close are not what is tested.
-    nft(&[
-        "add", "rule", "inet", "lossy", "out", "oifname", &dev, "tcp", "sport", "8080", "meta",
-        "length", ">", "100", "numgen", "inc", "mod", "8", "==", "0", "counter", "drop",
+    chain.rule(&[
+        "oifname", &dev, "tcp", "sport", "8080", "meta", "length", ">", "100", "numgen", "inc",
+        "mod", "8", "==", "0", "counter", "drop",
     ]);
     let dir = tempfile::tempdir().unwrap();
     let pcap = dir.path().join("big.pcap");
@@ -399,13 +384,7 @@ fn transparent_diff_is_exact_when_answers_are_lost_on_the_way_to_intercept() {
         ],
     );
     let d = diff_of(&o);
-    let rules = nft(&["list", "chain", "inet", "lossy", "out"]);
-    let dropped: u64 = rules
-        .split("packets ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no drop count in {rules}"));
+    let (dropped, rules) = chain.packets();
     eprintln!("lossy path: {dropped} answer segments dropped before intercept; {d}");
     assert!(
         dropped > 0,
@@ -433,41 +412,9 @@ fn a_syn_that_failed_to_leave_the_copy_host_is_sent_again_before_its_timeout() {
     let answer = fetch(&t.l, "/same.txt");
     let before = lines(&tg_log).len();
     let _icp = t.intercept("intercept");
-    let nft = |args: &[&str]| {
-        let mut a = vec!["nft"];
-        a.extend_from_slice(args);
-        let o = t.l.online.run(&a).expect("nft");
-        assert!(
-            o.status.success(),
-            "nft {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).to_string()
-    };
-    nft(&["add", "table", "inet", "localfail"]);
-    nft(&[
-        "add",
-        "chain",
-        "inet",
-        "localfail",
-        "out",
-        "{",
-        "type",
-        "filter",
-        "hook",
-        "output",
-        "priority",
-        "0",
-        ";",
-        "}",
-    ]);
+    let chain = nft::Chain::new(&t.l.online, "localfail", "output");
     // The first SYN only: a 44-byte SYN uses up the 50-byte quota's match, the next passes.
-    nft(&[
-        "add",
-        "rule",
-        "inet",
-        "localfail",
-        "out",
+    chain.rule(&[
         "ip",
         "daddr",
         TARGET,
@@ -495,13 +442,7 @@ fn a_syn_that_failed_to_leave_the_copy_host_is_sent_again_before_its_timeout() {
         &rule,
         &["--timeout", "1", "--input", pcap.to_str().unwrap()],
     );
-    let rules = nft(&["list", "chain", "inet", "localfail", "out"]);
-    let dropped: u64 = rules
-        .split("packets ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no drop count in {rules}"));
+    let (dropped, rules) = chain.packets();
     assert_eq!(dropped, 1, "the first SYN was not refused: {rules}");
     let r = tlab::transparent_report(&o);
     assert!(u(&r, "transparent.send_errors") >= 1, "{r:#}");

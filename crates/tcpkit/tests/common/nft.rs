@@ -29,3 +29,62 @@ pub fn stop_dropping(host: &Host) {
     host.run(&["nft", "delete", "table", "inet", "lab"])
         .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// A table of a test's own in `host` with one base chain (named after its hook), for the
+/// fault a test injects: lost SYNs, lost answer segments, a send refused on the copy's host.
+#[allow(
+    dead_code,
+    reason = "only some of the test files that include this module use it"
+)]
+pub struct Chain<'a> {
+    host: &'a Host,
+    table: String,
+    hook: String,
+}
+
+#[allow(
+    dead_code,
+    reason = "only some of the test files that include this module use it"
+)]
+impl<'a> Chain<'a> {
+    /// Creates table `table` with a filter chain at `hook` (`input`, `output`).
+    pub fn new(host: &'a Host, table: &str, hook: &str) -> Chain<'a> {
+        let c = Chain {
+            host,
+            table: table.to_string(),
+            hook: hook.to_string(),
+        };
+        c.nft(&["add", "table", "inet", table]);
+        c.nft(&[
+            "add", "chain", "inet", table, hook, "{", "type", "filter", "hook", hook, "priority",
+            "0", ";", "}",
+        ]);
+        c
+    }
+
+    /// Appends a rule: `words` as nft takes them after `add rule inet TABLE CHAIN`.
+    pub fn rule(&self, words: &[&str]) {
+        let mut a = vec!["add", "rule", "inet", &self.table, &self.hook];
+        a.extend_from_slice(words);
+        self.nft(&a);
+    }
+
+    /// The packets the chain's first `counter` counted, and the chain's listing (for messages).
+    pub fn packets(&self) -> (u64, String) {
+        let rules = self.nft(&["list", "chain", "inet", &self.table, &self.hook]);
+        let n = rules
+            .split("packets ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no counter in {rules}"));
+        (n, rules)
+    }
+
+    fn nft(&self, args: &[&str]) -> String {
+        let mut a = vec!["nft"];
+        a.extend_from_slice(args);
+        let o = self.host.run(&a).unwrap_or_else(|e| panic!("{e}"));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    }
+}
