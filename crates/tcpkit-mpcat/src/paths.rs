@@ -59,14 +59,19 @@ impl Paths {
         let egress = if let Some(slaves) = bond_l34_slaves(&dev) {
             Egress::Bond { bond: dev, slaves }
         } else {
-            let mut devs = vec![dev];
+            // The samples only tell interfaces apart: by index, and a name (a socket and an
+            // ioctl) once per interface found.
+            let mut oifs = vec![first.oif];
             for k in 0..SAMPLES {
                 let sport = 33000 + k * 401;
                 let r = nl.route_get(to.ip(), Some(src), sport, to.port())?;
-                let d = ifname(r.oif)?;
-                if !devs.contains(&d) {
-                    devs.push(d);
+                if !oifs.contains(&r.oif) {
+                    oifs.push(r.oif);
                 }
+            }
+            let mut devs = vec![dev];
+            for &i in &oifs[1..] {
+                devs.push(ifname(i)?);
             }
             if devs.len() == 1 {
                 Egress::Single {
