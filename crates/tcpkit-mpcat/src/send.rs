@@ -1890,29 +1890,40 @@ mod tests {
         assert_eq!(hex(&[0, 0xab, 7]), "00ab07");
     }
 
-    #[test]
-    fn writev_frames_resume_where_a_short_write_stopped() {
-        use std::os::unix::net::UnixStream;
-        let (mut w, mut r) = UnixStream::pair().unwrap();
-        // A tiny send buffer, drained only when it is full (one thread, no timing): nearly
-        // every frame is cut short, some inside the header.
+    /// A non-blocking socket pair whose writing end holds 4 KiB: writes come up short.
+    fn tiny_pair() -> (
+        std::os::unix::net::UnixStream,
+        std::os::unix::net::UnixStream,
+    ) {
+        let (w, r) = std::os::unix::net::UnixStream::pair().unwrap();
         socket2::SockRef::from(&w)
             .set_send_buffer_size(4096)
             .unwrap();
         w.set_nonblocking(true).unwrap();
         r.set_nonblocking(true).unwrap();
-        let mut got = Vec::new();
-        let mut drain = |got: &mut Vec<u8>| {
-            let mut b = [0u8; 65536];
-            loop {
-                match r.read(&mut b) {
-                    Ok(n) if n > 0 => got.extend_from_slice(&b[..n]),
-                    Ok(_) => panic!("closed"),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                    Err(e) => panic!("{e}"),
-                }
+        (w, r)
+    }
+
+    /// Reads everything `r` holds now into `got`.
+    fn drain_into(r: &mut std::os::unix::net::UnixStream, got: &mut Vec<u8>) {
+        let mut b = [0u8; 65536];
+        loop {
+            match r.read(&mut b) {
+                Ok(n) if n > 0 => got.extend_from_slice(&b[..n]),
+                Ok(_) => panic!("closed"),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => panic!("{e}"),
             }
-        };
+        }
+    }
+
+    #[test]
+    fn writev_frames_resume_where_a_short_write_stopped() {
+        // A tiny send buffer, drained only when it is full (one thread, no timing): nearly
+        // every frame is cut short, some inside the header.
+        let (mut w, mut r) = tiny_pair();
+        let mut got = Vec::new();
+        let mut drain = |got: &mut Vec<u8>| drain_into(&mut r, got);
         let mut want = Vec::new();
         let (mut short, mut in_header) = (0, 0);
         for (k, len) in [1usize, 7, 5000, 200_000, 13, 65_536, 3]
@@ -2024,27 +2035,11 @@ mod tests {
 
     #[test]
     fn sendfile_frames_resume_where_a_short_write_stopped() {
-        use std::os::unix::net::UnixStream;
         let (tmp, bytes) = TempFile::new("sendfile", 600_000);
         let file = File::open(&tmp.0).unwrap();
-        let (w, mut r) = UnixStream::pair().unwrap();
-        socket2::SockRef::from(&w)
-            .set_send_buffer_size(4096)
-            .unwrap();
-        w.set_nonblocking(true).unwrap();
-        r.set_nonblocking(true).unwrap();
+        let (w, mut r) = tiny_pair();
         let mut got = Vec::new();
-        let mut drain = |got: &mut Vec<u8>| {
-            let mut b = [0u8; 65536];
-            loop {
-                match r.read(&mut b) {
-                    Ok(n) if n > 0 => got.extend_from_slice(&b[..n]),
-                    Ok(_) => panic!("closed"),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                    Err(e) => panic!("{e}"),
-                }
-            }
-        };
+        let mut drain = |got: &mut Vec<u8>| drain_into(&mut r, got);
         let mut want = Vec::new();
         let mut short = 0;
         // Pieces of the file out of order, as chunks re-sent after a path failure are.
