@@ -3,7 +3,9 @@
 //! tcpkit (sha256sum), each link's share read from its own tx counter.
 
 mod common;
-use common::mpcat::{json_of, port, random_file, sha256, shaped, wait, wait_listening};
+use common::mpcat::{
+    json_of, listen, port, random_file, send, sha256, shaped, wait, wait_arrived, wait_listening,
+};
 use common::tcpkit;
 
 use std::time::{Duration, Instant};
@@ -36,41 +38,20 @@ fn mpcat_stripes_one_stream_over_four_links() {
     const SIZE: u64 = 128 << 20;
     random_file(&input, SIZE);
     let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                output.to_str().unwrap(),
-                "--json",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listen(
+        &b,
+        &mut lab,
+        port,
+        &["-o", output.to_str().unwrap(), "--json"],
+    );
     let before = tx_bytes(&a, &links);
     let t0 = Instant::now();
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-i",
-                input.to_str().unwrap(),
-                "--json",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &["-i", input.to_str().unwrap(), "--json"],
+    );
     let st = wait(&tx, 25);
     let secs = t0.elapsed().as_secs_f64();
     assert!(st.success(), "sender: {st}\n{}", tx.log());
@@ -159,58 +140,26 @@ fn mpcat_receiver_fails_when_the_sender_is_killed() {
     const SIZE: u64 = 64 << 20;
     random_file(&input, SIZE);
     let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                output.to_str().unwrap(),
-                "--json",
-                "--path-timeout",
-                "2s",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-n",
-                "4",
-                "-i",
-                input.to_str().unwrap(),
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rx = listen(
+        &b,
+        &mut lab,
+        port,
+        &[
+            "-o",
+            output.to_str().unwrap(),
+            "--json",
+            "--path-timeout",
+            "2s",
+        ],
+    );
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &["-n", "4", "-i", input.to_str().unwrap()],
+    );
     // 80 Mbit/s in all: 64 MiB takes about 7 s; kill it once some has arrived.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::metadata(&output).map_or(0, |m| m.len()) < (4 << 20) {
-        assert!(
-            Instant::now() < deadline,
-            "nothing arrived:\n{}\n{}",
-            tx.log(),
-            rx.log()
-        );
-        assert!(
-            tx.try_status().unwrap().is_none(),
-            "sender ended early:\n{}",
-            tx.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_arrived(&output, 4 << 20, &tx, &rx);
     tx.signal(Signal::SIGKILL).unwrap();
     let st = wait(&rx, 10);
     assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
@@ -244,36 +193,23 @@ fn mpcat_survives_a_link_going_down_and_resumes_on_it() {
     const SIZE: u64 = 128 << 20;
     random_file(&input, SIZE);
     let port = port();
-    let p = port.to_string();
     let out = output.to_str().unwrap();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--json"],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listen(&b, &mut lab, port, &["-o", out, "--json"]);
     let before = tx_bytes(&a, &links);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-n",
-                "16",
-                "--path-timeout",
-                "2s",
-                "-i",
-                input.to_str().unwrap(),
-                "--json",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &[
+            "-n",
+            "16",
+            "--path-timeout",
+            "2s",
+            "-i",
+            input.to_str().unwrap(),
+            "--json",
+        ],
+    );
     std::thread::sleep(Duration::from_secs(1));
     assert!(
         tx.try_status().unwrap().is_none(),
@@ -345,31 +281,14 @@ fn mpcat_refuses_strangers_while_the_session_goes_on() {
     const SIZE: u64 = 40 << 20;
     random_file(&input, SIZE);
     let port = port();
-    let p = port.to_string();
     let out = output.to_str().unwrap();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--json"],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-i",
-                input.to_str().unwrap(),
-                "--json",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rx = listen(&b, &mut lab, port, &["-o", out, "--json"]);
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &["-i", input.to_str().unwrap(), "--json"],
+    );
     // Once the session has begun.
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::fs::metadata(&output).map_or(0, |m| m.len()) == 0 {
@@ -434,14 +353,7 @@ fn mpcat_stripes_over_ipv6() {
     let port = port();
     let p = port.to_string();
     let out = output.to_str().unwrap();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listen(&b, &mut lab, port, &["-o", out]);
     let before = tx_bytes(&a, &links);
     let tx = a
         .spawn(
@@ -498,35 +410,22 @@ fn mpcat_rate_limit_holds_and_stats_lines_show_it() {
     const SIZE: u64 = 16 << 20;
     random_file(&input, SIZE);
     let port = port();
-    let p = port.to_string();
     let out = output.to_str().unwrap();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--quiet"],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "--rate-limit",
-                "4M",
-                "--stats",
-                "1s",
-                "-i",
-                input.to_str().unwrap(),
-                "--json",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rx = listen(&b, &mut lab, port, &["-o", out, "--quiet"]);
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &[
+            "--rate-limit",
+            "4M",
+            "--stats",
+            "1s",
+            "-i",
+            input.to_str().unwrap(),
+            "--json",
+        ],
+    );
     let st = wait(&tx, 20);
     assert!(st.success(), "sender: {st}\n{}", tx.log());
     let st = wait(&rx, 5);
@@ -564,24 +463,12 @@ fn mpcat_receiver_fails_on_a_hash_mismatch() {
         Lab::multipath("mpchash", 1, None).unwrap_or_else(|e| panic!("{e}"));
     let output = lab.dir().join("out.bin");
     let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                output.to_str().unwrap(),
-                "--json",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listen(
+        &b,
+        &mut lab,
+        port,
+        &["-o", output.to_str().unwrap(), "--json"],
+    );
     let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
     let verdict = a.enter(|| {
         let mut s = TcpStream::connect(to).unwrap();
@@ -819,21 +706,12 @@ fn mpcat_survives_idle_strangers_with_few_descriptors() {
         )
         .unwrap_or_else(|e| panic!("{e}"));
     wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-i",
-                input.to_str().unwrap(),
-                "--quiet",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &["-i", input.to_str().unwrap(), "--quiet"],
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::fs::metadata(&output).map_or(0, |m| m.len()) == 0 {
         assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());
@@ -891,32 +769,15 @@ fn mpcat_uses_unequal_links_at_their_sum() {
     const SIZE: u64 = 96 << 20;
     random_file(&input, SIZE);
     let port = port();
-    let p = port.to_string();
     let out = output.to_str().unwrap();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--quiet"],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listen(&b, &mut lab, port, &["-o", out, "--quiet"]);
     let before = tx_bytes(&a, &links);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-i",
-                input.to_str().unwrap(),
-                "--json",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &["-i", input.to_str().unwrap(), "--json"],
+    );
     let st = wait(&tx, 25);
     assert!(st.success(), "sender: {st}\n{}", tx.log());
     let st = wait(&rx, 5);
@@ -976,31 +837,14 @@ fn mpcat_chunk_size_follows_each_links_rate() {
     const SIZE: u64 = 64 << 20;
     random_file(&input, SIZE);
     let port = port();
-    let p = port.to_string();
     let out = output.to_str().unwrap();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--quiet"],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-i",
-                input.to_str().unwrap(),
-                "--json",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rx = listen(&b, &mut lab, port, &["-o", out, "--quiet"]);
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &["-i", input.to_str().unwrap(), "--json"],
+    );
     let st = wait(&tx, 60);
     assert!(st.success(), "sender: {st}\n{}", tx.log());
     let st = wait(&rx, 5);
@@ -1041,31 +885,13 @@ fn mpcat_disk_full_fails_both_sides() {
     let input = lab.dir().join("in.bin");
     random_file(&input, 8 << 20);
     let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", "/dev/full"],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "--path-timeout",
-                "2s",
-                "-i",
-                input.to_str().unwrap(),
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rx = listen(&b, &mut lab, port, &["-o", "/dev/full"]);
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &["--path-timeout", "2s", "-i", input.to_str().unwrap()],
+    );
     let st = wait(&rx, 10);
     assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
     let log = rx.log();
@@ -1090,23 +916,7 @@ fn mpcat_receiver_fails_on_a_malformed_frame() {
         Lab::multipath("mpcbad", 1, None).unwrap_or_else(|e| panic!("{e}"));
     let output = lab.dir().join("out.bin");
     let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                output.to_str().unwrap(),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listen(&b, &mut lab, port, &["-o", output.to_str().unwrap()]);
     let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
     a.enter(|| {
         let mut s = TcpStream::connect(to).unwrap();
@@ -1227,24 +1037,6 @@ fn mpcat_size_gives_percent_and_fails_on_another_length() {
 }
 
 /// Waits until `output` holds at least `bytes` (at most 10 s), the sender still running.
-fn wait_arrived(output: &std::path::Path, bytes: u64, tx: &Proc, rx: &Proc) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::metadata(output).map_or(0, |m| m.len()) < bytes {
-        assert!(
-            Instant::now() < deadline,
-            "nothing arrived:\n{}\n{}",
-            tx.log(),
-            rx.log()
-        );
-        assert!(
-            tx.try_status().unwrap().is_none(),
-            "sender ended early:\n{}",
-            tx.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Issue 12, one stream from a file into a file: the sender sends the file's bytes from the
 /// page cache (sendfile) and the receiver writes on its own loop's thread. The one
 /// connection is killed on the receiver's side mid-transfer (ss -K, a reset to the sender):
@@ -1272,38 +1064,19 @@ fn one_stream_survives_its_connection_killed(tag: &str, pipe: bool) {
     const SIZE: u64 = 32 << 20;
     random_file(&input, SIZE);
     let port = port();
-    let p = port.to_string();
     let out = output.to_str().unwrap();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--json"],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listen(&b, &mut lab, port, &["-o", out, "--json"]);
     let inp = input.to_str().unwrap();
     let tx = if pipe {
         let sh = format!(
-            "cat '{inp}' | exec '{}' mpcat -n 1 --json {MULTIPATH_B4} {p}",
+            "cat '{inp}' | exec '{}' mpcat -n 1 --json {MULTIPATH_B4} {port}",
             tcpkit()
         );
         a.spawn(&mut lab, "tx", &["sh", "-c", &sh])
+            .unwrap_or_else(|e| panic!("{e}"))
     } else {
-        let argv = [
-            tcpkit(),
-            "mpcat",
-            "-n",
-            "1",
-            "-i",
-            inp,
-            "--json",
-            MULTIPATH_B4,
-            &p,
-        ];
-        a.spawn(&mut lab, "tx", &argv)
-    }
-    .unwrap_or_else(|e| panic!("{e}"));
+        send(&a, &mut lab, port, &["-n", "1", "-i", inp, "--json"])
+    };
     wait_arrived(&output, 4 << 20, &tx, &rx);
     let filter = format!("( sport = :{port} )");
     b.run(&["ss", "-K", "-tn", "state", "established", &filter])
@@ -1354,39 +1127,13 @@ fn mpcat_one_stream_into_a_full_file_system_fails_both_sides() {
     let _mounted = Mounted(small.clone());
     let output = small.join("out.bin");
     let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                output.to_str().unwrap(),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-n",
-                "1",
-                "-i",
-                input.to_str().unwrap(),
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rx = listen(&b, &mut lab, port, &["-o", output.to_str().unwrap()]);
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &["-n", "1", "-i", input.to_str().unwrap()],
+    );
     let st = wait(&rx, 10);
     assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
     let log = rx.log();
@@ -1414,38 +1161,9 @@ fn mpcat_input_file_truncated_mid_transfer_fails_both_sides() {
     const SIZE: u64 = 64 << 20;
     random_file(&input, SIZE);
     let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                output.to_str().unwrap(),
-                "--json",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-i",
-                input.to_str().unwrap(),
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let out = output.to_str().unwrap();
+    let rx = listen(&b, &mut lab, port, &["-o", out, "--json"]);
+    let tx = send(&a, &mut lab, port, &["-i", input.to_str().unwrap()]);
     wait_arrived(&output, 4 << 20, &tx, &rx);
     std::fs::OpenOptions::new()
         .write(true)

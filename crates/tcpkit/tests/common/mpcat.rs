@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tcpkit_lab::{Host, Proc, Tbf};
+use tcpkit_lab::{Host, Lab, Proc, Tbf, MULTIPATH_B4};
 
 use super::schema;
 
@@ -27,6 +27,49 @@ pub fn wait_listening(host: &Host, port: u16) {
             return;
         }
         assert!(Instant::now() < deadline, "nothing listens on port {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts the receiver, `tcpkit mpcat -l -p PORT ARGS...`, in `host` (its log named "rx"),
+/// and waits until it listens.
+pub fn listen(host: &Host, lab: &mut Lab, port: u16, args: &[&str]) -> Proc {
+    let p = port.to_string();
+    let mut argv = vec![super::tcpkit(), "mpcat", "-l", "-p", &p];
+    argv.extend_from_slice(args);
+    let rx = host
+        .spawn(lab, "rx", &argv)
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(host, port);
+    rx
+}
+
+/// Starts the sender, `tcpkit mpcat ARGS... B PORT` toward the multipath lab's far host, in
+/// `host` (its log named "tx").
+pub fn send(host: &Host, lab: &mut Lab, port: u16, args: &[&str]) -> Proc {
+    let p = port.to_string();
+    let mut argv = vec![super::tcpkit(), "mpcat"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&[MULTIPATH_B4, &p]);
+    host.spawn(lab, "tx", &argv)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Waits until `output` holds `bytes`, while the sender still runs (10 s at most).
+pub fn wait_arrived(output: &Path, bytes: u64, tx: &Proc, rx: &Proc) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(output).map_or(0, |m| m.len()) < bytes {
+        assert!(
+            Instant::now() < deadline,
+            "nothing arrived:\n{}\n{}",
+            tx.log(),
+            rx.log()
+        );
+        assert!(
+            tx.try_status().unwrap().is_none(),
+            "sender ended early:\n{}",
+            tx.log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
