@@ -892,15 +892,19 @@ fn mpcat_disk_full_fails_both_sides() {
         port,
         &["--path-timeout", "2s", "-i", input.to_str().unwrap()],
     );
-    let st = wait(&rx, 10);
+    assert_both_fail_on_a_full_disk(&rx, &tx, "/dev/full");
+}
+
+/// The receiver exits 1 with the write's ENOSPC, naming `output`, as its last line; then the
+/// sender exits 1 too.
+fn assert_both_fail_on_a_full_disk(rx: &Proc, tx: &Proc, output: &str) {
+    let st = wait(rx, 10);
     assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
     let log = rx.log();
     let last = log.lines().last().unwrap_or_default();
-    assert!(
-        last.starts_with("tcpkit mpcat: write /dev/full: No space left on device"),
-        "{log}"
-    );
-    let st = wait(&tx, 15);
+    let want = format!("tcpkit mpcat: write {output}: No space left on device");
+    assert!(last.starts_with(&want), "{log}");
+    let st = wait(tx, 15);
     assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
 }
 
@@ -1134,17 +1138,7 @@ fn mpcat_one_stream_into_a_full_file_system_fails_both_sides() {
         port,
         &["-n", "1", "-i", input.to_str().unwrap()],
     );
-    let st = wait(&rx, 10);
-    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
-    let log = rx.log();
-    let last = log.lines().last().unwrap_or_default();
-    let want = format!(
-        "tcpkit mpcat: write {}: No space left on device",
-        output.display()
-    );
-    assert!(last.starts_with(&want), "{log}");
-    let st = wait(&tx, 15);
-    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
+    assert_both_fail_on_a_full_disk(&rx, &tx, output.to_str().unwrap());
 }
 
 /// Issue 12, a file input that shrinks under the sender: its chunks are sent from the file
