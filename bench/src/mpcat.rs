@@ -60,6 +60,10 @@ struct Xfer {
     subflows: Option<u64>,
     /// mpcat receiver's peak RSS, kB.
     rss_kb: Option<u64>,
+    /// socat and mpcat: TCP segments the sending host retransmitted over the run. On one veth
+    /// with TSO on, nearly all are spurious (reordering between the two CPUs' backlogs: the
+    /// receiver's DSACKs match them), and they follow whichever side is short of CPU.
+    retrans: Option<u64>,
 }
 
 impl Xfer {
@@ -125,7 +129,17 @@ fn tx_counters(env: &Env) -> Result<Vec<u64>> {
 
 /// A counter of the host's /proc/net/netstat (`MPTcpExt`, `TcpExt`, ...).
 fn netstat(host: &Host, group: &str, name: &str) -> Result<u64> {
-    let out = host.run(&["cat", "/proc/net/netstat"])?;
+    counter(host, "/proc/net/netstat", group, name)
+}
+
+/// The TCP segments `host` retransmitted so far (/proc/net/snmp's Tcp RetransSegs).
+fn retrans(host: &Host) -> Result<u64> {
+    counter(host, "/proc/net/snmp", "Tcp", "RetransSegs")
+}
+
+/// One counter of a /proc/net file made of pairs of "Group: names" / "Group: values" lines.
+fn counter(host: &Host, file: &str, group: &str, name: &str) -> Result<u64> {
+    let out = host.run(&["cat", file])?;
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text
         .lines()
@@ -140,7 +154,7 @@ fn netstat(host: &Host, group: &str, name: &str) -> Result<u64> {
             return Ok(v.parse()?);
         }
     }
-    bail!("{group} {name} not in /proc/net/netstat")
+    bail!("{group} {name} not in {file}")
 }
 
 /// Starts the receivers, waits until each listens, starts the senders, and returns the wall
@@ -246,7 +260,9 @@ fn socat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
         &format!("TCP4:{}:{PORT}", env.dst),
     ]);
     let before = tx_counters(env)?;
+    let r0 = retrans(env.a)?;
     let (secs, _, _) = transfer(env, lab, &[(rx, PORT)], &[tx])?;
+    let r1 = retrans(env.a)?;
     let after = tx_counters(env)?;
     let bytes = verify(env, "socat")?;
     Ok(Xfer {
@@ -255,6 +271,7 @@ fn socat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
         link_tx: after.iter().zip(&before).map(|(x, y)| x - y).collect(),
         subflows: None,
         rss_kb: None,
+        retrans: Some(r1 - r0),
     })
 }
 
@@ -282,7 +299,9 @@ fn mpcat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
     ]);
     let tx = s(&[env.tcpkit, "mpcat", "-i", input, "--quiet", env.dst, &p]);
     let before = tx_counters(env)?;
+    let r0 = retrans(env.a)?;
     let (secs, _, _) = transfer(env, lab, &[(rx, port)], &[tx])?;
+    let r1 = retrans(env.a)?;
     let after = tx_counters(env)?;
     let bytes = verify(env, "mpcat")?;
     let rss_kb = std::fs::read_to_string(&time_out)?
@@ -295,6 +314,7 @@ fn mpcat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
         link_tx: after.iter().zip(&before).map(|(x, y)| x - y).collect(),
         subflows: None,
         rss_kb,
+        retrans: Some(r1 - r0),
     })
 }
 
@@ -405,6 +425,7 @@ fn iperf(env: &Env, lab: &mut Lab, mode: Iperf) -> Result<Xfer> {
         link_tx: after.iter().zip(&before).map(|(x, y)| x - y).collect(),
         subflows,
         rss_kb: None,
+        retrans: None,
     })
 }
 
@@ -482,7 +503,7 @@ fn scenario(env: &Env, lab: &mut Lab, tools: &[Tool], runs: usize) -> Result<Vec
             eprintln!("  run {} of {runs}: {} ...", r + 1, t.name());
             let x = one(env, lab, *t).with_context(|| t.name())?;
             eprintln!(
-                "    {:.1} MB/s in {:.2} s{}{}",
+                "    {:.1} MB/s in {:.2} s{}{}{}",
                 x.mbs(),
                 x.secs,
                 if x.link_tx.len() > 1 {
@@ -492,6 +513,9 @@ fn scenario(env: &Env, lab: &mut Lab, tools: &[Tool], runs: usize) -> Result<Vec
                 },
                 x.subflows
                     .map(|n| format!(", {n} subflows"))
+                    .unwrap_or_default(),
+                x.retrans
+                    .map(|n| format!(", {n} segments retransmitted"))
                     .unwrap_or_default()
             );
             all[i].push(x);
@@ -518,7 +542,7 @@ fn met(ok: bool) -> &'static str {
     }
 }
 
-/// One table row per tool: median and min MB/s, each run's rate and link shares.
+/// One table row per tool: median and min MB/s, each run's rate, link shares and retransmitted segments.
 fn rows(t: &mut String, tools: &[Tool], res: &[Vec<Xfer>], target: Option<(Tool, f64, &str)>) {
     for (tool, runs) in tools.iter().zip(res) {
         let rates: Vec<f64> = runs.iter().map(Xfer::mbs).collect();
@@ -532,6 +556,9 @@ fn rows(t: &mut String, tools: &[Tool], res: &[Vec<Xfer>], target: Option<(Tool,
                 }
                 if let Some(n) = x.subflows {
                     let _ = write!(c, " {n} subflows");
+                }
+                if let Some(n) = x.retrans {
+                    let _ = write!(c, " [{n} rtx]");
                 }
                 c
             })
@@ -600,7 +627,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     ];
 
     let mut t = String::new();
-    let head = "| tool | median MB/s | min MB/s | each run: MB/s (link tx shares %) | target |\n|---|---:|---:|---|---|";
+    let head = "| tool | median MB/s | min MB/s | each run: MB/s (link tx shares %) [TCP segments the sender retransmitted] | target |\n|---|---:|---:|---|---|";
 
     // 4 × 200 Mbit/s.
     eprintln!("4 links x 200 Mbit/s ...");
