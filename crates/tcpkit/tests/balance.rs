@@ -8,7 +8,7 @@ use common::schema;
 #[path = "common/unbound.rs"]
 mod unbound;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -115,7 +115,7 @@ fn udp_client_in_cgroup() {
             None => s.send(&q[2..]).unwrap(),
         };
         let mut buf = [0u8; 1500];
-        let (n, from) = s.recv_from(&mut buf).unwrap();
+        let (n, from) = common::sock::no_eintr(|| s.recv_from(&mut buf)).unwrap();
         let r = dns::parse_response(&buf[..n]).unwrap();
         assert_eq!(r.id, id);
         (from, r.rcode, r.answers)
@@ -2154,7 +2154,7 @@ fn hold_client_in_cgroup() {
             let mut buf = [0u8; 64];
             let until = Instant::now() + Duration::from_secs(60);
             loop {
-                match (&s).read(&mut buf) {
+                match common::sock::read_some(&mut &s, &mut buf) {
                     Ok(0) => return say(format!("GONE tcp {i} {port} eof")),
                     Ok(_) => return say(format!("BROKEN tcp {i} {port} unasked data")),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -2182,7 +2182,7 @@ fn hold_client_in_cgroup() {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         s.send(b"x").unwrap();
         let mut buf = [0u8; 64];
-        let k = s.recv(&mut buf).unwrap();
+        let k = common::sock::no_eintr(|| s.recv(&mut buf)).unwrap();
         let port = String::from_utf8_lossy(&buf[..k]).to_string();
         say(format!("HOLD udp {i} {port}"));
         let stop = stop.clone();
@@ -2191,14 +2191,16 @@ fn hold_client_in_cgroup() {
                 .unwrap();
             let until = Instant::now() + Duration::from_secs(60);
             loop {
-                match s.recv(&mut buf) {
+                match common::sock::no_eintr(|| s.recv(&mut buf)) {
                     Ok(_) => return say(format!("BROKEN udp {i} {port} unasked data")),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(e) => return say(format!("GONE udp {i} {port} {}", why(&e))),
                 }
                 if stop.exists() || Instant::now() > until {
                     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-                    let back = s.send(b"x").and_then(|_| s.recv(&mut buf));
+                    let back = s
+                        .send(b"x")
+                        .and_then(|_| common::sock::no_eintr(|| s.recv(&mut buf)));
                     return match back {
                         Ok(k) if buf[..k] == *port.as_bytes() => {
                             say(format!("ALIVE udp {i} {port}"));

@@ -320,7 +320,7 @@ fn slow_http_server(
     addr: &str,
     delay: Duration,
 ) -> std::sync::Arc<std::sync::Mutex<Vec<Vec<Instant>>>> {
-    use std::io::{Read, Write};
+    use std::io::Write;
     use std::sync::{Arc, Mutex};
     let seen: Arc<Mutex<Vec<Vec<Instant>>>> = Arc::default();
     let s2 = seen.clone();
@@ -349,7 +349,7 @@ fn slow_http_server(
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
                 let mut b = [0u8; 4096];
-                while let Ok(n) = s.read(&mut b) {
+                while let Ok(n) = copy_common::sock::read_some(&mut s, &mut b) {
                     if n == 0 {
                         return;
                     }

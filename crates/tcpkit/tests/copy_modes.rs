@@ -4,7 +4,7 @@
 
 mod copy_common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -166,7 +166,7 @@ fn get(c: &mut TcpStream) {
     let mut got = Vec::new();
     let mut b = [0u8; 4096];
     while !got.ends_with(b"hello from the lab\n") {
-        let n = c.read(&mut b).unwrap();
+        let n = copy_common::sock::read_some(c, &mut b).unwrap();
         assert!(n > 0, "nginx closed: {}", String::from_utf8_lossy(&got));
         got.extend_from_slice(&b[..n]);
     }

@@ -5,7 +5,7 @@
 
 mod copy_common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::FromRawFd;
 use std::path::Path;
@@ -153,7 +153,7 @@ fn session_from_port(
         let mut got = Vec::new();
         let mut b = [0u8; 4096];
         while !got.ends_with(b"hello from the lab\n") {
-            let n = s.read(&mut b).unwrap();
+            let n = copy_common::sock::read_some(&mut s, &mut b).unwrap();
             assert!(n > 0, "{server} closed: {}", String::from_utf8_lossy(&got));
             got.extend_from_slice(&b[..n]);
         }

@@ -402,7 +402,7 @@ fn at_the_cap_a_newcomer_is_refused_when_every_connection_has_spoken() {
             .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();
         let mut b = [0u8; 1];
-        match refused.read(&mut b) {
+        match common::sock::read_some(&mut refused, &mut b) {
             Ok(0) => {}
             Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
             other => panic!("over the cap: not closed: {other:?}"),

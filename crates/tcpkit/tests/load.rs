@@ -847,7 +847,7 @@ fn server_that_never_answers_gives_timeouts_and_a_failed_run() {
     let p = pair("ldmute");
     let port = p.test_server(|mut s| {
         let mut buf = [0u8; 4096];
-        while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+        while matches!(common::sock::read_some(&mut s, &mut buf), Ok(n) if n > 0) {}
     });
     let t0 = Instant::now();
     let (o, r) = fault_run(
@@ -938,7 +938,7 @@ fn garbage_from_an_echo_peer_is_counted_as_malformed() {
     let p = pair("ldgarb");
     let port = p.test_server(|mut s| {
         let mut buf = [0u8; 4096];
-        while let Ok(n) = s.read(&mut buf) {
+        while let Ok(n) = common::sock::read_some(&mut s, &mut buf) {
             if n == 0 {
                 return;
             }
@@ -1020,14 +1020,14 @@ fn malformed_and_oversized_dns_answers_are_counted() {
     // The largest message the length prefix allows, all junk: refused, not a hang or a crash.
     let big = p.test_server(|mut s| {
         let mut buf = [0u8; 512];
-        if s.read(&mut buf).is_err() {
+        if common::sock::read_some(&mut s, &mut buf).is_err() {
             return;
         }
         let mut m = vec![0xa5u8; 65537];
         m[0] = 0xff;
         m[1] = 0xff;
         let _ = s.write_all(&m);
-        let _ = s.read(&mut buf);
+        let _ = common::sock::read_some(&mut s, &mut buf);
     });
     let (o, r) = fault_run(&p, big, &["-c", "1", "-r", "20", "-t", "1"]);
     assert_eq!(o.status.code(), Some(1));

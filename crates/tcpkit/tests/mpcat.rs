@@ -455,7 +455,7 @@ fn mpcat_rate_limit_holds_and_stats_lines_show_it() {
 /// wrong, tells the sender (done, not verified) and exits 1; never 0.
 #[test]
 fn mpcat_receiver_fails_on_a_hash_mismatch() {
-    use std::io::{Read, Write};
+    use std::io::Write;
     use std::net::{SocketAddr, TcpStream};
     use tcpkit_mpcat::frame::{Frame, VERSION};
 
@@ -501,7 +501,7 @@ fn mpcat_receiver_fails_on_a_hash_mismatch() {
         let mut back = Vec::new();
         let mut chunk = [0u8; 4096];
         loop {
-            match s.read(&mut chunk) {
+            match common::sock::read_some(&mut s, &mut chunk) {
                 Ok(0) => break,
                 Ok(n) => back.extend_from_slice(&chunk[..n]),
                 Err(e) => panic!("{e}"),

@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 pub mod mpcat;
 pub mod nft;
 pub mod schema;
+pub mod sock;
 
 use tcpkit_lab::{Host, Lab, Link, LinkOpts};
 

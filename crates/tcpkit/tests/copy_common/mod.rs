@@ -8,6 +8,8 @@ pub mod modes;
 pub mod nft;
 #[path = "../common/schema.rs"]
 pub mod schema;
+#[path = "../common/sock.rs"]
+pub mod sock;
 pub mod tlab;
 
 use std::io::{Read, Write};
@@ -729,7 +731,7 @@ pub fn fault_server(host: &Host, addr: &str, fault: Fault) -> Arc<AtomicU64> {
             let g = g.clone();
             std::thread::spawn(move || {
                 let mut b = [0u8; 65536];
-                while let Ok(n) = s.read(&mut b) {
+                while let Ok(n) = sock::read_some(&mut s, &mut b) {
                     if n == 0 {
                         break;
                     }
