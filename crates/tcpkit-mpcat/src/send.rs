@@ -441,11 +441,7 @@ pub(crate) fn connect(
         Err(_) if cfg.mptcp => {}
         Err(e) => return Err(Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e)),
     }
-    // Over links of different speeds, "room" must mean little unsent data in the socket,
-    // not a free send buffer: with at most 128 KiB not yet sent, a slow link's socket cannot
-    // swallow megabytes that the fast links then wait for at the end (40/30/20/10 Mbit/s
-    // links: 85 % of their sum with the autotuned buffer alone, 94.5 % with this). One way
-    // out has no such tail, and there the extra wake-ups would only cost speed.
+    // "Room" means little unsent data in the socket, not a free send buffer ([`unsent_bound`]).
     if let Some(lowat) = lowat {
         set_notsent_lowat(&s, lowat).map_err(|e| Error::io(what("TCP_NOTSENT_LOWAT on"), e))?;
     }
@@ -646,6 +642,27 @@ fn open_mptcp(cfg: &SendConfig) -> io::Result<(TcpStream, SocketAddr)> {
         }
     }
     Err(last)
+}
+
+/// What a socket may hold written but not yet sent (TCP_NOTSENT_LOWAT) before the loop
+/// gives it more: "room" is little unsent data, not a free send buffer.
+///
+/// Several ways out: 128 KiB. A slow link's socket then cannot swallow megabytes that the
+/// fast links wait for at the end (40/30/20/10 Mbit/s links: 85 % of their sum with the
+/// autotuned buffer alone, 94.5 % with this).
+///
+/// One way out: 32 KiB. With the autotuned buffer alone (megabytes unsent), on one veth the
+/// connection sent 1,500-8,400 segments a run again (400 MB) while their originals were still
+/// queued on the other CPU's backlog, against socat's 0-400. Most likely cause: data left both
+/// from the sender's `sendfile` and from the ACKs the receiver's CPU handled, and a veth
+/// queues each packet on the CPU that sent it, so the two queues reordered it. With little
+/// left unsent, the sender's own writes send nearly all of it. Hand runs,
+/// 4 rounds interleaved, MB/s medians against socat's in the same rounds (retransmitted
+/// segments): TSO on, unbounded 1235 (1,600-2,300), 32 KiB 1312 (1), 64 KiB 1291, 128 KiB
+/// 1270, 256 KiB 1183, socat 1395; offloads off, unbounded 967 (6,000-8,400), 32 KiB 1264
+/// (1-141), 64 KiB 1191, 128 KiB 1160, socat 1320.
+fn unsent_bound(several: bool, chunk: u32) -> u32 {
+    chunk.min(if several { 128 << 10 } else { 32 << 10 })
 }
 
 /// TCP_NOTSENT_LOWAT: the socket is writable (and takes writes) only while fewer than
@@ -1108,9 +1125,8 @@ pub fn run(
             to.ip()
         ));
     }
-    // Several ways out (or none known, with several streams): bound what each socket holds.
-    let lowat = (!used && (members.len() > 1 || (paths.is_none() && n_streams > 1)))
-        .then_some(cfg.chunk.min(128 << 10));
+    let several = members.len() > 1 || (paths.is_none() && n_streams > 1);
+    let lowat = (!used).then(|| unsent_bound(several, cfg.chunk));
     let mut conns = Vec::with_capacity(usize::from(n_streams));
     let mut addrs = cfg.peer.clone();
     let mut window = u64::MAX;
