@@ -5,7 +5,9 @@
 //! tcpkit (sha256sum).
 
 mod common;
-use common::mpcat::{json_of, port, random_file, sha256, wait, wait_listening};
+use common::mpcat::{
+    json_of, listen, port, random_file, send, send_as, sha256, wait, wait_listening,
+};
 use common::tcpkit;
 
 use std::path::{Path, PathBuf};
@@ -120,7 +122,6 @@ fn mpcat_half_close_lets_the_peer_answer() {
     mkfifo(&from_peer);
     random_file(&input, 8 << 20);
     let port = port();
-    let p = port.to_string();
     // mpcat opens its -o before its -i, and the peer its input before its output, so neither
     // waits on the other's fifo.
     let peer = b
@@ -138,43 +139,31 @@ fn mpcat_half_close_lets_the_peer_answer() {
             ],
         )
         .unwrap_or_else(|e| panic!("{e}"));
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                to_peer.to_str().unwrap(),
-                "-i",
-                from_peer.to_str().unwrap(),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-N",
-                "-n",
-                "2",
-                "-i",
-                input.to_str().unwrap(),
-                "-o",
-                answer.to_str().unwrap(),
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rx = listen(
+        &b,
+        &mut lab,
+        port,
+        &[
+            "-o",
+            to_peer.to_str().unwrap(),
+            "-i",
+            from_peer.to_str().unwrap(),
+        ],
+    );
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &[
+            "-N",
+            "-n",
+            "2",
+            "-i",
+            input.to_str().unwrap(),
+            "-o",
+            answer.to_str().unwrap(),
+        ],
+    );
     let st = wait(&tx, 30);
     assert!(st.success(), "sender: {st}\n{}", tx.log());
     let st = wait(&rx, 10);
@@ -209,7 +198,6 @@ fn mpcat_quit_after_waits_then_stops_the_reverse_stream() {
     mkfifo(&silent);
     random_file(&input, 1 << 20);
     let port = port();
-    let p = port.to_string();
     // Opened read-write, the fifo has a writer for as long as mpcat runs: no EOF, no data.
     let script = format!(
         "exec {} mpcat -l -p {port} -o {} 0<>{}",
@@ -221,21 +209,13 @@ fn mpcat_quit_after_waits_then_stops_the_reverse_stream() {
         .spawn(&mut lab, "rx0", &["bash", "-c", &script])
         .unwrap_or_else(|e| panic!("{e}"));
     wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx0",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-i",
-                input.to_str().unwrap(),
-                "--quiet",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let tx = send_as(
+        &a,
+        &mut lab,
+        "tx0",
+        port,
+        &["-i", input.to_str().unwrap(), "--quiet"],
+    );
     let st = wait(&tx, 30);
     assert!(st.success(), "sender: {st}\n{}", tx.log());
     let st = wait(&rx, 10);
@@ -252,25 +232,20 @@ fn mpcat_quit_after_waits_then_stops_the_reverse_stream() {
         .unwrap_or_else(|e| panic!("{e}"));
     wait_listening(&b, port);
     let t0 = Instant::now();
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-q",
-                "2",
-                "-i",
-                input.to_str().unwrap(),
-                "-o",
-                back.to_str().unwrap(),
-                "--json",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &[
+            "-q",
+            "2",
+            "-i",
+            input.to_str().unwrap(),
+            "-o",
+            back.to_str().unwrap(),
+            "--json",
+        ],
+    );
     let st = wait(&tx, 30);
     let took = t0.elapsed();
     assert!(st.success(), "sender: {st}\n{}", tx.log());
@@ -344,23 +319,18 @@ fn reverse_stream_cut(tag: &str, killed: Killed) {
         })
     };
     wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-N",
-                "-i",
-                input.to_str().unwrap(),
-                "-o",
-                back.to_str().unwrap(),
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &[
+            "-N",
+            "-i",
+            input.to_str().unwrap(),
+            "-o",
+            back.to_str().unwrap(),
+        ],
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::metadata(&back).map_or(0, |m| m.len()) < 1 << 20 {
         assert!(
@@ -430,25 +400,12 @@ fn mpcat_reverse_stdout_closed_early_fails_both_sides() {
     random_file(&input, 64 << 10);
     random_file(&rev, 8 << 20);
     let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                output.to_str().unwrap(),
-                "-i",
-                rev.to_str().unwrap(),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listen(
+        &b,
+        &mut lab,
+        port,
+        &["-o", output.to_str().unwrap(), "-i", rev.to_str().unwrap()],
+    );
     let script = format!(
         "{} mpcat -N -i {} {MULTIPATH_B4} {port} | head -c 1000 > /dev/null; echo \"status ${{PIPESTATUS[0]}}\"",
         tcpkit(),
@@ -490,22 +447,7 @@ fn mpcat_a_line_typed_into_a_pipe_arrives_before_the_input_ends() {
     let (out, done) = (dir.join("out"), dir.join("done"));
     let port = port();
     let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                out.to_str().unwrap(),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listen(&b, &mut lab, port, &["-o", out.to_str().unwrap()]);
     // The writer: one line, then its end of the pipe stays open until `done` exists.
     let script = format!(
         "(echo 'uname -a'; while [ ! -e {} ]; do sleep 0.05; done) | {} mpcat -n 2 {MULTIPATH_B4} {p}",

@@ -5,7 +5,7 @@
 //! on.
 
 mod common;
-use common::mpcat::{json_of, port, sha256, shaped, wait, wait_listening};
+use common::mpcat::{json_of, listen, port, send, sha256, shaped, wait, wait_listening};
 use common::tcpkit;
 
 use std::path::{Path, PathBuf};
@@ -195,25 +195,12 @@ fn mpcat_psk_file_wrong_key_is_refused_on_both_sides() {
     rx.signal(tcpkit_lab::Signal::SIGTERM).unwrap();
     wait(&rx, 10);
 
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                out.to_str().unwrap(),
-                "--json",
-                "--psk-file",
-                good,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listen(
+        &b,
+        &mut lab,
+        port,
+        &["-o", out.to_str().unwrap(), "--json", "--psk-file", good],
+    );
     let tx = sender(&mut lab, "tx-other", &["--psk-file", other]);
     assert_eq!(wait(&tx, 20).code(), Some(1), "{}", tx.log());
     let l = last_line(&tx);
@@ -315,50 +302,29 @@ fn mpcat_psk_file_survives_a_path_failure() {
     let key = key_file(&dir, "psk", "a key for both ends, long enough\n");
     let k = key.to_str().unwrap();
     let port = port();
-    let p = port.to_string();
     let out = output.to_str().unwrap();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                out,
-                "--json",
-                "--psk-file",
-                k,
-                "--path-timeout",
-                "2s",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-n",
-                "2",
-                "--path-timeout",
-                "2s",
-                "--psk-file",
-                k,
-                "-i",
-                input.to_str().unwrap(),
-                "--json",
-                MULTIPATH_B4,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rx = listen(
+        &b,
+        &mut lab,
+        port,
+        &["-o", out, "--json", "--psk-file", k, "--path-timeout", "2s"],
+    );
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &[
+            "-n",
+            "2",
+            "--path-timeout",
+            "2s",
+            "--psk-file",
+            k,
+            "-i",
+            input.to_str().unwrap(),
+            "--json",
+        ],
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::fs::metadata(&output).map_or(0, |m| m.len()) < 4 << 20 {
         assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());

@@ -47,11 +47,16 @@ pub fn listen(host: &Host, lab: &mut Lab, port: u16, args: &[&str]) -> Proc {
 /// Starts the sender, `tcpkit mpcat ARGS... B PORT` toward the multipath lab's far host, in
 /// `host` (its log named "tx").
 pub fn send(host: &Host, lab: &mut Lab, port: u16, args: &[&str]) -> Proc {
+    send_as(host, lab, "tx", port, args)
+}
+
+/// [`send`], its log named `name` (for a test that runs several senders).
+pub fn send_as(host: &Host, lab: &mut Lab, name: &str, port: u16, args: &[&str]) -> Proc {
     let p = port.to_string();
     let mut argv = vec![super::tcpkit(), "mpcat"];
     argv.extend_from_slice(args);
     argv.extend_from_slice(&[MULTIPATH_B4, &p]);
-    host.spawn(lab, "tx", &argv)
+    host.spawn(lab, name, &argv)
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
