@@ -17,7 +17,8 @@
 //!   socat transfer kept its one subflow in 3 of 4;
 //! - the same 4 links shaped 300/200/100/50 Mbit/s (target: mpcat at ≥ 90 % of the sum);
 //! - one unshaped veth, as the lab makes links (offloads off) and as the kernel makes a veth
-//!   (TSO/GSO on), 7 runs each: mpcat (one stream on a plain route) vs one socat stream.
+//!   (TSO/GSO on), 7 runs each: mpcat (one stream on a plain route) vs one socat stream, and
+//!   mpcat -Z (the file sent with sendfile) beside them.
 //!
 //! Rates are bytes received over the wall time from the sender's start to the receiver's exit.
 //! Each link's share is its sender-side tx byte counter over the run. The mpcat receiver runs
@@ -275,7 +276,7 @@ fn socat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
     })
 }
 
-fn mpcat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
+fn mpcat(env: &Env, lab: &mut Lab, extra: &[&str]) -> Result<Xfer> {
     let out = env.out.to_str().context("path")?;
     let input = env.input.to_str().context("path")?;
     let time_out = lab.dir().join("mpcat-rx.time");
@@ -297,7 +298,9 @@ fn mpcat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
         out,
         "--quiet",
     ]);
-    let tx = s(&[env.tcpkit, "mpcat", "-i", input, "--quiet", env.dst, &p]);
+    let mut tx = s(&[env.tcpkit, "mpcat", "-i", input, "--quiet"]);
+    tx.extend(s(extra));
+    tx.extend(s(&[env.dst, &p]));
     let before = tx_counters(env)?;
     let r0 = retrans(env.a)?;
     let (secs, _, _) = transfer(env, lab, &[(rx, port)], &[tx])?;
@@ -461,6 +464,8 @@ enum Tool {
     Iperf,
     Mptcp,
     Mpcat,
+    /// mpcat -Z: the input file sent with sendfile (the unshaped veths only).
+    MpcatZerocopy,
     Ceiling,
 }
 
@@ -471,6 +476,7 @@ impl Tool {
             Tool::Iperf => "iperf3 -P 4 (ECMP hash places the streams)",
             Tool::Mptcp => "MPTCP (mptcpize run iperf3)",
             Tool::Mpcat => "tcpkit mpcat (automatic)",
+            Tool::MpcatZerocopy => "tcpkit mpcat -Z (automatic, the file sent with sendfile)",
             Tool::Ceiling => {
                 "ceiling: 4 iperf3 streams, one pinned per link, bytes in proportion to its rate"
             }
@@ -484,7 +490,8 @@ fn one(env: &Env, lab: &mut Lab, t: Tool) -> Result<Xfer> {
         Tool::Mptcp => iperf(env, lab, Iperf::Mptcp),
         Tool::Iperf => iperf(env, lab, Iperf::Ecmp4),
         Tool::Ceiling => iperf(env, lab, Iperf::Pinned),
-        Tool::Mpcat => mpcat(env, lab),
+        Tool::Mpcat => mpcat(env, lab, &[]),
+        Tool::MpcatZerocopy => mpcat(env, lab, &["-Z"]),
     }
 }
 
@@ -729,7 +736,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
             if offloads { "on" } else { "off" }
         );
         let ve = veth(tag, offloads, tk, size, veth_runs)?;
-        rss.extend(ve[1].iter().filter_map(|x| x.rss_kb));
+        rss.extend(ve[1..].iter().flatten().filter_map(|x| x.rss_kb));
         let socat_med = median(&ve[0].iter().map(Xfer::mbs).collect::<Vec<_>>());
         let mpcat_med = median(&ve[1].iter().map(Xfer::mbs).collect::<Vec<_>>());
         let _ = writeln!(
@@ -741,7 +748,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
                 "offloads off as the lab's links (TSO/GSO/GRO off)"
             }
         );
-        rows(&mut t, &[Tool::Socat, Tool::Mpcat], &ve, None);
+        rows(&mut t, &VETH_TOOLS, &ve, None);
         veths.push((offloads, socat_med, mpcat_med));
     }
     let mut veth_rows = String::new();
@@ -801,7 +808,11 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     crate::write_results("mpcat", &date, &md, started, quick.then_some("--quick"))
 }
 
-/// Runs socat and mpcat `runs` times each, interleaved, over one unshaped veth between two
+/// What runs on the unshaped veths: socat, mpcat as it comes, and mpcat -Z (sendfile, whose
+/// price there the -Z help quotes).
+const VETH_TOOLS: [Tool; 3] = [Tool::Socat, Tool::Mpcat, Tool::MpcatZerocopy];
+
+/// Runs socat and mpcat (with and without -Z) `runs` times each, interleaved, over one unshaped veth between two
 /// fresh hosts, with the lab's offloads (off) or the kernel's (`offloads`).
 fn veth(tag: &str, offloads: bool, tk: &str, size: u64, runs: usize) -> Result<Vec<Vec<Xfer>>> {
     let mut lab = Lab::new(tag)?;
@@ -836,7 +847,7 @@ fn veth(tag: &str, offloads: bool, tk: &str, size: u64, runs: usize) -> Result<V
         sha: &sha,
         rates: vec![1],
     };
-    let ve = scenario(&env, &mut lab, &[Tool::Socat, Tool::Mpcat], runs)?;
+    let ve = scenario(&env, &mut lab, &VETH_TOOLS, runs)?;
     drop(env);
     lab.close()?;
     Ok(ve)

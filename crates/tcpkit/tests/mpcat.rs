@@ -1041,8 +1041,8 @@ fn mpcat_size_gives_percent_and_fails_on_another_length() {
 }
 
 /// Waits until `output` holds at least `bytes` (at most 10 s), the sender still running.
-/// Issue 12, one stream from a file into a file: the sender sends the file's bytes from the
-/// page cache (sendfile) and the receiver writes on its own loop's thread. The one
+/// Issue 12, one stream from a file into a file, sent with -Z: the sender sends the file's
+/// bytes from the page cache (sendfile) and the receiver writes on its own loop's thread. The one
 /// connection is killed on the receiver's side mid-transfer (ss -K, a reset to the sender):
 /// the sender reopens it and re-sends, read again from the file, the chunks not yet
 /// acknowledged, some of which the receiver had already written (it reads past those).
@@ -1053,7 +1053,7 @@ fn mpcat_one_stream_file_to_file_survives_its_connection_killed() {
 }
 
 /// As above with the input from a pipe: the sender keeps each chunk in its buffers until
-/// the receiver acknowledges it, and re-sends those.
+/// the receiver acknowledges it, and re-sends those (as it does for a file without -Z).
 #[test]
 fn mpcat_one_stream_from_a_pipe_survives_its_connection_killed() {
     one_stream_survives_its_connection_killed("mpc1pipe", true);
@@ -1079,7 +1079,7 @@ fn one_stream_survives_its_connection_killed(tag: &str, pipe: bool) {
         a.spawn(&mut lab, "tx", &["sh", "-c", &sh])
             .unwrap_or_else(|e| panic!("{e}"))
     } else {
-        send(&a, &mut lab, port, &["-n", "1", "-i", inp, "--json"])
+        send(&a, &mut lab, port, &["-n", "1", "-Z", "-i", inp, "--json"])
     };
     wait_arrived(&output, 4 << 20, &tx, &rx);
     let filter = format!("( sport = :{port} )");
@@ -1141,14 +1141,26 @@ fn mpcat_one_stream_into_a_full_file_system_fails_both_sides() {
     assert_both_fail_on_a_full_disk(&rx, &tx, output.to_str().unwrap());
 }
 
-/// Issue 12, a file input that shrinks under the sender: its chunks are sent from the file
-/// (sendfile), so bytes already read and hashed can be gone when their turn comes. The
-/// input is truncated to nothing mid-transfer: the sender fails with a line saying so, the
-/// receiver fails too, neither exits 0 with a short output.
+/// Issue 12, a file input that shrinks under the sender, copied (the default): the reader
+/// meets the file's end before the length it had when opened. The input is truncated to
+/// nothing mid-transfer: the sender fails with a line saying so, the receiver fails too,
+/// neither exits 0 with a short output. The receiver's window is small so that the sender
+/// has not read the whole file ahead (it reads no further than the window).
 #[test]
 fn mpcat_input_file_truncated_mid_transfer_fails_both_sides() {
+    input_file_truncated_mid_transfer("mpctrunc", &[]);
+}
+
+/// As above with -Z: the file's chunks are sent from it (sendfile), so bytes already read
+/// and hashed can be gone when their turn comes.
+#[test]
+fn mpcat_zerocopy_input_file_truncated_mid_transfer_fails_both_sides() {
+    input_file_truncated_mid_transfer("mpctrunz", &["-Z"]);
+}
+
+fn input_file_truncated_mid_transfer(tag: &str, how: &[&str]) {
     let (mut lab, a, b, _links) =
-        Lab::multipath("mpctrunc", 2, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
+        Lab::multipath(tag, 2, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
     let dir = lab.dir().to_path_buf();
     let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     // 10 MB/s over the 2 links: about 7 s in all.
@@ -1156,8 +1168,10 @@ fn mpcat_input_file_truncated_mid_transfer_fails_both_sides() {
     random_file(&input, SIZE);
     let port = port();
     let out = output.to_str().unwrap();
-    let rx = listen(&b, &mut lab, port, &["-o", out, "--json"]);
-    let tx = send(&a, &mut lab, port, &["-i", input.to_str().unwrap()]);
+    let rx = listen(&b, &mut lab, port, &["-o", out, "--json", "--window", "8M"]);
+    let mut args = vec!["-i", input.to_str().unwrap()];
+    args.extend_from_slice(how);
+    let tx = send(&a, &mut lab, port, &args);
     wait_arrived(&output, 4 << 20, &tx, &rx);
     std::fs::OpenOptions::new()
         .write(true)
