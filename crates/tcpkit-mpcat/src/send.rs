@@ -182,17 +182,21 @@ fn chunk_size(rate: f64, lo: usize, hi: usize, window: u64, streams: usize) -> u
 /// read and hash; read as far ahead as the window allowed (64 MiB), each left from memory,
 /// and every one of the 64 blocks was a fresh allocation's page faults: on one veth the
 /// sender's socket copy read cold bytes (the whole pipeline then ran at 60-70 % of socat).
-/// Only for one connection ([`read_ahead`]).
+/// For one connection, and for a regular file, read on the loop ([`read_ahead`]).
 const READ_AHEAD: usize = 2;
 
-/// Bytes the loop holds unsent. One connection: [`READ_AHEAD`] largest chunks beyond its
-/// own. Several: as far as the window allows, as before the bound, since over 4 x 200 Mbit/s
-/// links under other builds' load the bound (6 MiB there) went with 84.5-94.0 MB/s in 6
-/// runs against the bench's ceiling of 90.3-94.6 beside them, and the builds before it held
-/// 93.4-94.6; whether the bound was the cause is not shown, and there it buys nothing (the
-/// slow links hold chunks for long anyway).
-fn read_ahead(hi: usize, conns: usize, window: u64) -> usize {
-    if conns > 1 {
+/// Bytes the loop holds unsent: [`READ_AHEAD`] largest chunks beyond one per connection.
+///
+/// Several connections and the reader thread (a pipe, stdin): as far as the window allows,
+/// as before the bound, since over 4 x 200 Mbit/s links under other builds' load the bound
+/// (6 MiB there) went with 84.5-94.0 MB/s in 6 runs against the bench's ceiling of 90.3-94.6
+/// beside them, and the builds before it held 93.4-94.6; whether the bound was the cause is
+/// not shown. A regular file is read on the loop the moment a connection has room, so there
+/// the bound costs no wait, and reading the window ahead into buffers (64 MiB of fresh pages
+/// zeroed on the loop before the first chunk left) cost the first run after the lab's set-up
+/// 3 %: 4 x 200 Mbit/s, 6 runs, window 92.9 then 94.7-95.0, bound 95.2-95.4 in every run.
+fn read_ahead(hi: usize, conns: usize, window: u64, file: bool) -> usize {
+    if conns > 1 && !file {
         window.min(usize::MAX as u64) as usize
     } else {
         hi * (conns + READ_AHEAD)
@@ -1558,7 +1562,12 @@ fn event_loop(
                 flow.acked
             ));
         }
-        let ahead = read_ahead(flow.hi, conns.len(), flow.window);
+        let ahead = read_ahead(
+            flow.hi,
+            conns.len(),
+            flow.window,
+            matches!(rx, Source::Inline { .. }),
+        );
         let mut held_back = take(rx, flow, ahead)?;
         // Streams that came back.
         while let Ok((i, r)) = conn_rx.try_recv() {
