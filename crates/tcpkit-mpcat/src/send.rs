@@ -392,8 +392,9 @@ struct Opened {
 /// when a NIC sends them. When the receiver shares this machine's CPUs (a veth, loopback),
 /// its copy out of the socket then reads those pages cold from memory, whereas a sender's
 /// copy leaves the bytes in the cache the receiver reads them from. One veth, TSO on, 400 MB
-/// file to file, 7 rounds interleaved (medians, MB/s): copied 1750, sendfile 1434, socat
-/// 1512; offloads off: 1129, 1104 and 775.
+/// file to file, medians of 7 interleaved runs (bench/results/mpcat-2026-11-27-c.md, MB/s):
+/// copied 2127, sendfile 1655, socat 1876; with offloads off (every segment a packet, the
+/// stacks' per-packet work the cost) 1069, 1131 and 752.
 fn open_input(input: &Input) -> Result<Opened, Error> {
     match input {
         Input::Stdin => Ok(Opened {
