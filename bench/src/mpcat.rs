@@ -812,8 +812,9 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
 /// price there the -Z help quotes).
 const VETH_TOOLS: [Tool; 3] = [Tool::Socat, Tool::Mpcat, Tool::MpcatZerocopy];
 
-/// Runs socat and mpcat (with and without -Z) `runs` times each, interleaved, over one unshaped veth between two
-/// fresh hosts, with the lab's offloads (off) or the kernel's (`offloads`).
+/// Runs socat and mpcat (with and without -Z) `runs` times each, interleaved, over one
+/// unshaped veth between two fresh hosts, with the lab's offloads (off) or the kernel's
+/// (`offloads`).
 fn veth(tag: &str, offloads: bool, tk: &str, size: u64, runs: usize) -> Result<Vec<Vec<Xfer>>> {
     let mut lab = Lab::new(tag)?;
     let a = lab.host("a")?;

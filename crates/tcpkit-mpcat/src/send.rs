@@ -1084,7 +1084,7 @@ pub fn run(
     // --psk-file seals the bytes in user space: they are read into buffers as from a pipe
     // (the command line refuses -Z with it).
     let opened = open_input(&cfg.input)?;
-    let sendfile = cfg.zerocopy && cfg.psk.is_none() && opened.file.is_some();
+    let sendfile = cfg.zerocopy && cfg.psk.is_none();
     if let (true, None, Input::File(p)) = (cfg.zerocopy, &opened.file, &cfg.input) {
         hint(&format!(
             "-Z: {} is not a regular file: its bytes are copied as from a pipe",

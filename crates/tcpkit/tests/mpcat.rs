@@ -1144,8 +1144,9 @@ fn mpcat_one_stream_into_a_full_file_system_fails_both_sides() {
 /// Issue 12, a file input that shrinks under the sender, copied (the default): the reader
 /// meets the file's end before the length it had when opened. The input is truncated to
 /// nothing mid-transfer: the sender fails with a line saying so, the receiver fails too,
-/// neither exits 0 with a short output. The receiver's window is small so that the sender
-/// has not read the whole file ahead (it reads no further than the window).
+/// neither exits 0 with a short output. A file is read only a few chunks ahead of what the
+/// connections take; the receiver's window is small as well, so that even a sender reading
+/// as far ahead as the window allows has not reached the file's end when it is cut.
 #[test]
 fn mpcat_input_file_truncated_mid_transfer_fails_both_sides() {
     input_file_truncated_mid_transfer("mpctrunc", &[]);
