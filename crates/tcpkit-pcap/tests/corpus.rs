@@ -91,7 +91,7 @@ fn fuzz_read_survives_mutated_seeds() {
 fn write_seed_corpus() {
     let dir = corpus_dir();
     std::fs::create_dir_all(&dir).unwrap();
-    let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata");
+    let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
     let us = written_pcap(false, 6);
     let ng = multi_pcapng().0;
     let mut absurd = PcapWriter::new(Vec::new(), 1, 0, false)

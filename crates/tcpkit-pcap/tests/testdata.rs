@@ -1,4 +1,4 @@
-//! The public captures in shared/testdata read as Wireshark reads them: packet counts, link
+//! The public captures in testdata read as Wireshark reads them: packet counts, link
 //! types, timestamps and lengths checked against `tshark -T fields -e frame.time_epoch -e
 //! frame.cap_len -e frame.len` (figures below), and every packet's bytes compared with
 //! pcap-parser, an independent reader.
@@ -9,7 +9,7 @@ use tcpkit_pcap::{CaptureFile, Format, PcapWriter};
 
 fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/testdata")
+        .join("../../testdata")
         .join(name)
 }
 

@@ -1,5 +1,5 @@
 //! Rewriter against the oracle: Debian's tcprewrite 4.4.3, option by option, on a generated
-//! capture and on shared/testdata/tcpreplay-test.pcap. Known tcprewrite bugs we do not copy
+//! capture and on testdata/tcpreplay-test.pcap. Known tcprewrite bugs we do not copy
 //! (see the `rewrite` module docs) are masked here and nowhere else.
 
 use std::path::Path;
@@ -499,13 +499,7 @@ fn matches_tcprewrite_on_generated_capture() {
 
 #[test]
 fn matches_tcprewrite_on_tcpreplay_test_pcap() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/tcpreplay-test.pcap");
-    let path = if path.exists() {
-        path
-    } else {
-        Path::new("/work/shared/testdata/tcpreplay-test.pcap").to_path_buf()
-    };
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tcpreplay-test.pcap");
     let input = read_pcap(&path);
     for (args, cfg) in cases() {
         let n = compare("tcpreplay-test.pcap", &input, &args, cfg);

@@ -35,7 +35,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let pcap: PathBuf = match std::env::var_os("TCPKIT_DEMO_PCAP") {
         Some(p) => p.into(),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/testdata/tcpreplay-test.pcap"),
+            .join("../../testdata/tcpreplay-test.pcap"),
     };
     let pcap = pcap
         .canonicalize()

@@ -1,7 +1,7 @@
 //! `tcpkit replay -t -w` against the oracle, Debian's tcprewrite 4.4.3, through the binary:
 //! every rewrite option both tools have, on a capture generated here (correct checksums, so
 //! tcprewrite's habit of recomputing them changes nothing) and on
-//! shared/testdata/tcpreplay-test.pcap. Packet bytes are compared byte for byte; with `-t` our
+//! testdata/tcpreplay-test.pcap. Packet bytes are compared byte for byte; with `-t` our
 //! output keeps the input's timestamps, which is checked too.
 //!
 //! tcprewrite 4.4.3 bugs we deliberately do not copy (crates/tcpkit-wire/src/rewrite.rs) are

@@ -19,7 +19,7 @@ pub fn tcpkit() -> &'static str {
 
 pub fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/testdata")
+        .join("../../testdata")
         .join(name)
 }
 
