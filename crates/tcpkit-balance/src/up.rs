@@ -384,7 +384,7 @@ pub fn up(
                 // A scrape that cannot read the maps says so in a comment, and nothing else.
                 Err(e) => format!("# tcpkit balance: {}\n", tcpkit_stats::chain(&e)),
             };
-            let m = tcpkit_stats::metrics::start(addr, Arc::new(body))
+            let m = tcpkit_metrics::start(addr, Arc::new(body))
                 .map_err(|e| UpError::Metrics(addr, e))?;
             eprintln!("tcpkit balance: metrics on http://{}/metrics", m.addr());
             Some(m)
@@ -446,7 +446,7 @@ fn display_cgroup(cg: &Path, mount: &Path, private: bool) -> String {
 /// The Prometheus text exposition of a status: per backend its connections, health and
 /// probes; reloads, refusals and trace drops.
 pub fn exposition(r: &StatusReport) -> String {
-    use tcpkit_stats::metrics::{family, sample};
+    use tcpkit_metrics::{family, sample};
     let mut s = String::with_capacity(4096);
     let each = |s: &mut String, name: &str, value: &dyn Fn(&BackendStatus) -> String| {
         for svc in &r.services {

@@ -97,7 +97,7 @@ pub fn run(
     out.push(conntrack(Path::new("/proc/sys/net/netfilter")));
     out.push(memory(
         cfg.max_memory as u64,
-        tcpkit_stats::host::mem_available().unwrap_or(u64::MAX),
+        tcpkit_host::mem_available().unwrap_or(u64::MAX),
         cgroup_limit(),
     ));
     if let Some(d) = cfg.diff.as_ref().and_then(|d| d.out.as_deref()) {

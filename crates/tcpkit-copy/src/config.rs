@@ -58,7 +58,7 @@ impl CopyCounters {
     pub fn line(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (c, a) = (g(&self.requests_copied), g(&self.requests_answered));
-        let loss = tcpkit_stats::loss_ratio_percent(g(&self.requests_at_source), a);
+        let loss = crate::report::loss_ratio_percent(g(&self.requests_at_source), a);
         format!(
             "sessions {} seen, {} copies, {} open, {} completed, {} failed | requests {} copied, {} answered, loss {:.3} % | kernel drops {} | held {} KiB",
             g(&self.sessions_seen),

@@ -35,9 +35,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use crate::report::DiffStats;
 use regex::bytes::{Regex, RegexBuilder};
 use serde::Serialize;
-use tcpkit_stats::DiffStats;
 use tcpkit_wire::http::{Event, ResponseFramer};
 
 /// Body bytes kept per answer; longer bodies are compared by length and hash.

@@ -12,13 +12,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::report::CopyReport;
 use bytes::Bytes;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Registry, Token};
 use tcpkit_capture::{Capture, CaptureError, CaptureOpts};
 use tcpkit_pace::{now_ns, CaptureClock, Speed};
 use tcpkit_pcap::{CaptureFile, PcapError};
-use tcpkit_stats::CopyReport;
 use tcpkit_wire::{as_ethernet, LinkType};
 
 use crate::config::{CopyConfig, CopyCounters};

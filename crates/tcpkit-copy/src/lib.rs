@@ -23,7 +23,10 @@
 //! - `backoff`: the back-off after a target's refusals, shared by every copy mode, so a
 //!   down target sees a trickle of SYNs.
 //! - [`diff`]: `--diff`, the target's answers compared with the original server's.
-//! - [`metrics`]: `--metrics`, the live counters for Prometheus over HTTP.
+//! - [`metrics`]: `--metrics`, the live counters for Prometheus over HTTP (the responder is
+//!   `tcpkit-metrics`).
+//! - [`report`]: the copy report, its human summary, `--json` and verdict (intercept's report
+//!   lives in [`intercept`]).
 //! - [`check`]: `copy --check`, what usually breaks a copy setup, verified with its fix.
 
 pub mod auth;
@@ -40,6 +43,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod reasm;
 pub mod relay;
+pub mod report;
 pub mod sample;
 pub mod transfer;
 pub mod transparent;

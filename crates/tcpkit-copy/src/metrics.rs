@@ -1,5 +1,5 @@
 //! `--metrics ADDR`: the relay's live counters in Prometheus' text exposition format, served
-//! by the shared responder (`tcpkit_stats::metrics`: HTTP/1.0 `GET /metrics`, bounded head,
+//! by the shared responder (`tcpkit_metrics`: HTTP/1.0 `GET /metrics`, bounded head,
 //! deadline, 32 connections at once in one poll loop).
 //!
 //! The body only reads the [`CopyCounters`] atomics the relay already publishes once per loop turn,
@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 
 use crate::config::CopyCounters;
 
-pub use tcpkit_stats::metrics::Metrics;
+pub use tcpkit_metrics::Metrics;
 
 /// Binds `addr` (the error is the caller's to report: address in use, no permission) and
 /// starts serving the relay's counters.
 pub fn start(addr: SocketAddr, live: Arc<CopyCounters>, info: Info) -> io::Result<Metrics> {
     let started = Instant::now();
-    tcpkit_stats::metrics::start(
+    tcpkit_metrics::start(
         addr,
         Arc::new(move || exposition(&live, info, started.elapsed())),
     )
@@ -40,7 +40,7 @@ pub fn exposition(live: &CopyCounters, info: Info, elapsed: Duration) -> String 
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let (copied, answered) = (g(&live.requests_copied), g(&live.requests_answered));
     let at_source = g(&live.requests_at_source);
-    let loss = tcpkit_stats::loss_ratio_percent(at_source, answered) / 100.0;
+    let loss = crate::report::loss_ratio_percent(at_source, answered) / 100.0;
     let mut m: Vec<(&str, &str, &str, String)> = vec![
         (
             "seconds",
@@ -136,7 +136,7 @@ pub fn exposition(live: &CopyCounters, info: Info, elapsed: Duration) -> String 
             "memory_resident_bytes",
             "gauge",
             "Resident set size of the copy process.",
-            tcpkit_stats::host::rss_bytes().to_string(),
+            tcpkit_host::rss_bytes().to_string(),
         ),
     ];
     if info.diff {

@@ -29,10 +29,10 @@ use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use crate::report::CopyReport;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Registry, Token};
 use tcpkit_pace::now_ns;
-use tcpkit_stats::CopyReport;
 
 use crate::backoff::{Backoff, Down, Gate, SILENT_NS};
 use crate::config::{CopyConfig, CopyCounters};

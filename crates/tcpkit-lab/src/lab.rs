@@ -62,7 +62,7 @@ fn check_name(kind: &str, name: &str, max: usize) -> Result<(), LabError> {
 
 /// Whether the effective capability set has both capabilities the lab needs.
 fn privileged() -> bool {
-    use tcpkit_stats::host::has_capability;
+    use tcpkit_host::has_capability;
     match (has_capability(CAP_NET_ADMIN), has_capability(CAP_SYS_ADMIN)) {
         (Some(net), Some(sys)) => net && sys,
         _ => nix::unistd::geteuid().is_root(),

@@ -21,10 +21,12 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-use tcpkit_stats::{
-    ConnStats, Histogram, Histograms, LagStats, LoadReport, PerQueryStats, QueryStats, Rates,
+use crate::report::{
+    ConnStats, Histograms, LagStats, LoadReport, PerQueryStats, QueryStats, Rates,
+    LOAD_SCHEMA_VERSION,
 };
+use serde::{Deserialize, Serialize};
+use tcpkit_stats::Histogram;
 
 pub use config::{
     check_target, parse_duration, parse_ramp, parse_sources, parse_steps, resolve_target,
@@ -540,7 +542,7 @@ fn assemble(
             .collect();
     let wall_start = sh.wall_start.load(Ordering::SeqCst);
     let report = LoadReport {
-        schema_version: tcpkit_stats::LOAD_SCHEMA_VERSION,
+        schema_version: LOAD_SCHEMA_VERSION,
         // Given by `run` to the whole run (a worker's share is not a run of its own).
         run_id: String::new(),
         merged_run_ids: Vec::new(),

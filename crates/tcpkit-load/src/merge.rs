@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::Read as _;
 use std::path::Path;
 
-use tcpkit_stats::{Histogram, LoadReport, LOAD_SCHEMA_VERSION};
+use crate::report::{LoadReport, LOAD_SCHEMA_VERSION};
+use tcpkit_stats::Histogram;
 
 /// Why reports could not be merged.
 #[derive(Debug, thiserror::Error)]
@@ -458,12 +459,12 @@ mod tests {
             start_unix_ns: start_s * 1_000_000_000,
             end_unix_ns: (start_s + secs) * 1_000_000_000,
             seconds: secs as f64,
-            queries: tcpkit_stats::QueryStats {
+            queries: crate::report::QueryStats {
                 sent,
                 answered: values.len() as u64,
                 ..Default::default()
             },
-            rates: tcpkit_stats::Rates {
+            rates: crate::report::Rates {
                 asked_qps: Some(sent as f64 / secs as f64),
                 ..Default::default()
             },
@@ -471,7 +472,7 @@ mod tests {
                 .into_iter()
                 .collect(),
             latency: h.percentiles(),
-            histograms: tcpkit_stats::Histograms {
+            histograms: crate::report::Histograms {
                 intended: h.to_base64(),
                 sent: h.to_base64(),
             },
@@ -619,7 +620,7 @@ mod tests {
         r.hints = vec!["a\u{0}b".into()];
         r.failure = Some("x\u{1b}[31m".into());
         r.codes.insert("\u{1b}[1m".into(), 1);
-        r.per_query = Some(tcpkit_stats::PerQueryStats {
+        r.per_query = Some(crate::report::PerQueryStats {
             path: "p\rq".into(),
             ..Default::default()
         });
@@ -731,7 +732,7 @@ mod tests {
         c.target = "\u{1b}]0;t\u{7}\u{0}".into();
         c.hints = vec!["h\u{1b}[2J".into(), "h2".into()];
         c.failure = Some("no answers".into());
-        c.per_query = Some(tcpkit_stats::PerQueryStats {
+        c.per_query = Some(crate::report::PerQueryStats {
             path: "q.log".into(),
             lines: 3,
             dropped: 0,

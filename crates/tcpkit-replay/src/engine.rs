@@ -6,14 +6,14 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use crate::report::{
+    DeviceStats, FlowStats, IfDelta, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
+};
 use tcpkit_pace::{now_ns, Pacer, Rate, Schedule};
 use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter};
 use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters, SendError, Sink};
 use tcpkit_stats::plot::{Sample, Timeline};
-use tcpkit_stats::{
-    chain, DeviceStats, FlowStats, FlowTable, Histogram, IfDelta, LiveCounters, ReplayReport,
-    TimingError, REPLAY_SCHEMA_VERSION,
-};
+use tcpkit_stats::{chain, FlowTable, Histogram, LiveCounters};
 use tcpkit_wire::{
     flow_key, shard_hash, to_ethernet, unique_ip, FlowKey, LinkType, MacAddr, Rewriter,
 };

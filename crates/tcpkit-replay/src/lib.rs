@@ -3,16 +3,20 @@
 //! The path of a packet: read (`tcpkit-pcap`, zero-copy) → given an Ethernet header if its link
 //! type has none, made unique per loop, rewritten (`tcpkit-wire`) → due at an absolute time
 //! (`tcpkit-pace`) → sent in batches (`tcpkit-send`) → counted (`tcpkit-stats`).
-//! This crate owns only the composition: the resolved [`Config`], the worker loop and the report.
+//! This crate owns only the composition: the resolved [`Config`], the worker loop and the report
+//! ([`ReplayReport`], built from `tcpkit-stats`' pieces).
 
 mod config;
 mod engine;
+mod report;
 
 pub use config::{Config, Output};
 pub use engine::{run, run_with_tap, Outcome, ReplayError, Tap};
+pub use report::{
+    DeviceStats, FlowStats, IfDelta, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
+};
 pub use tcpkit_pace::Rate;
 pub use tcpkit_send::IfInfo;
-pub use tcpkit_stats::ReplayReport;
 pub use tcpkit_wire::{IpMap, MacAddr, PortMap, RewriteConfig, TtlEdit, VlanEdit};
 
 /// The interfaces of this network namespace that replay can send on: Ethernet ones (replay

@@ -329,8 +329,9 @@ pub struct Percentiles {
     pub max_ns: u64,
 }
 
-/// Formats ns the way latency tables read best: µs below 10 ms, ms above.
-pub(crate) fn fmt_ns(ns: u64) -> String {
+/// Formats ns the way latency tables read best: µs below 10 ms, ms above (every job's report
+/// prints its latency tables with it, so they read alike).
+pub fn fmt_ns(ns: u64) -> String {
     if ns < 10_000_000 {
         format!("{:.1} us", ns as f64 / 1_000.0)
     } else {

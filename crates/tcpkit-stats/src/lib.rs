@@ -1,36 +1,25 @@
-//! Counting and telling: latency/timing histograms, flow tables, the run summaries users read
-//! (tcpreplay's `Actual:/Rated:/Flows:` vocabulary), their `--json` form, and the live line.
+//! Counting and telling, what every job's report is made of: the report contract ([`Report`],
+//! [`Verdict`], the one-line error [`chain`], [`to_json`]), latency/timing histograms and HDR
+//! logs, flow tables, the live line ([`Monitor`]), SVG plots and tcpreplay's rates.
 //!
-//! Nothing here sends or parses packets; the jobs feed it numbers. Hot paths touch only plain
-//! integers and per-thread histograms; the live line reads shared atomics from its own thread.
+//! Each job's report type lives in its job crate (`tcpkit_replay::ReplayReport`,
+//! `tcpkit_copy::report::CopyReport`, `tcpkit_load::report::LoadReport`, mpcat's, balance's,
+//! echo's and tune's beside them) and is built from these pieces; only what several jobs share
+//! lives here. Nothing here sends or parses packets; the jobs feed it numbers. Hot paths touch
+//! only plain integers and per-thread histograms; the live line reads shared atomics from its
+//! own thread.
 
 #![warn(missing_docs)]
 
-mod copy;
 mod flows;
 mod hist;
-pub mod host;
 mod live;
-mod load;
-pub mod metrics;
 pub mod plot;
-mod replay;
 mod report;
 
-pub use copy::{
-    loss_ratio_percent, CaptureStats, CopyReport, DiffStats, FailStats, LatencyStats, MemoryStats,
-    RequestStats, SessionStats, TransparentStats, COPY_SCHEMA_VERSION,
-};
 pub use flows::FlowTable;
-pub use hist::{HdrLog, HistDecodeError, Histogram, Percentiles};
+pub use hist::{fmt_ns, HdrLog, HistDecodeError, Histogram, Percentiles};
 pub use live::{percent_eta, stamp, LiveCounters, Monitor, MonitorOptions};
-pub use load::{
-    ConnStats, Histograms, LagStats, LoadReport, PerQueryStats, QueryStats, Rates,
-    LOAD_SCHEMA_VERSION,
-};
-pub use replay::{
-    DeviceStats, FlowStats, IfDelta, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
-};
 pub use report::{chain, to_json, Report, Verdict};
 
 /// Bytes per second, megabits per second and packets per second over `secs`, as tcpreplay rates

@@ -321,7 +321,7 @@ pub fn resolve(a: &Args) -> Result<(CopyConfig, Run), Failure> {
             }
             b
         }
-        None => (tcpkit_stats::host::mem_total().unwrap_or(1 << 30) / 8).max(64 << 20),
+        None => (tcpkit_host::mem_total().unwrap_or(1 << 30) / 8).max(64 << 20),
     };
     if !(0..=19).contains(&a.nice) {
         return Err(usage(format!("--nice {}: must be 0 to 19", a.nice)));
@@ -467,7 +467,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
                 .map_err(|e| Failure::Runtime(format!("--metrics {addr}: {e}")))
         })
         .transpose()?;
-    let nice = tcpkit_stats::host::lower_priority(run.nice);
+    let nice = tcpkit_host::lower_priority(run.nice);
     let mut monitor = {
         let live = Arc::clone(&live);
         Monitor::start(

@@ -11,7 +11,8 @@ use tcpkit_load::loadgen::{
     self as lib, check_target, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config,
     LiveTotals, LoadCounters, Payload, Procs, RateProfile, ResponseEnd,
 };
-use tcpkit_stats::{Histogram, LoadReport, Monitor, MonitorOptions};
+use tcpkit_load::report::LoadReport;
+use tcpkit_stats::{Histogram, Monitor, MonitorOptions};
 
 use crate::common::{self, duration_arg, OutputFlags, RunFlags};
 use crate::Failure;

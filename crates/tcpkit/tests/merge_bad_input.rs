@@ -10,7 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::tcpkit;
-use tcpkit_stats::{Histogram, LoadReport};
+use tcpkit_load::report::{Histograms, LoadReport, QueryStats, LOAD_SCHEMA_VERSION};
+use tcpkit_stats::Histogram;
 
 struct Run {
     code: Option<i32>,
@@ -56,7 +57,7 @@ fn report(id: &str) -> LoadReport {
         h.record(v);
     }
     LoadReport {
-        schema_version: tcpkit_stats::LOAD_SCHEMA_VERSION,
+        schema_version: LOAD_SCHEMA_VERSION,
         run_id: id.into(),
         target: "198.18.0.2:53".into(),
         payload: "dns A example.com".into(),
@@ -66,7 +67,7 @@ fn report(id: &str) -> LoadReport {
         start_unix_ns: 1_000_000_000,
         end_unix_ns: 2_000_000_000,
         seconds: 1.0,
-        queries: tcpkit_stats::QueryStats {
+        queries: QueryStats {
             sent: 3,
             answered: 3,
             ..Default::default()
@@ -74,7 +75,7 @@ fn report(id: &str) -> LoadReport {
         codes: [("NOERROR".to_string(), 3)].into_iter().collect(),
         latency: h.percentiles(),
         latency_sent: h.percentiles(),
-        histograms: tcpkit_stats::Histograms {
+        histograms: Histograms {
             intended: h.to_base64(),
             sent: h.to_base64(),
         },

@@ -20,11 +20,12 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::report::CopyReport;
 use bytes::Bytes;
 use mio::{Events, Registry};
 use rustc_hash::FxHashMap;
 use tcpkit_pace::{now_ns, Speed};
-use tcpkit_stats::{CopyReport, Histogram};
+use tcpkit_stats::Histogram;
 
 use crate::config::{CopyConfig, CopyCounters};
 use crate::diff::{ConnMeta, DiffConn, Differ};
@@ -506,7 +507,7 @@ impl<'a, T: Transport> Engine<'a, T> {
         r.latency.original = self.f.orig.percentiles();
         r.latency.target = self.f.target_lat.percentiles();
         r.memory.limit_bytes = cfg.max_memory as u64;
-        r.memory.rss_bytes = tcpkit_stats::host::rss_bytes();
+        r.memory.rss_bytes = tcpkit_host::rss_bytes();
         r.diff = self.f.differ.as_mut().map(Differ::finish);
         r.requests.max_loss_percent = cfg.max_loss_percent;
         self.t.finish(&self.f, &mut r);

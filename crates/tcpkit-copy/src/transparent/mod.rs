@@ -64,12 +64,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use crate::report::{CopyReport, TransparentStats};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Registry, Token};
 use rustc_hash::FxHashMap;
 use tcpkit_pace::now_ns;
 use tcpkit_send::raw::RawIpSink;
-use tcpkit_stats::{CopyReport, TransparentStats};
 use tcpkit_wire::tcp::{Flags, Options, Segment};
 /// The `-c` prefix type, for callers that do not depend on tcpkit-wire.
 pub use tcpkit_wire::Cidr;

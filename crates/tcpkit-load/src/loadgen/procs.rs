@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::report::LoadReport;
 use serde::{Deserialize, Serialize};
-use tcpkit_stats::LoadReport;
 use tcpkit_workers::{WorkerId, Workers};
 
 use super::{Config, Details, LiveTotals, LoadCounters, LoadError, Plan};

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use tcpkit_stats::host;
+use tcpkit_host as host;
 
 /// Where the kernel shows sysctls.
 pub const PROC_SYS: &str = "/proc/sys";

@@ -7,10 +7,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::report::{to_json, Report, Verdict};
 use serde::{Deserialize, Serialize};
 
-use crate::hist::{fmt_ns, Percentiles};
+use tcpkit_stats::{fmt_ns, to_json, Percentiles, Report, Verdict};
 
 /// Bumped whenever a JSON field changes meaning or disappears (docs/schema/load.schema.json).
 pub const LOAD_SCHEMA_VERSION: u32 = 1;

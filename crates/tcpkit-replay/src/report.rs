@@ -3,10 +3,9 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{to_json, Report, Verdict};
 use serde::Serialize;
 
-use crate::hist::{fmt_ns, Percentiles};
+use tcpkit_stats::{fmt_ns, to_json, Percentiles, Report, Verdict};
 
 /// Bumped whenever a JSON field changes meaning or disappears (docs/schema/replay.schema.json).
 pub const REPLAY_SCHEMA_VERSION: u32 = 1;

@@ -1,7 +1,10 @@
 //! Facts about this host and this process that jobs report or check before they run: memory
 //! (/proc/meminfo, the process's resident set), capabilities, CPU priority. Each is read here
 //! once, so copy's memory cap, copy --check, load's `tune` and the lab's privilege check agree
-//! on what they read and how a missing or odd line is taken.
+//! on what they read and how a missing or odd line is taken. A part of its own, so the lab
+//! (and with it the benchmarks) reads a capability without pulling in reports and plots.
+
+#![warn(missing_docs)]
 
 use std::path::Path;
 

@@ -5,10 +5,9 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{to_json, Report, Verdict};
 use serde::{Deserialize, Serialize};
 
-use crate::hist::{fmt_ns, Percentiles};
+use tcpkit_stats::{fmt_ns, to_json, Percentiles, Report, Verdict};
 
 /// Bumped whenever a JSON field changes meaning or disappears (docs/schema/copy.schema.json).
 pub const COPY_SCHEMA_VERSION: u32 = 1;

@@ -7,6 +7,12 @@
 //! HEAD_DEADLINE, one response then close, and out of descriptors it pauses accepting instead
 //! of exiting. The body is the caller's, computed per scrape from counters it already keeps, so
 //! a scrape never touches a job's hot path.
+//!
+//! A part of its own: a listening socket with its own rules (README's "What listens"), used by
+//! two jobs, with nothing to do with counting or reports; [`family`] and [`sample`] write the
+//! exposition lines each job's body is made of.
+
+#![warn(missing_docs)]
 
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
