@@ -26,7 +26,9 @@ use super::config::{share, Config};
 use super::perquery::{Kind as RecKind, Rec, Sink};
 use super::profile::ArrivalTimes;
 use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
-use super::sock::{connect, connect_udp, errno_name, hint_bit, syn_was_resent, Sock, LATE_HINT};
+use super::sock::{
+    connect, connect_udp, errno_name, hint_bit, syn_was_resent, Sock, LATE_HINT, UNANSWERED_AT_END,
+};
 use super::{LoadCounters, LoadError};
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
@@ -49,8 +51,6 @@ const MAX_BATCH: usize = 32;
 /// for every query would be an allocation per query; freeing larger queues keeps idle
 /// connections small.
 const KEEP_PENDING: usize = 8;
-/// The error name of connects still unanswered when the run ended.
-pub(crate) const UNANSWERED_AT_END: &str = "connect unanswered at end";
 /// Wait before retrying a failed connect.
 const RETRY_DELAY_NS: u64 = 100_000_000;
 /// Scratch read size: one read takes up to this much of a connection's answers.
