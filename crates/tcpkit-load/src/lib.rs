@@ -8,6 +8,7 @@ pub mod echo;
 pub mod loadgen;
 pub mod merge;
 mod nofile;
+mod run_id;
 pub mod tune;
 
 pub use nofile::raise_nofile_limit;

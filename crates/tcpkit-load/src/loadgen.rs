@@ -277,31 +277,9 @@ pub fn run(
     )
     .map(str::to_string)
     .collect();
-    report.run_id = new_run_id();
+    report.run_id = crate::run_id::new_run_id();
     judge(&mut report, &details);
     Ok(report)
-}
-
-/// A fresh run id: 128 random bits in hex, from getrandom(2). Two runs, on one host or on
-/// several, do not share one, which is what lets `merge` refuse one run given twice.
-pub fn new_run_id() -> String {
-    let mut b = [0u8; 16];
-    let mut got = 0;
-    while got < b.len() {
-        // SAFETY: writes at most the rest of `b` into `b`.
-        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
-        if n > 0 {
-            got += n as usize;
-        } else if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            // No getrandom (a very old kernel): the time and pid, still unique per run.
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            let v = t ^ (u128::from(std::process::id()) << 96);
-            return format!("{v:032x}");
-        }
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Appends `.K` to a per-process output path when there are several processes.
