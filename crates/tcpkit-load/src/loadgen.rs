@@ -10,6 +10,7 @@
 
 mod config;
 mod engine;
+mod outfiles;
 mod perquery;
 mod procs;
 mod profile;
@@ -30,6 +31,7 @@ pub use config::{
     check_target, parse_duration, parse_ramp, parse_sources, parse_steps, resolve_target,
     ArrivalKind, Config, Payload, Procs, RateProfile, ResponseEnd, MAX_SOURCES,
 };
+pub use outfiles::hdr_logs;
 pub use perquery::HEADER as PER_QUERY_HEADER;
 pub use tcpkit_wire::dns::{qtype_from_str, Name as DnsName};
 
@@ -282,16 +284,6 @@ pub fn run(
     Ok(report)
 }
 
-/// Appends `.K` to a per-process output path when there are several processes.
-fn per_proc_path(p: &std::path::Path, k: u32, n: u32) -> std::path::PathBuf {
-    if n <= 1 {
-        return p.to_path_buf();
-    }
-    let mut s = p.as_os_str().to_os_string();
-    s.push(format!(".{k}"));
-    s.into()
-}
-
 /// Runs worker `k` of `n`'s share of the connections, rate and queries in this process.
 fn run_share(
     cfg: &Config,
@@ -327,7 +319,7 @@ fn run_share(
     });
     let per_query = match &cfg.per_query {
         Some(p) => {
-            let path = per_proc_path(p, k, n);
+            let path = outfiles::per_proc_path(p, k, n);
             Some(
                 perquery::PerQuery::start(&path, Arc::clone(&wall_start)).map_err(|e| {
                     LoadError::File {
@@ -341,7 +333,7 @@ fn run_share(
     };
     let hdr_log = match &cfg.hdr_log {
         Some(p) => {
-            let path = per_proc_path(p, k, n);
+            let path = outfiles::per_proc_path(p, k, n);
             Some(Mutex::new(
                 tcpkit_stats::HdrLog::create(&path, std::time::SystemTime::now()).map_err(|e| {
                     LoadError::File {
