@@ -92,6 +92,19 @@ fn set_timer(timer: &TimerFd, how: Armed) -> bool {
     }
 }
 
+/// The per-query line of query `p` on connection `conn` for an event at `at`.
+#[inline]
+fn rec_of(kind: RecKind, conn: u64, p: &Pending, at: u64) -> Rec {
+    Rec {
+        kind,
+        conn,
+        seq: p.seq,
+        intended: p.intended,
+        sent: p.sent,
+        at,
+    }
+}
+
 /// What every thread of this process shares (not Debug: it holds the hint callback).
 pub(crate) struct Shared<'a> {
     pub cfg: &'a Config,
@@ -551,14 +564,7 @@ impl Worker<'_, '_> {
             for p in c.pending.drain(..) {
                 self.c.unanswered_at_end += 1;
                 if let Some(s) = &mut self.sink {
-                    s.push(Rec {
-                        kind: RecKind::Unanswered,
-                        conn: key,
-                        seq: p.seq,
-                        intended: p.intended,
-                        sent: p.sent,
-                        at,
-                    });
+                    s.push(rec_of(RecKind::Unanswered, key, &p, at));
                 }
             }
             c.sock = None;
@@ -1081,14 +1087,7 @@ impl Worker<'_, '_> {
             self.codes[usize::from(a.code).min(CODES - 1)] += 1;
         }
         if let Some(s) = &mut self.sink {
-            s.push(Rec {
-                kind: RecKind::Answer,
-                conn: key,
-                seq: p.seq,
-                intended: p.intended,
-                sent: p.sent,
-                at,
-            });
+            s.push(rec_of(RecKind::Answer, key, &p, at));
         }
     }
 
@@ -1118,14 +1117,7 @@ impl Worker<'_, '_> {
         for p in c.pending.drain(..) {
             self.c.lost += 1;
             if let Some(s) = &mut self.sink {
-                s.push(Rec {
-                    kind: RecKind::Lost,
-                    conn: key,
-                    seq: p.seq,
-                    intended: p.intended,
-                    sent: p.sent,
-                    at,
-                });
+                s.push(rec_of(RecKind::Lost, key, &p, at));
             }
         }
         c.pending = VecDeque::new();
@@ -1183,45 +1175,20 @@ impl Worker<'_, '_> {
                     if at.saturating_sub(front.sent) < qt {
                         continue;
                     }
-                    if by_id {
-                        while let Some(p) = c.pending.front().copied() {
-                            if at.saturating_sub(p.sent) < qt {
-                                break;
-                            }
-                            c.pending.pop_front();
-                            self.c.timeouts += 1;
-                            if let Some(s) = &mut self.sink {
-                                s.push(Rec {
-                                    kind: RecKind::Timeout,
-                                    conn: key,
-                                    seq: p.seq,
-                                    intended: p.intended,
-                                    sent: p.sent,
-                                    at,
-                                });
-                            }
+                    while let Some(p) = c.pending.front().copied() {
+                        if at.saturating_sub(p.sent) < qt {
+                            break;
                         }
-                    } else {
+                        c.pending.pop_front();
+                        self.c.timeouts += 1;
+                        if let Some(s) = &mut self.sink {
+                            s.push(rec_of(RecKind::Timeout, key, &p, at));
+                        }
+                    }
+                    if !by_id {
                         // In-order answers: once one is overdue the stream cannot be matched
-                        // any more. Count the overdue ones as timeouts, the rest as lost, and
-                        // reopen the connection.
-                        while let Some(p) = c.pending.front().copied() {
-                            if at.saturating_sub(p.sent) < qt {
-                                break;
-                            }
-                            c.pending.pop_front();
-                            self.c.timeouts += 1;
-                            if let Some(s) = &mut self.sink {
-                                s.push(Rec {
-                                    kind: RecKind::Timeout,
-                                    conn: key,
-                                    seq: p.seq,
-                                    intended: p.intended,
-                                    sent: p.sent,
-                                    at,
-                                });
-                            }
-                        }
+                        // any more. The overdue ones were counted as timeouts; closing counts
+                        // the rest as lost, and the connection is reopened.
                         self.close(i, Why::Ours, now);
                     }
                 }
