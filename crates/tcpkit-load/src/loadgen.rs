@@ -10,6 +10,7 @@
 
 mod config;
 mod engine;
+mod interval;
 mod outfiles;
 mod perquery;
 mod procs;

@@ -23,6 +23,7 @@ use tcpkit_pace::{now_ns, TokenBucket};
 use tcpkit_stats::{HdrLog, Histogram};
 
 use super::config::{share, Config};
+use super::interval::Interval;
 use super::perquery::{Kind as RecKind, Rec, Sink};
 use super::profile::ArrivalTimes;
 use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
@@ -253,7 +254,8 @@ struct Worker<'s, 'a> {
     open: u64,
     hist_i: Histogram,
     hist_s: Histogram,
-    ival: Option<(Histogram, Histogram, u64)>,
+    /// `--hdr-log`'s histograms of the current second.
+    ival: Option<Interval<'s>>,
     codes: Vec<u64>,
     errors: BTreeMap<&'static str, u64>,
     first_bad: Option<String>,
@@ -335,10 +337,7 @@ pub(crate) fn run_thread(
         open: 0,
         hist_i: Histogram::new(),
         hist_s: Histogram::new(),
-        ival: sh
-            .hdr_log
-            .as_ref()
-            .map(|_| (Histogram::new(), Histogram::new(), 0)),
+        ival: sh.hdr_log.as_ref().map(Interval::new),
         codes: vec![0; CODES],
         errors: BTreeMap::new(),
         first_bad: None,
@@ -601,8 +600,8 @@ impl Worker<'_, '_> {
                 self.arrivals = Some(a);
             }
         }
-        if let Some((_, _, next)) = &mut self.ival {
-            *next = start + 1_000_000_000;
+        if let Some(iv) = &mut self.ival {
+            iv.begin(start);
         }
     }
 
@@ -1076,9 +1075,8 @@ impl Worker<'_, '_> {
         let lat_s = at.saturating_sub(p.sent);
         self.hist_i.record(lat_i);
         self.hist_s.record(lat_s);
-        if let Some((hi, hs, _)) = &mut self.ival {
-            hi.record(lat_i);
-            hs.record(lat_s);
+        if let Some(iv) = &mut self.ival {
+            iv.record(lat_i, lat_s);
         }
         self.c.answered += 1;
         if a.code == ECHOED {
@@ -1195,20 +1193,9 @@ impl Worker<'_, '_> {
                 _ => {}
             }
         }
-        if let Some((hi, hs, next)) = &mut self.ival {
-            if self.start != 0 && now >= *next {
-                if let Some(log) = &self.sh.hdr_log {
-                    if let Ok(mut log) = log.lock() {
-                        let off = Duration::from_nanos(*next - 1_000_000_000 - self.start);
-                        let _ = log.write(hi, off, Duration::from_secs(1), "intended");
-                        let _ = log.write(hs, off, Duration::from_secs(1), "sent");
-                    }
-                }
-                hi.clear();
-                hs.clear();
-                while *next <= now {
-                    *next += 1_000_000_000;
-                }
+        if let Some(iv) = &mut self.ival {
+            if self.start != 0 {
+                iv.roll(now, self.start);
             }
         }
         self.publish();
@@ -1231,23 +1218,9 @@ impl Worker<'_, '_> {
 
     fn finish(mut self) -> ThreadOut {
         // The last interval of the HDR log.
-        if let (Some((hi, hs, next)), Some(log)) = (&self.ival, &self.sh.hdr_log) {
-            if self.start != 0 && (hi.count() > 0 || hs.count() > 0) {
-                if let Ok(mut log) = log.lock() {
-                    let from = next.saturating_sub(1_000_000_000 + self.start);
-                    let _ = log.write(
-                        hi,
-                        Duration::from_nanos(from),
-                        Duration::from_secs(1),
-                        "intended",
-                    );
-                    let _ = log.write(
-                        hs,
-                        Duration::from_nanos(from),
-                        Duration::from_secs(1),
-                        "sent",
-                    );
-                }
+        if let Some(iv) = &self.ival {
+            if self.start != 0 {
+                iv.finish(self.start);
             }
         }
         if let Some(s) = &mut self.sink {
