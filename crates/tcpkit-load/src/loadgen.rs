@@ -17,6 +17,7 @@ mod procs;
 mod profile;
 mod proto;
 mod sock;
+mod wake;
 
 use std::collections::BTreeMap;
 use std::io;

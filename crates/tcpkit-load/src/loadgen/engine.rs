@@ -10,15 +10,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use nix::sys::time::TimeSpec;
-use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use tcpkit_pace::{now_ns, TokenBucket};
 use tcpkit_stats::{HdrLog, Histogram};
 
@@ -30,6 +27,7 @@ use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
 use super::sock::{
     connect, connect_udp, errno_name, hint_bit, syn_was_resent, Sock, LATE_HINT, UNANSWERED_AT_END,
 };
+use super::wake::Wake;
 use super::{LoadCounters, LoadError};
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
@@ -37,11 +35,6 @@ use super::{LoadCounters, LoadError};
 const MAX_PENDING: usize = 1024;
 /// Bytes waiting to be written per connection at most (the server is not reading).
 const WBUF_MAX: usize = 256 << 10;
-/// While the next deadline is nearer than this, the timerfd ticks periodically instead of being
-/// re-armed for every query: timerfd_settime cost ~18 % of the client's CPU at 300k q/s (hrtimer
-/// cancel + start under a lock, worse on a VM), and each tick sends every query due by then in
-/// one write per connection. It bounds the extra delay past the intended time at high rates.
-const TICK_NS: u64 = 20_000;
 /// Queries sent in one go before reading again, so answers are timed promptly.
 const SEND_BURST: usize = 256;
 /// Most due queries written on one connection in one write (about 1 KiB of DNS queries):
@@ -57,41 +50,6 @@ const RETRY_DELAY_NS: u64 = 100_000_000;
 /// Scratch read size: one read takes up to this much of a connection's answers.
 const READ_CHUNK: usize = 64 << 10;
 const TIMER: Token = Token(usize::MAX - 1);
-
-/// How the timerfd is set, so that it is re-armed only when that changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Armed {
-    Off,
-    /// One shot at this CLOCK_MONOTONIC time (ns).
-    At(u64),
-    /// Every `TICK_NS`.
-    Tick,
-}
-
-/// Arms `timer` as `how`; false if the kernel refused.
-fn set_timer(timer: &TimerFd, how: Armed) -> bool {
-    let ts = |ns: u64| {
-        TimeSpec::new(
-            (ns / 1_000_000_000) as libc::time_t,
-            (ns % 1_000_000_000) as libc::c_long,
-        )
-    };
-    match how {
-        Armed::Off => timer.unset().is_ok(),
-        Armed::At(t) => timer
-            .set(
-                Expiration::OneShot(ts(t)),
-                TimerSetTimeFlags::TFD_TIMER_ABSTIME,
-            )
-            .is_ok(),
-        Armed::Tick => timer
-            .set(
-                Expiration::Interval(ts(TICK_NS)),
-                TimerSetTimeFlags::empty(),
-            )
-            .is_ok(),
-    }
-}
 
 /// The per-query line of query `p` on connection `conn` for an event at `at`.
 #[inline]
@@ -276,15 +234,11 @@ pub(crate) fn run_thread(
     let io_err = |what: &'static str| move |e: io::Error| LoadError::Io { what, source: e };
     let mut poll = Poll::new().map_err(io_err("epoll_create"))?;
     let mut events = Events::with_capacity(1024);
-    let timer = TimerFd::new(
-        ClockId::CLOCK_MONOTONIC,
-        TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
-    )
-    .map_err(|e| LoadError::Io {
+    let mut wake = Wake::new().map_err(|e| LoadError::Io {
         what: "timerfd_create",
         source: e.into(),
     })?;
-    let tfd = timer.as_fd().as_raw_fd();
+    let tfd = wake.raw_fd();
     poll.registry()
         .register(&mut SourceFd(&tfd), TIMER, Interest::READABLE)
         .map_err(io_err("epoll_ctl(timerfd)"))?;
@@ -349,7 +303,7 @@ pub(crate) fn run_thread(
         answers: Vec::with_capacity(256),
         connected_at: 0,
     };
-    w.run(&mut poll, &mut events, &timer);
+    w.run(&mut poll, &mut events, &mut wake);
     Ok(w.finish())
 }
 
@@ -358,11 +312,10 @@ impl Worker<'_, '_> {
         self.base + i as u64 * self.stride
     }
 
-    fn run(&mut self, poll: &mut Poll, events: &mut Events, timer: &TimerFd) {
+    fn run(&mut self, poll: &mut Poll, events: &mut Events, wake: &mut Wake) {
         let sweep_every =
             (self.sh.cfg.timeout.as_nanos() as u64 / 20).clamp(10_000_000, 100_000_000);
         let mut next_sweep = 0u64;
-        let mut armed = Armed::Off;
         let mut next_settle_check = 0u64;
         loop {
             let mut now = now_ns();
@@ -464,23 +417,7 @@ impl Worker<'_, '_> {
                 let at = c.since.max(now + self.bucket.time_until(now, 1));
                 deadline = deadline.min(at);
             }
-            let timeout = if deadline <= now {
-                Some(Duration::ZERO)
-            } else {
-                let want = if deadline - now < TICK_NS {
-                    Armed::Tick
-                } else {
-                    Armed::At(deadline)
-                };
-                if want == armed || set_timer(timer, want) {
-                    armed = want;
-                    None
-                } else {
-                    // Cannot happen with a valid fd and time; poll with a short timeout.
-                    armed = Armed::Off;
-                    Some(Duration::from_millis(1))
-                }
-            };
+            let timeout = wake.until(deadline, now);
             if let Err(e) = poll.poll(events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     self.count_error("epoll_wait");
@@ -491,25 +428,7 @@ impl Worker<'_, '_> {
             for ev in events.iter() {
                 let tok = ev.token();
                 if tok == TIMER {
-                    match armed {
-                        // A periodic timerfd is re-armed by the kernel only when read.
-                        Armed::Tick => {
-                            let mut buf = [0u8; 8];
-                            // SAFETY: reads 8 bytes into a local buffer from our timerfd.
-                            unsafe {
-                                libc::read(
-                                    timer.as_fd().as_raw_fd(),
-                                    buf.as_mut_ptr().cast(),
-                                    buf.len(),
-                                );
-                            }
-                        }
-                        // A one-shot is not read: mio registers edge-triggered, so the expiry
-                        // raised this event whatever the count, and the next timerfd_settime
-                        // resets the count; a read would be one more syscall per wake.
-                        Armed::At(t) if t <= now => armed = Armed::Off,
-                        _ => {}
-                    }
+                    wake.fired(now);
                     continue;
                 }
                 let i = tok.0;
