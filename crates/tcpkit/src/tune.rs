@@ -90,12 +90,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<(TuneConfig, Run), String> {
-        let mut v = vec!["tune"];
-        v.extend_from_slice(args);
-        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
-        resolve(&a).map_err(|f| match f {
-            Failure::Usage(m) | Failure::Runtime(m) => m,
-        })
+        common::resolved(&[&["tune"], args].concat(), resolve)
     }
 
     #[test]
