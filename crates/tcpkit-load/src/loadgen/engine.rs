@@ -1,11 +1,11 @@
 //! One event-loop thread: its share of the connections (opened at a paced rate, retried,
 //! reopened), its share of the rate (its own `ArrivalClock`, intended send times from the
 //! common start), the answers (two HDR histograms: from the intended and from the actual send
-//! time), timeouts, and what it counted.
+//! time; `--hdr-log`'s per-second ones in [`super::interval`]), timeouts, and what it counted.
 //!
 //! The loop is: send what is due, read what arrived, sweep for timeouts every few ms, and
-//! sleep on a timerfd set to the next due time (less a spin window, so sends leave on time
-//! without a 1 ms epoll granularity). Queries never wait for answers (open loop); when no
+//! sleep until the next due time on the thread's timerfd ([`super::wake`]), so sends leave on
+//! time without a 1 ms epoll granularity. Queries never wait for answers (open loop); when no
 //! connection can take a query, the schedule falls behind and the lag is measured.
 
 use std::collections::{BTreeMap, VecDeque};
