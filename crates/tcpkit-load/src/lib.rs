@@ -11,6 +11,7 @@ pub mod loadgen;
 pub mod merge;
 mod nofile;
 pub mod report;
+mod run_id;
 pub mod tune;
 
 pub use nofile::raise_nofile_limit;

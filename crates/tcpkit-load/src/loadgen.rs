@@ -10,11 +10,14 @@
 
 mod config;
 mod engine;
+mod interval;
+mod outfiles;
 mod perquery;
 mod procs;
 mod profile;
 mod proto;
 mod sock;
+mod wake;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -32,6 +35,7 @@ pub use config::{
     check_target, parse_duration, parse_ramp, parse_sources, parse_steps, resolve_target,
     ArrivalKind, Config, Payload, Procs, RateProfile, ResponseEnd, MAX_SOURCES,
 };
+pub use outfiles::hdr_logs;
 pub use perquery::HEADER as PER_QUERY_HEADER;
 pub use tcpkit_wire::dns::{qtype_from_str, Name as DnsName};
 
@@ -279,41 +283,9 @@ pub fn run(
     )
     .map(str::to_string)
     .collect();
-    report.run_id = new_run_id();
+    report.run_id = crate::run_id::new_run_id();
     judge(&mut report, &details);
     Ok(report)
-}
-
-/// A fresh run id: 128 random bits in hex, from getrandom(2). Two runs, on one host or on
-/// several, do not share one, which is what lets `merge` refuse one run given twice.
-pub fn new_run_id() -> String {
-    let mut b = [0u8; 16];
-    let mut got = 0;
-    while got < b.len() {
-        // SAFETY: writes at most the rest of `b` into `b`.
-        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
-        if n > 0 {
-            got += n as usize;
-        } else if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            // No getrandom (a very old kernel): the time and pid, still unique per run.
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            let v = t ^ (u128::from(std::process::id()) << 96);
-            return format!("{v:032x}");
-        }
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Appends `.K` to a per-process output path when there are several processes.
-fn per_proc_path(p: &std::path::Path, k: u32, n: u32) -> std::path::PathBuf {
-    if n <= 1 {
-        return p.to_path_buf();
-    }
-    let mut s = p.as_os_str().to_os_string();
-    s.push(format!(".{k}"));
-    s.into()
 }
 
 /// Runs worker `k` of `n`'s share of the connections, rate and queries in this process.
@@ -351,7 +323,7 @@ fn run_share(
     });
     let per_query = match &cfg.per_query {
         Some(p) => {
-            let path = per_proc_path(p, k, n);
+            let path = outfiles::per_proc_path(p, k, n);
             Some(
                 perquery::PerQuery::start(&path, Arc::clone(&wall_start)).map_err(|e| {
                     LoadError::File {
@@ -365,7 +337,7 @@ fn run_share(
     };
     let hdr_log = match &cfg.hdr_log {
         Some(p) => {
-            let path = per_proc_path(p, k, n);
+            let path = outfiles::per_proc_path(p, k, n);
             Some(Mutex::new(
                 tcpkit_stats::HdrLog::create(&path, std::time::SystemTime::now()).map_err(|e| {
                     LoadError::File {

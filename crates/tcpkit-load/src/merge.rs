@@ -252,7 +252,7 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
         .collect();
     if !m.merged_run_ids.is_empty() {
         // A merged report is a run of its own to a later merge, made of these.
-        m.run_id = crate::loadgen::new_run_id();
+        m.run_id = crate::run_id::new_run_id();
     }
     // Every sum is checked: reports are files anyone can write, and a wrapped count
     // (`18446744073709551614 sent`) would be printed as if measured.

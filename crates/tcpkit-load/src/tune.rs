@@ -27,9 +27,6 @@ pub use report::{TuneReport, TUNE_SCHEMA_VERSION};
 /// Connections `tcpkit tune` plans for when `--connections` is not given.
 pub const DEFAULT_CONNECTIONS: u64 = 1_000_000;
 
-/// The port the NOTRACK rule names when `--port` is not given (`tcpkit echo`'s default).
-pub const DEFAULT_PORT: u16 = crate::echo::DEFAULT_PORT;
-
 /// Most connections `tcpkit tune` plans for: past this the arithmetic stops meaning anything
 /// for one host (every estimate would be in terabytes).
 pub const MAX_CONNECTIONS: u64 = 1_000_000_000;

@@ -137,6 +137,20 @@ pub(crate) fn finish(report: &dyn Report, out: &OutputFlags) -> Result<(), Failu
     }
 }
 
+/// For each job's flag tests: `argv` (the subcommand's name first) parsed by clap and resolved
+/// by `resolve`, giving the resolved config or the one line the user would see (clap's, or the
+/// resolver's).
+#[cfg(test)]
+pub(crate) fn resolved<A: clap::Parser, T>(
+    argv: &[&str],
+    resolve: impl FnOnce(&A) -> Result<T, Failure>,
+) -> Result<T, String> {
+    let a = A::try_parse_from(argv).map_err(|e| e.to_string())?;
+    resolve(&a).map_err(|f| match f {
+        Failure::Usage(m) | Failure::Runtime(m) => m,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

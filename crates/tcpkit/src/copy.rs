@@ -495,12 +495,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<(CopyConfig, Run), String> {
-        let mut v = vec!["copy"];
-        v.extend_from_slice(args);
-        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
-        resolve(&a).map_err(|f| match f {
-            Failure::Usage(m) | Failure::Runtime(m) => m,
-        })
+        common::resolved(&[&["copy"], args].concat(), resolve)
     }
 
     #[test]
@@ -658,23 +653,18 @@ mod transparent_flags {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Option<TransparentConfig>, String> {
-        let mut v = vec!["copy", "-x", "80-198.18.2.2:8080"];
-        v.extend_from_slice(args);
-        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
-        resolve(&a)
-            .map(|(_, r)| r.transparent)
-            .map_err(|f| match f {
-                Failure::Usage(m) | Failure::Runtime(m) => m,
-            })
+        common::resolved(
+            &[&["copy", "-x", "80-198.18.2.2:8080"], args].concat(),
+            resolve,
+        )
+        .map(|(_, r)| r.transparent)
     }
 
     fn parse_all(args: &[&str]) -> Result<(CopyConfig, Run), String> {
-        let mut v = vec!["copy", "-x", "80-198.18.2.2:8080"];
-        v.extend_from_slice(args);
-        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
-        resolve(&a).map_err(|f| match f {
-            Failure::Usage(m) | Failure::Runtime(m) => m,
-        })
+        common::resolved(
+            &[&["copy", "-x", "80-198.18.2.2:8080"], args].concat(),
+            resolve,
+        )
     }
 
     #[test]
@@ -804,12 +794,10 @@ mod diff_metrics_check_flags {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<(CopyConfig, Run), String> {
-        let mut v = vec!["copy", "-x", "80-198.18.2.2:8080"];
-        v.extend_from_slice(args);
-        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
-        resolve(&a).map_err(|f| match f {
-            Failure::Usage(m) | Failure::Runtime(m) => m,
-        })
+        common::resolved(
+            &[&["copy", "-x", "80-198.18.2.2:8080"], args].concat(),
+            resolve,
+        )
     }
 
     #[test]

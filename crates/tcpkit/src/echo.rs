@@ -246,12 +246,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<(EchoConfig, Run), String> {
-        let mut v = vec!["echo"];
-        v.extend_from_slice(args);
-        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
-        resolve(&a).map_err(|f| match f {
-            Failure::Usage(m) | Failure::Runtime(m) => m,
-        })
+        common::resolved(&[&["echo"], args].concat(), resolve)
     }
 
     #[test]

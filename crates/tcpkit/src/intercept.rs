@@ -237,12 +237,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<(InterceptConfig, Option<Duration>), String> {
-        let mut v = vec!["intercept"];
-        v.extend_from_slice(args);
-        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
-        resolve(&a).map_err(|f| match f {
-            Failure::Usage(m) | Failure::Runtime(m) => m,
-        })
+        common::resolved(&[&["intercept"], args].concat(), resolve)
     }
 
     #[test]

@@ -526,24 +526,9 @@ fn plot_log(svg: &Path) -> PathBuf {
     s.into()
 }
 
-/// The interval logs a run wrote at `base`: the file itself, or one per process (`base.K`).
-fn hdr_logs(base: &Path) -> Vec<PathBuf> {
-    if base.exists() {
-        return vec![base.to_path_buf()];
-    }
-    (0..)
-        .map(|k| {
-            let mut s = base.as_os_str().to_os_string();
-            s.push(format!(".{k}"));
-            PathBuf::from(s)
-        })
-        .take_while(|p| p.exists())
-        .collect()
-}
-
 /// `--plot`: the whole run's histograms from the report, the per-second ones from the log.
 fn plot(svg: &Path, log: &Path, temporary: bool, report: &LoadReport) -> Result<(), Failure> {
-    let logs = hdr_logs(log);
+    let logs = lib::hdr_logs(log);
     let fail = |what: String| Failure::Runtime(format!("--plot {}: {what}", svg.display()));
     let timeline = tcpkit_stats::plot::timeline_from_hdr_logs(&logs, "intended").map_err(|e| {
         fail(format!(
@@ -633,12 +618,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Config, String> {
-        let mut v = vec!["load"];
-        v.extend_from_slice(args);
-        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
-        resolve(&a).map_err(|f| match f {
-            Failure::Usage(m) | Failure::Runtime(m) => m,
-        })
+        common::resolved(&[&["load"], args].concat(), resolve)
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use clap::{Parser, ValueEnum};
+use tcpkit_load::echo;
 use tcpkit_load::tune::{self, Role, TuneConfig};
 
 use crate::common::{self, OutputFlags};
@@ -24,7 +25,9 @@ pub struct Args {
     pub connections: u64,
 
     /// The server's port, for the conntrack NOTRACK rule.
-    #[arg(long, value_name = "P", default_value_t = tune::DEFAULT_PORT)]
+    // The default is `tcpkit echo`'s port: the binary composes the two jobs, so `tune` need
+    // not know `echo`.
+    #[arg(long, value_name = "P", default_value_t = echo::DEFAULT_PORT)]
     pub port: u16,
 
     /// Make the changes that can be made from here (sysctls, written under /proc/sys and
@@ -87,12 +90,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<(TuneConfig, Run), String> {
-        let mut v = vec!["tune"];
-        v.extend_from_slice(args);
-        let a = Args::try_parse_from(v).map_err(|e| e.to_string())?;
-        resolve(&a).map_err(|f| match f {
-            Failure::Usage(m) | Failure::Runtime(m) => m,
-        })
+        common::resolved(&[&["tune"], args].concat(), resolve)
     }
 
     #[test]

@@ -1,32 +1,33 @@
 //! One event-loop thread: its share of the connections (opened at a paced rate, retried,
 //! reopened), its share of the rate (its own `ArrivalClock`, intended send times from the
 //! common start), the answers (two HDR histograms: from the intended and from the actual send
-//! time), timeouts, and what it counted.
+//! time; `--hdr-log`'s per-second ones in [`super::interval`]), timeouts, and what it counted.
 //!
 //! The loop is: send what is due, read what arrived, sweep for timeouts every few ms, and
-//! sleep on a timerfd set to the next due time (less a spin window, so sends leave on time
-//! without a 1 ms epoll granularity). Queries never wait for answers (open loop); when no
+//! sleep until the next due time on the thread's timerfd ([`super::wake`]), so sends leave on
+//! time without a 1 ms epoll granularity. Queries never wait for answers (open loop); when no
 //! connection can take a query, the schedule falls behind and the lag is measured.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use nix::sys::time::TimeSpec;
-use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use tcpkit_pace::{now_ns, TokenBucket};
 use tcpkit_stats::{HdrLog, Histogram};
 
 use super::config::{share, Config};
+use super::interval::Interval;
 use super::perquery::{Kind as RecKind, Rec, Sink};
 use super::profile::ArrivalTimes;
 use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
-use super::sock::{connect, connect_udp, errno_name, hint_bit, syn_was_resent, Sock, LATE_HINT};
+use super::sock::{
+    connect, connect_udp, errno_name, hint_bit, syn_was_resent, Sock, LATE_HINT, UNANSWERED_AT_END,
+};
+use super::wake::Wake;
 use super::{LoadCounters, LoadError};
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
@@ -34,11 +35,6 @@ use super::{LoadCounters, LoadError};
 const MAX_PENDING: usize = 1024;
 /// Bytes waiting to be written per connection at most (the server is not reading).
 const WBUF_MAX: usize = 256 << 10;
-/// While the next deadline is nearer than this, the timerfd ticks periodically instead of being
-/// re-armed for every query: timerfd_settime cost ~18 % of the client's CPU at 300k q/s (hrtimer
-/// cancel + start under a lock, worse on a VM), and each tick sends every query due by then in
-/// one write per connection. It bounds the extra delay past the intended time at high rates.
-const TICK_NS: u64 = 20_000;
 /// Queries sent in one go before reading again, so answers are timed promptly.
 const SEND_BURST: usize = 256;
 /// Most due queries written on one connection in one write (about 1 KiB of DNS queries):
@@ -49,46 +45,22 @@ const MAX_BATCH: usize = 32;
 /// for every query would be an allocation per query; freeing larger queues keeps idle
 /// connections small.
 const KEEP_PENDING: usize = 8;
-/// The error name of connects still unanswered when the run ended.
-pub(crate) const UNANSWERED_AT_END: &str = "connect unanswered at end";
 /// Wait before retrying a failed connect.
 const RETRY_DELAY_NS: u64 = 100_000_000;
 /// Scratch read size: one read takes up to this much of a connection's answers.
 const READ_CHUNK: usize = 64 << 10;
 const TIMER: Token = Token(usize::MAX - 1);
 
-/// How the timerfd is set, so that it is re-armed only when that changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Armed {
-    Off,
-    /// One shot at this CLOCK_MONOTONIC time (ns).
-    At(u64),
-    /// Every `TICK_NS`.
-    Tick,
-}
-
-/// Arms `timer` as `how`; false if the kernel refused.
-fn set_timer(timer: &TimerFd, how: Armed) -> bool {
-    let ts = |ns: u64| {
-        TimeSpec::new(
-            (ns / 1_000_000_000) as libc::time_t,
-            (ns % 1_000_000_000) as libc::c_long,
-        )
-    };
-    match how {
-        Armed::Off => timer.unset().is_ok(),
-        Armed::At(t) => timer
-            .set(
-                Expiration::OneShot(ts(t)),
-                TimerSetTimeFlags::TFD_TIMER_ABSTIME,
-            )
-            .is_ok(),
-        Armed::Tick => timer
-            .set(
-                Expiration::Interval(ts(TICK_NS)),
-                TimerSetTimeFlags::empty(),
-            )
-            .is_ok(),
+/// The per-query line of query `p` on connection `conn` for an event at `at`.
+#[inline]
+fn rec_of(kind: RecKind, conn: u64, p: &Pending, at: u64) -> Rec {
+    Rec {
+        kind,
+        conn,
+        seq: p.seq,
+        intended: p.intended,
+        sent: p.sent,
+        at,
     }
 }
 
@@ -240,7 +212,8 @@ struct Worker<'s, 'a> {
     open: u64,
     hist_i: Histogram,
     hist_s: Histogram,
-    ival: Option<(Histogram, Histogram, u64)>,
+    /// `--hdr-log`'s histograms of the current second.
+    ival: Option<Interval<'s>>,
     codes: Vec<u64>,
     errors: BTreeMap<&'static str, u64>,
     first_bad: Option<String>,
@@ -261,15 +234,11 @@ pub(crate) fn run_thread(
     let io_err = |what: &'static str| move |e: io::Error| LoadError::Io { what, source: e };
     let mut poll = Poll::new().map_err(io_err("epoll_create"))?;
     let mut events = Events::with_capacity(1024);
-    let timer = TimerFd::new(
-        ClockId::CLOCK_MONOTONIC,
-        TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
-    )
-    .map_err(|e| LoadError::Io {
+    let mut wake = Wake::new().map_err(|e| LoadError::Io {
         what: "timerfd_create",
         source: e.into(),
     })?;
-    let tfd = timer.as_fd().as_raw_fd();
+    let tfd = wake.raw_fd();
     poll.registry()
         .register(&mut SourceFd(&tfd), TIMER, Interest::READABLE)
         .map_err(io_err("epoll_ctl(timerfd)"))?;
@@ -322,10 +291,7 @@ pub(crate) fn run_thread(
         open: 0,
         hist_i: Histogram::new(),
         hist_s: Histogram::new(),
-        ival: sh
-            .hdr_log
-            .as_ref()
-            .map(|_| (Histogram::new(), Histogram::new(), 0)),
+        ival: sh.hdr_log.as_ref().map(Interval::new),
         codes: vec![0; CODES],
         errors: BTreeMap::new(),
         first_bad: None,
@@ -337,7 +303,7 @@ pub(crate) fn run_thread(
         answers: Vec::with_capacity(256),
         connected_at: 0,
     };
-    w.run(&mut poll, &mut events, &timer);
+    w.run(&mut poll, &mut events, &mut wake);
     Ok(w.finish())
 }
 
@@ -346,11 +312,10 @@ impl Worker<'_, '_> {
         self.base + i as u64 * self.stride
     }
 
-    fn run(&mut self, poll: &mut Poll, events: &mut Events, timer: &TimerFd) {
+    fn run(&mut self, poll: &mut Poll, events: &mut Events, wake: &mut Wake) {
         let sweep_every =
             (self.sh.cfg.timeout.as_nanos() as u64 / 20).clamp(10_000_000, 100_000_000);
         let mut next_sweep = 0u64;
-        let mut armed = Armed::Off;
         let mut next_settle_check = 0u64;
         loop {
             let mut now = now_ns();
@@ -452,23 +417,7 @@ impl Worker<'_, '_> {
                 let at = c.since.max(now + self.bucket.time_until(now, 1));
                 deadline = deadline.min(at);
             }
-            let timeout = if deadline <= now {
-                Some(Duration::ZERO)
-            } else {
-                let want = if deadline - now < TICK_NS {
-                    Armed::Tick
-                } else {
-                    Armed::At(deadline)
-                };
-                if want == armed || set_timer(timer, want) {
-                    armed = want;
-                    None
-                } else {
-                    // Cannot happen with a valid fd and time; poll with a short timeout.
-                    armed = Armed::Off;
-                    Some(Duration::from_millis(1))
-                }
-            };
+            let timeout = wake.until(deadline, now);
             if let Err(e) = poll.poll(events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     self.count_error("epoll_wait");
@@ -479,25 +428,7 @@ impl Worker<'_, '_> {
             for ev in events.iter() {
                 let tok = ev.token();
                 if tok == TIMER {
-                    match armed {
-                        // A periodic timerfd is re-armed by the kernel only when read.
-                        Armed::Tick => {
-                            let mut buf = [0u8; 8];
-                            // SAFETY: reads 8 bytes into a local buffer from our timerfd.
-                            unsafe {
-                                libc::read(
-                                    timer.as_fd().as_raw_fd(),
-                                    buf.as_mut_ptr().cast(),
-                                    buf.len(),
-                                );
-                            }
-                        }
-                        // A one-shot is not read: mio registers edge-triggered, so the expiry
-                        // raised this event whatever the count, and the next timerfd_settime
-                        // resets the count; a read would be one more syscall per wake.
-                        Armed::At(t) if t <= now => armed = Armed::Off,
-                        _ => {}
-                    }
+                    wake.fired(now);
                     continue;
                 }
                 let i = tok.0;
@@ -551,14 +482,7 @@ impl Worker<'_, '_> {
             for p in c.pending.drain(..) {
                 self.c.unanswered_at_end += 1;
                 if let Some(s) = &mut self.sink {
-                    s.push(Rec {
-                        kind: RecKind::Unanswered,
-                        conn: key,
-                        seq: p.seq,
-                        intended: p.intended,
-                        sent: p.sent,
-                        at,
-                    });
+                    s.push(rec_of(RecKind::Unanswered, key, &p, at));
                 }
             }
             c.sock = None;
@@ -595,8 +519,8 @@ impl Worker<'_, '_> {
                 self.arrivals = Some(a);
             }
         }
-        if let Some((_, _, next)) = &mut self.ival {
-            *next = start + 1_000_000_000;
+        if let Some(iv) = &mut self.ival {
+            iv.begin(start);
         }
     }
 
@@ -1070,9 +994,8 @@ impl Worker<'_, '_> {
         let lat_s = at.saturating_sub(p.sent);
         self.hist_i.record(lat_i);
         self.hist_s.record(lat_s);
-        if let Some((hi, hs, _)) = &mut self.ival {
-            hi.record(lat_i);
-            hs.record(lat_s);
+        if let Some(iv) = &mut self.ival {
+            iv.record(lat_i, lat_s);
         }
         self.c.answered += 1;
         if a.code == ECHOED {
@@ -1081,14 +1004,7 @@ impl Worker<'_, '_> {
             self.codes[usize::from(a.code).min(CODES - 1)] += 1;
         }
         if let Some(s) = &mut self.sink {
-            s.push(Rec {
-                kind: RecKind::Answer,
-                conn: key,
-                seq: p.seq,
-                intended: p.intended,
-                sent: p.sent,
-                at,
-            });
+            s.push(rec_of(RecKind::Answer, key, &p, at));
         }
     }
 
@@ -1118,14 +1034,7 @@ impl Worker<'_, '_> {
         for p in c.pending.drain(..) {
             self.c.lost += 1;
             if let Some(s) = &mut self.sink {
-                s.push(Rec {
-                    kind: RecKind::Lost,
-                    conn: key,
-                    seq: p.seq,
-                    intended: p.intended,
-                    sent: p.sent,
-                    at,
-                });
+                s.push(rec_of(RecKind::Lost, key, &p, at));
             }
         }
         c.pending = VecDeque::new();
@@ -1183,65 +1092,29 @@ impl Worker<'_, '_> {
                     if at.saturating_sub(front.sent) < qt {
                         continue;
                     }
-                    if by_id {
-                        while let Some(p) = c.pending.front().copied() {
-                            if at.saturating_sub(p.sent) < qt {
-                                break;
-                            }
-                            c.pending.pop_front();
-                            self.c.timeouts += 1;
-                            if let Some(s) = &mut self.sink {
-                                s.push(Rec {
-                                    kind: RecKind::Timeout,
-                                    conn: key,
-                                    seq: p.seq,
-                                    intended: p.intended,
-                                    sent: p.sent,
-                                    at,
-                                });
-                            }
+                    while let Some(p) = c.pending.front().copied() {
+                        if at.saturating_sub(p.sent) < qt {
+                            break;
                         }
-                    } else {
+                        c.pending.pop_front();
+                        self.c.timeouts += 1;
+                        if let Some(s) = &mut self.sink {
+                            s.push(rec_of(RecKind::Timeout, key, &p, at));
+                        }
+                    }
+                    if !by_id {
                         // In-order answers: once one is overdue the stream cannot be matched
-                        // any more. Count the overdue ones as timeouts, the rest as lost, and
-                        // reopen the connection.
-                        while let Some(p) = c.pending.front().copied() {
-                            if at.saturating_sub(p.sent) < qt {
-                                break;
-                            }
-                            c.pending.pop_front();
-                            self.c.timeouts += 1;
-                            if let Some(s) = &mut self.sink {
-                                s.push(Rec {
-                                    kind: RecKind::Timeout,
-                                    conn: key,
-                                    seq: p.seq,
-                                    intended: p.intended,
-                                    sent: p.sent,
-                                    at,
-                                });
-                            }
-                        }
+                        // any more. The overdue ones were counted as timeouts; closing counts
+                        // the rest as lost, and the connection is reopened.
                         self.close(i, Why::Ours, now);
                     }
                 }
                 _ => {}
             }
         }
-        if let Some((hi, hs, next)) = &mut self.ival {
-            if self.start != 0 && now >= *next {
-                if let Some(log) = &self.sh.hdr_log {
-                    if let Ok(mut log) = log.lock() {
-                        let off = Duration::from_nanos(*next - 1_000_000_000 - self.start);
-                        let _ = log.write(hi, off, Duration::from_secs(1), "intended");
-                        let _ = log.write(hs, off, Duration::from_secs(1), "sent");
-                    }
-                }
-                hi.clear();
-                hs.clear();
-                while *next <= now {
-                    *next += 1_000_000_000;
-                }
+        if let Some(iv) = &mut self.ival {
+            if self.start != 0 {
+                iv.roll(now, self.start);
             }
         }
         self.publish();
@@ -1264,23 +1137,9 @@ impl Worker<'_, '_> {
 
     fn finish(mut self) -> ThreadOut {
         // The last interval of the HDR log.
-        if let (Some((hi, hs, next)), Some(log)) = (&self.ival, &self.sh.hdr_log) {
-            if self.start != 0 && (hi.count() > 0 || hs.count() > 0) {
-                if let Ok(mut log) = log.lock() {
-                    let from = next.saturating_sub(1_000_000_000 + self.start);
-                    let _ = log.write(
-                        hi,
-                        Duration::from_nanos(from),
-                        Duration::from_secs(1),
-                        "intended",
-                    );
-                    let _ = log.write(
-                        hs,
-                        Duration::from_nanos(from),
-                        Duration::from_secs(1),
-                        "sent",
-                    );
-                }
+        if let Some(iv) = &self.ival {
+            if self.start != 0 {
+                iv.finish(self.start);
             }
         }
         if let Some(s) = &mut self.sink {

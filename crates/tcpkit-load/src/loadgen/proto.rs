@@ -500,6 +500,18 @@ mod tests {
             .collect()
     }
 
+    /// Feeds `stream` in one piece to a fresh connection, `key` its number.
+    fn feed_once(
+        p: &Proto,
+        stream: &[u8],
+        pending: &VecDeque<Pending>,
+        key: u64,
+    ) -> Result<Vec<Answer>, BadAnswer> {
+        let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
+        p.feed(&mut rx, &mut rbuf, pending, key, stream, &mut out)?;
+        Ok(out)
+    }
+
     /// Feeds `stream` cut at every position into two chunks; returns the answers.
     fn every_cut(p: &Proto, stream: &[u8], pending: &VecDeque<Pending>) -> Vec<Answer> {
         let mut first = None;
@@ -530,20 +542,14 @@ mod tests {
         // A flipped byte is caught and named.
         let mut bad_stream = stream.clone();
         bad_stream[17] ^= 1;
-        let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
-        let e = p
-            .feed(&mut rx, &mut rbuf, &pend(2), 7, &bad_stream, &mut out)
-            .unwrap_err();
+        let e = feed_once(&p, &bad_stream, &pend(2), 7).unwrap_err();
         assert_eq!(e.kind, "echo mismatch");
         assert!(
             e.detail.contains("query 1") && e.detail.contains("byte 4"),
             "{e:?}"
         );
         // Bytes nobody asked for.
-        let (mut rx, mut out) = (Rx::default(), Vec::new());
-        let e = p
-            .feed(&mut rx, &mut rbuf, &pend(0), 7, b"x", &mut out)
-            .unwrap_err();
+        let e = feed_once(&p, b"x", &pend(0), 7).unwrap_err();
         assert_eq!(e.kind, "unsolicited bytes");
     }
 
@@ -596,18 +602,12 @@ mod tests {
         // A "query" that is not one (two questions) is malformed, echoed or not.
         let mut two = q.clone();
         two[7] = 2;
-        let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
-        let e = p
-            .feed(&mut rx, &mut rbuf, &pend(1), 0, &two, &mut out)
-            .unwrap_err();
+        let e = feed_once(&p, &two, &pend(1), 0).unwrap_err();
         assert_eq!(e.kind, "malformed DNS answer");
         // Garbage inside a declared maximum-size message: one malformed answer, no panic.
         let mut big = vec![0xff, 0xff];
         big.extend(std::iter::repeat_n(0xa5u8, 65535));
-        let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
-        assert!(p
-            .feed(&mut rx, &mut rbuf, &pend(1), 0, &big, &mut out)
-            .is_err());
+        assert!(feed_once(&p, &big, &pend(1), 0).is_err());
     }
 
     /// --udp: a query is the bare message (no length prefix); an answer is one datagram.
@@ -670,10 +670,7 @@ mod tests {
         let codes: Vec<u16> = out.iter().map(|a| a.code).collect();
         assert_eq!(codes, [0, 1, 0]);
         assert_eq!(p.code_name(1), "ERR");
-        let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
-        let e = p
-            .feed(&mut rx, &mut rbuf, &pend(1), 0, b"+PANG\r\n", &mut out)
-            .unwrap_err();
+        let e = feed_once(&p, b"+PANG\r\n", &pend(1), 0).unwrap_err();
         assert_eq!(e.kind, "garbage");
     }
 
@@ -695,29 +692,9 @@ HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n";
         let out = every_cut(&p, stream, &pend(3));
         let codes: Vec<u16> = out.iter().map(|a| a.code).collect();
         assert_eq!(codes, [200, 404, 204]);
-        let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
-        let e = p
-            .feed(
-                &mut rx,
-                &mut rbuf,
-                &pend(1),
-                0,
-                b"SSH-2.0-OpenSSH\r\n",
-                &mut out,
-            )
-            .unwrap_err();
+        let e = feed_once(&p, b"SSH-2.0-OpenSSH\r\n", &pend(1), 0).unwrap_err();
         assert_eq!(e.kind, "malformed HTTP answer");
-        let (mut rx, mut rbuf, mut out) = (Rx::default(), Vec::new(), Vec::new());
-        let e = p
-            .feed(
-                &mut rx,
-                &mut rbuf,
-                &pend(1),
-                0,
-                b"HTTP/1.0 200 OK\r\n\r\n",
-                &mut out,
-            )
-            .unwrap_err();
+        let e = feed_once(&p, b"HTTP/1.0 200 OK\r\n\r\n", &pend(1), 0).unwrap_err();
         assert!(e.detail.contains("without Content-Length"), "{e:?}");
     }
 

@@ -182,6 +182,10 @@ fn sequential_ports(s: &Socket) {
     }
 }
 
+/// The error name of connects still unanswered when the run ended: named here, beside the
+/// errno names, because its hint is chosen here ([`hint_bit`]).
+pub(crate) const UNANSWERED_AT_END: &str = "connect unanswered at end";
+
 /// The errno's name, as the report counts it.
 pub(crate) fn errno_name(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
@@ -233,8 +237,8 @@ pub(crate) fn hint_bit(name: &str, answered: bool) -> u32 {
     match name {
         "EMFILE" | "ENFILE" => FDS_HINT,
         "EADDRNOTAVAIL" | "EADDRINUSE" => PORTS_HINT,
-        "connect timeout" | super::engine::UNANSWERED_AT_END if answered => QUEUE_HINT,
-        "connect timeout" | super::engine::UNANSWERED_AT_END => NO_ANSWER_HINT,
+        "connect timeout" | UNANSWERED_AT_END if answered => QUEUE_HINT,
+        "connect timeout" | UNANSWERED_AT_END => NO_ANSWER_HINT,
         "ECONNREFUSED" => REFUSED_HINT,
         _ => 0,
     }
