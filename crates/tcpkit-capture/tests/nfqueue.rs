@@ -224,3 +224,45 @@ fn nfqueue_keeps_up_with_20k_packets_a_second() {
     assert_eq!(got, TOTAL);
     assert_eq!(st.waiting, 0);
 }
+
+/// A measure, not a check (run with `--ignored`): how fast the reader takes packets off a
+/// queue and gives their verdicts, intercept --on-target's hot path. Each round queues 10,000
+/// datagrams before the clock starts (queued in the sending syscall, so all are waiting when
+/// it returns), then times reading them all in batches of 1024 with a verdict each batch:
+/// the reader's time alone. Prints each round's packets/s and the median.
+#[test]
+#[ignore = "a benchmark: prints packets/s"]
+fn nfqueue_reader_packets_per_second() {
+    let (_lab, _a, b, _link) = Lab::pair("nfqspeed").unwrap_or_else(|e| panic!("{e}"));
+    let queue = 7000 + (std::process::id() % 1000) as u16;
+    let mut q = b
+        .enter(|| NfQueue::open(queue, &NfQueueOpts::default()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    queue_rule(&b, 9, queue);
+    const N: u64 = 10_000;
+    let bodies: Vec<Vec<u8>> = (0..N).map(|k| k.to_be_bytes().repeat(8)).collect();
+    let mut rates = Vec::new();
+    for _ in 0..7 {
+        send(&b, 9, &bodies);
+        let start = Instant::now();
+        let mut got = 0u64;
+        while got < N && start.elapsed() < Duration::from_secs(10) {
+            q.read(1024, Verdict::Drop, |_| got += 1).unwrap();
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let st = b.enter(|| q.stats());
+        assert_eq!(
+            (got, st.queue_full, st.socket_full, st.waiting),
+            (N, 0, 0, 0)
+        );
+        rates.push(N as f64 / secs);
+    }
+    let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    rates.sort_by(f64::total_cmp);
+    eprintln!(
+        "nfqueue reader: median {:.0} packets/s over {} rounds ({})",
+        rates[rates.len() / 2],
+        rates.len(),
+        each.join(" ")
+    );
+}
