@@ -240,10 +240,27 @@ fn nfqueue_reader_packets_per_second() {
         .unwrap_or_else(|e| panic!("{e}"));
     queue_rule(&b, 9, queue);
     const N: u64 = 10_000;
-    let bodies: Vec<Vec<u8>> = (0..N).map(|k| k.to_be_bytes().repeat(8)).collect();
+    // A queued datagram stays charged to its sender's buffer until its verdict: one buffer
+    // large enough for the whole round, else the sender blocks as the queue fills.
+    let sender = b.enter(|| UdpSocket::bind("0.0.0.0:0").unwrap());
+    let size: libc::c_int = 64 << 20;
+    // SAFETY: an int option of the right size on a socket we own.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&sender),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            (&raw const size).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_SNDBUFFORCE: {}", std::io::Error::last_os_error());
+    let to: SocketAddr = format!("{A_IP}:9").parse().unwrap();
     let mut rates = Vec::new();
     for _ in 0..7 {
-        send(&b, 9, &bodies);
+        for k in 0..N {
+            sender.send_to(&k.to_be_bytes().repeat(8), to).unwrap();
+        }
         let start = Instant::now();
         let mut got = 0u64;
         while got < N && start.elapsed() < Duration::from_secs(10) {
