@@ -4,11 +4,11 @@
 //! As in tcpkit-send, the `io::Error` of a failed syscall is the `source()` and is not repeated
 //! in `Display`, so printing the chain (as `tcpkit`'s main does) gives one line:
 //! `eth0: socket(AF_PACKET) (needs root or CAP_NET_RAW): Operation not permitted (os error 1)`.
-//! The hint in brackets is tcpkit-kernel's, the same for sending as for capturing.
+//! A failed syscall is tcpkit-kernel's [`IfError`], the same for sending as for capturing.
 
 use std::io;
 
-use tcpkit_kernel::afpacket::hint;
+use tcpkit_kernel::afpacket::IfError;
 
 /// Why opening or reading a capture failed.
 #[derive(Debug, thiserror::Error)]
@@ -21,16 +21,8 @@ pub enum CaptureError {
         ifname: String,
     },
     /// A syscall on the capture socket failed.
-    #[error("{ifname}: {call}{}", hint(call, source))]
-    Sys {
-        /// The interface ("any" for all).
-        ifname: String,
-        /// The syscall, with its key argument: `socket(AF_PACKET)`, `setsockopt(PACKET_RX_RING)`.
-        call: &'static str,
-        /// The operating system's reason.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Sys(IfError),
     /// libpcap could not compile the filter expression.
     #[error("filter {expr:?}: {reason}")]
     Filter {
@@ -72,11 +64,7 @@ pub enum CaptureError {
 
 impl CaptureError {
     pub(crate) fn sys(ifname: &str, call: &'static str, source: io::Error) -> CaptureError {
-        CaptureError::Sys {
-            ifname: ifname.to_owned(),
-            call,
-            source,
-        }
+        CaptureError::Sys(IfError::new(ifname, call, source))
     }
 
     pub(crate) fn invalid(ifname: &str, what: String) -> CaptureError {
@@ -89,7 +77,7 @@ impl CaptureError {
     /// The errno behind this error, if a syscall failed.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            CaptureError::Sys { source, .. } => source.raw_os_error(),
+            CaptureError::Sys(e) => e.source.raw_os_error(),
             _ => None,
         }
     }

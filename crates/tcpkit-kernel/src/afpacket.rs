@@ -2,8 +2,8 @@
 //! the socket itself, its options, binding it to an interface, mapping its ring, and the hint
 //! a user gets when the kernel refuses one of these for lack of privilege.
 //!
-//! Each function returns the kernel's `io::Error`; the caller wraps it with the interface and
-//! the call's name (`setsockopt(PACKET_RX_RING)`), which [`hint`] reads.
+//! Each function returns the kernel's `io::Error`; the caller wraps it in an [`IfError`] with
+//! the interface and the call's name (`setsockopt(PACKET_RX_RING)`), which [`hint`] reads.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -87,6 +87,33 @@ pub fn map_ring(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
     NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))
 }
 
+/// A syscall on an interface's socket that failed, as capture and send report it: one line
+/// naming the interface and the call, with the [`hint`]; the kernel's reason is the
+/// `source()`, not repeated in the line, so printing the chain gives
+/// `eth0: socket(AF_PACKET) (needs root or CAP_NET_RAW): Operation not permitted (os error 1)`.
+#[derive(Debug, thiserror::Error)]
+#[error("{ifname}: {call}{}", hint(call, source))]
+pub struct IfError {
+    /// The interface ("any" for all).
+    pub ifname: String,
+    /// The syscall, with its key argument: `socket(AF_PACKET)`, `setsockopt(PACKET_RX_RING)`.
+    pub call: &'static str,
+    /// The operating system's reason.
+    #[source]
+    pub source: io::Error,
+}
+
+impl IfError {
+    /// `call` on `ifname`'s socket failed with `source`.
+    pub fn new(ifname: &str, call: &'static str, source: io::Error) -> IfError {
+        IfError {
+            ifname: ifname.to_owned(),
+            call,
+            source,
+        }
+    }
+}
+
 /// What the user can do when the kernel refused `call` with `err`, to follow the call's name
 /// in an error line: packet and raw sockets need CAP_NET_RAW; the options set beyond what an
 /// unprivileged socket may (forced buffer sizes) need CAP_NET_ADMIN. Empty for anything else,
@@ -127,6 +154,19 @@ mod tests {
             hint("setsockopt(SO_SNDBUFFORCE)", &os(libc::EPERM)),
             " (needs root or CAP_NET_ADMIN)"
         );
+    }
+
+    #[test]
+    fn the_error_line_names_interface_call_and_hint_and_keeps_the_errno_as_source() {
+        let e = IfError::new("eth0", "socket(AF_PACKET)", os(libc::EPERM));
+        assert_eq!(
+            e.to_string(),
+            "eth0: socket(AF_PACKET) (needs root or CAP_NET_RAW)"
+        );
+        let src = std::error::Error::source(&e).map(|s| s.to_string());
+        assert_eq!(src.as_deref(), Some("Operation not permitted (os error 1)"));
+        let e = IfError::new("eth1", "setsockopt(PACKET_RX_RING)", os(libc::ENOMEM));
+        assert_eq!(e.to_string(), "eth1: setsockopt(PACKET_RX_RING)");
     }
 
     #[test]

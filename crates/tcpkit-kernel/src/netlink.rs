@@ -312,7 +312,12 @@ impl Socket {
             )
         };
         if raw < 0 {
-            return Err(SysError::last("socket(AF_NETLINK)"));
+            return Err(SysError::last(match protocol {
+                libc::NETLINK_NETFILTER => "socket(AF_NETLINK, NETLINK_NETFILTER)",
+                libc::NETLINK_ROUTE => "socket(AF_NETLINK, NETLINK_ROUTE)",
+                libc::NETLINK_SOCK_DIAG => "socket(AF_NETLINK, NETLINK_SOCK_DIAG)",
+                _ => "socket(AF_NETLINK)",
+            }));
         }
         // SAFETY: `raw` is a fresh descriptor nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };

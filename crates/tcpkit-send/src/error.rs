@@ -3,12 +3,13 @@
 //! As in tcpkit-pcap, the `io::Error` of a failed syscall is the `source()` and is not repeated
 //! in `Display` (Rust API guidelines), so printing the chain (`{:#}` with anyhow) gives one
 //! line: `veth0: socket(AF_PACKET) (needs root or CAP_NET_RAW): Operation not permitted (os
-//! error 1)`. The hint in brackets is tcpkit-kernel's, the same for sending as for capturing.
+//! error 1)`. A failed syscall is tcpkit-kernel's [`IfError`], the same for sending as for
+//! capturing.
 
 use std::io;
-
 use std::path::PathBuf;
-use tcpkit_kernel::afpacket::hint;
+
+use tcpkit_kernel::afpacket::IfError;
 
 /// Why opening or using a sink failed.
 #[derive(Debug, thiserror::Error)]
@@ -20,17 +21,9 @@ pub enum SendError {
         /// The name asked for.
         ifname: String,
     },
-    /// A syscall on an interface's socket failed.
-    #[error("{ifname}: {call}{}", hint(call, source))]
-    Sys {
-        /// The interface.
-        ifname: String,
-        /// The syscall, with its key argument: `socket(AF_PACKET)`, `sendmmsg`.
-        call: &'static str,
-        /// The operating system's reason.
-        #[source]
-        source: io::Error,
-    },
+    /// A syscall on an interface's socket failed (`socket(AF_PACKET)`, `sendmmsg`, ...).
+    #[error(transparent)]
+    Sys(IfError),
     /// Reading or writing a file failed.
     #[error("{}: {what}", path.display())]
     File {
@@ -49,17 +42,15 @@ pub enum SendError {
 
 impl SendError {
     pub(crate) fn sys(ifname: &str, call: &'static str, source: io::Error) -> SendError {
-        SendError::Sys {
-            ifname: ifname.to_owned(),
-            call,
-            source,
-        }
+        SendError::Sys(IfError::new(ifname, call, source))
     }
 
     /// The errno behind this error, if a syscall failed.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            SendError::Sys { source, .. } | SendError::File { source, .. } => source.raw_os_error(),
+            SendError::Sys(IfError { source, .. }) | SendError::File { source, .. } => {
+                source.raw_os_error()
+            }
             _ => None,
         }
     }
