@@ -34,6 +34,18 @@ fn queue_rule(b: &Host, port: u16, queue: u16) {
     .unwrap_or_else(|e| panic!("these tests need iptables (apt-get install iptables): {e}"));
 }
 
+/// A pair whose host B queues its own datagrams to A's port 9 in queue `base` + a number of
+/// this process, and a reader opened on that queue in B.
+fn reader_of_port_9(tag: &str, base: u16) -> (Lab, Host, NfQueue) {
+    let (lab, _a, b, _link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
+    let queue = base + (std::process::id() % 1000) as u16;
+    let q = b
+        .enter(|| NfQueue::open(queue, &NfQueueOpts::default()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    queue_rule(&b, 9, queue);
+    (lab, b, q)
+}
+
 fn read_until(q: &mut NfQueue, want: usize, verdict: Verdict) -> Vec<(u32, Option<u32>, Vec<u8>)> {
     let mut got = Vec::new();
     let end = Instant::now() + Duration::from_secs(3);
@@ -179,12 +191,7 @@ fn reopening_a_queue_right_after_its_reader_closed_it_waits_for_the_kernel_to_le
 /// waiting for a verdict.
 #[test]
 fn nfqueue_keeps_up_with_20k_packets_a_second() {
-    let (_lab, _a, b, _link) = Lab::pair("nfqrate").unwrap_or_else(|e| panic!("{e}"));
-    let queue = 6000 + (std::process::id() % 1000) as u16;
-    let mut q = b
-        .enter(|| NfQueue::open(queue, &NfQueueOpts::default()))
-        .unwrap_or_else(|e| panic!("{e}"));
-    queue_rule(&b, 9, queue);
+    let (_lab, b, mut q) = reader_of_port_9("nfqrate", 6000);
     const RATE: u64 = 20_000;
     const TOTAL: u64 = 2 * RATE;
     let done = std::sync::atomic::AtomicBool::new(false);
@@ -233,12 +240,7 @@ fn nfqueue_keeps_up_with_20k_packets_a_second() {
 #[test]
 #[ignore = "a benchmark: prints packets/s"]
 fn nfqueue_reader_packets_per_second() {
-    let (_lab, _a, b, _link) = Lab::pair("nfqspeed").unwrap_or_else(|e| panic!("{e}"));
-    let queue = 7000 + (std::process::id() % 1000) as u16;
-    let mut q = b
-        .enter(|| NfQueue::open(queue, &NfQueueOpts::default()))
-        .unwrap_or_else(|e| panic!("{e}"));
-    queue_rule(&b, 9, queue);
+    let (_lab, b, mut q) = reader_of_port_9("nfqspeed", 8000);
     const N: u64 = 10_000;
     // A queued datagram stays charged to its sender's buffer until its verdict: one buffer
     // large enough for the whole round, else the sender blocks as the queue fills.

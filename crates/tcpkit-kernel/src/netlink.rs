@@ -737,24 +737,19 @@ mod tests {
             finish(&mut r, start);
             r
         };
-        let mut got = Vec::new();
-        s.request(&mut link(1, 0), &mut buf, |m| {
-            got.push(m.ty);
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(got, [libc::RTM_NEWLINK]);
-        let e = s
-            .request(&mut link(i32::MAX, NLM_F_ACK), &mut buf, |_| Ok(()))
-            .unwrap_err();
+        let mut types = |mut req: Vec<u8>| {
+            let mut got = Vec::new();
+            s.request(&mut req, &mut buf, |m| {
+                got.push(m.ty);
+                Ok(())
+            })
+            .map(|()| got)
+        };
+        assert_eq!(types(link(1, 0)).unwrap(), [libc::RTM_NEWLINK]);
+        let e = types(link(i32::MAX, NLM_F_ACK)).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENODEV));
-        got.clear();
-        s.request(&mut link(0, NLM_F_DUMP), &mut buf, |m| {
-            got.push(m.ty);
-            Ok(())
-        })
-        .unwrap();
-        assert!(!got.is_empty() && got.iter().all(|&t| t == libc::RTM_NEWLINK));
+        let all = types(link(0, NLM_F_DUMP)).unwrap();
+        assert!(!all.is_empty() && all.iter().all(|&t| t == libc::RTM_NEWLINK));
         // The caller's error stops the loop and is returned as is.
         let e = s
             .request(&mut link(1, 0), &mut buf, |_| {
