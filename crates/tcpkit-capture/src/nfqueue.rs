@@ -216,17 +216,18 @@ fn be32(b: &[u8]) -> u32 {
 #[inline]
 pub fn parse_message(buf: &[u8]) -> Result<(Message<'_>, usize), NlError> {
     let (msg, used) = Msg::parse(buf)?;
-    if let Some(a) = msg.ack()? {
+    // Packets first: they are the hot path, acknowledgements come only while configuring.
+    if msg.ty != MSG_PACKET {
         return Ok((
-            Message::Ack {
-                seq: a.seq,
-                errno: a.errno,
+            match msg.ack()? {
+                Some(a) => Message::Ack {
+                    seq: a.seq,
+                    errno: a.errno,
+                },
+                None => Message::Other { ty: msg.ty },
             },
             used,
         ));
-    }
-    if msg.ty != MSG_PACKET {
-        return Ok((Message::Other { ty: msg.ty }, used));
     }
     let (gen, attrs) = msg.split(NFGEN_HDR, "packet message without its nfgenmsg")?;
     let mut p = QueuedPacket {

@@ -170,6 +170,7 @@ impl<'a> Msg<'a> {
 
     /// The acknowledgement or refusal this NLMSG_ERROR message carries; None for any other
     /// type.
+    #[inline]
     pub fn ack(&self) -> Result<Option<Ack>, NlError> {
         if self.ty != NLMSG_ERROR {
             return Ok(None);
