@@ -114,8 +114,13 @@ fn nfqueue_holds_a_hosts_own_packets_for_the_verdict_and_fails_closed_without_a_
     // Accepted ones go on to A.
     send(&b, 11, &[b"accepted".to_vec()]);
     assert_eq!(read_until(&mut q, 1, Verdict::Accept).len(), 1);
-    let st = q.stats();
+    // The counters are the namespace's: read from inside B (the test's own thread would see
+    // no such queue, and zeros).
+    let st = b.enter(|| q.stats());
     assert_eq!((st.waiting, st.queue_full, st.socket_full), (0, 0, 0));
+    assert!(b
+        .enter(|| tcpkit_capture::nfqueue::queue_state(q.queue()))
+        .is_some());
     // Without a reader the rule's packets are dropped, the sender still told they left.
     drop(q);
     send(&b, 9, &[b"nobody reads".to_vec()]);
@@ -225,7 +230,7 @@ fn nfqueue_keeps_up_with_20k_packets_a_second() {
         }
         got
     });
-    let st = q.stats();
+    let st = b.enter(|| q.stats());
     eprintln!("20k/s: {got} of {TOTAL} read, {st:?}");
     assert_eq!((st.queue_full, st.socket_full), (0, 0));
     assert_eq!(got, TOTAL);
