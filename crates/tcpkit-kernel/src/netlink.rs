@@ -660,24 +660,15 @@ mod tests {
     #[test]
     fn bad_lengths_name_the_offset() {
         let mut b = sample();
-        b[20..22].copy_from_slice(&2u16.to_ne_bytes());
-        let (m, _) = Msg::parse(&b).unwrap();
-        assert_eq!(
-            attrs_of(&m),
-            Err(NlError::Malformed {
-                what: "attribute length below its header",
-                offset: 20
-            })
-        );
-        b[20..22].copy_from_slice(&200u16.to_ne_bytes());
-        let (m, _) = Msg::parse(&b).unwrap();
-        assert_eq!(
-            attrs_of(&m),
-            Err(NlError::Malformed {
-                what: "attribute past the message's end",
-                offset: 20
-            })
-        );
+        // The first attribute's length: below its own header, then past the message.
+        for (len, what) in [
+            (2u16, "attribute length below its header"),
+            (200, "attribute past the message's end"),
+        ] {
+            b[20..22].copy_from_slice(&len.to_ne_bytes());
+            let (m, _) = Msg::parse(&b).unwrap();
+            assert_eq!(attrs_of(&m), Err(NlError::Malformed { what, offset: 20 }));
+        }
         b[..4].copy_from_slice(&15u32.to_ne_bytes());
         assert_eq!(
             Msg::parse(&b),
