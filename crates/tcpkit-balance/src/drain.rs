@@ -17,7 +17,8 @@
 use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use tcpkit_kernel::netlink::{self, Msg, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 
 /// Which sockets `--drain-kill` ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,18 +56,10 @@ pub struct Drained {
     pub repicked: u64,
 }
 
-const NETLINK_SOCK_DIAG: i32 = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const SOCK_DESTROY: u16 = 21;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const TCP_LISTEN: u8 = 10;
 
-/// struct nlmsghdr, 16 bytes.
-const NLMSG_HDR: usize = 16;
 /// struct inet_diag_sockid: sport, dport (network order; 0..4), src[4] (4..20), dst[4]
 /// (20..36), if (36..40), cookie[2] (40..48).
 const SOCKID: usize = 48;
@@ -102,163 +95,94 @@ fn sockaddr(family: u8, ip: &[u8], port: [u8; 2]) -> Option<SocketAddr> {
     (!ip.is_unspecified() || port != 0).then_some(SocketAddr::new(ip, port))
 }
 
+/// The socket of one inet_diag record, read from a SOCK_DIAG_BY_FAMILY answer's payload
+/// (None when it is shorter than `struct inet_diag_msg`).
+fn sock_of(body: &[u8]) -> Option<Sock> {
+    let body = body.get(..MSG_MIN)?;
+    let mut id = [0u8; SOCKID];
+    id.copy_from_slice(&body[4..4 + SOCKID]);
+    let c0 = u32::from_ne_bytes([id[40], id[41], id[42], id[43]]);
+    let c1 = u32::from_ne_bytes([id[44], id[45], id[46], id[47]]);
+    Some(Sock {
+        family: body[0],
+        state: body[1],
+        peer: sockaddr(body[0], &id[20..36], [id[2], id[3]]),
+        id,
+        cookie: u64::from(c0) | (u64::from(c1) << 32),
+    })
+}
+
 struct Diag {
-    fd: OwnedFd,
-    seq: u32,
+    sock: netlink::Socket,
+    /// Answers: a dump's datagrams are at most a page or two each.
+    buf: Vec<u8>,
 }
 
 impl Diag {
     fn open() -> io::Result<Diag> {
-        // SAFETY: socket(2) with constant arguments; the result is checked before use.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                NETLINK_SOCK_DIAG,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a descriptor just returned to us and owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let tv = libc::timeval {
-            tv_sec: 5,
-            tv_usec: 0,
-        };
-        // SAFETY: setsockopt on our own descriptor with a timeval of the right size; a
-        // receive timeout keeps a kernel that never answers from hanging the prober.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&raw const tv).cast(),
-                std::mem::size_of::<libc::timeval>() as u32,
-            )
-        };
-        Ok(Diag { fd, seq: 0 })
+        let sock = netlink::Socket::open(libc::NETLINK_SOCK_DIAG, false)?;
+        // A receive timeout keeps a kernel that never answers from hanging the prober.
+        sock.set_recv_timeout(std::time::Duration::from_secs(5))?;
+        Ok(Diag {
+            sock,
+            buf: vec![0u8; 64 * 1024],
+        })
     }
 
-    fn send(
+    /// Sends an inet_diag_req_v2 for `family`/`proto` and socket `id` and calls `each` with
+    /// every answer.
+    fn request(
         &mut self,
         kind: u16,
         flags: u16,
-        family: u8,
-        proto: u8,
+        (family, proto): (u8, u8),
         id: &[u8; SOCKID],
-    ) -> io::Result<u32> {
-        self.seq = self.seq.wrapping_add(1);
-        let mut m = Vec::with_capacity(NLMSG_HDR + REQ);
-        m.extend_from_slice(&((NLMSG_HDR + REQ) as u32).to_ne_bytes());
-        m.extend_from_slice(&kind.to_ne_bytes());
-        m.extend_from_slice(&flags.to_ne_bytes());
-        m.extend_from_slice(&self.seq.to_ne_bytes());
-        m.extend_from_slice(&0u32.to_ne_bytes());
+        each: impl FnMut(&Msg<'_>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut m = Vec::with_capacity(netlink::NLMSG_HDR + REQ);
+        let start = netlink::begin(&mut m, kind, NLM_F_REQUEST | flags, 0);
         m.extend_from_slice(&[family, proto, 0, 0]);
+        // Every TCP state.
         m.extend_from_slice(&u32::MAX.to_ne_bytes());
         m.extend_from_slice(id);
-        // SAFETY: send(2) of a buffer we own, its length given.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), m.as_ptr().cast(), m.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(self.seq)
-    }
-
-    fn recv<'a>(&self, buf: &'a mut [u8]) -> io::Result<&'a [u8]> {
-        // SAFETY: recv(2) into a buffer we own, its length given.
-        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(&buf[..n as usize])
+        netlink::finish(&mut m, start);
+        self.sock.request(&mut m, &mut self.buf, each)
     }
 
     /// Every socket of `family`/`proto` in this network namespace.
     fn dump(&mut self, family: u8, proto: u8) -> io::Result<Vec<Sock>> {
-        let seq = self.send(
-            SOCK_DIAG_BY_FAMILY,
-            NLM_F_REQUEST | NLM_F_DUMP,
-            family,
-            proto,
-            &[0; SOCKID],
-        )?;
         let mut out = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let data = self.recv(&mut buf)?;
-            let mut at = 0;
-            while at + NLMSG_HDR <= data.len() {
-                let len =
-                    u32::from_ne_bytes(data[at..at + 4].try_into().unwrap_or_default()) as usize;
-                let kind = u16::from_ne_bytes([data[at + 4], data[at + 5]]);
-                let mseq = u32::from_ne_bytes(data[at + 8..at + 12].try_into().unwrap_or_default());
-                // Lengths from the kernel are still checked before they are used.
-                if len < NLMSG_HDR || at + len > data.len() {
-                    return Err(io::Error::other("sock_diag: a truncated message"));
+        self.request(
+            SOCK_DIAG_BY_FAMILY,
+            NLM_F_DUMP,
+            (family, proto),
+            &[0; SOCKID],
+            |m| {
+                if m.ty == SOCK_DIAG_BY_FAMILY {
+                    out.extend(sock_of(m.payload()));
                 }
-                let body = &data[at + NLMSG_HDR..at + len];
-                at += (len + 3) & !3;
-                if mseq != seq {
-                    continue;
-                }
-                match kind {
-                    NLMSG_DONE => return Ok(out),
-                    NLMSG_ERROR => {
-                        let e = body
-                            .get(..4)
-                            .map_or(0, |b| i32::from_ne_bytes(b.try_into().unwrap_or_default()));
-                        return Err(io::Error::from_raw_os_error(-e));
-                    }
-                    SOCK_DIAG_BY_FAMILY if body.len() >= MSG_MIN => {
-                        let mut id = [0u8; SOCKID];
-                        id.copy_from_slice(&body[4..4 + SOCKID]);
-                        let c0 = u32::from_ne_bytes(id[40..44].try_into().unwrap_or_default());
-                        let c1 = u32::from_ne_bytes(id[44..48].try_into().unwrap_or_default());
-                        out.push(Sock {
-                            family: body[0],
-                            state: body[1],
-                            peer: sockaddr(body[0], &id[20..36], [id[2], id[3]]),
-                            id,
-                            cookie: u64::from(c0) | (u64::from(c1) << 32),
-                        });
-                    }
-                    _ => {}
-                }
-            }
-        }
+                Ok(())
+            },
+        )?;
+        Ok(out)
     }
 
     /// SOCK_DESTROY of one socket, as dumped; Ok(false) when it was gone already.
     fn destroy(&mut self, s: &Sock, proto: u8) -> io::Result<bool> {
-        let seq = self.send(
+        let r = self.request(
             SOCK_DESTROY,
-            NLM_F_REQUEST | NLM_F_ACK,
-            s.family,
-            proto,
+            NLM_F_ACK,
+            (s.family, proto),
             &s.id,
-        )?;
-        let mut buf = vec![0u8; 4096];
-        loop {
-            let data = self.recv(&mut buf)?;
-            if data.len() < NLMSG_HDR + 4 {
-                return Err(io::Error::other("sock_diag: a short answer"));
-            }
-            let kind = u16::from_ne_bytes([data[4], data[5]]);
-            let mseq = u32::from_ne_bytes(data[8..12].try_into().unwrap_or_default());
-            if mseq != seq || kind != NLMSG_ERROR {
-                continue;
-            }
-            let e = -i32::from_ne_bytes(data[16..20].try_into().unwrap_or_default());
-            return match e {
-                0 => Ok(true),
-                libc::ENOENT => Ok(false),
-                libc::EOPNOTSUPP => Err(io::Error::other(
-                    "the kernel cannot end sockets (CONFIG_INET_DIAG_DESTROY is off)",
-                )),
-                e => Err(io::Error::from_raw_os_error(e)),
-            };
+            |_| Ok(()),
+        );
+        match r.as_ref().map_err(io::Error::raw_os_error) {
+            Ok(()) => Ok(true),
+            Err(Some(libc::ENOENT)) => Ok(false),
+            Err(Some(libc::EOPNOTSUPP)) => Err(io::Error::other(
+                "the kernel cannot end sockets (CONFIG_INET_DIAG_DESTROY is off)",
+            )),
+            Err(_) => r.map(|()| false),
         }
     }
 }
@@ -312,6 +236,31 @@ pub fn drain(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_diag_record_is_read_only_when_whole() {
+        // struct inet_diag_msg of a connected IPv4 socket, a marker byte after it.
+        let mut b = vec![libc::AF_INET as u8, 1, 0, 0];
+        let mut id = [0u8; SOCKID];
+        id[..4].copy_from_slice(&[0x9c, 0x40, 0x18, 0xeb]);
+        id[4..8].copy_from_slice(&[198, 18, 0, 1]);
+        id[20..24].copy_from_slice(&[198, 18, 0, 2]);
+        id[40..44].copy_from_slice(&0x0506_0708u32.to_ne_bytes());
+        id[44..48].copy_from_slice(&0x0102_0304u32.to_ne_bytes());
+        b.extend_from_slice(&id);
+        b.extend_from_slice(&[0; 20]);
+        assert_eq!(b.len(), MSG_MIN);
+        b.push(0xa5);
+        let s = sock_of(&b).unwrap();
+        assert_eq!((s.family, s.state), (libc::AF_INET as u8, 1));
+        assert_eq!(s.cookie, 0x0102_0304_0506_0708);
+        assert_eq!(s.peer, Some("198.18.0.2:6379".parse().unwrap()));
+        assert_eq!(s.id, id);
+        for cut in 0..MSG_MIN {
+            assert!(sock_of(&b[..cut]).is_none(), "cut at {cut}");
+        }
+    }
 
     #[test]
     fn peers_read_as_the_backend_they_are() {
@@ -349,7 +298,7 @@ mod tests {
             )
         };
         assert_eq!(r, 0);
-        let Ok(mut d) = Diag::open() else { return };
+        let mut d = Diag::open().unwrap();
         let all = d
             .dump(libc::AF_INET as u8, libc::IPPROTO_UDP as u8)
             .unwrap();

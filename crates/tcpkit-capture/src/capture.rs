@@ -12,10 +12,12 @@
 //! captured too (`Direction::Outgoing`): `copy` needs both directions of a conversation.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+use tcpkit_kernel::afpacket::{self, setsockopt};
 
 use crate::filter::{compile_filter, ethernet_only, LINKTYPE_ETHERNET, LINKTYPE_RAW};
 use crate::{CaptureError, CaptureOpts, CaptureStats, CapturedPacket, Direction, FanoutMode};
@@ -59,32 +61,6 @@ pub struct Capture {
 // `&mut self`; the kernel's concurrent writes are ordered by the block status word, which is
 // accessed atomically.
 unsafe impl Send for Capture {}
-
-fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: &T) -> io::Result<()> {
-    setsockopt_bytes(
-        fd,
-        level,
-        name,
-        (v as *const T).cast(),
-        std::mem::size_of::<T>(),
-    )
-}
-
-fn setsockopt_bytes(
-    fd: &OwnedFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    ptr: *const libc::c_void,
-    len: usize,
-) -> io::Result<()> {
-    // SAFETY: `ptr` points to `len` bytes the caller owns for the duration of the call.
-    let rc = unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, ptr, len as libc::socklen_t) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
 
 /// The index of `ifname` in the calling thread's namespace, or NoSuchInterface.
 fn ifindex(ifname: &str) -> Result<u32, CaptureError> {
@@ -171,17 +147,8 @@ impl Capture {
         // The name first: a typo is reported as such even without privileges.
         let index = if any { 0 } else { ifindex(ifname)? };
 
-        // SAFETY: plain socket(2); protocol 0 = nothing is queued to it before `bind`.
-        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(CaptureError::sys(
-                ifname,
-                "socket(AF_PACKET)",
-                io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: raw is a fresh fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // Protocol 0: nothing is queued to it before `bind`.
+        let fd = afpacket::socket().map_err(|e| CaptureError::sys(ifname, e.call, e.source))?;
 
         let linktype = if any {
             LINKTYPE_ETHERNET
@@ -199,7 +166,7 @@ impl Capture {
         };
 
         let version = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
-        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_VERSION, &version)
+        setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, &version)
             .map_err(|e| CaptureError::sys(ifname, "setsockopt(PACKET_VERSION, TPACKET_V3)", e))?;
 
         let expr = opts.filter.as_deref().unwrap_or("");
@@ -214,7 +181,7 @@ impl Capture {
             })?,
             filter: prog.as_mut_ptr(),
         };
-        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+        setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
             .map_err(|e| CaptureError::sys(ifname, "setsockopt(SO_ATTACH_FILTER)", e))?;
 
         if opts.promisc {
@@ -224,7 +191,13 @@ impl Capture {
                 mr_alen: 0,
                 mr_address: [0; 8],
             };
-            setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mreq).map_err(|e| {
+            setsockopt(
+                fd.as_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_ADD_MEMBERSHIP,
+                &mreq,
+            )
+            .map_err(|e| {
                 CaptureError::sys(ifname, "setsockopt(PACKET_ADD_MEMBERSHIP, PROMISC)", e)
             })?;
         }
@@ -239,34 +212,11 @@ impl Capture {
             tp_sizeof_priv: 0,
             tp_feature_req_word: 0,
         };
-        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)
+        setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_RX_RING, &req)
             .map_err(|e| CaptureError::sys(ifname, "setsockopt(PACKET_RX_RING)", e))?;
         let map_len = opts.block_size as usize * opts.block_count as usize;
-        // SAFETY: maps the ring the kernel just allocated for this socket.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(CaptureError::sys(
-                ifname,
-                "mmap(PACKET_RX_RING)",
-                io::Error::last_os_error(),
-            ));
-        }
-        let map = NonNull::new(p.cast::<u8>()).ok_or_else(|| {
-            CaptureError::sys(
-                ifname,
-                "mmap(PACKET_RX_RING)",
-                io::Error::from_raw_os_error(libc::EFAULT),
-            )
-        })?;
+        let map = afpacket::map_ring(fd.as_fd(), map_len)
+            .map_err(|e| CaptureError::sys(ifname, "mmap(PACKET_RX_RING)", e))?;
         // From here on `cap`'s Drop unmaps the ring, also when a later step fails.
         let cap = Capture {
             fd,
@@ -281,26 +231,8 @@ impl Capture {
             stats: CaptureStats::default(),
         };
 
-        // SAFETY: sockaddr_ll is plain old data.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as libc::c_ushort;
-        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-        sll.sll_ifindex = index as libc::c_int;
-        // SAFETY: passes a sockaddr_ll we own, with its size.
-        let rc = unsafe {
-            libc::bind(
-                cap.fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(CaptureError::sys(
-                ifname,
-                "bind(AF_PACKET, ETH_P_ALL)",
-                io::Error::last_os_error(),
-            ));
-        }
+        afpacket::bind(cap.fd.as_fd(), index, libc::ETH_P_ALL as u16)
+            .map_err(|e| CaptureError::sys(ifname, "bind(AF_PACKET, ETH_P_ALL)", e))?;
 
         if let Some((group, mode)) = opts.fanout {
             let mode = match mode {
@@ -308,7 +240,7 @@ impl Capture {
                 FanoutMode::Cpu => libc::PACKET_FANOUT_CPU,
             };
             let arg = (u32::from(group) | (mode << 16)) as libc::c_int;
-            setsockopt(&cap.fd, libc::SOL_PACKET, libc::PACKET_FANOUT, &arg)
+            setsockopt(cap.fd.as_fd(), libc::SOL_PACKET, libc::PACKET_FANOUT, &arg)
                 .map_err(|e| CaptureError::sys(ifname, "setsockopt(PACKET_FANOUT)", e))?;
         }
         Ok(cap)

@@ -4,8 +4,11 @@
 //! As in tcpkit-send, the `io::Error` of a failed syscall is the `source()` and is not repeated
 //! in `Display`, so printing the chain (as `tcpkit`'s main does) gives one line:
 //! `eth0: socket(AF_PACKET) (needs root or CAP_NET_RAW): Operation not permitted (os error 1)`.
+//! A failed syscall is tcpkit-kernel's [`IfError`], the same for sending as for capturing.
 
 use std::io;
+
+use tcpkit_kernel::afpacket::IfError;
 
 /// Why opening or reading a capture failed.
 #[derive(Debug, thiserror::Error)]
@@ -18,16 +21,8 @@ pub enum CaptureError {
         ifname: String,
     },
     /// A syscall on the capture socket failed.
-    #[error("{ifname}: {call}{}", hint(call, source))]
-    Sys {
-        /// The interface ("any" for all).
-        ifname: String,
-        /// The syscall, with its key argument: `socket(AF_PACKET)`, `setsockopt(PACKET_RX_RING)`.
-        call: &'static str,
-        /// The operating system's reason.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Sys(IfError),
     /// libpcap could not compile the filter expression.
     #[error("filter {expr:?}: {reason}")]
     Filter {
@@ -69,11 +64,7 @@ pub enum CaptureError {
 
 impl CaptureError {
     pub(crate) fn sys(ifname: &str, call: &'static str, source: io::Error) -> CaptureError {
-        CaptureError::Sys {
-            ifname: ifname.to_owned(),
-            call,
-            source,
-        }
+        CaptureError::Sys(IfError::new(ifname, call, source))
     }
 
     pub(crate) fn invalid(ifname: &str, what: String) -> CaptureError {
@@ -86,19 +77,9 @@ impl CaptureError {
     /// The errno behind this error, if a syscall failed.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            CaptureError::Sys { source, .. } => source.raw_os_error(),
+            CaptureError::Sys(e) => e.source.raw_os_error(),
             _ => None,
         }
-    }
-}
-
-/// What the user can do about a permission error: packet sockets need CAP_NET_RAW.
-fn hint(call: &str, err: &io::Error) -> &'static str {
-    let denied = matches!(err.raw_os_error(), Some(libc::EPERM | libc::EACCES));
-    if denied && call.starts_with("socket") {
-        " (needs root or CAP_NET_RAW)"
-    } else {
-        ""
     }
 }
 
@@ -106,24 +87,21 @@ fn hint(call: &str, err: &io::Error) -> &'static str {
 mod tests {
     use super::*;
 
+    /// The syscall's error is the source, not the line; the hint (tested in tcpkit-kernel)
+    /// follows the call when the kernel refused it for lack of privilege.
     #[test]
-    fn eperm_on_socket_names_the_capability() {
-        let e = CaptureError::sys(
+    fn a_failed_syscall_is_named_with_its_hint_and_keeps_its_errno() {
+        let denied = CaptureError::sys(
             "eth0",
             "socket(AF_PACKET)",
             io::Error::from_raw_os_error(libc::EPERM),
         );
         assert_eq!(
-            e.to_string(),
+            denied.to_string(),
             "eth0: socket(AF_PACKET) (needs root or CAP_NET_RAW)"
         );
-        let src = std::error::Error::source(&e).map(|s| s.to_string());
+        let src = std::error::Error::source(&denied).map(|s| s.to_string());
         assert_eq!(src.as_deref(), Some("Operation not permitted (os error 1)"));
-        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
-    }
-
-    #[test]
-    fn other_errors_have_no_hint() {
         let e = CaptureError::sys(
             "eth1",
             "setsockopt(PACKET_RX_RING)",

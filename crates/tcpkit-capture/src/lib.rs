@@ -25,6 +25,8 @@ pub mod nfqueue;
 pub use capture::Capture;
 pub use error::CaptureError;
 pub use filter::{compile_filter, LINKTYPE_ETHERNET, LINKTYPE_RAW};
+/// A failed syscall on the capture socket ([`CaptureError::Sys`]).
+pub use tcpkit_kernel::afpacket::IfError;
 
 /// How to open a [`Capture`].
 #[derive(Clone, Debug, PartialEq, Eq)]

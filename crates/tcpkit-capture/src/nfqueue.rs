@@ -15,13 +15,21 @@
 //! (unless the rule says `bypass`): a reader that dies fails closed. Packets the kernel could
 //! not queue (queue full, socket buffer full) are counted in [`NfQueue::stats`].
 //!
-//! Bytes from the kernel enter only through [`parse_message`], which checks every length;
-//! [`QueuedPacket::emit`] builds the same message, parse(emit(p)) gives back p, and
-//! [`fuzz_nfqueue`] (the `nfqueue` fuzz target) holds the two to that over any input.
+//! Bytes from the kernel enter only through [`parse_message`], which reads them with
+//! tcpkit-kernel's netlink parser (every length checked there); [`QueuedPacket::emit`] builds
+//! the same message, parse(emit(p)) gives back p, and [`fuzz_nfqueue`] (the `nfqueue` fuzz
+//! target) holds the two to that over any input. The socket, the framing and the
+//! acknowledgements are tcpkit-kernel's; what is here is nfnetlink_queue's own.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
+
+pub use tcpkit_kernel::netlink::NlError;
+use tcpkit_kernel::netlink::{
+    self, align4, begin, finish, put_attr, Msg, Socket, MAX_ATTR_VALUE, NLA_HDR, NLMSG_HDR,
+    NLM_F_ACK, NLM_F_REQUEST,
+};
 
 /// How long opening a queue bound to another socket waits for it to be let go before it is
 /// reported taken (see `NfQueue::bind`).
@@ -34,14 +42,8 @@ const SUBSYS_QUEUE: u16 = 3;
 const MSG_PACKET: u16 = SUBSYS_QUEUE << 8;
 const MSG_CONFIG: u16 = (SUBSYS_QUEUE << 8) | 2;
 const MSG_VERDICT_BATCH: u16 = (SUBSYS_QUEUE << 8) | 3;
-const NLMSG_ERROR: u16 = 2;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
-const NLMSG_HDR: usize = 16;
+/// struct nfgenmsg: family, version, resource id (the queue, big endian).
 const NFGEN_HDR: usize = 4;
-const NLA_HDR: usize = 4;
-/// The type bits of an attribute (without NLA_F_NESTED / NLA_F_NET_BYTEORDER).
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 // enum nfqnl_attr_type
 const NFQA_PACKET_HDR: u16 = 1;
@@ -169,27 +171,6 @@ fn hint(e: &io::Error) -> &'static str {
     }
 }
 
-/// Why bytes are not a netlink message of nfnetlink_queue.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NlError {
-    /// The bytes end inside a message: `need` bytes from its start, `have` present.
-    #[error("message cut short: need {need} bytes, have {have}")]
-    Truncated {
-        /// Bytes the message needs from its start.
-        need: usize,
-        /// Bytes present.
-        have: usize,
-    },
-    /// A length field that cannot be: `what` at `offset` from the message's start.
-    #[error("{what} at offset {offset}")]
-    Malformed {
-        /// The field that is wrong.
-        what: &'static str,
-        /// Its offset from the message's start.
-        offset: usize,
-    },
-}
-
 /// One packet the rule queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueuedPacket<'a> {
@@ -226,140 +207,67 @@ pub enum Message<'a> {
     },
 }
 
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-fn ne16(b: &[u8], at: usize) -> u16 {
-    u16::from_ne_bytes([b[at], b[at + 1]])
-}
-
-fn ne32(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
 fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes([b[0], b[1], b[2], b[3]])
 }
 
 /// Parses the netlink message at the start of `buf`; returns it and the bytes it takes
 /// (aligned, so the next message starts there).
+#[inline]
 pub fn parse_message(buf: &[u8]) -> Result<(Message<'_>, usize), NlError> {
-    if buf.len() < NLMSG_HDR {
-        return Err(NlError::Truncated {
-            need: NLMSG_HDR,
-            have: buf.len(),
-        });
-    }
-    let len = ne32(buf, 0) as usize;
-    if len < NLMSG_HDR {
-        return Err(NlError::Malformed {
-            what: "nlmsg_len below its header",
-            offset: 0,
-        });
-    }
-    let msg = buf.get(..len).ok_or(NlError::Truncated {
-        need: len,
-        have: buf.len(),
-    })?;
-    let used = align4(len).min(buf.len());
-    let ty = ne16(msg, 4);
-    match ty {
-        NLMSG_ERROR => {
-            let body = msg
-                .get(NLMSG_HDR..NLMSG_HDR + 4)
-                .ok_or(NlError::Malformed {
-                    what: "error message without its code",
-                    offset: NLMSG_HDR,
-                })?;
-            let code = i32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
-            // The request's header follows the code: its sequence number says what this
-            // answers.
-            let seq = msg
-                .get(NLMSG_HDR + 4..NLMSG_HDR + 4 + NLMSG_HDR)
-                .map_or(0, |h| ne32(h, 8));
-            Ok((
-                Message::Ack {
-                    seq,
-                    errno: code.saturating_neg(),
+    let (msg, used) = Msg::parse(buf)?;
+    // Packets first: they are the hot path, acknowledgements come only while configuring.
+    if msg.ty != MSG_PACKET {
+        return Ok((
+            match msg.ack()? {
+                Some(a) => Message::Ack {
+                    seq: a.seq,
+                    errno: a.errno,
                 },
-                used,
-            ))
-        }
-        MSG_PACKET => {
-            let gen = msg
-                .get(NLMSG_HDR..NLMSG_HDR + NFGEN_HDR)
-                .ok_or(NlError::Malformed {
-                    what: "packet message without its nfgenmsg",
-                    offset: NLMSG_HDR,
-                })?;
-            let mut p = QueuedPacket {
-                queue: u16::from_be_bytes([gen[2], gen[3]]),
-                id: 0,
-                hw_protocol: 0,
-                hook: 0,
-                cap_len: None,
-                payload: &[],
-            };
-            let mut have_hdr = false;
-            let mut at = NLMSG_HDR + NFGEN_HDR;
-            while at < msg.len() {
-                let h = msg.get(at..at + NLA_HDR).ok_or(NlError::Malformed {
-                    what: "attribute header past the message's end",
-                    offset: at,
-                })?;
-                let alen = usize::from(ne16(h, 0));
-                let aty = ne16(h, 2) & NLA_TYPE_MASK;
-                if alen < NLA_HDR {
-                    return Err(NlError::Malformed {
-                        what: "attribute length below its header",
-                        offset: at,
-                    });
-                }
-                let v = msg.get(at + NLA_HDR..at + alen).ok_or(NlError::Malformed {
-                    what: "attribute past the message's end",
-                    offset: at,
-                })?;
-                match aty {
-                    NFQA_PACKET_HDR if v.len() >= 7 => {
-                        p.id = be32(v);
-                        p.hw_protocol = u16::from_be_bytes([v[4], v[5]]);
-                        p.hook = v[6];
-                        have_hdr = true;
-                    }
-                    NFQA_CAP_LEN if v.len() >= 4 => p.cap_len = Some(be32(v)),
-                    NFQA_PAYLOAD => p.payload = v,
-                    NFQA_PACKET_HDR | NFQA_CAP_LEN => {
-                        return Err(NlError::Malformed {
-                            what: "attribute too short for its type",
-                            offset: at,
-                        })
-                    }
-                    _ => {}
-                }
-                at += align4(alen);
-            }
-            // Without its id a packet cannot be given a verdict.
-            if !have_hdr {
-                return Err(NlError::Malformed {
-                    what: "packet message without its packet header",
-                    offset: NLMSG_HDR + NFGEN_HDR,
-                });
-            }
-            Ok((Message::Packet(p), used))
-        }
-        _ => Ok((Message::Other { ty }, used)),
+                None => Message::Other { ty: msg.ty },
+            },
+            used,
+        ));
     }
-}
-
-fn put_hdr(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32) -> usize {
-    let start = out.len();
-    out.extend_from_slice(&0u32.to_ne_bytes());
-    out.extend_from_slice(&ty.to_ne_bytes());
-    out.extend_from_slice(&flags.to_ne_bytes());
-    out.extend_from_slice(&seq.to_ne_bytes());
-    out.extend_from_slice(&0u32.to_ne_bytes());
-    start
+    let (gen, attrs) = msg.split(NFGEN_HDR, "packet message without its nfgenmsg")?;
+    let mut p = QueuedPacket {
+        queue: u16::from_be_bytes([gen[2], gen[3]]),
+        id: 0,
+        hw_protocol: 0,
+        hook: 0,
+        cap_len: None,
+        payload: &[],
+    };
+    let mut have_hdr = false;
+    for a in attrs {
+        let a = a?;
+        let v = a.value;
+        match a.ty {
+            NFQA_PACKET_HDR if v.len() >= 7 => {
+                p.id = be32(v);
+                p.hw_protocol = u16::from_be_bytes([v[4], v[5]]);
+                p.hook = v[6];
+                have_hdr = true;
+            }
+            NFQA_CAP_LEN if v.len() >= 4 => p.cap_len = Some(be32(v)),
+            NFQA_PAYLOAD => p.payload = v,
+            NFQA_PACKET_HDR | NFQA_CAP_LEN => {
+                return Err(NlError::Malformed {
+                    what: "attribute too short for its type",
+                    offset: a.offset,
+                })
+            }
+            _ => {}
+        }
+    }
+    // Without its id a packet cannot be given a verdict.
+    if !have_hdr {
+        return Err(NlError::Malformed {
+            what: "packet message without its packet header",
+            offset: NLMSG_HDR + NFGEN_HDR,
+        });
+    }
+    Ok((Message::Packet(p), used))
 }
 
 fn put_gen(out: &mut Vec<u8>, queue: u16) {
@@ -367,29 +275,11 @@ fn put_gen(out: &mut Vec<u8>, queue: u16) {
     out.extend_from_slice(&queue.to_be_bytes());
 }
 
-fn put_attr(out: &mut Vec<u8>, ty: u16, v: &[u8]) {
-    let len = u16::try_from(NLA_HDR + v.len()).unwrap_or(u16::MAX);
-    out.extend_from_slice(&len.to_ne_bytes());
-    out.extend_from_slice(&ty.to_ne_bytes());
-    out.extend_from_slice(v);
-    // Padding counts from the attribute, not the buffer: a message may start anywhere.
-    let pad = align4(v.len()) - v.len();
-    out.extend_from_slice(&[0; 3][..pad]);
-}
-
-fn finish(out: &mut [u8], start: usize) {
-    let len = u32::try_from(out.len() - start).unwrap_or(u32::MAX);
-    out[start..start + 4].copy_from_slice(&len.to_ne_bytes());
-}
-
-/// The most payload bytes one attribute holds.
-const MAX_ATTR_PAYLOAD: usize = u16::MAX as usize - NLA_HDR;
-
 impl QueuedPacket<'_> {
     /// Appends this packet as the kernel sends it (packet header, cut length, payload).
     /// Payloads longer than an attribute holds (65531 bytes) are cut.
     pub fn emit(&self, out: &mut Vec<u8>) {
-        let start = put_hdr(out, MSG_PACKET, 0, 0);
+        let start = begin(out, MSG_PACKET, 0, 0);
         put_gen(out, self.queue);
         let mut hdr = [0u8; 7];
         hdr[..4].copy_from_slice(&self.id.to_be_bytes());
@@ -399,14 +289,14 @@ impl QueuedPacket<'_> {
         if let Some(c) = self.cap_len {
             put_attr(out, NFQA_CAP_LEN, &c.to_be_bytes());
         }
-        let cut = self.payload.len().min(MAX_ATTR_PAYLOAD);
+        let cut = self.payload.len().min(MAX_ATTR_VALUE);
         put_attr(out, NFQA_PAYLOAD, &self.payload[..cut]);
         finish(out, start);
     }
 
     /// Bytes [`QueuedPacket::emit`] appends.
     pub fn buffer_len(&self) -> usize {
-        let cut = self.payload.len().min(MAX_ATTR_PAYLOAD);
+        let cut = self.payload.len().min(MAX_ATTR_VALUE);
         NLMSG_HDR
             + NFGEN_HDR
             + 12
@@ -415,20 +305,16 @@ impl QueuedPacket<'_> {
     }
 }
 
-/// Appends the kernel's answer to request `seq`: an acknowledgement (errno 0) or a refusal.
+/// Appends the kernel's answer to configuration request `seq`: an acknowledgement (errno 0)
+/// or a refusal.
 pub fn emit_ack(seq: u32, errno: i32, out: &mut Vec<u8>) {
-    let start = put_hdr(out, NLMSG_ERROR, 0, 0);
-    out.extend_from_slice(&errno.saturating_neg().to_ne_bytes());
-    // The request's header, as the kernel echoes it.
-    let req = put_hdr(out, MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq);
-    out[req..req + 4].copy_from_slice(&(NLMSG_HDR as u32).to_ne_bytes());
-    finish(out, start);
+    netlink::emit_ack(out, MSG_CONFIG, seq, errno);
 }
 
 /// A configuration request for `queue` with its attributes.
 fn config(queue: u16, seq: u32, attrs: &[(u16, &[u8])], out: &mut Vec<u8>) {
     out.clear();
-    let start = put_hdr(out, MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq);
+    let start = begin(out, MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq);
     put_gen(out, queue);
     for (ty, v) in attrs {
         put_attr(out, *ty, v);
@@ -439,7 +325,7 @@ fn config(queue: u16, seq: u32, attrs: &[(u16, &[u8])], out: &mut Vec<u8>) {
 /// A batch verdict: `v` for every packet of `queue` with an id up to `id`.
 fn verdict_batch(queue: u16, id: u32, v: Verdict, out: &mut Vec<u8>) {
     out.clear();
-    let start = put_hdr(out, MSG_VERDICT_BATCH, NLM_F_REQUEST, 0);
+    let start = begin(out, MSG_VERDICT_BATCH, NLM_F_REQUEST, 0);
     put_gen(out, queue);
     let mut hdr = [0u8; 8];
     hdr[..4].copy_from_slice(&v.code().to_be_bytes());
@@ -512,20 +398,11 @@ pub fn queue_state(queue: u16) -> Option<(u32, QueueStats)> {
     })
 }
 
-fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
 /// A netlink socket bound to one netfilter queue.
 #[derive(Debug)]
 pub struct NfQueue {
-    fd: OwnedFd,
+    sock: Socket,
     queue: u16,
-    portid: u32,
     buf: Vec<u8>,
     out: Vec<u8>,
 }
@@ -537,56 +414,15 @@ impl NfQueue {
     /// [`NfQueueError::Taken`] when another socket stays bound to the queue for
     /// [`TAKEN_GRACE`] (one that is going away is waited for).
     pub fn open(queue: u16, opts: &NfQueueOpts) -> Result<NfQueue, NfQueueError> {
-        let sys = |call| {
-            move |source| NfQueueError::Sys {
-                queue,
-                call,
-                source,
-            }
-        };
-        // SAFETY: plain socket(2); the descriptor is owned below.
-        let raw = cvt(unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                libc::NETLINK_NETFILTER,
-            )
-        })
-        .map_err(sys("socket(AF_NETLINK, NETLINK_NETFILTER)"))?;
-        // SAFETY: `raw` is a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: a zeroed sockaddr_nl is valid; the kernel picks the port id.
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        let sa_len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-        // SAFETY: `sa` is a valid sockaddr_nl of `sa_len` bytes.
-        cvt(unsafe { libc::bind(fd.as_raw_fd(), (&raw const sa).cast(), sa_len) })
-            .map_err(sys("bind(AF_NETLINK)"))?;
-        let mut len = sa_len;
-        // SAFETY: `sa` has room for `len` bytes, which the kernel updates.
-        cvt(unsafe { libc::getsockname(fd.as_raw_fd(), (&raw mut sa).cast(), &mut len) })
-            .map_err(sys("getsockname(AF_NETLINK)"))?;
-        let size = RCVBUF as libc::c_int;
-        let set = |name| {
-            // SAFETY: an int option of the right size on our socket.
-            cvt(unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    name,
-                    (&raw const size).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            })
-        };
-        // Without CAP_NET_ADMIN the forced size is refused; the capped one is the fallback.
-        if set(libc::SO_RCVBUFFORCE).is_err() {
-            let _ = set(libc::SO_RCVBUF);
-        }
-        let mut q = NfQueue {
-            fd,
+        let sock = Socket::open(libc::NETLINK_NETFILTER, true).map_err(|e| NfQueueError::Sys {
             queue,
-            portid: sa.nl_pid,
+            call: e.call,
+            source: e.source,
+        })?;
+        sock.set_rcvbuf(RCVBUF);
+        let mut q = NfQueue {
+            sock,
+            queue,
             buf: vec![0; RECV_BUF],
             out: Vec::with_capacity(64),
         };
@@ -627,7 +463,7 @@ impl NfQueue {
                 return Ok(());
             };
             // nfnetlink_queue answers EPERM both to the unprivileged and to a second reader.
-            match queue_state(self.queue).filter(|s| s.0 != self.portid) {
+            match queue_state(self.queue).filter(|s| s.0 != self.sock.portid()) {
                 Some((portid, _)) if Instant::now() >= deadline => {
                     return Err(NfQueueError::Taken {
                         queue: self.queue,
@@ -643,33 +479,13 @@ impl NfQueue {
     }
 
     fn send(&self, call: &'static str) -> Result<(), NfQueueError> {
-        // SAFETY: a zeroed sockaddr_nl addresses the kernel (port 0).
-        let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        loop {
-            // SAFETY: `out` and `to` are valid for the lengths given.
-            let rc = unsafe {
-                libc::sendto(
-                    self.fd.as_raw_fd(),
-                    self.out.as_ptr().cast(),
-                    self.out.len(),
-                    0,
-                    (&raw const to).cast(),
-                    std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-                )
-            };
-            if rc >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(NfQueueError::Sys {
-                    queue: self.queue,
-                    call,
-                    source: e,
-                });
-            }
-        }
+        self.sock
+            .send(&self.out)
+            .map_err(|source| NfQueueError::Sys {
+                queue: self.queue,
+                call,
+                source,
+            })
     }
 
     /// Sends one configuration request and waits for its acknowledgement. Packets that
@@ -737,7 +553,7 @@ impl NfQueue {
                         ));
                     }
                     let mut pfd = libc::pollfd {
-                        fd: self.fd.as_raw_fd(),
+                        fd: self.sock.as_fd().as_raw_fd(),
                         events: libc::POLLIN,
                         revents: 0,
                     };
@@ -752,24 +568,11 @@ impl NfQueue {
 
     fn recv_once(&mut self) -> io::Result<usize> {
         loop {
-            // SAFETY: `buf` is ours and valid for its length.
-            let n = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    0,
-                )
-            };
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
+            match self.sock.recv(&mut self.buf) {
                 // ENOBUFS: the kernel could not queue some packets to us; they were dropped
                 // and counted (QueueStats::socket_full). Read on.
-                Some(libc::EINTR | libc::ENOBUFS) => {}
-                _ => return Err(e),
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+                r => return r,
             }
         }
     }
@@ -843,7 +646,7 @@ impl NfQueue {
 
 impl AsFd for NfQueue {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.sock.as_fd()
     }
 }
 
@@ -892,7 +695,7 @@ mod tests {
         packet(b"one", None).emit(&mut out);
         let first = out.len();
         // A packet with a timestamp attribute (type 4) the parser does not want.
-        let start = put_hdr(&mut out, MSG_PACKET, 0, 0);
+        let start = begin(&mut out, MSG_PACKET, 0, 0);
         put_gen(&mut out, 5);
         put_attr(&mut out, NFQA_PACKET_HDR, &[0, 0, 0, 9, 0x86, 0xdd, 3]);
         put_attr(&mut out, 4, &[0; 16]);
@@ -949,7 +752,7 @@ mod tests {
         ));
         // A packet without its id cannot be given a verdict.
         let mut out = Vec::new();
-        let start = put_hdr(&mut out, MSG_PACKET, 0, 0);
+        let start = begin(&mut out, MSG_PACKET, 0, 0);
         put_gen(&mut out, 1);
         put_attr(&mut out, NFQA_PAYLOAD, b"x");
         finish(&mut out, start);
@@ -960,6 +763,14 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    fn ne16(b: &[u8], at: usize) -> u16 {
+        u16::from_ne_bytes([b[at], b[at + 1]])
+    }
+
+    fn ne32(b: &[u8], at: usize) -> u32 {
+        u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
     }
 
     #[test]

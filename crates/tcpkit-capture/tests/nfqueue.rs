@@ -34,6 +34,18 @@ fn queue_rule(b: &Host, port: u16, queue: u16) {
     .unwrap_or_else(|e| panic!("these tests need iptables (apt-get install iptables): {e}"));
 }
 
+/// A pair whose host B queues its own datagrams to A's port 9 in queue `base` + a number of
+/// this process, and a reader opened on that queue in B.
+fn reader_of_port_9(tag: &str, base: u16) -> (Lab, Host, NfQueue) {
+    let (lab, _a, b, _link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
+    let queue = base + (std::process::id() % 1000) as u16;
+    let q = b
+        .enter(|| NfQueue::open(queue, &NfQueueOpts::default()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    queue_rule(&b, 9, queue);
+    (lab, b, q)
+}
+
 fn read_until(q: &mut NfQueue, want: usize, verdict: Verdict) -> Vec<(u32, Option<u32>, Vec<u8>)> {
     let mut got = Vec::new();
     let end = Instant::now() + Duration::from_secs(3);
@@ -102,8 +114,13 @@ fn nfqueue_holds_a_hosts_own_packets_for_the_verdict_and_fails_closed_without_a_
     // Accepted ones go on to A.
     send(&b, 11, &[b"accepted".to_vec()]);
     assert_eq!(read_until(&mut q, 1, Verdict::Accept).len(), 1);
-    let st = q.stats();
+    // The counters are the namespace's: read from inside B (the test's own thread would see
+    // no such queue, and zeros).
+    let st = b.enter(|| q.stats());
     assert_eq!((st.waiting, st.queue_full, st.socket_full), (0, 0, 0));
+    assert!(b
+        .enter(|| tcpkit_capture::nfqueue::queue_state(q.queue()))
+        .is_some());
     // Without a reader the rule's packets are dropped, the sender still told they left.
     drop(q);
     send(&b, 9, &[b"nobody reads".to_vec()]);
@@ -179,12 +196,7 @@ fn reopening_a_queue_right_after_its_reader_closed_it_waits_for_the_kernel_to_le
 /// waiting for a verdict.
 #[test]
 fn nfqueue_keeps_up_with_20k_packets_a_second() {
-    let (_lab, _a, b, _link) = Lab::pair("nfqrate").unwrap_or_else(|e| panic!("{e}"));
-    let queue = 6000 + (std::process::id() % 1000) as u16;
-    let mut q = b
-        .enter(|| NfQueue::open(queue, &NfQueueOpts::default()))
-        .unwrap_or_else(|e| panic!("{e}"));
-    queue_rule(&b, 9, queue);
+    let (_lab, b, mut q) = reader_of_port_9("nfqrate", 6000);
     const RATE: u64 = 20_000;
     const TOTAL: u64 = 2 * RATE;
     let done = std::sync::atomic::AtomicBool::new(false);
@@ -218,9 +230,63 @@ fn nfqueue_keeps_up_with_20k_packets_a_second() {
         }
         got
     });
-    let st = q.stats();
+    let st = b.enter(|| q.stats());
     eprintln!("20k/s: {got} of {TOTAL} read, {st:?}");
     assert_eq!((st.queue_full, st.socket_full), (0, 0));
     assert_eq!(got, TOTAL);
     assert_eq!(st.waiting, 0);
+}
+
+/// A measure, not a check (run with `--ignored`): how fast the reader takes packets off a
+/// queue and gives their verdicts, intercept --on-target's hot path. Each round queues 10,000
+/// datagrams before the clock starts (queued in the sending syscall, so all are waiting when
+/// it returns), then times reading them all in batches of 1024 with a verdict each batch:
+/// the reader's time alone. Prints each round's packets/s and the median.
+#[test]
+#[ignore = "a benchmark: prints packets/s"]
+fn nfqueue_reader_packets_per_second() {
+    let (_lab, b, mut q) = reader_of_port_9("nfqspeed", 8000);
+    const N: u64 = 10_000;
+    // A queued datagram stays charged to its sender's buffer until its verdict: one buffer
+    // large enough for the whole round, else the sender blocks as the queue fills.
+    let sender = b.enter(|| UdpSocket::bind("0.0.0.0:0").unwrap());
+    let size: libc::c_int = 64 << 20;
+    // SAFETY: an int option of the right size on a socket we own.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&sender),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            (&raw const size).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_SNDBUFFORCE: {}", std::io::Error::last_os_error());
+    let to: SocketAddr = format!("{A_IP}:9").parse().unwrap();
+    let mut rates = Vec::new();
+    for _ in 0..7 {
+        for k in 0..N {
+            sender.send_to(&k.to_be_bytes().repeat(8), to).unwrap();
+        }
+        let start = Instant::now();
+        let mut got = 0u64;
+        while got < N && start.elapsed() < Duration::from_secs(10) {
+            q.read(1024, Verdict::Drop, |_| got += 1).unwrap();
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let st = b.enter(|| q.stats());
+        assert_eq!(
+            (got, st.queue_full, st.socket_full, st.waiting),
+            (N, 0, 0, 0)
+        );
+        rates.push(N as f64 / secs);
+    }
+    let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    rates.sort_by(f64::total_cmp);
+    eprintln!(
+        "nfqueue reader: median {:.0} packets/s over {} rounds ({})",
+        rates[rates.len() / 2],
+        rates.len(),
+        each.join(" ")
+    );
 }

@@ -11,6 +11,8 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
+use tcpkit_kernel::netlink::{self, put_attr, Msg, NLM_F_REQUEST};
+
 /// Where connections toward the peer leave this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Egress {
@@ -182,13 +184,13 @@ struct RouteGot {
 /// An rtnetlink socket for route lookups.
 #[derive(Debug)]
 struct Netlink {
-    fd: std::os::fd::OwnedFd,
+    sock: netlink::Socket,
 }
 
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWROUTE: u16 = 24;
-const NLMSG_ERROR: u16 = 2;
-const NLM_F_REQUEST: u16 = 1;
+/// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags (u32).
+const RTMSG: usize = 12;
 const RTA_DST: u16 = 1;
 const RTA_SRC: u16 = 2;
 const RTA_OIF: u16 = 4;
@@ -197,16 +199,6 @@ const RTA_IP_PROTO: u16 = 27;
 const RTA_SPORT: u16 = 28;
 const RTA_DPORT: u16 = 29;
 
-fn put_attr(msg: &mut Vec<u8>, ty: u16, data: &[u8]) {
-    let len = 4 + data.len();
-    msg.extend_from_slice(&(len as u16).to_ne_bytes());
-    msg.extend_from_slice(&ty.to_ne_bytes());
-    msg.extend_from_slice(data);
-    while !msg.len().is_multiple_of(4) {
-        msg.push(0);
-    }
-}
-
 fn addr_bytes(a: IpAddr) -> Vec<u8> {
     match a {
         IpAddr::V4(v) => v.octets().to_vec(),
@@ -214,24 +206,17 @@ fn addr_bytes(a: IpAddr) -> Vec<u8> {
     }
 }
 
-/// The `RTM_GETROUTE` request for a TCP connection `src:sport` → `dst:dport`.
-fn route_request(dst: IpAddr, src: Option<IpAddr>, sport: u16, dport: u16, seq: u32) -> Vec<u8> {
+/// The `RTM_GETROUTE` request for a TCP connection `src:sport` → `dst:dport` (its sequence
+/// number is set when it is sent).
+fn route_request(dst: IpAddr, src: Option<IpAddr>, sport: u16, dport: u16) -> Vec<u8> {
     let (family, bits) = match dst {
         IpAddr::V4(_) => (libc::AF_INET as u8, 32u8),
         IpAddr::V6(_) => (libc::AF_INET6 as u8, 128u8),
     };
-    let mut m = vec![0u8; 16];
-    // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags (u32)
-    m.extend_from_slice(&[
-        family,
-        bits,
-        if src.is_some() { bits } else { 0 },
-        0,
-        0,
-        0,
-        0,
-        0,
-    ]);
+    let mut m = Vec::with_capacity(96);
+    let start = netlink::begin(&mut m, RTM_GETROUTE, NLM_F_REQUEST, 0);
+    let src_bits = if src.is_some() { bits } else { 0 };
+    m.extend_from_slice(&[family, bits, src_bits, 0, 0, 0, 0, 0]);
     m.extend_from_slice(&0u32.to_ne_bytes());
     put_attr(&mut m, RTA_DST, &addr_bytes(dst));
     if let Some(s) = src {
@@ -240,67 +225,37 @@ fn route_request(dst: IpAddr, src: Option<IpAddr>, sport: u16, dport: u16, seq: 
     put_attr(&mut m, RTA_IP_PROTO, &[libc::IPPROTO_TCP as u8]);
     put_attr(&mut m, RTA_SPORT, &sport.to_be_bytes());
     put_attr(&mut m, RTA_DPORT, &dport.to_be_bytes());
-    let len = m.len() as u32;
-    m[0..4].copy_from_slice(&len.to_ne_bytes());
-    m[4..6].copy_from_slice(&RTM_GETROUTE.to_ne_bytes());
-    m[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
-    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    netlink::finish(&mut m, start);
     m
 }
 
-/// Reads the kernel's answer (one netlink message; the kernel's, so trusted to be well
-/// formed, but every length is still checked against the buffer).
-fn parse_route_reply(b: &[u8], family_v6: bool) -> io::Result<RouteGot> {
-    let bad = || io::Error::other("malformed rtnetlink answer");
-    let u16_at = |at: usize| -> Option<u16> {
-        Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
-    };
-    let u32_at = |at: usize| -> Option<u32> {
-        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
-    };
-    let len = u32_at(0).ok_or_else(bad)? as usize;
-    let ty = u16_at(4).ok_or_else(bad)?;
-    if len > b.len() || len < 16 {
-        return Err(bad());
+/// Reads the kernel's answer, a route (every length checked by the netlink parser).
+fn parse_route_reply(m: &Msg<'_>, family_v6: bool) -> io::Result<RouteGot> {
+    if m.ty != RTM_NEWROUTE {
+        return Err(io::Error::other(format!(
+            "rtnetlink answered with message type {}, not a route",
+            m.ty
+        )));
     }
-    if ty == NLMSG_ERROR {
-        let errno = u32_at(16).ok_or_else(bad)? as i32;
-        return Err(io::Error::from_raw_os_error(-errno));
-    }
-    if ty != RTM_NEWROUTE {
-        return Err(bad());
-    }
-    let mut at = 16 + 12;
+    let (_, attrs) = m.split(RTMSG, "route message without its rtmsg")?;
     let mut got = RouteGot {
         oif: 0,
         prefsrc: None,
     };
-    while at + 4 <= len {
-        let alen = usize::from(u16_at(at).ok_or_else(bad)?);
-        let aty = u16_at(at + 2).ok_or_else(bad)?;
-        if alen < 4 || at + alen > len {
-            return Err(bad());
-        }
-        let data = &b[at + 4..at + alen];
-        match aty {
-            RTA_OIF if data.len() == 4 => {
-                got.oif = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]);
+    for a in attrs {
+        let a = a?;
+        match (a.ty, a.value) {
+            (RTA_OIF, &[a, b, c, d]) => got.oif = u32::from_ne_bytes([a, b, c, d]),
+            (RTA_PREFSRC, &[a, b, c, d]) if !family_v6 => {
+                got.prefsrc = Some(IpAddr::from([a, b, c, d]));
             }
-            RTA_PREFSRC if !family_v6 && data.len() == 4 => {
-                got.prefsrc = Some(IpAddr::from([data[0], data[1], data[2], data[3]]));
-            }
-            RTA_PREFSRC if family_v6 && data.len() == 16 => {
-                let mut o = [0u8; 16];
-                o.copy_from_slice(data);
-                got.prefsrc = Some(IpAddr::from(o));
+            (RTA_PREFSRC, v) if family_v6 => {
+                if let Ok(o) = <[u8; 16]>::try_from(v) {
+                    got.prefsrc = Some(IpAddr::from(o));
+                }
             }
             _ => {}
         }
-        at += (alen + 3) & !3;
-    }
-    if at < len {
-        // 1 to 3 bytes after the last attribute: a header cut short.
-        return Err(bad());
     }
     if got.oif == 0 {
         return Err(io::Error::other("the route has no output interface"));
@@ -310,21 +265,10 @@ fn parse_route_reply(b: &[u8], family_v6: bool) -> io::Result<RouteGot> {
 
 impl Netlink {
     fn open() -> io::Result<Netlink> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: plain socket(2); the descriptor is owned at once.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a new descriptor nobody else owns.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        Ok(Netlink { fd })
+        let sock = netlink::Socket::open(libc::NETLINK_ROUTE, false)?;
+        // The kernel answers a lookup at once; this only keeps a broken one from hanging us.
+        sock.set_recv_timeout(std::time::Duration::from_secs(5))?;
+        Ok(Netlink { sock })
     }
 
     fn route_get(
@@ -334,20 +278,14 @@ impl Netlink {
         sport: u16,
         dport: u16,
     ) -> io::Result<RouteGot> {
-        use std::os::fd::AsRawFd;
-        let req = route_request(dst, src, sport, dport, u32::from(sport) + 1);
-        // SAFETY: `req` is a valid buffer of its length; the kernel is the destination.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut buf = vec![0u8; 8192];
-        // SAFETY: `buf` is writable for its length.
-        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        parse_route_reply(&buf[..n as usize], dst.is_ipv6())
+        let mut req = route_request(dst, src, sport, dport);
+        let mut buf = [0u8; 8192];
+        let mut got = None;
+        self.sock.request(&mut req, &mut buf, |m| {
+            got = Some(parse_route_reply(m, dst.is_ipv6())?);
+            Ok(())
+        })?;
+        got.ok_or_else(|| io::Error::other("rtnetlink gave no route"))
     }
 }
 
@@ -441,7 +379,6 @@ mod tests {
             Some("198.19.0.1".parse().unwrap()),
             40000,
             31337,
-            7,
         );
         assert_eq!(m.len() % 4, 0);
         assert_eq!(
@@ -461,26 +398,30 @@ mod tests {
 
     #[test]
     fn replies_are_read_with_every_length_checked() {
-        let mut r = vec![0u8; 16];
+        let mut r = Vec::new();
+        let start = netlink::begin(&mut r, RTM_NEWROUTE, 0, 1);
         r.extend_from_slice(&[libc::AF_INET as u8, 32, 0, 0, 254, 0, 0, 1, 0, 0, 0, 0]);
         put_attr(&mut r, RTA_OIF, &7u32.to_ne_bytes());
         put_attr(&mut r, RTA_PREFSRC, &[198, 19, 0, 1]);
-        let len = r.len() as u32;
-        r[0..4].copy_from_slice(&len.to_ne_bytes());
-        r[4..6].copy_from_slice(&RTM_NEWROUTE.to_ne_bytes());
+        netlink::finish(&mut r, start);
+        let read = |b: &[u8]| -> io::Result<RouteGot> {
+            let (m, _) = Msg::parse(b)?;
+            parse_route_reply(&m, false)
+        };
         assert_eq!(
-            parse_route_reply(&r, false).unwrap(),
+            read(&r).unwrap(),
             RouteGot {
                 oif: 7,
                 prefsrc: Some("198.19.0.1".parse().unwrap())
             }
         );
+        let len = r.len() as u32;
         for cut in 0..r.len() {
             let mut c = r[..cut].to_vec();
             if cut >= 4 {
                 c[0..4].copy_from_slice(&(cut as u32).to_ne_bytes());
             }
-            match parse_route_reply(&c, false) {
+            match read(&c) {
                 // Cut between the two attributes: a whole message with only the first.
                 Ok(g) => assert!(
                     cut == 36 && g.oif == 7 && g.prefsrc.is_none(),
@@ -492,19 +433,25 @@ mod tests {
             if cut >= 6 {
                 let mut c = r[..cut].to_vec();
                 c[0..4].copy_from_slice(&(len).to_ne_bytes());
-                assert!(
-                    parse_route_reply(&c, false).is_err(),
-                    "cut at {cut}, full length"
-                );
+                assert!(read(&c).is_err(), "cut at {cut}, full length");
             }
         }
-        let mut e = vec![0u8; 20];
-        e[0..4].copy_from_slice(&20u32.to_ne_bytes());
-        e[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
-        e[16..20].copy_from_slice(&(-libc::ENETUNREACH).to_ne_bytes());
-        assert_eq!(
-            parse_route_reply(&e, false).unwrap_err().raw_os_error(),
-            Some(libc::ENETUNREACH)
-        );
+        // An answer of another kind (the kernel's refusals are the netlink socket's to turn
+        // into errors) is not read as a route.
+        let mut e = Vec::new();
+        netlink::emit_ack(&mut e, RTM_GETROUTE, 1, libc::ENETUNREACH);
+        assert!(read(&e).is_err());
+    }
+
+    #[test]
+    fn a_route_lookup_asks_the_kernel() {
+        // Loopback is up in every namespace: 127.0.0.1 is reached by it, from itself.
+        let nl = Netlink::open().unwrap();
+        let lo = "127.0.0.1".parse().unwrap();
+        let r = nl.route_get(lo, None, 40000, 9).unwrap();
+        assert!(r.oif != 0 && ifname(r.oif).is_ok(), "{r:?}");
+        assert_eq!(r.prefsrc, Some(lo));
+        // Asked again with the source given: the same way out.
+        assert_eq!(nl.route_get(lo, Some(lo), 40001, 9).unwrap().oif, r.oif);
     }
 }

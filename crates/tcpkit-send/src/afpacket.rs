@@ -3,8 +3,10 @@
 
 use std::io;
 use std::mem::ManuallyDrop;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
+
+use tcpkit_kernel::afpacket::{self, setsockopt};
 
 use crate::ring::TxRing;
 use crate::{if_info, Frame, IfInfo, SendCounters, SendError, Sink};
@@ -79,57 +81,26 @@ pub struct AfPacketSink {
 // with another thread.
 unsafe impl Send for AfPacketSink {}
 
-fn setsockopt_int(
-    fd: &OwnedFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-) -> io::Result<()> {
-    // SAFETY: passes a pointer to an int we own, with its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
 /// A send-only AF_PACKET socket with `opts`' buffer size and qdisc bypass, not yet bound.
 fn new_socket(ifname: &str, opts: &AfPacketOpts) -> Result<OwnedFd, SendError> {
-    // SAFETY: plain socket(2); protocol 0 = receive nothing.
-    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(SendError::sys(
-            ifname,
-            "socket(AF_PACKET)",
-            io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: raw is a fresh fd that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // Protocol 0: receive nothing.
+    let fd = afpacket::socket().map_err(|e| SendError::sys(ifname, e.call, e.source))?;
 
     if let Some(size) = opts.sndbuf {
         let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
         // FORCE lifts the wmem_max cap but needs CAP_NET_ADMIN; without it take what the
         // cap allows rather than fail.
-        if let Err(e) = setsockopt_int(&fd, libc::SOL_SOCKET, SO_SNDBUFFORCE, size) {
+        if let Err(e) = setsockopt(fd.as_fd(), libc::SOL_SOCKET, SO_SNDBUFFORCE, &size) {
             if e.raw_os_error() != Some(libc::EPERM) {
                 return Err(SendError::sys(ifname, "setsockopt(SO_SNDBUFFORCE)", e));
             }
-            setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, size)
+            setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &size)
                 .map_err(|e| SendError::sys(ifname, "setsockopt(SO_SNDBUF)", e))?;
         }
     }
     if opts.qdisc_bypass {
-        setsockopt_int(&fd, libc::SOL_PACKET, PACKET_QDISC_BYPASS, 1)
+        let on: libc::c_int = 1;
+        setsockopt(fd.as_fd(), libc::SOL_PACKET, PACKET_QDISC_BYPASS, &on)
             .map_err(|e| SendError::sys(ifname, "setsockopt(PACKET_QDISC_BYPASS)", e))?;
     }
     Ok(fd)
@@ -137,27 +108,8 @@ fn new_socket(ifname: &str, opts: &AfPacketOpts) -> Result<OwnedFd, SendError> {
 
 /// Binds `fd` to the interface, protocol 0: frames go out there, nothing comes in.
 fn bind(fd: &OwnedFd, info: &IfInfo) -> Result<(), SendError> {
-    // SAFETY: sockaddr_ll is plain old data.
-    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    sll.sll_family = libc::AF_PACKET as libc::c_ushort;
-    sll.sll_protocol = 0;
-    sll.sll_ifindex = info.ifindex as libc::c_int;
-    // SAFETY: passes a sockaddr_ll we own, with its size.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&sll as *const libc::sockaddr_ll).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(SendError::sys(
-            &info.name,
-            "bind(AF_PACKET)",
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
+    afpacket::bind(fd.as_fd(), info.ifindex, 0)
+        .map_err(|e| SendError::sys(&info.name, "bind(AF_PACKET)", e))
 }
 
 impl AfPacketSink {
@@ -397,6 +349,7 @@ impl Sink for AfPacketSink {
 mod tests {
     use super::*;
     use crate::testnet::TestNet;
+    use std::os::fd::FromRawFd;
 
     /// IEEE 802 local experimental ethertype: nothing else on the link uses it.
     const ETHERTYPE: u16 = 0x88b5;
@@ -419,7 +372,8 @@ mod tests {
             let raw = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, libc::c_int::from(proto));
             assert!(raw >= 0, "receiver socket: {}", io::Error::last_os_error());
             let fd = OwnedFd::from_raw_fd(raw);
-            setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20).expect("rcvbuf");
+            let size: libc::c_int = 8 << 20;
+            setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &size).expect("rcvbuf");
             let tv = libc::timeval {
                 tv_sec: 2,
                 tv_usec: 0,

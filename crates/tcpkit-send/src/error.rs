@@ -3,10 +3,13 @@
 //! As in tcpkit-pcap, the `io::Error` of a failed syscall is the `source()` and is not repeated
 //! in `Display` (Rust API guidelines), so printing the chain (`{:#}` with anyhow) gives one
 //! line: `veth0: socket(AF_PACKET) (needs root or CAP_NET_RAW): Operation not permitted (os
-//! error 1)`.
+//! error 1)`. A failed syscall is tcpkit-kernel's [`IfError`], the same for sending as for
+//! capturing.
 
 use std::io;
 use std::path::PathBuf;
+
+use tcpkit_kernel::afpacket::IfError;
 
 /// Why opening or using a sink failed.
 #[derive(Debug, thiserror::Error)]
@@ -18,17 +21,9 @@ pub enum SendError {
         /// The name asked for.
         ifname: String,
     },
-    /// A syscall on an interface's socket failed.
-    #[error("{ifname}: {call}{}", hint(call, source))]
-    Sys {
-        /// The interface.
-        ifname: String,
-        /// The syscall, with its key argument: `socket(AF_PACKET)`, `sendmmsg`.
-        call: &'static str,
-        /// The operating system's reason.
-        #[source]
-        source: io::Error,
-    },
+    /// A syscall on an interface's socket failed (`socket(AF_PACKET)`, `sendmmsg`, ...).
+    #[error(transparent)]
+    Sys(IfError),
     /// Reading or writing a file failed.
     #[error("{}: {what}", path.display())]
     File {
@@ -47,34 +42,17 @@ pub enum SendError {
 
 impl SendError {
     pub(crate) fn sys(ifname: &str, call: &'static str, source: io::Error) -> SendError {
-        SendError::Sys {
-            ifname: ifname.to_owned(),
-            call,
-            source,
-        }
+        SendError::Sys(IfError::new(ifname, call, source))
     }
 
     /// The errno behind this error, if a syscall failed.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            SendError::Sys { source, .. } | SendError::File { source, .. } => source.raw_os_error(),
+            SendError::Sys(IfError { source, .. }) | SendError::File { source, .. } => {
+                source.raw_os_error()
+            }
             _ => None,
         }
-    }
-}
-
-/// What the user can do about a permission error: raw sockets need CAP_NET_RAW, and the socket
-/// options we set beyond the defaults (forced buffer sizes) need CAP_NET_ADMIN.
-fn hint(call: &str, err: &io::Error) -> &'static str {
-    let denied = matches!(err.raw_os_error(), Some(libc::EPERM | libc::EACCES));
-    if !denied {
-        ""
-    } else if call.starts_with("socket") {
-        " (needs root or CAP_NET_RAW)"
-    } else if call.starts_with("setsockopt") {
-        " (needs root or CAP_NET_ADMIN)"
-    } else {
-        ""
     }
 }
 
@@ -83,29 +61,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn eperm_on_socket_names_the_capability() {
-        let e = SendError::sys(
-            "veth0",
-            "socket(AF_PACKET)",
-            io::Error::from_raw_os_error(libc::EPERM),
-        );
-        assert_eq!(
-            e.to_string(),
-            "veth0: socket(AF_PACKET) (needs root or CAP_NET_RAW)"
-        );
-        let src = std::error::Error::source(&e).map(|s| s.to_string());
-        assert_eq!(src.as_deref(), Some("Operation not permitted (os error 1)"));
-        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
-    }
-
-    #[test]
-    fn other_errors_have_no_hint() {
-        let e = SendError::sys(
-            "eth1",
-            "sendmmsg",
-            io::Error::from_raw_os_error(libc::ENETDOWN),
-        );
-        assert_eq!(e.to_string(), "eth1: sendmmsg");
+    fn a_refused_option_names_the_capability_and_keeps_its_errno() {
         let e = SendError::sys(
             "eth1",
             "setsockopt(SO_SNDBUFFORCE)",
@@ -115,6 +71,13 @@ mod tests {
             e.to_string(),
             "eth1: setsockopt(SO_SNDBUFFORCE) (needs root or CAP_NET_ADMIN)"
         );
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+        let e = SendError::sys(
+            "eth1",
+            "sendmmsg",
+            io::Error::from_raw_os_error(libc::ENETDOWN),
+        );
+        assert_eq!(e.to_string(), "eth1: sendmmsg");
     }
 
     #[test]

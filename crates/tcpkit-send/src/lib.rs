@@ -21,6 +21,8 @@ pub use afpacket::{AfPacketOpts, AfPacketSink, TxMode};
 pub use error::SendError;
 pub use file::PcapFileSink;
 pub use iface::{if_counters, if_info, interfaces, IfCounters, IfInfo};
+/// A failed syscall on an interface's socket ([`SendError::Sys`]).
+pub use tcpkit_kernel::afpacket::IfError;
 
 /// What a sink did with the frames it was given. `successful + failed + truncated` is the
 /// number of frames offered.

@@ -15,10 +15,12 @@
 //! success for an 802.1Q-tagged frame up to MTU + 18) is what is counted, in order.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+use tcpkit_kernel::afpacket::{map_ring, setsockopt};
 
 use crate::SendCounters;
 
@@ -76,24 +78,6 @@ pub(crate) struct TxRing {
 // the kernel's concurrent writes to slot status words go through atomics.
 unsafe impl Send for TxRing {}
 
-fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: &T) -> io::Result<()> {
-    // SAFETY: passes a pointer to a value we own, with its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (v as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
 impl TxRing {
     /// Sets up a TPACKET_V2 TX ring on `fd` (an unbound or bound AF_PACKET socket) for frames
     /// up to `mtu + 14` bytes, sending `batch` frames per `send()`. Returns the failing call.
@@ -104,14 +88,14 @@ impl TxRing {
     ) -> Result<TxRing, (&'static str, io::Error)> {
         let one: libc::c_int = 1;
         // Before the ring: the kernel refuses it once a ring exists.
-        setsockopt(fd, libc::SOL_PACKET, libc::PACKET_VNET_HDR, &one)
+        setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VNET_HDR, &one)
             .map_err(|e| ("setsockopt(PACKET_VNET_HDR)", e))?;
         let version = libc::tpacket_versions::TPACKET_V2 as libc::c_int;
-        setsockopt(fd, libc::SOL_PACKET, libc::PACKET_VERSION, &version)
+        setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, &version)
             .map_err(|e| ("setsockopt(PACKET_VERSION, TPACKET_V2)", e))?;
         // Slots the kernel finds malformed are skipped instead of stopping the ring; only the
         // deliberate skip of a stuck frame relies on it (see the module comment).
-        setsockopt(fd, libc::SOL_PACKET, libc::PACKET_LOSS, &one)
+        setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_LOSS, &one)
             .map_err(|e| ("setsockopt(PACKET_LOSS)", e))?;
 
         // SAFETY: sysconf has no preconditions.
@@ -136,27 +120,10 @@ impl TxRing {
             tp_frame_size: frame_size as libc::c_uint,
             tp_frame_nr: frame_nr as libc::c_uint,
         };
-        setsockopt(fd, libc::SOL_PACKET, libc::PACKET_TX_RING, &req)
+        setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_TX_RING, &req)
             .map_err(|e| ("setsockopt(PACKET_TX_RING)", e))?;
         let map_len = block_size * block_nr;
-        // SAFETY: maps the ring the kernel just allocated for this socket.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(("mmap(PACKET_TX_RING)", io::Error::last_os_error()));
-        }
-        let map = NonNull::new(p.cast::<u8>()).ok_or((
-            "mmap(PACKET_TX_RING)",
-            io::Error::from_raw_os_error(libc::EFAULT),
-        ))?;
+        let map = map_ring(fd.as_fd(), map_len).map_err(|e| ("mmap(PACKET_TX_RING)", e))?;
         Ok(TxRing {
             map,
             map_len,
