@@ -841,13 +841,16 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
             per(big.load_rss, small.load_rss)
         }),
     );
-    let what = format!(
-        "concurrent connections reached (asked {max_conns}, {n_src} source addresses, one load run with its --procs vs echo --procs {})",
-        max_conns.div_ceil(FDS_PER_PROC)
-    );
     if skip_max {
-        t.row(vec![what, "skipped (--skip-max-conns)".into()]);
+        t.row(vec![
+            "concurrent connections reached".into(),
+            "skipped (--skip-max-conns)".into(),
+        ]);
     } else {
+        let what = format!(
+            "concurrent connections reached (asked {max_conns}, {n_src} source addresses, one load run with its --procs vs echo --procs {})",
+            max_conns.div_ceil(FDS_PER_PROC)
+        );
         eprintln!("{max_conns} idle connections ...");
         let (h, old_h) = env.builds.both(turn, hold_lacks, |b| {
             hold(
