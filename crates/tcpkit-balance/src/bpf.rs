@@ -35,8 +35,8 @@ pub const VIP_PORT_WORDS: usize = generated::VIP_PORT_WORDS as usize;
 
 // SAFETY (each impl below): the struct is #[repr(C)] (bindgen's output), made of integers and
 // arrays of integers only, so every bit pattern is a valid value; and it has no padding bytes,
-// which aya would copy to the kernel uninitialised: build.rs runs bindgen with -Wpadded as an
-// error, so a header struct with a hole, inside or at its end, does not build.
+// which aya would copy to the kernel uninitialised: build.rs compiles the programs with
+// -Wpadded as an error, so a header struct with a hole, inside or at its end, does not build.
 // SAFETY: as above.
 unsafe impl aya::Pod for SvcKey {}
 // SAFETY: as above.
