@@ -11,6 +11,7 @@ pkgs=(
   tcpreplay                                     # tcpreplay/tcprewrite: peer and oracle
   libpcap-dev clang pkg-config                  # filter compilation, BPF programs
   libbpf-dev linux-libc-dev bpftool             # balance: bpf_helpers.h and linux/bpf.h for its BPF C; bpftool for the tests' kernel-side checks
+  libclang-dev                                  # balance's build: bindgen reads bpf/balance.h through libclang (the Rust side of its map structs)
   time util-linux                               # /usr/bin/time for peak memory; prlimit
   redis-server nginx unbound dnsperf wrk        # real servers and load peers for tests and benchmarks
   iperf3 socat mptcpize                         # bench mpcat: its peers (one stream, iperf3 -P 4, MPTCP through mptcpize)

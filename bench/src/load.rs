@@ -5,6 +5,8 @@
 //! rate and at the issue's reference point (165k q/s over 2,000), user-space memory per idle connection of load and echo at 100k connections, and (unless
 //! `--skip-max-conns`) how many concurrent connections one load run holds against one echo run
 //! here (target 1,000,000). Prints one table and writes it to bench/results/load-DATE.md.
+//! With `--against PATH`, every tcpkit row runs with that build too (its load against its own
+//! echo; both against unbound), interleaved with this one's.
 
 use std::fmt::Write as _;
 use std::io::Read;
@@ -15,8 +17,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Host, Lab, Proc};
 
+use crate::ab::{old_cells, Build, Builds, Old, Table};
+
 const SRV: &str = "198.18.0.2";
 const ECHO_PORT: u16 = 5300;
+/// The `--against` build's echo --dns: its load asks its own echo.
+const OLD_ECHO_PORT: u16 = 5301;
 const UNBOUND_PORT: u16 = 53;
 /// Port of the echo used for the idle-memory and max-connections steps.
 const IDLE_PORT: u16 = 4242;
@@ -34,9 +40,33 @@ const FDS_PER_PROC: u64 = 19_000;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Client {
-    Tcpkit,
+    Tcpkit(Build),
     Dnsperf,
 }
+
+/// The flags the bench passes `load` in its rate rows, in its idle rows, and `echo`: looked up
+/// in an `--against` build's `--help`.
+const RATE_FLAGS: [&str; 8] = [
+    "--dns",
+    "--qname",
+    "-c",
+    "--connect-rate",
+    "-r",
+    "-t",
+    "--threads",
+    "--json",
+];
+const HOLD_FLAGS: [&str; 8] = [
+    "--hold",
+    "--echo-bytes",
+    "-c",
+    "--connect-rate",
+    "--connect-timeout",
+    "--source",
+    "-t",
+    "--json",
+];
+const ECHO_FLAGS: [&str; 4] = ["--dns", "--port", "--procs", "--threads"];
 
 /// One run's outcome, from either tool's report.
 #[derive(Default, Clone)]
@@ -60,8 +90,9 @@ impl Outcome {
 }
 
 struct Env {
-    tcpkit: String,
+    builds: Builds,
     cli: Host,
+    srv: Host,
     dir: std::path::PathBuf,
 }
 
@@ -138,10 +169,10 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
     );
     let limit = Duration::from_secs_f64(secs + 20.0);
     match client {
-        Client::Tcpkit => {
+        Client::Tcpkit(build) => {
             let target = format!("{SRV}:{p}");
             let argv = [
-                env.tcpkit.as_str(),
+                bin(env, build)?,
                 "load",
                 &target,
                 "--dns",
@@ -343,11 +374,11 @@ struct Hold {
 }
 
 /// `conns` idle connections from `load` (procs chosen by it, from `sources`) to an echo of
-/// enough processes, held `hold_s`; RSS sampled while held.
+/// enough processes, both of `build`, held `hold_s`; RSS sampled while held.
 fn hold(
     env: &Env,
+    build: Build,
     lab: &mut Lab,
-    srv: &Host,
     conns: u64,
     sources: &str,
     hold_s: u32,
@@ -356,11 +387,11 @@ fn hold(
     let t0 = Instant::now();
     let procs = conns.div_ceil(FDS_PER_PROC).max(1).to_string();
     let port = IDLE_PORT.to_string();
-    let echo = srv.spawn(
+    let echo = env.srv.spawn(
         lab,
-        &format!("echo-idle-{conns}"),
+        &format!("echo-idle-{conns}-{build:?}"),
         &[
-            &env.tcpkit,
+            bin(env, build)?,
             "echo",
             "--port",
             &port,
@@ -380,7 +411,7 @@ fn hold(
     let t = u64::from(hold_s) + conns.div_ceil(7_500);
     let (c, t) = (conns.to_string(), t.to_string());
     let argv = [
-        env.tcpkit.as_str(),
+        bin(env, build)?,
         "load",
         &target,
         "--hold",
@@ -475,6 +506,57 @@ fn hold(
     })
 }
 
+/// `build`'s `echo --dns`, the server of its load's rate rows (on its own port).
+fn echo_dns(env: &Env, lab: &mut Lab, build: Build) -> Result<Proc> {
+    let port = match build {
+        Build::New => ECHO_PORT,
+        Build::Old => OLD_ECHO_PORT,
+    };
+    let p = port.to_string();
+    let argv = [
+        bin(env, build)?,
+        "echo",
+        "--dns",
+        "--port",
+        &p,
+        "--threads",
+        "1",
+    ];
+    let echo = env.srv.spawn(lab, &format!("echo-dns-{build:?}"), &argv)?;
+    wait_port(&env.cli, port, &echo)?;
+    Ok(echo)
+}
+
+/// A run's p99 in µs (infinite without answers: the worst).
+fn p99(o: &Outcome) -> f64 {
+    o.lat.map_or(f64::INFINITY, |l| l[2])
+}
+
+/// The reference point's cell from its runs: the run with the median p99, and every run's
+/// p99; and that median p99.
+fn ref_point(mut runs: Vec<Outcome>) -> (String, f64) {
+    runs.sort_by(|a, b| p99(a).total_cmp(&p99(b)));
+    let all: Vec<String> = runs.iter().map(|o| us(p99(o))).collect();
+    let o = &runs[runs.len() / 2];
+    let cell = format!(
+        "{} ({:.1} % answered{}; {}) <br>p99 of the {REF_RUNS} runs: {}",
+        lat_cell(o),
+        o.answered as f64 * 100.0 / o.asked,
+        o.failure
+            .as_deref()
+            .map(|f| format!("; {f}"))
+            .unwrap_or_default(),
+        o.note,
+        all.join(", ")
+    );
+    (cell, p99(o))
+}
+
+/// The path of `build`'s tcpkit, for an argv.
+fn bin(env: &Env, build: Build) -> Result<&str> {
+    env.builds.bin(build).to_str().context("path")
+}
+
 fn us(v: f64) -> String {
     if v >= 10_000.0 {
         format!("{:.1} ms", v / 1e3)
@@ -518,7 +600,15 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         .transpose()
         .context("--open-secs N")?
         .unwrap_or(150);
-    let tcpkit = crate::tcpkit_binary()?;
+    let builds = Builds::parse(
+        args,
+        crate::tcpkit_binary()?,
+        &[
+            ("load", &RATE_FLAGS),
+            ("load", &HOLD_FLAGS),
+            ("echo", &ECHO_FLAGS),
+        ],
+    )?;
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let (mut lab, cli, srv, link) = Lab::pair("bload")?;
     let dir = lab.dir().to_path_buf();
@@ -528,25 +618,26 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
     srv.sysctl("net.ipv4.tcp_max_syn_backlog", "65535")?;
     cli.sysctl("net.ipv4.ip_local_port_range", "1024 65535")?;
     let env = Env {
-        tcpkit: tcpkit.to_str().context("path")?.to_string(),
+        builds,
         cli,
+        srv,
         dir: dir.clone(),
     };
+    // Why the old build cannot run the rate rows, the idle rows (None: it can, or there is
+    // no old build).
+    let lacks = |load: &[&str], echo: &[&str]| {
+        let b = &env.builds;
+        b.lacking(Build::Old, "load", load)
+            .or_else(|| b.lacking(Build::Old, "echo", echo))
+    };
+    let rate_lacks = lacks(&RATE_FLAGS, &["--dns", "--port", "--threads"]);
+    let hold_lacks = lacks(&HOLD_FLAGS, &["--port", "--procs", "--threads"]);
 
-    let echo = srv.spawn(
-        &mut lab,
-        "echo-dns",
-        &[
-            &env.tcpkit,
-            "echo",
-            "--dns",
-            "--port",
-            "5300",
-            "--threads",
-            "1",
-        ],
-    )?;
-    wait_port(&env.cli, ECHO_PORT, &echo)?;
+    // Each build's echo --dns: the old build's load asks its own; both ask the one unbound.
+    let mut echoes = vec![echo_dns(&env, &mut lab, Build::New)?];
+    if env.builds.against.is_some() && rate_lacks.is_none() {
+        echoes.push(echo_dns(&env, &mut lab, Build::Old)?);
+    }
     let conf = dir.join("unbound.conf");
     std::fs::write(
         &conf,
@@ -556,11 +647,17 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         ),
     )?;
     let conf_s = conf.to_str().context("path")?;
-    let unbound = srv.spawn(&mut lab, "unbound", &["unbound", "-d", "-c", conf_s])?;
+    let unbound = env
+        .srv
+        .spawn(&mut lab, "unbound", &["unbound", "-d", "-c", conf_s])?;
     wait_port(&env.cli, UNBOUND_PORT, &unbound)?;
 
-    let mut md =
-        String::from("| measurement | tcpkit load | dnsperf 2.10 (-m tcp) |\n|---|---|---|\n");
+    let mut t = Table::new(
+        &["measurement", "tcpkit load", "dnsperf 2.10 (-m tcp)"],
+        "tcpkit load, old build",
+        false,
+        env.builds.against.is_some(),
+    );
     // Ladders: from below what each pair reached in trial runs, ×1.4 per step.
     let ladder = |from: u64| -> Vec<u64> {
         let mut v = vec![from];
@@ -570,6 +667,8 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         }
         v
     };
+    // Counts the rows run with both builds: which goes first alternates from one to the next.
+    let mut turn = 0;
     for (server, port, start_tk, start_dp) in [
         ("tcpkit echo --dns (1 thread)", ECHO_PORT, 400_000, 60_000),
         (
@@ -579,32 +678,61 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
             30_000,
         ),
     ] {
-        let _ = writeln!(md, "| **against {server}** | | |");
+        t.section(&format!("against {server}"));
+        let port_of = |b: Build| match b {
+            Build::Old if port == ECHO_PORT => OLD_ECHO_PORT,
+            _ => port,
+        };
         for conns in [5u32, 2000] {
             eprintln!("{server}, {conns} connections: searching ...");
-            let (tk, tk_steps) = search(&env, Client::Tcpkit, port, conns, &ladder(start_tk))?;
-            let (dp, dp_steps) = search(&env, Client::Dnsperf, port, conns, &ladder(start_dp))?;
-            let _ = writeln!(
-                md,
-                "| highest rate answered as asked (≥ 99 %), {conns} conns | **{}k q/s** <br>steps {tk_steps} | **{}k q/s** <br>steps {dp_steps} |",
-                tk / 1000,
-                dp / 1000
+            let (tk, old_tk) = env.builds.both(turn, rate_lacks.clone(), |b| {
+                search(
+                    &env,
+                    Client::Tcpkit(b),
+                    port_of(b),
+                    conns,
+                    &ladder(start_tk),
+                )
+            })?;
+            let dp = search(&env, Client::Dnsperf, port, conns, &ladder(start_dp))?;
+            let best = |(rate, steps): &(u64, String)| {
+                format!("**{}k q/s** <br>steps {steps}", rate / 1000)
+            };
+            t.row_ab(
+                vec![
+                    format!("highest rate answered as asked (≥ 99 %), {conns} conns"),
+                    best(&tk),
+                    best(&dp),
+                ],
+                old_cells(&tk, &old_tk, best, |r| r.0 as f64),
             );
-            let mut cells = Vec::new();
-            for (client, best) in [(Client::Tcpkit, tk), (Client::Dnsperf, dp)] {
-                let half = (best / 2).max(1000);
-                let o = one(&env, client, port, conns, half, STEP_S)?;
-                cells.push(format!(
-                    "at {}k: {} ({})",
-                    half / 1000,
-                    lat_cell(&o),
-                    o.note
-                ));
-            }
-            let _ = writeln!(
-                md,
-                "| latency p50 / p90 / p99 / p99.9 / max at 50 % of that, {conns} conns | {} | {} |",
-                cells[0], cells[1]
+            // Each at half of its own highest rate.
+            let half = |best: u64| (best / 2).max(1000);
+            let at_half = |client: Client, port: u16, best: u64| -> Result<(u64, Outcome)> {
+                Ok((
+                    half(best),
+                    one(&env, client, port, conns, half(best), STEP_S)?,
+                ))
+            };
+            let (lat, old_lat) = env.builds.both(turn + 1, rate_lacks.clone(), |b| {
+                let best = match (b, &old_tk) {
+                    (Build::Old, Some(Ok((r, _)))) => *r,
+                    _ => tk.0,
+                };
+                at_half(Client::Tcpkit(b), port_of(b), best)
+            })?;
+            turn += 2;
+            let dp_lat = at_half(Client::Dnsperf, port, dp.0)?;
+            let cell = |(rate, o): &(u64, Outcome)| {
+                format!("at {}k: {} ({})", rate / 1000, lat_cell(o), o.note)
+            };
+            t.row_ab(
+                vec![
+                    format!("latency p50 / p90 / p99 / p99.9 / max at 50 % of that, {conns} conns"),
+                    cell(&lat),
+                    cell(&dp_lat),
+                ],
+                old_cells(&lat, &old_lat, cell, |(_, o)| p99(o)),
             );
             if port == ECHO_PORT && conns == 2000 {
                 // The issue's latency target is set at this point (where tcpclient's p99 was
@@ -624,47 +752,48 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
                     })
                     .collect::<Vec<_>>()
                     .join("; ");
-                let _ = writeln!(
-                    md,
-                    "| the machine's own stalls, just before: a spinning thread per CPU for {REF_S} s, time lost in stalls > 250 µs (the p99 floor at the reference point) | {floor} | |"
-                );
-                let mut cells = Vec::new();
-                for client in [Client::Tcpkit, Client::Dnsperf] {
-                    let mut runs = Vec::new();
-                    for _ in 0..REF_RUNS {
-                        runs.push(one(&env, client, port, conns, REF_RATE, REF_S)?);
-                    }
-                    let p99 = |o: &Outcome| o.lat.map_or(f64::INFINITY, |l| l[2]);
-                    runs.sort_by(|a, b| p99(a).total_cmp(&p99(b)));
-                    let all: Vec<String> = runs.iter().map(|o| us(p99(o))).collect();
-                    let o = &runs[runs.len() / 2];
-                    cells.push(format!(
-                        "{} ({:.1} % answered{}; {}) <br>p99 of the {REF_RUNS} runs: {}",
-                        lat_cell(o),
-                        o.answered as f64 * 100.0 / o.asked,
-                        o.failure
-                            .as_deref()
-                            .map(|f| format!("; {f}"))
-                            .unwrap_or_default(),
-                        o.note,
-                        all.join(", ")
-                    ));
+                t.row(vec![
+                    format!("the machine's own stalls, just before: a spinning thread per CPU for {REF_S} s, time lost in stalls > 250 µs (the p99 floor at the reference point)"),
+                    floor,
+                ]);
+                let (mut tk_runs, mut old_runs) = (Vec::new(), Vec::new());
+                for i in 0..REF_RUNS {
+                    let (n, o) = env.builds.both(turn + i, rate_lacks.clone(), |b| {
+                        one(&env, Client::Tcpkit(b), port_of(b), conns, REF_RATE, REF_S)
+                    })?;
+                    tk_runs.push(n);
+                    old_runs.extend(o);
                 }
-                let _ = writeln!(
-                    md,
-                    "| latency p50 / p90 / p99 / p99.9 / max at {}k q/s, {conns} conns: the median of {REF_RUNS} runs of {REF_S} s by p99 (issue's target: p99 ≤ 1 ms) | {} | {} |",
-                    REF_RATE / 1000,
-                    cells[0],
-                    cells[1]
+                turn += REF_RUNS;
+                let mut dp_runs = Vec::new();
+                for _ in 0..REF_RUNS {
+                    dp_runs.push(one(&env, Client::Dnsperf, port, conns, REF_RATE, REF_S)?);
+                }
+                let old_ref: Old<(String, f64)> = match old_runs.into_iter().collect() {
+                    Ok(runs) if !Vec::is_empty(&runs) => Some(Ok(ref_point(runs))),
+                    Ok(_) => None,
+                    Err(why) => Some(Err(why)),
+                };
+                let tk_ref = ref_point(tk_runs);
+                t.row_ab(
+                    vec![
+                        format!("latency p50 / p90 / p99 / p99.9 / max at {}k q/s, {conns} conns: the median of {REF_RUNS} runs of {REF_S} s by p99 (issue's target: p99 ≤ 1 ms)", REF_RATE / 1000),
+                        tk_ref.0.clone(),
+                        ref_point(dp_runs).0,
+                    ],
+                    old_cells(&tk_ref, &old_ref, |r| r.0.clone(), |r| r.1),
                 );
             }
         }
     }
-    let _ = writeln!(
-        md,
-        "| tcpclient, from the issue (its own echo server, same kind of lab, one core each) | — | 350k q/s as asked over 5 conns, 290k over 2,000; p99 636 µs at 175k over 5, 134 ms at 165k over 2,000 |"
-    );
-    let _ = echo.stop();
+    t.row(vec![
+        "tcpclient, from the issue (its own echo server, same kind of lab, one core each)".into(),
+        "—".into(),
+        "350k q/s as asked over 5 conns, 290k over 2,000; p99 636 µs at 175k over 5, 134 ms at 165k over 2,000".into(),
+    ]);
+    for e in &echoes {
+        let _ = e.stop();
+    }
     let _ = unbound.stop();
 
     // Source addresses for the idle steps: 64,512 ports each.
@@ -678,73 +807,83 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         sources.push(ip);
     }
     let all_sources = sources.join(",");
-    let _ = writeln!(
-        md,
-        "| **idle connections (load --echo-bytes 16, no rate) against tcpkit echo** | | |"
-    );
+    t.section("idle connections (load --echo-bytes 16, no rate) against tcpkit echo");
     eprintln!("100k idle connections ...");
-    let small = hold(
-        &env,
-        &mut lab,
-        &srv,
-        1_000,
-        &all_sources,
-        1,
-        Duration::from_secs(60),
-    )?;
-    let big = hold(
-        &env,
-        &mut lab,
-        &srv,
-        100_000,
-        &all_sources,
-        2,
-        Duration::from_secs(90),
-    )?;
+    let (idle, old_idle) = env.builds.both(turn, hold_lacks.clone(), |b| {
+        // 1k then 100k connections: the growth between the two is per connection.
+        let mut at = |conns: u64, hold_s: u32, limit_s: u64| {
+            let limit = Duration::from_secs(limit_s);
+            hold(&env, b, &mut lab, conns, &all_sources, hold_s, limit)
+        };
+        Ok((at(1_000, 1, 60)?, at(100_000, 2, 90)?))
+    })?;
+    turn += 1;
     let per = |big: u64, small: u64| big.saturating_sub(small) as f64 / (100_000.0 - 1_000.0);
-    let _ = writeln!(
-        md,
-        "| user memory per idle connection at 100k (RssAnon growth 1k → 100k / 99k) | load: **{:.0} B** ({} open; {:.1} MiB vs {:.1} MiB) <br>echo: **{:.0} B** ({:.1} MiB growth) | dnsperf: not measured (its -c is clients of one query stream, not idle connections) |",
-        per(big.load_rss, small.load_rss),
-        big.peak_open,
-        big.load_rss as f64 / 1048576.0,
-        small.load_rss as f64 / 1048576.0,
-        big.echo_rss_growth as f64 / 100_000.0,
-        big.echo_rss_growth as f64 / 1048576.0,
+    let idle_cell = |(small, big): &(Hold, Hold)| {
+        format!(
+            "load: **{:.0} B** ({} open; {:.1} MiB vs {:.1} MiB) <br>echo: **{:.0} B** ({:.1} MiB growth)",
+            per(big.load_rss, small.load_rss),
+            big.peak_open,
+            big.load_rss as f64 / 1048576.0,
+            small.load_rss as f64 / 1048576.0,
+            big.echo_rss_growth as f64 / 100_000.0,
+            big.echo_rss_growth as f64 / 1048576.0,
+        )
+    };
+    t.row_ab(
+        vec![
+            "user memory per idle connection at 100k (RssAnon growth 1k → 100k / 99k)".into(),
+            idle_cell(&idle),
+            "dnsperf: not measured (its -c is clients of one query stream, not idle connections)"
+                .into(),
+        ],
+        old_cells(&idle, &old_idle, idle_cell, |(small, big)| {
+            per(big.load_rss, small.load_rss)
+        }),
     );
     if skip_max {
-        let _ = writeln!(
-            md,
-            "| concurrent connections reached | skipped (--skip-max-conns) | |"
-        );
+        t.row(vec![
+            "concurrent connections reached".into(),
+            "skipped (--skip-max-conns)".into(),
+        ]);
     } else {
+        let what = format!(
+            "concurrent connections reached (asked {max_conns}, {n_src} source addresses, one load run with its --procs vs echo --procs {})",
+            max_conns.div_ceil(FDS_PER_PROC)
+        );
         eprintln!("{max_conns} idle connections ...");
-        let h = hold(
-            &env,
-            &mut lab,
-            &srv,
-            max_conns,
-            &all_sources,
-            5,
-            Duration::from_secs(open_secs),
-        )?;
-        let _ = writeln!(
-            md,
-            "| concurrent connections reached (asked {max_conns}, {} source addresses, one load run with its --procs vs echo --procs {}) | **{}** in {:.0} s of opening ({:.0} s in all); load {:.0} MiB, echo +{:.0} MiB user memory{} | |",
-            n_src,
-            max_conns.div_ceil(FDS_PER_PROC),
-            h.peak_open,
-            h.connect_s,
-            h.wall_s,
-            h.load_rss as f64 / 1048576.0,
-            h.echo_rss_growth as f64 / 1048576.0,
-            if h.why.is_empty() { String::new() } else { format!("; stopped by: {}", h.why) }
+        let (h, old_h) = env.builds.both(turn, hold_lacks, |b| {
+            hold(
+                &env,
+                b,
+                &mut lab,
+                max_conns,
+                &all_sources,
+                5,
+                Duration::from_secs(open_secs),
+            )
+        })?;
+        let cell = |h: &Hold| {
+            format!(
+                "**{}** in {:.0} s of opening ({:.0} s in all); load {:.0} MiB, echo +{:.0} MiB user memory{}",
+                h.peak_open,
+                h.connect_s,
+                h.wall_s,
+                h.load_rss as f64 / 1048576.0,
+                h.echo_rss_growth as f64 / 1048576.0,
+                if h.why.is_empty() { String::new() } else { format!("; stopped by: {}", h.why) }
+            )
+        };
+        t.row_ab(
+            vec![what, cell(&h)],
+            old_cells(&h, &old_h, cell, |h| h.peak_open as f64),
         );
     }
-    let _ = writeln!(
-        md,
-        "| tcpkit echo vs a Debian echo server | none installed serves raw TCP echo at these connection counts (no inetd/xinetd/socat in the image; their echo is one process or fork per connection) | |"
-    );
+    t.row(vec![
+        "tcpkit echo vs a Debian echo server".into(),
+        "none installed serves raw TCP echo at these connection counts (no inetd/xinetd/socat in the image; their echo is one process or fork per connection)".into(),
+    ]);
+    let md = t.markdown();
     println!("{md}");
     lab.close()?;
 
@@ -769,11 +908,13 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
          asked (answered < 99 % of rate × time, or for tcpkit load its own verdict that it sent \
          < 99 % of its schedule: lag), then one step halfway back; ✗ marks the failed \
          step. tcpkit's latency is from the intended send time (open loop, no coordinated \
-         omission); dnsperf's is from its actual send time (its `-v` lines).\n\n\
+         omission); dnsperf's is from its actual send time (its `-v` lines).\n\
+         {}\n\
          {md}",
         kernel.trim(),
         loadavg.trim(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        env.builds.header()
     );
     crate::write_results("load", &date, &doc, started, None)
 }

@@ -36,6 +36,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use tcpkit_lab::{Host, Lab, Link, LinkOpts, Proc, Tbf, MULTIPATH_B4};
 
+use crate::ab::{Build, Builds};
+
 const PORT: u16 = 5201;
 /// mpcat's default --window.
 const WINDOW: u64 = 64 << 20;
@@ -90,7 +92,8 @@ struct Env<'a> {
     links: &'a [Link],
     /// The receiver's address every tool but the ceiling connects to.
     dst: &'a str,
-    tcpkit: &'a str,
+    /// The tcpkit builds mpcat runs with (`--against`: two).
+    builds: &'a Builds,
     input: &'a Path,
     out: PathBuf,
     size: u64,
@@ -276,7 +279,11 @@ fn socat(env: &Env, lab: &mut Lab) -> Result<Xfer> {
     })
 }
 
-fn mpcat(env: &Env, lab: &mut Lab, extra: &[&str]) -> Result<Xfer> {
+/// The flags the bench passes `mpcat`, looked up in an `--against` build's `--help`.
+const MPCAT_FLAGS: [&str; 6] = ["-l", "-p", "-o", "--quiet", "-i", "-Z"];
+
+fn mpcat(env: &Env, lab: &mut Lab, extra: &[&str], build: Build) -> Result<Xfer> {
+    let tk = env.builds.bin(build).to_str().context("path")?;
     let out = env.out.to_str().context("path")?;
     let input = env.input.to_str().context("path")?;
     let time_out = lab.dir().join("mpcat-rx.time");
@@ -289,7 +296,7 @@ fn mpcat(env: &Env, lab: &mut Lab, extra: &[&str]) -> Result<Xfer> {
         "%M",
         "-o",
         tf,
-        env.tcpkit,
+        tk,
         "mpcat",
         "-l",
         "-p",
@@ -298,7 +305,7 @@ fn mpcat(env: &Env, lab: &mut Lab, extra: &[&str]) -> Result<Xfer> {
         out,
         "--quiet",
     ]);
-    let mut tx = s(&[env.tcpkit, "mpcat", "-i", input, "--quiet"]);
+    let mut tx = s(&[tk, "mpcat", "-i", input, "--quiet"]);
     tx.extend(s(extra));
     tx.extend(s(&[env.dst, &p]));
     let before = tx_counters(env)?;
@@ -482,33 +489,84 @@ impl Tool {
             }
         }
     }
+
+    /// The flags a tcpkit tool's run passes mpcat (None: not tcpkit's).
+    fn mpcat_flags(self) -> Option<&'static [&'static str]> {
+        match self {
+            Tool::Mpcat => Some(&MPCAT_FLAGS[..5]),
+            Tool::MpcatZerocopy => Some(&MPCAT_FLAGS),
+            Tool::Socat | Tool::Iperf | Tool::Mptcp | Tool::Ceiling => None,
+        }
+    }
 }
 
-fn one(env: &Env, lab: &mut Lab, t: Tool) -> Result<Xfer> {
+/// A tool and the tcpkit build it runs (`Build::New` for the peers).
+type Entry = (Tool, Build);
+
+/// The table's entries: every tool, a tcpkit tool's old build (`--against`) right after its
+/// new one, so that reversing the order every other round alternates which of the two builds
+/// goes first.
+fn entries(tools: &[Tool], builds: &Builds) -> Vec<Entry> {
+    let mut v = Vec::new();
+    for t in tools {
+        v.push((*t, Build::New));
+        if builds.against.is_some() && t.mpcat_flags().is_some() {
+            v.push((*t, Build::Old));
+        }
+    }
+    v
+}
+
+fn label((t, b): Entry) -> String {
+    match b {
+        Build::New => t.name().to_string(),
+        Build::Old => format!("{}, old build", t.name()),
+    }
+}
+
+/// Why the entry does not run: the old build lacks a flag its run passes.
+fn lacking(builds: &Builds, (t, b): Entry) -> Option<String> {
+    builds.lacking(b, "mpcat", t.mpcat_flags()?)
+}
+
+fn one(env: &Env, lab: &mut Lab, (t, b): Entry) -> Result<Xfer> {
     match t {
         Tool::Socat => socat(env, lab),
         Tool::Mptcp => iperf(env, lab, Iperf::Mptcp),
         Tool::Iperf => iperf(env, lab, Iperf::Ecmp4),
         Tool::Ceiling => iperf(env, lab, Iperf::Pinned),
-        Tool::Mpcat => mpcat(env, lab, &[]),
-        Tool::MpcatZerocopy => mpcat(env, lab, &["-Z"]),
+        Tool::Mpcat => mpcat(env, lab, &[], b),
+        Tool::MpcatZerocopy => mpcat(env, lab, &["-Z"], b),
     }
 }
 
-/// Runs every tool `runs` times, interleaved; returns each tool's runs in order. Every other
-/// round runs the tools in reverse order, so that no tool always comes first (after the lab's
-/// set-up) or always right after the same other tool's run and output check.
-fn scenario(env: &Env, lab: &mut Lab, tools: &[Tool], runs: usize) -> Result<Vec<Vec<Xfer>>> {
+/// Runs every entry `runs` times, interleaved; returns each entry's runs in order (none for
+/// one the old build cannot run). Every other round runs the entries in reverse order, so that
+/// no tool always comes first (after the lab's set-up) or always right after the same other
+/// tool's run and output check, and the old build goes first every other round. `round`
+/// counts the rounds of the whole bench, so that with one run per lab (`--quick`) the order
+/// still alternates from lab to lab.
+fn scenario(
+    env: &Env,
+    lab: &mut Lab,
+    tools: &[Entry],
+    runs: usize,
+    round: &mut usize,
+) -> Result<Vec<Vec<Xfer>>> {
     let mut all = vec![Vec::new(); tools.len()];
     for r in 0..runs {
         let mut order: Vec<usize> = (0..tools.len()).collect();
-        if r % 2 == 1 {
+        if *round % 2 == 1 {
             order.reverse();
         }
+        *round += 1;
         for i in order {
-            let t = &tools[i];
-            eprintln!("  run {} of {runs}: {} ...", r + 1, t.name());
-            let x = one(env, lab, *t).with_context(|| t.name())?;
+            let e = tools[i];
+            if lacking(env.builds, e).is_some() {
+                continue;
+            }
+            eprintln!("  run {} of {runs}: {} ...", r + 1, label(e));
+            let x = one(env, lab, e).with_context(|| label(e))?;
             eprintln!(
                 "    {:.1} MB/s in {:.2} s{}{}{}",
                 x.mbs(),
@@ -549,9 +607,45 @@ fn met(ok: bool) -> &'static str {
     }
 }
 
-/// One table row per tool: median and min MB/s, each run's rate, link shares and retransmitted segments.
-fn rows(t: &mut String, tools: &[Tool], res: &[Vec<Xfer>], target: Option<(Tool, f64, &str)>) {
-    for (tool, runs) in tools.iter().zip(res) {
+/// The tables' head; with `--against`, a last column: a tcpkit tool's new / old medians.
+fn head(against: bool) -> String {
+    let mut h = String::from("| tool | median MB/s | min MB/s | each run: MB/s (link tx shares %) [TCP segments the sender retransmitted] | target |");
+    if against {
+        h.push_str(" new / old (medians) |\n|---|---:|---:|---|---|---:|");
+    } else {
+        h.push_str("\n|---|---:|---:|---|---|");
+    }
+    h
+}
+
+/// One table row per entry: median and min MB/s, each run's rate, link shares and
+/// retransmitted segments; an old build's row also new / old of the medians.
+fn rows(
+    t: &mut String,
+    builds: &Builds,
+    tools: &[Entry],
+    res: &[Vec<Xfer>],
+    target: Option<(Tool, f64, &str)>,
+) {
+    let medians = |e: Entry| -> Option<f64> {
+        let i = tools.iter().position(|x| *x == e)?;
+        let rates: Vec<f64> = res[i].iter().map(Xfer::mbs).collect();
+        (!rates.is_empty()).then(|| median(&rates))
+    };
+    for (e, runs) in tools.iter().zip(res) {
+        let (tool, build) = *e;
+        let ratio = match build {
+            Build::Old => format!(
+                " {} |",
+                crate::new_over_old(medians((tool, Build::New)), medians(*e))
+            ),
+            Build::New if builds.against.is_some() => " |".to_string(),
+            Build::New => String::new(),
+        };
+        if let Some(why) = lacking(builds, *e) {
+            let _ = writeln!(t, "| {} | — | — | {why} | |{ratio}", label(*e));
+            continue;
+        }
         let rates: Vec<f64> = runs.iter().map(Xfer::mbs).collect();
         let each = runs
             .iter()
@@ -572,7 +666,7 @@ fn rows(t: &mut String, tools: &[Tool], res: &[Vec<Xfer>], target: Option<(Tool,
             .collect::<Vec<_>>()
             .join("; ");
         let verdict = match target {
-            Some((tt, want, what)) if tt == *tool => {
+            Some((tt, want, what)) if tt == tool && build == Build::New => {
                 format!(
                     "{} ({what}: min {:.1})",
                     met(min(&rates) >= want),
@@ -583,8 +677,8 @@ fn rows(t: &mut String, tools: &[Tool], res: &[Vec<Xfer>], target: Option<(Tool,
         };
         let _ = writeln!(
             t,
-            "| {} | {:.1} | {:.1} | {each} | {verdict} |",
-            tool.name(),
+            "| {} | {:.1} | {:.1} | {each} | {verdict} |{ratio}",
+            label(*e),
             median(&rates),
             min(&rates),
         );
@@ -603,10 +697,8 @@ fn random_file(path: &Path, bytes: u64) -> Result<()> {
 }
 
 pub fn mpcat_bench(args: &[String]) -> Result<()> {
+    // main.rs checked the flags (--quick, --against PATH, --against-label L).
     let quick = args.iter().any(|a| a == "--quick");
-    if let Some(a) = args.iter().find(|a| *a != "--quick") {
-        bail!("mpcat: unknown argument {a:?} (only --quick)");
-    }
     for tool in ["socat", "iperf3", "mptcpize", "sha256sum", "/usr/bin/time"] {
         let found = std::process::Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
@@ -622,8 +714,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         (400_000_000, 3)
     };
     let started = Instant::now();
-    let tcpkit = crate::tcpkit_binary()?;
-    let tk = tcpkit.to_str().context("path")?;
+    let builds = Builds::parse(args, crate::tcpkit_binary()?, &[("mpcat", &MPCAT_FLAGS)])?;
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let four = [
         Tool::Socat,
@@ -634,7 +725,8 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     ];
 
     let mut t = String::new();
-    let head = "| tool | median MB/s | min MB/s | each run: MB/s (link tx shares %) [TCP segments the sender retransmitted] | target |\n|---|---:|---:|---|---|";
+    let head = head(builds.against.is_some());
+    let four = entries(&four, &builds);
 
     // 4 × 200 Mbit/s.
     eprintln!("4 links x 200 Mbit/s ...");
@@ -648,15 +740,19 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         b: &b,
         links: &links,
         dst: MULTIPATH_B4,
-        tcpkit: tk,
+        builds: &builds,
         input: &input,
         out: lab.dir().join("out.bin"),
         size,
         sha: &sha,
         rates: vec![200; 4],
     };
-    let eq = scenario(&env, &mut lab, &four, runs)?;
-    let mpcat_i = four.iter().position(|t| *t == Tool::Mpcat).unwrap_or(0);
+    let mut round = 0;
+    let eq = scenario(&env, &mut lab, &four, runs, &mut round)?;
+    let mpcat_i = four
+        .iter()
+        .position(|e| *e == (Tool::Mpcat, Build::New))
+        .unwrap_or(0);
     let mut rss: Vec<u64> = eq[mpcat_i].iter().filter_map(|x| x.rss_kb).collect();
     let _ = writeln!(
         t,
@@ -665,6 +761,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     );
     rows(
         &mut t,
+        &builds,
         &four,
         &eq,
         Some((Tool::Mpcat, 93.0, "≥ 93 MB/s in every run")),
@@ -705,7 +802,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         b: &b,
         links: &links,
         dst: MULTIPATH_B4,
-        tcpkit: tk,
+        builds: &builds,
         input: &input,
         out: lab.dir().join("out.bin"),
         size,
@@ -713,7 +810,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         rates: rates.to_vec(),
     };
     let sum_mbs = rates.iter().sum::<u64>() as f64 * 1e6 / 8.0 / MB;
-    let un = scenario(&env, &mut lab, &four, runs)?;
+    let un = scenario(&env, &mut lab, &four, runs, &mut round)?;
     rss.extend(un[mpcat_i].iter().filter_map(|x| x.rss_kb));
     let _ = writeln!(
         t,
@@ -721,7 +818,13 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     );
     let want = 0.9 * sum_mbs;
     let what = format!("≥ 90 % of the sum = {want:.1} MB/s in every run");
-    rows(&mut t, &four, &un, Some((Tool::Mpcat, want, &what)));
+    rows(
+        &mut t,
+        &builds,
+        &four,
+        &un,
+        Some((Tool::Mpcat, want, &what)),
+    );
     drop(env);
     lab.close()?;
 
@@ -735,10 +838,27 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
             "one unshaped veth, offloads {} ...",
             if offloads { "on" } else { "off" }
         );
-        let ve = veth(tag, offloads, tk, size, veth_runs)?;
-        rss.extend(ve[1..].iter().flatten().filter_map(|x| x.rss_kb));
-        let socat_med = median(&ve[0].iter().map(Xfer::mbs).collect::<Vec<_>>());
-        let mpcat_med = median(&ve[1].iter().map(Xfer::mbs).collect::<Vec<_>>());
+        let tools = entries(&VETH_TOOLS, &builds);
+        let ve = veth(
+            tag,
+            offloads,
+            (&builds, &tools),
+            size,
+            veth_runs,
+            &mut round,
+        )?;
+        let of = |tool: Tool| {
+            let i = tools.iter().position(|e| *e == (tool, Build::New));
+            i.map_or(&[][..], |i| &ve[i][..])
+        };
+        rss.extend(
+            of(Tool::Mpcat)
+                .iter()
+                .chain(of(Tool::MpcatZerocopy))
+                .filter_map(|x| x.rss_kb),
+        );
+        let socat_med = median(&of(Tool::Socat).iter().map(Xfer::mbs).collect::<Vec<_>>());
+        let mpcat_med = median(&of(Tool::Mpcat).iter().map(Xfer::mbs).collect::<Vec<_>>());
         let _ = writeln!(
             t,
             "\n**one unshaped veth, {}; {veth_runs} runs each**\n\n{head}",
@@ -748,7 +868,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
                 "offloads off as the lab's links (TSO/GSO/GRO off)"
             }
         );
-        rows(&mut t, &VETH_TOOLS, &ve, None);
+        rows(&mut t, &builds, &tools, &ve, None);
         veths.push((offloads, socat_med, mpcat_med));
     }
     let mut veth_rows = String::new();
@@ -779,9 +899,10 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     );
     println!("{t}");
 
+    // The flags too: an --against run names the build it compared with.
     let cmd = format!(
         "cargo run --release -p tcpkit-bench -- mpcat{}",
-        if quick { " --quick" } else { "" }
+        args.iter().map(|a| format!(" {a}")).collect::<String>()
     );
     let date = crate::today();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
@@ -798,12 +919,13 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
          subflow 8 / add_addr_accepted 8 in both hosts, one `subflow` endpoint per link (bound to its device) on the sender;\n\
          subflows per connection = 1 + the receiver's MPJoinAckRx / MPCapableACKRX. The ceiling: 4 `iperf3 -B <link i's a>\n\
          -c <link i's b>` at once, {:.0} MB in all, split in proportion to the links' rates. Tools interleaved run by run, in reverse order every other round; socat's receiver under the same GNU time wrapper as mpcat's.\n\
-         The mpcat receiver's peak RSS is GNU time's %M.\n\n\
+         The mpcat receiver's peak RSS is GNU time's %M (this build's runs only).\n{}\n\
          {t}\n",
         kernel.trim(),
         loadavg.trim(),
         started.elapsed().as_secs_f64(),
         size as f64 / MB,
+        builds.header(),
     );
     crate::write_results("mpcat", &date, &md, started, quick.then_some("--quick"))
 }
@@ -814,8 +936,15 @@ const VETH_TOOLS: [Tool; 3] = [Tool::Socat, Tool::Mpcat, Tool::MpcatZerocopy];
 
 /// Runs socat and mpcat (with and without -Z) `runs` times each, interleaved, over one
 /// unshaped veth between two fresh hosts, with the lab's offloads (off) or the kernel's
-/// (`offloads`).
-fn veth(tag: &str, offloads: bool, tk: &str, size: u64, runs: usize) -> Result<Vec<Vec<Xfer>>> {
+/// (`offloads`); `round` as in [`scenario`].
+fn veth(
+    tag: &str,
+    offloads: bool,
+    (builds, tools): (&Builds, &[Entry]),
+    size: u64,
+    runs: usize,
+    round: &mut usize,
+) -> Result<Vec<Vec<Xfer>>> {
     let mut lab = Lab::new(tag)?;
     let a = lab.host("a")?;
     let b = lab.host("b")?;
@@ -841,14 +970,14 @@ fn veth(tag: &str, offloads: bool, tk: &str, size: u64, runs: usize) -> Result<V
         b: &b,
         links: &links,
         dst: &dst,
-        tcpkit: tk,
+        builds,
         input: &input,
         out: lab.dir().join("out.bin"),
         size,
         sha: &sha,
         rates: vec![1],
     };
-    let ve = scenario(&env, &mut lab, &VETH_TOOLS, runs)?;
+    let ve = scenario(&env, &mut lab, tools, runs, round)?;
     drop(env);
     lab.close()?;
     Ok(ve)

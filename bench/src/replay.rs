@@ -5,7 +5,6 @@
 //! veth's rx counter, and (at 100k pps) a tcpdump on the receiver. Prints one table and writes
 //! it to bench/results/replay-YYYY-MM-DD.md.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -13,7 +12,11 @@ use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Host, Lab, LinkOpts};
 use tcpkit_pcap::{CaptureFile, PcapWriter};
 
+use crate::ab::{old_cells, Table};
 use crate::{tcpkit_binary, today};
+
+/// The old build's run of a row (see [`crate::ab::Old`]).
+type Old = crate::ab::Old<Run>;
 
 /// Packets in each generated capture.
 const PACKETS: u32 = 1_000_000;
@@ -215,61 +218,20 @@ fn old_median(runs: &[Old]) -> Old {
     (!ok.is_empty()).then(|| Ok(median(ok)))
 }
 
-/// The table; with `--against`, two more columns: the old build's figure and new / old.
-struct Table {
-    rows: Vec<Vec<String>>,
-    against: bool,
+/// A row of the table: the measurement, tcpkit's and tcpreplay's figures, their ratio, and
+/// the old build's cells (left out without `--against`).
+fn row(t: &mut Table, what: &str, tk: String, tr: String, ratio: String, old: [String; 2]) {
+    t.row_ab(vec![what.to_string(), tk, tr, ratio], old);
 }
 
-impl Table {
-    fn section(&mut self, title: &str) {
-        let mut r = vec![format!("**{title}**")];
-        r.resize(if self.against { 6 } else { 4 }, String::new());
-        self.rows.push(r);
-    }
-    fn row(&mut self, what: &str, tk: String, tr: String, ratio: String) {
-        self.row_ab(what, tk, tr, ratio, [String::new(), String::new()]);
-    }
-    /// A row with the old build's figure and new / old (left out without `--against`).
-    fn row_ab(&mut self, what: &str, tk: String, tr: String, ratio: String, old: [String; 2]) {
-        let mut r = vec![what.to_string(), tk, tr, ratio];
-        if self.against {
-            r.extend(old);
-        }
-        self.rows.push(r);
-    }
-    fn markdown(&self) -> String {
-        let mut s = if self.against {
-            String::from(
-                "| measurement | tcpkit | tcpreplay | ratio | tcpkit, old build | new / old |\n\
-                 |---|---:|---:|---:|---:|---:|\n",
-            )
-        } else {
-            String::from("| measurement | tcpkit | tcpreplay | ratio |\n|---|---:|---:|---:|\n")
-        };
-        for r in &self.rows {
-            let _ = writeln!(s, "| {} |", r.join(" | "));
-        }
-        s
-    }
-}
-
-/// The old build's run of a row: none without `--against`; `Err` names the flags the old
-/// build does not have (that row is not run with it).
-type Old = Option<std::result::Result<Run, String>>;
-
-/// The old build's cells for a row: its figure and new / old of `val`.
-fn old_cells(
-    new: &Run,
-    old: &Old,
-    cell: impl Fn(&Run) -> String,
-    val: impl Fn(&Run) -> f64,
-) -> [String; 2] {
-    match old {
-        None => [String::new(), String::new()],
-        Some(Err(why)) => [why.clone(), "—".into()],
-        Some(Ok(o)) => [cell(o), crate::new_over_old(Some(val(new)), Some(val(o)))],
-    }
+/// The table: replay's columns, and with `--against` the old build's figure and new / old.
+fn table(against: bool) -> Table {
+    Table::new(
+        &["measurement", "tcpkit", "tcpreplay", "ratio"],
+        "tcpkit, old build",
+        true,
+        against,
+    )
 }
 
 fn ratio(a: f64, b: f64) -> String {
@@ -403,21 +365,24 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
     });
     let (ao, co) = (old_median(&ao), old_median(&co));
     let (a, b, c) = (median(a), median(b), median(c));
-    t.row_ab(
+    row(
+        t,
         &format!("top speed pps (-t, median of {TOP_RUNS}), tool report"),
         k(a.pps),
         k(b.pps),
         ratio(a.pps, b.pps),
         old_cells(&a, &ao, |r| k(r.pps), |r| r.pps),
     );
-    t.row_ab(
+    row(
+        t,
         "top speed pps, rx counter",
         rx(&a, k(a.rx_pps())),
         rx(&b, k(b.rx_pps())),
         ratio(a.rx_pps(), b.rx_pps()),
         old_cells(&a, &ao, |r| rx(r, k(r.rx_pps())), Run::rx_pps),
     );
-    t.row_ab(
+    row(
+        t,
         "top speed pps, tcpkit --threads 2 vs tcpreplay (tool / rx)",
         format!("{} / {}", k(c.pps), rx(&c, k(c.rx_pps()))),
         format!("{} / {}", k(b.pps), k(b.rx_pps())),
@@ -429,14 +394,16 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
             |r| r.pps,
         ),
     );
-    t.row_ab(
+    row(
+        t,
         "top speed Mbps (tool report)",
         format!("{:.0}", a.mbps),
         format!("{:.0}", b.mbps),
         ratio(a.mbps, b.mbps),
         old_cells(&a, &ao, |r| format!("{:.0}", r.mbps), |r| r.mbps),
     );
-    t.row_ab(
+    row(
+        t,
         "top speed CPU s (user+sys) / wall s",
         format!("{:.2} / {:.2}", a.cpu_s, a.wall_s),
         format!("{:.2} / {:.2}", b.cpu_s, b.wall_s),
@@ -453,7 +420,8 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         maxrss_kb: peak_tk,
         ..Run::default()
     };
-    t.row_ab(
+    row(
+        t,
         &format!("peak RSS with -K, MB (target <= file + 16 B/pkt = {budget:.1})"),
         format!("{:.1}", peak_tk as f64 / 1e3),
         format!("{:.1}", peak_tr as f64 / 1e3),
@@ -530,14 +498,16 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
             )
         }
     };
-    t.row_ab(
+    row(
+        t,
         "--pps 100000: achieved pps (tool), error",
         tool(1e5)(&x),
         tool(1e5)(&y),
         ratio(x.pps, y.pps),
         old_cells(&x, &z, tool(1e5), |r| r.pps),
     );
-    t.row_ab(
+    row(
+        t,
         "--pps 100000: rx counter pps, error",
         rxc(1e5)(&x),
         rxc(1e5)(&y),
@@ -577,7 +547,8 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
             (Some(Err(why)), _) => [why.clone(), "—".into()],
             _ => [String::new(), String::new()],
         };
-        t.row_ab(
+        row(
+            t,
             "--pps 100000: receiver tcpdump (rate, inter-arrival gap)",
             show(&ca),
             show(&cb),
@@ -590,14 +561,16 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         );
     }
     let (x, y, _, z, _) = paced("--pps", "500000", 1_000_000, false)?;
-    t.row_ab(
+    row(
+        t,
         "--pps 500000: achieved pps (tool), error",
         tool(5e5)(&x),
         tool(5e5)(&y),
         ratio(x.pps, y.pps),
         old_cells(&x, &z, tool(5e5), |r| r.pps),
     );
-    t.row_ab(
+    row(
+        t,
         "--pps 500000: rx counter pps",
         rxc(5e5)(&x),
         rxc(5e5)(&y),
@@ -606,7 +579,8 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
     );
     let (x, y, _, z, _) = paced("--mbps", "1000", inp.mbps_limit, false)?;
     let mbps = |r: &Run| format!("{:.2} ({})", r.mbps, err_pct(r.mbps, 1000.0));
-    t.row_ab(
+    row(
+        t,
         "--mbps 1000: achieved Mbps (tool), error",
         mbps(&x),
         mbps(&y),
@@ -614,7 +588,8 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         old_cells(&x, &z, mbps, |r| r.mbps),
     );
     let rx_mbps = |r: &Run| rx(r, format!("{:.2}", r.rx_mbps()));
-    t.row_ab(
+    row(
+        t,
         "--mbps 1000: rx counter Mbps",
         rx_mbps(&x),
         rx_mbps(&y),
@@ -624,7 +599,8 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
     let (x, y, _, z, _) = paced("--pps", "1000", 3000, false)?;
     let pct = |r: &Run| r.cpu_s / r.wall_s * 100.0;
     let cpu = |r: &Run| format!("{:.3} s, {:.2} %", r.cpu_s, pct(r));
-    t.row_ab(
+    row(
+        t,
         "--pps 1000 (3000 pkts, no -K): CPU s, % of a core (target < 5 %)",
         cpu(&x),
         cpu(&y),
@@ -633,12 +609,10 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
     );
     let failed = [a.failed, b.failed, c.failed, x.failed, y.failed];
     if failed.iter().any(|&f| f > 0) {
-        t.row(
-            "failed packets (any run above)",
+        t.row(vec![
+            "failed packets (any run above)".into(),
             format!("{failed:?}"),
-            String::new(),
-            String::new(),
-        );
+        ]);
     }
     Ok(())
 }
@@ -686,10 +660,7 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
     let (imix_size, imix_bytes) = write_capture(&imix, &imix_sizes, PACKETS)?;
     let imix_avg = imix_bytes as f64 / f64::from(PACKETS);
 
-    let mut t = Table {
-        rows: vec![],
-        against: against.is_some(),
-    };
+    let mut t = table(against.is_some());
     let inputs = [
         Input {
             name: "64-byte frames (60 B + FCS), UDP, 16k flows".into(),
@@ -738,23 +709,9 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
         kernel.trim(),
         load.trim(),
         started.elapsed().as_secs_f64(),
-        against_header(against.as_ref(), &env.tcpkit)
+        crate::ab::header(against.as_ref(), &env.tcpkit)
     );
     crate::write_results("replay", &date, &md, started, None)
-}
-
-/// The results header's line on the two builds (empty without `--against`).
-fn against_header(a: Option<&crate::Against>, new: &Path) -> String {
-    a.map_or_else(String::new, |a| {
-        format!(
-            "Builds compared (`--against`): tcpkit = {} ({}); old build = {}. Each tcpkit run is\n\
-             also run with the old build, interleaved (which of the two goes first alternates),\n\
-             the same number of runs each; new / old is this build's figure over the old one's.\n",
-            a.new_label,
-            new.display(),
-            a.label
-        )
-    })
 }
 
 #[cfg(test)]
@@ -770,12 +727,10 @@ mod tests {
 
     #[test]
     fn without_against_the_table_is_as_before() {
-        let mut t = Table {
-            rows: vec![],
-            against: false,
-        };
+        let mut t = table(false);
         t.section("64 B");
-        t.row_ab(
+        row(
+            &mut t,
             "top",
             "2.0k".into(),
             "1.0k".into(),
@@ -791,13 +746,11 @@ mod tests {
 
     #[test]
     fn against_adds_the_old_figure_and_new_over_old() {
-        let mut t = Table {
-            rows: vec![],
-            against: true,
-        };
+        let mut t = table(true);
         t.section("64 B");
         let new = run(3e3);
-        t.row_ab(
+        row(
+            &mut t,
             "top",
             k(new.pps),
             "1.0k".into(),
@@ -805,7 +758,8 @@ mod tests {
             old_cells(&new, &Some(Ok(run(2e3))), |r| k(r.pps), |r| r.pps),
         );
         // A flag the old build lacks: said in its cell, no ratio.
-        t.row_ab(
+        row(
+            &mut t,
             "threads",
             k(new.pps),
             "1.0k".into(),
@@ -818,7 +772,7 @@ mod tests {
             ),
         );
         // A row with no old figure (tcpreplay's own) keeps the columns aligned.
-        t.row("other", "a".into(), "b".into(), "c".into());
+        t.row(vec!["other".into(), "a".into(), "b".into(), "c".into()]);
         assert_eq!(
             t.markdown(),
             "| measurement | tcpkit | tcpreplay | ratio | tcpkit, old build | new / old |\n\

@@ -1,7 +1,12 @@
-/* The one definition of what user space and the BPF programs share: map keys and values.
- * loader.rs mirrors these structs with #[repr(C)] and checks their sizes in a unit test. */
+/* The one definition of what user space and the BPF programs share: map keys and values, and
+ * the constants both sides use. build.rs generates the Rust side from this file with bindgen
+ * (src/bpf.rs includes it): the structs as the BPF target lays them out, each #define as a
+ * constant. No struct may have padding (build.rs makes -Wpadded an error): user space copies
+ * every byte of a key or value to the kernel, so pad explicitly. */
 #ifndef TCPKIT_BALANCE_H
 #define TCPKIT_BALANCE_H
+
+#include <linux/types.h>
 
 /* Bounds of every map: a service has at most MAX_BACKENDS slots, the backend array holds
  * MAX_SERVICES * MAX_BACKENDS of them, and the reverse map holds MAX_SOCKETS sockets (a power

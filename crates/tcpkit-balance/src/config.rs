@@ -93,10 +93,9 @@ pub struct Backend {
 /// beyond a few thousand mean nothing more.
 pub const MAX_WEIGHT: u32 = 1000;
 
-/// Most backends one service holds (the BPF map's slots per service; bpf/balance.h).
-pub const MAX_BACKENDS: usize = 64;
-/// Most services one balancer holds (bpf/balance.h).
-pub const MAX_SERVICES: usize = 64;
+/// Most backends one service holds, and most services one balancer holds: the BPF maps'
+/// slots (bpf/balance.h).
+pub use crate::bpf::{MAX_BACKENDS, MAX_SERVICES};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {

@@ -6,8 +6,10 @@
 //! SIGKILL), and removes the cgroup when the command ends.
 //!
 //! The BPF programs are C (`bpf/balance.bpf.c`, shared structs in `bpf/balance.h`), compiled
-//! by clang from build.rs and loaded by aya.
+//! by clang from build.rs and loaded by aya; the Rust side of the header is generated from it
+//! (`bpf`).
 
+pub mod bpf;
 pub mod cgroup;
 pub mod config;
 pub mod control;

@@ -12,8 +12,14 @@ use aya::programs::links::FdLink;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
-use crate::config::{Algorithm, HashKey, Service, MAX_BACKENDS, MAX_SERVICES};
-use crate::table::{self, RING_SIZE};
+use crate::bpf::{
+    Backend, Revnat, Svc, SvcKey, ALGO_MAGLEV_CLIENT, ALGO_MAGLEV_COOKIE, ALGO_RANDOM,
+    ALGO_ROUND_ROBIN, ALGO_WEIGHTED, COUNTER_REFUSED, COUNTER_REVNAT, COUNTER_STALE,
+    COUNTER_TRACE_LOST, COUNTER_TRANSLATED, GENERATIONS, MAX_BACKENDS, MAX_SERVICES, MAX_SOCKETS,
+    RING_SIZE, VIP_PORT_WORDS,
+};
+use crate::config::{Algorithm, HashKey, Service};
+use crate::table;
 
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/balance.bpf.o"));
 
@@ -41,46 +47,6 @@ const ALWAYS: [&str; 4] = [
 /// Attached only while a service balances UDP: they run on every datagram sent and received
 /// in the cgroup (DNS lookups included), so a TCP-only configuration leaves them off.
 const UDP_ONLY: [&str; 4] = ["tk_sendmsg4", "tk_recvmsg4", "tk_sendmsg6", "tk_recvmsg6"];
-
-// Mirrors of bpf/balance.h (the one definition; sizes checked in the tests below).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct SvcKey {
-    ip: [u32; 4],
-    port: u16,
-    family: u8,
-    proto: u8,
-}
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct Svc {
-    id: u32,
-    count: u32,
-    algo: u32,
-    rr: u32,
-}
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct Backend {
-    ip: [u32; 4],
-    port: u16,
-    family: u8,
-    pad: u8,
-    index: u32,
-}
-
-/// bpf/balance.h struct revnat: what getpeername shows (vip) for the socket `cookie`, sent to
-/// bip; in the slot `cookie % MAX_SOCKETS` of the array `revnat`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct Revnat {
-    cookie: u64,
-    vip: [u32; 4],
-    bip: [u32; 4],
-    vport: u16,
-    bport: u16,
-    pad: u32,
-}
 
 /// The reverse map's slots as the kernel holds them (the map is BPF_F_MMAPABLE): one mmap
 /// instead of a lookup syscall per slot. Read only, while the programs write it.
@@ -175,31 +141,6 @@ fn detach_pinned(path: &Path) -> std::io::Result<()> {
     std::fs::remove_file(path)
 }
 
-/// bpf/balance.h MAX_SOCKETS: the reverse map's slots.
-const MAX_SOCKETS: u32 = 65536;
-/// bpf/balance.h VIP_PORT_WORDS: the vip_ports bitmap, a bit for each port.
-const VIP_PORT_WORDS: usize = 2048;
-
-// SAFETY: plain #[repr(C)] integers without padding bytes: any bit pattern is a valid value.
-unsafe impl aya::Pod for SvcKey {}
-// SAFETY: as above.
-unsafe impl aya::Pod for Revnat {}
-// SAFETY: as above.
-unsafe impl aya::Pod for Svc {}
-// SAFETY: as above.
-unsafe impl aya::Pod for Backend {}
-
-const ALGO_RANDOM: u32 = 0;
-const ALGO_ROUND_ROBIN: u32 = 1;
-const ALGO_WEIGHTED: u32 = 2;
-const ALGO_MAGLEV_CLIENT: u32 = 3;
-const ALGO_MAGLEV_COOKIE: u32 = 4;
-const COUNTER_TRANSLATED: u32 = 0;
-const COUNTER_REFUSED: u32 = 1;
-const COUNTER_REVNAT: u32 = 2;
-const COUNTER_STALE: u32 = 3;
-const COUNTER_TRACE_LOST: u32 = 4;
-
 /// Addresses as bpf_sock_addr holds them: network byte order in the u32s' and u16's memory;
 /// an IPv4 address in the first word, family 4.
 fn key_of(a: &SocketAddr) -> ([u32; 4], u16, u8) {
@@ -281,9 +222,6 @@ struct Slot {
     /// a connect still counting against the old set never lands on it.
     counter: Vec<u32>,
 }
-
-/// bpf/balance.h GENERATIONS: the set in use and the one being written.
-const GENERATIONS: usize = 2;
 
 /// Whether any of `services` balances UDP (protocol 17 in its keys).
 fn needs_udp(services: &[Service]) -> bool {
@@ -872,15 +810,6 @@ impl Balancer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shared_structs_have_the_c_sizes() {
-        // bpf/balance.h: svc_key 20, svc 16, backend 24, revnat 48 bytes.
-        assert_eq!(std::mem::size_of::<SvcKey>(), 20);
-        assert_eq!(std::mem::size_of::<Svc>(), 16);
-        assert_eq!(std::mem::size_of::<Backend>(), 24);
-        assert_eq!(std::mem::size_of::<Revnat>(), 48);
-    }
 
     #[test]
     fn addresses_are_in_network_order_in_memory() {

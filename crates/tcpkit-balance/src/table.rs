@@ -7,8 +7,8 @@
 
 use std::net::SocketAddr;
 
-/// Slots per table (bpf/balance.h RING_SIZE): a prime well above 60 x MAX_BACKENDS.
-pub const RING_SIZE: usize = 4093;
+/// Slots per table (bpf/balance.h): a prime well above 60 x MAX_BACKENDS.
+pub use crate::bpf::RING_SIZE;
 
 /// Each backend's share of the table in proportion to its weight (largest remainder, so the
 /// shares add up to RING_SIZE and each is within one slot of exact).

@@ -10,20 +10,8 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
 
-/// bpf/balance.h `struct trace_event`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct TraceEvent {
-    pub pid_tgid: u64,
-    pub cgroup: u64,
-    pub vip: [u32; 4],
-    pub bip: [u32; 4],
-    pub vport: u16,
-    pub bport: u16,
-    pub family: u8,
-    pub udp: u8,
-    pub pad: [u8; 2],
-}
+/// One selection as the programs write it: bpf/balance.h `struct trace_event`.
+pub use crate::bpf::TraceEvent;
 
 impl TraceEvent {
     /// The event in `bytes` (a ring-buffer record the program wrote), if it is whole.
