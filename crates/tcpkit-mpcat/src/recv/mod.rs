@@ -63,6 +63,10 @@ pub struct RecvConfig {
     /// What goes back to the connecting side when it opens the reverse stream (duplex):
     /// stdin, or -i FILE.
     pub input: Input,
+    /// --duration: stop this long after the start, as at SIGINT: with -k a server stopped by
+    /// its --duration (every session that began verified, none cut short: exit 0); without
+    /// it, the one session asked for must have ended by then.
+    pub duration: Option<Duration>,
 }
 
 const LISTENER: Token = Token(0);
@@ -272,6 +276,8 @@ pub fn run(
     let mut counts = ConnCounts::default();
     let (mut began, mut verified) = (0u64, 0u64);
     let mut last: Option<MpcatReport> = None;
+    let until = cfg.duration.map(|d| Instant::now() + d);
+    let expired = || until.is_some_and(|u| Instant::now() >= u);
     loop {
         let mut rx = Receiver {
             cfg,
@@ -291,6 +297,7 @@ pub fn run(
             delivered: None,
             again: Vec::new(),
             waker: Arc::clone(&waker),
+            until,
         };
         let failure = rx
             .event_loop(&mut poll, &listener, &mut sink, stop, live)
@@ -318,7 +325,8 @@ pub fn run(
         if !cfg.keep {
             return Ok(report);
         }
-        if had_session && !stop.load(Ordering::Relaxed) {
+        let stopped = stop.load(Ordering::Relaxed);
+        if had_session && !stopped && !expired() {
             on_session(&report);
             last = Some(report);
             // The next session's live line starts from nothing.
@@ -335,8 +343,11 @@ pub fn run(
         r.sessions = began;
         r.sessions_verified = verified;
         r.connections = counts;
-        r.verified = began > 0 && verified == began;
+        // A server stopped by its --duration did what was asked, sessions or none.
+        let by_duration = !stopped && expired();
+        r.verified = verified == began && (began > 0 || by_duration);
         r.failure = match (began, had_session) {
+            (0, _) if by_duration => None,
             (0, _) => Some("stopped before any session began".into()),
             (_, true) => r.failure.take(),
             _ if verified < began => Some(format!(
@@ -375,6 +386,8 @@ struct Receiver<'c> {
     /// (edge-triggered: no new event would say so): read again after the write-out.
     again: Vec<Token>,
     waker: Arc<mio::Waker>,
+    /// --duration: when the run stops.
+    until: Option<Instant>,
 }
 
 impl Receiver<'_> {
@@ -482,6 +495,20 @@ impl Receiver<'_> {
     ) -> Result<(), Error> {
         let mut events = Events::with_capacity(512);
         loop {
+            if let Some(d) = self.cfg.duration.filter(|_| {
+                self.until.is_some_and(|u| Instant::now() >= u) && !stop.load(Ordering::Relaxed)
+            }) {
+                return Err(Error::msg(match &self.session {
+                    None => format!("--duration {d:?} ended before a session began"),
+                    Some(_) if self.forward_done => {
+                        format!("--duration {d:?} ended before the reverse stream did")
+                    }
+                    Some(s) => format!(
+                        "--duration {d:?} ended the session: {} bytes written, the stream not complete",
+                        s.reorder.written()
+                    ),
+                }));
+            }
             if stop.load(Ordering::Relaxed) {
                 return Err(Error::msg(match &self.session {
                     None => "interrupted before a session began".to_string(),

@@ -6,10 +6,11 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mio::Waker;
 
@@ -102,7 +103,12 @@ impl Chunk {
 #[derive(Debug)]
 pub(super) enum FromReader {
     Chunk(Chunk),
-    End { total: u64, hash: crate::Digest },
+    /// The input's end, or (`cut`) where --duration stopped reading it.
+    End {
+        total: u64,
+        hash: crate::Digest,
+        cut: bool,
+    },
     Failed(Error),
 }
 
@@ -124,6 +130,8 @@ pub(super) fn shrank(e: io::Error, end: u64) -> io::Error {
 /// regular file's length when it was opened.
 pub(super) struct Opened {
     pub(super) read: Box<dyn Read + Send>,
+    /// `read`'s descriptor (--duration waits on it).
+    pub(super) fd: std::os::fd::RawFd,
     pub(super) file: Option<Arc<File>>,
     pub(super) len: Option<u64>,
 }
@@ -142,6 +150,7 @@ pub(super) fn open_input(input: &Input) -> Result<Opened, Error> {
     match input {
         Input::Stdin => Ok(Opened {
             read: Box::new(io::stdin()),
+            fd: 0,
             file: None,
             len: None,
         }),
@@ -157,6 +166,7 @@ pub(super) fn open_input(input: &Input) -> Result<Opened, Error> {
                 false => None,
             };
             Ok(Opened {
+                fd: f.as_raw_fd(),
                 read: Box::new(f),
                 file,
                 len: regular.then_some(meta.len()),
@@ -194,6 +204,32 @@ pub(super) fn readable_now(fd: std::os::fd::RawFd) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
+/// Whether `fd` has something to read (or its end) before `until`, waiting for it until then;
+/// false once `until` has come.
+pub(super) fn readable_before(fd: std::os::fd::RawFd, until: Instant) -> bool {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // Whole milliseconds, rounded up: a wait cut short comes round again.
+        let ms = left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd for the duration of the call.
+        match unsafe { libc::poll(&mut p, 1, ms) } {
+            0 => {}
+            n if n > 0 => return true,
+            // Interrupted: look at the time again. Anything else the read will say.
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            _ => return true,
+        }
+    }
+}
+
 /// The input read chunk by chunk and hashed as it goes: on the reader thread ([`reader`]), or
 /// for a regular file on the loop itself ([`Source::Inline`]).
 pub(super) struct Feed {
@@ -206,6 +242,9 @@ pub(super) struct Feed {
     pub(super) opened_len: Option<u64>,
     /// See [`live_input`]: a piece ends early when nothing more has arrived.
     pub(super) live: Option<std::os::fd::RawFd>,
+    /// --duration: when reading stops, and the input's descriptor to wait on until then
+    /// (a pipe's read would block past it); the stream then ends with what was read.
+    pub(super) until: Option<(Instant, std::os::fd::RawFd)>,
     pub(super) chunk: usize,
     pub(super) size: Option<u64>,
     pub(super) hasher: crate::StreamHasher,
@@ -224,7 +263,14 @@ impl Feed {
         let chunk = self.chunk.min(buf.len());
         let mut got = 0;
         let mut eof = false;
+        let mut cut = false;
         while got < chunk {
+            if let Some((t, fd)) = self.until {
+                if !readable_before(fd, t) {
+                    cut = true;
+                    break;
+                }
+            }
             match self.input.read(&mut buf[got..chunk]) {
                 Ok(0) => {
                     eof = true;
@@ -253,7 +299,7 @@ impl Feed {
                 ))));
                 return false;
             }
-            Some(want) if eof && read != want => {
+            Some(want) if eof && !cut && read != want => {
                 out.push_back(FromReader::Failed(Error::msg(format!(
                     "the input ended after {read} bytes, --size says {want}"
                 ))));
@@ -292,11 +338,12 @@ impl Feed {
         } else if self.file.is_some() {
             self.own = Some(buf);
         }
-        if eof {
+        if eof || cut {
             let hasher = std::mem::take(&mut self.hasher);
             out.push_back(FromReader::End {
                 total: self.seq,
                 hash: hasher.finish(),
+                cut,
             });
             return false;
         }

@@ -79,6 +79,10 @@ pub struct SendConfig {
     /// -Z: a regular input file's chunks leave with sendfile from the page cache instead of
     /// being copied through the sender's buffers ([`open_input`] says when each pays).
     pub zerocopy: bool,
+    /// --duration: the input is read for at most this long from the start (connecting
+    /// included), then the stream ends with what was read (its end frame carrying that
+    /// length and hash), as iperf3's -t bounds a run; None: read to its end.
+    pub duration: Option<Duration>,
 }
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
@@ -317,6 +321,7 @@ pub fn run(
         file: opened.file.clone().filter(|_| sendfile),
         opened_len: opened.len,
         live: live_input(&cfg.input),
+        until: cfg.duration.map(|d| (start + d, opened.fd)),
         chunk,
         size: cfg.size,
         hasher: crate::StreamHasher::new(),
@@ -370,6 +375,7 @@ pub fn run(
             .map(|r| TokenBucket::new(r as f64, (2 * cfg.chunk_min).max(1))),
         pace_wait: None,
         fatal: None,
+        cut: false,
         file: opened.file,
     };
     let (conn_tx, conn_rx) = mpsc::channel();
@@ -411,6 +417,11 @@ pub fn run(
         if m.subflows == 1 {
             hint(crate::mptcp::ONE_SUBFLOW_HINT);
         }
+    }
+    if let (Some(d), true, None, Some((total, _))) = (cfg.duration, flow.cut, &failure, flow.end) {
+        hint(&format!(
+            "--duration {d:?}: the input was read for that long; the stream ended after {total} bytes"
+        ));
     }
     let secs = start.elapsed().as_secs_f64();
     let verified = failure.is_none()
@@ -556,7 +567,7 @@ fn event_loop(
             flow.hi,
             conns.len(),
             flow.window,
-            matches!(rx, Source::Inline { .. }),
+            matches!(rx, Source::Inline { .. }) || ctx.cfg.duration.is_some(),
         );
         let mut held_back = take(rx, flow, ahead)?;
         // Streams that came back.

@@ -57,8 +57,10 @@ pub(super) const READ_AHEAD: usize = 2;
 /// the bound costs no wait, and reading the window ahead into buffers (64 MiB of fresh pages
 /// zeroed on the loop before the first chunk left) cost the first run after the lab's set-up
 /// 3 %: 4 x 200 Mbit/s, 6 runs, window 92.9 then 94.7-95.0, bound 95.2-95.4 in every run.
-pub(super) fn read_ahead(hi: usize, conns: usize, window: u64, file: bool) -> usize {
-    if conns > 1 && !file {
+/// With --duration (`bounded`) too: what is read ahead when the time comes still goes out,
+/// and a window of it (64 MiB, 8 s under --rate-limit 8M) would outlast the duration.
+pub(super) fn read_ahead(hi: usize, conns: usize, window: u64, bounded: bool) -> usize {
+    if conns > 1 && !bounded {
         window.min(usize::MAX as u64) as usize
     } else {
         hi * (conns + READ_AHEAD)
@@ -95,6 +97,8 @@ pub(super) struct Flow {
     pub(super) pace_wait: Option<Duration>,
     /// Why the session cannot go on, found while writing (a file input that shrank).
     pub(super) fatal: Option<Error>,
+    /// --duration stopped reading the input: the stream ends where it was cut.
+    pub(super) cut: bool,
     /// The input when it is a regular file: a chunk written whole names its bytes there
     /// ([`written`]), so its buffer is read into again at once.
     pub(super) file: Option<Arc<File>>,
@@ -172,7 +176,10 @@ pub(super) fn take(rx: &mut Source, flow: &mut Flow, ahead: usize) -> Result<boo
                 unsent += c.len;
                 flow.unsent.push_back(c);
             }
-            Ok(FromReader::End { total, hash }) => flow.end = Some((total, hash)),
+            Ok(FromReader::End { total, hash, cut }) => {
+                flow.end = Some((total, hash));
+                flow.cut = cut;
+            }
             Ok(FromReader::Failed(e)) => return Err(e),
             Err(TryRecvError::Empty) => return Ok(false),
             Err(TryRecvError::Disconnected) => {
@@ -317,6 +324,15 @@ pub(super) fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_ahead_is_the_window_only_for_a_pipe_over_several_connections() {
+        let (hi, w) = (1 << 20, 64 << 20);
+        assert_eq!(read_ahead(hi, 4, w, false), 64 << 20);
+        // One connection, a regular file, or --duration: two chunks beyond one each.
+        assert_eq!(read_ahead(hi, 1, w, false), 3 << 20);
+        assert_eq!(read_ahead(hi, 4, w, true), 6 << 20);
+    }
     #[test]
     fn chunk_sizes_follow_the_rate_within_their_bounds() {
         let (lo, hi, w) = (64 << 10, 1 << 20, 64 << 20);
