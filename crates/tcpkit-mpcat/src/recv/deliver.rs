@@ -189,3 +189,71 @@ impl Receiver<'_> {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+
+    #[test]
+    fn an_output_that_cannot_be_created_is_said_with_its_path() {
+        let e = open_output(&Output::File("/nonexistent-dir/out.bin".into()))
+            .err()
+            .unwrap()
+            .line();
+        assert!(
+            e.starts_with("create /nonexistent-dir/out.bin: No such file"),
+            "{e}"
+        );
+    }
+
+    /// Credit returns as bytes are written (the acknowledged offset and a window beyond
+    /// it), and a stream whose hash differs is told so (done, not ok) and fails the receiver.
+    #[test]
+    fn acks_return_credit_and_a_wrong_hash_is_told_to_the_sender() {
+        let out = Temp::new("acks");
+        let rx = Running::start(config(&out.0));
+        let mut s = dial(rx.addr);
+        put(&mut s, &hello(2, 0, 1, 64 << 10));
+        assert!(answer(&mut s).starts_with("Welcome"));
+        let stream = pattern(512 << 10, 3);
+        for (k, piece) in stream.chunks(64 << 10).enumerate() {
+            data(&mut s, (k * (64 << 10)) as u64, piece);
+        }
+        let mut acks = Vec::new();
+        until(&mut s, &mut |f| match f {
+            Frame::Ack { acked, limit } => {
+                acks.push((acked, limit));
+                acked == stream.len() as u64
+            }
+            _ => false,
+        });
+        let (acked, limit) = *acks.last().unwrap();
+        assert_eq!(acked, 512 << 10, "{acks:?}");
+        assert_eq!(limit, acked + (1 << 20), "the window's credit beyond it");
+        assert!(acks.windows(2).all(|w| w[0] <= w[1]), "{acks:?}");
+        put(
+            &mut s,
+            &Frame::End {
+                total: stream.len() as u64,
+                hash: [0; 16],
+            },
+        );
+        let mut done = None;
+        until(&mut s, &mut |f| match f {
+            Frame::Done { total, ok } => {
+                done = Some((total, ok));
+                true
+            }
+            _ => false,
+        });
+        assert_eq!(done, Some((512 << 10, false)));
+        let r = rx.report();
+        assert_eq!(
+            r.failure.as_deref(),
+            Some("the stream's hash does not match the sender's: 524288 bytes arrived corrupted")
+        );
+        // What arrived was written all the same.
+        assert_eq!(std::fs::read(&out.0).unwrap(), stream);
+    }
+}

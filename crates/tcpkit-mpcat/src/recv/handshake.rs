@@ -498,3 +498,122 @@ fn not_spoken(version: u16) -> String {
         frame::VERSION
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::{PSK_UNWANTED, WRONG_KEY};
+    use crate::frame::{self, Frame};
+    use std::io::Write;
+
+    /// A session's first stream, then strangers of every kind: each is refused with its
+    /// reason and counted, and the session ends verified all the same.
+    #[test]
+    fn strangers_are_refused_with_their_reason_and_counted() {
+        let out = Temp::new("strangers");
+        let rx = Running::start(config(&out.0));
+        let mut s0 = dial(rx.addr);
+        put(&mut s0, &hello(7, 0, 1, 64 << 10));
+        assert!(answer(&mut s0).starts_with("Welcome"));
+        let refused = |first: &[u8]| {
+            let mut s = dial(rx.addr);
+            s.write_all(first).unwrap();
+            answer(&mut s)
+        };
+        let emit = |f: Frame<'_>| {
+            let mut b = Vec::new();
+            f.emit_vec(&mut b);
+            b
+        };
+        let other = refused(&emit(hello(8, 0, 1, 64 << 10)));
+        assert!(other.contains("not this session's token"), "{other}");
+        let http = refused(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(http.contains("not an mpcat hello"), "{http}");
+        let old = refused(&emit(Frame::Hello {
+            version: frame::VERSION - 1,
+            token: [7; 16],
+            stream: 0,
+            streams: 1,
+            chunk: 64 << 10,
+        }));
+        assert!(old.contains("not spoken"), "{old}");
+        let m = [0u8; crate::secure::HANDSHAKE_MSG];
+        let keyed = refused(&emit(Frame::Noise {
+            version: frame::VERSION,
+            msg: &m,
+        }));
+        assert!(keyed.contains(PSK_UNWANTED), "{keyed}");
+        put(
+            &mut s0,
+            &Frame::End {
+                total: 0,
+                hash: crate::stream_hash(&[]),
+            },
+        );
+        let r = rx.report();
+        assert_eq!(r.failure, None);
+        assert_eq!(
+            (r.connections.wrong_token, r.connections.bad_handshake),
+            (1, 3)
+        );
+    }
+
+    /// A Hello that arrives a byte at a time is read whole; one declaring no streams is
+    /// refused.
+    #[test]
+    fn a_hello_in_pieces_is_welcomed_and_an_impossible_one_refused() {
+        let out = Temp::new("pieces");
+        let rx = Running::start(config(&out.0));
+        let mut b = Vec::new();
+        hello(3, 1, 0, 64 << 10).emit_vec(&mut b);
+        let mut bad = dial(rx.addr);
+        bad.write_all(&b).unwrap();
+        let why = answer(&mut bad);
+        assert!(why.contains("out of range"), "{why}");
+        b.clear();
+        hello(3, 0, 1, 64 << 10).emit_vec(&mut b);
+        let mut s = dial(rx.addr);
+        for byte in &b {
+            s.write_all(std::slice::from_ref(byte)).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let w = answer(&mut s);
+        assert!(w.starts_with("Welcome"), "{w}");
+        put(
+            &mut s,
+            &Frame::End {
+                total: 0,
+                hash: crate::stream_hash(&[]),
+            },
+        );
+        let r = rx.report();
+        assert_eq!((r.failure, r.connections.bad_handshake), (None, 1));
+    }
+
+    /// --psk-file: a sender under another key is refused with the reason and counted as
+    /// wrong_key; one under the receiver's key is welcomed.
+    #[test]
+    fn the_key_handshake_takes_the_right_key_and_refuses_another() {
+        let out = Temp::new("psk");
+        let key = crate::secure::Psk::from_bytes(b"the receiver's own key, 32 bytes").unwrap();
+        let other = crate::secure::Psk::from_bytes(b"someone else's key, also 32 byte").unwrap();
+        let mut cfg = config(&out.0);
+        cfg.psk = Some(key.clone());
+        let rx = Running::start(cfg);
+        let mut scfg = crate::send::testing::config(rx.addr);
+        scfg.psk = Some(other);
+        let e = crate::send::connect(&scfg, 1, None, &[rx.addr], None, [5; 16], 0, None)
+            .unwrap_err()
+            .line();
+        assert!(e.contains(WRONG_KEY), "{e}");
+        scfg.psk = Some(key);
+        let (_s, _, window, chan) =
+            crate::send::connect(&scfg, 1, None, &[rx.addr], None, [5; 16], 0, None).unwrap();
+        assert_eq!(window, 1 << 20);
+        assert!(chan.is_some());
+        rx.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let r = rx.report();
+        assert_eq!(r.connections.wrong_key, 1);
+        assert!(r.failure.unwrap().starts_with("interrupted"));
+    }
+}

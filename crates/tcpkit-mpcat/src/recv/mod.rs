@@ -812,3 +812,238 @@ fn flush_out(sock: &mut TcpStream, out: &mut Vec<u8>, out_pos: &mut usize) -> Re
     *out_pos = 0;
     Ok(())
 }
+
+/// What the receiver's unit tests share: the real receiver on loopback on its own thread,
+/// and a sender played by the test over a plain TCP connection, speaking the wire format.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use std::io::Read;
+    use std::net::TcpStream as StdStream;
+
+    /// A receiver's settings for a test: loopback, a small window, short deadlines, its
+    /// output in `out`.
+    pub(crate) fn config(out: &std::path::Path) -> RecvConfig {
+        RecvConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            output: Output::File(out.to_path_buf()),
+            window: 1 << 20,
+            handshake_timeout: Duration::from_secs(2),
+            max_pending: 8,
+            keep: false,
+            path_timeout: Duration::from_secs(2),
+            psk: None,
+            mptcp: false,
+            input: Input::Stdin,
+            duration: None,
+        }
+    }
+
+    /// A receiver running [`run`] on its own thread.
+    pub(crate) struct Running {
+        pub(crate) addr: SocketAddr,
+        pub(crate) stop: Arc<AtomicBool>,
+        thread: std::thread::JoinHandle<Result<MpcatReport, Error>>,
+    }
+
+    impl Running {
+        pub(crate) fn start(cfg: RecvConfig) -> Running {
+            let l = bind(cfg.listen, false).unwrap();
+            let addr = l.local_addr();
+            let stop = Arc::new(AtomicBool::new(false));
+            let s = Arc::clone(&stop);
+            let thread =
+                std::thread::spawn(move || run(&cfg, l, &s, &MpcatCounters::default(), &|_| {}));
+            Running { addr, stop, thread }
+        }
+
+        /// Its report, once it ends by itself (10 s at most).
+        pub(crate) fn report(self) -> MpcatReport {
+            let until = Instant::now() + Duration::from_secs(10);
+            while !self.thread.is_finished() {
+                assert!(Instant::now() < until, "the receiver did not end");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            self.thread.join().unwrap().unwrap()
+        }
+    }
+
+    /// A connection to the receiver, answers read with a deadline.
+    pub(crate) fn dial(addr: SocketAddr) -> StdStream {
+        let s = StdStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.set_nodelay(true).unwrap();
+        s
+    }
+
+    pub(crate) fn put(s: &mut StdStream, f: &Frame<'_>) {
+        let mut b = Vec::new();
+        f.emit_vec(&mut b);
+        s.write_all(&b).unwrap();
+    }
+
+    pub(crate) fn hello(token: u8, stream: u16, streams: u16, chunk: u32) -> Frame<'static> {
+        Frame::Hello {
+            version: frame::VERSION,
+            token: [token; 16],
+            stream,
+            streams,
+            chunk,
+        }
+    }
+
+    /// A data frame of `payload` at `seq`.
+    pub(crate) fn data(s: &mut StdStream, seq: u64, payload: &[u8]) {
+        s.write_all(&frame::data_header(seq, payload.len()))
+            .unwrap();
+        s.write_all(payload).unwrap();
+    }
+
+    /// Reads frames until `want` says yes to one; every frame read is passed to it. None
+    /// when the connection closed first.
+    pub(crate) fn until(s: &mut StdStream, want: &mut dyn FnMut(Frame<'_>) -> bool) -> bool {
+        let mut buf = Vec::new();
+        let mut b = [0u8; 4096];
+        loop {
+            loop {
+                match Frame::parse(&buf) {
+                    Ok((f, used)) => {
+                        let hit = want(f);
+                        buf.drain(..used);
+                        if hit {
+                            return true;
+                        }
+                    }
+                    Err(frame::FrameError::Truncated { .. }) => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            match s.read(&mut b) {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => buf.extend_from_slice(&b[..n]),
+            }
+        }
+    }
+
+    /// The first frame the receiver answers with, as text.
+    pub(crate) fn answer(s: &mut StdStream) -> String {
+        let mut got = String::from("closed");
+        until(s, &mut |f| {
+            got = format!("{f:?}");
+            true
+        });
+        got
+    }
+
+    /// `len` bytes, `i * 13 + k` each.
+    pub(crate) fn pattern(len: usize, k: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(13).wrapping_add(k))
+            .collect()
+    }
+
+    /// A path under the temp dir for test `tag`, removed when dropped.
+    pub(crate) struct Temp(pub(crate) std::path::PathBuf);
+    impl Temp {
+        pub(crate) fn new(tag: &str) -> Temp {
+            Temp(std::env::temp_dir().join(format!("mpcat-recv-{tag}-{}", std::process::id())))
+        }
+    }
+    impl Drop for Temp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    #[test]
+    fn an_ipv4_peer_of_the_dual_stack_listener_reads_as_ipv4() {
+        let mapped: SocketAddr = "[::ffff:198.19.0.1]:40000".parse().unwrap();
+        assert_eq!(unmapped(mapped).to_string(), "198.19.0.1:40000");
+        let v6: SocketAddr = "[2001:db8::1]:9".parse().unwrap();
+        assert_eq!(unmapped(v6), v6);
+    }
+
+    #[test]
+    fn a_port_in_use_is_said_before_anything_runs() {
+        let first = bind(SocketAddr::from(([127, 0, 0, 1], 0)), false).unwrap();
+        // SO_REUSEADDR does not let two listeners share a port.
+        let e = bind(first.local_addr(), false).unwrap_err();
+        let line = e.line();
+        assert!(
+            line.starts_with(&format!("listen on {}: ", first.local_addr())),
+            "{line}"
+        );
+        assert!(line.contains("in use"), "{line}");
+    }
+
+    #[test]
+    fn one_session_of_two_streams_is_written_in_order_and_verified() {
+        let out = Temp::new("two");
+        let rx = Running::start(config(&out.0));
+        let stream = pattern(300_000, 1);
+        let (a, b) = (&stream[..150_000], &stream[150_000..]);
+        let mut s0 = dial(rx.addr);
+        let mut s1 = dial(rx.addr);
+        put(&mut s0, &hello(7, 0, 2, 64 << 10));
+        assert!(answer(&mut s0).starts_with("Welcome"));
+        put(&mut s1, &hello(7, 1, 2, 64 << 10));
+        assert!(answer(&mut s1).starts_with("Welcome"));
+        // The second half first, on the other stream: it waits in the window.
+        for (k, piece) in b.chunks(64 << 10).enumerate() {
+            data(&mut s1, 150_000 + (k * (64 << 10)) as u64, piece);
+        }
+        for (k, piece) in a.chunks(64 << 10).enumerate() {
+            data(&mut s0, (k * (64 << 10)) as u64, piece);
+        }
+        put(
+            &mut s0,
+            &Frame::End {
+                total: stream.len() as u64,
+                hash: crate::stream_hash(&stream),
+            },
+        );
+        let mut done = None;
+        until(&mut s0, &mut |f| match f {
+            Frame::Done { total, ok } => {
+                done = Some((total, ok));
+                true
+            }
+            _ => false,
+        });
+        assert_eq!(done, Some((stream.len() as u64, true)));
+        let r = rx.report();
+        assert_eq!(r.failure, None);
+        assert!(r.verified);
+        assert_eq!(r.bytes, stream.len() as u64);
+        assert_eq!(r.streams.len(), 2);
+        assert_eq!(r.streams[1].bytes, b.len() as u64);
+        assert_eq!(std::fs::read(&out.0).unwrap(), stream);
+    }
+
+    #[test]
+    fn duration_stops_a_server_with_success_and_one_session_asked_for_with_a_reason() {
+        let out = Temp::new("duration");
+        let mut cfg = config(&out.0);
+        cfg.duration = Some(Duration::from_millis(300));
+        cfg.keep = true;
+        let started = Instant::now();
+        let r = Running::start(cfg.clone()).report();
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(
+            (r.failure.as_deref(), r.verified, r.sessions),
+            (None, true, 0)
+        );
+        cfg.keep = false;
+        let r = Running::start(cfg).report();
+        assert_eq!(
+            r.failure.as_deref(),
+            Some("--duration 300ms ended before a session began")
+        );
+    }
+}

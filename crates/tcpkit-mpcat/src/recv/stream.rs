@@ -347,3 +347,84 @@ fn take_frame(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_plain_read_stops_at_a_data_frames_header_or_a_control_frames_end() {
+        let hdr = frame::data_header(0, 5000);
+        // The frame header first; then for a data frame its header only (the payload goes
+        // to the window).
+        assert_eq!(plain_need(&hdr[..1]), frame::FRAME_HDR);
+        assert_eq!(plain_need(&hdr[..frame::FRAME_HDR]), DATA_HDR);
+        assert_eq!(plain_need(&hdr[..DATA_HDR - 1]), DATA_HDR);
+        let mut end = Vec::new();
+        Frame::End {
+            total: 9,
+            hash: [1; 16],
+        }
+        .emit_vec(&mut end);
+        // A control frame: to its end; a whole one is all there is to read.
+        assert_eq!(plain_need(&end[..3]), frame::FRAME_HDR);
+        assert_eq!(plain_need(&end[..frame::FRAME_HDR]), end.len());
+        assert_eq!(plain_need(&end), end.len());
+    }
+
+    /// The Hello, the stream's frames and its end in one write: what came with the Hello is
+    /// the stream's first bytes, taken before anything more is read.
+    #[test]
+    fn bytes_that_come_with_the_hello_are_the_streams_first() {
+        let out = Temp::new("with-hello");
+        let rx = Running::start(config(&out.0));
+        let stream = pattern(5000, 9);
+        let mut all = Vec::new();
+        hello(4, 0, 1, 4096).emit_vec(&mut all);
+        all.extend_from_slice(&frame::data_header(0, 4096));
+        all.extend_from_slice(&stream[..4096]);
+        all.extend_from_slice(&frame::data_header(4096, 904));
+        all.extend_from_slice(&stream[4096..]);
+        Frame::End {
+            total: 5000,
+            hash: crate::stream_hash(&stream),
+        }
+        .emit_vec(&mut all);
+        let mut s = dial(rx.addr);
+        s.write_all(&all).unwrap();
+        let mut ok = None;
+        until(&mut s, &mut |f| match f {
+            Frame::Done { ok: v, .. } => {
+                ok = Some(v);
+                true
+            }
+            _ => false,
+        });
+        assert_eq!(ok, Some(true));
+        let r = rx.report();
+        assert_eq!((r.failure, r.bytes), (None, 5000));
+        assert_eq!(std::fs::read(&out.0).unwrap(), stream);
+    }
+
+    /// A chunk longer than the Hello declared fails the session before any of it is read,
+    /// naming the stream and both sizes.
+    #[test]
+    fn a_chunk_longer_than_declared_fails_the_session_naming_the_stream() {
+        let out = Temp::new("long-chunk");
+        let rx = Running::start(config(&out.0));
+        let mut s = dial(rx.addr);
+        put(&mut s, &hello(4, 0, 1, 1024));
+        assert!(answer(&mut s).starts_with("Welcome"));
+        let me = s.local_addr().unwrap();
+        data(&mut s, 0, &pattern(2048, 0));
+        let r = rx.report();
+        assert_eq!(
+            r.failure.as_deref(),
+            Some(&*format!(
+                "stream 0 ({me}): a 2048-byte chunk, the session declared 1024"
+            ))
+        );
+    }
+}

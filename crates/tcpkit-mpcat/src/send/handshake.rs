@@ -326,3 +326,117 @@ pub(super) fn connect_from(
     s.connect_timeout(&to.into(), timeout)?;
     Ok(s.into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::send::testing::config;
+    use std::net::TcpListener;
+
+    /// A receiver played by the test: accepts one connection, reads what comes (the Hello),
+    /// then does `then` with it.
+    fn peer(then: impl FnOnce(TcpStream) + Send + 'static) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 64];
+            let _ = s.read(&mut b);
+            then(s);
+        });
+        addr
+    }
+
+    fn said(addr: SocketAddr) -> String {
+        connect(&config(addr), 1, None, &[addr], None, [1; 16], 0, None)
+            .unwrap_err()
+            .line()
+    }
+
+    fn answer(f: Frame<'static>) -> impl FnOnce(TcpStream) + Send + 'static {
+        move |mut s| {
+            let mut b = Vec::new();
+            f.emit_vec(&mut b);
+            s.write_all(&b).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    #[test]
+    fn a_welcome_gives_the_window_and_the_stream_its_options() {
+        let addr = peer(answer(Frame::Welcome {
+            version: VERSION,
+            window: 12345,
+        }));
+        let (s, at, window, chan) = connect(
+            &config(addr),
+            1,
+            Some(32 << 10),
+            &[addr],
+            None,
+            [1; 16],
+            0,
+            None,
+        )
+        .unwrap();
+        assert_eq!((at, window, chan.is_none()), (addr, 12345, true));
+        assert!(s.nodelay().unwrap());
+        let user_timeout = socket2::SockRef::from(&s).tcp_user_timeout().unwrap();
+        assert_eq!(user_timeout, Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn every_way_a_handshake_fails_is_said_with_the_stream_and_the_address() {
+        let addr = peer(answer(Frame::Refuse { reason: "go away" }));
+        assert_eq!(said(addr), format!("stream 0: refused by {addr}: go away"));
+        let addr = peer(answer(Frame::Welcome {
+            version: VERSION + 1,
+            window: 1,
+        }));
+        assert_eq!(
+            said(addr),
+            format!(
+                "stream 0: handshake with {addr}: the receiver speaks version {}, this is {VERSION}",
+                VERSION + 1
+            )
+        );
+        let addr = peer(drop);
+        assert_eq!(
+            said(addr),
+            format!("stream 0: receiver {addr}: closed during the handshake")
+        );
+        let addr = peer(|_s| std::thread::sleep(Duration::from_secs(2)));
+        assert_eq!(
+            said(addr),
+            format!("stream 0: handshake with {addr}: no answer within 500ms")
+        );
+        let addr = peer(|mut s| {
+            s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let e = said(addr);
+        assert!(
+            e.starts_with(&format!(
+                "stream 0: handshake with {addr}: not an mpcat receiver"
+            )),
+            "{e}"
+        );
+        // Nothing listens: the connect's own error.
+        let gone = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let e = said(gone);
+        assert!(
+            e.starts_with(&format!("stream 0: connect {gone}: ")) && e.contains("refused"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_unsent_bound_is_smaller_for_one_way_out() {
+        assert_eq!(unsent_bound(false, 1 << 20), 32 << 10);
+        assert_eq!(unsent_bound(true, 1 << 20), 128 << 10);
+        assert_eq!(unsent_bound(true, 4096), 4096);
+    }
+}

@@ -696,12 +696,100 @@ impl Drop for TempFile {
     }
 }
 
+/// What the sender's unit tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// A sender's settings for a test: toward `to`, one stream, short deadlines.
+    pub(crate) fn config(to: SocketAddr) -> SendConfig {
+        SendConfig {
+            peer: vec![to],
+            address: to.to_string(),
+            streams: Some(1),
+            chunk: 64 << 10,
+            chunk_min: 64 << 10,
+            input: Input::Stdin,
+            connect_timeout: Duration::from_millis(500),
+            path_timeout: Duration::from_secs(2),
+            rate_limit: None,
+            psk: None,
+            mptcp: false,
+            size: None,
+            token: None,
+            zerocopy: false,
+            duration: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recv::testing::{config as recv_config, Running, Temp};
 
     #[test]
     fn hex_is_lowercase_and_padded() {
         assert_eq!(hex(&[0, 0xab, 7]), "00ab07");
+    }
+
+    fn quiet(_: &str) {}
+
+    /// The whole sending side against the real receiver on loopback: a file over two
+    /// streams, every byte acknowledged, the receiver's verdict verified.
+    #[test]
+    fn a_file_over_two_streams_arrives_verified() {
+        let (input, bytes) = TempFile::new("run-two", 3 << 20);
+        let out = Temp::new("run-two");
+        let rx = Running::start(recv_config(&out.0));
+        let mut cfg = testing::config(rx.addr);
+        cfg.streams = Some(2);
+        cfg.input = Input::File(input.0.clone());
+        let stop = AtomicBool::new(false);
+        let r = run(&cfg, &stop, &MpcatCounters::default(), &quiet).unwrap();
+        assert_eq!((r.failure.as_deref(), r.verified), (None, true));
+        assert_eq!((r.bytes, r.total), (3 << 20, Some(3 << 20)));
+        assert_eq!(r.streams.len(), 2);
+        assert!(r.streams.iter().all(|s| s.bytes > 0), "{:?}", r.streams);
+        assert_eq!(rx.report().failure, None);
+        assert_eq!(std::fs::read(&out.0).unwrap(), bytes);
+    }
+
+    /// --duration on an endless input (/dev/zero, read as a pipe): reading stops after it,
+    /// the stream ends with what was read, verified, and says so.
+    #[test]
+    fn duration_ends_an_endless_input_verified() {
+        let out = Temp::new("run-duration");
+        let rx = Running::start(recv_config(&out.0));
+        let mut cfg = testing::config(rx.addr);
+        cfg.input = Input::File("/dev/zero".into());
+        cfg.rate_limit = Some(4 << 20);
+        cfg.duration = Some(Duration::from_millis(500));
+        let said = std::sync::Mutex::new(Vec::new());
+        let hint = |m: &str| said.lock().unwrap().push(m.to_string());
+        let started = Instant::now();
+        let r = run(
+            &cfg,
+            &AtomicBool::new(false),
+            &MpcatCounters::default(),
+            &hint,
+        )
+        .unwrap();
+        let took = started.elapsed();
+        assert_eq!((r.failure.as_deref(), r.verified), (None, true));
+        assert!(
+            took >= Duration::from_millis(500) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+        let total = r.total.unwrap();
+        assert!((1 << 20..=6 << 20).contains(&total), "{total} bytes");
+        let said = said.lock().unwrap();
+        assert!(
+            said.iter()
+                .any(|m| m.starts_with("--duration 500ms: the input was read")),
+            "{said:?}"
+        );
+        assert_eq!(rx.report().bytes, total);
+        assert_eq!(std::fs::metadata(&out.0).unwrap().len(), total);
     }
 }
