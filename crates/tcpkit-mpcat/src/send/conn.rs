@@ -61,6 +61,50 @@ pub(super) struct Conn {
 }
 
 impl Conn {
+    /// A connected, welcomed stream (placed on `path`), with `chan` under --psk-file.
+    pub(super) fn new(
+        sock: mio::net::TcpStream,
+        local: SocketAddr,
+        peer: SocketAddr,
+        path: Option<String>,
+        chan: Option<Channel>,
+        cfg: &super::SendConfig,
+        start: Instant,
+    ) -> Conn {
+        Conn {
+            sock: Some(sock),
+            local,
+            peer,
+            path,
+            // Plain data frames are written from their chunk: `out` holds only control
+            // frames then.
+            out: Vec::with_capacity(if chan.is_some() {
+                DATA_HDR + cfg.chunk as usize
+            } else {
+                256
+            }),
+            out_pos: 0,
+            data: None,
+            writable: true,
+            inbuf: vec![0; INBUF],
+            in_len: 0,
+            bytes: 0,
+            reconnecting: false,
+            size: cfg.chunk_min as usize,
+            size_max: cfg.chunk_min as usize,
+            rate: 0.0,
+            bytes_then: 0,
+            next_try: start,
+            raw: if chan.is_some() {
+                vec![0; RAW_BUF]
+            } else {
+                Vec::new()
+            },
+            raw_len: 0,
+            chan,
+        }
+    }
+
     /// Queues `plain` (frames) for the receiver: sealed into records when encrypted.
     pub(super) fn put(&mut self, plain: &[u8]) {
         match self.chan.as_mut() {

@@ -27,18 +27,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Waker};
-use tcpkit_pace::TokenBucket;
 
-use crate::frame::{self, DATA_HDR, MAX_CHUNK};
+use crate::frame::{self, MAX_CHUNK};
 use crate::paths::{Egress, Paths};
 use crate::secure::Psk;
 use crate::{
     ConnCounts, Error, Input, MpcatCounters, MpcatReport, MptcpReport, Role, StreamReport,
 };
 
-use conn::{give_up, read_conn, Conn, ConnError, INBUF, RAW_BUF};
+use conn::{give_up, read_conn, Conn, ConnError, RAW_BUF};
 use handshake::{open_mptcp, unsent_bound};
-use input::{live_input, open_input, reader, Feed, Source};
+use input::{live_input, open_input, reader, Feed, Opened, Source};
 use schedule::{adapt, fail_conn, fill, read_ahead, take, unsent_bytes, Flow};
 /// How the sending side runs.
 #[derive(Debug, Clone)]
@@ -122,10 +121,7 @@ pub fn run(
     live: &MpcatCounters,
     hint: &dyn Fn(&str),
 ) -> Result<MpcatReport, Error> {
-    // --psk-file seals the bytes in user space: they are read into buffers as from a pipe
-    // (the command line refuses -Z with it).
     let opened = open_input(&cfg.input)?;
-    let sendfile = cfg.zerocopy && cfg.psk.is_none();
     if let (true, None, Input::File(p)) = (cfg.zerocopy, &opened.file, &cfg.input) {
         hint(&format!(
             "-Z: {} is not a regular file: its bytes are copied as from a pipe",
@@ -170,54 +166,10 @@ pub fn run(
         .as_ref()
         .map(|p| p.egress.members())
         .unwrap_or_default();
-    // --mptcp: one MPTCP connection, the kernel's subflows instead of striping; striping over
-    // TCP when the kernel or the receiver does not do MPTCP (said once). A connection that
-    // fell back is plain TCP: it serves as stream 0.
-    let mut mptcp_report = None;
-    let mut pre = None;
-    if cfg.mptcp {
-        let fallback = |why: String, report: &mut Option<MptcpReport>| {
-            hint(&format!("--mptcp: {why}: striping over TCP instead"));
-            *report = Some(MptcpReport {
-                subflows: 0,
-                fallback: Some(why),
-            });
-        };
-        match open_mptcp(cfg) {
-            Ok((s, addr)) => match crate::mptcp::subflows(&s) {
-                Ok(Some(n)) => {
-                    pre = Some((s, addr, true));
-                    mptcp_report = Some(MptcpReport {
-                        subflows: n,
-                        fallback: None,
-                    });
-                }
-                Ok(None) => {
-                    pre = Some((s, addr, false));
-                    fallback(
-                        "the receiver does not do MPTCP (the connection fell back to TCP; give it --mptcp)".into(),
-                        &mut mptcp_report,
-                    );
-                }
-                Err(e) => {
-                    return Err(Error::io(
-                        format!("MPTCP_INFO of the connection to {addr}"),
-                        e,
-                    ))
-                }
-            },
-            Err(e) if crate::mptcp::unsupported(&e) => fallback(
-                format!("this kernel does not do MPTCP (socket: {e}; is net.mptcp.enabled 1?)"),
-                &mut mptcp_report,
-            ),
-            Err(e) => {
-                return Err(Error::io(
-                    format!("stream 0: connect {} (MPTCP)", cfg.address),
-                    e,
-                ))
-            }
-        }
-    }
+    let (pre, mut mptcp_report) = match cfg.mptcp {
+        true => open_mptcp_first(cfg, hint)?,
+        false => (None, None),
+    };
     let used = matches!(pre, Some((_, _, true)));
     let eff = SendConfig {
         mptcp: used,
@@ -225,7 +177,7 @@ pub fn run(
         ..cfg.clone()
     };
     let cfg = &eff;
-    let mut pre = pre.map(|(s, a, _)| (s, a));
+    let pre = pre.map(|(s, a, _)| (s, a));
     let n_streams = match cfg.streams {
         Some(n) => n,
         None => u16::try_from(members.len().clamp(1, usize::from(frame::MAX_STREAMS))).unwrap_or(1),
@@ -239,152 +191,32 @@ pub fn run(
     }
     let several = members.len() > 1 || (paths.is_none() && n_streams > 1);
     let lowat = (!used).then(|| unsent_bound(several, cfg.chunk));
-    let mut conns = Vec::with_capacity(usize::from(n_streams));
-    let mut addrs = cfg.peer.clone();
-    let mut window = u64::MAX;
-    // A connection made before (--mptcp's) is stream 0 wherever it went; the others are
-    // spread over the members after its own.
-    let first = match (&pre, &paths) {
-        (Some((s, a)), Some(p)) => s
-            .local_addr()
-            .ok()
-            .and_then(|l| p.member_of(l, *a).ok())
-            .unwrap_or(0),
-        _ => 0,
+    let plan = Plan {
+        paths: paths.as_ref(),
+        members: &members,
+        to,
+        n_streams,
+        lowat,
+        token,
     };
-    for i in 0..n_streams {
-        let pre = if i == 0 { pre.take() } else { None };
-        let placed = paths
-            .as_ref()
-            .filter(|p| p.egress.members().len() > 1 && pre.is_none())
-            .and_then(|p| pick_source(p, to, (first + usize::from(i)) % members.len()));
-        let from = placed.map(|(a, _)| a);
-        let (s, addr, w, chan) = connect(cfg, n_streams, lowat, &addrs, from, token, i, pre)?;
-        // The first address that answered is the one every stream uses.
-        addrs = vec![addr];
-        window = window.min(w);
-        let local = s
-            .local_addr()
-            .map_err(|e| Error::io(format!("stream {i}: getsockname"), e))?;
-        let path = match (&paths, placed) {
-            (_, Some((_, m))) => members.get(m).cloned(),
-            (Some(p), None) => p
-                .member_of(local, addr)
-                .ok()
-                .and_then(|m| members.get(m).cloned()),
-            (None, None) => None,
-        };
-        let sock = register(&poll, s, usize::from(i))?;
-        conns.push(Conn {
-            sock: Some(sock),
-            local,
-            peer: addr,
-            path,
-            // Plain data frames are written from their chunk: `out` holds only control
-            // frames then.
-            out: Vec::with_capacity(if chan.is_some() {
-                DATA_HDR + chunk
-            } else {
-                256
-            }),
-            out_pos: 0,
-            data: None,
-            writable: true,
-            inbuf: vec![0; INBUF],
-            in_len: 0,
-            bytes: 0,
-            reconnecting: false,
-            size: cfg.chunk_min as usize,
-            size_max: cfg.chunk_min as usize,
-            rate: 0.0,
-            bytes_then: 0,
-            next_try: start,
-            raw: if chan.is_some() {
-                vec![0; RAW_BUF]
-            } else {
-                Vec::new()
-            },
-            raw_len: 0,
-            chan,
-        });
-    }
+    let (mut conns, window, addr) = open_streams(cfg, &poll, &plan, pre, start)?;
     let waker = Arc::new(
         Waker::new(poll.registry(), WAKER).map_err(|e| Error::io("eventfd for the reader", e))?,
     );
     // Chunks alive at once: the window's worth, one more per stream being written, and a
     // few read ahead.
     let pool = (window / chunk as u64).min(1 << 16) as usize + conns.len() + 4;
-    let (back_tx, back_rx) = mpsc::channel();
-    let inline = opened.file.is_some();
-    let feed = Feed {
-        input: opened.read,
-        file: opened.file.clone().filter(|_| sendfile),
-        opened_len: opened.len,
-        live: live_input(&cfg.input),
-        until: cfg.duration.map(|d| (start + d, opened.fd)),
-        chunk,
-        size: cfg.size,
-        hasher: crate::StreamHasher::new(),
-        seq: 0,
-        back_tx,
-        own: None,
-    };
+    let file = opened.file.clone();
     let reader_stop = Arc::new(AtomicBool::new(false));
-    let (mut source, rthread) = if inline {
-        let source = Source::Inline {
-            feed: Box::new(feed),
-            queue: VecDeque::new(),
-            more: true,
-            back: back_rx,
-            fresh: Vec::new(),
-        };
-        (source, None)
-    } else {
-        // The reader waits (a full channel) while the loop holds its read-ahead: see
-        // READ_AHEAD.
-        let (tx, rx) = mpsc::sync_channel(2);
-        let (waker, rstop) = (Arc::clone(&waker), Arc::clone(&reader_stop));
-        let t = std::thread::Builder::new()
-            .name("mpcat-read".into())
-            .spawn(move || reader(feed, pool, tx, back_rx, waker, rstop))
-            .map_err(|e| Error::io("start the reader thread", e))?;
-        (Source::Thread(rx), Some(t))
-    };
-    let mut flow = Flow {
-        unsent: VecDeque::new(),
-        inflight: VecDeque::new(),
-        limit: window,
-        acked: 0,
-        end: None,
-        end_sent: None,
-        done: None,
-        start,
-        window,
-        tick: start,
-        lo: cfg.chunk_min as usize,
-        hi: chunk,
-        failures: Vec::new(),
-        reconnects: 0,
-        resent: 0,
-        none_since: None,
-        // A burst of two of the smallest chunks (chunks are cut no larger under a limit):
-        // enough to keep every connection fed between polls, small enough that a second's
-        // rate stays within a few percent of the limit.
-        bucket: cfg
-            .rate_limit
-            .map(|r| TokenBucket::new(r as f64, (2 * cfg.chunk_min).max(1))),
-        pace_wait: None,
-        fatal: None,
-        cut: false,
-        file: opened.file,
-    };
+    let (mut source, rthread) = start_source(opened, cfg, pool, start, &waker, &reader_stop)?;
+    let mut flow = Flow::new(cfg, window, start, file);
     let (conn_tx, conn_rx) = mpsc::channel();
     let ctx = Ctx {
         cfg,
         n_streams,
         lowat,
         token,
-        addr: addrs[0],
+        addr,
         waker: Arc::clone(&waker),
         conn_tx,
     };
@@ -423,6 +255,207 @@ pub fn run(
             "--duration {d:?}: the input was read for that long; the stream ended after {total} bytes"
         ));
     }
+    let mut report = report(cfg, &flow, &conns, failure, start);
+    report.window = window;
+    report.mptcp = mptcp_report;
+    report.egress = egress;
+    Ok(report)
+}
+
+/// Where and how the session's streams are opened.
+struct Plan<'a> {
+    /// The way out toward the receiver, when known, and its members' names.
+    paths: Option<&'a Paths>,
+    members: &'a [String],
+    to: SocketAddr,
+    n_streams: u16,
+    /// TCP_NOTSENT_LOWAT ([`unsent_bound`]); None with MPTCP.
+    lowat: Option<u32>,
+    token: frame::Token,
+}
+
+/// Connects and welcomes the session's streams, each from a source port that places it on
+/// the next member of the way out (`pre`, a connection already made, is stream 0 wherever
+/// it went); returns them, the smallest window the receiver gave, and the address that
+/// answered (which every stream then uses).
+fn open_streams(
+    cfg: &SendConfig,
+    poll: &Poll,
+    plan: &Plan<'_>,
+    mut pre: Option<(TcpStream, SocketAddr)>,
+    start: Instant,
+) -> Result<(Vec<Conn>, u64, SocketAddr), Error> {
+    let mut conns = Vec::with_capacity(usize::from(plan.n_streams));
+    let mut addrs = cfg.peer.clone();
+    let mut window = u64::MAX;
+    // A connection made before (--mptcp's) is stream 0 wherever it went; the others are
+    // spread over the members after its own.
+    let first = match (&pre, plan.paths) {
+        (Some((s, a)), Some(p)) => s
+            .local_addr()
+            .ok()
+            .and_then(|l| p.member_of(l, *a).ok())
+            .unwrap_or(0),
+        _ => 0,
+    };
+    for i in 0..plan.n_streams {
+        let pre = if i == 0 { pre.take() } else { None };
+        let placed = plan
+            .paths
+            .filter(|p| p.egress.members().len() > 1 && pre.is_none())
+            .and_then(|p| pick_source(p, plan.to, (first + usize::from(i)) % plan.members.len()));
+        let from = placed.map(|(a, _)| a);
+        let (s, addr, w, chan) = connect(
+            cfg,
+            plan.n_streams,
+            plan.lowat,
+            &addrs,
+            from,
+            plan.token,
+            i,
+            pre,
+        )?;
+        // The first address that answered is the one every stream uses.
+        addrs = vec![addr];
+        window = window.min(w);
+        let local = s
+            .local_addr()
+            .map_err(|e| Error::io(format!("stream {i}: getsockname"), e))?;
+        let path = match (plan.paths, placed) {
+            (_, Some((_, m))) => plan.members.get(m).cloned(),
+            (Some(p), None) => p
+                .member_of(local, addr)
+                .ok()
+                .and_then(|m| plan.members.get(m).cloned()),
+            (None, None) => None,
+        };
+        let sock = register(poll, s, usize::from(i))?;
+        conns.push(Conn::new(sock, local, addr, path, chan, cfg, start));
+    }
+    Ok((conns, window, addrs[0]))
+}
+
+/// --mptcp: one MPTCP connection, the kernel's subflows instead of striping; striping over
+/// TCP when the kernel or the receiver does not do MPTCP (said once). A connection that
+/// fell back is plain TCP: it serves as stream 0. Returns the connection (true: it is
+/// MPTCP) and what the report says of MPTCP.
+#[expect(
+    clippy::type_complexity,
+    reason = "the connection made, whether it is MPTCP, and the report's part, used apart"
+)]
+fn open_mptcp_first(
+    cfg: &SendConfig,
+    hint: &dyn Fn(&str),
+) -> Result<(Option<(TcpStream, SocketAddr, bool)>, Option<MptcpReport>), Error> {
+    let mut mptcp_report = None;
+    let mut pre = None;
+    {
+        let fallback = |why: String, report: &mut Option<MptcpReport>| {
+            hint(&format!("--mptcp: {why}: striping over TCP instead"));
+            *report = Some(MptcpReport {
+                subflows: 0,
+                fallback: Some(why),
+            });
+        };
+        match open_mptcp(cfg) {
+            Ok((s, addr)) => match crate::mptcp::subflows(&s) {
+                Ok(Some(n)) => {
+                    pre = Some((s, addr, true));
+                    mptcp_report = Some(MptcpReport {
+                        subflows: n,
+                        fallback: None,
+                    });
+                }
+                Ok(None) => {
+                    pre = Some((s, addr, false));
+                    fallback(
+                    "the receiver does not do MPTCP (the connection fell back to TCP; give it --mptcp)".into(),
+                    &mut mptcp_report,
+                );
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("MPTCP_INFO of the connection to {addr}"),
+                        e,
+                    ))
+                }
+            },
+            Err(e) if crate::mptcp::unsupported(&e) => fallback(
+                format!("this kernel does not do MPTCP (socket: {e}; is net.mptcp.enabled 1?)"),
+                &mut mptcp_report,
+            ),
+            Err(e) => {
+                return Err(Error::io(
+                    format!("stream 0: connect {} (MPTCP)", cfg.address),
+                    e,
+                ))
+            }
+        }
+    }
+    Ok((pre, mptcp_report))
+}
+
+/// Starts reading the input: on the loop for a regular file, else on the reader thread
+/// (with at most `pool` buffers). `start` and --duration say when reading stops.
+fn start_source(
+    opened: Opened,
+    cfg: &SendConfig,
+    pool: usize,
+    start: Instant,
+    waker: &Arc<Waker>,
+    reader_stop: &Arc<AtomicBool>,
+) -> Result<(Source, Option<std::thread::JoinHandle<()>>), Error> {
+    // --psk-file seals the bytes in user space: they are read into buffers as from a pipe
+    // (the command line refuses -Z with it).
+    let sendfile = cfg.zerocopy && cfg.psk.is_none();
+    let chunk = cfg.chunk as usize;
+    let (back_tx, back_rx) = mpsc::channel();
+    let inline = opened.file.is_some();
+    let feed = Feed {
+        input: opened.read,
+        file: opened.file.clone().filter(|_| sendfile),
+        opened_len: opened.len,
+        live: live_input(&cfg.input),
+        until: cfg.duration.map(|d| (start + d, opened.fd)),
+        chunk,
+        size: cfg.size,
+        hasher: crate::StreamHasher::new(),
+        seq: 0,
+        back_tx,
+        own: None,
+    };
+    let started = if inline {
+        let source = Source::Inline {
+            feed: Box::new(feed),
+            queue: VecDeque::new(),
+            more: true,
+            back: back_rx,
+            fresh: Vec::new(),
+        };
+        (source, None)
+    } else {
+        // The reader waits (a full channel) while the loop holds its read-ahead: see
+        // READ_AHEAD.
+        let (tx, rx) = mpsc::sync_channel(2);
+        let (waker, rstop) = (Arc::clone(waker), Arc::clone(reader_stop));
+        let t = std::thread::Builder::new()
+            .name("mpcat-read".into())
+            .spawn(move || reader(feed, pool, tx, back_rx, waker, rstop))
+            .map_err(|e| Error::io("start the reader thread", e))?;
+        (Source::Thread(rx), Some(t))
+    };
+    Ok(started)
+}
+
+/// The sending side's report once its loop ended (`failure`: why, if it failed); the
+/// window, MPTCP and egress parts are the caller's.
+fn report(
+    cfg: &SendConfig,
+    flow: &Flow,
+    conns: &[Conn],
+    failure: Option<String>,
+    start: Instant,
+) -> MpcatReport {
     let secs = start.elapsed().as_secs_f64();
     let verified = failure.is_none()
         && matches!((flow.done, flow.end), (Some((t, true)), Some((total, _))) if t == total);
@@ -434,7 +467,7 @@ pub fn run(
             _ => "the receiver's total differs from the bytes sent".into(),
         })
     });
-    Ok(MpcatReport {
+    MpcatReport {
         schema_version: crate::report::SCHEMA_VERSION,
         role: Role::Send,
         address: cfg.address.clone(),
@@ -446,10 +479,10 @@ pub fn run(
         } else {
             0.0
         },
-        chunk_size: chunk as u64,
-        window,
+        chunk_size: u64::from(cfg.chunk),
+        window: flow.window,
         encrypted: cfg.psk.is_some(),
-        mptcp: mptcp_report,
+        mptcp: None,
         streams: conns
             .iter()
             .enumerate()
@@ -462,8 +495,8 @@ pub fn run(
                 chunk_max: Some(c.size_max as u64),
             })
             .collect(),
-        egress,
-        path_failures: flow.failures,
+        egress: None,
+        path_failures: flow.failures.clone(),
         reconnects: flow.reconnects,
         resent_bytes: flow.resent,
         hash: flow
@@ -475,7 +508,7 @@ pub fn run(
         sessions_verified: u64::from(verified),
         failure,
         reverse: None,
-    })
+    }
 }
 
 /// How the egress reads in the report: `ecmp: eth1 eth2`, `bond bond0 (layer3+4): eth0 eth1`.
@@ -540,6 +573,73 @@ fn reconnect(ctx: &Ctx<'_>, conns: &mut [Conn]) {
     }
 }
 
+/// Takes the streams whose reconnection finished: registered again and writable, or (the
+/// path still down) tried again in a second.
+fn rejoin(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, conn_rx: &Receiver<Reconnected>) {
+    while let Ok((i, r)) = conn_rx.try_recv() {
+        let c = &mut conns[i];
+        c.reconnecting = false;
+        match r {
+            Ok((s, _, _, chan)) => {
+                let local = s.local_addr().ok();
+                match register(poll, s, i) {
+                    Ok(sock) => {
+                        c.sock = Some(sock);
+                        if chan.is_some() && c.raw.is_empty() {
+                            c.raw = vec![0; RAW_BUF];
+                        }
+                        c.chan = chan;
+                        c.raw_len = 0;
+                        c.local = local.unwrap_or(c.local);
+                        c.writable = true;
+                        flow.reconnects += 1;
+                    }
+                    Err(_) => c.next_try = Instant::now() + Duration::from_secs(1),
+                }
+            }
+            // The path is still down: try again in a second.
+            Err(_) => c.next_try = Instant::now() + Duration::from_secs(1),
+        }
+    }
+}
+
+/// Fails the session when no stream has been up for --path-timeout.
+fn no_path_left(ctx: &Ctx<'_>, conns: &[Conn], flow: &mut Flow) -> Result<(), Error> {
+    if conns.iter().any(|c| c.sock.is_some()) {
+        flow.none_since = None;
+    } else {
+        let since = *flow.none_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= ctx.cfg.path_timeout {
+            let last = flow.failures.last().map_or_else(String::new, |f| {
+                format!(" (last: stream {}: {})", f.stream, f.why)
+            });
+            return Err(Error::msg(format!(
+                "no path left: every stream failed and none reopened within {:?}, {} bytes acknowledged{last}",
+                ctx.cfg.path_timeout, flow.acked
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The session's outcome once the receiver's verdict came: Ok when it verified every byte
+/// that was sent.
+fn verdict(flow: &Flow) -> Option<Result<(), Error>> {
+    let (total, ok) = flow.done?;
+    if !ok {
+        return Some(Err(Error::msg(
+            "the receiver's hash does not match: the stream arrived corrupted",
+        )));
+    }
+    Some(match flow.end {
+        Some((t, _)) if t == total => Ok(()),
+        _ => Err(Error::msg(format!(
+            "the receiver counted {total} bytes, {} were sent",
+            flow.end.map_or(0, |e| e.0)
+        ))),
+    })
+}
+
 #[expect(
     clippy::too_many_arguments,
     reason = "the loop's parts, each borrowed differently"
@@ -570,46 +670,8 @@ fn event_loop(
             matches!(rx, Source::Inline { .. }) || ctx.cfg.duration.is_some(),
         );
         let mut held_back = take(rx, flow, ahead)?;
-        // Streams that came back.
-        while let Ok((i, r)) = conn_rx.try_recv() {
-            let c = &mut conns[i];
-            c.reconnecting = false;
-            match r {
-                Ok((s, _, _, chan)) => {
-                    let local = s.local_addr().ok();
-                    match register(poll, s, i) {
-                        Ok(sock) => {
-                            c.sock = Some(sock);
-                            if chan.is_some() && c.raw.is_empty() {
-                                c.raw = vec![0; RAW_BUF];
-                            }
-                            c.chan = chan;
-                            c.raw_len = 0;
-                            c.local = local.unwrap_or(c.local);
-                            c.writable = true;
-                            flow.reconnects += 1;
-                        }
-                        Err(_) => c.next_try = Instant::now() + Duration::from_secs(1),
-                    }
-                }
-                // The path is still down: try again in a second.
-                Err(_) => c.next_try = Instant::now() + Duration::from_secs(1),
-            }
-        }
-        if conns.iter().any(|c| c.sock.is_some()) {
-            flow.none_since = None;
-        } else {
-            let since = *flow.none_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= ctx.cfg.path_timeout {
-                let last = flow.failures.last().map_or_else(String::new, |f| {
-                    format!(" (last: stream {}: {})", f.stream, f.why)
-                });
-                return Err(Error::msg(format!(
-                    "no path left: every stream failed and none reopened within {:?}, {} bytes acknowledged{last}",
-                    ctx.cfg.path_timeout, flow.acked
-                )));
-            }
-        }
+        rejoin(poll, conns, flow, conn_rx);
+        no_path_left(ctx, conns, flow)?;
         if flow.done.is_none() {
             reconnect(ctx, conns);
         }
@@ -628,19 +690,8 @@ fn event_loop(
         for (i, c) in conns.iter().enumerate() {
             live.set_stream(i, c.bytes);
         }
-        if let Some((total, ok)) = flow.done {
-            if !ok {
-                return Err(Error::msg(
-                    "the receiver's hash does not match: the stream arrived corrupted",
-                ));
-            }
-            return match flow.end {
-                Some((t, _)) if t == total => Ok(()),
-                _ => Err(Error::msg(format!(
-                    "the receiver counted {total} bytes, {} were sent",
-                    flow.end.map_or(0, |e| e.0)
-                ))),
-            };
+        if let Some(v) = verdict(flow) {
+            return v;
         }
         let wait = flow
             .pace_wait

@@ -105,6 +105,43 @@ pub(super) struct Flow {
 }
 
 impl Flow {
+    /// The loop's state at the start: nothing read, credit for the receiver's `window`.
+    pub(super) fn new(
+        cfg: &super::SendConfig,
+        window: u64,
+        start: Instant,
+        file: Option<Arc<File>>,
+    ) -> Flow {
+        Flow {
+            unsent: VecDeque::new(),
+            inflight: VecDeque::new(),
+            limit: window,
+            acked: 0,
+            end: None,
+            end_sent: None,
+            done: None,
+            start,
+            window,
+            tick: start,
+            lo: cfg.chunk_min as usize,
+            hi: cfg.chunk as usize,
+            failures: Vec::new(),
+            reconnects: 0,
+            resent: 0,
+            none_since: None,
+            // A burst of two of the smallest chunks (chunks are cut no larger under a limit):
+            // enough to keep every connection fed between polls, small enough that a second's
+            // rate stays within a few percent of the limit.
+            bucket: cfg
+                .rate_limit
+                .map(|r| TokenBucket::new(r as f64, (2 * cfg.chunk_min).max(1))),
+            pace_wait: None,
+            fatal: None,
+            cut: false,
+            file,
+        }
+    }
+
     /// Drops the chunks the receiver has written (their blocks go back to the reader once
     /// all of their chunks are).
     pub(super) fn release(&mut self) {
@@ -236,62 +273,15 @@ pub(super) fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut us
                     return;
                 }
             }
-            // The connection's own size, cut from the front chunk (a rest smaller than the
-            // smallest chunk goes along), and never more than two of the smallest under a
-            // rate limit (the bucket's burst).
-            let lo = flow.lo;
-            let take = flow.unsent.front().map_or(0, |ch| {
-                let mut n = c.size.min(ch.len);
-                if flow.bucket.is_some() {
-                    n = n.min(2 * lo);
-                }
-                if ch.len - n < lo {
-                    n = ch.len;
-                    if flow.bucket.is_some() && n > 2 * lo {
-                        n = 2 * lo;
+            let take = cut_size(flow, c.size);
+            if may_send(flow, take) {
+                match hand_out(c, i, flow, take) {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => {
+                        flow.fatal = Some(e);
+                        return;
                     }
-                }
-                n
-            });
-            let mut fits = flow
-                .unsent
-                .front()
-                .is_some_and(|ch| ch.seq + take as u64 <= flow.limit);
-            if let (true, Some(b)) = (fits, flow.bucket.as_mut()) {
-                let now = flow.start.elapsed().as_nanos() as u64;
-                if !b.try_take(now, take as u64) {
-                    flow.pace_wait = Some(Duration::from_nanos(b.time_until(now, take as u64)));
-                    fits = false;
-                }
-            }
-            if fits {
-                let Some(mut ch) = flow.unsent.pop_front() else {
-                    continue;
-                };
-                if take < ch.len {
-                    flow.unsent.push_front(ch.split(take));
-                }
-                c.bytes += ch.len as u64;
-                ch.conn = i;
-                let hdr = frame::data_header(ch.seq, ch.len);
-                if c.chan.is_some() {
-                    // Records are sealed into a buffer: the copy is the encryption's own.
-                    c.put(&hdr);
-                    let mut scratch = Vec::new();
-                    match ch.bytes(&mut scratch) {
-                        Ok(b) => c.put(b),
-                        Err(e) => {
-                            flow.fatal = Some(Error::io("read the input", e));
-                            return;
-                        }
-                    }
-                    flow.inflight.push_back(written(ch, flow.file.as_ref()));
-                } else {
-                    c.data = Some(Sending {
-                        hdr,
-                        chunk: ch,
-                        pos: 0,
-                    });
                 }
                 progressed = true;
             } else if let (Some((total, hash)), true, None) =
@@ -321,9 +311,139 @@ pub(super) fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut us
     }
 }
 
+/// How much of the front chunk a connection whose size is `size` takes: its own size (a
+/// rest smaller than the smallest chunk goes along), and never more than two of the
+/// smallest under a rate limit (the bucket's burst). 0 when nothing is unsent.
+fn cut_size(flow: &Flow, size: usize) -> usize {
+    let lo = flow.lo;
+    flow.unsent.front().map_or(0, |ch| {
+        let mut n = size.min(ch.len);
+        if flow.bucket.is_some() {
+            n = n.min(2 * lo);
+        }
+        if ch.len - n < lo {
+            n = ch.len;
+            if flow.bucket.is_some() && n > 2 * lo {
+                n = 2 * lo;
+            }
+        }
+        n
+    })
+}
+
+/// Whether `take` bytes of the front chunk may go now: within the receiver's credit, and
+/// (--rate-limit) with tokens for them; without, the loop waits for the bucket
+/// (`pace_wait`).
+fn may_send(flow: &mut Flow, take: usize) -> bool {
+    let fits = flow
+        .unsent
+        .front()
+        .is_some_and(|ch| ch.seq + take as u64 <= flow.limit);
+    if let (true, Some(b)) = (fits, flow.bucket.as_mut()) {
+        let now = flow.start.elapsed().as_nanos() as u64;
+        if !b.try_take(now, take as u64) {
+            flow.pace_wait = Some(Duration::from_nanos(b.time_until(now, take as u64)));
+            return false;
+        }
+    }
+    fits
+}
+
+/// Hands `take` bytes of the front chunk to connection `i` as a data frame: sealed into its
+/// buffer under --psk-file, else written later straight from the chunk. False when nothing
+/// was unsent; an error when the input could not be read again.
+fn hand_out(c: &mut Conn, i: usize, flow: &mut Flow, take: usize) -> Result<bool, Error> {
+    let Some(mut ch) = flow.unsent.pop_front() else {
+        return Ok(false);
+    };
+    if take < ch.len {
+        flow.unsent.push_front(ch.split(take));
+    }
+    c.bytes += ch.len as u64;
+    ch.conn = i;
+    let hdr = frame::data_header(ch.seq, ch.len);
+    if c.chan.is_some() {
+        // Records are sealed into a buffer: the copy is the encryption's own.
+        c.put(&hdr);
+        let mut scratch = Vec::new();
+        let b = ch
+            .bytes(&mut scratch)
+            .map_err(|e| Error::io("read the input", e))?;
+        c.put(b);
+        flow.inflight.push_back(written(ch, flow.file.as_ref()));
+    } else {
+        c.data = Some(Sending {
+            hdr,
+            chunk: ch,
+            pos: 0,
+        });
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flow with one unsent chunk of `len` bytes at 0 (from a pipe: its buffer).
+    fn flow_with(len: usize, rate: Option<u64>, window: u64) -> Flow {
+        let mut cfg = crate::send::testing::config("127.0.0.1:9".parse().unwrap());
+        (cfg.chunk, cfg.chunk_min, cfg.rate_limit) = (1 << 20, 64 << 10, rate);
+        let mut flow = Flow::new(&cfg, window, Instant::now(), None);
+        let (back, _) = std::sync::mpsc::channel();
+        let buf = crate::bufpool::carve(len, 1).unwrap().pop().unwrap();
+        flow.unsent.push_back(Chunk {
+            seq: 0,
+            src: super::super::input::Src::Mem(Arc::new(super::super::input::Block {
+                buf: Some(buf),
+                back,
+            })),
+            off: 0,
+            len,
+            conn: 0,
+        });
+        flow
+    }
+
+    #[test]
+    fn a_connection_takes_its_size_and_a_small_rest_goes_along() {
+        let flow = flow_with(1 << 20, None, 64 << 20);
+        assert_eq!(cut_size(&flow, 256 << 10), 256 << 10);
+        // 1 MiB less 1000 KiB leaves 24 KiB, under the smallest chunk: it goes along.
+        assert_eq!(cut_size(&flow, 1000 << 10), 1 << 20);
+        // Under a rate limit, two of the smallest at most.
+        let paced = flow_with(1 << 20, Some(1 << 30), 64 << 20);
+        assert_eq!(cut_size(&paced, 1 << 20), 128 << 10);
+        assert_eq!(
+            cut_size(
+                &Flow {
+                    unsent: VecDeque::new(),
+                    ..flow
+                },
+                1 << 20
+            ),
+            0
+        );
+    }
+
+    #[test]
+    fn nothing_goes_past_the_credit_or_ahead_of_the_rate() {
+        let mut flow = flow_with(1 << 20, None, 512 << 10);
+        assert!(may_send(&mut flow, 512 << 10));
+        assert!(
+            !may_send(&mut flow, (512 << 10) + 1),
+            "past the receiver's credit"
+        );
+        // 1 MiB/s with a burst of two smallest chunks: one burst now, then a wait.
+        let mut paced = flow_with(1 << 20, Some(1 << 20), 64 << 20);
+        assert!(may_send(&mut paced, 128 << 10));
+        assert!(!may_send(&mut paced, 128 << 10));
+        let wait = paced.pace_wait.unwrap();
+        assert!(
+            wait > Duration::from_millis(50) && wait <= Duration::from_millis(130),
+            "{wait:?}"
+        );
+    }
 
     #[test]
     fn read_ahead_is_the_window_only_for_a_pipe_over_several_connections() {
