@@ -335,19 +335,44 @@ pub fn run(
             continue;
         }
         // Stopped: the last session (or this one, cut short) with the run's verdict.
-        let mut r = if had_session {
+        let r = if had_session {
             report
         } else {
             last.unwrap_or(report)
         };
+        let tally = Tally {
+            began,
+            verified,
+            had_session,
+            // A server stopped by its --duration did what was asked, sessions or none.
+            by_duration: !stopped && expired(),
+        };
+        return Ok(tally.verdict(r, counts));
+    }
+}
+
+/// A -k run's sessions when it stops.
+struct Tally {
+    began: u64,
+    verified: u64,
+    /// A session was under way when it stopped.
+    had_session: bool,
+    /// Stopped by --duration, not by a signal.
+    by_duration: bool,
+}
+
+impl Tally {
+    /// The run's report: the last session's (or the one cut short), with the run's counts
+    /// and verdict: every session that began verified, and one at least unless --duration
+    /// stopped it.
+    fn verdict(&self, mut r: MpcatReport, counts: ConnCounts) -> MpcatReport {
+        let (began, verified) = (self.began, self.verified);
         r.sessions = began;
         r.sessions_verified = verified;
         r.connections = counts;
-        // A server stopped by its --duration did what was asked, sessions or none.
-        let by_duration = !stopped && expired();
-        r.verified = verified == began && (began > 0 || by_duration);
-        r.failure = match (began, had_session) {
-            (0, _) if by_duration => None,
+        r.verified = verified == began && (began > 0 || self.by_duration);
+        r.failure = match (began, self.had_session) {
+            (0, _) if self.by_duration => None,
             (0, _) => Some("stopped before any session began".into()),
             (_, true) => r.failure.take(),
             _ if verified < began => Some(format!(
@@ -356,7 +381,7 @@ pub fn run(
             )),
             _ => None,
         };
-        return Ok(r);
+        r
     }
 }
 
