@@ -136,7 +136,7 @@ impl Incoming {
         }
     }
 
-    fn read(&mut self, s: &mut TcpStream, encrypted: bool) -> Result<Got, String> {
+    fn read(&mut self, s: &mut TcpStream, encrypted: bool) -> Result<Got, Error> {
         let into = if encrypted {
             &mut self.raw[self.raw_len..]
         } else {
@@ -162,7 +162,7 @@ impl Incoming {
             {
                 Ok(Got::Idle)
             }
-            Err(e) => Err(format!("read: {e}")),
+            Err(e) => Err(Error::io("read", e)),
         }
     }
 
@@ -170,8 +170,8 @@ impl Incoming {
     fn frames(
         &mut self,
         chan: &Mutex<Option<Channel>>,
-        on: &mut dyn FnMut(Frame<'_>) -> Result<bool, String>,
-    ) -> Result<bool, String> {
+        on: &mut dyn FnMut(Frame<'_>) -> Result<bool, Error>,
+    ) -> Result<bool, Error> {
         loop {
             let mut opened = 0;
             {
@@ -179,7 +179,7 @@ impl Incoming {
                 if let Some(c) = ch.as_mut() {
                     opened = c
                         .open(&self.raw[..self.raw_len], &mut self.inbuf, &mut self.in_len)
-                        .map_err(|e| e.to_string())?;
+                        .map_err(|e| Error::msg(e.to_string()))?;
                     self.raw.copy_within(opened..self.raw_len, 0);
                     self.raw_len -= opened;
                 }
@@ -194,7 +194,7 @@ impl Incoming {
                         }
                     }
                     Err(FrameError::Truncated { .. }) => break,
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => return Err(Error::msg(e.to_string())),
                 }
             }
             self.inbuf.copy_within(at..self.in_len, 0);
@@ -433,38 +433,38 @@ fn receive_on(
                 )
             }
             Ok(Got::Bytes) => last_byte = Instant::now(),
-            Err(e) => return failed(got, e),
+            Err(e) => return failed(got, e.line()),
         }
-        let mut on = |f: Frame<'_>| -> Result<bool, String> {
+        let mut on = |f: Frame<'_>| -> Result<bool, Error> {
             match f {
                 Frame::Data { seq, payload } => {
                     if payload.len() > chunk {
-                        return Err(format!(
+                        return Err(Error::msg(format!(
                             "a {}-byte chunk, the session's chunk is {chunk}",
                             payload.len()
-                        ));
+                        )));
                     }
                     if seq != got {
-                        return Err(format!("bytes at {seq} where {got} was due"));
+                        return Err(Error::msg(format!("bytes at {seq} where {got} was due")));
                     }
                     out.w
                         .write_all(payload)
-                        .map_err(|e| format!("write {}: {e}", out.name))?;
+                        .map_err(|e| Error::io(format!("write {}", out.name), e))?;
                     hasher.update(payload);
                     got += payload.len() as u64;
                     if got - last_ack >= ACK_EVERY {
                         last_ack = got;
-                        ack(s, &mut scratch, got).map_err(|e| format!("write: {e}"))?;
+                        ack(s, &mut scratch, got).map_err(|e| Error::io("write", e))?;
                     }
                     Ok(false)
                 }
                 Frame::End { total, hash } => {
                     out.w
                         .flush()
-                        .map_err(|e| format!("write {}: {e}", out.name))?;
+                        .map_err(|e| Error::io(format!("write {}", out.name), e))?;
                     let ok = total == got && hasher.finish() == hash;
                     put_frame(s, chan, &Frame::Done { total, ok }, &mut scratch)
-                        .map_err(|e| format!("write: {e}"))?;
+                        .map_err(|e| Error::io("write", e))?;
                     let failure = match (total == got, ok) {
                         (false, _) => {
                             Some(format!("its end frame says {total} bytes, {got} arrived"))
@@ -484,16 +484,18 @@ fn receive_on(
                     });
                     Ok(true)
                 }
-                Frame::Refuse { reason } => Err(format!("the listener gave up: {reason}")),
-                other => Err(format!(
+                Frame::Refuse { reason } => {
+                    Err(Error::msg(format!("the listener gave up: {reason}")))
+                }
+                other => Err(Error::msg(format!(
                     "the listener sent a frame only a connecting side sends: {other:?}"
-                )),
+                ))),
             }
         };
         match inc.frames(chan, &mut on) {
             Ok(true) => break,
             Ok(false) => {}
-            Err(e) => return failed(got, e),
+            Err(e) => return failed(got, e.line()),
         }
     }
     verdict.unwrap_or_else(|| failed(got, "no verdict".into()))
@@ -507,7 +509,7 @@ fn receive_on(
 enum Piece {
     Bytes(Vec<u8>),
     End,
-    Failed(String),
+    Failed(Error),
 }
 
 /// The listener's input, read by one thread for every session of the run (-k): each reverse
@@ -522,7 +524,7 @@ struct FeedState {
     rx: mpsc::Receiver<Piece>,
     /// Bytes read but not yet sent (a Stop came in the middle of a piece).
     pending: Vec<u8>,
-    ended: Option<Result<(), String>>,
+    ended: Option<Result<(), Error>>,
 }
 
 impl Feed {
@@ -557,7 +559,7 @@ impl Feed {
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         Err(e) => {
-                            let _ = tx.send(Piece::Failed(format!("read the input: {e}")));
+                            let _ = tx.send(Piece::Failed(Error::io("read the input", e)));
                             return;
                         }
                     }
@@ -732,7 +734,7 @@ fn pump(
         sent += n as u64;
     }
     if let Some(Err(e)) = &f.ended {
-        let why = e.clone();
+        let why = e.line();
         let _ = put_frame(&mut s, &chan, &Frame::Refuse { reason: &why }, &mut scratch);
         return failed(sent, why);
     }
@@ -821,9 +823,9 @@ fn acks(
             Ok(Got::Bytes) => {}
             Ok(Got::Idle) => continue,
             Ok(Got::Closed) => return broken(shared, "closed".into()),
-            Err(e) => return broken(shared, format!("failed ({e})")),
+            Err(e) => return broken(shared, format!("failed ({})", e.line())),
         }
-        let mut on = |f: Frame<'_>| -> Result<bool, String> {
+        let mut on = |f: Frame<'_>| -> Result<bool, Error> {
             let mut st = shared.st.lock().unwrap_or_else(|e| e.into_inner());
             match f {
                 Frame::Ack { limit, .. } => st.limit = st.limit.max(limit),
@@ -834,9 +836,13 @@ fn acks(
                     return Ok(true);
                 }
                 Frame::Refuse { reason } => {
-                    return Err(format!("sent a refusal: {reason}"));
+                    return Err(Error::msg(format!("sent a refusal: {reason}")));
                 }
-                other => return Err(format!("sent a frame only a listener sends: {other:?}")),
+                other => {
+                    return Err(Error::msg(format!(
+                        "sent a frame only a listener sends: {other:?}"
+                    )))
+                }
             }
             shared.cv.notify_all();
             Ok(false)
@@ -844,7 +850,7 @@ fn acks(
         match inc.frames(chan, &mut on) {
             Ok(true) => return,
             Ok(false) => {}
-            Err(e) => return broken(shared, e),
+            Err(e) => return broken(shared, e.line()),
         }
     }
 }

@@ -117,20 +117,28 @@ pub enum Output {
     File(PathBuf),
 }
 
-/// An error with what was being done, keeping the OS error as its source.
+/// An error with what was being done, keeping its cause (the OS error, a frame or window
+/// error) as its source: `tcpkit_stats::chain` makes the one line the user sees of it.
 #[derive(Debug, thiserror::Error)]
 #[error("{what}")]
 pub struct Error {
     what: String,
     #[source]
-    source: Option<io::Error>,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 impl Error {
     pub(crate) fn io(what: impl Into<String>, e: io::Error) -> Error {
+        Error::of(what, e)
+    }
+    /// `what` was being done (or where) when `e` happened.
+    pub(crate) fn of(
+        what: impl Into<String>,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> Error {
         Error {
             what: what.into(),
-            source: Some(e),
+            source: Some(Box::new(e)),
         }
     }
     pub(crate) fn msg(what: impl Into<String>) -> Error {
@@ -138,6 +146,10 @@ impl Error {
             what: what.into(),
             source: None,
         }
+    }
+    /// The one line the user sees: what was being done, then each cause once.
+    pub fn line(&self) -> String {
+        tcpkit_stats::chain(self)
     }
 }
 

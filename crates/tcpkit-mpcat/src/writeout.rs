@@ -104,13 +104,13 @@ impl Writer {
 
     /// Writes and hashes `b` at once (inline only: the bytes that follow everything written
     /// so far, never in the ring); the error names the output.
-    pub(crate) fn direct(&mut self, b: &[u8]) -> Result<(), String> {
+    pub(crate) fn direct(&mut self, b: &[u8]) -> Result<(), crate::Error> {
         let Some(w) = self.inline.as_mut() else {
-            return Err("a direct write without an inline writer".into());
+            return Err(crate::Error::msg("a direct write without an inline writer"));
         };
         if let Err(e) = w.out.write_all(b) {
             w.failed = true;
-            return Err(format!("write {}: {e}", w.name));
+            return Err(crate::Error::io(format!("write {}", w.name), e));
         }
         w.hasher.update(b);
         Ok(())

@@ -14,7 +14,7 @@ use tcpkit_mpcat::send::SendConfig;
 use tcpkit_mpcat::{frame, Input, MpcatCounters, Output};
 use tcpkit_stats::{Monitor, MonitorOptions, Report, Verdict};
 
-use crate::common::{self, OutputFlags};
+use crate::common::{self, OutputFlags, RunFlags};
 use crate::Failure;
 
 /// One byte stream over several TCP connections (netcat's job, striped): `-l -p PORT` on the
@@ -28,7 +28,23 @@ use crate::Failure;
 /// `mpcat -l -p P > file` finishes whatever its stdin is); with -N until the listener's input
 /// ends (e.g. a process that answers once it has read everything); with -q SECS at most SECS.
 /// Exit 0 only when every stream of both directions arrived whole and verified.
+///
+/// --duration bounds a run as iperf3's -t does. The connecting side reads its input for at
+/// most that long (from its start, connecting included), then ends the stream cleanly: the
+/// end frame carries the length and hash of what was read, the listener verifies them, and
+/// the run exits 0 as at the input's end (bytes already read still go out; a pipe that is
+/// idle then is not waited for). The listening side stops after that long as at SIGINT: with
+/// -k, exit 0 when every session that began was verified and none was cut short (none at all
+/// is fine); without -k the one session must have ended by then, or exit 1 says how far it
+/// got.
 #[derive(Debug, Parser)]
+#[command(
+    mut_arg("duration", |a| a.help(DURATION_HELP)),
+    mut_arg("stats", |a| a.help(STATS_HELP)),
+    mut_arg("json", |a| a.help(JSON_HELP)),
+    // -q is nc's quit-after here (see -q/--quit-after): --quiet has no short form.
+    mut_arg("quiet", |a| a.short(None))
+)]
 pub struct Args {
     /// Listen for one session on --port and write what arrives (the receiving side).
     #[arg(short = 'l', long)]
@@ -129,11 +145,8 @@ pub struct Args {
     #[arg(long, value_name = "RATE", value_parser = common::size_arg, conflicts_with = "listen")]
     pub rate_limit: Option<u64>,
 
-    /// A live line on stderr every DURATION (2, 2s, 500ms), elapsed time first: bytes, rate,
-    /// each stream's rate, and percent and ETA when the length is known. On a terminal a
-    /// progress line is drawn on stderr without it (not with --quiet or --json).
-    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg)]
-    pub stats: Option<Duration>,
+    #[command(flatten)]
+    pub run: RunFlags,
 
     /// Authenticate and encrypt every connection with the pre-shared key in FILE (both sides
     /// give the same key; at least 16 bytes, mode 600, e.g. `openssl rand -base64 32 > FILE;
@@ -160,17 +173,29 @@ pub struct Args {
     #[arg(long)]
     pub mptcp: bool,
 
-    /// Print the report as one JSON document (schema docs/schema/mpcat.schema.json) on
-    /// stdout; the receiving side needs -o FILE then, since stdout carries the stream. On the
-    /// connecting side without -o the session is one way (no stdout for the listener's
-    /// stream: it is not asked for).
-    #[arg(long)]
-    pub json: bool,
-
-    /// No summary: errors and the exit status only (JSON still printed with --json).
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub out: OutputFlags,
 }
+
+/// mpcat's words for the shared --duration (the command's help says more).
+const DURATION_HELP: &str =
+    "Bound the run (2, 2s, 500ms, 1m), as iperf3's -t: the connecting side reads its input \
+that long, then ends the stream with the length and hash of what it read (exit 0 once \
+verified); the listening side stops after that long as at SIGINT (with -k: exit 0 unless a \
+session failed or was cut short)";
+
+/// mpcat's words for the shared --stats: what its live line holds.
+const STATS_HELP: &str =
+    "A live line on stderr every DURATION (2, 2s, 500ms), elapsed time first: bytes, rate, \
+each stream's rate, and percent and ETA when the length is known. On a terminal a progress \
+line is drawn on stderr without it (not with --quiet or --json).";
+
+/// mpcat's words for the shared --json: stdout may carry the stream.
+const JSON_HELP: &str =
+    "Print the report as one JSON document (schema docs/schema/mpcat.schema.json) on \
+stdout; the receiving side needs -o FILE then, since stdout carries the stream. On the \
+connecting side without -o the session is one way (no stdout for the listener's stream: it \
+is not asked for).";
 
 /// The side this run is, resolved.
 #[derive(Debug)]
@@ -213,7 +238,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
                 tcpkit_mpcat::MAX_WINDOW >> 30
             )));
         }
-        if a.json && a.output.is_none() {
+        if a.out.json && a.output.is_none() {
             return Err(usage(
                 "--json needs -o FILE on the receiving side: stdout carries the stream",
             ));
@@ -229,6 +254,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             psk,
             mptcp: a.mptcp,
             input: a.input.clone().map_or(Input::Stdin, Input::File),
+            duration: a.run.duration,
         }));
     }
     // clap's `requires` takes a bool flag as always present, so the receiving side's own
@@ -299,13 +325,14 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         size: a.size,
         token: None,
         zerocopy: a.zerocopy,
+        duration: a.run.duration,
     }))
 }
 
 /// The connecting side's reverse stream: where it goes and how long to wait for it; None for
 /// the listener, and for --json without -o (stdout holds the report: a one-way session).
 pub fn reverse(a: &Args) -> Option<(Output, Wait)> {
-    if a.listen || (a.json && a.output.is_none()) {
+    if a.listen || (a.out.json && a.output.is_none()) {
         return None;
     }
     let wait = match (a.quit_after, a.half_close) {
@@ -318,17 +345,14 @@ pub fn reverse(a: &Args) -> Option<(Output, Wait)> {
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let side = resolve(&args)?;
-    let out = OutputFlags {
-        json: args.json,
-        quiet: args.quiet,
-    };
+    let out = args.out.clone();
     let live = Arc::new(MpcatCounters::default());
     let mut monitor = {
         let live = Arc::clone(&live);
         let mut prev = (Duration::ZERO, 0, Vec::new());
         Monitor::start(
             MonitorOptions {
-                stats_every: args.stats.filter(|d| !d.is_zero()),
+                stats_every: args.run.stats.filter(|d| !d.is_zero()),
                 progress: out.progress(),
             },
             move |elapsed| live.line(elapsed, &mut prev),
@@ -549,6 +573,36 @@ mod tests {
             panic!()
         };
         assert_eq!((c.streams, c.address.as_str()), (Some(2), "[::1]:9"));
+    }
+
+    /// The shared run flags: --duration reaches both sides' configs (none by default);
+    /// --quiet has no -q here, which stays nc's quit-after.
+    #[test]
+    fn duration_and_the_shared_flags_reach_both_sides() {
+        let Side::Send(c) = parse(&["--duration", "3s", "127.0.0.1", "9"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.duration, Some(Duration::from_secs(3)));
+        let Side::Send(c) = parse(&["127.0.0.1", "9"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.duration, None);
+        let Side::Receive(c) = parse(&["-l", "-p", "9", "-k", "--duration", "1m"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.duration, Some(Duration::from_secs(60)));
+        let Side::Receive(c) = parse(&["-l", "-p", "9"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.duration, None);
+        let a = Args::try_parse_from(["mpcat", "--quiet", "-q", "5", "--stats", "2", "h", "1"])
+            .unwrap();
+        assert!(a.out.quiet);
+        assert_eq!(a.quit_after, Some(5));
+        assert_eq!(a.run.stats, Some(Duration::from_secs(2)));
+        assert!(parse(&["--duration", "soon", "h", "1"])
+            .unwrap_err()
+            .contains("--duration"));
     }
 
     #[test]

@@ -450,6 +450,80 @@ fn mpcat_rate_limit_holds_and_stats_lines_show_it() {
     );
 }
 
+/// --duration bounds a run as iperf3's -t does. The sender reads an endless input
+/// (/dev/zero) for 2 s, then ends the stream cleanly: its end frame carries the length and
+/// hash of what was read, the receiver verifies them, and the sender exits 0 soon after 2 s
+/// with what arrived equal to what it counted. The listener (-k --duration 6) stops by
+/// itself after its session, exit 0. Without --duration neither would ever end: `wait`
+/// fails the test.
+#[test]
+fn mpcat_duration_ends_the_stream_cleanly_and_stops_the_listener() {
+    let (mut lab, a, b, _links) =
+        Lab::multipath("mpcdur", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let output = lab.dir().join("out.bin");
+    let out = output.to_str().unwrap().to_string();
+    let port = port();
+    let rx = listen(
+        &b,
+        &mut lab,
+        port,
+        &["-k", "--duration", "6", "-o", &out, "--json"],
+    );
+    let started = Instant::now();
+    let tx = send(
+        &a,
+        &mut lab,
+        port,
+        &[
+            "--duration",
+            "2",
+            "-i",
+            "/dev/zero",
+            "--rate-limit",
+            "8M",
+            "--json",
+        ],
+    );
+    let st = wait(&tx, 10);
+    let took = started.elapsed();
+    assert!(st.success(), "sender: {st}\n{}", tx.log());
+    // Read for 2 s; the few chunks read ahead then leave at 8 MiB/s.
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(5),
+        "the sender took {took:?} for --duration 2\n{}",
+        tx.log()
+    );
+    let j = json_of(&tx);
+    assert_eq!(j["verified"], true, "{j}");
+    assert_eq!(j["failure"], Value::Null, "{j}");
+    let total = j["total"].as_u64().unwrap();
+    assert!(
+        (8 << 20..=32 << 20).contains(&total),
+        "{total} bytes in 2 s at 8 MiB/s"
+    );
+    assert_eq!(j["bytes"].as_u64(), Some(total), "{j}");
+    assert!(
+        tx.log()
+            .contains("--duration 2s: the input was read for that long"),
+        "{}",
+        tx.log()
+    );
+    let st = wait(&rx, 10);
+    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "the listener stopped before its --duration"
+    );
+    assert_eq!(std::fs::metadata(&output).unwrap().len(), total);
+    let r = json_of(&rx);
+    assert_eq!(
+        (r["sessions"].as_u64(), r["sessions_verified"].as_u64()),
+        (Some(1), Some(1)),
+        "{r}"
+    );
+    assert_eq!(r["failure"], Value::Null, "{r}");
+}
+
 /// Issue 12, corruption: a sender (played by the test, speaking the wire format) whose
 /// bytes do not match the hash in its end frame. The receiver writes them, finds the hash
 /// wrong, tells the sender (done, not verified) and exits 1; never 0.
