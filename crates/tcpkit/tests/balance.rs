@@ -3,10 +3,9 @@
 //! listening in the other, the client a real process in the balanced cgroup (this test binary
 //! run again as `client_in_cgroup`). What stays in the kernel is checked with bpftool.
 
-mod common;
+use crate::common;
+use crate::common::unbound;
 use common::schema;
-#[path = "common/unbound.rs"]
-mod unbound;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -202,12 +201,14 @@ fn argv(args: &[&str], client: &str) -> Vec<String> {
         "env".into(),
         format!("{CLIENT_ENV}={client}"),
         exe.display().to_string(),
-        "--exact".into(),
-        "client_in_cgroup".into(),
-        "--nocapture".into(),
-        "--test-threads=1".into(),
     ]);
+    v.extend(helper_args("client_in_cgroup"));
     v
+}
+
+/// The arguments that make this binary run only the helper-process test `test` of this file.
+fn helper_args(test: &str) -> Vec<String> {
+    common::helper_args(module_path!(), test)
 }
 
 fn refs(v: &[String]) -> Vec<&str> {
@@ -797,10 +798,8 @@ fn udp_dns_through_the_vip_reaches_unbound_and_answers_from_the_vip_v4_v6_mapped
             "env".into(),
             format!("{CLIENT_UDP_ENV}={asked}"),
             exe.display().to_string(),
-            "--exact".into(),
-            "udp_client_in_cgroup".into(),
-            "--nocapture".into(),
         ]);
+        argv.extend(helper_args("udp_client_in_cgroup"));
         let out = cli.command(&refs(&argv)).output().unwrap();
         let (stdout, stderr) = (
             String::from_utf8_lossy(&out.stdout),
@@ -1277,16 +1276,10 @@ impl Client {
             .join(format!("client{}.out", N.fetch_add(1, Ordering::SeqCst)));
         let exe = std::env::current_exe().unwrap();
         let kv = format!("{env}={value}");
+        let mut argv = vec!["env".to_string(), kv, exe.display().to_string()];
+        argv.extend(helper_args(test));
         let child = host
-            .command(&[
-                "env",
-                &kv,
-                exe.to_str().unwrap(),
-                "--exact",
-                test,
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .command(&refs(&argv))
             .stdout(std::fs::File::create(&out).unwrap())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -2439,7 +2432,7 @@ fn run_application_probe_flags_take_out_a_wrongly_answering_backend() {
     let wrong = backend(&srv);
     let start = lab.dir().join("start");
     let exe = std::env::current_exe().unwrap();
-    let argv = [
+    let mut argv = vec![
         tcpkit().to_string(),
         "balance".into(),
         "run".into(),
@@ -2464,10 +2457,8 @@ fn run_application_probe_flags_take_out_a_wrongly_answering_backend() {
         "env".into(),
         format!("{CLIENT_PING_ENV}={VIP};10;{}", start.display()),
         exe.display().to_string(),
-        "--exact".into(),
-        "ping_client_in_cgroup".into(),
-        "--nocapture".into(),
     ];
+    argv.extend(helper_args("ping_client_in_cgroup"));
     let (out, err) = (lab.dir().join("run.out"), lab.dir().join("run.err"));
     let mut child = KillOnDrop(
         cli.command(&refs(&argv))

@@ -4,7 +4,7 @@
 //! at start and mid-run, a silent one, one that never answers (--timeout, --no-wait) and memory
 //! over --max-memory are in copy_modes.rs, over both transports.
 
-mod copy_common;
+use crate::copy_common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! (`tcpkit echo`, redis-server, nginx, or a misbehaving server written here), checked by
 //! its report, its exit status, its per-query file and what the server saw.
 
-mod common;
+use crate::common;
 use common::schema;
 
 use std::io::{Read, Write};

@@ -1,7 +1,7 @@
 //! Rates as the receiver sees them: tcpdump's kernel timestamps on the far end of the link, not
 //! the sender's own report. CI tolerance 1 % over at least 2 s (bench/src/replay.rs measures tighter).
 
-mod common;
+use crate::common;
 
 use common::{udp_frame, write_pcap, Frame, ReplayLab};
 

@@ -1,6 +1,5 @@
 //! Shared by the binary's integration tests: the binary under test, a quiet replay lab, and
 //! reading captures back. Every test that touches the network builds its own lab.
-#![allow(dead_code, reason = "each test file uses a different subset")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -9,12 +8,27 @@ pub mod mpcat;
 pub mod nft;
 pub mod schema;
 pub mod sock;
+pub mod unbound;
 
 use tcpkit_lab::{Host, Lab, Link, LinkOpts};
 
 /// The binary cargo built for these tests (release under scripts/test.sh).
 pub fn tcpkit() -> &'static str {
     env!("CARGO_BIN_EXE_tcpkit")
+}
+
+/// The arguments that make this test binary run only the helper-process test `test` of
+/// `module` (the caller's `module_path!()`), printing as it goes: libtest names a test by its
+/// module path without the crate's name, and one thread keeps the helper's output in order.
+pub fn helper_args(module: &str, test: &str) -> Vec<String> {
+    let module = module.split_once("::").map_or("", |(_, m)| m);
+    [
+        "--exact".to_string(),
+        format!("{module}::{test}"),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ]
+    .into()
 }
 
 pub fn testdata(name: &str) -> PathBuf {

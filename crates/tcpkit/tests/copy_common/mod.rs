@@ -1,15 +1,9 @@
 //! The copy lab shared by the copy tests: clients → online (nginx, redis-server; `copy` runs
 //! here, with a second link) → target (the same servers). The clients have no route to the
 //! target, and a test can watch the clients' link to prove nothing from the target reaches it.
-#![allow(dead_code, reason = "each test file uses a different subset")]
 
 pub mod modes;
-#[path = "../common/nft.rs"]
-pub mod nft;
-#[path = "../common/schema.rs"]
-pub mod schema;
-#[path = "../common/sock.rs"]
-pub mod sock;
+pub use crate::common::{nft, schema, sock};
 pub mod tlab;
 
 use std::io::{Read, Write};
