@@ -388,26 +388,39 @@ fn bad_input_is_an_error_not_a_panic() {
 /// Set in the child run by `without_caps_lab_fails_with_one_line`.
 const UNPRIV_CHILD: &str = "TCPKIT_LAB_TEST_UNPRIV_CHILD";
 
+/// The helper processes' guard: run any other way (say, by `--include-ignored`), a helper
+/// fails rather than passing without having tested anything.
+fn assert_helper(var: &str) {
+    assert!(
+        std::env::var_os(var).is_some(),
+        "helper process: runs only under its parent test, which sets {var}"
+    );
+}
+
+/// The child of `without_caps_lab_fails_with_one_line`: no CAP_NET_ADMIN, no CAP_SYS_ADMIN.
+#[test]
+#[ignore = "helper process: run by without_caps_lab_fails_with_one_line"]
+fn without_caps_child() {
+    assert_helper(UNPRIV_CHILD);
+    let e = Lab::new("unpriv").unwrap_err();
+    assert_eq!(
+        format!("{e:?}"),
+        "tcpkit-lab: needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) to create network namespaces"
+    );
+}
+
 #[test]
 fn without_caps_lab_fails_with_one_line() {
-    if std::env::var_os(UNPRIV_CHILD).is_some() {
-        // In the child, which runs without CAP_NET_ADMIN and CAP_SYS_ADMIN.
-        let e = Lab::new("unpriv").unwrap_err();
-        assert_eq!(
-            format!("{e:?}"),
-            "tcpkit-lab: needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) to create network namespaces"
-        );
-        return;
-    }
-    // Re-run just this test as root minus the two capabilities: exec recomputes the
-    // capability sets from the bounding set, so the child really lacks them.
+    // Run the child as root minus the two capabilities: exec recomputes the capability sets
+    // from the bounding set, so the child really lacks them.
     let exe = std::env::current_exe().unwrap();
     let out = Command::new("setpriv")
         .args(["--bounding-set", "-net_admin,-sys_admin", "--"])
         .arg(exe)
         .args([
+            "--ignored",
             "--exact",
-            "without_caps_lab_fails_with_one_line",
+            "without_caps_child",
             "--test-threads=1",
         ])
         .env(UNPRIV_CHILD, "1")
@@ -476,19 +489,22 @@ fn multipath_spreads_connections_over_all_links() {
 /// Set in the child run by `sweep_cleans_up_after_a_killed_test_process`.
 const KILLED_CHILD: &str = "TCPKIT_LAB_TEST_KILLED_CHILD";
 
+/// The child of `sweep_cleans_up_after_a_killed_test_process`: builds a lab with a process
+/// in it, reports, and waits to be SIGKILLed, so Drop never runs.
+#[test]
+#[ignore = "helper process: run by sweep_cleans_up_after_a_killed_test_process"]
+fn killed_child() {
+    assert_helper(KILLED_CHILD);
+    let (mut lab, a, _b, _l) = Lab::pair("killed").unwrap();
+    let p = a.spawn(&mut lab, "orphan", &["sleep", "600"]).unwrap();
+    println!("NETNS {}", lab.namespaces().join(" "));
+    println!("PID {}", p.pid());
+    std::thread::sleep(Duration::from_secs(600));
+}
+
 #[test]
 fn sweep_cleans_up_after_a_killed_test_process() {
     use std::io::BufRead;
-    if std::env::var_os(KILLED_CHILD).is_some() {
-        // In the child: build a lab with a process in it, report, and wait to be SIGKILLed,
-        // so Drop never runs.
-        let (mut lab, a, _b, _l) = Lab::pair("killed").unwrap();
-        let p = a.spawn(&mut lab, "orphan", &["sleep", "600"]).unwrap();
-        println!("NETNS {}", lab.namespaces().join(" "));
-        println!("PID {}", p.pid());
-        std::thread::sleep(Duration::from_secs(600));
-        return;
-    }
     // Kills the child even when an assertion below fails, so no test process is left behind.
     struct KillOnDrop(std::process::Child);
     impl Drop for KillOnDrop {
@@ -501,8 +517,9 @@ fn sweep_cleans_up_after_a_killed_test_process() {
     let mut child = KillOnDrop(
         Command::new(exe)
             .args([
+                "--ignored",
                 "--exact",
-                "sweep_cleans_up_after_a_killed_test_process",
+                "killed_child",
                 "--nocapture",
                 "--test-threads=1",
             ])

@@ -46,10 +46,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// then `READY`, then waits for GOFILE to exist (at most 25 s) so the test can look at the
 /// kernel while it runs.
 #[test]
+#[ignore = "helper process: run by the balance tests, inside their cgroup"]
 fn client_in_cgroup() {
-    let Ok(spec) = std::env::var(CLIENT_ENV) else {
-        return;
-    };
+    let spec = common::helper_env(CLIENT_ENV);
     let f: Vec<&str> = spec.split(';').collect();
     let vip: SocketAddr = f[0].parse().unwrap();
     let n: usize = f[1].parse().unwrap();
@@ -61,7 +60,7 @@ fn client_in_cgroup() {
         println!("STARTED");
     }
     let mut out = std::io::stdout().lock();
-    // libtest has printed `test client_in_cgroup ... ` without a newline.
+    // libtest has printed `test balance::client_in_cgroup ... ` without a newline.
     writeln!(out).unwrap();
     for _ in 0..n {
         match TcpStream::connect_timeout(&vip, Duration::from_secs(5)) {
@@ -88,10 +87,9 @@ fn client_in_cgroup() {
 /// then `;STARTFILE` when it must wait for that file to exist before it starts). Two unconnected sockets send three DNS queries each to the VIP (`UDP <socket> <source of
 /// the reply> <rcode> <answers>`), then a connected socket one (`UDPC <peer> <source> ...`).
 #[test]
+#[ignore = "helper process: run by the balance tests, inside their cgroup"]
 fn udp_client_in_cgroup() {
-    let Ok(spec) = std::env::var(CLIENT_UDP_ENV) else {
-        return;
-    };
+    let spec = common::helper_env(CLIENT_UDP_ENV);
     let (vip, start) = spec.split_once(';').unwrap_or((&spec, ""));
     let vip: SocketAddr = vip.parse().unwrap();
     let until = Instant::now() + Duration::from_secs(25);
@@ -1023,10 +1021,9 @@ fn bad_input_gives_one_line() {
 const CLIENT_LOOP_ENV: &str = "TCPKIT_BALANCE_TEST_LOOP_CLIENT";
 
 #[test]
+#[ignore = "helper process: run by the balance tests, inside their cgroup"]
 fn loop_client_in_cgroup() {
-    let Ok(spec) = std::env::var(CLIENT_LOOP_ENV) else {
-        return;
-    };
+    let spec = common::helper_env(CLIENT_LOOP_ENV);
     let f: Vec<&str> = spec.split(';').collect();
     let vip: SocketAddr = f[0].parse().unwrap();
     let hold: usize = f[1].parse().unwrap();
@@ -1847,10 +1844,9 @@ fn up_metrics_serve_prometheus_and_survive_hostile_peers() {
 const CLIENT_PING_ENV: &str = "TCPKIT_BALANCE_TEST_PING_CLIENT";
 
 #[test]
+#[ignore = "helper process: run by the balance tests, inside their cgroup"]
 fn ping_client_in_cgroup() {
-    let Ok(spec) = std::env::var(CLIENT_PING_ENV) else {
-        return;
-    };
+    let spec = common::helper_env(CLIENT_PING_ENV);
     let f: Vec<&str> = spec.split(';').collect();
     let vip: SocketAddr = f[0].parse().unwrap();
     let n: usize = f[1].parse().unwrap();
@@ -2113,10 +2109,9 @@ fn udp_health_dns_probe_and_port_unreachable_with_a_real_unbound() {
 const CLIENT_HOLD_ENV: &str = "TCPKIT_BALANCE_TEST_HOLD_CLIENT";
 
 #[test]
+#[ignore = "helper process: run by the balance tests, inside their cgroup"]
 fn hold_client_in_cgroup() {
-    let Ok(spec) = std::env::var(CLIENT_HOLD_ENV) else {
-        return;
-    };
+    let spec = common::helper_env(CLIENT_HOLD_ENV);
     let f: Vec<String> = spec.split(';').map(str::to_string).collect();
     let tvip: SocketAddr = f[0].parse().unwrap();
     let uvip: SocketAddr = f[1].parse().unwrap();

@@ -18,17 +18,28 @@ pub fn tcpkit() -> &'static str {
 }
 
 /// The arguments that make this test binary run only the helper-process test `test` of
-/// `module` (the caller's `module_path!()`), printing as it goes: libtest names a test by its
-/// module path without the crate's name, and one thread keeps the helper's output in order.
+/// `module` (the caller's `module_path!()`), printing as it goes. Helper processes are
+/// `#[ignore]`d, so a plain run lists them as ignored instead of passing them without their
+/// parent; libtest names a test by its module path without the crate's name, and one thread
+/// keeps the helper's output in order.
 pub fn helper_args(module: &str, test: &str) -> Vec<String> {
     let module = module.split_once("::").map_or("", |(_, m)| m);
     [
-        "--exact".to_string(),
+        "--ignored".to_string(),
+        "--exact".into(),
         format!("{module}::{test}"),
         "--nocapture".into(),
         "--test-threads=1".into(),
     ]
     .into()
+}
+
+/// What a helper process's parent test put in `var`: a helper run any other way (say, by
+/// `--include-ignored`) fails rather than passing without having done anything.
+pub fn helper_env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("helper process: runs only under its parent test, which sets {var}")
+    })
 }
 
 pub fn testdata(name: &str) -> PathBuf {
