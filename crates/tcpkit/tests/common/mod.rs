@@ -12,7 +12,7 @@ pub mod unbound;
 
 use tcpkit_lab::{Host, Lab, Link, LinkOpts};
 
-/// The binary cargo built for these tests (release under scripts/test.sh).
+/// The binary cargo built for these tests (in the suite profile under scripts/test.sh).
 pub fn tcpkit() -> &'static str {
     env!("CARGO_BIN_EXE_tcpkit")
 }
