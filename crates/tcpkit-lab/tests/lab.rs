@@ -506,15 +506,8 @@ fn killed_child() {
 fn sweep_cleans_up_after_a_killed_test_process() {
     use std::io::BufRead;
     // Kills the child even when an assertion below fails, so no test process is left behind.
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let exe = std::env::current_exe().unwrap();
-    let mut child = KillOnDrop(
+    let mut child = tcpkit_lab::KillOnDrop(
         Command::new(exe)
             .args([
                 "--ignored",
@@ -563,4 +556,72 @@ fn sweep_cleans_up_after_a_killed_test_process() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The cgroup2 mount point of this mount namespace whose root is the hierarchy's root.
+fn cgroup2_mount() -> std::path::PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let f: Vec<&str> = pre.split(' ').collect();
+            (post.starts_with("cgroup2 ") && f.get(3) == Some(&"/")).then(|| f[4].into())
+        })
+        .expect("a cgroup2 mount on this host")
+}
+
+/// Whether `path` is a mount point of type `fstype` in this mount namespace.
+fn mounted(path: &Path, fstype: &str) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let point = path.to_str().unwrap();
+    info.lines().any(|l| {
+        let (pre, post) = l.split_once(" - ").unwrap();
+        pre.split(' ').nth(4) == Some(point) && post.split(' ').next() == Some(fstype)
+    })
+}
+
+#[test]
+fn cgroup_guard_kills_its_processes_and_goes_on_drop() {
+    let cg = tcpkit_lab::Cgroup::new(&cgroup2_mount(), "guard").unwrap();
+    assert!(cg.rel().starts_with("/tcpkit-test-guard."), "{}", cg.rel());
+    let mut child = Command::new("sleep").arg("600").spawn().unwrap();
+    cg.join(child.id()).unwrap();
+    let procs = std::fs::read_to_string(cg.path().join("cgroup.procs")).unwrap();
+    assert_eq!(procs.trim(), child.id().to_string());
+    let path = cg.path().to_path_buf();
+    drop(cg);
+    assert!(!path.exists(), "{} left behind", path.display());
+    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+}
+
+#[test]
+fn cgroup_guard_that_cannot_be_removed_fails_the_test() {
+    let cg = tcpkit_lab::Cgroup::new(&cgroup2_mount(), "stuck").unwrap();
+    // A child cgroup keeps it from being removed (cgroup.kill kills processes, not cgroups).
+    let inner = cg.path().join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    let path = cg.path().to_path_buf();
+    let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(cg))).unwrap_err();
+    let msg = e.downcast_ref::<String>().unwrap();
+    assert!(msg.starts_with("tcpkit-lab: cgroup "), "{msg}");
+    assert!(msg.contains("not removed"), "{msg}");
+    std::fs::remove_dir(&inner).unwrap();
+    std::fs::remove_dir(&path).unwrap();
+}
+
+#[test]
+fn bpffs_guard_unmounts_and_kill_on_drop_reaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = tcpkit_lab::Bpffs::mount(dir.path()).unwrap();
+    let point = fs.path().to_path_buf();
+    assert!(mounted(&point, "bpf"), "{} not a bpffs", point.display());
+    // What a test leaves in it (balance pins under directories) does not keep it mounted.
+    std::fs::create_dir_all(point.join("tcpkit").join("balance")).unwrap();
+    drop(fs);
+    assert!(!mounted(&point, "bpf"), "{} still mounted", point.display());
+
+    let child = Command::new("sleep").arg("600").spawn().unwrap();
+    let pid = child.id();
+    drop(tcpkit_lab::KillOnDrop(child));
+    assert!(!pid_exists(pid), "child {pid} not killed and reaped");
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::tcpkit;
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab};
+use tcpkit_lab::{Cgroup, Host, Lab};
 use tcpkit_wire::dns;
 
 /// The VIP: in the lab's test range, routed nowhere, so only a translated connect reaches
@@ -131,10 +131,8 @@ fn conns(text: &str) -> Vec<(String, u16)> {
 
 /// Where this (root-cgroup) test process sees the cgroup balance with pid `pid` creates.
 fn cgroup_of(pid: u32) -> PathBuf {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let mount = tcpkit_balance::cgroup::mount_in(&info).expect("a cgroup2 mount on this host");
     let own = tcpkit_balance::cgroup::own_path().unwrap();
-    mount
+    cgroup2_mount()
         .join(own.trim_start_matches('/'))
         .join(format!("{}{pid}", tcpkit_balance::cgroup::CHILD_PREFIX))
 }
@@ -249,43 +247,16 @@ fn wait_for(proc: &tcpkit_lab::Proc, what: &str, secs: u64) {
     }
 }
 
+/// Where cgroup2 is mounted in this (the root) mount namespace.
+fn cgroup2_mount() -> PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    tcpkit_balance::cgroup::mount_in(&info).expect("a cgroup2 mount on this host")
+}
+
 /// A cgroup of the test's own under the host's cgroup2 (so the test can move a client into
-/// it); its processes are killed and it is removed on drop, even after a panic.
-struct TestCgroup {
-    /// Where this test sees it.
-    path: PathBuf,
-    /// Its path in the hierarchy (what `up --cgroup` is given: it works under ip netns exec).
-    rel: String,
-}
-
-impl TestCgroup {
-    fn new(tag: &str) -> TestCgroup {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let mount = tcpkit_balance::cgroup::mount_in(&info).expect("a cgroup2 mount on this host");
-        let rel = format!(
-            "/tcpkit-test-{tag}.{}.{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        );
-        let path = mount.join(rel.trim_start_matches('/'));
-        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
-        TestCgroup { path, rel }
-    }
-
-    fn join(&self, pid: u32) {
-        std::fs::write(self.path.join("cgroup.procs"), pid.to_string()).unwrap();
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.path.join("cgroup.kill"), "1");
-        let until = Instant::now() + Duration::from_secs(10);
-        while std::fs::remove_dir(&self.path).is_err() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+/// it), removed with its processes on drop.
+fn test_cgroup(tag: &str) -> Cgroup {
+    Cgroup::new(&cgroup2_mount(), tag).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `tcpkit balance up` in a lab host, its stdout and stderr in files of their own; killed
@@ -401,14 +372,7 @@ struct Client {
 }
 
 impl Client {
-    fn start(
-        lab: &Lab,
-        host: &Host,
-        cg: &TestCgroup,
-        env: &str,
-        value: &str,
-        test: &str,
-    ) -> Client {
+    fn start(lab: &Lab, host: &Host, cg: &Cgroup, env: &str, value: &str, test: &str) -> Client {
         static N: AtomicU64 = AtomicU64::new(0);
         let out = lab
             .dir()
@@ -424,7 +388,7 @@ impl Client {
             .spawn()
             .unwrap();
         // `ip netns exec` and `env` exec: the pid is the client's from start to end.
-        cg.join(child.id());
+        cg.join(child.id()).unwrap_or_else(|e| panic!("{e}"));
         Client { child, out }
     }
 

@@ -78,7 +78,7 @@ fn drain_kill_ends_the_sockets_on_a_dead_backend_and_no_others() {
         killable_holding_backend(&srv),
     );
     let (u1, u2) = (killable_udp_backend(&srv), killable_udp_backend(&srv));
-    let cg = TestCgroup::new("drain");
+    let cg = test_cgroup("drain");
     let config = lab.dir().join("lb.toml");
     let uvip = "198.19.0.1:5300";
     write_config(
@@ -94,7 +94,7 @@ fn drain_kill_ends_the_sockets_on_a_dead_backend_and_no_others() {
             t1.addr, t2.addr, u1.addr, u2.addr
         ),
     );
-    let up = Up::start(&lab, &cli, &config, &cg.rel, &["--drain-kill=all"]);
+    let up = Up::start(&lab, &cli, &config, cg.rel(), &["--drain-kill=all"]);
     let (start, stop) = (lab.dir().join("start"), lab.dir().join("stop"));
     let c = Client::start(
         &lab,

@@ -2,39 +2,14 @@
 //! SIGKILLed, until `down` removes them; reloads pin and unpin the UDP hooks.
 
 use super::*;
+use tcpkit_lab::Bpffs;
 
-/// A bpf filesystem mounted for one test (this host has none at /sys/fs/bpf); on drop, what
-/// is pinned under PIN is removed (`balance down`) and it is unmounted, even after a panic.
-struct Bpffs {
-    mount: PathBuf,
-    pin: PathBuf,
-}
-
-impl Bpffs {
-    fn new(under: &Path) -> Bpffs {
-        let mount = under.join("bpffs");
-        std::fs::create_dir_all(&mount).unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "bpf", "bpf"])
-            .arg(&mount)
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount -t bpf on {}", mount.display());
-        Bpffs {
-            pin: mount.join("tcpkit").join("balance"),
-            mount,
-        }
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        let _ = Command::new(tcpkit())
-            .args(["balance", "down", "--pin"])
-            .arg(&self.pin)
-            .output();
-        let _ = Command::new("umount").arg(&self.mount).status();
-    }
+/// A bpf filesystem of the test's own (this host has none at /sys/fs/bpf), and where balance
+/// pins in it.
+fn bpffs(lab: &Lab) -> (Bpffs, PathBuf) {
+    let fs = Bpffs::mount(lab.dir()).unwrap_or_else(|e| panic!("{e}"));
+    let pin = fs.path().join("tcpkit").join("balance");
+    (fs, pin)
 }
 
 #[test]
@@ -42,20 +17,20 @@ fn pin_keeps_balancing_after_sigkill_until_down() {
     let _g = serial();
     let (lab, cli, srv, _link) = Lab::pair("balpin").unwrap_or_else(|e| panic!("{e}"));
     let b1 = backend(&srv);
-    let cg = TestCgroup::new("pin");
-    let fs = Bpffs::new(lab.dir());
+    let cg = test_cgroup("pin");
+    let (_fs, pin_dir) = bpffs(&lab);
     let config = lab.dir().join("lb.toml");
     write_config(&config, &rr_config(&[b1.addr], false));
-    let pin = fs.pin.to_str().unwrap();
-    let mut up = Up::start(&lab, &cli, &config, &cg.rel, &["--pin", pin]);
+    let pin = pin_dir.to_str().unwrap();
+    let mut up = Up::start(&lab, &cli, &config, cg.rel(), &["--pin", pin]);
     assert_eq!(up.status()["pin"], pin);
-    let (progs, maps) = attached(&cg.path);
-    assert_eq!(hooks_on(&cg.path), TCP_HOOKS, "{}", cg.path.display());
+    let (progs, maps) = attached(cg.path());
+    assert_eq!(hooks_on(cg.path()), TCP_HOOKS, "{}", cg.path().display());
     // Killed: nothing of its own runs, the pins keep the programs attached.
     up.signal(libc::SIGKILL);
     up.child.wait().unwrap();
     assert_eq!(
-        attached(&cg.path).0,
+        attached(cg.path()).0,
         progs,
         "the pinned programs left with the process"
     );
@@ -86,7 +61,7 @@ fn pin_keeps_balancing_after_sigkill_until_down() {
             "--config",
             config.to_str().unwrap(),
             "--cgroup",
-            &cg.rel,
+            cg.rel(),
             "--socket",
             lab.dir().join("again.sock").to_str().unwrap(),
             "--pin",
@@ -104,7 +79,7 @@ fn pin_keeps_balancing_after_sigkill_until_down() {
             .contains("holds a pinned balancer already"),
         "{err}"
     );
-    assert_eq!(attached(&cg.path).0, progs);
+    assert_eq!(attached(cg.path()).0, progs);
     // down: the pins go, and with them the programs and maps.
     let out = Command::new(tcpkit())
         .args(["balance", "down", "--pin", pin])
@@ -112,8 +87,8 @@ fn pin_keeps_balancing_after_sigkill_until_down() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_all_gone(&progs, &maps);
-    assert!(attached(&cg.path).0.is_empty());
-    assert!(!fs.pin.exists());
+    assert!(attached(cg.path()).0.is_empty());
+    assert!(!pin_dir.exists());
     let out = Command::new(tcpkit())
         .args(["balance", "down", "--pin", pin])
         .output()
@@ -132,12 +107,12 @@ fn reload_attaches_the_udp_hooks_only_while_a_udp_service_is_configured() {
     let _g = serial();
     let (lab, cli, srv, _link) = Lab::pair("balhook").unwrap_or_else(|e| panic!("{e}"));
     let b1 = backend(&srv);
-    let cg = TestCgroup::new("hooks");
+    let cg = test_cgroup("hooks");
     let config = lab.dir().join("lb.toml");
     let tcp = rr_config(&[b1.addr], false);
     write_config(&config, &tcp);
-    let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
-    assert_eq!(hooks_on(&cg.path), TCP_HOOKS);
+    let up = Up::start(&lab, &cli, &config, cg.rel(), &[]);
+    assert_eq!(hooks_on(cg.path()), TCP_HOOKS);
     assert_eq!(up.status()["hooks"], serde_json::json!(TCP_HOOKS));
     // Also a TCP VIP on a port no VIP used before (the programs skip ports without one).
     let vip2 = "198.19.0.1:7000";
@@ -150,7 +125,7 @@ fn reload_attaches_the_udp_hooks_only_while_a_udp_service_is_configured() {
     write_config(&config, &with_udp);
     let out = up.ask(&["reload"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert_eq!(hooks_on(&cg.path), ALL_HOOKS);
+    assert_eq!(hooks_on(cg.path()), ALL_HOOKS);
     // The client waits for `start` until it is in the cgroup.
     let start = lab.dir().join("start");
     let c = Client::start(
@@ -188,11 +163,14 @@ fn reload_attaches_the_udp_hooks_only_while_a_udp_service_is_configured() {
     write_config(&config, &tcp);
     let out = up.ask(&["reload"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert_eq!(hooks_on(&cg.path), TCP_HOOKS);
+    assert_eq!(hooks_on(cg.path()), TCP_HOOKS);
     assert_eq!(up.status()["hooks"], serde_json::json!(TCP_HOOKS));
     let (st, _, err) = up.stop();
     assert_eq!(st.code(), Some(0), "{err}");
-    assert!(hooks_on(&cg.path).is_empty(), "left attached after SIGTERM");
+    assert!(
+        hooks_on(cg.path()).is_empty(),
+        "left attached after SIGTERM"
+    );
 }
 
 #[test]
@@ -202,14 +180,14 @@ fn pinned_reload_pins_the_udp_hooks_it_attaches_and_unpins_those_it_detaches() {
     let _g = serial();
     let (lab, cli, srv, _link) = Lab::pair("balpinh").unwrap_or_else(|e| panic!("{e}"));
     let b1 = backend(&srv);
-    let cg = TestCgroup::new("pinh");
-    let fs = Bpffs::new(lab.dir());
+    let cg = test_cgroup("pinh");
+    let (_fs, pin_dir) = bpffs(&lab);
     let config = lab.dir().join("lb.toml");
     let tcp = rr_config(&[b1.addr], false);
     write_config(&config, &tcp);
-    let pin = fs.pin.to_str().unwrap();
+    let pin = pin_dir.to_str().unwrap();
     let links = || {
-        let mut v: Vec<String> = std::fs::read_dir(&fs.pin)
+        let mut v: Vec<String> = std::fs::read_dir(&pin_dir)
             .unwrap()
             .filter_map(|e| {
                 let n = e.unwrap().file_name().to_string_lossy().into_owned();
@@ -219,7 +197,7 @@ fn pinned_reload_pins_the_udp_hooks_it_attaches_and_unpins_those_it_detaches() {
         v.sort();
         v
     };
-    let up = Up::start(&lab, &cli, &config, &cg.rel, &["--pin", pin]);
+    let up = Up::start(&lab, &cli, &config, cg.rel(), &["--pin", pin]);
     assert_eq!(links(), TCP_HOOKS);
     write_config(
         &config,
@@ -231,22 +209,22 @@ fn pinned_reload_pins_the_udp_hooks_it_attaches_and_unpins_those_it_detaches() {
     let out = up.ask(&["reload"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(links(), ALL_HOOKS);
-    assert_eq!(hooks_on(&cg.path), ALL_HOOKS);
+    assert_eq!(hooks_on(cg.path()), ALL_HOOKS);
     write_config(&config, &tcp);
     let out = up.ask(&["reload"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(links(), TCP_HOOKS);
-    assert_eq!(hooks_on(&cg.path), TCP_HOOKS);
+    assert_eq!(hooks_on(cg.path()), TCP_HOOKS);
     // The pins hold what is attached after the process is gone.
     let (st, _, err) = up.stop();
     assert_eq!(st.code(), Some(0), "{err}");
-    assert_eq!(hooks_on(&cg.path), TCP_HOOKS);
-    let (progs, maps) = attached(&cg.path);
+    assert_eq!(hooks_on(cg.path()), TCP_HOOKS);
+    let (progs, maps) = attached(cg.path());
     let out = Command::new(tcpkit())
         .args(["balance", "down", "--pin", pin])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_all_gone(&progs, &maps);
-    assert!(hooks_on(&cg.path).is_empty());
+    assert!(hooks_on(cg.path()).is_empty());
 }

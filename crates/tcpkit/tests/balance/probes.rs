@@ -1,6 +1,7 @@
 //! Application (send/expect) and UDP health probes, in `up`'s config and on `run`'s flags.
 
 use super::*;
+use tcpkit_lab::KillOnDrop;
 
 /// redis-server in `host` on `addr`, ready (answers a connect from `from`) when this returns.
 fn redis_on(lab: &mut Lab, host: &Host, from: &Host, addr: SocketAddr) {
@@ -46,7 +47,7 @@ fn application_probe_takes_out_a_backend_that_accepts_but_answers_wrongly() {
     redis_on(&mut lab, &srv, &cli, redis);
     // Accepts every connection (a TCP connect probe would pass) and answers its port number.
     let wrong = backend(&srv);
-    let cg = TestCgroup::new("app");
+    let cg = test_cgroup("app");
     let config = lab.dir().join("lb.toml");
     write_config(
         &config,
@@ -58,7 +59,7 @@ fn application_probe_takes_out_a_backend_that_accepts_but_answers_wrongly() {
             wrong.addr
         ),
     );
-    let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    let up = Up::start(&lab, &cli, &config, cg.rel(), &[]);
     let v = status_until(&up, 20, "the wrong backend marked down", |v| {
         v["services"][0]["backends"][1]["health"] == "down"
     });
@@ -145,7 +146,7 @@ fn udp_health_dns_probe_and_port_unreachable_with_a_real_unbound() {
             }
         });
     }
-    let cg = TestCgroup::new("udph");
+    let cg = test_cgroup("udph");
     let config = lab.dir().join("lb.toml");
     // dns: an application probe (a query; the reply must carry its id). dns6: none, so only
     // ICMP port unreachable fails a probe; once a second (the ICMP rate limit).
@@ -163,9 +164,9 @@ fn udp_health_dns_probe_and_port_unreachable_with_a_real_unbound() {
              health = {{ interval = \"1s\", timeout = \"500ms\", rise = 2, fall = 2 }}\n"
         ),
     );
-    let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    let up = Up::start(&lab, &cli, &config, cg.rel(), &[]);
     // UDP services: every hook is attached.
-    assert_eq!(hooks_on(&cg.path), ALL_HOOKS, "{}", cg.path.display());
+    assert_eq!(hooks_on(cg.path()), ALL_HOOKS, "{}", cg.path().display());
     assert_eq!(up.status()["hooks"].as_array().map(Vec::len), Some(8));
     let v = status_until(&up, 30, "both dead backends down", |v| {
         v["services"][0]["backends"][1]["health"] == "down"
@@ -301,14 +302,4 @@ fn run_application_probe_flags_take_out_a_wrongly_answering_backend() {
         (Some(0), Some(false)),
         "{v}"
     );
-}
-
-/// A child process killed (and reaped) when the test ends, even by a panic.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -32,14 +32,14 @@ fn up_balances_its_cgroup_status_shows_it_and_sigterm_detaches() {
     let _g = serial();
     let (lab, cli, srv, _link) = Lab::pair("balup").unwrap_or_else(|e| panic!("{e}"));
     let (b1, b2) = (backend(&srv), backend(&srv));
-    let cg = TestCgroup::new("up");
+    let cg = test_cgroup("up");
     let config = lab.dir().join("lb.toml");
     write_config(&config, &rr_config(&[b1.addr, b2.addr], true));
-    let up = Up::start(&lab, &cli, &config, &cg.rel, &["--json"]);
-    let (progs, maps) = attached(&cg.path);
+    let up = Up::start(&lab, &cli, &config, cg.rel(), &["--json"]);
+    let (progs, maps) = attached(cg.path());
     // A TCP service: the UDP hooks are not attached, and status says which are.
-    assert_eq!(hooks_on(&cg.path), TCP_HOOKS, "{}", cg.path.display());
-    assert_eq!(progs.len(), 4, "programs on {}", cg.path.display());
+    assert_eq!(hooks_on(cg.path()), TCP_HOOKS, "{}", cg.path().display());
+    assert_eq!(progs.len(), 4, "programs on {}", cg.path().display());
     assert_eq!(up.status()["hooks"], serde_json::json!(TCP_HOOKS));
 
     // A client in the cgroup: alternating backends, getpeername the VIP.
@@ -73,7 +73,7 @@ fn up_balances_its_cgroup_status_shows_it_and_sigterm_detaches() {
 
     let v = up.status();
     assert_eq!(v["mode"], "status");
-    assert_eq!(v["cgroup"], cg.rel.as_str());
+    assert_eq!(v["cgroup"], cg.rel());
     let svc = &v["services"][0];
     assert_eq!(
         (svc["name"].as_str(), svc["protocol"].as_str()),
@@ -143,7 +143,7 @@ fn up_balances_its_cgroup_status_shows_it_and_sigterm_detaches() {
 fn up_bad_config_gives_one_line_and_attaches_nothing() {
     let _g = serial();
     let (lab, cli, _srv, _link) = Lab::pair("balupbad").unwrap_or_else(|e| panic!("{e}"));
-    let cg = TestCgroup::new("upbad");
+    let cg = test_cgroup("upbad");
     let config = lab.dir().join("lb.toml");
     let socket = lab.dir().join("bad.sock");
     let cases: [(&str, &str); 8] = [
@@ -193,13 +193,13 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     };
     for (body, want) in cases {
         write_config(&config, body);
-        let (code, err) = run(&["--cgroup", &cg.rel]);
+        let (code, err) = run(&["--cgroup", cg.rel()]);
         assert_eq!(code, Some(1), "{body}: {err}");
         assert_eq!(err.lines().count(), 1, "{body}: {err}");
         assert!(err.starts_with("tcpkit balance: "), "{body}: {err}");
         assert!(err.contains(want), "{body}: {err}");
         assert!(
-            attached(&cg.path).0.is_empty(),
+            attached(cg.path()).0.is_empty(),
             "{body}: something attached"
         );
         assert!(!socket.exists(), "{body}: a socket was made");
@@ -217,7 +217,7 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
         "{err}"
     );
     // A second up on a socket where one answers: refused before attaching anything.
-    let first = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    let first = Up::start(&lab, &cli, &config, cg.rel(), &[]);
     let sock = first.socket.to_str().unwrap().to_string();
     let mut argv = vec![
         tcpkit(),
@@ -226,7 +226,7 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
         "--config",
         config.to_str().unwrap(),
         "--cgroup",
-        &cg.rel,
+        cg.rel(),
         "--socket",
         &sock,
     ];
@@ -234,7 +234,7 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("another balance up answers there"), "{err}");
-    let (progs, maps) = attached(&cg.path);
+    let (progs, maps) = attached(cg.path());
     assert_eq!(progs.len(), 4, "the second up attached");
     // SIGKILL: the links and maps go with the process; the socket file stays, and the next
     // up on that path finds nothing answering there and takes it over.
@@ -279,10 +279,10 @@ fn reload_under_load_breaks_nothing_and_moves_new_connections() {
         holding_backend(&srv),
         holding_backend(&srv),
     );
-    let cg = TestCgroup::new("reload");
+    let cg = test_cgroup("reload");
     let config = lab.dir().join("lb.toml");
     write_config(&config, &rr_config(&[a, b], false));
-    let up = Up::start(&lab, &cli, &config, &cg.rel, &[]);
+    let up = Up::start(&lab, &cli, &config, cg.rel(), &[]);
     let (phase, stop, start) = (
         lab.dir().join("phase2"),
         lab.dir().join("stop"),
@@ -419,10 +419,10 @@ fn up_metrics_serve_prometheus_and_survive_hostile_peers() {
     let _g = serial();
     let (lab, cli, srv, _link) = Lab::pair("balmet").unwrap_or_else(|e| panic!("{e}"));
     let (b1, b2) = (backend(&srv), backend(&srv));
-    let cg = TestCgroup::new("metrics");
+    let cg = test_cgroup("metrics");
     let config = lab.dir().join("lb.toml");
     write_config(&config, &rr_config(&[b1.addr, b2.addr], true));
-    let up = Up::start(&lab, &cli, &config, &cg.rel, &["--metrics", "127.0.0.1:0"]);
+    let up = Up::start(&lab, &cli, &config, cg.rel(), &["--metrics", "127.0.0.1:0"]);
     let err = up.stderr();
     let url = err
         .lines()
