@@ -17,10 +17,6 @@ use tcpkit_lab::{Host, Lab, Proc};
 /// Host b of `Lab::pair`.
 const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 
-/// Rate and distribution checks run one at a time: two load runs and two servers on two
-/// cores would measure each other.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 struct Pair {
     lab: Lab,
     cli: Host,

@@ -42,6 +42,14 @@ pub fn helper_env(var: &str) -> String {
     })
 }
 
+/// Timing tests take turns: two paced senders and their receivers sharing two cores would
+/// measure each other. One lock for the whole test binary, since replay's and load's timing
+/// tests now run in one process side by side.
+pub fn timing_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")

@@ -185,7 +185,7 @@ fn connects_take_ports_in_one_sequential_scan_not_even_ones_first() {
 /// latency from the actual send time does not.
 #[test]
 fn falling_behind_the_asked_rate_is_reported_and_fails_the_run() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = common::timing_turn();
     let mut p = pair("ldbehind");
     p.echo(4251, &[]);
     let dir = tempfile::tempdir().unwrap();

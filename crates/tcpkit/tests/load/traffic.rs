@@ -6,7 +6,7 @@ use super::*;
 
 #[test]
 fn echo_across_a_veth_answers_all_at_the_asked_rate() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = common::timing_turn();
     let mut p = pair("ldrate");
     p.echo(4242, &[]);
     let t = target(4242);
@@ -81,7 +81,7 @@ fn intended_times(csv: &str) -> Vec<u64> {
 
 #[test]
 fn poisson_send_times_are_exponential_and_constant_ones_equal() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = common::timing_turn();
     let mut p = pair("ldks");
     p.echo(4243, &[]);
     let dir = tempfile::tempdir().unwrap();
@@ -344,7 +344,7 @@ fn payload_file_by_length_and_by_delimiter_against_echo() {
 
 #[test]
 fn rate_steps_ramps_query_limits_and_churn() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = common::timing_turn();
     let mut p = pair("ldsteps");
     p.echo(4245, &[]);
     let t = target(4245);
