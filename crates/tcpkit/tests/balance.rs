@@ -114,6 +114,26 @@ fn argv(args: &[&str], client: &str) -> Vec<String> {
     v
 }
 
+/// Runs `argv` in `host` to completion: it must exit 0 (else the test fails with `what`, a
+/// prefix, and its stderr); its stdout and stderr.
+fn output_ok(host: &Host, argv: &[String], what: &str) -> (String, String) {
+    let out = host.command(&refs(argv)).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{what}{stderr}");
+    (stdout, stderr)
+}
+
+/// A --json report (alone on stdout: the command's own lines go to stderr), checked against
+/// the committed schema.
+fn report(stdout: &str) -> Value {
+    let v: Value = serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    schema::check(&schema::load("balance"), &v, "balance");
+    v
+}
+
 fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }

@@ -89,15 +89,9 @@ fn run_random_within_a_binomial_bound_json_report() {
     ];
     let n = 400;
     let argv = argv(&refs(&args), &format!("{VIP};{n};"));
-    let out = cli.command(&refs(&argv)).output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let (stdout, stderr) = output_ok(&cli, &argv, "");
     // --json: stdout is the report alone; the command's lines went to stderr.
-    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    schema::check(&schema::load("balance"), &v, "balance");
+    let v = report(&stdout);
     let c = conns(&stderr);
     assert_eq!(c.len(), n, "{stderr}");
     assert!(c.iter().all(|(peer, _)| peer == VIP));
@@ -129,12 +123,7 @@ fn run_no_backend_refuses_and_exits_with_the_commands_status() {
     let _g = serial();
     let (_lab, cli, _srv, _link) = Lab::pair("balno").unwrap_or_else(|e| panic!("{e}"));
     let argv = argv(&["--vip", VIP], &format!("{VIP};3;"));
-    let out = cli.command(&refs(&argv)).output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let (stdout, stderr) = output_ok(&cli, &argv, "");
     assert_eq!(
         stdout
             .lines()
@@ -246,12 +235,7 @@ fn run_ipv6_and_v4_mapped() {
             "round-robin".into(),
         ];
         let argv = argv(&refs(&args), &format!("{asked};6;"));
-        let out = cli.command(&refs(&argv)).output().unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
-        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let (stdout, stderr) = output_ok(&cli, &argv, "");
         let c = conns(&stdout);
         assert_eq!(c.len(), 6, "{vip}: {stdout}");
         let asked: SocketAddr = asked.parse().unwrap();
@@ -267,12 +251,7 @@ fn run_ipv6_and_v4_mapped() {
 /// `tcpkit balance run ARGS -- client N`, to completion; the (peer, backend port) per connect.
 fn run_client(cli: &Host, args: &[String], n: usize) -> Vec<(String, u16)> {
     let argv = argv(&refs(args), &format!("{VIP};{n};"));
-    let out = cli.command(&refs(&argv)).output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let (stdout, stderr) = output_ok(cli, &argv, "");
     let c = conns(&stdout);
     assert_eq!(c.len(), n, "{stdout}\n{stderr}");
     assert!(c.iter().all(|(peer, _)| peer == VIP));
@@ -457,14 +436,8 @@ fn udp_dns_through_the_vip_reaches_unbound_and_answers_from_the_vip_v4_v6_mapped
             exe.display().to_string(),
         ]);
         argv.extend(helper_args("udp_client_in_cgroup"));
-        let out = cli.command(&refs(&argv)).output().unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
-        assert_eq!(out.status.code(), Some(0), "{asked}: {stderr}");
-        let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-        schema::check(&schema::load("balance"), &v, "balance");
+        let (stdout, stderr) = output_ok(&cli, &argv, &format!("{asked}: "));
+        let v = report(&stdout);
         let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("UDP")).collect();
         assert_eq!(lines.len(), 7, "{asked}: {stderr}");
         let asked: SocketAddr = asked.parse().unwrap();
@@ -505,14 +478,8 @@ fn trace_prints_every_selection_with_its_pid() {
         "--json".into(),
     ];
     let argv = argv(&refs(&args), &format!("{VIP};4;"));
-    let out = cli.command(&refs(&argv)).output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    schema::check(&schema::load("balance"), &v, "balance");
+    let (stdout, stderr) = output_ok(&cli, &argv, "");
+    let v = report(&stdout);
     assert_eq!(v["trace_lost"], 0);
     // `env` execs the client: the command's pid is the one that connects.
     let pid = v["command"]["pid"].as_u64().unwrap();
