@@ -392,6 +392,34 @@ struct Client {
 }
 
 impl Client {
+    /// A CLIENT_ENV client in `cg` connecting `n` times to `vip`, run until it is READY: the
+    /// (peer, backend port) of each connect, and its log.
+    fn connects(
+        lab: &Lab,
+        host: &Host,
+        cg: &Cgroup,
+        vip: &str,
+        n: usize,
+    ) -> (Vec<(String, u16)>, String) {
+        static N: AtomicU64 = AtomicU64::new(0);
+        // The client waits for `start` until it is in the cgroup.
+        let start = lab
+            .dir()
+            .join(format!("start{}", N.fetch_add(1, Ordering::SeqCst)));
+        let c = Client::start(
+            lab,
+            host,
+            cg,
+            CLIENT_ENV,
+            &format!("{vip};{n};;{}", start.display()),
+            "client_in_cgroup",
+        );
+        std::fs::write(&start, "").unwrap();
+        c.wait_for("READY", 20);
+        let log = c.log();
+        (conns(&log), log)
+    }
+
     fn start(lab: &Lab, host: &Host, cg: &Cgroup, env: &str, value: &str, test: &str) -> Client {
         static N: AtomicU64 = AtomicU64::new(0);
         let out = lab

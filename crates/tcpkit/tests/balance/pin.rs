@@ -34,24 +34,8 @@ fn pin_keeps_balancing_after_sigkill_until_down() {
         progs,
         "the pinned programs left with the process"
     );
-    let start = lab.dir().join("start");
-    let c = Client::start(
-        &lab,
-        &cli,
-        &cg,
-        CLIENT_ENV,
-        &format!("{VIP};3;;{}", start.display()),
-        "client_in_cgroup",
-    );
-    std::fs::write(&start, "").unwrap();
-    c.wait_for("READY", 20);
-    let got = conns(&c.log());
-    assert_eq!(
-        got,
-        vec![(VIP.to_string(), b1.addr.port()); 3],
-        "{}",
-        c.log()
-    );
+    let (got, log) = Client::connects(&lab, &cli, &cg, VIP, 3);
+    assert_eq!(got, vec![(VIP.to_string(), b1.addr.port()); 3], "{}", log);
     // A second up on the same pins refuses in one line and attaches nothing more.
     let out = cli
         .command(&[
@@ -96,7 +80,6 @@ fn pin_keeps_balancing_after_sigkill_until_down() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("nothing pinned there"), "{err}");
-    drop(c);
 }
 
 #[test]
@@ -126,20 +109,8 @@ fn reload_attaches_the_udp_hooks_only_while_a_udp_service_is_configured() {
     let out = up.ask(&["reload"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(hooks_on(cg.path()), ALL_HOOKS);
-    // The client waits for `start` until it is in the cgroup.
-    let start = lab.dir().join("start");
-    let c = Client::start(
-        &lab,
-        &cli,
-        &cg,
-        CLIENT_ENV,
-        &format!("{vip2};3;;{}", start.display()),
-        "client_in_cgroup",
-    );
-    std::fs::write(&start, "").unwrap();
-    c.wait_for("READY", 20);
-    let got = conns(&c.log());
-    assert_eq!(got.len(), 3, "{}", c.log());
+    let (got, log) = Client::connects(&lab, &cli, &cg, vip2, 3);
+    assert_eq!(got.len(), 3, "{log}");
     assert!(got.iter().all(|(peer, _)| peer == vip2), "{got:?}");
     assert_eq!(
         up.status()["hooks"],

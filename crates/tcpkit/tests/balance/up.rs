@@ -43,19 +43,8 @@ fn up_balances_its_cgroup_status_shows_it_and_sigterm_detaches() {
     assert_eq!(up.status()["hooks"], serde_json::json!(TCP_HOOKS));
 
     // A client in the cgroup: alternating backends, getpeername the VIP.
-    let start = lab.dir().join("start");
-    let c = Client::start(
-        &lab,
-        &cli,
-        &cg,
-        CLIENT_ENV,
-        &format!("{VIP};10;;{}", start.display()),
-        "client_in_cgroup",
-    );
-    std::fs::write(&start, "").unwrap();
-    c.wait_for("READY", 20);
-    let got = conns(&c.log());
-    assert_eq!(got.len(), 10, "{}", c.log());
+    let (got, log) = Client::connects(&lab, &cli, &cg, VIP, 10);
+    assert_eq!(got.len(), 10, "{log}");
     for (i, (peer, port)) in got.iter().enumerate() {
         assert_eq!(peer, VIP);
         if i > 0 {
@@ -136,7 +125,6 @@ fn up_balances_its_cgroup_status_shows_it_and_sigterm_detaches() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("no balance up is running"), "{err}");
-    drop(c);
 }
 
 #[test]
@@ -448,18 +436,8 @@ fn up_metrics_serve_prometheus_and_survive_hostile_peers() {
         answer
     });
     // Balancing goes on meanwhile.
-    let start = lab.dir().join("start");
-    let c = Client::start(
-        &lab,
-        &cli,
-        &cg,
-        CLIENT_ENV,
-        &format!("{VIP};6;;{}", start.display()),
-        "client_in_cgroup",
-    );
-    std::fs::write(&start, "").unwrap();
-    c.wait_for("READY", 20);
-    assert_eq!(conns(&c.log()).len(), 6, "{}", c.log());
+    let (got, log) = Client::connects(&lab, &cli, &cg, VIP, 6);
+    assert_eq!(got.len(), 6, "{log}");
     assert!(oversize.starts_with("HTTP/1.0 431"), "{oversize}");
 
     // curl, as a scraper would: served beside the silent peers, which wait for their 2 s.
