@@ -7,8 +7,11 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 # Style and lints first: they fail in seconds where the suite takes minutes.
 cargo fmt --all --check || { echo "test.sh: cargo fmt --check: run cargo fmt" >&2; exit 1; }
-cargo clippy --workspace --all-targets --release -- -D warnings
-# The fuzz crate is a workspace of its own (cargo-fuzz wants that), with the same lints;
-# stable clippy checks it, no nightly needed.
-cargo clippy --manifest-path fuzz/Cargo.toml --all-targets --release -- -D warnings
-cargo test --workspace --release --no-fail-fast -- --test-threads="${TCPKIT_TEST_THREADS:-2}"
+# Everything in the suite profile (root Cargo.toml: release code without LTO or debuginfo), so
+# clippy and the tests share one profile's build scripts (balance's clang-built BPF object).
+cargo clippy --workspace --all-targets --profile suite -- -D warnings
+# The fuzz crate is a workspace of its own (cargo-fuzz wants that), with the same lints and
+# its own copy of the suite profile; stable clippy checks it, no nightly needed.
+cargo clippy --manifest-path fuzz/Cargo.toml --all-targets --profile suite -- -D warnings
+# Two threads: the lab tests time packets, and more than one per core measures the machine.
+cargo test --workspace --profile suite --no-fail-fast -- --test-threads="${TCPKIT_TEST_THREADS:-2}"

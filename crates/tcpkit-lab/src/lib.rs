@@ -5,7 +5,9 @@
 //! veth [`Link`]s (addressed from 198.18.0.0/15 and fd00::/8 only, optionally shaped with
 //! tbf), runs processes and captures inside them, and removes all of it on drop, also when
 //! the test panicked. Leftovers of killed runs are swept by the next lab
-//! ([`sweep_leftovers`]). The root namespace is never modified.
+//! ([`sweep_leftovers`]). The root namespace is never modified, except through the guards a
+//! test asks for ([`Cgroup`], [`Bpffs`], [`KillOnDrop`]), which undo themselves on drop and
+//! fail the test when they cannot.
 //!
 //! The lab drives iproute2 (`ip`, `tc`), `ethtool` and `tcpdump`; tests use the lab instead
 //! of calling them by hand.
@@ -21,6 +23,7 @@
 
 mod cmd;
 mod error;
+mod guard;
 mod host;
 mod lab;
 mod link;
@@ -30,6 +33,7 @@ mod tcpdump;
 mod topology;
 
 pub use error::LabError;
+pub use guard::{Bpffs, Cgroup, KillOnDrop};
 pub use host::Host;
 pub use lab::{Lab, KEEP_ENV};
 pub use link::{in_test_range, IfStats, Iface, Link, LinkOpts, Tbf, IFNAME_MAX};

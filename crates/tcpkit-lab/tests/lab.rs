@@ -388,26 +388,39 @@ fn bad_input_is_an_error_not_a_panic() {
 /// Set in the child run by `without_caps_lab_fails_with_one_line`.
 const UNPRIV_CHILD: &str = "TCPKIT_LAB_TEST_UNPRIV_CHILD";
 
+/// The helper processes' guard: run any other way (say, by `--include-ignored`), a helper
+/// fails rather than passing without having tested anything.
+fn assert_helper(var: &str) {
+    assert!(
+        std::env::var_os(var).is_some(),
+        "helper process: runs only under its parent test, which sets {var}"
+    );
+}
+
+/// The child of `without_caps_lab_fails_with_one_line`: no CAP_NET_ADMIN, no CAP_SYS_ADMIN.
+#[test]
+#[ignore = "helper process: run by without_caps_lab_fails_with_one_line"]
+fn without_caps_child() {
+    assert_helper(UNPRIV_CHILD);
+    let e = Lab::new("unpriv").unwrap_err();
+    assert_eq!(
+        format!("{e:?}"),
+        "tcpkit-lab: needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) to create network namespaces"
+    );
+}
+
 #[test]
 fn without_caps_lab_fails_with_one_line() {
-    if std::env::var_os(UNPRIV_CHILD).is_some() {
-        // In the child, which runs without CAP_NET_ADMIN and CAP_SYS_ADMIN.
-        let e = Lab::new("unpriv").unwrap_err();
-        assert_eq!(
-            format!("{e:?}"),
-            "tcpkit-lab: needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) to create network namespaces"
-        );
-        return;
-    }
-    // Re-run just this test as root minus the two capabilities: exec recomputes the
-    // capability sets from the bounding set, so the child really lacks them.
+    // Run the child as root minus the two capabilities: exec recomputes the capability sets
+    // from the bounding set, so the child really lacks them.
     let exe = std::env::current_exe().unwrap();
     let out = Command::new("setpriv")
         .args(["--bounding-set", "-net_admin,-sys_admin", "--"])
         .arg(exe)
         .args([
+            "--ignored",
             "--exact",
-            "without_caps_lab_fails_with_one_line",
+            "without_caps_child",
             "--test-threads=1",
         ])
         .env(UNPRIV_CHILD, "1")
@@ -476,33 +489,30 @@ fn multipath_spreads_connections_over_all_links() {
 /// Set in the child run by `sweep_cleans_up_after_a_killed_test_process`.
 const KILLED_CHILD: &str = "TCPKIT_LAB_TEST_KILLED_CHILD";
 
+/// The child of `sweep_cleans_up_after_a_killed_test_process`: builds a lab with a process
+/// in it, reports, and waits to be SIGKILLed, so Drop never runs.
+#[test]
+#[ignore = "helper process: run by sweep_cleans_up_after_a_killed_test_process"]
+fn killed_child() {
+    assert_helper(KILLED_CHILD);
+    let (mut lab, a, _b, _l) = Lab::pair("killed").unwrap();
+    let p = a.spawn(&mut lab, "orphan", &["sleep", "600"]).unwrap();
+    println!("NETNS {}", lab.namespaces().join(" "));
+    println!("PID {}", p.pid());
+    std::thread::sleep(Duration::from_secs(600));
+}
+
 #[test]
 fn sweep_cleans_up_after_a_killed_test_process() {
     use std::io::BufRead;
-    if std::env::var_os(KILLED_CHILD).is_some() {
-        // In the child: build a lab with a process in it, report, and wait to be SIGKILLed,
-        // so Drop never runs.
-        let (mut lab, a, _b, _l) = Lab::pair("killed").unwrap();
-        let p = a.spawn(&mut lab, "orphan", &["sleep", "600"]).unwrap();
-        println!("NETNS {}", lab.namespaces().join(" "));
-        println!("PID {}", p.pid());
-        std::thread::sleep(Duration::from_secs(600));
-        return;
-    }
     // Kills the child even when an assertion below fails, so no test process is left behind.
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let exe = std::env::current_exe().unwrap();
-    let mut child = KillOnDrop(
+    let mut child = tcpkit_lab::KillOnDrop(
         Command::new(exe)
             .args([
+                "--ignored",
                 "--exact",
-                "sweep_cleans_up_after_a_killed_test_process",
+                "killed_child",
                 "--nocapture",
                 "--test-threads=1",
             ])
@@ -546,4 +556,72 @@ fn sweep_cleans_up_after_a_killed_test_process() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The cgroup2 mount point of this mount namespace whose root is the hierarchy's root.
+fn cgroup2_mount() -> std::path::PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let f: Vec<&str> = pre.split(' ').collect();
+            (post.starts_with("cgroup2 ") && f.get(3) == Some(&"/")).then(|| f[4].into())
+        })
+        .expect("a cgroup2 mount on this host")
+}
+
+/// Whether `path` is a mount point of type `fstype` in this mount namespace.
+fn mounted(path: &Path, fstype: &str) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let point = path.to_str().unwrap();
+    info.lines().any(|l| {
+        let (pre, post) = l.split_once(" - ").unwrap();
+        pre.split(' ').nth(4) == Some(point) && post.split(' ').next() == Some(fstype)
+    })
+}
+
+#[test]
+fn cgroup_guard_kills_its_processes_and_goes_on_drop() {
+    let cg = tcpkit_lab::Cgroup::new(&cgroup2_mount(), "guard").unwrap();
+    assert!(cg.rel().starts_with("/tcpkit-test-guard."), "{}", cg.rel());
+    let mut child = Command::new("sleep").arg("600").spawn().unwrap();
+    cg.join(child.id()).unwrap();
+    let procs = std::fs::read_to_string(cg.path().join("cgroup.procs")).unwrap();
+    assert_eq!(procs.trim(), child.id().to_string());
+    let path = cg.path().to_path_buf();
+    drop(cg);
+    assert!(!path.exists(), "{} left behind", path.display());
+    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+}
+
+#[test]
+fn cgroup_guard_that_cannot_be_removed_fails_the_test() {
+    let cg = tcpkit_lab::Cgroup::new(&cgroup2_mount(), "stuck").unwrap();
+    // A child cgroup keeps it from being removed (cgroup.kill kills processes, not cgroups).
+    let inner = cg.path().join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    let path = cg.path().to_path_buf();
+    let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(cg))).unwrap_err();
+    let msg = e.downcast_ref::<String>().unwrap();
+    assert!(msg.starts_with("tcpkit-lab: cgroup "), "{msg}");
+    assert!(msg.contains("not removed"), "{msg}");
+    std::fs::remove_dir(&inner).unwrap();
+    std::fs::remove_dir(&path).unwrap();
+}
+
+#[test]
+fn bpffs_guard_unmounts_and_kill_on_drop_reaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = tcpkit_lab::Bpffs::mount(dir.path()).unwrap();
+    let point = fs.path().to_path_buf();
+    assert!(mounted(&point, "bpf"), "{} not a bpffs", point.display());
+    // What a test leaves in it (balance pins under directories) does not keep it mounted.
+    std::fs::create_dir_all(point.join("tcpkit").join("balance")).unwrap();
+    drop(fs);
+    assert!(!mounted(&point, "bpf"), "{} still mounted", point.display());
+
+    let child = Command::new("sleep").arg("600").spawn().unwrap();
+    let pid = child.id();
+    drop(tcpkit_lab::KillOnDrop(child));
+    assert!(!pid_exists(pid), "child {pid} not killed and reaped");
 }

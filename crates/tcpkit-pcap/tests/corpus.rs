@@ -1,7 +1,7 @@
 //! The `pcap_read` fuzz target's body over its seed corpus (and byte-level mutations of it) on
 //! every `cargo test`, the generator of that corpus, and an iteration-speed measurement.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

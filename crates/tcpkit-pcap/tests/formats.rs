@@ -1,6 +1,6 @@
 //! Every format variant read back, every cut an error, every error message where and why.
 
-mod common;
+use crate::common;
 
 use std::error::Error as _;
 use std::io::{self, Write};

@@ -34,8 +34,9 @@ fn main() -> ExitCode {
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let pcap: PathBuf = match std::env::var_os("TCPKIT_DEMO_PCAP") {
         Some(p) => p.into(),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../testdata/tcpreplay-test.pcap"),
+        None => {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tcpreplay-test.pcap")
+        }
     };
     let pcap = pcap
         .canonicalize()

@@ -3,7 +3,7 @@
 //! run is killed after 20 s, which fails the test. Captures are built here, cut or corrupted
 //! on purpose; cases that need a network run in a namespace lab.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

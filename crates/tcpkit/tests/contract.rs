@@ -3,7 +3,7 @@
 //! time first; every duration flag takes the same forms; the first SIGINT/SIGTERM stops the run
 //! with its report, the second exits at once.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};

@@ -4,7 +4,7 @@
 //! sessions, redis, --diff, faults of the target) is in copy_modes.rs, run in both modes from
 //! one body.
 
-mod copy_common;
+use crate::copy_common;
 
 use copy_common::*;
 

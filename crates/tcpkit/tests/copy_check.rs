@@ -4,7 +4,7 @@
 //! that is not there each say how to fix them; a target whose strict reverse-path filter
 //! drops the copies fails the return-path check with rp_filter in the fix.
 
-mod copy_common;
+use crate::copy_common;
 
 use std::net::TcpListener;
 use std::time::Duration;

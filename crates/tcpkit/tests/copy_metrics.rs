@@ -1,7 +1,7 @@
 //! `tcpkit copy --metrics ADDR` in the copy lab: curl on the clients' host scrapes the
 //! Prometheus text while the copy runs, and the counters move with the traffic.
 
-mod copy_common;
+use crate::copy_common;
 
 use std::net::TcpListener;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! in transparent mode (with intercept), in the copy lab of copy_common (clients → online →
 //! target, plus the assistant for transparent mode), against real nginx and redis-server.
 
-mod copy_common;
+use crate::copy_common;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};

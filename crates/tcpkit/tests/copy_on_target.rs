@@ -5,7 +5,7 @@
 //! one of them. tcpdump on the target's link toward the online host is where a leak would
 //! show, and a control at the end proves that capture sees such packets when they do leave.
 
-mod copy_common;
+use crate::copy_common;
 
 use std::process::Child;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! whether any client bytes are already waiting: a copy that did not wait would have sent
 //! them at once.
 
-mod copy_common;
+use crate::copy_common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

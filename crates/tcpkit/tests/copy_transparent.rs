@@ -4,7 +4,7 @@
 //! over a management link of its own, so the target needs no forwarding. What transparent mode
 //! shares with relay mode is tested from one body in both, in copy_modes.rs.
 
-mod copy_common;
+use crate::copy_common;
 
 use std::process::Child;
 use std::time::Duration;

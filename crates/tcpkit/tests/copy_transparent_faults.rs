@@ -4,7 +4,7 @@
 //! copy_transparent.rs's (clients → online → target → assistant with intercept), built by
 //! `copy_common::tlab`.
 
-mod copy_common;
+use crate::copy_common;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;

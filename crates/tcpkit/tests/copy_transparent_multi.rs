@@ -3,7 +3,7 @@
 //! and its own clients, both copies sending to the same target nginx and both connected to
 //! the same intercept, which sends every answer to both.
 
-mod copy_common;
+use crate::copy_common;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};

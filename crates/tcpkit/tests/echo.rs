@@ -2,10 +2,9 @@
 //! (sockets opened inside the client namespace), checked byte for byte, by RSS, by its report
 //! and against a real resolver for the DNS wire format.
 
-mod common;
+use crate::common;
+use crate::common::unbound;
 use common::schema;
-#[path = "common/unbound.rs"]
-mod unbound;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -4,7 +4,7 @@
 //! connection, closes silent ones past --first-timeout once it has been full, counts each, and
 //! keeps answering good clients throughout.
 
-mod common;
+use crate::common;
 use common::schema;
 
 use std::io::{ErrorKind, Read, Write};

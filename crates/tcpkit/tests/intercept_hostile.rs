@@ -3,7 +3,7 @@
 //! frame, more connections than the cap or than descriptors. Each time a good copy is still
 //! served and intercept never exits.
 
-mod copy_common;
+use crate::copy_common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -3,7 +3,7 @@
 //! (`tcpkit echo`, a server that accepts late, a host behind an nftables drop), and checked by
 //! exit status, stderr and the report. Named after the cases they pin.
 
-mod common;
+use crate::common;
 use common::schema;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};

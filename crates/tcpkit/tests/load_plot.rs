@@ -2,7 +2,7 @@
 //! uncorrected), latency over time and the rate achieved, from a real run against
 //! `tcpkit echo` across a veth.
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 use std::time::{Duration, Instant};

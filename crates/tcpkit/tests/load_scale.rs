@@ -6,7 +6,7 @@
 //! side) at small scale. Checked from both ends: load's report and live line, echo's report,
 //! and the server host's own socket table while the connections are held.
 
-mod common;
+use crate::common;
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

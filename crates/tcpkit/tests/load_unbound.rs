@@ -3,9 +3,8 @@
 //! `tcpkit load` in host a. Checked by load's report: every answer counted, RCODEs as
 //! unbound gives them (NOERROR for the zone's name, NXDOMAIN for names it lacks).
 
-mod common;
-#[path = "common/unbound.rs"]
-mod unbound;
+use crate::common;
+use crate::common::unbound;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::process::Output;

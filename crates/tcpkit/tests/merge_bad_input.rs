@@ -3,7 +3,7 @@
 //! address-space limit, so an allocation sized by the file instead of its bytes aborts it),
 //! never a wrapped count, a hang or bytes sent to the terminal.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

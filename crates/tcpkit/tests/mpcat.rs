@@ -2,7 +2,7 @@
 //! topology (links shaped by tbf, ECMP hashed on the L4 tuple), the stream checked outside
 //! tcpkit (sha256sum), each link's share read from its own tx counter.
 
-mod common;
+use crate::common;
 use common::mpcat::{
     json_of, listen, port, random_file, send, sha256, shaped, wait, wait_arrived, wait_listening,
 };

@@ -4,7 +4,7 @@
 //! binary on both hosts of the lab's `multipath` topology, every stream checked outside
 //! tcpkit (sha256sum).
 
-mod common;
+use crate::common;
 use common::mpcat::{
     json_of, listen, port, random_file, send, send_as, sha256, wait, wait_listening,
 };

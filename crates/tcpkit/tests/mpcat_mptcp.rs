@@ -4,7 +4,7 @@
 //! the endpoint one subflow forms and the sender says what the path manager needs; a receiver
 //! without --mptcp makes the sender fall back to striping over TCP, said once.
 
-mod common;
+use crate::common;
 use common::mpcat::{json_of, port, random_file, sha256, wait, wait_listening};
 use common::tcpkit;
 

@@ -4,7 +4,7 @@
 //! search finds it), and a key that differs is refused on both sides while the session goes
 //! on.
 
-mod common;
+use crate::common;
 use common::mpcat::{json_of, listen, port, send, sha256, shaped, wait, wait_listening};
 use common::tcpkit;
 

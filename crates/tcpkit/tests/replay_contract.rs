@@ -1,7 +1,7 @@
 //! Issue 10, replay's part of the run contract: a run that did not send what it was asked
 //! fails and says why; tcpreplay's own words in the summary; -v, --listnics; --plot.
 
-mod common;
+use crate::common;
 use common::schema;
 
 use common::{stderr, stdout, udp_frame, write_pcap, ReplayLab};

@@ -1,7 +1,7 @@
 //! Loops, unique IPs, limits, threads, preload, reports: each option does what it says, seen
 //! from the receiver and from the report.
 
-mod common;
+use crate::common;
 use common::schema;
 
 use std::collections::HashMap;

@@ -1,7 +1,7 @@
 //! Rates as the receiver sees them: tcpdump's kernel timestamps on the far end of the link, not
 //! the sender's own report. CI tolerance 1 % over at least 2 s (bench/src/replay.rs measures tighter).
 
-mod common;
+use crate::common;
 
 use common::{udp_frame, write_pcap, Frame, ReplayLab};
 
@@ -24,12 +24,8 @@ fn span_s(frames: &[Frame]) -> f64 {
     (frames.last().unwrap().ts_ns - frames[0].ts_ns) as f64 / 1e9
 }
 
-/// Timing tests run one at a time: two paced senders and two receivers sharing two cores
-/// would measure each other.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn run(tag: &str, file: &std::path::Path, args: &[&str]) -> (String, Vec<Frame>) {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = common::timing_turn();
     let mut lab = ReplayLab::new(tag);
     let f = file.to_str().unwrap().to_string();
     let (out, frames) = lab.capture(|l| {

@@ -2,7 +2,7 @@
 //! frames equal the expected ones byte for byte, in count and order, for pcap and pcapng
 //! inputs of every link type we read.
 
-mod common;
+use crate::common;
 
 use common::{testdata, write_pcap, Frame, ReplayLab};
 use tcpkit_pcap::{CaptureFile, PcapNgWriter, TsResolution};

@@ -13,7 +13,7 @@
 //! without `--src-mac`, destination broadcast), checked on a DLT_NULL capture and generated
 //! raw IPv4 (101, 228) and Linux SLL (113) captures.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

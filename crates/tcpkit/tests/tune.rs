@@ -2,7 +2,7 @@
 //! are its own namespace's, so settings can be made wrong, checked, applied and read back
 //! without touching the host's own. Host-wide settings (fs.*, rlimits) are only read.
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 

@@ -1,8 +1,6 @@
 //! Captures built for the tests: by the writers, or byte by byte where the writers cannot
 //! (big-endian and modified pcap), so the reader is not only checked against its own writer.
 
-#![allow(dead_code, reason = "each test file uses a different part")]
-
 use tcpkit_pcap::{PcapNgWriter, PcapWriter, TsResolution};
 
 /// 1.7e9 s: a timestamp in 2023.

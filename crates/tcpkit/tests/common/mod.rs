@@ -1,6 +1,5 @@
 //! Shared by the binary's integration tests: the binary under test, a quiet replay lab, and
 //! reading captures back. Every test that touches the network builds its own lab.
-#![allow(dead_code, reason = "each test file uses a different subset")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -9,12 +8,46 @@ pub mod mpcat;
 pub mod nft;
 pub mod schema;
 pub mod sock;
+pub mod unbound;
 
 use tcpkit_lab::{Host, Lab, Link, LinkOpts};
 
-/// The binary cargo built for these tests (release under scripts/test.sh).
+/// The binary cargo built for these tests (in the suite profile under scripts/test.sh).
 pub fn tcpkit() -> &'static str {
     env!("CARGO_BIN_EXE_tcpkit")
+}
+
+/// The arguments that make this test binary run only the helper-process test `test` of
+/// `module` (the caller's `module_path!()`), printing as it goes. Helper processes are
+/// `#[ignore]`d, so a plain run lists them as ignored instead of passing them without their
+/// parent; libtest names a test by its module path without the crate's name, and one thread
+/// keeps the helper's output in order.
+pub fn helper_args(module: &str, test: &str) -> Vec<String> {
+    let module = module.split_once("::").map_or("", |(_, m)| m);
+    [
+        "--ignored".to_string(),
+        "--exact".into(),
+        format!("{module}::{test}"),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ]
+    .into()
+}
+
+/// What a helper process's parent test put in `var`: a helper run any other way (say, by
+/// `--include-ignored`) fails rather than passing without having done anything.
+pub fn helper_env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("helper process: runs only under its parent test, which sets {var}")
+    })
+}
+
+/// Timing tests take turns: two paced senders and their receivers sharing two cores would
+/// measure each other. One lock for the whole test binary, since replay's and load's timing
+/// tests now run in one process side by side.
+pub fn timing_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub fn testdata(name: &str) -> PathBuf {

@@ -1,7 +1,5 @@
 //! A real DNS resolver for tests: Debian's `unbound`, configured to answer from a local zone
-//! over TCP, run in the foreground inside a lab host. Use from a test file with
-//! `#[path = "common/unbound.rs"] mod unbound;`.
-#![allow(dead_code, reason = "each test file uses a different subset")]
+//! over TCP, run in the foreground inside a lab host.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};

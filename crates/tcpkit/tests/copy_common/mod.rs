@@ -1,15 +1,9 @@
 //! The copy lab shared by the copy tests: clients → online (nginx, redis-server; `copy` runs
 //! here, with a second link) → target (the same servers). The clients have no route to the
 //! target, and a test can watch the clients' link to prove nothing from the target reaches it.
-#![allow(dead_code, reason = "each test file uses a different subset")]
 
 pub mod modes;
-#[path = "../common/nft.rs"]
-pub mod nft;
-#[path = "../common/schema.rs"]
-pub mod schema;
-#[path = "../common/sock.rs"]
-pub mod sock;
+pub use crate::common::{nft, schema, sock};
 pub mod tlab;
 
 use std::io::{Read, Write};
@@ -449,15 +443,10 @@ pub fn copy_report(c: Child) -> serde_json::Value {
     r
 }
 
-/// Waits (up to 20 s) for a copy run with --json that must fail by its own figures (issue 10
-/// case 3: a target that answered none of the requests, or a loss over --max-loss): exit 1,
-/// the reason, which contains `why`, as the last line on stderr and as the report's
-/// `failure`. Returns the report, whose session counts must add up.
-pub fn copy_report_failed(c: Child, why: &str) -> serde_json::Value {
-    failed_report(&wait_limited(c, Duration::from_secs(20)), why)
-}
-
-/// [`copy_report_failed`] for a run already done.
+/// A copy run with --json that had to fail by its own figures (issue 10 case 3: a target
+/// that answered none of the requests, or a loss over --max-loss): exit 1, the reason, which
+/// contains `why`, as the last line on stderr and as the report's `failure`. Returns the
+/// report, whose session counts must add up.
 pub fn failed_report(o: &Output, why: &str) -> serde_json::Value {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");

@@ -233,8 +233,6 @@ impl TLab {
 pub struct Online {
     pub clients: Host,
     pub online: Host,
-    /// The clients' address (given to [`TLab::add_online`]).
-    pub client: String,
     pub cli_link: Link,
     pub tgt_link: Link,
 }
@@ -283,7 +281,6 @@ impl TLab {
         Online {
             clients,
             online,
-            client: client.to_string(),
             cli_link,
             tgt_link,
         }

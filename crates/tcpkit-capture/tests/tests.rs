@@ -1,0 +1,5 @@
+//! Live capture's integration tests, linked into one test binary: each file here is a module
+//! of it.
+
+mod live;
+mod nfqueue;

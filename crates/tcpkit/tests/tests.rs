@@ -1,0 +1,39 @@
+//! The binary's integration tests, linked into one test binary (as ripgrep does): each file
+//! here is a module of it, so the suite links once instead of once per file. A file's tests
+//! run with `cargo test -p tcpkit --test integration -- FILE::`.
+
+mod common;
+mod copy_common;
+
+mod bad_input;
+mod balance;
+mod contract;
+mod copy;
+mod copy_check;
+mod copy_faults;
+mod copy_metrics;
+mod copy_modes;
+mod copy_on_target;
+mod copy_server_first;
+mod copy_transparent;
+mod copy_transparent_faults;
+mod copy_transparent_multi;
+mod echo;
+mod echo_hostile;
+mod intercept_hostile;
+mod load;
+mod load_contract;
+mod load_plot;
+mod load_scale;
+mod load_unbound;
+mod merge_bad_input;
+mod mpcat;
+mod mpcat_duplex;
+mod mpcat_mptcp;
+mod mpcat_secure;
+mod replay_contract;
+mod replay_features;
+mod replay_rate;
+mod replay_wire;
+mod rewrite_oracle;
+mod tune;
