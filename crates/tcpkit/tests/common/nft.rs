@@ -21,10 +21,6 @@ pub fn drop_tcp_to(host: &Host, port: u16) {
 }
 
 /// Takes [`drop_tcp_to`]'s rules away again.
-#[allow(
-    dead_code,
-    reason = "only some of the test files that include this module use it"
-)]
 pub fn stop_dropping(host: &Host) {
     host.run(&["nft", "delete", "table", "inet", "lab"])
         .unwrap_or_else(|e| panic!("{e}"));
@@ -32,20 +28,12 @@ pub fn stop_dropping(host: &Host) {
 
 /// A table of a test's own in `host` with one base chain (named after its hook), for the
 /// fault a test injects: lost SYNs, lost answer segments, a send refused on the copy's host.
-#[allow(
-    dead_code,
-    reason = "only some of the test files that include this module use it"
-)]
 pub struct Chain<'a> {
     host: &'a Host,
     table: String,
     hook: String,
 }
 
-#[allow(
-    dead_code,
-    reason = "only some of the test files that include this module use it"
-)]
 impl<'a> Chain<'a> {
     /// Creates table `table` with a filter chain at `hook` (`input`, `output`).
     pub fn new(host: &'a Host, table: &str, hook: &str) -> Chain<'a> {
