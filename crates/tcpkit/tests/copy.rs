@@ -15,46 +15,19 @@ fn count_200(log: &[String]) -> usize {
 #[test]
 fn two_rules_in_one_copy_send_http_and_redis_each_to_its_own_target_server() {
     let mut l = CopyLab::new("cp2rules");
-    let (_on, on_log) = l.nginx(true, Log::Peer);
-    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let (on_log, tg_log) = l.nginx_pair();
     let _ron = l.redis(true);
     let _rtg = l.redis(false);
     let rules = format!("8080-{TARGET}:8080,6379-{TARGET}:6379");
     let c = l.copy_rule(&rules, &["--duration", "3.5", "--json"]);
     // Both kinds of traffic at once: HTTP over 2 keep-alive connections and a new connection
     // per request, and a redis SET workload over 5.
-    let redis = std::thread::scope(|s| {
-        let ka = s.spawn(|| l.http_get("2", "200", "2", None));
-        let new = s.spawn(|| l.http_get("1", "50", "2", Some("1")));
-        let redis = s.spawn(|| {
-            l.client(&[
-                "redis-benchmark",
-                "-h",
-                ONLINE,
-                "-p",
-                "6379",
-                "-t",
-                "set",
-                "-r",
-                "1000",
-                "-n",
-                "3000",
-                "-c",
-                "5",
-                "-q",
-            ])
-        });
-        ka.join().unwrap();
-        new.join().unwrap();
-        redis.join().unwrap()
+    std::thread::scope(|s| {
+        s.spawn(|| l.http_get("2", "200", "2", None));
+        s.spawn(|| l.http_get("1", "50", "2", Some("1")));
+        s.spawn(|| l.redis_sets("1000", "3000"));
     });
-    assert!(
-        redis.status.success(),
-        "{}",
-        String::from_utf8_lossy(&redis.stderr)
-    );
     let r = copy_report(c);
-    check_schema(&r);
     assert_eq!(
         r["rules"],
         serde_json::json!([format!("8080-{TARGET}:8080"), format!("6379-{TARGET}:6379")]),
@@ -99,15 +72,13 @@ fn two_rules_in_one_copy_send_http_and_redis_each_to_its_own_target_server() {
 #[test]
 fn a_capture_filter_copies_what_it_matches_and_nothing_else() {
     let mut l = CopyLab::new("cpfilt");
-    let (_on, on_log) = l.nginx(true, Log::Peer);
-    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let (on_log, tg_log) = l.nginx_pair();
     let cif = l.cli_link.a.name.clone();
     l.clients
         .run(&["ip", "addr", "add", "198.18.1.3/24", "dev", &cif])
         .expect("a second client address");
-    let rule = format!("8080-{TARGET}:8080");
     let c = l.copy_rule(
-        &rule,
+        &rule_8080(),
         &["-F", "host 198.18.1.3", "--duration", "2", "--json"],
     );
     // Each curl: one keep-alive session of 10 GETs, from its own address.
@@ -118,7 +89,6 @@ fn a_capture_filter_copies_what_it_matches_and_nothing_else() {
     }
     let r = copy_report(c);
     assert_all_completed(&r);
-    check_schema(&r);
     assert_eq!(lines(&on_log).len(), 30);
     let copied = lines(&tg_log);
     assert_eq!(copied.len(), 10, "{copied:#?}");
@@ -147,26 +117,7 @@ fn a_syn_lost_while_the_target_accepts_others_is_retransmitted_not_stood_back() 
     let chain = nft::Chain::new(&l.target, "lostsyn", "input");
     // Linux's SYN here is 60 bytes (MSS, SACK, timestamps, window scale): a 121-byte quota
     // matches the first two.
-    chain.rule(&[
-        "ip",
-        "saddr",
-        ONLINE_T,
-        "tcp",
-        "dport",
-        "8080",
-        "tcp",
-        "flags",
-        "&",
-        "(syn|ack)",
-        "==",
-        "syn",
-        "quota",
-        "until",
-        "121",
-        "bytes",
-        "counter",
-        "drop",
-    ]);
+    drop_first_syns(&chain, &["ip", "saddr", ONLINE_T], "121");
     let (target, tif) = (l.target.clone(), l.tgt_link.b.name.clone());
     let dump = l
         .lab
@@ -176,19 +127,16 @@ fn a_syn_lost_while_the_target_accepts_others_is_retransmitted_not_stood_back() 
     let pcap = dir.path().join("three.pcap");
     // Three sessions 1 ms apart.
     diff_capture(&pcap, 3, 45000, &[("/same.txt", answer)]);
-    let rule = format!("8080-{TARGET}:8080");
-    let o = run_limited(
-        l.online.command(&[
-            tcpkit(),
-            "copy",
+    let o = l.copy_to_end(
+        &[
             "-x",
-            &rule,
+            &rule_8080(),
             "--input",
             pcap.to_str().unwrap(),
             "--timeout",
             "5",
             "--json",
-        ]),
+        ],
         std::time::Duration::from_secs(30),
     );
     let frames = dump.stop().expect("tcpdump").path;

@@ -12,9 +12,7 @@ use std::time::Duration;
 use copy_common::*;
 
 fn check(l: &CopyLab, args: &[&str]) -> (Option<i32>, String, String) {
-    let mut argv = vec![tcpkit(), "copy", "--check"];
-    argv.extend_from_slice(args);
-    let o = run_limited(l.online.command(&argv), Duration::from_secs(20));
+    let o = l.copy_to_end(&[&["--check"], args].concat(), Duration::from_secs(20));
     (
         o.status.code(),
         String::from_utf8(o.stdout).unwrap(),
@@ -25,7 +23,7 @@ fn check(l: &CopyLab, args: &[&str]) -> (Option<i32>, String, String) {
 #[test]
 fn target_down_fails_with_the_fix_then_all_ok() {
     let mut l = CopyLab::new("cpchk");
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     let cap = l.capture_if();
     let (code, out, err) = check(&l, &["-x", &rule, "-i", &cap]);
     assert_eq!(code, Some(1), "{out}{err}");
@@ -86,7 +84,7 @@ fn target_down_fails_with_the_fix_then_all_ok() {
 fn wrong_interface_memory_and_metrics_address_each_say_the_fix() {
     let mut l = CopyLab::new("cpchk2");
     let (_tg, _) = l.nginx(false, Log::Peer);
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     let busy = l.online.enter(|| TcpListener::bind("127.0.0.1:0").unwrap());
     let busy_addr = busy.local_addr().unwrap().to_string();
     let (code, out, _) = check(
@@ -232,7 +230,7 @@ fn check_says_whether_the_keys_match() {
     use copy_common::tlab::{write_key, TLab};
     let mut t = TLab::new("cpchkkey");
     let (_tg, _) = t.l.nginx(false, Log::Peer);
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     let cap = t.l.capture_if();
     let ia = t.intercept_addr();
     let other = t.l.dir.path().join("other.key");

@@ -13,27 +13,12 @@ use tcpkit_wire::tcp::Segment;
 
 /// [`run_copy`] of a run that fails by its own figures, `why` in its reason.
 fn run_copy_failed(l: &CopyLab, args: &[&str], limit: Duration, why: &str) -> serde_json::Value {
-    let mut argv = vec![tcpkit(), "copy"];
-    argv.extend_from_slice(args);
-    failed_report(&run_limited(l.online.command(&argv), limit), why)
+    failed_report(&l.copy_to_end(args, limit), why)
 }
 
-fn run_copy(
-    l: &CopyLab,
-    args: &[&str],
-    limit: Duration,
-) -> (std::process::Output, serde_json::Value) {
-    let mut argv = vec![tcpkit(), "copy"];
-    argv.extend_from_slice(args);
-    let o = run_limited(l.online.command(&argv), limit);
-    assert!(
-        o.status.success(),
-        "copy failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let r = json(&o);
-    assert_accounted(&r);
-    (o, r)
+/// The report of `copy ARGS` run to completion, which must succeed ([`mode_report`]).
+fn run_copy(l: &CopyLab, args: &[&str], limit: Duration) -> serde_json::Value {
+    mode_report(&l.copy_to_end(args, limit), "relay")
 }
 
 #[test]
@@ -41,7 +26,7 @@ fn offline_capture_with_a_lost_segment_is_counted_not_hung_and_speed_idle_loop_r
     let mut l = CopyLab::new("cpfile");
     let (_tg, tg_log) = l.nginx(false, Log::Peer);
     let dir = tempfile::tempdir().unwrap();
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     // Real HTTP requests: 4 sessions of 5 GETs, 100 ms apart (a 2 s capture).
     let get = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
     let pcap = dir.path().join("http.pcap");
@@ -84,26 +69,15 @@ fn offline_capture_with_a_lost_segment_is_counted_not_hung_and_speed_idle_loop_r
     assert!(r["source"].as_str().unwrap().starts_with("file "));
     assert!(secs1 >= 0.5, "played at the capture's pace: {secs1}");
     check_schema(&r);
+    // The same capture again, with `extra` flags.
+    let play = |extra: &[&str]| {
+        let args = [&["-x", &rule, "--input", p, "--json"], extra].concat();
+        run_copy(&l, &args, Duration::from_secs(10))
+    };
     // --speed 4 --loop 2: twice the requests, in less time; --max-idle caps the 100 ms gaps.
     // The hole's loss allowed (--max-loss 20): the runs are judged on the rest.
     let t = Instant::now();
-    let (_, r) = run_copy(
-        &l,
-        &[
-            "-x",
-            &rule,
-            "--input",
-            p,
-            "--speed",
-            "4",
-            "--loop",
-            "2",
-            "--json",
-            "--max-loss",
-            "20",
-        ],
-        Duration::from_secs(10),
-    );
+    let r = play(&["--speed", "4", "--loop", "2", "--max-loss", "20"]);
     let secs4 = t.elapsed().as_secs_f64();
     assert_eq!(u(&r, "requests.answered"), 32, "{r:#}");
     assert_eq!(lines(&tg_log).len(), 16 * 3);
@@ -112,21 +86,7 @@ fn offline_capture_with_a_lost_segment_is_counted_not_hung_and_speed_idle_loop_r
         "--speed 4 --loop 2 took {secs4} s, --speed 1 {secs1} s"
     );
     let t = Instant::now();
-    let (_, r) = run_copy(
-        &l,
-        &[
-            "-x",
-            &rule,
-            "--input",
-            p,
-            "--max-idle",
-            "0.001",
-            "--json",
-            "--max-loss",
-            "20",
-        ],
-        Duration::from_secs(10),
-    );
+    let r = play(&["--max-idle", "0.001", "--max-loss", "20"]);
     assert!(
         t.elapsed().as_secs_f64() < secs1 / 2.0,
         "{:?} vs {secs1}",
@@ -134,39 +94,16 @@ fn offline_capture_with_a_lost_segment_is_counted_not_hung_and_speed_idle_loop_r
     );
     assert_eq!(u(&r, "requests.answered"), 16, "{r:#}");
     // --ramp: at the start of a long ramp nothing is copied yet.
-    let (_, r) = run_copy(
-        &l,
-        &[
-            "-x",
-            &rule,
-            "--input",
-            p,
-            "--ramp",
-            "1000",
-            "--max-idle",
-            "0.001",
-            "--json",
-        ],
-        Duration::from_secs(10),
-    );
+    let r = play(&["--ramp", "1000", "--max-idle", "0.001"]);
     assert_eq!(u(&r, "sessions.selected"), 0, "{r:#}");
     assert_eq!(u(&r, "sessions.sampled_out"), 4, "{r:#}");
     // A truncated file: what came before is copied, then exit 1 naming the file.
     let bytes = std::fs::read(&pcap).unwrap();
     let cut = dir.path().join("cut.pcap");
     std::fs::write(&cut, &bytes[..bytes.len() - 30]).unwrap();
-    let o = run_limited(
-        l.online.command(&[
-            tcpkit(),
-            "copy",
-            "-x",
-            &rule,
-            "--input",
-            cut.to_str().unwrap(),
-            "--max-idle",
-            "0.001",
-            "--json",
-        ]),
+    let cut = cut.to_str().unwrap();
+    let o = l.copy_to_end(
+        &["-x", &rule, "--input", cut, "--max-idle", "0.001", "--json"],
         Duration::from_secs(10),
     );
     assert_eq!(o.status.code(), Some(1));
@@ -181,11 +118,6 @@ fn offline_capture_with_a_lost_segment_is_counted_not_hung_and_speed_idle_loop_r
 #[test]
 fn bad_rules_and_interfaces_are_one_line_errors() {
     let l = CopyLab::new("cpbad");
-    let run = |args: &[&str]| {
-        let mut argv = vec![tcpkit(), "copy"];
-        argv.extend_from_slice(args);
-        run_limited(l.online.command(&argv), Duration::from_secs(10))
-    };
     for (args, code, want) in [
         (
             vec!["-x", "80"],
@@ -218,7 +150,7 @@ fn bad_rules_and_interfaces_are_one_line_errors() {
             "tcpkit copy: the following required arguments were not provided: --copy",
         ),
     ] {
-        let o = run(&args);
+        let o = l.copy_to_end(&args, Duration::from_secs(10));
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
@@ -235,7 +167,7 @@ fn bad_rules_and_interfaces_are_one_line_errors() {
 fn without_privilege_copy_and_check_name_the_missing_capability() {
     let mut l = CopyLab::new("cpnopriv");
     let (_tg, _) = l.nginx(false, Log::Peer);
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     let cap = l.capture_if();
     let copy = [
         "copy",
@@ -326,44 +258,38 @@ fn slow_http_server(
     use std::sync::{Arc, Mutex};
     let seen: Arc<Mutex<Vec<Vec<Instant>>>> = Arc::default();
     let s2 = seen.clone();
-    let listener = host.enter(|| std::net::TcpListener::bind(addr)).unwrap();
-    std::thread::spawn(move || {
-        for s in listener.incoming() {
-            let Ok(mut s) = s else { return };
-            let conn = {
-                let mut v = s2.lock().unwrap();
-                v.push(Vec::new());
-                v.len() - 1
-            };
-            let seen = s2.clone();
-            let (tx, rx) = std::sync::mpsc::channel::<Instant>();
-            let mut w = s.try_clone().unwrap();
-            std::thread::spawn(move || {
-                for at in rx {
-                    std::thread::sleep((at + delay).saturating_duration_since(Instant::now()));
-                    if w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
-                        .is_err()
-                    {
-                        return;
-                    }
+    serve_each(host, addr, move |mut s| {
+        let conn = {
+            let mut v = s2.lock().unwrap();
+            v.push(Vec::new());
+            v.len() - 1
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<Instant>();
+        let mut w = s.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for at in rx {
+                std::thread::sleep((at + delay).saturating_duration_since(Instant::now()));
+                if w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                    .is_err()
+                {
+                    return;
                 }
-            });
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut b = [0u8; 4096];
-                while let Ok(n) = copy_common::sock::read_some(&mut s, &mut b) {
-                    if n == 0 {
-                        return;
-                    }
-                    let now = Instant::now();
-                    buf.extend_from_slice(&b[..n]);
-                    while let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        buf.drain(..i + 4);
-                        seen.lock().unwrap()[conn].push(now);
-                        let _ = tx.send(now);
-                    }
-                }
-            });
+            }
+        });
+        // Arrivals are read here, on the connection's own thread, while answers wait.
+        let mut buf = Vec::new();
+        let mut b = [0u8; 4096];
+        while let Ok(n) = copy_common::sock::read_some(&mut s, &mut b) {
+            if n == 0 {
+                return;
+            }
+            let now = Instant::now();
+            buf.extend_from_slice(&b[..n]);
+            while let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                buf.drain(..i + 4);
+                s2.lock().unwrap()[conn].push(now);
+                let _ = tx.send(now);
+            }
         }
     });
     seen
@@ -396,7 +322,7 @@ fn requests_wait_for_the_targets_answer_plus_the_clients_think_time() {
         let rule = format!("8080-{addr}");
         let mut args = vec!["-x", rule.as_str(), "--input", p, "--json"];
         args.extend_from_slice(extra);
-        let (_, r) = run_copy(&l, &args, Duration::from_secs(15));
+        let r = run_copy(&l, &args, Duration::from_secs(15));
         assert_eq!(u(&r, "sessions.completed"), 1, "{r:#}");
         assert_eq!(u(&r, "requests.copied"), 4, "{r:#}");
         let seen = seen.lock().unwrap();
@@ -427,17 +353,6 @@ fn requests_wait_for_the_targets_answer_plus_the_clients_think_time() {
     );
 }
 
-/// Stops `child`'s process group for `secs` (SIGSTOP, then SIGCONT): the process reads
-/// nothing meanwhile, as if the host had starved it.
-fn freeze(child: &std::process::Child, d: Duration) {
-    let pg = -(child.id() as libc::pid_t);
-    // SAFETY: kill(2) on the process group the lab made for this child.
-    assert_eq!(unsafe { libc::kill(pg, libc::SIGSTOP) }, 0, "SIGSTOP");
-    std::thread::sleep(d);
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pg, libc::SIGCONT) }, 0, "SIGCONT");
-}
-
 /// Packets the kernel drops from a live capture (the copy stopped for 2 s while clients keep
 /// sending: its ring fills, then overflows) are never silent: the report counts them, every
 /// keep-alive session they cut stalls at its hole and ends as lost_capture_data (copied up to
@@ -446,22 +361,12 @@ fn freeze(child: &std::process::Child, d: Duration) {
 #[test]
 fn live_capture_drops_are_counted_and_their_sessions_end_lost_not_silently() {
     let mut l = CopyLab::new("cpdrops");
-    let (_on, on_log) = l.nginx(true, Log::Peer);
-    let (_tg, tg_log) = l.nginx(false, Log::Peer);
-    let rule = format!("8080-{TARGET}:8080");
-    let cap = l.capture_if();
+    let (on_log, tg_log) = l.nginx_pair();
     let t0 = Instant::now();
-    let c = l.copy(&[
-        "-x",
-        &rule,
-        "-i",
-        &cap,
-        "--timeout",
-        "1",
-        "--duration",
-        "7",
-        "--json",
-    ]);
+    let c = l.copy_rule(
+        &rule_8080(),
+        &["--timeout", "1", "--duration", "7", "--json"],
+    );
     // 4 keep-alive sessions, 400 requests/s for 4 s; the copy stopped from 0.8 s to 2.8 s.
     // The ring holds its 64 blocks of 10 ms: at this rate the last 1.3 s of the stop are
     // dropped.
@@ -515,9 +420,7 @@ fn live_capture_drops_are_counted_and_their_sessions_end_lost_not_silently() {
 
 /// `copy ARGS` in the online host, to completion: its output and the last line on stderr.
 fn copy_failing(l: &CopyLab, args: &[&str]) -> (std::process::Output, String) {
-    let mut argv = vec![tcpkit(), "copy"];
-    argv.extend_from_slice(args);
-    let o = run_limited(l.online.command(&argv), Duration::from_secs(15));
+    let o = l.copy_to_end(args, Duration::from_secs(15));
     let last = String::from_utf8_lossy(&o.stderr)
         .lines()
         .last()
@@ -539,18 +442,15 @@ fn a_run_the_target_did_not_answer_exits_1_with_the_reason_last() {
     synth_pcap(&pcap, 2, 3, 100, None);
     let p = pcap.to_str().unwrap();
     // Nothing listens on the target's 9191: every connect is refused.
-    let (o, last) = copy_failing(
-        &l,
-        &[
-            "-x",
-            "8080-198.18.2.2:9191",
-            "--input",
-            p,
-            "--timeout",
-            "0.5",
-            "--json",
-        ],
-    );
+    let refused = [
+        "-x",
+        "8080-198.18.2.2:9191",
+        "--input",
+        p,
+        "--timeout",
+        "0.5",
+    ];
+    let (o, last) = copy_failing(&l, &[&refused[..], &["--json"]].concat());
     assert_eq!(o.status.code(), Some(1), "{last}");
     let r = json(&o);
     assert_accounted(&r);
@@ -563,17 +463,7 @@ fn a_run_the_target_did_not_answer_exits_1_with_the_reason_last() {
     );
     assert_eq!(r["failure"].as_str(), last.strip_prefix("tcpkit copy: "));
     // The same in the human summary's last line.
-    let (o, last2) = copy_failing(
-        &l,
-        &[
-            "-x",
-            "8080-198.18.2.2:9191",
-            "--input",
-            p,
-            "--timeout",
-            "0.5",
-        ],
-    );
+    let (o, last2) = copy_failing(&l, &refused);
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(last2, last);
     let out = String::from_utf8_lossy(&o.stdout);
@@ -627,10 +517,9 @@ fn a_run_the_target_did_not_answer_exits_1_with_the_reason_last() {
 #[test]
 fn sigint_or_duration_stops_a_copy_waiting_on_a_silent_target_within_the_drain_bound() {
     let mut l = CopyLab::new("cpsigint");
-    let (_on, _) = l.nginx(true, Log::Peer);
-    let (_tg, _) = l.nginx(false, Log::Peer);
+    l.nginx_pair();
     nft::drop_tcp_to(&l.target, 8080);
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     // SIGINT, with the default --timeout of 10 s.
     let c = l.copy_rule(&rule, &["--json"]);
     l.http_get("2", "20", "1", None);
@@ -669,8 +558,7 @@ fn sigint_or_duration_stops_a_copy_waiting_on_a_silent_target_within_the_drain_b
 fn a_hole_in_a_servers_answer_still_copies_the_clients_session_whole() {
     use tcpkit_pcap::{CaptureFile, PcapWriter};
     let mut l = CopyLab::new("cpsrvhole");
-    let (_on, on_log) = l.nginx(true, Log::Peer);
-    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let (on_log, tg_log) = l.nginx_pair();
     let body: String = (0..100_000u32)
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();
@@ -726,8 +614,8 @@ fn a_hole_in_a_servers_answer_still_copies_the_clients_session_whole() {
         }
         w.finish().unwrap();
     }
-    let rule = format!("8080-{TARGET}:8080");
-    let (_, r) = run_copy(
+    let rule = rule_8080();
+    let r = run_copy(
         &l,
         &[
             "-x",

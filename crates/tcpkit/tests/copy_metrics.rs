@@ -45,13 +45,12 @@ fn scrape(l: &CopyLab, url: &str) -> String {
 #[test]
 fn curl_scrapes_live_counters_during_a_copy() {
     let mut l = CopyLab::new("cpmet");
-    let (_on, _) = l.nginx(true, Log::Peer);
-    let (_tg, tg_log) = l.nginx(false, Log::Peer);
+    let (_, tg_log) = l.nginx_pair();
     let port = free_port(&l);
     // Scraped from the clients' host, as a Prometheus server elsewhere would.
     let addr = format!("{ONLINE}:{port}");
     let url = format!("http://{addr}/metrics");
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     let c = l.copy_rule(
         &rule,
         &["--duration", "4", "--json", "--diff", "--metrics", &addr],
@@ -72,9 +71,7 @@ fn curl_scrapes_live_counters_during_a_copy() {
     // Anything but GET /metrics is refused.
     let nf = scrape(&l, &format!("http://{addr}/"));
     assert!(nf.starts_with("HTTP/1.0 404"), "{nf}");
-    let o = wait_limited(c, Duration::from_secs(20));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let r = json(&o);
+    let r = succeeded(&wait_limited(c, Duration::from_secs(20)));
     let m = |t: &str, n: &str| sample(t, &format!("tcpkit_copy_{n}"));
     // Mid-run the counters are moving; after the load they hold what the report says.
     let copied_mid = m(&mid, "requests_copied_total");
@@ -100,18 +97,9 @@ fn a_metrics_address_in_use_is_a_one_line_error() {
     let l = CopyLab::new("cpmetb");
     let held = l.online.enter(|| TcpListener::bind("127.0.0.1:0").unwrap());
     let addr = held.local_addr().unwrap().to_string();
-    let rule = format!("8080-{TARGET}:8080");
-    let o = run_limited(
-        l.online.command(&[
-            tcpkit(),
-            "copy",
-            "-x",
-            &rule,
-            "-i",
-            &l.capture_if(),
-            "--metrics",
-            &addr,
-        ]),
+    let rule = rule_8080();
+    let o = l.copy_to_end(
+        &["-x", &rule, "-i", &l.capture_if(), "--metrics", &addr],
         Duration::from_secs(10),
     );
     let err = String::from_utf8_lossy(&o.stderr);
@@ -120,11 +108,7 @@ fn a_metrics_address_in_use_is_a_one_line_error() {
         err.starts_with(&format!("tcpkit copy: --metrics {addr}: ")) && err.lines().count() == 1,
         "{err}"
     );
-    let o = run_limited(
-        l.online
-            .command(&[tcpkit(), "copy", "-x", &rule, "--metrics", "9100"]),
-        Duration::from_secs(10),
-    );
+    let o = l.copy_to_end(&["-x", &rule, "--metrics", "9100"], Duration::from_secs(10));
     assert_eq!(o.status.code(), Some(2));
     drop(held);
 }

@@ -34,10 +34,7 @@ const GET: &[u8] = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
 /// `-n 3`: every session copied three times over connections of its own (distinct ports at
 /// the target), each copy completed; `--stats` lines on stderr, the JSON alone on stdout.
 fn n3_copies_each_session_three_times(mode: Mode, tag: &str) {
-    let mut m = ModeLab::new(tag, mode, 8080);
-    let (_on, on_log) = m.l_mut().nginx(true, Log::Peer);
-    let (_tg, tg_log) = m.l_mut().nginx(false, Log::Peer);
-    let rule = format!("8080-{TARGET}:8080");
+    let (m, rule, on_log, tg_log) = ModeLab::http(tag, mode);
     let c = m.copy(
         &rule,
         &[
@@ -71,12 +68,7 @@ fn n3_copies_each_session_three_times(mode: Mode, tag: &str) {
     );
     assert!(online.len() >= 100, "{}", online.len());
     assert_eq!(target.len(), 3 * online.len(), "{r:#}");
-    assert!(
-        target
-            .iter()
-            .all(|l| l.starts_with(&format!("{} ", m.seen_from()))),
-        "{target:?}"
-    );
+    assert_all_from(&target, m.seen_from());
     let mut ports: Vec<&str> = target
         .iter()
         .map(|l| l.split_whitespace().nth(1).unwrap())
@@ -100,31 +92,11 @@ fn redis_set_workload_leaves_the_same_keys(mode: Mode, tag: &str) {
     let mut m = ModeLab::new(tag, mode, 6379);
     let _on = m.l_mut().redis(true);
     let _tg = m.l_mut().redis(false);
-    let l = m.l_mut();
-    let ifname = l.cli_link.a.name.clone();
-    let clients = l.clients.clone();
-    let dump = l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
+    let dump = m.l_mut().watch_clients();
     let rule = format!("6379-{TARGET}:6379");
     let c = m.copy(&rule, &["--timeout", "2", "--duration", "4"]);
-    let o = m.l().client(&[
-        "redis-benchmark",
-        "-h",
-        ONLINE,
-        "-p",
-        "6379",
-        "-t",
-        "set",
-        "-r",
-        "20000",
-        "-n",
-        "6000",
-        "-c",
-        "5",
-        "-q",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    m.l().redis_sets("20000", "6000");
     let r = m.done(c);
-    let cap = dump.stop().expect("tcpdump");
     let on = redis_keys(&m.l().online, ONLINE);
     let tg = redis_keys(&m.l().target, TARGET);
     eprintln!(
@@ -145,13 +117,7 @@ fn redis_set_workload_leaves_the_same_keys(mode: Mode, tag: &str) {
     );
     assert!(u(&r, "requests.copied") >= 6000, "{r:#}");
     assert_all_completed(&r);
-    let text = cap.text().expect("tcpdump -r");
-    assert!(text.len() > 1000, "{} packets", text.len());
-    for l in &text {
-        for bad in m.beyond_online() {
-            assert!(!l.contains(&format!(" {bad}.")), "{l}");
-        }
-    }
+    m.assert_nothing_beyond_online(dump, 1000);
 }
 
 in_both_modes!(
@@ -187,10 +153,7 @@ fn connect(m: &ModeLab, n: usize) -> Vec<TcpStream> {
 /// port. With --only-full the same kind of connections are left alone while a new one is
 /// copied.
 fn sessions_open_before_the_copy_are_joined(mode: Mode, tag: &str) {
-    let mut m = ModeLab::new(tag, mode, 8080);
-    let (_on, _) = m.l_mut().nginx(true, Log::Peer);
-    let (_tg, tg_log) = m.l_mut().nginx(false, Log::Peer);
-    let rule = format!("8080-{TARGET}:8080");
+    let (m, rule, _, tg_log) = ModeLab::http(tag, mode);
     let mut conns = connect(&m, 2);
     conns.iter_mut().for_each(get);
     let c = m.copy(&rule, &["--timeout", "2", "--duration", "1.5"]);
@@ -251,7 +214,7 @@ fn sampling_copies_whole_sessions_or_none(mode: Mode, tag: &str) {
         Mode::Transparent => (Log::Peer, vec![]),
     };
     let (_tg, tg_log) = m.l_mut().nginx(false, tg_logged);
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     args.extend(["--timeout", "2", "-r", "50", "--duration", "3"]);
     let c = m.copy(&rule, &args);
     // 40 connections of several requests each (2 loads of 2, reconnecting every 5 requests).
@@ -403,8 +366,7 @@ in_both_modes!(
 fn target_down_at_start_and_mid_run(mode: Mode, tag: &str) {
     let mut m = ModeLab::new(tag, mode, 8080);
     let (_on, _) = m.l_mut().nginx(true, Log::Peer);
-    let rule = format!("8080-{TARGET}:8080");
-    let c = m.copy(&rule, &["--timeout", "1", "--duration", "6"]);
+    let c = m.copy(&rule_8080(), &["--timeout", "1", "--duration", "6"]);
     // Down at start: 50 sessions of one request each, while the SYNs toward it are counted.
     let l = m.l_mut();
     let (online, tif) = (l.online.clone(), l.tgt_link.a.name.clone());
@@ -469,11 +431,8 @@ in_both_modes!(
 /// the copies time out (silent is not refused), and once the target answers again copying
 /// goes on.
 fn a_silent_target_gets_probes_not_a_syn_storm(mode: Mode, tag: &str) {
-    let mut m = ModeLab::new(tag, mode, 8080);
-    let (_on, _) = m.l_mut().nginx(true, Log::Peer);
-    let (_tg, tg_log) = m.l_mut().nginx(false, Log::Peer);
+    let (mut m, rule, _, tg_log) = ModeLab::http(tag, mode);
     nft::drop_tcp_to(&m.l().target, 8080);
-    let rule = format!("8080-{TARGET}:8080");
     let c = m.copy(&rule, &["--timeout", "2.5", "--duration", "8"]);
     // Each copy waits up to 2.5 s for the target.
     let (syns, before) = silent_then_back(m.l_mut(), &tg_log, Duration::from_millis(2700));
@@ -498,9 +457,7 @@ in_both_modes!(
 /// order) is equal, over keep-alive and new connections; --diff-out writes the first
 /// --diff-max differences; nothing but the clients and the online host on the clients' link.
 fn diff_live_finds_exactly_the_requests_for_the_changed_file(mode: Mode, tag: &str) {
-    let mut m = ModeLab::new(tag, mode, 8080);
-    let (_on, on_log) = m.l_mut().nginx(true, Log::Peer);
-    let (_tg, tg_log) = m.l_mut().nginx(false, Log::Peer);
+    let (mut m, rule, on_log, tg_log) = ModeLab::http(tag, mode);
     let big: String = (0..150_000u32)
         .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
         .collect();
@@ -511,12 +468,8 @@ fn diff_live_finds_exactly_the_requests_for_the_changed_file(mode: Mode, tag: &s
             &[("same.txt", SAME), ("other.txt", other), ("big.txt", &big)],
         );
     }
-    let l = m.l_mut();
-    let ifname = l.cli_link.a.name.clone();
-    let clients = l.clients.clone();
-    let dump = l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
+    let dump = m.l_mut().watch_clients();
     let out = m.l().dir.path().join("diffs.jsonl");
-    let rule = format!("8080-{TARGET}:8080");
     let c = m.copy(
         &rule,
         &[
@@ -536,11 +489,8 @@ fn diff_live_finds_exactly_the_requests_for_the_changed_file(mode: Mode, tag: &s
         ],
     );
     let get = |path: &'static str, rate: &'static str, per_conn: Option<&'static str>| {
-        let mut a = vec!["--http-get", path, "-c", "1", "-r", rate, "-t", "1.5"];
-        if let Some(q) = per_conn {
-            a.extend_from_slice(&["--queries-per-conn", q]);
-        }
-        m.l().load(8080, &a);
+        m.l()
+            .load(8080, &http_get_args(path, "1", rate, "1.5", per_conn));
     };
     std::thread::scope(|s| {
         s.spawn(|| get("/same.txt", "200", None));
@@ -550,7 +500,6 @@ fn diff_live_finds_exactly_the_requests_for_the_changed_file(mode: Mode, tag: &s
         s.spawn(|| get("/big.txt", "20", None));
     });
     let r = m.done(c);
-    let cap = dump.stop().expect("tcpdump");
     let d = r["diff"].clone();
     let count =
         |log: &std::path::Path, f: &str| lines(log).iter().filter(|x| x.contains(f)).count() as u64;
@@ -590,13 +539,7 @@ fn diff_live_finds_exactly_the_requests_for_the_changed_file(mode: Mode, tag: &s
             Some(CLIENT)
         );
     }
-    let text = cap.text().expect("tcpdump -r");
-    assert!(text.len() > 500, "{} packets", text.len());
-    for l in &text {
-        for bad in m.beyond_online() {
-            assert!(!l.contains(&format!(" {bad}.")), "{l}");
-        }
-    }
+    m.assert_nothing_beyond_online(dump, 500);
 }
 
 in_both_modes!(
@@ -647,7 +590,7 @@ fn offline_diff_ignores_a_date_only_when_asked(mode: Mode, tag: &str) {
     ];
     let dir = tempfile::tempdir().unwrap();
     let before = lines(&tg_log).len();
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     let mut runs = 0u16;
     let mut capture = || {
         let pcap = dir.path().join(format!("prod{runs}.pcap"));
@@ -771,12 +714,7 @@ fn offline_diff_ignores_a_date_only_when_asked(mode: Mode, tag: &str) {
     // capture's clients in transparent mode.
     let copied = &lines(&tg_log)[before..];
     assert_eq!(copied.len(), 9 * 9 + 9, "{copied:#?}");
-    assert!(
-        copied
-            .iter()
-            .all(|l| l.starts_with(&format!("{} ", m.seen_from()))),
-        "{copied:#?}"
-    );
+    assert_all_from(copied, m.seen_from());
 }
 
 in_both_modes!(
@@ -791,14 +729,8 @@ in_both_modes!(
 /// online host ever shows on the clients' link. In transparent mode intercept's report (its
 /// schema, the one copy, the answers it sent) agrees too.
 fn http_copied_with_loss_under_a_thousandth(mode: Mode, tag: &str) {
-    let mut m = ModeLab::new(tag, mode, 8080);
-    let (_on, on_log) = m.l_mut().nginx(true, Log::Peer);
-    let (_tg, tg_log) = m.l_mut().nginx(false, Log::Peer);
-    let l = m.l_mut();
-    let ifname = l.cli_link.a.name.clone();
-    let clients = l.clients.clone();
-    let dump = l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
-    let rule = format!("8080-{TARGET}:8080");
+    let (mut m, rule, on_log, tg_log) = ModeLab::http(tag, mode);
+    let dump = m.l_mut().watch_clients();
     let c = m.copy(&rule, &["--timeout", "2", "--duration", "3.5"]);
     // Keep-alive connections (two loads of 2: `tcpkit load -c 3` and more hangs while
     // opening against nginx in this lab), and a new connection per request.
@@ -808,7 +740,6 @@ fn http_copied_with_loss_under_a_thousandth(mode: Mode, tag: &str) {
         s.spawn(|| m.l().http_get("2", "200", "2", Some("1")));
     });
     let r = m.done(c);
-    let cap = dump.stop().expect("tcpdump");
     let online = lines(&on_log);
     let target = lines(&tg_log);
     let ok = |log: &[String]| log.iter().filter(|l| l.contains(" 200 ")).count();
@@ -824,13 +755,7 @@ fn http_copied_with_loss_under_a_thousandth(mode: Mode, tag: &str) {
     );
     assert!(loss <= 0.001, "loss {loss}: {r:#}");
     assert!(target.len() <= online.len());
-    assert!(
-        target
-            .iter()
-            .all(|l| l.starts_with(&format!("{} ", m.seen_from()))),
-        "{:?}",
-        &target[..target.len().min(3)]
-    );
+    assert_all_from(&target, m.seen_from());
     // The report agrees with the logs. A request is the client's bytes between two server
     // turns (tcpcopy's definition): an HTTP request sent before the previous answer came
     // joins it, so there can be fewer than HTTP requests, by as many as the client sent
@@ -858,13 +783,7 @@ fn http_copied_with_loss_under_a_thousandth(mode: Mode, tag: &str) {
         "{r:#}"
     );
     // Nothing from the target (or beyond) on the clients' link, ever.
-    let text = cap.text().expect("tcpdump -r");
-    assert!(text.len() > 1000, "{} packets", text.len());
-    for l in &text {
-        for bad in m.beyond_online() {
-            assert!(!l.contains(&format!(" {bad}.")), "{l}");
-        }
-    }
+    m.assert_nothing_beyond_online(dump, 1000);
     if let Some(ir) = m.intercept_report() {
         assert_eq!(u(&r, "transparent.control_lost"), 0, "{r:#}");
         assert!(u(&r, "transparent.answers_received") > 0, "{r:#}");
@@ -900,9 +819,8 @@ fn offline_plays_a_capture_at_its_pace_looped(mode: Mode, tag: &str) {
     // 5 sessions of 3 requests 1 s apart, from CLIENT:43000..43004.
     write_frames(&pcap, &http_session_frames(5, 43000, 1_000_000_000, &turns));
     let p = pcap.to_str().unwrap();
-    let rule = format!("8080-{TARGET}:8080");
     let o = m.copy_offline(
-        &rule,
+        &rule_8080(),
         &[
             "--input",
             p,
@@ -924,12 +842,7 @@ fn offline_plays_a_capture_at_its_pace_looped(mode: Mode, tag: &str) {
     assert_eq!(u(&r, "requests.answered"), 30, "{r:#}");
     let target = lines(&tg_log);
     assert_eq!(target.len(), 30, "{target:#?}");
-    assert!(
-        target
-            .iter()
-            .all(|l| l.starts_with(&format!("{} ", m.seen_from()))),
-        "{target:#?}"
-    );
+    assert_all_from(&target, m.seen_from());
     if mode == Mode::Transparent {
         for port in 43000..43005 {
             assert!(

@@ -10,7 +10,6 @@ use crate::copy_common;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use copy_common::schema;
 use copy_common::*;
 use serde_json::Value;
 use tcpkit_lab::{Host, Proc, Signal, Tcpdump};
@@ -85,23 +84,17 @@ impl OLab {
     }
 
     fn copy(&self, extra: &[&str]) -> Child {
-        let rule = format!("8080-{TARGET}:8080");
-        let cap = self.l.capture_if();
-        let ia = self.intercept_addr();
+        let (rule, ia) = (rule_8080(), self.intercept_addr());
         let mut args = vec![
             "--transparent",
-            "-x",
-            &rule,
             "--intercept",
             &ia,
-            "-i",
-            &cap,
             "--timeout",
             "2",
             "--json",
         ];
         args.extend_from_slice(extra);
-        self.l.copy(&args)
+        self.l.copy_rule(&rule, &args)
     }
 
     /// Everything the target sends from port 8080 on its link toward the online host.
@@ -140,15 +133,6 @@ fn leaks(dump: Tcpdump) -> (Vec<String>, usize) {
     (bad, n)
 }
 
-/// intercept's JSON report from its log, checked against the committed schema.
-fn report(p: &Proc) -> Value {
-    let log = p.log();
-    let (a, b) = (log.find('{').unwrap(), log.rfind('}').unwrap());
-    let r: Value = serde_json::from_str(&log[a..=b]).unwrap_or_else(|e| panic!("{e}: {log}"));
-    schema::check(&schema::load("intercept"), &r, "intercept");
-    r
-}
-
 /// The control that makes the leak checks able to fail: with the rule gone, a connection
 /// from the online host's client-side address (in the clients' prefix) gets its answer
 /// back over the watched link, and the watch sees it.
@@ -179,8 +163,7 @@ fn watch_sees_a_leak_once_the_rule_is_gone(t: &mut OLab) {
 fn on_target_intercept_loses_no_request_and_no_answer_leaves_the_target() {
     let start = Instant::now();
     let mut t = OLab::new("cpontgt");
-    let (_on, on_log) = t.l.nginx(true, Log::Peer);
-    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let (on_log, tg_log) = t.l.nginx_pair();
     let dump = t.watch();
     let icp = t.intercept("intercept");
     assert!(t.rule_present(), "no rule while intercept runs");
@@ -193,9 +176,7 @@ fn on_target_intercept_loses_no_request_and_no_answer_leaves_the_target() {
         b.join().unwrap();
     });
     let r = copy_done(c);
-    icp.signal(Signal::SIGINT).unwrap();
-    let st = icp.wait_timeout(Duration::from_secs(5)).unwrap();
-    assert!(st.is_some_and(|s| s.success()), "{}", icp.log());
+    stop_intercept(&icp, Signal::SIGINT);
     let (bad, watched) = leaks(dump);
     let online = lines(&on_log);
     let target = lines(&tg_log);
@@ -209,11 +190,7 @@ fn on_target_intercept_loses_no_request_and_no_answer_leaves_the_target() {
     assert!(online.len() > 800, "{} requests online", online.len());
     // Every request reached the target, from the clients' own address.
     assert_eq!(target.len(), online.len(), "{r:#}");
-    assert!(
-        target.iter().all(|l| l.starts_with(&format!("{CLIENT} "))),
-        "{:?}",
-        &target[..target.len().min(3)]
-    );
+    assert_all_from(&target, CLIENT);
     assert!(target.iter().all(|l| l.contains(" 200 ")), "{target:?}");
     assert_eq!(r["mode"], "transparent");
     assert_all_completed(&r);
@@ -226,7 +203,7 @@ fn on_target_intercept_loses_no_request_and_no_answer_leaves_the_target() {
         &bad[..bad.len().min(5)]
     );
     // intercept's report: the rule, the answers it queued and sent on.
-    let ir = report(&icp);
+    let ir = intercept_report(&icp);
     eprintln!("intercept: {ir}");
     assert_eq!(ir["mode"], "on-target", "{ir:#}");
     assert_eq!(ir["interface"], format!("queue {}", t.queue), "{ir:#}");
@@ -250,38 +227,20 @@ fn on_target_intercept_loses_no_request_and_no_answer_leaves_the_target() {
 #[test]
 fn on_target_intercept_killed_fails_closed_and_a_restarted_one_replaces_its_rule() {
     let mut t = OLab::new("cpontkill");
-    let (_on, on_log) = t.l.nginx(true, Log::Peer);
-    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let (on_log, tg_log) = t.l.nginx_pair();
     let dump = t.watch();
     let first = t.intercept("intercept1");
     let c = t.copy(&["--duration", "5"]);
     let clients = t.l.clients.clone();
-    let (second, r, before) = std::thread::scope(|s| {
-        let a = s.spawn(|| load(&clients, "100", "4", None));
-        let b = s.spawn(|| load(&clients, "50", "4", Some("1")));
-        std::thread::sleep(Duration::from_millis(1200));
-        first.signal(Signal::SIGKILL).unwrap();
-        first.wait_timeout(Duration::from_secs(5)).unwrap();
+    // The killed intercept's gap costs the copies in flight their answers
+    // ([`intercept_restarted`]).
+    let (second, r, before) = intercept_restarted(&clients, &tg_log, c, &first, || {
         // Killed: the rule stays, and with nobody reading its queue the answers are dropped.
         assert!(t.rule_present(), "the rule went with a killed intercept");
-        std::thread::sleep(Duration::from_millis(500));
-        let second = t.intercept("intercept2");
-        // Each target-log line written after the restart is a copy that got through.
-        let before = lines(&tg_log).len();
-        a.join().unwrap();
-        b.join().unwrap();
-        // The killed intercept's gap cost the copies in flight their answers: more than
-        // --max-loss, so the run says it failed (issue 10 case 3).
-        let r = tlab::transparent_report_failed(
-            &wait_limited(c, Duration::from_secs(15)),
-            "is above --max-loss 1 %",
-        );
-        (second, r, before)
+        t.intercept("intercept2")
     });
     let after = lines(&tg_log).len();
-    second.signal(Signal::SIGTERM).unwrap();
-    let st = second.wait_timeout(Duration::from_secs(5)).unwrap();
-    assert!(st.is_some_and(|s| s.success()), "{}", second.log());
+    stop_intercept(&second, Signal::SIGTERM);
     let (bad, watched) = leaks(dump);
     eprintln!(
         "on-target restart: online {} target {after} (before restart {before}), {watched} \
@@ -296,14 +255,8 @@ fn on_target_intercept_killed_fails_closed_and_a_restarted_one_replaces_its_rule
         bad.len(),
         &bad[..bad.len().min(5)]
     );
-    assert!(u(&r, "transparent.control_losses") >= 1, "{r:#}");
-    assert!(u(&r, "transparent.control_reconnects") >= 1, "{r:#}");
-    assert!(
-        after > before + 60,
-        "copying resumed: {before} -> {after} {r:#}"
-    );
-    assert!(u(&r, "sessions.completed") > 0, "{r:#}");
-    let ir = report(&second);
+    assert_resumed(&r, before, after);
+    let ir = intercept_report(&second);
     assert_eq!(ir["stale_rule_replaced"], true, "{ir:#}");
     assert!(u(&ir, "copies_connected") >= 1, "{ir:#}");
     assert!(!t.rule_present(), "the rule outlived SIGTERM");
@@ -332,8 +285,7 @@ fn copied_connections(t: &OLab) -> usize {
 #[test]
 fn on_target_intercept_exit_aborts_the_copied_connections_a_dead_copy_left() {
     let mut t = OLab::new("cpontabrt");
-    let (_on, _) = t.l.nginx(true, Log::Peer);
-    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let (_, tg_log) = t.l.nginx_pair();
     let dump = t.watch();
     let icp = t.intercept("intercept");
     let mut c = t.copy(&["--duration", "30"]);
@@ -354,10 +306,8 @@ fn on_target_intercept_exit_aborts_the_copied_connections_a_dead_copy_left() {
     // alone, each would send a FIN to a real client once the rule is gone.
     let open = copied_connections(&t);
     assert!(open >= 1, "nothing left open to abort");
-    icp.signal(Signal::SIGTERM).unwrap();
-    let st = icp.wait_timeout(Duration::from_secs(5)).unwrap();
-    assert!(st.is_some_and(|s| s.success()), "{}", icp.log());
-    let ir = report(&icp);
+    stop_intercept(&icp, Signal::SIGTERM);
+    let ir = intercept_report(&icp);
     eprintln!("{open} copied connections open at intercept's exit: {ir}");
     assert!(u(&ir, "connections_aborted") >= open as u64, "{ir:#}");
     assert_eq!(copied_connections(&t), 0);
@@ -396,8 +346,7 @@ fn on_target_refusals_are_one_line_and_touch_no_rule() {
         t.rule_present(),
         "a refused intercept removed the first one's rule"
     );
-    held.signal(Signal::SIGINT).unwrap();
-    held.wait_timeout(Duration::from_secs(5)).unwrap();
+    stop_intercept(&held, Signal::SIGINT);
     assert!(!t.rule_present());
     // nft is not there.
     let mut env = vec!["env", "PATH=/nonexistent"];
@@ -461,8 +410,7 @@ fn check_probes_the_return_path_through_an_intercept_on_the_target() {
             && l.contains("answered with SYN-ACK (reset at once), caught by intercept in"),
         "{l}"
     );
-    icp.signal(Signal::SIGINT).unwrap();
-    icp.wait_timeout(Duration::from_secs(5)).unwrap();
+    stop_intercept(&icp, Signal::SIGINT);
 
     // intercept's rule catches answers to another prefix only.
     t.clients = "10.99.0.0/16".into();

@@ -22,54 +22,32 @@ fn tlab(tag: &str, port: u16) -> TLab {
 
 /// A live transparent copy of 8080 to the target, 2 s timeout, with `extra` flags.
 fn copy(t: &TLab, extra: &[&str]) -> Child {
-    let rule = format!("8080-{TARGET}:8080");
-    t.copy(&rule, &[&["--timeout", "2"], extra].concat())
+    t.copy(&rule_8080(), &[&["--timeout", "2"], extra].concat())
 }
 
+/// intercept killed and restarted under live copying ([`intercept_restarted`]): the copy
+/// loses its control connection, counts the copies the gap cut, reconnects, and copying
+/// resumes.
 #[test]
 fn transparent_survives_an_intercept_restart_counting_the_copies_it_cut() {
     let mut t = tlab("cptrrst", 8080);
-    let (_on, on_log) = t.l.nginx(true, Log::Peer);
-    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let (on_log, tg_log) = t.l.nginx_pair();
     let first = t.intercept("intercept1");
     let c = copy(&t, &["--duration", "5"]);
     let clients = t.l.clients.clone();
-    std::thread::scope(|s| {
-        let a = s.spawn(|| load(&clients, "100", "4", None));
-        let b = s.spawn(|| load(&clients, "50", "4", Some("1")));
-        std::thread::sleep(Duration::from_millis(1200));
-        first.signal(Signal::SIGKILL).unwrap();
-        first.wait_timeout(Duration::from_secs(5)).unwrap();
-        std::thread::sleep(Duration::from_millis(500));
-        let _second = t.intercept("intercept2");
-        // Each target-log line written after the restart is a copy that got through.
-        let before = lines(&tg_log).len();
-        a.join().unwrap();
-        b.join().unwrap();
-        // The keep-alive sessions the restart cut lost the rest of their requests: more
-        // than --max-loss, so the run says it failed (issue 10 case 3).
-        let r = tlab::transparent_report_failed(
-            &wait_limited(c, Duration::from_secs(15)),
-            "is above --max-loss 1 %",
-        );
-        let after = lines(&tg_log).len();
-        eprintln!(
-            "restart: online {} target {} (before restart {before}) {}",
-            lines(&on_log).len(),
-            after,
-            r["transparent"]
-        );
-        assert!(u(&r, "transparent.control_losses") >= 1, "{r:#}");
-        assert!(u(&r, "transparent.control_reconnects") >= 1, "{r:#}");
-        // The keep-alive sessions in flight at the kill are cut (counted as control_lost);
-        // the new connections of the 50/s load go on being copied after the restart.
-        assert!(u(&r, "transparent.control_lost") >= 2, "{r:#}");
-        assert!(
-            after > before + 60,
-            "copying resumed: {before} -> {after} {r:#}"
-        );
-        assert!(u(&r, "sessions.completed") > 0, "{r:#}");
-    });
+    let (_second, r, before) =
+        intercept_restarted(&clients, &tg_log, c, &first, || t.intercept("intercept2"));
+    let after = lines(&tg_log).len();
+    eprintln!(
+        "restart: online {} target {} (before restart {before}) {}",
+        lines(&on_log).len(),
+        after,
+        r["transparent"]
+    );
+    // The keep-alive sessions in flight at the kill are cut (counted as control_lost);
+    // the new connections of the 50/s load go on being copied after the restart.
+    assert!(u(&r, "transparent.control_lost") >= 2, "{r:#}");
+    assert_resumed(&r, before, after);
 }
 
 /// Clients sending 500 requests a second on each keep-alive connection (2 ms apart, as in the
@@ -81,8 +59,7 @@ fn transparent_survives_an_intercept_restart_counting_the_copies_it_cut() {
 #[test]
 fn transparent_keep_alive_copies_keep_the_clients_pace_at_500_requests_a_second() {
     let mut t = tlab("cptrpace", 8080);
-    let (_on, on_log) = t.l.nginx(true, Log::Peer);
-    let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
+    let (on_log, tg_log) = t.l.nginx_pair();
     let _i = t.intercept("intercept");
     let c = copy(&t, &["--duration", "11.5"]);
     // Two connections at 500 requests a second each, for 10 s.
@@ -127,25 +104,10 @@ fn intercept_refuses_to_start_on_a_forwarding_host() {
 #[test]
 fn copy_with_intercept_unreachable_at_start_is_one_line() {
     let t = tlab("cptrunr", 8080);
-    let rule = format!("8080-{TARGET}:8080");
-    let ia = t.intercept_addr();
-    let cap = t.l.capture_if();
-    let o = run_limited(
-        t.l.online.command(&[
-            tcpkit(),
-            "copy",
-            "--transparent",
-            "-x",
-            &rule,
-            "--intercept",
-            &ia,
-            "--auth-key-file",
-            t.key_arg(),
-            "-i",
-            &cap,
-        ]),
-        Duration::from_secs(10),
-    );
+    let (rule, ia, cap) = (rule_8080(), t.intercept_addr(), t.l.capture_if());
+    let mut argv = t.copy_args(&rule, &ia);
+    argv.extend(["-i", &cap]);
+    let o = t.l.copy_to_end(&argv, Duration::from_secs(10));
     one_line_failure(
         &o,
         &format!("tcpkit copy: intercept {ia} unreachable: "),
@@ -161,52 +123,15 @@ fn transparent_ipv6_target_sees_the_clients_with_loss_under_a_thousandth_and_not
     let (_on, on_log) = t.l.nginx_also_on(true, Log::Peer, Some(ONLINE6));
     let (_tg, tg_log) = t.l.nginx_also_on(false, Log::Peer, Some(TARGET6));
     let icp = t.intercept("intercept");
-    let ifname = t.l.cli_link.a.name.clone();
+    let dump = t.l.watch_clients();
+    let c = t.copy(
+        &format!("8080-[{TARGET6}]:8080"),
+        &["--timeout", "2", "--duration", "3"],
+    );
     let clients = t.l.clients.clone();
-    let dump = t.l.lab.tcpdump(&clients, &ifname, "").expect("tcpdump");
-    let rule = format!("8080-[{TARGET6}]:8080");
-    let cap = t.l.capture_if();
-    let ia = t.intercept_addr();
-    let c = t.l.copy(&[
-        "--transparent",
-        "-x",
-        &rule,
-        "--intercept",
-        &ia,
-        "--auth-key-file",
-        t.key_arg(),
-        "-i",
-        &cap,
-        "--timeout",
-        "2",
-        "--json",
-        "--duration",
-        "3",
-    ]);
+    let online6 = format!("[{ONLINE6}]");
     let load6 = |rate: &str, per_conn: Option<&str>| {
-        let t = format!("[{ONLINE6}]:8080");
-        let mut a = vec![
-            tcpkit(),
-            "load",
-            &t,
-            "--http-get",
-            "/hello.txt",
-            "-c",
-            "2",
-            "-r",
-            rate,
-            "-t",
-            "2",
-        ];
-        if let Some(q) = per_conn {
-            a.extend_from_slice(&["--queries-per-conn", q]);
-        }
-        let o = run_limited(clients.command(&a), Duration::from_secs(20));
-        assert!(
-            o.status.success(),
-            "load failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        load_to(&clients, &online6, rate, "2", per_conn, &[]);
     };
     std::thread::scope(|s| {
         let a = s.spawn(|| load6("300", None));
@@ -215,23 +140,13 @@ fn transparent_ipv6_target_sees_the_clients_with_loss_under_a_thousandth_and_not
         b.join().unwrap();
     });
     let r = copy_done(c);
-    let cap = dump.stop().expect("tcpdump");
-    icp.signal(Signal::SIGINT).unwrap();
-    icp.wait_timeout(Duration::from_secs(5)).unwrap();
+    stop_intercept(&icp, Signal::SIGINT);
     let online = lines(&on_log);
     let target = lines(&tg_log);
     assert!(online.len() > 800, "{} requests online", online.len());
-    assert!(
-        online.iter().all(|l| l.starts_with(&format!("{CLIENT6} "))),
-        "{:?}",
-        &online[..online.len().min(3)]
-    );
+    assert_all_from(&online, CLIENT6);
     // Every request at the target came from the clients' own IPv6 address.
-    assert!(
-        target.iter().all(|l| l.starts_with(&format!("{CLIENT6} "))),
-        "{:?}",
-        &target[..target.len().min(3)]
-    );
+    assert_all_from(&target, CLIENT6);
     assert!(target.iter().all(|l| l.contains(" 200 ")), "{target:?}");
     let loss = (online.len() as f64 - target.len() as f64) / online.len() as f64;
     eprintln!(
@@ -245,17 +160,11 @@ fn transparent_ipv6_target_sees_the_clients_with_loss_under_a_thousandth_and_not
     assert_all_completed(&r);
     assert_eq!(u(&r, "transparent.send_errors"), 0, "{r:#}");
     // Nothing from the target or the assistant on the clients' link, in either family.
-    let text = cap.text().expect("tcpdump -r");
-    assert!(text.len() > 1000, "{} packets", text.len());
+    let beyond = [
+        TARGET, TGT_A, ASSIST, ASSIST_M, ONLINE_T, ONLINE_M, TARGET6, TGT6_A, ASSIST6, ONLINE6_T,
+    ];
+    let text = assert_none_from(dump, &beyond, 1000);
     assert!(text.iter().any(|l| l.contains(&format!(" {CLIENT6}."))));
-    for l in &text {
-        for bad in [
-            TARGET, TGT_A, ASSIST, ASSIST_M, ONLINE_T, ONLINE_M, TARGET6, TGT6_A, ASSIST6,
-            ONLINE6_T,
-        ] {
-            assert!(!l.contains(&format!(" {bad}.")), "{l}");
-        }
-    }
 }
 
 /// `--check` in transparent mode probes the return path end to end: a SYN from a client's
@@ -266,8 +175,7 @@ fn transparent_ipv6_target_sees_the_clients_with_loss_under_a_thousandth_and_not
 #[test]
 fn check_probes_the_return_path_through_intercept() {
     let mut t = tlab("cptrchk", 8080);
-    let (_tg, _) = t.l.nginx(false, Log::Peer);
-    let (_on, _) = t.l.nginx(true, Log::Peer);
+    t.l.nginx_pair();
     let _icp = t.intercept("intercept");
     let ia = t.intercept_addr();
     let check = |extra: &[&str]| {
@@ -366,9 +274,8 @@ fn transparent_diff_is_exact_when_answers_are_lost_on_the_way_to_intercept() {
     // --timeout 10, not the file's 2 s: each lost segment costs the target a retransmission
     // timeout (200 ms, doubling when it is lost again), and on a busy machine the last
     // answer of a tbf-lossy run once needed more than the 2 s + linger the drain gives.
-    let rule = format!("8080-{TARGET}:8080");
     let o = t.copy_offline(
-        &rule,
+        &rule_8080(),
         &[
             "--timeout",
             "10",
@@ -414,32 +321,12 @@ fn a_syn_that_failed_to_leave_the_copy_host_is_sent_again_before_its_timeout() {
     let _icp = t.intercept("intercept");
     let chain = nft::Chain::new(&t.l.online, "localfail", "output");
     // The first SYN only: a 44-byte SYN uses up the 50-byte quota's match, the next passes.
-    chain.rule(&[
-        "ip",
-        "daddr",
-        TARGET,
-        "tcp",
-        "dport",
-        "8080",
-        "tcp",
-        "flags",
-        "&",
-        "(syn|ack)",
-        "==",
-        "syn",
-        "quota",
-        "until",
-        "50",
-        "bytes",
-        "counter",
-        "drop",
-    ]);
+    drop_first_syns(&chain, &["ip", "daddr", TARGET], "50");
     let dir = tempfile::tempdir().unwrap();
     let pcap = dir.path().join("one.pcap");
     diff_capture(&pcap, 1, 45000, &[("/same.txt", answer)]);
-    let rule = format!("8080-{TARGET}:8080");
     let o = t.copy_offline(
-        &rule,
+        &rule_8080(),
         &["--timeout", "1", "--input", pcap.to_str().unwrap()],
     );
     let (dropped, rules) = chain.packets();

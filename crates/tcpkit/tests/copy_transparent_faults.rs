@@ -19,13 +19,13 @@ const GET: &[u8] = b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n";
 const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 19\r\n\r\nhello from the lab\n";
 
 /// A capture of `sessions` whole sessions of `requests` GETs each, 50 ms apart, from
-/// CLIENT:41000.. to ONLINE:8080.
-fn capture(t: &TLab, name: &str, sessions: u16, requests: usize) -> PathBuf {
+/// CLIENT:`first_port`.. to ONLINE:8080.
+fn capture(t: &TLab, name: &str, sessions: u16, requests: usize, first_port: u16) -> PathBuf {
     let p = t.l.dir.path().join(name);
     let turns: Vec<(&[u8], &[u8])> = vec![(GET, ANSWER); requests];
     write_frames(
         &p,
-        &http_session_frames(sessions, 41000, 50_000_000, &turns),
+        &http_session_frames(sessions, first_port, 50_000_000, &turns),
     );
     p
 }
@@ -38,7 +38,7 @@ fn capture(t: &TLab, name: &str, sessions: u16, requests: usize) -> PathBuf {
 fn transparent_target_faults_are_each_counted_under_their_own_cause() {
     let mut t = TLab::new("cptfcause");
     let _icp = t.intercept("intercept");
-    let p = capture(&t, "s.pcap", 4, 3);
+    let p = capture(&t, "s.pcap", 4, 3, 41000);
     let p = p.to_str().unwrap();
     let reset = fault_server(&t.l.target, &format!("{TARGET}:9001"), Fault::Reset);
     let close = fault_server(
@@ -104,12 +104,9 @@ fn transparent_n2_with_client_ports_inside_the_pool_counts_collisions_and_never_
     let mut t = TLab::new("cptfpool");
     let (_tg, tg_log) = t.l.nginx(false, Log::Peer);
     let _icp = t.intercept("intercept");
-    let p = t.l.dir.path().join("pool.pcap");
-    let turns: Vec<(&[u8], &[u8])> = vec![(GET, ANSWER); 3];
-    write_frames(&p, &http_session_frames(2, 10_000, 50_000_000, &turns));
-    let rule = format!("8080-{TARGET}:8080");
+    let p = capture(&t, "pool.pcap", 2, 3, 10_000);
     let o = t.copy_offline(
-        &rule,
+        &rule_8080(),
         &["--input", p.to_str().unwrap(), "-n", "2", "--timeout", "2"],
     );
     let r = transparent_report(&o);
@@ -198,18 +195,12 @@ fn intercept_without_privilege_or_interface_is_one_line() {
 #[test]
 fn a_copy_that_did_not_run_for_a_while_reads_intercept_before_judging_it_silent() {
     let mut t = TLab::new("cptfstall");
-    let (_on, _) = t.l.nginx(true, Log::Peer);
-    let (_tg, _) = t.l.nginx(false, Log::Peer);
+    t.l.nginx_pair();
     let _icp = t.intercept("intercept");
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     let c = t.copy(&rule, &["--duration", "6"]);
     load(&t.l.clients, "50", "1", Some("1"));
-    let pg = -(c.id() as libc::pid_t);
-    // SAFETY: kill(2) on the process group the lab made for the copy.
-    assert_eq!(unsafe { libc::kill(pg, libc::SIGSTOP) }, 0, "SIGSTOP");
-    std::thread::sleep(Duration::from_millis(3500));
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pg, libc::SIGCONT) }, 0, "SIGCONT");
+    freeze(&c, Duration::from_millis(3500));
     let r = transparent_report(&wait_limited(c, Duration::from_secs(20)));
     assert_eq!(u(&r, "transparent.control_losses"), 0, "{r:#}");
     assert_eq!(

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Link, LinkOpts, Proc};
+use tcpkit_lab::{Host, Lab, Link, LinkOpts, Proc, Tcpdump};
 
 pub const CLIENT: &str = "198.18.1.1";
 pub const ONLINE: &str = "198.18.1.2";
@@ -27,6 +27,21 @@ pub const REDIS: &str = "/usr/bin/redis-server";
 
 pub fn tcpkit() -> &'static str {
     env!("CARGO_BIN_EXE_tcpkit")
+}
+
+/// The rule most tests copy by: the online server's 8080 to the target's 8080.
+pub fn rule_8080() -> String {
+    format!("8080-{TARGET}:8080")
+}
+
+/// A link from `a` to `b`, addresses `a_addr` and `b_addr` (each in a /24) on its two ends.
+pub fn link24(lab: &mut Lab, a: &Host, b: &Host, a_addr: &str, b_addr: &str) -> Link {
+    lab.link(
+        a,
+        b,
+        &LinkOpts::addrs(format!("{a_addr}/24"), format!("{b_addr}/24")),
+    )
+    .expect("link")
 }
 
 pub struct CopyLab {
@@ -60,20 +75,8 @@ impl CopyLab {
         let clients = lab.host("cli").expect("host");
         let online = lab.host("onl").expect("host");
         let target = lab.host("tgt").expect("host");
-        let cli_link = lab
-            .link(
-                &clients,
-                &online,
-                &LinkOpts::addrs(format!("{CLIENT}/24"), format!("{ONLINE}/24")),
-            )
-            .expect("link");
-        let tgt_link = lab
-            .link(
-                &online,
-                &target,
-                &LinkOpts::addrs(format!("{ONLINE_T}/24"), format!("{TARGET}/24")),
-            )
-            .expect("link");
+        let cli_link = link24(&mut lab, &clients, &online, CLIENT, ONLINE);
+        let tgt_link = link24(&mut lab, &online, &target, ONLINE_T, TARGET);
         CopyLab {
             lab,
             clients,
@@ -83,6 +86,21 @@ impl CopyLab {
             tgt_link,
             dir: tempfile::tempdir().expect("tempdir"),
         }
+    }
+
+    /// nginx on the online host and on the target, each logging its peers
+    /// ([`CopyLab::nginx`]): their access logs, online's first.
+    pub fn nginx_pair(&mut self) -> (PathBuf, PathBuf) {
+        let (_on, on_log) = self.nginx(true, Log::Peer);
+        let (_tg, tg_log) = self.nginx(false, Log::Peer);
+        (on_log, tg_log)
+    }
+
+    /// tcpdump of everything on the clients' link, from the clients' side (where nothing from
+    /// beyond the online host may ever show).
+    pub fn watch_clients(&mut self) -> Tcpdump {
+        let (clients, ifname) = (self.clients.clone(), self.cli_link.a.name.clone());
+        self.lab.tcpdump(&clients, &ifname, "").expect("tcpdump")
     }
 
     /// The online host's interface toward the clients (what `copy` captures).
@@ -203,9 +221,39 @@ impl CopyLab {
         copy_in(&self.online, self.cli_link.b.ifindex, args)
     }
 
+    /// `tcpkit copy ARGS` in the online host, to completion (a run past `limit` is a hang).
+    pub fn copy_to_end(&self, args: &[&str], limit: Duration) -> Output {
+        let mut argv = vec![tcpkit(), "copy"];
+        argv.extend_from_slice(args);
+        run_limited(self.online.command(&argv), limit)
+    }
+
     /// `ARGV` in the clients host, to completion.
     pub fn client(&self, argv: &[&str]) -> Output {
         run_limited(self.clients.command(argv), Duration::from_secs(20))
+    }
+
+    /// redis-benchmark from the clients to the online redis: `n` SETs of keys drawn from
+    /// `keys` over 5 connections, to completion; it must succeed.
+    pub fn redis_sets(&self, keys: &str, n: &str) -> Output {
+        let o = self.client(&[
+            "redis-benchmark",
+            "-h",
+            ONLINE,
+            "-p",
+            "6379",
+            "-t",
+            "set",
+            "-r",
+            keys,
+            "-n",
+            n,
+            "-c",
+            "5",
+            "-q",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o
     }
 
     /// `tcpkit load ONLINE:PORT ARGS` in the clients host.
@@ -229,21 +277,27 @@ impl CopyLab {
     /// over `conns` keep-alive connections for `secs`, or a new connection every `per_conn`
     /// requests.
     pub fn http_get(&self, conns: &str, rate: &str, secs: &str, per_conn: Option<&str>) -> Output {
-        let mut a = vec![
-            "--http-get",
-            "/hello.txt",
-            "-c",
-            conns,
-            "-r",
-            rate,
-            "-t",
-            secs,
-        ];
-        if let Some(q) = per_conn {
-            a.extend_from_slice(&["--queries-per-conn", q]);
-        }
-        self.load(8080, &a)
+        self.load(
+            8080,
+            &http_get_args("/hello.txt", conns, rate, secs, per_conn),
+        )
     }
+}
+
+/// `tcpkit load`'s flags for GETs of `path`: `rate` a second over `conns` keep-alive
+/// connections for `secs`, or a new connection every `per_conn` requests.
+pub fn http_get_args<'a>(
+    path: &'a str,
+    conns: &'a str,
+    rate: &'a str,
+    secs: &'a str,
+    per_conn: Option<&'a str>,
+) -> Vec<&'a str> {
+    let mut a = vec!["--http-get", path, "-c", conns, "-r", rate, "-t", secs];
+    if let Some(q) = per_conn {
+        a.extend_from_slice(&["--queries-per-conn", q]);
+    }
+    a
 }
 
 /// Starts `tcpkit copy ARGS` in `host` and returns once its capture is open; `ifindex` is the
@@ -318,6 +372,17 @@ pub fn wait_port(host: &Host, ip: &str, port: u16, p: &Proc) {
     assert!(up, "{} never listened on {addr}: {}", p.name(), p.log());
 }
 
+/// Stops `child`'s process group for `d` (SIGSTOP, then SIGCONT): the process reads
+/// nothing meanwhile, as if the host had starved it.
+pub fn freeze(child: &Child, d: Duration) {
+    let pg = -(child.id() as libc::pid_t);
+    // SAFETY: kill(2) on the process group the lab made for this child.
+    assert_eq!(unsafe { libc::kill(pg, libc::SIGSTOP) }, 0, "SIGSTOP");
+    std::thread::sleep(d);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pg, libc::SIGCONT) }, 0, "SIGCONT");
+}
+
 /// Runs `cmd` to completion; a run past `limit` is a hang: killed, and the test fails.
 pub fn run_limited(mut cmd: Command, limit: Duration) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -336,7 +401,7 @@ pub struct ReturnPath {
 }
 
 pub fn check_return_path(l: &CopyLab, intercept: &str, extra: &[&str]) -> ReturnPath {
-    let rule = format!("8080-{TARGET}:8080");
+    let rule = rule_8080();
     let cap = l.capture_if();
     let mut argv = vec![
         tcpkit(),
@@ -428,26 +493,63 @@ pub fn assert_all_completed(r: &serde_json::Value) {
     assert_eq!(u(r, "sessions.completed"), u(r, "sessions.copies"), "{r:#}");
 }
 
-/// Waits (up to 20 s) for a copy run with --json that must succeed, and returns its report,
-/// whose session counts must add up.
-pub fn copy_report(c: Child) -> serde_json::Value {
-    let o = wait_limited(c, Duration::from_secs(20));
+/// Waits (up to 20 s) for a relay copy run with --json that must succeed, and returns its
+/// report ([`mode_report`]).
+pub fn copy_report(c: Child) -> Value {
+    mode_report(&wait_limited(c, Duration::from_secs(20)), "relay")
+}
+
+/// The --json report of a copy run that must have exited 0 (if not, all it printed).
+pub fn succeeded(o: &Output) -> Value {
     assert!(
         o.status.success(),
         "copy failed: {} {}",
         String::from_utf8_lossy(&o.stderr),
         String::from_utf8_lossy(&o.stdout)
     );
-    let r = json(&o);
-    assert_accounted(&r);
+    json(o)
+}
+
+/// The report of a copy run in `mode` ("relay" or "transparent") that exited 0: every copy
+/// accounted for as that mode counts them, against the committed schema.
+pub fn mode_report(o: &Output, mode: &str) -> Value {
+    let r = succeeded(o);
+    accounted_in(&r, mode);
+    check_schema(&r);
+    assert_eq!(r["mode"], mode, "{r:#}");
     r
+}
+
+/// [`mode_report`] of a run that had to fail by its own figures ([`failed_because`]).
+pub fn mode_report_failed(o: &Output, why: &str, mode: &str) -> Value {
+    let r = failed_because(o, why);
+    accounted_in(&r, mode);
+    check_schema(&r);
+    assert_eq!(r["mode"], mode, "{r:#}");
+    r
+}
+
+fn accounted_in(r: &Value, mode: &str) {
+    match mode {
+        "relay" => assert_accounted(r),
+        "transparent" => tlab::transparent_accounted(r),
+        _ => panic!("no copy mode {mode}"),
+    }
 }
 
 /// A copy run with --json that had to fail by its own figures (issue 10 case 3: a target
 /// that answered none of the requests, or a loss over --max-loss): exit 1, the reason, which
 /// contains `why`, as the last line on stderr and as the report's `failure`. Returns the
 /// report, whose session counts must add up.
-pub fn failed_report(o: &Output, why: &str) -> serde_json::Value {
+pub fn failed_report(o: &Output, why: &str) -> Value {
+    let r = failed_because(o, why);
+    assert_accounted(&r);
+    r
+}
+
+/// The report of a copy run with --json that exited 1, `why` in the reason it gave as its
+/// last line on stderr and as the report's `failure`.
+fn failed_because(o: &Output, why: &str) -> Value {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     let r = json(o);
@@ -457,7 +559,6 @@ pub fn failed_report(o: &Output, why: &str) -> serde_json::Value {
         failure.contains(why) && last == format!("tcpkit copy: {failure}"),
         "{why}: {err} {r:#}"
     );
-    assert_accounted(&r);
     r
 }
 
@@ -509,14 +610,15 @@ pub fn lines(path: &Path) -> Vec<String> {
 
 /// Every copy ended exactly one way.
 pub fn assert_accounted(r: &Value) {
-    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
+    accounted_with(r, 0);
+}
+
+/// Every copy ended exactly one way, `also` being how many ended in a way of the mode's own
+/// (transparent mode's control_lost), and every selected session was copied -n times.
+pub fn accounted_with(r: &Value, also: u64) {
     let ended = u(r, "sessions.completed")
-        + f("target_refused")
-        + f("reset")
-        + f("timeout")
-        + f("closed_early")
-        + f("lost_capture_data")
-        + f("shed")
+        + failed(r).iter().sum::<u64>()
+        + also
         + u(r, "sessions.open_at_end");
     assert_eq!(ended, u(r, "sessions.copies"), "{r:#}");
     assert_eq!(
@@ -697,6 +799,20 @@ pub fn records(p: &Path) -> Vec<Value> {
 
 // ---- servers that misbehave, for the fault tests -----------------------------------------
 
+/// A listener in `host` on `addr` whose every connection `each` serves, on a thread of its
+/// own, for as long as the test runs.
+pub fn serve_each(host: &Host, addr: &str, each: impl Fn(TcpStream) + Send + Sync + 'static) {
+    let listener = host.enter(|| TcpListener::bind(addr)).unwrap();
+    let each = Arc::new(each);
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(s) = s else { return };
+            let each = each.clone();
+            std::thread::spawn(move || each(s));
+        }
+    });
+}
+
 /// How a [`fault_server`] treats each connection once the first bytes of a request arrive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -713,48 +829,41 @@ pub enum Fault {
 pub fn fault_server(host: &Host, addr: &str, fault: Fault) -> Arc<AtomicU64> {
     let got = Arc::new(AtomicU64::new(0));
     let g = got.clone();
-    let listener = host.enter(|| TcpListener::bind(addr)).unwrap();
-    std::thread::spawn(move || {
-        for s in listener.incoming() {
-            let Ok(mut s) = s else { return };
-            let g = g.clone();
-            std::thread::spawn(move || {
-                let mut b = [0u8; 65536];
-                while let Ok(n) = sock::read_some(&mut s, &mut b) {
-                    if n == 0 {
-                        break;
-                    }
-                    g.fetch_add(n as u64, Ordering::Relaxed);
-                    match fault {
-                        Fault::Silent => continue,
-                        Fault::Reset => {
-                            let l = libc::linger {
-                                l_onoff: 1,
-                                l_linger: 0,
-                            };
-                            // SAFETY: setsockopt on a descriptor we own, with a linger's size.
-                            let r = unsafe {
-                                libc::setsockopt(
-                                    s.as_raw_fd(),
-                                    libc::SOL_SOCKET,
-                                    libc::SO_LINGER,
-                                    (&l as *const libc::linger).cast(),
-                                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
-                                )
-                            };
-                            assert_eq!(r, 0, "SO_LINGER");
-                            return;
-                        }
-                        Fault::CloseAfterAnswer => {
-                            let _ = s.write_all(b"one answer, then goodbye\n");
-                            return;
-                        }
-                    }
+    serve_each(host, addr, move |mut s| {
+        let mut b = [0u8; 65536];
+        while let Ok(n) = sock::read_some(&mut s, &mut b) {
+            if n == 0 {
+                break;
+            }
+            g.fetch_add(n as u64, Ordering::Relaxed);
+            match fault {
+                Fault::Silent => continue,
+                Fault::Reset => {
+                    let l = libc::linger {
+                        l_onoff: 1,
+                        l_linger: 0,
+                    };
+                    // SAFETY: setsockopt on a descriptor we own, with a linger's size.
+                    let r = unsafe {
+                        libc::setsockopt(
+                            s.as_raw_fd(),
+                            libc::SOL_SOCKET,
+                            libc::SO_LINGER,
+                            (&l as *const libc::linger).cast(),
+                            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                        )
+                    };
+                    assert_eq!(r, 0, "SO_LINGER");
+                    return;
                 }
-                // Silent even to the peer's FIN: the connection is left open, never closed.
-                std::thread::sleep(Duration::from_secs(30));
-            });
+                Fault::CloseAfterAnswer => {
+                    let _ = s.write_all(b"one answer, then goodbye\n");
+                    return;
+                }
+            }
         }
+        // Silent even to the peer's FIN: the connection is left open, never closed.
+        std::thread::sleep(Duration::from_secs(30));
     });
     got
 }
@@ -873,32 +982,25 @@ pub fn greeting_server(host: &Host, addr: &str, delay: Duration) -> Arc<Greeted>
     use std::io::BufRead;
     let seen = Arc::new(Greeted::default());
     let g = seen.clone();
-    let listener = host.enter(|| TcpListener::bind(addr)).unwrap();
-    std::thread::spawn(move || {
-        for s in listener.incoming() {
-            let Ok(mut s) = s else { return };
-            let g = g.clone();
-            std::thread::spawn(move || {
-                g.conns.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(delay);
-                s.set_nonblocking(true).unwrap();
-                if matches!(s.peek(&mut [0u8; 1]), Ok(n) if n > 0) {
-                    g.early.fetch_add(1, Ordering::Relaxed);
-                }
-                s.set_nonblocking(false).unwrap();
-                if s.write_all(b"220 ready\r\n").is_err() {
-                    return;
-                }
-                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
-                let mut line = String::new();
-                while matches!(r.read_line(&mut line), Ok(n) if n > 0) {
-                    g.lines.fetch_add(1, Ordering::Relaxed);
-                    if s.write_all(format!("250 {line}").as_bytes()).is_err() {
-                        return;
-                    }
-                    line.clear();
-                }
-            });
+    serve_each(host, addr, move |mut s| {
+        g.conns.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(delay);
+        s.set_nonblocking(true).unwrap();
+        if matches!(s.peek(&mut [0u8; 1]), Ok(n) if n > 0) {
+            g.early.fetch_add(1, Ordering::Relaxed);
+        }
+        s.set_nonblocking(false).unwrap();
+        if s.write_all(b"220 ready\r\n").is_err() {
+            return;
+        }
+        let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        while matches!(r.read_line(&mut line), Ok(n) if n > 0) {
+            g.lines.fetch_add(1, Ordering::Relaxed);
+            if s.write_all(format!("250 {line}").as_bytes()).is_err() {
+                return;
+            }
+            line.clear();
         }
     });
     seen
@@ -932,19 +1034,110 @@ pub fn copy_done(c: Child) -> Value {
     tlab::transparent_report(&wait_limited(c, Duration::from_secs(15)))
 }
 
-/// Every copy ended exactly one way (control_lost counts among the failures here).
-pub fn accounted(r: &Value) {
-    let f = |k: &str| u(r, &format!("sessions.failed.{k}"));
-    let ended = u(r, "sessions.completed")
-        + f("target_refused")
-        + f("reset")
-        + f("timeout")
-        + f("closed_early")
-        + f("lost_capture_data")
-        + f("shed")
-        + u(r, "transparent.control_lost")
-        + u(r, "sessions.open_at_end");
-    assert_eq!(ended, u(r, "sessions.copies"), "{r:#}");
+/// intercept's report, once it exited, against its committed schema.
+pub fn intercept_report(p: &Proc) -> Value {
+    let log = p.log();
+    let (a, b) = (log.find('{').unwrap(), log.rfind('}').unwrap());
+    let r: Value = serde_json::from_str(&log[a..=b]).unwrap_or_else(|e| panic!("{e}: {log}"));
+    schema::check(&schema::load("intercept"), &r, "intercept");
+    r
+}
+
+/// Stops intercept with `sig`, which it must exit cleanly on within 5 s.
+pub fn stop_intercept(p: &Proc, sig: tcpkit_lab::Signal) {
+    p.signal(sig).unwrap();
+    let st = p.wait_timeout(Duration::from_secs(5)).unwrap();
+    assert!(st.is_some_and(|s| s.success()), "{}", p.log());
+}
+
+/// An intercept restarted under live copying, as both intercept placements' tests play it:
+/// from `clients`, a keep-alive load (100/s) and a new connection per request (50/s) for 4 s;
+/// 1.2 s in, `first` is killed (SIGKILL), and 0.5 s later `restart` starts its successor.
+/// The keep-alive sessions the gap cut lose the rest of their requests, more than
+/// --max-loss: the copy `c` must fail so (issue 10 case 3). Returns the successor, the copy's
+/// report, and the target's log length (`tg_log`) at the restart: each line after it is a
+/// copy that got through.
+pub fn intercept_restarted(
+    clients: &Host,
+    tg_log: &Path,
+    c: Child,
+    first: &Proc,
+    restart: impl FnOnce() -> Proc,
+) -> (Proc, Value, usize) {
+    std::thread::scope(|s| {
+        let a = s.spawn(|| load(clients, "100", "4", None));
+        let b = s.spawn(|| load(clients, "50", "4", Some("1")));
+        std::thread::sleep(Duration::from_millis(1200));
+        first.signal(tcpkit_lab::Signal::SIGKILL).unwrap();
+        first.wait_timeout(Duration::from_secs(5)).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let second = restart();
+        let before = lines(tg_log).len();
+        a.join().unwrap();
+        b.join().unwrap();
+        let r = tlab::transparent_report_failed(
+            &wait_limited(c, Duration::from_secs(15)),
+            "is above --max-loss 1 %",
+        );
+        (second, r, before)
+    })
+}
+
+/// What [`intercept_restarted`] must leave: the copy lost its control connection and
+/// reconnected, and copying resumed (`after`: the target's log length at the end).
+pub fn assert_resumed(r: &Value, before: usize, after: usize) {
+    assert!(u(r, "transparent.control_losses") >= 1, "{r:#}");
+    assert!(u(r, "transparent.control_reconnects") >= 1, "{r:#}");
+    assert!(
+        after > before + 60,
+        "copying resumed: {before} -> {after} {r:#}"
+    );
+    assert!(u(r, "sessions.completed") > 0, "{r:#}");
+}
+
+/// Every line of an access log starts with the client address `addr` (what the server saw).
+pub fn assert_all_from(log: &[String], addr: &str) {
+    assert!(
+        log.iter().all(|l| l.starts_with(&format!("{addr} "))),
+        "not all from {addr}: {:?}",
+        &log[..log.len().min(3)]
+    );
+}
+
+/// The packets `dump` saw (more than `min` of them), none from any address of `bad`.
+pub fn assert_none_from(dump: Tcpdump, bad: &[&str], min: usize) -> Vec<String> {
+    let text = dump.stop().expect("tcpdump").text().expect("tcpdump -r");
+    assert!(text.len() > min, "{} packets", text.len());
+    for l in &text {
+        for bad in bad {
+            assert!(!l.contains(&format!(" {bad}.")), "{l}");
+        }
+    }
+    text
+}
+
+/// `chain` drops the first SYNs to port 8080 that `matches` (an nft match, such as
+/// `ip daddr ADDR`), up to `quota` bytes of them, and counts them.
+pub fn drop_first_syns(chain: &nft::Chain, matches: &[&str], quota: &str) {
+    let mut words = matches.to_vec();
+    words.extend([
+        "tcp",
+        "dport",
+        "8080",
+        "tcp",
+        "flags",
+        "&",
+        "(syn|ack)",
+        "==",
+        "syn",
+        "quota",
+        "until",
+        quota,
+        "bytes",
+        "counter",
+        "drop",
+    ]);
+    chain.rule(&words);
 }
 
 /// `tcpkit load` of HTTP GETs from the clients host to the online nginx.
@@ -962,22 +1155,8 @@ pub fn load_to(
     extra: &[&str],
 ) -> Output {
     let t = format!("{server}:8080");
-    let mut a = vec![
-        tcpkit(),
-        "load",
-        &t,
-        "--http-get",
-        "/hello.txt",
-        "-c",
-        "2",
-        "-r",
-        rate,
-        "-t",
-        secs,
-    ];
-    if let Some(q) = per_conn {
-        a.extend_from_slice(&["--queries-per-conn", q]);
-    }
+    let mut a = vec![tcpkit(), "load", &t];
+    a.extend(http_get_args("/hello.txt", "2", rate, secs, per_conn));
     a.extend_from_slice(extra);
     let o = run_limited(clients.command(&a), Duration::from_secs(20));
     assert!(

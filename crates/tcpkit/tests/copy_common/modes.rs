@@ -2,11 +2,12 @@
 //! runs in relay mode (copy's own TCP connections to the target) and in transparent mode
 //! (the clients' addresses kept, answers caught by intercept on the assistant) alike.
 
+use std::path::PathBuf;
 use std::process::{Child, Output};
 use std::time::Duration;
 
 use serde_json::Value;
-use tcpkit_lab::Proc;
+use tcpkit_lab::{Proc, Tcpdump};
 
 use super::tlab::*;
 use super::*;
@@ -45,6 +46,15 @@ impl ModeLab {
         ModeLab { mode, lab }
     }
 
+    /// The lab for port 8080 with nginx on the online host and on the target
+    /// ([`CopyLab::nginx_pair`]), and the rule between them ([`rule_8080`]): the lab, the
+    /// rule, and the two access logs, online's first.
+    pub fn http(tag: &str, mode: Mode) -> (ModeLab, String, PathBuf, PathBuf) {
+        let mut m = ModeLab::new(tag, mode, 8080);
+        let (on_log, tg_log) = m.l_mut().nginx_pair();
+        (m, rule_8080(), on_log, tg_log)
+    }
+
     pub fn l(&self) -> &CopyLab {
         match &self.lab {
             Inner::Relay(l) => l,
@@ -75,46 +85,35 @@ impl ModeLab {
 
     /// `tcpkit copy -x RULE ... ARGS` to completion: the human summary on stdout.
     pub fn offline(&self, rule: &str, args: &[&str]) -> Output {
-        let mut argv = vec![tcpkit(), "copy", "-x", rule];
         let ia;
-        if let Inner::Transparent(t, _) = &self.lab {
-            ia = t.intercept_addr();
-            argv.extend(["--transparent", "--intercept", &ia]);
-            argv.extend(t.key_args());
-        }
+        let mut argv = match &self.lab {
+            Inner::Relay(_) => vec!["-x", rule],
+            Inner::Transparent(t, _) => {
+                ia = t.intercept_addr();
+                t.copy_args(rule, &ia)
+            }
+        };
         argv.extend_from_slice(args);
-        run_limited(self.l().online.command(&argv), Duration::from_secs(30))
+        self.l().copy_to_end(&argv, Duration::from_secs(30))
+    }
+
+    /// The mode as reports name it.
+    fn name(&self) -> &'static str {
+        match self.mode {
+            Mode::Relay => "relay",
+            Mode::Transparent => "transparent",
+        }
     }
 
     /// The report of a copy that must succeed: every copy accounted for, the schema kept.
     pub fn report(&self, o: &Output) -> Value {
-        match self.mode {
-            Mode::Relay => {
-                assert!(
-                    o.status.success(),
-                    "copy failed: {} {}",
-                    String::from_utf8_lossy(&o.stderr),
-                    String::from_utf8_lossy(&o.stdout)
-                );
-                let r = json(o);
-                assert_accounted(&r);
-                check_schema(&r);
-                assert_eq!(r["mode"], "relay", "{r:#}");
-                r
-            }
-            Mode::Transparent => transparent_report(o),
-        }
+        mode_report(o, self.name())
     }
 
     /// The report of a copy that must fail by its own figures, `why` in its reason (exit 1,
     /// the reason last on stderr and in `failure`), every copy accounted for.
     pub fn report_failed(&self, o: &Output, why: &str) -> Value {
-        let r = match self.mode {
-            Mode::Relay => failed_report(o, why),
-            Mode::Transparent => transparent_report_failed(o, why),
-        };
-        check_schema(&r);
-        r
+        mode_report_failed(o, why, self.name())
     }
 
     /// [`ModeLab::report`] of a live copy, waited for up to 20 s.
@@ -128,9 +127,8 @@ impl ModeLab {
         let Inner::Transparent(_, icp) = &self.lab else {
             return None;
         };
-        icp.signal(tcpkit_lab::Signal::SIGINT).unwrap();
-        icp.wait_timeout(Duration::from_secs(5)).unwrap();
-        Some(TLab::intercept_report(icp))
+        stop_intercept(icp, tcpkit_lab::Signal::SIGINT);
+        Some(super::intercept_report(icp))
     }
 
     /// The address the target sees copied requests come from: the copy host's own in relay
@@ -142,12 +140,13 @@ impl ModeLab {
         }
     }
 
-    /// Addresses that must never show on the clients' link: everything beyond the online
-    /// host.
-    pub fn beyond_online(&self) -> &'static [&'static str] {
-        match self.mode {
+    /// What `dump` of the clients' link ([`CopyLab::watch_clients`]) saw: more than `min`
+    /// packets, and nothing from beyond the online host.
+    pub fn assert_nothing_beyond_online(&self, dump: Tcpdump, min: usize) {
+        let beyond: &[&str] = match self.mode {
             Mode::Relay => &[TARGET, ONLINE_T],
             Mode::Transparent => &[TARGET, TGT_A, ASSIST, ASSIST_M, ONLINE_T, ONLINE_M],
-        }
+        };
+        assert_none_from(dump, beyond, min);
     }
 }
