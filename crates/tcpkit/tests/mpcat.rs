@@ -4,14 +4,15 @@
 
 use crate::common;
 use common::mpcat::{
-    json_of, listen, port, random_file, send, sha256, shaped, wait, wait_arrived, wait_listening,
+    assert_verified, fails, json_of, random_file, sha256, shaped, succeeds, verified_reports, wait,
+    wait_arrived, wait_listening, Transfer,
 };
 use common::tcpkit;
 
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Link, Proc, Signal, MULTIPATH_B4};
+use tcpkit_lab::{Host, Link, Proc, Signal, MULTIPATH_B4};
 
 fn tx_bytes(a: &Host, links: &[Link]) -> Vec<u64> {
     links
@@ -24,6 +25,42 @@ fn tx_bytes(a: &Host, links: &[Link]) -> Vec<u64> {
         .collect()
 }
 
+/// A Hello frame of stream 0 for a session of `streams` streams and `chunk`-byte chunks,
+/// with `token` (a test playing a peer speaks the wire format itself).
+fn hello(token: u8, streams: u16, chunk: u32) -> Vec<u8> {
+    use tcpkit_mpcat::frame::{Frame, VERSION};
+    let mut buf = Vec::new();
+    Frame::Hello {
+        version: VERSION,
+        token: [token; 16],
+        stream: 0,
+        streams,
+        chunk,
+    }
+    .emit_vec(&mut buf);
+    buf
+}
+
+/// Replaces the tbf on A's end of `link` by one of `mbit` Mbit/s with a `burst` of bytes.
+fn reshape(a: &Host, link: &Link, mbit: u64, burst: &str) {
+    a.run(&[
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        &link.a.name,
+        "root",
+        "tbf",
+        "rate",
+        &format!("{mbit}mbit"),
+        "burst",
+        burst,
+        "latency",
+        "100ms",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// Issue 12: a 128 MiB random stream over 4 shaped links arrives byte-identical, both sides
 /// exit 0 with `verified`, and every link carries at least 20 % of it. No -n: the sender
 /// finds the 4 ECMP nexthops, opens one stream per nexthop and picks each stream's source
@@ -31,34 +68,17 @@ fn tx_bytes(a: &Host, links: &[Link]) -> Vec<u64> {
 /// bytes of the stream the report says took it.
 #[test]
 fn mpcat_stripes_one_stream_over_four_links() {
-    let (mut lab, a, b, links) =
-        Lab::multipath("mpc4", 4, Some(shaped(100))).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     const SIZE: u64 = 128 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let rx = listen(
-        &b,
-        &mut lab,
-        port,
-        &["-o", output.to_str().unwrap(), "--json"],
-    );
-    let before = tx_bytes(&a, &links);
+    let mut t = Transfer::with_input("mpc4", 4, Some(shaped(100)), SIZE);
+    let rx = t.listen(&["--json"]);
+    let before = tx_bytes(&t.a, &t.links);
     let t0 = Instant::now();
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &["-i", input.to_str().unwrap(), "--json"],
-    );
-    let st = wait(&tx, 25);
+    let tx = t.send(&["--json"]);
+    succeeds(&tx, 25);
     let secs = t0.elapsed().as_secs_f64();
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 5);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
-    let after = tx_bytes(&a, &links);
+    succeeds(&rx, 5);
+    t.identical();
+    let after = tx_bytes(&t.a, &t.links);
     let sent: Vec<u64> = after.iter().zip(&before).map(|(x, y)| x - y).collect();
     let all: u64 = sent.iter().sum();
     let shares: Vec<f64> = sent
@@ -69,19 +89,16 @@ fn mpcat_stripes_one_stream_over_four_links() {
         "mpcat 4 x 100 Mbit/s: {SIZE} bytes in {secs:.2} s ({:.1} MB/s), link shares {shares:.1?} %",
         SIZE as f64 / secs / 1e6
     );
-    for (l, s) in links.iter().zip(&shares) {
+    for (l, s) in t.links.iter().zip(&shares) {
         assert!(
             *s >= 20.0,
             "{} carried {s:.1} % (shares {shares:.1?})",
             l.a.name
         );
     }
-    let (jt, jr) = (json_of(&tx), json_of(&rx));
+    let (jt, jr) = verified_reports(&tx, &rx, SIZE);
     for j in [&jt, &jr] {
-        assert_eq!(j["verified"], true, "{j}");
-        assert_eq!(j["bytes"], SIZE);
         assert_eq!(j["total"], SIZE);
-        assert_eq!(j["failure"], Value::Null);
         assert_eq!(j["streams"].as_array().unwrap().len(), 4, "{j}");
         let per: u64 = j["streams"]
             .as_array()
@@ -97,7 +114,7 @@ fn mpcat_stripes_one_stream_over_four_links() {
     assert_eq!(jr["connections"]["wrong_token"], 0);
     // One stream per link, and each link carried its stream's bytes (plus headers and
     // retransmissions: at most 10 % more).
-    let names: Vec<&str> = links.iter().map(|l| l.a.name.as_str()).collect();
+    let names: Vec<&str> = t.links.iter().map(|l| l.a.name.as_str()).collect();
     let egress = jt["egress"].as_str().unwrap_or_default();
     let mut got: Vec<&str> = egress
         .strip_prefix("ecmp: ")
@@ -133,38 +150,14 @@ fn mpcat_stripes_one_stream_over_four_links() {
 /// written; never 0 with a short output.
 #[test]
 fn mpcat_receiver_fails_when_the_sender_is_killed() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpckill", 2, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     const SIZE: u64 = 64 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let rx = listen(
-        &b,
-        &mut lab,
-        port,
-        &[
-            "-o",
-            output.to_str().unwrap(),
-            "--json",
-            "--path-timeout",
-            "2s",
-        ],
-    );
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &["-n", "4", "-i", input.to_str().unwrap()],
-    );
+    let mut t = Transfer::with_input("mpckill", 2, Some(shaped(40)), SIZE);
+    let rx = t.listen(&["--json", "--path-timeout", "2s"]);
+    let tx = t.send(&["-n", "4"]);
     // 80 Mbit/s in all: 64 MiB takes about 7 s; kill it once some has arrived.
-    wait_arrived(&output, 4 << 20, &tx, &rx);
+    wait_arrived(&t.output, 4 << 20, &tx, &rx);
     tx.signal(Signal::SIGKILL).unwrap();
-    let st = wait(&rx, 10);
-    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
-    let log = rx.log();
-    let last = log.lines().last().unwrap_or_default();
+    let last = fails(&rx, 10);
     assert!(
         last.starts_with(
             "tcpkit mpcat: stream connections closed before the end and none came back within 2s:"
@@ -174,7 +167,7 @@ fn mpcat_receiver_fails_when_the_sender_is_killed() {
     let j = json_of(&rx);
     assert_eq!(j["verified"], false);
     assert!(j["bytes"].as_u64().unwrap() < SIZE);
-    assert!(std::fs::metadata(&output).unwrap().len() < SIZE);
+    assert!(std::fs::metadata(&t.output).unwrap().len() < SIZE);
 }
 
 /// Issue 12, path failure: the busiest of 4 links goes down (its far end set down, so the
@@ -185,38 +178,20 @@ fn mpcat_receiver_fails_when_the_sender_is_killed() {
 /// The stream arrives identical; both sides name the failed paths.
 #[test]
 fn mpcat_survives_a_link_going_down_and_resumes_on_it() {
-    let (mut lab, a, b, links) =
-        Lab::multipath("mpcdown", 4, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     // 20 MB/s over the 4 links: about 2 s to go when the link comes back.
     const SIZE: u64 = 128 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let out = output.to_str().unwrap();
-    let rx = listen(&b, &mut lab, port, &["-o", out, "--json"]);
-    let before = tx_bytes(&a, &links);
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &[
-            "-n",
-            "16",
-            "--path-timeout",
-            "2s",
-            "-i",
-            input.to_str().unwrap(),
-            "--json",
-        ],
-    );
+    let mut t = Transfer::with_input("mpcdown", 4, Some(shaped(40)), SIZE);
+    let rx = t.listen(&["--json"]);
+    let before = tx_bytes(&t.a, &t.links);
+    let tx = t.send(&["-n", "16", "--path-timeout", "2s", "--json"]);
+    let (a, b, links) = (&t.a, &t.b, &t.links);
     std::thread::sleep(Duration::from_secs(1));
     assert!(
         tx.try_status().unwrap().is_none(),
         "sender ended early:\n{}",
         tx.log()
     );
-    let now = tx_bytes(&a, &links);
+    let now = tx_bytes(a, links);
     let busiest = (0..links.len())
         .max_by_key(|&i| now[i] - before[i])
         .unwrap();
@@ -231,23 +206,14 @@ fn mpcat_survives_a_link_going_down_and_resumes_on_it() {
     );
     b.run(&["ip", "link", "set", "dev", &l.b.name, "up"])
         .unwrap_or_else(|e| panic!("{e}"));
-    let at_up = tx_bytes(&a, &links)[busiest];
-    let st = wait(&tx, 25);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 5);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
-    let after_up = tx_bytes(&a, &links)[busiest] - at_up;
-    let (jt, jr) = (json_of(&tx), json_of(&rx));
+    let at_up = tx_bytes(a, links)[busiest];
+    t.arrives(&tx, 25, &rx, 5);
+    let after_up = tx_bytes(a, links)[busiest] - at_up;
+    let (jt, jr) = verified_reports(&tx, &rx, SIZE);
     eprintln!(
         "link {} down 3 s: sender {} path failures, {} reconnects, {} bytes re-sent in {:.1} s; {after_up} bytes on it after it came back",
         l.a.name, jt["path_failures"].as_array().unwrap().len(), jt["reconnects"], jt["resent_bytes"], jt["seconds"].as_f64().unwrap()
     );
-    for j in [&jt, &jr] {
-        assert_eq!(j["verified"], true, "{j}");
-        assert_eq!(j["bytes"], SIZE);
-        assert_eq!(j["failure"], Value::Null);
-    }
     assert!(!jt["path_failures"].as_array().unwrap().is_empty(), "{jt}");
     assert!(jt["reconnects"].as_u64().unwrap() >= 1, "{jt}");
     assert!(jt["resent_bytes"].as_u64().unwrap() > 0, "{jt}");
@@ -270,45 +236,20 @@ fn mpcat_survives_a_link_going_down_and_resumes_on_it() {
 #[test]
 fn mpcat_refuses_strangers_while_the_session_goes_on() {
     use std::io::{Read, Write};
-    use std::net::{SocketAddr, TcpStream};
-    use tcpkit_mpcat::frame::{Frame, VERSION};
+    use std::net::TcpStream;
+    use tcpkit_mpcat::frame::Frame;
 
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpcstr", 2, Some(shaped(20))).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     // 40 Mbit/s in all: about 8 s, past the strangers' 5 s deadline.
-    const SIZE: u64 = 40 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let out = output.to_str().unwrap();
-    let rx = listen(&b, &mut lab, port, &["-o", out, "--json"]);
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &["-i", input.to_str().unwrap(), "--json"],
-    );
+    let mut t = Transfer::with_input("mpcstr", 2, Some(shaped(20)), 40 << 20);
+    let rx = t.listen(&["--json"]);
+    let tx = t.send(&["--json"]);
     // Once the session has begun.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::metadata(&output).map_or(0, |m| m.len()) == 0 {
-        assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
+    wait_arrived(&t.output, 1, &tx, &rx);
+    let to = t.to();
     const IDLE: usize = 50;
-    let (reason, junk_closed, idle) = a.enter(|| {
+    let (reason, junk_closed, idle) = t.a.enter(|| {
         let mut s = TcpStream::connect(to).unwrap();
-        let mut buf = Vec::new();
-        Frame::Hello {
-            version: VERSION,
-            token: [7; 16],
-            stream: 0,
-            streams: 2,
-            chunk: 262_144,
-        }
-        .emit_vec(&mut buf);
-        s.write_all(&buf).unwrap();
+        s.write_all(&hello(7, 2, 262_144)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut back = Vec::new();
         s.read_to_end(&mut back).unwrap();
@@ -326,63 +267,31 @@ fn mpcat_refuses_strangers_while_the_session_goes_on() {
     });
     assert_eq!(reason, "not this session's token");
     assert!(junk_closed);
-    let st = wait(&tx, 25);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 5);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    t.arrives(&tx, 25, &rx, 5);
     drop(idle);
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
-    let j = json_of(&rx);
+    let (_, j) = verified_reports(&tx, &rx, 40 << 20);
     let c = &j["connections"];
     assert_eq!(c["wrong_token"], 1, "{j}");
     assert_eq!(c["bad_handshake"], 1, "{j}");
     assert_eq!(c["handshake_timeout"], IDLE as u64, "{j}");
-    assert_eq!(j["verified"], true);
 }
 
 /// Issue 12, IPv6: the same striping over the lab's IPv6 ECMP route (fd00:19::/128 over
 /// 4 links), one stream per nexthop.
 #[test]
 fn mpcat_stripes_over_ipv6() {
-    let (mut lab, a, b, links) =
-        Lab::multipath("mpc6", 4, Some(shaped(100))).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     const SIZE: u64 = 32 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let p = port.to_string();
-    let out = output.to_str().unwrap();
-    let rx = listen(&b, &mut lab, port, &["-o", out]);
-    let before = tx_bytes(&a, &links);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-i",
-                input.to_str().unwrap(),
-                "--json",
-                tcpkit_lab::MULTIPATH_B6,
-                &p,
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    let st = wait(&tx, 25);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 5);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let mut t = Transfer::with_input("mpc6", 4, Some(shaped(100)), SIZE);
+    let rx = t.listen(&[]);
+    let before = tx_bytes(&t.a, &t.links);
+    let six = tcpkit_lab::MULTIPATH_B6;
+    let tx = t.send_to(six, &["--json"]);
+    t.arrives(&tx, 25, &rx, 5);
     let j = json_of(&tx);
-    assert_eq!(
-        j["address"],
-        format!("[{}]:{port}", tcpkit_lab::MULTIPATH_B6)
-    );
+    assert_eq!(j["address"], format!("[{six}]:{}", t.port));
     assert_eq!(j["streams"].as_array().unwrap().len(), 4, "{j}");
-    let after = tx_bytes(&a, &links);
-    for (i, l) in links.iter().enumerate() {
+    let after = tx_bytes(&t.a, &t.links);
+    for (i, l) in t.links.iter().enumerate() {
         let sent = after[i] - before[i];
         assert!(
             sent > SIZE / 5,
@@ -403,34 +312,10 @@ fn mpcat_stripes_over_ipv6() {
 /// 4 s (the rate within 10 %), and --stats prints a line a second on stderr, beside --json.
 #[test]
 fn mpcat_rate_limit_holds_and_stats_lines_show_it() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpcrate", 2, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
-    const SIZE: u64 = 16 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let out = output.to_str().unwrap();
-    let rx = listen(&b, &mut lab, port, &["-o", out, "--quiet"]);
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &[
-            "--rate-limit",
-            "4M",
-            "--stats",
-            "1s",
-            "-i",
-            input.to_str().unwrap(),
-            "--json",
-        ],
-    );
-    let st = wait(&tx, 20);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 5);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let mut t = Transfer::with_input("mpcrate", 2, None, 16 << 20);
+    let rx = t.listen(&["--quiet"]);
+    let tx = t.send(&["--rate-limit", "4M", "--stats", "1s", "--json"]);
+    t.arrives(&tx, 20, &rx, 5);
     let j = json_of(&tx);
     let rate = j["bytes_per_second"].as_f64().unwrap() / 1048576.0;
     assert!(
@@ -458,32 +343,11 @@ fn mpcat_rate_limit_holds_and_stats_lines_show_it() {
 /// fails the test.
 #[test]
 fn mpcat_duration_ends_the_stream_cleanly_and_stops_the_listener() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpcdur", 2, None).unwrap_or_else(|e| panic!("{e}"));
-    let output = lab.dir().join("out.bin");
-    let out = output.to_str().unwrap().to_string();
-    let port = port();
-    let rx = listen(
-        &b,
-        &mut lab,
-        port,
-        &["-k", "--duration", "6", "-o", &out, "--json"],
-    );
+    let mut t = Transfer::new("mpcdur", 2, None);
+    t.input = "/dev/zero".into();
+    let rx = t.listen(&["-k", "--duration", "6", "--json"]);
     let started = Instant::now();
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &[
-            "--duration",
-            "2",
-            "-i",
-            "/dev/zero",
-            "--rate-limit",
-            "8M",
-            "--json",
-        ],
-    );
+    let tx = t.send(&["--duration", "2", "--rate-limit", "8M", "--json"]);
     let st = wait(&tx, 10);
     let took = started.elapsed();
     assert!(st.success(), "sender: {st}\n{}", tx.log());
@@ -494,27 +358,24 @@ fn mpcat_duration_ends_the_stream_cleanly_and_stops_the_listener() {
         tx.log()
     );
     let j = json_of(&tx);
-    assert_eq!(j["verified"], true, "{j}");
-    assert_eq!(j["failure"], Value::Null, "{j}");
     let total = j["total"].as_u64().unwrap();
     assert!(
         (8 << 20..=32 << 20).contains(&total),
         "{total} bytes in 2 s at 8 MiB/s"
     );
-    assert_eq!(j["bytes"].as_u64(), Some(total), "{j}");
+    assert_verified(&j, total);
     assert!(
         tx.log()
             .contains("--duration 2s: the input was read for that long"),
         "{}",
         tx.log()
     );
-    let st = wait(&rx, 10);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    succeeds(&rx, 10);
     assert!(
         started.elapsed() >= Duration::from_secs(5),
         "the listener stopped before its --duration"
     );
-    assert_eq!(std::fs::metadata(&output).unwrap().len(), total);
+    assert_eq!(std::fs::metadata(&t.output).unwrap().len(), total);
     let r = json_of(&rx);
     assert_eq!(
         (r["sessions"].as_u64(), r["sessions_verified"].as_u64()),
@@ -530,32 +391,16 @@ fn mpcat_duration_ends_the_stream_cleanly_and_stops_the_listener() {
 #[test]
 fn mpcat_receiver_fails_on_a_hash_mismatch() {
     use std::io::Write;
-    use std::net::{SocketAddr, TcpStream};
-    use tcpkit_mpcat::frame::{Frame, VERSION};
+    use std::net::TcpStream;
+    use tcpkit_mpcat::frame::Frame;
 
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpchash", 1, None).unwrap_or_else(|e| panic!("{e}"));
-    let output = lab.dir().join("out.bin");
-    let port = port();
-    let rx = listen(
-        &b,
-        &mut lab,
-        port,
-        &["-o", output.to_str().unwrap(), "--json"],
-    );
-    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
-    let verdict = a.enter(|| {
+    let mut t = Transfer::new("mpchash", 1, None);
+    let rx = t.listen(&["--json"]);
+    let to = t.to();
+    let verdict = t.a.enter(|| {
         let mut s = TcpStream::connect(to).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut buf = Vec::new();
-        Frame::Hello {
-            version: VERSION,
-            token: [9; 16],
-            stream: 0,
-            streams: 1,
-            chunk: 4096,
-        }
-        .emit_vec(&mut buf);
+        let mut buf = hello(9, 1, 4096);
         let data = vec![0x5a; 10_000];
         for (k, piece) in data.chunks(4096).enumerate() {
             Frame::Data {
@@ -592,16 +437,8 @@ fn mpcat_receiver_fails_on_a_hash_mismatch() {
         verdict
     });
     assert_eq!(verdict, Some((10_000, false)));
-    let st = wait(&rx, 5);
-    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
-    let log = rx.log();
-    assert!(
-        log.lines()
-            .last()
-            .unwrap_or_default()
-            .contains("hash does not match"),
-        "{log}"
-    );
+    let last = fails(&rx, 5);
+    assert!(last.contains("hash does not match"), "{}", rx.log());
     let j = json_of(&rx);
     assert_eq!(j["verified"], false);
     assert_eq!(j["bytes"], 10_000);
@@ -611,35 +448,17 @@ fn mpcat_receiver_fails_on_a_hash_mismatch() {
 /// exits 1 naming stdout; the sender, its receiver gone, fails once no path is left.
 #[test]
 fn mpcat_stdout_closed_early_fails_both_sides() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpcpipe", 2, None).unwrap_or_else(|e| panic!("{e}"));
-    let input = lab.dir().join("in.bin");
-    random_file(&input, 32 << 20);
-    let port = port();
+    let mut t = Transfer::with_input("mpcpipe", 2, None, 32 << 20);
     let script = format!(
-        "{} mpcat -l -p {port} --path-timeout 2s | head -c 1000 > /dev/null; echo \"status ${{PIPESTATUS[0]}}\"",
-        tcpkit()
+        "{} mpcat -l -p {} --path-timeout 2s | head -c 1000 > /dev/null; echo \"status ${{PIPESTATUS[0]}}\"",
+        tcpkit(),
+        t.port
     );
-    let rx = b
-        .spawn(&mut lab, "rx", &["bash", "-c", &script])
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = a
-        .spawn(
-            &mut lab,
-            "tx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "--path-timeout",
-                "2s",
-                "-i",
-                input.to_str().unwrap(),
-                MULTIPATH_B4,
-                &port.to_string(),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rx =
+        t.b.spawn(&mut t.lab, "rx", &["bash", "-c", &script])
+            .unwrap_or_else(|e| panic!("{e}"));
+    wait_listening(&t.b, t.port);
+    let tx = t.send(&["--path-timeout", "2s"]);
     wait(&rx, 10);
     let log = rx.log();
     assert!(log.contains("status 1"), "{log}");
@@ -647,16 +466,8 @@ fn mpcat_stdout_closed_early_fails_both_sides() {
         log.contains("tcpkit mpcat: write stdout: Broken pipe"),
         "{log}"
     );
-    let st = wait(&tx, 15);
-    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
-    let tlog = tx.log();
-    assert!(
-        tlog.lines()
-            .last()
-            .unwrap_or_default()
-            .starts_with("tcpkit mpcat: "),
-        "{tlog}"
-    );
+    let last = fails(&tx, 15);
+    assert!(last.starts_with("tcpkit mpcat: "), "{}", tx.log());
 }
 
 /// Issue 12, -k: two sessions one after the other on one listener, each with its own
@@ -664,35 +475,16 @@ fn mpcat_stdout_closed_early_fails_both_sides() {
 /// receiver exits 0 (both verified) and its report counts 2 sessions.
 #[test]
 fn mpcat_keep_listening_serves_two_sessions() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpckeep", 2, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (one, two, output) = (dir.join("1.bin"), dir.join("2.bin"), dir.join("out.bin"));
+    let mut t = Transfer::new("mpckeep", 2, None);
+    let dir = t.dir();
+    let (one, two) = (dir.join("1.bin"), dir.join("2.bin"));
     random_file(&one, 8 << 20);
     random_file(&two, 5 << 20);
-    let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-k",
-                "-p",
-                &p,
-                "-o",
-                output.to_str().unwrap(),
-                "--json",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let p = t.port.to_string();
+    let rx = t.listen(&["-k", "--json"]);
     for input in [&one, &two] {
-        let o = a
-            .command(&[
+        let o =
+            t.a.command(&[
                 tcpkit(),
                 "mpcat",
                 "-i",
@@ -712,8 +504,7 @@ fn mpcat_keep_listening_serves_two_sessions() {
         rx.log()
     );
     rx.signal(Signal::SIGTERM).unwrap();
-    let st = wait(&rx, 5);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    succeeds(&rx, 5);
     let both = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!(
@@ -723,7 +514,10 @@ fn mpcat_keep_listening_serves_two_sessions() {
         ))
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&both.stdout)[..64], sha256(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&both.stdout)[..64],
+        sha256(&t.output)
+    );
     let j = json_of(&rx);
     assert_eq!(
         (j["sessions"].as_u64(), j["sessions_verified"].as_u64()),
@@ -749,67 +543,29 @@ fn mpcat_keep_listening_serves_two_sessions() {
 /// 5 s hello deadline (counted), and the session completes identical.
 #[test]
 fn mpcat_survives_idle_strangers_with_few_descriptors() {
-    use std::net::{SocketAddr, TcpStream};
+    use std::net::TcpStream;
 
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpcfd", 2, Some(shaped(20))).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     // 40 Mbit/s in all: about 8 s, past the strangers' 5 s deadline.
-    const SIZE: u64 = 40 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let p = port.to_string();
-    let out = output.to_str().unwrap();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                "prlimit",
-                "--nofile=48",
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                out,
-                "--json",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &["-i", input.to_str().unwrap(), "--quiet"],
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::metadata(&output).map_or(0, |m| m.len()) == 0 {
-        assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
-    let held: Vec<TcpStream> = a.enter(|| {
+    let mut t = Transfer::with_input("mpcfd", 2, Some(shaped(20)), 40 << 20);
+    let rx = t.start_listener("rx", &["prlimit", "--nofile=48"], &["--json"]);
+    wait_listening(&t.b, t.port);
+    let tx = t.send(&["--quiet"]);
+    wait_arrived(&t.output, 1, &tx, &rx);
+    let to = t.to();
+    let held: Vec<TcpStream> = t.a.enter(|| {
         (0..500)
             .filter_map(|_| TcpStream::connect_timeout(&to, Duration::from_millis(300)).ok())
             .collect()
     });
     assert!(held.len() >= 100, "only {} strangers connected", held.len());
-    let st = wait(&tx, 25);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 5);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    t.arrives(&tx, 25, &rx, 5);
     drop(held);
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
     let j = json_of(&rx);
+    assert_verified(&j, 40 << 20);
     let c = &j["connections"];
     eprintln!("{} strangers, receiver at 48 descriptors: {c}", 500);
     assert!(c["accept_errors"].as_u64().unwrap() >= 1, "{j}");
     assert!(c["handshake_timeout"].as_u64().unwrap() >= 1, "{j}");
-    assert_eq!(j["verified"], true);
 }
 
 /// Issue 12, unequal links (40/30/20/10 Mbit/s): a connection with room takes the next
@@ -817,50 +573,20 @@ fn mpcat_survives_idle_strangers_with_few_descriptors() {
 /// >= 90 % of the links' sum.
 #[test]
 fn mpcat_uses_unequal_links_at_their_sum() {
-    let (mut lab, a, b, links) =
-        Lab::multipath("mpcuneq", 4, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
-    const RATES: [u64; 4] = [40, 30, 20, 10];
-    for (l, r) in links.iter().zip(RATES) {
-        a.run(&[
-            "tc",
-            "qdisc",
-            "replace",
-            "dev",
-            &l.a.name,
-            "root",
-            "tbf",
-            "rate",
-            &format!("{r}mbit"),
-            "burst",
-            "64000",
-            "latency",
-            "100ms",
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
-    }
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     const SIZE: u64 = 96 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let out = output.to_str().unwrap();
-    let rx = listen(&b, &mut lab, port, &["-o", out, "--quiet"]);
-    let before = tx_bytes(&a, &links);
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &["-i", input.to_str().unwrap(), "--json"],
-    );
-    let st = wait(&tx, 25);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 5);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let mut t = Transfer::with_input("mpcuneq", 4, Some(shaped(40)), SIZE);
+    const RATES: [u64; 4] = [40, 30, 20, 10];
+    for (l, r) in t.links.iter().zip(RATES) {
+        reshape(&t.a, l, r, "64000");
+    }
+    let rx = t.listen(&["--quiet"]);
+    let before = tx_bytes(&t.a, &t.links);
+    let tx = t.send(&["--json"]);
+    t.arrives(&tx, 25, &rx, 5);
     let j = json_of(&tx);
     let sum = RATES.iter().sum::<u64>() as f64 * 1e6 / 8.0;
     let rate = j["bytes_per_second"].as_f64().unwrap();
-    let after = tx_bytes(&a, &links);
+    let after = tx_bytes(&t.a, &t.links);
     let shares: Vec<f64> = (0..4)
         .map(|i| 100.0 * (after[i] - before[i]) as f64 / SIZE as f64)
         .collect();
@@ -885,52 +611,22 @@ fn mpcat_uses_unequal_links_at_their_sum() {
 /// a quarter of that rate still 128K and more).
 #[test]
 fn mpcat_chunk_size_follows_each_links_rate() {
-    let (mut lab, a, b, links) =
-        Lab::multipath("mpcchunk", 2, None).unwrap_or_else(|e| panic!("{e}"));
+    let mut t = Transfer::with_input("mpcchunk", 2, None, 64 << 20);
     const RATES: [(u64, &str); 2] = [(5, "64000"), (400, "200000")];
-    for (l, (r, burst)) in links.iter().zip(RATES) {
-        a.run(&[
-            "tc",
-            "qdisc",
-            "replace",
-            "dev",
-            &l.a.name,
-            "root",
-            "tbf",
-            "rate",
-            &format!("{r}mbit"),
-            "burst",
-            burst,
-            "latency",
-            "100ms",
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
+    for (l, (r, burst)) in t.links.iter().zip(RATES) {
+        reshape(&t.a, l, r, burst);
     }
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
-    const SIZE: u64 = 64 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let out = output.to_str().unwrap();
-    let rx = listen(&b, &mut lab, port, &["-o", out, "--quiet"]);
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &["-i", input.to_str().unwrap(), "--json"],
-    );
-    let st = wait(&tx, 60);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 5);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let rx = t.listen(&["--quiet"]);
+    let tx = t.send(&["--json"]);
+    t.arrives(&tx, 60, &rx, 5);
     let j = json_of(&tx);
     let streams = j["streams"].as_array().unwrap();
     assert_eq!(streams.len(), 2, "{j}");
     let mut chunk = [0u64; 2];
     for s in streams {
         let path = s["path"].as_str().unwrap_or_else(|| panic!("{s}"));
-        let k = links
+        let k = t
+            .links
             .iter()
             .position(|l| l.a.name == path)
             .unwrap_or_else(|| panic!("{path} is no link: {j}"));
@@ -954,32 +650,20 @@ fn mpcat_chunk_size_follows_each_links_rate() {
 /// ENOSPC; the sender fails once no path is left. Never 0.
 #[test]
 fn mpcat_disk_full_fails_both_sides() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpcfull", 2, None).unwrap_or_else(|e| panic!("{e}"));
-    let input = lab.dir().join("in.bin");
-    random_file(&input, 8 << 20);
-    let port = port();
-    let rx = listen(&b, &mut lab, port, &["-o", "/dev/full"]);
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &["--path-timeout", "2s", "-i", input.to_str().unwrap()],
-    );
+    let mut t = Transfer::with_input("mpcfull", 2, None, 8 << 20);
+    t.output = "/dev/full".into();
+    let rx = t.listen(&[]);
+    let tx = t.send(&["--path-timeout", "2s"]);
     assert_both_fail_on_a_full_disk(&rx, &tx, "/dev/full");
 }
 
 /// The receiver exits 1 with the write's ENOSPC, naming `output`, as its last line; then the
 /// sender exits 1 too.
 fn assert_both_fail_on_a_full_disk(rx: &Proc, tx: &Proc, output: &str) {
-    let st = wait(rx, 10);
-    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
-    let log = rx.log();
-    let last = log.lines().last().unwrap_or_default();
+    let last = fails(rx, 10);
     let want = format!("tcpkit mpcat: write {output}: No space left on device");
-    assert!(last.starts_with(&want), "{log}");
-    let st = wait(tx, 15);
-    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
+    assert!(last.starts_with(&want), "{}", rx.log());
+    fails(tx, 15);
 }
 
 /// Issue 12, a corrupted frame: a data frame longer than the chunk size the session
@@ -987,26 +671,15 @@ fn assert_both_fail_on_a_full_disk(rx: &Proc, tx: &Proc, output: &str) {
 #[test]
 fn mpcat_receiver_fails_on_a_malformed_frame() {
     use std::io::{Read, Write};
-    use std::net::{SocketAddr, TcpStream};
-    use tcpkit_mpcat::frame::{Frame, VERSION};
+    use std::net::TcpStream;
+    use tcpkit_mpcat::frame::Frame;
 
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpcbad", 1, None).unwrap_or_else(|e| panic!("{e}"));
-    let output = lab.dir().join("out.bin");
-    let port = port();
-    let rx = listen(&b, &mut lab, port, &["-o", output.to_str().unwrap()]);
-    let to = SocketAddr::new(MULTIPATH_B4.parse().unwrap(), port);
-    a.enter(|| {
+    let mut t = Transfer::new("mpcbad", 1, None);
+    let rx = t.listen(&[]);
+    let to = t.to();
+    t.a.enter(|| {
         let mut s = TcpStream::connect(to).unwrap();
-        let mut buf = Vec::new();
-        Frame::Hello {
-            version: VERSION,
-            token: [3; 16],
-            stream: 0,
-            streams: 1,
-            chunk: 4096,
-        }
-        .emit_vec(&mut buf);
+        let mut buf = hello(3, 1, 4096);
         Frame::Data {
             seq: 0,
             payload: &[1; 5000],
@@ -1017,16 +690,14 @@ fn mpcat_receiver_fails_on_a_malformed_frame() {
         let mut sink = Vec::new();
         let _ = s.read_to_end(&mut sink);
     });
-    let st = wait(&rx, 10);
-    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
-    let log = rx.log();
-    let last = log.lines().last().unwrap_or_default();
+    let last = fails(&rx, 10);
     assert!(
         last.starts_with("tcpkit mpcat: stream 0 (198.19.0.1:")
             && last.ends_with("a 5000-byte chunk, the session declared 4096"),
-        "{log}"
+        "{}",
+        rx.log()
     );
-    assert_eq!(std::fs::metadata(&output).unwrap().len(), 0);
+    assert_eq!(std::fs::metadata(&t.output).unwrap().len(), 0);
 }
 
 /// Issue 12, --size: stdin of a known length shows percent and ETA in the live lines and
@@ -1036,39 +707,24 @@ fn mpcat_receiver_fails_on_a_malformed_frame() {
 /// to --path-timeout).
 #[test]
 fn mpcat_size_gives_percent_and_fails_on_another_length() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpcsize", 2, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     const SIZE: u64 = 8 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let p = port.to_string();
-    let out = output.to_str().unwrap();
-    let mut run = |size: u64, name: &str| {
-        let rx = b
-            .spawn(
-                &mut lab,
-                &format!("rx-{name}"),
-                &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", out],
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
-        wait_listening(&b, port);
+    let mut t = Transfer::with_input("mpcsize", 2, None, SIZE);
+    // A receiver, then a sender of the input saying it is `size` bytes long.
+    let run = |t: &mut Transfer, size: u64, name: &str| {
+        let rx = t.listen_as(&format!("rx-{name}"), &[]);
         let cmd = format!(
-            "exec {} mpcat --size {size} --rate-limit 2M --stats 500ms {MULTIPATH_B4} {p} < {}",
+            "exec {} mpcat --size {size} --rate-limit 2M --stats 500ms {MULTIPATH_B4} {} < {}",
             tcpkit(),
-            input.display()
+            t.port,
+            t.input.display()
         );
-        let tx = a
-            .spawn(&mut lab, &format!("tx-{name}"), &["sh", "-c", &cmd])
-            .unwrap_or_else(|e| panic!("{e}"));
-        let st = (wait(&tx, 30), wait(&rx, 10));
-        (tx, rx, st)
+        let tx =
+            t.a.spawn(&mut t.lab, &format!("tx-{name}"), &["sh", "-c", &cmd])
+                .unwrap_or_else(|e| panic!("{e}"));
+        (tx, rx)
     };
-    let (tx, rx, (ts, rs)) = run(SIZE, "exact");
-    assert!(ts.success(), "sender: {ts}\n{}", tx.log());
-    assert!(rs.success(), "receiver: {rs}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
+    let (tx, rx) = run(&mut t, SIZE, "exact");
+    t.arrives(&tx, 30, &rx, 10);
     let log = tx.log();
     assert!(
         log.lines()
@@ -1076,29 +732,27 @@ fn mpcat_size_gives_percent_and_fails_on_another_length() {
         "no live line with percent and ETA:\n{log}"
     );
 
-    let last = |p: &Proc| p.log().lines().last().unwrap_or_default().to_string();
-    let (tx, rx, (ts, rs)) = run(SIZE - 1000, "short");
-    assert_eq!(ts.code(), Some(1), "{}", tx.log());
+    let (tx, rx) = run(&mut t, SIZE - 1000, "short");
+    let (ts, rs) = (fails(&tx, 30), fails(&rx, 10));
     assert!(
-        last(&tx).starts_with(&format!(
+        ts.starts_with(&format!(
             "tcpkit mpcat: the input is longer than --size {}: ",
             SIZE - 1000
         )),
         "{}",
         tx.log()
     );
-    assert_eq!(rs.code(), Some(1), "{}", rx.log());
     assert!(
-        last(&rx).starts_with("tcpkit mpcat: the sender gave up: the input is longer than --size"),
+        rs.starts_with("tcpkit mpcat: the sender gave up: the input is longer than --size"),
         "{}",
         rx.log()
     );
-    assert!(std::fs::metadata(&output).unwrap().len() <= SIZE - 1000);
+    assert!(std::fs::metadata(&t.output).unwrap().len() <= SIZE - 1000);
 
-    let (tx, rx, (ts, rs)) = run(SIZE + 1000, "long");
-    assert_eq!(ts.code(), Some(1), "{}", tx.log());
+    let (tx, rx) = run(&mut t, SIZE + 1000, "long");
+    let (ts, rs) = (fails(&tx, 30), fails(&rx, 10));
     assert_eq!(
-        last(&tx),
+        ts,
         format!(
             "tcpkit mpcat: the input ended after {SIZE} bytes, --size says {}",
             SIZE + 1000
@@ -1106,15 +760,13 @@ fn mpcat_size_gives_percent_and_fails_on_another_length() {
         "{}",
         tx.log()
     );
-    assert_eq!(rs.code(), Some(1), "{}", rx.log());
     assert!(
-        last(&rx).starts_with("tcpkit mpcat: the sender gave up: the input ended after"),
+        rs.starts_with("tcpkit mpcat: the sender gave up: the input ended after"),
         "{}",
         rx.log()
     );
 }
 
-/// Waits until `output` holds at least `bytes` (at most 10 s), the sender still running.
 /// Issue 12, one stream from a file into a file, sent with -Z: the sender sends the file's
 /// bytes from the page cache (sendfile) and the receiver writes on its own loop's thread. The one
 /// connection is killed on the receiver's side mid-transfer (ss -K, a reset to the sender):
@@ -1134,41 +786,29 @@ fn mpcat_one_stream_from_a_pipe_survives_its_connection_killed() {
 }
 
 fn one_stream_survives_its_connection_killed(tag: &str, pipe: bool) {
-    let (mut lab, a, b, _links) =
-        Lab::multipath(tag, 1, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     // 5 MB/s: about 7 s in all.
     const SIZE: u64 = 32 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let out = output.to_str().unwrap();
-    let rx = listen(&b, &mut lab, port, &["-o", out, "--json"]);
-    let inp = input.to_str().unwrap();
+    let mut t = Transfer::with_input(tag, 1, Some(shaped(40)), SIZE);
+    let rx = t.listen(&["--json"]);
     let tx = if pipe {
         let sh = format!(
-            "cat '{inp}' | exec '{}' mpcat -n 1 --json {MULTIPATH_B4} {port}",
-            tcpkit()
+            "cat '{}' | exec '{}' mpcat -n 1 --json {MULTIPATH_B4} {}",
+            t.input.display(),
+            tcpkit(),
+            t.port
         );
-        a.spawn(&mut lab, "tx", &["sh", "-c", &sh])
+        t.a.spawn(&mut t.lab, "tx", &["sh", "-c", &sh])
             .unwrap_or_else(|e| panic!("{e}"))
     } else {
-        send(&a, &mut lab, port, &["-n", "1", "-Z", "-i", inp, "--json"])
+        t.send(&["-n", "1", "-Z", "--json"])
     };
-    wait_arrived(&output, 4 << 20, &tx, &rx);
-    let filter = format!("( sport = :{port} )");
-    b.run(&["ss", "-K", "-tn", "state", "established", &filter])
+    wait_arrived(&t.output, 4 << 20, &tx, &rx);
+    let filter = format!("( sport = :{} )", t.port);
+    t.b.run(&["ss", "-K", "-tn", "state", "established", &filter])
         .unwrap_or_else(|e| panic!("{e}"));
-    let st = wait(&tx, 30);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 5);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
-    let (jt, jr) = (json_of(&tx), json_of(&rx));
+    t.arrives(&tx, 30, &rx, 5);
+    let (jt, jr) = verified_reports(&tx, &rx, SIZE);
     for j in [&jt, &jr] {
-        assert_eq!(j["verified"], true, "{j}");
-        assert_eq!(j["bytes"], SIZE);
-        assert_eq!(j["failure"], Value::Null);
         assert!(j["reconnects"].as_u64().unwrap() >= 1, "{j}");
     }
     assert_eq!(jt["streams"].as_array().unwrap().len(), 1, "{jt}");
@@ -1190,11 +830,8 @@ impl Drop for Mounted {
 /// write's error as its last line, and the sender too; exit 1 on both.
 #[test]
 fn mpcat_one_stream_into_a_full_file_system_fails_both_sides() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpc1full", 1, None).unwrap_or_else(|e| panic!("{e}"));
-    let input = lab.dir().join("in.bin");
-    random_file(&input, 8 << 20);
-    let small = lab.dir().join("small");
+    let mut t = Transfer::with_input("mpc1full", 1, None, 8 << 20);
+    let small = t.dir().join("small");
     std::fs::create_dir(&small).unwrap();
     let st = std::process::Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=2m", "mpc1full"])
@@ -1203,16 +840,10 @@ fn mpcat_one_stream_into_a_full_file_system_fails_both_sides() {
         .unwrap();
     assert!(st.success(), "mount a tmpfs: {st}");
     let _mounted = Mounted(small.clone());
-    let output = small.join("out.bin");
-    let port = port();
-    let rx = listen(&b, &mut lab, port, &["-o", output.to_str().unwrap()]);
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &["-n", "1", "-i", input.to_str().unwrap()],
-    );
-    assert_both_fail_on_a_full_disk(&rx, &tx, output.to_str().unwrap());
+    t.output = small.join("out.bin");
+    let rx = t.listen(&[]);
+    let tx = t.send(&["-n", "1"]);
+    assert_both_fail_on_a_full_disk(&rx, &tx, t.output.to_str().unwrap());
 }
 
 /// Issue 12, a file input that shrinks under the sender, copied (the default): the reader
@@ -1234,38 +865,27 @@ fn mpcat_zerocopy_input_file_truncated_mid_transfer_fails_both_sides() {
 }
 
 fn input_file_truncated_mid_transfer(tag: &str, how: &[&str]) {
-    let (mut lab, a, b, _links) =
-        Lab::multipath(tag, 2, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     // 10 MB/s over the 2 links: about 7 s in all.
     const SIZE: u64 = 64 << 20;
-    random_file(&input, SIZE);
-    let port = port();
-    let out = output.to_str().unwrap();
-    let rx = listen(&b, &mut lab, port, &["-o", out, "--json", "--window", "8M"]);
-    let mut args = vec!["-i", input.to_str().unwrap()];
-    args.extend_from_slice(how);
-    let tx = send(&a, &mut lab, port, &args);
-    wait_arrived(&output, 4 << 20, &tx, &rx);
+    let mut t = Transfer::with_input(tag, 2, Some(shaped(40)), SIZE);
+    let rx = t.listen(&["--json", "--window", "8M"]);
+    let tx = t.send(how);
+    wait_arrived(&t.output, 4 << 20, &tx, &rx);
     std::fs::OpenOptions::new()
         .write(true)
-        .open(&input)
+        .open(&t.input)
         .unwrap()
         .set_len(0)
         .unwrap();
-    let st = wait(&tx, 15);
-    assert_eq!(st.code(), Some(1), "sender: {st}\n{}", tx.log());
-    let log = tx.log();
-    let last = log.lines().last().unwrap_or_default();
+    let last = fails(&tx, 15);
     assert!(
         last.starts_with("tcpkit mpcat: the input file ended before byte ")
             && last.contains("it shrank while being sent"),
-        "{log}"
+        "{}",
+        tx.log()
     );
-    let st = wait(&rx, 10);
-    assert_eq!(st.code(), Some(1), "receiver: {st}\n{}", rx.log());
+    fails(&rx, 10);
     let j = json_of(&rx);
     assert_eq!(j["verified"], false, "{j}");
-    assert!(std::fs::metadata(&output).unwrap().len() < SIZE);
+    assert!(std::fs::metadata(&t.output).unwrap().len() < SIZE);
 }

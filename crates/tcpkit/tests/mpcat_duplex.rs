@@ -6,14 +6,15 @@
 
 use crate::common;
 use common::mpcat::{
-    json_of, listen, port, random_file, send, send_as, sha256, wait, wait_listening,
+    fails, json_of, key_file, random_file, sha256, succeeds, verified_reports, wait,
+    wait_listening, Transfer,
 };
 use common::tcpkit;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tcpkit_lab::{Lab, Signal, MULTIPATH_B4};
+use tcpkit_lab::{Signal, MULTIPATH_B4};
 
 fn mkfifo(p: &Path) {
     let st = std::process::Command::new("mkfifo")
@@ -23,78 +24,33 @@ fn mkfifo(p: &Path) {
     assert!(st.success());
 }
 
-/// A key file of `text`, mode 600.
-fn key_file(dir: &Path, text: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let p = dir.join("psk");
-    std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p
-}
-
 /// Both directions at once over 2 streams, plain and with --psk-file: the connecting side's
 /// 24 MiB arrive at the listener's -o and the listener's 16 MiB (-i) at the connecting
 /// side's -o, each identical; both reports say both directions were verified, and the
 /// reverse stream ended at the listener's EOF (-N waits for it), not by a Stop.
 #[test]
 fn mpcat_duplex_both_directions_arrive_identical() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpdup1", 2, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (fwd, rev) = (dir.join("fwd.bin"), dir.join("rev.bin"));
-    random_file(&fwd, 24 << 20);
+    // The forward stream is the input (in.bin), the reverse one `rev`.
+    let mut t = Transfer::with_input("mpdup1", 2, None, 24 << 20);
+    let dir = t.dir();
+    let rev = dir.join("rev.bin");
     random_file(&rev, 16 << 20);
-    let key = key_file(&dir, "both directions, one key, 32 bytes\n");
-    let port = port();
-    let p = port.to_string();
+    let key = key_file(&dir, "psk", "both directions, one key, 32 bytes\n");
     for (k, extra) in [vec![], vec!["--psk-file", key.to_str().unwrap()]]
         .into_iter()
         .enumerate()
     {
-        let (out, back) = (dir.join(format!("out{k}")), dir.join(format!("back{k}")));
-        let mut argv = vec![
-            tcpkit(),
-            "mpcat",
-            "-l",
-            "-p",
-            &p,
-            "-i",
-            rev.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-            "--json",
-        ];
-        argv.extend_from_slice(&extra);
-        let rx = b
-            .spawn(&mut lab, &format!("rx{k}"), &argv)
-            .unwrap_or_else(|e| panic!("{e}"));
-        wait_listening(&b, port);
-        let mut argv = vec![
-            tcpkit(),
-            "mpcat",
-            "-N",
-            "-n",
-            "2",
-            "-i",
-            fwd.to_str().unwrap(),
-            "-o",
-            back.to_str().unwrap(),
-            "--json",
-        ];
-        argv.extend_from_slice(&extra);
-        argv.extend_from_slice(&[MULTIPATH_B4, &p]);
-        let tx = a
-            .spawn(&mut lab, &format!("tx{k}"), &argv)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let st = wait(&tx, 60);
-        assert!(st.success(), "sender: {st}\n{}", tx.log());
-        let st = wait(&rx, 10);
-        assert!(st.success(), "receiver: {st}\n{}", rx.log());
-        assert_eq!(sha256(&fwd), sha256(&out), "the forward stream differs");
+        let back = dir.join(format!("back{k}"));
+        t.output = dir.join(format!("out{k}"));
+        let rx_args = [&["-i", rev.to_str().unwrap(), "--json"][..], &extra].concat();
+        let rx = t.listen_as(&format!("rx{k}"), &rx_args);
+        let back_s = back.to_str().unwrap();
+        let tx_args = [&["-N", "-n", "2", "-o", back_s, "--json"][..], &extra].concat();
+        let tx = t.send_as(&format!("tx{k}"), &tx_args);
+        t.arrives(&tx, 60, &rx, 10);
         assert_eq!(sha256(&rev), sha256(&back), "the reverse stream differs");
-        for j in [json_of(&tx), json_of(&rx)] {
-            assert_eq!(j["verified"], true, "{j}");
-            assert_eq!(j["failure"], serde_json::Value::Null, "{j}");
+        let (jt, jr) = verified_reports(&tx, &rx, 24 << 20);
+        for j in [jt, jr] {
             assert_eq!(j["encrypted"], k == 1, "{j}");
             assert_eq!(j["streams"].as_array().unwrap().len(), 2, "{j}");
             let r = &j["reverse"];
@@ -113,20 +69,17 @@ fn mpcat_duplex_both_directions_arrive_identical() {
 /// arrives at the connecting side's -o. Both exit 0.
 #[test]
 fn mpcat_half_close_lets_the_peer_answer() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpdup2", 2, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, answer) = (dir.join("in.bin"), dir.join("answer"));
+    let mut t = Transfer::with_input("mpdup2", 2, None, 8 << 20);
+    let dir = t.dir();
+    let answer = dir.join("answer");
     let (to_peer, from_peer) = (dir.join("to-peer"), dir.join("from-peer"));
     mkfifo(&to_peer);
     mkfifo(&from_peer);
-    random_file(&input, 8 << 20);
-    let port = port();
     // mpcat opens its -o before its -i, and the peer its input before its output, so neither
     // waits on the other's fifo.
-    let peer = b
-        .spawn(
-            &mut lab,
+    let peer =
+        t.b.spawn(
+            &mut t.lab,
             "peer",
             &[
                 "sh",
@@ -139,38 +92,18 @@ fn mpcat_half_close_lets_the_peer_answer() {
             ],
         )
         .unwrap_or_else(|e| panic!("{e}"));
-    let rx = listen(
-        &b,
-        &mut lab,
-        port,
-        &[
-            "-o",
-            to_peer.to_str().unwrap(),
-            "-i",
-            from_peer.to_str().unwrap(),
-        ],
-    );
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &[
-            "-N",
-            "-n",
-            "2",
-            "-i",
-            input.to_str().unwrap(),
-            "-o",
-            answer.to_str().unwrap(),
-        ],
-    );
-    let st = wait(&tx, 30);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 10);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert!(wait(&peer, 10).success(), "{}", peer.log());
+    t.output = to_peer;
+    let rx = t.listen(&["-i", from_peer.to_str().unwrap()]);
+    let tx = t.send(&["-N", "-n", "2", "-o", answer.to_str().unwrap()]);
+    succeeds(&tx, 30);
+    succeeds(&rx, 10);
+    succeeds(&peer, 10);
     let got = std::fs::read_to_string(&answer).unwrap();
-    assert_eq!(got, format!("{}  -\n", sha256(&input)), "the peer's answer");
+    assert_eq!(
+        got,
+        format!("{}  -\n", sha256(&t.input)),
+        "the peer's answer"
+    );
     assert!(
         tx.log()
             .contains("reverse: received 68 bytes from the listener, verified"),
@@ -186,74 +119,42 @@ fn mpcat_half_close_lets_the_peer_answer() {
 /// connecting side. Only a lower bound on the time (and a generous upper one).
 #[test]
 fn mpcat_quit_after_waits_then_stops_the_reverse_stream() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpdup3", 1, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output, back, silent) = (
-        dir.join("in.bin"),
-        dir.join("out.bin"),
-        dir.join("back"),
-        dir.join("silent"),
-    );
+    let mut t = Transfer::with_input("mpdup3", 1, None, 1 << 20);
+    let (back, silent) = (t.dir().join("back"), t.dir().join("silent"));
     mkfifo(&silent);
-    random_file(&input, 1 << 20);
-    let port = port();
     // Opened read-write, the fifo has a writer for as long as mpcat runs: no EOF, no data.
     let script = format!(
-        "exec {} mpcat -l -p {port} -o {} 0<>{}",
+        "exec {} mpcat -l -p {} -o {} 0<>{}",
         tcpkit(),
-        output.display(),
+        t.port,
+        t.output.display(),
         silent.display()
     );
-    let rx = b
-        .spawn(&mut lab, "rx0", &["bash", "-c", &script])
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = send_as(
-        &a,
-        &mut lab,
-        "tx0",
-        port,
-        &["-i", input.to_str().unwrap(), "--quiet"],
-    );
-    let st = wait(&tx, 30);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 10);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output));
+    let listener = |t: &mut Transfer, name: &str| {
+        let rx =
+            t.b.spawn(&mut t.lab, name, &["bash", "-c", &script])
+                .unwrap_or_else(|e| panic!("{e}"));
+        wait_listening(&t.b, t.port);
+        rx
+    };
+    let rx = listener(&mut t, "rx0");
+    let tx = t.send_as("tx0", &["--quiet"]);
+    t.arrives(&tx, 30, &rx, 10);
     assert!(
         rx.log().contains("reverse: sent 0 bytes to the connecting side, verified (stopped by the connecting side)"),
         "{}",
         rx.log()
     );
 
-    let rx = b
-        .spawn(&mut lab, "rx", &["bash", "-c", &script])
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
+    let rx = listener(&mut t, "rx");
     let t0 = Instant::now();
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &[
-            "-q",
-            "2",
-            "-i",
-            input.to_str().unwrap(),
-            "-o",
-            back.to_str().unwrap(),
-            "--json",
-        ],
-    );
-    let st = wait(&tx, 30);
+    let tx = t.send(&["-q", "2", "-o", back.to_str().unwrap(), "--json"]);
+    succeeds(&tx, 30);
     let took = t0.elapsed();
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
     assert!(took >= Duration::from_secs(2), "quit after {took:?}");
     assert!(took < Duration::from_secs(20), "quit after {took:?}");
-    let st = wait(&rx, 10);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output));
+    succeeds(&rx, 10);
+    t.identical();
     assert_eq!(std::fs::metadata(&back).unwrap().len(), 0);
     let j = json_of(&tx);
     assert_eq!(j["reverse"]["stopped"], true, "{j}");
@@ -277,37 +178,12 @@ enum Killed {
 fn reverse_stream_cut(tag: &str, killed: Killed) {
     use std::io::Write;
 
-    let (mut lab, a, b, _links) = Lab::multipath(tag, 1, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output, back, feed, chunk) = (
-        dir.join("in.bin"),
-        dir.join("out.bin"),
-        dir.join("back"),
-        dir.join("feed"),
-        dir.join("chunk"),
-    );
+    let mut t = Transfer::with_input(tag, 1, None, 64 << 10);
+    let dir = t.dir();
+    let (back, feed, chunk) = (dir.join("back"), dir.join("feed"), dir.join("chunk"));
     mkfifo(&feed);
-    random_file(&input, 64 << 10);
     random_file(&chunk, 1 << 20);
-    let port = port();
-    let p = port.to_string();
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx",
-            &[
-                tcpkit(),
-                "mpcat",
-                "-l",
-                "-p",
-                &p,
-                "-o",
-                output.to_str().unwrap(),
-                "-i",
-                feed.to_str().unwrap(),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rx = t.start_listener("rx", &[], &["-i", feed.to_str().unwrap()]);
     // Opening the fifo waits for the listener to open it (at its start), and the writes for
     // the reverse stream to take them: on a thread, which hands the still open fifo back.
     let writer = {
@@ -318,19 +194,8 @@ fn reverse_stream_cut(tag: &str, killed: Killed) {
             w
         })
     };
-    wait_listening(&b, port);
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &[
-            "-N",
-            "-i",
-            input.to_str().unwrap(),
-            "-o",
-            back.to_str().unwrap(),
-        ],
-    );
+    wait_listening(&t.b, t.port);
+    let tx = t.send(&["-N", "-o", back.to_str().unwrap()]);
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::metadata(&back).map_or(0, |m| m.len()) < 1 << 20 {
         assert!(
@@ -358,23 +223,18 @@ fn reverse_stream_cut(tag: &str, killed: Killed) {
         ),
     };
     dead.signal(Signal::SIGKILL).unwrap();
-    let st = wait(survivor, 20);
+    let last = fails(survivor, 20);
     drop(w);
-    assert_eq!(st.code(), Some(1), "{who}: {st}\n{}", survivor.log());
-    let log = survivor.log();
-    let last = log.lines().last().unwrap_or_default();
     assert!(
         last.starts_with(why) && last.contains("1048576 bytes"),
-        "{log}"
+        "{who}:\n{}",
+        survivor.log()
     );
     if killed == Killed::Listener {
         assert_eq!(sha256(&chunk), sha256(&back));
     } else {
-        assert_eq!(
-            sha256(&input),
-            sha256(&output),
-            "the forward stream was whole"
-        );
+        // The forward stream was whole.
+        t.identical();
     }
 }
 
@@ -393,27 +253,19 @@ fn mpcat_reverse_stream_cut_fails_the_listener() {
 /// exits 1 with the connecting side's reason rather than a bare closed connection.
 #[test]
 fn mpcat_reverse_stdout_closed_early_fails_both_sides() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpdup6", 1, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output, rev) = (dir.join("in.bin"), dir.join("out.bin"), dir.join("rev"));
-    random_file(&input, 64 << 10);
+    let mut t = Transfer::with_input("mpdup6", 1, None, 64 << 10);
+    let rev = t.dir().join("rev");
     random_file(&rev, 8 << 20);
-    let port = port();
-    let rx = listen(
-        &b,
-        &mut lab,
-        port,
-        &["-o", output.to_str().unwrap(), "-i", rev.to_str().unwrap()],
-    );
+    let rx = t.listen(&["-i", rev.to_str().unwrap()]);
     let script = format!(
-        "{} mpcat -N -i {} {MULTIPATH_B4} {port} | head -c 1000 > /dev/null; echo \"status ${{PIPESTATUS[0]}}\"",
+        "{} mpcat -N -i {} {MULTIPATH_B4} {} | head -c 1000 > /dev/null; echo \"status ${{PIPESTATUS[0]}}\"",
         tcpkit(),
-        input.display()
+        t.input.display(),
+        t.port
     );
-    let tx = a
-        .spawn(&mut lab, "tx", &["bash", "-c", &script])
-        .unwrap_or_else(|e| panic!("{e}"));
+    let tx =
+        t.a.spawn(&mut t.lab, "tx", &["bash", "-c", &script])
+            .unwrap_or_else(|e| panic!("{e}"));
     wait(&tx, 20);
     let log = tx.log();
     assert!(log.contains("status 1"), "{log}");
@@ -423,15 +275,13 @@ fn mpcat_reverse_stdout_closed_early_fails_both_sides() {
         ),
         "{log}"
     );
-    let st = wait(&rx, 20);
-    assert_eq!(st.code(), Some(1), "listener: {st}\n{}", rx.log());
-    let log = rx.log();
-    let last = log.lines().last().unwrap_or_default();
+    let last = fails(&rx, 20);
     assert!(
         last.starts_with(
             "tcpkit mpcat: the reverse stream (here to the connecting side): cut after "
         ) && last.contains("sent a refusal: write stdout: Broken pipe"),
-        "{log}"
+        "{}",
+        rx.log()
     );
 }
 
@@ -441,22 +291,19 @@ fn mpcat_reverse_stdout_closed_early_fails_both_sides() {
 /// has arrived, so a sender that waited for a full chunk or for EOF never delivers it.
 #[test]
 fn mpcat_a_line_typed_into_a_pipe_arrives_before_the_input_ends() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpdupline", 2, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (out, done) = (dir.join("out"), dir.join("done"));
-    let port = port();
-    let p = port.to_string();
-    let rx = listen(&b, &mut lab, port, &["-o", out.to_str().unwrap()]);
+    let mut t = Transfer::new("mpdupline", 2, None);
+    let (out, done) = (t.output.clone(), t.dir().join("done"));
+    let rx = t.listen(&[]);
     // The writer: one line, then its end of the pipe stays open until `done` exists.
     let script = format!(
-        "(echo 'uname -a'; while [ ! -e {} ]; do sleep 0.05; done) | {} mpcat -n 2 {MULTIPATH_B4} {p}",
+        "(echo 'uname -a'; while [ ! -e {} ]; do sleep 0.05; done) | {} mpcat -n 2 {MULTIPATH_B4} {}",
         done.display(),
         tcpkit(),
+        t.port
     );
-    let tx = a
-        .spawn(&mut lab, "tx", &["sh", "-c", &script])
-        .unwrap_or_else(|e| panic!("{e}"));
+    let tx =
+        t.a.spawn(&mut t.lab, "tx", &["sh", "-c", &script])
+            .unwrap_or_else(|e| panic!("{e}"));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let got = std::fs::read(&out).unwrap_or_default();
@@ -471,9 +318,7 @@ fn mpcat_a_line_typed_into_a_pipe_arrives_before_the_input_ends() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::fs::write(&done, "").unwrap();
-    let st = wait(&tx, 20);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 10);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    succeeds(&tx, 20);
+    succeeds(&rx, 10);
     assert_eq!(std::fs::read(&out).unwrap(), b"uname -a\n");
 }

@@ -5,11 +5,10 @@
 //! without --mptcp makes the sender fall back to striping over TCP, said once.
 
 use crate::common;
-use common::mpcat::{json_of, port, random_file, sha256, wait, wait_listening};
-use common::tcpkit;
+use common::mpcat::{random_file, shaped, verified_reports, Transfer};
 
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Link, Proc, Tbf, MULTIPATH_B4};
+use tcpkit_lab::{Host, Proc};
 
 /// A counter of the host's MPTCP MIB (`nstat -az`: absolute, and the namespace is this
 /// test's own, so every count is from this test).
@@ -26,15 +25,11 @@ fn nstat(h: &Host, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in nstat"))
 }
 
-/// The multipath lab with MPTCP on in both namespaces and the path manager's limits set.
-fn lab(tag: &str) -> (Lab, Host, Host, Vec<Link>) {
-    let tbf = Tbf {
-        rate_bit_s: 200_000_000,
-        burst_bytes: 64_000,
-        latency_ms: 100,
-    };
-    let (lab, a, b, links) = Lab::multipath(tag, 2, Some(tbf)).unwrap_or_else(|e| panic!("{e}"));
-    for h in [&a, &b] {
+/// The multipath lab (2 links of 200 Mbit/s) with MPTCP on in both namespaces and the path
+/// manager's limits set.
+fn lab(tag: &str) -> Transfer {
+    let t = Transfer::new(tag, 2, Some(shaped(200)));
+    for h in [&t.a, &t.b] {
         h.sysctl("net.mptcp.enabled", "1")
             .unwrap_or_else(|e| panic!("{e}"));
         h.run(&[
@@ -49,38 +44,18 @@ fn lab(tag: &str) -> (Lab, Host, Host, Vec<Link>) {
         ])
         .unwrap_or_else(|e| panic!("{e}"));
     }
-    (lab, a, b, links)
+    t
 }
 
-/// Runs one session; returns (sender, receiver) once both exited 0, the output identical.
-fn session(lab: &mut Lab, a: &Host, b: &Host, size: u64, rx_extra: &[&str]) -> (Proc, Proc) {
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
-    random_file(&input, size);
-    let port = port();
-    let p = port.to_string();
-    let out = output.to_str().unwrap();
-    let mut argv = vec![tcpkit(), "mpcat", "-l", "-p", &p, "-o", out, "--json"];
-    argv.extend_from_slice(rx_extra);
-    let rx = b.spawn(lab, "rx", &argv).unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(b, port);
-    let argv = [
-        tcpkit(),
-        "mpcat",
-        "--mptcp",
-        "-i",
-        input.to_str().unwrap(),
-        "--json",
-        MULTIPATH_B4,
-        &p,
-    ];
-    let tx = a.spawn(lab, "tx", &argv).unwrap_or_else(|e| panic!("{e}"));
-    let st = wait(&tx, 30);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 10);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
-    (tx, rx)
+/// Runs one session of `size` random bytes, the sender with --mptcp; returns the sender and
+/// both reports once both exited 0, the output identical, both reports verified.
+fn session(t: &mut Transfer, size: u64, rx_extra: &[&str]) -> (Proc, Value, Value) {
+    random_file(&t.input, size);
+    let rx = t.listen(&[&["--json"][..], rx_extra].concat());
+    let tx = t.send(&["--mptcp", "--json"]);
+    t.arrives(&tx, 30, &rx, 10);
+    let (jt, jr) = verified_reports(&tx, &rx, size);
+    (tx, jt, jr)
 }
 
 /// Issue 12, --mptcp: with a `subflow` endpoint on the sender's second link, the one MPTCP
@@ -89,8 +64,9 @@ fn session(lab: &mut Lab, a: &Host, b: &Host, size: u64, rx_extra: &[&str]) -> (
 /// Without the endpoint, one subflow: the report says 1 and the sender says what is needed.
 #[test]
 fn mpcat_mptcp_uses_the_kernels_subflows() {
-    let (mut lab, a, b, links) = lab("mpmp1");
-    let second = &links[1].a.name;
+    let mut t = lab("mpmp1");
+    let (a, b) = (t.a.clone(), t.b.clone());
+    let second = t.links[1].a.name.clone();
     a.run(&[
         "ip",
         "mptcp",
@@ -98,30 +74,26 @@ fn mpcat_mptcp_uses_the_kernels_subflows() {
         "add",
         "198.18.2.1",
         "dev",
-        second,
+        &second,
         "subflow",
     ])
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(nstat(&a, "MPTcpExtMPJoinSynAckRx"), 0);
-    let (tx, rx) = session(&mut lab, &a, &b, 64 << 20, &["--mptcp"]);
-    let j = json_of(&tx);
+    let (tx, j, _) = session(&mut t, 64 << 20, &["--mptcp"]);
     assert_eq!(j["mptcp"]["fallback"], Value::Null, "{j}");
     assert_eq!(j["mptcp"]["subflows"], 2, "{j}");
     assert_eq!(j["streams"].as_array().unwrap().len(), 1, "{j}");
-    assert_eq!(j["verified"], true);
     assert!(
         nstat(&a, "MPTcpExtMPJoinSynAckRx") >= 1,
         "the kernel saw no join"
     );
     assert!(nstat(&b, "MPTcpExtMPCapableSYNRX") >= 1);
     assert!(!tx.log().contains("only 1 MPTCP subflow"), "{}", tx.log());
-    assert_eq!(json_of(&rx)["verified"], true);
 
     a.run(&["ip", "mptcp", "endpoint", "flush"])
         .unwrap_or_else(|e| panic!("{e}"));
     let joins = nstat(&a, "MPTcpExtMPJoinSynAckRx");
-    let (tx, _rx) = session(&mut lab, &a, &b, 8 << 20, &["--mptcp"]);
-    let j = json_of(&tx);
+    let (tx, j, _) = session(&mut t, 8 << 20, &["--mptcp"]);
     assert_eq!(j["mptcp"]["subflows"], 1, "{j}");
     assert_eq!(nstat(&a, "MPTcpExtMPJoinSynAckRx"), joins);
     let log = tx.log();
@@ -143,8 +115,8 @@ fn mpcat_mptcp_uses_the_kernels_subflows() {
 /// identical with exit 0 on both sides.
 #[test]
 fn mpcat_mptcp_falls_back_to_striping_when_the_receiver_does_not_do_it() {
-    let (mut lab, a, b, _links) = lab("mpmp2");
-    let (tx, rx) = session(&mut lab, &a, &b, 32 << 20, &[]);
+    let mut t = lab("mpmp2");
+    let (tx, j, r) = session(&mut t, 32 << 20, &[]);
     let log = tx.log();
     assert_eq!(
         log.matches("tcpkit mpcat: --mptcp: the receiver does not do MPTCP")
@@ -153,7 +125,6 @@ fn mpcat_mptcp_falls_back_to_striping_when_the_receiver_does_not_do_it() {
         "{log}"
     );
     assert!(log.contains("striping over TCP instead"), "{log}");
-    let j = json_of(&tx);
     assert_eq!(j["mptcp"]["subflows"], 0, "{j}");
     assert!(
         j["mptcp"]["fallback"]
@@ -165,8 +136,5 @@ fn mpcat_mptcp_falls_back_to_striping_when_the_receiver_does_not_do_it() {
     for s in j["streams"].as_array().unwrap() {
         assert!(s["bytes"].as_u64().unwrap() > 0, "{j}");
     }
-    assert_eq!(j["verified"], true);
-    let r = json_of(&rx);
-    assert_eq!(r["verified"], true);
     assert_eq!(r["connections"]["bad_handshake"], 0, "{r}");
 }

@@ -5,27 +5,12 @@
 //! on.
 
 use crate::common;
-use common::mpcat::{json_of, listen, port, send, sha256, shaped, wait, wait_listening};
+use common::mpcat::{fails, key_file, shaped, verified_reports, wait, wait_arrived, Transfer};
 use common::tcpkit;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Proc, MULTIPATH_B4};
-
-fn last_line(p: &Proc) -> String {
-    p.log().lines().last().unwrap_or_default().to_string()
-}
-
-/// A key file of `text`, mode 600.
-fn key_file(dir: &Path, name: &str, text: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p
-}
 
 /// Printed into the input every 4 KiB, so a readable stream shows it in most packets.
 const MARKER: &[u8] = b"<<tcpkit mpcat plaintext marker 7f3a>>";
@@ -46,48 +31,24 @@ fn count(hay: &[u8], needle: &[u8]) -> usize {
     hay.windows(needle.len()).filter(|w| *w == needle).count()
 }
 
-/// Runs one session from a to b (receiver: -o out, --json; sender: -i input, --json) with
-/// `extra` on both sides, tcpdump on every link; returns both reports and every capture's
-/// bytes together.
-fn session(
-    lab: &mut Lab,
-    a: &Host,
-    b: &Host,
-    links: &[tcpkit_lab::Link],
-    input: &Path,
-    output: &Path,
-    extra: &[&str],
-) -> (Value, Value, Vec<u8>) {
-    let port = port();
-    let p = port.to_string();
-    let mut argv = vec![
-        tcpkit(),
-        "mpcat",
-        "-l",
-        "-p",
-        &p,
-        "-o",
-        output.to_str().unwrap(),
-        "--json",
-    ];
-    argv.extend_from_slice(extra);
-    let rx = b.spawn(lab, "rx", &argv).unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(b, port);
-    let dumps: Vec<_> = links
+/// Runs one session from a to b (receiver: -o output, --json; sender: -i input, --json)
+/// with `extra` on both sides, tcpdump on every link; checks that both exit 0, the output
+/// identical, both reports verified, and returns them and every capture's bytes together.
+fn session(t: &mut Transfer, extra: &[&str]) -> (Value, Value, Vec<u8>) {
+    let args = [&["--json"][..], extra].concat();
+    let rx = t.listen(&args);
+    let filter = format!("tcp port {}", t.port);
+    let dumps: Vec<_> = t
+        .links
         .iter()
         .map(|l| {
-            lab.tcpdump(a, &l.a.name, &format!("tcp port {port}"))
+            t.lab
+                .tcpdump(&t.a, &l.a.name, &filter)
                 .unwrap_or_else(|e| panic!("{e}"))
         })
         .collect();
-    let mut argv = vec![tcpkit(), "mpcat", "-i", input.to_str().unwrap(), "--json"];
-    argv.extend_from_slice(extra);
-    argv.extend_from_slice(&[MULTIPATH_B4, &p]);
-    let tx = a.spawn(lab, "tx", &argv).unwrap_or_else(|e| panic!("{e}"));
-    let st = wait(&tx, 30);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 10);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
+    let tx = t.send(&args);
+    t.arrives(&tx, 30, &rx, 10);
     let mut wire = Vec::new();
     for d in dumps {
         let c = d.stop().unwrap_or_else(|e| panic!("{e}"));
@@ -97,7 +58,9 @@ fn session(
         );
         wire.extend_from_slice(&std::fs::read(&c.path).unwrap());
     }
-    (json_of(&tx), json_of(&rx), wire)
+    let bytes = std::fs::metadata(&t.input).unwrap().len();
+    let (jt, jr) = verified_reports(&tx, &rx, bytes);
+    (jt, jr, wire)
 }
 
 /// Issue 12, --psk-file: with the key on both sides a 24 MiB stream over 2 links arrives
@@ -106,17 +69,15 @@ fn session(
 /// search would see a stream that leaked.
 #[test]
 fn mpcat_psk_file_encrypts_every_stream() {
-    let (mut lab, a, b, links) = Lab::multipath("mpsk1", 2, None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let input = dir.join("in.bin");
+    let mut t = Transfer::new("mpsk1", 2, None);
+    let dir = t.dir();
     const SIZE: usize = 24 << 20;
-    marked_file(&input, SIZE);
-    let marks = count(&std::fs::read(&input).unwrap(), MARKER);
+    marked_file(&t.input, SIZE);
+    let marks = count(&std::fs::read(&t.input).unwrap(), MARKER);
     assert_eq!(marks, SIZE / 4096);
 
-    let plain_out = dir.join("plain.bin");
-    let (jt, jr, wire) = session(&mut lab, &a, &b, &links, &input, &plain_out, &[]);
-    assert_eq!(sha256(&input), sha256(&plain_out));
+    t.output = dir.join("plain.bin");
+    let (jt, jr, wire) = session(&mut t, &[]);
     assert_eq!(
         (jt["encrypted"].clone(), jr["encrypted"].clone()),
         (false.into(), false.into())
@@ -128,14 +89,10 @@ fn mpcat_psk_file_encrypts_every_stream() {
     );
 
     let key = key_file(&dir, "psk", "correct horse battery staple 2026\n");
-    let k = key.to_str().unwrap();
-    let out = dir.join("out.bin");
-    let (jt, jr, wire) = session(&mut lab, &a, &b, &links, &input, &out, &["--psk-file", k]);
-    assert_eq!(sha256(&input), sha256(&out), "the stream differs");
+    t.output = dir.join("out.bin");
+    let (jt, jr, wire) = session(&mut t, &["--psk-file", key.to_str().unwrap()]);
     for j in [&jt, &jr] {
         assert_eq!(j["encrypted"], true, "{j}");
-        assert_eq!(j["verified"], true, "{j}");
-        assert_eq!(j["bytes"], SIZE as u64, "{j}");
         assert_eq!(j["streams"].as_array().unwrap().len(), 2, "{j}");
     }
     assert!(
@@ -156,38 +113,19 @@ fn mpcat_psk_file_encrypts_every_stream() {
 /// counted, and the session completes identical.
 #[test]
 fn mpcat_psk_file_wrong_key_is_refused_on_both_sides() {
-    let (mut lab, a, b, _links) =
-        Lab::multipath("mpsk2", 2, Some(shaped(20))).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let input = dir.join("in.bin");
     // 40 Mbit/s in all: several seconds, time for the stranger to come.
-    const SIZE: usize = 24 << 20;
-    marked_file(&input, SIZE);
+    let mut t = Transfer::new("mpsk2", 2, Some(shaped(20)));
+    let dir = t.dir();
+    marked_file(&t.input, 24 << 20);
     let good = key_file(&dir, "good", "the receiver's key, 32 bytes....\n");
     let other = key_file(&dir, "other", "a stranger's key, also long enough\n");
     let (good, other) = (good.to_str().unwrap(), other.to_str().unwrap());
-    let out = dir.join("out.bin");
-    let port = port();
-    let p = port.to_string();
-    let sender = |lab: &mut Lab, name: &str, extra: &[&str]| {
-        let mut argv = vec![tcpkit(), "mpcat", "-i", input.to_str().unwrap()];
-        argv.extend_from_slice(extra);
-        argv.extend_from_slice(&[MULTIPATH_B4, &p]);
-        a.spawn(lab, name, &argv).unwrap_or_else(|e| panic!("{e}"))
-    };
 
     // A receiver without a key, a sender with one.
-    let rx = b
-        .spawn(
-            &mut lab,
-            "rx-plain",
-            &[tcpkit(), "mpcat", "-l", "-p", &p, "-o", "/dev/null"],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_listening(&b, port);
-    let tx = sender(&mut lab, "tx-keyed", &["--psk-file", good]);
-    assert_eq!(wait(&tx, 20).code(), Some(1), "{}", tx.log());
-    let l = last_line(&tx);
+    t.output = "/dev/null".into();
+    let rx = t.listen_as("rx-plain", &[]);
+    let tx = t.send_as("tx-keyed", &["--psk-file", good]);
+    let l = fails(&tx, 20);
     assert!(
         l.starts_with("tcpkit mpcat: ") && l.contains("this receiver has no --psk-file"),
         "{l}"
@@ -195,58 +133,38 @@ fn mpcat_psk_file_wrong_key_is_refused_on_both_sides() {
     rx.signal(tcpkit_lab::Signal::SIGTERM).unwrap();
     wait(&rx, 10);
 
-    let rx = listen(
-        &b,
-        &mut lab,
-        port,
-        &["-o", out.to_str().unwrap(), "--json", "--psk-file", good],
-    );
-    let tx = sender(&mut lab, "tx-other", &["--psk-file", other]);
-    assert_eq!(wait(&tx, 20).code(), Some(1), "{}", tx.log());
-    let l = last_line(&tx);
+    t.output = dir.join("out.bin");
+    let rx = t.listen(&["--json", "--psk-file", good]);
+    let tx = t.send_as("tx-other", &["--psk-file", other]);
+    let l = fails(&tx, 20);
     assert!(
         l.starts_with("tcpkit mpcat: ")
             && l.contains("the receiver holds another key (--psk-file)"),
         "{l}"
     );
-    let tx = sender(&mut lab, "tx-nokey", &[]);
-    assert_eq!(wait(&tx, 20).code(), Some(1), "{}", tx.log());
-    let l = last_line(&tx);
+    let tx = t.send_as("tx-nokey", &[]);
+    let l = fails(&tx, 20);
     assert!(
         l.contains("this receiver takes encrypted sessions only") && l.contains("--psk-file"),
         "{l}"
     );
 
     // The right key: the session runs; a stranger with another key comes while it does.
-    let tx = sender(&mut lab, "tx", &["--psk-file", good, "--json"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::metadata(&out).map_or(0, |m| m.len()) == 0 {
-        assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let stranger = sender(&mut lab, "stranger", &["--psk-file", other]);
-    assert_eq!(wait(&stranger, 20).code(), Some(1), "{}", stranger.log());
-    assert!(
-        last_line(&stranger).contains("holds another key"),
-        "{}",
-        stranger.log()
-    );
+    let tx = t.send(&["--psk-file", good, "--json"]);
+    wait_arrived(&t.output, 1, &tx, &rx);
+    let stranger = t.send_as("stranger", &["--psk-file", other]);
+    let l = fails(&stranger, 20);
+    assert!(l.contains("holds another key"), "{}", stranger.log());
     assert!(
         rx.try_status().unwrap().is_none(),
         "the receiver ended with the stranger:\n{}",
         rx.log()
     );
-    let st = wait(&tx, 30);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 10);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&out), "the stream differs");
-    let j = json_of(&rx);
+    t.arrives(&tx, 30, &rx, 10);
+    let (_, j) = verified_reports(&tx, &rx, 24 << 20);
     assert_eq!(j["connections"]["wrong_key"], 2, "{j}");
     assert_eq!(j["connections"]["bad_handshake"], 1, "{j}");
     assert_eq!(j["encrypted"], true);
-    assert_eq!(j["verified"], true);
-    assert!(json_of(&tx)["verified"] == true);
 }
 
 /// Issue 12, --psk-file bad input: a key file others can read, one too short, one missing:
@@ -293,53 +211,20 @@ fn mpcat_psk_file_bad_key_files_are_named() {
 /// Noise handshake that never completes), and the stream arrives identical.
 #[test]
 fn mpcat_psk_file_survives_a_path_failure() {
-    let (mut lab, a, b, links) =
-        Lab::multipath("mpsk3", 2, Some(shaped(40))).unwrap_or_else(|e| panic!("{e}"));
-    let dir = lab.dir().to_path_buf();
-    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    let mut t = Transfer::new("mpsk3", 2, Some(shaped(40)));
     const SIZE: usize = 40 << 20;
-    marked_file(&input, SIZE);
-    let key = key_file(&dir, "psk", "a key for both ends, long enough\n");
+    marked_file(&t.input, SIZE);
+    let key = key_file(&t.dir(), "psk", "a key for both ends, long enough\n");
     let k = key.to_str().unwrap();
-    let port = port();
-    let out = output.to_str().unwrap();
-    let rx = listen(
-        &b,
-        &mut lab,
-        port,
-        &["-o", out, "--json", "--psk-file", k, "--path-timeout", "2s"],
-    );
-    let tx = send(
-        &a,
-        &mut lab,
-        port,
-        &[
-            "-n",
-            "2",
-            "--path-timeout",
-            "2s",
-            "--psk-file",
-            k,
-            "-i",
-            input.to_str().unwrap(),
-            "--json",
-        ],
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::metadata(&output).map_or(0, |m| m.len()) < 4 << 20 {
-        assert!(Instant::now() < deadline, "nothing arrived:\n{}", rx.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    b.run(&["ip", "link", "set", "dev", &links[0].b.name, "down"])
+    let both = ["--path-timeout", "2s", "--psk-file", k, "--json"];
+    let rx = t.listen(&both);
+    let tx = t.send(&[&["-n", "2"][..], &both].concat());
+    wait_arrived(&t.output, 4 << 20, &tx, &rx);
+    t.b.run(&["ip", "link", "set", "dev", &t.links[0].b.name, "down"])
         .unwrap_or_else(|e| panic!("{e}"));
-    let st = wait(&tx, 40);
-    assert!(st.success(), "sender: {st}\n{}", tx.log());
-    let st = wait(&rx, 10);
-    assert!(st.success(), "receiver: {st}\n{}", rx.log());
-    assert_eq!(sha256(&input), sha256(&output), "the stream differs");
-    let (jt, jr) = (json_of(&tx), json_of(&rx));
+    t.arrives(&tx, 40, &rx, 10);
+    let (jt, jr) = verified_reports(&tx, &rx, SIZE as u64);
     for j in [&jt, &jr] {
-        assert_eq!(j["verified"], true, "{j}");
         assert_eq!(j["encrypted"], true, "{j}");
     }
     assert!(!jt["path_failures"].as_array().unwrap().is_empty(), "{jt}");
