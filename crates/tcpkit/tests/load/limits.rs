@@ -8,26 +8,27 @@ fn out_of_descriptors_and_out_of_ports_say_what_to_change() {
     let mut p = pair("ldlimits");
     p.echo(4249, &[]);
     let t = target(4249);
-    // 80 descriptors: a few dozen connections fit, 150 do not (one process forced).
-    let mut argv = vec!["prlimit", "--nofile=80", "--", tcpkit(), "load", &t];
-    argv.extend_from_slice(&[
-        "--echo-bytes",
-        "8",
-        "-c",
-        "150",
-        "--procs",
-        "1",
-        "--threads",
-        "1",
-        "-r",
-        "100",
-        "-t",
-        "1",
-        "--json",
-        "--connect-retries",
-        "1",
-    ]);
-    let o = run_limited(p.cli.command(&argv), Duration::from_secs(15));
+    // 80 descriptors: a few dozen connections fit, 150 do not.
+    let under_80 = |extra: &[&str], limit: u64| {
+        let mut args = vec![
+            t.as_str(),
+            "--echo-bytes",
+            "8",
+            "-c",
+            "150",
+            "--threads",
+            "1",
+            "-r",
+            "100",
+            "-t",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        load_nofile(&p, "80", &args, Duration::from_secs(limit))
+    };
+    // One process forced.
+    let o = under_80(&["--procs", "1", "--connect-retries", "1"], 15);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = failure_line(&o);
     assert!(
@@ -38,21 +39,7 @@ fn out_of_descriptors_and_out_of_ports_say_what_to_change() {
     assert!(u(&r, "errors.EMFILE") > 0);
     assert!(r["hints"][0].as_str().unwrap().contains("tcpkit tune"));
     // Without --procs the same limit is met by more processes.
-    let mut argv = vec!["prlimit", "--nofile=80", "--", tcpkit(), "load", &t];
-    argv.extend_from_slice(&[
-        "--echo-bytes",
-        "8",
-        "-c",
-        "150",
-        "--threads",
-        "1",
-        "-r",
-        "100",
-        "-t",
-        "1",
-        "--json",
-    ]);
-    let o = run_limited(p.cli.command(&argv), Duration::from_secs(20));
+    let o = under_80(&[], 20);
     assert!(o.status.success(), "{}", stderr(&o));
     let r = json(&o);
     assert!(u(&r, "processes") >= 10, "{r:#}");
@@ -311,13 +298,10 @@ fn load_and_echo_raise_a_low_soft_descriptor_limit() {
         4254,
     );
     let t = target(4254);
-    let o = run_limited(
-        p.cli.command(&[
-            "prlimit",
-            "--nofile=64:4096",
-            "--",
-            tcpkit(),
-            "load",
+    let o = load_nofile(
+        &p,
+        "64:4096",
+        &[
             &t,
             "--echo-bytes",
             "8",
@@ -333,7 +317,7 @@ fn load_and_echo_raise_a_low_soft_descriptor_limit() {
             "-t",
             "1.5",
             "--json",
-        ]),
+        ],
         Duration::from_secs(20),
     );
     assert!(o.status.success(), "{}", stderr(&o));
@@ -389,14 +373,6 @@ fn merge_of_a_failed_run_exits_1_with_its_reason() {
     let (gp, bp) = (dir.path().join("good.json"), dir.path().join("bad.json"));
     std::fs::write(&gp, &good.stdout).unwrap();
     std::fs::write(&bp, &bad.stdout).unwrap();
-    let merge = |files: &[&std::path::Path]| {
-        Command::new(tcpkit())
-            .arg("merge")
-            .args(files)
-            .arg("--json")
-            .output()
-            .unwrap()
-    };
     let o = merge(&[&gp, &bp]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     // The reason is the last line; the runs, one after the other, are warned about before it.
