@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::tcpkit;
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Signal};
+use tcpkit_lab::{Host, Lab};
 
 const CONNS: u64 = 45_000;
 const HOLD_S: u64 = 10;
@@ -328,14 +328,7 @@ fn forty_five_thousand_connections_held_for_ten_seconds() {
 
     // echo's report: every connection accepted (plus the readiness probe) by three
     // processes that never ran out of descriptors.
-    echo.signal(Signal::SIGTERM).unwrap();
-    let st = echo
-        .wait_timeout(Duration::from_secs(10))
-        .unwrap()
-        .expect("echo did not stop on SIGTERM");
-    let elog = echo.log();
-    assert!(st.success(), "echo exited {st}: {elog}");
-    let j = report(&elog);
+    let j = common::peer::stop_echo(&echo);
     assert_eq!(u(&j, "processes"), 3, "{j:#}");
     assert_eq!(u(&j, "accepted"), CONNS + 1, "{j:#}");
     assert!(u(&j, "fd_limit") < CONNS, "{j:#}");

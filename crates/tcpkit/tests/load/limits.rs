@@ -328,19 +328,7 @@ fn load_and_echo_raise_a_low_soft_descriptor_limit() {
     assert!(r["errors"].get("EMFILE").is_none(), "{r:#}");
     assert_accounted(&r);
     assert!(u(&r, "queries.answered") > 900, "{r:#}");
-    echo.signal(tcpkit_lab::Signal::SIGTERM).unwrap();
-    let st = echo
-        .wait_timeout(Duration::from_secs(10))
-        .unwrap()
-        .expect("echo stops on SIGTERM");
-    let log = echo.log();
-    assert!(st.success(), "{log}");
-    let e: Value = serde_json::from_str(
-        log.lines()
-            .find(|l| l.starts_with('{'))
-            .unwrap_or_else(|| panic!("no JSON report: {log}")),
-    )
-    .unwrap();
+    let e = common::peer::stop_echo(&echo);
     assert_eq!(e["fd_limit"], 4096, "{e}");
     assert_eq!(e["fd_exhausted"], 0, "{e}");
     // The readiness probe, then load's 1000.
