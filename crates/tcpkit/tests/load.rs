@@ -3,7 +3,7 @@
 //! its report, its exit status, its per-query file and what the server saw.
 
 use crate::common;
-use common::peer::{json, merge, merge_as, pair, target, u, Pair, SRV};
+use common::peer::{echo_pair, json, merge, merge_as, pair, target, u, Pair, SRV};
 use common::schema;
 
 use std::io::{Read, Write};

@@ -4,7 +4,7 @@
 //! exit status, stderr and the report. Named after the cases they pin.
 
 use crate::common;
-use common::peer::{json, merge, pair, target, u, Pair, SRV};
+use common::peer::{echo_pair, json, merge, pair, target, u, Pair, SRV};
 use common::schema;
 
 use std::net::SocketAddr;
@@ -39,8 +39,7 @@ fn hints(r: &Value) -> Vec<String> {
 /// apart (`echoed`), not as NOERROR answers and not as malformed ones.
 #[test]
 fn issue_10_case_5_dns_load_against_plain_echo_counts_echoed_queries() {
-    let mut p = pair("lcecho");
-    p.echo(5300, &[]);
+    let p = echo_pair("lcecho", 5300);
     let t = target(5300);
     let (o, _) = run(&p, &[&t, "-c", "4", "-r", "500", "-t", "1", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -68,8 +67,7 @@ fn issue_10_case_5_dns_load_against_plain_echo_counts_echoed_queries() {
 /// latency table that says "no samples", not rows of `0.0 us`.
 #[test]
 fn issue_10_case_6_no_rate_is_refused_unless_hold() {
-    let mut p = pair("lchold");
-    p.echo(5301, &[]);
+    let p = echo_pair("lchold", 5301);
     let t = target(5301);
     let (o, took) = run(&p, &[&t, "-t", "1", "-c", "2"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
@@ -101,8 +99,7 @@ fn issue_10_case_6_no_rate_is_refused_unless_hold() {
 /// stderr warns that a file named 200 is written and that the rate flag is `-r`.
 #[test]
 fn issue_10_case_6_bare_number_for_per_query_file_warns() {
-    let mut p = pair("lcbigr");
-    p.echo(5302, &[]);
+    let p = echo_pair("lcbigr", 5302);
     let t = target(5302);
     let dir = tempfile::tempdir().unwrap();
     // In a folder of its own, where the file a bare -R names is written.
@@ -298,8 +295,7 @@ fn load_json_to(p: &Pair, t: &str, path: &std::path::Path) -> Value {
 /// refuses one run given twice, under one name or two, with one line naming both files.
 #[test]
 fn issue_10_case_11_merge_refuses_the_same_run_twice() {
-    let mut p = pair("lcmerge2");
-    p.echo(5305, &[]);
+    let p = echo_pair("lcmerge2", 5305);
     let t = target(5305);
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
@@ -354,8 +350,7 @@ fn issue_10_case_11_merge_refuses_the_same_run_twice() {
 /// window neither filled.
 #[test]
 fn issue_10_case_11_merge_warns_when_runs_do_not_overlap() {
-    let mut p = pair("lcmergegap");
-    p.echo(5306, &[]);
+    let p = echo_pair("lcmergegap", 5306);
     let t = target(5306);
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));

@@ -125,6 +125,13 @@ pub fn pair(tag: &str) -> Pair {
     Pair { lab, cli, srv }
 }
 
+/// A fresh pair with `tcpkit echo --port PORT` listening in its server host.
+pub fn echo_pair(tag: &str, port: u16) -> Pair {
+    let mut p = pair(tag);
+    p.echo(port, &[]);
+    p
+}
+
 impl Pair {
     /// Starts `argv` in the server host and waits until `port` accepts connections.
     pub fn server(&mut self, name: &str, argv: &[&str], port: u16) -> Proc {

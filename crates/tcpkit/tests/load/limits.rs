@@ -5,8 +5,7 @@ use super::*;
 
 #[test]
 fn out_of_descriptors_and_out_of_ports_say_what_to_change() {
-    let mut p = pair("ldlimits");
-    p.echo(4249, &[]);
+    let p = echo_pair("ldlimits", 4249);
     let t = target(4249);
     // 80 descriptors: a few dozen connections fit, 150 do not.
     let under_80 = |extra: &[&str], limit: u64| {
@@ -96,8 +95,7 @@ fn out_of_descriptors_and_out_of_ports_say_what_to_change() {
 /// first 400 connections of a 1,000-port range all have even ports.
 #[test]
 fn connects_take_ports_in_one_sequential_scan_not_even_ones_first() {
-    let mut p = pair("ldports");
-    p.echo(4250, &[]);
+    let p = echo_pair("ldports", 4250);
     p.cli
         .sysctl("net.ipv4.ip_local_port_range", "40000 40999")
         .unwrap();
@@ -173,8 +171,7 @@ fn connects_take_ports_in_one_sequential_scan_not_even_ones_first() {
 #[test]
 fn falling_behind_the_asked_rate_is_reported_and_fails_the_run() {
     let _turn = common::timing_turn();
-    let mut p = pair("ldbehind");
-    p.echo(4251, &[]);
+    let p = echo_pair("ldbehind", 4251);
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("q.csv");
     // Twenty million a second over two connections on one thread: ten times what one core
@@ -252,8 +249,7 @@ fn falling_behind_the_asked_rate_is_reported_and_fails_the_run() {
 /// 1000/s, would take 0.2 s), inside the 3 s that -t gives the whole run.
 #[test]
 fn connections_open_at_the_connect_rate() {
-    let mut p = pair("ldcrate");
-    p.echo(4253, &[]);
+    let p = echo_pair("ldcrate", 4253);
     let (o, r) = fault_run(
         &p,
         4253,
@@ -339,8 +335,7 @@ fn load_and_echo_raise_a_low_soft_descriptor_limit() {
 /// none did; the merged report is printed in both cases.
 #[test]
 fn merge_of_a_failed_run_exits_1_with_its_reason() {
-    let mut p = pair("ldmergefail");
-    p.echo(4255, &[]);
+    let p = echo_pair("ldmergefail", 4255);
     let dir = tempfile::tempdir().unwrap();
     let (good, r) = fault_run(
         &p,

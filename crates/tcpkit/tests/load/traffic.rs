@@ -7,8 +7,7 @@ use super::*;
 #[test]
 fn echo_across_a_veth_answers_all_at_the_asked_rate() {
     let _turn = common::timing_turn();
-    let mut p = pair("ldrate");
-    p.echo(4242, &[]);
+    let p = echo_pair("ldrate", 4242);
     let r = load_ok(
         &p,
         4242,
@@ -77,8 +76,7 @@ fn intended_times(csv: &str) -> Vec<u64> {
 #[test]
 fn poisson_send_times_are_exponential_and_constant_ones_equal() {
     let _turn = common::timing_turn();
-    let mut p = pair("ldks");
-    p.echo(4243, &[]);
+    let p = echo_pair("ldks", 4243);
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("q.csv");
     // 3000 queries a second on 8 connections, each query's times in the CSV file.
@@ -231,8 +229,7 @@ fn http_get_against_nginx_keeps_connections_alive() {
 
 #[test]
 fn payload_file_by_length_and_by_delimiter_against_echo() {
-    let mut p = pair("ldfile");
-    p.echo(4244, &[]);
+    let p = echo_pair("ldfile", 4244);
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("q");
     std::fs::write(&f, "GET one thing\r\n").unwrap();
@@ -248,8 +245,7 @@ fn payload_file_by_length_and_by_delimiter_against_echo() {
 #[test]
 fn rate_steps_ramps_query_limits_and_churn() {
     let _turn = common::timing_turn();
-    let mut p = pair("ldsteps");
-    p.echo(4245, &[]);
+    let p = echo_pair("ldsteps", 4245);
     // 1 s at 500/s then 1 s at 1500/s: 2000 in the steps' 2 s.
     let r = run_ok(
         &p,
@@ -315,8 +311,7 @@ fn rate_steps_ramps_query_limits_and_churn() {
 
 #[test]
 fn json_report_matches_the_committed_schema_and_merges() {
-    let mut p = pair("ldjson");
-    p.echo(4246, &[]);
+    let p = echo_pair("ldjson", 4246);
     let dir = tempfile::tempdir().unwrap();
     let t = target(4246);
     let hlog = dir.path().join("h.hlog");
@@ -392,8 +387,7 @@ fn json_report_matches_the_committed_schema_and_merges() {
 
 #[test]
 fn several_processes_and_source_addresses_report_as_one_run() {
-    let mut p = pair("ldprocs");
-    p.echo(4247, &[]);
+    let p = echo_pair("ldprocs", 4247);
     // Ten local ports only: 30 connections need three source addresses.
     p.cli
         .sysctl("net.ipv4.ip_local_port_range", "40000 40009")
@@ -456,8 +450,7 @@ fn several_processes_and_source_addresses_report_as_one_run() {
 
 #[test]
 fn live_line_every_second_and_human_summary() {
-    let mut p = pair("ldlive");
-    p.echo(4248, &[]);
+    let p = echo_pair("ldlive", 4248);
     let o = p.load(
         &[
             &target(4248),
