@@ -163,6 +163,21 @@ fn dry(dir: &Path, input: &Path) -> Run {
     run(&["-t", "-w", s(&out), s(input)])
 }
 
+/// A 3-packet capture in `d` with the little-endian word at `at` (of the records' offsets)
+/// set to `value`, written as `name` and given to [`dry`]: the run, the file, the offsets.
+fn patched_dry_run(
+    d: &tempfile::TempDir,
+    name: &str,
+    at: fn(&[usize]) -> usize,
+    value: u32,
+) -> (Run, PathBuf, Vec<usize>) {
+    let (mut bytes, offs) = good_pcap(&d.path().join("good.pcap"), 3);
+    let o = at(&offs);
+    bytes[o..o + 4].copy_from_slice(&value.to_le_bytes());
+    let p = write(&d.path().join(name), &bytes);
+    (dry(d.path(), &p), p, offs)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Files that are not captures, or broken ones.
 
@@ -234,11 +249,8 @@ fn truncated_final_packet_dry_run() {
 #[test]
 fn captured_length_above_snaplen() {
     let d = tempdir();
-    let (mut bytes, offs) = good_pcap(&d.path().join("good.pcap"), 3);
     // Snaplen 64 in the file header; packet 2 is 97 bytes.
-    bytes[16..20].copy_from_slice(&64u32.to_le_bytes());
-    let p = write(&d.path().join("snap.pcap"), &bytes);
-    let r = dry(d.path(), &p);
+    let (r, p, offs) = patched_dry_run(&d, "snap.pcap", |_| 16, 64);
     assert_error(
         &r,
         1,
@@ -254,11 +266,8 @@ fn captured_length_above_snaplen() {
 #[test]
 fn absurd_captured_length() {
     let d = tempdir();
-    let (mut bytes, offs) = good_pcap(&d.path().join("good.pcap"), 3);
-    let o = offs[2] + 8;
-    bytes[o..o + 4].copy_from_slice(&0x7fff_ffffu32.to_le_bytes());
-    let p = write(&d.path().join("absurd.pcap"), &bytes);
-    let r = dry(d.path(), &p);
+    // The third record's captured length.
+    let (r, p, offs) = patched_dry_run(&d, "absurd.pcap", |offs| offs[2] + 8, 0x7fff_ffff);
     assert_error(
         &r,
         1,
@@ -478,33 +487,47 @@ fn kill(pid: u32, sig: libc::c_int) {
     assert_eq!(rc, 0, "kill({pid}, {sig})");
 }
 
-/// SIGINT during a long paced replay: stops within a second, prints the summary, exit 1.
-#[test]
-fn interrupt_stops_within_a_second() {
+/// `tcpkit replay --pps PPS --loop LOOPS` of an `n`-packet capture, in a fresh lab (`tag`),
+/// while `during` acts on the lab and the replay's pid; the run is printed under `what`.
+fn paced_replay(
+    tag: &str,
+    n: u32,
+    pps: &str,
+    loops: &str,
+    what: &str,
+    during: impl FnOnce(&ReplayLab, u32),
+) -> (Run, ReplayLab) {
     let d = tempdir();
     let input = d.path().join("good.pcap");
-    good_pcap(&input, 50);
-    let lab = ReplayLab::new("badint");
-    // 50 packets at 20 pps, forever: only the signal ends it.
+    good_pcap(&input, n);
+    let lab = ReplayLab::new(tag);
     let c = lab.tx.command(&[
         tcpkit(),
         "replay",
         "-i",
         &lab.link.a.name,
         "--pps",
-        "20",
+        pps,
         "--loop",
-        "0",
+        loops,
         s(&input),
     ]);
-    let r = run_limited(c, |pid| {
+    let r = run_limited(c, |pid| during(&lab, pid));
+    eprintln!(
+        "{what}: exit {:?} after {:?}\nstdout:\n{}\nstderr:\n{}",
+        r.code, r.took, r.stdout, r.stderr
+    );
+    (r, lab)
+}
+
+/// SIGINT during a long paced replay: stops within a second, prints the summary, exit 1.
+#[test]
+fn interrupt_stops_within_a_second() {
+    // 50 packets at 20 pps, forever: only the signal ends it.
+    let (r, _lab) = paced_replay("badint", 50, "20", "0", "SIGINT", |_, pid| {
         std::thread::sleep(Duration::from_millis(1500));
         kill(pid, libc::SIGINT);
     });
-    eprintln!(
-        "SIGINT: exit {:?} after {:?}\nstdout:\n{}\nstderr:\n{}",
-        r.code, r.took, r.stdout, r.stderr
-    );
     assert!(
         r.took < Duration::from_secs(1),
         "stopped {:?} after SIGINT",
@@ -535,32 +558,13 @@ fn interrupt_stops_within_a_second() {
 /// the failed sends, or stops with exit 1 and one line.
 #[test]
 fn peer_disappears_mid_run() {
-    let d = tempdir();
-    let input = d.path().join("good.pcap");
-    good_pcap(&input, 100);
-    let lab = ReplayLab::new("badpeer");
     // 300 packets at 100 pps: 3 s; the link goes after 1 s.
-    let c = lab.tx.command(&[
-        tcpkit(),
-        "replay",
-        "-i",
-        &lab.link.a.name,
-        "--pps",
-        "100",
-        "--loop",
-        "3",
-        s(&input),
-    ]);
-    let r = run_limited(c, |_| {
+    let (r, lab) = paced_replay("badpeer", 100, "100", "3", "peer gone", |lab, _| {
         std::thread::sleep(Duration::from_secs(1));
         lab.rx
             .run(&["ip", "link", "del", &lab.link.b.name])
             .expect("delete the receiving end");
     });
-    eprintln!(
-        "peer gone: exit {:?} after {:?}\nstdout:\n{}\nstderr:\n{}",
-        r.code, r.took, r.stdout, r.stderr
-    );
     // The first send after the device went away fails (ENXIO once it is gone, ENETDOWN while
     // it is going down); replay stops, prints the summary with that failure counted, and
     // exits 1 with one line naming the interface and why.

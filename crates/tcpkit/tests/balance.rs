@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::tcpkit;
 use serde_json::Value;
-use tcpkit_lab::{Cgroup, Host, Lab};
+use tcpkit_lab::{Cgroup, Host, Lab, Link};
 use tcpkit_wire::dns;
 
 /// The VIP: in the lab's test range, routed nowhere, so only a translated connect reaches
@@ -35,6 +35,14 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The start of every lab test here: its turn ([`serial`], held to the end of the test) and a
+/// fresh pair.
+fn serial_pair(tag: &str) -> (std::sync::MutexGuard<'static, ()>, Lab, Host, Host, Link) {
+    let g = serial();
+    let (lab, a, b, link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
+    (g, lab, a, b, link)
 }
 
 mod clients;
@@ -71,6 +79,14 @@ fn backend(host: &Host) -> Backend {
 }
 
 fn backend_on(host: &Host, at: SocketAddr) -> Backend {
+    killable(host, at, |s, port| {
+        let _ = (&s).write_all(format!("{port}\n").as_bytes());
+    })
+}
+
+/// A TCP listener on `at` in `host`: each connection it accepts is counted and handed to
+/// `serve` with the listener's port, on the accepting thread; `kill` closes the listener.
+fn killable(host: &Host, at: SocketAddr, serve: fn(TcpStream, u16)) -> Backend {
     let l = host.enter(|| TcpListener::bind(at).unwrap());
     let addr = l.local_addr().unwrap();
     let accepted = Arc::new(AtomicU64::new(0));
@@ -84,7 +100,7 @@ fn backend_on(host: &Host, at: SocketAddr) -> Backend {
                 Ok((s, _)) => {
                     n.fetch_add(1, Ordering::SeqCst);
                     let _ = s.set_nonblocking(false);
-                    let _ = (&s).write_all(format!("{}\n", addr.port()).as_bytes());
+                    serve(s, addr.port());
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(2)),
             }
@@ -96,6 +112,20 @@ fn backend_on(host: &Host, at: SocketAddr) -> Backend {
         addr,
         accepted,
         dead,
+    }
+}
+
+/// A connection that stays: `port` and a newline, then every line echoed until the peer
+/// closes.
+fn hold(s: TcpStream, port: u16) {
+    let _ = (&s).write_all(format!("{port}\n").as_bytes());
+    let mut r = BufReader::new(&s);
+    let mut line = String::new();
+    while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+        if (&s).write_all(line.as_bytes()).is_err() {
+            break;
+        }
+        line.clear();
     }
 }
 
@@ -112,6 +142,23 @@ fn argv(args: &[&str], client: &str) -> Vec<String> {
     ]);
     v.extend(helper_args("client_in_cgroup"));
     v
+}
+
+/// `--vip VIP`, a `--backend` for each of `backends` in order, then `extra`.
+fn vip_args(vip: &str, backends: &[&Backend], extra: &[&str]) -> Vec<String> {
+    let mut v = vec!["--vip".to_string(), vip.to_string()];
+    for b in backends {
+        v.extend(["--backend".to_string(), b.addr.to_string()]);
+    }
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// [`argv`] started in `host`; the lab stops it on drop.
+fn spawn_run(lab: &mut Lab, host: &Host, args: &[String], client: &str) -> tcpkit_lab::Proc {
+    let argv = argv(&refs(args), client);
+    host.spawn(lab, "balance", &refs(&argv))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs `argv` in `host` to completion: it must exit 0 (else the test fails with `what`, a
@@ -279,6 +326,21 @@ fn test_cgroup(tag: &str) -> Cgroup {
     Cgroup::new(&cgroup2_mount(), tag).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// `tcpkit balance up --config CONFIG --cgroup CGROUP --socket SOCKET`.
+fn up_argv<'a>(config: &'a Path, cgroup: &'a str, socket: &'a Path) -> Vec<&'a str> {
+    vec![
+        tcpkit(),
+        "balance",
+        "up",
+        "--config",
+        config.to_str().unwrap(),
+        "--cgroup",
+        cgroup,
+        "--socket",
+        socket.to_str().unwrap(),
+    ]
+}
+
 /// `tcpkit balance up` in a lab host, its stdout and stderr in files of their own; killed
 /// on drop (its links go with it).
 struct Up {
@@ -297,17 +359,7 @@ impl Up {
             lab.dir().join(format!("up{n}.err")),
         );
         let socket = lab.dir().join(format!("up{n}.sock"));
-        let mut argv = vec![
-            tcpkit(),
-            "balance",
-            "up",
-            "--config",
-            config.to_str().unwrap(),
-            "--cgroup",
-            cgroup,
-            "--socket",
-            socket.to_str().unwrap(),
-        ];
+        let mut argv = up_argv(config, cgroup, &socket);
         argv.extend_from_slice(extra);
         let child = host
             .command(&argv)
@@ -469,6 +521,13 @@ fn write_config(path: &Path, body: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, body).unwrap();
     std::fs::rename(&tmp, path).unwrap();
+}
+
+/// `lb.toml` in the lab's folder, holding [`rr_config`].
+fn lb_config(lab: &Lab, backends: &[SocketAddr], health: bool) -> PathBuf {
+    let config = lab.dir().join("lb.toml");
+    write_config(&config, &rr_config(backends, health));
+    config
 }
 
 fn rr_config(backends: &[SocketAddr], health: bool) -> String {

@@ -6,7 +6,7 @@
 use crate::common;
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -100,17 +100,10 @@ fn one_document_and_live_lines(what: &str, o: &Output, live: usize) -> Value {
 }
 
 fn wait_listening(host: &Host, addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let up = host.enter(|| loop {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    });
-    assert!(up, "nothing listens on {addr}");
+    assert!(
+        common::peer::listening(host, addr),
+        "nothing listens on {addr}"
+    );
 }
 
 /// Issue 10, case 1: `--stats N --json` put the live lines on stdout before the document, so

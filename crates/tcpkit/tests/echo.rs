@@ -4,19 +4,17 @@
 
 use crate::common;
 use crate::common::unbound;
+use common::peer::{echo_report, listening, stop_echo, SRV};
 use common::schema;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::tcpkit;
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Proc, Signal};
+use tcpkit_lab::{Host, Lab, Proc};
 use tcpkit_wire::dns;
-
-/// The server's address in `Lab::pair` (host b).
-const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 
 fn srv(port: u16) -> SocketAddr {
     SocketAddr::from((SRV, port))
@@ -48,17 +46,11 @@ fn start_with(tag: &str, prefix: &[&str], args: &[&str]) -> Echo {
         .iter()
         .position(|a| *a == "--port")
         .map_or(4242, |i| args[i + 1].parse().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let up = cli.enter(|| loop {
-        if TcpStream::connect_timeout(&srv(port), Duration::from_millis(200)).is_ok() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    });
-    assert!(up, "echo never listened: {}", proc.log());
+    assert!(
+        listening(&cli, srv(port)),
+        "echo never listened: {}",
+        proc.log()
+    );
     Echo {
         _lab: lab,
         cli,
@@ -71,28 +63,12 @@ const PROBES: u64 = 1;
 impl Echo {
     /// SIGTERM, wait, and the JSON report from its output (run with --json).
     fn stop_json(&self) -> Value {
-        self.proc.signal(Signal::SIGTERM).unwrap();
-        let st = self
-            .proc
-            .wait_timeout(Duration::from_secs(10))
-            .unwrap()
-            .expect("echo did not stop on SIGTERM");
-        let log = self.proc.log();
-        assert!(st.success(), "echo exited {st}: {log}");
-        report(&log)
+        stop_echo(&self.proc)
     }
 
     fn rss_kib(&self) -> u64 {
         rss_kib(self.proc.pid())
     }
-}
-
-fn report(log: &str) -> Value {
-    let line = log
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON report in: {log}"));
-    serde_json::from_str(line).unwrap()
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -548,7 +524,7 @@ fn json_matches_the_committed_schema() {
             .unwrap()
             .expect("--duration did not end the run");
         assert!(st.success());
-        let j = report(&e.proc.log());
+        let j = echo_report(&e.proc.log());
         schema::check(&schema, &j, "report");
         assert_eq!(j["stopped_by"], "duration");
         assert_eq!(j["accepted"], PROBES);

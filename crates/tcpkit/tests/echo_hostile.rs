@@ -5,29 +5,23 @@
 //! keeps answering good clients throughout.
 
 use crate::common;
+use common::peer::{listening, stop_echo, u, SRV};
 use common::schema;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::tcpkit;
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Proc, Signal};
+use tcpkit_lab::{Host, Lab, Proc};
 use tcpkit_wire::dns;
 
-/// The server's address in `Lab::pair` (host b).
-const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 const PORT: u16 = 4242;
 
 fn srv() -> SocketAddr {
     SocketAddr::from((SRV, PORT))
-}
-
-fn u(v: &Value, k: &str) -> u64 {
-    v[k].as_u64()
-        .unwrap_or_else(|| panic!("{k} is not a count in {v:#}"))
 }
 
 /// `tcpkit echo ARGS` under `prlimit --nofile=FDS:FDS` on host b of a fresh pair, once it
@@ -59,36 +53,18 @@ fn start(tag: &str, fds: u32, args: &[&str]) -> Echo {
     let proc = srv_host
         .spawn(&mut lab, "echo", &argv)
         .unwrap_or_else(|e| panic!("{e}"));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let up = cli.enter(|| loop {
-        if TcpStream::connect_timeout(&srv(), Duration::from_millis(200)).is_ok() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    });
-    assert!(up, "echo never listened: {}", proc.log());
+    assert!(
+        listening(&cli, srv()),
+        "echo never listened: {}",
+        proc.log()
+    );
     Echo { lab, cli, proc }
 }
 
 impl Echo {
     /// SIGTERM, wait, and the JSON report (run with --json).
     fn stop_json(&self) -> Value {
-        self.proc.signal(Signal::SIGTERM).unwrap();
-        let st = self
-            .proc
-            .wait_timeout(Duration::from_secs(10))
-            .unwrap()
-            .expect("echo did not stop on SIGTERM");
-        let log = self.proc.log();
-        assert!(st.success(), "echo exited {st}: {log}");
-        let line = log
-            .lines()
-            .find(|l| l.starts_with('{'))
-            .unwrap_or_else(|| panic!("no JSON report in: {log}"));
-        serde_json::from_str(line).unwrap()
+        stop_echo(&self.proc)
     }
 }
 

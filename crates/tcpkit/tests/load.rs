@@ -3,58 +3,18 @@
 //! its report, its exit status, its per-query file and what the server saw.
 
 use crate::common;
+use common::peer::{echo_pair, json, merge, merge_as, pair, target, u, Pair, SRV};
 use common::schema;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Output, Stdio};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::tcpkit;
+use common::{stderr, stdout, tcpkit};
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Proc};
-
-/// Host b of `Lab::pair`.
-const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
-
-struct Pair {
-    lab: Lab,
-    cli: Host,
-    srv: Host,
-}
-
-fn pair(tag: &str) -> Pair {
-    let (lab, cli, srv, _link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
-    Pair { lab, cli, srv }
-}
 
 impl Pair {
-    /// Starts `argv` in the server host and waits until `port` accepts connections.
-    fn server(&mut self, name: &str, argv: &[&str], port: u16) -> Proc {
-        let p = self
-            .srv
-            .spawn(&mut self.lab, name, argv)
-            .unwrap_or_else(|e| panic!("{e}"));
-        wait_port(&self.cli, port, &p);
-        p
-    }
-
-    /// `tcpkit echo --port PORT ARGS`.
-    fn echo(&mut self, port: u16, args: &[&str]) -> Proc {
-        let port_s = port.to_string();
-        let mut argv = vec![tcpkit(), "echo", "--port", &port_s, "--threads", "1"];
-        argv.extend_from_slice(args);
-        self.server("echo", &argv, port)
-    }
-
-    /// `tcpkit load ARGS` in the client host; panics if it runs past `limit`.
-    fn load(&self, args: &[&str], limit: Duration) -> Output {
-        run_limited(
-            self.cli.command(&[&[tcpkit(), "load"], args].concat()),
-            limit,
-        )
-    }
-
     /// A server written here, in the server host: `serve` gets each accepted connection on a
     /// thread of its own.
     fn test_server(&self, serve: fn(TcpStream)) -> u16 {
@@ -72,69 +32,12 @@ impl Pair {
     }
 }
 
-fn wait_port(cli: &Host, port: u16, p: &Proc) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let up = cli.enter(|| loop {
-        if TcpStream::connect_timeout(&SocketAddr::from((SRV, port)), Duration::from_millis(200))
-            .is_ok()
-        {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    });
-    assert!(up, "server never listened on {port}: {}", p.log());
-}
-
-/// Runs `cmd` to completion; a run past `limit` is a hang: killed, and the test fails.
-fn run_limited(mut cmd: Command, limit: Duration) -> Output {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("start tcpkit");
-    let pid = child.id();
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() > deadline {
-            // The command is its own process group (Host::command): end all of it.
-            // SAFETY: kill(2) on a process group we started.
-            unsafe {
-                libc::kill(-(pid as i32), libc::SIGKILL);
-            }
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "tcpkit load ran past {limit:?} (a hang): stdout {} stderr {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): stdout {} stderr {}", stdout(o), stderr(o)))
-}
-
-fn u(v: &Value, path: &str) -> u64 {
-    let mut x = v;
-    for k in path.split('.') {
-        x = &x[k];
-    }
-    x.as_u64()
-        .unwrap_or_else(|| panic!("{path} is not a count in {v:#}"))
+/// `tcpkit load ARGS` under `prlimit --nofile=NOFILE` in the client host; a run past `limit`
+/// is a hang: killed, and the test fails.
+fn load_nofile(p: &Pair, nofile: &str, args: &[&str], limit: Duration) -> Output {
+    let nofile = format!("--nofile={nofile}");
+    let argv = [&["prlimit", &nofile, "--", tcpkit(), "load"], args].concat();
+    common::peer::run_limited(p.cli.command(&argv), limit).0
 }
 
 /// sent = answered + every query counted as not answered.
@@ -142,12 +45,6 @@ fn assert_accounted(r: &Value) {
     let sent = u(r, "queries.sent");
     let not = u(r, "queries.timeouts") + u(r, "queries.lost") + u(r, "queries.unanswered_at_end");
     assert_eq!(u(r, "queries.answered"), sent - not, "{r:#}");
-}
-
-const SRV_PORT: &str = "198.18.0.2";
-
-fn target(port: u16) -> String {
-    format!("{SRV_PORT}:{port}")
 }
 
 mod faults;
@@ -162,6 +59,27 @@ fn fault_run(p: &Pair, port: u16, args: &[&str]) -> (Output, Value) {
     let o = p.load(&a, Duration::from_secs(15));
     let r = json(&o);
     (o, r)
+}
+
+/// [`fault_run`] that must fail (exit 1): its failure line ([`failure_line`]) and report.
+fn fault_fails(p: &Pair, port: u16, args: &[&str]) -> (String, Value) {
+    let (o, r) = fault_run(p, port, args);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    (failure_line(&o), r)
+}
+
+/// [`fault_run`] that must succeed: its report.
+fn run_ok(p: &Pair, port: u16, args: &[&str]) -> Value {
+    let (o, r) = fault_run(p, port, args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    r
+}
+
+/// [`run_ok`] with every query sent accounted for.
+fn load_ok(p: &Pair, port: u16, args: &[&str]) -> Value {
+    let r = run_ok(p, port, args);
+    assert_accounted(&r);
+    r
 }
 
 /// The starts of the hints load says on stderr when a limit is first hit.

@@ -4,104 +4,19 @@
 //! exit status, stderr and the report. Named after the cases they pin.
 
 use crate::common;
+use common::peer::{echo_pair, json, merge, pair, target, u, Pair, SRV};
 use common::schema;
 
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::process::Output;
+use std::time::Duration;
 
-use common::{stderr, stdout, tcpkit};
+use common::{stderr, stdout};
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Proc};
 
-/// Host b of `Lab::pair`.
-const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
-
-struct Pair {
-    lab: Lab,
-    cli: Host,
-    srv: Host,
-}
-
-fn pair(tag: &str) -> Pair {
-    let (lab, cli, srv, _link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
-    Pair { lab, cli, srv }
-}
-
-impl Pair {
-    /// `tcpkit echo --port PORT ARGS` in the server host, once it accepts connections.
-    fn echo(&mut self, port: u16, args: &[&str]) -> Proc {
-        let port_s = port.to_string();
-        let mut argv = vec![tcpkit(), "echo", "--port", &port_s, "--threads", "1"];
-        argv.extend_from_slice(args);
-        let p = self
-            .srv
-            .spawn(&mut self.lab, "echo", &argv)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let addr = SocketAddr::from((SRV, port));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let up = self.cli.enter(|| loop {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return true;
-            }
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        });
-        assert!(up, "echo never listened on {port}: {}", p.log());
-        p
-    }
-
-    /// `tcpkit load ARGS` in the client host (working directory `cwd`); a run past `limit`
-    /// is a hang: killed, and the test fails. Returns the output and how long it ran.
-    fn load_in(&self, cwd: &std::path::Path, args: &[&str], limit: Duration) -> (Output, Duration) {
-        let mut cmd = self.cli.command(&[&[tcpkit(), "load"], args].concat());
-        cmd.current_dir(cwd)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let t0 = Instant::now();
-        let mut child = cmd.spawn().expect("start tcpkit");
-        let pid = child.id();
-        loop {
-            if child.try_wait().expect("wait").is_some() {
-                let took = t0.elapsed();
-                return (child.wait_with_output().expect("output"), took);
-            }
-            if t0.elapsed() > limit {
-                // SAFETY: kill(2) on the process group we started (Host::command).
-                unsafe {
-                    libc::kill(-(pid as i32), libc::SIGKILL);
-                }
-                let out = child.wait_with_output().expect("output");
-                panic!(
-                    "tcpkit load ran past {limit:?}: stdout {} stderr {}",
-                    stdout(&out),
-                    stderr(&out)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn load(&self, args: &[&str]) -> (Output, Duration) {
-        self.load_in(std::path::Path::new("/"), args, Duration::from_secs(30))
-    }
-}
-
-fn json(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): stdout {} stderr {}", stdout(o), stderr(o)))
-}
-
-fn u(v: &Value, path: &str) -> u64 {
-    let mut x = v;
-    for k in path.split('.') {
-        x = &x[k];
-    }
-    x.as_u64()
-        .unwrap_or_else(|| panic!("{path} is not a count in {v:#}"))
+/// `tcpkit load ARGS` in the client host, 30 s at most; also how long it ran.
+fn run(p: &Pair, args: &[&str]) -> (Output, Duration) {
+    p.load_in(std::path::Path::new("/"), args, Duration::from_secs(30))
 }
 
 fn last_line(o: &Output) -> String {
@@ -117,10 +32,6 @@ fn hints(r: &Value) -> Vec<String> {
         .collect()
 }
 
-fn target(port: u16) -> String {
-    format!("{SRV}:{port}")
-}
-
 // ---- Case 5: load's default payload (DNS) against echo's default mode (plain echo). ----
 
 /// An echoed query (same ID, QR clear) is the answer tcpclient counts it as: every query is
@@ -128,10 +39,9 @@ fn target(port: u16) -> String {
 /// apart (`echoed`), not as NOERROR answers and not as malformed ones.
 #[test]
 fn issue_10_case_5_dns_load_against_plain_echo_counts_echoed_queries() {
-    let mut p = pair("lcecho");
-    p.echo(5300, &[]);
+    let p = echo_pair("lcecho", 5300);
     let t = target(5300);
-    let (o, _) = p.load(&[&t, "-c", "4", "-r", "500", "-t", "1", "--json"]);
+    let (o, _) = run(&p, &[&t, "-c", "4", "-r", "500", "-t", "1", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r = json(&o);
     schema::check(&schema::load("load"), &r, "report");
@@ -144,7 +54,7 @@ fn issue_10_case_5_dns_load_against_plain_echo_counts_echoed_queries() {
     assert_eq!(u(&r, "connections.established"), 4, "{r:#}");
     assert!(r["codes"].as_object().unwrap().is_empty(), "{r:#}");
     // The summary says so in words.
-    let (o, _) = p.load(&[&t, "-c", "2", "-r", "100", "-t", "0.5"]);
+    let (o, _) = run(&p, &[&t, "-c", "2", "-r", "100", "-t", "0.5"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains(" of them the query echoed back)"), "{text}");
@@ -157,10 +67,9 @@ fn issue_10_case_5_dns_load_against_plain_echo_counts_echoed_queries() {
 /// latency table that says "no samples", not rows of `0.0 us`.
 #[test]
 fn issue_10_case_6_no_rate_is_refused_unless_hold() {
-    let mut p = pair("lchold");
-    p.echo(5301, &[]);
+    let p = echo_pair("lchold", 5301);
     let t = target(5301);
-    let (o, took) = p.load(&[&t, "-t", "1", "-c", "2"]);
+    let (o, took) = run(&p, &[&t, "-t", "1", "-c", "2"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = last_line(&o);
     assert!(
@@ -171,7 +80,7 @@ fn issue_10_case_6_no_rate_is_refused_unless_hold() {
         took < Duration::from_millis(900),
         "refused before running: {took:?}"
     );
-    let (o, took) = p.load(&[&t, "-t", "1", "-c", "3", "--hold"]);
+    let (o, took) = run(&p, &[&t, "-t", "1", "-c", "3", "--hold"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(took >= Duration::from_millis(900), "{took:?}");
     let text = stdout(&o);
@@ -182,7 +91,7 @@ fn issue_10_case_6_no_rate_is_refused_unless_hold() {
     assert!(text.contains("  no samples\n"), "{text}");
     assert!(!text.contains("0.0 us"), "{text}");
     // With a rate, --hold is a contradiction.
-    let (o, _) = p.load(&[&t, "-t", "1", "--hold", "-r", "10"]);
+    let (o, _) = run(&p, &[&t, "-t", "1", "--hold", "-r", "10"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
 
@@ -190,14 +99,13 @@ fn issue_10_case_6_no_rate_is_refused_unless_hold() {
 /// stderr warns that a file named 200 is written and that the rate flag is `-r`.
 #[test]
 fn issue_10_case_6_bare_number_for_per_query_file_warns() {
-    let mut p = pair("lcbigr");
-    p.echo(5302, &[]);
+    let p = echo_pair("lcbigr", 5302);
     let t = target(5302);
     let dir = tempfile::tempdir().unwrap();
-    let (o, _) = p.load_in(
-        dir.path(),
-        &[
-            &t,
+    // In a folder of its own, where the file a bare -R names is written.
+    let with_r = |file: &str| {
+        let args = [
+            t.as_str(),
             "--echo-bytes",
             "8",
             "-c",
@@ -207,10 +115,11 @@ fn issue_10_case_6_bare_number_for_per_query_file_warns() {
             "-t",
             "0.5",
             "-R",
-            "200",
-        ],
-        Duration::from_secs(30),
-    );
+            file,
+        ];
+        p.load_in(dir.path(), &args, Duration::from_secs(30)).0
+    };
+    let o = with_r("200");
     assert!(o.status.success(), "{}", stderr(&o));
     let e = stderr(&o);
     let warning = e
@@ -223,23 +132,7 @@ fn issue_10_case_6_bare_number_for_per_query_file_warns() {
     );
     assert!(dir.path().join("200").is_file());
     // A path is not warned about.
-    let (o, _) = p.load_in(
-        dir.path(),
-        &[
-            &t,
-            "--echo-bytes",
-            "8",
-            "-c",
-            "1",
-            "-r",
-            "20",
-            "-t",
-            "0.5",
-            "-R",
-            "q.csv",
-        ],
-        Duration::from_secs(30),
-    );
+    let o = with_r("q.csv");
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
 }
@@ -281,7 +174,7 @@ fn issue_10_case_8_blackholed_host_hint_and_duration_bound() {
     common::nft::drop_tcp_to(&p.srv, 5303);
     let t = target(5303);
     for flag in ["-t", "--duration"] {
-        let (o, took) = p.load(&[&t, "-c", "3", "-r", "10", flag, "1", "--json"]);
+        let (o, took) = run(&p, &[&t, "-c", "3", "-r", "10", flag, "1", "--json"]);
         eprintln!("{flag} 1 against a black hole ran {took:?}");
         assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
         assert!(
@@ -311,7 +204,7 @@ fn issue_10_case_8_blackholed_host_hint_and_duration_bound() {
 fn issue_10_case_8_refused_port_hint() {
     let p = pair("lcrefuse");
     let t = target(9);
-    let (o, _) = p.load(&[&t, "-c", "2", "-r", "10", "-t", "1", "--json"]);
+    let (o, _) = run(&p, &[&t, "-c", "2", "-r", "10", "-t", "1", "--json"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let r = json(&o);
     let h = hints(&r);
@@ -348,17 +241,20 @@ fn issue_10_case_8_connects_answered_late_give_the_accept_queue_hint() {
         }
     });
     let t = target(5304);
-    let (o, _) = p.load(&[
-        &t,
-        "-c",
-        "8",
-        "--hold",
-        "-t",
-        "6",
-        "--connect-timeout",
-        "5s",
-        "--json",
-    ]);
+    let (o, _) = run(
+        &p,
+        &[
+            &t,
+            "-c",
+            "8",
+            "--hold",
+            "-t",
+            "6",
+            "--connect-timeout",
+            "5s",
+            "--json",
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let r = json(&o);
     assert_eq!(u(&r, "connections.peak_open"), 8, "{r:#}");
@@ -375,38 +271,31 @@ fn issue_10_case_8_connects_answered_late_give_the_accept_queue_hint() {
 // ---- Case 11: run ids and merge. ----
 
 fn load_json_to(p: &Pair, t: &str, path: &std::path::Path) -> Value {
-    let (o, _) = p.load(&[
-        t,
-        "--echo-bytes",
-        "8",
-        "-c",
-        "2",
-        "-r",
-        "100",
-        "-t",
-        "0.5",
-        "--json",
-    ]);
+    let (o, _) = run(
+        p,
+        &[
+            t,
+            "--echo-bytes",
+            "8",
+            "-c",
+            "2",
+            "-r",
+            "100",
+            "-t",
+            "0.5",
+            "--json",
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     std::fs::write(path, &o.stdout).unwrap();
     json(&o)
-}
-
-fn merge(files: &[&std::path::Path]) -> Output {
-    Command::new(tcpkit())
-        .arg("merge")
-        .args(files)
-        .arg("--json")
-        .output()
-        .unwrap()
 }
 
 /// Every report has a run id (128 random bits in hex) and its wall-clock window; merge
 /// refuses one run given twice, under one name or two, with one line naming both files.
 #[test]
 fn issue_10_case_11_merge_refuses_the_same_run_twice() {
-    let mut p = pair("lcmerge2");
-    p.echo(5305, &[]);
+    let p = echo_pair("lcmerge2", 5305);
     let t = target(5305);
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
@@ -461,8 +350,7 @@ fn issue_10_case_11_merge_refuses_the_same_run_twice() {
 /// window neither filled.
 #[test]
 fn issue_10_case_11_merge_warns_when_runs_do_not_overlap() {
-    let mut p = pair("lcmergegap");
-    p.echo(5306, &[]);
+    let p = echo_pair("lcmergegap", 5306);
     let t = target(5306);
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
@@ -511,19 +399,22 @@ fn udp_queries_unanswered_by_the_timeout_are_timeouts() {
         .enter(|| std::net::UdpSocket::bind((SRV, 5307)))
         .expect("bind in the server host");
     let t = target(5307);
-    let (o, took) = p.load(&[
-        &t,
-        "--udp",
-        "-c",
-        "2",
-        "-r",
-        "100",
-        "-t",
-        "1",
-        "--timeout",
-        "300ms",
-        "--json",
-    ]);
+    let (o, took) = run(
+        &p,
+        &[
+            &t,
+            "--udp",
+            "-c",
+            "2",
+            "-r",
+            "100",
+            "-t",
+            "1",
+            "--timeout",
+            "300ms",
+            "--json",
+        ],
+    );
     drop(sock);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(took < Duration::from_secs(3), "{took:?}");

@@ -7,32 +7,22 @@
 //! and the server host's own socket table while the connections are held.
 
 use crate::common;
+use common::peer::{listening, u, SRV};
 
-use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::tcpkit;
 use serde_json::Value;
-use tcpkit_lab::{Host, Lab, Proc, Signal};
+use tcpkit_lab::{Host, Lab};
 
 const CONNS: u64 = 45_000;
 const HOLD_S: u64 = 10;
 const RATE: u64 = 2000;
 const PORT: u16 = 4260;
-const SRV: &str = "198.18.0.2";
 /// Extra client addresses on the link; with the default port range two would do, four
 /// leave each well below it.
 const SOURCES: [&str; 4] = ["198.18.0.11", "198.18.0.12", "198.18.0.13", "198.18.0.14"];
-
-fn u(v: &Value, path: &str) -> u64 {
-    let mut x = v;
-    for k in path.split('.') {
-        x = &x[k];
-    }
-    x.as_u64()
-        .unwrap_or_else(|| panic!("{path} is not a count in {v:#}"))
-}
 
 /// Established TCP sockets in `h` matching the `ss` filter `filter`.
 fn established(h: &Host, filter: &str) -> u64 {
@@ -69,21 +59,6 @@ fn port_range(h: &Host) -> u64 {
     let s = String::from_utf8_lossy(&o.stdout).into_owned();
     let v: Vec<u64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect();
     v[1] - v[0] + 1
-}
-
-fn wait_port(cli: &Host, p: &Proc) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let addr: SocketAddr = format!("{SRV}:{PORT}").parse().unwrap();
-    let up = cli.enter(|| loop {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    });
-    assert!(up, "echo never listened on {PORT}: {}", p.log());
 }
 
 /// The JSON report in `log`: the first value from the first line that opens an object
@@ -147,7 +122,11 @@ fn forty_five_thousand_connections_held_for_ten_seconds() {
             ],
         )
         .unwrap_or_else(|e| panic!("{e}"));
-    wait_port(&cli, &echo);
+    assert!(
+        listening(&cli, (SRV, PORT).into()),
+        "echo never listened on {PORT}: {}",
+        echo.log()
+    );
 
     let target = format!("{SRV}:{PORT}");
     let conns = CONNS.to_string();
@@ -349,14 +328,7 @@ fn forty_five_thousand_connections_held_for_ten_seconds() {
 
     // echo's report: every connection accepted (plus the readiness probe) by three
     // processes that never ran out of descriptors.
-    echo.signal(Signal::SIGTERM).unwrap();
-    let st = echo
-        .wait_timeout(Duration::from_secs(10))
-        .unwrap()
-        .expect("echo did not stop on SIGTERM");
-    let elog = echo.log();
-    assert!(st.success(), "echo exited {st}: {elog}");
-    let j = report(&elog);
+    let j = common::peer::stop_echo(&echo);
     assert_eq!(u(&j, "processes"), 3, "{j:#}");
     assert_eq!(u(&j, "accepted"), CONNS + 1, "{j:#}");
     assert!(u(&j, "fd_limit") < CONNS, "{j:#}");

@@ -5,28 +5,19 @@
 
 use crate::common;
 use crate::common::unbound;
+use common::peer::{listening, u, SRV};
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{stderr, stdout, tcpkit};
 use serde_json::Value;
 use tcpkit_lab::{Host, Lab, Proc};
 
-const SRV: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 const CONNS: u64 = 20;
 const RATE: u64 = 2000;
 const SECS: u64 = 3;
-
-fn u(v: &Value, path: &str) -> u64 {
-    let mut x = v;
-    for k in path.split('.') {
-        x = &x[k];
-    }
-    x.as_u64()
-        .unwrap_or_else(|| panic!("{path} is not a count in {v:#}"))
-}
 
 /// Unbound in `srv` on `port`, once it accepts TCP connections from `cli`.
 fn start_unbound(lab: &mut Lab, cli: &Host, srv: &Host, dir: &std::path::Path, port: u16) -> Proc {
@@ -39,17 +30,11 @@ fn start_unbound(lab: &mut Lab, cli: &Host, srv: &Host, dir: &std::path::Path, p
         .spawn(lab, "unbound", &argv)
         .unwrap_or_else(|e| panic!("{e}"));
     let addr = SocketAddr::from((SRV, port));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let up = cli.enter(|| loop {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    });
-    assert!(up, "unbound never listened on {addr}: {}", p.log());
+    assert!(
+        listening(cli, addr),
+        "unbound never listened on {addr}: {}",
+        p.log()
+    );
     p
 }
 

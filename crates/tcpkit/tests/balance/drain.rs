@@ -6,41 +6,9 @@ use super::*;
 /// line echoed); `kill` closes its listener only, so probes are refused while the
 /// connections it holds stay open.
 fn killable_holding_backend(host: &Host) -> Backend {
-    let l = host.enter(|| TcpListener::bind(SocketAddr::from((SRV, 0))).unwrap());
-    let addr = l.local_addr().unwrap();
-    let accepted = Arc::new(AtomicU64::new(0));
-    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (n, d) = (Arc::clone(&accepted), Arc::clone(&dead));
-    l.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        while !d.load(Ordering::SeqCst) {
-            match l.accept() {
-                Ok((s, _)) => {
-                    n.fetch_add(1, Ordering::SeqCst);
-                    std::thread::spawn(move || {
-                        let _ = s.set_nonblocking(false);
-                        let _ = (&s).write_all(format!("{}\n", addr.port()).as_bytes());
-                        let mut r = BufReader::new(&s);
-                        let mut line = String::new();
-                        while r.read_line(&mut line).is_ok_and(|n| n > 0) {
-                            if (&s).write_all(line.as_bytes()).is_err() {
-                                break;
-                            }
-                            line.clear();
-                        }
-                    });
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(2)),
-            }
-        }
-        drop(l);
-        drop(d);
-    });
-    Backend {
-        addr,
-        accepted,
-        dead,
-    }
+    killable(host, SocketAddr::from((SRV, 0)), |s, port| {
+        std::thread::spawn(move || hold(s, port));
+    })
 }
 
 /// A UDP backend in host b answering every datagram with its port; `kill` closes it.
@@ -71,8 +39,7 @@ fn killable_udp_backend(host: &Host) -> Backend {
 
 #[test]
 fn drain_kill_ends_the_sockets_on_a_dead_backend_and_no_others() {
-    let _g = serial();
-    let (lab, cli, srv, _link) = Lab::pair("baldrain").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, lab, cli, srv, _link) = serial_pair("baldrain");
     let (t1, t2) = (
         killable_holding_backend(&srv),
         killable_holding_backend(&srv),

@@ -14,13 +14,11 @@ fn bpffs(lab: &Lab) -> (Bpffs, PathBuf) {
 
 #[test]
 fn pin_keeps_balancing_after_sigkill_until_down() {
-    let _g = serial();
-    let (lab, cli, srv, _link) = Lab::pair("balpin").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, lab, cli, srv, _link) = serial_pair("balpin");
     let b1 = backend(&srv);
     let cg = test_cgroup("pin");
     let (_fs, pin_dir) = bpffs(&lab);
-    let config = lab.dir().join("lb.toml");
-    write_config(&config, &rr_config(&[b1.addr], false));
+    let config = lb_config(&lab, &[b1.addr], false);
     let pin = pin_dir.to_str().unwrap();
     let mut up = Up::start(&lab, &cli, &config, cg.rel(), &["--pin", pin]);
     assert_eq!(up.status()["pin"], pin);
@@ -37,22 +35,10 @@ fn pin_keeps_balancing_after_sigkill_until_down() {
     let (got, log) = Client::connects(&lab, &cli, &cg, VIP, 3);
     assert_eq!(got, vec![(VIP.to_string(), b1.addr.port()); 3], "{}", log);
     // A second up on the same pins refuses in one line and attaches nothing more.
-    let out = cli
-        .command(&[
-            tcpkit(),
-            "balance",
-            "up",
-            "--config",
-            config.to_str().unwrap(),
-            "--cgroup",
-            cg.rel(),
-            "--socket",
-            lab.dir().join("again.sock").to_str().unwrap(),
-            "--pin",
-            pin,
-        ])
-        .output()
-        .unwrap();
+    let again = lab.dir().join("again.sock");
+    let mut argv = up_argv(&config, cg.rel(), &again);
+    argv.extend(["--pin", pin]);
+    let out = cli.command(&argv).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -87,8 +73,7 @@ fn reload_attaches_the_udp_hooks_only_while_a_udp_service_is_configured() {
     // Issue 13: sendmsg/recvmsg run on every datagram in the cgroup, so a configuration
     // without UDP services leaves them off; a reload adding one attaches them, one removing
     // the last detaches them again. Checked by the kernel's query and by status.
-    let _g = serial();
-    let (lab, cli, srv, _link) = Lab::pair("balhook").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, lab, cli, srv, _link) = serial_pair("balhook");
     let b1 = backend(&srv);
     let cg = test_cgroup("hooks");
     let config = lab.dir().join("lb.toml");
@@ -148,8 +133,7 @@ fn reload_attaches_the_udp_hooks_only_while_a_udp_service_is_configured() {
 fn pinned_reload_pins_the_udp_hooks_it_attaches_and_unpins_those_it_detaches() {
     // With --pin, a UDP hook a reload attaches must outlive the process like the others, and
     // one a reload detaches must not stay behind in a pin.
-    let _g = serial();
-    let (lab, cli, srv, _link) = Lab::pair("balpinh").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, lab, cli, srv, _link) = serial_pair("balpinh");
     let b1 = backend(&srv);
     let cg = test_cgroup("pinh");
     let (_fs, pin_dir) = bpffs(&lab);

@@ -5,31 +5,9 @@ use tcpkit_lab::KillOnDrop;
 
 /// redis-server in `host` on `addr`, ready (answers a connect from `from`) when this returns.
 fn redis_on(lab: &mut Lab, host: &Host, from: &Host, addr: SocketAddr) {
-    let redis = "/usr/bin/redis-server";
-    assert!(
-        Path::new(redis).exists(),
-        "this test needs redis-server (apt-get install redis-server)"
-    );
-    let port = addr.port().to_string();
-    let ip = addr.ip().to_string();
-    host.spawn(
-        lab,
-        &format!("redis{port}"),
-        &[
-            redis,
-            "--port",
-            &port,
-            "--bind",
-            &ip,
-            "--protected-mode",
-            "no",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let argv = common::peer::redis_argv(addr);
+    host.spawn(lab, &format!("redis{}", addr.port()), &refs(&argv))
+        .unwrap_or_else(|e| panic!("{e}"));
     let until = Instant::now() + Duration::from_secs(15);
     from.enter(|| {
         while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
@@ -41,8 +19,7 @@ fn redis_on(lab: &mut Lab, host: &Host, from: &Host, addr: SocketAddr) {
 
 #[test]
 fn application_probe_takes_out_a_backend_that_accepts_but_answers_wrongly() {
-    let _g = serial();
-    let (mut lab, cli, srv, _link) = Lab::pair("balapp").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, mut lab, cli, srv, _link) = serial_pair("balapp");
     let redis = SocketAddr::from((SRV, 6391));
     redis_on(&mut lab, &srv, &cli, redis);
     // Accepts every connection (a TCP connect probe would pass) and answers its port number.
@@ -218,8 +195,7 @@ fn udp_health_dns_probe_and_port_unreachable_with_a_real_unbound() {
 
 #[test]
 fn run_application_probe_flags_take_out_a_wrongly_answering_backend() {
-    let _g = serial();
-    let (mut lab, cli, srv, _link) = Lab::pair("balappr").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, mut lab, cli, srv, _link) = serial_pair("balappr");
     let redis = SocketAddr::from((SRV, 6392));
     redis_on(&mut lab, &srv, &cli, redis);
     let wrong = backend(&srv);

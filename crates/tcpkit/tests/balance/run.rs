@@ -5,25 +5,12 @@ use super::*;
 
 #[test]
 fn run_round_robin_alternates_shows_the_vip_and_leaves_nothing() {
-    let _g = serial();
-    let (mut lab, cli, srv, _link) = Lab::pair("balrr").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, mut lab, cli, srv, _link) = serial_pair("balrr");
     let (b1, b2) = (backend(&srv), backend(&srv));
     assert_ne!(b1.addr.port(), b2.addr.port());
     let go = lab.dir().join("go");
-    let args = [
-        "--vip".to_string(),
-        VIP.into(),
-        "--backend".into(),
-        b1.addr.to_string(),
-        "--backend".into(),
-        b2.addr.to_string(),
-        "--algorithm".into(),
-        "round-robin".into(),
-    ];
-    let argv = argv(&refs(&args), &format!("{VIP};20;{}", go.display()));
-    let p = cli
-        .spawn(&mut lab, "balance", &refs(&argv))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let args = vip_args(VIP, &[&b1, &b2], &["--algorithm", "round-robin"]);
+    let p = spawn_run(&mut lab, &cli, &args, &format!("{VIP};20;{}", go.display()));
     wait_for(&p, "READY", 20);
 
     // While it runs: the eight programs attached to its cgroup (--vip balances TCP and UDP
@@ -43,13 +30,7 @@ fn run_round_robin_alternates_shows_the_vip_and_leaves_nothing() {
         "a connect outside the cgroup reached something"
     );
 
-    std::fs::write(&go, "").unwrap();
-    let st = p
-        .wait_timeout(Duration::from_secs(20))
-        .unwrap()
-        .expect("balance ends with its command");
-    let log = p.log();
-    assert_eq!(st.code(), Some(0), "{log}");
+    let log = go_and_end(&p, &go);
     let c = conns(&log);
     assert_eq!(c.len(), 20, "{log}");
     for (i, (peer, port)) in c.iter().enumerate() {
@@ -75,18 +56,9 @@ fn run_round_robin_alternates_shows_the_vip_and_leaves_nothing() {
 
 #[test]
 fn run_random_within_a_binomial_bound_json_report() {
-    let _g = serial();
-    let (_lab, cli, srv, _link) = Lab::pair("balrnd").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, _lab, cli, srv, _link) = serial_pair("balrnd");
     let (b1, b2) = (backend(&srv), backend(&srv));
-    let args = [
-        "--vip".to_string(),
-        VIP.into(),
-        "--backend".into(),
-        b1.addr.to_string(),
-        "--backend".into(),
-        b2.addr.to_string(),
-        "--json".into(),
-    ];
+    let args = vip_args(VIP, &[&b1, &b2], &["--json"]);
     let n = 400;
     let argv = argv(&refs(&args), &format!("{VIP};{n};"));
     let (stdout, stderr) = output_ok(&cli, &argv, "");
@@ -120,8 +92,7 @@ fn run_random_within_a_binomial_bound_json_report() {
 
 #[test]
 fn run_no_backend_refuses_and_exits_with_the_commands_status() {
-    let _g = serial();
-    let (_lab, cli, _srv, _link) = Lab::pair("balno").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, _lab, cli, _srv, _link) = serial_pair("balno");
     let argv = argv(&["--vip", VIP], &format!("{VIP};3;"));
     let (stdout, stderr) = output_ok(&cli, &argv, "");
     assert_eq!(
@@ -156,24 +127,13 @@ fn run_no_backend_refuses_and_exits_with_the_commands_status() {
 
 #[test]
 fn nothing_stays_attached_after_sigterm_or_sigkill() {
-    let _g = serial();
-    let (mut lab, cli, srv, _link) = Lab::pair("balsig").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, mut lab, cli, srv, _link) = serial_pair("balsig");
     let b1 = backend(&srv);
     let go = lab.dir().join("never");
     // --protocol tcp: the UDP hooks stay off, which the kernel's query shows.
-    let args = [
-        "--vip".to_string(),
-        VIP.into(),
-        "--backend".into(),
-        b1.addr.to_string(),
-        "--protocol".into(),
-        "tcp".into(),
-    ];
+    let args = vip_args(VIP, &[&b1], &["--protocol", "tcp"]);
     for sig in [libc::SIGTERM, libc::SIGKILL] {
-        let argv = argv(&refs(&args), &format!("{VIP};1;{}", go.display()));
-        let p = cli
-            .spawn(&mut lab, "balance", &refs(&argv))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let p = spawn_run(&mut lab, &cli, &args, &format!("{VIP};1;{}", go.display()));
         wait_for(&p, "READY", 20);
         let cg = cgroup_of(p.pid());
         let (progs, maps) = attached(&cg);
@@ -214,8 +174,7 @@ fn nothing_stays_attached_after_sigterm_or_sigkill() {
 
 #[test]
 fn run_ipv6_and_v4_mapped() {
-    let _g = serial();
-    let (_lab, cli, srv, _link) = Lab::pair("bal6").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, _lab, cli, srv, _link) = serial_pair("bal6");
     let (v6a, v6b) = (
         backend_on(&srv, SocketAddr::from((SRV6, 0))),
         backend_on(&srv, SocketAddr::from((SRV6, 0))),
@@ -224,16 +183,7 @@ fn run_ipv6_and_v4_mapped() {
     // An IPv6 VIP over IPv6 backends; the IPv4 VIP asked for as ::ffff:198.19.0.1 by an
     // IPv6 socket, over IPv4 backends: getpeername shows each as the application named it.
     for (vip, asked, b) in [(VIP6, VIP6, [&v6a, &v6b]), (VIP, VIP_MAPPED, [&v4a, &v4b])] {
-        let args = [
-            "--vip".to_string(),
-            vip.into(),
-            "--backend".into(),
-            b[0].addr.to_string(),
-            "--backend".into(),
-            b[1].addr.to_string(),
-            "--algorithm".into(),
-            "round-robin".into(),
-        ];
+        let args = vip_args(vip, &b, &["--algorithm", "round-robin"]);
         let argv = argv(&refs(&args), &format!("{asked};6;"));
         let (stdout, stderr) = output_ok(&cli, &argv, "");
         let c = conns(&stdout);
@@ -248,6 +198,19 @@ fn run_ipv6_and_v4_mapped() {
     }
 }
 
+/// Lets the command waiting for the file `go` go on (the file appears), and waits for balance
+/// to end with it (20 s at most) with exit 0: its log.
+fn go_and_end(p: &tcpkit_lab::Proc, go: &Path) -> String {
+    std::fs::write(go, "").unwrap();
+    let st = p
+        .wait_timeout(Duration::from_secs(20))
+        .unwrap()
+        .expect("balance ends with its command");
+    let log = p.log();
+    assert_eq!(st.code(), Some(0), "{log}");
+    log
+}
+
 /// `tcpkit balance run ARGS -- client N`, to completion; the (peer, backend port) per connect.
 fn run_client(cli: &Host, args: &[String], n: usize) -> Vec<(String, u16)> {
     let argv = argv(&refs(args), &format!("{VIP};{n};"));
@@ -260,18 +223,11 @@ fn run_client(cli: &Host, args: &[String], n: usize) -> Vec<(String, u16)> {
 
 #[test]
 fn run_weighted_and_maglev() {
-    let _g = serial();
-    let (_lab, cli, srv, _link) = Lab::pair("balw").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, _lab, cli, srv, _link) = serial_pair("balw");
     let (b1, b2) = (backend(&srv), backend(&srv));
     let with = |extra: &[&str], w2: &str| -> Vec<String> {
-        let mut v = vec![
-            "--vip".to_string(),
-            VIP.into(),
-            "--backend".into(),
-            b1.addr.to_string(),
-            "--backend".into(),
-            format!("{}{w2}", b2.addr),
-        ];
+        let weighted = format!("{}{w2}", b2.addr);
+        let mut v = vip_args(VIP, &[&b1], &["--backend", &weighted]);
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
@@ -307,43 +263,36 @@ fn run_weighted_and_maglev() {
 
 #[test]
 fn health_checks_take_a_dead_backend_out() {
-    let _g = serial();
-    let (mut lab, cli, srv, _link) = Lab::pair("balhc").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, mut lab, cli, srv, _link) = serial_pair("balhc");
     let (b1, b2) = (backend(&srv), backend(&srv));
     let start = lab.dir().join("start");
-    let args = [
-        "--vip".to_string(),
-        VIP.into(),
-        "--backend".into(),
-        b1.addr.to_string(),
-        "--backend".into(),
-        b2.addr.to_string(),
-        "--algorithm".into(),
-        "round-robin".into(),
-        "--health-interval".into(),
-        "100ms".into(),
-        "--health-timeout".into(),
-        "500ms".into(),
-        "--fall".into(),
-        "2".into(),
-    ];
-    let argv = argv(&refs(&args), &format!("{VIP};20;;{}", start.display()));
-    let p = cli
-        .spawn(&mut lab, "balance", &refs(&argv))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let args = vip_args(
+        VIP,
+        &[&b1, &b2],
+        &[
+            "--algorithm",
+            "round-robin",
+            "--health-interval",
+            "100ms",
+            "--health-timeout",
+            "500ms",
+            "--fall",
+            "2",
+        ],
+    );
+    let p = spawn_run(
+        &mut lab,
+        &cli,
+        &args,
+        &format!("{VIP};20;;{}", start.display()),
+    );
     // Both probed and up for a while, then one backend dies.
     std::thread::sleep(Duration::from_millis(500));
     b1.kill();
     let killed = Instant::now();
     // Two refused probes 100 ms apart take it out: 0.3 s at most unloaded; 1.5 s here.
     std::thread::sleep(Duration::from_millis(1500));
-    std::fs::write(&start, "").unwrap();
-    let st = p
-        .wait_timeout(Duration::from_secs(20))
-        .unwrap()
-        .expect("balance ends with its command");
-    let log = p.log();
-    assert_eq!(st.code(), Some(0), "{log}");
+    let log = go_and_end(&p, &start);
     assert!(
         !log.contains("ERR "),
         "a connect failed after the backend was out: {log}"
@@ -462,21 +411,13 @@ fn udp_dns_through_the_vip_reaches_unbound_and_answers_from_the_vip_v4_v6_mapped
 
 #[test]
 fn trace_prints_every_selection_with_its_pid() {
-    let _g = serial();
-    let (_lab, cli, srv, _link) = Lab::pair("baltr").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, _lab, cli, srv, _link) = serial_pair("baltr");
     let (b1, b2) = (backend(&srv), backend(&srv));
-    let args = [
-        "--vip".to_string(),
-        VIP.into(),
-        "--backend".into(),
-        b1.addr.to_string(),
-        "--backend".into(),
-        b2.addr.to_string(),
-        "--algorithm".into(),
-        "round-robin".into(),
-        "--trace".into(),
-        "--json".into(),
-    ];
+    let args = vip_args(
+        VIP,
+        &[&b1, &b2],
+        &["--algorithm", "round-robin", "--trace", "--json"],
+    );
     let argv = argv(&refs(&args), &format!("{VIP};4;"));
     let (stdout, stderr) = output_ok(&cli, &argv, "");
     let v = report(&stdout);
@@ -501,8 +442,7 @@ fn trace_prints_every_selection_with_its_pid() {
 /// (text, then newline), and a line of the command's landing between them ran the two together.
 #[test]
 fn trace_lines_stay_whole_while_the_command_writes_to_the_same_stderr() {
-    let _g = serial();
-    let (_lab, cli, _srv, _link) = Lab::pair("baltw").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, _lab, cli, _srv, _link) = serial_pair("baltw");
     // Nothing listens there: each connect is refused at once, after balance chose it.
     let backend = format!("{SRV}:9");
     let (vip_ip, vip_port) = VIP.split_once(':').unwrap();

@@ -11,17 +11,7 @@ fn holding_backend(host: &Host) -> SocketAddr {
     // Runs until the test process ends: its port is in a namespace the lab removes.
     std::thread::spawn(move || {
         for s in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let _ = (&s).write_all(format!("{}\n", addr.port()).as_bytes());
-                let mut r = BufReader::new(&s);
-                let mut line = String::new();
-                while r.read_line(&mut line).is_ok_and(|n| n > 0) {
-                    if (&s).write_all(line.as_bytes()).is_err() {
-                        break;
-                    }
-                    line.clear();
-                }
-            });
+            std::thread::spawn(move || hold(s, addr.port()));
         }
     });
     addr
@@ -29,12 +19,10 @@ fn holding_backend(host: &Host) -> SocketAddr {
 
 #[test]
 fn up_balances_its_cgroup_status_shows_it_and_sigterm_detaches() {
-    let _g = serial();
-    let (lab, cli, srv, _link) = Lab::pair("balup").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, lab, cli, srv, _link) = serial_pair("balup");
     let (b1, b2) = (backend(&srv), backend(&srv));
     let cg = test_cgroup("up");
-    let config = lab.dir().join("lb.toml");
-    write_config(&config, &rr_config(&[b1.addr, b2.addr], true));
+    let config = lb_config(&lab, &[b1.addr, b2.addr], true);
     let up = Up::start(&lab, &cli, &config, cg.rel(), &["--json"]);
     let (progs, maps) = attached(cg.path());
     // A TCP service: the UDP hooks are not attached, and status says which are.
@@ -129,8 +117,7 @@ fn up_balances_its_cgroup_status_shows_it_and_sigterm_detaches() {
 
 #[test]
 fn up_bad_config_gives_one_line_and_attaches_nothing() {
-    let _g = serial();
-    let (lab, cli, _srv, _link) = Lab::pair("balupbad").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, lab, cli, _srv, _link) = serial_pair("balupbad");
     let cg = test_cgroup("upbad");
     let config = lab.dir().join("lb.toml");
     let socket = lab.dir().join("bad.sock");
@@ -162,18 +149,11 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
             "service 'web': algorithm 'fastest'",
         ),
     ];
-    let run = |extra: &[&str]| {
-        let mut argv = vec![
-            tcpkit(),
-            "balance",
-            "up",
-            "--config",
-            config.to_str().unwrap(),
-            "--socket",
-            socket.to_str().unwrap(),
-        ];
-        argv.extend_from_slice(extra);
-        let out = cli.command(&argv).output().unwrap();
+    let run = |cgroup: &str, socket: &Path| {
+        let out = cli
+            .command(&up_argv(&config, cgroup, socket))
+            .output()
+            .unwrap();
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -181,7 +161,7 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     };
     for (body, want) in cases {
         write_config(&config, body);
-        let (code, err) = run(&["--cgroup", cg.rel()]);
+        let (code, err) = run(cg.rel(), &socket);
         assert_eq!(code, Some(1), "{body}: {err}");
         assert_eq!(err.lines().count(), 1, "{body}: {err}");
         assert!(err.starts_with("tcpkit balance: "), "{body}: {err}");
@@ -197,7 +177,7 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
         &config,
         &rr_config(&["198.18.0.2:80".parse().unwrap()], false),
     );
-    let (code, err) = run(&["--cgroup", "/tcpkit-no-such-cgroup"]);
+    let (code, err) = run("/tcpkit-no-such-cgroup", &socket);
     assert_eq!(code, Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
@@ -206,21 +186,9 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     );
     // A second up on a socket where one answers: refused before attaching anything.
     let first = Up::start(&lab, &cli, &config, cg.rel(), &[]);
-    let sock = first.socket.to_str().unwrap().to_string();
-    let mut argv = vec![
-        tcpkit(),
-        "balance",
-        "up",
-        "--config",
-        config.to_str().unwrap(),
-        "--cgroup",
-        cg.rel(),
-        "--socket",
-        &sock,
-    ];
-    let out = cli.command(&argv).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let sock = first.socket.clone();
+    let (code, err) = run(cg.rel(), &sock);
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("another balance up answers there"), "{err}");
     let (progs, maps) = attached(cg.path());
     assert_eq!(progs.len(), 4, "the second up attached");
@@ -233,7 +201,7 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     assert!(first.socket.exists());
     let log = lab.dir().join("again.err");
     let mut again = cli
-        .command(&argv)
+        .command(&up_argv(&config, cg.rel(), &sock))
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -255,21 +223,18 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     // SAFETY: kill(2) on our own child, not yet reaped.
     assert_eq!(unsafe { libc::kill(again.id() as i32, libc::SIGTERM) }, 0);
     assert_eq!(again.wait().unwrap().code(), Some(0));
-    argv.clear();
 }
 
 #[test]
 fn reload_under_load_breaks_nothing_and_moves_new_connections() {
-    let _g = serial();
-    let (lab, cli, srv, _link) = Lab::pair("balrl").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, lab, cli, srv, _link) = serial_pair("balrl");
     let (a, b, c) = (
         holding_backend(&srv),
         holding_backend(&srv),
         holding_backend(&srv),
     );
     let cg = test_cgroup("reload");
-    let config = lab.dir().join("lb.toml");
-    write_config(&config, &rr_config(&[a, b], false));
+    let config = lb_config(&lab, &[a, b], false);
     let up = Up::start(&lab, &cli, &config, cg.rel(), &[]);
     let (phase, stop, start) = (
         lab.dir().join("phase2"),
@@ -404,12 +369,10 @@ fn reload_under_load_breaks_nothing_and_moves_new_connections() {
 
 #[test]
 fn up_metrics_serve_prometheus_and_survive_hostile_peers() {
-    let _g = serial();
-    let (lab, cli, srv, _link) = Lab::pair("balmet").unwrap_or_else(|e| panic!("{e}"));
+    let (_g, lab, cli, srv, _link) = serial_pair("balmet");
     let (b1, b2) = (backend(&srv), backend(&srv));
     let cg = test_cgroup("metrics");
-    let config = lab.dir().join("lb.toml");
-    write_config(&config, &rr_config(&[b1.addr, b2.addr], true));
+    let config = lb_config(&lab, &[b1.addr, b2.addr], true);
     let up = Up::start(&lab, &cli, &config, cg.rel(), &["--metrics", "127.0.0.1:0"]);
     let err = up.stderr();
     let url = err

@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 
 pub mod mpcat;
 pub mod nft;
+pub mod peer;
 pub mod schema;
 pub mod sock;
 pub mod unbound;

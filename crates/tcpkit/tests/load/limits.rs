@@ -5,29 +5,29 @@ use super::*;
 
 #[test]
 fn out_of_descriptors_and_out_of_ports_say_what_to_change() {
-    let mut p = pair("ldlimits");
-    p.echo(4249, &[]);
+    let p = echo_pair("ldlimits", 4249);
     let t = target(4249);
-    // 80 descriptors: a few dozen connections fit, 150 do not (one process forced).
-    let mut argv = vec!["prlimit", "--nofile=80", "--", tcpkit(), "load", &t];
-    argv.extend_from_slice(&[
-        "--echo-bytes",
-        "8",
-        "-c",
-        "150",
-        "--procs",
-        "1",
-        "--threads",
-        "1",
-        "-r",
-        "100",
-        "-t",
-        "1",
-        "--json",
-        "--connect-retries",
-        "1",
-    ]);
-    let o = run_limited(p.cli.command(&argv), Duration::from_secs(15));
+    // 80 descriptors: a few dozen connections fit, 150 do not.
+    let under_80 = |extra: &[&str], limit: u64| {
+        let mut args = vec![
+            t.as_str(),
+            "--echo-bytes",
+            "8",
+            "-c",
+            "150",
+            "--threads",
+            "1",
+            "-r",
+            "100",
+            "-t",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        load_nofile(&p, "80", &args, Duration::from_secs(limit))
+    };
+    // One process forced.
+    let o = under_80(&["--procs", "1", "--connect-retries", "1"], 15);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = failure_line(&o);
     assert!(
@@ -38,21 +38,7 @@ fn out_of_descriptors_and_out_of_ports_say_what_to_change() {
     assert!(u(&r, "errors.EMFILE") > 0);
     assert!(r["hints"][0].as_str().unwrap().contains("tcpkit tune"));
     // Without --procs the same limit is met by more processes.
-    let mut argv = vec!["prlimit", "--nofile=80", "--", tcpkit(), "load", &t];
-    argv.extend_from_slice(&[
-        "--echo-bytes",
-        "8",
-        "-c",
-        "150",
-        "--threads",
-        "1",
-        "-r",
-        "100",
-        "-t",
-        "1",
-        "--json",
-    ]);
-    let o = run_limited(p.cli.command(&argv), Duration::from_secs(20));
+    let o = under_80(&[], 20);
     assert!(o.status.success(), "{}", stderr(&o));
     let r = json(&o);
     assert!(u(&r, "processes") >= 10, "{r:#}");
@@ -109,8 +95,7 @@ fn out_of_descriptors_and_out_of_ports_say_what_to_change() {
 /// first 400 connections of a 1,000-port range all have even ports.
 #[test]
 fn connects_take_ports_in_one_sequential_scan_not_even_ones_first() {
-    let mut p = pair("ldports");
-    p.echo(4250, &[]);
+    let p = echo_pair("ldports", 4250);
     p.cli
         .sysctl("net.ipv4.ip_local_port_range", "40000 40999")
         .unwrap();
@@ -186,8 +171,7 @@ fn connects_take_ports_in_one_sequential_scan_not_even_ones_first() {
 #[test]
 fn falling_behind_the_asked_rate_is_reported_and_fails_the_run() {
     let _turn = common::timing_turn();
-    let mut p = pair("ldbehind");
-    p.echo(4251, &[]);
+    let p = echo_pair("ldbehind", 4251);
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("q.csv");
     // Twenty million a second over two connections on one thread: ten times what one core
@@ -265,8 +249,7 @@ fn falling_behind_the_asked_rate_is_reported_and_fails_the_run() {
 /// 1000/s, would take 0.2 s), inside the 3 s that -t gives the whole run.
 #[test]
 fn connections_open_at_the_connect_rate() {
-    let mut p = pair("ldcrate");
-    p.echo(4253, &[]);
+    let p = echo_pair("ldcrate", 4253);
     let (o, r) = fault_run(
         &p,
         4253,
@@ -311,13 +294,10 @@ fn load_and_echo_raise_a_low_soft_descriptor_limit() {
         4254,
     );
     let t = target(4254);
-    let o = run_limited(
-        p.cli.command(&[
-            "prlimit",
-            "--nofile=64:4096",
-            "--",
-            tcpkit(),
-            "load",
+    let o = load_nofile(
+        &p,
+        "64:4096",
+        &[
             &t,
             "--echo-bytes",
             "8",
@@ -333,7 +313,7 @@ fn load_and_echo_raise_a_low_soft_descriptor_limit() {
             "-t",
             "1.5",
             "--json",
-        ]),
+        ],
         Duration::from_secs(20),
     );
     assert!(o.status.success(), "{}", stderr(&o));
@@ -344,19 +324,7 @@ fn load_and_echo_raise_a_low_soft_descriptor_limit() {
     assert!(r["errors"].get("EMFILE").is_none(), "{r:#}");
     assert_accounted(&r);
     assert!(u(&r, "queries.answered") > 900, "{r:#}");
-    echo.signal(tcpkit_lab::Signal::SIGTERM).unwrap();
-    let st = echo
-        .wait_timeout(Duration::from_secs(10))
-        .unwrap()
-        .expect("echo stops on SIGTERM");
-    let log = echo.log();
-    assert!(st.success(), "{log}");
-    let e: Value = serde_json::from_str(
-        log.lines()
-            .find(|l| l.starts_with('{'))
-            .unwrap_or_else(|| panic!("no JSON report: {log}")),
-    )
-    .unwrap();
+    let e = common::peer::stop_echo(&echo);
     assert_eq!(e["fd_limit"], 4096, "{e}");
     assert_eq!(e["fd_exhausted"], 0, "{e}");
     // The readiness probe, then load's 1000.
@@ -367,8 +335,7 @@ fn load_and_echo_raise_a_low_soft_descriptor_limit() {
 /// none did; the merged report is printed in both cases.
 #[test]
 fn merge_of_a_failed_run_exits_1_with_its_reason() {
-    let mut p = pair("ldmergefail");
-    p.echo(4255, &[]);
+    let p = echo_pair("ldmergefail", 4255);
     let dir = tempfile::tempdir().unwrap();
     let (good, r) = fault_run(
         &p,
@@ -389,14 +356,6 @@ fn merge_of_a_failed_run_exits_1_with_its_reason() {
     let (gp, bp) = (dir.path().join("good.json"), dir.path().join("bad.json"));
     std::fs::write(&gp, &good.stdout).unwrap();
     std::fs::write(&bp, &bad.stdout).unwrap();
-    let merge = |files: &[&std::path::Path]| {
-        Command::new(tcpkit())
-            .arg("merge")
-            .args(files)
-            .arg("--json")
-            .output()
-            .unwrap()
-    };
     let o = merge(&[&gp, &bp]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     // The reason is the last line; the runs, one after the other, are warned about before it.

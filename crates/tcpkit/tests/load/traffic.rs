@@ -7,12 +7,11 @@ use super::*;
 #[test]
 fn echo_across_a_veth_answers_all_at_the_asked_rate() {
     let _turn = common::timing_turn();
-    let mut p = pair("ldrate");
-    p.echo(4242, &[]);
-    let t = target(4242);
-    let o = p.load(
+    let p = echo_pair("ldrate", 4242);
+    let r = load_ok(
+        &p,
+        4242,
         &[
-            &t,
             "--echo-bytes",
             "64",
             "-c",
@@ -23,13 +22,8 @@ fn echo_across_a_veth_answers_all_at_the_asked_rate() {
             "constant",
             "-t",
             "3",
-            "--json",
         ],
-        Duration::from_secs(15),
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r = json(&o);
-    assert_accounted(&r);
     let sent = u(&r, "queries.sent") as f64;
     // 3 s at 2000/s; the schedule is absolute, so a late thread catches up.
     assert!((sent - 6000.0).abs() / 6000.0 < 0.02, "sent {sent}: {r:#}");
@@ -82,31 +76,25 @@ fn intended_times(csv: &str) -> Vec<u64> {
 #[test]
 fn poisson_send_times_are_exponential_and_constant_ones_equal() {
     let _turn = common::timing_turn();
-    let mut p = pair("ldks");
-    p.echo(4243, &[]);
+    let p = echo_pair("ldks", 4243);
     let dir = tempfile::tempdir().unwrap();
-    let t = target(4243);
     let csv = dir.path().join("q.csv");
-    let csv_s = csv.to_str().unwrap();
-    let o = p.load(
-        &[
-            &t,
+    // 3000 queries a second on 8 connections, each query's times in the CSV file.
+    let at_3000 = |more: &[&str]| {
+        let mut args = vec![
             "--echo-bytes",
             "16",
             "-c",
             "8",
             "-r",
             "3000",
-            "-t",
-            "2",
             "-R",
-            csv_s,
-            "--json",
-        ],
-        Duration::from_secs(15),
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r = json(&o);
+            csv.to_str().unwrap(),
+        ];
+        args.extend_from_slice(more);
+        run_ok(&p, 4243, &args)
+    };
+    let r = at_3000(&["-t", "2"]);
     let text = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(u(&r, "per_query.dropped"), 0);
     // One line per query and one per answer.
@@ -124,33 +112,12 @@ fn poisson_send_times_are_exponential_and_constant_ones_equal() {
     // 1 % critical value.
     assert!(d < 1.628 / n.sqrt(), "KS distance {d} over {n} gaps");
     // And the gaps are not just any spread: constant arrivals fail the same test.
-    let o = p.load(
-        &[
-            &t,
-            "--echo-bytes",
-            "16",
-            "-c",
-            "8",
-            "-r",
-            "3000",
-            "-t",
-            "1",
-            "-R",
-            csv_s,
-            "--arrivals",
-            "constant",
-            "--threads",
-            "1",
-            "--json",
-        ],
-        Duration::from_secs(15),
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
+    let r = at_3000(&["-t", "1", "--arrivals", "constant", "--threads", "1"]);
     let times = intended_times(&std::fs::read_to_string(&csv).unwrap());
     let gaps: Vec<u64> = times.windows(2).map(|w| w[1] - w[0]).collect();
     // Every query sent is on the grid; how many fit in the second is the machine's business
     // (2,880 of 3,000 beside three busy loops), not this test's.
-    assert_eq!(times.len() as u64, u(&json(&o), "queries.sent"));
+    assert_eq!(times.len() as u64, u(&r, "queries.sent"));
     assert!(gaps.len() > 1000, "{}", gaps.len());
     assert!(
         gaps.iter().all(|&g| g.abs_diff(333_333) <= 1),
@@ -168,10 +135,10 @@ fn dns_against_tcpkit_echo_matches_ids_and_counts_rcodes() {
     let dir = tempfile::tempdir().unwrap();
     let names = dir.path().join("names");
     std::fs::write(&names, "a.example\nb.example\n").unwrap();
-    let t = target(5353);
-    let o = p.load(
+    let r = load_ok(
+        &p,
+        5353,
         &[
-            &t,
             "-c",
             "4",
             "-r",
@@ -182,13 +149,8 @@ fn dns_against_tcpkit_echo_matches_ids_and_counts_rcodes() {
             names.to_str().unwrap(),
             "--qtype",
             "AAAA",
-            "--json",
         ],
-        Duration::from_secs(15),
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r = json(&o);
-    assert_accounted(&r);
     assert!(u(&r, "queries.answered") > 400, "{r:#}");
     assert_eq!(r["codes"]["NOERROR"], r["queries"]["answered"]);
     assert_eq!(r["payload"], "dns AAAA, 2 names");
@@ -198,45 +160,14 @@ fn dns_against_tcpkit_echo_matches_ids_and_counts_rcodes() {
 #[test]
 fn redis_ping_against_redis_server() {
     let mut p = pair("ldredis");
-    let redis = "/usr/bin/redis-server";
-    assert!(
-        std::path::Path::new(redis).exists(),
-        "this test needs redis-server (apt-get install redis-server)"
-    );
-    p.server(
-        "redis",
-        &[
-            redis,
-            "--port",
-            "6390",
-            "--bind",
-            "198.18.0.2",
-            "--protected-mode",
-            "no",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
+    let argv = common::peer::redis_argv((SRV, 6390).into());
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    p.server("redis", &argv, 6390);
+    let r = load_ok(
+        &p,
         6390,
+        &["--redis-ping", "-c", "3", "-r", "300", "-t", "1"],
     );
-    let o = p.load(
-        &[
-            &target(6390),
-            "--redis-ping",
-            "-c",
-            "3",
-            "-r",
-            "300",
-            "-t",
-            "1",
-            "--json",
-        ],
-        Duration::from_secs(15),
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r = json(&o);
-    assert_accounted(&r);
     assert!(u(&r, "queries.answered") > 250);
     assert_eq!(r["codes"]["PONG"], r["queries"]["answered"]);
 }
@@ -269,9 +200,10 @@ fn http_get_against_nginx_keeps_connections_alive() {
     )
     .unwrap();
     p.server("nginx", &[nginx, "-c", conf.to_str().unwrap()], 8088);
-    let o = p.load(
+    let r = load_ok(
+        &p,
+        8088,
         &[
-            &target(8088),
             "--http-get",
             "/hello.txt",
             "-c",
@@ -280,64 +212,32 @@ fn http_get_against_nginx_keeps_connections_alive() {
             "300",
             "-t",
             "1",
-            "--json",
         ],
-        Duration::from_secs(15),
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r = json(&o);
-    assert_accounted(&r);
     assert!(u(&r, "queries.answered") > 250);
     assert_eq!(r["codes"]["200"], r["queries"]["answered"]);
     // Keep-alive: no connection was reopened.
     assert_eq!(u(&r, "connections.attempts"), 3);
     // A missing page is an answer too, counted by status.
-    let o = p.load(
-        &[
-            &target(8088),
-            "--http-get",
-            "/nope",
-            "-c",
-            "1",
-            "-r",
-            "100",
-            "-t",
-            "1",
-            "--json",
-        ],
-        Duration::from_secs(15),
+    let (_, r) = fault_run(
+        &p,
+        8088,
+        &["--http-get", "/nope", "-c", "1", "-r", "100", "-t", "1"],
     );
-    let r = json(&o);
     assert_eq!(r["codes"]["404"], r["queries"]["answered"]);
 }
 
 #[test]
 fn payload_file_by_length_and_by_delimiter_against_echo() {
-    let mut p = pair("ldfile");
-    p.echo(4244, &[]);
+    let p = echo_pair("ldfile", 4244);
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("q");
     std::fs::write(&f, "GET one thing\r\n").unwrap();
     let f = f.to_str().unwrap();
-    let t = target(4244);
     for extra in [["--response-len", "15"], ["--response-delim", "\\r\\n"]] {
-        let mut args = vec![
-            &t as &str,
-            "--payload-file",
-            f,
-            "-c",
-            "2",
-            "-r",
-            "200",
-            "-t",
-            "1",
-            "--json",
-        ];
+        let mut args = vec!["--payload-file", f, "-c", "2", "-r", "200", "-t", "1"];
         args.extend_from_slice(&extra);
-        let o = p.load(&args, Duration::from_secs(15));
-        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
-        let r = json(&o);
-        assert_accounted(&r);
+        let r = load_ok(&p, 4244, &args);
         assert!(u(&r, "queries.answered") > 150, "{extra:?}: {r:#}");
     }
 }
@@ -345,13 +245,12 @@ fn payload_file_by_length_and_by_delimiter_against_echo() {
 #[test]
 fn rate_steps_ramps_query_limits_and_churn() {
     let _turn = common::timing_turn();
-    let mut p = pair("ldsteps");
-    p.echo(4245, &[]);
-    let t = target(4245);
+    let p = echo_pair("ldsteps", 4245);
     // 1 s at 500/s then 1 s at 1500/s: 2000 in the steps' 2 s.
-    let o = p.load(
+    let r = run_ok(
+        &p,
+        4245,
         &[
-            &t,
             "--echo-bytes",
             "8",
             "-c",
@@ -360,20 +259,17 @@ fn rate_steps_ramps_query_limits_and_churn() {
             "1s:500,1s:1500",
             "--arrivals",
             "constant",
-            "--json",
         ],
-        Duration::from_secs(15),
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r = json(&o);
     assert!(u(&r, "queries.sent").abs_diff(2000) <= 40, "{r:#}");
     assert!((r["seconds"].as_f64().unwrap() - 2.0).abs() < 0.05);
     // A ramp 0..2000 over 2 s: 2000 queries, three quarters of them in the second half.
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("q.csv");
-    let o = p.load(
+    run_ok(
+        &p,
+        4245,
         &[
-            &t,
             "--echo-bytes",
             "8",
             "-c",
@@ -384,19 +280,17 @@ fn rate_steps_ramps_query_limits_and_churn() {
             "constant",
             "-R",
             csv.to_str().unwrap(),
-            "--json",
         ],
-        Duration::from_secs(15),
     );
-    assert!(o.status.success(), "{}", stderr(&o));
     let times = intended_times(&std::fs::read_to_string(&csv).unwrap());
     assert!(times.len().abs_diff(2000) <= 40, "{}", times.len());
     let late = times.iter().filter(|&&t| t >= 1_000_000_000).count();
     assert!(late.abs_diff(1500) <= 40, "{late}");
     // -n stops after exactly N; --queries-per-conn reopens connections.
-    let o = p.load(
+    let r = run_ok(
+        &p,
+        4245,
         &[
-            &t,
             "--echo-bytes",
             "8",
             "-c",
@@ -407,12 +301,8 @@ fn rate_steps_ramps_query_limits_and_churn() {
             "100",
             "--queries-per-conn",
             "10",
-            "--json",
         ],
-        Duration::from_secs(15),
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r = json(&o);
     assert_eq!(u(&r, "queries.sent"), 100);
     assert_eq!(u(&r, "queries.answered"), 100);
     assert!(u(&r, "connections.reconnects") >= 8, "{r:#}");
@@ -421,8 +311,7 @@ fn rate_steps_ramps_query_limits_and_churn() {
 
 #[test]
 fn json_report_matches_the_committed_schema_and_merges() {
-    let mut p = pair("ldjson");
-    p.echo(4246, &[]);
+    let p = echo_pair("ldjson", 4246);
     let dir = tempfile::tempdir().unwrap();
     let t = target(4246);
     let hlog = dir.path().join("h.hlog");
@@ -460,15 +349,7 @@ fn json_report_matches_the_committed_schema_and_merges() {
     assert!(log.lines().any(|l| l.starts_with("Tag=intended,")), "{log}");
     assert!(log.lines().any(|l| l.starts_with("Tag=sent,")), "{log}");
     // merge: counts summed, histograms merged, rate over the union of the two windows.
-    let o = Command::new(tcpkit())
-        .args([
-            "merge",
-            reports[0].to_str().unwrap(),
-            reports[1].to_str().unwrap(),
-            "--json",
-        ])
-        .output()
-        .unwrap();
+    let o = merge(&[&reports[0], &reports[1]]);
     assert!(o.status.success(), "{}", stderr(&o));
     let m = json(&o);
     schema::check(&schema, &m, "merged");
@@ -490,22 +371,12 @@ fn json_report_matches_the_committed_schema_and_merges() {
             >= u(&a, "latency.max_ns").max(u(&b, "latency.max_ns")) * 999 / 1000
     );
     // The human form of the merge.
-    let o = Command::new(tcpkit())
-        .args([
-            "merge",
-            reports[0].to_str().unwrap(),
-            reports[1].to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let o = merge_as(&[&reports[0], &reports[1]], &[]);
     let text = stdout(&o);
     assert!(text.contains("2 runs merged"), "{text}");
     assert!(text.contains(" 99.000%"), "{text}");
     // Not a report: one line naming the file.
-    let o = Command::new(tcpkit())
-        .args(["merge", hlog.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let o = merge_as(&[&hlog], &[]);
     assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
     assert!(
@@ -516,8 +387,7 @@ fn json_report_matches_the_committed_schema_and_merges() {
 
 #[test]
 fn several_processes_and_source_addresses_report_as_one_run() {
-    let mut p = pair("ldprocs");
-    p.echo(4247, &[]);
+    let p = echo_pair("ldprocs", 4247);
     // Ten local ports only: 30 connections need three source addresses.
     p.cli
         .sysctl("net.ipv4.ip_local_port_range", "40000 40009")
@@ -580,8 +450,7 @@ fn several_processes_and_source_addresses_report_as_one_run() {
 
 #[test]
 fn live_line_every_second_and_human_summary() {
-    let mut p = pair("ldlive");
-    p.echo(4248, &[]);
+    let p = echo_pair("ldlive", 4248);
     let o = p.load(
         &[
             &target(4248),
