@@ -261,24 +261,31 @@ struct Input {
     mbps_limit: u64,
 }
 
+/// A replayer's words (tcpkit's and tcpreplay's take the same): `head`, the interface, `-K`
+/// (the file in memory) unless `extra` holds `--no-preload` (a word of ours, never passed
+/// on), the rest of `extra`, the file.
+fn replay_argv<'a>(
+    head: &[&'a str],
+    ifc: &'a str,
+    extra: &[&'a str],
+    file: &'a str,
+) -> Vec<&'a str> {
+    let mut v = head.to_vec();
+    v.extend(["-i", ifc]);
+    if !extra.contains(&"--no-preload") {
+        v.push("-K");
+    }
+    v.extend(extra.iter().copied().filter(|a| *a != "--no-preload"));
+    v.push(file);
+    v
+}
+
 fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()> {
     let file = inp.path.to_str().context("path")?;
     let ifc = env.tx_if.as_str();
     let tkr_bin = |bin: &Path, extra: &[&str]| -> Result<Run> {
         let tk = bin.to_str().context("path")?;
-        let mut v = vec![tk, "replay", "-i", ifc];
-        if !extra.contains(&"--no-preload") {
-            v.push("-K");
-        }
-        let extra: Vec<&str> = extra
-            .iter()
-            .copied()
-            .filter(|a| *a != "--no-preload")
-            .collect();
-        let extra = &extra[..];
-        v.extend_from_slice(extra);
-        v.push(file);
-        run(env, &v)
+        run(env, &replay_argv(&[tk, "replay"], ifc, extra, file))
     };
     let tkr = |extra: &[&str]| tkr_bin(&env.tcpkit, extra);
     // Whether the old build runs with these flags: None without --against, Some(Some(why))
@@ -305,21 +312,7 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
             _ => None,
         })
     };
-    let trr = |extra: &[&str]| -> Result<Run> {
-        let mut v = vec!["tcpreplay", "-i", ifc];
-        if !extra.contains(&"--no-preload") {
-            v.push("-K");
-        }
-        let extra: Vec<&str> = extra
-            .iter()
-            .copied()
-            .filter(|a| *a != "--no-preload")
-            .collect();
-        let extra = &extra[..];
-        v.extend_from_slice(extra);
-        v.push(file);
-        run(env, &v)
-    };
+    let trr = |extra: &[&str]| run(env, &replay_argv(&["tcpreplay"], ifc, extra, file));
     t.section(&format!(
         "{}: {} packets, {:.1} MB file",
         inp.name,
