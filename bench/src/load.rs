@@ -9,7 +9,6 @@
 //! echo; both against unbound), interleaved with this one's.
 
 use std::fmt::Write as _;
-use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -101,18 +100,7 @@ fn run_in(host: &Host, argv: &[&str], limit: Duration) -> Result<(bool, String, 
     let mut cmd = host.command(argv);
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().with_context(|| format!("spawn {argv:?}"))?;
-    let mut out_pipe = child.stdout.take().context("stdout")?;
-    let mut err_pipe = child.stderr.take().context("stderr")?;
-    let outs = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out_pipe.read_to_string(&mut s);
-        s
-    });
-    let errs = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err_pipe.read_to_string(&mut s);
-        s
-    });
+    let (outs, errs) = crate::drain(&mut child)?;
     let deadline = Instant::now() + limit;
     let status = loop {
         if let Some(st) = child.try_wait()? {
@@ -432,18 +420,7 @@ fn hold(
     let mut cmd = env.cli.command(&argv);
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().context("spawn tcpkit load")?;
-    let mut out_pipe = child.stdout.take().context("stdout")?;
-    let mut err_pipe = child.stderr.take().context("stderr")?;
-    let outs = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out_pipe.read_to_string(&mut s);
-        s
-    });
-    let errs = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err_pipe.read_to_string(&mut s);
-        s
-    });
+    let (outs, errs) = crate::drain(&mut child)?;
     let (mut load_rss, mut echo_rss, mut peak_sockets) = (0, 0, 0);
     let t_start = Instant::now();
     let mut interrupted = false;

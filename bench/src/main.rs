@@ -225,6 +225,26 @@ pub(crate) fn new_over_old(new: Option<f64>, old: Option<f64>) -> String {
     }
 }
 
+/// Reads `child`'s stdout and stderr to their ends on threads of their own, so that neither
+/// pipe fills and stalls it while the caller watches it; join each for its text.
+pub(crate) fn drain(
+    child: &mut std::process::Child,
+) -> Result<(
+    std::thread::JoinHandle<String>,
+    std::thread::JoinHandle<String>,
+)> {
+    fn read_all(mut pipe: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = pipe.read_to_string(&mut s);
+            s
+        })
+    }
+    let out = child.stdout.take().context("stdout")?;
+    let err = child.stderr.take().context("stderr")?;
+    Ok((read_all(out), read_all(err)))
+}
+
 /// What a command run by [`run_wait4`] did.
 struct Ran {
     out: String,
@@ -243,29 +263,18 @@ struct Ran {
 /// Child::wait: that also gives its CPU time and peak RSS (`ip netns exec` execs the tool in
 /// place, so the child is the tool).
 fn run_wait4(mut cmd: std::process::Command, what: &str) -> Result<Ran> {
-    use std::io::Read;
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let t0 = std::time::Instant::now();
     let mut child = cmd.spawn().with_context(|| format!("spawn {what}"))?;
-    let mut err_pipe = child.stderr.take().context("stderr")?;
-    let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err_pipe.read_to_string(&mut s);
-        s
-    });
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .context("stdout")?
-        .read_to_string(&mut out)?;
+    let (out_thread, err_thread) = drain(&mut child)?;
     let mut status = 0;
     // SAFETY: rusage is plain old data, filled by the kernel.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: waits for our own child, with pointers to values we own.
     let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
     let wall_s = t0.elapsed().as_secs_f64();
+    let out = out_thread.join().unwrap_or_default();
     let err = err_thread.join().unwrap_or_default();
     if pid < 0 {
         bail!("wait4 for {what}: {}", std::io::Error::last_os_error());

@@ -94,12 +94,41 @@ struct Env<'a> {
     dst: &'a str,
     /// The tcpkit builds mpcat runs with (`--against`: two).
     builds: &'a Builds,
-    input: &'a Path,
+    input: PathBuf,
     out: PathBuf,
     size: u64,
-    sha: &'a str,
+    sha: String,
     /// Each link's rate, Mbit/s (the ceiling's split).
     rates: Vec<u64>,
+}
+
+impl<'a> Env<'a> {
+    /// The transfers from `a` to `b` over `links` at `rates`: a random input of `size` bytes
+    /// written in the lab's folder, and its SHA-256 that every output is checked against.
+    fn new(
+        lab: &Lab,
+        (a, b): (&'a Host, &'a Host),
+        (links, rates): (&'a [Link], Vec<u64>),
+        dst: &'a str,
+        builds: &'a Builds,
+        size: u64,
+    ) -> Result<Env<'a>> {
+        let input = lab.dir().join("in.bin");
+        random_file(&input, size)?;
+        let sha = sha256(&input)?;
+        Ok(Env {
+            a,
+            b,
+            links,
+            dst,
+            builds,
+            input,
+            out: lab.dir().join("out.bin"),
+            size,
+            sha,
+            rates,
+        })
+    }
 }
 
 fn sha256(path: &Path) -> Result<String> {
@@ -732,21 +761,14 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     eprintln!("4 links x 200 Mbit/s ...");
     let (mut lab, a, b, links) = Lab::multipath("bmp4", 4, Some(shaped(200)))?;
     mptcp_setup(&a, &b, &links)?;
-    let input = lab.dir().join("in.bin");
-    random_file(&input, size)?;
-    let sha = sha256(&input)?;
-    let env = Env {
-        a: &a,
-        b: &b,
-        links: &links,
-        dst: MULTIPATH_B4,
-        builds: &builds,
-        input: &input,
-        out: lab.dir().join("out.bin"),
+    let env = Env::new(
+        &lab,
+        (&a, &b),
+        (&links, vec![200; 4]),
+        MULTIPATH_B4,
+        &builds,
         size,
-        sha: &sha,
-        rates: vec![200; 4],
-    };
+    )?;
     let mut round = 0;
     let eq = scenario(&env, &mut lab, &four, runs, &mut round)?;
     let mpcat_i = four
@@ -794,21 +816,14 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         }
     }
     mptcp_setup(&a, &b, &links)?;
-    let input = lab.dir().join("in.bin");
-    random_file(&input, size)?;
-    let sha = sha256(&input)?;
-    let env = Env {
-        a: &a,
-        b: &b,
-        links: &links,
-        dst: MULTIPATH_B4,
-        builds: &builds,
-        input: &input,
-        out: lab.dir().join("out.bin"),
+    let env = Env::new(
+        &lab,
+        (&a, &b),
+        (&links, rates.to_vec()),
+        MULTIPATH_B4,
+        &builds,
         size,
-        sha: &sha,
-        rates: rates.to_vec(),
-    };
+    )?;
     let sum_mbs = rates.iter().sum::<u64>() as f64 * 1e6 / 8.0 / MB;
     let un = scenario(&env, &mut lab, &four, runs, &mut round)?;
     rss.extend(un[mpcat_i].iter().filter_map(|x| x.rss_kb));
@@ -956,27 +971,13 @@ fn veth(
             ..LinkOpts::pair()
         },
     )?;
-    let input = lab.dir().join("in.bin");
-    random_file(&input, size)?;
-    let sha = sha256(&input)?;
     let dst = link.b.addrs[0]
         .split('/')
         .next()
         .context("addr")?
         .to_string();
     let links = [link];
-    let env = Env {
-        a: &a,
-        b: &b,
-        links: &links,
-        dst: &dst,
-        builds,
-        input: &input,
-        out: lab.dir().join("out.bin"),
-        size,
-        sha: &sha,
-        rates: vec![1],
-    };
+    let env = Env::new(&lab, (&a, &b), (&links, vec![1]), &dst, builds, size)?;
     let ve = scenario(&env, &mut lab, tools, runs, round)?;
     drop(env);
     lab.close()?;

@@ -261,24 +261,31 @@ struct Input {
     mbps_limit: u64,
 }
 
+/// A replayer's words (tcpkit's and tcpreplay's take the same): `head`, the interface, `-K`
+/// (the file in memory) unless `extra` holds `--no-preload` (a word of ours, never passed
+/// on), the rest of `extra`, the file.
+fn replay_argv<'a>(
+    head: &[&'a str],
+    ifc: &'a str,
+    extra: &[&'a str],
+    file: &'a str,
+) -> Vec<&'a str> {
+    let mut v = head.to_vec();
+    v.extend(["-i", ifc]);
+    if !extra.contains(&"--no-preload") {
+        v.push("-K");
+    }
+    v.extend(extra.iter().copied().filter(|a| *a != "--no-preload"));
+    v.push(file);
+    v
+}
+
 fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()> {
     let file = inp.path.to_str().context("path")?;
     let ifc = env.tx_if.as_str();
     let tkr_bin = |bin: &Path, extra: &[&str]| -> Result<Run> {
         let tk = bin.to_str().context("path")?;
-        let mut v = vec![tk, "replay", "-i", ifc];
-        if !extra.contains(&"--no-preload") {
-            v.push("-K");
-        }
-        let extra: Vec<&str> = extra
-            .iter()
-            .copied()
-            .filter(|a| *a != "--no-preload")
-            .collect();
-        let extra = &extra[..];
-        v.extend_from_slice(extra);
-        v.push(file);
-        run(env, &v)
+        run(env, &replay_argv(&[tk, "replay"], ifc, extra, file))
     };
     let tkr = |extra: &[&str]| tkr_bin(&env.tcpkit, extra);
     // Whether the old build runs with these flags: None without --against, Some(Some(why))
@@ -305,21 +312,7 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
             _ => None,
         })
     };
-    let trr = |extra: &[&str]| -> Result<Run> {
-        let mut v = vec!["tcpreplay", "-i", ifc];
-        if !extra.contains(&"--no-preload") {
-            v.push("-K");
-        }
-        let extra: Vec<&str> = extra
-            .iter()
-            .copied()
-            .filter(|a| *a != "--no-preload")
-            .collect();
-        let extra = &extra[..];
-        v.extend_from_slice(extra);
-        v.push(file);
-        run(env, &v)
-    };
+    let trr = |extra: &[&str]| run(env, &replay_argv(&["tcpreplay"], ifc, extra, file));
     t.section(&format!(
         "{}: {} packets, {:.1} MB file",
         inp.name,
@@ -498,22 +491,28 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
             )
         }
     };
-    row(
-        t,
-        "--pps 100000: achieved pps (tool), error",
-        tool(1e5)(&x),
-        tool(1e5)(&y),
-        ratio(x.pps, y.pps),
-        old_cells(&x, &z, tool(1e5), |r| r.pps),
-    );
-    row(
-        t,
-        "--pps 100000: rx counter pps, error",
-        rxc(1e5)(&x),
-        rxc(1e5)(&y),
-        ratio(x.rx_pps(), y.rx_pps()),
-        old_cells(&x, &z, rxc(1e5), Run::rx_pps),
-    );
+    // A --pps run's two rows: the rate the tool says it reached and the one the receiver's
+    // counter saw, each with its error against the rate asked.
+    let pps_rows = |t: &mut Table, want: f64, x: &Run, y: &Run, z: &Old| {
+        let what = |m: &str| format!("--pps {want}: {m}, error");
+        row(
+            t,
+            &what("achieved pps (tool)"),
+            tool(want)(x),
+            tool(want)(y),
+            ratio(x.pps, y.pps),
+            old_cells(x, z, tool(want), |r| r.pps),
+        );
+        row(
+            t,
+            &what("rx counter pps"),
+            rxc(want)(x),
+            rxc(want)(y),
+            ratio(x.rx_pps(), y.rx_pps()),
+            old_cells(x, z, rxc(want), Run::rx_pps),
+        );
+    };
+    pps_rows(t, 1e5, &x, &y, &z);
     if let Some((ca, cb)) = cap {
         let show = |c: &Arrivals| {
             if c.dropped == 0 {
@@ -561,22 +560,7 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         );
     }
     let (x, y, _, z, _) = paced("--pps", "500000", 1_000_000, false)?;
-    row(
-        t,
-        "--pps 500000: achieved pps (tool), error",
-        tool(5e5)(&x),
-        tool(5e5)(&y),
-        ratio(x.pps, y.pps),
-        old_cells(&x, &z, tool(5e5), |r| r.pps),
-    );
-    row(
-        t,
-        "--pps 500000: rx counter pps",
-        rxc(5e5)(&x),
-        rxc(5e5)(&y),
-        ratio(x.rx_pps(), y.rx_pps()),
-        old_cells(&x, &z, rxc(5e5), Run::rx_pps),
-    );
+    pps_rows(t, 5e5, &x, &y, &z);
     let (x, y, _, z, _) = paced("--mbps", "1000", inp.mbps_limit, false)?;
     let mbps = |r: &Run| format!("{:.2} ({})", r.mbps, err_pct(r.mbps, 1000.0));
     row(

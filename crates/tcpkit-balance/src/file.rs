@@ -231,7 +231,7 @@ fn service(s: RawService) -> Result<ServiceConfig, String> {
         Some(h) => {
             let bytes = |t: &Option<String>, key: &str| {
                 t.as_deref()
-                    .map(health::unescape)
+                    .map(tcpkit_pace::units::unescape)
                     .transpose()
                     .map_err(|e| format!("health.{key}: {e}"))
             };

@@ -91,48 +91,6 @@ impl Probe {
     }
 }
 
-/// C-style escapes in a probe's payload as given on the command line or in the file: `\r`,
-/// `\n`, `\t`, `\0`, `\\` and `\xHH` (any byte).
-pub fn unescape(text: &str) -> Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(text.len());
-    let b = text.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] != b'\\' {
-            out.push(b[i]);
-            i += 1;
-            continue;
-        }
-        let c = *b
-            .get(i + 1)
-            .ok_or("a lone \\ at the end (write \\\\ for one)")?;
-        i += 2;
-        out.push(match c {
-            b'r' => b'\r',
-            b'n' => b'\n',
-            b't' => b'\t',
-            b'0' => 0,
-            b'\\' => b'\\',
-            b'x' => {
-                let hex = b
-                    .get(i..i + 2)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or("\\x needs two hex digits")?;
-                i += 2;
-                hex
-            }
-            other => {
-                return Err(format!(
-                    "unknown escape \\{} (\\r \\n \\t \\0 \\\\ \\xHH)",
-                    char::from(other).escape_default()
-                ))
-            }
-        });
-    }
-    Ok(out)
-}
-
 /// Bytes as a reason shows them: printable ASCII as is, the rest escaped, at most 40.
 fn shown(b: &[u8]) -> String {
     let mut s: String = b
@@ -591,19 +549,6 @@ mod tests {
         assert!(!h.probe(Ok(()), &o) && !h.up);
         assert!(h.probe(Ok(()), &o) && h.up);
         assert_eq!((h.probes, h.failed), (8, 5));
-    }
-
-    #[test]
-    fn escapes_are_c_style() {
-        assert_eq!(unescape("PING\\r\\n").unwrap(), b"PING\r\n");
-        assert_eq!(
-            unescape("\\x12\\x34\\0\\\\\\t").unwrap(),
-            [0x12, 0x34, 0, b'\\', b'\t']
-        );
-        assert_eq!(unescape("+PONG").unwrap(), b"+PONG");
-        assert!(unescape("a\\").unwrap_err().contains("lone"));
-        assert!(unescape("\\xZ1").unwrap_err().contains("two hex digits"));
-        assert!(unescape("\\q").unwrap_err().contains("unknown escape \\q"));
     }
 
     #[test]

@@ -655,25 +655,14 @@ mod tests {
         assert!(Msg::parse(&buf).is_ok());
     }
 
-    fn corpus() -> Vec<Vec<u8>> {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/control");
-        let mut seeds: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-            .collect();
-        seeds.sort();
-        seeds
-    }
-
     #[test]
     fn the_fuzz_body_runs_over_the_seed_corpus() {
-        let seeds = corpus();
+        let seeds = tcpkit_lab::corpus::seeds("control");
         assert!(seeds.len() >= 8, "{} seeds", seeds.len());
         let mut kinds = std::collections::HashSet::new();
         for s in &seeds {
-            fuzz_control(s);
-            if let Ok((m, _)) = Msg::parse(s) {
+            fuzz_control(&s.bytes);
+            if let Ok((m, _)) = Msg::parse(&s.bytes) {
                 kinds.insert(std::mem::discriminant(&m));
             }
         }
@@ -702,9 +691,7 @@ mod tests {
     #[test]
     #[ignore = "writes fuzz/corpus/control"]
     fn write_control_corpus() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/control");
-        std::fs::create_dir_all(&dir).unwrap();
+        let put = |name: &str, bytes: &[u8]| tcpkit_lab::corpus::write("control", name, bytes);
         let names = [
             "hello",
             "hello-v1-payload",
@@ -721,14 +708,13 @@ mod tests {
             let mut b = Vec::new();
             m.emit(&mut b);
             all.extend_from_slice(&b);
-            std::fs::write(dir.join(name), &b).unwrap();
+            put(name, &b);
         }
-        std::fs::write(dir.join("stream-of-all"), &all).unwrap();
-        std::fs::write(dir.join("cut-packet"), &all[..all.len() / 2]).unwrap();
-        std::fs::write(
-            dir.join("garbage-then-ping"),
+        put("stream-of-all", &all);
+        put("cut-packet", &all[..all.len() / 2]);
+        put(
+            "garbage-then-ping",
             b"\x09\x00\x00GET / HTTP/1.1\r\n\x05\x00\x00",
-        )
-        .unwrap();
+        );
     }
 }

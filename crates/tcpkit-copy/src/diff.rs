@@ -396,18 +396,6 @@ fn trim_cr(l: &[u8]) -> &[u8] {
     l.strip_suffix(b"\r").unwrap_or(l)
 }
 
-fn trim(b: &[u8]) -> &[u8] {
-    let s = b
-        .iter()
-        .position(|c| !c.is_ascii_whitespace())
-        .unwrap_or(b.len());
-    let e = b
-        .iter()
-        .rposition(|c| !c.is_ascii_whitespace())
-        .map_or(s, |e| e + 1);
-    &b[s..e.max(s)]
-}
-
 /// Why two answers differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -452,7 +440,7 @@ fn headers<'a>(head: &'a [u8], ignore: &[Regex]) -> Vec<(Vec<u8>, &'a [u8])> {
         .skip(1)
         .filter(|l| !l.is_empty() && !ignore.iter().any(|r| r.is_match(l)))
         .map(|l| match l.iter().position(|&c| c == b':') {
-            Some(i) => (l[..i].to_ascii_lowercase(), trim(&l[i + 1..])),
+            Some(i) => (l[..i].to_ascii_lowercase(), l[i + 1..].trim_ascii()),
             None => (l.to_vec(), &b""[..]),
         })
         .collect();

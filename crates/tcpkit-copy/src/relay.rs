@@ -36,9 +36,10 @@ use tcpkit_pace::now_ns;
 
 use crate::backoff::{Backoff, Down, Gate, SILENT_NS};
 use crate::config::{CopyConfig, CopyCounters};
-use crate::diff::Differ;
 use crate::feed::{Input, CAPTURE};
-use crate::front::{io_err, Engine, Item, Outcome, RunError, Transport, CLOSE_LINGER_NS};
+use crate::front::{
+    io_err, open_differ, Engine, Item, Outcome, RunError, Transport, CLOSE_LINGER_NS,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -430,12 +431,7 @@ pub fn run(
     live: &CopyCounters,
 ) -> Result<CopyReport, RunError> {
     let start = now_ns();
-    let differ = cfg
-        .diff
-        .clone()
-        .map(Differ::new)
-        .transpose()
-        .map_err(io_err("create the --diff-out file"))?;
+    let differ = open_differ(cfg)?;
     let relay = Relay {
         poll: Poll::new().map_err(io_err("create the event loop (epoll)"))?,
         backoff: Backoff::default(),

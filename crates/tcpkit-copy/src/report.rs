@@ -541,10 +541,7 @@ impl Report for CopyReport {
     }
 
     fn verdict(&self) -> Verdict {
-        match &self.failure {
-            Some(f) => Verdict::Failed(f.clone()),
-            None => Verdict::Done,
-        }
+        Verdict::from_failure(self.failure.as_deref())
     }
 }
 

@@ -753,15 +753,11 @@ mod tests {
 
     #[test]
     fn the_fuzz_body_holds_over_the_seed_corpus() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/netlink");
-        let seeds: Vec<Vec<u8>> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-            .collect();
+        let seeds = tcpkit_lab::corpus::seeds("netlink");
         assert!(seeds.len() >= 3, "{} seeds", seeds.len());
         let mut whole = 0;
         for s in &seeds {
+            let s = &s.bytes;
             fuzz_netlink(s);
             whole += usize::from(s.len() > 1 && Msg::parse(&s[1..]).is_ok());
         }

@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 mod cmd;
+pub mod corpus;
 mod error;
 mod guard;
 mod host;

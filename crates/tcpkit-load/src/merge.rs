@@ -681,18 +681,14 @@ mod tests {
     }
     #[test]
     fn fuzz_body_over_seed_corpus() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/merge_report");
         let mut n = 0;
-        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let path = entry.unwrap().path();
-            let data = std::fs::read(&path).unwrap();
-            fuzz_merge_report(&data);
-            // The inputs a campaign grew (named by their SHA-1) are many: each is replayed once.
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.len() == 40 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+        for seed in tcpkit_lab::corpus::seeds("merge_report") {
+            fuzz_merge_report(&seed.bytes);
+            // The inputs a campaign grew are many: each is replayed once.
+            if seed.grown() {
                 continue;
             }
+            let data = seed.bytes;
             n += 1;
             // Every cut, and a flip of each byte, of each hand-written seed too.
             for cut in (0..data.len()).step_by(7) {
@@ -716,11 +712,9 @@ mod tests {
     #[test]
     #[ignore = "writes the seed corpus; run once by hand"]
     fn write_seeds() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/merge_report");
-        std::fs::create_dir_all(&dir).unwrap();
         let put = |name: &str, r: &LoadReport| {
-            std::fs::write(dir.join(name), serde_json::to_string_pretty(r).unwrap()).unwrap();
+            let json = serde_json::to_string_pretty(r).unwrap();
+            tcpkit_lab::corpus::write("merge_report", name, json.as_bytes());
         };
         let mut a = run(100, 10, &[1_000, 2_000, 1_000_000], 3);
         a.run_id = "aa".into();

@@ -352,10 +352,7 @@ impl Report for LoadReport {
     }
 
     fn verdict(&self) -> Verdict {
-        match &self.failure {
-            Some(f) => Verdict::Failed(f.clone()),
-            None => Verdict::Done,
-        }
+        Verdict::from_failure(self.failure.as_deref())
     }
 }
 

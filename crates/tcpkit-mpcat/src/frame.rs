@@ -751,25 +751,14 @@ mod tests {
         fuzz_frame(&all);
     }
 
-    fn corpus() -> Vec<Vec<u8>> {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/mpcat_frame");
-        let mut seeds: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-            .collect();
-        seeds.sort();
-        seeds
-    }
-
     #[test]
     fn the_fuzz_body_runs_over_the_seed_corpus() {
-        let seeds = corpus();
+        let seeds = tcpkit_lab::corpus::seeds("mpcat_frame");
         assert!(seeds.len() >= 8, "{} seeds", seeds.len());
         let mut kinds = std::collections::HashSet::new();
         for s in &seeds {
-            fuzz_frame(s);
-            if let Ok((f, _)) = Frame::parse(s) {
+            fuzz_frame(&s.bytes);
+            if let Ok((f, _)) = Frame::parse(&s.bytes) {
                 kinds.insert(std::mem::discriminant(&f));
             }
         }
@@ -781,9 +770,7 @@ mod tests {
     #[test]
     #[ignore = "writes fuzz/corpus/mpcat_frame"]
     fn write_frame_corpus() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/mpcat_frame");
-        std::fs::create_dir_all(&dir).unwrap();
+        let put = |name: &str, bytes: &[u8]| tcpkit_lab::corpus::write("mpcat_frame", name, bytes);
         let names = [
             "hello", "welcome", "refuse", "data", "ack", "end", "done-ok", "done-bad", "noise",
             "stop",
@@ -793,10 +780,10 @@ mod tests {
             let mut b = Vec::new();
             f.emit_vec(&mut b);
             all.extend_from_slice(&b);
-            std::fs::write(dir.join(name), &b).unwrap();
+            put(name, &b);
         }
         // A whole session's frames back to back, and a data frame cut short.
-        std::fs::write(dir.join("session"), &all).unwrap();
+        put("session", &all);
         let mut cut = Vec::new();
         Frame::Data {
             seq: 0,
@@ -804,7 +791,7 @@ mod tests {
         }
         .emit_vec(&mut cut);
         cut.truncate(100);
-        std::fs::write(dir.join("data-cut"), &cut).unwrap();
+        put("data-cut", &cut);
     }
 
     #[test]

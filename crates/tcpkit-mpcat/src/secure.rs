@@ -269,14 +269,11 @@ mod tests {
 
     #[test]
     fn the_record_fuzz_body_runs_over_the_seed_corpus() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/mpcat_record");
-        let mut n = 0;
-        for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            fuzz_records(&std::fs::read(e.unwrap().path()).unwrap());
-            n += 1;
+        let seeds = tcpkit_lab::corpus::seeds("mpcat_record");
+        for s in &seeds {
+            fuzz_records(&s.bytes);
         }
-        assert!(n >= 3, "{n} seeds");
+        assert!(seeds.len() >= 3, "{} seeds", seeds.len());
     }
 
     /// Writes the seed corpus (by hand: `cargo test -p tcpkit-mpcat write_record_corpus --
@@ -284,9 +281,7 @@ mod tests {
     #[test]
     #[ignore = "writes fuzz/corpus/mpcat_record"]
     fn write_record_corpus() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/mpcat_record");
-        std::fs::create_dir_all(&dir).unwrap();
+        let put = |name: &str, bytes: &[u8]| tcpkit_lab::corpus::write("mpcat_record", name, bytes);
         let k = Psk([7; 32]);
         let mut m1 = [0u8; HANDSHAKE_MSG];
         let init = k.initiate(&mut m1).unwrap();
@@ -295,11 +290,11 @@ mod tests {
         let mut s = init.finish(&m2).unwrap();
         let mut rec = Vec::new();
         s.seal(b"\x04\0\0\0\x0b\0\0\0\0\0\0\0\0abc", &mut rec);
-        std::fs::write(dir.join("record"), &rec).unwrap();
-        std::fs::write(dir.join("record-cut"), &rec[..rec.len() / 2]).unwrap();
-        std::fs::write(dir.join("huge"), [0xff, 0xff, 1, 2, 3]).unwrap();
-        std::fs::write(dir.join("short"), [0, 3, 1, 2, 3]).unwrap();
-        std::fs::write(dir.join("big-plain"), vec![0x5a; 70_000]).unwrap();
+        put("record", &rec);
+        put("record-cut", &rec[..rec.len() / 2]);
+        put("huge", &[0xff, 0xff, 1, 2, 3]);
+        put("short", &[0, 3, 1, 2, 3]);
+        put("big-plain", &[0x5a; 70_000]);
     }
 
     fn pair(a: &Psk, b: &Psk) -> Option<(Channel, Channel)> {

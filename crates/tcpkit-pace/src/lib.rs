@@ -11,7 +11,8 @@
 //!   into a send time without holding a core at low rates;
 //! - [`ArrivalClock`]: open-loop arrival times for `load` (constant or Poisson);
 //! - [`TokenBucket`]: an absolute-time (GCRA) rate limiter with a burst;
-//! - [`units`]: how every flag spells a duration (`2`, `2s`, `500ms`) or a size (`64M`).
+//! - [`units`]: how every flag spells a duration (`2`, `2s`, `500ms`), a size (`64M`) or bytes
+//!   (`PING\r\n`, `\x00`).
 //!
 //! Schedules, arrivals and buckets do no clock reads: they are pure arithmetic over the
 //! caller's `now_ns()`, which keeps them exact and unit-testable.

@@ -1,5 +1,6 @@
 //! The one way every flag spells a duration or a size, so that `--duration 2s` means the same
-//! to every subcommand (it used to be a float to three of them and a string to one).
+//! to every subcommand (it used to be a float to three of them and a string to one), and the
+//! one way a flag spells bytes to send or expect ([`unescape`]).
 //!
 //! Durations: a bare number is seconds (`2`, `0.5`), as tcpreplay and tcpclient take them;
 //! anything else goes through humantime (`2s`, `500ms`, `1m`, `1h 30m`, `10us`), with a decimal
@@ -76,6 +77,50 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .map_err(|e| format!("{text:?}: {e} (expected a size like 65536, 64K, 64M or 1G)"))
 }
 
+/// `text` as bytes, with C-style escapes: `\r`, `\n`, `\t`, `\0`, `\\` and `\xHH` (any byte):
+/// the one way a flag or a file spells bytes to send or expect (load's `--response-delim`,
+/// balance's health probes). The error says what was wrong, for the caller to prefix with
+/// its flag or key.
+pub fn unescape(text: &str) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(text.len());
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' {
+            out.push(b[i]);
+            i += 1;
+            continue;
+        }
+        let c = *b
+            .get(i + 1)
+            .ok_or("a lone \\ at the end (write \\\\ for one)")?;
+        i += 2;
+        out.push(match c {
+            b'r' => b'\r',
+            b'n' => b'\n',
+            b't' => b'\t',
+            b'0' => 0,
+            b'\\' => b'\\',
+            b'x' => {
+                let hex = b
+                    .get(i..i + 2)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or("\\x needs two hex digits")?;
+                i += 2;
+                hex
+            }
+            other => {
+                return Err(format!(
+                    "unknown escape \\{} (\\r \\n \\t \\0 \\\\ \\xHH)",
+                    char::from(other).escape_default()
+                ))
+            }
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +157,20 @@ mod tests {
         assert_eq!(parse_size("1G"), Ok(1 << 30));
         assert!(parse_size("lots").unwrap_err().contains("\"lots\""));
         assert!(parse_size("-1M").is_err());
+    }
+
+    #[test]
+    fn escapes_are_c_style_and_say_what_was_wrong() {
+        assert_eq!(unescape("PING\\r\\n").unwrap(), b"PING\r\n");
+        assert_eq!(
+            unescape("\\x12\\x34\\0\\\\\\t").unwrap(),
+            [0x12, 0x34, 0, b'\\', b'\t']
+        );
+        assert_eq!(unescape("+PONG").unwrap(), b"+PONG");
+        assert!(unescape("a\\").unwrap_err().contains("lone"));
+        assert_eq!(unescape("a\\r\\n\\t\\\\\\x41").unwrap(), b"a\r\n\t\\A");
+        assert!(unescape("\\x4").unwrap_err().contains("two hex digits"));
+        assert!(unescape("\\xZ1").unwrap_err().contains("two hex digits"));
+        assert!(unescape("\\q").unwrap_err().contains("unknown escape \\q"));
     }
 }

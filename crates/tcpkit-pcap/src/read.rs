@@ -210,16 +210,22 @@ impl<'a> Packets<'a> {
                 return Ok(None);
             }
             let block_at = Location::Block { offset };
-            let Some(block_type) = u32_at(rest, 0, false) else {
+            // A block header cut short: placed at the block, or at the packet once its type
+            // says it holds one.
+            let cut_header = |at| {
                 let left = rest.len() as u64;
-                return Err((
-                    block_at,
+                let what = "block header";
+                (
+                    at,
                     Reason::TruncatedHeader {
-                        what: "block header",
+                        what,
                         needed: 8,
                         left,
                     },
-                ));
+                )
+            };
+            let Some(block_type) = u32_at(rest, 0, false) else {
+                return Err(cut_header(block_at));
             };
             // The section header's type is a palindrome so that it reads the same before the
             // byte order is known; its byte-order magic gives the order of everything after.
@@ -239,15 +245,7 @@ impl<'a> Packets<'a> {
                 block_at
             };
             let Some(len) = u32_at(rest, 4, be) else {
-                let left = rest.len() as u64;
-                return Err((
-                    at,
-                    Reason::TruncatedHeader {
-                        what: "block header",
-                        needed: 8,
-                        left,
-                    },
-                ));
+                return Err(cut_header(at));
             };
             let min = pcapng::min_block_len(block_type);
             if len < min || len % 4 != 0 {

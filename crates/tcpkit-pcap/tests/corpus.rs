@@ -3,53 +3,30 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use common::*;
+use tcpkit_lab::corpus;
 use tcpkit_pcap::{fuzz_read, CaptureFile, PcapWriter};
-
-fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/pcap_read")
-}
-
-fn seeds() -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out: Vec<_> = std::fs::read_dir(corpus_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file())
-        .map(|p| {
-            let bytes = std::fs::read(&p).unwrap();
-            (p, bytes)
-        })
-        .collect();
-    out.sort();
-    out
-}
 
 #[test]
 fn fuzz_read_survives_the_seed_corpus() {
-    let seeds = seeds();
-    assert!(
-        seeds.len() >= 10,
-        "seed corpus missing: {}",
-        corpus_dir().display()
-    );
-    for (path, bytes) in &seeds {
-        eprintln!("{}", path.display());
-        fuzz_read(bytes);
+    let seeds = corpus::seeds("pcap_read");
+    assert!(seeds.len() >= 10, "{} seeds", seeds.len());
+    for s in &seeds {
+        eprintln!("{}", s.name);
+        fuzz_read(&s.bytes);
     }
 }
 
 #[test]
 fn fuzz_read_pcapng_survives_its_corpus() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/pcapng");
-    let mut n = 0;
-    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        tcpkit_pcap::fuzz_read_pcapng(&std::fs::read(e.unwrap().path()).unwrap());
-        n += 1;
+    let seeds = corpus::seeds("pcapng");
+    for s in &seeds {
+        tcpkit_pcap::fuzz_read_pcapng(&s.bytes);
     }
-    assert!(n >= 3, "pcapng corpus missing: {}", dir.display());
+    assert!(seeds.len() >= 3, "{} seeds", seeds.len());
 }
 
 /// A small stand-in for the fuzzer that runs on stable: every seed with bytes overwritten at
@@ -63,7 +40,7 @@ fn fuzz_read_survives_mutated_seeds() {
         state ^= state << 17;
         state
     };
-    for (_, seed) in seeds() {
+    for corpus::Seed { bytes: seed, .. } in corpus::seeds("pcap_read") {
         if seed.is_empty() {
             continue;
         }
@@ -89,8 +66,6 @@ fn fuzz_read_survives_mutated_seeds() {
 #[test]
 #[ignore = "regenerates fuzz/corpus/pcap_read"]
 fn write_seed_corpus() {
-    let dir = corpus_dir();
-    std::fs::create_dir_all(&dir).unwrap();
     let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
     let us = written_pcap(false, 6);
     let ng = multi_pcapng().0;
@@ -131,7 +106,7 @@ fn write_seed_corpus() {
         ),
     ];
     for (name, bytes) in files {
-        std::fs::write(dir.join(name), bytes).unwrap();
+        corpus::write("pcap_read", name, &bytes);
     }
 }
 

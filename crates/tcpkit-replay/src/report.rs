@@ -235,10 +235,7 @@ impl Report for ReplayReport {
     /// Everything asked was sent, or the run says why not: it stopped early (an input error,
     /// an interrupt), or frames were refused by the interface (issue 10, case 2).
     fn verdict(&self) -> Verdict {
-        match self.stopped_by.as_ref().or(self.failure.as_ref()) {
-            Some(why) => Verdict::Failed(why.clone()),
-            None => Verdict::Done,
-        }
+        Verdict::from_failure(self.stopped_by.as_deref().or(self.failure.as_deref()))
     }
 }
 

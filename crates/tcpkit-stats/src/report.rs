@@ -15,6 +15,12 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// `Failed(reason)` when the run kept a reason it failed, else `Done`: the verdict of a
+    /// report whose only check is whether the run was cut short.
+    pub fn from_failure(failure: Option<&str>) -> Verdict {
+        failure.map_or(Verdict::Done, |f| Verdict::Failed(f.to_owned()))
+    }
+
     /// `Failed(reason)` when `cond` holds, else `Done`: for verdicts built from checks.
     pub fn fail_if(cond: bool, reason: impl FnOnce() -> String) -> Verdict {
         if cond {
@@ -104,5 +110,14 @@ mod tests {
             .and(|| Verdict::Failed("b".into()));
         assert_eq!(v, Verdict::Failed("a".into()));
         assert!(Verdict::fail_if(false, String::new).is_done());
+    }
+
+    #[test]
+    fn a_kept_failure_is_the_verdict() {
+        assert_eq!(
+            Verdict::from_failure(Some("input ended early")),
+            Verdict::Failed("input ended early".into())
+        );
+        assert!(Verdict::from_failure(None).is_done());
     }
 }

@@ -332,9 +332,9 @@ impl ResponseFramer {
                 chunked |= h
                     .value
                     .split(|&c| c == b',')
-                    .any(|t| trim(t).eq_ignore_ascii_case(b"chunked"));
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             } else if h.name.eq_ignore_ascii_case("content-length") {
-                let n = parse_decimal(trim(h.value)).ok_or(HttpError::ContentLength)?;
+                let n = parse_decimal(h.value.trim_ascii()).ok_or(HttpError::ContentLength)?;
                 if length.is_some_and(|l| l != n) {
                     return Err(HttpError::ContentLength);
                 }
@@ -490,18 +490,6 @@ fn parse_decimal(v: &[u8]) -> Option<u64> {
     v.iter().try_fold(0u64, |n, &c| {
         c.is_ascii_digit().then(|| n * 10 + u64::from(c - b'0'))
     })
-}
-
-fn trim(b: &[u8]) -> &[u8] {
-    let s = b
-        .iter()
-        .position(|c| !c.is_ascii_whitespace())
-        .unwrap_or(b.len());
-    let e = b
-        .iter()
-        .rposition(|c| !c.is_ascii_whitespace())
-        .map_or(s, |e| e + 1);
-    &b[s..e.max(s)]
 }
 
 fn find(h: &[u8], n: &[u8]) -> Option<usize> {

@@ -292,7 +292,7 @@ fn addr_arg(text: &str) -> Result<SocketAddr, String> {
 pub struct Payload(pub Vec<u8>);
 
 fn payload_arg(text: &str) -> Result<Payload, String> {
-    tcpkit_balance::health::unescape(text)
+    tcpkit_pace::units::unescape(text)
         .map(Payload)
         .map_err(|e| format!("'{text}': {e}"))
 }

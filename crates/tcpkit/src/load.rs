@@ -12,6 +12,7 @@ use tcpkit_load::loadgen::{
     LiveTotals, LoadCounters, Payload, Procs, RateProfile, ResponseEnd,
 };
 use tcpkit_load::report::LoadReport;
+use tcpkit_pace::units::unescape;
 use tcpkit_stats::{Histogram, Monitor, MonitorOptions};
 
 use crate::common::{self, duration_arg, OutputFlags, RunFlags};
@@ -223,38 +224,6 @@ fn positive(flag: &str, v: f64) -> Result<f64, Failure> {
     Ok(v)
 }
 
-/// `\r \n \t \\ \0 \xHH` in a delimiter given on the command line.
-fn unescape(text: &str) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    let b = text.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] != b'\\' {
-            out.push(b[i]);
-            i += 1;
-            continue;
-        }
-        match b.get(i + 1) {
-            Some(b'r') => out.push(b'\r'),
-            Some(b'n') => out.push(b'\n'),
-            Some(b't') => out.push(b'\t'),
-            Some(b'0') => out.push(0),
-            Some(b'\\') => out.push(b'\\'),
-            Some(b'x') => {
-                let hex = text
-                    .get(i + 2..i + 4)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| format!("{text:?}: \\x needs two hex digits"))?;
-                out.push(hex);
-                i += 2;
-            }
-            _ => return Err(format!("{text:?}: unknown escape at byte {i}")),
-        }
-        i += 2;
-    }
-    Ok(out)
-}
-
 /// `K/N/T`: worker K (from 0) of N, with T threads.
 fn parse_worker(text: &str) -> Result<(u32, u32, usize), Failure> {
     let bad = || usage(format!("--worker '{text}': expected K/N/T with K < N"));
@@ -289,7 +258,7 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
             (Some(0), _) => return Err(usage("--response-len 0: must be at least 1")),
             (Some(n), _) => ResponseEnd::Len(n),
             (None, Some(d)) => {
-                let d = unescape(d).map_err(|e| usage(format!("--response-delim {e}")))?;
+                let d = unescape(d).map_err(|e| usage(format!("--response-delim {d:?}: {e}")))?;
                 if d.is_empty() {
                     return Err(usage("--response-delim: must not be empty"));
                 }
@@ -810,6 +779,16 @@ mod tests {
             ),
             (vec!["127.0.0.1:53", "--payload-file", f], "--response-len"),
             (
+                vec![
+                    "127.0.0.1:53",
+                    "--payload-file",
+                    f,
+                    "--response-delim",
+                    "a\\",
+                ],
+                "--response-delim \"a\\\\\": a lone \\",
+            ),
+            (
                 vec!["127.0.0.1:53", "--response-len", "3"],
                 "--payload-file",
             ),
@@ -1035,13 +1014,6 @@ mod tests {
             l,
             "conns 5 open | sent 100/s | answered 95/s | errors 1 | timeouts 2 | lag 1.5 ms"
         );
-    }
-
-    #[test]
-    fn unescape_escapes() {
-        assert_eq!(unescape("a\\r\\n\\t\\\\\\x41").unwrap(), b"a\r\n\t\\A");
-        assert!(unescape("\\q").is_err());
-        assert!(unescape("\\x4").is_err());
     }
 
     #[test]

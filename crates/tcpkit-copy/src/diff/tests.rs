@@ -19,6 +19,19 @@ fn resp(d: &Differ, bytes: &[u8], step: usize, head_req: bool) -> (Resp, bool) {
     (a.finish(), whole)
 }
 
+/// A copy's connection as these tests name it: every address the same (the differ only
+/// writes them out).
+fn meta(session: u64, copy: u32) -> ConnMeta {
+    let a: SocketAddr = "10.0.0.1:1000".parse().unwrap();
+    ConnMeta {
+        session,
+        copy,
+        client: a,
+        server: a,
+        target: a,
+    }
+}
+
 fn verdict(mode: DiffMode, ignore: &[&str], a: &[u8], b: &[u8]) -> Verdict {
     let d = Differ::new(cfg(mode, ignore)).unwrap();
     let (ra, _) = resp(&d, a, 7, false);
@@ -195,15 +208,8 @@ fn pairs_by_request_index_and_writes_the_differences() {
     c.out = Some(out.clone());
     c.max_written = 1;
     let mut d = Differ::new(c).unwrap();
-    let a: SocketAddr = "10.0.0.1:1000".parse().unwrap();
     let mut orig = d.original(true);
-    let mut conn = d.conn(ConnMeta {
-        session: 7,
-        copy: 2,
-        client: a,
-        server: a,
-        target: a,
-    });
+    let mut conn = d.conn(meta(7, 2));
     // Request 1 and its answers.
     let (k, r) = orig.request_starts(&d, b"GET /1").unwrap();
     assert_eq!(k, 0);
@@ -250,14 +256,7 @@ fn a_mid_stream_join_skips_the_answer_before_it_and_a_cut_copy_counts() {
     let mut orig = d.original(false);
     orig.server_bytes(b"answer to a request never copied");
     assert!(orig.request_starts(&d, b"GET /").is_none());
-    let a: SocketAddr = "10.0.0.1:1".parse().unwrap();
-    let mut conn = d.conn(ConnMeta {
-        session: 1,
-        copy: 1,
-        client: a,
-        server: a,
-        target: a,
-    });
+    let mut conn = d.conn(meta(1, 1));
     conn.request_queued(b"GET /");
     conn.request_sent(&mut d);
     conn.target_bytes(b"par");
@@ -283,15 +282,8 @@ fn a_bad_pattern_is_an_error_not_a_panic() {
 #[test]
 fn pipelined_answers_are_compared_message_by_message() {
     let mut d = Differ::new(cfg(DiffMode::Http, &["^Date:"])).unwrap();
-    let a: SocketAddr = "10.0.0.1:1".parse().unwrap();
     let mut orig = d.original(true);
-    let mut conn = d.conn(ConnMeta {
-        session: 1,
-        copy: 1,
-        client: a,
-        server: a,
-        target: a,
-    });
+    let mut conn = d.conn(meta(1, 1));
     let two = b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n";
     let (k, r) = orig.request_starts(&d, two).unwrap();
     conn.original(k, r);
@@ -317,13 +309,7 @@ fn pipelined_answers_are_compared_message_by_message() {
     let (ra, _) = resp(&d, &[A, A].concat(), 9, false);
     let (rb, _) = resp(&d, A, 9, false);
     assert_eq!((ra.msgs.len(), rb.msgs.len()), (2, 1));
-    let meta = ConnMeta {
-        session: 1,
-        copy: 1,
-        client: a,
-        server: a,
-        target: a,
-    };
+    let meta = meta(1, 1);
     d.judge(&meta, 1, &ra, &rb);
     assert_eq!(
         (d.stats.compared, d.stats.equal, d.stats.different),
@@ -337,15 +323,8 @@ fn pipelined_answers_are_compared_message_by_message() {
 #[test]
 fn a_copy_lagging_the_capture_sees_each_answer_whole_on_its_own() {
     let mut d = Differ::new(cfg(DiffMode::Http, &["^Date:"])).unwrap();
-    let a: SocketAddr = "10.0.0.1:1".parse().unwrap();
     let mut orig = d.original(true);
-    let mut conn = d.conn(ConnMeta {
-        session: 1,
-        copy: 1,
-        client: a,
-        server: a,
-        target: a,
-    });
+    let mut conn = d.conn(meta(1, 1));
     let get = b"GET /a HTTP/1.1\r\n\r\n";
     // The capture runs four requests ahead of the copy.
     for _ in 0..4 {
@@ -389,15 +368,8 @@ fn a_copy_lagging_the_capture_sees_each_answer_whole_on_its_own() {
 #[test]
 fn an_original_answer_with_a_hole_is_counted_not_compared() {
     let mut d = Differ::new(cfg(DiffMode::Bytes, &[])).unwrap();
-    let a: SocketAddr = "10.0.0.1:1000".parse().unwrap();
     let mut orig = d.original(true);
-    let mut conn = d.conn(ConnMeta {
-        session: 1,
-        copy: 1,
-        client: a,
-        server: a,
-        target: a,
-    });
+    let mut conn = d.conn(meta(1, 1));
     let (k, r) = orig.request_starts(&d, b"GET /1").unwrap();
     conn.original(k, r);
     conn.request_queued(b"GET /1");

@@ -60,6 +60,16 @@ pub(crate) fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> RunError {
     move |source| RunError::Io { what, source }
 }
 
+/// The answer differ `--diff` asks for, its `--diff-out` created: both transports open it
+/// before their first copy.
+pub(crate) fn open_differ(cfg: &CopyConfig) -> Result<Option<Differ>, RunError> {
+    cfg.diff
+        .clone()
+        .map(Differ::new)
+        .transpose()
+        .map_err(io_err("create the --diff-out file"))
+}
+
 /// One entry of a copy's queue.
 #[derive(Debug)]
 pub(crate) enum Item {

@@ -253,10 +253,9 @@ mod tests {
     /// stopped doing so would leave the fuzzer far from them.
     #[test]
     fn the_seed_corpus_exercises_every_outcome() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/reasm");
         let mut all = TrackerStats::default();
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let s = run(&std::fs::read(e.unwrap().path()).unwrap());
+        for seed in tcpkit_lab::corpus::seeds("reasm") {
+            let s = run(&seed.bytes);
             all.closed_fin += s.closed_fin;
             all.closed_rst += s.closed_rst;
             all.closed_idle += s.closed_idle;

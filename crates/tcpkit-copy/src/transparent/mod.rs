@@ -78,9 +78,10 @@ use crate::auth::{CopyHandshake, HandshakeError, Key};
 use crate::backoff::{Backoff, Down, Gate};
 use crate::config::{CopyConfig, CopyCounters};
 use crate::control::{ControlError, Msg, PacketHdr};
-use crate::diff::Differ;
 use crate::feed::{FeedError, Input};
-use crate::front::{io_err, Engine, Front, Item, Outcome, RunError, Transport, CLOSE_LINGER_NS};
+use crate::front::{
+    io_err, open_differ, Engine, Front, Item, Outcome, RunError, Transport, CLOSE_LINGER_NS,
+};
 use crate::transfer;
 
 /// What transparent mode adds to the copy's configuration.
@@ -951,12 +952,7 @@ pub fn run(
     live: &CopyCounters,
 ) -> Result<CopyReport, TransparentError> {
     let start = now_ns();
-    let differ = cfg
-        .diff
-        .clone()
-        .map(Differ::new)
-        .transpose()
-        .map_err(io_err("create the --diff-out file"))?;
+    let differ = open_differ(cfg)?;
     let max_payload = if differ.is_some() { DIFF_PAYLOAD } else { 0 };
     let ctl_sock = handshake(
         t.intercept,

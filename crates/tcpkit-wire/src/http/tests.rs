@@ -243,12 +243,10 @@ fn state_is_small() {
 
 #[test]
 fn fuzz_body_over_seed_corpus() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/http");
-    let mut n = 0;
-    for e in std::fs::read_dir(&dir).unwrap() {
-        let data = std::fs::read(e.unwrap().path()).unwrap();
-        fuzz_http(&data);
-        n += 1;
+    let seeds = tcpkit_lab::corpus::seeds("http");
+    for s in &seeds {
+        fuzz_http(&s.bytes);
     }
+    let n = seeds.len();
     assert!(n >= 8, "seed corpus has {n} files, expected at least 8");
 }
