@@ -3,6 +3,7 @@
 //! target, and a test can watch the clients' link to prove nothing from the target reaches it.
 
 pub mod modes;
+pub use crate::common::peer::{json, u};
 pub use crate::common::{nft, schema, sock};
 pub mod tlab;
 
@@ -579,25 +580,6 @@ pub fn wait_limited(mut child: Child, limit: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-pub fn json(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): stdout {} stderr {}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
-}
-
-pub fn u(v: &Value, path: &str) -> u64 {
-    let mut x = v;
-    for k in path.split('.') {
-        x = &x[k];
-    }
-    x.as_u64()
-        .unwrap_or_else(|| panic!("{path} is not a count in {v:#}"))
 }
 
 pub fn lines(path: &Path) -> Vec<String> {
