@@ -290,6 +290,9 @@ pub struct BackendHealth {
     pub drained: u64,
     ok_run: u32,
     fail_run: u32,
+    /// Added by a reload and not yet seen healthy: out of the set until its first probe
+    /// passes (one, not `rise`: it never failed, it is only unproven).
+    unproven: bool,
 }
 
 impl BackendHealth {
@@ -306,6 +309,18 @@ impl BackendHealth {
             drained: 0,
             ok_run: 0,
             fail_run: 0,
+            unproven: false,
+        }
+    }
+
+    /// A backend a reload adds to a health-checked service: down, not counted as a down,
+    /// until its first probe passes, so no connect goes to a server never seen answering.
+    pub fn added() -> BackendHealth {
+        BackendHealth {
+            up: false,
+            unproven: true,
+            last_failure: Some("added by reload: no probe has passed yet".into()),
+            ..BackendHealth::new(true)
         }
     }
 
@@ -320,8 +335,9 @@ impl BackendHealth {
             self.last_failure = None;
             self.fail_run = 0;
             self.ok_run = self.ok_run.saturating_add(1);
-            if !self.up && self.ok_run >= o.rise {
+            if !self.up && (self.ok_run >= o.rise || self.unproven) {
                 self.up = true;
+                self.unproven = false;
                 self.since = Instant::now();
                 return true;
             }
@@ -549,6 +565,24 @@ mod tests {
         assert!(!h.probe(Ok(()), &o) && !h.up);
         assert!(h.probe(Ok(()), &o) && h.up);
         assert_eq!((h.probes, h.failed), (8, 5));
+    }
+
+    #[test]
+    fn an_added_backend_is_out_until_its_first_probe_passes() {
+        let o = HealthOptions {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            rise: 3,
+            fall: 2,
+            probe: Probe::Connect,
+        };
+        let mut h = BackendHealth::added();
+        assert!(!h.up && h.checked);
+        assert!(!h.probe(Err("refused".into()), &o) && !h.up && h.downs == 0);
+        assert!(h.probe(Ok(()), &o) && h.up, "one pass, not rise");
+        // From then on an ordinary backend: down after fall, up after rise.
+        assert!(!h.probe(Err("x".into()), &o) && h.probe(Err("x".into()), &o) && !h.up);
+        assert!(!h.probe(Ok(()), &o) && !h.probe(Ok(()), &o) && h.probe(Ok(()), &o));
     }
 
     #[test]

@@ -129,6 +129,8 @@ impl Daemon {
                         match (kept, n.health.is_some()) {
                             (Some(h), true) if h.checked => h,
                             (Some(h), false) if !h.checked => h,
+                            // New and checked: out until a probe passes.
+                            (None, true) => BackendHealth::added(),
                             (_, checked) => BackendHealth::new(checked),
                         }
                     })
