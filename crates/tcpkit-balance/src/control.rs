@@ -71,21 +71,56 @@ pub struct Counts {
 /// The answer to one request word (`status`, `reload`), or None for a word not understood.
 pub type Handler = dyn Fn(&str) -> Option<String> + Send + Sync;
 
-/// The running control socket; [`Control::stop`] closes it and removes the file.
+/// The running control socket; [`Control::stop`] closes it and removes the file (and the
+/// directories made for it).
 #[derive(Debug)]
 pub struct Control {
-    path: PathBuf,
+    made: Option<Made>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     counts: Arc<Counts>,
 }
 
+/// The socket file this process bound and the directories it made for it (the deepest
+/// first): removed on drop, so neither a refused `up` nor a stopped one leaves them. A
+/// directory goes only when empty (another `up`'s socket may be in it).
+#[derive(Debug)]
+struct Made {
+    /// Set once bound: a file found there before is not ours to remove.
+    path: Option<PathBuf>,
+    dirs: Vec<PathBuf>,
+}
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// A bound control socket not serving yet ([`Control::start`]); dropped, its file goes.
+#[derive(Debug)]
+pub struct Bound {
+    listener: UnixListener,
+    made: Made,
+}
+
 /// Binds `path`: its directory made (mode 700) if missing, a stale socket left by a killed
 /// `up` removed, one that still answers refused.
-pub fn bind(path: &Path) -> Result<UnixListener, ControlError> {
+pub fn bind(path: &Path) -> Result<Bound, ControlError> {
     let shown = path.display().to_string();
+    let mut dirs = Vec::new();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.exists() {
+        dirs = dir
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        if !dirs.is_empty() {
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
@@ -93,6 +128,8 @@ pub fn bind(path: &Path) -> Result<UnixListener, ControlError> {
                 .map_err(|e| ControlError::Setup(shown.clone(), e))?;
         }
     }
+    // From here on, the directories made go again if binding fails.
+    let mut made = Made { path: None, dirs };
     match std::fs::symlink_metadata(path) {
         Ok(m) if !m.file_type().is_socket() => return Err(ControlError::NotSocket(shown)),
         Ok(_) => {
@@ -103,23 +140,28 @@ pub fn bind(path: &Path) -> Result<UnixListener, ControlError> {
         }
         Err(_) => {}
     }
-    let l = UnixListener::bind(path).map_err(|e| ControlError::Setup(shown.clone(), e))?;
+    let listener = UnixListener::bind(path).map_err(|e| ControlError::Setup(shown.clone(), e))?;
+    made.path = Some(path.to_path_buf());
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| ControlError::Setup(shown, e))?;
-    Ok(l)
+    Ok(Bound { listener, made })
 }
 
 impl Control {
     /// Serves `listener` on a thread of its own until stopped.
     /// `first_message`: how long a peer has to send its request (FIRST_MESSAGE in use).
     pub fn start(
-        listener: UnixListener,
-        path: &Path,
+        bound: Bound,
         handler: Arc<Handler>,
         first_message: Duration,
         counts: Arc<Counts>,
     ) -> Result<Control, ControlError> {
-        let shown = path.display().to_string();
+        let Bound { listener, made } = bound;
+        let shown = made
+            .path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
         listener
             .set_nonblocking(true)
             .map_err(|e| ControlError::Setup(shown.clone(), e))?;
@@ -130,7 +172,7 @@ impl Control {
             .spawn(move || accept_loop(&listener, &st, &c, &handler, first_message))
             .map_err(|e| ControlError::Setup(shown, e))?;
         Ok(Control {
-            path: path.to_path_buf(),
+            made: Some(made),
             stop,
             thread: Some(thread),
             counts,
@@ -149,8 +191,8 @@ impl Control {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
-            let _ = std::fs::remove_file(&self.path);
         }
+        self.made = None;
     }
 }
 
@@ -366,7 +408,7 @@ mod tests {
         let path = dir.join("sub").join("c.sock");
         let l = bind(&path).unwrap();
         let h: Arc<Handler> = Arc::new(|w: &str| (w == "status").then(|| "{}\n".to_string()));
-        let c = Control::start(l, &path, h, first_message, Arc::default()).unwrap();
+        let c = Control::start(l, h, first_message, Arc::default()).unwrap();
         (c, path)
     }
 
@@ -401,10 +443,36 @@ mod tests {
         assert_eq!((s.answered, s.bad, s.timed_out), (2, 2, 1), "{s:?}");
         c.stop();
         assert!(!path.exists(), "the socket file goes with it");
+        assert!(
+            !dir.path().join("sub").exists(),
+            "and the directory made for it"
+        );
         assert!(matches!(
             request(&path, "status", t),
             Err(ControlError::NotRunning(..))
         ));
+    }
+
+    #[test]
+    fn a_refused_up_leaves_no_socket_and_never_removes_anothers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a").join("b").join("c.sock");
+        // Bound, then refused for another reason before serving: nothing of it stays.
+        drop(bind(&path).unwrap());
+        assert!(!dir.path().join("a").exists());
+        // A directory that was there stays; a file that is not a socket is not touched.
+        std::fs::create_dir(dir.path().join("a")).unwrap();
+        drop(bind(&path).unwrap());
+        assert!(dir.path().join("a").exists() && !dir.path().join("a/b").exists());
+        let plain = dir.path().join("a").join("plain");
+        std::fs::write(&plain, "").unwrap();
+        assert!(matches!(bind(&plain), Err(ControlError::NotSocket(_))));
+        assert!(plain.exists());
+        // Nor is the socket of an `up` that answers.
+        let (c, live) = serve(dir.path(), Duration::from_secs(1));
+        assert!(matches!(bind(&live), Err(ControlError::InUse(_))));
+        assert!(live.exists());
+        c.stop();
     }
 
     #[test]

@@ -372,7 +372,6 @@ pub fn up(
     };
     let ctl = Control::start(
         listener,
-        &opts.socket,
         handler,
         control::FIRST_MESSAGE,
         Arc::clone(&fixed.control),
