@@ -21,8 +21,17 @@ pub enum CgroupError {
     },
     #[error("no cgroup v2 line (0::) in /proc/self/cgroup: this host has no cgroup v2 hierarchy")]
     NoUnified,
-    #[error("--cgroup {0}: no such cgroup (neither a cgroup v2 directory nor a path under the hierarchy mounted at {1})")]
-    Unknown(String, String),
+    /// The cgroup as given, and where the hierarchy is mounted (None: privately, a directory
+    /// the user cannot see).
+    #[error("--cgroup {0}: no such cgroup (neither a cgroup v2 directory nor a path {where_})", where_ = in_hierarchy(.1.as_deref()))]
+    Unknown(String, Option<String>),
+}
+
+fn in_hierarchy(mount: Option<&str>) -> String {
+    match mount {
+        Some(m) => format!("under the hierarchy mounted at {m}"),
+        None => "in the cgroup v2 hierarchy as /proc/PID/cgroup shows it".into(),
+    }
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CgroupError {
@@ -72,8 +81,9 @@ fn unescape(s: &str) -> String {
 /// The cgroup `up --cgroup` names: a cgroup v2 directory as given (`/sys/fs/cgroup/x.slice`),
 /// or else a path in the hierarchy as /proc/PID/cgroup shows it (`/x.slice`), under `mount`
 /// (which is how it is found under `ip netns exec`, where the host's mount is not visible).
-/// None: the hierarchy's root, every process of the host.
-pub fn resolve(given: Option<&str>, mount: &Path) -> Result<PathBuf, CgroupError> {
+/// None: the hierarchy's root, every process of the host. `private`: `mount` is a private
+/// mount of this process's own, not named in errors.
+pub fn resolve(given: Option<&str>, mount: &Path, private: bool) -> Result<PathBuf, CgroupError> {
     let Some(g) = given else {
         return Ok(mount.to_path_buf());
     };
@@ -87,7 +97,7 @@ pub fn resolve(given: Option<&str>, mount: &Path) -> Result<PathBuf, CgroupError
     }
     Err(CgroupError::Unknown(
         g.to_string(),
-        mount.display().to_string(),
+        (!private).then(|| mount.display().to_string()),
     ))
 }
 

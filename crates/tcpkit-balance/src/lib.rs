@@ -9,6 +9,7 @@
 //! by clang from build.rs and loaded by aya; the Rust side of the header is generated from it
 //! (`bpf`).
 
+pub mod attached;
 pub mod bpf;
 pub mod cgroup;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod drain;
 pub mod features;
 pub mod file;
 pub mod health;
+pub mod holder;
 pub mod loader;
 pub mod pin;
 pub mod report;

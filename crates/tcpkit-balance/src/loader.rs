@@ -114,7 +114,7 @@ impl Drop for RevnatView {
 /// detaches only when the kernel frees the pin's inode (after an RCU grace period, then from a
 /// workqueue): a reload answered while the hooks it dropped still ran (seen in the balance
 /// tests under load). aya 0.14 has no call for BPF_LINK_DETACH, hence the raw bpf(2) calls.
-fn detach_pinned(path: &Path) -> std::io::Result<()> {
+pub(crate) fn detach_pinned(path: &Path) -> std::io::Result<()> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
     const BPF_OBJ_GET: libc::c_long = 7;
@@ -167,6 +167,8 @@ pub enum LoadError {
     Program(&'static str, #[source] aya::programs::ProgramError),
     #[error("open {0}: {1}")]
     Cgroup(String, #[source] std::io::Error),
+    #[error("asking the kernel what is attached to the cgroup (BPF_PROG_QUERY): {0}")]
+    Query(#[source] std::io::Error),
     #[error("every map slot is in use ({MAX_SERVICES} services of {MAX_BACKENDS} backends)")]
     Full,
     #[error("counting CPUs: {0}")]
@@ -441,7 +443,8 @@ impl Balancer {
         Ok(())
     }
 
-    fn keys(s: &Service) -> Vec<SvcKey> {
+    /// The services map's keys of `s` (one per protocol it balances).
+    pub(crate) fn keys(s: &Service) -> Vec<SvcKey> {
         let (ip, port, family) = key_of(&s.vip);
         s.protocol
             .numbers()
@@ -571,13 +574,33 @@ impl Balancer {
         self.sync_hooks()
     }
 
-    /// The hooks attached, by their attach names (`connect4`, ...), in [`PROGRAMS`] order.
-    pub fn hooks(&self) -> Vec<String> {
-        PROGRAMS
-            .iter()
-            .filter(|p| self.links.iter().any(|(n, _)| n == *p))
-            .map(|p| p.trim_start_matches("tk_").to_string())
-            .collect()
+    /// The hooks of ours the kernel has attached to the cgroup now, by their attach names
+    /// (`connect4`, ...), in [`PROGRAMS`] order: asked of the kernel, so a link detached
+    /// behind this process's back (bpftool, a pin removed) is not listed.
+    pub fn hooks(&self) -> Result<Vec<String>, LoadError> {
+        use std::os::fd::AsFd;
+        let Some(cg) = &self.cgroup else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for name in PROGRAMS {
+            let id = self
+                .ebpf
+                .program(name)
+                .ok_or(LoadError::Program(
+                    name,
+                    aya::programs::ProgramError::UnexpectedProgramType,
+                ))?
+                .info()
+                .map_err(|e| LoadError::Program(name, e))?
+                .id();
+            let t = crate::attached::attach_type(name).unwrap_or_default();
+            let ids = crate::attached::prog_ids(cg.as_fd(), t).map_err(LoadError::Query)?;
+            if ids.contains(&id) {
+                out.push(name.trim_start_matches("tk_").to_string());
+            }
+        }
+        Ok(out)
     }
 
     fn wanted(&self) -> Vec<&'static str> {

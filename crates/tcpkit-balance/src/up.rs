@@ -51,6 +51,11 @@ pub enum UpError {
     Metrics(std::net::SocketAddr, #[source] std::io::Error),
     #[error(transparent)]
     Pin(#[from] crate::pin::PinError),
+    /// Another balancer's programs on the cgroup serve a VIP of this file: (cgroup, VIP, who).
+    #[error("cgroup {0}: {1} is balanced there already, by {2}")]
+    Serving(String, std::net::SocketAddr, String),
+    #[error("cgroup {0}: asking the kernel what is attached: {1}")]
+    Query(String, #[source] std::io::Error),
 }
 
 /// What reload and status share with the main loop.
@@ -199,7 +204,7 @@ struct Fixed {
 fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<StatusReport, LoadError> {
     let (counters, hooks) = {
         let b = lock(&d.balancer);
-        (b.counters()?, b.hooks())
+        (b.counters()?, b.hooks()?)
     };
     let states = lock(&d.state).clone();
     let now = Instant::now();
@@ -294,14 +299,15 @@ pub fn up(
             (p.dir.clone(), Some(p))
         }
     };
-    let cg = cgroup::resolve(opts.cgroup.as_deref(), &mount)?;
-    // Before anything is loaded: a second `up` on the same socket attaches nothing.
-    let listener = control::bind(&opts.socket)?;
-    if let Some(dir) = &opts.pin {
-        crate::pin::prepare(dir)?;
-    }
-    let features = features::probe();
+    let cg = cgroup::resolve(opts.cgroup.as_deref(), &mount, private.is_some())?;
+    let shown_cg = display_cgroup(&cg, &mount, private.is_some());
     let services: Vec<_> = configs.iter().map(|c| c.service.clone()).collect();
+    // Before anything is loaded: a second `up` on the same socket or pins, or for the same
+    // VIP, attaches nothing (and what it made for them goes).
+    let listener = control::bind(&opts.socket)?;
+    let pins = opts.pin.as_deref().map(crate::pin::prepare).transpose()?;
+    refuse_served(&cg, &shown_cg, &services)?;
+    let features = features::probe();
     let mut balancer = Balancer::load(&services, opts.trace)?;
     let tracer = if opts.trace {
         Some(Tracer::start(balancer.take_trace()?))
@@ -309,14 +315,6 @@ pub fn up(
         None
     };
     balancer.attach(&cg)?;
-    if let Some(dir) = &opts.pin {
-        if let Err(e) = balancer.pin(dir) {
-            // Half a set of pins would keep half a balancer: none stays.
-            let _ = crate::pin::down(dir);
-            let _ = std::fs::remove_dir(dir);
-            return Err(e.into());
-        }
-    }
     let balancer = Arc::new(Mutex::new(balancer));
     let state: State = Arc::new(Mutex::new(
         configs
@@ -339,7 +337,7 @@ pub fn up(
     let fixed = Arc::new(Fixed {
         pid: std::process::id(),
         config: opts.config.display().to_string(),
-        cgroup: display_cgroup(&cg, &mount, private.is_some()),
+        cgroup: shown_cg,
         started: Instant::now(),
         features,
         control: Arc::default(),
@@ -391,6 +389,16 @@ pub fn up(
             Some(m)
         }
     };
+    // Pinned last, once nothing else can fail: a refused `up` leaves no balancing behind.
+    if let Some(dir) = &opts.pin {
+        let pinned = lock(&balancer).pin(dir);
+        if let Err(e) = pinned {
+            // Half a set of pins would keep half a balancer: none stays (the directory goes
+            // with `pins`).
+            let _ = crate::pin::remove(dir);
+            return Err(e.into());
+        }
+    }
     eprintln!(
         "tcpkit balance: up: {} services from {} on cgroup {}; status: tcpkit balance status --socket {}",
         lock(&daemon).configs.len(),
@@ -425,10 +433,28 @@ pub fn up(
     drop(daemon);
     drop(balancer);
     drop(private);
+    // The lock last: until here a `down` on the pins is refused.
+    drop(pins);
     if let Some(e) = health_error {
         return Err(UpError::Health(e));
     }
     Ok(report)
+}
+
+/// Refuses a cgroup where a balancer (another `up`, or the pins of one that ended) already
+/// serves a VIP of `services`: two sets of programs would both run on every connect.
+fn refuse_served(cg: &Path, shown: &str, services: &[crate::Service]) -> Result<(), UpError> {
+    use std::os::fd::AsFd;
+    let query = |e| UpError::Query(shown.to_string(), e);
+    let f = std::fs::File::open(cg).map_err(query)?;
+    let Some(s) = crate::attached::serving(f.as_fd(), services).map_err(query)? else {
+        return Ok(());
+    };
+    let who = match crate::holder::prog_holder(s.prog_id) {
+        Some(pid) => format!("a running balance up ({})", crate::holder::describe(pid)),
+        None => "the pinned programs of a balance up that has ended (tcpkit balance down --pin DIR removes them)".into(),
+    };
+    Err(UpError::Serving(shown.to_string(), s.vip, who))
 }
 
 /// The cgroup as the user knows it: under a private mount (ip netns exec), its path in the
