@@ -53,6 +53,68 @@ pub enum RunError {
     Health(String),
     #[error("a command is needed after --")]
     NoCommand,
+    /// Exit 127, as a shell's.
+    #[error("{0}: command not found")]
+    NotFound(String),
+    /// Exit 126, as a shell's.
+    #[error("{0}: not executable ({1})")]
+    NotExecutable(String, #[source] std::io::Error),
+}
+
+impl RunError {
+    /// The status a shell gives a command it cannot find (127) or cannot execute (126);
+    /// None for the others (balance's own failures).
+    pub fn shell_status(&self) -> Option<u8> {
+        match self {
+            RunError::NotFound(_) => Some(127),
+            RunError::NotExecutable(..) => Some(126),
+            RunError::Spawn(_, e) => match e.raw_os_error() {
+                Some(libc::ENOENT) => Some(127),
+                Some(libc::EACCES | libc::ENOEXEC | libc::EISDIR) => Some(126),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// Finds `argv0` as execvp(3) would (a name with a slash as given, else each $PATH entry),
+/// before anything is loaded: a command that cannot be run is said as a shell says it, and
+/// nothing is attached for it.
+fn locate(argv0: &std::ffi::OsStr) -> Result<(), RunError> {
+    let shown = argv0.to_string_lossy().into_owned();
+    let candidates: Vec<std::path::PathBuf> = if argv0.as_bytes().contains(&b'/') {
+        vec![argv0.into()]
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+        std::env::split_paths(&path)
+            .map(|d| d.join(argv0))
+            .collect()
+    };
+    let mut denied = None;
+    for c in candidates {
+        let Ok(m) = std::fs::metadata(&c) else {
+            continue;
+        };
+        let e = if m.is_dir() {
+            std::io::Error::from_raw_os_error(libc::EISDIR)
+        } else if !m.is_file() {
+            std::io::Error::from_raw_os_error(libc::EACCES)
+        } else {
+            let cs = CString::new(c.as_os_str().as_bytes())
+                .map_err(|e| RunError::Spawn(shown.clone(), std::io::Error::other(e)))?;
+            // SAFETY: access(2) on a NUL-terminated path.
+            if unsafe { libc::access(cs.as_ptr(), libc::X_OK) } == 0 {
+                return Ok(());
+            }
+            std::io::Error::last_os_error()
+        };
+        denied.get_or_insert(e);
+    }
+    match denied {
+        Some(e) => Err(RunError::NotExecutable(shown, e)),
+        None => Err(RunError::NotFound(shown)),
+    }
 }
 
 /// Runs the command balanced; returns when it has ended and everything is removed.
@@ -60,12 +122,9 @@ pub enum RunError {
 /// own mount namespace).
 pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, RunError> {
     config::check(&opts.services)?;
-    let argv0 = opts
-        .command
-        .first()
-        .ok_or(RunError::NoCommand)?
-        .to_string_lossy()
-        .into_owned();
+    let argv0 = opts.command.first().ok_or(RunError::NoCommand)?;
+    locate(argv0)?;
+    let argv0 = argv0.to_string_lossy().into_owned();
     let (mount, private) = match cgroup::find_mount()? {
         Some(m) => (m, None),
         None => {

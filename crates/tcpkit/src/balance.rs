@@ -391,8 +391,11 @@ fn up(a: UpArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
         drain: a.drain_kill.map(DrainArg::kind),
         pin: a.pin,
     };
-    let report = tcpkit_balance::up(&opts, interrupted, hangup)
-        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    let report = tcpkit_balance::up(&opts, interrupted, hangup).map_err(|e| match e {
+        // The file --config names cannot be used as given: a usage error, nothing attached.
+        tcpkit_balance::UpError::File(f) => Failure::Usage(format!("--config {f}")),
+        e => Failure::Runtime(crate::chain(&e)),
+    })?;
     common::finish(&report, &a.out)
 }
 
@@ -429,8 +432,18 @@ fn status(a: StatusArgs) -> Result<(), Failure> {
 
 fn run(a: RunArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
     let opts = resolve(&a)?;
-    let report =
-        tcpkit_balance::run(&opts, interrupted).map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    let report = match tcpkit_balance::run(&opts, interrupted) {
+        Ok(r) => r,
+        Err(e) => match e.shell_status() {
+            // CMD not found or not executable: one line and a shell's status; nothing of
+            // balance's is left (nothing was attached, or it went with the error).
+            Some(code) => {
+                eprintln!("tcpkit balance: {}", crate::chain(&e));
+                std::process::exit(i32::from(code));
+            }
+            None => return Err(Failure::Runtime(crate::chain(&e))),
+        },
+    };
     if a.out.json {
         crate::common::print(&(report.json() + "\n"));
     } else if !a.out.quiet {

@@ -162,7 +162,9 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     for (body, want) in cases {
         write_config(&config, body);
         let (code, err) = run(cg.rel(), &socket);
-        assert_eq!(code, Some(1), "{body}: {err}");
+        // The file --config names cannot be used: a usage error (issue 24).
+        assert_eq!(code, Some(2), "{body}: {err}");
+        assert!(err.contains("--config "), "{body}: {err}");
         assert_eq!(err.lines().count(), 1, "{body}: {err}");
         assert!(err.starts_with("tcpkit balance: "), "{body}: {err}");
         assert!(err.contains(want), "{body}: {err}");
