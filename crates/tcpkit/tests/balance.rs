@@ -47,6 +47,7 @@ fn serial_pair(tag: &str) -> (std::sync::MutexGuard<'static, ()>, Lab, Host, Hos
 
 mod clients;
 mod drain;
+mod edges;
 mod pin;
 mod probes;
 mod run;
@@ -353,12 +354,28 @@ struct Up {
 impl Up {
     fn start(lab: &Lab, host: &Host, config: &Path, cgroup: &str, extra: &[&str]) -> Up {
         static N: AtomicU64 = AtomicU64::new(0);
+        let socket = lab
+            .dir()
+            .join(format!("up{}.sock", N.fetch_add(1, Ordering::SeqCst)));
+        Up::start_at(lab, host, config, cgroup, &socket, extra)
+    }
+
+    /// [`Up::start`] with its control socket at `socket`.
+    fn start_at(
+        lab: &Lab,
+        host: &Host,
+        config: &Path,
+        cgroup: &str,
+        socket: &Path,
+        extra: &[&str],
+    ) -> Up {
+        static N: AtomicU64 = AtomicU64::new(0);
         let n = N.fetch_add(1, Ordering::SeqCst);
         let (out, err) = (
             lab.dir().join(format!("up{n}.out")),
             lab.dir().join(format!("up{n}.err")),
         );
-        let socket = lab.dir().join(format!("up{n}.sock"));
+        let socket = socket.to_path_buf();
         let mut argv = up_argv(config, cgroup, &socket);
         argv.extend_from_slice(extra);
         let child = host
