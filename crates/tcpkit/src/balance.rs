@@ -29,7 +29,8 @@ pub enum Sub {
     /// Run CMD (and its children) in a fresh cgroup v2 where connect() to --vip goes to one of
     /// the --backend addresses and getpeername() shows the VIP; the cgroup and the BPF links
     /// go when CMD ends (the links also when balance is killed, and CMD is sent SIGTERM then).
-    /// Exits with CMD's status (128 + N when signal N ended it). The summary goes to stderr,
+    /// Exits with CMD's status (128 + N when signal N ended it; 127 when CMD is not found, 126
+    /// when it cannot be executed, as shells). The summary goes to stderr,
     /// as time(1)'s does. SIGINT/SIGTERM: forwarded to CMD as SIGTERM; what is left in the
     /// cgroup 5 s later is killed; a second signal exits at once.
     Run(RunArgs),
@@ -46,7 +47,8 @@ pub enum Sub {
     Reload(ReloadArgs),
     /// Remove what `balance up --pin DIR` left pinned (its links and maps): the programs are
     /// detached and the maps freed by the kernel with the last pin. Exit 1 when nothing is
-    /// pinned there.
+    /// pinned there, and while the `balance up` that pinned them still runs (it is named: stop
+    /// it first; its pins stay).
     Down(DownArgs),
     /// Show the running `balance up`: per service its VIP and algorithm, per backend its
     /// weight, health, last change and connections sent to it, and the kernel features found.
@@ -91,7 +93,9 @@ pub struct UpArgs {
     /// the balancing then stays after this process ends, even by SIGKILL (for upgrades),
     /// with the backend sets as they last were (health checks, reload and status end with
     /// the process), until `tcpkit balance down --pin DIR`. A DIR that holds pins already is
-    /// refused (run `down` first): nothing is adopted.
+    /// refused (run `down` first): nothing is adopted. The bpf filesystem must outlive this
+    /// process: under `ip netns exec` (its own /sys) mount one outside first, e.g. at
+    /// /run/tcpkit/bpf, and pin under it.
     #[arg(long, value_name = "DIR")]
     pub pin: Option<PathBuf>,
 
