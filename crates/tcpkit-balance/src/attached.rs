@@ -24,6 +24,8 @@ pub fn attach_type(program: &str) -> Option<u32> {
         "tk_recvmsg6" => 20,
         "tk_getpeername4" => 29,
         "tk_getpeername6" => 30,
+        // cgroup/sock_release (BPF_CGROUP_INET_SOCK_RELEASE), for a program of that name.
+        "tk_sock_release" => 34,
         _ => return None,
     })
 }
@@ -122,4 +124,18 @@ pub fn serving(cg: BorrowedFd<'_>, services: &[Service]) -> io::Result<Option<Se
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_program_has_its_attach_type() {
+        // hooks() asks the kernel per attach type: a program without one would never be
+        // listed as attached.
+        for p in crate::loader::PROGRAMS {
+            assert!(attach_type(p).is_some(), "{p}");
+        }
+    }
 }
