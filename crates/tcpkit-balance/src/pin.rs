@@ -112,6 +112,7 @@ fn outlives(at: &Path) -> bool {
         return true;
     };
     let dev = format!("{}:{}", libc::major(m.dev()), libc::minor(m.dev()));
+    // Bound first: as the tail expression the iterator would outlive `init`.
     let found = mounts(&init).any(|(d, _, fs)| fs == "bpf" && d == dev);
     found
 }
