@@ -54,8 +54,9 @@ pub enum UpError {
     /// Another balancer's programs on the cgroup serve a VIP of this file: (cgroup, VIP, who).
     #[error("cgroup {0}: {1} is balanced there already, by {2}")]
     Serving(String, std::net::SocketAddr, String),
-    #[error("cgroup {0}: asking the kernel what is attached: {1}")]
-    Query(String, #[source] std::io::Error),
+    /// (cgroup, what was being done, why).
+    #[error("cgroup {0}: {1}: {2}")]
+    Query(String, &'static str, #[source] std::io::Error),
 }
 
 /// What reload and status share with the main loop.
@@ -306,7 +307,8 @@ pub fn up(
     // VIP, attaches nothing (and what it made for them goes).
     let listener = control::bind(&opts.socket)?;
     let pins = opts.pin.as_deref().map(crate::pin::prepare).transpose()?;
-    refuse_served(&cg, &shown_cg, &services)?;
+    let cg_lock = lock_cgroup(&cg, &shown_cg)?;
+    refuse_served(&cg_lock, &shown_cg, &services)?;
     let features = features::probe();
     let mut balancer = Balancer::load(&services, opts.trace)?;
     let tracer = if opts.trace {
@@ -315,6 +317,7 @@ pub fn up(
         None
     };
     balancer.attach(&cg)?;
+    drop(cg_lock);
     let balancer = Arc::new(Mutex::new(balancer));
     let state: State = Arc::new(Mutex::new(
         configs
@@ -443,11 +446,14 @@ pub fn up(
 
 /// Refuses a cgroup where a balancer (another `up`, or the pins of one that ended) already
 /// serves a VIP of `services`: two sets of programs would both run on every connect.
-fn refuse_served(cg: &Path, shown: &str, services: &[crate::Service]) -> Result<(), UpError> {
+fn refuse_served(
+    cg: &std::fs::File,
+    shown: &str,
+    services: &[crate::Service],
+) -> Result<(), UpError> {
     use std::os::fd::AsFd;
-    let query = |e| UpError::Query(shown.to_string(), e);
-    let f = std::fs::File::open(cg).map_err(query)?;
-    let Some(s) = crate::attached::serving(f.as_fd(), services).map_err(query)? else {
+    let query = |e| UpError::Query(shown.to_string(), "asking the kernel what is attached", e);
+    let Some(s) = crate::attached::serving(cg.as_fd(), services).map_err(query)? else {
         return Ok(());
     };
     let who = match crate::holder::prog_holder(s.prog_id) {
@@ -455,6 +461,21 @@ fn refuse_served(cg: &Path, shown: &str, services: &[crate::Service]) -> Result<
         None => "the pinned programs of a balance up that has ended (tcpkit balance down --pin DIR removes them)".into(),
     };
     Err(UpError::Serving(shown.to_string(), s.vip, who))
+}
+
+/// The cgroup's directory, locked (flock, exclusive) until dropped: held from the check of
+/// what serves there to the attach, so two `up`s started together cannot both pass the check.
+/// Only `up` takes it, for a moment (at most another's load and attach), and it goes with the
+/// process however it ends.
+fn lock_cgroup(cg: &Path, shown: &str) -> Result<std::fs::File, UpError> {
+    use std::os::fd::AsRawFd;
+    let fail = |e| UpError::Query(shown.to_string(), "locking it for the attach", e);
+    let f = std::fs::File::open(cg).map_err(fail)?;
+    // SAFETY: flock(2) on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(fail(std::io::Error::last_os_error()));
+    }
+    Ok(f)
 }
 
 /// The cgroup as the user knows it: under a private mount (ip netns exec), its path in the

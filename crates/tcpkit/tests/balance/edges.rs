@@ -147,6 +147,47 @@ fn a_second_up_on_the_same_cgroup_and_vip_is_refused_naming_the_first() {
     assert_eq!(attached(cg.path()).0.len(), 8);
     drop(third);
     drop(first);
+    // Two started at the same moment: one runs, the other is refused.
+    let (progs, _) = attached(cg.path());
+    assert!(progs.is_empty(), "{progs:?}");
+    let racers: Vec<(std::process::Child, PathBuf)> = (0..2)
+        .map(|i| {
+            let log = lab.dir().join(format!("race{i}.err"));
+            let sock = lab.dir().join(format!("race{i}.sock"));
+            let child = cli
+                .command(&up_argv(&config, cg.rel(), &sock))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            (child, log)
+        })
+        .collect();
+    let mut racers: Vec<_> = racers
+        .into_iter()
+        .map(|(c, log)| (tcpkit_lab::KillOnDrop(c), log))
+        .collect();
+    let until = Instant::now() + Duration::from_secs(10);
+    let (mut ready, mut out) = (0, 0);
+    for (c, log) in &mut racers {
+        loop {
+            let text = std::fs::read_to_string(&*log).unwrap_or_default();
+            if text.contains("status: tcpkit balance status") {
+                ready += 1;
+                break;
+            }
+            if let Some(st) = c.0.try_wait().unwrap() {
+                assert_eq!(st.code(), Some(1), "{text}");
+                assert!(text.contains("is balanced there already"), "{text}");
+                out += 1;
+                break;
+            }
+            assert!(Instant::now() < until, "neither ready nor refused: {text}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    assert_eq!((ready, out), (1, 1));
+    assert_eq!(attached(cg.path()).0.len(), 4);
 }
 
 #[test]
