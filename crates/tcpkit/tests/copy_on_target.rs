@@ -263,6 +263,42 @@ fn on_target_intercept_killed_fails_closed_and_a_restarted_one_replaces_its_rule
     watch_sees_a_leak_once_the_rule_is_gone(&mut t);
 }
 
+/// The target's whole netfilter ruleset, as `nft list ruleset` prints it.
+fn ruleset(t: &OLab) -> String {
+    let o = t.l.target.run(&["nft", "list", "ruleset"]).expect("nft");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// Issue 24 item 16: on a kernel without nftables' queue, intercept's iptables fallback left
+/// an empty `table ip filter` (with its OUTPUT chain) behind. intercept leaves the ruleset as
+/// it found it: what it created goes, what was there before stays, rules and all.
+#[test]
+fn on_target_intercept_leaves_the_targets_ruleset_as_it_found_it() {
+    let mut t = OLab::new("cpontrs");
+    let cycle = |t: &mut OLab, name: &str| {
+        let before = ruleset(t);
+        let icp = t.intercept(name);
+        assert!(t.rule_present());
+        assert_ne!(ruleset(t), before, "the rule is in the ruleset");
+        stop_intercept(&icp, Signal::SIGINT);
+        assert_eq!(ruleset(t), before);
+    };
+    // A namespace with no table at all.
+    cycle(&mut t, "intercept");
+    // iptables' filter table there already, with a rule in INPUT and no OUTPUT chain: the
+    // table and its rule stay, the OUTPUT chain intercept's jump needed goes.
+    let o =
+        t.l.target
+            .run(&[
+                "iptables", "-w", "-A", "INPUT", "-p", "tcp", "--dport", "9", "-j", "ACCEPT",
+            ])
+            .expect("iptables");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    cycle(&mut t, "intercept2");
+    assert!(ruleset(&t).contains("table ip filter"));
+}
+
 /// The target's TCP connections from port 8080 to the clients' prefix, established.
 fn copied_connections(t: &OLab) -> usize {
     let o =
