@@ -47,6 +47,18 @@ pub enum Input {
     },
 }
 
+impl Input {
+    /// A capture file's first check, before the run starts: opened (its header read), so a
+    /// file missing, unreadable or not a pcap/pcapng is said before anything runs. A live
+    /// input is checked when its capture opens.
+    pub fn file_usable(&self) -> Result<(), PcapError> {
+        match self {
+            Input::File { path, .. } => CaptureFile::open(path).map(drop),
+            Input::Live { .. } => Ok(()),
+        }
+    }
+}
+
 /// Why the input could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum FeedError {

@@ -422,6 +422,32 @@ fn on_target_refusals_are_one_line_and_touch_no_rule() {
         err.starts_with("tcpkit intercept: ") && err.contains("--capture"),
         "{err}"
     );
+    // A key file that cannot be used as given is a usage error too (issue 24 item 15: it
+    // exited 1): exit 2, one line naming the flag and the file, and no rule touched.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let open_key = dir.path().join("open.key");
+    std::fs::write(&open_key, "0123456789abcdef0123\n").unwrap();
+    std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let open_key = open_key.to_str().unwrap();
+    for (key, want) in [
+        (
+            open_key,
+            format!("tcpkit intercept: --auth-key-file {open_key}: readable by others than its owner (mode 0644): chmod 600 it\n"),
+        ),
+        (
+            "/nonexistent.key",
+            "tcpkit intercept: --auth-key-file /nonexistent.key: No such file or directory (os error 2)\n".into(),
+        ),
+    ] {
+        let mut a = argv.clone();
+        a.extend_from_slice(&["--auth-key-file", key]);
+        let o = run_in(&t.l.target, &a);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!((o.status.code(), &*err), (Some(2), &*want));
+        assert!(o.stdout.is_empty());
+        assert!(!t.rule_present());
+    }
 }
 
 /// `copy --check` with intercept on the target: the return-path probe comes back through
