@@ -111,8 +111,9 @@ pub struct Args {
     #[arg(long)]
     pub no_wait: bool,
 
-    /// How long connecting to the target (with retries while it refuses) and waiting for an
-    /// answer the next request needs may take before the session counts as failed. At the end
+    /// How long connecting to the target (waiting behind the shared back-off while it refuses
+    /// or answers nothing; a refused connect ends its copy at once) and waiting for an answer
+    /// the next request needs may take before the session counts as failed. At the end
     /// of --input the copies still running get this long to finish; after SIGINT/SIGTERM or
     /// --duration at most 1 s (then they count as open at the end); a second signal exits at
     /// once.
@@ -498,10 +499,17 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             move |_| live.line(),
         )
     };
+    // A target going down or coming back, said as it happens (not under -q).
+    let quiet = run.out.quiet;
+    let say = move |m: &str| {
+        if !quiet {
+            eprintln!("tcpkit copy: {m}");
+        }
+    };
     let result = match &run.transparent {
-        Some(t) => transparent::run(&cfg, t, &run.input, run.duration, interrupt, &live)
+        Some(t) => transparent::run(&cfg, t, &run.input, run.duration, interrupt, &live, &say)
             .map_err(|e| Failure::Runtime(crate::chain(&e))),
-        None => relay::run(&cfg, &run.input, run.duration, interrupt, &live)
+        None => relay::run(&cfg, &run.input, run.duration, interrupt, &live, &say)
             .map_err(|e| Failure::Runtime(crate::chain(&e))),
     };
     monitor.stop();

@@ -546,6 +546,68 @@ fn a_run_the_target_did_not_answer_exits_1_with_the_reason_last() {
     check_schema(&r);
 }
 
+/// Issue 24 item 4: in relay mode a target that refused every connect was said nothing of
+/// until the 10 s --timeout, and a run shorter than that reported "0 target refused, 20
+/// open", where transparent mode counts each refusal at once. A refused connect ends its
+/// copy as refused at once; the first refusal is said on stderr at once, the live line
+/// counts it, and the copies still held back by the back-off when the run ends count as
+/// refused (skipped in back-off), not open.
+#[test]
+fn relay_to_a_closed_port_counts_and_says_refusals_at_once() {
+    let _turn = crate::common::timing_turn();
+    let mut l = CopyLab::new("cprefuse");
+    let (_on, _) = l.nginx(true, Log::Peer);
+    // Nothing listens on the target's 9191.
+    let target = format!("{TARGET}:9191");
+    let rule = format!("8080-{target}");
+    let mut c = l.copy_rule(&rule, &["--json", "--duration", "1.5", "--stats", "0.1"]);
+    let err = timed_lines(c.stderr.take().unwrap());
+    let t0 = Instant::now();
+    // 10 sessions of one request each, over 0.5 s.
+    l.http_get("2", "20", "0.5", Some("1"));
+    let o = wait_limited(c, Duration::from_secs(10));
+    let err = err.join().unwrap();
+    let text: Vec<&str> = err.iter().map(|(_, l)| l.as_str()).collect();
+    let first = |what: &str, f: &dyn Fn(&str) -> bool| {
+        let (at, line) = err
+            .iter()
+            .find(|(_, l)| f(l))
+            .unwrap_or_else(|| panic!("no {what} on stderr: {text:#?}"));
+        let after = at.duration_since(t0);
+        assert!(
+            after < Duration::from_secs(1),
+            "{what} {after:?} in: {line}"
+        );
+        line.clone()
+    };
+    let said = first("refusal", &|l| l.starts_with("tcpkit copy: target "));
+    assert_eq!(
+        said,
+        format!(
+            "tcpkit copy: target {target} refused a connection (Connection refused (os error 111)): \
+             its copies count as refused, and try again one at a time until it accepts one"
+        )
+    );
+    first("live line with a failed copy", &|l| {
+        l.starts_with('[') && l.contains(" completed, ") && !l.contains(" 0 failed")
+    });
+    assert_eq!(o.status.code(), Some(1), "{text:#?}");
+    let r = json(&o);
+    assert_accounted(&r);
+    check_schema(&r);
+    let copies = u(&r, "sessions.copies");
+    assert!(copies >= 5, "{r:#}");
+    assert_eq!(u(&r, "sessions.failed.target_refused"), copies, "{r:#}");
+    assert_eq!(u(&r, "sessions.open_at_end"), 0, "{r:#}");
+    assert_eq!(
+        text.last().copied().unwrap_or_default(),
+        format!(
+            "tcpkit copy: the target answered none of the {} requests seen ({copies} of {copies} copies failed: {copies} target refused)",
+            u(&r, "requests.at_source")
+        )
+    );
+}
+
 /// Issue 10 case 9: SIGINT to a live copy whose copies wait on a silent target took 9.2 s
 /// (their --timeout), and `--duration 5` ran 10.3 s. After the first signal, or --duration,
 /// the copies still waiting get a bounded drain (1 s, said in --help), then the report is

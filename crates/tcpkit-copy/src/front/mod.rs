@@ -27,6 +27,7 @@ use rustc_hash::FxHashMap;
 use tcpkit_pace::{now_ns, Speed};
 use tcpkit_stats::Histogram;
 
+use crate::backoff::{Backoff, Down};
 use crate::config::{CopyConfig, CopyCounters};
 use crate::diff::{ConnMeta, DiffConn, Differ};
 use crate::feed::{self, FeedError, Input};
@@ -109,6 +110,10 @@ pub(crate) struct Conn<X> {
     pub answered: bool,
     /// Requests started and not answered yet.
     pub unanswered: u64,
+    /// Requests of this copy's session seen at the source, and those of them the target
+    /// answered: what the copy leaves unanswered when it ends is lost (the live loss figure).
+    pub at_source: u64,
+    pub answered_reqs: u64,
     pub last_rx_ns: u64,
     pub last_write_ns: u64,
     /// When the last request was due to go (see [`crate::turns::ReqStart::send_at`]).
@@ -145,6 +150,7 @@ impl<X> Conn<X> {
             // request before it on the stream.
             let k = if no_wait { self.unanswered } else { 1 };
             report.requests.answered += k;
+            self.answered_reqs += k;
             self.unanswered -= k;
         }
         self.answered = true;
@@ -193,6 +199,12 @@ pub(crate) struct Front<'a, X> {
     start_ns: u64,
     /// Copies ended by a lost control connection (transparent mode).
     pub control_lost: u64,
+    /// Requests seen at the source that can no longer be answered: their copy ended (or had
+    /// already ended) first. Only these count in the live loss figure; a request whose
+    /// answer may still come is not lost yet.
+    pub lost: u64,
+    /// Says a line on stderr (the user's `-q` decides).
+    say: &'a dyn Fn(&str),
 }
 
 impl<X> Front<'_, X> {
@@ -262,6 +274,11 @@ pub(crate) trait Transport: Sized {
         -> Result<(), Self::Error>;
     /// The transport's part of the report.
     fn finish(&mut self, _f: &Front<'_, Self::Conn>, _r: &mut CopyReport) {}
+    /// The back-off toward targets that refuse or answer nothing.
+    fn backoff(&mut self) -> &mut Backoff;
+    /// `Some(tried)` when the copy waits at the back-off's gate with no attempt of its own in
+    /// flight; `tried`: it made one before.
+    fn gated(x: &Self::Conn) -> Option<bool>;
 }
 
 /// A copy mode: the front over transport `T`.
@@ -271,12 +288,14 @@ pub(crate) struct Engine<'a, T: Transport> {
 }
 
 impl<'a, T: Transport> Engine<'a, T> {
+    /// `say` gives the user a line on stderr (a target going down or coming back).
     pub(crate) fn new(
         cfg: &'a CopyConfig,
         t: T,
         differ: Option<Differ>,
         input: &Input,
         start_ns: u64,
+        say: &'a dyn Fn(&str),
     ) -> Self {
         let (speed, max_think_ns) = feed::pace(input);
         Engine {
@@ -294,6 +313,8 @@ impl<'a, T: Transport> Engine<'a, T> {
                 differ,
                 start_ns,
                 control_lost: 0,
+                lost: 0,
+                say,
             },
             t,
         }
@@ -314,6 +335,7 @@ impl<'a, T: Transport> Engine<'a, T> {
         }
         f.held -= c.held;
         f.open -= 1;
+        f.lost += c.at_source.saturating_sub(c.answered_reqs);
         let s = &mut f.report.sessions;
         let fl = &mut s.failed;
         match how {
@@ -443,7 +465,31 @@ impl<'a, T: Transport> Engine<'a, T> {
         }
         T::io(self, events, wait)?;
         self.fire_timers(now_ns());
+        for line in self.t.backoff().take_news() {
+            (self.f.say)(&line);
+        }
         Ok(())
+    }
+
+    /// Ends the copies waiting at the back-off's gate for a target that refuses: at the end
+    /// of the run they were refused, not open (those that never tried, skipped in back-off).
+    fn end_held_back(&mut self) {
+        for idx in 0..self.f.conns.slots() {
+            let Some(c) = self.f.conns.get(idx) else {
+                continue;
+            };
+            let Some(tried) = T::gated(&c.x) else {
+                continue;
+            };
+            let target = c.target;
+            if self.t.backoff().down(target) == Some(Down::Refused) {
+                if !tried {
+                    self.f.report.sessions.skipped_in_backoff += 1;
+                }
+                // A copy that never tried has nothing at the target to reset.
+                self.end(idx, Outcome::Refused, tried);
+            }
+        }
     }
 
     fn publish(&self, live: &CopyCounters) {
@@ -468,6 +514,7 @@ impl<'a, T: Transport> Engine<'a, T> {
         st(&live.requests_at_source, f.report.requests.at_source);
         st(&live.requests_copied, f.report.requests.copied);
         st(&live.requests_answered, f.report.requests.answered);
+        st(&live.requests_lost, f.lost);
         st(&live.held_bytes, f.held as u64);
         st(&live.kernel_drops, f.report.capture.kernel_drops);
         st(&live.bytes_copied, f.report.requests.bytes_copied);
@@ -481,7 +528,9 @@ impl<'a, T: Transport> Engine<'a, T> {
 
     /// After the input ended: lets the copies finish (each waits at most `--timeout` for an
     /// answer and the linger for the target's FIN; at most [`feed::STOP_DRAIN`] in all when
-    /// the run was `stopped`, or is stopped meanwhile), then counts the rest as open.
+    /// the run was `stopped`, or is stopped meanwhile), then counts the rest as open. Those
+    /// held back by a target that refuses do not wait for a stopped run's drain: they are
+    /// counted refused at once.
     fn drain(
         &mut self,
         events: &mut Events,
@@ -490,14 +539,19 @@ impl<'a, T: Transport> Engine<'a, T> {
         mut stopped: bool,
     ) -> Result<(), T::Error> {
         let mut deadline = feed::drain_deadline(self.f.cfg, stopped, CLOSE_LINGER_NS);
+        if stopped {
+            self.end_held_back();
+        }
         while self.f.open > 0 && now_ns() < deadline {
             if !stopped && stop.load(Ordering::Relaxed) {
                 stopped = true;
                 deadline = deadline.min(feed::drain_deadline(self.f.cfg, true, 0));
+                self.end_held_back();
             }
             self.step(events, T::DRAIN_WAIT)?;
             self.publish(live);
         }
+        self.end_held_back();
         for idx in 0..self.f.conns.slots() {
             if self.f.conns.get(idx).is_some() {
                 self.end(idx, Outcome::OpenAtEnd, true);
@@ -619,6 +673,8 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
                 held: 0,
                 answered: false,
                 unanswered: 0,
+                at_source: 0,
+                answered_reqs: 0,
                 last_rx_ns: now,
                 last_write_ns: now,
                 last_req_ns: None,
@@ -678,6 +734,12 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
                 let n = s.copies.len();
                 if start.is_some() {
                     f.report.requests.at_source += n as u64;
+                    for &(idx, gen) in &s.copies {
+                        match f.conns.by_handle(idx, gen) {
+                            Some(c) => c.at_source += 1,
+                            None => f.lost += 1,
+                        }
+                    }
                 }
                 let diff_held = f.differ.as_ref().map_or(0, Differ::held_bytes);
                 if f.held + bytes.len() * n + tracker_mem as usize + diff_held > f.cfg.max_memory {
@@ -730,8 +792,15 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
         };
         let lost = matches!(how, CloseKind::LostData { .. });
         if lost {
-            self.f.report.requests.at_source +=
-                s.turns.unreplayed(requests_seen) * s.copies.len() as u64;
+            let k = s.turns.unreplayed(requests_seen);
+            let f = &mut self.f;
+            f.report.requests.at_source += k * s.copies.len() as u64;
+            for &(idx, gen) in &s.copies {
+                match f.conns.by_handle(idx, gen) {
+                    Some(c) => c.at_source += k,
+                    None => f.lost += k,
+                }
+            }
         }
         if matches!(how, CloseKind::Shed) {
             self.shed(s.copies);
