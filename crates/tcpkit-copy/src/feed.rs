@@ -48,14 +48,24 @@ pub enum Input {
 }
 
 impl Input {
-    /// A capture file's first check, before the run starts: opened (its header read), so a
-    /// file missing, unreadable or not a pcap/pcapng is said before anything runs. A live
-    /// input is checked when its capture opens.
+    /// A capture file's first check, before the run starts: opened (a regular file's header
+    /// read too), so a file missing, unreadable or not a pcap/pcapng is said before anything
+    /// runs. A pipe or device is only opened: reading it here would consume what the run
+    /// must read. A live input is checked when its capture opens.
     pub fn file_usable(&self) -> Result<(), PcapError> {
-        match self {
-            Input::File { path, .. } => CaptureFile::open(path).map(drop),
-            Input::Live { .. } => Ok(()),
+        let Input::File { path, .. } = self else {
+            return Ok(());
+        };
+        if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            return CaptureFile::open(path).map(drop);
         }
+        std::fs::File::open(path)
+            .map(drop)
+            .map_err(|source| PcapError::Io {
+                path: path.clone(),
+                what: "cannot open",
+                source,
+            })
     }
 }
 
