@@ -560,7 +560,7 @@ fn relay_to_a_closed_port_counts_and_says_refusals_at_once() {
     // Nothing listens on the target's 9191.
     let target = format!("{TARGET}:9191");
     let rule = format!("8080-{target}");
-    let mut c = l.copy_rule(&rule, &["--json", "--duration", "1.5", "--stats", "0.1"]);
+    let mut c = l.copy_rule(&rule, &["--json", "--duration", "1.2", "--stats", "0.1"]);
     let err = timed_lines(c.stderr.take().unwrap());
     let t0 = Instant::now();
     // 10 sessions of one request each, over 0.5 s.

@@ -166,7 +166,7 @@ fn live_loss_is_zero_while_the_target_answers_pipelined_clients() {
         &[
             "--json",
             "--duration",
-            "2",
+            "1.5",
             "--stats",
             "0.1",
             "--metrics",
@@ -175,10 +175,10 @@ fn live_loss_is_zero_while_the_target_answers_pipelined_clients() {
     );
     let err = timed_lines(c.stderr.take().unwrap());
     let (sent, scrapes) = std::thread::scope(|s| {
-        let load = s.spawn(|| pipelined_gets(&l, 4, 4, 1.2));
+        let load = s.spawn(|| pipelined_gets(&l, 4, 4, 0.9));
         let scrapes: Vec<String> = (0..3)
             .map(|_| {
-                std::thread::sleep(Duration::from_millis(300));
+                std::thread::sleep(Duration::from_millis(250));
                 scrape(&l, &url)
             })
             .collect();
