@@ -578,9 +578,9 @@ fn relay_to_a_closed_port_counts_and_says_refusals_at_once() {
             after < Duration::from_secs(1),
             "{what} {after:?} in: {line}"
         );
-        line.clone()
+        (after, line.clone())
     };
-    let said = first("refusal", &|l| l.starts_with("tcpkit copy: target "));
+    let (said_after, said) = first("refusal", &|l| l.starts_with("tcpkit copy: target "));
     assert_eq!(
         said,
         format!(
@@ -588,7 +588,7 @@ fn relay_to_a_closed_port_counts_and_says_refusals_at_once() {
              its copies count as refused, and try again one at a time until it accepts one"
         )
     );
-    first("live line with a failed copy", &|l| {
+    let (counted_after, _) = first("live line with a failed copy", &|l| {
         l.starts_with('[') && l.contains(" completed, ") && !l.contains(" 0 failed")
     });
     assert_eq!(o.status.code(), Some(1), "{text:#?}");
@@ -599,6 +599,11 @@ fn relay_to_a_closed_port_counts_and_says_refusals_at_once() {
     assert!(copies >= 5, "{r:#}");
     assert_eq!(u(&r, "sessions.failed.target_refused"), copies, "{r:#}");
     assert_eq!(u(&r, "sessions.open_at_end"), 0, "{r:#}");
+    eprintln!(
+        "relay to a closed port: said {said_after:?} and counted on a live line {counted_after:?} \
+         after the traffic started; {}",
+        r["sessions"]
+    );
     assert_eq!(
         text.last().copied().unwrap_or_default(),
         format!(
