@@ -44,9 +44,10 @@ pub struct CopyCounters {
     pub requests_at_source: AtomicU64,
     pub requests_copied: AtomicU64,
     pub requests_answered: AtomicU64,
-    /// Requests seen at the source that can no longer be answered (their copy ended first):
-    /// the live loss figure's numerator, so a request whose answer may still come does not
-    /// count as lost while the run goes on. At the end it is at the source less answered.
+    /// Requests seen at the source that can no longer be answered (their copy ended first)
+    /// or are past their `--timeout` unanswered: the live loss figure's numerator, so a
+    /// request whose answer may still come does not count as lost while the run goes on. At
+    /// the end it is at the source less answered.
     pub requests_lost: AtomicU64,
     pub kernel_drops: AtomicU64,
     pub held_bytes: AtomicU64,

@@ -177,7 +177,7 @@ pub(crate) trait Consumer {
     fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64);
     /// Timers, then one wait for I/O of at most `max_wait`, then the I/O.
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), Self::Error>;
-    fn publish(&self, live: &CopyCounters);
+    fn publish(&mut self, live: &CopyCounters);
 }
 
 pub(crate) fn realtime_ns() -> u64 {

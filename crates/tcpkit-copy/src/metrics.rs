@@ -99,7 +99,7 @@ pub fn exposition(live: &CopyCounters, info: Info, elapsed: Duration) -> String 
         (
             "requests_lost_total",
             "counter",
-            "Requests seen at the source that can no longer be answered (their copy ended first).",
+            "Requests seen at the source that can no longer be answered (their copy ended first, or past --timeout unanswered).",
             g(&live.requests_lost).to_string(),
         ),
         (

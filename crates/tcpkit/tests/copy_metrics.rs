@@ -217,3 +217,53 @@ fn live_loss_is_zero_while_the_target_answers_pipelined_clients() {
     assert_eq!(r["requests"]["loss_ratio_percent"].as_f64(), Some(0.0));
     assert_eq!(lines(&tg_log).len(), sent, "{r:#}");
 }
+
+/// Issue 24 item 4, the other half: a request counts as lost on the live line once it is past
+/// its --timeout unanswered, while its copy is still open, and not before. A target that
+/// reads and never answers; one client sends a GET and keeps its connection open.
+#[test]
+fn live_loss_counts_a_request_once_past_its_timeout_and_not_before() {
+    use std::io::{Read, Write};
+    let mut l = CopyLab::new("cpoverdue");
+    let (_on, _) = l.nginx(true, Log::Peer);
+    let _got = fault_server(&l.target, &format!("{TARGET}:9090"), Fault::Silent);
+    let rule = format!("8080-{TARGET}:9090");
+    let mut c = l.copy_rule(
+        &rule,
+        &[
+            "--json",
+            "--duration",
+            "1.6",
+            "--stats",
+            "0.1",
+            "--timeout",
+            "0.5",
+        ],
+    );
+    let err = timed_lines(c.stderr.take().unwrap());
+    let mut s = l
+        .clients
+        .enter(|| std::net::TcpStream::connect(format!("{ONLINE}:8080")))
+        .unwrap();
+    s.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let _ = s.read(&mut [0u8; 4096]).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    drop(s);
+    let o = wait_limited(c, Duration::from_secs(10));
+    let err = err.join().unwrap();
+    let live: Vec<&str> = err
+        .iter()
+        .map(|(_, l)| l.as_str())
+        .filter(|l| l.contains(" 1 open, ") && l.contains("requests 1 copied, 0 answered"))
+        .collect();
+    let not_yet = live.iter().position(|l| l.contains("loss 0.000 %"));
+    let past = live.iter().position(|l| l.contains("loss 100.000 %"));
+    assert!(
+        matches!((not_yet, past), (Some(a), Some(b)) if a < b),
+        "{live:#?}"
+    );
+    let r = json(&o);
+    assert_eq!(o.status.code(), Some(1), "{r:#}");
+    assert_eq!(u(&r, "sessions.failed.timeout"), 1, "{r:#}");
+}

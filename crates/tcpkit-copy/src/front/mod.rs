@@ -41,6 +41,10 @@ use slab::Slab;
 /// (transparent).
 pub(crate) const CLOSE_LINGER_NS: u64 = 1_000_000_000;
 
+/// How often the live counters' overdue requests are counted again (a pass over the copies;
+/// live lines come no faster than a tenth of a second).
+const OVERDUE_SCAN_NS: u64 = 100_000_000;
+
 /// Why a copy run stopped, in either transport: its input (the capture or its file), or a
 /// system call of its own that failed. Transparent mode's control errors wrap it.
 #[derive(Debug, thiserror::Error)]
@@ -200,9 +204,14 @@ pub(crate) struct Front<'a, X> {
     /// Copies ended by a lost control connection (transparent mode).
     pub control_lost: u64,
     /// Requests seen at the source that can no longer be answered: their copy ended (or had
-    /// already ended) first. Only these count in the live loss figure; a request whose
-    /// answer may still come is not lost yet.
+    /// already ended) first. Only these and the overdue ones count in the live loss figure;
+    /// a request whose answer may still come is not lost yet.
     pub lost: u64,
+    /// Requests of open copies past their `--timeout` unanswered, at the last count: lost
+    /// too while the run goes on (the copy ends them as lost when it next moves).
+    overdue: u64,
+    /// When the overdue requests are counted next.
+    overdue_scan_at: u64,
     /// Says a line on stderr (the user's `-q` decides).
     say: &'a dyn Fn(&str),
 }
@@ -314,6 +323,8 @@ impl<'a, T: Transport> Engine<'a, T> {
                 start_ns,
                 control_lost: 0,
                 lost: 0,
+                overdue: 0,
+                overdue_scan_at: 0,
                 say,
             },
             t,
@@ -492,7 +503,27 @@ impl<'a, T: Transport> Engine<'a, T> {
         }
     }
 
-    fn publish(&self, live: &CopyCounters) {
+    /// The requests of open copies waiting for an answer past their `--timeout` (from the
+    /// later of the last write and the last progress, as the gate judges it). Counted every
+    /// [`OVERDUE_SCAN_NS`], and at the end (no copy open: none).
+    fn count_overdue(&mut self) {
+        let now = now_ns();
+        let f = &mut self.f;
+        if now < f.overdue_scan_at && f.open > 0 {
+            return;
+        }
+        f.overdue_scan_at = now + OVERDUE_SCAN_NS;
+        let timeout = f.cfg.timeout_ns;
+        f.overdue = f
+            .conns
+            .iter()
+            .filter(|c| c.unanswered > 0 && c.last_write_ns.max(c.progress_ns) + timeout <= now)
+            .map(|c| c.unanswered)
+            .sum();
+    }
+
+    fn publish(&mut self, live: &CopyCounters) {
+        self.count_overdue();
         let f = &self.f;
         let s = &f.report.sessions;
         let fl = &s.failed;
@@ -514,7 +545,7 @@ impl<'a, T: Transport> Engine<'a, T> {
         st(&live.requests_at_source, f.report.requests.at_source);
         st(&live.requests_copied, f.report.requests.copied);
         st(&live.requests_answered, f.report.requests.answered);
-        st(&live.requests_lost, f.lost);
+        st(&live.requests_lost, f.lost + f.overdue);
         st(&live.held_bytes, f.held as u64);
         st(&live.kernel_drops, f.report.capture.kernel_drops);
         st(&live.bytes_copied, f.report.requests.bytes_copied);
@@ -821,7 +852,7 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), T::Error> {
         Engine::step(self, events, max_wait)
     }
-    fn publish(&self, live: &CopyCounters) {
+    fn publish(&mut self, live: &CopyCounters) {
         Engine::publish(self, live);
     }
 }
