@@ -4,6 +4,10 @@
 //! to 1 s), and then only one tries — a probe — while the others wait for its result. A
 //! target that is down therefore sees a trickle of SYNs, not one per production session (nor
 //! their retransmissions); the first accepted connection ends the back-off for everyone.
+//!
+//! A target going down (refusing, or silent) and coming back is news the user hears at once,
+//! not at the end of the run: each change is queued as one line ([`Backoff::take_news`]) that
+//! the session front says on stderr.
 
 use std::net::SocketAddr;
 
@@ -33,6 +37,8 @@ struct TargetState {
     last: Option<Down>,
     /// When it last accepted a connection (0: never).
     last_accept: u64,
+    /// When it went down (the first failed attempt of the streak).
+    down_since: u64,
 }
 
 /// What a copy about to connect (or send its SYN) may do now.
@@ -53,6 +59,8 @@ pub(crate) fn backoff_ns(streak: u32) -> u64 {
 #[derive(Debug, Default)]
 pub(crate) struct Backoff {
     targets: FxHashMap<SocketAddr, TargetState>,
+    /// Changes of a target's state not said yet, one line each.
+    news: Vec<String>,
 }
 
 impl Backoff {
@@ -69,8 +77,14 @@ impl Backoff {
         Gate::Go
     }
 
-    /// An attempt to `target` was refused.
-    pub fn refused(&mut self, target: SocketAddr, now: u64) {
+    /// An attempt to `target` was refused; `why` is how (the connect's error, or a RST).
+    pub fn refused(&mut self, target: SocketAddr, now: u64, why: &dyn std::fmt::Display) {
+        if self.down(target) != Some(Down::Refused) {
+            self.news.push(format!(
+                "target {target} refused a connection ({why}): its copies count as refused, \
+                 and try again one at a time until it accepts one"
+            ));
+        }
         self.failed(target, now, Down::Refused);
     }
 
@@ -90,13 +104,24 @@ impl Backoff {
         {
             return true;
         }
-        let news = self.down(target).is_none();
+        let down = self.down(target);
+        if down != Some(Down::Silent) {
+            self.news.push(format!(
+                "target {target} left a SYN unanswered for {:.1} s (off, or a firewall \
+                 dropping it?): its copies count as timeouts, and try again one at a time \
+                 until it answers",
+                SILENT_NS as f64 / 1e9
+            ));
+        }
         self.failed(target, now, Down::Silent);
-        news
+        down.is_none()
     }
 
     fn failed(&mut self, target: SocketAddr, now: u64, how: Down) {
         let t = self.targets.entry(target).or_default();
+        if t.streak == 0 {
+            t.down_since = now;
+        }
         t.streak = t.streak.saturating_add(1);
         t.next_try = t.next_try.max(now + backoff_ns(t.streak));
         t.last = Some(how);
@@ -105,10 +130,21 @@ impl Backoff {
     /// An attempt to `target` was accepted: the back-off is over.
     pub fn accepted(&mut self, target: SocketAddr, now: u64) {
         let t = self.targets.entry(target).or_default();
+        if t.streak > 0 {
+            self.news.push(format!(
+                "target {target} accepts connections again (down {:.1} s)",
+                now.saturating_sub(t.down_since) as f64 / 1e9
+            ));
+        }
         t.streak = 0;
         t.next_try = 0;
         t.last = None;
         t.last_accept = now;
+    }
+
+    /// The changes not said yet, oldest first.
+    pub fn take_news(&mut self) -> std::vec::Drain<'_, String> {
+        self.news.drain(..)
     }
 
     /// How `target` failed the last attempt, if it has not accepted one since.
@@ -133,7 +169,7 @@ mod tests {
         let mut b = Backoff::default();
         assert_eq!(b.gate(t, 0), Gate::Go);
         assert_eq!(b.gate(t, 0), Gate::Go, "no back-off before a refusal");
-        b.refused(t, 0);
+        b.refused(t, 0, &"a RST");
         assert_eq!(b.down(t), Some(Down::Refused));
         assert_eq!(b.gate(t, MS), Gate::Wait(20 * MS));
         // Another target is not held back.
@@ -141,11 +177,11 @@ mod tests {
         // The probe at 20 ms; everyone else waits one more step for its result.
         assert_eq!(b.gate(t, 20 * MS), Gate::Go);
         assert_eq!(b.gate(t, 21 * MS), Gate::Wait(40 * MS));
-        b.refused(t, 22 * MS);
+        b.refused(t, 22 * MS, &"a RST");
         assert_eq!(b.gate(t, 23 * MS), Gate::Wait(62 * MS));
         // Capped at 1 s.
         for _ in 0..20 {
-            b.refused(t, 100 * MS);
+            b.refused(t, 100 * MS, &"a RST");
         }
         assert_eq!(b.gate(t, 100 * MS), Gate::Wait(1100 * MS));
         // An accepted connection ends it at once.
@@ -168,7 +204,7 @@ mod tests {
             Gate::Wait(SILENT_NS + 41 * MS)
         );
         // A refusal after it says refused; an accepted connection ends both.
-        b.refused(t, SILENT_NS + 3 * MS);
+        b.refused(t, SILENT_NS + 3 * MS, &"a RST");
         assert_eq!(b.down(t), Some(Down::Refused));
         b.accepted(t, 4 * MS);
         assert_eq!(b.down(t), None);
@@ -193,6 +229,38 @@ mod tests {
         assert!(b.silent(t, 2 * SILENT_NS, SILENT_NS));
         assert_eq!(b.down(t), Some(Down::Silent));
         assert!(!b.silent(t, 2 * SILENT_NS + MS, SILENT_NS + MS));
+    }
+
+    #[test]
+    fn each_change_of_a_targets_state_is_news_once() {
+        let t: SocketAddr = "198.18.2.2:80".parse().unwrap();
+        let mut b = Backoff::default();
+        let news = |b: &mut Backoff| b.take_news().collect::<Vec<_>>();
+        b.accepted(t, MS);
+        assert!(news(&mut b).is_empty(), "up is no news");
+        b.refused(t, 10 * MS, &"Connection refused (os error 111)");
+        b.refused(t, 30 * MS, &"Connection refused (os error 111)");
+        assert_eq!(
+            news(&mut b),
+            [
+                "target 198.18.2.2:80 refused a connection (Connection refused (os error 111)): \
+              its copies count as refused, and try again one at a time until it accepts one"
+            ]
+        );
+        assert!(!b.silent(t, SILENT_NS, 40 * MS));
+        b.silent(t, SILENT_NS + MS, 41 * MS);
+        let said = news(&mut b);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].starts_with("target 198.18.2.2:80 left a SYN unanswered for 0.9 s"),
+            "{said:?}"
+        );
+        b.accepted(t, 2_010 * MS);
+        b.accepted(t, 2_020 * MS);
+        assert_eq!(
+            news(&mut b),
+            ["target 198.18.2.2:80 accepts connections again (down 2.0 s)"]
+        );
     }
 
     #[test]

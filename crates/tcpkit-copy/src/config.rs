@@ -44,6 +44,11 @@ pub struct CopyCounters {
     pub requests_at_source: AtomicU64,
     pub requests_copied: AtomicU64,
     pub requests_answered: AtomicU64,
+    /// Requests seen at the source that can no longer be answered (their copy ended first)
+    /// or are past their `--timeout` unanswered: the live loss figure's numerator, so a
+    /// request whose answer may still come does not count as lost while the run goes on. At
+    /// the end it is at the source less answered.
+    pub requests_lost: AtomicU64,
     pub kernel_drops: AtomicU64,
     pub held_bytes: AtomicU64,
     pub bytes_copied: AtomicU64,
@@ -54,11 +59,18 @@ pub struct CopyCounters {
 }
 
 impl CopyCounters {
+    /// The request loss ratio (percent) of what can be judged so far: lost over seen.
+    pub fn loss_percent(&self) -> f64 {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (seen, lost) = (g(&self.requests_at_source), g(&self.requests_lost));
+        crate::report::loss_ratio_percent(seen, seen.saturating_sub(lost))
+    }
+
     /// One line: sessions, requests with the loss ratio, capture drops, memory held.
     pub fn line(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (c, a) = (g(&self.requests_copied), g(&self.requests_answered));
-        let loss = crate::report::loss_ratio_percent(g(&self.requests_at_source), a);
+        let loss = self.loss_percent();
         format!(
             "sessions {} seen, {} copies, {} open, {} completed, {} failed | requests {} copied, {} answered, loss {:.3} % | kernel drops {} | held {} KiB",
             g(&self.sessions_seen),

@@ -47,6 +47,28 @@ pub enum Input {
     },
 }
 
+impl Input {
+    /// A capture file's first check, before the run starts: opened (a regular file's header
+    /// read too), so a file missing, unreadable or not a pcap/pcapng is said before anything
+    /// runs. A pipe or device is only opened: reading it here would consume what the run
+    /// must read. A live input is checked when its capture opens.
+    pub fn file_usable(&self) -> Result<(), PcapError> {
+        let Input::File { path, .. } = self else {
+            return Ok(());
+        };
+        if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            return CaptureFile::open(path).map(drop);
+        }
+        std::fs::File::open(path)
+            .map(drop)
+            .map_err(|source| PcapError::Io {
+                path: path.clone(),
+                what: "cannot open",
+                source,
+            })
+    }
+}
+
 /// Why the input could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum FeedError {
@@ -155,7 +177,7 @@ pub(crate) trait Consumer {
     fn close_session(&mut self, id: SessionId, how: CloseKind, requests_seen: u64, now: u64);
     /// Timers, then one wait for I/O of at most `max_wait`, then the I/O.
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), Self::Error>;
-    fn publish(&self, live: &CopyCounters);
+    fn publish(&mut self, live: &CopyCounters);
 }
 
 pub(crate) fn realtime_ns() -> u64 {

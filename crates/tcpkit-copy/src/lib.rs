@@ -21,7 +21,8 @@
 //! - [`relay`]: relay mode's transport: each copy over an ordinary TCP connection to the
 //!   target.
 //! - `backoff`: the back-off after a target's refusals, shared by every copy mode, so a
-//!   down target sees a trickle of SYNs.
+//!   down target sees a trickle of SYNs; each change of a target's state is a line the user
+//!   hears at once.
 //! - [`diff`]: `--diff`, the target's answers compared with the original server's.
 //! - [`metrics`]: `--metrics`, the live counters for Prometheus over HTTP (the responder is
 //!   `tcpkit-metrics`).

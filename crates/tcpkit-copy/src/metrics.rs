@@ -40,7 +40,7 @@ pub fn exposition(live: &CopyCounters, info: Info, elapsed: Duration) -> String 
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let (copied, answered) = (g(&live.requests_copied), g(&live.requests_answered));
     let at_source = g(&live.requests_at_source);
-    let loss = crate::report::loss_ratio_percent(at_source, answered) / 100.0;
+    let loss = live.loss_percent() / 100.0;
     let mut m: Vec<(&str, &str, &str, String)> = vec![
         (
             "seconds",
@@ -97,9 +97,15 @@ pub fn exposition(live: &CopyCounters, info: Info, elapsed: Duration) -> String 
             answered.to_string(),
         ),
         (
+            "requests_lost_total",
+            "counter",
+            "Requests seen at the source that can no longer be answered (their copy ended first, or past --timeout unanswered).",
+            g(&live.requests_lost).to_string(),
+        ),
+        (
             "request_loss_ratio",
             "gauge",
-            "tcpcopy's request loss ratio: (at the source - answered) / at the source.",
+            "tcpcopy's request loss ratio of what can be judged so far: lost / at the source (at the end: (at the source - answered) / at the source).",
             format!("{loss}"),
         ),
         (
@@ -185,7 +191,9 @@ mod tests {
         let live = Arc::new(CopyCounters::default());
         live.requests_at_source.store(1000, Ordering::Relaxed);
         live.requests_copied.store(1000, Ordering::Relaxed);
-        live.requests_answered.store(999, Ordering::Relaxed);
+        live.requests_answered.store(990, Ordering::Relaxed);
+        // Of the 10 not answered yet, 1 can no longer be: only that one is lost so far.
+        live.requests_lost.store(1, Ordering::Relaxed);
         let info = Info {
             limit_bytes: 1 << 20,
             diff: true,
@@ -202,6 +210,7 @@ mod tests {
             r.contains("\ntcpkit_copy_request_loss_ratio 0.001\n"),
             "{r}"
         );
+        assert!(r.contains("\ntcpkit_copy_requests_lost_total 1\n"), "{r}");
         assert!(r.contains("# TYPE tcpkit_copy_diff_equal_total counter\n"));
         // Every sample line has a HELP and TYPE line before it, and a value that parses.
         let body = &r[r.find("\r\n\r\n").unwrap() + 4..];

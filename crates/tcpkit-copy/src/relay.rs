@@ -14,12 +14,14 @@
 //!
 //! Nothing is ever sent toward a client: the only sockets are connections to the targets.
 //!
-//! Faults: a refused connect is retried with an exponential back-off shared by every
-//! connection to that target (one probe per back-off step, so a down target sees a trickle of
-//! SYNs, not a storm), until the session's `--timeout`; a reset, a close while requests
-//! remain, an answer not coming within `--timeout`, bytes the capture lost, and memory over
-//! `--max-memory` each end the copy with their own count. Every copy ends exactly once:
-//! completed, failed by one cause, or open at the end of the run.
+//! Faults: a refused connect ends its copy as refused at once (as a RST to transparent mode's
+//! SYN does), and holds every other copy to that target behind an exponential back-off (one
+//! probe per back-off step, so a down target sees a trickle of SYNs, not a storm); a copy
+//! whose `--timeout` comes before its turn ends refused without a SYN of its own
+//! (`skipped_in_backoff`). A reset, a close while requests remain, an answer not coming
+//! within `--timeout`, bytes the capture lost, and memory over `--max-memory` each end the
+//! copy with their own count. Every copy ends exactly once: completed, failed by one cause,
+//! or open at the end of the run.
 //!
 //! The session front (capture side, request turns, tally, report) is `crate::front`'s;
 //! this module is its transport: one kernel TCP connection per copy.
@@ -61,7 +63,6 @@ pub(crate) struct Sock {
     /// Give up connecting after this.
     connect_deadline: u64,
     retry_at: u64,
-    refused: bool,
     /// A connect of ours went out (the target saw a SYN of this copy).
     tried: bool,
     /// When the connect in flight counts as unanswered (its SYN needed a retransmission);
@@ -112,7 +113,6 @@ impl Transport for Relay {
             off: 0,
             connect_deadline: now + e.f.cfg.timeout_ns,
             retry_at: now,
-            refused: false,
             tried: false,
             silent_at: 0,
             eof: false,
@@ -134,12 +134,7 @@ impl Transport for Relay {
             }
             State::Connecting => {
                 if now >= x.connect_deadline {
-                    let how = if x.refused {
-                        Outcome::Refused
-                    } else {
-                        Outcome::Timeout
-                    };
-                    e.end(idx, how, true);
+                    e.end(idx, Outcome::Timeout, true);
                 } else if x.silent_at != 0 && now >= x.silent_at {
                     // No SYN-ACK in time: the target is off or firewalled. The first to find
                     // out keeps trying (the kernel retransmits its SYN); the others stand
@@ -235,6 +230,14 @@ impl Transport for Relay {
     /// deregister call, and nothing else to undo.
     fn release(_e: &mut RelayEngine<'_>, _idx: usize, _how: Outcome, _reset: bool) {}
 
+    fn backoff(&mut self) -> &mut Backoff {
+        &mut self.backoff
+    }
+
+    fn gated(x: &Sock) -> Option<bool> {
+        (x.state == State::Backoff).then_some(x.tried)
+    }
+
     fn io(e: &mut RelayEngine<'_>, events: &mut Events, wait: Duration) -> Result<(), RunError> {
         let mut wait = wait;
         // Every connection that is ready, not one buffer of them: a turn of capture can open
@@ -277,7 +280,6 @@ impl RelayEngine<'_> {
         if let Gate::Wait(next_try) = self.t.backoff.gate(target, now) {
             if next_try >= x.connect_deadline {
                 let how = match self.t.backoff.down(target) {
-                    _ if x.refused => Outcome::Refused,
                     Some(Down::Refused) => Outcome::Refused,
                     _ => Outcome::Timeout,
                 };
@@ -332,10 +334,12 @@ impl RelayEngine<'_> {
             self.end(idx, Outcome::Reset, true);
             return;
         }
-        c.x.refused = true;
+        // Counted at once, as transparent mode counts a RST to its SYN: retrying until the
+        // --timeout left a run shorter than it reporting every such copy as open, and the
+        // user told nothing meanwhile. The copies after it wait for the back-off's probes.
         let target = c.target;
-        self.t.backoff.refused(target, now);
-        self.start_connect(idx, now);
+        self.t.backoff.refused(target, now, e);
+        self.end(idx, Outcome::Refused, true);
     }
 
     /// The first event of a connecting socket: the end of the handshake (registered
@@ -422,13 +426,15 @@ impl RelayEngine<'_> {
 
 /// Runs the relay until the input ends (a file), `stop` is set, or `duration` passes; then
 /// lets the copies finish and returns the report. A capture file that turns out truncated
-/// ends the input early with the reason in `failure`.
+/// ends the input early with the reason in `failure`. `say` gives the user a line as it
+/// happens (a target refusing, or back).
 pub fn run(
     cfg: &CopyConfig,
     input: &Input,
     duration: Option<Duration>,
     stop: &AtomicBool,
     live: &CopyCounters,
+    say: &dyn Fn(&str),
 ) -> Result<CopyReport, RunError> {
     let start = now_ns();
     let differ = open_differ(cfg)?;
@@ -437,5 +443,5 @@ pub fn run(
         backoff: Backoff::default(),
         scratch: vec![0; 64 << 10],
     };
-    Engine::new(cfg, relay, differ, input, start).run(input, duration, stop, live)
+    Engine::new(cfg, relay, differ, input, start, say).run(input, duration, stop, live)
 }

@@ -111,8 +111,9 @@ pub struct Args {
     #[arg(long)]
     pub no_wait: bool,
 
-    /// How long connecting to the target (with retries while it refuses) and waiting for an
-    /// answer the next request needs may take before the session counts as failed. At the end
+    /// How long connecting to the target (waiting behind the shared back-off while it refuses
+    /// or answers nothing; a refused connect ends its copy at once) and waiting for an answer
+    /// the next request needs may take before the session counts as failed. At the end
     /// of --input the copies still running get this long to finish; after SIGINT/SIGTERM or
     /// --duration at most 1 s (then they count as open at the end); a second signal exits at
     /// once.
@@ -271,8 +272,8 @@ fn resolve_transparent(
         .as_deref()
         .map(tcpkit_copy::auth::Key::from_file)
         .transpose()
-        // A file that cannot serve, as for a capture file: exit 1, the file named.
-        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+        // A file that cannot be used as given: a usage error, the flag and file named.
+        .map_err(|e| usage(crate::chain(&e)))?;
     Ok(Some(TransparentConfig {
         intercept,
         client_cidr,
@@ -449,11 +450,31 @@ fn check(cfg: &CopyConfig, run: &Run) -> Result<(), Failure> {
     }
 }
 
+/// The files the flags name, tried before the run starts: one that cannot be used as given
+/// (missing, unreadable, not a capture, a --diff-out that cannot be created) is a usage
+/// error naming the flag and the file, and nothing runs. (`--check` reports them instead.)
+fn files_usable(cfg: &CopyConfig, run: &Run) -> Result<(), Failure> {
+    run.input
+        .file_usable()
+        .map_err(|e| usage(format!("--input {}", crate::chain(&e))))?;
+    if let Some(out) = cfg.diff.as_ref().and_then(|d| d.out.as_ref()) {
+        std::fs::File::create(out).map_err(|e| {
+            usage(format!(
+                "--diff-out {}: cannot create: {}",
+                out.display(),
+                crate::chain(&e)
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let (cfg, run) = resolve(&args)?;
     if run.check {
         return check(&cfg, &run);
     }
+    files_usable(&cfg, &run)?;
     let live = Arc::new(CopyCounters::default());
     // Serves until this function returns, so the final counters can still be scraped.
     let _metrics = run
@@ -478,10 +499,17 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             move |_| live.line(),
         )
     };
+    // A target going down or coming back, said as it happens (not under -q).
+    let quiet = run.out.quiet;
+    let say = move |m: &str| {
+        if !quiet {
+            eprintln!("tcpkit copy: {m}");
+        }
+    };
     let result = match &run.transparent {
-        Some(t) => transparent::run(&cfg, t, &run.input, run.duration, interrupt, &live)
+        Some(t) => transparent::run(&cfg, t, &run.input, run.duration, interrupt, &live, &say)
             .map_err(|e| Failure::Runtime(crate::chain(&e))),
-        None => relay::run(&cfg, &run.input, run.duration, interrupt, &live)
+        None => relay::run(&cfg, &run.input, run.duration, interrupt, &live, &say)
             .map_err(|e| Failure::Runtime(crate::chain(&e))),
     };
     monitor.stop();

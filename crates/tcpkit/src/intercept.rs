@@ -120,8 +120,8 @@ fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
         .as_deref()
         .map(Key::from_file)
         .transpose()
-        // A file that cannot serve, as for a capture file: exit 1, the file named.
-        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+        // A file that cannot be used as given: a usage error, the flag and file named.
+        .map_err(|e| Failure::Usage(crate::chain(&e)))?;
     // Without a key there is no default address: checked last, after the other flags.
     let listen = a.listen.or_else(|| {
         key.is_some()

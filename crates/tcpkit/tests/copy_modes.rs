@@ -395,10 +395,16 @@ fn target_down_at_start_and_mid_run(mode: Mode, tag: &str) {
     let before = lines(&tg_log).len();
     let (_tg2, _) = m.l_mut().nginx(false, Log::Peer);
     m.l().load(8080, &one_per_conn);
-    let r = m.report_failed(
-        &wait_limited(c, Duration::from_secs(20)),
-        "is above --max-loss 1 %",
-    );
+    let o = wait_limited(c, Duration::from_secs(20));
+    let r = m.report_failed(&o, "is above --max-loss 1 %");
+    // Said as it happened, in both modes (issue 24 item 4): down, and back.
+    let err = String::from_utf8_lossy(&o.stderr);
+    for said in ["refused a connection (", "accepts connections again (down "] {
+        assert!(
+            err.contains(&format!("tcpkit copy: target {TARGET}:8080 {said}")),
+            "{said}: {err}"
+        );
+    }
     let [refused, reset, timeout, closed_early, lost, shed] = failed(&r);
     eprintln!("{mode:?}: {syns} SYNs while down; {}", r["sessions"]);
     assert!(refused >= 40, "{r:#}");
@@ -436,10 +442,18 @@ fn a_silent_target_gets_probes_not_a_syn_storm(mode: Mode, tag: &str) {
     let c = m.copy(&rule, &["--timeout", "2.5", "--duration", "8"]);
     // Each copy waits up to 2.5 s for the target.
     let (syns, before) = silent_then_back(m.l_mut(), &tg_log, Duration::from_millis(2700));
-    let r = m.report_failed(
-        &wait_limited(c, Duration::from_secs(20)),
-        "is above --max-loss 1 %",
-    );
+    let o = wait_limited(c, Duration::from_secs(20));
+    let r = m.report_failed(&o, "is above --max-loss 1 %");
+    let err = String::from_utf8_lossy(&o.stderr);
+    for said in [
+        "left a SYN unanswered for 0.9 s (off, or a firewall dropping it?)",
+        "accepts connections again (down ",
+    ] {
+        assert!(
+            err.contains(&format!("tcpkit copy: target {TARGET}:8080 {said}")),
+            "{said}: {err}"
+        );
+    }
     eprintln!("{mode:?}: {syns} SYNs toward the silent target");
     assert_eq!(u(&r, "sessions.failed.lost_capture_data"), 0, "{r:#}");
     assert_held_back(&r, syns, 140, &tg_log, before);

@@ -263,6 +263,42 @@ fn on_target_intercept_killed_fails_closed_and_a_restarted_one_replaces_its_rule
     watch_sees_a_leak_once_the_rule_is_gone(&mut t);
 }
 
+/// The target's whole netfilter ruleset, as `nft list ruleset` prints it.
+fn ruleset(t: &OLab) -> String {
+    let o = t.l.target.run(&["nft", "list", "ruleset"]).expect("nft");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// Issue 24 item 16: on a kernel without nftables' queue, intercept's iptables fallback left
+/// an empty `table ip filter` (with its OUTPUT chain) behind. intercept leaves the ruleset as
+/// it found it: what it created goes, what was there before stays, rules and all.
+#[test]
+fn on_target_intercept_leaves_the_targets_ruleset_as_it_found_it() {
+    let mut t = OLab::new("cpontrs");
+    let cycle = |t: &mut OLab, name: &str| {
+        let before = ruleset(t);
+        let icp = t.intercept(name);
+        assert!(t.rule_present());
+        assert_ne!(ruleset(t), before, "the rule is in the ruleset");
+        stop_intercept(&icp, Signal::SIGINT);
+        assert_eq!(ruleset(t), before);
+    };
+    // A namespace with no table at all.
+    cycle(&mut t, "intercept");
+    // iptables' filter table there already, with a rule in INPUT and no OUTPUT chain: the
+    // table and its rule stay, the OUTPUT chain intercept's jump needed goes.
+    let o =
+        t.l.target
+            .run(&[
+                "iptables", "-w", "-A", "INPUT", "-p", "tcp", "--dport", "9", "-j", "ACCEPT",
+            ])
+            .expect("iptables");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    cycle(&mut t, "intercept2");
+    assert!(ruleset(&t).contains("table ip filter"));
+}
+
 /// The target's TCP connections from port 8080 to the clients' prefix, established.
 fn copied_connections(t: &OLab) -> usize {
     let o =
@@ -386,6 +422,32 @@ fn on_target_refusals_are_one_line_and_touch_no_rule() {
         err.starts_with("tcpkit intercept: ") && err.contains("--capture"),
         "{err}"
     );
+    // A key file that cannot be used as given is a usage error too (issue 24 item 15: it
+    // exited 1): exit 2, one line naming the flag and the file, and no rule touched.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let open_key = dir.path().join("open.key");
+    std::fs::write(&open_key, "0123456789abcdef0123\n").unwrap();
+    std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let open_key = open_key.to_str().unwrap();
+    for (key, want) in [
+        (
+            open_key,
+            format!("tcpkit intercept: --auth-key-file {open_key}: readable by others than its owner (mode 0644): chmod 600 it\n"),
+        ),
+        (
+            "/nonexistent.key",
+            "tcpkit intercept: --auth-key-file /nonexistent.key: No such file or directory (os error 2)\n".into(),
+        ),
+    ] {
+        let mut a = argv.clone();
+        a.extend_from_slice(&["--auth-key-file", key]);
+        let o = run_in(&t.l.target, &a);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!((o.status.code(), &*err), (Some(2), &*want));
+        assert!(o.stdout.is_empty());
+        assert!(!t.rule_present());
+    }
 }
 
 /// `copy --check` with intercept on the target: the return-path probe comes back through

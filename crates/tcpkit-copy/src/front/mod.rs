@@ -27,6 +27,7 @@ use rustc_hash::FxHashMap;
 use tcpkit_pace::{now_ns, Speed};
 use tcpkit_stats::Histogram;
 
+use crate::backoff::{Backoff, Down};
 use crate::config::{CopyConfig, CopyCounters};
 use crate::diff::{ConnMeta, DiffConn, Differ};
 use crate::feed::{self, FeedError, Input};
@@ -39,6 +40,10 @@ use slab::Slab;
 /// How long a closing copy waits for the target's FIN before it is dropped (relay) or reset
 /// (transparent).
 pub(crate) const CLOSE_LINGER_NS: u64 = 1_000_000_000;
+
+/// How often the live counters' overdue requests are counted again (a pass over the copies;
+/// live lines come no faster than a tenth of a second).
+const OVERDUE_SCAN_NS: u64 = 100_000_000;
 
 /// Why a copy run stopped, in either transport: its input (the capture or its file), or a
 /// system call of its own that failed. Transparent mode's control errors wrap it.
@@ -109,6 +114,10 @@ pub(crate) struct Conn<X> {
     pub answered: bool,
     /// Requests started and not answered yet.
     pub unanswered: u64,
+    /// Requests of this copy's session seen at the source, and those of them the target
+    /// answered: what the copy leaves unanswered when it ends is lost (the live loss figure).
+    pub at_source: u64,
+    pub answered_reqs: u64,
     pub last_rx_ns: u64,
     pub last_write_ns: u64,
     /// When the last request was due to go (see [`crate::turns::ReqStart::send_at`]).
@@ -145,6 +154,7 @@ impl<X> Conn<X> {
             // request before it on the stream.
             let k = if no_wait { self.unanswered } else { 1 };
             report.requests.answered += k;
+            self.answered_reqs += k;
             self.unanswered -= k;
         }
         self.answered = true;
@@ -193,6 +203,17 @@ pub(crate) struct Front<'a, X> {
     start_ns: u64,
     /// Copies ended by a lost control connection (transparent mode).
     pub control_lost: u64,
+    /// Requests seen at the source that can no longer be answered: their copy ended (or had
+    /// already ended) first. Only these and the overdue ones count in the live loss figure;
+    /// a request whose answer may still come is not lost yet.
+    pub lost: u64,
+    /// Requests of open copies past their `--timeout` unanswered, at the last count: lost
+    /// too while the run goes on (the copy ends them as lost when it next moves).
+    overdue: u64,
+    /// When the overdue requests are counted next.
+    overdue_scan_at: u64,
+    /// Says a line on stderr (the user's `-q` decides).
+    say: &'a dyn Fn(&str),
 }
 
 impl<X> Front<'_, X> {
@@ -262,6 +283,11 @@ pub(crate) trait Transport: Sized {
         -> Result<(), Self::Error>;
     /// The transport's part of the report.
     fn finish(&mut self, _f: &Front<'_, Self::Conn>, _r: &mut CopyReport) {}
+    /// The back-off toward targets that refuse or answer nothing.
+    fn backoff(&mut self) -> &mut Backoff;
+    /// `Some(tried)` when the copy waits at the back-off's gate with no attempt of its own in
+    /// flight; `tried`: it made one before.
+    fn gated(x: &Self::Conn) -> Option<bool>;
 }
 
 /// A copy mode: the front over transport `T`.
@@ -271,12 +297,14 @@ pub(crate) struct Engine<'a, T: Transport> {
 }
 
 impl<'a, T: Transport> Engine<'a, T> {
+    /// `say` gives the user a line on stderr (a target going down or coming back).
     pub(crate) fn new(
         cfg: &'a CopyConfig,
         t: T,
         differ: Option<Differ>,
         input: &Input,
         start_ns: u64,
+        say: &'a dyn Fn(&str),
     ) -> Self {
         let (speed, max_think_ns) = feed::pace(input);
         Engine {
@@ -294,6 +322,10 @@ impl<'a, T: Transport> Engine<'a, T> {
                 differ,
                 start_ns,
                 control_lost: 0,
+                lost: 0,
+                overdue: 0,
+                overdue_scan_at: 0,
+                say,
             },
             t,
         }
@@ -314,6 +346,7 @@ impl<'a, T: Transport> Engine<'a, T> {
         }
         f.held -= c.held;
         f.open -= 1;
+        f.lost += c.at_source.saturating_sub(c.answered_reqs);
         let s = &mut f.report.sessions;
         let fl = &mut s.failed;
         match how {
@@ -443,10 +476,54 @@ impl<'a, T: Transport> Engine<'a, T> {
         }
         T::io(self, events, wait)?;
         self.fire_timers(now_ns());
+        for line in self.t.backoff().take_news() {
+            (self.f.say)(&line);
+        }
         Ok(())
     }
 
-    fn publish(&self, live: &CopyCounters) {
+    /// Ends the copies waiting at the back-off's gate for a target that refuses: at the end
+    /// of the run they were refused, not open (those that never tried, skipped in back-off).
+    fn end_held_back(&mut self) {
+        for idx in 0..self.f.conns.slots() {
+            let Some(c) = self.f.conns.get(idx) else {
+                continue;
+            };
+            let Some(tried) = T::gated(&c.x) else {
+                continue;
+            };
+            let target = c.target;
+            if self.t.backoff().down(target) == Some(Down::Refused) {
+                if !tried {
+                    self.f.report.sessions.skipped_in_backoff += 1;
+                }
+                // A copy that never tried has nothing at the target to reset.
+                self.end(idx, Outcome::Refused, tried);
+            }
+        }
+    }
+
+    /// The requests of open copies waiting for an answer past their `--timeout` (from the
+    /// later of the last write and the last progress, as the gate judges it). Counted every
+    /// [`OVERDUE_SCAN_NS`], and at the end (no copy open: none).
+    fn count_overdue(&mut self) {
+        let now = now_ns();
+        let f = &mut self.f;
+        if now < f.overdue_scan_at && f.open > 0 {
+            return;
+        }
+        f.overdue_scan_at = now + OVERDUE_SCAN_NS;
+        let timeout = f.cfg.timeout_ns;
+        f.overdue = f
+            .conns
+            .iter()
+            .filter(|c| c.unanswered > 0 && c.last_write_ns.max(c.progress_ns) + timeout <= now)
+            .map(|c| c.unanswered)
+            .sum();
+    }
+
+    fn publish(&mut self, live: &CopyCounters) {
+        self.count_overdue();
         let f = &self.f;
         let s = &f.report.sessions;
         let fl = &s.failed;
@@ -468,6 +545,7 @@ impl<'a, T: Transport> Engine<'a, T> {
         st(&live.requests_at_source, f.report.requests.at_source);
         st(&live.requests_copied, f.report.requests.copied);
         st(&live.requests_answered, f.report.requests.answered);
+        st(&live.requests_lost, f.lost + f.overdue);
         st(&live.held_bytes, f.held as u64);
         st(&live.kernel_drops, f.report.capture.kernel_drops);
         st(&live.bytes_copied, f.report.requests.bytes_copied);
@@ -481,7 +559,9 @@ impl<'a, T: Transport> Engine<'a, T> {
 
     /// After the input ended: lets the copies finish (each waits at most `--timeout` for an
     /// answer and the linger for the target's FIN; at most [`feed::STOP_DRAIN`] in all when
-    /// the run was `stopped`, or is stopped meanwhile), then counts the rest as open.
+    /// the run was `stopped`, or is stopped meanwhile), then counts the rest as open. Those
+    /// held back by a target that refuses do not wait for a stopped run's drain: they are
+    /// counted refused at once.
     fn drain(
         &mut self,
         events: &mut Events,
@@ -490,14 +570,19 @@ impl<'a, T: Transport> Engine<'a, T> {
         mut stopped: bool,
     ) -> Result<(), T::Error> {
         let mut deadline = feed::drain_deadline(self.f.cfg, stopped, CLOSE_LINGER_NS);
+        if stopped {
+            self.end_held_back();
+        }
         while self.f.open > 0 && now_ns() < deadline {
             if !stopped && stop.load(Ordering::Relaxed) {
                 stopped = true;
                 deadline = deadline.min(feed::drain_deadline(self.f.cfg, true, 0));
+                self.end_held_back();
             }
             self.step(events, T::DRAIN_WAIT)?;
             self.publish(live);
         }
+        self.end_held_back();
         for idx in 0..self.f.conns.slots() {
             if self.f.conns.get(idx).is_some() {
                 self.end(idx, Outcome::OpenAtEnd, true);
@@ -619,6 +704,8 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
                 held: 0,
                 answered: false,
                 unanswered: 0,
+                at_source: 0,
+                answered_reqs: 0,
                 last_rx_ns: now,
                 last_write_ns: now,
                 last_req_ns: None,
@@ -678,6 +765,12 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
                 let n = s.copies.len();
                 if start.is_some() {
                     f.report.requests.at_source += n as u64;
+                    for &(idx, gen) in &s.copies {
+                        match f.conns.by_handle(idx, gen) {
+                            Some(c) => c.at_source += 1,
+                            None => f.lost += 1,
+                        }
+                    }
                 }
                 let diff_held = f.differ.as_ref().map_or(0, Differ::held_bytes);
                 if f.held + bytes.len() * n + tracker_mem as usize + diff_held > f.cfg.max_memory {
@@ -730,8 +823,15 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
         };
         let lost = matches!(how, CloseKind::LostData { .. });
         if lost {
-            self.f.report.requests.at_source +=
-                s.turns.unreplayed(requests_seen) * s.copies.len() as u64;
+            let k = s.turns.unreplayed(requests_seen);
+            let f = &mut self.f;
+            f.report.requests.at_source += k * s.copies.len() as u64;
+            for &(idx, gen) in &s.copies {
+                match f.conns.by_handle(idx, gen) {
+                    Some(c) => c.at_source += k,
+                    None => f.lost += k,
+                }
+            }
         }
         if matches!(how, CloseKind::Shed) {
             self.shed(s.copies);
@@ -752,7 +852,7 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
     fn step(&mut self, events: &mut Events, max_wait: Duration) -> Result<(), T::Error> {
         Engine::step(self, events, max_wait)
     }
-    fn publish(&self, live: &CopyCounters) {
+    fn publish(&mut self, live: &CopyCounters) {
         Engine::publish(self, live);
     }
 }

@@ -70,6 +70,11 @@ impl<C> Slab<C> {
         Some(c)
     }
 
+    /// Every copy, in slot order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &C> {
+        self.items.iter().flatten()
+    }
+
     /// One past the highest slot ever used (every copy's slot is below it).
     pub(crate) fn slots(&self) -> usize {
         self.items.len()

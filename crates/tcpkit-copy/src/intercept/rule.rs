@@ -12,7 +12,11 @@
 //! "No such file or directory") get the same rule through iptables instead: a chain
 //! `TCPKIT-INTERCEPT-<queue>` in the filter table, jumped to first from OUTPUT, ending in the
 //! xtables NFQUEUE target (through nf_tables' xtables compatibility with iptables-nft). Both
-//! kinds of leftover are cleared before either is installed.
+//! kinds of leftover are cleared before either is installed. iptables-nft creates its
+//! `filter` table and the OUTPUT base chain on demand and leaves them when the chain is
+//! removed; what the fallback found before installing is noted, and removing the rule also
+//! removes the table and chains that were not there then (and hold no rule), so the target's
+//! ruleset is left as it was found.
 //!
 //! Before the rule goes, the target's TCP connections it matches are aborted (`ss -K`), so no
 //! copied session outlives intercept and later sends a FIN or a retransmission to a real
@@ -255,6 +259,100 @@ fn clear_iptables(rule: &AnswerRule, v6: bool) -> bool {
     found
 }
 
+/// A family's iptables `filter` table as it was before the fallback touched it (iptables-nft
+/// keeps it in nftables).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FilterTable {
+    /// There was none.
+    Absent,
+    /// It held these chains.
+    Chains(Vec<String>),
+    /// nft could not say: nothing of it is removed.
+    Unknown,
+}
+
+fn nft_family(v6: bool) -> &'static str {
+    if v6 {
+        "ip6"
+    } else {
+        "ip"
+    }
+}
+
+/// The chains of `nft -j list table ...` output, each with its number of rules.
+fn chains_of(json: &[u8]) -> Option<Vec<(String, usize)>> {
+    let v: serde_json::Value = serde_json::from_slice(json).ok()?;
+    let items = v.get("nftables")?.as_array()?;
+    let mut chains: Vec<(String, usize)> = items
+        .iter()
+        .filter_map(|i| i.get("chain")?.get("name")?.as_str())
+        .map(|n| (n.to_string(), 0))
+        .collect();
+    for chain in items
+        .iter()
+        .filter_map(|i| i.get("rule")?.get("chain")?.as_str())
+    {
+        if let Some(c) = chains.iter_mut().find(|(n, _)| n == chain) {
+            c.1 += 1;
+        }
+    }
+    Some(chains)
+}
+
+/// The family's `filter` table now: its chains with their rule counts, None when it is not
+/// there, Err when nft could not say.
+fn filter_table_now(v6: bool) -> Result<Option<Vec<(String, usize)>>, ()> {
+    let o = run(
+        "nft",
+        &args(&["-j", "list", "table", nft_family(v6), "filter"]),
+    )
+    .map_err(|_| ())?;
+    if !o.status.success() {
+        return if String::from_utf8_lossy(&o.stderr).contains("No such file or directory") {
+            Ok(None)
+        } else {
+            Err(())
+        };
+    }
+    chains_of(&o.stdout).map(Some).ok_or(())
+}
+
+fn filter_table_before(v6: bool) -> FilterTable {
+    match filter_table_now(v6) {
+        Ok(None) => FilterTable::Absent,
+        Ok(Some(c)) => FilterTable::Chains(c.into_iter().map(|(n, _)| n).collect()),
+        Err(()) => FilterTable::Unknown,
+    }
+}
+
+/// Removes what the fallback made iptables-nft create in the family's `filter` table: the
+/// chains that were not there `before` and hold no rule, then the table if there was none
+/// and no chain is left in it.
+fn restore_filter_table(v6: bool, before: &FilterTable) {
+    let had: &[String] = match before {
+        FilterTable::Absent => &[],
+        FilterTable::Chains(c) => c,
+        FilterTable::Unknown => return,
+    };
+    let Ok(Some(now)) = filter_table_now(v6) else {
+        return;
+    };
+    let fam = nft_family(v6);
+    let mut left = now.len();
+    for (name, rules) in &now {
+        if *rules == 0
+            && !had.contains(name)
+            && run("nft", &args(&["delete", "chain", fam, "filter", name]))
+                .is_ok_and(|o| o.status.success())
+        {
+            left -= 1;
+        }
+    }
+    if *before == FilterTable::Absent && left == 0 {
+        let _ = run("nft", &args(&["delete", "table", fam, "filter"]));
+    }
+}
+
 /// Removes the nftables table for `rule`, if there; true when it was.
 fn clear_nft(rule: &AnswerRule) -> bool {
     run("nft", &args(&["delete", "table", "inet", &rule.table()])).is_ok_and(|o| o.status.success())
@@ -271,6 +369,8 @@ pub struct Installed {
     /// Installed whole: connections are aborted before removal.
     complete: bool,
     removed: bool,
+    /// The fallback's families, with their `filter` table as it was before.
+    tables_before: Vec<(bool, FilterTable)>,
 }
 
 impl Installed {
@@ -313,8 +413,9 @@ impl Installed {
                 clear_nft(&self.rule);
             }
             Backend::Iptables => {
-                for v6 in self.rule.families() {
-                    clear_iptables(&self.rule, v6);
+                for (v6, before) in &self.tables_before {
+                    clear_iptables(&self.rule, *v6);
+                    restore_filter_table(*v6, before);
                 }
             }
         }
@@ -371,6 +472,7 @@ pub fn install(rule: &AnswerRule) -> Result<Installed, RuleError> {
             replaced_stale,
             complete: true,
             removed: false,
+            tables_before: Vec::new(),
         });
     }
     let err = String::from_utf8_lossy(&out.stderr).to_string();
@@ -388,6 +490,11 @@ pub fn install(rule: &AnswerRule) -> Result<Installed, RuleError> {
         replaced_stale,
         complete: false,
         removed: false,
+        tables_before: rule
+            .families()
+            .into_iter()
+            .map(|v6| (v6, filter_table_before(v6)))
+            .collect(),
     };
     for v6 in rule.families() {
         let ipt = iptables(v6);
@@ -457,6 +564,29 @@ mod tests {
             "{any}"
         );
         assert!(!any.contains("bypass"));
+    }
+
+    #[test]
+    fn the_chains_of_a_table_with_their_rules() {
+        // `nft -j list table ip filter` after `iptables -A INPUT ...` and the fallback's
+        // jump from OUTPUT (trimmed of what is not read).
+        let json = br#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
+            {"table": {"family": "ip", "name": "filter", "handle": 1}},
+            {"chain": {"family": "ip", "table": "filter", "name": "INPUT", "handle": 1}},
+            {"chain": {"family": "ip", "table": "filter", "name": "OUTPUT", "handle": 3}},
+            {"chain": {"family": "ip", "table": "filter", "name": "TCPKIT-INTERCEPT-7"}},
+            {"rule": {"family": "ip", "table": "filter", "chain": "INPUT", "handle": 2}},
+            {"rule": {"family": "ip", "table": "filter", "chain": "OUTPUT", "handle": 4}},
+            {"rule": {"family": "ip", "table": "filter", "chain": "OUTPUT", "handle": 5}}]}"#;
+        assert_eq!(
+            chains_of(json).unwrap(),
+            [
+                ("INPUT".to_string(), 1),
+                ("OUTPUT".to_string(), 2),
+                ("TCPKIT-INTERCEPT-7".to_string(), 0)
+            ]
+        );
+        assert_eq!(chains_of(b"not json"), None);
     }
 
     #[test]

@@ -614,6 +614,15 @@ impl<'a> Transport for Raw<'a> {
         self.ts.control_lost = f.control_lost;
         r.transparent = Some(std::mem::take(&mut self.ts));
     }
+
+    fn backoff(&mut self) -> &mut Backoff {
+        &mut self.backoff
+    }
+
+    /// A flow waiting for the control connection or the back-off's gate has sent no SYN yet.
+    fn gated(x: &Flow) -> Option<bool> {
+        (x.st == St::WaitControl).then_some(false)
+    }
 }
 
 impl Raw<'_> {
@@ -809,7 +818,7 @@ impl TpEngine<'_, '_> {
             };
             if valid {
                 if how == Outcome::Refused {
-                    self.t.backoff.refused(target, now);
+                    self.t.backoff.refused(target, now, &"a RST to its SYN");
                 }
                 self.end(idx, how, false);
             }
@@ -942,7 +951,8 @@ impl TpEngine<'_, '_> {
 /// Runs transparent mode on `input` (a live capture or a capture file at its pace) until it
 /// ends, `stop` is set or `duration` passes; then lets the copies finish and returns the
 /// report. Fails at start when intercept is unreachable or refuses, or a raw socket cannot be
-/// opened (root or CAP_NET_RAW).
+/// opened (root or CAP_NET_RAW). `say` gives the user a line as it happens (a target
+/// refusing, or back).
 pub fn run(
     cfg: &CopyConfig,
     t: &TransparentConfig,
@@ -950,6 +960,7 @@ pub fn run(
     duration: Option<Duration>,
     stop: &AtomicBool,
     live: &CopyCounters,
+    say: &dyn Fn(&str),
 ) -> Result<CopyReport, TransparentError> {
     let start = now_ns();
     let differ = open_differ(cfg)?;
@@ -1014,7 +1025,7 @@ pub fn run(
         },
         server_ports: transfer::server_ports(&cfg.rules),
     };
-    Engine::new(cfg, raw, differ, input, start).run(input, duration, stop, live)
+    Engine::new(cfg, raw, differ, input, start, say).run(input, duration, stop, live)
 }
 
 #[cfg(test)]

@@ -582,6 +582,21 @@ pub fn wait_limited(mut child: Child, limit: Duration) -> Output {
     }
 }
 
+/// The lines `r` (a child's stderr) gives, each with when it came, read on a thread until
+/// it closes: for tests that ask how soon something was said.
+pub fn timed_lines(
+    r: impl Read + Send + 'static,
+) -> std::thread::JoinHandle<Vec<(Instant, String)>> {
+    use std::io::BufRead;
+    std::thread::spawn(move || {
+        std::io::BufReader::new(r)
+            .lines()
+            .map_while(Result::ok)
+            .map(|l| (Instant::now(), l))
+            .collect()
+    })
+}
+
 pub fn lines(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
