@@ -4,8 +4,9 @@
  * make getpeername() show the VIP again. UDP (IPv4 and IPv6, v4-mapped too): sendmsg to a VIP from an unconnected
  * socket goes to a backend chosen once per socket (it stays there), and recvmsg shows
  * replies from that backend as coming from the VIP; connected UDP goes through connect4/6. IPv4 (connect4), IPv6 (connect6), and IPv4 VIPs
- * reached through IPv6 sockets as v4-mapped addresses (connect6). Attached to one cgroup v2
- * with bpf_link. */
+ * reached through IPv6 sockets as v4-mapped addresses (connect6). Every socket sent to a
+ * backend is counted on it while it is open (cgroup/sock_release counts it off), for status
+ * and the least-connection algorithms. Attached to one cgroup v2 with bpf_link. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -56,6 +57,33 @@ struct {
 	__type(value, __u64);
 } picks SEC(".maps");
 
+/* Sockets open now on each backend (indexed as `picks`): see struct active. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES * MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct active);
+} active SEC(".maps");
+
+/* Each balanced socket's backend counter, for sock_release. Socket-local storage rather than
+ * the reverse map: a reverse-map slot is taken over after MAX_SOCKETS newer sockets, and a
+ * long-lived connection would then never be counted off. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sock_tag);
+} tags SEC(".maps");
+
+/* --persistent: each client's backend and when it last connected (the least recently used
+ * client goes first when full). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_PERSIST);
+	__type(key, struct persist_key);
+	__type(value, struct persist_val);
+} persist SEC(".maps");
+
 /* Each service's lookup table: RING_SIZE backend indexes, filled by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -94,12 +122,19 @@ static __always_inline __u32 fmix32(__u32 h)
 	return h;
 }
 
-/* The client: the socket's bound source address (zero while unbound) in its network
- * namespace, so one client keeps its backend across reconnects. */
-static __always_inline __u32 client_hash(struct bpf_sock_addr *ctx, int v6)
+static __always_inline __u32 cookie_hash(__u64 c)
+{
+	return fmix32((__u32)c ^ fmix32((__u32)(c >> 32)));
+}
+
+/* The client host: the socket's bound source address (zero while unbound) in its network
+ * namespace. With `port`, the client's port too, as IPVS mh's port flag: a socket bound to a
+ * port keeps its backend across reconnects; an unbound one has no port yet (the kernel picks
+ * it after this hook), so its cookie stands in, as unforeseeable as an ephemeral port. */
+static __always_inline __u32 client_hash(struct bpf_sock_addr *ctx, int v6, int port)
 {
 	__u64 ns = bpf_get_netns_cookie(ctx);
-	__u32 h = fmix32((__u32)ns ^ fmix32((__u32)(ns >> 32)));
+	__u32 h = cookie_hash(ns);
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk)
 		return h;
@@ -110,6 +145,10 @@ static __always_inline __u32 client_hash(struct bpf_sock_addr *ctx, int v6)
 		h = fmix32(h ^ sk->src_ip6[3]);
 	} else {
 		h = fmix32(h ^ sk->src_ip4);
+	}
+	if (port) {
+		__u32 p = sk->src_port;
+		h = fmix32(h ^ (p ? p : cookie_hash(bpf_get_socket_cookie(ctx))));
 	}
 	return h;
 }
@@ -159,6 +198,122 @@ static __always_inline void rev_put(__u64 cookie, struct revnat *r)
 	WRITE_ONCE_U64(e->cookie, cookie);
 }
 
+/* Backend b's `picks` and `active` counter. */
+static __always_inline __u32 counter_of(struct svc *s, struct backend *b)
+{
+	return (s->id / GENERATIONS) * MAX_BACKENDS + (b->index % MAX_BACKENDS);
+}
+
+/* least_conn's scan, one backend a step (bpf_loop: the verifier checks a step once, where
+ * an unrolled scan of MAX_BACKENDS in each of four programs went past its limit). */
+struct lc_scan {
+	__u32 id;
+	__u32 n;
+	__u32 start;
+	__u32 weighted;
+	__s64 best;
+	__s64 best_n;
+	__s64 best_w;
+};
+
+static long lc_step(__u64 j, void *p)
+{
+	struct lc_scan *c = p;
+	if (c->n == 0)
+		return 1;
+	__u32 i = (c->start + (__u32)j) % c->n;
+	__u32 k = c->id * MAX_BACKENDS + i;
+	struct backend *b = bpf_map_lookup_elem(&backends, &k);
+	if (!b)
+		return 0;
+	__u32 ck = (c->id / GENERATIONS) * MAX_BACKENDS + (b->index % MAX_BACKENDS);
+	struct active *a = bpf_map_lookup_elem(&active, &ck);
+	__s64 on = a ? (__s64)READ_ONCE_U64(a->n) : 0;
+	if (on < 0)
+		on = 0;
+	__s64 w = c->weighted ? b->weight : 1;
+	if (w == 0)
+		return 0;
+	/* on / w < best_n / best_w, without a division. */
+	if (c->best < 0 || on * c->best_w < c->best_n * w) {
+		c->best = i;
+		c->best_n = on;
+		c->best_w = w;
+	}
+	return 0;
+}
+
+/* The set's backend with the fewest active sockets (per unit of weight with `weighted`):
+ * ipvs lc/wlc, counting sockets open now. The scan starts at the next round-robin position,
+ * so backends as loaded as each other take turns (ipvs takes the first of them). */
+static __always_inline __s64 least_conn(struct svc *s, __u32 n, int weighted)
+{
+	struct lc_scan c = {
+		.id = s->id,
+		.n = n,
+		.start = __sync_fetch_and_add(&s->rr, 1) % n,
+		.weighted = weighted,
+		.best = -1,
+		.best_n = 0,
+		.best_w = 1,
+	};
+	bpf_loop(n, lc_step, &c, 0);
+	return c.best;
+}
+
+struct persist_scan {
+	__u32 id;
+	__u32 counter;
+	__s64 slot;
+};
+
+static long persist_step(__u64 i, void *p)
+{
+	struct persist_scan *c = p;
+	__u32 k = c->id * MAX_BACKENDS + (__u32)i;
+	struct backend *b = bpf_map_lookup_elem(&backends, &k);
+	if (b && b->index == c->counter) {
+		c->slot = k;
+		return 1;
+	}
+	return 0;
+}
+
+/* The backend `client` was last sent to, while --persistent holds and it is still in the set
+ * (then its time starts again); NULL otherwise. */
+static __always_inline struct backend *persisted(struct svc *s, __u32 n, struct persist_key *client,
+						 __u64 now, __u32 *slot)
+{
+	struct persist_val *p = bpf_map_lookup_elem(&persist, client);
+	if (!p || now - p->last_ns >= (__u64)s->persist_ms * 1000000)
+		return 0;
+	struct persist_scan c = { .id = s->id, .counter = p->counter, .slot = -1 };
+	bpf_loop(n, persist_step, &c, 0);
+	if (c.slot < 0)
+		return 0;
+	p->last_ns = now;
+	*slot = (__u32)c.slot;
+	return bpf_map_lookup_elem(&backends, slot);
+}
+
+static __always_inline void persist_key_of(struct bpf_sock_addr *ctx, struct svc *s, int v6,
+					   struct persist_key *k)
+{
+	k->netns = bpf_get_netns_cookie(ctx);
+	k->svc = s->id / GENERATIONS;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return;
+	if (v6) {
+		k->ip[0] = sk->src_ip6[0];
+		k->ip[1] = sk->src_ip6[1];
+		k->ip[2] = sk->src_ip6[2];
+		k->ip[3] = sk->src_ip6[3];
+	} else {
+		k->ip[0] = sk->src_ip4;
+	}
+}
+
 /* Picks a backend for `key`: NULL when the service has none (the caller refuses), the
  * service's slot in *slot. */
 static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct svc *s, int v6,
@@ -167,23 +322,42 @@ static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct sv
 	__u32 n = s->count;
 	if (n == 0 || n > MAX_BACKENDS || s->id >= MAX_SERVICES * GENERATIONS)
 		return 0;
-	__u32 i, h;
+	struct persist_key client = {};
+	__u64 now = 0;
+	if (s->persist_ms) {
+		persist_key_of(ctx, s, v6, &client);
+		now = bpf_ktime_get_ns();
+		struct backend *b = persisted(s, n, &client, now, slot);
+		if (b)
+			return b;
+	}
+	__u32 i, h, r;
+	__s64 l;
 	switch (s->algo) {
 	case ALGO_ROUND_ROBIN:
 		i = __sync_fetch_and_add(&s->rr, 1) % n;
 		break;
+	case ALGO_LC:
+	case ALGO_WLC:
+		l = least_conn(s, n, s->algo == ALGO_WLC);
+		if (l < 0)
+			return 0;
+		i = (__u32)l;
+		break;
 	case ALGO_WEIGHTED:
+	case ALGO_WRR:
 	case ALGO_MAGLEV_CLIENT:
+	case ALGO_MAGLEV_HOST:
 	case ALGO_MAGLEV_COOKIE:
 		if (s->algo == ALGO_WEIGHTED)
-			h = bpf_get_prandom_u32();
-		else if (s->algo == ALGO_MAGLEV_CLIENT)
-			h = client_hash(ctx, v6);
-		else {
-			__u64 c = bpf_get_socket_cookie(ctx);
-			h = fmix32((__u32)c ^ fmix32((__u32)(c >> 32)));
-		}
-		__u32 r = s->id * RING_SIZE + h % RING_SIZE;
+			h = bpf_get_prandom_u32() % RING_SIZE;
+		else if (s->algo == ALGO_WRR)
+			h = __sync_fetch_and_add(&s->rr, 1) % (s->len ? s->len : 1);
+		else if (s->algo == ALGO_MAGLEV_CLIENT || s->algo == ALGO_MAGLEV_HOST)
+			h = client_hash(ctx, v6, s->algo == ALGO_MAGLEV_CLIENT) % RING_SIZE;
+		else
+			h = cookie_hash(bpf_get_socket_cookie(ctx)) % RING_SIZE;
+		r = s->id * RING_SIZE + (h % RING_SIZE);
 		__u32 *e = bpf_map_lookup_elem(&ring, &r);
 		if (!e || *e >= n)
 			return 0;
@@ -193,7 +367,12 @@ static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct sv
 		i = bpf_get_prandom_u32() % n;
 	}
 	*slot = s->id * MAX_BACKENDS + i;
-	return bpf_map_lookup_elem(&backends, slot);
+	struct backend *b = bpf_map_lookup_elem(&backends, slot);
+	if (b && s->persist_ms) {
+		struct persist_val v = { .last_ns = now, .counter = b->index };
+		bpf_map_update_elem(&persist, &client, &v, BPF_ANY);
+	}
+	return b;
 }
 
 static __always_inline void emit(struct revnat *r, __u8 family, __u8 udp)
@@ -222,13 +401,49 @@ static __always_inline int refuse(void)
 	return 0;
 }
 
-static __always_inline void picked(struct svc *s, struct backend *b)
+/* Counts a socket off the backend its tag names (unless the counter went to another backend
+ * since: its epoch moved on), and clears the tag. */
+static __always_inline void untag(struct sock_tag *t)
 {
-	__u32 k = (s->id / GENERATIONS) * MAX_BACKENDS + (b->index % MAX_BACKENDS);
+	if (!t->key1)
+		return;
+	__u32 k = t->key1 - 1;
+	struct active *a = bpf_map_lookup_elem(&active, &k);
+	if (a && a->epoch == t->epoch)
+		__sync_fetch_and_add(&a->n, -1);
+	t->key1 = 0;
+}
+
+/* Counts socket `sk` on backend b: connects and picks, and active until it is released (a
+ * socket sent elsewhere before, a UDP socket connected again, moves). */
+static __always_inline void picked(struct svc *s, struct backend *b, struct bpf_sock *sk)
+{
+	__u32 k = counter_of(s, b);
 	__u64 *p = bpf_map_lookup_elem(&picks, &k);
 	if (p)
 		*p += 1;
 	count(COUNTER_TRANSLATED);
+	struct active *a = bpf_map_lookup_elem(&active, &k);
+	struct sock_tag *t = 0;
+	if (sk)
+		t = bpf_sk_storage_get(&tags, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!t || !a) {
+		count(COUNTER_UNTAGGED);
+		return;
+	}
+	untag(t);
+	t->epoch = a->epoch;
+	t->key1 = k + 1;
+	__sync_fetch_and_add(&a->n, 1);
+}
+
+SEC("cgroup/sock_release")
+int tk_sock_release(struct bpf_sock *ctx)
+{
+	struct sock_tag *t = bpf_sk_storage_get(&tags, ctx, 0, 0);
+	if (t)
+		untag(t);
+	return 1;
 }
 
 SEC("cgroup/connect4")
@@ -251,7 +466,7 @@ int tk_connect4(struct bpf_sock_addr *ctx)
 	rev_put(bpf_get_socket_cookie(ctx), &r);
 	ctx->user_ip4 = b->ip[0];
 	ctx->user_port = b->port;
-	picked(s, b);
+	picked(s, b, ctx->sk);
 	emit(&r, 4, 0);
 	return 1;
 }
@@ -331,7 +546,7 @@ int tk_connect6(struct bpf_sock_addr *ctx)
 	revnat6(&r, a, &key, b, mapped);
 	rev_put(bpf_get_socket_cookie(ctx), &r);
 	write6(ctx, &r);
-	picked(s, b);
+	picked(s, b, ctx->sk);
 	emit(&r, 6, 0);
 	return 1;
 }
@@ -429,7 +644,7 @@ int tk_sendmsg4(struct bpf_sock_addr *ctx)
 	rev_put(cookie, &r);
 	ctx->user_ip4 = b->ip[0];
 	ctx->user_port = b->port;
-	picked(s, b);
+	picked(s, b, ctx->sk);
 	emit(&r, 4, 1);
 	return 1;
 }
@@ -472,7 +687,7 @@ int tk_sendmsg6(struct bpf_sock_addr *ctx)
 	revnat6(&r, a, &key, b, mapped);
 	rev_put(cookie, &r);
 	write6(ctx, &r);
-	picked(s, b);
+	picked(s, b, ctx->sk);
 	emit(&r, 6, 1);
 	return 1;
 }

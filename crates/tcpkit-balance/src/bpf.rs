@@ -15,10 +15,11 @@ mod generated {
     include!(concat!(env!("OUT_DIR"), "/balance.rs"));
 }
 
-pub use generated::{Backend, Revnat, Svc, SvcKey, TraceEvent};
+pub use generated::{Active, Backend, PersistKey, PersistVal, Revnat, Svc, SvcKey, TraceEvent};
 pub use generated::{
-    ALGO_MAGLEV_CLIENT, ALGO_MAGLEV_COOKIE, ALGO_RANDOM, ALGO_ROUND_ROBIN, ALGO_WEIGHTED, COUNTERS,
-    COUNTER_REFUSED, COUNTER_REVNAT, COUNTER_STALE, COUNTER_TRACE_LOST, COUNTER_TRANSLATED,
+    ALGO_LC, ALGO_MAGLEV_CLIENT, ALGO_MAGLEV_COOKIE, ALGO_MAGLEV_HOST, ALGO_RANDOM,
+    ALGO_ROUND_ROBIN, ALGO_WEIGHTED, ALGO_WLC, ALGO_WRR, COUNTERS, COUNTER_REFUSED, COUNTER_REVNAT,
+    COUNTER_STALE, COUNTER_TRACE_LOST, COUNTER_TRANSLATED, COUNTER_UNTAGGED, MAX_PERSIST,
     MAX_SOCKETS,
 };
 
@@ -45,3 +46,9 @@ unsafe impl aya::Pod for Svc {}
 unsafe impl aya::Pod for Backend {}
 // SAFETY: as above.
 unsafe impl aya::Pod for Revnat {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Active {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PersistKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PersistVal {}

@@ -50,6 +50,8 @@ mod drain;
 mod pin;
 mod probes;
 mod run;
+#[path = "balance_sched.rs"]
+mod sched;
 mod up;
 
 use clients::{
@@ -251,10 +253,17 @@ fn hooks_on(cg: &Path) -> Vec<String> {
     h
 }
 
-/// connect4/6 and getpeername4/6: what a TCP-only balancer attaches.
-const TCP_HOOKS: [&str; 4] = ["connect4", "connect6", "getpeername4", "getpeername6"];
+/// connect4/6, getpeername4/6 and sock_release (the active counts): what a TCP-only balancer
+/// attaches.
+const TCP_HOOKS: [&str; 5] = [
+    "connect4",
+    "connect6",
+    "getpeername4",
+    "getpeername6",
+    "sock_release",
+];
 /// Every hook: a balancer with a UDP service.
-const ALL_HOOKS: [&str; 8] = [
+const ALL_HOOKS: [&str; 9] = [
     "connect4",
     "connect6",
     "getpeername4",
@@ -263,6 +272,7 @@ const ALL_HOOKS: [&str; 8] = [
     "recvmsg6",
     "sendmsg4",
     "sendmsg6",
+    "sock_release",
 ];
 
 /// Waits (at most 10 s: programs and maps are freed after an RCU grace period) until none of
