@@ -535,7 +535,7 @@ fn bad_input_gives_one_line() {
         (&["--vip", "198.19.0.1:65536"], "not an IP:PORT"),
         (
             &["--vip", "198.19.0.1:80", "--backend", "198.18.0.2:80@2"],
-            "weights need",
+            "weights above 1 need",
         ),
         (
             &["--vip", "198.19.0.1:80", "--hash-key", "cookie"],
