@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The structs of bpf/balance.h, by their C names, and the Rust names they get.
-const STRUCTS: [(&str, &str); 8] = [
+const STRUCTS: [(&str, &str); 9] = [
     ("svc_key", "SvcKey"),
     ("svc", "Svc"),
     ("backend", "Backend"),
@@ -17,6 +17,7 @@ const STRUCTS: [(&str, &str); 8] = [
     ("active", "Active"),
     ("persist_key", "PersistKey"),
     ("persist_val", "PersistVal"),
+    ("sock_tag", "SockTag"),
 ];
 
 fn main() {

@@ -67,11 +67,15 @@ struct backend {
 
 /* Sockets open now on each backend (`active`, indexed as `picks`), for status and the
  * least-connection algorithms. A socket is tagged with its counter and the counter's epoch
- * when it is sent to a backend (socket-local storage: it lives and dies with the socket) and
- * counted off when it is released (cgroup/sock_release). User space bumps the epoch when it
- * gives the counter to another backend (a reload), so a socket of the backend before never
- * counts off the new one's. Shared by every CPU (atomic adds): the least-connection pick
- * reads it whole. */
+ * when it is sent to a backend, in its reverse-map entry (written then anyway), and counted
+ * off when it is released (cgroup/sock_release, which also frees the entry) or found
+ * elsewhere (getpeername's stale check). The one socket that owns an entry takes it with a
+ * compare-and-swap of the cookie, so a tag is counted off once. A socket still open whose
+ * slot a newer socket takes (cookies MAX_SOCKETS apart) has its tag moved to `overflow`
+ * (keyed by cookie) first: the count stays exact, at the cost of a hash update only then.
+ * User space bumps the epoch when it gives the counter to another backend (a reload), so a
+ * socket of the backend before never counts off the new one's. Shared by every CPU (atomic
+ * adds): the least-connection pick reads it whole. */
 struct active {
 	__s64 n;
 	__u32 epoch;
@@ -82,6 +86,7 @@ struct sock_tag {
 	__u32 key1;  /* the socket's `active` counter + 1; 0: none */
 	__u32 epoch;
 };
+#define MAX_OVERFLOW 65536
 
 /* --persistent: a client (netns, bound source address) of service slot `svc` keeps the
  * backend whose counter is `counter` until `last_ns` + the service's persist_ms. */
@@ -118,6 +123,8 @@ struct revnat {
 	__u32 bip[4];
 	__u16 vport;
 	__u16 bport;
+	__u32 key1;  /* the socket's `active` counter + 1 (0: none), and that counter's epoch */
+	__u32 epoch;
 	__u32 pad;
 };
 
@@ -127,7 +134,7 @@ struct revnat {
 #define COUNTER_REVNAT 2
 #define COUNTER_STALE 3
 #define COUNTER_TRACE_LOST 4
-#define COUNTER_UNTAGGED 5 /* sockets sent to a backend with no room for their tag (not active) */
+#define COUNTER_UNTAGGED 5 /* open sockets whose tag found no room in `overflow` (never counted off) */
 #define COUNTERS 6
 
 /* One selection, for --trace (ring buffer `trace`). */

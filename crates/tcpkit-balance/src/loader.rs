@@ -14,11 +14,11 @@ use aya::programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::bpf::{
-    Active, Backend, PersistKey, PersistVal, Revnat, Svc, SvcKey, ALGO_LC, ALGO_MAGLEV_CLIENT,
-    ALGO_MAGLEV_COOKIE, ALGO_MAGLEV_HOST, ALGO_RANDOM, ALGO_ROUND_ROBIN, ALGO_WEIGHTED, ALGO_WLC,
-    ALGO_WRR, COUNTER_REFUSED, COUNTER_REVNAT, COUNTER_STALE, COUNTER_TRACE_LOST,
-    COUNTER_TRANSLATED, COUNTER_UNTAGGED, GENERATIONS, MAX_BACKENDS, MAX_SERVICES, MAX_SOCKETS,
-    RING_SIZE, VIP_PORT_WORDS,
+    Active, Backend, PersistKey, PersistVal, Revnat, SockTag, Svc, SvcKey, ALGO_LC,
+    ALGO_MAGLEV_CLIENT, ALGO_MAGLEV_COOKIE, ALGO_MAGLEV_HOST, ALGO_RANDOM, ALGO_ROUND_ROBIN,
+    ALGO_WEIGHTED, ALGO_WLC, ALGO_WRR, COUNTER_REFUSED, COUNTER_REVNAT, COUNTER_STALE,
+    COUNTER_TRACE_LOST, COUNTER_TRANSLATED, COUNTER_UNTAGGED, GENERATIONS, MAX_BACKENDS,
+    MAX_SERVICES, MAX_SOCKETS, RING_SIZE, VIP_PORT_WORDS,
 };
 use crate::config::{Algorithm, HashKey, Service};
 use crate::table;
@@ -100,7 +100,7 @@ impl RevnatView {
     /// and after the copy means the copy is that socket's.
     fn get(&self, i: usize) -> Option<Revnat> {
         assert!(i < MAX_SOCKETS as usize);
-        // SAFETY: i is within the MAX_SOCKETS entries mapped (48 bytes each, 8-aligned); the
+        // SAFETY: i is within the MAX_SOCKETS entries mapped (56 bytes each, 8-aligned); the
         // kernel writes them concurrently, hence volatile reads of plain integers (any bit
         // pattern is a valid Revnat) and the cookie check around the copy.
         unsafe {
@@ -811,7 +811,7 @@ impl Balancer {
         "ring",
         "vip_ports",
         "active",
-        "tags",
+        "overflow",
         "persist",
     ];
 
@@ -859,8 +859,38 @@ impl Balancer {
     }
 
     /// Drops the reverse-map entries of `cookies`: an unconnected UDP socket's next datagram
-    /// to its VIP then picks a backend again.
+    /// to its VIP then picks a backend again. Each one's tag moves to the overflow map first,
+    /// so the socket is still counted off its backend once, when it picks again or closes.
     pub fn forget(&mut self, cookies: &[u64]) -> Result<(), LoadError> {
+        {
+            let map = self.ebpf.map("revnat").ok_or(LoadError::NoMap("revnat"))?;
+            let m: Array<_, Revnat> =
+                Array::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
+            let mut tags = Vec::new();
+            for c in cookies {
+                let k = (*c % u64::from(MAX_SOCKETS)) as u32;
+                let r = m.get(&k, 0).map_err(|e| LoadError::Map("revnat", e))?;
+                if r.cookie == *c && r.key1 != 0 {
+                    tags.push((
+                        *c,
+                        SockTag {
+                            key1: r.key1,
+                            epoch: r.epoch,
+                        },
+                    ));
+                }
+            }
+            let mut o: HashMap<_, u64, SockTag> = HashMap::try_from(
+                self.ebpf
+                    .map_mut("overflow")
+                    .ok_or(LoadError::NoMap("overflow"))?,
+            )
+            .map_err(|e| LoadError::Map("overflow", e))?;
+            for (c, t) in tags {
+                // Full: the socket stays counted on that backend (as COUNTER_UNTAGGED).
+                let _ = o.insert(c, t, 0);
+            }
+        }
         let map = self
             .ebpf
             .map_mut("revnat")

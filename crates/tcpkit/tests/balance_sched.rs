@@ -220,6 +220,20 @@ fn active_conns_are_the_sockets_open_now_and_least_conn_fills_the_emptiest() {
 }
 
 #[test]
+fn weighted_least_conn_holds_open_sockets_in_proportion_to_the_weights() {
+    let (_g, lab, cli, srv, _link) = serial_pair("balwlc");
+    let (b1, b2) = (holding(&srv), holding(&srv));
+    let cg = test_cgroup("wlc");
+    let path = lab.dir().join("lb.toml");
+    write_config(&path, &config("wlc", &[(b1.addr, 1), (b2.addr, 3)], ""));
+    let up = Up::start(&lab, &cli, &path, cg.rel(), &[]);
+    let mut c = Scripted::start(&lab, &cli, &cg, VIP);
+    assert_eq!(c.open(8).len(), 8);
+    // Eight held over weights 1:3: two and six, as ipvs wlc would hold them.
+    assert_eq!(active(&up), [(2, 2), (6, 6)]);
+}
+
+#[test]
 fn weight_zero_drains_new_sockets_and_keeps_the_open_ones_through_reload() {
     let (_g, lab, cli, srv, _link) = serial_pair("baldrain");
     let (b1, b2) = (holding(&srv), holding(&srv));
