@@ -323,6 +323,33 @@ backends = [ { addr = "198.18.0.2:53" } ]
     }
 
     #[test]
+    fn ipvsadm_names_old_spellings_drain_and_persistence() {
+        let one = |body: &str| {
+            parse(
+                "lb.toml",
+                &format!("[[service]]\nvip = \"198.19.0.1:80\"\n{body}\nbackends = [ {{ addr = \"198.18.0.2:80\", weight = 0 }} ]\n"),
+            )
+            .map(|s| s[0].service.clone())
+        };
+        for (name, want) in [
+            ("rr", Algorithm::RoundRobin),
+            ("weighted", Algorithm::WeightedRandom),
+            ("weighted-random", Algorithm::WeightedRandom),
+            ("wrr", Algorithm::WeightedRoundRobin),
+            ("lc", Algorithm::LeastConn),
+            ("wlc", Algorithm::WeightedLeastConn),
+            ("mh", Algorithm::Maglev(HashKey::Client)),
+        ] {
+            let s = one(&format!("algorithm = \"{name}\"")).unwrap();
+            assert_eq!(s.algorithm, want, "{name}");
+            assert_eq!(s.backends[0].weight, 0);
+        }
+        let s = one("algorithm = \"maglev\"\nhash_key = \"host\"\npersistence = \"300s\"").unwrap();
+        assert_eq!(s.algorithm, Algorithm::Maglev(HashKey::Host));
+        assert_eq!(s.persistence, Some(Duration::from_secs(300)));
+    }
+
+    #[test]
     fn application_probes_from_the_file() {
         let s = parse(
             "lb.toml",

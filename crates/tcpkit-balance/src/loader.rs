@@ -676,7 +676,11 @@ impl Balancer {
         Ok(())
     }
 
-    fn program(&mut self, name: &'static str) -> Result<&mut CgroupSockAddr, LoadError> {
+    /// Program `name` as its type `P` (a socket-address hook, or sock_release's).
+    fn typed<'a, P: 'a>(&'a mut self, name: &'static str) -> Result<&'a mut P, LoadError>
+    where
+        &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+    {
         self.ebpf
             .program_mut(name)
             .ok_or(LoadError::Program(
@@ -687,15 +691,12 @@ impl Balancer {
             .map_err(|e| LoadError::Program(name, e))
     }
 
+    fn program(&mut self, name: &'static str) -> Result<&mut CgroupSockAddr, LoadError> {
+        self.typed(name)
+    }
+
     fn sock_program(&mut self, name: &'static str) -> Result<&mut CgroupSock, LoadError> {
-        self.ebpf
-            .program_mut(name)
-            .ok_or(LoadError::Program(
-                name,
-                aya::programs::ProgramError::UnexpectedProgramType,
-            ))?
-            .try_into()
-            .map_err(|e| LoadError::Program(name, e))
+        self.typed(name)
     }
 
     fn attach_program(&mut self, name: &'static str, cg: &File) -> Result<LinkId, LoadError> {

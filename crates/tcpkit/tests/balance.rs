@@ -483,6 +483,19 @@ impl Client {
     }
 
     fn start(lab: &Lab, host: &Host, cg: &Cgroup, env: &str, value: &str, test: &str) -> Client {
+        Client::start_helper(lab, host, cg, env, value, helper_args(test))
+    }
+
+    /// [`Client::start`] for a helper-process test given by its arguments (`helper_args` of
+    /// its own module).
+    fn start_helper(
+        lab: &Lab,
+        host: &Host,
+        cg: &Cgroup,
+        env: &str,
+        value: &str,
+        helper: Vec<String>,
+    ) -> Client {
         static N: AtomicU64 = AtomicU64::new(0);
         let out = lab
             .dir()
@@ -490,7 +503,7 @@ impl Client {
         let exe = std::env::current_exe().unwrap();
         let kv = format!("{env}={value}");
         let mut argv = vec!["env".to_string(), kv, exe.display().to_string()];
-        argv.extend(helper_args(test));
+        argv.extend(helper);
         let child = host
             .command(&refs(&argv))
             .stdout(std::fs::File::create(&out).unwrap())

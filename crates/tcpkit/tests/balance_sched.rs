@@ -92,28 +92,18 @@ impl Scripted {
         static N: AtomicU64 = AtomicU64::new(0);
         let n = N.fetch_add(1, Ordering::SeqCst);
         let ctl = lab.dir().join(format!("sched{n}.ctl"));
-        let out = lab.dir().join(format!("sched{n}.out"));
         std::fs::write(&ctl, "").unwrap();
-        let exe = std::env::current_exe().unwrap();
-        let mut argv = vec![
-            "env".to_string(),
-            format!("{SCHED_ENV}={vip};{}", ctl.display()),
-            exe.display().to_string(),
-        ];
-        argv.extend(common::helper_args(
-            module_path!(),
-            "sched_client_in_cgroup",
-        ));
-        let child = host
-            .command(&refs(&argv))
-            .stdout(std::fs::File::create(&out).unwrap())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
         // It reads no command before the first is written, by then it is in the cgroup.
-        cg.join(child.id()).unwrap_or_else(|e| panic!("{e}"));
+        let client = Client::start_helper(
+            lab,
+            host,
+            cg,
+            SCHED_ENV,
+            &format!("{vip};{}", ctl.display()),
+            common::helper_args(module_path!(), "sched_client_in_cgroup"),
+        );
         Scripted {
-            client: Client { child, out },
+            client,
             ctl,
             sent: 0,
         }
@@ -181,29 +171,65 @@ fn config(algorithm: &str, backends: &[(SocketAddr, u32)], extra: &str) -> Strin
     )
 }
 
+/// A `balance up` of [`config`] over holding backends in a fresh pair, and a scripted client
+/// in its cgroup. Fields drop in order: the client and `up` before the lab.
+struct Bed {
+    c: Scripted,
+    up: Up,
+    path: PathBuf,
+    b: Vec<Backend>,
+    _cg: Cgroup,
+    _link: Link,
+    _srv: Host,
+    _cli: Host,
+    _lab: Lab,
+    _g: std::sync::MutexGuard<'static, ()>,
+}
+
+/// A [`Bed`]: lab `tag`, `algorithm` over a holding backend per weight, `extra` lines.
+fn bed(tag: &str, algorithm: &str, weights: &[u32], extra: &str) -> Bed {
+    let (g, lab, cli, srv, link) = serial_pair(tag);
+    let b: Vec<Backend> = weights.iter().map(|_| holding(&srv)).collect();
+    let cg = test_cgroup(tag);
+    let path = lab.dir().join("lb.toml");
+    let set: Vec<(SocketAddr, u32)> = b
+        .iter()
+        .map(|x| x.addr)
+        .zip(weights.iter().copied())
+        .collect();
+    write_config(&path, &config(algorithm, &set, extra));
+    let up = Up::start(&lab, &cli, &path, cg.rel(), &[]);
+    let c = Scripted::start(&lab, &cli, &cg, VIP);
+    Bed {
+        c,
+        up,
+        path,
+        b,
+        _cg: cg,
+        _link: link,
+        _srv: srv,
+        _cli: cli,
+        _lab: lab,
+        _g: g,
+    }
+}
+
 #[test]
 fn active_conns_are_the_sockets_open_now_and_least_conn_fills_the_emptiest() {
-    let (_g, lab, cli, srv, _link) = serial_pair("balac");
-    let (b1, b2) = (holding(&srv), holding(&srv));
-    let cg = test_cgroup("lc");
-    let path = lab.dir().join("lb.toml");
-    write_config(
-        &path,
-        &config("least-conn", &[(b1.addr, 1), (b2.addr, 1)], ""),
-    );
-    let up = Up::start(&lab, &cli, &path, cg.rel(), &[]);
-    let mut c = Scripted::start(&lab, &cli, &cg, VIP);
+    let mut t = bed("balac", "least-conn", &[1, 1], "");
+    let Bed { c, up, b, .. } = &mut t;
+    let b1 = &b[0];
     // Four held: two each (ties go in turn), all four open.
     let first = c.open(4);
     assert_eq!(first.len(), 4);
-    assert_eq!(active(&up), [(2, 2), (2, 2)], "{first:?}");
+    assert_eq!(active(up), [(2, 2), (2, 2)], "{first:?}");
     // The two on b1 closed: b1 has none open, b2 two, while both were sent two.
     c.run(&format!("close {}", b1.addr.port()));
-    assert_eq!(active(&up), [(0, 2), (2, 2)]);
+    assert_eq!(active(up), [(0, 2), (2, 2)]);
     // Least-conn sends the next two to the emptier b1 (round robin would alternate).
     let next = c.open(2);
-    assert_eq!(next, [b1.addr.port(), b1.addr.port()], "{:?}", active(&up));
-    assert_eq!(active(&up), [(2, 4), (2, 2)]);
+    assert_eq!(next, [b1.addr.port(), b1.addr.port()], "{:?}", active(up));
+    assert_eq!(active(up), [(2, 4), (2, 2)]);
     // The table shows ActiveConn beside Conns, as ipvsadm -Ln does.
     let out = up.ask(&["status"]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -214,43 +240,29 @@ fn active_conns_are_the_sockets_open_now_and_least_conn_fills_the_emptiest() {
     // The client ends: every socket it had is counted off.
     c.run("quit");
     let _ = c.client.child.wait();
-    assert_eq!(active(&up), [(0, 4), (0, 2)]);
-    let (st, _, err) = up.stop();
-    assert_eq!(st.code(), Some(0), "{err}");
+    assert_eq!(active(up), [(0, 4), (0, 2)]);
 }
 
 #[test]
 fn weighted_least_conn_holds_open_sockets_in_proportion_to_the_weights() {
-    let (_g, lab, cli, srv, _link) = serial_pair("balwlc");
-    let (b1, b2) = (holding(&srv), holding(&srv));
-    let cg = test_cgroup("wlc");
-    let path = lab.dir().join("lb.toml");
-    write_config(&path, &config("wlc", &[(b1.addr, 1), (b2.addr, 3)], ""));
-    let up = Up::start(&lab, &cli, &path, cg.rel(), &[]);
-    let mut c = Scripted::start(&lab, &cli, &cg, VIP);
+    let mut t = bed("balwlc", "wlc", &[1, 3], "");
+    let Bed { c, up, .. } = &mut t;
     assert_eq!(c.open(8).len(), 8);
     // Eight held over weights 1:3: two and six, as ipvs wlc would hold them.
-    assert_eq!(active(&up), [(2, 2), (6, 6)]);
+    assert_eq!(active(up), [(2, 2), (6, 6)]);
 }
 
 #[test]
 fn weight_zero_drains_new_sockets_and_keeps_the_open_ones_through_reload() {
-    let (_g, lab, cli, srv, _link) = serial_pair("baldrain");
-    let (b1, b2) = (holding(&srv), holding(&srv));
-    let cg = test_cgroup("drain");
-    let path = lab.dir().join("lb.toml");
-    write_config(
-        &path,
-        &config("round-robin", &[(b1.addr, 0), (b2.addr, 1)], ""),
-    );
-    let up = Up::start(&lab, &cli, &path, cg.rel(), &[]);
+    let mut t = bed("baldrain", "round-robin", &[0, 1], "");
+    let Bed { c, up, b, path, .. } = &mut t;
+    let (b1, b2) = (&b[0], &b[1]);
     assert_eq!(up.status()["services"][0]["backends"][0]["weight"], 0);
-    let mut c = Scripted::start(&lab, &cli, &cg, VIP);
     // b1 drained from the start: nothing goes there.
     assert_eq!(c.open(3), [b2.addr.port(); 3]);
     // Drain b2 and undrain b1 by reload: new sockets go to b1, b2's stay open and work.
     write_config(
-        &path,
+        path,
         &config("round-robin", &[(b1.addr, 1), (b2.addr, 0)], ""),
     );
     let out = up.ask(&["reload"]);
@@ -259,27 +271,16 @@ fn weight_zero_drains_new_sockets_and_keeps_the_open_ones_through_reload() {
     let pings = c.run("ping");
     assert_eq!(pings.len(), 5, "{pings:?}");
     assert!(pings.iter().all(|l| l.starts_with("ALIVE")), "{pings:?}");
-    assert_eq!(active(&up), [(2, 2), (3, 3)]);
+    assert_eq!(active(up), [(2, 2), (3, 3)]);
 }
 
 #[test]
 fn persistence_keeps_a_client_on_its_backend_until_it_is_idle_that_long() {
-    let (_g, lab, cli, srv, _link) = serial_pair("balpers");
-    let (b1, b2) = (holding(&srv), holding(&srv));
-    let cg = test_cgroup("pers");
-    let path = lab.dir().join("lb.toml");
     // Round robin alone would alternate; persistence keeps the client on the first backend.
-    write_config(
-        &path,
-        &config(
-            "round-robin",
-            &[(b1.addr, 1), (b2.addr, 1)],
-            "persistence = \"600ms\"",
-        ),
-    );
-    let up = Up::start(&lab, &cli, &path, cg.rel(), &[]);
+    let mut t = bed("balpers", "round-robin", &[1, 1], "persistence = \"600ms\"");
+    let Bed { c, up, b, .. } = &mut t;
+    let (b1, b2) = (&b[0], &b[1]);
     assert_eq!(up.status()["services"][0]["persistence_s"], 0.6);
-    let mut c = Scripted::start(&lab, &cli, &cg, VIP);
     let first = c.open(6);
     assert_eq!(first, [b1.addr.port(); 6]);
     // Idle past the timeout: the next connect is placed anew (round robin's next), and
