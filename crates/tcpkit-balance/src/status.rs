@@ -152,7 +152,8 @@ impl Report for StatusReport {
             let total: u64 = svc.backends.iter().map(|b| b.connections).sum();
             let active: u64 = svc.backends.iter().map(|b| b.active).sum();
             let sched = match svc.persistence_s {
-                Some(p) => format!("{} persistent {}", scheduler(svc), ago(p)),
+                // ipvsadm's way: seconds.
+                Some(p) => format!("{} persistent {p}", scheduler(svc)),
                 None => scheduler(svc),
             };
             let _ = writeln!(
