@@ -8,12 +8,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The structs of bpf/balance.h, by their C names, and the Rust names they get.
-const STRUCTS: [(&str, &str); 5] = [
+const STRUCTS: [(&str, &str); 9] = [
     ("svc_key", "SvcKey"),
     ("svc", "Svc"),
     ("backend", "Backend"),
     ("revnat", "Revnat"),
     ("trace_event", "TraceEvent"),
+    ("active", "Active"),
+    ("persist_key", "PersistKey"),
+    ("persist_val", "PersistVal"),
+    ("sock_tag", "SockTag"),
 ];
 
 fn main() {

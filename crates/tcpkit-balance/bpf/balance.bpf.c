@@ -4,8 +4,9 @@
  * make getpeername() show the VIP again. UDP (IPv4 and IPv6, v4-mapped too): sendmsg to a VIP from an unconnected
  * socket goes to a backend chosen once per socket (it stays there), and recvmsg shows
  * replies from that backend as coming from the VIP; connected UDP goes through connect4/6. IPv4 (connect4), IPv6 (connect6), and IPv4 VIPs
- * reached through IPv6 sockets as v4-mapped addresses (connect6). Attached to one cgroup v2
- * with bpf_link. */
+ * reached through IPv6 sockets as v4-mapped addresses (connect6). Every socket sent to a
+ * backend is counted on it while it is open (cgroup/sock_release counts it off), for status
+ * and the least-connection algorithms. Attached to one cgroup v2 with bpf_link. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -56,6 +57,34 @@ struct {
 	__type(value, __u64);
 } picks SEC(".maps");
 
+/* Sockets open now on each backend (indexed as `picks`): see struct active. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES * MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct active);
+} active SEC(".maps");
+
+/* The tags of open sockets whose reverse-map slot a newer socket took (struct active), by
+ * cookie. Not socket-local storage for every socket: creating it made connect4 ~1,100-1,350 ns
+ * where it was ~270-330 ns; the tag in the reverse-map entry, written anyway, and this map's
+ * lookup make it ~490-510 ns (kernel.bpf_stats_enabled, 2,000 connects, 3 runs each). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_OVERFLOW);
+	__type(key, __u64);
+	__type(value, struct sock_tag);
+} overflow SEC(".maps");
+
+/* --persistent: each client's backend and when it last connected (the least recently used
+ * client goes first when full). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_PERSIST);
+	__type(key, struct persist_key);
+	__type(value, struct persist_val);
+} persist SEC(".maps");
+
 /* Each service's lookup table: RING_SIZE backend indexes, filled by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -94,12 +123,19 @@ static __always_inline __u32 fmix32(__u32 h)
 	return h;
 }
 
-/* The client: the socket's bound source address (zero while unbound) in its network
- * namespace, so one client keeps its backend across reconnects. */
-static __always_inline __u32 client_hash(struct bpf_sock_addr *ctx, int v6)
+static __always_inline __u32 cookie_hash(__u64 c)
+{
+	return fmix32((__u32)c ^ fmix32((__u32)(c >> 32)));
+}
+
+/* The client host: the socket's bound source address (zero while unbound) in its network
+ * namespace. With `port`, the client's port too, as IPVS mh's port flag: a socket bound to a
+ * port keeps its backend across reconnects; an unbound one has no port yet (the kernel picks
+ * it after this hook), so its cookie stands in, as unforeseeable as an ephemeral port. */
+static __always_inline __u32 client_hash(struct bpf_sock_addr *ctx, int v6, int port)
 {
 	__u64 ns = bpf_get_netns_cookie(ctx);
-	__u32 h = fmix32((__u32)ns ^ fmix32((__u32)(ns >> 32)));
+	__u32 h = cookie_hash(ns);
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk)
 		return h;
@@ -110,6 +146,10 @@ static __always_inline __u32 client_hash(struct bpf_sock_addr *ctx, int v6)
 		h = fmix32(h ^ sk->src_ip6[3]);
 	} else {
 		h = fmix32(h ^ sk->src_ip4);
+	}
+	if (port) {
+		__u32 p = sk->src_port;
+		h = fmix32(h ^ (p ? p : cookie_hash(bpf_get_socket_cookie(ctx))));
 	}
 	return h;
 }
@@ -144,19 +184,193 @@ static __always_inline struct revnat *rev_get(__u64 cookie)
 	return r;
 }
 
-/* Writes the socket's entry into its slot. The cookie goes in last, so a getpeername of the
- * slot's previous socket never takes this socket's addresses for its own. */
+/* Counts a tag off its backend, unless its counter went to another backend since (its epoch
+ * moved on). */
+static __always_inline void untag(__u32 key1, __u32 epoch)
+{
+	if (!key1)
+		return;
+	__u32 k = key1 - 1;
+	struct active *a = bpf_map_lookup_elem(&active, &k);
+	if (a && a->epoch == epoch)
+		__sync_fetch_and_add(&a->n, -1);
+}
+
+/* Takes slot e from socket `cookie` (its owner) and counts the socket off: once, whoever
+ * else tries at the same time (a release, a newer socket taking the slot). Returns whether
+ * it did. */
+static __always_inline int rev_take(struct revnat *e, __u64 cookie)
+{
+	__u32 key1 = e->key1, epoch = e->epoch;
+	if (__sync_val_compare_and_swap(&e->cookie, cookie, 0) != cookie)
+		return 0;
+	untag(key1, epoch);
+	return 1;
+}
+
+/* Counts socket `cookie` off through its overflow tag, if it has one. */
+static __always_inline void overflow_take(__u64 cookie)
+{
+	struct sock_tag *t = bpf_map_lookup_elem(&overflow, &cookie);
+	if (!t)
+		return;
+	__u32 key1 = t->key1, epoch = t->epoch;
+	/* Deleted by whoever got there first: only that one counts it off. */
+	if (bpf_map_delete_elem(&overflow, &cookie) == 0)
+		untag(key1, epoch);
+}
+
+/* Writes the socket's entry into its slot, tag included. The socket's tag before (a socket
+ * sent again: a UDP socket connected anew, a datagram to another VIP) is counted off first;
+ * another socket's entry in the slot is that of a socket still open (a release frees its
+ * slot), so its tag moves to `overflow` before the slot is taken. The cookie goes in last,
+ * so a getpeername of the slot's previous socket never takes this socket's addresses for its
+ * own. */
 static __always_inline void rev_put(__u64 cookie, struct revnat *r)
 {
 	struct revnat *e = rev_slot(cookie);
 	if (!e)
 		return;
+	__u64 old = READ_ONCE_U64(e->cookie);
+	if (old == cookie) {
+		rev_take(e, cookie);
+	} else if (old) {
+		struct sock_tag t = { .key1 = e->key1, .epoch = e->epoch };
+		int moved = 0;
+		if (t.key1) {
+			moved = !bpf_map_update_elem(&overflow, &old, &t, BPF_NOEXIST);
+			if (!moved)
+				count(COUNTER_UNTAGGED);
+		}
+		/* Released meanwhile (it counted itself off): its overflow tag goes again. */
+		if (__sync_val_compare_and_swap(&e->cookie, old, 0) != old && moved)
+			bpf_map_delete_elem(&overflow, &old);
+	}
+	overflow_take(cookie);
 	WRITE_ONCE_U64(e->cookie, 0);
 	__builtin_memcpy(e->vip, r->vip, sizeof(e->vip));
 	__builtin_memcpy(e->bip, r->bip, sizeof(e->bip));
 	e->vport = r->vport;
 	e->bport = r->bport;
+	e->key1 = r->key1;
+	e->epoch = r->epoch;
 	WRITE_ONCE_U64(e->cookie, cookie);
+}
+
+/* Backend b's `picks` and `active` counter. */
+static __always_inline __u32 counter_of(struct svc *s, struct backend *b)
+{
+	return (s->id / GENERATIONS) * MAX_BACKENDS + (b->index % MAX_BACKENDS);
+}
+
+/* least_conn's scan, one backend a step (bpf_loop: the verifier checks a step once, where
+ * an unrolled scan of MAX_BACKENDS in each of four programs went past its limit). */
+struct lc_scan {
+	__u32 id;
+	__u32 n;
+	__u32 start;
+	__u32 weighted;
+	__s64 best;
+	__s64 best_n;
+	__s64 best_w;
+};
+
+static long lc_step(__u64 j, void *p)
+{
+	struct lc_scan *c = p;
+	if (c->n == 0)
+		return 1;
+	__u32 i = (c->start + (__u32)j) % c->n;
+	__u32 k = c->id * MAX_BACKENDS + i;
+	struct backend *b = bpf_map_lookup_elem(&backends, &k);
+	if (!b)
+		return 0;
+	__u32 ck = (c->id / GENERATIONS) * MAX_BACKENDS + (b->index % MAX_BACKENDS);
+	struct active *a = bpf_map_lookup_elem(&active, &ck);
+	__s64 on = a ? (__s64)READ_ONCE_U64(a->n) : 0;
+	if (on < 0)
+		on = 0;
+	__s64 w = c->weighted ? b->weight : 1;
+	if (w == 0)
+		return 0;
+	/* on / w < best_n / best_w, without a division. */
+	if (c->best < 0 || on * c->best_w < c->best_n * w) {
+		c->best = i;
+		c->best_n = on;
+		c->best_w = w;
+	}
+	return 0;
+}
+
+/* The set's backend with the fewest active sockets (per unit of weight with `weighted`):
+ * ipvs lc/wlc, counting sockets open now. The scan starts at the next round-robin position,
+ * so backends as loaded as each other take turns (ipvs takes the first of them). */
+static __always_inline __s64 least_conn(struct svc *s, __u32 n, int weighted)
+{
+	struct lc_scan c = {
+		.id = s->id,
+		.n = n,
+		.start = __sync_fetch_and_add(&s->rr, 1) % n,
+		.weighted = weighted,
+		.best = -1,
+		.best_n = 0,
+		.best_w = 1,
+	};
+	bpf_loop(n, lc_step, &c, 0);
+	return c.best;
+}
+
+struct persist_scan {
+	__u32 id;
+	__u32 counter;
+	__s64 slot;
+};
+
+static long persist_step(__u64 i, void *p)
+{
+	struct persist_scan *c = p;
+	__u32 k = c->id * MAX_BACKENDS + (__u32)i;
+	struct backend *b = bpf_map_lookup_elem(&backends, &k);
+	if (b && b->index == c->counter) {
+		c->slot = k;
+		return 1;
+	}
+	return 0;
+}
+
+/* The backend `client` was last sent to, while --persistent holds and it is still in the set
+ * (then its time starts again); NULL otherwise. */
+static __always_inline struct backend *persisted(struct svc *s, __u32 n, struct persist_key *client,
+						 __u64 now, __u32 *slot)
+{
+	struct persist_val *p = bpf_map_lookup_elem(&persist, client);
+	if (!p || now - p->last_ns >= (__u64)s->persist_ms * 1000000)
+		return 0;
+	struct persist_scan c = { .id = s->id, .counter = p->counter, .slot = -1 };
+	bpf_loop(n, persist_step, &c, 0);
+	if (c.slot < 0)
+		return 0;
+	p->last_ns = now;
+	*slot = (__u32)c.slot;
+	return bpf_map_lookup_elem(&backends, slot);
+}
+
+static __always_inline void persist_key_of(struct bpf_sock_addr *ctx, struct svc *s, int v6,
+					   struct persist_key *k)
+{
+	k->netns = bpf_get_netns_cookie(ctx);
+	k->svc = s->id / GENERATIONS;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return;
+	if (v6) {
+		k->ip[0] = sk->src_ip6[0];
+		k->ip[1] = sk->src_ip6[1];
+		k->ip[2] = sk->src_ip6[2];
+		k->ip[3] = sk->src_ip6[3];
+	} else {
+		k->ip[0] = sk->src_ip4;
+	}
 }
 
 /* Picks a backend for `key`: NULL when the service has none (the caller refuses), the
@@ -167,23 +381,42 @@ static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct sv
 	__u32 n = s->count;
 	if (n == 0 || n > MAX_BACKENDS || s->id >= MAX_SERVICES * GENERATIONS)
 		return 0;
-	__u32 i, h;
+	struct persist_key client = {};
+	__u64 now = 0;
+	if (s->persist_ms) {
+		persist_key_of(ctx, s, v6, &client);
+		now = bpf_ktime_get_ns();
+		struct backend *b = persisted(s, n, &client, now, slot);
+		if (b)
+			return b;
+	}
+	__u32 i, h, r;
+	__s64 l;
 	switch (s->algo) {
 	case ALGO_ROUND_ROBIN:
 		i = __sync_fetch_and_add(&s->rr, 1) % n;
 		break;
+	case ALGO_LC:
+	case ALGO_WLC:
+		l = least_conn(s, n, s->algo == ALGO_WLC);
+		if (l < 0)
+			return 0;
+		i = (__u32)l;
+		break;
 	case ALGO_WEIGHTED:
+	case ALGO_WRR:
 	case ALGO_MAGLEV_CLIENT:
+	case ALGO_MAGLEV_HOST:
 	case ALGO_MAGLEV_COOKIE:
 		if (s->algo == ALGO_WEIGHTED)
-			h = bpf_get_prandom_u32();
-		else if (s->algo == ALGO_MAGLEV_CLIENT)
-			h = client_hash(ctx, v6);
-		else {
-			__u64 c = bpf_get_socket_cookie(ctx);
-			h = fmix32((__u32)c ^ fmix32((__u32)(c >> 32)));
-		}
-		__u32 r = s->id * RING_SIZE + h % RING_SIZE;
+			h = bpf_get_prandom_u32() % RING_SIZE;
+		else if (s->algo == ALGO_WRR)
+			h = __sync_fetch_and_add(&s->rr, 1) % (s->len ? s->len : 1);
+		else if (s->algo == ALGO_MAGLEV_CLIENT || s->algo == ALGO_MAGLEV_HOST)
+			h = client_hash(ctx, v6, s->algo == ALGO_MAGLEV_CLIENT) % RING_SIZE;
+		else
+			h = cookie_hash(bpf_get_socket_cookie(ctx)) % RING_SIZE;
+		r = s->id * RING_SIZE + (h % RING_SIZE);
 		__u32 *e = bpf_map_lookup_elem(&ring, &r);
 		if (!e || *e >= n)
 			return 0;
@@ -193,7 +426,12 @@ static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct sv
 		i = bpf_get_prandom_u32() % n;
 	}
 	*slot = s->id * MAX_BACKENDS + i;
-	return bpf_map_lookup_elem(&backends, slot);
+	struct backend *b = bpf_map_lookup_elem(&backends, slot);
+	if (b && s->persist_ms) {
+		struct persist_val v = { .last_ns = now, .counter = b->index };
+		bpf_map_update_elem(&persist, &client, &v, BPF_ANY);
+	}
+	return b;
 }
 
 static __always_inline void emit(struct revnat *r, __u8 family, __u8 udp)
@@ -222,13 +460,36 @@ static __always_inline int refuse(void)
 	return 0;
 }
 
-static __always_inline void picked(struct svc *s, struct backend *b)
+/* Sends the socket (`cookie`) to backend b: its entry r written with its tag, and counted
+ * (connects, and active until it is released). */
+static __always_inline void placed(struct svc *s, struct backend *b, __u64 cookie,
+				   struct revnat *r)
 {
-	__u32 k = (s->id / GENERATIONS) * MAX_BACKENDS + (b->index % MAX_BACKENDS);
+	__u32 k = counter_of(s, b);
 	__u64 *p = bpf_map_lookup_elem(&picks, &k);
 	if (p)
 		*p += 1;
 	count(COUNTER_TRANSLATED);
+	struct active *a = bpf_map_lookup_elem(&active, &k);
+	if (a) {
+		r->key1 = k + 1;
+		r->epoch = a->epoch;
+		/* Counted on before the entry holds the tag: a release that finds the tag always
+		 * finds it counted. */
+		__sync_fetch_and_add(&a->n, 1);
+	}
+	rev_put(cookie, r);
+}
+
+SEC("cgroup/sock_release")
+int tk_sock_release(struct bpf_sock *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct revnat *e = rev_slot(cookie);
+	if (e && READ_ONCE_U64(e->cookie) == cookie && rev_take(e, cookie))
+		return 1;
+	overflow_take(cookie);
+	return 1;
 }
 
 SEC("cgroup/connect4")
@@ -248,10 +509,9 @@ int tk_connect4(struct bpf_sock_addr *ctx)
 	struct revnat r = {
 		.vip = { key.ip[0] }, .bip = { b->ip[0] }, .vport = key.port, .bport = b->port,
 	};
-	rev_put(bpf_get_socket_cookie(ctx), &r);
+	placed(s, b, bpf_get_socket_cookie(ctx), &r);
 	ctx->user_ip4 = b->ip[0];
 	ctx->user_port = b->port;
-	picked(s, b);
 	emit(&r, 4, 0);
 	return 1;
 }
@@ -329,9 +589,8 @@ int tk_connect6(struct bpf_sock_addr *ctx)
 		return refuse();
 	struct revnat r = {};
 	revnat6(&r, a, &key, b, mapped);
-	rev_put(bpf_get_socket_cookie(ctx), &r);
+	placed(s, b, bpf_get_socket_cookie(ctx), &r);
 	write6(ctx, &r);
-	picked(s, b);
 	emit(&r, 6, 0);
 	return 1;
 }
@@ -375,7 +634,7 @@ int tk_getpeername4(struct bpf_sock_addr *ctx)
 		return 1;
 	if (r->bip[0] != ctx->user_ip4 || r->bport != (__u16)ctx->user_port) {
 		/* The socket is no longer on the backend it was sent to: forget it. */
-		WRITE_ONCE_U64(r->cookie, 0);
+		rev_take(r, cookie);
 		count(COUNTER_STALE);
 		return 1;
 	}
@@ -393,7 +652,7 @@ int tk_getpeername6(struct bpf_sock_addr *ctx)
 	if (r->bip[0] != ctx->user_ip6[0] || r->bip[1] != ctx->user_ip6[1] ||
 	    r->bip[2] != ctx->user_ip6[2] || r->bip[3] != ctx->user_ip6[3] ||
 	    r->bport != (__u16)ctx->user_port) {
-		WRITE_ONCE_U64(r->cookie, 0);
+		rev_take(r, cookie);
 		count(COUNTER_STALE);
 		return 1;
 	}
@@ -426,10 +685,9 @@ int tk_sendmsg4(struct bpf_sock_addr *ctx)
 	struct revnat r = {
 		.vip = { key.ip[0] }, .bip = { b->ip[0] }, .vport = key.port, .bport = b->port,
 	};
-	rev_put(cookie, &r);
+	placed(s, b, cookie, &r);
 	ctx->user_ip4 = b->ip[0];
 	ctx->user_port = b->port;
-	picked(s, b);
 	emit(&r, 4, 1);
 	return 1;
 }
@@ -470,9 +728,8 @@ int tk_sendmsg6(struct bpf_sock_addr *ctx)
 		return refuse();
 	struct revnat r = {};
 	revnat6(&r, a, &key, b, mapped);
-	rev_put(cookie, &r);
+	placed(s, b, cookie, &r);
 	write6(ctx, &r);
-	picked(s, b);
 	emit(&r, 6, 1);
 	return 1;
 }

@@ -24,8 +24,13 @@
 #define ALGO_RANDOM 0
 #define ALGO_ROUND_ROBIN 1
 #define ALGO_WEIGHTED 2      /* a random slot of the table (filled in proportion to weights) */
-#define ALGO_MAGLEV_CLIENT 3 /* the table's slot by a hash of the client (bound source, netns) */
+#define ALGO_MAGLEV_CLIENT 3 /* the table's slot by a hash of the client: netns, bound source
+			      * address, and its bound port (the socket cookie while unbound) */
 #define ALGO_MAGLEV_COOKIE 4 /* the table's slot by a hash of the socket cookie */
+#define ALGO_WRR 5           /* the table's slots in turn (a smooth weighted order, svc.len) */
+#define ALGO_LC 6            /* the fewest active sockets (ties: in turn) */
+#define ALGO_WLC 7           /* the fewest active sockets per unit of weight */
+#define ALGO_MAGLEV_HOST 8   /* the table's slot by a hash of netns and bound source address */
 
 /* Addresses are 16 bytes, in network byte order as bpf_sock_addr holds them: an IPv4
  * address is ip[0] with ip[1..3] zero (family 4). A service is a VIP for one protocol (the
@@ -47,6 +52,8 @@ struct svc {
 	__u32 count;  /* backends in the set; 0 refuses every connect (ECONNREFUSED) */
 	__u32 algo;   /* ALGO_* */
 	__u32 rr;     /* round-robin position, shared by every CPU (atomic add) */
+	__u32 len;    /* ALGO_WRR: slots of the table in use (its order's length) */
+	__u32 persist_ms; /* a client keeps its backend this long after its last connect; 0: off */
 };
 
 struct backend {
@@ -55,7 +62,47 @@ struct backend {
 	__u8 family;
 	__u8 pad;
 	__u32 index; /* the backend's place in the service as configured (its `picks` counter) */
+	__u32 weight; /* ALGO_WLC */
 };
+
+/* Sockets open now on each backend (`active`, indexed as `picks`), for status and the
+ * least-connection algorithms. A socket is tagged with its counter and the counter's epoch
+ * when it is sent to a backend, in its reverse-map entry (written then anyway), and counted
+ * off when it is released (cgroup/sock_release, which also frees the entry) or found
+ * elsewhere (getpeername's stale check). The one socket that owns an entry takes it with a
+ * compare-and-swap of the cookie, so a tag is counted off once. A socket still open whose
+ * slot a newer socket takes (cookies MAX_SOCKETS apart) has its tag moved to `overflow`
+ * (keyed by cookie) first: the count stays exact, at the cost of a hash update only then.
+ * User space bumps the epoch when it gives the counter to another backend (a reload), so a
+ * socket of the backend before never counts off the new one's. Shared by every CPU (atomic
+ * adds): the least-connection pick reads it whole. */
+struct active {
+	__s64 n;
+	__u32 epoch;
+	__u32 pad;
+};
+
+struct sock_tag {
+	__u32 key1;  /* the socket's `active` counter + 1; 0: none */
+	__u32 epoch;
+};
+#define MAX_OVERFLOW 65536
+
+/* --persistent: a client (netns, bound source address) of service slot `svc` keeps the
+ * backend whose counter is `counter` until `last_ns` + the service's persist_ms. */
+struct persist_key {
+	__u64 netns;
+	__u32 ip[4];
+	__u32 svc;
+	__u32 pad;
+};
+
+struct persist_val {
+	__u64 last_ns;
+	__u32 counter;
+	__u32 pad;
+};
+#define MAX_PERSIST 65536
 
 /* What getpeername must show for a translated socket (vip), and the address the socket was
  * sent to as the hook wrote it (bip; for an IPv4 service reached through an IPv6 socket, the
@@ -76,6 +123,8 @@ struct revnat {
 	__u32 bip[4];
 	__u16 vport;
 	__u16 bport;
+	__u32 key1;  /* the socket's `active` counter + 1 (0: none), and that counter's epoch */
+	__u32 epoch;
 	__u32 pad;
 };
 
@@ -85,7 +134,8 @@ struct revnat {
 #define COUNTER_REVNAT 2
 #define COUNTER_STALE 3
 #define COUNTER_TRACE_LOST 4
-#define COUNTERS 5
+#define COUNTER_UNTAGGED 5 /* open sockets whose tag found no room in `overflow` (never counted off) */
+#define COUNTERS 6
 
 /* One selection, for --trace (ring buffer `trace`). */
 struct trace_event {

@@ -15,11 +15,14 @@ mod generated {
     include!(concat!(env!("OUT_DIR"), "/balance.rs"));
 }
 
-pub use generated::{Backend, Revnat, Svc, SvcKey, TraceEvent};
 pub use generated::{
-    ALGO_MAGLEV_CLIENT, ALGO_MAGLEV_COOKIE, ALGO_RANDOM, ALGO_ROUND_ROBIN, ALGO_WEIGHTED, COUNTERS,
-    COUNTER_REFUSED, COUNTER_REVNAT, COUNTER_STALE, COUNTER_TRACE_LOST, COUNTER_TRANSLATED,
-    MAX_SOCKETS,
+    Active, Backend, PersistKey, PersistVal, Revnat, SockTag, Svc, SvcKey, TraceEvent,
+};
+pub use generated::{
+    ALGO_LC, ALGO_MAGLEV_CLIENT, ALGO_MAGLEV_COOKIE, ALGO_MAGLEV_HOST, ALGO_RANDOM,
+    ALGO_ROUND_ROBIN, ALGO_WEIGHTED, ALGO_WLC, ALGO_WRR, COUNTERS, COUNTER_REFUSED, COUNTER_REVNAT,
+    COUNTER_STALE, COUNTER_TRACE_LOST, COUNTER_TRANSLATED, COUNTER_UNTAGGED, MAX_OVERFLOW,
+    MAX_PERSIST, MAX_SOCKETS,
 };
 
 /// A service's backend slots (MAX_BACKENDS).
@@ -45,3 +48,11 @@ unsafe impl aya::Pod for Svc {}
 unsafe impl aya::Pod for Backend {}
 // SAFETY: as above.
 unsafe impl aya::Pod for Revnat {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Active {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PersistKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PersistVal {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SockTag {}

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 /// How a connect picks its backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,8 +13,17 @@ pub enum Algorithm {
     Random,
     /// In turn, one counter per service shared by every CPU (atomic add).
     RoundRobin,
-    /// At random in proportion to the backends' weights (a random slot of a table).
-    Weighted,
+    /// At random in proportion to the backends' weights (a random slot of a table). Was
+    /// called `weighted`, which the file and flags still accept.
+    WeightedRandom,
+    /// In turn in proportion to the weights, interleaved (nginx's smooth weighted round
+    /// robin): ipvs wrr. Exact when the weights over their greatest common divisor add up to
+    /// at most RING_SIZE, within one slot of RING_SIZE otherwise.
+    WeightedRoundRobin,
+    /// The backend with the fewest sockets open now (ipvs lc); ties in turn.
+    LeastConn,
+    /// The fewest open sockets per unit of weight (ipvs wlc).
+    WeightedLeastConn,
     /// Maglev consistent hashing (weighted): the same key lands on the same backend while
     /// the set is stable, and few keys move when it changes.
     Maglev(HashKey),
@@ -22,11 +32,26 @@ pub enum Algorithm {
 /// What maglev hashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HashKey {
-    /// The client: the socket's bound source address in its network namespace (an unbound
-    /// socket's is empty, so one namespace's unbound sockets are one client).
+    /// The client's address and port, as IPVS mh with its port flag: the socket's bound
+    /// source address in its network namespace and its bound port (an unbound socket has no
+    /// port yet: its cookie stands in, so each such socket is placed on its own).
     Client,
+    /// The client host only: the bound source address in its network namespace (one
+    /// namespace's unbound sockets are one client, all on one backend), as IPVS mh without
+    /// the port flag.
+    Host,
     /// The socket cookie: each socket on its own.
     Cookie,
+}
+
+impl HashKey {
+    pub fn name(self) -> &'static str {
+        match self {
+            HashKey::Client => "client",
+            HashKey::Host => "host",
+            HashKey::Cookie => "cookie",
+        }
+    }
 }
 
 impl Algorithm {
@@ -34,14 +59,51 @@ impl Algorithm {
         match self {
             Algorithm::Random => "random",
             Algorithm::RoundRobin => "round-robin",
-            Algorithm::Weighted => "weighted",
+            Algorithm::WeightedRandom => "weighted-random",
+            Algorithm::WeightedRoundRobin => "weighted-round-robin",
+            Algorithm::LeastConn => "least-conn",
+            Algorithm::WeightedLeastConn => "weighted-least-conn",
             Algorithm::Maglev(_) => "maglev",
         }
     }
 
-    /// Whether backends' weights mean anything to this algorithm.
+    /// The algorithm a configuration names (ipvsadm's short names too: rr, wrr, lc, wlc,
+    /// mh; `weighted`, the old name of weighted-random); maglev's key is set apart.
+    pub fn parse(name: &str) -> Option<Algorithm> {
+        Some(match name {
+            "random" => Algorithm::Random,
+            "round-robin" | "rr" => Algorithm::RoundRobin,
+            "weighted-random" | "weighted" => Algorithm::WeightedRandom,
+            "weighted-round-robin" | "wrr" => Algorithm::WeightedRoundRobin,
+            "least-conn" | "lc" => Algorithm::LeastConn,
+            "weighted-least-conn" | "wlc" => Algorithm::WeightedLeastConn,
+            "maglev" | "mh" => Algorithm::Maglev(HashKey::Client),
+            _ => return None,
+        })
+    }
+
+    /// What maglev hashes, by name; None for the other algorithms.
+    pub fn hash_key(self) -> Option<&'static str> {
+        match self {
+            Algorithm::Maglev(k) => Some(k.name()),
+            _ => None,
+        }
+    }
+
+    /// The names [`Algorithm::parse`] takes, as an error lists them.
+    pub const NAMES: &'static str = "random, round-robin (rr), weighted-random (weighted), \
+        weighted-round-robin (wrr), least-conn (lc), weighted-least-conn (wlc), maglev (mh)";
+
+    /// Whether backends' weights above 1 mean anything to this algorithm (0 drains under
+    /// every one).
     pub fn weighs(self) -> bool {
-        matches!(self, Algorithm::Weighted | Algorithm::Maglev(_))
+        matches!(
+            self,
+            Algorithm::WeightedRandom
+                | Algorithm::WeightedRoundRobin
+                | Algorithm::WeightedLeastConn
+                | Algorithm::Maglev(_)
+        )
     }
 }
 
@@ -80,9 +142,13 @@ pub struct Service {
     pub protocol: Protocol,
     pub backends: Vec<Backend>,
     pub algorithm: Algorithm,
+    /// A client (its bound source address in its network namespace) keeps its backend this
+    /// long after its last connect, as ipvsadm -p; None: each connect is placed anew.
+    pub persistence: Option<Duration>,
 }
 
-/// A real server and its weight (1 unless given).
+/// A real server and its weight (1 unless given; 0 drains it: no new sockets are sent to it,
+/// those open stay, as ipvsadm's weight 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backend {
     pub addr: SocketAddr,
@@ -92,6 +158,10 @@ pub struct Backend {
 /// Largest weight: a backend's share of a table is kept to within 1/RING_SIZE, so weights
 /// beyond a few thousand mean nothing more.
 pub const MAX_WEIGHT: u32 = 1000;
+
+/// Longest persistence: the kernel side keeps it in milliseconds in 32 bits; a day is more
+/// than any ipvsadm -p in use.
+pub const MAX_PERSISTENCE: Duration = Duration::from_secs(86_400);
 
 /// Most backends one service holds, and most services one balancer holds: the BPF maps'
 /// slots (bpf/balance.h).
@@ -111,10 +181,12 @@ pub enum ConfigError {
     TooManyBackends(usize),
     #[error("--backend {1}: not the same address family as --vip {0}")]
     FamilyMismatch(SocketAddr, SocketAddr),
-    #[error("--backend {0}@{1}: a weight is 1 to {MAX_WEIGHT}")]
+    #[error("--backend {0}@{1}: a weight is 0 (drained) to {MAX_WEIGHT}")]
     BadWeight(SocketAddr, u32),
-    #[error("--backend {0}@{1}: weights need --algorithm weighted or maglev, not {2}")]
+    #[error("--backend {0}@{1}: weights above 1 need --algorithm weighted-random, weighted-round-robin, weighted-least-conn or maglev, not {2}")]
     WeightUnused(SocketAddr, u32, &'static str),
+    #[error("--persistent {0:?}: from 1ms to 1 day")]
+    Persistence(Duration),
     #[error("--vip {0}: given twice for {1}")]
     DuplicateVip(SocketAddr, &'static str),
     #[error("{0} services given, at most {MAX_SERVICES}")]
@@ -140,12 +212,17 @@ impl Service {
         if self.backends.len() > MAX_BACKENDS {
             return Err(ConfigError::TooManyBackends(self.backends.len()));
         }
+        if let Some(p) = self.persistence {
+            if p < Duration::from_millis(1) || p > MAX_PERSISTENCE {
+                return Err(ConfigError::Persistence(p));
+            }
+        }
         let mut seen = HashSet::new();
         for Backend { addr: b, weight } in &self.backends {
-            if *weight == 0 || *weight > MAX_WEIGHT {
+            if *weight > MAX_WEIGHT {
                 return Err(ConfigError::BadWeight(*b, *weight));
             }
-            if *weight != 1 && !self.algorithm.weighs() {
+            if *weight > 1 && !self.algorithm.weighs() {
                 return Err(ConfigError::WeightUnused(
                     *b,
                     *weight,
@@ -203,6 +280,7 @@ mod tests {
                 .collect(),
             algorithm: Algorithm::Random,
             protocol: Protocol::Both,
+            persistence: None,
         }
     }
 
@@ -254,10 +332,16 @@ mod tests {
             check(&[w.clone()]),
             Err(ConfigError::WeightUnused(..))
         ));
-        w.algorithm = Algorithm::Weighted;
+        w.algorithm = Algorithm::WeightedRandom;
         check(&[w.clone()]).unwrap();
-        w.backends[0].weight = 0;
+        w.backends[0].weight = 1001;
         assert!(matches!(check(&[w]), Err(ConfigError::BadWeight(..))));
+        // Weight 0 drains, under any algorithm.
+        let mut d = svc("198.19.0.1:80", &["198.18.0.2:80"]);
+        d.backends[0].weight = 0;
+        check(&[d.clone()]).unwrap();
+        d.persistence = Some(Duration::ZERO);
+        assert!(matches!(check(&[d]), Err(ConfigError::Persistence(..))));
         let s = svc("198.19.0.1:80", &["198.18.0.2:80"]);
         assert!(matches!(
             check(&[s.clone(), s.clone()]),

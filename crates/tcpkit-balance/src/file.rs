@@ -9,11 +9,15 @@
 //! name = "redis"                 # optional; the VIP names it otherwise
 //! vip = "198.19.0.1:6379"
 //! protocol = "tcp"               # tcp (default) or udp
-//! algorithm = "maglev"           # random (default), round-robin, weighted, maglev
-//! hash_key = "client"            # maglev only: client (default) or cookie
+//! algorithm = "maglev"           # random (default), round-robin, weighted-random,
+//!                                # weighted-round-robin, least-conn, weighted-least-conn,
+//!                                # maglev (or ipvsadm's rr, wrr, lc, wlc, mh)
+//! hash_key = "client"            # maglev only: client (default: address and port), host, cookie
+//! persistence = "300s"           # optional: a client keeps its backend (ipvsadm -p)
 //! backends = [
 //!   { addr = "198.18.0.2:6379", weight = 2 },
 //!   { addr = "198.18.0.3:6380" },
+//!   { addr = "198.18.0.4:6379", weight = 0 },   # drained: no new sockets
 //! ]
 //! health = { interval = "1s", timeout = "500ms", rise = 2, fall = 3,
 //!            send = 'PING\r\n', expect = "+PONG" }   # optional: an application probe
@@ -73,6 +77,7 @@ struct RawService {
     protocol: Option<String>,
     algorithm: Option<String>,
     hash_key: Option<String>,
+    persistence: Option<RawDuration>,
     #[serde(default)]
     backends: Vec<RawBackend>,
     health: Option<RawHealth>,
@@ -203,21 +208,24 @@ fn service(s: RawService) -> Result<ServiceConfig, String> {
         Some("udp") => Protocol::Udp,
         Some(p) => return Err(format!("protocol '{p}': tcp or udp")),
     };
-    let algorithm = match (s.algorithm.as_deref(), s.hash_key.as_deref()) {
-        (Some("maglev"), k) => Algorithm::Maglev(match k {
+    let algorithm = match s.algorithm.as_deref() {
+        None => Algorithm::Random,
+        Some(a) => Algorithm::parse(a)
+            .ok_or_else(|| format!("algorithm '{a}': one of {}", Algorithm::NAMES))?,
+    };
+    let algorithm = match (algorithm, s.hash_key.as_deref()) {
+        (Algorithm::Maglev(_), k) => Algorithm::Maglev(match k {
             None | Some("client") => HashKey::Client,
+            Some("host") => HashKey::Host,
             Some("cookie") => HashKey::Cookie,
-            Some(k) => return Err(format!("hash_key '{k}': client or cookie")),
+            Some(k) => return Err(format!("hash_key '{k}': client, host or cookie")),
         }),
         (_, Some(_)) => return Err("hash_key: only algorithm = \"maglev\" hashes".into()),
-        (None | Some("random"), None) => Algorithm::Random,
-        (Some("round-robin"), None) => Algorithm::RoundRobin,
-        (Some("weighted"), None) => Algorithm::Weighted,
-        (Some(a), None) => {
-            return Err(format!(
-                "algorithm '{a}': one of random, round-robin, weighted, maglev"
-            ))
-        }
+        (a, None) => a,
+    };
+    let persistence = match &s.persistence {
+        None => None,
+        Some(p) => Some(p.get().map_err(|e| format!("persistence {e}"))?),
     };
     let mut backends = Vec::with_capacity(s.backends.len().min(config::MAX_BACKENDS + 1));
     for b in &s.backends {
@@ -266,6 +274,7 @@ fn service(s: RawService) -> Result<ServiceConfig, String> {
             protocol,
             backends,
             algorithm,
+            persistence,
         },
         health,
     })
@@ -311,6 +320,33 @@ backends = [ { addr = "198.18.0.2:53" } ]
         assert_eq!(s[1].name, "198.19.0.1:53");
         assert_eq!(s[1].service.protocol, Protocol::Udp);
         assert!(s[1].health.is_none());
+    }
+
+    #[test]
+    fn ipvsadm_names_old_spellings_drain_and_persistence() {
+        let one = |body: &str| {
+            parse(
+                "lb.toml",
+                &format!("[[service]]\nvip = \"198.19.0.1:80\"\n{body}\nbackends = [ {{ addr = \"198.18.0.2:80\", weight = 0 }} ]\n"),
+            )
+            .map(|s| s[0].service.clone())
+        };
+        for (name, want) in [
+            ("rr", Algorithm::RoundRobin),
+            ("weighted", Algorithm::WeightedRandom),
+            ("weighted-random", Algorithm::WeightedRandom),
+            ("wrr", Algorithm::WeightedRoundRobin),
+            ("lc", Algorithm::LeastConn),
+            ("wlc", Algorithm::WeightedLeastConn),
+            ("mh", Algorithm::Maglev(HashKey::Client)),
+        ] {
+            let s = one(&format!("algorithm = \"{name}\"")).unwrap();
+            assert_eq!(s.algorithm, want, "{name}");
+            assert_eq!(s.backends[0].weight, 0);
+        }
+        let s = one("algorithm = \"maglev\"\nhash_key = \"host\"\npersistence = \"300s\"").unwrap();
+        assert_eq!(s.algorithm, Algorithm::Maglev(HashKey::Host));
+        assert_eq!(s.persistence, Some(Duration::from_secs(300)));
     }
 
     #[test]
@@ -407,6 +443,10 @@ health = { interval = "1s" }
                 "backend '198.18.0.2:65536': not an IP:PORT",
             ),
             ("vip = \"198.19.0.1:80\"\nalgorithm = \"fastest\"", "algorithm 'fastest'"),
+            (
+                "vip = \"198.19.0.1:80\"\npersistence = \"0s\"",
+                "persistent 0ns: from 1ms to 1 day",
+            ),
             (
                 "vip = \"198.19.0.1:80\"\nprotocol = \"udp\"\nhealth = { interval = \"1s\", expect = \"x\" }",
                 "health.expect: a UDP probe expects a reply",

@@ -5,7 +5,8 @@
 //! unreachable may answer (see [`Probe`]). A backend goes down after `fall` failed probes in
 //! a row and comes back after `rise` successes; each change swaps its service's backend set
 //! in the kernel at once (atomically: see `Balancer::set_live`), so a dead backend leaves the
-//! selection within one interval of its `fall`-th failed probe.
+//! selection within one interval of its `fall`-th failed probe, and is said on stderr in one
+//! line with the time and the reason ([`transition`]).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -324,6 +325,26 @@ impl BackendHealth {
         }
     }
 
+    /// The line said when it has just changed state (see [`BackendHealth::probe`]): when, which
+    /// backend of which VIP, up or down, and why.
+    pub fn transition(&self, addr: SocketAddr, vip: SocketAddr, o: &HealthOptions) -> String {
+        let when = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+        if self.up {
+            format!(
+                "{when} tcpkit balance: backend {addr} (VIP {vip}) up: {} probe{} passed in a row",
+                o.rise,
+                if o.rise == 1 { "" } else { "s" }
+            )
+        } else {
+            format!(
+                "{when} tcpkit balance: backend {addr} (VIP {vip}) down: {} ({} probe{} failed in a row)",
+                self.last_failure.as_deref().unwrap_or("probe failed"),
+                o.fall,
+                if o.fall == 1 { "" } else { "s" }
+            )
+        }
+    }
+
     /// Counts one probe; true when the backend changed state.
     fn probe(&mut self, result: Result<(), String>, o: &HealthOptions) -> bool {
         self.probes += 1;
@@ -456,7 +477,7 @@ impl Health {
                     Arc::clone(&error),
                     Arc::clone(&balancer),
                 );
-                let addr = b.addr;
+                let (addr, vip) = (b.addr, s.vip);
                 let t = std::thread::Builder::new()
                     .name(format!("tcpkit-health-{addr}"))
                     .spawn(move || {
@@ -467,6 +488,10 @@ impl Health {
                             let mut st = lock(&state);
                             let mut went_down = false;
                             if st[si][bi].probe(result, &o) {
+                                crate::trace::write_line(
+                                    &mut std::io::stderr().lock(),
+                                    st[si][bi].transition(addr, vip, &o),
+                                );
                                 let live: Vec<bool> = st[si].iter().map(|h| h.up).collect();
                                 went_down = !live[bi];
                                 // Under the state lock: swaps happen in the order of changes.
@@ -562,6 +587,17 @@ mod tests {
         assert!(!h.probe(bad(), &o) && !h.probe(bad(), &o));
         assert!(h.probe(bad(), &o) && !h.up && h.downs == 1);
         assert_eq!(h.last_failure.as_deref(), Some("refused"));
+        let line = h.transition(
+            "198.18.0.2:80".parse().unwrap(),
+            "198.19.0.1:80".parse().unwrap(),
+            &o,
+        );
+        assert!(
+            line.ends_with(
+                "Z tcpkit balance: backend 198.18.0.2:80 (VIP 198.19.0.1:80) down: refused (3 probes failed in a row)"
+            ),
+            "{line}"
+        );
         assert!(!h.probe(Ok(()), &o) && !h.up);
         assert!(h.probe(Ok(()), &o) && h.up);
         assert_eq!((h.probes, h.failed), (8, 5));

@@ -7,16 +7,18 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::cgroup_sock::CgroupSockLinkId;
 use aya::programs::cgroup_sock_addr::CgroupSockAddrLinkId;
 use aya::programs::links::FdLink;
-use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::bpf::{
-    Backend, Revnat, Svc, SvcKey, ALGO_MAGLEV_CLIENT, ALGO_MAGLEV_COOKIE, ALGO_RANDOM,
-    ALGO_ROUND_ROBIN, ALGO_WEIGHTED, COUNTER_REFUSED, COUNTER_REVNAT, COUNTER_STALE,
-    COUNTER_TRACE_LOST, COUNTER_TRANSLATED, GENERATIONS, MAX_BACKENDS, MAX_SERVICES, MAX_SOCKETS,
-    RING_SIZE, VIP_PORT_WORDS,
+    Active, Backend, PersistKey, PersistVal, Revnat, SockTag, Svc, SvcKey, ALGO_LC,
+    ALGO_MAGLEV_CLIENT, ALGO_MAGLEV_COOKIE, ALGO_MAGLEV_HOST, ALGO_RANDOM, ALGO_ROUND_ROBIN,
+    ALGO_WEIGHTED, ALGO_WLC, ALGO_WRR, COUNTER_REFUSED, COUNTER_REVNAT, COUNTER_STALE,
+    COUNTER_TRACE_LOST, COUNTER_TRANSLATED, COUNTER_UNTAGGED, GENERATIONS, MAX_BACKENDS,
+    MAX_SERVICES, MAX_SOCKETS, RING_SIZE, VIP_PORT_WORDS,
 };
 use crate::config::{Algorithm, HashKey, Service};
 use crate::table;
@@ -24,7 +26,7 @@ use crate::table;
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/balance.bpf.o"));
 
 /// The programs, by the names they have in the object and in `bpftool prog`.
-pub const PROGRAMS: [&str; 8] = [
+pub const PROGRAMS: [&str; 9] = [
     "tk_connect4",
     "tk_connect6",
     "tk_getpeername4",
@@ -33,16 +35,29 @@ pub const PROGRAMS: [&str; 8] = [
     "tk_recvmsg4",
     "tk_sendmsg6",
     "tk_recvmsg6",
+    RELEASE,
 ];
 
-/// The hooks every balancer attaches: TCP and connected UDP go through connect, and
-/// getpeername shows the VIP.
-const ALWAYS: [&str; 4] = [
+/// The one program that is not a socket-address hook (cgroup/sock_release, a cgroup_sock
+/// program): counts a closed socket off its backend's active sockets.
+const RELEASE: &str = "tk_sock_release";
+
+/// The hooks every balancer attaches: TCP and connected UDP go through connect, getpeername
+/// shows the VIP, and sock_release keeps the active counts.
+const ALWAYS: [&str; 5] = [
     "tk_connect4",
     "tk_connect6",
     "tk_getpeername4",
     "tk_getpeername6",
+    RELEASE,
 ];
+
+/// An attached program's link, of either program type.
+#[derive(Debug)]
+enum LinkId {
+    Addr(CgroupSockAddrLinkId),
+    Sock(CgroupSockLinkId),
+}
 
 /// Attached only while a service balances UDP: they run on every datagram sent and received
 /// in the cgroup (DNS lookups included), so a TCP-only configuration leaves them off.
@@ -85,7 +100,7 @@ impl RevnatView {
     /// and after the copy means the copy is that socket's.
     fn get(&self, i: usize) -> Option<Revnat> {
         assert!(i < MAX_SOCKETS as usize);
-        // SAFETY: i is within the MAX_SOCKETS entries mapped (48 bytes each, 8-aligned); the
+        // SAFETY: i is within the MAX_SOCKETS entries mapped (56 bytes each, 8-aligned); the
         // kernel writes them concurrently, hence volatile reads of plain integers (any bit
         // pattern is a valid Revnat) and the cookie check around the copy.
         unsafe {
@@ -188,8 +203,13 @@ pub struct Counters {
     pub stale: u64,
     /// Trace events the ring buffer had no room for.
     pub trace_lost: u64,
+    /// Sockets sent to a backend that could not be tagged (no memory for their socket
+    /// storage): not in any active count.
+    pub untagged: u64,
     /// Connects sent to each backend, per service, in the order given.
     pub picks: Vec<Vec<u64>>,
+    /// Sockets open now on each backend (sent there and not yet closed), as `picks`.
+    pub active: Vec<Vec<u64>>,
 }
 
 /// The loaded object and its links; dropping it detaches everything.
@@ -207,7 +227,7 @@ pub struct Balancer {
     order: Vec<usize>,
     /// The programs attached, each with its link: this process's (`Some`), or pinned at
     /// `DIR/link_<program>` (`None`) after [`Balancer::pin`].
-    links: Vec<(&'static str, Option<CgroupSockAddrLinkId>)>,
+    links: Vec<(&'static str, Option<LinkId>)>,
     /// The cgroup attached to, kept for hooks attached later (a reload adding UDP).
     cgroup: Option<File>,
     /// Where the links are pinned ([`Balancer::pin`]).
@@ -264,16 +284,12 @@ impl Balancer {
             b.write_set(i, 0, &vec![true; s.backends.len()])?;
         }
         for name in PROGRAMS {
-            let p: &mut CgroupSockAddr = b
-                .ebpf
-                .program_mut(name)
-                .ok_or(LoadError::Program(
-                    name,
-                    aya::programs::ProgramError::UnexpectedProgramType,
-                ))?
-                .try_into()
-                .map_err(|e| LoadError::Program(name, e))?;
-            p.load().map_err(|e| LoadError::Program(name, e))?;
+            let r = if name == RELEASE {
+                b.sock_program(name)?.load()
+            } else {
+                b.program(name)?.load()
+            };
+            r.map_err(|e| LoadError::Program(name, e))?;
         }
         Ok(b)
     }
@@ -377,8 +393,10 @@ impl Balancer {
                 }
             }
             if old.is_none() {
-                // A slot new to this service: every counter starts from zero.
+                // A slot new to this service: every counter starts from zero, and no client
+                // of the slot's service before keeps a backend here.
                 fresh = counter.clone();
+                self.forget_clients(*k)?;
             }
             self.zero_picks(*k, &fresh)?;
             self.slots[*k] = Some(Slot {
@@ -423,9 +441,50 @@ impl Balancer {
         Ok(())
     }
 
+    /// Drops the --persistent entries of service slot `slot`.
+    fn forget_clients(&mut self, slot: usize) -> Result<(), LoadError> {
+        let mut m: HashMap<_, PersistKey, PersistVal> = HashMap::try_from(
+            self.ebpf
+                .map_mut("persist")
+                .ok_or(LoadError::NoMap("persist"))?,
+        )
+        .map_err(|e| LoadError::Map("persist", e))?;
+        let keys: Vec<PersistKey> = m
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.svc as usize == slot)
+            .collect();
+        for k in keys {
+            // Gone already (evicted) is as good.
+            let _ = m.remove(&k);
+        }
+        Ok(())
+    }
+
+    /// Zeroes counters `which` of `slot` for the backend they are given to: its connects, and
+    /// its active sockets with the epoch moved on, so a socket of the counter's backend
+    /// before, closed later, does not count off this one (bpf/balance.h, struct active).
     fn zero_picks(&mut self, slot: usize, which: &[u32]) -> Result<(), LoadError> {
         if which.is_empty() {
             return Ok(());
+        }
+        {
+            let mut a: Array<_, Active> = Array::try_from(
+                self.ebpf
+                    .map_mut("active")
+                    .ok_or(LoadError::NoMap("active"))?,
+            )
+            .map_err(|e| LoadError::Map("active", e))?;
+            for c in which {
+                let k = (slot * MAX_BACKENDS) as u32 + c;
+                let old = a.get(&k, 0).map_err(|e| LoadError::Map("active", e))?;
+                let v = Active {
+                    n: 0,
+                    epoch: old.epoch.wrapping_add(1),
+                    pad: 0,
+                };
+                a.set(k, v, 0).map_err(|e| LoadError::Map("active", e))?;
+            }
         }
         let n = aya::util::nr_cpus().map_err(|(_, e)| LoadError::Cpus(e))?;
         let mut p: PerCpuArray<_, u64> = PerCpuArray::try_from(
@@ -481,11 +540,12 @@ impl Balancer {
             return Ok(());
         };
         let id = slot * GENERATIONS + generation as usize;
+        // Weight 0 drains: out of the set, its open sockets untouched.
         let set: Vec<(usize, &crate::config::Backend)> = s
             .backends
             .iter()
             .enumerate()
-            .filter(|(i, _)| live.get(*i).copied().unwrap_or(false))
+            .filter(|(i, b)| b.weight > 0 && live.get(*i).copied().unwrap_or(false))
             .collect();
         {
             let mut backends: Array<_, Backend> = Array::try_from(
@@ -502,22 +562,26 @@ impl Balancer {
                     family,
                     pad: 0,
                     index: counter[*index],
+                    weight: b.weight,
                 };
                 backends
                     .set((id * MAX_BACKENDS + k) as u32, v, 0)
                     .map_err(|e| LoadError::Map("backends", e))?;
             }
         }
+        let weights = || set.iter().map(|(_, b)| b.weight).collect::<Vec<_>>();
         let table = match s.algorithm {
-            Algorithm::Weighted => {
-                table::weighted(&set.iter().map(|(_, b)| b.weight).collect::<Vec<_>>())
-            }
+            Algorithm::WeightedRandom => table::weighted(&weights()),
+            Algorithm::WeightedRoundRobin => table::wrr(&weights()),
             Algorithm::Maglev(_) => table::maglev(
                 &set.iter()
                     .map(|(_, b)| (b.addr, b.weight))
                     .collect::<Vec<_>>(),
             ),
-            Algorithm::Random | Algorithm::RoundRobin => Vec::new(),
+            Algorithm::Random
+            | Algorithm::RoundRobin
+            | Algorithm::LeastConn
+            | Algorithm::WeightedLeastConn => Vec::new(),
         };
         if !table.is_empty() {
             let mut ring: Array<_, u32> =
@@ -531,8 +595,12 @@ impl Balancer {
         let algo = match s.algorithm {
             Algorithm::Random => ALGO_RANDOM,
             Algorithm::RoundRobin => ALGO_ROUND_ROBIN,
-            Algorithm::Weighted => ALGO_WEIGHTED,
+            Algorithm::WeightedRandom => ALGO_WEIGHTED,
+            Algorithm::WeightedRoundRobin => ALGO_WRR,
+            Algorithm::LeastConn => ALGO_LC,
+            Algorithm::WeightedLeastConn => ALGO_WLC,
             Algorithm::Maglev(HashKey::Client) => ALGO_MAGLEV_CLIENT,
+            Algorithm::Maglev(HashKey::Host) => ALGO_MAGLEV_HOST,
             Algorithm::Maglev(HashKey::Cookie) => ALGO_MAGLEV_COOKIE,
         };
         let v = Svc {
@@ -540,6 +608,9 @@ impl Balancer {
             count: set.len() as u32,
             algo,
             rr: 0,
+            len: table.len() as u32,
+            // Checked: 1 ms to a day.
+            persist_ms: s.persistence.map_or(0, |p| p.as_millis() as u32),
         };
         // The VIP's port bit before its key: a connect that finds the key passed the bit.
         self.write_ports(&[key_of(&s.vip).1], false)?;
@@ -628,7 +699,11 @@ impl Balancer {
         Ok(())
     }
 
-    fn program(&mut self, name: &'static str) -> Result<&mut CgroupSockAddr, LoadError> {
+    /// Program `name` as its type `P` (a socket-address hook, or sock_release's).
+    fn typed<'a, P: 'a>(&'a mut self, name: &'static str) -> Result<&'a mut P, LoadError>
+    where
+        &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+    {
         self.ebpf
             .program_mut(name)
             .ok_or(LoadError::Program(
@@ -637,6 +712,56 @@ impl Balancer {
             ))?
             .try_into()
             .map_err(|e| LoadError::Program(name, e))
+    }
+
+    fn program(&mut self, name: &'static str) -> Result<&mut CgroupSockAddr, LoadError> {
+        self.typed(name)
+    }
+
+    fn sock_program(&mut self, name: &'static str) -> Result<&mut CgroupSock, LoadError> {
+        self.typed(name)
+    }
+
+    fn attach_program(&mut self, name: &'static str, cg: &File) -> Result<LinkId, LoadError> {
+        let r = if name == RELEASE {
+            self.sock_program(name)?
+                .attach(cg, CgroupAttachMode::Single)
+                .map(LinkId::Sock)
+        } else {
+            self.program(name)?
+                .attach(cg, CgroupAttachMode::Single)
+                .map(LinkId::Addr)
+        };
+        r.map_err(|e| LoadError::Program(name, e))
+    }
+
+    fn detach_program(&mut self, name: &'static str, id: LinkId) -> Result<(), LoadError> {
+        let r = match id {
+            LinkId::Sock(id) => self.sock_program(name)?.detach(id),
+            LinkId::Addr(id) => self.program(name)?.detach(id),
+        };
+        r.map_err(|e| LoadError::Program(name, e))
+    }
+
+    /// The link, taken from aya (it no longer detaches it on drop), as a descriptor to pin.
+    fn take_fd_link(&mut self, name: &'static str, id: LinkId) -> Result<FdLink, LoadError> {
+        let fd = match id {
+            LinkId::Sock(id) => {
+                let l = self
+                    .sock_program(name)?
+                    .take_link(id)
+                    .map_err(|e| LoadError::Program(name, e))?;
+                FdLink::try_from(l)
+            }
+            LinkId::Addr(id) => {
+                let l = self
+                    .program(name)?
+                    .take_link(id)
+                    .map_err(|e| LoadError::Program(name, e))?;
+                FdLink::try_from(l)
+            }
+        };
+        fd.map_err(|e| LoadError::Pin(name.to_string(), e.to_string()))
     }
 
     /// Attaches those of `names` not attached yet (nothing before [`Balancer::attach`]); pinned
@@ -655,10 +780,7 @@ impl Balancer {
             if self.links.iter().any(|(n, _)| n == name) {
                 continue;
             }
-            let id = self
-                .program(name)?
-                .attach(&cg, CgroupAttachMode::Single)
-                .map_err(|e| LoadError::Program(name, e))?;
+            let id = self.attach_program(name, &cg)?;
             self.links.push((name, Some(id)));
             if let Some(dir) = self.pinned.clone() {
                 self.pin_link(name, &dir)?;
@@ -673,10 +795,7 @@ impl Balancer {
         };
         let (_, id) = self.links.remove(i);
         match (id, &self.pinned) {
-            (Some(id), _) => self
-                .program(name)?
-                .detach(id)
-                .map_err(|e| LoadError::Program(name, e)),
+            (Some(id), _) => self.detach_program(name, id),
             // A pinned link (this process closed its descriptor already) is detached through
             // its pin, then the pin removed.
             (None, Some(dir)) => {
@@ -697,12 +816,8 @@ impl Balancer {
         let Some(id) = slot.1.take() else {
             return Ok(());
         };
-        let link = self
-            .program(name)?
-            .take_link(id)
-            .map_err(|e| LoadError::Program(name, e))?;
         let path = dir.join(format!("link_{name}"));
-        let fd = FdLink::try_from(link).map_err(|e| pin_err(path.display().to_string(), &e))?;
+        let fd = self.take_fd_link(name, id)?;
         // The pin holds the link; the descriptor returned is closed at once.
         fd.pin(&path)
             .map_err(|e| pin_err(path.display().to_string(), &e))?;
@@ -711,7 +826,7 @@ impl Balancer {
 
     /// The maps pinned by [`Balancer::pin`] (the trace ring buffer, read by this process
     /// only, is not).
-    pub const PINNED_MAPS: [&'static str; 7] = [
+    pub const PINNED_MAPS: [&'static str; 10] = [
         "services",
         "backends",
         "revnat",
@@ -719,6 +834,9 @@ impl Balancer {
         "picks",
         "ring",
         "vip_ports",
+        "active",
+        "overflow",
+        "persist",
     ];
 
     /// Pins every link (`DIR/link_<program>`) and map (`DIR/map_<name>`) under `dir` (on a
@@ -765,8 +883,38 @@ impl Balancer {
     }
 
     /// Drops the reverse-map entries of `cookies`: an unconnected UDP socket's next datagram
-    /// to its VIP then picks a backend again.
+    /// to its VIP then picks a backend again. Each one's tag moves to the overflow map first,
+    /// so the socket is still counted off its backend once, when it picks again or closes.
     pub fn forget(&mut self, cookies: &[u64]) -> Result<(), LoadError> {
+        {
+            let map = self.ebpf.map("revnat").ok_or(LoadError::NoMap("revnat"))?;
+            let m: Array<_, Revnat> =
+                Array::try_from(map).map_err(|e| LoadError::Map("revnat", e))?;
+            let mut tags = Vec::new();
+            for c in cookies {
+                let k = (*c % u64::from(MAX_SOCKETS)) as u32;
+                let r = m.get(&k, 0).map_err(|e| LoadError::Map("revnat", e))?;
+                if r.cookie == *c && r.key1 != 0 {
+                    tags.push((
+                        *c,
+                        SockTag {
+                            key1: r.key1,
+                            epoch: r.epoch,
+                        },
+                    ));
+                }
+            }
+            let mut o: HashMap<_, u64, SockTag> = HashMap::try_from(
+                self.ebpf
+                    .map_mut("overflow")
+                    .ok_or(LoadError::NoMap("overflow"))?,
+            )
+            .map_err(|e| LoadError::Map("overflow", e))?;
+            for (c, t) in tags {
+                // Full: the socket stays counted on that backend (as COUNTER_UNTAGGED).
+                let _ = o.insert(c, t, 0);
+            }
+        }
         let map = self
             .ebpf
             .map_mut("revnat")
@@ -804,10 +952,14 @@ impl Balancer {
         let map = self.ebpf.map("picks").ok_or(LoadError::NoMap("picks"))?;
         let p: PerCpuArray<_, u64> =
             PerCpuArray::try_from(map).map_err(|e| LoadError::Map("picks", e))?;
+        let map = self.ebpf.map("active").ok_or(LoadError::NoMap("active"))?;
+        let a: Array<_, Active> = Array::try_from(map).map_err(|e| LoadError::Map("active", e))?;
         let mut picks = Vec::with_capacity(self.order.len());
+        let mut active = Vec::with_capacity(self.order.len());
         for k in &self.order {
             let Some(s) = &self.slots[*k] else { continue };
             let mut per = Vec::with_capacity(s.counter.len());
+            let mut open = Vec::with_capacity(s.counter.len());
             for c in &s.counter {
                 let slot = (*k * MAX_BACKENDS) as u32 + c;
                 per.push(
@@ -816,8 +968,12 @@ impl Balancer {
                         .iter()
                         .sum(),
                 );
+                // Below 0 only for a moment: a release counted before its connect's add.
+                let n = a.get(&slot, 0).map_err(|e| LoadError::Map("active", e))?.n;
+                open.push(n.max(0) as u64);
             }
             picks.push(per);
+            active.push(open);
         }
         Ok(Counters {
             translated: sum(COUNTER_TRANSLATED)?,
@@ -825,7 +981,9 @@ impl Balancer {
             revnat: sum(COUNTER_REVNAT)?,
             stale: sum(COUNTER_STALE)?,
             trace_lost: sum(COUNTER_TRACE_LOST)?,
+            untagged: sum(COUNTER_UNTAGGED)?,
             picks,
+            active,
         })
     }
 }

@@ -13,6 +13,9 @@ pub struct BackendReport {
     pub weight: u32,
     /// Connects the BPF program sent to this backend.
     pub connects: u64,
+    /// Of those, the sockets still open when the command ended (its children's, left
+    /// running): 0 once everything it opened was closed.
+    pub active: u64,
     /// Health at the end (null without health checks).
     pub up: Option<bool>,
     /// Health probes sent, and how many failed.
@@ -28,8 +31,10 @@ pub struct BackendReport {
 pub struct ServiceReport {
     pub vip: String,
     pub algorithm: &'static str,
-    /// What maglev hashes (`client` or `cookie`); null for the other algorithms.
+    /// What maglev hashes (`client`, `host` or `cookie`); null for the other algorithms.
     pub hash_key: Option<&'static str>,
+    /// Seconds a client keeps its backend after its last connect (--persistent); null: off.
+    pub persistence_s: Option<f64>,
     pub backends: Vec<BackendReport>,
 }
 
@@ -109,8 +114,8 @@ impl Report for RunReport {
                 };
                 let _ = writeln!(
                     s,
-                    "  {:<24} weight {:<4} {} connects{health}",
-                    b.addr, b.weight, b.connects
+                    "  {:<24} weight {:<4} {} connects, {} open at end{health}",
+                    b.addr, b.weight, b.connects, b.active
                 );
             }
         }

@@ -276,22 +276,21 @@ pub fn run(opts: &RunOptions, interrupted: &AtomicBool) -> Result<RunReport, Run
         .map(|(si, (s, picks))| ServiceReport {
             vip: s.vip.to_string(),
             algorithm: s.algorithm.name(),
-            hash_key: match s.algorithm {
-                crate::config::Algorithm::Maglev(crate::config::HashKey::Client) => Some("client"),
-                crate::config::Algorithm::Maglev(crate::config::HashKey::Cookie) => Some("cookie"),
-                _ => None,
-            },
+            hash_key: s.algorithm.hash_key(),
+            persistence_s: s.persistence.map(|p| p.as_secs_f64()),
             backends: s
                 .backends
                 .iter()
                 .zip(picks)
+                .zip(&counters.active[si])
                 .enumerate()
-                .map(|(bi, (b, n))| {
+                .map(|(bi, ((b, n), open))| {
                     let h = health.as_ref().map(|h| &h[si][bi]);
                     BackendReport {
                         addr: b.addr.to_string(),
                         weight: b.weight,
                         connects: *n,
+                        active: *open,
                         up: h.map(|h| h.up),
                         probes: h.map_or(0, |h| h.probes),
                         probes_failed: h.map_or(0, |h| h.failed),

@@ -1,6 +1,6 @@
 //! What `balance status` shows (and `balance up` reports when it stops): per service its VIP
-//! and algorithm, per backend its weight, health, last change and the connects sent to it
-//! (per-CPU counters, summed), and the kernel features found. One JSON document
+//! and algorithm, per backend its weight, health, last change, the sockets open on it now and
+//! the connects sent to it (per-CPU counters, summed), and the kernel features found. One JSON document
 //! (docs/schema/balance-status.schema.json), or a table in the style of
 //! `ipvsadm -Ln --stats`.
 
@@ -22,6 +22,8 @@ pub struct BackendStatus {
     pub changed_s: f64,
     /// Connects (and unconnected UDP sockets) the BPF programs sent to it.
     pub connections: u64,
+    /// Of those, the sockets open now (ipvsadm's ActiveConn: sent there and not yet closed).
+    pub active: u64,
     pub probes: u64,
     pub probes_failed: u64,
     /// Times it was marked down.
@@ -39,8 +41,10 @@ pub struct ServiceStatus {
     /// `tcp`, `udp`, or `tcp+udp`.
     pub protocol: String,
     pub algorithm: String,
-    /// What maglev hashes (`client` or `cookie`); null for the other algorithms.
+    /// What maglev hashes (`client`, `host` or `cookie`); null for the other algorithms.
     pub hash_key: Option<String>,
+    /// Seconds a client keeps its backend after its last connect (ipvsadm -p); null: off.
+    pub persistence_s: Option<f64>,
     /// How its backends are probed (`health::Probe::kind`); null without health checks.
     pub probe: Option<String>,
     pub backends: Vec<BackendStatus>,
@@ -96,10 +100,14 @@ pub fn ago(secs: f64) -> String {
 }
 
 fn scheduler(s: &ServiceStatus) -> String {
-    // ipvsadm's short names where it has one.
+    // ipvsadm's short names where it has one; weighted-random has none (ipvs has no random
+    // scheduler), so it is never shown as wrr.
     let short = match s.algorithm.as_str() {
         "round-robin" => "rr",
-        "weighted" => "wrr",
+        "weighted-random" => "wrand",
+        "weighted-round-robin" => "wrr",
+        "least-conn" => "lc",
+        "weighted-least-conn" => "wlc",
         "maglev" => "mh",
         other => other,
     };
@@ -125,22 +133,36 @@ impl Report for StatusReport {
         );
         let _ = writeln!(
             s,
-            "{:<4} {:<33} {:<9} {:>11}",
-            "Prot", "LocalAddress:Port", "Scheduler", "Conns"
+            "{:<4} {:<33} {:<24} {:>10} {:>9}",
+            "Prot", "LocalAddress:Port", "Scheduler", "ActiveConn", "Conns"
         );
         let _ = writeln!(
             s,
-            "  -> {:<31} {:<6} {:<9} {:>11} {:>9} {:>8} {:>6}",
-            "RemoteAddress:Port", "Weight", "Health", "Changed", "Conns", "Probes", "Failed"
+            "  -> {:<31} {:<6} {:<9} {:>11} {:>10} {:>9} {:>8} {:>6}",
+            "RemoteAddress:Port",
+            "Weight",
+            "Health",
+            "Changed",
+            "ActiveConn",
+            "Conns",
+            "Probes",
+            "Failed"
         );
         for svc in &self.services {
             let total: u64 = svc.backends.iter().map(|b| b.connections).sum();
+            let active: u64 = svc.backends.iter().map(|b| b.active).sum();
+            let sched = match svc.persistence_s {
+                // ipvsadm's way: seconds.
+                Some(p) => format!("{} persistent {p}", scheduler(svc)),
+                None => scheduler(svc),
+            };
             let _ = writeln!(
                 s,
-                "{:<4} {:<33} {:<9} {:>11}  {}{}",
+                "{:<4} {:<33} {:<24} {:>10} {:>9}  {}{}",
                 svc.protocol.to_uppercase(),
                 svc.vip,
-                scheduler(svc),
+                sched,
+                active,
                 total,
                 if svc.name != svc.vip {
                     svc.name.as_str()
@@ -155,11 +177,12 @@ impl Report for StatusReport {
             for b in &svc.backends {
                 let _ = writeln!(
                     s,
-                    "  -> {:<31} {:<6} {:<9} {:>7} ago {:>9} {:>8} {:>6}",
+                    "  -> {:<31} {:<6} {:<9} {:>7} ago {:>10} {:>9} {:>8} {:>6}",
                     b.addr,
                     b.weight,
                     b.health,
                     ago(b.changed_s),
+                    b.active,
                     b.connections,
                     b.probes,
                     b.probes_failed
@@ -259,6 +282,7 @@ mod tests {
                 protocol: "tcp".into(),
                 algorithm: "round-robin".into(),
                 hash_key: None,
+                persistence_s: None,
                 probe: Some("tcp-send-expect".into()),
                 backends: vec![BackendStatus {
                     addr: "198.18.0.2:6379".into(),
@@ -266,6 +290,7 @@ mod tests {
                     health: "up".into(),
                     changed_s: 12.0,
                     connections: 10,
+                    active: 4,
                     probes: 12,
                     probes_failed: 0,
                     downs: 0,
@@ -293,6 +318,17 @@ mod tests {
         };
         let h = r.human();
         assert!(h.contains("TCP  198.19.0.1:6379"), "{h}");
+        // ActiveConn (open now) beside Conns (since start), per service and backend.
+        assert!(
+            h.contains(&format!("rr{}4{}10", " ".repeat(32), " ".repeat(8))),
+            "{h}"
+        );
+        assert!(h.contains("ActiveConn"), "{h}");
+        let m = crate::up::exposition(&r);
+        assert!(
+            m.contains("tcpkit_balance_backend_active_connections{service=\"redis\",vip=\"198.19.0.1:6379\",protocol=\"tcp\",backend=\"198.18.0.2:6379\"} 4\n"),
+            "{m}"
+        );
         assert!(h.contains("  -> 198.18.0.2:6379"), "{h}");
         assert!(h.contains("up        "), "{h}");
         assert!(h.contains("Drain-kill (all): 3 sockets ended"), "{h}");

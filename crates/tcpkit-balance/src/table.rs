@@ -1,6 +1,8 @@
-//! The lookup tables of `weighted` and `maglev` services: RING_SIZE slots, each the index of a
-//! backend. `weighted` picks a random slot, so its table only needs each backend in proportion
-//! to its weight; `maglev` picks the slot by a hash of the client (or socket), and its table is
+//! The lookup tables of `weighted-random`, `weighted-round-robin` and `maglev` services: up to
+//! RING_SIZE slots, each the index of a backend. `weighted-random` picks a random slot, so its
+//! table only needs each backend in proportion to its weight; `weighted-round-robin` takes the
+//! slots in turn, so its table is an interleaved order (`wrr`); `maglev` picks the slot by a
+//! hash of the client (or socket), and its table is
 //! Maglev's (Eisenbud et al., NSDI 2016), weighted: each backend fills slots in the order of
 //! its own permutation, so when one of N backends goes, about 1/N of the slots move and the
 //! rest keep their backend.
@@ -13,11 +15,20 @@ pub use crate::bpf::RING_SIZE;
 /// Each backend's share of the table in proportion to its weight (largest remainder, so the
 /// shares add up to RING_SIZE and each is within one slot of exact).
 pub fn weighted(weights: &[u32]) -> Vec<u32> {
+    let shares = shares(weights, RING_SIZE as u64);
+    let mut t = Vec::with_capacity(RING_SIZE);
+    for (i, n) in shares.iter().enumerate() {
+        t.extend(std::iter::repeat_n(i as u32, *n as usize));
+    }
+    t
+}
+
+/// `m` slots shared in proportion to `weights` (largest remainder); none when they are all 0.
+fn shares(weights: &[u32], m: u64) -> Vec<u64> {
     let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
     if total == 0 {
         return Vec::new();
     }
-    let m = RING_SIZE as u64;
     let mut shares: Vec<u64> = weights.iter().map(|w| u64::from(*w) * m / total).collect();
     let mut rest: Vec<(u64, usize)> = weights
         .iter()
@@ -29,11 +40,53 @@ pub fn weighted(weights: &[u32]) -> Vec<u32> {
     for (_, i) in rest.iter().take(left as usize) {
         shares[*i] += 1;
     }
-    let mut t = Vec::with_capacity(RING_SIZE);
-    for (i, n) in shares.iter().enumerate() {
-        t.extend(std::iter::repeat_n(i as u32, *n as usize));
+    shares
+}
+
+/// Weighted round robin's order: each backend `weight` times per cycle, interleaved as
+/// nginx's smooth weighted round robin does (weights 5, 1, 1 give a a b a c a a, never five
+/// a in a row). The cycle is the weights over their greatest common divisor; one longer than
+/// RING_SIZE is scaled down to at most RING_SIZE (largest remainder, each backend at least one).
+pub fn wrr(weights: &[u32]) -> Vec<u32> {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
     }
-    t
+    let g = weights.iter().fold(0u64, |g, w| gcd(g, u64::from(*w)));
+    if g == 0 {
+        return Vec::new();
+    }
+    let mut w: Vec<u64> = weights.iter().map(|x| u64::from(*x) / g).collect();
+    if w.iter().sum::<u64>() > RING_SIZE as u64 {
+        // One slot each first, so a small weight beside large ones is not scaled to nothing.
+        let n = w.iter().filter(|x| **x > 0).count() as u64;
+        w = shares(weights, RING_SIZE as u64 - n)
+            .iter()
+            .zip(weights)
+            .map(|(s, x)| if *x > 0 { s + 1 } else { 0 })
+            .collect();
+    }
+    let total: i64 = w.iter().sum::<u64>() as i64;
+    let mut current = vec![0i64; w.len()];
+    let mut order = Vec::with_capacity(total as usize);
+    for _ in 0..total {
+        for (c, x) in current.iter_mut().zip(&w) {
+            *c += *x as i64;
+        }
+        // The first of the largest: ties go to the earlier backend.
+        let (best, _) = current
+            .iter()
+            .enumerate()
+            .rev()
+            .max_by_key(|(_, c)| **c)
+            .unwrap_or((0, &0));
+        current[best] -= total;
+        order.push(best as u32);
+    }
+    order
 }
 
 /// FNV-1a, 64 bits, over `bytes` after `seed`: stable across runs and builds (a table must
@@ -126,6 +179,19 @@ mod tests {
             let want = RING_SIZE as f64 * w / 8.0;
             assert!((*got as f64 - want).abs() <= 1.0, "{s:?}");
         }
+    }
+
+    #[test]
+    fn wrr_interleaves_in_proportion() {
+        assert_eq!(wrr(&[5, 1, 1]), [0, 0, 1, 0, 2, 0, 0]);
+        assert_eq!(wrr(&[2, 2]), [0, 1]);
+        assert_eq!(wrr(&[3, 1]), [0, 0, 1, 0]);
+        assert!(wrr(&[]).is_empty());
+        // A cycle beyond the table is scaled to it, each backend kept.
+        let big: Vec<u32> = (0..64).map(|i| if i == 0 { 1 } else { 997 }).collect();
+        let t = wrr(&big);
+        assert!(t.len() <= RING_SIZE, "{}", t.len());
+        assert!(t.contains(&0));
     }
 
     #[test]

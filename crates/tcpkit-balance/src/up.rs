@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cgroup::{self, CgroupError, PrivateMount};
-use crate::config::{Algorithm, HashKey};
 use crate::control::{self, Control, ControlError, Handler};
 use crate::drain::DrainKill;
 use crate::features::{self, Feature};
@@ -213,25 +212,24 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
         .configs
         .iter()
         .zip(&counters.picks)
+        .zip(&counters.active)
         .zip(&states)
-        .map(|((c, picks), st)| ServiceStatus {
+        .map(|(((c, picks), active), st)| ServiceStatus {
             name: c.name.clone(),
             vip: c.service.vip.to_string(),
             protocol: c.service.protocol.name().into(),
             algorithm: c.service.algorithm.name().into(),
-            hash_key: match c.service.algorithm {
-                Algorithm::Maglev(HashKey::Client) => Some("client".into()),
-                Algorithm::Maglev(HashKey::Cookie) => Some("cookie".into()),
-                _ => None,
-            },
+            hash_key: c.service.algorithm.hash_key().map(Into::into),
+            persistence_s: c.service.persistence.map(|p| p.as_secs_f64()),
             probe: c.health.as_ref().map(|h| h.probe.kind().into()),
             backends: c
                 .service
                 .backends
                 .iter()
                 .zip(picks)
+                .zip(active)
                 .zip(st)
-                .map(|((b, n), h)| BackendStatus {
+                .map(|(((b, n), open), h)| BackendStatus {
                     addr: b.addr.to_string(),
                     weight: b.weight,
                     health: match (h.checked, h.up) {
@@ -242,6 +240,7 @@ fn status(d: &Daemon, f: &Fixed, mode: &str, interrupted: bool) -> Result<Status
                     .into(),
                     changed_s: now.duration_since(h.since).as_secs_f64(),
                     connections: *n,
+                    active: *open,
                     probes: h.probes,
                     probes_failed: h.failed,
                     downs: h.downs,
@@ -517,6 +516,14 @@ pub fn exposition(r: &StatusReport) -> String {
         "Connects (and unconnected UDP sockets) sent to the backend.",
     );
     each(&mut s, n, &|b| b.connections.to_string());
+    let n = "tcpkit_balance_backend_active_connections";
+    family(
+        &mut s,
+        n,
+        "gauge",
+        "Sockets open now on the backend (sent there and not yet closed; ipvsadm's ActiveConn).",
+    );
+    each(&mut s, n, &|b| b.active.to_string());
     let n = "tcpkit_balance_backend_up";
     family(
         &mut s,

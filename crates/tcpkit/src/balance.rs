@@ -169,20 +169,37 @@ pub enum ProtocolArg {
 pub enum AlgorithmArg {
     /// Uniformly at random, independently for each connect.
     Random,
-    /// In turn (one counter per VIP shared by every CPU).
+    /// In turn (one counter per VIP shared by every CPU). ipvsadm: rr.
+    #[value(alias = "rr")]
     RoundRobin,
-    /// At random, in proportion to the backends' weights (@W).
-    Weighted,
+    /// At random, in proportion to the backends' weights (@W); `weighted` is its old name.
+    #[value(alias = "weighted")]
+    WeightedRandom,
+    /// In turn, in proportion to the weights, interleaved (smooth weighted round robin).
+    /// ipvsadm: wrr.
+    #[value(alias = "wrr")]
+    WeightedRoundRobin,
+    /// The backend with the fewest sockets open now (ties in turn). ipvsadm: lc.
+    #[value(alias = "lc")]
+    LeastConn,
+    /// The fewest open sockets per unit of weight. ipvsadm: wlc.
+    #[value(alias = "wlc")]
+    WeightedLeastConn,
     /// Maglev consistent hashing, weighted: the same --hash-key lands on the same backend
-    /// while the set is stable.
+    /// while the set is stable. ipvsadm: mh.
+    #[value(alias = "mh")]
     Maglev,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum HashKeyArg {
-    /// The socket's bound source address in its network namespace (unbound sockets of one
-    /// namespace are one client): a client keeps its backend across reconnects.
+    /// The client's address and port (IPVS mh with its port flag): the socket's bound source
+    /// address in its network namespace and its bound port; a socket with no port bound yet
+    /// (most) is placed by its cookie, each on its own.
     Client,
+    /// The client host only: the bound source address in its network namespace (unbound
+    /// sockets of one namespace are one client, all on one backend).
+    Host,
     /// The socket cookie: each socket is placed on its own.
     Cookie,
 }
@@ -195,8 +212,9 @@ pub struct RunArgs {
     pub vip: SocketAddr,
 
     /// A real server for the VIP (IP:PORT or [IPv6]:PORT, the VIP's family; its port may
-    /// differ from the VIP's), with @W a weight from 1 to 1000 (weighted, maglev); repeat for
-    /// several. With none, connect() to the VIP fails with ECONNREFUSED.
+    /// differ from the VIP's), with @W a weight from 0 to 1000 (above 1 for the weighted
+    /// algorithms and maglev; 0 drains: no new sockets go there); repeat for several. With
+    /// none, connect() to the VIP fails with ECONNREFUSED.
     #[arg(long, value_name = "IP:PORT[@W]", value_parser = backend_arg)]
     pub backend: Vec<Backend>,
 
@@ -213,6 +231,12 @@ pub struct RunArgs {
     /// What maglev hashes (--algorithm maglev; default client).
     #[arg(long, value_enum)]
     pub hash_key: Option<HashKeyArg>,
+
+    /// A client (its bound source address in its network namespace: one host) keeps its
+    /// backend for DURATION after its last connect, as ipvsadm -p; a backend that left the
+    /// set (down, drained) is replaced.
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg)]
+    pub persistent: Option<Duration>,
 
     /// Probe every backend with a TCP connect this often (from outside the balanced cgroup,
     /// so never translated); a backend failing --fall probes in a row leaves the selection
@@ -326,9 +350,11 @@ pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
             ProtocolArg::Both => Protocol::Both,
         },
         backends: a.backend.clone(),
+        persistence: a.persistent,
         algorithm: match (a.algorithm, a.hash_key) {
             (AlgorithmArg::Maglev, k) => Algorithm::Maglev(match k {
                 None | Some(HashKeyArg::Client) => HashKey::Client,
+                Some(HashKeyArg::Host) => HashKey::Host,
                 Some(HashKeyArg::Cookie) => HashKey::Cookie,
             }),
             (_, Some(_)) => {
@@ -338,7 +364,10 @@ pub fn resolve(a: &RunArgs) -> Result<RunOptions, Failure> {
             }
             (AlgorithmArg::Random, None) => Algorithm::Random,
             (AlgorithmArg::RoundRobin, None) => Algorithm::RoundRobin,
-            (AlgorithmArg::Weighted, None) => Algorithm::Weighted,
+            (AlgorithmArg::WeightedRandom, None) => Algorithm::WeightedRandom,
+            (AlgorithmArg::WeightedRoundRobin, None) => Algorithm::WeightedRoundRobin,
+            (AlgorithmArg::LeastConn, None) => Algorithm::LeastConn,
+            (AlgorithmArg::WeightedLeastConn, None) => Algorithm::WeightedLeastConn,
         },
     };
     service.check().map_err(|e| Failure::Usage(e.to_string()))?;
@@ -572,8 +601,17 @@ mod tests {
         ]);
         assert_eq!(
             resolve(&a.unwrap()).unwrap().services[0].algorithm,
-            Algorithm::Weighted
+            Algorithm::WeightedRandom
         );
+        for (name, want) in [
+            ("wrr", Algorithm::WeightedRoundRobin),
+            ("lc", Algorithm::LeastConn),
+            ("weighted-least-conn", Algorithm::WeightedLeastConn),
+            ("mh", Algorithm::Maglev(HashKey::Client)),
+        ] {
+            let a = parse(&["--vip", "198.19.0.1:80", "--algorithm", name, "--", "true"]);
+            assert_eq!(resolve(&a.unwrap()).unwrap().services[0].algorithm, want);
+        }
     }
 
     #[test]
@@ -672,7 +710,8 @@ mod tests {
         assert!(e.contains("--backend") && e.contains("weight"), "{e}");
         for bad in [
             vec!["--backend", "198.18.0.2:80@2"],
-            vec!["--backend", "198.18.0.2:80@0", "--algorithm", "weighted"],
+            vec!["--backend", "198.18.0.2:80@1001", "--algorithm", "weighted"],
+            vec!["--persistent", "0s"],
             vec!["--hash-key", "client"],
             vec!["--health-interval", "0"],
             vec!["--health-interval", "1s", "--fall", "0"],

@@ -51,6 +51,8 @@ mod edges;
 mod pin;
 mod probes;
 mod run;
+#[path = "balance_sched.rs"]
+mod sched;
 mod up;
 
 use clients::{
@@ -252,10 +254,17 @@ fn hooks_on(cg: &Path) -> Vec<String> {
     h
 }
 
-/// connect4/6 and getpeername4/6: what a TCP-only balancer attaches.
-const TCP_HOOKS: [&str; 4] = ["connect4", "connect6", "getpeername4", "getpeername6"];
+/// connect4/6, getpeername4/6 and sock_release (the active counts): what a TCP-only balancer
+/// attaches.
+const TCP_HOOKS: [&str; 5] = [
+    "connect4",
+    "connect6",
+    "getpeername4",
+    "getpeername6",
+    "sock_release",
+];
 /// Every hook: a balancer with a UDP service.
-const ALL_HOOKS: [&str; 8] = [
+const ALL_HOOKS: [&str; 9] = [
     "connect4",
     "connect6",
     "getpeername4",
@@ -264,6 +273,7 @@ const ALL_HOOKS: [&str; 8] = [
     "recvmsg6",
     "sendmsg4",
     "sendmsg6",
+    "sock_release",
 ];
 
 /// Waits (at most 10 s: programs and maps are freed after an RCU grace period) until none of
@@ -490,6 +500,19 @@ impl Client {
     }
 
     fn start(lab: &Lab, host: &Host, cg: &Cgroup, env: &str, value: &str, test: &str) -> Client {
+        Client::start_helper(lab, host, cg, env, value, helper_args(test))
+    }
+
+    /// [`Client::start`] for a helper-process test given by its arguments (`helper_args` of
+    /// its own module).
+    fn start_helper(
+        lab: &Lab,
+        host: &Host,
+        cg: &Cgroup,
+        env: &str,
+        value: &str,
+        helper: Vec<String>,
+    ) -> Client {
         static N: AtomicU64 = AtomicU64::new(0);
         let out = lab
             .dir()
@@ -497,7 +520,7 @@ impl Client {
         let exe = std::env::current_exe().unwrap();
         let kv = format!("{env}={value}");
         let mut argv = vec!["env".to_string(), kv, exe.display().to_string()];
-        argv.extend(helper_args(test));
+        argv.extend(helper);
         let child = host
             .command(&refs(&argv))
             .stdout(std::fs::File::create(&out).unwrap())

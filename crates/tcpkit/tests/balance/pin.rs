@@ -107,13 +107,14 @@ fn reload_attaches_the_udp_hooks_only_while_a_udp_service_is_configured() {
             "sendmsg4",
             "recvmsg4",
             "sendmsg6",
-            "recvmsg6"
+            "recvmsg6",
+            "sock_release"
         ])
     );
     let human = up.ask(&["status"]);
     let human = String::from_utf8_lossy(&human.stdout);
     assert!(
-        human.contains("Hooks attached: connect4 connect6 getpeername4 getpeername6 sendmsg4 recvmsg4 sendmsg6 recvmsg6\n"),
+        human.contains("Hooks attached: connect4 connect6 getpeername4 getpeername6 sendmsg4 recvmsg4 sendmsg6 recvmsg6 sock_release\n"),
         "{human}"
     );
     write_config(&config, &tcp);

@@ -144,7 +144,7 @@ fn udp_health_dns_probe_and_port_unreachable_with_a_real_unbound() {
     let up = Up::start(&lab, &cli, &config, cg.rel(), &[]);
     // UDP services: every hook is attached.
     assert_eq!(hooks_on(cg.path()), ALL_HOOKS, "{}", cg.path().display());
-    assert_eq!(up.status()["hooks"].as_array().map(Vec::len), Some(8));
+    assert_eq!(up.status()["hooks"].as_array().map(Vec::len), Some(9));
     let v = status_until(&up, 30, "both dead backends down", |v| {
         v["services"][0]["backends"][1]["health"] == "down"
             && v["services"][1]["backends"][1]["health"] == "down"

@@ -17,7 +17,7 @@ fn run_round_robin_alternates_shows_the_vip_and_leaves_nothing() {
     // alike by default), found by the kernel's own query.
     let cg = cgroup_of(p.pid());
     let (progs, maps) = attached(&cg);
-    assert_eq!(progs.len(), 8, "programs on {}: {progs:?}", cg.display());
+    assert_eq!(progs.len(), 9, "programs on {}: {progs:?}", cg.display());
     assert_eq!(hooks_on(&cg), ALL_HOOKS, "{}", cg.display());
     assert!(maps.len() >= 3, "maps {maps:?}");
     // A process outside the cgroup (this test, in the same host) is not translated: the VIP
@@ -138,7 +138,7 @@ fn nothing_stays_attached_after_sigterm_or_sigkill() {
         let cg = cgroup_of(p.pid());
         let (progs, maps) = attached(&cg);
         assert_eq!(hooks_on(&cg), TCP_HOOKS, "{}", cg.display());
-        assert_eq!(progs.len(), 4, "{}", cg.display());
+        assert_eq!(progs.len(), 5, "{}", cg.display());
         // To balance alone, not its process group: the command must learn of it from balance.
         // SAFETY: kill(2) on a child of this test, still running.
         assert_eq!(unsafe { libc::kill(p.pid() as i32, sig) }, 0);
@@ -212,7 +212,7 @@ fn go_and_end(p: &tcpkit_lab::Proc, go: &Path) -> String {
 }
 
 /// `tcpkit balance run ARGS -- client N`, to completion; the (peer, backend port) per connect.
-fn run_client(cli: &Host, args: &[String], n: usize) -> Vec<(String, u16)> {
+pub(super) fn run_client(cli: &Host, args: &[String], n: usize) -> Vec<(String, u16)> {
     let argv = argv(&refs(args), &format!("{VIP};{n};"));
     let (stdout, stderr) = output_ok(cli, &argv, "");
     let c = conns(&stdout);
@@ -237,9 +237,9 @@ fn run_weighted_and_maglev() {
     let k = c.iter().filter(|(_, p)| *p == b2.addr.port()).count();
     assert!((257..=343).contains(&k), "weight 3 of 4 got {k} of {n}");
 
-    // Maglev by client: every connect of this client (unbound sockets, one namespace) lands
-    // on the same backend, run after run while the set is the same.
-    let args = with(&["--algorithm", "maglev"], "");
+    // Maglev by client host: every connect of this client (unbound sockets, one namespace)
+    // lands on the same backend, run after run while the set is the same.
+    let args = with(&["--algorithm", "maglev", "--hash-key", "host"], "");
     let first = run_client(&cli, &args, 30);
     let again = run_client(&cli, &args, 30);
     let port = first[0].1;
@@ -535,7 +535,7 @@ fn bad_input_gives_one_line() {
         (&["--vip", "198.19.0.1:65536"], "not an IP:PORT"),
         (
             &["--vip", "198.19.0.1:80", "--backend", "198.18.0.2:80@2"],
-            "weights need",
+            "weights above 1 need",
         ),
         (
             &["--vip", "198.19.0.1:80", "--hash-key", "cookie"],

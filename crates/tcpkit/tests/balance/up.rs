@@ -27,7 +27,7 @@ fn up_balances_its_cgroup_status_shows_it_and_sigterm_detaches() {
     let (progs, maps) = attached(cg.path());
     // A TCP service: the UDP hooks are not attached, and status says which are.
     assert_eq!(hooks_on(cg.path()), TCP_HOOKS, "{}", cg.path().display());
-    assert_eq!(progs.len(), 4, "programs on {}", cg.path().display());
+    assert_eq!(progs.len(), 5, "programs on {}", cg.path().display());
     assert_eq!(up.status()["hooks"], serde_json::json!(TCP_HOOKS));
 
     // A client in the cgroup: alternating backends, getpeername the VIP.
@@ -193,7 +193,7 @@ fn up_bad_config_gives_one_line_and_attaches_nothing() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("another balance up answers there"), "{err}");
     let (progs, maps) = attached(cg.path());
-    assert_eq!(progs.len(), 4, "the second up attached");
+    assert_eq!(progs.len(), 5, "the second up attached");
     // SIGKILL: the links and maps go with the process; the socket file stays, and the next
     // up on that path finds nothing answering there and takes it over.
     let mut first = first;
