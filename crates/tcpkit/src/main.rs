@@ -77,7 +77,8 @@ enum Cmd {
     /// Print the shell completion script for SHELL on stdout
     /// (e.g. `tcpkit completions bash > /etc/bash_completion.d/tcpkit`).
     Completions(docs::CompletionsArgs),
-    /// Write the man pages (tcpkit.1 and one per subcommand, tcpkit-replay.1 ...) into DIR.
+    /// Write the man pages (tcpkit.1 and one per subcommand at every depth, tcpkit-replay.1,
+    /// tcpkit-balance-run.1 ...) into DIR/man1/, e.g. `tcpkit man /usr/local/share/man`.
     Man(docs::ManArgs),
 }
 
