@@ -21,6 +21,7 @@ mod copy_transparent_multi;
 mod docs;
 mod echo;
 mod echo_hostile;
+mod exit_rule;
 mod intercept_hostile;
 mod load;
 mod load_contract;
