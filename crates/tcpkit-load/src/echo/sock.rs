@@ -18,7 +18,7 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{FromRawFd, RawFd};
 
 use mio::net::TcpListener;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -129,7 +129,7 @@ fn inherited(cfg: &EchoConfig) -> Result<Option<Vec<(SocketAddr, Socket)>>, Echo
             .and_then(|a| a.as_socket())
             .ok_or_else(|| bad(format!("descriptor {fd} is not a TCP socket")))?;
         let listening =
-            sock.r#type().is_ok_and(|t| t == Type::STREAM) && accepts_connections(&sock);
+            sock.r#type().is_ok_and(|t| t == Type::STREAM) && sock.is_listener().unwrap_or(false);
         let expected = cfg.listen.get(i).map(SocketAddr::port);
         if !listening || expected != Some(addr.port()) {
             return Err(bad(format!(
@@ -140,22 +140,6 @@ fn inherited(cfg: &EchoConfig) -> Result<Option<Vec<(SocketAddr, Socket)>>, Echo
         out.push((addr, sock));
     }
     Ok(Some(out))
-}
-
-fn accepts_connections(sock: &Socket) -> bool {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `v`, which is that large.
-    let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ACCEPTCONN,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    r == 0 && v == 1
 }
 
 /// Binds `threads` listeners on every address of `cfg`. Returns the addresses actually bound
