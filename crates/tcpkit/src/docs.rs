@@ -30,13 +30,20 @@ const IFACE: &str = "IFACE";
 pub fn completions(a: CompletionsArgs, mut cmd: Command) -> Result<(), Failure> {
     let mut out = Vec::new();
     clap_complete::generate(a.shell, &mut cmd, "tcpkit", &mut out);
-    let mut script = String::from_utf8_lossy(&out).into_owned();
-    if a.shell == Shell::Bash {
-        cmd.build();
-        let mut flags = Vec::new();
-        iface_flags(&cmd, "tcpkit", &mut flags);
-        script = bash_interfaces(&script, &flags);
-    }
+    let script = String::from_utf8_lossy(&out).into_owned();
+    cmd.build();
+    let mut flags = Vec::new();
+    iface_flags(&cmd, "tcpkit", &mut flags);
+    let script = match a.shell {
+        Shell::Bash => bash_interfaces(&script, &flags),
+        // zsh names the value in each spec, and has the function that lists interfaces.
+        Shell::Zsh => script.replace(
+            &format!("]:{IFACE}:_default'"),
+            &format!("]:{IFACE}:_net_interfaces'"),
+        ),
+        Shell::Fish => fish_interfaces(&script, &flags),
+        _ => script,
+    };
     crate::common::print(&script);
     Ok(())
 }
@@ -85,6 +92,27 @@ fn bash_interfaces(script: &str, flags: &[(String, String)]) -> String {
             flag_case = false;
         } else {
             out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// clap_complete's fish script with each interface flag of a subcommand completing the
+/// interfaces fish lists (`__fish_print_interfaces`), never files.
+fn fish_interfaces(script: &str, flags: &[(String, String)]) -> String {
+    let mut out = String::with_capacity(script.len() + 256);
+    for line in script.lines() {
+        out.push_str(line);
+        let iface = flags.iter().any(|(path, flag)| {
+            let sub = path.strip_prefix("tcpkit__subcmd__").unwrap_or(path);
+            let long = flag.strip_prefix("--").map(|l| format!(" -l {l} "));
+            line.starts_with(&format!(
+                "complete -c tcpkit -n \"__fish_tcpkit_using_subcommand {sub}\" "
+            )) && long.is_some_and(|l| line.contains(&l))
+        });
+        if iface && line.ends_with(" -r") {
+            out.push_str(" -f -a \"(__fish_print_interfaces)\"");
         }
         out.push('\n');
     }
@@ -296,6 +324,24 @@ mod tests {
              [\\fB\\-\\-listen\\fR\\ \\fIADDR\\fR]... <\\fB\\-\\-config\\fR\\ \\fIFILE\\fR> \
              [\\fB\\-h\\fR|\\fB\\-\\-help\\fR] [\\fIPCAP\\fR]..."
         );
+    }
+
+    #[test]
+    fn fish_completes_interface_flags_with_interfaces() {
+        let script = "complete -c tcpkit -n \"__fish_tcpkit_using_subcommand replay\" -s i -l intf1 -d 'Interface' -r\n\
+                      complete -c tcpkit -n \"__fish_tcpkit_using_subcommand replay\" -s w -l write -d 'File' -r\n\
+                      complete -c tcpkit -n \"__fish_tcpkit_using_subcommand mpcat\" -s i -l intf1 -d 'x' -r\n";
+        let out = fish_interfaces(
+            script,
+            &[("tcpkit__subcmd__replay".into(), "--intf1".into())],
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].ends_with(" -r -f -a \"(__fish_print_interfaces)\""),
+            "{out}"
+        );
+        assert!(lines[1].ends_with("'File' -r"), "{out}");
+        assert!(lines[2].ends_with("'x' -r"), "{out}");
     }
 
     #[test]

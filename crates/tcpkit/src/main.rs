@@ -75,7 +75,8 @@ enum Cmd {
     /// --apply makes the changes it can.
     Tune(tune::Args),
     /// Print the shell completion script for SHELL on stdout
-    /// (e.g. `tcpkit completions bash > /etc/bash_completion.d/tcpkit`).
+    /// (e.g. `tcpkit completions bash > /etc/bash_completion.d/tcpkit`); interface flags
+    /// (replay -i, copy -i, intercept --capture) complete with the host's interfaces.
     Completions(docs::CompletionsArgs),
     /// Write the man pages (tcpkit.1 and one per subcommand at every depth, tcpkit-replay.1,
     /// tcpkit-balance-run.1 ...) into DIR/man1/, e.g. `tcpkit man /usr/local/share/man`.
