@@ -195,7 +195,7 @@ fn synopsis(cmd: &Command) -> String {
             ""
         };
         let lead = if p.is_last_set() { "\\-\\- " } else { "" };
-        parts.push(format!("{l}{lead}\\fI{}\\fR{r}{more}", roff(&name)));
+        parts.push(format!("{lead}{l}\\fI{}\\fR{r}{more}", roff(&name)));
     }
     if cmd.has_subcommands() {
         let (l, r) = if cmd.is_subcommand_required_set() {

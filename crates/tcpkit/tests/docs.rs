@@ -150,6 +150,8 @@ fn synopsis_lines_give_every_value_name() {
     let s = synopsis(dir.path(), "tcpkit-balance-up");
     assert!(s.contains("tcpkit balance up "), "{s}");
     assert!(s.contains("<--config FILE>"), "{s}");
+    let s = synopsis(dir.path(), "tcpkit-balance-run");
+    assert!(s.ends_with(" -- <CMD>..."), "{s}");
     let s = synopsis(dir.path(), "tcpkit-merge");
     assert!(s.contains("<REPORT.json>..."), "{s}");
 }
