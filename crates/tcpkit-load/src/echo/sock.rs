@@ -130,10 +130,10 @@ fn inherited(cfg: &EchoConfig) -> Result<Option<Vec<(SocketAddr, Socket)>>, Echo
             .ok_or_else(|| bad(format!("descriptor {fd} is not a TCP socket")))?;
         let listening =
             sock.r#type().is_ok_and(|t| t == Type::STREAM) && sock.is_listener().unwrap_or(false);
-        let expected = cfg.listen.get(i).map(SocketAddr::port);
-        if !listening || expected != Some(addr.port()) {
+        let port = cfg.listen.get(i).map_or(0, SocketAddr::port);
+        if !listening || addr.port() != port {
             return Err(bad(format!(
-                "descriptor {fd} is not a listener on {expected:?}"
+                "descriptor {fd} is not a listener on port {port}"
             )));
         }
         sock.set_cloexec(true).map_err(err("FD_CLOEXEC on", addr))?;
