@@ -13,6 +13,7 @@ pkgs=(
   libbpf-dev linux-libc-dev bpftool             # balance: bpf_helpers.h and linux/bpf.h for its BPF C; bpftool for the tests' kernel-side checks
   libclang-dev                                  # balance's build: bindgen reads bpf/balance.h through libclang (the Rust side of its map structs)
   time util-linux                               # /usr/bin/time for peak memory; prlimit
+  man-db                                        # man: the tests read tcpkit man's pages as a user would (man -w, rendering)
   redis-server nginx unbound dnsperf wrk        # real servers and load peers for tests and benchmarks
   iperf3 socat mptcpize                         # bench mpcat: its peers (one stream, iperf3 -P 4, MPTCP through mptcpize)
 )

@@ -29,12 +29,17 @@ pub enum MergeError {
     Version { path: String, found: u32 },
     #[error("{what}")]
     Histogram {
+        /// The report's number, from 1.
+        report: usize,
         what: String,
         #[source]
         source: tcpkit_stats::HistDecodeError,
     },
     #[error("{path}: larger than {MAX_REPORT} bytes, not a load report")]
     TooBig { path: String },
+    /// Another command's report: named for what it is, with what merge takes.
+    #[error("{path}: a `tcpkit {kind} --json` report, not a load report: merge takes the reports of `tcpkit load --json`")]
+    OtherReport { path: String, kind: &'static str },
     /// A field merge sums, absent: a report that lacks it cannot be summed honestly.
     #[error("{path}: no `{field}` field: not a complete tcpkit load --json report")]
     Missing { path: String, field: &'static str },
@@ -57,6 +62,19 @@ pub enum MergeError {
         second: String,
         id: String,
     },
+}
+
+impl MergeError {
+    /// The index (from 0) of the report an error of [`merge_reports`] is about, so that the
+    /// caller can name the file it was read from.
+    pub fn report(&self) -> Option<usize> {
+        match self {
+            MergeError::Histogram { report, .. }
+            | MergeError::Overflow { report, .. }
+            | MergeError::BadRate { report, .. } => report.checked_sub(1),
+            _ => None,
+        }
+    }
 }
 
 /// The runs inside a report: its own id, or the ids it was merged from.
@@ -122,6 +140,26 @@ const REQUIRED: &[(&str, &str, &str)] = &[
     ("failure", "", "failure"),
     ("rates", "asked_qps", "rates.asked_qps"),
 ];
+
+/// A field only one other command's `--json` report has (docs/schema/), and that command: a
+/// load report has none of them.
+const OTHER_REPORTS: &[(&str, &str)] = &[
+    ("loops_completed", "replay"),
+    ("copies_per_session", "copy"),
+    ("copies_connected", "intercept"),
+    ("chunk_size", "mpcat"),
+    ("fd_limit", "echo"),
+    ("procs_needed", "tune"),
+    ("getpeername_vip", "balance"),
+];
+
+/// Which other tcpkit command wrote the document `v`, if one did.
+fn other_kind(v: &serde_json::Value) -> Option<&'static str> {
+    OTHER_REPORTS
+        .iter()
+        .find(|(field, _)| v.get(field).is_some())
+        .map(|&(_, kind)| kind)
+}
 
 /// `s` with control characters (escape sequences, NUL, title changes) written out as `\u{..}`,
 /// so a report string printed to a terminal shows what it holds instead of doing it.
@@ -192,6 +230,12 @@ pub fn report_from_slice(p: &str, text: &[u8]) -> Result<LoadReport, MergeError>
         source: e,
     };
     let v: serde_json::Value = serde_json::from_slice(text).map_err(parse)?;
+    if let Some(kind) = other_kind(&v) {
+        return Err(MergeError::OtherReport {
+            path: p.to_string(),
+            kind,
+        });
+    }
     if let Some(found) = v.get("schema_version").and_then(|x| x.as_u64()) {
         if found != u64::from(LOAD_SCHEMA_VERSION) {
             return Err(MergeError::Version {
@@ -280,6 +324,7 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
         };
         let decode = |text: &str, which: &str| {
             Histogram::from_base64(text).map_err(|e| MergeError::Histogram {
+                report: i + 1,
                 what: format!("report {} ({}): {which} histogram", i + 1, r.target),
                 source: e,
             })

@@ -122,6 +122,7 @@ pub fn run(cfg: &TuneConfig, apply: bool, root: &Path) -> TuneReport {
         config: *cfg,
         found,
         applied,
+        json: false,
     }
 }
 

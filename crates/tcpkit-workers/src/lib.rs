@@ -12,6 +12,7 @@
 use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, BufRead, BufReader};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,6 +67,17 @@ impl fmt::Display for WorkerId {
     }
 }
 
+/// Descriptors handed to one worker across its exec ([`Workers::start_passing`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Pass<'a> {
+    /// The worker (its K) that gets them.
+    pub worker: u32,
+    /// The descriptors; the caller keeps them open until `start_passing` returns.
+    pub fds: &'a [BorrowedFd<'a>],
+    /// The environment variable that names them to the worker.
+    pub var: &'a str,
+}
+
 /// The workers' stdins, in start order; `None` once the job took (closed) one.
 pub type Stdins = [Option<ChildStdin>];
 
@@ -115,6 +127,19 @@ impl Workers {
         args: &[OsString],
         ids: impl IntoIterator<Item = WorkerId>,
     ) -> Result<Workers, StartError> {
+        Self::start_passing(exe, args, ids, None)
+    }
+
+    /// [`Workers::start`], handing `pass.fds` to worker `pass.worker` across its exec: they
+    /// stay open in it under the same numbers (every other descriptor is close-on-exec, and
+    /// these stay so in the parent and in the other workers), and `pass.var` names them to it,
+    /// comma-separated (as nginx names the listeners it hands to a new binary).
+    pub fn start_passing(
+        exe: &Path,
+        args: &[OsString],
+        ids: impl IntoIterator<Item = WorkerId>,
+        pass: Option<Pass<'_>>,
+    ) -> Result<Workers, StartError> {
         let mut w = Workers {
             ids: Vec::new(),
             children: Vec::new(),
@@ -127,12 +152,31 @@ impl Workers {
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit());
-            // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+            let keep: Vec<RawFd> = match pass {
+                Some(p) if p.worker == id.k => {
+                    let fds: Vec<RawFd> = p.fds.iter().map(AsRawFd::as_raw_fd).collect();
+                    let list: Vec<String> = fds.iter().map(ToString::to_string).collect();
+                    cmd.env(p.var, list.join(","));
+                    fds
+                }
+                _ => Vec::new(),
+            };
+            // SAFETY: prctl and fcntl are async-signal-safe, and `keep` was allocated before
+            // the fork; nothing else runs between fork and exec.
             unsafe {
                 use std::os::unix::process::CommandExt;
-                cmd.pre_exec(|| {
+                cmd.pre_exec(move || {
                     // A worker must not outlive a parent that was killed outright.
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                    // In this child only (its descriptor table is its own after the fork).
+                    for &fd in &keep {
+                        let flags = libc::fcntl(fd, libc::F_GETFD);
+                        if flags < 0
+                            || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
+                        {
+                            return Err(io::Error::last_os_error());
+                        }
+                    }
                     Ok(())
                 });
             }
@@ -357,6 +401,46 @@ mod tests {
         );
         assert!(exits.iter().all(|e| e.status.as_ref().unwrap().success()));
         assert_eq!(stopped.load(Ordering::SeqCst), 2);
+    }
+
+    /// A passed descriptor is open in its worker only, which is told its number; the others
+    /// and the parent keep it close-on-exec.
+    #[test]
+    fn a_passed_descriptor_reaches_its_worker_only() {
+        use std::os::fd::AsFd;
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let fd = file.as_raw_fd();
+        let script = format!(
+            "if [ -e /proc/self/fd/{fd} ]; then echo \"$2 open ${{PASSED:-unnamed}}\"; else echo \"$2 closed ${{PASSED:-unnamed}}\"; fi"
+        );
+        let args: Vec<OsString> = ["-c", &script, "sh"].iter().map(OsString::from).collect();
+        let fds = [file.as_fd()];
+        let pass = Pass {
+            worker: 1,
+            fds: &fds,
+            var: "PASSED",
+        };
+        let w = Workers::start_passing(Path::new("/bin/sh"), &args, ids(2), Some(pass)).unwrap();
+        let lines = Mutex::new(Vec::new());
+        let exits = w.run(
+            &AtomicBool::new(false),
+            &|_, l| lines.lock().unwrap().push(l.to_string()),
+            &mut |_, _| {},
+        );
+        assert!(exits.iter().all(|e| e.status.as_ref().unwrap().success()));
+        let mut l = lines.into_inner().unwrap();
+        l.sort();
+        assert_eq!(
+            l,
+            vec!["0/2 closed unnamed".to_string(), format!("1/2 open {fd}")]
+        );
+        // SAFETY: F_GETFD only reads the descriptor table.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert_eq!(
+            flags & libc::FD_CLOEXEC,
+            libc::FD_CLOEXEC,
+            "the parent's copy"
+        );
     }
 
     #[test]

@@ -2,11 +2,16 @@
 //! `--json`, `--quiet`) and their one parser, the one signal handler, the error-chain printer,
 //! and the tail every job ends with (summary or JSON on stdout, verdict → exit status).
 //!
-//! Exit status: 0 the run did what was asked; 1 it did not (the reason is the last line on
-//! stderr); 2 a usage error (the flag is named). With `--json`, stdout holds one JSON document
-//! and nothing else: live lines and hints go to stderr.
+//! Exit status, decided here and nowhere else ([`exit`], [`usage_exit`]): 0 the run did what
+//! was asked; 1 the run started and did not, or the environment refused it (interface down,
+//! port in use, peer refused, data found bad mid-run): the reason is the last line on stderr;
+//! 2 a usage error: the command line is wrong, or a file it names cannot be used as given
+//! (missing, unreadable, wrong mode, not the expected format), one line naming the flag and
+//! file, nothing run. With `--json`, stdout holds one JSON document and nothing else: live
+//! lines and hints go to stderr.
 
 use std::io::Write;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -15,8 +20,61 @@ use tcpkit_stats::{Report, Verdict};
 /// How a job failed: one line on stderr, exit 2 for usage, 1 at runtime.
 #[derive(Debug)]
 pub(crate) enum Failure {
+    /// The command line is wrong, or a file it names cannot be used as given: exit 2.
     Usage(String),
+    /// The run started and fell short, or the environment refused it: exit 1.
     Runtime(String),
+}
+
+/// A usage error's exit status (as clap, getopt and the peers' tools give it).
+pub(crate) const EXIT_USAGE: u8 = 2;
+/// A run that did not do what was asked.
+pub(crate) const EXIT_FAILED: u8 = 1;
+
+impl Failure {
+    /// The exit status this failure gives: README's rule, in this one place.
+    pub(crate) fn code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => EXIT_USAGE,
+            Failure::Runtime(_) => EXIT_FAILED,
+        }
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Failure::Usage(m) | Failure::Runtime(m) => m,
+        }
+    }
+}
+
+/// A job's end: its failure, if any, as the one line `tcpkit NAME: <why>` on stderr, and the
+/// exit status.
+pub(crate) fn exit(name: &str, result: Result<(), Failure>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("tcpkit {name}: {}", f.message());
+            ExitCode::from(f.code())
+        }
+    }
+}
+
+/// What clap refused, as one line on stderr and the usage exit status: clap's message up to
+/// its usage block, folded onto one line, named after the subcommand `sub` when it is known.
+pub(crate) fn usage_exit(e: &clap::Error, sub: Option<&str>) -> ExitCode {
+    let text = e.to_string();
+    let what: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.is_empty() && !l.starts_with("Usage:"))
+        .collect();
+    let what = what.join(" ");
+    let first = what.strip_prefix("error: ").unwrap_or(&what);
+    match sub {
+        Some(c) => eprintln!("tcpkit {c}: {first} (see 'tcpkit {c} --help')"),
+        None => eprintln!("tcpkit: {first} (see 'tcpkit --help')"),
+    }
+    ExitCode::from(EXIT_USAGE)
 }
 
 /// How long a run lasts and what it shows while it runs; flattened into every job that runs
@@ -146,9 +204,7 @@ pub(crate) fn resolved<A: clap::Parser, T>(
     resolve: impl FnOnce(&A) -> Result<T, Failure>,
 ) -> Result<T, String> {
     let a = A::try_parse_from(argv).map_err(|e| e.to_string())?;
-    resolve(&a).map_err(|f| match f {
-        Failure::Usage(m) | Failure::Runtime(m) => m,
-    })
+    resolve(&a).map_err(|f| f.message().to_string())
 }
 
 #[cfg(test)]

@@ -28,6 +28,8 @@ pub struct Args {
     pub listen: Vec<String>,
 
     /// Event-loop threads, each with its own SO_REUSEPORT listener (default: one per core).
+    /// Only this echo's listeners share the port: a port another process listens on (another
+    /// echo included) is refused, exit 1.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
 
@@ -205,7 +207,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::Runtime(format!("find own executable for --procs: {e}")))?;
         let argv: Vec<_> = std::env::args_os().skip(1).collect();
-        echo::procs::run_workers(&exe, &argv, run.procs, interrupt)
+        echo::procs::run_workers(&cfg, &exe, &argv, run.procs, interrupt)
             .map_err(|e| Failure::Runtime(crate::chain(&e)))?
     } else {
         serve(&cfg, &run, interrupt)?

@@ -75,9 +75,11 @@ enum Cmd {
     /// --apply makes the changes it can.
     Tune(tune::Args),
     /// Print the shell completion script for SHELL on stdout
-    /// (e.g. `tcpkit completions bash > /etc/bash_completion.d/tcpkit`).
+    /// (e.g. `tcpkit completions bash > /etc/bash_completion.d/tcpkit`); interface flags
+    /// (replay -i, copy -i, intercept --capture) complete with the host's interfaces.
     Completions(docs::CompletionsArgs),
-    /// Write the man pages (tcpkit.1 and one per subcommand, tcpkit-replay.1 ...) into DIR.
+    /// Write the man pages (tcpkit.1 and one per subcommand at every depth, tcpkit-replay.1,
+    /// tcpkit-balance-run.1 ...) into DIR/man1/, e.g. `tcpkit man /usr/local/share/man`.
     Man(docs::ManArgs),
 }
 
@@ -89,23 +91,9 @@ fn main() -> ExitCode {
         // --help and --version are not errors: clap prints them as it always does.
         Err(e) if !e.use_stderr() => e.exit(),
         Err(e) => {
-            // One line, as every other error: "tcpkit <cmd>: <what was wrong>".
             let known = |a: &String| Cli::command().get_subcommands().any(|c| c.get_name() == a);
-            let cmd = std::env::args().nth(1).filter(known);
-            // clap's message up to its usage block, folded onto one line.
-            let text = e.to_string();
-            let what: Vec<&str> = text
-                .lines()
-                .map(str::trim)
-                .take_while(|l| !l.is_empty() && !l.starts_with("Usage:"))
-                .collect();
-            let what = what.join(" ");
-            let first = what.strip_prefix("error: ").unwrap_or(&what);
-            match cmd {
-                Some(c) => eprintln!("tcpkit {c}: {first} (see 'tcpkit {c} --help')"),
-                None => eprintln!("tcpkit: {first} (see 'tcpkit --help')"),
-            }
-            return ExitCode::from(2);
+            let sub = std::env::args().nth(1).filter(known);
+            return common::usage_exit(&e, sub.as_deref());
         }
     };
     // A worker process (--procs) gets a terminal's Ctrl-C from its process group and again
@@ -131,17 +119,7 @@ fn main() -> ExitCode {
         Cmd::Completions(args) => ("completions", docs::completions(args, Cli::command())),
         Cmd::Man(args) => ("man", docs::man(args, Cli::command())),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Usage(msg)) => {
-            eprintln!("tcpkit {name}: {msg}");
-            ExitCode::from(2)
-        }
-        Err(Failure::Runtime(msg)) => {
-            eprintln!("tcpkit {name}: {msg}");
-            ExitCode::from(1)
-        }
-    }
+    common::exit(name, result)
 }
 
 #[cfg(test)]

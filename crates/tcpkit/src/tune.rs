@@ -81,7 +81,8 @@ pub fn resolve(a: &Args) -> Result<(TuneConfig, Run), Failure> {
 
 pub fn main(args: Args) -> Result<(), Failure> {
     let (cfg, run) = resolve(&args)?;
-    let report = tune::run(&cfg, run.apply, Path::new(tune::PROC_SYS));
+    let mut report = tune::run(&cfg, run.apply, Path::new(tune::PROC_SYS));
+    report.json = args.out.json;
     common::finish(&report, &args.out)
 }
 

@@ -317,7 +317,7 @@ fn completions_and_man_pages_are_generated() {
         "tcpkit-copy",
         "tcpkit-echo",
     ] {
-        let mut f = std::fs::File::open(dir.path().join(format!("{page}.1"))).unwrap();
+        let mut f = std::fs::File::open(dir.path().join("man1").join(format!("{page}.1"))).unwrap();
         let mut t = String::new();
         f.read_to_string(&mut t).unwrap();
         assert!(t.starts_with(".ie") || t.contains(".TH"), "{page}: {t}");
@@ -326,7 +326,7 @@ fn completions_and_man_pages_are_generated() {
         .args(["man", "/proc/nope"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(
         text(&o.stderr).starts_with("tcpkit man: /proc/nope"),
         "{}",

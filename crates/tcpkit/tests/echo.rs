@@ -24,6 +24,7 @@ struct Echo {
     /// Held for its drop: stops the server and removes the namespaces.
     _lab: Lab,
     cli: Host,
+    srv: Host,
     proc: Proc,
 }
 
@@ -54,6 +55,7 @@ fn start_with(tag: &str, prefix: &[&str], args: &[&str]) -> Echo {
     Echo {
         _lab: lab,
         cli,
+        srv: srv_host,
         proc,
     }
 }
@@ -618,6 +620,70 @@ fn a_port_in_use_is_a_one_line_runtime_error() {
         err.trim_end(),
         "tcpkit echo: bind 198.18.0.2:4242: Address already in use (os error 98)"
     );
+}
+
+/// Issue 24, item 8: a second `echo` on a port already in use started and silently took part
+/// of the connections (57/43): every listener set SO_REUSEPORT, and the kernel lets any socket
+/// of the same user join such a group. Now only one echo's own listeners share a port: a second
+/// echo, of one process or several, exits 1 at once with the one line nc and nginx would give,
+/// and the first, of one process or several, serves every connection.
+#[test]
+fn a_second_echo_on_a_port_in_use_is_refused_and_the_first_serves_every_connection() {
+    let firsts: [(&str, &[&str]); 2] = [
+        ("echotwice", &["--threads", "2"]),
+        ("echotwicep", &["--procs", "2", "--threads", "2"]),
+    ];
+    for (tag, first) in firsts {
+        let mut args = first.to_vec();
+        args.extend_from_slice(&["--json", "--stats", "0.2"]);
+        let e = start(tag, &args);
+        if first.contains(&"--procs") {
+            // Both workers listening: each has printed a stats line.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !(e.proc.log().contains("s] worker 0/2 ")
+                && e.proc.log().contains("s] worker 1/2 "))
+            {
+                assert!(Instant::now() < deadline, "workers: {}", e.proc.log());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        for second in [
+            &["--threads", "2"][..],
+            &["--procs", "2", "--threads", "1"][..],
+        ] {
+            let mut argv = vec![tcpkit(), "echo"];
+            argv.extend_from_slice(second);
+            argv.extend_from_slice(&["--duration", "3"]);
+            let t = Instant::now();
+            let out = e.srv.command(&argv).output().unwrap();
+            let took = t.elapsed();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "{first:?} then {second:?}: {err}"
+            );
+            assert_eq!(
+                err.trim_end(),
+                "tcpkit echo: bind [::]:4242: Address already in use (os error 98)",
+                "{first:?} then {second:?}"
+            );
+            assert!(out.stdout.is_empty(), "{first:?} then {second:?}");
+            assert!(
+                took < Duration::from_secs(2),
+                "{first:?} then {second:?}: refused after {took:?}"
+            );
+        }
+        e.cli.enter(|| {
+            for i in 0..100u32 {
+                let mut c = TcpStream::connect(srv(4242)).unwrap();
+                roundtrip(&mut c, &i.to_be_bytes());
+            }
+        });
+        let j = e.stop_json();
+        assert_eq!(j["accepted"], 100 + PROBES, "{first:?}: {j}");
+        assert_eq!(j["bytes_out"], 400, "{first:?}");
+    }
 }
 
 #[test]

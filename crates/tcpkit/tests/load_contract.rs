@@ -308,7 +308,8 @@ fn issue_10_case_11_merge_refuses_the_same_run_twice() {
     std::fs::copy(&a, &b).unwrap();
     for files in [[&a, &a], [&a, &b]] {
         let o = merge(&[files[0], files[1]]);
-        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        // The files named cannot be used as given: a usage error (issue 24, item 15).
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         assert!(o.stdout.is_empty(), "{}", stdout(&o));
         let e = stderr(&o);
         assert_eq!(e.lines().count(), 1, "{e}");
@@ -341,7 +342,7 @@ fn issue_10_case_11_merge_refuses_the_same_run_twice() {
     let mp = dir.path().join("m.json");
     std::fs::write(&mp, &o.stdout).unwrap();
     let o = merge(&[&mp, &c]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("same run"), "{}", stderr(&o));
 }
 

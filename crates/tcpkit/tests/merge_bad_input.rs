@@ -1,5 +1,6 @@
 //! Issue 11: `tcpkit merge` reads report files anyone can write. Each hostile one gets one
-//! line on stderr and exit 1, in bounded time and memory (the process runs under a 512 MiB
+//! line on stderr naming it and exit 2 (a file that cannot be used as given, issue 24 item 15),
+//! in bounded time and memory (the process runs under a 512 MiB
 //! address-space limit, so an allocation sized by the file instead of its bytes aborts it),
 //! never a wrapped count, a hang or bytes sent to the terminal.
 
@@ -39,10 +40,12 @@ fn merge(files: &[&Path], json: bool) -> Run {
     }
 }
 
-/// Exit 1, one line starting `tcpkit merge: ` holding every one of `says`, within 10 s.
+/// Exit 2 (the file cannot be used as given), one line starting `tcpkit merge: ` holding
+/// every one of `says`, within 10 s, nothing on stdout.
 fn assert_refused(r: &Run, says: &[&str]) {
     assert!(!r.stderr.contains("panicked"), "panic: {}", r.stderr);
-    assert_eq!(r.code, Some(1), "exit status; stderr: {}", r.stderr);
+    assert_eq!(r.code, Some(2), "exit status; stderr: {}", r.stderr);
+    assert_eq!(r.stdout, "", "stdout");
     assert_eq!(r.stderr.lines().count(), 1, "one line:\n{}", r.stderr);
     assert!(r.stderr.starts_with("tcpkit merge: "), "{}", r.stderr);
     for s in says {
@@ -213,4 +216,45 @@ fn many_hints_merge_in_linear_time() {
     assert!(r.took < Duration::from_secs(5), "took {:?}", r.took);
     let m: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(m["hints"].as_array().unwrap().len(), 300_000);
+}
+
+/// Issue 24, item 18: a replay (or tune) report given to merge was refused for lacking
+/// `per_query`; it is refused for what it is: the kind of report it got, and what merge takes.
+#[test]
+fn another_commands_report_is_named_for_what_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let replay = dir.path().join("replay.json");
+    let out = Command::new(tcpkit())
+        .args(["replay", "--json", "-w"])
+        .arg(dir.path().join("out.pcap"))
+        .arg(common::testdata("trex-http_get.pcap"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&replay, &out.stdout).unwrap();
+    let tune = dir.path().join("tune.json");
+    // tune only reads this host's settings; its verdict does not matter here.
+    let out = Command::new(tcpkit())
+        .args(["tune", "--role", "server", "--connections", "10", "--json"])
+        .output()
+        .unwrap();
+    std::fs::write(&tune, &out.stdout).unwrap();
+    for (file, kind) in [(&replay, "replay"), (&tune, "tune")] {
+        let r = merge(&[file], false);
+        assert_refused(
+            &r,
+            &[
+                &format!(
+                    "{}: a `tcpkit {kind} --json` report, not a load report",
+                    file.display()
+                ),
+                "merge takes the reports of `tcpkit load --json`",
+            ],
+        );
+        assert!(!r.stderr.contains("per_query"), "{}", r.stderr);
+    }
 }

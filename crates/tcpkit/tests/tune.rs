@@ -303,3 +303,38 @@ fn bad_flags_are_one_line_and_exit_2() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// Issue 24, item 18: with --json, stdout is one document and nothing is "above": the commands
+/// to run are in the document (`commands`), and the line on stderr says where to find them.
+/// Without --json the summary still lists them above that line.
+#[test]
+fn with_json_the_commands_are_in_the_document_and_nothing_says_above() {
+    let (_lab, h) = host("tuneabove");
+    h.sysctl("net.core.somaxconn", "64").unwrap();
+    let o = tune(&h, &["--role", "server", "--connections", "1000", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let j = json(&o);
+    assert_eq!(
+        j["commands"],
+        serde_json::json!(["sysctl -w net.core.somaxconn=1000"]),
+        "{j}"
+    );
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!err.contains("above"), "{err}");
+    assert!(
+        err.contains(
+            "1 setting needs a change (net.core.somaxconn): run the report's `commands` or tcpkit tune --apply"
+        ),
+        "{err}"
+    );
+    let verdict = j["verdict"].as_str().unwrap();
+    assert!(!verdict.contains("above"), "{verdict}");
+
+    let o = tune(&h, &["--role", "server", "--connections", "1000"]);
+    assert!(
+        stderr(&o).contains("(net.core.somaxconn): run the commands above or tcpkit tune --apply"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -1,4 +1,6 @@
 //! `--procs N`: the server as N worker processes sharing the port through `SO_REUSEPORT`.
+//! The parent claims the port first and hands its claim to worker 0 ([`super::sock`]), so the
+//! workers share it with each other and with no one else.
 //!
 //! One process cannot hold more connections than its RLIMIT_NOFILE, and a container's hard
 //! limit (20,000 here) cannot be raised from inside. So the parent re-executes itself N times
@@ -13,28 +15,45 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
-use tcpkit_workers::{WorkerId, Workers};
+use std::os::fd::AsFd;
 
-use super::{EchoError, EchoReport};
+use tcpkit_workers::{Pass, WorkerId, Workers};
 
-/// Runs `exe args... --worker K/N` for K in 0..N and returns their merged report. `stop` set
-/// (by SIGINT/SIGTERM) is forwarded to the workers as SIGTERM. A worker that fails stops the
-/// others and fails the run (its own error line is already on stderr, which workers inherit).
+use super::{sock, EchoConfig, EchoError, EchoReport};
+
+/// Claims the addresses of `cfg`, then runs `exe args... --worker K/N` for K in 0..N and
+/// returns their merged report. A port in use is refused here, before any worker starts.
+/// `stop` set (by SIGINT/SIGTERM) is forwarded to the workers as SIGTERM. A worker that fails
+/// stops the others and fails the run (its own error line is already on stderr, which workers
+/// inherit).
 pub fn run_workers(
+    cfg: &EchoConfig,
     exe: &Path,
     args: &[OsString],
     procs: u32,
     stop: &AtomicBool,
 ) -> Result<EchoReport, EchoError> {
+    let claims = sock::claim_all(cfg)?;
     let ids = (0..procs).map(|k| WorkerId {
         k,
         n: procs,
         threads: None,
     });
-    let workers = Workers::start(exe, args, ids).map_err(|e| EchoError::Worker {
-        worker: e.id.to_string(),
-        why: format!("start {}: {}", exe.display(), e.source),
-    })?;
+    let fds: Vec<_> = claims.iter().map(|(_, s)| s.as_fd()).collect();
+    let pass = Pass {
+        worker: 0,
+        fds: &fds,
+        var: sock::INHERITED_ENV,
+    };
+    let workers =
+        Workers::start_passing(exe, args, ids, Some(pass)).map_err(|e| EchoError::Worker {
+            worker: e.id.to_string(),
+            why: format!("start {}: {}", exe.display(), e.source),
+        })?;
+    // Worker 0 holds the claims now: a copy here would keep a listener open, its queue
+    // filling, if worker 0 died.
+    drop(fds);
+    drop(claims);
     let ids = workers.ids().to_vec();
     let lines: Mutex<Vec<Option<String>>> = Mutex::new(vec![None; ids.len()]);
     let exits = workers.run(

@@ -18,6 +18,9 @@ pub struct TuneReport {
     pub found: Evaluation,
     /// `--apply`: the changes made, those not made, and the checks read again afterwards.
     pub applied: Option<(Vec<Applied>, Vec<NotApplied>, Evaluation)>,
+    /// Given as JSON (`--json`): the last line points into the document, since no lines are
+    /// printed above it.
+    pub json: bool,
 }
 
 /// One setting's line: `STATUS setting = current, want wanted: why; run: command`.
@@ -113,6 +116,16 @@ impl TuneReport {
         self.last().changes()
     }
 
+    /// The commands that make the changes still needed, in the order of the checks.
+    pub fn commands(&self) -> Vec<&str> {
+        self.last()
+            .checks
+            .iter()
+            .filter(|c| c.status == Status::Change)
+            .filter_map(|c| c.command.as_deref())
+            .collect()
+    }
+
     /// The report's last line.
     pub fn last_line(&self) -> String {
         let e = self.last();
@@ -139,10 +152,11 @@ impl TuneReport {
             } else {
                 format!("{} {verb}", settings(changes))
             };
-            let how = if self.applied.is_some() {
-                "see why above"
-            } else {
-                "run the commands above or tcpkit tune --apply"
+            let how = match (self.applied.is_some(), self.json) {
+                (true, false) => "see why above",
+                (true, true) => "see why in the report's `not_applied`",
+                (false, false) => "run the commands above or tcpkit tune --apply",
+                (false, true) => "run the report's `commands` or tcpkit tune --apply",
             };
             format!(
                 "not ready for {what}: {lead} a change ({}): {how}",
@@ -223,6 +237,7 @@ impl Report for TuneReport {
             "not_applied": not_applied,
             "after_apply": after,
             "changes_needed": self.last().changes(),
+            "commands": self.commands(),
             "verdict": self.last_line(),
         })
         .to_string()
@@ -287,6 +302,7 @@ mod tests {
             },
             found: eval(vec![somaxconn(Status::Change, "128")], 1),
             applied,
+            json: false,
         }
     }
 
@@ -339,6 +355,31 @@ mod tests {
         );
     }
 
+    /// Issue 24, item 18: with --json nothing is printed above the last line, so it points
+    /// into the document instead.
+    #[test]
+    fn with_json_the_last_line_points_into_the_document() {
+        let mut r = report(None);
+        r.json = true;
+        assert_eq!(
+            r.verdict(),
+            Verdict::Failed(
+                "not ready for 1000 server connections: 1 setting needs a change (net.core.somaxconn): run the report's `commands` or tcpkit tune --apply".into()
+            )
+        );
+        let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(v["commands"], json!(["sysctl -w net.core.somaxconn=65535"]));
+        let still = eval(vec![somaxconn(Status::Change, "128")], 1);
+        let mut r = report(Some((vec![], vec![], still)));
+        r.json = true;
+        assert!(r.last_line().ends_with(
+            "still needs a change (net.core.somaxconn): see why in the report's `not_applied`"
+        ));
+        let after = eval(vec![somaxconn(Status::Ok, "65535")], 1);
+        let r = report(Some((vec![], vec![], after)));
+        assert_eq!(r.commands(), Vec::<&str>::new());
+    }
+
     #[test]
     fn json_fields() {
         let f = Facts::fixture(&[("net.core.somaxconn", "128")]);
@@ -351,6 +392,7 @@ mod tests {
             config: cfg,
             found: crate::tune::evaluate(&cfg, &f),
             applied: None,
+            json: false,
         };
         let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
         assert_eq!(v["schema_version"], 1);

@@ -377,7 +377,8 @@ fn merge_of_a_failed_run_exits_1_with_its_reason() {
     assert_eq!(u(&m, "runs"), 2);
     // One good run given twice is not two good runs (issue 10, case 11).
     let o = merge(&[&gp, &gp]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    // The files named cannot be used as given: exit 2 (issue 24, item 15).
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
     assert!(stderr(&o).contains("are the same run"), "{}", stderr(&o));
 }

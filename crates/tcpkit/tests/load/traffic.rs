@@ -375,9 +375,9 @@ fn json_report_matches_the_committed_schema_and_merges() {
     let text = stdout(&o);
     assert!(text.contains("2 runs merged"), "{text}");
     assert!(text.contains(" 99.000%"), "{text}");
-    // Not a report: one line naming the file.
+    // Not a report: one line naming the file, exit 2 (issue 24, item 15).
     let o = merge_as(&[&hlog], &[]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert!(
         e.starts_with("tcpkit merge: ") && e.contains("h.hlog") && e.lines().count() == 1,
