@@ -99,14 +99,8 @@ fn down_refuses_while_up_holds_the_pins_and_status_reads_the_kernel() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(
-        hooks_on(cg.path()),
-        ["connect6", "getpeername4", "getpeername6"]
-    );
-    assert_eq!(
-        up.status()["hooks"],
-        serde_json::json!(["connect6", "getpeername4", "getpeername6"])
-    );
+    assert_eq!(hooks_on(cg.path()), TCP_HOOKS[1..]);
+    assert_eq!(up.status()["hooks"], serde_json::json!(TCP_HOOKS[1..]));
 
     // Once the up is gone (SIGKILL frees its lock too), down does its work.
     up.signal(libc::SIGKILL);
@@ -144,7 +138,7 @@ fn a_second_up_on_the_same_cgroup_and_vip_is_refused_naming_the_first() {
         &rr_config(&[b1.addr], false).replace(VIP, "198.19.0.1:7000"),
     );
     let third = Up::start(&lab, &cli, &other, cg.rel(), &[]);
-    assert_eq!(attached(cg.path()).0.len(), 8);
+    assert_eq!(attached(cg.path()).0.len(), 2 * TCP_HOOKS.len());
     drop(third);
     drop(first);
     // Two started at the same moment: one runs, the other is refused.
@@ -187,7 +181,7 @@ fn a_second_up_on_the_same_cgroup_and_vip_is_refused_naming_the_first() {
         }
     }
     assert_eq!((ready, out), (1, 1));
-    assert_eq!(attached(cg.path()).0.len(), 4);
+    assert_eq!(attached(cg.path()).0.len(), TCP_HOOKS.len());
 }
 
 #[test]
