@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::report::{
-    DeviceStats, FlowStats, IfDelta, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
+    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
 };
 use tcpkit_pace::{now_ns, Pacer, Rate, Schedule};
 use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter};
@@ -15,7 +15,8 @@ use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters,
 use tcpkit_stats::plot::{Sample, Timeline};
 use tcpkit_stats::{chain, FlowTable, Histogram, LiveCounters};
 use tcpkit_wire::{
-    flow_key, shard_hash, to_ethernet, unique_ip, FlowKey, LinkType, MacAddr, Rewriter,
+    flow_class, shard_hash, to_ethernet, unique_ip, FlowClass, FlowKey, LinkType, MacAddr,
+    RewriteOutcome, Rewriter, Uncut,
 };
 
 use crate::config::{Config, Output};
@@ -170,6 +171,7 @@ pub fn run_with_tap(
     };
 
     let threads = cfg.threads.max(1);
+    live.senders.store(threads as u64, Ordering::Relaxed);
     let mut sinks: Vec<Box<dyn Sink + Send>> = Vec::with_capacity(threads);
     for _ in 0..threads {
         sinks.push(match &cfg.output {
@@ -232,6 +234,7 @@ fn report(
     let mut dev = SendCounters::default();
     let mut hist = Histogram::new();
     let (mut flows, mut flow_packets, mut non_flow, mut conns) = (0, 0, 0, 0);
+    let (mut invalid, mut mtu) = (0, MtuCounts::default());
     let mut last_send = 0u64;
     let (mut eth_added, mut loops, mut virt_ns) = (0, u64::MAX, 0);
     let mut error = None;
@@ -255,6 +258,8 @@ fn report(
         flow_packets += r.flows.flow_packets;
         non_flow += r.flows.non_flow_packets;
         conns += r.flows.connections;
+        invalid += r.invalid;
+        mtu.add(&r.mtu);
         last_send = last_send.max(r.last_send_ns);
         eth_added += r.eth_added;
         loops = loops.min(r.loops_completed);
@@ -297,7 +302,14 @@ fn report(
         stopped_by = Some(chain(e));
     }
     let paced = !matches!(cfg.rate, Rate::Topspeed) && !dry_run;
-    let failure = failure(&dev, dry_run, &out_name, if_mtu);
+    let failure = failure(
+        &dev,
+        dry_run,
+        &out_name,
+        if_mtu,
+        cfg.rewrite.mtu_trunc,
+        &mtu,
+    );
     let report = ReplayReport {
         schema_version: REPLAY_SCHEMA_VERSION,
         output: out_name,
@@ -314,6 +326,7 @@ fn report(
             flows_per_sec: per_sec(flows),
             flow_packets,
             non_flow_packets: non_flow,
+            invalid_packets: invalid,
             connections: conns,
             connections_per_sec: per_sec(conns),
         },
@@ -329,6 +342,12 @@ fn report(
             retried_eagain: dev.retried_eagain,
         },
         interface,
+        mtu_trunc: cfg.rewrite.mtu_trunc.map(|m| MtuTrunc {
+            mtu: m,
+            truncated: mtu.cut,
+            too_long_not_ip: mtu.not_ip,
+            too_long_headers: mtu.long_headers,
+        }),
         ethernet_added: eth_added,
         ethernet_src: (eth_added > 0).then(|| {
             let who = match (cfg.l2_src, if_mac) {
@@ -353,7 +372,14 @@ fn report(
 /// Why not every frame offered was sent whole, with the errno, how many, and what to do, as
 /// one line (tcpreplay names the errno per packet; one line with the counts reads better and
 /// ends the run's output). None when nothing failed.
-fn failure(dev: &SendCounters, dry_run: bool, out: &str, mtu: Option<u32>) -> Option<String> {
+fn failure(
+    dev: &SendCounters,
+    dry_run: bool,
+    out: &str,
+    mtu: Option<u32>,
+    mtu_trunc: Option<u16>,
+    cut: &MtuCounts,
+) -> Option<String> {
     let bad = dev.failed + dev.truncated;
     if bad == 0 {
         return None;
@@ -361,11 +387,7 @@ fn failure(dev: &SendCounters, dry_run: bool, out: &str, mtu: Option<u32>) -> Op
     let offered = dev.successful + bad;
     let mut why = Vec::new();
     if dev.failed_too_big > 0 {
-        let mtu = mtu.map_or_else(|| "?".to_string(), |m| m.to_string());
-        why.push(format!(
-            "{} refused with Message too long (EMSGSIZE): the MTU of {out} is {mtu}; truncate them with --mtu-trunc --mtu {mtu}, or raise the MTU (ip link set {out} mtu N)",
-            dev.failed_too_big
-        ));
+        why.push(too_big(dev.failed_too_big, out, mtu, mtu_trunc, cut));
     }
     if dev.failed_malformed > 0 {
         why.push(format!(
@@ -397,6 +419,66 @@ fn failure(dev: &SendCounters, dry_run: bool, out: &str, mtu: Option<u32>) -> Op
         "{bad} of {offered} packets not {verb}: {}",
         why.join("; ")
     ))
+}
+
+/// The EMSGSIZE part of the failure line. Without --mtu-trunc it is the way out; with it, the
+/// line says why it did not help: --mtu above the interface's MTU, frames that are not IP (no
+/// datagram length to shorten), or link headers (tags, labels) that the MTU counts too.
+fn too_big(n: u64, out: &str, mtu: Option<u32>, mtu_trunc: Option<u16>, cut: &MtuCounts) -> String {
+    let mtu_s = mtu.map_or_else(|| "?".to_string(), |m| m.to_string());
+    let head = format!("{n} refused with Message too long (EMSGSIZE): the MTU of {out} is {mtu_s}");
+    let raise = format!("raise the MTU (ip link set {out} mtu N)");
+    let Some(m) = mtu_trunc else {
+        return format!("{head}; truncate them with --mtu-trunc --mtu {mtu_s}, or {raise}");
+    };
+    let mut why = Vec::new();
+    if mtu.is_some_and(|i| u32::from(m) > i) {
+        why.push(format!("--mtu {m} is above it: use --mtu {mtu_s}"));
+    }
+    if cut.not_ip > 0 {
+        why.push(format!(
+            "{} frames longer than --mtu are not IPv4/IPv6 (ARP, MPLS over something else, 802.3), so --mtu-trunc has no datagram length to shorten and leaves them whole",
+            cut.not_ip
+        ));
+    }
+    if cut.long_headers > 0 {
+        why.push(format!(
+            "{} IP frames were cut to --mtu {m} bytes from their IP header, but their link headers (VLAN tags, MPLS labels) are longer than Ethernet's 14 bytes and the MTU counts them: lower --mtu by that much",
+            cut.long_headers
+        ));
+    }
+    if why.is_empty() {
+        why.push("--mtu-trunc did not make them short enough".into());
+    }
+    format!("{head}; {}; or {raise}", why.join("; "))
+}
+
+/// What `--mtu-trunc` did, per worker and summed.
+#[derive(Debug, Clone, Copy, Default)]
+struct MtuCounts {
+    /// Frames cut.
+    cut: u64,
+    /// Frames left longer than an Ethernet header plus --mtu because they are not IP.
+    not_ip: u64,
+    /// IP frames cut, still too long for their long link headers.
+    long_headers: u64,
+}
+
+impl MtuCounts {
+    fn count(&mut self, o: RewriteOutcome) {
+        self.cut += u64::from(o.truncated);
+        match o.uncut {
+            Some(Uncut::NotIp) => self.not_ip += 1,
+            Some(Uncut::LongHeaders) => self.long_headers += 1,
+            None => {}
+        }
+    }
+
+    fn add(&mut self, o: &MtuCounts) {
+        self.cut += o.cut;
+        self.not_ip += o.not_ip;
+        self.long_headers += o.long_headers;
+    }
 }
 
 /// What every worker reads.
@@ -440,6 +522,9 @@ struct WorkerResult {
     counters: SendCounters,
     late: Histogram,
     flows: FlowTable<FlowKey>,
+    /// Frames tcpreplay's flow_decode calls invalid (in no `Flows:` count).
+    invalid: u64,
+    mtu: MtuCounts,
     eth_added: u64,
     loops_completed: u64,
     last_offset_ns: u64,
@@ -457,6 +542,8 @@ impl WorkerResult {
             counters: SendCounters::default(),
             late: Histogram::new(),
             flows: FlowTable::new(None),
+            invalid: 0,
+            mtu: MtuCounts::default(),
             eth_added: 0,
             loops_completed: 0,
             last_offset_ns: 0,
@@ -499,6 +586,11 @@ struct Worker<'a> {
     /// `--plot`: the same values per interval, started with the run's time zero.
     timeline: Option<Timeline>,
     flows: FlowTable<FlowKey>,
+    invalid: u64,
+    mtu: MtuCounts,
+    /// Frames offered in this pass over the inputs so far (sent, failed or still batched):
+    /// after the first pass, the exact size of one loop for the live percentage.
+    offered_this_loop: u64,
     eth_added: u64,
     last_send_ns: u64,
     /// Dry run: the capture time the first packet had, so written timestamps read like the input.
@@ -534,6 +626,9 @@ impl<'a> Worker<'a> {
             late: Histogram::new(),
             timeline: None,
             flows: FlowTable::new(expiry),
+            invalid: 0,
+            mtu: MtuCounts::default(),
+            offered_this_loop: 0,
             eth_added: 0,
             last_send_ns: 0,
             base_ts: None,
@@ -567,6 +662,8 @@ impl<'a> Worker<'a> {
             counters: self.sink.counters(),
             late: self.late,
             flows: self.flows,
+            invalid: self.invalid,
+            mtu: self.mtu,
             eth_added: self.eth_added,
             loops_completed,
             last_offset_ns: self.last_offset_ns,
@@ -580,7 +677,9 @@ impl<'a> Worker<'a> {
         let cfg = self.sh.cfg;
         let mut loop_no: u64 = 0;
         loop {
-            self.sh.live.loop_started(loop_no);
+            self.sh
+                .live
+                .loop_started(loop_no, std::mem::take(&mut self.offered_this_loop));
             for (fi, file) in self.sh.files.iter().enumerate() {
                 if loop_no > 0 || fi > 0 {
                     // A new file follows the last one at once; a new loop after --loopdelay-ms.
@@ -689,13 +788,16 @@ impl<'a> Worker<'a> {
                 if cfg.unique_ip && loop_no > 0 {
                     unique_ip(buf, loop_no as u32);
                 }
-                if let Err(e) = sh.rewriter.apply(buf) {
-                    return Some(Stop::Failed(ReplayError::Packet {
-                        path,
-                        number: pkt.number,
-                        offset: pkt.offset,
-                        what: e.to_string(),
-                    }));
+                match sh.rewriter.apply(buf) {
+                    Ok(o) => self.mtu.count(o),
+                    Err(e) => {
+                        return Some(Stop::Failed(ReplayError::Packet {
+                            path,
+                            number: pkt.number,
+                            offset: pkt.offset,
+                            what: e.to_string(),
+                        }))
+                    }
                 }
             }
             if let Some(limit) = cfg.limit {
@@ -753,8 +855,16 @@ impl<'a> Worker<'a> {
                 }
             }
             // Flows are counted on what leaves, after --unique-ip and rewriting.
-            let key = flow_key(self.frame(slot));
-            self.flows.observe(key.map(|k| (k, k.reversed())), sent_at);
+            match flow_class(self.frame(slot)) {
+                FlowClass::Flow(k) => {
+                    self.flows.observe(Some((k, k.reversed())), sent_at);
+                }
+                FlowClass::NonFlow => {
+                    self.flows.observe(None, sent_at);
+                }
+                FlowClass::Invalid => self.invalid += 1,
+            }
+            self.offered_this_loop += 1;
             self.ts[slot] = sent_at;
             self.n += 1;
             if self.n == self.bufs.len() {
@@ -879,6 +989,60 @@ impl<'a> Worker<'a> {
 mod tests {
     use super::*;
 
+    fn none() -> MtuCounts {
+        MtuCounts::default()
+    }
+
+    /// Issue 24: at top speed the live line said "loop 1821/2000 100.0%": one loop's size was
+    /// read from the sent count when the second loop began, short of the batch not yet
+    /// flushed (64 of 100 here), so the whole run looked done early.
+    #[test]
+    fn one_loop_is_counted_whole_with_a_batch_still_unflushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.pcap");
+        let mut w = PcapWriter::create(&input, DLT_EN10MB, 65535, false).unwrap();
+        for i in 0..100u64 {
+            let mut f = vec![0u8; 60];
+            f[12..14].copy_from_slice(&[0x08, 0x06]);
+            w.write_packet(i * 1000, &f, 60).unwrap();
+        }
+        w.finish().unwrap();
+        let mut cfg = Config::new(vec![input], Output::File(dir.path().join("out.pcap")));
+        cfg.rate = Rate::Topspeed;
+        cfg.loops = 3;
+        let live = LiveCounters::default();
+        let out = run(&cfg, &AtomicBool::new(false), &live).unwrap();
+        assert_eq!(out.report.packets, 300);
+        assert_eq!(live.one_loop(), Some(100));
+    }
+
+    #[test]
+    fn with_mtu_trunc_the_line_says_why_it_did_not_help() {
+        let dev = SendCounters {
+            successful: 8,
+            failed: 2,
+            failed_too_big: 2,
+            ..SendCounters::default()
+        };
+        let cut = MtuCounts {
+            cut: 31,
+            not_ip: 1,
+            long_headers: 1,
+        };
+        let line = failure(&dev, false, "veth0", Some(1500), Some(1500), &cut).unwrap();
+        assert!(!line.contains("truncate them with --mtu-trunc"), "{line}");
+        assert!(
+            line.contains("1 frames longer than --mtu are not IPv4/IPv6"),
+            "{line}"
+        );
+        assert!(line.contains("1 IP frames were cut to --mtu 1500 bytes from their IP header, but their link headers (VLAN tags, MPLS labels) are longer"), "{line}");
+        let line = failure(&dev, false, "veth0", Some(1500), Some(9000), &none()).unwrap();
+        assert!(
+            line.contains("--mtu 9000 is above it: use --mtu 1500"),
+            "{line}"
+        );
+    }
+
     fn sent(ok: u64) -> SendCounters {
         SendCounters {
             successful: ok,
@@ -888,8 +1052,14 @@ mod tests {
 
     #[test]
     fn no_failure_line_when_every_frame_went_whole() {
-        assert_eq!(failure(&sent(10), false, "eth0", Some(1500)), None);
-        assert_eq!(failure(&sent(0), true, "out.pcap", None), None);
+        assert_eq!(
+            failure(&sent(10), false, "eth0", Some(1500), None, &none()),
+            None
+        );
+        assert_eq!(
+            failure(&sent(0), true, "out.pcap", None, None, &none()),
+            None
+        );
     }
 
     #[test]
@@ -903,7 +1073,7 @@ mod tests {
             truncated: 1,
             ..SendCounters::default()
         };
-        let line = failure(&dev, false, "veth0", Some(1500)).unwrap();
+        let line = failure(&dev, false, "veth0", Some(1500), None, &none()).unwrap();
         assert!(line.starts_with("10 of 100 packets not sent: "), "{line}");
         assert!(line.contains("4 refused with Message too long (EMSGSIZE): the MTU of veth0 is 1500; truncate them with --mtu-trunc --mtu 1500"), "{line}");
         assert!(
@@ -931,7 +1101,7 @@ mod tests {
             failed_too_big: 1,
             ..SendCounters::default()
         };
-        let line = failure(&dev, true, "out.pcap", None).unwrap();
+        let line = failure(&dev, true, "out.pcap", None, None, &none()).unwrap();
         assert!(line.starts_with("3 of 4 packets not written: "), "{line}");
         assert!(line.contains("the MTU of out.pcap is ?"), "{line}");
         assert!(line.contains("2 could not be stored in out.pcap"), "{line}");
@@ -941,6 +1111,6 @@ mod tests {
             failed_too_big: 2,
             ..SendCounters::default()
         };
-        assert!(failure(&odd, false, "x", Some(9000)).is_some());
+        assert!(failure(&odd, false, "x", Some(9000), None, &none()).is_some());
     }
 }

@@ -513,8 +513,12 @@ fn progress_line(
     } else {
         format!("Progress: loop {k}/{loops}")
     };
-    let per_loop = live.loop_packets.load(Ordering::Relaxed);
-    let by_loops = (loops > 0 && per_loop > 0).then(|| per_loop.saturating_mul(loops));
+    // The whole run, every loop included: one loop's exact size (known once every sender
+    // has finished its first) times the loops.
+    let by_loops = live
+        .one_loop()
+        .filter(|_| loops > 0)
+        .map(|per_loop| per_loop.saturating_mul(loops));
     let by_packets = match (limit, by_loops) {
         (Some(l), Some(t)) => Some(l.min(t)),
         (l, t) => l.or(t),
@@ -562,7 +566,7 @@ mod tests {
     fn progress_says_the_loop_and_percent_where_the_end_is_known() {
         let live = LiveCounters::default();
         let ten = Duration::from_secs(10);
-        live.loop_started(0);
+        live.loop_started(0, 0);
         live.add(100, 0);
         assert_eq!(
             progress_line(&live, 3, None, None, ten),
@@ -577,7 +581,7 @@ mod tests {
             "Progress: loop 1/3  25.0% ETA 30s"
         );
         // One loop's size is known once the second starts: 3 loops of 100.
-        live.loop_started(1);
+        live.loop_started(1, 100);
         live.add(50, 0);
         assert_eq!(
             progress_line(&live, 3, None, None, ten),
