@@ -47,6 +47,13 @@ pub struct Outcome {
 pub enum ReplayError {
     #[error(transparent)]
     Input(#[from] PcapError),
+    /// An input named on the command line cannot be opened or is not a capture (found before
+    /// anything is sent: a usage error, exit 2).
+    #[error(transparent)]
+    InputFile(PcapError),
+    /// `-w FILE` cannot be created (found before anything is written: a usage error).
+    #[error("-w: {0}")]
+    OutputFile(#[source] SendError),
     /// A packet the capture holds but we cannot send as it is; `offset` is the record's byte
     /// offset in the file, `what` says what is wrong inside the packet.
     #[error("{path}: packet {number} at byte offset {offset}: {what}")]
@@ -60,6 +67,9 @@ pub enum ReplayError {
     Send(#[from] SendError),
     #[error("{0}")]
     Setup(String),
+    /// The kernel said the interface is down (ENETDOWN); the text says how to bring it up.
+    #[error("{0}")]
+    Down(String),
     /// Writing to the `-v` decoder failed (it exited, or its pipe broke).
     #[error("-v: writing packets to the decoder")]
     Tap(#[source] std::io::Error),
@@ -132,7 +142,8 @@ pub fn run_with_tap(
                 CaptureFile::open(p)
             }
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ReplayError::InputFile)?;
 
     let (if_mac, if_mtu, if_before, dry_run, out_name) = match &cfg.output {
         Output::Interface { name, .. } => {
@@ -175,15 +186,21 @@ pub fn run_with_tap(
     let mut sinks: Vec<Box<dyn Sink + Send>> = Vec::with_capacity(threads);
     for _ in 0..threads {
         sinks.push(match &cfg.output {
-            Output::Interface { name, qdisc_bypass } => Box::new(AfPacketSink::open(
-                name,
-                AfPacketOpts {
-                    qdisc_bypass: *qdisc_bypass,
-                    batch: cfg.batch,
-                    ..AfPacketOpts::default()
-                },
-            )?),
-            Output::File(p) => Box::new(PcapFileSink::create(p, DLT_EN10MB)?),
+            Output::Interface { name, qdisc_bypass } => Box::new(
+                AfPacketSink::open(
+                    name,
+                    AfPacketOpts {
+                        qdisc_bypass: *qdisc_bypass,
+                        batch: cfg.batch,
+                        ..AfPacketOpts::default()
+                    },
+                )
+                .map_err(|e| down_hint(e.into(), &cfg.output))?,
+            ),
+            Output::File(p) => Box::new(
+                PcapFileSink::create(p, DLT_EN10MB, out_snaplen(&files))
+                    .map_err(ReplayError::OutputFile)?,
+            ),
         });
     }
 
@@ -421,6 +438,22 @@ fn failure(
     ))
 }
 
+/// A send refused with ENETDOWN says what to do: the interface is down, `ip link set DEV up`
+/// brings it up (tcpreplay says only "Network is down").
+fn down_hint(e: ReplayError, out: &Output) -> ReplayError {
+    let (ReplayError::Send(se), Output::Interface { name, .. }) = (&e, out) else {
+        return e;
+    };
+    let down = se.raw_os_error().map(std::io::Error::from_raw_os_error);
+    if down.is_some_and(|d| d.kind() == std::io::ErrorKind::NetworkDown) {
+        return ReplayError::Down(format!(
+            "{}; {name} is down: bring it up with `ip link set {name} up`",
+            chain(&e)
+        ));
+    }
+    e
+}
+
 /// The EMSGSIZE part of the failure line. Without --mtu-trunc it is the way out; with it, the
 /// line says why it did not help: --mtu above the interface's MTU, frames that are not IP (no
 /// datagram length to shorten), or link headers (tags, labels) that the MTU counts too.
@@ -479,6 +512,19 @@ impl MtuCounts {
         self.not_ip += o.not_ip;
         self.long_headers += o.long_headers;
     }
+}
+
+/// The snap length `-w` writes in its header: the inputs' largest (a pcapng's are per
+/// interface: taken as 65535), never below 65535, which tcprewrite writes and which holds a
+/// jumbo frame with the tags and headers replay may add.
+fn out_snaplen(files: &[CaptureFile]) -> u32 {
+    files
+        .iter()
+        .filter_map(|f| match f.format() {
+            tcpkit_pcap::Format::Pcap { snaplen, .. } => Some(snaplen),
+            tcpkit_pcap::Format::PcapNg => None,
+        })
+        .fold(65_535, u32::max)
 }
 
 /// What every worker reads.
@@ -652,6 +698,7 @@ impl<'a> Worker<'a> {
         if let Err(e) = flushed.and_then(|()| self.sink.flush().map_err(ReplayError::from)) {
             error.get_or_insert(e);
         }
+        let error = error.map(|e| down_hint(e, &self.sh.cfg.output));
         let timeline = self
             .timeline
             .take()

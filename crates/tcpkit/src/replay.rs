@@ -480,7 +480,14 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         // Nothing was sent: no picture, not an empty file.
         let _ = std::fs::remove_file(p);
     }
-    let outcome = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    // A file the command line names that cannot be used is a usage error (exit 2): nothing
+    // was sent. Anything found once the run started (a capture cut mid-file) is not.
+    let outcome = result.map_err(|e| match e {
+        tcpkit_replay::ReplayError::InputFile(_) | tcpkit_replay::ReplayError::OutputFile(_) => {
+            Failure::Usage(crate::chain(&e))
+        }
+        _ => Failure::Runtime(crate::chain(&e)),
+    })?;
     decoded?;
     if let Some(p) = &args.plot {
         let title = format!(

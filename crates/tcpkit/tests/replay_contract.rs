@@ -157,6 +157,71 @@ fn mtu_trunc_counts_what_it_cut_and_says_why_it_could_not() {
     );
 }
 
+/// The snap length in a pcap file's header, and tcpdump's reading of it.
+fn snaplen_of(p: &std::path::Path) -> (u32, String) {
+    let b = std::fs::read(p).expect("read -w output");
+    let t = std::process::Command::new("tcpdump")
+        .args(["-r"])
+        .arg(p)
+        .args(["-c", "1", "-n"])
+        .output()
+        .expect("tcpdump");
+    (
+        u32::from_le_bytes(b[16..20].try_into().unwrap()),
+        stderr(&t),
+    )
+}
+
+/// Issue 24 item 18: `-w` wrote snap length 0 in its file header (tcpdump prints "snapshot
+/// length 0"; some readers refuse it). It writes the input's, at least 65535 (tcprewrite's).
+#[test]
+fn dry_run_writes_the_inputs_snaplen() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("out.pcap");
+    for (name, want) in [
+        ("tcpreplay-test.pcap", 262_144),
+        ("zeek-redis-django-cloud.pcapng", 65_535),
+    ] {
+        let input = common::testdata(name);
+        let o = std::process::Command::new(common::tcpkit())
+            .args(["replay", "-t", "-w"])
+            .arg(&out)
+            .arg(&input)
+            .output()
+            .expect("tcpkit");
+        assert!(o.status.success(), "{}", stderr(&o));
+        let (snaplen, said) = snaplen_of(&out);
+        assert_eq!(snaplen, want, "{name}");
+        assert!(
+            said.contains(&format!("snapshot length {want}")),
+            "{name}: {said}"
+        );
+    }
+}
+
+/// Issue 24 item 18: on an interface that is down the run ended on "Network is down" with no
+/// word on what to do; the last line now says `ip link set DEV up`.
+#[test]
+fn interface_down_says_how_to_bring_it_up() {
+    let (_d, p) = mixed(3, 0);
+    let lab = ReplayLab::new("down");
+    let dev = lab.link.a.name.clone();
+    let down = lab
+        .tx
+        .command(&["ip", "link", "set", &dev, "down"])
+        .output()
+        .expect("ip link set down");
+    assert!(down.status.success(), "{}", stderr(&down));
+    let out = lab.replay(&["-t", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let why = last_line(&stderr(&out)).to_string();
+    assert!(why.contains("Network is down"), "{why}");
+    assert!(
+        why.contains(&format!("`ip link set {dev} up`")),
+        "no way out in: {why}"
+    );
+}
+
 /// A summary line with its numbers masked: integer parts become `N`, each decimal `9`, so two
 /// runs compare on wording and on the number of decimals, not on timings.
 fn shape(line: &str) -> String {
