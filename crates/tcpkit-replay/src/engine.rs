@@ -438,6 +438,16 @@ fn failure(
     ))
 }
 
+/// What stops a worker at a packet it cannot send as it is (`what` says why).
+fn packet_failed(path: &str, number: u64, offset: u64, what: &dyn std::fmt::Display) -> Stop {
+    Stop::Failed(ReplayError::Packet {
+        path: path.to_string(),
+        number,
+        offset,
+        what: what.to_string(),
+    })
+}
+
 /// A send refused with ENETDOWN says what to do: the interface is down, `ip link set DEV up`
 /// brings it up (tcpreplay says only "Network is down").
 fn down_hint(e: ReplayError, out: &Output) -> ReplayError {
@@ -468,18 +478,22 @@ fn too_big(n: u64, out: &str, mtu: Option<u32>, mtu_trunc: Option<u16>, cut: &Mt
     if mtu.is_some_and(|i| u32::from(m) > i) {
         why.push(format!("--mtu {m} is above it: use --mtu {mtu_s}"));
     }
-    if cut.not_ip > 0 {
-        why.push(format!(
-            "{} frames longer than --mtu are not IPv4/IPv6 (ARP, MPLS over something else, 802.3), so --mtu-trunc has no datagram length to shorten and leaves them whole",
-            cut.not_ip
-        ));
-    }
-    if cut.long_headers > 0 {
-        why.push(format!(
-            "{} IP frames were cut to --mtu {m} bytes from their IP header, but their link headers (VLAN tags, MPLS labels) are longer than Ethernet's 14 bytes and the MTU counts them: lower --mtu by that much",
-            cut.long_headers
-        ));
-    }
+    let causes = [
+        (
+            cut.not_ip,
+            "frames longer than --mtu are not IPv4/IPv6 (ARP, MPLS over something else, 802.3), so --mtu-trunc has no datagram length to shorten and leaves them whole".to_string(),
+        ),
+        (
+            cut.long_headers,
+            format!("IP frames were cut to --mtu {m} bytes from their IP header, but their link headers (VLAN tags, MPLS labels) are longer than Ethernet's 14 bytes and the MTU counts them: lower --mtu by that much"),
+        ),
+    ];
+    why.extend(
+        causes
+            .into_iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, what)| format!("{n} {what}")),
+    );
     if why.is_empty() {
         why.push("--mtu-trunc did not make them short enough".into());
     }
@@ -789,14 +803,7 @@ impl<'a> Worker<'a> {
                         link_cache = Some((pkt.linktype, l));
                         l
                     }
-                    Err(e) => {
-                        return Some(Stop::Failed(ReplayError::Packet {
-                            path,
-                            number: pkt.number,
-                            offset: pkt.offset,
-                            what: e.to_string(),
-                        }))
-                    }
+                    Err(e) => return Some(packet_failed(&path, pkt.number, pkt.offset, &e)),
                 },
             };
             if self.shards > 1
@@ -819,12 +826,7 @@ impl<'a> Worker<'a> {
                     buf.extend_from_slice(pkt.data);
                 } else {
                     if let Err(e) = to_ethernet(link, pkt.data, sh.l2_src, sh.l2_dst, buf) {
-                        return Some(Stop::Failed(ReplayError::Packet {
-                            path,
-                            number: pkt.number,
-                            offset: pkt.offset,
-                            what: e.to_string(),
-                        }));
+                        return Some(packet_failed(&path, pkt.number, pkt.offset, &e));
                     }
                     if self.shards > 1 && shard_hash(buf) % self.shards as u64 != self.shard as u64
                     {
@@ -837,14 +839,7 @@ impl<'a> Worker<'a> {
                 }
                 match sh.rewriter.apply(buf) {
                     Ok(o) => self.mtu.count(o),
-                    Err(e) => {
-                        return Some(Stop::Failed(ReplayError::Packet {
-                            path,
-                            number: pkt.number,
-                            offset: pkt.offset,
-                            what: e.to_string(),
-                        }))
-                    }
+                    Err(e) => return Some(packet_failed(&path, pkt.number, pkt.offset, &e)),
                 }
             }
             if let Some(limit) = cfg.limit {

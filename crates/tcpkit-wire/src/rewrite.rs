@@ -642,31 +642,21 @@ mod tests {
 
     #[test]
     fn ip_inside_mpls_is_rewritten_with_right_checksums() {
+        let cfg = RewriteConfig {
+            srcipmap: IpMap::parse_list("0.0.0.0/0:1.0.0.0/8,[::/0]:[fd00::/8]").unwrap(),
+            ttl: Some(TtlEdit::Set(9)),
+            portmap: Some("1234:99".parse().unwrap()),
+            ..Default::default()
+        };
         for v6 in [false, true] {
             let ip = frame(v6, PROTO_TCP, 10);
             let mut f = ip[..12].to_vec();
             f.extend_from_slice(&[0x88, 0x47, 0x00, 0x01, 0x00, 0x40, 0x00, 0x02, 0x01, 0x40]);
             f.extend_from_slice(&ip[14..]);
-            run(
-                RewriteConfig {
-                    srcipmap: IpMap::parse_list("0.0.0.0/0:1.0.0.0/8,[::/0]:[fd00::/8]").unwrap(),
-                    ttl: Some(TtlEdit::Set(9)),
-                    portmap: Some("1234:99".parse().unwrap()),
-                    ..Default::default()
-                },
-                &mut f,
-            );
+            run(cfg.clone(), &mut f);
             // The same edits as on the plain frame, 8 bytes of labels later.
             let mut want = ip.clone();
-            run(
-                RewriteConfig {
-                    srcipmap: IpMap::parse_list("0.0.0.0/0:1.0.0.0/8,[::/0]:[fd00::/8]").unwrap(),
-                    ttl: Some(TtlEdit::Set(9)),
-                    portmap: Some("1234:99".parse().unwrap()),
-                    ..Default::default()
-                },
-                &mut want,
-            );
+            run(cfg.clone(), &mut want);
             assert_ne!(want, ip);
             assert_eq!(&f[22..], &want[14..], "v6 {v6}");
         }
