@@ -51,6 +51,14 @@ pub enum ReplayError {
     /// anything is sent: a usage error, exit 2).
     #[error(transparent)]
     InputFile(PcapError),
+    /// A pcap input whose file header names a link type replay cannot send (a usage error:
+    /// nothing is sent). pcapng names link types per interface, found as packets come.
+    #[error("{path}: {source}")]
+    InputLink {
+        path: String,
+        #[source]
+        source: tcpkit_wire::WireError,
+    },
     /// `-w FILE` cannot be created (found before anything is written: a usage error).
     #[error("-w: {0}")]
     OutputFile(#[source] SendError),
@@ -144,6 +152,14 @@ pub fn run_with_tap(
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(ReplayError::InputFile)?;
+    for f in &files {
+        if let tcpkit_pcap::Format::Pcap { linktype, .. } = f.format() {
+            LinkType::from_dlt(linktype).map_err(|source| ReplayError::InputLink {
+                path: f.path().display().to_string(),
+                source,
+            })?;
+        }
+    }
 
     let (if_mac, if_mtu, if_before, dry_run, out_name) = match &cfg.output {
         Output::Interface { name, .. } => {

@@ -483,9 +483,9 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     // A file the command line names that cannot be used is a usage error (exit 2): nothing
     // was sent. Anything found once the run started (a capture cut mid-file) is not.
     let outcome = result.map_err(|e| match e {
-        tcpkit_replay::ReplayError::InputFile(_) | tcpkit_replay::ReplayError::OutputFile(_) => {
-            Failure::Usage(crate::chain(&e))
-        }
+        tcpkit_replay::ReplayError::InputFile(_)
+        | tcpkit_replay::ReplayError::InputLink { .. }
+        | tcpkit_replay::ReplayError::OutputFile(_) => Failure::Usage(crate::chain(&e)),
         _ => Failure::Runtime(crate::chain(&e)),
     })?;
     decoded?;

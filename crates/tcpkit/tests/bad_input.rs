@@ -288,7 +288,8 @@ fn unknown_link_type() {
     let p = d.path().join("dlt147.pcap");
     write_pcap(&p, 147, &frames(2));
     let r = dry(d.path(), &p);
-    assert_error(&r, 1, &[s(&p), "147", "link type"]);
+    // In the pcap file header: found before anything is sent, a usage error.
+    assert_error(&r, 2, &[s(&p), "147", "link type"]);
 }
 
 /// A packet whose link-layer bytes cannot be converted to Ethernet is a packet error like any
