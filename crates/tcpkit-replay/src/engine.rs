@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::report::{
-    DeviceStats, FlowStats, IfDelta, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
+    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
 };
 use tcpkit_pace::{now_ns, Pacer, Rate, Schedule};
 use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter};
@@ -15,7 +15,8 @@ use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters,
 use tcpkit_stats::plot::{Sample, Timeline};
 use tcpkit_stats::{chain, FlowTable, Histogram, LiveCounters};
 use tcpkit_wire::{
-    flow_key, shard_hash, to_ethernet, unique_ip, FlowKey, LinkType, MacAddr, Rewriter,
+    flow_class, shard_hash, to_ethernet, unique_ip, FlowClass, FlowKey, LinkType, MacAddr,
+    RewriteOutcome, Rewriter, Uncut,
 };
 
 use crate::config::{Config, Output};
@@ -46,6 +47,21 @@ pub struct Outcome {
 pub enum ReplayError {
     #[error(transparent)]
     Input(#[from] PcapError),
+    /// An input named on the command line cannot be opened or is not a capture (found before
+    /// anything is sent: a usage error, exit 2).
+    #[error(transparent)]
+    InputFile(PcapError),
+    /// A pcap input whose file header names a link type replay cannot send (a usage error:
+    /// nothing is sent). pcapng names link types per interface, found as packets come.
+    #[error("{path}: {source}")]
+    InputLink {
+        path: String,
+        #[source]
+        source: tcpkit_wire::WireError,
+    },
+    /// `-w FILE` cannot be created (found before anything is written: a usage error).
+    #[error("-w: {0}")]
+    OutputFile(#[source] SendError),
     /// A packet the capture holds but we cannot send as it is; `offset` is the record's byte
     /// offset in the file, `what` says what is wrong inside the packet.
     #[error("{path}: packet {number} at byte offset {offset}: {what}")]
@@ -59,6 +75,9 @@ pub enum ReplayError {
     Send(#[from] SendError),
     #[error("{0}")]
     Setup(String),
+    /// The kernel said the interface is down (ENETDOWN); the text says how to bring it up.
+    #[error("{0}")]
+    Down(String),
     /// Writing to the `-v` decoder failed (it exited, or its pipe broke).
     #[error("-v: writing packets to the decoder")]
     Tap(#[source] std::io::Error),
@@ -131,7 +150,16 @@ pub fn run_with_tap(
                 CaptureFile::open(p)
             }
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ReplayError::InputFile)?;
+    for f in &files {
+        if let tcpkit_pcap::Format::Pcap { linktype, .. } = f.format() {
+            LinkType::from_dlt(linktype).map_err(|source| ReplayError::InputLink {
+                path: f.path().display().to_string(),
+                source,
+            })?;
+        }
+    }
 
     let (if_mac, if_mtu, if_before, dry_run, out_name) = match &cfg.output {
         Output::Interface { name, .. } => {
@@ -170,18 +198,25 @@ pub fn run_with_tap(
     };
 
     let threads = cfg.threads.max(1);
+    live.senders.store(threads as u64, Ordering::Relaxed);
     let mut sinks: Vec<Box<dyn Sink + Send>> = Vec::with_capacity(threads);
     for _ in 0..threads {
         sinks.push(match &cfg.output {
-            Output::Interface { name, qdisc_bypass } => Box::new(AfPacketSink::open(
-                name,
-                AfPacketOpts {
-                    qdisc_bypass: *qdisc_bypass,
-                    batch: cfg.batch,
-                    ..AfPacketOpts::default()
-                },
-            )?),
-            Output::File(p) => Box::new(PcapFileSink::create(p, DLT_EN10MB)?),
+            Output::Interface { name, qdisc_bypass } => Box::new(
+                AfPacketSink::open(
+                    name,
+                    AfPacketOpts {
+                        qdisc_bypass: *qdisc_bypass,
+                        batch: cfg.batch,
+                        ..AfPacketOpts::default()
+                    },
+                )
+                .map_err(|e| down_hint(e.into(), &cfg.output))?,
+            ),
+            Output::File(p) => Box::new(
+                PcapFileSink::create(p, DLT_EN10MB, out_snaplen(&files))
+                    .map_err(ReplayError::OutputFile)?,
+            ),
         });
     }
 
@@ -232,6 +267,7 @@ fn report(
     let mut dev = SendCounters::default();
     let mut hist = Histogram::new();
     let (mut flows, mut flow_packets, mut non_flow, mut conns) = (0, 0, 0, 0);
+    let (mut invalid, mut mtu) = (0, MtuCounts::default());
     let mut last_send = 0u64;
     let (mut eth_added, mut loops, mut virt_ns) = (0, u64::MAX, 0);
     let mut error = None;
@@ -255,6 +291,8 @@ fn report(
         flow_packets += r.flows.flow_packets;
         non_flow += r.flows.non_flow_packets;
         conns += r.flows.connections;
+        invalid += r.invalid;
+        mtu.add(&r.mtu);
         last_send = last_send.max(r.last_send_ns);
         eth_added += r.eth_added;
         loops = loops.min(r.loops_completed);
@@ -297,7 +335,14 @@ fn report(
         stopped_by = Some(chain(e));
     }
     let paced = !matches!(cfg.rate, Rate::Topspeed) && !dry_run;
-    let failure = failure(&dev, dry_run, &out_name, if_mtu);
+    let failure = failure(
+        &dev,
+        dry_run,
+        &out_name,
+        if_mtu,
+        cfg.rewrite.mtu_trunc,
+        &mtu,
+    );
     let report = ReplayReport {
         schema_version: REPLAY_SCHEMA_VERSION,
         output: out_name,
@@ -314,6 +359,7 @@ fn report(
             flows_per_sec: per_sec(flows),
             flow_packets,
             non_flow_packets: non_flow,
+            invalid_packets: invalid,
             connections: conns,
             connections_per_sec: per_sec(conns),
         },
@@ -329,6 +375,12 @@ fn report(
             retried_eagain: dev.retried_eagain,
         },
         interface,
+        mtu_trunc: cfg.rewrite.mtu_trunc.map(|m| MtuTrunc {
+            mtu: m,
+            truncated: mtu.cut,
+            too_long_not_ip: mtu.not_ip,
+            too_long_headers: mtu.long_headers,
+        }),
         ethernet_added: eth_added,
         ethernet_src: (eth_added > 0).then(|| {
             let who = match (cfg.l2_src, if_mac) {
@@ -353,7 +405,14 @@ fn report(
 /// Why not every frame offered was sent whole, with the errno, how many, and what to do, as
 /// one line (tcpreplay names the errno per packet; one line with the counts reads better and
 /// ends the run's output). None when nothing failed.
-fn failure(dev: &SendCounters, dry_run: bool, out: &str, mtu: Option<u32>) -> Option<String> {
+fn failure(
+    dev: &SendCounters,
+    dry_run: bool,
+    out: &str,
+    mtu: Option<u32>,
+    mtu_trunc: Option<u16>,
+    cut: &MtuCounts,
+) -> Option<String> {
     let bad = dev.failed + dev.truncated;
     if bad == 0 {
         return None;
@@ -361,11 +420,7 @@ fn failure(dev: &SendCounters, dry_run: bool, out: &str, mtu: Option<u32>) -> Op
     let offered = dev.successful + bad;
     let mut why = Vec::new();
     if dev.failed_too_big > 0 {
-        let mtu = mtu.map_or_else(|| "?".to_string(), |m| m.to_string());
-        why.push(format!(
-            "{} refused with Message too long (EMSGSIZE): the MTU of {out} is {mtu}; truncate them with --mtu-trunc --mtu {mtu}, or raise the MTU (ip link set {out} mtu N)",
-            dev.failed_too_big
-        ));
+        why.push(too_big(dev.failed_too_big, out, mtu, mtu_trunc, cut));
     }
     if dev.failed_malformed > 0 {
         why.push(format!(
@@ -397,6 +452,109 @@ fn failure(dev: &SendCounters, dry_run: bool, out: &str, mtu: Option<u32>) -> Op
         "{bad} of {offered} packets not {verb}: {}",
         why.join("; ")
     ))
+}
+
+/// What stops a worker at a packet it cannot send as it is (`what` says why).
+fn packet_failed(path: &str, number: u64, offset: u64, what: &dyn std::fmt::Display) -> Stop {
+    Stop::Failed(ReplayError::Packet {
+        path: path.to_string(),
+        number,
+        offset,
+        what: what.to_string(),
+    })
+}
+
+/// A send refused with ENETDOWN says what to do: the interface is down, `ip link set DEV up`
+/// brings it up (tcpreplay says only "Network is down").
+fn down_hint(e: ReplayError, out: &Output) -> ReplayError {
+    let (ReplayError::Send(se), Output::Interface { name, .. }) = (&e, out) else {
+        return e;
+    };
+    let down = se.raw_os_error().map(std::io::Error::from_raw_os_error);
+    if down.is_some_and(|d| d.kind() == std::io::ErrorKind::NetworkDown) {
+        return ReplayError::Down(format!(
+            "{}; {name} is down: bring it up with `ip link set {name} up`",
+            chain(&e)
+        ));
+    }
+    e
+}
+
+/// The EMSGSIZE part of the failure line. Without --mtu-trunc it is the way out; with it, the
+/// line says why it did not help: --mtu above the interface's MTU, frames that are not IP (no
+/// datagram length to shorten), or link headers (tags, labels) that the MTU counts too.
+fn too_big(n: u64, out: &str, mtu: Option<u32>, mtu_trunc: Option<u16>, cut: &MtuCounts) -> String {
+    let mtu_s = mtu.map_or_else(|| "?".to_string(), |m| m.to_string());
+    let head = format!("{n} refused with Message too long (EMSGSIZE): the MTU of {out} is {mtu_s}");
+    let raise = format!("raise the MTU (ip link set {out} mtu N)");
+    let Some(m) = mtu_trunc else {
+        return format!("{head}; truncate them with --mtu-trunc --mtu {mtu_s}, or {raise}");
+    };
+    let mut why = Vec::new();
+    if mtu.is_some_and(|i| u32::from(m) > i) {
+        why.push(format!("--mtu {m} is above it: use --mtu {mtu_s}"));
+    }
+    let causes = [
+        (
+            cut.not_ip,
+            "frames longer than --mtu are not IPv4/IPv6 (ARP, MPLS over something else, 802.3), so --mtu-trunc has no datagram length to shorten and leaves them whole".to_string(),
+        ),
+        (
+            cut.long_headers,
+            format!("IP frames were cut to --mtu {m} bytes from their IP header, but their link headers (VLAN tags, MPLS labels) are longer than Ethernet's 14 bytes and the MTU counts them: lower --mtu by that much"),
+        ),
+    ];
+    why.extend(
+        causes
+            .into_iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, what)| format!("{n} {what}")),
+    );
+    if why.is_empty() {
+        why.push("--mtu-trunc did not make them short enough".into());
+    }
+    format!("{head}; {}; or {raise}", why.join("; "))
+}
+
+/// What `--mtu-trunc` did, per worker and summed.
+#[derive(Debug, Clone, Copy, Default)]
+struct MtuCounts {
+    /// Frames cut.
+    cut: u64,
+    /// Frames left longer than an Ethernet header plus --mtu because they are not IP.
+    not_ip: u64,
+    /// IP frames cut, still too long for their long link headers.
+    long_headers: u64,
+}
+
+impl MtuCounts {
+    fn count(&mut self, o: RewriteOutcome) {
+        self.cut += u64::from(o.truncated);
+        match o.uncut {
+            Some(Uncut::NotIp) => self.not_ip += 1,
+            Some(Uncut::LongHeaders) => self.long_headers += 1,
+            None => {}
+        }
+    }
+
+    fn add(&mut self, o: &MtuCounts) {
+        self.cut += o.cut;
+        self.not_ip += o.not_ip;
+        self.long_headers += o.long_headers;
+    }
+}
+
+/// The snap length `-w` writes in its header: the inputs' largest (a pcapng's are per
+/// interface: taken as 65535), never below 65535, which tcprewrite writes and which holds a
+/// jumbo frame with the tags and headers replay may add.
+fn out_snaplen(files: &[CaptureFile]) -> u32 {
+    files
+        .iter()
+        .filter_map(|f| match f.format() {
+            tcpkit_pcap::Format::Pcap { snaplen, .. } => Some(snaplen),
+            tcpkit_pcap::Format::PcapNg => None,
+        })
+        .fold(65_535, u32::max)
 }
 
 /// What every worker reads.
@@ -440,6 +598,9 @@ struct WorkerResult {
     counters: SendCounters,
     late: Histogram,
     flows: FlowTable<FlowKey>,
+    /// Frames tcpreplay's flow_decode calls invalid (in no `Flows:` count).
+    invalid: u64,
+    mtu: MtuCounts,
     eth_added: u64,
     loops_completed: u64,
     last_offset_ns: u64,
@@ -457,6 +618,8 @@ impl WorkerResult {
             counters: SendCounters::default(),
             late: Histogram::new(),
             flows: FlowTable::new(None),
+            invalid: 0,
+            mtu: MtuCounts::default(),
             eth_added: 0,
             loops_completed: 0,
             last_offset_ns: 0,
@@ -499,6 +662,11 @@ struct Worker<'a> {
     /// `--plot`: the same values per interval, started with the run's time zero.
     timeline: Option<Timeline>,
     flows: FlowTable<FlowKey>,
+    invalid: u64,
+    mtu: MtuCounts,
+    /// Frames offered in this pass over the inputs so far (sent, failed or still batched):
+    /// after the first pass, the exact size of one loop for the live percentage.
+    offered_this_loop: u64,
     eth_added: u64,
     last_send_ns: u64,
     /// Dry run: the capture time the first packet had, so written timestamps read like the input.
@@ -534,6 +702,9 @@ impl<'a> Worker<'a> {
             late: Histogram::new(),
             timeline: None,
             flows: FlowTable::new(expiry),
+            invalid: 0,
+            mtu: MtuCounts::default(),
+            offered_this_loop: 0,
             eth_added: 0,
             last_send_ns: 0,
             base_ts: None,
@@ -557,6 +728,7 @@ impl<'a> Worker<'a> {
         if let Err(e) = flushed.and_then(|()| self.sink.flush().map_err(ReplayError::from)) {
             error.get_or_insert(e);
         }
+        let error = error.map(|e| down_hint(e, &self.sh.cfg.output));
         let timeline = self
             .timeline
             .take()
@@ -567,6 +739,8 @@ impl<'a> Worker<'a> {
             counters: self.sink.counters(),
             late: self.late,
             flows: self.flows,
+            invalid: self.invalid,
+            mtu: self.mtu,
             eth_added: self.eth_added,
             loops_completed,
             last_offset_ns: self.last_offset_ns,
@@ -580,7 +754,9 @@ impl<'a> Worker<'a> {
         let cfg = self.sh.cfg;
         let mut loop_no: u64 = 0;
         loop {
-            self.sh.live.loop_started(loop_no);
+            self.sh
+                .live
+                .loop_started(loop_no, std::mem::take(&mut self.offered_this_loop));
             for (fi, file) in self.sh.files.iter().enumerate() {
                 if loop_no > 0 || fi > 0 {
                     // A new file follows the last one at once; a new loop after --loopdelay-ms.
@@ -643,14 +819,7 @@ impl<'a> Worker<'a> {
                         link_cache = Some((pkt.linktype, l));
                         l
                     }
-                    Err(e) => {
-                        return Some(Stop::Failed(ReplayError::Packet {
-                            path,
-                            number: pkt.number,
-                            offset: pkt.offset,
-                            what: e.to_string(),
-                        }))
-                    }
+                    Err(e) => return Some(packet_failed(&path, pkt.number, pkt.offset, &e)),
                 },
             };
             if self.shards > 1
@@ -673,12 +842,7 @@ impl<'a> Worker<'a> {
                     buf.extend_from_slice(pkt.data);
                 } else {
                     if let Err(e) = to_ethernet(link, pkt.data, sh.l2_src, sh.l2_dst, buf) {
-                        return Some(Stop::Failed(ReplayError::Packet {
-                            path,
-                            number: pkt.number,
-                            offset: pkt.offset,
-                            what: e.to_string(),
-                        }));
+                        return Some(packet_failed(&path, pkt.number, pkt.offset, &e));
                     }
                     if self.shards > 1 && shard_hash(buf) % self.shards as u64 != self.shard as u64
                     {
@@ -689,13 +853,9 @@ impl<'a> Worker<'a> {
                 if cfg.unique_ip && loop_no > 0 {
                     unique_ip(buf, loop_no as u32);
                 }
-                if let Err(e) = sh.rewriter.apply(buf) {
-                    return Some(Stop::Failed(ReplayError::Packet {
-                        path,
-                        number: pkt.number,
-                        offset: pkt.offset,
-                        what: e.to_string(),
-                    }));
+                match sh.rewriter.apply(buf) {
+                    Ok(o) => self.mtu.count(o),
+                    Err(e) => return Some(packet_failed(&path, pkt.number, pkt.offset, &e)),
                 }
             }
             if let Some(limit) = cfg.limit {
@@ -753,8 +913,16 @@ impl<'a> Worker<'a> {
                 }
             }
             // Flows are counted on what leaves, after --unique-ip and rewriting.
-            let key = flow_key(self.frame(slot));
-            self.flows.observe(key.map(|k| (k, k.reversed())), sent_at);
+            match flow_class(self.frame(slot)) {
+                FlowClass::Flow(k) => {
+                    self.flows.observe(Some((k, k.reversed())), sent_at);
+                }
+                FlowClass::NonFlow => {
+                    self.flows.observe(None, sent_at);
+                }
+                FlowClass::Invalid => self.invalid += 1,
+            }
+            self.offered_this_loop += 1;
             self.ts[slot] = sent_at;
             self.n += 1;
             if self.n == self.bufs.len() {
@@ -879,6 +1047,60 @@ impl<'a> Worker<'a> {
 mod tests {
     use super::*;
 
+    fn none() -> MtuCounts {
+        MtuCounts::default()
+    }
+
+    /// Issue 24: at top speed the live line said "loop 1821/2000 100.0%": one loop's size was
+    /// read from the sent count when the second loop began, short of the batch not yet
+    /// flushed (64 of 100 here), so the whole run looked done early.
+    #[test]
+    fn one_loop_is_counted_whole_with_a_batch_still_unflushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.pcap");
+        let mut w = PcapWriter::create(&input, DLT_EN10MB, 65535, false).unwrap();
+        for i in 0..100u64 {
+            let mut f = vec![0u8; 60];
+            f[12..14].copy_from_slice(&[0x08, 0x06]);
+            w.write_packet(i * 1000, &f, 60).unwrap();
+        }
+        w.finish().unwrap();
+        let mut cfg = Config::new(vec![input], Output::File(dir.path().join("out.pcap")));
+        cfg.rate = Rate::Topspeed;
+        cfg.loops = 3;
+        let live = LiveCounters::default();
+        let out = run(&cfg, &AtomicBool::new(false), &live).unwrap();
+        assert_eq!(out.report.packets, 300);
+        assert_eq!(live.one_loop(), Some(100));
+    }
+
+    #[test]
+    fn with_mtu_trunc_the_line_says_why_it_did_not_help() {
+        let dev = SendCounters {
+            successful: 8,
+            failed: 2,
+            failed_too_big: 2,
+            ..SendCounters::default()
+        };
+        let cut = MtuCounts {
+            cut: 31,
+            not_ip: 1,
+            long_headers: 1,
+        };
+        let line = failure(&dev, false, "veth0", Some(1500), Some(1500), &cut).unwrap();
+        assert!(!line.contains("truncate them with --mtu-trunc"), "{line}");
+        assert!(
+            line.contains("1 frames longer than --mtu are not IPv4/IPv6"),
+            "{line}"
+        );
+        assert!(line.contains("1 IP frames were cut to --mtu 1500 bytes from their IP header, but their link headers (VLAN tags, MPLS labels) are longer"), "{line}");
+        let line = failure(&dev, false, "veth0", Some(1500), Some(9000), &none()).unwrap();
+        assert!(
+            line.contains("--mtu 9000 is above it: use --mtu 1500"),
+            "{line}"
+        );
+    }
+
     fn sent(ok: u64) -> SendCounters {
         SendCounters {
             successful: ok,
@@ -888,8 +1110,14 @@ mod tests {
 
     #[test]
     fn no_failure_line_when_every_frame_went_whole() {
-        assert_eq!(failure(&sent(10), false, "eth0", Some(1500)), None);
-        assert_eq!(failure(&sent(0), true, "out.pcap", None), None);
+        assert_eq!(
+            failure(&sent(10), false, "eth0", Some(1500), None, &none()),
+            None
+        );
+        assert_eq!(
+            failure(&sent(0), true, "out.pcap", None, None, &none()),
+            None
+        );
     }
 
     #[test]
@@ -903,7 +1131,7 @@ mod tests {
             truncated: 1,
             ..SendCounters::default()
         };
-        let line = failure(&dev, false, "veth0", Some(1500)).unwrap();
+        let line = failure(&dev, false, "veth0", Some(1500), None, &none()).unwrap();
         assert!(line.starts_with("10 of 100 packets not sent: "), "{line}");
         assert!(line.contains("4 refused with Message too long (EMSGSIZE): the MTU of veth0 is 1500; truncate them with --mtu-trunc --mtu 1500"), "{line}");
         assert!(
@@ -931,7 +1159,7 @@ mod tests {
             failed_too_big: 1,
             ..SendCounters::default()
         };
-        let line = failure(&dev, true, "out.pcap", None).unwrap();
+        let line = failure(&dev, true, "out.pcap", None, None, &none()).unwrap();
         assert!(line.starts_with("3 of 4 packets not written: "), "{line}");
         assert!(line.contains("the MTU of out.pcap is ?"), "{line}");
         assert!(line.contains("2 could not be stored in out.pcap"), "{line}");
@@ -941,6 +1169,6 @@ mod tests {
             failed_too_big: 2,
             ..SendCounters::default()
         };
-        assert!(failure(&odd, false, "x", Some(9000)).is_some());
+        assert!(failure(&odd, false, "x", Some(9000), None, &none()).is_some());
     }
 }

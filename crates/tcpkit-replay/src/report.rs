@@ -42,6 +42,8 @@ pub struct ReplayReport {
     pub device: DeviceStats,
     /// The interface's own tx counters over the run (what the kernel says it sent).
     pub interface: Option<IfDelta>,
+    /// `--mtu-trunc`: what it cut and what it could not; None without it.
+    pub mtu_trunc: Option<MtuTrunc>,
     /// Packets that got an Ethernet header because their link type had none.
     pub ethernet_added: u64,
     /// Source MAC written into those added headers and where it came from (`--src-mac`, the
@@ -68,10 +70,29 @@ pub struct FlowStats {
     pub flow_packets: u64,
     /// Frames without a flow key: ARP, LLDP and anything else not IP.
     pub non_flow_packets: u64,
+    /// Frames tcpreplay 4.4.3 counts as neither (its "invalid" packets, which it does not
+    /// print): 802.3 frames, link headers it cannot walk (an MPLS GACH label, an unknown
+    /// payload under the bottom label, cut tags or labels), cut IP headers.
+    pub invalid_packets: u64,
     /// A flow and its reverse counted once.
     pub connections: u64,
     /// `connections` per second of the run.
     pub connections_per_sec: f64,
+}
+
+/// What `--mtu-trunc --mtu N` did to the frames offered.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct MtuTrunc {
+    /// `--mtu`: bytes kept from the IP header on.
+    pub mtu: u16,
+    /// Frames cut (tcpreplay's "Truncated packets" counts only what the kernel cut, and
+    /// stays 0 here, as ours does).
+    pub truncated: u64,
+    /// Frames longer than an Ethernet header plus `mtu` left whole: not IPv4/IPv6.
+    pub too_long_not_ip: u64,
+    /// IP frames cut to `mtu` from their IP header and still longer than an Ethernet header
+    /// plus `mtu`, their link headers (VLAN tags, MPLS labels) being longer than 14 bytes.
+    pub too_long_headers: u64,
 }
 
 /// How late paced frames left against their intended send time, measured when the batch
@@ -193,6 +214,24 @@ impl Report for ReplayReport {
                 let _ = writeln!(s, "Timing: top speed, not paced");
             }
         }
+        if let Some(m) = &self.mtu_trunc {
+            let _ = write!(
+                s,
+                "Truncated by --mtu-trunc: {} packets to --mtu {}",
+                m.truncated, m.mtu
+            );
+            if m.too_long_not_ip > 0 {
+                let _ = write!(s, "; {} longer ones not IP, left whole", m.too_long_not_ip);
+            }
+            if m.too_long_headers > 0 {
+                let _ = write!(
+                    s,
+                    "; {} still longer than the MTU by their link headers",
+                    m.too_long_headers
+                );
+            }
+            s.push('\n');
+        }
         if self.ethernet_added > 0 {
             let _ = writeln!(
                 s,
@@ -268,7 +307,8 @@ mod tests {
                 flows: 45,
                 flows_per_sec: 90.0,
                 flow_packets: 166,
-                non_flow_packets: 13,
+                non_flow_packets: 12,
+                invalid_packets: 1,
                 connections: 26,
                 connections_per_sec: 52.0,
             },
@@ -297,7 +337,7 @@ mod tests {
         let expected = "\
 Actual: 179 packets (69000 bytes) sent in 0.500000 seconds
 Rated: 138000.0 Bps, 1.10 Mbps, 358.00 pps
-Flows: 45 flows, 90.00 fps, 166 unique flow packets, 13 unique non-flow packets
+Flows: 45 flows, 90.00 fps, 166 unique flow packets, 12 unique non-flow packets
 Connections: 26 connections, 52.00 cps
 Timing: 179 paced packets, late by p50 2.1 us, p99 9.8 us, max 31.0 us
 Statistics for network device: veth0
@@ -309,6 +349,28 @@ Statistics for network device: veth0
 Interface counters over the run: tx_packets 179, tx_bytes 69000, tx_dropped 0, tx_errors 0
 ";
         assert_eq!(sample().human(), expected);
+    }
+
+    /// Issue 24: "Truncated packets: 0" after --mtu-trunc cut 31 frames; the cut ones get
+    /// their own line (the device line stays tcpreplay's: what the kernel cut).
+    #[test]
+    fn mtu_trunc_says_what_it_cut_and_what_it_could_not() {
+        let mut r = sample();
+        r.mtu_trunc = Some(MtuTrunc {
+            mtu: 1500,
+            truncated: 31,
+            too_long_not_ip: 2,
+            too_long_headers: 1,
+        });
+        let h = r.human();
+        assert!(
+            h.contains("\nTruncated by --mtu-trunc: 31 packets to --mtu 1500; 2 longer ones not IP, left whole; 1 still longer than the MTU by their link headers\n"),
+            "{h}"
+        );
+        let j: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(j["mtu_trunc"]["truncated"], 31);
+        assert_eq!(j["flows"]["invalid_packets"], 1);
+        assert!(!sample().human().contains("--mtu-trunc"));
     }
 
     #[test]

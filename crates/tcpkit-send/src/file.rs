@@ -49,8 +49,9 @@ pub struct PcapFileSink {
 }
 
 impl PcapFileSink {
-    /// Creates (or truncates) `path` as a pcap file of link type `linktype` (1 = Ethernet).
-    pub fn create(path: &Path, linktype: u32) -> Result<Self, SendError> {
+    /// Creates (or truncates) `path` as a pcap file of link type `linktype` (1 = Ethernet) and
+    /// snap length `snaplen` in its header.
+    pub fn create(path: &Path, linktype: u32, snaplen: u32) -> Result<Self, SendError> {
         let io_err = |what| {
             move |source| SendError::File {
                 path: path.to_path_buf(),
@@ -64,8 +65,9 @@ impl PcapFileSink {
             256 * 1024,
             f,
         ))));
-        // Snap length 0: keep every byte of every frame.
-        let writer = PcapWriter::new(file.clone(), linktype, 0, true)
+        // The caller's snap length (readers such as Wireshark take 0 as "unknown" and some
+        // refuse it); every frame is written whole.
+        let writer = PcapWriter::new(file.clone(), linktype, snaplen, true)
             .map_err(io_err("cannot write the file header"))?;
         Ok(PcapFileSink {
             path: path.to_path_buf(),
@@ -127,7 +129,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tkpcapsink-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("tmp dir");
         let path = dir.join("out.pcap");
-        let mut sink = PcapFileSink::create(&path, 1).expect("create");
+        let mut sink = PcapFileSink::create(&path, 1, 65535).expect("create");
         let a = vec![0x11u8; 60];
         let b = vec![0x22u8; 1514];
         let frames = [
@@ -172,7 +174,7 @@ mod tests {
 
     #[test]
     fn create_error_names_the_path() {
-        let e = PcapFileSink::create(Path::new("/nonexistent-dir/x.pcap"), 1)
+        let e = PcapFileSink::create(Path::new("/nonexistent-dir/x.pcap"), 1, 65535)
             .map(|_| ())
             .map_err(|e| e.to_string());
         assert_eq!(e, Err("/nonexistent-dir/x.pcap: cannot create".into()));

@@ -21,9 +21,14 @@ pub struct LiveCounters {
     pub failed: AtomicU64,
     /// The loop being sent, from 1 (0 before the first packet).
     pub loop_no: AtomicU64,
-    /// Packets in one loop, known once the second loop starts (0 until then): what the
-    /// live line's percent and ETA are computed from when the run is a number of loops.
+    /// Packets in one loop, known once every sender has started its second loop (0 until
+    /// then): what the live line's percent and ETA are computed from when the run is a number
+    /// of loops.
     pub loop_packets: AtomicU64,
+    /// Senders that have added their first loop's frames to `loop_packets`.
+    pub loop_sized: AtomicU64,
+    /// Senders in the run (each sends its share of every loop); 0 is taken as 1.
+    pub senders: AtomicU64,
 }
 
 impl LiveCounters {
@@ -34,14 +39,22 @@ impl LiveCounters {
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// A sender starts loop `n` (0-based). The first to start the second loop takes the count
-    /// so far as one loop's packets (up to one unflushed batch short: for the live line only).
-    pub fn loop_started(&self, n: u64) {
-        let before = self.loop_no.fetch_max(n + 1, Ordering::Relaxed);
-        if n == 1 && before < 2 {
-            let done = self.packets.load(Ordering::Relaxed) + self.failed.load(Ordering::Relaxed);
-            self.loop_packets.store(done, Ordering::Relaxed);
+    /// A sender starts loop `n` (0-based), having offered `offered` frames in the loop before
+    /// (sent, failed or still batched: counted by the sender itself, since what `packets`
+    /// holds at that moment is short of a batch not yet flushed).
+    pub fn loop_started(&self, n: u64, offered: u64) {
+        self.loop_no.fetch_max(n + 1, Ordering::Relaxed);
+        if n == 1 {
+            self.loop_packets.fetch_add(offered, Ordering::Relaxed);
+            self.loop_sized.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Packets in one loop over all senders, once every sender has told.
+    pub fn one_loop(&self) -> Option<u64> {
+        let senders = self.senders.load(Ordering::Relaxed).max(1);
+        let n = self.loop_packets.load(Ordering::Relaxed);
+        (self.loop_sized.load(Ordering::Relaxed) >= senders && n > 0).then_some(n)
     }
 }
 

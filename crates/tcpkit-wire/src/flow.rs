@@ -4,15 +4,21 @@
 //! or IPv6 of any protocol; everything else (ARP, LLDP, ...) is a *non-flow* packet. Its key
 //! is (src ip, dst ip, protocol, src port, dst port), direction-specific, with TCP/UDP ports,
 //! ICMP/ICMPv6 (type, code) in the port slots, and 0/0 for other protocols. [`flow_key`]
-//! follows that, with three deliberate differences: it is exact (tcpreplay hashes, then
+//! follows that, IP found through VLAN tags and MPLS (Ethernet over MPLS included) as
+//! tcpreplay finds it, with four deliberate differences: it is exact (tcpreplay hashes, then
 //! compares the entry); it skips every IPv6 extension header (tcpreplay only hop-by-hop);
-//! and non-first fragments, or packets whose L4 header is cut short, get ports 0/0 where
-//! tcpreplay reads payload bytes or calls the packet invalid.
+//! non-first fragments, or packets whose L4 header is cut short, get ports 0/0 where
+//! tcpreplay reads payload bytes or calls the packet invalid; and an IPv6 frame is a flow
+//! packet whatever its MAC, where tcpreplay 4.4.3 checks the IP version in the *first byte of
+//! the frame* (the destination MAC) and so files every IPv6 frame whose destination MAC does
+//! not start with the nibble 6 (33:33:..., 00:...) as a non-flow packet.
 
 use std::net::IpAddr;
 
-use crate::parse::{self, be16, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
-use crate::rewrite::{read_addr, set_addr};
+use crate::parse::{
+    self, be16, ETHERTYPE_IPV4, ETHERTYPE_IPV6, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
+};
+use crate::rewrite::read_addr;
 
 /// Direction-specific 5-tuple of one packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -68,7 +74,7 @@ impl FlowKey {
 
 /// The exact flow key of an Ethernet frame; `None` for non-IP ("non-flow") frames.
 pub fn flow_key(frame: &[u8]) -> Option<FlowKey> {
-    let ip = parse::ip_through_mpls(frame)?;
+    let ip = parse::ip(frame)?;
     let (s, d) = if ip.v6 { (8, 24) } else { (12, 16) };
     let src = read_addr(frame, ip.off + s, ip.v6)?;
     let dst = read_addr(frame, ip.off + d, ip.v6)?;
@@ -90,6 +96,37 @@ pub fn flow_key(frame: &[u8]) -> Option<FlowKey> {
         src_port,
         dst_port,
     })
+}
+
+/// How tcpreplay 4.4.3's `flow_decode` files a packet (src/common/flows.c), which decides
+/// which of its `Flows:` counts the packet lands in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowClass {
+    /// IPv4 or IPv6 (through VLAN tags and MPLS): a flow packet with this key.
+    Flow(FlowKey),
+    /// A link header tcpreplay can walk with something other than IP behind it (ARP, LLDP,
+    /// ...): a "non-flow packet".
+    NonFlow,
+    /// A link header tcpreplay cannot walk (shorter than its headers, an 802.3 length field
+    /// instead of an ethertype, an MPLS GACH label or an unknown payload under the bottom
+    /// label) or an IP header cut short: counted in neither (its "invalid" packets).
+    Invalid,
+}
+
+/// [`flow_key`], with what tcpreplay does with packets that have none.
+pub fn flow_class(frame: &[u8]) -> FlowClass {
+    let Some((et, off)) = parse::ethernet(frame) else {
+        return FlowClass::Invalid;
+    };
+    if let Some(k) = flow_key(frame) {
+        return FlowClass::Flow(k);
+    }
+    match et {
+        0..0x600 => FlowClass::Invalid,
+        ETHERTYPE_IPV4 if frame.len() < off + 20 => FlowClass::Invalid,
+        ETHERTYPE_IPV6 if frame.len() < off + 40 => FlowClass::Invalid,
+        _ => FlowClass::NonFlow,
+    }
 }
 
 /// A 64-bit hash equal for both directions of a connection, for sharding a capture over
@@ -144,36 +181,60 @@ impl Fnv {
     }
 }
 
-/// tcpreplay `--unique-ip`: make loop `loop_no`'s flows new flows.
+/// tcpreplay `--unique-ip`: make loop `loop_no`'s flows new flows, with tcpreplay 4.4.3's
+/// mapping (src/send_packets.c, `fast_edit_packet`), so both count the same flows on the same
+/// capture.
 ///
-/// Mapping: an IPv4 address, read as a big-endian u32, has `loop_no` added (wrapping); an
-/// IPv6 address has `loop_no` added to its low 32 bits (wrapping inside them, so the /96
-/// stays). It is a bijection for each loop, loop 0 is the identity, and since both source and
-/// destination move the same way both directions of a connection stay one connection. The
-/// IPv4 header, TCP, UDP and ICMPv6 checksums are updated incrementally. ARP and non-IP
-/// frames are left alone; cut headers are left alone.
+/// Of the two addresses (IPv4, or the low 32 bits of IPv6, read as big-endian u32) the higher
+/// moves up by `loop_no` and the lower down (wrapping, one step less where exactly one of them
+/// wraps). Both directions of a connection move alike, so they stay one connection; loop 0 is
+/// the identity. The two moves cancel in the one's-complement sum, so the IPv4 header, TCP, UDP
+/// and ICMPv6 checksums stay right with no update, as in tcpreplay. IP is found as the
+/// rewriter finds it (through VLAN tags and MPLS); ARP, other non-IP frames and cut headers
+/// are left alone (tcpreplay drops those from every loop after the first: we send them).
 pub fn unique_ip(frame: &mut [u8], loop_no: u32) {
     if loop_no == 0 {
         return;
     }
     let Some(ip) = parse::ip(frame) else { return };
-    let rels: [usize; 2] = if ip.v6 { [8, 24] } else { [12, 16] };
-    for rel in rels {
-        let at = ip.off + rel;
-        match read_addr(frame, at, ip.v6) {
-            Some(IpAddr::V4(a)) => {
-                let n = u32::from(a).wrapping_add(loop_no).to_be_bytes();
-                set_addr(frame, &ip, at, &n);
-            }
-            Some(IpAddr::V6(a)) => {
-                let mut o = a.octets();
-                let low = u32::from_be_bytes([o[12], o[13], o[14], o[15]]).wrapping_add(loop_no);
-                o[12..16].copy_from_slice(&low.to_be_bytes());
-                set_addr(frame, &ip, at, &o);
-            }
-            None => {}
+    // The low 32 bits of each address.
+    let (s, d) = if ip.v6 {
+        (ip.off + 8 + 12, ip.off + 24 + 12)
+    } else {
+        (ip.off + 12, ip.off + 16)
+    };
+    let (Some(src), Some(dst)) = (be32(frame, s), be32(frame, d)) else {
+        return;
+    };
+    let (new_src, new_dst) = unique_pair(src, dst, loop_no);
+    frame[s..s + 4].copy_from_slice(&new_src.to_be_bytes());
+    frame[d..d + 4].copy_from_slice(&new_dst.to_be_bytes());
+}
+
+/// tcpreplay's per-loop address pair (its "CRC compensations for wrap conditions" included:
+/// 2^32 is 1 in the one's-complement sum, so a lone wrap is undone by one step back).
+fn unique_pair(src: u32, dst: u32, i: u32) -> (u32, u32) {
+    if dst > src {
+        let (mut s, mut d) = (src.wrapping_sub(i), dst.wrapping_add(i));
+        if s > src && d > dst {
+            s = s.wrapping_sub(1);
+        } else if d < dst && s < src {
+            d = d.wrapping_add(1);
         }
+        (s, d)
+    } else {
+        let (mut s, mut d) = (src.wrapping_add(i), dst.wrapping_sub(i));
+        if d > dst && s > src {
+            d = d.wrapping_sub(1);
+        } else if s < src && d < dst {
+            s = s.wrapping_add(1);
+        }
+        (s, d)
     }
+}
+
+fn be32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
 
 #[cfg(test)]
@@ -222,11 +283,57 @@ mod tests {
         let mut arp = vec![0u8; 42];
         arp[12..14].copy_from_slice(&[8, 6]);
         assert_eq!(flow_key(&arp), None);
+        assert_eq!(flow_class(&arp), FlowClass::NonFlow);
+        assert_eq!(flow_class(&a), FlowClass::Flow(ka));
+        // 802.3 (a length, not an ethertype), a cut Ethernet header, a cut IP header.
+        let mut llc = arp.clone();
+        llc[12..14].copy_from_slice(&[0, 40]);
+        assert_eq!(flow_class(&llc), FlowClass::Invalid);
+        assert_eq!(flow_class(&a[..13]), FlowClass::Invalid);
+        assert_eq!(flow_class(&a[..30]), FlowClass::Invalid);
         let mut arp2 = arp.clone();
         arp2[0..6].copy_from_slice(&[1; 6]);
         let mut arp3 = arp.clone();
         arp3[6..12].copy_from_slice(&[1; 6]);
         assert_eq!(shard_hash(&arp2), shard_hash(&arp3));
+    }
+
+    /// The one's-complement sum of a pair of addresses' 16-bit words, as checksums see them.
+    fn ones_sum(a: u32, b: u32) -> u32 {
+        let mut acc = (a >> 16) + (a & 0xffff) + (b >> 16) + (b & 0xffff);
+        while acc > 0xffff {
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        acc
+    }
+
+    #[test]
+    fn unique_pair_keeps_the_checksum_sum_and_wraps_as_tcpreplay() {
+        for (s, d) in [
+            (1u32, 2u32),
+            (2, 1),
+            (0, 0xffff_ffff),
+            (0xffff_fff0, 5),
+            (7, 7),
+            (0x0a00_0001, 0xc0a8_0101),
+        ] {
+            for i in [1u32, 2, 16, 1000, 0x8000_0000] {
+                let (a, b) = unique_pair(s, d, i);
+                assert_eq!(ones_sum(a, b), ones_sum(s, d), "{s:#x} {d:#x} loop {i}");
+                // The reverse direction maps to the same pair, reversed (a host talking to
+                // itself is one address and takes the second branch both ways).
+                if s != d {
+                    assert_eq!(unique_pair(d, s, i), (b, a), "{s:#x} {d:#x} loop {i}");
+                }
+            }
+        }
+        // tcpreplay's own numbers: loop 3 of 10.0.0.1 -> 10.0.0.9.
+        assert_eq!(
+            unique_pair(0x0a00_0001, 0x0a00_0009, 3),
+            (0x09ff_fffe, 0x0a00_000c)
+        );
+        // The lower address wraps below zero: one step back keeps the sum.
+        assert_eq!(unique_pair(1, 10, 3), (0xffff_fffd, 13));
     }
 
     #[test]
@@ -240,7 +347,9 @@ mod tests {
         unique_ip(&mut a1, 1);
         unique_ip(&mut b1, 1);
         assert_ne!(a1, a);
-        assert_eq!(&a1[26..34], &[10, 0, 0, 2, 10, 0, 0, 3]);
+        // tcpreplay's mapping: the lower address down, the higher up.
+        assert_eq!(&a1[26..34], &[10, 0, 0, 0, 10, 0, 0, 3]);
+        assert_eq!(&b1[26..34], &[10, 0, 0, 3, 10, 0, 0, 0]);
         assert!(valid(&a1) && valid(&b1));
         assert_eq!(
             flow_key(&a1).unwrap().connection(),

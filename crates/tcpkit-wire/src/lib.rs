@@ -2,7 +2,7 @@
 //!
 //! This crate is the one place in tcpkit that indexes packet bytes. Untrusted frames enter
 //! through functions that check every offset against the buffer and pass anything they do not
-//! understand (MPLS, unknown ethertypes, cut headers) through untouched; nothing here panics on
+//! understand (unknown ethertypes, MPLS payloads that are not IP, cut headers) through untouched; nothing here panics on
 //! bad input (the `rewrite` fuzz target and its corpus test hold us to that).
 //!
 //! - [`LinkType`], [`to_ethernet`] and [`as_ethernet`]: turn a captured frame of any supported
@@ -27,10 +27,10 @@ pub mod rewrite;
 pub mod tcp;
 mod types;
 
-pub use flow::{flow_key, shard_hash, unique_ip, ConnKey, FlowKey};
+pub use flow::{flow_class, flow_key, shard_hash, unique_ip, ConnKey, FlowClass, FlowKey};
 pub use fuzz::fuzz_rewrite;
 pub use link::{as_ethernet, to_ethernet, LinkType};
-pub use rewrite::{RewriteConfig, RewriteOutcome, Rewriter};
+pub use rewrite::{RewriteConfig, RewriteOutcome, Rewriter, Uncut};
 pub use types::{Cidr, IpMap, MacAddr, PortMap, TtlEdit, VlanEdit};
 
 /// Why a frame or a piece of text could not be handled.

@@ -18,20 +18,63 @@ pub(crate) fn be16(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
 }
 
-/// Walks the Ethernet header and any 802.1Q / 802.1ad tags (at most 8, so a frame of tags
-/// cannot make us loop long). Returns (ethertype, offset of the L3 header); `None` when even
-/// the Ethernet header or a tag is cut short.
+pub(crate) const ETHERTYPE_MPLS: u16 = 0x8847;
+pub(crate) const ETHERTYPE_MPLS_MULTI: u16 = 0x8848;
+
+/// Steps of [`ethernet`]'s walk (a tag, a label, a control word with its inner Ethernet
+/// header): each takes at least 4 bytes, and 64 of them cover far more headers than any
+/// real frame stacks, so a frame made of nothing but tags and labels cannot make us loop long.
+const MAX_L2_STEPS: usize = 64;
+
+/// MPLS label 13, the Generic Associated Channel: what follows is not a packet.
+const MPLS_LABEL_GACH: u32 = 13;
+
+fn be32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// Walks the link headers of an Ethernet frame as tcpreplay 4.4.3 does (src/common/get.c,
+/// `parse_metadata`), so the rewriter, the flow key and `--unique-ip` find the same L3 header
+/// tcprewrite and tcpreplay find: 802.1Q / 802.1ad tags, and MPLS label stacks to the
+/// bottom-of-stack label, after which the first nibble says IPv4 (4), IPv6 (6) or a
+/// pseudowire control word (0) followed by a whole inner Ethernet frame (EoMPLS), whose own
+/// tags and labels are walked in turn. Returns (ethertype, offset of the L3 header); `None`
+/// when a header is cut short, for a GACH label or another first nibble (tcpreplay gives up
+/// on those too), and past [`MAX_L2_STEPS`].
 pub(crate) fn ethernet(buf: &[u8]) -> Option<(u16, usize)> {
     let mut et = be16(buf, 12)?;
     let mut off = ETH_HDR;
-    for _ in 0..8 {
-        if !matches!(et, 0x8100 | 0x88a8 | 0x9100) {
-            break;
+    for _ in 0..MAX_L2_STEPS {
+        match et {
+            0x8100 | 0x88a8 | 0x9100 => {
+                et = be16(buf, off + 2)?;
+                off += 4;
+            }
+            ETHERTYPE_MPLS | ETHERTYPE_MPLS_MULTI => {
+                let entry = be32(buf, off)?;
+                off += 4;
+                if entry >> 12 == MPLS_LABEL_GACH {
+                    return None;
+                }
+                if entry & 0x100 == 0 {
+                    // Not the bottom of the stack: another label follows.
+                    continue;
+                }
+                match buf.get(off)? >> 4 {
+                    4 => return Some((ETHERTYPE_IPV4, off)),
+                    6 => return Some((ETHERTYPE_IPV6, off)),
+                    0 => {
+                        // Control word (4 bytes), then the inner Ethernet header.
+                        et = be16(buf, off + 4 + 12)?;
+                        off += 4 + ETH_HDR;
+                    }
+                    _ => return None,
+                }
+            }
+            _ => return Some((et, off)),
         }
-        et = be16(buf, off + 2)?;
-        off += 4;
     }
-    Some((et, off))
+    None
 }
 
 /// Where the IP and L4 headers of one frame are.
@@ -79,40 +122,14 @@ impl IpLayout {
     }
 }
 
-/// Finds the IP header of an Ethernet frame; `None` for non-IP frames and for IP headers that
-/// are cut short or malformed (those are passed through untouched).
+/// Finds the IP header of an Ethernet frame, through VLAN tags and MPLS as [`ethernet`] walks
+/// them; `None` for non-IP frames and for IP headers that are cut short or malformed (those
+/// are passed through untouched).
 pub(crate) fn ip(buf: &[u8]) -> Option<IpLayout> {
     let (et, off) = ethernet(buf)?;
     match et {
         ETHERTYPE_IPV4 => ipv4(buf, off),
         ETHERTYPE_IPV6 => ipv6(buf, off),
-        _ => None,
-    }
-}
-
-/// Like [`ip`], but also looks through an MPLS label stack (to its bottom-of-stack label,
-/// then IPv4 or IPv6 by the version nibble), as tcpreplay does when it counts flows. The
-/// rewriter does not use this: tcprewrite leaves what is inside MPLS alone.
-pub(crate) fn ip_through_mpls(buf: &[u8]) -> Option<IpLayout> {
-    let (et, mut off) = ethernet(buf)?;
-    match et {
-        ETHERTYPE_IPV4 => ipv4(buf, off),
-        ETHERTYPE_IPV6 => ipv6(buf, off),
-        0x8847 | 0x8848 => {
-            // At most 16 labels, so a frame full of labels cannot make us loop long.
-            for _ in 0..16 {
-                let bottom = buf.get(off + 2)? & 0x01 != 0;
-                off += 4;
-                if bottom {
-                    return match buf.get(off)? >> 4 {
-                        4 => ipv4(buf, off),
-                        6 => ipv6(buf, off),
-                        _ => None,
-                    };
-                }
-            }
-            None
-        }
         _ => None,
     }
 }
@@ -220,15 +237,44 @@ mod mpls_tests {
         ];
         pkt.extend_from_slice(&[0, 53, 0, 54, 0, 8, 0, 0]);
         let f = frame(&[[0, 0x10, 0x00, 64], [0, 0x20, 0x01, 64]], &pkt);
-        let l = ip_through_mpls(&f).expect("IPv4 under two labels");
+        let l = ip(&f).expect("IPv4 under two labels");
         assert_eq!((l.off, l.proto, l.v6), (22, 17, false));
-        assert!(
-            ip(&f).is_none(),
-            "the rewriter's view does not look inside MPLS"
-        );
         for cut in 0..f.len() {
-            let _ = ip_through_mpls(&f[..cut]);
+            let _ = ip(&f[..cut]);
         }
-        assert!(ip_through_mpls(&frame(&[[0, 0x10, 0x01, 64]], &[0x00; 20])).is_none());
+        // Bottom of stack, then neither 4, 6 nor a control word.
+        assert!(ip(&frame(&[[0, 0x10, 0x01, 64]], &[0x50; 20])).is_none());
+        // GACH (label 13) is not a packet, as tcpreplay says.
+        assert!(ip(&frame(&[[0, 0x00, 0xd1, 64]], &pkt)).is_none());
+    }
+
+    #[test]
+    fn ethernet_over_mpls_is_walked_to_the_inner_ip_header() {
+        let mut pkt = vec![
+            0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ];
+        pkt.extend_from_slice(&[0, 53, 0, 54, 0, 8, 0, 0]);
+        // Control word, inner Ethernet with one 802.1Q tag, then IPv4.
+        let mut inner = vec![0, 0, 0, 0];
+        inner.extend_from_slice(&[0xa5; 12]);
+        inner.extend_from_slice(&[0x81, 0x00, 0x00, 0x07, 0x08, 0x00]);
+        inner.extend_from_slice(&pkt);
+        let f = frame(&[[0, 0x13, 0x00, 254], [0, 0x10, 0x01, 255]], &inner);
+        let l = ip(&f).expect("IPv4 in Ethernet over MPLS");
+        assert_eq!((l.off, l.proto), (22 + 4 + 14 + 4, 17));
+        for cut in 0..f.len() {
+            assert!(ip(&f[..cut]).is_none_or(|l| l.off == 44));
+        }
+    }
+
+    #[test]
+    fn a_frame_of_labels_ends_the_walk() {
+        let f = frame(&[[0, 0x10, 0x00, 64]; 2000], &[]);
+        assert!(ethernet(&f).is_none());
+        let mut tags = vec![0xa5; 12];
+        for _ in 0..2000 {
+            tags.extend_from_slice(&[0x81, 0x00, 0, 1]);
+        }
+        assert!(ethernet(&tags).is_none());
     }
 }

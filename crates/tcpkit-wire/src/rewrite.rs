@@ -8,6 +8,10 @@
 //!   every frame, even an already tagged one; `del` removes the outermost 802.1Q tag.
 //!   tcprewrite corrupts frames unless all of `--enet-vlan-tag/-pri/-cfi` are given, so
 //!   [`VlanEdit::Add`] always carries all three.
+//! - Every IP edit finds the IP header as tcprewrite does: past 802.1Q/802.1ad tags and MPLS
+//!   label stacks, IPv4/IPv6 directly under the bottom label and IP inside Ethernet over MPLS
+//!   (control word, inner Ethernet header) alike (`parse::ethernet`). MAC and VLAN edits are
+//!   made on the outer Ethernet header.
 //! - `--srcipmap/--dstipmap` rewrite IPv4 and IPv6 source / destination addresses (not ARP);
 //!   the first matching rule wins; host bits below the *target* prefix are kept. IPv6 rules
 //!   must be written `[2001:db8::/32]:[2001:db9::/32]`: tcprewrite silently ignores the
@@ -25,13 +29,22 @@
 //!   ICMPv6 only when the whole datagram is there and it is not a fragment; ICMPv4 is not
 //!   recomputed by tcprewrite 4.4.3 (it bails with "insufficient L4 data"), and neither here.
 //!
-//! tcprewrite 4.4.3 bugs deliberately NOT copied:
+//! tcprewrite 4.4.3 bugs deliberately NOT copied (tests/rewrite_oracle.rs names each as an
+//! explicit exception, limited to the bytes it touches):
 //! - it replaces the MACs of every IPv6 frame with 33:33:<last 4 bytes of the address>
 //!   (multicast MACs), even for unicast and even with `--enet-smac/--enet-dmac`;
 //! - it does not update the ICMPv6 checksum after an IPv6 address map;
 //! - it recomputes IPv4 IP/TCP/UDP checksums on every packet it writes, even with no option:
 //!   we leave checksums alone unless asked (`fixcsum`), so a replay is the capture unless the
-//!   user asked for an edit.
+//!   user asked for an edit;
+//! - it sets an IPv4 total length that differs from the frame (Ethernet padding, a datagram
+//!   cut by the snaplen) to the frame's length, on every packet, leaving the header checksum
+//!   stale when no option recomputes it: we keep the header as captured;
+//! - on Ethernet over MPLS it takes the inner Ethernet header for the frame's own: MACs are
+//!   set and VLAN tags pushed or popped inside, the outer header stays as captured; ours edits
+//!   the outer header (the one the switch sees), and the inner IP header as tcprewrite does;
+//! - with IPv4 multicast destinations it writes 01:00:5e over the first three bytes of the
+//!   source MAC (and of the destination's with `--enet-dmac`).
 
 use crate::csum;
 use crate::parse::{self, be16, IpLayout, ETHERTYPE_VLAN, ETH_HDR, PROTO_UDP};
@@ -68,6 +81,20 @@ pub struct RewriteOutcome {
     pub edited: bool,
     /// The frame was cut by `mtu_trunc`.
     pub truncated: bool,
+    /// With `mtu_trunc`: the frame is still longer than an Ethernet header plus the MTU, and why
+    /// the rewriter could not make it shorter.
+    pub uncut: Option<Uncut>,
+}
+
+/// Why `--mtu-trunc` left a frame longer than an Ethernet header plus `--mtu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Uncut {
+    /// Not IPv4/IPv6 (ARP, MPLS over something else, 802.3...): there is no datagram length
+    /// to shorten, so tcprewrite and we leave it whole.
+    NotIp,
+    /// IP, cut to `--mtu` bytes from its IP header, but the link headers before it (VLAN tags,
+    /// MPLS labels) are longer than Ethernet's 14 bytes, and the MTU counts them.
+    LongHeaders,
 }
 
 /// Applies a [`RewriteConfig`] to Ethernet frames. Holds no per-packet state.
@@ -149,6 +176,7 @@ impl Rewriter {
             _ => {}
         }
         let Some(mut ip) = parse::ip(buf) else {
+            out.uncut = self.uncut(buf, false);
             return Ok(out);
         };
         if ip.v6 {
@@ -194,14 +222,24 @@ impl Rewriter {
                 }
                 match parse::ip(buf) {
                     Some(l) => ip = l,
-                    None => return Ok(out),
+                    None => {
+                        out.uncut = self.uncut(buf, true);
+                        return Ok(out);
+                    }
                 }
             }
         }
         if c.fixcsum || c.mtu_trunc.is_some() {
             fix_checksums(buf, &ip);
         }
+        out.uncut = self.uncut(buf, true);
         Ok(out)
+    }
+
+    /// With `mtu_trunc`, why a frame that is still too long could not be cut.
+    fn uncut(&self, buf: &[u8], ip: bool) -> Option<Uncut> {
+        let mtu = usize::from(self.cfg.mtu_trunc?);
+        (buf.len() > ETH_HDR + mtu).then_some(if ip { Uncut::LongHeaders } else { Uncut::NotIp })
     }
 
     fn map_addrs(&self, buf: &mut [u8], ip: &IpLayout, rel: usize, maps: &[IpMap]) {
@@ -577,6 +615,51 @@ mod tests {
         );
         assert_eq!(&b[18..20], &[0, 20]);
         assert!(checksums_valid(&b));
+    }
+
+    #[test]
+    fn mtu_trunc_says_why_a_frame_stays_too_long() {
+        let cfg = RewriteConfig {
+            mtu_trunc: Some(60),
+            ..Default::default()
+        };
+        let mut arp = vec![MARK; 200];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(run(cfg.clone(), &mut arp).uncut, Some(Uncut::NotIp));
+        assert_eq!(arp.len(), 200);
+        // IPv4 under one MPLS label: cut to 60 bytes past the label, 4 over 14 + 60.
+        let ip = frame(false, PROTO_UDP, 100);
+        let mut mpls = ip[..12].to_vec();
+        mpls.extend_from_slice(&[0x88, 0x47, 0x00, 0x01, 0x01, 0x40]);
+        mpls.extend_from_slice(&ip[14..]);
+        let o = run(cfg.clone(), &mut mpls);
+        assert!(o.truncated);
+        assert_eq!((mpls.len(), o.uncut), (18 + 60, Some(Uncut::LongHeaders)));
+        let mut plain = frame(false, PROTO_UDP, 100);
+        assert_eq!(run(cfg, &mut plain).uncut, None);
+        assert_eq!(plain.len(), 74);
+    }
+
+    #[test]
+    fn ip_inside_mpls_is_rewritten_with_right_checksums() {
+        let cfg = RewriteConfig {
+            srcipmap: IpMap::parse_list("0.0.0.0/0:1.0.0.0/8,[::/0]:[fd00::/8]").unwrap(),
+            ttl: Some(TtlEdit::Set(9)),
+            portmap: Some("1234:99".parse().unwrap()),
+            ..Default::default()
+        };
+        for v6 in [false, true] {
+            let ip = frame(v6, PROTO_TCP, 10);
+            let mut f = ip[..12].to_vec();
+            f.extend_from_slice(&[0x88, 0x47, 0x00, 0x01, 0x00, 0x40, 0x00, 0x02, 0x01, 0x40]);
+            f.extend_from_slice(&ip[14..]);
+            run(cfg.clone(), &mut f);
+            // The same edits as on the plain frame, 8 bytes of labels later.
+            let mut want = ip.clone();
+            run(cfg.clone(), &mut want);
+            assert_ne!(want, ip);
+            assert_eq!(&f[22..], &want[14..], "v6 {v6}");
+        }
     }
 
     #[test]

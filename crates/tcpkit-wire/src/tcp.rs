@@ -258,7 +258,7 @@ pub const EMIT_DST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 impl Segment {
     /// Parses the TCP segment of an Ethernet frame, checking every offset.
     pub fn parse(frame: &[u8]) -> Result<Segment, SegmentError> {
-        let ip = parse::ip_through_mpls(frame).ok_or(SegmentError::NotTcp)?;
+        let ip = parse::ip(frame).ok_or(SegmentError::NotTcp)?;
         if ip.proto != PROTO_TCP {
             return Err(SegmentError::NotTcp);
         }

@@ -480,7 +480,14 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         // Nothing was sent: no picture, not an empty file.
         let _ = std::fs::remove_file(p);
     }
-    let outcome = result.map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    // A file the command line names that cannot be used is a usage error (exit 2): nothing
+    // was sent. Anything found once the run started (a capture cut mid-file) is not.
+    let outcome = result.map_err(|e| match e {
+        tcpkit_replay::ReplayError::InputFile(_)
+        | tcpkit_replay::ReplayError::InputLink { .. }
+        | tcpkit_replay::ReplayError::OutputFile(_) => Failure::Usage(crate::chain(&e)),
+        _ => Failure::Runtime(crate::chain(&e)),
+    })?;
     decoded?;
     if let Some(p) = &args.plot {
         let title = format!(
@@ -513,8 +520,12 @@ fn progress_line(
     } else {
         format!("Progress: loop {k}/{loops}")
     };
-    let per_loop = live.loop_packets.load(Ordering::Relaxed);
-    let by_loops = (loops > 0 && per_loop > 0).then(|| per_loop.saturating_mul(loops));
+    // The whole run, every loop included: one loop's exact size (known once every sender
+    // has finished its first) times the loops.
+    let by_loops = live
+        .one_loop()
+        .filter(|_| loops > 0)
+        .map(|per_loop| per_loop.saturating_mul(loops));
     let by_packets = match (limit, by_loops) {
         (Some(l), Some(t)) => Some(l.min(t)),
         (l, t) => l.or(t),
@@ -562,7 +573,7 @@ mod tests {
     fn progress_says_the_loop_and_percent_where_the_end_is_known() {
         let live = LiveCounters::default();
         let ten = Duration::from_secs(10);
-        live.loop_started(0);
+        live.loop_started(0, 0);
         live.add(100, 0);
         assert_eq!(
             progress_line(&live, 3, None, None, ten),
@@ -577,7 +588,7 @@ mod tests {
             "Progress: loop 1/3  25.0% ETA 30s"
         );
         // One loop's size is known once the second starts: 3 loops of 100.
-        live.loop_started(1);
+        live.loop_started(1, 100);
         live.add(50, 0);
         assert_eq!(
             progress_line(&live, 3, None, None, ten),

@@ -179,21 +179,23 @@ fn patched_dry_run(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Files that are not captures, or broken ones.
+// Files that are not captures, or broken ones. A file that cannot be used as given (missing,
+// not a capture, its file header bad) is a usage error, exit 2, nothing sent (issue 24 item
+// 15); one found bad once packets flow (a record cut mid-file) stops a started run, exit 1.
 
 #[test]
 fn missing_file() {
     let d = tempdir();
     let p = d.path().join("nosuch.pcap");
     let r = dry(d.path(), &p);
-    assert_error(&r, 1, &[s(&p), "No such file"]);
+    assert_error(&r, 2, &[s(&p), "No such file"]);
 }
 
 #[test]
 fn empty_file() {
     let d = tempdir();
     let p = write(&d.path().join("empty.pcap"), b"");
-    assert_error(&dry(d.path(), &p), 1, &[s(&p), "empty"]);
+    assert_error(&dry(d.path(), &p), 2, &[s(&p), "empty"]);
 }
 
 #[test]
@@ -203,7 +205,7 @@ fn html_page() {
         &d.path().join("capture.pcap"),
         b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head><body>gone</body></html>\n",
     );
-    assert_error(&dry(d.path(), &p), 1, &[s(&p), "not a pcap or pcapng file"]);
+    assert_error(&dry(d.path(), &p), 2, &[s(&p), "not a pcap or pcapng file"]);
 }
 
 #[test]
@@ -212,7 +214,7 @@ fn cut_inside_the_file_header() {
     let (bytes, _) = good_pcap(&d.path().join("good.pcap"), 3);
     for cut in [4, 10, 23] {
         let p = write(&d.path().join(format!("cut{cut}.pcap")), &bytes[..cut]);
-        assert_error(&dry(d.path(), &p), 1, &[s(&p), "file header", "truncated"]);
+        assert_error(&dry(d.path(), &p), 2, &[s(&p), "file header", "truncated"]);
     }
 }
 
@@ -286,7 +288,8 @@ fn unknown_link_type() {
     let p = d.path().join("dlt147.pcap");
     write_pcap(&p, 147, &frames(2));
     let r = dry(d.path(), &p);
-    assert_error(&r, 1, &[s(&p), "147", "link type"]);
+    // In the pcap file header: found before anything is sent, a usage error.
+    assert_error(&r, 2, &[s(&p), "147", "link type"]);
 }
 
 /// A packet whose link-layer bytes cannot be converted to Ethernet is a packet error like any
@@ -358,7 +361,7 @@ fn write_into_missing_directory() {
     let (_, _) = good_pcap(&d.path().join("good.pcap"), 3);
     let out = d.path().join("no/such/dir/out.pcap");
     let r = run(&["-t", "-w", s(&out), s(&d.path().join("good.pcap"))]);
-    assert_error(&r, 1, &[s(&out), "No such file or directory"]);
+    assert_error(&r, 2, &["-w", s(&out), "No such file or directory"]);
 }
 
 // ---------------------------------------------------------------------------------------------

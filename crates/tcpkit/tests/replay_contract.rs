@@ -86,6 +86,142 @@ fn issue10_frames_over_the_mtu_fail_the_run_and_say_why() {
     assert!(stdout(&out).contains("\tFailed packets:            0\n"));
 }
 
+/// Issue 24: after `--mtu-trunc` cut frames the summary said "Truncated packets: 0" (as
+/// tcpreplay-edit does) and nothing else; a frame it could not cut (not IP) was refused by the
+/// kernel and the last line still advised `--mtu-trunc`. Now: a line and `--json` say how many
+/// were cut, and the failure line says why the rest could not be (beside tcpreplay-edit, which
+/// sends the same frames on the same link, to show the frames and the counts are the same).
+#[test]
+fn mtu_trunc_counts_what_it_cut_and_says_why_it_could_not() {
+    let (d, p) = mixed(10, 4);
+    // Two ARP frames of 2000 bytes: no datagram length to cut.
+    let mut frames: Vec<(u64, Vec<u8>)> = common::read_frames(&p)
+        .into_iter()
+        .map(|f| (f.ts_ns, f.data))
+        .collect();
+    for n in 0..2u64 {
+        let mut arp = vec![0xff; 2000];
+        arp[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 9]);
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        frames.push((20_000_000 + n, arp));
+    }
+    let with_arp = d.path().join("with-arp.pcap");
+    write_pcap(&with_arp, 1, &frames);
+    let lab = mtu_1500_lab("mtutrunc");
+    let (p, with_arp) = (p.to_str().unwrap(), with_arp.to_str().unwrap());
+    // All IP: the 4 big frames are cut, and the report says so.
+    let out = lab.replay(&["-t", "--mtu-trunc", "--mtu", "1500", "--json", p]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let j: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    schema::check(&schema::load("replay"), &j, "report");
+    assert_eq!(j["mtu_trunc"]["truncated"], 4, "{j}");
+    assert_eq!(j["mtu_trunc"]["too_long_not_ip"], 0, "{j}");
+    let out = lab.replay(&["-t", "--mtu-trunc", "--mtu", "1500", p]);
+    let so = stdout(&out);
+    assert!(
+        so.contains("\nTruncated by --mtu-trunc: 4 packets to --mtu 1500\n"),
+        "{so}"
+    );
+    let theirs = lab
+        .tx
+        .command(&[
+            "tcpreplay-edit",
+            "-i",
+            &lab.link.a.name,
+            "-t",
+            "--mtu-trunc",
+            "--mtu=1500",
+            p,
+        ])
+        .output()
+        .expect("tcpreplay-edit");
+    assert!(
+        stdout(&theirs).contains("Actual: 14 packets"),
+        "tcpreplay-edit sends the same 14 frames: {}",
+        stdout(&theirs)
+    );
+    // Two ARP frames too long: refused, and the last line says why --mtu-trunc did not help.
+    let out = lab.replay(&["-t", "--mtu-trunc", "--mtu", "1500", with_arp]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let why = last_line(&stderr(&out)).to_string();
+    assert!(!why.contains("truncate them with --mtu-trunc"), "{why}");
+    assert!(
+        why.contains("2 frames longer than --mtu are not IPv4/IPv6"),
+        "{why}"
+    );
+    assert!(why.contains("ip link set"), "{why}");
+    assert!(
+        stdout(&out).contains("; 2 longer ones not IP, left whole\n"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// The snap length in a pcap file's header, and tcpdump's reading of it.
+fn snaplen_of(p: &std::path::Path) -> (u32, String) {
+    let b = std::fs::read(p).expect("read -w output");
+    let t = std::process::Command::new("tcpdump")
+        .args(["-r"])
+        .arg(p)
+        .args(["-c", "1", "-n"])
+        .output()
+        .expect("tcpdump");
+    (
+        u32::from_le_bytes(b[16..20].try_into().unwrap()),
+        stderr(&t),
+    )
+}
+
+/// Issue 24 item 18: `-w` wrote snap length 0 in its file header (tcpdump prints "snapshot
+/// length 0"; some readers refuse it). It writes the input's, at least 65535 (tcprewrite's).
+#[test]
+fn dry_run_writes_the_inputs_snaplen() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("out.pcap");
+    for (name, want) in [
+        ("tcpreplay-test.pcap", 262_144),
+        ("zeek-redis-django-cloud.pcapng", 65_535),
+    ] {
+        let input = common::testdata(name);
+        let o = std::process::Command::new(common::tcpkit())
+            .args(["replay", "-t", "-w"])
+            .arg(&out)
+            .arg(&input)
+            .output()
+            .expect("tcpkit");
+        assert!(o.status.success(), "{}", stderr(&o));
+        let (snaplen, said) = snaplen_of(&out);
+        assert_eq!(snaplen, want, "{name}");
+        assert!(
+            said.contains(&format!("snapshot length {want}")),
+            "{name}: {said}"
+        );
+    }
+}
+
+/// Issue 24 item 18: on an interface that is down the run ended on "Network is down" with no
+/// word on what to do; the last line now says `ip link set DEV up`.
+#[test]
+fn interface_down_says_how_to_bring_it_up() {
+    let (_d, p) = mixed(3, 0);
+    let lab = ReplayLab::new("down");
+    let dev = lab.link.a.name.clone();
+    let down = lab
+        .tx
+        .command(&["ip", "link", "set", &dev, "down"])
+        .output()
+        .expect("ip link set down");
+    assert!(down.status.success(), "{}", stderr(&down));
+    let out = lab.replay(&["-t", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let why = last_line(&stderr(&out)).to_string();
+    assert!(why.contains("Network is down"), "{why}");
+    assert!(
+        why.contains(&format!("`ip link set {dev} up`")),
+        "no way out in: {why}"
+    );
+}
+
 /// A summary line with its numbers masked: integer parts become `N`, each decimal `9`, so two
 /// runs compare on wording and on the number of decimals, not on timings.
 fn shape(line: &str) -> String {

@@ -283,30 +283,60 @@ fn json_matches_the_committed_schema() {
     assert!(std::panic::catch_unwind(|| schema::check(&schema, &bad, "bad")).is_err());
 }
 
-/// tcpreplay 4.4.3 is the oracle for flow counting: the same flows and flow packets on the
-/// public captures (its "unique non-flow" line leaves out packets it could not decode, so
-/// only flows and flow packets are compared).
+/// A copy of `name` in `dir` with the destination MAC of every IPv6 frame starting with the
+/// nibble 6 (0x6X, still unicast): tcpreplay 4.4.3's flow_decode checks the IP version in the
+/// first byte of the *frame* instead of the IPv6 header and files every other IPv6 frame as
+/// non-flow. Ours does not copy that bug; on this copy both must count alike.
+fn ipv6_frames_past_tcpreplays_bug(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let frames: Vec<(u64, Vec<u8>)> = common::read_frames(&testdata(name))
+        .into_iter()
+        .map(|f| {
+            let mut d = f.data;
+            if d.get(12..14) == Some(&[0x86, 0xdd]) {
+                d[0] = 0x60 | (d[0] & 0x0e);
+            }
+            (f.ts_ns, d)
+        })
+        .collect();
+    let p = dir.join(name);
+    write_pcap(&p, 1, &frames);
+    p
+}
+
+/// The numbers of a `Flows:` line: flows, flow packets, non-flow packets.
+fn flows_line(s: &str) -> (u64, u64, u64) {
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("Flows: "))
+        .unwrap_or_else(|| panic!("no Flows line:\n{s}"));
+    // "Flows: N flows, R fps, F unique flow packets, M unique non-flow packets"
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        (w.len(), w[2], w[6], w[7], w[11]),
+        (13, "flows,", "unique", "flow", "non-flow"),
+        "{line}"
+    );
+    let n = |i: usize| -> u64 { w[i].parse().unwrap_or_else(|e| panic!("{line}: {e}")) };
+    (n(1), n(5), n(9))
+}
+
+/// tcpreplay 4.4.3 is the oracle for flow counting: the same flows, flow packets and non-flow
+/// packets on every Ethernet capture in testdata/ (issue 24: tcpreplay-test.pcap gave 13
+/// non-flow packets where tcpreplay says 12: Ethernet over MPLS was not looked into, and an
+/// 802.3 frame, which tcpreplay counts in neither, was non-flow). The one exception, made
+/// explicit: tcpreplay's IPv6 bug, taken out of the inputs by
+/// [`ipv6_frames_past_tcpreplays_bug`].
 #[test]
 fn flows_are_counted_as_tcpreplay_counts_them() {
     let lab = ReplayLab::new("flows");
-    let field = |s: &str, after: &str| -> u64 {
-        let line = s
-            .lines()
-            .find(|l| l.starts_with("Flows: "))
-            .unwrap_or_else(|| panic!("no Flows line:\n{s}"));
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let i = words
-            .iter()
-            .position(|w| *w == after)
-            .unwrap_or_else(|| panic!("no '{after}' in {line}"));
-        words[i - 1].parse().unwrap()
-    };
+    let dir = tempfile::tempdir().unwrap();
     for name in [
         "tcpreplay-test.pcap",
         "trex-http_get.pcap",
         "zeek-dns-tcp-keepalive.pcap",
+        "zeek-redis-django-cloud.pcapng",
     ] {
-        let f = testdata(name);
+        let f = ipv6_frames_past_tcpreplays_bug(dir.path(), name);
         let f = f.to_str().unwrap();
         let ours = stdout(&lab.replay(&["-t", f]));
         let theirs = lab
@@ -316,16 +346,37 @@ fn flows_are_counted_as_tcpreplay_counts_them() {
             .expect("tcpreplay");
         let theirs = stdout(&theirs);
         assert_eq!(
-            field(&ours, "flows,"),
-            field(&theirs, "flows,"),
-            "{name}: flows\nours: {ours}\ntheirs: {theirs}"
-        );
-        // Both say "N unique flow packets" (tcpreplay's words, issue 10).
-        let ours_fp = field(&ours, "unique");
-        let theirs_fp = field(&theirs, "unique");
-        assert_eq!(
-            ours_fp, theirs_fp,
-            "{name}: flow packets\nours: {ours}\ntheirs: {theirs}"
+            flows_line(&ours),
+            flows_line(&theirs),
+            "{name}: (flows, flow packets, non-flow packets)\nours: {ours}\ntheirs: {theirs}"
         );
     }
+}
+
+/// Issue 24: with `--unique-ip` over 2000 loops of tcpreplay-test.pcap we counted 86,002 flows
+/// where tcpreplay counts 90,000 (45 a loop): our mapping (both addresses + loop) made one
+/// loop's flows another loop's. tcpreplay's mapping now; same flows and flow packets. Its
+/// non-flow count is not compared, by design: tcpreplay drops every non-IP frame from each
+/// loop after the first (they fail its address edit: "Failed write attempts"); we send them.
+#[test]
+fn unique_ip_flows_are_tcpreplays_over_many_loops() {
+    let lab = ReplayLab::new("uflows");
+    let dir = tempfile::tempdir().unwrap();
+    let f = ipv6_frames_past_tcpreplays_bug(dir.path(), "tcpreplay-test.pcap");
+    let f = f.to_str().unwrap();
+    let args = ["-t", "--loop", "300", "--unique-ip"];
+    let ours = stdout(&lab.replay(&[&args[..], &[f]].concat()));
+    let mut argv = vec!["tcpreplay", "-i", &lab.link.a.name];
+    argv.extend_from_slice(&args);
+    argv.push(f);
+    let theirs = stdout(&lab.tx.command(&argv).output().expect("tcpreplay"));
+    let (o, t) = (flows_line(&ours), flows_line(&theirs));
+    assert_eq!(
+        (o.0, o.1),
+        (t.0, t.1),
+        "(flows, flow packets)\nours: {ours}\ntheirs: {theirs}"
+    );
+    assert_eq!(o.0, 47 * 300, "every loop's flows are new: {ours}");
+    // Ours sends the 2 non-IP frames of every loop.
+    assert_eq!(o.2, 2 * 300, "{ours}");
 }
