@@ -414,7 +414,8 @@ pub(super) fn fill(poll: &Poll, conns: &mut [Conn], flow: &mut Flow, rr: &mut us
 
 /// How much of the front chunk a connection whose size is `size` takes: its own size (a
 /// rest smaller than the smallest chunk goes along), and never more than two of the
-/// smallest under a rate limit (the bucket's burst). 0 when nothing is unsent.
+/// smallest under a rate limit (paced in small pieces; [`rate_bucket`] holds at least two of
+/// them). 0 when nothing is unsent.
 fn cut_size(flow: &Flow, size: usize) -> usize {
     let lo = flow.lo;
     flow.unsent.front().map_or(0, |ch| {
