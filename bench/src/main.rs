@@ -19,7 +19,7 @@ mod load;
 mod mpcat;
 mod replay;
 
-const USAGE: &str = "usage: tcpkit-bench replay [--against PATH [--against-label L]] | load [--skip-max-conns] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S]";
+const USAGE: &str = "usage: tcpkit-bench replay [--against PATH [--against-label L]] | load [--skip-max-conns] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S]";
 
 /// Each bench's flags: those that take a value, then switches. A flag outside them is a usage
 /// error before anything runs: `copy --help` once ran the whole 17-minute bench.
@@ -31,7 +31,7 @@ fn flags_of(bench: &str) -> Option<(&'static [&'static str], &'static [&'static 
             &["--skip-max-conns"],
         ),
         "copy" => (&["--only", "--against", "--against-label", "--runs"], &[]),
-        "mpcat" => (&["--against", "--against-label"], &["--quick"]),
+        "mpcat" => (&["--only", "--against", "--against-label"], &["--quick"]),
         "balance" => (&["--only", "--cpu-secs"], &["--quick"]),
         _ => return None,
     })

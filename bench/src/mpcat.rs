@@ -18,7 +18,9 @@
 //! - the same 4 links shaped 300/200/100/50 Mbit/s (target: mpcat at ≥ 90 % of the sum);
 //! - one unshaped veth, as the lab makes links (offloads off) and as the kernel makes a veth
 //!   (TSO/GSO on), 7 runs each: mpcat (one stream on a plain route) vs one socat stream, and
-//!   mpcat -Z (the file sent with sendfile) beside them.
+//!   mpcat -Z (the file sent with sendfile) beside them;
+//! - then a link going dead mid-transfer and `--rate-limit`'s accuracy ([`faults`]; either
+//!   alone with `--only dead-link` or `--only rate`).
 //!
 //! Rates are bytes received over the wall time from the sender's start to the receiver's exit.
 //! Each link's share is its sender-side tx byte counter over the run. The mpcat receiver runs
@@ -37,6 +39,8 @@ use serde_json::Value;
 use tcpkit_lab::{Host, Lab, Link, LinkOpts, Proc, Tbf, MULTIPATH_B4};
 
 use crate::ab::{Build, Builds};
+
+mod faults;
 
 const PORT: u16 = 5201;
 /// mpcat's default --window.
@@ -726,7 +730,7 @@ fn random_file(path: &Path, bytes: u64) -> Result<()> {
 }
 
 pub fn mpcat_bench(args: &[String]) -> Result<()> {
-    // main.rs checked the flags (--quick, --against PATH, --against-label L).
+    // main.rs checked the flags (--quick, --only S, --against PATH, --against-label L).
     let quick = args.iter().any(|a| a == "--quick");
     for tool in ["socat", "iperf3", "mptcpize", "sha256sum", "/usr/bin/time"] {
         let found = std::process::Command::new("sh")
@@ -745,6 +749,64 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let builds = Builds::parse(args, crate::tcpkit_binary()?, &[("mpcat", &MPCAT_FLAGS)])?;
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let only = args
+        .windows(2)
+        .find(|w| w[0] == "--only")
+        .map(|w| w[1].as_str());
+    if let Some(o) = only.filter(|o| !matches!(*o, "dead-link" | "rate")) {
+        bail!("--only {o}: dead-link or rate");
+    }
+    let mut t = String::new();
+    if only.is_none() {
+        t.push_str(&throughput(&builds, size, runs, quick)?);
+    }
+    if only.is_none_or(|o| o == "dead-link") {
+        t.push_str(&faults::dead_link(&builds, size.min(300_000_000), runs)?);
+    }
+    if only.is_none_or(|o| o == "rate") {
+        t.push_str(&faults::rate_limit(&builds, runs)?);
+    }
+    println!("{t}");
+
+    // The flags too: an --against run names the build it compared with.
+    let cmd = format!(
+        "cargo run --release -p tcpkit-bench -- mpcat{}",
+        args.iter().map(|a| format!(" {a}")).collect::<String>()
+    );
+    let date = crate::today();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let title = match only {
+        Some("dead-link") => "through a link going dead (`--only dead-link`)",
+        Some(_) => "`--rate-limit` accuracy (`--only rate`)",
+        None => "vs one TCP stream, iperf3 -P 4 and MPTCP",
+    };
+    let md = format!(
+        "# tcpkit mpcat {title} — {date}\n\n\
+         Command: `{cmd}` (from the workspace root, as root)\n\n\
+         Machine: Linux {}, {cpus} CPUs shared with other work; load average at start: {}; whole bench took {:.0} s.\n\
+         Lab: `Lab::multipath` (hosts a → b, ECMP routes to b's {MULTIPATH_B4} hashed on the L4 tuple; tbf on both ends of\n\
+         each veth, 64 kB burst, 100 ms latency) and one veth between two fresh hosts for the unshaped runs. Every transfer is a random file\n\
+         received into a file whose SHA-256 was compared with the input's (iperf3: its own bytes, counted by its server).\n\
+         MB/s = bytes received / wall time from the sender's start to the receiver's exit (MB = 10^6 bytes). Link shares\n\
+         are each link's sender-side tx bytes over the run, in link order. MPTCP: `mptcpize run iperf3` on both ends, limits\n\
+         subflow 8 / add_addr_accepted 8 in both hosts, one `subflow` endpoint per link (bound to its device) on the sender;\n\
+         subflows per connection = 1 + the receiver's MPJoinAckRx / MPCapableACKRX. The ceiling: 4 `iperf3 -B <link i's a>\n\
+         -c <link i's b>` at once, {:.0} MB in all, split in proportion to the links' rates. Tools interleaved run by run, in reverse order every other round; socat's receiver under the same GNU time wrapper as mpcat's.\n\
+         The mpcat receiver's peak RSS is GNU time's %M (this build's runs only).\n{}\n\
+         {t}\n",
+        kernel.trim(),
+        loadavg.trim(),
+        started.elapsed().as_secs_f64(),
+        size as f64 / MB,
+        builds.header(),
+    );
+    crate::write_results("mpcat", &date, &md, started, quick.then_some("--quick"))
+}
+
+/// The throughput sections: 4 × 200 Mbit/s, unequal links, one unshaped veth; their tables
+/// and targets.
+fn throughput(builds: &Builds, size: u64, runs: usize, quick: bool) -> Result<String> {
     let four = [
         Tool::Socat,
         Tool::Iperf,
@@ -755,7 +817,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
 
     let mut t = String::new();
     let head = head(builds.against.is_some());
-    let four = entries(&four, &builds);
+    let four = entries(&four, builds);
 
     // 4 × 200 Mbit/s.
     eprintln!("4 links x 200 Mbit/s ...");
@@ -766,7 +828,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         (&a, &b),
         (&links, vec![200; 4]),
         MULTIPATH_B4,
-        &builds,
+        builds,
         size,
     )?;
     let mut round = 0;
@@ -783,7 +845,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     );
     rows(
         &mut t,
-        &builds,
+        builds,
         &four,
         &eq,
         Some((Tool::Mpcat, 93.0, "≥ 93 MB/s in every run")),
@@ -821,7 +883,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         (&a, &b),
         (&links, rates.to_vec()),
         MULTIPATH_B4,
-        &builds,
+        builds,
         size,
     )?;
     let sum_mbs = rates.iter().sum::<u64>() as f64 * 1e6 / 8.0 / MB;
@@ -833,13 +895,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
     );
     let want = 0.9 * sum_mbs;
     let what = format!("≥ 90 % of the sum = {want:.1} MB/s in every run");
-    rows(
-        &mut t,
-        &builds,
-        &four,
-        &un,
-        Some((Tool::Mpcat, want, &what)),
-    );
+    rows(&mut t, builds, &four, &un, Some((Tool::Mpcat, want, &what)));
     drop(env);
     lab.close()?;
 
@@ -853,15 +909,8 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
             "one unshaped veth, offloads {} ...",
             if offloads { "on" } else { "off" }
         );
-        let tools = entries(&VETH_TOOLS, &builds);
-        let ve = veth(
-            tag,
-            offloads,
-            (&builds, &tools),
-            size,
-            veth_runs,
-            &mut round,
-        )?;
+        let tools = entries(&VETH_TOOLS, builds);
+        let ve = veth(tag, offloads, (builds, &tools), size, veth_runs, &mut round)?;
         let of = |tool: Tool| {
             let i = tools.iter().position(|e| *e == (tool, Build::New));
             i.map_or(&[][..], |i| &ve[i][..])
@@ -883,7 +932,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
                 "offloads off as the lab's links (TSO/GSO/GRO off)"
             }
         );
-        rows(&mut t, &builds, &tools, &ve, None);
+        rows(&mut t, builds, &tools, &ve, None);
         veths.push((offloads, socat_med, mpcat_med));
     }
     let mut veth_rows = String::new();
@@ -912,37 +961,7 @@ pub fn mpcat_bench(args: &[String]) -> Result<()> {
         met(min(&un[mpcat_i].iter().map(Xfer::mbs).collect::<Vec<_>>()) >= want),
         met(peak > 0.0 && peak <= budget),
     );
-    println!("{t}");
-
-    // The flags too: an --against run names the build it compared with.
-    let cmd = format!(
-        "cargo run --release -p tcpkit-bench -- mpcat{}",
-        args.iter().map(|a| format!(" {a}")).collect::<String>()
-    );
-    let date = crate::today();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let md = format!(
-        "# tcpkit mpcat vs one TCP stream, iperf3 -P 4 and MPTCP — {date}\n\n\
-         Command: `{cmd}` (from the workspace root, as root)\n\n\
-         Machine: Linux {}, {cpus} CPUs shared with other work; load average at start: {}; whole bench took {:.0} s.\n\
-         Lab: `Lab::multipath` (hosts a → b, ECMP routes to b's {MULTIPATH_B4} hashed on the L4 tuple; tbf on both ends of\n\
-         each veth, 64 kB burst, 100 ms latency) and one veth between two fresh hosts for the unshaped runs. Every transfer is a random file\n\
-         received into a file whose SHA-256 was compared with the input's (iperf3: its own bytes, counted by its server).\n\
-         MB/s = bytes received / wall time from the sender's start to the receiver's exit (MB = 10^6 bytes). Link shares\n\
-         are each link's sender-side tx bytes over the run, in link order. MPTCP: `mptcpize run iperf3` on both ends, limits\n\
-         subflow 8 / add_addr_accepted 8 in both hosts, one `subflow` endpoint per link (bound to its device) on the sender;\n\
-         subflows per connection = 1 + the receiver's MPJoinAckRx / MPCapableACKRX. The ceiling: 4 `iperf3 -B <link i's a>\n\
-         -c <link i's b>` at once, {:.0} MB in all, split in proportion to the links' rates. Tools interleaved run by run, in reverse order every other round; socat's receiver under the same GNU time wrapper as mpcat's.\n\
-         The mpcat receiver's peak RSS is GNU time's %M (this build's runs only).\n{}\n\
-         {t}\n",
-        kernel.trim(),
-        loadavg.trim(),
-        started.elapsed().as_secs_f64(),
-        size as f64 / MB,
-        builds.header(),
-    );
-    crate::write_results("mpcat", &date, &md, started, quick.then_some("--quick"))
+    Ok(t)
 }
 
 /// What runs on the unshaped veths: socat, mpcat as it comes, and mpcat -Z (sendfile, whose

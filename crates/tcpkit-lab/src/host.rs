@@ -63,6 +63,41 @@ impl Host {
         query_stats(&self.netns, ifname)
     }
 
+    /// Drops everything that arrives on `ifname` (an nftables table `dead_IFNAME` of its own,
+    /// hooked before routing): with one on each end, a link carries nothing either way, as a
+    /// cable pulled or a switch port gone dead, while both ends keep their carrier and routes.
+    pub fn drop_arriving(&self, ifname: &str) -> Result<(), LabError> {
+        let table = format!("dead_{ifname}");
+        self.run(&["nft", "add", "table", "inet", &table])?;
+        self.run(&[
+            "nft",
+            "add",
+            "chain",
+            "inet",
+            &table,
+            "pre",
+            "{",
+            "type",
+            "filter",
+            "hook",
+            "prerouting",
+            "priority",
+            "-300",
+            ";",
+            "}",
+        ])?;
+        self.run(&[
+            "nft", "add", "rule", "inet", &table, "pre", "iifname", ifname, "drop",
+        ])?;
+        Ok(())
+    }
+
+    /// Takes [`Host::drop_arriving`]'s table for `ifname` away again.
+    pub fn stop_dropping(&self, ifname: &str) -> Result<(), LabError> {
+        self.run(&["nft", "delete", "table", "inet", &format!("dead_{ifname}")])?;
+        Ok(())
+    }
+
     /// Runs `f` on a new thread that has joined this host's network namespace, and returns
     /// its result. Sockets created inside stay in the namespace wherever they are used later.
     /// A panic in `f` is propagated to the caller.

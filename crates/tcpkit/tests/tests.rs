@@ -32,6 +32,7 @@ mod merge_bad_input;
 mod mpcat;
 mod mpcat_duplex;
 mod mpcat_mptcp;
+mod mpcat_paths;
 mod mpcat_secure;
 mod replay_contract;
 mod replay_features;

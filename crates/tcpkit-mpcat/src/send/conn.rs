@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::frame::{self, Frame, FrameError, DATA_HDR};
 use crate::secure::{Channel, REC_HDR, TAG};
@@ -382,6 +382,46 @@ pub(super) fn flush(
         }
     }
     Ok(true)
+}
+
+/// What the kernel knows of a connection's acknowledgements (TCP_INFO): the sender's only
+/// per-path view of them, since the receiver's acks are cumulative over every path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AckState {
+    /// Segments sent and not yet acknowledged.
+    pub(super) unacked: u32,
+    /// Since the last acknowledgement arrived (any, duplicates included).
+    pub(super) since_ack: Duration,
+    /// The retransmission timeout before any backoff: srtt + 4 rttvar, at least the
+    /// kernel's 200 ms floor.
+    pub(super) rto: Duration,
+}
+
+/// [`AckState`] of `sock`; None when the kernel does not say (not TCP, closed).
+pub(super) fn ack_state(sock: &impl std::os::fd::AsRawFd) -> Option<AckState> {
+    // SAFETY: tcp_info is plain integers; all-zero is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a valid socket, a tcp_info to fill, its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    // The fields read here end at byte 76 (tcpi_rttvar), which every kernel since 2.6 fills.
+    if rc != 0 || (len as usize) < 76 {
+        return None;
+    }
+    let rto_us = u64::from(info.tcpi_rtt) + 4 * u64::from(info.tcpi_rttvar);
+    Some(AckState {
+        unacked: info.tcpi_unacked,
+        since_ack: Duration::from_millis(u64::from(info.tcpi_last_ack_recv)),
+        rto: Duration::from_micros(rto_us).max(Duration::from_millis(200)),
+    })
 }
 
 #[cfg(test)]

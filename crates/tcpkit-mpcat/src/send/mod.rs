@@ -38,7 +38,7 @@ use crate::{
 use conn::{give_up, read_conn, Conn, ConnError, RAW_BUF};
 use handshake::{open_mptcp, unsent_bound};
 use input::{live_input, open_input, reader, Feed, Opened, Source};
-use schedule::{adapt, fail_conn, fill, read_ahead, take, unsent_bytes, Flow};
+use schedule::{adapt, fail_conn, fill, read_ahead, take, unsent_bytes, watch, Flow};
 /// How the sending side runs.
 #[derive(Debug, Clone)]
 pub struct SendConfig {
@@ -686,6 +686,7 @@ fn event_loop(
             return Err(why);
         }
         adapt(conns, flow);
+        watch(poll, conns, flow);
         live.bytes.store(flow.acked, Ordering::Relaxed);
         for (i, c) in conns.iter().enumerate() {
             live.set_stream(i, c.bytes);
