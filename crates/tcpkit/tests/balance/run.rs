@@ -442,13 +442,22 @@ fn trace_prints_every_selection_with_its_pid() {
 /// (text, then newline), and a line of the command's landing between them ran the two together.
 #[test]
 fn trace_lines_stay_whole_while_the_command_writes_to_the_same_stderr() {
-    let (_g, _lab, cli, _srv, _link) = serial_pair("baltw");
+    let (_g, lab, cli, _srv, _link) = serial_pair("baltw");
     // Nothing listens there: each connect is refused at once, after balance chose it.
     let backend = format!("{SRV}:9");
     let (vip_ip, vip_port) = VIP.split_once(':').unwrap();
-    let spam = "import os\nwhile True:\n    os.write(2, b'command-line\\n')\n";
+    // The connects start once the writer has written: a loaded machine can take longer to
+    // start a python than 1000 refused connects take, and then nothing ran alongside them.
+    let ready = lab.dir().join("writing");
+    let ready = ready.display();
+    let spam = format!(
+        "import os\nos.write(2, b'command-line\\n')\nopen('{ready}', 'w').close()\n\
+         while True:\n    os.write(2, b'command-line\\n')\n"
+    );
     let connects = format!(
-        "import socket\n\
+        "import os, socket, time\n\
+         while not os.path.exists('{ready}'):\n\
+         \x20   time.sleep(0.005)\n\
          for _ in range(1000):\n\
          \x20   s = socket.socket()\n\
          \x20   try:\n\
@@ -472,7 +481,7 @@ fn trace_lines_stay_whole_while_the_command_writes_to_the_same_stderr() {
         "sh",
         "-c",
         sh,
-        spam,
+        &spam,
         &connects,
     ];
     let out = cli.command(&argv).output().unwrap();
