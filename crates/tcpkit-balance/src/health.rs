@@ -331,9 +331,17 @@ impl BackendHealth {
         let when = humantime::format_rfc3339_millis(std::time::SystemTime::now());
         if self.up {
             format!(
-                "{when} tcpkit balance: backend {addr} (VIP {vip}) up: {} probe{} passed in a row",
-                o.rise,
-                if o.rise == 1 { "" } else { "s" }
+                "{when} tcpkit balance: backend {addr} (VIP {vip}) up: {}",
+                // A backend a reload added comes in on its first pass, before `rise`.
+                if self.ok_run < o.rise {
+                    "its first probe passed (added by reload)".to_string()
+                } else {
+                    format!(
+                        "{} probe{} passed in a row",
+                        o.rise,
+                        if o.rise == 1 { "" } else { "s" }
+                    )
+                }
             )
         } else {
             format!(

@@ -218,6 +218,11 @@ fn a_backend_added_by_reload_takes_nothing_before_its_first_probe_passes() {
     status_until(&up, 3, "the added live backend up", |v| {
         v["services"][0]["backends"][2]["health"] == "up"
     });
+    let came_in = format!(
+        "backend {} (VIP {VIP}) up: its first probe passed (added by reload)",
+        b2.addr
+    );
+    assert!(up.stderr().contains(&came_in), "{}", up.stderr());
     let (got, log) = Client::connects(&lab, &cli, &cg, VIP, 4);
     let ports: Vec<u16> = got.iter().map(|(_, p)| *p).collect();
     assert_eq!(ports.len(), 4, "{log}");
