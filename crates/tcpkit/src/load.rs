@@ -110,6 +110,15 @@ pub struct Args {
     #[arg(long, conflicts_with_all = NOT_DNS)]
     pub udp: bool,
 
+    /// Write up to N queries that are due at once on one connection in one write (default 1:
+    /// one write, and one TCP segment, per query, as a real client sends them). The cost:
+    /// the server then gets several queries in one segment, and one that reads a query per
+    /// wakeup (unbound) answers the later ones only when more data arrives, so the latency
+    /// measured is this batching, not the server. Use it only to reach rates one write per
+    /// query cannot (echo, benchmarks of the server's throughput). Not with --udp.
+    #[arg(long, value_name = "N", default_value_t = 1, conflicts_with = "udp")]
+    pub coalesce: usize,
+
     /// Name to query (--dns; refused with another payload).
     #[arg(long, value_name = "NAME", default_value = "example.com", conflicts_with_all = NOT_DNS)]
     pub qname: String,
@@ -435,6 +444,13 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.queries_per_conn = a.queries_per_conn;
     cfg.payload = payload;
     cfg.udp = a.udp;
+    if !(1..=1024).contains(&a.coalesce) {
+        return Err(usage(format!(
+            "--coalesce {}: must be 1 to 1024",
+            a.coalesce
+        )));
+    }
+    cfg.coalesce = a.coalesce;
     cfg.timeout = timeout;
     cfg.per_query = a.per_query.clone();
     // --plot draws the per-second panels from the interval log: one is kept when none is asked.
@@ -903,6 +919,22 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.starts_with("--seed: "), "{e}");
+    }
+
+    /// Issue 24: one write per query unless --coalesce asks for more; not with --udp, where
+    /// a datagram is one query.
+    #[test]
+    fn coalesce_is_one_unless_asked() {
+        assert_eq!(parse(&["127.0.0.1:53", "-r", "1"]).unwrap().coalesce, 1);
+        let c = parse(&["127.0.0.1:53", "-r", "1", "--coalesce", "32"]).unwrap();
+        assert_eq!(c.coalesce, 32);
+        for bad in ["0", "1025"] {
+            let e = parse(&["127.0.0.1:53", "-r", "1", "--coalesce", bad]).unwrap_err();
+            assert_eq!(e, format!("--coalesce {bad}: must be 1 to 1024"));
+        }
+        let e =
+            Args::try_parse_from(["load", "127.0.0.1:53", "--udp", "--coalesce", "4"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     /// --udp: DNS over UDP, and only DNS.

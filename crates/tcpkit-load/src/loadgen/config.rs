@@ -373,6 +373,9 @@ pub struct Config {
     /// DNS over UDP (`--udp`): each "connection" is a connected UDP socket, each query one
     /// datagram, an answer not back by `timeout` a timeout. Only with a DNS payload.
     pub udp: bool,
+    /// Most due queries written on one connection in one write (`--coalesce`); 1 = one
+    /// write, and so one TCP segment, per query, as a client sends them.
+    pub coalesce: usize,
     /// A query unanswered for this long counts as a timeout; also the longest wait for
     /// answers after the last query.
     pub timeout: Duration,
@@ -409,6 +412,7 @@ impl Config {
                 queries: vec![("example.com".parse().expect("static name is valid"), 1)],
             },
             udp: false,
+            coalesce: 1,
             timeout: Duration::from_secs(2),
             per_query: None,
             hdr_log: None,
