@@ -53,11 +53,62 @@ fn issue_10_case_5_dns_load_against_plain_echo_counts_echoed_queries() {
     assert_eq!(u(&r, "connections.reconnects"), 0, "{r:#}");
     assert_eq!(u(&r, "connections.established"), 4, "{r:#}");
     assert!(r["codes"].as_object().unwrap().is_empty(), "{r:#}");
+    // Issue 24, item 18: and says which server this is, and what loads it.
+    let h = hints(&r);
+    assert!(
+        h.iter()
+            .any(|h| h.starts_with("every answer was the query sent back")
+                && h.contains("--echo-bytes N")),
+        "{h:?}"
+    );
     // The summary says so in words.
     let (o, _) = run(&p, &[&t, "-c", "2", "-r", "100", "-t", "0.5"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains(" of them the query echoed back)"), "{text}");
+}
+
+/// Issue 24, item 18: `--echo-bytes` against `echo --dns` (a DNS server waits for the rest
+/// of what a length prefix made of echo bytes asks for) ends with the protocol hint, on the
+/// last line and in the report, not only "no answers" and timeouts.
+#[test]
+fn issue_24_echo_bytes_against_a_dns_server_hints_the_protocol() {
+    let mut p = common::peer::pair("lcproto");
+    p.echo(5303, &["--dns"]);
+    let t = target(5303);
+    let (o, _) = run(
+        &p,
+        &[
+            &t,
+            "--echo-bytes",
+            "32",
+            "-c",
+            "2",
+            "-r",
+            "100",
+            "-t",
+            "1",
+            "--timeout",
+            "300ms",
+            "--json",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let r = json(&o);
+    assert_eq!(u(&r, "queries.answered"), 0, "{r:#}");
+    let e = last_line(&o);
+    assert!(
+        e.starts_with("tcpkit load: no answers: ")
+            && e.contains("the server accepted")
+            && e.contains("loaded with --dns"),
+        "{e}"
+    );
+    let h = hints(&r);
+    assert!(
+        h.iter()
+            .any(|h| h.starts_with("the server accepted") && h.contains("(echo 32 bytes)")),
+        "{h:?}"
+    );
 }
 
 // ---- Case 6: wrk2 habits. ----

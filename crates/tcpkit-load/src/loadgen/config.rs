@@ -22,8 +22,13 @@ pub enum Payload {
     File { query: Vec<u8>, end: ResponseEnd },
     /// RESP `PING`; the answer is `+PONG\r\n` (or a `-ERR` line, counted as ERR).
     RedisPing,
-    /// `GET path HTTP/1.1` with a Host header, keep-alive.
-    HttpGet { path: String, host: String },
+    /// `GET path HTTP/1.1` with a Host header, keep-alive, and `headers` (`Name: value`
+    /// lines, `-H`; one named as a default header, Host included, takes its place).
+    HttpGet {
+        path: String,
+        host: String,
+        headers: Vec<String>,
+    },
 }
 
 /// Where an answer to a `--payload-file` query ends.
