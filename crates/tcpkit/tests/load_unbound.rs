@@ -308,14 +308,21 @@ fn dnsperf_latencies(out: &str) -> Vec<u64> {
     v
 }
 
-/// Issue 24, item 1: load's median latency against unbound over TCP is dnsperf's, measured
-/// in the same lab at the same rate over as many connections. Before, load wrote the queries
-/// due at one wakeup on one connection in one segment; unbound answers such a connection
-/// one query behind from then on (each answer waits for that connection's next query), and
-/// load's median was that wait: 18-24 ms here, the mean gap between a connection's queries
-/// being 20 ms, against dnsperf's 0.07-0.4 ms. The bound, dnsperf's median + 3 ms, is this
-/// 2-CPU VM's noise under load (both tools' medians ranged 0.07-0.9 ms at a load average
-/// of 10), far below what batching costs.
+/// Issue 24, item 1: load's latency against unbound over TCP is dnsperf's, both run at the
+/// same time in the same lab, each with half the connections and half the rate.
+///
+/// Why at the same time, and why the mean: unbound answers a connection one query late for
+/// as long as two of its answers were once in flight together (its Nagle holds the second
+/// until the client's ACK, which rides on the client's next query). load used to write the
+/// queries due at one wakeup on one connection in one segment, which put every connection in
+/// that state within the first 100 ms: latency became the gap between a connection's queries
+/// (18-24 ms medians here against dnsperf's 0.07-0.4 ms). Without batching a connection gets
+/// there only when the machine stalls for longer than that gap, as any client does: in 1 of 5
+/// interleaved runs of either tool here, under a load average of 6-10. A stall during this
+/// test hits both clients' connections at once, and the mean moves with the share of them
+/// it caught where the median jumps between 0.1 and 20 ms; so: load's mean (from the actual
+/// send time, as dnsperf measures) at most dnsperf's + 5 ms, a quarter of the 20 ms that
+/// batching costs. The unfixed build: 19.4 ms against 0.3 ms.
 #[test]
 fn latency_over_tcp_is_dnsperfs_within_noise() {
     let _turn = common::timing_turn();
@@ -323,22 +330,7 @@ fn latency_over_tcp_is_dnsperfs_within_noise() {
     let dir = tempfile::tempdir().unwrap();
     let port = 5304;
     let _ub = start_unbound(&mut lab, &cli, &srv, dir.path(), port);
-    let (c, r) = (BUSY_CONNS.to_string(), BUSY_RATE.to_string());
-    let (_, rep) = load_as(
-        &cli,
-        port,
-        &[
-            "-c",
-            &c,
-            "-r",
-            &r,
-            "-t",
-            "1",
-            "--qname",
-            unbound::WWW_EXAMPLE,
-        ],
-    );
-    let load_p50 = u(&rep, "latency.p50_ns");
+    let (c, r) = ((BUSY_CONNS / 2).to_string(), (BUSY_RATE / 2).to_string());
 
     let queries = dir.path().join("queries");
     std::fs::write(&queries, format!("{} A\n", unbound::WWW_EXAMPLE)).unwrap();
@@ -370,6 +362,20 @@ fn latency_over_tcp_is_dnsperfs_within_noise() {
     let mut child = cmd
         .spawn()
         .expect("dnsperf is needed: apt-get install -y dnsperf");
+    let (_, rep) = load_as(
+        &cli,
+        port,
+        &[
+            "-c",
+            &c,
+            "-r",
+            &r,
+            "-t",
+            "1.1",
+            "--qname",
+            unbound::WWW_EXAMPLE,
+        ],
+    );
     let t0 = std::time::Instant::now();
     let status = loop {
         if let Some(st) = child.try_wait().unwrap() {
@@ -385,15 +391,19 @@ fn latency_over_tcp_is_dnsperfs_within_noise() {
     assert!(status.success(), "dnsperf: {status}: {out}");
     let lat = dnsperf_latencies(&out);
     assert!(
-        lat.len() as u64 * 10 >= BUSY_RATE * 9,
+        lat.len() as u64 * 20 >= BUSY_RATE * 9,
         "dnsperf answered {} queries",
         lat.len()
     );
-    let dnsperf_p50 = lat[lat.len() / 2];
+    let dnsperf_mean = lat.iter().sum::<u64>() / lat.len() as u64;
+    let load_mean = u(&rep, "latency_sent.mean_ns");
+    let ms = |ns: u64| ns as f64 / 1e6;
     assert!(
-        load_p50 <= dnsperf_p50 + 3_000_000,
-        "load's median {:.3} ms, dnsperf's {:.3} ms: {rep:#}",
-        load_p50 as f64 / 1e6,
-        dnsperf_p50 as f64 / 1e6
+        load_mean <= dnsperf_mean + 5_000_000,
+        "load's mean {:.3} ms (median {:.3}), dnsperf's {:.3} ms (median {:.3}): {rep:#}",
+        ms(load_mean),
+        ms(u(&rep, "latency_sent.p50_ns")),
+        ms(dnsperf_mean),
+        ms(lat[lat.len() / 2])
     );
 }
