@@ -19,6 +19,24 @@ fn run(p: &Pair, args: &[&str]) -> (Output, Duration) {
     p.load_in(std::path::Path::new("/"), args, Duration::from_secs(30))
 }
 
+/// `tcpkit load SRV:PORT PAYLOAD -c 2 -r 100 -t 1 --timeout 300ms --json`: a short run
+/// against a server that answers nothing, ending in bounded time.
+fn quiet_run(p: &Pair, port: u16, payload: &[&str]) -> (Output, Duration) {
+    let t = target(port);
+    let tail = [
+        "-c",
+        "2",
+        "-r",
+        "100",
+        "-t",
+        "1",
+        "--timeout",
+        "300ms",
+        "--json",
+    ];
+    run(p, &[&[t.as_str()][..], payload, &tail].concat())
+}
+
 fn last_line(o: &Output) -> String {
     stderr(o).lines().last().unwrap_or("").to_string()
 }
@@ -75,24 +93,7 @@ fn issue_10_case_5_dns_load_against_plain_echo_counts_echoed_queries() {
 fn issue_24_echo_bytes_against_a_dns_server_hints_the_protocol() {
     let mut p = common::peer::pair("lcproto");
     p.echo(5303, &["--dns"]);
-    let t = target(5303);
-    let (o, _) = run(
-        &p,
-        &[
-            &t,
-            "--echo-bytes",
-            "32",
-            "-c",
-            "2",
-            "-r",
-            "100",
-            "-t",
-            "1",
-            "--timeout",
-            "300ms",
-            "--json",
-        ],
-    );
+    let (o, _) = quiet_run(&p, 5303, &["--echo-bytes", "32"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let r = json(&o);
     assert_eq!(u(&r, "queries.answered"), 0, "{r:#}");
@@ -449,23 +450,7 @@ fn udp_queries_unanswered_by_the_timeout_are_timeouts() {
         .srv
         .enter(|| std::net::UdpSocket::bind((SRV, 5307)))
         .expect("bind in the server host");
-    let t = target(5307);
-    let (o, took) = run(
-        &p,
-        &[
-            &t,
-            "--udp",
-            "-c",
-            "2",
-            "-r",
-            "100",
-            "-t",
-            "1",
-            "--timeout",
-            "300ms",
-            "--json",
-        ],
-    );
+    let (o, took) = quiet_run(&p, 5307, &["--udp"]);
     drop(sock);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(took < Duration::from_secs(3), "{took:?}");

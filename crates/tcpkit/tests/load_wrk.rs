@@ -3,7 +3,7 @@
 //! and the answers counted by status, non-2xx/3xx said as wrk says it.
 
 use crate::common;
-use common::peer::{json, pair, Pair, SRV};
+use common::peer::{json, nginx_conf, pair, Pair, NGINX, SRV};
 
 use std::time::Duration;
 
@@ -14,30 +14,17 @@ const PORT: u16 = 8089;
 /// nginx in the server host on PORT: `/need-header` answers 200 only to a request carrying
 /// `X-Test: yes` (403 otherwise), and logs each request's Host header.
 fn nginx(p: &mut Pair, dir: &std::path::Path) -> std::path::PathBuf {
-    let nginx = "/usr/sbin/nginx";
-    assert!(
-        std::path::Path::new(nginx).exists(),
-        "this test needs nginx (apt-get install nginx-light)"
-    );
     let log = dir.join("access.log");
-    let conf = dir.join("nginx.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "user root; daemon off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
-             events {{ worker_connections 256; }}\n\
-             http {{ log_format h '$http_host $http_x_test $status'; access_log {log} h;\n\
-               keepalive_requests 100000;\n\
-               client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
-               uwsgi_temp_path {d}; scgi_temp_path {d};\n\
-               server {{ listen {SRV}:{PORT};\n\
-                 location /need-header {{ if ($http_x_test != \"yes\") {{ return 403; }} return 200 \"ok\\n\"; }} }} }}\n",
-            d = dir.display(),
+    let conf = nginx_conf(
+        dir,
+        &format!(
+            "log_format h '$http_host $http_x_test $status'; access_log {log} h;\n\
+             server {{ listen {SRV}:{PORT};\n\
+               location /need-header {{ if ($http_x_test != \"yes\") {{ return 403; }} return 200 \"ok\\n\"; }} }}",
             log = log.display()
         ),
-    )
-    .unwrap();
-    p.server("nginx", &[nginx, "-c", conf.to_str().unwrap()], PORT);
+    );
+    p.server("nginx", &[NGINX, "-c", conf.to_str().unwrap()], PORT);
     log
 }
 
