@@ -113,9 +113,10 @@ pub struct Args {
 
     /// Write up to N queries that are due at once on one connection in one write (default 1:
     /// one write, and one TCP segment, per query, as a real client sends them). The cost:
-    /// the server then gets several queries in one segment, and one that reads a query per
-    /// wakeup (unbound) answers the later ones only when more data arrives, so the latency
-    /// measured is this batching, not the server. Use it only to reach rates one write per
+    /// the server then has several queries of a connection at once, and one that writes
+    /// small answers with Nagle on (unbound) holds the later answers until this client's next
+    /// query acknowledges the first: from then on that connection is answered one query late,
+    /// so the latency measured is this batching, not the server. Use it only to reach rates one write per
     /// query cannot (echo, benchmarks of the server's throughput). Not with --udp.
     #[arg(long, value_name = "N", default_value_t = 1, conflicts_with = "udp")]
     pub coalesce: usize,

@@ -566,10 +566,11 @@ impl Worker<'_, '_> {
                 break;
             };
             // One write per query unless --coalesce asks for more: several queries in one
-            // segment are not what a client sends, and a server that reads one query per
-            // wakeup (unbound) then answers a connection's queries one arrival late, so the
-            // latency measured is load's batching (issue 24: 5 ms medians where dnsperf saw
-            // 0.1-2 ms). A datagram is always one query.
+            // segment are not what a client sends, and a server that writes small answers
+            // with Nagle on (unbound) holds the second until the client's next query
+            // acknowledges the first, then answers that connection one query late for good,
+            // so the latency measured was load's batching (issue 24: 5 ms medians where
+            // dnsperf saw 0.1-2 ms). A datagram is always one query.
             let batch = if self.sh.cfg.udp {
                 1
             } else {
