@@ -34,6 +34,13 @@ const STEP_S: f64 = 2.0;
 const REF_RATE: u64 = 165_000;
 const REF_S: f64 = 4.0;
 const REF_RUNS: usize = 5;
+/// Issue 24: both clients against unbound over TCP at one rate over as many connections,
+/// runs interleaved (which client goes first alternates), the run with the median p50 shown.
+/// The issue's point (10 connections, 2,000 q/s), then one where a connection gets a query
+/// every 20 ms on average while two are often due within one wakeup of the sender.
+const SAME_POINTS: [(u32, u64); 2] = [(10, 2_000), (100, 5_000)];
+const SAME_S: f64 = 3.0;
+const SAME_RUNS: usize = 5;
 /// A process here may hold this many descriptors (RLIMIT_NOFILE's hard limit).
 const FDS_PER_PROC: u64 = 19_000;
 
@@ -511,12 +518,19 @@ fn p99(o: &Outcome) -> f64 {
 
 /// The reference point's cell from its runs: the run with the median p99, and every run's
 /// p99; and that median p99.
-fn ref_point(mut runs: Vec<Outcome>) -> (String, f64) {
-    runs.sort_by(|a, b| p99(a).total_cmp(&p99(b)));
-    let all: Vec<String> = runs.iter().map(|o| us(p99(o))).collect();
+fn ref_point(runs: Vec<Outcome>) -> (String, f64) {
+    median_run(runs, 2, "p99")
+}
+
+/// The cell of the run with the median of latency percentile `k` (0: p50, 2: p99; named
+/// `name`), with every run's figure; and that median.
+fn median_run(mut runs: Vec<Outcome>, k: usize, name: &str) -> (String, f64) {
+    let pick = |o: &Outcome| o.lat.map_or(f64::INFINITY, |l| l[k]);
+    runs.sort_by(|a, b| pick(a).total_cmp(&pick(b)));
+    let all: Vec<String> = runs.iter().map(|o| us(pick(o))).collect();
     let o = &runs[runs.len() / 2];
     let cell = format!(
-        "{} ({:.1} % answered{}; {}) <br>p99 of the {REF_RUNS} runs: {}",
+        "{} ({:.1} % answered{}; {}) <br>{name} of the {} runs: {}",
         lat_cell(o),
         o.answered as f64 * 100.0 / o.asked,
         o.failure
@@ -524,9 +538,10 @@ fn ref_point(mut runs: Vec<Outcome>) -> (String, f64) {
             .map(|f| format!("; {f}"))
             .unwrap_or_default(),
         o.note,
+        runs.len(),
         all.join(", ")
     );
-    (cell, p99(o))
+    (cell, pick(o))
 }
 
 /// The path of `build`'s tcpkit, for an argv.
@@ -556,9 +571,52 @@ fn lat_cell(o: &Outcome) -> String {
     }
 }
 
+/// Issue 24's rows: tcpkit load and dnsperf against unbound over TCP at each of
+/// [`SAME_POINTS`], [`SAME_RUNS`] runs of [`SAME_S`] each, interleaved (odd rounds start with
+/// dnsperf), the run with the median p50 shown. Returns the turns used.
+fn same_rate_rows(env: &Env, t: &mut Table, turn: usize, lacks: &Option<String>) -> Result<usize> {
+    let mut used = 0;
+    for (conns, rate) in SAME_POINTS {
+        eprintln!("unbound, {conns} connections at {rate} q/s: {SAME_RUNS} interleaved runs ...");
+        let (mut tk, mut old, mut dp) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..SAME_RUNS {
+            let dnsperf = || one(env, Client::Dnsperf, UNBOUND_PORT, conns, rate, SAME_S);
+            if i % 2 == 1 {
+                dp.push(dnsperf()?);
+            }
+            let (n, o) = env.builds.both(turn + used, lacks.clone(), |b| {
+                one(env, Client::Tcpkit(b), UNBOUND_PORT, conns, rate, SAME_S)
+            })?;
+            used += 1;
+            tk.push(n);
+            old.extend(o);
+            if i % 2 == 0 {
+                dp.push(dnsperf()?);
+            }
+        }
+        let old: Old<(String, f64)> = match old.into_iter().collect() {
+            Ok(runs) if !Vec::is_empty(&runs) => Some(Ok(median_run(runs, 0, "p50"))),
+            Ok(_) => None,
+            Err(why) => Some(Err(why)),
+        };
+        let tk = median_run(tk, 0, "p50");
+        t.row_ab(
+            vec![
+                format!("same rate, same connections over TCP: latency p50 / p90 / p99 / p99.9 / max at {}k q/s over {conns} conns, the run with the median p50 of {SAME_RUNS} runs of {SAME_S} s each, interleaved with the other client's", rate as f64 / 1000.0),
+                tk.0.clone(),
+                median_run(dp, 0, "p50").0,
+            ],
+            old_cells(&tk, &old, |r| r.0.clone(), |r| r.1),
+        );
+    }
+    Ok(used)
+}
+
 pub(crate) fn load(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let skip_max = args.iter().any(|a| a == "--skip-max-conns");
+    // Only issue 24's rows: both clients against unbound at the same rate (a few minutes).
+    let same_only = args.iter().any(|a| a == "--same-rate-only");
     let max_conns: u64 = args
         .iter()
         .position(|a| a == "--max-conns")
@@ -655,7 +713,16 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
             30_000,
         ),
     ] {
+        if same_only && port != UNBOUND_PORT {
+            continue;
+        }
         t.section(&format!("against {server}"));
+        if port == UNBOUND_PORT {
+            turn += same_rate_rows(&env, &mut t, turn, &rate_lacks)?;
+            if same_only {
+                continue;
+            }
+        }
         let port_of = |b: Build| match b {
             Build::Old if port == ECHO_PORT => OLD_ECHO_PORT,
             _ => port,
@@ -772,6 +839,10 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         let _ = e.stop();
     }
     let _ = unbound.stop();
+    if same_only {
+        lab.close()?;
+        return write_doc(&t, args, started, &loadavg, &env);
+    }
 
     // Source addresses for the idle steps: 64,512 ports each.
     let iface = link.a.name.clone();
@@ -860,10 +931,15 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         "tcpkit echo vs a Debian echo server".into(),
         "none installed serves raw TCP echo at these connection counts (no inetd/xinetd/socat in the image; their echo is one process or fork per connection)".into(),
     ]);
+    lab.close()?;
+    write_doc(&t, args, started, &loadavg, &env)
+}
+
+/// Prints the table and writes it, with the command, the date and the machine, to
+/// bench/results/load-DATE.md.
+fn write_doc(t: &Table, args: &[String], started: Instant, loadavg: &str, env: &Env) -> Result<()> {
     let md = t.markdown();
     println!("{md}");
-    lab.close()?;
-
     let mut cmd = String::from("cargo run --release -p tcpkit-bench -- load");
     for a in args {
         cmd.push(' ');

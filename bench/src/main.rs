@@ -19,7 +19,7 @@ mod load;
 mod mpcat;
 mod replay;
 
-const USAGE: &str = "usage: tcpkit-bench replay [--against PATH [--against-label L]] | load [--skip-max-conns] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S]";
+const USAGE: &str = "usage: tcpkit-bench replay [--against PATH [--against-label L]] | load [--skip-max-conns] [--same-rate-only] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S]";
 
 /// Each bench's flags: those that take a value, then switches. A flag outside them is a usage
 /// error before anything runs: `copy --help` once ran the whole 17-minute bench.
@@ -28,7 +28,7 @@ fn flags_of(bench: &str) -> Option<(&'static [&'static str], &'static [&'static 
         "replay" => (&["--against", "--against-label"], &[]),
         "load" => (
             &["--max-conns", "--open-secs", "--against", "--against-label"],
-            &["--skip-max-conns"],
+            &["--skip-max-conns", "--same-rate-only"],
         ),
         "copy" => (&["--only", "--against", "--against-label", "--runs"], &[]),
         "mpcat" => (&["--only", "--against", "--against-label"], &["--quick"]),

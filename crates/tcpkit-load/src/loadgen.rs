@@ -68,6 +68,15 @@ pub enum LoadError {
         #[source]
         source: io::Error,
     },
+    /// An output file named on the command line cannot be created: a usage error, found
+    /// before any connection is opened.
+    #[error("{flag} {path}: cannot create")]
+    OutFile {
+        flag: &'static str,
+        path: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("{path}")]
     File {
         path: String,
@@ -81,7 +90,10 @@ pub enum LoadError {
 impl LoadError {
     /// True for errors about what was asked (exit status 2), not about the run.
     pub fn is_usage(&self) -> bool {
-        matches!(self, LoadError::Unreachable { .. })
+        matches!(
+            self,
+            LoadError::Unreachable { .. } | LoadError::OutFile { .. }
+        )
     }
 }
 
@@ -283,9 +295,33 @@ pub fn run(
     )
     .map(str::to_string)
     .collect();
+    report.hints.extend(protocol_hint(&report, &cfg.payload));
     report.run_id = crate::run_id::new_run_id();
     judge(&mut report, &details);
     Ok(report)
+}
+
+/// When the answers say the server speaks another protocol than the payload: DNS queries
+/// all sent back as they were (a byte echo, such as `tcpkit echo` without --dns), or a
+/// payload other than DNS that no connection the server accepted ever answered (a DNS
+/// server, such as `tcpkit echo --dns`, waits for the rest of what it takes for a length
+/// prefix, or closes the connection).
+fn protocol_hint(r: &LoadReport, payload: &Payload) -> Option<String> {
+    let q = &r.queries;
+    let dns = matches!(payload, Payload::Dns { .. });
+    if dns && q.answered > 0 && q.echoed == q.answered {
+        return Some(format!(
+            "every answer was the query sent back ({} of {}): the server echoes bytes (as tcpkit echo without --dns does) instead of answering DNS; a byte echo is loaded with --echo-bytes N, a DNS server answers --dns",
+            q.echoed, q.answered
+        ));
+    }
+    if !dns && q.sent > 0 && q.answered == 0 && r.connections.established > 0 {
+        return Some(format!(
+            "the server accepted {} connections but answered none of {} queries ({}): it may speak another protocol; a DNS server (tcpkit echo --dns, unbound) is loaded with --dns, a byte echo (tcpkit echo) with --echo-bytes N",
+            r.connections.established, q.sent, r.payload
+        ));
+    }
+    None
 }
 
 /// Runs worker `k` of `n`'s share of the connections, rate and queries in this process.
@@ -326,7 +362,8 @@ fn run_share(
             let path = outfiles::per_proc_path(p, k, n);
             Some(
                 perquery::PerQuery::start(&path, Arc::clone(&wall_start)).map_err(|e| {
-                    LoadError::File {
+                    LoadError::OutFile {
+                        flag: "-R/--per-query",
                         path: path.display().to_string(),
                         source: e,
                     }
@@ -340,7 +377,8 @@ fn run_share(
             let path = outfiles::per_proc_path(p, k, n);
             Some(Mutex::new(
                 tcpkit_stats::HdrLog::create(&path, std::time::SystemTime::now()).map_err(|e| {
-                    LoadError::File {
+                    LoadError::OutFile {
+                        flag: "--hdr-log",
                         path: path.display().to_string(),
                         source: e,
                     }
@@ -639,8 +677,16 @@ pub(crate) fn judge(r: &mut LoadReport, d: &Details) {
             q.answered, q.timeouts, q.unmatched, q.sent
         ))
     } else if q.sent > 0 && q.answered == 0 {
+        // The protocol hint, when there is one, is the likeliest reason: said on this last
+        // line too, not only timeouts.
+        let why = r
+            .hints
+            .iter()
+            .find(|h| h.starts_with("the server accepted"))
+            .map(|h| format!("; {h}"))
+            .unwrap_or_default();
         Some(format!(
-            "no answers: {} queries sent, {} timed out, {} lost, {} unanswered at end, {} unmatched answers (wrong ID)",
+            "no answers: {} queries sent, {} timed out, {} lost, {} unanswered at end, {} unmatched answers (wrong ID){why}",
             q.sent, q.timeouts, q.lost, q.unanswered_at_end, q.unmatched
         ))
     } else {

@@ -310,6 +310,16 @@ impl Report for LoadReport {
                 })
                 .collect();
             let _ = writeln!(s, "Answers: {}", codes.join(", "));
+            // wrk's line, for its users' scripts and eyes: answers that were not a success.
+            let other: u64 = self
+                .codes
+                .iter()
+                .filter(|(k, _)| !k.parse::<u16>().is_ok_and(|c| (200..400).contains(&c)))
+                .map(|(_, v)| v)
+                .sum();
+            if http && other > 0 {
+                let _ = writeln!(s, "Non-2xx or 3xx responses: {other}");
+            }
         }
         if !self.errors.is_empty() {
             let errs: Vec<String> = self
@@ -464,7 +474,7 @@ Errors: ECONNREFUSED 1
             .collect();
         let text = r.human();
         assert!(
-            text.contains("\nAnswers: HTTP 200: 199, HTTP 404: 1\n"),
+            text.contains("\nAnswers: HTTP 200: 199, HTTP 404: 1\nNon-2xx or 3xx responses: 1\n"),
             "{text}"
         );
         // Other payloads keep their names.

@@ -30,8 +30,9 @@ const NOT_DNS: [&str; 4] = ["echo_bytes", "payload_file", "redis_ping", "http_ge
 #[command(group(ArgGroup::new("payload").args(["dns", "echo_bytes", "payload_file", "redis_ping", "http_get"])))]
 #[command(group(ArgGroup::new("rates").args(["rate", "rate_steps", "ramp"])))]
 pub struct Args {
-    /// The server, HOST:PORT (a name, an IPv4 address, or [IPv6]:PORT).
-    #[arg(value_name = "HOST:PORT")]
+    /// The server, HOST:PORT (a name, an IPv4 address, or [IPv6]:PORT), or as wrk takes it,
+    /// http://HOST[:PORT]/PATH: HTTP/1.1 GET of PATH with keep-alive (as --http-get PATH).
+    #[arg(value_name = "HOST:PORT|URL")]
     pub target: String,
 
     /// Connections to hold open.
@@ -110,6 +111,16 @@ pub struct Args {
     #[arg(long, conflicts_with_all = NOT_DNS)]
     pub udp: bool,
 
+    /// Write up to N queries that are due at once on one connection in one write (default 1:
+    /// one write, and one TCP segment, per query, as a real client sends them). The cost:
+    /// the server then has several queries of a connection at once, and one that writes
+    /// small answers with Nagle on (unbound) holds the later answers until this client's next
+    /// query acknowledges the first: from then on that connection is answered one query late,
+    /// so the latency measured is this batching, not the server. Use it only to reach rates one write per
+    /// query cannot (echo, benchmarks of the server's throughput). Not with --udp.
+    #[arg(long, value_name = "N", default_value_t = 1, conflicts_with = "udp")]
+    pub coalesce: usize,
+
     /// Name to query (--dns; refused with another payload).
     #[arg(long, value_name = "NAME", default_value = "example.com", conflicts_with_all = NOT_DNS)]
     pub qname: String,
@@ -155,6 +166,17 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub http_get: Option<String>,
 
+    /// An HTTP header sent with every request, `Name: value` (wrk's -H; repeatable); one
+    /// named as a default (Host, User-Agent, Connection) takes its place. Only with HTTP (a
+    /// URL target or --http-get).
+    #[arg(short = 'H', long, value_name = "'NAME: VALUE'")]
+    pub header: Vec<String>,
+
+    /// wrk2's flags, which mean other things here or do not exist: accepted only to answer a
+    /// wrk2 command line with the one to write instead (see [`wrk2_hint`]).
+    #[command(flatten)]
+    pub wrk2: Box<Wrk2Flags>,
+
     /// A query unanswered after this long counts as a timeout; also the longest wait for
     /// answers after the last query.
     #[arg(long, value_name = "DURATION", default_value = "2s")]
@@ -195,12 +217,33 @@ pub struct Args {
     #[arg(long, value_name = "K/N/T", hide = true)]
     pub worker: Option<String>,
 
-    /// Draw the run into FILE (SVG): latency by percentile as wrk2 -U and HdrHistogram's
+    /// Draw the run into FILE, an SVG picture (so FILE must end in .svg), titled with the
+    /// target, the asked rate and the connections: latency by percentile as wrk2 -U and HdrHistogram's
     /// plotter show it (corrected, from the intended send time, and uncorrected), then latency
     /// p50/p99 and the rate achieved, per second. Taken from the --hdr-log interval log
     /// (FILE.hlog, removed afterwards, when --hdr-log is not given).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+}
+
+/// wrk2's flags that load does not have (hidden): each found makes the command line wrk2's.
+#[derive(Debug, clap::Args)]
+pub struct Wrk2Flags {
+    /// wrk2's duration (here -t or --duration).
+    #[arg(short = 'd', value_name = "DURATION", hide = true)]
+    pub d: Option<String>,
+    /// wrk2's latency table (printed here always).
+    #[arg(long, hide = true)]
+    pub latency: bool,
+    /// wrk2's uncorrected latency table (printed here always).
+    #[arg(short = 'U', long = "u_latency", hide = true)]
+    pub u: bool,
+    /// wrk2's batch latency.
+    #[arg(short = 'B', long = "batch_latency", hide = true)]
+    pub b: bool,
+    /// wrk's Lua script (none here).
+    #[arg(short = 's', long, value_name = "SCRIPT", hide = true)]
+    pub script: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -237,8 +280,31 @@ fn parse_worker(text: &str) -> Result<(u32, u32, usize), Failure> {
     Ok((k, n, t))
 }
 
+/// A file named by `flag` that cannot be read: a usage error (exit 2, nothing run), one line
+/// naming the flag, the file and why.
+fn file_error(flag: &str, f: &Path, e: &std::io::Error) -> Failure {
+    let why = match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_string(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+        std::io::ErrorKind::InvalidData => "not text (UTF-8)".to_string(),
+        std::io::ErrorKind::IsADirectory => "a directory, not a file".to_string(),
+        _ => e.to_string(),
+    };
+    usage(format!("{flag} {}: {why}", f.display()))
+}
+
 /// The payload flags into a [`Payload`].
 fn payload(a: &Args) -> Result<Payload, Failure> {
+    let url = url_target(&a.target)?;
+    if let Some((_, path)) = &url {
+        if let Some(other) = other_payload(a) {
+            return Err(usage(format!(
+                "{other}: the target {} is a URL, which asks for HTTP GET; give HOST:PORT for another payload",
+                a.target
+            )));
+        }
+        return http_payload(a, path);
+    }
     if let Some(n) = a.echo_bytes {
         if !(1..=1 << 20).contains(&n) {
             return Err(usage(format!("--echo-bytes {n}: must be 1 to 1048576")));
@@ -246,8 +312,7 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
         return Ok(Payload::Echo { len: n });
     }
     if let Some(f) = &a.payload_file {
-        let query = std::fs::read(f)
-            .map_err(|e| Failure::Runtime(format!("--payload-file {}: {}", f.display(), e)))?;
+        let query = std::fs::read(f).map_err(|e| file_error("--payload-file", f, &e))?;
         if query.is_empty() {
             return Err(usage(format!(
                 "--payload-file {}: the file is empty",
@@ -285,21 +350,17 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
                 "--http-get {path:?}: expected an absolute path without spaces, like /index.html"
             )));
         }
-        let host = a
-            .target
-            .strip_suffix(":80")
-            .unwrap_or(&a.target)
-            .to_string();
-        return Ok(Payload::HttpGet {
-            path: path.clone(),
-            host,
-        });
+        return http_payload(a, path);
+    }
+    if !a.header.is_empty() {
+        return Err(usage(
+            "-H/--header: only with HTTP (a target http://HOST:PORT/PATH, or --http-get PATH)",
+        ));
     }
     let qtype = lib::qtype_from_str(&a.qtype).map_err(|e| usage(format!("--qtype: {e}")))?;
     let queries = match &a.qname_file {
         Some(f) => {
-            let text = std::fs::read_to_string(f)
-                .map_err(|e| Failure::Runtime(format!("--qname-file {}: {}", f.display(), e)))?;
+            let text = std::fs::read_to_string(f).map_err(|e| file_error("--qname-file", f, &e))?;
             let queries = query_lines(&text, qtype)
                 .map_err(|e| usage(format!("--qname-file {} {e}", f.display())))?;
             if queries.is_empty() {
@@ -318,6 +379,152 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
         )],
     };
     Ok(Payload::Dns { queries })
+}
+
+/// The payload flag given besides a URL target, if any (a URL asks for HTTP GET).
+fn other_payload(a: &Args) -> Option<&'static str> {
+    [
+        (a.dns, "--dns"),
+        (a.echo_bytes.is_some(), "--echo-bytes"),
+        (a.payload_file.is_some(), "--payload-file"),
+        (a.redis_ping, "--redis-ping"),
+        (a.http_get.is_some(), "--http-get"),
+        (a.udp, "--udp"),
+        (a.qname_file.is_some(), "--qname-file"),
+    ]
+    .into_iter()
+    .find_map(|(given, flag)| given.then_some(flag))
+}
+
+/// HTTP GET of `path` at the target, with the -H headers (checked: `Name: value`, no line
+/// breaks). The Host header is the target's host, with its port unless it is 80 (as wrk).
+fn http_payload(a: &Args, path: &str) -> Result<Payload, Failure> {
+    for h in &a.header {
+        let name = h.split_once(':').map(|(n, _)| n);
+        let bad_name = name.is_none_or(|n| {
+            n.is_empty()
+                || n.bytes()
+                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        });
+        if bad_name || h.bytes().any(|b| b == b'\r' || b == b'\n') {
+            return Err(usage(format!(
+                "-H {h:?}: expected 'Name: value' on one line, like -H 'Accept: text/html'"
+            )));
+        }
+    }
+    let authority = match url_target(&a.target)? {
+        Some((authority, _)) => authority,
+        None => a.target.clone(),
+    };
+    let host = authority
+        .strip_suffix(":80")
+        .unwrap_or(&authority)
+        .to_string();
+    Ok(Payload::HttpGet {
+        path: path.to_string(),
+        host,
+        headers: a.header.clone(),
+    })
+}
+
+/// A URL target as wrk takes it: `http://HOST[:PORT][/PATH]` into `HOST:PORT` (port 80 when
+/// none is given) and PATH (`/` when none). None for a target that is no URL.
+fn url_target(target: &str) -> Result<Option<(String, String)>, Failure> {
+    let Some((scheme, rest)) = target.split_once("://") else {
+        return Ok(None);
+    };
+    if !scheme.eq_ignore_ascii_case("http") {
+        return Err(usage(format!(
+            "{target}: load speaks plain http:// (no TLS); give http://HOST:PORT/PATH or HOST:PORT"
+        )));
+    }
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_string()),
+        Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
+        None => (rest, "/".to_string()),
+    };
+    if path
+        .bytes()
+        .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
+        return Err(usage(format!(
+            "{target}: the path has a space or a control byte"
+        )));
+    }
+    let has_port = if authority.starts_with('[') {
+        authority.contains("]:")
+    } else {
+        authority.contains(':')
+    };
+    let authority = if has_port {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    };
+    Ok(Some((authority, path)))
+}
+
+/// For a wrk2 command line (one of its flags that load lacks, or `-R N` as the rate with no
+/// -r): the line to write instead, said in one line. wrk2's -t (threads) is load's
+/// duration, -d is -t, -R is -r; --latency and -U are printed always; -s has no equal.
+pub fn wrk2_hint(a: &Args) -> Option<String> {
+    let w = &a.wrk2;
+    let rate_as_r = a
+        .per_query
+        .as_ref()
+        .and_then(|p| p.to_str())
+        .and_then(|p| p.parse::<f64>().ok().map(|_| p.to_string()))
+        .filter(|_| a.rate.is_none() && a.rate_steps.is_none() && a.ramp.is_none());
+    let mut seen = Vec::new();
+    if let Some(d) = &w.d {
+        seen.push(format!("-d {d}"));
+    }
+    if let Some(r) = &rate_as_r {
+        seen.push(format!("-R {r}"));
+    }
+    for (on, flag) in [
+        (w.latency, "--latency"),
+        (w.u, "-U"),
+        (w.b, "-B"),
+        (w.script.is_some(), "-s"),
+    ] {
+        if on {
+            seen.push(flag.to_string());
+        }
+    }
+    if seen.is_empty() {
+        return None;
+    }
+    let mut line = format!("tcpkit load {} -c {}", a.target, a.connections);
+    if let Some(t) = a.t.filter(|t| t.subsec_nanos() == 0 && t.as_secs() > 0) {
+        // wrk2's -tN is N threads.
+        line.push_str(&format!(" --threads {}", t.as_secs()));
+    }
+    match (&w.d, a.run.duration) {
+        (Some(d), _) => line.push_str(&format!(" -t {d}")),
+        (None, Some(d)) => line.push_str(&format!(" -t {}s", d.as_secs_f64())),
+        _ => {}
+    }
+    match (&rate_as_r, a.rate) {
+        (Some(r), _) => line.push_str(&format!(" -r {r}")),
+        (None, Some(r)) => line.push_str(&format!(" -r {r}")),
+        _ => {}
+    }
+    for h in &a.header {
+        line.push_str(&format!(" -H '{h}'"));
+    }
+    if a.timeout != "2s" {
+        line.push_str(&format!(" --timeout {}", a.timeout));
+    }
+    let script = if w.script.is_some() {
+        " (no Lua scripts: -H adds headers)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "{} is wrk2's command line, whose flags mean other things here (-t is the duration, -R a per-query CSV file, both latency tables are always printed){script}: write `{line}`",
+        seen.join(" ")
+    ))
 }
 
 /// The lines of a query file: `name` (asked as `qtype`) or dnsperf's `name type`; blank lines
@@ -349,7 +556,15 @@ fn query_lines(text: &str, qtype: u16) -> Result<Vec<(lib::DnsName, u16)>, Strin
 /// Every check that involves more than one flag, or a value's meaning, happens here. The
 /// target is resolved here too (an unresolvable name is a runtime error, exit 1).
 pub fn resolve(a: &Args) -> Result<Config, Failure> {
-    check_target(&a.target).map_err(|why| usage(format!("{}: {why}", a.target)))?;
+    if let Some(hint) = wrk2_hint(a) {
+        return Err(usage(hint));
+    }
+    // A URL's HOST:PORT is what is connected to; the report shows the URL as typed.
+    let addr_text = match url_target(&a.target)? {
+        Some((authority, _)) => authority,
+        None => a.target.clone(),
+    };
+    check_target(&addr_text).map_err(|why| usage(format!("{}: {why}", a.target)))?;
     let payload = payload(a)?;
     if a.connections == 0 {
         return Err(usage("-c 0: at least one connection"));
@@ -404,7 +619,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     if dur.is_some_and(|d| d.is_zero()) {
         return Err(usage("--duration: must be above 0"));
     }
-    let addr = lib::resolve_target(&a.target).map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+    let addr = lib::resolve_target(&addr_text).map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     let mut cfg = Config::new(a.target.clone(), addr);
     cfg.connections = a.connections;
     cfg.connect_rate = connect_rate;
@@ -435,7 +650,17 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.queries_per_conn = a.queries_per_conn;
     cfg.payload = payload;
     cfg.udp = a.udp;
+    if !(1..=1024).contains(&a.coalesce) {
+        return Err(usage(format!(
+            "--coalesce {}: must be 1 to 1024",
+            a.coalesce
+        )));
+    }
+    cfg.coalesce = a.coalesce;
     cfg.timeout = timeout;
+    if let Some(p) = &a.plot {
+        check_plot_name(p)?;
+    }
     cfg.per_query = a.per_query.clone();
     // --plot draws the per-second panels from the interval log: one is kept when none is asked.
     cfg.hdr_log = a
@@ -495,8 +720,49 @@ fn plot_log(svg: &Path) -> PathBuf {
     s.into()
 }
 
+/// `--plot`'s file must be named .svg: the picture is SVG (a PNG would need a rasterizer and
+/// a font to draw its text with, neither of which a server host can be assumed to have, and
+/// every browser shows SVG). A `.png` that holds SVG is what it refuses.
+fn check_plot_name(p: &Path) -> Result<(), Failure> {
+    let svg = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    if svg {
+        return Ok(());
+    }
+    let mut named = p.to_path_buf();
+    named.set_extension("svg");
+    Err(usage(format!(
+        "--plot {}: the picture is SVG, so the file is named .svg: --plot {} (a PNG from it: rsvg-convert -o x.png {})",
+        p.display(),
+        named.display(),
+        named.display()
+    )))
+}
+
+/// The plot's title: the target, and what was asked (rate, connections), so that two
+/// pictures side by side say which run each is.
+fn plot_title(a: &Args, report: &LoadReport) -> String {
+    let rate = match (a.rate, &a.rate_steps, &a.ramp) {
+        (Some(r), _, _) => format!("{r} q/s"),
+        (_, Some(steps), _) => format!("rate steps {steps} q/s"),
+        (_, _, Some(ramp)) => format!("ramp {ramp} q/s"),
+        _ => "no rate".into(),
+    };
+    let conns = report.connections.asked;
+    format!(
+        "tcpkit load: {}, {rate} asked over {conns} connection{}",
+        report.target,
+        if conns == 1 { "" } else { "s" }
+    )
+}
+
 /// `--plot`: the whole run's histograms from the report, the per-second ones from the log.
-fn plot(svg: &Path, log: &Path, temporary: bool, report: &LoadReport) -> Result<(), Failure> {
+fn plot(
+    svg: &Path,
+    log: &Path,
+    temporary: bool,
+    title: &str,
+    report: &LoadReport,
+) -> Result<(), Failure> {
     let logs = lib::hdr_logs(log);
     let fail = |what: String| Failure::Runtime(format!("--plot {}: {what}", svg.display()));
     let timeline = tcpkit_stats::plot::timeline_from_hdr_logs(&logs, "intended").map_err(|e| {
@@ -515,8 +781,7 @@ fn plot(svg: &Path, log: &Path, temporary: bool, report: &LoadReport) -> Result<
     };
     let corrected = hist(&report.histograms.intended)?;
     let uncorrected = hist(&report.histograms.sent)?;
-    let title = format!("tcpkit load: {}", report.target);
-    tcpkit_stats::plot::load_svg(svg, &title, &corrected, &uncorrected, &timeline?)
+    tcpkit_stats::plot::load_svg(svg, title, &corrected, &uncorrected, &timeline?)
         .map_err(|e| fail(format!("cannot write: {e}")))
 }
 
@@ -525,7 +790,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     // A picture that cannot be written is found out before the run, not after it.
     if let (Some(p), None) = (&args.plot, &cfg.worker) {
         tcpkit_stats::plot::check_path(p)
-            .map_err(|e| Failure::Runtime(format!("--plot {}: cannot create: {e}", p.display())))?;
+            .map_err(|e| usage(format!("--plot {}: cannot create: {e}", p.display())))?;
     }
     let live = Arc::new(LoadCounters::new());
     if cfg.worker.is_none() {
@@ -570,7 +835,13 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         }
     })?;
     let plotted = match (&args.plot, &cfg.hdr_log) {
-        (Some(svg), Some(log)) => plot(svg, log, args.hdr_log.is_none(), &report),
+        (Some(svg), Some(log)) => plot(
+            svg,
+            log,
+            args.hdr_log.is_none(),
+            &plot_title(&args, &report),
+            &report,
+        ),
         _ => Ok(()),
     };
     let mut report = report;
@@ -732,12 +1003,46 @@ mod tests {
         assert!(matches!(c.payload, Payload::RedisPing));
         let c = parse(&["127.0.0.1:80", "--http-get", "/a?b=1", "-r", "1"]).unwrap();
         match c.payload {
-            Payload::HttpGet { path, host } => {
+            Payload::HttpGet { path, host, .. } => {
                 assert_eq!(path, "/a?b=1");
                 assert_eq!(host, "127.0.0.1");
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Issue 24, item 7: wrk's URL target: HOST:PORT to connect to (80 by default), GET of
+    /// the path (/ by default), the Host header as wrk sends it, -H headers along.
+    #[test]
+    fn url_targets_are_http_get() {
+        for (url, host, path) in [
+            (
+                "http://127.0.0.1:8080/a/b?c=1",
+                "127.0.0.1:8080",
+                "/a/b?c=1",
+            ),
+            ("http://127.0.0.1", "127.0.0.1", "/"),
+            ("http://127.0.0.1:80?x", "127.0.0.1", "/?x"),
+            ("HTTP://[::1]/", "[::1]", "/"),
+        ] {
+            let c = parse(&[url, "-r", "1", "-H", "X-A: b"]).unwrap();
+            match c.payload {
+                Payload::HttpGet {
+                    path: p,
+                    host: h,
+                    headers,
+                } => {
+                    assert_eq!((h.as_str(), p.as_str()), (host, path), "{url}");
+                    assert_eq!(headers, ["X-A: b"]);
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+            assert_eq!(c.target, url);
+        }
+        assert_eq!(
+            parse(&["http://127.0.0.1/", "-r", "1"]).unwrap().addr,
+            "127.0.0.1:80".parse().unwrap()
+        );
     }
 
     #[test]
@@ -903,6 +1208,22 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.starts_with("--seed: "), "{e}");
+    }
+
+    /// Issue 24: one write per query unless --coalesce asks for more; not with --udp, where
+    /// a datagram is one query.
+    #[test]
+    fn coalesce_is_one_unless_asked() {
+        assert_eq!(parse(&["127.0.0.1:53", "-r", "1"]).unwrap().coalesce, 1);
+        let c = parse(&["127.0.0.1:53", "-r", "1", "--coalesce", "32"]).unwrap();
+        assert_eq!(c.coalesce, 32);
+        for bad in ["0", "1025"] {
+            let e = parse(&["127.0.0.1:53", "-r", "1", "--coalesce", bad]).unwrap_err();
+            assert_eq!(e, format!("--coalesce {bad}: must be 1 to 1024"));
+        }
+        let e =
+            Args::try_parse_from(["load", "127.0.0.1:53", "--udp", "--coalesce", "4"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     /// --udp: DNS over UDP, and only DNS.

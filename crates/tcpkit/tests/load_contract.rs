@@ -19,6 +19,24 @@ fn run(p: &Pair, args: &[&str]) -> (Output, Duration) {
     p.load_in(std::path::Path::new("/"), args, Duration::from_secs(30))
 }
 
+/// `tcpkit load SRV:PORT PAYLOAD -c 2 -r 100 -t 1 --timeout 300ms --json`: a short run
+/// against a server that answers nothing, ending in bounded time.
+fn quiet_run(p: &Pair, port: u16, payload: &[&str]) -> (Output, Duration) {
+    let t = target(port);
+    let tail = [
+        "-c",
+        "2",
+        "-r",
+        "100",
+        "-t",
+        "1",
+        "--timeout",
+        "300ms",
+        "--json",
+    ];
+    run(p, &[&[t.as_str()][..], payload, &tail].concat())
+}
+
 fn last_line(o: &Output) -> String {
     stderr(o).lines().last().unwrap_or("").to_string()
 }
@@ -53,11 +71,45 @@ fn issue_10_case_5_dns_load_against_plain_echo_counts_echoed_queries() {
     assert_eq!(u(&r, "connections.reconnects"), 0, "{r:#}");
     assert_eq!(u(&r, "connections.established"), 4, "{r:#}");
     assert!(r["codes"].as_object().unwrap().is_empty(), "{r:#}");
+    // Issue 24, item 18: and says which server this is, and what loads it.
+    let h = hints(&r);
+    assert!(
+        h.iter()
+            .any(|h| h.starts_with("every answer was the query sent back")
+                && h.contains("--echo-bytes N")),
+        "{h:?}"
+    );
     // The summary says so in words.
     let (o, _) = run(&p, &[&t, "-c", "2", "-r", "100", "-t", "0.5"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains(" of them the query echoed back)"), "{text}");
+}
+
+/// Issue 24, item 18: `--echo-bytes` against `echo --dns` (a DNS server waits for the rest
+/// of what a length prefix made of echo bytes asks for) ends with the protocol hint, on the
+/// last line and in the report, not only "no answers" and timeouts.
+#[test]
+fn issue_24_echo_bytes_against_a_dns_server_hints_the_protocol() {
+    let mut p = common::peer::pair("lcproto");
+    p.echo(5303, &["--dns"]);
+    let (o, _) = quiet_run(&p, 5303, &["--echo-bytes", "32"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let r = json(&o);
+    assert_eq!(u(&r, "queries.answered"), 0, "{r:#}");
+    let e = last_line(&o);
+    assert!(
+        e.starts_with("tcpkit load: no answers: ")
+            && e.contains("the server accepted")
+            && e.contains("loaded with --dns"),
+        "{e}"
+    );
+    let h = hints(&r);
+    assert!(
+        h.iter()
+            .any(|h| h.starts_with("the server accepted") && h.contains("(echo 32 bytes)")),
+        "{h:?}"
+    );
 }
 
 // ---- Case 6: wrk2 habits. ----
@@ -399,23 +451,7 @@ fn udp_queries_unanswered_by_the_timeout_are_timeouts() {
         .srv
         .enter(|| std::net::UdpSocket::bind((SRV, 5307)))
         .expect("bind in the server host");
-    let t = target(5307);
-    let (o, took) = run(
-        &p,
-        &[
-            &t,
-            "--udp",
-            "-c",
-            "2",
-            "-r",
-            "100",
-            "-t",
-            "1",
-            "--timeout",
-            "300ms",
-            "--json",
-        ],
-    );
+    let (o, took) = quiet_run(&p, 5307, &["--udp"]);
     drop(sock);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(took < Duration::from_secs(3), "{took:?}");

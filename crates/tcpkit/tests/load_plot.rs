@@ -93,6 +93,8 @@ fn issue10_load_plot_draws_spectrum_latency_and_rate() {
             >= 5
     );
     for s in [
+        // Issue 24, item 18: which run this is: the target, the asked rate, the connections.
+        "tcpkit load: 198.18.0.2:4251 (198.18.0.2:4251), 400 q/s asked over 4 connections",
         "Latency by percentile",
         "corrected (from the intended send time)",
         "uncorrected (from the actual send time)",
@@ -118,9 +120,10 @@ fn issue10_load_plot_draws_spectrum_latency_and_rate() {
     assert!((3..=4).contains(&rate_points), "{rate_points} rate points");
     // The interval log it drew from was its own: not left behind.
     assert!(!dir.path().join("load.svg.hlog").exists());
-    // A picture that cannot be written: one line, before any connection.
+    // A picture that cannot be written: one line, before any connection; a file named on
+    // the command line that cannot be used is a usage error (exit 2, issue 24).
     let o = load(&cli, &["-t", "1", "--plot", "/nonexistent/dir/l.svg"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     let se = stderr(&o);
     assert_eq!(se.lines().count(), 1, "{se}");
     assert!(

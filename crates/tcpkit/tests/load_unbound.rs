@@ -18,12 +18,17 @@ use tcpkit_lab::{Host, Lab, Proc};
 const CONNS: u64 = 20;
 const RATE: u64 = 2000;
 const SECS: u64 = 3;
+/// Issue 24's runs against unbound over TCP: many connections at a rate where two queries
+/// are often due within one wakeup of the sender (a mean gap of 200 µs), so that batching
+/// them shows, while each connection gets a query only every 20 ms on average.
+const BUSY_CONNS: u64 = 100;
+const BUSY_RATE: u64 = 5000;
 
 /// Unbound in `srv` on `port`, once it accepts TCP connections from `cli`.
 fn start_unbound(lab: &mut Lab, cli: &Host, srv: &Host, dir: &std::path::Path, port: u16) -> Proc {
     unbound::require();
-    // Room for load's connections and the readiness probes.
-    let conf = unbound::write_conf(dir, IpAddr::V4(SRV), port, 4 * CONNS as u32);
+    // Room for the clients' connections (load's, dnsperf's) and the readiness probes.
+    let conf = unbound::write_conf(dir, IpAddr::V4(SRV), port, 4 * BUSY_CONNS as u32);
     let argv = unbound::argv(&conf);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let p = srv
@@ -40,21 +45,14 @@ fn start_unbound(lab: &mut Lab, cli: &Host, srv: &Host, dir: &std::path::Path, p
 
 /// `tcpkit load SRV:PORT --dns -c 20 -r 2000 -t 3 --json ARGS` in `cli`, with a hang limit.
 fn load(cli: &Host, port: u16, args: &[&str]) -> (Output, Value) {
-    let target = format!("{SRV}:{port}");
     let (c, r, t) = (CONNS.to_string(), RATE.to_string(), SECS.to_string());
-    let mut argv = vec![
-        tcpkit(),
-        "load",
-        &target,
-        "--dns",
-        "-c",
-        &c,
-        "-r",
-        &r,
-        "-t",
-        &t,
-        "--json",
-    ];
+    load_as(cli, port, &[&["-c", &c, "-r", &r, "-t", &t], args].concat())
+}
+
+/// `tcpkit load SRV:PORT --dns --json ARGS` in `cli`, with a hang limit; it must succeed.
+fn load_as(cli: &Host, port: u16, args: &[&str]) -> (Output, Value) {
+    let target = format!("{SRV}:{port}");
+    let mut argv = vec![tcpkit(), "load", &target, "--dns", "--json"];
     argv.extend_from_slice(args);
     let mut cmd = cli.command(&argv);
     cmd.stdin(std::process::Stdio::null());
@@ -93,7 +91,10 @@ fn assert_all_answered(r: &Value) {
     let not = u(r, "queries.timeouts") + u(r, "queries.lost") + u(r, "queries.unanswered_at_end");
     assert_eq!(u(r, "queries.answered"), sent - not, "{r:#}");
     assert_eq!(not, 0, "{r:#}");
-    let want = RATE * SECS;
+    // -t bounds the whole run, opening included: the query phase is `seconds` long (0.04 to
+    // 0.16 s short of -t on a loaded 2-CPU VM, which failed a bound on RATE * SECS).
+    let want = (RATE as f64 * r["seconds"].as_f64().unwrap()) as u64;
+    assert!(SECS as f64 - r["seconds"].as_f64().unwrap() < 0.5, "{r:#}");
     assert!(
         sent.abs_diff(want) * 50 <= want,
         "sent {sent}, asked {want}: {r:#}"
@@ -216,5 +217,193 @@ fn dns_over_udp_against_unbound_with_a_dnsperf_query_file() {
         ub.try_status().unwrap().is_none(),
         "unbound exited during the run: {}",
         ub.log()
+    );
+}
+
+/// The TCP payload length of every segment in `pcap` that carries data (tshark's reading).
+fn segment_lengths(pcap: &std::path::Path) -> Vec<u64> {
+    let o = std::process::Command::new("tshark")
+        .arg("-n")
+        .arg("-r")
+        .arg(pcap)
+        .args(["-Y", "tcp.len > 0", "-T", "fields", "-e", "tcp.len"])
+        .output()
+        .expect("tshark is needed to read the capture: apt-get install -y tshark");
+    assert!(o.status.success(), "tshark: {}", stderr(&o));
+    stdout(&o)
+        .lines()
+        .map(|l| l.trim().parse().unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// Issue 24, item 1: queries leave as a client sends them, one write and so one TCP segment
+/// per query, even when several are due at once; `--coalesce` puts several in one segment,
+/// and only when asked. The wire oracle: tcpdump in the client host, read by tshark.
+#[test]
+fn tcp_queries_leave_one_per_segment_unless_coalesce_is_asked() {
+    let (mut lab, cli, srv, link) = Lab::pair("ldseg").unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let port = 5303;
+    let _ub = start_unbound(&mut lab, &cli, &srv, dir.path(), port);
+    let (c, r) = (BUSY_CONNS.to_string(), BUSY_RATE.to_string());
+    let filter = format!("tcp dst port {port}");
+    let mut capture = |extra: &[&str]| {
+        let dump = lab.tcpdump(&cli, &link.a.name, &filter).expect("tcpdump");
+        let args = [
+            &[
+                "-c",
+                &c,
+                "-r",
+                &r,
+                "-t",
+                "1",
+                "--qname",
+                unbound::WWW_EXAMPLE,
+            ][..],
+            extra,
+        ]
+        .concat();
+        let (_, rep) = load_as(&cli, port, &args);
+        let cap = dump.stop().expect("stop tcpdump");
+        assert_eq!(cap.dropped_by_kernel, 0, "tcpdump dropped packets");
+        (rep, segment_lengths(&cap.path))
+    };
+    let (rep, lens) = capture(&[]);
+    // One query of www.example A over TCP: 2 length bytes + 29 of DNS message.
+    let query = u(&rep, "queries.bytes_sent") / u(&rep, "queries.sent");
+    assert_eq!(query, 31, "{rep:#}");
+    let multi = lens.iter().filter(|&&l| l != query).count();
+    assert_eq!(
+        multi,
+        0,
+        "{multi} of {} segments are not one query of {query} bytes: {:?}",
+        lens.len(),
+        lens.iter()
+            .filter(|&&l| l != query)
+            .take(10)
+            .collect::<Vec<_>>()
+    );
+    // At least one segment per query (a tail-loss probe under a loaded CPU can add one).
+    assert!(lens.len() as u64 >= u(&rep, "queries.sent"), "{rep:#}");
+
+    let (rep, lens) = capture(&["--coalesce", "32"]);
+    let most = lens.iter().max().copied().unwrap_or(0);
+    assert!(
+        most >= 2 * query && lens.len() < u(&rep, "queries.sent") as usize,
+        "--coalesce 32: {} segments for {} queries, the largest {most} bytes",
+        lens.len(),
+        u(&rep, "queries.sent")
+    );
+}
+
+/// The latencies of `dnsperf -v` lines (`> NOERROR www.example A 0.000107`), in ns, sorted.
+fn dnsperf_latencies(out: &str) -> Vec<u64> {
+    let mut v: Vec<u64> = out
+        .lines()
+        .filter(|l| l.starts_with("> "))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|s| (s * 1e9) as u64)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Issue 24, item 1: load's latency against unbound over TCP is dnsperf's, both run at the
+/// same time in the same lab, each with half the connections and half the rate.
+///
+/// Why at the same time, and why the mean: unbound answers a connection one query late for
+/// as long as two of its answers were once in flight together (its Nagle holds the second
+/// until the client's ACK, which rides on the client's next query). load used to write the
+/// queries due at one wakeup on one connection in one segment, which put every connection in
+/// that state within the first 100 ms: latency became the gap between a connection's queries
+/// (18-24 ms medians here against dnsperf's 0.07-0.4 ms). Without batching a connection gets
+/// there only when the machine stalls for longer than that gap, as any client does: in 1 of 5
+/// interleaved runs of either tool here, under a load average of 6-10. A stall during this
+/// test hits both clients' connections at once, and the mean moves with the share of them
+/// it caught where the median jumps between 0.1 and 20 ms; so: load's mean (from the actual
+/// send time, as dnsperf measures) at most dnsperf's + 5 ms, a quarter of the 20 ms that
+/// batching costs. The unfixed build: 19.4 ms against 0.3 ms.
+#[test]
+fn latency_over_tcp_is_dnsperfs_within_noise() {
+    let _turn = common::timing_turn();
+    let (mut lab, cli, srv, _link) = Lab::pair("ldperf").unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let port = 5304;
+    let _ub = start_unbound(&mut lab, &cli, &srv, dir.path(), port);
+    let (c, r) = ((BUSY_CONNS / 2).to_string(), (BUSY_RATE / 2).to_string());
+
+    let queries = dir.path().join("queries");
+    std::fs::write(&queries, format!("{} A\n", unbound::WWW_EXAMPLE)).unwrap();
+    let (srv_s, port_s) = (SRV.to_string(), port.to_string());
+    let argv = [
+        "dnsperf",
+        "-m",
+        "tcp",
+        "-s",
+        &srv_s,
+        "-p",
+        &port_s,
+        "-c",
+        &c,
+        "-Q",
+        &r,
+        "-l",
+        "1",
+        "-v",
+        "-d",
+        queries.to_str().unwrap(),
+    ];
+    // A line per query is more than a pipe holds: dnsperf writes them to a file.
+    let lines = dir.path().join("dnsperf.out");
+    let mut cmd = cli.command(&argv);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&lines).unwrap())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd
+        .spawn()
+        .expect("dnsperf is needed: apt-get install -y dnsperf");
+    let (_, rep) = load_as(
+        &cli,
+        port,
+        &[
+            "-c",
+            &c,
+            "-r",
+            &r,
+            "-t",
+            "1.1",
+            "--qname",
+            unbound::WWW_EXAMPLE,
+        ],
+    );
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("dnsperf ran past 20 s (a hang)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = std::fs::read_to_string(&lines).unwrap();
+    assert!(status.success(), "dnsperf: {status}: {out}");
+    let lat = dnsperf_latencies(&out);
+    assert!(
+        lat.len() as u64 * 20 >= BUSY_RATE * 9,
+        "dnsperf answered {} queries",
+        lat.len()
+    );
+    let dnsperf_mean = lat.iter().sum::<u64>() / lat.len() as u64;
+    let load_mean = u(&rep, "latency_sent.mean_ns");
+    let ms = |ns: u64| ns as f64 / 1e6;
+    assert!(
+        load_mean <= dnsperf_mean + 5_000_000,
+        "load's mean {:.3} ms (median {:.3}), dnsperf's {:.3} ms (median {:.3}): {rep:#}",
+        ms(load_mean),
+        ms(u(&rep, "latency_sent.p50_ns")),
+        ms(dnsperf_mean),
+        ms(lat[lat.len() / 2])
     );
 }

@@ -28,6 +28,8 @@ mod load_contract;
 mod load_plot;
 mod load_scale;
 mod load_unbound;
+mod load_usage;
+mod load_wrk;
 mod merge_bad_input;
 mod mpcat;
 mod mpcat_duplex;

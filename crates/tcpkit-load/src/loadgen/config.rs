@@ -22,8 +22,13 @@ pub enum Payload {
     File { query: Vec<u8>, end: ResponseEnd },
     /// RESP `PING`; the answer is `+PONG\r\n` (or a `-ERR` line, counted as ERR).
     RedisPing,
-    /// `GET path HTTP/1.1` with a Host header, keep-alive.
-    HttpGet { path: String, host: String },
+    /// `GET path HTTP/1.1` with a Host header, keep-alive, and `headers` (`Name: value`
+    /// lines, `-H`; one named as a default header, Host included, takes its place).
+    HttpGet {
+        path: String,
+        host: String,
+        headers: Vec<String>,
+    },
 }
 
 /// Where an answer to a `--payload-file` query ends.
@@ -373,6 +378,9 @@ pub struct Config {
     /// DNS over UDP (`--udp`): each "connection" is a connected UDP socket, each query one
     /// datagram, an answer not back by `timeout` a timeout. Only with a DNS payload.
     pub udp: bool,
+    /// Most due queries written on one connection in one write (`--coalesce`); 1 = one
+    /// write, and so one TCP segment, per query, as a client sends them.
+    pub coalesce: usize,
     /// A query unanswered for this long counts as a timeout; also the longest wait for
     /// answers after the last query.
     pub timeout: Duration,
@@ -409,6 +417,7 @@ impl Config {
                 queries: vec![("example.com".parse().expect("static name is valid"), 1)],
             },
             udp: false,
+            coalesce: 1,
             timeout: Duration::from_secs(2),
             per_query: None,
             hdr_log: None,

@@ -37,10 +37,6 @@ const MAX_PENDING: usize = 1024;
 const WBUF_MAX: usize = 256 << 10;
 /// Queries sent in one go before reading again, so answers are timed promptly.
 const SEND_BURST: usize = 256;
-/// Most due queries written on one connection in one write (about 1 KiB of DNS queries):
-/// enough to pay a syscall and a segment for many queries, small enough that a burst is
-/// spread over several connections.
-const MAX_BATCH: usize = 32;
 /// Queries-in-flight slots a connection keeps when its queue empties: reallocating the queue
 /// for every query would be an allocation per query; freeing larger queues keeps idle
 /// connections small.
@@ -569,7 +565,17 @@ impl Worker<'_, '_> {
                 self.no_conn_until = now + 1_000_000;
                 break;
             };
-            let batch = if self.sh.cfg.udp { 1 } else { MAX_BATCH };
+            // One write per query unless --coalesce asks for more: several queries in one
+            // segment are not what a client sends, and a server that writes small answers
+            // with Nagle on (unbound) holds the second until the client's next query
+            // acknowledges the first, then answers that connection one query late for good,
+            // so the latency measured was load's batching (issue 24: 5 ms medians where
+            // dnsperf saw 0.1-2 ms). A datagram is always one query.
+            let batch = if self.sh.cfg.udp {
+                1
+            } else {
+                self.sh.cfg.coalesce
+            };
             burst += self.send_batch(i, now, (SEND_BURST - burst).min(batch));
         }
         let now = now_ns();
@@ -605,9 +611,8 @@ impl Worker<'_, '_> {
         None
     }
 
-    /// Writes the queries due by `now` (at most `max`) on connection `i`, in one write: every
-    /// query sent is a syscall and a TCP segment through both stacks otherwise, which is what
-    /// limited the rate. Each keeps its own intended time; they share the actual send time.
+    /// Writes the queries due by `now` (at most `max`: 1 unless `--coalesce`) on connection
+    /// `i`, in one write. Each keeps its own intended time; they share the actual send time.
     /// Returns the number taken from the schedule (those of a failed write count as lost).
     fn send_batch(&mut self, i: usize, now: u64, max: usize) -> usize {
         let key = self.key(i);

@@ -139,11 +139,12 @@ impl Proto {
                 delim: d.clone(),
             },
             Payload::RedisPing => Kind::Redis,
-            Payload::HttpGet { path, host } => Kind::Http {
-                request: format!(
-                    "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: tcpkit-load\r\nConnection: keep-alive\r\n\r\n"
-                )
-                .into_bytes(),
+            Payload::HttpGet {
+                path,
+                host,
+                headers,
+            } => Kind::Http {
+                request: http_request(path, host, headers),
             },
         };
         Proto {
@@ -420,6 +421,36 @@ fn feed_dns(rbuf: &mut Vec<u8>, data: &[u8], out: &mut Vec<Answer>) -> Result<()
 }
 
 /// An HTTP framing error as a counted bad answer.
+/// `GET path HTTP/1.1` with the default headers (Host, User-Agent, keep-alive), each
+/// replaced by a header of `headers` of the same name (as wrk's -H does), then the others.
+fn http_request(path: &str, host: &str, headers: &[String]) -> Vec<u8> {
+    let name = |h: &str| {
+        h.split(':')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
+    };
+    let given = |n: &str| headers.iter().any(|h| name(h) == n);
+    let mut req = format!("GET {path} HTTP/1.1\r\n");
+    for (n, line) in [
+        ("host", format!("Host: {host}")),
+        ("user-agent", "User-Agent: tcpkit-load".to_string()),
+        ("connection", "Connection: keep-alive".to_string()),
+    ] {
+        if !given(n) {
+            req.push_str(&line);
+            req.push_str("\r\n");
+        }
+    }
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str("\r\n");
+    req.into_bytes()
+}
+
 fn bad_http(e: HttpError) -> BadAnswer {
     let kind = match e {
         HttpError::TooLarge(_) | HttpError::HeadTooLong | HttpError::TrailersTooLong => {
@@ -674,12 +705,23 @@ mod tests {
         assert_eq!(e.kind, "garbage");
     }
 
+    /// -H headers as wrk sends them: one named as a default (any case) takes its place.
+    #[test]
+    fn http_headers_replace_the_defaults_of_their_name() {
+        let req = http_request("/a", "h", &["host: other:81".into(), "X-Trace: 1".into()]);
+        assert_eq!(
+            String::from_utf8(req).unwrap(),
+            "GET /a HTTP/1.1\r\nUser-Agent: tcpkit-load\r\nConnection: keep-alive\r\nhost: other:81\r\nX-Trace: 1\r\n\r\n"
+        );
+    }
+
     #[test]
     fn http_content_length_chunked_and_no_body() {
         let p = Proto::new(
             &Payload::HttpGet {
                 path: "/x".into(),
                 host: "h:8080".into(),
+                headers: Vec::new(),
             },
             false,
         );

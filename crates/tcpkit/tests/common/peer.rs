@@ -113,6 +113,34 @@ pub fn merge_as(files: &[&Path], args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Writes `dir/nginx.conf` for nginx in the foreground as root, its temporary files and error
+/// log in `dir`, with `http` inside its http block (log formats, servers). Returns its path;
+/// the test fails here if nginx is not installed.
+pub fn nginx_conf(dir: &Path, http: &str) -> std::path::PathBuf {
+    assert!(
+        Path::new(NGINX).exists(),
+        "this test needs nginx (apt-get install nginx-light)"
+    );
+    let conf = dir.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "user root; daemon off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{ keepalive_requests 100000;\n\
+               client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
+               uwsgi_temp_path {d}; scgi_temp_path {d};\n\
+               {http} }}\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    conf
+}
+
+/// Debian's nginx.
+pub const NGINX: &str = "/usr/sbin/nginx";
+
 /// A fresh `Lab::pair`: `tcpkit load` runs in `cli` (host a), its servers in `srv` (host b).
 pub struct Pair {
     pub lab: Lab,

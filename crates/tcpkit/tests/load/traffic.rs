@@ -175,31 +175,22 @@ fn redis_ping_against_redis_server() {
 #[test]
 fn http_get_against_nginx_keeps_connections_alive() {
     let mut p = pair("ldhttp");
-    let nginx = "/usr/sbin/nginx";
-    assert!(
-        std::path::Path::new(nginx).exists(),
-        "this test needs nginx (apt-get install nginx-light)"
-    );
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("www");
     std::fs::create_dir(&root).unwrap();
     std::fs::write(root.join("hello.txt"), "hello from the lab\n").unwrap();
-    let conf = dir.path().join("nginx.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "user root; daemon off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
-             events {{ worker_connections 256; }}\n\
-             http {{ access_log off; keepalive_requests 100000;\n\
-               client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
-               uwsgi_temp_path {d}; scgi_temp_path {d};\n\
-               server {{ listen 198.18.0.2:8088; root {r}; }} }}\n",
-            d = dir.path().display(),
-            r = root.display()
+    let conf = common::peer::nginx_conf(
+        dir.path(),
+        &format!(
+            "access_log off; server {{ listen 198.18.0.2:8088; root {}; }}",
+            root.display()
         ),
-    )
-    .unwrap();
-    p.server("nginx", &[nginx, "-c", conf.to_str().unwrap()], 8088);
+    );
+    p.server(
+        "nginx",
+        &[common::peer::NGINX, "-c", conf.to_str().unwrap()],
+        8088,
+    );
     let r = load_ok(
         &p,
         8088,
