@@ -518,6 +518,10 @@ pub fn fuzz_frame(data: &[u8]) {
         match Frame::parse(rest) {
             Ok((f, used)) => {
                 assert!(used >= FRAME_HDR && used <= rest.len());
+                // A peer's reason (a refusal, an abort) is bounded whatever it declares.
+                if let Frame::Refuse { reason } | Frame::Abort { reason } = f {
+                    assert!(reason.len() <= MAX_REASON);
+                }
                 buf.clear();
                 f.emit_vec(&mut buf);
                 assert_eq!(buf.len(), f.buffer_len());

@@ -17,10 +17,9 @@ use tcpkit_lab::{Proc, Signal};
 const AT_ONCE: Duration = Duration::from_millis(1500);
 
 /// Waits for `first` to fail, then for `second`, and returns both last lines and how long
-/// `second` outlived `first`.
-fn both_fail(first: &Proc, second: &Proc) -> (String, String, Duration) {
+/// after `t0` both had ended.
+fn both_fail(first: &Proc, second: &Proc, t0: Instant) -> (String, String, Duration) {
     let a = fails(first, 10);
-    let t0 = Instant::now();
     let b = fails(second, 10);
     (a, b, t0.elapsed())
 }
@@ -29,42 +28,43 @@ fn both_fail(first: &Proc, second: &Proc) -> (String, String, Duration) {
 /// receiver's reason (before: 5 s later, "no path left").
 #[test]
 fn mpcat_receiver_interrupted_reaches_the_sender_at_once() {
-    let _turn = common::timing_turn();
-    let mut t = Transfer::with_input("mpcabrx", 2, Some(shaped(20)), 16 << 20);
-    let rx = t.listen(&[]);
-    let tx = t.send(&[]);
-    wait_arrived(&t.output, 1 << 20, &tx, &rx);
-    rx.signal(Signal::SIGINT).unwrap();
-    let (rs, ts, after) = both_fail(&rx, &tx);
-    assert!(rs.starts_with("tcpkit mpcat: interrupted: "), "{}", rx.log());
-    assert!(
-        ts.starts_with("tcpkit mpcat: the receiver aborted the session: interrupted: "),
-        "{}",
-        tx.log()
-    );
-    eprintln!("the sender failed {after:?} after the receiver");
-    assert!(after < AT_ONCE, "{after:?}\n{}", tx.log());
+    interrupted_mid_transfer("mpcabrx", true);
 }
 
 /// Ctrl-C on the sender mid-transfer: the receiver fails within a second saying the sender
-/// aborted and why (before: it blamed its connections).
+/// aborted and why (before: it blamed its connections, 5 s later).
 #[test]
 fn mpcat_sender_interrupted_is_named_by_the_receiver() {
+    interrupted_mid_transfer("mpcabtx", false);
+}
+
+/// 16 MiB over 2 links of 20 Mbit/s; once 1 MiB has arrived, SIGINT to the receiver (or the
+/// sender): it fails "interrupted", and its peer "the receiver (sender) aborted the session:
+/// interrupted", both within [`AT_ONCE`] of the signal.
+fn interrupted_mid_transfer(tag: &str, receiver: bool) {
     let _turn = common::timing_turn();
-    let mut t = Transfer::with_input("mpcabtx", 2, Some(shaped(20)), 16 << 20);
+    let mut t = Transfer::with_input(tag, 2, Some(shaped(20)), 16 << 20);
     let rx = t.listen(&[]);
     let tx = t.send(&[]);
     wait_arrived(&t.output, 1 << 20, &tx, &rx);
-    tx.signal(Signal::SIGINT).unwrap();
-    let (ts, rs, after) = both_fail(&tx, &rx);
-    assert!(ts.starts_with("tcpkit mpcat: interrupted: "), "{}", tx.log());
+    let (stopped, peer, who) = if receiver {
+        (&rx, &tx, "receiver")
+    } else {
+        (&tx, &rx, "sender")
+    };
+    let t0 = Instant::now();
+    stopped.signal(Signal::SIGINT).unwrap();
+    let (own, told, after) = both_fail(stopped, peer, t0);
+    let logs = format!("{}\n{}", stopped.log(), peer.log());
+    assert!(own.starts_with("tcpkit mpcat: interrupted: "), "{logs}");
     assert!(
-        rs.starts_with("tcpkit mpcat: the sender aborted the session: interrupted: "),
-        "{}",
-        rx.log()
+        told.starts_with(&format!(
+            "tcpkit mpcat: the {who} aborted the session: interrupted: "
+        )),
+        "{logs}"
     );
-    eprintln!("the receiver failed {after:?} after the sender");
-    assert!(after < AT_ONCE, "{after:?}\n{}", rx.log());
+    eprintln!("both sides ended {after:?} after the {who}'s Ctrl-C");
+    assert!(after < AT_ONCE, "{after:?}\n{logs}");
 }
 
 /// A tmpfs of `size` mounted on `dir` for the test's life (unmounted when dropped, before
@@ -108,7 +108,10 @@ fn mpcat_full_disk_on_the_receiver_reaches_the_sender_at_once() {
     let rx = t.listen(&["-i", answer.to_str().unwrap()]);
     // Slow enough that the answer is back before the disk is full.
     let tx = t.send(&["--rate-limit", "4M", "-o", back.to_str().unwrap()]);
-    let (rs, ts, after) = both_fail(&rx, &tx);
+    // The disk is full after 1 MiB: about 0.25 s in.
+    wait_arrived(&t.output, 512 << 10, &tx, &rx);
+    let t0 = Instant::now();
+    let (rs, ts, after) = both_fail(&rx, &tx, t0);
     assert!(rs.contains("No space left on device"), "{}", rx.log());
     assert!(
         ts.starts_with("tcpkit mpcat: the receiver aborted the session: ")
@@ -116,7 +119,7 @@ fn mpcat_full_disk_on_the_receiver_reaches_the_sender_at_once() {
         "{}",
         tx.log()
     );
-    eprintln!("the sender failed {after:?} after the receiver");
+    eprintln!("both sides ended {after:?} after half the disk was written");
     assert!(after < AT_ONCE, "{after:?}\n{}", tx.log());
     let log = rx.log();
     let reverse = log

@@ -123,7 +123,10 @@ fn mpcat_failures_before_the_session_print_json_and_files_exit_2() {
     let tx = sh_in_a(
         &mut t,
         "tx",
-        &format!("exec {} mpcat --json -i {input} {MULTIPATH_B4} {p}", tcpkit()),
+        &format!(
+            "exec {} mpcat --json -i {input} {MULTIPATH_B4} {p}",
+            tcpkit()
+        ),
     );
     let why = fails(&tx, 5);
     let j = json_of(&tx);
@@ -131,7 +134,10 @@ fn mpcat_failures_before_the_session_print_json_and_files_exit_2() {
     assert_eq!(j["verified"], false);
     assert_eq!(j["sessions"], 0);
     let failure = j["failure"].as_str().unwrap();
-    assert!(failure.starts_with(&format!("connect refused to {to}")), "{j}");
+    assert!(
+        failure.starts_with(&format!("connect refused to {to}")),
+        "{j}"
+    );
     assert_eq!(why, format!("tcpkit mpcat: {failure}"));
     // Duplex (no --json): the first connection is the reverse stream's, but what failed is
     // reaching the receiver.
@@ -142,14 +148,19 @@ fn mpcat_failures_before_the_session_print_json_and_files_exit_2() {
     );
     let why = fails(&duplex, 5);
     assert!(
-        why.starts_with(&format!("tcpkit mpcat: connect refused to {to}")) && !why.contains("reverse"),
+        why.starts_with(&format!("tcpkit mpcat: connect refused to {to}"))
+            && !why.contains("reverse"),
         "{why}"
     );
     // Files: exit 2, one line, nothing run.
     let key = t.dir().join("key");
     std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
     let run = |args: &[&str]| {
-        let o = Command::new(tcpkit()).arg("mpcat").args(args).output().unwrap();
+        let o = Command::new(tcpkit())
+            .arg("mpcat")
+            .args(args)
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
@@ -201,21 +212,24 @@ fn mpcat_progress_line_is_cleared_before_the_summary() {
     );
 }
 
+/// Waits until a -k listener has summed up `n` sessions: its last session ends a moment
+/// after its sender's (the sender's Done for the reverse stream is on its way), and a
+/// Ctrl-C before that cuts it short, as a user who stops it before its summary would.
+fn summed_up(rx: &Proc, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while rx.log().matches("mpcat: received ").count() < n {
+        assert!(std::time::Instant::now() < deadline, "{}", rx.log());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Item 18: with -k each session's summary is printed once, as it ends, and the run's
 /// total after the last (and in --json, `run`).
 #[test]
 fn mpcat_keep_listening_sums_up_each_session_once_and_the_run() {
     const SIZE: u64 = 64 << 10;
     let mut t = Transfer::with_input("mpckeep", 1, None, SIZE);
-    let (p, out) = (t.port.to_string(), t.output.to_str().unwrap().to_string());
-    let rx = in_b(&mut t, "rx", &["-k", "-l", &p, "-o", &out]);
-    wait_listening(&t.b, t.port);
-    for k in 0..2 {
-        let tx = t.send_as(&format!("tx{k}"), &[]);
-        succeeds(&tx, 5);
-    }
-    rx.signal(Signal::SIGINT).unwrap();
-    succeeds(&rx, 5);
+    let rx = two_sessions(&mut t, "", &[]);
     let log = rx.log();
     assert_eq!(log.matches("mpcat: received ").count(), 2, "{log}");
     assert!(
@@ -225,20 +239,32 @@ fn mpcat_keep_listening_sums_up_each_session_once_and_the_run() {
         )),
         "{log}"
     );
-    assert!(last_line(&rx).starts_with("refused: 0 wrong token"), "{log}");
+    assert!(
+        last_line(&rx).starts_with("refused: 0 wrong token"),
+        "{log}"
+    );
     // --json: one document, the run in it.
     t.port += 1;
-    let p = t.port.to_string();
-    let rx = in_b(&mut t, "rx-json", &["-k", "--json", "-l", &p, "-o", &out]);
-    wait_listening(&t.b, t.port);
-    for k in 0..2 {
-        let tx = t.send_as(&format!("tx-json{k}"), &[]);
-        succeeds(&tx, 5);
-    }
-    rx.signal(Signal::SIGINT).unwrap();
-    succeeds(&rx, 5);
+    let rx = two_sessions(&mut t, "-json", &["--json"]);
     let j = json_of(&rx);
     assert_eq!(j["run"]["sessions"], 2, "{j}");
     assert_eq!(j["run"]["sessions_verified"], 2, "{j}");
     assert_eq!(j["run"]["bytes"], 2 * SIZE, "{j}");
+}
+
+/// A `-k -l PORT` listener (with `args`), two sessions sent to it one after the other,
+/// then Ctrl-C once it has summed up the second: it exits 0.
+fn two_sessions(t: &mut Transfer, tag: &str, args: &[&str]) -> Proc {
+    let (p, out) = (t.port.to_string(), t.output.to_str().unwrap().to_string());
+    let argv = [&["-k", "-l", &p, "-o", &out][..], args].concat();
+    let rx = in_b(t, &format!("rx{tag}"), &argv);
+    wait_listening(&t.b, t.port);
+    for k in 0..2 {
+        let tx = t.send_as(&format!("tx{tag}{k}"), &[]);
+        succeeds(&tx, 5);
+        summed_up(&rx, k + 1);
+    }
+    rx.signal(Signal::SIGINT).unwrap();
+    succeeds(&rx, 5);
+    rx
 }

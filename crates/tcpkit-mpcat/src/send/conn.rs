@@ -240,7 +240,8 @@ pub(super) fn give_up(conns: &mut [Conn], why: &str) {
                 queued[k] = true;
             }
             match flush(c, &mut done, None) {
-                Ok(true) => {}
+                // A data frame that has just ended still needs the abort behind it.
+                Ok(true) => pending |= !queued[k],
                 Ok(false) => pending = true,
                 Err(_) => c.sock = None,
             }
