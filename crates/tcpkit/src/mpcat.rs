@@ -408,6 +408,27 @@ fn readable(flag: &str, p: &std::path::Path) -> Result<(), Failure> {
     Ok(())
 }
 
+/// A file named by `flag` that the run will create: its folder must be there.
+fn writable_dir(flag: &str, p: &std::path::Path) -> Result<(), Failure> {
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(usage(format!(
+            "{flag} {}: {} is not a directory",
+            p.display(),
+            dir.display()
+        ))),
+        Err(e) => Err(usage(format!(
+            "{flag} {}: {}: {e}",
+            p.display(),
+            dir.display()
+        ))),
+    }
+}
+
 /// Where the listener listens (`-l PORT`, `-l -p PORT`, `-l ADDR PORT`, `-l -s ADDR -p
 /// PORT`, as nc), and whether an IPv6 socket takes IPv6 alone (-6).
 fn listen_on(a: &Args) -> Result<(SocketAddr, bool), Failure> {
@@ -524,6 +545,9 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let side = resolve(&args)?;
     if let Some(p) = &args.input {
         readable("-i", p)?;
+    }
+    if let Some(p) = &args.output {
+        writable_dir("-o", p)?;
     }
     let live = Arc::new(MpcatCounters::default());
     let screen = Screen::start(&args, &live);
@@ -968,6 +992,11 @@ mod tests {
         let no = std::path::Path::new("/no/such/file");
         assert!(f(readable("-i", no)).starts_with("-i /no/such/file: "));
         assert!(f(readable("-i", std::path::Path::new("/"))).contains("a directory"));
+        assert!(
+            f(writable_dir("-o", std::path::Path::new("/no/such/dir/out")))
+                .starts_with("-o /no/such/dir/out: /no/such/dir: ")
+        );
+        assert!(writable_dir("-o", std::path::Path::new("out.bin")).is_ok());
         let a = Args::try_parse_from(["mpcat", "--psk-file", "/no/such/key", "-l", "9"]).unwrap();
         assert!(f(resolve(&a).map(|_| ())).starts_with("--psk-file /no/such/key"));
     }

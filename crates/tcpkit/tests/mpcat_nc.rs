@@ -112,6 +112,44 @@ fn mpcat_waits_for_the_listeners_answer_as_nc() {
     );
 }
 
+/// Item 9: -w SECS as nc's idle timeout: a sender whose input sends nothing (a fifo it holds
+/// open itself, as a terminal nobody types into) ends after SECS with exit 1, and its
+/// receiver is told why at once.
+#[test]
+fn mpcat_wait_ends_an_idle_run() {
+    let mut t = Transfer::new("mpcidle", 1, None);
+    let rx = t.listen(&[]);
+    let silent = t.dir().join("silent");
+    let st = Command::new("mkfifo").arg(&silent).status().unwrap();
+    assert!(st.success());
+    let cmd = format!(
+        "exec {} mpcat -w 1 {MULTIPATH_B4} {} 0<>{}",
+        tcpkit(),
+        t.port,
+        silent.display()
+    );
+    let t0 = std::time::Instant::now();
+    let tx = sh_in_a(&mut t, "tx", &cmd);
+    let why = fails(&tx, 5);
+    let took = t0.elapsed();
+    assert_eq!(
+        why,
+        "tcpkit mpcat: -w 1s: nothing was acknowledged for that long, 0 bytes in all",
+        "{}",
+        tx.log()
+    );
+    assert!(
+        took >= std::time::Duration::from_secs(1) && took < std::time::Duration::from_secs(3),
+        "{took:?}"
+    );
+    let told = fails(&rx, 5);
+    assert!(
+        told.starts_with("tcpkit mpcat: the sender aborted the session: -w 1s: "),
+        "{}",
+        rx.log()
+    );
+}
+
 /// Item 15: a run that fails before its session began still prints its --json document
 /// (the failure in it, every count 0), and says a refused connect as one (not as the
 /// reverse stream's); a file it cannot use exits 2 with one line naming flag and file.

@@ -256,7 +256,9 @@ pub fn run(
     }
     reader_stop.store(true, Ordering::Relaxed);
     drop(source);
-    if let Some(t) = rthread {
+    // A failed session does not wait for a reader blocked in a read of an input that sends
+    // nothing (a terminal, a silent pipe: -w's case): the process exits with it.
+    if let Some(t) = rthread.filter(|t| failure.is_none() || t.is_finished()) {
         let _ = t.join();
     }
     if let (true, Some(m), Some(sock)) = (used, mptcp_report.as_mut(), conns[0].sock.as_ref()) {
