@@ -18,12 +18,13 @@
 //!   listener closes its output (stdout or -o FILE) once the forward stream is verified,
 //!   while the reverse direction may still run. What OpenBSD `nc -N` gives is thus always
 //!   there; what is left to choose is how long the connecting side waits for the answer:
-//!   - default (like `-q 0`): the session ends once the forward stream is delivered; the
-//!     listener ends its stream there with what it has sent ([`Frame::Stop`]), so
-//!     `mpcat -l -p P > file` with a terminal (or any input that never ends) still finishes;
-//!   - `-N` (half-close, wait for the answer) or `-q -1`: the session stays open until the
-//!     listener's input ends, however long that takes;
-//!   - `-q SECS`: at most SECS after the forward stream is delivered, then as the default.
+//!   - default (as OpenBSD nc without -q), `-N` and `-q -1`: the session stays open until
+//!     the listener's input ends, however long that takes, so the answer of
+//!     `echo cmd | mpcat HOST P` arrives whole;
+//!   - `-q 0`: the session ends once the forward stream is delivered; the listener ends its
+//!     stream there with what it has sent ([`Frame::Stop`]), so `mpcat -l P > file` with a
+//!     terminal (or any input that never ends) still finishes;
+//!   - `-q SECS`: at most SECS after the forward stream is delivered, then as `-q 0`.
 //! - A side exits 0 only when its forward stream and (when there was one) the reverse stream
 //!   both ended and were verified; a reverse stream cut short fails both sides, naming it.
 //! - With `-k` the listener's input is read once, by one thread, and each session's reverse
@@ -58,11 +59,11 @@ const TICK: Duration = Duration::from_millis(100);
 /// How long the connecting side waits for the listener's stream once its own is delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
-    /// The default (and `-q 0`): stop the reverse stream at once.
+    /// `-q 0`: stop the reverse stream at once.
     Now,
     /// `-q SECS`.
     For(Duration),
-    /// `-N`, or `-q -1`: until the listener's input ends.
+    /// The default (as OpenBSD nc), `-N`, or `-q -1`: until the listener's input ends.
     Forever,
 }
 
@@ -228,7 +229,12 @@ pub struct Back {
 impl Back {
     /// Opens the reverse connection (the session's first) and starts receiving on it into
     /// `output`, which is opened first so a bad -o fails before anything connects.
-    pub fn open(cfg: &SendConfig, token: frame::Token, output: &Output) -> Result<Back, Error> {
+    pub fn open(
+        cfg: &SendConfig,
+        token: frame::Token,
+        output: &Output,
+        hint: &dyn Fn(&str),
+    ) -> Result<Back, Error> {
         let out = crate::recv::open_output(output)?;
         let c = SendConfig {
             mptcp: false,
@@ -238,6 +244,9 @@ impl Back {
             send::connect(&c, 1, None, &cfg.peer, None, token, REVERSE_STREAM, None)?;
         s.set_read_timeout(Some(TICK))
             .map_err(|e| Error::io("SO_RCVTIMEO on the reverse stream", e))?;
+        if let (true, Ok(l), Ok(p)) = (cfg.verbose, s.local_addr(), s.peer_addr()) {
+            hint(&format!("connected {l} to {p}: the reverse stream"));
+        }
         let ctl = Arc::new(Ctl::default());
         let thread = {
             let ctl = Arc::clone(&ctl);
@@ -272,7 +281,7 @@ pub fn connect_side(
     hint: &dyn Fn(&str),
 ) -> Result<MpcatReport, Error> {
     let token = crate::random_token()?;
-    let back = Back::open(cfg, token, output)?;
+    let back = Back::open(cfg, token, output, hint)?;
     let fwd = SendConfig {
         token: Some(token),
         ..cfg.clone()
@@ -484,7 +493,7 @@ fn receive_on(
                     });
                     Ok(true)
                 }
-                Frame::Refuse { reason } => {
+                Frame::Refuse { reason } | Frame::Abort { reason } => {
                     Err(Error::msg(format!("the listener gave up: {reason}")))
                 }
                 other => Err(Error::msg(format!(
@@ -837,6 +846,9 @@ fn acks(
                 }
                 Frame::Refuse { reason } => {
                     return Err(Error::msg(format!("sent a refusal: {reason}")));
+                }
+                Frame::Abort { reason } => {
+                    return Err(Error::msg(format!("aborted the session: {reason}")));
                 }
                 other => {
                     return Err(Error::msg(format!(

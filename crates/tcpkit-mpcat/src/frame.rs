@@ -17,6 +17,10 @@
 //! Acks (credit) and the Done verdict, and may send [`Frame::Stop`] to ask the listener to end
 //! its stream with what it has sent so far (see [`crate::duplex`]).
 //!
+//! Either side that fails mid-session (Ctrl-C, a full disk, a bad input) sends
+//! [`Frame::Abort`] with its reason on every connection, after the frame each is in the middle
+//! of, so the peer fails at once with that reason instead of finding closed connections.
+//!
 //! With `--psk-file` each connection opens instead with the two messages of a Noise
 //! handshake, each in a [`Frame::Noise`] (magic and version in the clear, so a receiver tells
 //! an encrypted sender from a stray connection); after them the frames above travel inside
@@ -29,10 +33,10 @@
 //! caller's buffer; parse(emit(f)) gives back f. The `mpcat_frame` fuzz target runs
 //! [`fuzz_frame`].
 
-/// The protocol version this build speaks. 3: the end frame's hash is XXH3-128 (2: BLAKE3,
+/// The protocol version this build speaks. 4: [`Frame::Abort`]. 3: the end frame's hash is XXH3-128 (2: BLAKE3,
 /// 32 bytes). 2: a Hello's chunk is the largest of the session's chunks, which may be down to
 /// [`CHUNK_SPAN`](crate::CHUNK_SPAN) times smaller (1: every chunk that size but the last).
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Opens every Hello and Welcome, so a stray connection (an HTTP client, a port scanner) is
 /// told apart from an mpcat of another version.
 pub const MAGIC: [u8; 4] = *b"TKMP";
@@ -42,7 +46,7 @@ pub const FRAME_HDR: usize = 5;
 pub const MAX_CHUNK: usize = 1 << 20;
 /// The smallest chunk size a session may declare.
 pub const MIN_CHUNK: usize = 1024;
-/// The longest reason a Refuse carries.
+/// The longest reason a Refuse or an Abort carries.
 pub const MAX_REASON: usize = 1024;
 /// Bytes of a data frame before its payload.
 pub const DATA_HDR: usize = FRAME_HDR + 8;
@@ -61,6 +65,7 @@ const T_END: u8 = 6;
 const T_DONE: u8 = 7;
 const T_NOISE: u8 = 8;
 const T_STOP: u8 = 9;
+const T_ABORT: u8 = 10;
 
 const HELLO_BODY: usize = 4 + 2 + 16 + 2 + 2 + 4;
 const WELCOME_BODY: usize = 4 + 2 + 8;
@@ -106,6 +111,9 @@ pub enum Frame<'a> {
     /// connecting side → listener, on the reverse connection: end your stream now with the
     /// bytes sent so far (the connecting side stops waiting for more: -q, or no -N).
     Stop,
+    /// Either way, mid-session: this side failed and why (UTF-8, at most [`MAX_REASON`]
+    /// bytes); the peer fails the session with it, and both close.
+    Abort { reason: &'a str },
 }
 
 /// Why bytes are not a frame.
@@ -146,6 +154,7 @@ fn kind(ty: u8) -> Result<(&'static str, usize), FrameError> {
         T_DONE => ("done", DONE_BODY),
         T_NOISE => ("noise", NOISE_BODY),
         T_STOP => ("stop", 0),
+        T_ABORT => ("abort", MAX_REASON),
         _ => return Err(FrameError::UnknownType { ty }),
     })
 }
@@ -312,6 +321,11 @@ impl<'a> Frame<'a> {
                 b.end()?;
                 Frame::Stop
             }
+            T_ABORT => {
+                let reason =
+                    std::str::from_utf8(b.rest()).map_err(|_| b.bad(0, "reason is not UTF-8"))?;
+                Frame::Abort { reason }
+            }
             _ => return Err(FrameError::UnknownType { ty }),
         };
         Ok((f, total))
@@ -330,6 +344,7 @@ impl<'a> Frame<'a> {
                 Frame::Done { .. } => DONE_BODY,
                 Frame::Noise { msg, .. } => 6 + msg.len(),
                 Frame::Stop => 0,
+                Frame::Abort { reason } => reason_cut(reason),
             }
     }
 
@@ -364,6 +379,7 @@ impl<'a> Frame<'a> {
                 (T_NOISE, 6 + msg.len())
             }
             Frame::Stop => (T_STOP, 0),
+            Frame::Abort { reason } => (T_ABORT, reason_cut(reason)),
         };
         out[0] = ty;
         out[1..FRAME_HDR].copy_from_slice(&(body_len as u32).to_be_bytes());
@@ -391,7 +407,9 @@ impl<'a> Frame<'a> {
                 w.put(&version.to_be_bytes());
                 w.put(&window.to_be_bytes());
             }
-            Frame::Refuse { reason } => w.put(&reason.as_bytes()[..reason_cut(reason)]),
+            Frame::Refuse { reason } | Frame::Abort { reason } => {
+                w.put(&reason.as_bytes()[..reason_cut(reason)]);
+            }
             Frame::Data { seq, payload } => {
                 w.put(&seq.to_be_bytes());
                 w.put(payload);
@@ -500,6 +518,10 @@ pub fn fuzz_frame(data: &[u8]) {
         match Frame::parse(rest) {
             Ok((f, used)) => {
                 assert!(used >= FRAME_HDR && used <= rest.len());
+                // A peer's reason (a refusal, an abort) is bounded whatever it declares.
+                if let Frame::Refuse { reason } | Frame::Abort { reason } = f {
+                    assert!(reason.len() <= MAX_REASON);
+                }
                 buf.clear();
                 f.emit_vec(&mut buf);
                 assert_eq!(buf.len(), f.buffer_len());
@@ -582,6 +604,9 @@ mod tests {
                 msg: &[0x5a; 48],
             },
             Frame::Stop,
+            Frame::Abort {
+                reason: "write out.bin: No space left on device",
+            },
         ]
     }
 
@@ -651,6 +676,23 @@ mod tests {
             Frame::parse(&refuse),
             Err(FrameError::TooLong { what: "refuse", .. })
         ));
+        // An abort's reason is bounded as a refusal's: a peer cannot make the other side
+        // hold more than MAX_REASON bytes for it.
+        let abort = [T_ABORT, 0, 0, 4, 1];
+        assert!(matches!(
+            Frame::parse(&abort),
+            Err(FrameError::TooLong { what: "abort", .. })
+        ));
+        let mut buf = Vec::new();
+        let long = "é".repeat(MAX_REASON);
+        Frame::Abort { reason: &long }.emit_vec(&mut buf);
+        assert!(buf.len() <= FRAME_HDR + MAX_REASON);
+        assert!(matches!(Frame::parse(&buf), Ok((Frame::Abort { .. }, _))));
+        let bad = [T_ABORT, 0, 0, 0, 1, 0xff];
+        assert!(matches!(
+            Frame::parse(&bad),
+            Err(FrameError::Malformed { what: "abort", .. })
+        ));
     }
 
     #[test]
@@ -680,8 +722,8 @@ mod tests {
             })
         );
         assert_eq!(
-            Frame::parse(&[10, 0, 0, 0, 0]),
-            Err(FrameError::UnknownType { ty: 10 })
+            Frame::parse(&[11, 0, 0, 0, 0]),
+            Err(FrameError::UnknownType { ty: 11 })
         );
         // A stop carries nothing.
         assert!(matches!(
@@ -762,7 +804,7 @@ mod tests {
                 kinds.insert(std::mem::discriminant(&f));
             }
         }
-        assert_eq!(kinds.len(), 9, "every frame type has a seed");
+        assert_eq!(kinds.len(), 10, "every frame type has a seed");
     }
 
     /// Writes the seed corpus (run by hand: `cargo test -p tcpkit-mpcat write_frame_corpus
@@ -773,7 +815,7 @@ mod tests {
         let put = |name: &str, bytes: &[u8]| tcpkit_lab::corpus::write("mpcat_frame", name, bytes);
         let names = [
             "hello", "welcome", "refuse", "data", "ack", "end", "done-ok", "done-bad", "noise",
-            "stop",
+            "stop", "abort",
         ];
         let mut all = Vec::new();
         for (name, f) in names.iter().zip(samples()) {

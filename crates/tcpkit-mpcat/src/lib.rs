@@ -74,7 +74,7 @@ pub fn stream_hash(b: &[u8]) -> Digest {
 }
 
 pub use report::{
-    ConnCounts, MpcatReport, MptcpReport, PathFailure, ReverseReport, Role, StreamReport,
+    ConnCounts, MpcatReport, MptcpReport, PathFailure, ReverseReport, Role, RunTotal, StreamReport,
 };
 
 /// The receiver's default reorder window.
@@ -225,6 +225,37 @@ impl MpcatCounters {
         ));
         *prev = (elapsed, bytes, per);
         s
+    }
+}
+
+/// How long a side that failed mid-session spends telling its peer ([`frame::Frame::Abort`]):
+/// finishing the frames its connections are in the middle of, the abort, and waiting for the
+/// peer to close. A live peer takes milliseconds; a dead one costs this much at the exit.
+pub(crate) const ABORT_GRACE: Duration = Duration::from_secs(1);
+
+/// After an abort: half-closes each connection and reads (and drops) what still comes until
+/// the peer closes it too, or `until`. Closing with unread bytes would reset the connection,
+/// and the peer could lose the abort frame with it.
+pub(crate) fn linger(socks: &mut [&mut mio::net::TcpStream], until: std::time::Instant) {
+    use std::io::Read;
+    for s in socks.iter_mut() {
+        let _ = s.shutdown(std::net::Shutdown::Write);
+    }
+    let mut open = vec![true; socks.len()];
+    let mut buf = vec![0u8; 64 << 10];
+    while open.iter().any(|o| *o) && std::time::Instant::now() < until {
+        for (s, o) in socks.iter_mut().zip(open.iter_mut()) {
+            while *o {
+                match s.read(&mut buf) {
+                    Ok(0) => *o = false,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => *o = false,
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

@@ -90,6 +90,18 @@ pub struct ReverseReport {
     pub failure: Option<String>,
 }
 
+/// A -k run as a whole (the receiving side): what its sessions moved together.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunTotal {
+    /// Sessions that began, and of them those verified.
+    pub sessions: u64,
+    pub sessions_verified: u64,
+    /// Stream bytes written out by every session together.
+    pub bytes: u64,
+    /// From the start of listening to the stop.
+    pub seconds: f64,
+}
+
 /// The report of one side.
 #[derive(Debug, Clone, Serialize)]
 pub struct MpcatReport {
@@ -135,6 +147,68 @@ pub struct MpcatReport {
     pub failure: Option<String>,
     /// The reverse direction (listener → connecting side), when the session had one.
     pub reverse: Option<ReverseReport>,
+    /// -k: the run's total (the other fields are its last session's); null without -k.
+    pub run: Option<RunTotal>,
+}
+
+impl MpcatReport {
+    /// The report of a run that failed before its session began (the first connect refused,
+    /// the listener's output not writable): every count zero, `failure` saying why, so
+    /// --json still prints its document.
+    pub fn failed(role: Role, address: String, why: String) -> MpcatReport {
+        MpcatReport {
+            schema_version: SCHEMA_VERSION,
+            role,
+            address,
+            bytes: 0,
+            total: None,
+            seconds: 0.0,
+            bytes_per_second: 0.0,
+            chunk_size: 0,
+            window: 0,
+            encrypted: false,
+            mptcp: None,
+            streams: Vec::new(),
+            egress: None,
+            path_failures: Vec::new(),
+            reconnects: 0,
+            resent_bytes: 0,
+            hash: None,
+            verified: false,
+            connections: ConnCounts::default(),
+            sessions: 0,
+            sessions_verified: 0,
+            failure: Some(why),
+            reverse: None,
+            run: None,
+        }
+    }
+
+    /// -k: the run's total line (and what was refused), for the end of a run whose sessions
+    /// were each summed up as they ended; empty without -k.
+    pub fn run_summary(&self) -> String {
+        let Some(r) = &self.run else {
+            return String::new();
+        };
+        let mut s = format!(
+            "mpcat: run total: {} sessions, {} verified, {} bytes ({:.1} MiB) in {:.2} s\n",
+            r.sessions,
+            r.sessions_verified,
+            r.bytes,
+            mib(r.bytes),
+            r.seconds
+        );
+        s.push_str(&self.refused_line());
+        s
+    }
+
+    fn refused_line(&self) -> String {
+        let c = &self.connections;
+        format!(
+            "refused: {} wrong token, {} wrong key, {} bad handshake, {} handshake timeout, {} over the cap, {} accept errors\n",
+            c.wrong_token, c.wrong_key, c.bad_handshake, c.handshake_timeout, c.over_cap, c.accept_errors
+        )
+    }
 }
 
 fn mib(b: u64) -> f64 {
@@ -230,6 +304,8 @@ impl Report for MpcatReport {
             };
             let how = match (&r.failure, r.verified, r.stopped) {
                 (Some(f), _, _) => format!("FAILED: {f}"),
+                // The session failed: what the reverse stream did is not a verdict on it.
+                (None, _, _) if self.failure.is_some() => "the session failed".into(),
                 (None, true, true) => "verified (stopped by the connecting side)".into(),
                 (None, true, false) => "verified".into(),
                 (None, false, _) => "NOT verified".into(),
@@ -239,6 +315,10 @@ impl Report for MpcatReport {
                 r.bytes
             ));
         }
+        if self.run.is_some() {
+            s.push_str(&self.run_summary());
+            return s;
+        }
         if self.role == Role::Receive && self.sessions > 1 {
             s.push_str(&format!(
                 "sessions: {} verified of {}\n",
@@ -246,11 +326,7 @@ impl Report for MpcatReport {
             ));
         }
         if self.role == Role::Receive {
-            let c = &self.connections;
-            s.push_str(&format!(
-                "refused: {} wrong token, {} wrong key, {} bad handshake, {} handshake timeout, {} over the cap, {} accept errors\n",
-                c.wrong_token, c.wrong_key, c.bad_handshake, c.handshake_timeout, c.over_cap, c.accept_errors
-            ));
+            s.push_str(&self.refused_line());
         }
         s
     }
@@ -319,6 +395,7 @@ mod tests {
             sessions_verified: 1,
             failure: None,
             reverse: None,
+            run: None,
         }
     }
 

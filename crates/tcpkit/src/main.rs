@@ -56,13 +56,13 @@ enum Cmd {
     /// removing its rule) and prints the report; a second signal exits at once.
     Intercept(intercept::Args),
     /// One byte stream over several TCP connections, so every link of a bond or an ECMP
-    /// route carries part of it (netcat striped, MPNC's job): `-l -p PORT` receives, `HOST
-    /// PORT` sends; reordered within --window, verified with XXH3-128 end to end. Duplex as
-    /// nc: the listener's stdin (or -i) goes back to the connecting side's stdout (or -o),
-    /// verified too; an end of input always gives the peer EOF, and the connecting side waits
-    /// for the listener's stream only with -N (until it ends) or -q SECS (at most SECS).
-    /// SIGINT/SIGTERM: stops at once and prints the report (exit 1: the stream is not
-    /// complete); a second signal exits at once.
+    /// route carries part of it (netcat striped, MPNC's job): `-l PORT` receives, `HOST PORT`
+    /// sends; reordered within --window, verified with XXH3-128 end to end. Duplex as nc: the
+    /// listener's stdin (or -i) goes back to the connecting side's stdout (or -o), verified
+    /// too; an end of input always gives the peer EOF, and the connecting side waits for the
+    /// listener's stream until it ends, as OpenBSD nc (-q SECS: at most SECS; -q 0: not at
+    /// all). SIGINT/SIGTERM: stops at once, tells the peer why, and prints the report (exit 1:
+    /// the stream is not complete); a second signal exits at once.
     Mpcat(mpcat::Args),
     /// Spread connect() calls to a virtual address over real servers, transparently: BPF
     /// cgroup socket hooks rewrite the address inside connect() (and getpeername() shows the

@@ -1,6 +1,7 @@
 //! `tcpkit mpcat`: what the user typed (clap), then the resolved `tcpkit_mpcat` config of the
 //! side it runs (send or receive), and where the report goes.
 
+use std::cell::{Cell, RefCell};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -11,7 +12,7 @@ use clap::Parser;
 use tcpkit_mpcat::duplex::Wait;
 use tcpkit_mpcat::recv::RecvConfig;
 use tcpkit_mpcat::send::SendConfig;
-use tcpkit_mpcat::{frame, Input, MpcatCounters, Output};
+use tcpkit_mpcat::{frame, Input, MpcatCounters, MpcatReport, Output, Role};
 use tcpkit_stats::{Monitor, MonitorOptions, Report, Verdict};
 
 use crate::common::{self, OutputFlags, RunFlags};
@@ -24,10 +25,15 @@ use crate::Failure;
 /// (or -o FILE) on a connection of its own, verified like the forward stream. At the end of
 /// its input each side's stream ends with its length and hash, so the peer's output always
 /// sees EOF (what nc -N gives). The connecting side then waits for the listener's stream as
-/// -N / -q say: by default not at all (the listener ends it with what it has sent, so
-/// `mpcat -l -p P > file` finishes whatever its stdin is); with -N until the listener's input
-/// ends (e.g. a process that answers once it has read everything); with -q SECS at most SECS.
+/// OpenBSD nc does: by default (and with -N) until the listener's input ends, so the answer
+/// of `echo cmd | mpcat HOST P` arrives whole (a listener whose stdin is a terminal ends it
+/// with Ctrl-D); with -q SECS at most SECS, then the listener ends it with what it has sent
+/// (-q 0: not at all, so `mpcat -l P > file` finishes whatever its stdin is).
 /// Exit 0 only when every stream of both directions arrived whole and verified.
+///
+/// nc's habits hold: `-l PORT`, `-l ADDR PORT` and `-l -s ADDR -p PORT` listen (on one
+/// address with ADDR); -v says each connection on stderr; -w SECS bounds the connect and ends
+/// a run idle that long; -4/-6 pick the address family; -s ADDR is the sender's source.
 ///
 /// --duration bounds a run as iperf3's -t does. The connecting side reads its input for at
 /// most that long (from its start, connecting included), then ends the stream cleanly: the
@@ -46,7 +52,8 @@ use crate::Failure;
     mut_arg("quiet", |a| a.short(None))
 )]
 pub struct Args {
-    /// Listen for one session on --port and write what arrives (the receiving side).
+    /// Listen for one session and write what arrives (the receiving side): `-l PORT`,
+    /// `-l -p PORT`, or on one address `-l ADDR PORT` / `-l -s ADDR -p PORT` (as nc).
     #[arg(short = 'l', long)]
     pub listen: bool,
 
@@ -54,13 +61,37 @@ pub struct Args {
     #[arg(short = 'p', long, value_name = "PORT")]
     pub port: Option<u16>,
 
-    /// The receiver to connect to (the sending side): HOST PORT.
-    #[arg(value_name = "HOST", conflicts_with = "listen")]
+    /// The receiver to connect to (the sending side): HOST PORT. With -l: the port to listen
+    /// on (`-l PORT`), or the address (`-l ADDR PORT`).
+    #[arg(value_name = "HOST")]
     pub host: Option<String>,
 
-    /// The receiver's port (the sending side).
+    /// The receiver's port (the sending side; with -l, the port after ADDR).
     #[arg(value_name = "PORT", requires = "host")]
     pub dest_port: Option<u16>,
+
+    /// The source address of every connection (sending side), as nc's -s; with -l, the
+    /// address to listen on.
+    #[arg(short = 's', long = "source", value_name = "ADDR")]
+    pub source: Option<std::net::IpAddr>,
+
+    /// IPv4 only: resolve HOST to IPv4 addresses; with -l, listen on 0.0.0.0.
+    #[arg(short = '4', conflicts_with = "ipv6")]
+    pub ipv4: bool,
+
+    /// IPv6 only: resolve HOST to IPv6 addresses; with -l, listen on [::] for IPv6 alone.
+    #[arg(short = '6')]
+    pub ipv6: bool,
+
+    /// Say each connection on stderr as it is made, accepted or refused (as nc -v).
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+
+    /// As nc's -w: each connect and handshake may take at most SECS (--connect-timeout), and
+    /// a run whose stream moves no byte for SECS ends (exit 1, the peer told why). The
+    /// listener waits for its session however long it takes, as nc -l does.
+    #[arg(short = 'w', long = "wait", value_name = "SECS", value_parser = common::duration_arg)]
+    pub wait: Option<Duration>,
 
     /// Connections to stripe the stream over (sending side), 1 to 256. Default: one per
     /// member of the way out toward the receiver (each nexthop of an ECMP route, each slave
@@ -81,13 +112,15 @@ pub struct Args {
 
     /// Half-close and wait for the answer (connecting side): once our input has ended and
     /// been delivered, keep the session open until the listener's input ends too, however
-    /// long that takes (as -q -1). The listener's output sees EOF at our end either way.
+    /// long that takes (as -q -1, and the default without -q). The listener's output sees
+    /// EOF at our end either way.
     #[arg(short = 'N', long = "half-close", conflicts_with = "listen")]
     pub half_close: bool,
 
     /// After our input has ended and been delivered, wait at most SECS for the rest of the
     /// listener's stream, then have it end with what it has sent (connecting side; as nc's
-    /// -q). 0 (the default without -N): not at all; -1: until the listener's input ends.
+    /// -q). 0: not at all; -1 (and the default, as nc without -q): until the listener's
+    /// input ends.
     #[arg(
         short = 'q',
         long = "quit-after",
@@ -129,9 +162,10 @@ pub struct Args {
     #[arg(long, value_name = "SIZE|MIN-MAX", conflicts_with = "listen")]
     pub chunk: Option<String>,
 
-    /// How long each connection's connect and handshake may take (sending side).
-    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "5s", conflicts_with = "listen")]
-    pub connect_timeout: Duration,
+    /// How long each connection's connect and handshake may take (sending side; default 5s,
+    /// or -w's SECS).
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, conflicts_with = "listen")]
+    pub connect_timeout: Option<Duration>,
 
     /// A connection whose data stays unacknowledged this long has failed (TCP_USER_TIMEOUT;
     /// an idle one is probed by keepalive from then on): the sender re-sends its chunks on
@@ -140,9 +174,11 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "5s")]
     pub path_timeout: Duration,
 
-    /// At most this many stream bytes per second over all connections together (300M =
-    /// 300 MiB/s; sending side).
-    #[arg(long, value_name = "RATE", value_parser = common::size_arg, conflicts_with = "listen")]
+    /// At most this much of the stream per second over all connections together (sending
+    /// side). Bytes by default, as every size here: 300M (or 300MB, 300MiB) is 300 MiB/s.
+    /// Bits as iperf3's -b, 1000-based: 100Mbit (or 100Mbps, 100Mbit/s) is 100,000,000
+    /// bit/s, 12.5 MB/s.
+    #[arg(long, value_name = "RATE", value_parser = rate_arg, conflicts_with = "listen")]
     pub rate_limit: Option<u64>,
 
     #[command(flatten)]
@@ -176,6 +212,9 @@ pub struct Args {
     #[command(flatten)]
     pub out: OutputFlags,
 }
+
+/// --connect-timeout without it or -w.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// mpcat's words for the shared --duration (the command's help says more).
 const DURATION_HELP: &str =
@@ -216,7 +255,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         .as_deref()
         .map(tcpkit_mpcat::secure::Psk::from_file)
         .transpose()
-        .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
+        .map_err(|e| usage(crate::chain(&e)))?;
     if a.path_timeout < Duration::from_secs(1) {
         return Err(usage(format!(
             "--path-timeout {:?}: at least 1s (TCP retransmits take that long on a live path)",
@@ -224,12 +263,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         )));
     }
     if a.listen {
-        let port = a
-            .port
-            .ok_or_else(|| usage("-l needs -p PORT (the port to listen on)"))?;
-        if port == 0 {
-            return Err(usage("-p 0: give a port from 1 to 65535"));
-        }
+        let (listen, v6only) = listen_on(a)?;
         let window = a.window.unwrap_or(tcpkit_mpcat::DEFAULT_WINDOW);
         if !(tcpkit_mpcat::MIN_WINDOW..=tcpkit_mpcat::MAX_WINDOW).contains(&window) {
             return Err(usage(format!(
@@ -244,7 +278,8 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             ));
         }
         return Ok(Side::Receive(RecvConfig {
-            listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)),
+            listen,
+            v6only,
             output: a.output.clone().map_or(Output::Stdout, Output::File),
             window,
             handshake_timeout: tcpkit_mpcat::HANDSHAKE_TIMEOUT,
@@ -255,6 +290,8 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             mptcp: a.mptcp,
             input: a.input.clone().map_or(Input::Stdin, Input::File),
             duration: a.run.duration,
+            verbose: a.verbose,
+            idle: a.wait,
         }));
     }
     // clap's `requires` takes a bool flag as always present, so the receiving side's own
@@ -300,10 +337,31 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host);
-    let peer: Vec<SocketAddr> = (bare, port)
+    let family = |p: &SocketAddr| (!a.ipv4 || p.is_ipv4()) && (!a.ipv6 || p.is_ipv6());
+    let all: Vec<SocketAddr> = (bare, port)
         .to_socket_addrs()
         .map_err(|e| Failure::Runtime(format!("resolve {host}: {e}")))?
         .collect();
+    let mut peer: Vec<SocketAddr> = all.iter().copied().filter(family).collect();
+    if let Some(src) = a.source {
+        // A source address of one family reaches only that family's addresses.
+        peer.retain(|p| p.is_ipv4() == src.is_ipv4());
+    }
+    if peer.is_empty() {
+        let want = match (a.ipv4, a.ipv6, a.source) {
+            (true, _, _) => "IPv4 (-4)".to_string(),
+            (_, true, _) => "IPv6 (-6)".to_string(),
+            (_, _, Some(s)) => format!("the family of -s {s}"),
+            _ => "any".to_string(),
+        };
+        return Err(Failure::Runtime(format!(
+            "resolve {host}: no {want} address (it has {})",
+            all.iter()
+                .map(|x| x.ip().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
     let address = match peer.first() {
         Some(SocketAddr::V6(_)) if !host.starts_with('[') && bare.contains(':') => {
             format!("[{bare}]:{port}")
@@ -317,7 +375,14 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         chunk,
         chunk_min,
         input: a.input.clone().map_or(Input::Stdin, Input::File),
-        connect_timeout: a.connect_timeout,
+        // -w is nc's connect timeout too; --connect-timeout given as well wins.
+        connect_timeout: a
+            .connect_timeout
+            .or(a.wait)
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        source: a.source,
+        verbose: a.verbose,
+        idle: a.wait,
         path_timeout: a.path_timeout,
         rate_limit: a.rate_limit,
         psk,
@@ -329,38 +394,222 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
     }))
 }
 
+/// A file named by `flag` that the run will read: missing, unreadable or a directory is a
+/// usage error said before anything listens or connects. Only looked at, not opened: a FIFO
+/// would block an open until its writer came.
+fn readable(flag: &str, p: &std::path::Path) -> Result<(), Failure> {
+    let m = std::fs::metadata(p).map_err(|e| usage(format!("{flag} {}: {e}", p.display())))?;
+    if m.is_dir() {
+        return Err(usage(format!("{flag} {}: a directory", p.display())));
+    }
+    if m.is_file() {
+        std::fs::File::open(p).map_err(|e| usage(format!("{flag} {}: {e}", p.display())))?;
+    }
+    Ok(())
+}
+
+/// A file named by `flag` that the run will create: its folder must be there.
+fn writable_dir(flag: &str, p: &std::path::Path) -> Result<(), Failure> {
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(usage(format!(
+            "{flag} {}: {} is not a directory",
+            p.display(),
+            dir.display()
+        ))),
+        Err(e) => Err(usage(format!(
+            "{flag} {}: {}: {e}",
+            p.display(),
+            dir.display()
+        ))),
+    }
+}
+
+/// Where the listener listens (`-l PORT`, `-l -p PORT`, `-l ADDR PORT`, `-l -s ADDR -p
+/// PORT`, as nc), and whether an IPv6 socket takes IPv6 alone (-6).
+fn listen_on(a: &Args) -> Result<(SocketAddr, bool), Failure> {
+    let forms =
+        "give -l PORT, -l -p PORT, or -l ADDR PORT / -l -s ADDR -p PORT to listen on one address";
+    let (addr_text, port) = match (&a.host, a.dest_port, a.port) {
+        (Some(_), Some(_), Some(p)) => {
+            return Err(usage(format!("-p {p} and a PORT after -l: {forms}")))
+        }
+        (Some(h), Some(p), None) => (Some(h.as_str()), p),
+        (Some(h), None, Some(p)) => (Some(h.as_str()), p),
+        (Some(h), None, None) => match h.parse::<u16>() {
+            Ok(p) => (None, p),
+            Err(_) => return Err(usage(format!("-l {h}: not a port; {forms}"))),
+        },
+        (None, _, Some(p)) => (None, p),
+        (None, _, None) => return Err(usage(format!("-l needs a port: {forms}"))),
+    };
+    if port == 0 {
+        return Err(usage(format!(
+            "-p 0: give a port from 1 to 65535 ({forms})"
+        )));
+    }
+    let named = match (addr_text, a.source) {
+        (Some(t), Some(s)) => {
+            return Err(usage(format!("-l {t} and -s {s}: give the address once")))
+        }
+        (Some(t), None) => Some(listen_addr(t, a)?),
+        (None, s) => s,
+    };
+    let ip = match named {
+        Some(ip) => {
+            if (a.ipv4 && ip.is_ipv6()) || (a.ipv6 && ip.is_ipv4()) {
+                let f = if a.ipv4 { "-4" } else { "-6" };
+                return Err(usage(format!("{f} and the address {ip}: another family")));
+            }
+            ip
+        }
+        None if a.ipv4 => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        None => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
+    Ok((SocketAddr::new(ip, port), a.ipv6))
+}
+
+/// The address after -l: an IP address (IPv6 with or without brackets) or a name of this
+/// host, resolved (in the family -4/-6 asks for).
+fn listen_addr(text: &str, a: &Args) -> Result<std::net::IpAddr, Failure> {
+    let bare = text
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(text);
+    if let Ok(ip) = bare.parse() {
+        return Ok(ip);
+    }
+    (bare, 0)
+        .to_socket_addrs()
+        .map_err(|e| {
+            usage(format!(
+                "-l {text}: not an address or a name of this host ({e})"
+            ))
+        })?
+        .map(|s| s.ip())
+        .find(|ip| (!a.ipv4 || ip.is_ipv4()) && (!a.ipv6 || ip.is_ipv6()))
+        .ok_or_else(|| usage(format!("-l {text}: no address of the family asked for")))
+}
+
+/// --rate-limit: bytes per second as every size (`300M` = 300 MiB/s, `300MB`, `300MiB`), or
+/// bits per second as iperf3's -b, 1000-based (`100Mbit`, `100Mbps`, `100Mbit/s`).
+pub(crate) fn rate_arg(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let lower = t.to_ascii_lowercase();
+    let bits = ["bit/s", "bits/s", "bits", "bit", "bps"]
+        .iter()
+        .find_map(|u| lower.strip_suffix(u));
+    if let Some(num) = bits {
+        let (num, scale) = match num.trim_end().chars().last() {
+            Some('k') => (&num[..num.len() - 1], 1e3),
+            Some('m') => (&num[..num.len() - 1], 1e6),
+            Some('g') => (&num[..num.len() - 1], 1e9),
+            Some('t') => (&num[..num.len() - 1], 1e12),
+            _ => (num, 1.0),
+        };
+        let v: f64 = num.trim().parse().map_err(|_| {
+            format!(
+                "{text:?}: expected a rate like 300M (MiB/s), 300MB or 100Mbit (bits, as iperf3)"
+            )
+        })?;
+        let bytes = v * scale / 8.0;
+        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+            return Err(format!("{text:?}: out of range"));
+        }
+        return Ok(bytes.round() as u64);
+    }
+    let bytes = lower.strip_suffix("/s").map_or(t, |_| &t[..t.len() - 2]);
+    common::size_arg(bytes)
+}
+
 /// The connecting side's reverse stream: where it goes and how long to wait for it; None for
 /// the listener, and for --json without -o (stdout holds the report: a one-way session).
 pub fn reverse(a: &Args) -> Option<(Output, Wait)> {
     if a.listen || (a.out.json && a.output.is_none()) {
         return None;
     }
-    let wait = match (a.quit_after, a.half_close) {
-        (Some(-1), _) | (None, true) => Wait::Forever,
-        (Some(q), _) if q > 0 => Wait::For(Duration::from_secs(q.unsigned_abs())),
-        _ => Wait::Now,
+    // As OpenBSD nc: without -q the answer is waited for until it ends (-N says the same).
+    let wait = match a.quit_after {
+        None | Some(-1) => Wait::Forever,
+        Some(q) if q > 0 => Wait::For(Duration::from_secs(q.unsigned_abs())),
+        Some(_) => Wait::Now,
     };
     Some((a.output.clone().map_or(Output::Stdout, Output::File), wait))
 }
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let side = resolve(&args)?;
-    let out = args.out.clone();
+    if let Some(p) = &args.input {
+        readable("-i", p)?;
+    }
+    if let Some(p) = &args.output {
+        writable_dir("-o", p)?;
+    }
     let live = Arc::new(MpcatCounters::default());
-    let mut monitor = {
-        let live = Arc::clone(&live);
-        let mut prev = (Duration::ZERO, 0, Vec::new());
-        Monitor::start(
-            MonitorOptions {
-                stats_every: args.run.stats.filter(|d| !d.is_zero()),
-                progress: out.progress(),
-            },
-            move |elapsed| live.line(elapsed, &mut prev),
-        )
-    };
-    let result = run_side(side, reverse(&args), &out, interrupt, &live);
-    monitor.stop();
+    let screen = Screen::start(&args, &live);
+    let result = run_side(side, reverse(&args), &args.out, interrupt, &live, &screen);
+    screen.clear();
     result
+}
+
+/// The live view (--stats, the progress line), which every summary printed on stderr must
+/// clear first: a progress line left above it reads as where the run stopped.
+struct Screen {
+    monitor: RefCell<Monitor>,
+    opts: MonitorOptions,
+    live: Arc<MpcatCounters>,
+}
+
+impl Screen {
+    fn start(args: &Args, live: &Arc<MpcatCounters>) -> Screen {
+        let opts = MonitorOptions {
+            stats_every: args.run.stats.filter(|d| !d.is_zero()),
+            progress: args.out.progress(),
+        };
+        Screen {
+            monitor: RefCell::new(Screen::monitor(&opts, live)),
+            opts,
+            live: Arc::clone(live),
+        }
+    }
+
+    fn monitor(opts: &MonitorOptions, live: &Arc<MpcatCounters>) -> Monitor {
+        let live = Arc::clone(live);
+        let mut prev = (Duration::ZERO, 0, Vec::new());
+        Monitor::start(opts.clone(), move |elapsed| live.line(elapsed, &mut prev))
+    }
+
+    /// Stops the live view and clears the progress line.
+    fn clear(&self) {
+        self.monitor.borrow_mut().stop();
+    }
+
+    /// -k: a session's summary between sessions: the progress line cleared first, then
+    /// drawn again for the next session.
+    fn between(&self, text: &str) {
+        self.clear();
+        eprint!("{text}");
+        *self.monitor.borrow_mut() = Screen::monitor(&self.opts, &self.live);
+    }
+}
+
+/// The report's tail: stdout (summary or --json) unless stdout carries the stream, then the
+/// summary goes to stderr; the verdict becomes the exit status.
+fn finish(report: &MpcatReport, out: &OutputFlags, stdout_is_stream: bool) -> Result<(), Failure> {
+    if !stdout_is_stream {
+        return common::finish(report, out);
+    }
+    if !out.quiet {
+        eprint!("{}", report.human());
+    }
+    match report.verdict() {
+        Verdict::Done => Ok(()),
+        Verdict::Failed(why) => Err(Failure::Runtime(why)),
+    }
 }
 
 fn run_side(
@@ -369,9 +618,18 @@ fn run_side(
     out: &OutputFlags,
     interrupt: &'static AtomicBool,
     live: &MpcatCounters,
+    screen: &Screen,
 ) -> Result<(), Failure> {
-    let out = out.clone();
-    let runtime = |e: tcpkit_mpcat::Error| Failure::Runtime(crate::chain(&e));
+    // A run that failed before it had a report still gives --json its document.
+    let failed = |role: Role, address: String, e: tcpkit_mpcat::Error| {
+        let why = crate::chain(&e);
+        screen.clear();
+        if out.json {
+            let r = MpcatReport::failed(role, address, why.clone());
+            common::print(&(r.json() + "\n"));
+        }
+        Failure::Runtime(why)
+    };
     match side {
         Side::Send(cfg) => {
             let quiet = out.quiet;
@@ -380,53 +638,58 @@ fn run_side(
                     eprintln!("tcpkit mpcat: {m}");
                 }
             };
+            let address = cfg.address.clone();
             let Some((output, wait)) = back else {
-                let report =
-                    tcpkit_mpcat::send::run(&cfg, interrupt, live, &hint).map_err(runtime)?;
-                return common::finish(&report, &out);
+                let report = tcpkit_mpcat::send::run(&cfg, interrupt, live, &hint)
+                    .map_err(|e| failed(Role::Send, address, e))?;
+                screen.clear();
+                return finish(&report, out, false);
             };
             let report =
                 tcpkit_mpcat::duplex::connect_side(&cfg, &output, wait, interrupt, live, &hint)
-                    .map_err(runtime)?;
-            if output == Output::Stdout {
-                // stdout carries the listener's stream: the summary goes to stderr.
-                if !out.quiet {
-                    eprint!("{}", report.human());
-                }
-                match report.verdict() {
-                    Verdict::Done => Ok(()),
-                    Verdict::Failed(why) => Err(Failure::Runtime(why)),
-                }
-            } else {
-                common::finish(&report, &out)
-            }
+                    .map_err(|e| failed(Role::Send, address, e))?;
+            screen.clear();
+            // stdout may carry the listener's stream: the summary goes to stderr then.
+            finish(&report, out, output == Output::Stdout)
         }
         Side::Receive(cfg) => {
-            let listener = tcpkit_mpcat::recv::bind(cfg.listen, cfg.mptcp).map_err(runtime)?;
+            let address = cfg.listen.to_string();
+            let listener = tcpkit_mpcat::recv::bind(cfg.listen, cfg.mptcp, cfg.v6only)
+                .map_err(|e| failed(Role::Receive, address.clone(), e))?;
             let quiet = out.quiet;
             if let (Some(why), false) = (listener.mptcp_fallback(), quiet) {
                 eprintln!("tcpkit mpcat: {why}");
             }
-            // With -k each session's summary goes to stderr as it ends.
-            let each = move |r: &tcpkit_mpcat::MpcatReport| {
+            if cfg.verbose {
+                eprintln!("tcpkit mpcat: listening on {}", listener.local_addr());
+            }
+            // With -k each session's summary goes to stderr as it ends, once; the run's
+            // total follows at the end.
+            let shown = Cell::new(0u64);
+            let each = |r: &MpcatReport| {
+                shown.set(shown.get() + 1);
                 if !quiet {
-                    eprint!("{}", r.human());
+                    screen.between(&r.human());
                 }
             };
-            let report =
-                tcpkit_mpcat::recv::run(&cfg, listener, interrupt, live, &each).map_err(runtime)?;
-            if cfg.output == Output::Stdout {
-                // stdout carries the stream: the summary goes to stderr.
-                if !out.quiet {
-                    eprint!("{}", report.human());
+            let report = tcpkit_mpcat::recv::run(&cfg, listener, interrupt, live, &each)
+                .map_err(|e| failed(Role::Receive, address, e))?;
+            screen.clear();
+            let to_stdout = cfg.output == Output::Stdout;
+            if report.run.is_some() && shown.get() == report.sessions && !out.json && !quiet {
+                // The last session was summed up as it ended: only the total is new.
+                let total = report.run_summary();
+                if to_stdout {
+                    eprint!("{total}");
+                } else {
+                    common::print(&total);
                 }
-                match report.verdict() {
+                return match report.verdict() {
                     Verdict::Done => Ok(()),
                     Verdict::Failed(why) => Err(Failure::Runtime(why)),
-                }
-            } else {
-                common::finish(&report, &out)
+                };
             }
+            finish(&report, out, to_stdout)
         }
     }
 }
@@ -612,7 +875,9 @@ mod tests {
             v.extend_from_slice(args);
             reverse(&Args::try_parse_from(v).unwrap())
         };
-        assert_eq!(r(&["h", "1"]), Some((Output::Stdout, Wait::Now)));
+        // As OpenBSD nc: the answer is waited for to its end unless -q says otherwise.
+        assert_eq!(r(&["h", "1"]), Some((Output::Stdout, Wait::Forever)));
+        assert_eq!(r(&["-q", "0", "h", "1"]), Some((Output::Stdout, Wait::Now)));
         assert_eq!(r(&["-N", "h", "1"]), Some((Output::Stdout, Wait::Forever)));
         assert_eq!(
             r(&["-q", "-1", "h", "1"]),
@@ -642,10 +907,104 @@ mod tests {
         };
     }
 
+    /// Issue 24 item 9: nc's ways of saying where to listen, -s, -4/-6, -w and -v.
+    #[test]
+    fn nc_habits_are_understood() {
+        let listen = |args: &[&str]| match parse(args).unwrap() {
+            Side::Receive(c) => (c.listen, c.v6only),
+            Side::Send(_) => panic!("{args:?}"),
+        };
+        assert_eq!(
+            listen(&["-l", "31355"]),
+            ("[::]:31355".parse().unwrap(), false)
+        );
+        assert_eq!(
+            listen(&["-l", "-p", "31355"]).0,
+            "[::]:31355".parse().unwrap()
+        );
+        assert_eq!(
+            listen(&["-l", "127.0.0.1", "31355"]).0,
+            "127.0.0.1:31355".parse().unwrap()
+        );
+        assert_eq!(
+            listen(&["-l", "-s", "127.0.0.1", "-p", "31355"]).0,
+            "127.0.0.1:31355".parse().unwrap()
+        );
+        assert_eq!(listen(&["-l", "[::1]", "9"]).0, "[::1]:9".parse().unwrap());
+        assert_eq!(listen(&["-4", "-l", "9"]).0, "0.0.0.0:9".parse().unwrap());
+        assert_eq!(
+            listen(&["-6", "-l", "9"]),
+            ("[::]:9".parse().unwrap(), true)
+        );
+        let Side::Send(c) = parse(&["-s", "127.0.0.2", "-w", "3", "-v", "127.0.0.1", "9"]).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(c.source, Some("127.0.0.2".parse().unwrap()));
+        assert_eq!(c.connect_timeout, Duration::from_secs(3));
+        assert_eq!(c.idle, Some(Duration::from_secs(3)));
+        assert!(c.verbose);
+        let Side::Send(c) =
+            parse(&["-w", "3", "--connect-timeout", "1s", "127.0.0.1", "9"]).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(c.connect_timeout, Duration::from_secs(1));
+        let Side::Send(c) = parse(&["-4", "localhost", "9"]).unwrap() else {
+            panic!()
+        };
+        assert!(c.peer.iter().all(SocketAddr::is_ipv4), "{:?}", c.peer);
+        let e = |args: &[&str]| parse(args).map(|_| ()).expect_err(&format!("{args:?}"));
+        assert!(e(&["-l", "nine"]).contains("-l nine: not a port"));
+        assert!(e(&["-l", "127.0.0.1", "9", "-p", "9"]).contains("-p 9 and a PORT"));
+        assert!(e(&["-l", "127.0.0.1", "9", "-s", "::1"]).contains("give the address once"));
+        assert!(e(&["-4", "-l", "::1", "9"]).contains("another family"));
+        assert!(e(&["-6", "127.0.0.1", "9"]).contains("no IPv6 (-6) address"));
+        assert!(e(&["-4", "-6", "h", "9"]).contains("cannot be used"));
+    }
+
+    /// Issue 24 item 9: --rate-limit in bytes as every size, or in bits as iperf3's -b.
+    #[test]
+    fn rates_say_bits_or_bytes() {
+        assert_eq!(rate_arg("100M"), Ok(100 << 20));
+        assert_eq!(rate_arg("100MB"), Ok(100 << 20));
+        assert_eq!(rate_arg("100MiB"), Ok(100 << 20));
+        assert_eq!(rate_arg("100MB/s"), Ok(100 << 20));
+        assert_eq!(rate_arg("100Mbit"), Ok(12_500_000));
+        assert_eq!(rate_arg("100Mbps"), Ok(12_500_000));
+        assert_eq!(rate_arg("100mbit/s"), Ok(12_500_000));
+        assert_eq!(rate_arg("1.5Gbit"), Ok(187_500_000));
+        assert_eq!(rate_arg("800kbit"), Ok(100_000));
+        assert!(rate_arg("fastbit").unwrap_err().contains("100Mbit"));
+        let Side::Send(c) = parse(&["--rate-limit", "100Mbit", "127.0.0.1", "9"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.rate_limit, Some(12_500_000));
+    }
+
+    /// Issue 24 item 15: a file the run cannot use is a usage error, before anything runs.
+    #[test]
+    fn unusable_files_are_usage_errors() {
+        let f = |r: Result<(), Failure>| match r {
+            Err(Failure::Usage(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        let no = std::path::Path::new("/no/such/file");
+        assert!(f(readable("-i", no)).starts_with("-i /no/such/file: "));
+        assert!(f(readable("-i", std::path::Path::new("/"))).contains("a directory"));
+        assert!(
+            f(writable_dir("-o", std::path::Path::new("/no/such/dir/out")))
+                .starts_with("-o /no/such/dir/out: /no/such/dir: ")
+        );
+        assert!(writable_dir("-o", std::path::Path::new("out.bin")).is_ok());
+        let a = Args::try_parse_from(["mpcat", "--psk-file", "/no/such/key", "-l", "9"]).unwrap();
+        assert!(f(resolve(&a).map(|_| ())).starts_with("--psk-file /no/such/key"));
+    }
+
     #[test]
     fn bad_values_say_which_flag() {
         let e = |args: &[&str]| parse(args).map(|_| ()).expect_err(&format!("{args:?}"));
-        assert!(e(&["-l"]).contains("-p PORT"));
+        assert!(e(&["-l"]).contains("-l -p PORT"));
         assert!(e(&["-l", "-p", "0"]).contains("-p 0"));
         assert!(e(&["-l", "-p", "1", "--window", "1K"]).contains("--window 1024"));
         assert!(e(&["-l", "-p", "1", "--json"]).contains("-o FILE"));
@@ -669,7 +1028,7 @@ mod tests {
         assert!(e(&["-l", "-p", "1", "-N"]).contains("cannot be used"));
         assert!(e(&["-l", "-p", "1", "-q", "1"]).contains("cannot be used"));
         assert!(e(&["--window", "8M", "127.0.0.1", "1"]).contains("--listen"));
-        assert!(e(&["-l", "-p", "1", "127.0.0.1", "1"]).contains("cannot be used"));
+        assert!(e(&["-l", "-p", "1", "127.0.0.1", "1"]).contains("-p 1 and a PORT"));
         assert!(e(&["--connect-timeout", "soon", "h", "1"]).contains("--connect-timeout"));
         assert!(e(&["--path-timeout", "500ms", "h", "1"]).contains("--path-timeout 500ms"));
         assert!(e(&["--rate-limit", "0", "h", "1"]).contains("--rate-limit 0"));

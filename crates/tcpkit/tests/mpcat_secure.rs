@@ -168,7 +168,8 @@ fn mpcat_psk_file_wrong_key_is_refused_on_both_sides() {
 }
 
 /// Issue 12, --psk-file bad input: a key file others can read, one too short, one missing:
-/// exit 1 before anything listens or connects, one line naming --psk-file and the file.
+/// exit 2 (a file the command line names cannot be used: issue 24's exit-status rule) before
+/// anything listens or connects, one line naming --psk-file and the file.
 #[test]
 fn mpcat_psk_file_bad_key_files_are_named() {
     use std::os::unix::fs::PermissionsExt;
@@ -194,7 +195,7 @@ fn mpcat_psk_file_bad_key_files_are_named() {
                 .output()
                 .unwrap();
             let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(1), "{err}");
+            assert_eq!(out.status.code(), Some(2), "{err}");
             assert_eq!(err.lines().count(), 1, "{err}");
             assert!(
                 err.starts_with(&format!("tcpkit mpcat: --psk-file {}", f.display()))

@@ -26,6 +26,13 @@ pub(super) const WRONG_KEY: &str =
 pub(super) const PSK_WANTED: &str =
     "this receiver takes encrypted sessions only: give the sender the receiver's --psk-file";
 
+/// Why a connection of another session is refused while one runs: what the other sender
+/// needs to know is that the receiver serves one session at a time.
+pub(super) const BUSY: &str = "the receiver is busy with another session (it serves one at a time; try again when that one ends)";
+
+/// Why a connection of this session is refused once it is complete.
+pub(super) const COMPLETE: &str = "this session is already complete";
+
 pub(super) const PSK_UNWANTED: &str = "this receiver has no --psk-file: it takes unencrypted sessions only (give it the sender's --psk-file)";
 
 impl Receiver<'_> {
@@ -59,13 +66,18 @@ impl Receiver<'_> {
             .is_some_and(|s| s.token != token || s.verdict.is_some());
         if late || !matches!(self.reverse, Reverse::None) {
             self.counts.wrong_token += 1;
-            self.refuse(poll, t, "not this session's token");
+            let why = self.why_not(&token);
+            self.refuse(poll, t, why);
             return Ok(());
         }
         let Some(mut c) = self.drop_conn(poll, t) else {
             return Ok(());
         };
         let _ = crate::set_path_timeout(&c.sock, self.cfg.path_timeout);
+        self.say(&format!(
+            "connection from {} to {}: the reverse stream",
+            c.peer, c.local
+        ));
         c.put(&Frame::Welcome {
             version: frame::VERSION,
             window: self.cfg.window,
@@ -339,7 +351,8 @@ impl Receiver<'_> {
         };
         if s.token != h.token || s.verdict.is_some() {
             self.counts.wrong_token += 1;
-            self.refuse(poll, t, "not this session's token");
+            let why = self.why_not(&h.token);
+            self.refuse(poll, t, why);
             return None;
         }
         let k = usize::from(h.stream);
@@ -373,7 +386,7 @@ impl Receiver<'_> {
     fn open_session(&mut self, poll: &mut Poll, t: Token, h: &Hello) -> bool {
         if matches!(&self.reverse, Reverse::Parked { token: r, .. } if *r != h.token) {
             self.counts.wrong_token += 1;
-            self.refuse(poll, t, "not this session's token");
+            self.refuse(poll, t, BUSY);
             return false;
         }
         let ok = (1..=MAX_STREAMS).contains(&h.streams)
@@ -436,6 +449,10 @@ impl Receiver<'_> {
             raw = vec![0; RAW_BUF];
             raw[..h.raw_rest_len].copy_from_slice(&h.raw_rest[..h.raw_rest_len]);
         }
+        let said = format!(
+            "connection from {} to {}: stream {} of {}",
+            c.peer, c.local, h.stream, h.streams
+        );
         c.state = State::Stream {
             index: h.stream,
             inbuf,
@@ -449,7 +466,9 @@ impl Receiver<'_> {
             version: frame::VERSION,
             window,
         });
-        if let Err(e) = flush(c) {
+        let flushed = flush(c);
+        self.say(&said);
+        if let Err(e) = flushed {
             return self.lost(poll, t, &e.line());
         }
         // What came with the Hello, and what is still in the socket: edge-triggered, no
@@ -457,9 +476,19 @@ impl Receiver<'_> {
         self.read(poll, t)
     }
 
+    /// Why a Hello with `token` has no place here: another session runs (or ends), or its
+    /// own is complete.
+    fn why_not(&self, token: &frame::Token) -> &'static str {
+        match &self.session {
+            Some(s) if s.token == *token => COMPLETE,
+            _ => BUSY,
+        }
+    }
+
     /// Tells a connection why it is refused (best effort) and closes it.
     pub(super) fn refuse(&mut self, poll: &mut Poll, t: Token, reason: &str) {
         if let Some(mut c) = self.drop_conn(poll, t) {
+            self.say(&format!("refused {}: {reason}", c.peer));
             c.out.clear();
             c.out_pos = 0;
             c.put(&Frame::Refuse { reason });
@@ -526,7 +555,7 @@ mod tests {
             b
         };
         let other = refused(&emit(hello(8, 0, 1, 64 << 10)));
-        assert!(other.contains("not this session's token"), "{other}");
+        assert!(other.contains(super::BUSY), "{other}");
         let http = refused(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(http.contains("not an mpcat hello"), "{http}");
         let old = refused(&emit(Frame::Hello {

@@ -67,6 +67,12 @@ pub struct RecvConfig {
     /// its --duration (every session that began verified, none cut short: exit 0); without
     /// it, the one session asked for must have ended by then.
     pub duration: Option<Duration>,
+    /// -6 on an IPv6 address: IPv6 alone (else an unspecified IPv6 address takes IPv4 too).
+    pub v6only: bool,
+    /// -v: each connection said on stderr as it is accepted or refused.
+    pub verbose: bool,
+    /// -w: once a session began, no byte written out for this long fails it.
+    pub idle: Option<Duration>,
 }
 
 const LISTENER: Token = Token(0);
@@ -106,7 +112,7 @@ impl Listener {
 /// Binds `addr` (with `mptcp`, an IPPROTO_MPTCP listener, which takes plain TCP too; plain
 /// TCP when the kernel has no MPTCP). An unspecified IPv6 address takes IPv4 too; on a host
 /// without IPv6, `[::]` falls back to `0.0.0.0`.
-pub fn bind(addr: SocketAddr, mptcp: bool) -> Result<Listener, Error> {
+pub fn bind(addr: SocketAddr, mptcp: bool, v6only: bool) -> Result<Listener, Error> {
     let mut mptcp_fallback = None;
     let mut proto = Protocol::TCP;
     if mptcp {
@@ -127,7 +133,7 @@ pub fn bind(addr: SocketAddr, mptcp: bool) -> Result<Listener, Error> {
     let try_bind = |a: SocketAddr| -> io::Result<Socket> {
         let s = Socket::new(Domain::for_address(a), Type::STREAM, Some(proto))?;
         if a.is_ipv6() {
-            s.set_only_v6(false)?;
+            s.set_only_v6(v6only)?;
         }
         s.set_reuse_address(true)?;
         s.set_nonblocking(true)?;
@@ -139,6 +145,7 @@ pub fn bind(addr: SocketAddr, mptcp: bool) -> Result<Listener, Error> {
         Ok(s) => s,
         Err(e)
             if addr.ip() == Ipv6Addr::UNSPECIFIED
+                && !v6only
                 && matches!(
                     e.raw_os_error(),
                     Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)
@@ -274,7 +281,8 @@ pub fn run(
             .map_err(|e| Error::io("eventfd for the write-out", e))?,
     );
     let mut counts = ConnCounts::default();
-    let (mut began, mut verified) = (0u64, 0u64);
+    let (mut began, mut verified, mut run_bytes) = (0u64, 0u64, 0u64);
+    let run_start = Instant::now();
     let mut last: Option<MpcatReport> = None;
     let until = cfg.duration.map(|d| Instant::now() + d);
     let expired = || until.is_some_and(|u| Instant::now() >= u);
@@ -298,11 +306,15 @@ pub fn run(
             again: Vec::new(),
             waker: Arc::clone(&waker),
             until,
+            moved: None,
         };
         let failure = rx
             .event_loop(&mut poll, &listener, &mut sink, stop, live)
             .err()
             .map(|e| e.line());
+        if let Some(why) = &failure {
+            rx.abort(why);
+        }
         let reverse = rx.end_reverse(failure.is_some());
         feed = rx.feed.take();
         counts = rx.counts;
@@ -319,6 +331,7 @@ pub fn run(
         if had_session {
             began += 1;
             verified += u64::from(report.verified && report.failure.is_none());
+            run_bytes += report.bytes;
         }
         report.sessions = began;
         report.sessions_verified = verified;
@@ -347,7 +360,14 @@ pub fn run(
             // A server stopped by its --duration did what was asked, sessions or none.
             by_duration: !stopped && expired(),
         };
-        return Ok(tally.verdict(r, counts));
+        let mut r = tally.verdict(r, counts);
+        r.run = Some(crate::RunTotal {
+            sessions: began,
+            sessions_verified: verified,
+            bytes: run_bytes,
+            seconds: run_start.elapsed().as_secs_f64(),
+        });
+        return Ok(r);
     }
 }
 
@@ -413,9 +433,18 @@ struct Receiver<'c> {
     waker: Arc<mio::Waker>,
     /// --duration: when the run stops.
     until: Option<Instant>,
+    /// -w: when the bytes written out last changed, and to what.
+    moved: Option<(Instant, u64)>,
 }
 
 impl Receiver<'_> {
+    /// -v: a connection's line on stderr.
+    fn say(&self, m: &str) {
+        if self.cfg.verbose {
+            eprintln!("tcpkit mpcat: {m}");
+        }
+    }
+
     /// This session's report (`failure`: why its loop ended, if it failed).
     fn report(&mut self, failure: Option<String>, listener: &Listener) -> MpcatReport {
         let cfg = self.cfg;
@@ -493,7 +522,39 @@ impl Receiver<'_> {
             sessions_verified: 0,
             failure,
             reverse: None,
+            run: None,
         }
+    }
+
+    /// The session failed here (a full disk, Ctrl-C): tells the sender why on every stream
+    /// ([`Frame::Abort`]), so it fails at once with this reason instead of finding its
+    /// connections closed and waiting out --path-timeout. Frames here are whole in `out`, so
+    /// the abort follows them; bounded by [`crate::ABORT_GRACE`].
+    fn abort(&mut self, why: &str) {
+        let until = Instant::now() + crate::ABORT_GRACE;
+        let mut conns: Vec<&mut Conn> = self
+            .conns
+            .values_mut()
+            .filter(|c| matches!(c.state, State::Stream { .. }))
+            .collect();
+        for c in &mut conns {
+            c.put(&Frame::Abort { reason: why });
+        }
+        loop {
+            let mut pending = false;
+            for c in &mut conns {
+                match flush(c) {
+                    Ok(()) => pending |= !c.out.is_empty(),
+                    Err(_) => c.out.clear(),
+                }
+            }
+            if !pending || Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut socks: Vec<&mut TcpStream> = conns.into_iter().map(|c| &mut c.sock).collect();
+        crate::linger(&mut socks, until);
     }
 
     /// The session is over (`failed`: before its end): the reverse stream's report, once its
@@ -603,6 +664,7 @@ impl Receiver<'_> {
             self.expire(poll, now);
             self.check_paths(now)?;
             self.write_out(poll, sink)?;
+            self.check_idle(now)?;
             if let Some(s) = &self.session {
                 live.bytes.store(s.reorder.released(), Ordering::Relaxed);
                 if let Some((total, _)) = s.end {
@@ -760,6 +822,28 @@ impl Receiver<'_> {
         Ok(())
     }
 
+    /// -w: fails a session that has written nothing out for that long (the reverse stream
+    /// running after the forward one was delivered is not idleness).
+    fn check_idle(&mut self, now: Instant) -> Result<(), Error> {
+        let (Some(idle), Some(s)) = (self.cfg.idle, self.session.as_ref()) else {
+            return Ok(());
+        };
+        if self.forward_done {
+            return Ok(());
+        }
+        let written = s.reorder.released();
+        match self.moved {
+            Some((at, n)) if n == written && now.duration_since(at) >= idle => Err(Error::msg(
+                format!("-w {idle:?}: nothing arrived for that long, {written} bytes written"),
+            )),
+            Some((_, n)) if n == written => Ok(()),
+            _ => {
+                self.moved = Some((now, written));
+                Ok(())
+            }
+        }
+    }
+
     /// Fails the session when no stream has been connected for --path-timeout.
     fn check_paths(&mut self, now: Instant) -> Result<(), Error> {
         let Some(s) = self.session.as_ref() else {
@@ -861,6 +945,9 @@ pub(crate) mod testing {
             mptcp: false,
             input: Input::Stdin,
             duration: None,
+            v6only: false,
+            verbose: false,
+            idle: None,
         }
     }
 
@@ -873,7 +960,7 @@ pub(crate) mod testing {
 
     impl Running {
         pub(crate) fn start(cfg: RecvConfig) -> Running {
-            let l = bind(cfg.listen, false).unwrap();
+            let l = bind(cfg.listen, false, false).unwrap();
             let addr = l.local_addr();
             let stop = Arc::new(AtomicBool::new(false));
             let s = Arc::clone(&stop);
@@ -996,9 +1083,9 @@ mod tests {
 
     #[test]
     fn a_port_in_use_is_said_before_anything_runs() {
-        let first = bind(SocketAddr::from(([127, 0, 0, 1], 0)), false).unwrap();
+        let first = bind(SocketAddr::from(([127, 0, 0, 1], 0)), false, false).unwrap();
         // SO_REUSEADDR does not let two listeners share a port.
-        let e = bind(first.local_addr(), false).unwrap_err();
+        let e = bind(first.local_addr(), false, false).unwrap_err();
         let line = e.line();
         assert!(
             line.starts_with(&format!("listen on {}: ", first.local_addr())),

@@ -338,6 +338,11 @@ fn take_frame(
         Frame::Refuse { reason } => {
             return Err(Error::msg(format!("the sender gave up: {reason}")));
         }
+        Frame::Abort { reason } => {
+            return Err(Error::msg(format!(
+                "the sender aborted the session: {reason}"
+            )));
+        }
         other => {
             return Err(Error::msg(format!(
                 "{}: the sender sent a frame only a receiver sends: {other:?}",

@@ -213,21 +213,48 @@ pub(super) fn send_file_frame(
     Ok(true)
 }
 
-/// The session failed on this side: tells the receiver why (a Refuse, on every connection with
-/// nothing half-written), so it fails at once instead of waiting out --path-timeout. Best
-/// effort: the connections close right after.
+/// The session failed on this side: tells the receiver why, an [`Frame::Abort`] on every
+/// connection, so it fails at once with this reason instead of blaming its connections or
+/// waiting out --path-timeout. A data frame half-written is finished first (the abort must
+/// start a frame); one not begun is dropped. Bounded by [`crate::ABORT_GRACE`] in all: a
+/// receiver that reads nothing any more only delays the exit by that much.
 pub(super) fn give_up(conns: &mut [Conn], why: &str) {
+    let until = Instant::now() + crate::ABORT_GRACE;
     let mut b = [0u8; 64 + frame::MAX_REASON];
-    let n = Frame::Refuse { reason: why }.emit(&mut b);
+    let n = Frame::Abort { reason: why }.emit(&mut b);
+    let mut done = VecDeque::new();
     for c in conns.iter_mut() {
-        if c.sock.is_none() || c.out_pos < c.out.len() || c.data.is_some() {
-            continue;
+        if c.data.as_ref().is_some_and(|d| d.pos == 0) {
+            c.data = None;
         }
-        c.out.clear();
-        c.out_pos = 0;
-        c.put(&b[..n]);
-        let _ = flush(c, &mut VecDeque::new(), None);
     }
+    let mut queued = vec![false; conns.len()];
+    loop {
+        let mut pending = false;
+        for (k, c) in conns.iter_mut().enumerate() {
+            if c.sock.is_none() {
+                continue;
+            }
+            if c.data.is_none() && !queued[k] {
+                c.put(&b[..n]);
+                queued[k] = true;
+            }
+            match flush(c, &mut done, None) {
+                // A data frame that has just ended still needs the abort behind it.
+                Ok(true) => pending |= !queued[k],
+                Ok(false) => pending = true,
+                Err(_) => c.sock = None,
+            }
+            done.clear();
+        }
+        if !pending || Instant::now() >= until {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let mut socks: Vec<&mut mio::net::TcpStream> =
+        conns.iter_mut().filter_map(|c| c.sock.as_mut()).collect();
+    crate::linger(&mut socks, until);
 }
 
 /// Why a connection's read or write stopped.
@@ -297,6 +324,11 @@ pub(super) fn read_conn(i: usize, c: &mut Conn, flow: &mut Flow) -> Result<(), C
                                 return Err(ConnError::Fatal(Error::msg(format!(
                                     "stream {i} ({}): refused: {reason}",
                                     c.peer
+                                ))))
+                            }
+                            Frame::Abort { reason } => {
+                                return Err(ConnError::Fatal(Error::msg(format!(
+                                    "the receiver aborted the session: {reason}"
                                 ))))
                             }
                             other => {

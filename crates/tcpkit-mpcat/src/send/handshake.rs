@@ -36,6 +36,7 @@ pub(crate) fn connect(
 ) -> Result<Connected, Error> {
     let mut last = None;
     let mut sock = pre;
+    let from = from.or(cfg.source.map(|ip| SocketAddr::new(ip, 0)));
     for a in addrs.iter().filter(|_| sock.is_none()) {
         match connect_from(*a, from, cfg.connect_timeout, cfg.mptcp) {
             Ok(s) => {
@@ -47,8 +48,16 @@ pub(crate) fn connect(
     }
     let (mut s, addr) = match (sock, last) {
         (Some(s), _) => s,
-        (None, Some((a, e))) if index == frame::REVERSE_STREAM => {
-            return Err(Error::io(format!("the reverse stream: connect {a}"), e))
+        // The session's first connection (the reverse stream's in duplex, else stream 0's):
+        // what failed is reaching the receiver at all, whichever stream asked.
+        (None, Some((a, e))) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            return Err(Error::msg(format!(
+                "connect refused to {a}: nothing listens there (is `mpcat -l {}` running on it?)",
+                a.port()
+            )))
+        }
+        (None, Some((a, e))) if index == frame::REVERSE_STREAM || index == 0 => {
+            return Err(Error::io(format!("connect to {a}"), e))
         }
         (None, Some((a, e))) => return Err(Error::io(format!("stream {index}: connect {a}"), e)),
         (None, None) => return Err(Error::msg(format!("{}: no address", cfg.address))),
@@ -246,7 +255,8 @@ pub(super) fn noise_handshake(
 pub(super) fn open_mptcp(cfg: &SendConfig) -> io::Result<(TcpStream, SocketAddr)> {
     let mut last = io::Error::other("no address");
     for a in &cfg.peer {
-        match connect_from(*a, None, cfg.connect_timeout, true) {
+        let from = cfg.source.map(|ip| SocketAddr::new(ip, 0));
+        match connect_from(*a, from, cfg.connect_timeout, true) {
             Ok(s) => return Ok((s, *a)),
             Err(e) if crate::mptcp::unsupported(&e) => return Err(e),
             Err(e) => last = e,
@@ -320,8 +330,18 @@ pub(super) fn connect_from(
     let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(proto))?;
     if let Some(f) = from {
         s.set_reuse_address(true)?;
-        // Taken (still in use by the old connection's remains): any port will do.
-        let _ = s.bind(&f.into());
+        match s.bind(&f.into()) {
+            Ok(()) => {}
+            // -s ADDR that is not this host's: said, not replaced by another source.
+            Err(e) if f.port() == 0 => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("source address {} (-s): {e}", f.ip()),
+                ))
+            }
+            // Taken (still in use by the old connection's remains): any port will do.
+            Err(_) => {}
+        }
     }
     s.connect_timeout(&to.into(), timeout)?;
     Ok(s.into())
@@ -421,14 +441,15 @@ mod tests {
             )),
             "{e}"
         );
-        // Nothing listens: the connect's own error.
+        // Nothing listens: said as such, with the address (the first connection is where a
+        // session finds out, whichever stream it is).
         let gone = {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap()
         };
         let e = said(gone);
         assert!(
-            e.starts_with(&format!("stream 0: connect {gone}: ")) && e.contains("refused"),
+            e.starts_with(&format!("connect refused to {gone}: nothing listens there")),
             "{e}"
         );
     }

@@ -294,8 +294,13 @@ impl Feed {
         let read = self.seq + got as u64;
         match self.size {
             Some(want) if read > want => {
+                // Both lengths: the whole of a regular file's, else as much as is known.
+                let is = match self.opened_len {
+                    Some(len) => format!("{len} bytes long"),
+                    None => format!("at least {read} bytes long"),
+                };
                 out.push_back(FromReader::Failed(Error::msg(format!(
-                    "the input is longer than --size {want}: {read} bytes read so far"
+                    "the input is {is}, --size says {want}"
                 ))));
                 return false;
             }

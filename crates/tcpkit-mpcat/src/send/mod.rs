@@ -82,6 +82,13 @@ pub struct SendConfig {
     /// included), then the stream ends with what was read (its end frame carrying that
     /// length and hash), as iperf3's -t bounds a run; None: read to its end.
     pub duration: Option<Duration>,
+    /// -s: every connection's source address (the route's own source when None).
+    pub source: Option<std::net::IpAddr>,
+    /// -v: each connection said (through the caller's hint) as it is made.
+    pub verbose: bool,
+    /// -w: no byte acknowledged for this long (from the start) fails the session, as nc's
+    /// idle timeout.
+    pub idle: Option<Duration>,
 }
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
@@ -200,6 +207,18 @@ pub fn run(
         token,
     };
     let (mut conns, window, addr) = open_streams(cfg, &poll, &plan, pre, start)?;
+    if cfg.verbose {
+        for (i, c) in conns.iter().enumerate() {
+            let via = c
+                .path
+                .as_ref()
+                .map_or_else(String::new, |p| format!(" via {p}"));
+            hint(&format!(
+                "connected {} to {}{via}: stream {i} of {n_streams}",
+                c.local, c.peer
+            ));
+        }
+    }
     let waker = Arc::new(
         Waker::new(poll.registry(), WAKER).map_err(|e| Error::io("eventfd for the reader", e))?,
     );
@@ -237,7 +256,9 @@ pub fn run(
     }
     reader_stop.store(true, Ordering::Relaxed);
     drop(source);
-    if let Some(t) = rthread {
+    // A failed session does not wait for a reader blocked in a read of an input that sends
+    // nothing (a terminal, a silent pipe: -w's case): the process exits with it.
+    if let Some(t) = rthread.filter(|t| failure.is_none() || t.is_finished()) {
         let _ = t.join();
     }
     if let (true, Some(m), Some(sock)) = (used, mptcp_report.as_mut(), conns[0].sock.as_ref()) {
@@ -303,8 +324,18 @@ fn open_streams(
         let placed = plan
             .paths
             .filter(|p| p.egress.members().len() > 1 && pre.is_none())
-            .and_then(|p| pick_source(p, plan.to, (first + usize::from(i)) % plan.members.len()));
-        let from = placed.map(|(a, _)| a);
+            .and_then(|p| {
+                let src = cfg.source.unwrap_or(p.src);
+                pick_source(
+                    p,
+                    src,
+                    plan.to,
+                    (first + usize::from(i)) % plan.members.len(),
+                )
+            });
+        let from = placed
+            .map(|(a, _)| a)
+            .or_else(|| cfg.source.map(|ip| SocketAddr::new(ip, 0)));
         let (s, addr, w, chan) = connect(
             cfg,
             plan.n_streams,
@@ -508,6 +539,7 @@ fn report(
         sessions_verified: u64::from(verified),
         failure,
         reverse: None,
+        run: None,
     }
 }
 
@@ -525,11 +557,16 @@ fn describe(e: &Egress) -> String {
 /// A free source address (the route's source, a kernel-chosen port) whose connection to
 /// `to` leaves by member `want`; None if 4096 tries found none (the member is then left
 /// to chance).
-fn pick_source(p: &Paths, to: SocketAddr, want: usize) -> Option<(SocketAddr, usize)> {
+fn pick_source(
+    p: &Paths,
+    src: std::net::IpAddr,
+    to: SocketAddr,
+    want: usize,
+) -> Option<(SocketAddr, usize)> {
     use socket2::{Domain, Protocol, Socket, Type};
     for _ in 0..4096 {
         let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP)).ok()?;
-        s.bind(&SocketAddr::new(p.src, 0).into()).ok()?;
+        s.bind(&SocketAddr::new(src, 0).into()).ok()?;
         let local = s.local_addr().ok()?.as_socket()?;
         if p.member_of(local, to).ok()? == want {
             // Closed here and bound again by connect (SO_REUSEADDR): the port is free.
@@ -622,6 +659,23 @@ fn no_path_left(ctx: &Ctx<'_>, conns: &[Conn], flow: &mut Flow) -> Result<(), Er
     Ok(())
 }
 
+/// -w: fails the session when nothing was acknowledged for that long (`moved`: when the
+/// acknowledged count last changed, and to what).
+fn idle(ctx: &Ctx<'_>, flow: &Flow, moved: &mut (Instant, u64)) -> Result<(), Error> {
+    let Some(idle) = ctx.cfg.idle else {
+        return Ok(());
+    };
+    if flow.acked != moved.1 {
+        *moved = (Instant::now(), flow.acked);
+    } else if moved.0.elapsed() >= idle && flow.done.is_none() {
+        return Err(Error::msg(format!(
+            "-w {idle:?}: nothing was acknowledged for that long, {} bytes in all",
+            flow.acked
+        )));
+    }
+    Ok(())
+}
+
 /// The session's outcome once the receiver's verdict came: Ok when it verified every byte
 /// that was sent.
 fn verdict(flow: &Flow) -> Option<Result<(), Error>> {
@@ -656,6 +710,7 @@ fn event_loop(
 ) -> Result<(), Error> {
     let mut events = Events::with_capacity(256);
     let mut rr = 0usize;
+    let mut moved = (Instant::now(), 0u64);
     loop {
         if stop.load(Ordering::Relaxed) {
             return Err(Error::msg(format!(
@@ -672,6 +727,7 @@ fn event_loop(
         let mut held_back = take(rx, flow, ahead)?;
         rejoin(poll, conns, flow, conn_rx);
         no_path_left(ctx, conns, flow)?;
+        idle(ctx, flow, &mut moved)?;
         if flow.done.is_none() {
             reconnect(ctx, conns);
         }
@@ -771,6 +827,9 @@ pub(crate) mod testing {
             token: None,
             zerocopy: false,
             duration: None,
+            source: None,
+            verbose: false,
+            idle: None,
         }
     }
 }
