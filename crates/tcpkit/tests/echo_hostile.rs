@@ -454,9 +454,16 @@ fn the_first_message_deadline_applies_once_the_server_has_been_full() {
             let late: Vec<TcpStream> = (0..15)
                 .map(|_| TcpStream::connect(srv()).unwrap())
                 .collect();
-            std::thread::sleep(Duration::from_millis(500));
-            let gone: Vec<bool> = early.iter().map(closed_by_server).collect();
+            // The server closes them as it accepts the late ones and sweeps: wait for that
+            // (a fixed 500 ms was short when a loaded machine left the last accepts queued),
+            // then the oldest n and none after them must be gone.
             let n = 6 + timeouts;
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            let mut gone: Vec<bool> = early.iter().map(closed_by_server).collect();
+            while !gone[..n].iter().all(|g| *g) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+                gone = early.iter().map(closed_by_server).collect();
+            }
             assert!(
                 gone[..n].iter().all(|g| *g) && gone[n..].iter().all(|g| !*g),
                 "want the {n} oldest closed: {gone:?}"
