@@ -381,6 +381,9 @@ pub struct Config {
     /// Most due queries written on one connection in one write (`--coalesce`); 1 = one
     /// write, and so one TCP segment, per query, as a client sends them.
     pub coalesce: usize,
+    /// Acknowledge answers at once (`TCP_QUICKACK` after each read that leaves queries of the
+    /// connection outstanding); false leaves the kernel's delayed ACK (`--delayed-ack`).
+    pub quickack: bool,
     /// A query unanswered for this long counts as a timeout; also the longest wait for
     /// answers after the last query.
     pub timeout: Duration,
@@ -418,6 +421,7 @@ impl Config {
             },
             udp: false,
             coalesce: 1,
+            quickack: true,
             timeout: Duration::from_secs(2),
             per_query: None,
             hdr_log: None,

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -36,20 +36,12 @@ pub(crate) fn connect(to: SocketAddr, from: Option<IpAddr>) -> io::Result<mio::n
     s.set_tcp_nodelay(true)?;
     sequential_ports(&s);
     if let Some(src) = from {
-        let one: libc::c_int = 1;
-        // SAFETY: a valid socket, an int option, its size.
-        let rc = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::IPPROTO_IP,
-                libc::IP_BIND_ADDRESS_NO_PORT,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        set_int(
+            s.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            1,
+        )?;
         s.bind(&SocketAddr::new(src, 0).into())?;
     }
     match s.connect(&to.into()) {
@@ -58,6 +50,24 @@ pub(crate) fn connect(to: SocketAddr, from: Option<IpAddr>) -> io::Result<mio::n
         Err(e) => return Err(e),
     }
     Ok(mio::net::TcpStream::from_std(s.into()))
+}
+
+/// `setsockopt(fd, level, opt, &value)` for an int option.
+fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: an int option and its size; a bad descriptor is an error, not undefined.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// One of load's sockets: a TCP connection, or a connected UDP socket (`--udp`: one datagram
@@ -84,6 +94,17 @@ impl Sock {
         match self {
             Sock::Tcp(s) => s.write(buf),
             Sock::Udp(s) => s.send(buf),
+        }
+    }
+
+    /// Acknowledges at once what this TCP socket has received (`TCP_QUICKACK`; nothing for
+    /// UDP). The kernel leaves quick-ack mode again by itself (a request-response connection
+    /// falls back into delayed ACKs within a few segments), so this holds for what was read
+    /// before the call: it is set again after each read.
+    pub(crate) fn ack_now(&self) {
+        if let Sock::Tcp(s) = self {
+            // A failure (the connection already closed) only leaves the ACK delayed.
+            let _ = set_int(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_QUICKACK, 1);
         }
     }
 
