@@ -410,6 +410,23 @@ pub fn timeline_from_hdr_logs(
     Ok(out)
 }
 
+/// `--plot`'s file must be named .svg: the picture is SVG (a PNG would need a rasterizer and
+/// a font to draw its text with, neither of which a server host can be assumed to have, and
+/// every browser shows SVG). A `.png` that holds SVG is what this refuses; the message is the
+/// whole usage line, the flag first.
+pub fn check_name(p: &Path) -> Result<(), String> {
+    if p.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")) {
+        return Ok(());
+    }
+    let named = p.with_extension("svg");
+    Err(format!(
+        "--plot {}: the picture is SVG, so the file is named .svg: --plot {} (a PNG from it: rsvg-convert -o x.png {})",
+        p.display(),
+        named.display(),
+        named.display()
+    ))
+}
+
 /// Checks that `path` can be written (creating it), before a run whose picture it will hold.
 pub fn check_path(path: &Path) -> std::io::Result<()> {
     std::fs::File::create(path).map(drop)

@@ -735,22 +735,9 @@ fn plot_log(svg: &Path) -> PathBuf {
     s.into()
 }
 
-/// `--plot`'s file must be named .svg: the picture is SVG (a PNG would need a rasterizer and
-/// a font to draw its text with, neither of which a server host can be assumed to have, and
-/// every browser shows SVG). A `.png` that holds SVG is what it refuses.
+/// `--plot`'s file must be named .svg (tcpkit-stats says why).
 fn check_plot_name(p: &Path) -> Result<(), Failure> {
-    let svg = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-    if svg {
-        return Ok(());
-    }
-    let mut named = p.to_path_buf();
-    named.set_extension("svg");
-    Err(usage(format!(
-        "--plot {}: the picture is SVG, so the file is named .svg: --plot {} (a PNG from it: rsvg-convert -o x.png {})",
-        p.display(),
-        named.display(),
-        named.display()
-    )))
+    tcpkit_stats::plot::check_name(p).map_err(usage)
 }
 
 /// The plot's title: the target, and what was asked (rate, connections), so that two

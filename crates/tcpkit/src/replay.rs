@@ -276,7 +276,8 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.threads = a.threads;
     cfg.batch = a.batch;
     cfg.flow_expiry = a.flow_expiry;
-    if a.plot.is_some() {
+    if let Some(p) = &a.plot {
+        tcpkit_stats::plot::check_name(p).map_err(Failure::Usage)?;
         if a.topspeed || a.write.is_some() {
             return Err(Failure::Usage(
                 "--plot draws the timing error of paced packets: --topspeed and -w have none"
@@ -435,7 +436,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     // A picture that cannot be written is found out before the run, not after it.
     if let Some(p) = &args.plot {
         tcpkit_stats::plot::check_path(p)
-            .map_err(|e| Failure::Runtime(format!("--plot {}: cannot create: {e}", p.display())))?;
+            .map_err(|e| Failure::Usage(format!("--plot {}: cannot create: {e}", p.display())))?;
     }
     let decoder = if args.verbose {
         Some(start_decoder(args.out.json)?)
@@ -701,6 +702,10 @@ mod tests {
         assert!(parse(&["-i", "x", "-t", "--plot", "t.svg", "f"])
             .unwrap_err()
             .contains("--plot"));
+        // The picture is SVG: a .png name would hold SVG, so it is refused (issue 24, item 18).
+        assert!(parse(&["-i", "x", "-p", "10", "--plot", "t.png", "f"])
+            .unwrap_err()
+            .contains("--plot t.png: the picture is SVG, so the file is named .svg: --plot t.svg"));
         // Without it, a capture is still required.
         assert!(Args::try_parse_from(["replay", "-i", "x"]).is_err());
     }

@@ -480,7 +480,8 @@ fn issue10_plot_draws_the_timing_error() {
         "/nonexistent/dir/t.svg",
         p.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    // A file the command line names that cannot be created: a usage error, as -w's.
+    assert_eq!(out.status.code(), Some(2));
     let se = stderr(&out);
     assert_eq!(se.lines().count(), 1, "{se}");
     assert!(
@@ -488,6 +489,23 @@ fn issue10_plot_draws_the_timing_error() {
         "{se}"
     );
     assert!(stdout(&out).is_empty(), "nothing was sent");
+    // A .png name would hold SVG: refused, with the name to give instead.
+    let png = dir.path().join("t.png");
+    let out = lab.replay(&[
+        "-x",
+        "2",
+        "--plot",
+        png.to_str().unwrap(),
+        p.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let se = stderr(&out);
+    assert_eq!(se.lines().count(), 1, "{se}");
+    assert!(
+        se.contains("the picture is SVG, so the file is named .svg"),
+        "{se}"
+    );
+    assert!(!png.exists(), "a .png holding SVG was written");
     // A run that cannot start leaves no empty picture behind.
     let gone = dir.path().join("gone.svg");
     let out = common::run(&[
