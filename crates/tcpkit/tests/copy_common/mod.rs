@@ -186,24 +186,10 @@ impl CopyLab {
     pub fn redis(&mut self, online: bool) -> Proc {
         let (host, ip, name) = self.host(online);
         let host = host.clone();
+        let argv = crate::common::peer::redis_argv(SocketAddr::new(ip.parse().unwrap(), 6379));
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let p = host
-            .spawn(
-                &mut self.lab,
-                &format!("redis-{name}"),
-                &[
-                    REDIS,
-                    "--port",
-                    "6379",
-                    "--bind",
-                    ip,
-                    "--protected-mode",
-                    "no",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ],
-            )
+            .spawn(&mut self.lab, &format!("redis-{name}"), &argv)
             .unwrap_or_else(|e| panic!("{e}"));
         wait_port(&host, ip, 6379, &p);
         p
