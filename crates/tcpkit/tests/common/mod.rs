@@ -193,6 +193,18 @@ pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// A usage error as the exit rule has it (README): exit 2 and one line on stderr, which holds
+/// every one of `want`; that line.
+pub fn usage_line(o: &Output, want: &[&str]) -> String {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for w in want {
+        assert!(err.contains(w), "{w:?} not in: {err}");
+    }
+    err
+}
+
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
