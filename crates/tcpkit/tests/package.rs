@@ -4,7 +4,7 @@
 //! settings parsing as its role's flags, and the echo unit's command run as systemd runs it.
 //!
 //! The package is made once per test process from the binary these tests already have
-//! (`--profile <its profile> --no-build`), into `<target>/<profile>/package-test/`.
+//! (`--profile <its profile> --no-build`), under `<target>/<profile>/package-test.<pid>/`.
 
 use crate::common;
 
@@ -55,25 +55,39 @@ struct Built {
     root: PathBuf,
 }
 
-/// scripts/package.sh run once for this process on the tests' own binary.
+/// scripts/package.sh run once for this process on the tests' own binary. It runs in a target
+/// directory of its own holding only that binary: cargo-deb deletes the target directory's
+/// earlier tcpkit .debs and stages its work in one fixed directory there, which would take a
+/// package someone made from under them, or collide with another run.
 fn built() -> &'static Built {
     static BUILT: OnceLock<Built> = OnceLock::new();
     BUILT.get_or_init(|| {
         let bin = Path::new(tcpkit());
         let profile_dir = bin.parent().expect("the binary's directory");
         let profile = profile_dir.file_name().unwrap().to_str().unwrap();
-        let target = profile_dir.parent().expect("the target directory");
-        let dir = profile_dir.join("package-test");
-        let _ = std::fs::remove_dir_all(&dir);
-        let out = dir.join("out");
+        // Each process's own (statics are never dropped: the next run sweeps those of
+        // processes that have ended).
+        for e in std::fs::read_dir(profile_dir).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("package-test.") {
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let dir = profile_dir.join(format!("package-test.{}", std::process::id()));
+        let target = dir.join("target");
+        std::fs::create_dir_all(target.join(profile)).unwrap();
+        std::fs::hard_link(bin, target.join(profile).join("tcpkit"))
+            .or_else(|_| std::fs::copy(bin, target.join(profile).join("tcpkit")).map(drop))
+            .unwrap();
         let t = Instant::now();
         let o = run(Command::new(repo().join("scripts/package.sh"))
-            .args(["--profile", profile, "--no-build", "--fast", "--output"])
-            .arg(&out)
-            .env("CARGO_TARGET_DIR", target));
+            .args(["--profile", profile, "--no-build", "--fast"])
+            .env("CARGO_TARGET_DIR", &target));
         assert!(o.status.success(), "package.sh: {}", stderr(&o));
         eprintln!("package.sh --no-build: {:.1} s", t.elapsed().as_secs_f64());
-        let debs: Vec<PathBuf> = std::fs::read_dir(&out)
+        let debs: Vec<PathBuf> = std::fs::read_dir(target.join("debian"))
             .unwrap()
             .map(|e| e.unwrap().path())
             .collect();
