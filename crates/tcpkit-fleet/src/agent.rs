@@ -122,7 +122,12 @@ impl Frames {
                     ))
                 }
                 Ok(n) => self.buf.extend_from_slice(&got[..n]),
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
                     return Ok(None)
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -266,20 +271,35 @@ impl Agent {
         self.state().start
     }
 
-    /// Waits for the start instant (this host's wall clock), or for why there is none (the
-    /// barrier stopped this agent or was lost).
-    pub fn wait_start(&self) -> Result<u64, String> {
+    /// Waits for the start instant (this host's wall clock); None when there will be none:
+    /// the barrier stopped this agent or was lost ([`Agent::stopped_by`] says why), or `stop`
+    /// was set (a signal).
+    pub fn wait_start(&self, stop: &AtomicBool) -> Option<u64> {
         let (m, cv) = &*self.state;
         let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some(why) = &s.stopped_by {
-                return Err(why.clone());
+            if s.stopped_by.is_some() || stop.load(Ordering::Relaxed) {
+                return None;
             }
             if let Some(at) = s.start {
-                return Ok(at);
+                return Some(at);
             }
-            s = cv.wait(s).unwrap_or_else(|e| e.into_inner());
+            s = cv
+                .wait_timeout(s, Duration::from_millis(10))
+                .map_or_else(|e| e.into_inner().0, |r| r.0);
         }
+    }
+
+    /// The job's failure line when the barrier stopped it early: whom the barrier named, or
+    /// that the barrier was lost.
+    pub fn failure(&self) -> Option<String> {
+        self.state().stopped_by.as_ref().map(|w| {
+            if w.starts_with("lost the barrier") {
+                w.clone()
+            } else {
+                format!("stopped by the barrier: {w}")
+            }
+        })
     }
 
     /// Why the barrier stopped this agent early (naming the agent that failed), or why the

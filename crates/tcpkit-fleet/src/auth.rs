@@ -18,7 +18,11 @@ pub fn barrier_proof(key: &Key, agent: &Nonce, barrier: &Nonce) -> Tag {
 
 /// Whether `tag` is the barrier's proof of `key` (constant time).
 pub fn verify_barrier(key: &Key, agent: &Nonce, barrier: &Nonce, tag: &Tag) -> bool {
-    key.verify(BARRIER_LABEL, &[&VERSION.to_be_bytes(), agent, barrier], tag)
+    key.verify(
+        BARRIER_LABEL,
+        &[&VERSION.to_be_bytes(), agent, barrier],
+        tag,
+    )
 }
 
 fn claim(shard: Option<Shard>, host: &str) -> Vec<u8> {
@@ -53,7 +57,11 @@ pub fn verify_agent(
     tag: &Tag,
 ) -> bool {
     let c = claim(shard, host);
-    key.verify(AGENT_LABEL, &[&VERSION.to_be_bytes(), agent, barrier, &c], tag)
+    key.verify(
+        AGENT_LABEL,
+        &[&VERSION.to_be_bytes(), agent, barrier, &c],
+        tag,
+    )
 }
 
 #[cfg(test)]
@@ -70,7 +78,14 @@ mod tests {
         assert!(!verify_barrier(&k, &b, &a, &bp));
         let ap = agent_proof(&k, &a, &b, s, "h1");
         assert!(verify_agent(&k, &a, &b, s, "h1", &ap));
-        assert!(!verify_agent(&k, &a, &b, Some(Shard { index: 2, count: 3 }), "h1", &ap));
+        assert!(!verify_agent(
+            &k,
+            &a,
+            &b,
+            Some(Shard { index: 2, count: 3 }),
+            "h1",
+            &ap
+        ));
         assert!(!verify_agent(&k, &a, &b, s, "h2", &ap));
         assert!(!verify_agent(&k, &a, &b, None, "h1", &ap));
         // One side's proof never serves as the other's.

@@ -380,7 +380,10 @@ pub fn run(
                 .iter()
                 .flatten()
                 .all(|c| c.wbuf.is_empty() && c.st != St::AwaitJoin);
-            let all_done = b.slots.iter().all(|s| matches!(s, Slot::Ended | Slot::Free));
+            let all_done = b
+                .slots
+                .iter()
+                .all(|s| matches!(s, Slot::Ended | Slot::Free));
             if now >= at + STOP_GRACE || (quiet && all_done) {
                 break;
             }
@@ -634,6 +637,10 @@ impl Barrier<'_> {
                 e.outcome = "joined";
                 let run_id = self.run_id;
                 self.send(i, &Msg::Welcome { run_id, agents: n });
+                let joined = self.slots.iter().filter(|s| **s != Slot::Free).count();
+                let name = self.name(k);
+                let addr = self.report.agents[k].address.clone().unwrap_or_default();
+                (self.say)(&format!("{name} joined from {addr} ({joined} of {n})"));
             }
         }
     }
@@ -664,13 +671,20 @@ impl Barrier<'_> {
                 e.outcome = "ready";
                 self.maybe_start();
             }
-            Msg::NotReady { why } if matches!(self.slots[k], Slot::Joined | Slot::Ready) => {
+            Msg::NotReady { why } if self.slots[k] != Slot::Ended => {
+                // After the start, an agent that cannot go on (a worker process lost, say).
+                let running = self.slots[k] == Slot::Running;
                 let e = &mut self.report.agents[k];
-                e.outcome = "not_ready";
+                e.outcome = if running { "lost" } else { "not_ready" };
                 e.why = Some(why.to_string());
                 self.slots[k] = Slot::Ended;
                 let name = self.name(k);
-                self.fail(Some(k), format!("{name}: cannot get ready: {why}"));
+                let what = if running {
+                    "cannot go on"
+                } else {
+                    "cannot get ready"
+                };
+                self.fail(Some(k), format!("{name}: {what}: {why}"));
             }
             Msg::Done { failure, .. } if matches!(self.slots[k], Slot::Joined | Slot::Ready) => {
                 let why = format!(
@@ -823,7 +837,10 @@ impl Barrier<'_> {
                 .unwrap_or(0);
             let t = humantime::format_duration(self.cfg.ready_timeout);
             let (outcome, why) = if self.slots[k] == Slot::Free {
-                ("never_joined", format!("never joined within --ready-timeout {t}"))
+                (
+                    "never_joined",
+                    format!("never joined within --ready-timeout {t}"),
+                )
             } else {
                 ("not_ready", format!("not ready within --ready-timeout {t}"))
             };
@@ -834,7 +851,10 @@ impl Barrier<'_> {
             let waiting = self.slots.iter().filter(|s| **s != Slot::Ready).count();
             self.fail(
                 Some(k),
-                format!("{name}: {why} ({waiting} of {} agents not ready)", self.cfg.agents),
+                format!(
+                    "{name}: {why} ({waiting} of {} agents not ready)",
+                    self.cfg.agents
+                ),
             );
             self.slots[k] = Slot::Ended;
         }
@@ -853,8 +873,11 @@ impl Barrier<'_> {
     fn close(&mut self, poll: &Poll, i: usize, why: &str) {
         if let Some(mut c) = self.conns.get_mut(i).and_then(Option::take) {
             let _ = poll.registry().deregister(&mut c.sock);
-            if let St::Agent(k) = c.st {
-                self.lose(k, why);
+            match c.st {
+                St::Agent(k) => self.lose(k, why),
+                // Gone mid-handshake (an agent that found the key differs leaves here).
+                St::AwaitHello | St::AwaitJoin => self.report.dropped += 1,
+                St::Closing => {}
             }
         }
     }

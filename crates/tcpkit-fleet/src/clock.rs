@@ -144,7 +144,7 @@ mod tests {
         assert_eq!(to_agent(100, -300), 0);
         let w = wall_ns() + 20_000_000;
         let m = mono_of(w);
-        let d = m as i128 - tcpkit_pace::now_ns() as i128;
+        let d = i128::from(m) - i128::from(tcpkit_pace::now_ns());
         assert!((19_000_000..=20_500_000).contains(&d), "{d}");
         let late = wait_until_wall(wall_ns() + 2_000_000);
         assert!(late < 5_000_000, "{late}");

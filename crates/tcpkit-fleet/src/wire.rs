@@ -84,7 +84,10 @@ pub enum Msg<'a> {
         host: &'a str,
     },
     /// Barrier: admitted into the fleet run `run_id` of `agents` agents.
-    Welcome { run_id: [u8; RUN_ID_LEN], agents: u32 },
+    Welcome {
+        run_id: [u8; RUN_ID_LEN],
+        agents: u32,
+    },
     /// Barrier: not admitted, and why.
     Refuse { reason: &'a str },
     /// Agent: a clock sample's first timestamp (agent clock).
@@ -264,7 +267,11 @@ impl<'a> Msg<'a> {
         let Some(body) = buf.get(HDR..HDR + len) else {
             return Ok(None);
         };
-        let mut r = Reader { b: body, at: 0, kind };
+        let mut r = Reader {
+            b: body,
+            at: 0,
+            kind,
+        };
         let m = match kind {
             T_HELLO => Msg::Hello {
                 version: r.u16()?,
@@ -511,7 +518,7 @@ mod tests {
             Msg::parse(&[T_STOP, 0xEA, 0x60]),
             Err(WireError::Length { len: 60000, .. })
         ));
-        assert!(MAX_BODY < 1024);
+        const { assert!(MAX_BODY < 1024) };
     }
 
     #[test]
@@ -519,11 +526,17 @@ mod tests {
         // A text whose length runs past the body, a text not UTF-8, trailing bytes, a shard 4/3.
         assert!(matches!(
             Msg::parse(&[T_STOP, 0, 3, 0, 5, b'a']),
-            Err(WireError::Body { what: "cut short", .. })
+            Err(WireError::Body {
+                what: "cut short",
+                ..
+            })
         ));
         assert!(matches!(
             Msg::parse(&[T_STOP, 0, 3, 0, 1, 0xFF]),
-            Err(WireError::Body { what: "text not UTF-8", .. })
+            Err(WireError::Body {
+                what: "text not UTF-8",
+                ..
+            })
         ));
         assert!(matches!(
             Msg::parse(&[T_STOP, 0, 3, 0, 0, b'x']),
