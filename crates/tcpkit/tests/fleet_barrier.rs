@@ -84,6 +84,8 @@ struct Fleet {
     lab: Lab,
     srv: Host,
     agents: Vec<Host>,
+    /// Agent i's interface toward s (for replay).
+    ifaces: Vec<String>,
     dir: tempfile::TempDir,
     key: PathBuf,
     runs: usize,
@@ -94,11 +96,11 @@ impl Fleet {
     fn new(tag: &str, n: usize) -> Fleet {
         let mut lab = Lab::new(tag).unwrap_or_else(|e| panic!("{e}"));
         let srv = lab.host("s").unwrap();
-        let mut agents = Vec::new();
+        let (mut agents, mut ifaces) = (Vec::new(), Vec::new());
         for i in 1..=n {
             let a = lab.host(&format!("a{i}")).unwrap();
             let opts = LinkOpts::addrs(format!("198.18.{i}.1/24"), format!("198.18.{i}.2/24"));
-            lab.link(&a, &srv, &opts).unwrap();
+            ifaces.push(lab.link(&a, &srv, &opts).unwrap().a.name);
             agents.push(a);
         }
         let dir = tempfile::tempdir().unwrap();
@@ -107,6 +109,7 @@ impl Fleet {
             lab,
             srv,
             agents,
+            ifaces,
             dir,
             key,
             runs: 0,
@@ -207,8 +210,11 @@ fn every_agent_starts_at_the_one_instant_and_echo_counts_what_they_answered() {
     let echo = f.echo();
     let mut b = f.barrier(3, &["--ready-timeout", "20s"]);
     let args = load_args("1");
+    // Agent 3 runs two worker processes, as a host past one process's descriptor limit
+    // does: its parent talks to the barrier and releases its workers at the start.
+    let procs = [&args[..], &["--procs", "2"]].concat();
     let mut agents: Vec<Run> = (1..=3)
-        .map(|i| f.agent(i, &format!("{i}/3"), &args))
+        .map(|i| f.agent(i, &format!("{i}/3"), if i == 3 { &procs } else { &args }))
         .collect();
     for a in &mut agents {
         assert!(a.wait(Duration::from_secs(20)).success(), "{}", a.stderr());
@@ -247,6 +253,7 @@ fn every_agent_starts_at_the_one_instant_and_echo_counts_what_they_answered() {
         );
         starts.push(i128::from(actual) - i128::from(offset));
         answered += u(&r, "queries.answered");
+        assert_eq!(u(&r, "processes"), if i == 2 { 2 } else { 1 });
         let e = &br["agents"][i];
         assert_eq!(e["outcome"], "done", "{br:#}");
         assert_eq!(e["shard"]["index"], i as u64 + 1);
@@ -468,4 +475,63 @@ fn a_taken_shard_is_refused_and_a_wrong_key_gets_nothing() {
     assert_eq!(br["refused"][0]["shard"]["index"], 1);
     let answered = u(&first.json(), "queries.answered") + u(&second.json(), "queries.answered");
     assert_eq!(u(&stop_echo(&echo), "answered"), answered);
+}
+
+/// `replay` is an agent too: its capture mapped and its interface open, it sends its first
+/// frame at the instant the load agent sends its first query.
+#[test]
+fn a_replay_agent_starts_with_a_load_agent() {
+    let _turn = common::timing_turn();
+    let mut f = Fleet::new("fbrep", 2);
+    let echo = f.echo();
+    let mut b = f.barrier(2, &["--ready-timeout", "20s"]);
+    let args = load_args("0.5");
+    let mut load = f.agent(1, "1/2", &args);
+    let (key, barrier) = (
+        f.key.to_str().unwrap().to_string(),
+        format!("198.18.2.2:{BARRIER_PORT}"),
+    );
+    let pcap = common::testdata("tcpreplay-test.pcap");
+    let iface = f.ifaces[1].clone();
+    let argv = [
+        tcpkit(),
+        "replay",
+        "-i",
+        &iface,
+        "--topspeed",
+        "--barrier",
+        &barrier,
+        "--barrier-key",
+        &key,
+        "--shard",
+        "2/2",
+        "--json",
+        pcap.to_str().unwrap(),
+    ];
+    let h = f.agents[1].clone();
+    let mut replay = f.spawn(&h, &argv);
+    assert!(
+        replay.wait(Duration::from_secs(15)).success(),
+        "{}",
+        replay.stderr()
+    );
+    assert!(
+        load.wait(Duration::from_secs(15)).success(),
+        "{}",
+        load.stderr()
+    );
+    assert!(b.wait(Duration::from_secs(10)).success(), "{}", b.stderr());
+    let (br, rr) = (b.json(), replay.json());
+    schema::check(&schema::load("replay"), &rr, "replay");
+    assert!(u(&rr, "packets") > 0, "{rr:#}");
+    assert_eq!(rr["fleet"]["run_id"], br["run_id"]);
+    let fl = &rr["fleet"];
+    let late = u(fl, "actual_start_unix_ns") - u(fl, "intended_start_unix_ns");
+    assert!(late < 5_000_000, "replay started {late} ns late: {fl:#}");
+    assert!(u(&br, "start_spread_ns") < START_SPREAD_MAX_NS, "{br:#}");
+    assert_eq!(br["agents"][1]["outcome"], "done");
+    assert_eq!(
+        u(&stop_echo(&echo), "answered"),
+        u(&load.json(), "queries.answered")
+    );
 }
