@@ -84,8 +84,9 @@ struct Fleet {
     lab: Lab,
     srv: Host,
     agents: Vec<Host>,
-    /// Agent i's interface toward s (for replay).
+    /// Agent i's interface toward s (for replay), and s's toward agent i.
     ifaces: Vec<String>,
+    srv_ifaces: Vec<String>,
     dir: tempfile::TempDir,
     key: PathBuf,
     runs: usize,
@@ -96,11 +97,13 @@ impl Fleet {
     fn new(tag: &str, n: usize) -> Fleet {
         let mut lab = Lab::new(tag).unwrap_or_else(|e| panic!("{e}"));
         let srv = lab.host("s").unwrap();
-        let (mut agents, mut ifaces) = (Vec::new(), Vec::new());
+        let (mut agents, mut ifaces, mut srv_ifaces) = (Vec::new(), Vec::new(), Vec::new());
         for i in 1..=n {
             let a = lab.host(&format!("a{i}")).unwrap();
             let opts = LinkOpts::addrs(format!("198.18.{i}.1/24"), format!("198.18.{i}.2/24"));
-            ifaces.push(lab.link(&a, &srv, &opts).unwrap().a.name);
+            let link = lab.link(&a, &srv, &opts).unwrap();
+            ifaces.push(link.a.name);
+            srv_ifaces.push(link.b.name);
             agents.push(a);
         }
         let dir = tempfile::tempdir().unwrap();
@@ -110,6 +113,7 @@ impl Fleet {
             srv,
             agents,
             ifaces,
+            srv_ifaces,
             dir,
             key,
             runs: 0,
@@ -265,11 +269,21 @@ fn every_agent_starts_at_the_one_instant_and_echo_counts_what_they_answered() {
     assert!(answered > 3 * 1500, "{answered}");
     let er = stop_echo(&echo);
     assert_eq!(u(&er, "answered"), answered, "echo {er:#}");
+    let late: Vec<String> = br["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let l = u(a, "actual_start_unix_ns") - u(a, "intended_start_unix_ns");
+            format!("{:.3}", l as f64 / 1e6)
+        })
+        .collect();
     eprintln!(
-        "fleet: start spread {:.3} ms, lead {:.1} ms, offset bound {:.3} ms, {:?}",
+        "fleet: start spread {:.3} ms, lead {:.1} ms (last ready to start), offset bound {:.3} ms, first query after the instant {} ms, {:?}",
         spread as f64 / 1e6,
-        u(&br, "lead_ns") as f64 / 1e6,
+        (u(&br, "start_unix_ns") - u(&br, "all_ready_unix_ns")) as f64 / 1e6,
         u(&br, "offset_error_bound_ns") as f64 / 1e6,
+        late.join("/"),
         t0.elapsed()
     );
 }
@@ -534,4 +548,49 @@ fn a_replay_agent_starts_with_a_load_agent() {
         u(&stop_echo(&echo), "answered"),
         u(&load.json(), "queries.answered")
     );
+}
+
+/// An agent cut off mid-run (its link carries nothing either way, no close seen by anyone) is
+/// lost after 2 s of silence on both sides: the barrier names it and stops the other; the
+/// agent itself finds the barrier gone and stops too.
+#[test]
+fn an_agent_cut_off_mid_run_is_lost_after_two_silent_seconds() {
+    let mut f = Fleet::new("fbcut", 2);
+    let _echo = f.echo();
+    let mut b = f.barrier(2, &["--ready-timeout", "20s"]);
+    let args = load_args("10");
+    let mut one = f.agent(1, "1/2", &args);
+    let mut cut = f.agent(2, "2/2", &args);
+    b.wait_line("start at", Duration::from_secs(15));
+    std::thread::sleep(Duration::from_millis(200));
+    f.srv.drop_arriving(&f.srv_ifaces[1]).unwrap();
+    f.agents[1].drop_arriving(&f.ifaces[1]).unwrap();
+    let t = Instant::now();
+    assert_eq!(b.wait(Duration::from_secs(6)).code(), Some(1));
+    let noticed = t.elapsed();
+    let last = b.last_line();
+    assert!(
+        last.starts_with("tcpkit barrier: shard 2/2 on ")
+            && last.contains("silent for 2000 ms mid-run"),
+        "{last}"
+    );
+    // 2 s from the last beat heard, which came up to 250 ms before the cut.
+    assert!(
+        (Duration::from_millis(1700)..Duration::from_millis(3000)).contains(&noticed),
+        "{noticed:?}"
+    );
+    assert_eq!(one.wait(Duration::from_secs(5)).code(), Some(1));
+    let r = one.json();
+    assert!(r["fleet"]["stopped_by"]
+        .as_str()
+        .unwrap()
+        .starts_with("shard 2/2 on "));
+    assert_eq!(cut.wait(Duration::from_secs(5)).code(), Some(1));
+    assert!(
+        cut.last_line().contains("lost the barrier"),
+        "{}",
+        cut.stderr()
+    );
+    assert!(cut.json()["seconds"].as_f64().unwrap() < 5.0);
+    eprintln!("fleet: cut-off agent lost after {noticed:?}");
 }
