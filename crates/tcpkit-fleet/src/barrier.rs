@@ -780,6 +780,7 @@ impl Barrier<'_> {
         if self.report.failure.is_some() {
             return;
         }
+        let mut told = 0;
         for i in 0..self.conns.len() {
             let Some(St::Agent(k)) = self.conns[i].as_ref().map(|c| c.st) else {
                 continue;
@@ -791,7 +792,10 @@ impl Barrier<'_> {
             let e = &mut self.report.agents[k];
             e.outcome = "stopped";
             e.why = Some(reason.clone());
+            told += 1;
         }
+        // Said as it happens; the same reason is the last line at exit.
+        (self.say)(&format!("{reason}; {told} other agents told to stop"));
         self.report.failure = Some(reason);
         self.failed_at = Some(Instant::now());
     }
