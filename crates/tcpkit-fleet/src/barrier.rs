@@ -76,7 +76,7 @@ pub enum BarrierError {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct AgentEntry {
     /// The shard it claimed (or its slot K/N when it claimed none, marked by `claimed`).
-    pub shard: Shard0,
+    pub shard: Shard,
     /// Whether it claimed its shard (`--shard`), or took the slot free when it joined.
     pub claimed: bool,
     /// Its host name, as it said.
@@ -104,9 +104,7 @@ pub struct AgentEntry {
     pub failure: Option<String>,
 }
 
-/// A shard as the report writes it (`{"index": K, "count": N}`).
-pub type Shard0 = Shard;
-
+/// An empty entry's slot, before the barrier numbers it.
 impl Default for Shard {
     fn default() -> Self {
         Shard { index: 1, count: 1 }
