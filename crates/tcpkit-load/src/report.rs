@@ -71,6 +71,9 @@ pub struct LoadReport {
     pub per_query: Option<PerQueryStats>,
     /// Why this run counts as failed (exit status 1); absent when it did what was asked.
     pub failure: Option<String>,
+    /// Where this agent stood in a fleet run (`--barrier`); absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<tcpkit_fleet::FleetReport>,
 }
 
 /// Connections: asked, opened, failed and closed.

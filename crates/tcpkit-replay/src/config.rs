@@ -44,6 +44,9 @@ pub struct Config {
     /// Keep the timing error per interval of this length (for `--plot`); None keeps only the
     /// run's histogram.
     pub timeline: Option<Duration>,
+    /// The fleet barrier this run joined (`--barrier`): the first frame leaves at the instant
+    /// it gives, once the captures are mapped and the interface is open.
+    pub fleet: Option<std::sync::Arc<tcpkit_fleet::Agent>>,
 }
 
 impl Config {
@@ -67,6 +70,7 @@ impl Config {
             batch: 64,
             flow_expiry: None,
             timeline: None,
+            fleet: None,
         }
     }
 }

@@ -1,10 +1,12 @@
 //! `tcpkit`: parses the command line, runs one job, prints its report. Nothing else lives here.
 
 mod balance;
+mod barrier;
 mod common;
 mod copy;
 mod docs;
 mod echo;
+mod fleet;
 mod intercept;
 mod load;
 mod merge;
@@ -43,7 +45,7 @@ enum Cmd {
     /// open-loop schedule, latency from the intended and the actual send time, lag reported.
     /// SIGINT/SIGTERM: stops sending, waits at most --timeout for answers still due, prints the
     /// report (exit 1: the run was cut short); a second signal exits at once.
-    Load(load::Args),
+    Load(Box<load::Args>),
     /// Copy live TCP sessions (or a capture's) to a test server without touching production
     /// (tcpcopy's job): reassembled and replayed over ordinary connections (relay mode), or
     /// with the clients' own addresses through a raw socket (--transparent, with intercept).
@@ -69,6 +71,11 @@ enum Cmd {
     /// cgroup socket hooks rewrite the address inside connect() (and getpeername() shows the
     /// VIP), so nothing is paid per packet afterwards.
     Balance(balance::Args),
+    /// Start load and replay agents on many hosts at one instant, once every one is ready,
+    /// and watch them (heartbeats every 250 ms, an agent lost after 2 s silent or at once when
+    /// its connection closes): one that cannot get ready or is lost stops the others, named
+    /// (exit 1). SIGINT/SIGTERM: tells the agents to stop and prints the report (exit 1).
+    Barrier(barrier::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),
     /// What stops this host from holding many connections (file-descriptor limits, queues,
@@ -110,9 +117,10 @@ fn main() -> ExitCode {
     let (name, result) = match cli.cmd {
         Cmd::Replay(args) => ("replay", replay::main(args, interrupted)),
         Cmd::Echo(args) => ("echo", echo::main(args, interrupted)),
-        Cmd::Load(args) => ("load", load::main(args, interrupted)),
+        Cmd::Load(args) => ("load", load::main(*args, interrupted)),
         Cmd::Mpcat(args) => ("mpcat", mpcat::main(args, interrupted)),
         Cmd::Balance(args) => ("balance", balance::main(args, interrupted)),
+        Cmd::Barrier(args) => ("barrier", barrier::main(args, interrupted)),
         Cmd::Merge(args) => ("merge", merge::main(args)),
         Cmd::Copy(args) => ("copy", copy::main(args, interrupted)),
         Cmd::Intercept(args) => ("intercept", intercept::main(args, interrupted)),
@@ -148,6 +156,7 @@ mod tests {
                 "intercept",
                 "mpcat",
                 "balance",
+                "barrier",
                 "merge",
                 "tune",
                 "completions",
