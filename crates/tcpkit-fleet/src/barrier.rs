@@ -104,13 +104,6 @@ pub struct AgentEntry {
     pub failure: Option<String>,
 }
 
-/// An empty entry's slot, before the barrier numbers it.
-impl Default for Shard {
-    fn default() -> Self {
-        Shard { index: 1, count: 1 }
-    }
-}
-
 /// A connection refused after it proved the key (a shard taken, a fleet of another size).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Refusal {

@@ -10,8 +10,6 @@
 //! `NotReady` with why; the barrier's `Start` once every agent is ready; the agent's `Done` at
 //! the end of its run; the barrier's `Stop` when another agent failed.
 
-use std::fmt;
-
 use tcpkit_keyfile::proof::{Nonce, Tag, NONCE_LEN, TAG_LEN};
 
 /// The protocol's version, in `Hello` and bound into both proofs.
@@ -39,35 +37,8 @@ const T_BEAT: u8 = 11;
 const T_DONE: u8 = 12;
 const T_STOP: u8 = 13;
 
-/// Agent K of N, as `--shard K/N` says (K from 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Shard {
-    /// K, from 1.
-    pub index: u32,
-    /// N.
-    pub count: u32,
-}
-
-impl Shard {
-    /// Parses `K/N` with 1 <= K <= N; the error says what was expected.
-    pub fn parse(text: &str) -> Result<Shard, String> {
-        let bad = || format!("--shard '{text}': expected K/N with 1 <= K <= N (as --shard 1/3)");
-        let (k, n) = text.split_once('/').ok_or_else(bad)?;
-        let (Ok(index), Ok(count)) = (k.parse::<u32>(), n.parse::<u32>()) else {
-            return Err(bad());
-        };
-        if index == 0 || index > count {
-            return Err(bad());
-        }
-        Ok(Shard { index, count })
-    }
-}
-
-impl fmt::Display for Shard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.index, self.count)
-    }
-}
+/// Agent K of N, as `--shard K/N` says (K from 1): the one type load and replay share it by.
+pub use tcpkit_workers::Shard;
 
 /// One frame, borrowing its texts from the buffer it was parsed from.
 #[expect(missing_docs, reason = "each variant's doc says what its fields are")]

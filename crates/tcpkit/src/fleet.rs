@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tcpkit_fleet::{Agent, AgentConfig, Shard};
+use tcpkit_fleet::{Agent, AgentConfig};
 use tcpkit_keyfile::proof::Key;
 
 use crate::Failure;
@@ -30,10 +30,13 @@ pub(crate) struct AgentFlags {
     #[arg(long, value_name = "FILE", requires = "barrier")]
     pub barrier_key: Option<PathBuf>,
 
-    /// This agent's share of the fleet run, K of N (K from 1, as jest and playwright's
-    /// --shard 1/3); the barrier admits one agent per shard.
-    #[arg(long, value_name = "K/N", value_parser = Shard::parse)]
-    pub shard: Option<Shard>,
+    /// This agent's part of a run several hosts share, from one command line for all: shard K
+    /// of N (K from 1, as jest's and playwright's --shard 1/3). What a shard takes is the
+    /// job's (load: its share of -c, -n and the rates, the --qname-file names numbered K-1
+    /// modulo N; replay: the frames of the flows whose key hashes to K, each at its time in the
+    /// whole replay). With --barrier, the barrier admits one agent per shard.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<String>,
 }
 
 /// Reads a key file named by `flag`; every rule it breaks is a usage error naming both.
@@ -58,7 +61,7 @@ impl AgentFlags {
         let cfg = AgentConfig {
             barrier: barrier.clone(),
             key,
-            shard: self.shard,
+            shard: crate::common::shard(self.shard.as_deref())?,
             host: tcpkit_fleet::hostname(),
             patience: PATIENCE,
         };

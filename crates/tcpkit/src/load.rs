@@ -285,17 +285,18 @@ fn positive(flag: &str, v: f64) -> Result<f64, Failure> {
     Ok(v)
 }
 
-/// `K/N/T`: worker K (from 0) of N, with T threads.
+/// `K/N/T`: worker K (from 0) of N, with T threads (the parent always says T).
 fn parse_worker(text: &str) -> Result<(u32, u32, usize), Failure> {
-    let bad = || usage(format!("--worker '{text}': expected K/N/T with K < N"));
-    let mut it = text.split('/');
-    let k: u32 = it.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
-    let n: u32 = it.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
-    let t: usize = it.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
-    if k >= n || t == 0 || it.next().is_some() {
-        return Err(bad());
+    match tcpkit_workers::WorkerId::parse(text) {
+        Ok(tcpkit_workers::WorkerId {
+            k,
+            n,
+            threads: Some(t),
+        }) => Ok((k, n, t)),
+        _ => Err(usage(format!(
+            "--worker '{text}': expected K/N/T with K < N and T >= 1"
+        ))),
     }
-    Ok((k, n, t))
 }
 
 /// A file named by `flag` that cannot be read: a usage error (exit 2, nothing run), one line
@@ -387,7 +388,11 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
                     f.display()
                 )));
             }
-            queries
+            match common::shard(a.fleet.shard.as_deref())? {
+                Some(s) => lib::shard_names(queries, s)
+                    .map_err(|e| usage(format!("--qname-file {}: {e}", f.display())))?,
+                None => queries,
+            }
         }
         None => vec![(
             a.qname
@@ -577,6 +582,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     if let Some(hint) = wrk2_hint(a) {
         return Err(usage(hint));
     }
+    let shard = common::shard(a.fleet.shard.as_deref())?;
     // A URL's HOST:PORT is what is connected to; the report shows the URL as typed.
     let addr_text = match url_target(&a.target)? {
         Some((authority, _)) => authority,
@@ -692,6 +698,9 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
         let (k, n, t) = parse_worker(w)?;
         cfg.worker = Some((k, n));
         cfg.threads = t;
+    }
+    if let Some(s) = shard {
+        cfg.take_shard(s).map_err(usage)?;
     }
     // A worker is started with the same arguments (plus --worker); its parent talks to the
     // barrier and releases it at the barrier's start.
@@ -1342,6 +1351,23 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.payload.describe(), "dns mixed types, 2 names");
+    }
+
+    /// Issue 25: shard K of N takes its share; a bad K/N is a usage error naming --shard.
+    #[test]
+    fn shard_flag_takes_its_share() {
+        let args =
+            |s: &str| ["127.0.0.1:53", "-c", "10", "-r", "300", "--shard", s].map(String::from);
+        let c = parse(&args("1/3").each_ref().map(String::as_str)).unwrap();
+        assert_eq!(
+            (c.connections, c.shard.map(|s| s.to_string())),
+            (4, Some("1/3".into()))
+        );
+        assert_eq!(c.rate, Some(RateProfile::Constant(100.0)));
+        for bad in ["0/3", "4/3", "1/0", "x"] {
+            let e = parse(&args(bad).each_ref().map(String::as_str)).unwrap_err();
+            assert!(e.starts_with(&format!("--shard '{bad}': ")), "{e}");
+        }
     }
 
     #[test]

@@ -45,6 +45,7 @@ enum Cmd {
     /// open-loop schedule, latency from the intended and the actual send time, lag reported.
     /// SIGINT/SIGTERM: stops sending, waits at most --timeout for answers still due, prints the
     /// report (exit 1: the run was cut short); a second signal exits at once.
+    // Boxed: load has the most flags by far, and every command would otherwise take its size.
     Load(Box<load::Args>),
     /// Copy live TCP sessions (or a capture's) to a test server without touching production
     /// (tcpcopy's job): reassembled and replayed over ordinary connections (relay mode), or

@@ -207,6 +207,7 @@ fn positive(flag: &str, v: f64) -> Result<f64, Failure> {
 /// Every check that involves more than one flag, or a value's meaning, happens here.
 pub fn resolve(a: &Args) -> Result<Config, Failure> {
     use tcpkit_replay::{IpMap, PortMap, TtlEdit, VlanEdit};
+    let shard = common::shard(a.fleet.shard.as_deref())?;
     let output = match (&a.intf1, &a.write) {
         (Some(i), None) => Output::Interface {
             name: i.clone(),
@@ -278,6 +279,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.preload = a.preload;
     cfg.unique_ip = a.unique_ip;
     cfg.threads = a.threads;
+    cfg.shard = shard;
     cfg.batch = a.batch;
     cfg.flow_expiry = a.flow_expiry;
     if let Some(p) = &a.plot {
@@ -463,7 +465,9 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             stats_every: args.run.stats.filter(|d| !d.is_zero()),
             progress: args.out.progress(),
         };
-        let (loops, limit, duration) = (cfg.loops, cfg.limit, cfg.duration);
+        // A shard sends part of --limit's frames: the loops say how far it is.
+        let limit = cfg.limit.filter(|_| cfg.shard.is_none());
+        let (loops, duration) = (cfg.loops, cfg.duration);
         Monitor::start(opts, move |elapsed| {
             let p = live.packets.load(Ordering::Relaxed);
             let b = live.bytes.load(Ordering::Relaxed);
@@ -771,6 +775,18 @@ mod tests {
                 .vlan,
             Some(tcpkit_replay::VlanEdit::Remove)
         ));
+    }
+
+    /// Issue 25: --shard K/N; a bad K/N is a usage error naming --shard.
+    #[test]
+    fn shard_parses() {
+        let c = parse(&["-w", "o", "--shard", "2/3", "f"]).unwrap();
+        assert_eq!(c.shard.map(|s| (s.index, s.count)), Some((2, 3)));
+        assert_eq!(parse(&["-w", "o", "f"]).unwrap().shard, None);
+        for bad in ["0/3", "4/3", "3", "1/0"] {
+            let e = parse(&["-w", "o", "--shard", bad, "f"]).unwrap_err();
+            assert!(e.starts_with(&format!("--shard '{bad}': ")), "{e}");
+        }
     }
 
     #[test]

@@ -45,4 +45,5 @@ mod replay_features;
 mod replay_rate;
 mod replay_wire;
 mod rewrite_oracle;
+mod shard;
 mod tune;
