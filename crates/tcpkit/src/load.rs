@@ -15,7 +15,7 @@ use tcpkit_load::report::LoadReport;
 use tcpkit_pace::units::unescape;
 use tcpkit_stats::{Histogram, Monitor, MonitorOptions};
 
-use crate::common::{self, duration_arg, OutputFlags, RunFlags};
+use crate::common::{self, duration_arg, LimitFlags, OutputFlags, RunFlags};
 use crate::Failure;
 
 /// The payloads other than DNS: the DNS flags (--qname, --qname-file, --qtype) would be
@@ -226,6 +226,10 @@ pub struct Args {
 
     #[command(flatten)]
     pub out: OutputFlags,
+
+    /// Pass/fail limits on this run (all its processes), as `merge` judges a fleet's.
+    #[command(flatten)]
+    pub limits: LimitFlags,
 
     /// Internal: this process is worker K of N (with T threads) started by the parent.
     #[arg(long, value_name = "K/N/T", hide = true)]
@@ -851,6 +855,8 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         // Stopped before it did what was asked: the report is printed, the run failed.
         report.failure = Some("interrupted".into());
     }
+    // The limits last: a broken one is the end of the last line.
+    report.judge_limits(&args.limits.limits());
     common::finish(&report, &args.out)?;
     plotted
 }

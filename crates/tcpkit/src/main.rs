@@ -42,7 +42,8 @@ enum Cmd {
     /// open-loop schedule, latency from the intended and the actual send time, lag reported.
     /// SIGINT/SIGTERM: stops sending, waits at most --timeout for answers still due, prints the
     /// report (exit 1: the run was cut short); a second signal exits at once.
-    Load(load::Args),
+    // Boxed: load has the most flags, and the enum would be as large as it.
+    Load(Box<load::Args>),
     /// Copy live TCP sessions (or a capture's) to a test server without touching production
     /// (tcpcopy's job): reassembled and replayed over ordinary connections (relay mode), or
     /// with the clients' own addresses through a raw socket (--transparent, with intercept).
@@ -68,7 +69,9 @@ enum Cmd {
     /// cgroup socket hooks rewrite the address inside connect() (and getpeername() shows the
     /// VIP), so nothing is paid per packet afterwards.
     Balance(balance::Args),
-    /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
+    /// Merge the --json reports of simultaneous runs into one and judge it: load reports
+    /// (several client hosts, a fleet's agents) on one time axis, copy reports into one loss
+    /// figure; --max-p99, --min-answered-rate, --max-loss ... judged on the whole.
     Merge(merge::Args),
     /// What stops this host from holding many connections (file-descriptor limits, queues,
     /// conntrack, ports, socket memory): each setting OK or CHANGE with the exact command;
@@ -109,7 +112,7 @@ fn main() -> ExitCode {
     let (name, result) = match cli.cmd {
         Cmd::Replay(args) => ("replay", replay::main(args, interrupted)),
         Cmd::Echo(args) => ("echo", echo::main(args, interrupted)),
-        Cmd::Load(args) => ("load", load::main(args, interrupted)),
+        Cmd::Load(args) => ("load", load::main(*args, interrupted)),
         Cmd::Mpcat(args) => ("mpcat", mpcat::main(args, interrupted)),
         Cmd::Balance(args) => ("balance", balance::main(args, interrupted)),
         Cmd::Merge(args) => ("merge", merge::main(args)),
