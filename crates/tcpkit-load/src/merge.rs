@@ -42,7 +42,7 @@ pub enum MergeError {
     #[error("{path}: larger than {MAX_REPORT} bytes, not a load report")]
     TooBig { path: String },
     /// Another command's report: named for what it is, with what merge takes.
-    #[error("{path}: a `tcpkit {kind} --json` report, not a load report: merge takes the reports of `tcpkit load --json`")]
+    #[error("{path}: a `tcpkit {kind} --json` report, not a load report: merge takes the reports of `tcpkit load --json` (or of `tcpkit copy --json`)")]
     OtherReport { path: String, kind: &'static str },
     /// A field merge sums, absent: a report that lacks it cannot be summed honestly.
     #[error("{path}: no `{field}` field: not a complete tcpkit load --json report")]

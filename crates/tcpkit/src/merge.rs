@@ -74,11 +74,9 @@ pub fn main(args: Args) -> Result<(), Failure> {
     if !copies.is_empty() {
         return merge_copies(&args, &copies, &limits);
     }
-    // One run twice is refused; runs that missed each other are merged, with a warning.
+    // One run twice is refused; runs that missed each other are merged, with a warning
+    // (said once the merge has succeeded: a refusal is one line).
     let warnings = tcpkit_load::merge::check_runs(&loads).map_err(bad)?;
-    for w in warnings {
-        eprintln!("tcpkit merge: warning: {w}");
-    }
     let merged = tcpkit_load::merge::merge_run(&loads, &limits).map_err(|e| {
         // "report 2: ..." names the file it was read from.
         let why = crate::chain(&e);
@@ -88,6 +86,9 @@ pub fn main(args: Args) -> Result<(), Failure> {
         };
         Failure::Usage(why)
     })?;
+    for w in warnings {
+        eprintln!("tcpkit merge: warning: {w}");
+    }
     let plotted = match &args.plot {
         Some(svg) => plot(svg, &merged, loads.len()),
         None => Ok(()),
