@@ -226,14 +226,10 @@ impl Report for CopyMergeReport {
             "Copies: {} made, {} completed, {} failed, {} open at end",
             c.made, c.completed, c.failed, c.open_at_end
         );
-        if let Some(v) = &self.verdict {
-            for c in &v.checks {
-                let _ = writeln!(s, "Limit {}", c.line());
-            }
-        }
-        if let Some(f) = &self.failure {
-            let _ = writeln!(s, "Failed: {f}");
-        }
+        s.push_str(&tcpkit_stats::limits::summary_tail(
+            self.verdict.as_ref(),
+            self.failure.as_deref(),
+        ));
         s
     }
 

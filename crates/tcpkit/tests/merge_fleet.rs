@@ -53,13 +53,7 @@ fn loads_at_once(
             p.cli.command(&args)
         })
         .collect();
-    let outs: Vec<Output> = std::thread::scope(|s| {
-        let hs: Vec<_> = cmds
-            .into_iter()
-            .map(|c| s.spawn(move || run_limited(c, Duration::from_secs(20)).0))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let outs = all_at_once(cmds);
     outs.iter()
         .enumerate()
         .map(|(k, o)| {
@@ -69,6 +63,17 @@ fn loads_at_once(
             path
         })
         .collect()
+}
+
+/// Runs `cmds` at the same time, each to its end (20 s at most: past it, a hang).
+fn all_at_once(cmds: Vec<std::process::Command>) -> Vec<Output> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = cmds
+            .into_iter()
+            .map(|c| s.spawn(move || run_limited(c, Duration::from_secs(20)).0))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 fn read(p: &Path) -> Value {
@@ -395,13 +400,7 @@ fn two_copies_into_one_target_merge_into_the_loss_the_target_counted() {
             ])
         })
         .collect();
-    let outs: Vec<Output> = std::thread::scope(|s| {
-        let hs: Vec<_> = cmds
-            .into_iter()
-            .map(|c| s.spawn(move || run_limited(c, Duration::from_secs(20)).0))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let outs = all_at_once(cmds);
     let mut files = Vec::new();
     for (k, o) in outs.iter().enumerate() {
         assert!(o.status.success(), "copy {k}: {}", stderr(o));
