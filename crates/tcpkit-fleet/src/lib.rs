@@ -34,7 +34,7 @@ pub const LOST_AFTER: Duration = Duration::from_secs(2);
 pub const LEAD_MIN: Duration = Duration::from_millis(100);
 
 /// An agent report's `fleet` object: where the agent stood in the fleet run.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FleetReport {
     /// The barrier's id for the whole fleet run (hex), the same on every agent.
     pub run_id: String,

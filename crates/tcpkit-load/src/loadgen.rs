@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 
 use crate::report::{
-    ConnStats, Histograms, LagStats, LoadReport, PerQueryStats, QueryStats, Rates, ShardId,
+    ConnStats, Histograms, LagStats, LoadReport, PerQueryStats, QueryStats, Rates,
     LOAD_SCHEMA_VERSION,
 };
 use serde::{Deserialize, Serialize};
@@ -304,7 +304,7 @@ pub fn run(
     report.hints.extend(protocol_hint(&report, &cfg.payload));
     report.run_id = crate::run_id::new_run_id();
     // The processes' reports merged into one carry no shard of their own.
-    report.shard = shard_id(cfg);
+    report.shard = cfg.shard;
     judge(&mut report, &details);
     if let Some(agent) = &cfg.fleet {
         let fleet = agent.report(details.first_sent_unix_ns.unwrap_or(0));
@@ -630,6 +630,7 @@ fn assemble(
             .map(str::to_string)
             .collect();
     let wall_start = sh.wall_start.load(Ordering::SeqCst);
+    let intervals = thread_intervals(&outs, wall_start);
     let first = sh.first_sent.load(Ordering::SeqCst);
     if first != u64::MAX && start != 0 {
         // On the wall clock through the start's two readings (a step of the wall clock
@@ -651,7 +652,7 @@ fn assemble(
         runs: 1,
         processes: 1,
         threads: sh.threads as u32,
-        shard: shard_id(cfg),
+        shard: cfg.shard,
         start_unix_ns: wall_start,
         end_unix_ns: wall_start + (seconds * 1e9) as u64,
         seconds,
@@ -710,16 +711,38 @@ fn assemble(
         },
         per_query,
         failure: None,
+        intervals,
         fleet: None,
+        ..LoadReport::default()
     };
     (report, details)
 }
 
-fn shard_id(cfg: &Config) -> Option<ShardId> {
-    cfg.shard.map(|s| ShardId {
-        index: s.index,
-        count: s.count,
-    })
+/// The threads' seconds put together on the wall clock: one interval per second of the
+/// process (each thread's share added), bounded as one thread's are.
+fn thread_intervals(
+    outs: &[engine::ThreadOut],
+    wall_start: u64,
+) -> Vec<crate::series::IntervalRec> {
+    let on_wall: Vec<Vec<_>> = outs
+        .iter()
+        .map(|o| {
+            o.intervals
+                .iter()
+                .map(|r| crate::series::IntervalRec {
+                    start_unix_ns: wall_start.saturating_add(r.start_unix_ns),
+                    ..r.clone()
+                })
+                .collect()
+        })
+        .collect();
+    let runs: Vec<(&[_], i64)> = on_wall.iter().map(|l| (l.as_slice(), 0)).collect();
+    // The threads' histograms were encoded here: they decode, and their sums fit.
+    let mut merged = crate::series::lay_out(&runs)
+        .map(|(m, _)| m)
+        .unwrap_or_default();
+    let _ = crate::series::coarsen(&mut merged, crate::series::MAX_INTERVALS);
+    merged
 }
 
 /// The verdict: the first way the run fell short of what was asked, or None.
