@@ -552,6 +552,7 @@ fn assemble(
             .map(str::to_string)
             .collect();
     let wall_start = sh.wall_start.load(Ordering::SeqCst);
+    let intervals = thread_intervals(&outs, wall_start);
     let report = LoadReport {
         schema_version: LOAD_SCHEMA_VERSION,
         // Given by `run` to the whole run (a worker's share is not a run of its own).
@@ -625,6 +626,8 @@ fn assemble(
         },
         per_query,
         failure: None,
+        intervals,
+        ..LoadReport::default()
     };
     (report, details)
 }
@@ -634,6 +637,33 @@ fn shard_id(cfg: &Config) -> Option<ShardId> {
         index: s.index,
         count: s.count,
     })
+}
+
+/// The threads' seconds put together on the wall clock: one interval per second of the
+/// process (each thread's share added), bounded as one thread's are.
+fn thread_intervals(
+    outs: &[engine::ThreadOut],
+    wall_start: u64,
+) -> Vec<crate::series::IntervalRec> {
+    let on_wall: Vec<Vec<_>> = outs
+        .iter()
+        .map(|o| {
+            o.intervals
+                .iter()
+                .map(|r| crate::series::IntervalRec {
+                    start_unix_ns: wall_start.saturating_add(r.start_unix_ns),
+                    ..r.clone()
+                })
+                .collect()
+        })
+        .collect();
+    let runs: Vec<(&[_], i64)> = on_wall.iter().map(|l| (l.as_slice(), 0)).collect();
+    // The threads' histograms were encoded here: they decode, and their sums fit.
+    let mut merged = crate::series::lay_out(&runs)
+        .map(|(m, _)| m)
+        .unwrap_or_default();
+    let _ = crate::series::coarsen(&mut merged, crate::series::MAX_INTERVALS);
+    merged
 }
 
 /// The verdict: the first way the run fell short of what was asked, or None.

@@ -234,6 +234,8 @@ pub(crate) fn run_parent(
     })?;
     // One run made of processes, not several runs.
     merged.runs = 1;
+    // One run: its intervals are its own, the series is what merge makes of several runs.
+    merged.series = None;
     merged.processes = n;
     Ok((merged, details))
 }
