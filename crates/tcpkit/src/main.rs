@@ -19,7 +19,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(
     name = "tcpkit",
-    version,
+    // `tcpkit 0.1.0 (abc1234 2026-11-28)`: the version and the commit (build.rs).
+    version = env!("TCPKIT_LONG_VERSION"),
     about = "Replay, copy, load and spread TCP traffic: one tool for network and SRE tests"
 )]
 struct Cli {
