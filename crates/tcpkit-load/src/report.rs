@@ -108,28 +108,10 @@ pub struct Shard {
     pub count: u32,
 }
 
-/// The fleet run an agent took part in (`--barrier`), on this agent's clock.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Fleet {
-    /// The barrier's id of the whole fleet run (hex), the same on every agent.
-    pub run_id: String,
-    /// The barrier, `HOST:PORT`.
-    pub controller: String,
-    /// This agent's hostname.
-    pub host: String,
-    /// This agent's clock minus the controller's, ns, measured at the start by timestamped
-    /// round trips.
-    pub clock_offset_ns: i64,
-    /// The round trip of the sample the offset came from: its error is at most half of it.
-    pub offset_rtt_ns: u64,
-    /// The barrier's start instant on this agent's clock.
-    pub intended_start_unix_ns: u64,
-    /// When the first query actually went out, this agent's clock.
-    pub actual_start_unix_ns: u64,
-    /// Why the barrier stopped this agent early, naming the agent that failed; null when it
-    /// was not stopped.
-    pub stopped_by: Option<String>,
-}
+/// The fleet run an agent took part in (`--barrier`), on this agent's clock: the fleet
+/// crate's report (run id, controller, host, clock offset and its round trip, intended and
+/// actual start, stopped_by).
+pub type Fleet = tcpkit_fleet::FleetReport;
 
 /// A merged fleet run: who took part, when each started on the controller's clock.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

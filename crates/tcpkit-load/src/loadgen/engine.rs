@@ -93,9 +93,11 @@ pub(crate) struct Shared<'a> {
     /// Wall-clock ns of the same instant.
     pub wall_start: Arc<AtomicU64>,
     /// Connections open now in this process, and the most at once.
-    pub open: AtomicU64,
+    pub open: Arc<AtomicU64>,
     pub peak_open: AtomicU64,
     pub hdr_log: Option<Mutex<HdrLog>>,
+    /// When this process's first query went out (monotonic ns); `u64::MAX` until then.
+    pub first_sent: AtomicU64,
 }
 
 impl Shared<'_> {
@@ -239,6 +241,7 @@ struct Worker<'s, 'a> {
     rbuf: Vec<u8>,
     answers: Vec<Answer>,
     connected_at: u64,
+    sent_any: bool,
 }
 
 pub(crate) fn run_thread(
@@ -322,6 +325,7 @@ pub(crate) fn run_thread(
         rbuf: vec![0; READ_CHUNK],
         answers: Vec::with_capacity(256),
         connected_at: 0,
+        sent_any: false,
     };
     w.run(&mut poll, &mut events, &mut wake);
     Ok(w.finish())
@@ -709,6 +713,11 @@ impl Worker<'_, '_> {
         }
         if n == 0 {
             return 0;
+        }
+        if !self.sent_any {
+            // The fleet report's actual start: the first query this process put out.
+            self.sent_any = true;
+            self.sh.first_sent.fetch_min(sent_at, Ordering::SeqCst);
         }
         let len = self.wbuf.len();
         self.c.sent += n as u64;
