@@ -5,7 +5,6 @@
 //! installs nothing (tcpkit_install: false) and runs the binary under test. Each scenario is a
 //! lab of its own, run side by side with the others.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -77,7 +76,7 @@ impl Scenario {
             "tcpkit_bin": common::tcpkit(),
             "tcpkit_echo": true,
             "tcpkit_echo_port": ECHO_PORT,
-            "tcpkit_echo_args": "--threads 1",
+            "tcpkit_echo_args": "--dns --threads 1",
             "tcpkit_target": format!("{}:{ECHO_PORT}", fleet.servers[0].addr),
             "tcpkit_rate": rate,
             "tcpkit_connections": 6,
@@ -110,41 +109,43 @@ impl Scenario {
             .fleet
             .ansible_playbook(&deploy.join("ansible.cfg"), &["-i", &inv_s, playbook])
             .unwrap_or_else(|e| panic!("{e}"));
+        // Into a file, not a pipe: ssh's ControlPersist masters outlive the play holding
+        // whatever its stdout was, and a pipe would never see its end.
+        let log = self.dir.path().join("ansible.log");
+        let f = std::fs::File::create(&log).expect("create the play's log");
         cmd.current_dir(&deploy)
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stdout(f.try_clone().expect("dup"))
+            .stderr(f);
         let run_dir = self.dir.path().join("run");
         let t0 = Instant::now();
         let mut child = cmd.spawn().expect("start ansible-playbook");
-        let (mut so, mut se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-        let out = std::thread::scope(|s| {
-            let o = s.spawn(move || {
-                let mut b = Vec::new();
-                so.read_to_end(&mut b).map(|_| b)
-            });
-            let e = s.spawn(move || {
-                let mut b = Vec::new();
-                se.read_to_end(&mut b).map(|_| b)
-            });
+        let status = std::thread::scope(|s| {
             s.spawn(|| during(&run_dir));
-            let status = loop {
+            loop {
                 if let Some(st) = child.try_wait().expect("wait") {
                     break st;
                 }
                 if t0.elapsed() > PLAY_LIMIT {
                     // SAFETY: kill(2) on the process group Host::command started.
                     unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-                    panic!("ansible-playbook ran past {PLAY_LIMIT:?} (a hang)");
+                    let _ = child.wait();
+                    panic!(
+                        "ansible-playbook ran past {PLAY_LIMIT:?} (a hang): {}\nbarrier: {}",
+                        std::fs::read_to_string(&log).unwrap_or_default(),
+                        std::fs::read_to_string(run_dir.join("controller/barrier.err"))
+                            .unwrap_or_default()
+                    );
                 }
                 std::thread::sleep(Duration::from_millis(20));
-            };
-            Output {
-                status,
-                stdout: o.join().unwrap().expect("read stdout"),
-                stderr: e.join().unwrap().expect("read stderr"),
             }
         });
+        let text = std::fs::read(&log).expect("the play's log");
+        let out = Output {
+            status,
+            stdout: text,
+            stderr: Vec::new(),
+        };
         Played {
             out,
             took: t0.elapsed(),
@@ -178,7 +179,10 @@ fn start_on_controller(report: &Value) -> i128 {
 #[test]
 fn a_fleet_run_answers_what_echo_counted_and_starts_together() {
     let _turn = common::timing_turn();
-    let s = Scenario::new("fleetok", 300, "1s");
+    // Constant arrivals at 3,000/s: shard K's first query is (K-1)/3000 s after the start,
+    // well inside the bound, where Poisson's first gap would be a draw.
+    let mut s = Scenario::new("fleetok", 3000, "1s");
+    s.vars["tcpkit_load_args"] = json!("--threads 1 --arrivals constant");
     let p = s.play("fleet.yml", |_| {});
     let text = p.text();
     assert!(p.out.status.success(), "{text}");
@@ -187,36 +191,36 @@ fn a_fleet_run_answers_what_echo_counted_and_starts_together() {
         .map(|k| p.json(&format!("reports/agent{k}.json")))
         .collect();
     let merged = p.json("merged.json");
+    let barrier = p.json("barrier.json");
     let echo = p.json("echo-server1.json");
     // Every answer the fleet counted is one echo gave, and the other way round.
     let answered = u(&merged, "queries.answered");
     assert!(answered > 0, "{merged:#}");
-    assert_eq!(
-        answered,
-        u(&echo, "answered"),
-        "merged {merged:#}\necho {echo:#}"
-    );
+    assert_eq!(answered, u(&echo, "answered"), "merged {merged:#}\necho {echo:#}");
     // Every agent ran its own shard of one fleet run.
-    let run_id = &reports[0]["fleet"]["run_id"];
+    let run_id = &barrier["run_id"];
     for (k, r) in reports.iter().enumerate() {
         assert_eq!(u(&r["shard"], "index"), k as u64 + 1, "{r:#}");
         assert_eq!(u(&r["shard"], "count"), 3, "{r:#}");
         assert_eq!(&r["fleet"]["run_id"], run_id, "{r:#}");
         assert!(r["fleet"]["stopped_by"].is_null(), "{r:#}");
     }
-    // The actual starts, on the controller's clock, lie within the bound the barrier states.
+    assert_eq!(merged["merged_fleet"]["missing_shards"], json!([]), "{merged:#}");
+    // The actual starts, on the controller's clock, lie within the bound; the barrier and
+    // the merge say the same spread.
     let starts: Vec<i128> = reports.iter().map(start_on_controller).collect();
-    let spread = starts.iter().max().unwrap() - starts.iter().min().unwrap();
+    let spread = (starts.iter().max().unwrap() - starts.iter().min().unwrap()) as u64;
     assert!(
-        spread <= START_BOUND_NS,
-        "actual starts {starts:?} spread {spread} ns, over {START_BOUND_NS} ns: {}",
-        p.barrier_err()
+        spread < START_SPREAD_MAX_NS,
+        "actual starts {starts:?} spread {spread} ns, over {START_SPREAD_MAX_NS} ns: {barrier:#}"
     );
+    assert_eq!(u(&barrier, "start_spread_ns"), spread, "{barrier:#}");
+    assert_eq!(u(&merged["merged_fleet"], "start_spread_ns"), spread, "{merged:#}");
 }
 
-/// The spread of the agents' actual starts the barrier promises (README, `tcpkit barrier
-/// --help`).
-const START_BOUND_NS: i128 = 10_000_000;
+/// How far apart the agents' first queries may go out on the controller's clock: the bound
+/// the barrier's own tests hold it to (fleet_barrier.rs), 0.1 to 0.6 ms measured there.
+const START_SPREAD_MAX_NS: u64 = 10_000_000;
 
 #[test]
 fn an_agent_killed_mid_run_fails_the_play_which_names_it() {
@@ -233,14 +237,16 @@ fn an_agent_killed_mid_run_fails_the_play_which_names_it() {
     assert!(!p.out.status.success(), "{text}");
     assert!(text.contains("agent2 (shard 2/3): exit "), "{text}");
     assert!(text.contains("shard 2/3"), "{text}");
-    // The others were stopped well before their 4 s were up, each report saying why.
-    assert!(p.took < Duration::from_secs(20), "{:?}: {text}", p.took);
+    // The others were stopped, each report saying why.
     for k in [1, 3] {
         let r = p.json(&format!("reports/agent{k}.json"));
         let why = r["fleet"]["stopped_by"].as_str().unwrap_or_default();
         assert!(why.contains("shard 2/3"), "agent{k}: {r:#}");
     }
     assert!(!p.results.join("reports/agent2.json").exists());
+    // The merge names the shard whose report is missing.
+    let merged = p.json("merged.json");
+    assert_eq!(merged["merged_fleet"]["missing_shards"], json!([2]), "{merged:#}");
 }
 
 #[test]
