@@ -76,7 +76,7 @@ pub enum BarrierError {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct AgentEntry {
     /// The shard it claimed (or its slot K/N when it claimed none, marked by `claimed`).
-    pub shard: Shard0,
+    pub shard: Shard,
     /// Whether it claimed its shard (`--shard`), or took the slot free when it joined.
     pub claimed: bool,
     /// Its host name, as it said.
@@ -104,9 +104,7 @@ pub struct AgentEntry {
     pub failure: Option<String>,
 }
 
-/// A shard as the report writes it (`{"index": K, "count": N}`).
-pub type Shard0 = Shard;
-
+/// An empty entry's slot, before the barrier numbers it.
 impl Default for Shard {
     fn default() -> Self {
         Shard { index: 1, count: 1 }
@@ -780,6 +778,7 @@ impl Barrier<'_> {
         if self.report.failure.is_some() {
             return;
         }
+        let mut told = 0;
         for i in 0..self.conns.len() {
             let Some(St::Agent(k)) = self.conns[i].as_ref().map(|c| c.st) else {
                 continue;
@@ -791,7 +790,10 @@ impl Barrier<'_> {
             let e = &mut self.report.agents[k];
             e.outcome = "stopped";
             e.why = Some(reason.clone());
+            told += 1;
         }
+        // Said as it happens; the same reason is the last line at exit.
+        (self.say)(&format!("{reason}; {told} other agents told to stop"));
         self.report.failure = Some(reason);
         self.failed_at = Some(Instant::now());
     }
@@ -916,5 +918,90 @@ impl Barrier<'_> {
         if let (Some(lo), Some(hi)) = (starts.iter().min(), starts.iter().max()) {
             self.report.start_spread_ns = Some((hi - lo) as u64);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::{Agent, AgentConfig};
+    use std::io::{Read, Write};
+
+    fn key() -> Key {
+        Key::from_bytes(b"barrier-test-key-0123").unwrap()
+    }
+
+    /// Waits for the peer to close `s`; true if it did within `limit` having sent nothing.
+    fn closed_silently(s: &mut std::net::TcpStream, limit: Duration) -> bool {
+        s.set_read_timeout(Some(limit)).unwrap();
+        let mut b = [0u8; 64];
+        matches!(s.read(&mut b), Ok(0))
+            || matches!(s.read(&mut b), Err(e) if e.kind() == io::ErrorKind::ConnectionReset)
+    }
+
+    /// Hostile peers neither stop nor slow the fleet run: past the handshake cap a connection
+    /// is closed at once, a frame that does not parse closes its sender, and the one real
+    /// agent still joins, starts and ends (exit 0), with each peer counted.
+    #[test]
+    fn bad_peers_are_dropped_and_counted_and_a_real_agent_still_runs() {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let cfg = BarrierConfig {
+            listen: addr,
+            agents: 1,
+            key: key(),
+            ready_timeout: Duration::from_secs(10),
+        };
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let barrier = s.spawn(|| run(&cfg, &stop, &|_| {}));
+            let connect = || loop {
+                if let Ok(c) = std::net::TcpStream::connect(addr) {
+                    return c;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            // PENDING_MAX silent handshakes hold their slots; the next is closed at once.
+            let mut silent: Vec<_> = (0..PENDING_MAX).map(|_| connect()).collect();
+            std::thread::sleep(Duration::from_millis(100));
+            let mut over = connect();
+            assert!(closed_silently(&mut over, Duration::from_secs(1)));
+            // A frame whose header is refused closes its sender (a slot freed first).
+            drop(silent.pop());
+            std::thread::sleep(Duration::from_millis(100));
+            let mut bad = connect();
+            bad.write_all(&[0xFF, 0xFF, 0xFF, 1, 2, 3]).unwrap();
+            assert!(closed_silently(&mut bad, Duration::from_secs(1)));
+            drop(silent);
+            std::thread::sleep(Duration::from_millis(100));
+            // The real agent.
+            let agent_stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+            let a = Agent::join(
+                &AgentConfig {
+                    barrier: addr.to_string(),
+                    key: key(),
+                    shard: Some(Shard { index: 1, count: 1 }),
+                    host: "h".into(),
+                    patience: Duration::from_secs(5),
+                },
+                agent_stop,
+            )
+            .unwrap();
+            a.ready();
+            let at = a.wait_start(agent_stop).expect("a start");
+            crate::clock::wait_until_wall(at);
+            a.done(crate::clock::wall_ns(), None);
+            let r = barrier.join().unwrap().unwrap();
+            assert_eq!(r.failure, None, "{r:#?}");
+            assert_eq!(r.agents[0].outcome, "done");
+            assert_eq!(r.auth_failures, 0);
+            // The one over the cap, the bad frame, the silent ones that left.
+            assert_eq!(r.dropped, 2 + PENDING_MAX as u64, "{r:#?}");
+            let f = a.report(0);
+            assert_eq!(f.run_id, r.run_id);
+            assert!(f.offset_rtt_ns > 0 && f.offset_rtt_ns < 50_000_000, "{f:?}");
+            assert!(f.stopped_by.is_none());
+        });
     }
 }

@@ -48,6 +48,9 @@ pub struct Config {
     /// `--shard K/N`: send only the frames of the flows whose key hashes to K
     /// (`tcpkit_wire::flow_shard`), each at its time in the whole replay.
     pub shard: Option<Shard>,
+    /// The fleet barrier this run joined (`--barrier`): the first frame leaves at the instant
+    /// it gives, once the captures are mapped and the interface is open.
+    pub fleet: Option<std::sync::Arc<tcpkit_fleet::Agent>>,
 }
 
 impl Config {
@@ -72,6 +75,7 @@ impl Config {
             flow_expiry: None,
             timeline: None,
             shard: None,
+            fleet: None,
         }
     }
 }

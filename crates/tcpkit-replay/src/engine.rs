@@ -222,6 +222,16 @@ pub fn run_with_tap(
         });
     }
 
+    // A fleet agent is prepared here (captures mapped and their link types checked, every
+    // sink open): ready, then the barrier's instant on this host's clock, waited for with the
+    // hybrid sleep then spin. Stopped before it (another agent failed, the barrier lost), the
+    // senders see the stop flag and send nothing.
+    if let Some(agent) = &cfg.fleet {
+        agent.ready();
+        if let Some(at) = agent.wait_start(interrupt) {
+            tcpkit_fleet::clock::wait_until_wall(at);
+        }
+    }
     let results: Vec<WorkerResult> = if threads == 1 {
         let sink = sinks.pop().expect("one sink");
         vec![Worker::new(&shared, 0, 1, sink).run()]
@@ -402,7 +412,23 @@ fn report(
         }),
         stopped_by,
         failure,
+        fleet: None,
     };
+    let mut report = report;
+    if let Some(agent) = &cfg.fleet {
+        // The first frame's time zero, on the wall clock through two readings taken together.
+        let first = shared.start_ns.load(Ordering::SeqCst);
+        let actual = if report.packets > 0 && !dry_run {
+            let (w, m) = (tcpkit_fleet::clock::wall_ns(), now_ns());
+            w.saturating_sub(m.saturating_sub(first))
+        } else {
+            0
+        };
+        if let Some(why) = agent.failure() {
+            report.stopped_by = Some(why);
+        }
+        report.fleet = Some(agent.report(actual));
+    }
     Outcome {
         report,
         error,

@@ -61,6 +61,9 @@ pub struct ReplayReport {
     /// do); None when every frame offered was sent whole. Such a run exits 1 with this as its
     /// last line.
     pub failure: Option<String>,
+    /// Where this agent stood in a fleet run (`--barrier`); absent without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<tcpkit_fleet::FleetReport>,
 }
 
 /// Flow and connection counts over the frames sent, keyed as tcpreplay keys them.

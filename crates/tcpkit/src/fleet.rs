@@ -49,6 +49,21 @@ pub(crate) fn read_key(flag: &str, path: &Path) -> Result<Key, Failure> {
 }
 
 impl AgentFlags {
+    /// [`AgentFlags::join`] as shard `shard` (the job's own --shard, parsed by
+    /// common::shard, which also takes the share).
+    pub(crate) fn join_as(
+        &self,
+        shard: Option<&str>,
+        stop: &'static AtomicBool,
+    ) -> Result<Option<Agent>, Failure> {
+        let mut f = self.clone();
+        f.shard = crate::common::shard(shard)?.map(|s| Shard {
+            index: s.index,
+            count: s.count,
+        });
+        f.join(stop)
+    }
+
     /// Joins the barrier when `--barrier` is given (a failure to reach it, a refusal, another
     /// key: exit 1 with why); None without it.
     pub(crate) fn join(&self, stop: &'static AtomicBool) -> Result<Option<Agent>, Failure> {

@@ -818,14 +818,10 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     // A fleet agent joins first, so that whatever keeps it from getting ready (a file it
     // cannot read, a limit) reaches the barrier, which fails the fleet run naming it.
     let agent = match &args.worker {
-        None => {
-            let mut fleet = args.fleet.clone();
-            fleet.shard = common::shard(args.shard.as_deref())?.map(|s| tcpkit_fleet::Shard {
-                index: s.index,
-                count: s.count,
-            });
-            fleet.join(interrupt)?.map(Arc::new)
-        }
+        None => args
+            .fleet
+            .join_as(args.shard.as_deref(), interrupt)?
+            .map(Arc::new),
         Some(_) => None,
     };
     let not_ready = |f: Failure| crate::fleet::not_ready(agent.as_deref(), f);

@@ -169,6 +169,10 @@ pub struct Args {
 
     #[command(flatten)]
     pub out: OutputFlags,
+
+    /// --barrier, --barrier-key, --shard: one agent of a fleet run (`tcpkit barrier`).
+    #[command(flatten)]
+    pub fleet: crate::fleet::AgentFlags,
     /// Decode every packet as it is sent, one line each, as tcpreplay -v does: the frames
     /// (after rewriting) are piped to `tcpdump -n -l -r -`, so tcpdump must be installed. The
     /// lines go to stdout, or to stderr with --json.
@@ -445,11 +449,23 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     if args.listnics {
         return listnics();
     }
-    let cfg = resolve(&args)?;
+    // A fleet agent joins first, so that whatever keeps it from getting ready (a capture it
+    // cannot read, an interface it cannot open) reaches the barrier.
+    let agent = args
+        .fleet
+        .join_as(args.shard.as_deref(), interrupt)?
+        .map(Arc::new);
+    let not_ready = |f: Failure| crate::fleet::not_ready(agent.as_deref(), f);
+    let mut cfg = resolve(&args).map_err(not_ready)?;
+    cfg.fleet = agent.clone();
     // A picture that cannot be written is found out before the run, not after it.
     if let Some(p) = &args.plot {
-        tcpkit_stats::plot::check_path(p)
-            .map_err(|e| Failure::Usage(format!("--plot {}: cannot create: {e}", p.display())))?;
+        tcpkit_stats::plot::check_path(p).map_err(|e| {
+            not_ready(Failure::Usage(format!(
+                "--plot {}: cannot create: {e}",
+                p.display()
+            )))
+        })?;
     }
     let decoder = if args.verbose {
         Some(start_decoder(args.out.json)?)
@@ -498,11 +514,13 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     }
     // A file the command line names that cannot be used is a usage error (exit 2): nothing
     // was sent. Anything found once the run started (a capture cut mid-file) is not.
-    let outcome = result.map_err(|e| match e {
-        tcpkit_replay::ReplayError::InputFile(_)
-        | tcpkit_replay::ReplayError::InputLink { .. }
-        | tcpkit_replay::ReplayError::OutputFile(_) => Failure::Usage(crate::chain(&e)),
-        _ => Failure::Runtime(crate::chain(&e)),
+    let outcome = result.map_err(|e| {
+        not_ready(match e {
+            tcpkit_replay::ReplayError::InputFile(_)
+            | tcpkit_replay::ReplayError::InputLink { .. }
+            | tcpkit_replay::ReplayError::OutputFile(_) => Failure::Usage(crate::chain(&e)),
+            _ => Failure::Runtime(crate::chain(&e)),
+        })
     })?;
     decoded?;
     if let Some(p) = &args.plot {
@@ -516,6 +534,10 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let mut report = outcome.report;
     if report.stopped_by.is_none() && interrupt.load(Ordering::Relaxed) {
         report.stopped_by = Some("interrupted".into());
+    }
+    if let (Some(a), Some(f)) = (&agent, &report.fleet) {
+        let failure = report.stopped_by.as_deref().or(report.failure.as_deref());
+        a.done(f.actual_start_unix_ns, failure);
     }
     common::finish(&report, &args.out)
 }

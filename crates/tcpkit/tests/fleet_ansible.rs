@@ -196,7 +196,11 @@ fn a_fleet_run_answers_what_echo_counted_and_starts_together() {
     // Every answer the fleet counted is one echo gave, and the other way round.
     let answered = u(&merged, "queries.answered");
     assert!(answered > 0, "{merged:#}");
-    assert_eq!(answered, u(&echo, "answered"), "merged {merged:#}\necho {echo:#}");
+    assert_eq!(
+        answered,
+        u(&echo, "answered"),
+        "merged {merged:#}\necho {echo:#}"
+    );
     // Every agent ran its own shard of one fleet run.
     let run_id = &barrier["run_id"];
     for (k, r) in reports.iter().enumerate() {
@@ -205,7 +209,11 @@ fn a_fleet_run_answers_what_echo_counted_and_starts_together() {
         assert_eq!(&r["fleet"]["run_id"], run_id, "{r:#}");
         assert!(r["fleet"]["stopped_by"].is_null(), "{r:#}");
     }
-    assert_eq!(merged["merged_fleet"]["missing_shards"], json!([]), "{merged:#}");
+    assert_eq!(
+        merged["merged_fleet"]["missing_shards"],
+        json!([]),
+        "{merged:#}"
+    );
     // The actual starts, on the controller's clock, lie within the bound; the barrier and
     // the merge say the same spread.
     let starts: Vec<i128> = reports.iter().map(start_on_controller).collect();
@@ -215,7 +223,11 @@ fn a_fleet_run_answers_what_echo_counted_and_starts_together() {
         "actual starts {starts:?} spread {spread} ns, over {START_SPREAD_MAX_NS} ns: {barrier:#}"
     );
     assert_eq!(u(&barrier, "start_spread_ns"), spread, "{barrier:#}");
-    assert_eq!(u(&merged["merged_fleet"], "start_spread_ns"), spread, "{merged:#}");
+    assert_eq!(
+        u(&merged["merged_fleet"], "start_spread_ns"),
+        spread,
+        "{merged:#}"
+    );
 }
 
 /// How far apart the agents' first queries may go out on the controller's clock: the bound
@@ -246,7 +258,11 @@ fn an_agent_killed_mid_run_fails_the_play_which_names_it() {
     assert!(!p.results.join("reports/agent2.json").exists());
     // The merge names the shard whose report is missing.
     let merged = p.json("merged.json");
-    assert_eq!(merged["merged_fleet"]["missing_shards"], json!([2]), "{merged:#}");
+    assert_eq!(
+        merged["merged_fleet"]["missing_shards"],
+        json!([2]),
+        "{merged:#}"
+    );
 }
 
 #[test]
