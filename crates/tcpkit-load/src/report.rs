@@ -589,14 +589,10 @@ impl Report for LoadReport {
             "Latency Distribution (HdrHistogram - Uncorrected Latency, from actual send time)",
             &self.latency_sent,
         );
-        if let Some(v) = &self.verdict {
-            for c in &v.checks {
-                let _ = writeln!(s, "Limit {}", c.line());
-            }
-        }
-        if let Some(f) = &self.failure {
-            let _ = writeln!(s, "Failed: {f}");
-        }
+        s.push_str(&tcpkit_stats::limits::summary_tail(
+            self.verdict.as_ref(),
+            self.failure.as_deref(),
+        ));
         s
     }
 

@@ -193,6 +193,19 @@ impl LimitsVerdict {
     }
 }
 
+/// The end of a judged report's human summary: a `Limit ...` line per limit checked, then
+/// `Failed: why` when the run failed (load's and merge's reports end alike).
+pub fn summary_tail(verdict: Option<&LimitsVerdict>, failure: Option<&str>) -> String {
+    let mut s = String::new();
+    for c in verdict.map_or(&[][..], |v| v.checks.as_slice()) {
+        s.push_str(&format!("Limit {}\n", c.line()));
+    }
+    if let Some(f) = failure {
+        s.push_str(&format!("Failed: {f}\n"));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

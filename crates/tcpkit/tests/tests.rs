@@ -33,6 +33,7 @@ mod load_unbound;
 mod load_usage;
 mod load_wrk;
 mod merge_bad_input;
+mod merge_fleet;
 mod mpcat;
 mod mpcat_abort;
 mod mpcat_duplex;
