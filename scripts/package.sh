@@ -57,4 +57,6 @@ mkdir -p "$gen/completions"
 "$bin" completions zsh > "$gen/completions/_tcpkit"
 "$bin" completions fish > "$gen/completions/tcpkit.fish"
 
-cargo deb -p tcpkit --no-build --profile "$profile" --locked "${deb_args[@]}"
+# Stripped, as Debian ships binaries: the release profile keeps line tables (debug = 1) for
+# the tests' backtraces, which would make /usr/bin/tcpkit 50 MB instead of 9.
+cargo deb -p tcpkit --no-build --profile "$profile" --locked --strip "${deb_args[@]}"

@@ -1,10 +1,16 @@
-//! The scale test of issue 3: 45,000 concurrent connections held for 10 s by one `tcpkit
-//! load` run against one `tcpkit echo` run, to one server address and port. One source
-//! address reaches only the local port range (28,232 ports by default) and one process only
-//! 20,000 descriptors on this machine, so this proves the past-64k machinery (several
-//! `--source` addresses) and the past-the-fd-limit machinery (several processes on each
-//! side) at small scale. Checked from both ends: load's report and live line, echo's report,
-//! and the server host's own socket table while the connections are held.
+//! The scale test of issue 3: 45,000 concurrent connections held by one `tcpkit load` run
+//! against one `tcpkit echo` run, to one server address and port. One source address reaches
+//! only the local port range (28,232 ports by default) and one process only 20,000
+//! descriptors on this machine, so this proves the past-64k machinery (several `--source`
+//! addresses) and the past-the-fd-limit machinery (several processes on each side) at small
+//! scale. Checked from both ends: load's report and live line, echo's report, and the server
+//! host's own socket table while the connections are held.
+//!
+//! Issue 3 held them 10 s. Beyond the counts, a hold guards that a silent connection is not
+//! cut while the server has room (most of the 45,000 carry no query in it): echo's
+//! first-message deadline, 10 s by default, applies only once it has been full, as it is not
+//! here. So the hold is 3 s with that deadline at 1 s: a deadline applied regardless would
+//! cut most of them within it.
 
 use crate::common;
 use common::peer::{listening, u, SRV};
@@ -17,7 +23,9 @@ use serde_json::Value;
 use tcpkit_lab::{Host, Lab};
 
 const CONNS: u64 = 45_000;
-const HOLD_S: u64 = 10;
+const HOLD_S: u64 = 3;
+/// echo's first-message deadline, a third of the hold (its default is 10 s).
+const FIRST_TIMEOUT: &str = "1s";
 const RATE: u64 = 2000;
 const PORT: u16 = 4260;
 /// Extra client addresses on the link; with the default port range two would do, four
@@ -85,7 +93,7 @@ fn live(line: &str) -> Option<(f64, u64)> {
 }
 
 #[test]
-fn forty_five_thousand_connections_held_for_ten_seconds() {
+fn forty_five_thousand_connections_held_through_the_query_phase() {
     let (mut lab, cli, srv, link) = Lab::pair("ldscale").unwrap_or_else(|e| panic!("{e}"));
     // Connects arrive at 20,000/s: a default accept queue would drop SYNs, and a dropped
     // SYN costs a 1 s retransmit or a retry, which the counts below would show.
@@ -118,6 +126,8 @@ fn forty_five_thousand_connections_held_for_ten_seconds() {
                 "3",
                 "--threads",
                 "1",
+                "--first-timeout",
+                FIRST_TIMEOUT,
                 "--json",
             ],
         )

@@ -41,6 +41,7 @@ mod mpcat_mptcp;
 mod mpcat_nc;
 mod mpcat_paths;
 mod mpcat_secure;
+mod package;
 mod replay_contract;
 mod replay_features;
 mod replay_rate;
