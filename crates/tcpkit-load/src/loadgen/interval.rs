@@ -239,7 +239,9 @@ mod tests {
     fn asked_follows_the_schedule() {
         use super::super::config::{ArrivalKind, RateProfile};
         let start = 10 * SECOND_NS;
-        let times = ArrivalTimes::new(&RateProfile::Constant(100.0), ArrivalKind::Constant);
+        // One thread holding every connection of an unsharded run.
+        let whole = super::super::profile::Lanes::of(1, 0, 1, 1, 0, tcpkit_workers::Shard::WHOLE);
+        let times = ArrivalTimes::new(&RateProfile::Constant(100.0), ArrivalKind::Constant, whole);
         let end = start + 3 * SECOND_NS;
         let mut iv = Interval::new(None, 64);
         iv.begin(start, Some(Asked::new(times, start, end, None)));
