@@ -83,7 +83,10 @@ impl Scenario {
             "tcpkit_duration": duration,
             "tcpkit_load_args": "--threads 1",
             "tcpkit_barrier_host": fleet.controller.addr.to_string(),
-            "tcpkit_ready_timeout": "5s",
+            // From the barrier's start, so it covers ansible's first ssh connection to each
+            // agent too: 5 s was too short with four labs on a loaded 2-core machine. No test
+            // waits for it (agent 3 below says at once that it cannot get ready).
+            "tcpkit_ready_timeout": "30s",
             "tcpkit_run_dir": dir.path().join("run"),
             "tcpkit_results_dir": dir.path().join("results"),
         });
