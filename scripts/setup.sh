@@ -17,6 +17,7 @@ pkgs=(
   dpkg-dev binutils systemd                     # scripts/package.sh: dpkg-shlibdeps (Depends), strip; systemd-analyze verify on the units
   redis-server nginx unbound dnsperf wrk        # real servers and load peers for tests and benchmarks
   iperf3 socat mptcpize                         # bench mpcat: its peers (one stream, iperf3 -P 4, MPTCP through mptcpize)
+  openssh-server openssh-client python3-venv    # the fleet lab: sshd in each host, ansible-playbook over ssh (venv below)
 )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -35,6 +36,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$had_policy" = 1 ] || { printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"; }
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   [ "$had_policy" = 1 ] || rm -f "$policy"
+fi
+# ansible-core for deploy/ansible and its lab test, from PyPI into a venv of its own (Debian 12's
+# pip refuses to install into the system's Python). Pinned: the newest release that runs on
+# Debian 12's Python 3.11 (2.20 needs 3.12).
+ANSIBLE_VENV=/opt/tcpkit-ansible
+ANSIBLE_CORE=2.19.14
+if [ "$("$ANSIBLE_VENV/bin/ansible-playbook" --version 2>/dev/null | sed -n 's/.*\[core \(.*\)\]/\1/p')" != "$ANSIBLE_CORE" ]; then
+  echo "setup.sh: installing ansible-core $ANSIBLE_CORE into $ANSIBLE_VENV"
+  [ -x "$ANSIBLE_VENV/bin/pip" ] || /usr/bin/python3 -m venv "$ANSIBLE_VENV"
+  "$ANSIBLE_VENV/bin/pip" install -q "ansible-core==$ANSIBLE_CORE"
 fi
 command -v cargo >/dev/null || { echo "setup.sh: cargo not found (install Rust with rustup)" >&2; exit 1; }
 # scripts/package.sh builds the Debian package with cargo-deb (kornelski's, the usual builder of

@@ -22,6 +22,7 @@ mod docs;
 mod echo;
 mod echo_hostile;
 mod exit_rule;
+mod fleet_ansible;
 mod fleet_barrier;
 mod intercept_hostile;
 mod load;
