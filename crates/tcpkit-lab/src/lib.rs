@@ -9,8 +9,9 @@
 //! test asks for ([`Cgroup`], [`Bpffs`], [`KillOnDrop`]), which undo themselves on drop and
 //! fail the test when they cannot.
 //!
-//! The lab drives iproute2 (`ip`, `tc`), `ethtool` and `tcpdump`; tests use the lab instead
-//! of calling them by hand.
+//! The lab drives iproute2 (`ip`, `tc`), `ethtool`, `tcpdump` and sshd; tests use the lab
+//! instead of calling them by hand. A [`Fleet`] is a controller, agents and servers on one
+//! LAN ([`Lab::lan`]), reached over SSH ([`Lab::sshd`]) by ansible-playbook as machines are.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), tcpkit_lab::LabError> {
@@ -24,24 +25,32 @@
 mod cmd;
 pub mod corpus;
 mod error;
+mod fleet;
 mod guard;
 mod host;
 mod lab;
 mod link;
 mod proc;
+mod ssh;
 mod sweep;
 mod tcpdump;
 mod topology;
 
 pub use error::LabError;
+pub use fleet::{
+    Fleet, Member, ANSIBLE_BIN, GROUP_AGENTS, GROUP_CONTROLLER, GROUP_SERVERS, SSH_PORT,
+};
 pub use guard::{Bpffs, Cgroup, KillOnDrop};
 pub use host::Host;
 pub use lab::{Lab, KEEP_ENV};
 pub use link::{in_test_range, IfStats, Iface, Link, LinkOpts, Tbf, IFNAME_MAX};
 pub use proc::{Proc, STOP_GRACE};
+pub use ssh::{SshKeys, SSHD};
 pub use sweep::{netns_name, owner_pid, sweep_leftovers, NETNS_PREFIX};
 pub use tcpdump::{Capture, Tcpdump};
-pub use topology::{MULTIPATH_A4, MULTIPATH_A6, MULTIPATH_B4, MULTIPATH_B6, MULTIPATH_MAX};
+pub use topology::{
+    LAN_MAX, LAN_NET, MULTIPATH_A4, MULTIPATH_A6, MULTIPATH_B4, MULTIPATH_B6, MULTIPATH_MAX,
+};
 
 /// Re-exported so callers can name signals for [`Proc::signal`] without their own nix.
 pub use nix::sys::signal::Signal;

@@ -133,3 +133,45 @@ impl Lab {
         Ok((lab, a, b, links))
     }
 }
+
+/// The `lan` topology's network: host i (from 0) of [`Lab::lan`] gets `198.18.0.(i+1)/24`.
+pub const LAN_NET: [u8; 3] = [198, 18, 0];
+
+/// Most hosts one [`Lab::lan`] joins (the /24's host addresses).
+pub const LAN_MAX: usize = 254;
+
+impl Lab {
+    /// The `lan` topology: `hosts` joined through one switch, a host of its own holding a
+    /// bridge (STP off, so ports forward at once), as machines on one Ethernet segment. Host
+    /// i (from 0) gets `198.18.0.(i+1)/24` on its `eth<n>`; every host reaches every other
+    /// directly. Returns the addresses, in the order of `hosts`.
+    pub fn lan(&mut self, hosts: &[&Host]) -> Result<Vec<std::net::Ipv4Addr>, LabError> {
+        if hosts.is_empty() || hosts.len() > LAN_MAX {
+            return Err(LabError::invalid(format!(
+                "lan: {} hosts; use 1..={LAN_MAX}",
+                hosts.len()
+            )));
+        }
+        let sw = self.host("switch")?;
+        let ns = sw.netns().to_string();
+        cmd::run_args("ip", &["-n", &ns, "link", "add", "br0", "type", "bridge"])?;
+        cmd::run_args("ip", &["-n", &ns, "link", "set", "br0", "up"])?;
+        let mut addrs = Vec::with_capacity(hosts.len());
+        for (i, h) in hosts.iter().enumerate() {
+            let [a, b, c] = LAN_NET;
+            let last = u8::try_from(i + 1).expect("at most LAN_MAX hosts");
+            let ip = std::net::Ipv4Addr::new(a, b, c, last);
+            let opts = LinkOpts {
+                addr_a: vec![format!("{ip}/24")],
+                ..LinkOpts::default()
+            };
+            let link = self.link(h, &sw, &opts)?;
+            cmd::run_args(
+                "ip",
+                &["-n", &ns, "link", "set", &link.b.name, "master", "br0"],
+            )?;
+            addrs.push(ip);
+        }
+        Ok(addrs)
+    }
+}

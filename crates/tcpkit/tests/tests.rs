@@ -23,6 +23,7 @@ mod docs;
 mod echo;
 mod echo_hostile;
 mod exit_rule;
+mod fleet_ansible;
 mod intercept_hostile;
 mod load;
 mod load_contract;
