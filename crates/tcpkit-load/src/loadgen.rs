@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 
 use crate::report::{
-    ConnStats, Histograms, LagStats, LoadReport, PerQueryStats, QueryStats, Rates,
+    ConnStats, Histograms, LagStats, LoadReport, PerQueryStats, QueryStats, Rates, ShardId,
     LOAD_SCHEMA_VERSION,
 };
 use serde::{Deserialize, Serialize};
@@ -33,13 +33,13 @@ use tcpkit_stats::Histogram;
 
 pub use config::{
     check_target, parse_duration, parse_ramp, parse_sources, parse_steps, resolve_target,
-    ArrivalKind, Config, Payload, Procs, RateProfile, ResponseEnd, MAX_SOURCES,
+    shard_names, ArrivalKind, Config, Payload, Procs, RateProfile, ResponseEnd, MAX_SOURCES,
 };
 pub use outfiles::hdr_logs;
 pub use perquery::HEADER as PER_QUERY_HEADER;
 pub use tcpkit_wire::dns::{qtype_from_str, Name as DnsName};
 
-use config::{share, share_offset};
+use tcpkit_workers::{share, share_offset};
 
 /// Why a load run could not start or go on.
 #[derive(Debug, thiserror::Error)]
@@ -297,6 +297,8 @@ pub fn run(
     .collect();
     report.hints.extend(protocol_hint(&report, &cfg.payload));
     report.run_id = crate::run_id::new_run_id();
+    // The processes' reports merged into one carry no shard of their own.
+    report.shard = shard_id(cfg);
     judge(&mut report, &details);
     Ok(report)
 }
@@ -402,7 +404,6 @@ fn run_share(
         } else {
             conns as f64 / cfg.connections as f64
         },
-        queries: cfg.queries.map(|q| share(q, nn, kk)),
         connected: AtomicUsize::new(0),
         start: Arc::clone(&start),
         deadline,
@@ -565,6 +566,7 @@ fn assemble(
         runs: 1,
         processes: 1,
         threads: sh.threads as u32,
+        shard: shard_id(cfg),
         start_unix_ns: wall_start,
         end_unix_ns: wall_start + (seconds * 1e9) as u64,
         seconds,
@@ -625,6 +627,13 @@ fn assemble(
         failure: None,
     };
     (report, details)
+}
+
+fn shard_id(cfg: &Config) -> Option<ShardId> {
+    cfg.shard.map(|s| ShardId {
+        index: s.index,
+        count: s.count,
+    })
 }
 
 /// The verdict: the first way the run fell short of what was asked, or None.

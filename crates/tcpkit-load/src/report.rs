@@ -37,6 +37,11 @@ pub struct LoadReport {
     pub processes: u32,
     /// Event-loop threads, all processes.
     pub threads: u32,
+    /// `--shard K/N`: this agent's part of a run several hosts share (its counts and rates
+    /// are its share of the command line's); absent when the run is not sharded, and in a
+    /// merged report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardId>,
     /// Wall time (ns since the Unix epoch) when the query phase began and ended.
     pub start_unix_ns: u64,
     /// Wall time (ns since the Unix epoch) when the query phase ended.
@@ -71,6 +76,15 @@ pub struct LoadReport {
     pub per_query: Option<PerQueryStats>,
     /// Why this run counts as failed (exit status 1); absent when it did what was asked.
     pub failure: Option<String>,
+}
+
+/// Which shard of a fleet's run a report is: `index` of `count`, from 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardId {
+    /// K of `--shard K/N`.
+    pub index: u32,
+    /// N of `--shard K/N`.
+    pub count: u32,
 }
 
 /// Connections: asked, opened, failed and closed.
@@ -217,12 +231,16 @@ impl Report for LoadReport {
         let q = &self.queries;
         let _ = writeln!(
             s,
-            "Target: {}, {}, {} threads in {} process{}{}",
+            "Target: {}, {}, {} threads in {} process{}{}{}",
             self.target,
             self.payload,
             self.threads,
             self.processes,
             if self.processes == 1 { "" } else { "es" },
+            match self.shard {
+                Some(s) => format!(", shard {}/{}", s.index, s.count),
+                None => String::new(),
+            },
             if self.runs > 1 {
                 format!(", {} runs merged", self.runs)
             } else {
@@ -529,6 +547,22 @@ Errors: ECONNREFUSED 1
             "{}",
             lines[4]
         );
+    }
+
+    /// Issue 25: a shard says which it is, in the summary and the JSON; an unsharded run has
+    /// no `shard` at all.
+    #[test]
+    fn a_shard_says_which_it_is() {
+        let mut r = sample();
+        assert!(!r.json().contains("\"shard\""));
+        r.shard = Some(ShardId { index: 2, count: 3 });
+        assert!(r.human().starts_with(
+            "Target: 198.18.0.2:4242, echo 16 bytes, 2 threads in 1 process, shard 2/3\n"
+        ));
+        let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(v["shard"], serde_json::json!({"index": 2, "count": 3}));
+        let back: LoadReport = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(back.shard, r.shard);
     }
 
     #[test]

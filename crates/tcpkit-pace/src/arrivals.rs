@@ -73,9 +73,9 @@ impl Iterator for ArrivalClock {
     fn next(&mut self) -> Option<u64> {
         match &mut self.kind {
             Kind::Constant { rate_micro, n } => {
-                let at = *n * MICRO * 1_000_000_000 / *rate_micro;
+                let at = constant_micro_at(*rate_micro, *n);
                 *n += 1;
-                Some(sat_u64(at))
+                Some(at)
             }
             Kind::Poisson {
                 mean_gap_ns,
@@ -97,6 +97,18 @@ impl Iterator for ArrivalClock {
             }
         }
     }
+}
+
+/// When arrival `n` (from 0) of `rate` evenly spaced arrivals per second is due: `n · 10⁹ /
+/// rate` ns after the start, exactly as [`ArrivalClock`] gives it. For a caller that takes
+/// some of the arrivals of a schedule it shares with others (one of several load shards, or a
+/// thread's connections) and must put each exactly where the whole schedule has it.
+pub fn constant_at(rate: f64, n: u64) -> u64 {
+    constant_micro_at(to_micro(rate), u128::from(n))
+}
+
+fn constant_micro_at(rate_micro: u128, n: u128) -> u64 {
+    sat_u64(n * MICRO * 1_000_000_000 / rate_micro)
 }
 
 /// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, passes BigCrush; enough for arrival gaps,
@@ -135,6 +147,15 @@ mod tests {
         assert_eq!(got, vec![0, 333_333_333, 666_666_666, 1_000_000_000]);
         let millionth = ArrivalClock::new(Arrivals::Constant { rate: 3.0 }).nth(3_000_000);
         assert_eq!(millionth, Some(1_000_000 * 1_000_000_000));
+        // Any arrival, computed on its own, is where the clock puts it.
+        let clock: Vec<u64> = ArrivalClock::new(Arrivals::Constant { rate: 7.3 })
+            .take(50)
+            .collect();
+        for (n, at) in clock.iter().enumerate() {
+            assert_eq!(constant_at(7.3, n as u64), *at);
+        }
+        // Far past 584 years: never, not a wrapped time.
+        assert_eq!(constant_at(3.0, u64::MAX), u64::MAX);
     }
 
     #[test]

@@ -26,7 +26,7 @@ mod clock;
 mod schedule;
 pub mod units;
 
-pub use arrivals::{ArrivalClock, Arrivals};
+pub use arrivals::{constant_at, ArrivalClock, Arrivals};
 pub use bucket::TokenBucket;
 pub use capture::{CaptureClock, Speed};
 pub use clock::{now_ns, Pacer, DEFAULT_SPIN_NS};

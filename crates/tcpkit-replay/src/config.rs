@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tcpkit_pace::Rate;
 use tcpkit_wire::{MacAddr, RewriteConfig};
+use tcpkit_workers::Shard;
 
 /// Where frames go.
 #[derive(Debug, Clone)]
@@ -44,6 +45,9 @@ pub struct Config {
     /// Keep the timing error per interval of this length (for `--plot`); None keeps only the
     /// run's histogram.
     pub timeline: Option<Duration>,
+    /// `--shard K/N`: send only the frames of the flows whose key hashes to K
+    /// (`tcpkit_wire::flow_shard`), each at its time in the whole replay.
+    pub shard: Option<Shard>,
 }
 
 impl Config {
@@ -67,6 +71,7 @@ impl Config {
             batch: 64,
             flow_expiry: None,
             timeline: None,
+            shard: None,
         }
     }
 }

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::report::{
-    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
+    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, ReplayShard, TimingError,
+    REPLAY_SCHEMA_VERSION,
 };
 use tcpkit_pace::{now_ns, Pacer, Rate, Schedule};
 use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter};
@@ -15,9 +16,10 @@ use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters,
 use tcpkit_stats::plot::{Sample, Timeline};
 use tcpkit_stats::{chain, FlowTable, Histogram, LiveCounters};
 use tcpkit_wire::{
-    flow_class, shard_hash, to_ethernet, unique_ip, FlowClass, FlowKey, LinkType, MacAddr,
-    RewriteOutcome, Rewriter, Uncut,
+    flow_class, flow_shard, shard_hash, to_ethernet, unique_ip, FlowClass, FlowKey, LinkType,
+    MacAddr, RewriteOutcome, Rewriter, Uncut,
 };
+use tcpkit_workers::Shard;
 
 use crate::config::{Config, Output};
 
@@ -267,7 +269,7 @@ fn report(
     let mut dev = SendCounters::default();
     let mut hist = Histogram::new();
     let (mut flows, mut flow_packets, mut non_flow, mut conns) = (0, 0, 0, 0);
-    let (mut invalid, mut mtu) = (0, MtuCounts::default());
+    let (mut invalid, mut mtu, mut to_others) = (0, MtuCounts::default(), 0);
     let mut last_send = 0u64;
     let (mut eth_added, mut loops, mut virt_ns) = (0, u64::MAX, 0);
     let mut error = None;
@@ -292,6 +294,7 @@ fn report(
         non_flow += r.flows.non_flow_packets;
         conns += r.flows.connections;
         invalid += r.invalid;
+        to_others += r.to_others;
         mtu.add(&r.mtu);
         last_send = last_send.max(r.last_send_ns);
         eth_added += r.eth_added;
@@ -391,6 +394,12 @@ fn report(
             format!("{} ({who})", shared.l2_src)
         }),
         ethernet_dst: (eth_added > 0).then(|| shared.l2_dst.to_string()),
+        shard: cfg.shard.map(|s| ReplayShard {
+            index: s.index,
+            count: s.count,
+            frames_to_others: to_others,
+            flows_kept: conns,
+        }),
         stopped_by,
         failure,
     };
@@ -516,6 +525,12 @@ fn too_big(n: u64, out: &str, mtu: Option<u32>, mtu_trunc: Option<u16>, cut: &Mt
     format!("{head}; {}; or {raise}", why.join("; "))
 }
 
+/// Whether `frame` (Ethernet, before `--unique-ip` and rewriting, so a flow goes to one
+/// shard in every loop) belongs to another shard's flow than `host`'s.
+fn for_others(host: Option<Shard>, frame: &[u8]) -> bool {
+    host.is_some_and(|h| flow_shard(frame, h.count) != h.index)
+}
+
 /// What `--mtu-trunc` did, per worker and summed.
 #[derive(Debug, Clone, Copy, Default)]
 struct MtuCounts {
@@ -600,6 +615,8 @@ struct WorkerResult {
     flows: FlowTable<FlowKey>,
     /// Frames tcpreplay's flow_decode calls invalid (in no `Flows:` count).
     invalid: u64,
+    /// `--shard`: frames of the other shards' flows, not sent here.
+    to_others: u64,
     mtu: MtuCounts,
     eth_added: u64,
     loops_completed: u64,
@@ -619,6 +636,7 @@ impl WorkerResult {
             late: Histogram::new(),
             flows: FlowTable::new(None),
             invalid: 0,
+            to_others: 0,
             mtu: MtuCounts::default(),
             eth_added: 0,
             loops_completed: 0,
@@ -663,6 +681,12 @@ struct Worker<'a> {
     timeline: Option<Timeline>,
     flows: FlowTable<FlowKey>,
     invalid: u64,
+    /// `--shard` (of more than one): this host's shard; the frames of the others' flows are
+    /// skipped, each still taking its place in the whole replay's schedule and `--limit`.
+    host: Option<Shard>,
+    /// Frames of the whole replay seen so far, this host's and the others' (for `--limit`).
+    whole_pos: u64,
+    to_others: u64,
     mtu: MtuCounts,
     /// Frames offered in this pass over the inputs so far (sent, failed or still batched):
     /// after the first pass, the exact size of one loop for the live percentage.
@@ -703,6 +727,9 @@ impl<'a> Worker<'a> {
             timeline: None,
             flows: FlowTable::new(expiry),
             invalid: 0,
+            host: cfg.shard.filter(|s| s.count > 1),
+            whole_pos: 0,
+            to_others: 0,
             mtu: MtuCounts::default(),
             offered_this_loop: 0,
             eth_added: 0,
@@ -740,6 +767,7 @@ impl<'a> Worker<'a> {
             late: self.late,
             flows: self.flows,
             invalid: self.invalid,
+            to_others: self.to_others,
             mtu: self.mtu,
             eth_added: self.eth_added,
             loops_completed,
@@ -822,10 +850,28 @@ impl<'a> Worker<'a> {
                     Err(e) => return Some(packet_failed(&path, pkt.number, pkt.offset, &e)),
                 },
             };
+            if self.host.is_some() {
+                // --limit counts the whole replay's frames: the shards together send what
+                // one unsharded run would.
+                if cfg.limit.is_some_and(|l| self.whole_pos >= l) {
+                    return Some(Stop::Limit);
+                }
+                self.whole_pos += 1;
+            }
             if self.shards > 1
                 && link == LinkType::Ethernet
                 && shard_hash(pkt.data) % self.shards as u64 != self.shard as u64
             {
+                continue;
+            }
+            // Another shard's flow: its place in the schedule is kept, and it is not sent. Its
+            // length counts under --mbps, so a frame the rewriter may resize is rewritten
+            // first there.
+            let mbps = matches!(cfg.rate, Rate::Mbps(_));
+            let mut others = link == LinkType::Ethernet && for_others(self.host, pkt.data);
+            let len_known = identity || !mbps;
+            if others && len_known {
+                self.skip(pkt.ts_ns, pkt.data.len());
                 continue;
             }
             let mut slot = self.n;
@@ -848,17 +894,32 @@ impl<'a> Worker<'a> {
                     {
                         continue;
                     }
-                    self.eth_added += 1;
+                    if for_others(self.host, buf) {
+                        others = true;
+                        if !mbps {
+                            let len = buf.len();
+                            self.skip(pkt.ts_ns, len);
+                            continue;
+                        }
+                    } else {
+                        self.eth_added += 1;
+                    }
                 }
                 if cfg.unique_ip && loop_no > 0 {
                     unique_ip(buf, loop_no as u32);
                 }
                 match sh.rewriter.apply(buf) {
-                    Ok(o) => self.mtu.count(o),
+                    Ok(o) if !others => self.mtu.count(o),
+                    Ok(_) => {}
                     Err(e) => return Some(packet_failed(&path, pkt.number, pkt.offset, &e)),
                 }
+                if others {
+                    let len = self.bufs[slot].len();
+                    self.skip(pkt.ts_ns, len);
+                    continue;
+                }
             }
-            if let Some(limit) = cfg.limit {
+            if let (Some(limit), None) = (cfg.limit, self.host) {
                 let claimed = if self.shards > 1 {
                     sh.reserved.fetch_add(1, Ordering::Relaxed)
                 } else {
@@ -932,6 +993,15 @@ impl<'a> Worker<'a> {
             }
         }
         None
+    }
+
+    /// Passes over another shard's frame: the schedule moves on as if it were sent (so this
+    /// shard's frames leave at their times in the whole replay), and it is counted.
+    fn skip(&mut self, ts_ns: u64, wire_len: usize) {
+        let _ = self.schedule.next(ts_ns, wire_len as u32);
+        // A dry run writes timestamps from the whole replay's first frame, as it would.
+        self.base_ts.get_or_insert(ts_ns);
+        self.to_others += 1;
     }
 
     /// Waits until `due`, sending what is batched first so no frame waits for a later one.

@@ -13,11 +13,13 @@ mod report;
 pub use config::{Config, Output};
 pub use engine::{run, run_with_tap, Outcome, ReplayError, Tap};
 pub use report::{
-    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, TimingError, REPLAY_SCHEMA_VERSION,
+    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, ReplayShard, TimingError,
+    REPLAY_SCHEMA_VERSION,
 };
 pub use tcpkit_pace::Rate;
 pub use tcpkit_send::IfInfo;
 pub use tcpkit_wire::{IpMap, MacAddr, PortMap, RewriteConfig, TtlEdit, VlanEdit};
+pub use tcpkit_workers::Shard;
 
 /// The interfaces of this network namespace that replay can send on: Ethernet ones (replay
 /// sends Ethernet frames; loopback and tunnels take none). `replay --listnics`.

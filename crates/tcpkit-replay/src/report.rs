@@ -51,6 +51,10 @@ pub struct ReplayReport {
     pub ethernet_src: Option<String>,
     /// Destination MAC written into those added headers; None when no header was added.
     pub ethernet_dst: Option<String>,
+    /// `--shard K/N`: this agent's part of a replay several hosts share; absent when the
+    /// replay is not sharded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ReplayShard>,
     /// Why the run ended early, if it did (an input error, an interrupt).
     pub stopped_by: Option<String>,
     /// Why the run did not send every packet it was asked to (which errno, how many, what to
@@ -78,6 +82,20 @@ pub struct FlowStats {
     pub connections: u64,
     /// `connections` per second of the run.
     pub connections_per_sec: f64,
+}
+
+/// Which shard of a shared replay this was, and what it left to the others.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ReplayShard {
+    /// K of `--shard K/N`.
+    pub index: u32,
+    /// N of `--shard K/N`.
+    pub count: u32,
+    /// Frames of the replay (all loops) not sent here: the other shards' flows.
+    pub frames_to_others: u64,
+    /// Flows this shard sent, a connection's two directions counted once (the unit shards
+    /// split by; equals `flows.connections`).
+    pub flows_kept: u64,
 }
 
 /// What `--mtu-trunc --mtu N` did to the frames offered.
@@ -196,6 +214,13 @@ impl Report for ReplayReport {
             f.connections,
             truncated(f.connections_per_sec, 2)
         );
+        if let Some(sh) = &self.shard {
+            let _ = writeln!(
+                s,
+                "Shard: {}/{}, the frames of {} flows sent here, {} frames left to the other shards",
+                sh.index, sh.count, sh.flows_kept, sh.frames_to_others
+            );
+        }
         match &self.timing {
             Some(t) => {
                 let _ = writeln!(
@@ -349,6 +374,30 @@ Statistics for network device: veth0
 Interface counters over the run: tx_packets 179, tx_bytes 69000, tx_dropped 0, tx_errors 0
 ";
         assert_eq!(sample().human(), expected);
+    }
+
+    /// Issue 25: a shard says which it is and what it left to the others, after the flows
+    /// it sent; an unsharded replay has no `shard` in its JSON.
+    #[test]
+    fn a_shard_says_which_it_is_and_what_it_left() {
+        let mut r = sample();
+        assert!(!r.json().contains("\"shard\""));
+        r.shard = Some(ReplayShard {
+            index: 2,
+            count: 3,
+            frames_to_others: 358,
+            flows_kept: 26,
+        });
+        let text = r.human();
+        assert!(
+            text.contains("Connections: 26 connections, 52.00 cps\nShard: 2/3, the frames of 26 flows sent here, 358 frames left to the other shards\nTiming:"),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(
+            v["shard"],
+            serde_json::json!({"index": 2, "count": 3, "frames_to_others": 358, "flows_kept": 26})
+        );
     }
 
     /// Issue 24: "Truncated packets: 0" after --mtu-trunc cut 31 frames; the cut ones get

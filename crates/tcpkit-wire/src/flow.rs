@@ -1,4 +1,5 @@
-//! Flow keys (tcpreplay's flow counting), connection keys for sharding, and `--unique-ip`.
+//! Flow keys (tcpreplay's flow counting), connection keys for sharding a capture over threads
+//! and over hosts (`replay --shard`), and `--unique-ip`.
 //!
 //! tcpreplay 4.4.3 (`src/common/flows.c`) counts a packet as a *flow packet* when it is IPv4
 //! or IPv6 of any protocol; everything else (ARP, LLDP, ...) is a *non-flow* packet. Its key
@@ -74,6 +75,11 @@ impl FlowKey {
 
 /// The exact flow key of an Ethernet frame; `None` for non-IP ("non-flow") frames.
 pub fn flow_key(frame: &[u8]) -> Option<FlowKey> {
+    key_of(frame).map(|(k, _)| k)
+}
+
+/// [`flow_key`], and whether the packet is a fragment (first or later) of a datagram.
+fn key_of(frame: &[u8]) -> Option<(FlowKey, bool)> {
     let ip = parse::ip(frame)?;
     let (s, d) = if ip.v6 { (8, 24) } else { (12, 16) };
     let src = read_addr(frame, ip.off + s, ip.v6)?;
@@ -89,13 +95,14 @@ pub fn flow_key(frame: &[u8]) -> Option<FlowKey> {
         }
         _ => (0, 0),
     };
-    Some(FlowKey {
+    let key = FlowKey {
         src,
         dst,
         proto: ip.proto,
         src_port,
         dst_port,
-    })
+    };
+    Some((key, ip.fragmented))
 }
 
 /// How tcpreplay 4.4.3's `flow_decode` files a packet (src/common/flows.c), which decides
@@ -133,28 +140,60 @@ pub fn flow_class(frame: &[u8]) -> FlowClass {
 /// threads (not a key: collisions only put two connections on one thread). Non-IP frames
 /// hash their unordered MAC pair.
 pub fn shard_hash(frame: &[u8]) -> u64 {
-    let mut h = Fnv::default();
     match flow_key(frame) {
-        Some(k) => {
-            let c = k.connection();
-            for (ip, port) in [c.a, c.b] {
-                match ip {
-                    IpAddr::V4(a) => h.write(&a.octets()),
-                    IpAddr::V6(a) => h.write(&a.octets()),
-                }
-                h.write(&port.to_be_bytes());
-            }
-            h.write(&[c.proto]);
-        }
+        Some(k) => conn_hash(&k.connection()),
         None => {
             let (Some(d), Some(s)) = (frame.get(0..6), frame.get(6..12)) else {
                 return 0;
             };
             let (x, y) = if d <= s { (d, s) } else { (s, d) };
+            let mut h = Fnv::default();
             h.write(x);
             h.write(y);
+            h.finish()
         }
     }
+}
+
+/// Which of `n` hosts sends this frame when they share one replay (`replay --shard K/N`):
+/// 1 to `n`, the same for both directions of a connection, so no flow is split between hosts.
+/// The key is the connection's: addresses, protocol and TCP/UDP ports. Protocols without ports
+/// (an ICMP request and its reply alike) and fragments of a datagram (later fragments carry no
+/// ports) go by addresses and protocol alone. Frames that are not IP go to host 1. The hash's
+/// top bits choose the host, where [`shard_hash`] modulo a thread count uses its low ones, so
+/// a host's flows still spread over its threads.
+pub fn flow_shard(frame: &[u8], n: u32) -> u32 {
+    if n <= 1 {
+        return 1;
+    }
+    let Some((k, fragmented)) = key_of(frame) else {
+        return 1;
+    };
+    let k = if matches!(k.proto, PROTO_TCP | PROTO_UDP) && !fragmented {
+        k
+    } else {
+        FlowKey {
+            src_port: 0,
+            dst_port: 0,
+            ..k
+        }
+    };
+    let h = conn_hash(&k.connection());
+    // Lemire's multiply-shift: the top bits of h, spread over 0..n without a division.
+    ((u128::from(h) * u128::from(n)) >> 64) as u32 + 1
+}
+
+/// The 64-bit hash of a connection key.
+fn conn_hash(c: &ConnKey) -> u64 {
+    let mut h = Fnv::default();
+    for (ip, port) in [c.a, c.b] {
+        match ip {
+            IpAddr::V4(a) => h.write(&a.octets()),
+            IpAddr::V6(a) => h.write(&a.octets()),
+        }
+        h.write(&port.to_be_bytes());
+    }
+    h.write(&[c.proto]);
     h.finish()
 }
 
@@ -364,5 +403,62 @@ mod tests {
             unique_ip(&mut c, 7);
             let _ = shard_hash(&c);
         }
+    }
+
+    /// An IPv4 frame of `proto` with the fragment field `frag` and 8 bytes of L4 header
+    /// (ports `sp`/`dp`, or ICMP type/code in their place).
+    fn ip4(proto: u8, frag: u16, src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16) -> Vec<u8> {
+        let mut b = vec![0u8; 42];
+        b[12..14].copy_from_slice(&[8, 0]);
+        b[14..24].copy_from_slice(&[0x45, 0, 0, 28, 0, 1, 0, 0, 64, proto]);
+        b[20..22].copy_from_slice(&frag.to_be_bytes());
+        b[26..30].copy_from_slice(&src);
+        b[30..34].copy_from_slice(&dst);
+        b[34..36].copy_from_slice(&sp.to_be_bytes());
+        b[36..38].copy_from_slice(&dp.to_be_bytes());
+        b
+    }
+
+    /// Issue 25: hosts sharing a replay split it by connection: both directions on one host,
+    /// ICMP requests with their replies, every fragment of a datagram together, the rest
+    /// (not IP) on host 1; connections spread evenly, and a host's still spread over its
+    /// threads.
+    #[test]
+    fn hosts_share_a_capture_by_connection() {
+        let (c, s) = ([10, 0, 0, 1], [10, 0, 0, 2]);
+        for n in [2, 3, 7] {
+            let a = tcp4(c, s, 40_000, 80);
+            let b = tcp4(s, c, 80, 40_000);
+            assert_eq!(flow_shard(&a, n), flow_shard(&b, n));
+            let req = ip4(PROTO_ICMP, 0, c, s, 0x0800, 0x1234);
+            let rep = ip4(PROTO_ICMP, 0, s, c, 0x0000, 0x1234);
+            assert_eq!(flow_shard(&req, n), flow_shard(&rep, n));
+            // First fragment (MF, offset 0: ports readable) and a later one (offset 185).
+            let first = ip4(PROTO_UDP, 0x2000, c, s, 5353, 53);
+            let later = ip4(PROTO_UDP, 185, c, s, 0xdead, 0xbeef);
+            assert_eq!(flow_shard(&first, n), flow_shard(&later, n));
+            let mut arp = vec![0u8; 42];
+            arp[12..14].copy_from_slice(&[8, 6]);
+            assert_eq!(flow_shard(&arp, n), 1);
+            assert_eq!(flow_shard(&a[..13], n), 1);
+        }
+        assert_eq!(flow_shard(&tcp4(c, s, 1, 2), 1), 1);
+        assert_eq!(flow_shard(&tcp4(c, s, 1, 2), 0), 1);
+        // 3000 connections over 3 hosts: about 1000 each; the host 1 of 2 ones over 2 threads
+        // by shard_hash: about half each (top bits for hosts, low bits for threads).
+        let mut hosts = [0u32; 3];
+        let mut threads = [0u32; 2];
+        for p in 0..3000u16 {
+            let f = tcp4(c, s, 10_000 + p, 443);
+            let h = flow_shard(&f, 3);
+            assert!((1..=3).contains(&h));
+            hosts[h as usize - 1] += 1;
+            if flow_shard(&f, 2) == 1 {
+                threads[(shard_hash(&f) % 2) as usize] += 1;
+            }
+        }
+        assert!(hosts.iter().all(|&n| (850..1150).contains(&n)), "{hosts:?}");
+        let on_one: u32 = threads.iter().sum();
+        assert!(threads.iter().all(|&n| n * 10 > on_one * 4), "{threads:?}");
     }
 }

@@ -1,7 +1,8 @@
 //! Body of the `rewrite` fuzz target, public so a stable test runs it over the seed corpus.
 
 use crate::{
-    flow_key, shard_hash, to_ethernet, unique_ip, LinkType, MacAddr, RewriteConfig, Rewriter,
+    flow_key, flow_shard, shard_hash, to_ethernet, unique_ip, LinkType, MacAddr, RewriteConfig,
+    Rewriter,
 };
 use crate::{IpMap, PortMap, TtlEdit, VlanEdit};
 
@@ -71,4 +72,6 @@ pub fn fuzz_rewrite(data: &[u8]) {
     unique_ip(&mut buf, u32::from(*lp));
     let _ = flow_key(&buf);
     let _ = shard_hash(&buf);
+    let n = flow_shard(&buf, u32::from(*lp) + 1);
+    assert!((1..=u32::from(*lp) + 1).contains(&n));
 }

@@ -10,8 +10,8 @@
 //! - [`Rewriter`]: what `tcpkit replay` does to each frame, matched byte for byte against
 //!   Debian's tcprewrite 4.4.3 (see the [`rewrite`] module docs for the behaviours matched and
 //!   the few tcprewrite bugs deliberately not copied).
-//! - [`flow_key`], [`shard_hash`], [`unique_ip`]: tcpreplay-style flow counting, sharding a
-//!   capture over threads, and per-loop unique flows.
+//! - [`flow_key`], [`shard_hash`], [`flow_shard`], [`unique_ip`]: tcpreplay-style flow
+//!   counting, sharding a capture over threads and over hosts, and per-loop unique flows.
 //! - [`http::ResponseFramer`]: where each HTTP/1.x response in a stream ends (load, copy).
 
 #![warn(missing_docs)]
@@ -27,7 +27,9 @@ pub mod rewrite;
 pub mod tcp;
 mod types;
 
-pub use flow::{flow_class, flow_key, shard_hash, unique_ip, ConnKey, FlowClass, FlowKey};
+pub use flow::{
+    flow_class, flow_key, flow_shard, shard_hash, unique_ip, ConnKey, FlowClass, FlowKey,
+};
 pub use fuzz::fuzz_rewrite;
 pub use link::{as_ethernet, to_ethernet, LinkType};
 pub use rewrite::{RewriteConfig, RewriteOutcome, Rewriter, Uncut};

@@ -7,7 +7,14 @@
 //! every line they print on stdout to the job (their stderr is the parent's), lets the job
 //! write to their stdin, forwards the first stop to them, stops the others when one fails, and
 //! reaps them all. What the lines mean (live totals, a report) is the job's business.
+//!
+//! It also owns how a run is shared out ([`share`], [`Shard`]): between these processes, and
+//! between the hosts of a fleet (`--shard K/N` on `load` and `replay`).
 #![warn(missing_docs)]
+
+mod share;
+
+pub use share::{share, share_offset, Shard};
 
 use std::ffi::OsString;
 use std::fmt;
@@ -37,22 +44,8 @@ impl WorkerId {
     /// Parses `K/N` or `K/N/T` (K < N, T ≥ 1); the error says what was expected.
     pub fn parse(text: &str) -> Result<WorkerId, String> {
         let bad = || format!("--worker '{text}': expected K/N or K/N/T with K < N and T >= 1");
-        let mut it = text.split('/');
-        let mut num = || it.next().map(str::parse::<u64>);
-        let (Some(Ok(k)), Some(Ok(n))) = (num(), num()) else {
-            return Err(bad());
-        };
-        let threads = match num() {
-            None => None,
-            Some(Ok(t)) if t >= 1 => Some(usize::try_from(t).map_err(|_| bad())?),
-            Some(_) => return Err(bad()),
-        };
-        let (Ok(k), Ok(n)) = (u32::try_from(k), u32::try_from(n)) else {
-            return Err(bad());
-        };
-        if k >= n || num().is_some() {
-            return Err(bad());
-        }
+        let (k, n, t) = share::worker_numbers(text).ok_or_else(bad)?;
+        let threads = t.map(usize::try_from).transpose().map_err(|_| bad())?;
         Ok(WorkerId { k, n, threads })
     }
 }

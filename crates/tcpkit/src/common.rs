@@ -121,6 +121,13 @@ pub(crate) fn size_arg(text: &str) -> Result<u64, String> {
     tcpkit_pace::parse_size(text)
 }
 
+/// `--shard K/N` (load and replay), as typed: this agent's shard, or a usage error naming the
+/// flag and what was wrong.
+pub(crate) fn shard(text: Option<&str>) -> Result<Option<tcpkit_workers::Shard>, Failure> {
+    text.map(|t| tcpkit_workers::Shard::parse(t).map_err(Failure::Usage))
+        .transpose()
+}
+
 /// A duration flag given as text (for flags whose value is parsed after other flags).
 pub(crate) fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
     tcpkit_pace::parse_duration(text).map_err(|e| Failure::Usage(format!("{flag} {e}")))

@@ -227,6 +227,18 @@ pub struct Args {
     #[command(flatten)]
     pub out: OutputFlags,
 
+    /// This agent's part of a run several hosts share, from one command line for all (as
+    /// jest's and playwright's --shard 1/3): shard K of N (K from 1) takes its share of -c,
+    /// --connect-rate (in proportion to its connections), -n and the rate (-r, --rate-steps,
+    /// --ramp: each rate divided by N), remainders to the first shards (-c 10 over 3 is 4, 3,
+    /// 3), and the --qname-file names numbered K-1 modulo N (from 0; the shards' queries are
+    /// disjoint and together the file, which needs at least N names). Constant arrivals are
+    /// phase-shifted, shard K's first (K-1)/R after the start, so the shards' queries together
+    /// are evenly spaced at the whole rate R; Poisson arrivals draw a stream of their own from
+    /// --seed and K. -c and -n must be at least N.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<String>,
+
     /// Internal: this process is worker K of N (with T threads) started by the parent.
     #[arg(long, value_name = "K/N/T", hide = true)]
     pub worker: Option<String>,
@@ -281,17 +293,18 @@ fn positive(flag: &str, v: f64) -> Result<f64, Failure> {
     Ok(v)
 }
 
-/// `K/N/T`: worker K (from 0) of N, with T threads.
+/// `K/N/T`: worker K (from 0) of N, with T threads (the parent always says T).
 fn parse_worker(text: &str) -> Result<(u32, u32, usize), Failure> {
-    let bad = || usage(format!("--worker '{text}': expected K/N/T with K < N"));
-    let mut it = text.split('/');
-    let k: u32 = it.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
-    let n: u32 = it.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
-    let t: usize = it.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
-    if k >= n || t == 0 || it.next().is_some() {
-        return Err(bad());
+    match tcpkit_workers::WorkerId::parse(text) {
+        Ok(tcpkit_workers::WorkerId {
+            k,
+            n,
+            threads: Some(t),
+        }) => Ok((k, n, t)),
+        _ => Err(usage(format!(
+            "--worker '{text}': expected K/N/T with K < N and T >= 1"
+        ))),
     }
-    Ok((k, n, t))
 }
 
 /// A file named by `flag` that cannot be read: a usage error (exit 2, nothing run), one line
@@ -383,7 +396,11 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
                     f.display()
                 )));
             }
-            queries
+            match common::shard(a.shard.as_deref())? {
+                Some(s) => lib::shard_names(queries, s)
+                    .map_err(|e| usage(format!("--qname-file {}: {e}", f.display())))?,
+                None => queries,
+            }
         }
         None => vec![(
             a.qname
@@ -573,6 +590,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     if let Some(hint) = wrk2_hint(a) {
         return Err(usage(hint));
     }
+    let shard = common::shard(a.shard.as_deref())?;
     // A URL's HOST:PORT is what is connected to; the report shows the URL as typed.
     let addr_text = match url_target(&a.target)? {
         Some((authority, _)) => authority,
@@ -688,6 +706,9 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
         let (k, n, t) = parse_worker(w)?;
         cfg.worker = Some((k, n));
         cfg.threads = t;
+    }
+    if let Some(s) = shard {
+        cfg.take_shard(s).map_err(usage)?;
     }
     // A worker is started with the same arguments (plus --worker).
     cfg.worker_argv = std::env::args_os().skip(1).collect::<Vec<_>>();
@@ -1325,6 +1346,23 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.payload.describe(), "dns mixed types, 2 names");
+    }
+
+    /// Issue 25: shard K of N takes its share; a bad K/N is a usage error naming --shard.
+    #[test]
+    fn shard_flag_takes_its_share() {
+        let args =
+            |s: &str| ["127.0.0.1:53", "-c", "10", "-r", "300", "--shard", s].map(String::from);
+        let c = parse(&args("1/3").each_ref().map(String::as_str)).unwrap();
+        assert_eq!(
+            (c.connections, c.shard.map(|s| s.to_string())),
+            (4, Some("1/3".into()))
+        );
+        assert_eq!(c.rate, Some(RateProfile::Constant(100.0)));
+        for bad in ["0/3", "4/3", "1/0", "x"] {
+            let e = parse(&args(bad).each_ref().map(String::as_str)).unwrap_err();
+            assert!(e.starts_with(&format!("--shard '{bad}': ")), "{e}");
+        }
     }
 
     #[test]

@@ -42,7 +42,8 @@ enum Cmd {
     /// open-loop schedule, latency from the intended and the actual send time, lag reported.
     /// SIGINT/SIGTERM: stops sending, waits at most --timeout for answers still due, prints the
     /// report (exit 1: the run was cut short); a second signal exits at once.
-    Load(load::Args),
+    // Boxed: load has the most flags by far, and every command would otherwise take its size.
+    Load(Box<load::Args>),
     /// Copy live TCP sessions (or a capture's) to a test server without touching production
     /// (tcpcopy's job): reassembled and replayed over ordinary connections (relay mode), or
     /// with the clients' own addresses through a raw socket (--transparent, with intercept).
@@ -109,7 +110,7 @@ fn main() -> ExitCode {
     let (name, result) = match cli.cmd {
         Cmd::Replay(args) => ("replay", replay::main(args, interrupted)),
         Cmd::Echo(args) => ("echo", echo::main(args, interrupted)),
-        Cmd::Load(args) => ("load", load::main(args, interrupted)),
+        Cmd::Load(args) => ("load", load::main(*args, interrupted)),
         Cmd::Mpcat(args) => ("mpcat", mpcat::main(args, interrupted)),
         Cmd::Balance(args) => ("balance", balance::main(args, interrupted)),
         Cmd::Merge(args) => ("merge", merge::main(args)),

@@ -84,6 +84,17 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub threads: usize,
 
+    /// This agent's part of a replay several hosts share, from one command line for all (as
+    /// jest's and playwright's --shard 1/3): shard K of N (K from 1) sends only the frames of
+    /// the flows whose key hashes to K. The key is the connection's (addresses, protocol,
+    /// TCP/UDP ports; ICMP and fragments by addresses and protocol), the same for both
+    /// directions, so no flow is split; frames that are not IP go to shard 1. Each frame
+    /// leaves at its time in the whole replay: the schedule (capture timing, -x, --pps,
+    /// --mbps, --loop, --unique-ip) and -L are the whole capture's, the others' frames skipped,
+    /// so the N shards together send the whole capture at the rate asked.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<String>,
+
     /// Frames per sendmmsg call.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub batch: usize,
@@ -203,6 +214,7 @@ fn positive(flag: &str, v: f64) -> Result<f64, Failure> {
 /// Every check that involves more than one flag, or a value's meaning, happens here.
 pub fn resolve(a: &Args) -> Result<Config, Failure> {
     use tcpkit_replay::{IpMap, PortMap, TtlEdit, VlanEdit};
+    let shard = common::shard(a.shard.as_deref())?;
     let output = match (&a.intf1, &a.write) {
         (Some(i), None) => Output::Interface {
             name: i.clone(),
@@ -274,6 +286,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.preload = a.preload;
     cfg.unique_ip = a.unique_ip;
     cfg.threads = a.threads;
+    cfg.shard = shard;
     cfg.batch = a.batch;
     cfg.flow_expiry = a.flow_expiry;
     if let Some(p) = &a.plot {
@@ -450,7 +463,9 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             stats_every: args.run.stats.filter(|d| !d.is_zero()),
             progress: args.out.progress(),
         };
-        let (loops, limit, duration) = (cfg.loops, cfg.limit, cfg.duration);
+        // A shard sends part of --limit's frames: the loops say how far it is.
+        let limit = cfg.limit.filter(|_| cfg.shard.is_none());
+        let (loops, duration) = (cfg.loops, cfg.duration);
         Monitor::start(opts, move |elapsed| {
             let p = live.packets.load(Ordering::Relaxed);
             let b = live.bytes.load(Ordering::Relaxed);
@@ -752,6 +767,18 @@ mod tests {
                 .vlan,
             Some(tcpkit_replay::VlanEdit::Remove)
         ));
+    }
+
+    /// Issue 25: --shard K/N; a bad K/N is a usage error naming --shard.
+    #[test]
+    fn shard_parses() {
+        let c = parse(&["-w", "o", "--shard", "2/3", "f"]).unwrap();
+        assert_eq!(c.shard.map(|s| (s.index, s.count)), Some((2, 3)));
+        assert_eq!(parse(&["-w", "o", "f"]).unwrap().shard, None);
+        for bad in ["0/3", "4/3", "3", "1/0"] {
+            let e = parse(&["-w", "o", "--shard", bad, "f"]).unwrap_err();
+            assert!(e.starts_with(&format!("--shard '{bad}': ")), "{e}");
+        }
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! The resolved `load` configuration (no clap types: the binary resolves its flags into this),
 //! the parsers for the values that have a syntax of their own (`--rate-steps`, `--ramp`,
-//! `--source`), and the share of a run that one worker process takes.
+//! `--source`), and the share of a fleet's run that one `--shard` takes.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use tcpkit_wire::dns::Name;
+use tcpkit_workers::Shard;
 
 use super::LoadError;
 
@@ -225,6 +226,27 @@ pub fn parse_ramp(text: &str) -> Result<RateProfile, String> {
     Ok(RateProfile::Ramp { from, to, over })
 }
 
+/// `--shard`'s names of a `--qname-file`: those numbered K-1 modulo N (from 0, blank lines
+/// and comments not counted), so the shards' queries are disjoint and together the file. A
+/// file with fewer names than shards cannot be dealt so, and is refused (by every shard
+/// alike: the error says why).
+pub fn shard_names(names: Vec<(Name, u16)>, shard: Shard) -> Result<Vec<(Name, u16)>, String> {
+    let n = shard.count as usize;
+    if names.len() < n {
+        return Err(format!(
+            "{} name{} for {n} shards; each shard sends names of its own (name i goes to shard i mod N + 1), so the file needs at least {n} (or give every shard the same name with --qname)",
+            names.len(),
+            if names.len() == 1 { "" } else { "s" },
+        ));
+    }
+    Ok(names
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| shard.takes(*i as u64))
+        .map(|(_, q)| q)
+        .collect())
+}
+
 /// Durations in steps and ramps are spelled as every duration flag is.
 pub use tcpkit_pace::parse_duration;
 
@@ -394,6 +416,9 @@ pub struct Config {
     pub procs: Procs,
     /// Set in a worker process: its index and the number of workers.
     pub worker: Option<(u32, u32)>,
+    /// `--shard K/N`: this host's part of a fleet's run. The counts and rates above are
+    /// already its share ([`Config::take_shard`]); this places its arrivals in the fleet's.
+    pub shard: Option<Shard>,
     /// The arguments (after the binary's path) that re-run this command; a worker is started
     /// with these plus `--worker K/N`.
     pub worker_argv: Vec<std::ffi::OsString>,
@@ -428,8 +453,45 @@ impl Config {
             threads: 0,
             procs: Procs::Auto,
             worker: None,
+            shard: None,
             worker_argv: Vec::new(),
         }
+    }
+
+    /// Makes this the part of the run that `shard` takes, the whole run being what the
+    /// config says now: its share of `-c` (10 over 3 shards is 4/3/3) and of `-n`, the rate
+    /// profile (constant, steps or ramp) divided by N, `--connect-rate` in proportion to its
+    /// connections (every shard opens its connections in the same time), and a Poisson seed
+    /// of its own. A `--qname-file`'s lines are the binary's to deal ([`Shard::takes`]).
+    ///
+    /// Every shard of one command line makes the same checks, so a command line that cannot
+    /// be shared out is refused by all of them alike: fewer connections or queries than
+    /// shards would leave one with none.
+    pub fn take_shard(&mut self, shard: Shard) -> Result<(), String> {
+        let n = u64::from(shard.count);
+        if self.connections < n {
+            return Err(format!(
+                "--shard {shard}: -c {} is fewer connections than the {n} shards; each needs one (-c {n} or more)",
+                self.connections
+            ));
+        }
+        if let Some(q) = self.queries.filter(|&q| q < n) {
+            return Err(format!(
+                "--shard {shard}: -n {q} is fewer queries than the {n} shards; each needs one (-n {n} or more)"
+            ));
+        }
+        let mine = shard.share(self.connections);
+        self.connect_rate *= mine as f64 / self.connections as f64;
+        self.connections = mine;
+        self.queries = self.queries.map(|q| shard.share(q));
+        self.rate = self.rate.as_ref().map(|r| r.scaled(shard.fraction()));
+        if let ArrivalKind::Poisson { seed } = self.arrivals {
+            self.arrivals = ArrivalKind::Poisson {
+                seed: shard.seed(seed),
+            };
+        }
+        self.shard = Some(shard);
+        Ok(())
     }
 
     /// How long the query phase lasts: `--duration`, else the rate profile's own length.
@@ -437,19 +499,6 @@ impl Config {
         self.duration
             .or_else(|| self.rate.as_ref().and_then(RateProfile::length))
     }
-}
-
-/// `part` of `total` split in `n` near-equal shares: the first `total % n` get one more.
-pub(crate) fn share(total: u64, n: u64, part: u64) -> u64 {
-    if n == 0 {
-        return 0;
-    }
-    total / n + u64::from(part < total % n)
-}
-
-/// Sum of the shares before `part`: where `part`'s share starts.
-pub(crate) fn share_offset(total: u64, n: u64, part: u64) -> u64 {
-    (0..part).map(|p| share(total, n, p)).sum()
 }
 
 #[cfg(test)]
@@ -518,14 +567,98 @@ mod tests {
         assert!(parse_sources("").is_err());
     }
 
+    fn names(n: usize) -> Vec<(Name, u16)> {
+        (0..n)
+            .map(|i| (format!("q{i}.test").parse().unwrap(), 1))
+            .collect()
+    }
+
+    fn shard(index: u32, count: u32) -> Shard {
+        Shard { index, count }
+    }
+
+    /// Issue 25: a query file dealt over shards: line i to shard i mod N + 1, disjoint, the
+    /// union the file; fewer names than shards refused.
     #[test]
-    fn shares_add_up() {
-        let n = 7;
-        let total = 100;
-        let sum: u64 = (0..n).map(|p| share(total, n, p)).sum();
-        assert_eq!(sum, total);
-        assert_eq!(share_offset(total, n, 0), 0);
-        assert_eq!(share_offset(total, n, 2), 30);
+    fn a_query_file_is_dealt_over_the_shards() {
+        let file = names(7);
+        let mut union = Vec::new();
+        for k in 1..=3 {
+            let mine = shard_names(file.clone(), shard(k, 3)).unwrap();
+            assert_eq!(mine.len() as u64, shard(k, 3).share(7));
+            assert_eq!(mine[0], file[k as usize - 1]);
+            union.extend(mine);
+        }
+        union.sort_by(|a, b| a.0.as_wire().cmp(b.0.as_wire()));
+        let mut all = file.clone();
+        all.sort_by(|a, b| a.0.as_wire().cmp(b.0.as_wire()));
+        assert_eq!(union, all);
+        assert_eq!(shard_names(file.clone(), Shard::WHOLE).unwrap(), file);
+        let e = shard_names(names(2), shard(1, 3)).unwrap_err();
+        assert!(e.starts_with("2 names for 3 shards;"), "{e}");
+        assert!(shard_names(names(3), shard(3, 3)).unwrap().len() == 1);
+    }
+
+    /// Issue 25: what one shard of a command line takes.
+    #[test]
+    fn a_shard_takes_its_share_of_the_command_line() {
+        let base = || {
+            let mut c = Config::new("h:53".into(), "127.0.0.1:53".parse().unwrap());
+            c.connections = 10;
+            c.connect_rate = 1000.0;
+            c.queries = Some(100);
+            c.rate = Some(RateProfile::Constant(300.0));
+            c
+        };
+        let mut got = Vec::new();
+        for k in 1..=3 {
+            let mut c = base();
+            c.take_shard(shard(k, 3)).unwrap();
+            assert_eq!(c.shard, Some(shard(k, 3)));
+            assert_eq!(c.rate, Some(RateProfile::Constant(100.0)));
+            got.push((
+                c.connections,
+                c.queries.unwrap(),
+                c.connect_rate.round() as u64,
+            ));
+            let ArrivalKind::Poisson { seed } = c.arrivals else {
+                panic!("{:?}", c.arrivals)
+            };
+            assert_eq!(seed, shard(k, 3).seed(42));
+        }
+        assert_eq!(got, [(4, 34, 400), (3, 33, 300), (3, 33, 300)]);
+        // Steps and ramps: each rate divided by N, the times kept.
+        let mut c = base();
+        c.rate = Some(parse_steps("1s:300,2s:900").unwrap());
+        c.take_shard(shard(2, 3)).unwrap();
+        assert_eq!(c.rate, Some(parse_steps("1s:100,2s:300").unwrap()));
+        let mut c = base();
+        c.rate = Some(parse_ramp("300..3000/2s").unwrap());
+        c.arrivals = ArrivalKind::Constant;
+        c.take_shard(shard(3, 3)).unwrap();
+        assert_eq!(c.rate, Some(parse_ramp("100..1000/2s").unwrap()));
+        assert_eq!(c.arrivals, ArrivalKind::Constant);
+        // 1/1 is the whole run.
+        let mut c = base();
+        c.take_shard(Shard::WHOLE).unwrap();
+        assert_eq!(
+            (c.connections, c.queries, c.arrivals),
+            (10, Some(100), ArrivalKind::Poisson { seed: 42 })
+        );
+        // A command line that would leave a shard with nothing is refused by every shard.
+        for k in 1..=11 {
+            let e = base().take_shard(shard(k, 11)).unwrap_err();
+            assert!(
+                e.starts_with(&format!(
+                    "--shard {k}/11: -c 10 is fewer connections than the 11 shards"
+                )),
+                "{e}"
+            );
+        }
+        let mut c = base();
+        c.queries = Some(2);
+        let e = c.take_shard(shard(1, 3)).unwrap_err();
+        assert!(e.contains("-n 2 is fewer queries than the 3 shards"), "{e}");
     }
 
     /// Issue 10, case 7.

@@ -19,16 +19,17 @@ use mio::{Events, Interest, Poll, Token};
 use tcpkit_pace::{now_ns, TokenBucket};
 use tcpkit_stats::{HdrLog, Histogram};
 
-use super::config::{share, Config};
+use super::config::Config;
 use super::interval::Interval;
 use super::perquery::{Kind as RecKind, Rec, Sink};
-use super::profile::ArrivalTimes;
+use super::profile::{ArrivalTimes, Lanes};
 use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
 use super::sock::{
     connect, connect_udp, errno_name, hint_bit, syn_was_resent, Sock, LATE_HINT, UNANSWERED_AT_END,
 };
 use super::wake::Wake;
 use super::{LoadCounters, LoadError};
+use tcpkit_workers::share;
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
 /// unique among a connection's queries in flight.
@@ -76,7 +77,6 @@ pub(crate) struct Shared<'a> {
     pub thread_offset: u64,
     /// This process's share of the asked rate.
     pub rate_share: f64,
-    pub queries: Option<u64>,
     /// Threads done opening connections; the last one sets the common start.
     pub connected: AtomicUsize,
     /// CLOCK_MONOTONIC ns of the query phase's start; 0 until set.
@@ -94,6 +94,21 @@ pub(crate) struct Shared<'a> {
     pub open: AtomicU64,
     pub peak_open: AtomicU64,
     pub hdr_log: Option<Mutex<HdrLog>>,
+}
+
+impl Shared<'_> {
+    /// Which of this host's arrivals thread `t` of this process sends (and so its part of
+    /// `-n`).
+    pub(crate) fn lanes(&self, t: usize) -> Lanes {
+        Lanes::of(
+            self.cfg.connections,
+            self.conn_offset,
+            self.conns,
+            self.threads as u64,
+            t as u64,
+            self.cfg.shard.unwrap_or(tcpkit_workers::Shard::WHOLE),
+        )
+    }
 }
 
 /// What one thread counted.
@@ -247,10 +262,12 @@ pub(crate) fn run_thread(
     let threads = sh.threads as u64;
     let n = share(sh.conns, threads, t as u64);
     let cfg = sh.cfg;
-    let frac = if sh.conns == 0 {
+    // The thread's share of the host's connections is its share of --connect-rate (of every
+    // process's: each process taking the whole rate would open N times too fast).
+    let frac = if cfg.connections == 0 {
         0.0
     } else {
-        n as f64 / sh.conns as f64
+        n as f64 / cfg.connections as f64
     };
     let mut w = Worker {
         sh,
@@ -280,7 +297,7 @@ pub(crate) fn run_thread(
         end: u64::MAX,
         arrivals: None,
         next_due: u64::MAX,
-        queries_left: sh.queries.map(|q| share(q, threads, t as u64)),
+        queries_left: cfg.queries.map(|q| sh.lanes(t).taken(q)),
         rr: 0,
         no_conn_until: 0,
         name_idx: t,
@@ -496,9 +513,7 @@ impl Worker<'_, '_> {
             .unwrap_or(u64::MAX)
             .min(self.sh.deadline);
         if let Some(profile) = &cfg.rate {
-            let threads = self.sh.threads as u64;
-            let n = share(self.sh.conns, threads, self.t as u64);
-            let frac = self.sh.rate_share * n as f64 / self.sh.conns.max(1) as f64;
+            let lanes = self.sh.lanes(self.t);
             let kind = match cfg.arrivals {
                 super::config::ArrivalKind::Poisson { seed } => {
                     super::config::ArrivalKind::Poisson {
@@ -509,8 +524,8 @@ impl Worker<'_, '_> {
                 }
                 k @ super::config::ArrivalKind::Constant => k,
             };
-            if n > 0 {
-                let mut a = ArrivalTimes::new(&profile.scaled(frac), kind);
+            if lanes.count > 0 {
+                let mut a = ArrivalTimes::new(profile, kind, lanes);
                 self.next_due = start.saturating_add(a.next_ns());
                 self.arrivals = Some(a);
             }
