@@ -234,6 +234,7 @@ fn tcpkit_run(env: &mut Env, p: &Params) -> Result<Outcome> {
         .collect();
     let vars = json!({
         "tcpkit_install": false,
+        "tcpkit_tune": false,
         "tcpkit_bin": env.timed_bin()?,
         "tcpkit_echo": true,
         "tcpkit_echo_port": PORT,
@@ -294,7 +295,7 @@ fn tcpkit_run(env: &mut Env, p: &Params) -> Result<Outcome> {
     o.go_ns = go.iter().copied().min().unwrap_or(0);
     let merged = read(&results.join("merged.json"))?;
     o.merged = Some(json_u(&merged, "queries.answered"));
-    o.rate = merged["rate"]["answered"].as_f64().unwrap_or(0.0);
+    o.rate = merged["rates"]["answered_qps"].as_f64().unwrap_or(0.0);
     let echo = read(&results.join(format!("echo-{}.json", env.fleet.servers[0].name)))?;
     o.echo = json_u(&echo, "answered");
     o.first_at_server = env.first_queries(&pcap)?;

@@ -14,6 +14,7 @@ use std::process::{Command, Output};
 use common::{stderr, stdout};
 use serde_json::Value;
 
+mod run;
 
 /// Where scripts/setup.sh installs kubernetes-validate (a venv of its own).
 const KUBEVAL_VENV: &str = "/opt/tcpkit-kubernetes-validate";
