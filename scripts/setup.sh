@@ -14,6 +14,7 @@ pkgs=(
   libclang-dev                                  # balance's build: bindgen reads bpf/balance.h through libclang (the Rust side of its map structs)
   time util-linux                               # /usr/bin/time for peak memory; prlimit
   man-db                                        # man: the tests read tcpkit man's pages as a user would (man -w, rendering)
+  dpkg-dev binutils systemd                     # scripts/package.sh: dpkg-shlibdeps (Depends), strip; systemd-analyze verify on the units
   redis-server nginx unbound dnsperf wrk        # real servers and load peers for tests and benchmarks
   iperf3 socat mptcpize                         # bench mpcat: its peers (one stream, iperf3 -P 4, MPTCP through mptcpize)
   openssh-server openssh-client python3-venv    # the fleet lab: sshd in each host, ansible-playbook over ssh (venv below)
@@ -58,3 +59,10 @@ if [ "$("$KUBEVAL_VENV/bin/kubernetes-validate" --version 2>/dev/null)" != "$KUB
   "$KUBEVAL_VENV/bin/pip" install -q "kubernetes-validate==$KUBEVAL"
 fi
 command -v cargo >/dev/null || { echo "setup.sh: cargo not found (install Rust with rustup)" >&2; exit 1; }
+# scripts/package.sh builds the Debian package with cargo-deb (kornelski's, the usual builder of
+# .debs from Cargo projects), pinned so a package is made the same way on every machine.
+cargo_deb=3.8.0
+if [ "$(cargo deb --version 2>/dev/null)" != "cargo-deb $cargo_deb" ]; then
+  echo "setup.sh: installing cargo-deb $cargo_deb"
+  cargo install --locked --quiet cargo-deb --version "$cargo_deb"
+fi

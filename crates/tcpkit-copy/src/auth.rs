@@ -18,23 +18,21 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use hmac::{Hmac, KeyInit, Mac};
-use sha2::Sha256;
-
-use crate::control::{Msg, Nonce, Tag, NONCE_LEN, VERSION};
+use crate::control::{Msg, Nonce, Tag, VERSION};
 
 pub use tcpkit_keyfile::{MAX_KEY_LEN, MIN_KEY_LEN};
 
 const INTERCEPT_LABEL: &[u8] = b"tcpkit intercept proof\0";
 const COPY_LABEL: &[u8] = b"tcpkit copy proof\0";
 
-/// The shared key. Its Debug form shows its length, never its bytes.
+/// The shared key (the HMAC itself is tcpkit-keyfile's `proof`, which the fleet barrier
+/// uses too). Its Debug form shows its length, never its bytes.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Key(Vec<u8>);
+pub struct Key(tcpkit_keyfile::proof::Key);
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Key({} bytes)", self.0.len())
+        self.0.fmt(f)
     }
 }
 
@@ -59,65 +57,72 @@ pub struct Exchange {
     pub intercept_nonce: Nonce,
 }
 
+impl Exchange {
+    fn fields(&self) -> [[u8; 2]; 2] {
+        [VERSION.to_be_bytes(), self.max_payload.to_be_bytes()]
+    }
+}
+
 impl Key {
     /// The key in `bytes` under tcpkit-keyfile's rules (trailing whitespace left out, at
     /// least [`MIN_KEY_LEN`] bytes).
     pub fn from_bytes(bytes: &[u8]) -> Result<Key, String> {
-        tcpkit_keyfile::key_bytes(bytes).map(|k| Key(k.to_vec()))
+        tcpkit_keyfile::proof::Key::from_bytes(bytes).map(Key)
     }
 
     /// Reads the key file under tcpkit-keyfile's rules (owner-only, at most [`MAX_KEY_LEN`]
     /// bytes), since whoever reads it reads the target's answers.
     pub fn from_file(path: &Path) -> Result<Key, KeyError> {
-        tcpkit_keyfile::read(path).map(Key).map_err(|e| match e {
-            tcpkit_keyfile::KeyFileError::Read(source) => KeyError::Read {
-                path: path.to_owned(),
-                source,
-            },
-            tcpkit_keyfile::KeyFileError::Bad(why) => KeyError::Bad {
-                path: path.to_owned(),
-                why,
-            },
-        })
+        tcpkit_keyfile::proof::Key::from_file(path)
+            .map(Key)
+            .map_err(|e| match e {
+                tcpkit_keyfile::KeyFileError::Read(source) => KeyError::Read {
+                    path: path.to_owned(),
+                    source,
+                },
+                tcpkit_keyfile::KeyFileError::Bad(why) => KeyError::Bad {
+                    path: path.to_owned(),
+                    why,
+                },
+            })
     }
 
-    fn mac(&self, label: &[u8], x: &Exchange) -> Hmac<Sha256> {
-        // HMAC takes a key of any length.
-        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("any key length");
-        m.update(label);
-        m.update(&VERSION.to_be_bytes());
-        m.update(&x.max_payload.to_be_bytes());
-        m.update(&x.copy_nonce);
-        m.update(&x.intercept_nonce);
-        m
+    fn proof(&self, label: &[u8], x: &Exchange) -> Tag {
+        let [v, p] = x.fields();
+        self.0
+            .proof(label, &[&v, &p, &x.copy_nonce, &x.intercept_nonce])
+    }
+
+    fn verify(&self, label: &[u8], x: &Exchange, tag: &Tag) -> bool {
+        let [v, p] = x.fields();
+        self.0
+            .verify(label, &[&v, &p, &x.copy_nonce, &x.intercept_nonce], tag)
     }
 
     /// intercept's proof, sent in its Challenge.
     pub fn intercept_proof(&self, x: &Exchange) -> Tag {
-        self.mac(INTERCEPT_LABEL, x).finalize().into_bytes().into()
+        self.proof(INTERCEPT_LABEL, x)
     }
 
     /// copy's proof, sent in its Proof.
     pub fn copy_proof(&self, x: &Exchange) -> Tag {
-        self.mac(COPY_LABEL, x).finalize().into_bytes().into()
+        self.proof(COPY_LABEL, x)
     }
 
     /// Whether `tag` is intercept's proof of this key (constant time).
     pub fn verify_intercept(&self, x: &Exchange, tag: &Tag) -> bool {
-        self.mac(INTERCEPT_LABEL, x).verify_slice(tag).is_ok()
+        self.verify(INTERCEPT_LABEL, x, tag)
     }
 
     /// Whether `tag` is copy's proof of this key (constant time).
     pub fn verify_copy(&self, x: &Exchange, tag: &Tag) -> bool {
-        self.mac(COPY_LABEL, x).verify_slice(tag).is_ok()
+        self.verify(COPY_LABEL, x, tag)
     }
 }
 
 /// A fresh nonce from the OS.
 pub fn nonce() -> io::Result<Nonce> {
-    let mut n = [0u8; NONCE_LEN];
-    getrandom::fill(&mut n).map_err(|e| io::Error::other(format!("getrandom: {e}")))?;
-    Ok(n)
+    tcpkit_keyfile::proof::nonce()
 }
 
 /// Why copy's side of the opening exchange failed.
@@ -223,6 +228,7 @@ impl CopyHandshake {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::NONCE_LEN;
 
     fn key(b: &[u8]) -> Key {
         Key::from_bytes(b).unwrap()
@@ -328,6 +334,25 @@ mod tests {
             c2.on_msg(Some(&k), &m, &mut out),
             Err(HandshakeError::Unexpected(_))
         ));
+    }
+
+    #[test]
+    fn the_proof_is_the_one_copy_always_sent() {
+        // HMAC-SHA256(key, label ‖ version ‖ max_payload ‖ nonces), as before the HMAC moved
+        // down into tcpkit-keyfile: an older intercept still verifies a newer copy.
+        let k = key(b"0123456789abcdef");
+        let x = Exchange {
+            max_payload: 0x0102,
+            copy_nonce: [3; NONCE_LEN],
+            intercept_nonce: [4; NONCE_LEN],
+        };
+        let mut msg = COPY_LABEL.to_vec();
+        msg.extend_from_slice(&VERSION.to_be_bytes());
+        msg.extend_from_slice(&[1, 2]);
+        msg.extend_from_slice(&[3; NONCE_LEN]);
+        msg.extend_from_slice(&[4; NONCE_LEN]);
+        let whole = tcpkit_keyfile::proof::Key::from_bytes(b"0123456789abcdef").unwrap();
+        assert_eq!(k.copy_proof(&x), whole.proof(&msg, &[]));
     }
 
     #[test]

@@ -39,14 +39,9 @@ const T_PING: u8 = 5;
 const T_CHALLENGE: u8 = 6;
 const T_PROOF: u8 = 7;
 
-/// Bytes of a nonce (each side draws one per connection).
-pub const NONCE_LEN: usize = 16;
-/// Bytes of a proof (HMAC-SHA256).
-pub const TAG_LEN: usize = 32;
-/// A nonce: random, one per side per connection.
-pub type Nonce = [u8; NONCE_LEN];
-/// A proof of the key over both nonces.
-pub type Tag = [u8; TAG_LEN];
+/// Nonces (each side draws one per connection) and proofs (HMAC-SHA256 of the key over
+/// both nonces): tcpkit-keyfile's, which the fleet barrier shares.
+pub use tcpkit_keyfile::proof::{Nonce, Tag, NONCE_LEN, TAG_LEN};
 
 /// Bytes of a [`PacketHdr`] before its payload: family, two addresses, ports, seq, ack,
 /// flags, window, MSS, window scale, declared payload length.

@@ -4,8 +4,11 @@
 //! reads it reads the data it guards), at most [`MAX_KEY_LEN`] bytes, and at least
 //! [`MIN_KEY_LEN`] once trailing whitespace (a final newline) is left out, so a key written
 //! by `openssl rand -base64 32 > FILE` or an editor reads the same on both hosts. What the key
-//! then becomes (an HMAC key, a Noise psk) is the job's business.
+//! then becomes (a Noise psk) is the job's business, except the HMAC challenge-response two
+//! parts prove it with (copy and intercept's control channel, the fleet barrier): [`proof`].
 #![warn(missing_docs)]
+
+pub mod proof;
 
 use std::io::{self, Read};
 use std::path::Path;

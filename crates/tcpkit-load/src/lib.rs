@@ -12,6 +12,7 @@ pub mod merge;
 mod nofile;
 pub mod report;
 mod run_id;
+pub mod series;
 pub mod tune;
 
 pub use nofile::raise_nofile_limit;

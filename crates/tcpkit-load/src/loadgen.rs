@@ -253,6 +253,12 @@ pub fn plan(cfg: &Config) -> Result<Plan, LoadError> {
 pub(crate) struct Details {
     pub connect_error: Option<String>,
     pub bad_answer: Option<String>,
+    /// When the first query went out (wall clock, Unix ns), for a fleet report.
+    #[serde(default)]
+    pub first_sent_unix_ns: Option<u64>,
+    /// Why this host could not get ready for a fleet run (told to the barrier).
+    #[serde(default)]
+    pub not_ready: Option<String>,
 }
 
 /// Runs the load. In a worker (`cfg.worker`), runs its share and prints JSON lines for the
@@ -300,7 +306,52 @@ pub fn run(
     // The processes' reports merged into one carry no shard of their own.
     report.shard = shard_id(cfg);
     judge(&mut report, &details);
+    if let Some(agent) = &cfg.fleet {
+        let fleet = agent.report(details.first_sent_unix_ns.unwrap_or(0));
+        // The barrier's word first: the agent that failed is the cause of this one's end.
+        if let Some(why) = agent.failure().or(details.not_ready) {
+            report.failure = Some(why);
+        }
+        report.fleet = Some(fleet);
+    }
     Ok(report)
+}
+
+/// Why this process is not ready for a fleet run, once its threads have settled: fewer
+/// connections open than asked.
+pub(crate) fn not_ready_why(open: u64, asked: u64, target: &str) -> Option<String> {
+    (open < asked).then(|| {
+        format!("only {open} of {asked} connections could be opened to {target} while preparing")
+    })
+}
+
+/// A single-process fleet agent: once every thread has settled, tells the barrier ready (or
+/// why not), then sets the query phase's start at the barrier's instant, converted to this
+/// host's clocks. Returns why this host could not get ready, if it could not.
+fn fleet_gate(
+    agent: &tcpkit_fleet::Agent,
+    sh: &engine::Shared<'_>,
+    ready: &AtomicBool,
+) -> Option<String> {
+    while !ready.load(Ordering::SeqCst) {
+        if sh.interrupt.load(Ordering::Relaxed) {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    let target = format!("{} ({})", sh.cfg.target, sh.cfg.addr);
+    if let Some(why) = not_ready_why(sh.open.load(Ordering::SeqCst), sh.conns, &target) {
+        agent.not_ready(&why);
+        sh.interrupt.store(true, Ordering::SeqCst);
+        return Some(why);
+    }
+    agent.ready();
+    if let Some(at) = agent.wait_start(sh.interrupt) {
+        sh.wall_start.store(at, Ordering::SeqCst);
+        sh.start
+            .store(tcpkit_fleet::clock::mono_of(at).max(1), Ordering::SeqCst);
+    }
+    None
 }
 
 /// When the answers say the server speaks another protocol than the payload: DNS queries
@@ -336,11 +387,15 @@ fn run_share(
     live: &LoadCounters,
     hint: &(dyn Fn(&str) + Sync),
 ) -> Result<(LoadReport, Details), LoadError> {
-    // `--duration` bounds the whole run, from here: opening the connections included.
+    // `--duration` bounds the whole run, from here: opening the connections included (for a
+    // fleet agent, from the barrier's start: `begin` bounds the query phase).
     let began = tcpkit_pace::now_ns();
-    let deadline = cfg
-        .duration
-        .map_or(u64::MAX, |d| began.saturating_add(d.as_nanos() as u64));
+    let deadline = match cfg.duration {
+        Some(d) if !cfg.gated => began.saturating_add(d.as_nanos() as u64),
+        _ => u64::MAX,
+    };
+    let open = Arc::new(AtomicU64::new(0));
+    let gate = cfg.fleet.as_deref().filter(|_| n == 1);
     let (kk, nn) = (u64::from(k), u64::from(n));
     let conns = share(cfg.connections, nn, kk);
     let threads = plan
@@ -350,15 +405,23 @@ fn run_share(
     let wall_start = Arc::new(AtomicU64::new(0));
     let start = Arc::new(AtomicU64::new(0));
     // One of several processes: the parent releases all of them into the query phase at once.
-    let ready = (n > 1).then(|| {
+    let ready = if n > 1 {
         let ready = Arc::new(AtomicBool::new(false));
         procs::await_release(
             Arc::clone(&ready),
             Arc::clone(&start),
             Arc::clone(&wall_start),
+            (
+                Arc::clone(&open),
+                conns,
+                format!("{} ({})", cfg.target, cfg.addr),
+            ),
         );
-        ready
-    });
+        Some(ready)
+    } else {
+        // A lone fleet agent: its gate sets the start, not the last thread to settle.
+        gate.map(|_| Arc::new(AtomicBool::new(false)))
+    };
     let per_query = match &cfg.per_query {
         Some(p) => {
             let path = outfiles::per_proc_path(p, k, n);
@@ -409,11 +472,20 @@ fn run_share(
         deadline,
         wall_start: Arc::clone(&wall_start),
         ready: ready.clone(),
-        open: AtomicU64::new(0),
+        open,
         peak_open: AtomicU64::new(0),
         hdr_log,
+        first_sent: AtomicU64::new(u64::MAX),
     };
+    let mut not_ready = None;
     let outs: Vec<Result<engine::ThreadOut, LoadError>> = std::thread::scope(|s| {
+        let gate = match (gate, &ready) {
+            (Some(agent), Some(r)) => {
+                let sh = &shared;
+                Some(s.spawn(move || fleet_gate(agent, sh, r)))
+            }
+            _ => None,
+        };
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let sink = per_query.as_ref().and_then(perquery::PerQuery::sink);
@@ -423,7 +495,7 @@ fn run_share(
                     .spawn_scoped(s, move || engine::run_thread(sh, t, sink))
             })
             .collect();
-        handles
+        let outs = handles
             .into_iter()
             .map(|h| match h {
                 Ok(h) => h.join().unwrap_or_else(|_| {
@@ -437,7 +509,11 @@ fn run_share(
                     source: e,
                 }),
             })
-            .collect()
+            .collect::<Vec<_>>();
+        if let Some(g) = gate {
+            not_ready = g.join().ok().flatten();
+        }
+        outs
     });
     let mut threads_out = Vec::with_capacity(outs.len());
     for o in outs {
@@ -463,7 +539,9 @@ fn run_share(
         }
         None => None,
     };
-    Ok(assemble(cfg, plan, &shared, threads_out, began, per_query))
+    let (report, mut details) = assemble(cfg, plan, &shared, threads_out, began, per_query);
+    details.not_ready = not_ready;
+    Ok((report, details))
 }
 
 fn assemble(
@@ -552,6 +630,14 @@ fn assemble(
             .map(str::to_string)
             .collect();
     let wall_start = sh.wall_start.load(Ordering::SeqCst);
+    let intervals = thread_intervals(&outs, wall_start);
+    let first = sh.first_sent.load(Ordering::SeqCst);
+    if first != u64::MAX && start != 0 {
+        // On the wall clock through the start's two readings (a step of the wall clock
+        // mid-run does not move it).
+        details.first_sent_unix_ns =
+            Some(wall_start.saturating_add_signed(first.wrapping_sub(start) as i64));
+    }
     let report = LoadReport {
         schema_version: LOAD_SCHEMA_VERSION,
         // Given by `run` to the whole run (a worker's share is not a run of its own).
@@ -625,6 +711,9 @@ fn assemble(
         },
         per_query,
         failure: None,
+        intervals,
+        fleet: None,
+        ..LoadReport::default()
     };
     (report, details)
 }
@@ -634,6 +723,33 @@ fn shard_id(cfg: &Config) -> Option<ShardId> {
         index: s.index,
         count: s.count,
     })
+}
+
+/// The threads' seconds put together on the wall clock: one interval per second of the
+/// process (each thread's share added), bounded as one thread's are.
+fn thread_intervals(
+    outs: &[engine::ThreadOut],
+    wall_start: u64,
+) -> Vec<crate::series::IntervalRec> {
+    let on_wall: Vec<Vec<_>> = outs
+        .iter()
+        .map(|o| {
+            o.intervals
+                .iter()
+                .map(|r| crate::series::IntervalRec {
+                    start_unix_ns: wall_start.saturating_add(r.start_unix_ns),
+                    ..r.clone()
+                })
+                .collect()
+        })
+        .collect();
+    let runs: Vec<(&[_], i64)> = on_wall.iter().map(|l| (l.as_slice(), 0)).collect();
+    // The threads' histograms were encoded here: they decode, and their sums fit.
+    let mut merged = crate::series::lay_out(&runs)
+        .map(|(m, _)| m)
+        .unwrap_or_default();
+    let _ = crate::series::coarsen(&mut merged, crate::series::MAX_INTERVALS);
+    merged
 }
 
 /// The verdict: the first way the run fell short of what was asked, or None.

@@ -1,14 +1,18 @@
 //! `tcpkit merge`: joins `tcpkit load --json` reports of runs made at the same time (from
 //! several client hosts, or the worker processes of one run) into one report: counts summed,
 //! histograms merged from their serialized form (so percentiles are exact, not averaged),
-//! rates over the union of the runs' wall-clock windows.
+//! rates over the union of the runs' wall-clock windows, the runs' one-second intervals laid
+//! on one wall-clock axis (each report's clock offset to the controller taken off:
+//! [`crate::series`]) as the fleet's series. Reports of one fleet run are checked as one: a
+//! shard given twice is refused, a shard with no report and an agent the barrier stopped are
+//! named, and the limits are judged on the whole ([`merge_run`]).
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::Read as _;
 use std::path::Path;
 
-use crate::report::{LoadReport, LOAD_SCHEMA_VERSION};
-use tcpkit_stats::Histogram;
+use crate::report::{Agent, LoadReport, MergedFleet, Shard, LOAD_SCHEMA_VERSION};
+use crate::series::{lay_out, total, IntervalRec, LayoutError};
+use tcpkit_stats::{Histogram, Limits};
 
 /// Why reports could not be merged.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +59,33 @@ pub enum MergeError {
     BadRate { report: usize, value: f64 },
     #[error("nothing to merge")]
     Empty,
+    /// The intervals cannot be laid out (a histogram that cannot be read, a sum that
+    /// overflows, a span of centuries).
+    #[error("report {report}: {source}")]
+    Series {
+        /// The report's number, from 1.
+        report: usize,
+        #[source]
+        source: LayoutError,
+    },
+    /// One shard of one fleet run in two reports: a retried agent or pod is counted once.
+    #[error("{first} and {second} are both shard {shard}{of}: a retried agent is counted once; merge the report of the run that counted")]
+    SameShard {
+        first: String,
+        second: String,
+        shard: String,
+        of: String,
+    },
+    /// Reports of two fleet runs, or shards of two different splits.
+    #[error(
+        "{first} {what_first} and {second} {what_second}: merge takes the reports of one fleet run"
+    )]
+    OtherFleet {
+        first: String,
+        what_first: String,
+        second: String,
+        what_second: String,
+    },
     /// One run given twice (under one name or two): its counts would be added twice.
     #[error("{first} and {second} are the same run (run id {id}): merging would count it twice")]
     SameRun {
@@ -71,6 +102,7 @@ impl MergeError {
         match self {
             MergeError::Histogram { report, .. }
             | MergeError::Overflow { report, .. }
+            | MergeError::Series { report, .. }
             | MergeError::BadRate { report, .. } => report.checked_sub(1),
             _ => None,
         }
@@ -106,7 +138,11 @@ pub fn check_runs(named: &[(String, LoadReport)]) -> Result<Vec<String>, MergeEr
             }
         }
     }
+    check_shards(named)?;
     let mut warnings = Vec::new();
+    for (name, r) in named {
+        warnings.extend(interval_warning(name, r));
+    }
     let windows: Vec<(&str, u64, u64)> = named
         .iter()
         .filter(|(_, r)| r.start_unix_ns > 0 && r.end_unix_ns > r.start_unix_ns)
@@ -128,6 +164,102 @@ pub fn check_runs(named: &[(String, LoadReport)]) -> Result<Vec<String>, MergeEr
         }
     }
     Ok(warnings)
+}
+
+/// The fleet run id of a report (empty without `fleet`).
+fn fleet_id(r: &LoadReport) -> &str {
+    r.fleet.as_ref().map_or("", |f| f.run_id.as_str())
+}
+
+/// Reports of one fleet run only, one report per shard, shards of one split.
+fn check_shards(named: &[(String, LoadReport)]) -> Result<(), MergeError> {
+    let fleet: Vec<(&str, &str)> = named
+        .iter()
+        .filter(|(_, r)| r.fleet.is_some())
+        .map(|(n, r)| (n.as_str(), fleet_id(r)))
+        .collect();
+    if let Some((a, b)) = fleet
+        .iter()
+        .zip(fleet.iter().skip(1))
+        .find(|(a, b)| a.1 != b.1)
+    {
+        return Err(MergeError::OtherFleet {
+            first: a.0.to_string(),
+            what_first: format!("is of fleet run {}", a.1),
+            second: b.0.to_string(),
+            what_second: format!("of fleet run {}", b.1),
+        });
+    }
+    let shards: Vec<(&str, &LoadReport, Shard)> = named
+        .iter()
+        .filter_map(|(n, r)| r.shard.map(|k| (n.as_str(), r, k)))
+        .collect();
+    if let Some((a, b)) = shards
+        .iter()
+        .zip(shards.iter().skip(1))
+        .find(|(a, b)| a.2.count != b.2.count)
+    {
+        return Err(MergeError::OtherFleet {
+            first: a.0.to_string(),
+            what_first: format!("is shard {}", a.2.label()),
+            second: b.0.to_string(),
+            what_second: format!("shard {}", b.2.label()),
+        });
+    }
+    if let Some((name, _, k)) = shards
+        .iter()
+        .find(|(_, _, k)| k.index == 0 || k.index > k.count || k.count > MAX_SHARDS)
+    {
+        return Err(MergeError::OtherFleet {
+            first: name.to_string(),
+            what_first: format!("says shard {}", k.label()),
+            second: "that".into(),
+            what_second: format!(
+                "is not a shard K/N with K from 1 to N and N at most {MAX_SHARDS}"
+            ),
+        });
+    }
+    let mut seen: BTreeMap<u32, &str> = BTreeMap::new();
+    for (name, r, k) in &shards {
+        if let Some(first) = seen.insert(k.index, name) {
+            let id = fleet_id(r);
+            return Err(MergeError::SameShard {
+                first: first.to_string(),
+                second: name.to_string(),
+                shard: k.label(),
+                of: if id.is_empty() {
+                    String::new()
+                } else {
+                    format!(" of fleet run {id}")
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A report whose intervals do not add up to its whole (an older tcpkit wrote none, or the
+/// file was edited): its counts are in the whole but the series misses them; said, not fatal.
+fn interval_warning(name: &str, r: &LoadReport) -> Option<String> {
+    if r.intervals.is_empty() {
+        return (r.queries.sent > 0).then(|| {
+            format!("{name} has no intervals (written by an older tcpkit): its queries are in the totals but not in the per-second series")
+        });
+    }
+    let (t, h) = total(&r.intervals).ok()?;
+    let whole = Histogram::from_base64(&r.histograms.intended).ok()?;
+    (t.answered != r.queries.answered || t.sent != r.queries.sent || h.count() != whole.count())
+        .then(|| {
+            format!(
+                "{name}: its intervals add up to {} sent, {} answered, {} latencies, its totals say {} sent, {} answered, {} latencies: the series and the totals disagree",
+                t.sent,
+                t.answered,
+                h.count(),
+                r.queries.sent,
+                r.queries.answered,
+                whole.count()
+            )
+        })
 }
 
 /// The largest report file read: real ones are a few KiB (two histograms and counts).
@@ -161,22 +293,7 @@ fn other_kind(v: &serde_json::Value) -> Option<&'static str> {
         .map(|&(_, kind)| kind)
 }
 
-/// `s` with control characters (escape sequences, NUL, title changes) written out as `\u{..}`,
-/// so a report string printed to a terminal shows what it holds instead of doing it.
-pub fn escape_controls(s: &str) -> String {
-    if !s.chars().any(char::is_control) {
-        return s.to_string();
-    }
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_unicode().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
+pub use tcpkit_stats::escape_controls;
 
 /// Every string of a read report with its control characters escaped ([`escape_controls`]).
 fn escape_report(r: &mut LoadReport) {
@@ -192,6 +309,24 @@ fn escape_report(r: &mut LoadReport) {
     if let Some(p) = &mut r.per_query {
         e(&mut p.path);
     }
+    if let Some(f) = &mut r.fleet {
+        e(&mut f.run_id);
+        e(&mut f.controller);
+        e(&mut f.host);
+        if let Some(w) = &mut f.stopped_by {
+            e(w);
+        }
+    }
+    if let Some(f) = &mut r.merged_fleet {
+        e(&mut f.run_id);
+        for a in &mut f.agents {
+            e(&mut a.report);
+            e(&mut a.host);
+            if let Some(w) = &mut a.stopped_by {
+                e(w);
+            }
+        }
+    }
     for m in [&mut r.codes, &mut r.errors] {
         if m.keys().any(|k| k.chars().any(char::is_control)) {
             *m = std::mem::take(m)
@@ -206,20 +341,18 @@ fn escape_report(r: &mut LoadReport) {
 /// strings' control characters escaped.
 pub fn read_report(path: &Path) -> Result<LoadReport, MergeError> {
     let p = path.display().to_string();
-    let read_err = |e| MergeError::Read {
-        path: p.clone(),
-        source: e,
-    };
-    let mut text = Vec::new();
-    std::fs::File::open(path)
-        .map_err(read_err)?
-        .take(MAX_REPORT + 1)
-        .read_to_end(&mut text)
-        .map_err(read_err)?;
-    if text.len() as u64 > MAX_REPORT {
-        return Err(MergeError::TooBig { path: p });
-    }
+    let text = read_bytes(path)?;
     report_from_slice(&p, &text)
+}
+
+/// A report file's bytes, at most [`MAX_REPORT`] of them (any kind of report: `merge` reads
+/// them once and looks at what they hold).
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, MergeError> {
+    let p = path.display().to_string();
+    tcpkit_stats::read_capped(path, MAX_REPORT).map_err(|e| match e {
+        tcpkit_stats::ReadCapped::Io(e) => MergeError::Read { path: p, source: e },
+        tcpkit_stats::ReadCapped::TooBig => MergeError::TooBig { path: p },
+    })
 }
 
 /// [`read_report`] of bytes already read (`path` names them in errors); the body of the
@@ -337,9 +470,11 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
         add32(&mut m.runs, r.runs.max(1), "runs")?;
         add32(&mut m.processes, r.processes, "processes")?;
         add32(&mut m.threads, r.threads, "threads")?;
+        // The window on the controller's clock, as the intervals are.
+        let off = offset(r);
         if r.seconds > 0.0 {
-            start = start.min(r.start_unix_ns);
-            end = end.max(r.end_unix_ns);
+            start = start.min(on_controller(r.start_unix_ns, off));
+            end = end.max(on_controller(r.end_unix_ns, off));
         }
         m.connect_seconds = m.connect_seconds.max(r.connect_seconds);
         let (c, rc) = (&mut m.connections, &r.connections);
@@ -460,8 +595,140 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
     if !failures.is_empty() {
         m.failure = Some(failures.join("; "));
     }
+    let runs: Vec<(&[IntervalRec], i64)> = reports
+        .iter()
+        .map(|r| (r.intervals.as_slice(), offset(r)))
+        .collect();
+    let (intervals, series) = lay_out(&runs).map_err(|e| MergeError::Series {
+        report: match e {
+            LayoutError::Hist { run, .. } | LayoutError::Overflow { run, .. } => run + 1,
+            LayoutError::Span { .. } => 0,
+        },
+        source: e,
+    })?;
+    if !intervals.is_empty() {
+        m.intervals = intervals;
+        m.series = Some(series);
+    }
     Ok(m)
 }
+
+/// A report's clock minus the controller's (0 without `fleet`).
+fn offset(r: &LoadReport) -> i64 {
+    r.fleet.as_ref().map_or(0, |f| f.clock_offset_ns)
+}
+
+/// `t` of a clock `off` ahead of the controller's, on the controller's.
+fn on_controller(t: u64, off: i64) -> u64 {
+    u64::try_from((i128::from(t) - i128::from(off)).max(0)).unwrap_or(u64::MAX)
+}
+
+/// `merge`'s whole job on reports read from files (each with its name): [`merge_reports`],
+/// then the fleet run they make (its agents, shards with no report, agents the barrier
+/// stopped: each a reason the merged run failed) and `limits` judged on the whole. The
+/// failures are joined on the one last line, the broken limits last.
+pub fn merge_run(
+    named: &[(String, LoadReport)],
+    limits: &Limits,
+) -> Result<LoadReport, MergeError> {
+    let reports: Vec<LoadReport> = named.iter().map(|(_, r)| r.clone()).collect();
+    let mut m = merge_reports(&reports)?;
+    let fleet = merged_fleet(named);
+    if let Some(f) = &fleet {
+        let mut why: Vec<String> = m.failure.take().into_iter().collect();
+        let n = f.shards.unwrap_or_default();
+        why.extend(
+            f.missing_shards
+                .iter()
+                .map(|k| format!("shard {k}/{n}: no report")),
+        );
+        for a in &f.agents {
+            if let Some(w) = &a.stopped_by {
+                let who = a
+                    .shard
+                    .map_or(a.report.clone(), |k| format!("shard {}", k.label()));
+                let on = if a.host.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {}", a.host)
+                };
+                why.push(format!("{who}{on} was stopped by the barrier: {w}"));
+            }
+        }
+        if !why.is_empty() {
+            m.failure = Some(why.join("; "));
+        }
+    }
+    m.merged_fleet = fleet;
+    m.judge_limits(limits);
+    Ok(m)
+}
+
+/// The fleet the reports make, when any has a `shard` or a `fleet`.
+fn merged_fleet(named: &[(String, LoadReport)]) -> Option<MergedFleet> {
+    if !named
+        .iter()
+        .any(|(_, r)| r.shard.is_some() || r.fleet.is_some())
+    {
+        return None;
+    }
+    let shards = named.iter().find_map(|(_, r)| r.shard.map(|k| k.count));
+    let agents: Vec<Agent> = named
+        .iter()
+        .map(|(name, r)| {
+            let f = r.fleet.clone().unwrap_or_default();
+            Agent {
+                report: escape_controls(name),
+                shard: r.shard,
+                actual_start_unix_ns: if r.fleet.is_some() {
+                    on_controller(f.actual_start_unix_ns, f.clock_offset_ns)
+                } else {
+                    0
+                },
+                host: f.host,
+                clock_offset_ns: f.clock_offset_ns,
+                offset_rtt_ns: f.offset_rtt_ns,
+                answered: r.queries.answered,
+                stopped_by: f.stopped_by,
+            }
+        })
+        .collect();
+    let missing_shards = shards.map_or(Vec::new(), |n| {
+        (1..=n.min(MAX_SHARDS))
+            .filter(|k| {
+                !named
+                    .iter()
+                    .any(|(_, r)| r.shard.is_some_and(|s| s.index == *k))
+            })
+            .collect()
+    });
+    let starts: Vec<u64> = named
+        .iter()
+        .filter_map(|(_, r)| {
+            r.fleet
+                .as_ref()
+                .map(|f| on_controller(f.actual_start_unix_ns, f.clock_offset_ns))
+        })
+        .collect();
+    let spread = match (starts.iter().min(), starts.iter().max()) {
+        (Some(a), Some(b)) => b - a,
+        _ => 0,
+    };
+    Some(MergedFleet {
+        run_id: named
+            .iter()
+            .find_map(|(_, r)| r.fleet.as_ref().map(|f| f.run_id.clone()))
+            .unwrap_or_default(),
+        shards,
+        agents,
+        missing_shards,
+        start_spread_ns: spread,
+    })
+}
+
+/// Most shards a fleet run's missing ones are listed for: a report saying `1/4294967295`
+/// must not make a list of four billion.
+pub const MAX_SHARDS: u32 = 65_536;
 
 /// Body of the `merge_report` fuzz target (and of the stable test over its seed corpus): any
 /// bytes as a report file, then merged with itself as a second run and printed, must give a
@@ -479,9 +746,38 @@ pub fn fuzz_merge_report(data: &[u8]) {
         ("b".to_string(), twin.clone()),
     ];
     let _ = check_runs(&named);
-    if let Ok(m) = merge_reports(&[r, twin]) {
+    if let Ok(m) = merge_reports(&[r.clone(), twin.clone()]) {
         let text = tcpkit_stats::Report::human(&m);
         assert!(!text.chars().any(|c| c.is_control() && c != '\n'));
+        let _ = tcpkit_stats::Report::json(&m);
+    }
+    // As shards of one fleet run with every limit given: the fleet, the series and the
+    // verdict are built from what the file says, whatever it says.
+    twin.shard = Some(Shard {
+        index: r.shard.map_or(2, |k| k.index.wrapping_add(1)),
+        count: r.shard.map_or(3, |k| k.count),
+    });
+    if let (Some(f), None) = (&r.fleet, &twin.fleet) {
+        twin.fleet = Some(f.clone());
+    }
+    let named = [("a".to_string(), r), ("b".to_string(), twin)];
+    if check_runs(&named).is_err() {
+        return;
+    }
+    let limits = Limits {
+        max_p99_ns: Some(1_000_000),
+        max_p999_ns: Some(2_000_000),
+        min_answered_qps: Some(1.0),
+        max_loss_percent: Some(1.0),
+        max_errors: Some(0),
+    };
+    if let Ok(m) = merge_run(&named, &limits) {
+        let text = tcpkit_stats::Report::human(&m);
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'));
+        assert!(m.verdict.is_some());
+        if let Some(s) = &m.series {
+            assert!(s.rows.len() as u64 <= crate::series::MAX_ROWS);
+        }
         let _ = tcpkit_stats::Report::json(&m);
     }
 }
@@ -521,6 +817,15 @@ mod tests {
                 intended: h.to_base64(),
                 sent: h.to_base64(),
             },
+            // Everything in its first second: the intervals add up to the totals.
+            intervals: vec![crate::series::Tally {
+                asked: sent,
+                sent,
+                answered: values.len() as u64,
+                errors: 0,
+                timeouts: 0,
+            }
+            .rec(start_s * 1_000_000_000, 1, h.to_base64())],
             ..Default::default()
         }
     }

@@ -9,7 +9,11 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use tcpkit_stats::{fmt_ns, to_json, Percentiles, Report, Verdict};
+use tcpkit_stats::{
+    fmt_ns, to_json, Histogram, Limits, LimitsVerdict, Measured, Percentiles, Report, Verdict,
+};
+
+pub use crate::series::{IntervalRec, Series, SeriesRow};
 
 /// Bumped whenever a JSON field changes meaning or disappears (docs/schema/load.schema.json).
 pub const LOAD_SCHEMA_VERSION: u32 = 1;
@@ -37,11 +41,6 @@ pub struct LoadReport {
     pub processes: u32,
     /// Event-loop threads, all processes.
     pub threads: u32,
-    /// `--shard K/N`: this agent's part of a run several hosts share (its counts and rates
-    /// are its share of the command line's); absent when the run is not sharded, and in a
-    /// merged report.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shard: Option<ShardId>,
     /// Wall time (ns since the Unix epoch) when the query phase began and ended.
     pub start_unix_ns: u64,
     /// Wall time (ns since the Unix epoch) when the query phase ended.
@@ -76,16 +75,122 @@ pub struct LoadReport {
     pub per_query: Option<PerQueryStats>,
     /// Why this run counts as failed (exit status 1); absent when it did what was asked.
     pub failure: Option<String>,
+    /// `--shard K/N`: this agent's share of a fleet's command line; absent without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
+    /// `--barrier`: the fleet run this agent was started in; absent without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<Fleet>,
+    /// One entry per second of the query phase (and of the wait for the last answers), on
+    /// this host's clock: what `merge` lays on one axis for a fleet. They add up to the whole
+    /// run exactly. Empty in reports of older tcpkit.
+    #[serde(default)]
+    pub intervals: Vec<IntervalRec>,
+    /// A merged report's per-second series (every report's intervals on the controller's
+    /// clock); absent from a run's own report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub series: Option<Series>,
+    /// A merged report of a fleet run: its agents, their clocks and starts, the shards with no
+    /// report, the agents the barrier stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged_fleet: Option<MergedFleet>,
+    /// The limits given (`--max-p99`, ...), each checked on the whole run; absent without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<LimitsVerdict>,
 }
 
-/// Which shard of a fleet's run a report is: `index` of `count`, from 1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShardId {
-    /// K of `--shard K/N`.
+/// `--shard K/N`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    /// K, from 1.
     pub index: u32,
-    /// N of `--shard K/N`.
+    /// N.
     pub count: u32,
 }
+
+/// The fleet run an agent took part in (`--barrier`), on this agent's clock: the fleet
+/// crate's report (run id, controller, host, clock offset and its round trip, intended and
+/// actual start, stopped_by).
+pub type Fleet = tcpkit_fleet::FleetReport;
+
+/// A merged fleet run: who took part, when each started on the controller's clock.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergedFleet {
+    /// The fleet run's id (empty when the reports were not started by a barrier).
+    pub run_id: String,
+    /// N of the reports' `--shard K/N` (null without shards).
+    pub shards: Option<u32>,
+    /// One per report, in the order given.
+    pub agents: Vec<Agent>,
+    /// Shards 1..N with no report.
+    pub missing_shards: Vec<u32>,
+    /// The latest actual start minus the earliest, on the controller's clock (0 with fewer
+    /// than two agents with a `fleet`).
+    pub start_spread_ns: u64,
+}
+
+/// One agent of a merged fleet run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Agent {
+    /// The file its report was read from.
+    pub report: String,
+    pub shard: Option<Shard>,
+    /// Its hostname (empty without `fleet`).
+    pub host: String,
+    pub clock_offset_ns: i64,
+    pub offset_rtt_ns: u64,
+    /// Its first query, on the controller's clock (0 without `fleet`).
+    pub actual_start_unix_ns: u64,
+    pub answered: u64,
+    /// Why the barrier stopped it early.
+    pub stopped_by: Option<String>,
+}
+
+impl Shard {
+    /// `K/N`.
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.index, self.count)
+    }
+}
+
+impl LoadReport {
+    /// What the limits are judged on: the corrected latency (from the intended send time),
+    /// the answered rate, the queries sent and never answered in percent of those sent (0
+    /// when none was sent), and the errors (the `errors` counts).
+    pub fn measured(&self) -> Measured {
+        let q = &self.queries;
+        Measured {
+            p99_ns: Some(self.latency.p99_ns),
+            p999_ns: Some(self.latency.p999_ns),
+            answered_qps: Some(self.rates.answered_qps),
+            loss_percent: Some(if q.sent == 0 {
+                0.0
+            } else {
+                q.sent.saturating_sub(q.answered) as f64 * 100.0 / q.sent as f64
+            }),
+            errors: Some(self.errors.values().fold(0u64, |a, b| a.saturating_add(*b))),
+        }
+    }
+
+    /// Judges `limits` on this report: its `verdict`, and a broken limit appended to its
+    /// `failure` (so it is the last line, and the exit status 1). Nothing without limits.
+    pub fn judge_limits(&mut self, limits: &Limits) {
+        if limits.is_empty() {
+            return;
+        }
+        let v = limits.judge(&self.measured());
+        if let Some(broken) = v.broken() {
+            self.failure = Some(match self.failure.take() {
+                Some(f) => format!("{f}; {broken}"),
+                None => broken,
+            });
+        }
+        self.verdict = Some(v);
+    }
+}
+
+/// Which shard of a fleet's run a report is (the shard branch's name for [`Shard`]).
+pub type ShardId = Shard;
 
 /// Connections: asked, opened, failed and closed.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -214,6 +319,117 @@ fn pct_block(s: &mut String, title: &str, p: &Percentiles) {
         ("100.000%", p.max_ns),
     ] {
         let _ = writeln!(s, " {q:>8}  {:>10}", fmt_ns(v));
+    }
+}
+
+/// The agents of a merged fleet run, one line each, and the spread of their starts.
+fn fleet_block(s: &mut String, f: &MergedFleet) {
+    let id = if f.run_id.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", f.run_id)
+    };
+    let shards = f
+        .shards
+        .map_or(String::new(), |n| format!(" of {n} shards"));
+    let _ = writeln!(
+        s,
+        "Fleet run{id}: {} report{}{shards}; actual starts within {:.3} ms (controller clock)",
+        f.agents.len(),
+        if f.agents.len() == 1 { "" } else { "s" },
+        f.start_spread_ns as f64 / 1e6
+    );
+    for a in &f.agents {
+        let shard = a
+            .shard
+            .map_or(String::new(), |k| format!("shard {} ", k.label()));
+        let host = if a.host.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " on {}, clock {:+.3} ms (+/- {:.3} ms)",
+                a.host,
+                a.clock_offset_ns as f64 / 1e6,
+                a.offset_rtt_ns as f64 / 2e6
+            )
+        };
+        let stopped = a
+            .stopped_by
+            .as_ref()
+            .map_or(String::new(), |w| format!("; stopped by the barrier: {w}"));
+        let _ = writeln!(
+            s,
+            "  {shard}{}{host}: {} answered{stopped}",
+            a.report, a.answered
+        );
+    }
+    for k in &f.missing_shards {
+        let _ = writeln!(s, "  shard {k}/{}: no report", f.shards.unwrap_or_default());
+    }
+}
+
+/// Rows the series table prints at most: longer series are shown in groups of rows.
+const TABLE_ROWS: usize = 30;
+
+/// The per-second series as wrk2 and k6 print a time series: one short line per row (rows
+/// grouped so that at most [`TABLE_ROWS`] are printed), latency from the merged intervals.
+fn series_table(s: &mut String, series: &Series, intervals: &[IntervalRec]) {
+    if series.rows.is_empty() {
+        return;
+    }
+    let g = series.rows.len().div_ceil(TABLE_ROWS);
+    let width = series.seconds.saturating_mul(g as u64);
+    let _ = writeln!(
+        s,
+        "Per {width} s (controller clock, from {}):",
+        wall_time(series.start_unix_ns)
+    );
+    let _ = writeln!(
+        s,
+        "  {:>7} {:>9} {:>9} {:>9} {:>7} {:>8} {:>10} {:>10}",
+        "t", "asked", "sent", "answered", "errors", "timeouts", "p50", "p99"
+    );
+    let w_ns = series.seconds.saturating_mul(crate::series::SECOND_NS);
+    for (i, rows) in series.rows.chunks(g).enumerate() {
+        let sum = |f: fn(&SeriesRow) -> u64| rows.iter().fold(0u64, |a, r| a.saturating_add(f(r)));
+        let (p50, p99) = if g == 1 {
+            (rows[0].p50_ns, rows[0].p99_ns)
+        } else {
+            // A group's percentiles from its rows' histograms, not from their percentiles.
+            let from = series.start_unix_ns + (i * g) as u64 * w_ns;
+            let to = from + rows.len() as u64 * w_ns;
+            let mut h = Histogram::new();
+            for iv in intervals
+                .iter()
+                .filter(|iv| (from..to).contains(&iv.start_unix_ns))
+            {
+                if let Ok(x) = Histogram::from_base64(&iv.hist) {
+                    h.merge(&x);
+                }
+            }
+            let p = h.percentiles();
+            (p.p50_ns, p.p99_ns)
+        };
+        let answered = sum(|r| r.answered);
+        let lat = |v: u64| {
+            if answered == 0 {
+                "-".to_string()
+            } else {
+                fmt_ns(v)
+            }
+        };
+        let _ = writeln!(
+            s,
+            "  {:>6}s {:>9} {:>9} {:>9} {:>7} {:>8} {:>10} {:>10}",
+            rows[0].t_s,
+            sum(|r| r.asked),
+            sum(|r| r.sent),
+            answered,
+            sum(|r| r.errors),
+            sum(|r| r.timeouts),
+            lat(p50),
+            lat(p99)
+        );
     }
 }
 
@@ -357,6 +573,12 @@ impl Report for LoadReport {
                 p.lines, p.path, p.dropped
             );
         }
+        if let Some(f) = &self.merged_fleet {
+            fleet_block(&mut s, f);
+        }
+        if let Some(series) = &self.series {
+            series_table(&mut s, series, &self.intervals);
+        }
         pct_block(
             &mut s,
             "Latency Distribution (HdrHistogram - Recorded Latency, from intended send time)",
@@ -367,6 +589,11 @@ impl Report for LoadReport {
             "Latency Distribution (HdrHistogram - Uncorrected Latency, from actual send time)",
             &self.latency_sent,
         );
+        if let Some(v) = &self.verdict {
+            for c in &v.checks {
+                let _ = writeln!(s, "Limit {}", c.line());
+            }
+        }
         if let Some(f) = &self.failure {
             let _ = writeln!(s, "Failed: {f}");
         }

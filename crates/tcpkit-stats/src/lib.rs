@@ -1,5 +1,6 @@
 //! Counting and telling, what every job's report is made of: the report contract ([`Report`],
-//! [`Verdict`], the one-line error [`chain`], [`to_json`]), latency/timing histograms and HDR
+//! [`Verdict`], the one-line error [`chain`], [`to_json`], reading report files bounded and
+//! printing their strings safely), the pass/fail [`Limits`] on a whole run, latency/timing histograms and HDR
 //! logs, flow tables, the live line ([`Monitor`]), SVG plots and tcpreplay's rates.
 //!
 //! Each job's report type lives in its job crate (`tcpkit_replay::ReplayReport`,
@@ -13,14 +14,16 @@
 
 mod flows;
 mod hist;
+pub mod limits;
 mod live;
 pub mod plot;
 mod report;
 
 pub use flows::FlowTable;
 pub use hist::{fmt_ns, HdrLog, HistDecodeError, Histogram, Percentiles};
+pub use limits::{LimitCheck, Limits, LimitsVerdict, Measured, Measures};
 pub use live::{percent_eta, stamp, LiveCounters, Monitor, MonitorOptions};
-pub use report::{chain, to_json, Report, Verdict};
+pub use report::{chain, escape_controls, read_capped, to_json, ReadCapped, Report, Verdict};
 
 /// Bytes per second, megabits per second and packets per second over `secs`, as tcpreplay rates
 /// them (0 when no time passed, never NaN or infinity in output).

@@ -29,6 +29,23 @@ pub struct Sample {
     pub max_ns: u64,
 }
 
+impl Sample {
+    /// The sample of the interval from `t_s` lasting `secs` whose values are `h`: how the
+    /// timeline of an HDR log and the per-second series `merge` builds from reports' intervals
+    /// become the same picture.
+    pub fn of(t_s: f64, secs: f64, h: &Histogram) -> Sample {
+        let p = h.percentiles();
+        Sample {
+            t_s,
+            secs,
+            count: p.count,
+            p50_ns: p.p50_ns,
+            p99_ns: p.p99_ns,
+            max_ns: p.max_ns,
+        }
+    }
+}
+
 /// At most this many samples are kept: a day at one a second would be 86 400; past this the
 /// timeline halves its resolution (adjacent samples merged), so memory stays bounded.
 pub const MAX_SAMPLES: usize = 8192;
@@ -76,15 +93,11 @@ impl Timeline {
     }
 
     fn push(&mut self, from_ns: u64, len_ns: u64) {
-        let p = self.cur.percentiles();
-        self.samples.push(Sample {
-            t_s: from_ns.saturating_sub(self.start_ns) as f64 / 1e9,
-            secs: len_ns as f64 / 1e9,
-            count: p.count,
-            p50_ns: p.p50_ns,
-            p99_ns: p.p99_ns,
-            max_ns: p.max_ns,
-        });
+        self.samples.push(Sample::of(
+            from_ns.saturating_sub(self.start_ns) as f64 / 1e9,
+            len_ns as f64 / 1e9,
+            &self.cur,
+        ));
         self.cur.clear();
         if self.samples.len() >= MAX_SAMPLES {
             self.halve();
@@ -397,15 +410,11 @@ pub fn timeline_from_hdr_logs(
             acc.merge(&h);
             i += 1;
         }
-        let p = acc.percentiles();
-        out.push(Sample {
-            t_s: (index * len) as f64 / 1e3,
-            secs: len as f64 / 1e3,
-            count: p.count,
-            p50_ns: p.p50_ns,
-            p99_ns: p.p99_ns,
-            max_ns: p.max_ns,
-        });
+        out.push(Sample::of(
+            (index * len) as f64 / 1e3,
+            len as f64 / 1e3,
+            &acc,
+        ));
     }
     Ok(out)
 }

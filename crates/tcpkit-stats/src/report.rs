@@ -79,6 +79,49 @@ pub fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
+/// `s` with control characters (escape sequences, NUL, title changes) written out as `\u{..}`,
+/// so a string read from a report file and printed to a terminal shows what it holds instead
+/// of doing it (`merge` prints strings from files anyone can write).
+pub fn escape_controls(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Why a report file could not be read.
+#[derive(Debug)]
+pub enum ReadCapped {
+    /// Opening or reading it failed.
+    Io(std::io::Error),
+    /// It holds more than the cap.
+    TooBig,
+}
+
+/// The bytes of the file at `path`, at most `cap` of them: a file larger than any real report
+/// is refused before it is read whole (reports are files anyone can write).
+pub fn read_capped(path: &std::path::Path, cap: u64) -> Result<Vec<u8>, ReadCapped> {
+    use std::io::Read as _;
+    let mut text = Vec::new();
+    std::fs::File::open(path)
+        .map_err(ReadCapped::Io)?
+        .take(cap + 1)
+        .read_to_end(&mut text)
+        .map_err(ReadCapped::Io)?;
+    if text.len() as u64 > cap {
+        return Err(ReadCapped::TooBig);
+    }
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

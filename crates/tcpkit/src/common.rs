@@ -40,7 +40,7 @@ impl Failure {
         }
     }
 
-    fn message(&self) -> &str {
+    pub(crate) fn message(&self) -> &str {
         match self {
             Failure::Usage(m) | Failure::Runtime(m) => m,
         }

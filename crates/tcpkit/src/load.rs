@@ -239,6 +239,10 @@ pub struct Args {
     #[arg(long, value_name = "K/N")]
     pub shard: Option<String>,
 
+    /// --barrier, --barrier-key, --shard: one agent of a fleet run (`tcpkit barrier`).
+    #[command(flatten)]
+    pub fleet: crate::fleet::AgentFlags,
+
     /// Internal: this process is worker K of N (with T threads) started by the parent.
     #[arg(long, value_name = "K/N/T", hide = true)]
     pub worker: Option<String>,
@@ -710,8 +714,10 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     if let Some(s) = shard {
         cfg.take_shard(s).map_err(usage)?;
     }
-    // A worker is started with the same arguments (plus --worker).
+    // A worker is started with the same arguments (plus --worker); its parent talks to the
+    // barrier and releases it at the barrier's start.
     cfg.worker_argv = std::env::args_os().skip(1).collect::<Vec<_>>();
+    cfg.gated = a.fleet.barrier.is_some();
     Ok(cfg)
 }
 
@@ -809,12 +815,27 @@ fn plot(
 }
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
-    let cfg = resolve(&args)?;
+    // A fleet agent joins first, so that whatever keeps it from getting ready (a file it
+    // cannot read, a limit) reaches the barrier, which fails the fleet run naming it.
+    let agent = match &args.worker {
+        None => {
+            let mut fleet = args.fleet.clone();
+            fleet.shard = common::shard(args.shard.as_deref())?.map(|s| tcpkit_fleet::Shard {
+                index: s.index,
+                count: s.count,
+            });
+            fleet.join(interrupt)?.map(Arc::new)
+        }
+        Some(_) => None,
+    };
+    let not_ready = |f: Failure| crate::fleet::not_ready(agent.as_deref(), f);
+    let mut cfg = resolve(&args).map_err(not_ready)?;
     // A picture that cannot be written is found out before the run, not after it.
     if let (Some(p), None) = (&args.plot, &cfg.worker) {
         tcpkit_stats::plot::check_path(p)
-            .map_err(|e| usage(format!("--plot {}: cannot create: {e}", p.display())))?;
+            .map_err(|e| not_ready(usage(format!("--plot {}: cannot create: {e}", p.display()))))?;
     }
+    cfg.fleet = agent.clone();
     let live = Arc::new(LoadCounters::new());
     if cfg.worker.is_none() {
         if let Some(w) = per_query_warning(&args) {
@@ -851,11 +872,11 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         let _ = std::fs::remove_file(p);
     }
     let report = result.map_err(|e| {
-        if e.is_usage() {
+        not_ready(if e.is_usage() {
             Failure::Usage(crate::chain(&e))
         } else {
             Failure::Runtime(crate::chain(&e))
-        }
+        })
     })?;
     let plotted = match (&args.plot, &cfg.hdr_log) {
         (Some(svg), Some(log)) => plot(
@@ -871,6 +892,9 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     if report.failure.is_none() && interrupt.load(std::sync::atomic::Ordering::Relaxed) {
         // Stopped before it did what was asked: the report is printed, the run failed.
         report.failure = Some("interrupted".into());
+    }
+    if let (Some(a), Some(f)) = (&agent, &report.fleet) {
+        a.done(f.actual_start_unix_ns, report.failure.as_deref());
     }
     common::finish(&report, &args.out)?;
     plotted

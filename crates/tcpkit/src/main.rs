@@ -1,10 +1,12 @@
 //! `tcpkit`: parses the command line, runs one job, prints its report. Nothing else lives here.
 
 mod balance;
+mod barrier;
 mod common;
 mod copy;
 mod docs;
 mod echo;
+mod fleet;
 mod intercept;
 mod load;
 mod merge;
@@ -19,7 +21,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(
     name = "tcpkit",
-    version,
+    // `tcpkit 0.1.0 (abc1234 2026-11-28)`: the version and the commit (build.rs).
+    version = env!("TCPKIT_LONG_VERSION"),
     about = "Replay, copy, load and spread TCP traffic: one tool for network and SRE tests"
 )]
 struct Cli {
@@ -69,6 +72,11 @@ enum Cmd {
     /// cgroup socket hooks rewrite the address inside connect() (and getpeername() shows the
     /// VIP), so nothing is paid per packet afterwards.
     Balance(balance::Args),
+    /// Start load and replay agents on many hosts at one instant, once every one is ready,
+    /// and watch them (heartbeats every 250 ms, an agent lost after 2 s silent or at once when
+    /// its connection closes): one that cannot get ready or is lost stops the others, named
+    /// (exit 1). SIGINT/SIGTERM: tells the agents to stop and prints the report (exit 1).
+    Barrier(barrier::Args),
     /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
     Merge(merge::Args),
     /// What stops this host from holding many connections (file-descriptor limits, queues,
@@ -113,6 +121,7 @@ fn main() -> ExitCode {
         Cmd::Load(args) => ("load", load::main(*args, interrupted)),
         Cmd::Mpcat(args) => ("mpcat", mpcat::main(args, interrupted)),
         Cmd::Balance(args) => ("balance", balance::main(args, interrupted)),
+        Cmd::Barrier(args) => ("barrier", barrier::main(args, interrupted)),
         Cmd::Merge(args) => ("merge", merge::main(args)),
         Cmd::Copy(args) => ("copy", copy::main(args, interrupted)),
         Cmd::Intercept(args) => ("intercept", intercept::main(args, interrupted)),
@@ -148,6 +157,7 @@ mod tests {
                 "intercept",
                 "mpcat",
                 "balance",
+                "barrier",
                 "merge",
                 "tune",
                 "completions",

@@ -34,14 +34,7 @@ fn offline_capture_with_a_lost_segment_is_counted_not_hung_and_speed_idle_loop_r
         let answer: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
         let mut frames = http_session_frames(4, 41000, 100_000_000, &[(get.as_slice(), answer); 5]);
         // One client data segment of the first session never made it into the capture.
-        let lost = frames
-            .iter()
-            .position(|(_, f)| {
-                let s = Segment::parse(f).unwrap();
-                s.src.port() == 41000 && !s.payload.is_empty() && s.seq > 1
-            })
-            .unwrap();
-        frames.remove(lost);
+        lose_a_request(&mut frames, 41000);
         write_frames(&pcap, &frames);
     }
     let p = pcap.to_str().unwrap();

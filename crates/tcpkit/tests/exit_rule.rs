@@ -167,6 +167,28 @@ fn a_missing_or_unusable_file_is_exit_2_and_one_line_naming_it_in_every_subcomma
         let k = key.to_str().unwrap();
         let intercept = ["intercept", "--capture", "lo", "--auth-key-file", k];
         let mpcat = ["mpcat", "-l", "-p", "5000", "--psk-file", k];
+        let barrier = [
+            "barrier",
+            "--listen",
+            "127.0.0.1:7300",
+            "--agents",
+            "2",
+            "--key-file",
+            k,
+        ];
+        let agent = [
+            "load",
+            "198.18.0.2:53",
+            "--dns",
+            "-r",
+            "10",
+            "-t",
+            "1",
+            "--barrier",
+            "127.0.0.1:7300",
+            "--barrier-key",
+            k,
+        ];
         let copy = [
             "copy",
             "--copy",
@@ -182,6 +204,8 @@ fn a_missing_or_unusable_file_is_exit_2_and_one_line_naming_it_in_every_subcomma
         cases.push(case("copy", &copy, key, Some("--auth-key-file")));
         cases.push(case("intercept", &intercept, key, Some("--auth-key-file")));
         cases.push(case("mpcat", &mpcat, key, Some("--psk-file")));
+        cases.push(case("barrier", &barrier, key, Some("--key-file")));
+        cases.push(case("load", &agent, key, Some("--barrier-key")));
     }
     let broken: Vec<String> = cases
         .iter()
@@ -207,7 +231,7 @@ fn clap_errors_are_exit_2_and_one_line_in_every_subcommand() {
         let h = lab.host("h").unwrap_or_else(|e| panic!("{e}"));
         (lab, h)
     };
-    let subs: [&[&str]; 17] = [
+    let subs: [&[&str]; 18] = [
         &[],
         &["completions"],
         &["replay"],
@@ -222,6 +246,7 @@ fn clap_errors_are_exit_2_and_one_line_in_every_subcommand() {
         &["balance", "reload"],
         &["balance", "status"],
         &["balance", "run"],
+        &["barrier"],
         &["merge"],
         &["tune"],
         &["man"],

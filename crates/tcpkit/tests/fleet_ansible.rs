@@ -283,8 +283,7 @@ fn dns_query(id: u16) -> Vec<u8> {
 /// is loss to account for: the merged loss is what the target's own count says.
 #[test]
 fn two_online_hosts_copying_into_one_target_merge_into_the_loss_the_target_counted() {
-    use crate::copy_common::{http_session_frames, write_frames};
-    use tcpkit_wire::tcp::Segment;
+    use crate::copy_common::{http_session_frames, lose_a_request, write_frames};
     let mut s = Scenario::new("fleetcopy", 1, "1s");
     let server = s.fleet.servers[0].addr;
     let queries: Vec<Vec<u8>> = (1..=4).map(dns_query).collect();
@@ -295,14 +294,7 @@ fn two_online_hosts_copying_into_one_target_merge_into_the_loss_the_target_count
         let mut frames = http_session_frames(3, 41000, 10_000_000, &turns);
         if hole {
             // The second query of the first session never made it into the capture.
-            let lost = frames
-                .iter()
-                .position(|(_, f)| {
-                    let g = Segment::parse(f).unwrap();
-                    g.src.port() == 41000 && !g.payload.is_empty() && g.seq > 1
-                })
-                .unwrap();
-            frames.remove(lost);
+            lose_a_request(&mut frames, 41000);
         }
         let pcap = s.dir.path().join(format!("online{k}.pcap"));
         write_frames(&pcap, &frames);

@@ -24,6 +24,7 @@ mod echo;
 mod echo_hostile;
 mod exit_rule;
 mod fleet_ansible;
+mod fleet_barrier;
 mod intercept_hostile;
 mod load;
 mod load_contract;

@@ -422,6 +422,13 @@ pub struct Config {
     /// The arguments (after the binary's path) that re-run this command; a worker is started
     /// with these plus `--worker K/N`.
     pub worker_argv: Vec<std::ffi::OsString>,
+    /// The fleet barrier this run joined (`--barrier`): the query phase starts at the instant
+    /// it gives, once this host is prepared. Set in the parent only; a worker is `gated`.
+    pub fleet: Option<std::sync::Arc<tcpkit_fleet::Agent>>,
+    /// The start is given from outside (a barrier, through the parent for a worker):
+    /// `--duration` counts from that start, not from the first connect, since waiting for
+    /// the other agents is not this run's time.
+    pub gated: bool,
 }
 
 impl Config {
@@ -455,6 +462,8 @@ impl Config {
             worker: None,
             shard: None,
             worker_argv: Vec::new(),
+            fleet: None,
+            gated: false,
         }
     }
 

@@ -1,7 +1,8 @@
 //! One event-loop thread: its share of the connections (opened at a paced rate, retried,
 //! reopened), its share of the rate (its own `ArrivalClock`, intended send times from the
 //! common start), the answers (two HDR histograms: from the intended and from the actual send
-//! time; `--hdr-log`'s per-second ones in [`super::interval`]), timeouts, and what it counted.
+//! time; the per-second counts and histograms, the report's intervals and `--hdr-log`'s, in
+//! [`super::interval`]), timeouts, and what it counted.
 //!
 //! The loop is: send what is due, read what arrived, sweep for timeouts every few ms, and
 //! sleep until the next due time on the thread's timerfd ([`super::wake`]), so sends leave on
@@ -20,7 +21,7 @@ use tcpkit_pace::{now_ns, TokenBucket};
 use tcpkit_stats::{HdrLog, Histogram};
 
 use super::config::Config;
-use super::interval::Interval;
+use super::interval::{Asked, Interval};
 use super::perquery::{Kind as RecKind, Rec, Sink};
 use super::profile::{ArrivalTimes, Lanes};
 use super::proto::{Answer, BadAnswer, Pending, Proto, Rx, CODES, ECHOED};
@@ -29,6 +30,7 @@ use super::sock::{
 };
 use super::wake::Wake;
 use super::{LoadCounters, LoadError};
+use crate::series::{IntervalRec, Tally};
 use tcpkit_workers::share;
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
@@ -91,9 +93,11 @@ pub(crate) struct Shared<'a> {
     /// Wall-clock ns of the same instant.
     pub wall_start: Arc<AtomicU64>,
     /// Connections open now in this process, and the most at once.
-    pub open: AtomicU64,
+    pub open: Arc<AtomicU64>,
     pub peak_open: AtomicU64,
     pub hdr_log: Option<Mutex<HdrLog>>,
+    /// When this process's first query went out (monotonic ns); `u64::MAX` until then.
+    pub first_sent: AtomicU64,
 }
 
 impl Shared<'_> {
@@ -123,6 +127,8 @@ pub(crate) struct ThreadOut {
     pub c: Counters,
     /// When this thread finished opening its connections (monotonic ns).
     pub connected_at: u64,
+    /// Its seconds, `start_unix_ns` from the query phase's start.
+    pub intervals: Vec<IntervalRec>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -223,8 +229,8 @@ struct Worker<'s, 'a> {
     open: u64,
     hist_i: Histogram,
     hist_s: Histogram,
-    /// `--hdr-log`'s histograms of the current second.
-    ival: Option<Interval<'s>>,
+    /// The current second's counts and histograms (the report's intervals, `--hdr-log`).
+    ival: Interval<'s>,
     codes: Vec<u64>,
     errors: BTreeMap<&'static str, u64>,
     first_bad: Option<String>,
@@ -235,6 +241,7 @@ struct Worker<'s, 'a> {
     rbuf: Vec<u8>,
     answers: Vec<Answer>,
     connected_at: u64,
+    sent_any: bool,
 }
 
 pub(crate) fn run_thread(
@@ -304,7 +311,10 @@ pub(crate) fn run_thread(
         open: 0,
         hist_i: Histogram::new(),
         hist_s: Histogram::new(),
-        ival: sh.hdr_log.as_ref().map(Interval::new),
+        ival: Interval::new(
+            sh.hdr_log.as_ref(),
+            (crate::series::MAX_INTERVALS / sh.threads.max(1)).max(64),
+        ),
         codes: vec![0; CODES],
         errors: BTreeMap::new(),
         first_bad: None,
@@ -315,6 +325,7 @@ pub(crate) fn run_thread(
         rbuf: vec![0; READ_CHUNK],
         answers: Vec::with_capacity(256),
         connected_at: 0,
+        sent_any: false,
     };
     w.run(&mut poll, &mut events, &mut wake);
     Ok(w.finish())
@@ -504,6 +515,7 @@ impl Worker<'_, '_> {
     }
 
     fn begin(&mut self, start: u64) {
+        let mut asked_clock = None;
         self.start = start;
         self.phase = Phase::Running;
         let cfg = self.sh.cfg;
@@ -528,11 +540,12 @@ impl Worker<'_, '_> {
                 let mut a = ArrivalTimes::new(profile, kind, lanes);
                 self.next_due = start.saturating_add(a.next_ns());
                 self.arrivals = Some(a);
+                // The same schedule again, counted per second as asked.
+                let asked = ArrivalTimes::new(profile, kind, lanes);
+                asked_clock = Some(Asked::new(asked, start, self.end, self.queries_left));
             }
         }
-        if let Some(iv) = &mut self.ival {
-            iv.begin(start);
-        }
+        self.ival.begin(start, asked_clock);
     }
 
     fn stop_sending(&mut self, now: u64) {
@@ -562,7 +575,26 @@ impl Worker<'_, '_> {
         self.next_due = u64::MAX;
     }
 
+    /// The running totals the intervals are cut from (asked is counted by the interval).
+    fn tally(c: &Counters, errors: &BTreeMap<&'static str, u64>) -> Tally {
+        Tally {
+            asked: c.scheduled,
+            sent: c.sent,
+            answered: c.answered,
+            errors: errors.values().sum(),
+            timeouts: c.timeouts,
+        }
+    }
+
+    /// Closes the second that ended by `now`, if one did.
+    #[inline]
+    fn tick(&mut self, now: u64) {
+        let (c, e) = (&self.c, &self.errors);
+        self.ival.tick(now, || Self::tally(c, e));
+    }
+
     fn send_due(&mut self, now: u64) {
+        self.tick(now);
         let mut burst = 0;
         // A query belongs to the phase when it is due before its end, whenever the loop gets
         // to it: one due 0.3 ms before the end, reached 0.1 ms after it, is sent late (its lag
@@ -681,6 +713,11 @@ impl Worker<'_, '_> {
         }
         if n == 0 {
             return 0;
+        }
+        if !self.sent_any {
+            // The fleet report's actual start: the first query this process put out.
+            self.sent_any = true;
+            self.sh.first_sent.fetch_min(sent_at, Ordering::SeqCst);
         }
         let len = self.wbuf.len();
         self.c.sent += n as u64;
@@ -1039,9 +1076,8 @@ impl Worker<'_, '_> {
         let lat_s = at.saturating_sub(p.sent);
         self.hist_i.record(lat_i);
         self.hist_s.record(lat_s);
-        if let Some(iv) = &mut self.ival {
-            iv.record(lat_i, lat_s);
-        }
+        self.tick(now);
+        self.ival.record(lat_i, lat_s);
         self.c.answered += 1;
         if a.code == ECHOED {
             self.c.echoed += 1;
@@ -1157,11 +1193,7 @@ impl Worker<'_, '_> {
                 _ => {}
             }
         }
-        if let Some(iv) = &mut self.ival {
-            if self.start != 0 {
-                iv.roll(now, self.start);
-            }
-        }
+        self.tick(now);
         self.publish();
     }
 
@@ -1181,16 +1213,14 @@ impl Worker<'_, '_> {
     }
 
     fn finish(mut self) -> ThreadOut {
-        // The last interval of the HDR log.
-        if let Some(iv) = &self.ival {
-            if self.start != 0 {
-                iv.finish(self.start);
-            }
-        }
+        // The last second, closed with the run's totals: the seconds add up to them.
+        let last = Self::tally(&self.c, &self.errors);
+        let intervals = self.ival.finish(now_ns(), last);
         if let Some(s) = &mut self.sink {
             s.flush();
         }
         ThreadOut {
+            intervals,
             hist_intended: self.hist_i,
             hist_sent: self.hist_s,
             codes: self.codes,

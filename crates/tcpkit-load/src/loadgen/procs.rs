@@ -20,8 +20,12 @@ use super::{Config, Details, LiveTotals, LoadCounters, LoadError, Plan};
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Line {
-    /// All of this worker's connections are settled; it waits for `go` on its stdin.
-    Ready,
+    /// All of this worker's connections are settled; it waits for `go` on its stdin. Why it
+    /// is not ready for a fleet run, if it is not (fewer connections open than its share).
+    Ready {
+        #[serde(default)]
+        not_ready: Option<String>,
+    },
     Live(LiveTotals),
     Report {
         report: Box<LoadReport>,
@@ -55,7 +59,12 @@ const RELEASE_AHEAD_NS: u64 = 20_000_000;
 /// MONO_NS WALL_NS` line, then sets the query phase's start. Runs on a detached thread: a
 /// parent that never answers must not keep the process alive, so on EOF (the parent is
 /// gone) the worker starts on its own.
-pub(crate) fn await_release(ready: Arc<AtomicBool>, start: Arc<AtomicU64>, wall: Arc<AtomicU64>) {
+pub(crate) fn await_release(
+    ready: Arc<AtomicBool>,
+    start: Arc<AtomicU64>,
+    wall: Arc<AtomicU64>,
+    (open, asked, target): (Arc<AtomicU64>, u64, String),
+) {
     let start2 = Arc::clone(&start);
     let spawned = std::thread::Builder::new()
         .name("tcpkit-load-release".into())
@@ -64,7 +73,8 @@ pub(crate) fn await_release(ready: Arc<AtomicBool>, start: Arc<AtomicU64>, wall:
             while !ready.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_micros(500));
             }
-            if let Ok(text) = serde_json::to_string(&Line::Ready) {
+            let not_ready = super::not_ready_why(open.load(Ordering::SeqCst), asked, &target);
+            if let Ok(text) = serde_json::to_string(&Line::Ready { not_ready }) {
                 let mut out = std::io::stdout().lock();
                 let _ = writeln!(out, "{text}");
                 let _ = out.flush();
@@ -112,8 +122,16 @@ fn wall_ns() -> u64 {
 /// In the parent: once every worker is ready or gone, sends all of them one common start
 /// (CLOCK_MONOTONIC is the same clock in every process of a host).
 fn release(stdins: &mut [Option<ChildStdin>]) {
-    let mono = tcpkit_pace::now_ns() + RELEASE_AHEAD_NS;
-    let wall = wall_ns() + RELEASE_AHEAD_NS;
+    release_at(
+        stdins,
+        tcpkit_pace::now_ns() + RELEASE_AHEAD_NS,
+        wall_ns() + RELEASE_AHEAD_NS,
+    );
+}
+
+/// Sends every worker the start at `mono` (CLOCK_MONOTONIC ns), which is `wall` on the wall
+/// clock.
+fn release_at(stdins: &mut [Option<ChildStdin>], mono: u64, wall: u64) {
     for s in stdins.iter_mut() {
         if let Some(mut w) = s.take() {
             let _ = writeln!(w, "go {mono} {wall}");
@@ -164,10 +182,20 @@ pub(crate) fn run_parent(
     let results: Mutex<Vec<Option<(LoadReport, Details)>>> =
         Mutex::new((0..n).map(|_| None).collect());
     let mut released = false;
+    // A fleet agent: the barrier is told once every worker has settled, and its start is what
+    // the workers are released at.
+    let mut told_barrier = false;
+    let mut not_ready: Option<String> = None;
+    let workers_not_ready: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let said_ready: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
     let exits = workers.run(
         interrupt,
         &|k, line| match serde_json::from_str::<Line>(line) {
-            Ok(Line::Ready) => {
+            Ok(Line::Ready { not_ready }) => {
+                said_ready[k].store(true, Ordering::SeqCst);
+                if let (Some(why), Ok(mut v)) = (not_ready, workers_not_ready.lock()) {
+                    v.push(format!("worker process {k}: {why}"));
+                }
                 if !ready[k].swap(true, Ordering::SeqCst) {
                     settled.fetch_add(1, Ordering::SeqCst);
                 }
@@ -198,8 +226,37 @@ pub(crate) fn run_parent(
                     settled.fetch_add(1, Ordering::SeqCst);
                 }
             }
-            if !released && settled.load(Ordering::SeqCst) >= stdins.len() {
+            if released || settled.load(Ordering::SeqCst) < stdins.len() {
+                return;
+            }
+            let Some(agent) = &cfg.fleet else {
                 release(stdins);
+                released = true;
+                return;
+            };
+            if !told_barrier {
+                told_barrier = true;
+                let mut why = workers_not_ready
+                    .lock()
+                    .map(|v| v.clone())
+                    .unwrap_or_default();
+                for (k, _) in said_ready
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| !r.load(Ordering::SeqCst))
+                {
+                    why.push(format!("worker process {k} ended before it was ready"));
+                }
+                if why.is_empty() {
+                    agent.ready();
+                } else {
+                    let why = why.join("; ");
+                    agent.not_ready(&why);
+                    not_ready = Some(why);
+                    interrupt.store(true, Ordering::SeqCst);
+                }
+            } else if let Some(at) = agent.start() {
+                release_at(stdins, tcpkit_fleet::clock::mono_of(at).max(1), at);
                 released = true;
             }
         },
@@ -217,6 +274,11 @@ pub(crate) fn run_parent(
                 if details.bad_answer.is_none() {
                     details.bad_answer = d.bad_answer;
                 }
+                details.first_sent_unix_ns =
+                    match (details.first_sent_unix_ns, d.first_sent_unix_ns) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
                 reports.push(rep);
             }
             None => {
@@ -234,6 +296,9 @@ pub(crate) fn run_parent(
     })?;
     // One run made of processes, not several runs.
     merged.runs = 1;
+    // One run: its intervals are its own, the series is what merge makes of several runs.
+    merged.series = None;
     merged.processes = n;
+    details.not_ready = not_ready;
     Ok((merged, details))
 }

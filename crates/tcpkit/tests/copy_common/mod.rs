@@ -685,6 +685,21 @@ pub fn http_session_frames(
     frames
 }
 
+/// Takes out of `frames` ([`http_session_frames`]) the client's first data segment past its
+/// first request in the session from CLIENT:`port`: a hole the capture never saw, after which
+/// that session's requests count at the source but are never copied (lost_capture_data).
+pub fn lose_a_request(frames: &mut Vec<(u64, Vec<u8>)>, port: u16) {
+    use tcpkit_wire::tcp::Segment;
+    let lost = frames
+        .iter()
+        .position(|(_, f)| {
+            let s = Segment::parse(f).unwrap();
+            s.src.port() == port && !s.payload.is_empty() && s.seq > 1
+        })
+        .expect("a second request in that session");
+    frames.remove(lost);
+}
+
 /// Writes `frames` as an Ethernet pcap with nanosecond timestamps.
 pub fn write_frames(path: &Path, frames: &[(u64, Vec<u8>)]) {
     let mut w = tcpkit_pcap::PcapWriter::create(path, 1, 65535, true).unwrap();
