@@ -28,6 +28,7 @@
 //!   `tcpkit-metrics`).
 //! - [`report`]: the copy report, its human summary, `--json` and verdict (intercept's report
 //!   lives in [`intercept`]).
+//! - [`merged`]: `tcpkit merge` of copy reports, several hosts' copies into one loss figure.
 //! - [`check`]: `copy --check`, what usually breaks a copy setup, verified with its fix.
 
 pub mod auth;
@@ -38,6 +39,7 @@ pub mod control;
 pub mod diff;
 pub mod feed;
 mod front;
+pub mod merged;
 pub use front::RunError;
 pub mod intercept;
 pub mod metrics;

@@ -313,6 +313,22 @@ impl CopyReport {
         })
     }
 
+    /// Copies that failed, every cause (transparent mode's lost control connection too).
+    pub fn failed_copies(&self) -> u64 {
+        let f = &self.sessions.failed;
+        [
+            f.target_refused,
+            f.reset,
+            f.timeout,
+            f.closed_early,
+            f.lost_capture_data,
+            f.shed,
+            self.transparent.as_ref().map_or(0, |t| t.control_lost),
+        ]
+        .iter()
+        .fold(0u64, |a, b| a.saturating_add(*b))
+    }
+
     /// `3 of 10 copies failed: 2 target refused, 1 timeout` (the causes that counted).
     fn copies_failed(&self) -> String {
         let ss = &self.sessions;
@@ -331,14 +347,7 @@ impl CopyReport {
         .filter(|(n, _)| *n > 0)
         .map(|(n, what)| format!("{n} {what}"))
         .collect();
-        let failed: u64 = f.target_refused
-            + f.reset
-            + f.timeout
-            + f.closed_early
-            + f.lost_capture_data
-            + f.shed
-            + control_lost;
-        let mut s = format!("{failed} of {} copies failed", ss.copies);
+        let mut s = format!("{} of {} copies failed", self.failed_copies(), ss.copies);
         if !causes.is_empty() {
             s.push_str(": ");
             s.push_str(&causes.join(", "));

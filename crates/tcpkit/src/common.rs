@@ -1,5 +1,5 @@
 //! The run contract, once for every subcommand: the common flags (`--duration`, `--stats`,
-//! `--json`, `--quiet`) and their one parser, the one signal handler, the error-chain printer,
+//! `--json`, `--quiet`; the limits `load` and `merge` judge a run by) and their one parser, the one signal handler, the error-chain printer,
 //! and the tail every job ends with (summary or JSON on stdout, verdict → exit status).
 //!
 //! Exit status, decided here and nowhere else ([`exit`], [`usage_exit`]): 0 the run did what
@@ -108,6 +108,71 @@ impl OutputFlags {
     /// Whether a progress line may be drawn on a terminal.
     pub fn progress(&self) -> bool {
         !self.json && !self.quiet
+    }
+}
+
+/// Pass/fail limits judged on the whole run (`load`: this run, all its processes; `merge`: the
+/// merged run of every report), flattened into both from this one definition. A limit broken
+/// makes the run exit 1 with which limit, what was measured and by how much on the last line;
+/// `--json` reports carry a `verdict` with each limit checked.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct LimitFlags {
+    /// Fail (exit 1) when the 99th percentile latency, from the intended send time (wrk2's
+    /// corrected one), is above DURATION (2ms, 500us, 0.1s).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub max_p99: Option<Duration>,
+
+    /// Fail when the 99.9th percentile latency, from the intended send time, is above DURATION.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub max_p999: Option<Duration>,
+
+    /// Fail when fewer than QPS answers per second came back, over the run's wall-clock window
+    /// (merged runs: the union of their windows).
+    #[arg(long, value_name = "QPS", value_parser = rate_arg)]
+    pub min_answered_rate: Option<f64>,
+
+    /// Fail when more than PERCENT of the requests were never answered: load, the queries sent
+    /// (timed out, lost, unanswered at the end); copy reports, tcpcopy's request loss ratio over
+    /// every copy (requests at the sources the target never answered).
+    #[arg(long, value_name = "PERCENT", value_parser = percent_arg)]
+    pub max_loss: Option<f64>,
+
+    /// Fail when more than N errors were counted: load, the report's errors (failed socket
+    /// calls by errno, protocol errors by kind); copy reports, the failed copies.
+    #[arg(long, value_name = "N")]
+    pub max_errors: Option<u64>,
+}
+
+impl LimitFlags {
+    /// The limits given.
+    pub(crate) fn limits(&self) -> tcpkit_stats::Limits {
+        tcpkit_stats::Limits {
+            max_p99_ns: self.max_p99.map(|d| d.as_nanos() as u64),
+            max_p999_ns: self.max_p999.map(|d| d.as_nanos() as u64),
+            min_answered_qps: self.min_answered_rate,
+            max_loss_percent: self.max_loss,
+            max_errors: self.max_errors,
+        }
+    }
+}
+
+/// clap's value parser for `--min-answered-rate`: a rate above 0.
+fn rate_arg(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "{text:?}: expected answers per second above 0, like 1000 or 2.5"
+        )),
+    }
+}
+
+/// clap's value parser for `--max-loss`: a percentage from 0 to 100.
+fn percent_arg(text: &str) -> Result<f64, String> {
+    match text.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{text:?}: expected a percentage from 0 to 100, like 1 or 0.5"
+        )),
     }
 }
 
@@ -225,6 +290,55 @@ mod tests {
         run: RunFlags,
         #[command(flatten)]
         out: OutputFlags,
+    }
+
+    #[derive(Debug, Parser)]
+    struct L {
+        #[command(flatten)]
+        limits: LimitFlags,
+    }
+
+    #[test]
+    fn limit_flags_parse_and_refuse_what_is_not_a_limit() {
+        let l = L::try_parse_from([
+            "x",
+            "--max-p99",
+            "2ms",
+            "--max-p999",
+            "0.5s",
+            "--min-answered-rate",
+            "1000",
+            "--max-loss",
+            "0.5%",
+            "--max-errors",
+            "3",
+        ])
+        .unwrap()
+        .limits
+        .limits();
+        assert_eq!(
+            l,
+            tcpkit_stats::Limits {
+                max_p99_ns: Some(2_000_000),
+                max_p999_ns: Some(500_000_000),
+                min_answered_qps: Some(1000.0),
+                max_loss_percent: Some(0.5),
+                max_errors: Some(3),
+            }
+        );
+        assert!(L::try_parse_from(["x"]).unwrap().limits.limits().is_empty());
+        for bad in [
+            ["--max-loss", "101"],
+            ["--max-loss", "-1"],
+            ["--min-answered-rate", "0"],
+            ["--min-answered-rate", "inf"],
+            ["--max-p99", "soon"],
+            ["--max-errors", "-1"],
+        ] {
+            let arg = format!("{}={}", bad[0], bad[1]);
+            let e = L::try_parse_from(["x", &arg]).unwrap_err().to_string();
+            assert!(e.contains(bad[0]), "{e}");
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tcpkit_load::report::LoadReport;
 use tcpkit_pace::units::unescape;
 use tcpkit_stats::{Histogram, Monitor, MonitorOptions};
 
-use crate::common::{self, duration_arg, OutputFlags, RunFlags};
+use crate::common::{self, duration_arg, LimitFlags, OutputFlags, RunFlags};
 use crate::Failure;
 
 /// The payloads other than DNS: the DNS flags (--qname, --qname-file, --qtype) would be
@@ -242,6 +242,10 @@ pub struct Args {
     /// --barrier, --barrier-key, --shard: one agent of a fleet run (`tcpkit barrier`).
     #[command(flatten)]
     pub fleet: crate::fleet::AgentFlags,
+
+    /// Pass/fail limits on this run (all its processes), as `merge` judges a fleet's.
+    #[command(flatten)]
+    pub limits: LimitFlags,
 
     /// Internal: this process is worker K of N (with T threads) started by the parent.
     #[arg(long, value_name = "K/N/T", hide = true)]
@@ -893,6 +897,8 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         // Stopped before it did what was asked: the report is printed, the run failed.
         report.failure = Some("interrupted".into());
     }
+    // The limits last: a broken one is the end of the last line.
+    report.judge_limits(&args.limits.limits());
     if let (Some(a), Some(f)) = (&agent, &report.fleet) {
         a.done(f.actual_start_unix_ns, report.failure.as_deref());
     }

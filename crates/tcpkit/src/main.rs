@@ -45,7 +45,7 @@ enum Cmd {
     /// open-loop schedule, latency from the intended and the actual send time, lag reported.
     /// SIGINT/SIGTERM: stops sending, waits at most --timeout for answers still due, prints the
     /// report (exit 1: the run was cut short); a second signal exits at once.
-    // Boxed: load has the most flags by far, and every command would otherwise take its size.
+    // Boxed: load has the most flags, and the enum would be as large as it.
     Load(Box<load::Args>),
     /// Copy live TCP sessions (or a capture's) to a test server without touching production
     /// (tcpcopy's job): reassembled and replayed over ordinary connections (relay mode), or
@@ -77,7 +77,9 @@ enum Cmd {
     /// its connection closes): one that cannot get ready or is lost stops the others, named
     /// (exit 1). SIGINT/SIGTERM: tells the agents to stop and prints the report (exit 1).
     Barrier(barrier::Args),
-    /// Merge `tcpkit load --json` reports of simultaneous runs (several client hosts) into one.
+    /// Merge the --json reports of simultaneous runs into one and judge it: load reports
+    /// (several client hosts, a fleet's agents) on one time axis, copy reports into one loss
+    /// figure; --max-p99, --min-answered-rate, --max-loss ... judged on the whole.
     Merge(merge::Args),
     /// What stops this host from holding many connections (file-descriptor limits, queues,
     /// conntrack, ports, socket memory): each setting OK or CHANGE with the exact command;
