@@ -1,6 +1,6 @@
 //! `tcpkit-bench fleet`: many hosts as one run (issue 25). Three agent namespaces hold 40,000
-//! connections each (120,000: two source addresses per agent, past one address's 28,232
-//! ports) to one `tcpkit echo --dns` in a server namespace, started by deploy/ansible's
+//! connections each (120,000: two source addresses per agent and round, past one address's
+//! 28,232 ports) to one `tcpkit echo --dns` in a server namespace, started by deploy/ansible's
 //! playbook (`fleet.yml`: barrier on the controller, agents over SSH, reports fetched and
 //! merged); beside it, in the same run and interleaved, the peers' way: dnsperf on the same
 //! three namespaces, started over SSH by a shell loop on the controller, its counts summed by
@@ -85,13 +85,16 @@ fn spread_ms(v: &[u64]) -> Option<f64> {
     Some((hi - lo) as f64 / 1e6)
 }
 
-/// The lab: a controller, three agents with a second source address each, one server.
+/// The lab: a controller, three agents with two source addresses each per tcpkit round, one
+/// server.
 struct Env {
     fleet: Fleet,
     bin: PathBuf,
     dir: PathBuf,
-    /// Each agent's two source addresses.
-    sources: Vec<[String; 2]>,
+    /// Each agent's addresses, its LAN address first: what its queries may come from.
+    sources: Vec<Vec<String>>,
+    /// tcpkit rounds so far: each takes two fresh addresses per agent.
+    tcpkit_rounds: usize,
 }
 
 impl Env {
@@ -223,13 +226,23 @@ fn tcpkit_run(env: &mut Env, p: &Params) -> Result<Outcome> {
     std::fs::create_dir_all(&results)?;
     let agents = env.fleet.agents.len() as u64;
     let total = p.conns_per_agent * agents;
-    let host_vars: Vec<(String, Value)> = env
-        .fleet
-        .agents
-        .iter()
-        .zip(&env.sources)
-        .map(|(a, s)| (a.name.clone(), json!({ "tcpkit_source": s.join(",") })))
-        .collect();
+    // Two fresh source addresses per agent for each round: the last round's 40,000 ports per
+    // agent are still in TIME_WAIT (60 s), and a connect from them fails (EADDRNOTAVAIL).
+    // Two, because 40,000 connections to one address:port need two under the default port
+    // range (28,232 ports).
+    let mut host_vars: Vec<(String, Value)> = Vec::new();
+    for (i, a) in env.fleet.agents.iter().enumerate() {
+        let pair: Vec<String> = (0..2)
+            .map(|j| format!("198.18.0.{}", 64 + env.tcpkit_rounds * 8 + i * 2 + j))
+            .collect();
+        for ip in &pair {
+            a.host
+                .run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+        }
+        host_vars.push((a.name.clone(), json!({ "tcpkit_source": pair.join(",") })));
+        env.sources[i].extend(pair);
+    }
+    env.tcpkit_rounds += 1;
     let host_vars: Vec<(&str, Value)> = host_vars
         .iter()
         .map(|(n, v)| (n.as_str(), v.clone()))
@@ -380,13 +393,7 @@ fn dnsperf_run(env: &mut Env, p: &Params) -> Result<Outcome> {
     for a in &env.fleet.agents {
         let f = env.dir.join(format!("dnsperf-{}.txt", a.name));
         let out = std::fs::read_to_string(&f)?;
-        let num = |label: &str| {
-            out.lines()
-                .find(|l| l.trim_start().starts_with(label))
-                .and_then(|l| l.split(':').nth(1))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<f64>().ok())
-        };
+        let num = |label: &str| crate::dnsperf_figure(&out, label);
         let done = num("Queries completed")
             .with_context(|| format!("dnsperf on {}: no statistics: {}", a.name, tail(&out, 5)))?;
         o.agents_sum += done as u64;
@@ -394,6 +401,19 @@ fn dnsperf_run(env: &mut Env, p: &Params) -> Result<Outcome> {
     }
     o.first_at_server = env.first_queries(&pcap)?;
     Ok(o)
+}
+
+/// The play's failure in `err` on one line: its verdict message from the barrier's first
+/// line (which names the agent and why) on, whitespace folded.
+fn failure_of(err: &str) -> String {
+    let flat = err.split_whitespace().collect::<Vec<_>>().join(" ");
+    let from = flat
+        .find("barrier: exit")
+        .or_else(|| flat.find("msg:"))
+        .unwrap_or(0);
+    let s = &flat[from..];
+    let end = s.find("\\nagent").unwrap_or(s.len());
+    s[..end].chars().take(400).collect()
 }
 
 fn tail(s: &str, n: usize) -> String {
@@ -551,9 +571,9 @@ pub(crate) fn fleet_bench(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let quick = args.iter().any(|a| a == "--quick");
     let p = Params {
-        rounds: flag(args, "--rounds", if quick { 1 } else { 3 })?,
+        rounds: flag(args, "--rounds", if quick { 1 } else { 3 })?.clamp(1, 20),
         secs: flag(args, "--secs", if quick { 3 } else { 10 })?,
-        rate: flag(args, "--rate", 30_000)?,
+        rate: flag(args, "--rate", 6_000)?,
         conns_per_agent: flag(args, "--conns", if quick { 3_000 } else { 40_000 })?,
         connect_rate: flag(args, "--connect-rate", 12_000)?,
         dnsperf_clients: 100,
@@ -566,22 +586,19 @@ pub(crate) fn fleet_bench(args: &[String]) -> Result<()> {
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let fleet = Fleet::new("fleet", 3, 1)?;
     let dir = fleet.lab.dir().to_path_buf();
-    let mut sources = Vec::new();
-    for (i, a) in fleet.agents.iter().enumerate() {
-        // A second address on the agent's LAN interface: 40,000 connections to one
-        // address:port need two source addresses under the default port range (28,232).
-        let extra = format!("198.18.0.{}", 101 + i);
-        a.host
-            .run(&["ip", "addr", "add", &format!("{extra}/24"), "dev", "eth0"])?;
-        sources.push([a.addr.to_string(), extra]);
-    }
+    let sources = fleet
+        .agents
+        .iter()
+        .map(|a| vec![a.addr.to_string()])
+        .collect();
     let mut env = Env {
         fleet,
         bin,
         dir,
         sources,
+        tcpkit_rounds: 0,
     };
-    let (mut t, mut d) = (Vec::new(), Vec::new());
+    let (mut t, mut d, mut failed) = (Vec::new(), Vec::new(), Vec::<String>::new());
     for round in 0..p.rounds {
         // Which way goes first alternates, so neither always runs on the warmer machine.
         for way in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
@@ -590,14 +607,35 @@ pub(crate) fn fleet_bench(args: &[String]) -> Result<()> {
             }
             if way == 0 {
                 eprintln!("round {}: tcpkit (playbook)", round + 1);
-                t.push(tcpkit_run(&mut env, &p)?);
+                // A round the play failed is a result too (which agent, why): kept, and the
+                // medians are over the rounds that ran.
+                match tcpkit_run(&mut env, &p) {
+                    Ok(o) => t.push(o),
+                    Err(e) => {
+                        let why = failure_of(&format!("{e:#}"));
+                        eprintln!("round {}: tcpkit failed: {why}", round + 1);
+                        failed.push(format!("round {}: {why}", round + 1));
+                    }
+                }
             } else {
                 eprintln!("round {}: dnsperf (ssh loop)", round + 1);
                 d.push(dnsperf_run(&mut env, &p)?);
             }
         }
     }
-    let md = table(&t, &d);
+    let mut md = table(&t, &d);
+    md.push_str(&format!(
+        "\ntcpkit rounds the play failed: {} of {}{}\n",
+        failed.len(),
+        p.rounds,
+        failed
+            .iter()
+            .map(|f| format!("\n- {f}"))
+            .collect::<String>()
+    ));
+    if t.is_empty() {
+        bail!("no tcpkit round ran to its end:\n{md}");
+    }
     println!("{md}");
     let date = crate::today();
     let mut cmd = String::from("cargo run --release -p tcpkit-bench -- fleet");

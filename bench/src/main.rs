@@ -301,6 +301,16 @@ fn run_wait4(mut cmd: std::process::Command, what: &str) -> Result<Ran> {
     })
 }
 
+/// A figure of dnsperf's summary in `out`: the number after the colon on the line that starts
+/// with `label` ("Queries completed", "Queries per second", ...).
+pub(crate) fn dnsperf_figure(out: &str, label: &str) -> Option<f64> {
+    out.lines()
+        .find(|l| l.trim_start().starts_with(label))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+}
+
 /// bench/results/, where every bench writes its table.
 fn results_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results")
