@@ -47,6 +47,17 @@ if [ "$("$ANSIBLE_VENV/bin/ansible-playbook" --version 2>/dev/null | sed -n 's/.
   [ -x "$ANSIBLE_VENV/bin/pip" ] || /usr/bin/python3 -m venv "$ANSIBLE_VENV"
   "$ANSIBLE_VENV/bin/pip" install -q "ansible-core==$ANSIBLE_CORE"
 fi
+# kubernetes-validate for deploy/kubernetes's test: the manifests are validated offline against
+# the Kubernetes OpenAPI schemas this PyPI package bundles (its version fixes the newest schema
+# version, 1.37); the test reads the manifests with the PyYAML it brings. A venv of its own, as
+# ansible's, pinned.
+KUBEVAL_VENV=/opt/tcpkit-kubernetes-validate
+KUBEVAL=1.37.0
+if [ "$("$KUBEVAL_VENV/bin/kubernetes-validate" --version 2>/dev/null)" != "$KUBEVAL" ]; then
+  echo "setup.sh: installing kubernetes-validate $KUBEVAL into $KUBEVAL_VENV"
+  [ -x "$KUBEVAL_VENV/bin/pip" ] || /usr/bin/python3 -m venv "$KUBEVAL_VENV"
+  "$KUBEVAL_VENV/bin/pip" install -q "kubernetes-validate==$KUBEVAL"
+fi
 command -v cargo >/dev/null || { echo "setup.sh: cargo not found (install Rust with rustup)" >&2; exit 1; }
 # scripts/package.sh builds the Debian package with cargo-deb (kornelski's, the usual builder of
 # .debs from Cargo projects), pinned so a package is made the same way on every machine.

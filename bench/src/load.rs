@@ -222,13 +222,7 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
                 data, "-q", "20000", "-t", "2", "-v",
             ];
             let (_, out, err) = run_in(&env.cli, &argv, limit)?;
-            let num = |label: &str| {
-                out.lines()
-                    .find(|l| l.trim_start().starts_with(label))
-                    .and_then(|l| l.split(':').nth(1))
-                    .and_then(|v| v.split_whitespace().next())
-                    .and_then(|v| v.parse::<f64>().ok())
-            };
+            let num = |label: &str| crate::dnsperf_figure(&out, label);
             let Some(done) = num("Queries completed") else {
                 bail!("dnsperf printed no statistics: {}", err.trim());
             };

@@ -7,6 +7,7 @@
 //! - [`copy`]: what `tcpkit copy` (relay, transparent) costs an online nginx under load.
 //! - [`mpcat`]: `tcpkit mpcat` vs socat, `iperf3 -P 4` and MPTCP over ECMP links.
 //! - [`balance`]: `tcpkit balance` vs direct, iptables and nftables DNAT with redis.
+//! - [`fleet`]: three agents started by the playbook and the barrier vs dnsperf over an ssh loop.
 
 use std::path::{Path, PathBuf};
 
@@ -15,11 +16,12 @@ use anyhow::{bail, Context, Result};
 mod ab;
 mod balance;
 mod copy;
+mod fleet;
 mod load;
 mod mpcat;
 mod replay;
 
-const USAGE: &str = "usage: tcpkit-bench replay [--against PATH [--against-label L]] | load [--skip-max-conns] [--same-rate-only] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S]";
+const USAGE: &str = "usage: tcpkit-bench replay [--against PATH [--against-label L]] | load [--skip-max-conns] [--same-rate-only] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S] | fleet [--quick] [--only tcpkit|dnsperf] [--rounds N] [--secs S] [--rate QPS] [--conns PER_AGENT] [--connect-rate N]";
 
 /// Each bench's flags: those that take a value, then switches. A flag outside them is a usage
 /// error before anything runs: `copy --help` once ran the whole 17-minute bench.
@@ -33,6 +35,10 @@ fn flags_of(bench: &str) -> Option<(&'static [&'static str], &'static [&'static 
         "copy" => (&["--only", "--against", "--against-label", "--runs"], &[]),
         "mpcat" => (&["--only", "--against", "--against-label"], &["--quick"]),
         "balance" => (&["--only", "--cpu-secs"], &["--quick"]),
+        "fleet" => (
+            &["--rounds", "--secs", "--rate", "--conns", "--only"],
+            &["--quick"],
+        ),
         _ => return None,
     })
 }
@@ -72,6 +78,7 @@ fn main() {
         "copy" => copy::copy(&args[1..]),
         "mpcat" => mpcat::mpcat_bench(&args[1..]),
         "balance" => balance::balance_bench(&args[1..]),
+        "fleet" => fleet::fleet_bench(&args[1..]),
         // Not a benchmark: the connect loop `balance` runs inside its client hosts.
         "connect-loop" => balance::connect_loop(&args[1..]),
         // Nor this: the CPU figure's snapshot of /proc/stat, kernel threads and one process.
@@ -122,7 +129,11 @@ pub(crate) struct Against {
 }
 
 /// The value after `flag` in `args`, or an error naming the flag when it has none.
-fn flag_value<'a>(args: &'a [String], flag: &str, what: &str) -> Result<Option<&'a str>> {
+pub(crate) fn flag_value<'a>(
+    args: &'a [String],
+    flag: &str,
+    what: &str,
+) -> Result<Option<&'a str>> {
     args.iter()
         .position(|a| a == flag)
         .map(|i| {
@@ -288,6 +299,16 @@ fn run_wait4(mut cmd: std::process::Command, what: &str) -> Result<Ran> {
         maxrss_kb: u64::try_from(ru.ru_maxrss).unwrap_or(0),
         wall_s,
     })
+}
+
+/// A figure of dnsperf's summary in `out`: the number after the colon on the line that starts
+/// with `label` ("Queries completed", "Queries per second", ...).
+pub(crate) fn dnsperf_figure(out: &str, label: &str) -> Option<f64> {
+    out.lines()
+        .find(|l| l.trim_start().starts_with(label))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
 }
 
 /// bench/results/, where every bench writes its table.

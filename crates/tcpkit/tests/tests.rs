@@ -18,6 +18,7 @@ mod copy_server_first;
 mod copy_transparent;
 mod copy_transparent_faults;
 mod copy_transparent_multi;
+mod deploy_kubernetes;
 mod docs;
 mod echo;
 mod echo_hostile;
