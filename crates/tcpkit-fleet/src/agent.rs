@@ -2,8 +2,9 @@
 //! it is not up yet, for [`AgentConfig::patience`]), check its proof of the key and prove ours
 //! with our claim (shard, host), then a thread of its own keeps the connection: a beat every
 //! [`crate::BEAT`], the clock samples and Ready when the job is prepared, the start instant
-//! converted to this host's clock, and a Stop (or a barrier lost: closed, or silent for
-//! [`crate::LOST_AFTER`]) turned into the job's stop flag with the reason kept for its report.
+//! converted to this host's clock, and a Stop (or a barrier lost: closed, or silent for the
+//! bound its welcome gave, its `--lost-after`) turned into the job's stop flag with the reason
+//! kept for its report.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
@@ -17,7 +18,7 @@ use tcpkit_keyfile::proof::Key;
 
 use crate::clock::{self, wall_ns, Sample};
 use crate::wire::{Msg, Shard, HDR, MAX_BODY, RUN_ID_LEN, VERSION};
-use crate::{auth, hex, FleetReport, BEAT, LOST_AFTER};
+use crate::{auth, hex, FleetReport, BEAT, LOST_AFTER_MAX, LOST_AFTER_MIN};
 
 /// How an agent reaches its barrier.
 #[derive(Debug, Clone)]
@@ -181,7 +182,8 @@ impl Agent {
         let io_err = |e: io::Error| refused(format!("during the key exchange: {e}"));
         sock.set_read_timeout(Some(Duration::from_secs(5)))
             .map_err(io_err)?;
-        sock.set_write_timeout(Some(LOST_AFTER)).map_err(io_err)?;
+        sock.set_write_timeout(Some(Duration::from_secs(5)))
+            .map_err(io_err)?;
         let mut f = Frames {
             sock,
             buf: Vec::new(),
@@ -217,13 +219,31 @@ impl Agent {
         })
         .map_err(io_err)?;
         let b = expect(&mut f)?;
-        let run_id = match Msg::parse(&b) {
-            Ok(Some((Msg::Welcome { run_id, .. }, _))) => run_id,
+        let (run_id, lost_after) = match Msg::parse(&b) {
+            Ok(Some((
+                Msg::Welcome {
+                    run_id,
+                    lost_after_ms,
+                    ..
+                },
+                _,
+            ))) => {
+                let d = Duration::from_millis(u64::from(lost_after_ms));
+                if !(LOST_AFTER_MIN..=LOST_AFTER_MAX).contains(&d) {
+                    return Err(refused(format!(
+                        "gave {lost_after_ms} ms as its --lost-after, outside {} to {} ms",
+                        LOST_AFTER_MIN.as_millis(),
+                        LOST_AFTER_MAX.as_millis()
+                    )));
+                }
+                (run_id, d)
+            }
             Ok(Some((Msg::Refuse { reason }, _))) => {
                 return Err(refused(format!("refused this agent: {reason}")))
             }
             other => return Err(refused(format!("answered {other:?} to its join"))),
         };
+        f.sock.set_write_timeout(Some(lost_after)).map_err(io_err)?;
         // The thread wakes at least this often to beat and to take the job's commands.
         f.sock
             .set_read_timeout(Some(Duration::from_millis(20)))
@@ -234,7 +254,7 @@ impl Agent {
         let barrier = cfg.barrier.clone();
         let thread = std::thread::Builder::new()
             .name("tcpkit-fleet-agent".into())
-            .spawn(move || keep(f, &rx, &st, stop, &barrier))
+            .spawn(move || keep(f, &rx, &st, stop, &barrier, lost_after))
             .map_err(|e| refused(format!("start its thread: {e}")))?;
         Ok(Agent {
             barrier: cfg.barrier.clone(),
@@ -344,6 +364,7 @@ fn keep(
     st: &(Mutex<State>, Condvar),
     stop: &AtomicBool,
     barrier: &str,
+    lost_after: Duration,
 ) {
     let set = |g: &dyn Fn(&mut State)| {
         let mut s = st.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -368,7 +389,12 @@ fn keep(
                     samples = Some(Vec::with_capacity(clock::SAMPLES));
                     f.send(&Msg::TimeReq { t1: wall_ns() })
                 }
-                Cmd::NotReady(why) => f.send(&Msg::NotReady { why: &why }),
+                Cmd::NotReady(why) => {
+                    // The barrier closing on this agent now is its answer, not a loss: the
+                    // job's own reason stays its failure.
+                    set(&|s: &mut State| s.ended = true);
+                    f.send(&Msg::NotReady { why: &why })
+                }
                 Cmd::Done {
                     actual_start,
                     failure,
@@ -431,8 +457,8 @@ fn keep(
                 return lost(format!("write: {e}"));
             }
         }
-        if now.duration_since(heard) > LOST_AFTER {
-            return lost(format!("silent for {} ms", LOST_AFTER.as_millis()));
+        if now.duration_since(heard) > lost_after {
+            return lost(format!("silent for {} ms", lost_after.as_millis()));
         }
         if now >= next_beat {
             next_beat = now + BEAT;

@@ -5,7 +5,7 @@
 //! is dropped; a wrong key is closed without a word and counted. Once every agent is ready it
 //! gives one start instant ([`crate::LEAD_MIN`] plus twice the largest round trip ahead);
 //! an agent that says it cannot get ready, is not ready by `--ready-timeout`, or is lost
-//! (closed, or silent for [`crate::LOST_AFTER`]) before its run ended fails the fleet run:
+//! (closed, or silent for its `lost_after`) before its run ended fails the fleet run:
 //! every other agent is told to stop, with the reason naming it.
 
 use std::io::{self, Read, Write};
@@ -21,7 +21,7 @@ use tcpkit_stats::{Report, Verdict};
 
 use crate::clock::wall_ns;
 use crate::wire::{Msg, Shard, HDR, MAX_BODY, RUN_ID_LEN, VERSION};
-use crate::{auth, hex, BEAT, LEAD_MIN, LOST_AFTER};
+use crate::{auth, hex, BEAT, LEAD_MIN};
 
 /// Handshakes in progress at once (connections not yet admitted as agents).
 pub const PENDING_MAX: usize = 8;
@@ -33,6 +33,8 @@ const WBUF_MAX: usize = 64 * 1024;
 const SAY_AUTH_MAX: u64 = 5;
 /// After a failure, how long the Stop frames get to leave and the agents' Done to arrive.
 const STOP_GRACE: Duration = Duration::from_millis(500);
+/// How long a refused peer's last words (its Refuse) get to leave before its socket closes.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// The loop's longest sleep: deadlines and beats are checked this often.
 const TICK: Duration = Duration::from_millis(20);
 
@@ -47,6 +49,9 @@ pub struct BarrierConfig {
     pub key: Key,
     /// From the barrier's start to every agent ready.
     pub ready_timeout: Duration,
+    /// An agent not heard for this long is lost; told to the agents in the welcome, so they
+    /// find the barrier lost after the same silence ([`crate::LOST_AFTER`] by default).
+    pub lost_after: Duration,
 }
 
 /// Why the barrier could not run.
@@ -627,7 +632,16 @@ impl Barrier<'_> {
                 e.joined_unix_ns = Some(wall_ns());
                 e.outcome = "joined";
                 let run_id = self.run_id;
-                self.send(i, &Msg::Welcome { run_id, agents: n });
+                let lost_after_ms =
+                    u32::try_from(self.cfg.lost_after.as_millis()).unwrap_or(u32::MAX);
+                self.send(
+                    i,
+                    &Msg::Welcome {
+                        run_id,
+                        agents: n,
+                        lost_after_ms,
+                    },
+                );
                 let joined = self.slots.iter().filter(|s| **s != Slot::Free).count();
                 let name = self.name(k);
                 let addr = self.report.agents[k].address.clone().unwrap_or_default();
@@ -810,11 +824,11 @@ impl Barrier<'_> {
                 {
                     self.drop_peer(i, "did not prove the key in time");
                 }
-                St::Closing if c.wbuf.is_empty() || now.duration_since(c.opened) > LOST_AFTER => {
+                St::Closing if c.wbuf.is_empty() || now.duration_since(c.opened) > CLOSE_GRACE => {
                     self.conns[i] = None;
                 }
-                St::Agent(k) if now.duration_since(c.heard) > LOST_AFTER => {
-                    let why = format!("silent for {} ms", LOST_AFTER.as_millis());
+                St::Agent(k) if now.duration_since(c.heard) > self.cfg.lost_after => {
+                    let why = format!("silent for {} ms", self.cfg.lost_after.as_millis());
                     self.lose(k, &why);
                     self.conns[i] = None;
                 }
@@ -945,6 +959,7 @@ mod tests {
             agents: 1,
             key: key(),
             ready_timeout: Duration::from_secs(10),
+            lost_after: crate::LOST_AFTER,
         };
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {

@@ -1,9 +1,10 @@
 //! tcpkit-fleet: many hosts as one run. Agents (`load`, `replay` with `--barrier`) prepare
 //! (open their connections, read their files, map their capture), say ready to one
 //! controller (`tcpkit barrier`), and start at the one instant it gives once every agent is
-//! ready; during the run each side beats every [`BEAT`], and an agent or barrier not heard for
-//! [`LOST_AFTER`] (or whose connection closes) is lost: the barrier stops the others, naming
-//! it. This crate is the frames ([`wire`], every length bounded), the key proof (tcpkit-keyfile's
+//! ready; from the join to the end each side beats every [`BEAT`], and an agent or barrier not
+//! heard for the barrier's `--lost-after` ([`LOST_AFTER`] by default, given to the agents in
+//! the welcome so both ends use one bound), or whose connection closes, is lost: the barrier
+//! stops the others, naming it. This crate is the frames ([`wire`], every length bounded), the key proof (tcpkit-keyfile's
 //! HMAC challenge-response under this channel's labels, [`auth`]), the clock comparison
 //! ([`clock`]), the controller's loop ([`barrier`]) and the agent's client ([`agent`]).
 //!
@@ -26,8 +27,18 @@ pub use wire::Shard;
 
 /// How often each side says it is still there.
 pub const BEAT: Duration = Duration::from_millis(250);
-/// A peer not heard for this long is lost (at once when its connection closes or resets).
-pub const LOST_AFTER: Duration = Duration::from_secs(2);
+/// A peer not heard for this long is lost (at once when its connection closes or resets):
+/// the default of `tcpkit barrier --lost-after`. Beats share the path, the CPUs and the kernel
+/// with an agent's preparation (tens of thousands of connects, its worker processes starting),
+/// which on a loaded host has kept both ends of the barrier's connection from hearing each
+/// other for over 2 s while nothing was wrong; a dead host is still found at once when its
+/// connection resets, and within this bound when the path goes.
+pub const LOST_AFTER: Duration = Duration::from_secs(10);
+/// The shortest and longest `--lost-after` (the shortest: several beats; the longest: an
+/// agent must not take a barrier's word for a bound that never finds it gone).
+pub const LOST_AFTER_MIN: Duration = Duration::from_secs(1);
+/// See [`LOST_AFTER_MIN`].
+pub const LOST_AFTER_MAX: Duration = Duration::from_secs(600);
 /// The start's lead over "now" when the barrier gives it: this, plus twice the largest
 /// round trip an agent measured, so the start reaches every agent (and, under `--procs`,
 /// every worker process of an agent) before it is due.

@@ -4,7 +4,8 @@
 //! type is unknown or its length is out of bounds. Integers are big-endian; times are Unix ns.
 //!
 //! The exchange: agent `Hello` → barrier `Challenge` (its nonce and its proof of the key) →
-//! agent `Join` (its proof, its shard and host) → barrier `Welcome` (the fleet run's id) or
+//! agent `Join` (its proof, its shard and host) → barrier `Welcome` (the fleet run's id, the silence
+//! after which either side is lost) or
 //! `Refuse`. Then `Beat` both ways every [`crate::BEAT`]; the agent's `TimeReq`s, each
 //! answered by a `TimeResp` (NTP's four timestamps), then `Ready` with the offset found, or
 //! `NotReady` with why; the barrier's `Start` once every agent is ready; the agent's `Done` at
@@ -13,7 +14,7 @@
 use tcpkit_keyfile::proof::{Nonce, Tag, NONCE_LEN, TAG_LEN};
 
 /// The protocol's version, in `Hello` and bound into both proofs.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Bytes of a frame's header.
 pub const HDR: usize = 3;
 /// Longest text (a host name, a reason) a frame carries, in bytes.
@@ -54,10 +55,12 @@ pub enum Msg<'a> {
         shard: Option<Shard>,
         host: &'a str,
     },
-    /// Barrier: admitted into the fleet run `run_id` of `agents` agents.
+    /// Barrier: admitted into the fleet run `run_id` of `agents` agents; either side not
+    /// heard for `lost_after_ms` is lost (`--lost-after`: one bound for both ends).
     Welcome {
         run_id: [u8; RUN_ID_LEN],
         agents: u32,
+        lost_after_ms: u32,
     },
     /// Barrier: not admitted, and why.
     Refuse { reason: &'a str },
@@ -139,7 +142,7 @@ impl<'a> Msg<'a> {
             Msg::Hello { .. } => 2 + NONCE_LEN,
             Msg::Challenge { .. } => NONCE_LEN + TAG_LEN,
             Msg::Join { host, .. } => TAG_LEN + 8 + 2 + clip(host).len(),
-            Msg::Welcome { .. } => RUN_ID_LEN + 4,
+            Msg::Welcome { .. } => RUN_ID_LEN + 8,
             Msg::Refuse { reason: t } | Msg::NotReady { why: t } | Msg::Stop { reason: t } => {
                 2 + clip(t).len()
             }
@@ -179,9 +182,14 @@ impl<'a> Msg<'a> {
                 out.extend_from_slice(&n.to_be_bytes());
                 text(out, host);
             }
-            Msg::Welcome { run_id, agents } => {
+            Msg::Welcome {
+                run_id,
+                agents,
+                lost_after_ms,
+            } => {
                 out.extend_from_slice(&run_id);
                 out.extend_from_slice(&agents.to_be_bytes());
+                out.extend_from_slice(&lost_after_ms.to_be_bytes());
             }
             Msg::Refuse { reason: t } | Msg::NotReady { why: t } | Msg::Stop { reason: t } => {
                 text(out, t);
@@ -269,6 +277,7 @@ impl<'a> Msg<'a> {
             T_WELCOME => Msg::Welcome {
                 run_id: r.array()?,
                 agents: r.u32()?,
+                lost_after_ms: r.u32()?,
             },
             T_REFUSE => Msg::Refuse { reason: r.text()? },
             T_NOT_READY => Msg::NotReady { why: r.text()? },
@@ -315,7 +324,7 @@ fn bounds(kind: u8) -> Result<(usize, usize), WireError> {
         T_HELLO => (2 + NONCE_LEN, 2 + NONCE_LEN),
         T_CHALLENGE => (NONCE_LEN + TAG_LEN, NONCE_LEN + TAG_LEN),
         T_JOIN => (TAG_LEN + 10, TAG_LEN + 10 + MAX_TEXT),
-        T_WELCOME => (RUN_ID_LEN + 4, RUN_ID_LEN + 4),
+        T_WELCOME => (RUN_ID_LEN + 8, RUN_ID_LEN + 8),
         T_REFUSE | T_NOT_READY | T_STOP => text,
         T_TIME_REQ | T_START => (8, 8),
         T_TIME_RESP => (24, 24),
@@ -418,6 +427,7 @@ pub(crate) fn samples() -> Vec<Msg<'static>> {
         Msg::Welcome {
             run_id: [0x55; RUN_ID_LEN],
             agents: 3,
+            lost_after_ms: 10_000,
         },
         Msg::Refuse {
             reason: "shard 2/3 is taken",

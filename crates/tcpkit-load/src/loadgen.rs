@@ -308,8 +308,9 @@ pub fn run(
     judge(&mut report, &details);
     if let Some(agent) = &cfg.fleet {
         let fleet = agent.report(details.first_sent_unix_ns.unwrap_or(0));
-        // The barrier's word first: the agent that failed is the cause of this one's end.
-        if let Some(why) = agent.failure().or(details.not_ready) {
+        // This host's own not-ready first (the barrier's stop that follows is its echo), then
+        // the barrier's word: the agent that failed is the cause of this one's end.
+        if let Some(why) = details.not_ready.or_else(|| agent.failure()) {
             report.failure = Some(why);
         }
         report.fleet = Some(fleet);
@@ -318,10 +319,20 @@ pub fn run(
 }
 
 /// Why this process is not ready for a fleet run, once its threads have settled: fewer
-/// connections open than asked.
-pub(crate) fn not_ready_why(open: u64, asked: u64, target: &str) -> Option<String> {
+/// connections open than asked, with why the first connect failed (EADDRNOTAVAIL: out of
+/// ports) so the barrier names the cause, not only the count.
+pub(crate) fn not_ready_why(
+    open: u64,
+    asked: u64,
+    target: &str,
+    failure: &Mutex<Option<String>>,
+) -> Option<String> {
     (open < asked).then(|| {
-        format!("only {open} of {asked} connections could be opened to {target} while preparing")
+        let why = failure.lock().ok().and_then(|f| f.clone());
+        let first = why.map_or_else(String::new, |w| format!(" (first failure: {w})"));
+        format!(
+            "only {open} of {asked} connections could be opened to {target} while preparing{first}"
+        )
     })
 }
 
@@ -340,7 +351,12 @@ fn fleet_gate(
         std::thread::sleep(std::time::Duration::from_micros(500));
     }
     let target = format!("{} ({})", sh.cfg.target, sh.cfg.addr);
-    if let Some(why) = not_ready_why(sh.open.load(Ordering::SeqCst), sh.conns, &target) {
+    if let Some(why) = not_ready_why(
+        sh.open.load(Ordering::SeqCst),
+        sh.conns,
+        &target,
+        &sh.connect_failure,
+    ) {
         agent.not_ready(&why);
         sh.interrupt.store(true, Ordering::SeqCst);
         return Some(why);
@@ -395,6 +411,7 @@ fn run_share(
         _ => u64::MAX,
     };
     let open = Arc::new(AtomicU64::new(0));
+    let connect_failure = Arc::new(Mutex::new(None));
     let gate = cfg.fleet.as_deref().filter(|_| n == 1);
     let (kk, nn) = (u64::from(k), u64::from(n));
     let conns = share(cfg.connections, nn, kk);
@@ -415,6 +432,7 @@ fn run_share(
                 Arc::clone(&open),
                 conns,
                 format!("{} ({})", cfg.target, cfg.addr),
+                Arc::clone(&connect_failure),
             ),
         );
         Some(ready)
@@ -476,6 +494,7 @@ fn run_share(
         peak_open: AtomicU64::new(0),
         hdr_log,
         first_sent: AtomicU64::new(u64::MAX),
+        connect_failure,
     };
     let mut not_ready = None;
     let outs: Vec<Result<engine::ThreadOut, LoadError>> = std::thread::scope(|s| {

@@ -20,8 +20,8 @@ use crate::Failure;
 /// timestamped round trips) and says ready; once every one is, the barrier gives one start
 /// instant, 100 ms plus twice the largest round trip ahead, and says on stderr
 /// `tcpkit barrier: all N agents ready, start at <RFC 3339>`. During the run each side beats
-/// every 250 ms; an agent is lost at once when its connection closes or resets, or after 2 s
-/// silent. An agent not ready by --ready-timeout, one that says it cannot get ready, or one
+/// every 250 ms from the join on; an agent is lost at once when its connection closes or
+/// resets, or after --lost-after silent (10 s by default). An agent not ready by --ready-timeout, one that says it cannot get ready, or one
 /// lost before its run ended fails the fleet run: the others are told to stop, and the barrier
 /// exits 1 naming it (`shard K/N on HOST`) and why. Exit 0 once every agent has ended its run
 /// (each one's own verdict is in its report, and in this one's agents[].failure).
@@ -48,6 +48,15 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = duration_arg)]
     pub ready_timeout: Duration,
 
+    /// An agent not heard for this long is lost, and an agent that has not heard the barrier
+    /// for this long stops (the barrier gives this bound to every agent when it joins, so both
+    /// ends use one). A closed or reset connection is lost at once, whatever this says. The
+    /// default holds through a heavy preparation on a loaded host (tens of thousands of
+    /// connects, which have silenced a healthy connection for over 2 s); lower it to find a
+    /// host whose path went quiet sooner. 1s to 10m.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
+    pub lost_after: Duration,
+
     #[command(flatten)]
     pub out: OutputFlags,
 }
@@ -65,11 +74,21 @@ pub fn resolve(a: &Args) -> Result<BarrierConfig, Failure> {
     if a.ready_timeout.is_zero() {
         return Err(Failure::Usage("--ready-timeout: must be above 0".into()));
     }
+    let (min, max) = (tcpkit_fleet::LOST_AFTER_MIN, tcpkit_fleet::LOST_AFTER_MAX);
+    if !(min..=max).contains(&a.lost_after) {
+        return Err(Failure::Usage(format!(
+            "--lost-after {} ms: must be {} s to {} s",
+            a.lost_after.as_millis(),
+            min.as_secs(),
+            max.as_secs()
+        )));
+    }
     Ok(BarrierConfig {
         listen: a.listen,
         agents: a.agents,
         key: crate::fleet::read_key("--key-file", &a.key_file)?,
         ready_timeout: a.ready_timeout,
+        lost_after: a.lost_after,
     })
 }
 
@@ -120,6 +139,16 @@ mod tests {
             k,
         ]);
         assert!(e.unwrap_err().starts_with("--agents 0: must be 1 to"));
+        assert_eq!(c.lost_after, tcpkit_fleet::LOST_AFTER);
+        let c = parse(&[&base[..], &["--lost-after", "3s"]].concat()).unwrap();
+        assert_eq!(c.lost_after, Duration::from_secs(3));
+        for bad in ["500ms", "11m"] {
+            let e = parse(&[&base[..], &["--lost-after", bad]].concat()).unwrap_err();
+            assert!(
+                e.starts_with("--lost-after ") && e.contains("must be 1 s to 600 s"),
+                "{e}"
+            );
+        }
         let e = parse(&[&base[..], &["--ready-timeout", "0s"]].concat()).unwrap_err();
         assert!(e.starts_with("--ready-timeout"), "{e}");
         let e = parse(&[&base[..], &["--ready-timeout", "soon"]].concat()).unwrap_err();

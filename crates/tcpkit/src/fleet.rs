@@ -21,7 +21,8 @@ pub(crate) struct AgentFlags {
     /// connections, read the files, map the capture), say ready, and start at the one instant
     /// the barrier gives once every agent is ready. A barrier not listening yet is retried for
     /// 60 s. Stopped early, with the agent that failed named in the report's fleet.stopped_by,
-    /// when another agent fails or the barrier is lost (closed, or silent 2 s): exit 1.
+    /// when another agent fails or the barrier is lost (closed, or silent for the barrier's
+    /// --lost-after, which it gives every agent): exit 1.
     #[arg(long, value_name = "HOST:PORT", requires = "barrier_key")]
     pub barrier: Option<String>,
 

@@ -73,8 +73,8 @@ enum Cmd {
     /// VIP), so nothing is paid per packet afterwards.
     Balance(balance::Args),
     /// Start load and replay agents on many hosts at one instant, once every one is ready,
-    /// and watch them (heartbeats every 250 ms, an agent lost after 2 s silent or at once when
-    /// its connection closes): one that cannot get ready or is lost stops the others, named
+    /// and watch them (heartbeats every 250 ms, an agent lost after --lost-after silent, 10 s
+    /// by default, or at once when its connection closes): one that cannot get ready or is lost stops the others, named
     /// (exit 1). SIGINT/SIGTERM: tells the agents to stop and prints the report (exit 1).
     Barrier(barrier::Args),
     /// Merge the --json reports of simultaneous runs into one and judge it: load reports

@@ -302,7 +302,10 @@ fn an_agent_that_cannot_get_ready_fails_the_run_before_any_query() {
             [&["--qname-file", "/nonexistent/names"], &args[..]].concat(),
             "--qname-file /nonexistent/names",
         ),
-        (args.clone(), "only 0 of 3 connections could be opened to"),
+        (
+            args.clone(),
+            "only 0 of 3 connections could be opened to 198.18.2.2:5354 (198.18.2.2:5354) while preparing (first failure: ECONNREFUSED",
+        ),
     ];
     for (k, (bad, why)) in cases.iter().enumerate() {
         let mut b = f.barrier(2, &["--ready-timeout", "20s"]);
@@ -561,7 +564,7 @@ fn a_replay_agent_starts_with_a_load_agent() {
 fn an_agent_cut_off_mid_run_is_lost_after_two_silent_seconds() {
     let mut f = Fleet::new("fbcut", 2);
     let _echo = f.echo();
-    let mut b = f.barrier(2, &["--ready-timeout", "20s"]);
+    let mut b = f.barrier(2, &["--ready-timeout", "20s", "--lost-after", "2s"]);
     let args = load_args("10");
     let mut one = f.agent(1, "1/2", &args);
     let mut cut = f.agent(2, "2/2", &args);
@@ -599,4 +602,52 @@ fn an_agent_cut_off_mid_run_is_lost_after_two_silent_seconds() {
     );
     assert!(cut.json()["seconds"].as_f64().unwrap() < 5.0);
     eprintln!("fleet: cut-off agent lost after {noticed:?}");
+}
+
+/// An agent whose connects fail while it prepares (out of local ports: EADDRNOTAVAIL, as when
+/// an earlier run's ports are still in TIME_WAIT) reaches the barrier as not ready with why,
+/// through its worker processes and their parent, never as silent; its own last line is
+/// that reason, not the barrier's close that answers it.
+#[test]
+fn an_agent_out_of_ports_while_preparing_is_not_ready_with_why() {
+    let mut f = Fleet::new("fbport", 1);
+    let echo = f.echo();
+    let a = f.agents[0].clone();
+    // 8 ports, 5 of them held by bound sockets: the plan (8 ports for 6 connections) passes,
+    // and the connects find 3.
+    a.run(&["sysctl", "-qw", "net.ipv4.ip_local_port_range=41000 41007"])
+        .unwrap();
+    let held: Vec<std::net::TcpListener> = a.enter(|| {
+        (41000..41005)
+            .map(|p| std::net::TcpListener::bind(("0.0.0.0", p)).unwrap())
+            .collect()
+    });
+    let mut b = f.barrier(1, &["--ready-timeout", "20s"]);
+    let args = [
+        &LOAD[..],
+        &["-t", "1", "--procs", "2", "--connect-retries", "0"],
+    ]
+    .concat();
+    let mut agent = f.agent(1, "1/1", &args);
+    assert_eq!(agent.wait(Duration::from_secs(15)).code(), Some(1));
+    assert_eq!(
+        b.wait(Duration::from_secs(10)).code(),
+        Some(1),
+        "{}",
+        b.stderr()
+    );
+    drop(held);
+    let last = b.last_line();
+    assert!(
+        last.contains("cannot get ready: worker process")
+            && last.contains("connections could be opened to")
+            && last.contains("(first failure: EADDRNOTAVAIL"),
+        "{last}"
+    );
+    let br = b.json();
+    assert_eq!(br["agents"][0]["outcome"], "not_ready", "{br:#}");
+    let own = agent.last_line();
+    assert!(own.contains("(first failure: EADDRNOTAVAIL"), "{own}");
+    assert_eq!(u(&agent.json(), "queries.sent"), 0);
+    assert_eq!(u(&stop_echo(&echo), "answered"), 0);
 }

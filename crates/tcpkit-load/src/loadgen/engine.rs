@@ -98,6 +98,9 @@ pub(crate) struct Shared<'a> {
     pub hdr_log: Option<Mutex<HdrLog>>,
     /// When this process's first query went out (monotonic ns); `u64::MAX` until then.
     pub first_sent: AtomicU64,
+    /// Why this process's first connect failed (errno name and text), for a fleet agent's
+    /// "not ready" while its threads still hold their own counts.
+    pub connect_failure: Arc<Mutex<Option<String>>>,
 }
 
 impl Shared<'_> {
@@ -809,11 +812,21 @@ impl Worker<'_, '_> {
         }
     }
 
+    /// The process's first connect failure, kept where a fleet agent's gate reads it.
+    fn note_connect_failure(&self, why: impl FnOnce() -> String) {
+        if let Ok(mut f) = self.sh.connect_failure.lock() {
+            if f.is_none() {
+                *f = Some(why());
+            }
+        }
+    }
+
     fn connect_failed(&mut self, i: usize, e: &io::Error, now: u64) {
         let name = errno_name(e);
         self.count_error(name);
         if self.first_connect_error.is_none() {
             self.first_connect_error = Some(e.to_string());
+            self.note_connect_failure(|| format!("{name}: {e}"));
         }
         self.c.failed += 1;
         self.retry_later(i, now);
@@ -1159,10 +1172,9 @@ impl Worker<'_, '_> {
                     self.c.failed += 1;
                     self.count_error("connect timeout");
                     if self.first_connect_error.is_none() {
-                        self.first_connect_error = Some(format!(
-                            "no answer within {:?}",
-                            self.sh.cfg.connect_timeout
-                        ));
+                        let why = format!("no answer within {:?}", self.sh.cfg.connect_timeout);
+                        self.note_connect_failure(|| format!("connect timeout: {why}"));
+                        self.first_connect_error = Some(why);
                     }
                     self.retry_later(i, now);
                 }

@@ -63,7 +63,7 @@ pub(crate) fn await_release(
     ready: Arc<AtomicBool>,
     start: Arc<AtomicU64>,
     wall: Arc<AtomicU64>,
-    (open, asked, target): (Arc<AtomicU64>, u64, String),
+    (open, asked, target, failure): (Arc<AtomicU64>, u64, String, Arc<Mutex<Option<String>>>),
 ) {
     let start2 = Arc::clone(&start);
     let spawned = std::thread::Builder::new()
@@ -73,7 +73,8 @@ pub(crate) fn await_release(
             while !ready.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_micros(500));
             }
-            let not_ready = super::not_ready_why(open.load(Ordering::SeqCst), asked, &target);
+            let not_ready =
+                super::not_ready_why(open.load(Ordering::SeqCst), asked, &target, &failure);
             if let Ok(text) = serde_json::to_string(&Line::Ready { not_ready }) {
                 let mut out = std::io::stdout().lock();
                 let _ = writeln!(out, "{text}");
