@@ -88,6 +88,13 @@ pub struct Args {
     #[arg(long, value_name = "CIDR")]
     pub allow: Vec<String>,
 
+    /// How long a control connection may take to complete its Hello (and, with
+    /// --auth-key-file, the key's proof), and any later message to arrive whole once begun;
+    /// past it the connection is closed and counted (copies_timed_out). At least 1s: the
+    /// deadlines are checked once a second.
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "5s")]
+    pub hello_timeout: Duration,
+
     #[command(flatten)]
     pub run: RunFlags,
 
@@ -196,6 +203,12 @@ fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
             .map_err(|e| Failure::Usage(format!("--allow '{c}': {e}")))?;
         allow.push(cidr);
     }
+    if a.hello_timeout < Duration::from_secs(1) {
+        return Err(Failure::Usage(format!(
+            "--hello-timeout {:?}: at least 1s (intercept checks its deadlines once a second)",
+            a.hello_timeout
+        )));
+    }
     let Some(listen) = listen else {
         return Err(Failure::Usage(format!(
             "--listen: required without --auth-key-file: copies are then not authenticated, so intercept listens only where it is told (the address the online hosts reach it on, e.g. --listen 10.0.0.5:{DEFAULT_PORT}); or give --auth-key-file FILE to listen on 0.0.0.0:{DEFAULT_PORT}"
@@ -207,6 +220,7 @@ fn resolve(a: &Args) -> Result<(InterceptConfig, Option<Duration>), Failure> {
             listen,
             allow,
             key,
+            hello_timeout: a.hello_timeout,
         },
         stats,
     ))
@@ -362,6 +376,18 @@ mod tests {
             })
         );
         assert_eq!(c.listen, "198.18.2.2:4000".parse().unwrap());
+    }
+
+    #[test]
+    fn hello_timeout_defaults_to_5s_takes_a_duration_and_at_least_1s() {
+        let l = ["--capture", "eth1", "--listen", "10.0.0.5:36524"];
+        assert_eq!(parse(&l).unwrap().0.hello_timeout, Duration::from_secs(5));
+        let (c, _) = parse(&[&l[..], &["--hello-timeout", "2s"]].concat()).unwrap();
+        assert_eq!(c.hello_timeout, Duration::from_secs(2));
+        let e = parse(&[&l[..], &["--hello-timeout", "500ms"]].concat()).unwrap_err();
+        assert!(e.starts_with("--hello-timeout 500ms: at least 1s"), "{e}");
+        let e = parse(&[&l[..], &["--hello-timeout", "soon"]].concat()).unwrap_err();
+        assert!(e.contains("--hello-timeout"), "{e}");
     }
 
     #[test]

@@ -174,6 +174,12 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "5s")]
     pub path_timeout: Duration,
 
+    /// How long a connection to the listener may take to present its Hello (and, with
+    /// --psk-file, its handshake) before it is closed and counted (receiving side; default
+    /// 5s). Strangers that connect and say nothing hold a descriptor no longer than this.
+    #[arg(long, value_name = "DURATION", value_parser = common::duration_arg)]
+    pub hello_timeout: Option<Duration>,
+
     /// At most this much of the stream per second over all connections together (sending
     /// side). Bytes by default, as every size here: 300M (or 300MB, 300MiB) is 300 MiB/s.
     /// Bits as iperf3's -b, 1000-based: 100Mbit (or 100Mbps, 100Mbit/s) is 100,000,000
@@ -262,6 +268,11 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             a.path_timeout
         )));
     }
+    if a.hello_timeout.is_some_and(|t| t.is_zero()) {
+        return Err(usage(
+            "--hello-timeout 0: give how long a connection may take to say Hello (default 5s)",
+        ));
+    }
     if a.listen {
         let (listen, v6only) = listen_on(a)?;
         let window = a.window.unwrap_or(tcpkit_mpcat::DEFAULT_WINDOW);
@@ -282,7 +293,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             v6only,
             output: a.output.clone().map_or(Output::Stdout, Output::File),
             window,
-            handshake_timeout: tcpkit_mpcat::HANDSHAKE_TIMEOUT,
+            handshake_timeout: a.hello_timeout.unwrap_or(tcpkit_mpcat::HANDSHAKE_TIMEOUT),
             max_pending: tcpkit_mpcat::MAX_PENDING,
             keep: a.keep,
             path_timeout: a.path_timeout,
@@ -300,6 +311,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         (a.port.is_some(), "-p/--port"),
         (a.window.is_some(), "--window"),
         (a.keep, "-k/--keep-listening"),
+        (a.hello_timeout.is_some(), "--hello-timeout"),
     ] {
         if given {
             return Err(usage(format!(
@@ -750,6 +762,7 @@ mod tests {
         assert_eq!(c.output, Output::Stdout);
         assert_eq!(c.window, 64 << 20);
         assert_eq!(c.path_timeout, Duration::from_secs(5));
+        assert_eq!(c.handshake_timeout, Duration::from_secs(5));
         let Side::Receive(c) = parse(&[
             "--listen",
             "--port",
@@ -762,11 +775,14 @@ mod tests {
             "--quiet",
             "--path-timeout",
             "2s",
+            "--hello-timeout",
+            "1s",
             "-k",
         ])
         .unwrap() else {
             panic!()
         };
+        assert_eq!(c.handshake_timeout, Duration::from_secs(1));
         assert_eq!(c.output, Output::File("out.bin".into()));
         assert_eq!(c.window, 8 << 20);
         assert_eq!(c.path_timeout, Duration::from_secs(2));
@@ -1033,6 +1049,8 @@ mod tests {
         assert!(e(&["--path-timeout", "500ms", "h", "1"]).contains("--path-timeout 500ms"));
         assert!(e(&["--rate-limit", "0", "h", "1"]).contains("--rate-limit 0"));
         assert!(e(&["-k", "h", "1"]).contains("-k/--keep-listening"));
+        assert!(e(&["--hello-timeout", "1s", "h", "1"]).contains("--hello-timeout is for"));
+        assert!(e(&["-l", "-p", "1", "--hello-timeout", "0"]).contains("--hello-timeout 0"));
         assert!(e(&["--rate-limit", "fast", "h", "1"]).contains("--rate-limit"));
         assert!(e(&["-l", "-p", "1", "--rate-limit", "1M"]).contains("--rate-limit"));
         assert!(e(&["--stats", "often", "h", "1"]).contains("--stats"));

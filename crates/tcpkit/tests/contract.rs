@@ -143,13 +143,8 @@ fn stats_with_json_leaves_stdout_one_json_document() {
             "--json",
         ],
     );
-    let o = load.wait(Duration::from_secs(20));
-    let r = one_document_and_live_lines("load", &o, 2);
-    assert!(r["queries"]["answered"].as_u64().unwrap() > 0, "{r:#}");
-    let o = echo.wait(Duration::from_secs(20));
-    let r = one_document_and_live_lines("echo", &o, 5);
-    assert!(r["accepted"].as_u64().unwrap() >= 3, "{r:#}");
-
+    // replay and intercept run while echo does (neither touches its port): the four
+    // commands' runs overlap instead of adding up.
     let pcap = testdata("tcpreplay-test.pcap");
     let replay = Running::start(
         &a,
@@ -167,10 +162,6 @@ fn stats_with_json_leaves_stdout_one_json_document() {
             pcap.to_str().unwrap(),
         ],
     );
-    let o = replay.wait(Duration::from_secs(20));
-    let r = one_document_and_live_lines("replay", &o, 2);
-    assert_eq!(r["packets"], 30, "{r:#}");
-
     let intercept = Running::start(
         &b,
         &[
@@ -188,6 +179,15 @@ fn stats_with_json_leaves_stdout_one_json_document() {
     );
     let o = intercept.wait(Duration::from_secs(20));
     one_document_and_live_lines("intercept", &o, 2);
+    let o = load.wait(Duration::from_secs(20));
+    let r = one_document_and_live_lines("load", &o, 2);
+    assert!(r["queries"]["answered"].as_u64().unwrap() > 0, "{r:#}");
+    let o = replay.wait(Duration::from_secs(20));
+    let r = one_document_and_live_lines("replay", &o, 2);
+    assert_eq!(r["packets"], 30, "{r:#}");
+    let o = echo.wait(Duration::from_secs(20));
+    let r = one_document_and_live_lines("echo", &o, 5);
+    assert!(r["accepted"].as_u64().unwrap() >= 3, "{r:#}");
 }
 
 /// Issue 10, case 9: copy waited out --timeout after SIGINT and a second Ctrl-C did nothing.

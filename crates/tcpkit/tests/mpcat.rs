@@ -231,17 +231,19 @@ fn mpcat_survives_a_link_going_down_and_resumes_on_it() {
 }
 
 /// Issue 12, strangers on the session's port while it runs: a Hello with another token is
-/// refused with the reason, junk bytes are closed, idle connections are closed at the 5 s
-/// handshake deadline; each is counted, and the session completes identical.
+/// refused with the reason, junk bytes are closed, idle connections are closed at the hello
+/// deadline (--hello-timeout 1s; 5 s by default); each is counted, and the session completes
+/// identical.
 #[test]
 fn mpcat_refuses_strangers_while_the_session_goes_on() {
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use tcpkit_mpcat::frame::Frame;
 
-    // 40 Mbit/s in all: about 8 s, past the strangers' 5 s deadline.
-    let mut t = Transfer::with_input("mpcstr", 2, Some(shaped(20)), 40 << 20);
-    let rx = t.listen(&["--json"]);
+    // 40 Mbit/s in all: about 4 s, well past the strangers' 1 s deadline.
+    const SIZE: u64 = 20 << 20;
+    let mut t = Transfer::with_input("mpcstr", 2, Some(shaped(20)), SIZE);
+    let rx = t.listen(&["--json", "--hello-timeout", "1s"]);
     let tx = t.send(&["--json"]);
     // Once the session has begun.
     wait_arrived(&t.output, 1, &tx, &rx);
@@ -272,7 +274,7 @@ fn mpcat_refuses_strangers_while_the_session_goes_on() {
     assert!(junk_closed);
     t.arrives(&tx, 25, &rx, 5);
     drop(idle);
-    let (_, j) = verified_reports(&tx, &rx, 40 << 20);
+    let (_, j) = verified_reports(&tx, &rx, SIZE);
     let c = &j["connections"];
     assert_eq!(c["wrong_token"], 1, "{j}");
     assert_eq!(c["bad_handshake"], 1, "{j}");
@@ -543,14 +545,20 @@ fn mpcat_keep_listening_serves_two_sessions() {
 
 /// Listening-socket rules: 500 idle strangers arrive while a session runs on a receiver
 /// allowed 48 descriptors. Accepting pauses on EMFILE (counted), strangers are closed at the
-/// 5 s hello deadline (counted), and the session completes identical.
+/// hello deadline (--hello-timeout 1s; 5 s by default; counted), and the session completes
+/// identical.
 #[test]
 fn mpcat_survives_idle_strangers_with_few_descriptors() {
     use std::net::TcpStream;
 
-    // 40 Mbit/s in all: about 8 s, past the strangers' 5 s deadline.
-    let mut t = Transfer::with_input("mpcfd", 2, Some(shaped(20)), 40 << 20);
-    let rx = t.start_listener("rx", &["prlimit", "--nofile=48"], &["--json"]);
+    // 40 Mbit/s in all: about 4 s, well past the strangers' 1 s deadline.
+    const SIZE: u64 = 20 << 20;
+    let mut t = Transfer::with_input("mpcfd", 2, Some(shaped(20)), SIZE);
+    let rx = t.start_listener(
+        "rx",
+        &["prlimit", "--nofile=48"],
+        &["--json", "--hello-timeout", "1s"],
+    );
     wait_listening(&t.b, t.port);
     let tx = t.send(&["--quiet"]);
     wait_arrived(&t.output, 1, &tx, &rx);
@@ -564,7 +572,7 @@ fn mpcat_survives_idle_strangers_with_few_descriptors() {
     t.arrives(&tx, 25, &rx, 5);
     drop(held);
     let j = json_of(&rx);
-    assert_verified(&j, 40 << 20);
+    assert_verified(&j, SIZE);
     let c = &j["connections"];
     eprintln!("{} strangers, receiver at 48 descriptors: {c}", 500);
     assert!(c["accept_errors"].as_u64().unwrap() >= 1, "{j}");
@@ -787,8 +795,8 @@ fn mpcat_one_stream_from_a_pipe_survives_its_connection_killed() {
 }
 
 fn one_stream_survives_its_connection_killed(tag: &str, pipe: bool) {
-    // 5 MB/s: about 7 s in all.
-    const SIZE: u64 = 32 << 20;
+    // 5 MB/s: about 3.5 s in all, most of it after the kill at 4 MiB.
+    const SIZE: u64 = 16 << 20;
     let mut t = Transfer::with_input(tag, 1, Some(shaped(40)), SIZE);
     let rx = t.listen(&["--json"]);
     let tx = if pipe {

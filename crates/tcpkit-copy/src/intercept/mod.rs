@@ -61,9 +61,10 @@ const MAX_PENDING: usize = 8 << 20;
 /// their share are cut, so intercept's memory does not grow with the number of copies that
 /// do not read.
 const PENDING_BUDGET: usize = 64 << 20;
-/// A connection must complete its Hello within this; a partial message (a header announcing
-/// bytes that never come) may not stall for longer either.
-const HELLO_DEADLINE_NS: u64 = 5_000_000_000;
+/// A connection must complete its Hello within this unless `--hello-timeout` says otherwise;
+/// a partial message (a header announcing bytes that never come) may not stall for longer
+/// either.
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Control connections at most (fewer when the descriptor limit is lower): past it a
 /// connection is refused with the reason, so idle peers cannot take every descriptor.
 const MAX_CONNECTIONS: usize = 1000;
@@ -98,6 +99,9 @@ pub struct InterceptConfig {
     pub allow: Vec<tcpkit_wire::Cidr>,
     /// `--auth-key-file`: copies must prove this key before anything is sent to them.
     pub key: Option<Key>,
+    /// `--hello-timeout`: how long a connection may take to complete its Hello (and the
+    /// key's proof), and a later message to arrive whole once begun. Checked once a second.
+    pub hello_timeout: Duration,
 }
 
 impl InterceptConfig {
@@ -552,6 +556,7 @@ pub fn run(
     let mut eth = Vec::new();
     let mut scratch = vec![0u8; 4096];
     let mut last_second = start;
+    let hello_deadline_ns = u64::try_from(cfg.hello_timeout.as_nanos()).unwrap_or(u64::MAX);
     let max_conns = connection_cap();
     // Out of descriptors: no accept until then. The listener is edge-triggered, so the
     // backlog left waiting is taken up again from the loop once the pause is over.
@@ -645,9 +650,9 @@ pub fn run(
             };
             if second {
                 let stalled = if c.ready {
-                    !c.inbuf.is_empty() && now > c.last_read + HELLO_DEADLINE_NS
+                    !c.inbuf.is_empty() && now > c.last_read + hello_deadline_ns
                 } else {
-                    now > c.accepted + HELLO_DEADLINE_NS
+                    now > c.accepted + hello_deadline_ns
                 };
                 if stalled && !c.cut {
                     r.copies_timed_out += 1;
@@ -921,6 +926,7 @@ mod tests {
             listen: "0.0.0.0:36524".parse().unwrap(),
             allow: vec![],
             key: None,
+            hello_timeout: DEFAULT_HELLO_TIMEOUT,
         };
         assert_eq!(c.capture_filter(), "(tcp and (tcp)) and not port 36524");
         c.source = Source::Capture {

@@ -46,6 +46,8 @@ pub struct TLab {
     /// The key intercept and every copy of this lab are given (`--auth-key-file`): the
     /// transparent tests run authenticated, as users are told to. None: neither gets one.
     pub key: Option<PathBuf>,
+    /// More flags for intercept's command line (e.g. a shorter `--hello-timeout`).
+    pub intercept_flags: Vec<String>,
 }
 
 /// Writes a key file of `text` (mode 600, as intercept and copy require) at `path`.
@@ -87,6 +89,7 @@ impl TLab {
             // Each test owns its namespaces: any port is free there.
             port: 7070,
             filter: "tcp and src host 198.18.2.2".into(),
+            intercept_flags: Vec::new(),
         }
     }
 
@@ -138,6 +141,7 @@ impl TLab {
         ]
         .into_iter()
         .chain(self.key_args().into_iter().map(String::from))
+        .chain(self.intercept_flags.iter().cloned())
         .collect()
     }
 

@@ -441,30 +441,41 @@ fn limit_hints_are_said_once_when_first_hit() {
     let p = pair("ldhint");
     common::nft::drop_tcp_to(&p.srv, 4256);
     let t = target(4256);
-    for procs in ["1", "2"] {
-        // Eight attempts of 200 ms, 100 ms apart, per connection: the opening lasts ~2.4 s
-        // of the 4 s the run may last (-t bounds the whole run); the first connect times out
-        // at 0.2 s.
-        let (lines, ended, o) = load_timed(
-            &p,
-            &[
-                &t,
-                "-c",
-                "4",
-                "--procs",
-                procs,
-                "--connect-timeout",
-                "200ms",
-                "--connect-retries",
-                "7",
-                "-r",
-                "10",
-                "-t",
-                "4",
-                "--json",
-            ],
-            Duration::from_secs(20),
-        );
+    // The two runs at once (each its own process and connections): their lengths overlap
+    // instead of adding up.
+    let runs = std::thread::scope(|s| {
+        let runs = ["1", "2"].map(|procs| {
+            let (p, t) = (&p, &t);
+            s.spawn(move || {
+                // Eight attempts of 200 ms, 100 ms apart, per connection: the opening lasts
+                // ~2.4 s of the 4 s the run may last (-t bounds the whole run); the first
+                // connect times out at 0.2 s.
+                let run = load_timed(
+                    p,
+                    &[
+                        t,
+                        "-c",
+                        "4",
+                        "--procs",
+                        procs,
+                        "--connect-timeout",
+                        "200ms",
+                        "--connect-retries",
+                        "7",
+                        "-r",
+                        "10",
+                        "-t",
+                        "4",
+                        "--json",
+                    ],
+                    Duration::from_secs(20),
+                );
+                (procs, run)
+            })
+        });
+        runs.map(|h| h.join().unwrap())
+    });
+    for (procs, (lines, ended, o)) in runs {
         assert_eq!(o.status.code(), Some(1), "{lines:?}");
         let r = json(&o);
         assert_eq!(u(&r, "connections.timeouts"), 32, "{r:#}");
