@@ -444,43 +444,30 @@ impl Barrier<'_> {
         }
     }
 
-    /// Reads what `conns[i]` sent, answers it, writes what is queued.
+    /// Reads what `conns[i]` sent, answers it, writes what is queued. Reads until the socket
+    /// would block: the poll is edge-triggered, so bytes left unread wait for the next event
+    /// on the socket (the next beat either way, or the writable edge after our next write).
+    /// The buffer stays bounded anyway: each chunk's whole frames are taken before the next
+    /// read, so at most one partial frame is kept.
     fn serve(&mut self, poll: &Poll, i: usize) {
-        let mut gone: Option<&'static str> = None;
         let mut buf = [0u8; 4096];
-        let mut got = Vec::new();
-        let mut t2 = 0;
-        if let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) {
-            loop {
-                match c.sock.read(&mut buf) {
-                    Ok(0) => {
-                        gone = Some("its connection closed");
-                        break;
-                    }
-                    Ok(n) => {
-                        t2 = wall_ns();
-                        got.extend_from_slice(&buf[..n]);
-                        // A peer cannot make us buffer more than a few frames per event.
-                        if got.len() > 4 * (HDR + MAX_BODY) {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        gone = Some("its connection was reset");
-                        break;
-                    }
+        let gone = loop {
+            let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) else {
+                return;
+            };
+            match c.sock.read(&mut buf) {
+                Ok(0) => break Some("its connection closed"),
+                Ok(n) => {
+                    let t2 = wall_ns();
+                    c.heard = Instant::now();
+                    c.rbuf.extend_from_slice(&buf[..n]);
+                    self.take_frames(i, t2);
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break Some("its connection was reset"),
             }
-            if !got.is_empty() {
-                c.heard = Instant::now();
-                c.rbuf.extend_from_slice(&got);
-            }
-        } else {
-            return;
-        }
-        self.take_frames(i, t2);
+        };
         if let Some(why) = gone {
             self.close(poll, i, why);
             return;
@@ -493,7 +480,7 @@ impl Barrier<'_> {
             let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) else {
                 return;
             };
-            let rbuf = std::mem::take(&mut c.rbuf);
+            let mut rbuf = std::mem::take(&mut c.rbuf);
             let used = match Msg::parse(&rbuf) {
                 Ok(Some((m, used))) => {
                     self.on_msg(i, m, t2);
@@ -511,7 +498,8 @@ impl Barrier<'_> {
                 }
             };
             if let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) {
-                c.rbuf = rbuf[used..].to_vec();
+                rbuf.drain(..used);
+                c.rbuf = rbuf;
             }
         }
     }
