@@ -658,7 +658,7 @@ impl Core {
         }
     }
 
-    /// Marks the peer's half closed; returns the tag, and drops the stream once both are.
+    /// Marks the peer's half closed, and drops the stream once both are.
     fn remote_done(&mut self, stream: u32) {
         if let Some(s) = self.streams.get_mut(&stream) {
             s.remote_done = true;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{ArgGroup, Parser, ValueEnum};
 use tcpkit_load::loadgen::{
     self as lib, check_target, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config,
-    LiveTotals, LoadCounters, Payload, Procs, RateProfile, ResponseEnd,
+    DohMethod, LiveTotals, LoadCounters, Payload, Procs, RateProfile, ResponseEnd,
 };
 use tcpkit_load::report::LoadReport;
 use tcpkit_pace::units::unescape;
@@ -27,7 +27,7 @@ const NOT_DNS: [&str; 4] = ["echo_bytes", "payload_file", "redis_ping", "http_ge
 /// open-loop schedule (intended send times from one start, never waiting for answers), latency
 /// from the intended and from the actual send time, lag reported when the client falls behind.
 #[derive(Debug, Parser)]
-#[command(group(ArgGroup::new("payload").args(["dns", "echo_bytes", "payload_file", "redis_ping", "http_get"])))]
+#[command(group(ArgGroup::new("payload").args(["dns", "echo_bytes", "payload_file", "redis_ping", "http_get", "doh"])))]
 #[command(group(ArgGroup::new("rates").args(["rate", "rate_steps", "ramp"])))]
 pub struct Args {
     /// The server, HOST:PORT (a name, an IPv4 address, or [IPv6]:PORT), or as wrk takes it,
@@ -182,9 +182,57 @@ pub struct Args {
 
     /// An HTTP header sent with every request, `Name: value` (wrk's -H; repeatable); one
     /// named as a default (Host, User-Agent, Connection) takes its place. Only with HTTP (a
-    /// URL target or --http-get).
+    /// URL target, --http-get or --doh).
     #[arg(short = 'H', long, value_name = "'NAME: VALUE'")]
     pub header: Vec<String>,
+
+    /// HTTP/2 for --http-get (or a URL target), as h2load: in clear, h2c with prior knowledge
+    /// (the connection starts with the HTTP/2 preface, no Upgrade). Requests go on
+    /// concurrent streams of each connection (--h2-streams), on the same open-loop schedule.
+    /// Example: tcpkit load http://10.0.0.2:8080/ --http2 -c 10 --h2-streams 50 -r 20000.
+    #[arg(long, conflicts_with = "http1")]
+    pub http2: bool,
+
+    /// Streams open at once per connection at most (HTTP/2: --http2, --doh), 1 to 1024; the
+    /// server's SETTINGS_MAX_CONCURRENT_STREAMS lowers it. A query due when every connection
+    /// has that many open waits for a stream, and the wait counts in its latency (from its
+    /// intended send time), as every wait does.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub h2_streams: u32,
+
+    /// DNS over HTTPS (RFC 8484): each DNS query (--qname, --qtype, --qname-file) sent as
+    /// an HTTP request to --doh-path (GET with ?dns=base64url, or POST of
+    /// application/dns-message: --doh-method), answers parsed as DNS and their RCODEs counted
+    /// (an HTTP status other than 200 counts as `HTTP <status>`). HTTP/2 by default (h2c with
+    /// prior knowledge in clear); --http1 for HTTP/1.1 keep-alive. Example: tcpkit load
+    /// 10.0.0.2:8053 --doh --doh-method get --qname example.com -c 4 -r 5000.
+    #[arg(long, conflicts_with = "udp")]
+    pub doh: bool,
+
+    /// --doh's request: `post` (the body is the DNS message) or `get` (the message in the
+    /// path's ?dns= parameter, base64url without padding).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "METHOD",
+        default_value = "post",
+        requires = "doh"
+    )]
+    pub doh_method: DohMethodArg,
+
+    /// --doh's path on the server.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/dns-query",
+        requires = "doh"
+    )]
+    pub doh_path: String,
+
+    /// --doh over HTTP/1.1 keep-alive (answers in order, one request at a time per
+    /// connection in flight as HTTP/1.1 pipelining allows) instead of HTTP/2.
+    #[arg(long, requires = "doh")]
+    pub http1: bool,
 
     /// wrk2's flags, which mean other things here or do not exist: accepted only to answer a
     /// wrk2 command line with the one to write instead (see [`wrk2_hint`]).
@@ -272,6 +320,13 @@ pub struct Wrk2Flags {
 pub enum ArrivalsArg {
     Poisson,
     Constant,
+}
+
+/// `--doh-method`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DohMethodArg {
+    Get,
+    Post,
 }
 
 fn usage(msg: impl Into<String>) -> Failure {
@@ -363,6 +418,35 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
     if a.redis_ping {
         return Ok(Payload::RedisPing);
     }
+    if a.doh {
+        if !a.doh_path.starts_with('/')
+            || a.doh_path
+                .bytes()
+                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || b == b'?')
+        {
+            return Err(usage(format!(
+                "--doh-path {:?}: expected an absolute path without spaces or query string, like /dns-query",
+                a.doh_path
+            )));
+        }
+        check_headers(&a.header)?;
+        let queries = dns_queries(a)?;
+        let host = a
+            .target
+            .strip_suffix(":80")
+            .unwrap_or(&a.target)
+            .to_string();
+        return Ok(Payload::Doh {
+            queries,
+            method: match a.doh_method {
+                DohMethodArg::Get => DohMethod::Get,
+                DohMethodArg::Post => DohMethod::Post,
+            },
+            path: a.doh_path.clone(),
+            host,
+            headers: a.header.clone(),
+        });
+    }
     if let Some(path) = &a.http_get {
         if !path.starts_with('/')
             || path
@@ -377,9 +461,16 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
     }
     if !a.header.is_empty() {
         return Err(usage(
-            "-H/--header: only with HTTP (a target http://HOST:PORT/PATH, or --http-get PATH)",
+            "-H/--header: only with HTTP (a target http://HOST:PORT/PATH, --http-get PATH or --doh)",
         ));
     }
+    Ok(Payload::Dns {
+        queries: dns_queries(a)?,
+    })
+}
+
+/// The DNS flags (--qname or --qname-file, --qtype) into the questions asked in turn.
+fn dns_queries(a: &Args) -> Result<Vec<(lib::DnsName, u16)>, Failure> {
     let qtype = lib::qtype_from_str(&a.qtype).map_err(|e| usage(format!("--qtype: {e}")))?;
     let queries = match &a.qname_file {
         Some(f) => {
@@ -405,7 +496,7 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
             qtype,
         )],
     };
-    Ok(Payload::Dns { queries })
+    Ok(queries)
 }
 
 /// The payload flag given besides a URL target, if any (a URL asks for HTTP GET).
@@ -426,19 +517,7 @@ fn other_payload(a: &Args) -> Option<&'static str> {
 /// HTTP GET of `path` at the target, with the -H headers (checked: `Name: value`, no line
 /// breaks). The Host header is the target's host, with its port unless it is 80 (as wrk).
 fn http_payload(a: &Args, path: &str) -> Result<Payload, Failure> {
-    for h in &a.header {
-        let name = h.split_once(':').map(|(n, _)| n);
-        let bad_name = name.is_none_or(|n| {
-            n.is_empty()
-                || n.bytes()
-                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
-        });
-        if bad_name || h.bytes().any(|b| b == b'\r' || b == b'\n') {
-            return Err(usage(format!(
-                "-H {h:?}: expected 'Name: value' on one line, like -H 'Accept: text/html'"
-            )));
-        }
-    }
+    check_headers(&a.header)?;
     let authority = match url_target(&a.target)? {
         Some((authority, _)) => authority,
         None => a.target.clone(),
@@ -452,6 +531,24 @@ fn http_payload(a: &Args, path: &str) -> Result<Payload, Failure> {
         host,
         headers: a.header.clone(),
     })
+}
+
+/// -H values: `Name: value` on one line.
+fn check_headers(headers: &[String]) -> Result<(), Failure> {
+    for h in headers {
+        let name = h.split_once(':').map(|(n, _)| n);
+        let bad_name = name.is_none_or(|n| {
+            n.is_empty()
+                || n.bytes()
+                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        });
+        if bad_name || h.bytes().any(|b| b == b'\r' || b == b'\n') {
+            return Err(usage(format!(
+                "-H {h:?}: expected 'Name: value' on one line, like -H 'Accept: text/html'"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A URL target as wrk takes it: `http://HOST[:PORT][/PATH]` into `HOST:PORT` (port 80 when
@@ -676,6 +773,31 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.duration = dur;
     cfg.queries = a.queries;
     cfg.queries_per_conn = a.queries_per_conn;
+    let http = matches!(payload, Payload::HttpGet { .. });
+    if a.http2 && !http && !a.doh {
+        return Err(usage(
+            "--http2: only with HTTP (--http-get PATH, a target http://HOST:PORT/PATH, or --doh)",
+        ));
+    }
+    if !(1..=1024).contains(&a.h2_streams) {
+        return Err(usage(format!(
+            "--h2-streams {}: must be 1 to 1024",
+            a.h2_streams
+        )));
+    }
+    if a.h2_streams != 100 && !(a.http2 || a.doh && !a.http1) {
+        return Err(usage(
+            "--h2-streams: only with HTTP/2 (--http2, or --doh without --http1)",
+        ));
+    }
+    if (a.http2 || a.doh && !a.http1) && a.coalesce > 1 {
+        return Err(usage(
+            "--coalesce: HTTP/2 puts the requests of a connection on streams, written together as they fall due; --coalesce is for the other payloads",
+        ));
+    }
+    cfg.http2 = (a.http2 || a.doh && !a.http1).then_some(lib::Http2 {
+        streams: a.h2_streams,
+    });
     cfg.payload = payload;
     cfg.udp = a.udp;
     if !(1..=1024).contains(&a.coalesce) {
