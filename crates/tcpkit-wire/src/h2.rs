@@ -391,6 +391,15 @@ impl Endpoint {
         }
     }
 
+    /// Nothing half-received: no partial frame or preface, no header block waiting for its
+    /// CONTINUATION, no stream open (a server's deadline for an unfinished request).
+    pub fn quiet(&self) -> bool {
+        (self.partial.is_empty() || self.buffered == Buffered::Spent)
+            && self.preface_left == 0
+            && self.core.block_stream == 0
+            && self.core.streams.is_empty()
+    }
+
     /// The next event from `input` (advanced past what was used), writing any answer the
     /// protocol asks for into `out`. `Ok(None)`: `input` is used up (a partial frame is kept
     /// for the next call). On `Err` a GOAWAY is in `out`: flush it and close.

@@ -39,6 +39,16 @@ pub struct Args {
     #[arg(long)]
     pub dns: bool,
 
+    /// Answer HTTP instead of echoing, as a reference web and DoH server for load --http-get,
+    /// --http2 and --doh: HTTP/1.1 keep-alive and HTTP/2 with prior knowledge (h2c: a
+    /// connection that starts with the HTTP/2 preface), each request answered at once with
+    /// 200 and a short body; on /dns-query, DNS over HTTPS (RFC 8484: GET with ?dns=, POST of
+    /// application/dns-message) answered as --dns answers. HTTP/2 announces 256 streams at
+    /// once; a request head, frame or body is bounded by half of --max-conn-buf, and one left
+    /// unfinished is closed after --partial-timeout. Example: tcpkit echo --http --port 8080.
+    #[arg(long, conflicts_with = "dns")]
+    pub http: bool,
+
     /// The address in A answers (--dns).
     #[arg(
         long,
@@ -163,6 +173,12 @@ pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
     }
     if a.dns {
         cfg.mode = Mode::Dns {
+            a: a.dns_a,
+            aaaa: a.dns_aaaa,
+        };
+    }
+    if a.http {
+        cfg.mode = Mode::Http {
             a: a.dns_a,
             aaaa: a.dns_aaaa,
         };

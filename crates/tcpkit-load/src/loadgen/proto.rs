@@ -895,6 +895,64 @@ HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n";
         assert!(e.detail.contains("without Content-Length"), "{e:?}");
     }
 
+    /// --doh --http1: the two request forms, and answers parsed as DNS at every cut (a
+    /// status other than 200 counted apart from the RCODEs).
+    #[test]
+    fn doh_over_http1_requests_and_answers() {
+        let mk = |method| {
+            Proto::new(
+                &Payload::Doh {
+                    queries: vec![("example.com".parse().unwrap(), 1)],
+                    method,
+                    path: "/dns-query".into(),
+                    host: "h".into(),
+                    headers: Vec::new(),
+                },
+                false,
+            )
+        };
+        let (get, post) = (mk(DohMethod::Get), mk(DohMethod::Post));
+        let mut q = Vec::new();
+        get.write_query(&mut q, 0, 0, 0);
+        let text = String::from_utf8(q.clone()).unwrap();
+        assert!(
+            text.starts_with("GET /dns-query?dns=AAABAAABAAAAAAAAB2V4YW1wbGUDY29tAAABAAE HTTP/1.1\r\nHost: h\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("Accept: application/dns-message\r\n") && text.ends_with("\r\n\r\n"));
+        let mut p = Vec::new();
+        post.write_query(&mut p, 0, 0, 0);
+        let mut msg = Vec::new();
+        tcpkit_wire::dns::write_tcp_query(&mut msg, 0, &"example.com".parse().unwrap(), 1);
+        assert!(p.ends_with(&msg[2..]));
+        assert!(String::from_utf8_lossy(&p).contains("Content-Length: 29\r\n"));
+        // An answer: the query with QR and NXDOMAIN.
+        let mut answer = msg[2..].to_vec();
+        answer[2] |= 0x80;
+        answer[3] |= 3;
+        let mut stream = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/dns-message\r\nContent-Length: {}\r\n\r\n",
+            answer.len()
+        )
+        .into_bytes();
+        stream.extend_from_slice(&answer);
+        stream.extend_from_slice(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno");
+        let out = every_cut(&post, &stream, &pend(2));
+        let codes: Vec<u16> = out.iter().map(|a| a.code).collect();
+        assert_eq!(codes, [3, HTTP_STATUS_BASE + 404]);
+        assert_eq!(post.code_name(3), "NXDOMAIN");
+        assert_eq!(post.code_name(HTTP_STATUS_BASE + 404), "HTTP 404");
+        // A 200 whose body is not DNS is a malformed answer.
+        let e = feed_once(
+            &post,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc",
+            &pend(1),
+            0,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, "malformed DNS answer");
+    }
+
     #[test]
     fn echo_fill_matches_bytewise_at_any_offset() {
         let mut a = vec![0u8; 40];
