@@ -307,6 +307,20 @@ mod tests {
         assert!(e.contains("--max-conns"), "{e}");
     }
 
+    /// --http: HTTP/1.1, h2c and DoH, whose answers are --dns's defaults; not with --dns.
+    #[test]
+    fn http_mode_parses_and_is_not_dns() {
+        assert_eq!(
+            parse(&["--http"]).unwrap().0.mode,
+            Mode::Http {
+                a: "198.18.0.53".parse().unwrap(),
+                aaaa: "fd00:53::53".parse().unwrap()
+            }
+        );
+        let e = parse(&["--http", "--dns"]).unwrap_err();
+        assert!(e.contains("--http") && e.contains("--dns"), "{e}");
+    }
+
     #[test]
     fn defaults() {
         let (c, r) = parse(&[]).unwrap();

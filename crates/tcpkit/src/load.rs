@@ -1397,6 +1397,144 @@ mod tests {
     }
 
     /// --udp: DNS over UDP, and only DNS.
+    /// Issue 26: --http2 for HTTP, --h2-streams (1 to 1024, default 100) with HTTP/2 only,
+    /// --doh with the DNS flags, its method and path, HTTP/1.1 on asking.
+    #[test]
+    fn http2_and_doh_flags() {
+        let c = parse(&["http://127.0.0.1:8080/x", "--http2", "-r", "1"]).unwrap();
+        assert_eq!(c.http2, Some(lib::Http2 { streams: 100 }));
+        let c = parse(&[
+            "127.0.0.1:80",
+            "--http-get",
+            "/",
+            "--http2",
+            "--h2-streams",
+            "7",
+            "-r",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(c.http2, Some(lib::Http2 { streams: 7 }));
+        assert!(parse(&["127.0.0.1:80", "--http-get", "/", "-r", "1"])
+            .unwrap()
+            .http2
+            .is_none());
+        for (args, flag) in [
+            (&["127.0.0.1:53", "--http2", "-r", "1"][..], "--http2"),
+            (
+                &[
+                    "127.0.0.1:80",
+                    "--http-get",
+                    "/",
+                    "--h2-streams",
+                    "5",
+                    "-r",
+                    "1",
+                ],
+                "--h2-streams",
+            ),
+            (
+                &[
+                    "127.0.0.1:80",
+                    "--http-get",
+                    "/",
+                    "--http2",
+                    "--h2-streams",
+                    "0",
+                    "-r",
+                    "1",
+                ],
+                "--h2-streams 0",
+            ),
+            (
+                &["127.0.0.1:80", "--doh", "--h2-streams", "2000", "-r", "1"],
+                "--h2-streams 2000",
+            ),
+            (
+                &["127.0.0.1:80", "--doh", "--doh-path", "dns", "-r", "1"],
+                "--doh-path",
+            ),
+            (
+                &["127.0.0.1:80", "--doh", "--coalesce", "4", "-r", "1"],
+                "--coalesce",
+            ),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.starts_with(flag), "{args:?}: {e}");
+        }
+        let c = parse(&[
+            "127.0.0.1:8053",
+            "--doh",
+            "--qname",
+            "a.test",
+            "--qtype",
+            "AAAA",
+            "-r",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(c.http2, Some(lib::Http2 { streams: 100 }));
+        match &c.payload {
+            Payload::Doh {
+                queries,
+                method,
+                path,
+                host,
+                ..
+            } => {
+                assert_eq!((queries.len(), queries[0].1), (1, 28));
+                assert_eq!(
+                    (*method, path.as_str(), host.as_str()),
+                    (DohMethod::Post, "/dns-query", "127.0.0.1:8053")
+                );
+            }
+            p => panic!("{p:?}"),
+        }
+        let c = parse(&[
+            "127.0.0.1:80",
+            "--doh",
+            "--doh-method",
+            "get",
+            "--doh-path",
+            "/q",
+            "--http1",
+            "-r",
+            "1",
+        ])
+        .unwrap();
+        assert!(c.http2.is_none());
+        assert!(
+            matches!(&c.payload, Payload::Doh { method: DohMethod::Get, path, host, .. } if path == "/q" && host == "127.0.0.1")
+        );
+        // The DoH flags need --doh; --http1 and --http2 exclude each other; --doh is not --udp.
+        for args in [
+            &["load", "127.0.0.1:80", "--doh-method", "get", "-r", "1"][..],
+            &["load", "127.0.0.1:80", "--doh-path", "/x", "-r", "1"],
+            &["load", "127.0.0.1:80", "--http1", "-r", "1"],
+            &[
+                "load",
+                "127.0.0.1:80",
+                "--doh",
+                "--http1",
+                "--http2",
+                "-r",
+                "1",
+            ],
+            &["load", "127.0.0.1:80", "--doh", "--udp", "-r", "1"],
+            &[
+                "load",
+                "127.0.0.1:80",
+                "--doh",
+                "--echo-bytes",
+                "8",
+                "-r",
+                "1",
+            ],
+        ] {
+            assert!(Args::try_parse_from(args).is_err(), "{args:?}");
+        }
+    }
+
     #[test]
     fn udp_is_dns_only() {
         let c = parse(&["127.0.0.1:53", "--udp", "-r", "1"]).unwrap();

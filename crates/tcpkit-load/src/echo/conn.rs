@@ -510,6 +510,14 @@ impl Loop<'_> {
         Ok(true)
     }
 
+    /// Writes the answers built in `out` now; keeps what the socket has no room for.
+    fn send_out(&mut self, conn: &mut Conn) -> Result<(), ()> {
+        let out = std::mem::take(&mut self.out);
+        let sent = self.send(conn, &out);
+        self.out = out;
+        sent
+    }
+
     /// Writes `data` now; keeps what the socket has no room for.
     fn send(&self, conn: &mut Conn, data: &[u8]) -> Result<(), ()> {
         let n = write_some(&mut conn.stream, data).ok_or(())?;
@@ -640,10 +648,7 @@ impl Loop<'_> {
                 // A whole query is a DNS client's first message.
                 conn.tag = 0;
             }
-            let out = std::mem::take(&mut self.out);
-            let sent = self.send(conn, &out);
-            self.out = out;
-            sent?;
+            self.send_out(conn)?;
             if bad {
                 // The answers before it are sent (as far as the socket takes them); the
                 // connection goes, because its byte stream can no longer be trusted.
@@ -697,10 +702,7 @@ impl Loop<'_> {
                 // A whole request is an HTTP client's first message.
                 conn.tag = 0;
             }
-            let out = std::mem::take(&mut self.out);
-            let sent = self.send(conn, &out);
-            self.out = out;
-            sent?;
+            self.send_out(conn)?;
             if close {
                 return Ok(Next::Close);
             }

@@ -397,52 +397,22 @@ impl Proto {
                 }
                 Ok(())
             }
-            Kind::Doh { .. } => feed_doh1(rx, rbuf, pending, data, out),
-            Kind::Http { .. } => {
-                let mut d = data;
-                loop {
-                    if !d.is_empty() && pending.len() <= out.len() && rx.http.at_message_start() {
-                        return Err(unsolicited(d));
-                    }
-                    let step = rx.http.feed(d, rbuf).map_err(bad_http)?;
-                    match step.event {
-                        Event::More => break,
-                        Event::Head(h) => {
-                            if h.body == Body::UntilClose {
-                                return Err(bad(
-                                    "malformed HTTP answer",
-                                    format!("status {} without Content-Length or chunked encoding on a keep-alive connection", h.status),
-                                ));
-                            }
-                            if h.buffered {
-                                // Idle connections hold no buffer.
-                                *rbuf = Vec::new();
-                            }
-                        }
-                        Event::Body { .. } => {}
-                        // An interim answer (1xx): the real one follows.
-                        Event::End if rx.http.status() < 200 => {}
-                        Event::End => out.push(Answer {
-                            id: None,
-                            code: rx.http.status(),
-                        }),
-                    }
-                    d = &d[step.used..];
-                }
-                Ok(())
-            }
+            Kind::Doh { .. } => feed_http(rx, rbuf, pending, data, out, true),
+            Kind::Http { .. } => feed_http(rx, rbuf, pending, data, out, false),
         }
     }
 }
 
-/// DoH answers over HTTP/1.1: framed as any HTTP answer, the body (at most a DNS message)
-/// kept in `rbuf` once the head is done with it, and parsed as DNS at the end.
-fn feed_doh1(
+/// HTTP/1.1 answers, each coded by its status. With `doh`, the body (at most a DNS message)
+/// is kept in `rbuf` once the head is done with it and parsed as DNS at the end: the answer's
+/// code is its RCODE, or [`HTTP_STATUS_BASE`] + a status other than 200.
+fn feed_http(
     rx: &mut Rx,
     rbuf: &mut Vec<u8>,
     pending: &VecDeque<Pending>,
     data: &[u8],
     out: &mut Vec<Answer>,
+    doh: bool,
 ) -> Result<(), BadAnswer> {
     let mut d = data;
     loop {
@@ -459,9 +429,15 @@ fn feed_doh1(
                         format!("status {} without Content-Length or chunked encoding on a keep-alive connection", h.status),
                     ));
                 }
-                // From here the buffer holds the body.
-                rbuf.clear();
+                if doh {
+                    // From here the buffer holds the body.
+                    rbuf.clear();
+                } else if h.buffered {
+                    // Idle connections hold no buffer.
+                    *rbuf = Vec::new();
+                }
             }
+            Event::Body { .. } if !doh => {}
             Event::Body { from } => {
                 let body = &d[from..step.used];
                 if rbuf.len() + body.len() > 65_535 {
@@ -469,7 +445,12 @@ fn feed_doh1(
                 }
                 rbuf.extend_from_slice(body);
             }
+            // An interim answer (1xx): the real one follows.
             Event::End if rx.http.status() < 200 => {}
+            Event::End if !doh => out.push(Answer {
+                id: None,
+                code: rx.http.status(),
+            }),
             Event::End => {
                 let status = rx.http.status();
                 let code = if status == 200 {
