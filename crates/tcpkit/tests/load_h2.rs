@@ -8,6 +8,7 @@
 use crate::common;
 use crate::common::unbound;
 use common::peer::{json, nginx_conf, pair, run_limited, u, Pair, NGINX, SRV};
+use common::schema;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -153,6 +154,7 @@ fn http2_multiplexes_streams_against_nginx_and_reopens_after_goaway() {
     let (o, _) = run_limited(cmd, Duration::from_secs(20));
     let cap = dump.stop().expect("tcpdump stop");
     let r = json(&o);
+    schema::check(&schema::load("load"), &r, "report");
     let sent = u(&r, "queries.sent");
     assert!(sent >= 1000, "{r:#}");
     // Every query answered 200: none lost to the GOAWAYs (those the server had not
@@ -258,6 +260,7 @@ fn doh_get_and_post_against_echo_and_unbound() {
                     cmd.current_dir("/");
                     let (o, _) = run_limited(cmd, Duration::from_secs(20));
                     let r = json(&o);
+                    schema::check(&schema::load("load"), &r, "report");
                     assert_eq!(
                         u(&r, "queries.answered"),
                         100,
