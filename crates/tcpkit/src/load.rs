@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{ArgGroup, Parser, ValueEnum};
 use tcpkit_load::loadgen::{
     self as lib, check_target, parse_ramp, parse_sources, parse_steps, ArrivalKind, Config,
-    DohMethod, LiveTotals, LoadCounters, Payload, Procs, RateProfile, ResponseEnd,
+    LiveTotals, LoadCounters, Payload, Procs, RateProfile, ResponseEnd,
 };
 use tcpkit_load::report::LoadReport;
 use tcpkit_pace::units::unescape;
@@ -186,53 +186,9 @@ pub struct Args {
     #[arg(short = 'H', long, value_name = "'NAME: VALUE'")]
     pub header: Vec<String>,
 
-    /// HTTP/2 for --http-get (or a URL target), as h2load: in clear, h2c with prior knowledge
-    /// (the connection starts with the HTTP/2 preface, no Upgrade). Requests go on
-    /// concurrent streams of each connection (--h2-streams), on the same open-loop schedule.
-    /// Example: tcpkit load http://10.0.0.2:8080/ --http2 -c 10 --h2-streams 50 -r 20000.
-    #[arg(long, conflicts_with = "http1")]
-    pub http2: bool,
-
-    /// Streams open at once per connection at most (HTTP/2: --http2, --doh), 1 to 1024; the
-    /// server's SETTINGS_MAX_CONCURRENT_STREAMS lowers it. A query due when every connection
-    /// has that many open waits for a stream, and the wait counts in its latency (from its
-    /// intended send time), as every wait does.
-    #[arg(long, value_name = "N", default_value_t = 100)]
-    pub h2_streams: u32,
-
-    /// DNS over HTTPS (RFC 8484): each DNS query (--qname, --qtype, --qname-file) sent as
-    /// an HTTP request to --doh-path (GET with ?dns=base64url, or POST of
-    /// application/dns-message: --doh-method), answers parsed as DNS and their RCODEs counted
-    /// (an HTTP status other than 200 counts as `HTTP <status>`). HTTP/2 by default (h2c with
-    /// prior knowledge in clear); --http1 for HTTP/1.1 keep-alive. Example: tcpkit load
-    /// 10.0.0.2:8053 --doh --doh-method get --qname example.com -c 4 -r 5000.
-    #[arg(long, conflicts_with = "udp")]
-    pub doh: bool,
-
-    /// --doh's request: `post` (the body is the DNS message) or `get` (the message in the
-    /// path's ?dns= parameter, base64url without padding).
-    #[arg(
-        long,
-        value_enum,
-        value_name = "METHOD",
-        default_value = "post",
-        requires = "doh"
-    )]
-    pub doh_method: DohMethodArg,
-
-    /// --doh's path on the server.
-    #[arg(
-        long,
-        value_name = "PATH",
-        default_value = "/dns-query",
-        requires = "doh"
-    )]
-    pub doh_path: String,
-
-    /// --doh over HTTP/1.1 keep-alive (answers in order, one request at a time per
-    /// connection in flight as HTTP/1.1 pipelining allows) instead of HTTP/2.
-    #[arg(long, requires = "doh")]
-    pub http1: bool,
+    /// --http2, --h2-streams, --doh and its method, path and --http1 (h2_flags.rs).
+    #[command(flatten)]
+    pub h2: crate::h2_flags::LoadH2,
 
     /// wrk2's flags, which mean other things here or do not exist: accepted only to answer a
     /// wrk2 command line with the one to write instead (see [`wrk2_hint`]).
@@ -322,14 +278,7 @@ pub enum ArrivalsArg {
     Constant,
 }
 
-/// `--doh-method`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DohMethodArg {
-    Get,
-    Post,
-}
-
-fn usage(msg: impl Into<String>) -> Failure {
+pub(crate) fn usage(msg: impl Into<String>) -> Failure {
     Failure::Usage(msg.into())
 }
 
@@ -418,34 +367,8 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
     if a.redis_ping {
         return Ok(Payload::RedisPing);
     }
-    if a.doh {
-        if !a.doh_path.starts_with('/')
-            || a.doh_path
-                .bytes()
-                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || b == b'?')
-        {
-            return Err(usage(format!(
-                "--doh-path {:?}: expected an absolute path without spaces or query string, like /dns-query",
-                a.doh_path
-            )));
-        }
-        check_headers(&a.header)?;
-        let queries = dns_queries(a)?;
-        let host = a
-            .target
-            .strip_suffix(":80")
-            .unwrap_or(&a.target)
-            .to_string();
-        return Ok(Payload::Doh {
-            queries,
-            method: match a.doh_method {
-                DohMethodArg::Get => DohMethod::Get,
-                DohMethodArg::Post => DohMethod::Post,
-            },
-            path: a.doh_path.clone(),
-            host,
-            headers: a.header.clone(),
-        });
+    if let Some(p) = crate::h2_flags::doh_payload(a)? {
+        return Ok(p);
     }
     if let Some(path) = &a.http_get {
         if !path.starts_with('/')
@@ -470,7 +393,7 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
 }
 
 /// The DNS flags (--qname or --qname-file, --qtype) into the questions asked in turn.
-fn dns_queries(a: &Args) -> Result<Vec<(lib::DnsName, u16)>, Failure> {
+pub(crate) fn dns_queries(a: &Args) -> Result<Vec<(lib::DnsName, u16)>, Failure> {
     let qtype = lib::qtype_from_str(&a.qtype).map_err(|e| usage(format!("--qtype: {e}")))?;
     let queries = match &a.qname_file {
         Some(f) => {
@@ -534,7 +457,7 @@ fn http_payload(a: &Args, path: &str) -> Result<Payload, Failure> {
 }
 
 /// -H values: `Name: value` on one line.
-fn check_headers(headers: &[String]) -> Result<(), Failure> {
+pub(crate) fn check_headers(headers: &[String]) -> Result<(), Failure> {
     for h in headers {
         let name = h.split_once(':').map(|(n, _)| n);
         let bad_name = name.is_none_or(|n| {
@@ -773,31 +696,7 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.duration = dur;
     cfg.queries = a.queries;
     cfg.queries_per_conn = a.queries_per_conn;
-    let http = matches!(payload, Payload::HttpGet { .. });
-    if a.http2 && !http && !a.doh {
-        return Err(usage(
-            "--http2: only with HTTP (--http-get PATH, a target http://HOST:PORT/PATH, or --doh)",
-        ));
-    }
-    if !(1..=1024).contains(&a.h2_streams) {
-        return Err(usage(format!(
-            "--h2-streams {}: must be 1 to 1024",
-            a.h2_streams
-        )));
-    }
-    if a.h2_streams != 100 && !(a.http2 || a.doh && !a.http1) {
-        return Err(usage(
-            "--h2-streams: only with HTTP/2 (--http2, or --doh without --http1)",
-        ));
-    }
-    if (a.http2 || a.doh && !a.http1) && a.coalesce > 1 {
-        return Err(usage(
-            "--coalesce: HTTP/2 puts the requests of a connection on streams, written together as they fall due; --coalesce is for the other payloads",
-        ));
-    }
-    cfg.http2 = (a.http2 || a.doh && !a.http1).then_some(lib::Http2 {
-        streams: a.h2_streams,
-    });
+    cfg.http2 = crate::h2_flags::http2(&a.h2, &payload, a.coalesce)?;
     cfg.payload = payload;
     cfg.udp = a.udp;
     if !(1..=1024).contains(&a.coalesce) {
@@ -1397,144 +1296,6 @@ mod tests {
     }
 
     /// --udp: DNS over UDP, and only DNS.
-    /// Issue 26: --http2 for HTTP, --h2-streams (1 to 1024, default 100) with HTTP/2 only,
-    /// --doh with the DNS flags, its method and path, HTTP/1.1 on asking.
-    #[test]
-    fn http2_and_doh_flags() {
-        let c = parse(&["http://127.0.0.1:8080/x", "--http2", "-r", "1"]).unwrap();
-        assert_eq!(c.http2, Some(lib::Http2 { streams: 100 }));
-        let c = parse(&[
-            "127.0.0.1:80",
-            "--http-get",
-            "/",
-            "--http2",
-            "--h2-streams",
-            "7",
-            "-r",
-            "1",
-        ])
-        .unwrap();
-        assert_eq!(c.http2, Some(lib::Http2 { streams: 7 }));
-        assert!(parse(&["127.0.0.1:80", "--http-get", "/", "-r", "1"])
-            .unwrap()
-            .http2
-            .is_none());
-        for (args, flag) in [
-            (&["127.0.0.1:53", "--http2", "-r", "1"][..], "--http2"),
-            (
-                &[
-                    "127.0.0.1:80",
-                    "--http-get",
-                    "/",
-                    "--h2-streams",
-                    "5",
-                    "-r",
-                    "1",
-                ],
-                "--h2-streams",
-            ),
-            (
-                &[
-                    "127.0.0.1:80",
-                    "--http-get",
-                    "/",
-                    "--http2",
-                    "--h2-streams",
-                    "0",
-                    "-r",
-                    "1",
-                ],
-                "--h2-streams 0",
-            ),
-            (
-                &["127.0.0.1:80", "--doh", "--h2-streams", "2000", "-r", "1"],
-                "--h2-streams 2000",
-            ),
-            (
-                &["127.0.0.1:80", "--doh", "--doh-path", "dns", "-r", "1"],
-                "--doh-path",
-            ),
-            (
-                &["127.0.0.1:80", "--doh", "--coalesce", "4", "-r", "1"],
-                "--coalesce",
-            ),
-        ] {
-            let e = parse(args).unwrap_err();
-            assert!(e.starts_with(flag), "{args:?}: {e}");
-        }
-        let c = parse(&[
-            "127.0.0.1:8053",
-            "--doh",
-            "--qname",
-            "a.test",
-            "--qtype",
-            "AAAA",
-            "-r",
-            "1",
-        ])
-        .unwrap();
-        assert_eq!(c.http2, Some(lib::Http2 { streams: 100 }));
-        match &c.payload {
-            Payload::Doh {
-                queries,
-                method,
-                path,
-                host,
-                ..
-            } => {
-                assert_eq!((queries.len(), queries[0].1), (1, 28));
-                assert_eq!(
-                    (*method, path.as_str(), host.as_str()),
-                    (DohMethod::Post, "/dns-query", "127.0.0.1:8053")
-                );
-            }
-            p => panic!("{p:?}"),
-        }
-        let c = parse(&[
-            "127.0.0.1:80",
-            "--doh",
-            "--doh-method",
-            "get",
-            "--doh-path",
-            "/q",
-            "--http1",
-            "-r",
-            "1",
-        ])
-        .unwrap();
-        assert!(c.http2.is_none());
-        assert!(
-            matches!(&c.payload, Payload::Doh { method: DohMethod::Get, path, host, .. } if path == "/q" && host == "127.0.0.1")
-        );
-        // The DoH flags need --doh; --http1 and --http2 exclude each other; --doh is not --udp.
-        for args in [
-            &["load", "127.0.0.1:80", "--doh-method", "get", "-r", "1"][..],
-            &["load", "127.0.0.1:80", "--doh-path", "/x", "-r", "1"],
-            &["load", "127.0.0.1:80", "--http1", "-r", "1"],
-            &[
-                "load",
-                "127.0.0.1:80",
-                "--doh",
-                "--http1",
-                "--http2",
-                "-r",
-                "1",
-            ],
-            &["load", "127.0.0.1:80", "--doh", "--udp", "-r", "1"],
-            &[
-                "load",
-                "127.0.0.1:80",
-                "--doh",
-                "--echo-bytes",
-                "8",
-                "-r",
-                "1",
-            ],
-        ] {
-            assert!(Args::try_parse_from(args).is_err(), "{args:?}");
-        }
-    }
-
     #[test]
     fn udp_is_dns_only() {
         let c = parse(&["127.0.0.1:53", "--udp", "-r", "1"]).unwrap();
