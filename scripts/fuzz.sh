@@ -14,7 +14,7 @@ secs=${1:-600}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(pcap_read pcapng rewrite dns http reasm nfqueue netlink merge_report control mpcat_frame mpcat_record fleet_frame)
+    targets=(pcap_read pcapng rewrite dns http h2 reasm nfqueue netlink merge_report control mpcat_frame mpcat_record fleet_frame)
 fi
 logs=target/fuzz-logs
 mkdir -p "$logs"

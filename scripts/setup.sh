@@ -16,6 +16,7 @@ pkgs=(
   man-db                                        # man: the tests read tcpkit man's pages as a user would (man -w, rendering)
   dpkg-dev binutils systemd                     # scripts/package.sh: dpkg-shlibdeps (Depends), strip; systemd-analyze verify on the units
   redis-server nginx unbound dnsperf wrk        # real servers and load peers for tests and benchmarks
+  curl nghttp2-client                           # HTTP/2 (issue 26): curl --http2-prior-knowledge the tests' oracle of nginx's h2c, h2load the peer measured beside load --http2
   iperf3 socat mptcpize                         # bench mpcat: its peers (one stream, iperf3 -P 4, MPTCP through mptcpize)
   openssh-server openssh-client python3-venv    # the fleet lab: sshd in each host, ansible-playbook over ssh (venv below)
 )

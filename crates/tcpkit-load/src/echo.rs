@@ -20,6 +20,7 @@
 //! to complete; out of descriptors, accepting pauses. Each is counted, none ends the run.
 
 mod conn;
+mod http;
 pub mod procs;
 mod report;
 mod silent;
@@ -81,6 +82,9 @@ pub enum Mode {
     Echo,
     /// Answers DNS-over-TCP queries: A → `a`, AAAA → `aaaa`, other types NOERROR without answer.
     Dns { a: Ipv4Addr, aaaa: Ipv6Addr },
+    /// Answers HTTP/1.1 and HTTP/2 (h2c with prior knowledge) requests, and DoH on
+    /// /dns-query with DNS answers as [`Mode::Dns`]'s.
+    Http { a: Ipv4Addr, aaaa: Ipv6Addr },
 }
 
 /// A resolved `tcpkit echo` run; every cross-flag check happened before this was built.
@@ -281,7 +285,7 @@ impl EchoCounters {
             t.bytes_in,
             t.bytes_out
         );
-        if matches!(mode, Mode::Dns { .. }) {
+        if matches!(mode, Mode::Dns { .. } | Mode::Http { .. }) {
             s.push_str(&format!(
                 ", answered {}, malformed {}",
                 t.answered, t.malformed

@@ -10,6 +10,7 @@
 
 mod config;
 mod engine;
+mod h2;
 mod interval;
 mod outfiles;
 mod perquery;
@@ -34,7 +35,8 @@ use tcpkit_stats::Histogram;
 
 pub use config::{
     check_target, parse_duration, parse_ramp, parse_sources, parse_steps, resolve_target,
-    shard_names, ArrivalKind, Config, Payload, Procs, RateProfile, ResponseEnd, MAX_SOURCES,
+    shard_names, ArrivalKind, Config, DohMethod, Http2, Payload, Procs, RateProfile, ResponseEnd,
+    MAX_SOURCES,
 };
 pub use outfiles::hdr_logs;
 pub use perquery::HEADER as PER_QUERY_HEADER;
@@ -480,7 +482,11 @@ fn run_share(
     };
     let shared = engine::Shared {
         cfg,
-        proto: proto::Proto::new(&cfg.payload, cfg.udp),
+        proto: proto::Proto::new(&cfg.payload, cfg.udp).with_http2(
+            &cfg.payload,
+            cfg.http2,
+            cfg.tls.is_some(),
+        ),
         interrupt,
         live,
         hint,
@@ -631,6 +637,11 @@ fn assemble(
         c.lag_max = c.lag_max.max(t.lag_max);
         c.lag_end = c.lag_end.max(t.lag_end);
         c.open_at_end += t.open_at_end;
+        c.h2.streams_max = c.h2.streams_max.max(t.h2.streams_max);
+        c.h2.goaway += t.h2.goaway;
+        c.h2.rst_stream += t.h2.rst_stream;
+        c.h2.window_stalls += t.h2.window_stalls;
+        c.h2.retried += t.h2.retried;
         connected_at = connected_at.max(o.connected_at);
         stopped_at = stopped_at.max(t.stopped_at);
     }
@@ -677,6 +688,8 @@ fn assemble(
         target: format!("{} ({})", cfg.target, cfg.addr),
         payload: if cfg.udp {
             format!("{} over UDP", cfg.payload.describe())
+        } else if sh.proto.h2.is_some() {
+            format!("{} over HTTP/2", cfg.payload.describe())
         } else {
             cfg.payload.describe()
         },
@@ -747,6 +760,13 @@ fn assemble(
         // Handshakes per second of the whole run: without reopening, most of them are made
         // while the connections open.
         tls: tls.map(|t| t.stats(seconds + connected_at.saturating_sub(began) as f64 / 1e9)),
+        http2: sh.proto.h2.is_some().then_some(crate::report::Http2Stats {
+            streams_max: c.h2.streams_max,
+            goaway: c.h2.goaway,
+            rst_stream: c.h2.rst_stream,
+            window_stalls: c.h2.window_stalls,
+            retried: c.h2.retried,
+        }),
         ..LoadReport::default()
     };
     (report, details)

@@ -560,6 +560,18 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
         if let Some(f) = &r.failure {
             failures.push(f.clone());
         }
+        if let Some(h) = &r.http2 {
+            let mh = m.http2.get_or_insert_with(Default::default);
+            mh.streams_max = mh.streams_max.max(h.streams_max);
+            add(&mut mh.goaway, h.goaway, "http2.goaway")?;
+            add(&mut mh.rst_stream, h.rst_stream, "http2.rst_stream")?;
+            add(
+                &mut mh.window_stalls,
+                h.window_stalls,
+                "http2.window_stalls",
+            )?;
+            add(&mut mh.retried, h.retried, "http2.retried")?;
+        }
         if let Some(p) = &r.per_query {
             let mp = m.per_query.get_or_insert_with(Default::default);
             if mp.path.is_empty() {

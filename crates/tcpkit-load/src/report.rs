@@ -103,6 +103,27 @@ pub struct LoadReport {
     /// The limits given (`--max-p99`, ...), each checked on the whole run; absent without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdict: Option<LimitsVerdict>,
+    /// HTTP/2's counts (`--http2`, `--doh` over HTTP/2); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http2: Option<Http2Stats>,
+}
+
+/// What HTTP/2 did over the run (all connections).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Http2Stats {
+    /// The most streams open at once on one connection (at most `--h2-streams`, and the
+    /// server's SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub streams_max: u64,
+    /// GOAWAY frames received (each connection is reopened).
+    pub goaway: u64,
+    /// RST_STREAM frames received (the queries are counted in `errors` by code).
+    pub rst_stream: u64,
+    /// Request bodies that waited for the server's flow-control window.
+    pub window_stalls: u64,
+    /// Queries sent again on another connection because a GOAWAY said the server had not
+    /// processed them (each counted once in `sent`).
+    #[serde(default)]
+    pub retried: u64,
 }
 
 /// `--shard K/N` (tcpkit-workers' one type) and the agent's `fleet` object (tcpkit-fleet's),
@@ -513,6 +534,13 @@ impl Report for LoadReport {
             "Bytes: {} sent, {} received",
             q.bytes_sent, q.bytes_received
         );
+        if let Some(h) = &self.http2 {
+            let _ = writeln!(
+                s,
+                "HTTP/2: {} streams at most on a connection, {} GOAWAY, {} RST_STREAM, {} window stalls, {} sent again after GOAWAY",
+                h.streams_max, h.goaway, h.rst_stream, h.window_stalls, h.retried
+            );
+        }
         if !self.codes.is_empty() {
             // `HTTP 200: 199`, not `200 199`: a status and a count side by side read as two
             // numbers.

@@ -13,6 +13,8 @@
 //! - [`flow_key`], [`shard_hash`], [`flow_shard`], [`unique_ip`]: tcpreplay-style flow
 //!   counting, sharding a capture over threads and over hosts, and per-loop unique flows.
 //! - [`http::ResponseFramer`]: where each HTTP/1.x response in a stream ends (load, copy).
+//! - [`h2::Endpoint`]: HTTP/2 framing, sans-IO, either end (load --http2/--doh, echo's h2c);
+//!   [`h2::doh`]: DNS over HTTPS's two request forms.
 
 #![warn(missing_docs)]
 
@@ -20,6 +22,7 @@ mod csum;
 pub mod dns;
 mod flow;
 mod fuzz;
+pub mod h2;
 pub mod http;
 mod link;
 mod parse;

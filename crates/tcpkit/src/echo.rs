@@ -39,6 +39,16 @@ pub struct Args {
     #[arg(long)]
     pub dns: bool,
 
+    /// Answer HTTP instead of echoing, as a reference web and DoH server for load --http-get,
+    /// --http2 and --doh: HTTP/1.1 keep-alive and HTTP/2 with prior knowledge (h2c: a
+    /// connection that starts with the HTTP/2 preface), each request answered at once with
+    /// 200 and a short body; on /dns-query, DNS over HTTPS (RFC 8484: GET with ?dns=, POST of
+    /// application/dns-message) answered as --dns answers. HTTP/2 announces 256 streams at
+    /// once; a request head, frame or body is bounded by half of --max-conn-buf, and one left
+    /// unfinished is closed after --partial-timeout. Example: tcpkit echo --http --port 8080.
+    #[arg(long, conflicts_with = "dns")]
+    pub http: bool,
+
     /// The address in A answers (--dns).
     #[arg(
         long,
@@ -171,6 +181,12 @@ pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
             aaaa: a.dns_aaaa,
         };
     }
+    if a.http {
+        cfg.mode = Mode::Http {
+            a: a.dns_a,
+            aaaa: a.dns_aaaa,
+        };
+    }
     if !(echo::MIN_MAX_CONN_BUF..=echo::MAX_MAX_CONN_BUF).contains(&a.max_conn_buf) {
         return Err(usage(format!(
             "--max-conn-buf {}: must be {} to {} bytes",
@@ -193,6 +209,8 @@ pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
     let alpn: &[&str] = match cfg.mode {
         Mode::Dns { .. } => &["dot"],
         Mode::Echo => &[],
+        // HTTP mode tells HTTP/2 from HTTP/1.1 by the client's preface, so both are offered.
+        Mode::Http { .. } => &["h2", "http/1.1"],
     };
     if let Some(t) = a.tls.resolve(&cfg.listen, alpn)? {
         // Said once: by the process that made it (a worker makes its own; see below).
@@ -316,6 +334,20 @@ mod tests {
         assert!(e.starts_with("--max-conns 0: "), "{e}");
         let e = parse(&["--max-conns=-3"]).unwrap_err();
         assert!(e.contains("--max-conns"), "{e}");
+    }
+
+    /// --http: HTTP/1.1, h2c and DoH, whose answers are --dns's defaults; not with --dns.
+    #[test]
+    fn http_mode_parses_and_is_not_dns() {
+        assert_eq!(
+            parse(&["--http"]).unwrap().0.mode,
+            Mode::Http {
+                a: "198.18.0.53".parse().unwrap(),
+                aaaa: "fd00:53::53".parse().unwrap()
+            }
+        );
+        let e = parse(&["--http", "--dns"]).unwrap_err();
+        assert!(e.contains("--http") && e.contains("--dns"), "{e}");
     }
 
     #[test]

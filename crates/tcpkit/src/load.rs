@@ -27,7 +27,7 @@ const NOT_DNS: [&str; 4] = ["echo_bytes", "payload_file", "redis_ping", "http_ge
 /// open-loop schedule (intended send times from one start, never waiting for answers), latency
 /// from the intended and from the actual send time, lag reported when the client falls behind.
 #[derive(Debug, Parser)]
-#[command(group(ArgGroup::new("payload").args(["dns", "echo_bytes", "payload_file", "redis_ping", "http_get"])))]
+#[command(group(ArgGroup::new("payload").args(["dns", "echo_bytes", "payload_file", "redis_ping", "http_get", "doh"])))]
 #[command(group(ArgGroup::new("rates").args(["rate", "rate_steps", "ramp"])))]
 pub struct Args {
     /// The server, HOST:PORT (a name, an IPv4 address, or [IPv6]:PORT), or as wrk takes it,
@@ -182,13 +182,17 @@ pub struct Args {
 
     /// An HTTP header sent with every request, `Name: value` (wrk's -H; repeatable); one
     /// named as a default (Host, User-Agent, Connection) takes its place. Only with HTTP (a
-    /// URL target or --http-get).
+    /// URL target, --http-get or --doh).
     #[arg(short = 'H', long, value_name = "'NAME: VALUE'")]
     pub header: Vec<String>,
 
     /// --tls and its flags: DNS over TLS, HTTPS, and TLS under the other TCP payloads.
     #[command(flatten)]
     pub tls: crate::tls_flags::LoadTls,
+
+    /// --http2, --h2-streams, --doh and its method, path and --http1 (h2_flags.rs).
+    #[command(flatten)]
+    pub h2: crate::h2_flags::LoadH2,
 
     /// wrk2's flags, which mean other things here or do not exist: accepted only to answer a
     /// wrk2 command line with the one to write instead (see [`wrk2_hint`]).
@@ -278,7 +282,7 @@ pub enum ArrivalsArg {
     Constant,
 }
 
-fn usage(msg: impl Into<String>) -> Failure {
+pub(crate) fn usage(msg: impl Into<String>) -> Failure {
     Failure::Usage(msg.into())
 }
 
@@ -367,6 +371,9 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
     if a.redis_ping {
         return Ok(Payload::RedisPing);
     }
+    if let Some(p) = crate::h2_flags::doh_payload(a)? {
+        return Ok(p);
+    }
     if let Some(path) = &a.http_get {
         if !path.starts_with('/')
             || path
@@ -381,9 +388,16 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
     }
     if !a.header.is_empty() {
         return Err(usage(
-            "-H/--header: only with HTTP (a target http://HOST:PORT/PATH, or --http-get PATH)",
+            "-H/--header: only with HTTP (a target http://HOST:PORT/PATH, --http-get PATH or --doh)",
         ));
     }
+    Ok(Payload::Dns {
+        queries: dns_queries(a)?,
+    })
+}
+
+/// The DNS flags (--qname or --qname-file, --qtype) into the questions asked in turn.
+pub(crate) fn dns_queries(a: &Args) -> Result<Vec<(lib::DnsName, u16)>, Failure> {
     let qtype = lib::qtype_from_str(&a.qtype).map_err(|e| usage(format!("--qtype: {e}")))?;
     let queries = match &a.qname_file {
         Some(f) => {
@@ -409,7 +423,7 @@ fn payload(a: &Args) -> Result<Payload, Failure> {
             qtype,
         )],
     };
-    Ok(Payload::Dns { queries })
+    Ok(queries)
 }
 
 /// The payload flag given besides a URL target, if any (a URL asks for HTTP GET).
@@ -430,19 +444,7 @@ fn other_payload(a: &Args) -> Option<&'static str> {
 /// HTTP GET of `path` at the target, with the -H headers (checked: `Name: value`, no line
 /// breaks). The Host header is the target's host, with its port unless it is 80 (as wrk).
 fn http_payload(a: &Args, path: &str) -> Result<Payload, Failure> {
-    for h in &a.header {
-        let name = h.split_once(':').map(|(n, _)| n);
-        let bad_name = name.is_none_or(|n| {
-            n.is_empty()
-                || n.bytes()
-                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
-        });
-        if bad_name || h.bytes().any(|b| b == b'\r' || b == b'\n') {
-            return Err(usage(format!(
-                "-H {h:?}: expected 'Name: value' on one line, like -H 'Accept: text/html'"
-            )));
-        }
-    }
+    check_headers(&a.header)?;
     let (authority, https) = match url_target(&a.target)? {
         Some((authority, _, https)) => (authority, https),
         None => (a.target.clone(), a.tls.tls),
@@ -458,6 +460,24 @@ fn http_payload(a: &Args, path: &str) -> Result<Payload, Failure> {
         host,
         headers: a.header.clone(),
     })
+}
+
+/// -H values: `Name: value` on one line.
+pub(crate) fn check_headers(headers: &[String]) -> Result<(), Failure> {
+    for h in headers {
+        let name = h.split_once(':').map(|(n, _)| n);
+        let bad_name = name.is_none_or(|n| {
+            n.is_empty()
+                || n.bytes()
+                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        });
+        if bad_name || h.bytes().any(|b| b == b'\r' || b == b'\n') {
+            return Err(usage(format!(
+                "-H {h:?}: expected 'Name: value' on one line, like -H 'Accept: text/html'"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A URL target as wrk takes it: `http://HOST[:PORT][/PATH]` into `HOST:PORT` (port 80 when
@@ -686,8 +706,16 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.duration = dur;
     cfg.queries = a.queries;
     cfg.queries_per_conn = a.queries_per_conn;
-    let http = matches!(payload, Payload::HttpGet { .. });
-    cfg.tls = a.tls.resolve(&addr_text, https, http)?;
+    cfg.http2 = crate::h2_flags::http2(&a.h2, &payload, a.coalesce)?;
+    // HTTP's ALPN: h2 for HTTP/2 (no h2c upgrade over TLS), http/1.1 for GETs and DoH over it.
+    let alpn = if cfg.http2.is_some() {
+        Some("h2")
+    } else if matches!(payload, Payload::HttpGet { .. } | Payload::Doh { .. }) {
+        Some("http/1.1")
+    } else {
+        None
+    };
+    cfg.tls = a.tls.resolve(&addr_text, https, alpn)?;
     cfg.payload = payload;
     cfg.udp = a.udp;
     if !(1..=1024).contains(&a.coalesce) {

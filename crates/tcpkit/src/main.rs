@@ -7,6 +7,7 @@ mod copy;
 mod docs;
 mod echo;
 mod fleet;
+mod h2_flags;
 mod intercept;
 mod load;
 mod merge;

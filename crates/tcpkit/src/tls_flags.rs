@@ -48,8 +48,9 @@ pub struct LoadTls {
     #[arg(long, value_name = "1.2|1.3")]
     pub tls_version: Option<String>,
 
-    /// ALPN protocols to offer, comma-separated (default: http/1.1 for --http-get, none for
-    /// DNS over TLS and the other payloads). Example: --alpn h2,http/1.1
+    /// ALPN protocols to offer, comma-separated (default: h2 with --http2 and --doh, http/1.1
+    /// for --http-get and --doh --http1, none for DNS over TLS and the other payloads).
+    /// Example: --alpn h2,http/1.1
     #[arg(long, value_name = "LIST")]
     pub alpn: Option<String>,
 
@@ -90,7 +91,7 @@ impl LoadTls {
         &self,
         host: &str,
         https: bool,
-        http: bool,
+        http_alpn: Option<&str>,
     ) -> Result<Option<tcpkit_load::loadgen::TlsClient>, Failure> {
         if !(self.tls || https) {
             if let Some(flag) = self.other_flag() {
@@ -116,8 +117,7 @@ impl LoadTls {
                 }
                 v
             }
-            None if http => vec!["http/1.1".into()],
-            None => Vec::new(),
+            None => http_alpn.map(|p| vec![p.to_string()]).unwrap_or_default(),
         };
         let opts = ClientOptions {
             ca: self.tls_ca.clone(),

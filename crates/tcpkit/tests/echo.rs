@@ -518,6 +518,7 @@ fn json_matches_the_committed_schema() {
     for args in [
         vec!["--json", "--duration", "0.5"],
         vec!["--json", "--duration", "0.5", "--dns", "--port", "53"],
+        vec!["--json", "--duration", "0.5", "--http", "--port", "80"],
     ] {
         let e = start("echojson", &args);
         let st = e
@@ -532,7 +533,13 @@ fn json_matches_the_committed_schema() {
         assert_eq!(j["accepted"], PROBES);
         let s = j["seconds"].as_f64().unwrap();
         assert!((0.5..1.5).contains(&s), "ran {s} s for --duration 0.5");
-        let port = if args.contains(&"--dns") { 53 } else { 4242 };
+        let port = if args.contains(&"--dns") {
+            53
+        } else if args.contains(&"--http") {
+            80
+        } else {
+            4242
+        };
         assert_eq!(j["listen"][0], format!("[::]:{port}"));
     }
 }

@@ -28,6 +28,7 @@ mod fleet_barrier;
 mod intercept_hostile;
 mod load;
 mod load_contract;
+mod load_h2;
 mod load_plot;
 mod load_scale;
 mod load_tls;

@@ -26,6 +26,7 @@ use mio::{Events, Interest, Poll, Token};
 use tcpkit_tls::{Reason, Session};
 use tcpkit_wire::dns;
 
+use super::http::{Answers, Fed, HttpConn};
 use super::silent::Silent;
 use super::{bump, EchoConfig, EchoError, Mode, Shared, ThreadCounters, ACCEPT_BACKOFF};
 
@@ -50,9 +51,12 @@ struct Pending {
     out_pos: usize,
     /// DNS mode: the start of a query whose end has not arrived.
     input: Vec<u8>,
-    /// When the start of the query in `input` arrived: its end must follow within
-    /// `partial_timeout` (in the box, so an idle connection pays nothing for it).
+    /// When the start of the query in `input` (HTTP: of an unfinished request or frame)
+    /// arrived: its end must follow within `partial_timeout` (in the box, so an idle
+    /// connection pays nothing for it).
     since: Option<Instant>,
+    /// HTTP mode: the connection's protocol state, kept while it lives.
+    http: Option<HttpConn>,
 }
 
 #[derive(Debug)]
@@ -77,7 +81,7 @@ impl Conn {
         if self
             .pending
             .as_ref()
-            .is_some_and(|p| p.out_pos >= p.output.len() && p.input.is_empty())
+            .is_some_and(|p| p.out_pos >= p.output.len() && p.input.is_empty() && p.http.is_none())
         {
             self.pending = None;
         }
@@ -284,7 +288,7 @@ pub(super) fn serve(
             // The first-message deadline first: it takes connections in accept order, so under
             // pressure the oldest go first whether or not they hold part of a query.
             sweep_first(&mut conns, now, cfg.first_timeout, counters);
-            if matches!(cfg.mode, Mode::Dns { .. }) {
+            if matches!(cfg.mode, Mode::Dns { .. } | Mode::Http { .. }) {
                 sweep_partial(&mut conns, now, cfg.partial_timeout, counters);
             }
             if conns.tls.is_some() {
@@ -345,9 +349,9 @@ pub(super) fn serve(
 fn sweep_partial(conns: &mut Conns<'_>, now: Instant, limit: Duration, c: &ThreadCounters) {
     for i in 0..conns.slab.slots.len() {
         let stale = conns.slab.slots[i].as_ref().is_some_and(|conn| {
-            conn.pending.as_ref().is_some_and(|p| {
-                !p.input.is_empty() && p.since.is_some_and(|t| now.duration_since(t) >= limit)
-            })
+            conn.pending
+                .as_ref()
+                .is_some_and(|p| p.since.is_some_and(|t| now.duration_since(t) >= limit))
         });
         if stale && conns.remove(i).is_some() {
             bump(&c.partial_timeouts, 1);
@@ -590,6 +594,14 @@ impl Loop<'_> {
         Ok(true)
     }
 
+    /// Writes the answers built in `out` now; keeps what the socket has no room for.
+    fn send_out(&mut self, conn: &mut Conn, tls: Option<&mut Session>) -> Result<(), ()> {
+        let out = std::mem::take(&mut self.out);
+        let sent = self.send(conn, tls, &out);
+        self.out = out;
+        sent
+    }
+
     /// Writes `data` now; keeps what the socket has no room for.
     fn send(&self, conn: &mut Conn, tls: Option<&mut Session>, data: &[u8]) -> Result<(), ()> {
         let n = write_some(&mut conn.stream, tls, data).ok_or(())?;
@@ -637,6 +649,7 @@ impl Loop<'_> {
         let r = match self.mode {
             Mode::Echo => self.echo(conn, session, hup),
             Mode::Dns { .. } => self.dns(conn, session, hup),
+            Mode::Http { .. } => self.http(conn, session, hup),
         };
         r.unwrap_or(Next::Close)
     }
@@ -763,10 +776,7 @@ impl Loop<'_> {
                 // A whole query is a DNS client's first message.
                 conn.tag = 0;
             }
-            let out = std::mem::take(&mut self.out);
-            let sent = self.send(conn, tls.as_deref_mut(), &out);
-            self.out = out;
-            sent?;
+            self.send_out(conn, tls.as_deref_mut())?;
             if bad {
                 // The answers before it are sent (as far as the socket takes them); the
                 // connection goes, because its byte stream can no longer be trusted.
@@ -777,6 +787,67 @@ impl Loop<'_> {
                 // A query completed: the partial one left is new; otherwise it keeps its age.
                 let since = if used > 0 { None } else { since };
                 self.keep_input(conn, have - used, since);
+            }
+        }
+    }
+
+    /// HTTP: each read is fed to the connection's HTTP/1.1 or HTTP/2 state (decided by its
+    /// first bytes) in windows of half the buffer, and the answers written.
+    fn http(
+        &mut self,
+        conn: &mut Conn,
+        mut tls: Option<&mut Session>,
+        hup: bool,
+    ) -> Result<Next, ()> {
+        // Over TLS a short read says nothing of the socket: rustls may hold more plaintext.
+        let drains = tls.is_none();
+        let Mode::Http { a, aaaa } = self.mode else {
+            return Err(());
+        };
+        let ans = Answers {
+            a,
+            aaaa,
+            window: self.max_buf / 2,
+        };
+        loop {
+            if !self.flush(conn, tls.as_deref_mut())? {
+                return Ok(Next::Wait);
+            }
+            let n = read_some(
+                &mut conn.stream,
+                tls.as_deref_mut(),
+                &mut self.scratch[..ans.window],
+            )
+            .ok_or(())?;
+            if n == 0 {
+                return Ok(Next::Wait);
+            }
+            bump(&self.c.bytes_in, n as u64);
+            self.out.clear();
+            let data = &self.scratch[..n];
+            let p = conn.pending_mut();
+            let out = &mut self.out;
+            let h = p.http.get_or_insert_with(|| HttpConn::new(data, &ans, out));
+            let (answered, malformed, close, partial) = match h.feed(data, out, &ans) {
+                Fed::Keep { answered, partial } => (answered, 0, false, partial),
+                Fed::Close {
+                    answered,
+                    malformed,
+                } => (answered, malformed, true, false),
+            };
+            p.since = partial.then(|| p.since.unwrap_or_else(Instant::now));
+            bump(&self.c.answered, answered);
+            bump(&self.c.malformed, malformed);
+            if answered > 0 {
+                // A whole request is an HTTP client's first message.
+                conn.tag = 0;
+            }
+            self.send_out(conn, tls.as_deref_mut())?;
+            if close {
+                return Ok(Next::Close);
+            }
+            if drains && n < ans.window && !hup {
+                return Ok(Next::Wait);
             }
         }
     }

@@ -133,6 +133,7 @@ impl EchoReport {
             mode: match cfg.mode {
                 Mode::Echo => "echo",
                 Mode::Dns { .. } => "dns",
+                Mode::Http { .. } => "http",
             }
             .into(),
             listen: listen.iter().map(ToString::to_string).collect(),

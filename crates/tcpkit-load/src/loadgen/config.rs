@@ -30,6 +30,32 @@ pub enum Payload {
         host: String,
         headers: Vec<String>,
     },
+    /// DNS over HTTPS (RFC 8484): the `queries` in turn as GET `path?dns=` (base64url) or
+    /// POST `path` (application/dns-message), answers parsed as DNS, RCODEs counted (an HTTP
+    /// status other than 200 is counted as `HTTP <status>`). Over HTTP/2 with
+    /// [`Config::http2`], else HTTP/1.1 keep-alive (answers in order).
+    Doh {
+        queries: Vec<(Name, u16)>,
+        method: DohMethod,
+        path: String,
+        host: String,
+        headers: Vec<String>,
+    },
+}
+
+/// `--doh-method`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DohMethod {
+    Get,
+    Post,
+}
+
+/// `--http2`, or `--doh` without `--http1`: HTTP/2 with prior knowledge in clear (h2c).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2 {
+    /// Streams open at once per connection at most (`--h2-streams`; the server's
+    /// SETTINGS_MAX_CONCURRENT_STREAMS lowers it).
+    pub streams: u32,
 }
 
 /// Where an answer to a `--payload-file` query ends.
@@ -73,6 +99,22 @@ impl Payload {
             },
             Payload::RedisPing => "redis PING".into(),
             Payload::HttpGet { path, .. } => format!("http GET {path}"),
+            Payload::Doh {
+                queries,
+                method,
+                path,
+                ..
+            } => {
+                let dns = Payload::Dns {
+                    queries: queries.clone(),
+                }
+                .describe();
+                let m = match method {
+                    DohMethod::Get => "GET",
+                    DohMethod::Post => "POST",
+                };
+                format!("doh {m} {path}, {dns}")
+            }
         }
     }
 }
@@ -403,6 +445,8 @@ pub struct Config {
     /// Most due queries written on one connection in one write (`--coalesce`); 1 = one
     /// write, and so one TCP segment, per query, as a client sends them.
     pub coalesce: usize,
+    /// HTTP/2 for the HTTP payloads (`--http2`, `--doh`); None: HTTP/1.1.
+    pub http2: Option<Http2>,
     /// Acknowledge answers at once (`TCP_QUICKACK` after each read that leaves queries of the
     /// connection outstanding); false leaves the kernel's delayed ACK (`--delayed-ack`).
     pub quickack: bool,
@@ -454,6 +498,7 @@ impl Config {
                 queries: vec![("example.com".parse().expect("static name is valid"), 1)],
             },
             udp: false,
+            http2: None,
             coalesce: 1,
             quickack: true,
             timeout: Duration::from_secs(2),

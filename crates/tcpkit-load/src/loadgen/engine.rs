@@ -21,6 +21,7 @@ use tcpkit_pace::{now_ns, TokenBucket};
 use tcpkit_stats::{HdrLog, Histogram};
 
 use super::config::Config;
+use super::h2::{H2Conn, Outcome};
 use super::interval::{Asked, Interval};
 use super::perquery::{Kind as RecKind, Rec, Sink};
 use super::profile::{ArrivalTimes, Lanes};
@@ -166,6 +167,20 @@ pub(crate) struct Counters {
     pub open_at_end: u64,
     /// When sending stopped (monotonic ns): the end of the query phase.
     pub stopped_at: u64,
+    pub h2: H2Counters,
+}
+
+/// HTTP/2's own counts (the report's `http2`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct H2Counters {
+    /// The most streams open at once on one connection.
+    pub streams_max: u64,
+    pub goaway: u64,
+    pub rst_stream: u64,
+    pub window_stalls: u64,
+    /// Queries sent again on another connection because a GOAWAY said the server never
+    /// processed them.
+    pub retried: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,6 +213,8 @@ struct Conn {
     rbuf: Vec<u8>,
     wbuf: Vec<u8>,
     pending: VecDeque<Pending>,
+    /// HTTP/2's state of the connection (`--http2`, `--doh`), made when it opens.
+    h2: Option<Box<H2Conn>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,6 +268,12 @@ struct Worker<'s, 'a> {
     connected_at: u64,
     sent_any: bool,
     tls: Option<TlsTally>,
+    /// HTTP/2: what a read meant, and the queries a GOAWAY handed back (reused buffers).
+    outcomes: Vec<Outcome>,
+    handed_back: Vec<u32>,
+    /// Queries a GOAWAY said were never processed, sent again first (with their intended
+    /// times: the wait counts in their latency).
+    retry: VecDeque<Pending>,
 }
 
 pub(crate) fn run_thread(
@@ -304,6 +327,7 @@ pub(crate) fn run_thread(
                 rbuf: Vec::new(),
                 wbuf: Vec::new(),
                 pending: VecDeque::new(),
+                h2: None,
             })
             .collect(),
         idle: (0..n as u32).collect(),
@@ -336,6 +360,9 @@ pub(crate) fn run_thread(
         connected_at: 0,
         sent_any: false,
         tls: cfg.tls.as_ref().map(|_| TlsTally::default()),
+        outcomes: Vec::new(),
+        handed_back: Vec::new(),
+        retry: VecDeque::new(),
     };
     w.run(&mut poll, &mut events, &mut wake);
     Ok(w.finish())
@@ -414,7 +441,8 @@ impl Worker<'_, '_> {
                     }
                 }
                 Phase::Draining { until } => {
-                    let empty = self.conns.iter().all(|c| c.pending.is_empty());
+                    let empty =
+                        self.retry.is_empty() && self.conns.iter().all(|c| c.pending.is_empty());
                     if empty || now >= until {
                         break;
                     }
@@ -520,7 +548,13 @@ impl Worker<'_, '_> {
                 }
             }
             c.sock = None;
+            if let Some(h) = c.h2.take() {
+                Self::h2_tally(&mut self.c.h2, &h);
+            }
         }
+        // Handed back by a GOAWAY and not sent again before the end.
+        self.c.unanswered_at_end += self.retry.len() as u64;
+        self.retry.clear();
         self.publish();
     }
 
@@ -605,6 +639,9 @@ impl Worker<'_, '_> {
 
     fn send_due(&mut self, now: u64) {
         self.tick(now);
+        if !self.retry.is_empty() && now >= self.no_conn_until {
+            self.resend(now);
+        }
         let mut burst = 0;
         // A query belongs to the phase when it is due before its end, whenever the loop gets
         // to it: one due 0.3 ms before the end, reached 0.1 ms after it, is sent late (its lag
@@ -660,6 +697,7 @@ impl Worker<'_, '_> {
                 && !c.retiring
                 && c.pending.len() < MAX_PENDING
                 && c.wbuf.len() < WBUF_MAX
+                && c.h2.as_ref().is_none_or(|h| h.can_open(self.h2_limit()))
             {
                 return Some(self.rr);
             }
@@ -677,6 +715,7 @@ impl Worker<'_, '_> {
         self.wbuf.clear();
         let mut n = 0;
         {
+            let h2_limit = self.h2_limit();
             let c = &mut self.conns[i];
             let per_conn = self.sh.cfg.queries_per_conn;
             while n < max
@@ -684,11 +723,18 @@ impl Worker<'_, '_> {
                 && self.queries_left != Some(0)
                 && c.pending.len() < MAX_PENDING
                 && !c.retiring
+                && c.h2.as_ref().is_none_or(|h| h.can_open(h2_limit))
             {
                 let seq = c.seq;
-                self.sh
-                    .proto
-                    .write_query(&mut self.wbuf, key, seq, self.name_idx);
+                match (c.h2.as_mut(), &self.sh.proto.h2) {
+                    (Some(h), Some(proto)) => {
+                        proto.write(h, &mut self.wbuf, seq, self.name_idx);
+                    }
+                    _ => self
+                        .sh
+                        .proto
+                        .write_query(&mut self.wbuf, key, seq, self.name_idx),
+                }
                 self.name_idx = self.name_idx.wrapping_add(self.sh.threads);
                 let intended = self.next_due.saturating_sub(self.start);
                 c.pending.push_back(Pending {
@@ -729,12 +775,60 @@ impl Worker<'_, '_> {
             self.sent_any = true;
             self.sh.first_sent.fetch_min(sent_at, Ordering::SeqCst);
         }
-        let len = self.wbuf.len();
         self.c.sent += n as u64;
+        self.put(i, sent_at);
+        n
+    }
+
+    /// `--h2-streams`: streams open at once per connection at most.
+    fn h2_limit(&self) -> u32 {
+        self.sh.proto.h2.as_ref().map_or(u32::MAX, |h| h.streams)
+    }
+
+    /// Sends again, on connections with a free stream, the queries a GOAWAY handed back:
+    /// each keeps its intended time (the wait counts in its latency) and is counted once in
+    /// `sent`. The per-query file keeps its first line only.
+    fn resend(&mut self, now: u64) {
+        let sh = self.sh;
+        let Some(proto) = sh.proto.h2.as_ref() else {
+            return;
+        };
+        while !self.retry.is_empty() {
+            let Some(i) = self.pick() else {
+                self.no_conn_until = now + 1_000_000;
+                return;
+            };
+            let sent_at = now_ns();
+            let sent = sent_at.saturating_sub(self.start);
+            self.wbuf.clear();
+            let limit = self.h2_limit();
+            let c = &mut self.conns[i];
+            let Some(h) = c.h2.as_mut() else { return };
+            while h.can_open(limit) && c.pending.len() < MAX_PENDING {
+                let Some(p) = self.retry.pop_front() else {
+                    break;
+                };
+                let seq = c.seq;
+                proto.write(h, &mut self.wbuf, seq, self.name_idx);
+                self.name_idx = self.name_idx.wrapping_add(self.sh.threads);
+                c.seq = c.seq.wrapping_add(1);
+                c.pending.push_back(Pending {
+                    seq,
+                    intended: p.intended,
+                    sent,
+                });
+            }
+            self.put(i, sent_at);
+        }
+    }
+
+    /// Writes the worker's `wbuf` (queries just taken) on connection `i`, or queues it.
+    fn put(&mut self, i: usize, sent_at: u64) {
+        let len = self.wbuf.len();
         self.c.bytes_sent += len as u64;
         let c = &mut self.conns[i];
         let Some(sock) = c.sock.as_mut() else {
-            return n;
+            return;
         };
         if sock.is_udp() {
             // One query per datagram (batches of one). A datagram the socket cannot take now
@@ -745,7 +839,7 @@ impl Worker<'_, '_> {
                     self.count_error(name);
                 }
             }
-            return n;
+            return;
         }
         if c.wbuf.is_empty() {
             match sock.write(&self.wbuf) {
@@ -767,7 +861,6 @@ impl Worker<'_, '_> {
         } else {
             c.wbuf.extend_from_slice(&self.wbuf);
         }
-        n
     }
 
     fn start_connects(&mut self, now: u64, poll: &Poll) {
@@ -903,20 +996,28 @@ impl Worker<'_, '_> {
                 }
                 c.on_conn = 0;
                 c.retiring = false;
+                if self.sh.proto.h2.is_some() {
+                    // Prior knowledge (h2c): the preface and SETTINGS go first.
+                    c.h2 = Some(Box::new(H2Conn::new(&mut c.wbuf)));
+                }
                 if c.was_open {
                     self.c.reconnects += 1;
                 }
                 c.was_open = true;
                 self.c.established += 1;
                 if self.sh.cfg.tls.is_some() {
-                    // Open (taking queries) once the handshake is done.
+                    // Open (taking queries) once the handshake is done; HTTP/2's preface
+                    // waits in wbuf until then.
                     c.state = State::Handshaking;
                     c.since = now;
                     self.handshake(i);
                     return;
                 }
                 self.opened();
-                if readable {
+                if !self.conns[i].wbuf.is_empty() {
+                    self.flush(i, now);
+                }
+                if readable && self.conns[i].state == State::Open {
                     self.on_readable(i, closed, now);
                 }
             }
@@ -958,12 +1059,31 @@ impl Worker<'_, '_> {
         match t.handshake(s) {
             Ok(false) => {}
             Ok(true) => {
+                if self.sh.proto.h2.is_some() && t.alpn() != Some(&b"h2"[..]) {
+                    // An HTTP/1.1 server would take the HTTP/2 preface for a bad request.
+                    let chose = t.alpn().map_or_else(
+                        || "none".to_string(),
+                        |p| String::from_utf8_lossy(p).into_owned(),
+                    );
+                    let f = tcpkit_tls::Failure {
+                        reason: tcpkit_tls::Reason::NoAlpn,
+                        detail: format!(
+                            "the server did not agree to HTTP/2 by ALPN (it chose {chose}): leave out --http2 (or --doh's HTTP/2 with --http1)"
+                        ),
+                    };
+                    self.tls_failed(i, &f, now_ns());
+                    return;
+                }
                 let ns = now_ns().saturating_sub(c.since);
                 if let (Some(info), Some(tally)) = (t.info(), self.tls.as_mut()) {
                     tally.done(&info, t.alpn(), ns);
                 }
                 c.state = State::Open;
                 self.opened();
+                // HTTP/2's preface, written at the connect, goes once the session is up.
+                if !self.conns[i].wbuf.is_empty() {
+                    self.flush(i, now_ns());
+                }
             }
             Err(e) => {
                 let Some(tls) = self.sh.cfg.tls.as_ref() else {
@@ -1087,6 +1207,16 @@ impl Worker<'_, '_> {
             read_any = true;
             let now = now_ns();
             self.c.bytes_received += n as u64;
+            if self.conns[i].h2.is_some() {
+                if !self.h2_read(i, n, now) {
+                    return;
+                }
+                if n < self.rbuf.len() && !closed {
+                    self.ack_now(i);
+                    return;
+                }
+                continue;
+            }
             self.answers.clear();
             let key = self.key(i);
             let c = &mut self.conns[i];
@@ -1140,7 +1270,6 @@ impl Worker<'_, '_> {
     }
 
     fn answered(&mut self, i: usize, a: Answer, now: u64) {
-        let key = self.key(i);
         let c = &mut self.conns[i];
         let p = match a.id {
             None => c.pending.pop_front(),
@@ -1154,6 +1283,105 @@ impl Worker<'_, '_> {
             self.c.unmatched += 1;
             return;
         };
+        self.record_answer(i, p, a.code, now);
+    }
+
+    /// Takes query `seq` of connection `i` out of its queries in flight.
+    fn take_pending(&mut self, i: usize, seq: u32) -> Option<Pending> {
+        let c = &mut self.conns[i];
+        let k = c.pending.iter().position(|p| p.seq == seq)?;
+        c.pending.remove(k)
+    }
+
+    /// Reads `n` bytes of `rbuf` on HTTP/2 connection `i`. False when the connection was
+    /// closed.
+    fn h2_read(&mut self, i: usize, n: usize, now: u64) -> bool {
+        let sh = self.sh;
+        let Some(proto) = sh.proto.h2.as_ref() else {
+            return true;
+        };
+        self.outcomes.clear();
+        self.handed_back.clear();
+        let c = &mut self.conns[i];
+        let Some(h) = c.h2.as_mut() else {
+            return true;
+        };
+        let fed = h.feed(
+            proto,
+            &self.rbuf[..n],
+            &mut c.wbuf,
+            &mut self.outcomes,
+            &mut self.handed_back,
+        );
+        let mut outcomes = std::mem::take(&mut self.outcomes);
+        for o in outcomes.drain(..) {
+            match o {
+                Outcome::Answer { seq, code } => match self.take_pending(i, seq) {
+                    Some(p) => self.record_answer(i, p, code, now),
+                    None => self.c.unmatched += 1,
+                },
+                Outcome::Failed { seq, why } => {
+                    if self.take_pending(i, seq).is_some() {
+                        self.c.malformed += 1;
+                        self.count_error(why.kind);
+                        if self.first_bad.is_none() {
+                            self.first_bad = Some(format!("{}: {}", why.kind, why.detail));
+                        }
+                    }
+                }
+                Outcome::GoAway { code } => {
+                    // No new stream on it; it closes once what the server kept is answered,
+                    // and reopens.
+                    self.conns[i].retiring = true;
+                    if code != tcpkit_wire::h2::code::NO_ERROR {
+                        self.count_error("GOAWAY with an error");
+                    }
+                }
+            }
+        }
+        self.outcomes = outcomes;
+        for k in 0..self.handed_back.len() {
+            let seq = self.handed_back[k];
+            if let Some(p) = self.take_pending(i, seq) {
+                self.retry.push_back(p);
+                self.c.h2.retried += 1;
+                // A stream freed: a query waiting for one may go now.
+                self.no_conn_until = 0;
+            }
+        }
+        if let Err(bad) = fed {
+            self.flush(i, now);
+            self.close(i, Why::Bad(bad), now);
+            return false;
+        }
+        if !self.conns[i].wbuf.is_empty() {
+            self.flush(i, now);
+            if self.conns[i].state != State::Open {
+                return false;
+            }
+        }
+        let c = &self.conns[i];
+        if c.retiring && c.pending.is_empty() {
+            self.close(i, Why::Ours, now);
+            return false;
+        }
+        true
+    }
+
+    fn h2_tally(t: &mut H2Counters, h: &H2Conn) {
+        t.streams_max = t.streams_max.max(h.streams_max);
+        t.goaway += h.goaways;
+        t.rst_stream += h.resets;
+        t.window_stalls += h.window_stalls();
+    }
+
+    /// Query `p` of connection `i` answered with `code` at `now`.
+    fn record_answer(&mut self, i: usize, p: Pending, code: u16, now: u64) {
+        let key = self.key(i);
+        let c = &mut self.conns[i];
+        // A stream (or an in-flight slot) freed: a query waiting for one may go now, not at
+        // the next millisecond's retry.
+        self.no_conn_until = 0;
         if c.pending.is_empty() && c.pending.capacity() > KEEP_PENDING {
             // A queue grown by a burst is not kept by a connection gone quiet.
             c.pending = VecDeque::new();
@@ -1166,10 +1394,10 @@ impl Worker<'_, '_> {
         self.tick(now);
         self.ival.record(lat_i, lat_s);
         self.c.answered += 1;
-        if a.code == ECHOED {
+        if code == ECHOED {
             self.c.echoed += 1;
         } else {
-            self.codes[usize::from(a.code).min(CODES - 1)] += 1;
+            self.codes[usize::from(code).min(CODES - 1)] += 1;
         }
         if let Some(s) = &mut self.sink {
             s.push(rec_of(RecKind::Answer, key, &p, at));
@@ -1213,6 +1441,9 @@ impl Worker<'_, '_> {
         c.wbuf = Vec::new();
         c.rx = Rx::default();
         c.retiring = false;
+        if let Some(h) = c.h2.take() {
+            Self::h2_tally(&mut self.c.h2, &h);
+        }
         if was_open {
             self.open -= 1;
             self.sh.open.fetch_sub(1, Ordering::Relaxed);
@@ -1271,10 +1502,17 @@ impl Worker<'_, '_> {
                             break;
                         }
                         c.pending.pop_front();
+                        if let Some(h) = c.h2.as_mut() {
+                            // Its stream is reset, so its slot is free for the next query.
+                            h.cancel(p.seq, &mut c.wbuf);
+                        }
                         self.c.timeouts += 1;
                         if let Some(s) = &mut self.sink {
                             s.push(rec_of(RecKind::Timeout, key, &p, at));
                         }
+                    }
+                    if !self.conns[i].wbuf.is_empty() {
+                        self.flush(i, now);
                     }
                     if !by_id {
                         // In-order answers: once one is overdue the stream cannot be matched

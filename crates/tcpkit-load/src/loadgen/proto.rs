@@ -11,7 +11,10 @@ use std::collections::VecDeque;
 use tcpkit_wire::dns;
 use tcpkit_wire::http::{Body, Event, HttpError, ResponseFramer};
 
-use super::config::{Payload, ResponseEnd};
+use tcpkit_wire::h2::doh;
+
+use super::config::{DohMethod, Http2, Payload, ResponseEnd};
+use super::h2::{H2Proto, HTTP_STATUS_BASE};
 
 /// A query in flight on one connection.
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +93,9 @@ pub(crate) struct Proto {
     /// DNS over UDP: queries without the TCP length prefix, one per datagram, and answers
     /// read one per datagram ([`Proto::feed_datagram`]).
     udp: bool,
+    /// HTTP/2 (`--http2`, `--doh`): requests go on streams ([`super::h2`]), not through
+    /// `write_query`/`feed`.
+    pub h2: Option<H2Proto>,
 }
 
 #[derive(Debug)]
@@ -112,6 +118,14 @@ enum Kind {
     Redis,
     Http {
         request: Vec<u8>,
+    },
+    /// DoH over HTTP/1.1: the request line's start, the headers after it (the path's query
+    /// string or the body goes between), and the questions.
+    Doh {
+        queries: Vec<(dns::Name, u16)>,
+        method: DohMethod,
+        path: String,
+        headers: Vec<u8>,
     },
 }
 
@@ -146,11 +160,31 @@ impl Proto {
             } => Kind::Http {
                 request: http_request(path, host, headers),
             },
+            Payload::Doh {
+                queries,
+                method,
+                path,
+                host,
+                headers,
+            } => Kind::Doh {
+                queries: queries.clone(),
+                method: *method,
+                path: path.clone(),
+                headers: doh_headers(host, headers, *method),
+            },
         };
         Proto {
             udp: udp && matches!(kind, Kind::Dns { .. }),
             kind,
+            h2: None,
         }
+    }
+
+    /// The same payload over HTTP/2 (h2c in clear, h2 over TLS) when `http2` is given.
+    pub(crate) fn with_http2(mut self, p: &Payload, http2: Option<Http2>, tls: bool) -> Proto {
+        let scheme = if tls { "https" } else { "http" };
+        self.h2 = http2.and_then(|h| H2Proto::new(p, h, scheme));
+        self
     }
 
     /// One answer datagram (UDP): a whole DNS message, no prefix.
@@ -161,7 +195,7 @@ impl Proto {
     /// True when answers carry an ID (DNS): a timed-out query can be forgotten alone. For the
     /// in-order payloads a timeout leaves the stream ambiguous, so the connection is closed.
     pub(crate) fn matched_by_id(&self) -> bool {
-        matches!(self.kind, Kind::Dns { .. })
+        matches!(self.kind, Kind::Dns { .. }) || self.h2.is_some()
     }
 
     /// The name a code is reported under.
@@ -169,6 +203,10 @@ impl Proto {
         match self.kind {
             Kind::Dns { .. } => dns::rcode_name(code as u8).to_string(),
             Kind::Http { .. } => code.to_string(),
+            Kind::Doh { .. } if code >= HTTP_STATUS_BASE => {
+                format!("HTTP {}", code - HTTP_STATUS_BASE)
+            }
+            Kind::Doh { .. } => dns::rcode_name(code as u8).to_string(),
             Kind::Redis if code == 1 => "ERR".into(),
             Kind::Redis => "PONG".into(),
             _ => "ok".into(),
@@ -200,6 +238,44 @@ impl Proto {
             }
             Kind::Redis => out.extend_from_slice(PING),
             Kind::Http { request } => out.extend_from_slice(request),
+            Kind::Doh {
+                queries,
+                method,
+                path,
+                headers,
+            } => {
+                let (name, qtype) = &queries[name_idx % queries.len()];
+                // The query (ID 0, RFC 8484 §4.1) is built at the end of `out`, copied to the
+                // stack and cut off again: no allocation per query.
+                let start = out.len();
+                dns::write_tcp_query(out, 0, name, *qtype);
+                let mut msg = [0u8; 2 + 12 + 256 + 4];
+                let len = out.len() - start - 2;
+                msg[..len].copy_from_slice(&out[start + 2..]);
+                out.truncate(start);
+                let msg = &msg[..len];
+                match method {
+                    DohMethod::Get => {
+                        out.extend_from_slice(b"GET ");
+                        out.extend_from_slice(path.as_bytes());
+                        out.extend_from_slice(b"?dns=");
+                        doh::encode(out, msg);
+                        out.extend_from_slice(b" HTTP/1.1\r\n");
+                        out.extend_from_slice(headers);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                    DohMethod::Post => {
+                        out.extend_from_slice(b"POST ");
+                        out.extend_from_slice(path.as_bytes());
+                        out.extend_from_slice(b" HTTP/1.1\r\n");
+                        out.extend_from_slice(headers);
+                        out.extend_from_slice(b"Content-Length: ");
+                        out.extend_from_slice(len.to_string().as_bytes());
+                        out.extend_from_slice(b"\r\n\r\n");
+                        out.extend_from_slice(msg);
+                    }
+                }
+            }
         }
     }
 
@@ -322,41 +398,117 @@ impl Proto {
                 }
                 Ok(())
             }
-            Kind::Http { .. } => {
-                let mut d = data;
-                loop {
-                    if !d.is_empty() && pending.len() <= out.len() && rx.http.at_message_start() {
-                        return Err(unsolicited(d));
-                    }
-                    let step = rx.http.feed(d, rbuf).map_err(bad_http)?;
-                    match step.event {
-                        Event::More => break,
-                        Event::Head(h) => {
-                            if h.body == Body::UntilClose {
-                                return Err(bad(
-                                    "malformed HTTP answer",
-                                    format!("status {} without Content-Length or chunked encoding on a keep-alive connection", h.status),
-                                ));
-                            }
-                            if h.buffered {
-                                // Idle connections hold no buffer.
-                                *rbuf = Vec::new();
-                            }
-                        }
-                        Event::Body { .. } => {}
-                        // An interim answer (1xx): the real one follows.
-                        Event::End if rx.http.status() < 200 => {}
-                        Event::End => out.push(Answer {
-                            id: None,
-                            code: rx.http.status(),
-                        }),
-                    }
-                    d = &d[step.used..];
-                }
-                Ok(())
-            }
+            Kind::Doh { .. } => feed_http(rx, rbuf, pending, data, out, true),
+            Kind::Http { .. } => feed_http(rx, rbuf, pending, data, out, false),
         }
     }
+}
+
+/// HTTP/1.1 answers, each coded by its status. With `doh`, the body (at most a DNS message)
+/// is kept in `rbuf` once the head is done with it and parsed as DNS at the end: the answer's
+/// code is its RCODE, or [`HTTP_STATUS_BASE`] + a status other than 200.
+fn feed_http(
+    rx: &mut Rx,
+    rbuf: &mut Vec<u8>,
+    pending: &VecDeque<Pending>,
+    data: &[u8],
+    out: &mut Vec<Answer>,
+    doh: bool,
+) -> Result<(), BadAnswer> {
+    let mut d = data;
+    loop {
+        if !d.is_empty() && pending.len() <= out.len() && rx.http.at_message_start() {
+            return Err(unsolicited(d));
+        }
+        let step = rx.http.feed(d, rbuf).map_err(bad_http)?;
+        match step.event {
+            Event::More => break,
+            Event::Head(h) => {
+                if h.body == Body::UntilClose {
+                    return Err(bad(
+                        "malformed HTTP answer",
+                        format!("status {} without Content-Length or chunked encoding on a keep-alive connection", h.status),
+                    ));
+                }
+                if doh {
+                    // From here the buffer holds the body.
+                    rbuf.clear();
+                } else if h.buffered {
+                    // Idle connections hold no buffer.
+                    *rbuf = Vec::new();
+                }
+            }
+            Event::Body { .. } if !doh => {}
+            Event::Body { from } => {
+                let body = &d[from..step.used];
+                if rbuf.len() + body.len() > 65_535 {
+                    return Err(bad("oversized answer", "a DoH body over 65535 bytes"));
+                }
+                rbuf.extend_from_slice(body);
+            }
+            // An interim answer (1xx): the real one follows.
+            Event::End if rx.http.status() < 200 => {}
+            Event::End if !doh => out.push(Answer {
+                id: None,
+                code: rx.http.status(),
+            }),
+            Event::End => {
+                let status = rx.http.status();
+                let code = if status == 200 {
+                    let v = dns::parse_whole_response(rbuf)
+                        .map_err(|e| bad("malformed DNS answer", format!("DoH body: {e}")))?;
+                    u16::from(v.rcode)
+                } else {
+                    HTTP_STATUS_BASE + status.min(899)
+                };
+                // Idle connections hold no buffer.
+                *rbuf = Vec::new();
+                out.push(Answer { id: None, code });
+            }
+        }
+        d = &d[step.used..];
+    }
+    Ok(())
+}
+
+/// DoH/1.1's headers after the request line (each with its CRLF; the blank line is the
+/// caller's): Host, User-Agent, keep-alive, Accept, Content-Type for POST, then `-H`'s (one
+/// named as a default takes its place).
+fn doh_headers(host: &str, headers: &[String], method: DohMethod) -> Vec<u8> {
+    let mut defaults = vec![
+        ("host", format!("Host: {host}")),
+        ("user-agent", "User-Agent: tcpkit-load".to_string()),
+        ("connection", "Connection: keep-alive".to_string()),
+        ("accept", format!("Accept: {}", doh::MEDIA_TYPE)),
+    ];
+    if method == DohMethod::Post {
+        defaults.push(("content-type", format!("Content-Type: {}", doh::MEDIA_TYPE)));
+    }
+    header_lines(&defaults, headers).into_bytes()
+}
+
+/// The default header lines not named in `headers`, then `headers`, each ending in CRLF.
+fn header_lines(defaults: &[(&str, String)], headers: &[String]) -> String {
+    let name = |h: &str| {
+        h.split(':')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
+    };
+    let given = |n: &str| headers.iter().any(|h| name(h) == n);
+    let mut s = String::new();
+    for (n, line) in defaults {
+        if !given(n) {
+            s.push_str(line);
+            s.push_str("\r\n");
+        }
+    }
+    for h in headers {
+        s.push_str(h);
+        s.push_str("\r\n");
+    }
+    s
 }
 
 /// Bytes nobody asked for; the first of them are quoted (a server often says why, e.g.
@@ -424,31 +576,16 @@ fn feed_dns(rbuf: &mut Vec<u8>, data: &[u8], out: &mut Vec<Answer>) -> Result<()
 /// `GET path HTTP/1.1` with the default headers (Host, User-Agent, keep-alive), each
 /// replaced by a header of `headers` of the same name (as wrk's -H does), then the others.
 fn http_request(path: &str, host: &str, headers: &[String]) -> Vec<u8> {
-    let name = |h: &str| {
-        h.split(':')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase()
-    };
-    let given = |n: &str| headers.iter().any(|h| name(h) == n);
-    let mut req = format!("GET {path} HTTP/1.1\r\n");
-    for (n, line) in [
+    let defaults = [
         ("host", format!("Host: {host}")),
         ("user-agent", "User-Agent: tcpkit-load".to_string()),
         ("connection", "Connection: keep-alive".to_string()),
-    ] {
-        if !given(n) {
-            req.push_str(&line);
-            req.push_str("\r\n");
-        }
-    }
-    for h in headers {
-        req.push_str(h);
-        req.push_str("\r\n");
-    }
-    req.push_str("\r\n");
-    req.into_bytes()
+    ];
+    format!(
+        "GET {path} HTTP/1.1\r\n{}\r\n",
+        header_lines(&defaults, headers)
+    )
+    .into_bytes()
 }
 
 fn bad_http(e: HttpError) -> BadAnswer {
@@ -738,6 +875,64 @@ HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n";
         assert_eq!(e.kind, "malformed HTTP answer");
         let e = feed_once(&p, b"HTTP/1.0 200 OK\r\n\r\n", &pend(1), 0).unwrap_err();
         assert!(e.detail.contains("without Content-Length"), "{e:?}");
+    }
+
+    /// --doh --http1: the two request forms, and answers parsed as DNS at every cut (a
+    /// status other than 200 counted apart from the RCODEs).
+    #[test]
+    fn doh_over_http1_requests_and_answers() {
+        let mk = |method| {
+            Proto::new(
+                &Payload::Doh {
+                    queries: vec![("example.com".parse().unwrap(), 1)],
+                    method,
+                    path: "/dns-query".into(),
+                    host: "h".into(),
+                    headers: Vec::new(),
+                },
+                false,
+            )
+        };
+        let (get, post) = (mk(DohMethod::Get), mk(DohMethod::Post));
+        let mut q = Vec::new();
+        get.write_query(&mut q, 0, 0, 0);
+        let text = String::from_utf8(q.clone()).unwrap();
+        assert!(
+            text.starts_with("GET /dns-query?dns=AAABAAABAAAAAAAAB2V4YW1wbGUDY29tAAABAAE HTTP/1.1\r\nHost: h\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("Accept: application/dns-message\r\n") && text.ends_with("\r\n\r\n"));
+        let mut p = Vec::new();
+        post.write_query(&mut p, 0, 0, 0);
+        let mut msg = Vec::new();
+        tcpkit_wire::dns::write_tcp_query(&mut msg, 0, &"example.com".parse().unwrap(), 1);
+        assert!(p.ends_with(&msg[2..]));
+        assert!(String::from_utf8_lossy(&p).contains("Content-Length: 29\r\n"));
+        // An answer: the query with QR and NXDOMAIN.
+        let mut answer = msg[2..].to_vec();
+        answer[2] |= 0x80;
+        answer[3] |= 3;
+        let mut stream = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/dns-message\r\nContent-Length: {}\r\n\r\n",
+            answer.len()
+        )
+        .into_bytes();
+        stream.extend_from_slice(&answer);
+        stream.extend_from_slice(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno");
+        let out = every_cut(&post, &stream, &pend(2));
+        let codes: Vec<u16> = out.iter().map(|a| a.code).collect();
+        assert_eq!(codes, [3, HTTP_STATUS_BASE + 404]);
+        assert_eq!(post.code_name(3), "NXDOMAIN");
+        assert_eq!(post.code_name(HTTP_STATUS_BASE + 404), "HTTP 404");
+        // A 200 whose body is not DNS is a malformed answer.
+        let e = feed_once(
+            &post,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc",
+            &pend(1),
+            0,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, "malformed DNS answer");
     }
 
     #[test]
