@@ -422,6 +422,33 @@ Interface counters over the run: tx_packets 179, tx_bytes 69000, tx_dropped 0, t
         assert_eq!(sample().human(), expected);
     }
 
+    /// Issue 28: with --intf2 the summary says what left by each side and what decided it;
+    /// with one interface there is no `split` in the JSON.
+    #[test]
+    fn a_split_says_what_left_by_each_side() {
+        let mut r = sample();
+        assert!(!r.json().contains("\"split\""));
+        r.split = Some(ReplaySplit {
+            intf1: "veth1".into(),
+            intf2: "veth2".into(),
+            source: "cache in.cache".into(),
+            intf1_packets: 120,
+            intf1_bytes: 9000,
+            intf2_packets: 59,
+            intf2_bytes: 40000,
+            not_sent: 13,
+            intf2_interface: None,
+        });
+        let text = r.human();
+        assert!(
+            text.contains("\nSplit: 120 packets (9000 bytes) out of veth1 (client side), 59 packets (40000 bytes) out of veth2 (server side), 13 not sent; by cache in.cache\n"),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(v["split"]["not_sent"], 13);
+        assert_eq!(v["split"]["source"], "cache in.cache");
+    }
+
     /// Issue 25: a shard says which it is and what it left to the others, after the flows
     /// it sent; an unsharded replay has no `shard` in its JSON.
     #[test]

@@ -835,6 +835,38 @@ mod tests {
         ));
     }
 
+    /// Issue 28: tcpreplay's -I/--intf2 and -c/--cachefile, and --unique-ports.
+    #[test]
+    fn intf2_cachefile_and_unique_ports_parse() {
+        let c = parse(&["-i", "a", "-I", "b", "-c", "x.cache", "--unique-ports", "f"]).unwrap();
+        let i2 = c.intf2.unwrap();
+        assert_eq!(i2.name, "b");
+        assert!(
+            matches!(i2.split, tcpkit_replay::Split::Cache(ref p) if p == std::path::Path::new("x.cache"))
+        );
+        assert!(c.unique_ports && !c.unique_ip);
+        let c = parse(&["-i", "a", "--intf2", "b", "--cachefile=y", "f"]).unwrap();
+        assert!(matches!(
+            c.intf2.unwrap().split,
+            tcpkit_replay::Split::Cache(_)
+        ));
+        let c = parse(&["-i", "a", "-I", "b", "f"]).unwrap();
+        assert!(matches!(
+            c.intf2.unwrap().split,
+            tcpkit_replay::Split::AutoClient
+        ));
+        assert!(parse(&["-i", "a", "f"]).unwrap().intf2.is_none());
+        // -c needs -I, -I needs -i; one thread; two different interfaces.
+        assert!(parse(&["-i", "a", "-c", "x", "f"]).is_err());
+        assert!(parse(&["-w", "o", "-I", "b", "f"]).is_err());
+        assert!(parse(&["-i", "a", "-I", "b", "-t", "--threads", "2", "f"])
+            .unwrap_err()
+            .contains("--intf2 sends from one thread"));
+        assert!(parse(&["-i", "a", "-I", "a", "f"])
+            .unwrap_err()
+            .contains("the same interface as --intf1"));
+    }
+
     /// Issue 25: --shard K/N; a bad K/N is a usage error naming --shard.
     #[test]
     fn shard_parses() {

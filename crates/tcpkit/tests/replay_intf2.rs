@@ -509,6 +509,7 @@ fn each_side_equals_tcpreplay_s_for_a_cache_and_for_the_automatic_split() {
             t2.len()
         );
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        common::schema::check(&common::schema::load("replay"), &v, "report");
         let sp = &v["split"];
         assert_eq!(sp["intf1_packets"], t1.len() as u64);
         assert_eq!(sp["intf2_packets"], t2.len() as u64);
