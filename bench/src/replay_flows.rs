@@ -149,16 +149,7 @@ fn write_bigflows(path: &Path, flows: u32) -> Result<()> {
 fn write_numbered(path: &Path, n: u32) -> Result<()> {
     let mut w = PcapWriter::create(path, 1, 0, true)?;
     let mut buf = Vec::with_capacity(128);
-    let (mut side, mut left, mut x) = (false, 0u32, 0x9e37_79b9u32);
-    for i in 0..n {
-        if left == 0 {
-            side = !side;
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            left = 1 + x % 4;
-        }
-        left -= 1;
+    for (i, side) in (0..n).zip(tcpkit_lab::client_server_runs(n)) {
         let mut body = [0u8; 18];
         body[2..4].copy_from_slice(if side { &[1, 0] } else { &[0x81, 0x80] });
         body[4..8].copy_from_slice(&i.to_be_bytes());
@@ -259,21 +250,19 @@ pub(crate) fn rows(tcpkit: &Path, quick: bool) -> Result<Table> {
             fps,
         ))
     };
-    let tr = cell(
-        &mut e,
-        "tr-uip",
-        &[
-            "tcpreplay",
-            "-i",
-            &one_tx,
-            "-K",
-            "-t",
-            "--loop",
-            &l,
-            "--unique-ip",
-            &bigp,
-        ],
-    )?;
+    // The same words for both tools: sender, interface, preloaded, top speed, the loops.
+    let words = |tool: &'static str| -> Vec<String> {
+        let mut v: Vec<String> = match tool {
+            "tcpreplay" => vec!["tcpreplay".into()],
+            _ => vec![tk.clone(), "replay".into()],
+        };
+        v.extend(["-i", &one_tx, "-K", "-t", "--loop", &l].map(String::from));
+        v
+    };
+    let mut trv = words("tcpreplay");
+    trv.extend(["--unique-ip".to_string(), bigp.clone()]);
+    let trv: Vec<&str> = trv.iter().map(String::as_str).collect();
+    let tr = cell(&mut e, "tr-uip", &trv)?;
     for (what, flags) in [
         ("--unique-ip", &["--unique-ip"][..]),
         ("--unique-ports", &["--unique-ports"][..]),
@@ -282,16 +271,8 @@ pub(crate) fn rows(tcpkit: &Path, quick: bool) -> Result<Table> {
             &["--unique-ip", "--unique-ports"][..],
         ),
     ] {
-        let mut argv = vec![
-            tk.as_str(),
-            "replay",
-            "-i",
-            &one_tx,
-            "-K",
-            "-t",
-            "--loop",
-            &l,
-        ];
+        let tkv = words("tcpkit");
+        let mut argv: Vec<&str> = tkv.iter().map(String::as_str).collect();
         argv.extend_from_slice(flags);
         argv.push(&bigp);
         let (c, fps) = cell(&mut e, "tk", &argv)?;

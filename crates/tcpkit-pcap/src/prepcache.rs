@@ -116,7 +116,7 @@ impl PrepCache {
     /// Appends the next packet's direction (tcpprep's `add_cache`).
     pub fn push(&mut self, dir: PrepDir) {
         let k = self.packets;
-        if k % 4 == 0 {
+        if k.is_multiple_of(4) {
             self.data.push(0);
         }
         let bit = (k % 4) as u32 * 2 + 1;
@@ -310,7 +310,7 @@ mod tests {
         c.emit(&mut out).unwrap();
         let out = &out[3..];
         assert_eq!(out.len(), c.buffer_len());
-        assert_eq!(&out[..12], b"tcpprep\004\0\0");
+        assert_eq!(&out[..12], b"tcpprep\x0004\0\0");
         assert_eq!(&out[12..20], &5u64.to_be_bytes());
         assert_eq!(&out[20..24], &[0, 4, 0, 33]);
         let data = &out[24 + 33..];

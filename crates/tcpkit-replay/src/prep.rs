@@ -225,6 +225,10 @@ fn tree_key(a: &PrepAddr) -> (u8, u32) {
     }
 }
 
+/// What one pass over a capture does with each packet: its number, and its view (None for
+/// what tcpprep calls non-IP).
+type Visit<'f> = dyn FnMut(u64, Option<PrepView<'_>>) -> Result<(), PrepError> + 'f;
+
 /// Builds tcpprep's cache for one capture.
 pub fn prep(file: &CaptureFile, opts: &PrepOptions) -> Result<PrepCache, PrepError> {
     let path = file.path().display().to_string();
@@ -234,7 +238,7 @@ pub fn prep(file: &CaptureFile, opts: &PrepOptions) -> Result<PrepCache, PrepErr
         what,
     };
     // Every packet through tcpprep's eyes, the closure given the view (None: not IP).
-    let walk = |f: &mut dyn FnMut(u64, Option<PrepView<'_>>) -> Result<(), PrepError>| {
+    let walk = |f: &mut Visit<'_>| {
         let mut n = 0u64;
         for p in file.packets() {
             let p = p?;

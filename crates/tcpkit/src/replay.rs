@@ -314,6 +314,11 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.unique_ip = a.unique_ip;
     cfg.unique_ports = a.unique_ports;
     if let Some(i2) = &a.intf2 {
+        if a.intf1.is_none() {
+            return Err(Failure::Usage(
+                "--intf2 needs -i/--intf1: the client side leaves by --intf1, the server side by --intf2".into(),
+            ));
+        }
         if a.threads > 1 {
             return Err(Failure::Usage(
                 "--intf2 sends from one thread, which keeps the capture's order across the two interfaces: leave out --threads".into(),

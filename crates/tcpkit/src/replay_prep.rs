@@ -14,11 +14,11 @@ pub enum ReplayCmd {
     /// Write a tcpprep cache: which interface each packet of a capture leaves by when replayed
     /// with --intf1/--intf2 (tcpprep 4.4.3's modes and file, byte for byte). Example:
     /// tcpkit replay prep --auto=bridge -i in.pcap -o in.cache
-    Prep(PrepArgs),
+    Prep(Box<PrepArgs>),
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("mode").args(["auto", "cidr", "port"]).required(true)))]
+#[command(group(ArgGroup::new("mode").args(["auto", "cidr", "port"])))]
 pub struct PrepArgs {
     /// Split by what each host does (bridge, router, client, server, first). A host is a
     /// server when it sends at least --ratio times as many SYN-ACKs, DNS answers and ICMP
@@ -75,36 +75,19 @@ pub struct PrepArgs {
     #[arg(short = 'N', long)]
     pub nonip: bool,
 
-    /// With --auto: server packets needed per client packet for a host to be a server.
-    #[arg(
-        short = 'R',
-        long,
-        value_name = "R",
-        default_value_t = 2.0,
-        requires = "auto"
-    )]
-    pub ratio: f64,
+    /// With --auto: server packets needed per client packet for a host to be a server
+    /// (default 2.0).
+    #[arg(short = 'R', long, value_name = "R")]
+    pub ratio: Option<f64>,
 
     /// With --auto: tcpprep's shortest network mask (default 30). Checked as tcpprep checks it
     /// (0 to 32, above --maxmask); in 4.4.3 it changes nothing in the cache.
-    #[arg(
-        short = 'm',
-        long,
-        value_name = "N",
-        default_value_t = 30,
-        requires = "auto"
-    )]
-    pub minmask: u8,
+    #[arg(short = 'm', long, value_name = "N")]
+    pub minmask: Option<u8>,
 
     /// With --auto: tcpprep's longest network mask (default 8); as --minmask.
-    #[arg(
-        short = 'M',
-        long,
-        value_name = "N",
-        default_value_t = 8,
-        requires = "auto"
-    )]
-    pub maxmask: u8,
+    #[arg(short = 'M', long, value_name = "N")]
+    pub maxmask: Option<u8>,
 
     /// Print the comment stored in a cache file and how many packets it covers, and exit.
     #[arg(short = 'P', long, value_name = "FILE", exclusive = true)]
@@ -130,19 +113,34 @@ pub fn resolve(a: &PrepArgs, raw: &[String]) -> Result<PrepOptions, Failure> {
         })?)
     } else if let Some(c) = &a.cidr {
         PrepMode::Cidr(PrepCidr::parse_list(c).map_err(|e| Failure::Usage(format!("--cidr {e}")))?)
-    } else {
+    } else if a.port {
         PrepMode::Port
+    } else {
+        return Err(Failure::Usage(
+            "give a mode: --auto MODE, --cidr LIST or --port (as tcpprep)".into(),
+        ));
     };
-    if !a.ratio.is_finite() || a.ratio < 0.0 {
+    if a.auto.is_none() {
+        for (flag, given) in [
+            ("--ratio", a.ratio.is_some()),
+            ("--minmask", a.minmask.is_some()),
+            ("--maxmask", a.maxmask.is_some()),
+        ] {
+            if given {
+                return Err(Failure::Usage(format!("{flag} needs --auto")));
+            }
+        }
+    }
+    let ratio = a.ratio.unwrap_or(2.0);
+    if !ratio.is_finite() || ratio < 0.0 {
         return Err(Failure::Usage(format!(
-            "--ratio {}: must be a non-negative number",
-            a.ratio
+            "--ratio {ratio}: must be a non-negative number"
         )));
     }
-    if a.minmask > 32 || a.maxmask > 32 || a.minmask <= a.maxmask {
+    let (min, max) = (a.minmask.unwrap_or(30), a.maxmask.unwrap_or(8));
+    if min > 32 || max > 32 || min <= max {
         return Err(Failure::Usage(format!(
-            "--minmask {} --maxmask {}: each 0 to 32, and --minmask above --maxmask (tcpprep's rule)",
-            a.minmask, a.maxmask
+            "--minmask {min} --maxmask {max}: each 0 to 32, and --minmask above --maxmask (tcpprep's rule)"
         )));
     }
     if let Some(c) = &a.comment {
@@ -157,7 +155,7 @@ pub fn resolve(a: &PrepArgs, raw: &[String]) -> Result<PrepOptions, Failure> {
     let mut o = PrepOptions::new(mode);
     o.reverse = a.reverse;
     o.nonip = a.nonip;
-    o.ratio = a.ratio;
+    o.ratio = ratio;
     o.comment = prep::prep_comment(raw, a.comment.as_deref(), a.no_arg_comment);
     Ok(o)
 }
@@ -226,7 +224,10 @@ mod tests {
         // A mode is required, one only; --ratio needs --auto; masks as tcpprep checks them.
         assert!(parse(&["-i", "a", "-o", "b"]).is_err());
         assert!(parse(&["-p", "-a", "client", "-i", "a", "-o", "b"]).is_err());
-        assert!(parse(&["-p", "-R", "2", "-i", "a", "-o", "b"]).is_err());
+        assert_eq!(
+            parse(&["-p", "-R", "2", "-i", "a", "-o", "b"]).unwrap_err(),
+            "--ratio needs --auto"
+        );
         assert!(parse(&["-a", "nope", "-i", "a", "-o", "b"]).is_err());
         assert!(parse(&["-a", "client", "-m", "8", "-i", "a", "-o", "b"])
             .unwrap_err()

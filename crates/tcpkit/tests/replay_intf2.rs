@@ -49,20 +49,24 @@ impl TwoLinks {
         }
     }
 
+    /// `argv` with IF1 and IF2 replaced by the sender's ends of the two links.
+    fn ends<'a>(&'a self, argv: &[&'a str]) -> Vec<&'a str> {
+        argv.iter()
+            .map(|a| match *a {
+                "IF1" => self.one.a.name.as_str(),
+                "IF2" => self.two.a.name.as_str(),
+                a => a,
+            })
+            .collect()
+    }
+
     /// Runs `argv` (with IF1 and IF2 replaced by the sender's ends) while tcpdump records each
     /// receiving end; returns its output and the frames of each side.
     fn capture(&mut self, argv: &[&str]) -> (Output, Vec<Frame>, Vec<Frame>) {
         let (b1, b2) = (self.one.b.name.clone(), self.two.b.name.clone());
         let d1 = self.lab.tcpdump(&self.rx, &b1, "").expect("tcpdump 1");
         let d2 = self.lab.tcpdump(&self.rx, &b2, "").expect("tcpdump 2");
-        let argv: Vec<&str> = argv
-            .iter()
-            .map(|a| match *a {
-                "IF1" => self.one.a.name.as_str(),
-                "IF2" => self.two.a.name.as_str(),
-                a => a,
-            })
-            .collect();
+        let argv = self.ends(argv);
         let out = self.tx.command(&argv).output().expect("run sender");
         std::thread::sleep(std::time::Duration::from_millis(150));
         let (c1, c2) = (d1.stop().expect("stop 1"), d2.stop().expect("stop 2"));
@@ -107,14 +111,7 @@ impl TwoLinks {
             assert!(start.elapsed().as_secs() < 10, "tcpdump: {}", d.log());
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let argv: Vec<&str> = argv
-            .iter()
-            .map(|a| match *a {
-                "IF1" => self.one.a.name.as_str(),
-                "IF2" => self.two.a.name.as_str(),
-                a => a,
-            })
-            .collect();
+        let argv = self.ends(argv);
         let out = self.tx.command(&argv).output().expect("run sender");
         std::thread::sleep(std::time::Duration::from_millis(150));
         d.signal(tcpkit_lab::Signal::SIGINT).expect("SIGINT");
@@ -529,18 +526,7 @@ fn numbered_capture(path: &Path, n: u32) {
     // Runs of 1-4 frames per side, in a fixed pseudo-random pattern: client 10.1.0.1, server
     // 10.2.0.1, all UDP 40000 <-> 53 answered as DNS would be (so --auto=client splits them).
     let mut frames = Vec::new();
-    let mut side = false;
-    let mut left = 0;
-    let mut x = 0x9e37_79b9u32;
-    for i in 0..n {
-        if left == 0 {
-            side = !side;
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            left = 1 + x % 4;
-        }
-        left -= 1;
+    for (i, side) in (0..n).zip(tcpkit_lab::client_server_runs(n)) {
         let mut body = vec![0u8; 12];
         body[0..4].copy_from_slice(&i.to_be_bytes());
         let (src, dst, sp, dp) = if side {
