@@ -128,6 +128,11 @@ impl TwoLinks {
     }
 }
 
+/// `tcpkit replay -i IF1 -I IF2`: the start of every two-interface command here.
+fn replay_two() -> Vec<&'static str> {
+    vec![tcpkit(), "replay", "-i", "IF1", "-I", "IF2"]
+}
+
 fn ok(out: &Output, what: &str) {
     assert!(
         out.status.success(),
@@ -232,32 +237,25 @@ fn mixed_capture(path: &Path) {
             frames.push(e(c, s, tcp(cp, 80, 0x18, round), next()));
             frames.push(e(s, c, tcp(80, cp, 0x18, round), next()));
         }
+        let mut v4 = |src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]| {
+            eth(0x0800, None, &ip4(next(), src, dst, proto, l4))
+        };
         // DNS query and answer (flags 0x0100, 0x8180), to and from port 53.
         let mut q = vec![0, round as u8, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
         q.extend_from_slice(&[3, b'f', b'o', b'o', 0, 0, 1, 0, 1]);
         let mut a = q.clone();
         a[2..4].copy_from_slice(&[0x81, 0x80]);
-        frames.push(eth(
-            0x0800,
-            None,
-            &ip4(
-                next(),
-                [10, 1, 0, 9],
-                [10, 2, 0, 53],
-                17,
-                &udp(33000 + round, 53, &q),
-            ),
+        frames.push(v4(
+            [10, 1, 0, 9],
+            [10, 2, 0, 53],
+            17,
+            &udp(33000 + round, 53, &q),
         ));
-        frames.push(eth(
-            0x0800,
-            None,
-            &ip4(
-                next(),
-                [10, 2, 0, 53],
-                [10, 1, 0, 9],
-                17,
-                &udp(53, 33000 + round, &a),
-            ),
+        frames.push(v4(
+            [10, 2, 0, 53],
+            [10, 1, 0, 9],
+            17,
+            &udp(53, 33000 + round, &a),
         ));
         // A host on tcpprep's ratio: two SYN-ACKs to one SYN is a server at --ratio 2 exactly
         // (server >= client x ratio), a client above it.
@@ -266,60 +264,36 @@ fn mixed_capture(path: &Path) {
             ([10, 1, 0, 8], 0x12),
             ([10, 2, 0, 1], 0x02),
         ] {
-            frames.push(eth(
-                0x0800,
-                None,
-                &ip4(
-                    next(),
-                    [10, 2, 0, 9],
-                    dst,
-                    6,
-                    &tcp(8080, 50000 + round, flags, round),
-                ),
+            frames.push(v4(
+                [10, 2, 0, 9],
+                dst,
+                6,
+                &tcp(8080, 50000 + round, flags, round),
             ));
         }
         // tcpprep reads the "ftp-data" source port unswapped: a SYN from port 5120 tells
         // nothing, one from port 20 is a client's.
         for (src, sport) in [([10, 3, 0, 5], 5120), ([10, 3, 0, 7], 20)] {
-            frames.push(eth(
-                0x0800,
-                None,
-                &ip4(next(), src, [10, 3, 0, 6], 6, &tcp(sport, 21, 0x02, round)),
-            ));
+            frames.push(v4(src, [10, 3, 0, 6], 6, &tcp(sport, 21, 0x02, round)));
         }
         // A closed port's ICMP unreachable; UDP between two hosts with nothing telling.
-        frames.push(eth(
-            0x0800,
-            None,
-            &ip4(
-                next(),
-                [10, 2, 0, 7],
-                [10, 1, 0, 3],
-                1,
-                &[3, 3, 0, 0, 0, 0, 0, 0],
-            ),
+        frames.push(v4(
+            [10, 2, 0, 7],
+            [10, 1, 0, 3],
+            1,
+            &[3, 3, 0, 0, 0, 0, 0, 0],
         ));
-        frames.push(eth(
-            0x0800,
-            None,
-            &ip4(
-                next(),
-                [192, 168, 3, 1],
-                [192, 168, 3, 2],
-                17,
-                &udp(5000, 5001, &[round as u8; 20]),
-            ),
+        frames.push(v4(
+            [192, 168, 3, 1],
+            [192, 168, 3, 2],
+            17,
+            &udp(5000, 5001, &[round as u8; 20]),
         ));
-        frames.push(eth(
-            0x0800,
-            None,
-            &ip4(
-                next(),
-                [192, 168, 3, 2],
-                [192, 168, 3, 1],
-                17,
-                &udp(5001, 5000, &[round as u8; 21]),
-            ),
+        frames.push(v4(
+            [192, 168, 3, 2],
+            [192, 168, 3, 1],
+            17,
+            &udp(5001, 5000, &[round as u8; 21]),
         ));
         // ARP (non-IP) and IPv6 TCP both ways.
         let mut arp = vec![0, 1, 8, 0, 6, 4, 0, 1];
@@ -500,17 +474,8 @@ fn each_side_equals_tcpreplay_s_for_a_cache_and_for_the_automatic_split() {
             &capp,
         ]);
         ok(&o, "tcpreplay");
-        let mut argv = vec![
-            tcpkit(),
-            "replay",
-            "-i",
-            "IF1",
-            "-I",
-            "IF2",
-            "-p",
-            "2000",
-            "--json",
-        ];
+        let mut argv = replay_two();
+        argv.extend_from_slice(&["-p", "2000", "--json"]);
         argv.extend_from_slice(&ours);
         argv.push(&capp);
         let (o, k1, k2) = l.capture(&argv);
@@ -603,20 +568,10 @@ fn top_speed_keeps_the_capture_s_order_across_both_interfaces() {
     // in the order they were handed over: the hand-off order itself is what is checked.
     // Unpinned, a move to the other CPU between two runs could let the receiver take a later
     // run first; `tcpkit-bench replay` measures that case.
-    let (o, got) = l.capture_any(&[
-        "taskset",
-        "-c",
-        "0",
-        tcpkit(),
-        "replay",
-        "-i",
-        "IF1",
-        "-I",
-        "IF2",
-        "-t",
-        "--json",
-        &capp,
-    ]);
+    let mut argv = vec!["taskset", "-c", "0"];
+    argv.extend(replay_two());
+    argv.extend_from_slice(&["-t", "--json", &capp]);
+    let (o, got) = l.capture_any(&argv);
     ok(&o, "tcpkit replay -t");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["split"]["intf1_packets"].as_u64().unwrap() > 1000);
