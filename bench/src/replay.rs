@@ -61,7 +61,7 @@ impl Run {
     }
 }
 
-fn field(out: &str, line: &str, before: &str) -> Option<f64> {
+pub(crate) fn field(out: &str, line: &str, before: &str) -> Option<f64> {
     let l = out.lines().find(|l| l.trim_start().starts_with(line))?;
     let i = l.find(before)?;
     let head = l[..i].trim_end();
@@ -604,6 +604,9 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
 pub(crate) fn replay(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let tcpkit = tcpkit_binary()?;
+    if args.iter().any(|a| a == "--flows") {
+        return crate::replay_flows::only(&tcpkit);
+    }
     let against = crate::Against::parse(args, &tcpkit)?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut lab = Lab::new("bench")?;
@@ -667,7 +670,12 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
         eprintln!("{} ...", inp.name);
         bench_file(&env, &mut lab, &mut t, inp)?;
     }
-    let table = t.markdown();
+    eprintln!("flows per second and the two-interface split ...");
+    let table = format!(
+        "{}\n{}",
+        t.markdown(),
+        crate::replay_flows::rows(&env.tcpkit, false)?.markdown()
+    );
     println!("{table}");
 
     // The flags too: an --against run names the build it compared with.

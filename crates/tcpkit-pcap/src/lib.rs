@@ -10,6 +10,8 @@
 //! mapped slice is as zero-copy as its slice readers. pcap-parser stays as a dev-dependency,
 //! an independent reader the tests compare ours with.
 //!
+//! [`PrepCache`] reads and writes tcpprep's cache files (which interface each packet leaves by).
+//!
 //! Link types are raw DLT numbers; what they mean belongs to `tcpkit-wire`.
 
 #![warn(missing_docs)]
@@ -19,12 +21,17 @@ mod error;
 mod file;
 mod pcap;
 mod pcapng;
+mod prepcache;
 mod read;
 
 pub use error::{Location, PcapError, Reason};
 pub use file::{CaptureFile, Format};
 pub use pcap::PcapWriter;
 pub use pcapng::{PcapNgWriter, TsResolution};
+pub use prepcache::{
+    fuzz_prep_cache, PrepCache, PrepCacheError, PrepDir, PREP_HEADER_LEN, PREP_MAGIC,
+    PREP_MAX_COMMENT, PREP_VERSION,
+};
 pub use read::{max_caplen, Packet, Packets, MAX_CAPLEN_FLOOR};
 
 /// The body of the `pcapng` fuzz target: [`fuzz_read`] over `data` with its first four bytes

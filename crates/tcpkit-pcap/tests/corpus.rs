@@ -160,3 +160,16 @@ fn iterate_a_million_packets() {
         }
     }
 }
+
+/// The `prep_cache` fuzz target's body over its seeds (tcpprep's own caches among them), each
+/// also cut at every length.
+#[test]
+fn fuzz_prep_cache_survives_its_corpus() {
+    let seeds = corpus::seeds("prep_cache");
+    assert!(seeds.len() >= 3, "{} seeds", seeds.len());
+    for s in &seeds {
+        for n in 0..=s.bytes.len() {
+            tcpkit_pcap::fuzz_prep_cache(&s.bytes[..n]);
+        }
+    }
+}

@@ -17,6 +17,23 @@ pub enum Output {
     File(PathBuf),
 }
 
+/// `--intf2`: a second interface, and what decides each packet's side.
+#[derive(Debug, Clone)]
+pub struct Intf2 {
+    pub name: String,
+    pub split: Split,
+}
+
+/// What decides which interface a packet leaves by.
+#[derive(Debug, Clone)]
+pub enum Split {
+    /// `--cachefile`: a tcpprep cache, applied to every input from its first packet (as
+    /// tcpreplay applies it).
+    Cache(PathBuf),
+    /// No cache: tcpprep `--auto=client` computed from each input before sending.
+    AutoClient,
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub inputs: Vec<PathBuf>,
@@ -32,6 +49,12 @@ pub struct Config {
     /// `-K`: the whole input in memory before the first packet leaves.
     pub preload: bool,
     pub unique_ip: bool,
+    /// `--unique-ports`: every loop after the first moves each TCP/UDP flow's client port
+    /// (`tcpkit_wire::unique_ports`).
+    pub unique_ports: bool,
+    /// `--intf2`: the server side out of a second interface (AF_PACKET, like the first);
+    /// needs `Output::Interface` and one thread.
+    pub intf2: Option<Intf2>,
     pub rewrite: RewriteConfig,
     /// Source/destination MAC of the Ethernet header given to frames whose link type has none.
     /// `None`: the interface's own address (zero for `-w`) and broadcast.
@@ -67,6 +90,8 @@ impl Config {
             duration: None,
             preload: false,
             unique_ip: false,
+            unique_ports: false,
+            intf2: None,
             rewrite: RewriteConfig::default(),
             l2_src: None,
             l2_dst: None,

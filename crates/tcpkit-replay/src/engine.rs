@@ -11,17 +11,18 @@ use crate::report::{
     REPLAY_SCHEMA_VERSION,
 };
 use tcpkit_pace::{now_ns, Pacer, Rate, Schedule};
-use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter};
+use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter, PrepCache, PrepDir};
 use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters, SendError, Sink};
 use tcpkit_stats::plot::{Sample, Timeline};
 use tcpkit_stats::{chain, FlowTable, Histogram, LiveCounters};
 use tcpkit_wire::{
-    flow_class, flow_shard, shard_hash, to_ethernet, unique_ip, FlowClass, FlowKey, LinkType,
-    MacAddr, RewriteOutcome, Rewriter, Uncut,
+    flow_class, flow_shard, shard_hash, to_ethernet, unique_ip, unique_ports, FlowClass, FlowKey,
+    LinkType, MacAddr, RewriteOutcome, Rewriter, Uncut,
 };
 use tcpkit_workers::Shard;
 
 use crate::config::{Config, Output};
+use crate::prep::SplitCounts;
 
 /// Ethernet's link type, the one every frame we emit has.
 const DLT_EN10MB: u32 = 1;
@@ -61,6 +62,10 @@ pub enum ReplayError {
         #[source]
         source: tcpkit_wire::WireError,
     },
+    /// `--cachefile FILE` cannot be read or is not a tcpprep cache (a usage error: nothing is
+    /// sent).
+    #[error("--cachefile {0}")]
+    CacheFile(String),
     /// `-w FILE` cannot be created (found before anything is written: a usage error).
     #[error("-w: {0}")]
     OutputFile(#[source] SendError),
@@ -163,6 +168,20 @@ pub fn run_with_tap(
         }
     }
 
+    if cfg.intf2.is_some() {
+        if cfg.threads > 1 {
+            return Err(ReplayError::Setup(
+                "--intf2 sends from one thread, which keeps the capture's order across the two interfaces: leave out --threads".into(),
+            ));
+        }
+        if !matches!(cfg.output, Output::Interface { .. }) {
+            return Err(ReplayError::Setup("--intf2 needs -i/--intf1".into()));
+        }
+    }
+    let splits = match &cfg.intf2 {
+        Some(i) => Some(crate::prep::splits(&i.split, &files)?),
+        None => None,
+    };
     let (if_mac, if_mtu, if_before, dry_run, out_name) = match &cfg.output {
         Output::Interface { name, .. } => {
             let info = tcpkit_send::if_info(name)?;
@@ -197,6 +216,7 @@ pub fn run_with_tap(
         abort: AtomicBool::new(false),
         start_ns: AtomicU64::new(0),
         tap,
+        splits,
     };
 
     let threads = cfg.threads.max(1);
@@ -222,6 +242,34 @@ pub fn run_with_tap(
         });
     }
 
+    let mut sink2: Option<Box<dyn Sink + Send>> = None;
+    let mut if2_before = None;
+    if let (Some(i2), Output::Interface { qdisc_bypass, .. }) = (&cfg.intf2, &cfg.output) {
+        let info = tcpkit_send::if_info(&i2.name)?;
+        if !info.is_ethernet {
+            return Err(ReplayError::Setup(format!(
+                "--intf2 {}: not an Ethernet interface; replay sends Ethernet frames",
+                i2.name
+            )));
+        }
+        if2_before = tcpkit_send::if_counters(&i2.name).ok();
+        let out2 = Output::Interface {
+            name: i2.name.clone(),
+            qdisc_bypass: *qdisc_bypass,
+        };
+        sink2 = Some(Box::new(
+            AfPacketSink::open(
+                &i2.name,
+                AfPacketOpts {
+                    qdisc_bypass: *qdisc_bypass,
+                    batch: cfg.batch,
+                    ..AfPacketOpts::default()
+                },
+            )
+            .map_err(|e| down_hint(e.into(), &out2))?,
+        ));
+    }
+
     // A fleet agent is prepared here (captures mapped and their link types checked, every
     // sink open): ready, then the barrier's instant on this host's clock, waited for with the
     // hybrid sleep then spin. Stopped before it (another agent failed, the barrier lost), the
@@ -234,7 +282,9 @@ pub fn run_with_tap(
     }
     let results: Vec<WorkerResult> = if threads == 1 {
         let sink = sinks.pop().expect("one sink");
-        vec![Worker::new(&shared, 0, 1, sink).run()]
+        let mut w = Worker::new(&shared, 0, 1, sink);
+        w.sink2 = sink2;
+        vec![w.run()]
     } else {
         std::thread::scope(|s| {
             let handles: Vec<_> = sinks
@@ -256,9 +306,15 @@ pub fn run_with_tap(
         shared.start_ns.store(end_ns, Ordering::SeqCst);
     }
 
-    Ok(report(
+    let mut counts = SplitCounts::default();
+    for r in &results {
+        counts.add(&r.split);
+    }
+    let mut out = report(
         cfg, &shared, results, end_ns, dry_run, out_name, if_before, if_mac, if_mtu,
-    ))
+    );
+    out.report.split = crate::prep::split_report(cfg, &counts, if2_before);
+    Ok(out)
 }
 
 #[expect(
@@ -289,15 +345,7 @@ fn report(
         if timeline.is_empty() {
             timeline = std::mem::take(&mut r.timeline);
         }
-        dev.successful += r.counters.successful;
-        dev.failed += r.counters.failed;
-        dev.failed_too_big += r.counters.failed_too_big;
-        dev.failed_malformed += r.counters.failed_malformed;
-        dev.failed_stuck += r.counters.failed_stuck;
-        dev.truncated += r.counters.truncated;
-        dev.retried_enobufs += r.counters.retried_enobufs;
-        dev.retried_eagain += r.counters.retried_eagain;
-        dev.bytes += r.counters.bytes;
+        dev = crate::prep::sum_counters(&dev, &r.counters);
         hist.merge(&r.late);
         flows += r.flows.flows;
         flow_packets += r.flows.flow_packets;
@@ -413,6 +461,7 @@ fn report(
         stopped_by,
         failure,
         fleet: None,
+        split: None,
     };
     let mut report = report;
     if let Some(agent) = &cfg.fleet {
@@ -616,6 +665,8 @@ struct Shared<'a> {
     start_ns: AtomicU64,
     /// `-v`: every frame is copied here before it is sent.
     tap: Option<&'a Tap>,
+    /// `--intf2`: each input's tcpprep cache (one for all with `--cachefile`).
+    splits: Option<Vec<PrepCache>>,
 }
 
 impl Shared<'_> {
@@ -653,6 +704,7 @@ struct WorkerResult {
     error: Option<ReplayError>,
     stopped_by: Option<String>,
     timeline: Vec<Sample>,
+    split: SplitCounts,
 }
 
 impl WorkerResult {
@@ -671,6 +723,7 @@ impl WorkerResult {
             error: Some(ReplayError::Setup("a sender thread panicked".into())),
             stopped_by: None,
             timeline: Vec::new(),
+            split: SplitCounts::default(),
         }
     }
 }
@@ -689,6 +742,12 @@ struct Worker<'a> {
     shard: usize,
     shards: usize,
     sink: Box<dyn Sink + Send + 'a>,
+    /// `--intf2`'s sink: frames whose slot in `second` is true go here.
+    sink2: Option<Box<dyn Sink + Send + 'a>>,
+    /// Per slot of the batch: the frame leaves by `--intf2`.
+    second: Vec<bool>,
+    /// Packets the `--intf2` split does not send.
+    not_sent: u64,
     schedule: Schedule,
     pacer: Pacer,
     /// The run's time zero as this worker knows it (0 until its first packet).
@@ -739,6 +798,9 @@ impl<'a> Worker<'a> {
             shard,
             shards,
             sink,
+            sink2: None,
+            second: vec![false; batch],
+            not_sent: 0,
             schedule: Schedule::new(cfg.rate, cfg.max_sleep.map(|d| d.as_nanos() as u64)),
             pacer: Pacer::default(),
             t0: 0,
@@ -781,6 +843,16 @@ impl<'a> Worker<'a> {
         if let Err(e) = flushed.and_then(|()| self.sink.flush().map_err(ReplayError::from)) {
             error.get_or_insert(e);
         }
+        if let Some(Err(e)) = self.sink2.as_mut().map(|s| s.flush()) {
+            error.get_or_insert(e.into());
+        }
+        let one = self.sink.counters();
+        let two = self.sink2.as_ref().map(|s| s.counters());
+        let split = SplitCounts {
+            intf1: (one.successful, one.bytes),
+            intf2: two.map_or((0, 0), |c| (c.successful, c.bytes)),
+            not_sent: self.not_sent,
+        };
         let error = error.map(|e| down_hint(e, &self.sh.cfg.output));
         let timeline = self
             .timeline
@@ -789,7 +861,11 @@ impl<'a> Worker<'a> {
             .unwrap_or_default();
         WorkerResult {
             timeline,
-            counters: self.sink.counters(),
+            counters: match two {
+                Some(t) => crate::prep::sum_counters(&one, &t),
+                None => one,
+            },
+            split,
             late: self.late,
             flows: self.flows,
             invalid: self.invalid,
@@ -828,7 +904,7 @@ impl<'a> Worker<'a> {
                         }
                     }
                 }
-                if let Some(stop) = self.send_file(file, loop_no) {
+                if let Some(stop) = self.send_file(fi, file, loop_no) {
                     return (loop_no, Some(stop));
                 }
             }
@@ -839,9 +915,11 @@ impl<'a> Worker<'a> {
         }
     }
 
-    fn send_file(&mut self, file: &'a CaptureFile, loop_no: u64) -> Option<Stop> {
+    fn send_file(&mut self, fi: usize, file: &'a CaptureFile, loop_no: u64) -> Option<Stop> {
         let sh = self.sh;
         let cfg = sh.cfg;
+        let split = sh.splits.as_ref().map(|v| &v[fi.min(v.len() - 1)]);
+        let unique = (cfg.unique_ip || cfg.unique_ports) && loop_no > 0;
         let path = file.path().display().to_string();
         let identity = sh.rewriter.is_identity();
         // One cached conversion per link type change, not one lookup per packet.
@@ -865,6 +943,19 @@ impl<'a> Worker<'a> {
                 self.timeline = cfg
                     .timeline
                     .map(|every| Timeline::new(self.t0, every.as_nanos() as u64));
+            }
+            // tcpreplay's cache_mode: by packet number in this input, before anything else;
+            // a packet not sent takes no place in the schedule, as in tcpreplay.
+            let mut second = false;
+            if let Some(c) = split {
+                match c.dir(pkt.number) {
+                    Some(PrepDir::Primary) => {}
+                    Some(PrepDir::Secondary) => second = true,
+                    Some(PrepDir::NoSend) | None => {
+                        self.not_sent += 1;
+                        continue;
+                    }
+                }
             }
             let link = match link_cache {
                 Some((dlt, l)) if dlt == pkt.linktype => l,
@@ -902,8 +993,7 @@ impl<'a> Worker<'a> {
             }
             let mut slot = self.n;
             // Frames that leave exactly as captured are sent from the capture's own bytes.
-            let as_captured =
-                link == LinkType::Ethernet && identity && !(cfg.unique_ip && loop_no > 0);
+            let as_captured = link == LinkType::Ethernet && identity && !unique;
             if as_captured {
                 self.direct[slot] = Some(pkt.data);
             } else {
@@ -933,6 +1023,9 @@ impl<'a> Worker<'a> {
                 }
                 if cfg.unique_ip && loop_no > 0 {
                     unique_ip(buf, loop_no as u32);
+                }
+                if cfg.unique_ports && loop_no > 0 {
+                    unique_ports(buf, loop_no as u32);
                 }
                 match sh.rewriter.apply(buf) {
                     Ok(o) if !others => self.mtu.count(o),
@@ -1011,6 +1104,7 @@ impl<'a> Worker<'a> {
             }
             self.offered_this_loop += 1;
             self.ts[slot] = sent_at;
+            self.second[slot] = second;
             self.n += 1;
             if self.n == self.bufs.len() {
                 if let Err(e) = self.flush() {
@@ -1105,11 +1199,21 @@ impl<'a> Worker<'a> {
         }
         // The sink takes borrowed frames; they are listed on the stack, SEND_CHUNK at a time,
         // so a paced run (a batch of one per packet) allocates nothing per packet.
-        let (direct, bufs, ts) = (&self.direct, &self.bufs, &self.ts);
-        let before = self.sink.counters().failed;
+        // With --intf2, each run of frames for one side goes in one call, the runs in the
+        // capture's order: no frame is handed to the kernel before an earlier one.
+        let (direct, bufs, ts, second) = (&self.direct, &self.bufs, &self.ts, &self.second);
+        let failed_now = |a: &dyn Sink, b: &Option<Box<dyn Sink + Send + 'a>>| {
+            a.counters().failed + b.as_ref().map_or(0, |s| s.counters().failed)
+        };
+        let before = failed_now(&*self.sink, &self.sink2);
         let mut r = Ok(());
-        for start in (0..self.n).step_by(SEND_CHUNK) {
-            let len = (self.n - start).min(SEND_CHUNK);
+        let mut start = 0;
+        while start < self.n {
+            let side = second[start];
+            let mut len = 1;
+            while len < SEND_CHUNK && start + len < self.n && second[start + len] == side {
+                len += 1;
+            }
             let frames: [Frame<'_>; SEND_CHUNK] = std::array::from_fn(|i| {
                 if i < len {
                     Frame {
@@ -1123,13 +1227,18 @@ impl<'a> Worker<'a> {
                     }
                 }
             });
-            r = self.sink.send_batch(&frames[..len]);
+            let sink = match (side, self.sink2.as_mut()) {
+                (true, Some(s2)) => s2,
+                _ => &mut self.sink,
+            };
+            r = sink.send_batch(&frames[..len]);
             if r.is_err() {
                 break;
             }
+            start += len;
         }
         self.last_send_ns = now_ns();
-        let failed = self.sink.counters().failed - before;
+        let failed = failed_now(&*self.sink, &self.sink2) - before;
         self.sh
             .live
             .add(self.n as u64 - failed.min(self.n as u64), bytes);

@@ -4,16 +4,18 @@
 //! type has none, made unique per loop, rewritten (`tcpkit-wire`) → due at an absolute time
 //! (`tcpkit-pace`) → sent in batches (`tcpkit-send`) → counted (`tcpkit-stats`).
 //! This crate owns only the composition: the resolved [`Config`], the worker loop and the report
-//! ([`ReplayReport`], built from `tcpkit-stats`' pieces).
+//! ([`ReplayReport`], built from `tcpkit-stats`' pieces), and [`prep`]: tcpprep's modes, which
+//! decide the side of each packet for `--intf2` and write tcpprep's cache.
 
 mod config;
 mod engine;
+pub mod prep;
 mod report;
 
-pub use config::{Config, Output};
+pub use config::{Config, Intf2, Output, Split};
 pub use engine::{run, run_with_tap, Outcome, ReplayError, Tap};
 pub use report::{
-    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, ReplayShard, TimingError,
+    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, ReplayShard, ReplaySplit, TimingError,
     REPLAY_SCHEMA_VERSION,
 };
 pub use tcpkit_pace::Rate;

@@ -55,6 +55,9 @@ pub struct ReplayReport {
     /// replay is not sharded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<ReplayShard>,
+    /// `--intf2`: how the capture was split over the two interfaces; absent with one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<ReplaySplit>,
     /// Why the run ended early, if it did (an input error, an interrupt).
     pub stopped_by: Option<String>,
     /// Why the run did not send every packet it was asked to (which errno, how many, what to
@@ -99,6 +102,32 @@ pub struct ReplayShard {
     /// Flows this shard sent, a connection's two directions counted once (the unit shards
     /// split by; equals `flows.connections`).
     pub flows_kept: u64,
+}
+
+/// `--intf2`: what left by each side. tcpprep's primary side (client to server) is `--intf1`,
+/// its secondary side (server to client) `--intf2`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplaySplit {
+    /// `--intf1`, the primary (client) side.
+    pub intf1: String,
+    /// `--intf2`, the secondary (server) side.
+    pub intf2: String,
+    /// What decided each packet's side: `cache FILE` (`--cachefile`) or `auto client` (tcpprep
+    /// `--auto=client` computed from each capture).
+    pub source: String,
+    /// Frames sent whole out of `--intf1`.
+    pub intf1_packets: u64,
+    /// Their bytes.
+    pub intf1_bytes: u64,
+    /// Frames sent whole out of `--intf2`.
+    pub intf2_packets: u64,
+    /// Their bytes.
+    pub intf2_bytes: u64,
+    /// Packets not sent because the cache says so, or because it ends before the capture
+    /// (tcpreplay sends neither).
+    pub not_sent: u64,
+    /// `--intf2`'s own tx counters over the run (`interface` holds `--intf1`'s).
+    pub intf2_interface: Option<IfDelta>,
 }
 
 /// What `--mtu-trunc --mtu N` did to the frames offered.
@@ -222,6 +251,20 @@ impl Report for ReplayReport {
                 s,
                 "Shard: {}/{}, the frames of {} flows sent here, {} frames left to the other shards",
                 sh.index, sh.count, sh.flows_kept, sh.frames_to_others
+            );
+        }
+        if let Some(sp) = &self.split {
+            let _ = writeln!(
+                s,
+                "Split: {} packets ({} bytes) out of {} (client side), {} packets ({} bytes) out of {} (server side), {} not sent; by {}",
+                sp.intf1_packets,
+                sp.intf1_bytes,
+                sp.intf1,
+                sp.intf2_packets,
+                sp.intf2_bytes,
+                sp.intf2,
+                sp.not_sent,
+                sp.source
             );
         }
         match &self.timing {
@@ -377,6 +420,33 @@ Statistics for network device: veth0
 Interface counters over the run: tx_packets 179, tx_bytes 69000, tx_dropped 0, tx_errors 0
 ";
         assert_eq!(sample().human(), expected);
+    }
+
+    /// Issue 28: with --intf2 the summary says what left by each side and what decided it;
+    /// with one interface there is no `split` in the JSON.
+    #[test]
+    fn a_split_says_what_left_by_each_side() {
+        let mut r = sample();
+        assert!(!r.json().contains("\"split\""));
+        r.split = Some(ReplaySplit {
+            intf1: "veth1".into(),
+            intf2: "veth2".into(),
+            source: "cache in.cache".into(),
+            intf1_packets: 120,
+            intf1_bytes: 9000,
+            intf2_packets: 59,
+            intf2_bytes: 40000,
+            not_sent: 13,
+            intf2_interface: None,
+        });
+        let text = r.human();
+        assert!(
+            text.contains("\nSplit: 120 packets (9000 bytes) out of veth1 (client side), 59 packets (40000 bytes) out of veth2 (server side), 13 not sent; by cache in.cache\n"),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(v["split"]["not_sent"], 13);
+        assert_eq!(v["split"]["source"], "cache in.cache");
     }
 
     /// Issue 25: a shard says which it is and what it left to the others, after the flows

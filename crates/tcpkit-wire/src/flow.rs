@@ -1,5 +1,5 @@
 //! Flow keys (tcpreplay's flow counting), connection keys for sharding a capture over threads
-//! and over hosts (`replay --shard`), and `--unique-ip`.
+//! and over hosts (`replay --shard`), `--unique-ip` and `--unique-ports`.
 //!
 //! tcpreplay 4.4.3 (`src/common/flows.c`) counts a packet as a *flow packet* when it is IPv4
 //! or IPv6 of any protocol; everything else (ARP, LLDP, ...) is a *non-flow* packet. Its key
@@ -250,6 +250,52 @@ pub fn unique_ip(frame: &mut [u8], loop_no: u32) {
     frame[d..d + 4].copy_from_slice(&new_dst.to_be_bytes());
 }
 
+/// `--unique-ports`' step per loop: loop `i` moves a port by `i * 3979` within 1024-65535.
+/// 3979 is prime to the range's 64512 ports (so a port comes back only after 64512 loops),
+/// and of such steps below 20000 it keeps the loops of one port farthest apart from each other
+/// for longest: for loops less than 989 apart the moved ports differ by more than 64, so the
+/// neighbouring ephemeral ports one client used for its next connections (p+1, p+2...) are not
+/// met by another loop of this connection.
+pub const UNIQUE_PORT_STEP: u32 = 3979;
+const EPHEMERAL_FIRST: u32 = 1024;
+const EPHEMERAL_SPAN: u32 = 65536 - EPHEMERAL_FIRST;
+
+/// `--unique-ports`: make loop `loop_no`'s TCP and UDP flows new flows by their client port,
+/// leaving addresses and the service port as captured.
+///
+/// Of a packet's two ports the higher is taken as the client's (ephemeral) port, the lower as
+/// the service's: that choice depends only on the pair, so both directions of a connection
+/// move the same port and stay one connection. It moves to `1024 + (p − 1024 + loop_no ×
+/// 3979) mod 64512` (a port below 1024, where both are service ports, counts from 1024 as if
+/// it were `p + 64512`); when the two ports are equal both move. Loop 0 is the identity. The
+/// TCP or UDP checksum is updated for the changed field (RFC 1624, as the rewriter does for
+/// `--portmap`: a zero UDP checksum over IPv4 stays "none"). Non-first fragments, cut headers
+/// and other protocols are left alone.
+pub fn unique_ports(frame: &mut [u8], loop_no: u32) {
+    if loop_no == 0 {
+        return;
+    }
+    let Some(ip) = parse::ip(frame) else { return };
+    let Some(at) = ip.ports_at(frame) else { return };
+    let (Some(sp), Some(dp)) = (be16(frame, at), be16(frame, at + 2)) else {
+        return;
+    };
+    let hi = sp.max(dp);
+    let moved = unique_port(hi, loop_no).to_be_bytes();
+    for (field, port) in [(at, sp), (at + 2, dp)] {
+        if port == hi {
+            crate::rewrite::set_l4_field(frame, &ip, field, &moved);
+        }
+    }
+}
+
+/// Where `--unique-ports` moves port `p` in loop `i` (see [`unique_ports`]).
+pub fn unique_port(p: u16, i: u32) -> u16 {
+    let base = (u32::from(p) + EPHEMERAL_SPAN - EPHEMERAL_FIRST) % EPHEMERAL_SPAN;
+    let step = (u64::from(i) * u64::from(UNIQUE_PORT_STEP) % u64::from(EPHEMERAL_SPAN)) as u32;
+    (EPHEMERAL_FIRST + (base + step) % EPHEMERAL_SPAN) as u16
+}
+
 /// tcpreplay's per-loop address pair (its "CRC compensations for wrap conditions" included:
 /// 2^32 is 1 in the one's-complement sum, so a lone wrap is undone by one step back).
 fn unique_pair(src: u32, dst: u32, i: u32) -> (u32, u32) {
@@ -402,6 +448,49 @@ mod tests {
             let mut c = a[..n].to_vec();
             unique_ip(&mut c, 7);
             let _ = shard_hash(&c);
+        }
+    }
+
+    /// Issue 28: --unique-ports moves the client (higher) port of both directions alike,
+    /// keeps the service port and the addresses, and leaves the checksum right.
+    #[test]
+    fn unique_ports_moves_the_client_port_of_both_directions() {
+        let a = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 40000, 80);
+        let b = tcp4([10, 0, 0, 2], [10, 0, 0, 1], 80, 40000);
+        let mut a0 = a.clone();
+        unique_ports(&mut a0, 0);
+        assert_eq!(a0, a);
+        let mut seen = std::collections::HashSet::new();
+        for i in 1..=300u32 {
+            let (mut ai, mut bi) = (a.clone(), b.clone());
+            unique_ports(&mut ai, i);
+            unique_ports(&mut bi, i);
+            let p = 1024 + (40000 - 1024 + i * UNIQUE_PORT_STEP) % 64512;
+            assert_eq!(u16::from_be_bytes([ai[34], ai[35]]), p as u16);
+            assert_eq!(&ai[36..38], &80u16.to_be_bytes());
+            assert_eq!(&ai[26..34], &a[26..34]);
+            assert!(valid(&ai) && valid(&bi), "loop {i}");
+            let k = flow_key(&ai).unwrap().connection();
+            assert_eq!(k, flow_key(&bi).unwrap().connection());
+            assert!(seen.insert(k), "loop {i} repeats a flow");
+        }
+        // Equal ports move together; a pair of service ports moves its higher one.
+        let mut e = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 123, 123);
+        unique_ports(&mut e, 1);
+        assert_eq!(&e[34..38], &[&e[36..38], &e[36..38]].concat()[..]);
+        assert_eq!(
+            unique_port(123, 1),
+            (1024 + (123 + 63488 + 3979) % 64512) as u16
+        );
+        assert_eq!(unique_port(65535, 64512), 65535);
+        // A zero UDP checksum stays zero; cut frames are left alone.
+        let mut u = ip4(17, 0, [10, 0, 0, 1], [10, 0, 0, 2], 5000, 53);
+        unique_ports(&mut u, 2);
+        assert_eq!(&u[40..42], &[0, 0]);
+        assert_ne!(&u[34..36], &5000u16.to_be_bytes());
+        for n in 0..a.len() {
+            let mut c = a[..n].to_vec();
+            unique_ports(&mut c, 7);
         }
     }
 

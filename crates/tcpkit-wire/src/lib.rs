@@ -10,8 +10,11 @@
 //! - [`Rewriter`]: what `tcpkit replay` does to each frame, matched byte for byte against
 //!   Debian's tcprewrite 4.4.3 (see the [`rewrite`] module docs for the behaviours matched and
 //!   the few tcprewrite bugs deliberately not copied).
-//! - [`flow_key`], [`shard_hash`], [`flow_shard`], [`unique_ip`]: tcpreplay-style flow
-//!   counting, sharding a capture over threads and over hosts, and per-loop unique flows.
+//! - [`flow_key`], [`shard_hash`], [`flow_shard`], [`unique_ip`], [`unique_ports`]:
+//!   tcpreplay-style flow counting, sharding a capture over threads and over hosts, and
+//!   per-loop unique flows (by address, as tcpreplay, or by client port).
+//! - [`PrepView`]: a packet as tcpprep sees it (its role, addresses, destination port), for
+//!   `replay prep` and the two-interface split.
 //! - [`http::ResponseFramer`]: where each HTTP/1.x response in a stream ends (load, copy).
 //! - [`h2::Endpoint`]: HTTP/2 framing, sans-IO, either end (load --http2/--doh, echo's h2c);
 //!   [`h2::doh`]: DNS over HTTPS's two request forms.
@@ -26,15 +29,18 @@ pub mod h2;
 pub mod http;
 mod link;
 mod parse;
+mod prep;
 pub mod rewrite;
 pub mod tcp;
 mod types;
 
 pub use flow::{
-    flow_class, flow_key, flow_shard, shard_hash, unique_ip, ConnKey, FlowClass, FlowKey,
+    flow_class, flow_key, flow_shard, shard_hash, unique_ip, unique_port, unique_ports, ConnKey,
+    FlowClass, FlowKey, UNIQUE_PORT_STEP,
 };
 pub use fuzz::fuzz_rewrite;
 pub use link::{as_ethernet, to_ethernet, LinkType};
+pub use prep::{prep_supports, PrepAddr, PrepPort, PrepRole, PrepView};
 pub use rewrite::{RewriteConfig, RewriteOutcome, Rewriter, Uncut};
 pub use types::{Cidr, IpMap, MacAddr, PortMap, TtlEdit, VlanEdit};
 

@@ -287,7 +287,7 @@ pub(crate) fn set_addr(buf: &mut [u8], ip: &IpLayout, at: usize, new: &[u8]) {
 }
 
 /// Writes a 2-byte field inside the L4 header (a port), updating the L4 checksum.
-fn set_l4_field(buf: &mut [u8], ip: &IpLayout, at: usize, new: &[u8; 2]) {
+pub(crate) fn set_l4_field(buf: &mut [u8], ip: &IpLayout, at: usize, new: &[u8; 2]) {
     let old = [buf[at], buf[at + 1]];
     if let Some(c) = ip.l4_csum_at(buf) {
         update_l4_csum(buf, ip, c, &old, new);

@@ -13,6 +13,7 @@ mod load;
 mod merge;
 mod mpcat;
 mod replay;
+mod replay_prep;
 mod tls_flags;
 mod tune;
 

@@ -19,8 +19,13 @@ use crate::Failure;
 
 #[derive(Debug, Parser)]
 #[command(group(ArgGroup::new("out").args(["intf1", "write"])))]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 #[command(group(ArgGroup::new("timing").args(["multiplier", "pps", "mbps", "topspeed"])))]
 pub struct Args {
+    /// `tcpkit replay prep`: write a tcpprep cache (tcpprep's flags).
+    #[command(subcommand)]
+    pub cmd: Option<crate::replay_prep::ReplayCmd>,
+
     /// Capture files (pcap or pcapng), sent one after the other.
     #[arg(required_unless_present = "listnics", value_name = "PCAP")]
     pub files: Vec<PathBuf>,
@@ -28,6 +33,28 @@ pub struct Args {
     /// Interface to send out of (AF_PACKET; needs root or CAP_NET_RAW).
     #[arg(short = 'i', long = "intf1", value_name = "IFACE")]
     pub intf1: Option<String>,
+
+    /// Send the server side of the capture out of this second interface, the client side out
+    /// of --intf1, as tcpreplay -I does: the side of each packet comes from --cachefile, or
+    /// without one from tcpprep --auto=client computed from each capture (a host is a server
+    /// when it sends at least twice as many SYN-ACKs, DNS answers and ICMP port-unreachables as
+    /// SYNs and DNS queries; unknown hosts are clients). One sender hands the frames to the two
+    /// interfaces in the capture's order. Example: tcpkit replay -i eth1 -I eth2 -c in.cache
+    /// -t in.pcap
+    #[arg(short = 'I', long = "intf2", value_name = "IFACE", requires = "intf1")]
+    pub intf2: Option<String>,
+
+    /// With --intf2: the tcpprep cache (tcpprep -o, or tcpkit replay prep -o) that says which
+    /// interface each packet leaves by: primary (client to server) --intf1, secondary --intf2,
+    /// and packets marked not to send are skipped, as are packets past the cache's end. The
+    /// cache numbers packets from 1 in each capture, as tcpreplay applies it.
+    #[arg(
+        short = 'c',
+        long = "cachefile",
+        value_name = "FILE",
+        requires = "intf2"
+    )]
+    pub cachefile: Option<PathBuf>,
 
     /// Write what would be sent (after rewriting) to this pcap file, with the timestamps it
     /// would have had, instead of sending. Nothing waits: a dry run takes no wall-clock time.
@@ -78,6 +105,13 @@ pub struct Args {
     /// (checksums kept valid).
     #[arg(long)]
     pub unique_ip: bool,
+
+    /// Make every loop's TCP and UDP flows new flows by their client port, addresses and
+    /// service ports kept: in loop i (from 0) the higher port of each packet (both when equal)
+    /// becomes 1024 + (port - 1024 + i * 3979) mod 64512, the same in both directions, the
+    /// TCP/UDP checksum updated. With --unique-ip too, both change.
+    #[arg(long)]
+    pub unique_ports: bool,
 
     /// Sender threads (top speed only); flows are sharded by their 5-tuple so order within a
     /// connection holds.
@@ -278,6 +312,31 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.duration = a.run.duration;
     cfg.preload = a.preload;
     cfg.unique_ip = a.unique_ip;
+    cfg.unique_ports = a.unique_ports;
+    if let Some(i2) = &a.intf2 {
+        if a.intf1.is_none() {
+            return Err(Failure::Usage(
+                "--intf2 needs -i/--intf1: the client side leaves by --intf1, the server side by --intf2".into(),
+            ));
+        }
+        if a.threads > 1 {
+            return Err(Failure::Usage(
+                "--intf2 sends from one thread, which keeps the capture's order across the two interfaces: leave out --threads".into(),
+            ));
+        }
+        if a.intf1.as_deref() == Some(i2.as_str()) {
+            return Err(Failure::Usage(format!(
+                "--intf2 {i2}: the same interface as --intf1"
+            )));
+        }
+        cfg.intf2 = Some(tcpkit_replay::Intf2 {
+            name: i2.clone(),
+            split: match &a.cachefile {
+                Some(c) => tcpkit_replay::Split::Cache(c.clone()),
+                None => tcpkit_replay::Split::AutoClient,
+            },
+        });
+    }
     cfg.threads = a.threads;
     cfg.shard = shard;
     cfg.batch = a.batch;
@@ -435,6 +494,9 @@ fn stop_decoder(mut child: Child, tap: tcpkit_replay::Tap) -> Result<(), Failure
 }
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
+    if let Some(crate::replay_prep::ReplayCmd::Prep(p)) = &args.cmd {
+        return crate::replay_prep::main(p, &crate::replay_prep::raw_args());
+    }
     if args.listnics {
         return listnics();
     }
@@ -503,6 +565,7 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let outcome = result.map_err(|e| {
         not_ready(match e {
             tcpkit_replay::ReplayError::InputFile(_)
+            | tcpkit_replay::ReplayError::CacheFile(_)
             | tcpkit_replay::ReplayError::InputLink { .. }
             | tcpkit_replay::ReplayError::OutputFile(_) => Failure::Usage(crate::chain(&e)),
             _ => Failure::Runtime(crate::chain(&e)),
@@ -775,6 +838,38 @@ mod tests {
                 .vlan,
             Some(tcpkit_replay::VlanEdit::Remove)
         ));
+    }
+
+    /// Issue 28: tcpreplay's -I/--intf2 and -c/--cachefile, and --unique-ports.
+    #[test]
+    fn intf2_cachefile_and_unique_ports_parse() {
+        let c = parse(&["-i", "a", "-I", "b", "-c", "x.cache", "--unique-ports", "f"]).unwrap();
+        let i2 = c.intf2.unwrap();
+        assert_eq!(i2.name, "b");
+        assert!(
+            matches!(i2.split, tcpkit_replay::Split::Cache(ref p) if p == std::path::Path::new("x.cache"))
+        );
+        assert!(c.unique_ports && !c.unique_ip);
+        let c = parse(&["-i", "a", "--intf2", "b", "--cachefile=y", "f"]).unwrap();
+        assert!(matches!(
+            c.intf2.unwrap().split,
+            tcpkit_replay::Split::Cache(_)
+        ));
+        let c = parse(&["-i", "a", "-I", "b", "f"]).unwrap();
+        assert!(matches!(
+            c.intf2.unwrap().split,
+            tcpkit_replay::Split::AutoClient
+        ));
+        assert!(parse(&["-i", "a", "f"]).unwrap().intf2.is_none());
+        // -c needs -I, -I needs -i; one thread; two different interfaces.
+        assert!(parse(&["-i", "a", "-c", "x", "f"]).is_err());
+        assert!(parse(&["-w", "o", "-I", "b", "f"]).is_err());
+        assert!(parse(&["-i", "a", "-I", "b", "-t", "--threads", "2", "f"])
+            .unwrap_err()
+            .contains("--intf2 sends from one thread"));
+        assert!(parse(&["-i", "a", "-I", "a", "f"])
+            .unwrap_err()
+            .contains("the same interface as --intf1"));
     }
 
     /// Issue 25: --shard K/N; a bad K/N is a usage error naming --shard.

@@ -47,6 +47,7 @@ mod mpcat_secure;
 mod package;
 mod replay_contract;
 mod replay_features;
+mod replay_intf2;
 mod replay_rate;
 mod replay_wire;
 mod rewrite_oracle;
