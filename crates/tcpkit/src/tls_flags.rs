@@ -182,6 +182,11 @@ pub struct EchoTls {
     #[arg(long, value_name = "FILE", requires = "tls_self_signed")]
     pub tls_cert_out: Option<PathBuf>,
 
+    /// Internal: a worker of --procs serves the certificate and key its parent made (one PEM
+    /// file holding both), so every process serves the same self-signed certificate.
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub tls_worker_pem: Option<PathBuf>,
+
     /// Close a TLS connection whose handshake is not done this long after it was accepted.
     #[arg(long, value_name = "DURATION", value_parser = crate::common::duration_arg, default_value = "10s")]
     pub tls_handshake_timeout: std::time::Duration,
@@ -223,8 +228,12 @@ impl EchoTls {
                 }
             }
         }
+        let files = match &self.tls_worker_pem {
+            Some(f) => Some((f.clone(), f.clone())),
+            None => self.tls_cert.clone().zip(self.tls_key.clone()),
+        };
         let opts = ServerOptions {
-            files: self.tls_cert.clone().zip(self.tls_key.clone()),
+            files,
             names,
             alpn: alpn.iter().map(|s| (*s).to_string()).collect(),
             versions: Versions::Both,
