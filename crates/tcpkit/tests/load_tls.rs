@@ -209,6 +209,12 @@ fn all_fail(p: &Pair, t: &str, args: &[&str], reason: &str, says: &str) -> Strin
     last
 }
 
+/// [`all_fail`] of DNS over TLS to echo on port 853, with `args` besides --dns --tls.
+fn dot_fails(p: &Pair, args: &[&str], reason: &str, says: &str) -> String {
+    let a = [&["--dns", "--tls"][..], args].concat();
+    all_fail(p, &target(853), &a, reason, says)
+}
+
 /// A server's certificate from a CA the client was not told to trust: unknown_ca, said with
 /// what to do; echo hears the client's alert and counts it too.
 #[test]
@@ -217,10 +223,9 @@ fn unknown_ca_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let echo = tls_echo(&mut p, 853, &dir.path().join("ca.pem"), &["--dns"]);
     let (other, _) = openssl_cert(dir.path(), "other", "IP:198.18.0.2");
-    let last = all_fail(
+    let last = dot_fails(
         &p,
-        &target(853),
-        &["--dns", "--tls", "--tls-ca", &other],
+        &["--tls-ca", &other],
         "unknown_ca",
         "failed: certificate signed by an unknown CA (trusted: --tls-ca ",
     );
@@ -241,10 +246,9 @@ fn wrong_name_is_named() {
     let ca = dir.path().join("ca.pem");
     let _echo = tls_echo(&mut p, 853, &ca, &["--dns"]);
     let ca = ca.to_str().unwrap();
-    all_fail(
+    dot_fails(
         &p,
-        &target(853),
-        &["--dns", "--tls", "--tls-ca", ca, "--tls-sni", "dot.example"],
+        &["--tls-ca", ca, "--tls-sni", "dot.example"],
         "bad_name",
         "certificate not valid for dot.example (it names 198.18.0.2;",
     );
@@ -269,10 +273,9 @@ fn expired_certificate_is_named() {
         853,
         &["--dns", "--tls", "--tls-cert", cert, "--tls-key", key],
     );
-    all_fail(
+    dot_fails(
         &p,
-        &target(853),
-        &["--dns", "--tls", "--tls-ca", cert],
+        &["--tls-ca", cert],
         "expired",
         "certificate expired: notAfter 2020-01-02 00:00:00 UTC (now 20",
     );
@@ -362,17 +365,9 @@ fn no_common_version_or_alpn_is_named() {
     assert_eq!(r["tls"]["version"], "TLSv1.2");
     let ca = dir.path().join("ca.pem");
     let _echo = tls_echo(&mut p, 853, &ca, &["--dns"]);
-    all_fail(
+    dot_fails(
         &p,
-        &target(853),
-        &[
-            "--dns",
-            "--tls",
-            "--tls-ca",
-            ca.to_str().unwrap(),
-            "--alpn",
-            "h2",
-        ],
+        &["--tls-ca", ca.to_str().unwrap(), "--alpn", "h2"],
         "no_alpn",
         "no common ALPN protocol: this side offered h2",
     );
