@@ -178,7 +178,7 @@ fn describe(e: &HandshakeError, reason: Reason, o: &Offer<'_>) -> String {
             if presented.is_empty() {
                 "nothing".to_string()
             } else {
-                presented.join(", ")
+                presented.iter().map(|n| plain_name(n)).collect::<Vec<_>>().join(", ")
             }
         ),
         (Reason::BadName, _) => format!("certificate not valid for {} (--tls-sni NAME)", o.name),
@@ -208,6 +208,16 @@ fn describe(e: &HandshakeError, reason: Reason, o: &Offer<'_>) -> String {
         (Reason::Reset, _) => format!("connection closed by the peer during the handshake ({e})"),
         _ => e.to_string(),
     }
+}
+
+/// A name as rustls presents it (`IpAddress(198.18.0.2)`, `DnsName("dot.example")`) as the
+/// user wrote it.
+fn plain_name(n: &str) -> &str {
+    let inner = n
+        .split_once('(')
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .unwrap_or(n);
+    inner.trim_matches('"')
 }
 
 /// The peer's own word for a refusal: its alert, or what rustls saw in its hello.
@@ -265,6 +275,13 @@ pub fn utc(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn presented_names_plain() {
+        assert_eq!(plain_name("IpAddress(198.18.0.2)"), "198.18.0.2");
+        assert_eq!(plain_name("DnsName(\"dot.example\")"), "dot.example");
+        assert_eq!(plain_name("dot.example"), "dot.example");
+    }
 
     #[test]
     fn utc_dates() {

@@ -274,19 +274,27 @@ pub struct ServerSetup {
     pub fingerprint: String,
     /// The certificate chain, PEM.
     pub cert_pem: String,
+    /// A self-signed certificate's private key, PEM (PKCS#8), so that other processes of the
+    /// same server can serve the same certificate; None for one read from files.
+    pub key_pem: Option<String>,
 }
 
 /// Builds the server side: files, or a fresh ECDSA P-256 key and a self-signed certificate.
 /// Session tickets are on (stateless, rotated by rustls), so clients can resume.
 pub fn server_config(o: &ServerOptions) -> Result<ServerSetup, SetupError> {
-    let (certs, key) = match &o.files {
-        Some((cert, key)) => (read_certs("--tls-cert", cert)?, read_key("--tls-key", key)?),
+    let (certs, key, key_pem) = match &o.files {
+        Some((cert, key)) => (
+            read_certs("--tls-cert", cert)?,
+            read_key("--tls-key", key)?,
+            None,
+        ),
         None => {
             let ck = rcgen::generate_simple_self_signed(o.names.clone())
                 .map_err(|e| SetupError::Other(format!("--tls-self-signed: {e}")))?;
             let key = PrivateKeyDer::try_from(ck.signing_key.serialize_der())
                 .map_err(|e| SetupError::Other(format!("--tls-self-signed: {e}")))?;
-            (vec![ck.cert.der().clone()], key)
+            let pem = ck.signing_key.serialize_pem();
+            (vec![ck.cert.der().clone()], key, Some(pem))
         }
     };
     let p = provider();
@@ -315,6 +323,7 @@ pub fn server_config(o: &ServerOptions) -> Result<ServerSetup, SetupError> {
         config: Arc::new(cfg),
         fingerprint,
         cert_pem,
+        key_pem,
     })
 }
 

@@ -119,6 +119,8 @@ pub struct Run {
     pub stats: Option<Duration>,
     pub out: OutputFlags,
     pub worker: Option<(u32, u32)>,
+    /// A self-signed certificate and its key (PEM), for --procs workers to serve the same.
+    pub tls_pem: Option<String>,
 }
 
 fn usage(msg: String) -> Failure {
@@ -212,7 +214,11 @@ pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
         // HTTP mode tells HTTP/2 from HTTP/1.1 by the client's preface, so both are offered.
         Mode::Http { .. } => &["h2", "http/1.1"],
     };
+    let mut tls_pem = None;
     if let Some(t) = a.tls.resolve(&cfg.listen, alpn)? {
+        if let Some(key) = &t.key_pem {
+            tls_pem = Some(format!("{}{key}", t.cert_pem));
+        }
         // Said once: by the process that made it (a worker makes its own; see below).
         if a.worker.is_none() {
             if a.tls.tls_self_signed {
@@ -242,6 +248,7 @@ pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
         stats,
         out: a.out.clone(),
         worker,
+        tls_pem,
     };
     Ok((cfg, run))
 }
@@ -251,9 +258,33 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let report = if run.procs > 1 {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::Runtime(format!("find own executable for --procs: {e}")))?;
-        let argv: Vec<_> = std::env::args_os().skip(1).collect();
-        echo::procs::run_workers(&cfg, &exe, &argv, run.procs, interrupt)
-            .map_err(|e| Failure::Runtime(crate::chain(&e)))?
+        let mut argv: Vec<_> = std::env::args_os().skip(1).collect();
+        // The workers serve the certificate made here, from a file only root can read,
+        // removed when the run ends.
+        let pem_dir = match &run.tls_pem {
+            Some(pem) => {
+                let dir = private_dir().map_err(|e| {
+                    Failure::Runtime(format!("--tls-self-signed with --procs: {e}"))
+                })?;
+                let file = dir.join("tls.pem");
+                std::fs::write(&file, pem).map_err(|e| {
+                    Failure::Runtime(format!(
+                        "--tls-self-signed with --procs: {}: {e}",
+                        file.display()
+                    ))
+                })?;
+                argv.push("--tls-worker-pem".into());
+                argv.push(file.into());
+                Some(dir)
+            }
+            None => None,
+        };
+        let r = echo::procs::run_workers(&cfg, &exe, &argv, run.procs, interrupt)
+            .map_err(|e| Failure::Runtime(crate::chain(&e)));
+        if let Some(d) = pem_dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        r?
     } else {
         serve(&cfg, &run, interrupt)?
     };
@@ -263,6 +294,14 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
         return Ok(());
     }
     common::finish(&report, &run.out)
+}
+
+/// A new directory only its owner can enter, under the temporary directory.
+fn private_dir() -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!("tcpkit-echo-{}", std::process::id()));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
 }
 
 fn serve(cfg: &EchoConfig, run: &Run, interrupt: &AtomicBool) -> Result<EchoReport, Failure> {

@@ -182,6 +182,11 @@ pub struct EchoTls {
     #[arg(long, value_name = "FILE", requires = "tls_self_signed")]
     pub tls_cert_out: Option<PathBuf>,
 
+    /// Internal: a worker of --procs serves the certificate and key its parent made (one PEM
+    /// file holding both), so every process serves the same self-signed certificate.
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub tls_worker_pem: Option<PathBuf>,
+
     /// Close a TLS connection whose handshake is not done this long after it was accepted.
     #[arg(long, value_name = "DURATION", value_parser = crate::common::duration_arg, default_value = "10s")]
     pub tls_handshake_timeout: std::time::Duration,
@@ -223,8 +228,12 @@ impl EchoTls {
                 }
             }
         }
+        let files = match &self.tls_worker_pem {
+            Some(f) => Some((f.clone(), f.clone())),
+            None => self.tls_cert.clone().zip(self.tls_key.clone()),
+        };
         let opts = ServerOptions {
-            files: self.tls_cert.clone().zip(self.tls_key.clone()),
+            files,
             names,
             alpn: alpn.iter().map(|s| (*s).to_string()).collect(),
             versions: Versions::Both,
@@ -238,6 +247,152 @@ impl EchoTls {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn load(args: &[&str]) -> Result<tcpkit_load::loadgen::Config, String> {
+        crate::common::resolved(&[&["load"], args].concat(), crate::load::resolve)
+    }
+
+    fn echo(args: &[&str]) -> Result<(tcpkit_load::echo::EchoConfig, crate::echo::Run), String> {
+        crate::common::resolved(&[&["echo"], args].concat(), crate::echo::resolve)
+    }
+
+    #[test]
+    fn load_tls_flags_parse() {
+        let c = load(&[
+            "127.0.0.1:853",
+            "--dns",
+            "--tls",
+            "-k",
+            "-r",
+            "1",
+            "--tls-sni",
+            "dot.example",
+            "--tls-version",
+            "1.3",
+            "--alpn",
+            "dot, x",
+            "--tls-resume",
+            "tickets",
+        ])
+        .unwrap();
+        let t = c.tls.unwrap();
+        assert_eq!(t.sni, "dot.example");
+        assert!(t.insecure);
+        assert_eq!(t.alpn(), ["dot", "x"]);
+        assert_eq!(t.versions(), "TLSv1.3 only");
+        assert_eq!(t.resume, Resume::Tickets);
+        // The defaults: the target's address as the name, both versions, no resumption,
+        // http/1.1 offered for HTTP and nothing for DNS.
+        let t = load(&[
+            "127.0.0.1:443",
+            "--tls",
+            "--insecure",
+            "--http-get",
+            "/",
+            "-r",
+            "1",
+        ])
+        .unwrap()
+        .tls
+        .unwrap();
+        assert_eq!(t.sni, "127.0.0.1");
+        assert_eq!(t.alpn(), ["http/1.1"]);
+        assert_eq!(t.versions(), "TLSv1.2 and TLSv1.3");
+        assert_eq!(t.resume, Resume::Off);
+        let t = load(&["[::1]:853", "--tls", "--insecure", "-r", "1"])
+            .unwrap()
+            .tls
+            .unwrap();
+        assert_eq!(t.sni, "::1");
+        assert!(t.alpn().is_empty());
+        assert!(load(&["127.0.0.1:53", "-r", "1"]).unwrap().tls.is_none());
+        // An https URL is HTTP GET over TLS, on 443 unless it says.
+        let c = load(&["https://127.0.0.1/x", "--insecure", "-r", "1"]).unwrap();
+        assert_eq!(c.addr.port(), 443);
+        assert!(c.tls.is_some());
+        let tcpkit_load::loadgen::Payload::HttpGet { path, host, .. } = &c.payload else {
+            panic!("{:?}", c.payload)
+        };
+        assert_eq!((path.as_str(), host.as_str()), ("/x", "127.0.0.1"));
+        let c = load(&["https://127.0.0.1:8443/", "--insecure", "-r", "1"]).unwrap();
+        assert_eq!(c.addr.port(), 8443);
+    }
+
+    #[test]
+    fn load_tls_flags_refused_with_the_flag() {
+        for (args, says) in [
+            (&["--udp", "--tls"][..], "--tls"),
+            (&["--tls-sni", "x"][..], "--tls-sni: only with --tls"),
+            (&["--insecure"][..], "--insecure: only with --tls"),
+            (
+                &["--tls", "-k", "--tls-version", "1.1"][..],
+                "--tls-version \"1.1\"",
+            ),
+            (
+                &["--tls", "-k", "--tls-resume", "maybe"][..],
+                "--tls-resume \"maybe\"",
+            ),
+            (&["--tls", "-k", "--alpn", "h2,"][..], "--alpn \"h2,\""),
+            (
+                &["--tls", "--tls-ca", "/nonexistent.pem"][..],
+                "--tls-ca /nonexistent.pem:",
+            ),
+            (&["--tls", "-k", "--tls-cert", "c.pem"][..], "--tls-key"),
+            (
+                &["--tls", "-k", "--tls-sni", "not a name"][..],
+                "--tls-sni not a name",
+            ),
+        ] {
+            let a = [&["127.0.0.1:853", "-r", "1"][..], args].concat();
+            let e = load(&a).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn echo_tls_flags_parse() {
+        let (c, r) = echo(&[
+            "--tls",
+            "--tls-self-signed",
+            "--tls-name",
+            "a.example",
+            "--tls-handshake-timeout",
+            "3s",
+        ])
+        .unwrap();
+        assert!(c.tls.is_some());
+        assert_eq!(c.tls_handshake_timeout, std::time::Duration::from_secs(3));
+        // What --procs workers are handed: the certificate and its key.
+        let pem = r.tls_pem.unwrap();
+        assert!(
+            pem.contains("BEGIN CERTIFICATE") && pem.contains("PRIVATE KEY"),
+            "{pem}"
+        );
+        let (c, r) = echo(&[]).unwrap();
+        assert!(c.tls.is_none() && r.tls_pem.is_none());
+        for (args, says) in [
+            (&["--tls"][..], "--tls-self-signed"),
+            (
+                &["--tls-self-signed"][..],
+                "--tls-self-signed: only with --tls",
+            ),
+            (&["--tls", "--tls-cert", "c.pem"][..], "--tls-key"),
+            (
+                &[
+                    "--tls",
+                    "--tls-cert",
+                    "/nonexistent.pem",
+                    "--tls-key",
+                    "/nonexistent.key",
+                ][..],
+                "--tls-cert /nonexistent.pem:",
+            ),
+            (&["--tls", "--tls-name", "x"][..], "--tls-self-signed"),
+        ] {
+            let e = echo(args).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+    }
 
     #[test]
     fn host_of_targets() {

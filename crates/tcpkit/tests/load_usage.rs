@@ -136,9 +136,9 @@ fn wrk2_command_lines_get_the_line_to_write_instead() {
             "{args:?}: {e}"
         );
     }
-    // A URL is a target; https is not spoken; -H needs HTTP.
-    let e = refused(&["https://127.0.0.1:9/", "-r", "10"]);
-    assert!(e.contains("load speaks plain http:// (no TLS)"), "{e}");
+    // A URL is a target; http and https are spoken, other schemes not; -H needs HTTP.
+    let e = refused(&["ftp://127.0.0.1:9/", "-r", "10"]);
+    assert!(e.contains("load speaks http:// and https://"), "{e}");
     let e = refused(&["127.0.0.1:9", "-r", "10", "-H", "X-A: b"]);
     assert!(
         e.starts_with("tcpkit load: -H/--header: only with HTTP"),

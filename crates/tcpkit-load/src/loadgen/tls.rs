@@ -20,6 +20,8 @@ pub struct TlsClient {
     trust: String,
     /// `--insecure`: said on stderr at the start of every run.
     pub insecure: bool,
+    /// `--tls-resume`.
+    pub resume: tcpkit_tls::Resume,
 }
 
 impl TlsClient {
@@ -34,7 +36,18 @@ impl TlsClient {
             alpn: opts.alpn.clone(),
             trust: opts.trust(),
             insecure: opts.insecure,
+            resume: opts.resume,
         })
+    }
+
+    /// The ALPN protocols offered.
+    pub fn alpn(&self) -> &[String] {
+        &self.alpn
+    }
+
+    /// The versions offered, as said in a failure line (`TLSv1.3 only`).
+    pub fn versions(&self) -> &'static str {
+        self.versions
     }
 
     /// A new connection's session (its ClientHello is ready to go).
