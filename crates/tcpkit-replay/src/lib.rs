@@ -13,7 +13,7 @@ mod report;
 pub use config::{Config, Output};
 pub use engine::{run, run_with_tap, Outcome, ReplayError, Tap};
 pub use report::{
-    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, ReplayShard, TimingError,
+    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, ReplayShard, SendPath, TimingError,
     REPLAY_SCHEMA_VERSION,
 };
 pub use tcpkit_pace::Rate;

@@ -348,62 +348,7 @@ impl Sink for AfPacketSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testnet::TestNet;
-    use std::os::fd::FromRawFd;
-
-    /// IEEE 802 local experimental ethertype: nothing else on the link uses it.
-    const ETHERTYPE: u16 = 0x88b5;
-
-    fn frame(dst: [u8; 6], src: [u8; 6], seq: u32, len: usize) -> Vec<u8> {
-        let mut f = vec![0xa5u8; len];
-        f[..6].copy_from_slice(&dst);
-        f[6..12].copy_from_slice(&src);
-        f[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
-        f[14..18].copy_from_slice(&seq.to_be_bytes());
-        f
-    }
-
-    /// An AF_PACKET socket receiving only our ethertype on `ifname`.
-    fn receiver(ifname: &str) -> OwnedFd {
-        let info = if_info(ifname).expect("receiver interface");
-        let proto = ETHERTYPE.to_be();
-        // SAFETY: socket/setsockopt/bind with values we own.
-        unsafe {
-            let raw = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, libc::c_int::from(proto));
-            assert!(raw >= 0, "receiver socket: {}", io::Error::last_os_error());
-            let fd = OwnedFd::from_raw_fd(raw);
-            let size: libc::c_int = 8 << 20;
-            setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &size).expect("rcvbuf");
-            let tv = libc::timeval {
-                tv_sec: 2,
-                tv_usec: 0,
-            };
-            libc::setsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            );
-            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-            sll.sll_family = libc::AF_PACKET as libc::c_ushort;
-            sll.sll_protocol = proto;
-            sll.sll_ifindex = info.ifindex as libc::c_int;
-            let rc = libc::bind(
-                raw,
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            );
-            assert_eq!(rc, 0, "receiver bind: {}", io::Error::last_os_error());
-            fd
-        }
-    }
-
-    fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
-        // SAFETY: receives into a buffer we own.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        usize::try_from(n).ok()
-    }
+    use crate::testnet::{frame, receiver, recv, thread_cpu_ns, TestNet};
 
     fn send_and_check(opts: AfPacketOpts) {
         let net = TestNet::new();
@@ -611,15 +556,6 @@ mod tests {
                 Some(libc::EPERM)
             ))
         );
-    }
-
-    /// CPU time of the calling thread (user + system), in ns.
-    fn thread_cpu_ns() -> u64 {
-        // SAFETY: timespec is plain integers, for which all zero bytes is a valid value.
-        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-        // SAFETY: clock_gettime writes one timespec, which we own and lend for the call only.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     }
 
     /// Top speed with 64-byte frames on a veth pair (nobody listening on the peer). Run with

@@ -31,7 +31,7 @@ pub use flow::{
     flow_class, flow_key, flow_shard, shard_hash, unique_ip, ConnKey, FlowClass, FlowKey,
 };
 pub use fuzz::fuzz_rewrite;
-pub use link::{as_ethernet, to_ethernet, LinkType};
+pub use link::{as_ethernet, is_8021q_tagged, to_ethernet, LinkType};
 pub use rewrite::{RewriteConfig, RewriteOutcome, Rewriter, Uncut};
 pub use types::{Cidr, IpMap, MacAddr, PortMap, TtlEdit, VlanEdit};
 
