@@ -106,8 +106,10 @@ fn ioctl_socket(ifname: &str) -> Result<OwnedFd, SendError> {
 pub(crate) struct IfLink {
     /// IFF_UP: set administratively up.
     pub up: bool,
-    /// IFF_RUNNING: operationally up (carrier; for a veth, its peer is up too).
-    pub running: bool,
+    /// The carrier is on (for a veth: its peer is up too). Asked of the driver
+    /// (ETHTOOL_GLINK) where it answers: IFF_RUNNING follows the carrier only once the kernel's
+    /// link watch has run, up to a second later.
+    pub carrier: bool,
     /// Transmit queues in use (ethtool's channel counts: tx + combined); None when the driver
     /// does not say (no ETHTOOL_GCHANNELS).
     pub tx_queues: Option<u32>,
@@ -130,8 +132,17 @@ struct EthtoolChannels {
 
 /// `ETHTOOL_GCHANNELS` of <linux/ethtool.h>.
 const ETHTOOL_GCHANNELS: u32 = 0x3c;
+/// `ETHTOOL_GLINK` of <linux/ethtool.h>: the carrier, in a `struct ethtool_value`.
+const ETHTOOL_GLINK: u32 = 0x0a;
 
-/// Up/running flags and transmit queue count of `ifname` in the calling thread's namespace.
+/// `struct ethtool_value` of <linux/ethtool.h>.
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+/// Up flag, carrier and transmit queue count of `ifname` in the calling thread's namespace.
 pub(crate) fn if_link(ifname: &str) -> Result<IfLink, SendError> {
     let fd = ioctl_socket(ifname)?;
     let mut req = ifreq_for(ifname)?;
@@ -161,9 +172,24 @@ pub(crate) fn if_link(ifname: &str) -> Result<IfLink, SendError> {
     .ok()
     .map(|()| ch.tx_count + ch.combined_count)
     .filter(|&n| n > 0);
+    let mut link = EthtoolValue {
+        cmd: ETHTOOL_GLINK,
+        data: 0,
+    };
+    req.ifr_ifru.ifru_data = (&mut link as *mut EthtoolValue).cast();
+    let carrier = match ioctl(
+        &fd,
+        ifname,
+        "ioctl(SIOCETHTOOL)",
+        libc::SIOCETHTOOL,
+        &mut req,
+    ) {
+        Ok(()) => link.data != 0,
+        Err(_) => flags & libc::IFF_RUNNING != 0,
+    };
     Ok(IfLink {
         up: flags & libc::IFF_UP != 0,
-        running: flags & libc::IFF_RUNNING != 0,
+        carrier,
         tx_queues,
     })
 }

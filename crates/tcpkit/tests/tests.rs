@@ -47,6 +47,7 @@ mod replay_contract;
 mod replay_features;
 mod replay_rate;
 mod replay_wire;
+mod replay_xdp;
 mod rewrite_oracle;
 mod shard;
 mod tune;

@@ -114,6 +114,9 @@ pub struct XdpSink {
     /// Frames the kernel said it dropped (EBUSY) whose chunks have not come back yet: the next
     /// chunks back are counted as those drops, not as sent.
     drops_pending: u64,
+    /// A fatal error happened: the frames in flight were counted as failed and nothing more
+    /// is sent.
+    dead: bool,
     batch: u32,
     counters: SendCounters,
 }
@@ -195,7 +198,7 @@ impl XdpSink {
                 io::Error::from_raw_os_error(libc::ENETDOWN),
             ));
         }
-        if !link.running {
+        if !link.carrier {
             return Err(unavailable(
                 ifname,
                 format!("{ifname} is up but has no carrier (its link, or a veth's peer, is down): the kernel would drop every frame"),
@@ -369,6 +372,7 @@ impl XdpSink {
             free,
             lens: vec![0; RING as usize],
             drops_pending: 0,
+            dead: false,
             batch,
             counters: SendCounters::default(),
         })
@@ -443,12 +447,20 @@ impl XdpSink {
                 // comes back through the completion ring all the same.
                 self.counters.failed += 1;
                 self.drops_pending += 1;
-                let link = if_link(&self.info.name)?;
-                if !link.up || !link.running {
+                let name = &self.info.name;
+                let link = if_link(name)?;
+                if !link.up {
                     return Err(SendError::sys(
-                        &self.info.name,
+                        name,
                         "sendto(AF_XDP)",
                         io::Error::from_raw_os_error(libc::ENETDOWN),
+                    ));
+                }
+                if !link.carrier {
+                    return Err(unavailable(
+                        name,
+                        format!("{name} lost its carrier (its link, or a veth's peer, went down): the kernel drops every frame"),
+                        Some(e),
                     ));
                 }
                 Ok(false)
@@ -459,8 +471,32 @@ impl XdpSink {
 
     /// Hands the published descriptors to the kernel. Copy mode: kicks until the kernel has
     /// taken all of them (it sends only inside `sendto`). Zero-copy: one kick if the driver
-    /// asked for it; it sends on its own.
+    /// asked for it; it sends on its own. On an error the frames in flight count as failed:
+    /// the sink cannot go on.
     fn push_out(&mut self) -> Result<(), SendError> {
+        if self.dead {
+            return Ok(());
+        }
+        let r = self.push_out_once();
+        if r.is_err() {
+            self.fail_in_flight();
+        }
+        r
+    }
+
+    /// The frames in flight (their chunks not back) counted as failed, apart from the drops
+    /// already counted; the sink sends nothing more. Returns how many.
+    fn fail_in_flight(&mut self) -> u64 {
+        let n = self.lens.iter().filter(|&&l| l > 0).count() as u64;
+        let n = n.saturating_sub(self.drops_pending);
+        self.counters.failed += n;
+        self.lens.fill(0);
+        self.drops_pending = 0;
+        self.dead = true;
+        n
+    }
+
+    fn push_out_once(&mut self) -> Result<(), SendError> {
         self.parts().tx.publish();
         if self.mode == XdpMode::ZeroCopy {
             if self.parts().tx.needs_wakeup() {
@@ -539,9 +575,7 @@ impl XdpSink {
 
     /// The frames still in flight are counted as failed; the error says the device stopped.
     fn stuck(&mut self) -> SendError {
-        let lost = u64::from(RING) - self.free.len() as u64;
-        let lost = lost.saturating_sub(self.drops_pending);
-        self.counters.failed += lost;
+        let lost = self.fail_in_flight();
         self.counters.failed_stuck += lost;
         SendError::sys(
             &self.info.name,
@@ -571,6 +605,10 @@ impl XdpSink {
 
 impl Sink for XdpSink {
     fn send_batch(&mut self, frames: &[Frame<'_>]) -> Result<(), SendError> {
+        if self.dead {
+            self.counters.failed += frames.len() as u64;
+            return Ok(());
+        }
         let mut since_kick = 0u32;
         for (k, f) in frames.iter().enumerate() {
             let len = f.data.len();
@@ -632,21 +670,26 @@ impl Sink for XdpSink {
     /// Waits until every chunk is back, so the counters are final.
     fn flush(&mut self) -> Result<(), SendError> {
         self.push_out()?;
-        let mut last = (self.free.len(), Instant::now());
+        if self.dead {
+            return Ok(());
+        }
+        let mut progress = Instant::now();
         while self.free.len() < RING as usize {
             if self.mode == XdpMode::ZeroCopy && self.parts().tx.needs_wakeup() {
-                self.kick()?;
+                if let Err(e) = self.kick() {
+                    self.fail_in_flight();
+                    return Err(e);
+                }
             }
             if self.reap() > 0 {
-                last = (self.free.len(), Instant::now());
+                progress = Instant::now();
                 continue;
             }
-            if last.1.elapsed() > COMPLETION_TIMEOUT {
+            if progress.elapsed() > COMPLETION_TIMEOUT {
                 return Err(self.stuck());
             }
             std::thread::sleep(Duration::from_micros(20));
         }
-        let _ = last.0;
         Ok(())
     }
 }

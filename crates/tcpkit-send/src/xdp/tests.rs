@@ -201,6 +201,35 @@ fn a_queue_taken_a_down_interface_and_a_down_peer_are_one_line_each() {
     });
 }
 
+/// The peer goes down mid-run: the kernel drops the frame (EBUSY), the sink says the carrier
+/// is gone and counts every frame not sent as failed; it sends nothing after.
+#[test]
+fn a_peer_going_down_mid_run_stops_the_sink_and_counts_the_rest() {
+    let net = TestNet::new();
+    let (a, b) = (net.a.clone(), net.b.clone());
+    let ns = net.ns.clone();
+    net.run_in(move || {
+        let mut sink = XdpSink::open(&a, XdpOpts { queue: 0, batch: 4 }).expect("open");
+        let src = sink.info().mac.expect("mac");
+        let frames: Vec<Vec<u8>> = (0..20).map(|i| frame([0xff; 6], src, i, 100)).collect();
+        let refs: Vec<Frame<'_>> = frames.iter().map(|d| Frame { data: d, ts_ns: 0 }).collect();
+        sink.send_batch(&refs[..10]).expect("send while up");
+        let ok = std::process::Command::new("ip")
+            .args(["-n", &ns, "link", "set", &b, "down"])
+            .status()
+            .expect("ip");
+        assert!(ok.success());
+        let e = sink.send_batch(&refs[10..]).map_err(|e| e.to_string());
+        assert_eq!(
+            e,
+            Err(format!("{a}: AF_XDP: {a} lost its carrier (its link, or a veth's peer, went down): the kernel drops every frame"))
+        );
+        sink.flush().expect("a dead sink flushes nothing");
+        let c = sink.counters();
+        assert_eq!((c.successful, c.failed), (10, 10), "{c:?}");
+    });
+}
+
 /// Top speed with 64-byte frames on a veth pair (nobody listening on the peer), beside the
 /// AF_PACKET figures of `topspeed_veth_64_byte_frames`. Run with
 /// `cargo test -p tcpkit-send --release -- --ignored --nocapture xdp_topspeed`.
