@@ -678,6 +678,12 @@ fn xdp_paced_row(
             Ok((r, arrivals(&c.path, c.captured, c.dropped_by_kernel)?))
         };
     let (x, xa) = captured(tkr, &["--xdp"])?;
+    // A part run alone has no AF_PACKET paced row above: one here, in the same turn.
+    let af_packet = if env.only_xdp {
+        Some(captured(tkr, &[])?)
+    } else {
+        None
+    };
     let (y, ya) = captured(trr, &[])?;
     let cell = |r: &Run, a: &Arrivals| {
         format!(
@@ -703,6 +709,20 @@ fn xdp_paced_row(
         },
         [String::new(), String::new()],
     );
+    if let Some((p, pa)) = af_packet {
+        row(
+            t,
+            "--pps 100000 through AF_PACKET (the same turn) vs tcpreplay",
+            cell(&p, &pa),
+            cell(&y, &ya),
+            if pa.dropped == 0 && ya.dropped == 0 {
+                format!("p99 {}", ratio(pa.p99_us, ya.p99_us))
+            } else {
+                "-".into()
+            },
+            [String::new(), String::new()],
+        );
+    }
     Ok(())
 }
 

@@ -348,7 +348,9 @@ impl Sink for AfPacketSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testnet::{frame, receiver, recv, thread_cpu_ns, TestNet};
+    use crate::testnet::{
+        frame, lengths_at_the_edges, receive_the_edges, receiver, recv, topspeed, TestNet,
+    };
 
     fn send_and_check(opts: AfPacketOpts) {
         let net = TestNet::new();
@@ -472,17 +474,7 @@ mod tests {
             };
             let mut sink = AfPacketSink::open(&a, opts).expect("open");
             let src = sink.info().mac.expect("mac");
-            let dst = [0xff; 6];
-            let mtu = sink.info().mtu as usize;
-            let frames = [
-                frame(dst, src, 0, 64),
-                frame(dst, src, 1, mtu + 15), // one byte over MTU + Ethernet header
-                frame(dst, src, 2, mtu + 14),
-                frame(dst, src, 3, 9000),
-                frame(dst, src, 4, 64),
-                frame(dst, src, 5, 64)[..13].to_vec(), // shorter than an Ethernet header
-                frame(dst, src, 6, 64),
-            ];
+            let frames = lengths_at_the_edges(src, sink.info().mtu as usize);
             let refs: Vec<Frame<'_>> = frames.iter().map(|d| Frame { data: d, ts_ns: 0 }).collect();
             sink.send_batch(&refs).expect("send");
             let c = sink.counters();
@@ -493,11 +485,7 @@ mod tests {
                 (2, 1, 0),
                 "{mode:?}"
             );
-            let mut buf = vec![0u8; 10000];
-            for i in [0, 2, 4, 6] {
-                let n = recv(&rx, &mut buf).expect("frame");
-                assert_eq!(&buf[..n], &frames[i][..], "frame {i}");
-            }
+            receive_the_edges(&rx, &frames);
         });
     }
 
@@ -582,28 +570,11 @@ mod tests {
                     };
                     let mut sink = AfPacketSink::open(&a, opts).expect("open");
                     let src = sink.info().mac.expect("mac");
-                    let frames: Vec<Vec<u8>> =
-                        (0..1024u32).map(|i| frame(dst, src, i, 64)).collect();
-                    let refs: Vec<Frame<'_>> = frames
-                        .iter()
-                        .map(|d| Frame { data: d, ts_ns: 0 })
-                        .collect();
-                    let start = std::time::Instant::now();
-                    let cpu0 = thread_cpu_ns();
-                    while start.elapsed() < Duration::from_secs(1) {
-                        sink.send_batch(&refs).expect("send");
-                    }
-                    let secs = start.elapsed().as_secs_f64();
-                    let cpu = thread_cpu_ns() - cpu0;
+                    let (pps, cpu) = topspeed(&mut sink, dst, src);
                     let c = sink.counters();
-                    // CPU per frame is the figure to compare on a busy machine: wall-clock
-                    // pps also measures what else ran on the core.
                     println!(
-                        "{mode:?} qdisc_bypass {bypass:5} batch {batch:3}: {:>9.0} pps, {:>5.0} ns CPU/frame (failed {}, enobufs retries {})",
-                        c.successful as f64 / secs,
-                        cpu as f64 / c.successful.max(1) as f64,
-                        c.failed,
-                        c.retried_enobufs
+                        "{mode:?} qdisc_bypass {bypass:5} batch {batch:3}: {pps:>9.0} pps, {cpu:>5.0} ns CPU/frame (failed {}, enobufs retries {})",
+                        c.failed, c.retried_enobufs
                     );
                 }
             }

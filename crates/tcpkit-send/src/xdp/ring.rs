@@ -11,7 +11,7 @@
 //! loads and `Release` stores below, the same pairing libxdp makes with C11 atomics.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
@@ -30,19 +30,8 @@ impl Mapping {
     /// Maps `len` bytes of the socket's object at `offset` (a ring's page offset, such as
     /// `XDP_PGOFF_TX_RING`), shared with the kernel.
     pub(crate) fn ring(fd: BorrowedFd<'_>, len: usize, offset: u64) -> io::Result<Mapping> {
-        // SAFETY: maps a ring the kernel allocated for this socket at an address of its choice;
-        // nothing of ours is overwritten.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        Self::from_raw(p, len)
+        let ptr = tcpkit_kernel::afpacket::map_ring_at(fd, len, offset)?;
+        Ok(Mapping { ptr, len })
     }
 
     /// `len` bytes of zeroed, page-aligned private memory, faulted in now: the UMEM. The kernel

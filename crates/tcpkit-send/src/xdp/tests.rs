@@ -3,7 +3,9 @@
 //! one line.
 
 use super::*;
-use crate::testnet::{frame, receiver, recv, thread_cpu_ns, TestNet};
+use crate::testnet::{
+    frame, ip_in, lengths_at_the_edges, receive_the_edges, receiver, recv, topspeed, TestNet,
+};
 
 /// Sends `frames` in parts of `part`, receiving as it goes so the receiver never overflows.
 fn send_and_receive(sink: &mut XdpSink, rx: &OwnedFd, frames: &[Vec<u8>], part: usize) {
@@ -71,15 +73,7 @@ fn refused_lengths_are_counted_and_the_rest_go_on() {
         tagged[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
         // An 802.1Q tag with our ethertype inside, so the receiver still takes it.
         tagged[16..18].copy_from_slice(&crate::testnet::ETHERTYPE.to_be_bytes());
-        let frames = [
-            frame(dst, src, 0, 64),
-            frame(dst, src, 1, mtu + 15), // one byte over MTU + Ethernet header
-            frame(dst, src, 2, mtu + 14),
-            frame(dst, src, 3, 9000),
-            frame(dst, src, 4, 64),
-            frame(dst, src, 5, 64)[..13].to_vec(), // shorter than an Ethernet header
-            frame(dst, src, 6, 64),
-        ];
+        let frames = lengths_at_the_edges(src, mtu);
         let refs: Vec<Frame<'_>> = frames.iter().map(|d| Frame { data: d, ts_ns: 0 }).collect();
         sink.send_batch(&refs).expect("send");
         sink.send_batch(&[Frame {
@@ -91,11 +85,8 @@ fn refused_lengths_are_counted_and_the_rest_go_on() {
         let c = sink.counters();
         assert_eq!((c.successful, c.failed), (5, 3));
         assert_eq!((c.failed_too_big, c.failed_malformed), (2, 1));
+        receive_the_edges(&rx, &frames);
         let mut buf = vec![0u8; 10000];
-        for i in [0, 2, 4, 6] {
-            let n = recv(&rx, &mut buf).expect("frame");
-            assert_eq!(&buf[..n], &frames[i][..], "frame {i}");
-        }
         // The receiving veth takes the tagged frame off (no VLAN device on it): only its
         // arrival and its payload's start are ours to check.
         let n = recv(&rx, &mut buf).expect("tagged frame");
@@ -177,27 +168,13 @@ fn a_queue_taken_a_down_interface_and_a_down_peer_are_one_line_each() {
             ))
         );
         first.close();
-        let ip = |args: &[&str]| {
-            let ok = std::process::Command::new("ip")
-                .args(["-n", &ns])
-                .args(args)
-                .status()
-                .expect("ip")
-                .success();
-            assert!(ok, "ip {args:?}");
-        };
-        ip(&["link", "set", &b, "down"]);
+        ip_in(&ns, &["link", "set", &b, "down"]);
         let e = XdpSink::open(&a, XdpOpts::default()).map(|_| ());
         let msg = e.map_err(|e| e.to_string()).unwrap_err();
         assert_eq!(msg, format!("{a}: AF_XDP: {a} is up but has no carrier (its link, or a veth's peer, is down): the kernel would drop every frame"));
-        ip(&["link", "set", &a, "down"]);
+        ip_in(&ns, &["link", "set", &a, "down"]);
         let e = XdpSink::open(&a, XdpOpts::default()).map(|_| ());
         assert_eq!(e.map_err(|e| e.raw_os_error()), Err(Some(libc::ENETDOWN)));
-        let e = XdpSink::open("tknosuch0", XdpOpts::default()).map(|_| ());
-        assert_eq!(
-            e.map_err(|e| e.to_string()),
-            Err("tknosuch0: no such network interface".into())
-        );
     });
 }
 
@@ -214,11 +191,7 @@ fn a_peer_going_down_mid_run_stops_the_sink_and_counts_the_rest() {
         let frames: Vec<Vec<u8>> = (0..20).map(|i| frame([0xff; 6], src, i, 100)).collect();
         let refs: Vec<Frame<'_>> = frames.iter().map(|d| Frame { data: d, ts_ns: 0 }).collect();
         sink.send_batch(&refs[..10]).expect("send while up");
-        let ok = std::process::Command::new("ip")
-            .args(["-n", &ns, "link", "set", &b, "down"])
-            .status()
-            .expect("ip");
-        assert!(ok.success());
+        ip_in(&ns, &["link", "set", &b, "down"]);
         let e = sink.send_batch(&refs[10..]).map_err(|e| e.to_string());
         assert_eq!(
             e,
@@ -243,22 +216,11 @@ fn xdp_topspeed_veth_64_byte_frames() {
         for batch in [16usize, 32, 64, 256] {
             let mut sink = XdpSink::open(&a, XdpOpts { queue: 0, batch }).expect("open");
             let src = sink.info().mac.expect("mac");
-            let frames: Vec<Vec<u8>> = (0..1024u32).map(|i| frame(dst, src, i, 64)).collect();
-            let refs: Vec<Frame<'_>> = frames.iter().map(|d| Frame { data: d, ts_ns: 0 }).collect();
-            let start = Instant::now();
-            let cpu0 = thread_cpu_ns();
-            while start.elapsed() < Duration::from_secs(1) {
-                sink.send_batch(&refs).expect("send");
-            }
-            sink.flush().expect("flush");
-            let secs = start.elapsed().as_secs_f64();
-            let cpu = thread_cpu_ns() - cpu0;
+            let (pps, cpu) = topspeed(&mut sink, dst, src);
             let c = sink.counters();
             println!(
-                "AF_XDP {} batch {batch:3}: {:>9.0} pps, {:>5.0} ns CPU/frame (failed {}, eagain retries {})",
+                "AF_XDP {} batch {batch:3}: {pps:>9.0} pps, {cpu:>5.0} ns CPU/frame (failed {}, eagain retries {})",
                 sink.mode().as_str(),
-                c.successful as f64 / secs,
-                cpu as f64 / c.successful.max(1) as f64,
                 c.failed,
                 c.retried_eagain
             );
