@@ -87,16 +87,7 @@ fn new_socket(ifname: &str, opts: &AfPacketOpts) -> Result<OwnedFd, SendError> {
     let fd = afpacket::socket().map_err(|e| SendError::sys(ifname, e.call, e.source))?;
 
     if let Some(size) = opts.sndbuf {
-        let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
-        // FORCE lifts the wmem_max cap but needs CAP_NET_ADMIN; without it take what the
-        // cap allows rather than fail.
-        if let Err(e) = setsockopt(fd.as_fd(), libc::SOL_SOCKET, SO_SNDBUFFORCE, &size) {
-            if e.raw_os_error() != Some(libc::EPERM) {
-                return Err(SendError::sys(ifname, "setsockopt(SO_SNDBUFFORCE)", e));
-            }
-            setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &size)
-                .map_err(|e| SendError::sys(ifname, "setsockopt(SO_SNDBUF)", e))?;
-        }
+        set_sndbuf(&fd, ifname, size)?;
     }
     if opts.qdisc_bypass {
         let on: libc::c_int = 1;
@@ -104,6 +95,20 @@ fn new_socket(ifname: &str, opts: &AfPacketOpts) -> Result<OwnedFd, SendError> {
             .map_err(|e| SendError::sys(ifname, "setsockopt(PACKET_QDISC_BYPASS)", e))?;
     }
     Ok(fd)
+}
+
+/// Sets a socket's send buffer to `size` bytes. FORCE lifts the wmem_max cap but needs
+/// CAP_NET_ADMIN; without it take what the cap allows rather than fail.
+pub(crate) fn set_sndbuf(fd: &OwnedFd, ifname: &str, size: usize) -> Result<(), SendError> {
+    let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+    if let Err(e) = setsockopt(fd.as_fd(), libc::SOL_SOCKET, SO_SNDBUFFORCE, &size) {
+        if e.raw_os_error() != Some(libc::EPERM) {
+            return Err(SendError::sys(ifname, "setsockopt(SO_SNDBUFFORCE)", e));
+        }
+        setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &size)
+            .map_err(|e| SendError::sys(ifname, "setsockopt(SO_SNDBUF)", e))?;
+    }
+    Ok(())
 }
 
 /// Binds `fd` to the interface, protocol 0: frames go out there, nothing comes in.

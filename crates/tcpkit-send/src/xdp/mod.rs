@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use tcpkit_kernel::afpacket::setsockopt;
 
-use crate::afpacket::{ENOBUFS_PAUSE, STUCK_AFTER};
+use crate::afpacket::{set_sndbuf, ENOBUFS_PAUSE, STUCK_AFTER};
 use crate::iface::if_link;
 use crate::{if_info, Frame, IfInfo, SendCounters, SendError, Sink};
 use ring::{ring_len, CompletionRing, Mapping, TxRing};
@@ -57,6 +57,9 @@ const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
 /// Chunks not coming back for this long after the ring was handed over mean the device
 /// stopped completing transmissions: the sink gives up instead of hanging.
 const COMPLETION_TIMEOUT: Duration = Duration::from_secs(2);
+/// What an skb costs the send buffer beyond its frame's bytes (struct sk_buff and shared
+/// info, rounded up).
+const SKB_OVERHEAD: usize = 1024;
 /// How long a busy queue is waited for at bind (see [`bind`]): measured a few ms after close.
 const BUSY_QUEUE_WAIT: Duration = Duration::from_millis(500);
 
@@ -323,6 +326,11 @@ impl XdpSink {
         let tx = TxRing::new(tx_map, &off.tx, has_flags, RING);
         let cq = CompletionRing::new(cq_map, &off.cr, RING);
 
+        // In copy mode each frame in flight is an skb charged to this socket's send buffer
+        // until the device frees it; a full buffer makes the kernel refuse the next frame
+        // (EAGAIN). Room for every chunk in flight, with the skb's own overhead, so a NIC that
+        // completes late does not stall the ring.
+        set_sndbuf(&fd, ifname, RING as usize * (chunk + SKB_OVERHEAD))?;
         let batch = opts.batch.clamp(1, RING as usize / 2) as u32;
         // Older kernels do not know the option (ENOPROTOOPT): they send 32 per kick, and the
         // drain loop kicks again.
