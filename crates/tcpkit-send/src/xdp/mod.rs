@@ -450,6 +450,8 @@ impl XdpSink {
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
             Some(libc::EAGAIN | libc::EINTR | libc::ENOBUFS) => Ok(false),
+            // Zero-copy: a driver busy with the queue says so; nothing was dropped.
+            Some(libc::EBUSY) if self.mode == XdpMode::ZeroCopy => Ok(false),
             Some(libc::EBUSY) => {
                 // Copy mode: the device refused the frame (no carrier, or down): its chunk
                 // comes back through the completion ring all the same.
