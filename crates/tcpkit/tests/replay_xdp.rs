@@ -124,7 +124,7 @@ fn two_threads_send_on_two_queues() {
 
 /// Each reason AF_XDP cannot be used is one line on stderr naming it and the AF_PACKET way
 /// out, exit 1, nothing sent: a queue the interface does not have, more threads than queues,
-/// and a veth whose peer is down.
+/// a UMEM over the locked-memory limit, and a veth whose peer is down.
 #[test]
 fn where_af_xdp_cannot_be_used_one_line_and_exit_1() {
     let dir = tempfile::tempdir().unwrap();
@@ -132,10 +132,7 @@ fn where_af_xdp_cannot_be_used_one_line_and_exit_1() {
     let path = p.to_str().unwrap();
     let lab = ReplayLab::new("xdpno");
     let dev = lab.link.a.name.clone();
-    let fails = |args: &[&str], want: &str| {
-        let mut a = args.to_vec();
-        a.push(path);
-        let out = lab.replay(&a);
+    let one_line = |out: std::process::Output, want: &str| {
         let err = common::stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert_eq!(err.lines().count(), 1, "{err}");
@@ -147,11 +144,34 @@ fn where_af_xdp_cannot_be_used_one_line_and_exit_1() {
             "{err}"
         );
     };
+    let fails = |args: &[&str], want: &str| {
+        let mut a = args.to_vec();
+        a.push(path);
+        one_line(lab.replay(&a), want);
+    };
     let one_queue = format!("queue 1 is not one of {dev}'s 1 transmit queue (0-0)");
     fails(&["--xdp", "--xdp-queue", "1", "-t"], &one_queue);
     fails(
         &["--xdp", "-t", "--threads", "2"],
         &format!("--xdp (--threads 2 takes queues 0-1): {dev}: AF_XDP: {one_queue}"),
+    );
+    // Without CAP_IPC_LOCK the UMEM counts against RLIMIT_MEMLOCK: 64 KiB does not hold it.
+    let argv = [
+        "setpriv",
+        "--bounding-set=-ipc_lock",
+        "prlimit",
+        "--memlock=65536",
+        common::tcpkit(),
+        "replay",
+        "-i",
+        &dev,
+        "--xdp",
+        "-t",
+        path,
+    ];
+    one_line(
+        lab.tx.command(&argv).output().expect("run"),
+        "of UMEM cannot be locked in memory; raise the limit (ulimit -l) or run with CAP_IPC_LOCK",
     );
     lab.rx
         .run(&["ip", "link", "set", &lab.link.b.name, "down"])
