@@ -450,6 +450,36 @@ Interface counters over the run: tx_packets 179, tx_bytes 69000, tx_dropped 0, t
         );
     }
 
+    /// Issue 28: --xdp's summary names the path, its mode and queues after the device block;
+    /// AF_PACKET's summary is tcpreplay's as before, and both say their path in the JSON.
+    #[test]
+    fn the_send_path_is_said() {
+        let mut r = sample();
+        r.send = Some(SendPath::af_packet());
+        let plain = r.human();
+        assert!(!plain.contains("AF_XDP"), "{plain}");
+        let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(
+            v["send"],
+            serde_json::json!({"path": "af_packet", "xdp_mode": null, "queues": []})
+        );
+        r.send = Some(SendPath::af_xdp(Some("copy"), vec![0, 1]));
+        let h = r.human();
+        assert!(
+            h.contains("\tRetried packets (EAGAIN):  0\nSent through AF_XDP (copy mode) on queues 0, 1\nInterface counters"),
+            "{h}"
+        );
+        r.send = Some(SendPath::af_xdp(Some("zerocopy"), vec![3]));
+        assert!(r
+            .human()
+            .contains("\nSent through AF_XDP (zerocopy mode) on queue 3\n"));
+        let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(
+            v["send"],
+            serde_json::json!({"path": "af_xdp", "xdp_mode": "zerocopy", "queues": [3]})
+        );
+    }
+
     /// Issue 24: "Truncated packets: 0" after --mtu-trunc cut 31 frames; the cut ones get
     /// their own line (the device line stays tcpreplay's: what the kernel cut).
     #[test]
