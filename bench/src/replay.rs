@@ -697,30 +697,33 @@ fn xdp_paced_row(
             show_arrivals(a, want)
         )
     };
-    row(
-        t,
-        "--pps 100000 with --xdp vs tcpreplay: tool / rx counter / receiver tcpdump",
-        cell(&x, &xa),
-        cell(&y, &ya),
-        if xa.dropped == 0 && ya.dropped == 0 {
-            format!("p99 {}", ratio(xa.p99_us, ya.p99_us))
+    // tcpkit's run (`r`, its capture `a`) beside tcpreplay's, the p99 gaps' ratio when both
+    // captures are whole.
+    let mut beside = |what: &str, r: &Run, a: &Arrivals| {
+        let p99 = if a.dropped == 0 && ya.dropped == 0 {
+            format!("p99 {}", ratio(a.p99_us, ya.p99_us))
         } else {
             "-".into()
-        },
-        [String::new(), String::new()],
-    );
-    if let Some((p, pa)) = af_packet {
+        };
         row(
             t,
-            "--pps 100000 through AF_PACKET (the same turn) vs tcpreplay",
-            cell(&p, &pa),
+            what,
+            cell(r, a),
             cell(&y, &ya),
-            if pa.dropped == 0 && ya.dropped == 0 {
-                format!("p99 {}", ratio(pa.p99_us, ya.p99_us))
-            } else {
-                "-".into()
-            },
+            p99,
             [String::new(), String::new()],
+        );
+    };
+    beside(
+        "--pps 100000 with --xdp vs tcpreplay: tool / rx counter / receiver tcpdump",
+        &x,
+        &xa,
+    );
+    if let Some((p, pa)) = af_packet {
+        beside(
+            "--pps 100000 through AF_PACKET (the same turn) vs tcpreplay",
+            &p,
+            &pa,
         );
     }
     Ok(())

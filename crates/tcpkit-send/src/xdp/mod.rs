@@ -6,14 +6,18 @@
 //!
 //! Zero-copy or copy: bound without either flag, the kernel tries zero-copy (the driver DMAs
 //! from the UMEM) and falls back to copy mode (it builds an skb per frame from the UMEM and
-//! hands it to the driver, `__dev_direct_xmit`) when the driver has no AF_XDP support; veth
-//! has none, so it is copy mode there. `XDP_OPTIONS` then says which, for the report.
+//! hands it to the driver, `__dev_direct_xmit`) when the driver has no AF_XDP support.
+//! `XDP_OPTIONS` then says which, for the report. veth has no AF_XDP zero-copy: checked on
+//! 6.18, a bind forcing `XDP_ZEROCOPY` fails with EOPNOTSUPP on a plain pair and on one with a
+//! native XDP program on both ends, so it is copy mode there.
 //!
 //! No XDP program is involved: a program is what steers *received* frames into an XDP socket's
 //! RX ring; a socket with only a TX ring (and the fill ring bind insists on, left empty) needs
-//! none on its own interface or on a veth's peer, in either mode (checked on 6.18 veth: the
-//! peer needs an XDP program or GRO only to *receive* `XDP_REDIRECT`ed frames natively, which
-//! this path does not use).
+//! none on its own interface or on a veth's peer. A veth peer needs an XDP program or GRO only
+//! to take `XDP_REDIRECT`ed frames natively (`ndo_xdp_xmit`), which this path does not use;
+//! measured on 6.18, an XDP_PASS program on the peer makes copy-mode sending slower (1456 ns
+//! of CPU a 64-byte frame against 808: each frame goes through the peer's program and back
+//! into an skb), GRO on the peer changes nothing (816 ns).
 //!
 //! Accounting: a frame is counted when its chunk comes back (the kernel is done with it):
 //! sent, or failed when the kernel said it dropped it (`EBUSY`: the link lost its carrier).
