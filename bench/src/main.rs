@@ -22,13 +22,16 @@ mod mpcat;
 mod replay;
 mod replay_flows;
 
-const USAGE: &str = "usage: tcpkit-bench replay [--flows] [--against PATH [--against-label L]] | load [--skip-max-conns] [--same-rate-only] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S] | fleet [--quick] [--only tcpkit|dnsperf] [--rounds N] [--secs S] [--rate QPS] [--conns PER_AGENT] [--connect-rate N]";
+const USAGE: &str = "usage: tcpkit-bench replay [--flows] [--against PATH [--against-label L]] [--packets N] [--only xdp] | load [--skip-max-conns] [--same-rate-only] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S] | fleet [--quick] [--only tcpkit|dnsperf] [--rounds N] [--secs S] [--rate QPS] [--conns PER_AGENT] [--connect-rate N]";
 
 /// Each bench's flags: those that take a value, then switches. A flag outside them is a usage
 /// error before anything runs: `copy --help` once ran the whole 17-minute bench.
 fn flags_of(bench: &str) -> Option<(&'static [&'static str], &'static [&'static str])> {
     Some(match bench {
-        "replay" => (&["--against", "--against-label"], &["--flows"]),
+        "replay" => (
+            &["--against", "--against-label", "--packets", "--only"],
+            &["--flows"],
+        ),
         "load" => (
             &["--max-conns", "--open-secs", "--against", "--against-label"],
             &["--skip-max-conns", "--same-rate-only"],

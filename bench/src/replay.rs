@@ -33,6 +33,8 @@ struct Env {
     tcpkit: PathBuf,
     /// `--against`: the old build, and the flags of `replay` it lacks.
     against: Option<(PathBuf, Vec<String>)>,
+    /// `--only xdp`: the top speed rows (AF_PACKET, --xdp, tcpreplay) and --xdp's paced row.
+    only_xdp: bool,
 }
 
 /// One finished run of one tool.
@@ -49,6 +51,8 @@ struct Run {
     pps: f64,
     mbps: f64,
     failed: u64,
+    /// tcpkit --xdp: the mode its report names (`copy`, `zerocopy`).
+    xdp_mode: Option<String>,
 }
 
 impl Run {
@@ -117,6 +121,10 @@ fn run(env: &Env, argv: &[&str]) -> Result<Run> {
             .find_map(|l| l.trim().strip_prefix("Failed packets:"))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0),
+        xdp_mode: out.lines().find_map(|l| {
+            let rest = l.strip_prefix("Sent through AF_XDP (")?;
+            Some(rest.split_once(' ')?.0.to_string())
+        }),
     };
     Ok(r)
 }
@@ -325,6 +333,10 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
     // (new, old, old, new, ...), the same number of runs each.
     let (mut a, mut b, mut c) = (vec![], vec![], vec![]);
     let (mut ao, mut co) = (vec![], vec![]);
+    // --xdp, one and two threads (a socket on each of the link's two queues).
+    let (mut x1, mut x2) = (vec![], vec![]);
+    let xdp1 = ["-t", "--xdp"];
+    let xdp2 = ["-t", "--xdp", "--threads", "2"];
     for i in 0..TOP_RUNS {
         let new_first = i % 2 == 0;
         if !new_first {
@@ -334,6 +346,7 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         if new_first {
             ao.push(old(&["-t"])?);
         }
+        x1.push(tkr(&xdp1)?);
         b.push(trr(&["-t"])?);
         if new_first {
             c.push(tkr(&["-t", "--threads", "2"])?);
@@ -342,7 +355,10 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         if !new_first {
             c.push(tkr(&["-t", "--threads", "2"])?);
         }
+        x2.push(tkr(&xdp2)?);
     }
+    let (x1o, x2o) = (old(&xdp1)?, old(&xdp2)?);
+    let (x1, x2) = (median(x1), median(x2));
     let peak_tk = a.iter().map(|r| r.maxrss_kb).max().unwrap_or(0);
     let peak_tr = b.iter().map(|r| r.maxrss_kb).max().unwrap_or(0);
     let peak_old = old_median(&ao).map(|o| {
@@ -387,6 +403,39 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
             |r| r.pps,
         ),
     );
+    let mode = x1.xdp_mode.clone().unwrap_or_else(|| "?".into());
+    let tool_rx = |r: &Run| format!("{} / {}", k(r.pps), rx(r, k(r.rx_pps())));
+    row(
+        t,
+        &format!("top speed pps, tcpkit --xdp ({mode} mode, queue 0) vs tcpreplay (tool / rx)"),
+        tool_rx(&x1),
+        format!("{} / {}", k(b.pps), k(b.rx_pps())),
+        ratio(x1.rx_pps(), b.rx_pps()),
+        old_cells(&x1, &x1o, tool_rx, Run::rx_pps),
+    );
+    row(
+        t,
+        "top speed pps, tcpkit --xdp --threads 2 (queues 0, 1) vs tcpreplay (tool / rx)",
+        tool_rx(&x2),
+        format!("{} / {}", k(b.pps), k(b.rx_pps())),
+        ratio(x2.rx_pps(), b.rx_pps()),
+        old_cells(&x2, &x2o, tool_rx, Run::rx_pps),
+    );
+    row(
+        t,
+        "top speed, --xdp over AF_PACKET at the rx counter (1 thread / 2 threads)",
+        format!(
+            "{} / {}",
+            ratio(x1.rx_pps(), a.rx_pps()),
+            ratio(x2.rx_pps(), c.rx_pps())
+        ),
+        "—".into(),
+        "—".into(),
+        [String::new(), String::new()],
+    );
+    if env.only_xdp {
+        return xdp_paced_row(env, lab, t, &tkr, &trr);
+    }
     row(
         t,
         "top speed Mbps (tool report)",
@@ -514,23 +563,7 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
     };
     pps_rows(t, 1e5, &x, &y, &z);
     if let Some((ca, cb)) = cap {
-        let show = |c: &Arrivals| {
-            if c.dropped == 0 {
-                format!(
-                    "{:.1} pps ({}), gap p50 {:.2} us, p99 {:.2} us",
-                    c.pps,
-                    err_pct(c.pps, 1e5),
-                    c.p50_us,
-                    c.p99_us
-                )
-            } else {
-                format!(
-                    "tcpdump dropped {} of {}: not used",
-                    c.dropped,
-                    c.captured + c.dropped
-                )
-            }
-        };
+        let show = |c: &Arrivals| show_arrivals(c, 1e5);
         let old = match (&z, zcap) {
             (Some(Ok(_)), Some(cz)) => [
                 show(&cz),
@@ -591,12 +624,107 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         ratio(x.cpu_s, y.cpu_s),
         old_cells(&x, &z, cpu, |r| r.cpu_s),
     );
-    let failed = [a.failed, b.failed, c.failed, x.failed, y.failed];
+    xdp_paced_row(env, lab, t, &tkr, &trr)?;
+    let failed = [
+        a.failed, b.failed, c.failed, x1.failed, x2.failed, x.failed, y.failed,
+    ];
     if failed.iter().any(|&f| f > 0) {
         t.row(vec![
             "failed packets (any run above)".into(),
             format!("{failed:?}"),
         ]);
+    }
+    Ok(())
+}
+
+/// The receiver tcpdump's figures of a --pps 100000 run: rate and error, inter-arrival gaps;
+/// or that tcpdump dropped frames, which makes them unusable.
+fn show_arrivals(c: &Arrivals, want: f64) -> String {
+    if c.dropped == 0 {
+        format!(
+            "{:.1} pps ({}), gap p50 {:.2} us, p99 {:.2} us",
+            c.pps,
+            err_pct(c.pps, want),
+            c.p50_us,
+            c.p99_us
+        )
+    } else {
+        format!(
+            "tcpdump dropped {} of {}: not used",
+            c.dropped,
+            c.captured + c.dropped
+        )
+    }
+}
+
+/// `--xdp --pps 100000` beside tcpreplay's `--pps 100000`, each with a tcpdump on the receiver
+/// (tcpkit first, then tcpreplay): the tool's rate, the rx counter's, and tcpdump's.
+fn xdp_paced_row(
+    env: &Env,
+    lab: &mut Lab,
+    t: &mut Table,
+    tkr: &dyn Fn(&[&str]) -> Result<Run>,
+    trr: &dyn Fn(&[&str]) -> Result<Run>,
+) -> Result<()> {
+    let want = 1e5;
+    let args = ["--pps", "100000", "-L", "300000"];
+    let mut captured =
+        |f: &dyn Fn(&[&str]) -> Result<Run>, extra: &[&str]| -> Result<(Run, Arrivals)> {
+            let td = lab.tcpdump(&env.rx, &env.rx_if, "inbound")?;
+            let mut a = extra.to_vec();
+            a.extend(args);
+            let r = f(&a)?;
+            let c = td.stop()?;
+            Ok((r, arrivals(&c.path, c.captured, c.dropped_by_kernel)?))
+        };
+    let (x, xa) = captured(tkr, &["--xdp"])?;
+    // A part run alone has no AF_PACKET paced row above: one here, in the same turn.
+    let af_packet = if env.only_xdp {
+        Some(captured(tkr, &[])?)
+    } else {
+        None
+    };
+    let (y, ya) = captured(trr, &[])?;
+    let cell = |r: &Run, a: &Arrivals| {
+        format!(
+            "{:.1} ({}) / {} / {}",
+            r.pps,
+            err_pct(r.pps, want),
+            rx(
+                r,
+                format!("{:.1} ({})", r.rx_pps(), err_pct(r.rx_pps(), want))
+            ),
+            show_arrivals(a, want)
+        )
+    };
+    // tcpkit's run (`r`, its capture `a`) beside tcpreplay's, the p99 gaps' ratio when both
+    // captures are whole.
+    let mut beside = |what: &str, r: &Run, a: &Arrivals| {
+        let p99 = if a.dropped == 0 && ya.dropped == 0 {
+            format!("p99 {}", ratio(a.p99_us, ya.p99_us))
+        } else {
+            "-".into()
+        };
+        row(
+            t,
+            what,
+            cell(r, a),
+            cell(&y, &ya),
+            p99,
+            [String::new(), String::new()],
+        );
+    };
+    beside(
+        "--pps 100000 with --xdp vs tcpreplay: tool / rx counter / receiver tcpdump",
+        &x,
+        &xa,
+    );
+    if let Some((p, pa)) = af_packet {
+        beside(
+            "--pps 100000 through AF_PACKET (the same turn) vs tcpreplay",
+            &p,
+            &pa,
+        );
     }
     Ok(())
 }
@@ -616,7 +744,29 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
         h.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
         h.sysctl("net.ipv6.conf.default.disable_ipv6", "1")?;
     }
-    let link = lab.link(&tx, &rx, &LinkOpts::default())?;
+    // Two queues, so that --xdp --threads 2 has a socket on each; AF_PACKET and tcpreplay
+    // see no difference (without NAPI on the receiving end, veth ignores its queues).
+    let link = lab.link(
+        &tx,
+        &rx,
+        &LinkOpts {
+            queues: Some(2),
+            ..LinkOpts::default()
+        },
+    )?;
+    let only_xdp = match crate::flag_value(args, "--only", "xdp")? {
+        None => false,
+        Some("xdp") => true,
+        Some(other) => bail!("--only {other}: the one part is xdp"),
+    };
+    let packets: u32 = match crate::flag_value(args, "--packets", "a count")? {
+        None => PACKETS,
+        Some(n) => n
+            .parse()
+            .ok()
+            .filter(|&n| n >= 1000)
+            .with_context(|| format!("--packets {n}: a count of at least 1000"))?,
+    };
     let env = Env {
         dir: lab.dir().to_path_buf(),
         tx_if: link.a.name.clone(),
@@ -629,39 +779,49 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
                 crate::missing_flags(
                     &a.bin,
                     "replay",
-                    &["-i", "-K", "-t", "--threads", "--pps", "--mbps", "-L"],
+                    &[
+                        "-i",
+                        "-K",
+                        "-t",
+                        "--threads",
+                        "--pps",
+                        "--mbps",
+                        "-L",
+                        "--xdp",
+                    ],
                 )?,
             )),
             None => None,
         },
         tcpkit,
+        only_xdp,
     };
     let dir = lab.dir().to_path_buf();
 
     eprintln!("writing captures ...");
     let small = dir.join("64b.pcap");
-    let (small_size, _) = write_capture(&small, &[60], PACKETS)?;
+    let (small_size, _) = write_capture(&small, &[60], packets)?;
     // IMIX 7:4:1 of 64/594/1518-byte frames (60/590/1514 without FCS), interleaved.
     let imix_sizes = [60, 590, 60, 60, 590, 60, 1514, 60, 590, 60, 590, 60];
     let imix = dir.join("imix.pcap");
-    let (imix_size, imix_bytes) = write_capture(&imix, &imix_sizes, PACKETS)?;
-    let imix_avg = imix_bytes as f64 / f64::from(PACKETS);
+    let (imix_size, imix_bytes) = write_capture(&imix, &imix_sizes, packets)?;
+    let imix_avg = imix_bytes as f64 / f64::from(packets);
 
     let mut t = table(against.is_some());
     let inputs = [
         Input {
             name: "64-byte frames (60 B + FCS), UDP, 16k flows".into(),
             path: small,
-            packets: u64::from(PACKETS),
+            packets: u64::from(packets),
             file_bytes: small_size,
             // 1000 Mbit/s of 60-byte frames is 2.08 Mpps, above both tools' top speed here:
             // the row then shows how close each gets.
-            mbps_limit: 1_000_000,
+            mbps_limit: u64::from(packets),
         },
         Input {
             name: format!("IMIX 7:4:1 of 64/594/1518 B frames (avg {imix_avg:.0} B), 16k flows"),
             path: imix,
-            packets: u64::from(PACKETS),
+            packets: u64::from(packets),
             file_bytes: imix_size,
             mbps_limit: (2.0 * 1e9 / 8.0 / imix_avg) as u64,
         },
@@ -692,9 +852,10 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
         "# tcpkit replay vs tcpreplay 4.4.3 — {date}\n\n\
          Command: `{cmd}` (from the workspace root, as root)\n\n\
          Machine: Linux {}, {cpus} CPUs; load average at start: {}; whole bench took {:.0} s.\n\
-         Link: one veth pair between two namespaces, no addresses, IPv6 off; frames go to a MAC\n\
-         nobody has, so the receiver drops them at the IP layer. Both tools run with -K except\n\
-         the --pps 1000 CPU row. Top speed rows: median of 3 interleaved runs per tool.\n\
+         Link: one veth pair between two namespaces (two queues each end), no addresses, IPv6\n\
+         off; frames go to a MAC nobody has, so the receiver drops them at the IP layer. Both\n\
+         tools run with -K except the --pps 1000 CPU row. Top speed rows: median of 3\n\
+         interleaved runs per tool (AF_PACKET, --xdp and tcpreplay take turns).\n\
          Rx counter = the receiving veth's rx_packets delta / the tool's reported send time.\n\
          {}\n\
          {table}",
@@ -703,7 +864,13 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
         started.elapsed().as_secs_f64(),
         crate::ab::header(against.as_ref(), &env.tcpkit)
     );
-    crate::write_results("replay", &date, &md, started, None)
+    // A part of the bench, or fewer packets, is a quick look: printed, not kept as results.
+    let partial = if only_xdp {
+        Some("--only xdp")
+    } else {
+        (packets != PACKETS).then_some("--packets")
+    };
+    crate::write_results("replay", &date, &md, started, partial)
 }
 
 #[cfg(test)]

@@ -69,6 +69,15 @@ pub fn bind(fd: BorrowedFd<'_>, ifindex: u32, protocol: u16) -> io::Result<()> {
 /// The caller owns the mapping and unmaps it (`munmap`); the kernel keeps the ring while the
 /// socket or the mapping holds it.
 pub fn map_ring(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+    map_ring_at(fd, len, 0)
+}
+
+/// Maps `len` bytes of a socket's ring at page offset `offset`, shared with the kernel and
+/// faulted in: an AF_XDP socket has several rings, each at its own offset
+/// (`XDP_PGOFF_TX_RING`, ...). The caller unmaps it.
+pub fn map_ring_at(fd: BorrowedFd<'_>, len: usize, offset: u64) -> io::Result<NonNull<u8>> {
+    let offset =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: maps a ring the kernel allocated for this socket; nothing of ours is overwritten
     // (the address is the kernel's choice).
     let p = unsafe {
@@ -78,7 +87,7 @@ pub fn map_ring(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED | libc::MAP_POPULATE,
             fd.as_raw_fd(),
-            0,
+            offset,
         )
     };
     if p == libc::MAP_FAILED {

@@ -161,13 +161,16 @@ impl Lab {
         let name_a = self.next_ifname(a);
         let name_b = self.next_ifname(b);
         debug_assert!(name_a.len() <= IFNAME_MAX && name_b.len() <= IFNAME_MAX);
-        cmd::run_args(
-            "ip",
-            &[
-                "link", "add", &name_a, "netns", &a.netns, "type", "veth", "peer", "name", &name_b,
-                "netns", &b.netns,
-            ],
-        )?;
+        let queues = opts.queues.map(|q| q.to_string());
+        let q: Vec<&str> = match &queues {
+            Some(n) => vec!["numtxqueues", n, "numrxqueues", n],
+            None => Vec::new(),
+        };
+        let mut argv = vec!["link", "add", &name_a, "netns", &a.netns];
+        argv.extend(&q);
+        argv.extend(["type", "veth", "peer", "name", &name_b, "netns", &b.netns]);
+        argv.extend(&q);
+        cmd::run_args("ip", &argv)?;
         let ends = [
             (a, name_a.as_str(), &opts.addr_a),
             (b, name_b.as_str(), &opts.addr_b),

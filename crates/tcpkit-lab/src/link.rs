@@ -44,6 +44,9 @@ pub struct LinkOpts {
     /// benchmark can charge each process only its own work and show the rest beside it.
     /// TSO/GSO stay off unless `offloads`: veth hands a TSO frame to no thread.
     pub rx_threads: bool,
+    /// Transmit and receive queues of each end (`numtxqueues`/`numrxqueues`): one AF_XDP
+    /// socket per queue (`replay --xdp --threads N`); the veth default (1) when None.
+    pub queues: Option<u32>,
 }
 
 /// One end of a link.

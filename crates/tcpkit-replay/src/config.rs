@@ -62,8 +62,11 @@ pub struct Config {
     pub l2_dst: Option<MacAddr>,
     /// Senders at top speed; flows are sharded so order within a connection holds.
     pub threads: usize,
-    /// sendmmsg batch size.
+    /// Frames handed to the kernel per call (sendmmsg, a TX ring send, an AF_XDP kick).
     pub batch: usize,
+    /// `--xdp`: send through AF_XDP sockets, thread i on transmit queue `Q + i` of the
+    /// interface; None sends through AF_PACKET.
+    pub xdp_queue: Option<u32>,
     pub flow_expiry: Option<Duration>,
     /// Keep the timing error per interval of this length (for `--plot`); None keeps only the
     /// run's histogram.
@@ -97,6 +100,7 @@ impl Config {
             l2_dst: None,
             threads: 1,
             batch: 64,
+            xdp_queue: None,
             flow_expiry: None,
             timeline: None,
             fleet: None,

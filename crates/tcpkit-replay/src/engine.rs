@@ -7,12 +7,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::report::{
-    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, ReplayShard, TimingError,
+    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, ReplayShard, SendPath, TimingError,
     REPLAY_SCHEMA_VERSION,
 };
 use tcpkit_pace::{now_ns, Pacer, Rate, Schedule};
 use tcpkit_pcap::{CaptureFile, PcapError, PcapWriter, PrepCache, PrepDir};
-use tcpkit_send::{AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters, SendError, Sink};
+use tcpkit_send::{
+    AfPacketOpts, AfPacketSink, Frame, PcapFileSink, SendCounters, SendError, Sink, XdpMode,
+    XdpOpts, XdpSink,
+};
 use tcpkit_stats::plot::{Sample, Timeline};
 use tcpkit_stats::{chain, FlowTable, Histogram, LiveCounters};
 use tcpkit_wire::{
@@ -221,26 +224,7 @@ pub fn run_with_tap(
 
     let threads = cfg.threads.max(1);
     live.senders.store(threads as u64, Ordering::Relaxed);
-    let mut sinks: Vec<Box<dyn Sink + Send>> = Vec::with_capacity(threads);
-    for _ in 0..threads {
-        sinks.push(match &cfg.output {
-            Output::Interface { name, qdisc_bypass } => Box::new(
-                AfPacketSink::open(
-                    name,
-                    AfPacketOpts {
-                        qdisc_bypass: *qdisc_bypass,
-                        batch: cfg.batch,
-                        ..AfPacketOpts::default()
-                    },
-                )
-                .map_err(|e| down_hint(e.into(), &cfg.output))?,
-            ),
-            Output::File(p) => Box::new(
-                PcapFileSink::create(p, DLT_EN10MB, out_snaplen(&files))
-                    .map_err(ReplayError::OutputFile)?,
-            ),
-        });
-    }
+    let (mut sinks, send) = open_sinks(cfg, &files, threads)?;
 
     let mut sink2: Option<Box<dyn Sink + Send>> = None;
     let mut if2_before = None;
@@ -314,7 +298,81 @@ pub fn run_with_tap(
         cfg, &shared, results, end_ns, dry_run, out_name, if_before, if_mac, if_mtu,
     );
     out.report.split = crate::prep::split_report(cfg, &counts, if2_before);
+    out.report.send = send;
     Ok(out)
+}
+
+/// A sending thread's sink.
+type Sender = Box<dyn Sink + Send>;
+
+/// One sink per sending thread, and how they send (for the report; None for `-w`). With
+/// `--xdp`, thread i sends through an AF_XDP socket on transmit queue `first + i`; any reason
+/// one cannot be opened ends the run before anything is sent, with the AF_PACKET path named
+/// as the way out (never a silent fallback: the user asked for this path).
+fn open_sinks(
+    cfg: &Config,
+    files: &[CaptureFile],
+    threads: usize,
+) -> Result<(Vec<Sender>, Option<SendPath>), ReplayError> {
+    let mut sinks: Vec<Sender> = Vec::with_capacity(threads);
+    let (name, qdisc_bypass) = match &cfg.output {
+        Output::Interface { name, qdisc_bypass } => (name, *qdisc_bypass),
+        Output::File(p) => {
+            for _ in 0..threads {
+                sinks.push(Box::new(
+                    PcapFileSink::create(p, DLT_EN10MB, out_snaplen(files))
+                        .map_err(ReplayError::OutputFile)?,
+                ));
+            }
+            return Ok((sinks, None));
+        }
+    };
+    let Some(first) = cfg.xdp_queue else {
+        for _ in 0..threads {
+            let opts = AfPacketOpts {
+                qdisc_bypass,
+                batch: cfg.batch,
+                ..AfPacketOpts::default()
+            };
+            let sink =
+                AfPacketSink::open(name, opts).map_err(|e| down_hint(e.into(), &cfg.output))?;
+            sinks.push(Box::new(sink));
+        }
+        return Ok((sinks, Some(SendPath::af_packet())));
+    };
+    let mut queues = Vec::with_capacity(threads);
+    let mut mode = None;
+    for i in 0..threads {
+        let queue = first.saturating_add(i as u32);
+        let opts = XdpOpts {
+            queue,
+            batch: cfg.batch,
+        };
+        let sink = XdpSink::open(name, opts).map_err(|e| {
+            let more = if threads > 1 {
+                format!(
+                    " (--threads {threads} takes queues {first}-{})",
+                    first as usize + threads - 1
+                )
+            } else {
+                String::new()
+            };
+            match down_hint(e.into(), &cfg.output) {
+                down @ ReplayError::Down(_) => down,
+                e => ReplayError::Setup(format!(
+                    "--xdp{more}: {}; or leave out --xdp to send through AF_PACKET",
+                    chain(&e)
+                )),
+            }
+        })?;
+        queues.push(queue);
+        mode = Some(sink.mode());
+        sinks.push(Box::new(sink));
+    }
+    Ok((
+        sinks,
+        Some(SendPath::af_xdp(mode.map(XdpMode::as_str), queues)),
+    ))
 }
 
 #[expect(
@@ -462,6 +520,7 @@ fn report(
         failure,
         fleet: None,
         split: None,
+        send: None,
     };
     let mut report = report;
     if let Some(agent) = &cfg.fleet {

@@ -15,8 +15,8 @@ mod report;
 pub use config::{Config, Intf2, Output, Split};
 pub use engine::{run, run_with_tap, Outcome, ReplayError, Tap};
 pub use report::{
-    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, ReplayShard, ReplaySplit, TimingError,
-    REPLAY_SCHEMA_VERSION,
+    DeviceStats, FlowStats, IfDelta, MtuTrunc, ReplayReport, ReplayShard, ReplaySplit, SendPath,
+    TimingError, REPLAY_SCHEMA_VERSION,
 };
 pub use tcpkit_pace::Rate;
 pub use tcpkit_send::IfInfo;

@@ -67,6 +67,43 @@ pub struct ReplayReport {
     /// Where this agent stood in a fleet run (`--barrier`); absent without one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fleet: Option<tcpkit_fleet::FleetReport>,
+    /// How frames left the interface (AF_PACKET, or AF_XDP with `--xdp`); absent for `-w`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub send: Option<SendPath>,
+}
+
+/// The kernel interface frames were sent through.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SendPath {
+    /// `af_packet` (the default) or `af_xdp` (`--xdp`).
+    pub path: String,
+    /// With `af_xdp`: `zerocopy` (the driver sends from the UMEM) or `copy` (the kernel copies
+    /// each frame into an skb: drivers without AF_XDP support, veth among them); None with
+    /// `af_packet`.
+    pub xdp_mode: Option<String>,
+    /// With `af_xdp`: the transmit queue of each sending thread's socket, in thread order;
+    /// empty with `af_packet` (the kernel picks the queue per frame).
+    pub queues: Vec<u32>,
+}
+
+impl SendPath {
+    /// Sent through AF_PACKET sockets.
+    pub fn af_packet() -> SendPath {
+        SendPath {
+            path: "af_packet".into(),
+            xdp_mode: None,
+            queues: Vec::new(),
+        }
+    }
+
+    /// Sent through AF_XDP sockets on `queues`, in `mode`.
+    pub fn af_xdp(mode: Option<&str>, queues: Vec<u32>) -> SendPath {
+        SendPath {
+            path: "af_xdp".into(),
+            xdp_mode: mode.map(str::to_string),
+            queues,
+        }
+    }
 }
 
 /// Flow and connection counts over the frames sent, keyed as tcpreplay keys them.
@@ -323,6 +360,16 @@ impl Report for ReplayReport {
         let _ = writeln!(s, "\tTruncated packets:         {}", d.truncated);
         let _ = writeln!(s, "\tRetried packets (ENOBUFS): {}", d.retried_enobufs);
         let _ = writeln!(s, "\tRetried packets (EAGAIN):  {}", d.retried_eagain);
+        if let Some(p) = self.send.as_ref().filter(|p| p.path == "af_xdp") {
+            let queues: Vec<String> = p.queues.iter().map(u32::to_string).collect();
+            let _ = writeln!(
+                s,
+                "Sent through AF_XDP ({} mode) on queue{} {}",
+                p.xdp_mode.as_deref().unwrap_or("?"),
+                if queues.len() == 1 { "" } else { "s" },
+                queues.join(", ")
+            );
+        }
         if let Some(i) = &self.interface {
             let _ = writeln!(
                 s,
@@ -470,6 +517,36 @@ Interface counters over the run: tx_packets 179, tx_bytes 69000, tx_dropped 0, t
         assert_eq!(
             v["shard"],
             serde_json::json!({"index": 2, "count": 3, "frames_to_others": 358, "flows_kept": 26})
+        );
+    }
+
+    /// Issue 28: --xdp's summary names the path, its mode and queues after the device block;
+    /// AF_PACKET's summary is tcpreplay's as before, and both say their path in the JSON.
+    #[test]
+    fn the_send_path_is_said() {
+        let mut r = sample();
+        r.send = Some(SendPath::af_packet());
+        let plain = r.human();
+        assert!(!plain.contains("AF_XDP"), "{plain}");
+        let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(
+            v["send"],
+            serde_json::json!({"path": "af_packet", "xdp_mode": null, "queues": []})
+        );
+        r.send = Some(SendPath::af_xdp(Some("copy"), vec![0, 1]));
+        let h = r.human();
+        assert!(
+            h.contains("\tRetried packets (EAGAIN):  0\nSent through AF_XDP (copy mode) on queues 0, 1\nInterface counters"),
+            "{h}"
+        );
+        r.send = Some(SendPath::af_xdp(Some("zerocopy"), vec![3]));
+        assert!(r
+            .human()
+            .contains("\nSent through AF_XDP (zerocopy mode) on queue 3\n"));
+        let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(
+            v["send"],
+            serde_json::json!({"path": "af_xdp", "xdp_mode": "zerocopy", "queues": [3]})
         );
     }
 

@@ -87,16 +87,7 @@ fn new_socket(ifname: &str, opts: &AfPacketOpts) -> Result<OwnedFd, SendError> {
     let fd = afpacket::socket().map_err(|e| SendError::sys(ifname, e.call, e.source))?;
 
     if let Some(size) = opts.sndbuf {
-        let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
-        // FORCE lifts the wmem_max cap but needs CAP_NET_ADMIN; without it take what the
-        // cap allows rather than fail.
-        if let Err(e) = setsockopt(fd.as_fd(), libc::SOL_SOCKET, SO_SNDBUFFORCE, &size) {
-            if e.raw_os_error() != Some(libc::EPERM) {
-                return Err(SendError::sys(ifname, "setsockopt(SO_SNDBUFFORCE)", e));
-            }
-            setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &size)
-                .map_err(|e| SendError::sys(ifname, "setsockopt(SO_SNDBUF)", e))?;
-        }
+        set_sndbuf(&fd, ifname, size)?;
     }
     if opts.qdisc_bypass {
         let on: libc::c_int = 1;
@@ -104,6 +95,20 @@ fn new_socket(ifname: &str, opts: &AfPacketOpts) -> Result<OwnedFd, SendError> {
             .map_err(|e| SendError::sys(ifname, "setsockopt(PACKET_QDISC_BYPASS)", e))?;
     }
     Ok(fd)
+}
+
+/// Sets a socket's send buffer to `size` bytes. FORCE lifts the wmem_max cap but needs
+/// CAP_NET_ADMIN; without it take what the cap allows rather than fail.
+pub(crate) fn set_sndbuf(fd: &OwnedFd, ifname: &str, size: usize) -> Result<(), SendError> {
+    let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+    if let Err(e) = setsockopt(fd.as_fd(), libc::SOL_SOCKET, SO_SNDBUFFORCE, &size) {
+        if e.raw_os_error() != Some(libc::EPERM) {
+            return Err(SendError::sys(ifname, "setsockopt(SO_SNDBUFFORCE)", e));
+        }
+        setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &size)
+            .map_err(|e| SendError::sys(ifname, "setsockopt(SO_SNDBUF)", e))?;
+    }
+    Ok(())
 }
 
 /// Binds `fd` to the interface, protocol 0: frames go out there, nothing comes in.
@@ -348,62 +353,9 @@ impl Sink for AfPacketSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testnet::TestNet;
-    use std::os::fd::FromRawFd;
-
-    /// IEEE 802 local experimental ethertype: nothing else on the link uses it.
-    const ETHERTYPE: u16 = 0x88b5;
-
-    fn frame(dst: [u8; 6], src: [u8; 6], seq: u32, len: usize) -> Vec<u8> {
-        let mut f = vec![0xa5u8; len];
-        f[..6].copy_from_slice(&dst);
-        f[6..12].copy_from_slice(&src);
-        f[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
-        f[14..18].copy_from_slice(&seq.to_be_bytes());
-        f
-    }
-
-    /// An AF_PACKET socket receiving only our ethertype on `ifname`.
-    fn receiver(ifname: &str) -> OwnedFd {
-        let info = if_info(ifname).expect("receiver interface");
-        let proto = ETHERTYPE.to_be();
-        // SAFETY: socket/setsockopt/bind with values we own.
-        unsafe {
-            let raw = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, libc::c_int::from(proto));
-            assert!(raw >= 0, "receiver socket: {}", io::Error::last_os_error());
-            let fd = OwnedFd::from_raw_fd(raw);
-            let size: libc::c_int = 8 << 20;
-            setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &size).expect("rcvbuf");
-            let tv = libc::timeval {
-                tv_sec: 2,
-                tv_usec: 0,
-            };
-            libc::setsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            );
-            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-            sll.sll_family = libc::AF_PACKET as libc::c_ushort;
-            sll.sll_protocol = proto;
-            sll.sll_ifindex = info.ifindex as libc::c_int;
-            let rc = libc::bind(
-                raw,
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            );
-            assert_eq!(rc, 0, "receiver bind: {}", io::Error::last_os_error());
-            fd
-        }
-    }
-
-    fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
-        // SAFETY: receives into a buffer we own.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        usize::try_from(n).ok()
-    }
+    use crate::testnet::{
+        frame, lengths_at_the_edges, receive_the_edges, receiver, recv, topspeed, TestNet,
+    };
 
     fn send_and_check(opts: AfPacketOpts) {
         let net = TestNet::new();
@@ -527,17 +479,7 @@ mod tests {
             };
             let mut sink = AfPacketSink::open(&a, opts).expect("open");
             let src = sink.info().mac.expect("mac");
-            let dst = [0xff; 6];
-            let mtu = sink.info().mtu as usize;
-            let frames = [
-                frame(dst, src, 0, 64),
-                frame(dst, src, 1, mtu + 15), // one byte over MTU + Ethernet header
-                frame(dst, src, 2, mtu + 14),
-                frame(dst, src, 3, 9000),
-                frame(dst, src, 4, 64),
-                frame(dst, src, 5, 64)[..13].to_vec(), // shorter than an Ethernet header
-                frame(dst, src, 6, 64),
-            ];
+            let frames = lengths_at_the_edges(src, sink.info().mtu as usize);
             let refs: Vec<Frame<'_>> = frames.iter().map(|d| Frame { data: d, ts_ns: 0 }).collect();
             sink.send_batch(&refs).expect("send");
             let c = sink.counters();
@@ -548,11 +490,7 @@ mod tests {
                 (2, 1, 0),
                 "{mode:?}"
             );
-            let mut buf = vec![0u8; 10000];
-            for i in [0, 2, 4, 6] {
-                let n = recv(&rx, &mut buf).expect("frame");
-                assert_eq!(&buf[..n], &frames[i][..], "frame {i}");
-            }
+            receive_the_edges(&rx, &frames);
         });
     }
 
@@ -613,15 +551,6 @@ mod tests {
         );
     }
 
-    /// CPU time of the calling thread (user + system), in ns.
-    fn thread_cpu_ns() -> u64 {
-        // SAFETY: timespec is plain integers, for which all zero bytes is a valid value.
-        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-        // SAFETY: clock_gettime writes one timespec, which we own and lend for the call only.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
-
     /// Top speed with 64-byte frames on a veth pair (nobody listening on the peer). Run with
     /// `cargo test -p tcpkit-send --release -- --ignored --nocapture topspeed`.
     #[test]
@@ -646,28 +575,11 @@ mod tests {
                     };
                     let mut sink = AfPacketSink::open(&a, opts).expect("open");
                     let src = sink.info().mac.expect("mac");
-                    let frames: Vec<Vec<u8>> =
-                        (0..1024u32).map(|i| frame(dst, src, i, 64)).collect();
-                    let refs: Vec<Frame<'_>> = frames
-                        .iter()
-                        .map(|d| Frame { data: d, ts_ns: 0 })
-                        .collect();
-                    let start = std::time::Instant::now();
-                    let cpu0 = thread_cpu_ns();
-                    while start.elapsed() < Duration::from_secs(1) {
-                        sink.send_batch(&refs).expect("send");
-                    }
-                    let secs = start.elapsed().as_secs_f64();
-                    let cpu = thread_cpu_ns() - cpu0;
+                    let (pps, cpu) = topspeed(&mut sink, dst, src);
                     let c = sink.counters();
-                    // CPU per frame is the figure to compare on a busy machine: wall-clock
-                    // pps also measures what else ran on the core.
                     println!(
-                        "{mode:?} qdisc_bypass {bypass:5} batch {batch:3}: {:>9.0} pps, {:>5.0} ns CPU/frame (failed {}, enobufs retries {})",
-                        c.successful as f64 / secs,
-                        cpu as f64 / c.successful.max(1) as f64,
-                        c.failed,
-                        c.retried_enobufs
+                        "{mode:?} qdisc_bypass {bypass:5} batch {batch:3}: {pps:>9.0} pps, {cpu:>5.0} ns CPU/frame (failed {}, enobufs retries {})",
+                        c.failed, c.retried_enobufs
                     );
                 }
             }

@@ -35,6 +35,18 @@ pub enum SendError {
         #[source]
         source: io::Error,
     },
+    /// AF_XDP cannot be used on this interface or queue: `why` says what is missing (a queue
+    /// the interface does not have, no carrier, a kernel without AF_XDP, ...).
+    #[error("{ifname}: AF_XDP: {why}")]
+    Xdp {
+        /// The interface.
+        ifname: String,
+        /// What stands in the way, and what would remove it.
+        why: String,
+        /// The kernel's refusal, when a syscall said it.
+        #[source]
+        source: Option<io::Error>,
+    },
     /// Creating a capture file failed.
     #[error(transparent)]
     Pcap(#[from] tcpkit_pcap::PcapError),
@@ -51,6 +63,7 @@ impl SendError {
             SendError::Sys(IfError { source, .. }) | SendError::File { source, .. } => {
                 source.raw_os_error()
             }
+            SendError::Xdp { source, .. } => source.as_ref().and_then(io::Error::raw_os_error),
             _ => None,
         }
     }

@@ -84,11 +84,10 @@ fn ioctl(
     Ok(())
 }
 
-/// Index, MAC, MTU and link type of `ifname` in the calling thread's network namespace.
-pub fn if_info(ifname: &str) -> Result<IfInfo, SendError> {
-    let mut req = ifreq_for(ifname)?;
-    // Any socket will do for SIOCGIF*; a datagram socket needs no privilege. AF_UNIX would not
-    // do: its ioctl does not fall back to the device ioctls.
+/// A socket for the device ioctls, in the calling thread's namespace. Any socket will do for
+/// SIOCGIF*; a datagram socket needs no privilege. AF_UNIX would not do: its ioctl does not
+/// fall back to the device ioctls.
+fn ioctl_socket(ifname: &str) -> Result<OwnedFd, SendError> {
     // SAFETY: plain socket(2); the fd is owned right after.
     let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if raw < 0 {
@@ -99,8 +98,106 @@ pub fn if_info(ifname: &str) -> Result<IfInfo, SendError> {
         ));
     }
     // SAFETY: raw is a fresh fd that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
 
+/// Whether an interface can carry frames now, and how many transmit queues it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IfLink {
+    /// IFF_UP: set administratively up.
+    pub up: bool,
+    /// The carrier is on (for a veth: its peer is up too). Asked of the driver
+    /// (ETHTOOL_GLINK) where it answers: IFF_RUNNING follows the carrier only once the kernel's
+    /// link watch has run, up to a second later.
+    pub carrier: bool,
+    /// Transmit queues in use (ethtool's channel counts: tx + combined); None when the driver
+    /// does not say (no ETHTOOL_GCHANNELS).
+    pub tx_queues: Option<u32>,
+}
+
+/// `struct ethtool_channels` of <linux/ethtool.h> (not in libc).
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolChannels {
+    cmd: u32,
+    max_rx: u32,
+    max_tx: u32,
+    max_other: u32,
+    max_combined: u32,
+    rx_count: u32,
+    tx_count: u32,
+    other_count: u32,
+    combined_count: u32,
+}
+
+/// `ETHTOOL_GCHANNELS` of <linux/ethtool.h>.
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+/// `ETHTOOL_GLINK` of <linux/ethtool.h>: the carrier, in a `struct ethtool_value`.
+const ETHTOOL_GLINK: u32 = 0x0a;
+
+/// `struct ethtool_value` of <linux/ethtool.h>.
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+/// Up flag, carrier and transmit queue count of `ifname` in the calling thread's namespace.
+pub(crate) fn if_link(ifname: &str) -> Result<IfLink, SendError> {
+    let fd = ioctl_socket(ifname)?;
+    let mut req = ifreq_for(ifname)?;
+    ioctl(
+        &fd,
+        ifname,
+        "ioctl(SIOCGIFFLAGS)",
+        libc::SIOCGIFFLAGS,
+        &mut req,
+    )?;
+    // SAFETY: SIOCGIFFLAGS filled the flags member.
+    let flags = libc::c_int::from(unsafe { req.ifr_ifru.ifru_flags });
+    let mut ch = EthtoolChannels {
+        cmd: ETHTOOL_GCHANNELS,
+        ..EthtoolChannels::default()
+    };
+    req.ifr_ifru.ifru_data = (&mut ch as *mut EthtoolChannels).cast();
+    // Any failure (EOPNOTSUPP from a driver without channels, most often) leaves the count
+    // unknown: the bind and the first send then tell.
+    let tx_queues = ioctl(
+        &fd,
+        ifname,
+        "ioctl(SIOCETHTOOL)",
+        libc::SIOCETHTOOL,
+        &mut req,
+    )
+    .ok()
+    .map(|()| ch.tx_count + ch.combined_count)
+    .filter(|&n| n > 0);
+    let mut link = EthtoolValue {
+        cmd: ETHTOOL_GLINK,
+        data: 0,
+    };
+    req.ifr_ifru.ifru_data = (&mut link as *mut EthtoolValue).cast();
+    let carrier = match ioctl(
+        &fd,
+        ifname,
+        "ioctl(SIOCETHTOOL)",
+        libc::SIOCETHTOOL,
+        &mut req,
+    ) {
+        Ok(()) => link.data != 0,
+        Err(_) => flags & libc::IFF_RUNNING != 0,
+    };
+    Ok(IfLink {
+        up: flags & libc::IFF_UP != 0,
+        carrier,
+        tx_queues,
+    })
+}
+
+/// Index, MAC, MTU and link type of `ifname` in the calling thread's network namespace.
+pub fn if_info(ifname: &str) -> Result<IfInfo, SendError> {
+    let mut req = ifreq_for(ifname)?;
+    let fd = ioctl_socket(ifname)?;
     ioctl(
         &fd,
         ifname,

@@ -1,7 +1,9 @@
 //! tcpkit-send: packet output.
 //!
 //! Every way a link-layer frame leaves tcpkit is a [`Sink`]: [`AfPacketSink`] puts whole link-layer
-//! frames on an interface with batched `sendmmsg` on an AF_PACKET socket; [`PcapFileSink`]
+//! frames on an interface with batched `sendmmsg` on an AF_PACKET socket; [`XdpSink`] puts them
+//! on one transmit queue through an AF_XDP socket (kernel bypass of the qdisc and socket
+//! layers; zero-copy where the driver can); [`PcapFileSink`]
 //! writes them to a pcap file instead (dry runs, `-w`, tests); [`raw::RawIpSink`] sends whole IP
 //! packets through the kernel's routing (a sender playing another host's TCP). Sinks count every frame
 //! ([`SendCounters`]): a frame is sent, truncated or failed, never dropped silently.
@@ -16,6 +18,7 @@ mod file;
 mod iface;
 pub mod raw;
 mod ring;
+mod xdp;
 
 pub use afpacket::{AfPacketOpts, AfPacketSink, TxMode};
 pub use error::SendError;
@@ -23,6 +26,7 @@ pub use file::PcapFileSink;
 pub use iface::{if_counters, if_info, interfaces, IfCounters, IfInfo};
 /// A failed syscall on an interface's socket ([`SendError::Sys`]).
 pub use tcpkit_kernel::afpacket::IfError;
+pub use xdp::{XdpMode, XdpOpts, XdpSink};
 
 /// What a sink did with the frames it was given. `successful + failed + truncated` is the
 /// number of frames offered.

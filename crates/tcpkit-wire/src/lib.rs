@@ -39,7 +39,7 @@ pub use flow::{
     FlowClass, FlowKey, UNIQUE_PORT_STEP,
 };
 pub use fuzz::fuzz_rewrite;
-pub use link::{as_ethernet, to_ethernet, LinkType};
+pub use link::{as_ethernet, is_8021q_tagged, to_ethernet, LinkType};
 pub use prep::{prep_supports, PrepAddr, PrepPort, PrepRole, PrepView};
 pub use rewrite::{RewriteConfig, RewriteOutcome, Rewriter, Uncut};
 pub use types::{Cidr, IpMap, MacAddr, PortMap, TtlEdit, VlanEdit};

@@ -201,6 +201,13 @@ fn sll_protocol(link: LinkType, p: u16, offset: usize) -> Result<u16, WireError>
     Ok(p)
 }
 
+/// Whether an Ethernet frame carries an 802.1Q tag right after its addresses. The kernel lets
+/// such a frame be 4 bytes longer than MTU + 14 (AF_PACKET's `packet_extra_vlan_len_allowed`);
+/// a sender that checks lengths itself (AF_XDP) applies the same rule with this.
+pub fn is_8021q_tagged(frame: &[u8]) -> bool {
+    crate::parse::be16(frame, 12) == Some(crate::parse::ETHERTYPE_VLAN)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

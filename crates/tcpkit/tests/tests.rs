@@ -50,6 +50,7 @@ mod replay_features;
 mod replay_intf2;
 mod replay_rate;
 mod replay_wire;
+mod replay_xdp;
 mod rewrite_oracle;
 mod shard;
 mod tune;
