@@ -52,6 +52,34 @@ fn start_with(tag: &str, prefix: &[&str], args: &[&str]) -> Echo {
         "echo never listened: {}",
         proc.log()
     );
+    // The probe is closed by echo before the test goes on: a probe still open when a test
+    // fills echo to its cap was the oldest silent connection, evicted, one more than the
+    // test's own (1 run in ~20 under load).
+    let filter = format!("( sport = :{port} )");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let o = srv_host
+            .command(&[
+                "ss",
+                "-Htn",
+                "state",
+                "established",
+                "state",
+                "close-wait",
+                &filter,
+            ])
+            .output()
+            .expect("ss");
+        if o.stdout.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "echo never closed the probe: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     Echo {
         _lab: lab,
         cli,
