@@ -38,7 +38,9 @@ pub struct NginxConf {
     pub files: Vec<(String, Vec<u8>)>,
     /// Keep an access log for [`Nginx::requests`] (off for rate runs: a write per request).
     pub access_log: bool,
-    /// Connections its one worker holds (`worker_connections`).
+    /// Connections its one worker holds (`worker_connections`), and its listen backlog (the
+    /// default 511 drops SYNs of a client opening thousands at once; the host's
+    /// net.core.somaxconn caps it).
     pub max_conns: u32,
 }
 
@@ -115,7 +117,7 @@ impl NginxConf {
              log_format lab '$server_protocol $ssl_protocol $ssl_session_reused \
              $ssl_alpn_protocol $status';\n\
              {log}\n\
-             server {{ listen {addr} {listen}; root {root}; {tls} }}\n\
+             server {{ listen {addr} {listen} backlog={conns}; root {root}; {tls} }}\n\
              }}\n",
             fds = 2 * conns + 64,
             addr = self.addr,

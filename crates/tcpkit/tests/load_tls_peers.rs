@@ -9,14 +9,14 @@
 //! ALPN per request.
 
 use crate::common;
-use common::peer::{pair, run_limited, Pair, SRV};
+use common::peer::{run_limited, Pair, SRV};
 use common::{stderr, stdout};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tcpkit_lab::{CertKey, Nginx, NginxConf, TestCa, Unbound, UnboundConf, WWW_EXAMPLE};
+use tcpkit_lab::{CertKey, Lab, Nginx, NginxConf, TestCa, Unbound, UnboundConf, WWW_EXAMPLE};
 
 /// A lab pair with a CA of its own and a server certificate for host b (its address and
 /// `localhost`, the name a client gives as SNI).
@@ -32,7 +32,8 @@ struct TlsPair {
 const NAME: &str = "localhost";
 
 fn tls_pair(tag: &str) -> TlsPair {
-    let p = pair(tag);
+    let (lab, cli, srv, _link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
+    let p = Pair { lab, cli, srv };
     let ca =
         TestCa::new(&p.lab.dir().join("ca"), "tcpkit lab CA").unwrap_or_else(|e| panic!("{e}"));
     let srv = SRV.to_string();
