@@ -173,25 +173,8 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
     match client {
         Client::Tcpkit(build) => {
             let target = format!("{SRV}:{p}");
-            let argv = [
-                bin(env, build)?,
-                "load",
-                &target,
-                "--dns",
-                "--qname",
-                QNAME,
-                "-c",
-                &c,
-                "--connect-rate",
-                "50000",
-                "-r",
-                &r,
-                "-t",
-                &s,
-                "--threads",
-                "1",
-                "--json",
-            ];
+            let mut argv = vec![bin(env, build)?, "load", &target, "--dns", "--qname", QNAME];
+            argv.extend(rate_flags(&c, &r, &s));
             let (_, out, err) = run_in(&env.cli, &argv, limit)?;
             load_outcome(&out, &err, rate, secs)
         }
@@ -206,6 +189,24 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
             dnsperf_outcome(&out, &err, asked)
         }
     }
+}
+
+/// The flags of a rate run of `tcpkit load`: `conns` connections opened at up to 50k/s,
+/// `rate` queries/s, `secs` in all, one event-loop thread, the JSON report.
+pub(crate) fn rate_flags<'a>(conns: &'a str, rate: &'a str, secs: &'a str) -> [&'a str; 11] {
+    [
+        "-c",
+        conns,
+        "--connect-rate",
+        "50000",
+        "-r",
+        rate,
+        "-t",
+        secs,
+        "--threads",
+        "1",
+        "--json",
+    ]
 }
 
 /// A `tcpkit load --json` run at `rate` for `secs` (`out`, `err`: its stdout and stderr).
@@ -526,8 +527,21 @@ fn echo_dns(env: &Env, lab: &mut Lab, build: Build) -> Result<Proc> {
         Build::New => ECHO_PORT,
         Build::Old => OLD_ECHO_PORT,
     };
+    start_echo(env, lab, build, port, &[], &format!("echo-dns-{build:?}"))
+}
+
+/// `build`'s `echo --dns --port PORT --threads 1 ARGS` in the server host, named `name`, once
+/// it listens.
+pub(crate) fn start_echo(
+    env: &Env,
+    lab: &mut Lab,
+    build: Build,
+    port: u16,
+    args: &[&str],
+    name: &str,
+) -> Result<Proc> {
     let p = port.to_string();
-    let argv = [
+    let mut argv = vec![
         bin(env, build)?,
         "echo",
         "--dns",
@@ -536,7 +550,8 @@ fn echo_dns(env: &Env, lab: &mut Lab, build: Build) -> Result<Proc> {
         "--threads",
         "1",
     ];
-    let echo = env.srv.spawn(lab, &format!("echo-dns-{build:?}"), &argv)?;
+    argv.extend_from_slice(args);
+    let echo = env.srv.spawn(lab, name, &argv)?;
     wait_port(&env.cli, port, &echo)?;
     Ok(echo)
 }

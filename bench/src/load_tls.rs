@@ -21,8 +21,8 @@ use tcpkit_lab::{Lab, NginxConf, Proc, TestCa, UnboundConf, WWW_EXAMPLE};
 use crate::ab::Build;
 use crate::ab::Table;
 use crate::load::{
-    bin, dnsperf_outcome, json_u, lat_cell, load_outcome, median_run, run_in, search_with, us,
-    wait_port, Env, Outcome,
+    bin, dnsperf_outcome, json_u, lat_cell, load_outcome, median_run, rate_flags, run_in,
+    search_with, start_echo, us, Env, Outcome,
 };
 
 /// What the results file says of the TLS table.
@@ -97,19 +97,7 @@ impl Tls<'_> {
         );
         let mut argv = vec![bin(self.env, Build::New)?, "load", target];
         argv.extend_from_slice(args);
-        argv.extend([
-            "-c",
-            &c,
-            "--connect-rate",
-            "50000",
-            "-r",
-            &r,
-            "-t",
-            &s,
-            "--threads",
-            "1",
-            "--json",
-        ]);
+        argv.extend(rate_flags(&c, &r, &s));
         let limit = Duration::from_secs_f64(self.o.step_s + 30.0);
         let (_, out, err) = run_in(&self.env.cli, &argv, limit)?;
         load_outcome(&out, &err, rate, self.o.step_s)
@@ -208,6 +196,39 @@ impl Tls<'_> {
             Err(why) => why.clone(),
         };
         Ok((tk_cell, cell(b, peer_best)))
+    }
+}
+
+impl Tls<'_> {
+    /// Two rows: each client's highest rate answered as asked (tcpkit load's from `target`,
+    /// `args`, `conns` and a ladder from `from`; the peer's by `peer` at a rate, from
+    /// `peer_from`), then the latency at half of each one's. The two results (the peer's rate).
+    fn search_rows(
+        &self,
+        tab: &mut Table,
+        what: &str,
+        (target, args, conns, from): (&str, &[&str], u32, u64),
+        mut peer: impl FnMut(u64) -> Result<Outcome>,
+        peer_from: u64,
+    ) -> Result<(Found, u64)> {
+        let tk = self.load_search(target, args, conns, from)?;
+        let dp = search_with(&Tls::ladder(peer_from), &mut peer)?;
+        tab.row(vec![
+            format!("highest rate answered as asked (≥ 99 %): {what}"),
+            found_cell(&tk),
+            peer_cell(&dp),
+        ]);
+        let (a, b) =
+            self.latency_pair(|r| self.load(target, args, conns, r), &tk, &mut peer, dp.0)?;
+        tab.row(vec![
+            format!(
+                "latency p50 / p90 / p99 / p99.9 / max at 50 % of each one's rate, the run with the median p99 of {}",
+                self.o.runs
+            ),
+            a,
+            b,
+        ]);
+        Ok((tk, dp.0))
     }
 }
 
@@ -385,22 +406,9 @@ fn handshakes(o: &Outcome) -> String {
     )
 }
 
-/// Starts `tcpkit echo --dns --threads 1 --port PORT ARGS` in the server host.
+/// Starts this build's `tcpkit echo --dns --threads 1 --port PORT ARGS` in the server host.
 fn echo(env: &Env, lab: &mut Lab, port: u16, args: &[&str]) -> Result<Proc> {
-    let p = port.to_string();
-    let mut argv = vec![
-        bin(env, Build::New)?,
-        "echo",
-        "--dns",
-        "--port",
-        &p,
-        "--threads",
-        "1",
-    ];
-    argv.extend_from_slice(args);
-    let e = env.srv.spawn(lab, &format!("echo-{port}"), &argv)?;
-    wait_port(&env.cli, port, &e)?;
-    Ok(e)
+    start_echo(env, lab, Build::New, port, args, &format!("echo-{port}"))
 }
 
 /// The TLS section of the load table: servers started here in `env`'s server host, run, and
@@ -486,15 +494,15 @@ fn dot_rows(t: &Tls, tab: &mut Table) -> Result<()> {
                 continue;
             }
         }
-        let tk = t.load_search(&target, &dot_args, DOT_CONNS, from_tk)?;
-        let dp = search_with(&Tls::ladder(from_dp), |r| {
-            t.dnsperf("dot", port, &[], DOT_CONNS, r)
-        })?;
-        tab.row(vec![
-            "highest rate answered as asked (≥ 99 %): load --tls --dns vs dnsperf -m dot".into(),
-            found_cell(&tk),
-            peer_cell(&dp),
-        ]);
+        let peer = |r| t.dnsperf("dot", port, &[], DOT_CONNS, r);
+        let what = "load --tls --dns vs dnsperf -m dot";
+        let tk = t.search_rows(
+            tab,
+            what,
+            (&target, &dot_args, DOT_CONNS, from_tk),
+            peer,
+            from_dp,
+        )?;
         if port == ECHO_DOT {
             let plain_target = format!("{SRV}:{ECHO_PLAIN}");
             let plain = t.load_search(
@@ -508,10 +516,10 @@ fn dot_rows(t: &Tls, tab: &mut Table) -> Result<()> {
                 found_cell(&plain),
                 String::new(),
             ]);
-            if let (Ok((tls_r, _)), Ok((plain_r, _))) = (&tk, &plain) {
+            if let (Ok((tls_r, _)), Ok((plain_r, _))) = (&tk.0, &plain) {
                 let (share, over) = (
                     *tls_r as f64 / *plain_r as f64,
-                    *tls_r as f64 / dp.0.max(1) as f64,
+                    *tls_r as f64 / tk.1.max(1) as f64,
                 );
                 tab.row(vec![
                     "issue 26's targets: DoT ≥ 50 % of plain TCP, ≥ 2× dnsperf -m dot".into(),
@@ -526,20 +534,6 @@ fn dot_rows(t: &Tls, tab: &mut Table) -> Result<()> {
                 ]);
             }
         }
-        let (a, b) = t.latency_pair(
-            |r| t.load(&target, &dot_args, DOT_CONNS, r),
-            &tk,
-            |r| t.dnsperf("dot", port, &[], DOT_CONNS, r),
-            dp.0,
-        )?;
-        tab.row(vec![
-            format!(
-                "latency p50 / p90 / p99 / p99.9 / max at 50 % of each one's rate, the run with the median p99 of {}",
-                t.o.runs
-            ),
-            a,
-            b,
-        ]);
     }
     Ok(())
 }
@@ -561,29 +555,9 @@ fn doh_rows(t: &Tls, tab: &mut Table) -> Result<()> {
     ];
     let uri = format!("doh-uri=https://{SRV}:{UNBOUND_DOH}/dns-query");
     let dp_args = ["-O", uri.as_str(), "-O", "doh-method=POST"];
-    let tk = t.load_search(&target, &args, DOH_CONNS, 10_000)?;
-    let dp = search_with(&Tls::ladder(10_000), |r| {
-        t.dnsperf("doh", UNBOUND_DOH, &dp_args, DOH_CONNS, r)
-    })?;
-    tab.row(vec![
-        "highest rate answered as asked (≥ 99 %): load --doh --tls vs dnsperf -m doh".into(),
-        found_cell(&tk),
-        peer_cell(&dp),
-    ]);
-    let (a, b) = t.latency_pair(
-        |r| t.load(&target, &args, DOH_CONNS, r),
-        &tk,
-        |r| t.dnsperf("doh", UNBOUND_DOH, &dp_args, DOH_CONNS, r),
-        dp.0,
-    )?;
-    tab.row(vec![
-        format!(
-            "latency p50 / p90 / p99 / p99.9 / max at 50 % of each one's rate, the run with the median p99 of {}",
-            t.o.runs
-        ),
-        a,
-        b,
-    ]);
+    let peer = |r| t.dnsperf("doh", UNBOUND_DOH, &dp_args, DOH_CONNS, r);
+    let what = "load --doh --tls vs dnsperf -m doh";
+    let _found = t.search_rows(tab, what, (&target, &args, DOH_CONNS, 10_000), peer, 10_000)?;
     Ok(())
 }
 
