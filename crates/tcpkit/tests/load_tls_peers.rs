@@ -116,7 +116,8 @@ fn dnsperf_codes(out: &str) -> BTreeMap<String, u64> {
 }
 
 /// The fixture, proven by the peers: unbound's certificate chains to the test's CA for the
-/// name and the address (openssl s_client with verification on, curl over DoH), and dnsperf
+/// name and the address (openssl s_client with verification on), a TLS 1.3 session resumes
+/// (s_client -sess_out, then -sess_in), and dnsperf
 /// 2.10's `-m dot` and `-m doh` (POST) get every query answered, NOERROR and NXDOMAIN half
 /// each, and unbound counts them as queries over TLS and over HTTPS.
 #[test]
@@ -134,6 +135,21 @@ fn unbound_answers_dnsperf_over_dot_and_doh_with_the_labs_certificate() {
         argv.extend(check.iter().filter(|a| !a.is_empty()));
         argv.extend(["-verify_return_error", "-brief"]);
         t.peer(&argv);
+    }
+    // Resumption: a session saved from one connection resumes the next (unbound needs
+    // tls-session-ticket-keys for it: without them it issues no ticket a client can use). The
+    // sleep keeps s_client's input open until the ticket, sent after the handshake, is in.
+    let sess = t.dir.path().join("session");
+    for (flag, want) in [
+        ("-sess_out", "New, TLSv1.3"),
+        ("-sess_in", "Reused, TLSv1.3"),
+    ] {
+        let line = format!(
+            "sleep 0.3 | openssl s_client -connect {dot} -CAfile {ca} {flag} {}",
+            sess.display()
+        );
+        let out = t.peer(&["sh", "-c", &line]);
+        assert!(out.contains(want), "{flag}: {out}");
     }
     let queries = t.queries();
     let run = |mode: &str, extra: &[&str]| {
