@@ -1,5 +1,6 @@
 //! [`Capture`]: an AF_PACKET socket with a TPACKET_V3 RX ring, opened so that nothing reaches
-//! the ring before the filter is in place, and read one retired block at a time.
+//! the ring before the filter is in place, and read one retired block at a time; or, in
+//! immediate mode, a TPACKET_V2 ring read frame by frame as each packet lands.
 //!
 //! Order of setup, and why:
 //! 1. `socket(AF_PACKET, SOCK_RAW, 0)`: protocol 0 receives nothing until `bind` names one.
@@ -35,6 +36,43 @@ const BLOCK_STATUS_OFF: usize = 8;
 /// Nominal frame size for `tpacket_req3`. V3 packs packets back to back in a block and does
 /// not use frames, but the kernel still checks that the block divides into them.
 const FRAME_SIZE: u32 = 2048;
+/// Where the `sockaddr_ll` sits after each frame's `tpacket2_hdr` (immediate mode).
+const SLL2_OFF: usize = (std::mem::size_of::<libc::tpacket2_hdr>() + libc::TPACKET_ALIGNMENT - 1)
+    & !(libc::TPACKET_ALIGNMENT - 1);
+
+/// Immediate mode's ring: fixed frames, `per_block` to a block (a frame never spans two).
+#[derive(Clone, Copy, Debug)]
+struct Frames {
+    size: usize,
+    per_block: usize,
+    count: usize,
+}
+
+impl Frames {
+    /// Frames that hold `snaplen` bytes of a packet: the kernel puts the link header at
+    /// TPACKET_ALIGN(TPACKET2_HDRLEN + 16) less its length (tpacket_rcv's netoff and macoff)
+    /// and cuts the packet to what is left of the frame.
+    fn for_snaplen(snaplen: u32, block_size: u32, block_count: u32) -> Option<Frames> {
+        let align = |n: usize| (n + libc::TPACKET_ALIGNMENT - 1) & !(libc::TPACKET_ALIGNMENT - 1);
+        let size = align(align(libc::TPACKET2_HDRLEN + 16) + snaplen as usize);
+        let per_block = block_size as usize / size;
+        (per_block > 0).then_some(Frames {
+            size,
+            per_block,
+            count: per_block * block_count as usize,
+        })
+    }
+}
+
+/// Hands a block or frame back to the kernel however the walk of it ends (a panic in the
+/// caller's closure included); Release orders our reads of it before the hand-over.
+struct Give<'a>(&'a AtomicU32);
+
+impl Drop for Give<'_> {
+    fn drop(&mut self) {
+        self.0.store(libc::TP_STATUS_KERNEL, Ordering::Release);
+    }
+}
 
 /// A live capture on one interface (or all), through a TPACKET_V3 ring shared with the kernel.
 ///
@@ -52,8 +90,11 @@ pub struct Capture {
     map_len: usize,
     block_size: usize,
     block_count: usize,
-    /// The block the kernel will retire next, in ring order.
+    /// The block the kernel will retire next, in ring order (in immediate mode, the frame it
+    /// will fill next).
     next: usize,
+    /// Immediate mode's frames; None for a V3 ring of blocks.
+    frames: Option<Frames>,
     stats: CaptureStats,
 }
 
@@ -165,9 +206,38 @@ impl Capture {
             }
         };
 
-        let version = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
-        setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, &version)
-            .map_err(|e| CaptureError::sys(ifname, "setsockopt(PACKET_VERSION, TPACKET_V3)", e))?;
+        let frames = if opts.immediate {
+            let f = Frames::for_snaplen(opts.snaplen, opts.block_size, opts.block_count);
+            Some(f.ok_or_else(|| {
+                CaptureError::invalid(
+                    ifname,
+                    format!(
+                        "immediate mode: ring block size {} cannot hold a frame of snaplen {} bytes",
+                        opts.block_size, opts.snaplen
+                    ),
+                )
+            })?)
+        } else {
+            None
+        };
+        let (version, call) = if frames.is_some() {
+            (
+                libc::tpacket_versions::TPACKET_V2,
+                "setsockopt(PACKET_VERSION, TPACKET_V2)",
+            )
+        } else {
+            (
+                libc::tpacket_versions::TPACKET_V3,
+                "setsockopt(PACKET_VERSION, TPACKET_V3)",
+            )
+        };
+        setsockopt(
+            fd.as_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_VERSION,
+            &(version as libc::c_int),
+        )
+        .map_err(|e| CaptureError::sys(ifname, call, e))?;
 
         let expr = opts.filter.as_deref().unwrap_or("");
         let mut prog = compile_filter(expr, linktype, opts.snaplen)?;
@@ -202,18 +272,37 @@ impl Capture {
             })?;
         }
 
-        let req = libc::tpacket_req3 {
-            tp_block_size: opts.block_size,
-            tp_block_nr: opts.block_count,
-            tp_frame_size: FRAME_SIZE.min(opts.block_size),
-            tp_frame_nr: (opts.block_size / FRAME_SIZE.min(opts.block_size)) * opts.block_count,
-            tp_retire_blk_tov: opts.block_timeout_ms,
-            // No private area: the first packet follows the block header directly.
-            tp_sizeof_priv: 0,
-            tp_feature_req_word: 0,
+        let ring = match frames {
+            // V2 reads only the tpacket_req part of the request.
+            Some(f) => setsockopt(
+                fd.as_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_RX_RING,
+                &libc::tpacket_req {
+                    tp_block_size: opts.block_size,
+                    tp_block_nr: opts.block_count,
+                    tp_frame_size: f.size as u32,
+                    tp_frame_nr: f.count as u32,
+                },
+            ),
+            None => setsockopt(
+                fd.as_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_RX_RING,
+                &libc::tpacket_req3 {
+                    tp_block_size: opts.block_size,
+                    tp_block_nr: opts.block_count,
+                    tp_frame_size: FRAME_SIZE.min(opts.block_size),
+                    tp_frame_nr: (opts.block_size / FRAME_SIZE.min(opts.block_size))
+                        * opts.block_count,
+                    tp_retire_blk_tov: opts.block_timeout_ms,
+                    // No private area: the first packet follows the block header directly.
+                    tp_sizeof_priv: 0,
+                    tp_feature_req_word: 0,
+                },
+            ),
         };
-        setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_RX_RING, &req)
-            .map_err(|e| CaptureError::sys(ifname, "setsockopt(PACKET_RX_RING)", e))?;
+        ring.map_err(|e| CaptureError::sys(ifname, "setsockopt(PACKET_RX_RING)", e))?;
         let map_len = opts.block_size as usize * opts.block_count as usize;
         let map = afpacket::map_ring(fd.as_fd(), map_len)
             .map_err(|e| CaptureError::sys(ifname, "mmap(PACKET_RX_RING)", e))?;
@@ -228,6 +317,7 @@ impl Capture {
             block_size: opts.block_size as usize,
             block_count: opts.block_count as usize,
             next: 0,
+            frames,
             stats: CaptureStats::default(),
         };
 
@@ -279,7 +369,9 @@ impl Capture {
     /// returns (also if `f` panics).
     ///
     /// A block retires when it is full or `block_timeout_ms` after its first packet, so that
-    /// is the latency between a packet's arrival and its delivery here.
+    /// is the latency between a packet's arrival and its delivery here. In immediate mode
+    /// there are no blocks: this takes every packet already landed, each frame handed back
+    /// as soon as its `f` returns.
     ///
     /// While the interface is down this waits as usual (the kernel resumes the capture when it
     /// comes back up); once the interface is deleted it fails with
@@ -289,27 +381,116 @@ impl Capture {
         timeout: Duration,
         mut f: impl FnMut(&CapturedPacket<'_>),
     ) -> Result<usize, CaptureError> {
+        if let Some(fr) = self.frames {
+            return self.next_frames(fr, timeout, f);
+        }
         let i = self.next;
-        if !self.wait(i, timeout)? {
+        if !self.wait(self.block_status(i), timeout)? {
             return Ok(0);
         }
         self.next = (i + 1) % self.block_count;
-        // Hands the block back however the walk ends; Release orders our reads before it.
-        struct Give<'a>(&'a AtomicU32);
-        impl Drop for Give<'_> {
-            fn drop(&mut self) {
-                self.0.store(libc::TP_STATUS_KERNEL, Ordering::Release);
-            }
-        }
         let _give = Give(self.block_status(i));
         self.walk(i, &mut f)
     }
 
-    /// Whether block `i` is ours, waiting up to `timeout` for it.
-    fn wait(&self, i: usize, timeout: Duration) -> Result<bool, CaptureError> {
+    /// Immediate mode's [`Capture::next_block`]: every frame the kernel has filled, in ring
+    /// order, at most the whole ring once.
+    fn next_frames(
+        &mut self,
+        fr: Frames,
+        timeout: Duration,
+        mut f: impl FnMut(&CapturedPacket<'_>),
+    ) -> Result<usize, CaptureError> {
+        if !self.wait(self.frame_status(fr, self.next), timeout)? {
+            return Ok(0);
+        }
+        let mut n = 0;
+        while n < fr.count
+            && self.frame_status(fr, self.next).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
+        {
+            let i = self.next;
+            self.next = (i + 1) % fr.count;
+            let _give = Give(self.frame_status(fr, i));
+            self.walk_frame(fr, i, &mut f)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn frame(&self, fr: Frames, i: usize) -> *mut u8 {
+        debug_assert!(i < fr.count);
+        // SAFETY: i < count, so the frame lies inside its block, inside the mapping.
+        unsafe {
+            self.map
+                .as_ptr()
+                .add((i / fr.per_block) * self.block_size + (i % fr.per_block) * fr.size)
+        }
+    }
+
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "frames start at multiples of TPACKET_ALIGNMENT (16) in page-aligned blocks"
+    )]
+    fn frame_status(&self, fr: Frames, i: usize) -> &AtomicU32 {
+        // SAFETY: tp_status is the first u32 of an aligned frame; the kernel writes it
+        // concurrently, so it is only accessed atomically.
+        unsafe { &*self.frame(fr, i).cast::<AtomicU32>() }
+    }
+
+    /// Calls `f` for the packet in frame `i`, which is ours, every offset checked against
+    /// the frame before it is followed.
+    fn walk_frame(
+        &self,
+        fr: Frames,
+        i: usize,
+        f: &mut impl FnMut(&CapturedPacket<'_>),
+    ) -> Result<(), CaptureError> {
+        let base = self.frame(fr, i);
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "frames start at multiples of TPACKET_ALIGNMENT (16) in page-aligned blocks"
+        )]
+        // SAFETY: the frame is ours (TP_STATUS_USER, read with Acquire) and starts with a
+        // tpacket2_hdr, plain old data the kernel does not write until we hand it back.
+        let h = unsafe { &*base.cast::<libc::tpacket2_hdr>() };
+        let mac = usize::from(h.tp_mac);
+        let snap = h.tp_snaplen as usize;
+        let sll_len = std::mem::size_of::<libc::sockaddr_ll>();
+        if mac < SLL2_OFF + sll_len || mac + snap > fr.size {
+            return Err(CaptureError::Ring {
+                ifname: self.ifname.clone(),
+                block: i / fr.per_block,
+                what: "packet data outside its frame",
+            });
+        }
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "SLL2_OFF is TPACKET_ALIGNMENT-rounded in an aligned frame"
+        )]
+        // SAFETY: in bounds (checked above), 16-byte aligned; plain old data.
+        let sll = unsafe { &*base.add(SLL2_OFF).cast::<libc::sockaddr_ll>() };
+        // SAFETY: [mac, mac + snap) lies inside the frame (checked above), which stays ours
+        // and unchanged until the caller hands it back.
+        let data = unsafe { std::slice::from_raw_parts(base.add(mac), snap) };
+        let vlan_valid = h.tp_status & libc::TP_STATUS_VLAN_VALID != 0;
+        f(&CapturedPacket {
+            ts_ns: u64::from(h.tp_sec) * 1_000_000_000 + u64::from(h.tp_nsec),
+            data,
+            orig_len: h.tp_len,
+            ifindex: sll.sll_ifindex as u32,
+            direction: Direction::from_pkttype(sll.sll_pkttype),
+            vlan_tci: vlan_valid.then_some(h.tp_vlan_tci),
+            vlan_tpid: (vlan_valid && h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0)
+                .then_some(h.tp_vlan_tpid),
+        });
+        Ok(())
+    }
+
+    /// Whether the block or frame `status` belongs to is ours, waiting up to `timeout`.
+    fn wait(&self, status: &AtomicU32, timeout: Duration) -> Result<bool, CaptureError> {
         let deadline = Instant::now().checked_add(timeout);
         loop {
-            if self.block_status(i).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0 {
+            if status.load(Ordering::Acquire) & libc::TP_STATUS_USER != 0 {
                 return Ok(true);
             }
             let left = match deadline {
@@ -487,7 +668,8 @@ impl Capture {
     /// Packets accepted by the filter and dropped for want of ring space since the capture
     /// was opened. The kernel resets its counters on each read; this sums them.
     pub fn stats(&mut self) -> Result<CaptureStats, CaptureError> {
-        // SAFETY: tpacket_stats_v3 is plain old data.
+        // SAFETY: tpacket_stats_v3 is plain old data. A V2 ring gets the shorter
+        // tpacket_stats, its freeze count left 0.
         let mut st: libc::tpacket_stats_v3 = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
         // SAFETY: reads at most `len` bytes into `st`, which we own.
@@ -516,7 +698,8 @@ impl Capture {
 }
 
 impl AsFd for Capture {
-    /// The socket, for an event loop: it is readable when a block has retired.
+    /// The socket, for an event loop: it is readable when a block has retired (in immediate
+    /// mode, when a frame has been filled).
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }

@@ -52,6 +52,13 @@ pub struct CaptureOpts {
     /// Join fanout group `id` in mode `FanoutMode`: the group's sockets on the interface split
     /// its packets between them instead of each receiving all of them.
     pub fanout: Option<(u16, FanoutMode)>,
+    /// Hand over each packet as it arrives (libpcap's immediate mode), for a reader whose
+    /// peer waits on every packet: a TPACKET_V2 ring of one frame per packet instead of V3's
+    /// blocks, which retire at `block_timeout_ms` at the soonest (1 ms, a jiffy on older
+    /// kernels) when packets come slower than they fill a block. Costs a wakeup per packet
+    /// at low rates and a whole frame (snaplen) per packet of ring; `block_timeout_ms` is
+    /// unused. The ring is the same `block_size * block_count` bytes, cut into frames.
+    pub immediate: bool,
 }
 
 impl Default for CaptureOpts {
@@ -70,6 +77,7 @@ impl Default for CaptureOpts {
             block_timeout_ms: 10,
             promisc: false,
             fanout: None,
+            immediate: false,
         }
     }
 }

@@ -393,6 +393,56 @@ fn bad_filter_and_missing_interface_are_one_line_errors() {
     assert_eq!(e.to_string(), "eth9: no such network interface");
 }
 
+/// Immediate mode hands each packet over as it lands: the same datagrams, beside a V3 ring
+/// whose blocks retire only after 10 s, are read at once, whole, with their direction and
+/// time; the V3 ring has handed over nothing yet. (Intercept reads the target's answers this
+/// way: a copy waits on each one.)
+#[test]
+fn immediate_mode_hands_over_each_packet_before_a_block_would_retire() {
+    let (_lab, a, b, link) = pair("capimm");
+    let slow = CaptureOpts {
+        filter: Some("udp dst port 9".into()),
+        block_timeout_ms: 10_000,
+        ..CaptureOpts::default()
+    };
+    let mut blocks = open_in(&b, &link.b.name, &slow);
+    let mut frames = open_in(
+        &b,
+        &link.b.name,
+        &CaptureOpts {
+            immediate: true,
+            ..slow.clone()
+        },
+    );
+    let big = vec![0x5a; 1400];
+    let sent_at = now_ns();
+    a.enter(|| {
+        let u = UdpSocket::bind(addr(A_IP, 0)).expect("udp in A");
+        for d in [&b"first"[..], &big, b"third"] {
+            u.send_to(d, addr(B_IP, 9)).expect("send");
+        }
+    });
+    let got = drain(&mut frames, Duration::from_millis(500), |p| p.len() >= 3);
+    let payloads: Vec<&[u8]> = got.iter().map(|p| &p.data[42..]).collect();
+    assert_eq!(payloads, [&b"first"[..], &big, b"third"], "{got:#?}");
+    for p in &got {
+        assert_eq!(p.direction, Direction::Incoming);
+        assert_eq!(p.orig_len as usize, p.data.len());
+        assert!(
+            p.ts_ns >= sent_at && p.ts_ns < sent_at + 5_000_000_000,
+            "{p:?}"
+        );
+    }
+    assert_eq!(
+        blocks
+            .next_block(Duration::ZERO, |_| {})
+            .expect("next_block"),
+        0,
+        "the V3 block has not retired"
+    );
+    assert_eq!(frames.stats().expect("stats").packets, 3);
+}
+
 #[test]
 fn a_full_ring_drops_are_counted_never_silent() {
     let (_lab, a, b, link) = pair("capdrop");

@@ -55,6 +55,10 @@ pub const DEFAULT_PARTIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// deadline too: far longer than an honest client takes to send a query once it means to.
 pub const DEFAULT_FIRST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Default `--tls-handshake-timeout`: as long as the first-message deadline, far longer than a
+/// handshake takes even on a loaded host.
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Descriptors a process keeps out of its connection cap: stdin/out/err, the listen-queue
 /// counters file, the one accepted connection a thread holds while deciding whether it may
 /// stay, and slack for descriptors inherited or opened by a library; plus, per thread, its
@@ -105,6 +109,11 @@ pub struct EchoConfig {
     /// Most connections this process holds; None: [`default_max_conns`] of the descriptor
     /// limit in force once raised.
     pub max_conns: Option<usize>,
+    /// `--tls`: every connection speaks TLS first (DoT, TLS under the byte echo).
+    pub tls: Option<std::sync::Arc<tcpkit_tls::rustls::ServerConfig>>,
+    /// With --tls: a connection whose handshake is not done this long after its accept is
+    /// closed (a peer that connects and sends half a hello holds a session's memory).
+    pub tls_handshake_timeout: Duration,
 }
 
 impl EchoConfig {
@@ -121,6 +130,8 @@ impl EchoConfig {
             partial_timeout: DEFAULT_PARTIAL_TIMEOUT,
             first_timeout: DEFAULT_FIRST_TIMEOUT,
             max_conns: None,
+            tls: None,
+            tls_handshake_timeout: DEFAULT_TLS_HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -174,6 +185,11 @@ pub struct ThreadCounters {
     pub first_timeouts: AtomicU64,
     /// The OS error number of the last failed accept (0: none yet).
     pub accept_errno: AtomicU64,
+    /// `--tls`: handshakes completed, full and resumed.
+    pub tls_full: AtomicU64,
+    pub tls_resumed: AtomicU64,
+    /// Failed handshakes, by [`tcpkit_tls::Reason`] (in `Reason::ALL`'s order).
+    pub tls_failed: [AtomicU64; 8],
 }
 
 #[inline]
@@ -199,6 +215,9 @@ pub struct Totals {
     pub first_timeouts: u64,
     /// The OS error number of a recent failed accept, 0 if none failed.
     pub accept_errno: u64,
+    pub tls_full: u64,
+    pub tls_resumed: u64,
+    pub tls_failed: [u64; 8],
 }
 
 impl Totals {
@@ -239,6 +258,11 @@ impl EchoCounters {
             t.evicted += g(&c.evicted);
             t.over_cap += g(&c.over_cap);
             t.first_timeouts += g(&c.first_timeouts);
+            t.tls_full += g(&c.tls_full);
+            t.tls_resumed += g(&c.tls_resumed);
+            for (a, b) in t.tls_failed.iter_mut().zip(&c.tls_failed) {
+                *a += g(b);
+            }
             let errno = g(&c.accept_errno);
             if errno != 0 {
                 t.accept_errno = errno;

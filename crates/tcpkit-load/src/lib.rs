@@ -13,6 +13,7 @@ mod nofile;
 pub mod report;
 mod run_id;
 pub mod series;
+pub mod tls_report;
 pub mod tune;
 
 pub use nofile::raise_nofile_limit;

@@ -17,6 +17,7 @@ mod procs;
 mod profile;
 mod proto;
 mod sock;
+mod tls;
 mod wake;
 
 use std::collections::BTreeMap;
@@ -38,6 +39,7 @@ pub use config::{
 pub use outfiles::hdr_logs;
 pub use perquery::HEADER as PER_QUERY_HEADER;
 pub use tcpkit_wire::dns::{qtype_from_str, Name as DnsName};
+pub use tls::TlsClient;
 
 use tcpkit_workers::{share, share_offset};
 
@@ -259,6 +261,9 @@ pub(crate) struct Details {
     /// Why this host could not get ready for a fleet run (told to the barrier).
     #[serde(default)]
     pub not_ready: Option<String>,
+    /// `--tls`: the address handshakes were tried with, for the line naming their failure.
+    #[serde(default)]
+    pub tls_peer: Option<String>,
 }
 
 /// Runs the load. In a worker (`cfg.worker`), runs its share and prints JSON lines for the
@@ -287,7 +292,7 @@ pub fn run(
         procs::print_final(&report, &details);
         return Ok(report);
     }
-    let (mut report, details) = if plan.procs > 1 {
+    let (mut report, mut details) = if plan.procs > 1 {
         procs::run_parent(cfg, &plan, interrupt, live, hint)?
     } else {
         run_share(cfg, &plan, 0, 1, interrupt, live, hint)?
@@ -305,6 +310,9 @@ pub fn run(
     report.run_id = crate::run_id::new_run_id();
     // The processes' reports merged into one carry no shard of their own.
     report.shard = cfg.shard;
+    if cfg.tls.is_some() {
+        details.tls_peer = Some(cfg.addr.to_string());
+    }
     judge(&mut report, &details);
     if let Some(agent) = &cfg.fleet {
         let fleet = agent.report(details.first_sent_unix_ns.unwrap_or(0));
@@ -580,7 +588,11 @@ fn assemble(
     let mut details = Details::default();
     let mut connected_at = began;
     let mut stopped_at = start;
+    let mut tls: Option<crate::tls_report::TlsTally> = None;
     for o in &outs {
+        if let Some(t) = &o.tls {
+            tls.get_or_insert_with(Default::default).absorb(t);
+        }
         hi.merge(&o.hist_intended);
         hs.merge(&o.hist_sent);
         for (a, b) in codes.iter_mut().zip(&o.codes) {
@@ -732,6 +744,9 @@ fn assemble(
         failure: None,
         intervals,
         fleet: None,
+        // Handshakes per second of the whole run: without reopening, most of them are made
+        // while the connections open.
+        tls: tls.map(|t| t.stats(seconds + connected_at.saturating_sub(began) as f64 / 1e9)),
         ..LoadReport::default()
     };
     (report, details)
@@ -768,7 +783,20 @@ fn thread_intervals(
 pub(crate) fn judge(r: &mut LoadReport, d: &Details) {
     let c = &r.connections;
     let q = &r.queries;
-    let why = if c.asked > 0 && c.established == 0 {
+    let tls_all_failed = r
+        .tls
+        .as_ref()
+        .filter(|t| t.handshakes.full + t.handshakes.resumed == 0 && t.handshakes.failed > 0);
+    let why = if let Some(t) = tls_all_failed {
+        // Every handshake failed: the one line that says why (the first failure's).
+        Some(format!(
+            "TLS handshake with {} failed: {}",
+            d.tls_peer.as_deref().unwrap_or(&r.target),
+            t.first_failure
+                .as_deref()
+                .unwrap_or("no handshake completed")
+        ))
+    } else if c.asked > 0 && c.established == 0 {
         Some(format!(
             "could not connect to {}: {} ({} attempts)",
             r.target,

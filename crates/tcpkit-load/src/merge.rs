@@ -12,6 +12,7 @@ use std::path::Path;
 
 use crate::report::{Agent, LoadReport, MergedFleet, Shard, LOAD_SCHEMA_VERSION};
 use crate::series::{lay_out, total, IntervalRec, LayoutError};
+use crate::tls_report::TlsStats;
 use tcpkit_stats::{Histogram, Limits};
 
 /// Why reports could not be merged.
@@ -594,6 +595,14 @@ pub fn merge_reports(reports: &[LoadReport]) -> Result<LoadReport, MergeError> {
     m.histograms.sent = hs.to_base64();
     if !failures.is_empty() {
         m.failure = Some(failures.join("; "));
+    }
+    let tls: Vec<_> = reports.iter().filter_map(|r| r.tls.as_ref()).collect();
+    if !tls.is_empty() {
+        m.tls = Some(TlsStats::merge(&tls).map_err(|e| MergeError::Histogram {
+            report: 0,
+            what: "a tls handshake histogram".into(),
+            source: e,
+        })?);
     }
     let runs: Vec<(&[IntervalRec], i64)> = reports
         .iter()

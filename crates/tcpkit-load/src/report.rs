@@ -96,6 +96,10 @@ pub struct LoadReport {
     /// report, the agents the barrier stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged_fleet: Option<MergedFleet>,
+    /// `--tls`: handshakes (full, resumed, failed by reason, per second), their latency, and
+    /// what was negotiated; absent without --tls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::tls_report::TlsStats>,
     /// The limits given (`--max-p99`, ...), each checked on the whole run; absent without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdict: Option<LimitsVerdict>,
@@ -553,6 +557,9 @@ impl Report for LoadReport {
                 "Per-query log: {} lines to {}, {} dropped",
                 p.lines, p.path, p.dropped
             );
+        }
+        if let Some(t) = &self.tls {
+            t.human(&mut s);
         }
         if let Some(f) = &self.merged_fleet {
             fleet_block(&mut s, f);

@@ -92,6 +92,10 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub max_conns: Option<usize>,
 
+    /// --tls and its certificate flags: DNS over TLS, and TLS under the byte echo.
+    #[command(flatten)]
+    pub tls: crate::tls_flags::EchoTls,
+
     /// Internal: this process is worker K (from 0) of N started by --procs (prints its report
     /// as JSON).
     #[arg(long, value_name = "K/N", hide = true)]
@@ -185,6 +189,29 @@ pub fn resolve(a: &Args) -> Result<(EchoConfig, Run), Failure> {
     }
     cfg.max_conns = a.max_conns;
     cfg.duration = a.run.duration;
+    // DNS over TLS names itself by ALPN `dot` (RFC 7858); the byte echo takes any (or none).
+    let alpn: &[&str] = match cfg.mode {
+        Mode::Dns { .. } => &["dot"],
+        Mode::Echo => &[],
+    };
+    if let Some(t) = a.tls.resolve(&cfg.listen, alpn)? {
+        // Said once: by the process that made it (a worker makes its own; see below).
+        if a.worker.is_none() {
+            if a.tls.tls_self_signed {
+                eprintln!("tcpkit echo: TLS certificate sha256 {}", t.fingerprint);
+            }
+            if let Some(out) = &a.tls.tls_cert_out {
+                std::fs::write(out, &t.cert_pem).map_err(|e| {
+                    usage(format!(
+                        "--tls-cert-out {}: cannot write: {e}",
+                        out.display()
+                    ))
+                })?;
+            }
+        }
+        cfg.tls = Some(t.config);
+        cfg.tls_handshake_timeout = a.tls.tls_handshake_timeout;
+    }
     if !(1..=256).contains(&a.procs) {
         return Err(usage(format!("--procs {}: must be 1 to 256", a.procs)));
     }

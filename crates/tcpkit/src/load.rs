@@ -186,6 +186,10 @@ pub struct Args {
     #[arg(short = 'H', long, value_name = "'NAME: VALUE'")]
     pub header: Vec<String>,
 
+    /// --tls and its flags: DNS over TLS, HTTPS, and TLS under the other TCP payloads.
+    #[command(flatten)]
+    pub tls: crate::tls_flags::LoadTls,
+
     /// wrk2's flags, which mean other things here or do not exist: accepted only to answer a
     /// wrk2 command line with the one to write instead (see [`wrk2_hint`]).
     #[command(flatten)]
@@ -319,7 +323,7 @@ fn file_error(flag: &str, f: &Path, e: &std::io::Error) -> Failure {
 /// The payload flags into a [`Payload`].
 fn payload(a: &Args) -> Result<Payload, Failure> {
     let url = url_target(&a.target)?;
-    if let Some((_, path)) = &url {
+    if let Some((_, path, _)) = &url {
         if let Some(other) = other_payload(a) {
             return Err(usage(format!(
                 "{other}: the target {} is a URL, which asks for HTTP GET; give HOST:PORT for another payload",
@@ -439,12 +443,14 @@ fn http_payload(a: &Args, path: &str) -> Result<Payload, Failure> {
             )));
         }
     }
-    let authority = match url_target(&a.target)? {
-        Some((authority, _)) => authority,
-        None => a.target.clone(),
+    let (authority, https) = match url_target(&a.target)? {
+        Some((authority, _, https)) => (authority, https),
+        None => (a.target.clone(), a.tls.tls),
     };
+    // The port is left out of Host when it is the scheme's own (as wrk and curl do).
+    let default_port = if https { ":443" } else { ":80" };
     let host = authority
-        .strip_suffix(":80")
+        .strip_suffix(default_port)
         .unwrap_or(&authority)
         .to_string();
     Ok(Payload::HttpGet {
@@ -455,14 +461,16 @@ fn http_payload(a: &Args, path: &str) -> Result<Payload, Failure> {
 }
 
 /// A URL target as wrk takes it: `http://HOST[:PORT][/PATH]` into `HOST:PORT` (port 80 when
-/// none is given) and PATH (`/` when none). None for a target that is no URL.
-fn url_target(target: &str) -> Result<Option<(String, String)>, Failure> {
+/// none is given) and PATH (`/` when none); `https://` the same over TLS (port 443 by
+/// default), returned as true. None for a target that is no URL.
+fn url_target(target: &str) -> Result<Option<(String, String, bool)>, Failure> {
     let Some((scheme, rest)) = target.split_once("://") else {
         return Ok(None);
     };
-    if !scheme.eq_ignore_ascii_case("http") {
+    let https = scheme.eq_ignore_ascii_case("https");
+    if !(https || scheme.eq_ignore_ascii_case("http")) {
         return Err(usage(format!(
-            "{target}: load speaks plain http:// (no TLS); give http://HOST:PORT/PATH or HOST:PORT"
+            "{target}: load speaks http:// and https://; give http(s)://HOST:PORT/PATH or HOST:PORT"
         )));
     }
     let (authority, path) = match rest.find(['/', '?']) {
@@ -485,10 +493,12 @@ fn url_target(target: &str) -> Result<Option<(String, String)>, Failure> {
     };
     let authority = if has_port {
         authority.to_string()
+    } else if https {
+        format!("{authority}:443")
     } else {
         format!("{authority}:80")
     };
-    Ok(Some((authority, path)))
+    Ok(Some((authority, path, https)))
 }
 
 /// For a wrk2 command line (one of its flags that load lacks, or `-R N` as the rate with no
@@ -588,9 +598,9 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     }
     let shard = common::shard(a.fleet.shard.as_deref())?;
     // A URL's HOST:PORT is what is connected to; the report shows the URL as typed.
-    let addr_text = match url_target(&a.target)? {
-        Some((authority, _)) => authority,
-        None => a.target.clone(),
+    let (addr_text, https) = match url_target(&a.target)? {
+        Some((authority, _, https)) => (authority, https),
+        None => (a.target.clone(), false),
     };
     check_target(&addr_text).map_err(|why| usage(format!("{}: {why}", a.target)))?;
     let payload = payload(a)?;
@@ -676,6 +686,8 @@ pub fn resolve(a: &Args) -> Result<Config, Failure> {
     cfg.duration = dur;
     cfg.queries = a.queries;
     cfg.queries_per_conn = a.queries_per_conn;
+    let http = matches!(payload, Payload::HttpGet { .. });
+    cfg.tls = a.tls.resolve(&addr_text, https, http)?;
     cfg.payload = payload;
     cfg.udp = a.udp;
     if !(1..=1024).contains(&a.coalesce) {
@@ -821,6 +833,9 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
             .map_err(|e| not_ready(usage(format!("--plot {}: cannot create: {e}", p.display()))))?;
     }
     cfg.fleet = agent.clone();
+    if cfg.worker.is_none() && cfg.tls.as_ref().is_some_and(|t| t.insecure) {
+        eprintln!("tcpkit load: --insecure: no TLS certificate is checked; the server is whoever answers (use --tls-ca FILE to check a lab certificate)");
+    }
     let live = Arc::new(LoadCounters::new());
     if cfg.worker.is_none() {
         if let Some(w) = per_query_warning(&args) {

@@ -12,6 +12,7 @@ mod load;
 mod merge;
 mod mpcat;
 mod replay;
+mod tls_flags;
 mod tune;
 
 use std::process::ExitCode;

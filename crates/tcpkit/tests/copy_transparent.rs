@@ -58,6 +58,8 @@ fn transparent_survives_an_intercept_restart_counting_the_copies_it_cut() {
 /// the clients' pace, and after 10 s of load a third of the requests were still unsent.
 #[test]
 fn transparent_keep_alive_copies_keep_the_clients_pace_at_500_requests_a_second() {
+    // A pace is timed: another paced test beside it on two cores would measure both.
+    let _turn = crate::common::timing_turn();
     let mut t = tlab("cptrpace", 8080);
     let (on_log, tg_log) = t.l.nginx_pair();
     let _i = t.intercept("intercept");
@@ -68,8 +70,8 @@ fn transparent_keep_alive_copies_keep_the_clients_pace_at_500_requests_a_second(
     let r = json(&o);
     let (online, target) = (lines(&on_log).len() as u64, lines(&tg_log).len() as u64);
     eprintln!(
-        "pace: online {online} target {target} requests {} sessions {}",
-        r["requests"], r["sessions"]
+        "pace: online {online} target {target} requests {} sessions {} latency {}",
+        r["requests"], r["sessions"], r["latency"]
     );
     let r = tlab::transparent_report(&o);
     assert_eq!(u(&r, "sessions.open_at_end"), 0, "{r:#}");

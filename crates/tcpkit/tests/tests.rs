@@ -30,6 +30,7 @@ mod load;
 mod load_contract;
 mod load_plot;
 mod load_scale;
+mod load_tls;
 mod load_tls_peers;
 mod load_unbound;
 mod load_usage;

@@ -11,6 +11,11 @@
 //! newcomer over the cap takes the place of the oldest connection that has not yet sent a
 //! first message ([`Silent`]), or is closed at once when every connection has spoken; and once
 //! the server has been full, a connection silent past `first_timeout` is closed.
+//!
+//! With `--tls` each connection has a TLS session beside its slot (in a parallel vector, so a
+//! clear server's slots stay as small as before), boxed and bounded: its handshake has
+//! `tls_handshake_timeout`, its buffers rustls' limits ([`tcpkit_tls::session::OUT_LIMIT`]
+//! of output, one record of input); above it the modes see plaintext.
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::sync::atomic::Ordering;
@@ -18,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
+use tcpkit_tls::{Reason, Session};
 use tcpkit_wire::dns;
 
 use super::silent::Silent;
@@ -82,12 +88,21 @@ impl Conn {
     }
 }
 
+/// A TLS connection's session and when it was accepted (for the handshake deadline).
+#[derive(Debug)]
+struct PeerTls {
+    session: Session,
+    since: Instant,
+}
+
 /// Connections by token: a Vec of slots and a free list, so a slot is reused in O(1) and a
-/// token stays valid exactly as long as its connection.
+/// token stays valid exactly as long as its connection. `tls` (empty in clear) holds each
+/// TLS connection's session at its slot's index.
 #[derive(Debug, Default)]
 struct Slab {
     slots: Vec<Option<Conn>>,
     free: Vec<usize>,
+    tls: Vec<Option<Box<PeerTls>>>,
 }
 
 impl Slab {
@@ -107,7 +122,17 @@ impl Slab {
     fn remove(&mut self, i: usize) -> Option<Conn> {
         let c = self.slots.get_mut(i)?.take()?;
         self.free.push(i);
+        if let Some(t) = self.tls.get_mut(i) {
+            *t = None;
+        }
         Some(c)
+    }
+
+    fn set_tls(&mut self, i: usize, t: Box<PeerTls>) {
+        if self.tls.len() <= i {
+            self.tls.resize_with(i + 1, || None);
+        }
+        self.tls[i] = Some(t);
     }
 
     fn get_mut(&mut self, i: usize) -> Option<&mut Conn> {
@@ -129,6 +154,8 @@ impl Slab {
 struct Conns<'s> {
     slab: Slab,
     silent: Silent,
+    /// `--tls`: each accepted connection gets a session of this configuration.
+    tls: Option<std::sync::Arc<tcpkit_tls::rustls::ServerConfig>>,
     /// Accept times are kept as milliseconds since this instant.
     epoch: Instant,
     shared: &'s Shared<'s>,
@@ -213,6 +240,7 @@ pub(super) fn serve(
     let mut conns = Conns {
         slab: Slab::default(),
         silent: Silent::default(),
+        tls: cfg.tls.clone(),
         epoch: Instant::now(),
         shared,
     };
@@ -259,6 +287,9 @@ pub(super) fn serve(
             if matches!(cfg.mode, Mode::Dns { .. }) {
                 sweep_partial(&mut conns, now, cfg.partial_timeout, counters);
             }
+            if conns.tls.is_some() {
+                sweep_handshakes(&mut conns, now, cfg.tls_handshake_timeout, counters);
+            }
         }
         let mut timeout = TICK;
         for t in [shared.deadline, backoff_until].into_iter().flatten() {
@@ -287,14 +318,15 @@ pub(super) fn serve(
                 }
                 continue;
             }
-            let Some(conn) = conns.slab.get_mut(t) else {
+            let Some(conn) = conns.slab.slots.get_mut(t).and_then(Option::as_mut) else {
                 continue;
             };
+            let tls = conns.slab.tls.get_mut(t).and_then(Option::as_deref_mut);
             // A peer's FIN (or an error) must be read to be seen; otherwise a short read
             // means the socket is empty and the next bytes raise a new edge.
             let hup = ev.is_read_closed() || ev.is_error();
             let was_silent = conn.tag != 0;
-            let next = lp.work(conn, hup);
+            let next = lp.work(conn, tls, hup);
             if was_silent && conn.tag == 0 {
                 conns.silent.left();
             }
@@ -321,6 +353,26 @@ fn sweep_partial(conns: &mut Conns<'_>, now: Instant, limit: Duration, c: &Threa
             bump(&c.partial_timeouts, 1);
             bump(&c.closed, 1);
         }
+    }
+}
+
+/// Closes every TLS connection whose handshake is not done `limit` after its accept (one pass
+/// over the sessions per tick).
+fn sweep_handshakes(conns: &mut Conns<'_>, now: Instant, limit: Duration, c: &ThreadCounters) {
+    for i in 0..conns.slab.tls.len() {
+        let late = conns.slab.tls[i]
+            .as_ref()
+            .is_some_and(|t| t.session.is_handshaking() && now.duration_since(t.since) >= limit);
+        if late && conns.remove(i).is_some() {
+            tls_failed(c, Reason::HandshakeTimeout);
+            bump(&c.closed, 1);
+        }
+    }
+}
+
+fn tls_failed(c: &ThreadCounters, r: Reason) {
+    if let Some(k) = Reason::ALL.iter().position(|x| *x == r) {
+        bump(&c.tls_failed[k], 1);
     }
 }
 
@@ -419,6 +471,23 @@ fn accept_all(l: &TcpListener, poll: &Poll, conns: &mut Conns<'_>, c: &ThreadCou
                     conns.remove(i);
                     bump(&c.accept_errors, 1);
                     bump(&c.closed, 1);
+                    continue;
+                }
+                if let Some(cfg) = &conns.tls {
+                    match Session::server(cfg) {
+                        Ok(session) => conns.slab.set_tls(
+                            i,
+                            Box::new(PeerTls {
+                                session,
+                                since: now,
+                            }),
+                        ),
+                        Err(_) => {
+                            conns.remove(i);
+                            tls_failed(c, Reason::Other);
+                            bump(&c.closed, 1);
+                        }
+                    }
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Accepted::Drained,
@@ -457,12 +526,16 @@ fn accept_all(l: &TcpListener, poll: &Poll, conns: &mut Conns<'_>, c: &ThreadCou
     Accepted::More
 }
 
-/// `write` until done or the socket is full; returns bytes written, or None if the connection
-/// failed.
-fn write_some(stream: &mut TcpStream, buf: &[u8]) -> Option<usize> {
+/// `write` until done or the socket is full (with TLS: the session's output limit); returns
+/// bytes written, or None if the connection failed.
+fn write_some(stream: &mut TcpStream, mut tls: Option<&mut Session>, buf: &[u8]) -> Option<usize> {
     let mut done = 0;
     while done < buf.len() {
-        match stream.write(&buf[done..]) {
+        let r = match tls.as_deref_mut() {
+            Some(t) => t.write(stream, &buf[done..]),
+            None => stream.write(&buf[done..]),
+        };
+        match r {
             Ok(0) => return None,
             Ok(n) => done += n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -474,9 +547,14 @@ fn write_some(stream: &mut TcpStream, buf: &[u8]) -> Option<usize> {
 }
 
 /// One `read`: Some(n > 0) bytes, Some(0) for nothing now, None for closed or failed.
-fn read_some(stream: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
+fn read_some(stream: &mut TcpStream, tls: Option<&mut Session>, buf: &mut [u8]) -> Option<usize> {
+    let mut tls = tls;
     loop {
-        match stream.read(buf) {
+        let r = match tls.as_deref_mut() {
+            Some(t) => t.read(stream, buf),
+            None => stream.read(buf),
+        };
+        match r {
             Ok(0) => return None,
             Ok(n) => return Some(n),
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Some(0),
@@ -487,13 +565,19 @@ fn read_some(stream: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
 }
 
 impl Loop<'_> {
-    /// Writes pending output. False when it could not all be written (wait for writable).
-    fn flush(&self, conn: &mut Conn) -> Result<bool, ()> {
+    /// Writes pending output (with TLS, the session's records first). False when it could
+    /// not all be written (wait for writable).
+    fn flush(&self, conn: &mut Conn, mut tls: Option<&mut Session>) -> Result<bool, ()> {
+        if let Some(t) = tls.as_deref_mut() {
+            if !t.flush(&mut conn.stream).map_err(drop)? {
+                return Ok(false);
+            }
+        }
         let Some(p) = conn.pending.as_mut() else {
             return Ok(true);
         };
         if p.out_pos < p.output.len() {
-            let n = write_some(&mut conn.stream, &p.output[p.out_pos..]).ok_or(())?;
+            let n = write_some(&mut conn.stream, tls, &p.output[p.out_pos..]).ok_or(())?;
             bump(&self.c.bytes_out, n as u64);
             p.out_pos += n;
             if p.out_pos < p.output.len() {
@@ -507,8 +591,8 @@ impl Loop<'_> {
     }
 
     /// Writes `data` now; keeps what the socket has no room for.
-    fn send(&self, conn: &mut Conn, data: &[u8]) -> Result<(), ()> {
-        let n = write_some(&mut conn.stream, data).ok_or(())?;
+    fn send(&self, conn: &mut Conn, tls: Option<&mut Session>, data: &[u8]) -> Result<(), ()> {
+        let n = write_some(&mut conn.stream, tls, data).ok_or(())?;
         bump(&self.c.bytes_out, n as u64);
         if n < data.len() {
             let p = conn.pending_mut();
@@ -523,28 +607,62 @@ impl Loop<'_> {
     /// empty (edge-triggered: nothing else will tell us) or the peer stops reading. A read
     /// shorter than asked emptied the socket, so the read that would only say EAGAIN is
     /// skipped (it was one recv in two under load) unless `hup` says a FIN waits behind.
-    fn work(&mut self, conn: &mut Conn, hup: bool) -> Next {
+    fn work(&mut self, conn: &mut Conn, tls: Option<&mut PeerTls>, hup: bool) -> Next {
+        let session = match tls {
+            Some(p) => {
+                if p.session.is_handshaking() {
+                    match p.session.handshake(&mut conn.stream) {
+                        Ok(false) => return Next::Wait,
+                        Ok(true) => {
+                            let resumed = p.session.info().is_some_and(|i| i.resumed);
+                            bump(
+                                if resumed {
+                                    &self.c.tls_resumed
+                                } else {
+                                    &self.c.tls_full
+                                },
+                                1,
+                            );
+                        }
+                        Err(e) => {
+                            tls_failed(self.c, Reason::of(&e));
+                            return Next::Close;
+                        }
+                    }
+                }
+                Some(&mut p.session)
+            }
+            None => None,
+        };
         let r = match self.mode {
-            Mode::Echo => self.echo(conn, hup),
-            Mode::Dns { .. } => self.dns(conn, hup),
+            Mode::Echo => self.echo(conn, session, hup),
+            Mode::Dns { .. } => self.dns(conn, session, hup),
         };
         r.unwrap_or(Next::Close)
     }
 
-    fn echo(&mut self, conn: &mut Conn, hup: bool) -> Result<Next, ()> {
+    fn echo(
+        &mut self,
+        conn: &mut Conn,
+        mut tls: Option<&mut Session>,
+        hup: bool,
+    ) -> Result<Next, ()> {
+        // A short read empties a clear socket; a TLS read returns one record at most.
+        let drains = tls.is_none();
         loop {
-            if !self.flush(conn)? {
+            if !self.flush(conn, tls.as_deref_mut())? {
                 return Ok(Next::Wait);
             }
             // At most max_buf per read, so what is left over never exceeds max_buf.
-            let n = read_some(&mut conn.stream, &mut self.scratch).ok_or(())?;
+            let n = read_some(&mut conn.stream, tls.as_deref_mut(), &mut self.scratch).ok_or(())?;
             if n == 0 {
                 return Ok(Next::Wait);
             }
             // Any byte is an echo client's first message.
             conn.tag = 0;
             bump(&self.c.bytes_in, n as u64);
-            let n = write_some(&mut conn.stream, &self.scratch[..n]).map(|w| (w, n));
+            let n = write_some(&mut conn.stream, tls.as_deref_mut(), &self.scratch[..n])
+                .map(|w| (w, n));
             let (w, n) = n.ok_or(())?;
             bump(&self.c.bytes_out, w as u64);
             if w < n {
@@ -553,7 +671,7 @@ impl Loop<'_> {
                 p.out_pos = 0;
                 return Ok(Next::Wait);
             }
-            if n < self.scratch.len() && !hup {
+            if drains && n < self.scratch.len() && !hup {
                 return Ok(Next::Wait);
             }
         }
@@ -561,7 +679,13 @@ impl Loop<'_> {
 
     /// DNS: input is taken in windows of half the buffer and answers are built up to the
     /// other half, so a connection holds at most about `max_buf` bytes.
-    fn dns(&mut self, conn: &mut Conn, hup: bool) -> Result<Next, ()> {
+    fn dns(
+        &mut self,
+        conn: &mut Conn,
+        mut tls: Option<&mut Session>,
+        hup: bool,
+    ) -> Result<Next, ()> {
+        let drains = tls.is_none();
         let Mode::Dns { a, aaaa } = self.mode else {
             return Err(());
         };
@@ -578,7 +702,7 @@ impl Loop<'_> {
             {
                 return Ok(Next::Wait);
             }
-            if !self.flush(conn)? {
+            if !self.flush(conn, tls.as_deref_mut())? {
                 return Ok(Next::Wait);
             }
             // The start of a query left from last time goes first.
@@ -597,7 +721,11 @@ impl Loop<'_> {
                     bump(&self.c.malformed, 1);
                     return Ok(Next::Close);
                 }
-                let n = match read_some(&mut conn.stream, &mut self.scratch[have..window]) {
+                let n = match read_some(
+                    &mut conn.stream,
+                    tls.as_deref_mut(),
+                    &mut self.scratch[have..window],
+                ) {
                     Some(n) => n,
                     None => return Ok(Next::Close),
                 };
@@ -606,7 +734,7 @@ impl Loop<'_> {
                     self.keep_input(conn, have, since);
                     return Ok(Next::Wait);
                 }
-                drained = n < window - have;
+                drained = drains && n < window - have;
                 have += n;
             }
             // Answer every complete query, in order, while the answers fit their half.
@@ -636,7 +764,7 @@ impl Loop<'_> {
                 conn.tag = 0;
             }
             let out = std::mem::take(&mut self.out);
-            let sent = self.send(conn, &out);
+            let sent = self.send(conn, tls.as_deref_mut(), &out);
             self.out = out;
             sent?;
             if bad {
@@ -716,6 +844,7 @@ mod tests {
         let mut conns = Conns {
             slab: Slab::default(),
             silent: Silent::default(),
+            tls: None,
             epoch: t0,
             shared: &shared,
         };

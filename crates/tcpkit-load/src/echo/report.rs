@@ -57,6 +57,55 @@ pub struct EchoReport {
     pub over_cap: u64,
     /// "duration" or "signal".
     pub stopped_by: String,
+    /// `--tls`: handshakes done and failed; absent in clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<EchoTls>,
+}
+
+/// echo's TLS counts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EchoTls {
+    pub handshakes: EchoHandshakes,
+    /// Failed handshakes by reason (`unknown_ca` when a client refused this certificate,
+    /// `handshake_timeout` past --tls-handshake-timeout, `reset`, ...).
+    pub failures: std::collections::BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EchoHandshakes {
+    pub full: u64,
+    pub resumed: u64,
+    pub failed: u64,
+}
+
+impl EchoTls {
+    fn of(t: &Totals) -> EchoTls {
+        let failures: std::collections::BTreeMap<String, u64> = tcpkit_tls::Reason::ALL
+            .iter()
+            .zip(t.tls_failed)
+            .filter(|(_, n)| *n > 0)
+            .map(|(r, n)| (r.as_str().to_string(), n))
+            .collect();
+        EchoTls {
+            handshakes: EchoHandshakes {
+                full: t.tls_full,
+                resumed: t.tls_resumed,
+                failed: failures.values().sum(),
+            },
+            failures,
+        }
+    }
+
+    fn add(&mut self, o: &EchoTls) {
+        self.handshakes.full += o.handshakes.full;
+        self.handshakes.resumed += o.handshakes.resumed;
+        self.handshakes.failed += o.handshakes.failed;
+        for (k, v) in &o.failures {
+            *self.failures.entry(k.clone()).or_insert(0) += v;
+        }
+    }
 }
 
 /// What bounded one process: its descriptor limit and its connection cap.
@@ -108,6 +157,7 @@ impl EchoReport {
             evicted: t.evicted,
             over_cap: t.over_cap,
             stopped_by: stopped_by.into(),
+            tls: cfg.tls.as_ref().map(|_| EchoTls::of(t)),
         }
     }
 
@@ -138,6 +188,9 @@ impl EchoReport {
             m.over_cap += r.over_cap;
             if m.accept_error.is_none() {
                 m.accept_error.clone_from(&r.accept_error);
+            }
+            if let (Some(a), Some(b)) = (m.tls.as_mut(), &r.tls) {
+                a.add(b);
             }
             if r.stopped_by == "signal" {
                 m.stopped_by = r.stopped_by.clone();
@@ -170,6 +223,18 @@ impl Report for EchoReport {
                     self.partial_timeouts
                 ));
             }
+        }
+        if let Some(t) = &self.tls {
+            let h = &t.handshakes;
+            s.push_str(&format!(
+                "TLS handshakes: {} full, {} resumed, {} failed",
+                h.full, h.resumed, h.failed
+            ));
+            if !t.failures.is_empty() {
+                let f: Vec<String> = t.failures.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                s.push_str(&format!(" ({})", f.join(", ")));
+            }
+            s.push('\n');
         }
         if self.first_timeouts + self.evicted + self.over_cap > 0 {
             s.push_str(&format!(
@@ -237,6 +302,7 @@ mod tests {
             evicted: 0,
             over_cap: 0,
             stopped_by: "signal".into(),
+            tls: None,
         }
     }
 

@@ -429,6 +429,8 @@ pub struct Config {
     /// `--duration` counts from that start, not from the first connect, since waiting for
     /// the other agents is not this run's time.
     pub gated: bool,
+    /// `--tls`: every TCP connection speaks TLS first (DoT, HTTPS, ...); None in clear.
+    pub tls: Option<super::tls::TlsClient>,
 }
 
 impl Config {
@@ -464,6 +466,7 @@ impl Config {
             worker_argv: Vec::new(),
             fleet: None,
             gated: false,
+            tls: None,
         }
     }
 

@@ -31,6 +31,7 @@ use super::sock::{
 use super::wake::Wake;
 use super::{LoadCounters, LoadError};
 use crate::series::{IntervalRec, Tally};
+use crate::tls_report::TlsTally;
 use tcpkit_workers::share;
 
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
@@ -132,6 +133,8 @@ pub(crate) struct ThreadOut {
     pub connected_at: u64,
     /// Its seconds, `start_unix_ns` from the query phase's start.
     pub intervals: Vec<IntervalRec>,
+    /// Its TLS handshakes (`--tls`).
+    pub tls: Option<TlsTally>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -170,6 +173,8 @@ enum State {
     /// Waiting for its (re)connect turn at `since`.
     Idle,
     Connecting,
+    /// `--tls`: connected, the TLS handshake under way since `since`; takes no query yet.
+    Handshaking,
     Open,
     /// Given up (retries spent while opening, or the run is ending).
     Dead,
@@ -245,6 +250,7 @@ struct Worker<'s, 'a> {
     answers: Vec<Answer>,
     connected_at: u64,
     sent_any: bool,
+    tls: Option<TlsTally>,
 }
 
 pub(crate) fn run_thread(
@@ -329,6 +335,7 @@ pub(crate) fn run_thread(
         answers: Vec::with_capacity(256),
         connected_at: 0,
         sent_any: false,
+        tls: cfg.tls.as_ref().map(|_| TlsTally::default()),
     };
     w.run(&mut poll, &mut events, &mut wake);
     Ok(w.finish())
@@ -787,10 +794,13 @@ impl Worker<'_, '_> {
             };
             // A UDP socket is "connected" at once; it goes through the same writable event
             // to Open as a TCP connect, so both are counted the same way.
-            let sock = if self.sh.cfg.udp {
-                connect_udp(self.sh.cfg.addr, src)
-            } else {
-                connect(self.sh.cfg.addr, src).map(Sock::Tcp)
+            let sock = match (&self.sh.cfg.tls, self.sh.cfg.udp) {
+                (_, true) => connect_udp(self.sh.cfg.addr, src),
+                (Some(tls), false) => connect(self.sh.cfg.addr, src).and_then(|s| {
+                    let t = tls.session().map_err(io::Error::other)?;
+                    Ok(Sock::Tls(s, Box::new(t)))
+                }),
+                (None, false) => connect(self.sh.cfg.addr, src).map(Sock::Tcp),
             };
             match sock {
                 Ok(mut s) => {
@@ -898,15 +908,28 @@ impl Worker<'_, '_> {
                 }
                 c.was_open = true;
                 self.c.established += 1;
-                self.open += 1;
-                let open = self.sh.open.fetch_add(1, Ordering::Relaxed) + 1;
-                self.sh.peak_open.fetch_max(open, Ordering::Relaxed);
+                if self.sh.cfg.tls.is_some() {
+                    // Open (taking queries) once the handshake is done.
+                    c.state = State::Handshaking;
+                    c.since = now;
+                    self.handshake(i);
+                    return;
+                }
+                self.opened();
                 if readable {
                     self.on_readable(i, closed, now);
                 }
             }
+            State::Handshaking => {
+                if readable || writable {
+                    self.handshake(i);
+                }
+            }
             State::Open => {
-                if writable && !self.conns[i].wbuf.is_empty() {
+                let c = &self.conns[i];
+                if writable
+                    && (!c.wbuf.is_empty() || c.sock.as_ref().is_some_and(Sock::wants_write))
+                {
                     self.flush(i, now);
                 }
                 if readable && self.conns[i].state == State::Open {
@@ -915,6 +938,50 @@ impl Worker<'_, '_> {
             }
             State::Idle | State::Dead => {}
         }
+    }
+
+    /// A connection became open (connected; with --tls, handshake done): it takes queries.
+    fn opened(&mut self) {
+        self.open += 1;
+        let open = self.sh.open.fetch_add(1, Ordering::Relaxed) + 1;
+        self.sh.peak_open.fetch_max(open, Ordering::Relaxed);
+    }
+
+    /// Moves connection `i`'s TLS handshake on; once done it is timed (from the connect's
+    /// end) and the connection is open; a failure is counted by reason and the connection
+    /// retried as a failed connect is.
+    fn handshake(&mut self, i: usize) {
+        let c = &mut self.conns[i];
+        let Some(Sock::Tls(s, t)) = c.sock.as_mut() else {
+            return;
+        };
+        match t.handshake(s) {
+            Ok(false) => {}
+            Ok(true) => {
+                let ns = now_ns().saturating_sub(c.since);
+                if let (Some(info), Some(tally)) = (t.info(), self.tls.as_mut()) {
+                    tally.done(&info, t.alpn(), ns);
+                }
+                c.state = State::Open;
+                self.opened();
+            }
+            Err(e) => {
+                let Some(tls) = self.sh.cfg.tls.as_ref() else {
+                    return;
+                };
+                let f = tcpkit_tls::Failure::of(&e, &tls.offer());
+                self.tls_failed(i, &f, now_ns());
+            }
+        }
+    }
+
+    fn tls_failed(&mut self, i: usize, f: &tcpkit_tls::Failure, now: u64) {
+        if let Some(tally) = self.tls.as_mut() {
+            tally.failed(f);
+        }
+        self.count_error(f.reason.error_name());
+        self.conns[i].sock = None;
+        self.retry_later(i, now);
     }
 
     fn flush(&mut self, i: usize, now: u64) {
@@ -935,6 +1002,9 @@ impl Worker<'_, '_> {
         }
         // Idle connections hold no buffer.
         c.wbuf = Vec::new();
+        if let Err(e) = s.flush_below() {
+            self.close(i, Why::Error(&e), now);
+        }
     }
 
     /// Answers on a UDP socket: one per datagram, read until the socket is empty (edge
@@ -982,6 +1052,10 @@ impl Worker<'_, '_> {
             return;
         }
         let mut read_any = false;
+        let drains = self.conns[i]
+            .sock
+            .as_ref()
+            .is_some_and(Sock::short_read_drains);
         loop {
             let c = &mut self.conns[i];
             let Some(s) = c.sock.as_mut() else { return };
@@ -1040,7 +1114,7 @@ impl Worker<'_, '_> {
             // A short read emptied the socket; with edge-triggered epoll the next data raises
             // a new event, so another read would only return EAGAIN. A pending FIN is the
             // exception: read on to see it.
-            if n < self.rbuf.len() && !closed {
+            if drains && n < self.rbuf.len() && !closed {
                 self.ack_now(i);
                 return;
             }
@@ -1124,6 +1198,9 @@ impl Worker<'_, '_> {
         }
         let c = &mut self.conns[i];
         let was_open = c.state == State::Open;
+        if let (Some(Sock::Tls(s, t)), Why::Ours) = (c.sock.as_mut(), &why) {
+            t.close(s);
+        }
         c.sock = None;
         for p in c.pending.drain(..) {
             self.c.lost += 1;
@@ -1177,6 +1254,10 @@ impl Worker<'_, '_> {
                         self.first_connect_error = Some(why);
                     }
                     self.retry_later(i, now);
+                }
+                State::Handshaking if now.saturating_sub(c.since) >= ct => {
+                    let f = tcpkit_tls::Failure::timeout(self.sh.cfg.connect_timeout);
+                    self.tls_failed(i, &f, now);
                 }
                 State::Open if !c.pending.is_empty() && self.start != 0 => {
                     let Some(front) = c.pending.front() else {
@@ -1241,6 +1322,7 @@ impl Worker<'_, '_> {
             first_connect_error: self.first_connect_error,
             c: self.c,
             connected_at: self.connected_at,
+            tls: self.tls,
         }
     }
 }

@@ -70,12 +70,14 @@ fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, value: libc::c_int) 
     Ok(())
 }
 
-/// One of load's sockets: a TCP connection, or a connected UDP socket (`--udp`: one datagram
-/// per query and per answer, dnsperf's default transport).
+/// One of load's sockets: a TCP connection, a connected UDP socket (`--udp`: one datagram
+/// per query and per answer, dnsperf's default transport), or TLS over TCP (`--tls`: reads
+/// and writes are plaintext; the session is boxed so a clear connection's slot stays small).
 #[derive(Debug)]
 pub(crate) enum Sock {
     Tcp(mio::net::TcpStream),
     Udp(mio::net::UdpSocket),
+    Tls(mio::net::TcpStream, Box<tcpkit_tls::Session>),
 }
 
 impl Sock {
@@ -85,6 +87,7 @@ impl Sock {
         match self {
             Sock::Tcp(s) => s.read(buf),
             Sock::Udp(s) => s.recv(buf),
+            Sock::Tls(s, t) => t.read(s, buf),
         }
     }
 
@@ -94,7 +97,28 @@ impl Sock {
         match self {
             Sock::Tcp(s) => s.write(buf),
             Sock::Udp(s) => s.send(buf),
+            Sock::Tls(s, t) => t.write(s, buf),
         }
+    }
+
+    /// Writes output kept below the socket (TLS records the socket had no room for); true
+    /// when none is left.
+    pub(crate) fn flush_below(&mut self) -> io::Result<bool> {
+        match self {
+            Sock::Tls(s, t) => t.flush(s),
+            Sock::Tcp(_) | Sock::Udp(_) => Ok(true),
+        }
+    }
+
+    /// Whether output waits below the socket (see [`Sock::flush_below`]).
+    pub(crate) fn wants_write(&self) -> bool {
+        matches!(self, Sock::Tls(_, t) if t.wants_write())
+    }
+
+    /// Whether a read shorter than asked says the socket is empty: not for TLS, where one
+    /// read returns at most one record's plaintext and more records may wait behind it.
+    pub(crate) fn short_read_drains(&self) -> bool {
+        !matches!(self, Sock::Tls(..))
     }
 
     /// Acknowledges at once what this TCP socket has received (`TCP_QUICKACK`; nothing for
@@ -102,7 +126,7 @@ impl Sock {
     /// falls back into delayed ACKs within a few segments), so this holds for what was read
     /// before the call: it is set again after each read.
     pub(crate) fn ack_now(&self) {
-        if let Sock::Tcp(s) = self {
+        if let Sock::Tcp(s) | Sock::Tls(s, _) = self {
             // A failure (the connection already closed) only leaves the ACK delayed.
             let _ = set_int(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_QUICKACK, 1);
         }
@@ -110,14 +134,14 @@ impl Sock {
 
     pub(crate) fn take_error(&self) -> io::Result<Option<io::Error>> {
         match self {
-            Sock::Tcp(s) => s.take_error(),
+            Sock::Tcp(s) | Sock::Tls(s, _) => s.take_error(),
             Sock::Udp(s) => s.take_error(),
         }
     }
 
     pub(crate) fn peer_addr(&self) -> io::Result<SocketAddr> {
         match self {
-            Sock::Tcp(s) => s.peer_addr(),
+            Sock::Tcp(s) | Sock::Tls(s, _) => s.peer_addr(),
             Sock::Udp(s) => s.peer_addr(),
         }
     }
@@ -135,7 +159,7 @@ impl mio::event::Source for Sock {
         interests: mio::Interest,
     ) -> io::Result<()> {
         match self {
-            Sock::Tcp(s) => s.register(registry, token, interests),
+            Sock::Tcp(s) | Sock::Tls(s, _) => s.register(registry, token, interests),
             Sock::Udp(s) => s.register(registry, token, interests),
         }
     }
@@ -147,14 +171,14 @@ impl mio::event::Source for Sock {
         interests: mio::Interest,
     ) -> io::Result<()> {
         match self {
-            Sock::Tcp(s) => s.reregister(registry, token, interests),
+            Sock::Tcp(s) | Sock::Tls(s, _) => s.reregister(registry, token, interests),
             Sock::Udp(s) => s.reregister(registry, token, interests),
         }
     }
 
     fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
         match self {
-            Sock::Tcp(s) => s.deregister(registry),
+            Sock::Tcp(s) | Sock::Tls(s, _) => s.deregister(registry),
             Sock::Udp(s) => s.deregister(registry),
         }
     }
@@ -269,7 +293,9 @@ pub(crate) fn hint_bit(name: &str, answered: bool) -> u32 {
 /// `tcpi_total_retrans`, read right after the handshake, before any data: only SYNs can have
 /// been retransmitted). False when the kernel does not say.
 pub(crate) fn syn_was_resent(s: &Sock) -> bool {
-    let Sock::Tcp(s) = s else { return false };
+    let (Sock::Tcp(s) | Sock::Tls(s, _)) = s else {
+        return false;
+    };
     // SAFETY: tcp_info is plain integers; all-zero is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
