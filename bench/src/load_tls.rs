@@ -83,8 +83,11 @@ struct Tls<'a> {
     env: &'a Env,
     ca: String,
     o: Opts,
-    /// Why this build cannot run tcpkit's cells (flags it lacks), if it cannot.
+    /// Why this build cannot run echo --tls (flags echo or load lack), if it cannot.
     lacks: Option<String>,
+    /// load's flags of [`LOAD_FLAGS`] this build lacks: a cell whose arguments name one is
+    /// said, not run.
+    missing: Vec<String>,
     queries: String,
 }
 
@@ -159,8 +162,16 @@ impl Tls<'_> {
 
     /// tcpkit's highest rate answered as asked, or why it was not run.
     fn load_search(&self, target: &str, args: &[&str], conns: u32, from: u64) -> Result<Found> {
-        if let Some(why) = &self.lacks {
-            return Ok(Err(why.clone()));
+        let lacking: Vec<&str> = args
+            .iter()
+            .copied()
+            .filter(|a| self.missing.iter().any(|m| m == a))
+            .collect();
+        if !lacking.is_empty() {
+            return Ok(Err(format!(
+                "not run: this build's load lacks {}",
+                lacking.join(" ")
+            )));
         }
         Ok(Ok(search_with(&Self::ladder(from), |rate| {
             self.load(target, args, conns, rate)
@@ -389,21 +400,32 @@ fn s_time(t: &Tls, port: u16, mode: &str) -> Result<f64> {
     Ok(n / t.o.step_s.ceil())
 }
 
-/// The `tls` object of a tcpkit load report: handshakes per second, full/resumed, and the
-/// handshake latency's p50 and p99.
+/// The `tls` object of a tcpkit load report: handshakes per second, full/resumed/failed, and
+/// the handshake latency's p50 and p99, full and resumed apart (what resumption saves).
 fn handshakes(o: &Outcome) -> String {
     let v = &o.report;
     if v.get("tls").is_none() {
         return "no tls object in the report".into();
     }
+    let lat = |kind: &str| {
+        let k = format!("tls.handshake_latency_{kind}");
+        if json_u(v, &format!("{k}.count")) == 0 {
+            return String::new();
+        }
+        format!(
+            "; {kind} handshake p50 {} p99 {}",
+            us(json_u(v, &format!("{k}.p50_ns")) as f64 / 1e3),
+            us(json_u(v, &format!("{k}.p99_ns")) as f64 / 1e3)
+        )
+    };
     format!(
-        "{:.0} handshakes/s ({} full, {} resumed, {} failed); handshake p50 {} p99 {}",
+        "{:.0} handshakes/s ({} full, {} resumed, {} failed){}{}",
         v["tls"]["handshakes"]["per_sec"].as_f64().unwrap_or(0.0),
         json_u(v, "tls.handshakes.full"),
         json_u(v, "tls.handshakes.resumed"),
         json_u(v, "tls.handshakes.failed"),
-        us(json_u(v, "tls.handshake_latency.p50_ns") as f64 / 1e3),
-        us(json_u(v, "tls.handshake_latency.p99_ns") as f64 / 1e3),
+        lat("full"),
+        lat("resumed"),
     )
 }
 
@@ -416,10 +438,11 @@ fn echo(env: &Env, lab: &mut Lab, port: u16, args: &[&str]) -> Result<Proc> {
 /// stopped again.
 pub(crate) fn rows(env: &Env, lab: &mut Lab, t: &mut Table, o: Opts) -> Result<()> {
     let new = env.builds.bin(Build::New);
-    let mut missing = crate::missing_flags(new, "load", &LOAD_FLAGS)?;
-    missing.extend(crate::missing_flags(new, "echo", &ECHO_FLAGS)?);
-    let lacks =
-        (!missing.is_empty()).then(|| format!("not run: this build lacks {}", missing.join(" ")));
+    let missing = crate::missing_flags(new, "load", &LOAD_FLAGS)?;
+    let mut echo_missing = crate::missing_flags(new, "echo", &ECHO_FLAGS)?;
+    echo_missing.extend(missing.iter().filter(|f| *f == "--tls").cloned());
+    let lacks = (!echo_missing.is_empty())
+        .then(|| format!("not run: this build lacks {}", echo_missing.join(" ")));
     let ca = TestCa::new(&env.dir.join("ca"), "tcpkit bench CA")?;
     let cert = ca.server("server", &["localhost", SRV])?;
     let (cert_s, key_s) = (
@@ -433,6 +456,7 @@ pub(crate) fn rows(env: &Env, lab: &mut Lab, t: &mut Table, o: Opts) -> Result<(
         ca: ca.cert().to_string_lossy().into_owned(),
         o,
         lacks,
+        missing,
         queries: queries.to_string_lossy().into_owned(),
     };
     let mut procs = vec![echo(env, lab, ECHO_PLAIN, &[])?];

@@ -9,14 +9,16 @@
 //! ALPN per request.
 
 use crate::common;
-use common::peer::{run_limited, Pair, SRV};
+use common::peer::{json, run_limited, u, Pair, SRV};
 use common::{stderr, stdout};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tcpkit_lab::{CertKey, Lab, Nginx, NginxConf, TestCa, Unbound, UnboundConf, WWW_EXAMPLE};
+use serde_json::Value;
+
+use tcpkit_lab::{CertKey, Lab, Link, Nginx, NginxConf, TestCa, Unbound, UnboundConf, WWW_EXAMPLE};
 
 /// A lab pair with a CA of its own and a server certificate for host b (its address and
 /// `localhost`, the name a client gives as SNI).
@@ -24,6 +26,8 @@ struct TlsPair {
     p: Pair,
     ca: TestCa,
     cert: CertKey,
+    /// The pair's link (captures on its client end).
+    link: Link,
     /// What the clients read (query files), removed with the test.
     dir: tempfile::TempDir,
 }
@@ -32,7 +36,7 @@ struct TlsPair {
 const NAME: &str = "localhost";
 
 fn tls_pair(tag: &str) -> TlsPair {
-    let (lab, cli, srv, _link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
+    let (lab, cli, srv, link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
     let p = Pair { lab, cli, srv };
     let ca =
         TestCa::new(&p.lab.dir().join("ca"), "tcpkit lab CA").unwrap_or_else(|e| panic!("{e}"));
@@ -44,6 +48,7 @@ fn tls_pair(tag: &str) -> TlsPair {
         p,
         ca,
         cert,
+        link,
         dir: tempfile::tempdir().unwrap(),
     }
 }
@@ -250,4 +255,201 @@ fn nginx_serves_curl_h2load_and_wrk_over_tls_with_the_labs_certificate() {
     assert_eq!(n("HTTP/2.0 TLSv1.3 . h2 200"), 201, "{log:?}");
     assert!(n("HTTP/1.1 TLSv1.3 . - 200") > 100, "{log:?}");
     assert_eq!(log.len(), 3, "{log:?}");
+}
+
+/// `tcpkit load TARGET ARGS -t 1 --json` in host a; it must succeed. Its report.
+fn load(t: &TlsPair, target: &str, args: &[&str]) -> Value {
+    let mut argv = vec![target, "-t", "1", "--json"];
+    argv.extend_from_slice(args);
+    let o = t.p.load(&argv, Duration::from_secs(20));
+    assert!(
+        o.status.success(),
+        "load {argv:?}: {} {}",
+        stderr(&o),
+        stdout(&o)
+    );
+    json(&o)
+}
+
+/// Every query sent answered (none timed out, lost or left), none malformed, no errors.
+fn assert_all_answered(r: &Value) {
+    let sent = u(r, "queries.sent");
+    assert!(sent >= 50, "{r:#}");
+    assert_eq!(u(r, "queries.answered"), sent, "{r:#}");
+    assert_eq!(u(r, "queries.malformed"), 0, "{r:#}");
+    assert_eq!(r["errors"], serde_json::json!({}), "{r:#}");
+    assert!(r["failure"].is_null(), "{r:#}");
+}
+
+/// NOERROR for the zone's name and NXDOMAIN for the other, asked in turn: about half each
+/// (each event-loop thread takes the names in turn; connections share threads unevenly); the
+/// exact counts are checked against unbound's ([`assert_rcodes_as_unbound_counted`]).
+fn assert_half_nxdomain(r: &Value) {
+    let answered = u(r, "queries.answered");
+    let (noerror, nxdomain) = (u(r, "codes.NOERROR"), u(r, "codes.NXDOMAIN"));
+    assert_eq!(noerror + nxdomain, answered, "{r:#}");
+    assert!(
+        3 * noerror >= answered && 3 * nxdomain >= answered,
+        "NOERROR {noerror}, NXDOMAIN {nxdomain}: {r:#}"
+    );
+}
+
+/// The RCODEs the runs `rs` counted, together, are those unbound says it answered.
+fn assert_rcodes_as_unbound_counted(ub: &Unbound, rs: &[&Value]) {
+    for code in ["NOERROR", "NXDOMAIN"] {
+        let counted: u64 = rs.iter().map(|r| u(r, &format!("codes.{code}"))).sum();
+        let key = format!("num.answer.rcode.{code}");
+        assert_eq!(ub.stat(&key).unwrap(), counted, "{key}");
+    }
+}
+
+/// The report's TLS handshakes: (full, resumed, failed).
+fn handshakes(r: &Value) -> (u64, u64, u64) {
+    (
+        u(r, "tls.handshakes.full"),
+        u(r, "tls.handshakes.resumed"),
+        u(r, "tls.handshakes.failed"),
+    )
+}
+
+impl TlsPair {
+    /// A file of two names, one in unbound's zone and one not, for --qname-file.
+    fn names(&self) -> String {
+        let names = self.dir.path().join("names");
+        std::fs::write(&names, format!("{WWW_EXAMPLE}\nnope.example\n")).unwrap();
+        names.to_string_lossy().into_owned()
+    }
+}
+
+/// Issue 26 against unbound over DNS over TLS: `load --tls --dns` (the certificate checked
+/// against the lab's CA) counts NOERROR and NXDOMAIN as unbound gives them, one full TLS 1.3
+/// handshake per connection and no ALPN; `--tls-resume tickets --queries-per-conn 10`
+/// reconnects every 10 answers and resumes all but the first handshakes. unbound's own counters
+/// say every query came over TLS, and how many over resumed sessions.
+#[test]
+fn dot_against_unbound_counts_rcodes_and_resumes_by_ticket() {
+    let mut t = tls_pair("tlsubdot");
+    let ub = t.unbound();
+    let dot = ub.dot().unwrap().to_string();
+    let (ca, names) = (t.ca(), t.names());
+    let common = [
+        "--dns",
+        "--tls",
+        "--qname-file",
+        &names,
+        "--tls-ca",
+        &ca,
+        "-r",
+        "200",
+    ];
+    let run = |args: &[&str]| load(&t, &dot, &[&common[..], args].concat());
+    let (full, resumed) = std::thread::scope(|s| {
+        let full = s.spawn(|| run(&["-c", "4"]));
+        let resumed = run(&[
+            "-c",
+            "2",
+            "--tls-resume",
+            "tickets",
+            "--queries-per-conn",
+            "10",
+        ]);
+        (full.join().unwrap(), resumed)
+    });
+    for r in [&full, &resumed] {
+        assert_all_answered(r);
+        assert_half_nxdomain(r);
+        assert_eq!(r["tls"]["version"], "TLSv1.3", "{r:#}");
+        assert!(r["tls"]["alpn"].is_null(), "DoT offers no ALPN: {r:#}");
+    }
+    // Without resumption, one full handshake per connection and no reconnects.
+    assert_eq!(handshakes(&full), (4, 0, 0), "{full:#}");
+    assert_eq!(u(&full, "connections.attempts"), 4, "{full:#}");
+    // A connection per 10 answers: the first two full, then resumed by ticket.
+    let (f, r, failed) = handshakes(&resumed);
+    let answered = u(&resumed, "queries.answered");
+    assert_eq!(failed, 0, "{resumed:#}");
+    assert!(f >= 2 && r >= 5 && r > f, "{resumed:#}");
+    assert_eq!(u(&resumed, "connections.attempts"), f + r, "{resumed:#}");
+    let stat = |k: &str| ub.stat(k).unwrap();
+    assert_eq!(
+        stat("num.query.tls"),
+        u(&full, "queries.answered") + answered
+    );
+    assert_eq!(stat("num.query.https"), 0);
+    assert_rcodes_as_unbound_counted(&ub, &[&full, &resumed]);
+    // Queries over a resumed session: all but those of the full handshakes' connections.
+    let on_resumed = stat("num.query.tls.resume");
+    assert!(
+        on_resumed <= answered && on_resumed + 10 * f >= answered,
+        "unbound counted {on_resumed} queries over resumed sessions: {resumed:#}"
+    );
+}
+
+/// The ALPN lists and SNI of the ClientHellos in `pcap` (tshark's reading), one per line.
+fn client_hellos(pcap: &std::path::Path) -> Vec<String> {
+    let o = std::process::Command::new("tshark")
+        .arg("-n")
+        .arg("-r")
+        .arg(pcap)
+        .args([
+            "-Y",
+            "tls.handshake.type == 1",
+            "-T",
+            "fields",
+            "-e",
+            "tls.handshake.extensions_alpn_str",
+            "-e",
+            "tls.handshake.extensions_server_name",
+        ])
+        .output()
+        .expect("tshark is needed to read the capture: apt-get install -y tshark");
+    assert!(o.status.success(), "tshark: {}", stderr(&o));
+    let mut v: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+/// `load` with `args` against nginx's HTTPS (`target`), captured on the client's link: its
+/// report, nginx's access log and the ClientHellos on the wire.
+fn https_run(
+    t: &mut TlsPair,
+    target: &str,
+    args: &[&str],
+) -> (Value, BTreeMap<String, u64>, Vec<String>) {
+    let ng = t.nginx();
+    let dump =
+        t.p.lab
+            .tcpdump(&t.p.cli, &t.link.a.name, "tcp port 443")
+            .unwrap_or_else(|e| panic!("{e}"));
+    let ca = t.ca();
+    let common = ["--tls-sni", NAME, "--tls-ca", &ca, "-r", "200"];
+    let r = load(t, target, &[&common[..], args].concat());
+    let cap = dump.stop().unwrap_or_else(|e| panic!("{e}"));
+    assert_all_answered(&r);
+    assert_eq!(u(&r, "codes.200"), u(&r, "queries.answered"), "{r:#}");
+    assert_eq!(r["tls"]["version"], "TLSv1.3", "{r:#}");
+    (r, ng.requests().unwrap(), client_hellos(&cap.path))
+}
+
+/// Issue 26 against nginx over HTTPS: `load https://SRV/index.html` (HTTP/1.1 keep-alive over
+/// TLS, --tls-sni naming the certificate's name) counts status 200 for every request; nginx's
+/// access log says each came over TLS 1.3 as HTTP/1.1 with ALPN http/1.1, and on the wire
+/// (tcpdump, read by tshark) each connection's ClientHello offered http/1.1 alone and named
+/// `localhost`.
+#[test]
+fn https_against_nginx_counts_statuses_and_speaks_what_nginx_logs() {
+    let mut t = tls_pair("tlsnghttps");
+    let url = format!("https://{SRV}/index.html");
+    let (r, log, hellos) = https_run(&mut t, &url, &["-c", "2"]);
+    assert_eq!(r["tls"]["alpn"], "http/1.1", "{r:#}");
+    assert!(r.get("http2").is_none(), "{r:#}");
+    let want = BTreeMap::from([(
+        "HTTP/1.1 TLSv1.3 . http/1.1 200".to_string(),
+        u(&r, "queries.answered"),
+    )]);
+    assert_eq!(log, want);
+    assert_eq!(
+        hellos,
+        [format!("http/1.1\t{NAME}"), format!("http/1.1\t{NAME}")]
+    );
 }
