@@ -90,8 +90,8 @@ impl NginxConf {
             (None, false) => "",
         };
         let tls = self.tls.as_ref().map_or(String::new(), |c| {
-            // A session cache and tickets: clients that resume can (the default has tickets
-            // but no cache, and resumption by ticket alone is what TLS 1.3 clients use).
+            // Tickets (how TLS 1.3 clients resume) and a session cache (TLS 1.2's session
+            // IDs; nginx keeps none by default): every kind of client can resume.
             format!(
                 "ssl_certificate {}; ssl_certificate_key {}; ssl_protocols TLSv1.2 TLSv1.3;\n\
                  ssl_session_cache shared:lab:1m; ssl_session_tickets on;\n",

@@ -219,12 +219,6 @@ impl TestCa {
     }
 }
 
-/// 80 random bytes from `openssl rand` in `path`: the session-ticket keys a server (unbound's
-/// `tls-session-ticket-keys`) needs for clients to resume.
-pub(crate) fn ticket_keys(path: &Path) -> Result<(), LabError> {
-    cmd::run_args(OPENSSL, &["rand", "-out", &s(path), "80"]).map(drop)
-}
-
 fn s(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }

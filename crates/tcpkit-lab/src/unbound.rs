@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::tls::{ticket_keys, write, CertKey};
+use crate::tls::{write, CertKey};
 use crate::{cmd, Host, Lab, LabError, Proc};
 
 /// The name the local zone answers, and its address.
@@ -70,7 +70,8 @@ impl UnboundConf {
             .collect()
     }
 
-    /// `dir/unbound.conf` from these settings (and the ticket keys it names); its path.
+    /// `dir/unbound.conf` from these settings; its path. (Resumption needs nothing more:
+    /// unbound's OpenSSL issues TLS 1.3 tickets with keys of its own.)
     fn write(&self, dir: &Path) -> Result<PathBuf, LabError> {
         let ports = self.ports();
         if ports.is_empty() {
@@ -88,16 +89,10 @@ impl UnboundConf {
         let tls = self.dot_port.is_some() || self.doh_port.is_some();
         match (&self.cert, tls) {
             (Some(c), true) => {
-                // Keys of its own so that clients can resume sessions by ticket (without them
-                // unbound's OpenSSL context issues none a client could use).
-                let keys = dir.join("ticket.keys");
-                ticket_keys(&keys)?;
                 text.push_str(&format!(
-                    "    tls-service-key: \"{}\"\n    tls-service-pem: \"{}\"\n    \
-                     tls-session-ticket-keys: \"{}\"\n",
+                    "    tls-service-key: \"{}\"\n    tls-service-pem: \"{}\"\n",
                     c.key.display(),
-                    c.cert.display(),
-                    keys.display()
+                    c.cert.display()
                 ));
             }
             (None, true) => {

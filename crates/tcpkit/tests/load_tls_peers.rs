@@ -141,9 +141,9 @@ fn unbound_answers_dnsperf_over_dot_and_doh_with_the_labs_certificate() {
         argv.extend(["-verify_return_error", "-brief"]);
         t.peer(&argv);
     }
-    // Resumption: a session saved from one connection resumes the next (unbound needs
-    // tls-session-ticket-keys for it: without them it issues no ticket a client can use). The
-    // sleep keeps s_client's input open until the ticket, sent after the handshake, is in.
+    // Resumption: a session saved from one connection resumes the next (a TLS 1.3 ticket of
+    // unbound's OpenSSL). The sleep keeps s_client's input open until the ticket, sent after
+    // the handshake, is in.
     let sess = t.dir.path().join("session");
     for (flag, want) in [
         ("-sess_out", "New, TLSv1.3"),
