@@ -724,6 +724,7 @@ fn handshake_rows(t: &Tls, tab: &mut Table) -> Result<()> {
     let tk = t.load_search(&echo_t, &full, HS_CONNS, 2_000)?;
     let at = |args: &[&str], f: &Found| -> Result<String> {
         Ok(match f {
+            Ok((0, _)) => "no rate was answered as asked".into(),
             Ok((best, _)) => {
                 let o = t.load(&echo_t, args, HS_CONNS, *best)?;
                 format!(
