@@ -22,7 +22,7 @@ use tcpkit_lab::{CertKey, Lab, Link, Nginx, NginxConf, TestCa, Unbound, UnboundC
 
 /// A lab pair with a CA of its own and a server certificate for host b (its address and
 /// `localhost`, the name a client gives as SNI).
-struct TlsPair {
+pub(crate) struct TlsPair {
     p: Pair,
     ca: TestCa,
     cert: CertKey,
@@ -33,9 +33,9 @@ struct TlsPair {
 }
 
 /// The name in the server certificate that clients ask for by SNI.
-const NAME: &str = "localhost";
+pub(crate) const NAME: &str = "localhost";
 
-fn tls_pair(tag: &str) -> TlsPair {
+pub(crate) fn tls_pair(tag: &str) -> TlsPair {
     let (lab, cli, srv, link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
     let p = Pair { lab, cli, srv };
     let ca =
@@ -55,7 +55,7 @@ fn tls_pair(tag: &str) -> TlsPair {
 
 impl TlsPair {
     /// unbound in host b: plain DNS on 53, DoT on 853, DoH on 443.
-    fn unbound(&mut self) -> Unbound {
+    pub(crate) fn unbound(&mut self) -> Unbound {
         let conf = UnboundConf::tls(SRV.into(), self.cert.clone());
         self.p
             .lab
@@ -91,7 +91,7 @@ impl TlsPair {
         f.to_string_lossy().into_owned()
     }
 
-    fn ca(&self) -> String {
+    pub(crate) fn ca(&self) -> String {
         self.ca.cert().to_string_lossy().into_owned()
     }
 }
@@ -258,7 +258,7 @@ fn nginx_serves_curl_h2load_and_wrk_over_tls_with_the_labs_certificate() {
 }
 
 /// `tcpkit load TARGET ARGS -t 1 --json` in host a; it must succeed. Its report.
-fn load(t: &TlsPair, target: &str, args: &[&str]) -> Value {
+pub(crate) fn load(t: &TlsPair, target: &str, args: &[&str]) -> Value {
     let mut argv = vec![target, "-t", "1", "--json"];
     argv.extend_from_slice(args);
     let o = t.p.load(&argv, Duration::from_secs(20));
@@ -272,7 +272,7 @@ fn load(t: &TlsPair, target: &str, args: &[&str]) -> Value {
 }
 
 /// Every query sent answered (none timed out, lost or left), none malformed, no errors.
-fn assert_all_answered(r: &Value) {
+pub(crate) fn assert_all_answered(r: &Value) {
     let sent = u(r, "queries.sent");
     assert!(sent >= 50, "{r:#}");
     assert_eq!(u(r, "queries.answered"), sent, "{r:#}");
@@ -284,7 +284,7 @@ fn assert_all_answered(r: &Value) {
 /// NOERROR for the zone's name and NXDOMAIN for the other, asked in turn: about half each
 /// (each event-loop thread takes the names in turn; connections share threads unevenly); the
 /// exact counts are checked against unbound's ([`assert_rcodes_as_unbound_counted`]).
-fn assert_half_nxdomain(r: &Value) {
+pub(crate) fn assert_half_nxdomain(r: &Value) {
     let answered = u(r, "queries.answered");
     let (noerror, nxdomain) = (u(r, "codes.NOERROR"), u(r, "codes.NXDOMAIN"));
     assert_eq!(noerror + nxdomain, answered, "{r:#}");
@@ -295,7 +295,7 @@ fn assert_half_nxdomain(r: &Value) {
 }
 
 /// The RCODEs the runs `rs` counted, together, are those unbound says it answered.
-fn assert_rcodes_as_unbound_counted(ub: &Unbound, rs: &[&Value]) {
+pub(crate) fn assert_rcodes_as_unbound_counted(ub: &Unbound, rs: &[&Value]) {
     for code in ["NOERROR", "NXDOMAIN"] {
         let counted: u64 = rs.iter().map(|r| u(r, &format!("codes.{code}"))).sum();
         let key = format!("num.answer.rcode.{code}");
@@ -314,7 +314,7 @@ fn handshakes(r: &Value) -> (u64, u64, u64) {
 
 impl TlsPair {
     /// A file of two names, one in unbound's zone and one not, for --qname-file.
-    fn names(&self) -> String {
+    pub(crate) fn names(&self) -> String {
         let names = self.dir.path().join("names");
         std::fs::write(&names, format!("{WWW_EXAMPLE}\nnope.example\n")).unwrap();
         names.to_string_lossy().into_owned()
@@ -411,7 +411,7 @@ fn client_hellos(pcap: &std::path::Path) -> Vec<String> {
 
 /// `load` with `args` against nginx's HTTPS (`target`), captured on the client's link: its
 /// report, nginx's access log and the ClientHellos on the wire.
-fn https_run(
+pub(crate) fn https_run(
     t: &mut TlsPair,
     target: &str,
     args: &[&str],
