@@ -174,7 +174,7 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
         Client::Tcpkit(build) => {
             let target = format!("{SRV}:{p}");
             let mut argv = vec![bin(env, build)?, "load", &target, "--dns", "--qname", QNAME];
-            argv.extend(rate_flags(&c, &r, &s));
+            argv.extend(rate_flags(&c, "50000", &r, &s));
             let (_, out, err) = run_in(&env.cli, &argv, limit)?;
             load_outcome(&out, &err, rate, secs)
         }
@@ -191,14 +191,20 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
     }
 }
 
-/// The flags of a rate run of `tcpkit load`: `conns` connections opened at up to 50k/s,
-/// `rate` queries/s, `secs` in all, one event-loop thread, the JSON report.
-pub(crate) fn rate_flags<'a>(conns: &'a str, rate: &'a str, secs: &'a str) -> [&'a str; 11] {
+/// The flags of a rate run of `tcpkit load`: `conns` connections opened at up to
+/// `connect_rate` a second, `rate` queries/s, `secs` in all, one event-loop thread, the JSON
+/// report.
+pub(crate) fn rate_flags<'a>(
+    conns: &'a str,
+    connect_rate: &'a str,
+    rate: &'a str,
+    secs: &'a str,
+) -> [&'a str; 11] {
     [
         "-c",
         conns,
         "--connect-rate",
-        "50000",
+        connect_rate,
         "-r",
         rate,
         "-t",
