@@ -455,6 +455,9 @@ pub(crate) fn rows(env: &Env, lab: &mut Lab, t: &mut Table, o: Opts) -> Result<(
     echo_missing.extend(missing.iter().filter(|f| *f == "--tls").cloned());
     let lacks = (!echo_missing.is_empty())
         .then(|| format!("not run: this build lacks {}", echo_missing.join(" ")));
+    // The handshake rows close tens of thousands of connections a minute: without reusing
+    // TIME_WAIT ports the client host ran out of them (s_time: Cannot assign requested address).
+    env.cli.sysctl("net.ipv4.tcp_tw_reuse", "1")?;
     let ca = TestCa::new(&env.dir.join("ca"), "tcpkit bench CA")?;
     let cert = ca.server("server", &["localhost", SRV])?;
     let (cert_s, key_s) = (
