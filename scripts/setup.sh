@@ -16,7 +16,7 @@ pkgs=(
   man-db                                        # man: the tests read tcpkit man's pages as a user would (man -w, rendering)
   dpkg-dev binutils systemd                     # scripts/package.sh: dpkg-shlibdeps (Depends), strip; systemd-analyze verify on the units
   redis-server nginx unbound dnsperf wrk        # real servers and load peers for tests and benchmarks
-  curl nghttp2-client                           # HTTP/2 (issue 26): curl --http2-prior-knowledge the tests' oracle of nginx's h2c, h2load the peer measured beside load --http2
+  nghttp2-client openssl curl                   # TLS and HTTP/2 peers: h2load (HTTP/2 load), openssl (the lab's test CA, s_client, s_time), curl (HTTPS/h2 requests, SSLKEYLOGFILE)
   iperf3 socat mptcpize                         # bench mpcat: its peers (one stream, iperf3 -P 4, MPTCP through mptcpize)
   openssh-server openssh-client python3-venv    # the fleet lab: sshd in each host, ansible-playbook over ssh (venv below)
 )

@@ -17,6 +17,7 @@ use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Host, Lab, Proc};
 
 use crate::ab::{old_cells, Build, Builds, Old, Table};
+use crate::load_tls;
 
 const SRV: &str = "198.18.0.2";
 const ECHO_PORT: u16 = 5300;
@@ -76,34 +77,40 @@ const ECHO_FLAGS: [&str; 4] = ["--dns", "--port", "--procs", "--threads"];
 
 /// One run's outcome, from either tool's report.
 #[derive(Default, Clone)]
-struct Outcome {
-    answered: u64,
-    asked: f64,
+pub(crate) struct Outcome {
+    pub(crate) answered: u64,
+    pub(crate) asked: f64,
     /// Latency percentiles in µs: 50, 90, 99, 99.9, max (dnsperf: computed from its -v lines).
-    lat: Option<[f64; 5]>,
-    note: String,
+    pub(crate) lat: Option<[f64; 5]>,
+    pub(crate) note: String,
     /// tcpkit load's own verdict on the run (its JSON `failure`): "asked rate not met" when it
     /// sent under 99 % of its schedule. dnsperf has no schedule to fall behind, so no verdict.
-    failure: Option<String>,
+    pub(crate) failure: Option<String>,
+    /// tcpkit load's whole report (null for the peers): the TLS rows read its `tls` object.
+    pub(crate) report: serde_json::Value,
 }
 
 impl Outcome {
     /// Answered at least 99 % of what the rate asked for in the step, and (tcpkit) load itself
     /// says the asked rate was met: < 1 % of the schedule left unsent.
-    fn as_asked(&self) -> bool {
+    pub(crate) fn as_asked(&self) -> bool {
         self.answered as f64 >= 0.99 * self.asked && self.failure.is_none()
     }
 }
 
-struct Env {
-    builds: Builds,
-    cli: Host,
-    srv: Host,
-    dir: std::path::PathBuf,
+pub(crate) struct Env {
+    pub(crate) builds: Builds,
+    pub(crate) cli: Host,
+    pub(crate) srv: Host,
+    pub(crate) dir: std::path::PathBuf,
 }
 
 /// Runs `argv` in `host` to the end (killed past `limit`); returns exit success, stdout, stderr.
-fn run_in(host: &Host, argv: &[&str], limit: Duration) -> Result<(bool, String, String)> {
+pub(crate) fn run_in(
+    host: &Host,
+    argv: &[&str],
+    limit: Duration,
+) -> Result<(bool, String, String)> {
     let mut cmd = host.command(argv);
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().with_context(|| format!("spawn {argv:?}"))?;
@@ -128,7 +135,7 @@ fn run_in(host: &Host, argv: &[&str], limit: Duration) -> Result<(bool, String, 
     Ok((status.success(), out, err))
 }
 
-fn wait_port(host: &Host, port: u16, p: &Proc) -> Result<()> {
+pub(crate) fn wait_port(host: &Host, port: u16, p: &Proc) -> Result<()> {
     let addr: SocketAddr = format!("{SRV}:{port}").parse()?;
     let up = host.enter(|| {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -146,7 +153,7 @@ fn wait_port(host: &Host, port: u16, p: &Proc) -> Result<()> {
     Ok(())
 }
 
-fn json_u(v: &serde_json::Value, path: &str) -> u64 {
+pub(crate) fn json_u(v: &serde_json::Value, path: &str) -> u64 {
     path.split('.')
         .try_fold(v, |v, k| v.get(k))
         .and_then(serde_json::Value::as_u64)
@@ -166,53 +173,10 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
     match client {
         Client::Tcpkit(build) => {
             let target = format!("{SRV}:{p}");
-            let argv = [
-                bin(env, build)?,
-                "load",
-                &target,
-                "--dns",
-                "--qname",
-                QNAME,
-                "-c",
-                &c,
-                "--connect-rate",
-                "50000",
-                "-r",
-                &r,
-                "-t",
-                &s,
-                "--threads",
-                "1",
-                "--json",
-            ];
+            let mut argv = vec![bin(env, build)?, "load", &target, "--dns", "--qname", QNAME];
+            argv.extend(rate_flags(&c, "50000", &r, &s));
             let (_, out, err) = run_in(&env.cli, &argv, limit)?;
-            let v: serde_json::Value = serde_json::from_str(&out)
-                .with_context(|| format!("tcpkit load report: {out} {err}"))?;
-            let l = |k: &str| json_u(&v, &format!("latency.{k}")) as f64 / 1e3;
-            // `-t` bounds tcpkit's whole run, the connects included: what the rate asked for
-            // is the rate over the query phase the report gives (`seconds`), not over -t.
-            let phase = v["seconds"].as_f64().unwrap_or(secs);
-            Ok(Outcome {
-                answered: json_u(&v, "queries.answered"),
-                asked: rate as f64 * phase,
-                lat: Some([
-                    l("p50_ns"),
-                    l("p90_ns"),
-                    l("p99_ns"),
-                    l("p999_ns"),
-                    l("max_ns"),
-                ]),
-                // dnsperf measures from the actual send time: the like-for-like figure.
-                note: format!(
-                    "lag max {:.2} ms; p50 from the actual send time {}",
-                    json_u(&v, "lag.max_ns") as f64 / 1e6,
-                    us(json_u(&v, "latency_sent.p50_ns") as f64 / 1e3)
-                ),
-                failure: v
-                    .get("failure")
-                    .and_then(|f| f.as_str())
-                    .map(str::to_string),
-            })
+            load_outcome(&out, &err, rate, secs)
         }
         Client::Dnsperf => {
             let data = env.dir.join("dnsperf.txt");
@@ -222,29 +186,95 @@ fn one(env: &Env, client: Client, port: u16, conns: u32, rate: u64, secs: f64) -
                 data, "-q", "20000", "-t", "2", "-v",
             ];
             let (_, out, err) = run_in(&env.cli, &argv, limit)?;
-            let num = |label: &str| crate::dnsperf_figure(&out, label);
-            let Some(done) = num("Queries completed") else {
-                bail!("dnsperf printed no statistics: {}", err.trim());
-            };
-            // -v prints one "> RCODE name type latency_s" line per answer.
-            let mut lat: Vec<f64> = out
-                .lines()
-                .filter_map(|l| l.strip_prefix("> "))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .map(|s| s * 1e6)
-                .collect();
-            lat.sort_by(f64::total_cmp);
-            let pct = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
-            Ok(Outcome {
-                answered: done as u64,
-                asked,
-                lat: (!lat.is_empty())
-                    .then(|| [pct(0.5), pct(0.9), pct(0.99), pct(0.999), pct(1.0)]),
-                note: format!("{} lost", num("Queries lost").map_or(0, |v| v as u64)),
-                failure: None,
-            })
+            dnsperf_outcome(&out, &err, asked)
         }
     }
+}
+
+/// The flags of a rate run of `tcpkit load`: `conns` connections opened at up to
+/// `connect_rate` a second, `rate` queries/s, `secs` in all, one event-loop thread, the JSON
+/// report.
+pub(crate) fn rate_flags<'a>(
+    conns: &'a str,
+    connect_rate: &'a str,
+    rate: &'a str,
+    secs: &'a str,
+) -> [&'a str; 11] {
+    [
+        "-c",
+        conns,
+        "--connect-rate",
+        connect_rate,
+        "-r",
+        rate,
+        "-t",
+        secs,
+        "--threads",
+        "1",
+        "--json",
+    ]
+}
+
+/// A `tcpkit load --json` run at `rate` for `secs` (`out`, `err`: its stdout and stderr).
+pub(crate) fn load_outcome(out: &str, err: &str, rate: u64, secs: f64) -> Result<Outcome> {
+    let v: serde_json::Value =
+        serde_json::from_str(out).with_context(|| format!("tcpkit load report: {out} {err}"))?;
+    let l = |k: &str| json_u(&v, &format!("latency.{k}")) as f64 / 1e3;
+    // `-t` bounds tcpkit's whole run, the connects included: what the rate asked for is the
+    // rate over the query phase the report gives (`seconds`), not over -t.
+    let phase = v["seconds"].as_f64().unwrap_or(secs);
+    Ok(Outcome {
+        answered: json_u(&v, "queries.answered"),
+        asked: rate as f64 * phase,
+        lat: Some([
+            l("p50_ns"),
+            l("p90_ns"),
+            l("p99_ns"),
+            l("p999_ns"),
+            l("max_ns"),
+        ]),
+        // dnsperf measures from the actual send time: the like-for-like figure.
+        note: format!(
+            "lag max {:.2} ms; p50 from the actual send time {}",
+            json_u(&v, "lag.max_ns") as f64 / 1e6,
+            us(json_u(&v, "latency_sent.p50_ns") as f64 / 1e3)
+        ),
+        failure: v
+            .get("failure")
+            .and_then(|f| f.as_str())
+            .map(str::to_string),
+        report: v,
+    })
+}
+
+/// A `dnsperf -v` run that asked for `asked` queries (`out`, `err`: its stdout and stderr):
+/// latencies from its per-answer lines.
+pub(crate) fn dnsperf_outcome(out: &str, err: &str, asked: f64) -> Result<Outcome> {
+    let num = |label: &str| crate::dnsperf_figure(out, label);
+    let Some(done) = num("Queries completed") else {
+        bail!("dnsperf printed no statistics: {}", err.trim());
+    };
+    // -v prints one "> RCODE name type latency_s" line per answer.
+    let mut lat: Vec<f64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("> "))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|s| s * 1e6)
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    Ok(Outcome {
+        answered: done as u64,
+        asked,
+        lat: percentiles(&lat),
+        note: format!("{} lost", num("Queries lost").map_or(0, |v| v as u64)),
+        ..Outcome::default()
+    })
+}
+
+/// p50, p90, p99, p99.9 and max of `sorted` (µs), None when empty.
+pub(crate) fn percentiles(sorted: &[f64]) -> Option<[f64; 5]> {
+    let pct = |q: f64| sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)];
+    (!sorted.is_empty()).then(|| [pct(0.5), pct(0.9), pct(0.99), pct(0.999), pct(1.0)])
 }
 
 /// Highest rate answered as asked: up `ladder` until a rate is not (or, when its first rate
@@ -257,9 +287,17 @@ fn search(
     conns: u32,
     ladder: &[u64],
 ) -> Result<(u64, String)> {
+    search_with(ladder, |rate| one(env, client, port, conns, rate, STEP_S))
+}
+
+/// [`search`] with `run` making one step's run at a rate.
+pub(crate) fn search_with(
+    ladder: &[u64],
+    mut run: impl FnMut(u64) -> Result<Outcome>,
+) -> Result<(u64, String)> {
     let mut steps = String::new();
     let mut step = |rate: u64| -> Result<bool> {
-        let o = one(env, client, port, conns, rate, STEP_S)?;
+        let o = run(rate)?;
         let _ = write!(
             steps,
             "{}k:{:.0}%{} ",
@@ -495,8 +533,21 @@ fn echo_dns(env: &Env, lab: &mut Lab, build: Build) -> Result<Proc> {
         Build::New => ECHO_PORT,
         Build::Old => OLD_ECHO_PORT,
     };
+    start_echo(env, lab, build, port, &[], &format!("echo-dns-{build:?}"))
+}
+
+/// `build`'s `echo --dns --port PORT --threads 1 ARGS` in the server host, named `name`, once
+/// it listens.
+pub(crate) fn start_echo(
+    env: &Env,
+    lab: &mut Lab,
+    build: Build,
+    port: u16,
+    args: &[&str],
+    name: &str,
+) -> Result<Proc> {
     let p = port.to_string();
-    let argv = [
+    let mut argv = vec![
         bin(env, build)?,
         "echo",
         "--dns",
@@ -505,7 +556,8 @@ fn echo_dns(env: &Env, lab: &mut Lab, build: Build) -> Result<Proc> {
         "--threads",
         "1",
     ];
-    let echo = env.srv.spawn(lab, &format!("echo-dns-{build:?}"), &argv)?;
+    argv.extend_from_slice(args);
+    let echo = env.srv.spawn(lab, name, &argv)?;
     wait_port(&env.cli, port, &echo)?;
     Ok(echo)
 }
@@ -523,7 +575,7 @@ fn ref_point(runs: Vec<Outcome>) -> (String, f64) {
 
 /// The cell of the run with the median of latency percentile `k` (0: p50, 2: p99; named
 /// `name`), with every run's figure; and that median.
-fn median_run(mut runs: Vec<Outcome>, k: usize, name: &str) -> (String, f64) {
+pub(crate) fn median_run(mut runs: Vec<Outcome>, k: usize, name: &str) -> (String, f64) {
     let pick = |o: &Outcome| o.lat.map_or(f64::INFINITY, |l| l[k]);
     runs.sort_by(|a, b| pick(a).total_cmp(&pick(b)));
     let all: Vec<String> = runs.iter().map(|o| us(pick(o))).collect();
@@ -544,11 +596,11 @@ fn median_run(mut runs: Vec<Outcome>, k: usize, name: &str) -> (String, f64) {
 }
 
 /// The path of `build`'s tcpkit, for an argv.
-fn bin(env: &Env, build: Build) -> Result<&str> {
+pub(crate) fn bin(env: &Env, build: Build) -> Result<&str> {
     env.builds.bin(build).to_str().context("path")
 }
 
-fn us(v: f64) -> String {
+pub(crate) fn us(v: f64) -> String {
     if v >= 10_000.0 {
         format!("{:.1} ms", v / 1e3)
     } else {
@@ -556,7 +608,7 @@ fn us(v: f64) -> String {
     }
 }
 
-fn lat_cell(o: &Outcome) -> String {
+pub(crate) fn lat_cell(o: &Outcome) -> String {
     match o.lat {
         Some(l) => format!(
             "{} / {} / {} / {} / {}",
@@ -616,6 +668,12 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
     let skip_max = args.iter().any(|a| a == "--skip-max-conns");
     // Only issue 24's rows: both clients against unbound at the same rate (a few minutes).
     let same_only = args.iter().any(|a| a == "--same-rate-only");
+    // Issue 26's rows alone (`--tls-only`), shortened to check they run (`--tls-quick`: 2 s
+    // steps, one latency run, no results file; 1 s did not open 2,000 TLS connections on a
+    // loaded machine), or left out (`--skip-tls`).
+    let tls_quick = args.iter().any(|a| a == "--tls-quick");
+    let tls_only = tls_quick || args.iter().any(|a| a == "--tls-only");
+    let skip_tls = args.iter().any(|a| a == "--skip-tls");
     let max_conns: u64 = args
         .iter()
         .position(|a| a == "--max-conns")
@@ -667,6 +725,29 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
     let rate_lacks = lacks(&RATE_FLAGS, &["--dns", "--port", "--threads"]);
     let hold_lacks = lacks(&HOLD_FLAGS, &["--port", "--procs", "--threads"]);
 
+    let mut tls_t = Table::new(
+        &[
+            "measurement (TLS: issue 26)",
+            "tcpkit load",
+            "peer: dnsperf 2.10 -m dot/-m doh, wrk 4.1, h2load 1.52, openssl 3.0 s_time",
+        ],
+        "",
+        false,
+        false,
+    );
+    if tls_only {
+        let o = if tls_quick {
+            load_tls::Opts {
+                step_s: 2.0,
+                runs: 1,
+            }
+        } else {
+            load_tls::STEP
+        };
+        load_tls::rows(&env, &mut lab, &mut tls_t, o)?;
+        lab.close()?;
+        return write_doc(&[&tls_t], args, started, &loadavg, &env);
+    }
     // Each build's echo --dns: the old build's load asks its own; both ask the one unbound.
     let mut echoes = vec![echo_dns(&env, &mut lab, Build::New)?];
     if env.builds.against.is_some() && rate_lacks.is_none() {
@@ -840,7 +921,10 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
     let _ = unbound.stop();
     if same_only {
         lab.close()?;
-        return write_doc(&t, args, started, &loadavg, &env);
+        return write_doc(&[&t], args, started, &loadavg, &env);
+    }
+    if !skip_tls {
+        load_tls::rows(&env, &mut lab, &mut tls_t, load_tls::STEP)?;
     }
 
     // Source addresses for the idle steps: 64,512 ports each.
@@ -931,13 +1015,24 @@ pub(crate) fn load(args: &[String]) -> Result<()> {
         "none installed serves raw TCP echo at these connection counts (no inetd/xinetd/socat in the image; their echo is one process or fork per connection)".into(),
     ]);
     lab.close()?;
-    write_doc(&t, args, started, &loadavg, &env)
+    let tables: &[&Table] = if skip_tls { &[&t] } else { &[&t, &tls_t] };
+    write_doc(tables, args, started, &loadavg, &env)
 }
 
-/// Prints the table and writes it, with the command, the date and the machine, to
-/// bench/results/load-DATE.md.
-fn write_doc(t: &Table, args: &[String], started: Instant, loadavg: &str, env: &Env) -> Result<()> {
-    let md = t.markdown();
+/// Prints the tables and writes them, with the command, the date and the machine, to
+/// bench/results/load-DATE.md (load-tls-DATE.md for `--tls-only`; none for `--tls-quick`).
+fn write_doc(
+    tables: &[&Table],
+    args: &[String],
+    started: Instant,
+    loadavg: &str,
+    env: &Env,
+) -> Result<()> {
+    let md = tables
+        .iter()
+        .map(|t| t.markdown())
+        .collect::<Vec<_>>()
+        .join("\n");
     println!("{md}");
     let mut cmd = String::from("cargo run --release -p tcpkit-bench -- load");
     for a in args {
@@ -961,14 +1056,28 @@ fn write_doc(t: &Table, args: &[String], started: Instant, loadavg: &str, env: &
          < 99 % of its schedule: lag), then one step halfway back; ✗ marks the failed \
          step. tcpkit's latency is from the intended send time (open loop, no coordinated \
          omission); dnsperf's is from its actual send time (its `-v` lines).\n\
-         {}\n\
+         {}{}\n\
          {md}",
         kernel.trim(),
         loadavg.trim(),
         started.elapsed().as_secs_f64(),
-        env.builds.header()
+        env.builds.header(),
+        if args
+            .iter()
+            .any(|a| a == "--skip-tls" || a == "--same-rate-only")
+        {
+            ""
+        } else {
+            load_tls::NOTE
+        }
     );
-    crate::write_results("load", &date, &doc, started, None)
+    let quick = args.iter().any(|a| a == "--tls-quick");
+    let name = if args.iter().any(|a| a == "--tls-only") || quick {
+        "load-tls"
+    } else {
+        "load"
+    };
+    crate::write_results(name, &date, &doc, started, quick.then_some("--tls-quick"))
 }
 
 /// What the machine itself takes from a thread that never sleeps, per CPU over `secs`: the

@@ -173,6 +173,48 @@ impl Proc {
     }
 }
 
+/// Waits until `proc`, started in `host` and named `what` in errors, accepts TCP connections
+/// on every one of `addrs` (connecting from inside `host`), for up to `within`. Fails at once,
+/// with its log, if it exits first.
+pub(crate) fn wait_listening(
+    host: &crate::Host,
+    proc: &Proc,
+    addrs: &[std::net::SocketAddr],
+    within: Duration,
+    what: &str,
+) -> Result<(), LabError> {
+    let deadline = Instant::now() + within;
+    for &addr in addrs {
+        loop {
+            let up = host.try_enter(|| {
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+            })?;
+            if up {
+                break;
+            }
+            if let Some(st) = proc.try_status()? {
+                return Err(LabError::invalid(format!(
+                    "{what} in {} exited ({st}) before listening on {addr}: {}",
+                    host.netns(),
+                    proc.log().trim()
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(LabError::Timeout {
+                    what: format!(
+                        "{what} in {} listening on {addr} (its log: {})",
+                        host.netns(),
+                        crate::cmd::tail(proc.log().as_bytes(), b"")
+                    ),
+                    after: within,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::{cmd, Host, Lab, LabError, Proc};
 
@@ -166,28 +166,7 @@ impl Lab {
         let conf = conf.to_string_lossy();
         let name = format!("sshd-{}", addr.port());
         let p = self.spawn_in(host, &name, &[SSHD, "-D", "-e", "-f", &conf])?;
-        let deadline = Instant::now() + LISTEN_WITHIN;
-        loop {
-            let up = host.try_enter(|| {
-                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
-            })?;
-            if up {
-                return Ok(p);
-            }
-            if let Some(st) = p.try_status()? {
-                return Err(LabError::invalid(format!(
-                    "sshd in {} exited ({st}) before listening on {addr}: {}",
-                    host.netns(),
-                    p.log().trim()
-                )));
-            }
-            if Instant::now() > deadline {
-                return Err(LabError::Timeout {
-                    what: format!("sshd in {} listening on {addr}", host.netns()),
-                    after: LISTEN_WITHIN,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        crate::proc::wait_listening(host, &p, &[addr], LISTEN_WITHIN, "sshd")?;
+        Ok(p)
     }
 }

@@ -32,6 +32,8 @@ mod load_h2;
 mod load_plot;
 mod load_scale;
 mod load_tls;
+mod load_tls_h2;
+mod load_tls_peers;
 mod load_unbound;
 mod load_usage;
 mod load_wrk;
