@@ -4,7 +4,7 @@
 //! endpoint appended to their output buffer.
 //!
 //! What it owns: the connection preface, SETTINGS (and their ACK), HEADERS/CONTINUATION with
-//! HPACK (decoding on loona-hpack, with its dynamic table bounded by what we announce;
+//! HPACK (decoding ours, table-driven Huffman, its dynamic table bounded by what we announce;
 //! encoding by hand from the static table, never indexing, so the encoder has no state), DATA
 //! with flow control both ways (a body waits for window and goes out when WINDOW_UPDATE
 //! comes; what we receive is credited back as it is consumed), PING, RST_STREAM, GOAWAY.
@@ -19,6 +19,7 @@
 
 pub mod doh;
 pub mod hpack;
+pub mod huffman;
 
 use rustc_hash::FxHashMap;
 
@@ -330,6 +331,8 @@ pub struct Core {
     /// their lengths. Reused, so a connection allocates them once.
     field_bytes: Vec<u8>,
     field_spans: Vec<(u32, u32)>,
+    /// Keep only pseudo-fields ([`Core::pseudo_fields_only`]).
+    pseudo_only: bool,
     send_window: i64,
     recv_window: i64,
     /// Received bytes consumed and not yet credited back to the connection window.
@@ -369,6 +372,7 @@ impl Endpoint {
             block_end_stream: false,
             field_bytes: Vec::new(),
             field_spans: Vec::new(),
+            pseudo_only: false,
             send_window: i64::from(DEFAULT_WINDOW),
             recv_window: i64::from(limits.conn_window.max(DEFAULT_WINDOW)),
             recv_credit: 0,
@@ -733,6 +737,13 @@ impl Core {
             at += n + v;
             (name, value)
         })
+    }
+
+    /// From now on [`Core::fields`] holds only each block's pseudo-fields (`:status`...):
+    /// load reads nothing else, so the other values are not copied. They are still decoded
+    /// and counted, so the HPACK table and the header list bound stay exact.
+    pub fn pseudo_fields_only(&mut self) {
+        self.pseudo_only = true;
     }
 
     /// The value of the field `name` in the last header block.
@@ -1120,10 +1131,11 @@ impl Core {
         self.field_spans.clear();
         let max = self.limits.max_header_list as usize;
         let (bytes, spans) = (&mut self.field_bytes, &mut self.field_spans);
+        let keep_all = !self.pseudo_only;
         let mut listed = 0usize;
         let decoded = self.dec.decode(block, |n, v| {
             listed += n.len() + v.len() + 32;
-            if listed <= max {
+            if listed <= max && (keep_all || n.first() == Some(&b':')) {
                 bytes.extend_from_slice(n);
                 bytes.extend_from_slice(v);
                 spans.push((n.len() as u32, v.len() as u32));

@@ -196,6 +196,8 @@ impl H2Conn {
     /// A connection just opened: its preface and SETTINGS go into `out`.
     pub(crate) fn new(out: &mut Vec<u8>) -> H2Conn {
         let mut ep = Endpoint::client(Limits::default());
+        // Only :status is read; the other values need not be copied.
+        ep.pseudo_fields_only();
         ep.start(out);
         H2Conn {
             ep,

@@ -451,4 +451,325 @@ fn write_seed_corpus() {
     );
     frame(&mut padded, kind::DATA, flag::END_STREAM, 1, &[b'c'; 20]);
     tcpkit_lab::corpus::write("h2", "client-padded-small-window", &seed(5, &padded));
+    // Huffman-coded blocks: nginx's answer to stream 1, then one with a bad padding.
+    let mut nginx = vec![0, 0, 0, 4, 0, 0, 0, 0, 0];
+    let block = nginx_response_block();
+    frame(&mut nginx, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame(&mut nginx, kind::DATA, flag::END_STREAM, 1, b"<html>");
+    tcpkit_lab::corpus::write("h2", "client-nginx-huffman", &seed(40, &nginx));
+    let mut bad = nginx[..9].to_vec();
+    let mut block = vec![0x88];
+    block.extend_from_slice(&huffman_field(&[0x1e]));
+    frame(&mut bad, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    tcpkit_lab::corpus::write("h2", "client-huffman-bad-padding", &seed(3, &bad));
+    // RFC 7541 C.4's three requests (Huffman, the dynamic table in use), one per stream.
+    let mut c4 = PREFACE.to_vec();
+    c4.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    for (stream, hex) in [
+        (1, "8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff"),
+        (3, "8286 84be 5886 a8eb 1064 9cbf"),
+        (
+            5,
+            "8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf",
+        ),
+    ] {
+        let f = flag::END_HEADERS | flag::END_STREAM;
+        frame(&mut c4, kind::HEADERS, f, stream, &unhex(hex));
+    }
+    tcpkit_lab::corpus::write("h2", "server-rfc7541-c4-huffman", &seed(0x80 | 50, &c4));
+}
+
+/// Decodes RFC 7541 Appendix C's blocks in order on one decoder: each block's fields, then
+/// the table's size and entries (newest first) after it.
+type Example<'a> = (
+    &'a [u8],
+    &'a [(&'a str, &'a str)],
+    usize,
+    &'a [(&'a str, &'a str)],
+);
+
+fn rfc_sequence(table_size: usize, blocks: &[Example<'_>]) {
+    let mut d = hpack::Decoder::new();
+    d.bound(table_size);
+    for (i, (block, fields, size, table)) in blocks.iter().enumerate() {
+        let mut got = Vec::new();
+        d.decode(block, |n, v| {
+            got.push((
+                String::from_utf8_lossy(n).into_owned(),
+                String::from_utf8_lossy(v).into_owned(),
+            ));
+        })
+        .unwrap_or_else(|e| panic!("block {i}: {e}"));
+        let want = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(got, want(fields), "block {i}'s fields");
+        assert_eq!(d.table(), (*size, want(table)), "the table after block {i}");
+    }
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    let s: String = s.split_whitespace().collect();
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+const WWW: (&str, &str) = (":authority", "www.example.com");
+const GET_HTTP: [(&str, &str); 3] = [(":method", "GET"), (":scheme", "http"), (":path", "/")];
+
+#[test]
+fn hpack_rfc_7541_c3_c4_requests_plain_and_huffman() {
+    let third = [
+        (":method", "GET"),
+        (":scheme", "https"),
+        (":path", "/index.html"),
+        WWW,
+        ("custom-key", "custom-value"),
+    ];
+    let first = [GET_HTTP[0], GET_HTTP[1], GET_HTTP[2], WWW];
+    let second = [
+        GET_HTTP[0],
+        GET_HTTP[1],
+        GET_HTTP[2],
+        WWW,
+        ("cache-control", "no-cache"),
+    ];
+    let cc = ("cache-control", "no-cache");
+    let ck = ("custom-key", "custom-value");
+    for blocks in [
+        // C.3: without Huffman.
+        [
+            unhex("8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d"),
+            unhex("8286 84be 5808 6e6f 2d63 6163 6865"),
+            unhex("8287 85bf 400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65"),
+        ],
+        // C.4: the same with Huffman.
+        [
+            unhex("8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff"),
+            unhex("8286 84be 5886 a8eb 1064 9cbf"),
+            unhex("8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf"),
+        ],
+    ] {
+        rfc_sequence(
+            4096,
+            &[
+                (&blocks[0], &first, 57, &[WWW]),
+                (&blocks[1], &second, 110, &[cc, WWW]),
+                (&blocks[2], &third, 164, &[ck, cc, WWW]),
+            ],
+        );
+    }
+}
+
+#[test]
+fn hpack_rfc_7541_c5_c6_responses_with_eviction_plain_and_huffman() {
+    let date1 = ("date", "Mon, 21 Oct 2013 20:13:21 GMT");
+    let date2 = ("date", "Mon, 21 Oct 2013 20:13:22 GMT");
+    let loc = ("location", "https://www.example.com");
+    let private = ("cache-control", "private");
+    let cookie = (
+        "set-cookie",
+        "foo=ASDJKHQKBZXOQWEOPIUAXQWEOIU; max-age=3600; version=1",
+    );
+    let gzip = ("content-encoding", "gzip");
+    for blocks in [
+        // C.5: without Huffman.
+        [
+            unhex(
+                "4803 3330 3258 0770 7269 7661 7465 611d 4d6f 6e2c 2032 3120 4f63 7420 3230
+                 3133 2032 303a 3133 3a32 3120 474d 546e 1768 7474 7073 3a2f 2f77 7777 2e65
+                 7861 6d70 6c65 2e63 6f6d",
+            ),
+            unhex("4803 3330 37c1 c0bf"),
+            unhex(
+                "88c1 611d 4d6f 6e2c 2032 3120 4f63 7420 3230 3133 2032 303a 3133 3a32 3220
+                 474d 54c0 5a04 677a 6970 7738 666f 6f3d 4153 444a 4b48 514b 425a 584f 5157
+                 454f 5049 5541 5851 5745 4f49 553b 206d 6178 2d61 6765 3d33 3630 303b 2076
+                 6572 7369 6f6e 3d31",
+            ),
+        ],
+        // C.6: the same with Huffman.
+        [
+            unhex(
+                "4882 6402 5885 aec3 771a 4b61 96d0 7abe 9410 54d4 44a8 2005 9504 0b81 66e0
+                 82a6 2d1b ff6e 919d 29ad 1718 63c7 8f0b 97c8 e9ae 82ae 43d3",
+            ),
+            unhex("4883 640e ffc1 c0bf"),
+            unhex(
+                "88c1 6196 d07a be94 1054 d444 a820 0595 040b 8166 e084 a62d 1bff c05a 839b
+                 d9ab 77ad 94e7 821d d7f2 e6c7 b335 dfdf cd5b 3960 d5af 2708 7f36 72c1 ab27
+                 0fb5 291f 9587 3160 65c0 03ed 4ee5 b106 3d50 07",
+            ),
+        ],
+    ] {
+        rfc_sequence(
+            256,
+            &[
+                (
+                    &blocks[0],
+                    &[(":status", "302"), private, date1, loc],
+                    222,
+                    &[loc, date1, private, (":status", "302")],
+                ),
+                (
+                    &blocks[1],
+                    &[(":status", "307"), private, date1, loc],
+                    222,
+                    &[(":status", "307"), loc, date1, private],
+                ),
+                (
+                    &blocks[2],
+                    &[(":status", "200"), private, date2, loc, gzip, cookie],
+                    215,
+                    &[cookie, gzip, date2],
+                ),
+            ],
+        );
+    }
+}
+
+/// One field `x-k` whose value is the Huffman string `value` (literal without indexing).
+fn huffman_field(value: &[u8]) -> Vec<u8> {
+    let mut b = vec![0x00, 0x03, b'x', b'-', b'k'];
+    hpack::integer(&mut b, value.len(), 7, 0x80);
+    b.extend_from_slice(value);
+    b
+}
+
+/// A client that has opened stream 1 (a GET), and what it wrote.
+fn client_with_stream_1() -> (Endpoint, Vec<u8>) {
+    let mut c = Endpoint::client(Limits::default());
+    let mut out = Vec::new();
+    c.start(&mut out);
+    let block = hpack::request_block("GET", "http", "h", "/", &[]);
+    c.open(1, &block, None, &mut out);
+    (c, out)
+}
+
+#[test]
+fn hpack_refuses_bad_huffman_padding_eos_and_bad_bounds() {
+    let decode = |b: &[u8]| {
+        let mut d = hpack::Decoder::new();
+        d.decode(b, |_, _| {}).map_err(|e| e.to_string())
+    };
+    // "a" is 00011: padded with three ones it is 0x1f, a good string.
+    assert_eq!(decode(&huffman_field(&[0x1f])), Ok(()));
+    // Padding that is not all ones.
+    let e = decode(&huffman_field(&[0x1e])).unwrap_err();
+    assert!(e.contains("padding"), "{e}");
+    // Padding of 8 bits or more: "a" then a whole byte of ones.
+    let e = decode(&huffman_field(&[0x1f, 0xff])).unwrap_err();
+    assert!(e.contains("padding"), "{e}");
+    // EOS (30 ones) inside the string.
+    let e = decode(&huffman_field(&[0xff, 0xff, 0xff, 0xff])).unwrap_err();
+    assert!(e.contains("EOS"), "{e}");
+    // A string longer than the block, refused before anything is read or grown.
+    let e = decode(&[0x00, 0x03, b'x', b'-', b'k', 0xff, 0xff, 0xff, 0x07]).unwrap_err();
+    assert!(e.contains("ends inside"), "{e}");
+    // An integer too long for any bound.
+    let e = decode(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]).unwrap_err();
+    assert!(e.contains("2^28"), "{e}");
+    // Index 0, and past the (empty) dynamic table.
+    assert!(decode(&[0x80]).unwrap_err().contains("index 0"));
+    assert!(decode(&[0xbe]).unwrap_err().contains("index 62"));
+    // A table size update over what we announced, and one after a field.
+    assert!(decode(&[0x3f, 0xe2, 0x1f]).unwrap_err().contains("4097"));
+    assert_eq!(decode(&[0x3f, 0xe1, 0x1f, 0x88]), Ok(()));
+    assert!(decode(&[0x88, 0x20]).unwrap_err().contains("after a field"));
+    // Through the endpoint it is a COMPRESSION_ERROR GOAWAY.
+    let mut hb = vec![0, 0, 0, 4, 0, 0, 0, 0, 0];
+    let (mut c, mut out) = client_with_stream_1();
+    let mut block = vec![0x88];
+    block.extend_from_slice(&huffman_field(&[0x1e]));
+    frame(&mut hb, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    let ev = pump(&mut c, &hb, hb.len(), &mut out);
+    assert_eq!(ev.last().unwrap(), "error COMPRESSION_ERROR");
+}
+
+#[test]
+fn huffman_round_trips_every_byte() {
+    let all: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+    for s in [&b""[..], b"a", b"nginx/1.22.1", &all] {
+        let mut enc = Vec::new();
+        huffman::encode(s, &mut enc);
+        assert_eq!(enc.len(), huffman::encoded_len(s));
+        let mut dec = Vec::new();
+        huffman::decode(&enc, &mut dec).unwrap();
+        assert_eq!(dec, s);
+    }
+}
+
+/// The block nginx 1.22.1 answered a GET of its default page with (h2c on loopback, captured
+/// once): `:status` indexed; server, date, content-type, content-length and last-modified
+/// literals with incremental indexing (nginx never refers to its entries, so each answer adds
+/// them again and evicts older ones), etag and accept-ranges without; Huffman-coded values.
+fn nginx_response_block() -> Vec<u8> {
+    unhex(
+        "887689aa6355e580ae212e1f6196dc34fd282794d27eea080271408ae32ddc65f53168df5f87497ca589
+         d34d1f5c033631356c96e4593e940bea6a225410042500f5c00ae080a62d1bff00832a47378bfe5c65a9
+         472808b09c77f9008919085ad2b583aa62a3848fd24a8f",
+    )
+}
+
+#[test]
+fn hpack_decodes_nginx_s_response_block() {
+    let mut d = hpack::Decoder::new();
+    let mut got = Vec::new();
+    d.decode(&nginx_response_block(), |n, v| {
+        got.push(format!("{}: {}", n.escape_ascii(), v.escape_ascii()));
+    })
+    .unwrap();
+    assert_eq!(got[0], ":status: 200");
+    assert_eq!(got[1], "server: nginx/1.22.1");
+    assert_eq!(got[2], "date: Sat, 28 Nov 2026 12:35:39 GMT");
+    assert_eq!(got[4], "content-length: 615");
+    assert_eq!(got[6], "etag: \\\"634faf0c-267\\\"");
+    assert_eq!(got[7], "accept-ranges: bytes");
+    assert_eq!(got.len(), 8);
+    // Server, date, content-type, content-length and last-modified went into the table.
+    assert_eq!(d.table().0, 291, "{:?}", d.table());
+    assert_eq!(d.table().1[0].0, "last-modified");
+    // Only pseudo-fields kept: the rest is decoded (the table stays exact) but not copied.
+    let (mut c, mut out) = client_with_stream_1();
+    c.pseudo_fields_only();
+    let mut hb = vec![0, 0, 0, 4, 0, 0, 0, 0, 0];
+    let block = nginx_response_block();
+    frame(
+        &mut hb,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+        &block,
+    );
+    assert_eq!(
+        pump(&mut c, &hb, hb.len(), &mut out),
+        ["Settings", "headers 1 end=true :status=200"]
+    );
+}
+
+/// Nanoseconds to decode nginx's response block (`cargo test -p tcpkit-wire --profile suite
+/// --lib -- --ignored --nocapture bench_hpack`).
+#[test]
+#[ignore = "a micro-benchmark, run by hand"]
+fn bench_hpack_nginx_response_block() {
+    let block = nginx_response_block();
+    let mut d = hpack::Decoder::new();
+    let n = 1_000_000u32;
+    let t = std::time::Instant::now();
+    let mut sum = 0usize;
+    for _ in 0..n {
+        d.decode(std::hint::black_box(&block), |n, v| {
+            sum += n.len() + v.len();
+        })
+        .unwrap();
+    }
+    let ns = t.elapsed().as_nanos() as f64 / f64::from(n);
+    println!(
+        "tcpkit hpack: {ns:.0} ns per nginx response block ({} bytes, {sum})",
+        block.len()
+    );
 }
