@@ -35,6 +35,9 @@ use crate::series::{IntervalRec, Tally};
 use crate::tls_report::TlsTally;
 use tcpkit_workers::share;
 
+mod h2_answers;
+mod handshake;
+
 /// Queries in flight per connection at most: bounds memory, and keeps DNS IDs (16 bits)
 /// unique among a connection's queries in flight.
 const MAX_PENDING: usize = 1024;
@@ -780,48 +783,6 @@ impl Worker<'_, '_> {
         n
     }
 
-    /// `--h2-streams`: streams open at once per connection at most.
-    fn h2_limit(&self) -> u32 {
-        self.sh.proto.h2.as_ref().map_or(u32::MAX, |h| h.streams)
-    }
-
-    /// Sends again, on connections with a free stream, the queries a GOAWAY handed back:
-    /// each keeps its intended time (the wait counts in its latency) and is counted once in
-    /// `sent`. The per-query file keeps its first line only.
-    fn resend(&mut self, now: u64) {
-        let sh = self.sh;
-        let Some(proto) = sh.proto.h2.as_ref() else {
-            return;
-        };
-        while !self.retry.is_empty() {
-            let Some(i) = self.pick() else {
-                self.no_conn_until = now + 1_000_000;
-                return;
-            };
-            let sent_at = now_ns();
-            let sent = sent_at.saturating_sub(self.start);
-            self.wbuf.clear();
-            let limit = self.h2_limit();
-            let c = &mut self.conns[i];
-            let Some(h) = c.h2.as_mut() else { return };
-            while h.can_open(limit) && c.pending.len() < MAX_PENDING {
-                let Some(p) = self.retry.pop_front() else {
-                    break;
-                };
-                let seq = c.seq;
-                proto.write(h, &mut self.wbuf, seq, self.name_idx);
-                self.name_idx = self.name_idx.wrapping_add(self.sh.threads);
-                c.seq = c.seq.wrapping_add(1);
-                c.pending.push_back(Pending {
-                    seq,
-                    intended: p.intended,
-                    sent,
-                });
-            }
-            self.put(i, sent_at);
-        }
-    }
-
     /// Writes the worker's `wbuf` (queries just taken) on connection `i`, or queues it.
     fn put(&mut self, i: usize, sent_at: u64) {
         let len = self.wbuf.len();
@@ -1048,62 +1009,6 @@ impl Worker<'_, '_> {
         self.sh.peak_open.fetch_max(open, Ordering::Relaxed);
     }
 
-    /// Moves connection `i`'s TLS handshake on; once done it is timed (from the connect's
-    /// end) and the connection is open; a failure is counted by reason and the connection
-    /// retried as a failed connect is.
-    fn handshake(&mut self, i: usize) {
-        let c = &mut self.conns[i];
-        let Some(Sock::Tls(s, t)) = c.sock.as_mut() else {
-            return;
-        };
-        match t.handshake(s) {
-            Ok(false) => {}
-            Ok(true) => {
-                if self.sh.proto.h2.is_some() && t.alpn() != Some(&b"h2"[..]) {
-                    // An HTTP/1.1 server would take the HTTP/2 preface for a bad request.
-                    let chose = t.alpn().map_or_else(
-                        || "none".to_string(),
-                        |p| String::from_utf8_lossy(p).into_owned(),
-                    );
-                    let f = tcpkit_tls::Failure {
-                        reason: tcpkit_tls::Reason::NoAlpn,
-                        detail: format!(
-                            "the server did not agree to HTTP/2 by ALPN (it chose {chose}): leave out --http2 (or --doh's HTTP/2 with --http1)"
-                        ),
-                    };
-                    self.tls_failed(i, &f, now_ns());
-                    return;
-                }
-                let ns = now_ns().saturating_sub(c.since);
-                if let (Some(info), Some(tally)) = (t.info(), self.tls.as_mut()) {
-                    tally.done(&info, t.alpn(), ns);
-                }
-                c.state = State::Open;
-                self.opened();
-                // HTTP/2's preface, written at the connect, goes once the session is up.
-                if !self.conns[i].wbuf.is_empty() {
-                    self.flush(i, now_ns());
-                }
-            }
-            Err(e) => {
-                let Some(tls) = self.sh.cfg.tls.as_ref() else {
-                    return;
-                };
-                let f = tcpkit_tls::Failure::of(&e, &tls.offer());
-                self.tls_failed(i, &f, now_ns());
-            }
-        }
-    }
-
-    fn tls_failed(&mut self, i: usize, f: &tcpkit_tls::Failure, now: u64) {
-        if let Some(tally) = self.tls.as_mut() {
-            tally.failed(f);
-        }
-        self.count_error(f.reason.error_name());
-        self.conns[i].sock = None;
-        self.retry_later(i, now);
-    }
-
     fn flush(&mut self, i: usize, now: u64) {
         let c = &mut self.conns[i];
         let Some(s) = c.sock.as_mut() else { return };
@@ -1291,88 +1196,6 @@ impl Worker<'_, '_> {
         let c = &mut self.conns[i];
         let k = c.pending.iter().position(|p| p.seq == seq)?;
         c.pending.remove(k)
-    }
-
-    /// Reads `n` bytes of `rbuf` on HTTP/2 connection `i`. False when the connection was
-    /// closed.
-    fn h2_read(&mut self, i: usize, n: usize, now: u64) -> bool {
-        let sh = self.sh;
-        let Some(proto) = sh.proto.h2.as_ref() else {
-            return true;
-        };
-        self.outcomes.clear();
-        self.handed_back.clear();
-        let c = &mut self.conns[i];
-        let Some(h) = c.h2.as_mut() else {
-            return true;
-        };
-        let fed = h.feed(
-            proto,
-            &self.rbuf[..n],
-            &mut c.wbuf,
-            &mut self.outcomes,
-            &mut self.handed_back,
-        );
-        let mut outcomes = std::mem::take(&mut self.outcomes);
-        for o in outcomes.drain(..) {
-            match o {
-                Outcome::Answer { seq, code } => match self.take_pending(i, seq) {
-                    Some(p) => self.record_answer(i, p, code, now),
-                    None => self.c.unmatched += 1,
-                },
-                Outcome::Failed { seq, why } => {
-                    if self.take_pending(i, seq).is_some() {
-                        self.c.malformed += 1;
-                        self.count_error(why.kind);
-                        if self.first_bad.is_none() {
-                            self.first_bad = Some(format!("{}: {}", why.kind, why.detail));
-                        }
-                    }
-                }
-                Outcome::GoAway { code } => {
-                    // No new stream on it; it closes once what the server kept is answered,
-                    // and reopens.
-                    self.conns[i].retiring = true;
-                    if code != tcpkit_wire::h2::code::NO_ERROR {
-                        self.count_error("GOAWAY with an error");
-                    }
-                }
-            }
-        }
-        self.outcomes = outcomes;
-        for k in 0..self.handed_back.len() {
-            let seq = self.handed_back[k];
-            if let Some(p) = self.take_pending(i, seq) {
-                self.retry.push_back(p);
-                self.c.h2.retried += 1;
-                // A stream freed: a query waiting for one may go now.
-                self.no_conn_until = 0;
-            }
-        }
-        if let Err(bad) = fed {
-            self.flush(i, now);
-            self.close(i, Why::Bad(bad), now);
-            return false;
-        }
-        if !self.conns[i].wbuf.is_empty() {
-            self.flush(i, now);
-            if self.conns[i].state != State::Open {
-                return false;
-            }
-        }
-        let c = &self.conns[i];
-        if c.retiring && c.pending.is_empty() {
-            self.close(i, Why::Ours, now);
-            return false;
-        }
-        true
-    }
-
-    fn h2_tally(t: &mut H2Counters, h: &H2Conn) {
-        t.streams_max = t.streams_max.max(h.streams_max);
-        t.goaway += h.goaways;
-        t.rst_stream += h.resets;
-        t.window_stalls += h.window_stalls();
     }
 
     /// Query `p` of connection `i` answered with `code` at `now`.
