@@ -381,7 +381,6 @@ fn no_common_version_or_alpn_is_named() {
 /// p50 817 us against full 764 us), so this test keeps to what resumption does.
 #[test]
 fn tickets_resume_off_never_resumes() {
-    let _turn = common::timing_turn();
     let mut p = pair("tlsres");
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
