@@ -3,6 +3,7 @@
 //! the target's; what the capture lost (kernel drops are never hidden); memory. The JSON form
 //! is docs/schema/copy.schema.json.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -48,8 +49,89 @@ pub struct CopyReport {
     /// Transparent mode's own figures (absent in relay mode, and then not in the JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transparent: Option<TransparentStats>,
+    /// `--tls-keylog`: the TLS sessions decrypted, and those that were not, by reason
+    /// (absent without it, and then not in the JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsStats>,
     /// Why the run failed (exit status 1); absent when it did what was asked.
     pub failure: Option<String>,
+}
+
+/// The copy of TLS sessions: where the plaintext came from and what became of each session.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TlsStats {
+    /// `keylog` (`--tls-keylog`).
+    pub source: String,
+    pub sessions: TlsSessions,
+    /// Sessions decrypted by protocol version (`TLSv1.3`, `TLSv1.2`).
+    pub versions: BTreeMap<String, u64>,
+    /// Sessions decrypted by cipher suite (IANA name).
+    pub ciphers: BTreeMap<String, u64>,
+    /// `--tls-keylog`: what the key log held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keylog: Option<KeylogStats>,
+}
+
+/// What became of the TLS sessions of the copy rules: only `decrypted` ones are copied.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TlsSessions {
+    pub decrypted: u64,
+    /// The key log never gave their secrets (within the wait).
+    pub no_secret: u64,
+    /// By the version, suite or feature refused (its name), or why the session could not be
+    /// followed (`joined mid-stream`, `incomplete handshake`).
+    pub unsupported: BTreeMap<String, u64>,
+    /// Their client did not start with a TLS ClientHello.
+    pub not_tls: u64,
+    /// A record failed authentication, or the protocol went wrong past the hellos.
+    pub failed: u64,
+}
+
+/// The key log as read: lines, lines that were not the format, secrets.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct KeylogStats {
+    pub lines: u64,
+    pub bad_lines: u64,
+    pub secrets: u64,
+}
+
+impl TlsStats {
+    /// The human summary's `TLS:` line.
+    fn line(&self) -> String {
+        let s = &self.sessions;
+        let by = |m: &BTreeMap<String, u64>| {
+            m.iter()
+                .filter(|(_, &n)| n > 0)
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let unsupported: u64 = s.unsupported.values().sum();
+        let mut line = format!(
+            "TLS ({}): {} sessions decrypted ({}; {}), {} no secret, {} unsupported{}, {} not TLS, {} failed",
+            self.source,
+            s.decrypted,
+            by(&self.versions),
+            by(&self.ciphers),
+            s.no_secret,
+            unsupported,
+            if unsupported > 0 {
+                format!(" ({})", by(&s.unsupported))
+            } else {
+                String::new()
+            },
+            s.not_tls,
+            s.failed
+        );
+        if let Some(k) = &self.keylog {
+            let _ = write!(
+                line,
+                "; key log {} lines, {} bad, {} secrets",
+                k.lines, k.bad_lines, k.secrets
+            );
+        }
+        line
+    }
 }
 
 /// Transparent mode: the control connection to intercept and the client TCP copy plays.
@@ -290,6 +372,13 @@ impl CopyReport {
     /// of them, or it lost more than `max_loss_percent` of them. A run that saw no request
     /// (nothing came, or `-r` left every session out) did not fail.
     fn judge(&self) -> Option<String> {
+        if let Some(t) = &self.tls {
+            let s = &t.sessions;
+            let others = s.no_secret + s.not_tls + s.failed + s.unsupported.values().sum::<u64>();
+            if s.decrypted == 0 && others > 0 {
+                return Some(format!("no TLS session was decrypted: {}", t.line()));
+            }
+        }
         let r = &self.requests;
         if r.at_source == 0 {
             return None;
@@ -536,6 +625,9 @@ impl Report for CopyReport {
                 t.synthesized_handshakes
             );
         }
+        if let Some(t) = &self.tls {
+            let _ = writeln!(s, "{}", t.line());
+        }
         self.latency_table(&mut s);
         if let Some(f) = &self.failure {
             let _ = writeln!(s, "Failed: {f}");
@@ -627,6 +719,7 @@ mod tests {
             nice: 10,
             diff: None,
             transparent: None,
+            tls: None,
             failure: None,
         };
         r.finish();
