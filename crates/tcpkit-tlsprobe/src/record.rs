@@ -248,6 +248,49 @@ mod tests {
         assert_eq!(Record::parse(&b), Err(RecordError::Kind(9)));
     }
 
+    fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+        let mut v6 = sample(b"HTTP/1.1 200 OK\r\n\r\n");
+        v6.local = "[fd00:18::2]:443".parse().unwrap();
+        v6.remote = "[fd00:18::1]:40000".parse().unwrap();
+        v6.kind = Kind::Write;
+        let mut free = sample(b"");
+        free.kind = Kind::Free;
+        let full = vec![b'x'; CHUNK];
+        vec![
+            ("read", sample(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").emit()),
+            ("write-v6", v6.emit()),
+            ("free", free.emit()),
+            ("full-chunk", sample(&full).emit()),
+        ]
+    }
+
+    #[test]
+    fn the_fuzz_body_runs_over_the_seed_corpus() {
+        let seeds = tcpkit_lab::corpus::seeds("tlsprobe_record");
+        assert!(seeds.len() >= 4, "{} seeds", seeds.len());
+        let mut kinds = std::collections::HashSet::new();
+        for s in &seeds {
+            fuzz_record(&s.bytes);
+            for cut in 0..s.bytes.len().min(HEADER_LEN + 4) {
+                fuzz_record(&s.bytes[..cut]);
+            }
+            if let Ok(r) = Record::parse(&s.bytes) {
+                kinds.insert(format!("{:?}", r.kind));
+            }
+        }
+        assert_eq!(kinds.len(), 3, "every kind of record has a seed");
+    }
+
+    /// Writes the seed corpus (run by hand: `cargo test -p tcpkit-tlsprobe
+    /// write_record_corpus -- --ignored`) when the record changes.
+    #[test]
+    #[ignore = "writes fuzz/corpus/tlsprobe_record"]
+    fn write_record_corpus() {
+        for (name, b) in seeds() {
+            tcpkit_lab::corpus::write("tlsprobe_record", name, &b);
+        }
+    }
+
     #[test]
     fn a_v4_mapped_peer_is_the_ipv4_session() {
         let mut r = sample(b"");
