@@ -1077,10 +1077,6 @@ impl Worker<'_, '_> {
             return;
         }
         let mut read_any = false;
-        let drains = self.conns[i]
-            .sock
-            .as_ref()
-            .is_some_and(Sock::short_read_drains);
         loop {
             let c = &mut self.conns[i];
             let Some(s) = c.sock.as_mut() else { return };
@@ -1112,11 +1108,21 @@ impl Worker<'_, '_> {
             read_any = true;
             let now = now_ns();
             self.c.bytes_received += n as u64;
+            // Whether that read emptied the socket: with edge-triggered epoll the next data
+            // raises a new event, so another read would only return EAGAIN. Not so over TLS
+            // whenever a read returns one record's plaintext and more records wait behind it
+            // (`Sock::drained` asks the session). A pending FIN is the exception: read on to
+            // see it.
+            let drained = !closed
+                && self.conns[i]
+                    .sock
+                    .as_ref()
+                    .is_some_and(|s| s.drained(n, self.rbuf.len()));
             if self.conns[i].h2.is_some() {
                 if !self.h2_read(i, n, now) {
                     return;
                 }
-                if n < self.rbuf.len() && !closed {
+                if drained {
                     self.ack_now(i);
                     return;
                 }
@@ -1146,10 +1152,7 @@ impl Worker<'_, '_> {
                 self.close(i, Why::Ours, now);
                 return;
             }
-            // A short read emptied the socket; with edge-triggered epoll the next data raises
-            // a new event, so another read would only return EAGAIN. A pending FIN is the
-            // exception: read on to see it.
-            if drains && n < self.rbuf.len() && !closed {
+            if drained {
                 self.ack_now(i);
                 return;
             }
