@@ -444,6 +444,11 @@ impl Worker<'_, '_> {
                     }
                 }
                 Phase::Draining { until } => {
+                    // Queries a GOAWAY handed back after the last one was sent are still the
+                    // run's: sent again on a connection reopened for them (`reopens`).
+                    if !self.retry.is_empty() && now >= self.no_conn_until {
+                        self.resend(now);
+                    }
                     let empty =
                         self.retry.is_empty() && self.conns.iter().all(|c| c.pending.is_empty());
                     if empty || now >= until {
@@ -824,8 +829,19 @@ impl Worker<'_, '_> {
         }
     }
 
+    /// Whether a connection that closes now is opened again: while queries are sent, and
+    /// after the last one while queries a GOAWAY handed back wait to be sent again (else they
+    /// would be left unanswered for want of a connection).
+    fn reopens(&self) -> bool {
+        match self.phase {
+            Phase::Running => true,
+            Phase::Draining { .. } => !self.retry.is_empty(),
+            Phase::Connecting | Phase::Waiting => false,
+        }
+    }
+
     fn start_connects(&mut self, now: u64, poll: &Poll) {
-        let reconnecting = matches!(self.phase, Phase::Running);
+        let reconnecting = self.reopens();
         if !(self.phase == Phase::Connecting || reconnecting) {
             return;
         }
@@ -898,6 +914,7 @@ impl Worker<'_, '_> {
 
     fn retry_later(&mut self, i: usize, now: u64) {
         let opening = self.phase == Phase::Connecting;
+        let reopen = self.reopens();
         let max = self.sh.cfg.retries;
         let c = &mut self.conns[i];
         c.sock = None;
@@ -905,7 +922,7 @@ impl Worker<'_, '_> {
             c.state = State::Dead;
             return;
         }
-        if !(opening || self.phase == Phase::Running) {
+        if !(opening || reopen) {
             c.state = State::Dead;
             return;
         }
@@ -1234,6 +1251,7 @@ impl Worker<'_, '_> {
     /// goes on.
     fn close(&mut self, i: usize, why: Why<'_>, now: u64) {
         let key = self.key(i);
+        let reopen = self.reopens();
         let at = now.saturating_sub(self.start);
         match &why {
             Why::ByServer => self.c.closed_by_server += 1,
@@ -1278,7 +1296,7 @@ impl Worker<'_, '_> {
             // While opening, a connection the server drops counts against the retries like
             // a failed connect, so the opening phase ends even if the server drops them all.
             self.retry_later(i, now);
-        } else if self.phase == Phase::Running {
+        } else if reopen {
             c.state = State::Idle;
             // A connection the server closed is reopened at once (paced by the connect rate);
             // after an error, after the retry delay.
