@@ -97,9 +97,12 @@ fn step_cell(rate: u64, o: &Outcome) -> String {
 }
 
 /// ` [c X s Y]`: the client's and the server's CPU µs per answer over a run of `answered`
-/// answers; empty unless both were measured.
+/// answers; empty unless both were measured and something was answered.
 pub(crate) fn cpu_cell(client: Option<f64>, server: Option<f64>, answered: u64) -> String {
     let mut s = String::new();
+    if answered == 0 {
+        return s;
+    }
     if let (Some(c), Some(srv)) = (client, server) {
         let per = |x: f64| x * 1e6 / answered.max(1) as f64;
         let _ = write!(s, " [c {:.1} s {:.1}]", per(c), per(srv));

@@ -944,21 +944,26 @@ fn handshake_rows(t: &Tls, tab: &mut Table) -> Result<()> {
         found_cell(&tk_ng),
         cell,
     ]);
-    // The issue's targets: full handshakes/s at least the best peer's (s_time against the same
-    // echo; h2load's against nginx, when load ran there too), a resumed handshake cheaper.
-    let best_peer = s_new.unwrap_or(0.0).max(match &tk_ng {
-        Ok(_) => h.succeeded as f64 / h.secs,
-        Err(_) => 0.0,
-    });
+    // The issue's targets: full handshakes/s at least each peer's against the same server
+    // (s_time against echo; h2load against nginx, when load ran there too: a peer's rate
+    // against another server says what that server can do), a resumed handshake cheaper.
     let mut judged = Vec::new();
-    if let Ok((r, _)) = &tk {
-        judged.push(format!(
-            "{} full handshakes/s vs the best peer's {} ({})",
-            rate(*r),
-            rate(best_peer as u64),
-            verdict(*r as f64 >= best_peer)
-        ));
-    }
+    let mut judge = |tk: &Found, peer: Option<f64>, what: &str| {
+        if let (Ok((r, _)), Some(p)) = (tk, peer) {
+            judged.push(format!(
+                "{} full handshakes/s vs {what}'s {} ({})",
+                rate(*r),
+                rate(p as u64),
+                verdict(*r as f64 >= p)
+            ));
+        }
+    };
+    judge(&tk, s_new, "s_time against echo --tls");
+    judge(
+        &tk_ng,
+        Some(h.succeeded as f64 / h.secs),
+        "h2load against nginx",
+    );
     if let (Some(f), Some(r)) = (full_p50, resumed_p50) {
         judged.push(format!(
             "handshake p50 resumed {} vs full {} ({})",
@@ -968,7 +973,7 @@ fn handshake_rows(t: &Tls, tab: &mut Table) -> Result<()> {
         ));
     }
     tab.row(vec![
-        "issue 26's targets: handshakes/s ≥ the best peer's; a resumed handshake cheaper than a full one".into(),
+        "issue 26's targets: full handshakes/s ≥ the peer's against the same server; a resumed handshake cheaper than a full one".into(),
         judged.join("; "),
         String::new(),
     ]);
