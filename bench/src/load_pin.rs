@@ -206,7 +206,12 @@ impl Search {
 
     /// The highest rate answered as asked (0: none) and what each step gave.
     pub(crate) fn result(&self) -> (u64, String) {
-        (self.good, self.steps.join(" "))
+        let mut steps = self.steps.join(" ");
+        if self.bad.is_none() && self.good > 0 {
+            // Every step answered: the ladder ended before the client or the server did.
+            steps.push_str(" (every step answered: the limit is higher)");
+        }
+        (self.good, steps)
     }
 }
 
@@ -285,6 +290,19 @@ mod tests {
         assert_eq!(s.result().0, 600);
         assert_eq!(short_rate(1400), "1.4k");
         assert_eq!(short_rate(600), "600");
+    }
+
+    #[test]
+    fn a_search_answered_throughout_says_its_limit_is_higher() {
+        let mut s = Search::new(&[1000, 2000]);
+        while let Some(r) = s.next() {
+            s.record(r, &outcome(r, r as f64));
+        }
+        assert_eq!(s.result().0, 2000);
+        assert!(s
+            .result()
+            .1
+            .ends_with("(every step answered: the limit is higher)"));
     }
 
     #[test]
