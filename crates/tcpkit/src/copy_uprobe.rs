@@ -23,7 +23,7 @@ pub struct UprobeFlags {
     #[arg(
         long = "tls-uprobe",
         value_name = "PATH",
-        conflicts_with_all = ["input", "capture", "filter"]
+        conflicts_with_all = ["input", "capture", "filter", "tls_keylog"]
     )]
     pub tls_uprobe: Vec<PathBuf>,
 
@@ -97,6 +97,7 @@ mod tests {
             &["-i", "eth0"][..],
             &["--input", "x.pcap"],
             &["-F", "net 10.0.0.0/8"],
+            &["--tls-keylog", "/tmp/keys"],
         ] {
             let e = parse(&[&["--tls-uprobe", lib], other].concat()).unwrap_err();
             assert!(e.contains("--tls-uprobe"), "{other:?}: {e}");

@@ -334,6 +334,7 @@ fn target_gets_each_sessions_plaintext_as_tshark_decrypts_it() {
     assert_eq!(u(&report, "tls.uprobe.pids"), 1, "{report:#}");
     assert_eq!(tls["uprobe"]["targets"][0], LIBSSL, "{report:#}");
     assert_eq!(u(&report, "requests.at_source"), 4, "{report:#}");
+    crate::common::schema::check(&crate::common::schema::load("copy"), &report, "copy");
 }
 
 /// Issue 27: nginx restarted under the probes. The probes are on the library's file, not on
