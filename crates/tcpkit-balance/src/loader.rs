@@ -23,6 +23,10 @@ use crate::bpf::{
 use crate::config::{Algorithm, HashKey, Service};
 use crate::table;
 
+#[path = "adopt.rs"]
+mod adopt;
+pub use adopt::{pinned_prog_ids, Adopted};
+
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/balance.bpf.o"));
 
 /// The programs, by the names they have in the object and in `bpftool prog`.
@@ -190,6 +194,9 @@ pub enum LoadError {
     Cpus(#[source] std::io::Error),
     #[error("pinning {0}: {1}")]
     Pin(String, String),
+    /// (pin directory, why): pins `up --pin` found and could not take over.
+    #[error("--pin {0}: cannot adopt the pinned balancer: {1} (tcpkit balance down --pin {0} removes it)")]
+    Adopt(String, String),
     #[error("mapping BPF map {0} into memory: {1}")]
     Mmap(&'static str, #[source] std::io::Error),
 }
@@ -266,32 +273,44 @@ impl Balancer {
             .override_global("trace_on", &on, true)
             .load(OBJECT)
             .map_err(LoadError::Load)?;
-        let mut b = Balancer {
-            ebpf,
-            slots: vec![None; MAX_SERVICES],
-            generation: vec![0; MAX_SERVICES],
-            order: (0..services.len()).collect(),
-            links: Vec::new(),
-            cgroup: None,
-            pinned: None,
-            ports: vec![0; VIP_PORT_WORDS],
-        };
+        let mut b = Balancer::empty(ebpf, (0..services.len()).collect());
         for (i, s) in services.iter().enumerate() {
             b.slots[i] = Some(Slot {
                 service: s.clone(),
                 counter: (0..s.backends.len() as u32).collect(),
             });
+            b.write_owners(i)?;
             b.write_set(i, 0, &vec![true; s.backends.len()])?;
         }
+        b.load_programs()?;
+        Ok(b)
+    }
+
+    /// A balancer of `ebpf` with no slot filled and nothing attached.
+    fn empty(ebpf: Ebpf, order: Vec<usize>) -> Balancer {
+        Balancer {
+            ebpf,
+            slots: vec![None; MAX_SERVICES],
+            generation: vec![0; MAX_SERVICES],
+            order,
+            links: Vec::new(),
+            cgroup: None,
+            pinned: None,
+            ports: vec![0; VIP_PORT_WORDS],
+        }
+    }
+
+    /// Loads every program into the kernel (the verifier runs here).
+    fn load_programs(&mut self) -> Result<(), LoadError> {
         for name in PROGRAMS {
             let r = if name == RELEASE {
-                b.sock_program(name)?.load()
+                self.sock_program(name)?.load()
             } else {
-                b.program(name)?.load()
+                self.program(name)?.load()
             };
             r.map_err(|e| LoadError::Program(name, e))?;
         }
-        Ok(b)
+        Ok(())
     }
 
     /// The services in use, in order.
@@ -403,6 +422,7 @@ impl Balancer {
                 service: s.clone(),
                 counter,
             });
+            self.write_owners(*k)?;
             let g = (self.generation[*k] + 1) % GENERATIONS as u32;
             let all = vec![true; s.backends.len()];
             self.write_set(*k, g, live.get(i).unwrap_or(&all))?;
@@ -438,6 +458,46 @@ impl Balancer {
             }
         }
         self.ports = want;
+        Ok(())
+    }
+
+    /// Writes slot `slot`'s backends, in order, with their counters into `owners` (what an
+    /// `up` adopting the pins reads back), and ends the list.
+    fn write_owners(&mut self, slot: usize) -> Result<(), LoadError> {
+        let Some(Slot {
+            service: s,
+            counter,
+        }) = self.slots[slot].clone()
+        else {
+            return Ok(());
+        };
+        let mut m: Array<_, Backend> = Array::try_from(
+            self.ebpf
+                .map_mut("owners")
+                .ok_or(LoadError::NoMap("owners"))?,
+        )
+        .map_err(|e| LoadError::Map("owners", e))?;
+        for (i, (b, c)) in s.backends.iter().zip(&counter).enumerate() {
+            let (ip, port, family) = key_of(&b.addr);
+            let v = Backend {
+                ip,
+                port,
+                family,
+                pad: 0,
+                index: *c,
+                weight: b.weight,
+            };
+            m.set((slot * MAX_BACKENDS + i) as u32, v, 0)
+                .map_err(|e| LoadError::Map("owners", e))?;
+        }
+        if s.backends.len() < MAX_BACKENDS {
+            m.set(
+                (slot * MAX_BACKENDS + s.backends.len()) as u32,
+                Backend::default(),
+                0,
+            )
+            .map_err(|e| LoadError::Map("owners", e))?;
+        }
         Ok(())
     }
 
@@ -826,7 +886,8 @@ impl Balancer {
 
     /// The maps pinned by [`Balancer::pin`] (the trace ring buffer, read by this process
     /// only, is not).
-    pub const PINNED_MAPS: [&'static str; 10] = [
+    pub const PINNED_MAPS: [&'static str; 11] = [
+        "owners",
         "services",
         "backends",
         "revnat",

@@ -403,9 +403,9 @@ pub fn main(args: Args, interrupted: &'static AtomicBool) -> Result<(), Failure>
     match args.cmd {
         Sub::Run(a) => run(a, interrupted),
         Sub::Up(a) => up(a, interrupted),
-        Sub::Reload(a) => reload(a),
+        Sub::Reload(a) => reload(a, interrupted),
         Sub::Down(a) => down(a),
-        Sub::Status(a) => status(a),
+        Sub::Status(a) => status(a, interrupted),
     }
 }
 
@@ -432,9 +432,11 @@ fn up(a: UpArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
     common::finish(&report, &a.out)
 }
 
-/// How long reload and status wait for their answer (a reload waits for the probers of the
-/// old configuration to end: at most a probe timeout).
-const ASK_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long reload waits for its answer (it waits for the probers of the old configuration
+/// to end: at most a probe timeout). SIGINT/SIGTERM end the wait at once.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long status waits: an `up` answers in milliseconds unless a reload holds it.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn down(a: DownArgs) -> Result<(), Failure> {
     let n = tcpkit_balance::pin::down(&a.pin).map_err(|e| Failure::Runtime(crate::chain(&e)))?;
@@ -445,15 +447,15 @@ fn down(a: DownArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn reload(a: ReloadArgs) -> Result<(), Failure> {
-    let n = tcpkit_balance::control::ask_reload(&a.socket, ASK_TIMEOUT)
+fn reload(a: ReloadArgs, interrupted: &AtomicBool) -> Result<(), Failure> {
+    let n = tcpkit_balance::control::ask_reload(&a.socket, RELOAD_TIMEOUT, interrupted)
         .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     eprintln!("tcpkit balance: reloaded ({n} services)");
     Ok(())
 }
 
-fn status(a: StatusArgs) -> Result<(), Failure> {
-    let r = tcpkit_balance::control::ask_status(&a.socket, ASK_TIMEOUT)
+fn status(a: StatusArgs, interrupted: &AtomicBool) -> Result<(), Failure> {
+    let r = tcpkit_balance::control::ask_status(&a.socket, STATUS_TIMEOUT, interrupted)
         .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     if a.json {
         crate::common::print(&(r.json() + "\n"));
