@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap as StdMap, HashSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
@@ -119,25 +119,8 @@ fn addr_of(ip: [u32; 4], port: u16, family: u8) -> SocketAddr {
     SocketAddr::from((Ipv6Addr::from(o), port))
 }
 
-const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
-
-/// The link pinned at `path`.
-fn link_get(path: &Path) -> std::io::Result<OwnedFd> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-    // union bpf_attr, BPF_OBJ_GET: pathname (u64), bpf_fd, file_flags, path_fd (u32 each).
-    let get: [u64; 3] = [c.as_ptr() as u64, 0, 0];
-    // SAFETY: bpf(2) reads `get` (of the size given) and the NUL-terminated path it points
-    // to, both alive for the call.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, get.as_ptr(), 24) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor BPF_OBJ_GET just returned and nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
 
 /// A cgroup link's program id and cgroup id (struct bpf_link_info: type, id, prog_id, then
 /// the union at offset 16 whose cgroup member is cgroup_id, attach_type).
@@ -196,7 +179,7 @@ pub fn pinned_prog_ids(dir: &Path) -> HashSet<u32> {
     pinned_links(dir)
         .unwrap_or_default()
         .iter()
-        .filter_map(|(_, p)| link_info(&link_get(p).ok()?).ok())
+        .filter_map(|(_, p)| link_info(&obj_get(p).ok()?).ok())
         .map(|(prog, _)| prog)
         .collect()
 }
@@ -327,7 +310,7 @@ impl Balancer {
             .ino();
         let mut links = Vec::new();
         for (name, pin) in pinned_links(dir)? {
-            let fd = link_get(&pin).map_err(|e| LoadError::Adopt(shown.clone(), e.to_string()))?;
+            let fd = obj_get(&pin).map_err(|e| LoadError::Adopt(shown.clone(), e.to_string()))?;
             let (_, on) =
                 link_info(&fd).map_err(|e| LoadError::Adopt(shown.clone(), e.to_string()))?;
             if on != cg_id {

@@ -134,10 +134,25 @@ impl Drop for RevnatView {
 /// workqueue): a reload answered while the hooks it dropped still ran (seen in the balance
 /// tests under load). aya 0.14 has no call for BPF_LINK_DETACH, hence the raw bpf(2) calls.
 pub(crate) fn detach_pinned(path: &Path) -> std::io::Result<()> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
+    const BPF_LINK_DETACH: libc::c_long = 34;
+    let link = obj_get(path)?;
+    // BPF_LINK_DETACH: link_fd (u32).
+    let detach: [u32; 1] = [link.as_raw_fd() as u32];
+    // SAFETY: bpf(2) reads `detach`, of the size given.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, detach.as_ptr(), 4) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop(link);
+    std::fs::remove_file(path)
+}
+
+/// The BPF object (a link, here) pinned at `path`.
+fn obj_get(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
     const BPF_OBJ_GET: libc::c_long = 7;
-    const BPF_LINK_DETACH: libc::c_long = 34;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
     // union bpf_attr, BPF_OBJ_GET: pathname (u64), bpf_fd, file_flags, path_fd (u32 each).
     let get: [u64; 3] = [c.as_ptr() as u64, 0, 0];
@@ -148,16 +163,7 @@ pub(crate) fn detach_pinned(path: &Path) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a descriptor BPF_OBJ_GET just returned and nothing else owns.
-    let link = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // BPF_LINK_DETACH: link_fd (u32).
-    let detach: [u32; 1] = [link.as_raw_fd() as u32];
-    // SAFETY: bpf(2) reads `detach`, of the size given.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, detach.as_ptr(), 4) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    drop(link);
-    std::fs::remove_file(path)
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Addresses as bpf_sock_addr holds them: network byte order in the u32s' and u16's memory;

@@ -288,16 +288,34 @@ fn a_fifo_as_the_configuration_is_refused_at_once_and_blocks_nothing() {
     );
 }
 
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(tcpkit()).args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `balance up` on a file of `body`, on a cgroup that does not exist: a file accepted by
+/// mistake fails there (exit 1) rather than balancing the host's root cgroup.
+fn up_on(dir: &Path, body: &str) -> (Option<i32>, String) {
+    let config = dir.join("lb.toml");
+    write_config(&config, body);
+    let sock = dir.join("s.sock");
+    run(&[
+        "balance",
+        "up",
+        "--config",
+        config.to_str().unwrap(),
+        "--cgroup",
+        "/tcpkit-test-no-such-cgroup",
+        "--socket",
+        sock.to_str().unwrap(),
+    ])
+}
+
 #[test]
-fn a_health_interval_below_the_minimum_and_a_v4_mapped_vip_are_usage_errors() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = |args: &[&str]| -> (Option<i32>, String) {
-        let out = Command::new(tcpkit()).args(args).output().unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+fn a_health_interval_below_the_minimum_is_a_usage_error() {
     let (code, err) = run(&[
         "balance",
         "run",
@@ -316,31 +334,30 @@ fn a_health_interval_below_the_minimum_and_a_v4_mapped_vip_are_usage_errors() {
         err.contains("--health-interval 1ns: at least 10ms"),
         "{err}"
     );
-    let config = dir.path().join("lb.toml");
-    let up = |body: &str| {
-        write_config(&config, body);
-        let sock = dir.path().join("s.sock");
-        run(&[
-            "balance",
-            "up",
-            "--config",
-            config.to_str().unwrap(),
-            "--socket",
-            sock.to_str().unwrap(),
-        ])
-    };
-    let (code, err) = up(&format!(
-        "[[service]]\nvip = \"{VIP}\"\nbackends = [ {{ addr = \"198.18.0.2:6379\" }} ]\n\
-         health = {{ interval = \"1ns\" }}\n"
-    ));
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err) = up_on(
+        dir.path(),
+        &format!(
+            "[[service]]\nvip = \"{VIP}\"\nbackends = [ {{ addr = \"198.18.0.2:6379\" }} ]\n\
+             health = {{ interval = \"1ns\" }}\n"
+        ),
+    );
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("health-interval 1ns: at least 10ms"), "{err}");
+}
+
+#[test]
+fn a_v4_mapped_vip_is_a_usage_error() {
     // Beside the same IPv4 VIP, or alone: an IPv6 socket's connect to ::ffff:IP is the IPv4
     // VIP's, so a v4-mapped one would never be used.
-    let (code, err) = up(&format!(
-        "[[service]]\nvip = \"{VIP}\"\nbackends = [ {{ addr = \"198.18.0.2:6379\" }} ]\n\
-         [[service]]\nvip = \"{VIP_MAPPED}\"\nbackends = [ {{ addr = \"[fd00:18::2]:6379\" }} ]\n"
-    ));
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err) = up_on(
+        dir.path(),
+        &format!(
+            "[[service]]\nvip = \"{VIP}\"\nbackends = [ {{ addr = \"198.18.0.2:6379\" }} ]\n\
+             [[service]]\nvip = \"{VIP_MAPPED}\"\nbackends = [ {{ addr = \"[fd00:18::2]:6379\" }} ]\n"
+        ),
+    );
     assert_eq!(code, Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
