@@ -332,12 +332,7 @@ impl Balancer {
                 continue;
             }
             let prog = self
-                .ebpf
-                .program(name)
-                .ok_or(LoadError::Program(
-                    name,
-                    aya::programs::ProgramError::UnexpectedProgramType,
-                ))?
+                .loaded(name)?
                 .fd()
                 .map_err(|e| LoadError::Program(name, e))?;
             link_update(&fd, prog.as_fd()).map_err(|e| {
@@ -347,5 +342,30 @@ impl Balancer {
         }
         self.pinned = Some(dir.to_path_buf());
         self.attach_hooks(&wanted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_read_back_are_the_ones_written() {
+        for a in [
+            "198.18.0.2:6379",
+            "[fd00:18::2]:80",
+            "[::ffff:198.18.0.2]:53",
+        ] {
+            let a: SocketAddr = a.parse().unwrap();
+            let (ip, port, family) = key_of(&a);
+            assert_eq!(addr_of(ip, port, family), a);
+        }
+    }
+
+    #[test]
+    fn every_pinned_map_has_a_shape() {
+        for name in Balancer::PINNED_MAPS {
+            assert!(shape(name).is_some(), "{name}");
+        }
     }
 }

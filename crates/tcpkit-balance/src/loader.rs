@@ -258,6 +258,19 @@ struct Slot {
     counter: Vec<u32>,
 }
 
+/// A backend as the `backends` and `owners` maps hold it, with its `picks` counter.
+fn entry(b: &crate::config::Backend, counter: u32) -> Backend {
+    let (ip, port, family) = key_of(&b.addr);
+    Backend {
+        ip,
+        port,
+        family,
+        pad: 0,
+        index: counter,
+        weight: b.weight,
+    }
+}
+
 /// Whether any of `services` balances UDP (protocol 17 in its keys).
 fn needs_udp(services: &[Service]) -> bool {
     services
@@ -484,16 +497,7 @@ impl Balancer {
         )
         .map_err(|e| LoadError::Map("owners", e))?;
         for (i, (b, c)) in s.backends.iter().zip(&counter).enumerate() {
-            let (ip, port, family) = key_of(&b.addr);
-            let v = Backend {
-                ip,
-                port,
-                family,
-                pad: 0,
-                index: *c,
-                weight: b.weight,
-            };
-            m.set((slot * MAX_BACKENDS + i) as u32, v, 0)
+            m.set((slot * MAX_BACKENDS + i) as u32, entry(b, *c), 0)
                 .map_err(|e| LoadError::Map("owners", e))?;
         }
         if s.backends.len() < MAX_BACKENDS {
@@ -621,15 +625,7 @@ impl Balancer {
             )
             .map_err(|e| LoadError::Map("backends", e))?;
             for (k, (index, b)) in set.iter().enumerate() {
-                let (ip, port, family) = key_of(&b.addr);
-                let v = Backend {
-                    ip,
-                    port,
-                    family,
-                    pad: 0,
-                    index: counter[*index],
-                    weight: b.weight,
-                };
+                let v = entry(b, counter[*index]);
                 backends
                     .set((id * MAX_BACKENDS + k) as u32, v, 0)
                     .map_err(|e| LoadError::Map("backends", e))?;
@@ -722,12 +718,7 @@ impl Balancer {
         let mut out = Vec::new();
         for name in PROGRAMS {
             let id = self
-                .ebpf
-                .program(name)
-                .ok_or(LoadError::Program(
-                    name,
-                    aya::programs::ProgramError::UnexpectedProgramType,
-                ))?
+                .loaded(name)?
                 .info()
                 .map_err(|e| LoadError::Program(name, e))?
                 .id();
@@ -738,6 +729,14 @@ impl Balancer {
             }
         }
         Ok(out)
+    }
+
+    /// Program `name` of the object.
+    fn loaded(&self, name: &'static str) -> Result<&aya::programs::Program, LoadError> {
+        self.ebpf.program(name).ok_or(LoadError::Program(
+            name,
+            aya::programs::ProgramError::UnexpectedProgramType,
+        ))
     }
 
     fn wanted(&self) -> Vec<&'static str> {

@@ -150,6 +150,21 @@ fn pinned_up_restarted_adopts_the_pins_and_drops_no_connect() {
     });
     let (got, log) = Client::connects(&lab, &cli, &cg, VIP, 4);
     assert_eq!(got, vec![(VIP.to_string(), b2.addr.port()); 4], "{log}");
+    // The sets are read back from the pins: b1, out of the pinned set, stays out when the
+    // next up adopts them (until --rise probes pass), rather than starting up.
+    up.signal(libc::SIGKILL);
+    drop(up);
+    let up = Up::start_at(&lab, &cli, &config, cg.rel(), &socket, &["--pin", pin]);
+    // Down, and never gone down in this process (a probe may have failed since: its reason
+    // then replaces "out of the pinned set when its pins were adopted").
+    let b = &up.status()["services"][0]["backends"][0];
+    assert_eq!(
+        (&b["health"], &b["downs"]),
+        (&"down".into(), &0.into()),
+        "{b}"
+    );
+    let (got, log) = Client::connects(&lab, &cli, &cg, VIP, 4);
+    assert_eq!(got, vec![(VIP.to_string(), b2.addr.port()); 4], "{log}");
     let (progs3, maps3) = attached(cg.path());
     let (st, _, err) = up.stop();
     assert_eq!(st.code(), Some(0), "{err}");
@@ -209,16 +224,22 @@ fn a_vip_whose_every_backend_flaps_refuses_and_never_connects_to_itself() {
     assert!(refused >= 20, "refused {refused}:\n{log}");
 }
 
-/// `tcpkit balance up --config CONFIG ...` run to its end within `secs` (killed and failed
-/// otherwise): its exit code and stderr.
+/// `argv` run in `host` to its end within `secs` (killed and failed otherwise): its exit
+/// code and stderr.
 fn up_exits(host: &Host, argv: &[&str], secs: u64) -> (Option<i32>, String) {
-    let mut c = host
+    let c = host
         .command(argv)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(secs);
+    ends_within(c, Duration::from_secs(secs), &format!("{argv:?}"))
+}
+
+/// Waits for `c` (its stderr piped) at most `limit`, else kills it and fails naming `what`:
+/// its exit code and stderr.
+fn ends_within(mut c: std::process::Child, limit: Duration, what: &str) -> (Option<i32>, String) {
+    let until = Instant::now() + limit;
     let st = loop {
         if let Some(st) = c.try_wait().unwrap() {
             break st;
@@ -226,7 +247,7 @@ fn up_exits(host: &Host, argv: &[&str], secs: u64) -> (Option<i32>, String) {
         if Instant::now() > until {
             let _ = c.kill();
             let _ = c.wait();
-            panic!("{argv:?} still running after {secs} s");
+            panic!("{what} still running after {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(10));
     };
@@ -395,24 +416,10 @@ fn status_against_a_socket_that_never_answers_honours_sigterm() {
         c.try_wait().unwrap().is_none(),
         "status ended before the signal"
     );
-    let t = Instant::now();
     // SAFETY: kill(2) on our own child, not yet reaped.
     assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGTERM) }, 0);
-    let until = t + Duration::from_secs(2);
-    let st = loop {
-        if let Some(st) = c.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > until {
-            let _ = c.kill();
-            let _ = c.wait();
-            panic!("status ignored SIGTERM for 2 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut c.stderr.take().unwrap(), &mut err).unwrap();
-    assert_eq!(st.code(), Some(1), "{err}");
+    let (code, err) = ends_within(c, Duration::from_secs(2), "status after SIGTERM");
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("interrupted"), "{err}");
 }
 
