@@ -85,6 +85,17 @@ struct {
 	__type(value, struct persist_val);
 } persist SEC(".maps");
 
+/* Each service slot's backends as configured, in order (slot * MAX_BACKENDS + position), each
+ * with its `picks` counter (index) and weight; family 0 ends a slot's list. No program reads
+ * it: it is pinned with the others so that a later `balance up --pin` adopting the pins knows
+ * whose each counter is, also for a backend out of the live set (down, drained). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES * MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct backend);
+} owners SEC(".maps");
+
 /* Each service's lookup table: RING_SIZE backend indexes, filled by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

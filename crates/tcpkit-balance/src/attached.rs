@@ -81,12 +81,21 @@ pub struct Serving {
 }
 
 /// The first VIP of `services` that a tcpkit balancer attached to `cg` (its tk_connect4/6
-/// programs, found by the kernel's query) already has in its services map.
-pub fn serving(cg: BorrowedFd<'_>, services: &[Service]) -> io::Result<Option<Serving>> {
+/// programs, found by the kernel's query, less those in `adopting`: the pinned balancer this
+/// `up` takes over) already has in its services map.
+pub fn serving(
+    cg: BorrowedFd<'_>,
+    services: &[Service],
+    adopting: &HashSet<u32>,
+) -> io::Result<Option<Serving>> {
     let mut ids = HashSet::new();
     for name in ["tk_connect4", "tk_connect6"] {
         let t = attach_type(name).unwrap_or_default();
-        ids.extend(prog_ids(cg, t)?);
+        ids.extend(
+            prog_ids(cg, t)?
+                .into_iter()
+                .filter(|i| !adopting.contains(i)),
+        );
     }
     if ids.is_empty() {
         return Ok(None);

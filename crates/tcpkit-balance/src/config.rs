@@ -191,8 +191,10 @@ pub enum ConfigError {
     DuplicateVip(SocketAddr, &'static str),
     #[error("{0} services given, at most {MAX_SERVICES}")]
     TooManyServices(usize),
-    #[error("--health-interval 0: give a duration above 0")]
-    HealthInterval,
+    #[error("--health-interval {0:?}: at least {min:?} (each backend is probed once an interval; below that the probes alone keep a core busy)", min = crate::health::MIN_INTERVAL)]
+    HealthInterval(Duration),
+    #[error("--vip {0}: a v4-mapped address is never matched (an IPv6 socket's connect to it is balanced by the IPv4 VIP): give it as {1}")]
+    MappedVip(SocketAddr, SocketAddr),
     #[error("--health-timeout 0: give a duration above 0")]
     HealthTimeout,
     #[error("--rise and --fall count probes: 1 or more")]
@@ -208,6 +210,14 @@ impl Service {
     pub fn check(&self) -> Result<(), ConfigError> {
         if self.vip.port() == 0 {
             return Err(ConfigError::VipPortZero(self.vip));
+        }
+        if let SocketAddr::V6(v6) = self.vip {
+            if let Some(v4) = v6.ip().to_ipv4_mapped() {
+                return Err(ConfigError::MappedVip(
+                    self.vip,
+                    SocketAddr::from((v4, v6.port())),
+                ));
+            }
         }
         if self.backends.len() > MAX_BACKENDS {
             return Err(ConfigError::TooManyBackends(self.backends.len()));

@@ -334,8 +334,13 @@ fn serve_one(mut s: UnixStream, counts: &Counts, handler: &Handler, first_messag
 }
 
 /// Asks and parses the answer: the `{"error": ...}` of a refusal becomes an error.
-fn ask_json(path: &Path, word: &str, timeout: Duration) -> Result<serde_json::Value, ControlError> {
-    let text = request(path, word, timeout)?;
+fn ask_json(
+    path: &Path,
+    word: &str,
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> Result<serde_json::Value, ControlError> {
+    let text = request_until(path, word, timeout, stop)?;
     let shown = path.display().to_string();
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
         ControlError::Talk(
@@ -349,9 +354,13 @@ fn ask_json(path: &Path, word: &str, timeout: Duration) -> Result<serde_json::Va
     Ok(v)
 }
 
-/// `balance status`: the running `up`'s status.
-pub fn ask_status(path: &Path, timeout: Duration) -> Result<crate::StatusReport, ControlError> {
-    let v = ask_json(path, "status", timeout)?;
+/// `balance status`: the running `up`'s status, within `timeout` unless `stop` is set first.
+pub fn ask_status(
+    path: &Path,
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> Result<crate::StatusReport, ControlError> {
+    let v = ask_json(path, "status", timeout, stop)?;
     serde_json::from_value(v).map_err(|e| {
         ControlError::Talk(
             path.display().to_string(),
@@ -361,19 +370,107 @@ pub fn ask_status(path: &Path, timeout: Duration) -> Result<crate::StatusReport,
 }
 
 /// `balance reload`: how many services the new configuration has.
-pub fn ask_reload(path: &Path, timeout: Duration) -> Result<u64, ControlError> {
-    let v = ask_json(path, "reload", timeout)?;
+pub fn ask_reload(path: &Path, timeout: Duration, stop: &AtomicBool) -> Result<u64, ControlError> {
+    let v = ask_json(path, "reload", timeout, stop)?;
     Ok(v["services"].as_u64().unwrap_or(0))
 }
 
 /// Asks the `up` listening on `path` one question and returns its answer.
 pub fn request(path: &Path, word: &str, timeout: Duration) -> Result<String, ControlError> {
+    request_until(path, word, timeout, &AtomicBool::new(false))
+}
+
+/// How often a client waiting for its answer looks at `stop`.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// A connection to `path` that does not block: a listener whose backlog is full (one that
+/// never accepts) gives EAGAIN, tried again until `deadline` or `stop`.
+fn connect(path: &Path, deadline: Instant, stop: &AtomicBool) -> io::Result<UnixStream> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid (empty) value.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= sa.sun_path.len() {
+        return Err(io::Error::other("the path is longer than a unix socket's"));
+    }
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, b) in sa.sun_path.iter_mut().zip(bytes) {
+        *d = *b as libc::c_char;
+    }
+    loop {
+        // SAFETY: socket(2) with constant arguments.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor socket(2) just returned and nothing else owns.
+        let s = unsafe { UnixStream::from_raw_fd(fd) };
+        // SAFETY: connect(2) reads `sa`, of the size given, alive for the call.
+        let r = unsafe {
+            libc::connect(
+                fd,
+                (&raw const sa).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            s.set_nonblocking(false)?;
+            return Ok(s);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(e);
+        }
+        waited(deadline, stop)?;
+        std::thread::sleep(STOP_POLL);
+    }
+}
+
+/// Ok while there is time left and no signal asked to stop.
+fn waited(deadline: Instant, stop: &AtomicBool) -> io::Result<()> {
+    if stop.load(Ordering::Relaxed) {
+        return Err(io::Error::new(
+            io::ErrorKind::Interrupted,
+            "interrupted (SIGINT/SIGTERM) before an answer",
+        ));
+    }
+    if Instant::now() >= deadline {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no answer in time: the balance up there is stuck, or what listens is no balance up",
+        ));
+    }
+    Ok(())
+}
+
+/// [`request`], giving up after `timeout` in all, or as soon as `stop` is set (SIGINT,
+/// SIGTERM): the socket is read in short slices, so a server that never answers holds the
+/// client no longer than that.
+pub fn request_until(
+    path: &Path,
+    word: &str,
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> Result<String, ControlError> {
     let shown = path.display().to_string();
-    let mut s =
-        UnixStream::connect(path).map_err(|e| ControlError::NotRunning(shown.clone(), e))?;
+    let deadline = Instant::now() + timeout;
+    let mut s = connect(path, deadline, stop).map_err(|e| match e.kind() {
+        io::ErrorKind::Interrupted | io::ErrorKind::TimedOut => {
+            ControlError::Talk(shown.clone(), e)
+        }
+        _ => ControlError::NotRunning(shown.clone(), e),
+    })?;
     let talk = |e| ControlError::Talk(shown.clone(), e);
-    s.set_read_timeout(Some(timeout)).map_err(talk)?;
-    s.set_write_timeout(Some(timeout)).map_err(talk)?;
+    s.set_read_timeout(Some(STOP_POLL)).map_err(talk)?;
+    s.set_write_timeout(Some(timeout.max(STOP_POLL)))
+        .map_err(talk)?;
     match s.write_all(format!("{word}\n").as_bytes()) {
         Ok(()) => {}
         // Answered and closed before our line was read (busy): the answer is still to read.
@@ -391,7 +488,16 @@ pub fn request(path: &Path, word: &str, timeout: Duration) -> Result<String, Con
         match r.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted
+                        | io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                ) =>
+            {
+                waited(deadline, stop).map_err(talk)?;
+            }
             // A server that answered without reading our line (busy) resets after its answer.
             Err(e) if e.kind() == io::ErrorKind::ConnectionReset && !out.is_empty() => break,
             Err(e) => return Err(talk(e)),

@@ -123,7 +123,26 @@ pub fn load(path: &Path) -> Result<Vec<ServiceConfig>, FileError> {
     let shown = path.display().to_string();
     let read = || -> std::io::Result<String> {
         use std::io::Read;
-        let f = std::fs::File::open(path)?;
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        // Not blocking on open: a FIFO (or a device) there would hold `up` before it installs
+        // anything, or a reload with the status lock held, until something wrote to it.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)?;
+        let t = f.metadata()?.file_type();
+        if !t.is_file() {
+            let what = if t.is_fifo() {
+                "a FIFO"
+            } else if t.is_dir() {
+                "a directory"
+            } else if t.is_socket() {
+                "a socket"
+            } else {
+                "a device"
+            };
+            return Err(std::io::Error::other(format!("{what}, not a regular file")));
+        }
         let mut text = String::new();
         // One byte more than allowed tells a file at the limit from one beyond it.
         f.take(MAX_FILE + 1).read_to_string(&mut text)?;
@@ -457,7 +476,7 @@ health = { interval = "1s" }
             ),
             (
                 "vip = \"198.19.0.1:80\"\nhealth = { interval = \"0s\" }",
-                "health-interval 0",
+                "health-interval 0ns: at least 10ms",
             ),
         ] {
             let e = one(body);

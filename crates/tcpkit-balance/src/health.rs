@@ -28,6 +28,10 @@ pub struct HealthOptions {
     pub probe: Probe,
 }
 
+/// Shortest interval between two probes of one backend: each probe is a socket, a connect
+/// and a thread's wake-up (at 1 ns, one core did nothing else).
+pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
 /// Longest payload a probe sends, and longest prefix it expects: the reply is read into a
 /// buffer of the prefix's size, never more.
 pub const MAX_SEND: usize = 4096;
@@ -254,8 +258,8 @@ impl HealthOptions {
         fall: u32,
         probe: Probe,
     ) -> Result<HealthOptions, ConfigError> {
-        if interval.is_zero() {
-            return Err(ConfigError::HealthInterval);
+        if interval < MIN_INTERVAL {
+            return Err(ConfigError::HealthInterval(interval));
         }
         if timeout.is_zero() {
             return Err(ConfigError::HealthTimeout);
@@ -321,6 +325,16 @@ impl BackendHealth {
             up: false,
             unproven: true,
             last_failure: Some("added by reload: no probe has passed yet".into()),
+            ..BackendHealth::new(true)
+        }
+    }
+
+    /// A backend out of the live set of the pins an `up` adopts: down (not counted as a
+    /// down: this process saw none) until `rise` probes pass.
+    pub fn adopted_down() -> BackendHealth {
+        BackendHealth {
+            up: false,
+            last_failure: Some("out of the pinned set when its pins were adopted".into()),
             ..BackendHealth::new(true)
         }
     }
@@ -523,8 +537,11 @@ impl Health {
                                     }
                                 }
                             }
-                            // Absolute schedule: start + k * interval.
-                            k += 1;
+                            // Absolute schedule: start + k * interval, skipping the slots a
+                            // slow probe (up to its timeout) overran rather than probing
+                            // back to back until caught up.
+                            let due = start.elapsed().as_nanos() / o.interval.as_nanos();
+                            k = (k + 1).max(u32::try_from(due + 1).unwrap_or(u32::MAX));
                             stop.sleep_until(start + o.interval * k);
                         }
                     });

@@ -23,6 +23,10 @@ use crate::bpf::{
 use crate::config::{Algorithm, HashKey, Service};
 use crate::table;
 
+#[path = "adopt.rs"]
+mod adopt;
+pub use adopt::{pinned_prog_ids, Adopted};
+
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/balance.bpf.o"));
 
 /// The programs, by the names they have in the object and in `bpftool prog`.
@@ -130,10 +134,25 @@ impl Drop for RevnatView {
 /// workqueue): a reload answered while the hooks it dropped still ran (seen in the balance
 /// tests under load). aya 0.14 has no call for BPF_LINK_DETACH, hence the raw bpf(2) calls.
 pub(crate) fn detach_pinned(path: &Path) -> std::io::Result<()> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
+    const BPF_LINK_DETACH: libc::c_long = 34;
+    let link = obj_get(path)?;
+    // BPF_LINK_DETACH: link_fd (u32).
+    let detach: [u32; 1] = [link.as_raw_fd() as u32];
+    // SAFETY: bpf(2) reads `detach`, of the size given.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, detach.as_ptr(), 4) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop(link);
+    std::fs::remove_file(path)
+}
+
+/// The BPF object (a link, here) pinned at `path`.
+fn obj_get(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
     const BPF_OBJ_GET: libc::c_long = 7;
-    const BPF_LINK_DETACH: libc::c_long = 34;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
     // union bpf_attr, BPF_OBJ_GET: pathname (u64), bpf_fd, file_flags, path_fd (u32 each).
     let get: [u64; 3] = [c.as_ptr() as u64, 0, 0];
@@ -144,16 +163,7 @@ pub(crate) fn detach_pinned(path: &Path) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a descriptor BPF_OBJ_GET just returned and nothing else owns.
-    let link = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // BPF_LINK_DETACH: link_fd (u32).
-    let detach: [u32; 1] = [link.as_raw_fd() as u32];
-    // SAFETY: bpf(2) reads `detach`, of the size given.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, detach.as_ptr(), 4) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    drop(link);
-    std::fs::remove_file(path)
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Addresses as bpf_sock_addr holds them: network byte order in the u32s' and u16's memory;
@@ -190,6 +200,9 @@ pub enum LoadError {
     Cpus(#[source] std::io::Error),
     #[error("pinning {0}: {1}")]
     Pin(String, String),
+    /// (pin directory, why): pins `up --pin` found and could not take over.
+    #[error("--pin {0}: cannot adopt the pinned balancer: {1} (tcpkit balance down --pin {0} removes it)")]
+    Adopt(String, String),
     #[error("mapping BPF map {0} into memory: {1}")]
     Mmap(&'static str, #[source] std::io::Error),
 }
@@ -245,6 +258,19 @@ struct Slot {
     counter: Vec<u32>,
 }
 
+/// A backend as the `backends` and `owners` maps hold it, with its `picks` counter.
+fn entry(b: &crate::config::Backend, counter: u32) -> Backend {
+    let (ip, port, family) = key_of(&b.addr);
+    Backend {
+        ip,
+        port,
+        family,
+        pad: 0,
+        index: counter,
+        weight: b.weight,
+    }
+}
+
 /// Whether any of `services` balances UDP (protocol 17 in its keys).
 fn needs_udp(services: &[Service]) -> bool {
     services
@@ -266,32 +292,44 @@ impl Balancer {
             .override_global("trace_on", &on, true)
             .load(OBJECT)
             .map_err(LoadError::Load)?;
-        let mut b = Balancer {
-            ebpf,
-            slots: vec![None; MAX_SERVICES],
-            generation: vec![0; MAX_SERVICES],
-            order: (0..services.len()).collect(),
-            links: Vec::new(),
-            cgroup: None,
-            pinned: None,
-            ports: vec![0; VIP_PORT_WORDS],
-        };
+        let mut b = Balancer::empty(ebpf, (0..services.len()).collect());
         for (i, s) in services.iter().enumerate() {
             b.slots[i] = Some(Slot {
                 service: s.clone(),
                 counter: (0..s.backends.len() as u32).collect(),
             });
+            b.write_owners(i)?;
             b.write_set(i, 0, &vec![true; s.backends.len()])?;
         }
+        b.load_programs()?;
+        Ok(b)
+    }
+
+    /// A balancer of `ebpf` with no slot filled and nothing attached.
+    fn empty(ebpf: Ebpf, order: Vec<usize>) -> Balancer {
+        Balancer {
+            ebpf,
+            slots: vec![None; MAX_SERVICES],
+            generation: vec![0; MAX_SERVICES],
+            order,
+            links: Vec::new(),
+            cgroup: None,
+            pinned: None,
+            ports: vec![0; VIP_PORT_WORDS],
+        }
+    }
+
+    /// Loads every program into the kernel (the verifier runs here).
+    fn load_programs(&mut self) -> Result<(), LoadError> {
         for name in PROGRAMS {
             let r = if name == RELEASE {
-                b.sock_program(name)?.load()
+                self.sock_program(name)?.load()
             } else {
-                b.program(name)?.load()
+                self.program(name)?.load()
             };
             r.map_err(|e| LoadError::Program(name, e))?;
         }
-        Ok(b)
+        Ok(())
     }
 
     /// The services in use, in order.
@@ -403,6 +441,7 @@ impl Balancer {
                 service: s.clone(),
                 counter,
             });
+            self.write_owners(*k)?;
             let g = (self.generation[*k] + 1) % GENERATIONS as u32;
             let all = vec![true; s.backends.len()];
             self.write_set(*k, g, live.get(i).unwrap_or(&all))?;
@@ -438,6 +477,37 @@ impl Balancer {
             }
         }
         self.ports = want;
+        Ok(())
+    }
+
+    /// Writes slot `slot`'s backends, in order, with their counters into `owners` (what an
+    /// `up` adopting the pins reads back), and ends the list.
+    fn write_owners(&mut self, slot: usize) -> Result<(), LoadError> {
+        let Some(Slot {
+            service: s,
+            counter,
+        }) = self.slots[slot].clone()
+        else {
+            return Ok(());
+        };
+        let mut m: Array<_, Backend> = Array::try_from(
+            self.ebpf
+                .map_mut("owners")
+                .ok_or(LoadError::NoMap("owners"))?,
+        )
+        .map_err(|e| LoadError::Map("owners", e))?;
+        for (i, (b, c)) in s.backends.iter().zip(&counter).enumerate() {
+            m.set((slot * MAX_BACKENDS + i) as u32, entry(b, *c), 0)
+                .map_err(|e| LoadError::Map("owners", e))?;
+        }
+        if s.backends.len() < MAX_BACKENDS {
+            m.set(
+                (slot * MAX_BACKENDS + s.backends.len()) as u32,
+                Backend::default(),
+                0,
+            )
+            .map_err(|e| LoadError::Map("owners", e))?;
+        }
         Ok(())
     }
 
@@ -555,15 +625,7 @@ impl Balancer {
             )
             .map_err(|e| LoadError::Map("backends", e))?;
             for (k, (index, b)) in set.iter().enumerate() {
-                let (ip, port, family) = key_of(&b.addr);
-                let v = Backend {
-                    ip,
-                    port,
-                    family,
-                    pad: 0,
-                    index: counter[*index],
-                    weight: b.weight,
-                };
+                let v = entry(b, counter[*index]);
                 backends
                     .set((id * MAX_BACKENDS + k) as u32, v, 0)
                     .map_err(|e| LoadError::Map("backends", e))?;
@@ -656,12 +718,7 @@ impl Balancer {
         let mut out = Vec::new();
         for name in PROGRAMS {
             let id = self
-                .ebpf
-                .program(name)
-                .ok_or(LoadError::Program(
-                    name,
-                    aya::programs::ProgramError::UnexpectedProgramType,
-                ))?
+                .loaded(name)?
                 .info()
                 .map_err(|e| LoadError::Program(name, e))?
                 .id();
@@ -672,6 +729,14 @@ impl Balancer {
             }
         }
         Ok(out)
+    }
+
+    /// Program `name` of the object.
+    fn loaded(&self, name: &'static str) -> Result<&aya::programs::Program, LoadError> {
+        self.ebpf.program(name).ok_or(LoadError::Program(
+            name,
+            aya::programs::ProgramError::UnexpectedProgramType,
+        ))
     }
 
     fn wanted(&self) -> Vec<&'static str> {
@@ -826,7 +891,8 @@ impl Balancer {
 
     /// The maps pinned by [`Balancer::pin`] (the trace ring buffer, read by this process
     /// only, is not).
-    pub const PINNED_MAPS: [&'static str; 10] = [
+    pub const PINNED_MAPS: [&'static str; 11] = [
+        "owners",
         "services",
         "backends",
         "revnat",

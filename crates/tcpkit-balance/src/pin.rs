@@ -1,9 +1,10 @@
 //! `--pin DIR`: the links and maps of `balance up` pinned on a bpf filesystem, so the
 //! balancing outlives the process (an upgrade, a crash); `balance down --pin DIR` removes the
 //! pins, and with the last reference the kernel detaches the programs and frees the maps.
-//! An `up --pin` on a directory that already holds pins refuses (one line naming `down`)
-//! rather than adopting them: the running set would have to be read back from the maps, and
-//! a half-adopted balancer is worse than a clear refusal.
+//! An `up --pin` on a directory that holds the pins of an `up` that has ended adopts them
+//! (`adopt`: the sets are read back from the maps and the programs swapped into the links),
+//! so an upgrade (stop the old `up`, start the new one with the same flags) drops no connect
+//! and needs no `down`.
 //!
 //! The `up` that pins holds an exclusive flock(2) on DIR for as long as it runs, so `down`
 //! (and a second `up`) can tell pins in use from pins left behind, and name the process: the
@@ -29,8 +30,8 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 pub enum PinError {
     #[error("--pin {0}: not on a bpf filesystem ({1})")]
     NotBpffs(String, String),
-    #[error("--pin {0}: holds a pinned balancer already (tcpkit balance down --pin {0} first)")]
-    Taken(String),
+    #[error("--pin {0}: holds {1}, which is no balancer's pin (give a directory of its own)")]
+    Taken(String, String),
     #[error("--pin {0}: in use by a running balance up ({1}): stop that one first")]
     Held(String, String),
     #[error("--pin {0}: the bpf filesystem there is mounted only in this process's mount namespace (as one mounted under ip netns exec, whose /sys is its own) and the pins would go with it: mount one outside first (mkdir -p {OUTSIDE_MOUNT} && mount -t bpf bpf {OUTSIDE_MOUNT}, before ip netns exec) and pin under it (--pin {OUTSIDE_MOUNT}/balance)")]
@@ -146,6 +147,8 @@ pub struct PinLock {
     lock: File,
     /// The directories `prepare` created, the deepest first.
     made: Vec<PathBuf>,
+    /// The directory held pins already (of an `up` that has ended): adopt them.
+    pub adopt: bool,
 }
 
 impl Drop for PinLock {
@@ -157,8 +160,9 @@ impl Drop for PinLock {
     }
 }
 
-/// Checks `dir` can take new pins (on a bpffs that outlives this process, empty or absent),
-/// makes it, and locks it for as long as the [`PinLock`] lives.
+/// Checks `dir` can take pins (on a bpffs that outlives this process; absent, empty, or
+/// holding only a balancer's pins, which are then to be adopted), makes it, and locks it for
+/// as long as the [`PinLock`] lives.
 pub fn prepare(dir: &Path) -> Result<PinLock, PinError> {
     let shown = dir.display().to_string();
     let base = existing(dir);
@@ -175,13 +179,24 @@ pub fn prepare(dir: &Path) -> Result<PinLock, PinError> {
         .collect();
     std::fs::create_dir_all(dir).map_err(|e| PinError::Io(shown.clone(), e))?;
     let f = File::open(dir).map_err(|e| PinError::Io(shown.clone(), e))?;
-    let pins = PinLock { lock: f, made };
+    let mut pins = PinLock {
+        lock: f,
+        made,
+        adopt: false,
+    };
     if !try_lock(&pins.lock, &shown)? {
         return Err(held(dir, shown));
     }
-    let mut entries = std::fs::read_dir(dir).map_err(|e| PinError::Io(shown.clone(), e))?;
-    if entries.next().is_some() {
-        return Err(PinError::Taken(shown));
+    for e in std::fs::read_dir(dir).map_err(|e| PinError::Io(shown.clone(), e))? {
+        let name = e
+            .map_err(|e| PinError::Io(shown.clone(), e))?
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if !name.starts_with("link_") && !name.starts_with("map_") {
+            return Err(PinError::Taken(shown, name));
+        }
+        pins.adopt = true;
     }
     Ok(pins)
 }

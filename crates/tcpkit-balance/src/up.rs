@@ -93,9 +93,10 @@ fn start_health(
 }
 
 impl Daemon {
-    /// Re-reads the file and puts it in force; on any error the running configuration stays.
-    fn reload(&mut self) -> Result<usize, String> {
-        let new = match file::load(&self.path) {
+    /// Puts the file as re-read (by [`reread`], without the lock that `status` needs) in
+    /// force; on any error the running configuration stays.
+    fn reload(&mut self, read: Result<Vec<ServiceConfig>, FileError>) -> Result<usize, String> {
+        let new = match read {
             Ok(n) => n,
             Err(e) => {
                 self.reloads_refused += 1;
@@ -188,6 +189,13 @@ impl Daemon {
         self.reloads += 1;
         Ok(self.configs.len())
     }
+}
+
+/// The configuration file of `daemon` read again, outside its lock: a slow file holds no
+/// `status` or scrape.
+fn reread(daemon: &Mutex<Daemon>) -> Result<Vec<ServiceConfig>, FileError> {
+    let path = lock(daemon).path.clone();
+    file::load(&path)
 }
 
 /// Everything a status answer needs that does not change.
@@ -306,24 +314,53 @@ pub fn up(
     // VIP, attaches nothing (and what it made for them goes).
     let listener = control::bind(&opts.socket)?;
     let pins = opts.pin.as_deref().map(crate::pin::prepare).transpose()?;
+    // The pins of an `up` that has ended: taken over, not refused (an upgrade).
+    let adopting = opts
+        .pin
+        .as_deref()
+        .filter(|_| pins.as_ref().is_some_and(|p| p.adopt));
     let cg_lock = lock_cgroup(&cg, &shown_cg)?;
-    refuse_served(&cg_lock, &shown_cg, &services)?;
+    let theirs = adopting
+        .map(crate::loader::pinned_prog_ids)
+        .unwrap_or_default();
+    refuse_served(&cg_lock, &shown_cg, &services, &theirs)?;
     let features = features::probe();
-    let mut balancer = Balancer::load(&services, opts.trace)?;
+    let (mut balancer, adopted) = match adopting {
+        None => (Balancer::load(&services, opts.trace)?, None),
+        Some(dir) => {
+            let (b, a) = Balancer::load_adopting(dir, opts.trace)?;
+            (b, Some(a))
+        }
+    };
     let tracer = if opts.trace {
         Some(Tracer::start(balancer.take_trace()?))
     } else {
         None
     };
-    balancer.attach(&cg)?;
+    let states = first_states(&configs, adopted.as_ref());
+    match adopting {
+        None => balancer.attach(&cg)?,
+        Some(dir) => {
+            // The links first (the programs swapped, the pinned sets still in force), then
+            // the file's services, each set swapped atomically as a reload does.
+            balancer.adopt_links(&cg, dir)?;
+            let live: Vec<Vec<bool>> = states
+                .iter()
+                .map(|s| s.iter().map(|h| h.up).collect())
+                .collect();
+            balancer.replace(&services, &live)?;
+            let (n, up) = adopted
+                .as_ref()
+                .map_or((0, 0), crate::loader::Adopted::counts);
+            eprintln!(
+                "tcpkit balance: adopted the balancer pinned in {} ({n} services, {up} backends live as pinned)",
+                dir.display()
+            );
+        }
+    }
     drop(cg_lock);
     let balancer = Arc::new(Mutex::new(balancer));
-    let state: State = Arc::new(Mutex::new(
-        configs
-            .iter()
-            .map(|c| vec![BackendHealth::new(c.health.is_some()); c.service.backends.len()])
-            .collect(),
-    ));
+    let state: State = Arc::new(Mutex::new(states));
     let health = start_health(&configs, &balancer, &state, opts.drain);
     let daemon = Arc::new(Mutex::new(Daemon {
         path: opts.config.clone(),
@@ -353,7 +390,8 @@ pub fn up(
                 Err(e) => control::error_answer(&tcpkit_stats::chain(&e)),
             }),
             "reload" => {
-                let r = lock(&d).reload();
+                let read = reread(&d);
+                let r = lock(&d).reload(read);
                 Some(match r {
                     Ok(n) => {
                         eprintln!("tcpkit balance: reloaded {} ({n} services)", f.config);
@@ -392,7 +430,8 @@ pub fn up(
         }
     };
     // Pinned last, once nothing else can fail: a refused `up` leaves no balancing behind.
-    if let Some(dir) = &opts.pin {
+    // (Adopted pins are in place already, and stay whatever happens.)
+    if let Some(dir) = opts.pin.as_ref().filter(|_| adopting.is_none()) {
         let pinned = lock(&balancer).pin(dir);
         if let Err(e) = pinned {
             // Half a set of pins would keep half a balancer: none stays (the directory goes
@@ -410,7 +449,8 @@ pub fn up(
     );
     while !interrupted.load(Ordering::Relaxed) {
         if hangup.swap(false, Ordering::SeqCst) {
-            match lock(&daemon).reload() {
+            let read = reread(&daemon);
+            match lock(&daemon).reload(read) {
                 Ok(n) => eprintln!(
                     "tcpkit balance: SIGHUP: reloaded {} ({n} services)",
                     fixed.config
@@ -443,16 +483,41 @@ pub fn up(
     Ok(report)
 }
 
+/// Each backend's health when `up` starts: up (a fresh balancer balances at once); adopting
+/// pins, as the pinned set had it: a checked backend out of it (and not drained) stays down
+/// until `rise` probes pass, one new to it is out until its first probe passes.
+fn first_states(
+    configs: &[ServiceConfig],
+    adopted: Option<&crate::loader::Adopted>,
+) -> Vec<Vec<BackendHealth>> {
+    configs
+        .iter()
+        .map(|c| {
+            let checked = c.health.is_some();
+            c.service
+                .backends
+                .iter()
+                .map(|b| match adopted.map(|a| a.was_live(&c.service, b.addr)) {
+                    Some(Some(false)) if checked && b.weight > 0 => BackendHealth::adopted_down(),
+                    Some(None) if checked => BackendHealth::added(),
+                    _ => BackendHealth::new(checked),
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Refuses a cgroup where a balancer (another `up`, or the pins of one that ended) already
 /// serves a VIP of `services`: two sets of programs would both run on every connect.
 fn refuse_served(
     cg: &std::fs::File,
     shown: &str,
     services: &[crate::Service],
+    adopting: &std::collections::HashSet<u32>,
 ) -> Result<(), UpError> {
     use std::os::fd::AsFd;
     let query = |e| UpError::Query(shown.to_string(), "asking the kernel what is attached", e);
-    let Some(s) = crate::attached::serving(cg.as_fd(), services).map_err(query)? else {
+    let Some(s) = crate::attached::serving(cg.as_fd(), services, adopting).map_err(query)? else {
         return Ok(());
     };
     let who = match crate::holder::prog_holder(s.prog_id) {

@@ -92,8 +92,12 @@ pub struct UpArgs {
     /// Pin the links and maps under DIR (on a bpf filesystem, e.g. /sys/fs/bpf/tcpkit/balance):
     /// the balancing then stays after this process ends, even by SIGKILL (for upgrades),
     /// with the backend sets as they last were (health checks, reload and status end with
-    /// the process), until `tcpkit balance down --pin DIR`. A DIR that holds pins already is
-    /// refused (run `down` first): nothing is adopted. The bpf filesystem must outlive this
+    /// the process), until `tcpkit balance down --pin DIR`. A DIR holding the pins of an up
+    /// that has ended is adopted: the sets are read back from the pinned maps (a backend out
+    /// of its set stays down until --rise probes pass), the new programs replace the old ones
+    /// in the pinned links atomically, then the file is put in force as by reload; so an
+    /// upgrade is: stop the old up (SIGTERM, or SIGKILL), start the new one with the same
+    /// flags; no connect is refused or lost in between. The bpf filesystem must outlive this
     /// process: under `ip netns exec` (its own /sys) mount one outside first, e.g. at
     /// /run/tcpkit/bpf, and pin under it.
     #[arg(long, value_name = "DIR")]
@@ -118,14 +122,16 @@ pub struct DownArgs {
 
 #[derive(Debug, Parser)]
 pub struct ReloadArgs {
-    /// The control socket of the `balance up` to ask.
+    /// The control socket of the `balance up` to ask (the answer is waited for at most 60 s,
+    /// as a reload waits for the old probes to end; SIGINT/SIGTERM end the wait, exit 1).
     #[arg(long, value_name = "PATH", default_value = tcpkit_balance::control::DEFAULT_SOCKET)]
     pub socket: PathBuf,
 }
 
 #[derive(Debug, Parser)]
 pub struct StatusArgs {
-    /// The control socket of the `balance up` to ask.
+    /// The control socket of the `balance up` to ask (an answer is waited for at most 10 s;
+    /// SIGINT/SIGTERM end the wait at once, exit 1).
     #[arg(long, value_name = "PATH", default_value = tcpkit_balance::control::DEFAULT_SOCKET)]
     pub socket: PathBuf,
 
@@ -240,7 +246,8 @@ pub struct RunArgs {
 
     /// Probe every backend with a TCP connect this often (from outside the balanced cgroup,
     /// so never translated); a backend failing --fall probes in a row leaves the selection
-    /// at once, and returns after --rise successes. Without it every backend is used.
+    /// at once, and returns after --rise successes. At least 10ms. Without it every backend
+    /// is used.
     #[arg(long, value_name = "DURATION", value_parser = common::duration_arg)]
     pub health_interval: Option<Duration>,
 
@@ -403,9 +410,9 @@ pub fn main(args: Args, interrupted: &'static AtomicBool) -> Result<(), Failure>
     match args.cmd {
         Sub::Run(a) => run(a, interrupted),
         Sub::Up(a) => up(a, interrupted),
-        Sub::Reload(a) => reload(a),
+        Sub::Reload(a) => reload(a, interrupted),
         Sub::Down(a) => down(a),
-        Sub::Status(a) => status(a),
+        Sub::Status(a) => status(a, interrupted),
     }
 }
 
@@ -432,9 +439,11 @@ fn up(a: UpArgs, interrupted: &'static AtomicBool) -> Result<(), Failure> {
     common::finish(&report, &a.out)
 }
 
-/// How long reload and status wait for their answer (a reload waits for the probers of the
-/// old configuration to end: at most a probe timeout).
-const ASK_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long reload waits for its answer (it waits for the probers of the old configuration
+/// to end: at most a probe timeout). SIGINT/SIGTERM end the wait at once.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long status waits: an `up` answers in milliseconds unless a reload holds it.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn down(a: DownArgs) -> Result<(), Failure> {
     let n = tcpkit_balance::pin::down(&a.pin).map_err(|e| Failure::Runtime(crate::chain(&e)))?;
@@ -445,15 +454,15 @@ fn down(a: DownArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn reload(a: ReloadArgs) -> Result<(), Failure> {
-    let n = tcpkit_balance::control::ask_reload(&a.socket, ASK_TIMEOUT)
+fn reload(a: ReloadArgs, interrupted: &AtomicBool) -> Result<(), Failure> {
+    let n = tcpkit_balance::control::ask_reload(&a.socket, RELOAD_TIMEOUT, interrupted)
         .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     eprintln!("tcpkit balance: reloaded ({n} services)");
     Ok(())
 }
 
-fn status(a: StatusArgs) -> Result<(), Failure> {
-    let r = tcpkit_balance::control::ask_status(&a.socket, ASK_TIMEOUT)
+fn status(a: StatusArgs, interrupted: &AtomicBool) -> Result<(), Failure> {
+    let r = tcpkit_balance::control::ask_status(&a.socket, STATUS_TIMEOUT, interrupted)
         .map_err(|e| Failure::Runtime(crate::chain(&e)))?;
     if a.json {
         crate::common::print(&(r.json() + "\n"));

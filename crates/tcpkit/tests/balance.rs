@@ -48,6 +48,8 @@ fn serial_pair(tag: &str) -> (std::sync::MutexGuard<'static, ()>, Lab, Host, Hos
 mod clients;
 mod drain;
 mod edges;
+#[path = "balance_faults.rs"]
+mod faults;
 mod pin;
 mod probes;
 mod run;
