@@ -56,6 +56,9 @@ pub struct ConnCounts {
     pub handshake_timeout: u64,
     /// Arrived while the cap on connections in their handshake was reached.
     pub over_cap: u64,
+    /// Closed in their handshake to make room for a newcomer: the oldest silent one (else
+    /// the oldest) of the listener at its cap, or of an address at its share of it.
+    pub evicted: u64,
     /// accept() failed (e.g. out of descriptors: accepting paused, then went on).
     pub accept_errors: u64,
 }
@@ -205,8 +208,8 @@ impl MpcatReport {
     fn refused_line(&self) -> String {
         let c = &self.connections;
         format!(
-            "refused: {} wrong token, {} wrong key, {} bad handshake, {} handshake timeout, {} over the cap, {} accept errors\n",
-            c.wrong_token, c.wrong_key, c.bad_handshake, c.handshake_timeout, c.over_cap, c.accept_errors
+            "refused: {} wrong token, {} wrong key, {} bad handshake, {} handshake timeout, {} over the cap, {} evicted, {} accept errors\n",
+            c.wrong_token, c.wrong_key, c.bad_handshake, c.handshake_timeout, c.over_cap, c.evicted, c.accept_errors
         )
     }
 }
@@ -407,7 +410,7 @@ mod tests {
              \x20 stream   0  198.19.0.2:31337 -> 198.19.0.1:40000  1048576 bytes  33.3 %\n\
              \x20 stream   1  198.19.0.2:31337 -> 198.19.0.1:40001  2097152 bytes  66.7 %\n\
              xxh3-128:00ff: verified\n\
-             refused: 2 wrong token, 0 wrong key, 0 bad handshake, 0 handshake timeout, 0 over the cap, 0 accept errors\n"
+             refused: 2 wrong token, 0 wrong key, 0 bad handshake, 0 handshake timeout, 0 over the cap, 0 evicted, 0 accept errors\n"
         );
         let mut r = sample();
         r.path_failures.push(PathFailure {

@@ -43,6 +43,34 @@ impl Sink {
     }
 }
 
+impl Sink {
+    /// Where the next byte goes when the output is a regular file (-o FILE, or stdout
+    /// redirected to one); None for a pipe, a terminal or a device, whose bytes cannot be
+    /// taken back.
+    pub(super) fn position(&mut self) -> Option<u64> {
+        use std::io::Seek;
+        if !self.w.metadata().is_ok_and(|m| m.is_file()) {
+            return None;
+        }
+        self.w.stream_position().ok()
+    }
+
+    /// Cuts the output back to `at` bytes (a session that was not verified) and goes on
+    /// writing from there.
+    pub(super) fn cut_back(&mut self, at: u64) -> Result<(), Error> {
+        use std::io::{Seek, SeekFrom};
+        self.w
+            .set_len(at)
+            .and_then(|()| self.w.seek(SeekFrom::Start(at)).map(|_| ()))
+            .map_err(|e| {
+                Error::io(
+                    format!("cut the failed session off {} at byte {at}", self.name),
+                    e,
+                )
+            })
+    }
+}
+
 pub(crate) fn open_output(o: &Output) -> Result<Sink, Error> {
     match o {
         Output::Stdout => {

@@ -417,6 +417,7 @@ impl Receiver<'_> {
             writer: None,
             direct: Vec::new(),
             end: None,
+            reading_to: 0,
             joined,
             seen,
             last_ack: 0,

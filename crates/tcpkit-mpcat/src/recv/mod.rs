@@ -6,9 +6,12 @@
 //! sent to the sender.
 //!
 //! Bounds against strangers: at most [`MAX_PENDING`](crate::MAX_PENDING) connections in
-//! their handshake (more are closed at accept and counted), 64 bytes held for each until its
-//! Hello, a deadline for the Hello, and running out of descriptors pauses accepting for
-//! 100 ms (counted) instead of ending the session.
+//! their handshake, a quarter of them from one address (a newcomer past either closes the
+//! oldest silent one, as echo does, so strangers cannot keep a sender out), 64 bytes held
+//! for each until its Hello, a deadline for the Hello, a frame left unfinished for
+//! --path-timeout fails its connection (so a stranger's stalled session ends and frees the
+//! port), and running out of descriptors pauses accepting for 100 ms (counted) instead of
+//! ending the session.
 //!
 //! The pieces: [`handshake`] (a connection's Noise handshake and Hello, admitted into the
 //! session or refused; the reverse stream's join), [`stream`] (a stream's frames read into
@@ -202,6 +205,9 @@ struct Conn {
     out_pos: usize,
     /// --psk-file: this connection's keys, once its Noise handshake is done.
     chan: Option<Channel>,
+    /// When bytes last arrived on it (a stream's): a frame begun and left unfinished for
+    /// --path-timeout fails the connection.
+    last_in: Instant,
 }
 
 impl Conn {
@@ -245,6 +251,9 @@ struct Session {
     /// more memory than the cache holds, and each read into it wrote to memory.
     direct: Vec<u8>,
     end: Option<(u64, crate::Digest)>,
+    /// The furthest end of a data frame whose payload is being read (its header checked):
+    /// an end frame below it is refused as one below bytes already held.
+    reading_to: u64,
     /// Connection of each stream index, once it joined.
     joined: Vec<Option<Token>>,
     /// Each stream index has joined once.
@@ -287,6 +296,9 @@ pub fn run(
     let until = cfg.duration.map(|d| Instant::now() + d);
     let expired = || until.is_some_and(|u| Instant::now() >= u);
     loop {
+        // -k into a file: where this session's bytes begin, to cut them off again unless
+        // the session is verified.
+        let session_at = cfg.keep.then(|| sink.position()).flatten();
         let mut rx = Receiver {
             cfg,
             conns: HashMap::new(),
@@ -330,8 +342,14 @@ pub fn run(
         }
         if had_session {
             began += 1;
-            verified += u64::from(report.verified && report.failure.is_none());
+            let ok = report.verified && report.failure.is_none();
+            verified += u64::from(ok);
             run_bytes += report.bytes;
+            if let (false, Some(at)) = (ok, session_at) {
+                // A session that failed (a stranger's, a sender cut off) leaves nothing in the
+                // file between verified ones: its bytes are cut off again.
+                sink.cut_back(at)?;
+            }
         }
         report.sessions = began;
         report.sessions_verified = verified;
@@ -390,7 +408,13 @@ impl Tally {
         r.sessions = began;
         r.sessions_verified = verified;
         r.connections = counts;
-        r.verified = verified == began && (began > 0 || self.by_duration);
+        // `verified` is the last session's own, as every field but `run` (which the run's
+        // verdict reads from `failure` and the counts): after an earlier failure a verified
+        // last session was called "NOT verified". With no session, a server stopped by its
+        // --duration did what was asked.
+        if began == 0 {
+            r.verified = self.by_duration;
+        }
         r.failure = match (began, self.had_session) {
             (0, _) if self.by_duration => None,
             (0, _) => Some("stopped before any session began".into()),
@@ -661,7 +685,7 @@ impl Receiver<'_> {
             if accept {
                 self.accept(poll, listener)?;
             }
-            self.expire(poll, now);
+            self.expire(poll, now)?;
             self.check_paths(now)?;
             self.write_out(poll, sink)?;
             self.check_idle(now)?;
@@ -697,12 +721,7 @@ impl Receiver<'_> {
         loop {
             match listener.sock.accept() {
                 Ok((mut sock, peer)) => {
-                    let pending = self
-                        .conns
-                        .values()
-                        .filter(|c| matches!(c.state, State::Pending { .. }))
-                        .count();
-                    if pending >= self.cfg.max_pending {
+                    if !self.make_room(poll, unmapped(peer).ip()) {
                         self.counts.over_cap += 1;
                         continue; // dropped: closed
                     }
@@ -733,6 +752,7 @@ impl Receiver<'_> {
                             out: Vec::new(),
                             out_pos: 0,
                             chan: None,
+                            last_in: Instant::now(),
                         },
                     );
                     // Bytes may have come with the connection: edge-triggered, so look now.
@@ -755,9 +775,64 @@ impl Receiver<'_> {
         }
     }
 
+    /// Makes a handshake slot for a newcomer from `ip`, as echo does: an address holding a
+    /// quarter of the cap (16 of 64), or a listener at its cap, closes its oldest silent connection in
+    /// the handshake (else its oldest in the handshake) for it, counted as evicted. A
+    /// stranger that keeps the slots full (13 silent connections a second against a 5 s
+    /// deadline) then only ever holds slots a sender's newer connection may take; one
+    /// address holds at most a quarter of them, so it cannot evict the others'. False only
+    /// when there is no slot to take (a cap of 0).
+    fn make_room(&mut self, poll: &mut Poll, ip: std::net::IpAddr) -> bool {
+        let mut total = 0usize;
+        let mut same = 0usize;
+        // (silent, accepted when), oldest silent first: the one to close.
+        let mut victim: Option<((bool, Instant), Token)> = None;
+        let mut own: Option<((bool, Instant), Token)> = None;
+        for (t, c) in &self.conns {
+            let State::Pending { deadline, len, .. } = c.state else {
+                continue;
+            };
+            total += 1;
+            // Sorts silent (false) before spoken, then the oldest first.
+            let key = (len > 0 || c.chan.is_some(), deadline);
+            let mine = c.peer.ip() == ip;
+            same += usize::from(mine);
+            if victim.is_none_or(|(k, _)| key < k) {
+                victim = Some((key, *t));
+            }
+            if mine && own.is_none_or(|(k, _)| key < k) {
+                own = Some((key, *t));
+            }
+        }
+        let per_source = (self.cfg.max_pending / 4).max(1);
+        let out = if same >= per_source {
+            own
+        } else if total >= self.cfg.max_pending {
+            victim
+        } else {
+            return true;
+        };
+        let Some((_, t)) = out else {
+            return false;
+        };
+        self.counts.evicted += 1;
+        if let Some(c) = self.drop_conn(poll, t) {
+            self.say(&format!(
+                "closed {} to make room (in its handshake, the oldest{})",
+                c.peer,
+                if same >= per_source {
+                    " of its address"
+                } else {
+                    ""
+                }
+            ));
+        }
+        true
+    }
+
     /// Closes connections whose Hello is late, and a reverse connection whose session's
     /// first stream is.
-    fn expire(&mut self, poll: &mut Poll, now: Instant) {
+    fn expire(&mut self, poll: &mut Poll, now: Instant) -> Result<(), Error> {
         if let Reverse::Parked { since, .. } = &self.reverse {
             if self.session.is_none() && now >= *since + self.cfg.handshake_timeout {
                 self.counts.handshake_timeout += 1;
@@ -774,6 +849,41 @@ impl Receiver<'_> {
             self.counts.handshake_timeout += 1;
             self.drop_conn(poll, t);
         }
+        // A frame begun and not finished for --path-timeout: a sender's path that died
+        // mid-frame, or a stranger who opened a session (no key: a Hello is all it takes)
+        // and holds it with a frame it never finishes. Either way the connection goes; with
+        // none left for --path-timeout the session ends and the port is free again.
+        let limit = self.cfg.path_timeout;
+        let stalled: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                let State::Stream {
+                    in_len,
+                    raw_len,
+                    payload,
+                    ..
+                } = &c.state
+                else {
+                    return false;
+                };
+                (*in_len > 0 || *raw_len > 0 || payload.is_some())
+                    && now.saturating_duration_since(c.last_in) >= limit
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for t in stalled {
+            if let Some(c) = self.conns.get_mut(&t) {
+                // A reset: the stranger gets no orderly close to wait on.
+                let _ = socket2::SockRef::from(&c.sock).set_linger(Some(Duration::ZERO));
+            }
+            self.lost(
+                poll,
+                t,
+                &format!("a frame begun and not finished for {limit:?}: closed"),
+            )?;
+        }
+        Ok(())
     }
 
     fn drop_conn(&mut self, poll: &mut Poll, t: Token) -> Option<Conn> {

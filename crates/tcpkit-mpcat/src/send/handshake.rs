@@ -17,14 +17,50 @@ use super::SendConfig;
 /// window, and its keys with --psk-file.
 pub(crate) type Connected = (TcpStream, SocketAddr, u64, Option<Channel>);
 
+/// How soon a connection the receiver closed before answering is tried again, at first and
+/// at most (doubling): its handshake slots were full of strangers, or it closed this one to
+/// make room for a newer one.
+pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(50);
+pub(crate) const RETRY_MAX: Duration = Duration::from_millis(500);
+
 /// Connects stream `index` and does its handshake (with --psk-file, the Noise handshake
 /// first); returns the socket, the address that answered, the receiver's window and the keys.
 /// `pre`: a connection already made (--mptcp's, or one that fell back), only handshaken here.
+/// A connection the receiver closes before it answers is tried again, every 50 ms at first
+/// and at most every 500 ms, for at most --connect-timeout from the first try.
 #[expect(
     clippy::too_many_arguments,
     reason = "the session's fixed parts and this stream's own, called from the start and from reconnect threads"
 )]
 pub(crate) fn connect(
+    cfg: &SendConfig,
+    n_streams: u16,
+    lowat: Option<u32>,
+    addrs: &[SocketAddr],
+    from: Option<SocketAddr>,
+    token: frame::Token,
+    index: u16,
+    mut pre: Option<(TcpStream, SocketAddr)>,
+) -> Result<Connected, Error> {
+    let until = std::time::Instant::now() + cfg.connect_timeout;
+    let mut wait = RETRY_FIRST;
+    loop {
+        let r = connect_once(cfg, n_streams, lowat, addrs, from, token, index, pre.take());
+        match r {
+            Err(e) if e.is_closed_early() && std::time::Instant::now() + wait < until => {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+            r => return r,
+        }
+    }
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "connect's arguments, one try of them"
+)]
+fn connect_once(
     cfg: &SendConfig,
     n_streams: u16,
     lowat: Option<u32>,
@@ -139,7 +175,7 @@ pub(crate) fn connect(
     }
     let n = hello.emit(&mut buf);
     s.write_all(&buf[..n])
-        .map_err(|e| Error::io(what("send hello to"), e))?;
+        .map_err(|e| closed_or(e, what("send hello to")))?;
     // Exactly one frame: on a stream that rejoins a running session an ack may follow the
     // Welcome at once, and it belongs to the event loop, not to this buffer.
     let frame = read_frame(&mut s, &mut buf, cfg.connect_timeout, &what)?;
@@ -188,6 +224,21 @@ pub(super) fn read_frame(
     Ok(need)
 }
 
+/// A write of the handshake that failed: the receiver closed the connection (reset, broken
+/// pipe) before it answered is worth another try; anything else is said as it is.
+fn closed_or(e: io::Error, what: String) -> Error {
+    let closed = matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+    );
+    let e = Error::io(what, e);
+    if closed {
+        e.closed_early()
+    } else {
+        e
+    }
+}
+
 /// Fills `buf` from `s` (whose SO_RCVTIMEO is set); a timeout or a close is said as such.
 pub(super) fn read_exact(
     s: &mut TcpStream,
@@ -196,8 +247,9 @@ pub(super) fn read_exact(
     what: &dyn Fn(&str) -> String,
 ) -> Result<(), Error> {
     s.read_exact(buf).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => {
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
             Error::msg(format!("{}: closed during the handshake", what("receiver")))
+                .closed_early()
         }
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::msg(format!(
             "{}: no answer within {timeout:?}",
@@ -224,7 +276,7 @@ pub(super) fn noise_handshake(
     }
     .emit(&mut buf);
     s.write_all(&buf[..n])
-        .map_err(|e| Error::io(what("send the key handshake to"), e))?;
+        .map_err(|e| closed_or(e, what("send the key handshake to")))?;
     // One frame back: its header says how long it is (bounded by its type).
     let need = read_frame(s, &mut buf, timeout, what)?;
     match Frame::parse(&buf[..need]) {
