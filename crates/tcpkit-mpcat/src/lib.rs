@@ -18,6 +18,7 @@ pub mod paths;
 pub mod recv;
 pub mod reorder;
 mod report;
+pub mod resume;
 pub mod secure;
 pub mod send;
 mod writeout;
@@ -74,7 +75,8 @@ pub fn stream_hash(b: &[u8]) -> Digest {
 }
 
 pub use report::{
-    ConnCounts, MpcatReport, MptcpReport, PathFailure, ReverseReport, Role, RunTotal, StreamReport,
+    ConnCounts, MpcatReport, MptcpReport, PathFailure, ResumeReport, ReverseReport, Role,
+    RunTotal, StreamReport,
 };
 
 /// The receiver's default reorder window.

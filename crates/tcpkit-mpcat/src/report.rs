@@ -105,6 +105,17 @@ pub struct RunTotal {
     pub seconds: f64,
 }
 
+/// --resume: what the receiver already held (checked chunk by chunk, not sent again) and
+/// what this session sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ResumeReport {
+    /// Bytes at the start of the file the receiver held and the sender's hashes matched:
+    /// skipped.
+    pub held: u64,
+    /// Bytes sent (acknowledged, or written out) in this session, after them.
+    pub sent: u64,
+}
+
 /// The report of one side.
 #[derive(Debug, Clone, Serialize)]
 pub struct MpcatReport {
@@ -152,6 +163,8 @@ pub struct MpcatReport {
     pub reverse: Option<ReverseReport>,
     /// -k: the run's total (the other fields are its last session's); null without -k.
     pub run: Option<RunTotal>,
+    /// --resume: what was held and skipped, and what was sent; null without it.
+    pub resume: Option<ResumeReport>,
 }
 
 impl MpcatReport {
@@ -184,6 +197,7 @@ impl MpcatReport {
             failure: Some(why),
             reverse: None,
             run: None,
+            resume: None,
         }
     }
 
@@ -295,6 +309,12 @@ impl Report for MpcatReport {
                 self.resent_bytes
             ));
         }
+        if let Some(r) = &self.resume {
+            s.push_str(&format!(
+                "  resumed: {} bytes held by the receiver and checked chunk by chunk, skipped; {} bytes sent\n",
+                r.held, r.sent
+            ));
+        }
         match (&self.hash, self.verified) {
             (Some(h), true) => s.push_str(&format!("{h}: verified\n")),
             (Some(h), false) => s.push_str(&format!("{h}: NOT verified\n")),
@@ -399,6 +419,7 @@ mod tests {
             failure: None,
             reverse: None,
             run: None,
+            resume: None,
         }
     }
 

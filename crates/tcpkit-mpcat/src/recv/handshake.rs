@@ -422,6 +422,12 @@ impl Receiver<'_> {
             seen,
             last_ack: 0,
             verdict: None,
+            resume: if self.cfg.resume {
+                super::resume::Step::Wanted
+            } else {
+                super::resume::Step::Off
+            },
+            seed: None,
         });
         self.started = Some(Instant::now());
         true

@@ -20,6 +20,7 @@
 
 mod deliver;
 mod handshake;
+mod resume;
 mod stream;
 
 pub(crate) use deliver::{open_output, Sink};
@@ -76,6 +77,9 @@ pub struct RecvConfig {
     pub verbose: bool,
     /// -w: once a session began, no byte written out for this long fails it.
     pub idle: Option<Duration>,
+    /// --resume (with -o FILE, one session): the output is kept, not truncated, and a
+    /// sender's --resume request is answered with what it holds ([`crate::resume`]).
+    pub resume: bool,
 }
 
 const LISTENER: Token = Token(0);
@@ -261,6 +265,10 @@ struct Session {
     last_ack: u64,
     /// Stream bytes of every stream that has left (its connection closed after the end).
     verdict: Option<bool>,
+    /// --resume: where the session's resumption stands.
+    resume: resume::Step,
+    /// --resume: the stream hash over the held part, for the write-out to go on from.
+    seed: Option<crate::StreamHasher>,
 }
 
 /// Runs the receiving side on `listener` until one session is complete (or fails), or
@@ -274,7 +282,7 @@ pub fn run(
     live: &MpcatCounters,
     on_session: &dyn Fn(&MpcatReport),
 ) -> Result<MpcatReport, Error> {
-    let mut sink = open_output(&cfg.output)?;
+    let mut sink = open_output(&cfg.output, cfg.resume)?;
     // A file to send back is opened now, so a missing one is said before anything is
     // accepted; stdin is read only once a peer asks for the reverse stream.
     let mut feed = match &cfg.input {
@@ -513,6 +521,8 @@ impl Receiver<'_> {
         }
         let s = rx.session.as_ref();
         let written = s.map_or(0, |s| s.reorder.released());
+        // --resume: the rate is what moved in this session, not the part held before.
+        let moved = written - s.and_then(|s| s.resume.report(written)).map_or(0, |r| r.held);
         let verified = failure.is_none() && s.and_then(|s| s.verdict) == Some(true);
         let failure = failure.or_else(|| (!verified).then(|| "the stream was not verified".into()));
         MpcatReport {
@@ -523,7 +533,7 @@ impl Receiver<'_> {
             total: s.and_then(|s| s.end.map(|e| e.0)),
             seconds: secs,
             bytes_per_second: if secs > 0.0 {
-                written as f64 / secs
+                moved as f64 / secs
             } else {
                 0.0
             },
@@ -547,6 +557,7 @@ impl Receiver<'_> {
             failure,
             reverse: None,
             run: None,
+            resume: s.and_then(|s| s.resume.report(written)),
         }
     }
 
@@ -687,6 +698,7 @@ impl Receiver<'_> {
             }
             self.expire(poll, now)?;
             self.check_paths(now)?;
+            self.answer_resume(sink)?;
             self.write_out(poll, sink)?;
             self.check_idle(now)?;
             if let Some(s) = &self.session {
@@ -1058,6 +1070,7 @@ pub(crate) mod testing {
             v6only: false,
             verbose: false,
             idle: None,
+            resume: false,
         }
     }
 

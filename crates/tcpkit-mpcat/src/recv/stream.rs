@@ -25,6 +25,7 @@ pub(super) const DIRECT_BUF: usize = 256 << 10;
 /// chunk, within the stream's total once it is known, and below the window's credit. Checked
 /// before any of its payload is read.
 pub(super) fn check_data(s: &Session, seq: u64, len: usize) -> Result<(), Error> {
+    s.resume.data_may_come()?;
     if len > s.chunk as usize {
         return Err(Error::msg(format!(
             "a {len}-byte chunk, the session declared {}",
@@ -347,6 +348,14 @@ fn take_frame(
             return Err(Error::msg(format!(
                 "the sender aborted the session: {reason}"
             )));
+        }
+        Frame::Resume { size, mtime_ns } => {
+            let begun = s.reorder.highest() > 0 || s.reading_to > 0 || s.writer.is_some();
+            s.resume.ask(
+                index,
+                crate::resume::Source { size, mtime_ns },
+                begun,
+            )?;
         }
         other => {
             return Err(Error::msg(format!(
