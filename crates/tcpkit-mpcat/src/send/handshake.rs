@@ -472,11 +472,35 @@ mod tests {
                 VERSION + 1
             )
         );
-        let addr = peer(drop);
+        // A receiver that closes every connection before answering (its handshake slots
+        // full): tried again, every 50 ms and more, for --connect-timeout (500 ms here).
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let tries = std::thread::spawn(move || {
+            l.set_nonblocking(true).unwrap();
+            let until = std::time::Instant::now() + Duration::from_secs(1);
+            let mut n = 0;
+            while std::time::Instant::now() < until {
+                if let Ok((s, _)) = l.accept() {
+                    drop(s);
+                    n += 1;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            n
+        });
+        let t0 = std::time::Instant::now();
         assert_eq!(
             said(addr),
             format!("stream 0: receiver {addr}: closed during the handshake")
         );
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_millis(900),
+            "{took:?}"
+        );
+        let n = tries.join().unwrap();
+        assert!((3..=8).contains(&n), "{n} tries");
         let addr = peer(|_s| std::thread::sleep(Duration::from_secs(2)));
         assert_eq!(
             said(addr),
