@@ -471,6 +471,13 @@ mod tests {
         assert!(r.human().contains(
             " to [::]:31337\n  every stream encrypted: Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s (--psk-file)\n  egress"
         ), "{}", r.human());
+        r.resume = Some(ResumeReport {
+            held: 2 << 20,
+            sent: 1 << 20,
+        });
+        assert!(r.human().contains(
+            "  resumed: 2097152 bytes held by the receiver and checked chunk by chunk, skipped; 1048576 bytes sent\nxxh3-128:00ff: verified\n"
+        ), "{}", r.human());
         r.hash = None;
         r.verified = false;
         let h = r.human();
