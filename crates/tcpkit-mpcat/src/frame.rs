@@ -368,7 +368,9 @@ impl<'a> Frame<'a> {
                     return Err(b.bad(16, "hashes are not whole"));
                 }
                 let chunks = held.div_ceil(crate::resume::CHUNK);
-                if first.checked_add((hashes.len() / HELD_HASH) as u64).is_none_or(|e| e > chunks)
+                if first
+                    .checked_add((hashes.len() / HELD_HASH) as u64)
+                    .is_none_or(|e| e > chunks)
                 {
                     return Err(b.bad(8, "hashes past the held bytes' last chunk"));
                 }
@@ -824,7 +826,9 @@ mod tests {
             Frame::parse(&held),
             Err(FrameError::Malformed { what: "held", .. })
         ));
-        let cut = [T_HELD, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 9];
+        let cut = [
+            T_HELD, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 9,
+        ];
         assert!(matches!(
             Frame::parse(&cut),
             Err(FrameError::Malformed { what: "held", .. })

@@ -75,8 +75,8 @@ pub fn stream_hash(b: &[u8]) -> Digest {
 }
 
 pub use report::{
-    ConnCounts, MpcatReport, MptcpReport, PathFailure, ResumeReport, ReverseReport, Role,
-    RunTotal, StreamReport,
+    ConnCounts, MpcatReport, MptcpReport, PathFailure, ResumeReport, ReverseReport, Role, RunTotal,
+    StreamReport,
 };
 
 /// The receiver's default reorder window.

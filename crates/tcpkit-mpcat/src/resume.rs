@@ -293,7 +293,10 @@ mod tests {
             .map(|k| chunk_hash(&f, k, held, &mut buf, &mut h).unwrap())
             .collect();
         assert_eq!(hs.len(), 3);
-        assert_eq!(hs[2], *blake3::hash(&bytes[2 * CHUNK as usize..held as usize]).as_bytes());
+        assert_eq!(
+            hs[2],
+            *blake3::hash(&bytes[2 * CHUNK as usize..held as usize]).as_bytes()
+        );
         assert_eq!(h.finish(), crate::stream_hash(&bytes[..held as usize]));
         assert!(chunk_hash(&f, 3, CHUNK * 4, &mut buf, &mut h).is_err());
         std::fs::remove_dir_all(&dir).unwrap();

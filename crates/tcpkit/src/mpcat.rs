@@ -1103,7 +1103,9 @@ mod tests {
         assert!(e(&["--resume", "h", "1"]).contains("--resume needs -i FILE"));
         assert!(e(&["-l", "-p", "1", "--resume"]).contains("--resume needs -o FILE"));
         assert!(e(&["-l", "-p", "1", "--resume", "-k", "-o", "f"]).contains("--resume with -k"));
-        assert!(e(&["--resume", "-i", "f", "--duration", "1s", "127.0.0.1", "1"])
-            .contains("--resume with --duration"));
+        assert!(
+            e(&["--resume", "-i", "f", "--duration", "1s", "127.0.0.1", "1"])
+                .contains("--resume with --duration")
+        );
     }
 }

@@ -102,9 +102,8 @@ fn mpcat_receiver_lets_its_sender_in_past_silent_strangers() {
                     let mut held = Vec::new();
                     let mut i = 0usize;
                     while !stop.load(Ordering::Relaxed) {
-                        let src: SocketAddr = format!("{}:0", sources[i % sources.len()])
-                            .parse()
-                            .unwrap();
+                        let src: SocketAddr =
+                            format!("{}:0", sources[i % sources.len()]).parse().unwrap();
                         let s = socket2::Socket::new(
                             socket2::Domain::IPV4,
                             socket2::Type::STREAM,
@@ -163,7 +162,10 @@ fn mpcat_stalled_stranger_session_ends_and_leaves_nothing_in_the_file() {
     s.write_all(&[0xee; 10]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while std::fs::metadata(&t.output).map_or(0, |m| m.len()) < 1000 {
-        assert!(Instant::now() < deadline, "the stranger's bytes never arrived");
+        assert!(
+            Instant::now() < deadline,
+            "the stranger's bytes never arrived"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let t0 = Instant::now();
@@ -184,7 +186,10 @@ fn mpcat_stalled_stranger_session_ends_and_leaves_nothing_in_the_file() {
     };
     let after = t0.elapsed();
     assert!(closed, "the stalled stranger still holds the session");
-    assert!(after >= Duration::from_millis(800), "closed after {after:?}");
+    assert!(
+        after >= Duration::from_millis(800),
+        "closed after {after:?}"
+    );
     // The session ends (no stream for --path-timeout) and its bytes leave the file.
     while std::fs::metadata(&t.output).map_or(0, |m| m.len()) != 0 {
         assert!(
@@ -202,8 +207,7 @@ fn mpcat_stalled_stranger_session_ends_and_leaves_nothing_in_the_file() {
     succeeds(&tx, 10);
     // The sender's session is written and verified before the receiver is stopped.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !rx.log().contains("verified\n") || std::fs::metadata(&t.output).unwrap().len() < SIZE
-    {
+    while !rx.log().contains("verified\n") || std::fs::metadata(&t.output).unwrap().len() < SIZE {
         assert!(Instant::now() < deadline, "{}", rx.log());
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -211,13 +215,20 @@ fn mpcat_stalled_stranger_session_ends_and_leaves_nothing_in_the_file() {
     rx.signal(Signal::SIGINT).unwrap();
     let why = fails(&rx, 5);
     assert_eq!(
-        why, "tcpkit mpcat: 1 of 2 sessions were not verified",
+        why,
+        "tcpkit mpcat: 1 of 2 sessions were not verified",
         "{}",
         rx.log()
     );
     let j = json_of(&rx);
     assert_eq!(j["verified"], true, "the last session's own verdict: {j:#}");
-    assert_eq!((j["run"]["sessions"].as_u64(), j["run"]["sessions_verified"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(
+        (
+            j["run"]["sessions"].as_u64(),
+            j["run"]["sessions_verified"].as_u64()
+        ),
+        (Some(2), Some(1))
+    );
 }
 
 /// A data frame held out of order (bytes 4096..8192), then an end frame saying the stream is
@@ -306,7 +317,10 @@ fn mpcat_window_bound_holds_with_scattered_pieces() {
     let Ok((Frame::Welcome { window: ring, .. }, _)) = Frame::parse(&open[..have]) else {
         panic!("no welcome: {:?}", &open[..have])
     };
-    eprintln!("the receiver lends {} MiB of its 256 MiB window", ring >> 20);
+    eprintln!(
+        "the receiver lends {} MiB of its 256 MiB window",
+        ring >> 20
+    );
     let mut plain = Vec::with_capacity(64 << 10);
     let mut ok = true;
     let mut flush = |plain: &mut Vec<u8>, wire: &mut Vec<u8>, ok: &mut bool, force: bool| {

@@ -201,8 +201,13 @@ fn mpcat_resume_refuses_a_changed_input() {
     let rx = t.listen_as("rx2", &["--resume"]);
     let tx = t.send_as("tx2", &["--resume"]);
     let (ts, rs) = (fails(&tx, 5), fails(&rx, 5));
-    let says = "--resume: the input changed since the transfer broke off (then 8388608 bytes, modified at";
-    assert!(rs.starts_with(&format!("tcpkit mpcat: {says}")), "{}", rx.log());
+    let says =
+        "--resume: the input changed since the transfer broke off (then 8388608 bytes, modified at";
+    assert!(
+        rs.starts_with(&format!("tcpkit mpcat: {says}")),
+        "{}",
+        rx.log()
+    );
     assert!(
         ts.starts_with(&format!(
             "tcpkit mpcat: the receiver aborted the session: {says}"
@@ -221,7 +226,11 @@ fn mpcat_resume_refuses_a_changed_input() {
     let tx = t.send_as("tx3", &["--resume"]);
     let (ts, rs) = (fails(&tx, 5), fails(&rx, 5));
     let says = "--resume: the receiver's output differs from the input in chunk 1 (bytes 1048576..2097152)";
-    assert!(ts.starts_with(&format!("tcpkit mpcat: {says}")), "{}", tx.log());
+    assert!(
+        ts.starts_with(&format!("tcpkit mpcat: {says}")),
+        "{}",
+        tx.log()
+    );
     assert!(
         rs.starts_with(&format!(
             "tcpkit mpcat: the sender aborted the session: {says}"

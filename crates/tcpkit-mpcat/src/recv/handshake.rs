@@ -644,7 +644,10 @@ mod tests {
         let (_s, _, window, chan) =
             crate::send::connect(&scfg, 1, None, &[rx.addr], None, [5; 16], 0, None).unwrap();
         // The window less what its map of held ranges may take.
-        assert_eq!(window, super::super::window_parts(1 << 20, 64 << 10).0 as u64);
+        assert_eq!(
+            window,
+            super::super::window_parts(1 << 20, 64 << 10).0 as u64
+        );
         assert!(chan.is_some());
         rx.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let r = rx.report();

@@ -522,7 +522,9 @@ impl Receiver<'_> {
         let s = rx.session.as_ref();
         let written = s.map_or(0, |s| s.reorder.released());
         // --resume: the rate is what moved in this session, not the part held before.
-        let moved = written - s.and_then(|s| s.resume.report(written)).map_or(0, |r| r.held);
+        let moved = written
+            - s.and_then(|s| s.resume.report(written))
+                .map_or(0, |r| r.held);
         let verified = failure.is_none() && s.and_then(|s| s.verdict) == Some(true);
         let failure = failure.or_else(|| (!verified).then(|| "the stream was not verified".into()));
         MpcatReport {
@@ -532,11 +534,7 @@ impl Receiver<'_> {
             bytes: written,
             total: s.and_then(|s| s.end.map(|e| e.0)),
             seconds: secs,
-            bytes_per_second: if secs > 0.0 {
-                moved as f64 / secs
-            } else {
-                0.0
-            },
+            bytes_per_second: if secs > 0.0 { moved as f64 / secs } else { 0.0 },
             chunk_size: s.map_or(0, |s| u64::from(s.chunk)),
             window: s.map_or(cfg.window, |s| s.reorder.window()),
             encrypted: cfg.psk.is_some(),
@@ -1222,7 +1220,10 @@ mod tests {
             for chunk in [1024u32, 4096, 64 << 10, 1 << 20] {
                 let (ring, gaps) = window_parts(window, chunk);
                 assert!(ring + gaps * GAP_COST <= window, "{window} {chunk}");
-                assert!(gaps * GAP_COST <= window / 64 || gaps == 16, "{window} {chunk}");
+                assert!(
+                    gaps * GAP_COST <= window / 64 || gaps == 16,
+                    "{window} {chunk}"
+                );
                 assert!(gaps >= 16);
             }
         }

@@ -351,11 +351,8 @@ fn take_frame(
         }
         Frame::Resume { size, mtime_ns } => {
             let begun = s.reorder.highest() > 0 || s.reading_to > 0 || s.writer.is_some();
-            s.resume.ask(
-                index,
-                crate::resume::Source { size, mtime_ns },
-                begun,
-            )?;
+            s.resume
+                .ask(index, crate::resume::Source { size, mtime_ns }, begun)?;
         }
         other => {
             return Err(Error::msg(format!(

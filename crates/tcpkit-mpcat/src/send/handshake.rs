@@ -44,160 +44,147 @@ pub(crate) fn connect(
 ) -> Result<Connected, Error> {
     let until = std::time::Instant::now() + cfg.connect_timeout;
     let mut wait = RETRY_FIRST;
+    let attempt = |pre: Option<(TcpStream, SocketAddr)>| -> Result<Connected, Error> {
+        let mut last = None;
+        let mut sock = pre;
+        let from = from.or(cfg.source.map(|ip| SocketAddr::new(ip, 0)));
+        for a in addrs.iter().filter(|_| sock.is_none()) {
+            match connect_from(*a, from, cfg.connect_timeout, cfg.mptcp) {
+                Ok(s) => {
+                    sock = Some((s, *a));
+                    break;
+                }
+                Err(e) => last = Some((*a, e)),
+            }
+        }
+        let (mut s, addr) = match (sock, last) {
+            (Some(s), _) => s,
+            // The session's first connection (the reverse stream's in duplex, else stream 0's):
+            // what failed is reaching the receiver at all, whichever stream asked.
+            (None, Some((a, e))) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                return Err(Error::msg(format!(
+                "connect refused to {a}: nothing listens there (is `mpcat -l {}` running on it?)",
+                a.port()
+            )))
+            }
+            (None, Some((a, e))) if index == frame::REVERSE_STREAM || index == 0 => {
+                return Err(Error::io(format!("connect to {a}"), e))
+            }
+            (None, Some((a, e))) => {
+                return Err(Error::io(format!("stream {index}: connect {a}"), e))
+            }
+            (None, None) => return Err(Error::msg(format!("{}: no address", cfg.address))),
+        };
+        let name = if index == frame::REVERSE_STREAM {
+            "the reverse stream".to_string()
+        } else {
+            format!("stream {index}")
+        };
+        let what = |w: &str| format!("{name}: {w} {addr}");
+        // Small frames (acks, the verdict) must not wait for Nagle.
+        s.set_nodelay(true)
+            .map_err(|e| Error::io(what("TCP_NODELAY on"), e))?;
+        match crate::set_path_timeout(&s, cfg.path_timeout) {
+            Ok(()) => {}
+            // Not every kernel takes these on an MPTCP socket; its subflows then rely on TCP's
+            // own retransmission limits and MPTCP's re-injection.
+            Err(_) if cfg.mptcp => {}
+            Err(e) => return Err(Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e)),
+        }
+        // "Room" means little unsent data in the socket, not a free send buffer ([`unsent_bound`]).
+        if let Some(lowat) = lowat {
+            set_notsent_lowat(&s, lowat).map_err(|e| Error::io(what("TCP_NOTSENT_LOWAT on"), e))?;
+        }
+        let hello = Frame::Hello {
+            version: VERSION,
+            token,
+            stream: index,
+            streams: n_streams,
+            chunk: cfg.chunk,
+        };
+        let mut buf = [0u8; 64 + frame::MAX_REASON];
+        s.set_read_timeout(Some(cfg.connect_timeout))
+            .map_err(|e| Error::io(what("SO_RCVTIMEO on"), e))?;
+        if let Some(psk) = &cfg.psk {
+            let mut chan = noise_handshake(&mut s, psk, cfg.connect_timeout, &what)?;
+            let n = hello.emit(&mut buf);
+            let mut sealed = Vec::with_capacity(n + REC_HDR + TAG);
+            chan.seal(&buf[..n], &mut sealed);
+            s.write_all(&sealed)
+                .map_err(|e| Error::io(what("send hello to"), e))?;
+            // The Welcome (or a Refuse) is one record; read exactly it, so nothing that follows
+            // (an ack, on a stream that rejoins a running session) is lost with this buffer.
+            let mut raw = [0u8; REC_HDR + TAG + 64 + frame::MAX_REASON];
+            read_exact(&mut s, &mut raw[..REC_HDR], cfg.connect_timeout, &what)?;
+            let len = usize::from(u16::from_be_bytes([raw[0], raw[1]]));
+            if !(TAG..=raw.len() - REC_HDR).contains(&len) {
+                return Err(Error::msg(format!(
+                    "{}: a {len}-byte record where a welcome belongs",
+                    what("handshake with")
+                )));
+            }
+            read_exact(
+                &mut s,
+                &mut raw[REC_HDR..REC_HDR + len],
+                cfg.connect_timeout,
+                &what,
+            )?;
+            let mut have = 0;
+            chan.open(&raw[..REC_HDR + len], &mut buf, &mut have)
+                .map_err(|e| Error::msg(format!("{}: {e}", what("handshake with"))))?;
+            let window = match Frame::parse(&buf[..have]) {
+                Ok((Frame::Welcome { version, window }, used))
+                    if version == VERSION && used == have =>
+                {
+                    window
+                }
+                Ok((Frame::Refuse { reason }, _)) => {
+                    return Err(Error::msg(format!("{}: {reason}", what("refused by"))));
+                }
+                other => {
+                    return Err(Error::msg(format!(
+                        "{}: expected a welcome, got {other:?}",
+                        what("handshake with")
+                    )))
+                }
+            };
+            return Ok((s, addr, window, Some(chan)));
+        }
+        let n = hello.emit(&mut buf);
+        s.write_all(&buf[..n])
+            .map_err(|e| closed_or(e, what("send hello to")))?;
+        // Exactly one frame: on a stream that rejoins a running session an ack may follow the
+        // Welcome at once, and it belongs to the event loop, not to this buffer.
+        let frame = read_frame(&mut s, &mut buf, cfg.connect_timeout, &what)?;
+        match Frame::parse(&buf[..frame]) {
+            Ok((Frame::Welcome { version, window }, _)) if version == VERSION => {
+                Ok((s, addr, window, None))
+            }
+            Ok((Frame::Welcome { version, .. }, _)) => Err(Error::msg(format!(
+                "{}: the receiver speaks version {version}, this is {VERSION}",
+                what("handshake with")
+            ))),
+            Ok((Frame::Refuse { reason }, _)) => {
+                Err(Error::msg(format!("{}: {reason}", what("refused by"))))
+            }
+            Ok((Frame::Noise { .. }, _)) => Err(Error::msg(format!(
+                "{}: the receiver wants a key handshake: give this side its --psk-file",
+                what("handshake with")
+            ))),
+            other => Err(Error::msg(format!(
+                "{}: expected a welcome, got {other:?}",
+                what("handshake with")
+            ))),
+        }
+    };
     loop {
-        let r = connect_once(cfg, n_streams, lowat, addrs, from, token, index, pre.take());
-        match r {
+        match attempt(pre.take()) {
             Err(e) if e.is_closed_early() && std::time::Instant::now() + wait < until => {
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(RETRY_MAX);
             }
             r => return r,
         }
-    }
-}
-
-#[expect(
-    clippy::too_many_arguments,
-    reason = "connect's arguments, one try of them"
-)]
-fn connect_once(
-    cfg: &SendConfig,
-    n_streams: u16,
-    lowat: Option<u32>,
-    addrs: &[SocketAddr],
-    from: Option<SocketAddr>,
-    token: frame::Token,
-    index: u16,
-    pre: Option<(TcpStream, SocketAddr)>,
-) -> Result<Connected, Error> {
-    let mut last = None;
-    let mut sock = pre;
-    let from = from.or(cfg.source.map(|ip| SocketAddr::new(ip, 0)));
-    for a in addrs.iter().filter(|_| sock.is_none()) {
-        match connect_from(*a, from, cfg.connect_timeout, cfg.mptcp) {
-            Ok(s) => {
-                sock = Some((s, *a));
-                break;
-            }
-            Err(e) => last = Some((*a, e)),
-        }
-    }
-    let (mut s, addr) = match (sock, last) {
-        (Some(s), _) => s,
-        // The session's first connection (the reverse stream's in duplex, else stream 0's):
-        // what failed is reaching the receiver at all, whichever stream asked.
-        (None, Some((a, e))) if e.kind() == io::ErrorKind::ConnectionRefused => {
-            return Err(Error::msg(format!(
-                "connect refused to {a}: nothing listens there (is `mpcat -l {}` running on it?)",
-                a.port()
-            )))
-        }
-        (None, Some((a, e))) if index == frame::REVERSE_STREAM || index == 0 => {
-            return Err(Error::io(format!("connect to {a}"), e))
-        }
-        (None, Some((a, e))) => return Err(Error::io(format!("stream {index}: connect {a}"), e)),
-        (None, None) => return Err(Error::msg(format!("{}: no address", cfg.address))),
-    };
-    let name = if index == frame::REVERSE_STREAM {
-        "the reverse stream".to_string()
-    } else {
-        format!("stream {index}")
-    };
-    let what = |w: &str| format!("{name}: {w} {addr}");
-    // Small frames (acks, the verdict) must not wait for Nagle.
-    s.set_nodelay(true)
-        .map_err(|e| Error::io(what("TCP_NODELAY on"), e))?;
-    match crate::set_path_timeout(&s, cfg.path_timeout) {
-        Ok(()) => {}
-        // Not every kernel takes these on an MPTCP socket; its subflows then rely on TCP's
-        // own retransmission limits and MPTCP's re-injection.
-        Err(_) if cfg.mptcp => {}
-        Err(e) => return Err(Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e)),
-    }
-    // "Room" means little unsent data in the socket, not a free send buffer ([`unsent_bound`]).
-    if let Some(lowat) = lowat {
-        set_notsent_lowat(&s, lowat).map_err(|e| Error::io(what("TCP_NOTSENT_LOWAT on"), e))?;
-    }
-    let hello = Frame::Hello {
-        version: VERSION,
-        token,
-        stream: index,
-        streams: n_streams,
-        chunk: cfg.chunk,
-    };
-    let mut buf = [0u8; 64 + frame::MAX_REASON];
-    s.set_read_timeout(Some(cfg.connect_timeout))
-        .map_err(|e| Error::io(what("SO_RCVTIMEO on"), e))?;
-    if let Some(psk) = &cfg.psk {
-        let mut chan = noise_handshake(&mut s, psk, cfg.connect_timeout, &what)?;
-        let n = hello.emit(&mut buf);
-        let mut sealed = Vec::with_capacity(n + REC_HDR + TAG);
-        chan.seal(&buf[..n], &mut sealed);
-        s.write_all(&sealed)
-            .map_err(|e| Error::io(what("send hello to"), e))?;
-        // The Welcome (or a Refuse) is one record; read exactly it, so nothing that follows
-        // (an ack, on a stream that rejoins a running session) is lost with this buffer.
-        let mut raw = [0u8; REC_HDR + TAG + 64 + frame::MAX_REASON];
-        read_exact(&mut s, &mut raw[..REC_HDR], cfg.connect_timeout, &what)?;
-        let len = usize::from(u16::from_be_bytes([raw[0], raw[1]]));
-        if !(TAG..=raw.len() - REC_HDR).contains(&len) {
-            return Err(Error::msg(format!(
-                "{}: a {len}-byte record where a welcome belongs",
-                what("handshake with")
-            )));
-        }
-        read_exact(
-            &mut s,
-            &mut raw[REC_HDR..REC_HDR + len],
-            cfg.connect_timeout,
-            &what,
-        )?;
-        let mut have = 0;
-        chan.open(&raw[..REC_HDR + len], &mut buf, &mut have)
-            .map_err(|e| Error::msg(format!("{}: {e}", what("handshake with"))))?;
-        let window = match Frame::parse(&buf[..have]) {
-            Ok((Frame::Welcome { version, window }, used))
-                if version == VERSION && used == have =>
-            {
-                window
-            }
-            Ok((Frame::Refuse { reason }, _)) => {
-                return Err(Error::msg(format!("{}: {reason}", what("refused by"))));
-            }
-            other => {
-                return Err(Error::msg(format!(
-                    "{}: expected a welcome, got {other:?}",
-                    what("handshake with")
-                )))
-            }
-        };
-        return Ok((s, addr, window, Some(chan)));
-    }
-    let n = hello.emit(&mut buf);
-    s.write_all(&buf[..n])
-        .map_err(|e| closed_or(e, what("send hello to")))?;
-    // Exactly one frame: on a stream that rejoins a running session an ack may follow the
-    // Welcome at once, and it belongs to the event loop, not to this buffer.
-    let frame = read_frame(&mut s, &mut buf, cfg.connect_timeout, &what)?;
-    match Frame::parse(&buf[..frame]) {
-        Ok((Frame::Welcome { version, window }, _)) if version == VERSION => {
-            Ok((s, addr, window, None))
-        }
-        Ok((Frame::Welcome { version, .. }, _)) => Err(Error::msg(format!(
-            "{}: the receiver speaks version {version}, this is {VERSION}",
-            what("handshake with")
-        ))),
-        Ok((Frame::Refuse { reason }, _)) => {
-            Err(Error::msg(format!("{}: {reason}", what("refused by"))))
-        }
-        Ok((Frame::Noise { .. }, _)) => Err(Error::msg(format!(
-            "{}: the receiver wants a key handshake: give this side its --psk-file",
-            what("handshake with")
-        ))),
-        other => Err(Error::msg(format!(
-            "{}: expected a welcome, got {other:?}",
-            what("handshake with")
-        ))),
     }
 }
 
@@ -248,8 +235,7 @@ pub(super) fn read_exact(
 ) -> Result<(), Error> {
     s.read_exact(buf).map_err(|e| match e.kind() {
         io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
-            Error::msg(format!("{}: closed during the handshake", what("receiver")))
-                .closed_early()
+            Error::msg(format!("{}: closed during the handshake", what("receiver"))).closed_early()
         }
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::msg(format!(
             "{}: no answer within {timeout:?}",
