@@ -364,7 +364,7 @@ impl<'a> Frame<'a> {
                 let held = b.u64()?;
                 let first = b.u64()?;
                 let hashes = b.rest();
-                if hashes.len() % HELD_HASH != 0 {
+                if !hashes.len().is_multiple_of(HELD_HASH) {
                     return Err(b.bad(16, "hashes are not whole"));
                 }
                 let chunks = held.div_ceil(crate::resume::CHUNK);
@@ -439,7 +439,8 @@ impl<'a> Frame<'a> {
             Frame::Resume { .. } => (T_RESUME, RESUME_BODY),
             Frame::Held { hashes, .. } => {
                 assert!(
-                    hashes.len() <= HELD_PER_FRAME * HELD_HASH && hashes.len() % HELD_HASH == 0,
+                    hashes.len() <= HELD_PER_FRAME * HELD_HASH
+                        && hashes.len().is_multiple_of(HELD_HASH),
                     "emit: {} bytes of chunk hashes",
                     hashes.len()
                 );

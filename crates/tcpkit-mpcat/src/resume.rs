@@ -58,7 +58,7 @@ impl Source {
     /// The identity of the file `meta` describes.
     pub fn of(meta: &std::fs::Metadata) -> Source {
         use std::os::unix::fs::MetadataExt;
-        let ns = (meta.mtime() as i128) * 1_000_000_000 + i128::from(meta.mtime_nsec());
+        let ns = i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec());
         Source {
             size: meta.len(),
             mtime_ns: u64::try_from(ns).unwrap_or(0),

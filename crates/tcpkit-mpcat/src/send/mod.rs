@@ -335,10 +335,6 @@ struct Plan<'a> {
 /// it went); returns them, the smallest window the receiver gave, the address that
 /// answered (which every stream then uses), and with --resume where the stream goes on from
 /// (checked on stream 0 before the others open, so no data can come before it).
-#[expect(
-    clippy::type_complexity,
-    reason = "the streams, the window, the address and the resumption, used apart"
-)]
 fn open_streams(
     cfg: &SendConfig,
     poll: &Poll,
