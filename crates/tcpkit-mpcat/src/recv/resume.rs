@@ -89,11 +89,18 @@ impl Receiver<'_> {
             }
         }
         rs::write_state(&state, &State { source })?;
-        let len = sink
+        let meta = sink
             .w
             .metadata()
-            .map_err(|e| Error::io(format!("stat {}", sink.name), e))?
-            .len();
+            .map_err(|e| Error::io(format!("stat {}", sink.name), e))?;
+        if !meta.is_file() {
+            // A device or a pipe has no length to tell what it holds.
+            return Err(Error::msg(format!(
+                "--resume: {} is not a regular file: what it holds cannot be told",
+                sink.name
+            )));
+        }
+        let len = meta.len();
         // The output is believed for no more than the input's length, and only chunk by
         // chunk, by the sender.
         let held = len.min(source.size);
