@@ -259,7 +259,7 @@ fn mpcat_end_below_the_bytes_held_is_refused() {
 /// A hostile sender's scattered one-byte pieces (every other byte: as many separate held
 /// ranges as the receiver allows), then the rest of the window filled: the receiver's peak
 /// RSS stays within --window and 16 MiB. Before, the map of held ranges came on top of the
-/// window (2 x window / 1024 ranges allowed for a declared chunk of 1024: 512 Ki at 256 MiB,
+/// window (2 x window / 1024 ranges allowed for a declared chunk of 16 KiB or less: 512 Ki at 256 MiB,
 /// about 17 MiB of map; 281 MiB against 272 here), so the bound slipped as the window grew
 /// (1157 MB at --window 1G). Spoken under --psk-file so that a record carries thousands of
 /// the little frames (plain, the receiver reads each frame's header and payload apart: 1.5
@@ -304,9 +304,11 @@ fn mpcat_window_bound_holds_with_scattered_pieces() {
     });
     let mut chan = init.finish(&reply).expect("the receiver's key");
     // The Hello in a record of its own, answered before anything more: two streams declared
-    // (one stream's session holds 16 MiB at most), one used.
+    // (one stream's session holds 16 MiB at most), one used; chunks of 16 KiB declared, whose
+    // smallest (a 16th) is 1 KiB, as for 1 KiB chunks: the same number of ranges allowed,
+    // and the window filled with 16 times fewer frames.
     let mut wire = Vec::with_capacity(2 << 20);
-    chan.seal(&hello(0x44, 0, 2, 1024), &mut wire);
+    chan.seal(&hello(0x44, 0, 2, 16 << 10), &mut wire);
     s.write_all(&wire).unwrap();
     wire.clear();
     // The Welcome's window: the ring the receiver lends (what its map may take left out).
@@ -333,15 +335,15 @@ fn mpcat_window_bound_holds_with_scattered_pieces() {
             wire.clear();
         }
     };
-    // The window filled first, out of order (nothing before it arrives), in whole 1 KiB
+    // The window filled first, out of order (nothing before it arrives), in whole 16 KiB
     // chunks, past where the scattered pieces go.
     let old_max = 2 * WINDOW / 1024;
-    let piece = [0xcd; 1024];
-    let mut seq = (2 * old_max).next_multiple_of(1024);
-    while ok && seq + 1024 <= ring {
-        plain.extend_from_slice(&frame::data_header(seq, 1024));
+    let piece = [0xcd; 16 << 10];
+    let mut seq = (2 * old_max).next_multiple_of(16 << 10);
+    while ok && seq + (16 << 10) <= ring {
+        plain.extend_from_slice(&frame::data_header(seq, 16 << 10));
         plain.extend_from_slice(&piece);
-        seq += 1024;
+        seq += 16 << 10;
         flush(&mut plain, &mut wire, &mut ok, false);
     }
     // Then the scattered pieces: byte 2i+1 for every i the old bound allowed (all but one),
