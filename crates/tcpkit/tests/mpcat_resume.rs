@@ -180,6 +180,28 @@ fn mpcat_resume_after_every_path_is_cut_sends_only_the_rest() {
     resumes(&mut t, held);
 }
 
+/// Runs both sides with --resume (logs `rxN`, `txN`, the receiver with --json) and checks
+/// that both exit 1, the side that refused (`by_sender`) with `says`, its peer with "the
+/// sender (receiver) aborted the session: " and the same.
+fn refused(t: &mut Transfer, n: &str, by_sender: bool, says: &str) -> Proc {
+    let rx = t.listen_as(&format!("rx{n}"), &["--resume", "--json"]);
+    let tx = t.send_as(&format!("tx{n}"), &["--resume"]);
+    let (ts, rs) = (fails(&tx, 5), fails(&rx, 5));
+    let (own, told, peer) = match by_sender {
+        true => (&ts, &rs, "sender"),
+        false => (&rs, &ts, "receiver"),
+    };
+    let logs = format!("{}\n{}", tx.log(), rx.log());
+    assert!(own.starts_with(&format!("tcpkit mpcat: {says}")), "{logs}");
+    assert!(
+        told.starts_with(&format!(
+            "tcpkit mpcat: the {peer} aborted the session: {says}"
+        )),
+        "{logs}"
+    );
+    rx
+}
+
 /// After a break, an input whose modification time changed is refused by the receiver (its
 /// state names the old one), and with no state an output whose chunk differs from the input
 /// is refused by the sender, naming the chunk: one line, exit 1, on both sides; the output is
@@ -198,22 +220,11 @@ fn mpcat_resume_refuses_a_changed_input() {
         .status()
         .unwrap();
     assert!(st.success());
-    let rx = t.listen_as("rx2", &["--resume"]);
-    let tx = t.send_as("tx2", &["--resume"]);
-    let (ts, rs) = (fails(&tx, 5), fails(&rx, 5));
-    let says =
-        "--resume: the input changed since the transfer broke off (then 8388608 bytes, modified at";
-    assert!(
-        rs.starts_with(&format!("tcpkit mpcat: {says}")),
-        "{}",
-        rx.log()
-    );
-    assert!(
-        ts.starts_with(&format!(
-            "tcpkit mpcat: the receiver aborted the session: {says}"
-        )),
-        "{}",
-        tx.log()
+    refused(
+        &mut t,
+        "2",
+        false,
+        "--resume: the input changed since the transfer broke off (then 8388608 bytes, modified at",
     );
     assert_eq!(len(&t.output), held, "a refused resume changed the output");
     // No state (as after a transfer by other means): the chunks decide. One byte changed in
@@ -222,21 +233,11 @@ fn mpcat_resume_refuses_a_changed_input() {
     let mut out = std::fs::read(&t.output).unwrap();
     out[(1 << 20) + 77] ^= 0xff;
     std::fs::write(&t.output, &out).unwrap();
-    let rx = t.listen_as("rx3", &["--resume", "--json"]);
-    let tx = t.send_as("tx3", &["--resume"]);
-    let (ts, rs) = (fails(&tx, 5), fails(&rx, 5));
-    let says = "--resume: the receiver's output differs from the input in chunk 1 (bytes 1048576..2097152)";
-    assert!(
-        ts.starts_with(&format!("tcpkit mpcat: {says}")),
-        "{}",
-        tx.log()
-    );
-    assert!(
-        rs.starts_with(&format!(
-            "tcpkit mpcat: the sender aborted the session: {says}"
-        )),
-        "{}",
-        rx.log()
+    let rx = refused(
+        &mut t,
+        "3",
+        true,
+        "--resume: the receiver's output differs from the input in chunk 1 (bytes 1048576..2097152)",
     );
     assert_eq!(json_of(&rx)["verified"], false);
     assert_eq!(std::fs::read(&t.output).unwrap(), out);
