@@ -18,6 +18,7 @@ pkgs=(
   redis-server nginx unbound dnsperf wrk        # real servers and load peers for tests and benchmarks
   nghttp2-client openssl curl                   # TLS and HTTP/2 peers: h2load (HTTP/2 load), openssl (the lab's test CA, s_client, s_time), curl (HTTPS/h2 requests, SSLKEYLOGFILE)
   iperf3 socat mptcpize                         # bench mpcat: its peers (one stream, iperf3 -P 4, MPTCP through mptcpize)
+  libxdp-dev libcap-dev                         # bench replay: xdpsock, its AF_XDP reference sender, is built against them (below)
   openssh-server openssh-client python3-venv    # the fleet lab: sshd in each host, ansible-playbook over ssh (venv below)
 )
 missing=()
@@ -58,6 +59,23 @@ if [ "$("$KUBEVAL_VENV/bin/kubernetes-validate" --version 2>/dev/null)" != "$KUB
   echo "setup.sh: installing kubernetes-validate $KUBEVAL into $KUBEVAL_VENV"
   [ -x "$KUBEVAL_VENV/bin/pip" ] || /usr/bin/python3 -m venv "$KUBEVAL_VENV"
   "$KUBEVAL_VENV/bin/pip" install -q "kubernetes-validate==$KUBEVAL"
+fi
+# bench replay's AF_XDP reference sender: xdpsock of xdp-project/bpf-examples, kept in
+# bench/xdpsock (its README says which commit and what changed), built with clang against
+# Debian's libxdp and libbpf. Only the benchmark runs it: a build that fails is said and the
+# suite goes on (the bench's reference row then says xdpsock is missing).
+XDPSOCK_DIR=/opt/tcpkit-xdpsock
+XDPSOCK_SRC="$(cd "$(dirname "$0")/.." && pwd)/bench/xdpsock"
+XDPSOCK_SUM=$(sha256sum "$XDPSOCK_SRC/xdpsock.c" | cut -d' ' -f1)
+if [ "$(cat "$XDPSOCK_DIR/SOURCE" 2>/dev/null)" != "$XDPSOCK_SUM" ]; then
+  echo "setup.sh: building xdpsock (bench/xdpsock) into $XDPSOCK_DIR"
+  mkdir -p "$XDPSOCK_DIR"
+  if clang -O2 -I"$XDPSOCK_SRC" -o "$XDPSOCK_DIR/xdpsock" "$XDPSOCK_SRC/xdpsock.c" \
+      -lxdp -lbpf -lpthread -lcap; then
+    echo "$XDPSOCK_SUM" > "$XDPSOCK_DIR/SOURCE"
+  else
+    echo "setup.sh: xdpsock did not build: bench replay will run without its AF_XDP reference row" >&2
+  fi
 fi
 command -v cargo >/dev/null || { echo "setup.sh: cargo not found (install Rust with rustup)" >&2; exit 1; }
 # scripts/package.sh builds the Debian package with cargo-deb (kornelski's, the usual builder of

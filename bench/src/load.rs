@@ -8,7 +8,6 @@
 //! With `--against PATH`, every tcpkit row runs with that build too (its load against its own
 //! echo; both against unbound), interleaved with this one's.
 
-use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpStream};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -17,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Host, Lab, Proc};
 
 use crate::ab::{old_cells, Build, Builds, Old, Table};
+use crate::load_pin::Search;
 use crate::load_tls;
 
 const SRV: &str = "198.18.0.2";
@@ -88,6 +88,10 @@ pub(crate) struct Outcome {
     pub(crate) failure: Option<String>,
     /// tcpkit load's whole report (null for the peers): the TLS rows read its `tls` object.
     pub(crate) report: serde_json::Value,
+    /// CPU seconds the client and the server spent on the run, where measured (the TLS
+    /// rows: `load_pin`).
+    pub(crate) cpu_client: Option<f64>,
+    pub(crate) cpu_server: Option<f64>,
 }
 
 impl Outcome {
@@ -244,6 +248,7 @@ pub(crate) fn load_outcome(out: &str, err: &str, rate: u64, secs: f64) -> Result
             .and_then(|f| f.as_str())
             .map(str::to_string),
         report: v,
+        ..Outcome::default()
     })
 }
 
@@ -290,54 +295,21 @@ fn search(
     search_with(ladder, |rate| one(env, client, port, conns, rate, STEP_S))
 }
 
-/// [`search`] with `run` making one step's run at a rate.
+/// [`search`] with `run` making one step's run at a rate (the steps of [`Search`]).
 pub(crate) fn search_with(
     ladder: &[u64],
     mut run: impl FnMut(u64) -> Result<Outcome>,
 ) -> Result<(u64, String)> {
-    let mut steps = String::new();
-    let mut step = |rate: u64| -> Result<bool> {
+    let mut s = Search::new(ladder);
+    while let Some(rate) = s.next() {
         let o = run(rate)?;
-        let _ = write!(
-            steps,
-            "{}k:{:.0}%{} ",
-            rate / 1000,
-            o.answered as f64 * 100.0 / o.asked,
-            if o.as_asked() { "" } else { "✗" }
-        );
-        Ok(o.as_asked())
-    };
-    let (mut good, mut bad) = (0u64, None);
-    for &rate in ladder {
-        if step(rate)? {
-            good = rate;
-        } else {
-            bad = Some(rate);
-            break;
-        }
+        s.record(rate, &o);
     }
-    if good == 0 {
-        let mut rate = ladder.first().copied().unwrap_or(1000);
-        for _ in 0..4 {
-            rate = (rate * 6 / 10 / 1000 * 1000).max(1000);
-            if step(rate)? {
-                good = rate;
-                break;
-            }
-            bad = Some(rate);
-        }
-    }
-    if let Some(b) = bad.filter(|_| good > 0) {
-        let mid = (good + b) / 2 / 1000 * 1000;
-        if mid > good && step(mid)? {
-            good = mid;
-        }
-    }
-    Ok((good, steps.trim().to_string()))
+    Ok(s.result())
 }
 
 /// The process `pid` and all its descendants.
-fn tree(pid: u32) -> Vec<u32> {
+pub(crate) fn tree(pid: u32) -> Vec<u32> {
     let mut parent: Vec<(u32, u32)> = Vec::new();
     if let Ok(rd) = std::fs::read_dir("/proc") {
         for e in rd.flatten() {
@@ -1048,7 +1020,8 @@ fn write_doc(
         "# tcpkit load + echo vs dnsperf and unbound — {date}\n\n\
          Command: `{cmd}` (from the workspace root, as root)\n\n\
          Machine: Linux {}, {cpus} CPUs shared by client and server; load average at start: {}; \
-         whole bench took {:.0} s.\n\
+         at the end: {} (a table is worth committing when both stay under 1.5: other work on \
+         the machine moves every figure); whole bench took {:.0} s.\n\
          Lab: two namespaces on one veth pair (198.18.0.1 → 198.18.0.2). Servers run 1 thread; \
          tcpkit load runs `--threads 1`, dnsperf its default (1 thread, `-q 20000` outstanding).\n\
          Search: {STEP_S} s steps up a ×1.4 ladder, stopping at the first rate not answered as \
@@ -1060,6 +1033,9 @@ fn write_doc(
          {md}",
         kernel.trim(),
         loadavg.trim(),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim(),
         started.elapsed().as_secs_f64(),
         env.builds.header(),
         if args

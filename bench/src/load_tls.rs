@@ -22,8 +22,9 @@ use crate::ab::Build;
 use crate::ab::Table;
 use crate::load::{
     bin, dnsperf_outcome, json_u, lat_cell, load_outcome, median_run, rate_flags, run_in,
-    search_with, start_echo, us, Env, Outcome,
+    start_echo, us, Env, Outcome,
 };
+use crate::load_pin::{self, Search};
 
 /// What the results file says of the TLS table.
 pub(crate) const NOTE: &str = "\nTLS rows (issue 26): every server presents one ECDSA P-256 \
@@ -31,7 +32,14 @@ certificate of a CA made for the run; tcpkit load checks it (`--tls-ca`), the pe
 Each client searches its own highest rate as above (the peers' closed-loop tools, wrk and h2load, \
 run flat out instead: their rate is their top rate); latency at half of each one's rate in runs \
 interleaved with the peer's, the run with the median p99 shown. tcpkit's latency is from the \
-intended send time, handshakes not included unless a query waited for one.\n";
+intended send time, handshakes not included unless a query waited for one. The two searches of a \
+row take turns step by step. Every server runs pinned to CPU 0 and every client (tcpkit load and \
+each peer alike) to CPU 1 (taskset), so that neither side takes the other's CPU; a step's \
+`[c X s Y]` is the CPU µs the client (c) and the server (s) spent per answer in that run, \
+connects and handshakes included: the side near 1,000,000 / rate ran out of its CPU. dnsperf \
+opens at most 256 connections a thread (its MAX_SOCKETS): asked for 2,000 it holds 256, \
+and with a thread per 256 (`-T 8`) on its one CPU it collapsed (5 % answered at 20k q/s), so it \
+runs its default one thread and holds 256 where load holds 2,000.\n";
 
 const SRV: &str = "198.18.0.2";
 /// `tcpkit echo --dns` in clear (the plain-TCP reference) and over TLS.
@@ -95,6 +103,8 @@ struct Tls<'a> {
     /// said, not run.
     missing: Vec<String>,
     queries: String,
+    /// The server process on each port (its CPU is read around every run).
+    servers: Vec<(u16, u32)>,
 }
 
 impl Tls<'_> {
@@ -113,8 +123,27 @@ impl Tls<'_> {
         argv.extend_from_slice(args);
         argv.extend(rate_flags(&c, CONNECT_RATE, &r, &s));
         let limit = Duration::from_secs_f64(self.o.step_s + 30.0);
-        let (_, out, err) = run_in(&self.env.cli, &argv, limit)?;
-        load_outcome(&out, &err, rate, self.o.step_s)
+        let port = target.rsplit(':').next().and_then(|p| p.parse().ok());
+        let (out, err, cpu) = self.timed(port, &argv, limit)?;
+        let mut o = load_outcome(&out, &err, rate, self.o.step_s)?;
+        (o.cpu_client, o.cpu_server) = cpu;
+        Ok(o)
+    }
+
+    /// Runs client `argv` in the client host, pinned to the clients' CPU; its stdout and
+    /// stderr, and the CPU seconds it and the server on `port` spent meanwhile.
+    fn timed(
+        &self,
+        port: Option<u16>,
+        argv: &[&str],
+        limit: Duration,
+    ) -> Result<(String, String, load_pin::Cpu)> {
+        let server = port.and_then(|p| self.servers.iter().find(|s| s.0 == p).map(|s| s.1));
+        let before = server.map(load_pin::cpu_s);
+        let (_, out, err) = run_in(&self.env.cli, &load_pin::client_argv(argv), limit)?;
+        let srv = server.map(load_pin::cpu_s).zip(before).map(|(a, b)| a - b);
+        let client = load_pin::client_cpu(&err);
+        Ok((out, err, (client, srv)))
     }
 
     /// `dnsperf -m MODE -s SRV -p PORT -c C -Q R -l S -v ARGS` (answers' latencies from -v).
@@ -132,6 +161,10 @@ impl Tls<'_> {
             rate.to_string(),
             format!("{}", self.o.step_s),
         );
+        // dnsperf opens at most 256 sockets a thread (its MAX_SOCKETS), so -c 2000 is 256
+        // connections; one thread per 256 (-T 8) pinned to one CPU answered 5 % at 20k q/s
+        // and 63 % at 4.3k (its 16 threads' wait loops took the CPU), so it keeps its one
+        // thread and the table says how many connections it held.
         let mut argv = vec![
             "dnsperf",
             "-m",
@@ -156,17 +189,17 @@ impl Tls<'_> {
         ];
         argv.extend_from_slice(args);
         let limit = Duration::from_secs_f64(self.o.step_s + 30.0);
-        let (_, out, err) = run_in(&self.env.cli, &argv, limit)?;
+        let (out, err, cpu) = self.timed(Some(port), &argv, limit)?;
         let asked = rate as f64 * self.o.step_s;
         // dnsperf -m doh has hung past the limit (75,000 lines of "socket not ready") and was
         // killed before its statistics: a step it did not answer, not the end of the bench.
-        Ok(
-            dnsperf_outcome(&out, &err, asked).unwrap_or_else(|e| Outcome {
-                asked,
-                note: format!("{e:#}").lines().next().unwrap_or("").to_string(),
-                ..Outcome::default()
-            }),
-        )
+        let mut o = dnsperf_outcome(&out, &err, asked).unwrap_or_else(|e| Outcome {
+            asked,
+            note: format!("{e:#}").lines().next().unwrap_or("").to_string(),
+            ..Outcome::default()
+        });
+        (o.cpu_client, o.cpu_server) = cpu;
+        Ok(o)
     }
 
     /// A ladder from `from`, ×1.4 a step, 5 steps.
@@ -181,22 +214,37 @@ impl Tls<'_> {
         v
     }
 
-    /// tcpkit's highest rate answered as asked, or why it was not run.
-    fn load_search(&self, target: &str, args: &[&str], conns: u32, from: u64) -> Result<Found> {
+    /// Why this build's load cannot run with `args` (flags it lacks), if it cannot.
+    fn lacking(&self, args: &[&str]) -> Option<String> {
         let lacking: Vec<&str> = args
             .iter()
             .copied()
             .filter(|a| self.missing.iter().any(|m| m == a))
             .collect();
-        if !lacking.is_empty() {
-            return Ok(Err(format!(
-                "not run: this build's load lacks {}",
-                lacking.join(" ")
-            )));
+        (!lacking.is_empty())
+            .then(|| format!("not run: this build's load lacks {}", lacking.join(" ")))
+    }
+
+    /// tcpkit's highest rate answered as asked, or why it was not run; `between` runs after
+    /// each of its steps (a closed-loop peer's runs, interleaved with them).
+    fn load_search(
+        &self,
+        target: &str,
+        args: &[&str],
+        conns: u32,
+        from: u64,
+        mut between: impl FnMut() -> Result<()>,
+    ) -> Result<Found> {
+        if let Some(why) = self.lacking(args) {
+            return Ok(Err(why));
         }
-        Ok(Ok(search_with(&Self::ladder(from), |rate| {
-            self.load(target, args, conns, rate)
-        })?))
+        let mut s = Search::new(&Self::ladder(from));
+        while let Some(rate) = s.next() {
+            let o = self.load(target, args, conns, rate)?;
+            s.record(rate, &o);
+            between()?;
+        }
+        Ok(Ok(s.result()))
     }
 
     /// Latency at half of each one's highest rate: `runs` runs each, interleaved (which goes
@@ -244,8 +292,25 @@ impl Tls<'_> {
         mut peer: impl FnMut(u64) -> Result<Outcome>,
         peer_from: u64,
     ) -> Result<(Found, u64)> {
-        let tk = self.load_search(target, args, conns, from)?;
-        let dp = search_with(&Tls::ladder(peer_from), &mut peer)?;
+        let mut dp_s = Search::new(&Tls::ladder(peer_from));
+        let tk = match self.lacking(args) {
+            Some(why) => {
+                while let Some(r) = dp_s.next() {
+                    let o = peer(r)?;
+                    dp_s.record(r, &o);
+                }
+                Err(why)
+            }
+            None => {
+                let mut tk_s = Search::new(&Self::ladder(from));
+                load_pin::search_pair(
+                    (&mut tk_s, |r| self.load(target, args, conns, r)),
+                    (&mut dp_s, &mut peer),
+                )?;
+                Ok(tk_s.result())
+            }
+        };
+        let dp = dp_s.result();
         tab.row(vec![
             format!("highest rate answered as asked (≥ 99 %): {what}"),
             found_cell(&tk),
@@ -317,7 +382,7 @@ fn wrk(t: &Tls, url: &str, conns: u32) -> Result<(f64, Outcome)> {
     let (c, d) = (conns.to_string(), format!("{}s", t.o.step_s.ceil()));
     let argv = ["wrk", "-t", "1", "-c", &c, "-d", &d, "--latency", url];
     let limit = Duration::from_secs_f64(t.o.step_s + 30.0);
-    let (_, out, err) = run_in(&t.env.cli, &argv, limit)?;
+    let (out, err, (cpu_client, cpu_server)) = t.timed(Some(NGINX), &argv, limit)?;
     let rps = out
         .lines()
         .find_map(|l| l.strip_prefix("Requests/sec:"))
@@ -346,6 +411,8 @@ fn wrk(t: &Tls, url: &str, conns: u32) -> Result<(f64, Outcome)> {
             asked: rps * t.o.step_s,
             lat: Some([pct("50%"), pct("90%"), pct("99%"), max, max]),
             note: errors,
+            cpu_client,
+            cpu_server,
             ..Outcome::default()
         },
     ))
@@ -358,13 +425,22 @@ struct H2load {
     succeeded: u64,
     req: [f64; 3],
     secs: f64,
+    /// CPU seconds of h2load and of nginx over the run.
+    cpu: load_pin::Cpu,
+}
+
+impl H2load {
+    /// ` [c X s Y]`: h2load's and nginx's CPU µs per request, as the search steps say it.
+    fn cpu_cell(&self) -> String {
+        load_pin::cpu_cell(self.cpu.0, self.cpu.1, self.succeeded)
+    }
 }
 
 fn h2load(t: &Tls, args: &[&str]) -> Result<H2load> {
     let mut argv = vec!["h2load", "-t", "1"];
     argv.extend_from_slice(args);
     let limit = Duration::from_secs_f64(t.o.step_s + 60.0);
-    let (_, out, err) = run_in(&t.env.cli, &argv, limit)?;
+    let (out, err, cpu) = t.timed(Some(NGINX), &argv, limit)?;
     // "finished in 2.00s, 51234.50 req/s, 30.12MB/s"
     let fin = out
         .lines()
@@ -402,6 +478,7 @@ fn h2load(t: &Tls, args: &[&str]) -> Result<H2load> {
         succeeded,
         req,
         secs,
+        cpu,
     })
 }
 
@@ -411,7 +488,7 @@ fn s_time(t: &Tls, port: u16, mode: &str) -> Result<f64> {
     let (a, s) = (format!("{SRV}:{port}"), format!("{}", t.o.step_s.ceil()));
     let argv = ["openssl", "s_time", "-connect", &a, mode, "-time", &s];
     let limit = Duration::from_secs_f64(t.o.step_s + 30.0);
-    let (_, out, err) = run_in(&t.env.cli, &argv, limit)?;
+    let (out, err, _) = t.timed(Some(port), &argv, limit)?;
     // "1234 connections in 2 real seconds, 0 bytes read per connection"
     let n = out
         .lines()
@@ -475,13 +552,14 @@ pub(crate) fn rows(env: &Env, lab: &mut Lab, t: &mut Table, o: Opts) -> Result<(
     );
     let queries = env.dir.join("tls-queries.txt");
     std::fs::write(&queries, format!("{WWW_EXAMPLE} A\n"))?;
-    let tls = Tls {
+    let mut tls = Tls {
         env,
         ca: ca.cert().to_string_lossy().into_owned(),
         o,
         lacks,
         missing,
         queries: queries.to_string_lossy().into_owned(),
+        servers: Vec::new(),
     };
     let mut procs = vec![echo(env, lab, ECHO_PLAIN, &[])?];
     if tls.lacks.is_none() {
@@ -502,6 +580,22 @@ pub(crate) fn rows(env: &Env, lab: &mut Lab, t: &mut Table, o: Opts) -> Result<(
     ng_conf.access_log = false;
     ng_conf.max_conns = 4 * DOT_CONNS;
     let ng = lab.nginx(&env.srv, &ng_conf)?;
+    // Each server on its own CPU, the clients on the other (see NOTE); and which process
+    // answers on which port, for its CPU per answer.
+    let mut ports = vec![ECHO_PLAIN];
+    if tls.lacks.is_none() {
+        ports.push(ECHO_DOT);
+    }
+    for (port, p) in ports.into_iter().zip(&procs) {
+        tls.servers.push((port, p.pid()));
+    }
+    tls.servers.push((UNBOUND_DOT, ub.proc.pid()));
+    tls.servers.push((UNBOUND_DOH, ub.proc.pid()));
+    tls.servers.push((NGINX, ng.proc.pid()));
+    for (_, pid) in &tls.servers {
+        load_pin::pin_server(*pid)?;
+    }
+    let tls = tls;
 
     dot_rows(&tls, t)?;
     doh_rows(&tls, t)?;
@@ -524,7 +618,9 @@ fn dot_rows(t: &Tls, tab: &mut Table) -> Result<()> {
             "tcpkit echo --tls --dns (1 thread)",
             ECHO_DOT,
             100_000,
-            20_000,
+            // Pinned to its own CPU dnsperf answered 168k q/s against echo --tls (256
+            // connections): a ladder from 20k stopped at 75k with every step answered.
+            40_000,
         ),
         ("unbound 1.17.1 DoT (1 thread)", UNBOUND_DOT, 20_000, 10_000),
     ] {
@@ -544,7 +640,7 @@ fn dot_rows(t: &Tls, tab: &mut Table) -> Result<()> {
             }
         }
         let peer = |r| t.dnsperf("dot", port, &[], DOT_CONNS, r);
-        let what = "load --tls --dns vs dnsperf -m dot";
+        let what = "load --tls --dns (2000 connections) vs dnsperf -m dot -c 2000 (256 connections: its most per thread)";
         let tk = t.search_rows(
             tab,
             what,
@@ -559,6 +655,7 @@ fn dot_rows(t: &Tls, tab: &mut Table) -> Result<()> {
                 &["--dns", "--qname", WWW_EXAMPLE],
                 DOT_CONNS,
                 200_000,
+                || Ok(()),
             )?;
             tab.row(vec![
                 "the same in clear: load --dns vs tcpkit echo --dns (the plain-TCP rate)".into(),
@@ -570,14 +667,17 @@ fn dot_rows(t: &Tls, tab: &mut Table) -> Result<()> {
                     *tls_r as f64 / *plain_r as f64,
                     *tls_r as f64 / tk.1.max(1) as f64,
                 );
+                let vs_peer = if tk.1 == 0 {
+                    "dnsperf answered no rate as asked: not judged".to_string()
+                } else {
+                    format!("{over:.1}× dnsperf ({})", verdict(over >= 2.0))
+                };
                 tab.row(vec![
                     "issue 26's targets: DoT ≥ 50 % of plain TCP, ≥ 2× dnsperf -m dot".into(),
                     format!(
-                        "{:.0} % of plain ({}); {:.1}× dnsperf ({})",
+                        "{:.0} % of plain ({}); {vs_peer}",
                         share * 100.0,
                         verdict(share >= 0.5),
-                        over,
-                        verdict(over >= 2.0)
                     ),
                     String::new(),
                 ]);
@@ -620,13 +720,25 @@ fn http_rows(t: &Tls, tab: &mut Table) -> Result<()> {
     ));
     eprintln!("HTTPS against nginx: searching ...");
     let h1 = ["--http-get", PAGE, "--tls", "--tls-ca", ca];
-    let tk = t.load_search(&target, &h1, HTTP_CONNS, 10_000)?;
+    // wrk's runs between load's search steps, so that both meet the same minutes.
     let mut wrk_runs = Vec::new();
-    for _ in 0..t.o.runs {
+    let tk = t.load_search(&target, &h1, HTTP_CONNS, 10_000, || {
+        if wrk_runs.len() < t.o.runs {
+            wrk_runs.push(wrk(t, &url, HTTP_CONNS)?);
+        }
+        Ok(())
+    })?;
+    while wrk_runs.len() < t.o.runs {
         wrk_runs.push(wrk(t, &url, HTTP_CONNS)?);
     }
     wrk_runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let rates: Vec<String> = wrk_runs.iter().map(|(r, _)| rate(*r as u64)).collect();
+    let rates: Vec<String> = wrk_runs
+        .iter()
+        .map(|(r, o)| {
+            let cpu = load_pin::cpu_cell(o.cpu_client, o.cpu_server, o.answered);
+            format!("{}{cpu}", rate(*r as u64))
+        })
+        .collect();
     let (wrk_rate, wrk_o) = wrk_runs[wrk_runs.len() / 2].clone();
     tab.row(vec![
         "highest rate answered as asked (≥ 99 %) vs wrk's top rate (closed loop; median of its runs)"
@@ -665,18 +777,27 @@ fn http_rows(t: &Tls, tab: &mut Table) -> Result<()> {
         "--h2-streams",
         &streams,
     ];
-    let tk = t.load_search(&target, &h2, H2_CONNS, 20_000)?;
     let (c, m, d) = (
         H2_CONNS.to_string(),
         H2_STREAMS.to_string(),
         format!("{}", t.o.step_s.ceil()),
     );
     let mut h2_runs = Vec::new();
-    for _ in 0..t.o.runs {
-        h2_runs.push(h2load(t, &["-c", &c, "-m", &m, "-D", &d, &url])?);
+    let flat_out = ["-c", &c, "-m", &m, "-D", &d, &url];
+    let tk = t.load_search(&target, &h2, H2_CONNS, 20_000, || {
+        if h2_runs.len() < t.o.runs {
+            h2_runs.push(h2load(t, &flat_out)?);
+        }
+        Ok(())
+    })?;
+    while h2_runs.len() < t.o.runs {
+        h2_runs.push(h2load(t, &flat_out)?);
     }
     h2_runs.sort_by(|a, b| a.rps.total_cmp(&b.rps));
-    let rates: Vec<String> = h2_runs.iter().map(|h| rate(h.rps as u64)).collect();
+    let rates: Vec<String> = h2_runs
+        .iter()
+        .map(|h| format!("{}{}", rate(h.rps as u64), h.cpu_cell()))
+        .collect();
     let top = &h2_runs[h2_runs.len() / 2];
     tab.row(vec![
         "highest rate answered as asked (≥ 99 %) vs h2load's top rate (closed loop; median of its runs)"
@@ -745,7 +866,7 @@ fn handshake_rows(t: &Tls, tab: &mut Table) -> Result<()> {
         "--queries-per-conn",
         "1",
     ];
-    let tk = t.load_search(&echo_t, &full, HS_CONNS, 1_000)?;
+    let tk = t.load_search(&echo_t, &full, HS_CONNS, 1_000, || Ok(()))?;
     // load's run at its highest rate: its cell, and its handshake p50 of `kind` (ns).
     let at = |args: &[&str], f: &Found, kind: &str| -> Result<(String, Option<u64>)> {
         Ok(match f {
@@ -786,7 +907,7 @@ fn handshake_rows(t: &Tls, tab: &mut Table) -> Result<()> {
     ]);
     let mut resumed = full.to_vec();
     resumed.extend(["--tls-resume", "tickets"]);
-    let tk_r = t.load_search(&echo_t, &resumed, HS_CONNS, 1_000)?;
+    let tk_r = t.load_search(&echo_t, &resumed, HS_CONNS, 1_000, || Ok(()))?;
     let (resumed_cell, resumed_p50) = at(&resumed, &tk_r, "resumed")?;
     let s_reuse = s_time_rate("-reuse")?;
     tab.row(vec![
@@ -805,7 +926,7 @@ fn handshake_rows(t: &Tls, tab: &mut Table) -> Result<()> {
         "--queries-per-conn",
         "1",
     ];
-    let tk_ng = t.load_search(&ng_t, &ng_args, HS_CONNS, 1_000)?;
+    let tk_ng = t.load_search(&ng_t, &ng_args, HS_CONNS, 1_000, || Ok(()))?;
     let url = format!("https://{SRV}:{NGINX}{PAGE}");
     // h2load makes one connection per client: N clients of one request each are N
     // handshakes, opened at once.
@@ -814,31 +935,37 @@ fn handshake_rows(t: &Tls, tab: &mut Table) -> Result<()> {
     let mut cell = String::new();
     let _ = write!(
         cell,
-        "**{}** handshakes ({} requests in {:.2} s)",
+        "**{}** handshakes ({} requests in {:.2} s){}",
         rate((h.succeeded as f64 / h.secs) as u64),
         h.succeeded,
-        h.secs
+        h.secs,
+        h.cpu_cell()
     );
     tab.row(vec![
         "full handshakes (an HTTP/2 GET each) against nginx: load --http2 --queries-per-conn 1 vs h2load -c N -n N".into(),
         found_cell(&tk_ng),
         cell,
     ]);
-    // The issue's targets: full handshakes/s at least the best peer's (s_time against the same
-    // echo; h2load's against nginx, when load ran there too), a resumed handshake cheaper.
-    let best_peer = s_new.unwrap_or(0.0).max(match &tk_ng {
-        Ok(_) => h.succeeded as f64 / h.secs,
-        Err(_) => 0.0,
-    });
+    // The issue's targets: full handshakes/s at least each peer's against the same server
+    // (s_time against echo; h2load against nginx, when load ran there too: a peer's rate
+    // against another server says what that server can do), a resumed handshake cheaper.
     let mut judged = Vec::new();
-    if let Ok((r, _)) = &tk {
-        judged.push(format!(
-            "{} full handshakes/s vs the best peer's {} ({})",
-            rate(*r),
-            rate(best_peer as u64),
-            verdict(*r as f64 >= best_peer)
-        ));
-    }
+    let mut judge = |tk: &Found, peer: Option<f64>, what: &str| {
+        if let (Ok((r, _)), Some(p)) = (tk, peer) {
+            judged.push(format!(
+                "{} full handshakes/s vs {what}'s {} ({})",
+                rate(*r),
+                rate(p as u64),
+                verdict(*r as f64 >= p)
+            ));
+        }
+    };
+    judge(&tk, s_new, "s_time against echo --tls");
+    judge(
+        &tk_ng,
+        Some(h.succeeded as f64 / h.secs),
+        "h2load against nginx",
+    );
     if let (Some(f), Some(r)) = (full_p50, resumed_p50) {
         judged.push(format!(
             "handshake p50 resumed {} vs full {} ({})",
@@ -848,7 +975,7 @@ fn handshake_rows(t: &Tls, tab: &mut Table) -> Result<()> {
         ));
     }
     tab.row(vec![
-        "issue 26's targets: handshakes/s ≥ the best peer's; a resumed handshake cheaper than a full one".into(),
+        "issue 26's targets: full handshakes/s ≥ the peer's against the same server; a resumed handshake cheaper than a full one".into(),
         judged.join("; "),
         String::new(),
     ]);

@@ -19,6 +19,7 @@ mod balance;
 mod copy;
 mod fleet;
 mod load;
+mod load_pin;
 mod load_tls;
 mod mpcat;
 mod replay;

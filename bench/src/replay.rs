@@ -22,6 +22,13 @@ type Old = crate::ab::Old<Run>;
 const PACKETS: u32 = 1_000_000;
 /// Top-speed runs per tool; the median is reported (the machine is shared and noisy).
 const TOP_RUNS: usize = 3;
+/// The AF_XDP reference sender: xdpsock of xdp-project/bpf-examples (AF_XDP-example), built
+/// by scripts/setup.sh at a pinned commit. Its tx-only mode writes its frames into the UMEM
+/// once and then only fills descriptors: the cheapest an AF_XDP sender can be, so its rate on
+/// the same veth is what this machine allows a copy-mode sender.
+const XDPSOCK: &str = "/opt/tcpkit-xdpsock/xdpsock";
+/// Seconds of each xdpsock run (`-d`); its rate is taken over the middle second.
+const XDPSOCK_SECS: u32 = 2;
 
 struct Env {
     /// The lab's directory: captures, logs.
@@ -267,6 +274,57 @@ struct Input {
     file_bytes: u64,
     /// --mbps 1000 runs this many packets (about 2 s where the rate is reachable).
     mbps_limit: u64,
+    /// Frames all of this size (FCS included): the AF_XDP reference sender runs beside.
+    reference_size: Option<usize>,
+}
+
+/// One xdpsock tx-only run on queue 0 of the sending veth, `size`-byte frames (FCS included,
+/// as xdpsock counts them) to a MAC nobody has, as the captures' are. Its rate is the
+/// receiver's counter over the middle second of its run, timed here: xdpsock stops its
+/// `-d` run from a thread that wakes once a second, so its own end is not a clock.
+fn xdpsock_run(env: &Env, size: usize) -> Result<Run> {
+    let (secs, size) = (XDPSOCK_SECS.to_string(), size.to_string());
+    let argv = [
+        XDPSOCK,
+        "-t",
+        "-i",
+        env.tx_if.as_str(),
+        "-q",
+        "0",
+        "-d",
+        &secs,
+        "-s",
+        &size,
+    ];
+    let cmd = env.tx.command(&argv);
+    let start = env.rx.ifstats(&env.rx_if)?;
+    let sender = std::thread::spawn(move || crate::run_wait4(cmd, "xdpsock"));
+    let at = |d: f64| std::thread::sleep(std::time::Duration::from_secs_f64(d));
+    at(0.5);
+    let (before, t0) = (env.rx.ifstats(&env.rx_if)?, Instant::now());
+    at(1.0);
+    let (after, t1) = (env.rx.ifstats(&env.rx_if)?, Instant::now());
+    let ran = sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("xdpsock's waiting thread panicked"))??;
+    if ran.code != Some(0) {
+        bail!("xdpsock failed (exit {:?}): {}", ran.code, ran.err.trim());
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let end = env.rx.ifstats(&env.rx_if)?;
+    let rx_packets = after.rx_packets - before.rx_packets;
+    let secs = (t1 - t0).as_secs_f64();
+    Ok(Run {
+        wall_s: ran.wall_s,
+        cpu_s: ran.cpu_s,
+        // The middle second's frames, and (as "packets") the whole run's.
+        rx_packets,
+        rx_bytes: after.rx_bytes - before.rx_bytes,
+        packets: end.rx_packets - start.rx_packets,
+        secs,
+        pps: rx_packets as f64 / secs,
+        ..Run::default()
+    })
 }
 
 /// A replayer's words (tcpkit's and tcpreplay's take the same): `head`, the interface, `-K`
@@ -337,6 +395,15 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
     let (mut x1, mut x2) = (vec![], vec![]);
     let xdp1 = ["-t", "--xdp"];
     let xdp2 = ["-t", "--xdp", "--threads", "2"];
+    // The reference sender's runs, or why it cannot run.
+    let reference = inp.reference_size.map(|size| {
+        if Path::new(XDPSOCK).exists() {
+            Ok(size)
+        } else {
+            Err(format!("{XDPSOCK} is missing: scripts/setup.sh builds it"))
+        }
+    });
+    let mut xs = vec![];
     for i in 0..TOP_RUNS {
         let new_first = i % 2 == 0;
         if !new_first {
@@ -347,6 +414,9 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
             ao.push(old(&["-t"])?);
         }
         x1.push(tkr(&xdp1)?);
+        if let Some(Ok(size)) = reference {
+            xs.push(xdpsock_run(env, size)?);
+        }
         b.push(trr(&["-t"])?);
         if new_first {
             c.push(tkr(&["-t", "--threads", "2"])?);
@@ -433,6 +503,41 @@ fn bench_file(env: &Env, lab: &mut Lab, t: &mut Table, inp: &Input) -> Result<()
         "—".into(),
         [String::new(), String::new()],
     );
+    if let Some(r) = reference {
+        let cpu_ns = |r: &Run| r.cpu_s * 1e9 / r.packets.max(1) as f64;
+        // tcpkit's CPU for the sending alone: its run's less that of a run sending one frame
+        // (the -K load, the flow marks made with it, the socket's setup), as xdpsock's whole
+        // run is its sending.
+        let one = tkr(&["-t", "--xdp", "-L", "1"])?;
+        let sending_ns =
+            (x1.cpu_s - one.cpu_s).max(0.0) * 1e9 / x1.packets.saturating_sub(1).max(1) as f64;
+        let (ref_cell, ref_ratio) = match r {
+            Ok(_) => {
+                let xs = median(xs);
+                (
+                    format!(
+                        "xdpsock {}, CPU {:.0} ns/frame",
+                        k(xs.rx_pps()),
+                        cpu_ns(&xs)
+                    ),
+                    ratio(x1.rx_pps(), xs.rx_pps()),
+                )
+            }
+            Err(why) => (why, "—".into()),
+        };
+        row(
+            t,
+            &format!("AF_XDP reference on the same veth: tcpkit --xdp vs xdpsock (bpf-examples, tx-only, copy mode, queue 0; median of {TOP_RUNS}): rx counter pps; CPU per frame sending (tcpkit: its run less a 1-frame run's -K load and setup; whole process in brackets)"),
+            format!(
+                "{}, CPU {sending_ns:.0} ns/frame ({:.0})",
+                k(x1.rx_pps()),
+                cpu_ns(&x1)
+            ),
+            ref_cell,
+            ref_ratio,
+            [String::new(), String::new()],
+        );
+    }
     if env.only_xdp {
         return xdp_paced_row(env, lab, t, &tkr, &trr);
     }
@@ -817,6 +922,7 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
             // 1000 Mbit/s of 60-byte frames is 2.08 Mpps, above both tools' top speed here:
             // the row then shows how close each gets.
             mbps_limit: u64::from(packets),
+            reference_size: Some(64),
         },
         Input {
             name: format!("IMIX 7:4:1 of 64/594/1518 B frames (avg {imix_avg:.0} B), 16k flows"),
@@ -824,6 +930,7 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
             packets: u64::from(packets),
             file_bytes: imix_size,
             mbps_limit: (2.0 * 1e9 / 8.0 / imix_avg) as u64,
+            reference_size: None,
         },
     ];
     for inp in &inputs {
@@ -857,6 +964,11 @@ pub(crate) fn replay(args: &[String]) -> Result<()> {
          tools run with -K except the --pps 1000 CPU row. Top speed rows: median of 3\n\
          interleaved runs per tool (AF_PACKET, --xdp and tcpreplay take turns).\n\
          Rx counter = the receiving veth's rx_packets delta / the tool's reported send time.\n\
+         AF_XDP reference: xdpsock of xdp-project/bpf-examples (scripts/setup.sh builds it),\n\
+         tx-only on the same veth's queue 0 with 64-byte frames to the same absent MAC, its rate\n\
+         the rx counter over the middle second of a 2 s run: what this VM allows an AF_XDP\n\
+         copy-mode sender (veth builds an skb per frame, and the receiving end's drop runs on\n\
+         the sender's CPU).\n\
          {}\n\
          {table}",
         kernel.trim(),

@@ -17,18 +17,19 @@ use tcpkit_send::{
     XdpOpts, XdpSink,
 };
 use tcpkit_stats::plot::{Sample, Timeline};
-use tcpkit_stats::{chain, FlowTable, Histogram, LiveCounters};
+use tcpkit_stats::{chain, Histogram, LiveCounters};
 use tcpkit_wire::{
-    flow_class, flow_shard, shard_hash, to_ethernet, unique_ip, unique_ports, FlowClass, FlowKey,
-    LinkType, MacAddr, RewriteOutcome, Rewriter, Uncut,
+    flow_shard, shard_hash, to_ethernet, unique_ip, unique_ports, LinkType, MacAddr,
+    RewriteOutcome, Rewriter, Uncut,
 };
 use tcpkit_workers::Shard;
 
 use crate::config::{Config, Output};
+use crate::flows::LoopFlows;
 use crate::prep::SplitCounts;
 
 /// Ethernet's link type, the one every frame we emit has.
-const DLT_EN10MB: u32 = 1;
+pub(crate) const DLT_EN10MB: u32 = 1;
 /// Frames handed to the sink per call, listed on the stack (see `Worker::flush`).
 const SEND_CHUNK: usize = 64;
 /// Longer waits are cut into pieces this long so an interrupt or the end of `--duration` is
@@ -207,10 +208,22 @@ pub fn run_with_tap(
     let l2_src = cfg.l2_src.or(if_mac).unwrap_or(MacAddr([0; 6]));
     let l2_dst = cfg.l2_dst.unwrap_or(MacAddr::BROADCAST);
 
+    let rewriter = Rewriter::new(cfg.rewrite.clone());
+    // Marks hold when every frame leaves as captured and a flow is new only once: no
+    // rewriting, no --unique-*, no expiry, every packet sent (no split, no other hosts).
+    let marks = (cfg.preload
+        && rewriter.is_identity()
+        && !cfg.unique_ip
+        && !cfg.unique_ports
+        && cfg.flow_expiry.is_none()
+        && splits.is_none()
+        && cfg.shard.is_none_or(|s| s.count <= 1))
+    .then(|| crate::flows::premark(&files))
+    .flatten();
     let shared = Shared {
         cfg,
         files: &files,
-        rewriter: Rewriter::new(cfg.rewrite.clone()),
+        rewriter,
         l2_src,
         l2_dst,
         interrupt,
@@ -220,6 +233,7 @@ pub fn run_with_tap(
         start_ns: AtomicU64::new(0),
         tap,
         splits,
+        marks,
     };
 
     let threads = cfg.threads.max(1);
@@ -405,11 +419,11 @@ fn report(
         }
         dev = crate::prep::sum_counters(&dev, &r.counters);
         hist.merge(&r.late);
-        flows += r.flows.flows;
-        flow_packets += r.flows.flow_packets;
-        non_flow += r.flows.non_flow_packets;
-        conns += r.flows.connections;
-        invalid += r.invalid;
+        flows += r.flows.flows();
+        flow_packets += r.flows.flow_packets();
+        non_flow += r.flows.non_flow_packets();
+        conns += r.flows.connections();
+        invalid += r.flows.invalid;
         to_others += r.to_others;
         mtu.add(&r.mtu);
         last_send = last_send.max(r.last_send_ns);
@@ -726,6 +740,8 @@ struct Shared<'a> {
     tap: Option<&'a Tap>,
     /// `--intf2`: each input's tcpprep cache (one for all with `--cachefile`).
     splits: Option<Vec<PrepCache>>,
+    /// Per packet of each input, its flow marks (see `flows::premark`).
+    marks: Option<Vec<Vec<u8>>>,
 }
 
 impl Shared<'_> {
@@ -748,9 +764,7 @@ impl Shared<'_> {
 struct WorkerResult {
     counters: SendCounters,
     late: Histogram,
-    flows: FlowTable<FlowKey>,
-    /// Frames tcpreplay's flow_decode calls invalid (in no `Flows:` count).
-    invalid: u64,
+    flows: LoopFlows,
     /// `--shard`: frames of the other shards' flows, not sent here.
     to_others: u64,
     mtu: MtuCounts,
@@ -771,8 +785,7 @@ impl WorkerResult {
         WorkerResult {
             counters: SendCounters::default(),
             late: Histogram::new(),
-            flows: FlowTable::new(None),
-            invalid: 0,
+            flows: LoopFlows::new(None, false),
             to_others: 0,
             mtu: MtuCounts::default(),
             eth_added: 0,
@@ -823,8 +836,7 @@ struct Worker<'a> {
     late: Histogram,
     /// `--plot`: the same values per interval, started with the run's time zero.
     timeline: Option<Timeline>,
-    flows: FlowTable<FlowKey>,
-    invalid: u64,
+    flows: LoopFlows,
     /// `--shard` (of more than one): this host's shard; the frames of the others' flows are
     /// skipped, each still taking its place in the whole replay's schedule and `--limit`.
     host: Option<Shard>,
@@ -872,8 +884,8 @@ impl<'a> Worker<'a> {
             n: 0,
             late: Histogram::new(),
             timeline: None,
-            flows: FlowTable::new(expiry),
-            invalid: 0,
+            // Only --unique-ip and --unique-ports make a loop's frames differ from the first's.
+            flows: LoopFlows::new(expiry, !cfg.unique_ip && !cfg.unique_ports),
             host: cfg.shard.filter(|s| s.count > 1),
             whole_pos: 0,
             to_others: 0,
@@ -927,7 +939,6 @@ impl<'a> Worker<'a> {
             split,
             late: self.late,
             flows: self.flows,
-            invalid: self.invalid,
             to_others: self.to_others,
             mtu: self.mtu,
             eth_added: self.eth_added,
@@ -968,6 +979,7 @@ impl<'a> Worker<'a> {
                 }
             }
             loop_no += 1;
+            self.flows.loop_done();
             if cfg.loops != 0 && loop_no >= cfg.loops {
                 return (loop_no, None);
             }
@@ -1152,14 +1164,15 @@ impl<'a> Worker<'a> {
                 }
             }
             // Flows are counted on what leaves, after --unique-ip and rewriting.
-            match flow_class(self.frame(slot)) {
-                FlowClass::Flow(k) => {
-                    self.flows.observe(Some((k, k.reversed())), sent_at);
+            match &sh.marks {
+                Some(m) => self.flows.observe_marked(m[fi][i]),
+                None => {
+                    let frame = match self.direct[slot] {
+                        Some(d) => d,
+                        None => &self.bufs[slot][..],
+                    };
+                    self.flows.observe(frame, sent_at);
                 }
-                FlowClass::NonFlow => {
-                    self.flows.observe(None, sent_at);
-                }
-                FlowClass::Invalid => self.invalid += 1,
             }
             self.offered_this_loop += 1;
             self.ts[slot] = sent_at;

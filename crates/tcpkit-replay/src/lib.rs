@@ -9,6 +9,7 @@
 
 mod config;
 mod engine;
+mod flows;
 pub mod prep;
 mod report;
 

@@ -58,6 +58,26 @@ pub struct Info {
 #[derive(Debug)]
 pub struct Session {
     conn: Connection,
+    /// The last read from the socket returned less than it asked for (the socket was empty).
+    short: bool,
+    /// See [`Session::drained`].
+    drained: bool,
+}
+
+/// The socket as rustls reads it, noting whether a read came back short: a stream socket's
+/// read that returns less than asked found its receive queue empty, which is what lets
+/// [`Session::drained`] spare the read that would only say EAGAIN.
+struct Probe<'a, S> {
+    sock: &'a mut S,
+    short: bool,
+}
+
+impl<S: Read> Read for Probe<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.sock.read(buf)?;
+        self.short = n < buf.len();
+        Ok(n)
+    }
 }
 
 impl Session {
@@ -69,14 +89,22 @@ impl Session {
     ) -> Result<Session, rustls::Error> {
         let mut c = ClientConnection::new(Arc::clone(cfg), name)?;
         c.set_buffer_limit(Some(OUT_LIMIT));
-        Ok(Session { conn: c.into() })
+        Ok(Session::of(c.into()))
+    }
+
+    fn of(conn: Connection) -> Session {
+        Session {
+            conn,
+            short: false,
+            drained: false,
+        }
     }
 
     /// A server session: the handshake waits for the client's hello.
     pub fn server(cfg: &Arc<ServerConfig>) -> Result<Session, rustls::Error> {
         let mut c = ServerConnection::new(Arc::clone(cfg))?;
         c.set_buffer_limit(Some(OUT_LIMIT));
-        Ok(Session { conn: c.into() })
+        Ok(Session::of(c.into()))
     }
 
     pub fn is_handshaking(&self) -> bool {
@@ -112,14 +140,22 @@ impl Session {
     /// nothing here depends on telling the two apart), `WouldBlock` when the socket is empty.
     /// A TLS error after the handshake (a bad record) is `InvalidData`.
     pub fn read<S: Read + Write>(&mut self, sock: &mut S, out: &mut [u8]) -> io::Result<usize> {
+        self.drained = false;
         loop {
             match self.conn.reader().read(out) {
-                Ok(n) => return Ok(n),
+                Ok(n) => {
+                    // Less than asked: every byte of plaintext held was handed out.
+                    self.drained = self.short && n < out.len();
+                    return Ok(n);
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(0),
                 Err(e) => return Err(e),
             }
-            match self.conn.read_tls(sock) {
+            let mut probe = Probe { sock, short: false };
+            let got = self.conn.read_tls(&mut probe);
+            self.short = probe.short;
+            match got {
                 Ok(_) => {
                     // Ok(0) too: the end is then seen by the reader above.
                     self.conn
@@ -134,6 +170,16 @@ impl Session {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// After a [`Session::read`] that returned bytes: whether the socket was found empty and
+    /// every byte of plaintext held has been handed out, so that the next read would only say
+    /// `WouldBlock` (what a short read says of a clear socket). An edge-triggered caller then
+    /// waits for the next readiness event instead of making that read: one receive syscall
+    /// in three of a request-response TLS connection. A partial record held back waits for
+    /// bytes that raise a new event.
+    pub fn drained(&self) -> bool {
+        self.drained
     }
 
     /// Takes plaintext (as much as [`OUT_LIMIT`] allows) and writes its records as far as the

@@ -65,7 +65,13 @@ impl TlsPair {
 
     /// nginx in host b: HTTPS with HTTP/1.1 and HTTP/2 on 443, an access log.
     fn nginx(&mut self) -> Nginx {
-        let conf = NginxConf::https(SocketAddr::from((SRV, 443)), self.cert.clone());
+        self.nginx_serving(Vec::new())
+    }
+
+    /// [`TlsPair::nginx`] serving `files` (name, body) beside its index.html.
+    pub(crate) fn nginx_serving(&mut self, files: Vec<(String, Vec<u8>)>) -> Nginx {
+        let mut conf = NginxConf::https(SocketAddr::from((SRV, 443)), self.cert.clone());
+        conf.files = files;
         self.p
             .lab
             .nginx(&self.p.srv, &conf)

@@ -23,14 +23,19 @@ fn capture(dir: &tempfile::TempDir, n: u32) -> (std::path::PathBuf, Vec<Vec<u8>>
             )
         })
         .collect();
+    let p = dir.path().join("xdp.pcap");
+    write_spaced(&p, &frames, 100_000);
+    (p, frames)
+}
+
+/// Writes `frames` to an Ethernet pcap at `p`, `gap_ns` apart in capture time.
+fn write_spaced(p: &std::path::Path, frames: &[Vec<u8>], gap_ns: u64) {
     let timed: Vec<(u64, Vec<u8>)> = frames
         .iter()
         .enumerate()
-        .map(|(i, f)| (1_700_000_000_000_000_000 + i as u64 * 100_000, f.clone()))
+        .map(|(i, f)| (1_700_000_000_000_000_000 + i as u64 * gap_ns, f.clone()))
         .collect();
-    let p = dir.path().join("xdp.pcap");
-    write_pcap(&p, 1, &timed);
-    (p, frames)
+    write_pcap(p, 1, &timed);
 }
 
 fn assert_same(got: &[Frame], want: &[Vec<u8>]) {
@@ -177,4 +182,75 @@ fn where_af_xdp_cannot_be_used_one_line_and_exit_1() {
         .run(&["ip", "link", "set", &lab.link.b.name, "down"])
         .expect("peer down");
     fails(&["--xdp", "-t"], "is up but has no carrier");
+}
+
+/// With -K the flow table runs once over the capture while it loads, and the sending loop
+/// counts from per-packet marks: the report's flow counts are those of the table run while
+/// sending (without -K), over loops, a run cut mid-loop and two threads. The capture: 10 UDP
+/// flows, 5 of them answered (reverse flows of the same connections), 2 ARP frames (non-flow)
+/// and 2 cut IPv4 headers (invalid), 29 frames a loop.
+#[test]
+fn flow_counts_from_the_load_equal_the_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = ([198, 18, 0, 1], [198, 18, 0, 2]);
+    let mut frames = Vec::new();
+    for round in 0..2u32 {
+        for k in 0..10u32 {
+            frames.push(udp_frame(k, 60, a, b));
+            if k % 2 == 0 && round == 1 {
+                // The answer: b:9 -> a:1024+k.
+                let mut r = udp_frame(k, 60, b, a);
+                r[34..36].copy_from_slice(&9u16.to_be_bytes());
+                r[36..38].copy_from_slice(&((1024 + k) as u16).to_be_bytes());
+                frames.push(r);
+            }
+        }
+    }
+    let mut arp = vec![0xff; 6];
+    arp.extend([2, 0, 0, 0, 0, 1, 0x08, 0x06]);
+    arp.extend([0; 46]);
+    let mut cut = udp_frame(99, 60, a, b);
+    cut.truncate(30);
+    frames.extend([arp.clone(), cut.clone(), arp, cut]);
+    assert_eq!(frames.len(), 29);
+    let p = dir.path().join("flows.pcap");
+    write_spaced(&p, &frames, 1_000);
+    let path = p.to_str().unwrap();
+    let lab = ReplayLab::with_opts(
+        "xdpflows",
+        LinkOpts {
+            queues: Some(2),
+            ..LinkOpts::default()
+        },
+    );
+    let flows = |args: &[&str]| {
+        let mut a = vec!["--xdp", "-t", "--json"];
+        a.extend(args);
+        a.push(path);
+        let out = lab.replay(&a);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let f = &json(&out)["flows"];
+        [
+            "flows",
+            "connections",
+            "flow_packets",
+            "non_flow_packets",
+            "invalid_packets",
+        ]
+        .map(|k| f[k].as_u64().unwrap_or_else(|| panic!("flows.{k} in {f}")))
+    };
+    // Three loops: the 15 flows and 10 connections once; packets of every loop.
+    let three = flows(&["-l", "3"]);
+    assert_eq!(three, [15, 10, 75, 6, 6]);
+    assert_eq!(flows(&["-l", "3", "-K"]), three);
+    // Cut in the second loop after 12 of its frames: the first loop's counts and 12 flow
+    // packets more.
+    let cut_short = flows(&["-l", "3", "-L", "41"]);
+    assert_eq!(cut_short, [15, 10, 37, 2, 2]);
+    assert_eq!(flows(&["-l", "3", "-L", "41", "-K"]), cut_short);
+    // Two threads, a flow and its answer on one: the counts of one.
+    assert_eq!(
+        flows(&["-l", "2", "--threads", "2", "-K"]),
+        [15, 10, 50, 4, 4]
+    );
 }

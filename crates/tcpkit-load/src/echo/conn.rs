@@ -550,6 +550,17 @@ fn write_some(stream: &mut TcpStream, mut tls: Option<&mut Session>, buf: &[u8])
     Some(done)
 }
 
+/// Whether the read that returned `n` of `asked` bytes emptied the socket, so that the next
+/// read would only say EAGAIN (edge-triggered: new bytes raise a new event): a short read in
+/// clear; over TLS, one that returns a record's plaintext says nothing of the records behind
+/// it, and the session says whether it found the socket empty.
+fn emptied(tls: Option<&Session>, n: usize, asked: usize) -> bool {
+    match tls {
+        Some(t) => t.drained(),
+        None => n < asked,
+    }
+}
+
 /// One `read`: Some(n > 0) bytes, Some(0) for nothing now, None for closed or failed.
 fn read_some(stream: &mut TcpStream, tls: Option<&mut Session>, buf: &mut [u8]) -> Option<usize> {
     let mut tls = tls;
@@ -660,8 +671,6 @@ impl Loop<'_> {
         mut tls: Option<&mut Session>,
         hup: bool,
     ) -> Result<Next, ()> {
-        // A short read empties a clear socket; a TLS read returns one record at most.
-        let drains = tls.is_none();
         loop {
             if !self.flush(conn, tls.as_deref_mut())? {
                 return Ok(Next::Wait);
@@ -684,7 +693,7 @@ impl Loop<'_> {
                 p.out_pos = 0;
                 return Ok(Next::Wait);
             }
-            if drains && n < self.scratch.len() && !hup {
+            if emptied(tls.as_deref(), n, self.scratch.len()) && !hup {
                 return Ok(Next::Wait);
             }
         }
@@ -698,7 +707,6 @@ impl Loop<'_> {
         mut tls: Option<&mut Session>,
         hup: bool,
     ) -> Result<Next, ()> {
-        let drains = tls.is_none();
         let Mode::Dns { a, aaaa } = self.mode else {
             return Err(());
         };
@@ -747,7 +755,7 @@ impl Loop<'_> {
                     self.keep_input(conn, have, since);
                     return Ok(Next::Wait);
                 }
-                drained = drains && n < window - have;
+                drained = emptied(tls.as_deref(), n, window - have);
                 have += n;
             }
             // Answer every complete query, in order, while the answers fit their half.
@@ -799,8 +807,6 @@ impl Loop<'_> {
         mut tls: Option<&mut Session>,
         hup: bool,
     ) -> Result<Next, ()> {
-        // Over TLS a short read says nothing of the socket: rustls may hold more plaintext.
-        let drains = tls.is_none();
         let Mode::Http { a, aaaa } = self.mode else {
             return Err(());
         };
@@ -846,7 +852,7 @@ impl Loop<'_> {
             if close {
                 return Ok(Next::Close);
             }
-            if drains && n < ans.window && !hup {
+            if emptied(tls.as_deref(), n, ans.window) && !hup {
                 return Ok(Next::Wait);
             }
         }

@@ -444,6 +444,11 @@ impl Worker<'_, '_> {
                     }
                 }
                 Phase::Draining { until } => {
+                    // Queries a GOAWAY handed back after the last one was sent are still the
+                    // run's: sent again on a connection reopened for them (`reopens`).
+                    if !self.retry.is_empty() && now >= self.no_conn_until {
+                        self.resend(now);
+                    }
                     let empty =
                         self.retry.is_empty() && self.conns.iter().all(|c| c.pending.is_empty());
                     if empty || now >= until {
@@ -824,8 +829,19 @@ impl Worker<'_, '_> {
         }
     }
 
+    /// Whether a connection that closes now is opened again: while queries are sent, and
+    /// after the last one while queries a GOAWAY handed back wait to be sent again (else they
+    /// would be left unanswered for want of a connection).
+    fn reopens(&self) -> bool {
+        match self.phase {
+            Phase::Running => true,
+            Phase::Draining { .. } => !self.retry.is_empty(),
+            Phase::Connecting | Phase::Waiting => false,
+        }
+    }
+
     fn start_connects(&mut self, now: u64, poll: &Poll) {
-        let reconnecting = matches!(self.phase, Phase::Running);
+        let reconnecting = self.reopens();
         if !(self.phase == Phase::Connecting || reconnecting) {
             return;
         }
@@ -898,6 +914,7 @@ impl Worker<'_, '_> {
 
     fn retry_later(&mut self, i: usize, now: u64) {
         let opening = self.phase == Phase::Connecting;
+        let reopen = self.reopens();
         let max = self.sh.cfg.retries;
         let c = &mut self.conns[i];
         c.sock = None;
@@ -905,7 +922,7 @@ impl Worker<'_, '_> {
             c.state = State::Dead;
             return;
         }
-        if !(opening || self.phase == Phase::Running) {
+        if !(opening || reopen) {
             c.state = State::Dead;
             return;
         }
@@ -1077,10 +1094,6 @@ impl Worker<'_, '_> {
             return;
         }
         let mut read_any = false;
-        let drains = self.conns[i]
-            .sock
-            .as_ref()
-            .is_some_and(Sock::short_read_drains);
         loop {
             let c = &mut self.conns[i];
             let Some(s) = c.sock.as_mut() else { return };
@@ -1112,11 +1125,21 @@ impl Worker<'_, '_> {
             read_any = true;
             let now = now_ns();
             self.c.bytes_received += n as u64;
+            // Whether that read emptied the socket: with edge-triggered epoll the next data
+            // raises a new event, so another read would only return EAGAIN. Not so over TLS
+            // whenever a read returns one record's plaintext and more records wait behind it
+            // (`Sock::drained` asks the session). A pending FIN is the exception: read on to
+            // see it.
+            let drained = !closed
+                && self.conns[i]
+                    .sock
+                    .as_ref()
+                    .is_some_and(|s| s.drained(n, self.rbuf.len()));
             if self.conns[i].h2.is_some() {
                 if !self.h2_read(i, n, now) {
                     return;
                 }
-                if n < self.rbuf.len() && !closed {
+                if drained {
                     self.ack_now(i);
                     return;
                 }
@@ -1146,10 +1169,7 @@ impl Worker<'_, '_> {
                 self.close(i, Why::Ours, now);
                 return;
             }
-            // A short read emptied the socket; with edge-triggered epoll the next data raises
-            // a new event, so another read would only return EAGAIN. A pending FIN is the
-            // exception: read on to see it.
-            if drains && n < self.rbuf.len() && !closed {
+            if drained {
                 self.ack_now(i);
                 return;
             }
@@ -1231,6 +1251,7 @@ impl Worker<'_, '_> {
     /// goes on.
     fn close(&mut self, i: usize, why: Why<'_>, now: u64) {
         let key = self.key(i);
+        let reopen = self.reopens();
         let at = now.saturating_sub(self.start);
         match &why {
             Why::ByServer => self.c.closed_by_server += 1,
@@ -1275,7 +1296,7 @@ impl Worker<'_, '_> {
             // While opening, a connection the server drops counts against the retries like
             // a failed connect, so the opening phase ends even if the server drops them all.
             self.retry_later(i, now);
-        } else if self.phase == Phase::Running {
+        } else if reopen {
             c.state = State::Idle;
             // A connection the server closed is reopened at once (paced by the connect rate);
             // after an error, after the retry delay.

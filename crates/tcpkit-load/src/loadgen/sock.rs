@@ -115,10 +115,14 @@ impl Sock {
         matches!(self, Sock::Tls(_, t) if t.wants_write())
     }
 
-    /// Whether a read shorter than asked says the socket is empty: not for TLS, where one
-    /// read returns at most one record's plaintext and more records may wait behind it.
-    pub(crate) fn short_read_drains(&self) -> bool {
-        !matches!(self, Sock::Tls(..))
+    /// Whether the read that just returned `n` of the `asked` bytes found the socket empty: a
+    /// short read in clear; over TLS the session knows (one read returns what the records read
+    /// so far decrypt to, and more records may wait in the socket behind them).
+    pub(crate) fn drained(&self, n: usize, asked: usize) -> bool {
+        match self {
+            Sock::Tls(_, t) => t.drained(),
+            Sock::Tcp(_) | Sock::Udp(_) => n < asked,
+        }
     }
 
     /// Acknowledges at once what this TCP socket has received (`TCP_QUICKACK`; nothing for
