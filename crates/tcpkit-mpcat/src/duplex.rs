@@ -235,7 +235,7 @@ impl Back {
         output: &Output,
         hint: &dyn Fn(&str),
     ) -> Result<Back, Error> {
-        let out = crate::recv::open_output(output)?;
+        let out = crate::recv::open_output(output, false)?;
         let c = SendConfig {
             mptcp: false,
             ..cfg.clone()

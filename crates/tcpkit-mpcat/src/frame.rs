@@ -21,6 +21,12 @@
 //! [`Frame::Abort`] with its reason on every connection, after the frame each is in the middle
 //! of, so the peer fails at once with that reason instead of finding closed connections.
 //!
+//! `--resume` (both sides): right after stream 0's Welcome, before any other stream opens,
+//! the sender names its input file ([`Frame::Resume`]: size and modification time) and the
+//! receiver answers with how much of its output it holds and a hash of each of its chunks
+//! ([`Frame::Held`], in several frames); the sender checks each against its own file and
+//! then sends from there (or aborts: the input changed). See [`crate::resume`].
+//!
 //! With `--psk-file` each connection opens instead with the two messages of a Noise
 //! handshake, each in a [`Frame::Noise`] (magic and version in the clear, so a receiver tells
 //! an encrypted sender from a stray connection); after them the frames above travel inside
@@ -66,6 +72,8 @@ const T_DONE: u8 = 7;
 const T_NOISE: u8 = 8;
 const T_STOP: u8 = 9;
 const T_ABORT: u8 = 10;
+const T_RESUME: u8 = 11;
+const T_HELD: u8 = 12;
 
 const HELLO_BODY: usize = 4 + 2 + 16 + 2 + 2 + 4;
 const WELCOME_BODY: usize = 4 + 2 + 8;
@@ -75,6 +83,12 @@ const DONE_BODY: usize = 9;
 /// The longest Noise handshake message a frame carries (mpcat's are 48 bytes).
 pub const MAX_NOISE_MSG: usize = 64;
 const NOISE_BODY: usize = 4 + 2 + MAX_NOISE_MSG;
+const RESUME_BODY: usize = 16;
+/// Chunk hashes a [`Frame::Held`] carries at most.
+pub const HELD_PER_FRAME: usize = 16;
+/// Bytes of one chunk hash in a [`Frame::Held`] (BLAKE3).
+pub const HELD_HASH: usize = 32;
+const HELD_BODY: usize = 16 + HELD_PER_FRAME * HELD_HASH;
 
 /// The session's random token: connections that do not present it are refused.
 pub type Token = [u8; 16];
@@ -114,6 +128,18 @@ pub enum Frame<'a> {
     /// Either way, mid-session: this side failed and why (UTF-8, at most [`MAX_REASON`]
     /// bytes); the peer fails the session with it, and both close.
     Abort { reason: &'a str },
+    /// sender → receiver, --resume, first after stream 0's Welcome: the input file's length
+    /// and modification time (nanoseconds since the epoch).
+    Resume { size: u64, mtime_ns: u64 },
+    /// receiver → sender, --resume: it holds the first `held` bytes of the output; `hashes`
+    /// are the BLAKE3 hashes ([`HELD_HASH`] bytes each, at most [`HELD_PER_FRAME`]) of its
+    /// chunks from index `first` on ([`crate::resume::CHUNK`] bytes each, the last one cut at
+    /// `held`). Frames follow each other until every chunk has its hash.
+    Held {
+        held: u64,
+        first: u64,
+        hashes: &'a [u8],
+    },
 }
 
 /// Why bytes are not a frame.
@@ -155,6 +181,8 @@ fn kind(ty: u8) -> Result<(&'static str, usize), FrameError> {
         T_NOISE => ("noise", NOISE_BODY),
         T_STOP => ("stop", 0),
         T_ABORT => ("abort", MAX_REASON),
+        T_RESUME => ("resume", RESUME_BODY),
+        T_HELD => ("held", HELD_BODY),
         _ => return Err(FrameError::UnknownType { ty }),
     })
 }
@@ -326,6 +354,32 @@ impl<'a> Frame<'a> {
                     std::str::from_utf8(b.rest()).map_err(|_| b.bad(0, "reason is not UTF-8"))?;
                 Frame::Abort { reason }
             }
+            T_RESUME => {
+                let size = b.u64()?;
+                let mtime_ns = b.u64()?;
+                b.end()?;
+                Frame::Resume { size, mtime_ns }
+            }
+            T_HELD => {
+                let held = b.u64()?;
+                let first = b.u64()?;
+                let hashes = b.rest();
+                if !hashes.len().is_multiple_of(HELD_HASH) {
+                    return Err(b.bad(16, "hashes are not whole"));
+                }
+                let chunks = held.div_ceil(crate::resume::CHUNK);
+                if first
+                    .checked_add((hashes.len() / HELD_HASH) as u64)
+                    .is_none_or(|e| e > chunks)
+                {
+                    return Err(b.bad(8, "hashes past the held bytes' last chunk"));
+                }
+                Frame::Held {
+                    held,
+                    first,
+                    hashes,
+                }
+            }
             _ => return Err(FrameError::UnknownType { ty }),
         };
         Ok((f, total))
@@ -345,6 +399,8 @@ impl<'a> Frame<'a> {
                 Frame::Noise { msg, .. } => 6 + msg.len(),
                 Frame::Stop => 0,
                 Frame::Abort { reason } => reason_cut(reason),
+                Frame::Resume { .. } => RESUME_BODY,
+                Frame::Held { hashes, .. } => 16 + hashes.len(),
             }
     }
 
@@ -380,6 +436,16 @@ impl<'a> Frame<'a> {
             }
             Frame::Stop => (T_STOP, 0),
             Frame::Abort { reason } => (T_ABORT, reason_cut(reason)),
+            Frame::Resume { .. } => (T_RESUME, RESUME_BODY),
+            Frame::Held { hashes, .. } => {
+                assert!(
+                    hashes.len() <= HELD_PER_FRAME * HELD_HASH
+                        && hashes.len().is_multiple_of(HELD_HASH),
+                    "emit: {} bytes of chunk hashes",
+                    hashes.len()
+                );
+                (T_HELD, 16 + hashes.len())
+            }
         };
         out[0] = ty;
         out[1..FRAME_HDR].copy_from_slice(&(body_len as u32).to_be_bytes());
@@ -432,6 +498,19 @@ impl<'a> Frame<'a> {
                 w.put(msg);
             }
             Frame::Stop => {}
+            Frame::Resume { size, mtime_ns } => {
+                w.put(&size.to_be_bytes());
+                w.put(&mtime_ns.to_be_bytes());
+            }
+            Frame::Held {
+                held,
+                first,
+                hashes,
+            } => {
+                w.put(&held.to_be_bytes());
+                w.put(&first.to_be_bytes());
+                w.put(hashes);
+            }
         }
         n
     }
@@ -607,6 +686,15 @@ mod tests {
             Frame::Abort {
                 reason: "write out.bin: No space left on device",
             },
+            Frame::Resume {
+                size: 5 << 30,
+                mtime_ns: 1_764_000_000_123_456_789,
+            },
+            Frame::Held {
+                held: (3 << 20) + 5,
+                first: 2,
+                hashes: &[0x6b; 2 * HELD_HASH],
+            },
         ]
     }
 
@@ -722,9 +810,30 @@ mod tests {
             })
         );
         assert_eq!(
-            Frame::parse(&[11, 0, 0, 0, 0]),
-            Err(FrameError::UnknownType { ty: 11 })
+            Frame::parse(&[13, 0, 0, 0, 0]),
+            Err(FrameError::UnknownType { ty: 13 })
         );
+        // Held: hashes whole, and none past the last chunk of what is held.
+        let mut held = Vec::new();
+        Frame::Held {
+            held: 1,
+            first: 0,
+            hashes: &[0; HELD_HASH],
+        }
+        .emit_vec(&mut held);
+        assert!(Frame::parse(&held).is_ok());
+        held[FRAME_HDR + 7] = 0; // held 0: no chunk to hash
+        assert!(matches!(
+            Frame::parse(&held),
+            Err(FrameError::Malformed { what: "held", .. })
+        ));
+        let cut = [
+            T_HELD, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 9,
+        ];
+        assert!(matches!(
+            Frame::parse(&cut),
+            Err(FrameError::Malformed { what: "held", .. })
+        ));
         // A stop carries nothing.
         assert!(matches!(
             Frame::parse(&[T_STOP, 0, 0, 0, 1, 0]),
@@ -804,7 +913,7 @@ mod tests {
                 kinds.insert(std::mem::discriminant(&f));
             }
         }
-        assert_eq!(kinds.len(), 10, "every frame type has a seed");
+        assert_eq!(kinds.len(), 12, "every frame type has a seed");
     }
 
     /// Writes the seed corpus (run by hand: `cargo test -p tcpkit-mpcat write_frame_corpus
@@ -815,7 +924,7 @@ mod tests {
         let put = |name: &str, bytes: &[u8]| tcpkit_lab::corpus::write("mpcat_frame", name, bytes);
         let names = [
             "hello", "welcome", "refuse", "data", "ack", "end", "done-ok", "done-bad", "noise",
-            "stop", "abort",
+            "stop", "abort", "resume", "held",
         ];
         let mut all = Vec::new();
         for (name, f) in names.iter().zip(samples()) {

@@ -18,6 +18,7 @@ pub mod paths;
 pub mod recv;
 pub mod reorder;
 mod report;
+pub mod resume;
 pub mod secure;
 pub mod send;
 mod writeout;
@@ -74,7 +75,8 @@ pub fn stream_hash(b: &[u8]) -> Digest {
 }
 
 pub use report::{
-    ConnCounts, MpcatReport, MptcpReport, PathFailure, ReverseReport, Role, RunTotal, StreamReport,
+    ConnCounts, MpcatReport, MptcpReport, PathFailure, ResumeReport, ReverseReport, Role, RunTotal,
+    StreamReport,
 };
 
 /// The receiver's default reorder window.
@@ -125,6 +127,9 @@ pub struct Error {
     what: String,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    /// The receiver closed a connection before it answered (its handshake slots were full,
+    /// or it made room for a newer one): worth trying again.
+    closed_early: bool,
 }
 
 impl Error {
@@ -139,13 +144,23 @@ impl Error {
         Error {
             what: what.into(),
             source: Some(Box::new(e)),
+            closed_early: false,
         }
     }
     pub(crate) fn msg(what: impl Into<String>) -> Error {
         Error {
             what: what.into(),
             source: None,
+            closed_early: false,
         }
+    }
+    /// The receiver closed the connection before answering: the sender tries again.
+    pub(crate) fn closed_early(mut self) -> Error {
+        self.closed_early = true;
+        self
+    }
+    pub(crate) fn is_closed_early(&self) -> bool {
+        self.closed_early
     }
     /// The one line the user sees: what was being done, then each cause once.
     pub fn line(&self) -> String {

@@ -161,6 +161,14 @@ impl Reorder {
         self.released + self.ring.len as u64
     }
 
+    /// The end of the furthest bytes taken so far (in order or held): an end frame that
+    /// declares less is a lie about bytes already here.
+    pub fn highest(&self) -> u64 {
+        self.held
+            .last_key_value()
+            .map_or(self.written, |(_, &e)| e.max(self.written))
+    }
+
     /// Bytes held beyond `written` (received, not yet in order).
     pub fn held_bytes(&self) -> u64 {
         self.held.iter().map(|(s, e)| e - s).sum()

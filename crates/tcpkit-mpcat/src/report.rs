@@ -56,6 +56,9 @@ pub struct ConnCounts {
     pub handshake_timeout: u64,
     /// Arrived while the cap on connections in their handshake was reached.
     pub over_cap: u64,
+    /// Closed in their handshake to make room for a newcomer: the oldest silent one (else
+    /// the oldest) of the listener at its cap, or of an address at its share of it.
+    pub evicted: u64,
     /// accept() failed (e.g. out of descriptors: accepting paused, then went on).
     pub accept_errors: u64,
 }
@@ -100,6 +103,17 @@ pub struct RunTotal {
     pub bytes: u64,
     /// From the start of listening to the stop.
     pub seconds: f64,
+}
+
+/// --resume: what the receiver already held (checked chunk by chunk, not sent again) and
+/// what this session sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ResumeReport {
+    /// Bytes at the start of the file the receiver held and the sender's hashes matched:
+    /// skipped.
+    pub held: u64,
+    /// Bytes sent (acknowledged, or written out) in this session, after them.
+    pub sent: u64,
 }
 
 /// The report of one side.
@@ -149,6 +163,8 @@ pub struct MpcatReport {
     pub reverse: Option<ReverseReport>,
     /// -k: the run's total (the other fields are its last session's); null without -k.
     pub run: Option<RunTotal>,
+    /// --resume: what was held and skipped, and what was sent; null without it.
+    pub resume: Option<ResumeReport>,
 }
 
 impl MpcatReport {
@@ -181,6 +197,7 @@ impl MpcatReport {
             failure: Some(why),
             reverse: None,
             run: None,
+            resume: None,
         }
     }
 
@@ -205,8 +222,8 @@ impl MpcatReport {
     fn refused_line(&self) -> String {
         let c = &self.connections;
         format!(
-            "refused: {} wrong token, {} wrong key, {} bad handshake, {} handshake timeout, {} over the cap, {} accept errors\n",
-            c.wrong_token, c.wrong_key, c.bad_handshake, c.handshake_timeout, c.over_cap, c.accept_errors
+            "refused: {} wrong token, {} wrong key, {} bad handshake, {} handshake timeout, {} over the cap, {} evicted, {} accept errors\n",
+            c.wrong_token, c.wrong_key, c.bad_handshake, c.handshake_timeout, c.over_cap, c.evicted, c.accept_errors
         )
     }
 }
@@ -290,6 +307,12 @@ impl Report for MpcatReport {
                 self.path_failures.len(),
                 self.reconnects,
                 self.resent_bytes
+            ));
+        }
+        if let Some(r) = &self.resume {
+            s.push_str(&format!(
+                "  resumed: {} bytes held by the receiver and checked chunk by chunk, skipped; {} bytes sent\n",
+                r.held, r.sent
             ));
         }
         match (&self.hash, self.verified) {
@@ -396,6 +419,7 @@ mod tests {
             failure: None,
             reverse: None,
             run: None,
+            resume: None,
         }
     }
 
@@ -407,7 +431,7 @@ mod tests {
              \x20 stream   0  198.19.0.2:31337 -> 198.19.0.1:40000  1048576 bytes  33.3 %\n\
              \x20 stream   1  198.19.0.2:31337 -> 198.19.0.1:40001  2097152 bytes  66.7 %\n\
              xxh3-128:00ff: verified\n\
-             refused: 2 wrong token, 0 wrong key, 0 bad handshake, 0 handshake timeout, 0 over the cap, 0 accept errors\n"
+             refused: 2 wrong token, 0 wrong key, 0 bad handshake, 0 handshake timeout, 0 over the cap, 0 evicted, 0 accept errors\n"
         );
         let mut r = sample();
         r.path_failures.push(PathFailure {
@@ -446,6 +470,13 @@ mod tests {
         r.encrypted = true;
         assert!(r.human().contains(
             " to [::]:31337\n  every stream encrypted: Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s (--psk-file)\n  egress"
+        ), "{}", r.human());
+        r.resume = Some(ResumeReport {
+            held: 2 << 20,
+            sent: 1 << 20,
+        });
+        assert!(r.human().contains(
+            "  resumed: 2097152 bytes held by the receiver and checked chunk by chunk, skipped; 1048576 bytes sent\nxxh3-128:00ff: verified\n"
         ), "{}", r.human());
         r.hash = None;
         r.verified = false;

@@ -65,7 +65,8 @@ impl Writer {
     /// Writes each piece at once, on the caller's thread, while its bytes are still in this
     /// CPU's cache from the socket read: for one stream into a regular file, where a write
     /// takes no longer than the page cache's copy (or the kernel's dirty-page throttling).
-    pub(crate) fn inline(out: File, name: &str) -> Writer {
+    /// `hasher` has taken what the output held before (--resume), else nothing.
+    pub(crate) fn inline(out: File, name: &str, hasher: crate::StreamHasher) -> Writer {
         let (_, done) = mpsc::channel();
         Writer {
             jobs: None,
@@ -74,7 +75,7 @@ impl Writer {
             inline: Some(Inline {
                 out,
                 name: name.to_string(),
-                hasher: crate::StreamHasher::new(),
+                hasher,
                 done: std::collections::VecDeque::new(),
                 failed: false,
             }),
@@ -83,12 +84,16 @@ impl Writer {
 
     /// Starts writing to `out` (a descriptor of its own, closed when the writer ends);
     /// `waker` wakes the loop each time something is done.
-    pub(crate) fn start(out: File, waker: Arc<Waker>) -> std::io::Result<Writer> {
+    pub(crate) fn start(
+        out: File,
+        waker: Arc<Waker>,
+        hasher: crate::StreamHasher,
+    ) -> std::io::Result<Writer> {
         let (jobs, rx) = mpsc::channel::<Job>();
         let (tx, done) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("mpcat-write".into())
-            .spawn(move || write_out(out, &rx, &tx, &waker))?;
+            .spawn(move || write_out(out, hasher, &rx, &tx, &waker))?;
         Ok(Writer {
             jobs: Some(jobs),
             done,
@@ -209,8 +214,13 @@ impl Drop for Writer {
     }
 }
 
-fn write_out(mut out: File, jobs: &Receiver<Job>, done: &Sender<Done>, waker: &Waker) {
-    let mut hasher = crate::StreamHasher::new();
+fn write_out(
+    mut out: File,
+    mut hasher: crate::StreamHasher,
+    jobs: &Receiver<Job>,
+    done: &Sender<Done>,
+    waker: &Waker,
+) {
     let say = |d: Done| {
         let _ = done.send(d);
         let _ = waker.wake();

@@ -215,6 +215,18 @@ pub struct Args {
     #[arg(long)]
     pub mptcp: bool,
 
+    /// Go on with a file-to-file transfer that broke off (either side killed, every path
+    /// down), sending only what the receiver does not already hold: give it to both sides,
+    /// the sender with -i FILE, the receiver with -o FILE. The receiver keeps its output and
+    /// a small state file beside it (FILE.mpcat-resume: the input's length and modification
+    /// time); an input whose length or time changed is refused, and each held 1 MiB chunk is
+    /// checked against the sender's BLAKE3 hash of its own (a chunk that differs is refused,
+    /// named); the end checks the whole file's hash. A verified transfer removes the state
+    /// file. E.g. `mpcat -l 31337 --resume -o disk.img` and `mpcat --resume -i disk.img HOST
+    /// 31337`, run again after a break.
+    #[arg(long)]
+    pub resume: bool,
+
     #[command(flatten)]
     pub out: OutputFlags,
 }
@@ -288,6 +300,16 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
                 "--json needs -o FILE on the receiving side: stdout carries the stream",
             ));
         }
+        if a.resume && a.output.is_none() {
+            return Err(usage(
+                "--resume needs -o FILE on the receiving side: the file it goes on writing",
+            ));
+        }
+        if a.resume && a.keep {
+            return Err(usage(
+                "--resume with -k: a resumed transfer is one session into its own -o FILE",
+            ));
+        }
         return Ok(Side::Receive(RecvConfig {
             listen,
             v6only,
@@ -303,6 +325,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
             duration: a.run.duration,
             verbose: a.verbose,
             idle: a.wait,
+            resume: a.resume,
         }));
     }
     // clap's `requires` takes a bool flag as always present, so the receiving side's own
@@ -342,6 +365,16 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         return Err(usage(format!(
             "-n {n}: must be 1 to {}",
             frame::MAX_STREAMS
+        )));
+    }
+    if a.resume && a.input.is_none() {
+        return Err(usage(
+            "--resume needs -i FILE on the sending side: stdin cannot be read again",
+        ));
+    }
+    if let (true, Some(d)) = (a.resume, a.run.duration) {
+        return Err(usage(format!(
+            "--resume with --duration {d:?}: a resumed transfer goes to the input's end"
         )));
     }
     let (chunk_min, chunk) = chunk_bounds(a.chunk.as_deref())?;
@@ -403,6 +436,7 @@ pub fn resolve(a: &Args) -> Result<Side, Failure> {
         token: None,
         zerocopy: a.zerocopy,
         duration: a.run.duration,
+        resume: a.resume,
     }))
 }
 
@@ -787,6 +821,15 @@ mod tests {
         assert_eq!(c.window, 8 << 20);
         assert_eq!(c.path_timeout, Duration::from_secs(2));
         assert!(c.keep);
+        assert!(!c.resume);
+        let Side::Receive(c) = parse(&["-l", "-p", "9", "--resume", "-o", "f"]).unwrap() else {
+            panic!()
+        };
+        assert!(c.resume);
+        let Side::Send(c) = parse(&["--resume", "-i", "f", "127.0.0.1", "9"]).unwrap() else {
+            panic!()
+        };
+        assert!(c.resume);
         let Side::Receive(c) = parse(&["-l", "-p", "9", "--keep-listening"]).unwrap() else {
             panic!()
         };
@@ -1057,5 +1100,12 @@ mod tests {
         assert!(e(&["--mptcp", "-n", "2", "h", "1"]).contains("-n 2 with --mptcp"));
         assert!(e(&["--size", "lots", "h", "1"]).contains("--size"));
         assert!(e(&["-l", "-p", "1", "--size", "1M"]).contains("--size"));
+        assert!(e(&["--resume", "h", "1"]).contains("--resume needs -i FILE"));
+        assert!(e(&["-l", "-p", "1", "--resume"]).contains("--resume needs -o FILE"));
+        assert!(e(&["-l", "-p", "1", "--resume", "-k", "-o", "f"]).contains("--resume with -k"));
+        assert!(
+            e(&["--resume", "-i", "f", "--duration", "1s", "127.0.0.1", "1"])
+                .contains("--resume with --duration")
+        );
     }
 }

@@ -278,7 +278,13 @@ fn mpcat_refuses_strangers_while_the_session_goes_on() {
     let c = &j["connections"];
     assert_eq!(c["wrong_token"], 1, "{j}");
     assert_eq!(c["bad_handshake"], 1, "{j}");
-    assert_eq!(c["handshake_timeout"], IDLE as u64, "{j}");
+    // One address holds a quarter of the 64 handshake slots (issue 29): its newer idle
+    // connections closed its older ones, the rest timed out.
+    let (timeouts, evicted) = (
+        c["handshake_timeout"].as_u64().unwrap(),
+        c["evicted"].as_u64().unwrap(),
+    );
+    assert_eq!((timeouts, evicted), (16, IDLE as u64 - 16), "{j}");
 }
 
 /// Issue 12, IPv6: the same striping over the lab's IPv6 ECMP route (fd00:19::/128 over
@@ -549,8 +555,6 @@ fn mpcat_keep_listening_serves_two_sessions() {
 /// identical.
 #[test]
 fn mpcat_survives_idle_strangers_with_few_descriptors() {
-    use std::net::TcpStream;
-
     // 40 Mbit/s in all: about 4 s, well past the strangers' 1 s deadline.
     const SIZE: u64 = 20 << 20;
     let mut t = Transfer::with_input("mpcfd", 2, Some(shaped(20)), SIZE);
@@ -563,9 +567,20 @@ fn mpcat_survives_idle_strangers_with_few_descriptors() {
     let tx = t.send(&["--quiet"]);
     wait_arrived(&t.output, 1, &tx, &rx);
     let to = t.to();
-    let held: Vec<TcpStream> = t.a.enter(|| {
+    // From three addresses of `a`: one address holds at most 16 handshake slots (issue 29),
+    // three hold 48, past the receiver's descriptors.
+    let held: Vec<socket2::Socket> = t.a.enter(|| {
+        let from = ["198.19.0.1", "198.18.1.1", "198.18.2.1"];
         (0..500)
-            .filter_map(|_| TcpStream::connect_timeout(&to, Duration::from_millis(300)).ok())
+            .filter_map(|i| {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    .ok()?;
+                let src: std::net::SocketAddr = format!("{}:0", from[i % 3]).parse().ok()?;
+                s.bind(&src.into()).ok()?;
+                s.connect_timeout(&to.into(), Duration::from_millis(300))
+                    .ok()?;
+                Some(s)
+            })
             .collect()
     });
     assert!(held.len() >= 100, "only {} strangers connected", held.len());

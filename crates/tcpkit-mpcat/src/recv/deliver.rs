@@ -43,7 +43,37 @@ impl Sink {
     }
 }
 
-pub(crate) fn open_output(o: &Output) -> Result<Sink, Error> {
+impl Sink {
+    /// Where the next byte goes when the output is a regular file (-o FILE, or stdout
+    /// redirected to one); None for a pipe, a terminal or a device, whose bytes cannot be
+    /// taken back.
+    pub(super) fn position(&mut self) -> Option<u64> {
+        use std::io::Seek;
+        if !self.w.metadata().is_ok_and(|m| m.is_file()) {
+            return None;
+        }
+        self.w.stream_position().ok()
+    }
+
+    /// Cuts the output back to `at` bytes (a session that was not verified) and goes on
+    /// writing from there.
+    pub(super) fn cut_back(&mut self, at: u64) -> Result<(), Error> {
+        use std::io::{Seek, SeekFrom};
+        self.w
+            .set_len(at)
+            .and_then(|()| self.w.seek(SeekFrom::Start(at)).map(|_| ()))
+            .map_err(|e| {
+                Error::io(
+                    format!("cut the failed session off {} at byte {at}", self.name),
+                    e,
+                )
+            })
+    }
+}
+
+/// Opens the output: a file is created (truncated, unless `keep`: --resume goes on from
+/// what it holds).
+pub(crate) fn open_output(o: &Output, keep: bool) -> Result<Sink, Error> {
     match o {
         Output::Stdout => {
             let fd = io::stdout()
@@ -55,7 +85,12 @@ pub(crate) fn open_output(o: &Output) -> Result<Sink, Error> {
                 name: "stdout".into(),
             })
         }
-        Output::File(p) => File::create(p)
+        Output::File(p) => File::options()
+            .write(true)
+            .read(keep)
+            .create(true)
+            .truncate(!keep)
+            .open(p)
             .map(|w| Sink {
                 w,
                 name: p.display().to_string(),
@@ -77,10 +112,12 @@ impl Receiver<'_> {
                     .w
                     .try_clone()
                     .map_err(|e| Error::io(format!("dup the output ({})", sink.name), e))?;
+                // --resume: the held part was hashed as the answer was made.
+                let hasher = s.seed.take().unwrap_or_default();
                 let w = if s.streams == 1 && out.metadata().is_ok_and(|m| m.is_file()) {
-                    Writer::inline(out, &sink.name)
+                    Writer::inline(out, &sink.name, hasher)
                 } else {
-                    Writer::start(out, Arc::clone(&self.waker))
+                    Writer::start(out, Arc::clone(&self.waker), hasher)
                         .map_err(|e| Error::io("start the write-out thread", e))?
                 };
                 s.writer = Some(w);
@@ -152,8 +189,12 @@ impl Receiver<'_> {
         // descriptor closed, before the output may be closed for the reverse stream.
         let got = match s.writer.take() {
             Some(mut w) => w.finish(),
-            // An empty stream: nothing was ever handed out.
-            None => sink.w.flush().map(|()| crate::stream_hash(&[])),
+            // Nothing was ever handed out: an empty stream, or (--resume) one the receiver
+            // held whole.
+            None => sink
+                .w
+                .flush()
+                .map(|()| s.seed.take().unwrap_or_default().finish()),
         };
         let got = got.map_err(|e| Error::io(format!("write {}", sink.name), e))?;
         let ok = got == hash;
@@ -186,6 +227,10 @@ impl Receiver<'_> {
                 "the stream's hash does not match the sender's: {total} bytes arrived corrupted"
             )));
         }
+        if let (true, Output::File(p)) = (self.cfg.resume, &self.cfg.output) {
+            // Whole and verified: nothing is left to resume.
+            let _ = std::fs::remove_file(crate::resume::state_path(p));
+        }
         Ok(true)
     }
 }
@@ -197,7 +242,7 @@ mod tests {
 
     #[test]
     fn an_output_that_cannot_be_created_is_said_with_its_path() {
-        let e = open_output(&Output::File("/nonexistent-dir/out.bin".into()))
+        let e = open_output(&Output::File("/nonexistent-dir/out.bin".into()), false)
             .err()
             .unwrap()
             .line();
@@ -230,7 +275,8 @@ mod tests {
         });
         let (acked, limit) = *acks.last().unwrap();
         assert_eq!(acked, 512 << 10, "{acks:?}");
-        assert_eq!(limit, acked + (1 << 20), "the window's credit beyond it");
+        let ring = super::super::window_parts(1 << 20, 64 << 10).0 as u64;
+        assert_eq!(limit, acked + ring, "the window's credit beyond it");
         assert!(acks.windows(2).all(|w| w[0] <= w[1]), "{acks:?}");
         put(
             &mut s,

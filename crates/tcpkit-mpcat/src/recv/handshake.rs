@@ -402,9 +402,7 @@ impl Receiver<'_> {
             return false;
         }
         let window = session_window(self.cfg.window, h.streams) as usize;
-        // Chunks are at least the smallest the declared size allows but the last; twice
-        // that many in a window is more separate pieces than an honest sender makes.
-        let max_gaps = 2 * window / crate::smallest_chunk(h.chunk) as usize + 16;
+        let (ring, max_gaps) = super::window_parts(window, h.chunk);
         let mut joined = vec![None; usize::from(h.streams)];
         joined[usize::from(h.stream)] = Some(t);
         let mut seen = vec![false; usize::from(h.streams)];
@@ -413,14 +411,21 @@ impl Receiver<'_> {
             token: h.token,
             streams: h.streams,
             chunk: h.chunk,
-            reorder: Reorder::new(window, max_gaps),
+            reorder: Reorder::new(ring, max_gaps),
             writer: None,
             direct: Vec::new(),
             end: None,
+            reading_to: 0,
             joined,
             seen,
             last_ack: 0,
             verdict: None,
+            resume: if self.cfg.resume {
+                super::resume::Step::Wanted
+            } else {
+                super::resume::Step::Off
+            },
+            seed: None,
         });
         self.started = Some(Instant::now());
         true
@@ -638,7 +643,11 @@ mod tests {
         scfg.psk = Some(key);
         let (_s, _, window, chan) =
             crate::send::connect(&scfg, 1, None, &[rx.addr], None, [5; 16], 0, None).unwrap();
-        assert_eq!(window, 1 << 20);
+        // The window less what its map of held ranges may take.
+        assert_eq!(
+            window,
+            super::super::window_parts(1 << 20, 64 << 10).0 as u64
+        );
         assert!(chan.is_some());
         rx.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let r = rx.report();

@@ -6,9 +6,12 @@
 //! sent to the sender.
 //!
 //! Bounds against strangers: at most [`MAX_PENDING`](crate::MAX_PENDING) connections in
-//! their handshake (more are closed at accept and counted), 64 bytes held for each until its
-//! Hello, a deadline for the Hello, and running out of descriptors pauses accepting for
-//! 100 ms (counted) instead of ending the session.
+//! their handshake, a quarter of them from one address (a newcomer past either closes the
+//! oldest silent one, as echo does, so strangers cannot keep a sender out), 64 bytes held
+//! for each until its Hello, a deadline for the Hello, a frame left unfinished for
+//! --path-timeout fails its connection (so a stranger's stalled session ends and frees the
+//! port), and running out of descriptors pauses accepting for 100 ms (counted) instead of
+//! ending the session.
 //!
 //! The pieces: [`handshake`] (a connection's Noise handshake and Hello, admitted into the
 //! session or refused; the reverse stream's join), [`stream`] (a stream's frames read into
@@ -17,6 +20,7 @@
 
 mod deliver;
 mod handshake;
+mod resume;
 mod stream;
 
 pub(crate) use deliver::{open_output, Sink};
@@ -73,6 +77,9 @@ pub struct RecvConfig {
     pub verbose: bool,
     /// -w: once a session began, no byte written out for this long fails it.
     pub idle: Option<Duration>,
+    /// --resume (with -o FILE, one session): the output is kept, not truncated, and a
+    /// sender's --resume request is answered with what it holds ([`crate::resume`]).
+    pub resume: bool,
 }
 
 const LISTENER: Token = Token(0);
@@ -202,6 +209,9 @@ struct Conn {
     out_pos: usize,
     /// --psk-file: this connection's keys, once its Noise handshake is done.
     chan: Option<Channel>,
+    /// When bytes last arrived on it (a stream's): a frame begun and left unfinished for
+    /// --path-timeout fails the connection.
+    last_in: Instant,
 }
 
 impl Conn {
@@ -245,6 +255,9 @@ struct Session {
     /// more memory than the cache holds, and each read into it wrote to memory.
     direct: Vec<u8>,
     end: Option<(u64, crate::Digest)>,
+    /// The furthest end of a data frame whose payload is being read (its header checked):
+    /// an end frame below it is refused as one below bytes already held.
+    reading_to: u64,
     /// Connection of each stream index, once it joined.
     joined: Vec<Option<Token>>,
     /// Each stream index has joined once.
@@ -252,6 +265,10 @@ struct Session {
     last_ack: u64,
     /// Stream bytes of every stream that has left (its connection closed after the end).
     verdict: Option<bool>,
+    /// --resume: where the session's resumption stands.
+    resume: resume::Step,
+    /// --resume: the stream hash over the held part, for the write-out to go on from.
+    seed: Option<crate::StreamHasher>,
 }
 
 /// Runs the receiving side on `listener` until one session is complete (or fails), or
@@ -265,7 +282,7 @@ pub fn run(
     live: &MpcatCounters,
     on_session: &dyn Fn(&MpcatReport),
 ) -> Result<MpcatReport, Error> {
-    let mut sink = open_output(&cfg.output)?;
+    let mut sink = open_output(&cfg.output, cfg.resume)?;
     // A file to send back is opened now, so a missing one is said before anything is
     // accepted; stdin is read only once a peer asks for the reverse stream.
     let mut feed = match &cfg.input {
@@ -287,6 +304,9 @@ pub fn run(
     let until = cfg.duration.map(|d| Instant::now() + d);
     let expired = || until.is_some_and(|u| Instant::now() >= u);
     loop {
+        // -k into a file: where this session's bytes begin, to cut them off again unless
+        // the session is verified.
+        let session_at = cfg.keep.then(|| sink.position()).flatten();
         let mut rx = Receiver {
             cfg,
             conns: HashMap::new(),
@@ -330,8 +350,14 @@ pub fn run(
         }
         if had_session {
             began += 1;
-            verified += u64::from(report.verified && report.failure.is_none());
+            let ok = report.verified && report.failure.is_none();
+            verified += u64::from(ok);
             run_bytes += report.bytes;
+            if let (false, Some(at)) = (ok, session_at) {
+                // A session that failed (a stranger's, a sender cut off) leaves nothing in the
+                // file between verified ones: its bytes are cut off again.
+                sink.cut_back(at)?;
+            }
         }
         report.sessions = began;
         report.sessions_verified = verified;
@@ -390,7 +416,13 @@ impl Tally {
         r.sessions = began;
         r.sessions_verified = verified;
         r.connections = counts;
-        r.verified = verified == began && (began > 0 || self.by_duration);
+        // `verified` is the last session's own, as every field but `run` (which the run's
+        // verdict reads from `failure` and the counts): after an earlier failure a verified
+        // last session was called "NOT verified". With no session, a server stopped by its
+        // --duration did what was asked.
+        if began == 0 {
+            r.verified = self.by_duration;
+        }
         r.failure = match (began, self.had_session) {
             (0, _) if self.by_duration => None,
             (0, _) => Some("stopped before any session began".into()),
@@ -489,6 +521,10 @@ impl Receiver<'_> {
         }
         let s = rx.session.as_ref();
         let written = s.map_or(0, |s| s.reorder.released());
+        // --resume: the rate is what moved in this session, not the part held before.
+        let moved = written
+            - s.and_then(|s| s.resume.report(written))
+                .map_or(0, |r| r.held);
         let verified = failure.is_none() && s.and_then(|s| s.verdict) == Some(true);
         let failure = failure.or_else(|| (!verified).then(|| "the stream was not verified".into()));
         MpcatReport {
@@ -498,11 +534,7 @@ impl Receiver<'_> {
             bytes: written,
             total: s.and_then(|s| s.end.map(|e| e.0)),
             seconds: secs,
-            bytes_per_second: if secs > 0.0 {
-                written as f64 / secs
-            } else {
-                0.0
-            },
+            bytes_per_second: if secs > 0.0 { moved as f64 / secs } else { 0.0 },
             chunk_size: s.map_or(0, |s| u64::from(s.chunk)),
             window: s.map_or(cfg.window, |s| s.reorder.window()),
             encrypted: cfg.psk.is_some(),
@@ -523,6 +555,7 @@ impl Receiver<'_> {
             failure,
             reverse: None,
             run: None,
+            resume: s.and_then(|s| s.resume.report(written)),
         }
     }
 
@@ -661,8 +694,9 @@ impl Receiver<'_> {
             if accept {
                 self.accept(poll, listener)?;
             }
-            self.expire(poll, now);
+            self.expire(poll, now)?;
             self.check_paths(now)?;
+            self.answer_resume(sink)?;
             self.write_out(poll, sink)?;
             self.check_idle(now)?;
             if let Some(s) = &self.session {
@@ -697,12 +731,7 @@ impl Receiver<'_> {
         loop {
             match listener.sock.accept() {
                 Ok((mut sock, peer)) => {
-                    let pending = self
-                        .conns
-                        .values()
-                        .filter(|c| matches!(c.state, State::Pending { .. }))
-                        .count();
-                    if pending >= self.cfg.max_pending {
+                    if !self.make_room(poll, unmapped(peer).ip()) {
                         self.counts.over_cap += 1;
                         continue; // dropped: closed
                     }
@@ -733,6 +762,7 @@ impl Receiver<'_> {
                             out: Vec::new(),
                             out_pos: 0,
                             chan: None,
+                            last_in: Instant::now(),
                         },
                     );
                     // Bytes may have come with the connection: edge-triggered, so look now.
@@ -755,9 +785,64 @@ impl Receiver<'_> {
         }
     }
 
+    /// Makes a handshake slot for a newcomer from `ip`, as echo does: an address holding a
+    /// quarter of the cap (16 of 64), or a listener at its cap, closes its oldest silent connection in
+    /// the handshake (else its oldest in the handshake) for it, counted as evicted. A
+    /// stranger that keeps the slots full (13 silent connections a second against a 5 s
+    /// deadline) then only ever holds slots a sender's newer connection may take; one
+    /// address holds at most a quarter of them, so it cannot evict the others'. False only
+    /// when there is no slot to take (a cap of 0).
+    fn make_room(&mut self, poll: &mut Poll, ip: std::net::IpAddr) -> bool {
+        let mut total = 0usize;
+        let mut same = 0usize;
+        // (silent, accepted when), oldest silent first: the one to close.
+        let mut victim: Option<((bool, Instant), Token)> = None;
+        let mut own: Option<((bool, Instant), Token)> = None;
+        for (t, c) in &self.conns {
+            let State::Pending { deadline, len, .. } = c.state else {
+                continue;
+            };
+            total += 1;
+            // Sorts silent (false) before spoken, then the oldest first.
+            let key = (len > 0 || c.chan.is_some(), deadline);
+            let mine = c.peer.ip() == ip;
+            same += usize::from(mine);
+            if victim.is_none_or(|(k, _)| key < k) {
+                victim = Some((key, *t));
+            }
+            if mine && own.is_none_or(|(k, _)| key < k) {
+                own = Some((key, *t));
+            }
+        }
+        let per_source = (self.cfg.max_pending / 4).max(1);
+        let out = if same >= per_source {
+            own
+        } else if total >= self.cfg.max_pending {
+            victim
+        } else {
+            return true;
+        };
+        let Some((_, t)) = out else {
+            return false;
+        };
+        self.counts.evicted += 1;
+        if let Some(c) = self.drop_conn(poll, t) {
+            self.say(&format!(
+                "closed {} to make room (in its handshake, the oldest{})",
+                c.peer,
+                if same >= per_source {
+                    " of its address"
+                } else {
+                    ""
+                }
+            ));
+        }
+        true
+    }
+
     /// Closes connections whose Hello is late, and a reverse connection whose session's
     /// first stream is.
-    fn expire(&mut self, poll: &mut Poll, now: Instant) {
+    fn expire(&mut self, poll: &mut Poll, now: Instant) -> Result<(), Error> {
         if let Reverse::Parked { since, .. } = &self.reverse {
             if self.session.is_none() && now >= *since + self.cfg.handshake_timeout {
                 self.counts.handshake_timeout += 1;
@@ -774,6 +859,41 @@ impl Receiver<'_> {
             self.counts.handshake_timeout += 1;
             self.drop_conn(poll, t);
         }
+        // A frame begun and not finished for --path-timeout: a sender's path that died
+        // mid-frame, or a stranger who opened a session (no key: a Hello is all it takes)
+        // and holds it with a frame it never finishes. Either way the connection goes; with
+        // none left for --path-timeout the session ends and the port is free again.
+        let limit = self.cfg.path_timeout;
+        let stalled: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                let State::Stream {
+                    in_len,
+                    raw_len,
+                    payload,
+                    ..
+                } = &c.state
+                else {
+                    return false;
+                };
+                (*in_len > 0 || *raw_len > 0 || payload.is_some())
+                    && now.saturating_duration_since(c.last_in) >= limit
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for t in stalled {
+            if let Some(c) = self.conns.get_mut(&t) {
+                // A reset: the stranger gets no orderly close to wait on.
+                let _ = socket2::SockRef::from(&c.sock).set_linger(Some(Duration::ZERO));
+            }
+            self.lost(
+                poll,
+                t,
+                &format!("a frame begun and not finished for {limit:?}: closed"),
+            )?;
+        }
+        Ok(())
     }
 
     fn drop_conn(&mut self, poll: &mut Poll, t: Token) -> Option<Conn> {
@@ -886,6 +1006,24 @@ pub fn session_window(window: u64, streams: u16) -> u64 {
     }
 }
 
+/// What the map of held ranges costs per range, counted against the window: a
+/// `BTreeMap<u64, u64>` entry with its share of a node and the allocator's rounding (34 bytes
+/// measured with nodes filled in order; 64 leaves room for nodes half emptied).
+pub const GAP_COST: usize = 64;
+
+/// The reorder ring's size and the most separate held ranges for a session window of
+/// `window` bytes whose largest chunk is `chunk`: the map of held ranges counts against the
+/// window, so ring and map together stay within it. Chunks are at least the smallest the
+/// declared size allows but the last; twice that many in a window is more separate pieces
+/// than an honest sender makes, and a sender that scatters smaller ones (down to one byte)
+/// finds the map at most a 64th of the window. Before, the map came on top: 2 x window / 1024
+/// ranges for a declared chunk of 1 KiB, 1157 MB of RSS at --window 1G against 1090 stated.
+pub fn window_parts(window: usize, chunk: u32) -> (usize, usize) {
+    let honest = 2 * window / crate::smallest_chunk(chunk) as usize + 16;
+    let max_gaps = honest.min(window / 64 / GAP_COST).max(16);
+    (window - max_gaps * GAP_COST, max_gaps)
+}
+
 /// The most a session of one stream holds ([`session_window`]).
 pub const ONE_STREAM_WINDOW: u64 = 16 << 20;
 
@@ -948,6 +1086,7 @@ pub(crate) mod testing {
             v6only: false,
             verbose: false,
             idle: None,
+            resume: false,
         }
     }
 
@@ -1072,6 +1211,29 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::*;
     use super::*;
+
+    /// The map of held ranges counts against the window: ring and map together stay within
+    /// it, however small the chunks a sender declares.
+    #[test]
+    fn ring_and_map_together_stay_within_the_window() {
+        for window in [1usize << 20, 64 << 20, 256 << 20, 1 << 30, 4 << 30] {
+            for chunk in [1024u32, 4096, 64 << 10, 1 << 20] {
+                let (ring, gaps) = window_parts(window, chunk);
+                assert!(ring + gaps * GAP_COST <= window, "{window} {chunk}");
+                assert!(
+                    gaps * GAP_COST <= window / 64 || gaps == 16,
+                    "{window} {chunk}"
+                );
+                assert!(gaps >= 16);
+            }
+        }
+        // Default chunks: the map's share is small and the ring nearly the whole window.
+        let (ring, gaps) = window_parts(1 << 30, 1 << 20);
+        assert_eq!(gaps, 2 * (1 << 30) / (64 << 10) + 16);
+        assert_eq!(ring, (1 << 30) - gaps * GAP_COST);
+        // A declared chunk of 1 KiB: at 1 GiB, 2 Mi ranges before, a 64th of the window now.
+        assert_eq!(window_parts(1 << 30, 1024).1, (1 << 30) / 64 / GAP_COST);
+    }
 
     #[test]
     fn an_ipv4_peer_of_the_dual_stack_listener_reads_as_ipv4() {

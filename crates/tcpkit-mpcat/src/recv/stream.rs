@@ -25,6 +25,7 @@ pub(super) const DIRECT_BUF: usize = 256 << 10;
 /// chunk, within the stream's total once it is known, and below the window's credit. Checked
 /// before any of its payload is read.
 pub(super) fn check_data(s: &Session, seq: u64, len: usize) -> Result<(), Error> {
+    s.resume.data_may_come()?;
     if len > s.chunk as usize {
         return Err(Error::msg(format!(
             "a {len}-byte chunk, the session declared {}",
@@ -70,6 +71,8 @@ impl Receiver<'_> {
         if matches!(c.state, State::Pending { .. }) {
             return self.read_hello(poll, t);
         }
+        // Edge-triggered: a read event means bytes (or the end) arrived.
+        c.last_in = std::time::Instant::now();
         // Bytes that came with the Hello are parsed before anything is read.
         let mut first = true;
         let mut budget = READ_BUDGET;
@@ -284,6 +287,7 @@ impl Receiver<'_> {
                             *bytes += have.len() as u64;
                             let next = seq + have.len() as u64;
                             *payload = Some((seq, next, seq + len as u64));
+                            s.reading_to = s.reading_to.max(seq + len as u64);
                             at = *in_len;
                         }
                         break;
@@ -326,11 +330,13 @@ fn take_frame(
                     at()
                 )));
             }
-            if total < s.reorder.written() {
+            // Bytes held out of order count as much as those written: an end below them
+            // would leave the session waiting for a total it has already passed.
+            let arrived = s.reorder.highest().max(s.reading_to);
+            if total < arrived {
                 return Err(Error::msg(format!(
-                    "{}: the end says {total} bytes, {} already arrived",
+                    "{}: the end says {total} bytes, {arrived} already arrived",
                     at(),
-                    s.reorder.written()
                 )));
             }
             s.end = Some((total, hash));
@@ -342,6 +348,11 @@ fn take_frame(
             return Err(Error::msg(format!(
                 "the sender aborted the session: {reason}"
             )));
+        }
+        Frame::Resume { size, mtime_ns } => {
+            let begun = s.reorder.highest() > 0 || s.reading_to > 0 || s.writer.is_some();
+            s.resume
+                .ask(index, crate::resume::Source { size, mtime_ns }, begun)?;
         }
         other => {
             return Err(Error::msg(format!(

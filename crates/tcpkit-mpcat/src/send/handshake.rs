@@ -17,9 +17,17 @@ use super::SendConfig;
 /// window, and its keys with --psk-file.
 pub(crate) type Connected = (TcpStream, SocketAddr, u64, Option<Channel>);
 
+/// How soon a connection the receiver closed before answering is tried again, at first and
+/// at most (doubling): its handshake slots were full of strangers, or it closed this one to
+/// make room for a newer one.
+pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(50);
+pub(crate) const RETRY_MAX: Duration = Duration::from_millis(500);
+
 /// Connects stream `index` and does its handshake (with --psk-file, the Noise handshake
 /// first); returns the socket, the address that answered, the receiver's window and the keys.
 /// `pre`: a connection already made (--mptcp's, or one that fell back), only handshaken here.
+/// A connection the receiver closes before it answers is tried again, every 50 ms at first
+/// and at most every 500 ms, for at most --connect-timeout from the first try.
 #[expect(
     clippy::too_many_arguments,
     reason = "the session's fixed parts and this stream's own, called from the start and from reconnect threads"
@@ -32,136 +40,151 @@ pub(crate) fn connect(
     from: Option<SocketAddr>,
     token: frame::Token,
     index: u16,
-    pre: Option<(TcpStream, SocketAddr)>,
+    mut pre: Option<(TcpStream, SocketAddr)>,
 ) -> Result<Connected, Error> {
-    let mut last = None;
-    let mut sock = pre;
-    let from = from.or(cfg.source.map(|ip| SocketAddr::new(ip, 0)));
-    for a in addrs.iter().filter(|_| sock.is_none()) {
-        match connect_from(*a, from, cfg.connect_timeout, cfg.mptcp) {
-            Ok(s) => {
-                sock = Some((s, *a));
-                break;
+    let until = std::time::Instant::now() + cfg.connect_timeout;
+    let mut wait = RETRY_FIRST;
+    let attempt = |pre: Option<(TcpStream, SocketAddr)>| -> Result<Connected, Error> {
+        let mut last = None;
+        let mut sock = pre;
+        let from = from.or(cfg.source.map(|ip| SocketAddr::new(ip, 0)));
+        for a in addrs.iter().filter(|_| sock.is_none()) {
+            match connect_from(*a, from, cfg.connect_timeout, cfg.mptcp) {
+                Ok(s) => {
+                    sock = Some((s, *a));
+                    break;
+                }
+                Err(e) => last = Some((*a, e)),
             }
-            Err(e) => last = Some((*a, e)),
         }
-    }
-    let (mut s, addr) = match (sock, last) {
-        (Some(s), _) => s,
-        // The session's first connection (the reverse stream's in duplex, else stream 0's):
-        // what failed is reaching the receiver at all, whichever stream asked.
-        (None, Some((a, e))) if e.kind() == io::ErrorKind::ConnectionRefused => {
-            return Err(Error::msg(format!(
+        let (mut s, addr) = match (sock, last) {
+            (Some(s), _) => s,
+            // The session's first connection (the reverse stream's in duplex, else stream 0's):
+            // what failed is reaching the receiver at all, whichever stream asked.
+            (None, Some((a, e))) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                return Err(Error::msg(format!(
                 "connect refused to {a}: nothing listens there (is `mpcat -l {}` running on it?)",
                 a.port()
             )))
-        }
-        (None, Some((a, e))) if index == frame::REVERSE_STREAM || index == 0 => {
-            return Err(Error::io(format!("connect to {a}"), e))
-        }
-        (None, Some((a, e))) => return Err(Error::io(format!("stream {index}: connect {a}"), e)),
-        (None, None) => return Err(Error::msg(format!("{}: no address", cfg.address))),
-    };
-    let name = if index == frame::REVERSE_STREAM {
-        "the reverse stream".to_string()
-    } else {
-        format!("stream {index}")
-    };
-    let what = |w: &str| format!("{name}: {w} {addr}");
-    // Small frames (acks, the verdict) must not wait for Nagle.
-    s.set_nodelay(true)
-        .map_err(|e| Error::io(what("TCP_NODELAY on"), e))?;
-    match crate::set_path_timeout(&s, cfg.path_timeout) {
-        Ok(()) => {}
-        // Not every kernel takes these on an MPTCP socket; its subflows then rely on TCP's
-        // own retransmission limits and MPTCP's re-injection.
-        Err(_) if cfg.mptcp => {}
-        Err(e) => return Err(Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e)),
-    }
-    // "Room" means little unsent data in the socket, not a free send buffer ([`unsent_bound`]).
-    if let Some(lowat) = lowat {
-        set_notsent_lowat(&s, lowat).map_err(|e| Error::io(what("TCP_NOTSENT_LOWAT on"), e))?;
-    }
-    let hello = Frame::Hello {
-        version: VERSION,
-        token,
-        stream: index,
-        streams: n_streams,
-        chunk: cfg.chunk,
-    };
-    let mut buf = [0u8; 64 + frame::MAX_REASON];
-    s.set_read_timeout(Some(cfg.connect_timeout))
-        .map_err(|e| Error::io(what("SO_RCVTIMEO on"), e))?;
-    if let Some(psk) = &cfg.psk {
-        let mut chan = noise_handshake(&mut s, psk, cfg.connect_timeout, &what)?;
-        let n = hello.emit(&mut buf);
-        let mut sealed = Vec::with_capacity(n + REC_HDR + TAG);
-        chan.seal(&buf[..n], &mut sealed);
-        s.write_all(&sealed)
-            .map_err(|e| Error::io(what("send hello to"), e))?;
-        // The Welcome (or a Refuse) is one record; read exactly it, so nothing that follows
-        // (an ack, on a stream that rejoins a running session) is lost with this buffer.
-        let mut raw = [0u8; REC_HDR + TAG + 64 + frame::MAX_REASON];
-        read_exact(&mut s, &mut raw[..REC_HDR], cfg.connect_timeout, &what)?;
-        let len = usize::from(u16::from_be_bytes([raw[0], raw[1]]));
-        if !(TAG..=raw.len() - REC_HDR).contains(&len) {
-            return Err(Error::msg(format!(
-                "{}: a {len}-byte record where a welcome belongs",
-                what("handshake with")
-            )));
-        }
-        read_exact(
-            &mut s,
-            &mut raw[REC_HDR..REC_HDR + len],
-            cfg.connect_timeout,
-            &what,
-        )?;
-        let mut have = 0;
-        chan.open(&raw[..REC_HDR + len], &mut buf, &mut have)
-            .map_err(|e| Error::msg(format!("{}: {e}", what("handshake with"))))?;
-        let window = match Frame::parse(&buf[..have]) {
-            Ok((Frame::Welcome { version, window }, used))
-                if version == VERSION && used == have =>
-            {
-                window
             }
-            Ok((Frame::Refuse { reason }, _)) => {
-                return Err(Error::msg(format!("{}: {reason}", what("refused by"))));
+            (None, Some((a, e))) if index == frame::REVERSE_STREAM || index == 0 => {
+                return Err(Error::io(format!("connect to {a}"), e))
             }
-            other => {
-                return Err(Error::msg(format!(
-                    "{}: expected a welcome, got {other:?}",
-                    what("handshake with")
-                )))
+            (None, Some((a, e))) => {
+                return Err(Error::io(format!("stream {index}: connect {a}"), e))
             }
+            (None, None) => return Err(Error::msg(format!("{}: no address", cfg.address))),
         };
-        return Ok((s, addr, window, Some(chan)));
-    }
-    let n = hello.emit(&mut buf);
-    s.write_all(&buf[..n])
-        .map_err(|e| Error::io(what("send hello to"), e))?;
-    // Exactly one frame: on a stream that rejoins a running session an ack may follow the
-    // Welcome at once, and it belongs to the event loop, not to this buffer.
-    let frame = read_frame(&mut s, &mut buf, cfg.connect_timeout, &what)?;
-    match Frame::parse(&buf[..frame]) {
-        Ok((Frame::Welcome { version, window }, _)) if version == VERSION => {
-            Ok((s, addr, window, None))
+        let name = if index == frame::REVERSE_STREAM {
+            "the reverse stream".to_string()
+        } else {
+            format!("stream {index}")
+        };
+        let what = |w: &str| format!("{name}: {w} {addr}");
+        // Small frames (acks, the verdict) must not wait for Nagle.
+        s.set_nodelay(true)
+            .map_err(|e| Error::io(what("TCP_NODELAY on"), e))?;
+        match crate::set_path_timeout(&s, cfg.path_timeout) {
+            Ok(()) => {}
+            // Not every kernel takes these on an MPTCP socket; its subflows then rely on TCP's
+            // own retransmission limits and MPTCP's re-injection.
+            Err(_) if cfg.mptcp => {}
+            Err(e) => return Err(Error::io(what("TCP_USER_TIMEOUT/keepalive on"), e)),
         }
-        Ok((Frame::Welcome { version, .. }, _)) => Err(Error::msg(format!(
-            "{}: the receiver speaks version {version}, this is {VERSION}",
-            what("handshake with")
-        ))),
-        Ok((Frame::Refuse { reason }, _)) => {
-            Err(Error::msg(format!("{}: {reason}", what("refused by"))))
+        // "Room" means little unsent data in the socket, not a free send buffer ([`unsent_bound`]).
+        if let Some(lowat) = lowat {
+            set_notsent_lowat(&s, lowat).map_err(|e| Error::io(what("TCP_NOTSENT_LOWAT on"), e))?;
         }
-        Ok((Frame::Noise { .. }, _)) => Err(Error::msg(format!(
-            "{}: the receiver wants a key handshake: give this side its --psk-file",
-            what("handshake with")
-        ))),
-        other => Err(Error::msg(format!(
-            "{}: expected a welcome, got {other:?}",
-            what("handshake with")
-        ))),
+        let hello = Frame::Hello {
+            version: VERSION,
+            token,
+            stream: index,
+            streams: n_streams,
+            chunk: cfg.chunk,
+        };
+        let mut buf = [0u8; 64 + frame::MAX_REASON];
+        s.set_read_timeout(Some(cfg.connect_timeout))
+            .map_err(|e| Error::io(what("SO_RCVTIMEO on"), e))?;
+        if let Some(psk) = &cfg.psk {
+            let mut chan = noise_handshake(&mut s, psk, cfg.connect_timeout, &what)?;
+            let n = hello.emit(&mut buf);
+            let mut sealed = Vec::with_capacity(n + REC_HDR + TAG);
+            chan.seal(&buf[..n], &mut sealed);
+            s.write_all(&sealed)
+                .map_err(|e| Error::io(what("send hello to"), e))?;
+            // The Welcome (or a Refuse) is one record; read exactly it, so nothing that follows
+            // (an ack, on a stream that rejoins a running session) is lost with this buffer.
+            let mut raw = [0u8; REC_HDR + TAG + 64 + frame::MAX_REASON];
+            read_exact(&mut s, &mut raw[..REC_HDR], cfg.connect_timeout, &what)?;
+            let len = usize::from(u16::from_be_bytes([raw[0], raw[1]]));
+            if !(TAG..=raw.len() - REC_HDR).contains(&len) {
+                return Err(Error::msg(format!(
+                    "{}: a {len}-byte record where a welcome belongs",
+                    what("handshake with")
+                )));
+            }
+            read_exact(
+                &mut s,
+                &mut raw[REC_HDR..REC_HDR + len],
+                cfg.connect_timeout,
+                &what,
+            )?;
+            let mut have = 0;
+            chan.open(&raw[..REC_HDR + len], &mut buf, &mut have)
+                .map_err(|e| Error::msg(format!("{}: {e}", what("handshake with"))))?;
+            let window = match Frame::parse(&buf[..have]) {
+                Ok((Frame::Welcome { version, window }, used))
+                    if version == VERSION && used == have =>
+                {
+                    window
+                }
+                Ok((Frame::Refuse { reason }, _)) => {
+                    return Err(Error::msg(format!("{}: {reason}", what("refused by"))));
+                }
+                other => {
+                    return Err(Error::msg(format!(
+                        "{}: expected a welcome, got {other:?}",
+                        what("handshake with")
+                    )))
+                }
+            };
+            return Ok((s, addr, window, Some(chan)));
+        }
+        let n = hello.emit(&mut buf);
+        s.write_all(&buf[..n])
+            .map_err(|e| closed_or(e, what("send hello to")))?;
+        // Exactly one frame: on a stream that rejoins a running session an ack may follow the
+        // Welcome at once, and it belongs to the event loop, not to this buffer.
+        let frame = read_frame(&mut s, &mut buf, cfg.connect_timeout, &what)?;
+        match Frame::parse(&buf[..frame]) {
+            Ok((Frame::Welcome { version, window }, _)) if version == VERSION => {
+                Ok((s, addr, window, None))
+            }
+            Ok((Frame::Welcome { version, .. }, _)) => Err(Error::msg(format!(
+                "{}: the receiver speaks version {version}, this is {VERSION}",
+                what("handshake with")
+            ))),
+            Ok((Frame::Refuse { reason }, _)) => {
+                Err(Error::msg(format!("{}: {reason}", what("refused by"))))
+            }
+            Ok((Frame::Noise { .. }, _)) => Err(Error::msg(format!(
+                "{}: the receiver wants a key handshake: give this side its --psk-file",
+                what("handshake with")
+            ))),
+            other => Err(Error::msg(format!(
+                "{}: expected a welcome, got {other:?}",
+                what("handshake with")
+            ))),
+        }
+    };
+    loop {
+        match attempt(pre.take()) {
+            Err(e) if e.is_closed_early() && std::time::Instant::now() + wait < until => {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+            r => return r,
+        }
     }
 }
 
@@ -188,6 +211,21 @@ pub(super) fn read_frame(
     Ok(need)
 }
 
+/// A write of the handshake that failed: the receiver closed the connection (reset, broken
+/// pipe) before it answered is worth another try; anything else is said as it is.
+fn closed_or(e: io::Error, what: String) -> Error {
+    let closed = matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+    );
+    let e = Error::io(what, e);
+    if closed {
+        e.closed_early()
+    } else {
+        e
+    }
+}
+
 /// Fills `buf` from `s` (whose SO_RCVTIMEO is set); a timeout or a close is said as such.
 pub(super) fn read_exact(
     s: &mut TcpStream,
@@ -196,8 +234,8 @@ pub(super) fn read_exact(
     what: &dyn Fn(&str) -> String,
 ) -> Result<(), Error> {
     s.read_exact(buf).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => {
-            Error::msg(format!("{}: closed during the handshake", what("receiver")))
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
+            Error::msg(format!("{}: closed during the handshake", what("receiver"))).closed_early()
         }
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::msg(format!(
             "{}: no answer within {timeout:?}",
@@ -224,7 +262,7 @@ pub(super) fn noise_handshake(
     }
     .emit(&mut buf);
     s.write_all(&buf[..n])
-        .map_err(|e| Error::io(what("send the key handshake to"), e))?;
+        .map_err(|e| closed_or(e, what("send the key handshake to")))?;
     // One frame back: its header says how long it is (bounded by its type).
     let need = read_frame(s, &mut buf, timeout, what)?;
     match Frame::parse(&buf[..need]) {
@@ -420,11 +458,35 @@ mod tests {
                 VERSION + 1
             )
         );
-        let addr = peer(drop);
+        // A receiver that closes every connection before answering (its handshake slots
+        // full): tried again, every 50 ms and more, for --connect-timeout (500 ms here).
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let tries = std::thread::spawn(move || {
+            l.set_nonblocking(true).unwrap();
+            let until = std::time::Instant::now() + Duration::from_secs(1);
+            let mut n = 0;
+            while std::time::Instant::now() < until {
+                if let Ok((s, _)) = l.accept() {
+                    drop(s);
+                    n += 1;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            n
+        });
+        let t0 = std::time::Instant::now();
         assert_eq!(
             said(addr),
             format!("stream 0: receiver {addr}: closed during the handshake")
         );
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_millis(900),
+            "{took:?}"
+        );
+        let n = tries.join().unwrap();
+        assert!((3..=8).contains(&n), "{n} tries");
         let addr = peer(|_s| std::thread::sleep(Duration::from_secs(2)));
         assert_eq!(
             said(addr),

@@ -14,6 +14,7 @@
 mod conn;
 mod handshake;
 mod input;
+mod resume;
 mod schedule;
 
 pub(crate) use handshake::{connect, Connected};
@@ -89,6 +90,9 @@ pub struct SendConfig {
     /// -w: no byte acknowledged for this long (from the start) fails the session, as nc's
     /// idle timeout.
     pub idle: Option<Duration>,
+    /// --resume: the input (a regular file) goes on from what the receiver already holds,
+    /// once each held chunk matched ([`crate::resume`]).
+    pub resume: bool,
 }
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
@@ -129,6 +133,20 @@ pub fn run(
     hint: &dyn Fn(&str),
 ) -> Result<MpcatReport, Error> {
     let opened = open_input(&cfg.input)?;
+    let resume = match (&opened.file, cfg.resume) {
+        (_, false) => None,
+        (Some(f), true) => {
+            let meta = f
+                .metadata()
+                .map_err(|e| Error::io("stat the input for --resume", e))?;
+            Some((Arc::clone(f), crate::resume::Source::of(&meta)))
+        }
+        (None, true) => {
+            return Err(Error::msg(
+                "--resume needs -i FILE, a regular file (a pipe or stdin cannot be read again)",
+            ))
+        }
+    };
     if let (true, None, Input::File(p)) = (cfg.zerocopy, &opened.file, &cfg.input) {
         hint(&format!(
             "-Z: {} is not a regular file: its bytes are copied as from a pipe",
@@ -205,8 +223,9 @@ pub fn run(
         n_streams,
         lowat,
         token,
+        resume: resume.as_ref(),
     };
-    let (mut conns, window, addr) = open_streams(cfg, &poll, &plan, pre, start)?;
+    let (mut conns, window, addr, resumed) = open_streams(cfg, &poll, &plan, pre, start)?;
     if cfg.verbose {
         for (i, c) in conns.iter().enumerate() {
             let via = c
@@ -227,8 +246,14 @@ pub fn run(
     let pool = (window / chunk as u64).min(1 << 16) as usize + conns.len() + 4;
     let file = opened.file.clone();
     let reader_stop = Arc::new(AtomicBool::new(false));
-    let (mut source, rthread) = start_source(opened, cfg, pool, start, &waker, &reader_stop)?;
+    let held = resumed.as_ref().map(|r| r.held);
+    let (mut source, rthread) =
+        start_source(opened, cfg, pool, start, &waker, &reader_stop, resumed)?;
     let mut flow = Flow::new(cfg, window, start, file);
+    if let Some(h) = held {
+        // The receiver's window and credit start where it holds the stream to.
+        (flow.acked, flow.limit) = (h, h + window);
+    }
     let (conn_tx, conn_rx) = mpsc::channel();
     let ctx = Ctx {
         cfg,
@@ -277,6 +302,14 @@ pub fn run(
         ));
     }
     let mut report = report(cfg, &flow, &conns, failure, start);
+    report.resume = held.map(|h| crate::ResumeReport {
+        held: h,
+        sent: flow.acked.saturating_sub(h),
+    });
+    if let (Some(r), true) = (report.resume, report.seconds > 0.0) {
+        // The rate is what moved in this session, not the part held before.
+        report.bytes_per_second = r.sent as f64 / report.seconds;
+    }
     report.window = window;
     report.mptcp = mptcp_report;
     report.egress = egress;
@@ -293,19 +326,23 @@ struct Plan<'a> {
     /// TCP_NOTSENT_LOWAT ([`unsent_bound`]); None with MPTCP.
     lowat: Option<u32>,
     token: frame::Token,
+    /// --resume: the input and its identity, checked on stream 0 before the others open.
+    resume: Option<&'a (Arc<std::fs::File>, crate::resume::Source)>,
 }
 
 /// Connects and welcomes the session's streams, each from a source port that places it on
 /// the next member of the way out (`pre`, a connection already made, is stream 0 wherever
-/// it went); returns them, the smallest window the receiver gave, and the address that
-/// answered (which every stream then uses).
+/// it went); returns them, the smallest window the receiver gave, the address that
+/// answered (which every stream then uses), and with --resume where the stream goes on from
+/// (checked on stream 0 before the others open, so no data can come before it).
 fn open_streams(
     cfg: &SendConfig,
     poll: &Poll,
     plan: &Plan<'_>,
     mut pre: Option<(TcpStream, SocketAddr)>,
     start: Instant,
-) -> Result<(Vec<Conn>, u64, SocketAddr), Error> {
+) -> Result<(Vec<Conn>, u64, SocketAddr, Option<resume::Resumed>), Error> {
+    let mut resumed = None;
     let mut conns = Vec::with_capacity(usize::from(plan.n_streams));
     let mut addrs = cfg.peer.clone();
     let mut window = u64::MAX;
@@ -336,7 +373,7 @@ fn open_streams(
         let from = placed
             .map(|(a, _)| a)
             .or_else(|| cfg.source.map(|ip| SocketAddr::new(ip, 0)));
-        let (s, addr, w, chan) = connect(
+        let (mut s, addr, w, mut chan) = connect(
             cfg,
             plan.n_streams,
             plan.lowat,
@@ -346,6 +383,18 @@ fn open_streams(
             i,
             pre,
         )?;
+        if let (0, Some((file, source))) = (i, plan.resume) {
+            // The receiver hashes its held chunks between answers: a wait as long as a
+            // path's, at least.
+            let wait = cfg.connect_timeout.max(cfg.path_timeout);
+            resumed = Some(resume::exchange(
+                &mut s,
+                chan.as_mut(),
+                file,
+                *source,
+                wait,
+            )?);
+        }
         // The first address that answered is the one every stream uses.
         addrs = vec![addr];
         window = window.min(w);
@@ -363,7 +412,7 @@ fn open_streams(
         let sock = register(poll, s, usize::from(i))?;
         conns.push(Conn::new(sock, local, addr, path, chan, cfg, start));
     }
-    Ok((conns, window, addrs[0]))
+    Ok((conns, window, addrs[0], resumed))
 }
 
 /// --mptcp: one MPTCP connection, the kernel's subflows instead of striping; striping over
@@ -435,7 +484,24 @@ fn start_source(
     start: Instant,
     waker: &Arc<Waker>,
     reader_stop: &Arc<AtomicBool>,
+    resumed: Option<resume::Resumed>,
 ) -> Result<(Source, Option<std::thread::JoinHandle<()>>), Error> {
+    // --resume: reading starts past what the receiver holds, the hash over it already taken.
+    let (seq, hasher) = match resumed {
+        Some(r) => {
+            // SAFETY: lseek on the input's own descriptor, which `opened.read` owns and
+            // nothing reads yet.
+            let at = unsafe { libc::lseek(opened.fd, r.held as libc::off_t, libc::SEEK_SET) };
+            if at < 0 {
+                return Err(Error::io(
+                    "seek the input past the held part",
+                    io::Error::last_os_error(),
+                ));
+            }
+            (r.held, r.hasher)
+        }
+        None => (0, crate::StreamHasher::new()),
+    };
     // --psk-file seals the bytes in user space: they are read into buffers as from a pipe
     // (the command line refuses -Z with it).
     let sendfile = cfg.zerocopy && cfg.psk.is_none();
@@ -450,8 +516,8 @@ fn start_source(
         until: cfg.duration.map(|d| (start + d, opened.fd)),
         chunk,
         size: cfg.size,
-        hasher: crate::StreamHasher::new(),
-        seq: 0,
+        hasher,
+        seq,
         back_tx,
         own: None,
     };
@@ -540,6 +606,7 @@ fn report(
         failure,
         reverse: None,
         run: None,
+        resume: None,
     }
 }
 
@@ -830,6 +897,7 @@ pub(crate) mod testing {
             source: None,
             verbose: false,
             idle: None,
+            resume: false,
         }
     }
 }
