@@ -190,6 +190,12 @@ pub struct CaptureStats {
     /// are still copied whole; only those answers' timing and `--diff` lack them.
     #[serde(default)]
     pub server_bytes_lost: u64,
+    /// Times the live capture's interface went down (live, `-i IFACE`).
+    #[serde(default)]
+    pub interface_downs: u64,
+    /// Seconds it was down, over all those times: nothing was captured then.
+    #[serde(default)]
+    pub interface_down_seconds: f64,
 }
 
 /// Memory: the `--max-memory` limit, the process's size, and the peak held under the limit.
@@ -233,6 +239,10 @@ pub struct DiffStats {
     pub out: Option<String>,
     /// Why writing `out` stopped, if it did (the comparisons went on).
     pub write_error: Option<String>,
+    /// Differences `out` should have held (within `--diff-max`) but did not, writing having
+    /// failed (a full disk).
+    #[serde(default)]
+    pub not_written: u64,
 }
 
 /// The rows of a latency table: quantile label and value.
@@ -480,6 +490,13 @@ impl Report for CopyReport {
             c.sessions_with_lost_data,
             c.sessions_not_tracked
         );
+        if c.interface_downs > 0 {
+            let _ = writeln!(
+                s,
+                "Capture: the interface went down {} times, {:.1} s in all (nothing captured then)",
+                c.interface_downs, c.interface_down_seconds
+            );
+        }
         let _ = writeln!(
             s,
             "Memory: {} resident, {} held at peak, limit {}; nice {}",
@@ -510,7 +527,11 @@ impl Report for CopyReport {
                 );
             }
             if let Some(e) = &d.write_error {
-                let _ = writeln!(s, "Diff: writing the differences stopped: {e}");
+                let _ = writeln!(
+                    s,
+                    "Diff: writing the differences stopped: {e} ({} not written)",
+                    d.not_written
+                );
             }
         }
         if let Some(t) = &self.transparent {
@@ -752,6 +773,7 @@ mod tests {
             written: 3,
             out: Some("d.jsonl".into()),
             write_error: None,
+            not_written: 0,
         });
         let h = r.human();
         assert!(

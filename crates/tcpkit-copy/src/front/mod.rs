@@ -213,7 +213,7 @@ pub(crate) struct Front<'a, X> {
     /// When the overdue requests are counted next.
     overdue_scan_at: u64,
     /// Says a line on stderr (the user's `-q` decides).
-    say: &'a dyn Fn(&str),
+    pub(crate) say: &'a dyn Fn(&str),
 }
 
 impl<X> Front<'_, X> {
@@ -479,6 +479,9 @@ impl<'a, T: Transport> Engine<'a, T> {
         for line in self.t.backoff().take_news() {
             (self.f.say)(&line);
         }
+        if let Some(line) = self.f.differ.as_mut().and_then(Differ::take_news) {
+            (self.f.say)(&line);
+        }
         Ok(())
     }
 
@@ -645,6 +648,9 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
     }
     fn report(&mut self) -> &mut CopyReport {
         &mut self.f.report
+    }
+    fn say(&self, line: &str) {
+        (self.f.say)(line);
     }
     fn frame(&mut self, frame: &[u8]) {
         T::frame(self, frame);
