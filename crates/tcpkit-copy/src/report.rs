@@ -124,6 +124,11 @@ pub struct FailStats {
     pub timeout: u64,
     /// The target closed the connection while the session still had requests.
     pub closed_early: u64,
+    /// The target went away under the copy (a restart, a crash): it reset or closed the
+    /// connection and then refused (or left unanswered) a connect within 2 s. Counted here
+    /// instead of `reset` or `closed_early`.
+    #[serde(default)]
+    pub target_gone: u64,
     /// The capture lost bytes of the session (a hole not filled in time): the session is
     /// copied up to the hole and ended there.
     pub lost_capture_data: u64,
@@ -331,6 +336,7 @@ impl CopyReport {
             f.reset,
             f.timeout,
             f.closed_early,
+            f.target_gone,
             f.lost_capture_data,
             f.shed,
             self.transparent.as_ref().map_or(0, |t| t.control_lost),
@@ -349,6 +355,7 @@ impl CopyReport {
             (f.reset, "reset"),
             (f.timeout, "timeout"),
             (f.closed_early, "closed early"),
+            (f.target_gone, "target gone"),
             (f.lost_capture_data, "lost capture data"),
             (f.shed, "shed"),
             (control_lost, "control lost"),
@@ -450,6 +457,7 @@ impl Report for CopyReport {
                 + f.reset
                 + f.timeout
                 + f.closed_early
+                + f.target_gone
                 + f.lost_capture_data
                 + f.shed
                 + self.transparent.as_ref().map_or(0, |t| t.control_lost),
@@ -457,12 +465,13 @@ impl Report for CopyReport {
         );
         let _ = writeln!(
             s,
-            "Failed: {} target refused ({} skipped in back-off), {} reset, {} timeout, {} closed early, {} lost capture data, {} shed",
+            "Failed: {} target refused ({} skipped in back-off), {} reset, {} timeout, {} closed early, {} target gone, {} lost capture data, {} shed",
             f.target_refused,
             ss.skipped_in_backoff,
             f.reset,
             f.timeout,
             f.closed_early,
+            f.target_gone,
             f.lost_capture_data,
             f.shed
         );
@@ -601,6 +610,7 @@ mod tests {
                     reset: 1,
                     timeout: 0,
                     closed_early: 0,
+                    target_gone: 0,
                     lost_capture_data: 1,
                     shed: 0,
                 },
@@ -678,7 +688,7 @@ mod tests {
             sample().human(),
             "Copy: relay from live eth1, 1 rule (80-198.18.2.2:8080), 2 copies per session, 50 % of sessions, 2.500 s\n\
              Sessions: 10 seen (1 joined mid-stream), 5 sampled out, 5 selected, 10 copies: 7 completed, 3 failed, 0 open at end\n\
-             Failed: 1 target refused (0 skipped in back-off), 1 reset, 0 timeout, 0 closed early, 1 lost capture data, 0 shed\n\
+             Failed: 1 target refused (0 skipped in back-off), 1 reset, 0 timeout, 0 closed early, 0 target gone, 1 lost capture data, 0 shed\n\
              Requests: 2000 at source, 2000 copied, 1999 answered; request loss ratio 0.050 %\n\
              Bytes: 160000 copied, 500000 answered, 40 skipped joining mid-stream\n\
              Capture: 9000 packets, 3 dropped by the kernel, 0 not TCP, 0 retransmitted bytes, 0 out of order, 0 sessions with lost data, 0 not tracked\n\
