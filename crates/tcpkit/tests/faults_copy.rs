@@ -463,3 +463,126 @@ fn memory_stays_bounded_while_the_target_is_away() {
     assert_eq!(refused + shed, 6, "{r:#}");
     assert!(u(&r, "memory.peak_held_bytes") <= 2 << 20, "{r:#}");
 }
+
+/// The netfilter queues bound in `host` (`/proc/net/netfilter/nfnetlink_queue`), by number.
+fn bound_queues(host: &Host) -> Vec<String> {
+    let o = host
+        .run(&["cat", "/proc/net/netfilter/nfnetlink_queue"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    o.lines()
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
+}
+
+/// Issue 29, intercept on the target SIGKILLed under a live transparent copy and started
+/// again at once. What stays of the killed one is its nftables table and nothing else: the
+/// table on purpose (its queue, unread, drops the answers rather than let them reach the
+/// clients: it fails closed), no bound queue, no socket, no process. The new intercept takes
+/// the table over and says so on stderr, listens within a second, the copy reconnects; once
+/// it is stopped the target's ruleset is as it was before either ran.
+#[test]
+fn on_target_intercept_sigkilled_leaves_only_its_fail_closed_rule_and_a_restart_takes_it_over() {
+    let mut l = CopyLab::new("fcpontkill");
+    l.target
+        .run(&["ip", "route", "add", "198.18.1.0/24", "via", ONLINE_T])
+        .expect("route");
+    let (_on_log, tg_log) = l.nginx_pair();
+    let target = l.target.clone();
+    let ruleset = || {
+        let o = target.run(&["nft", "list", "ruleset"]).expect("nft");
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let before = ruleset();
+    let queue = "4321";
+    let ia = format!("{TARGET}:7071");
+    let argv = [
+        tcpkit(),
+        "intercept",
+        "--on-target",
+        "--server-port",
+        "8080",
+        "--clients",
+        "198.18.1.0/24",
+        "--queue",
+        queue,
+        "--listen",
+        &ia,
+        "--json",
+    ];
+    let start = |l: &mut CopyLab, name: &str| {
+        let t = Instant::now();
+        let p = target
+            .spawn(&mut l.lab, name, &argv)
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_port(&target, TARGET, 7071, &p);
+        (p, t.elapsed())
+    };
+    let (first, _) = start(&mut l, "intercept1");
+    let c = copy_in(
+        &l.online,
+        l.cli_link.b.ifindex,
+        &[
+            "--transparent",
+            "-x",
+            &rule_8080(),
+            "--intercept",
+            &ia,
+            "-i",
+            &l.capture_if(),
+            "--timeout",
+            "1",
+            "--duration",
+            "2.5",
+            "--json",
+        ],
+    );
+    let clients = l.clients.clone();
+    let (second, took, left, before_restart) = std::thread::scope(|s| {
+        let load = s.spawn(|| load(&clients, "100", "2", Some("1")));
+        std::thread::sleep(Duration::from_millis(600));
+        first.signal(Signal::SIGKILL).unwrap();
+        first
+            .wait_timeout(Duration::from_secs(5))
+            .unwrap()
+            .expect("intercept did not die of SIGKILL");
+        let left = (
+            ruleset(),
+            bound_queues(&target),
+            host_state(&target).tcpkit_sockets,
+        );
+        let before_restart = lines(&tg_log).len();
+        let (second, took) = start(&mut l, "intercept2");
+        load.join().unwrap();
+        (second, took, left, before_restart)
+    });
+    let o = wait_limited(c, Duration::from_secs(15));
+    let r = json(&o);
+    check_schema(&r);
+    let after = lines(&tg_log).len();
+    let log = second.log();
+    stop_intercept(&second, Signal::SIGTERM);
+    eprintln!("on-target SIGKILL: restarted and listening in {took:?}; target {before_restart} -> {after}");
+    // The killed one's rule stays, failing closed (its nftables table, or on a kernel
+    // without nftables' queue its iptables chain); no queue bound, no socket.
+    assert!(
+        left.0
+            .contains(&format!("table inet tcpkit_intercept_{queue}"))
+            || left.0.contains(&format!("chain TCPKIT-INTERCEPT-{queue}")),
+        "{}",
+        left.0
+    );
+    assert_eq!(left.1, Vec::<String>::new(), "queues still bound");
+    assert_eq!(left.2, Vec::<String>::new(), "sockets left");
+    assert!(
+        log.contains("tcpkit intercept: took over the ")
+            && log.contains(&format!(" a killed intercept left on queue {queue}: ")),
+        "{log}"
+    );
+    assert!(took < Duration::from_secs(1), "listening after {took:?}");
+    assert!(u(&r, "transparent.control_reconnects") >= 1, "{r:#}");
+    assert!(after >= before_restart + 30, "{before_restart} -> {after}");
+    // Stopped: nothing of either is left.
+    assert_eq!(ruleset(), before);
+    assert_eq!(bound_queues(&target), Vec::<String>::new());
+}
