@@ -21,10 +21,8 @@ use tcpkit_lab::{Host, Signal};
 fn sigkill(c: &mut Child) {
     // SAFETY: kill(2) takes no pointers; the pid is our unreaped child, so it names no other
     // process.
-    assert_eq!(
-        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGKILL) },
-        0
-    );
+    let sent = unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGKILL) };
+    assert_eq!(sent, 0);
     c.wait().unwrap();
 }
 

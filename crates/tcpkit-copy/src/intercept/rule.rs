@@ -322,8 +322,11 @@ fn filter_table_now(v6: bool) -> Result<Option<Vec<(String, usize)>>, ()> {
     filter_table_json(v6).map(|t| t.map(|(chains, _)| chains))
 }
 
+/// A table's chains with their rule counts, and the `nft -j` listing they were read from.
+type Listed = (Vec<(String, usize)>, Vec<u8>);
+
 /// [`filter_table_now`], with the listing it was read from.
-fn filter_table_json(v6: bool) -> Result<Option<(Vec<(String, usize)>, Vec<u8>)>, ()> {
+fn filter_table_json(v6: bool) -> Result<Option<Listed>, ()> {
     let o = run(
         "nft",
         &args(&["-j", "list", "table", nft_family(v6), "filter"]),
