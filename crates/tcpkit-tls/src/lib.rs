@@ -13,6 +13,7 @@
 //!   plaintext in and out, with the negotiated version, cipher, ALPN and whether the session
 //!   was resumed. Above it, load's and echo's protocols see plaintext only.
 
+pub mod decrypt;
 pub mod fail;
 pub mod session;
 pub mod setup;
