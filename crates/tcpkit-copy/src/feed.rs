@@ -49,7 +49,14 @@ struct LinkWatch {
 }
 
 impl LinkWatch {
-    fn check<C: Consumer>(&mut self, c: &mut C, ifname: &str, fd: i32, now: u64) {
+    fn check<C: Consumer>(
+        &mut self,
+        c: &mut C,
+        say: &dyn Fn(&str),
+        ifname: &str,
+        fd: i32,
+        now: u64,
+    ) {
         if self.off {
             return;
         }
@@ -61,14 +68,14 @@ impl LinkWatch {
             (false, 0) => {
                 self.down_since = now;
                 c.report().capture.interface_downs += 1;
-                c.say(&format!(
+                say(&format!(
                     "capture: {ifname} went down: nothing is captured (nor copied) until it \
                      comes back up; copying goes on then"
                 ));
             }
             (true, 1..) => {
                 let secs = self.close(c, now);
-                c.say(&format!(
+                say(&format!(
                     "capture: {ifname} is up again (down {:.1} s, not captured meanwhile)",
                     secs
                 ));
@@ -205,8 +212,6 @@ pub(crate) trait Consumer {
     }
     fn registry(&self) -> &Registry;
     fn report(&mut self) -> &mut CopyReport;
-    /// Gives the user a line on stderr as it happens.
-    fn say(&self, line: &str);
     /// Every frame (Ethernet), before the reassembler sees it.
     fn frame(&mut self, _frame: &[u8]) {}
     /// The reassembler's events; `tracker_mem` is what it holds.
@@ -337,12 +342,13 @@ pub(crate) fn run<C: Consumer>(
     stop: &AtomicBool,
     live: &CopyCounters,
     events: &mut Events,
+    say: &dyn Fn(&str),
 ) -> Result<(), C::Error> {
     let Some(keylog) = c.cfg().tls_keylog.clone() else {
-        return run_input(c, input, end_at, stop, live, events);
+        return run_input(c, input, end_at, stop, live, events, say);
     };
     let mut layer = crate::tls::Layer::new(c, &keylog);
-    let r = run_input(&mut layer, input, end_at, stop, live, events);
+    let r = run_input(&mut layer, input, end_at, stop, live, events, say);
     layer.finish();
     r
 }
@@ -354,6 +360,7 @@ fn run_input<C: Consumer>(
     stop: &AtomicBool,
     live: &CopyCounters,
     events: &mut Events,
+    say: &dyn Fn(&str),
 ) -> Result<(), C::Error> {
     let past_end = |now: u64| stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now >= e);
     let mut evs: Vec<Event> = Vec::new();
@@ -423,7 +430,7 @@ fn run_input<C: Consumer>(
                     if let Ok(st) = cap.stats() {
                         c.report().capture.kernel_drops = st.drops;
                     }
-                    watch.check(c, ifname, cap.as_fd().as_raw_fd(), now);
+                    watch.check(c, say, ifname, cap.as_fd().as_raw_fd(), now);
                 }
                 c.publish(live);
             }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use crate::copy_on_target::OLab;
 use copy_common::modes::{Mode, ModeLab};
 use copy_common::tlab::*;
 use copy_common::*;
@@ -481,61 +482,23 @@ fn bound_queues(host: &Host) -> Vec<String> {
 /// it is stopped the target's ruleset is as it was before either ran.
 #[test]
 fn on_target_intercept_sigkilled_leaves_only_its_fail_closed_rule_and_a_restart_takes_it_over() {
-    let mut l = CopyLab::new("fcpontkill");
-    l.target
-        .run(&["ip", "route", "add", "198.18.1.0/24", "via", ONLINE_T])
-        .expect("route");
-    let (_on_log, tg_log) = l.nginx_pair();
-    let target = l.target.clone();
+    let mut t = OLab::new("fcpontkill");
+    let (_on_log, tg_log) = t.l.nginx_pair();
+    let target = t.l.target.clone();
     let ruleset = || {
         let o = target.run(&["nft", "list", "ruleset"]).expect("nft");
         String::from_utf8_lossy(&o.stdout).to_string()
     };
     let before = ruleset();
-    let queue = "4321";
-    let ia = format!("{TARGET}:7071");
-    let argv = [
-        tcpkit(),
-        "intercept",
-        "--on-target",
-        "--server-port",
-        "8080",
-        "--clients",
-        "198.18.1.0/24",
-        "--queue",
-        queue,
-        "--listen",
-        &ia,
-        "--json",
-    ];
-    let start = |l: &mut CopyLab, name: &str| {
-        let t = Instant::now();
-        let p = target
-            .spawn(&mut l.lab, name, &argv)
-            .unwrap_or_else(|e| panic!("{e}"));
-        wait_port(&target, TARGET, 7071, &p);
-        (p, t.elapsed())
+    let queue = t.queue;
+    let start = |t: &mut OLab, name: &str| {
+        let at = Instant::now();
+        let p = t.intercept(name);
+        (p, at.elapsed())
     };
-    let (first, _) = start(&mut l, "intercept1");
-    let c = copy_in(
-        &l.online,
-        l.cli_link.b.ifindex,
-        &[
-            "--transparent",
-            "-x",
-            &rule_8080(),
-            "--intercept",
-            &ia,
-            "-i",
-            &l.capture_if(),
-            "--timeout",
-            "1",
-            "--duration",
-            "2.5",
-            "--json",
-        ],
-    );
-    let clients = l.clients.clone();
+    let (first, _) = start(&mut t, "intercept1");
+    let c = t.copy(&["--duration", "2.5"]);
+    let clients = t.l.clients.clone();
     let (second, took, left, before_restart) = std::thread::scope(|s| {
         let load = s.spawn(|| load(&clients, "100", "2", Some("1")));
         std::thread::sleep(Duration::from_millis(600));
@@ -550,7 +513,7 @@ fn on_target_intercept_sigkilled_leaves_only_its_fail_closed_rule_and_a_restart_
             host_state(&target).tcpkit_sockets,
         );
         let before_restart = lines(&tg_log).len();
-        let (second, took) = start(&mut l, "intercept2");
+        let (second, took) = start(&mut t, "intercept2");
         load.join().unwrap();
         (second, took, left, before_restart)
     });

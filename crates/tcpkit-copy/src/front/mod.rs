@@ -667,7 +667,8 @@ impl<'a, T: Transport> Engine<'a, T> {
         let start = self.f.start_ns;
         let end_at = duration.map(|d| start + d.as_nanos() as u64);
         let mut events = Events::with_capacity(1024);
-        feed::run(&mut self, input, end_at, stop, live, &mut events)?;
+        let say = self.f.say;
+        feed::run(&mut self, input, end_at, stop, live, &mut events, say)?;
         let stopped = feed::stopped(stop, end_at);
         self.drain(&mut events, stop, live, stopped)?;
         self.publish(live);
@@ -688,9 +689,6 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
     }
     fn report(&mut self) -> &mut CopyReport {
         &mut self.f.report
-    }
-    fn say(&self, line: &str) {
-        (self.f.say)(line);
     }
     fn frame(&mut self, frame: &[u8]) {
         T::frame(self, frame);
