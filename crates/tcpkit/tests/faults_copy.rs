@@ -332,19 +332,16 @@ fn bpf_links_of(pids: &[u32]) -> Vec<String> {
 
 /// Issue 29, what stays after a crash: a relay copy, a transparent copy and the intercept it
 /// uses (capturing on the assistant), all SIGKILLed mid-run under load, leave nothing of
-/// theirs on any host: no process, no socket (packet sockets included), no nftables rule, no
-/// qdisc, no BPF link. (The namespaces are the lab's, and go with it.)
+/// theirs on the hosts they ran on: no process, no socket (packet sockets included), no
+/// nftables rule, no qdisc, no BPF link. (The namespaces are the lab's, and go with it.)
+/// Needed no fix: a guard.
 #[test]
 fn copy_both_modes_and_intercept_sigkilled_leave_nothing_on_the_host() {
     let mut t = TLab::new("fcpcrash");
     t.filter = "src port 8080".into();
     t.l.nginx_pair();
-    let hosts = [
-        t.l.clients.clone(),
-        t.l.online.clone(),
-        t.l.target.clone(),
-        t.assistant.clone(),
-    ];
+    // Where they ran: the copies on the online host, intercept on the assistant.
+    let hosts = [t.l.online.clone(), t.assistant.clone()];
     let before: Vec<HostState> = hosts.iter().map(host_state).collect();
     let icp = t.intercept("intercept");
     let mut transparent = t.copy(&rule_8080(), &["--timeout", "1"]);
