@@ -562,6 +562,10 @@ pub struct Differ {
     stats: DiffStats,
     out: Option<BufWriter<File>>,
     total: Rc<Cell<usize>>,
+    /// The line saying writing stopped, until the session front has said it.
+    news: Option<String>,
+    /// Bytes of whole records in `out`: a record a full disk took only part of is cut off.
+    out_len: u64,
 }
 
 impl Differ {
@@ -582,6 +586,8 @@ impl Differ {
             stats,
             out,
             total: Rc::new(Cell::new(0)),
+            news: None,
+            out_len: 0,
         })
     }
 
@@ -592,6 +598,11 @@ impl Differ {
 
     pub fn stats(&self) -> &DiffStats {
         &self.stats
+    }
+
+    /// The line saying `--diff-out` could not be written, once, when it first fails.
+    pub fn take_news(&mut self) -> Option<String> {
+        self.news.take()
     }
 
     /// The counters for the report; flushes the differences file (a failed write is the
@@ -673,7 +684,11 @@ impl Differ {
             return;
         };
         s.different += 1;
-        if s.written >= self.cfg.max_written {
+        if s.written + s.not_written >= self.cfg.max_written {
+            return;
+        }
+        if s.write_error.is_some() {
+            s.not_written += 1;
             return;
         }
         let Some(w) = self.out.as_mut() else { return };
@@ -689,15 +704,32 @@ impl Differ {
             original: Side::of(a),
             target_resp: Side::of(b),
         };
-        let res = serde_json::to_writer(&mut *w, &rec)
-            .map_err(io::Error::from)
-            .and_then(|()| w.write_all(b"\n"));
-        match res {
-            Ok(()) => s.written += 1,
+        // Flushed per record (at most --diff-max of them): `written` then counts what is in
+        // the file, not what sits in a buffer a full disk will refuse at the end.
+        let mut line = serde_json::to_vec(&rec).unwrap_or_default();
+        line.push(b'\n');
+        match w.write_all(&line).and_then(|()| w.flush()) {
+            Ok(()) => {
+                s.written += 1;
+                self.out_len += line.len() as u64;
+            }
             Err(e) => {
-                // Out of disk or the like: stop writing, keep comparing, say so at the end.
+                // Out of disk or the like: stop writing, keep comparing and counting; said
+                // once now, and in the report.
+                s.not_written += 1;
+                self.news = Some(format!(
+                    "--diff-out {}: cannot write ({e}): {} differences written; the rest are \
+                     still compared and counted, not written",
+                    s.out.as_deref().unwrap_or_default(),
+                    s.written
+                ));
                 s.write_error.get_or_insert(e.to_string());
-                self.out = None;
+                // The part of this record the disk took goes, and what the buffer still holds
+                // is dropped unwritten: the file keeps whole records only.
+                if let Some(w) = self.out.take() {
+                    let (f, _) = w.into_parts();
+                    let _ = f.set_len(self.out_len);
+                }
             }
         }
     }

@@ -35,6 +35,92 @@ const TICK_LAG_NS: u64 = 250_000_000;
 /// Capture handled per turn of the live loop before the copies are served.
 const CAPTURE_SLICE_NS: u64 = 2_000_000;
 
+/// Whether a live capture's interface is up, looked at with the capture's counters: an
+/// interface that goes down stops the capture without an error (the kernel hooks the packet
+/// socket back in when it comes up), so the gap would pass unseen. Each change is said at
+/// once and the gap counted in the report (`capture.interface_downs`,
+/// `capture.interface_down_seconds`).
+#[derive(Debug, Default)]
+struct LinkWatch {
+    /// When the interface was found down (0: up).
+    down_since: u64,
+    /// The interface cannot be asked about (`any`, or the ioctl failed): not watched.
+    off: bool,
+}
+
+impl LinkWatch {
+    fn check<C: Consumer>(
+        &mut self,
+        c: &mut C,
+        say: &dyn Fn(&str),
+        ifname: &str,
+        fd: i32,
+        now: u64,
+    ) {
+        if self.off {
+            return;
+        }
+        let Some(up) = link_up(ifname, fd) else {
+            self.off = true;
+            return;
+        };
+        match (up, self.down_since) {
+            (false, 0) => {
+                self.down_since = now;
+                c.report().capture.interface_downs += 1;
+                say(&format!(
+                    "capture: {ifname} went down: nothing is captured (nor copied) until it \
+                     comes back up; copying goes on then"
+                ));
+            }
+            (true, 1..) => {
+                let secs = self.close(c, now);
+                say(&format!(
+                    "capture: {ifname} is up again (down {:.1} s, not captured meanwhile)",
+                    secs
+                ));
+            }
+            _ => {}
+        }
+    }
+
+    /// Adds the gap so far to the report; the seconds it lasted.
+    fn close<C: Consumer>(&mut self, c: &mut C, now: u64) -> f64 {
+        let secs = now.saturating_sub(self.down_since) as f64 / 1e9;
+        c.report().capture.interface_down_seconds += secs;
+        self.down_since = 0;
+        secs
+    }
+
+    /// The run ends: a gap still open counts up to now.
+    fn end<C: Consumer>(&mut self, c: &mut C, now: u64) {
+        if self.down_since != 0 {
+            self.close(c, now);
+        }
+    }
+}
+
+/// Whether `ifname` is up with a carrier (IFF_UP and IFF_RUNNING), asked on the capture's
+/// own socket (it is in the capture's network namespace); None for `any` or when the kernel
+/// cannot say.
+fn link_up(ifname: &str, fd: i32) -> Option<bool> {
+    if ifname == "any" || ifname.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: ifreq is plain old data; all zeroes is a valid (empty) request.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, &src) in req.ifr_name.iter_mut().zip(ifname.as_bytes()) {
+        *dst = src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads and writes one ifreq, which we own.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS as _, &mut req) } < 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+    let flags = i32::from(unsafe { req.ifr_ifru.ifru_flags });
+    Some(flags & libc::IFF_UP != 0 && flags & libc::IFF_RUNNING != 0)
+}
+
 /// Where frames come from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
@@ -256,12 +342,13 @@ pub(crate) fn run<C: Consumer>(
     stop: &AtomicBool,
     live: &CopyCounters,
     events: &mut Events,
+    say: &dyn Fn(&str),
 ) -> Result<(), C::Error> {
     let Some(keylog) = c.cfg().tls_keylog.clone() else {
-        return run_input(c, input, end_at, stop, live, events);
+        return run_input(c, input, end_at, stop, live, events, say);
     };
     let mut layer = crate::tls::Layer::new(c, &keylog);
-    let r = run_input(&mut layer, input, end_at, stop, live, events);
+    let r = run_input(&mut layer, input, end_at, stop, live, events, say);
     layer.finish();
     r
 }
@@ -273,6 +360,7 @@ fn run_input<C: Consumer>(
     stop: &AtomicBool,
     live: &CopyCounters,
     events: &mut Events,
+    say: &dyn Fn(&str),
 ) -> Result<(), C::Error> {
     let past_end = |now: u64| stop.load(Ordering::Relaxed) || end_at.is_some_and(|e| now >= e);
     let mut evs: Vec<Event> = Vec::new();
@@ -305,6 +393,7 @@ fn run_input<C: Consumer>(
             let mut tracker = Tracker::new(c.tracker_config());
             let mut last_stats = 0u64;
             let mut packets = 0u64;
+            let mut watch = LinkWatch::default();
             while !past_end(now_ns()) {
                 // Retired blocks for at most CAPTURE_SLICE_NS (at least one), then the copies:
                 // a block can hold hundreds of new sessions, each a connect(), and copies left
@@ -341,9 +430,11 @@ fn run_input<C: Consumer>(
                     if let Ok(st) = cap.stats() {
                         c.report().capture.kernel_drops = st.drops;
                     }
+                    watch.check(c, say, ifname, cap.as_fd().as_raw_fd(), now);
                 }
                 c.publish(live);
             }
+            watch.end(c, now_ns());
             tracker.finish(&mut evs);
             c.on_events(&mut evs, 0);
             if let Ok(st) = cap.stats() {

@@ -268,6 +268,11 @@ pub struct FailStats {
     pub timeout: u64,
     /// The target closed the connection while the session still had requests.
     pub closed_early: u64,
+    /// The target went away under the copy (a restart, a crash): it reset or closed the
+    /// connection and then refused (or left unanswered) a connect within 2 s. Counted here
+    /// instead of `reset` or `closed_early`.
+    #[serde(default)]
+    pub target_gone: u64,
     /// The capture lost bytes of the session (a hole not filled in time): the session is
     /// copied up to the hole and ended there.
     pub lost_capture_data: u64,
@@ -334,6 +339,12 @@ pub struct CaptureStats {
     /// are still copied whole; only those answers' timing and `--diff` lack them.
     #[serde(default)]
     pub server_bytes_lost: u64,
+    /// Times the live capture's interface went down (live, `-i IFACE`).
+    #[serde(default)]
+    pub interface_downs: u64,
+    /// Seconds it was down, over all those times: nothing was captured then.
+    #[serde(default)]
+    pub interface_down_seconds: f64,
 }
 
 /// Memory: the `--max-memory` limit, the process's size, and the peak held under the limit.
@@ -377,6 +388,10 @@ pub struct DiffStats {
     pub out: Option<String>,
     /// Why writing `out` stopped, if it did (the comparisons went on).
     pub write_error: Option<String>,
+    /// Differences `out` should have held (within `--diff-max`) but did not, writing having
+    /// failed (a full disk).
+    #[serde(default)]
+    pub not_written: u64,
 }
 
 /// The rows of a latency table: quantile label and value.
@@ -479,6 +494,7 @@ impl CopyReport {
             f.reset,
             f.timeout,
             f.closed_early,
+            f.target_gone,
             f.lost_capture_data,
             f.shed,
             self.transparent.as_ref().map_or(0, |t| t.control_lost),
@@ -497,6 +513,7 @@ impl CopyReport {
             (f.reset, "reset"),
             (f.timeout, "timeout"),
             (f.closed_early, "closed early"),
+            (f.target_gone, "target gone"),
             (f.lost_capture_data, "lost capture data"),
             (f.shed, "shed"),
             (control_lost, "control lost"),
@@ -598,6 +615,7 @@ impl Report for CopyReport {
                 + f.reset
                 + f.timeout
                 + f.closed_early
+                + f.target_gone
                 + f.lost_capture_data
                 + f.shed
                 + self.transparent.as_ref().map_or(0, |t| t.control_lost),
@@ -605,12 +623,13 @@ impl Report for CopyReport {
         );
         let _ = writeln!(
             s,
-            "Failed: {} target refused ({} skipped in back-off), {} reset, {} timeout, {} closed early, {} lost capture data, {} shed",
+            "Failed: {} target refused ({} skipped in back-off), {} reset, {} timeout, {} closed early, {} target gone, {} lost capture data, {} shed",
             f.target_refused,
             ss.skipped_in_backoff,
             f.reset,
             f.timeout,
             f.closed_early,
+            f.target_gone,
             f.lost_capture_data,
             f.shed
         );
@@ -638,6 +657,13 @@ impl Report for CopyReport {
             c.sessions_with_lost_data,
             c.sessions_not_tracked
         );
+        if c.interface_downs > 0 {
+            let _ = writeln!(
+                s,
+                "Capture: the interface went down {} times, {:.1} s in all (nothing captured then)",
+                c.interface_downs, c.interface_down_seconds
+            );
+        }
         let _ = writeln!(
             s,
             "Memory: {} resident, {} held at peak, limit {}; nice {}",
@@ -668,7 +694,11 @@ impl Report for CopyReport {
                 );
             }
             if let Some(e) = &d.write_error {
-                let _ = writeln!(s, "Diff: writing the differences stopped: {e}");
+                let _ = writeln!(
+                    s,
+                    "Diff: writing the differences stopped: {e} ({} not written)",
+                    d.not_written
+                );
             }
         }
         if let Some(t) = &self.transparent {
@@ -741,6 +771,7 @@ mod tests {
                     reset: 1,
                     timeout: 0,
                     closed_early: 0,
+                    target_gone: 0,
                     lost_capture_data: 1,
                     shed: 0,
                 },
@@ -819,7 +850,7 @@ mod tests {
             sample().human(),
             "Copy: relay from live eth1, 1 rule (80-198.18.2.2:8080), 2 copies per session, 50 % of sessions, 2.500 s\n\
              Sessions: 10 seen (1 joined mid-stream), 5 sampled out, 5 selected, 10 copies: 7 completed, 3 failed, 0 open at end\n\
-             Failed: 1 target refused (0 skipped in back-off), 1 reset, 0 timeout, 0 closed early, 1 lost capture data, 0 shed\n\
+             Failed: 1 target refused (0 skipped in back-off), 1 reset, 0 timeout, 0 closed early, 0 target gone, 1 lost capture data, 0 shed\n\
              Requests: 2000 at source, 2000 copied, 1999 answered; request loss ratio 0.050 %\n\
              Bytes: 160000 copied, 500000 answered, 40 skipped joining mid-stream\n\
              Capture: 9000 packets, 3 dropped by the kernel, 0 not TCP, 0 retransmitted bytes, 0 out of order, 0 sessions with lost data, 0 not tracked\n\
@@ -914,6 +945,7 @@ mod tests {
             written: 3,
             out: Some("d.jsonl".into()),
             write_error: None,
+            not_written: 0,
         });
         let h = r.human();
         assert!(

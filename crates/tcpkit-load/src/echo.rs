@@ -181,6 +181,8 @@ pub struct ThreadCounters {
     pub accept_errors: AtomicU64,
     pub fd_exhausted: AtomicU64,
     pub partial_timeouts: AtomicU64,
+    /// Connections closed past `partial_timeout` with answers they never read.
+    pub unread_timeouts: AtomicU64,
     /// Silent connections closed at the cap to make room for a newcomer.
     pub evicted: AtomicU64,
     /// Newcomers closed at the cap because every connection of their thread had spoken.
@@ -214,6 +216,7 @@ pub struct Totals {
     pub accept_errors: u64,
     pub fd_exhausted: u64,
     pub partial_timeouts: u64,
+    pub unread_timeouts: u64,
     pub evicted: u64,
     pub over_cap: u64,
     pub first_timeouts: u64,
@@ -256,6 +259,7 @@ impl EchoCounters {
             t.bytes_out += g(&c.bytes_out);
             t.answered += g(&c.answered);
             t.partial_timeouts += g(&c.partial_timeouts);
+            t.unread_timeouts += g(&c.unread_timeouts);
             t.malformed += g(&c.malformed);
             t.accept_errors += g(&c.accept_errors);
             t.fd_exhausted += g(&c.fd_exhausted);
@@ -298,6 +302,7 @@ impl EchoCounters {
             (t.evicted, "evicted"),
             (t.over_cap, "over cap"),
             (t.first_timeouts, "silent timed out"),
+            (t.unread_timeouts, "stopped reading"),
         ] {
             if n > 0 {
                 s.push_str(&format!(", {what} {n}"));

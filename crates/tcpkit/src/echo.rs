@@ -84,7 +84,9 @@ pub struct Args {
     pub max_conn_buf: usize,
 
     /// DNS mode: close a connection that holds the start of a query this long without its
-    /// end (a client sending one byte and waiting would hold a descriptor forever).
+    /// end (a client sending one byte and waiting would hold a descriptor forever). DNS and
+    /// HTTP mode: close one whose client took none of its answers this long (it stopped
+    /// reading), counted apart as unread_timeouts.
     #[arg(long, value_name = "DURATION", value_parser = common::duration_arg, default_value = "10s")]
     pub partial_timeout: Duration,
 

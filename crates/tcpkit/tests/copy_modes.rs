@@ -415,8 +415,9 @@ fn target_down_at_start_and_mid_run(mode: Mode, tag: &str) {
     );
     // The copies that waited past their --timeout for a probe's verdict, never sent.
     assert!(u(&r, "sessions.skipped_in_backoff") >= 20, "{r:#}");
-    // The keep-alive copies cut by nginx's exit.
-    assert!(reset + closed_early + timeout >= 1, "{r:#}");
+    // The keep-alive copies cut by nginx's exit (target_gone: found refusing right after).
+    let gone = u(&r, "sessions.failed.target_gone");
+    assert!(reset + closed_early + timeout + gone >= 1, "{r:#}");
     assert_eq!(lost + shed, 0, "{r:#}");
     // Back up: the last phase's sessions went through.
     assert!(u(&r, "sessions.completed") >= 30, "{r:#}");

@@ -16,18 +16,18 @@ use tcpkit_lab::{Host, Proc, Signal, Tcpdump};
 
 const CLIENTS: &str = "198.18.1.0/24";
 
-struct OLab {
-    l: CopyLab,
+pub(crate) struct OLab {
+    pub(crate) l: CopyLab,
     /// intercept's --clients.
     clients: String,
     /// intercept's control port on the target.
     port: u16,
     /// The netfilter queue intercept reads.
-    queue: u16,
+    pub(crate) queue: u16,
 }
 
 impl OLab {
-    fn new(tag: &str) -> OLab {
+    pub(crate) fn new(tag: &str) -> OLab {
         let l = CopyLab::new(tag);
         // The target's way back to the clients is the online host (it does not forward):
         // answers that escaped intercept would be seen leaving on that link.
@@ -68,7 +68,7 @@ impl OLab {
     }
 
     /// Starts intercept on the target and waits for its control port.
-    fn intercept(&mut self, name: &str) -> Proc {
+    pub(crate) fn intercept(&mut self, name: &str) -> Proc {
         let argv = self.intercept_args(&self.intercept_addr());
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let target = self.l.target.clone();
@@ -79,11 +79,11 @@ impl OLab {
         p
     }
 
-    fn intercept_addr(&self) -> String {
+    pub(crate) fn intercept_addr(&self) -> String {
         format!("{TARGET}:{}", self.port)
     }
 
-    fn copy(&self, extra: &[&str]) -> Child {
+    pub(crate) fn copy(&self, extra: &[&str]) -> Child {
         let (rule, ia) = (rule_8080(), self.intercept_addr());
         let mut args = vec![
             "--transparent",

@@ -25,6 +25,8 @@ mod docs;
 mod echo;
 mod echo_hostile;
 mod exit_rule;
+mod faults_copy;
+mod faults_echo;
 mod fleet_ansible;
 mod fleet_barrier;
 mod intercept_hostile;

@@ -213,8 +213,19 @@ pub(crate) struct Front<'a, X> {
     /// When the overdue requests are counted next.
     overdue_scan_at: u64,
     /// Says a line on stderr (the user's `-q` decides).
-    say: &'a dyn Fn(&str),
+    pub(crate) say: &'a dyn Fn(&str),
+    /// Copies the target reset or closed early lately, with when and how: those whose target
+    /// is found down (refusing, or silent) within [`GONE_WINDOW_NS`] were cut by it going
+    /// away (a restart, a crash) and are counted so ([`Engine::settle_cut`]).
+    cut: VecDeque<(SocketAddr, u64, Outcome)>,
 }
+
+/// How soon after a copy was cut its target must be found down for the cut to count as the
+/// target going away: a restarting server refuses the next connect at once, and a new
+/// session (or the back-off's probe) tries one within this.
+const GONE_WINDOW_NS: u64 = 2_000_000_000;
+/// Cut copies awaiting that verdict, at most (more count as what they were cut by).
+const MAX_CUT: usize = 4096;
 
 impl<X> Front<'_, X> {
     /// Arms copy `idx`'s timer (see [`Slab::arm`]).
@@ -326,6 +337,7 @@ impl<'a, T: Transport> Engine<'a, T> {
                 overdue: 0,
                 overdue_scan_at: 0,
                 say,
+                cut: VecDeque::new(),
             },
             t,
         }
@@ -360,6 +372,29 @@ impl<'a, T: Transport> Engine<'a, T> {
             Outcome::ControlLost => f.control_lost += 1,
             Outcome::OpenAtEnd => s.open_at_end += 1,
         }
+        if matches!(how, Outcome::Reset | Outcome::ClosedEarly) && f.cut.len() < MAX_CUT {
+            f.cut.push_back((c.target, now_ns(), how));
+        }
+    }
+
+    /// The copies cut lately whose target is now found down were cut by it going away:
+    /// counted as `target_gone` instead of how they were cut; those past [`GONE_WINDOW_NS`]
+    /// stay as they were. `all`: the run is over, nothing more will be found.
+    fn settle_cut(&mut self, now: u64, all: bool) {
+        let mut keep = VecDeque::new();
+        while let Some((target, at, how)) = self.f.cut.pop_front() {
+            if self.t.backoff().down(target).is_some() {
+                let fl = &mut self.f.report.sessions.failed;
+                match how {
+                    Outcome::Reset => fl.reset -= 1,
+                    _ => fl.closed_early -= 1,
+                }
+                fl.target_gone += 1;
+            } else if !all && now < at + GONE_WINDOW_NS {
+                keep.push_back((target, at, how));
+            }
+        }
+        self.f.cut = keep;
     }
 
     /// Ends a session's copies as shed (memory over the limit, or the reassembler's).
@@ -479,6 +514,12 @@ impl<'a, T: Transport> Engine<'a, T> {
         for line in self.t.backoff().take_news() {
             (self.f.say)(&line);
         }
+        if !self.f.cut.is_empty() {
+            self.settle_cut(now_ns(), false);
+        }
+        if let Some(line) = self.f.differ.as_mut().and_then(Differ::take_news) {
+            (self.f.say)(&line);
+        }
         Ok(())
     }
 
@@ -537,6 +578,7 @@ impl<'a, T: Transport> Engine<'a, T> {
                 + fl.reset
                 + fl.timeout
                 + fl.closed_early
+                + fl.target_gone
                 + fl.lost_capture_data
                 + fl.shed
                 + f.control_lost,
@@ -588,6 +630,7 @@ impl<'a, T: Transport> Engine<'a, T> {
                 self.end(idx, Outcome::OpenAtEnd, true);
             }
         }
+        self.settle_cut(now_ns(), true);
         Ok(())
     }
 
@@ -624,7 +667,8 @@ impl<'a, T: Transport> Engine<'a, T> {
         let start = self.f.start_ns;
         let end_at = duration.map(|d| start + d.as_nanos() as u64);
         let mut events = Events::with_capacity(1024);
-        feed::run(&mut self, input, end_at, stop, live, &mut events)?;
+        let say = self.f.say;
+        feed::run(&mut self, input, end_at, stop, live, &mut events, say)?;
         let stopped = feed::stopped(stop, end_at);
         self.drain(&mut events, stop, live, stopped)?;
         self.publish(live);

@@ -519,6 +519,16 @@ pub fn run(
             r.filter = rule.matches().join("; ");
             r.rule = Some(installed.describe());
             r.stale_rule_replaced = installed.replaced_stale;
+            if installed.replaced_stale {
+                // A killed intercept's rule stays on purpose (its queue, unread, drops the
+                // answers rather than let them reach the clients): taken over, and said.
+                eprintln!(
+                    "tcpkit intercept: took over the {} a killed intercept left on queue {}: \
+                     the answers it dropped while nobody read the queue are lost to their copies",
+                    installed.describe(),
+                    rule.queue
+                );
+            }
             (Input::Queue(q), Some(installed))
         }
     };
@@ -851,6 +861,16 @@ fn serve(c: &mut Client, key: Option<&Key>, scratch: &mut [u8], r: &mut Intercep
                 c.inbuf.drain(..n);
                 let copy_nonce = match nonce {
                     Some(cn) if version == VERSION => cn,
+                    // The version is right and the Hello is not: say that, not a mismatch
+                    // of versions that are the same.
+                    None if version == VERSION => {
+                        r.copies_refused += 1;
+                        refuse(
+                            c,
+                            &format!("copy's version-{VERSION} Hello carries no nonce (cut short, or not sent by tcpkit copy)"),
+                        );
+                        continue;
+                    }
                     _ => {
                         r.copies_refused += 1;
                         refuse(

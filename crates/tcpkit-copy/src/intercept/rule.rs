@@ -299,9 +299,34 @@ fn chains_of(json: &[u8]) -> Option<Vec<(String, usize)>> {
     Some(chains)
 }
 
+/// Whether `chain` in `nft -j list table ...` output is a base chain that lets everything
+/// through (policy accept, as iptables-nft creates OUTPUT on demand).
+fn accepts(json: &[u8], chain: &str) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(json) else {
+        return false;
+    };
+    v.get("nftables")
+        .and_then(|i| i.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.get("chain"))
+        .any(|c| {
+            c.get("name").and_then(|n| n.as_str()) == Some(chain)
+                && c.get("policy").and_then(|p| p.as_str()).unwrap_or("accept") == "accept"
+        })
+}
+
 /// The family's `filter` table now: its chains with their rule counts, None when it is not
 /// there, Err when nft could not say.
 fn filter_table_now(v6: bool) -> Result<Option<Vec<(String, usize)>>, ()> {
+    filter_table_json(v6).map(|t| t.map(|(chains, _)| chains))
+}
+
+/// A table's chains with their rule counts, and the `nft -j` listing they were read from.
+type Listed = (Vec<(String, usize)>, Vec<u8>);
+
+/// [`filter_table_now`], with the listing it was read from.
+fn filter_table_json(v6: bool) -> Result<Option<Listed>, ()> {
     let o = run(
         "nft",
         &args(&["-j", "list", "table", nft_family(v6), "filter"]),
@@ -314,13 +339,29 @@ fn filter_table_now(v6: bool) -> Result<Option<Vec<(String, usize)>>, ()> {
             Err(())
         };
     }
-    chains_of(&o.stdout).map(Some).ok_or(())
+    let chains = chains_of(&o.stdout).ok_or(())?;
+    Ok(Some((chains, o.stdout)))
 }
 
-fn filter_table_before(v6: bool) -> FilterTable {
-    match filter_table_now(v6) {
+/// The family's `filter` table as the rule finds it. `stale`: a killed intercept's chain was
+/// just cleared from it, so an empty, accepting OUTPUT chain is taken for the one iptables-nft
+/// created for that intercept's jump (and the table for its, when nothing else is in it):
+/// removed with this rule, so a kill and a restart leave the ruleset as it was before either.
+fn filter_table_before(v6: bool, stale: bool) -> FilterTable {
+    match filter_table_json(v6) {
         Ok(None) => FilterTable::Absent,
-        Ok(Some(c)) => FilterTable::Chains(c.into_iter().map(|(n, _)| n).collect()),
+        Ok(Some((c, json))) => {
+            let names: Vec<String> = c
+                .into_iter()
+                .filter(|(n, rules)| !(stale && n == "OUTPUT" && *rules == 0 && accepts(&json, n)))
+                .map(|(n, _)| n)
+                .collect();
+            if stale && names.is_empty() {
+                FilterTable::Absent
+            } else {
+                FilterTable::Chains(names)
+            }
+        }
         Err(()) => FilterTable::Unknown,
     }
 }
@@ -444,10 +485,12 @@ pub fn install(rule: &AnswerRule) -> Result<Installed, RuleError> {
         }
     };
     // A leftover of the fallback is cleared here (when iptables exists at all).
-    let mut replaced_stale = rule
+    let stale_chain: Vec<bool> = rule
         .families()
         .into_iter()
-        .fold(existed, |f, v6| clear_iptables(rule, v6) || f);
+        .map(|v6| clear_iptables(rule, v6))
+        .collect();
+    let mut replaced_stale = existed || stale_chain.iter().any(|&s| s);
     let spawned = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
@@ -493,7 +536,8 @@ pub fn install(rule: &AnswerRule) -> Result<Installed, RuleError> {
         tables_before: rule
             .families()
             .into_iter()
-            .map(|v6| (v6, filter_table_before(v6)))
+            .zip(stale_chain)
+            .map(|(v6, stale)| (v6, filter_table_before(v6, stale)))
             .collect(),
     };
     for v6 in rule.families() {
@@ -587,6 +631,14 @@ mod tests {
             ]
         );
         assert_eq!(chains_of(b"not json"), None);
+        // No policy given (nft omits it for regular chains) reads as accepting; a base chain
+        // that drops does not.
+        assert!(accepts(json, "OUTPUT"));
+        assert!(!accepts(json, "FORWARD"), "no such chain");
+        let drop = br#"{"nftables": [{"chain": {"family": "ip", "table": "filter",
+            "name": "OUTPUT", "type": "filter", "hook": "output", "prio": 0, "policy": "drop"}}]}"#;
+        assert!(!accepts(drop, "OUTPUT"));
+        assert!(!accepts(b"not json", "OUTPUT"));
     }
 
     #[test]

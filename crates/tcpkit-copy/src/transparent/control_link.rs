@@ -85,7 +85,9 @@ impl TpEngine<'_, '_> {
             return;
         }
         self.t.ts.control_losses += 1;
+        self.t.ctl.down_since = now;
         // Copies past their SYN cannot see their answers any more: reset and counted.
+        let mut cut = 0u64;
         for idx in 0..self.f.conns.slots() {
             if self
                 .f
@@ -94,8 +96,17 @@ impl TpEngine<'_, '_> {
                 .is_some_and(|c| c.x.st != St::WaitControl)
             {
                 self.end(idx, Outcome::ControlLost, true);
+                cut += 1;
             }
         }
+        // Said at once (intercept restarted, or its host went away), not only in the report.
+        (self.f.say)(&format!(
+            "lost the control connection to intercept {}: {cut} copies in flight cut (counted \
+             as control lost); new copies wait while it reconnects, {:.1} s apart at first, \
+             doubling to 1 s",
+            self.t.ctl.addr,
+            wait as f64 / 1e9
+        ));
     }
 
     pub(super) fn control_connect(&mut self, now: u64) {
@@ -192,6 +203,13 @@ impl TpEngine<'_, '_> {
                                     self.t.ctl.backoff = 0;
                                     self.t.ts.control_reconnects += 1;
                                     welcomed = true;
+                                    let down = now.saturating_sub(self.t.ctl.down_since);
+                                    (self.f.say)(&format!(
+                                        "reconnected to intercept {} (down {:.1} s): copying \
+                                         resumes",
+                                        self.t.ctl.addr,
+                                        down as f64 / 1e9
+                                    ));
                                 }
                                 // A 35-byte Proof into a socket that took only 27: written
                                 // whole or the connection is broken.

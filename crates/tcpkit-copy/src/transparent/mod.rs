@@ -226,6 +226,8 @@ struct Control {
     inbuf: Vec<u8>,
     last_rx_ns: u64,
     backoff: u32,
+    /// When the connection that was up went down (0: it is up, or never was lost).
+    down_since: u64,
 }
 
 const CONTROL: Token = Token(usize::MAX - 1);
@@ -1004,6 +1006,7 @@ pub fn run(
             inbuf: Vec::new(),
             last_rx_ns: start,
             backoff: 0,
+            down_since: 0,
         },
         by_tuple: FxHashMap::default(),
         backoff: Backoff::default(),

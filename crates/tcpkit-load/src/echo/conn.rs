@@ -55,6 +55,9 @@ struct Pending {
     /// arrived: its end must follow within `partial_timeout` (in the box, so an idle
     /// connection pays nothing for it).
     since: Option<Instant>,
+    /// Since when the client has taken none of `output`: a client that stopped reading (echo
+    /// then stops reading it too) has `partial_timeout` to take some, and is counted apart.
+    stalled: Option<Instant>,
     /// HTTP mode: the connection's protocol state, kept while it lives.
     http: Option<HttpConn>,
 }
@@ -74,6 +77,16 @@ struct Conn {
 // Checked in optimised builds only: mio's TcpStream carries a debug-only field.
 #[cfg(not(debug_assertions))]
 const _: () = assert!(std::mem::size_of::<Option<Conn>>() <= 16);
+
+impl Pending {
+    /// Output is left unwritten after a write of `n` bytes: the stall starts now if the client
+    /// took some (or none was counted yet), and keeps its start if it took nothing.
+    fn stall(&mut self, n: usize) {
+        if n > 0 || self.stalled.is_none() {
+            self.stalled = Some(Instant::now());
+        }
+    }
+}
 
 impl Conn {
     /// Frees the pending buffers once they are empty: an idle connection holds no buffer.
@@ -344,18 +357,29 @@ pub(super) fn serve(
     Ok(())
 }
 
-/// Closes every connection holding the start of a query for longer than `limit` (one pass
-/// over the slab per tick: cheap beside the connections it bounds).
+/// Closes every connection holding the start of a query, or answers its client takes none
+/// of, for longer than `limit` (one pass over the slab per tick: cheap beside the
+/// connections it bounds). A client with answers waiting stopped reading, and echo stopped
+/// reading it (back-pressure): what it sent and echo has not read is no partial query of its
+/// making, so it is judged and counted as a client that stopped reading.
 fn sweep_partial(conns: &mut Conns<'_>, now: Instant, limit: Duration, c: &ThreadCounters) {
     for i in 0..conns.slab.slots.len() {
-        let stale = conns.slab.slots[i].as_ref().is_some_and(|conn| {
-            conn.pending
-                .as_ref()
-                .is_some_and(|p| p.since.is_some_and(|t| now.duration_since(t) >= limit))
+        let stale = conns.slab.slots[i].as_ref().and_then(|conn| {
+            let p = conn.pending.as_ref()?;
+            let unread = p.out_pos < p.output.len();
+            let t = if unread { p.stalled? } else { p.since? };
+            (now.duration_since(t) >= limit).then_some(unread)
         });
-        if stale && conns.remove(i).is_some() {
-            bump(&c.partial_timeouts, 1);
-            bump(&c.closed, 1);
+        if let Some(unread) = stale {
+            if conns.remove(i).is_some() {
+                let why = if unread {
+                    &c.unread_timeouts
+                } else {
+                    &c.partial_timeouts
+                };
+                bump(why, 1);
+                bump(&c.closed, 1);
+            }
         }
     }
 }
@@ -596,10 +620,12 @@ impl Loop<'_> {
             bump(&self.c.bytes_out, n as u64);
             p.out_pos += n;
             if p.out_pos < p.output.len() {
+                p.stall(n);
                 return Ok(false);
             }
             p.output = Vec::new();
             p.out_pos = 0;
+            p.stalled = None;
         }
         conn.release_if_empty();
         Ok(true)
@@ -622,6 +648,7 @@ impl Loop<'_> {
             p.output.clear();
             p.output.extend_from_slice(&data[n..]);
             p.out_pos = 0;
+            p.stall(n);
         }
         Ok(())
     }
@@ -691,6 +718,7 @@ impl Loop<'_> {
                 let p = conn.pending_mut();
                 p.output.extend_from_slice(&self.scratch[w..n]);
                 p.out_pos = 0;
+                p.stall(w);
                 return Ok(Next::Wait);
             }
             if emptied(tls.as_deref(), n, self.scratch.len()) && !hup {

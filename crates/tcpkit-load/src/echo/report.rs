@@ -48,6 +48,11 @@ pub struct EchoReport {
     pub accept_error: Option<String>,
     /// DNS mode: connections closed for holding the start of a query past --partial-timeout.
     pub partial_timeouts: u64,
+    /// Connections closed past --partial-timeout with answers they had not read: the client
+    /// stopped reading, so echo stopped reading it (what it had sent is no partial query of
+    /// its making). Absent from reports of builds before it (read as 0).
+    #[serde(default)]
+    pub unread_timeouts: u64,
     /// Connections closed, once the server had been full, for sending no first message
     /// within --first-timeout.
     pub first_timeouts: u64,
@@ -154,6 +159,7 @@ impl EchoReport {
             accept_error: (t.accept_errno != 0)
                 .then(|| std::io::Error::from_raw_os_error(t.accept_errno as i32).to_string()),
             partial_timeouts: t.partial_timeouts,
+            unread_timeouts: t.unread_timeouts,
             first_timeouts: t.first_timeouts,
             evicted: t.evicted,
             over_cap: t.over_cap,
@@ -184,6 +190,7 @@ impl EchoReport {
             m.accept_errors += r.accept_errors;
             m.fd_exhausted += r.fd_exhausted;
             m.partial_timeouts += r.partial_timeouts;
+            m.unread_timeouts += r.unread_timeouts;
             m.first_timeouts += r.first_timeouts;
             m.evicted += r.evicted;
             m.over_cap += r.over_cap;
@@ -224,6 +231,12 @@ impl Report for EchoReport {
                     self.partial_timeouts
                 ));
             }
+        }
+        if self.unread_timeouts > 0 {
+            s.push_str(&format!(
+                "Clients that stopped reading: {} connections closed with answers unread past --partial-timeout\n",
+                self.unread_timeouts
+            ));
         }
         if let Some(t) = &self.tls {
             let h = &t.handshakes;
@@ -299,6 +312,7 @@ mod tests {
             fd_exhausted: 3,
             accept_error: None,
             partial_timeouts: 0,
+            unread_timeouts: 0,
             first_timeouts: 0,
             evicted: 0,
             over_cap: 0,
@@ -322,11 +336,13 @@ mod tests {
         b.first_timeouts = 19000;
         b.evicted = 23;
         b.accept_error = Some("Too many open files (os error 24)".into());
+        b.unread_timeouts = 2;
         assert_eq!(
             b.human(),
             "Connections: 1000 accepted, 990 closed, 10 open at exit\n\
              Bytes: 123456 in, 234567 out\n\
              DNS: 5000 queries answered, 1 connections closed for a malformed query\n\
+             Clients that stopped reading: 2 connections closed with answers unread past --partial-timeout\n\
              Silent connections: 19000 closed past --first-timeout, 23 evicted at the cap for newcomers; 0 newcomers refused at the cap\n\
              Accept failures: 5 (3 for lack of file descriptors); last: Too many open files (os error 24)\n\
              Served 10.000 seconds on [::]:4242 (1 process, 2 threads, fd limit 20000, cap 19978 connections); stopped by signal\n"
@@ -351,11 +367,13 @@ mod tests {
         b.evicted = 5;
         b.over_cap = 1;
         b.first_timeouts = 7;
+        b.unread_timeouts = 3;
         b.accept_error = Some("Too many open files (os error 24)".into());
         let m = EchoReport::merge(&[a.clone(), b]).unwrap();
         assert_eq!((m.processes, m.threads), (2, 4));
         assert_eq!((m.accepted, m.answered, m.fd_exhausted), (2000, 10000, 6));
         assert_eq!((m.evicted, m.over_cap, m.first_timeouts), (5, 1, 7));
+        assert_eq!((m.partial_timeouts, m.unread_timeouts), (0, 3));
         assert_eq!(m.max_conns, 20978);
         assert_eq!(
             m.accept_error.as_deref(),

@@ -601,6 +601,7 @@ pub fn assert_accounted(r: &Value) {
 pub fn accounted_with(r: &Value, also: u64) {
     let ended = u(r, "sessions.completed")
         + failed(r).iter().sum::<u64>()
+        + u(r, "sessions.failed.target_gone")
         + also
         + u(r, "sessions.open_at_end");
     assert_eq!(ended, u(r, "sessions.copies"), "{r:#}");
