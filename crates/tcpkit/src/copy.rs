@@ -205,6 +205,9 @@ pub struct Args {
     /// fix. Exit status 0 when all are OK, 1 otherwise.
     #[arg(long)]
     pub check: bool,
+
+    #[command(flatten)]
+    pub target_tls: crate::copy_tls::TargetTlsFlags,
 }
 
 /// How the run is shown and bounded, beside what the relay does.
@@ -221,6 +224,8 @@ pub struct Run {
     pub check: bool,
     /// `--transparent`: how copies reach the target and its answers come back.
     pub transparent: Option<TransparentConfig>,
+    /// `--target-tls`: relay mode's copies speak TLS to the target.
+    pub target_tls: Option<relay::TargetTls>,
 }
 
 /// `--transparent`, `--intercept`, `-c`: checked against the rest of the flags.
@@ -426,6 +431,7 @@ pub fn resolve(a: &Args) -> Result<(CopyConfig, Run), Failure> {
             .transpose()?,
         check: a.check,
         transparent: resolve_transparent(a, &cfg.rules)?,
+        target_tls: a.target_tls.resolve(&cfg.rules)?,
     };
     Ok((cfg, run))
 }
@@ -488,6 +494,13 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
                 .map_err(|e| Failure::Runtime(format!("--metrics {addr}: {e}")))
         })
         .transpose()?;
+    if run
+        .target_tls
+        .as_ref()
+        .is_some_and(relay::TargetTls::insecure)
+    {
+        eprintln!("tcpkit copy: --insecure: no TLS certificate of the target is checked; the target is whoever answers (use --tls-ca FILE to check a lab certificate)");
+    }
     let nice = tcpkit_host::lower_priority(run.nice);
     let mut monitor = {
         let live = Arc::clone(&live);
@@ -509,8 +522,16 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let result = match &run.transparent {
         Some(t) => transparent::run(&cfg, t, &run.input, run.duration, interrupt, &live, &say)
             .map_err(|e| Failure::Runtime(crate::chain(&e))),
-        None => relay::run(&cfg, &run.input, run.duration, interrupt, &live, &say)
-            .map_err(|e| Failure::Runtime(crate::chain(&e))),
+        None => relay::run(
+            &cfg,
+            run.target_tls.clone(),
+            &run.input,
+            run.duration,
+            interrupt,
+            &live,
+            &say,
+        )
+        .map_err(|e| Failure::Runtime(crate::chain(&e))),
     };
     monitor.stop();
     let mut report = result?;
