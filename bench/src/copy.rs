@@ -42,7 +42,7 @@ pub(crate) struct Env {
     copy_rx: Vec<u32>,
     /// Every end of the links with receive threads: a full receive queue there drops.
     rx_ifaces: Vec<(Host, String)>,
-    on_log: PathBuf,
+    pub(crate) on_log: PathBuf,
     tg_log: PathBuf,
     /// intercept's control address on the assistant (transparent mode).
     intercept: String,
@@ -856,7 +856,7 @@ pub fn copy(args: &[String]) -> Result<()> {
         tgt.sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")?;
     }
     ast.sysctl("net.ipv4.ip_forward", "0")?;
-    let (_on, on_log) = nginx(&mut lab, &onl, ONLINE, "online", None)?;
+    let (on, on_log) = nginx(&mut lab, &onl, ONLINE, "online", None)?;
     let (_tg, tg_log) = nginx(&mut lab, &tgt, TARGET, "target", None)?;
     let rx_ifaces = vec![
         (onl.clone(), tgt_link.a.name.clone()),
@@ -1053,13 +1053,13 @@ pub fn copy(args: &[String]) -> Result<()> {
 
     // The TLS rows, beside the clear ones in a full run (this build only).
     let tls = if only.is_none() && against.is_none() {
-        let t = crate::copy_tls::rows(&env, &mut lab, &mut failed)?;
+        let t = crate::copy_tls::rows(&env, &mut lab, on.pid(), &mut failed)?;
         format!("\n## TLS (issue 27)\n{}\n{t}", crate::copy_tls::NOTE)
     } else {
         String::new()
     };
     let t = match (&against, tls_only) {
-        (_, true) => tls.clone(),
+        (_, true) => tls.clone() + &failed_list(&failed),
         (None, false) => table(&rows, &failed) + &tls,
         (Some(_), false) => ab_table(&ab_rows, &failed),
     };
@@ -1124,6 +1124,20 @@ pub fn copy(args: &[String]) -> Result<()> {
         loadavg.trim(),
         started.elapsed().as_secs_f64()
     );
+    let md = if tls_only {
+        format!(
+            "# tcpkit copy, TLS rows (issue 27) — {date}\n\n\
+             Command: `{cmd}` (from the workspace root, as root)\n\n\
+             Machine: Linux {}, {cpus} CPUs (clients, both nginx and the copy share them); load average at start: {}; whole bench took {:.0} s.\n\
+             Lab: clients → online → target, veth links (the copy bench's; see its full results for the clear rows).\n\
+             {t}",
+            kernel.trim(),
+            loadavg.trim(),
+            started.elapsed().as_secs_f64()
+        )
+    } else {
+        md
+    };
     crate::write_results(
         if tls_only { "copy-tls" } else { "copy" },
         &date,
@@ -1344,12 +1358,19 @@ fn table(rows: &[Row], failed: &[String]) -> String {
          | tcpcopy 1.3 + intercept (issue text) | new connection per request, ab -c10/-c50 | | | 6–12 % | | | | | | | | |\n\
          | tcpcopy (its README) | 2 × 2.18k req/s → one target | | | 0.0375 % | ~9 % | | | | | | | |\n",
     );
-    if !failed.is_empty() {
-        t.push_str("\n**Rows that failed** (not in the table above):\n\n");
-        for f in failed {
-            // The reports are JSON on several lines: one list item each.
-            t.push_str(&format!("- {}\n", f.replace('\n', " ")));
-        }
+    t.push_str(&failed_list(failed));
+    t
+}
+
+/// The rows that failed, one list item each, under their table (none: nothing).
+fn failed_list(failed: &[String]) -> String {
+    if failed.is_empty() {
+        return String::new();
+    }
+    let mut t = String::from("\n**Rows that failed** (not in the table above):\n\n");
+    for f in failed {
+        // The reports are JSON on several lines: one list item each.
+        t.push_str(&format!("- {}\n", f.replace('\n', " ")));
     }
     t
 }

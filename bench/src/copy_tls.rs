@@ -27,6 +27,9 @@ use crate::copy::{
 enum Source {
     Keylog,
     Uprobe,
+    /// Production in clear (the clear rows' nginx), copied to the TLS target: what
+    /// `--target-tls` costs the copy.
+    Clear,
 }
 
 impl Source {
@@ -34,6 +37,16 @@ impl Source {
         match self {
             Source::Keylog => "key log",
             Source::Uprobe => "uprobes",
+            Source::Clear => "clear TCP",
+        }
+    }
+
+    /// Production's port.
+    fn port(self) -> u16 {
+        if self == Source::Clear {
+            8080
+        } else {
+            8443
         }
     }
 
@@ -43,6 +56,7 @@ impl Source {
         match self {
             Source::Keylog => &["--tls-keylog", "--target-tls", "--tls-ca"],
             Source::Uprobe => &["--tls-uprobe", "--pid", "--target-tls", "--tls-ca"],
+            Source::Clear => &["--target-tls", "--tls-ca"],
         }
     }
 }
@@ -53,9 +67,21 @@ struct TlsEnv<'a> {
     ca: PathBuf,
     on_log: PathBuf,
     tg_log: PathBuf,
-    /// Production nginx (its master; the worker is its child).
+    /// Production nginx over TLS (its master; the worker is its child).
     online: Proc,
+    /// The clear rows' production nginx (its master).
+    clear_pid: u32,
     dir: PathBuf,
+}
+
+impl TlsEnv<'_> {
+    /// Production for `source`: its nginx's master and access log.
+    fn prod(&self, source: Source) -> (u32, &Path) {
+        match source {
+            Source::Clear => (self.clear_pid, &self.env.on_log),
+            _ => (self.online.pid(), &self.on_log),
+        }
+    }
 }
 
 /// One row: a source, a kind of traffic, a rate.
@@ -105,21 +131,34 @@ fn libssl_of(master: u32) -> Result<(String, u32)> {
     Ok((lib.to_string(), worker))
 }
 
-/// A load run against production's HTTPS, its figures and nginx's CPU per request it served.
-fn https_load(t: &TlsEnv, rate: u32, new_conn: bool, keylog: Option<&Path>) -> Result<(Load, f64)> {
-    let url = format!("https://{ONLINE}:8443/index.html");
+/// A load run against production (HTTPS, or clear HTTP for [`Source::Clear`]), its figures
+/// and nginx's CPU per request it served.
+fn prod_load(
+    t: &TlsEnv,
+    source: Source,
+    rate: u32,
+    new_conn: bool,
+    keylog: Option<&Path>,
+) -> Result<(Load, f64)> {
+    let (pid, log) = t.prod(source);
     let ca = t.ca.to_str().unwrap_or_default();
-    let (c0, n0) = (nginx_cpu(t.online.pid()), log_lines(&t.on_log));
-    let l = load_to(t.env, &url, rate, new_conn, &["--tls-ca", ca], keylog)?;
+    let (c0, n0) = (nginx_cpu(pid), log_lines(log));
+    let l = match source {
+        Source::Clear => load_to(t.env, &format!("{ONLINE}:8080"), rate, new_conn, &[], None)?,
+        _ => {
+            let url = format!("https://{ONLINE}:8443/index.html");
+            load_to(t.env, &url, rate, new_conn, &["--tls-ca", ca], keylog)?
+        }
+    };
     // nginx flushes its access log every 100 ms.
     std::thread::sleep(Duration::from_millis(300));
-    let (c1, n1) = (nginx_cpu(t.online.pid()), log_lines(&t.on_log));
+    let (c1, n1) = (nginx_cpu(pid), log_lines(log));
     Ok((l, (c1 - c0) * 1e6 / (n1 - n0).max(1) as f64))
 }
 
-/// The copy of production's 8443 to the target's, from `source`, for RUN_S + the tail.
+/// The copy of production to the target's 8443, from `source`, for RUN_S + the tail.
 fn start_copy(t: &TlsEnv, source: Source, keylog: &Path) -> Result<Child> {
-    let rule = format!("{ONLINE}:8443-{TARGET}:8443");
+    let rule = format!("{ONLINE}:{}-{TARGET}:8443", source.port());
     let d = (RUN_S + COPY_TAIL_S).to_string();
     let tk = t.env.tcpkit.to_str().unwrap_or_default();
     let ca = t.ca.to_str().unwrap_or_default();
@@ -136,6 +175,7 @@ fn start_copy(t: &TlsEnv, source: Source, keylog: &Path) -> Result<Child> {
         ca.into(),
     ];
     match source {
+        Source::Clear => argv.extend(["-i".into(), t.env.cap_if.clone()]),
         Source::Keylog => {
             // Made empty now: the copy reads it as the clients write it.
             std::fs::write(keylog, "")?;
@@ -192,6 +232,17 @@ fn tls_note(r: &serde_json::Value) -> String {
             t["target"]["failures"]
         ));
     }
+    let q = &r["requests"];
+    if n(&q["answered"]) < n(&q["at_source"]) {
+        v.push(format!(
+            "copy: {} of {} request turns answered",
+            n(&q["answered"]),
+            n(&q["at_source"])
+        ));
+    }
+    if n(&r["sessions"]["open_at_end"]) > 0 {
+        v.push(format!("open at end {}", n(&r["sessions"]["open_at_end"])));
+    }
     if n(&t["uprobe"]["lost_records"]) > 0 {
         v.push(format!("lost records {}", n(&t["uprobe"]["lost_records"])));
     }
@@ -201,21 +252,22 @@ fn tls_note(r: &serde_json::Value) -> String {
 /// One row: production without the copy, then copying (then, with the probes, without again).
 fn row(t: &TlsEnv, source: Source, new_conn: bool, rate: u32) -> Result<TlsRow> {
     let tag = format!(
-        "{}-{}-{rate}",
-        if source == Source::Keylog { "kl" } else { "up" },
+        "{:?}-{}-{rate}",
+        source,
         if new_conn { "new" } else { "ka" }
     );
     let keylog = t.dir.join(format!("keys-{tag}.log"));
-    let (base, base_cpu) = https_load(t, rate, new_conn, None)?;
+    let (base, base_cpu) = prod_load(t, source, rate, new_conn, None)?;
     std::thread::sleep(Duration::from_millis(300));
-    let (on0, tg0) = (log_lines(&t.on_log), log_lines(&t.tg_log));
+    let (_, prod_log) = t.prod(source);
+    let (on0, tg0) = (log_lines(prod_log), log_lines(&t.tg_log));
     let copy = start_copy(t, source, &keylog)?;
     let pid = copy.id();
     let (cpu0, _) = usage(pid);
     let life0 = threads_on_cpu(pid);
     let started = Instant::now();
     let kl = (source == Source::Keylog).then_some(keylog.as_path());
-    let (with, with_cpu) = https_load(t, rate, new_conn, kl)?;
+    let (with, with_cpu) = prod_load(t, source, rate, new_conn, kl)?;
     let (cpu1, _) = usage(pid);
     let secs = started.elapsed().as_secs_f64();
     let Finished {
@@ -224,11 +276,11 @@ fn row(t: &TlsEnv, source: Source, new_conn: bool, rate: u32) -> Result<TlsRow> 
         cpu_s,
     } = copy_report_kept(copy)?;
     std::thread::sleep(Duration::from_millis(300));
-    let (online, target) = (log_lines(&t.on_log) - on0, log_lines(&t.tg_log) - tg0);
+    let (online, target) = (log_lines(prod_log) - on0, log_lines(&t.tg_log) - tg0);
     let mut bases = vec![base];
     let mut base_cpus = vec![base_cpu];
     if source == Source::Uprobe {
-        let (b, c) = https_load(t, rate, new_conn, None)?;
+        let (b, c) = prod_load(t, source, rate, new_conn, None)?;
         bases.push(b);
         base_cpus.push(c);
     }
@@ -256,7 +308,13 @@ fn row(t: &TlsEnv, source: Source, new_conn: bool, rate: u32) -> Result<TlsRow> 
 
 /// The TLS rows with this build's copy, in `lab` (the clear rows' lab: clients → online →
 /// target): their table, and the rows that failed, each said (`failed`).
-pub(crate) fn rows(env: &Env, lab: &mut Lab, failed: &mut Vec<String>) -> Result<String> {
+/// `clear_pid`: the clear rows' production nginx.
+pub(crate) fn rows(
+    env: &Env,
+    lab: &mut Lab,
+    clear_pid: u32,
+    failed: &mut Vec<String>,
+) -> Result<String> {
     let dir = lab.dir().join("tls");
     let ca = TestCa::new(&dir.join("ca"), "bench CA")?;
     let on_cert = ca.server("online", &[ONLINE])?;
@@ -273,11 +331,12 @@ pub(crate) fn rows(env: &Env, lab: &mut Lab, failed: &mut Vec<String>) -> Result
         on_log,
         tg_log,
         online,
+        clear_pid,
         dir,
     };
     let mut rows = Vec::new();
     let mut lacking = Vec::new();
-    for source in [Source::Keylog, Source::Uprobe] {
+    for source in [Source::Keylog, Source::Uprobe, Source::Clear] {
         let lacks = crate::missing_flags(&env.tcpkit, "copy", source.flags())?;
         if !lacks.is_empty() {
             let why = format!(
@@ -313,7 +372,7 @@ pub(crate) fn rows(env: &Env, lab: &mut Lab, failed: &mut Vec<String>) -> Result
             }
         }
     }
-    if rows.is_empty() && lacking.len() == 2 {
+    if rows.is_empty() && lacking.len() == 3 {
         bail!("no TLS row can run: {}", lacking.join("; "));
     }
     Ok(table(&rows, &lacking))
@@ -330,7 +389,9 @@ fn traffic(new_conn: bool) -> &'static str {
 /// What the results file says of the TLS table.
 pub(crate) const NOTE: &str = "\nTLS rows (issue 27): nginx over TLS (1 worker, TLS 1.2 and 1.3, \
 ECDSA P-256 certificates of a CA made for the run) as production on online:8443 and as the \
-target on target:8443; the clients are `tcpkit load https://online:8443/index.html --tls-ca` \
+target on target:8443 (the clear TCP rows: the clear rows' production nginx on online:8080, \
+copied with `-i <clients' link> --target-tls` to the same TLS target: what re-encrypting \
+costs the copy); the clients are `tcpkit load https://online:8443/index.html --tls-ca` \
 (open loop; a new connection per request is a full handshake each, no resumption), which \
 writes the key log through SSLKEYLOGFILE for the key-log rows. The copy: `tcpkit copy -x \
 online:8443-target:8443 --target-tls --tls-ca CA` with `-i <clients' link> --tls-keylog FILE` \

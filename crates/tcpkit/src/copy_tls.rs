@@ -18,7 +18,7 @@ pub struct TargetTlsFlags {
     /// requests are sent over it and its plaintext answers read (--diff compares those).
     /// The handshake is not in the target's answer latency; a failed one is counted by
     /// reason. Without it, copies go to the target's clear port.
-    /// Example: tcpkit copy -x 443-10.0.1.5:8443 --tls-keylog keys.log --target-tls --tls-ca ca.pem
+    /// Example: tcpkit copy -x 443-10.0.1.5:8443 --target-tls --tls-ca ca.pem
     #[arg(long, conflicts_with = "transparent")]
     pub target_tls: bool,
 
