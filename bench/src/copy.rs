@@ -404,15 +404,21 @@ fn start_copy(env: &Env, bin: &Path, secs: f64, mode: Mode) -> Result<Child> {
             argv.extend_from_slice(&["--transparent", "--intercept", &env.intercept_on_target]);
         }
     }
+    // The ring and filter are in place well within this; the copy logs nothing before.
+    spawn_copy(env, &argv, Duration::from_millis(400))
+}
+
+/// Starts `argv` (a tcpkit copy) on the online host, its output piped, and gives it `settle`
+/// to set up.
+pub(crate) fn spawn_copy(env: &Env, argv: &[&str], settle: Duration) -> Result<Child> {
     let child = env
         .onl
-        .command(&argv)
+        .command(argv)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .context("start tcpkit copy")?;
-    // The ring and filter are in place well within this; the copy logs nothing before.
-    std::thread::sleep(Duration::from_millis(400));
+    std::thread::sleep(settle);
     Ok(child)
 }
 

@@ -11,15 +11,15 @@
 //! without them, so the difference can be told from the drift of the machine.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use tcpkit_lab::{Lab, Proc, TestCa};
 
 use crate::copy::{
-    copy_report_kept, failed_causes, load_to, log_lines, nginx, threads_on_cpu, usage, Env,
-    Finished, Load, COPY_TAIL_S, ONLINE, RUN_S, TARGET,
+    copy_report_kept, failed_causes, load_to, log_lines, nginx, spawn_copy, threads_on_cpu, usage,
+    Env, Finished, Load, COPY_TAIL_S, ONLINE, RUN_S, TARGET,
 };
 
 /// Where the copy's plaintext comes from.
@@ -198,17 +198,8 @@ fn start_copy(t: &TlsEnv, source: Source, keylog: &Path) -> Result<Child> {
         }
     }
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let child = t
-        .env
-        .onl
-        .command(&argv)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("start tcpkit copy")?;
     // The capture (or the probes) are in place well within this.
-    std::thread::sleep(Duration::from_millis(600));
-    Ok(child)
+    spawn_copy(t.env, &argv, Duration::from_millis(600))
 }
 
 /// The copy report's TLS figures worth a row's note: sessions not decrypted, handshakes with
