@@ -31,6 +31,9 @@ pub struct CopyConfig {
     pub max_loss_percent: f64,
     /// `-F`: a tcpdump expression the live capture must also match (tcpcopy's capture filter).
     pub filter: Option<String>,
+    /// `--tls-keylog`: every session is TLS, decrypted with this NSS key log's secrets (read
+    /// as it grows) before it is copied.
+    pub tls_keylog: Option<std::path::PathBuf>,
 }
 
 /// Counters every copy mode publishes for the live line (relaxed stores once per loop turn).

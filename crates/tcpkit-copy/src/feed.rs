@@ -236,8 +236,25 @@ pub(crate) fn pace(input: &Input) -> (Speed, u64) {
 
 /// Feeds `input` to `c` until it ends (a file), `stop` is set, or `end_at` passes. A capture
 /// file that turns out truncated ends the input early with the reason in the report's
-/// `failure`.
+/// `failure`. With `--tls-keylog` the TLS layer stands between the reassembler and `c`.
 pub(crate) fn run<C: Consumer>(
+    c: &mut C,
+    input: &Input,
+    end_at: Option<u64>,
+    stop: &AtomicBool,
+    live: &CopyCounters,
+    events: &mut Events,
+) -> Result<(), C::Error> {
+    let Some(keylog) = c.cfg().tls_keylog.clone() else {
+        return run_input(c, input, end_at, stop, live, events);
+    };
+    let mut layer = crate::tls::Layer::new(c, &keylog);
+    let r = run_input(&mut layer, input, end_at, stop, live, events);
+    layer.finish();
+    r
+}
+
+fn run_input<C: Consumer>(
     c: &mut C,
     input: &Input,
     end_at: Option<u64>,

@@ -18,6 +18,8 @@
 //!   capture side, each copy's requests and their turns (wait for the answer, `--diff`'s
 //!   rest of it, the think time), the copies' slots and timers, how each copy ended, the
 //!   live counters and the report.
+//! - `tls`: `--tls-keylog`, between the reassembler and the session front: each TLS
+//!   session's ciphertext events in, its plaintext events out (the front copies plaintext).
 //! - [`relay`]: relay mode's transport: each copy over an ordinary TCP connection to the
 //!   target.
 //! - `backoff`: the back-off after a target's refusals, shared by every copy mode, so a
@@ -48,6 +50,7 @@ pub mod reasm;
 pub mod relay;
 pub mod report;
 pub mod sample;
+mod tls;
 pub mod transfer;
 pub mod transparent;
 mod turns;

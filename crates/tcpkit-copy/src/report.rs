@@ -434,6 +434,20 @@ impl CopyReport {
     /// of them, or it lost more than `max_loss_percent` of them. A run that saw no request
     /// (nothing came, or `-r` left every session out) did not fail.
     fn judge(&self) -> Option<String> {
+        if let Some(t) = &self.tls {
+            let s = &t.sessions;
+            let others = s.no_secret + s.not_tls + s.failed + s.unsupported.values().sum::<u64>();
+            if s.decrypted == 0 && others > 0 {
+                return Some(format!(
+                    "no TLS session was decrypted: {} no secret, {} not TLS, {} failed, \
+                     unsupported: {}",
+                    s.no_secret,
+                    s.not_tls,
+                    s.failed,
+                    counts(&s.unsupported)
+                ));
+            }
+        }
         let r = &self.requests;
         if r.at_source == 0 {
             return None;

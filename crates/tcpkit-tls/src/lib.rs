@@ -16,6 +16,7 @@
 //!   was resumed. Above it, load's and echo's protocols see plaintext only.
 
 pub mod client;
+pub mod decrypt;
 pub mod fail;
 pub mod session;
 pub mod setup;

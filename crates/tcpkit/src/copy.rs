@@ -208,6 +208,17 @@ pub struct Args {
 
     #[command(flatten)]
     pub target_tls: crate::copy_tls::TargetTlsFlags,
+
+    /// Every session of the copy rules is TLS: decrypt it with the secrets in FILE, an NSS
+    /// key log (what curl, Firefox and Chrome write when SSLKEYLOGFILE is set, and OpenSSL's
+    /// keylog callback), and copy its plaintext requests to the target, whose port then
+    /// speaks clear text (or TLS, with --target-tls). TLS 1.3, and TLS 1.2 with ECDHE, AES-GCM or ChaCha20-Poly1305.
+    /// The file is read as it grows; live, it need not exist yet (its directory must). A
+    /// session whose secret does not come within 3 s, or that cannot be decrypted, is
+    /// counted by reason and never copied. E.g. `SSLKEYLOGFILE=/tmp/keys curl ...` beside
+    /// `tcpkit copy -i eth0 -x 443-10.0.0.2:8080 --tls-keylog /tmp/keys`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_keylog: Option<PathBuf>,
 }
 
 /// How the run is shown and bounded, beside what the relay does.
@@ -411,6 +422,7 @@ pub fn resolve(a: &Args) -> Result<(CopyConfig, Run), Failure> {
         diff,
         max_loss_percent: a.max_loss,
         filter: a.filter.clone(),
+        tls_keylog: a.tls_keylog.clone(),
     };
     let run = Run {
         input,
@@ -463,6 +475,9 @@ fn files_usable(cfg: &CopyConfig, run: &Run) -> Result<(), Failure> {
     run.input
         .file_usable()
         .map_err(|e| usage(format!("--input {}", crate::chain(&e))))?;
+    if let Some(k) = &cfg.tls_keylog {
+        keylog_usable(k, matches!(run.input, Input::File { .. }))?;
+    }
     if let Some(out) = cfg.diff.as_ref().and_then(|d| d.out.as_ref()) {
         std::fs::File::create(out).map_err(|e| {
             usage(format!(
@@ -473,6 +488,31 @@ fn files_usable(cfg: &CopyConfig, run: &Run) -> Result<(), Failure> {
         })?;
     }
     Ok(())
+}
+
+/// `--tls-keylog FILE`: readable when it exists. Live, a file not there yet is read once
+/// it appears (the client that writes it may start after copy, as with Wireshark), but its
+/// directory must exist; with --input the secrets are wanted now, so the file must exist.
+fn keylog_usable(k: &std::path::Path, offline: bool) -> Result<(), Failure> {
+    let bad = |what: String| usage(format!("--tls-keylog {}: {what}", k.display()));
+    match std::fs::File::open(k) {
+        Ok(f) => match f.metadata() {
+            Ok(m) if m.is_dir() => Err(bad("is a directory".into())),
+            _ => Ok(()),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !offline => {
+            let dir = match k.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            if dir.is_dir() {
+                Ok(())
+            } else {
+                Err(bad(format!("no such directory {}", dir.display())))
+            }
+        }
+        Err(e) => Err(bad(format!("cannot open: {}", crate::chain(&e)))),
+    }
 }
 
 pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
