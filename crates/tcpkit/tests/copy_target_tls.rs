@@ -4,6 +4,8 @@
 //! certificate of the lab's own CA, and `tcpkit echo --http --tls`. The target's own count
 //! of requests equals production's; --diff compares the plaintext answers read over TLS; a
 //! certificate of another CA is named in one line; --insecure copies anyway and says so.
+//! And TLS end to end: production over TLS decrypted with the clients' key log
+//! (`--tls-keylog`) and re-encrypted toward the target.
 
 use crate::common::peer::stop_echo;
 use crate::copy_common::*;
@@ -29,29 +31,41 @@ fn ca(l: &CopyLab, name: &str) -> TestCa {
 /// nginx over TLS (HTTP/1.1 only) on the target's TLS port, its certificate from `ca` for
 /// the target's address, serving `files` besides /index.html; an access log line per request.
 fn tls_nginx(l: &mut CopyLab, ca: &TestCa, files: &[(&str, &str)]) -> Nginx {
+    let host = l.target.clone();
+    nginx_on(l, &host, TARGET, ca, files)
+}
+
+/// [`tls_nginx`] in `host` on `ip`.
+fn nginx_on(
+    l: &mut CopyLab,
+    host: &tcpkit_lab::Host,
+    ip: &str,
+    ca: &TestCa,
+    files: &[(&str, &str)],
+) -> Nginx {
     let cert = ca
-        .server("target", &[TARGET])
+        .server(&format!("n{}", ip.replace('.', "-")), &[ip])
         .unwrap_or_else(|e| panic!("{e}"));
-    let mut conf = NginxConf::https(format!("{TARGET}:{TLS_PORT}").parse().unwrap(), cert);
+    let mut conf = NginxConf::https(format!("{ip}:{TLS_PORT}").parse().unwrap(), cert);
     conf.http2 = false;
     conf.files = files
         .iter()
         .map(|(n, b)| ((*n).to_string(), b.as_bytes().to_vec()))
         .collect();
-    let host = l.target.clone();
-    l.lab.nginx(&host, &conf).unwrap_or_else(|e| panic!("{e}"))
+    l.lab.nginx(host, &conf).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The requests the TLS nginx logged: all of them over TLS 1.3 with status 200 (no ALPN
-/// offered: `-`), or the test fails.
+/// The requests the TLS nginx logged: all of them HTTP/1.1 over TLS 1.3 with status 200
+/// (any ALPN), or the test fails.
 fn tls_requests(n: &Nginx) -> u64 {
     let log = n.requests().unwrap();
     let all: u64 = log.values().sum();
-    assert_eq!(
-        log.get("HTTP/1.1 TLSv1.3 . - 200").copied().unwrap_or(0),
-        all,
-        "{log:?}"
-    );
+    let ok: u64 = log
+        .iter()
+        .filter(|(l, _)| l.starts_with("HTTP/1.1 TLSv1.3 ") && l.ends_with(" 200"))
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(ok, all, "{log:?}");
     all
 }
 
@@ -290,4 +304,65 @@ fn insecure_copies_to_any_certificate_and_says_so() {
     assert_all_completed(&r);
     assert_handshakes(&r, 2);
     assert_eq!(tls_requests(&ng), 4);
+}
+
+/// TLS end to end: the clients (`tcpkit load https://...`, writing their key log through
+/// SSLKEYLOGFILE) ask production nginx over TLS, keep-alive and a connection per request; the
+/// copy decrypts each session with the key log as it grows and sends its plaintext over TLS
+/// to the target nginx. The target logged every request production did, each over TLS; every
+/// session decrypted, one handshake with the target per copy.
+#[test]
+fn keylog_plaintext_is_reencrypted_to_nginx_over_tls() {
+    let mut l = CopyLab::new("cptlskl");
+    let ca = ca(&l, "ca");
+    let online = l.online.clone();
+    let prod = nginx_on(&mut l, &online, ONLINE, &ca, &[]);
+    let ng = tls_nginx(&mut l, &ca, &[]);
+    let keys = l.dir.path().join("keys.log");
+    let cert = ca.cert();
+    let rule = format!("{TLS_PORT}-{TARGET}:{TLS_PORT}");
+    let (keys_s, cert_s) = (keys.to_str().unwrap(), cert.to_str().unwrap());
+    let c = l.copy_rule(
+        &rule,
+        &[
+            "--tls-keylog",
+            keys_s,
+            "--target-tls",
+            "--tls-ca",
+            cert_s,
+            "--duration",
+            "2",
+            "--json",
+        ],
+    );
+    let url = format!("https://{ONLINE}:{TLS_PORT}/index.html");
+    let get = |conns: &str, rate: &str, per_conn: Option<&str>| {
+        let mut argv = vec![tcpkit(), "load", &url, "--tls-ca", cert_s, "-c", conns];
+        argv.extend_from_slice(&["-r", rate, "-t", "0.8"]);
+        if let Some(q) = per_conn {
+            argv.extend_from_slice(&["--queries-per-conn", q]);
+        }
+        let mut cmd = l.clients.command(&argv);
+        cmd.env("SSLKEYLOGFILE", &keys);
+        run_limited(cmd, Duration::from_secs(20))
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| get("2", "100", None));
+        s.spawn(|| get("1", "20", Some("1")));
+    });
+    let r = copy_report(c);
+    let online = tls_requests(&prod);
+    // Traffic came (a busy host sends fewer than asked; the counts below must still agree).
+    assert!(online >= 30, "{online} requests online");
+    assert_eq!(tls_requests(&ng), online, "{r:#}");
+    assert_all_completed(&r);
+    let t = &r["tls"];
+    assert_eq!(t["source"], "keylog", "{t:#}");
+    assert_eq!(
+        u(t, "sessions.decrypted"),
+        u(&r, "sessions.copies"),
+        "{t:#}"
+    );
+    assert_eq!(u(t, "target.handshakes"), u(&r, "sessions.copies"), "{t:#}");
+    assert_eq!(u(t, "target.failed"), 0, "{t:#}");
 }
