@@ -5,6 +5,7 @@ mod barrier;
 mod common;
 mod copy;
 mod copy_tls;
+mod copy_uprobe;
 mod docs;
 mod echo;
 mod fleet;
