@@ -234,8 +234,16 @@ fn tls_note(r: &serde_json::Value) -> String {
     if n(&r["sessions"]["open_at_end"]) > 0 {
         v.push(format!("open at end {}", n(&r["sessions"]["open_at_end"])));
     }
-    if n(&t["uprobe"]["lost_records"]) > 0 {
-        v.push(format!("lost records {}", n(&t["uprobe"]["lost_records"])));
+    let p = &t["uprobe"];
+    if p.is_object() {
+        // The probes' own account: how much of production they saw and tied to a connection.
+        v.push(format!(
+            "probes: {} connections copied, {} records ({} lost, {} unmatched)",
+            n(&s["decrypted"]),
+            n(&p["records"]),
+            n(&p["lost_records"]),
+            n(&p["unmatched"])
+        ));
     }
     v.join(", ")
 }
