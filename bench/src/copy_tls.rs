@@ -159,7 +159,13 @@ fn prod_load(
 /// The copy of production to the target's 8443, from `source`, for RUN_S + the tail.
 fn start_copy(t: &TlsEnv, source: Source, keylog: &Path) -> Result<Child> {
     let rule = format!("{ONLINE}:{}-{TARGET}:8443", source.port());
-    let d = (RUN_S + COPY_TAIL_S).to_string();
+    // The probes' copy is stopped by a signal once the load and the tail are over: attaching
+    // them takes a while, which must not come out of the copy's time.
+    let d = match source {
+        Source::Uprobe => RUN_S + COPY_TAIL_S + PROBE_ATTACH_S,
+        _ => RUN_S + COPY_TAIL_S,
+    }
+    .to_string();
     let tk = t.env.tcpkit.to_str().unwrap_or_default();
     let ca = t.ca.to_str().unwrap_or_default();
     let mut argv = vec![
@@ -198,8 +204,46 @@ fn start_copy(t: &TlsEnv, source: Source, keylog: &Path) -> Result<Child> {
         }
     }
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    // The capture (or the probes) are in place well within this.
-    spawn_copy(t.env, &argv, Duration::from_millis(600))
+    if source != Source::Uprobe {
+        // The capture is in place well within this.
+        return spawn_copy(t.env, &argv, Duration::from_millis(600));
+    }
+    let child = spawn_copy(t.env, &argv, Duration::ZERO)?;
+    wait_attached(child.id())?;
+    Ok(child)
+}
+
+/// How long the probes may take to attach.
+const PROBE_ATTACH_S: f64 = 20.0;
+
+/// The BPF links process `pid` holds.
+fn bpf_links(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy() == "anon_inode:bpf_link")
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Waits until copy `pid` holds its probes' links (some, and no more coming for 300 ms):
+/// connections production opens before then are joined mid-stream, or missed.
+fn wait_attached(pid: u32) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs_f64(PROBE_ATTACH_S);
+    let (mut last, mut since) = (0, Instant::now());
+    loop {
+        let n = bpf_links(pid);
+        if n != last {
+            (last, since) = (n, Instant::now());
+        } else if n > 0 && since.elapsed() >= Duration::from_millis(300) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("copy {pid} attached no probes within {PROBE_ATTACH_S} s ({n} links)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The copy report's TLS figures worth a row's note: sessions not decrypted, handshakes with
@@ -269,6 +313,11 @@ fn row(t: &TlsEnv, source: Source, new_conn: bool, rate: u32) -> Result<TlsRow> 
     let (with, with_cpu) = prod_load(t, source, rate, new_conn, kl)?;
     let (cpu1, _) = usage(pid);
     let secs = started.elapsed().as_secs_f64();
+    if source == Source::Uprobe {
+        std::thread::sleep(Duration::from_secs_f64(COPY_TAIL_S));
+        // SAFETY: kill(2) on the copy this row started and has not reaped.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    }
     let Finished {
         report,
         error,
@@ -394,7 +443,9 @@ costs the copy); the clients are `tcpkit load https://online:8443/index.html --t
 (open loop; a new connection per request is a full handshake each, no resumption), which \
 writes the key log through SSLKEYLOGFILE for the key-log rows. The copy: `tcpkit copy -x \
 online:8443-target:8443 --target-tls --tls-ca CA` with `-i <clients' link> --tls-keylog FILE` \
-(read as it grows) or `--tls-uprobe <nginx's libssl> --pid <nginx's worker>`. Request loss: \
+(read as it grows) or `--tls-uprobe <nginx's libssl> --pid <nginx's worker>` (the load \
+starts once the copy holds its probes' links, and the copy is stopped by SIGINT 2 s after the \
+load). Request loss: \
 the two access logs. Copy CPU per request: as the clear rows'. nginx CPU per request: the \
 scheduler's count of nginx's processes over the requests its access log gained, in the run \
 without the copy (with the probes: the runs before and after) and in the run copying. \
