@@ -17,31 +17,32 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tcpkit_lab::{Host, Lab, LinkOpts, Proc};
+use tcpkit_lab::{CertKey, Host, Lab, LinkOpts, Proc};
 use tcpkit_pcap::CaptureFile;
 use tcpkit_wire::tcp::Segment;
 
 const CLIENT: &str = "198.18.1.1";
-const ONLINE: &str = "198.18.1.2";
+pub(crate) const ONLINE: &str = "198.18.1.2";
 const ONLINE_T: &str = "198.18.2.1";
-const TARGET: &str = "198.18.2.2";
+pub(crate) const TARGET: &str = "198.18.2.2";
 const NGINX: &str = "/usr/sbin/nginx";
 /// Seconds of load per run.
-const RUN_S: f64 = 5.0;
+pub(crate) const RUN_S: f64 = 5.0;
 /// The copy captures this long past the load: when the CPUs run short its copies fall behind
 /// the capture, and what is still in flight when it stops is not copied (open at end).
-const COPY_TAIL_S: f64 = 2.0;
+pub(crate) const COPY_TAIL_S: f64 = 2.0;
 
-struct Env {
-    tcpkit: PathBuf,
-    cli: Host,
-    onl: Host,
-    cap_if: String,
+pub(crate) struct Env {
+    pub(crate) tcpkit: PathBuf,
+    pub(crate) cli: Host,
+    pub(crate) onl: Host,
+    pub(crate) tgt: Host,
+    pub(crate) cap_if: String,
     /// The copy host's receive threads (see `copy`): toward the target and toward intercept.
     copy_rx: Vec<u32>,
     /// Every end of the links with receive threads: a full receive queue there drops.
     rx_ifaces: Vec<(Host, String)>,
-    on_log: PathBuf,
+    pub(crate) on_log: PathBuf,
     tg_log: PathBuf,
     /// intercept's control address on the assistant (transparent mode).
     intercept: String,
@@ -69,13 +70,33 @@ const ASSIST_M: &str = "198.18.4.2";
 const INTERCEPT_PORT: u16 = 7878;
 
 /// nginx on `ip`:8080 serving a 612-byte /index.html (nginx's own page size), one access-log
-/// line per request, with enough connections and workers for 20k new connections a second.
-fn nginx(lab: &mut Lab, host: &Host, ip: &str, name: &str) -> Result<(Proc, PathBuf)> {
+/// line per request, with enough connections and workers for 20k new connections a second;
+/// with `tls`, HTTPS on `ip`:8443 with that certificate instead (TLS 1.2 and 1.3, tickets
+/// and a session cache as a production server has them).
+pub(crate) fn nginx(
+    lab: &mut Lab,
+    host: &Host,
+    ip: &str,
+    name: &str,
+    tls: Option<&CertKey>,
+) -> Result<(Proc, PathBuf)> {
     let d = lab.dir().join(format!("nginx-{name}"));
     std::fs::create_dir_all(d.join("www"))?;
     std::fs::write(d.join("www/index.html"), vec![b'x'; 612])?;
     let log = d.join("access.log");
     let conf = d.join("nginx.conf");
+    let (port, listen) = match tls {
+        Some(c) => (
+            8443,
+            format!(
+                "{ip}:8443 ssl backlog=4096 reuseport; ssl_certificate {}; ssl_certificate_key {};\n\
+                 ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:b:10m; ssl_session_tickets on",
+                c.cert.display(),
+                c.key.display()
+            ),
+        ),
+        None => (8080, format!("{ip}:8080 backlog=4096 reuseport")),
+    };
     std::fs::write(
         &conf,
         format!(
@@ -84,7 +105,7 @@ fn nginx(lab: &mut Lab, host: &Host, ip: &str, name: &str) -> Result<(Proc, Path
              http {{ log_format t '$remote_addr $status'; access_log {l} t buffer=64k flush=100ms;\n\
                keepalive_requests 1000000; client_body_temp_path {d}; proxy_temp_path {d};\n\
                fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};\n\
-               server {{ listen {ip}:8080 backlog=4096 reuseport; root {d}/www; }} }}\n",
+               server {{ listen {listen}; root {d}/www; }} }}\n",
             d = d.display(),
             l = log.display(),
         ),
@@ -94,7 +115,7 @@ fn nginx(lab: &mut Lab, host: &Host, ip: &str, name: &str) -> Result<(Proc, Path
         &format!("nginx-{name}"),
         &[NGINX, "-c", conf.to_str().unwrap_or_default()],
     )?;
-    let addr = format!("{ip}:8080").parse()?;
+    let addr = format!("{ip}:{port}").parse()?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !host
         .enter(|| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
@@ -107,7 +128,7 @@ fn nginx(lab: &mut Lab, host: &Host, ip: &str, name: &str) -> Result<(Proc, Path
     Ok((p, log))
 }
 
-fn log_lines(p: &Path) -> u64 {
+pub(crate) fn log_lines(p: &Path) -> u64 {
     std::fs::read(p)
         .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64)
         .unwrap_or(0)
@@ -124,7 +145,7 @@ fn rx_drops(env: &Env) -> u64 {
 }
 
 /// The copy's failed sessions by cause, those that are not zero.
-fn failed_causes(report: &serde_json::Value) -> String {
+pub(crate) fn failed_causes(report: &serde_json::Value) -> String {
     report["sessions"]["failed"]
         .as_object()
         .map(|m| {
@@ -159,7 +180,7 @@ fn on_cpu(pids: &[u32]) -> f64 {
 
 /// Seconds every live thread of process `pid` has run, from the scheduler (exact: the
 /// counter wait4's rusage reports at the end, where /proc/PID/stat's are whole ticks).
-fn threads_on_cpu(pid: u32) -> f64 {
+pub(crate) fn threads_on_cpu(pid: u32) -> f64 {
     let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|d| {
             d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -173,7 +194,7 @@ fn threads_on_cpu(pid: u32) -> f64 {
 }
 
 /// User + system CPU seconds and peak RSS (KiB) of a live process.
-fn usage(pid: u32) -> (f64, u64) {
+pub(crate) fn usage(pid: u32) -> (f64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let ticks: u64 = stat
         .rsplit(')')
@@ -196,10 +217,10 @@ fn usage(pid: u32) -> (f64, u64) {
 }
 
 #[derive(Default, Clone)]
-struct Load {
-    p50_us: f64,
-    p99_us: f64,
-    note: String,
+pub(crate) struct Load {
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) note: String,
 }
 
 /// A tcpdump of the online server's clients' link, buffered (no `-U`, no immediate mode, as
@@ -305,36 +326,45 @@ fn start_intercept(
 
 /// `tcpkit load` at `rate` for RUN_S against the online nginx.
 fn load(env: &Env, rate: u32, new_conn: bool) -> Result<Load> {
+    load_to(env, &format!("{ONLINE}:8080"), rate, new_conn, &[], None)
+}
+
+/// `tcpkit load` at `rate` for RUN_S against `target` (`IP:PORT`, or an https:// URL), with
+/// `extra` flags; `keylog`: the file its TLS secrets are written to (SSLKEYLOGFILE).
+pub(crate) fn load_to(
+    env: &Env,
+    target: &str,
+    rate: u32,
+    new_conn: bool,
+    extra: &[&str],
+    keylog: Option<&Path>,
+) -> Result<Load> {
     let conns = if new_conn {
         64
     } else {
         (rate / 500).clamp(4, 40)
     };
     let (r, c, t) = (rate.to_string(), conns.to_string(), RUN_S.to_string());
-    let target = format!("{ONLINE}:8080");
     let tk = env.tcpkit.to_str().unwrap_or_default();
-    let mut argv = vec![
-        tk,
-        "load",
-        &target,
-        "--http-get",
-        "/index.html",
-        "-r",
-        &r,
-        "-c",
-        &c,
-        "-t",
-        &t,
-        "--json",
-    ];
+    let get: &[&str] = if target.starts_with("https://") {
+        &[]
+    } else {
+        &["--http-get", "/index.html"]
+    };
+    let mut argv = vec![tk, "load", target];
+    argv.extend_from_slice(get);
+    argv.extend_from_slice(extra);
+    argv.extend_from_slice(&["-r", &r, "-c", &c, "-t", &t, "--json"]);
     // Reopening is paced by --connect-rate (1000/s by default): as fast as the queries here.
     let reopen = (rate + rate / 5).to_string();
     if new_conn {
         argv.extend_from_slice(&["--queries-per-conn", "1", "--connect-rate", &reopen]);
     }
-    let o = env
-        .cli
-        .command(&argv)
+    let mut cmd = env.cli.command(&argv);
+    if let Some(k) = keylog {
+        cmd.env("SSLKEYLOGFILE", k);
+    }
+    let o = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .output()
@@ -374,15 +404,21 @@ fn start_copy(env: &Env, bin: &Path, secs: f64, mode: Mode) -> Result<Child> {
             argv.extend_from_slice(&["--transparent", "--intercept", &env.intercept_on_target]);
         }
     }
+    // The ring and filter are in place well within this; the copy logs nothing before.
+    spawn_copy(env, &argv, Duration::from_millis(400))
+}
+
+/// Starts `argv` (a tcpkit copy) on the online host, its output piped, and gives it `settle`
+/// to set up.
+pub(crate) fn spawn_copy(env: &Env, argv: &[&str], settle: Duration) -> Result<Child> {
     let child = env
         .onl
-        .command(&argv)
+        .command(argv)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .context("start tcpkit copy")?;
-    // The ring and filter are in place well within this; the copy logs nothing before.
-    std::thread::sleep(Duration::from_millis(400));
+    std::thread::sleep(settle);
     Ok(child)
 }
 
@@ -412,17 +448,17 @@ struct Row {
 }
 
 /// A copy that ended: its report, why it failed (exit 1) when it did, and all the CPU it used.
-struct Finished {
-    report: serde_json::Value,
-    error: Option<String>,
+pub(crate) struct Finished {
+    pub(crate) report: serde_json::Value,
+    pub(crate) error: Option<String>,
     /// User + system seconds over the copy's whole life, from wait4(2)'s rusage (exact,
     /// where /proc's are whole ticks).
-    cpu_s: f64,
+    pub(crate) cpu_s: f64,
 }
 
 /// Waits for a copy and returns its JSON report, and why the copy failed (exit 1) when it
 /// did: a failed run's report still holds its figures, which an A/B row shows for both builds.
-fn copy_report_kept(copy: Child) -> Result<Finished> {
+pub(crate) fn copy_report_kept(copy: Child) -> Result<Finished> {
     let (o, cpu_s) = wait_with_cpu(copy).context("wait for tcpkit copy")?;
     if !o.status.success() {
         // The report says where the copies stood (sessions, transparent mode's counters).
@@ -739,6 +775,11 @@ impl Only {
 
 pub fn copy(args: &[String]) -> Result<()> {
     let only = Only::parse(args)?;
+    // Issue 27's TLS rows alone.
+    let tls_only = args.iter().any(|a| a == "--tls-only");
+    if tls_only && (only.is_some() || args.iter().any(|a| a == "--against")) {
+        bail!("--tls-only: not with --only or --against (the TLS rows run with this build alone)");
+    }
     let started = Instant::now();
     if !Path::new(NGINX).exists() {
         bail!("{NGINX} missing (apt-get install -y nginx-light)");
@@ -821,8 +862,8 @@ pub fn copy(args: &[String]) -> Result<()> {
         tgt.sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")?;
     }
     ast.sysctl("net.ipv4.ip_forward", "0")?;
-    let (_on, on_log) = nginx(&mut lab, &onl, ONLINE, "online")?;
-    let (_tg, tg_log) = nginx(&mut lab, &tgt, TARGET, "target")?;
+    let (on, on_log) = nginx(&mut lab, &onl, ONLINE, "online", None)?;
+    let (_tg, tg_log) = nginx(&mut lab, &tgt, TARGET, "target", None)?;
     let rx_ifaces = vec![
         (onl.clone(), tgt_link.a.name.clone()),
         (tgt.clone(), tgt_link.b.name.clone()),
@@ -835,6 +876,7 @@ pub fn copy(args: &[String]) -> Result<()> {
         tcpkit,
         cli,
         onl,
+        tgt: tgt.clone(),
         cap_if: cli_link.b.name.clone(),
         rx_ifaces,
         copy_rx: [tgt_link.a.rx_thread, ctl_link.a.rx_thread]
@@ -850,7 +892,7 @@ pub fn copy(args: &[String]) -> Result<()> {
     let mut ab_rows: Vec<AbRow> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
     for mode in [Mode::Relay, Mode::Transparent, Mode::OnTarget] {
-        if only.as_ref().is_some_and(|o| o.mode != Some(mode)) {
+        if tls_only || only.as_ref().is_some_and(|o| o.mode != Some(mode)) {
             continue;
         }
         let intercept = match mode {
@@ -984,7 +1026,7 @@ pub fn copy(args: &[String]) -> Result<()> {
             let _ = p.stop();
         }
     }
-    if only.is_none() {
+    if only.is_none() && !tls_only {
         eprintln!("wrk keep-alive at its top rate ...");
         match &against_env {
             None => rows.push(wrk_row(&env, &env.tcpkit)?),
@@ -1015,9 +1057,17 @@ pub fn copy(args: &[String]) -> Result<()> {
         }
     }
 
-    let t = match &against {
-        None => table(&rows, &failed),
-        Some(_) => ab_table(&ab_rows, &failed),
+    // The TLS rows, beside the clear ones in a full run (this build only).
+    let tls = if only.is_none() && against.is_none() {
+        let t = crate::copy_tls::rows(&env, &mut lab, on.pid(), &mut failed)?;
+        format!("\n## TLS (issue 27)\n{}\n{t}", crate::copy_tls::NOTE)
+    } else {
+        String::new()
+    };
+    let t = match (&against, tls_only) {
+        (_, true) => tls.clone() + &failed_list(&failed),
+        (None, false) => table(&rows, &failed) + &tls,
+        (Some(_), false) => ab_table(&ab_rows, &failed),
     };
     println!("{t}");
     // The flags too: an --against run names the build it compared with.
@@ -1080,8 +1130,22 @@ pub fn copy(args: &[String]) -> Result<()> {
         loadavg.trim(),
         started.elapsed().as_secs_f64()
     );
+    let md = if tls_only {
+        format!(
+            "# tcpkit copy, TLS rows (issue 27) — {date}\n\n\
+             Command: `{cmd}` (from the workspace root, as root)\n\n\
+             Machine: Linux {}, {cpus} CPUs (clients, both nginx and the copy share them); load average at start: {}; whole bench took {:.0} s.\n\
+             Lab: clients → online → target, veth links (the copy bench's; see its full results for the clear rows).\n\
+             {t}",
+            kernel.trim(),
+            loadavg.trim(),
+            started.elapsed().as_secs_f64()
+        )
+    } else {
+        md
+    };
     crate::write_results(
-        "copy",
+        if tls_only { "copy-tls" } else { "copy" },
         &date,
         &md,
         started,
@@ -1300,12 +1364,19 @@ fn table(rows: &[Row], failed: &[String]) -> String {
          | tcpcopy 1.3 + intercept (issue text) | new connection per request, ab -c10/-c50 | | | 6–12 % | | | | | | | | |\n\
          | tcpcopy (its README) | 2 × 2.18k req/s → one target | | | 0.0375 % | ~9 % | | | | | | | |\n",
     );
-    if !failed.is_empty() {
-        t.push_str("\n**Rows that failed** (not in the table above):\n\n");
-        for f in failed {
-            // The reports are JSON on several lines: one list item each.
-            t.push_str(&format!("- {}\n", f.replace('\n', " ")));
-        }
+    t.push_str(&failed_list(failed));
+    t
+}
+
+/// The rows that failed, one list item each, under their table (none: nothing).
+fn failed_list(failed: &[String]) -> String {
+    if failed.is_empty() {
+        return String::new();
+    }
+    let mut t = String::from("\n**Rows that failed** (not in the table above):\n\n");
+    for f in failed {
+        // The reports are JSON on several lines: one list item each.
+        t.push_str(&format!("- {}\n", f.replace('\n', " ")));
     }
     t
 }

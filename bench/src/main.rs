@@ -5,7 +5,8 @@
 //! - [`replay`]: `tcpkit replay` vs tcpreplay 4.4.3 on one veth (top speed, paced rates, CPU).
 //! - [`load`]: `tcpkit load` + `echo` vs dnsperf and unbound; idle memory, a million connections;
 //!   [`load_tls`]: its TLS rows (DoT, DoH, HTTPS, HTTP/2, handshakes) vs dnsperf, wrk, h2load, s_time.
-//! - [`copy`]: what `tcpkit copy` (relay, transparent) costs an online nginx under load.
+//! - [`copy`]: what `tcpkit copy` (relay, transparent) costs an online nginx under load;
+//!   [`copy_tls`]: its TLS rows (from a key log, from uprobes, to a TLS target).
 //! - [`mpcat`]: `tcpkit mpcat` vs socat, `iperf3 -P 4` and MPTCP over ECMP links.
 //! - [`balance`]: `tcpkit balance` vs direct, iptables and nftables DNAT with redis.
 //! - [`fleet`]: three agents started by the playbook and the barrier vs dnsperf over an ssh loop.
@@ -17,6 +18,7 @@ use anyhow::{bail, Context, Result};
 mod ab;
 mod balance;
 mod copy;
+mod copy_tls;
 mod fleet;
 mod load;
 mod load_pin;
@@ -25,7 +27,7 @@ mod mpcat;
 mod replay;
 mod replay_flows;
 
-const USAGE: &str = "usage: tcpkit-bench replay [--flows] [--against PATH [--against-label L]] [--packets N] [--only xdp] | load [--skip-max-conns] [--same-rate-only] [--tls-only] [--tls-quick] [--skip-tls] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S] | fleet [--quick] [--only tcpkit|dnsperf] [--rounds N] [--secs S] [--rate QPS] [--conns PER_AGENT] [--connect-rate N]";
+const USAGE: &str = "usage: tcpkit-bench replay [--flows] [--against PATH [--against-label L]] [--packets N] [--only xdp] | load [--skip-max-conns] [--same-rate-only] [--tls-only] [--tls-quick] [--skip-tls] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--tls-only] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S] | fleet [--quick] [--only tcpkit|dnsperf] [--rounds N] [--secs S] [--rate QPS] [--conns PER_AGENT] [--connect-rate N]";
 
 /// Each bench's flags: those that take a value, then switches. A flag outside them is a usage
 /// error before anything runs: `copy --help` once ran the whole 17-minute bench.
@@ -45,7 +47,10 @@ fn flags_of(bench: &str) -> Option<(&'static [&'static str], &'static [&'static 
                 "--skip-tls",
             ],
         ),
-        "copy" => (&["--only", "--against", "--against-label", "--runs"], &[]),
+        "copy" => (
+            &["--only", "--against", "--against-label", "--runs"],
+            &["--tls-only"],
+        ),
         "mpcat" => (&["--only", "--against", "--against-label"], &["--quick"]),
         "balance" => (&["--only", "--cpu-secs"], &["--quick"]),
         "fleet" => (

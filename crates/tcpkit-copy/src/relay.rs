@@ -23,6 +23,13 @@
 //! copy with their own count. Every copy ends exactly once: completed, failed by one cause,
 //! or open at the end of the run.
 //!
+//! `--target-tls`: each connection speaks TLS to its target (tcpkit-tls's client session
+//! over the same non-blocking socket). The handshake follows the connect, under the same
+//! `--timeout`; a request goes only once it is done, and the answer latency is timed from
+//! the request's plaintext taken by the session, so the handshake is in neither. A failed
+//! handshake ends its copy (`timeout` past `--timeout`, `reset` otherwise) and is counted
+//! by reason; a PROXY header goes in clear before the handshake, as servers expect it.
+//!
 //! The session front (capture side, request turns, tally, report) is `crate::front`'s;
 //! this module is its transport: one kernel TCP connection per copy.
 
@@ -31,16 +38,17 @@ use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::report::CopyReport;
+use crate::report::{CopyReport, TargetTlsStats, TlsStats};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Registry, Token};
 use tcpkit_pace::now_ns;
+use tcpkit_tls::{Client, Failure, Session};
 
 use crate::backoff::{Backoff, Down, Gate, SILENT_NS};
 use crate::config::{CopyConfig, CopyCounters};
 use crate::feed::{Input, CAPTURE};
 use crate::front::{
-    io_err, open_differ, Engine, Item, Outcome, RunError, Transport, CLOSE_LINGER_NS,
+    io_err, open_differ, Engine, Front, Item, Outcome, RunError, Transport, CLOSE_LINGER_NS,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +56,8 @@ enum State {
     /// Waiting for the target's back-off to allow a connect.
     Backoff,
     Connecting,
+    /// `--target-tls`: connected, the TLS handshake under way.
+    Handshaking,
     Up,
     /// Our FIN is sent; reading until the target closes.
     Closing,
@@ -57,10 +67,13 @@ enum State {
 #[derive(Debug)]
 pub(crate) struct Sock {
     sock: Option<TcpStream>,
+    /// `--target-tls`: the connection's TLS session (boxed: rustls' state is large, and a
+    /// clear copy's slot stays small).
+    tls: Option<Box<Session>>,
     state: State,
     /// Bytes of the front item already written.
     off: usize,
-    /// Give up connecting after this.
+    /// Give up connecting (or, with TLS, the handshake) after this.
     connect_deadline: u64,
     retry_at: u64,
     /// A connect of ours went out (the target saw a SYN of this copy).
@@ -75,12 +88,54 @@ pub(crate) struct Sock {
 /// Polls per turn while each fills the event buffer (bounds a turn; the rest waits one turn).
 const MAX_POLLS_PER_STEP: usize = 16;
 
+/// `--target-tls`: how each copy's connection speaks TLS to its target.
+#[derive(Debug, Clone)]
+pub struct TargetTls {
+    /// A client per target address (each asks for its own name unless `--tls-sni` gave one).
+    clients: Vec<(SocketAddr, Client)>,
+}
+
+impl TargetTls {
+    /// One client per target of the copy rules.
+    pub fn new(clients: Vec<(SocketAddr, Client)>) -> TargetTls {
+        TargetTls { clients }
+    }
+
+    /// `--insecure`: the user is told at the start of every run.
+    pub fn insecure(&self) -> bool {
+        self.clients.iter().any(|(_, c)| c.insecure)
+    }
+
+    /// The name asked of `target`.
+    pub fn sni(&self, target: SocketAddr) -> Option<&str> {
+        self.client(target).map(|c| c.sni.as_str())
+    }
+
+    fn client(&self, target: SocketAddr) -> Option<&Client> {
+        self.clients
+            .iter()
+            .find(|(t, _)| *t == target)
+            .map(|(_, c)| c)
+    }
+}
+
+/// The copies' handshakes with the target, and the first failure's line (the run's own
+/// when every handshake failed).
+#[derive(Debug, Default)]
+struct TlsTally {
+    stats: TargetTlsStats,
+    first_failure: Option<String>,
+}
+
 /// Relay mode's transport: the event loop, the back-off, a read buffer.
 pub(crate) struct Relay {
     poll: Poll,
     /// The shared back-off toward targets that refuse or answer nothing.
     backoff: Backoff,
     scratch: Vec<u8>,
+    /// `--target-tls`.
+    tls: Option<TargetTls>,
+    tally: TlsTally,
 }
 
 type RelayEngine<'a> = Engine<'a, Relay>;
@@ -109,6 +164,7 @@ impl Transport for Relay {
     ) -> Option<Sock> {
         Some(Sock {
             sock: None,
+            tls: None,
             state: State::Backoff,
             off: 0,
             connect_deadline: now + e.f.cfg.timeout_ns,
@@ -160,6 +216,16 @@ impl Transport for Relay {
                 }
                 false
             }
+            State::Handshaking => {
+                if now >= x.connect_deadline {
+                    let limit = Duration::from_nanos(e.f.cfg.timeout_ns);
+                    e.tls_failed(idx, &Failure::timeout(limit));
+                } else {
+                    let at = x.connect_deadline;
+                    e.f.arm(idx, at, now);
+                }
+                false
+            }
             State::Closing => {
                 if x.eof || now >= x.close_deadline {
                     let how = c.ending;
@@ -189,7 +255,12 @@ impl Transport for Relay {
         let Some(s) = c.x.sock.as_mut() else {
             return false;
         };
-        match s.write(&bytes[c.x.off..]) {
+        let rest = &bytes[c.x.off..];
+        let wrote = match c.x.tls.as_mut() {
+            Some(t) => t.write(s, rest),
+            None => s.write(rest),
+        };
+        match wrote {
             Ok(n) => {
                 c.x.off += n;
                 c.last_write_ns = now;
@@ -217,7 +288,10 @@ impl Transport for Relay {
             return false;
         };
         c.queue.pop_front();
-        if let Some(s) = c.x.sock.as_ref() {
+        if let Some(s) = c.x.sock.as_mut() {
+            if let Some(t) = c.x.tls.as_mut() {
+                t.close(s);
+            }
             let _ = s.shutdown(Shutdown::Write);
         }
         c.x.state = State::Closing;
@@ -236,6 +310,24 @@ impl Transport for Relay {
 
     fn gated(x: &Sock) -> Option<bool> {
         (x.state == State::Backoff).then_some(x.tried)
+    }
+
+    fn finish(&mut self, _f: &Front<'_, Sock>, r: &mut CopyReport) {
+        if self.tls.is_none() {
+            return;
+        }
+        let t = std::mem::take(&mut self.tally);
+        if t.stats.handshakes == 0 && r.failure.is_none() {
+            // Every handshake failed: the one line that says why (the first failure's), as
+            // load says it.
+            r.failure = t.first_failure;
+        }
+        r.tls
+            .get_or_insert_with(|| TlsStats {
+                source: "clear".into(),
+                ..TlsStats::default()
+            })
+            .target = Some(t.stats);
     }
 
     fn io(e: &mut RelayEngine<'_>, events: &mut Events, wait: Duration) -> Result<(), RunError> {
@@ -358,24 +450,133 @@ impl RelayEngine<'_> {
                 Ok(None) => {}
             }
         }
-        c.x.state = State::Up;
         c.x.silent_at = 0;
-        c.last_write_ns = now;
-        c.last_rx_ns = now;
         let target = c.target;
         self.t.backoff.accepted(target, now);
+        if self.t.tls.is_some() {
+            self.start_tls(idx, now);
+        } else {
+            self.up(idx, now);
+        }
+    }
+
+    /// The connection carries requests from now on: their answers are timed from here.
+    fn up(&mut self, idx: usize, now: u64) {
+        let Some(c) = self.f.conns.get_mut(idx) else {
+            return;
+        };
+        c.x.state = State::Up;
+        c.last_write_ns = now;
+        c.last_rx_ns = now;
+    }
+
+    /// `--target-tls`: the PROXY header (in clear, before the ClientHello, where servers
+    /// read it), then the handshake, under the connect's deadline.
+    fn start_tls(&mut self, idx: usize, now: u64) {
+        let proxy = self.f.cfg.proxy_protocol;
+        let Some(c) = self.f.conns.get_mut(idx) else {
+            return;
+        };
+        let Some(client) = self.t.tls.as_ref().and_then(|t| t.client(c.target)) else {
+            return;
+        };
+        let session = match client.session() {
+            Ok(s) => s,
+            Err(err) => {
+                let f = Failure {
+                    reason: tcpkit_tls::Reason::Other,
+                    detail: err.to_string(),
+                };
+                return self.tls_failed(idx, &f);
+            }
+        };
+        if proxy {
+            // The first item is the header (queued at the copy's start, nothing written
+            // yet); a fresh connection's send buffer takes its few dozen bytes whole.
+            if let (Some(Item::Data { bytes, .. }), Some(s)) = (c.queue.front(), c.x.sock.as_mut())
+            {
+                match s.write(bytes) {
+                    Ok(n) if n == bytes.len() => {
+                        self.f.report.requests.bytes_copied += n as u64;
+                        c.queue.pop_front();
+                    }
+                    _ => return self.end(idx, Outcome::Reset, true),
+                }
+            }
+        }
+        c.x.tls = Some(Box::new(session));
+        c.x.state = State::Handshaking;
+        c.x.connect_deadline = now + self.f.cfg.timeout_ns;
+        self.handshake(idx, now);
+    }
+
+    /// Moves the TLS handshake on; once done the copy is up, and what the target may
+    /// already have sent is read.
+    fn handshake(&mut self, idx: usize, now: u64) {
+        let Some(c) = self.f.conns.get_mut(idx) else {
+            return;
+        };
+        let (Some(s), Some(t)) = (c.x.sock.as_mut(), c.x.tls.as_mut()) else {
+            return;
+        };
+        match t.handshake(s) {
+            Ok(false) => {
+                let at = c.x.connect_deadline;
+                self.f.arm(idx, at, now);
+            }
+            Ok(true) => {
+                self.t.tally.stats.handshakes += 1;
+                self.up(idx, now);
+                self.read(idx, now, true);
+            }
+            Err(err) => {
+                let target = c.target;
+                let Some(client) = self.t.tls.as_ref().and_then(|t| t.client(target)) else {
+                    return;
+                };
+                let f = Failure::of(&err, &client.offer());
+                self.tls_failed(idx, &f);
+            }
+        }
+    }
+
+    /// A failed handshake: counted by reason, the copy ended (a timeout as one).
+    fn tls_failed(&mut self, idx: usize, f: &Failure) {
+        let Some(c) = self.f.conns.get(idx) else {
+            return;
+        };
+        let target = c.target;
+        let tally = &mut self.t.tally;
+        tally.stats.failed += 1;
+        *tally
+            .stats
+            .failures
+            .entry(f.reason.as_str().to_string())
+            .or_insert(0) += 1;
+        tally
+            .first_failure
+            .get_or_insert_with(|| format!("TLS handshake with {target} failed: {}", f.detail));
+        let how = if f.reason == tcpkit_tls::Reason::HandshakeTimeout {
+            Outcome::Timeout
+        } else {
+            Outcome::Reset
+        };
+        self.end(idx, how, true);
     }
 
     fn on_io(&mut self, idx: usize, now: u64, readable: bool, hup: bool) {
         let Some(c) = self.f.conns.get(idx) else {
             return;
         };
-        if c.x.state == State::Connecting {
-            self.connected(idx, now, hup);
+        match c.x.state {
+            State::Connecting => self.connected(idx, now, hup),
+            State::Handshaking => self.handshake(idx, now),
+            _ => {}
         }
         if readable {
             self.read(idx, now, hup);
         }
+        self.flush_tls(idx);
         self.pump(idx, now);
     }
 
@@ -384,6 +585,9 @@ impl RelayEngine<'_> {
     /// `hup` says a FIN or an error waits behind the data: with a new connection per request
     /// that read was 1.7 of the copy's 12 syscalls per session.
     fn read(&mut self, idx: usize, now: u64, hup: bool) {
+        // A TLS session may hold decrypted bytes the socket no longer signals: read until
+        // it says the socket would block.
+        let hup = hup || self.f.conns.get(idx).is_some_and(|c| c.x.tls.is_some());
         let f = &mut self.f;
         let no_wait = f.cfg.no_wait;
         let Some(c) = f.conns.get_mut(idx) else {
@@ -395,7 +599,11 @@ impl RelayEngine<'_> {
         let scratch = &mut self.t.scratch;
         loop {
             let Some(s) = c.x.sock.as_mut() else { return };
-            match s.read(scratch) {
+            let got = match c.x.tls.as_mut() {
+                Some(t) => t.read(s, scratch),
+                None => s.read(scratch),
+            };
+            match got {
                 Ok(0) => {
                     c.x.eof = true;
                     break;
@@ -424,12 +632,29 @@ impl RelayEngine<'_> {
     }
 }
 
+impl RelayEngine<'_> {
+    /// Writes TLS output the socket could not take before (the tail of a request, a key
+    /// update): a writable edge is its only chance.
+    fn flush_tls(&mut self, idx: usize) {
+        let Some(c) = self.f.conns.get_mut(idx) else {
+            return;
+        };
+        let (Some(s), Some(t)) = (c.x.sock.as_mut(), c.x.tls.as_mut()) else {
+            return;
+        };
+        if t.wants_write() && t.flush(s).is_err() {
+            self.end(idx, Outcome::Reset, true);
+        }
+    }
+}
+
 /// Runs the relay until the input ends (a file), `stop` is set, or `duration` passes; then
 /// lets the copies finish and returns the report. A capture file that turns out truncated
 /// ends the input early with the reason in `failure`. `say` gives the user a line as it
 /// happens (a target refusing, or back).
 pub fn run(
     cfg: &CopyConfig,
+    tls: Option<TargetTls>,
     input: &Input,
     duration: Option<Duration>,
     stop: &AtomicBool,
@@ -442,6 +667,8 @@ pub fn run(
         poll: Poll::new().map_err(io_err("create the event loop (epoll)"))?,
         backoff: Backoff::default(),
         scratch: vec![0; 64 << 10],
+        tls,
+        tally: TlsTally::default(),
     };
     Engine::new(cfg, relay, differ, input, start, say).run(input, duration, stop, live)
 }

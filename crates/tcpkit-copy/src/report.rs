@@ -986,6 +986,56 @@ mod tests {
         );
     }
 
+    /// The `tls` object: absent without a TLS flag; with --target-tls alone, from clear TCP,
+    /// one line for the target's handshakes; from a key log, the sessions' line too.
+    #[test]
+    fn tls_lines_say_what_was_decrypted_and_the_targets_handshakes() {
+        assert!(!sample().json().contains("\"tls\""));
+        let mut r = sample();
+        let target = TargetTlsStats {
+            handshakes: 9,
+            failed: 1,
+            failures: [("unknown_ca".to_string(), 1)].into(),
+        };
+        r.tls = Some(TlsStats {
+            source: "clear".into(),
+            target: Some(target.clone()),
+            ..TlsStats::default()
+        });
+        let h = r.human();
+        assert!(h.contains("\nMemory: "), "{h}");
+        assert!(
+            h.contains("\nTLS to the target: 9 handshakes, 1 failed (unknown_ca 1)\n  Latency"),
+            "{h}"
+        );
+        assert!(!h.contains("TLS: from"), "{h}");
+        r.tls = Some(TlsStats {
+            source: "keylog".into(),
+            sessions: TlsSessionStats {
+                decrypted: 8,
+                no_secret: 1,
+                unsupported: [("TLS_RSA_WITH_AES_128_GCM_SHA256".to_string(), 1)].into(),
+                ..TlsSessionStats::default()
+            },
+            versions: [("TLSv1.3".to_string(), 8)].into(),
+            ciphers: [("TLS13_AES_128_GCM_SHA256".to_string(), 8)].into(),
+            keylog: Some(KeylogStats {
+                lines: 40,
+                bad_lines: 0,
+                secrets: 40,
+            }),
+            uprobe: None,
+            target: None,
+        });
+        let h = r.human();
+        assert!(
+            h.contains("\nTLS: from keylog, sessions 8 decrypted, 1 no secret, 0 not TLS, 0 failed, unsupported: TLS_RSA_WITH_AES_128_GCM_SHA256 1; versions: TLSv1.3 8; ciphers: TLS13_AES_128_GCM_SHA256 8\nTLS key log: 40 lines (0 not key log lines), 40 secrets\n"),
+            "{h}"
+        );
+        let back: CopyReport = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(back.tls.map(|t| t.sessions.decrypted), Some(8));
+    }
+
     #[test]
     fn json_round_trips() {
         let r = sample();

@@ -5,6 +5,8 @@
 //!   system store, or none with `--insecure`; a client certificate; TLS 1.2 / 1.3; ALPN;
 //!   session resumption by tickets or none), and a server's (PEM files, or a self-signed
 //!   certificate made by rcgen, its SHA-256 fingerprint and PEM for the client to trust).
+//! - [`client`]: a client resolved once per run (configuration, name, what it offers), a
+//!   session per connection from it (`load --tls`, `copy --target-tls`).
 //! - [`fail`]: a failed handshake named by a short reason (`unknown_ca`, `bad_name`,
 //!   `expired`, `no_common_protocol`, `no_alpn`, `handshake_timeout`, `reset`, `other`) and
 //!   said in one line that tells the user what to do about it.
@@ -13,11 +15,13 @@
 //!   plaintext in and out, with the negotiated version, cipher, ALPN and whether the session
 //!   was resumed. Above it, load's and echo's protocols see plaintext only.
 
+pub mod client;
 pub mod decrypt;
 pub mod fail;
 pub mod session;
 pub mod setup;
 
+pub use client::Client;
 pub use fail::{Failure, Offer, Reason};
 pub use rustls;
 pub use session::{HandshakeError, Info, Session};

@@ -185,6 +185,10 @@ pub fn client_config(o: &ClientOptions) -> Result<Arc<ClientConfig>, SetupError>
         None => b.with_no_client_auth(),
     };
     cfg.alpn_protocols = o.alpn.iter().map(|a| a.as_bytes().to_vec()).collect();
+    // SSLKEYLOGFILE, as curl, browsers and OpenSSL's tools honour it: each session's secrets
+    // appended to that file (NSS key log format) for Wireshark or `copy --tls-keylog`; with
+    // the variable unset nothing is written and the check costs nothing per connection.
+    cfg.key_log = Arc::new(rustls::KeyLogFile::new());
     cfg.resumption = match o.resume {
         Resume::Off => Resumption::disabled(),
         // Sized for many connections to one server: TLS 1.3 tickets are used once each, and

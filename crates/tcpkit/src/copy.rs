@@ -209,10 +209,13 @@ pub struct Args {
     #[arg(long)]
     pub check: bool,
 
+    #[command(flatten)]
+    pub target_tls: crate::copy_tls::TargetTlsFlags,
+
     /// Every session of the copy rules is TLS: decrypt it with the secrets in FILE, an NSS
     /// key log (what curl, Firefox and Chrome write when SSLKEYLOGFILE is set, and OpenSSL's
     /// keylog callback), and copy its plaintext requests to the target, whose port then
-    /// speaks clear text. TLS 1.3, and TLS 1.2 with ECDHE, AES-GCM or ChaCha20-Poly1305.
+    /// speaks clear text (or TLS, with --target-tls). TLS 1.3, and TLS 1.2 with ECDHE, AES-GCM or ChaCha20-Poly1305.
     /// The file is read as it grows; live, it need not exist yet (its directory must). A
     /// session whose secret does not come within 3 s, or that cannot be decrypted, is
     /// counted by reason and never copied. E.g. `SSLKEYLOGFILE=/tmp/keys curl ...` beside
@@ -235,6 +238,8 @@ pub struct Run {
     pub check: bool,
     /// `--transparent`: how copies reach the target and its answers come back.
     pub transparent: Option<TransparentConfig>,
+    /// `--target-tls`: relay mode's copies speak TLS to the target.
+    pub target_tls: Option<relay::TargetTls>,
 }
 
 /// `--transparent`, `--intercept`, `-c`: checked against the rest of the flags.
@@ -443,6 +448,7 @@ pub fn resolve(a: &Args) -> Result<(CopyConfig, Run), Failure> {
             .transpose()?,
         check: a.check,
         transparent: resolve_transparent(a, &cfg.rules)?,
+        target_tls: a.target_tls.resolve(&cfg.rules)?,
     };
     Ok((cfg, run))
 }
@@ -533,6 +539,13 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
                 .map_err(|e| Failure::Runtime(format!("--metrics {addr}: {e}")))
         })
         .transpose()?;
+    if run
+        .target_tls
+        .as_ref()
+        .is_some_and(relay::TargetTls::insecure)
+    {
+        eprintln!("tcpkit copy: --insecure: no TLS certificate of the target is checked; the target is whoever answers (use --tls-ca FILE to check a lab certificate)");
+    }
     let nice = tcpkit_host::lower_priority(run.nice);
     let mut monitor = {
         let live = Arc::clone(&live);
@@ -554,8 +567,16 @@ pub fn main(args: Args, interrupt: &'static AtomicBool) -> Result<(), Failure> {
     let result = match &run.transparent {
         Some(t) => transparent::run(&cfg, t, &run.input, run.duration, interrupt, &live, &say)
             .map_err(|e| Failure::Runtime(crate::chain(&e))),
-        None => relay::run(&cfg, &run.input, run.duration, interrupt, &live, &say)
-            .map_err(|e| Failure::Runtime(crate::chain(&e))),
+        None => relay::run(
+            &cfg,
+            run.target_tls.clone(),
+            &run.input,
+            run.duration,
+            interrupt,
+            &live,
+            &say,
+        )
+        .map_err(|e| Failure::Runtime(crate::chain(&e))),
     };
     monitor.stop();
     let mut report = result?;

@@ -108,15 +108,7 @@ impl LoadTls {
         let resume =
             Resume::parse(&self.tls_resume).map_err(|e| usage(format!("--tls-resume {e}")))?;
         let alpn: Vec<String> = match &self.alpn {
-            Some(list) => {
-                let v: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
-                if let Some(bad) = v.iter().find(|a| a.is_empty() || a.len() > 255) {
-                    return Err(usage(format!(
-                        "--alpn {list:?}: {bad:?} is not a protocol name (1 to 255 bytes each, comma-separated, like h2,http/1.1)"
-                    )));
-                }
-                v
-            }
+            Some(list) => alpn_list(list)?,
             None => http_alpn.map(|p| vec![p.to_string()]).unwrap_or_default(),
         };
         let opts = ClientOptions {
@@ -132,6 +124,17 @@ impl LoadTls {
             .map(Some)
             .map_err(setup_error)
     }
+}
+
+/// `--alpn LIST`: comma-separated protocol names.
+pub fn alpn_list(list: &str) -> Result<Vec<String>, Failure> {
+    let v: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+    if let Some(bad) = v.iter().find(|a| a.is_empty() || a.len() > 255) {
+        return Err(usage(format!(
+            "--alpn {list:?}: {bad:?} is not a protocol name (1 to 255 bytes each, comma-separated, like h2,http/1.1)"
+        )));
+    }
+    Ok(v)
 }
 
 /// The host part of `HOST:PORT` / `[v6]:PORT`, brackets taken off.

@@ -15,6 +15,7 @@ mod copy_metrics;
 mod copy_modes;
 mod copy_on_target;
 mod copy_server_first;
+mod copy_target_tls;
 mod copy_tls_keylog;
 mod copy_tls_uprobe;
 mod copy_transparent;
