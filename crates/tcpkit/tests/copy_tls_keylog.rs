@@ -297,26 +297,6 @@ fn offline_capture_copies_each_sessions_plaintext_as_tshark_decrypts_it() {
             assert!(!c.windows(never.len()).any(|w| w == never), "{c:?}");
         }
     }
-    // The human summary names them too.
-    let human = l.copy_to_end(
-        &[
-            "--input",
-            &cap_s,
-            "-x",
-            &rule,
-            "--tls-keylog",
-            &key_s,
-            "--speed",
-            "10",
-        ],
-        Duration::from_secs(20),
-    );
-    let text = String::from_utf8_lossy(&human.stdout);
-    assert!(
-        text.contains("TLS (keylog): 5 sessions decrypted (TLSv1.2 2, TLSv1.3 3;")
-            && text.contains("1 no secret, 1 unsupported (TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA 1), 0 not TLS, 0 failed"),
-        "{text}"
-    );
 }
 
 /// Live: copy captures while curl runs, and the key log does not exist when copy starts (curl
