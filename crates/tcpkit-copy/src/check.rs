@@ -61,6 +61,21 @@ impl Check {
     }
 }
 
+/// `--tls-uprobe`: the probes load and attach to every PATH (permissions, the symbols), and
+/// are taken off again at once.
+fn uprobe(targets: &[std::path::PathBuf], pid: Option<u32>) -> Check {
+    let names: Vec<String> = targets.iter().map(|t| t.display().to_string()).collect();
+    let name = "tls-uprobe";
+    match tcpkit_tlsprobe::Probes::attach(targets, pid) {
+        Ok(_) => Check::ok(name, format!("SSL_read/SSL_write probes attach to {}", names.join(", "))),
+        Err(e) => Check::fail(
+            name,
+            crate::feed::chain(&e),
+            "run as root (or with CAP_BPF and CAP_PERFMON) and give the libssl.so.* the server maps (grep ssl /proc/PID/maps)",
+        ),
+    }
+}
+
 /// Every check for a run with this configuration, in the order a run meets them;
 /// `transparent` is `--transparent`'s configuration.
 pub fn run(
@@ -75,6 +90,7 @@ pub fn run(
             &transfer::capture_filter(&cfg.rules, cfg.filter.as_deref()),
         ),
         Input::File { path, .. } => file(path),
+        Input::Uprobe { targets, pid } => uprobe(targets, *pid),
     }];
     let mut targets: Vec<SocketAddr> = cfg.rules.iter().map(|r| r.target).collect();
     targets.sort();

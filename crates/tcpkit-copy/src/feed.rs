@@ -3,7 +3,10 @@
 //! `--loop`). Either way the frames go through the reassembler ([`Tracker`]) and its events
 //! to the mode (`Consumer`), which between batches serves its own I/O. Relay and transparent
 //! mode differ in how a copy reaches the target, not in how the input is read, so the loops
-//! live here once.
+//! live here once. With `--tls-uprobe` the input is the plaintext the probes read at the
+//! server's TLS library ([`uprobe`]), handed over as the same events.
+
+pub mod uprobe;
 
 use std::io;
 use std::net::SocketAddr;
@@ -12,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::report::CopyReport;
+use crate::report::{CopyReport, TlsSessionStats, TlsStats, UprobeStats};
 use bytes::Bytes;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Registry, Token};
@@ -44,6 +47,13 @@ pub enum Input {
         speed: f64,
         max_idle_ns: Option<u64>,
         loops: u32,
+    },
+    /// `--tls-uprobe`: the plaintext of the server's TLS connections, read by BPF uprobes at
+    /// SSL_read/SSL_write of each library or binary in `targets`, in every process mapping
+    /// it or only in `pid`.
+    Uprobe {
+        targets: Vec<PathBuf>,
+        pid: Option<u32>,
     },
 }
 
@@ -80,6 +90,8 @@ pub enum FeedError {
     },
     #[error("input")]
     File(#[source] PcapError),
+    #[error("--tls-uprobe")]
+    Uprobe(#[source] tcpkit_tlsprobe::ProbeError),
     #[error("{what}")]
     Io {
         what: &'static str,
@@ -230,7 +242,7 @@ pub(crate) fn pace(input: &Input) -> (Speed, u64) {
         Input::File {
             speed, max_idle_ns, ..
         } => (Speed::new(*speed), max_idle_ns.unwrap_or(u64::MAX)),
-        Input::Live { .. } => (Speed::new(1.0), u64::MAX),
+        Input::Live { .. } | Input::Uprobe { .. } => (Speed::new(1.0), u64::MAX),
     }
 }
 
@@ -340,6 +352,7 @@ fn run_input<C: Consumer>(
             c.report().capture.packets = packets;
             tracker_stats(c.report(), &tracker);
         }
+        Input::Uprobe { targets, pid } => run_uprobe(c, targets, *pid, &past_end, live, events)?,
         Input::File {
             path,
             speed,
@@ -427,6 +440,81 @@ fn run_input<C: Consumer>(
             c.report().capture.packets = packets;
         }
     }
+    Ok(())
+}
+
+/// Records taken from the probes' ring per turn before the copies are served.
+const UPROBE_SLICE: usize = 4096;
+
+/// `--tls-uprobe`: the probes attached for the run (detached when it returns, or by the
+/// kernel if this process dies), their records turned into events until the run ends.
+fn run_uprobe<C: Consumer>(
+    c: &mut C,
+    targets: &[PathBuf],
+    pid: Option<u32>,
+    past_end: &dyn Fn(u64) -> bool,
+    live: &CopyCounters,
+    events: &mut Events,
+) -> Result<(), C::Error> {
+    let mut probes = tcpkit_tlsprobe::Probes::attach(targets, pid).map_err(FeedError::Uprobe)?;
+    let names: Vec<String> = targets.iter().map(|t| t.display().to_string()).collect();
+    c.report().source = match pid {
+        Some(p) => format!("uprobe {} pid {p}", names.join(",")),
+        None => format!("uprobe {}", names.join(",")),
+    };
+    let fd = probes.as_raw_fd();
+    c.registry()
+        .register(&mut SourceFd(&fd), CAPTURE, Interest::READABLE)
+        .map_err(|source| FeedError::Io {
+            what: "watch the probes' ring buffer (epoll_ctl)",
+            source,
+        })?;
+    let ports = transfer::server_ports(c.rules());
+    let mut s = uprobe::Sessions::new(
+        ports,
+        c.cfg().only_full,
+        tcpkit_tlsprobe::mono_to_realtime_ns(),
+    );
+    let mut evs: Vec<Event> = Vec::new();
+    while !past_end(now_ns()) {
+        for _ in 0..16 {
+            let n = probes.drain(UPROBE_SLICE, |r| s.take(r, &mut evs));
+            c.on_events(&mut evs, 0);
+            if n < UPROBE_SLICE {
+                break;
+            }
+        }
+        s.tick(now_ns(), realtime_ns(), uprobe::alive, &mut evs);
+        c.on_events(&mut evs, 0);
+        c.step(events, C::LIVE_WAIT)?;
+        c.publish(live);
+    }
+    probes.drain(usize::MAX, |r| s.take(r, &mut evs));
+    s.finish(realtime_ns(), &mut evs);
+    c.on_events(&mut evs, 0);
+    let k = probes.counters();
+    let t = &s.tally;
+    // Sessions not followed (the table full) are named with the rest that were not copied.
+    let mut unsupported = std::collections::BTreeMap::new();
+    if t.not_tracked > 0 {
+        unsupported.insert("table full".to_string(), t.not_tracked);
+    }
+    c.report().tls = Some(TlsStats {
+        source: "uprobe".into(),
+        sessions: TlsSessionStats {
+            decrypted: t.copied,
+            unsupported,
+            ..TlsSessionStats::default()
+        },
+        uprobe: Some(UprobeStats {
+            targets: names,
+            pids: t.pids,
+            records: t.records,
+            lost_records: k.lost_records,
+            unmatched: t.unmatched + k.unmatched_calls,
+        }),
+        ..TlsStats::default()
+    });
     Ok(())
 }
 

@@ -49,89 +49,12 @@ pub struct CopyReport {
     /// Transparent mode's own figures (absent in relay mode, and then not in the JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transparent: Option<TransparentStats>,
-    /// `--tls-keylog`: the TLS sessions decrypted, and those that were not, by reason
-    /// (absent without it, and then not in the JSON).
+    /// TLS (issue 27): where the plaintext came from and what became of the TLS sessions;
+    /// toward the target with `--target-tls`. Absent without a TLS flag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsStats>,
     /// Why the run failed (exit status 1); absent when it did what was asked.
     pub failure: Option<String>,
-}
-
-/// The copy of TLS sessions: where the plaintext came from and what became of each session.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct TlsStats {
-    /// `keylog` (`--tls-keylog`).
-    pub source: String,
-    pub sessions: TlsSessions,
-    /// Sessions decrypted by protocol version (`TLSv1.3`, `TLSv1.2`).
-    pub versions: BTreeMap<String, u64>,
-    /// Sessions decrypted by cipher suite (IANA name).
-    pub ciphers: BTreeMap<String, u64>,
-    /// `--tls-keylog`: what the key log held.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keylog: Option<KeylogStats>,
-}
-
-/// What became of the TLS sessions of the copy rules: only `decrypted` ones are copied.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct TlsSessions {
-    pub decrypted: u64,
-    /// The key log never gave their secrets (within the wait).
-    pub no_secret: u64,
-    /// By the version, suite or feature refused (its name), or why the session could not be
-    /// followed (`joined mid-stream`, `incomplete handshake`).
-    pub unsupported: BTreeMap<String, u64>,
-    /// Their client did not start with a TLS ClientHello.
-    pub not_tls: u64,
-    /// A record failed authentication, or the protocol went wrong past the hellos.
-    pub failed: u64,
-}
-
-/// The key log as read: lines, lines that were not the format, secrets.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct KeylogStats {
-    pub lines: u64,
-    pub bad_lines: u64,
-    pub secrets: u64,
-}
-
-impl TlsStats {
-    /// The human summary's `TLS:` line.
-    fn line(&self) -> String {
-        let s = &self.sessions;
-        let by = |m: &BTreeMap<String, u64>| {
-            m.iter()
-                .filter(|(_, &n)| n > 0)
-                .map(|(k, n)| format!("{k} {n}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let unsupported: u64 = s.unsupported.values().sum();
-        let mut line = format!(
-            "TLS ({}): {} sessions decrypted ({}; {}), {} no secret, {} unsupported{}, {} not TLS, {} failed",
-            self.source,
-            s.decrypted,
-            by(&self.versions),
-            by(&self.ciphers),
-            s.no_secret,
-            unsupported,
-            if unsupported > 0 {
-                format!(" ({})", by(&s.unsupported))
-            } else {
-                String::new()
-            },
-            s.not_tls,
-            s.failed
-        );
-        if let Some(k) = &self.keylog {
-            let _ = write!(
-                line,
-                "; key log {} lines, {} bad, {} secrets",
-                k.lines, k.bad_lines, k.secrets
-            );
-        }
-        line
-    }
 }
 
 /// Transparent mode: the control connection to intercept and the client TCP copy plays.
@@ -167,6 +90,145 @@ pub struct TransparentStats {
     pub tuple_in_use: u64,
     /// Copies of sessions open before copying started, given a handshake of their own.
     pub synthesized_handshakes: u64,
+}
+
+/// TLS: the production sessions' plaintext (from a key log or the server's TLS library) and
+/// the copies' own TLS toward the target.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TlsStats {
+    /// `keylog` (`--tls-keylog`), `uprobe` (`--tls-uprobe`), or `clear` (the capture was
+    /// clear TCP; only the copies speak TLS, `--target-tls`).
+    pub source: String,
+    /// The production TLS sessions, by what became of them.
+    pub sessions: TlsSessionStats,
+    /// Decrypted sessions by TLS version (`TLSv1.3`, `TLSv1.2`).
+    pub versions: BTreeMap<String, u64>,
+    /// Decrypted sessions by cipher suite (IANA name).
+    pub ciphers: BTreeMap<String, u64>,
+    /// `--tls-keylog`: the key log read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keylog: Option<KeylogStats>,
+    /// `--tls-uprobe`: the probes and their records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uprobe: Option<UprobeStats>,
+    /// `--target-tls`: the copies' handshakes with the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<TargetTlsStats>,
+}
+
+/// `a 2, b 1` (or `none`).
+fn counts(m: &BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        return "none".into();
+    }
+    m.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl TlsStats {
+    /// The summary's `TLS:` lines: the production sessions (from a key log or the probes),
+    /// and the copies' handshakes with the target.
+    fn human(&self, s: &mut String) {
+        if self.source != "clear" {
+            let n = &self.sessions;
+            let _ = writeln!(
+                s,
+                "TLS: from {}, sessions {} decrypted, {} no secret, {} not TLS, {} failed, unsupported: {}; versions: {}; ciphers: {}",
+                self.source,
+                n.decrypted,
+                n.no_secret,
+                n.not_tls,
+                n.failed,
+                counts(&n.unsupported),
+                counts(&self.versions),
+                counts(&self.ciphers)
+            );
+        }
+        if let Some(k) = &self.keylog {
+            let _ = writeln!(
+                s,
+                "TLS key log: {} lines ({} not key log lines), {} secrets",
+                k.lines, k.bad_lines, k.secrets
+            );
+        }
+        if let Some(u) = &self.uprobe {
+            let _ = writeln!(
+                s,
+                "TLS probes: {} in {} processes, {} records ({} lost, {} not of a copied connection)",
+                u.targets.join(", "),
+                u.pids,
+                u.records,
+                u.lost_records,
+                u.unmatched
+            );
+        }
+        if let Some(t) = &self.target {
+            let _ = writeln!(
+                s,
+                "TLS to the target: {} handshakes, {} failed{}",
+                t.handshakes,
+                t.failed,
+                if t.failures.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", counts(&t.failures))
+                }
+            );
+        }
+    }
+}
+
+/// What became of the production TLS sessions (a session is never copied as ciphertext).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TlsSessionStats {
+    /// Decrypted and copied (with `--tls-uprobe`: connections whose plaintext was copied).
+    pub decrypted: u64,
+    /// No secret for the session in the key log (in time).
+    pub no_secret: u64,
+    /// A version or suite that cannot be decrypted, by reason or suite name.
+    pub unsupported: BTreeMap<String, u64>,
+    /// Not TLS at all.
+    pub not_tls: u64,
+    /// A record that failed authentication (or could not be parsed).
+    pub failed: u64,
+}
+
+/// `--tls-keylog`: the NSS key log.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct KeylogStats {
+    pub lines: u64,
+    /// Lines that are not key log lines (counted, passed over).
+    pub bad_lines: u64,
+    pub secrets: u64,
+}
+
+/// `--tls-uprobe`: the probes on the server's TLS library.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UprobeStats {
+    /// The libraries or binaries probed.
+    pub targets: Vec<String>,
+    /// Processes whose SSL_read/SSL_write were seen.
+    pub pids: u64,
+    pub records: u64,
+    /// Records the ring buffer had no room for.
+    pub lost_records: u64,
+    /// Records not tied to a connection of the copy rules.
+    pub unmatched: u64,
+}
+
+/// `--target-tls`: the copies' TLS handshakes with the target.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TargetTlsStats {
+    /// Handshakes completed.
+    pub handshakes: u64,
+    /// Handshakes failed (their copies count among the failed sessions: `timeout` for a
+    /// handshake past `--timeout`, `reset` otherwise).
+    pub failed: u64,
+    /// Failed handshakes by reason (`unknown_ca`, `bad_name`, `expired`,
+    /// `no_common_protocol`, `handshake_timeout`, `reset`, `other`).
+    pub failures: BTreeMap<String, u64>,
 }
 
 /// Client sessions and the copies made of them. Every copy ends exactly one way: completed,
@@ -376,7 +438,14 @@ impl CopyReport {
             let s = &t.sessions;
             let others = s.no_secret + s.not_tls + s.failed + s.unsupported.values().sum::<u64>();
             if s.decrypted == 0 && others > 0 {
-                return Some(format!("no TLS session was decrypted: {}", t.line()));
+                return Some(format!(
+                    "no TLS session was decrypted: {} no secret, {} not TLS, {} failed, \
+                     unsupported: {}",
+                    s.no_secret,
+                    s.not_tls,
+                    s.failed,
+                    counts(&s.unsupported)
+                ));
             }
         }
         let r = &self.requests;
@@ -626,7 +695,7 @@ impl Report for CopyReport {
             );
         }
         if let Some(t) = &self.tls {
-            let _ = writeln!(s, "{}", t.line());
+            t.human(&mut s);
         }
         self.latency_table(&mut s);
         if let Some(f) = &self.failure {
@@ -875,7 +944,7 @@ mod tests {
         t.sessions.unsupported = BTreeMap::from([("TLS_RSA_WITH_AES_128_CBC_SHA".into(), 2)]);
         r.tls = Some(t.clone());
         assert!(
-            r.human().contains("\nTLS (keylog): 5 sessions decrypted (TLSv1.2 2, TLSv1.3 3; TLS_AES_128_GCM_SHA256 5), 1 no secret, 2 unsupported (TLS_RSA_WITH_AES_128_CBC_SHA 2), 0 not TLS, 0 failed; key log 18 lines, 1 bad, 15 secrets\n"),
+            r.human().contains("\nTLS: from keylog, sessions 5 decrypted, 1 no secret, 0 not TLS, 0 failed, unsupported: TLS_RSA_WITH_AES_128_CBC_SHA 2; versions: TLSv1.2 2, TLSv1.3 3; ciphers: TLS_AES_128_GCM_SHA256 5\nTLS key log: 18 lines (1 not key log lines), 15 secrets\n"),
             "{}",
             r.human()
         );
@@ -890,7 +959,7 @@ mod tests {
         r.finish();
         assert!(
             r.failure.as_deref().is_some_and(|f| f
-                .starts_with("no TLS session was decrypted: TLS (keylog): 0 sessions decrypted")),
+                == "no TLS session was decrypted: 1 no secret, 0 not TLS, 0 failed, unsupported: TLS_RSA_WITH_AES_128_CBC_SHA 2"),
             "{:?}",
             r.failure
         );

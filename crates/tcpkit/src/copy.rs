@@ -133,6 +133,9 @@ pub struct Args {
     pub run: RunFlags,
 
     #[command(flatten)]
+    pub uprobe: crate::copy_uprobe::UprobeFlags,
+
+    #[command(flatten)]
     pub out: OutputFlags,
 
     /// Transparent mode (tcpcopy's): the target sees the clients' own addresses (or -c's).
@@ -368,6 +371,8 @@ pub fn resolve(a: &Args) -> Result<(CopyConfig, Run), Failure> {
             }
         }
     };
+    // --tls-uprobe: the plaintext comes from the probes, not a capture.
+    let input = a.uprobe.input()?.unwrap_or(input);
     let diff = if a.diff {
         if a.no_wait {
             return Err(usage(

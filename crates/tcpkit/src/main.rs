@@ -4,6 +4,7 @@ mod balance;
 mod barrier;
 mod common;
 mod copy;
+mod copy_uprobe;
 mod docs;
 mod echo;
 mod fleet;

@@ -16,6 +16,7 @@ mod copy_modes;
 mod copy_on_target;
 mod copy_server_first;
 mod copy_tls_keylog;
+mod copy_tls_uprobe;
 mod copy_transparent;
 mod copy_transparent_faults;
 mod copy_transparent_multi;
