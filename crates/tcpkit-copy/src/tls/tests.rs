@@ -92,13 +92,20 @@ fn front(evs: &[Event]) -> (bool, Vec<u8>, Vec<u8>, Option<u64>) {
     (open, c, s, close)
 }
 
-#[test]
-fn a_session_is_opened_with_its_plaintext_once_it_decrypts() {
+/// A layer whose key log file holds the trace's secrets from the start (the folder goes with
+/// the first value).
+fn with_whole_key_log() -> (tempfile::TempDir, Vec<(Dir, Vec<u8>)>, State) {
     let (log, flow) = rfc8448();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys");
     std::fs::write(&path, &log).unwrap();
-    let mut st = State::new(&path, 1 << 20);
+    let st = State::new(&path, 1 << 20);
+    (dir, flow, st)
+}
+
+#[test]
+fn a_session_is_opened_with_its_plaintext_once_it_decrypts() {
+    let (_dir, flow, mut st) = with_whole_key_log();
     let mut evs = events(&flow, true);
     st.process(&mut evs, 1);
     let payload: Vec<u8> = (0..50).collect();
@@ -143,11 +150,7 @@ fn a_session_waits_for_its_secret_and_then_counts_no_secret() {
 
 #[test]
 fn sessions_that_cannot_be_followed_are_counted_and_never_opened() {
-    let (log, flow) = rfc8448();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keys");
-    std::fs::write(&path, &log).unwrap();
-    let mut st = State::new(&path, 1 << 20);
+    let (_dir, flow, mut st) = with_whole_key_log();
     let mut evs = events(&flow, false);
     st.process(&mut evs, 1);
     assert!(evs.is_empty());
