@@ -385,6 +385,24 @@ fn an_unusable_key_log_is_a_usage_error() {
         err.contains("--tls-keylog") && err.contains("no such directory"),
         "{err}"
     );
+    // The probes give the plaintext themselves: the two sources together are refused.
+    let o = run(&[
+        "-x",
+        "443-127.0.0.1:8080",
+        "--tls-keylog",
+        &m,
+        "--tls-uprobe",
+        "/usr/lib/x86_64-linux-gnu/libssl.so.3",
+        // Were the pair let through, the run still ends.
+        "--duration",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--tls-keylog") && err.contains("--tls-uprobe"),
+        "{err}"
+    );
     let d = dir.path().to_string_lossy();
     let o = run(&[
         "--input",
