@@ -956,6 +956,48 @@ mod tests {
     }
 
     #[test]
+    fn tls_line_names_each_reason_and_a_run_that_decrypted_nothing_failed() {
+        assert!(!sample().human().contains("TLS"));
+        assert!(!sample().json().contains("\"tls\""));
+        let mut r = sample();
+        let mut t = TlsStats {
+            source: "keylog".into(),
+            keylog: Some(KeylogStats {
+                lines: 18,
+                bad_lines: 1,
+                secrets: 15,
+            }),
+            ..TlsStats::default()
+        };
+        t.versions = BTreeMap::from([("TLSv1.2".into(), 2), ("TLSv1.3".into(), 3)]);
+        t.ciphers = BTreeMap::from([("TLS_AES_128_GCM_SHA256".into(), 5)]);
+        t.sessions.decrypted = 5;
+        t.sessions.no_secret = 1;
+        t.sessions.unsupported = BTreeMap::from([("TLS_RSA_WITH_AES_128_CBC_SHA".into(), 2)]);
+        r.tls = Some(t.clone());
+        assert!(
+            r.human().contains("\nTLS: from keylog, sessions 5 decrypted, 1 no secret, 0 not TLS, 0 failed, unsupported: TLS_RSA_WITH_AES_128_CBC_SHA 2; versions: TLSv1.2 2, TLSv1.3 3; ciphers: TLS_AES_128_GCM_SHA256 5\nTLS key log: 18 lines (1 not key log lines), 15 secrets\n"),
+            "{}",
+            r.human()
+        );
+        let back: CopyReport = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(back.tls.map(|t| t.sessions.no_secret), Some(1));
+        // Nothing decrypted while TLS sessions came: the run did not do what was asked.
+        t.sessions.decrypted = 0;
+        let mut r = CopyReport {
+            tls: Some(t),
+            ..CopyReport::default()
+        };
+        r.finish();
+        assert!(
+            r.failure.as_deref().is_some_and(|f| f
+                == "no TLS session was decrypted: 1 no secret, 0 not TLS, 0 failed, unsupported: TLS_RSA_WITH_AES_128_CBC_SHA 2"),
+            "{:?}",
+            r.failure
+        );
+    }
+
+    #[test]
     fn transparent_line_only_in_transparent_mode() {
         let mut r = sample();
         r.transparent = Some(TransparentStats {

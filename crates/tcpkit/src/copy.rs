@@ -220,7 +220,8 @@ pub struct Args {
     /// session whose secret does not come within 3 s, or that cannot be decrypted, is
     /// counted by reason and never copied. E.g. `SSLKEYLOGFILE=/tmp/keys curl ...` beside
     /// `tcpkit copy -i eth0 -x 443-10.0.0.2:8080 --tls-keylog /tmp/keys`.
-    #[arg(long, value_name = "FILE")]
+    /// Not with --tls-uprobe (the probes give the plaintext itself).
+    #[arg(long, value_name = "FILE", conflicts_with = "tls_uprobe")]
     pub tls_keylog: Option<PathBuf>,
 }
 

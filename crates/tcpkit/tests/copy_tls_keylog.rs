@@ -201,25 +201,27 @@ fn tls_counts(r: &Value, what: &str) -> BTreeMap<String, u64> {
     serde_json::from_value(r["tls"][what].clone()).unwrap_or_else(|e| panic!("{e}: {r:#}"))
 }
 
-fn assert_decrypted(r: &Value) {
-    assert_eq!(u(r, "tls.sessions.decrypted"), 5, "{r:#}");
+/// The report of [`decryptable_sessions`], and `late` more TLS 1.3 AES-128-GCM sessions of
+/// one request each.
+fn assert_decrypted(r: &Value, late: u64) {
+    assert_eq!(u(r, "tls.sessions.decrypted"), 5 + late, "{r:#}");
     let versions = tls_counts(r, "versions");
-    assert_eq!(versions["TLSv1.3"], 3, "{r:#}");
+    assert_eq!(versions["TLSv1.3"], 3 + late, "{r:#}");
     assert_eq!(versions["TLSv1.2"], 2, "{r:#}");
     let ciphers = tls_counts(r, "ciphers");
-    for c in [
-        "TLS_AES_128_GCM_SHA256",
-        "TLS_AES_256_GCM_SHA384",
-        "TLS_CHACHA20_POLY1305_SHA256",
-        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
-        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    for (c, n) in [
+        ("TLS_AES_128_GCM_SHA256", 1 + late),
+        ("TLS_AES_256_GCM_SHA384", 1),
+        ("TLS_CHACHA20_POLY1305_SHA256", 1),
+        ("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", 1),
+        ("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", 1),
     ] {
-        assert_eq!(ciphers.get(c), Some(&1), "{c}: {r:#}");
+        assert_eq!(ciphers.get(c), Some(&n), "{c}: {r:#}");
     }
-    // Six requests in five sessions, each answered by the target.
-    assert_eq!(u(r, "requests.at_source"), 6, "{r:#}");
-    assert_eq!(u(r, "requests.answered"), 6, "{r:#}");
-    assert_eq!(u(r, "sessions.copies"), 5, "{r:#}");
+    // Six requests in five sessions (and the late ones), each answered by the target.
+    assert_eq!(u(r, "requests.at_source"), 6 + late, "{r:#}");
+    assert_eq!(u(r, "requests.answered"), 6 + late, "{r:#}");
+    assert_eq!(u(r, "sessions.copies"), 5 + late, "{r:#}");
 }
 
 /// Offline: a capture taken by tcpdump while curl ran, copied with `-r`. Every decryptable
@@ -261,7 +263,7 @@ fn offline_capture_copies_each_sessions_plaintext_as_tshark_decrypts_it() {
         Duration::from_secs(20),
     );
     let r = mode_report(&o, "relay");
-    assert_decrypted(&r);
+    assert_decrypted(&r, 0);
     assert_eq!(u(&r, "tls.sessions.no_secret"), 1, "{r:#}");
     assert_eq!(u(&r, "tls.sessions.not_tls"), 0, "{r:#}");
     let unsupported = r["tls"]["sessions"]["unsupported"].clone();
@@ -295,56 +297,46 @@ fn offline_capture_copies_each_sessions_plaintext_as_tshark_decrypts_it() {
             assert!(!c.windows(never.len()).any(|w| w == never), "{c:?}");
         }
     }
-    // The human summary names them too.
-    let human = l.copy_to_end(
-        &[
-            "--input",
-            &cap_s,
-            "-x",
-            &rule,
-            "--tls-keylog",
-            &key_s,
-            "--speed",
-            "10",
-        ],
-        Duration::from_secs(20),
-    );
-    let text = String::from_utf8_lossy(&human.stdout);
-    assert!(
-        text.contains(
-            "TLS: from keylog, sessions 5 decrypted, 1 no secret, 0 not TLS, 0 failed, \
-             unsupported: TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA 1; versions: TLSv1.2 2, TLSv1.3 3;"
-        ),
-        "{text}"
-    );
 }
 
 /// Live: copy captures while curl runs, and the key log does not exist when copy starts (curl
-/// creates it, then appends each session's secrets as it goes).
+/// creates it, then appends each session's secrets as it goes). One more session's secrets
+/// go to a file of their own first and are appended to the key log only after that session
+/// ended: copy holds the session until they come.
 #[test]
 fn live_capture_decrypts_with_a_key_log_growing_while_copy_runs() {
     let mut l = CopyLab::new("ctklive");
     let _nginx = https_production(&mut l);
     let got = recorder(&l);
     let keylog: PathBuf = l.dir.path().join("live-keys.log");
+    let late_keys: PathBuf = l.dir.path().join("late-keys.log");
     let key_s = keylog.to_string_lossy().into_owned();
     let (online, cap_if) = (l.online.clone(), l.capture_if());
     let dump = l.lab.tcpdump(&online, &cap_if, "tcp port 443").unwrap();
     let rule = format!("443-{TARGET}:8080");
     let c = l.copy_rule(&rule, &["--tls-keylog", &key_s, "--json"]);
     decryptable_sessions(&l, &keylog);
-    // curl has exited, so each session's last segments are on the wire; the capture hands
-    // a block over within its retire timeout. Then SIGINT: copy lets its copies finish.
+    let aes128 = ["--tlsv1.3", "--tls13-ciphers", "TLS_AES_128_GCM_SHA256"];
+    curl(&l, &late_keys, &aes128, &["/late"]);
+    let late = std::fs::read(&late_keys).unwrap();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&keylog)
+        .and_then(|mut f| f.write_all(&late))
+        .unwrap();
+    // The capture hands a block over within its retire timeout, and the late session waits
+    // for the key log's next read (10 ms). Then SIGINT: copy lets its copies finish.
     std::thread::sleep(Duration::from_millis(300));
     // SAFETY: kill(2) takes no pointers; the pid is the copy's own process, still our child.
     let sent = unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
     assert_eq!(sent, 0);
     let r = copy_report(c);
     let cap = dump.stop().unwrap().path;
-    assert_decrypted(&r);
+    assert_decrypted(&r, 1);
     assert_eq!(u(&r, "tls.sessions.no_secret"), 0, "{r:#}");
     let oracle = tshark_client_plaintext(&cap, &keylog);
-    assert_eq!(oracle.len(), 5);
+    assert_eq!(oracle.len(), 6);
+    assert!(oracle.iter().any(|c| c.starts_with(b"GET /late ")));
     assert_eq!(received(&got), oracle, "{r:#}");
 }
 
@@ -393,6 +385,24 @@ fn an_unusable_key_log_is_a_usage_error() {
         err.contains("--tls-keylog") && err.contains("no such directory"),
         "{err}"
     );
+    // The probes give the plaintext themselves: the two sources together are refused.
+    let o = run(&[
+        "-x",
+        "443-127.0.0.1:8080",
+        "--tls-keylog",
+        &m,
+        "--tls-uprobe",
+        "/usr/lib/x86_64-linux-gnu/libssl.so.3",
+        // Were the pair let through, the run still ends.
+        "--duration",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--tls-keylog") && err.contains("--tls-uprobe"),
+        "{err}"
+    );
     let d = dir.path().to_string_lossy();
     let o = run(&[
         "--input",
@@ -408,4 +418,40 @@ fn an_unusable_key_log_is_a_usage_error() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// Transparent mode plays the plaintext as the client's own TCP toward the target's clear
+/// port (its flow numbers the bytes it sends, whatever the capture's sequence numbers were)
+/// and intercept carries the answers back: the target gets each session's plaintext as
+/// tshark decrypts it here too.
+#[test]
+fn transparent_mode_copies_the_plaintext_too() {
+    let mut t = tlab::TLab::new("ctktr");
+    let _nginx = https_production(&mut t.l);
+    let got = recorder(&t.l);
+    let _icp = t.intercept("intercept");
+    let keylog = t.l.dir.path().join("keys.log");
+    let (online, cap_if) = (t.l.online.clone(), t.l.capture_if());
+    let dump = t.l.lab.tcpdump(&online, &cap_if, "tcp port 443").unwrap();
+    curl(&t.l, &keylog, &["--tlsv1.3"], &["/t13", "/again"]);
+    let t12 = [
+        "--tls-max",
+        "1.2",
+        "--ciphers",
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+    ];
+    curl(&t.l, &keylog, &t12, &["/t12"]);
+    let cap = dump.stop().unwrap().path;
+    let (cap_s, key_s) = (cap.to_string_lossy(), keylog.to_string_lossy());
+    let rule = format!("443-{TARGET}:8080");
+    let o = t.copy_offline(
+        &rule,
+        &["--input", &cap_s, "--tls-keylog", &key_s, "--speed", "10"],
+    );
+    let r = tlab::transparent_report(&o);
+    assert_eq!(u(&r, "tls.sessions.decrypted"), 2, "{r:#}");
+    assert_eq!(u(&r, "requests.answered"), 3, "{r:#}");
+    let oracle = tshark_client_plaintext(&cap, &keylog);
+    assert_eq!(oracle.len(), 2);
+    assert_eq!(received(&got), oracle, "{r:#}");
 }

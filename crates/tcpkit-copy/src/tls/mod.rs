@@ -12,6 +12,8 @@
 //! session closes with is its plaintext request turns.
 
 mod file;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -75,6 +77,9 @@ struct State {
     held_bytes: usize,
     max_held: usize,
     last_poll: u64,
+    /// The sessions that may be waiting for a secret (some may have stopped since: they are
+    /// dropped from it at the next retry), so a turn of the loop never walks every session.
+    waiting: Vec<SessionId>,
     /// Key log secrets when the waiting sessions were last tried.
     tried_at_secrets: u64,
     input: Vec<Event>,
@@ -111,28 +116,9 @@ fn event_bytes(ev: &Event) -> usize {
 impl<'a, C: Consumer> Layer<'a, C> {
     pub(crate) fn new(inner: &'a mut C, keylog: &Path) -> Layer<'a, C> {
         let max_held = (inner.cfg().max_memory / 8).max(PENDING_PER_SESSION);
-        let mut stats = TlsStats {
-            source: "keylog".into(),
-            ..TlsStats::default()
-        };
-        for v in ["TLSv1.2", "TLSv1.3"] {
-            stats.versions.insert(v.into(), 0);
-        }
-        let mut keylog = KeyLogFile::new(keylog);
-        keylog.poll();
         Layer {
             inner,
-            st: State {
-                keylog,
-                sessions: FxHashMap::default(),
-                stats,
-                held_bytes: 0,
-                max_held,
-                last_poll: now_ns(),
-                tried_at_secrets: 0,
-                input: Vec::new(),
-                chunks: Vec::new(),
-            },
+            st: State::new(keylog, max_held),
         }
     }
 
@@ -155,6 +141,30 @@ impl<'a, C: Consumer> Layer<'a, C> {
 }
 
 impl State {
+    fn new(keylog: &Path, max_held: usize) -> State {
+        let mut stats = TlsStats {
+            source: "keylog".into(),
+            ..TlsStats::default()
+        };
+        for v in ["TLSv1.2", "TLSv1.3"] {
+            stats.versions.insert(v.into(), 0);
+        }
+        let mut keylog = KeyLogFile::new(keylog);
+        keylog.poll();
+        State {
+            keylog,
+            sessions: FxHashMap::default(),
+            stats,
+            held_bytes: 0,
+            max_held,
+            last_poll: 0,
+            tried_at_secrets: 0,
+            waiting: Vec::new(),
+            input: Vec::new(),
+            chunks: Vec::new(),
+        }
+    }
+
     fn count(&mut self, stop: &Stop) {
         let s = &mut self.stats.sessions;
         match stop {
@@ -187,7 +197,7 @@ impl State {
     /// The waiting sessions: the key log read again (at most every POLL_NS), tried again when
     /// it brought secrets, given up past their wait.
     fn tick(&mut self, now: u64, out: &mut Vec<Event>) {
-        if self.sessions.values().all(|s| s.waiting.is_none()) {
+        if self.waiting.is_empty() {
             return;
         }
         if now >= self.last_poll + POLL_NS {
@@ -200,12 +210,10 @@ impl State {
     fn retry_waiting(&mut self, now: u64, last: bool, out: &mut Vec<Event>) {
         let fresh = self.keylog.log.secrets != self.tried_at_secrets;
         self.tried_at_secrets = self.keylog.log.secrets;
-        let ids: Vec<SessionId> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.waiting.is_some())
-            .map(|(id, _)| *id)
-            .collect();
+        let mut ids = std::mem::take(&mut self.waiting);
+        ids.retain(|id| self.sessions.get(id).is_some_and(|s| s.waiting.is_some()));
+        ids.sort_unstable();
+        ids.dedup();
         for id in ids {
             if fresh {
                 self.resume(id, now, out);
@@ -218,6 +226,8 @@ impl State {
             };
             if last || now.saturating_sub(since) > KEY_WAIT_NS {
                 self.give_up(id, None);
+            } else {
+                self.waiting.push(id);
             }
         }
     }
@@ -381,6 +391,7 @@ impl State {
                 self.chunks = chunks;
                 if r == Ok(Status::NeedSecret) {
                     s.waiting = Some((now, ts_ns, dir));
+                    self.waiting.push(id);
                     if now >= self.last_poll + POLL_NS {
                         self.last_poll = now;
                         self.keylog.poll();
@@ -586,8 +597,7 @@ impl<C: Consumer> Consumer for Layer<'_, C> {
         if !out.is_empty() {
             self.inner.on_events(&mut out, self.st.held_bytes as u64);
         }
-        let waiting = self.st.sessions.values().any(|s| s.waiting.is_some());
-        let wait = if waiting {
+        let wait = if !self.st.waiting.is_empty() {
             max_wait.min(Duration::from_nanos(POLL_NS))
         } else {
             max_wait

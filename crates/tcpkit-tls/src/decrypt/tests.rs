@@ -393,23 +393,77 @@ fn rustls_sessions_of_every_handled_suite_decrypt() {
     }
 }
 
+fn rfc8448_log() -> String {
+    [
+        ("CLIENT_HANDSHAKE_TRAFFIC_SECRET", C_HS),
+        ("SERVER_HANDSHAKE_TRAFFIC_SECRET", S_HS),
+        ("CLIENT_TRAFFIC_SECRET_0", C_AP),
+        ("SERVER_TRAFFIC_SECRET_0", S_AP),
+    ]
+    .iter()
+    .map(|(l, s)| format!("{l} {RANDOM} {s}\n"))
+    .collect()
+}
+
 #[test]
 fn fuzz_body_survives_the_rfc_trace_cut_anywhere() {
-    let flow = rfc8448_flow();
-    let log = format!("CLIENT_HANDSHAKE_TRAFFIC_SECRET {RANDOM} {C_HS}\n");
-    let mut data = vec![log.len() as u8];
-    data.extend_from_slice(log.as_bytes());
-    for (side, bytes) in &flow {
-        for piece in bytes.chunks(200) {
-            data.push(*side as u8);
-            data.push(piece.len() as u8);
-            data.extend_from_slice(piece);
-        }
-    }
+    let data = fuzz_input(&rfc8448_log(), &rfc8448_flow());
+    assert_eq!(fuzz_decrypt(&data), 100);
     for cut in (0..data.len()).step_by(37) {
         fuzz_decrypt(&data[..cut]);
         let mut flipped = data.clone();
         flipped[cut] ^= 0x55;
         fuzz_decrypt(&flipped);
     }
+}
+
+/// The hand-made seeds: RFC 8448's trace and rustls sessions of TLS 1.2 and 1.3, each with
+/// its key log, so the fuzzer starts from inputs that decrypt.
+fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use rustls::crypto::ring::cipher_suite as cs;
+    let made = |suite, retry, update| {
+        let m = rustls_session(suite, retry, update);
+        fuzz_input(&m.log, &m.flow)
+    };
+    vec![
+        ("rfc8448", fuzz_input(&rfc8448_log(), &rfc8448_flow())),
+        (
+            "tls13_hrr_keyupdate",
+            made(cs::TLS13_AES_256_GCM_SHA384, true, true),
+        ),
+        (
+            "tls12_gcm",
+            made(cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, false, false),
+        ),
+        (
+            "tls12_chacha",
+            made(
+                cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+                false,
+                false,
+            ),
+        ),
+    ]
+}
+
+/// Writes the hand-made seeds again (`--ignored`), after a change of the input layout.
+#[test]
+#[ignore = "writes fuzz/corpus/tls_decrypt"]
+fn write_seed_corpus() {
+    for (name, bytes) in seeds() {
+        tcpkit_lab::corpus::write("tls_decrypt", name, &bytes);
+    }
+}
+
+/// Every seed of the corpus runs through the fuzz body, and the hand-made ones decrypt.
+#[test]
+fn the_seed_corpus_decrypts() {
+    let corpus = tcpkit_lab::corpus::seeds("tls_decrypt");
+    for s in &corpus {
+        let n = fuzz_decrypt(&s.bytes);
+        if !s.grown() {
+            assert!(n > 0, "seed {} decrypted nothing", s.name);
+        }
+    }
+    assert!(corpus.len() >= seeds().len());
 }
