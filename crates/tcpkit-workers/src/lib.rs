@@ -104,6 +104,21 @@ impl std::error::Error for StartError {
     }
 }
 
+/// In a worker process, once its SIGINT/SIGTERM handler is installed: lets the stop signals in.
+/// [`Workers::start`] starts each worker with them blocked, so a stop that comes while the
+/// worker is still starting waits for the handler instead of killing it; it is delivered here.
+pub fn stop_signals_ready() {
+    // SAFETY: a sigset_t is plain data; sigprocmask only changes this thread's mask, and this
+    // is called on the main thread before any other is spawned, so every thread inherits it.
+    unsafe {
+        let mut stops: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut stops);
+        libc::sigaddset(&mut stops, libc::SIGINT);
+        libc::sigaddset(&mut stops, libc::SIGTERM);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &stops, std::ptr::null_mut());
+    }
+}
+
 /// Running workers.
 #[derive(Debug)]
 pub struct Workers {
@@ -114,7 +129,9 @@ pub struct Workers {
 impl Workers {
     /// Starts `exe args... --worker ID` for each of `ids`: stdin and stdout piped to us, stderr
     /// inherited (their error lines and live lines reach the user as ours do). If one cannot be
-    /// started, those already started are stopped and reaped.
+    /// started, those already started are stopped and reaped. Each starts with SIGINT and
+    /// SIGTERM blocked and lets them in with [`stop_signals_ready`] once its handler is in
+    /// place, so a stop never finds a worker half started.
     pub fn start(
         exe: &Path,
         args: &[OsString],
@@ -154,13 +171,23 @@ impl Workers {
                 }
                 _ => Vec::new(),
             };
-            // SAFETY: prctl and fcntl are async-signal-safe, and `keep` was allocated before
-            // the fork; nothing else runs between fork and exec.
+            // SAFETY: prctl, sigemptyset/sigaddset, sigprocmask and fcntl are
+            // async-signal-safe, and `keep` was allocated before the fork; nothing else runs
+            // between fork and exec.
             unsafe {
                 use std::os::unix::process::CommandExt;
                 cmd.pre_exec(move || {
                     // A worker must not outlive a parent that was killed outright.
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                    // Until its handler is in place (`stop_signals_ready`), a stop signal
+                    // would kill the worker by default action: a run stopped while a worker
+                    // was still starting ended "worker failed (signal 15)". Blocked, the signal
+                    // waits for the handler; the mask is kept across exec.
+                    let mut stops: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut stops);
+                    libc::sigaddset(&mut stops, libc::SIGINT);
+                    libc::sigaddset(&mut stops, libc::SIGTERM);
+                    libc::sigprocmask(libc::SIG_BLOCK, &stops, std::ptr::null_mut());
                     // In this child only (its descriptor table is its own after the fork).
                     for &fd in &keep {
                         let flags = libc::fcntl(fd, libc::F_GETFD);
@@ -357,8 +384,13 @@ mod tests {
 
     #[test]
     fn a_failing_worker_stops_the_others() {
-        // Worker 0 fails at once; the others would sleep for a minute.
-        let w = sh("[ \"$2\" = 0/3 ] && exit 3; exec sleep 60", 3);
+        // Worker 0 fails at once; the others would sleep for a minute, once they let the stop
+        // signals in as a tcpkit worker does when its handler is ready (they start blocked).
+        let w = sh(
+            "[ \"$2\" = 0/3 ] && exit 3; exec perl -MPOSIX -e \
+             'sigprocmask(SIG_UNBLOCK, POSIX::SigSet->new(SIGINT, SIGTERM)); sleep 60'",
+            3,
+        );
         let t = std::time::Instant::now();
         let exits = w.run(&AtomicBool::new(false), &|_, _| {}, &mut |_, _| {});
         assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());

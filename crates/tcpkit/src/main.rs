@@ -122,6 +122,9 @@ fn main() -> ExitCode {
         _ => false,
     };
     let interrupted = common::install_signals(!worker);
+    if worker {
+        tcpkit_workers::stop_signals_ready();
+    }
     let (name, result) = match cli.cmd {
         Cmd::Replay(args) => ("replay", replay::main(args, interrupted)),
         Cmd::Echo(args) => ("echo", echo::main(args, interrupted)),
