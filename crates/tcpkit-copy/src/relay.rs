@@ -499,6 +499,8 @@ impl RelayEngine<'_> {
                     Ok(n) if n == bytes.len() => {
                         self.f.report.requests.bytes_copied += n as u64;
                         c.queue.pop_front();
+                        c.held -= n;
+                        self.f.held -= n;
                     }
                     _ => return self.end(idx, Outcome::Reset, true),
                 }

@@ -725,9 +725,15 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
                 continue;
             };
             let mut queue = VecDeque::new();
+            // The PROXY header is queued bytes like any request's: counted in `held` here,
+            // since the transports take every Data item they send off it (relay once it is
+            // written whole: counted as 0, it wrapped the gauge below zero).
+            let mut held = 0;
             if cfg.proxy_protocol {
                 let mut h = Vec::with_capacity(crate::proxy::header_len(client, server));
                 crate::proxy::emit(client, server, &mut h);
+                held = h.len();
+                self.f.held += held;
                 queue.push_back(Item::Data {
                     bytes: Bytes::from(h),
                     start: None,
@@ -745,7 +751,7 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
             let (idx, gen) = self.f.conns.insert(Conn {
                 target: rule.target,
                 queue,
-                held: 0,
+                held,
                 answered: false,
                 unanswered: 0,
                 at_source: 0,
