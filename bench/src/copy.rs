@@ -21,9 +21,9 @@ use tcpkit_lab::{CertKey, Host, Lab, LinkOpts, Proc};
 use tcpkit_pcap::CaptureFile;
 use tcpkit_wire::tcp::Segment;
 
-const CLIENT: &str = "198.18.1.1";
+pub(crate) const CLIENT: &str = "198.18.1.1";
 pub(crate) const ONLINE: &str = "198.18.1.2";
-const ONLINE_T: &str = "198.18.2.1";
+pub(crate) const ONLINE_T: &str = "198.18.2.1";
 pub(crate) const TARGET: &str = "198.18.2.2";
 const NGINX: &str = "/usr/sbin/nginx";
 /// Seconds of load per run.
@@ -43,9 +43,9 @@ pub(crate) struct Env {
     /// Every end of the links with receive threads: a full receive queue there drops.
     rx_ifaces: Vec<(Host, String)>,
     pub(crate) on_log: PathBuf,
-    tg_log: PathBuf,
+    pub(crate) tg_log: PathBuf,
     /// intercept's control address on the assistant (transparent mode).
-    intercept: String,
+    pub(crate) intercept: String,
     /// intercept's control address on the target itself (--on-target rows).
     intercept_on_target: String,
 }
@@ -300,7 +300,7 @@ fn wire_stop(p: Proc, path: &Path) -> Result<Option<(f64, f64)>> {
 
 /// `tcpkit intercept` in `host` listening on `listen` with `how` (where and how it catches
 /// the target's answers); returns once its control port accepts.
-fn start_intercept(
+pub(crate) fn start_intercept(
     env: &Env,
     lab: &mut Lab,
     host: &Host,
@@ -773,40 +773,21 @@ impl Only {
     }
 }
 
-pub fn copy(args: &[String]) -> Result<()> {
-    let only = Only::parse(args)?;
-    // Issue 27's TLS rows alone.
-    let tls_only = args.iter().any(|a| a == "--tls-only");
-    if tls_only && (only.is_some() || args.iter().any(|a| a == "--against")) {
-        bail!("--tls-only: not with --only or --against (the TLS rows run with this build alone)");
-    }
-    let started = Instant::now();
-    if !Path::new(NGINX).exists() {
-        bail!("{NGINX} missing (apt-get install -y nginx-light)");
-    }
-    let tcpkit = crate::tcpkit_binary()?;
-    let against = crate::Against::parse(args, &tcpkit)?;
-    let runs = match crate::flag_value(args, "--runs", "a number of runs")? {
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|n| *n >= 1)
-            .with_context(|| format!("--runs {v:?}: a whole number from 1"))?,
-        None => 1,
-    };
-    if runs > 1 && against.is_none() {
-        bail!("--runs: only with --against PATH (it repeats each build's run of a row)");
-    }
-    // The old build, and which of the flags the bench passes its copy it lacks.
-    let against_env = match &against {
-        Some(a) => Some((
-            a.bin.clone(),
-            crate::missing_flags(&a.bin, "copy", mode_flags(Mode::Transparent))?,
-        )),
-        None => None,
-    };
-    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let mut lab = Lab::new("bcopy")?;
+/// The lab every copy row runs in (see the module's doc): clients → online (nginx) → target
+/// (nginx) → assistant, with the links the copy's own traffic crosses receiving in threads
+/// of their own. Also the soak's copy role.
+pub(crate) struct CopyLab {
+    pub(crate) lab: Lab,
+    pub(crate) env: Env,
+    pub(crate) ast: Host,
+    /// The assistant's end of the target's link, where intercept catches the answers.
+    pub(crate) ast_if: String,
+    pub(crate) online_nginx: Proc,
+    pub(crate) target_nginx: Proc,
+}
+
+pub(crate) fn copy_lab(tag: &str, tcpkit: PathBuf) -> Result<CopyLab> {
+    let mut lab = Lab::new(tag)?;
     let cli = lab.host("cli")?;
     let onl = lab.host("onl")?;
     let tgt = lab.host("tgt")?;
@@ -863,7 +844,7 @@ pub fn copy(args: &[String]) -> Result<()> {
     }
     ast.sysctl("net.ipv4.ip_forward", "0")?;
     let (on, on_log) = nginx(&mut lab, &onl, ONLINE, "online", None)?;
-    let (_tg, tg_log) = nginx(&mut lab, &tgt, TARGET, "target", None)?;
+    let (tg, tg_log) = nginx(&mut lab, &tgt, TARGET, "target", None)?;
     let rx_ifaces = vec![
         (onl.clone(), tgt_link.a.name.clone()),
         (tgt.clone(), tgt_link.b.name.clone()),
@@ -888,6 +869,58 @@ pub fn copy(args: &[String]) -> Result<()> {
         intercept: format!("{ASSIST_M}:{INTERCEPT_PORT}"),
         intercept_on_target: format!("{TARGET}:{INTERCEPT_PORT}"),
     };
+    let ast_if = ast_link.b.name.clone();
+    Ok(CopyLab {
+        lab,
+        env,
+        ast,
+        ast_if,
+        online_nginx: on,
+        target_nginx: tg,
+    })
+}
+
+pub fn copy(args: &[String]) -> Result<()> {
+    let only = Only::parse(args)?;
+    // Issue 27's TLS rows alone.
+    let tls_only = args.iter().any(|a| a == "--tls-only");
+    if tls_only && (only.is_some() || args.iter().any(|a| a == "--against")) {
+        bail!("--tls-only: not with --only or --against (the TLS rows run with this build alone)");
+    }
+    let started = Instant::now();
+    if !Path::new(NGINX).exists() {
+        bail!("{NGINX} missing (apt-get install -y nginx-light)");
+    }
+    let tcpkit = crate::tcpkit_binary()?;
+    let against = crate::Against::parse(args, &tcpkit)?;
+    let runs = match crate::flag_value(args, "--runs", "a number of runs")? {
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .with_context(|| format!("--runs {v:?}: a whole number from 1"))?,
+        None => 1,
+    };
+    if runs > 1 && against.is_none() {
+        bail!("--runs: only with --against PATH (it repeats each build's run of a row)");
+    }
+    // The old build, and which of the flags the bench passes its copy it lacks.
+    let against_env = match &against {
+        Some(a) => Some((
+            a.bin.clone(),
+            crate::missing_flags(&a.bin, "copy", mode_flags(Mode::Transparent))?,
+        )),
+        None => None,
+    };
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let CopyLab {
+        mut lab,
+        env,
+        ast,
+        ast_if,
+        online_nginx: on,
+        target_nginx: _tg,
+    } = copy_lab("bcopy", tcpkit)?;
     let mut rows = Vec::new();
     let mut ab_rows: Vec<AbRow> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
@@ -902,14 +935,14 @@ pub fn copy(args: &[String]) -> Result<()> {
                 &mut lab,
                 &ast,
                 &env.intercept,
-                &["--capture", &ast_link.b.name, "--filter", "src port 8080"],
+                &["--capture", &ast_if, "--filter", "src port 8080"],
             )?),
             // The target still routes the clients' subnet via the assistant; the rule queues
             // the answers in its output path, before they reach that link.
             Mode::OnTarget => Some(start_intercept(
                 &env,
                 &mut lab,
-                &tgt,
+                &env.tgt.clone(),
                 &env.intercept_on_target,
                 &[
                     "--on-target",

@@ -10,6 +10,8 @@
 //! - [`mpcat`]: `tcpkit mpcat` vs socat, `iperf3 -P 4` and MPTCP over ECMP links.
 //! - [`balance`]: `tcpkit balance` vs direct, iptables and nftables DNAT with redis.
 //! - [`fleet`]: three agents started by the playbook and the barrier vs dnsperf over an ssh loop.
+//! - [`soak`]: copy, echo, balance and mpcat for `--minutes N` under steady traffic and faults:
+//!   RSS, descriptors and CPU of every tcpkit process over time, counters against the other side's.
 
 use std::path::{Path, PathBuf};
 
@@ -26,8 +28,9 @@ mod load_tls;
 mod mpcat;
 mod replay;
 mod replay_flows;
+mod soak;
 
-const USAGE: &str = "usage: tcpkit-bench replay [--flows] [--against PATH [--against-label L]] [--packets N] [--only xdp] | load [--skip-max-conns] [--same-rate-only] [--tls-only] [--tls-quick] [--skip-tls] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--tls-only] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S] | fleet [--quick] [--only tcpkit|dnsperf] [--rounds N] [--secs S] [--rate QPS] [--conns PER_AGENT] [--connect-rate N]";
+const USAGE: &str = "usage: tcpkit-bench replay [--flows] [--against PATH [--against-label L]] [--packets N] [--only xdp] | load [--skip-max-conns] [--same-rate-only] [--tls-only] [--tls-quick] [--skip-tls] [--max-conns N] [--open-secs S] [--against PATH [--against-label L]] | copy [--only MODE[:TRAFFIC[:RATE]]] [--tls-only] [--against PATH [--against-label L] [--runs N]] | mpcat [--quick] [--only dead-link|rate] [--against PATH [--against-label L]] | balance [--quick] [--only cpu|rps|connect] [--cpu-secs S] | fleet [--quick] [--only tcpkit|dnsperf] [--rounds N] [--secs S] [--rate QPS] [--conns PER_AGENT] [--connect-rate N] | soak [--minutes N] [--sample-secs S] [--only copy|echo|balance|mpcat ...]";
 
 /// Each bench's flags: those that take a value, then switches. A flag outside them is a usage
 /// error before anything runs: `copy --help` once ran the whole 17-minute bench.
@@ -57,6 +60,7 @@ fn flags_of(bench: &str) -> Option<(&'static [&'static str], &'static [&'static 
             &["--rounds", "--secs", "--rate", "--conns", "--only"],
             &["--quick"],
         ),
+        "soak" => (&["--minutes", "--sample-secs", "--only"], &[]),
         _ => return None,
     })
 }
@@ -97,6 +101,9 @@ fn main() {
         "mpcat" => mpcat::mpcat_bench(&args[1..]),
         "balance" => balance::balance_bench(&args[1..]),
         "fleet" => fleet::fleet_bench(&args[1..]),
+        "soak" => soak::soak(&args[1..]),
+        // Not a benchmark: the soak's balance client, run inside balance's cgroup.
+        "soak-connect" => soak::connect_client(&args[1..]),
         // Not a benchmark: the connect loop `balance` runs inside its client hosts.
         "connect-loop" => balance::connect_loop(&args[1..]),
         // Nor this: the CPU figure's snapshot of /proc/stat, kernel threads and one process.
