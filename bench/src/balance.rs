@@ -50,7 +50,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tcpkit_lab::{Host, Lab, LinkOpts};
+use tcpkit_lab::{Host, Lab, LinkOpts, Proc};
 
 const VIP: &str = "198.19.0.1:6379";
 const RATE: u64 = 20_000;
@@ -901,6 +901,46 @@ fn tables(
     t
 }
 
+/// A redis-server on `port` in `srv` (no persistence, room for the connect loops), once it
+/// listens.
+pub(crate) fn redis_server(lab: &mut Lab, srv: &Host, port: &str, name: &str) -> Result<Proc> {
+    let dir = lab.dir().to_str().context("path")?.to_string();
+    let p = srv.spawn(
+        lab,
+        name,
+        &[
+            "redis-server",
+            "--port",
+            port,
+            "--bind",
+            "0.0.0.0",
+            "--protected-mode",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--tcp-backlog",
+            "4096",
+            "--maxclients",
+            "10000",
+            "--dir",
+            &dir,
+        ],
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = srv.run(&["ss", "-Hltn", &format!("sport = :{port}")])?;
+        if !out.stdout.is_empty() {
+            return Ok(p);
+        }
+        if p.try_status()?.is_some() || Instant::now() > deadline {
+            bail!("redis-server on {port} does not listen:\n{}", p.log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn setup(lab: &mut Lab) -> Result<Env> {
     let srv = lab.host("srv")?;
     srv.sysctl("net.core.somaxconn", "4096")?;
@@ -978,41 +1018,7 @@ fn setup(lab: &mut Lab) -> Result<Env> {
     }
     let mut pids = [0u32; 2];
     for (k, port) in ["6379", "6380"].into_iter().enumerate() {
-        let dir = lab.dir().to_str().context("path")?.to_string();
-        let p = srv.spawn(
-            lab,
-            &format!("redis-{port}"),
-            &[
-                "redis-server",
-                "--port",
-                port,
-                "--bind",
-                "0.0.0.0",
-                "--protected-mode",
-                "no",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--tcp-backlog",
-                "4096",
-                "--maxclients",
-                "10000",
-                "--dir",
-                &dir,
-            ],
-        )?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let out = srv.run(&["ss", "-Hltn", &format!("sport = :{port}")])?;
-            if !out.stdout.is_empty() {
-                break;
-            }
-            if p.try_status()?.is_some() || Instant::now() > deadline {
-                bail!("redis-server on {port} does not listen:\n{}", p.log());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let p = redis_server(lab, &srv, port, &format!("redis-{port}"))?;
         pids[k] = p.pid();
     }
     Ok(Env {

@@ -39,7 +39,19 @@ impl Check {
     pub(crate) fn equal(target: &str, a: (&str, u64), b: (&str, u64)) -> Check {
         Check {
             target: target.to_string(),
-            figures: format!("{} {} vs {} {}", a.0, a.1, b.0, b.1),
+            figures: if a.1 == b.1 {
+                format!("{} {} vs {} {}", a.0, a.1, b.0, b.1)
+            } else {
+                let d = a.1.abs_diff(b.1);
+                format!(
+                    "{} {} vs {} {} (differ by {d}, {:.3} %)",
+                    a.0,
+                    a.1,
+                    b.0,
+                    b.1,
+                    100.0 * d as f64 / a.1.max(b.1) as f64
+                )
+            },
             bound: "equal".to_string(),
             met: a.1 == b.1,
         }
@@ -248,9 +260,22 @@ pub(crate) fn rss_bound_kib(median_kib: u64) -> f64 {
 }
 
 /// The descriptor bound: what the slope would add over the whole run must stay under 1 %
-/// of the median count or 5, whichever is larger.
-pub(crate) fn fd_bound(median: u64) -> f64 {
-    (median as f64 * 0.01).max(5.0)
+/// of the median count, 5, or half the spread of the counts (5th to 95th percentile) after
+/// the warm-up, whichever is largest. A process whose descriptors come and go with its
+/// traffic (a load opening a connection per request, echo's workers under churn) draws a
+/// slope out of noise on short runs; a leak keeps growing past its own spread.
+pub(crate) fn fd_bound(counts: &[u64]) -> f64 {
+    let mut v = counts.to_vec();
+    v.sort_unstable();
+    let at = |q: f64| {
+        v.get(((v.len().max(1) - 1) as f64 * q).round() as usize)
+            .copied()
+    };
+    let spread = match (at(0.05), at(0.95)) {
+        (Some(lo), Some(hi)) => (hi - lo) as f64 / 2.0,
+        _ => 0.0,
+    };
+    (median_u(counts) as f64 * 0.01).max(5.0).max(spread)
 }
 
 /// One process's row: its figures and the two verdicts.
@@ -268,7 +293,7 @@ fn proc_row(s: &Series, warm_s: f64, run_min: f64) -> ProcRow {
     let rss: Vec<f64> = after.iter().map(|x| x.rss_kib as f64).collect();
     let fds: Vec<f64> = after.iter().map(|x| x.fds as f64).collect();
     let rss_med = median_u(&after.iter().map(|x| x.rss_kib).collect::<Vec<_>>());
-    let fd_med = median_u(&after.iter().map(|x| x.fds).collect::<Vec<_>>());
+    let fd_counts: Vec<u64> = after.iter().map(|x| x.fds).collect();
     let rss_slope = slope(&xs, &rss);
     let fd_slope = slope(&xs, &fds);
     let cpu_pct = if last.t > first.t {
@@ -280,7 +305,7 @@ fn proc_row(s: &Series, warm_s: f64, run_min: f64) -> ProcRow {
     let max_rss = p.iter().map(|x| x.rss_kib).max().unwrap_or(0);
     let max_fd = p.iter().map(|x| x.fds).max().unwrap_or(0);
     let rss_met = rss_slope.map(|sl| sl * run_min < rss_bound_kib(rss_med));
-    let fd_met = fd_slope.map(|sl| sl.abs() * run_min <= fd_bound(fd_med));
+    let fd_met = fd_slope.map(|sl| sl.abs() * run_min <= fd_bound(&fd_counts));
     let verdict = |m: Option<bool>| match m {
         Some(true) => "met",
         Some(false) => "**not met**",
@@ -299,7 +324,7 @@ fn proc_row(s: &Series, warm_s: f64, run_min: f64) -> ProcRow {
         format!("{} ({:.0} KiB)", verdict(rss_met), rss_bound_kib(rss_med)),
         format!("{} / {} / {}", first.fds, last.fds, max_fd),
         fd_slope.map_or("—".into(), |v| format!("{v:+.2}")),
-        format!("{} ({:.0})", verdict(fd_met), fd_bound(fd_med)),
+        format!("{} ({:.0})", verdict(fd_met), fd_bound(&fd_counts)),
         format!("{cpu_pct:.1}"),
     ];
     ProcRow {
@@ -556,7 +581,8 @@ fn document(
         "Slopes are least squares over the samples after a warm-up of {warm_s:.0} s (a third of \
          the run, at most 5 min). RSS bound: the slope × the run's length ({run_min} min) < 2 % of \
          the process's median RSS or 1 MiB, whichever is larger. Descriptors flat: |slope| × the \
-         run's length ≤ 1 % of the median count or 5, whichever is larger. CPU % is utime + stime \
+         run's length ≤ 1 % of the median count, 5, or half the 5th-95th percentile spread of the \
+         counts after the warm-up, whichever is largest. CPU % is utime + stime \
          over the run (100 % = one core).\n\n![RSS and descriptors over time]({svg_name})\n"
     );
     md.push_str(
@@ -623,8 +649,10 @@ mod tests {
     fn bounds_take_the_larger() {
         assert_eq!(rss_bound_kib(10_000), 1024.0);
         assert_eq!(rss_bound_kib(1_000_000), 20_000.0);
-        assert_eq!(fd_bound(100), 5.0);
-        assert_eq!(fd_bound(20_000), 200.0);
+        assert_eq!(fd_bound(&[100; 9]), 5.0);
+        assert_eq!(fd_bound(&[20_000; 9]), 200.0);
+        // Counts that come and go by 60 around 40: half their spread.
+        assert_eq!(fd_bound(&[10, 70, 10, 70, 10, 70, 10, 70, 10, 70]), 30.0);
     }
 
     #[test]

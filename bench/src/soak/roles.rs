@@ -142,6 +142,11 @@ impl CopyRole {
                 "--json",
                 "--metrics",
                 metrics,
+                // The copy's default (nice 10) lets production go first; here the other
+                // roles' load generators, which are not its production, starved it of the
+                // CPU it needs to keep up, and the soak is after leaks, not priorities.
+                "--nice",
+                "0",
             ];
             argv.extend_from_slice(&extra);
             let mut b = Bg::spawn(&self.cl.env.onl, &dir, name, &argv)?;
@@ -165,7 +170,10 @@ impl CopyRole {
             "-r",
             &r,
             "-c",
-            "5",
+            // 50 req/s per connection: a relay copy answers one request of a session after
+            // another, and at the copy bench's 500/s per connection (5 connections) the
+            // copies of the keep-alive sessions fell behind on the loaded VM.
+            "50",
             "-t",
             &t,
             "--json",
@@ -545,44 +553,6 @@ pub(crate) struct BalanceRole {
 
 const BAL_METRICS: &str = "127.0.0.1:9477";
 
-fn redis(lab: &mut Lab, srv: &Host, port: &str, name: &str) -> Result<Proc> {
-    let dir = s(lab.dir()).to_string();
-    let p = srv.spawn(
-        lab,
-        name,
-        &[
-            "redis-server",
-            "--port",
-            port,
-            "--bind",
-            "0.0.0.0",
-            "--protected-mode",
-            "no",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--tcp-backlog",
-            "4096",
-            "--maxclients",
-            "10000",
-            "--dir",
-            &dir,
-        ],
-    )?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = srv.run(&["ss", "-Hltn", &format!("sport = :{port}")])?;
-        if !out.stdout.is_empty() {
-            return Ok(p);
-        }
-        if p.try_status()?.is_some() || Instant::now() > deadline {
-            bail!("redis-server on {port} does not listen:\n{}", p.log());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Where cgroup2 is mounted here (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid
 /// host).
 fn cgroup2_mount() -> Result<PathBuf> {
@@ -621,8 +591,8 @@ impl BalanceRole {
         cli.sysctl("net.ipv4.tcp_tw_reuse", "1")?;
         srv.sysctl("net.core.somaxconn", "4096")?;
         srv.sysctl("net.ipv4.tcp_max_syn_backlog", "8192")?;
-        redis(&mut lab, &srv, "6379", "redis-6379")?;
-        let flapper = redis(&mut lab, &srv, "6380", "redis-6380")?;
+        crate::balance::redis_server(&mut lab, &srv, "6379", "redis-6379")?;
+        let flapper = crate::balance::redis_server(&mut lab, &srv, "6380", "redis-6380")?;
         let cgroup = Cgroup::new(&cgroup2_mount()?, "soak")?;
         let config = lab.dir().join("lb.toml");
         std::fs::write(&config, lb_toml("random"))?;
@@ -785,7 +755,12 @@ impl Role for BalanceRole {
             }
             (None, false) => {
                 let name = format!("redis-6380-{}", self.flaps);
-                self.flapper = Some(redis(&mut self.lab, &self.srv, "6380", &name)?);
+                self.flapper = Some(crate::balance::redis_server(
+                    &mut self.lab,
+                    &self.srv,
+                    "6380",
+                    &name,
+                )?);
             }
             _ => {}
         }
