@@ -473,6 +473,13 @@ pub fn soak(args: &[String]) -> Result<()> {
             )),
         }
     }
+    // The machine's load at the end too: on a shared machine it tells how much of the CPU
+    // the roles had.
+    let loadavg = format!(
+        "{} (at the end: {})",
+        first3(&loadavg),
+        first3(&std::fs::read_to_string("/proc/loadavg").unwrap_or_default())
+    );
     let date = crate::today();
     let svg_name = format!("soak-{date}.svg");
     let md = document(
@@ -505,6 +512,15 @@ pub fn soak(args: &[String]) -> Result<()> {
         bail!("targets not met: {}", failed.join("; "));
     }
     Ok(())
+}
+
+/// The 1, 5 and 15 minute figures of /proc/loadavg.
+fn first3(loadavg: &str) -> String {
+    loadavg
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The progress line: each role's summed RSS and descriptors at the latest sample.
@@ -571,10 +587,6 @@ fn document(
         crate::today(),
         args.join(" "),
         loadavg
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
     );
     let _ = writeln!(
         md,

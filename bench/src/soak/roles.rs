@@ -1023,7 +1023,7 @@ impl MpcatRole {
         };
         let (lab, a, b, links) = Lab::multipath("bsmp", 4, Some(tbf))?;
         let flip_dev = links[1].a.name.clone();
-        let size = (MPCAT_RATE_BPS as f64 * secs) as u64 & !7;
+        let size = (MPCAT_RATE_BPS as f64 * (secs + TRAFFIC_TAIL_S)) as u64 & !7;
         Ok(MpcatRole {
             dir: lab.dir().to_path_buf(),
             _lab: lab,
