@@ -524,30 +524,15 @@ pub fn connect_loop(args: &[String]) -> Result<()> {
     let secs: f64 = secs.parse()?;
     let t0 = Instant::now();
     let mut lat = Vec::new();
-    let mut buf = [0u8; 64];
     while t0.elapsed().as_secs_f64() < secs {
         let addr = if random {
             addrs[(next() % addrs.len() as u64) as usize]
         } else {
             addrs[lat.len() % addrs.len()]
         };
-        let c0 = Instant::now();
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .with_context(|| format!("connect {addr}"))?;
-        lat.push(c0.elapsed().as_secs_f64() * 1e6);
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"PING\r\n")?;
-        let mut got = 0;
-        while got < 7 {
-            let n = s.read(&mut buf[got..])?;
-            if n == 0 {
-                bail!("{addr} closed before +PONG");
-            }
-            got += n;
-        }
-        if &buf[..7] != b"+PONG\r\n" {
-            bail!("{addr} answered {:?}", String::from_utf8_lossy(&buf[..got]));
-        }
+        let took = connect_ping(addr, Duration::from_secs(5))
+            .with_context(|| format!("connect + PING {addr}"))?;
+        lat.push(took.as_secs_f64() * 1e6);
     }
     let took = t0.elapsed().as_secs_f64();
     lat.sort_by(f64::total_cmp);
@@ -559,6 +544,32 @@ pub fn connect_loop(args: &[String]) -> Result<()> {
         pct(0.99)
     );
     Ok(())
+}
+
+/// One connect + PING + +PONG + close to `addr`, each step within `limit`; how long the
+/// connect itself took.
+pub(crate) fn connect_ping(addr: SocketAddr, limit: Duration) -> std::io::Result<Duration> {
+    let c0 = Instant::now();
+    let mut s = TcpStream::connect_timeout(&addr, limit)?;
+    let took = c0.elapsed();
+    s.set_read_timeout(Some(limit))?;
+    s.write_all(b"PING\r\n")?;
+    let mut buf = [0u8; 16];
+    let mut got = 0;
+    while got < 7 {
+        let n = s.read(&mut buf[got..])?;
+        if n == 0 {
+            return Err(std::io::Error::other("closed before +PONG"));
+        }
+        got += n;
+    }
+    if &buf[..7] != b"+PONG\r\n" {
+        return Err(std::io::Error::other(format!(
+            "answered {:?}",
+            String::from_utf8_lossy(&buf[..got])
+        )));
+    }
+    Ok(took)
 }
 
 /// New connections per second and p99 connect latency (µs).

@@ -200,6 +200,10 @@ pub(crate) struct Point {
     /// Seconds since the soak began.
     pub(crate) t: f64,
     pub(crate) rss_kib: u64,
+    /// RssAnon: the heap and stacks alone, without the pages of files and shared mappings
+    /// (copy's capture ring is one: VmRSS grows as the kernel writes round it the first
+    /// time, to the ring's size).
+    pub(crate) anon_kib: u64,
     pub(crate) fds: u64,
     pub(crate) cpu_s: f64,
 }
@@ -212,15 +216,20 @@ fn sample(pid: u32, t: f64) -> Option<Point> {
         return None;
     }
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())?;
+    let field = |name: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+    };
+    let rss_kib = field("VmRSS:")?;
+    let anon_kib = field("RssAnon:")?;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
     let (cpu_s, _) = crate::copy::usage(pid);
     Some(Point {
         t,
         rss_kib,
+        anon_kib,
         fds,
         cpu_s,
     })
@@ -295,6 +304,8 @@ fn proc_row(s: &Series, warm_s: f64, run_min: f64) -> ProcRow {
     let rss_med = median_u(&after.iter().map(|x| x.rss_kib).collect::<Vec<_>>());
     let fd_counts: Vec<u64> = after.iter().map(|x| x.fds).collect();
     let rss_slope = slope(&xs, &rss);
+    let anon: Vec<f64> = after.iter().map(|x| x.anon_kib as f64).collect();
+    let anon_slope = slope(&xs, &anon);
     let fd_slope = slope(&xs, &fds);
     let cpu_pct = if last.t > first.t {
         100.0 * (last.cpu_s - first.cpu_s) / (last.t - first.t)
@@ -322,6 +333,12 @@ fn proc_row(s: &Series, warm_s: f64, run_min: f64) -> ProcRow {
         ),
         rss_slope.map_or("—".into(), |v| format!("{v:+.1}")),
         format!("{} ({:.0} KiB)", verdict(rss_met), rss_bound_kib(rss_med)),
+        format!(
+            "{} / {} ({})",
+            mib(first.anon_kib),
+            mib(last.anon_kib),
+            anon_slope.map_or("—".into(), |v| format!("{v:+.1}"))
+        ),
         format!("{} / {} / {}", first.fds, last.fds, max_fd),
         fd_slope.map_or("—".into(), |v| format!("{v:+.2}")),
         format!("{} ({:.0})", verdict(fd_met), fd_bound(&fd_counts)),
@@ -540,13 +557,13 @@ fn live_line(series: &[Series], t: f64) -> String {
 }
 
 fn csv(series: &[Series], counters: &[Counters]) -> String {
-    let mut s = String::from("t_s,role,process,pid,rss_kib,fds,cpu_s\n");
+    let mut s = String::from("t_s,role,process,pid,rss_kib,anon_kib,fds,cpu_s\n");
     for x in series {
         for p in &x.points {
             let _ = writeln!(
                 s,
-                "{:.1},{},{},{},{},{},{:.2}",
-                p.t, x.role, x.label, x.pid, p.rss_kib, p.fds, p.cpu_s
+                "{:.1},{},{},{},{},{},{},{:.2}",
+                p.t, x.role, x.label, x.pid, p.rss_kib, p.anon_kib, p.fds, p.cpu_s
             );
         }
     }
@@ -595,11 +612,13 @@ fn document(
          the process's median RSS or 1 MiB, whichever is larger. Descriptors flat: |slope| × the \
          run's length ≤ 1 % of the median count, 5, or half the 5th-95th percentile spread of the \
          counts after the warm-up, whichever is largest. CPU % is utime + stime \
-         over the run (100 % = one core).\n\n![RSS and descriptors over time]({svg_name})\n"
+         over the run (100 % = one core). RssAnon (heap and stacks, without file and shared pages \
+         such as copy's capture ring) is shown beside VmRSS to tell a heap that grows from pages mapped \
+         once.\n\n![RSS and descriptors over time]({svg_name})\n"
     );
     md.push_str(
-        "| role | process (pid) | RSS first / last / max (MiB) | RSS slope (KiB/min) | RSS verdict (bound) | fds first / last / max | fd slope (/min) | fd verdict (bound) | CPU % |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| role | process (pid) | RSS first / last / max (MiB) | RSS slope (KiB/min) | RSS verdict (bound) | RssAnon first / last (MiB) (slope, KiB/min) | fds first / last / max | fd slope (/min) | fd verdict (bound) | CPU % |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut bad = Vec::new();
     for s in series {
@@ -677,6 +696,7 @@ mod tests {
                 .map(|i| Point {
                     t: i as f64 * 10.0,
                     rss_kib: 50_000 + grow * i,
+                    anon_kib: 40_000 + grow * i,
                     fds: 100,
                     cpu_s: i as f64,
                 })
@@ -688,7 +708,7 @@ mod tests {
         // 50 KiB per 10 s is 1.5 MiB over the run.
         let leak = proc_row(&mk(50), 100.0, 5.0);
         assert_eq!(leak.rss_met, Some(false));
-        assert_eq!(leak.cells[8], "10.0");
+        assert_eq!(leak.cells[9], "10.0");
     }
 
     #[test]
