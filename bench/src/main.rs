@@ -426,6 +426,12 @@ mod tests {
         assert!(e.contains("--against needs a value"), "{e}");
         let e = check_flags("copy", &a(&["--runs", "--only", "relay"])).unwrap_err();
         assert!(e.contains("--runs needs a value"), "{e}");
+        assert!(check_flags(
+            "soak",
+            &a(&["--minutes", "3", "--only", "echo", "--only", "copy"])
+        )
+        .is_ok());
+        assert!(check_flags("soak", &a(&["--quick"])).is_err());
         // A value is not taken for a flag: `mpcat 3` is a stray argument.
         assert!(check_flags("mpcat", &a(&["3"])).is_err());
         // The helpers the benches run inside their hosts parse their own arguments.

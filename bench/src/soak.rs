@@ -714,7 +714,17 @@ mod tests {
     #[test]
     fn only_takes_roles_and_repeats() {
         let a = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
-        let o = parse(&a(&["--only", "echo", "--only", "mpcat", "--minutes", "2"])).unwrap();
+        let o = parse(&a(&[
+            "--only",
+            "echo",
+            "--only",
+            "mpcat",
+            "--only",
+            "echo",
+            "--minutes",
+            "2",
+        ]))
+        .unwrap();
         assert_eq!(o.only, vec!["echo", "mpcat"]);
         assert_eq!(o.minutes, 2.0);
         assert_eq!(parse(&a(&[])).unwrap().only.len(), 4);
