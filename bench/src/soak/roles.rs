@@ -1,6 +1,7 @@
 //! The soak's four roles, each in a lab of its own: how each is set up, driven, faulted and
 //! judged (see the parent module).
 
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -288,11 +289,34 @@ impl Role for CopyRole {
             failed_conns,
         ));
         for ((name, r), at_target) in reports.iter().zip([relay_t, transp_t]) {
-            checks.push(Check::equal(
+            let mut lost = Check::equal(
                 &format!("{name}: 0 lost (online log vs the target's log of this copy)"),
                 ("online", online),
                 ("at target", at_target),
-            ));
+            );
+            // Whether the copy fell behind (a backlog held in its heap) or dropped: its own
+            // account of where the requests went.
+            let _ = write!(
+                lost.figures,
+                "; its report: {} copied, {} kernel drops, {} copies failed, {} open at the \
+                 end, peak held {:.1} MB",
+                json_u(r, "requests.copied"),
+                json_u(r, "capture.kernel_drops"),
+                [
+                    "reset",
+                    "timeout",
+                    "target_gone",
+                    "lost_capture_data",
+                    "shed",
+                    "closed_early"
+                ]
+                .iter()
+                .map(|k| json_u(r, &format!("sessions.failed.{k}")))
+                .sum::<u64>(),
+                json_u(r, "sessions.open_at_end"),
+                json_u(r, "memory.peak_held_bytes") as f64 / 1e6
+            );
+            checks.push(lost);
             checks.push(Check::equal(
                 &format!("{name}: counters equal (its requests at source vs the online log)"),
                 ("at source", json_u(r, "requests.at_source")),
