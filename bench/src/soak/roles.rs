@@ -253,10 +253,11 @@ impl Role for CopyRole {
 
     fn finish(mut self: Box<Self>) -> Result<Vec<Check>> {
         let mut checks = Vec::new();
-        let (mut sent, mut answered, mut failed_conns) = (0, 0, 0);
+        let (mut sent, mut answered, mut failed_conns, mut scheduled) = (0, 0, 0, 0);
         for l in &mut self.loads {
             l.wait(Duration::from_secs(120))?;
             let v = l.json()?;
+            scheduled += json_u(&v, "queries.scheduled");
             sent += json_u(&v, "queries.sent");
             answered += json_u(&v, "queries.answered");
             failed_conns += json_u(&v, "connections.failed");
@@ -277,6 +278,11 @@ impl Role for CopyRole {
             "0 lost at production (loads' requests answered vs the online nginx's log)",
             ("answered", answered),
             ("logged", online),
+        ));
+        checks.push(Check::equal(
+            "loads: the rate asked (every request scheduled was sent: the generators kept up)",
+            ("scheduled", scheduled),
+            ("sent", sent),
         ));
         checks.push(Check::equal(
             "loads: every request sent answered",
