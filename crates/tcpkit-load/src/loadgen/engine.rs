@@ -5,8 +5,8 @@
 //! [`super::interval`]), timeouts, and what it counted.
 //!
 //! The loop is: send what is due, read what arrived, sweep for timeouts every few ms, and
-//! sleep until the next due time on the thread's timerfd ([`super::wake`]), so sends leave on
-//! time without a 1 ms epoll granularity. Queries never wait for answers (open loop); when no
+//! sleep until the next due time in epoll_pwait2 (a timerfd on kernels before 5.11;
+//! [`super::wake`]), so sends leave on time without a 1 ms epoll granularity. Queries never wait for answers (open loop); when no
 //! connection can take a query, the schedule falls behind and the lag is measured.
 
 use std::collections::{BTreeMap, VecDeque};
