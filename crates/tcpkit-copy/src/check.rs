@@ -76,6 +76,31 @@ fn uprobe(targets: &[std::path::PathBuf], pid: Option<u32>) -> Check {
     }
 }
 
+/// `--tls-uprobe`: the library's version has a known layout and the handshake probes load and
+/// attach to every PATH, taken off again at once.
+fn secrets(p: &crate::config::SecretProbe) -> Check {
+    let names: Vec<String> = p.targets.iter().map(|t| t.display().to_string()).collect();
+    let name = "tls-uprobe";
+    match tcpkit_tlsprobe::SecretProbes::attach(&p.targets, p.pid) {
+        Ok(s) => Check::ok(
+            name,
+            format!(
+                "SSL_do_handshake probes attach to {} (OpenSSL {}.{}.{}, layout: {})",
+                names.join(", "),
+                s.release.0,
+                s.release.1,
+                s.release.2,
+                s.layout_source
+            ),
+        ),
+        Err(e) => Check::fail(
+            name,
+            crate::feed::chain(&e),
+            "run as root (or with CAP_BPF and CAP_PERFMON), give the libssl.so.* the server maps (grep ssl /proc/PID/maps), or use --tls-uprobe-calls for a library of another version",
+        ),
+    }
+}
+
 /// Every check for a run with this configuration, in the order a run meets them;
 /// `transparent` is `--transparent`'s configuration.
 pub fn run(
@@ -92,6 +117,9 @@ pub fn run(
         Input::File { path, .. } => file(path),
         Input::Uprobe { targets, pid } => uprobe(targets, *pid),
     }];
+    if let Some(p) = &cfg.tls_secrets {
+        out.push(secrets(p));
+    }
     let mut targets: Vec<SocketAddr> = cfg.rules.iter().map(|r| r.target).collect();
     targets.sort();
     targets.dedup();

@@ -344,10 +344,14 @@ pub(crate) fn run<C: Consumer>(
     events: &mut Events,
     say: &dyn Fn(&str),
 ) -> Result<(), C::Error> {
-    let Some(keylog) = c.cfg().tls_keylog.clone() else {
-        return run_input(c, input, end_at, stop, live, events, say);
+    let keys = match (&c.cfg().tls_keylog, &c.cfg().tls_secrets) {
+        (Some(path), _) => crate::tls::Keys::file(path),
+        (None, Some(p)) => crate::tls::Keys::probes(
+            tcpkit_tlsprobe::SecretProbes::attach(&p.targets, p.pid).map_err(FeedError::Uprobe)?,
+        ),
+        (None, None) => return run_input(c, input, end_at, stop, live, events, say),
     };
-    let mut layer = crate::tls::Layer::new(c, &keylog);
+    let mut layer = crate::tls::Layer::new(c, keys);
     let r = run_input(&mut layer, input, end_at, stop, live, events, say);
     layer.finish();
     r
@@ -603,6 +607,8 @@ fn run_uprobe<C: Consumer>(
             records: t.records,
             lost_records: k.lost_records,
             unmatched: t.unmatched + k.unmatched_calls,
+            mode: "calls".into(),
+            library: None,
         }),
         ..TlsStats::default()
     });

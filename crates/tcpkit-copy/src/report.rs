@@ -214,8 +214,16 @@ pub struct UprobeStats {
     pub records: u64,
     /// Records the ring buffer had no room for.
     pub lost_records: u64,
-    /// Records not tied to a connection of the copy rules.
+    /// Records not tied to a connection of the copy rules (secrets mode: handshake records
+    /// that were not usable: a version, suite or key length the layout cannot have given).
     pub unmatched: u64,
+    /// `secrets` (`--tls-uprobe`: one record per handshake, the capture decrypted) or `calls`
+    /// (`--tls-uprobe-calls`: every SSL_read/SSL_write's plaintext).
+    #[serde(default)]
+    pub mode: String,
+    /// Secrets mode: the library's version, whose layout the probes read (`OpenSSL 3.0.19`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library: Option<String>,
 }
 
 /// `--target-tls`: the copies' TLS handshakes with the target.

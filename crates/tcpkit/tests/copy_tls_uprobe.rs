@@ -1,4 +1,4 @@
-//! Issue 27, live from the server's TLS library: `copy --tls-uprobe` against Debian's nginx
+//! Issue 27, live from the server's TLS library: `copy --tls-uprobe-calls` against Debian's nginx
 //! over TLS (libssl3), curl making HTTPS requests with SSLKEYLOGFILE. The oracle is tshark
 //! decrypting the capture of the same sessions with curl's key log: the target (a sink in the
 //! server's host that keeps every connection's bytes) must receive each session's client
@@ -22,26 +22,26 @@ use crate::common::peer::{u, SRV};
 use crate::common::{stderr, stdout};
 
 /// The library Debian's nginx maps (checked against its /proc/PID/maps in each test).
-const LIBSSL: &str = "/usr/lib/x86_64-linux-gnu/libssl.so.3";
+pub(crate) const LIBSSL: &str = "/usr/lib/x86_64-linux-gnu/libssl.so.3";
 
-fn tcpkit() -> &'static str {
+pub(crate) fn tcpkit() -> &'static str {
     env!("CARGO_BIN_EXE_tcpkit")
 }
 
 /// The lab: curl in `cli`, nginx over TLS, copy and the sink in `srv`.
-struct TlsLab {
-    lab: Lab,
-    cli: Host,
-    srv: Host,
-    ca: TestCa,
-    port: u16,
-    keylog: PathBuf,
+pub(crate) struct TlsLab {
+    pub(crate) lab: Lab,
+    pub(crate) cli: Host,
+    pub(crate) srv: Host,
+    pub(crate) ca: TestCa,
+    pub(crate) port: u16,
+    pub(crate) keylog: PathBuf,
     /// The server's end of the link (tcpdump's interface).
-    srv_if: String,
+    pub(crate) srv_if: String,
 }
 
 impl TlsLab {
-    fn new(tag: &str, port: u16) -> TlsLab {
+    pub(crate) fn new(tag: &str, port: u16) -> TlsLab {
         let (lab, cli, srv, link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
         let ca =
             TestCa::new(&lab.dir().join("ca"), "tcpkit lab CA").unwrap_or_else(|e| panic!("{e}"));
@@ -58,7 +58,7 @@ impl TlsLab {
     }
 
     /// nginx (HTTP/1.1 over TLS) on SRV:port, its one worker's pid.
-    fn nginx(&mut self) -> (Nginx, u32) {
+    pub(crate) fn nginx(&mut self) -> (Nginx, u32) {
         let cert = self
             .ca
             .server("server", &["localhost", &SRV.to_string()])
@@ -79,7 +79,7 @@ impl TlsLab {
     }
 
     /// curl in the client host: `args` then the URLs, one connection per run, its key log.
-    fn curl(&self, args: &[&str]) {
+    pub(crate) fn curl(&self, args: &[&str]) {
         let ca = self.ca.cert();
         let mut cmd = self.cli.command(
             &[
@@ -101,13 +101,20 @@ impl TlsLab {
         assert!(o.status.success(), "curl {args:?}: {}", stderr(&o));
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("https://{SRV}:{}{path}", self.port)
     }
 
-    /// `tcpkit copy` in the server host to the sink, with `args`; returns once its probes
-    /// are attached.
-    fn copy(&self, sink: &Sink, args: &[&str]) -> Child {
+    /// `tcpkit copy --tls-uprobe-calls` in the server host to the sink, with `args`; returns
+    /// once its probes are attached (2 raw tracepoints, 5 calls' entries and returns,
+    /// SSL_free).
+    pub(crate) fn copy(&self, sink: &Sink, args: &[&str]) -> Child {
+        self.copy_with_links(sink, args, 13)
+    }
+
+    /// `tcpkit copy` in the server host to the sink, with `args`; returns once it holds
+    /// `links` BPF links.
+    pub(crate) fn copy_with_links(&self, sink: &Sink, args: &[&str], links: usize) -> Child {
         let rule = format!("{}-{}", self.port, sink.addr);
         let mut argv = vec![tcpkit(), "copy", "-x", &rule, "--json", "-q"];
         argv.extend_from_slice(args);
@@ -116,13 +123,13 @@ impl TlsLab {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let child = cmd.spawn().expect("start copy");
-        wait_attached(child.id());
+        wait_attached(child.id(), links);
         child
     }
 }
 
 /// The first child of `pid` (nginx's one worker), within 5 s.
-fn worker_of(pid: u32) -> u32 {
+pub(crate) fn worker_of(pid: u32) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let kids =
@@ -136,7 +143,7 @@ fn worker_of(pid: u32) -> u32 {
 }
 
 /// The BPF links process `pid` holds.
-fn bpf_links(pid: u32) -> usize {
+pub(crate) fn bpf_links(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| {
             d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
@@ -146,11 +153,10 @@ fn bpf_links(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-/// Waits until copy holds every link of its probes: 2 raw tracepoints, 5 calls' entries and
-/// returns, SSL_free.
-fn wait_attached(pid: u32) {
+/// Waits until copy holds `links` BPF links (every link of its probes).
+fn wait_attached(pid: u32, links: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while bpf_links(pid) < 13 {
+    while bpf_links(pid) < links {
         assert!(
             Instant::now() < deadline,
             "copy {pid} never attached its probes ({} links)",
@@ -161,7 +167,7 @@ fn wait_attached(pid: u32) {
 }
 
 /// SIGINT to copy, its --json report (it must have succeeded).
-fn stop(child: Child) -> Value {
+pub(crate) fn stop(child: Child) -> Value {
     // SAFETY: kill(2) on the process we started.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let o = child.wait_with_output().expect("copy");
@@ -171,13 +177,13 @@ fn stop(child: Child) -> Value {
 
 /// The target: keeps every connection's bytes, and answers each request head with a
 /// 200.
-struct Sink {
-    addr: SocketAddr,
+pub(crate) struct Sink {
+    pub(crate) addr: SocketAddr,
     got: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl Sink {
-    fn start(host: &Host) -> Sink {
+    pub(crate) fn start(host: &Host) -> Sink {
         let l = host.enter(|| TcpListener::bind("127.0.0.1:0").unwrap());
         let addr = l.local_addr().unwrap();
         let got = Arc::new(Mutex::new(Vec::new()));
@@ -205,14 +211,14 @@ impl Sink {
     }
 
     /// The connections closed so far, their bytes sorted.
-    fn sessions(&self) -> Vec<Vec<u8>> {
+    pub(crate) fn sessions(&self) -> Vec<Vec<u8>> {
         let mut v = self.got.lock().unwrap().clone();
         v.sort();
         v
     }
 
     /// Waits (5 s at most) until `n` connections have ended.
-    fn wait(&self, n: usize) -> Vec<Vec<u8>> {
+    pub(crate) fn wait(&self, n: usize) -> Vec<Vec<u8>> {
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.got.lock().unwrap().len() < n && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
@@ -221,7 +227,7 @@ impl Sink {
     }
 }
 
-fn unhex(s: &str) -> Vec<u8> {
+pub(crate) fn unhex(s: &str) -> Vec<u8> {
     (0..s.len() / 2)
         .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
         .collect()
@@ -231,7 +237,7 @@ fn unhex(s: &str) -> Vec<u8> {
 /// decrypts it with the key log `keylog` (`follow,tls,raw`: one node's lines unindented, the
 /// other's after a tab; node 0 is whichever sent the first decrypted bytes, named on its
 /// `Node 0:` line), sorted.
-fn tshark_client_streams(pcap: &Path, keylog: &Path, port: u16) -> Vec<Vec<u8>> {
+pub(crate) fn tshark_client_streams(pcap: &Path, keylog: &Path, port: u16) -> Vec<Vec<u8>> {
     let pcap_s = pcap.to_string_lossy();
     let streams = Command::new("tshark")
         .args([
@@ -289,7 +295,7 @@ fn tshark_client_streams(pcap: &Path, keylog: &Path, port: u16) -> Vec<Vec<u8>> 
 }
 
 /// Issue 27's uprobe mode: three curl sessions (keep-alive with two requests, a POST, TLS
-/// 1.2) to nginx over TLS while copy --tls-uprobe --pid <nginx's worker> runs; the target gets
+/// 1.2) to nginx over TLS while copy --tls-uprobe-calls --pid <nginx's worker> runs; the target gets
 /// each session's client plaintext exactly as tshark decrypts the capture with curl's key
 /// log, and the report counts three copied connections, none lost.
 #[test]
@@ -303,7 +309,7 @@ fn target_gets_each_sessions_plaintext_as_tshark_decrypts_it() {
     let dump = dump.unwrap_or_else(|e| panic!("{e}"));
     let copy = t.copy(
         &sink,
-        &["--tls-uprobe", LIBSSL, "--pid", &worker.to_string()],
+        &["--tls-uprobe-calls", LIBSSL, "--pid", &worker.to_string()],
     );
     let (a, b) = (t.url("/index.html"), t.url("/second?x=1"));
     t.curl(&["-H", "X-Test: keep-alive", &a, "-o", "/dev/null", &b]);
@@ -333,6 +339,7 @@ fn target_gets_each_sessions_plaintext_as_tshark_decrypts_it() {
     assert_eq!(u(&report, "tls.uprobe.lost_records"), 0, "{report:#}");
     assert_eq!(u(&report, "tls.uprobe.pids"), 1, "{report:#}");
     assert_eq!(tls["uprobe"]["targets"][0], LIBSSL, "{report:#}");
+    assert_eq!(tls["uprobe"]["mode"], "calls", "{report:#}");
     assert_eq!(u(&report, "requests.at_source"), 4, "{report:#}");
     crate::common::schema::check(&crate::common::schema::load("copy"), &report, "copy");
 }
@@ -349,7 +356,7 @@ fn sessions_after_nginx_restarts_under_the_probes_are_copied() {
     let (srv, srv_if) = (t.srv.clone(), t.srv_if.clone());
     let dump = t.lab.tcpdump(&srv, &srv_if, &filter);
     let dump = dump.unwrap_or_else(|e| panic!("{e}"));
-    let copy = t.copy(&sink, &["--tls-uprobe", LIBSSL]);
+    let copy = t.copy(&sink, &["--tls-uprobe-calls", LIBSSL]);
     t.curl(&["-H", "X-Run: before", &t.url("/index.html")]);
     first.proc.stop().unwrap_or_else(|e| panic!("{e}"));
     let (_second, worker2) = t.nginx();
@@ -374,7 +381,7 @@ fn sessions_after_nginx_restarts_under_the_probes_are_copied() {
 }
 
 /// `(link id, prog id)` of each BPF link process `pid` holds, from /proc/PID/fdinfo.
-fn links_of(pid: u32) -> Vec<(u32, u32)> {
+pub(crate) fn links_of(pid: u32) -> Vec<(u32, u32)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -404,7 +411,7 @@ fn links_of(pid: u32) -> Vec<(u32, u32)> {
 }
 
 /// Whether `bpftool OBJ show id ID` still finds the object.
-fn bpftool_has(obj: &str, id: u32) -> bool {
+pub(crate) fn bpftool_has(obj: &str, id: u32) -> bool {
     Command::new("bpftool")
         .args([obj, "show", "id", &id.to_string()])
         .output()
@@ -423,7 +430,7 @@ fn sigkill_of_copy_leaves_no_probe_attached() {
     let sink = Sink::start(&t.srv);
     let copy = t.copy(
         &sink,
-        &["--tls-uprobe", LIBSSL, "--pid", &worker.to_string()],
+        &["--tls-uprobe-calls", LIBSSL, "--pid", &worker.to_string()],
     );
     t.curl(&[&t.url("/index.html")]);
     assert_eq!(sink.wait(1).len(), 1, "the session was not copied");
@@ -491,7 +498,7 @@ fn sigkill_of_copy_leaves_no_probe_attached() {
 
 /// CPU time process `pid` has run, in nanoseconds (user and system: /proc/PID/schedstat's
 /// first field, exact where /proc/PID/stat counts 10 ms ticks).
-fn cpu_ns(pid: u32) -> u64 {
+pub(crate) fn cpu_ns(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
@@ -499,7 +506,7 @@ fn cpu_ns(pid: u32) -> u64 {
 }
 
 /// A wrk run's request count and p99 latency in microseconds.
-fn wrk(t: &TlsLab, secs: u32, conns: u32) -> (u64, f64) {
+pub(crate) fn wrk(t: &TlsLab, secs: u32, conns: u32) -> (u64, f64) {
     let d = format!("{secs}s");
     let c = conns.to_string();
     let url = t.url("/index.html");
@@ -536,7 +543,7 @@ fn wrk(t: &TlsLab, secs: u32, conns: u32) -> (u64, f64) {
     (requests, p99)
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -577,7 +584,7 @@ fn probe_cost_on_nginx() {
             [true, false]
         };
         for probed in order {
-            let copy = probed.then(|| t.copy(&sink, &["--tls-uprobe", LIBSSL]));
+            let copy = probed.then(|| t.copy(&sink, &["--tls-uprobe-calls", LIBSSL]));
             let c0 = cpu_ns(worker);
             let (n, p) = wrk(&t, secs, 8);
             let c1 = cpu_ns(worker);
@@ -603,7 +610,7 @@ fn probe_cost_on_nginx() {
 
 /// SIGINT to copy and its end, whatever its exit status (the measurement's copies may count
 /// requests lost at the cut).
-fn stop_any(child: Child) {
+pub(crate) fn stop_any(child: Child) {
     // SAFETY: kill(2) on the process we started.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let _ = child.wait_with_output();

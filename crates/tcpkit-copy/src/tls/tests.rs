@@ -99,7 +99,7 @@ fn with_whole_key_log() -> (tempfile::TempDir, Vec<(Dir, Vec<u8>)>, State) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys");
     std::fs::write(&path, &log).unwrap();
-    let st = State::new(&path, 1 << 20);
+    let st = State::new(Keys::file(&path), 1 << 20);
     (dir, flow, st)
 }
 
@@ -122,7 +122,7 @@ fn a_session_waits_for_its_secret_and_then_counts_no_secret() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys");
     // Not there yet: the session is held, nothing reaches the front.
-    let mut st = State::new(&path, 1 << 20);
+    let mut st = State::new(Keys::file(&path), 1 << 20);
     let mut evs = events(&flow, true);
     st.process(&mut evs, 1);
     assert!(evs.is_empty());
@@ -135,7 +135,7 @@ fn a_session_waits_for_its_secret_and_then_counts_no_secret() {
     assert_eq!(front(&evs), (true, payload.clone(), payload, Some(1)));
     assert_eq!(st.held_bytes, 0);
     // Never there: no_secret past the wait, nothing out, nothing held.
-    let mut st = State::new(&dir.path().join("other"), 1 << 20);
+    let mut st = State::new(Keys::file(&dir.path().join("other")), 1 << 20);
     let mut evs = events(&flow, true);
     st.process(&mut evs, 1);
     st.process(&mut evs, 1 + KEY_WAIT_NS / 2);
