@@ -7,11 +7,14 @@
 //!
 //! The lab, nginx, the sink and tshark's reading are copy_tls_uprobe's (the per-call mode's).
 
-use std::process::Child;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::peer::u;
-use crate::copy_tls_uprobe::{stop, tshark_client_streams, Sink, TlsLab, LIBSSL};
+use crate::common::peer::{u, SRV};
+use crate::copy_tls_uprobe::{
+    bpftool_has, links_of, stop, tshark_client_streams, Sink, TlsLab, LIBSSL,
+};
 
 /// The secrets mode's links: SSL_do_handshake's uprobe and uretprobe.
 const LINKS: usize = 2;
@@ -116,4 +119,130 @@ fn tls13_and_tls12_sessions_reach_the_target_as_tshark_decrypts_them() {
     assert_eq!(u(&report, "tls.uprobe.lost_records"), 0, "{report:#}");
     assert_eq!(u(&report, "requests.at_source"), 4, "{report:#}");
     crate::common::schema::check(&crate::common::schema::load("copy"), &report, "copy");
+}
+
+/// nginx restarted under the probes (no --pid: they are on the library's file): the new
+/// worker's handshakes are read from its start, and the sessions before and after the restart
+/// are both copied exactly.
+#[test]
+fn sessions_after_nginx_restarts_under_the_probes_are_decrypted() {
+    let mut t = TlsLab::new("tlssecrs", 4442);
+    let (first, worker1) = t.nginx();
+    let sink = Sink::start(&t.srv);
+    let filter = format!("tcp port {}", t.port);
+    let (srv, srv_if) = (t.srv.clone(), t.srv_if.clone());
+    let dump = t.lab.tcpdump(&srv, &srv_if, &filter);
+    let dump = dump.unwrap_or_else(|e| panic!("{e}"));
+    let copy = copy_secrets(&t, &sink, &[]);
+    t.curl(&["-H", "X-Run: before", &t.url("/index.html")]);
+    first.proc.stop().unwrap_or_else(|e| panic!("{e}"));
+    let (_second, worker2) = t.nginx();
+    assert_ne!(worker1, worker2);
+    t.curl(&["-H", "X-Run: after", &t.url("/after")]);
+    let got = sink.wait(2);
+    let report = stop(copy);
+    let cap = dump.stop().unwrap_or_else(|e| panic!("{e}"));
+    let want = tshark_client_streams(&cap.path, &t.keylog, t.port);
+    assert_eq!(want.len(), 2, "tshark saw {} sessions", want.len());
+    assert!(String::from_utf8_lossy(&want[1]).contains("X-Run: before"));
+    assert_eq!(as_text(&got), as_text(&want), "{report:#}");
+    assert_eq!(u(&report, "tls.sessions.decrypted"), 2, "{report:#}");
+    // Without --pid every process mapping the library is probed: curl's handshakes (the
+    // client's side of the same secrets) are read too, and those of other tests running.
+    assert!(u(&report, "tls.uprobe.pids") >= 4, "{report:#}");
+    assert!(u(&report, "tls.uprobe.records") >= 4, "{report:#}");
+}
+
+/// A connection whose handshake came before copy started (openssl s_client, one request
+/// answered, then another once copy runs) is counted, never copied: its secrets were never
+/// read and its handshake never captured. A new connection beside it is copied.
+#[test]
+fn a_session_whose_handshake_came_before_copy_is_counted_not_copied() {
+    let mut t = TlsLab::new("tlssecold", 4443);
+    let (_nginx, worker) = t.nginx();
+    let sink = Sink::start(&t.srv);
+    let connect = format!("{SRV}:{}", t.port);
+    let mut old = t
+        .cli
+        .command(&["openssl", "s_client", "-quiet", "-connect", &connect])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("openssl s_client");
+    let mut input = old.stdin.take().unwrap();
+    let mut output = BufReader::new(old.stdout.take().unwrap());
+    let ask = |input: &mut ChildStdin, output: &mut BufReader<ChildStdout>, path: &str| {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {connect}\r\n\r\n");
+        input.write_all(req.as_bytes()).unwrap();
+        let (mut line, mut status, mut len) = (String::new(), String::new(), 0usize);
+        loop {
+            line.clear();
+            output.read_line(&mut line).unwrap();
+            if status.is_empty() {
+                status = line.clone();
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap();
+            }
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+        }
+        let mut body = vec![0u8; len];
+        output.read_exact(&mut body).unwrap();
+        assert!(status.starts_with("HTTP/1.1 "), "s_client: {status:?}");
+    };
+    ask(&mut input, &mut output, "/index.html");
+    let copy = copy_secrets(&t, &sink, &["--pid", &worker.to_string()]);
+    ask(&mut input, &mut output, "/old");
+    // -quiet waits for the server to close on its stdin's end (-ign_eof): ended here.
+    drop(input);
+    let _ = old.kill();
+    let _ = old.wait();
+    t.curl(&["-H", "X-Run: new", &t.url("/new")]);
+    let got = sink.wait(1);
+    let report = stop(copy);
+    assert_eq!(got.len(), 1, "{report:#}");
+    assert!(String::from_utf8_lossy(&got[0]).contains("X-Run: new"));
+    assert_eq!(u(&report, "tls.sessions.decrypted"), 1, "{report:#}");
+    assert_eq!(
+        report["tls"]["sessions"]["unsupported"]["joined mid-stream"], 1,
+        "{report:#}"
+    );
+}
+
+/// Issue 27: copy killed with SIGKILL leaves no probe behind: its links and programs on
+/// nginx's SSL_do_handshake are freed by the kernel (bpftool finds none), and nginx serves.
+#[test]
+fn sigkill_of_copy_leaves_no_handshake_probe() {
+    let mut t = TlsLab::new("tlsseckl", 4444);
+    let (_nginx, worker) = t.nginx();
+    let sink = Sink::start(&t.srv);
+    let copy = copy_secrets(&t, &sink, &["--pid", &worker.to_string()]);
+    t.curl(&[&t.url("/index.html")]);
+    assert_eq!(sink.wait(1).len(), 1, "the session was not copied");
+    let links = links_of(copy.id());
+    assert_eq!(links.len(), LINKS, "{links:?}");
+    assert!(links
+        .iter()
+        .all(|&(l, p)| bpftool_has("link", l) && bpftool_has("prog", p)));
+    let pid = copy.id();
+    // SAFETY: kill(2) on the process we started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let mut copy = copy;
+    copy.wait().unwrap();
+    // The kernel frees a link and its program after an RCU grace period.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while links
+        .iter()
+        .any(|&(l, p)| bpftool_has("link", l) || bpftool_has("prog", p))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "a probe outlived copy: {links:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t.curl(&[&t.url("/index.html")]);
 }
