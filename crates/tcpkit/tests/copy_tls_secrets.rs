@@ -8,13 +8,16 @@
 //! The lab, nginx, the sink and tshark's reading are copy_tls_uprobe's (the per-call mode's).
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::peer::{u, SRV};
 use crate::copy_tls_uprobe::{
-    bpftool_has, links_of, stop, tshark_client_streams, Sink, TlsLab, LIBSSL,
+    bpftool_has, cpu_ns, links_of, median, stop, stop_any, tshark_client_streams, worker_of, Sink,
+    TlsLab, LIBSSL,
 };
+use tcpkit_lab::NginxConf;
 
 /// The secrets mode's links: SSL_do_handshake's uprobe and uretprobe.
 const LINKS: usize = 2;
@@ -245,4 +248,121 @@ fn sigkill_of_copy_leaves_no_handshake_probe() {
         std::thread::sleep(Duration::from_millis(50));
     }
     t.curl(&[&t.url("/index.html")]);
+}
+
+/// One wrk run in the client host pinned to CPU 0: its request count. `close`: a new
+/// connection (a full handshake) per request.
+fn wrk_pinned(t: &TlsLab, secs: u32, conns: u32, close: bool) -> u64 {
+    let (d, c, url) = (format!("{secs}s"), conns.to_string(), t.url("/index.html"));
+    let mut argv = vec!["taskset", "-c", "0", "wrk", "-t1", "-c", &c, "-d", &d];
+    if close {
+        argv.extend(["-H", "Connection: close"]);
+    }
+    argv.push(&url);
+    let o = t.cli.command(&argv).output().expect("wrk");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    out.lines()
+        .find_map(|l| {
+            l.trim()
+                .split_once(" requests in ")
+                .map(|(n, _)| n.parse().ok())
+        })
+        .flatten()
+        .unwrap_or_else(|| panic!("wrk: {out}"))
+}
+
+/// What each way of copying costs nginx (issue 27's 5 % target): nginx's worker (pinned to
+/// CPU 1, wrk to CPU 0) CPU time per request, keep-alive and a new connection per request,
+/// with no copy, with a copy that only captures (-i, --tls-keylog of a file never written:
+/// the capture's own cost), with the per-call probes (--tls-uprobe-calls) and with the
+/// secrets probes (-i --tls-uprobe), all by path as in production. `rounds` rounds, the modes'
+/// order rotated each round, medians. One JSON line; not a test: `cargo test -p tcpkit
+/// --profile suite --test integration -- copy_tls_secrets::probe_cost_by_mode
+/// --ignored --exact --nocapture`, ROUNDS and SECS from TCPKIT_UPROBE_COST_ROUNDS / _SECS
+/// (5 and 3).
+#[test]
+#[ignore = "a measurement for the bench, minutes long"]
+fn probe_cost_by_mode() {
+    let env = |k: &str, d: u32| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let rounds = env("TCPKIT_UPROBE_COST_ROUNDS", 5);
+    let secs = env("TCPKIT_UPROBE_COST_SECS", 3);
+    let mut t = TlsLab::new("tlsseccost", 4445);
+    let cert =
+        t.ca.server("server", &["localhost", &SRV.to_string()])
+            .unwrap_or_else(|e| panic!("{e}"));
+    let mut conf = NginxConf::https(SocketAddr::from((SRV, t.port)), cert);
+    (conf.http2, conf.access_log) = (false, false);
+    let nginx = t.lab.nginx(&t.srv, &conf).unwrap_or_else(|e| panic!("{e}"));
+    let worker = worker_of(nginx.proc.pid());
+    let pin = Command::new("taskset")
+        .args(["-pc", "1", &worker.to_string()])
+        .output()
+        .expect("taskset");
+    assert!(pin.status.success());
+    let sink = Sink::start(&t.srv);
+    let unused = t.lab.dir().join("never-written.keys");
+    let unused = unused.to_string_lossy().into_owned();
+    const MODES: [&str; 4] = ["none", "capture", "calls", "secrets"];
+    let mut out = serde_json::Map::new();
+    for close in [false, true] {
+        wrk_pinned(&t, 1, 8, close); // warm-up
+        let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+        for round in 0..rounds as usize {
+            for k in 0..MODES.len() {
+                let m = (round + k) % MODES.len();
+                let copy = match MODES[m] {
+                    "none" => None,
+                    "capture" => {
+                        let c = t.copy_with_links(
+                            &sink,
+                            &["-i", &t.srv_if, "--tls-keylog", &unused],
+                            0,
+                        );
+                        std::thread::sleep(Duration::from_millis(500));
+                        Some(c)
+                    }
+                    "calls" => Some(t.copy(&sink, &["--tls-uprobe-calls", LIBSSL])),
+                    _ => Some(copy_secrets(&t, &sink, &[])),
+                };
+                let c0 = cpu_ns(worker);
+                let n = wrk_pinned(&t, secs, 8, close);
+                let c1 = cpu_ns(worker);
+                if let Some(c) = copy {
+                    stop_any(c);
+                }
+                cpu[m].push((c1 - c0) as f64 / n.max(1) as f64);
+            }
+        }
+        let none = median(&mut cpu[0].clone());
+        let mut kind = serde_json::Map::new();
+        for (m, name) in MODES.iter().enumerate() {
+            let med = median(&mut cpu[m].clone());
+            kind.insert(
+                name.to_string(),
+                serde_json::json!({
+                    "ns_per_request": med,
+                    "added_percent": (med / none - 1.0) * 100.0,
+                    "runs": cpu[m],
+                }),
+            );
+        }
+        out.insert(
+            if close {
+                "new_connection"
+            } else {
+                "keep_alive"
+            }
+            .into(),
+            kind.into(),
+        );
+    }
+    println!(
+        "{}",
+        serde_json::json!({"rounds": rounds, "secs": secs, "nginx_worker_cpu": out})
+    );
 }

@@ -30,7 +30,8 @@ const MAX_PIDS: usize = 1 << 16;
 /// The probes' secrets as a key log.
 #[derive(Debug)]
 pub(crate) struct ProbeKeys {
-    probes: SecretProbes,
+    /// None only in tests, which hand records in through [`ProbeKeys::take`].
+    probes: Option<SecretProbes>,
     pub log: KeyLog,
     pairs: HashSet<(SocketAddr, SocketAddr)>,
     order: VecDeque<(SocketAddr, SocketAddr)>,
@@ -103,7 +104,22 @@ fn pair(a: SocketAddr, b: SocketAddr) -> (SocketAddr, SocketAddr) {
 impl ProbeKeys {
     pub(crate) fn new(probes: SecretProbes) -> ProbeKeys {
         ProbeKeys {
-            probes,
+            probes: Some(probes),
+            log: KeyLog::new(),
+            pairs: HashSet::new(),
+            order: VecDeque::new(),
+            pids: HashSet::new(),
+            line: String::new(),
+            records: 0,
+            bad: 0,
+        }
+    }
+
+    /// Without probes: records come through [`ProbeKeys::take`] only.
+    #[cfg(test)]
+    pub(crate) fn detached() -> ProbeKeys {
+        ProbeKeys {
+            probes: None,
             log: KeyLog::new(),
             pairs: HashSet::new(),
             order: VecDeque::new(),
@@ -118,32 +134,39 @@ impl ProbeKeys {
     pub(crate) fn poll(&mut self) -> bool {
         let before = self.log.secrets;
         let mut got = Vec::new();
-        self.probes.drain(PER_POLL, |r| got.push(r));
+        if let Some(p) = self.probes.as_mut() {
+            p.drain(PER_POLL, |r| got.push(r));
+        }
         for r in got {
-            self.records += 1;
-            let Ok(s) = r else {
-                self.bad += 1;
-                continue;
-            };
-            if self.pids.len() < MAX_PIDS {
-                self.pids.insert(s.tgid);
-            }
-            self.line.clear();
-            keylog_lines(&s, &mut self.line);
-            self.log.feed(self.line.as_bytes(), false);
-            if let Some((a, b)) = s.sockets {
-                let p = pair(a, b);
-                if self.pairs.insert(p) {
-                    self.order.push_back(p);
-                    if self.order.len() > MAX_PAIRS {
-                        if let Some(old) = self.order.pop_front() {
-                            self.pairs.remove(&old);
-                        }
+            self.take(r);
+        }
+        self.log.secrets > before
+    }
+
+    /// One handshake record: its key log lines into the log, its socket pair remembered.
+    pub(crate) fn take(&mut self, r: Result<Secrets, tcpkit_tlsprobe::SecretError>) {
+        self.records += 1;
+        let Ok(s) = r else {
+            self.bad += 1;
+            return;
+        };
+        if self.pids.len() < MAX_PIDS {
+            self.pids.insert(s.tgid);
+        }
+        self.line.clear();
+        keylog_lines(&s, &mut self.line);
+        self.log.feed(self.line.as_bytes(), false);
+        if let Some((a, b)) = s.sockets {
+            let p = pair(a, b);
+            if self.pairs.insert(p) {
+                self.order.push_back(p);
+                if self.order.len() > MAX_PAIRS {
+                    if let Some(old) = self.order.pop_front() {
+                        self.pairs.remove(&old);
                     }
                 }
             }
         }
-        self.log.secrets > before
     }
 
     /// Whether the probes saw a handshake complete on this connection.
@@ -153,20 +176,25 @@ impl ProbeKeys {
 
     /// The report's `uprobe` object.
     pub(crate) fn stats(&self) -> UprobeStats {
-        let r = self.probes.release;
+        let p = self.probes.as_ref();
         UprobeStats {
-            targets: self
-                .probes
-                .targets()
-                .iter()
-                .map(|t| t.display().to_string())
-                .collect(),
+            targets: p
+                .map(|p| {
+                    p.targets()
+                        .iter()
+                        .map(|t| t.display().to_string())
+                        .collect()
+                })
+                .unwrap_or_default(),
             pids: self.pids.len() as u64,
             records: self.records,
-            lost_records: self.probes.lost_records(),
+            lost_records: p.map_or(0, SecretProbes::lost_records),
             unmatched: self.bad,
             mode: "secrets".into(),
-            library: Some(format!("OpenSSL {}.{}.{}", r.0, r.1, r.2)),
+            library: p.map(|p| {
+                let r = p.release;
+                format!("OpenSSL {}.{}.{}", r.0, r.1, r.2)
+            }),
         }
     }
 }
