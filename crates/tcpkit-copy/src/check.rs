@@ -61,7 +61,7 @@ impl Check {
     }
 }
 
-/// `--tls-uprobe`: the probes load and attach to every PATH (permissions, the symbols), and
+/// `--tls-uprobe-calls`: the probes load and attach to every PATH (permissions, the symbols), and
 /// are taken off again at once.
 fn uprobe(targets: &[std::path::PathBuf], pid: Option<u32>) -> Check {
     let names: Vec<String> = targets.iter().map(|t| t.display().to_string()).collect();

@@ -96,7 +96,7 @@ pub struct TransparentStats {
 /// the copies' own TLS toward the target.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TlsStats {
-    /// `keylog` (`--tls-keylog`), `uprobe` (`--tls-uprobe`), or `clear` (the capture was
+    /// `keylog` (`--tls-keylog`), `uprobe` (`--tls-uprobe`, `--tls-uprobe-calls`), or `clear` (the capture was
     /// clear TCP; only the copies speak TLS, `--target-tls`).
     pub source: String,
     /// The production TLS sessions, by what became of them.
@@ -108,7 +108,7 @@ pub struct TlsStats {
     /// `--tls-keylog`: the key log read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keylog: Option<KeylogStats>,
-    /// `--tls-uprobe`: the probes and their records.
+    /// `--tls-uprobe` and `--tls-uprobe-calls`: the probes and their records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uprobe: Option<UprobeStats>,
     /// `--target-tls`: the copies' handshakes with the target.
@@ -183,7 +183,8 @@ impl TlsStats {
 /// What became of the production TLS sessions (a session is never copied as ciphertext).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TlsSessionStats {
-    /// Decrypted and copied (with `--tls-uprobe`: connections whose plaintext was copied).
+    /// Decrypted and copied (with `--tls-uprobe-calls`: connections whose plaintext was
+    /// copied).
     pub decrypted: u64,
     /// No secret for the session in the key log (in time).
     pub no_secret: u64,
@@ -204,7 +205,7 @@ pub struct KeylogStats {
     pub secrets: u64,
 }
 
-/// `--tls-uprobe`: the probes on the server's TLS library.
+/// `--tls-uprobe` / `--tls-uprobe-calls`: the probes on the server's TLS library.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct UprobeStats {
     /// The libraries or binaries probed.

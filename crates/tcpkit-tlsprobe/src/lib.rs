@@ -1,15 +1,20 @@
-//! tcpkit-tlsprobe: the plaintext of a TLS server's connections, read live at its own TLS
-//! library (OpenSSL 1.1/3.x, BoringSSL where the symbols exist) without touching the server.
+//! tcpkit-tlsprobe: what a TLS server's own library knows, read live by BPF uprobes without
+//! touching the server: each handshake's secrets (the secrets mode, OpenSSL of a known
+//! layout) or every call's plaintext (the per-call mode: OpenSSL 1.1/3.x, BoringSSL where the
+//! symbols exist).
 //!
 //! - bpf/tlsprobe.bpf.c: uprobes on SSL_read/SSL_write/SSL_read_ex/SSL_write_ex (entry and
 //!   return) and SSL_free, and raw tracepoints on the kernel's sock_recv_length /
 //!   sock_send_length that tie each SSL object to the socket its calls read and write (why
 //!   that way: the program's opening comment). Compiled by clang in build.rs.
+//! - bpf/tlsprobe.bpf.c's second half: a uprobe and uretprobe on SSL_do_handshake reading the
+//!   SSL object at the offsets of [`layout`] (its table by OpenSSL version) when a handshake
+//!   completes: one [`secret`] record per handshake, on a ring of its own.
 //! - [`record`]: the ring buffer's records, parsed with every length bounded.
 //! - [`Probes`]: the object loaded by aya and attached by path through the kernel's perf
 //!   uprobe PMU (no tracefs), to every process mapping the file (those started later too) or
 //!   to one. The links are file descriptors of this process: when it ends, SIGKILL included,
-//!   the kernel removes every probe.
+//!   the kernel removes every probe. [`SecretProbes`]: the same for the secrets mode.
 
 pub mod layout;
 pub mod record;

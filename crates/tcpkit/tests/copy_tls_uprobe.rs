@@ -294,23 +294,23 @@ pub(crate) fn tshark_client_streams(pcap: &Path, keylog: &Path, port: u16) -> Ve
     out
 }
 
-/// Issue 27's uprobe mode: three curl sessions (keep-alive with two requests, a POST, TLS
-/// 1.2) to nginx over TLS while copy --tls-uprobe-calls --pid <nginx's worker> runs; the target gets
-/// each session's client plaintext exactly as tshark decrypts the capture with curl's key
-/// log, and the report counts three copied connections, none lost.
-#[test]
-fn target_gets_each_sessions_plaintext_as_tshark_decrypts_it() {
-    let mut t = TlsLab::new("tlsupr", 4431);
+/// Three curl sessions (TLS 1.3 keep-alive with two requests, a TLS 1.3 POST, TLS 1.2) to
+/// nginx over TLS while the copy `start` gives runs (given the lab, the sink and nginx's
+/// worker; started once tcpdump runs): the target must get each session's client plaintext
+/// exactly as tshark decrypts the capture with curl's key log. Returns the copy's report.
+pub(crate) fn three_sessions_as_tshark_decrypts_them(
+    tag: &str,
+    port: u16,
+    start: impl Fn(&TlsLab, &Sink, u32) -> Child,
+) -> Value {
+    let mut t = TlsLab::new(tag, port);
     let (_nginx, worker) = t.nginx();
     let sink = Sink::start(&t.srv);
     let filter = format!("tcp port {}", t.port);
     let (srv, srv_if) = (t.srv.clone(), t.srv_if.clone());
     let dump = t.lab.tcpdump(&srv, &srv_if, &filter);
     let dump = dump.unwrap_or_else(|e| panic!("{e}"));
-    let copy = t.copy(
-        &sink,
-        &["--tls-uprobe-calls", LIBSSL, "--pid", &worker.to_string()],
-    );
+    let copy = start(&t, &sink, worker);
     let (a, b) = (t.url("/index.html"), t.url("/second?x=1"));
     t.curl(&["-H", "X-Test: keep-alive", &a, "-o", "/dev/null", &b]);
     t.curl(&["-d", "name=value&other=2", &a]);
@@ -325,38 +325,55 @@ fn target_gets_each_sessions_plaintext_as_tshark_decrypts_it() {
             .all(|w| w.starts_with(b"GET ") || w.starts_with(b"POST ")),
         "tshark did not decrypt every session"
     );
-    assert_eq!(
-        got.iter()
-            .map(|g| String::from_utf8_lossy(g))
-            .collect::<Vec<_>>(),
-        want.iter()
-            .map(|w| String::from_utf8_lossy(w))
-            .collect::<Vec<_>>()
-    );
-    let tls = &report["tls"];
-    assert_eq!(tls["source"], "uprobe", "{report:#}");
+    assert_eq!(as_text(&got), as_text(&want), "{report:#}");
     assert_eq!(u(&report, "tls.sessions.decrypted"), 3, "{report:#}");
     assert_eq!(u(&report, "tls.uprobe.lost_records"), 0, "{report:#}");
+    assert_eq!(u(&report, "requests.at_source"), 4, "{report:#}");
+    crate::common::schema::check(&crate::common::schema::load("copy"), &report, "copy");
+    report
+}
+
+/// Sessions (or plaintext streams) as text, for readable failures.
+pub(crate) fn as_text(v: &[Vec<u8>]) -> Vec<String> {
+    v.iter()
+        .map(|g| String::from_utf8_lossy(g).into_owned())
+        .collect()
+}
+
+/// Issue 27's uprobe mode: three curl sessions while copy --tls-uprobe-calls --pid <nginx's
+/// worker> runs reach the target as tshark decrypts them, three copied connections, none
+/// lost.
+#[test]
+fn target_gets_each_sessions_plaintext_as_tshark_decrypts_it() {
+    let report = three_sessions_as_tshark_decrypts_them("tlsupr", 4431, |t, sink, worker| {
+        t.copy(
+            sink,
+            &["--tls-uprobe-calls", LIBSSL, "--pid", &worker.to_string()],
+        )
+    });
+    let tls = &report["tls"];
+    assert_eq!(tls["source"], "uprobe", "{report:#}");
     assert_eq!(u(&report, "tls.uprobe.pids"), 1, "{report:#}");
     assert_eq!(tls["uprobe"]["targets"][0], LIBSSL, "{report:#}");
     assert_eq!(tls["uprobe"]["mode"], "calls", "{report:#}");
-    assert_eq!(u(&report, "requests.at_source"), 4, "{report:#}");
-    crate::common::schema::check(&crate::common::schema::load("copy"), &report, "copy");
 }
 
-/// Issue 27: nginx restarted under the probes. The probes are on the library's file, not on
-/// processes: the new nginx's worker (another pid) is covered from its start, and the session
-/// after the restart is copied as exactly as the one before.
-#[test]
-fn sessions_after_nginx_restarts_under_the_probes_are_copied() {
-    let mut t = TlsLab::new("tlsuprrs", 4432);
+/// nginx restarted under the copy `start` gives (no --pid: its probes are on the library's
+/// file, not on processes): a session before and one after the restart (another worker)
+/// must reach the target as tshark decrypts them. Returns the copy's report.
+pub(crate) fn sessions_around_a_restart(
+    tag: &str,
+    port: u16,
+    start: impl Fn(&TlsLab, &Sink) -> Child,
+) -> Value {
+    let mut t = TlsLab::new(tag, port);
     let (first, worker1) = t.nginx();
     let sink = Sink::start(&t.srv);
     let filter = format!("tcp port {}", t.port);
     let (srv, srv_if) = (t.srv.clone(), t.srv_if.clone());
     let dump = t.lab.tcpdump(&srv, &srv_if, &filter);
     let dump = dump.unwrap_or_else(|e| panic!("{e}"));
-    let copy = t.copy(&sink, &["--tls-uprobe-calls", LIBSSL]);
+    let copy = start(&t, &sink);
     t.curl(&["-H", "X-Run: before", &t.url("/index.html")]);
     first.proc.stop().unwrap_or_else(|e| panic!("{e}"));
     let (_second, worker2) = t.nginx();
@@ -368,16 +385,19 @@ fn sessions_after_nginx_restarts_under_the_probes_are_copied() {
     let want = tshark_client_streams(&cap.path, &t.keylog, t.port);
     assert_eq!(want.len(), 2, "tshark saw {} sessions", want.len());
     assert!(String::from_utf8_lossy(&want[1]).contains("X-Run: before"));
-    assert_eq!(
-        got.iter()
-            .map(|g| String::from_utf8_lossy(g))
-            .collect::<Vec<_>>(),
-        want.iter()
-            .map(|w| String::from_utf8_lossy(w))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(as_text(&got), as_text(&want), "{report:#}");
     assert_eq!(u(&report, "tls.sessions.decrypted"), 2, "{report:#}");
     assert_eq!(u(&report, "tls.uprobe.lost_records"), 0, "{report:#}");
+    report
+}
+
+/// Issue 27: nginx restarted under the per-call probes: the new worker is covered from its
+/// start, the session after the restart copied as exactly as the one before.
+#[test]
+fn sessions_after_nginx_restarts_under_the_probes_are_copied() {
+    sessions_around_a_restart("tlsuprrs", 4432, |t, sink| {
+        t.copy(sink, &["--tls-uprobe-calls", LIBSSL])
+    });
 }
 
 /// `(link id, prog id)` of each BPF link process `pid` holds, from /proc/PID/fdinfo.

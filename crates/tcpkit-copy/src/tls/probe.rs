@@ -103,23 +103,18 @@ fn pair(a: SocketAddr, b: SocketAddr) -> (SocketAddr, SocketAddr) {
 
 impl ProbeKeys {
     pub(crate) fn new(probes: SecretProbes) -> ProbeKeys {
-        ProbeKeys {
-            probes: Some(probes),
-            log: KeyLog::new(),
-            pairs: HashSet::new(),
-            order: VecDeque::new(),
-            pids: HashSet::new(),
-            line: String::new(),
-            records: 0,
-            bad: 0,
-        }
+        ProbeKeys::with(Some(probes))
     }
 
     /// Without probes: records come through [`ProbeKeys::take`] only.
     #[cfg(test)]
     pub(crate) fn detached() -> ProbeKeys {
+        ProbeKeys::with(None)
+    }
+
+    fn with(probes: Option<SecretProbes>) -> ProbeKeys {
         ProbeKeys {
-            probes: None,
+            probes,
             log: KeyLog::new(),
             pairs: HashSet::new(),
             order: VecDeque::new(),
