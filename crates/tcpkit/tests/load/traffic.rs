@@ -31,9 +31,15 @@ fn echo_across_a_veth_answers_all_at_the_asked_rate() {
     // connects took over 60 ms on a loaded machine.
     let phase = r["seconds"].as_f64().unwrap();
     let connect = r["connect_seconds"].as_f64().unwrap();
-    assert!((phase + connect - 3.0).abs() < 0.05, "phase {phase} + connect {connect}: {r:#}");
+    assert!(
+        (phase + connect - 3.0).abs() < 0.05,
+        "phase {phase} + connect {connect}: {r:#}"
+    );
     let due = 2000.0 * phase;
-    assert!((sent - due).abs() / due < 0.02, "sent {sent} of {due}: {r:#}");
+    assert!(
+        (sent - due).abs() / due < 0.02,
+        "sent {sent} of {due}: {r:#}"
+    );
     assert_eq!(u(&r, "queries.sent"), u(&r, "queries.scheduled"));
     assert_eq!(u(&r, "queries.answered"), u(&r, "queries.sent"));
     assert_eq!(u(&r, "queries.malformed"), 0);
