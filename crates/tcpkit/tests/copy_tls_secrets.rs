@@ -225,8 +225,10 @@ fn wrk_pinned(t: &TlsLab, secs: u32, conns: u32, close: bool) -> u64 {
 /// CPU 1, wrk to CPU 0) CPU time per request, keep-alive and a new connection per request,
 /// with no copy, with a copy that only captures (-i, --tls-keylog of a file never written:
 /// the capture's own cost), with the per-call probes (--tls-uprobe-calls) and with the
-/// secrets probes (-i --tls-uprobe), all by path as in production. `rounds` rounds, the modes'
-/// order rotated each round, medians. One JSON line; not a test: `cargo test -p tcpkit
+/// secrets probes (-i --tls-uprobe), all by path as in production, and with the secrets probes
+/// attached while copy captures where none of the traffic goes (-i lo: what the probes alone
+/// cost the server, without copy's own decrypting and relaying on the same two CPUs).
+/// `rounds` rounds, the modes' order rotated each round, medians. One JSON line; not a test: `cargo test -p tcpkit
 /// --profile suite --test integration -- copy_tls_secrets::probe_cost_by_mode
 /// --ignored --exact --nocapture`, ROUNDS and SECS from TCPKIT_UPROBE_COST_ROUNDS / _SECS
 /// (5 and 3).
@@ -257,7 +259,7 @@ fn probe_cost_by_mode() {
     let sink = Sink::start(&t.srv);
     let unused = t.lab.dir().join("never-written.keys");
     let unused = unused.to_string_lossy().into_owned();
-    const MODES: [&str; 4] = ["none", "capture", "calls", "secrets"];
+    const MODES: [&str; 5] = ["none", "capture", "calls", "secrets", "probes_only"];
     let mut out = serde_json::Map::new();
     for close in [false, true] {
         wrk_pinned(&t, 1, 8, close); // warm-up
@@ -277,6 +279,12 @@ fn probe_cost_by_mode() {
                         Some(c)
                     }
                     "calls" => Some(t.copy(&sink, &["--tls-uprobe-calls", LIBSSL])),
+                    "probes_only" => {
+                        let c =
+                            t.copy_with_links(&sink, &["-i", "lo", "--tls-uprobe", LIBSSL], LINKS);
+                        std::thread::sleep(Duration::from_millis(500));
+                        Some(c)
+                    }
                     _ => Some(copy_secrets(&t, &sink, &[])),
                 };
                 let c0 = cpu_ns(worker);
