@@ -2,8 +2,9 @@
 //! (online, port 8443) and as the target, HTTPS clients (`tcpkit load https://...`, open loop)
 //! at 1k and 5k requests/s keep-alive and with a new connection per request; the copy takes
 //! the plaintext from the clients' key log (`--tls-keylog`: load writes it through
-//! SSLKEYLOGFILE, as curl and browsers do; wrk cannot write one) or from probes on production
-//! nginx's libssl (`--tls-uprobe`), and re-encrypts it toward the target (`--target-tls`).
+//! SSLKEYLOGFILE, as curl and browsers do; wrk cannot write one) or from the secrets probes on
+//! production nginx's libssl read at each handshake (`--tls-uprobe`, the capture decrypted
+//! with them), and re-encrypts it toward the target (`--target-tls`).
 //!
 //! Per row: request loss (the target's access log against production's), the copy's CPU per
 //! request it copied, and production nginx's own CPU per request and the clients' p50/p99
@@ -36,7 +37,7 @@ impl Source {
     fn name(self) -> &'static str {
         match self {
             Source::Keylog => "key log",
-            Source::Uprobe => "uprobes",
+            Source::Uprobe => "uprobe secrets",
             Source::Clear => "clear TCP",
         }
     }
@@ -193,9 +194,12 @@ fn start_copy(t: &TlsEnv, source: Source, keylog: &Path) -> Result<Child> {
             ]);
         }
         Source::Uprobe => {
-            // The worker alone: the target's nginx maps the same libssl.
+            // The worker alone: the target's nginx maps the same libssl. The secrets mode:
+            // the handshakes' secrets from the probes, the sessions from the capture.
             let (lib, worker) = libssl_of(t.online.pid())?;
             argv.extend([
+                "-i".into(),
+                t.env.cap_if.clone(),
                 "--tls-uprobe".into(),
                 lib,
                 "--pid".into(),
@@ -210,6 +214,8 @@ fn start_copy(t: &TlsEnv, source: Source, keylog: &Path) -> Result<Child> {
     }
     let child = spawn_copy(t.env, &argv, Duration::ZERO)?;
     wait_attached(child.id())?;
+    // The capture opens once the probes are attached: in place well within this.
+    std::thread::sleep(Duration::from_millis(600));
     Ok(child)
 }
 
@@ -280,9 +286,9 @@ fn tls_note(r: &serde_json::Value) -> String {
     }
     let p = &t["uprobe"];
     if p.is_object() {
-        // The probes' own account: how much of production they saw and tied to a connection.
+        // The probes' own account: the handshakes they read (secrets mode: one record each).
         v.push(format!(
-            "probes: {} connections copied, {} records ({} lost, {} unmatched)",
+            "probes: {} sessions decrypted, {} handshake records ({} lost, {} unusable)",
             n(&s["decrypted"]),
             n(&p["records"]),
             n(&p["lost_records"]),
@@ -443,9 +449,11 @@ costs the copy); the clients are `tcpkit load https://online:8443/index.html --t
 (open loop; a new connection per request is a full handshake each, no resumption), which \
 writes the key log through SSLKEYLOGFILE for the key-log rows. The copy: `tcpkit copy -x \
 online:8443-target:8443 --target-tls --tls-ca CA` with `-i <clients' link> --tls-keylog FILE` \
-(read as it grows) or `--tls-uprobe <nginx's libssl> --pid <nginx's worker>` (the load \
-starts once the copy holds its probes' links, and the copy is stopped by SIGINT 2 s after the \
-load). Request loss: \
+(read as it grows) or `-i <clients' link> --tls-uprobe <nginx's libssl> --pid <nginx's \
+worker>` (the secrets mode: a uprobe and uretprobe on SSL_do_handshake read each handshake's \
+secrets, the capture is decrypted with them; no probe on SSL_read/SSL_write; the load starts \
+once the copy holds its probes' links and its capture is open, and the copy is stopped by \
+SIGINT 2 s after the load). Request loss: \
 the two access logs. Copy CPU per request: as the clear rows'. nginx CPU per request: the \
 scheduler's count of nginx's processes over the requests its access log gained, in the run \
 without the copy (with the probes: the runs before and after) and in the run copying. \
@@ -552,7 +560,7 @@ mod tests {
         assert_eq!(cells(lines[2]), cells(lines[0]), "{t}");
         assert_eq!(
             lines[2],
-            "| uprobes | keep-alive | 5k req/s | 25000 | 25000 | 0.0000 % | 12.5 %; 20 µs | 40 µs, 42 µs | 43 µs (+5.0 %) | 100 / 900 µs, 110 / 950 µs | 105 / 930 µs |  |"
+            "| uprobe secrets | keep-alive | 5k req/s | 25000 | 25000 | 0.0000 % | 12.5 %; 20 µs | 40 µs, 42 µs | 43 µs (+5.0 %) | 100 / 900 µs, 110 / 950 µs | 105 / 930 µs |  |"
         );
         assert!(
             t.ends_with("\nkey log rows: not in this build's copy: --tls-keylog\n"),

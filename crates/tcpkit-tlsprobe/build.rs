@@ -57,6 +57,8 @@ fn generate(header: &str, multiarch: &str, rs: &Path) {
         .derive_default(true)
         .use_core()
         .allowlist_type("record")
+        .allowlist_type("secret_record")
+        .allowlist_type("layout")
         .allowlist_var("[A-Z][A-Z0-9_]*")
         .generate()
         .unwrap_or_else(|e| {

@@ -61,7 +61,7 @@ impl Check {
     }
 }
 
-/// `--tls-uprobe`: the probes load and attach to every PATH (permissions, the symbols), and
+/// `--tls-uprobe-calls`: the probes load and attach to every PATH (permissions, the symbols), and
 /// are taken off again at once.
 fn uprobe(targets: &[std::path::PathBuf], pid: Option<u32>) -> Check {
     let names: Vec<String> = targets.iter().map(|t| t.display().to_string()).collect();
@@ -72,6 +72,31 @@ fn uprobe(targets: &[std::path::PathBuf], pid: Option<u32>) -> Check {
             name,
             crate::feed::chain(&e),
             "run as root (or with CAP_BPF and CAP_PERFMON) and give the libssl.so.* the server maps (grep ssl /proc/PID/maps)",
+        ),
+    }
+}
+
+/// `--tls-uprobe`: the library's version has a known layout and the handshake probes load and
+/// attach to every PATH, taken off again at once.
+fn secrets(p: &crate::config::SecretProbe) -> Check {
+    let names: Vec<String> = p.targets.iter().map(|t| t.display().to_string()).collect();
+    let name = "tls-uprobe";
+    match tcpkit_tlsprobe::SecretProbes::attach(&p.targets, p.pid) {
+        Ok(s) => Check::ok(
+            name,
+            format!(
+                "SSL_do_handshake probes attach to {} (OpenSSL {}.{}.{}, layout: {})",
+                names.join(", "),
+                s.release.0,
+                s.release.1,
+                s.release.2,
+                s.layout_source
+            ),
+        ),
+        Err(e) => Check::fail(
+            name,
+            crate::feed::chain(&e),
+            "run as root (or with CAP_BPF and CAP_PERFMON), give the libssl.so.* the server maps (grep ssl /proc/PID/maps), or use --tls-uprobe-calls for a library of another version",
         ),
     }
 }
@@ -92,6 +117,9 @@ pub fn run(
         Input::File { path, .. } => file(path),
         Input::Uprobe { targets, pid } => uprobe(targets, *pid),
     }];
+    if let Some(p) = &cfg.tls_secrets {
+        out.push(secrets(p));
+    }
     let mut targets: Vec<SocketAddr> = cfg.rules.iter().map(|r| r.target).collect();
     targets.sort();
     targets.dedup();

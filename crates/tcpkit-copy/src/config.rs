@@ -34,6 +34,26 @@ pub struct CopyConfig {
     /// `--tls-keylog`: every session is TLS, decrypted with this NSS key log's secrets (read
     /// as it grows) before it is copied.
     pub tls_keylog: Option<std::path::PathBuf>,
+    /// `--tls-uprobe`: every session is TLS, decrypted with the secrets these probes read
+    /// from the server's TLS library at each handshake's end.
+    pub tls_secrets: Option<SecretProbe>,
+}
+
+/// `--tls-uprobe PATH... [--pid PID]`: the libraries whose handshakes give the secrets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretProbe {
+    pub targets: Vec<std::path::PathBuf>,
+    pub pid: Option<u32>,
+}
+
+impl SecretProbe {
+    /// Whether every target's OpenSSL version has a layout the probes know (else why not:
+    /// the file and its version).
+    pub fn layout_known(&self) -> Result<(), String> {
+        tcpkit_tlsprobe::layout_of(&self.targets)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Counters every copy mode publishes for the live line (relaxed stores once per loop turn).

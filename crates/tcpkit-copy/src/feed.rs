@@ -3,8 +3,10 @@
 //! `--loop`). Either way the frames go through the reassembler ([`Tracker`]) and its events
 //! to the mode (`Consumer`), which between batches serves its own I/O. Relay and transparent
 //! mode differ in how a copy reaches the target, not in how the input is read, so the loops
-//! live here once. With `--tls-uprobe` the input is the plaintext the probes read at the
-//! server's TLS library ([`uprobe`]), handed over as the same events.
+//! live here once. With `--tls-uprobe-calls` the input is the plaintext the probes read at
+//! the server's TLS library ([`uprobe`]), handed over as the same events; with `--tls-keylog`
+//! or `--tls-uprobe` (the secrets probes) the TLS layer stands between the capture and the
+//! mode.
 
 pub mod uprobe;
 
@@ -134,7 +136,7 @@ pub enum Input {
         max_idle_ns: Option<u64>,
         loops: u32,
     },
-    /// `--tls-uprobe`: the plaintext of the server's TLS connections, read by BPF uprobes at
+    /// `--tls-uprobe-calls`: the plaintext of the server's TLS connections, read by BPF uprobes at
     /// SSL_read/SSL_write of each library or binary in `targets`, in every process mapping
     /// it or only in `pid`.
     Uprobe {
@@ -334,7 +336,9 @@ pub(crate) fn pace(input: &Input) -> (Speed, u64) {
 
 /// Feeds `input` to `c` until it ends (a file), `stop` is set, or `end_at` passes. A capture
 /// file that turns out truncated ends the input early with the reason in the report's
-/// `failure`. With `--tls-keylog` the TLS layer stands between the reassembler and `c`.
+/// `failure`. With `--tls-keylog` or `--tls-uprobe` the TLS layer stands between the
+/// reassembler and `c`, its secrets from the file or from the probes (attached here, before
+/// the capture opens).
 pub(crate) fn run<C: Consumer>(
     c: &mut C,
     input: &Input,
@@ -344,10 +348,14 @@ pub(crate) fn run<C: Consumer>(
     events: &mut Events,
     say: &dyn Fn(&str),
 ) -> Result<(), C::Error> {
-    let Some(keylog) = c.cfg().tls_keylog.clone() else {
-        return run_input(c, input, end_at, stop, live, events, say);
+    let keys = match (&c.cfg().tls_keylog, &c.cfg().tls_secrets) {
+        (Some(path), _) => crate::tls::Keys::file(path),
+        (None, Some(p)) => crate::tls::Keys::probes(
+            tcpkit_tlsprobe::SecretProbes::attach(&p.targets, p.pid).map_err(FeedError::Uprobe)?,
+        ),
+        (None, None) => return run_input(c, input, end_at, stop, live, events, say),
     };
-    let mut layer = crate::tls::Layer::new(c, &keylog);
+    let mut layer = crate::tls::Layer::new(c, keys);
     let r = run_input(&mut layer, input, end_at, stop, live, events, say);
     layer.finish();
     r
@@ -537,7 +545,7 @@ fn run_input<C: Consumer>(
 /// Records taken from the probes' ring per turn before the copies are served.
 const UPROBE_SLICE: usize = 4096;
 
-/// `--tls-uprobe`: the probes attached for the run (detached when it returns, or by the
+/// `--tls-uprobe-calls`: the probes attached for the run (detached when it returns, or by the
 /// kernel if this process dies), their records turned into events until the run ends.
 fn run_uprobe<C: Consumer>(
     c: &mut C,
@@ -603,6 +611,8 @@ fn run_uprobe<C: Consumer>(
             records: t.records,
             lost_records: k.lost_records,
             unmatched: t.unmatched + k.unmatched_calls,
+            mode: "calls".into(),
+            library: None,
         }),
         ..TlsStats::default()
     });

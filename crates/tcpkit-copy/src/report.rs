@@ -96,7 +96,7 @@ pub struct TransparentStats {
 /// the copies' own TLS toward the target.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TlsStats {
-    /// `keylog` (`--tls-keylog`), `uprobe` (`--tls-uprobe`), or `clear` (the capture was
+    /// `keylog` (`--tls-keylog`), `uprobe` (`--tls-uprobe`, `--tls-uprobe-calls`), or `clear` (the capture was
     /// clear TCP; only the copies speak TLS, `--target-tls`).
     pub source: String,
     /// The production TLS sessions, by what became of them.
@@ -108,7 +108,7 @@ pub struct TlsStats {
     /// `--tls-keylog`: the key log read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keylog: Option<KeylogStats>,
-    /// `--tls-uprobe`: the probes and their records.
+    /// `--tls-uprobe` and `--tls-uprobe-calls`: the probes and their records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uprobe: Option<UprobeStats>,
     /// `--target-tls`: the copies' handshakes with the target.
@@ -183,7 +183,8 @@ impl TlsStats {
 /// What became of the production TLS sessions (a session is never copied as ciphertext).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TlsSessionStats {
-    /// Decrypted and copied (with `--tls-uprobe`: connections whose plaintext was copied).
+    /// Decrypted and copied (with `--tls-uprobe-calls`: connections whose plaintext was
+    /// copied).
     pub decrypted: u64,
     /// No secret for the session in the key log (in time).
     pub no_secret: u64,
@@ -204,7 +205,7 @@ pub struct KeylogStats {
     pub secrets: u64,
 }
 
-/// `--tls-uprobe`: the probes on the server's TLS library.
+/// `--tls-uprobe` / `--tls-uprobe-calls`: the probes on the server's TLS library.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct UprobeStats {
     /// The libraries or binaries probed.
@@ -214,8 +215,16 @@ pub struct UprobeStats {
     pub records: u64,
     /// Records the ring buffer had no room for.
     pub lost_records: u64,
-    /// Records not tied to a connection of the copy rules.
+    /// Records not tied to a connection of the copy rules (secrets mode: handshake records
+    /// that were not usable: a version, suite or key length the layout cannot have given).
     pub unmatched: u64,
+    /// `secrets` (`--tls-uprobe`: one record per handshake, the capture decrypted) or `calls`
+    /// (`--tls-uprobe-calls`: every SSL_read/SSL_write's plaintext).
+    #[serde(default)]
+    pub mode: String,
+    /// Secrets mode: the library's version, whose layout the probes read (`OpenSSL 3.0.19`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library: Option<String>,
 }
 
 /// `--target-tls`: the copies' TLS handshakes with the target.

@@ -269,3 +269,141 @@ int tk_sock_send(struct bpf_raw_tracepoint_args *ctx)
 	tie((struct sock *)ctx->args[0]);
 	return 0;
 }
+
+/* The secrets mode: no probe on SSL_read/SSL_write at all (a keep-alive request costs the
+ * server no trap). At the return of SSL_do_handshake (SSL_accept and SSL_connect call it)
+ * with 1, the handshake is done and the SSL object holds what an NSS key log line says: the
+ * client random, TLS 1.2's master key, TLS 1.3's handshake secret and transcript hash (user
+ * space derives the handshake traffic secrets from them, as they are not kept) and both
+ * application traffic secrets. They are read at the offsets user space set for the library's
+ * version (LAYOUT), with the socket of the object's read BIO, so user space can check the
+ * layout against the ClientHello it captured on that connection. */
+
+const volatile struct layout LAYOUT = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_HANDSHAKES);
+	__type(key, __u64);
+	__type(value, __u64);
+} handshakes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, SECRET_RING_BYTES);
+} secrets SEC(".maps");
+
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wpadded"
+struct socket___tk {
+	struct sock *sk;
+} __attribute__((preserve_access_index));
+
+struct file___tk {
+	void *private_data;
+} __attribute__((preserve_access_index));
+
+struct fdtable___tk {
+	unsigned int max_fds;
+	struct file___tk **fd;
+} __attribute__((preserve_access_index));
+
+struct files_struct___tk {
+	struct fdtable___tk *fdt;
+} __attribute__((preserve_access_index));
+
+struct task_struct___tk {
+	struct files_struct___tk *files;
+} __attribute__((preserve_access_index));
+#pragma clang diagnostic pop
+
+SEC("uprobe")
+int BPF_KPROBE(tk_hs_enter)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 ssl = PT_REGS_PARM1(ctx);
+	bpf_map_update_elem(&handshakes, &id, &ssl, BPF_ANY);
+	return 0;
+}
+
+/* The socket behind descriptor `fd` of the current process, its addresses into `r`. */
+static __always_inline void socket_of(int fd, struct secret_record *r)
+{
+	struct task_struct___tk *task = (void *)bpf_get_current_task();
+	struct fdtable___tk *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt || fd < 0 || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+		return;
+	struct file___tk **fds = BPF_CORE_READ(fdt, fd);
+	struct file___tk *f = 0;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
+		return;
+	struct socket___tk *so = BPF_CORE_READ(f, private_data);
+	if (!so)
+		return;
+	struct sock *sk = BPF_CORE_READ(so, sk);
+	if (!sk)
+		return;
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	if (family == AF_INET) {
+		r->local[0] = BPF_CORE_READ(sk, __sk_common.skc_rcv_saddr);
+		r->remote[0] = BPF_CORE_READ(sk, __sk_common.skc_daddr);
+	} else if (family == AF_INET6) {
+		BPF_CORE_READ_INTO(&r->local, sk, __sk_common.skc_v6_rcv_saddr);
+		BPF_CORE_READ_INTO(&r->remote, sk, __sk_common.skc_v6_daddr);
+	} else {
+		return;
+	}
+	r->family = family;
+	r->lport = BPF_CORE_READ(sk, __sk_common.skc_num);
+	r->rport = __builtin_bswap16(BPF_CORE_READ(sk, __sk_common.skc_dport));
+}
+
+#define READ_AT(dst, base, off) bpf_probe_read_user(&(dst), sizeof(dst), (void *)((base) + (off)))
+
+SEC("uretprobe")
+int BPF_KPROBE(tk_hs_leave)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 *sslp = bpf_map_lookup_elem(&handshakes, &id);
+	if (!sslp)
+		return 0;
+	__u64 ssl = *sslp;
+	bpf_map_delete_elem(&handshakes, &id);
+	/* 1: done; else it wants more bytes (non-blocking) or failed, and is called again. */
+	if ((int)PT_REGS_RC(ctx) != 1)
+		return 0;
+	struct secret_record *r = bpf_ringbuf_reserve(&secrets, sizeof(*r), 0);
+	if (!r) {
+		count(COUNTER_LOST_RECORDS, 1);
+		return 0;
+	}
+	__builtin_memset(r, 0, sizeof(*r));
+	r->ssl = ssl;
+	r->tgid = id >> 32;
+	r->ts = bpf_ktime_get_ns();
+	int version = 0;
+	__u64 session = 0, cipher = 0, rbio = 0;
+	int fd = -1;
+	READ_AT(version, ssl, LAYOUT.version);
+	r->version = version;
+	READ_AT(r->client_random, ssl, LAYOUT.client_random);
+	READ_AT(session, ssl, LAYOUT.session);
+	if (session) {
+		READ_AT(r->master_key_len, session, LAYOUT.master_key_length);
+		READ_AT(r->master_key, session, LAYOUT.master_key);
+		READ_AT(cipher, session, LAYOUT.cipher);
+		if (cipher)
+			READ_AT(r->cipher_id, cipher, LAYOUT.cipher_id);
+	}
+	if (version == 0x0304) {
+		READ_AT(r->handshake_secret, ssl, LAYOUT.handshake_secret);
+		READ_AT(r->handshake_traffic_hash, ssl, LAYOUT.handshake_traffic_hash);
+		READ_AT(r->client_app_secret, ssl, LAYOUT.client_app_secret);
+		READ_AT(r->server_app_secret, ssl, LAYOUT.server_app_secret);
+	}
+	READ_AT(rbio, ssl, LAYOUT.rbio);
+	if (rbio && !READ_AT(fd, rbio, LAYOUT.bio_num))
+		socket_of(fd, r);
+	bpf_ringbuf_submit(r, 0);
+	return 0;
+}

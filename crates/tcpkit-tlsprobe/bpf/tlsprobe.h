@@ -86,4 +86,65 @@ struct record {
 	__u8 from_start;
 };
 
+/* The secrets mode (tlsprobe.bpf.c's second half): one record per completed handshake. */
+
+/* The secrets' ring buffer: a record per handshake, drained every few milliseconds. */
+#define SECRET_RING_BYTES (1024 * 1024)
+/* EVP_MAX_MD_SIZE: OpenSSL's TLS 1.3 secrets' arrays (the hash's length is used of each). */
+#define SECRET_MAX 64
+/* SSL_MAX_MASTER_KEY_LENGTH */
+#define MASTER_KEY_MAX 48
+/* SSL3_RANDOM_SIZE */
+#define RANDOM_LEN 32
+/* Threads inside SSL_do_handshake at once. */
+#define MAX_HANDSHAKES 16384
+
+/* Where one OpenSSL version keeps what a key log needs: byte offsets into struct ssl_st,
+ * ssl_session_st, ssl_cipher_st and bio_st. User space picks it by the library's version
+ * (src/layout.rs, its table and the source of each) and sets it before loading. */
+struct layout {
+	__u32 version;                /* ssl_st.version (int) */
+	__u32 rbio;                   /* ssl_st.rbio (BIO *) */
+	__u32 session;                /* ssl_st.session (SSL_SESSION *) */
+	__u32 client_random;          /* ssl_st.s3.client_random[32] */
+	__u32 handshake_secret;       /* ssl_st.handshake_secret[64] */
+	__u32 handshake_traffic_hash; /* ssl_st.handshake_traffic_hash[64] */
+	__u32 client_app_secret;      /* ssl_st.client_app_traffic_secret[64] */
+	__u32 server_app_secret;      /* ssl_st.server_app_traffic_secret[64] */
+	__u32 master_key_length;      /* ssl_session_st.master_key_length (size_t) */
+	__u32 master_key;             /* ssl_session_st.master_key[] */
+	__u32 cipher;                 /* ssl_session_st.cipher (const SSL_CIPHER *) */
+	__u32 cipher_id;              /* ssl_cipher_st.id (uint32_t) */
+	__u32 bio_num;                /* bio_st.num (int: a socket BIO's descriptor) */
+	__u32 pad;
+};
+
+/* One completed handshake: what the library holds when SSL_do_handshake returns 1, read as
+ * the layout says, and the socket its read BIO's descriptor names in the process. Addresses
+ * as in struct record; family 0 when the descriptor was not an IPv4/IPv6 socket. */
+struct secret_record {
+	__u64 ssl;
+	/* CLOCK_MONOTONIC */
+	__u64 ts;
+	__u64 master_key_len;
+	__u32 tgid;
+	/* ssl_st.version: 0x0303 TLS 1.2, 0x0304 TLS 1.3 */
+	__u32 version;
+	/* ssl_cipher_st.id: 0x0300XXXX, XXXX the suite's IANA number */
+	__u32 cipher_id;
+	__u32 local[4];
+	__u32 remote[4];
+	__u16 lport;
+	__u16 rport;
+	__u16 family;
+	__u16 pad;
+	__u8 client_random[RANDOM_LEN];
+	__u8 master_key[MASTER_KEY_MAX];
+	__u8 handshake_secret[SECRET_MAX];
+	__u8 handshake_traffic_hash[SECRET_MAX];
+	__u8 client_app_secret[SECRET_MAX];
+	__u8 server_app_secret[SECRET_MAX];
+	__u32 pad2;
+};
+
 #endif

@@ -1,17 +1,24 @@
-//! tcpkit-tlsprobe: the plaintext of a TLS server's connections, read live at its own TLS
-//! library (OpenSSL 1.1/3.x, BoringSSL where the symbols exist) without touching the server.
+//! tcpkit-tlsprobe: what a TLS server's own library knows, read live by BPF uprobes without
+//! touching the server: each handshake's secrets (the secrets mode, OpenSSL of a known
+//! layout) or every call's plaintext (the per-call mode: OpenSSL 1.1/3.x, BoringSSL where the
+//! symbols exist).
 //!
 //! - bpf/tlsprobe.bpf.c: uprobes on SSL_read/SSL_write/SSL_read_ex/SSL_write_ex (entry and
 //!   return) and SSL_free, and raw tracepoints on the kernel's sock_recv_length /
 //!   sock_send_length that tie each SSL object to the socket its calls read and write (why
 //!   that way: the program's opening comment). Compiled by clang in build.rs.
+//! - bpf/tlsprobe.bpf.c's second half: a uprobe and uretprobe on SSL_do_handshake reading the
+//!   SSL object at the offsets of [`layout`] (its table by OpenSSL version) when a handshake
+//!   completes: one [`secret`] record per handshake, on a ring of its own.
 //! - [`record`]: the ring buffer's records, parsed with every length bounded.
 //! - [`Probes`]: the object loaded by aya and attached by path through the kernel's perf
 //!   uprobe PMU (no tracefs), to every process mapping the file (those started later too) or
 //!   to one. The links are file descriptors of this process: when it ends, SIGKILL included,
-//!   the kernel removes every probe.
+//!   the kernel removes every probe. [`SecretProbes`]: the same for the secrets mode.
 
+pub mod layout;
 pub mod record;
+pub mod secret;
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -22,6 +29,7 @@ use aya::programs::{RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 
 pub use record::{Kind, Record, RecordError, CHUNK};
+pub use secret::{SecretError, Secrets, TlsVersion};
 
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tlsprobe.bpf.o"));
 
@@ -57,6 +65,9 @@ pub enum ProbeError {
     Map(&'static str, #[source] aya::maps::MapError),
     #[error("{}: {what}", path.display())]
     Target { path: PathBuf, what: String },
+    /// The secrets mode: the library's version has no known layout (or none was found).
+    #[error("{}: {what}", path.display())]
+    Layout { path: PathBuf, what: String },
 }
 
 /// The probes attached, their ring buffer and counters. Dropping it (or this process ending)
@@ -124,29 +135,8 @@ impl Probes {
     /// binary with the symbols), in every process mapping it (those started later too) or,
     /// with `pid`, in that process only.
     pub fn attach(targets: &[PathBuf], pid: Option<u32>) -> Result<Probes, ProbeError> {
-        for cap in [CAP_BPF, CAP_PERFMON] {
-            if tcpkit_host_cap(cap) == Some(false) {
-                return Err(ProbeError::Permission);
-            }
-        }
-        for t in targets {
-            std::fs::File::open(t).map_err(|e| ProbeError::Target {
-                path: t.clone(),
-                what: format!("cannot open: {e}"),
-            })?;
-        }
-        let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(|e| match &e {
-            aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
-                if io_error.raw_os_error() == Some(libc::EPERM) =>
-            {
-                ProbeError::Permission
-            }
-            _ => ProbeError::Load(e),
-        })?;
-        let scope = match pid.and_then(std::num::NonZeroU32::new) {
-            Some(p) => UProbeScope::OneProcess(p),
-            None => UProbeScope::AllProcesses,
-        };
+        let mut ebpf = load(targets, &record::RawLayout::default())?;
+        let scope = scope(pid);
         for (name, tp) in [
             ("tk_sock_recv", "sock_recv_length"),
             ("tk_sock_send", "sock_send_length"),
@@ -258,12 +248,7 @@ impl Probes {
 
     /// What the programs counted so far.
     pub fn counters(&self) -> Counters {
-        let sum = |i: u32| -> u64 {
-            self.counters
-                .get(&i, 0)
-                .map(|v| v.iter().copied().fold(0u64, u64::wrapping_add))
-                .unwrap_or(0)
-        };
+        let sum = |i: u32| sum_counter(&self.counters, i);
         debug_assert_eq!(record::COUNTERS, 4);
         Counters {
             lost_records: sum(record::COUNTER_LOST_RECORDS),
@@ -279,6 +264,168 @@ impl AsRawFd for Probes {
     fn as_raw_fd(&self) -> RawFd {
         self.ring.as_raw_fd()
     }
+}
+
+/// The capabilities and the targets checked, the object loaded with `layout` set.
+fn load(targets: &[PathBuf], layout: &record::RawLayout) -> Result<Ebpf, ProbeError> {
+    for cap in [CAP_BPF, CAP_PERFMON] {
+        if tcpkit_host_cap(cap) == Some(false) {
+            return Err(ProbeError::Permission);
+        }
+    }
+    for t in targets {
+        std::fs::File::open(t).map_err(|e| ProbeError::Target {
+            path: t.clone(),
+            what: format!("cannot open: {e}"),
+        })?;
+    }
+    EbpfLoader::new()
+        .override_global("LAYOUT", layout, true)
+        .load(OBJECT)
+        .map_err(|e| match &e {
+            aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EPERM) =>
+            {
+                ProbeError::Permission
+            }
+            _ => ProbeError::Load(e),
+        })
+}
+
+fn scope(pid: Option<u32>) -> UProbeScope {
+    match pid.and_then(std::num::NonZeroU32::new) {
+        Some(p) => UProbeScope::OneProcess(p),
+        None => UProbeScope::AllProcesses,
+    }
+}
+
+// SAFETY: RawLayout is #[repr(C)] u32s only (bindgen's, padding-free: -Wpadded), so its bytes
+// are what the program's LAYOUT global holds.
+unsafe impl aya::Pod for record::RawLayout {}
+
+/// The secrets mode's probes: a uprobe and a uretprobe on SSL_do_handshake, one ring record
+/// per completed handshake (its secrets). No probe on SSL_read/SSL_write: a request on an
+/// open connection costs the server nothing. Dropping it (or this process ending) detaches
+/// them.
+pub struct SecretProbes {
+    _ebpf: Ebpf,
+    ring: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    targets: Vec<PathBuf>,
+    /// The library's release, and where its layout comes from.
+    pub release: layout::Release,
+    pub layout_source: &'static str,
+}
+
+impl std::fmt::Debug for SecretProbes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretProbes")
+            .field("targets", &self.targets)
+            .field("release", &self.release)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Each target's release and layout; they must agree (one layout serves the programs).
+pub fn layout_of(
+    targets: &[PathBuf],
+) -> Result<(layout::Release, record::RawLayout, &'static str), ProbeError> {
+    let mut found: Option<(layout::Release, record::RawLayout, &'static str)> = None;
+    for t in targets {
+        let (r, l, src) = layout::for_library(t).map_err(|what| ProbeError::Layout {
+            path: t.clone(),
+            what,
+        })?;
+        if let Some((r0, l0, _)) = &found {
+            if l0.session != l.session {
+                return Err(ProbeError::Layout {
+                    path: t.clone(),
+                    what: format!(
+                        "OpenSSL {}.{}.{} beside {}.{}.{}: one run probes one layout (run a copy per library)",
+                        r.0, r.1, r.2, r0.0, r0.1, r0.2
+                    ),
+                });
+            }
+        }
+        found = Some((r, l, src));
+    }
+    found.ok_or(ProbeError::Missing("target"))
+}
+
+impl SecretProbes {
+    /// Loads the programs with the layout of `targets`' OpenSSL version and attaches the
+    /// handshake probes to each (in every process mapping it, or only `pid`).
+    pub fn attach(targets: &[PathBuf], pid: Option<u32>) -> Result<SecretProbes, ProbeError> {
+        let (release, layout, layout_source) = layout_of(targets)?;
+        let mut ebpf = load(targets, &layout)?;
+        let scope = scope(pid);
+        for (n, what) in [("tk_hs_enter", "uprobe"), ("tk_hs_leave", "uretprobe")] {
+            let p: &mut UProbe = ebpf
+                .program_mut(n)
+                .ok_or(ProbeError::Missing(what))?
+                .try_into()
+                .map_err(|e| ProbeError::Program(what, e))?;
+            p.load().map_err(|e| ProbeError::Program(what, e))?;
+            for t in targets {
+                match p.attach("SSL_do_handshake", t, scope) {
+                    Ok(_) => {}
+                    Err(e) if no_symbol(&e) => {
+                        return Err(ProbeError::Target {
+                            path: t.clone(),
+                            what: "no SSL_do_handshake symbol: not a TLS library (give libssl.so.* or a binary with OpenSSL linked in, e.g. /usr/lib/x86_64-linux-gnu/libssl.so.3)".into(),
+                        })
+                    }
+                    Err(e) => return Err(attach_err(t, &e)),
+                }
+            }
+        }
+        let ring = RingBuf::try_from(
+            ebpf.take_map("secrets")
+                .ok_or(ProbeError::Missing("secrets"))?,
+        )
+        .map_err(|e| ProbeError::Map("secrets", e))?;
+        let counters = PerCpuArray::try_from(
+            ebpf.take_map("counters")
+                .ok_or(ProbeError::Missing("counters"))?,
+        )
+        .map_err(|e| ProbeError::Map("counters", e))?;
+        Ok(SecretProbes {
+            _ebpf: ebpf,
+            ring,
+            counters,
+            targets: targets.to_vec(),
+            release,
+            layout_source,
+        })
+    }
+
+    /// The files probed.
+    pub fn targets(&self) -> &[PathBuf] {
+        &self.targets
+    }
+
+    /// Hands at most `max` handshakes waiting in the ring to `f` (or why one did not parse);
+    /// returns how many were taken.
+    pub fn drain(&mut self, max: usize, mut f: impl FnMut(Result<Secrets, SecretError>)) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(item) = self.ring.next() else { break };
+            n += 1;
+            f(Secrets::parse(&item));
+        }
+        n
+    }
+
+    /// Handshake records the ring had no room for.
+    pub fn lost_records(&self) -> u64 {
+        sum_counter(&self.counters, record::COUNTER_LOST_RECORDS)
+    }
+}
+
+fn sum_counter(c: &PerCpuArray<MapData, u64>, i: u32) -> u64 {
+    c.get(&i, 0)
+        .map(|v| v.iter().copied().fold(0u64, u64::wrapping_add))
+        .unwrap_or(0)
 }
 
 fn tcpkit_host_cap(cap: u32) -> Option<bool> {
@@ -298,4 +445,20 @@ pub fn mono_to_realtime_ns() -> i128 {
         i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
     };
     read(libc::CLOCK_REALTIME) - read(libc::CLOCK_MONOTONIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The secrets programs pass the verifier and attach to Debian's libssl3 (root, as the
+    /// lab tests run); an unknown library is refused by name before anything loads.
+    #[test]
+    fn secret_probes_attach_to_libssl_and_refuse_a_library_without_a_layout() {
+        let lib = PathBuf::from("/usr/lib/x86_64-linux-gnu/libssl.so.3");
+        let p = SecretProbes::attach(std::slice::from_ref(&lib), None).unwrap();
+        assert_eq!((p.release.0, p.release.1), (3, 0));
+        let e = SecretProbes::attach(&[PathBuf::from("/bin/true")], None).unwrap_err();
+        assert!(matches!(e, ProbeError::Layout { .. }), "{e}");
+    }
 }

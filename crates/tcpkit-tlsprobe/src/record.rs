@@ -15,10 +15,16 @@ mod generated {
         reason = "bindgen's compile-time layout checks carry a plain #[allow]"
     )]
     #![expect(dead_code, reason = "the header's constants the loader does not name")]
+    #![expect(
+        clippy::undocumented_unsafe_blocks,
+        reason = "bindgen's Default of the secret record (arrays over 32 bytes) is a zeroed(), sound for its plain integers"
+    )]
     include!(concat!(env!("OUT_DIR"), "/tlsprobe.rs"));
 }
 
+pub(crate) use generated::layout as RawLayout;
 pub(crate) use generated::record as RawRecord;
+pub(crate) use generated::secret_record as RawSecret;
 pub(crate) use generated::{
     COUNTERS, COUNTER_LOST_BYTES, COUNTER_LOST_CHUNKS, COUNTER_LOST_RECORDS, COUNTER_UNMATCHED,
 };
@@ -79,7 +85,7 @@ pub enum RecordError {
     Kind(u8),
 }
 
-fn addr(family: u16, words: &[u32; 4], port: u16) -> SocketAddr {
+pub(crate) fn addr(family: u16, words: &[u32; 4], port: u16) -> SocketAddr {
     let ip = if family == AF_INET {
         IpAddr::V4(Ipv4Addr::from(words[0].to_ne_bytes()))
     } else {
@@ -92,6 +98,20 @@ fn addr(family: u16, words: &[u32; 4], port: u16) -> SocketAddr {
         Ipv6Addr::from(o).to_canonical()
     };
     SocketAddr::new(ip, port)
+}
+
+/// An address as the socket holds it, in the record's words (network byte order).
+pub(crate) fn words(a: &SocketAddr) -> [u32; 4] {
+    let mut w = [0u32; 4];
+    match a.ip() {
+        IpAddr::V4(v4) => w[0] = u32::from_ne_bytes(v4.octets()),
+        IpAddr::V6(v6) => {
+            for (x, c) in w.iter_mut().zip(v6.octets().chunks_exact(4)) {
+                *x = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+    }
+    w
 }
 
 impl<'a> Record<'a> {
@@ -136,18 +156,6 @@ impl<'a> Record<'a> {
 
     /// The record as the programs write it (tests and the fuzz seeds).
     pub fn emit(&self) -> Vec<u8> {
-        let words = |a: &SocketAddr| -> [u32; 4] {
-            let mut w = [0u32; 4];
-            match a.ip() {
-                IpAddr::V4(v4) => w[0] = u32::from_ne_bytes(v4.octets()),
-                IpAddr::V6(v6) => {
-                    for (x, c) in w.iter_mut().zip(v6.octets().chunks_exact(4)) {
-                        *x = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
-                    }
-                }
-            }
-            w
-        };
         let h = RawRecord {
             ssl: self.ssl,
             ts: self.ts_mono_ns,

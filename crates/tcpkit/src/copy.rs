@@ -220,8 +220,9 @@ pub struct Args {
     /// session whose secret does not come within 3 s, or that cannot be decrypted, is
     /// counted by reason and never copied. E.g. `SSLKEYLOGFILE=/tmp/keys curl ...` beside
     /// `tcpkit copy -i eth0 -x 443-10.0.0.2:8080 --tls-keylog /tmp/keys`.
-    /// Not with --tls-uprobe (the probes give the plaintext itself).
-    #[arg(long, value_name = "FILE", conflicts_with = "tls_uprobe")]
+    /// Not with --tls-uprobe (the probes give the secrets) nor --tls-uprobe-calls (the
+    /// plaintext).
+    #[arg(long, value_name = "FILE")]
     pub tls_keylog: Option<PathBuf>,
 }
 
@@ -377,8 +378,9 @@ pub fn resolve(a: &Args) -> Result<(CopyConfig, Run), Failure> {
             }
         }
     };
-    // --tls-uprobe: the plaintext comes from the probes, not a capture.
+    // --tls-uprobe-calls: the plaintext comes from the probes, not a capture.
     let input = a.uprobe.input()?.unwrap_or(input);
+    let tls_secrets = a.uprobe.secrets()?;
     let diff = if a.diff {
         if a.no_wait {
             return Err(usage(
@@ -429,6 +431,7 @@ pub fn resolve(a: &Args) -> Result<(CopyConfig, Run), Failure> {
         max_loss_percent: a.max_loss,
         filter: a.filter.clone(),
         tls_keylog: a.tls_keylog.clone(),
+        tls_secrets,
     };
     let run = Run {
         input,

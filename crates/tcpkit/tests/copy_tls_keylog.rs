@@ -385,7 +385,7 @@ fn an_unusable_key_log_is_a_usage_error() {
         err.contains("--tls-keylog") && err.contains("no such directory"),
         "{err}"
     );
-    // The probes give the plaintext themselves: the two sources together are refused.
+    // Two sources of secrets (the file, the probes) together are refused.
     let o = run(&[
         "-x",
         "443-127.0.0.1:8080",

@@ -1,4 +1,4 @@
-//! Issue 27, live from the server's TLS library: `copy --tls-uprobe` against Debian's nginx
+//! Issue 27, live from the server's TLS library: `copy --tls-uprobe-calls` against Debian's nginx
 //! over TLS (libssl3), curl making HTTPS requests with SSLKEYLOGFILE. The oracle is tshark
 //! decrypting the capture of the same sessions with curl's key log: the target (a sink in the
 //! server's host that keeps every connection's bytes) must receive each session's client
@@ -22,26 +22,26 @@ use crate::common::peer::{u, SRV};
 use crate::common::{stderr, stdout};
 
 /// The library Debian's nginx maps (checked against its /proc/PID/maps in each test).
-const LIBSSL: &str = "/usr/lib/x86_64-linux-gnu/libssl.so.3";
+pub(crate) const LIBSSL: &str = "/usr/lib/x86_64-linux-gnu/libssl.so.3";
 
-fn tcpkit() -> &'static str {
+pub(crate) fn tcpkit() -> &'static str {
     env!("CARGO_BIN_EXE_tcpkit")
 }
 
 /// The lab: curl in `cli`, nginx over TLS, copy and the sink in `srv`.
-struct TlsLab {
-    lab: Lab,
-    cli: Host,
-    srv: Host,
-    ca: TestCa,
-    port: u16,
-    keylog: PathBuf,
+pub(crate) struct TlsLab {
+    pub(crate) lab: Lab,
+    pub(crate) cli: Host,
+    pub(crate) srv: Host,
+    pub(crate) ca: TestCa,
+    pub(crate) port: u16,
+    pub(crate) keylog: PathBuf,
     /// The server's end of the link (tcpdump's interface).
-    srv_if: String,
+    pub(crate) srv_if: String,
 }
 
 impl TlsLab {
-    fn new(tag: &str, port: u16) -> TlsLab {
+    pub(crate) fn new(tag: &str, port: u16) -> TlsLab {
         let (lab, cli, srv, link) = Lab::pair(tag).unwrap_or_else(|e| panic!("{e}"));
         let ca =
             TestCa::new(&lab.dir().join("ca"), "tcpkit lab CA").unwrap_or_else(|e| panic!("{e}"));
@@ -58,7 +58,7 @@ impl TlsLab {
     }
 
     /// nginx (HTTP/1.1 over TLS) on SRV:port, its one worker's pid.
-    fn nginx(&mut self) -> (Nginx, u32) {
+    pub(crate) fn nginx(&mut self) -> (Nginx, u32) {
         let cert = self
             .ca
             .server("server", &["localhost", &SRV.to_string()])
@@ -79,7 +79,7 @@ impl TlsLab {
     }
 
     /// curl in the client host: `args` then the URLs, one connection per run, its key log.
-    fn curl(&self, args: &[&str]) {
+    pub(crate) fn curl(&self, args: &[&str]) {
         let ca = self.ca.cert();
         let mut cmd = self.cli.command(
             &[
@@ -101,13 +101,20 @@ impl TlsLab {
         assert!(o.status.success(), "curl {args:?}: {}", stderr(&o));
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("https://{SRV}:{}{path}", self.port)
     }
 
-    /// `tcpkit copy` in the server host to the sink, with `args`; returns once its probes
-    /// are attached.
-    fn copy(&self, sink: &Sink, args: &[&str]) -> Child {
+    /// `tcpkit copy --tls-uprobe-calls` in the server host to the sink, with `args`; returns
+    /// once its probes are attached (2 raw tracepoints, 5 calls' entries and returns,
+    /// SSL_free).
+    pub(crate) fn copy(&self, sink: &Sink, args: &[&str]) -> Child {
+        self.copy_with_links(sink, args, 13)
+    }
+
+    /// `tcpkit copy` in the server host to the sink, with `args`; returns once it holds
+    /// `links` BPF links.
+    pub(crate) fn copy_with_links(&self, sink: &Sink, args: &[&str], links: usize) -> Child {
         let rule = format!("{}-{}", self.port, sink.addr);
         let mut argv = vec![tcpkit(), "copy", "-x", &rule, "--json", "-q"];
         argv.extend_from_slice(args);
@@ -116,13 +123,13 @@ impl TlsLab {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let child = cmd.spawn().expect("start copy");
-        wait_attached(child.id());
+        wait_attached(child.id(), links);
         child
     }
 }
 
 /// The first child of `pid` (nginx's one worker), within 5 s.
-fn worker_of(pid: u32) -> u32 {
+pub(crate) fn worker_of(pid: u32) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let kids =
@@ -136,7 +143,7 @@ fn worker_of(pid: u32) -> u32 {
 }
 
 /// The BPF links process `pid` holds.
-fn bpf_links(pid: u32) -> usize {
+pub(crate) fn bpf_links(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| {
             d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
@@ -146,11 +153,10 @@ fn bpf_links(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-/// Waits until copy holds every link of its probes: 2 raw tracepoints, 5 calls' entries and
-/// returns, SSL_free.
-fn wait_attached(pid: u32) {
+/// Waits until copy holds `links` BPF links (every link of its probes).
+fn wait_attached(pid: u32, links: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while bpf_links(pid) < 13 {
+    while bpf_links(pid) < links {
         assert!(
             Instant::now() < deadline,
             "copy {pid} never attached its probes ({} links)",
@@ -161,7 +167,7 @@ fn wait_attached(pid: u32) {
 }
 
 /// SIGINT to copy, its --json report (it must have succeeded).
-fn stop(child: Child) -> Value {
+pub(crate) fn stop(child: Child) -> Value {
     // SAFETY: kill(2) on the process we started.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let o = child.wait_with_output().expect("copy");
@@ -171,13 +177,13 @@ fn stop(child: Child) -> Value {
 
 /// The target: keeps every connection's bytes, and answers each request head with a
 /// 200.
-struct Sink {
-    addr: SocketAddr,
+pub(crate) struct Sink {
+    pub(crate) addr: SocketAddr,
     got: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl Sink {
-    fn start(host: &Host) -> Sink {
+    pub(crate) fn start(host: &Host) -> Sink {
         let l = host.enter(|| TcpListener::bind("127.0.0.1:0").unwrap());
         let addr = l.local_addr().unwrap();
         let got = Arc::new(Mutex::new(Vec::new()));
@@ -205,14 +211,14 @@ impl Sink {
     }
 
     /// The connections closed so far, their bytes sorted.
-    fn sessions(&self) -> Vec<Vec<u8>> {
+    pub(crate) fn sessions(&self) -> Vec<Vec<u8>> {
         let mut v = self.got.lock().unwrap().clone();
         v.sort();
         v
     }
 
     /// Waits (5 s at most) until `n` connections have ended.
-    fn wait(&self, n: usize) -> Vec<Vec<u8>> {
+    pub(crate) fn wait(&self, n: usize) -> Vec<Vec<u8>> {
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.got.lock().unwrap().len() < n && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
@@ -221,7 +227,7 @@ impl Sink {
     }
 }
 
-fn unhex(s: &str) -> Vec<u8> {
+pub(crate) fn unhex(s: &str) -> Vec<u8> {
     (0..s.len() / 2)
         .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
         .collect()
@@ -231,7 +237,7 @@ fn unhex(s: &str) -> Vec<u8> {
 /// decrypts it with the key log `keylog` (`follow,tls,raw`: one node's lines unindented, the
 /// other's after a tab; node 0 is whichever sent the first decrypted bytes, named on its
 /// `Node 0:` line), sorted.
-fn tshark_client_streams(pcap: &Path, keylog: &Path, port: u16) -> Vec<Vec<u8>> {
+pub(crate) fn tshark_client_streams(pcap: &Path, keylog: &Path, port: u16) -> Vec<Vec<u8>> {
     let pcap_s = pcap.to_string_lossy();
     let streams = Command::new("tshark")
         .args([
@@ -288,23 +294,23 @@ fn tshark_client_streams(pcap: &Path, keylog: &Path, port: u16) -> Vec<Vec<u8>> 
     out
 }
 
-/// Issue 27's uprobe mode: three curl sessions (keep-alive with two requests, a POST, TLS
-/// 1.2) to nginx over TLS while copy --tls-uprobe --pid <nginx's worker> runs; the target gets
-/// each session's client plaintext exactly as tshark decrypts the capture with curl's key
-/// log, and the report counts three copied connections, none lost.
-#[test]
-fn target_gets_each_sessions_plaintext_as_tshark_decrypts_it() {
-    let mut t = TlsLab::new("tlsupr", 4431);
+/// Three curl sessions (TLS 1.3 keep-alive with two requests, a TLS 1.3 POST, TLS 1.2) to
+/// nginx over TLS while the copy `start` gives runs (given the lab, the sink and nginx's
+/// worker; started once tcpdump runs): the target must get each session's client plaintext
+/// exactly as tshark decrypts the capture with curl's key log. Returns the copy's report.
+pub(crate) fn three_sessions_as_tshark_decrypts_them(
+    tag: &str,
+    port: u16,
+    start: impl Fn(&TlsLab, &Sink, u32) -> Child,
+) -> Value {
+    let mut t = TlsLab::new(tag, port);
     let (_nginx, worker) = t.nginx();
     let sink = Sink::start(&t.srv);
     let filter = format!("tcp port {}", t.port);
     let (srv, srv_if) = (t.srv.clone(), t.srv_if.clone());
     let dump = t.lab.tcpdump(&srv, &srv_if, &filter);
     let dump = dump.unwrap_or_else(|e| panic!("{e}"));
-    let copy = t.copy(
-        &sink,
-        &["--tls-uprobe", LIBSSL, "--pid", &worker.to_string()],
-    );
+    let copy = start(&t, &sink, worker);
     let (a, b) = (t.url("/index.html"), t.url("/second?x=1"));
     t.curl(&["-H", "X-Test: keep-alive", &a, "-o", "/dev/null", &b]);
     t.curl(&["-d", "name=value&other=2", &a]);
@@ -319,37 +325,55 @@ fn target_gets_each_sessions_plaintext_as_tshark_decrypts_it() {
             .all(|w| w.starts_with(b"GET ") || w.starts_with(b"POST ")),
         "tshark did not decrypt every session"
     );
-    assert_eq!(
-        got.iter()
-            .map(|g| String::from_utf8_lossy(g))
-            .collect::<Vec<_>>(),
-        want.iter()
-            .map(|w| String::from_utf8_lossy(w))
-            .collect::<Vec<_>>()
-    );
-    let tls = &report["tls"];
-    assert_eq!(tls["source"], "uprobe", "{report:#}");
+    assert_eq!(as_text(&got), as_text(&want), "{report:#}");
     assert_eq!(u(&report, "tls.sessions.decrypted"), 3, "{report:#}");
     assert_eq!(u(&report, "tls.uprobe.lost_records"), 0, "{report:#}");
-    assert_eq!(u(&report, "tls.uprobe.pids"), 1, "{report:#}");
-    assert_eq!(tls["uprobe"]["targets"][0], LIBSSL, "{report:#}");
     assert_eq!(u(&report, "requests.at_source"), 4, "{report:#}");
     crate::common::schema::check(&crate::common::schema::load("copy"), &report, "copy");
+    report
 }
 
-/// Issue 27: nginx restarted under the probes. The probes are on the library's file, not on
-/// processes: the new nginx's worker (another pid) is covered from its start, and the session
-/// after the restart is copied as exactly as the one before.
+/// Sessions (or plaintext streams) as text, for readable failures.
+pub(crate) fn as_text(v: &[Vec<u8>]) -> Vec<String> {
+    v.iter()
+        .map(|g| String::from_utf8_lossy(g).into_owned())
+        .collect()
+}
+
+/// Issue 27's uprobe mode: three curl sessions while copy --tls-uprobe-calls --pid <nginx's
+/// worker> runs reach the target as tshark decrypts them, three copied connections, none
+/// lost.
 #[test]
-fn sessions_after_nginx_restarts_under_the_probes_are_copied() {
-    let mut t = TlsLab::new("tlsuprrs", 4432);
+fn target_gets_each_sessions_plaintext_as_tshark_decrypts_it() {
+    let report = three_sessions_as_tshark_decrypts_them("tlsupr", 4431, |t, sink, worker| {
+        t.copy(
+            sink,
+            &["--tls-uprobe-calls", LIBSSL, "--pid", &worker.to_string()],
+        )
+    });
+    let tls = &report["tls"];
+    assert_eq!(tls["source"], "uprobe", "{report:#}");
+    assert_eq!(u(&report, "tls.uprobe.pids"), 1, "{report:#}");
+    assert_eq!(tls["uprobe"]["targets"][0], LIBSSL, "{report:#}");
+    assert_eq!(tls["uprobe"]["mode"], "calls", "{report:#}");
+}
+
+/// nginx restarted under the copy `start` gives (no --pid: its probes are on the library's
+/// file, not on processes): a session before and one after the restart (another worker)
+/// must reach the target as tshark decrypts them. Returns the copy's report.
+pub(crate) fn sessions_around_a_restart(
+    tag: &str,
+    port: u16,
+    start: impl Fn(&TlsLab, &Sink) -> Child,
+) -> Value {
+    let mut t = TlsLab::new(tag, port);
     let (first, worker1) = t.nginx();
     let sink = Sink::start(&t.srv);
     let filter = format!("tcp port {}", t.port);
     let (srv, srv_if) = (t.srv.clone(), t.srv_if.clone());
     let dump = t.lab.tcpdump(&srv, &srv_if, &filter);
     let dump = dump.unwrap_or_else(|e| panic!("{e}"));
-    let copy = t.copy(&sink, &["--tls-uprobe", LIBSSL]);
+    let copy = start(&t, &sink);
     t.curl(&["-H", "X-Run: before", &t.url("/index.html")]);
     first.proc.stop().unwrap_or_else(|e| panic!("{e}"));
     let (_second, worker2) = t.nginx();
@@ -361,20 +385,23 @@ fn sessions_after_nginx_restarts_under_the_probes_are_copied() {
     let want = tshark_client_streams(&cap.path, &t.keylog, t.port);
     assert_eq!(want.len(), 2, "tshark saw {} sessions", want.len());
     assert!(String::from_utf8_lossy(&want[1]).contains("X-Run: before"));
-    assert_eq!(
-        got.iter()
-            .map(|g| String::from_utf8_lossy(g))
-            .collect::<Vec<_>>(),
-        want.iter()
-            .map(|w| String::from_utf8_lossy(w))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(as_text(&got), as_text(&want), "{report:#}");
     assert_eq!(u(&report, "tls.sessions.decrypted"), 2, "{report:#}");
     assert_eq!(u(&report, "tls.uprobe.lost_records"), 0, "{report:#}");
+    report
+}
+
+/// Issue 27: nginx restarted under the per-call probes: the new worker is covered from its
+/// start, the session after the restart copied as exactly as the one before.
+#[test]
+fn sessions_after_nginx_restarts_under_the_probes_are_copied() {
+    sessions_around_a_restart("tlsuprrs", 4432, |t, sink| {
+        t.copy(sink, &["--tls-uprobe-calls", LIBSSL])
+    });
 }
 
 /// `(link id, prog id)` of each BPF link process `pid` holds, from /proc/PID/fdinfo.
-fn links_of(pid: u32) -> Vec<(u32, u32)> {
+pub(crate) fn links_of(pid: u32) -> Vec<(u32, u32)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -404,7 +431,7 @@ fn links_of(pid: u32) -> Vec<(u32, u32)> {
 }
 
 /// Whether `bpftool OBJ show id ID` still finds the object.
-fn bpftool_has(obj: &str, id: u32) -> bool {
+pub(crate) fn bpftool_has(obj: &str, id: u32) -> bool {
     Command::new("bpftool")
         .args([obj, "show", "id", &id.to_string()])
         .output()
@@ -423,7 +450,7 @@ fn sigkill_of_copy_leaves_no_probe_attached() {
     let sink = Sink::start(&t.srv);
     let copy = t.copy(
         &sink,
-        &["--tls-uprobe", LIBSSL, "--pid", &worker.to_string()],
+        &["--tls-uprobe-calls", LIBSSL, "--pid", &worker.to_string()],
     );
     t.curl(&[&t.url("/index.html")]);
     assert_eq!(sink.wait(1).len(), 1, "the session was not copied");
@@ -491,119 +518,21 @@ fn sigkill_of_copy_leaves_no_probe_attached() {
 
 /// CPU time process `pid` has run, in nanoseconds (user and system: /proc/PID/schedstat's
 /// first field, exact where /proc/PID/stat counts 10 ms ticks).
-fn cpu_ns(pid: u32) -> u64 {
+pub(crate) fn cpu_ns(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("/proc/{pid}/schedstat"))
 }
 
-/// A wrk run's request count and p99 latency in microseconds.
-fn wrk(t: &TlsLab, secs: u32, conns: u32) -> (u64, f64) {
-    let d = format!("{secs}s");
-    let c = conns.to_string();
-    let url = t.url("/index.html");
-    let o = t
-        .cli
-        .command(&["wrk", "-t1", "-c", &c, "-d", &d, "--latency", &url])
-        .output()
-        .expect("wrk");
-    let out = stdout(&o);
-    let requests = out
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .split_once(" requests in ")
-                .map(|(n, _)| n.parse().ok())
-        })
-        .flatten()
-        .unwrap_or_else(|| panic!("wrk: {out}"));
-    let p99 = out
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("99%"))
-        .map(|v| {
-            let v = v.trim();
-            let (n, unit) = v.split_at(v.find(|c: char| c.is_ascii_alphabetic()).unwrap());
-            let n: f64 = n.parse().unwrap();
-            match unit {
-                "us" => n,
-                "ms" => n * 1e3,
-                "s" => n * 1e6,
-                _ => panic!("wrk unit {unit}"),
-            }
-        })
-        .unwrap_or_else(|| panic!("wrk: {out}"));
-    (requests, p99)
-}
-
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-/// What the probes cost nginx (issue 27's benchmark row): nginx's worker CPU per request
-/// and wrk's p99 over HTTPS keep-alive, with and without `copy --tls-uprobe` attached
-/// (by path, as in production), `rounds` interleaved runs of `secs` each (the order of the
-/// two swapped every round), medians. Printed as one JSON line; not a test (the bench runs
-/// it on a quiet machine): `cargo test -p tcpkit --profile suite --test integration --
-/// copy_tls_uprobe::probe_cost_on_nginx --ignored --exact --nocapture`, ROUNDS and SECS
-/// from TCPKIT_UPROBE_COST_ROUNDS / _SECS (5 and 3).
-#[test]
-#[ignore = "a measurement for the bench, minutes long"]
-fn probe_cost_on_nginx() {
-    let env = |k: &str, d: u32| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let rounds = env("TCPKIT_UPROBE_COST_ROUNDS", 5);
-    let secs = env("TCPKIT_UPROBE_COST_SECS", 3);
-    let mut t = TlsLab::new("tlsuprcost", 4434);
-    let cert =
-        t.ca.server("server", &["localhost", &SRV.to_string()])
-            .unwrap_or_else(|e| panic!("{e}"));
-    let mut conf = NginxConf::https(SocketAddr::from((SRV, t.port)), cert);
-    (conf.http2, conf.access_log) = (false, false);
-    let nginx = t.lab.nginx(&t.srv, &conf).unwrap_or_else(|e| panic!("{e}"));
-    let worker = worker_of(nginx.proc.pid());
-    let sink = Sink::start(&t.srv);
-    wrk(&t, 1, 8); // warm-up: sessions cached, pages in memory
-    let (mut cpu, mut p99) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
-    for round in 0..rounds {
-        let order = if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for probed in order {
-            let copy = probed.then(|| t.copy(&sink, &["--tls-uprobe", LIBSSL]));
-            let c0 = cpu_ns(worker);
-            let (n, p) = wrk(&t, secs, 8);
-            let c1 = cpu_ns(worker);
-            if let Some(c) = copy {
-                stop_any(c);
-            }
-            cpu[usize::from(probed)].push((c1 - c0) as f64 / n as f64);
-            p99[usize::from(probed)].push(p);
-        }
-    }
-    let (off, on) = (median(&mut cpu[0]), median(&mut cpu[1]));
-    let (p_off, p_on) = (median(&mut p99[0]), median(&mut p99[1]));
-    println!(
-        "{}",
-        serde_json::json!({
-            "rounds": rounds, "secs": secs,
-            "cpu_ns_per_request": {"without": off, "with": on, "added_percent": (on / off - 1.0) * 100.0},
-            "p99_us": {"without": p_off, "with": p_on},
-            "runs": {"cpu_without": cpu[0], "cpu_with": cpu[1], "p99_without": p99[0], "p99_with": p99[1]},
-        })
-    );
-}
-
 /// SIGINT to copy and its end, whatever its exit status (the measurement's copies may count
 /// requests lost at the cut).
-fn stop_any(child: Child) {
+pub(crate) fn stop_any(child: Child) {
     // SAFETY: kill(2) on the process we started.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let _ = child.wait_with_output();

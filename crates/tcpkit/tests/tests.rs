@@ -17,6 +17,7 @@ mod copy_on_target;
 mod copy_server_first;
 mod copy_target_tls;
 mod copy_tls_keylog;
+mod copy_tls_secrets;
 mod copy_tls_uprobe;
 mod copy_transparent;
 mod copy_transparent_faults;

@@ -1,4 +1,4 @@
-//! `--tls-uprobe`'s input: the probes' records (tcpkit-tlsprobe: the plaintext a TLS server's
+//! `--tls-uprobe-calls`' input: the probes' records (tcpkit-tlsprobe: the plaintext a TLS server's
 //! library read and wrote, per SSL object, tied to its socket) turned into the reassembler's
 //! [`Event`]s, so every copy mode takes plaintext as it takes reassembled TCP (issue 27's
 //! contract): Open (`syn_seen` false for a connection joined mid-stream, open before the

@@ -12,10 +12,12 @@
 //! session closes with is its plaintext request turns.
 
 mod file;
+mod probe;
 #[cfg(test)]
 mod tests;
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -23,13 +25,61 @@ use bytes::Bytes;
 use mio::{Events, Registry};
 use rustc_hash::FxHashMap;
 use tcpkit_pace::now_ns;
-use tcpkit_tls::decrypt::{Conn, Side, Status, Stop};
+use tcpkit_tls::decrypt::{Conn, KeyLog, Side, Status, Stop};
 
 use crate::config::{CopyConfig, CopyCounters};
 use crate::feed::Consumer;
 use crate::reasm::{CloseKind, Dir, Event, SessionId, TrackerConfig};
 use crate::report::{CopyReport, KeylogStats, TlsStats};
 use file::KeyLogFile;
+use probe::ProbeKeys;
+
+/// Where the sessions' secrets come from.
+#[derive(Debug)]
+pub(crate) enum Keys {
+    /// `--tls-keylog`: an NSS key log file, read as it grows.
+    File(KeyLogFile),
+    /// `--tls-uprobe`: the secrets the server's TLS library held at each handshake's end.
+    Probes(Box<ProbeKeys>),
+}
+
+impl Keys {
+    /// `--tls-keylog FILE`.
+    pub(crate) fn file(path: &Path) -> Keys {
+        Keys::File(KeyLogFile::new(path))
+    }
+
+    /// `--tls-uprobe`: the secrets probes, attached.
+    pub(crate) fn probes(p: tcpkit_tlsprobe::SecretProbes) -> Keys {
+        Keys::Probes(Box::new(ProbeKeys::new(p)))
+    }
+
+    fn poll(&mut self) -> bool {
+        match self {
+            Keys::File(f) => f.poll(),
+            Keys::Probes(p) => p.poll(),
+        }
+    }
+
+    fn log(&self) -> &KeyLog {
+        match self {
+            Keys::File(f) => &f.log,
+            Keys::Probes(p) => &p.log,
+        }
+    }
+
+    /// Probes only: their handshake on this connection was seen.
+    fn saw(&self, client: SocketAddr, server: SocketAddr) -> bool {
+        match self {
+            Keys::File(_) => false,
+            Keys::Probes(p) => p.saw(client, server),
+        }
+    }
+}
+
+/// Why a session the probes saw complete its handshake has no secret: the client random they
+/// read is not its ClientHello's.
+pub(crate) const LAYOUT_MISMATCH: &str = "probe_layout_mismatch";
 
 /// How long a session waits for its secret in the key log.
 pub(crate) const KEY_WAIT_NS: u64 = 3_000_000_000;
@@ -71,7 +121,7 @@ struct Sess {
 
 #[derive(Debug)]
 struct State {
-    keylog: KeyLogFile,
+    keylog: Keys,
     sessions: FxHashMap<SessionId, Sess>,
     stats: TlsStats,
     held_bytes: usize,
@@ -114,7 +164,7 @@ fn event_bytes(ev: &Event) -> usize {
 }
 
 impl<'a, C: Consumer> Layer<'a, C> {
-    pub(crate) fn new(inner: &'a mut C, keylog: &Path) -> Layer<'a, C> {
+    pub(crate) fn new(inner: &'a mut C, keylog: Keys) -> Layer<'a, C> {
         let max_held = (inner.cfg().max_memory / 8).max(PENDING_PER_SESSION);
         Layer {
             inner,
@@ -130,18 +180,26 @@ impl<'a, C: Consumer> Layer<'a, C> {
         self.st.retry_waiting(u64::MAX, true, &mut out);
         self.inner.on_events(&mut out, 0);
         let st = &mut self.st;
-        let k = &st.keylog.log;
-        st.stats.keylog = Some(KeylogStats {
-            lines: k.lines,
-            bad_lines: k.bad_lines,
-            secrets: k.secrets,
-        });
+        match &st.keylog {
+            Keys::File(f) => {
+                let k = &f.log;
+                st.stats.keylog = Some(KeylogStats {
+                    lines: k.lines,
+                    bad_lines: k.bad_lines,
+                    secrets: k.secrets,
+                });
+            }
+            Keys::Probes(p) => {
+                st.stats.source = "uprobe".into();
+                st.stats.uprobe = Some(p.stats());
+            }
+        }
         self.inner.report().tls = Some(std::mem::take(&mut st.stats));
     }
 }
 
 impl State {
-    fn new(keylog: &Path, max_held: usize) -> State {
+    fn new(mut keylog: Keys, max_held: usize) -> State {
         let mut stats = TlsStats {
             source: "keylog".into(),
             ..TlsStats::default()
@@ -149,7 +207,6 @@ impl State {
         for v in ["TLSv1.2", "TLSv1.3"] {
             stats.versions.insert(v.into(), 0);
         }
-        let mut keylog = KeyLogFile::new(keylog);
         keylog.poll();
         State {
             keylog,
@@ -198,6 +255,12 @@ impl State {
     /// it brought secrets, given up past their wait.
     fn tick(&mut self, now: u64, out: &mut Vec<Event>) {
         if self.waiting.is_empty() {
+            // The probes' ring is drained all the same: its records are each handshake's,
+            // and a ring left full loses the next ones.
+            if matches!(self.keylog, Keys::Probes(_)) && now >= self.last_poll + POLL_NS {
+                self.last_poll = now;
+                self.keylog.poll();
+            }
             return;
         }
         if now >= self.last_poll + POLL_NS {
@@ -208,8 +271,8 @@ impl State {
     }
 
     fn retry_waiting(&mut self, now: u64, last: bool, out: &mut Vec<Event>) {
-        let fresh = self.keylog.log.secrets != self.tried_at_secrets;
-        self.tried_at_secrets = self.keylog.log.secrets;
+        let fresh = self.keylog.log().secrets != self.tried_at_secrets;
+        self.tried_at_secrets = self.keylog.log().secrets;
         let mut ids = std::mem::take(&mut self.waiting);
         ids.retain(|id| self.sessions.get(id).is_some_and(|s| s.waiting.is_some()));
         ids.sort_unstable();
@@ -224,7 +287,11 @@ impl State {
             let Some((since, _, _)) = s.waiting else {
                 continue;
             };
-            if last || now.saturating_sub(since) > KEY_WAIT_NS {
+            let o = &s.opening;
+            if self.keylog.saw(o.client, o.server) {
+                // The probes read this connection's handshake, yet no secret fits it.
+                self.give_up(id, Some(&Stop::Unsupported(LAYOUT_MISMATCH.into())));
+            } else if last || now.saturating_sub(since) > KEY_WAIT_NS {
                 self.give_up(id, None);
             } else {
                 self.waiting.push(id);
@@ -240,7 +307,7 @@ impl State {
         let mut chunks = std::mem::take(&mut self.chunks);
         let r = s
             .conn
-            .push(Side::Client, &[], &self.keylog.log, &mut |side, p| {
+            .push(Side::Client, &[], self.keylog.log(), &mut |side, p| {
                 chunks.push((side, Bytes::copy_from_slice(p)));
             });
         self.chunks = chunks;
@@ -385,7 +452,7 @@ impl State {
                 let mut chunks = std::mem::take(&mut self.chunks);
                 let r = s
                     .conn
-                    .push(dir_side(dir), &bytes, &self.keylog.log, &mut |side, p| {
+                    .push(dir_side(dir), &bytes, self.keylog.log(), &mut |side, p| {
                         chunks.push((side, Bytes::copy_from_slice(p)));
                     });
                 self.chunks = chunks;

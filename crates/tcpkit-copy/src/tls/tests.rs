@@ -99,7 +99,7 @@ fn with_whole_key_log() -> (tempfile::TempDir, Vec<(Dir, Vec<u8>)>, State) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys");
     std::fs::write(&path, &log).unwrap();
-    let st = State::new(&path, 1 << 20);
+    let st = State::new(Keys::file(&path), 1 << 20);
     (dir, flow, st)
 }
 
@@ -122,7 +122,7 @@ fn a_session_waits_for_its_secret_and_then_counts_no_secret() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys");
     // Not there yet: the session is held, nothing reaches the front.
-    let mut st = State::new(&path, 1 << 20);
+    let mut st = State::new(Keys::file(&path), 1 << 20);
     let mut evs = events(&flow, true);
     st.process(&mut evs, 1);
     assert!(evs.is_empty());
@@ -135,7 +135,7 @@ fn a_session_waits_for_its_secret_and_then_counts_no_secret() {
     assert_eq!(front(&evs), (true, payload.clone(), payload, Some(1)));
     assert_eq!(st.held_bytes, 0);
     // Never there: no_secret past the wait, nothing out, nothing held.
-    let mut st = State::new(&dir.path().join("other"), 1 << 20);
+    let mut st = State::new(Keys::file(&dir.path().join("other")), 1 << 20);
     let mut evs = events(&flow, true);
     st.process(&mut evs, 1);
     st.process(&mut evs, 1 + KEY_WAIT_NS / 2);
@@ -184,4 +184,81 @@ fn sessions_that_cannot_be_followed_are_counted_and_never_opened() {
     ));
     assert_eq!(st.stats.sessions.failed, 1);
     assert!(st.sessions.is_empty());
+}
+
+/// The trace's secrets as the probes would read them from the server's SSL object: its
+/// client random and application traffic secrets (from its key log), its handshake secret and
+/// ClientHello..ServerHello hash (RFC 8448 section 3), on the session's socket pair.
+fn rfc8448_probed(log: &[u8], random: Option<[u8; 32]>) -> tcpkit_tlsprobe::Secrets {
+    let text = String::from_utf8_lossy(log);
+    let field = |label: &str, i: usize| -> Vec<u8> {
+        let l = text.lines().find(|l| l.starts_with(label)).unwrap();
+        let h = l.split(' ').nth(i).unwrap();
+        (0..h.len() / 2)
+            .map(|k| u8::from_str_radix(&h[2 * k..2 * k + 2], 16).unwrap())
+            .collect()
+    };
+    let at64 = |v: &[u8]| {
+        let mut a = [0u8; 64];
+        a[..v.len()].copy_from_slice(v);
+        a
+    };
+    let unhex = |s: &str| -> Vec<u8> {
+        (0..s.len() / 2)
+            .map(|k| u8::from_str_radix(&s[2 * k..2 * k + 2], 16).unwrap())
+            .collect()
+    };
+    tcpkit_tlsprobe::Secrets {
+        ssl: 1,
+        tgid: 2,
+        ts_mono_ns: 3,
+        version: tcpkit_tlsprobe::TlsVersion::Tls13,
+        suite: 0x1301,
+        client_random: random
+            .unwrap_or_else(|| field("CLIENT_TRAFFIC_SECRET_0", 1).try_into().unwrap()),
+        master_key: Vec::new(),
+        handshake_secret: at64(&unhex(
+            "1dc826e93606aa6fdc0aadc12f741b01046aa6b99f691ed221a9f0ca043fbeac",
+        )),
+        handshake_hash: at64(&unhex(
+            "860c06edc07858ee8e78f0e7428c58edd6b43f2ca3e6e95f02ed063cf0e1cad8",
+        )),
+        client_app: at64(&field("CLIENT_TRAFFIC_SECRET_0", 2)),
+        server_app: at64(&field("SERVER_TRAFFIC_SECRET_0", 2)),
+        sockets: Some((
+            "198.18.1.2:443".parse().unwrap(),
+            "198.18.1.1:40000".parse().unwrap(),
+        )),
+    }
+}
+
+/// `--tls-uprobe`'s keys: the trace's secrets as the probes read them decrypt the trace (the
+/// handshake traffic secrets derived as its key log gives them); read with another client
+/// random (a layout that is not the library's) on the same connection, the session counts
+/// `probe_layout_mismatch` at once, never copied.
+#[test]
+fn probe_secrets_decrypt_the_trace_and_a_wrong_random_is_a_layout_mismatch() {
+    let (log, flow) = rfc8448();
+    let mut lines = String::new();
+    probe::keylog_lines(&rfc8448_probed(&log, None), &mut lines);
+    let text = String::from_utf8_lossy(&log);
+    for l in lines.lines() {
+        assert!(text.lines().any(|k| k == l), "{l} is not the trace's");
+    }
+    let mut keys = ProbeKeys::detached();
+    keys.take(Ok(rfc8448_probed(&log, None)));
+    let mut st = State::new(Keys::Probes(Box::new(keys)), 1 << 20);
+    let mut evs = events(&flow, true);
+    st.process(&mut evs, 1);
+    let payload: Vec<u8> = (0..50).collect();
+    assert_eq!(front(&evs), (true, payload.clone(), payload, Some(1)));
+
+    let mut keys = ProbeKeys::detached();
+    keys.take(Ok(rfc8448_probed(&log, Some([0x55; 32]))));
+    let mut st = State::new(Keys::Probes(Box::new(keys)), 1 << 20);
+    let mut evs = events(&flow, true);
+    st.process(&mut evs, 1);
+    assert!(evs.is_empty(), "{evs:?}");
+    assert_eq!(st.stats.sessions.unsupported[LAYOUT_MISMATCH], 1);
+    assert_eq!((st.stats.sessions.no_secret, st.held_bytes), (0, 0));
 }

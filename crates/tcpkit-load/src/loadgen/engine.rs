@@ -5,18 +5,19 @@
 //! [`super::interval`]), timeouts, and what it counted.
 //!
 //! The loop is: send what is due, read what arrived, sweep for timeouts every few ms, and
-//! sleep until the next due time on the thread's timerfd ([`super::wake`]), so sends leave on
-//! time without a 1 ms epoll granularity. Queries never wait for answers (open loop); when no
+//! sleep until the next due time in epoll_pwait2 (a timerfd on kernels before 5.11;
+//! [`super::wake`]), so sends leave on time without a 1 ms epoll granularity. Queries never wait for answers (open loop); when no
 //! connection can take a query, the schedule falls behind and the lag is measured.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token};
+use mio::{Interest, Poll, Token};
 use tcpkit_pace::{now_ns, TokenBucket};
 use tcpkit_stats::{HdrLog, Histogram};
 
@@ -286,7 +287,6 @@ pub(crate) fn run_thread(
 ) -> Result<ThreadOut, LoadError> {
     let io_err = |what: &'static str| move |e: io::Error| LoadError::Io { what, source: e };
     let mut poll = Poll::new().map_err(io_err("epoll_create"))?;
-    let mut events = Events::with_capacity(1024);
     let mut wake = Wake::new().map_err(|e| LoadError::Io {
         what: "timerfd_create",
         source: e.into(),
@@ -367,7 +367,7 @@ pub(crate) fn run_thread(
         handed_back: Vec::new(),
         retry: VecDeque::new(),
     };
-    w.run(&mut poll, &mut events, &mut wake);
+    w.run(&mut poll, &mut wake);
     Ok(w.finish())
 }
 
@@ -376,7 +376,7 @@ impl Worker<'_, '_> {
         self.base + i as u64 * self.stride
     }
 
-    fn run(&mut self, poll: &mut Poll, events: &mut Events, wake: &mut Wake) {
+    fn run(&mut self, poll: &mut Poll, wake: &mut Wake) {
         let sweep_every =
             (self.sh.cfg.timeout.as_nanos() as u64 / 20).clamp(10_000_000, 100_000_000);
         let mut next_sweep = 0u64;
@@ -487,29 +487,31 @@ impl Worker<'_, '_> {
                 let at = c.since.max(now + self.bucket.time_until(now, 1));
                 deadline = deadline.min(at);
             }
-            let timeout = wake.until(deadline, now);
-            if let Err(e) = poll.poll(events, timeout) {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    self.count_error("epoll_wait");
+            let n = match wake.wait(poll.as_raw_fd(), deadline, now) {
+                Ok(n) => n,
+                Err(e) => {
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        self.count_error("epoll_wait");
+                    }
+                    continue;
                 }
-                continue;
-            }
+            };
             let now = now_ns();
-            for ev in events.iter() {
-                let tok = ev.token();
-                if tok == TIMER {
+            for k in 0..n {
+                let ev = wake.ready(k);
+                if ev.token == TIMER.0 {
                     wake.fired(now);
                     continue;
                 }
-                let i = tok.0;
+                let i = ev.token;
                 if i >= self.conns.len() {
                     continue;
                 }
                 self.on_event(
                     i,
-                    ev.is_readable() || ev.is_read_closed() || ev.is_error(),
-                    ev.is_writable() || ev.is_error(),
-                    ev.is_read_closed() || ev.is_error(),
+                    ev.readable || ev.read_closed || ev.error,
+                    ev.writable || ev.error,
+                    ev.read_closed || ev.error,
                     now,
                 );
             }

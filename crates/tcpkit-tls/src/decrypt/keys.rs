@@ -184,12 +184,20 @@ impl hkdf::KeyType for Len {
 
 /// HKDF-Expand-Label(secret, label, "", out.len()) of RFC 8446 7.1.
 pub fn expand_label(hash: Hash, secret: &[u8], label: &[u8], out: &mut [u8]) {
+    expand_label_ctx(hash, secret, label, &[], out);
+}
+
+/// HKDF-Expand-Label(secret, label, context, out.len()) of RFC 8446 7.1 (`context` a
+/// transcript hash, at most 255 bytes).
+pub fn expand_label_ctx(hash: Hash, secret: &[u8], label: &[u8], context: &[u8], out: &mut [u8]) {
     let prk = hkdf::Prk::new_less_safe(hash.hkdf(), secret);
     // Every output here is a key, an IV or a secret: at most 48 bytes, far under HKDF's
     // 255 * hash length, so expand cannot fail; the labels are ours and short.
     let len = (out.len() as u16).to_be_bytes();
     let label_len = [(6 + label.len()) as u8];
-    let info: [&[u8]; 5] = [&len, &label_len, b"tls13 ", label, &[0]];
+    let context = &context[..context.len().min(255)];
+    let context_len = [context.len() as u8];
+    let info: [&[u8]; 6] = [&len, &label_len, b"tls13 ", label, &context_len, context];
     let filled = prk
         .expand(&info, Len(out.len()))
         .and_then(|okm| okm.fill(out));
