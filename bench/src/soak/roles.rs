@@ -323,16 +323,32 @@ impl Role for CopyRole {
                 json_u(r, "memory.peak_held_bytes") as f64 / 1e6
             );
             checks.push(lost);
+            // copy's requests are turns: HTTP/1 requests the keep-alive load pipelined (sent
+            // before the answer to the one before, whenever nginx was slower than the 20 ms
+            // between a connection's requests) share one, and copy counts them apart.
+            let piped = json_u(r, "requests.pipelined");
             checks.push(Check::equal(
-                &format!("{name}: counters equal (its requests at source vs the online log)"),
-                ("at source", json_u(r, "requests.at_source")),
+                &format!(
+                    "{name}: counters equal (its requests at source, pipelined ones included, \
+                     vs the online log)"
+                ),
+                (
+                    "at source + pipelined",
+                    json_u(r, "requests.at_source") + piped,
+                ),
                 ("online", online),
             ));
-            checks.push(Check::equal(
-                &format!("{name}: counters equal (its requests answered vs the target's log)"),
-                ("answered", json_u(r, "requests.answered")),
-                ("at target", at_target),
-            ));
+            // The answers are counted by turn too, and which turns held pipelined requests
+            // is not told apart at the answer: the target's log lies between.
+            let answered = json_u(r, "requests.answered");
+            checks.push(Check {
+                target: format!(
+                    "{name}: counters agree (its requests answered vs the target's log)"
+                ),
+                figures: format!("answered {answered}, pipelined {piped} vs at target {at_target}"),
+                bound: "answered ≤ at target ≤ answered + pipelined".to_string(),
+                met: answered <= at_target && at_target <= answered + piped,
+            });
         }
         Ok(checks)
     }

@@ -479,6 +479,7 @@ fn run_input<C: Consumer>(
                     // Feed every frame that is due.
                     let mut ended = false;
                     let mut wait = Duration::from_millis(50);
+                    let mut next_ts = None;
                     loop {
                         let p = match it.peek() {
                             None => {
@@ -497,6 +498,7 @@ fn run_input<C: Consumer>(
                         let due = wall0.saturating_add(clock.due(p.ts_ns));
                         if due > now {
                             wait = Duration::from_nanos(due - now);
+                            next_ts = Some(p.ts_ns);
                             break;
                         }
                         it.next();
@@ -527,8 +529,14 @@ fn run_input<C: Consumer>(
                         break;
                     }
                     // The capture's clock runs on while we wait for the next frame, so holes
-                    // and idle sessions time out as they would have.
+                    // and idle sessions time out as they would have; never up to that frame's
+                    // own time, though, which may be due already (the frames above took long
+                    // to feed, or the process was held up: a loaded host, --speed N
+                    // multiplying every delay): ticking past it would time out a hole before
+                    // frames the capture has before the timeout, and a file's sessions would
+                    // end by the host's load, not by the capture.
                     if let Some(t) = clock.capture_now(now_ns().saturating_sub(wall0)) {
+                        let t = next_ts.map_or(t, |n: u64| t.min(n.saturating_sub(1)));
                         tracker.tick(t, &mut evs);
                         c.on_events(&mut evs, tracker.stats().memory_bytes);
                     }

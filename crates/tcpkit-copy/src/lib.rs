@@ -6,6 +6,8 @@
 //! - [`feed`]: the input of every copy mode, a live capture or a capture file at its pace.
 //! - `turns`: a captured session's request turns and think times, with `--diff`'s original
 //!   answers, the same for every mode.
+//! - [`pipeline`]: the HTTP/1 requests a client pipelined inside one turn, counted apart
+//!   (`requests.pipelined`).
 //! - [`transfer`]: the `-x` rules (tcpcopy calls them transfers), the server ports tracked and the live capture's filter.
 //! - [`sample`]: `-r` / `--ramp`, session-consistent sampling.
 //! - [`proxy`]: the PROXY v2 header of `--proxy-protocol`.
@@ -45,6 +47,7 @@ pub mod merged;
 pub use front::RunError;
 pub mod intercept;
 pub mod metrics;
+pub mod pipeline;
 pub mod proxy;
 pub mod reasm;
 pub mod relay;

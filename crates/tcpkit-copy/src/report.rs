@@ -297,6 +297,13 @@ pub struct RequestStats {
     /// count too: never copied, they are lost like any other (the ratio must not hide what
     /// the capture dropped).
     pub at_source: u64,
+    /// HTTP/1 requests of the selected sessions a client sent before the answer to the one
+    /// before (pipelining), once per copy: they share that one's turn, so at_source counts
+    /// them with it, and `at_source + pipelined` is what the server's access log counts.
+    /// Counted where the client's stream frames as HTTP/1 (see [`crate::pipeline`]); 0 for
+    /// other protocols. Absent from reports older than it (read as 0).
+    #[serde(default)]
+    pub pipelined: u64,
     /// Requests sent to the target.
     pub copied: u64,
     /// Requests the target answered.
@@ -650,6 +657,14 @@ impl Report for CopyReport {
             r.answered,
             pct(r.loss_ratio_percent)
         );
+        if r.pipelined > 0 {
+            // Without it a server's access log shows more requests than at source.
+            let _ = writeln!(
+                s,
+                "Pipelined: {} more HTTP/1 requests sent within those, before the answer to the one before",
+                r.pipelined
+            );
+        }
         let _ = writeln!(
             s,
             "Bytes: {} copied, {} answered, {} skipped joining mid-stream",
@@ -789,6 +804,7 @@ mod tests {
             },
             requests: RequestStats {
                 at_source: 2000,
+                pipelined: 0,
                 copied: 2000,
                 answered: 1999,
                 loss_ratio_percent: 0.0,

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use tcpkit_pace::Speed;
 
 use crate::diff::{Differ, OrigSide, Resp};
+use crate::pipeline::Pipeline;
 
 /// How late an answer may reach a copy, past the original server's time, and still not push
 /// the next request back. A copy learns of its answers later than the client did of the
@@ -60,10 +61,12 @@ pub(crate) enum ClientBytes {
     /// Joined mid-stream and no server turn seen yet: not copied.
     Skipped,
     /// Copied; `start` when they begin a request, `answer` (with `--diff`) the original
-    /// answer to the request before, with its index, for every copy.
+    /// answer to the request before, with its index, for every copy; `pipelined`: HTTP/1
+    /// requests that began in them before the answer to the one before ([`Pipeline`]).
     Copy {
         start: Option<ReqStart>,
         answer: Option<(u64, Rc<Resp>)>,
+        pipelined: u64,
     },
 }
 
@@ -84,6 +87,8 @@ pub(crate) struct Turns {
     last_start_ts: Option<u64>,
     /// `--diff`: the original server's answers, cut at request starts.
     diff: Option<OrigSide>,
+    /// The client's stream framed as HTTP/1 requests, for those pipelined within a turn.
+    pipe: Pipeline,
 }
 
 impl Turns {
@@ -98,6 +103,7 @@ impl Turns {
             last_server_ts: None,
             last_start_ts: None,
             diff: differ.map(|d| d.original(syn_seen)),
+            pipe: Pipeline::default(),
         }
     }
 
@@ -105,6 +111,7 @@ impl Turns {
     /// they answer when they are the first of its answer.
     pub fn server(&mut self, bytes: &[u8], ts: u64) -> Option<u64> {
         self.skipping = false;
+        self.pipe.server();
         let lat = self
             .in_request
             .then(|| ts.saturating_sub(self.last_client_ts));
@@ -123,6 +130,7 @@ impl Turns {
     /// marked incomplete.
     pub fn server_gap(&mut self, len: u64, ts: u64) {
         self.skipping = false;
+        self.pipe.server();
         self.in_request = false;
         self.server_turn = true;
         self.last_server_ts = Some(ts);
@@ -170,7 +178,12 @@ impl Turns {
             Some(r)
         };
         self.last_client_ts = ts;
-        ClientBytes::Copy { start, answer }
+        let pipelined = self.pipe.client(bytes);
+        ClientBytes::Copy {
+            start,
+            answer,
+            pipelined,
+        }
     }
 
     /// Requests the capture saw in this session that never reached the copies: `seen`, the

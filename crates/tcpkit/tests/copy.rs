@@ -158,3 +158,39 @@ fn a_syn_lost_while_the_target_accepts_others_is_retransmitted_not_stood_back() 
     assert_all_answered(&r);
     assert_eq!(lines(&tg_log).len(), before + 3, "{r:#}");
 }
+
+/// A client that pipelines HTTP/1 requests (sends the next before the answer to the one
+/// before, as a keep-alive load on its schedule does whenever the server is slower than its
+/// interval) puts them in one request turn, which `at_source` counts once: the soak's copy
+/// role found at_source 10 % under the online nginx's log with nothing lost. They are counted
+/// apart in `requests.pipelined`, so that at_source + pipelined is the server's log. One
+/// connection: 3 GETs in one write, their 3 answers, then a 4th GET (with its close).
+#[test]
+fn pipelined_http_requests_are_counted_apart_from_their_turn() {
+    let mut l = CopyLab::new("cppipe");
+    let (on_log, tg_log) = l.nginx_pair();
+    let c = l.copy_rule(&rule_8080(), &["--duration", "1.5", "--json"]);
+    let client = format!(
+        "import socket,time\n\
+         g=b'GET /hello.txt HTTP/1.1\\r\\nHost: a\\r\\n\\r\\n'\n\
+         s=socket.create_connection(('{ONLINE}',8080))\n\
+         s.sendall(g*3)\n\
+         got=b''\n\
+         while got.count(b'hello from the lab')<3:\n    got+=s.recv(65536)\n\
+         time.sleep(0.1)\n\
+         s.sendall(b'GET /hello.txt HTTP/1.1\\r\\nHost: a\\r\\nConnection: close\\r\\n\\r\\n')\n\
+         while s.recv(65536): pass\n"
+    );
+    let o = l.client(&["python3", "-c", &client]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = copy_report(c);
+    assert_eq!(lines(&on_log).len(), 4);
+    // Two turns (the three pipelined GETs, then the fourth), and the two GETs sent inside the
+    // first one before the answer to the one before them.
+    assert_eq!(u(&r, "requests.at_source"), 2, "{r:#}");
+    assert_eq!(u(&r, "requests.pipelined"), 2, "{r:#}");
+    // The copy sends the turn as it came: the target sees all four.
+    assert_eq!(lines(&tg_log).len(), 4, "{r:#}");
+    assert_all_completed(&r);
+    check_schema(&r);
+}

@@ -804,15 +804,21 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
                 }
             }
             Dir::ClientToServer => {
-                let (start, answer) =
+                let (start, answer, pipelined) =
                     match s.turns.client(bytes, ts, f.max_think_ns, f.differ.as_ref()) {
                         ClientBytes::Skipped => {
                             f.report.requests.bytes_skipped_joining += bytes.len() as u64;
                             return;
                         }
-                        ClientBytes::Copy { start, answer } => (start, answer),
+                        ClientBytes::Copy {
+                            start,
+                            answer,
+                            pipelined,
+                        } => (start, answer, pipelined),
                     };
                 let n = s.copies.len();
+                // Once per copy, as at_source counts.
+                f.report.requests.pipelined += pipelined * n as u64;
                 if start.is_some() {
                     f.report.requests.at_source += n as u64;
                     for &(idx, gen) in &s.copies {

@@ -209,6 +209,13 @@ impl Half {
         true
     }
 
+    /// Whether a segment of `len` payload bytes at `seq` carries bytes past every one seen
+    /// in this direction ([`Half::extends`] without noting it).
+    pub fn would_extend(&self, seq: u32, len: usize) -> bool {
+        self.offset(seq)
+            .is_some_and(|o| len > 0 && o + len as i64 > self.data_end as i64)
+    }
+
     pub fn has_hole(&self) -> bool {
         self.seen_end > self.pos()
     }

@@ -19,7 +19,8 @@
 //!   the peer's ACK beyond what was delivered, a frame cut by the snaplen) that is not filled
 //!   within [`TrackerConfig::hole_timeout_ns`] of the last progress ends the session with
 //!   [`CloseKind::LostData`] at the hole's sequence number. A session that ends any other way
-//!   with a hole left also ends as `LostData`.
+//!   with a hole left also ends as `LostData`. Bytes of its connection past any seen before
+//!   start a new session, joined mid-stream (the connection went on past the hole).
 //! - Memory is bounded: out-of-order bytes per direction and in all, and the number of
 //!   sessions; over a limit a session is shed ([`CloseKind::Shed`]) or not tracked, and
 //!   counted. Nothing grows with the length of a capture.
@@ -72,7 +73,8 @@ pub struct TrackerConfig {
     /// A session without frames for this long ends as `Idle`.
     pub idle_timeout_ns: u64,
     /// How long a closed session is remembered, so late retransmissions and ACKs are not
-    /// taken for a new mid-stream session.
+    /// taken for a new mid-stream session. One closed on lost data is left as soon as new
+    /// bytes of it come: the connection went on, and is joined again mid-stream.
     pub closed_linger_ns: u64,
     /// Delivered bytes kept per direction to compare retransmissions against (0: none).
     pub recheck_bytes: usize,
@@ -254,6 +256,9 @@ struct Session {
     server: SocketAddr,
     /// Closed sessions are kept (without buffers) until this time.
     closed_until: Option<u64>,
+    /// Closed on lost data: the connection went on past the hole, so new bytes of it start
+    /// a session again (joined mid-stream) rather than linger unseen.
+    closed_lost: bool,
     last_ts: u64,
     halves: [Half; 2],
     seen: SeenTurns,
@@ -399,8 +404,19 @@ impl Tracker {
                 self.remove(i);
                 slot = None;
             } else if sess.closed_until.is_some() {
-                self.stats.after_close_frames += 1;
-                return;
+                let half = &sess.halves[usize::from(s.src != sess.client)];
+                let len = s.payload_len.max(payload.len());
+                if sess.closed_lost && half.would_extend(s.seq, len) {
+                    // A connection that lost capture data goes on: its later requests are
+                    // copied and counted again from its next turn, where lingering would
+                    // have ignored them for the whole linger (a keep-alive client at 50
+                    // requests/s lost 500 of them, unseen, to one kernel drop).
+                    self.remove(i);
+                    slot = None;
+                } else {
+                    self.stats.after_close_frames += 1;
+                    return;
+                }
             }
         }
         let i = match slot {
@@ -544,6 +560,7 @@ impl Tracker {
             client,
             server,
             closed_until: None,
+            closed_lost: false,
             last_ts: self.now,
             halves: Default::default(),
             seen: SeenTurns {
@@ -680,6 +697,7 @@ impl Tracker {
             h.release();
         }
         sess.closed_until = Some(now.saturating_add(linger));
+        sess.closed_lost = matches!(how, CloseKind::LostData { .. });
         let st = &mut self.stats;
         st.sessions_open = st.sessions_open.saturating_sub(1);
         match how {

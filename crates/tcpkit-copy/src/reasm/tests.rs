@@ -614,6 +614,81 @@ fn buffering_limits_shed_the_session() {
     assert_eq!(t.stats().sessions_open, 1);
 }
 
+/// A connection that lost capture data goes on: its new bytes after the LostData close
+/// start a session again at once, joined mid-stream, where the closed entry used to swallow
+/// them for the whole linger (the soak's keep-alive copies: every request of a connection
+/// for 10 s after one kernel drop, neither copied nor counted at the source). Retransmissions
+/// of what was seen before the close still linger.
+#[test]
+fn a_connection_that_lost_data_is_joined_again_on_its_next_new_bytes() {
+    let k = Conn::new(1000, 5000);
+    let cfg = TrackerConfig::default();
+    let hole = cfg.hole_timeout_ns;
+    let mut t = Tracker::new(cfg);
+    let (req, ans) = (b"GET /x HTTP/1.1\r\n\r\n", b"HTTP/1.1 204 No\r\n\r\n");
+    let (r, a) = (req.len() as u64, ans.len() as u64);
+    // The second request is never captured; the third is, then the hole times out.
+    let mut ev = run(
+        &mut t,
+        &[
+            k.syn(),
+            k.syn_ack(),
+            k.c(0, 0, ACK, req),
+            k.s(0, r, ACK, ans),
+            k.c(2 * r, a, ACK, req),
+        ],
+    );
+    t.tick(6_000 + hole + hole / 4, &mut ev);
+    assert!(
+        matches!(closes(&ev)[..], [CloseKind::LostData { .. }]),
+        "{ev:?}"
+    );
+    let now = 6_000 + hole + hole / 2;
+    let mut out = Vec::new();
+    // A resend of the third request: seen before the close, it lingers.
+    t.push(now, &k.c(2 * r, a, ACK, req), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(t.stats().after_close_frames, 1);
+    // The fourth request, its answer, the fifth: a session again, counted from its turn.
+    for (i, f) in [
+        k.c(3 * r, a, ACK, req),
+        k.s(a, 4 * r, ACK, ans),
+        k.c(4 * r, 2 * a, ACK, req),
+        k.c(5 * r, 2 * a, RST, b""),
+    ]
+    .iter()
+    .enumerate()
+    {
+        t.push(now + 1 + i as u64, f, &mut out);
+    }
+    assert!(
+        matches!(
+            out.first(),
+            Some(Event::Open {
+                syn_seen: false,
+                ..
+            })
+        ),
+        "{out:?}"
+    );
+    assert_eq!(
+        stream(&out, Dir::ClientToServer),
+        [&req[..], &req[..]].concat()
+    );
+    assert!(
+        matches!(
+            out.last(),
+            Some(Event::Close {
+                how: CloseKind::Rst,
+                requests_seen: 1,
+                ..
+            })
+        ),
+        "{out:?}"
+    );
+    assert_eq!(t.stats().sessions_joined_mid_stream, 1);
+}
+
 #[test]
 fn idle_sessions_close_and_closed_ones_are_forgotten_after_the_linger() {
     let k = Conn::new(0, 0);
