@@ -25,6 +25,9 @@ pub struct CopyConfig {
     pub max_memory: usize,
     /// How long a connect (with its retries) or an awaited answer may take.
     pub timeout_ns: u64,
+    /// `--max-lag`: how far behind its client's schedule a session's copy may fall before it
+    /// stops waiting out think times ([`crate::turns::ReqStart::send_at`]).
+    pub max_lag_ns: u64,
     /// `--diff`: compare the target's answers with the original ones.
     pub diff: Option<DiffConfig>,
     /// `--max-loss`: the request loss ratio (percent) above which the run failed.

@@ -7,63 +7,20 @@
 //! connections (50 a second each) went before the answer to the one before, and at_source
 //! fell short of nginx's log by exactly 467 in both copies, with no frame dropped.
 //!
-//! The client's bytes are untrusted, and a session may hold a head open for as long as it
-//! likes: so nothing is buffered. Heads are framed byte by byte in a few bytes of state (the
-//! method, the name of the header being read, the Content-Length so far, all bounded), at most
-//! [`MAX_HEAD`] bytes long; a body is passed over by its Content-Length. A stream this does
-//! not frame for sure (no request line, a chunked body, an upgrade or CONNECT, a head too
-//! long, a header without a colon, a bad or twice-different length) stops the count for its
-//! session: later requests are not guessed at.
+//! The framing itself (untrusted bytes, nothing buffered, every length bounded) is
+//! tcpkit-wire's [`RequestFramer`]; this only keeps whether the server answered since the last
+//! request began.
 
-/// Bytes of one request head at most (nginx's default large_client_header_buffers hold
-/// 8 KiB a line; two of those).
-const MAX_HEAD: usize = 16 * 1024;
-/// A method token, or the name of a header this looks at, is at most this long.
-const MAX_TOKEN: usize = 20;
+use tcpkit_wire::http::RequestFramer;
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// The next client byte begins a request.
-    #[default]
-    Start,
-    /// In the method token (in `tok`).
-    Method,
-    /// In the rest of the request line.
-    Line,
-    /// At the start of a header line (or of the blank line that ends the head).
-    LineStart,
-    /// In a header's name (its first bytes, lowercased, in `tok`).
-    Name,
-    /// In Content-Length's value (digits so far in `value`).
-    Value,
-    /// In a header line of no interest.
-    Skip,
-    /// After the blank line's CR: its LF ends the head.
-    EndLf,
-    /// This many body bytes still to pass over.
-    Body(u64),
-    /// Not framed any more: nothing more is counted.
-    Off,
-}
-
-/// One session's client stream, framed as HTTP/1 requests (see the module's doc).
+/// One session's client stream, its HTTP/1 requests counted as pipelined or not.
 #[derive(Debug, Default)]
 pub struct Pipeline {
-    state: State,
+    framer: RequestFramer,
     /// A request began in this session.
     begun: bool,
     /// The server sent bytes since the last request began.
     answered: bool,
-    /// Bytes of the current head so far.
-    head_len: usize,
-    tok: [u8; MAX_TOKEN],
-    tok_len: usize,
-    /// The current request's method is CONNECT.
-    connect: bool,
-    /// The current request's Content-Length, once a header gave it.
-    length: Option<u64>,
-    /// The Content-Length value being read (None before its first digit).
-    value: Option<u64>,
 }
 
 impl Pipeline {
@@ -74,166 +31,30 @@ impl Pipeline {
     }
 
     /// The client's next bytes; returns how many requests began in them before the server
-    /// answered the one before (pipelined).
-    pub fn client(&mut self, mut data: &[u8]) -> u64 {
-        let mut n = 0;
-        while let Some((&b, rest)) = data.split_first() {
-            match self.state {
-                State::Off => break,
-                State::Body(left) => {
-                    let k = left.min(data.len() as u64);
-                    data = data.get(k as usize..).unwrap_or(&[]);
-                    self.state = if k == left {
-                        State::Start
-                    } else {
-                        State::Body(left - k)
-                    };
-                    continue;
-                }
-                State::Start => {
-                    if self.begun && !self.answered {
-                        n += 1;
-                    }
-                    self.begun = true;
-                    self.answered = false;
-                    self.head_len = 0;
-                    self.tok_len = 0;
-                    self.connect = false;
-                    self.length = None;
-                    self.state = State::Method;
-                    continue;
-                }
-                _ => {}
-            }
-            self.head_len += 1;
-            self.state = if self.head_len > MAX_HEAD {
-                State::Off
-            } else {
-                self.head_byte(b)
-            };
-            data = rest;
+    /// answered the one before (pipelined). Of several begun in one read, each after the
+    /// first went before an answer to the one before it.
+    pub fn client(&mut self, data: &[u8]) -> u64 {
+        let begun = self.framer.feed(data);
+        if begun == 0 {
+            return 0;
         }
-        n
-    }
-
-    /// The next state after byte `b` of a head.
-    fn head_byte(&mut self, b: u8) -> State {
-        match self.state {
-            State::Method => match b {
-                b' ' if self.tok_len > 0 => {
-                    self.connect = self.tok.get(..self.tok_len) == Some(b"CONNECT".as_slice());
-                    State::Line
-                }
-                b'A'..=b'Z' | b'-' | b'_' if self.tok_len < MAX_TOKEN => {
-                    self.push(b);
-                    State::Method
-                }
-                _ => State::Off,
-            },
-            State::Line | State::Skip => {
-                if b == b'\n' {
-                    State::LineStart
-                } else {
-                    self.state
-                }
-            }
-            State::LineStart => match b {
-                b'\r' => State::EndLf,
-                b'\n' => self.end_of_head(),
-                _ => {
-                    self.tok_len = 0;
-                    self.name_byte(b)
-                }
-            },
-            State::Name => self.name_byte(b),
-            State::Value => match b {
-                // Whitespace around the number; `tok_len` 1 marks it seen after digits.
-                b' ' | b'\t' | b'\r' => {
-                    if self.value.is_some() {
-                        self.tok_len = 1;
-                    }
-                    State::Value
-                }
-                b'0'..=b'9' if self.tok_len == 0 => {
-                    let v = self
-                        .value
-                        .unwrap_or(0)
-                        .checked_mul(10)
-                        .and_then(|v| v.checked_add(u64::from(b - b'0')));
-                    self.value = v;
-                    if v.is_some() {
-                        State::Value
-                    } else {
-                        State::Off
-                    }
-                }
-                b'\n' => match (self.value.take(), self.length) {
-                    (Some(v), None) => {
-                        self.length = Some(v);
-                        State::LineStart
-                    }
-                    (Some(v), Some(l)) if v == l => State::LineStart,
-                    _ => State::Off,
-                },
-                _ => State::Off,
-            },
-            State::EndLf if b == b'\n' => self.end_of_head(),
-            _ => State::Off,
-        }
-    }
-
-    /// Byte `b` of a header's name (or its colon).
-    fn name_byte(&mut self, b: u8) -> State {
-        match b {
-            b':' => {
-                let name = self.tok.get(..self.tok_len).unwrap_or(&[]);
-                if name == b"content-length" {
-                    self.value = None;
-                    self.tok_len = 0;
-                    State::Value
-                } else if name == b"transfer-encoding" || name == b"upgrade" {
-                    State::Off
-                } else {
-                    State::Skip
-                }
-            }
-            b'\r' | b'\n' | b' ' | b'\t' => State::Off,
-            _ => {
-                // Past MAX_TOKEN bytes the name is none looked at; its colon still counts.
-                if self.tok_len < MAX_TOKEN {
-                    self.push(b.to_ascii_lowercase());
-                }
-                State::Name
-            }
-        }
-    }
-
-    fn push(&mut self, b: u8) {
-        if let Some(t) = self.tok.get_mut(self.tok_len) {
-            *t = b;
-            self.tok_len += 1;
-        }
-    }
-
-    /// The head ended: its body's framing.
-    fn end_of_head(&mut self) -> State {
-        match self.length {
-            _ if self.connect => State::Off,
-            Some(l) if l > 0 => State::Body(l),
-            _ => State::Start,
-        }
+        let first = u64::from(self.begun && !self.answered);
+        self.begun = true;
+        self.answered = false;
+        begun - 1 + first
     }
 }
 
 /// Body of the `copy_pipeline` fuzz target, public so a stable test runs it over the seed
-/// corpus. The first byte sets how the rest is cut into reads; framing must not depend on
-/// where the reads were cut, and no read may count more requests than it could hold.
+/// corpus: the framer's own checks (tcpkit-wire's), and the same of the pipelined counts
+/// (framing must not depend on where the reads were cut, no read may count more requests
+/// than it could hold).
 pub fn fuzz_pipeline(data: &[u8]) {
+    tcpkit_wire::http::fuzz_request_framer(data);
     let Some((&cut, rest)) = data.split_first() else {
         return;
     };
-    let mut whole = Pipeline::default();
-    let all = whole.client(rest);
+    let all = Pipeline::default().client(rest);
     let mut parts = Pipeline::default();
     let step = usize::from(cut % 16) + 1;
     let mut sum = 0;
@@ -248,7 +69,6 @@ pub fn fuzz_pipeline(data: &[u8]) {
         sum += k;
     }
     assert_eq!(all, sum, "the same stream in reads of {step}");
-    assert!(whole.tok_len <= MAX_TOKEN && parts.tok_len <= MAX_TOKEN);
 }
 
 #[cfg(test)]
@@ -274,56 +94,18 @@ mod tests {
     }
 
     #[test]
-    fn bodies_are_passed_over_by_their_length() {
-        let mut p = Pipeline::default();
-        let post = b"POST /f HTTP/1.1\r\nContent-Length: 20\r\n\r\nGET / HTTP/1.1\r\n\r\nxx";
-        // The body looks like a request: it is not one.
-        assert_eq!(p.client(post), 0);
-        assert_eq!(p.client(GET), 1);
+    fn a_request_after_an_answer_to_the_head_before_it_is_not_pipelined() {
         // The answer to a request's head (100 Continue) before its body: the request after
         // the body went after an answer.
         let mut p = Pipeline::default();
         assert_eq!(p.client(b"PUT /f HTTP/1.1\r\ncontent-length: 3\r\n\r\n"), 0);
         p.server();
         assert_eq!(p.client(&[b"abc", GET].concat()), 0);
-    }
-
-    #[test]
-    fn what_is_not_framed_for_sure_stops_the_count() {
-        for first in [
-            &b"*1\r\n$4\r\nPING\r\n"[..],
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-            b"GET / HTTP/1.1\r\nUpgrade: websocket\r\n\r\n",
-            b"CONNECT a:443 HTTP/1.1\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
-            b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
-        ] {
-            let mut p = Pipeline::default();
-            p.client(first);
-            assert_eq!(p.client(&[GET, GET].concat()), 0, "{first:?}");
-            assert_eq!(p.state, State::Off, "{first:?}");
-        }
-        // A head that never ends is followed up to its bound.
+        // Unanswered, the body passed over: the next one is pipelined.
         let mut p = Pipeline::default();
-        p.client(b"GET /");
-        p.client(&vec![b'a'; MAX_HEAD - 5]);
-        assert_eq!(p.state, State::Line);
-        p.client(b"a");
-        assert_eq!(p.state, State::Off);
-        // Lengths: whitespace around one number only, within 64 bits.
-        for (len, framed) in [
-            ("3", true),
-            (" 3 \t", true),
-            ("3 3", false),
-            ("18446744073709551616", false),
-            ("", false),
-            ("3x", false),
-        ] {
-            let mut p = Pipeline::default();
-            let head = format!("POST / HTTP/1.1\r\nContent-Length:{len}\r\n\r\nabc");
-            p.client(head.as_bytes());
-            assert_eq!(p.state != State::Off, framed, "{len:?}: {:?}", p.state);
-        }
+        let post = b"POST /f HTTP/1.1\r\nContent-Length: 20\r\n\r\nGET / HTTP/1.1\r\n\r\nxx";
+        assert_eq!(p.client(post), 0);
+        assert_eq!(p.client(GET), 1);
     }
 
     #[test]

@@ -20,7 +20,8 @@ use crate::pipeline::Pipeline;
 /// and a client sending 500 requests a second on one connection outran its copy for good
 /// (the copy bench's transparent keep-alive 5k row: 93 % copied, every session still open at
 /// the end). Up to this much comes out of the think time instead; lateness beyond it is the
-/// target being slower and delays the next request, as tcpcopy's pacing does.
+/// target being slower and delays the next request, as tcpcopy's pacing does, until the
+/// session is `--max-lag` behind its client (see [`ReqStart::send_at`]).
 pub(crate) const ANSWER_SLACK_NS: u64 = 2_000_000;
 
 /// The first request of a turn: how it is paced.
@@ -35,22 +36,47 @@ pub(crate) struct ReqStart {
     pub wait_answer: bool,
 }
 
+/// When a copy sends a request, and where that request is on its client's own schedule (what
+/// the next request's pace counts from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SendAt {
+    pub at: u64,
+    pub sched: u64,
+}
+
 impl ReqStart {
     /// When a copy sends this request: the think time after the target's answer reached it
     /// (`answer_ns`), less up to [`ANSWER_SLACK_NS`] of that answer's lateness over the
-    /// original: never before the answer, nor before the client's own interval from the
-    /// copy's previous request (`prev_ns`: when that one was due, when there was one in this
-    /// session; the time it was due, not the time it went, so a late turn of the loop is not
-    /// carried on to every later request).
-    pub fn send_at(&self, answer_ns: u64, prev_ns: Option<u64>, speed: Speed) -> u64 {
+    /// original; never before the answer, nor before the client's own interval from the
+    /// previous request's place on the client's schedule (`sched_ns`, when there was one in
+    /// this session: the client's times chained from the session's first request, not the
+    /// times the copy's requests went, so neither a late turn of the loop nor a late answer
+    /// is carried on to every later request). Once waiting out the think time would leave
+    /// the request more than `max_lag_ns` behind that schedule, it goes at `max_lag_ns`
+    /// behind it, or at the answer if that is later: the copy catches up as fast as the
+    /// target answers, and stays within `max_lag_ns` of its client while the target keeps up.
+    pub fn send_at(
+        &self,
+        answer_ns: u64,
+        sched_ns: Option<u64>,
+        max_lag_ns: u64,
+        speed: Speed,
+    ) -> SendAt {
         let think = answer_ns.saturating_add(speed.wall(self.think_ns));
-        match (prev_ns, self.since_prev_ns) {
+        match (sched_ns, self.since_prev_ns) {
             (Some(p), Some(gap)) => {
                 let on_pace = p.saturating_add(speed.wall(gap));
                 let earliest = think.saturating_sub(ANSWER_SLACK_NS).max(answer_ns);
-                think.min(on_pace.max(earliest))
+                let catch_up = on_pace.saturating_add(max_lag_ns).max(answer_ns);
+                SendAt {
+                    at: think.min(on_pace.max(earliest.min(catch_up))),
+                    sched: on_pace,
+                }
             }
-            _ => think,
+            _ => SendAt {
+                at: think,
+                sched: think,
+            },
         }
     }
 }
@@ -243,33 +269,78 @@ mod tests {
             wait_answer: true,
         };
         let one = Speed::new(1.0);
+        let lag = 1_000_000_000;
+        let at = |r: &ReqStart, answer, sched, speed| r.send_at(answer, sched, lag, speed).at;
         // The previous request went at 10 ms. Its answer reached the copy 0.6 ms later, where
         // the original took 0.1 ms: the client's pace holds (12 ms), not answer + think.
-        assert_eq!(r.send_at(10_600_000, Some(10 * MS), one), 12 * MS);
+        assert_eq!(at(&r, 10_600_000, Some(10 * MS), one), 12 * MS);
         // A target slower by more than the slack (2 ms): the think time less the slack, and
         // never before the answer.
-        assert_eq!(r.send_at(15 * MS, Some(10 * MS), one), 15 * MS);
+        assert_eq!(at(&r, 15 * MS, Some(10 * MS), one), 15 * MS);
         let long = ReqStart {
             think_ns: 300 * MS,
             since_prev_ns: Some(301 * MS),
             ..r
         };
-        assert_eq!(long.send_at(410 * MS, Some(10 * MS), one), 708 * MS);
+        assert_eq!(at(&long, 410 * MS, Some(10 * MS), one), 708 * MS);
         // A target faster than the original: answer + think, as before.
-        assert_eq!(r.send_at(10 * MS, Some(10 * MS), one), 11_900_000);
+        assert_eq!(at(&r, 10 * MS, Some(10 * MS), one), 11_900_000);
         // No previous request of this copy (the first, or a session joined mid-stream).
-        assert_eq!(r.send_at(10_600_000, None, one), 12_500_000);
+        assert_eq!(at(&r, 10_600_000, None, one), 12_500_000);
         let first = ReqStart {
             since_prev_ns: None,
             ..r
         };
-        assert_eq!(first.send_at(10_600_000, Some(10 * MS), one), 12_500_000);
+        assert_eq!(at(&first, 10_600_000, Some(10 * MS), one), 12_500_000);
         // --speed 2 halves the client's times; the slack is the copy's, in wall time.
-        assert_eq!(
-            r.send_at(10_600_000, Some(10 * MS), Speed::new(2.0)),
-            11 * MS
+        assert_eq!(at(&r, 10_600_000, Some(10 * MS), Speed::new(2.0)), 11 * MS);
+        assert_eq!(at(&r, u64::MAX - 5, Some(10 * MS), one), u64::MAX - 5);
+    }
+
+    /// A request's place on the client's schedule is the client's, whenever the copy sent
+    /// it; once the think time would leave it more than --max-lag behind, the copy goes at
+    /// that bound or at the answer, and so stays within it while the target keeps up.
+    #[test]
+    fn a_copy_falls_behind_its_client_by_max_lag_at_most() {
+        const MS: u64 = 1_000_000;
+        let one = Speed::new(1.0);
+        // A client every 20 ms (0.3 ms server, 19.7 ms think).
+        let r = ReqStart {
+            think_ns: 19_700_000,
+            since_prev_ns: Some(20 * MS),
+            wait_answer: true,
+        };
+        // The schedule is the client's: 20 ms on from the last place, however late the answer.
+        let s = r.send_at(500 * MS, Some(100 * MS), 50 * MS, one);
+        assert_eq!(s.sched, 120 * MS);
+        // 380 ms behind, the bound 50 ms: at the answer (it is later than the bound).
+        assert_eq!(s.at, 500 * MS);
+        // An answer 10 ms late with the copy on schedule: think less the slack, as before.
+        let s = r.send_at(110_300_000 + 10 * MS, Some(100 * MS), 50 * MS, one);
+        assert_eq!(s.at, 110_300_000 + 10 * MS + 19_700_000 - 2 * MS);
+        // Behind by more than the bound but answered early enough: at the bound.
+        let s = r.send_at(140 * MS, Some(100 * MS), 30 * MS, one);
+        assert_eq!(s.at, 150 * MS);
+        // Answers 3 ms late every time: with the slack alone each request went 1 ms later
+        // than its client's; with the bound the copy is never more than it behind.
+        let mut sched = Some(0);
+        let mut sent = 0u64;
+        for k in 1..=10_000u64 {
+            let answer = sent + 300_000 + 3 * MS;
+            let s = r.send_at(answer, sched, 50 * MS, one);
+            assert!(s.at >= answer);
+            assert_eq!(s.sched, k * 20 * MS);
+            assert!(
+                s.at <= s.sched + 50 * MS,
+                "request {k}: {} behind",
+                s.at - s.sched
+            );
+            (sent, sched) = (s.at, Some(s.sched));
+        }
+        assert!(
+            sent >= 10_000 * 20 * MS + 49 * MS,
+            "the lag reached its bound"
         );
-        assert_eq!(r.send_at(u64::MAX - 5, Some(10 * MS), one), u64::MAX - 5);
     }
 
     #[test]

@@ -585,5 +585,8 @@ pub fn fuzz_http(data: &[u8]) {
     assert_eq!(whole, bytes, "one byte at a time");
 }
 
+mod request;
+pub use request::{fuzz_request_framer, RequestFramer, MAX_REQUEST_HEAD};
+
 #[cfg(test)]
 mod tests;

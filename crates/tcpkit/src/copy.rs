@@ -111,6 +111,19 @@ pub struct Args {
     #[arg(long)]
     pub no_wait: bool,
 
+    /// How far behind its client a session's copy may fall. Each request waits for the
+    /// target's answer to the one before plus the client's think time (tcpcopy's pacing);
+    /// once that would leave it more than DURATION behind the client's own schedule, it
+    /// goes at that bound or as soon as the answer is in, so a slow or distant target costs
+    /// at most this much lag (and the backlog it holds) instead of more with every request.
+    /// A large value (1h) keeps answer + think throughout.
+    // 1 s: a 30-minute soak at 5k requests a second on a busy host (answers a few ms late now
+    // and then, each lateness over the 2 ms slack kept for good) ended with every keep-alive
+    // copy 33 s behind and its backlog growing 700 KiB a minute; a second keeps tcpcopy's
+    // pacing for a target slower by a little and bounds what a slow or far one costs.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration_arg)]
+    pub max_lag: Duration,
+
     /// How long connecting to the target (waiting behind the shared back-off while it refuses
     /// or answers nothing; a refused connect ends its copy at once) and waiting for an answer
     /// the next request needs may take before the session counts as failed. At the end
@@ -427,6 +440,7 @@ pub fn resolve(a: &Args) -> Result<(CopyConfig, Run), Failure> {
         only_full: a.only_full,
         max_memory: usize::try_from(max_memory).unwrap_or(usize::MAX),
         timeout_ns: timeout.as_nanos() as u64,
+        max_lag_ns: u64::try_from(a.max_lag.as_nanos()).unwrap_or(u64::MAX),
         diff,
         max_loss_percent: a.max_loss,
         filter: a.filter.clone(),

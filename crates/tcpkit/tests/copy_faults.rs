@@ -326,7 +326,7 @@ fn slow_http_server(
 
 /// tcpcopy's pacing, seen at the target: within a session a request goes out once the
 /// target answered the one before, plus the think time the client really had (divided by
-/// --speed); --no-wait sends as captured.
+/// --speed), until the copy is --max-lag behind its client; --no-wait sends as captured.
 #[test]
 fn requests_wait_for_the_targets_answer_plus_the_clients_think_time() {
     let l = CopyLab::new("cpthink");
@@ -362,17 +362,26 @@ fn requests_wait_for_the_targets_answer_plus_the_clients_think_time() {
             .map(|w| (w[1] - w[0]).as_millis())
             .collect()
     };
-    // --speed 1: answer (400 ms) + think (300 ms).
-    let gaps = run(9101, &[]);
+    // --speed 1: answer (400 ms) + think (300 ms) (the copy ends 1.2 s behind its client:
+    // past the default --max-lag).
+    let gaps = run(9101, &["--max-lag", "1h"]);
     assert!(
         gaps.iter().all(|g| (650..1000).contains(g)),
         "gaps at the target {gaps:?} ms, not 400 + 300"
     );
     // --speed 2: the think time halves (400 + 150).
-    let gaps = run(9102, &["--speed", "2"]);
+    let gaps = run(9102, &["--speed", "2", "--max-lag", "1h"]);
     assert!(
         gaps.iter().all(|g| (500..650).contains(g)),
         "gaps at the target with --speed 2 {gaps:?} ms, not 400 + 150"
+    );
+    // --max-lag 500ms: the second request waits out the think time (400 ms behind its
+    // client's 300 ms); the third would be 800 ms behind, so it goes at the bound, which is
+    // its answer's time: from then on one every answer (400 ms).
+    let gaps = run(9104, &["--max-lag", "500ms"]);
+    assert!(
+        (650..1000).contains(&gaps[0]) && gaps[1..].iter().all(|g| (380..500).contains(g)),
+        "gaps at the target with --max-lag 500ms {gaps:?} ms, not 700, 400, 400"
     );
     // --no-wait: as captured, 300 ms apart, whatever the target's answers.
     let gaps = run(9103, &["--no-wait"]);

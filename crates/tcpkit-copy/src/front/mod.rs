@@ -120,7 +120,8 @@ pub(crate) struct Conn<X> {
     pub answered_reqs: u64,
     pub last_rx_ns: u64,
     pub last_write_ns: u64,
-    /// When the last request was due to go (see [`crate::turns::ReqStart::send_at`]).
+    /// The last request's place on its client's schedule (see
+    /// [`crate::turns::ReqStart::send_at`]).
     pub last_req_ns: Option<u64>,
     /// The last time the target acknowledged anything (transparent's ACKs; relay has no
     /// view of them and leaves it at the copy's start).
@@ -409,6 +410,7 @@ impl<'a, T: Transport> Engine<'a, T> {
     /// Moves copy `idx` as far as it can go now; arms its timer when it must wait.
     pub(crate) fn pump(&mut self, idx: usize, now: u64) {
         let (no_wait, timeout) = (self.f.cfg.no_wait, self.f.cfg.timeout_ns);
+        let max_lag = self.f.cfg.max_lag_ns;
         loop {
             if !T::drive(self, idx, now) {
                 return;
@@ -425,14 +427,15 @@ impl<'a, T: Transport> Engine<'a, T> {
                         return;
                     }
                     if let Some(r) = *start {
-                        // When this request was due: the loop's own lateness is not carried
-                        // on to the requests after it.
+                        // Its place on the client's schedule (or now, when the copy is ahead
+                        // of it): neither the loop's lateness nor a late answer is carried on
+                        // to the requests after it.
                         let mut due = now;
                         if r.wait_answer && !no_wait {
                             let a = c.answer(T::answer_due(&c.x));
-                            let at = r.send_at(a.last_rx_ns, c.last_req_ns, self.f.speed);
-                            match gate::request(&a, at, now, timeout) {
-                                Turn::Go => due = at.min(now),
+                            let s = r.send_at(a.last_rx_ns, c.last_req_ns, max_lag, self.f.speed);
+                            match gate::request(&a, s.at, now, timeout) {
+                                Turn::Go => due = s.sched.min(now),
                                 Turn::Wait(at) => {
                                     self.f.arm(idx, at, now);
                                     return;
