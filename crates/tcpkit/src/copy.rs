@@ -119,7 +119,7 @@ pub struct Args {
     /// A large value (1h) keeps answer + think throughout.
     // 1 s: a 30-minute soak at 5k requests a second on a busy host (answers a few ms late now
     // and then, each lateness over the 2 ms slack kept for good) ended with every keep-alive
-    // copy 33 s behind and its backlog growing 700 KiB a minute; a second keeps tcpcopy's
+    // copy over 80 s behind and its backlog growing 700 KiB a minute; a second keeps tcpcopy's
     // pacing for a target slower by a little and bounds what a slow or far one costs.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration_arg)]
     pub max_lag: Duration,
