@@ -96,6 +96,15 @@ pub(crate) enum ClientBytes {
     },
 }
 
+/// How a captured session ended, for its copies ([`Turns::close`]).
+#[derive(Debug)]
+pub(crate) struct Closed {
+    pub wait_answer: bool,
+    pub answer_bytes: u64,
+    /// `--diff`: the last original answer, with its index.
+    pub last: Option<(u64, Rc<Resp>)>,
+}
+
 /// A session on the capture side.
 #[derive(Debug)]
 pub(crate) struct Turns {
@@ -115,6 +124,9 @@ pub(crate) struct Turns {
     diff: Option<OrigSide>,
     /// The client's stream framed as HTTP/1 requests, for those pipelined within a turn.
     pipe: Pipeline,
+    /// The server's bytes since the first request copied (lost ones included): what a copy
+    /// waits for from its target before its FIN.
+    answer_bytes: u64,
 }
 
 impl Turns {
@@ -130,6 +142,7 @@ impl Turns {
             last_start_ts: None,
             diff: differ.map(|d| d.original(syn_seen)),
             pipe: Pipeline::default(),
+            answer_bytes: 0,
         }
     }
 
@@ -138,6 +151,7 @@ impl Turns {
     pub fn server(&mut self, bytes: &[u8], ts: u64) -> Option<u64> {
         self.skipping = false;
         self.pipe.server();
+        self.count_answer(bytes.len() as u64);
         let lat = self
             .in_request
             .then(|| ts.saturating_sub(self.last_client_ts));
@@ -157,6 +171,7 @@ impl Turns {
     pub fn server_gap(&mut self, len: u64, ts: u64) {
         self.skipping = false;
         self.pipe.server();
+        self.count_answer(len);
         self.in_request = false;
         self.server_turn = true;
         self.last_server_ts = Some(ts);
@@ -220,11 +235,21 @@ impl Turns {
         seen.saturating_sub(self.requests)
     }
 
+    fn count_answer(&mut self, len: u64) {
+        if self.requests > 0 {
+            self.answer_bytes = self.answer_bytes.saturating_add(len);
+        }
+    }
+
     /// The session closed: whether the copies wait for the target's answer to the last
-    /// request (the server answered it), and with `--diff` that last original answer.
-    pub fn close(self) -> (bool, Option<(u64, Rc<Resp>)>) {
-        let wait_answer = self.server_turn && self.requests > 0;
-        (wait_answer, self.diff.and_then(OrigSide::close))
+    /// request (the server answered it), the server's bytes since the first request copied,
+    /// and with `--diff` that last original answer.
+    pub fn close(self) -> Closed {
+        Closed {
+            wait_answer: self.server_turn && self.requests > 0,
+            answer_bytes: self.answer_bytes,
+            last: self.diff.and_then(OrigSide::close),
+        }
     }
 }
 
@@ -257,7 +282,7 @@ mod tests {
         assert_eq!(t.unreplayed(5), 3);
         assert_eq!(t.unreplayed(1), 0);
         // The last request was not answered: the copies do not wait for it.
-        assert!(!t.close().0);
+        assert!(!t.close().wait_answer);
     }
 
     #[test]
@@ -357,6 +382,6 @@ mod tests {
         // Joined mid-stream, the first whole request does not wait for the answer before it.
         assert!(!r.wait_answer);
         t.server(b"answer", 4);
-        assert!(t.close().0);
+        assert!(t.close().wait_answer);
     }
 }

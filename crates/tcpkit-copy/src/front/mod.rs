@@ -84,8 +84,13 @@ pub(crate) enum Item {
         start: Option<ReqStart>,
     },
     /// The session ended in the capture: close once the last answer is in (`wait_answer`:
-    /// the original server answered the last request); `lost`: the capture had a hole.
-    End { wait_answer: bool, lost: bool },
+    /// the original server answered the last request; `answer_bytes`: what the original
+    /// server sent after the first request copied); `lost`: the capture had a hole.
+    End {
+        wait_answer: bool,
+        lost: bool,
+        answer_bytes: u64,
+    },
 }
 
 /// How a copy ended: each copy ends exactly once, counted by one of these.
@@ -118,6 +123,8 @@ pub(crate) struct Conn<X> {
     /// answered: what the copy leaves unanswered when it ends is lost (the live loss figure).
     pub at_source: u64,
     pub answered_reqs: u64,
+    /// The target's bytes so far.
+    pub rx_bytes: u64,
     pub last_rx_ns: u64,
     pub last_write_ns: u64,
     /// The last request's place on its client's schedule (see
@@ -146,6 +153,7 @@ impl<X> Conn<X> {
         now: u64,
     ) {
         report.requests.bytes_answered += n;
+        self.rx_bytes = self.rx_bytes.saturating_add(n);
         if let Some(d) = self.diff.as_mut() {
             d.target_bytes(data);
         }
@@ -462,10 +470,15 @@ impl<'a, T: Transport> Engine<'a, T> {
                         return;
                     }
                 }
-                Some(&Item::End { wait_answer, lost }) => {
+                Some(&Item::End {
+                    wait_answer,
+                    lost,
+                    answer_bytes,
+                }) => {
                     if wait_answer && !no_wait && !peer_closed {
                         let a = c.answer(T::answer_due(&c.x));
-                        match gate::close(&a, c.unanswered, now, timeout) {
+                        let short = c.rx_bytes < answer_bytes;
+                        match gate::close(&a, c.unanswered, short, now, timeout) {
                             Turn::Go => {}
                             Turn::Wait(at) => {
                                 self.f.arm(idx, at, now);
@@ -759,6 +772,7 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
                 unanswered: 0,
                 at_source: 0,
                 answered_reqs: 0,
+                rx_bytes: 0,
                 last_rx_ns: now,
                 last_write_ns: now,
                 last_req_ns: None,
@@ -897,13 +911,17 @@ impl<T: Transport> feed::Consumer for Engine<'_, T> {
             return;
         }
         // Wait for the target's answer to the last request if the server answered it.
-        let (wait_answer, answer) = s.turns.close();
+        let closed = s.turns.close();
         for (idx, gen) in s.copies {
             if let Some(c) = self.f.conns.by_handle(idx, gen) {
-                if let (Some(d), Some((k, r))) = (c.diff.as_mut(), &answer) {
+                if let (Some(d), Some((k, r))) = (c.diff.as_mut(), &closed.last) {
                     d.original(*k, Rc::clone(r));
                 }
-                c.queue.push_back(Item::End { wait_answer, lost });
+                c.queue.push_back(Item::End {
+                    wait_answer: closed.wait_answer,
+                    lost,
+                    answer_bytes: closed.answer_bytes,
+                });
                 self.pump(idx, now);
             }
         }
