@@ -88,7 +88,8 @@ struct record {
 
 /* The secrets mode (tlsprobe.bpf.c's second half): one record per completed handshake. */
 
-/* The secrets' ring buffer: a record per handshake, drained every few milliseconds. */
+/* The secrets' ring buffer: a record per handshake, drained every few milliseconds (no
+ * wakeup: the reader polls it). */
 #define SECRET_RING_BYTES (1024 * 1024)
 /* EVP_MAX_MD_SIZE: OpenSSL's TLS 1.3 secrets' arrays (the hash's length is used of each). */
 #define SECRET_MAX 64
@@ -126,6 +127,7 @@ struct secret_record {
 	__u64 ssl;
 	/* CLOCK_MONOTONIC */
 	__u64 ts;
+	/* TLS 1.2 only (not read for TLS 1.3: 0, and master_key zeros). */
 	__u64 master_key_len;
 	__u32 tgid;
 	/* ssl_st.version: 0x0303 TLS 1.2, 0x0304 TLS 1.3 */

@@ -225,13 +225,20 @@ fn wrk_pinned(t: &TlsLab, secs: u32, conns: u32, close: bool) -> u64 {
 /// CPU 1, wrk to CPU 0) CPU time per request, keep-alive and a new connection per request,
 /// with no copy, with a copy that only captures (-i, --tls-keylog of a file never written:
 /// the capture's own cost), with the per-call probes (--tls-uprobe-calls) and with the
-/// secrets probes (-i --tls-uprobe), all by path as in production, and with the secrets probes
+/// secrets probes (-i --tls-uprobe), all by path as in production, with the secrets probes
 /// attached while copy captures where none of the traffic goes (-i lo: what the probes alone
-/// cost the server, without copy's own decrypting and relaying on the same two CPUs).
+/// cost the server, without copy's own decrypting and relaying on the same two CPUs), and
+/// with that idle copy without probes (-i lo, a key log file: what an idle copy beside the
+/// server costs, so probes_only less copy_idle is the probes' own share), and with the probes
+/// on nginx's worker only (probes_server: -i lo --tls-uprobe --pid; by path wrk's own
+/// handshakes on the same host are probed too, and a client slowed down leaves the server
+/// less busy, which raises its CPU per request by itself: the server's cost apart from that).
 /// `rounds` rounds, the modes' order rotated each round, medians. One JSON line; not a test: `cargo test -p tcpkit
 /// --profile suite --test integration -- copy_tls_secrets::probe_cost_by_mode
 /// --ignored --exact --nocapture`, ROUNDS and SECS from TCPKIT_UPROBE_COST_ROUNDS / _SECS
-/// (5 and 3).
+/// (5 and 3), the modes from TCPKIT_UPROBE_COST_MODES (a comma list; all by default, `none`
+/// always, as every mode is compared with it), e.g. `none,copy_idle,probes_only` for the
+/// probes' cost alone in a third of the time.
 #[test]
 #[ignore = "a measurement for the bench, minutes long"]
 fn probe_cost_by_mode() {
@@ -259,32 +266,59 @@ fn probe_cost_by_mode() {
     let sink = Sink::start(&t.srv);
     let unused = t.lab.dir().join("never-written.keys");
     let unused = unused.to_string_lossy().into_owned();
-    const MODES: [&str; 5] = ["none", "capture", "calls", "secrets", "probes_only"];
+    const ALL: [&str; 7] = [
+        "none",
+        "capture",
+        "calls",
+        "secrets",
+        "probes_only",
+        "copy_idle",
+        "probes_server",
+    ];
+    let wanted = std::env::var("TCPKIT_UPROBE_COST_MODES").unwrap_or_default();
+    let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
+    for w in &wanted {
+        assert!(
+            w.is_empty() || ALL.contains(w),
+            "TCPKIT_UPROBE_COST_MODES: no mode {w:?} (modes: {ALL:?})"
+        );
+    }
+    let all = wanted.iter().all(|w| w.is_empty());
+    let modes: Vec<&str> = ALL
+        .into_iter()
+        .filter(|m| all || *m == "none" || wanted.contains(m))
+        .collect();
+    // A copy whose capture has settled (its start's own CPU out of the measurement).
+    let settled = |args: &[&str], links: usize| {
+        let c = t.copy_with_links(&sink, args, links);
+        std::thread::sleep(Duration::from_millis(500));
+        c
+    };
     let mut out = serde_json::Map::new();
     for close in [false, true] {
         wrk_pinned(&t, 1, 8, close); // warm-up
-        let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+        let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+        let mut rate: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         for round in 0..rounds as usize {
-            for k in 0..MODES.len() {
-                let m = (round + k) % MODES.len();
-                let copy = match MODES[m] {
+            for k in 0..modes.len() {
+                let m = (round + k) % modes.len();
+                let copy = match modes[m] {
                     "none" => None,
-                    "capture" => {
-                        let c = t.copy_with_links(
-                            &sink,
-                            &["-i", &t.srv_if, "--tls-keylog", &unused],
-                            0,
-                        );
-                        std::thread::sleep(Duration::from_millis(500));
-                        Some(c)
-                    }
+                    "capture" => Some(settled(&["-i", &t.srv_if, "--tls-keylog", &unused], 0)),
                     "calls" => Some(t.copy(&sink, &["--tls-uprobe-calls", LIBSSL])),
-                    "probes_only" => {
-                        let c =
-                            t.copy_with_links(&sink, &["-i", "lo", "--tls-uprobe", LIBSSL], LINKS);
-                        std::thread::sleep(Duration::from_millis(500));
-                        Some(c)
-                    }
+                    "probes_only" => Some(settled(&["-i", "lo", "--tls-uprobe", LIBSSL], LINKS)),
+                    "copy_idle" => Some(settled(&["-i", "lo", "--tls-keylog", &unused], 0)),
+                    "probes_server" => Some(settled(
+                        &[
+                            "-i",
+                            "lo",
+                            "--tls-uprobe",
+                            LIBSSL,
+                            "--pid",
+                            &worker.to_string(),
+                        ],
+                        LINKS,
+                    )),
                     _ => Some(copy_secrets(&t, &sink, &[])),
                 };
                 let c0 = cpu_ns(worker);
@@ -294,11 +328,12 @@ fn probe_cost_by_mode() {
                     stop_any(c);
                 }
                 cpu[m].push((c1 - c0) as f64 / n.max(1) as f64);
+                rate[m].push(n as f64 / f64::from(secs));
             }
         }
         let none = median(&mut cpu[0].clone());
         let mut kind = serde_json::Map::new();
-        for (m, name) in MODES.iter().enumerate() {
+        for (m, name) in modes.iter().enumerate() {
             let med = median(&mut cpu[m].clone());
             kind.insert(
                 name.to_string(),
@@ -306,6 +341,8 @@ fn probe_cost_by_mode() {
                     "ns_per_request": med,
                     "added_percent": (med / none - 1.0) * 100.0,
                     "runs": cpu[m],
+                    // wrk's rate: a mode that slows the client shows here.
+                    "requests_per_s": median(&mut rate[m].clone()),
                 }),
             );
         }
