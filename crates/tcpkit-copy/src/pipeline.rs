@@ -51,24 +51,7 @@ impl Pipeline {
 /// than it could hold).
 pub fn fuzz_pipeline(data: &[u8]) {
     tcpkit_wire::http::fuzz_request_framer(data);
-    let Some((&cut, rest)) = data.split_first() else {
-        return;
-    };
-    let all = Pipeline::default().client(rest);
-    let mut parts = Pipeline::default();
-    let step = usize::from(cut % 16) + 1;
-    let mut sum = 0;
-    for chunk in rest.chunks(step) {
-        let k = parts.client(chunk);
-        // A pipelined request takes at least its request line ("A / HTTP/1.1\r\n\r\n").
-        assert!(
-            k as usize <= chunk.len(),
-            "{k} requests in {} bytes",
-            chunk.len()
-        );
-        sum += k;
-    }
-    assert_eq!(all, sum, "the same stream in reads of {step}");
+    tcpkit_wire::http::counts_agree_across_reads(data, Pipeline::client);
 }
 
 #[cfg(test)]

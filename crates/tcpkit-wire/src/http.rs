@@ -586,7 +586,9 @@ pub fn fuzz_http(data: &[u8]) {
 }
 
 mod request;
-pub use request::{fuzz_request_framer, RequestFramer, MAX_REQUEST_HEAD};
+pub use request::{
+    counts_agree_across_reads, fuzz_request_framer, RequestFramer, MAX_REQUEST_HEAD,
+};
 
 #[cfg(test)]
 mod tests;

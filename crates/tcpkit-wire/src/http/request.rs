@@ -217,16 +217,27 @@ impl RequestFramer {
 /// sets how the rest is cut into reads; framing must not depend on where the reads were cut,
 /// and no read may begin more requests than it has bytes.
 pub fn fuzz_request_framer(data: &[u8]) {
-    let Some((&cut, rest)) = data.split_first() else {
-        return;
-    };
-    let mut whole = RequestFramer::default();
-    let all = whole.feed(rest);
-    let mut parts = RequestFramer::default();
+    if let Some((whole, parts)) = counts_agree_across_reads(data, RequestFramer::feed) {
+        assert!(whole.tok_len <= MAX_TOKEN && parts.tok_len <= MAX_TOKEN);
+    }
+}
+
+/// The check shared by fuzz bodies that count requests in a stream (the framer's, copy's
+/// pipelined count): `data`'s first byte sets a read size from 1 to 16, the rest is fed
+/// whole to one counter and in reads of that size to another; the counts must add up the
+/// same, and no read may count more than it has bytes. The two counters, for more checks.
+pub fn counts_agree_across_reads<S: Default>(
+    data: &[u8],
+    mut feed: impl FnMut(&mut S, &[u8]) -> u64,
+) -> Option<(S, S)> {
+    let (&cut, rest) = data.split_first()?;
+    let mut whole = S::default();
+    let all = feed(&mut whole, rest);
+    let mut parts = S::default();
     let step = usize::from(cut % 16) + 1;
     let mut sum = 0;
     for chunk in rest.chunks(step) {
-        let k = parts.feed(chunk);
+        let k = feed(&mut parts, chunk);
         assert!(
             k as usize <= chunk.len(),
             "{k} requests in {} bytes",
@@ -235,7 +246,7 @@ pub fn fuzz_request_framer(data: &[u8]) {
         sum += k;
     }
     assert_eq!(all, sum, "the same stream in reads of {step}");
-    assert!(whole.tok_len <= MAX_TOKEN && parts.tok_len <= MAX_TOKEN);
+    Some((whole, parts))
 }
 
 #[cfg(test)]
