@@ -5,8 +5,9 @@
 //! what `merge` prints per second for a fleet, what `load` builds from its threads and worker
 //! processes, and what the fleet's plot is drawn from.
 //!
-//! The interval histograms of a run add up to its whole-run histogram exactly (every answer is
-//! recorded in both), so the series and the whole never disagree.
+//! The interval histograms of a run add up to its whole-run histogram (every answer is
+//! recorded in both): exactly while the intervals are seconds; a merged interval (a long run's
+//! old ones) keeps its latencies to within 0.8 % ([`MERGED_BITS`]), its counts exact.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,10 +17,29 @@ pub(crate) const SECOND_NS: u64 = 1_000_000_000;
 
 /// At most this many intervals are kept per series (per event-loop thread, their share of it,
 /// and in a report): past it the oldest are merged in pairs. 4096 one-second intervals cover
-/// an hour and eight minutes exactly; a day ends with 32-second ones at the old end. Each
-/// holds a histogram of a few hundred bytes to a few KiB, so a series stays within a few MiB
-/// however long the run (issue 29: soak runs of days).
+/// an hour and eight minutes exactly; a day ends with 32-second ones at the old end.
 pub const MAX_INTERVALS: usize = 4096;
+
+/// The most heap a load process keeps for its intervals while it runs ([`held_bytes`]; each
+/// event-loop thread its share): past it the oldest are merged in pairs, as past
+/// [`MAX_INTERVALS`]. A second's histogram is a few hundred bytes at a few hundred answers a
+/// second and KiB at tens of thousands, and merged ones grow with their spread, so a count
+/// alone let load's memory grow for over an hour and by MiB (issue 29: +36-46 KiB/min per
+/// worker in the 30-minute soak). 512 KiB stops the growth within minutes at any rate and
+/// keeps it under the soak's 1 MiB flatness bound for any run length; every second stays in
+/// `--hdr-log`.
+pub const INTERVAL_BYTES: usize = 512 << 10;
+
+/// The least of [`INTERVAL_BYTES`] one thread keeps however many threads share it: with one
+/// thread per core on a large host, 512 KiB split 64 ways would hold a few seconds each and
+/// coarsen the whole report (its rows are as long as its longest interval); a process of
+/// that many threads holds 1 MiB of histograms per thread anyway.
+pub const INTERVAL_BYTES_PER_THREAD_MIN: usize = 32 << 10;
+
+/// One event-loop thread's share of [`INTERVAL_BYTES`] among `threads`.
+pub fn thread_budget(threads: usize) -> usize {
+    (INTERVAL_BYTES / threads.max(1)).max(INTERVAL_BYTES_PER_THREAD_MIN)
+}
 
 /// The most rows a series laid out from reports may have: reports are files anyone can write,
 /// and two intervals a century apart must not make a series of billions of seconds.
@@ -132,25 +152,60 @@ impl Tally {
 /// gaps this makes aligned power-of-two lengths, coarsest at the old end; the recent
 /// seconds stay whole.
 pub fn coarsen(list: &mut Vec<IntervalRec>, cap: usize) -> Result<(), HistDecodeError> {
+    coarsen_within(list, cap, usize::MAX, &mut Histogram::new()).map(|_| ())
+}
+
+/// A merged interval's latencies are kept to this many significant bits (within 0.8 %; a
+/// second's own are whole): its histogram, spread over decades on a long run, then takes an
+/// eighth of the buckets and a third of the bytes, so [`INTERVAL_BYTES`] holds about three
+/// times the intervals.
+pub const MERGED_BITS: u32 = 8;
+
+/// The heap one kept interval holds: its record and its histogram's text.
+pub fn held_bytes(r: &IntervalRec) -> usize {
+    std::mem::size_of::<IntervalRec>() + r.hist.capacity()
+}
+
+/// [`coarsen`] to at most `cap` entries and `bytes` of [`held_bytes`] (down to two entries,
+/// however large those are), merging histograms in `scratch` (left cleared), so a caller
+/// that does this every second allocates no histogram. Returns the bytes `list` holds.
+/// A histogram that cannot be read stops it with the list whole (what was merged stays
+/// merged).
+pub fn coarsen_within(
+    list: &mut Vec<IntervalRec>,
+    cap: usize,
+    bytes: usize,
+    scratch: &mut Histogram,
+) -> Result<usize, HistDecodeError> {
     let cap = cap.max(2);
-    while list.len() > cap {
+    let mut held: usize = list.iter().map(held_bytes).sum();
+    while list.len() > cap || (held > bytes && list.len() > 2) {
         let span = |a: &IntervalRec, b: &IntervalRec| {
             (b.start_unix_ns + b.seconds.saturating_mul(SECOND_NS)).saturating_sub(a.start_unix_ns)
         };
         let Some(i) = (0..list.len() - 1).min_by_key(|&i| span(&list[i], &list[i + 1])) else {
-            return Ok(());
+            break;
         };
+        scratch.clear();
+        let read = scratch
+            .add_base64_within(&list[i].hist, MERGED_BITS)
+            .and_then(|()| scratch.add_base64_within(&list[i + 1].hist, MERGED_BITS));
+        if let Err(e) = read {
+            scratch.clear();
+            return Err(e);
+        }
         let b = list.remove(i + 1);
         let a = &mut list[i];
-        let mut h = Histogram::from_base64(&a.hist)?;
-        h.merge(&Histogram::from_base64(&b.hist)?);
+        held -= held_bytes(a) + held_bytes(&b);
         let t = Tally::of(a)
             .checked_add(&Tally::of(&b))
             .unwrap_or_else(|_| Tally::of(a));
         let secs = span(a, &b).div_ceil(SECOND_NS).max(1);
-        *a = t.rec(a.start_unix_ns, secs, h.to_base64());
+        *a = t.rec(a.start_unix_ns, secs, scratch.to_base64());
+        held += held_bytes(a);
     }
-    Ok(())
+    scratch.clear();
+    Ok(held)
 }
 
 /// One row of a merged series: the report's `series.rows[]`.
@@ -203,7 +258,8 @@ pub enum LayoutError {
 /// coarsened), from the earliest start; each interval is added to the row its middle lies in
 /// (so two hosts whose seconds begin a few ms apart share rows). Returns the merged
 /// intervals (on the controller's clock, those with something in them) and the series.
-/// One decoded histogram at a time besides the row's: memory does not grow with the rows.
+/// Each interval's histogram is added to its row's straight from its text: memory does not
+/// grow with the rows, and no histogram is made per interval.
 pub fn lay_out(runs: &[(&[IntervalRec], i64)]) -> Result<(Vec<IntervalRec>, Series), LayoutError> {
     let width = runs
         .iter()
@@ -255,12 +311,11 @@ pub fn lay_out(runs: &[(&[IntervalRec], i64)]) -> Result<(Vec<IntervalRec>, Seri
         while k < order.len() && order[k].0 == row {
             let (_, ri, ii) = order[k];
             let r = &runs[ri].0[ii];
-            let h = Histogram::from_base64(&r.hist).map_err(|e| LayoutError::Hist {
+            acc.add_base64(&r.hist).map_err(|e| LayoutError::Hist {
                 run: ri,
                 interval: ii,
                 source: e,
             })?;
-            acc.merge(&h);
             t = t
                 .checked_add(&Tally::of(r))
                 .map_err(|field| LayoutError::Overflow { run: ri, field })?;
@@ -293,13 +348,11 @@ pub fn total(list: &[IntervalRec]) -> Result<(Tally, Histogram), LayoutError> {
         t = t
             .checked_add(&Tally::of(r))
             .map_err(|field| LayoutError::Overflow { run: 0, field })?;
-        h.merge(
-            &Histogram::from_base64(&r.hist).map_err(|e| LayoutError::Hist {
-                run: 0,
-                interval: i,
-                source: e,
-            })?,
-        );
+        h.add_base64(&r.hist).map_err(|e| LayoutError::Hist {
+            run: 0,
+            interval: i,
+            source: e,
+        })?;
     }
     Ok((t, h))
 }

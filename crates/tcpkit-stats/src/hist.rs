@@ -65,9 +65,13 @@ impl Histogram {
         self.inner.value_at_quantile(q)
     }
 
-    /// Forgets every value (interval histograms are reused, never reallocated).
+    /// Forgets every value (interval histograms are reused, never reallocated). An empty one
+    /// is left as it is: resetting writes all 270 KiB of counts, and load clears its
+    /// interval histograms every second whether or not they were used.
     pub fn clear(&mut self) {
-        self.inner.reset();
+        if !self.inner.is_empty() {
+            self.inner.reset();
+        }
     }
 
     /// HDR V2 compressed encoding in base64: what HdrHistogram interval logs carry, and what
@@ -92,8 +96,33 @@ impl Histogram {
     /// bytes actually there before anything is allocated, since hdrhistogram's reader would
     /// allocate whatever payload length the header claims (4 GiB from a 94-byte histogram).
     pub fn from_base64(text: &str) -> Result<Histogram, HistDecodeError> {
+        let mut out = Histogram::new();
+        out.add_base64(text)?;
+        Ok(out)
+    }
+
+    /// Adds the histogram `text` holds (read as [`Histogram::from_base64`] reads it) to this
+    /// one. One with our own bounds (every histogram tcpkit wrote) is added count by count
+    /// straight from its encoding, with no histogram of its own: load merges its old seconds
+    /// this way once a second on a long run, and a 256 KiB histogram made and dropped each
+    /// time would be a step in its memory. Others go through hdrhistogram's reader. On error
+    /// this histogram may hold part of `text`'s counts.
+    pub fn add_base64(&mut self, text: &str) -> Result<(), HistDecodeError> {
+        self.add_base64_within(text, 64)
+    }
+
+    /// [`Histogram::add_base64`] with each value kept to its `bits` most significant bits
+    /// (at least 2; 64 keeps it whole), counts exact: 8 bits is within 0.8 %, and a histogram
+    /// of a long interval whose values spread over decades takes an eighth of the buckets
+    /// and a third of the bytes of one at full precision (load's merged old seconds).
+    pub fn add_base64_within(&mut self, text: &str, bits: u32) -> Result<(), HistDecodeError> {
+        let bits = bits.clamp(2, 64);
+        let keep = move |v: u64| {
+            let shift = (64 - v.leading_zeros()).saturating_sub(bits);
+            (v >> shift) << shift
+        };
         if text.is_empty() {
-            return Ok(Histogram::new());
+            return Ok(());
         }
         if text.len() > MAX_ENCODED {
             return Err(HistDecodeError::Hdr(format!(
@@ -103,16 +132,75 @@ impl Histogram {
         }
         let bytes = base64_decode(text).ok_or(HistDecodeError::Base64)?;
         let plain = bounded_v2(&bytes).map_err(HistDecodeError::Hdr)?;
+        if self
+            .add_own_v2(&plain, keep)
+            .map_err(HistDecodeError::Hdr)?
+        {
+            return Ok(());
+        }
         let h: hdrhistogram::Histogram<u64> = Deserializer::new()
             .deserialize(&mut plain.as_slice())
             .map_err(|e| HistDecodeError::Hdr(format!("{e:?}")))?;
-        let mut out = Histogram::new();
         // Re-recorded into our bounds, so merging never fails on foreign bounds.
         for v in h.iter_recorded() {
-            out.inner
-                .saturating_record_n(v.value_iterated_to().max(1), v.count_at_value());
+            self.inner
+                .saturating_record_n(keep(v.value_iterated_to()).max(1), v.count_at_value());
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// Adds a plain V2 histogram (checked by [`bounded_v2`]) if it has our bounds, index by
+    /// index as hdrhistogram's reader would place them; false (nothing added) if not ours.
+    fn add_own_v2(&mut self, plain: &[u8], keep: impl Fn(u64) -> u64) -> Result<bool, String> {
+        let be64 = |at: usize| u64::from_be_bytes(plain[at..at + 8].try_into().unwrap_or([0; 8]));
+        let ours = be32(plain, 8) == 0
+            && be32(plain, 12) == u32::from(self.inner.sigfig())
+            && be64(16) == self.inner.low()
+            && be64(24) == self.inner.high()
+            && f64::from_bits(be64(32)) == 1.0;
+        if !ours || self.inner.low() != 1 {
+            return Ok(false);
+        }
+        let payload = &plain[V2_HEADER..V2_HEADER + be32(plain, 4) as usize];
+        let len = self.inner.distinct_values();
+        // With a lowest value of 1 (unit magnitude 0), index i is value
+        // `sub << bucket`, as hdrhistogram's `value_for` computes it.
+        let half_mag = (2 * 10u64.pow(u32::from(self.inner.sigfig())))
+            .next_power_of_two()
+            .trailing_zeros()
+            - 1;
+        let half = 1usize << half_mag;
+        let value_for = |i: usize| -> u64 {
+            let bucket = (i >> half_mag).saturating_sub(1);
+            let sub = if i >> half_mag == 0 {
+                i
+            } else {
+                (i & (half - 1)) + half
+            };
+            (sub as u64) << bucket
+        };
+        let mut at = 0;
+        let mut index = 0usize;
+        while at < payload.len() {
+            let (zz, n) = varint(&payload[at..]).ok_or("a count cut short")?;
+            at += n;
+            let v = ((zz >> 1) as i64) ^ -((zz & 1) as i64);
+            if v < 0 {
+                index = index.saturating_add(v.unsigned_abs() as usize);
+                continue;
+            }
+            if v > 0 {
+                if index >= len {
+                    return Err(format!(
+                        "a count at index {index}, past the {len} there are"
+                    ));
+                }
+                self.inner
+                    .saturating_record_n(keep(value_for(index)).max(1), v as u64);
+            }
+            index += 1;
+        }
+        Ok(true)
     }
 
     /// The report's summary of the values; all zero when empty.
@@ -201,6 +289,22 @@ fn bounded_v2(bytes: &[u8]) -> Result<Vec<u8>, String> {
     Ok(plain)
 }
 
+/// One LEB128 varint of HDR V2 (at most 9 bytes, the ninth taken whole) and its length; None
+/// if `b` ends first.
+fn varint(b: &[u8]) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for (k, &byte) in b.iter().take(9).enumerate() {
+        if k == 8 {
+            return Some((v | (u64::from(byte) << 56), 9));
+        }
+        v |= u64::from(byte & 0x7f) << (7 * k);
+        if byte & 0x80 == 0 {
+            return Some((v, k + 1));
+        }
+    }
+    None
+}
+
 /// Why a serialized histogram could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HistDecodeError {
@@ -265,7 +369,8 @@ impl HdrLog {
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 /// Standard base64 with padding (RFC 4648), as HdrHistogram logs use. Kept here rather than
-/// as a dependency: twenty lines, used only off the hot path.
+/// as a dependency: twenty lines, used off the hot path (load merges its old seconds once a
+/// second on a long run, so decoding is by range, not by a search of the alphabet).
 fn base64_encode(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for c in bytes.chunks(3) {
@@ -289,7 +394,15 @@ fn base64_decode(text: &str) -> Option<Vec<u8>> {
     let mut acc = 0u32;
     let mut bits = 0u32;
     for &b in t {
-        let v = B64.iter().position(|&x| x == b)? as u32;
+        let v = match b {
+            b'A'..=b'Z' => b - b'A',
+            b'a'..=b'z' => b - b'a' + 26,
+            b'0'..=b'9' => b - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        let v = u32::from(v);
         acc = (acc << 6) | v;
         bits += 6;
         if bits >= 8 {
@@ -475,6 +588,100 @@ mod tests {
             Histogram::from_base64("not base64!"),
             Err(HistDecodeError::Base64)
         ));
+    }
+
+    /// Our own histograms are added straight from their encoding: the same counts at the
+    /// same values as hdrhistogram's reader gives, over the whole range (both ends of the
+    /// first bucket, the top), added to what is there; foreign bounds still read through
+    /// hdrhistogram; a count past the range or cut short is refused.
+    #[test]
+    fn added_from_the_encoding_as_hdrhistogram_reads_it() {
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for round in 0..40u64 {
+            let mut h = Histogram::new();
+            for k in 0..(round * 37 % 500) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Values of every magnitude, some repeated.
+                h.record((x >> (x % 60)) % (HIGHEST_NS + 10));
+                if k.is_multiple_of(7) {
+                    h.record(k);
+                }
+            }
+            h.record(1 + round);
+            h.record(1023 + round);
+            h.record(2047 + round);
+            let text = h.to_base64();
+            let plain = bounded_v2(&base64_decode(&text).unwrap()).unwrap();
+            let theirs: hdrhistogram::Histogram<u64> = Deserializer::new()
+                .deserialize(&mut plain.as_slice())
+                .unwrap();
+            let mut ours = Histogram::new();
+            ours.record(77);
+            ours.add_base64(&text).unwrap();
+            let got: Vec<(u64, u64)> = ours
+                .inner
+                .iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect();
+            let mut want: Vec<(u64, u64)> = theirs
+                .iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect();
+            let at = want.iter().position(|&(v, _)| v >= 77);
+            match at {
+                Some(i) if want[i].0 == 77 => want[i].1 += 1,
+                Some(i) => want.insert(i, (77, 1)),
+                None => want.push((77, 1)),
+            }
+            assert_eq!(got, want, "round {round}");
+            assert_eq!(ours.count(), h.count() + 1);
+        }
+        // Kept to 8 bits: the same count, within 0.8 %, far fewer buckets.
+        let mut wide = Histogram::new();
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            wide.record(50_000 + x % 5_000_000);
+        }
+        let mut coarse = Histogram::new();
+        coarse.add_base64_within(&wide.to_base64(), 8).unwrap();
+        assert_eq!(coarse.count(), wide.count());
+        for q in [0.01, 0.5, 0.99] {
+            let (a, b) = (wide.value_at_quantile(q), coarse.value_at_quantile(q));
+            assert!(a.abs_diff(b) * 1000 <= a * 8, "q {q}: {a} vs {b}");
+        }
+        let (w, c) = (wide.to_base64().len(), coarse.to_base64().len());
+        assert!(c * 2 < w, "{c} bytes kept to 8 bits, {w} whole");
+        // Other bounds (1 us to 1 s, 2 digits) read through hdrhistogram, re-recorded.
+        let mut foreign =
+            hdrhistogram::Histogram::<u64>::new_with_bounds(1_000, 1_000_000_000, 2).unwrap();
+        foreign.record(5_000_000).unwrap();
+        let mut bytes = Vec::new();
+        V2DeflateSerializer::new()
+            .serialize(&foreign, &mut bytes)
+            .unwrap();
+        let back = Histogram::from_base64(&base64_encode(&bytes)).unwrap();
+        assert_eq!(back.count(), 1);
+        assert!(back.value_at_quantile(0.5).abs_diff(5_000_000) < 100_000);
+        // Ours, with a count past the last index, and with a varint cut short.
+        let mut v2 = Vec::new();
+        v2.extend_from_slice(&V2_COOKIE.to_be_bytes());
+        v2.extend_from_slice(&4u32.to_be_bytes());
+        v2.extend_from_slice(&0u32.to_be_bytes());
+        v2.extend_from_slice(&3u32.to_be_bytes());
+        v2.extend_from_slice(&1u64.to_be_bytes());
+        v2.extend_from_slice(&HIGHEST_NS.to_be_bytes());
+        v2.extend_from_slice(&1.0f64.to_be_bytes());
+        // A run of 2^20 zeros (zigzag 2^21 - 1), then a count of 1.
+        v2.extend_from_slice(&[0xff, 0xff, 0x7f, 2]);
+        let e = Histogram::from_base64(&base64_encode(&v2)).unwrap_err();
+        assert!(e.to_string().contains("past the"), "{e}");
+        v2[4..8].copy_from_slice(&2u32.to_be_bytes());
+        let e = Histogram::from_base64(&base64_encode(&v2[..v2.len() - 2])).unwrap_err();
+        assert!(e.to_string().contains("cut short"), "{e}");
     }
 
     #[test]

@@ -350,6 +350,7 @@ pub(crate) fn run_thread(
         ival: Interval::new(
             sh.hdr_log.as_ref(),
             (crate::series::MAX_INTERVALS / sh.threads.max(1)).max(64),
+            crate::series::thread_budget(sh.threads),
         ),
         codes: vec![0; CODES],
         errors: BTreeMap::new(),
