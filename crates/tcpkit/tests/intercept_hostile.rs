@@ -261,10 +261,8 @@ fn intercept_rss_stays_bounded_with_150_copies_that_never_read() {
         sample(&mut peak);
     }
     // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(
-        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) },
-        0
-    );
+    let sent = unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
+    assert_eq!(sent, 0);
     let r = copy_done(c);
     peak = peak.max(rss_kib(pid));
     drop(rogues);
