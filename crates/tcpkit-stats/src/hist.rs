@@ -198,7 +198,10 @@ impl Histogram {
                 self.inner
                     .saturating_record_n(keep(value_for(index)).max(1), v as u64);
             }
-            index += 1;
+            // A hostile run of zeros may have pushed the index to usize::MAX already: a
+            // zero count after it must not overflow (a panic under debug assertions, the
+            // fuzz build's).
+            index = index.saturating_add(1);
         }
         Ok(true)
     }
